@@ -1,0 +1,31 @@
+//! Types and constants that gpuwarden's eBPF programs and its agent both read.
+//!
+//! The crate is `#![no_std]` so it builds for `bpfel-unknown-none` as well as for the host. Each
+//! module holds one concern:
+//!
+//! - [`nvidia`]: the NVIDIA driver's ioctl ABI (escape numbers, parameter layouts, classes);
+//! - [`maps`]: keys and values of the BPF maps the agent reads;
+//! - [`event`]: records sent to user space through the ring buffer;
+//! - [`config`]: the knobs user space writes before the programs run.
+//!
+//! With the `user` feature every map type implements [`aya::Pod`].
+#![no_std]
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod event;
+pub mod maps;
+pub mod nvidia;
+
+/// Implements `aya::Pod` for plain `#[repr(C)]` types when built for user space.
+macro_rules! pod {
+    ($($t:ty),* $(,)?) => {
+        $(
+            #[cfg(feature = "user")]
+            // SAFETY: the type is `#[repr(C)]`, `Copy`, has no padding holes that matter for reads,
+            // and every bit pattern is a valid value.
+            unsafe impl aya::Pod for $t {}
+        )*
+    };
+}
+pub(crate) use pod;

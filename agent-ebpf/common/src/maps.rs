@@ -1,0 +1,187 @@
+//! Keys and values of the BPF maps, and the device and ioctl-family numbering they use.
+
+use crate::pod;
+
+/// Longest GPU device-node path the programs match, including the terminating NUL.
+pub const PATH_LEN: usize = 64;
+
+/// GPUs a process or client tracks memory for; device ids at or above are reported, not counted.
+pub const MAX_GPUS: usize = 16;
+
+/// Highest fd number copied into a forked child's table.
+pub const MAX_FORK_FDS: u32 = 1024;
+
+/// Device id of `/dev/nvidiactl` (its minor number).
+pub const DEVICE_CTL: u32 = 255;
+/// Device id of `/dev/nvidia-modeset` (its minor number).
+pub const DEVICE_MODESET: u32 = 254;
+/// Device id of `/dev/nvidia-uvm`.
+pub const DEVICE_UVM: u32 = 256;
+/// Device id of `/dev/nvidia-uvm-tools`.
+pub const DEVICE_UVM_TOOLS: u32 = 257;
+/// Device id used when an allocation's GPU can't be told.
+pub const DEVICE_UNKNOWN: u32 = u32::MAX;
+
+/// How the programs decode ioctls on a device node.
+pub mod node_kind {
+    /// A resource-manager node (`nvidiactl`, `nvidiaN`): `_IOC`-encoded escapes.
+    pub const RM: u32 = 0;
+    /// A UVM node (`nvidia-uvm*`): plain command numbers.
+    pub const UVM: u32 = 1;
+}
+
+/// The family of an ioctl command in [`IoctlKey::family`].
+pub mod family {
+    /// An RM escape; `cmd` is its `nr`.
+    pub const RM: u32 = 0;
+    /// A UVM command; `cmd` is the command number.
+    pub const UVM: u32 = 1;
+}
+
+/// A GPU device node: what the programs know about a path or an fd that refers to one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct GpuNode {
+    /// Device id (see the `DEVICE_*` constants; a GPU's id is its index `N` in `nvidiaN`).
+    pub device: u32,
+    /// One of [`node_kind`].
+    pub kind: u32,
+}
+
+/// Key of the path table: a NUL-padded absolute path.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathKey {
+    /// The path bytes, NUL-padded to [`PATH_LEN`].
+    pub path: [u8; PATH_LEN],
+}
+
+/// Key of the GPU fd table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FdKey {
+    /// The process (thread-group id).
+    pub tgid: u32,
+    /// The file descriptor.
+    pub fd: u32,
+}
+
+/// Key of the per-CPU ioctl counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct IoctlKey {
+    /// cgroup v2 id of the caller.
+    pub cgroup: u64,
+    /// Device id of the node the ioctl was issued on.
+    pub device: u32,
+    /// One of [`family`].
+    pub family: u32,
+    /// Escape `nr` (RM) or command number (UVM); `XFER_CMD` is unwrapped.
+    pub cmd: u32,
+    /// Zero.
+    pub _pad: u32,
+}
+
+/// Key of the per-cgroup GPU memory table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct CgroupDeviceKey {
+    /// cgroup v2 id.
+    pub cgroup: u64,
+    /// GPU index.
+    pub device: u32,
+    /// Zero.
+    pub _pad: u32,
+}
+
+/// A process that has opened a GPU node.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcInfo {
+    /// The cgroup its GPU memory is charged to (its cgroup when first seen).
+    pub cgroup: u64,
+    /// Generation stamp (boot-time ns when first seen) so a reused pid is not confused with it.
+    pub generation: u64,
+    /// Highest GPU fd it holds, bounds the copy at fork.
+    pub max_fd: u32,
+    /// Zero.
+    pub _pad: u32,
+    /// Video memory bytes by GPU index.
+    pub vidmem: [u64; MAX_GPUS],
+}
+
+/// An RM client (root handle) that allocated memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientInfo {
+    /// The process that created it.
+    pub tgid: u32,
+    /// Zero.
+    pub _pad: u32,
+    /// Generation stamp of the client.
+    pub generation: u64,
+    /// Generation stamp of its process.
+    pub proc_generation: u64,
+    /// cgroup its memory is charged to.
+    pub cgroup: u64,
+    /// Video memory bytes by GPU index.
+    pub vidmem: [u64; MAX_GPUS],
+}
+
+/// Key of the handle tables: an RM object within its client.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct HandleKey {
+    /// The client (`hRoot`).
+    pub client: u32,
+    /// The object.
+    pub handle: u32,
+}
+
+/// A counted memory allocation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Allocation {
+    /// Process that allocated it.
+    pub tgid: u32,
+    /// GPU index.
+    pub device: u32,
+    /// Generation of its client when allocated.
+    pub client_generation: u64,
+    /// Generation of its process when allocated.
+    pub proc_generation: u64,
+    /// cgroup it is charged to.
+    pub cgroup: u64,
+    /// Bytes the driver allocated.
+    pub bytes: u64,
+}
+
+/// Indexes of the per-CPU statistics array.
+pub mod stat {
+    /// Events dropped because the ring buffer was full.
+    pub const RINGBUF_DROPS: u32 = 0;
+    /// GPU fds not tracked because the fd table was full.
+    pub const FD_TABLE_FULL: u32 = 1;
+    /// Allocations not tracked because the handle table was full.
+    pub const HANDLE_TABLE_FULL: u32 = 2;
+    /// ioctls whose parameters could not be decoded.
+    pub const DECODE_ERRORS: u32 = 3;
+    /// ioctls seen on tracked GPU fds.
+    pub const GPU_IOCTLS: u32 = 4;
+    /// Processes not tracked because the process table was full.
+    pub const PROC_TABLE_FULL: u32 = 5;
+    /// Number of statistics.
+    pub const COUNT: u32 = 6;
+}
+
+pod!(
+    GpuNode,
+    PathKey,
+    FdKey,
+    IoctlKey,
+    CgroupDeviceKey,
+    ProcInfo,
+    ClientInfo,
+    HandleKey,
+    Allocation
+);

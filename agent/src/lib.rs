@@ -1,0 +1,1 @@
+//! gpuwarden node agent.

@@ -1,0 +1,1 @@
+//! Test peers for gpuwarden's end-to-end tests.
