@@ -1,1 +1,75 @@
-#![no_std] #![no_main]
+//! gpuwarden's eBPF programs.
+//!
+//! They keep a table of the file descriptors that refer to NVIDIA device nodes, decode the ioctls
+//! issued on them, and count ioctls and GPU memory per cgroup. Everything else (names, policy,
+//! attribution to containers) lives in the agent. The programs are grouped by concern:
+//!
+//! - [`fds`]: the GPU fd table (`openat`, `openat2`, `dup*`, `fcntl(F_DUPFD*)`, `close`);
+//! - [`ioctl`]: `ioctl` enter/exit on tracked fds, NVIDIA escape decoding;
+//! - [`memory`]: charging and releasing GPU memory by allocation, client and process;
+//! - [`process`]: fork (copy the fd table), exec and exit (release what the process held);
+//! - [`events`]: the ring buffer to user space and the statistics counters.
+#![no_std]
+#![no_main]
+// Inline assembly on the BPF target (atomic add) is still unstable.
+#![feature(asm_experimental_arch)]
+
+mod events;
+mod fds;
+mod ioctl;
+mod maps;
+mod memory;
+mod process;
+
+use aya_ebpf::{helpers::bpf_get_current_pid_tgid, programs::TracePointContext};
+use gpuwarden_agent_common::config::Config;
+
+/// Load-time settings, written by the agent before loading (see `config::CONFIG_SYMBOL`).
+#[unsafe(no_mangle)]
+static GPUWARDEN_CONFIG: Config = Config::DEFAULT;
+
+/// Reads the load-time settings. The volatile read keeps the compiler from folding the defaults.
+#[inline(always)]
+fn config() -> Config {
+    // SAFETY: a plain read of a static the loader patched before the program ran.
+    unsafe { core::ptr::read_volatile(&raw const GPUWARDEN_CONFIG) }
+}
+
+/// Offset of syscall argument `n` in a `syscalls/sys_enter_*` record.
+const fn syscall_arg(n: usize) -> usize {
+    16 + 8 * n
+}
+
+/// Offset of the return value in a `syscalls/sys_exit_*` record.
+const SYSCALL_RET: usize = 16;
+
+/// Reads syscall argument `n` of a `sys_enter_*` tracepoint.
+#[inline(always)]
+fn arg(ctx: &TracePointContext, n: usize) -> u64 {
+    // SAFETY: the offset lies inside every sys_enter record (6 arguments).
+    unsafe { ctx.read_at::<u64>(syscall_arg(n)) }.unwrap_or(0)
+}
+
+/// Reads the return value of a `sys_exit_*` tracepoint.
+#[inline(always)]
+fn ret(ctx: &TracePointContext) -> i64 {
+    // SAFETY: every sys_exit record has `ret` at this offset.
+    unsafe { ctx.read_at::<i64>(SYSCALL_RET) }.unwrap_or(-1)
+}
+
+/// The current thread's `(tgid, pid_tgid)`.
+#[inline(always)]
+fn current() -> (u32, u64) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    ((pid_tgid >> 32) as u32, pid_tgid)
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,1 +1,28 @@
-//! gpuwarden node agent.
+//! gpuwarden's node agent.
+//!
+//! The agent watches every process that talks to an NVIDIA GPU from below the workload: eBPF
+//! programs (crate `gpuwarden-agent-ebpf`) keep a table of GPU file descriptors, decode the
+//! driver's ioctls and count ioctls and GPU memory per cgroup. This crate loads those programs,
+//! names what they count, attributes each cgroup to its container or pod, and serves snapshots
+//! over a local socket.
+//!
+//! The data path, one module each:
+//!
+//! - [`hooks`]: loading the programs, probing and attaching the cheapest hooks the kernel allows;
+//! - [`gpu_nodes`]: which paths are GPU device nodes;
+//! - [`telemetry`]: reading the maps into a [`snapshot::Snapshot`], and their housekeeping;
+//! - [`attribution`]: cgroup id → container, pod, systemd unit or host;
+//! - [`api`]: the local socket (`snapshot`), used by `gpuwarden-agent snapshot` and `top`;
+//! - [`daemon`]: `gpuwarden-agent run`, tying them together.
+#![deny(missing_docs)]
+
+pub mod api;
+pub mod attribution;
+pub mod config;
+pub mod daemon;
+pub mod gpu_nodes;
+pub mod hooks;
+pub mod lock;
+pub mod snapshot;
+pub mod telemetry;
+pub mod top;

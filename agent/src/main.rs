@@ -1,1 +1,122 @@
-fn main() {}
+//! `gpuwarden-agent`: the node daemon and its local clients.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use gpuwarden_agent::{
+    api::{self, DEFAULT_SOCKET},
+    config::{AgentConfig, Overrides},
+    daemon, top,
+};
+
+/// gpuwarden's node agent: traces GPU ioctls with eBPF and attributes them to containers.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent (needs root: loads eBPF programs).
+    Run {
+        /// TOML config file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// GPU device-node globs, comma-separated
+        /// [default: /dev/nvidia[0-9]*,/dev/nvidiactl,/dev/nvidia-uvm*].
+        #[arg(long, value_delimiter = ',')]
+        gpu_devices: Option<Vec<String>>,
+        /// Local socket path [default: /run/gpuwarden/agent.sock].
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// State directory (holds the one-agent-per-node lock) [default: /run/gpuwarden].
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Node name [default: the host name].
+        #[arg(long, env = "NODE_NAME")]
+        node_name: Option<String>,
+    },
+    /// Print one snapshot of GPU use per container.
+    Snapshot {
+        /// Print the JSON document instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Local socket path.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Show GPU use per container, refreshed every second.
+    Top {
+        /// Local socket path.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpuwarden-agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run {
+            config,
+            gpu_devices,
+            socket,
+            state_dir,
+            node_name,
+        } => {
+            let config = AgentConfig::load(
+                config.as_deref(),
+                Overrides {
+                    gpu_devices,
+                    socket,
+                    state_dir,
+                    node_name,
+                },
+            )?;
+            daemon::run(config).await?;
+        }
+        Command::Snapshot { json, socket } => {
+            let snapshot = api::snapshot(&socket).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&snapshot).context("encoding the snapshot")?);
+            } else {
+                print!("{}", top::render(&snapshot));
+            }
+        }
+        Command::Top { socket, interval } => {
+            let period = Duration::from_secs_f64(interval.max(0.1));
+            loop {
+                let snapshot = api::snapshot(&socket).await?;
+                // Clear the screen and home the cursor, then draw.
+                print!("\x1b[2J\x1b[H{}", top::render(&snapshot));
+                tokio::select! {
+                    () = tokio::time::sleep(period) => {}
+                    _ = tokio::signal::ctrl_c() => return Ok(()),
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -50,7 +50,7 @@ pub struct GpuNode {
 
 /// Key of the path table: a NUL-padded absolute path.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PathKey {
     /// The path bytes, NUL-padded to [`PATH_LEN`].
     pub path: [u8; PATH_LEN],

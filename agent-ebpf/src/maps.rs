@@ -1,0 +1,76 @@
+//! The BPF maps. Sizes bound kernel memory; a full table is counted in [`STATS`] and logged.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+};
+use gpuwarden_agent_common::maps::{
+    Allocation, CgroupDeviceKey, ClientInfo, FdKey, GpuNode, HandleKey, IoctlKey, PathKey,
+    ProcInfo, stat,
+};
+
+/// Don't preallocate: large tables cost memory only for what they hold.
+const NO_PREALLOC: u32 = 1;
+
+/// GPU device-node paths to track, written by the agent.
+#[map(name = "GPU_PATHS")]
+pub static GPU_PATHS: HashMap<PathKey, GpuNode> = HashMap::with_max_entries(256, 0);
+
+/// Open GPU fds by (tgid, fd).
+#[map(name = "GPU_FDS")]
+pub static GPU_FDS: HashMap<FdKey, GpuNode> = HashMap::with_max_entries(65_536, NO_PREALLOC);
+
+/// Processes holding GPU fds.
+#[map(name = "PROCS")]
+pub static PROCS: HashMap<u32, ProcInfo> = HashMap::with_max_entries(32_768, NO_PREALLOC);
+
+/// RM clients that hold counted memory.
+#[map(name = "CLIENTS")]
+pub static CLIENTS: HashMap<u32, ClientInfo> = HashMap::with_max_entries(32_768, NO_PREALLOC);
+
+/// Counted memory allocations by (client, handle).
+#[map(name = "ALLOCATIONS")]
+pub static ALLOCATIONS: HashMap<HandleKey, Allocation> =
+    HashMap::with_max_entries(262_144, NO_PREALLOC);
+
+/// GPU index of device and subdevice objects by (client, handle).
+#[map(name = "OBJECT_DEVICES")]
+pub static OBJECT_DEVICES: HashMap<HandleKey, u32> = HashMap::with_max_entries(65_536, NO_PREALLOC);
+
+/// Video memory bytes by (cgroup, GPU).
+#[map(name = "CGROUP_MEMORY")]
+pub static CGROUP_MEMORY: HashMap<CgroupDeviceKey, u64> =
+    HashMap::with_max_entries(16_384, NO_PREALLOC);
+
+/// ioctl counts by (cgroup, device, family, command), per CPU.
+#[map(name = "IOCTL_COUNTS")]
+pub static IOCTL_COUNTS: PerCpuHashMap<IoctlKey, u64> = PerCpuHashMap::with_max_entries(16_384, 0);
+
+/// Statistics (see `stat`), per CPU.
+#[map(name = "STATS")]
+pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
+
+/// Events to user space.
+#[map(name = "EVENTS")]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// A GPU path matched at `openat` entry, by pid_tgid, until the syscall returns the fd.
+#[map(name = "PENDING_OPEN")]
+pub static PENDING_OPEN: HashMap<u64, GpuNode> = HashMap::with_max_entries(8_192, 0);
+
+/// The source of a `dup*`/`fcntl(F_DUPFD*)` in flight, by pid_tgid.
+#[map(name = "PENDING_DUP")]
+pub static PENDING_DUP: HashMap<u64, GpuNode> = HashMap::with_max_entries(8_192, 0);
+
+/// A decoded ioctl in flight, by pid_tgid, until its exit reads the driver's answer.
+#[map(name = "PENDING_IOCTL")]
+pub static PENDING_IOCTL: HashMap<u64, crate::ioctl::Call> = HashMap::with_max_entries(8_192, 0);
+
+/// Number of entries in [`PENDING_IOCTL`]: lets every other ioctl's exit return after reading
+/// one array slot instead of hashing.
+#[map(name = "IOCTLS_IN_FLIGHT")]
+pub static IOCTLS_IN_FLIGHT: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Clone flags of a GPU process's `clone*` in flight, by pid_tgid.
+#[map(name = "PENDING_CLONE")]
+pub static PENDING_CLONE: HashMap<u64, u64> = HashMap::with_max_entries(8_192, 0);

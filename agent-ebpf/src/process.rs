@@ -1,0 +1,201 @@
+//! Process lifetime: a forked child inherits its parent's GPU fds; exec and exit release what
+//! the process held.
+//!
+//! `sched_process_fork` can't tell a new process from a new thread, so the clone flags are
+//! recorded at `clone`/`clone3` entry (only for processes that hold GPU fds). The tracepoint runs
+//! in the parent before the child is first scheduled, so the child never runs with an empty table.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_cgroup_id, bpf_ktime_get_ns, bpf_loop, bpf_probe_read_user},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+use gpuwarden_agent_common::{
+    config::FIELD_ABSENT,
+    event::{Event, kind},
+    maps::{FdKey, MAX_FORK_FDS, MAX_GPUS, ProcInfo, stat},
+};
+
+use crate::{
+    arg, config, current,
+    events::{count, emit},
+    maps::{GPU_FDS, PENDING_CLONE, PROCS},
+    memory,
+};
+
+/// How many fds to walk for a process whose highest GPU fd is `max_fd`.
+#[inline(always)]
+fn fd_span(max_fd: u32) -> u32 {
+    if max_fd < MAX_FORK_FDS {
+        max_fd + 1
+    } else {
+        MAX_FORK_FDS
+    }
+}
+
+/// Context of [`copy_fd`].
+#[repr(C)]
+struct FdCopy {
+    parent: u32,
+    child: u32,
+}
+
+/// bpf_loop body: copies fd `index` of the parent into the child's table.
+#[inline(never)]
+extern "C" fn copy_fd(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the context `sched_process_fork` gave it.
+    let copy = unsafe { &*ctx.cast::<FdCopy>() };
+    let fd = index as u32;
+    // SAFETY: the value is copied out at once.
+    if let Some(node) = unsafe { GPU_FDS.get(&FdKey { tgid: copy.parent, fd }) }.copied() {
+        if GPU_FDS.insert(&FdKey { tgid: copy.child, fd }, &node, 0).is_err() {
+            count(stat::FD_TABLE_FULL);
+        }
+    }
+    0
+}
+
+/// bpf_loop body: removes fd `index` of the exiting process.
+#[inline(never)]
+extern "C" fn forget_fd(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the context `sched_process_exit` gave it.
+    let tgid = unsafe { *ctx.cast::<u32>() };
+    let _ = GPU_FDS.remove(&FdKey {
+        tgid,
+        fd: index as u32,
+    });
+    0
+}
+
+/// `CLONE_THREAD`: the child is a thread of the caller's process.
+const CLONE_THREAD: u64 = 0x0001_0000;
+
+#[tracepoint]
+pub fn sys_enter_clone(ctx: TracePointContext) -> u32 {
+    note_clone(arg(&ctx, 0));
+    0
+}
+
+#[tracepoint]
+pub fn sys_enter_clone3(ctx: TracePointContext) -> u32 {
+    // `struct clone_args` starts with the u64 flags.
+    // SAFETY: the helper faults safely on bad user pointers.
+    if let Ok(flags) = unsafe { bpf_probe_read_user(arg(&ctx, 0) as *const u64) } {
+        note_clone(flags);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sys_enter_fork(_ctx: TracePointContext) -> u32 {
+    note_clone(0);
+    0
+}
+
+#[tracepoint]
+pub fn sys_enter_vfork(_ctx: TracePointContext) -> u32 {
+    note_clone(0);
+    0
+}
+
+#[inline(always)]
+fn note_clone(flags: u64) {
+    let (tgid, pid_tgid) = current();
+    if PROCS.get_ptr(&tgid).is_some() {
+        let _ = PENDING_CLONE.insert(&pid_tgid, &flags, 0);
+    }
+}
+
+#[tracepoint]
+pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+    let (parent, pid_tgid) = current();
+    // SAFETY: the value is copied out at once.
+    let Some(flags) = (unsafe { PENDING_CLONE.get(&pid_tgid) }).copied() else {
+        return 0;
+    };
+    let _ = PENDING_CLONE.remove(&pid_tgid);
+    if flags & CLONE_THREAD != 0 {
+        return 0;
+    }
+    let offset = config().fork_child_pid as usize;
+    // SAFETY: the offset comes from this kernel's format file.
+    let Ok(child) = (unsafe { ctx.read_at::<u32>(offset) }) else {
+        return 0;
+    };
+    // SAFETY: the value is copied out at once.
+    let Some(parent_info) = (unsafe { PROCS.get(&parent) }).copied() else {
+        return 0;
+    };
+    let info = ProcInfo {
+        // SAFETY: a plain helper call; the child starts in its parent's cgroup.
+        cgroup: unsafe { bpf_get_current_cgroup_id() },
+        // SAFETY: a plain helper call.
+        generation: unsafe { bpf_ktime_get_ns() },
+        max_fd: parent_info.max_fd,
+        _pad: 0,
+        vidmem: [0; MAX_GPUS],
+    };
+    if PROCS.insert(&child, &info, 0).is_err() {
+        count(stat::PROC_TABLE_FULL);
+        return 0;
+    }
+    let mut copy = FdCopy { parent, child };
+    // bpf_loop verifies the body once; an open-coded loop over fds runs out of verifier budget.
+    // SAFETY: the callback and its context match bpf_loop's contract.
+    unsafe {
+        bpf_loop(
+            fd_span(parent_info.max_fd),
+            copy_fd as *mut c_void,
+            (&raw mut copy).cast(),
+            0,
+        );
+    }
+    emit(Event {
+        kind: kind::FORK,
+        tgid: parent,
+        cgroup: info.cgroup,
+        handle: child,
+        ..Event::default()
+    });
+    0
+}
+
+#[tracepoint]
+pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    let (tgid, pid_tgid) = current();
+    let cfg = config();
+    let group_dead = if cfg.exit_group_dead == FIELD_ABSENT {
+        // Without the field, the leader's exit stands for the process's.
+        pid_tgid as u32 == tgid
+    } else {
+        // SAFETY: the offset comes from this kernel's format file.
+        unsafe { ctx.read_at::<u8>(cfg.exit_group_dead as usize) }.unwrap_or(0) != 0
+    };
+    if !group_dead {
+        return 0;
+    }
+    if let Some(info) = memory::release_process(tgid) {
+        let mut tgid = tgid;
+        // SAFETY: as in `sched_process_fork`.
+        unsafe {
+            bpf_loop(
+                fd_span(info.max_fd),
+                forget_fd as *mut c_void,
+                (&raw mut tgid).cast(),
+                0,
+            );
+        }
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+    let (tgid, _) = current();
+    // The driver frees a client when its fd closes, and GPU fds are close-on-exec: what the
+    // process held is gone. Fds that survive exec stay in the table (the agent re-checks them).
+    memory::release_process(tgid);
+    0
+}

@@ -1,0 +1,194 @@
+//! The agent's settings: a TOML file, overridden by command-line flags.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::Deserialize;
+
+use crate::{
+    api::DEFAULT_SOCKET,
+    gpu_nodes::{GpuNodeError, GpuNodeGlobs},
+};
+
+/// Default state directory (lock file; later the store).
+pub const DEFAULT_STATE_DIR: &str = "/run/gpuwarden";
+
+/// Errors reading the settings.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file can't be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file isn't valid.
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with line and column.
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    /// A GPU device glob is invalid.
+    #[error(transparent)]
+    Glob(#[from] GpuNodeError),
+}
+
+/// The config file's contents; every key optional.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// GPU device-node globs.
+    pub gpu_devices: Option<Vec<String>>,
+    /// Socket path.
+    pub socket: Option<PathBuf>,
+    /// State directory.
+    pub state_dir: Option<PathBuf>,
+    /// Node name (default: the host name).
+    pub node_name: Option<String>,
+    /// Allocations at least this large are logged as events.
+    pub alloc_event_min_bytes: Option<u64>,
+    /// Seconds between rescans of the GPU device globs.
+    pub rescan_interval_secs: Option<u64>,
+}
+
+impl FileConfig {
+    /// Reads `path`.
+    ///
+    /// # Errors
+    /// The file can't be read or parsed (the message has the line).
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })
+    }
+}
+
+/// Flags given on the command line, which win over the file.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    /// `--gpu-devices`.
+    pub gpu_devices: Option<Vec<String>>,
+    /// `--socket`.
+    pub socket: Option<PathBuf>,
+    /// `--state-dir`.
+    pub state_dir: Option<PathBuf>,
+    /// `--node-name`.
+    pub node_name: Option<String>,
+}
+
+/// The settings the agent runs with.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// GPU device-node globs.
+    pub gpu_globs: GpuNodeGlobs,
+    /// Socket path.
+    pub socket: PathBuf,
+    /// State directory.
+    pub state_dir: PathBuf,
+    /// Node name.
+    pub node_name: String,
+    /// Allocations at least this large are logged as events.
+    pub alloc_event_min_bytes: u64,
+    /// Interval between rescans of the GPU device globs.
+    pub rescan_interval: Duration,
+    /// Interval between removals of stale map entries.
+    pub gc_interval: Duration,
+}
+
+impl AgentConfig {
+    /// Merges the file (if any) and the flags.
+    ///
+    /// # Errors
+    /// The file is unreadable or a glob is invalid.
+    pub fn load(file: Option<&Path>, overrides: Overrides) -> Result<Self, ConfigError> {
+        let file = file.map(FileConfig::read).transpose()?.unwrap_or_default();
+        let globs = overrides.gpu_devices.or(file.gpu_devices).unwrap_or_default();
+        Ok(Self {
+            gpu_globs: GpuNodeGlobs::new(&globs)?,
+            socket: overrides
+                .socket
+                .or(file.socket)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
+            state_dir: overrides
+                .state_dir
+                .or(file.state_dir)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            node_name: overrides
+                .node_name
+                .or(file.node_name)
+                .unwrap_or_else(hostname),
+            alloc_event_min_bytes: file.alloc_event_min_bytes.unwrap_or(1 << 20),
+            rescan_interval: Duration::from_secs(file.rescan_interval_secs.unwrap_or(2).max(1)),
+            gc_interval: Duration::from_secs(10),
+        })
+    }
+}
+
+/// The host name, or `unknown`.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(name: &str, text: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("gpuwarden-cfg-{name}-{}.toml", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let path = write("ok", "gpu_devices = [\"/dev/nvidia0\"]\nsocket = \"/tmp/a.sock\"\n");
+        let config = AgentConfig::load(
+            Some(&path),
+            Overrides {
+                socket: Some(PathBuf::from("/tmp/b.sock")),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(config.socket, PathBuf::from("/tmp/b.sock"));
+        assert_eq!(config.gpu_globs.as_slice(), ["/dev/nvidia0"]);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_globs_are_named() {
+        let path = write("bad", "gpu_device = [\"/dev/nvidia0\"]\n");
+        let err = AgentConfig::load(Some(&path), Overrides::default()).unwrap_err();
+        let msg = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        assert!(msg.contains(&path.display().to_string()), "{msg}");
+        assert!(msg.contains("gpu_device"), "{msg}");
+        std::fs::remove_file(path).unwrap();
+
+        let err = AgentConfig::load(
+            None,
+            Overrides {
+                gpu_devices: Some(vec!["nvidia*".to_owned()]),
+                ..Overrides::default()
+            },
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("absolute"), "{err}");
+    }
+}

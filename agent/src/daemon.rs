@@ -1,0 +1,310 @@
+//! `gpuwarden-agent run`: the sensor, the event reader, housekeeping and the local socket.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use aya::maps::{MapData, RingBuf};
+use gpuwarden_agent_common::{
+    event::{Event, decode_error, kind},
+    maps::GpuNode,
+};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader, unix::AsyncFd},
+    net::{UnixListener, UnixStream},
+};
+
+use crate::{
+    api::{self, Request, Response},
+    attribution::{AttributionError, Attributor},
+    config::AgentConfig,
+    gpu_nodes::device_name,
+    hooks::{KernelLogger, Sensor, SensorError},
+    lock::{InstanceLock, LockError},
+    telemetry,
+};
+
+/// Where process information lives.
+const PROC_ROOT: &str = "/proc";
+
+/// Errors that stop the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Another agent runs on this node.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// No cgroup v2 hierarchy.
+    #[error(transparent)]
+    Attribution(#[from] AttributionError),
+    /// The programs didn't load or attach.
+    #[error(transparent)]
+    Sensor(#[from] SensorError),
+    /// The socket can't be served.
+    #[error("cannot listen on {path}: {source}")]
+    Socket {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The ring buffer can't be polled.
+    #[error("cannot poll the event ring buffer: {0}")]
+    Events(#[source] std::io::Error),
+}
+
+/// What the tasks share. Data flows one way: the kernel fills the maps, tasks read them.
+struct State {
+    sensor: Sensor,
+    attributor: Attributor,
+    nodes: BTreeMap<PathBuf, GpuNode>,
+    events_received: u64,
+}
+
+type Shared = Arc<Mutex<State>>;
+
+fn lock(state: &Shared) -> MutexGuard<'_, State> {
+    // A panicked task leaves the maps as they were; keep serving them.
+    state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Runs the agent until SIGINT or SIGTERM.
+///
+/// # Errors
+/// See [`RunError`].
+pub async fn run(config: AgentConfig) -> Result<(), RunError> {
+    let _lock = InstanceLock::acquire(&config.state_dir)?;
+    let attributor = Attributor::detect()?;
+    let mut sensor = Sensor::load(config.alloc_event_min_bytes)?;
+    match sensor.probe.chosen {
+        Some(tier) => tracing::info!(tier = tier.as_str(), hooks = sensor.hooks.len(), "hooks attached"),
+        None => tracing::warn!("no hook tier available"),
+    }
+    for c in &sensor.probe.candidates {
+        tracing::info!(tier = c.tier.as_str(), available = c.available, "probe: {}", c.reason);
+    }
+    if let Some(logger) = sensor.logger() {
+        spawn_kernel_log(logger);
+    }
+    let events = sensor.events.take();
+
+    let mut state = State {
+        sensor,
+        attributor,
+        nodes: BTreeMap::new(),
+        events_received: 0,
+    };
+    rescan_nodes(&mut state, &config);
+    let state: Shared = Arc::new(Mutex::new(state));
+
+    if let Some(ring) = events {
+        // SAFETY: the ring buffer owns its fd and keeps it open until the AsyncFd drops it.
+        let fd = unsafe { AsyncFd::register(ring) }.map_err(|e| RunError::Events(e.into()))?;
+        tokio::spawn(read_events(fd, Arc::clone(&state)));
+    }
+    tokio::spawn(housekeeping(Arc::clone(&state), config.clone()));
+
+    let listener = bind(&config.socket)?;
+    tracing::info!(socket = %config.socket.display(), node = %config.node_name, "agent ready");
+    let node = Arc::new(config.node_name.clone());
+    let serve = async {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    tokio::spawn(serve_client(stream, Arc::clone(&state), Arc::clone(&node)));
+                }
+                Err(e) => tracing::warn!("accept on {}: {e}", config.socket.display()),
+            }
+        }
+    };
+    tokio::select! {
+        () = serve => {}
+        () = shutdown_signal() => tracing::info!("shutting down"),
+    }
+    let _ = std::fs::remove_file(&config.socket);
+    Ok(())
+}
+
+/// Binds the socket; a file left by a dead agent is replaced (we hold the node's lock).
+fn bind(path: &Path) -> Result<UnixListener, RunError> {
+    let err = |source| RunError::Socket {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    UnixListener::bind(path).map_err(err)
+}
+
+async fn shutdown_signal() {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Expands the globs, updates the path table, and seeds fds of newly watched paths.
+fn rescan_nodes(state: &mut State, config: &AgentConfig) {
+    let expansion = config.gpu_globs.expand();
+    if expansion.nodes == state.nodes {
+        return;
+    }
+    for (path, why) in &expansion.skipped {
+        tracing::warn!(path = %path.display(), "not watched: {why}");
+    }
+    let (added, removed) = telemetry::sync_paths(&mut state.sensor.maps, &expansion.nodes);
+    state.nodes = expansion.nodes;
+    let seeded = telemetry::seed(
+        &mut state.sensor.maps,
+        &state.nodes,
+        &state.attributor,
+        Path::new(PROC_ROOT),
+        None,
+    );
+    tracing::info!(
+        watched = state.nodes.len(),
+        added,
+        removed,
+        seeded_fds = seeded.fds,
+        seeded_processes = seeded.processes,
+        "GPU device nodes: {}",
+        state
+            .nodes
+            .keys()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+async fn housekeeping(state: Shared, config: AgentConfig) {
+    let mut rescan = tokio::time::interval(config.rescan_interval);
+    let mut gc = tokio::time::interval(config.gc_interval);
+    loop {
+        tokio::select! {
+            _ = rescan.tick() => rescan_nodes(&mut lock(&state), &config),
+            _ = gc.tick() => {
+                let mut guard = lock(&state);
+                let s = &mut *guard;
+                let g = telemetry::collect_garbage(&mut s.sensor.maps, &mut s.attributor, Path::new(PROC_ROOT));
+                if g != telemetry::Garbage::default() {
+                    tracing::debug!(?g, "removed stale entries");
+                }
+            }
+        }
+    }
+}
+
+async fn read_events(mut fd: AsyncFd<RingBuf<MapData>>, state: Shared) {
+    loop {
+        let Ok(mut guard) = fd.readable_mut().await else {
+            tracing::error!("event ring buffer stopped being readable");
+            return;
+        };
+        let ring = guard.get_inner_mut();
+        let mut batch = Vec::new();
+        while let Some(item) = ring.next() {
+            if item.len() >= size_of::<Event>() {
+                // SAFETY: the kernel writes whole `Event`s; read_unaligned copes with alignment.
+                batch.push(unsafe { item.as_ptr().cast::<Event>().read_unaligned() });
+            }
+        }
+        guard.clear_ready();
+        if batch.is_empty() {
+            continue;
+        }
+        let mut s = lock(&state);
+        s.events_received += batch.len() as u64;
+        for event in &batch {
+            handle_event(&mut s, event);
+        }
+    }
+}
+
+fn handle_event(state: &mut State, e: &Event) {
+    let comm = String::from_utf8_lossy(e.comm.split(|b| *b == 0).next().unwrap_or_default());
+    let device = device_name(e.device);
+    match e.kind {
+        kind::NEW_PROCESS => tracing::info!(tgid = e.tgid, %comm, cgroup = e.cgroup, %device, "new GPU process"),
+        kind::ALLOC => tracing::debug!(tgid = e.tgid, %comm, %device, bytes = e.bytes, handle = e.handle, "GPU memory allocated"),
+        kind::FREE => tracing::debug!(tgid = e.tgid, %comm, %device, bytes = e.bytes, handle = e.handle, "GPU memory freed"),
+        kind::CLIENT_FREE => tracing::debug!(tgid = e.tgid, %comm, bytes = e.bytes, client = e.client, "GPU client freed"),
+        kind::FORK => tracing::debug!(tgid = e.tgid, child = e.handle, "GPU process forked"),
+        kind::PROCESS_EXIT => {
+            tracing::debug!(tgid = e.tgid, %comm, bytes = e.bytes, "GPU process ended or exec'd");
+            // After an exec the process lives on: keep the GPU fds it still has.
+            if Path::new(PROC_ROOT).join(e.tgid.to_string()).exists() {
+                let State { sensor, nodes, attributor, .. } = state;
+                telemetry::reseed_after_exec(&mut sensor.maps, nodes, attributor, Path::new(PROC_ROOT), e.tgid);
+            }
+        }
+        kind::DECODE_ERROR => {
+            let reason = match e.code {
+                decode_error::READ_PARAMS => "params unreadable",
+                decode_error::BAD_SIZE => "unexpected params size",
+                decode_error::READ_ALLOC_PARAMS => "allocation params unreadable",
+                decode_error::DEVICE_OUT_OF_RANGE => "GPU index out of range",
+                decode_error::READ_RESULT => "result unreadable",
+                _ => "unknown",
+            };
+            tracing::warn!(tgid = e.tgid, %comm, escape = format_args!("{:#x}", e.handle), reason, "ioctl not decoded");
+        }
+        other => tracing::warn!(kind = other, "unknown event kind"),
+    }
+}
+
+fn spawn_kernel_log(logger: KernelLogger) {
+    // SAFETY: the logger owns its ring buffer's fd and keeps it open until the AsyncFd drops it.
+    match unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) } {
+        Ok(mut fd) => {
+            tokio::spawn(async move {
+                loop {
+                    let Ok(mut guard) = fd.readable_mut().await else { return };
+                    guard.get_inner_mut().flush();
+                    guard.clear_ready();
+                }
+            });
+        }
+        Err(e) => tracing::warn!("kernel-side logging unavailable: {}", std::io::Error::from(e)),
+    }
+}
+
+async fn serve_client(stream: UnixStream, state: Shared, node: Arc<String>) {
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let response = match api::parse_request(&line) {
+            Ok(Request::Snapshot) => {
+                let mut guard = lock(&state);
+                let s = &mut *guard;
+                let snapshot = telemetry::collect(&s.sensor, &mut s.attributor, &node, s.events_received);
+                Response::Snapshot(Box::new(snapshot))
+            }
+            Err(response) => response,
+        };
+        let mut out = match serde_json::to_vec(&response) {
+            Ok(out) => out,
+            Err(e) => {
+                tracing::error!("cannot encode a response: {e}");
+                return;
+            }
+        };
+        out.push(b'\n');
+        if write.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}

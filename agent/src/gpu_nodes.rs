@@ -1,0 +1,221 @@
+//! Which paths are GPU device nodes, and what the programs call each of them.
+//!
+//! The agent expands the configured globs (default `/dev/nvidia[0-9]*`, `/dev/nvidiactl`,
+//! `/dev/nvidia-uvm*`) into the exact paths the eBPF side matches at `openat`. A node is known by
+//! its file name, so a fake driver mounted elsewhere (`/tmp/x/nvidia0`) is numbered like the real
+//! one.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use gpuwarden_agent_common::maps::{
+    DEVICE_CTL, DEVICE_MODESET, DEVICE_UNKNOWN, DEVICE_UVM, DEVICE_UVM_TOOLS, GpuNode, PATH_LEN,
+    node_kind,
+};
+
+/// The globs watched when none are configured.
+pub const DEFAULT_GLOBS: &[&str] = &["/dev/nvidia[0-9]*", "/dev/nvidiactl", "/dev/nvidia-uvm*"];
+
+/// Errors from the node configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuNodeError {
+    /// A glob doesn't parse.
+    #[error("invalid GPU device glob {glob:?}: {source}")]
+    Glob {
+        /// The glob as given.
+        glob: String,
+        /// Why it doesn't parse.
+        #[source]
+        source: glob::PatternError,
+    },
+    /// A glob is not absolute (the programs match absolute paths).
+    #[error("GPU device glob {glob:?} must be an absolute path")]
+    Relative {
+        /// The glob as given.
+        glob: String,
+    },
+}
+
+/// Checked GPU device-node globs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuNodeGlobs {
+    globs: Vec<String>,
+}
+
+impl GpuNodeGlobs {
+    /// Checks `globs`; an empty list means [`DEFAULT_GLOBS`].
+    ///
+    /// # Errors
+    /// A glob that is relative or doesn't parse.
+    pub fn new<S: AsRef<str>>(globs: &[S]) -> Result<Self, GpuNodeError> {
+        let globs: Vec<String> = if globs.is_empty() {
+            DEFAULT_GLOBS.iter().map(|g| (*g).to_owned()).collect()
+        } else {
+            globs.iter().map(|g| g.as_ref().trim().to_owned()).collect()
+        };
+        for g in &globs {
+            if !g.starts_with('/') {
+                return Err(GpuNodeError::Relative { glob: g.clone() });
+            }
+            glob::Pattern::new(g).map_err(|source| GpuNodeError::Glob {
+                glob: g.clone(),
+                source,
+            })?;
+        }
+        Ok(Self { globs })
+    }
+
+    /// The globs.
+    #[must_use]
+    pub fn as_slice(&self) -> &[String] {
+        &self.globs
+    }
+
+    /// The existing paths the globs match, each with its node, plus their canonical forms (a
+    /// process may open the node through either). Paths too long for the programs, or whose
+    /// names are not NVIDIA node names, are returned in `skipped` with the reason.
+    #[must_use]
+    pub fn expand(&self) -> Expansion {
+        let mut expansion = Expansion::default();
+        for g in &self.globs {
+            let Ok(paths) = glob::glob(g) else { continue };
+            for path in paths.flatten() {
+                let Some(node) = classify(&path) else {
+                    expansion
+                        .skipped
+                        .push((path, "not an NVIDIA device node name"));
+                    continue;
+                };
+                let canonical = std::fs::canonicalize(&path).ok();
+                for p in std::iter::once(path).chain(canonical) {
+                    if p.as_os_str().len() >= PATH_LEN {
+                        expansion.skipped.push((p, "path longer than 63 bytes"));
+                    } else {
+                        expansion.nodes.insert(p, node);
+                    }
+                }
+            }
+        }
+        expansion
+    }
+}
+
+/// The result of [`GpuNodeGlobs::expand`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Expansion {
+    /// Paths to watch.
+    pub nodes: BTreeMap<PathBuf, GpuNode>,
+    /// Paths matched but not watched, with why.
+    pub skipped: Vec<(PathBuf, &'static str)>,
+}
+
+/// The node a path names, from its file name: `nvidiaN`, `nvidiactl`, `nvidia-modeset`,
+/// `nvidia-uvm`, `nvidia-uvm-tools`.
+#[must_use]
+pub fn classify(path: &Path) -> Option<GpuNode> {
+    let name = path.file_name()?.to_str()?;
+    let rm = |device| GpuNode {
+        device,
+        kind: node_kind::RM,
+    };
+    let uvm = |device| GpuNode {
+        device,
+        kind: node_kind::UVM,
+    };
+    match name {
+        "nvidiactl" => Some(rm(DEVICE_CTL)),
+        "nvidia-modeset" => Some(rm(DEVICE_MODESET)),
+        "nvidia-uvm" => Some(uvm(DEVICE_UVM)),
+        "nvidia-uvm-tools" => Some(uvm(DEVICE_UVM_TOOLS)),
+        _ => {
+            let index = name.strip_prefix("nvidia")?;
+            if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            // Minors 0–247 are GPUs; the rest are reserved for control nodes.
+            index.parse::<u32>().ok().filter(|n| *n < 248).map(rm)
+        }
+    }
+}
+
+/// The name a device id is reported under.
+#[must_use]
+pub fn device_name(device: u32) -> String {
+    match device {
+        DEVICE_CTL => "nvidiactl".to_owned(),
+        DEVICE_MODESET => "nvidia-modeset".to_owned(),
+        DEVICE_UVM => "nvidia-uvm".to_owned(),
+        DEVICE_UVM_TOOLS => "nvidia-uvm-tools".to_owned(),
+        DEVICE_UNKNOWN => "unknown".to_owned(),
+        n => format!("nvidia{n}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_nvidia_node_names() {
+        let cases = [
+            ("/dev/nvidia0", Some((0, node_kind::RM))),
+            ("/dev/nvidia7", Some((7, node_kind::RM))),
+            ("/dev/nvidia247", Some((247, node_kind::RM))),
+            ("/dev/nvidia248", None),
+            ("/dev/nvidiactl", Some((DEVICE_CTL, node_kind::RM))),
+            ("/dev/nvidia-modeset", Some((DEVICE_MODESET, node_kind::RM))),
+            ("/dev/nvidia-uvm", Some((DEVICE_UVM, node_kind::UVM))),
+            ("/dev/nvidia-uvm-tools", Some((DEVICE_UVM_TOOLS, node_kind::UVM))),
+            ("/tmp/fake/nvidia1", Some((1, node_kind::RM))),
+            ("/dev/nvidia", None),
+            ("/dev/nvidia0a", None),
+            ("/dev/nvidia-caps", None),
+            ("/dev/null", None),
+        ];
+        for (path, expected) in cases {
+            let got = classify(Path::new(path)).map(|n| (n.device, n.kind));
+            assert_eq!(got, expected, "{path}");
+        }
+    }
+
+    #[test]
+    fn names_round_trip_through_classify() {
+        for device in [0, 3, 247, DEVICE_CTL, DEVICE_MODESET, DEVICE_UVM, DEVICE_UVM_TOOLS] {
+            let path = PathBuf::from("/dev").join(device_name(device));
+            assert_eq!(classify(&path).map(|n| n.device), Some(device), "{device}");
+        }
+        assert_eq!(device_name(DEVICE_UNKNOWN), "unknown");
+    }
+
+    #[test]
+    fn rejects_relative_and_malformed_globs() {
+        assert!(matches!(
+            GpuNodeGlobs::new(&["dev/nvidia0"]),
+            Err(GpuNodeError::Relative { .. })
+        ));
+        let err = GpuNodeGlobs::new(&["/dev/nvidia[0-9"]).unwrap_err();
+        assert!(err.to_string().contains("/dev/nvidia[0-9"), "{err}");
+        assert_eq!(
+            GpuNodeGlobs::new::<&str>(&[]).unwrap().as_slice(),
+            DEFAULT_GLOBS
+        );
+    }
+
+    #[test]
+    fn expands_existing_paths_and_skips_foreign_names() {
+        let dir = std::env::temp_dir().join(format!("gpuwarden-nodes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-caps"] {
+            std::fs::write(dir.join(name), b"").unwrap();
+        }
+        let globs = GpuNodeGlobs::new(&[format!("{}/nvidia*", dir.display())]).unwrap();
+        let expansion = globs.expand();
+        let devices: Vec<u32> = expansion.nodes.values().map(|n| n.device).collect();
+        assert!(devices.contains(&0) && devices.contains(&1), "{devices:?}");
+        assert!(devices.contains(&DEVICE_CTL) && devices.contains(&DEVICE_UVM));
+        assert_eq!(expansion.skipped.len(), 1, "{:?}", expansion.skipped);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,151 @@
+//! Choosing the hook tier (ARCHITECTURE decision 6): the most targeted hook the kernel allows.
+//!
+//! A hook on the NVIDIA driver itself (fentry/kprobe on `nvidia_ioctl`) would cost nothing on
+//! other files' ioctls; syscall tracepoints see every `ioctl` and filter by fd. The probe looks
+//! at what this kernel offers and reports each candidate with the reason it was or wasn't used.
+//! Only the tracepoint tier has programs today, so it is chosen whenever it is available; the
+//! report still says when a driver hook would have been possible.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// A hook tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// fentry on the NVIDIA driver's ioctl handler.
+    DriverFentry,
+    /// kprobe on the NVIDIA driver's ioctl handler.
+    DriverKprobe,
+    /// `syscalls/sys_{enter,exit}_ioctl` tracepoints filtered by the GPU fd table.
+    SyscallTracepoint,
+}
+
+impl Tier {
+    /// Stable name for logs and snapshots.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::DriverFentry => "driver_fentry",
+            Self::DriverKprobe => "driver_kprobe",
+            Self::SyscallTracepoint => "syscall_tracepoint",
+        }
+    }
+}
+
+/// One candidate tier and what the probe found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// The tier.
+    pub tier: Tier,
+    /// Whether the kernel offers it.
+    pub available: bool,
+    /// Why it was or wasn't used.
+    pub reason: String,
+}
+
+/// The probe's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probe {
+    /// The tier in use, `None` when the kernel offers none.
+    pub chosen: Option<Tier>,
+    /// Every candidate, most targeted first.
+    pub candidates: Vec<Candidate>,
+}
+
+/// Probes the kernel through `sys` (normally `/sys`).
+#[must_use]
+pub fn probe(sys: &Path) -> Probe {
+    let module_btf = sys.join("kernel/btf/nvidia").exists();
+    let kprobes = ["kernel/tracing/kprobe_events", "kernel/debug/tracing/kprobe_events"]
+        .iter()
+        .any(|p| sys.join(p).exists());
+    let tracepoints = ["kernel/tracing", "kernel/debug/tracing"]
+        .iter()
+        .any(|p| sys.join(p).join("events/syscalls/sys_enter_ioctl").is_dir());
+
+    let driver_reason = |available: bool, what: &str| {
+        if available {
+            format!("{what} present, but this build has no driver-hook programs yet")
+        } else {
+            format!("{what} not present")
+        }
+    };
+    let candidates = vec![
+        Candidate {
+            tier: Tier::DriverFentry,
+            available: module_btf,
+            reason: driver_reason(module_btf, "nvidia module BTF (/sys/kernel/btf/nvidia)"),
+        },
+        Candidate {
+            tier: Tier::DriverKprobe,
+            available: kprobes && module_btf,
+            reason: if kprobes {
+                driver_reason(module_btf, "kprobes and the nvidia module")
+            } else {
+                "kernel has no kprobe_events".to_owned()
+            },
+        },
+        Candidate {
+            tier: Tier::SyscallTracepoint,
+            available: tracepoints,
+            reason: if tracepoints {
+                "syscall tracepoints present; ioctls filtered by the GPU fd table".to_owned()
+            } else {
+                "syscalls/sys_enter_ioctl not found in tracefs (CONFIG_FTRACE_SYSCALLS?)".to_owned()
+            },
+        },
+    ];
+    Probe {
+        chosen: tracepoints.then_some(Tier::SyscallTracepoint),
+        candidates,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_sys(name: &str, dirs: &[&str]) -> std::path::PathBuf {
+        let root = std::env::temp_dir().join(format!("gpuwarden-probe-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for d in dirs {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn chooses_tracepoints_and_explains_the_driver_tiers() {
+        let sys = fake_sys("tp", &["kernel/tracing/events/syscalls/sys_enter_ioctl"]);
+        let probe = probe(&sys);
+        assert_eq!(probe.chosen, Some(Tier::SyscallTracepoint));
+        let fentry = &probe.candidates[0];
+        assert_eq!(fentry.tier, Tier::DriverFentry);
+        assert!(!fentry.available);
+        assert!(fentry.reason.contains("not present"), "{}", fentry.reason);
+        assert!(probe.candidates[1].reason.contains("kprobe_events"));
+        std::fs::remove_dir_all(&sys).unwrap();
+    }
+
+    #[test]
+    fn reports_driver_btf_when_present() {
+        let sys = fake_sys(
+            "btf",
+            &["kernel/btf/nvidia", "kernel/debug/tracing/events/syscalls/sys_enter_ioctl"],
+        );
+        let probe = probe(&sys);
+        assert!(probe.candidates[0].available);
+        assert!(probe.candidates[0].reason.contains("no driver-hook programs"));
+        assert_eq!(probe.chosen, Some(Tier::SyscallTracepoint));
+        std::fs::remove_dir_all(&sys).unwrap();
+    }
+
+    #[test]
+    fn no_tier_without_syscall_tracepoints() {
+        let sys = fake_sys("none", &["kernel"]);
+        assert_eq!(probe(&sys).chosen, None);
+        std::fs::remove_dir_all(&sys).unwrap();
+    }
+}

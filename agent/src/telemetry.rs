@@ -1,0 +1,385 @@
+//! Reading the sensor's maps into a [`Snapshot`], and keeping them tidy.
+//!
+//! The kernel side only counts; this module names what it counted (device nodes, ioctl classes,
+//! containers) and removes what the kernel can't see go away: entries of processes that died
+//! while nobody watched, and counters of cgroups that were removed.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    path::{Path, PathBuf},
+};
+
+use gpuwarden_agent_common::{
+    maps::{CgroupDeviceKey, FdKey, GpuNode, IoctlKey, MAX_GPUS, PATH_LEN, PathKey, ProcInfo, family, stat},
+    nvidia::{esc, uvm},
+};
+
+use crate::{
+    attribution::{Attributor, Workload},
+    gpu_nodes::device_name,
+    hooks::{Sensor, SensorMaps},
+    snapshot::{Container, DeviceUsage, Snapshot, Stats},
+};
+
+/// The name an ioctl counter is reported under.
+#[must_use]
+pub fn ioctl_class(family_id: u32, cmd: u32) -> String {
+    match family_id {
+        family::RM => esc::name(cmd).map_or_else(|| format!("rm_{cmd:#04x}"), str::to_owned),
+        family::UVM => uvm::name(cmd).map_or_else(|| format!("uvm_{cmd}"), str::to_owned),
+        other => format!("family{other}_{cmd}"),
+    }
+}
+
+/// Per-cgroup counters gathered from the maps.
+#[derive(Default)]
+struct CgroupTotals {
+    pids: Vec<u32>,
+    devices: BTreeMap<u32, (BTreeMap<String, u64>, u64)>,
+}
+
+/// Builds the snapshot from the sensor's maps.
+pub fn collect(
+    sensor: &Sensor,
+    attributor: &mut Attributor,
+    node: &str,
+    events_received: u64,
+) -> Snapshot {
+    let maps = &sensor.maps;
+    let mut cgroups: HashMap<u64, CgroupTotals> = HashMap::new();
+    let mut tracked_processes = 0;
+    for (tgid, info) in maps.procs.iter().flatten() {
+        tracked_processes += 1;
+        cgroups.entry(info.cgroup).or_default().pids.push(tgid);
+    }
+    for (key, per_cpu) in maps.ioctl_counts.iter().flatten() {
+        let n: u64 = per_cpu.iter().sum();
+        let device = cgroups.entry(key.cgroup).or_default().devices.entry(key.device).or_default();
+        *device.0.entry(ioctl_class(key.family, key.cmd)).or_default() += n;
+    }
+    for (key, bytes) in maps.cgroup_memory.iter().flatten() {
+        let device = cgroups.entry(key.cgroup).or_default().devices.entry(key.device).or_default();
+        device.1 = bytes;
+    }
+
+    let mut containers: Vec<Container> = cgroups
+        .into_iter()
+        .map(|(id, mut totals)| {
+            totals.pids.sort_unstable();
+            let workload = attributor.resolve(id);
+            container(id, workload.as_deref(), totals)
+        })
+        .collect();
+    containers.sort_by(|a, b| (&a.cgroup_path, a.cgroup_id).cmp(&(&b.cgroup_path, b.cgroup_id)));
+
+    Snapshot {
+        node: node.to_owned(),
+        tier: sensor.probe.chosen.map(|t| t.as_str().to_owned()),
+        hooks: sensor.hooks.clone(),
+        probes: sensor.probe.candidates.clone(),
+        containers,
+        stats: Stats {
+            ringbuf_drops: stat_sum(maps, stat::RINGBUF_DROPS),
+            fd_table_full: stat_sum(maps, stat::FD_TABLE_FULL),
+            handle_table_full: stat_sum(maps, stat::HANDLE_TABLE_FULL),
+            proc_table_full: stat_sum(maps, stat::PROC_TABLE_FULL),
+            decode_errors: stat_sum(maps, stat::DECODE_ERRORS),
+            gpu_ioctls: stat_sum(maps, stat::GPU_IOCTLS),
+            events_received,
+            tracked_fds: maps.gpu_fds.keys().count() as u64,
+            tracked_processes,
+            tracked_allocations: maps.allocations.keys().count() as u64,
+        },
+    }
+}
+
+fn container(id: u64, workload: Option<&Workload>, totals: CgroupTotals) -> Container {
+    let devices = totals
+        .devices
+        .into_iter()
+        .map(|(device, (ioctls, memory_bytes))| DeviceUsage {
+            device: device_name(device),
+            ioctls,
+            memory_bytes,
+        })
+        .collect();
+    match workload {
+        Some(w) => Container {
+            container_id: w.container_id.clone(),
+            runtime: w.runtime.as_str().to_owned(),
+            pod_uid: w.pod_uid.clone(),
+            qos: w.qos.map(|q| q.as_str().to_owned()),
+            cgroup_path: w.cgroup_path.clone(),
+            cgroup_id: id,
+            pids: totals.pids,
+            devices,
+        },
+        // The cgroup is gone (or never was v2): say so rather than guess.
+        None => Container {
+            container_id: None,
+            runtime: "unknown".to_owned(),
+            pod_uid: None,
+            qos: None,
+            cgroup_path: format!("<cgroup {id} not found>"),
+            cgroup_id: id,
+            pids: totals.pids,
+            devices,
+        },
+    }
+}
+
+fn stat_sum(maps: &SensorMaps, index: u32) -> u64 {
+    maps.stats
+        .get(&index, 0)
+        .map(|per_cpu| per_cpu.iter().sum())
+        .unwrap_or(0)
+}
+
+/// Makes the path table hold exactly `nodes`. Returns how many paths were added and removed.
+pub fn sync_paths(maps: &mut SensorMaps, nodes: &BTreeMap<PathBuf, GpuNode>) -> (usize, usize) {
+    let wanted: HashMap<PathKey, GpuNode> = nodes
+        .iter()
+        .filter_map(|(p, n)| path_key(p).map(|k| (k, *n)))
+        .collect();
+    let present: HashSet<PathKey> = maps.gpu_paths.keys().flatten().collect();
+    let mut removed = 0;
+    for key in present.iter().filter(|k| !wanted.contains_key(k)) {
+        if maps.gpu_paths.remove(key).is_ok() {
+            removed += 1;
+        }
+    }
+    let mut added = 0;
+    for (key, node) in &wanted {
+        if !present.contains(key) {
+            match maps.gpu_paths.insert(key, node, 0) {
+                Ok(()) => added += 1,
+                Err(e) => tracing::warn!("cannot watch a GPU path: {e}"),
+            }
+        }
+    }
+    (added, removed)
+}
+
+/// The NUL-padded key of `path`, `None` if it is too long.
+#[must_use]
+pub fn path_key(path: &Path) -> Option<PathKey> {
+    let bytes = path.as_os_str().as_encoded_bytes();
+    if bytes.len() >= PATH_LEN {
+        return None;
+    }
+    let mut key = PathKey { path: [0; PATH_LEN] };
+    key.path[..bytes.len()].copy_from_slice(bytes);
+    Some(key)
+}
+
+/// Monotonic clock in ns: the clock `bpf_ktime_get_ns` reads, for generation stamps.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// What [`seed`] found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SeedReport {
+    /// GPU fds added to the table.
+    pub fds: usize,
+    /// Processes registered.
+    pub processes: usize,
+}
+
+/// Adds GPU fds that processes opened before the programs were attached, from `/proc/*/fd`.
+pub fn seed(
+    maps: &mut SensorMaps,
+    nodes: &BTreeMap<PathBuf, GpuNode>,
+    attributor: &Attributor,
+    proc_root: &Path,
+    only: Option<u32>,
+) -> SeedReport {
+    let mut report = SeedReport::default();
+    let pids: Vec<u32> = match only {
+        Some(pid) => vec![pid],
+        None => std::fs::read_dir(proc_root)
+            .map(|dir| {
+                dir.flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    for tgid in pids {
+        let Ok(fds) = std::fs::read_dir(proc_root.join(tgid.to_string()).join("fd")) else {
+            continue;
+        };
+        let mut found: Vec<(u32, GpuNode)> = Vec::new();
+        for entry in fds.flatten() {
+            let Some(fd) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(target) = std::fs::read_link(entry.path()) else { continue };
+            if let Some(node) = nodes.get(&target) {
+                found.push((fd, *node));
+            }
+        }
+        if found.is_empty() {
+            continue;
+        }
+        let max_fd = found.iter().map(|(fd, _)| *fd).max().unwrap_or(0);
+        for (fd, node) in &found {
+            if maps.gpu_fds.insert(FdKey { tgid, fd: *fd }, node, 0).is_ok() {
+                report.fds += 1;
+            }
+        }
+        if maps.procs.get(&tgid, 0).is_err() {
+            let Ok(cgroup) = attributor.cgroup_id_of_pid(tgid) else { continue };
+            let info = ProcInfo {
+                cgroup,
+                generation: monotonic_ns(),
+                max_fd,
+                _pad: 0,
+                vidmem: [0; MAX_GPUS],
+            };
+            // BPF_NOEXIST: the programs may have registered it meanwhile.
+            if maps.procs.insert(tgid, info, 1).is_ok() {
+                report.processes += 1;
+            }
+        }
+    }
+    report
+}
+
+/// Whether process `tgid` exists.
+fn alive(proc_root: &Path, tgid: u32) -> bool {
+    proc_root.join(tgid.to_string()).exists()
+}
+
+/// What [`collect_garbage`] removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Garbage {
+    /// fd-table entries of dead processes.
+    pub fds: usize,
+    /// Process entries of dead processes.
+    pub processes: usize,
+    /// Client, allocation and device-object entries whose owner is gone.
+    pub handles: usize,
+    /// Counter entries of removed cgroups.
+    pub cgroups: usize,
+}
+
+/// Removes entries the kernel side can't see go stale: fds and processes of processes that died
+/// unseen, handles of released clients, counters of removed cgroups.
+pub fn collect_garbage(maps: &mut SensorMaps, attributor: &mut Attributor, proc_root: &Path) -> Garbage {
+    let mut garbage = Garbage::default();
+    let dead_fds: Vec<FdKey> = maps
+        .gpu_fds
+        .keys()
+        .flatten()
+        .filter(|k| !alive(proc_root, k.tgid))
+        .collect();
+    for key in dead_fds {
+        garbage.fds += usize::from(maps.gpu_fds.remove(&key).is_ok());
+    }
+    let procs: HashMap<u32, ProcInfo> = maps.procs.iter().flatten().collect();
+    for (tgid, info) in &procs {
+        if !alive(proc_root, *tgid) {
+            if info.vidmem.iter().any(|b| *b != 0) {
+                tracing::warn!(tgid, "process died unseen while holding GPU memory");
+            }
+            garbage.processes += usize::from(maps.procs.remove(tgid).is_ok());
+        }
+    }
+    let live_clients: HashMap<u32, u64> = maps
+        .clients
+        .iter()
+        .flatten()
+        .filter(|(_, c)| procs.get(&c.tgid).is_some_and(|p| p.generation == c.proc_generation))
+        .map(|(h, c)| (h, c.generation))
+        .collect();
+    let stale_clients: Vec<u32> = maps
+        .clients
+        .keys()
+        .flatten()
+        .filter(|h| !live_clients.contains_key(h))
+        .collect();
+    for h in stale_clients {
+        garbage.handles += usize::from(maps.clients.remove(&h).is_ok());
+    }
+    let stale_allocations: Vec<_> = maps
+        .allocations
+        .iter()
+        .flatten()
+        .filter(|(k, a)| live_clients.get(&k.client) != Some(&a.client_generation))
+        .map(|(k, _)| k)
+        .collect();
+    for k in stale_allocations {
+        garbage.handles += usize::from(maps.allocations.remove(&k).is_ok());
+    }
+    let stale_objects: Vec<_> = maps
+        .object_devices
+        .keys()
+        .flatten()
+        .filter(|k| !live_clients.contains_key(&k.client))
+        .collect();
+    for k in stale_objects {
+        garbage.handles += usize::from(maps.object_devices.remove(&k).is_ok());
+    }
+
+    attributor.forget_dead();
+    let with_procs: HashSet<u64> = maps.procs.iter().flatten().map(|(_, p)| p.cgroup).collect();
+    let mut gone = |cgroup: u64| !with_procs.contains(&cgroup) && attributor.resolve(cgroup).is_none();
+    let dead_counters: Vec<IoctlKey> = maps.ioctl_counts.keys().flatten().filter(|k| gone(k.cgroup)).collect();
+    for k in dead_counters {
+        garbage.cgroups += usize::from(maps.ioctl_counts.remove(&k).is_ok());
+    }
+    let dead_memory: Vec<CgroupDeviceKey> = maps.cgroup_memory.keys().flatten().filter(|k| gone(k.cgroup)).collect();
+    for k in dead_memory {
+        garbage.cgroups += usize::from(maps.cgroup_memory.remove(&k).is_ok());
+    }
+    garbage
+}
+
+/// Re-reads one process's fds after it exec'd: close-on-exec GPU fds are gone, others stay.
+pub fn reseed_after_exec(
+    maps: &mut SensorMaps,
+    nodes: &BTreeMap<PathBuf, GpuNode>,
+    attributor: &Attributor,
+    proc_root: &Path,
+    tgid: u32,
+) {
+    let stale: Vec<FdKey> = maps.gpu_fds.keys().flatten().filter(|k| k.tgid == tgid).collect();
+    for key in stale {
+        let link = proc_root.join(tgid.to_string()).join("fd").join(key.fd.to_string());
+        let still_gpu = std::fs::read_link(link).is_ok_and(|t| nodes.contains_key(&t));
+        if !still_gpu {
+            let _ = maps.gpu_fds.remove(&key);
+        }
+    }
+    seed(maps, nodes, attributor, proc_root, Some(tgid));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_ioctl_classes() {
+        assert_eq!(ioctl_class(family::RM, esc::RM_ALLOC), "rm_alloc");
+        assert_eq!(ioctl_class(family::RM, esc::RM_FREE), "rm_free");
+        assert_eq!(ioctl_class(family::RM, 0x99), "rm_0x99");
+        assert_eq!(ioctl_class(family::RM, 0x05), "rm_0x05");
+        assert_eq!(ioctl_class(family::UVM, uvm::INITIALIZE), "uvm_initialize");
+        assert_eq!(ioctl_class(family::UVM, 12), "uvm_12");
+    }
+
+    #[test]
+    fn path_keys_are_nul_padded_and_bounded() {
+        let key = path_key(Path::new("/dev/nvidia0")).unwrap();
+        assert_eq!(&key.path[..12], b"/dev/nvidia0");
+        assert!(key.path[12..].iter().all(|b| *b == 0));
+        let long = format!("/{}", "x".repeat(PATH_LEN - 1));
+        assert!(path_key(Path::new(&long)).is_none());
+        let longest = format!("/{}", "x".repeat(PATH_LEN - 2));
+        assert!(path_key(Path::new(&longest)).is_some());
+    }
+}

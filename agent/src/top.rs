@@ -1,0 +1,140 @@
+//! `gpuwarden-agent top` and the human form of `snapshot`: the snapshot as a table.
+
+use std::fmt::Write as _;
+
+use crate::snapshot::Snapshot;
+
+/// Renders bytes with a binary unit.
+#[must_use]
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// The snapshot as a table: one row per container and device.
+#[must_use]
+pub fn render(snapshot: &Snapshot) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "node {}  tier {}  GPU ioctls {}  events {}  dropped {}",
+        snapshot.node,
+        snapshot.tier.as_deref().unwrap_or("none"),
+        snapshot.stats.gpu_ioctls,
+        snapshot.stats.events_received,
+        snapshot.stats.ringbuf_drops,
+    );
+    let _ = writeln!(
+        out,
+        "{:<14} {:<10} {:<36} {:<16} {:<14} {:>8} {:>12}  TOP IOCTLS",
+        "CONTAINER", "RUNTIME", "POD / CGROUP", "PIDS", "DEVICE", "IOCTLS", "MEMORY"
+    );
+    for c in &snapshot.containers {
+        let id = c.container_id.as_deref().map_or("-", |id| &id[..id.len().min(12)]);
+        let place = c.pod_uid.as_deref().unwrap_or(&c.cgroup_path);
+        let pids = c.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        let rows = if c.devices.is_empty() { 1 } else { c.devices.len() };
+        for i in 0..rows {
+            let (device, total, memory, top) = c.devices.get(i).map_or_else(
+                || ("-".to_owned(), 0, 0, String::new()),
+                |d| {
+                    let mut classes: Vec<_> = d.ioctls.iter().collect();
+                    classes.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+                    let top = classes
+                        .iter()
+                        .take(3)
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(" ");
+                    (d.device.clone(), d.ioctls.values().sum(), d.memory_bytes, top)
+                },
+            );
+            let (id, runtime, place, pids) = if i == 0 {
+                (id, c.runtime.as_str(), truncate(place, 36), truncate(&pids, 16))
+            } else {
+                ("", "", String::new(), String::new())
+            };
+            let _ = writeln!(
+                out,
+                "{id:<14} {runtime:<10} {place:<36} {pids:<16} {device:<14} {total:>8} {:>12}  {top}",
+                human_bytes(memory)
+            );
+        }
+    }
+    if snapshot.containers.is_empty() {
+        let _ = writeln!(out, "(no GPU processes seen)");
+    }
+    out
+}
+
+fn truncate(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        s.to_owned()
+    } else {
+        let tail: String = s.chars().rev().take(width - 1).collect::<Vec<_>>().into_iter().rev().collect();
+        format!("…{tail}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::snapshot::{Container, DeviceUsage, Stats};
+
+    #[test]
+    fn formats_bytes() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(2 << 20), "2.0 MiB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+    }
+
+    #[test]
+    fn renders_one_row_per_device_with_totals() {
+        let snapshot = Snapshot {
+            node: "n1".into(),
+            tier: Some("syscall_tracepoint".into()),
+            hooks: vec![],
+            probes: vec![],
+            containers: vec![Container {
+                container_id: Some("a".repeat(64)),
+                runtime: "docker".into(),
+                pod_uid: None,
+                qos: None,
+                cgroup_path: "/system.slice/docker-x.scope".into(),
+                cgroup_id: 7,
+                pids: vec![10, 11],
+                devices: vec![
+                    DeviceUsage {
+                        device: "nvidia0".into(),
+                        ioctls: BTreeMap::from([("rm_alloc".into(), 3), ("rm_free".into(), 1)]),
+                        memory_bytes: 64 << 20,
+                    },
+                    DeviceUsage {
+                        device: "nvidiactl".into(),
+                        ioctls: BTreeMap::from([("rm_control".into(), 5)]),
+                        memory_bytes: 0,
+                    },
+                ],
+            }],
+            stats: Stats::default(),
+        };
+        let table = render(&snapshot);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 4, "{table}");
+        assert!(lines[2].starts_with("aaaaaaaaaaaa "), "{table}");
+        assert!(lines[2].contains("64.0 MiB") && lines[2].contains("rm_alloc=3"), "{table}");
+        assert!(lines[3].contains("nvidiactl") && lines[3].contains("rm_control=5"), "{table}");
+    }
+}

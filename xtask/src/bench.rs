@@ -1,0 +1,27 @@
+//! `cargo xtask bench`: benchmarks that print tables of ratios against a baseline measured in the
+//! same run.
+
+mod ebpf;
+
+use clap::Subcommand;
+
+/// The benchmarks.
+#[derive(Subcommand)]
+pub enum Which {
+    /// ns per ioctl (GPU and non-GPU fd) and per unrelated syscall, without and with the agent.
+    Ebpf {
+        /// Calls per measured batch.
+        #[arg(long, default_value_t = 200_000)]
+        iterations: u64,
+        /// Batches per case (the median is reported).
+        #[arg(long, default_value_t = 9)]
+        rounds: usize,
+    },
+}
+
+/// Runs one benchmark.
+pub fn run(which: &Which) -> anyhow::Result<()> {
+    match which {
+        Which::Ebpf { iterations, rounds } => ebpf::run(*iterations, *rounds),
+    }
+}
