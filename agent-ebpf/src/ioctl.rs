@@ -250,9 +250,15 @@ fn decode_alloc(ctx: &TracePointContext, tgid: u32, cgroup: u64, size: u32, para
         }
         class::SUBDEVICE_0 => call.op = op::SUBDEVICE,
         class::MEMORY_LOCAL_USER => {
-            let Some(params_size) = read_u32(params + params_size_offset as u64) else {
-                decode_failed(ctx, tgid, cgroup, decode_error::READ_PARAMS, esc::RM_ALLOC);
-                return None;
+            // NVOS21 carries paramsSize in the head already read; NVOS64 past it.
+            let params_size = if size == nvos21::SIZE {
+                head[nvos21::PARAMS_SIZE / 4]
+            } else {
+                let Some(params_size) = read_u32(params + params_size_offset as u64) else {
+                    decode_failed(ctx, tgid, cgroup, decode_error::READ_PARAMS, esc::RM_ALLOC);
+                    return None;
+                };
+                params_size
             };
             if params_size != memory_alloc::SIZE && params_size != memory_alloc::SIZE_OLD {
                 decode_failed(ctx, tgid, cgroup, decode_error::BAD_SIZE, esc::RM_ALLOC);

@@ -75,6 +75,17 @@ fn lock(state: &Shared) -> MutexGuard<'_, State> {
 /// # Errors
 /// See [`RunError`].
 pub async fn run(config: AgentConfig) -> Result<(), RunError> {
+    run_until(config, shutdown_signal()).await
+}
+
+/// Runs the agent until `shutdown` completes (tests embed the agent this way).
+///
+/// # Errors
+/// See [`RunError`].
+pub async fn run_until(
+    config: AgentConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), RunError> {
     let _lock = InstanceLock::acquire(&config.state_dir)?;
     let attributor = Attributor::detect()?;
     let mut sensor = Sensor::load(config.alloc_event_min_bytes)?;
@@ -99,21 +110,23 @@ pub async fn run(config: AgentConfig) -> Result<(), RunError> {
     rescan_nodes(&mut state, &config);
     let state: Shared = Arc::new(Mutex::new(state));
 
+    let mut tasks = tokio::task::JoinSet::new();
     if let Some(ring) = events {
         // SAFETY: the ring buffer owns its fd and keeps it open until the AsyncFd drops it.
         let fd = unsafe { AsyncFd::register(ring) }.map_err(|e| RunError::Events(e.into()))?;
-        tokio::spawn(read_events(fd, Arc::clone(&state)));
+        tasks.spawn(read_events(fd, Arc::clone(&state)));
     }
-    tokio::spawn(housekeeping(Arc::clone(&state), config.clone()));
+    tasks.spawn(housekeeping(Arc::clone(&state), config.clone()));
 
     let listener = bind(&config.socket)?;
     tracing::info!(socket = %config.socket.display(), node = %config.node_name, "agent ready");
     let node = Arc::new(config.node_name.clone());
+    let mut clients = tokio::task::JoinSet::new();
     let serve = async {
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
-                    tokio::spawn(serve_client(stream, Arc::clone(&state), Arc::clone(&node)));
+                    clients.spawn(serve_client(stream, Arc::clone(&state), Arc::clone(&node)));
                 }
                 Err(e) => tracing::warn!("accept on {}: {e}", config.socket.display()),
             }
@@ -121,8 +134,11 @@ pub async fn run(config: AgentConfig) -> Result<(), RunError> {
     };
     tokio::select! {
         () = serve => {}
-        () = shutdown_signal() => tracing::info!("shutting down"),
+        () = shutdown => tracing::info!("shutting down"),
     }
+    // Stopping the tasks drops the last references to the sensor, which detaches the programs.
+    clients.shutdown().await;
+    tasks.shutdown().await;
     let _ = std::fs::remove_file(&config.socket);
     Ok(())
 }

@@ -13,7 +13,7 @@ pub enum Which {
         /// Calls per measured batch.
         #[arg(long, default_value_t = 200_000)]
         iterations: u64,
-        /// Batches per case (the median is reported).
+        /// Batches per case (the fastest is reported).
         #[arg(long, default_value_t = 9)]
         rounds: usize,
     },
