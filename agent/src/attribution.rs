@@ -214,9 +214,7 @@ pub fn parse_cgroup_path(path: &str) -> Workload {
     } else if let Some(id) = scoped_id(leaf, "cri-containerd-").and_then(container_id) {
         workload.runtime = Runtime::Containerd;
         workload.container_id = Some(id);
-    } else if [".service", ".scope", ".slice"].iter().any(|s| leaf.ends_with(s))
-        && components.iter().all(|c| !c.contains("docker") || c.ends_with(".service"))
-    {
+    } else if [".service", ".scope", ".slice"].iter().any(|s| leaf.ends_with(s)) {
         workload.runtime = Runtime::Systemd;
         workload.unit = Some(leaf.to_owned());
     }
