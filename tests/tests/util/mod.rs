@@ -1,0 +1,326 @@
+//! Helpers shared by the end-to-end tests: an embedded agent, test cgroups, the fake driver and
+//! scripted GPU clients.
+#![allow(dead_code, clippy::unwrap_used, clippy::missing_panics_doc)]
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+use gpuwarden_agent::{
+    api,
+    attribution::Attributor,
+    config::{AgentConfig, Overrides},
+    daemon,
+    snapshot::{Container, DeviceUsage, Snapshot},
+};
+use gpuwarden_tests::fake_driver::{FakeConfig, FakeDriver};
+
+/// Fails the test unless it runs as root: the eBPF and FUSE parts need it. Never skips.
+pub fn require_root() {
+    // SAFETY: a plain syscall.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "these tests load eBPF programs and mount FUSE file systems: they need root (run `sudo cargo xtask test`)"
+    );
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A short unique directory under /tmp (paths must stay under 64 bytes for the programs).
+pub fn scratch(tag: &str) -> PathBuf {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = PathBuf::from(format!("/tmp/gw{}-{tag}{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A 64-hex container id unique to this run.
+pub fn container_id(seed: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in format!("{seed}{}{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)).bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+    }
+    (0..4).map(|i| format!("{:016x}", h.rotate_left(i * 16) ^ (u64::from(i) * 0x9e37_79b9))).collect()
+}
+
+/// A pod UID unique to this run.
+pub fn pod_uid(seed: &str) -> String {
+    let id = container_id(seed);
+    format!("{}-{}-{}-{}-{}", &id[0..8], &id[8..12], &id[12..16], &id[16..20], &id[20..32])
+}
+
+/// The fake driver mounted in a scratch directory.
+pub struct Driver {
+    pub driver: FakeDriver,
+    pub dir: PathBuf,
+}
+
+impl Driver {
+    pub fn mount(tag: &str) -> Self {
+        let dir = scratch(tag).join("dev");
+        let driver = FakeDriver::mount(&dir, FakeConfig::default()).unwrap();
+        Self { driver, dir }
+    }
+
+    /// The glob the agent watches for this driver.
+    pub fn glob(&self) -> String {
+        format!("{}/nvidia*", self.dir.display())
+    }
+}
+
+/// An agent running in this process, stopped when dropped.
+pub struct TestAgent {
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl TestAgent {
+    /// Starts an agent watching `globs` and waits until it answers.
+    pub fn start(globs: &[String]) -> Self {
+        Self::start_in(globs, scratch("agent"))
+    }
+
+    /// Starts an agent with its lock and socket in `state_dir`.
+    pub fn start_in(globs: &[String], state_dir: PathBuf) -> Self {
+        let socket = state_dir.join("agent.sock");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn({
+            let config = config(globs, &state_dir);
+            move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                runtime
+                    .block_on(daemon::run_until(config, async {
+                        let _ = stopped.await;
+                    }))
+                    .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))
+            }
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut agent = Self {
+            socket,
+            state_dir,
+            stop: Some(stop),
+            thread: Some(thread),
+            runtime,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if agent.try_snapshot().is_ok() {
+                return agent;
+            }
+            if agent.thread.as_ref().is_some_and(std::thread::JoinHandle::is_finished) {
+                let result = agent.thread.take().unwrap().join().unwrap();
+                panic!("the agent stopped before answering: {result:?}");
+            }
+            assert!(Instant::now() < deadline, "the agent did not answer within 60 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn try_snapshot(&self) -> Result<Snapshot, api::ClientError> {
+        self.runtime.block_on(api::snapshot(&self.socket))
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        self.try_snapshot().unwrap()
+    }
+
+    /// The entry of the cgroup at `path`.
+    pub fn container(&self, path: &str) -> Option<Container> {
+        self.snapshot().containers.into_iter().find(|c| c.cgroup_path == path)
+    }
+
+    /// Stops the agent and returns how its run ended.
+    pub fn stop(mut self) -> Result<(), String> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<(), String> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| "agent thread panicked".to_owned())?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// The agent's settings for a test.
+pub fn config(globs: &[String], state_dir: &Path) -> AgentConfig {
+    AgentConfig::load(
+        None,
+        Overrides {
+            gpu_devices: Some(globs.to_vec()),
+            socket: Some(state_dir.join("agent.sock")),
+            state_dir: Some(state_dir.to_owned()),
+            node_name: Some("test-node".to_owned()),
+        },
+    )
+    .unwrap()
+}
+
+/// The device entry `name` of a container, if any.
+pub fn device<'a>(c: &'a Container, name: &str) -> Option<&'a DeviceUsage> {
+    c.devices.iter().find(|d| d.device == name)
+}
+
+/// ioctls of class `class` on device `name`.
+pub fn ioctls(c: &Container, name: &str, class: &str) -> u64 {
+    device(c, name).and_then(|d| d.ioctls.get(class).copied()).unwrap_or(0)
+}
+
+/// GPU memory on device `name`.
+pub fn memory(c: &Container, name: &str) -> u64 {
+    device(c, name).map_or(0, |d| d.memory_bytes)
+}
+
+/// A cgroup v2 directory made for a test, removed when dropped.
+pub struct TestCgroup {
+    /// Path relative to the cgroup root, as snapshots show it.
+    pub path: String,
+    pub dir: PathBuf,
+    created: Vec<PathBuf>,
+}
+
+impl TestCgroup {
+    pub fn create(path: &str) -> Self {
+        let root = Attributor::detect().unwrap().root().to_owned();
+        let mut created = Vec::new();
+        let mut dir = root.clone();
+        for part in path.trim_start_matches('/').split('/') {
+            dir = dir.join(part);
+            if !dir.exists() {
+                std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+                created.push(dir.clone());
+            }
+        }
+        Self {
+            path: path.to_owned(),
+            dir,
+            created,
+        }
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for dir in self.created.iter().rev() {
+            // Processes may take a moment to leave after exiting.
+            for _ in 0..50 {
+                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// A `gpu-client` process, optionally inside a cgroup, driven line by line.
+pub struct Client {
+    pub pid: u32,
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Client {
+    pub fn spawn(dev: &Path, cgroup: Option<&TestCgroup>) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-client"));
+        cmd.arg("--dir").arg(dev).stdin(Stdio::piped()).stdout(Stdio::piped());
+        if let Some(cg) = cgroup {
+            // Built before the fork: the child may not allocate (another test thread may hold
+            // the allocator's lock at fork time).
+            let procs = std::ffi::CString::new(cg.dir.join("cgroup.procs").into_os_string().into_encoded_bytes()).unwrap();
+            // SAFETY: only async-signal-safe calls between fork and exec: open, write, close.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                    if written != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let pid = line
+            .trim()
+            .strip_prefix("ready pid=")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("gpu-client did not start: {line:?}"));
+        Self {
+            pid,
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Sends one command and returns its reply.
+    pub fn send(&mut self, command: &str) -> String {
+        writeln!(self.stdin, "{command}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
+
+    /// Sends a command that must succeed; returns the reply.
+    pub fn ok(&mut self, command: &str) -> String {
+        let reply = self.send(command);
+        assert!(reply.contains("ok"), "{command:?} answered {reply:?}");
+        reply
+    }
+
+    /// A value from the reply of a command that must succeed.
+    pub fn value(&mut self, command: &str, key: &str) -> u64 {
+        let reply = self.ok(command);
+        gpuwarden_tests::gpu_client::reply_value(&reply, key)
+            .unwrap_or_else(|| panic!("{command:?} answered {reply:?}, no {key}"))
+    }
+
+    /// Ends the process without freeing anything and waits for it.
+    pub fn exit(mut self) {
+        let _ = writeln!(self.stdin, "exit");
+        let _ = self.stdin.flush();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
