@@ -9,16 +9,29 @@ use gpuwarden_ebpf_toolchain::Toolchain;
 
 fn main() -> ExitCode {
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let workspace = manifest.parent().expect("agent/ is inside the workspace").to_owned();
+    let workspace = manifest
+        .parent()
+        .expect("agent/ is inside the workspace")
+        .to_owned();
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo")).join("gpuwarden.bpf.o");
-    for watched in ["agent-ebpf/src", "agent-ebpf/Cargo.toml", "agent-ebpf/common/src"] {
-        println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
+    for watched in [
+        "agent-ebpf/src",
+        "agent-ebpf/Cargo.toml",
+        "agent-ebpf/common/src",
+    ] {
+        println!(
+            "cargo:rerun-if-changed={}",
+            workspace.join(watched).display()
+        );
     }
     println!("cargo:rerun-if-env-changed=GPUWARDEN_EBPF_OBJECT");
 
     if let Some(prebuilt) = env::var_os("GPUWARDEN_EBPF_OBJECT") {
         if let Err(e) = fs::copy(&prebuilt, &out) {
-            eprintln!("error: GPUWARDEN_EBPF_OBJECT={}: {e}", PathBuf::from(prebuilt).display());
+            eprintln!(
+                "error: GPUWARDEN_EBPF_OBJECT={}: {e}",
+                PathBuf::from(prebuilt).display()
+            );
             return ExitCode::FAILURE;
         }
         return ExitCode::SUCCESS;
@@ -49,7 +62,11 @@ fn main() -> ExitCode {
     }
     let object = Toolchain::object_path(&target_dir);
     if let Err(e) = fs::copy(&object, &out) {
-        eprintln!("error: copying {} to {}: {e}", object.display(), out.display());
+        eprintln!(
+            "error: copying {} to {}: {e}",
+            object.display(),
+            out.display()
+        );
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS

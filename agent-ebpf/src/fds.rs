@@ -197,7 +197,10 @@ fn forget(tgid: u32, fd: u32) {
 pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, node: GpuNode) {
     if GPU_FDS.insert(&FdKey { tgid, fd }, &node, 0).is_err() {
         count(stat::FD_TABLE_FULL);
-        warn!(ctx, "gpu fd table full: fd {} of tgid {} is not tracked", fd, tgid);
+        warn!(
+            ctx,
+            "gpu fd table full: fd {} of tgid {} is not tracked", fd, tgid
+        );
         return;
     }
     if let Some(proc) = PROCS.get_ptr_mut(&tgid) {

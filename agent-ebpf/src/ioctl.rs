@@ -191,17 +191,35 @@ fn object_device(client: u32, object: u32) -> u32 {
 
 /// Unwraps `IOCTL_XFER_CMD` into the inner (nr, size, params).
 #[inline(always)]
-fn unwrap_xfer(ctx: &TracePointContext, tgid: u32, cgroup: u64, cmd: u32, params: u64) -> Option<(u32, u32, u64)> {
+fn unwrap_xfer(
+    ctx: &TracePointContext,
+    tgid: u32,
+    cgroup: u64,
+    cmd: u32,
+    params: u64,
+) -> Option<(u32, u32, u64)> {
     if ioctl_nr(cmd) != esc::IOCTL_XFER_CMD {
         return None;
     }
     if ioctl_size(cmd) != xfer::SIZE {
-        decode_failed(ctx, tgid, cgroup, decode_error::BAD_SIZE, esc::IOCTL_XFER_CMD);
+        decode_failed(
+            ctx,
+            tgid,
+            cgroup,
+            decode_error::BAD_SIZE,
+            esc::IOCTL_XFER_CMD,
+        );
         return None;
     }
     // SAFETY: the helper faults safely on bad user pointers.
     let Ok(raw) = (unsafe { bpf_probe_read_user(params as *const [u32; 4]) }) else {
-        decode_failed(ctx, tgid, cgroup, decode_error::READ_PARAMS, esc::IOCTL_XFER_CMD);
+        decode_failed(
+            ctx,
+            tgid,
+            cgroup,
+            decode_error::READ_PARAMS,
+            esc::IOCTL_XFER_CMD,
+        );
         return None;
     };
     let ptr = u64::from(raw[xfer::PTR / 4]) | (u64::from(raw[xfer::PTR / 4 + 1]) << 32);
@@ -210,7 +228,13 @@ fn unwrap_xfer(ctx: &TracePointContext, tgid: u32, cgroup: u64, cmd: u32, params
 
 /// Decodes `RM_ALLOC` (NVOS21 or NVOS64) into the work its exit will do.
 #[inline(always)]
-fn decode_alloc(ctx: &TracePointContext, tgid: u32, cgroup: u64, size: u32, params: u64) -> Option<Call> {
+fn decode_alloc(
+    ctx: &TracePointContext,
+    tgid: u32,
+    cgroup: u64,
+    size: u32,
+    params: u64,
+) -> Option<Call> {
     // Both forms share the first 24 bytes; they differ in where paramsSize and status are.
     let (status_offset, params_size_offset) = if size == nvos21::SIZE {
         (nvos21::STATUS, nvos21::PARAMS_SIZE)
@@ -242,7 +266,13 @@ fn decode_alloc(ctx: &TracePointContext, tgid: u32, cgroup: u64, size: u32, para
         c if class::is_client(c) => call.op = op::CLIENT,
         class::DEVICE_0 => {
             let Some(device_id) = read_u32(alloc_params) else {
-                decode_failed(ctx, tgid, cgroup, decode_error::READ_ALLOC_PARAMS, esc::RM_ALLOC);
+                decode_failed(
+                    ctx,
+                    tgid,
+                    cgroup,
+                    decode_error::READ_ALLOC_PARAMS,
+                    esc::RM_ALLOC,
+                );
                 return None;
             };
             call.op = op::DEVICE;
@@ -267,7 +297,13 @@ fn decode_alloc(ctx: &TracePointContext, tgid: u32, cgroup: u64, size: u32, para
             // SAFETY: the helper faults safely on bad user pointers.
             let Ok(fields) = (unsafe { bpf_probe_read_user(alloc_params as *const [u32; 7]) })
             else {
-                decode_failed(ctx, tgid, cgroup, decode_error::READ_ALLOC_PARAMS, esc::RM_ALLOC);
+                decode_failed(
+                    ctx,
+                    tgid,
+                    cgroup,
+                    decode_error::READ_ALLOC_PARAMS,
+                    esc::RM_ALLOC,
+                );
                 return None;
             };
             let flags = fields[memory_alloc::FLAGS / 4];
@@ -288,7 +324,13 @@ fn decode_alloc(ctx: &TracePointContext, tgid: u32, cgroup: u64, size: u32, para
 
 /// Decodes `RM_FREE` (NVOS00).
 #[inline(always)]
-fn decode_free(ctx: &TracePointContext, tgid: u32, cgroup: u64, size: u32, params: u64) -> Option<Call> {
+fn decode_free(
+    ctx: &TracePointContext,
+    tgid: u32,
+    cgroup: u64,
+    size: u32,
+    params: u64,
+) -> Option<Call> {
     if size != nvos00::SIZE {
         decode_failed(ctx, tgid, cgroup, decode_error::BAD_SIZE, esc::RM_FREE);
         return None;
@@ -333,7 +375,10 @@ fn count_ioctl(cgroup: u64, device: u32, family: u32, cmd: u32) {
 #[inline(always)]
 fn decode_failed(ctx: &TracePointContext, tgid: u32, cgroup: u64, reason: u32, nr: u32) {
     count(stat::DECODE_ERRORS);
-    warn!(ctx, "cannot decode escape {:x} of tgid {}: reason {}", nr, tgid, reason);
+    warn!(
+        ctx,
+        "cannot decode escape {:x} of tgid {}: reason {}", nr, tgid, reason
+    );
     emit(Event {
         kind: kind::DECODE_ERROR,
         tgid,

@@ -50,14 +50,26 @@ const SYSCALL_RET: usize = 16;
 #[inline(always)]
 fn arg(ctx: &TracePointContext, n: usize) -> u64 {
     // SAFETY: the offset lies inside every sys_enter record (6 arguments).
-    unsafe { ctx.as_ptr().cast::<u8>().add(syscall_arg(n)).cast::<u64>().read() }
+    unsafe {
+        ctx.as_ptr()
+            .cast::<u8>()
+            .add(syscall_arg(n))
+            .cast::<u64>()
+            .read()
+    }
 }
 
 /// Reads the return value of a `sys_exit_*` tracepoint.
 #[inline(always)]
 fn ret(ctx: &TracePointContext) -> i64 {
     // SAFETY: every sys_exit record has `ret` at this offset.
-    unsafe { ctx.as_ptr().cast::<u8>().add(SYSCALL_RET).cast::<i64>().read() }
+    unsafe {
+        ctx.as_ptr()
+            .cast::<u8>()
+            .add(SYSCALL_RET)
+            .cast::<i64>()
+            .read()
+    }
 }
 
 /// The current thread's `(tgid, pid_tgid)`.

@@ -49,8 +49,25 @@ extern "C" fn copy_fd(index: u64, ctx: *mut c_void) -> i64 {
     let copy = unsafe { &*ctx.cast::<FdCopy>() };
     let fd = index as u32;
     // SAFETY: the value is copied out at once.
-    if let Some(node) = unsafe { GPU_FDS.get(&FdKey { tgid: copy.parent, fd }) }.copied() {
-        if GPU_FDS.insert(&FdKey { tgid: copy.child, fd }, &node, 0).is_err() {
+    if let Some(node) = unsafe {
+        GPU_FDS.get(&FdKey {
+            tgid: copy.parent,
+            fd,
+        })
+    }
+    .copied()
+    {
+        if GPU_FDS
+            .insert(
+                &FdKey {
+                    tgid: copy.child,
+                    fd,
+                },
+                &node,
+                0,
+            )
+            .is_err()
+        {
             count(stat::FD_TABLE_FULL);
         }
     }

@@ -99,7 +99,10 @@ pub async fn call(socket: &Path, request: &Request) -> Result<Response, ClientEr
     line.push(b'\n');
     write.write_all(&line).await.map_err(io)?;
     let mut answer = String::new();
-    let n = BufReader::new(read).read_line(&mut answer).await.map_err(io)?;
+    let n = BufReader::new(read)
+        .read_line(&mut answer)
+        .await
+        .map_err(io)?;
     if n == 0 {
         return Err(ClientError::NoAnswer { path });
     }
@@ -118,7 +121,9 @@ pub async fn snapshot(socket: &Path) -> Result<Snapshot, ClientError> {
 }
 
 /// Parses one request line; a bad line gets an error response naming the problem.
-#[must_use]
+///
+/// # Errors
+/// The response to send back.
 pub fn parse_request(line: &str) -> Result<Request, Response> {
     serde_json::from_str(line.trim()).map_err(|e| {
         Response::Error(format!(

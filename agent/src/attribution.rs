@@ -137,8 +137,10 @@ fn as_str_qos<S: serde::Serializer>(q: &Option<QosClass>, s: S) -> Result<S::Ok,
 
 /// A 64-character lowercase hex container id.
 fn container_id(s: &str) -> Option<String> {
-    (s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
-        .then(|| s.to_owned())
+    (s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+    .then(|| s.to_owned())
 }
 
 /// A pod UID as the kubelet writes it (`pod<uid>`, with `_` for `-` under systemd), canonical.
@@ -161,7 +163,11 @@ fn scoped_id<'a>(component: &'a str, prefix: &str) -> Option<&'a str> {
 #[must_use]
 pub fn parse_cgroup_path(path: &str) -> Workload {
     let trimmed = path.trim_end_matches('/');
-    let cgroup_path = if trimmed.is_empty() { "/".to_owned() } else { trimmed.to_owned() };
+    let cgroup_path = if trimmed.is_empty() {
+        "/".to_owned()
+    } else {
+        trimmed.to_owned()
+    };
     let components: Vec<&str> = trimmed.split('/').filter(|c| !c.is_empty()).collect();
     let mut workload = Workload {
         cgroup_path,
@@ -214,7 +220,10 @@ pub fn parse_cgroup_path(path: &str) -> Workload {
     } else if let Some(id) = scoped_id(leaf, "cri-containerd-").and_then(container_id) {
         workload.runtime = Runtime::Containerd;
         workload.container_id = Some(id);
-    } else if [".service", ".scope", ".slice"].iter().any(|s| leaf.ends_with(s)) {
+    } else if [".service", ".scope", ".slice"]
+        .iter()
+        .any(|s| leaf.ends_with(s))
+    {
         workload.runtime = Runtime::Systemd;
         workload.unit = Some(leaf.to_owned());
     }
@@ -325,13 +334,17 @@ impl Attributor {
         // One walk fills the cache with every directory, so later misses are rare.
         let mut stack = vec![self.cgroup_root.clone()];
         while let Some(dir) = stack.pop() {
-            let Ok(meta) = std::fs::symlink_metadata(&dir) else { continue };
+            let Ok(meta) = std::fs::symlink_metadata(&dir) else {
+                continue;
+            };
             if !self.cache.contains_key(&meta.ino()) {
                 let rel = dir.strip_prefix(&self.cgroup_root).unwrap_or(Path::new(""));
                 let workload = parse_cgroup_path(&format!("/{}", rel.display()));
                 self.cache.insert(meta.ino(), Arc::new(workload));
             }
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
             for entry in entries.flatten() {
                 if entry.file_type().is_ok_and(|t| t.is_dir()) {
                     stack.push(entry.path());
@@ -423,30 +436,88 @@ mod tests {
             // Host and systemd.
             row("/".into(), Host, false, false, None),
             row("".into(), Host, false, false, None),
-            row("/system.slice/sshd.service".into(), Systemd, false, false, None),
-            row("/user.slice/user-1000.slice/session-3.scope".into(), Systemd, false, false, None),
-            row("/system.slice/containerd.service".into(), Systemd, false, false, None),
+            row(
+                "/system.slice/sshd.service".into(),
+                Systemd,
+                false,
+                false,
+                None,
+            ),
+            row(
+                "/user.slice/user-1000.slice/session-3.scope".into(),
+                Systemd,
+                false,
+                false,
+                None,
+            ),
+            row(
+                "/system.slice/containerd.service".into(),
+                Systemd,
+                false,
+                false,
+                None,
+            ),
             // Docker: cgroupfs (v1 and v2) and systemd drivers.
             row(format!("/docker/{ID}"), Docker, true, false, None),
             row(format!("/docker/{ID}/"), Docker, true, false, None),
-            row(format!("/system.slice/docker-{ID}.scope"), Docker, true, false, None),
-            // Podman, with the v2 `container` child, conmon, and rootless.
-            row(format!("/machine.slice/libpod-{ID}.scope"), Podman, true, false, None),
-            row(format!("/machine.slice/libpod-{ID}.scope/container"), Podman, true, false, None),
-            row(format!("/machine.slice/libpod-conmon-{ID}.scope"), Podman, false, false, None),
             row(
-                format!("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope"),
+                format!("/system.slice/docker-{ID}.scope"),
+                Docker,
+                true,
+                false,
+                None,
+            ),
+            // Podman, with the v2 `container` child, conmon, and rootless.
+            row(
+                format!("/machine.slice/libpod-{ID}.scope"),
+                Podman,
+                true,
+                false,
+                None,
+            ),
+            row(
+                format!("/machine.slice/libpod-{ID}.scope/container"),
+                Podman,
+                true,
+                false,
+                None,
+            ),
+            row(
+                format!("/machine.slice/libpod-conmon-{ID}.scope"),
+                Podman,
+                false,
+                false,
+                None,
+            ),
+            row(
+                format!(
+                    "/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope"
+                ),
                 Podman,
                 true,
                 false,
                 None,
             ),
             // CRI-O outside Kubernetes.
-            row(format!("/machine.slice/crio-{ID}.scope"), CriO, true, false, None),
-            row(format!("/machine.slice/crio-conmon-{ID}.scope"), CriO, false, false, None),
+            row(
+                format!("/machine.slice/crio-{ID}.scope"),
+                CriO,
+                true,
+                false,
+                None,
+            ),
+            row(
+                format!("/machine.slice/crio-conmon-{ID}.scope"),
+                CriO,
+                false,
+                false,
+                None,
+            ),
             // Kubernetes, systemd driver.
             row(
-                format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{ID}.scope"),
+                format!(
+                    "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{ID}.scope"
+                ),
                 Containerd,
                 true,
                 true,
@@ -460,63 +531,143 @@ mod tests {
                 Some(Guaranteed),
             ),
             row(
-                format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/crio-{ID}.scope"),
+                format!(
+                    "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/crio-{ID}.scope"
+                ),
                 CriO,
                 true,
                 true,
                 Some(BestEffort),
             ),
             row(
-                format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/crio-conmon-{ID}.scope"),
+                format!(
+                    "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/crio-conmon-{ID}.scope"
+                ),
                 CriO,
                 false,
                 true,
                 Some(BestEffort),
             ),
             row(
-                format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/docker-{ID}.scope"),
+                format!(
+                    "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/docker-{ID}.scope"
+                ),
                 Docker,
                 true,
                 true,
                 Some(Burstable),
             ),
             // Kubernetes, cgroupfs driver (v1 and v2 look alike): the runtime is not told.
-            row(format!("/kubepods/besteffort/pod{UID}/{ID}"), Cri, true, true, Some(BestEffort)),
-            row(format!("/kubepods/burstable/pod{UID}/{ID}"), Cri, true, true, Some(Burstable)),
-            row(format!("/kubepods/pod{UID}/{ID}"), Cri, true, true, Some(Guaranteed)),
-            // Pod-level cgroups: a pod, no container.
-            row(format!("/kubepods/besteffort/pod{UID}"), Cri, false, true, Some(BestEffort)),
             row(
-                format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice"),
+                format!("/kubepods/besteffort/pod{UID}/{ID}"),
+                Cri,
+                true,
+                true,
+                Some(BestEffort),
+            ),
+            row(
+                format!("/kubepods/burstable/pod{UID}/{ID}"),
+                Cri,
+                true,
+                true,
+                Some(Burstable),
+            ),
+            row(
+                format!("/kubepods/pod{UID}/{ID}"),
+                Cri,
+                true,
+                true,
+                Some(Guaranteed),
+            ),
+            // Pod-level cgroups: a pod, no container.
+            row(
+                format!("/kubepods/besteffort/pod{UID}"),
+                Cri,
+                false,
+                true,
+                Some(BestEffort),
+            ),
+            row(
+                format!(
+                    "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice"
+                ),
                 Cri,
                 false,
                 true,
                 Some(Burstable),
             ),
             // kind / k3s nest kubepods under a prefix.
-            row(format!("/kubelet/kubepods/burstable/pod{UID}/{ID}"), Cri, true, true, Some(Burstable)),
             row(
-                format!("/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{ID}.scope"),
+                format!("/kubelet/kubepods/burstable/pod{UID}/{ID}"),
+                Cri,
+                true,
+                true,
+                Some(Burstable),
+            ),
+            row(
+                format!(
+                    "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{ID}.scope"
+                ),
                 Containerd,
                 true,
                 true,
                 Some(BestEffort),
             ),
             // Not ids: too short, not hex, uppercase; unknown layouts.
-            row(format!("/docker/{}", &ID[..63]), Unknown, false, false, None),
-            row(format!("/system.slice/docker-{}x.scope", &ID[..63]), Systemd, false, false, None),
-            row(format!("/docker/{}", ID.to_uppercase()), Unknown, false, false, None),
-            row(format!("/kubepods/besteffort/pod{UID}/{}", &ID[..40]), Cri, false, true, Some(BestEffort)),
+            row(
+                format!("/docker/{}", &ID[..63]),
+                Unknown,
+                false,
+                false,
+                None,
+            ),
+            row(
+                format!("/system.slice/docker-{}x.scope", &ID[..63]),
+                Systemd,
+                false,
+                false,
+                None,
+            ),
+            row(
+                format!("/docker/{}", ID.to_uppercase()),
+                Unknown,
+                false,
+                false,
+                None,
+            ),
+            row(
+                format!("/kubepods/besteffort/pod{UID}/{}", &ID[..40]),
+                Cri,
+                false,
+                true,
+                Some(BestEffort),
+            ),
             row(format!("/default/{ID}"), Unknown, false, false, None),
-            row("/kubepods/besteffort/podnot-a-uid/x".into(), Unknown, false, false, None),
+            row(
+                "/kubepods/besteffort/podnot-a-uid/x".into(),
+                Unknown,
+                false,
+                false,
+                None,
+            ),
             row("/kubepods.slice".into(), Cri, false, false, None),
             row("/lxc/c1".into(), Unknown, false, false, None),
         ];
         for r in rows {
             let w = parse_cgroup_path(&r.path);
             assert_eq!(w.runtime, r.runtime, "runtime of {}", r.path);
-            assert_eq!(w.container_id.as_deref(), r.id.then_some(ID), "id of {}", r.path);
-            assert_eq!(w.pod_uid.as_deref(), r.pod.then_some(UID), "pod of {}", r.path);
+            assert_eq!(
+                w.container_id.as_deref(),
+                r.id.then_some(ID),
+                "id of {}",
+                r.path
+            );
+            assert_eq!(
+                w.pod_uid.as_deref(),
+                r.pod.then_some(UID),
+                "pod of {}",
+                r.path
+            );
             assert_eq!(w.qos, r.qos, "qos of {}", r.path);
         }
     }
@@ -535,9 +686,15 @@ mod tests {
     fn finds_the_cgroup2_mount() {
         let hybrid = "35 24 0:30 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro\n\
                       41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
-        assert_eq!(cgroup2_mount(hybrid), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            cgroup2_mount(hybrid),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
         let unified = "30 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw\n";
-        assert_eq!(cgroup2_mount(unified), Some(PathBuf::from("/sys/fs/cgroup")));
+        assert_eq!(
+            cgroup2_mount(unified),
+            Some(PathBuf::from("/sys/fs/cgroup"))
+        );
         assert_eq!(cgroup2_mount("22 1 0:21 / /proc rw - proc proc rw\n"), None);
     }
 

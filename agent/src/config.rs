@@ -115,7 +115,10 @@ impl AgentConfig {
     /// The file is unreadable or a glob is invalid.
     pub fn load(file: Option<&Path>, overrides: Overrides) -> Result<Self, ConfigError> {
         let file = file.map(FileConfig::read).transpose()?.unwrap_or_default();
-        let globs = overrides.gpu_devices.or(file.gpu_devices).unwrap_or_default();
+        let globs = overrides
+            .gpu_devices
+            .or(file.gpu_devices)
+            .unwrap_or_default();
         Ok(Self {
             gpu_globs: GpuNodeGlobs::new(&globs)?,
             socket: overrides
@@ -151,14 +154,18 @@ mod tests {
     use super::*;
 
     fn write(name: &str, text: &str) -> PathBuf {
-        let path = std::env::temp_dir().join(format!("gpuwarden-cfg-{name}-{}.toml", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("gpuwarden-cfg-{name}-{}.toml", std::process::id()));
         std::fs::write(&path, text).unwrap();
         path
     }
 
     #[test]
     fn flags_win_over_the_file() {
-        let path = write("ok", "gpu_devices = [\"/dev/nvidia0\"]\nsocket = \"/tmp/a.sock\"\n");
+        let path = write(
+            "ok",
+            "gpu_devices = [\"/dev/nvidia0\"]\nsocket = \"/tmp/a.sock\"\n",
+        );
         let config = AgentConfig::load(
             Some(&path),
             Overrides {

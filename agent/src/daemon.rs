@@ -67,7 +67,9 @@ type Shared = Arc<Mutex<State>>;
 
 fn lock(state: &Shared) -> MutexGuard<'_, State> {
     // A panicked task leaves the maps as they were; keep serving them.
-    state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
@@ -90,11 +92,20 @@ pub async fn run_until(
     let attributor = Attributor::detect()?;
     let mut sensor = Sensor::load(config.alloc_event_min_bytes)?;
     match sensor.probe.chosen {
-        Some(tier) => tracing::info!(tier = tier.as_str(), hooks = sensor.hooks.len(), "hooks attached"),
+        Some(tier) => tracing::info!(
+            tier = tier.as_str(),
+            hooks = sensor.hooks.len(),
+            "hooks attached"
+        ),
         None => tracing::warn!("no hook tier available"),
     }
     for c in &sensor.probe.candidates {
-        tracing::info!(tier = c.tier.as_str(), available = c.available, "probe: {}", c.reason);
+        tracing::info!(
+            tier = c.tier.as_str(),
+            available = c.available,
+            "probe: {}",
+            c.reason
+        );
     }
     if let Some(logger) = sensor.logger() {
         spawn_kernel_log(logger);
@@ -254,17 +265,36 @@ fn handle_event(state: &mut State, e: &Event) {
     let comm = String::from_utf8_lossy(e.comm.split(|b| *b == 0).next().unwrap_or_default());
     let device = device_name(e.device);
     match e.kind {
-        kind::NEW_PROCESS => tracing::info!(tgid = e.tgid, %comm, cgroup = e.cgroup, %device, "new GPU process"),
-        kind::ALLOC => tracing::debug!(tgid = e.tgid, %comm, %device, bytes = e.bytes, handle = e.handle, "GPU memory allocated"),
-        kind::FREE => tracing::debug!(tgid = e.tgid, %comm, %device, bytes = e.bytes, handle = e.handle, "GPU memory freed"),
-        kind::CLIENT_FREE => tracing::debug!(tgid = e.tgid, %comm, bytes = e.bytes, client = e.client, "GPU client freed"),
+        kind::NEW_PROCESS => {
+            tracing::info!(tgid = e.tgid, %comm, cgroup = e.cgroup, %device, "new GPU process")
+        }
+        kind::ALLOC => {
+            tracing::debug!(tgid = e.tgid, %comm, %device, bytes = e.bytes, handle = e.handle, "GPU memory allocated")
+        }
+        kind::FREE => {
+            tracing::debug!(tgid = e.tgid, %comm, %device, bytes = e.bytes, handle = e.handle, "GPU memory freed")
+        }
+        kind::CLIENT_FREE => {
+            tracing::debug!(tgid = e.tgid, %comm, bytes = e.bytes, client = e.client, "GPU client freed")
+        }
         kind::FORK => tracing::debug!(tgid = e.tgid, child = e.handle, "GPU process forked"),
         kind::PROCESS_EXIT => {
             tracing::debug!(tgid = e.tgid, %comm, bytes = e.bytes, "GPU process ended or exec'd");
             // After an exec the process lives on: keep the GPU fds it still has.
             if Path::new(PROC_ROOT).join(e.tgid.to_string()).exists() {
-                let State { sensor, nodes, attributor, .. } = state;
-                telemetry::reseed_after_exec(&mut sensor.maps, nodes, attributor, Path::new(PROC_ROOT), e.tgid);
+                let State {
+                    sensor,
+                    nodes,
+                    attributor,
+                    ..
+                } = state;
+                telemetry::reseed_after_exec(
+                    &mut sensor.maps,
+                    nodes,
+                    attributor,
+                    Path::new(PROC_ROOT),
+                    e.tgid,
+                );
             }
         }
         kind::DECODE_ERROR => {
@@ -288,13 +318,18 @@ fn spawn_kernel_log(logger: KernelLogger) {
         Ok(mut fd) => {
             tokio::spawn(async move {
                 loop {
-                    let Ok(mut guard) = fd.readable_mut().await else { return };
+                    let Ok(mut guard) = fd.readable_mut().await else {
+                        return;
+                    };
                     guard.get_inner_mut().flush();
                     guard.clear_ready();
                 }
             });
         }
-        Err(e) => tracing::warn!("kernel-side logging unavailable: {}", std::io::Error::from(e)),
+        Err(e) => tracing::warn!(
+            "kernel-side logging unavailable: {}",
+            std::io::Error::from(e)
+        ),
     }
 }
 
@@ -306,7 +341,8 @@ async fn serve_client(stream: UnixStream, state: Shared, node: Arc<String>) {
             Ok(Request::Snapshot) => {
                 let mut guard = lock(&state);
                 let s = &mut *guard;
-                let snapshot = telemetry::collect(&s.sensor, &mut s.attributor, &node, s.events_received);
+                let snapshot =
+                    telemetry::collect(&s.sensor, &mut s.attributor, &node, s.events_received);
                 Response::Snapshot(Box::new(snapshot))
             }
             Err(response) => response,

@@ -167,7 +167,10 @@ mod tests {
             ("/dev/nvidiactl", Some((DEVICE_CTL, node_kind::RM))),
             ("/dev/nvidia-modeset", Some((DEVICE_MODESET, node_kind::RM))),
             ("/dev/nvidia-uvm", Some((DEVICE_UVM, node_kind::UVM))),
-            ("/dev/nvidia-uvm-tools", Some((DEVICE_UVM_TOOLS, node_kind::UVM))),
+            (
+                "/dev/nvidia-uvm-tools",
+                Some((DEVICE_UVM_TOOLS, node_kind::UVM)),
+            ),
             ("/tmp/fake/nvidia1", Some((1, node_kind::RM))),
             ("/dev/nvidia", None),
             ("/dev/nvidia0a", None),
@@ -182,7 +185,15 @@ mod tests {
 
     #[test]
     fn names_round_trip_through_classify() {
-        for device in [0, 3, 247, DEVICE_CTL, DEVICE_MODESET, DEVICE_UVM, DEVICE_UVM_TOOLS] {
+        for device in [
+            0,
+            3,
+            247,
+            DEVICE_CTL,
+            DEVICE_MODESET,
+            DEVICE_UVM,
+            DEVICE_UVM_TOOLS,
+        ] {
             let path = PathBuf::from("/dev").join(device_name(device));
             assert_eq!(classify(&path).map(|n| n.device), Some(device), "{device}");
         }
@@ -207,7 +218,13 @@ mod tests {
     fn expands_existing_paths_and_skips_foreign_names() {
         let dir = std::env::temp_dir().join(format!("gpuwarden-nodes-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for name in ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-caps"] {
+        for name in [
+            "nvidia0",
+            "nvidia1",
+            "nvidiactl",
+            "nvidia-uvm",
+            "nvidia-caps",
+        ] {
             std::fs::write(dir.join(name), b"").unwrap();
         }
         let globs = GpuNodeGlobs::new(&[format!("{}/nvidia*", dir.display())]).unwrap();

@@ -100,7 +100,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Snapshot { json, socket } => {
             let snapshot = api::snapshot(&socket).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&snapshot).context("encoding the snapshot")?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&snapshot).context("encoding the snapshot")?
+                );
             } else {
                 print!("{}", top::render(&snapshot));
             }

@@ -10,7 +10,10 @@ use std::{
 };
 
 use gpuwarden_agent_common::{
-    maps::{CgroupDeviceKey, FdKey, GpuNode, IoctlKey, MAX_GPUS, PATH_LEN, PathKey, ProcInfo, family, stat},
+    maps::{
+        CgroupDeviceKey, FdKey, GpuNode, IoctlKey, MAX_GPUS, PATH_LEN, PathKey, ProcInfo, family,
+        stat,
+    },
     nvidia::{esc, uvm},
 };
 
@@ -54,11 +57,24 @@ pub fn collect(
     }
     for (key, per_cpu) in maps.ioctl_counts.iter().flatten() {
         let n: u64 = per_cpu.iter().sum();
-        let device = cgroups.entry(key.cgroup).or_default().devices.entry(key.device).or_default();
-        *device.0.entry(ioctl_class(key.family, key.cmd)).or_default() += n;
+        let device = cgroups
+            .entry(key.cgroup)
+            .or_default()
+            .devices
+            .entry(key.device)
+            .or_default();
+        *device
+            .0
+            .entry(ioctl_class(key.family, key.cmd))
+            .or_default() += n;
     }
     for (key, bytes) in maps.cgroup_memory.iter().flatten() {
-        let device = cgroups.entry(key.cgroup).or_default().devices.entry(key.device).or_default();
+        let device = cgroups
+            .entry(key.cgroup)
+            .or_default()
+            .devices
+            .entry(key.device)
+            .or_default();
         device.1 = bytes;
     }
 
@@ -167,14 +183,19 @@ pub fn path_key(path: &Path) -> Option<PathKey> {
     if bytes.len() >= PATH_LEN {
         return None;
     }
-    let mut key = PathKey { path: [0; PATH_LEN] };
+    let mut key = PathKey {
+        path: [0; PATH_LEN],
+    };
     key.path[..bytes.len()].copy_from_slice(bytes);
     Some(key)
 }
 
 /// Monotonic clock in ns: the clock `bpf_ktime_get_ns` reads, for generation stamps.
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: a valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
@@ -214,10 +235,16 @@ pub fn seed(
         };
         let mut found: Vec<(u32, GpuNode)> = Vec::new();
         for entry in fds.flatten() {
-            let Some(fd) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            let Some(fd) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
                 continue;
             };
-            let Ok(target) = std::fs::read_link(entry.path()) else { continue };
+            let Ok(target) = std::fs::read_link(entry.path()) else {
+                continue;
+            };
             if let Some(node) = nodes.get(&target) {
                 found.push((fd, *node));
             }
@@ -227,12 +254,18 @@ pub fn seed(
         }
         let max_fd = found.iter().map(|(fd, _)| *fd).max().unwrap_or(0);
         for (fd, node) in &found {
-            if maps.gpu_fds.insert(FdKey { tgid, fd: *fd }, node, 0).is_ok() {
+            if maps
+                .gpu_fds
+                .insert(FdKey { tgid, fd: *fd }, node, 0)
+                .is_ok()
+            {
                 report.fds += 1;
             }
         }
         if maps.procs.get(&tgid, 0).is_err() {
-            let Ok(cgroup) = attributor.cgroup_id_of_pid(tgid) else { continue };
+            let Ok(cgroup) = attributor.cgroup_id_of_pid(tgid) else {
+                continue;
+            };
             let info = ProcInfo {
                 cgroup,
                 generation: monotonic_ns(),
@@ -269,7 +302,11 @@ pub struct Garbage {
 
 /// Removes entries the kernel side can't see go stale: fds and processes of processes that died
 /// unseen, handles of released clients, counters of removed cgroups.
-pub fn collect_garbage(maps: &mut SensorMaps, attributor: &mut Attributor, proc_root: &Path) -> Garbage {
+pub fn collect_garbage(
+    maps: &mut SensorMaps,
+    attributor: &mut Attributor,
+    proc_root: &Path,
+) -> Garbage {
     let mut garbage = Garbage::default();
     let dead_fds: Vec<FdKey> = maps
         .gpu_fds
@@ -293,7 +330,11 @@ pub fn collect_garbage(maps: &mut SensorMaps, attributor: &mut Attributor, proc_
         .clients
         .iter()
         .flatten()
-        .filter(|(_, c)| procs.get(&c.tgid).is_some_and(|p| p.generation == c.proc_generation))
+        .filter(|(_, c)| {
+            procs
+                .get(&c.tgid)
+                .is_some_and(|p| p.generation == c.proc_generation)
+        })
         .map(|(h, c)| (h, c.generation))
         .collect();
     let stale_clients: Vec<u32> = maps
@@ -327,12 +368,23 @@ pub fn collect_garbage(maps: &mut SensorMaps, attributor: &mut Attributor, proc_
 
     attributor.forget_dead();
     let with_procs: HashSet<u64> = maps.procs.iter().flatten().map(|(_, p)| p.cgroup).collect();
-    let mut gone = |cgroup: u64| !with_procs.contains(&cgroup) && attributor.resolve(cgroup).is_none();
-    let dead_counters: Vec<IoctlKey> = maps.ioctl_counts.keys().flatten().filter(|k| gone(k.cgroup)).collect();
+    let mut gone =
+        |cgroup: u64| !with_procs.contains(&cgroup) && attributor.resolve(cgroup).is_none();
+    let dead_counters: Vec<IoctlKey> = maps
+        .ioctl_counts
+        .keys()
+        .flatten()
+        .filter(|k| gone(k.cgroup))
+        .collect();
     for k in dead_counters {
         garbage.cgroups += usize::from(maps.ioctl_counts.remove(&k).is_ok());
     }
-    let dead_memory: Vec<CgroupDeviceKey> = maps.cgroup_memory.keys().flatten().filter(|k| gone(k.cgroup)).collect();
+    let dead_memory: Vec<CgroupDeviceKey> = maps
+        .cgroup_memory
+        .keys()
+        .flatten()
+        .filter(|k| gone(k.cgroup))
+        .collect();
     for k in dead_memory {
         garbage.cgroups += usize::from(maps.cgroup_memory.remove(&k).is_ok());
     }
@@ -347,9 +399,17 @@ pub fn reseed_after_exec(
     proc_root: &Path,
     tgid: u32,
 ) {
-    let stale: Vec<FdKey> = maps.gpu_fds.keys().flatten().filter(|k| k.tgid == tgid).collect();
+    let stale: Vec<FdKey> = maps
+        .gpu_fds
+        .keys()
+        .flatten()
+        .filter(|k| k.tgid == tgid)
+        .collect();
     for key in stale {
-        let link = proc_root.join(tgid.to_string()).join("fd").join(key.fd.to_string());
+        let link = proc_root
+            .join(tgid.to_string())
+            .join("fd")
+            .join(key.fd.to_string());
         let still_gpu = std::fs::read_link(link).is_ok_and(|t| nodes.contains_key(&t));
         if !still_gpu {
             let _ = maps.gpu_fds.remove(&key);

@@ -40,10 +40,22 @@ pub fn render(snapshot: &Snapshot) -> String {
         "CONTAINER", "RUNTIME", "POD / CGROUP", "PIDS", "DEVICE", "IOCTLS", "MEMORY"
     );
     for c in &snapshot.containers {
-        let id = c.container_id.as_deref().map_or("-", |id| &id[..id.len().min(12)]);
+        let id = c
+            .container_id
+            .as_deref()
+            .map_or("-", |id| &id[..id.len().min(12)]);
         let place = c.pod_uid.as_deref().unwrap_or(&c.cgroup_path);
-        let pids = c.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-        let rows = if c.devices.is_empty() { 1 } else { c.devices.len() };
+        let pids = c
+            .pids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let rows = if c.devices.is_empty() {
+            1
+        } else {
+            c.devices.len()
+        };
         for i in 0..rows {
             let (device, total, memory, top) = c.devices.get(i).map_or_else(
                 || ("-".to_owned(), 0, 0, String::new()),
@@ -56,11 +68,21 @@ pub fn render(snapshot: &Snapshot) -> String {
                         .map(|(k, v)| format!("{k}={v}"))
                         .collect::<Vec<_>>()
                         .join(" ");
-                    (d.device.clone(), d.ioctls.values().sum(), d.memory_bytes, top)
+                    (
+                        d.device.clone(),
+                        d.ioctls.values().sum(),
+                        d.memory_bytes,
+                        top,
+                    )
                 },
             );
             let (id, runtime, place, pids) = if i == 0 {
-                (id, c.runtime.as_str(), truncate(place, 36), truncate(&pids, 16))
+                (
+                    id,
+                    c.runtime.as_str(),
+                    truncate(place, 36),
+                    truncate(&pids, 16),
+                )
             } else {
                 ("", "", String::new(), String::new())
             };
@@ -81,7 +103,14 @@ fn truncate(s: &str, width: usize) -> String {
     if s.chars().count() <= width {
         s.to_owned()
     } else {
-        let tail: String = s.chars().rev().take(width - 1).collect::<Vec<_>>().into_iter().rev().collect();
+        let tail: String = s
+            .chars()
+            .rev()
+            .take(width - 1)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
         format!("…{tail}")
     }
 }
@@ -134,7 +163,13 @@ mod tests {
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 4, "{table}");
         assert!(lines[2].starts_with("aaaaaaaaaaaa "), "{table}");
-        assert!(lines[2].contains("64.0 MiB") && lines[2].contains("rm_alloc=3"), "{table}");
-        assert!(lines[3].contains("nvidiactl") && lines[3].contains("rm_control=5"), "{table}");
+        assert!(
+            lines[2].contains("64.0 MiB") && lines[2].contains("rm_alloc=3"),
+            "{table}"
+        );
+        assert!(
+            lines[3].contains("nvidiactl") && lines[3].contains("rm_control=5"),
+            "{table}"
+        );
     }
 }

@@ -116,10 +116,10 @@ impl State {
             .filter(|(_, o)| o.parent == handle)
             .map(|(h, _)| *h)
             .collect();
-        if let Some(gpu) = object.gpu {
-            if object.bytes > 0 {
-                self.gpu_used[gpu as usize] -= object.bytes;
-            }
+        if let Some(gpu) = object.gpu
+            && object.bytes > 0
+        {
+            self.gpu_used[gpu as usize] -= object.bytes;
         }
         for child in children {
             self.free_object(client, child);
@@ -214,7 +214,9 @@ impl FakeDriver {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -233,7 +235,11 @@ fn attr(ino: u64) -> FileAttr {
         mtime: UNIX_EPOCH,
         ctime: UNIX_EPOCH,
         crtime: UNIX_EPOCH,
-        kind: if dir { FileType::Directory } else { FileType::RegularFile },
+        kind: if dir {
+            FileType::Directory
+        } else {
+            FileType::RegularFile
+        },
         perm: if dir { 0o755 } else { 0o666 },
         nlink: if dir { 2 } else { 1 },
         uid: 0,
@@ -283,15 +289,21 @@ impl Filesystem for FakeFs {
             reply.error(libc::ENOTDIR);
             return;
         }
-        let entries = [(ROOT_INO, FileType::Directory, "."), (ROOT_INO, FileType::Directory, "..")]
-            .into_iter()
-            .chain(
-                FILES
-                    .iter()
-                    .filter(|(_, i)| self.visible(*i))
-                    .map(|(n, i)| (*i, FileType::RegularFile, *n)),
-            );
-        for (i, (ino, kind, name)) in entries.enumerate().skip(usize::try_from(offset).unwrap_or(0)) {
+        let entries = [
+            (ROOT_INO, FileType::Directory, "."),
+            (ROOT_INO, FileType::Directory, ".."),
+        ]
+        .into_iter()
+        .chain(
+            FILES
+                .iter()
+                .filter(|(_, i)| self.visible(*i))
+                .map(|(n, i)| (*i, FileType::RegularFile, *n)),
+        );
+        for (i, (ino, kind, name)) in entries
+            .enumerate()
+            .skip(usize::try_from(offset).unwrap_or(0))
+        {
             if reply.add(ino, i64::try_from(i).unwrap_or(i64::MAX) + 1, kind, name) {
                 break;
             }
@@ -350,7 +362,14 @@ impl Filesystem for FakeFs {
         let mut params = in_data.to_vec();
         params.resize(out_size as usize, 0);
         let caller = Caller { pid: req.pid() };
-        let result = dispatch(&mut state, &caller, fh, ioctl_nr(cmd), ioctl_size(cmd), &mut params);
+        let result = dispatch(
+            &mut state,
+            &caller,
+            fh,
+            ioctl_nr(cmd),
+            ioctl_size(cmd),
+            &mut params,
+        );
         match result {
             Ok(()) => reply.ioctl(0, &params),
             Err(errno) => reply.error(errno),
@@ -359,7 +378,9 @@ impl Filesystem for FakeFs {
 }
 
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
-    state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The process that issued an ioctl: where pointed-to params live.
@@ -379,8 +400,21 @@ impl Caller {
             iov_len: len,
         };
         // SAFETY: valid iovecs; the kernel checks the remote range.
-        let n = unsafe { libc::process_vm_readv(self.pid as i32, &raw const local, 1, &raw const remote, 1, 0) };
-        if usize::try_from(n).ok() == Some(len) { Ok(buf) } else { Err(libc::EFAULT) }
+        let n = unsafe {
+            libc::process_vm_readv(
+                self.pid as i32,
+                &raw const local,
+                1,
+                &raw const remote,
+                1,
+                0,
+            )
+        };
+        if usize::try_from(n).ok() == Some(len) {
+            Ok(buf)
+        } else {
+            Err(libc::EFAULT)
+        }
     }
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), i32> {
@@ -393,8 +427,21 @@ impl Caller {
             iov_len: data.len(),
         };
         // SAFETY: valid iovecs; the kernel checks the remote range.
-        let n = unsafe { libc::process_vm_writev(self.pid as i32, &raw const local, 1, &raw const remote, 1, 0) };
-        if usize::try_from(n).ok() == Some(data.len()) { Ok(()) } else { Err(libc::EFAULT) }
+        let n = unsafe {
+            libc::process_vm_writev(
+                self.pid as i32,
+                &raw const local,
+                1,
+                &raw const remote,
+                1,
+                0,
+            )
+        };
+        if usize::try_from(n).ok() == Some(data.len()) {
+            Ok(())
+        } else {
+            Err(libc::EFAULT)
+        }
     }
 }
 
@@ -417,7 +464,14 @@ fn put_u32(b: &mut [u8], off: usize, v: u32) {
 }
 
 /// Answers one RM escape, editing `params` in place. `Err` is an errno for malformed ioctls.
-fn dispatch(state: &mut State, caller: &Caller, fh: u64, nr: u32, size: u32, params: &mut [u8]) -> Result<(), i32> {
+fn dispatch(
+    state: &mut State,
+    caller: &Caller,
+    fh: u64,
+    nr: u32,
+    size: u32,
+    params: &mut [u8],
+) -> Result<(), i32> {
     match nr {
         esc::RM_ALLOC => {
             let status_at = match size {
@@ -448,7 +502,11 @@ fn dispatch(state: &mut State, caller: &Caller, fh: u64, nr: u32, size: u32, par
             put_u32(
                 params,
                 nvos00::STATUS,
-                if freed { status::OK } else { STATUS_INVALID_OBJECT_HANDLE },
+                if freed {
+                    status::OK
+                } else {
+                    STATUS_INVALID_OBJECT_HANDLE
+                },
             );
             Ok(())
         }
@@ -467,7 +525,11 @@ fn dispatch(state: &mut State, caller: &Caller, fh: u64, nr: u32, size: u32, par
             caller.write(ptr, &inner)
         }
         esc::RM_CONTROL => {
-            put_u32(params, gpuwarden_agent_common::nvidia::nvos54::STATUS, status::OK);
+            put_u32(
+                params,
+                gpuwarden_agent_common::nvidia::nvos54::STATUS,
+                status::OK,
+            );
             Ok(())
         }
         // Version checks, card info, fd registration and the rest: success with zeros.
@@ -484,14 +546,22 @@ fn alloc(state: &mut State, caller: &Caller, fh: u64, params: &mut [u8], params_
     let alloc_params = u64_at(params, nvos21::P_ALLOC_PARMS);
 
     if class::is_client(h_class) {
-        let handle = if requested != 0 { requested } else {
+        let handle = if requested != 0 {
+            requested
+        } else {
             state.next_client += 1;
             state.next_client
         };
         if state.clients.contains_key(&handle) {
             return status::INVALID_ARGUMENT;
         }
-        state.clients.insert(handle, Client { fh, objects: HashMap::new() });
+        state.clients.insert(
+            handle,
+            Client {
+                fh,
+                objects: HashMap::new(),
+            },
+        );
         put_u32(params, nvos21::H_OBJECT_NEW, handle);
         return status::OK;
     }
@@ -502,17 +572,29 @@ fn alloc(state: &mut State, caller: &Caller, fh: u64, params: &mut [u8], params_
     if parent != client && !c.objects.contains_key(&parent) {
         return STATUS_INVALID_OBJECT_HANDLE;
     }
-    let handle = if requested != 0 { requested } else {
+    let handle = if requested != 0 {
+        requested
+    } else {
         state.next_handle += 1;
         state.next_handle
     };
-    if state.clients.get(&client).is_some_and(|c| c.objects.contains_key(&handle)) {
+    if state
+        .clients
+        .get(&client)
+        .is_some_and(|c| c.objects.contains_key(&handle))
+    {
         return status::INVALID_ARGUMENT;
     }
-    let mut object = Object { parent, gpu: None, bytes: 0 };
+    let mut object = Object {
+        parent,
+        gpu: None,
+        bytes: 0,
+    };
     match h_class {
         class::DEVICE_0 => {
-            let Ok(raw) = caller.read(alloc_params, 4) else { return status::INVALID_ARGUMENT };
+            let Ok(raw) = caller.read(alloc_params, 4) else {
+                return status::INVALID_ARGUMENT;
+            };
             let device_id = u32_at(&raw, 0);
             if device_id as usize >= state.gpu_memory.len() {
                 return status::INVALID_ARGUMENT;
@@ -524,7 +606,9 @@ fn alloc(state: &mut State, caller: &Caller, fh: u64, params: &mut [u8], params_
             if params_size != memory_alloc::SIZE && params_size != memory_alloc::SIZE_OLD {
                 return status::INVALID_ARGUMENT;
             }
-            let Some(gpu) = parent_gpu else { return STATUS_INVALID_OBJECT_HANDLE };
+            let Some(gpu) = parent_gpu else {
+                return STATUS_INVALID_OBJECT_HANDLE;
+            };
             let Ok(mut raw) = caller.read(alloc_params, params_size as usize) else {
                 return status::INVALID_ARGUMENT;
             };
@@ -534,7 +618,8 @@ fn alloc(state: &mut State, caller: &Caller, fh: u64, params: &mut [u8], params_
             if state.gpu_used[gpu_index] + bytes > state.gpu_memory[gpu_index] {
                 return status::NO_MEMORY;
             }
-            raw[memory_alloc::SIZE_FIELD..memory_alloc::SIZE_FIELD + 8].copy_from_slice(&bytes.to_le_bytes());
+            raw[memory_alloc::SIZE_FIELD..memory_alloc::SIZE_FIELD + 8]
+                .copy_from_slice(&bytes.to_le_bytes());
             if caller.write(alloc_params, &raw).is_err() {
                 return status::INVALID_ARGUMENT;
             }

@@ -110,14 +110,26 @@ pub fn open(path: &Path) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Issues `ioctl(fd, cmd, arg)`.
+/// Issues `ioctl(fd, cmd, params)`.
 ///
 /// # Errors
 /// The ioctl returns -1.
-pub fn raw_ioctl(fd: RawFd, cmd: u32, arg: *mut u8) -> io::Result<i32> {
-    // SAFETY: the caller's buffer is as large as the command says.
-    let ret = unsafe { libc::ioctl(fd, libc::c_ulong::from(cmd), arg) };
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+pub fn raw_ioctl(fd: RawFd, cmd: u32, params: &mut [u8]) -> io::Result<i32> {
+    // The size the command encodes must fit the buffer, or the kernel would write past it.
+    let encoded = (cmd >> 16) & 0x3fff;
+    if cmd >> 30 != 0 && encoded as usize > params.len() {
+        return Err(io::Error::other(format!(
+            "ioctl {cmd:#x} needs {encoded} bytes, buffer has {}",
+            params.len()
+        )));
+    }
+    // SAFETY: the buffer is as large as the command says.
+    let ret = unsafe { libc::ioctl(fd, libc::c_ulong::from(cmd), params.as_mut_ptr()) };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
 }
 
 fn put_u32(b: &mut [u8], off: usize, v: u32) {
@@ -184,9 +196,13 @@ impl GpuClient {
             put_u32(&mut outer, xfer::CMD, nr);
             put_u32(&mut outer, xfer::PARAMS_SIZE, size);
             put_u64(&mut outer, xfer::PTR, params.as_mut_ptr() as u64);
-            raw_ioctl(self.rm_fd(), ioctl_cmd(esc::IOCTL_XFER_CMD, xfer::SIZE), outer.as_mut_ptr())?;
+            raw_ioctl(
+                self.rm_fd(),
+                ioctl_cmd(esc::IOCTL_XFER_CMD, xfer::SIZE),
+                &mut outer,
+            )?;
         } else {
-            raw_ioctl(self.rm_fd(), ioctl_cmd(nr, size), params.as_mut_ptr())?;
+            raw_ioctl(self.rm_fd(), ioctl_cmd(nr, size), params)?;
         }
         Ok(())
     }
@@ -200,11 +216,23 @@ impl GpuClient {
         alloc_params: &mut [u8],
         options: AllocOptions,
     ) -> Result<u32, RmError> {
-        let ptr = if alloc_params.is_empty() { 0 } else { alloc_params.as_mut_ptr() as u64 };
+        let ptr = if alloc_params.is_empty() {
+            0
+        } else {
+            alloc_params.as_mut_ptr() as u64
+        };
         let params_size = u32::try_from(alloc_params.len()).map_err(io::Error::other)?;
         let (mut params, size_at, status_at) = match options.form {
-            Form::Nvos21 => (vec![0u8; nvos21::SIZE as usize], nvos21::PARAMS_SIZE, nvos21::STATUS),
-            Form::Nvos64 => (vec![0u8; nvos64::SIZE as usize], nvos64::PARAMS_SIZE, nvos64::STATUS),
+            Form::Nvos21 => (
+                vec![0u8; nvos21::SIZE as usize],
+                nvos21::PARAMS_SIZE,
+                nvos21::STATUS,
+            ),
+            Form::Nvos64 => (
+                vec![0u8; nvos64::SIZE as usize],
+                nvos64::PARAMS_SIZE,
+                nvos64::STATUS,
+            ),
         };
         put_u32(&mut params, nvos21::H_ROOT, client);
         put_u32(&mut params, nvos21::H_OBJECT_PARENT, parent);
@@ -233,7 +261,13 @@ impl GpuClient {
     pub fn alloc_device(&self, client: u32, device_id: u32) -> Result<u32, RmError> {
         let mut params = [0u8; 56];
         put_u32(&mut params, 0, device_id);
-        self.alloc(client, client, class::DEVICE_0, &mut params, AllocOptions::default())
+        self.alloc(
+            client,
+            client,
+            class::DEVICE_0,
+            &mut params,
+            AllocOptions::default(),
+        )
     }
 
     /// Creates a subdevice object (`NV20_SUBDEVICE_0`) under `device`.
@@ -242,7 +276,13 @@ impl GpuClient {
     /// The call fails.
     pub fn alloc_subdevice(&self, client: u32, device: u32) -> Result<u32, RmError> {
         let mut params = [0u8; 4];
-        self.alloc(client, device, class::SUBDEVICE_0, &mut params, AllocOptions::default())
+        self.alloc(
+            client,
+            device,
+            class::SUBDEVICE_0,
+            &mut params,
+            AllocOptions::default(),
+        )
     }
 
     /// Allocates `bytes` of video memory under `parent`; returns the handle and the size the
@@ -263,7 +303,13 @@ impl GpuClient {
         } as usize;
         let mut params = vec![0u8; len];
         put_u64(&mut params, memory_alloc::SIZE_FIELD, bytes);
-        let handle = self.alloc(client, parent, class::MEMORY_LOCAL_USER, &mut params, options)?;
+        let handle = self.alloc(
+            client,
+            parent,
+            class::MEMORY_LOCAL_USER,
+            &mut params,
+            options,
+        )?;
         let size = u64::from_le_bytes(
             params[memory_alloc::SIZE_FIELD..memory_alloc::SIZE_FIELD + 8]
                 .try_into()
@@ -278,9 +324,19 @@ impl GpuClient {
     /// The call fails.
     pub fn alloc_virtual(&self, client: u32, parent: u32, bytes: u64) -> Result<u32, RmError> {
         let mut params = vec![0u8; memory_alloc::SIZE as usize];
-        put_u32(&mut params, memory_alloc::FLAGS, memory_alloc::FLAGS_VIRTUAL);
+        put_u32(
+            &mut params,
+            memory_alloc::FLAGS,
+            memory_alloc::FLAGS_VIRTUAL,
+        );
         put_u64(&mut params, memory_alloc::SIZE_FIELD, bytes);
-        self.alloc(client, parent, class::NV50_MEMORY_VIRTUAL, &mut params, AllocOptions::default())
+        self.alloc(
+            client,
+            parent,
+            class::NV50_MEMORY_VIRTUAL,
+            &mut params,
+            AllocOptions::default(),
+        )
     }
 
     /// `RM_FREE` of `handle` (of the client itself when `handle == client`).
@@ -321,7 +377,7 @@ impl GpuClient {
     /// The ioctl fails.
     pub fn uvm(&self, cmd: u32) -> io::Result<i32> {
         let mut params = [0u8; 64];
-        raw_ioctl(self.uvm.as_raw_fd(), cmd, params.as_mut_ptr())
+        raw_ioctl(self.uvm.as_raw_fd(), cmd, &mut params)
     }
 }
 
@@ -394,7 +450,12 @@ fn bytes(s: &str) -> Result<u64, String> {
 /// A message naming what is wrong.
 pub fn parse(line: &str) -> Result<Command, String> {
     let words: Vec<&str> = line.split_whitespace().collect();
-    let arg = |i: usize| words.get(i).copied().ok_or_else(|| format!("{line:?}: missing argument {i}"));
+    let arg = |i: usize| {
+        words
+            .get(i)
+            .copied()
+            .ok_or_else(|| format!("{line:?}: missing argument {i}"))
+    };
     let rest = || words[1..].join(" ");
     Ok(match words.first().copied() {
         Some("client") => Command::Client,
@@ -412,11 +473,20 @@ pub fn parse(line: &str) -> Result<Command, String> {
                     other => return Err(format!("unknown alloc option {other:?}")),
                 }
             }
-            Command::Alloc(number32(arg(1)?)?, number32(arg(2)?)?, bytes(arg(3)?)?, options)
+            Command::Alloc(
+                number32(arg(1)?)?,
+                number32(arg(2)?)?,
+                bytes(arg(3)?)?,
+                options,
+            )
         }
-        Some("virtual") => Command::Virtual(number32(arg(1)?)?, number32(arg(2)?)?, bytes(arg(3)?)?),
+        Some("virtual") => {
+            Command::Virtual(number32(arg(1)?)?, number32(arg(2)?)?, bytes(arg(3)?)?)
+        }
         Some("free") => Command::Free(number32(arg(1)?)?, number32(arg(2)?)?, number32(arg(3)?)?),
-        Some("control") => Command::Control(number32(arg(1)?)?, number32(arg(2)?)?, number32(arg(3)?)?),
+        Some("control") => {
+            Command::Control(number32(arg(1)?)?, number32(arg(2)?)?, number32(arg(3)?)?)
+        }
         Some("uvm") => match arg(1)? {
             "init" => Command::Uvm(uvm::INITIALIZE),
             n => Command::Uvm(number32(n)?),
@@ -447,12 +517,18 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> Option<String> {
     };
     Some(match command {
         Command::Client => rm(client.alloc_client().map(|h| format!("ok client={h:#x}"))),
-        Command::Device(c, id) => rm(client.alloc_device(*c, *id).map(|h| format!("ok handle={h:#x}"))),
-        Command::Subdevice(c, d) => rm(client.alloc_subdevice(*c, *d).map(|h| format!("ok handle={h:#x}"))),
+        Command::Device(c, id) => rm(client
+            .alloc_device(*c, *id)
+            .map(|h| format!("ok handle={h:#x}"))),
+        Command::Subdevice(c, d) => rm(client
+            .alloc_subdevice(*c, *d)
+            .map(|h| format!("ok handle={h:#x}"))),
         Command::Alloc(c, p, b, o) => rm(client
             .alloc_vidmem(*c, *p, *b, *o)
             .map(|(h, size)| format!("ok handle={h:#x} size={size}"))),
-        Command::Virtual(c, p, b) => rm(client.alloc_virtual(*c, *p, *b).map(|h| format!("ok handle={h:#x}"))),
+        Command::Virtual(c, p, b) => rm(client
+            .alloc_virtual(*c, *p, *b)
+            .map(|h| format!("ok handle={h:#x}"))),
         Command::Free(c, p, h) => rm(client.free(*c, *p, *h).map(|()| "ok".to_owned())),
         Command::Control(c, o, cmd) => rm(client.control(*c, *o, *cmd).map(|()| "ok".to_owned())),
         Command::Uvm(cmd) => match client.uvm(*cmd) {
@@ -465,7 +541,7 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> Option<String> {
         },
         Command::IoctlRaw(path, cmd) => {
             let mut params = [0u8; 64];
-            match open(path).and_then(|fd| raw_ioctl(fd.as_raw_fd(), *cmd, params.as_mut_ptr())) {
+            match open(path).and_then(|fd| raw_ioctl(fd.as_raw_fd(), *cmd, &mut params)) {
                 Ok(ret) => format!("ok ret={ret}"),
                 Err(e) => format!("ok ret=-1 errno={}", e.raw_os_error().unwrap_or(0)),
             }
@@ -499,22 +575,41 @@ mod tests {
     #[test]
     fn parses_the_command_language() {
         assert_eq!(parse("client"), Ok(Command::Client));
-        assert_eq!(parse("device 0xc1d00001 1"), Ok(Command::Device(0xc1d0_0001, 1)));
+        assert_eq!(
+            parse("device 0xc1d00001 1"),
+            Ok(Command::Device(0xc1d0_0001, 1))
+        );
         assert_eq!(
             parse("alloc 0x10 0x20 64m nvos64 v120 xfer"),
             Ok(Command::Alloc(
                 0x10,
                 0x20,
                 64 << 20,
-                AllocOptions { form: Form::Nvos64, layout: Layout::V120, xfer: true }
+                AllocOptions {
+                    form: Form::Nvos64,
+                    layout: Layout::V120,
+                    xfer: true
+                }
             ))
         );
-        assert_eq!(parse("alloc 1 2 4096"), Ok(Command::Alloc(1, 2, 4096, AllocOptions::default())));
+        assert_eq!(
+            parse("alloc 1 2 4096"),
+            Ok(Command::Alloc(1, 2, 4096, AllocOptions::default()))
+        );
         assert_eq!(parse("uvm init"), Ok(Command::Uvm(uvm::INITIALIZE)));
-        assert_eq!(parse("thread free 1 2 3"), Ok(Command::Thread(Box::new(Command::Free(1, 2, 3)))));
-        assert_eq!(parse("child alloc 1 2 3m"), Ok(Command::Child("alloc 1 2 3m".into())));
+        assert_eq!(
+            parse("thread free 1 2 3"),
+            Ok(Command::Thread(Box::new(Command::Free(1, 2, 3))))
+        );
+        assert_eq!(
+            parse("child alloc 1 2 3m"),
+            Ok(Command::Child("alloc 1 2 3m".into()))
+        );
         assert!(parse("child bogus").is_err());
-        assert_eq!(parse("ioctl-raw /dev/null 0xc020462b"), Ok(Command::IoctlRaw("/dev/null".into(), 0xc020_462b)));
+        assert_eq!(
+            parse("ioctl-raw /dev/null 0xc020462b"),
+            Ok(Command::IoctlRaw("/dev/null".into(), 0xc020_462b))
+        );
         assert!(parse("alloc 1 2").unwrap_err().contains("missing"));
         assert!(parse("alloc 1 2 3x").unwrap_err().contains("3x"));
         assert!(parse("alloc 1 2 3 nvos99").unwrap_err().contains("nvos99"));
@@ -523,8 +618,14 @@ mod tests {
 
     #[test]
     fn reads_reply_values() {
-        assert_eq!(reply_value("ok handle=0xcaf00001 size=2097152", "handle"), Some(0xcaf0_0001));
-        assert_eq!(reply_value("ok handle=0xcaf00001 size=2097152", "size"), Some(2 << 20));
+        assert_eq!(
+            reply_value("ok handle=0xcaf00001 size=2097152", "handle"),
+            Some(0xcaf0_0001)
+        );
+        assert_eq!(
+            reply_value("ok handle=0xcaf00001 size=2097152", "size"),
+            Some(2 << 20)
+        );
         assert_eq!(reply_value("err status=0x51", "status"), Some(0x51));
         assert_eq!(reply_value("ok", "size"), None);
     }

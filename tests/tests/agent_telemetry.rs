@@ -4,7 +4,9 @@
 
 mod util;
 
-use util::{Client, Driver, TestAgent, TestCgroup, container_id, ioctls, memory, pod_uid, require_root};
+use util::{
+    Client, Driver, TestAgent, TestCgroup, container_id, ioctls, memory, pod_uid, require_root,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -34,10 +36,21 @@ fn three_containers_get_exact_counts_and_bytes() {
     let client = a.value("client", "client");
     let dev = a.value(&format!("device {client:#x} 0"), "handle");
     let first = a.value(&format!("alloc {client:#x} {dev:#x} 3m"), "handle");
-    assert_eq!(a.value(&format!("alloc {client:#x} {dev:#x} 5m nvos64 v120"), "size"), 6 * MIB);
-    assert_eq!(a.send(&format!("alloc {client:#x} {dev:#x} 2g")), "err status=0x51");
+    assert_eq!(
+        a.value(
+            &format!("alloc {client:#x} {dev:#x} 5m nvos64 v120"),
+            "size"
+        ),
+        6 * MIB
+    );
+    assert_eq!(
+        a.send(&format!("alloc {client:#x} {dev:#x} 2g")),
+        "err status=0x51"
+    );
     a.ok(&format!("virtual {client:#x} {dev:#x} 256m"));
-    let c = agent.container(&docker.path).expect("docker container in the snapshot");
+    let c = agent
+        .container(&docker.path)
+        .expect("docker container in the snapshot");
     assert_eq!(c.runtime, "docker");
     assert_eq!(c.container_id.as_deref(), Some(docker_id.as_str()));
     assert_eq!(c.pids, vec![a.pid]);
@@ -54,20 +67,31 @@ fn three_containers_get_exact_counts_and_bytes() {
     std::fs::write(&plain, b"").unwrap();
     a.ok(&format!("ioctl-raw {} 0xc020462b", plain.display()));
     let after = agent.container(&docker.path).unwrap();
-    assert_eq!(after.devices, c.devices, "non-GPU ioctls changed the counters");
+    assert_eq!(
+        after.devices, c.devices,
+        "non-GPU ioctls changed the counters"
+    );
 
     // containerd under kubepods: a second GPU, the XFER wrapper, UVM, then freeing the client.
     let mut b = Client::spawn(&driver.dir, Some(&containerd));
     let client_b = b.value("client", "client");
     let dev_b = b.value(&format!("device {client_b:#x} 1"), "handle");
     let sub_b = b.value(&format!("subdevice {client_b:#x} {dev_b:#x}"), "handle");
-    assert_eq!(b.value(&format!("alloc {client_b:#x} {dev_b:#x} 10m xfer"), "size"), 10 * MIB);
-    assert_eq!(b.value(&format!("alloc {client_b:#x} {sub_b:#x} 2m nvos64"), "size"), 2 * MIB);
+    assert_eq!(
+        b.value(&format!("alloc {client_b:#x} {dev_b:#x} 10m xfer"), "size"),
+        10 * MIB
+    );
+    assert_eq!(
+        b.value(&format!("alloc {client_b:#x} {sub_b:#x} 2m nvos64"), "size"),
+        2 * MIB
+    );
     b.ok("uvm init");
     b.ok("uvm 73");
     b.ok("uvm 73");
     b.ok(&format!("control {client_b:#x} {sub_b:#x} 0x20800122"));
-    let c = agent.container(&containerd.path).expect("containerd container");
+    let c = agent
+        .container(&containerd.path)
+        .expect("containerd container");
     assert_eq!(c.runtime, "containerd");
     assert_eq!(c.container_id.as_deref(), Some(cri_id.as_str()));
     assert_eq!(c.pod_uid.as_deref(), Some(cri_pod.as_str()));
@@ -80,7 +104,11 @@ fn three_containers_get_exact_counts_and_bytes() {
     assert_eq!(ioctls(&c, "nvidia-uvm", "uvm_create_external_range"), 2);
     b.ok(&format!("free {client_b:#x} {client_b:#x} {client_b:#x}"));
     let c = agent.container(&containerd.path).unwrap();
-    assert_eq!(memory(&c, "nvidia1"), 0, "freeing the client releases all it held");
+    assert_eq!(
+        memory(&c, "nvidia1"),
+        0,
+        "freeing the client releases all it held"
+    );
 
     // CRI-O: allocate, then exit without freeing.
     let mut d = Client::spawn(&driver.dir, Some(&crio));
@@ -96,12 +124,23 @@ fn three_containers_get_exact_counts_and_bytes() {
     assert_eq!(memory(&c, "nvidia0"), 10 * MIB);
     d.exit();
     let c = agent.container(&crio.path).unwrap();
-    assert_eq!(memory(&c, "nvidia0"), 0, "exit releases the process's bytes");
+    assert_eq!(
+        memory(&c, "nvidia0"),
+        0,
+        "exit releases the process's bytes"
+    );
     assert!(c.pids.is_empty(), "{:?}", c.pids);
-    assert_eq!(ioctls(&c, "nvidiactl", "rm_alloc"), 4, "counts outlive the process");
+    assert_eq!(
+        ioctls(&c, "nvidiactl", "rm_alloc"),
+        4,
+        "counts outlive the process"
+    );
 
     // The others are untouched by the third's life.
-    assert_eq!(memory(&agent.container(&docker.path).unwrap(), "nvidia0"), 6 * MIB);
+    assert_eq!(
+        memory(&agent.container(&docker.path).unwrap(), "nvidia0"),
+        6 * MIB
+    );
     assert_eq!(agent.snapshot().stats.decode_errors, 0);
     a.exit();
     b.exit();
@@ -112,13 +151,18 @@ fn three_containers_get_exact_counts_and_bytes() {
 fn fds_opened_before_the_agent_count() {
     require_root();
     let driver = Driver::mount("seed");
-    let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("seed")));
+    let cg = TestCgroup::create(&format!(
+        "/system.slice/docker-{}.scope",
+        container_id("seed")
+    ));
     let mut client = Client::spawn(&driver.dir, Some(&cg));
     let agent = TestAgent::start(&[driver.glob()]);
     let h = client.value("client", "client");
     let dev = client.value(&format!("device {h:#x} 0"), "handle");
     client.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
-    let c = agent.container(&cg.path).expect("seeded process is attributed");
+    let c = agent
+        .container(&cg.path)
+        .expect("seeded process is attributed");
     assert_eq!(c.pids, vec![client.pid]);
     assert_eq!(ioctls(&c, "nvidiactl", "rm_alloc"), 3);
     assert_eq!(memory(&c, "nvidia0"), 4 * MIB);
@@ -132,7 +176,10 @@ fn dup_threads_and_fork_are_attributed() {
     require_root();
     let driver = Driver::mount("fork");
     let agent = TestAgent::start(&[driver.glob()]);
-    let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("fork")));
+    let cg = TestCgroup::create(&format!(
+        "/system.slice/docker-{}.scope",
+        container_id("fork")
+    ));
     let mut p = Client::spawn(&driver.dir, Some(&cg));
     let h = p.value("client", "client");
     let dev = p.value(&format!("device {h:#x} 0"), "handle");
@@ -168,12 +215,18 @@ fn second_agent_refuses_to_start() {
     require_root();
     let first = TestAgent::start(&["/nonexistent/nvidia*".to_owned()]);
     let config = util::config(&["/nonexistent/nvidia*".to_owned()], &first.state_dir);
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let err = runtime
         .block_on(gpuwarden_agent::daemon::run_until(config, async {}))
         .expect_err("a second agent started");
     let msg = err.to_string();
     assert!(msg.contains("already running"), "{msg}");
     assert!(msg.contains(&std::process::id().to_string()), "{msg}");
-    assert!(first.try_snapshot().is_ok(), "the first agent must keep running");
+    assert!(
+        first.try_snapshot().is_ok(),
+        "the first agent must keep running"
+    );
 }

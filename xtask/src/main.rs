@@ -78,7 +78,9 @@ fn cargo() -> Command {
 /// Runs `cmd`, failing with its command line when it fails.
 fn status(cmd: &mut Command) -> anyhow::Result<()> {
     let shown = format!("{cmd:?}");
-    let status = cmd.status().with_context(|| format!("cannot run {shown}"))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run {shown}"))?;
     if !status.success() {
         bail!("{shown} failed ({status})");
     }

@@ -35,10 +35,10 @@ pub fn run() -> anyhow::Result<()> {
         }
         Err(missing) => Some(missing),
     };
-    if let Some(Missing { core, linker }) = missing {
-        if core || (linker && !Path::new("/usr/lib/llvm-22/bin/llvm-config").exists()) {
-            packages.extend(TOOLCHAIN_PACKAGES);
-        }
+    if let Some(Missing { core, linker }) = missing
+        && (core || (linker && !Path::new("/usr/lib/llvm-22/bin/llvm-config").exists()))
+    {
+        packages.extend(TOOLCHAIN_PACKAGES);
     }
     if !Path::new("/usr/bin/fusermount3").exists() && !Path::new("/bin/fusermount3").exists() {
         packages.extend(TEST_PACKAGES);

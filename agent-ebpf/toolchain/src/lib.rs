@@ -121,7 +121,14 @@ impl Toolchain {
             }
         };
         cmd.current_dir(workspace)
-            .args(["build", "--release", "--package", PACKAGE, "--target", TARGET])
+            .args([
+                "build",
+                "--release",
+                "--package",
+                PACKAGE,
+                "--target",
+                TARGET,
+            ])
             .arg("--target-dir")
             .arg(target_dir);
         // What the outer build set for the host compiler must not leak into this one.
@@ -172,7 +179,11 @@ impl Display for Toolchain {
                 linker.display()
             ),
             Self::Nightly { linker } => {
-                write!(f, "rustup nightly with -Z build-std=core, {}", linker.display())
+                write!(
+                    f,
+                    "rustup nightly with -Z build-std=core, {}",
+                    linker.display()
+                )
             }
         }
     }
@@ -180,14 +191,20 @@ impl Display for Toolchain {
 
 /// Whether Debian's rustc has a `core` for the target.
 fn debian_has_bpf_core() -> bool {
-    let Ok(output) = Command::new(DEBIAN_RUSTC).args(["--print", "sysroot"]).output() else {
+    let Ok(output) = Command::new(DEBIAN_RUSTC)
+        .args(["--print", "sysroot"])
+        .output()
+    else {
         return false;
     };
     if !output.status.success() {
         return false;
     }
     let sysroot = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    let lib = Path::new(&sysroot).join("lib/rustlib").join(TARGET).join("lib");
+    let lib = Path::new(&sysroot)
+        .join("lib/rustlib")
+        .join(TARGET)
+        .join("lib");
     std::fs::read_dir(lib).is_ok_and(|entries| {
         entries.flatten().any(|e| {
             let name = e.file_name();

@@ -58,9 +58,12 @@ pub struct Probe {
 #[must_use]
 pub fn probe(sys: &Path) -> Probe {
     let module_btf = sys.join("kernel/btf/nvidia").exists();
-    let kprobes = ["kernel/tracing/kprobe_events", "kernel/debug/tracing/kprobe_events"]
-        .iter()
-        .any(|p| sys.join(p).exists());
+    let kprobes = [
+        "kernel/tracing/kprobe_events",
+        "kernel/debug/tracing/kprobe_events",
+    ]
+    .iter()
+    .any(|p| sys.join(p).exists());
     let tracepoints = ["kernel/tracing", "kernel/debug/tracing"]
         .iter()
         .any(|p| sys.join(p).join("events/syscalls/sys_enter_ioctl").is_dir());
@@ -108,7 +111,8 @@ mod tests {
     use super::*;
 
     fn fake_sys(name: &str, dirs: &[&str]) -> std::path::PathBuf {
-        let root = std::env::temp_dir().join(format!("gpuwarden-probe-{name}-{}", std::process::id()));
+        let root =
+            std::env::temp_dir().join(format!("gpuwarden-probe-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         for d in dirs {
             std::fs::create_dir_all(root.join(d)).unwrap();
@@ -133,11 +137,18 @@ mod tests {
     fn reports_driver_btf_when_present() {
         let sys = fake_sys(
             "btf",
-            &["kernel/btf/nvidia", "kernel/debug/tracing/events/syscalls/sys_enter_ioctl"],
+            &[
+                "kernel/btf/nvidia",
+                "kernel/debug/tracing/events/syscalls/sys_enter_ioctl",
+            ],
         );
         let probe = probe(&sys);
         assert!(probe.candidates[0].available);
-        assert!(probe.candidates[0].reason.contains("no driver-hook programs"));
+        assert!(
+            probe.candidates[0]
+                .reason
+                .contains("no driver-hook programs")
+        );
         assert_eq!(probe.chosen, Some(Tier::SyscallTracepoint));
         std::fs::remove_dir_all(&sys).unwrap();
     }

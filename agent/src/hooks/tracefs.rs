@@ -96,7 +96,9 @@ pub fn field_offset(format: &str, field: &str) -> Option<u32> {
         if name != field {
             return None;
         }
-        let offset = line.split(';').find_map(|p| p.trim().strip_prefix("offset:"))?;
+        let offset = line
+            .split(';')
+            .find_map(|p| p.trim().strip_prefix("offset:"))?;
         offset.trim().parse().ok()
     })
 }

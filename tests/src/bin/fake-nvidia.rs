@@ -17,7 +17,9 @@ fn main() -> ExitCode {
             ("--gpus", Some(v)) if v.parse::<usize>().is_ok_and(|n| (1..=4).contains(&n)) => {
                 gpus = v.parse().unwrap_or(2);
             }
-            ("--memory", Some(v)) if v.parse::<u64>().is_ok() => memory = v.parse().unwrap_or(memory),
+            ("--memory", Some(v)) if v.parse::<u64>().is_ok() => {
+                memory = v.parse().unwrap_or(memory)
+            }
             (flag, value) => {
                 eprintln!(
                     "fake-nvidia: bad argument {flag:?} {value:?}; usage: fake-nvidia --mount DIR [--gpus 1-4] [--memory BYTES]"
@@ -39,7 +41,12 @@ fn main() -> ExitCode {
         libc::sigaddset(&raw mut set, libc::SIGTERM);
         libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut());
     }
-    let driver = match FakeDriver::mount(&dir, FakeConfig { gpu_memory: vec![memory; gpus] }) {
+    let driver = match FakeDriver::mount(
+        &dir,
+        FakeConfig {
+            gpu_memory: vec![memory; gpus],
+        },
+    ) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("fake-nvidia: {e}");

@@ -53,7 +53,11 @@ fn serve(
             Ok(command) => run(client, &command, child),
         };
         let line = format!("{prefix}{reply}\n");
-        if output.write_all(line.as_bytes()).and_then(|()| output.flush()).is_err() {
+        if output
+            .write_all(line.as_bytes())
+            .and_then(|()| output.flush())
+            .is_err()
+        {
             return;
         }
     }
@@ -65,7 +69,9 @@ fn run(client: &mut GpuClient, command: &Command, child: &mut Option<Child>) -> 
     }
     match command {
         Command::Thread(inner) => std::thread::scope(|s| {
-            s.spawn(|| run(client, inner, &mut None)).join().unwrap_or_else(|_| "err thread panicked".to_owned())
+            s.spawn(|| run(client, inner, &mut None))
+                .join()
+                .unwrap_or_else(|_| "err thread panicked".to_owned())
         }),
         Command::Fork => match fork(client) {
             Ok(c) => {
@@ -132,7 +138,9 @@ fn main() -> ExitCode {
             "--dir" => dir = args.next().map(PathBuf::from),
             "--gpu" => gpu = args.next().and_then(|g| g.parse().ok()).unwrap_or(0),
             other => {
-                eprintln!("gpu-client: unknown argument {other:?}; usage: gpu-client --dir DIR [--gpu N]");
+                eprintln!(
+                    "gpu-client: unknown argument {other:?}; usage: gpu-client --dir DIR [--gpu N]"
+                );
                 return ExitCode::from(2);
             }
         }
@@ -144,7 +152,10 @@ fn main() -> ExitCode {
     let mut client = match GpuClient::open(&dir, gpu) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("gpu-client: cannot open the GPU files in {}: {e}", dir.display());
+            eprintln!(
+                "gpu-client: cannot open the GPU files in {}: {e}",
+                dir.display()
+            );
             return ExitCode::FAILURE;
         }
     };

@@ -44,16 +44,36 @@ pub fn scratch(tag: &str) -> PathBuf {
 /// A 64-hex container id unique to this run.
 pub fn container_id(seed: &str) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in format!("{seed}{}{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)).bytes() {
+    for b in format!(
+        "{seed}{}{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+    .bytes()
+    {
         h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
     }
-    (0..4).map(|i| format!("{:016x}", h.rotate_left(i * 16) ^ (u64::from(i) * 0x9e37_79b9))).collect()
+    (0..4)
+        .map(|i| {
+            format!(
+                "{:016x}",
+                h.rotate_left(i * 16) ^ (u64::from(i) * 0x9e37_79b9)
+            )
+        })
+        .collect()
 }
 
 /// A pod UID unique to this run.
 pub fn pod_uid(seed: &str) -> String {
     let id = container_id(seed);
-    format!("{}-{}-{}-{}-{}", &id[0..8], &id[8..12], &id[12..16], &id[16..20], &id[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &id[0..8],
+        &id[8..12],
+        &id[12..16],
+        &id[16..20],
+        &id[20..32]
+    )
 }
 
 /// The fake driver mounted in a scratch directory.
@@ -109,7 +129,10 @@ impl TestAgent {
                     .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))
             }
         });
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         let mut agent = Self {
             socket,
             state_dir,
@@ -122,11 +145,18 @@ impl TestAgent {
             if agent.try_snapshot().is_ok() {
                 return agent;
             }
-            if agent.thread.as_ref().is_some_and(std::thread::JoinHandle::is_finished) {
+            if agent
+                .thread
+                .as_ref()
+                .is_some_and(std::thread::JoinHandle::is_finished)
+            {
                 let result = agent.thread.take().unwrap().join().unwrap();
                 panic!("the agent stopped before answering: {result:?}");
             }
-            assert!(Instant::now() < deadline, "the agent did not answer within 60 s");
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not answer within 60 s"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -141,7 +171,10 @@ impl TestAgent {
 
     /// The entry of the cgroup at `path`.
     pub fn container(&self, path: &str) -> Option<Container> {
-        self.snapshot().containers.into_iter().find(|c| c.cgroup_path == path)
+        self.snapshot()
+            .containers
+            .into_iter()
+            .find(|c| c.cgroup_path == path)
     }
 
     /// Stops the agent and returns how its run ended.
@@ -187,7 +220,9 @@ pub fn device<'a>(c: &'a Container, name: &str) -> Option<&'a DeviceUsage> {
 
 /// ioctls of class `class` on device `name`.
 pub fn ioctls(c: &Container, name: &str, class: &str) -> u64 {
-    device(c, name).and_then(|d| d.ioctls.get(class).copied()).unwrap_or(0)
+    device(c, name)
+        .and_then(|d| d.ioctls.get(class).copied())
+        .unwrap_or(0)
 }
 
 /// GPU memory on device `name`.
@@ -211,7 +246,8 @@ impl TestCgroup {
         for part in path.trim_start_matches('/').split('/') {
             dir = dir.join(part);
             if !dir.exists() {
-                std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+                std::fs::create_dir(&dir)
+                    .unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
                 created.push(dir.clone());
             }
         }
@@ -248,11 +284,20 @@ pub struct Client {
 impl Client {
     pub fn spawn(dev: &Path, cgroup: Option<&TestCgroup>) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-client"));
-        cmd.arg("--dir").arg(dev).stdin(Stdio::piped()).stdout(Stdio::piped());
+        cmd.arg("--dir")
+            .arg(dev)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
         if let Some(cg) = cgroup {
             // Built before the fork: the child may not allocate (another test thread may hold
             // the allocator's lock at fork time).
-            let procs = std::ffi::CString::new(cg.dir.join("cgroup.procs").into_os_string().into_encoded_bytes()).unwrap();
+            let procs = std::ffi::CString::new(
+                cg.dir
+                    .join("cgroup.procs")
+                    .into_os_string()
+                    .into_encoded_bytes(),
+            )
+            .unwrap();
             // SAFETY: only async-signal-safe calls between fork and exec: open, write, close.
             unsafe {
                 cmd.pre_exec(move || {

@@ -15,7 +15,7 @@
 use std::{
     ffi::CString,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -107,24 +107,40 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
         },
     ];
 
-    let without: Vec<f64> = cases.iter().map(|c| fastest_ns(&*c.call, iterations, rounds)).collect();
+    let without: Vec<f64> = cases
+        .iter()
+        .map(|c| fastest_ns(&*c.call, iterations, rounds))
+        .collect();
     let mut agent = start_agent(&agent_bin, &dir, &gpu_node)?;
-    let with: Vec<f64> = cases.iter().map(|c| fastest_ns(&*c.call, iterations, rounds)).collect();
+    let with: Vec<f64> = cases
+        .iter()
+        .map(|c| fastest_ns(&*c.call, iterations, rounds))
+        .collect();
     let counted = decoded_count(&agent_bin, &dir.join("agent.sock"));
     stop(&mut agent);
     let _ = std::fs::remove_dir_all(&dir);
     let counted = counted?;
     let expected = iterations * rounds as u64;
     if counted < expected {
-        bail!("the agent counted {counted} rm_alloc ioctls on the GPU fd, expected at least {expected}: the GPU case did not take the decoded path");
+        bail!(
+            "the agent counted {counted} rm_alloc ioctls on the GPU fd, expected at least {expected}: the GPU case did not take the decoded path"
+        );
     }
 
-    println!("\ncargo xtask bench ebpf — {iterations} calls × {rounds} batches per case, fastest batch, pinned to CPU 0");
-    println!("| case | without agent (ns) | with agent (ns) | added (ns) | ratio | floor (added ns) | |");
+    println!(
+        "\ncargo xtask bench ebpf — {iterations} calls × {rounds} batches per case, fastest batch, pinned to CPU 0"
+    );
+    println!(
+        "| case | without agent (ns) | with agent (ns) | added (ns) | ratio | floor (added ns) | |"
+    );
     println!("|---|---:|---:|---:|---:|---:|---|");
     for ((case, w), a) in cases.iter().zip(&without).zip(&with) {
         let added = a - w;
-        let verdict = if added <= case.floor { "within" } else { "OVER" };
+        let verdict = if added <= case.floor {
+            "within"
+        } else {
+            "OVER"
+        };
         println!(
             "| {} | {w:.0} | {a:.0} | {added:+.0} | {:.2}× | ≤ {:.0} | {verdict} |",
             case.name,
@@ -180,7 +196,10 @@ fn start_agent(bin: &Path, dir: &Path, gpu_node: &Path) -> anyhow::Result<Child>
         std::thread::sleep(Duration::from_millis(100));
     }
     stop(&mut child);
-    bail!("the agent did not answer on {} within 30 s", socket.display())
+    bail!(
+        "the agent did not answer on {} within 30 s",
+        socket.display()
+    )
 }
 
 /// The agent's count of `rm_alloc` ioctls on GPU 0 across all containers.
@@ -216,19 +235,27 @@ fn open(path: &Path) -> anyhow::Result<OwnedFd> {
     // SAFETY: a valid C string.
     let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if fd < 0 {
-        bail!("open {}: {}", path.display(), std::io::Error::last_os_error());
+        bail!(
+            "open {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
     }
     // SAFETY: a fresh fd we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Makes `path` a character device with `/dev/null`'s numbers (1:3).
-fn mknod_null(path: &PathBuf) -> anyhow::Result<()> {
+fn mknod_null(path: &Path) -> anyhow::Result<()> {
     let c = CString::new(path.as_os_str().as_encoded_bytes())?;
     // SAFETY: a valid C string.
     let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
     if rc != 0 {
-        bail!("mknod {}: {}", path.display(), std::io::Error::last_os_error());
+        bail!(
+            "mknod {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
     }
     Ok(())
 }
