@@ -189,6 +189,12 @@ fn rescan_nodes(state: &mut State, config: &AgentConfig) {
     if expansion.nodes == state.nodes {
         return;
     }
+    if expansion.nodes.is_empty() {
+        tracing::warn!(
+            globs = %config.gpu_globs.as_slice().join(","),
+            "no GPU device nodes match; watching for them to appear (no NVIDIA driver on this machine?)"
+        );
+    }
     for (path, why) in &expansion.skipped {
         tracing::warn!(path = %path.display(), "not watched: {why}");
     }
