@@ -1,0 +1,21 @@
+//! Compiles `proto/` with protox (pure Rust: no system `protoc`) and generates the tonic code.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "proto/gpuwarden/v1/gpuwarden.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let fds = protox::compile([proto], ["proto"])?;
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").ok_or("OUT_DIR not set")?);
+    // The encoded descriptors serve gRPC reflection.
+    std::fs::write(
+        out.join("gpuwarden_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
+    // No transport constructors: `AgentServiceClient::connect` would clash with the `Connect`
+    // RPC; clients are made with `::new(channel)`.
+    tonic_prost_build::configure()
+        .build_transport(false)
+        .compile_fds(fds)?;
+    Ok(())
+}
