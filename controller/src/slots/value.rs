@@ -111,10 +111,9 @@ impl SlotValue {
     /// Rounds down to a multiple of `quantum` (a zero quantum leaves the value as it is).
     #[must_use]
     pub const fn floor_to(self, quantum: Self) -> Self {
-        if quantum.0 == 0 {
-            self
-        } else {
-            Self(self.0 / quantum.0 * quantum.0)
+        match self.0.checked_div(quantum.0) {
+            Some(n) => Self(n * quantum.0),
+            None => self,
         }
     }
 
