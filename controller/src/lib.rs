@@ -2,10 +2,18 @@
 //!
 //! Agents report their nodes' devices and slot types; the controller merges the slot types of
 //! all of them, places sessions onto whole or fractional GPUs, and tells each agent what it
-//! holds. This crate grows by issue: today it has the exact resource [`slots`] and the
-//! fractional GPU [`allocator`]; the scheduler, the gRPC API, the sled store and the `gpuwarden`
-//! CLI come next.
+//! holds. The parts, in the order data flows through them:
+//!
+//! - [`slots`]: exact resource quantities, parsing what users type, the merged slot-type registry;
+//! - [`allocator`]: the fractional GPU allocator of one node;
+//! - [`node`] and [`session`]: what the controller knows of agents and requests;
+//! - [`scheduler`]: the queue, predicates, filter, score and bind.
+//!
+//! The gRPC API, the sled store and the `gpuwarden` CLI come next.
 #![deny(missing_docs)]
 
 pub mod allocator;
+pub mod node;
+pub mod scheduler;
+pub mod session;
 pub mod slots;

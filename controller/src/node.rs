@@ -1,0 +1,104 @@
+//! Nodes: what an agent reported, and what is handed out on it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    allocator::{DeviceSpec, NodeAllocator},
+    slots::{ResourceSlot, SlotKind, SlotName, names},
+};
+
+/// Whether a node is usable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    /// Heartbeating.
+    Ready,
+    /// Missed heartbeats past the timeout: its capacity left the pool.
+    Lost,
+}
+
+impl NodeState {
+    /// Stable lowercase name.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ready => "ready",
+            Self::Lost => "lost",
+        }
+    }
+}
+
+/// What an agent says about its node when it registers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// Node id.
+    pub node_id: String,
+    /// Host name.
+    pub hostname: String,
+    /// Slot types its device plugins declare.
+    pub slot_types: Vec<(SlotName, SlotKind)>,
+    /// Non-GPU capacity (cpu, mem, other accelerators); GPU slots come from `devices`.
+    pub capacity: ResourceSlot,
+    /// GPUs.
+    pub devices: Vec<DeviceSpec>,
+    /// Device models and MIG flags, by index (for display).
+    pub device_models: Vec<(String, bool)>,
+    /// eBPF hooks in use.
+    pub hooks: Vec<String>,
+    /// Agent version.
+    pub agent_version: String,
+}
+
+/// A node in the controller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    /// What its agent reported.
+    pub report: NodeReport,
+    /// State.
+    pub state: NodeState,
+    /// GPU allocations.
+    pub allocator: NodeAllocator,
+    /// Non-GPU slots handed out.
+    pub allocated: ResourceSlot,
+    /// Last heartbeat, ms since the epoch.
+    pub last_heartbeat_ms: i64,
+}
+
+impl Node {
+    /// Full capacity: the reported slots plus the GPU slots of its devices.
+    #[must_use]
+    pub fn capacity(&self) -> ResourceSlot {
+        self.report
+            .capacity
+            .checked_add(&self.allocator.capacity())
+            .unwrap_or_else(|| self.report.capacity.clone())
+    }
+
+    /// Whether it has GPUs (kept for GPU work when a request asks for none).
+    #[must_use]
+    pub fn has_accelerators(&self) -> bool {
+        !self.report.devices.is_empty()
+            || self
+                .report
+                .capacity
+                .iter()
+                .any(|(k, _)| k.as_str() != names::CPU && k.as_str() != names::MEM)
+    }
+
+    /// The non-GPU part of a request.
+    #[must_use]
+    pub fn non_gpu(request: &ResourceSlot) -> ResourceSlot {
+        request
+            .iter()
+            .filter(|(k, _)| !k.as_str().starts_with("cuda."))
+            .map(|(k, v)| (k.clone(), v))
+            .collect()
+    }
+
+    /// Whether the non-GPU part of `request` fits in what is free.
+    #[must_use]
+    pub fn non_gpu_fits(&self, request: &ResourceSlot) -> bool {
+        let free = self.report.capacity.saturating_sub(&self.allocated);
+        Self::non_gpu(request).fits_in(&free)
+    }
+}

@@ -1,0 +1,681 @@
+//! The scheduler: the cluster's nodes and sessions, and the pass that places pending sessions.
+//!
+//! A pass takes pending sessions in queue order ([`QueuePolicy`]), runs the per-owner
+//! predicates (concurrency through the idempotent [`ConcurrencyTracker`], total slots), filters
+//! nodes that fit, scores them ([`Strategy`]) and binds: the allocation is reserved at once, so
+//! two sessions never get the same share, and an `Allocate` goes to the node's agent. The
+//! session runs when the agent acknowledges; a refusal releases the reservation and fails the
+//! session with the agent's reason.
+//!
+//! Everything here is in memory and synchronous; the service layer persists what changed
+//! ([`Scheduler::take_changes`]) and talks to agents.
+
+pub mod tracker;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+pub use tracker::ConcurrencyTracker;
+
+use crate::{
+    allocator::{AllocError, Allocation, AllocatorConfig, GpuRequest, NodeAllocator, Strategy},
+    node::{Node, NodeReport, NodeState},
+    session::{Session, SessionState, now_ms},
+    slots::{RegistryError, ResourceSlot, SlotTypeRegistry, SlotValue},
+};
+
+/// Order in which pending sessions are tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueuePolicy {
+    /// Priority, then arrival; a session that failed `skip_after` passes lets later ones by.
+    #[default]
+    Fifo,
+    /// Dominant-resource fairness: the owner with the smallest dominant share goes first.
+    Drf,
+}
+
+/// Per-owner limits.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerLimits {
+    /// Sessions that may hold resources at once.
+    pub max_concurrent: Option<usize>,
+    /// Total slots its sessions may hold.
+    pub max_slots: Option<ResourceSlot>,
+}
+
+/// Scheduler settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedulerConfig {
+    /// Where fractional requests go.
+    pub strategy: Strategy,
+    /// Queue order.
+    pub queue: QueuePolicy,
+    /// Under FIFO, passes a head-of-line session may fail before later ones go by it.
+    pub skip_after: u32,
+    /// Allocator settings for every node.
+    pub allocator: AllocatorConfig,
+    /// Limits for owners without their own.
+    pub default_limits: OwnerLimits,
+    /// Limits by owner.
+    pub limits: BTreeMap<String, OwnerLimits>,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            strategy: Strategy::Binpack,
+            queue: QueuePolicy::Fifo,
+            skip_after: 3,
+            allocator: AllocatorConfig::default(),
+            default_limits: OwnerLimits::default(),
+            limits: BTreeMap::new(),
+        }
+    }
+}
+
+/// Why a request is refused at creation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// A slot type no agent declared.
+    #[error("unknown slot type {slot:?} (known: {known})")]
+    UnknownSlot {
+        /// The slot.
+        slot: String,
+        /// Known slot names.
+        known: String,
+    },
+    /// The GPU part is malformed.
+    #[error(transparent)]
+    Gpu(#[from] AllocError),
+    /// Larger than any node.
+    #[error("request {requested} is larger than every node (largest: {largest})")]
+    Oversized {
+        /// The request.
+        requested: ResourceSlot,
+        /// The largest node's capacity.
+        largest: ResourceSlot,
+    },
+    /// Pinned to a node the controller doesn't know.
+    #[error("unknown node {0:?}")]
+    UnknownNode(String),
+    /// Asks for nothing.
+    #[error("the request asks for no resources")]
+    Empty,
+}
+
+/// A node refused at registration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegisterError {
+    /// Its slot types conflict with the cluster's.
+    #[error(transparent)]
+    SlotType(#[from] RegistryError),
+    /// An empty node id.
+    #[error("node id must not be empty")]
+    EmptyId,
+}
+
+/// A message for an agent, produced by the scheduler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Hold `allocation` for `session`.
+    Allocate {
+        /// Node.
+        node: String,
+        /// Session.
+        session: String,
+        /// Requested slots.
+        slots: ResourceSlot,
+        /// GPU parts.
+        allocation: Allocation,
+    },
+    /// Release what `session` holds.
+    Release {
+        /// Node.
+        node: String,
+        /// Session.
+        session: String,
+    },
+}
+
+/// Ids of records changed since the last [`Scheduler::take_changes`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Sessions.
+    pub sessions: BTreeSet<String>,
+    /// Nodes.
+    pub nodes: BTreeSet<String>,
+    /// The slot-type registry changed.
+    pub slot_types: bool,
+}
+
+/// The cluster state and the scheduling pass.
+#[derive(Debug, Default)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    registry: SlotTypeRegistry,
+    nodes: BTreeMap<String, Node>,
+    sessions: BTreeMap<String, Session>,
+    tracker: ConcurrencyTracker,
+    next_seq: u64,
+    changes: Changes,
+}
+
+impl Scheduler {
+    /// An empty cluster.
+    #[must_use]
+    pub fn new(config: SchedulerConfig) -> Self {
+        Self {
+            config,
+            ..Self::default()
+        }
+    }
+
+    /// Rebuilds from stored records (after a controller restart). Nodes start Lost until their
+    /// agents come back; the agents' reports then win.
+    #[must_use]
+    pub fn restore(
+        config: SchedulerConfig,
+        registry: SlotTypeRegistry,
+        nodes: Vec<Node>,
+        sessions: Vec<Session>,
+    ) -> Self {
+        let mut s = Self::new(config);
+        s.registry = registry;
+        for mut node in nodes {
+            node.state = NodeState::Lost;
+            s.nodes.insert(node.report.node_id.clone(), node);
+        }
+        for session in sessions {
+            s.next_seq = s.next_seq.max(session.seq + 1);
+            if session.state.holds_resources() {
+                s.tracker.add(&session.owner, &session.id);
+            }
+            s.sessions.insert(session.id.clone(), session);
+        }
+        s
+    }
+
+    /// Settings.
+    #[must_use]
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// The merged slot types.
+    #[must_use]
+    pub fn registry(&self) -> &SlotTypeRegistry {
+        &self.registry
+    }
+
+    /// Nodes by id.
+    #[must_use]
+    pub fn nodes(&self) -> &BTreeMap<String, Node> {
+        &self.nodes
+    }
+
+    /// Sessions by id.
+    #[must_use]
+    pub fn sessions(&self) -> &BTreeMap<String, Session> {
+        &self.sessions
+    }
+
+    /// What changed since the last call.
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Registers (or re-registers) a node. `running` lists the sessions its agent holds: that
+    /// report wins over the controller's memory. Returns the commands to send it.
+    ///
+    /// # Errors
+    /// The node's slot types conflict with the cluster's.
+    pub fn register(
+        &mut self,
+        report: NodeReport,
+        running: &[String],
+    ) -> Result<Vec<Command>, RegisterError> {
+        if report.node_id.is_empty() {
+            return Err(RegisterError::EmptyId);
+        }
+        if !self
+            .registry
+            .merge(&report.node_id, &report.slot_types)?
+            .is_empty()
+        {
+            self.changes.slot_types = true;
+        }
+        let id = report.node_id.clone();
+        let mut allocator = NodeAllocator::new(report.devices.clone(), self.config.allocator);
+        let mut allocated = ResourceSlot::new();
+        let running: BTreeSet<&str> = running.iter().map(String::as_str).collect();
+        let mut commands = Vec::new();
+        // Sessions the controller placed here: keep those the agent holds, or that await its ack.
+        let placed: Vec<String> = self
+            .sessions
+            .values()
+            .filter(|s| s.node.as_deref() == Some(&id) && s.state.holds_resources())
+            .map(|s| s.id.clone())
+            .collect();
+        for sid in placed {
+            let Some(session) = self.sessions.get_mut(&sid) else {
+                continue;
+            };
+            if running.contains(sid.as_str()) || session.state == SessionState::Scheduled {
+                allocator.restore(&sid, session.allocation.clone());
+                allocated = allocated
+                    .checked_add(&Node::non_gpu(&session.requested))
+                    .unwrap_or(allocated);
+                if session.state == SessionState::Lost {
+                    set_state(session, SessionState::Running, "");
+                }
+                if session.state == SessionState::Scheduled {
+                    // The agent may never have seen it: send it again.
+                    commands.push(Command::Allocate {
+                        node: id.clone(),
+                        session: sid.clone(),
+                        slots: session.requested.clone(),
+                        allocation: session.allocation.clone(),
+                    });
+                }
+            } else {
+                set_state(
+                    session,
+                    SessionState::Failed,
+                    "its node restarted without it",
+                );
+                self.tracker.remove(&session.owner, &sid);
+            }
+            self.changes.sessions.insert(sid);
+        }
+        // Sessions the agent holds that the controller ended: tell it to let go.
+        for sid in &running {
+            let known = self
+                .sessions
+                .get(*sid)
+                .is_some_and(|s| s.node.as_deref() == Some(&id) && s.state.holds_resources());
+            if !known {
+                commands.push(Command::Release {
+                    node: id.clone(),
+                    session: (*sid).to_owned(),
+                });
+            }
+        }
+        self.nodes.insert(
+            id.clone(),
+            Node {
+                report,
+                state: NodeState::Ready,
+                allocator,
+                allocated,
+                last_heartbeat_ms: now_ms(),
+            },
+        );
+        self.changes.nodes.insert(id);
+        Ok(commands)
+    }
+
+    /// Records a heartbeat; a Lost node comes back.
+    pub fn heartbeat(&mut self, node: &str) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.last_heartbeat_ms = now_ms();
+            if n.state == NodeState::Lost {
+                n.state = NodeState::Ready;
+                self.changes.nodes.insert(node.to_owned());
+                for s in self
+                    .sessions
+                    .values_mut()
+                    .filter(|s| s.node.as_deref() == Some(node) && s.state == SessionState::Lost)
+                {
+                    set_state(s, SessionState::Running, "");
+                    self.changes.sessions.insert(s.id.clone());
+                }
+            }
+        }
+    }
+
+    /// Marks nodes silent for longer than `timeout_ms` Lost, and their sessions with them.
+    /// Returns the nodes marked.
+    pub fn expire(&mut self, now: i64, timeout_ms: i64) -> Vec<String> {
+        let mut lost = Vec::new();
+        for (id, n) in &mut self.nodes {
+            if n.state == NodeState::Ready && now - n.last_heartbeat_ms > timeout_ms {
+                n.state = NodeState::Lost;
+                lost.push(id.clone());
+                self.changes.nodes.insert(id.clone());
+            }
+        }
+        for s in self.sessions.values_mut() {
+            if s.node.as_ref().is_some_and(|n| lost.contains(n)) && s.state.holds_resources() {
+                set_state(s, SessionState::Lost, "node stopped sending heartbeats");
+                self.changes.sessions.insert(s.id.clone());
+            }
+        }
+        lost
+    }
+
+    /// Queues a new session.
+    ///
+    /// # Errors
+    /// The request names unknown slots, is malformed, or is larger than every node.
+    pub fn create(
+        &mut self,
+        id: String,
+        name: String,
+        owner: String,
+        priority: i32,
+        requested: ResourceSlot,
+        pinned_node: Option<String>,
+    ) -> Result<Session, RequestError> {
+        if requested.is_zero() {
+            return Err(RequestError::Empty);
+        }
+        for (slot, _) in requested.iter() {
+            if self.registry.kind(slot.as_str()).is_none() {
+                return Err(RequestError::UnknownSlot {
+                    slot: slot.to_string(),
+                    known: self.registry.names(),
+                });
+            }
+        }
+        GpuRequest::from_slots(&requested)?;
+        if let Some(node) = &pinned_node
+            && !self.nodes.contains_key(node)
+        {
+            return Err(RequestError::UnknownNode(node.clone()));
+        }
+        if !self.nodes.is_empty()
+            && !self
+                .nodes
+                .values()
+                .any(|n| requested.fits_in(&n.capacity()))
+        {
+            let largest = self
+                .nodes
+                .values()
+                .map(Node::capacity)
+                .max_by_key(|c| c.get("cuda.shares"))
+                .unwrap_or_default();
+            return Err(RequestError::Oversized { requested, largest });
+        }
+        let now = now_ms();
+        let session = Session {
+            name: if name.is_empty() { id.clone() } else { name },
+            id: id.clone(),
+            owner,
+            priority,
+            requested,
+            pinned_node,
+            state: SessionState::Pending,
+            node: None,
+            allocation: Allocation::default(),
+            reason: String::new(),
+            seq: self.next_seq,
+            failed_passes: 0,
+            created_at_ms: now,
+            updated_at_ms: now,
+        };
+        self.next_seq += 1;
+        self.sessions.insert(id.clone(), session.clone());
+        self.changes.sessions.insert(id);
+        Ok(session)
+    }
+
+    /// Ends a session, releasing what it holds. Returns the command for its agent, if any.
+    pub fn terminate(&mut self, id: &str) -> Option<Command> {
+        let session = self.sessions.get_mut(id)?;
+        if session.state.is_final() {
+            return None;
+        }
+        let held = session.state.holds_resources();
+        set_state(session, SessionState::Terminated, "terminated by request");
+        self.changes.sessions.insert(id.to_owned());
+        let owner = session.owner.clone();
+        let node = session.node.clone();
+        let requested = session.requested.clone();
+        self.tracker.remove(&owner, id);
+        let node = node.filter(|_| held)?;
+        if let Some(n) = self.nodes.get_mut(&node) {
+            n.allocator.release(id);
+            n.allocated = n.allocated.saturating_sub(&Node::non_gpu(&requested));
+            self.changes.nodes.insert(node.clone());
+        }
+        Some(Command::Release {
+            node,
+            session: id.to_owned(),
+        })
+    }
+
+    /// The agent on `node` holds `session`.
+    pub fn ack(&mut self, node: &str, session: &str) {
+        if let Some(s) = self.sessions.get_mut(session)
+            && s.node.as_deref() == Some(node)
+            && s.state == SessionState::Scheduled
+        {
+            set_state(s, SessionState::Running, "");
+            self.changes.sessions.insert(session.to_owned());
+        }
+    }
+
+    /// The agent on `node` refused `session`: release and fail it with the agent's reason.
+    pub fn nack(&mut self, node: &str, session: &str, reason: &str, message: &str) {
+        let Some(s) = self.sessions.get_mut(session) else {
+            return;
+        };
+        if s.node.as_deref() != Some(node) || !s.state.holds_resources() {
+            return;
+        }
+        let text = if message.is_empty() {
+            reason.to_owned()
+        } else {
+            format!("{reason}: {message}")
+        };
+        set_state(s, SessionState::Failed, &text);
+        let (owner, requested) = (s.owner.clone(), s.requested.clone());
+        self.tracker.remove(&owner, session);
+        self.changes.sessions.insert(session.to_owned());
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.allocator.release(session);
+            n.allocated = n.allocated.saturating_sub(&Node::non_gpu(&requested));
+            self.changes.nodes.insert(node.to_owned());
+        }
+    }
+
+    /// One scheduling pass: places as many pending sessions as fit. Returns the commands.
+    pub fn pass(&mut self) -> Vec<Command> {
+        let order = self.queue_order();
+        let mut commands = Vec::new();
+        for id in order {
+            let Some(session) = self.sessions.get(&id) else {
+                continue;
+            };
+            let owner = session.owner.clone();
+            let limits = self
+                .config
+                .limits
+                .get(&owner)
+                .unwrap_or(&self.config.default_limits)
+                .clone();
+            let mut placed = false;
+            let mut reason = String::new();
+            if !self.tracker.admits(&owner, &id, limits.max_concurrent) {
+                reason = format!(
+                    "owner {owner} is at its limit of {} concurrent sessions",
+                    limits.max_concurrent.unwrap_or(0)
+                );
+            } else if !self.within_slot_limit(&owner, &session.requested, limits.max_slots.as_ref())
+            {
+                reason = format!("owner {owner} would exceed its slot limit");
+            } else {
+                match self.place(&id) {
+                    Ok(command) => {
+                        commands.push(command);
+                        placed = true;
+                    }
+                    Err(why) => reason = why,
+                }
+            }
+            if !placed {
+                let skip_after = self.config.skip_after;
+                let fifo = self.config.queue == QueuePolicy::Fifo;
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    s.failed_passes += 1;
+                    if s.reason != reason {
+                        s.reason = reason;
+                        self.changes.sessions.insert(id.clone());
+                    }
+                    // FIFO: the head blocks later sessions until it has failed `skip_after` passes.
+                    if fifo && s.failed_passes <= skip_after {
+                        break;
+                    }
+                }
+            }
+        }
+        commands
+    }
+
+    /// Pending sessions in the order the policy tries them.
+    fn queue_order(&self) -> Vec<String> {
+        let mut pending: Vec<&Session> = self
+            .sessions
+            .values()
+            .filter(|s| s.state == SessionState::Pending)
+            .collect();
+        pending.sort_by_key(|s| (std::cmp::Reverse(s.priority), s.seq));
+        if self.config.queue == QueuePolicy::Drf {
+            let shares = self.dominant_shares();
+            pending.sort_by(|a, b| {
+                let sa = shares.get(&a.owner).copied().unwrap_or(0.0);
+                let sb = shares.get(&b.owner).copied().unwrap_or(0.0);
+                b.priority
+                    .cmp(&a.priority)
+                    .then(sa.total_cmp(&sb))
+                    .then(a.seq.cmp(&b.seq))
+            });
+        }
+        pending.into_iter().map(|s| s.id.clone()).collect()
+    }
+
+    /// Each owner's dominant share: the largest fraction of any slot's cluster capacity it holds.
+    fn dominant_shares(&self) -> BTreeMap<String, f64> {
+        let total = self
+            .nodes
+            .values()
+            .filter(|n| n.state == NodeState::Ready)
+            .fold(ResourceSlot::new(), |acc, n| {
+                acc.checked_add(&n.capacity()).unwrap_or(acc)
+            });
+        let mut held: BTreeMap<String, ResourceSlot> = BTreeMap::new();
+        for s in self.sessions.values().filter(|s| s.state.holds_resources()) {
+            let entry = held.entry(s.owner.clone()).or_default();
+            *entry = entry
+                .checked_add(&s.requested)
+                .unwrap_or_else(|| entry.clone());
+        }
+        held.into_iter()
+            .map(|(owner, slots)| {
+                // Ratios only order owners; a float is fine here, the slots stay exact.
+                let share = slots
+                    .iter()
+                    .map(|(k, v)| {
+                        let cap = total.get(k.as_str());
+                        if cap.is_zero() {
+                            0.0
+                        } else {
+                            v.micros() as f64 / cap.micros() as f64
+                        }
+                    })
+                    .fold(0.0, f64::max);
+                (owner, share)
+            })
+            .collect()
+    }
+
+    fn within_slot_limit(
+        &self,
+        owner: &str,
+        requested: &ResourceSlot,
+        max: Option<&ResourceSlot>,
+    ) -> bool {
+        let Some(max) = max else { return true };
+        let held = self
+            .sessions
+            .values()
+            .filter(|s| s.owner == owner && s.state.holds_resources())
+            .fold(ResourceSlot::new(), |acc, s| {
+                acc.checked_add(&s.requested).unwrap_or(acc)
+            });
+        held.checked_add(requested)
+            .is_some_and(|total| total.fits_in(max))
+    }
+
+    /// Filter, score and bind one session.
+    fn place(&mut self, id: &str) -> Result<Command, String> {
+        let session = self.sessions.get(id).ok_or("gone")?;
+        let gpu = GpuRequest::from_slots(&session.requested).map_err(|e| e.to_string())?;
+        let wants_gpu = !gpu.is_empty();
+        let strategy = self.config.strategy;
+        let best = self
+            .nodes
+            .iter()
+            .filter(|(nid, n)| {
+                n.state == NodeState::Ready
+                    && session.pinned_node.as_ref().is_none_or(|p| p == *nid)
+                    && n.non_gpu_fits(&session.requested)
+                    && n.allocator.can_fit(&gpu)
+            })
+            .min_by_key(|(nid, n)| {
+                // Keep GPU nodes for GPU work.
+                let misplaced = !wants_gpu && n.has_accelerators();
+                let free: SlotValue = n
+                    .allocator
+                    .devices()
+                    .iter()
+                    .fold(SlotValue::ZERO, |a, d| a.checked_add(d.free()).unwrap_or(a));
+                let score = match strategy {
+                    Strategy::Binpack => free.micros(),
+                    Strategy::Spread => u128::MAX - free.micros(),
+                };
+                (misplaced, score, (*nid).clone())
+            })
+            .map(|(nid, _)| nid.clone());
+        let Some(node_id) = best else {
+            return Err(format!("no node fits {}", session.requested));
+        };
+        let requested = session.requested.clone();
+        let owner = session.owner.clone();
+        let node = self.nodes.get_mut(&node_id).ok_or("node vanished")?;
+        let allocation = node
+            .allocator
+            .allocate(id, &gpu, strategy)
+            .map_err(|e| e.to_string())?;
+        node.allocated = node
+            .allocated
+            .checked_add(&Node::non_gpu(&requested))
+            .unwrap_or_else(|| node.allocated.clone());
+        self.tracker.add(&owner, id);
+        self.changes.nodes.insert(node_id.clone());
+        if let Some(s) = self.sessions.get_mut(id) {
+            s.node = Some(node_id.clone());
+            s.allocation = allocation.clone();
+            set_state(s, SessionState::Scheduled, "");
+            self.changes.sessions.insert(id.to_owned());
+        }
+        Ok(Command::Allocate {
+            node: node_id,
+            session: id.to_owned(),
+            slots: requested,
+            allocation,
+        })
+    }
+}
+
+fn set_state(s: &mut Session, state: SessionState, reason: &str) {
+    s.state = state;
+    reason.clone_into(&mut s.reason);
+    s.updated_at_ms = now_ms();
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,244 @@
+use super::*;
+use crate::{
+    allocator::DeviceSpec,
+    slots::{SlotKind, SlotName},
+};
+
+fn slots(tokens: &[&str]) -> ResourceSlot {
+    ResourceSlot::parse_any(tokens).unwrap()
+}
+
+fn report(id: &str, gpus: u32, extra: &[(&str, SlotKind)]) -> NodeReport {
+    let mut slot_types: Vec<(SlotName, SlotKind)> = [
+        ("cpu", SlotKind::Count),
+        ("mem", SlotKind::Bytes),
+        ("cuda.shares", SlotKind::Count),
+        ("cuda.device", SlotKind::Count),
+        ("cuda.mem", SlotKind::Bytes),
+    ]
+    .iter()
+    .chain(extra)
+    .map(|(n, k)| (SlotName::new(n).unwrap(), *k))
+    .collect();
+    slot_types.dedup();
+    NodeReport {
+        node_id: id.into(),
+        hostname: id.into(),
+        slot_types,
+        capacity: slots(&["cpu=8", "mem=32g"]),
+        devices: (0..gpus)
+            .map(|i| DeviceSpec {
+                uuid: format!("{id}-GPU-{i}"),
+                index: i,
+                memory_bytes: 16 << 30,
+                sm_count: 132,
+                numa_node: 0,
+            })
+            .collect(),
+        device_models: vec![],
+        hooks: vec![],
+        agent_version: "test".into(),
+    }
+}
+
+fn create(
+    s: &mut Scheduler,
+    id: &str,
+    owner: &str,
+    tokens: &[&str],
+) -> Result<Session, RequestError> {
+    s.create(
+        id.into(),
+        String::new(),
+        owner.into(),
+        0,
+        slots(tokens),
+        None,
+    )
+}
+
+fn state(s: &Scheduler, id: &str) -> SessionState {
+    s.sessions()[id].state
+}
+
+#[test]
+fn backend_ai_case_through_the_scheduler() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 2, &[]), &[]).unwrap();
+    create(&mut s, "a", "u", &["cuda.shares=0.2"]).unwrap();
+    create(&mut s, "b", "u", &["cuda.shares=1.2"]).unwrap();
+    let commands = s.pass();
+    assert_eq!(commands.len(), 2);
+    assert_eq!(state(&s, "a"), SessionState::Scheduled);
+    s.ack("n1", "a");
+    s.ack("n1", "b");
+    assert_eq!(state(&s, "b"), SessionState::Running);
+    let map: Vec<String> = s.nodes()["n1"]
+        .allocator
+        .devices()
+        .iter()
+        .map(|d| d.allocated.to_string())
+        .collect();
+    assert_eq!(map, ["0.8", "0.6"]);
+}
+
+#[test]
+fn slot_types_merge_across_a_mixed_fleet() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("plain", 1, &[]), &[]).unwrap();
+    s.register(report("accel", 1, &[("mock.accel", SlotKind::Count)]), &[])
+        .unwrap();
+    assert_eq!(s.registry().kind("mock.accel"), Some(SlotKind::Count));
+    assert!(s.nodes()["plain"].capacity().get("mock.accel").is_zero());
+    let err = s
+        .register(report("bad", 1, &[("mock.accel", SlotKind::Bytes)]), &[])
+        .unwrap_err();
+    assert!(err.to_string().contains("mock.accel"), "{err}");
+    assert!(!s.nodes().contains_key("bad"));
+}
+
+#[test]
+fn malformed_and_oversized_requests_are_refused() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 2, &[]), &[]).unwrap();
+    let unknown = create(&mut s, "x", "u", &["tpu=1"]).unwrap_err();
+    assert!(unknown.to_string().contains("\"tpu\""), "{unknown}");
+    let both = create(&mut s, "y", "u", &["cuda.device=1", "cuda.shares=0.5"]).unwrap_err();
+    assert!(matches!(
+        both,
+        RequestError::Gpu(AllocError::DeviceAndShares)
+    ));
+    let big = create(&mut s, "z", "u", &["cuda.shares=3"]).unwrap_err();
+    assert!(matches!(big, RequestError::Oversized { .. }), "{big}");
+    assert!(s.sessions().is_empty());
+}
+
+#[test]
+fn concurrency_limits_hold_across_retried_passes() {
+    let mut config = SchedulerConfig::default();
+    config.default_limits.max_concurrent = Some(1);
+    config.queue = QueuePolicy::Fifo;
+    config.skip_after = 0;
+    let mut s = Scheduler::new(config);
+    s.register(report("n1", 2, &[]), &[]).unwrap();
+    create(&mut s, "a", "alice", &["cuda.shares=0.1"]).unwrap();
+    create(&mut s, "b", "alice", &["cuda.shares=0.1"]).unwrap();
+    create(&mut s, "c", "bob", &["cuda.shares=0.1"]).unwrap();
+    for _ in 0..3 {
+        s.pass();
+    }
+    assert_eq!(state(&s, "a"), SessionState::Scheduled);
+    assert_eq!(state(&s, "b"), SessionState::Pending);
+    assert!(
+        s.sessions()["b"].reason.contains("limit"),
+        "{}",
+        s.sessions()["b"].reason
+    );
+    assert_eq!(state(&s, "c"), SessionState::Scheduled);
+    s.terminate("a");
+    s.pass();
+    assert_eq!(state(&s, "b"), SessionState::Scheduled);
+}
+
+#[test]
+fn fifo_lets_later_sessions_by_a_stuck_head() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        skip_after: 2,
+        ..SchedulerConfig::default()
+    });
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    create(&mut s, "hold", "u", &["cuda.shares=0.6"]).unwrap();
+    s.pass();
+    create(&mut s, "big", "u", &["cuda.shares=0.8"]).unwrap();
+    create(&mut s, "small", "u", &["cuda.shares=0.2"]).unwrap();
+    s.pass();
+    s.pass();
+    assert_eq!(
+        state(&s, "small"),
+        SessionState::Pending,
+        "blocked behind the head"
+    );
+    s.pass();
+    assert_eq!(
+        state(&s, "small"),
+        SessionState::Scheduled,
+        "let by after 2 failed passes"
+    );
+    assert_eq!(state(&s, "big"), SessionState::Pending);
+}
+
+#[test]
+fn drf_favours_the_owner_with_the_smaller_dominant_share() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        queue: QueuePolicy::Drf,
+        ..SchedulerConfig::default()
+    });
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    create(&mut s, "a1", "alice", &["cuda.shares=0.5"]).unwrap();
+    s.pass();
+    create(&mut s, "a2", "alice", &["cuda.shares=0.5"]).unwrap();
+    create(&mut s, "b1", "bob", &["cuda.shares=0.5"]).unwrap();
+    s.pass();
+    assert_eq!(state(&s, "b1"), SessionState::Scheduled);
+    assert_eq!(state(&s, "a2"), SessionState::Pending);
+}
+
+#[test]
+fn nacks_release_and_fail_with_the_agent_reason() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    create(&mut s, "a", "u", &["cuda.shares=0.5"]).unwrap();
+    s.pass();
+    s.nack("n1", "a", "UnsupportedResource", "cuda.shares unknown here");
+    let a = &s.sessions()["a"];
+    assert_eq!(a.state, SessionState::Failed);
+    assert_eq!(a.reason, "UnsupportedResource: cuda.shares unknown here");
+    assert!(s.nodes()["n1"].allocator.devices()[0].allocated.is_zero());
+}
+
+#[test]
+fn gpu_nodes_are_kept_for_gpu_work() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("gpu", 1, &[]), &[]).unwrap();
+    s.register(report("cpu", 0, &[]), &[]).unwrap();
+    create(&mut s, "c", "u", &["cpu=1"]).unwrap();
+    create(&mut s, "g", "u", &["cpu=1", "cuda.shares=0.5"]).unwrap();
+    s.pass();
+    assert_eq!(s.sessions()["c"].node.as_deref(), Some("cpu"));
+    assert_eq!(s.sessions()["g"].node.as_deref(), Some("gpu"));
+}
+
+#[test]
+fn lost_nodes_leave_the_pool_and_their_report_wins_on_return() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    create(&mut s, "kept", "u", &["cuda.shares=0.3"]).unwrap();
+    create(&mut s, "gone", "u", &["cuda.shares=0.3"]).unwrap();
+    s.pass();
+    s.ack("n1", "kept");
+    s.ack("n1", "gone");
+    let lost = s.expire(now_ms() + 60_000, 10_000);
+    assert_eq!(lost, ["n1"]);
+    assert_eq!(state(&s, "kept"), SessionState::Lost);
+    create(&mut s, "new", "u", &["cuda.shares=0.1"]).unwrap();
+    s.pass();
+    assert_eq!(
+        state(&s, "new"),
+        SessionState::Pending,
+        "a lost node takes nothing"
+    );
+    // The agent comes back holding only "kept" (and a session the controller never knew).
+    let commands = s
+        .register(report("n1", 1, &[]), &["kept".into(), "stray".into()])
+        .unwrap();
+    assert_eq!(state(&s, "kept"), SessionState::Running);
+    assert_eq!(state(&s, "gone"), SessionState::Failed);
+    assert!(commands.contains(&Command::Release {
+        node: "n1".into(),
+        session: "stray".into()
+    }));
+    assert_eq!(
+        s.nodes()["n1"].allocator.devices()[0].allocated.to_string(),
+        "0.3"
+    );
+}
