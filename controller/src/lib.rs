@@ -9,11 +9,15 @@
 //! - [`node`] and [`session`]: what the controller knows of agents and requests;
 //! - [`scheduler`]: the queue, predicates, filter, score and bind.
 //!
-//! The gRPC API, the sled store and the `gpuwarden` CLI come next.
+//! - [`store`]: the sled store that makes every acknowledged change durable;
+//! - [`api`]: the gRPC services for clients and agents.
 #![deny(missing_docs)]
 
 pub mod allocator;
+pub mod api;
 pub mod node;
 pub mod scheduler;
+pub mod server;
 pub mod session;
+pub mod store;
 pub mod slots;

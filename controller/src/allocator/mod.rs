@@ -18,6 +18,7 @@ use crate::slots::{ResourceSlot, SCALE, SlotValue, names};
 
 /// Settings of the allocator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AllocatorConfig {
     /// Shares are handed out in multiples of this (default 0.01).
     pub quantum: SlotValue,

@@ -38,6 +38,7 @@ pub enum QueuePolicy {
 
 /// Per-owner limits.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct OwnerLimits {
     /// Sessions that may hold resources at once.
     pub max_concurrent: Option<usize>,
@@ -47,6 +48,7 @@ pub struct OwnerLimits {
 
 /// Scheduler settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SchedulerConfig {
     /// Where fractional requests go.
     pub strategy: Strategy,

@@ -1,0 +1,85 @@
+//! `AgentService`: agents register their node, then hold one stream: heartbeats and
+//! acks/nacks up, `Allocate`/`Release` down.
+
+use std::{pin::Pin, sync::Arc};
+
+use gpuwarden_proto::v1::{self as pb, agent_message::Msg, agent_service_server::AgentService};
+use tokio::sync::mpsc;
+use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{Controller, convert, lock, store_status};
+
+/// The agent-facing service.
+#[derive(Clone)]
+pub struct AgentApi(pub Arc<Controller>);
+
+#[tonic::async_trait]
+impl AgentService for AgentApi {
+    async fn register(&self, request: Request<pb::NodeInfo>) -> Result<Response<pb::RegisterResponse>, Status> {
+        let info = request.into_inner();
+        let report = convert::report_from_pb(&info)?;
+        let node_id = report.node_id.clone();
+        let commands = self
+            .0
+            .apply(|s| s.register(report, &info.running_sessions))
+            .map_err(|e| store_status(&e))?
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        tracing::info!(node = %node_id, devices = info.devices.len(), "agent registered");
+        self.0.dispatch(commands);
+        self.0.kick();
+        Ok(Response::new(pb::RegisterResponse {
+            node_id,
+            heartbeat_interval_ms: u32::try_from(self.0.timing.heartbeat_interval.as_millis()).unwrap_or(u32::MAX),
+        }))
+    }
+
+    type ConnectStream = Pin<Box<dyn Stream<Item = Result<pb::ControllerMessage, Status>> + Send>>;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<pb::AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let mut inbound = request.into_inner();
+        // The first message names the node.
+        let first = inbound
+            .next()
+            .await
+            .ok_or_else(|| Status::invalid_argument("the stream closed before its first heartbeat"))??;
+        let Some(Msg::Heartbeat(hb)) = first.msg else {
+            return Err(Status::invalid_argument("the first message on the stream must be a heartbeat"));
+        };
+        let node = hb.node_id;
+        if !self.0.read(|s| s.nodes().contains_key(&node)) {
+            return Err(Status::failed_precondition(format!("node {node:?} is not registered; call Register first")));
+        }
+        let (tx, rx) = mpsc::channel(1024);
+        for message in lock(&self.0.outbox).remove(&node).unwrap_or_default() {
+            let _ = tx.try_send(Ok(message));
+        }
+        lock(&self.0.agents).insert(node.clone(), tx);
+        self.0.apply(|s| s.heartbeat(&node)).map_err(|e| store_status(&e))?;
+
+        let controller = Arc::clone(&self.0);
+        tokio::spawn(async move {
+            while let Some(message) = inbound.next().await {
+                let Ok(message) = message else { break };
+                let result = match message.msg {
+                    Some(Msg::Heartbeat(_)) => controller.apply(|s| s.heartbeat(&node)),
+                    Some(Msg::Ack(a)) => controller.apply(|s| s.ack(&node, &a.session_id)),
+                    Some(Msg::Nack(n)) => {
+                        tracing::warn!(%node, session = %n.session_id, reason = %n.reason, "agent refused an allocation: {}", n.message);
+                        controller.apply(|s| s.nack(&node, &n.session_id, &n.reason, &n.message))
+                    }
+                    None => Ok(()),
+                };
+                if let Err(e) = result {
+                    tracing::error!(%node, "persisting an agent message: {e}");
+                }
+                controller.kick();
+            }
+            tracing::info!(%node, "agent stream closed");
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

@@ -1,0 +1,219 @@
+//! Between the API's messages and the controller's types.
+
+use gpuwarden_proto::v1 as pb;
+use tonic::Status;
+
+use crate::{
+    allocator::{Allocation, DevicePart, DeviceSpec},
+    node::{Node, NodeReport, NodeState},
+    session::{Session, SessionState},
+    slots::{ResourceSlot, SlotKind, SlotName, SlotValue},
+};
+
+/// A `ResourceSlot` message to slots, naming a bad entry.
+///
+/// # Errors
+/// `InvalidArgument` naming the bad name or value.
+pub fn slots_from_pb(slot: Option<&pb::ResourceSlot>) -> Result<ResourceSlot, Status> {
+    let mut out = ResourceSlot::new();
+    for (name, value) in slot.map(|s| &s.values).into_iter().flatten() {
+        let n = SlotName::new(name).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let v: SlotValue = value
+            .parse()
+            .map_err(|e| Status::invalid_argument(format!("slot {name:?}: {e}")))?;
+        out.set(n, v);
+    }
+    Ok(out)
+}
+
+/// Slots to a `ResourceSlot` message.
+#[must_use]
+pub fn slots_to_pb(slot: &ResourceSlot) -> pb::ResourceSlot {
+    pb::ResourceSlot {
+        values: slot.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    }
+}
+
+/// A slot kind to its message enum.
+#[must_use]
+pub fn kind_to_pb(kind: SlotKind) -> pb::SlotKind {
+    match kind {
+        SlotKind::Count => pb::SlotKind::Count,
+        SlotKind::Bytes => pb::SlotKind::Bytes,
+        SlotKind::Unique => pb::SlotKind::Unique,
+    }
+}
+
+/// A message slot kind, if it names one.
+#[must_use]
+pub fn kind_from_pb(kind: i32) -> Option<SlotKind> {
+    match pb::SlotKind::try_from(kind).ok()? {
+        pb::SlotKind::Count => Some(SlotKind::Count),
+        pb::SlotKind::Bytes => Some(SlotKind::Bytes),
+        pb::SlotKind::Unique => Some(SlotKind::Unique),
+        pb::SlotKind::Unspecified => None,
+    }
+}
+
+/// What an agent registers, checked.
+///
+/// # Errors
+/// `InvalidArgument` naming the bad slot type or device.
+pub fn report_from_pb(info: &pb::NodeInfo) -> Result<NodeReport, Status> {
+    let slot_types = info
+        .slot_types
+        .iter()
+        .map(|t| {
+            let name = SlotName::new(&t.name).map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let kind = kind_from_pb(t.kind)
+                .ok_or_else(|| Status::invalid_argument(format!("slot type {:?} has no kind", t.name)))?;
+            Ok((name, kind))
+        })
+        .collect::<Result<Vec<_>, Status>>()?;
+    Ok(NodeReport {
+        node_id: info.node_id.clone(),
+        hostname: info.hostname.clone(),
+        slot_types,
+        capacity: slots_from_pb(info.capacity.as_ref())?,
+        devices: info
+            .devices
+            .iter()
+            .map(|d| DeviceSpec {
+                uuid: d.uuid.clone(),
+                index: d.index,
+                memory_bytes: d.memory_bytes,
+                sm_count: d.sm_count,
+                numa_node: d.numa_node,
+            })
+            .collect(),
+        device_models: info.devices.iter().map(|d| (d.model.clone(), d.is_mig)).collect(),
+        hooks: info.hooks.clone(),
+        agent_version: info.agent_version.clone(),
+    })
+}
+
+/// A node's report back to its message.
+#[must_use]
+pub fn report_to_pb(report: &NodeReport) -> pb::NodeInfo {
+    pb::NodeInfo {
+        node_id: report.node_id.clone(),
+        hostname: report.hostname.clone(),
+        slot_types: report
+            .slot_types
+            .iter()
+            .map(|(n, k)| pb::SlotType {
+                name: n.to_string(),
+                kind: kind_to_pb(*k).into(),
+            })
+            .collect(),
+        capacity: Some(slots_to_pb(&report.capacity)),
+        devices: report
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let (model, is_mig) = report.device_models.get(i).cloned().unwrap_or_default();
+                pb::Device {
+                    uuid: d.uuid.clone(),
+                    model,
+                    memory_bytes: d.memory_bytes,
+                    numa_node: d.numa_node,
+                    sm_count: d.sm_count,
+                    is_mig,
+                    index: d.index,
+                    device_node: format!("/dev/nvidia{}", d.index),
+                }
+            })
+            .collect(),
+        hooks: report.hooks.clone(),
+        agent_version: report.agent_version.clone(),
+        running_sessions: vec![],
+    }
+}
+
+/// A node to its message.
+#[must_use]
+pub fn node_to_pb(node: &Node) -> pb::Node {
+    pb::Node {
+        info: Some(report_to_pb(&node.report)),
+        state: match node.state {
+            NodeState::Ready => pb::NodeState::Ready,
+            NodeState::Lost => pb::NodeState::Lost,
+        }
+        .into(),
+        allocated: Some(slots_to_pb(&node.allocated)),
+        last_heartbeat_ms: node.last_heartbeat_ms,
+    }
+}
+
+/// Parts of an allocation to their messages.
+#[must_use]
+pub fn parts_to_pb(allocation: &Allocation) -> Vec<pb::DeviceShare> {
+    allocation
+        .parts
+        .iter()
+        .map(|p| pb::DeviceShare {
+            uuid: p.uuid.clone(),
+            index: p.index,
+            shares: p.shares.to_string(),
+            memory_bytes: p.memory_bytes,
+            exclusive: p.exclusive,
+        })
+        .collect()
+}
+
+/// Device-share messages back to an allocation.
+///
+/// # Errors
+/// `InvalidArgument` for a malformed share.
+pub fn parts_from_pb(parts: &[pb::DeviceShare]) -> Result<Allocation, Status> {
+    Ok(Allocation {
+        parts: parts
+            .iter()
+            .map(|p| {
+                Ok(DevicePart {
+                    index: p.index,
+                    uuid: p.uuid.clone(),
+                    shares: p
+                        .shares
+                        .parse()
+                        .map_err(|e| Status::invalid_argument(format!("device share: {e}")))?,
+                    memory_bytes: p.memory_bytes,
+                    exclusive: p.exclusive,
+                })
+            })
+            .collect::<Result<_, Status>>()?,
+    })
+}
+
+/// A session state to its message enum.
+#[must_use]
+pub fn state_to_pb(state: SessionState) -> pb::SessionState {
+    match state {
+        SessionState::Pending => pb::SessionState::Pending,
+        SessionState::Scheduled => pb::SessionState::Scheduled,
+        SessionState::Running => pb::SessionState::Running,
+        SessionState::Terminating => pb::SessionState::Terminating,
+        SessionState::Terminated => pb::SessionState::Terminated,
+        SessionState::Failed => pb::SessionState::Failed,
+        SessionState::Lost => pb::SessionState::Lost,
+    }
+}
+
+/// A session to its message.
+#[must_use]
+pub fn session_to_pb(s: &Session) -> pb::Session {
+    pb::Session {
+        id: s.id.clone(),
+        name: s.name.clone(),
+        owner: s.owner.clone(),
+        priority: s.priority,
+        requested: Some(slots_to_pb(&s.requested)),
+        state: state_to_pb(s.state).into(),
+        node_id: s.node.clone().unwrap_or_default(),
+        devices: parts_to_pb(&s.allocation),
+        reason: s.reason.clone(),
+        created_at_ms: s.created_at_ms,
+        updated_at_ms: s.updated_at_ms,
+    }
+}

@@ -1,0 +1,212 @@
+//! The gRPC API: the controller core both services share, and the services.
+//!
+//! [`Controller`] owns the [`Scheduler`] and the [`Store`]; every change goes through
+//! [`Controller::apply`], which persists what changed and tells watchers before answering. The
+//! services are thin: [`SchedulerApi`] for clients, [`AgentApi`] for agents.
+
+mod agents;
+pub mod convert;
+mod sessions;
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use gpuwarden_proto::v1 as pb;
+use tokio::sync::{Notify, broadcast, mpsc};
+use tonic::Status;
+
+pub use agents::AgentApi;
+pub use sessions::SchedulerApi;
+
+use crate::{
+    scheduler::{Command, Scheduler},
+    session::now_ms,
+    store::{Store, StoreError},
+};
+
+/// Timing of the agent protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// How often agents send heartbeats.
+    pub heartbeat_interval: Duration,
+    /// Silence after which a node is Lost.
+    pub heartbeat_timeout: Duration,
+    /// Longest wait between scheduling passes.
+    pub pass_interval: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_secs(2),
+            heartbeat_timeout: Duration::from_secs(10),
+            pass_interval: Duration::from_millis(200),
+        }
+    }
+}
+
+type AgentTx = mpsc::Sender<Result<pb::ControllerMessage, Status>>;
+
+/// The controller's state and the work both services share.
+pub struct Controller {
+    scheduler: Mutex<Scheduler>,
+    store: Store,
+    /// Open agent streams by node.
+    agents: Mutex<HashMap<String, AgentTx>>,
+    /// Messages for nodes whose stream isn't open yet.
+    outbox: Mutex<HashMap<String, Vec<pb::ControllerMessage>>>,
+    watchers: broadcast::Sender<pb::Session>,
+    kick: Notify,
+    next_id: AtomicU64,
+    timing: Timing,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A store failure as the gRPC status a client sees.
+pub fn store_status(e: &StoreError) -> Status {
+    Status::unavailable(format!("the controller's store failed: {e}"))
+}
+
+impl Controller {
+    /// A controller over `scheduler` (fresh or restored) persisting to `store`.
+    #[must_use]
+    pub fn new(scheduler: Scheduler, store: Store, timing: Timing) -> Arc<Self> {
+        let (watchers, _) = broadcast::channel(1024);
+        Arc::new(Self {
+            scheduler: Mutex::new(scheduler),
+            store,
+            agents: Mutex::new(HashMap::new()),
+            outbox: Mutex::new(HashMap::new()),
+            watchers,
+            kick: Notify::new(),
+            next_id: AtomicU64::new(0),
+            timing,
+        })
+    }
+
+    /// Runs `f` on the scheduler, then persists and announces what it changed.
+    ///
+    /// # Errors
+    /// Persisting failed; the change stays in memory and is written with the next one.
+    pub fn apply<R>(&self, f: impl FnOnce(&mut Scheduler) -> R) -> Result<R, StoreError> {
+        let mut scheduler = lock(&self.scheduler);
+        let result = f(&mut scheduler);
+        let changes = scheduler.take_changes();
+        let mut announce = Vec::new();
+        for id in &changes.sessions {
+            if let Some(s) = scheduler.sessions().get(id) {
+                self.store.put_session(s)?;
+                announce.push(convert::session_to_pb(s));
+            }
+        }
+        for id in &changes.nodes {
+            if let Some(n) = scheduler.nodes().get(id) {
+                self.store.put_node(n)?;
+            }
+        }
+        if changes.slot_types {
+            self.store.put_registry(scheduler.registry())?;
+        }
+        if !changes.sessions.is_empty() || !changes.nodes.is_empty() || changes.slot_types {
+            self.store.flush()?;
+        }
+        drop(scheduler);
+        for s in announce {
+            // No watcher is not an error.
+            let _ = self.watchers.send(s);
+        }
+        Ok(result)
+    }
+
+    /// Reads the scheduler.
+    pub fn read<R>(&self, f: impl FnOnce(&Scheduler) -> R) -> R {
+        f(&lock(&self.scheduler))
+    }
+
+    /// The store.
+    #[must_use]
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// A new session id.
+    pub fn new_session_id(&self) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("s-{:x}{:04x}", now_ms(), n & 0xffff)
+    }
+
+    /// Asks for a scheduling pass soon.
+    pub fn kick(&self) {
+        self.kick.notify_one();
+    }
+
+    /// Sends scheduler commands to their agents (or keeps them until the agent connects).
+    pub fn dispatch(&self, commands: Vec<Command>) {
+        for command in commands {
+            let (node, message) = match command {
+                Command::Allocate {
+                    node,
+                    session,
+                    slots,
+                    allocation,
+                } => (
+                    node,
+                    pb::controller_message::Msg::Allocate(pb::Allocate {
+                        session_id: session,
+                        slots: Some(convert::slots_to_pb(&slots)),
+                        devices: convert::parts_to_pb(&allocation),
+                    }),
+                ),
+                Command::Release { node, session } => (
+                    node,
+                    pb::controller_message::Msg::Release(pb::Release { session_id: session }),
+                ),
+            };
+            let message = pb::ControllerMessage { msg: Some(message) };
+            let tx = lock(&self.agents).get(&node).cloned();
+            let undelivered = match tx {
+                Some(tx) => tx.try_send(Ok(message)).err().map(|e| match e {
+                    mpsc::error::TrySendError::Full(m) | mpsc::error::TrySendError::Closed(m) => m,
+                }),
+                None => Some(Ok(message)),
+            };
+            if let Some(Ok(message)) = undelivered {
+                lock(&self.outbox).entry(node).or_default().push(message);
+            }
+        }
+    }
+
+    /// Runs scheduling passes and liveness checks until the process ends.
+    pub async fn run_background(self: Arc<Self>) {
+        let mut liveness = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                () = self.kick.notified() => {}
+                () = tokio::time::sleep(self.timing.pass_interval) => {}
+                _ = liveness.tick() => {
+                    let timeout = i64::try_from(self.timing.heartbeat_timeout.as_millis()).unwrap_or(i64::MAX);
+                    match self.apply(|s| s.expire(now_ms(), timeout)) {
+                        Ok(lost) => for node in lost {
+                            tracing::warn!(%node, "node lost: no heartbeat for {:?}", self.timing.heartbeat_timeout);
+                            lock(&self.agents).remove(&node);
+                        },
+                        Err(e) => tracing::error!("persisting node loss: {e}"),
+                    }
+                }
+            }
+            match self.apply(Scheduler::pass) {
+                Ok(commands) => self.dispatch(commands),
+                Err(e) => tracing::error!("persisting a scheduling pass: {e}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! `SchedulerService`: sessions, nodes, the allocation map and slot types, for clients.
+
+use std::{pin::Pin, sync::Arc};
+
+use gpuwarden_proto::v1::{self as pb, scheduler_service_server::SchedulerService};
+use tokio_stream::{Stream, StreamExt, wrappers::BroadcastStream};
+use tonic::{Request, Response, Status};
+
+use super::{Controller, convert, store_status};
+use crate::scheduler::RequestError;
+
+/// The client-facing service.
+#[derive(Clone)]
+pub struct SchedulerApi(pub Arc<Controller>);
+
+fn request_status(e: &RequestError) -> Status {
+    match e {
+        RequestError::Gpu(_) | RequestError::Empty => Status::invalid_argument(e.to_string()),
+        RequestError::UnknownSlot { .. } | RequestError::Oversized { .. } | RequestError::UnknownNode(_) => {
+            Status::failed_precondition(e.to_string())
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl SchedulerService for SchedulerApi {
+    async fn create_session(&self, request: Request<pb::CreateSessionRequest>) -> Result<Response<pb::Session>, Status> {
+        let r = request.into_inner();
+        let requested = convert::slots_from_pb(r.requested.as_ref())?;
+        let id = self.0.new_session_id();
+        let owner = if r.owner.is_empty() { "default".to_owned() } else { r.owner };
+        let pinned = (!r.node_id.is_empty()).then_some(r.node_id);
+        let created = self
+            .0
+            .apply(|s| s.create(id.clone(), r.name, owner, r.priority, requested, pinned))
+            .map_err(|e| store_status(&e))?
+            .map_err(|e| request_status(&e))?;
+        self.0.kick();
+        Ok(Response::new(convert::session_to_pb(&created)))
+    }
+
+    async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Result<Response<pb::Session>, Status> {
+        let id = request.into_inner().id;
+        self.0
+            .read(|s| s.sessions().get(&id).map(convert::session_to_pb))
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("no session {id:?}")))
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let owner = request.into_inner().owner;
+        let mut sessions: Vec<pb::Session> = self.0.read(|s| {
+            s.sessions()
+                .values()
+                .filter(|x| owner.is_empty() || x.owner == owner)
+                .map(convert::session_to_pb)
+                .collect()
+        });
+        sessions.sort_by_key(|s| s.created_at_ms);
+        Ok(Response::new(pb::ListSessionsResponse { sessions }))
+    }
+
+    type WatchSessionsStream = Pin<Box<dyn Stream<Item = Result<pb::Session, Status>> + Send>>;
+
+    async fn watch_sessions(
+        &self,
+        _request: Request<pb::WatchSessionsRequest>,
+    ) -> Result<Response<Self::WatchSessionsStream>, Status> {
+        let stream = BroadcastStream::new(self.0.watchers.subscribe()).filter_map(|item| match item {
+            Ok(s) => Some(Ok(s)),
+            // A slow watcher misses intermediate states; the latest of each session follows.
+            Err(_) => None,
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn terminate_session(
+        &self,
+        request: Request<pb::TerminateSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let id = request.into_inner().id;
+        let (command, session) = self
+            .0
+            .apply(|s| {
+                let command = s.terminate(&id);
+                (command, s.sessions().get(&id).map(convert::session_to_pb))
+            })
+            .map_err(|e| store_status(&e))?;
+        let session = session.ok_or_else(|| Status::not_found(format!("no session {id:?}")))?;
+        self.0.dispatch(command.into_iter().collect());
+        self.0.kick();
+        Ok(Response::new(session))
+    }
+
+    async fn list_nodes(&self, _request: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let nodes = self.0.read(|s| s.nodes().values().map(convert::node_to_pb).collect());
+        Ok(Response::new(pb::ListNodesResponse { nodes }))
+    }
+
+    async fn get_node(&self, request: Request<pb::GetNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let id = request.into_inner().node_id;
+        self.0
+            .read(|s| s.nodes().get(&id).map(convert::node_to_pb))
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("no node {id:?}")))
+    }
+
+    async fn get_allocation_map(
+        &self,
+        request: Request<pb::GetAllocationMapRequest>,
+    ) -> Result<Response<pb::GetAllocationMapResponse>, Status> {
+        let id = request.into_inner().node_id;
+        let nodes: Vec<pb::NodeAllocationMap> = self.0.read(|s| {
+            s.nodes()
+                .iter()
+                .filter(|(nid, _)| id.is_empty() || **nid == id)
+                .map(|(nid, n)| pb::NodeAllocationMap {
+                    node_id: nid.clone(),
+                    devices: n
+                        .allocator
+                        .devices()
+                        .iter()
+                        .map(|d| pb::DeviceAllocation {
+                            uuid: d.spec.uuid.clone(),
+                            index: d.spec.index,
+                            capacity_shares: d.capacity.to_string(),
+                            allocated_shares: d.allocated.to_string(),
+                            memory_bytes: d.spec.memory_bytes,
+                            allocated_memory_bytes: d.allocated_memory,
+                            sessions: d.sessions.iter().cloned().collect(),
+                        })
+                        .collect(),
+                })
+                .collect()
+        });
+        if !id.is_empty() && nodes.is_empty() {
+            return Err(Status::not_found(format!("no node {id:?}")));
+        }
+        Ok(Response::new(pb::GetAllocationMapResponse { nodes }))
+    }
+
+    async fn list_slot_types(
+        &self,
+        _request: Request<pb::ListSlotTypesRequest>,
+    ) -> Result<Response<pb::ListSlotTypesResponse>, Status> {
+        let slot_types = self.0.read(|s| {
+            s.registry()
+                .iter()
+                .map(|(n, k)| pb::SlotType {
+                    name: n.to_string(),
+                    kind: convert::kind_to_pb(k).into(),
+                })
+                .collect()
+        });
+        Ok(Response::new(pb::ListSlotTypesResponse { slot_types }))
+    }
+}

@@ -1,0 +1,138 @@
+//! `gpuwarden-controller run`: the store, the services, health checking and reflection.
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+
+use gpuwarden_proto::v1::{
+    FILE_DESCRIPTOR_SET, agent_service_server::AgentServiceServer,
+    scheduler_service_server::SchedulerServiceServer,
+};
+use serde::Deserialize;
+
+use crate::{
+    api::{AgentApi, Controller, SchedulerApi, Timing},
+    scheduler::{Scheduler, SchedulerConfig},
+    store::{Store, StoreError},
+};
+
+/// Errors that stop the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The store can't be used.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The config file can't be used.
+    #[error("config file {path}: {reason}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The listener or the server failed.
+    #[error("serving on {addr}: {source}")]
+    Serve {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// Reflection could not be built.
+    #[error("building gRPC reflection: {0}")]
+    Reflection(String),
+}
+
+/// The controller's config file; every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Scheduler settings.
+    #[serde(default)]
+    pub scheduler: Option<SchedulerConfig>,
+    /// Seconds of silence after which a node is Lost.
+    pub heartbeat_timeout_secs: Option<u64>,
+}
+
+impl FileConfig {
+    /// Reads `path`.
+    ///
+    /// # Errors
+    /// The file can't be read or parsed.
+    pub fn read(path: &std::path::Path) -> Result<Self, ServeError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ServeError::Config {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        toml::from_str(&text).map_err(|e| ServeError::Config {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// Opens the store in `state_dir`, rebuilds the state from it, and returns the controller.
+///
+/// # Errors
+/// The store can't be opened or read.
+pub fn open(state_dir: &std::path::Path, config: SchedulerConfig, timing: Timing) -> Result<Arc<Controller>, ServeError> {
+    let store = Store::open(&state_dir.join("store"))?;
+    let snapshot = store.load()?;
+    tracing::info!(
+        sessions = snapshot.sessions.len(),
+        nodes = snapshot.nodes.len(),
+        "state restored from {}",
+        state_dir.display()
+    );
+    let scheduler = Scheduler::restore(config, snapshot.registry, snapshot.nodes, snapshot.sessions);
+    Ok(Controller::new(scheduler, store, timing))
+}
+
+/// Serves `controller` on `addr` until `shutdown` completes.
+///
+/// # Errors
+/// The listener or the server fails.
+pub async fn serve(
+    controller: Arc<Controller>,
+    addr: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| ServeError::Config {
+        path: PathBuf::from(addr.to_string()),
+        reason: format!("cannot listen: {e}"),
+    })?;
+    serve_on(controller, listener, shutdown).await
+}
+
+/// Serves on an already-bound listener (tests bind port 0).
+///
+/// # Errors
+/// The server fails.
+pub async fn serve_on(
+    controller: Arc<Controller>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let addr = listener.local_addr().map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<SchedulerServiceServer<SchedulerApi>>()
+        .await;
+    health_reporter.set_serving::<AgentServiceServer<AgentApi>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let background = tokio::spawn(Arc::clone(&controller).run_background());
+    tracing::info!(%addr, "controller listening");
+    let result = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(SchedulerServiceServer::new(SchedulerApi(Arc::clone(&controller))))
+        .add_service(AgentServiceServer::new(AgentApi(Arc::clone(&controller))))
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|source| ServeError::Serve { addr, source });
+    background.abort();
+    result
+}
