@@ -19,7 +19,9 @@
 pub mod api;
 pub mod attribution;
 pub mod config;
+pub mod controller_link;
 pub mod daemon;
+pub mod devices;
 pub mod gpu_nodes;
 pub mod hooks;
 pub mod lock;

@@ -1,0 +1,265 @@
+//! The agent's link to the controller: register the node, then keep one stream up — heartbeats
+//! and acks up, allocations down — reconnecting with backoff when the controller goes away.
+//!
+//! The agent accepts an allocation naming slots it doesn't have only when their values are zero;
+//! otherwise it answers `UnsupportedResource` (ARCHITECTURE decision 2).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient, controller_message::Msg};
+use tokio::sync::mpsc;
+use tokio_stream::{StreamExt, wrappers::ReceiverStream};
+use tonic::transport::Endpoint;
+
+use crate::devices::{GpuBackend, SlotKind};
+
+/// Where and as whom to connect.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    /// Controller URL, e.g. `http://127.0.0.1:50051`.
+    pub controller: String,
+    /// Node id.
+    pub node_id: String,
+    /// Host name.
+    pub hostname: String,
+    /// eBPF hooks in use, reported at registration.
+    pub hooks: Vec<String>,
+}
+
+/// Allocations the agent holds, by session.
+#[derive(Debug, Default)]
+pub struct Holdings {
+    sessions: BTreeMap<String, pb::Allocate>,
+}
+
+impl Holdings {
+    /// Sessions held.
+    #[must_use]
+    pub fn sessions(&self) -> Vec<String> {
+        self.sessions.keys().cloned().collect()
+    }
+
+    /// What `session` holds.
+    #[must_use]
+    pub fn get(&self, session: &str) -> Option<&pb::Allocate> {
+        self.sessions.get(session)
+    }
+}
+
+/// Shared view of the holdings.
+pub type SharedHoldings = Arc<Mutex<Holdings>>;
+
+fn lock(h: &SharedHoldings) -> std::sync::MutexGuard<'_, Holdings> {
+    h.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn kind_to_pb(kind: SlotKind) -> i32 {
+    match kind {
+        SlotKind::Count => pb::SlotKind::Count,
+        SlotKind::Bytes => pb::SlotKind::Bytes,
+        SlotKind::Unique => pb::SlotKind::Unique,
+    }
+    .into()
+}
+
+/// Host CPUs and memory.
+fn host_capacity() -> (u64, u64) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let mem_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    (cpus, mem_kib * 1024)
+}
+
+/// The registration message for this node.
+#[must_use]
+pub fn node_info(config: &LinkConfig, backend: &dyn GpuBackend, running: Vec<String>) -> pb::NodeInfo {
+    let (cpus, mem) = host_capacity();
+    let mut slot_types = vec![
+        pb::SlotType {
+            name: "cpu".into(),
+            kind: pb::SlotKind::Count.into(),
+        },
+        pb::SlotType {
+            name: "mem".into(),
+            kind: pb::SlotKind::Bytes.into(),
+        },
+    ];
+    slot_types.extend(backend.slot_types().into_iter().map(|(name, kind)| pb::SlotType {
+        name: name.into(),
+        kind: kind_to_pb(kind),
+    }));
+    pb::NodeInfo {
+        node_id: config.node_id.clone(),
+        hostname: config.hostname.clone(),
+        slot_types,
+        capacity: Some(pb::ResourceSlot {
+            values: [("cpu".to_owned(), cpus.to_string()), ("mem".to_owned(), mem.to_string())].into(),
+        }),
+        devices: backend
+            .devices()
+            .iter()
+            .map(|d| pb::Device {
+                uuid: d.uuid.clone(),
+                model: d.model.clone(),
+                memory_bytes: d.memory_bytes,
+                numa_node: d.numa_node,
+                sm_count: d.sm_count,
+                is_mig: d.is_mig,
+                index: d.index,
+                device_node: d.device_node.clone(),
+            })
+            .collect(),
+        hooks: config.hooks.clone(),
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        running_sessions: running,
+    }
+}
+
+/// The answer to an allocation: `None` to accept it, or the nack.
+#[must_use]
+pub fn check_allocation(known: &BTreeSet<String>, allocate: &pb::Allocate) -> Option<pb::AllocationNack> {
+    let unknown: Vec<&str> = allocate
+        .slots
+        .iter()
+        .flat_map(|s| &s.values)
+        .filter(|(name, value)| !known.contains(*name) && !value.chars().all(|c| c == '0' || c == '.'))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    (!unknown.is_empty()).then(|| pb::AllocationNack {
+        session_id: allocate.session_id.clone(),
+        reason: "UnsupportedResource".to_owned(),
+        message: format!("this node has no slot type {}", unknown.join(", ")),
+    })
+}
+
+/// Keeps the node registered and its stream up until `shutdown`.
+pub async fn run(
+    config: LinkConfig,
+    backend: Arc<dyn GpuBackend>,
+    holdings: SharedHoldings,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let session = connect_once(&config, backend.as_ref(), &holdings);
+        tokio::select! {
+            () = &mut shutdown => return,
+            result = session => match result {
+                Ok(()) => {
+                    tracing::warn!(controller = %config.controller, "controller closed the stream; reconnecting");
+                    backoff = Duration::from_millis(100);
+                }
+                Err(e) => tracing::warn!(controller = %config.controller, "controller link: {e}; retrying in {backoff:?}"),
+            }
+        }
+        tokio::select! {
+            () = &mut shutdown => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One registration and stream, until the stream ends.
+async fn connect_once(config: &LinkConfig, backend: &dyn GpuBackend, holdings: &SharedHoldings) -> Result<(), String> {
+    let channel = Endpoint::from_shared(config.controller.clone())
+        .map_err(|e| format!("invalid controller URL {:?}: {e}", config.controller))?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    let mut client = AgentServiceClient::new(channel);
+    let running = lock(holdings).sessions();
+    let registered = client
+        .register(node_info(config, backend, running))
+        .await
+        .map_err(|s| format!("registration refused: {}", s.message()))?
+        .into_inner();
+    let interval = Duration::from_millis(u64::from(registered.heartbeat_interval_ms.max(100)));
+    tracing::info!(node = %registered.node_id, controller = %config.controller, "registered");
+
+    let known: BTreeSet<String> = node_info(config, backend, vec![])
+        .slot_types
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    let (tx, rx) = mpsc::channel::<pb::AgentMessage>(64);
+    let heartbeat = |seq| pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+            node_id: config.node_id.clone(),
+            seq,
+            running_sessions: lock(holdings).sessions(),
+        })),
+    };
+    tx.send(heartbeat(0)).await.map_err(|e| e.to_string())?;
+    let mut inbound = client
+        .connect(ReceiverStream::new(rx))
+        .await
+        .map_err(|s| format!("stream refused: {}", s.message()))?
+        .into_inner();
+    let mut ticker = tokio::time::interval(interval);
+    let mut seq = 1;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                tx.send(heartbeat(seq)).await.map_err(|e| e.to_string())?;
+                seq += 1;
+            }
+            message = inbound.next() => {
+                let Some(message) = message else { return Ok(()) };
+                let message = message.map_err(|s| format!("stream broke: {}", s.message()))?;
+                let reply = match message.msg {
+                    Some(Msg::Allocate(a)) => Some(match check_allocation(&known, &a) {
+                        Some(nack) => pb::agent_message::Msg::Nack(nack),
+                        None => {
+                            let session_id = a.session_id.clone();
+                            lock(holdings).sessions.insert(session_id.clone(), a);
+                            pb::agent_message::Msg::Ack(pb::AllocationAck { session_id })
+                        }
+                    }),
+                    Some(Msg::Release(r)) => {
+                        lock(holdings).sessions.remove(&r.session_id);
+                        None
+                    }
+                    None => None,
+                };
+                if let Some(msg) = reply {
+                    tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|e| e.to_string())?;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_slots_are_refused_unless_zero() {
+        let known: BTreeSet<String> = ["cpu", "cuda.shares"].iter().map(|s| (*s).to_owned()).collect();
+        let alloc = |pairs: &[(&str, &str)]| pb::Allocate {
+            session_id: "s".into(),
+            slots: Some(pb::ResourceSlot {
+                values: pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            }),
+            devices: vec![],
+        };
+        assert!(check_allocation(&known, &alloc(&[("cpu", "1"), ("cuda.shares", "0.5")])).is_none());
+        assert!(check_allocation(&known, &alloc(&[("mock.accel", "0")])).is_none());
+        let nack = check_allocation(&known, &alloc(&[("mock.accel", "0.5")])).unwrap();
+        assert_eq!(nack.reason, "UnsupportedResource");
+        assert!(nack.message.contains("mock.accel"), "{}", nack.message);
+    }
+}

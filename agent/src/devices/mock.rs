@@ -1,0 +1,234 @@
+//! Mock GPUs from a TOML device list, in the format of Backend.AI's mock accelerator so its users
+//! feel at home:
+//!
+//! ```toml
+//! [[devices]]
+//! uuid = "GPU-00000000-0000-0000-0000-000000000000"   # or mother_uuid
+//! model_name = "Mock H100"
+//! numa_node = 0
+//! sm_count = 132                                     # or subproc_count
+//! memory_size = "80G"
+//! is_mig_device = false
+//! device_node = "/dev/nvidia0"                       # optional: what the eBPF side watches
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{GpuBackend, GpuDevice};
+
+/// Errors reading a mock device file.
+#[derive(Debug, thiserror::Error)]
+pub enum MockError {
+    /// The file can't be read.
+    #[error("cannot read mock device file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file isn't valid TOML of the expected shape.
+    #[error("invalid mock device file {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What and where.
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    /// A device's memory size doesn't parse.
+    #[error("mock device file {path}: device {index}: invalid memory_size {value:?} (e.g. \"16G\", \"512M\")")]
+    MemorySize {
+        /// The file.
+        path: PathBuf,
+        /// Device position.
+        index: usize,
+        /// The value.
+        value: String,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    devices: Vec<Entry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    #[serde(alias = "mother_uuid")]
+    uuid: String,
+    #[serde(default = "default_model")]
+    model_name: String,
+    #[serde(default)]
+    numa_node: i32,
+    #[serde(default, alias = "subproc_count")]
+    sm_count: u32,
+    memory_size: MemorySize,
+    #[serde(default)]
+    is_mig_device: bool,
+    device_node: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum MemorySize {
+    Bytes(u64),
+    Text(String),
+}
+
+fn default_model() -> String {
+    "Mock GPU".to_owned()
+}
+
+/// Parses `16G`, `512M`, `1.5G`, `1024` (binary units).
+#[must_use]
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim().to_ascii_lowercase();
+    let t = t.strip_suffix('b').unwrap_or(&t);
+    let t = t.strip_suffix('i').unwrap_or(t);
+    let (number, shift) = match t.chars().last()? {
+        'k' => (&t[..t.len() - 1], 10),
+        'm' => (&t[..t.len() - 1], 20),
+        'g' => (&t[..t.len() - 1], 30),
+        't' => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    let int: u64 = int.parse().ok()?;
+    let mut bytes = int.checked_shl(shift)?;
+    if !frac.is_empty() {
+        let digits = u32::try_from(frac.len()).ok()?;
+        let frac: u64 = frac.parse().ok()?;
+        let scaled = u128::from(frac) << shift;
+        let den = 10u128.pow(digits);
+        if scaled % den != 0 {
+            return None;
+        }
+        bytes = bytes.checked_add(u64::try_from(scaled / den).ok()?)?;
+    }
+    Some(bytes)
+}
+
+/// Mock GPUs.
+#[derive(Debug, Clone)]
+pub struct MockBackend {
+    devices: Vec<GpuDevice>,
+}
+
+impl MockBackend {
+    /// Reads a device list.
+    ///
+    /// # Errors
+    /// The file can't be read or is malformed (the message says where).
+    pub fn from_file(path: &Path) -> Result<Self, MockError> {
+        let text = std::fs::read_to_string(path).map_err(|source| MockError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text, path)
+    }
+
+    /// Parses a device list; `path` is for messages.
+    ///
+    /// # Errors
+    /// Malformed TOML or memory sizes.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, MockError> {
+        let file: File = toml::from_str(text).map_err(|source| MockError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })?;
+        let devices = file
+            .devices
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let memory_bytes = match &e.memory_size {
+                    MemorySize::Bytes(b) => Some(*b),
+                    MemorySize::Text(t) => parse_size(t),
+                }
+                .ok_or_else(|| MockError::MemorySize {
+                    path: path.to_owned(),
+                    index: i,
+                    value: match &e.memory_size {
+                        MemorySize::Bytes(b) => b.to_string(),
+                        MemorySize::Text(t) => t.clone(),
+                    },
+                })?;
+                let index = u32::try_from(i).unwrap_or(u32::MAX);
+                Ok(GpuDevice {
+                    uuid: e.uuid,
+                    model: e.model_name,
+                    memory_bytes,
+                    numa_node: e.numa_node,
+                    sm_count: e.sm_count,
+                    is_mig: e.is_mig_device,
+                    index,
+                    device_node: e.device_node.unwrap_or_else(|| format!("/dev/nvidia{index}")),
+                })
+            })
+            .collect::<Result<_, MockError>>()?;
+        Ok(Self { devices })
+    }
+}
+
+impl GpuBackend for MockBackend {
+    fn name(&self) -> &'static str {
+        "mock"
+    }
+
+    fn devices(&self) -> &[GpuDevice] {
+        &self.devices
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_backend_ai_style_files_with_aliases() {
+        let text = r#"
+            [[devices]]
+            mother_uuid = "GPU-a"
+            model_name = "Mock A100"
+            numa_node = 1
+            subproc_count = 108
+            memory_size = "40G"
+            is_mig_device = true
+
+            [[devices]]
+            uuid = "GPU-b"
+            sm_count = 132
+            memory_size = 1073741824
+            device_node = "/tmp/fake/nvidia1"
+        "#;
+        let b = MockBackend::from_toml(text, Path::new("m.toml")).unwrap();
+        let d = b.devices();
+        assert_eq!(d.len(), 2);
+        assert_eq!((d[0].uuid.as_str(), d[0].sm_count, d[0].memory_bytes), ("GPU-a", 108, 40 << 30));
+        assert!(d[0].is_mig);
+        assert_eq!(d[0].device_node, "/dev/nvidia0");
+        assert_eq!((d[1].model.as_str(), d[1].memory_bytes), ("Mock GPU", 1 << 30));
+        assert_eq!(d[1].device_node, "/tmp/fake/nvidia1");
+        assert_eq!(b.slot_types().len(), 3);
+    }
+
+    #[test]
+    fn errors_say_what_and_where() {
+        let err = MockBackend::from_toml("[[devices]]\nuuid = \"x\"\nmemory_size = \"12Q\"\n", Path::new("m.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("m.toml") && err.contains("12Q"), "{err}");
+        let err = MockBackend::from_toml("[[devices]]\nuuid = \"x\"\n", Path::new("m.toml")).unwrap_err();
+        assert!(std::error::Error::source(&err).unwrap().to_string().contains("memory_size"), "{err}");
+        assert_eq!(parse_size("1.5G"), Some(3 << 29));
+        assert_eq!(parse_size("512Mi"), Some(512 << 20));
+        assert_eq!(parse_size("0.3"), None);
+    }
+}

@@ -1,0 +1,113 @@
+//! The node's GPUs, behind one trait with two backends: NVML on real machines, and mock devices
+//! from a TOML file where there is no GPU.
+//!
+//! Each backend declares the slot types it provides (`cuda.device`, `cuda.shares`, `cuda.mem`);
+//! the agent offers them to the controller at registration and accepts allocations only of
+//! slots it knows.
+
+pub mod mock;
+pub mod nvml;
+
+use std::path::Path;
+
+use serde::Serialize;
+
+/// A GPU (or MIG instance).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuDevice {
+    /// UUID.
+    pub uuid: String,
+    /// Model name.
+    pub model: String,
+    /// Memory in bytes.
+    pub memory_bytes: u64,
+    /// NUMA node (-1 when unknown).
+    pub numa_node: i32,
+    /// Streaming multiprocessors (0 when unknown).
+    pub sm_count: u32,
+    /// A MIG instance.
+    pub is_mig: bool,
+    /// Index on the node.
+    pub index: u32,
+    /// The device node the eBPF side watches.
+    pub device_node: String,
+}
+
+/// How a slot's values are read (mirrors the controller's kinds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotKind {
+    /// A quantity.
+    Count,
+    /// Bytes.
+    Bytes,
+    /// Held whole and alone.
+    Unique,
+}
+
+/// A source of GPUs.
+pub trait GpuBackend: Send + Sync {
+    /// Backend name for logs (`nvml`, `mock`, `none`).
+    fn name(&self) -> &'static str;
+    /// The devices.
+    fn devices(&self) -> &[GpuDevice];
+    /// The slot types the backend provides.
+    fn slot_types(&self) -> Vec<(&'static str, SlotKind)> {
+        if self.devices().is_empty() {
+            return Vec::new();
+        }
+        vec![
+            ("cuda.device", SlotKind::Count),
+            ("cuda.shares", SlotKind::Count),
+            ("cuda.mem", SlotKind::Bytes),
+        ]
+    }
+}
+
+/// No GPUs: the node offers CPU and memory only.
+#[derive(Debug, Default)]
+pub struct NoGpus;
+
+impl GpuBackend for NoGpus {
+    fn name(&self) -> &'static str {
+        "none"
+    }
+
+    fn devices(&self) -> &[GpuDevice] {
+        &[]
+    }
+}
+
+/// Errors finding devices.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The mock device file is unusable.
+    #[error(transparent)]
+    Mock(#[from] mock::MockError),
+}
+
+/// The mock file if one is given, else NVML if it finds GPUs, else no GPUs, logging which.
+///
+/// # Errors
+/// The mock file is given but unusable.
+pub fn discover(mock_file: Option<&Path>) -> Result<Box<dyn GpuBackend>, DeviceError> {
+    if let Some(path) = mock_file {
+        let backend = mock::MockBackend::from_file(path)?;
+        tracing::info!(devices = backend.devices().len(), file = %path.display(), "using mock GPUs");
+        return Ok(Box::new(backend));
+    }
+    match nvml::NvmlBackend::probe() {
+        Ok(backend) if !backend.devices().is_empty() => {
+            tracing::info!(devices = backend.devices().len(), "using NVML GPUs");
+            Ok(Box::new(backend))
+        }
+        Ok(_) => {
+            tracing::warn!("NVML found no GPUs: this node offers no GPU slots");
+            Ok(Box::new(NoGpus))
+        }
+        Err(e) => {
+            tracing::warn!("no NVML ({e}) and no --mock-devices file: this node offers no GPU slots");
+            Ok(Box::new(NoGpus))
+        }
+    }
+}
