@@ -57,6 +57,10 @@ pub struct FileConfig {
     pub alloc_event_min_bytes: Option<u64>,
     /// Seconds between rescans of the GPU device globs.
     pub rescan_interval_secs: Option<u64>,
+    /// Controller URL.
+    pub controller: Option<String>,
+    /// Mock GPU device list (TOML), for machines without NVIDIA GPUs.
+    pub mock_devices: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -87,6 +91,10 @@ pub struct Overrides {
     pub state_dir: Option<PathBuf>,
     /// `--node-name`.
     pub node_name: Option<String>,
+    /// `--controller`.
+    pub controller: Option<String>,
+    /// `--mock-devices`.
+    pub mock_devices: Option<PathBuf>,
 }
 
 /// The settings the agent runs with.
@@ -106,6 +114,10 @@ pub struct AgentConfig {
     pub rescan_interval: Duration,
     /// Interval between removals of stale map entries.
     pub gc_interval: Duration,
+    /// Controller URL; `None` runs the node on its own.
+    pub controller: Option<String>,
+    /// Mock GPU device list.
+    pub mock_devices: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -136,6 +148,8 @@ impl AgentConfig {
             alloc_event_min_bytes: file.alloc_event_min_bytes.unwrap_or(1 << 20),
             rescan_interval: Duration::from_secs(file.rescan_interval_secs.unwrap_or(2).max(1)),
             gc_interval: Duration::from_secs(10),
+            controller: overrides.controller.or(file.controller),
+            mock_devices: overrides.mock_devices.or(file.mock_devices),
         })
     }
 }

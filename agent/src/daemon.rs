@@ -20,6 +20,8 @@ use crate::{
     api::{self, Request, Response},
     attribution::{AttributionError, Attributor},
     config::AgentConfig,
+    controller_link::{self, LinkConfig, SharedHoldings},
+    devices::{self, GpuBackend},
     gpu_nodes::device_name,
     hooks::{KernelLogger, Sensor, SensorError},
     lock::{InstanceLock, LockError},
@@ -53,6 +55,9 @@ pub enum RunError {
     /// The ring buffer can't be polled.
     #[error("cannot poll the event ring buffer: {0}")]
     Events(#[source] std::io::Error),
+    /// The GPU backend can't be set up.
+    #[error(transparent)]
+    Devices(#[from] devices::DeviceError),
 }
 
 /// What the tasks share. Data flows one way: the kernel fills the maps, tasks read them.
@@ -111,6 +116,12 @@ pub async fn run_until(
         spawn_kernel_log(logger);
     }
     let events = sensor.events.take();
+    let backend: Arc<dyn GpuBackend> = Arc::from(devices::discover(config.mock_devices.as_deref())?);
+    let hooks: Vec<String> = sensor
+        .hooks
+        .iter()
+        .map(|h| format!("{}:{}", h.kind, h.target))
+        .collect();
 
     let mut state = State {
         sensor,
@@ -128,6 +139,18 @@ pub async fn run_until(
         tasks.spawn(read_events(fd, Arc::clone(&state)));
     }
     tasks.spawn(housekeeping(Arc::clone(&state), config.clone()));
+    match &config.controller {
+        Some(url) => {
+            let link = LinkConfig {
+                controller: url.clone(),
+                node_id: config.node_name.clone(),
+                hostname: config.node_name.clone(),
+                hooks,
+            };
+            tasks.spawn(controller_link::run(link, backend, SharedHoldings::default(), std::future::pending()));
+        }
+        None => tracing::info!("no --controller: running this node on its own"),
+    }
 
     let listener = bind(&config.socket)?;
     tracing::info!(socket = %config.socket.display(), node = %config.node_name, "agent ready");

@@ -38,6 +38,12 @@ enum Command {
         /// Node name [default: the host name].
         #[arg(long, env = "NODE_NAME")]
         node_name: Option<String>,
+        /// Controller to register with, e.g. http://127.0.0.1:50051.
+        #[arg(long, env = "GPUWARDEN_CONTROLLER")]
+        controller: Option<String>,
+        /// Mock GPU device list (TOML) instead of NVML.
+        #[arg(long)]
+        mock_devices: Option<PathBuf>,
     },
     /// Print one snapshot of GPU use per container.
     Snapshot {
@@ -85,6 +91,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             socket,
             state_dir,
             node_name,
+            controller,
+            mock_devices,
         } => {
             let config = AgentConfig::load(
                 config.as_deref(),
@@ -93,6 +101,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     socket,
                     state_dir,
                     node_name,
+                    controller,
+                    mock_devices,
                 },
             )?;
             daemon::run(config).await?;

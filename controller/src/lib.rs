@@ -15,6 +15,7 @@
 
 pub mod allocator;
 pub mod api;
+pub mod cli;
 pub mod node;
 pub mod scheduler;
 pub mod server;

@@ -307,6 +307,14 @@ pub mod status {
     pub const INSUFFICIENT_RESOURCES: u32 = 0x1a;
     /// `NV_ERR_INVALID_ARGUMENT`.
     pub const INVALID_ARGUMENT: u32 = 0x1f;
+    /// `NV_ERR_INSERT_DUPLICATE_NAME`: the handle asked for is taken.
+    pub const INSERT_DUPLICATE_NAME: u32 = 0x19;
+    /// `NV_ERR_INVALID_CLIENT`: `hRoot`/`hClient` names no client.
+    pub const INVALID_CLIENT: u32 = 0x23;
+    /// `NV_ERR_INVALID_OBJECT_HANDLE`: the handle names no object of the client.
+    pub const INVALID_OBJECT_HANDLE: u32 = 0x33;
+    /// `NV_ERR_INVALID_OBJECT_PARENT`: the parent can't hold an object of that class.
+    pub const INVALID_OBJECT_PARENT: u32 = 0x36;
 }
 
 /// `/dev/nvidia-uvm` commands: plain numbers, not `_IOC`-encoded.

@@ -208,6 +208,7 @@ pub fn config(globs: &[String], state_dir: &Path) -> AgentConfig {
             socket: Some(state_dir.join("agent.sock")),
             state_dir: Some(state_dir.to_owned()),
             node_name: Some("test-node".to_owned()),
+            ..Overrides::default()
         },
     )
     .unwrap()

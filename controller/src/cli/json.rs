@@ -1,0 +1,187 @@
+//! The `--json` documents. Key names are an interface: add keys, never rename them.
+//!
+//! - session: `id`, `name`, `owner`, `priority`, `state`, `node`, `requested` (slot → exact
+//!   decimal string), `devices` (`index`, `uuid`, `shares`, `memory_bytes`, `exclusive`),
+//!   `reason`, `created_at_ms`, `updated_at_ms`;
+//! - node: `id`, `hostname`, `state`, `capacity`, `allocated`, `devices` (`index`, `uuid`,
+//!   `model`, `memory_bytes`, `numa_node`, `sm_count`, `is_mig`), `hooks`, `last_heartbeat_ms`;
+//!   `node show` adds `allocation_map` (`index`, `uuid`, `capacity_shares`, `allocated_shares`,
+//!   `memory_bytes`, `allocated_memory_bytes`, `sessions`);
+//! - slot type: `name`, `kind` (`count`, `bytes`, `unique`).
+
+use std::collections::BTreeMap;
+
+use gpuwarden_proto::v1 as pb;
+use serde::Serialize;
+
+use super::render::{kind, node_state, state};
+
+/// A session.
+#[derive(Debug, Serialize)]
+pub struct Session {
+    id: String,
+    name: String,
+    owner: String,
+    priority: i32,
+    state: &'static str,
+    node: Option<String>,
+    requested: BTreeMap<String, String>,
+    devices: Vec<DeviceShare>,
+    reason: String,
+    created_at_ms: i64,
+    updated_at_ms: i64,
+}
+
+/// One device part of a session.
+#[derive(Debug, Serialize)]
+pub struct DeviceShare {
+    index: u32,
+    uuid: String,
+    shares: String,
+    memory_bytes: u64,
+    exclusive: bool,
+}
+
+impl From<&pb::Session> for Session {
+    fn from(s: &pb::Session) -> Self {
+        Self {
+            id: s.id.clone(),
+            name: s.name.clone(),
+            owner: s.owner.clone(),
+            priority: s.priority,
+            state: state(s.state),
+            node: (!s.node_id.is_empty()).then(|| s.node_id.clone()),
+            requested: slots(s.requested.as_ref()),
+            devices: s
+                .devices
+                .iter()
+                .map(|d| DeviceShare {
+                    index: d.index,
+                    uuid: d.uuid.clone(),
+                    shares: d.shares.clone(),
+                    memory_bytes: d.memory_bytes,
+                    exclusive: d.exclusive,
+                })
+                .collect(),
+            reason: s.reason.clone(),
+            created_at_ms: s.created_at_ms,
+            updated_at_ms: s.updated_at_ms,
+        }
+    }
+}
+
+fn slots(s: Option<&pb::ResourceSlot>) -> BTreeMap<String, String> {
+    s.map(|s| s.values.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default()
+}
+
+/// A node.
+#[derive(Debug, Serialize)]
+pub struct Node {
+    id: String,
+    hostname: String,
+    state: &'static str,
+    capacity: BTreeMap<String, String>,
+    allocated: BTreeMap<String, String>,
+    devices: Vec<Device>,
+    hooks: Vec<String>,
+    last_heartbeat_ms: i64,
+}
+
+/// A device of a node.
+#[derive(Debug, Serialize)]
+pub struct Device {
+    index: u32,
+    uuid: String,
+    model: String,
+    memory_bytes: u64,
+    numa_node: i32,
+    sm_count: u32,
+    is_mig: bool,
+}
+
+impl From<&pb::Node> for Node {
+    fn from(n: &pb::Node) -> Self {
+        let info = n.info.clone().unwrap_or_default();
+        Self {
+            id: info.node_id,
+            hostname: info.hostname,
+            state: node_state(n.state),
+            capacity: slots(info.capacity.as_ref()),
+            allocated: slots(n.allocated.as_ref()),
+            devices: info
+                .devices
+                .iter()
+                .map(|d| Device {
+                    index: d.index,
+                    uuid: d.uuid.clone(),
+                    model: d.model.clone(),
+                    memory_bytes: d.memory_bytes,
+                    numa_node: d.numa_node,
+                    sm_count: d.sm_count,
+                    is_mig: d.is_mig,
+                })
+                .collect(),
+            hooks: info.hooks,
+            last_heartbeat_ms: n.last_heartbeat_ms,
+        }
+    }
+}
+
+/// `node show`: the node and its allocation map.
+#[derive(Debug, Serialize)]
+pub struct NodeDetail {
+    #[serde(flatten)]
+    node: Node,
+    allocation_map: Vec<DeviceAllocation>,
+}
+
+/// One device of the allocation map.
+#[derive(Debug, Serialize)]
+pub struct DeviceAllocation {
+    index: u32,
+    uuid: String,
+    capacity_shares: String,
+    allocated_shares: String,
+    memory_bytes: u64,
+    allocated_memory_bytes: u64,
+    sessions: Vec<String>,
+}
+
+impl NodeDetail {
+    /// The node with its map.
+    #[must_use]
+    pub fn new(node: &pb::Node, devices: &[pb::DeviceAllocation]) -> Self {
+        Self {
+            node: Node::from(node),
+            allocation_map: devices
+                .iter()
+                .map(|d| DeviceAllocation {
+                    index: d.index,
+                    uuid: d.uuid.clone(),
+                    capacity_shares: d.capacity_shares.clone(),
+                    allocated_shares: d.allocated_shares.clone(),
+                    memory_bytes: d.memory_bytes,
+                    allocated_memory_bytes: d.allocated_memory_bytes,
+                    sessions: d.sessions.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A slot type.
+#[derive(Debug, Serialize)]
+pub struct SlotType {
+    name: String,
+    kind: &'static str,
+}
+
+impl From<&pb::SlotType> for SlotType {
+    fn from(t: &pb::SlotType) -> Self {
+        Self {
+            name: t.name.clone(),
+            kind: kind(t.kind),
+        }
+    }
+}

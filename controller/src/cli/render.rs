@@ -1,0 +1,171 @@
+//! Human tables.
+
+use std::fmt::Write as _;
+
+use gpuwarden_proto::v1 as pb;
+
+/// A session state's name.
+#[must_use]
+pub fn state(s: i32) -> &'static str {
+    match pb::SessionState::try_from(s).unwrap_or(pb::SessionState::Unspecified) {
+        pb::SessionState::Pending => "pending",
+        pb::SessionState::Scheduled => "scheduled",
+        pb::SessionState::Running => "running",
+        pb::SessionState::Terminating => "terminating",
+        pb::SessionState::Terminated => "terminated",
+        pb::SessionState::Failed => "failed",
+        pb::SessionState::Lost => "lost",
+        pb::SessionState::Unspecified => "unknown",
+    }
+}
+
+/// A node state's name.
+#[must_use]
+pub fn node_state(s: i32) -> &'static str {
+    match pb::NodeState::try_from(s).unwrap_or(pb::NodeState::Unspecified) {
+        pb::NodeState::Ready => "ready",
+        pb::NodeState::Lost => "lost",
+        pb::NodeState::Unspecified => "unknown",
+    }
+}
+
+/// A slot kind's name.
+#[must_use]
+pub fn kind(k: i32) -> &'static str {
+    match pb::SlotKind::try_from(k).unwrap_or(pb::SlotKind::Unspecified) {
+        pb::SlotKind::Count => "count",
+        pb::SlotKind::Bytes => "bytes",
+        pb::SlotKind::Unique => "unique",
+        pb::SlotKind::Unspecified => "unknown",
+    }
+}
+
+fn slots(s: Option<&pb::ResourceSlot>) -> String {
+    let mut pairs: Vec<String> = s
+        .map(|s| s.values.iter().map(|(k, v)| format!("{k}={v}")).collect())
+        .unwrap_or_default();
+    pairs.sort();
+    pairs.join(",")
+}
+
+/// Sessions as a table.
+#[must_use]
+pub fn sessions(list: &[pb::Session]) -> String {
+    let mut out = format!("{:<18} {:<12} {:<10} {:<11} {:<14} {}\n", "ID", "NAME", "OWNER", "STATE", "NODE", "REQUESTED");
+    for s in list {
+        let _ = writeln!(
+            out,
+            "{:<18} {:<12} {:<10} {:<11} {:<14} {}",
+            s.id,
+            s.name,
+            s.owner,
+            state(s.state),
+            s.node_id,
+            slots(s.requested.as_ref())
+        );
+    }
+    out
+}
+
+/// One session in detail.
+#[must_use]
+pub fn session(s: &pb::Session) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "id:        {}", s.id);
+    let _ = writeln!(out, "name:      {}", s.name);
+    let _ = writeln!(out, "owner:     {}", s.owner);
+    let _ = writeln!(out, "state:     {}", state(s.state));
+    let _ = writeln!(out, "node:      {}", s.node_id);
+    let _ = writeln!(out, "requested: {}", slots(s.requested.as_ref()));
+    for d in &s.devices {
+        let _ = writeln!(
+            out,
+            "device:    GPU{} {} shares={} mem={}{}",
+            d.index,
+            d.uuid,
+            d.shares,
+            d.memory_bytes,
+            if d.exclusive { " exclusive" } else { "" }
+        );
+    }
+    if !s.reason.is_empty() {
+        let _ = writeln!(out, "reason:    {}", s.reason);
+    }
+    out
+}
+
+/// Nodes as a table.
+#[must_use]
+pub fn nodes(list: &[pb::Node]) -> String {
+    let mut out = format!("{:<16} {:<7} {:>4} {:<40} {}\n", "NODE", "STATE", "GPUS", "CAPACITY", "ALLOCATED");
+    for n in list {
+        let info = n.info.clone().unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{:<16} {:<7} {:>4} {:<40} {}",
+            info.node_id,
+            node_state(n.state),
+            info.devices.len(),
+            slots(info.capacity.as_ref()),
+            slots(n.allocated.as_ref())
+        );
+    }
+    out
+}
+
+/// A bar of `width` cells for `fraction` (0–1).
+#[must_use]
+pub fn bar(fraction: f64, width: usize) -> String {
+    let filled = ((fraction.clamp(0.0, 1.0) * width as f64).round() as usize).min(width);
+    format!("{}{}", "█".repeat(filled), "░".repeat(width - filled))
+}
+
+/// A node with its GPU allocation map, one bar per GPU: `GPU0 ████████░░ 0.80`.
+#[must_use]
+pub fn node(n: &pb::Node, devices: &[pb::DeviceAllocation]) -> String {
+    let info = n.info.clone().unwrap_or_default();
+    let mut out = String::new();
+    let _ = writeln!(out, "node:      {} ({})", info.node_id, node_state(n.state));
+    let _ = writeln!(out, "capacity:  {}", slots(info.capacity.as_ref()));
+    let _ = writeln!(out, "allocated: {}", slots(n.allocated.as_ref()));
+    if !info.hooks.is_empty() {
+        let _ = writeln!(out, "hooks:     {}", info.hooks.len());
+    }
+    for d in devices {
+        let allocated: f64 = d.allocated_shares.parse().unwrap_or(0.0);
+        let capacity: f64 = d.capacity_shares.parse().unwrap_or(1.0);
+        let fraction = if capacity > 0.0 { allocated / capacity } else { 0.0 };
+        let _ = writeln!(
+            out,
+            "GPU{} {} {allocated:.2}  {}/{} GiB  {}",
+            d.index,
+            bar(fraction, 10),
+            d.allocated_memory_bytes >> 30,
+            d.memory_bytes >> 30,
+            d.sessions.join(",")
+        );
+    }
+    out
+}
+
+/// Slot types as a table.
+#[must_use]
+pub fn slot_types(list: &[pb::SlotType]) -> String {
+    let mut out = format!("{:<24} {}\n", "SLOT", "KIND");
+    for t in list {
+        let _ = writeln!(out, "{:<24} {}", t.name, kind(t.kind));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bars_show_the_fraction() {
+        assert_eq!(bar(0.8, 10), "████████░░");
+        assert_eq!(bar(0.0, 10), "░░░░░░░░░░");
+        assert_eq!(bar(1.5, 4), "████");
+    }
+}
