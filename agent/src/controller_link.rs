@@ -10,7 +10,9 @@ use std::{
     time::Duration,
 };
 
-use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient, controller_message::Msg};
+use gpuwarden_proto::v1::{
+    self as pb, agent_service_client::AgentServiceClient, controller_message::Msg,
+};
 use tokio::sync::mpsc;
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 use tonic::transport::Endpoint;
@@ -82,7 +84,11 @@ fn host_capacity() -> (u64, u64) {
 
 /// The registration message for this node.
 #[must_use]
-pub fn node_info(config: &LinkConfig, backend: &dyn GpuBackend, running: Vec<String>) -> pb::NodeInfo {
+pub fn node_info(
+    config: &LinkConfig,
+    backend: &dyn GpuBackend,
+    running: Vec<String>,
+) -> pb::NodeInfo {
     let (cpus, mem) = host_capacity();
     let mut slot_types = vec![
         pb::SlotType {
@@ -94,17 +100,26 @@ pub fn node_info(config: &LinkConfig, backend: &dyn GpuBackend, running: Vec<Str
             kind: pb::SlotKind::Bytes.into(),
         },
     ];
-    slot_types.extend(backend.slot_types().into_iter().map(|(name, kind)| pb::SlotType {
-        name: name.into(),
-        kind: kind_to_pb(kind),
-    }));
+    slot_types.extend(
+        backend
+            .slot_types()
+            .into_iter()
+            .map(|(name, kind)| pb::SlotType {
+                name,
+                kind: kind_to_pb(kind),
+            }),
+    );
+    let mut capacity: std::collections::HashMap<String, String> = [
+        ("cpu".to_owned(), cpus.to_string()),
+        ("mem".to_owned(), mem.to_string()),
+    ]
+    .into();
+    capacity.extend(backend.extra_capacity());
     pb::NodeInfo {
         node_id: config.node_id.clone(),
         hostname: config.hostname.clone(),
         slot_types,
-        capacity: Some(pb::ResourceSlot {
-            values: [("cpu".to_owned(), cpus.to_string()), ("mem".to_owned(), mem.to_string())].into(),
-        }),
+        capacity: Some(pb::ResourceSlot { values: capacity }),
         devices: backend
             .devices()
             .iter()
@@ -125,14 +140,28 @@ pub fn node_info(config: &LinkConfig, backend: &dyn GpuBackend, running: Vec<Str
     }
 }
 
+/// The slot names this node has now.
+fn known_slots(config: &LinkConfig, backend: &dyn GpuBackend) -> BTreeSet<String> {
+    node_info(config, backend, vec![])
+        .slot_types
+        .into_iter()
+        .map(|t| t.name)
+        .collect()
+}
+
 /// The answer to an allocation: `None` to accept it, or the nack.
 #[must_use]
-pub fn check_allocation(known: &BTreeSet<String>, allocate: &pb::Allocate) -> Option<pb::AllocationNack> {
+pub fn check_allocation(
+    known: &BTreeSet<String>,
+    allocate: &pb::Allocate,
+) -> Option<pb::AllocationNack> {
     let unknown: Vec<&str> = allocate
         .slots
         .iter()
         .flat_map(|s| &s.values)
-        .filter(|(name, value)| !known.contains(*name) && !value.chars().all(|c| c == '0' || c == '.'))
+        .filter(|(name, value)| {
+            !known.contains(*name) && !value.chars().all(|c| c == '0' || c == '.')
+        })
         .map(|(name, _)| name.as_str())
         .collect();
     (!unknown.is_empty()).then(|| pb::AllocationNack {
@@ -172,7 +201,11 @@ pub async fn run(
 }
 
 /// One registration and stream, until the stream ends.
-async fn connect_once(config: &LinkConfig, backend: &dyn GpuBackend, holdings: &SharedHoldings) -> Result<(), String> {
+async fn connect_once(
+    config: &LinkConfig,
+    backend: &dyn GpuBackend,
+    holdings: &SharedHoldings,
+) -> Result<(), String> {
     let channel = Endpoint::from_shared(config.controller.clone())
         .map_err(|e| format!("invalid controller URL {:?}: {e}", config.controller))?
         .connect_timeout(Duration::from_secs(2))
@@ -189,11 +222,6 @@ async fn connect_once(config: &LinkConfig, backend: &dyn GpuBackend, holdings: &
     let interval = Duration::from_millis(u64::from(registered.heartbeat_interval_ms.max(100)));
     tracing::info!(node = %registered.node_id, controller = %config.controller, "registered");
 
-    let known: BTreeSet<String> = node_info(config, backend, vec![])
-        .slot_types
-        .into_iter()
-        .map(|t| t.name)
-        .collect();
     let (tx, rx) = mpsc::channel::<pb::AgentMessage>(64);
     let heartbeat = |seq| pb::AgentMessage {
         msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
@@ -220,7 +248,8 @@ async fn connect_once(config: &LinkConfig, backend: &dyn GpuBackend, holdings: &
                 let Some(message) = message else { return Ok(()) };
                 let message = message.map_err(|s| format!("stream broke: {}", s.message()))?;
                 let reply = match message.msg {
-                    Some(Msg::Allocate(a)) => Some(match check_allocation(&known, &a) {
+                    // Asked at each allocation: a device plugin's slots may change while connected.
+                    Some(Msg::Allocate(a)) => Some(match check_allocation(&known_slots(config, backend), &a) {
                         Some(nack) => pb::agent_message::Msg::Nack(nack),
                         None => {
                             let session_id = a.session_id.clone();
@@ -248,15 +277,23 @@ mod tests {
 
     #[test]
     fn unknown_slots_are_refused_unless_zero() {
-        let known: BTreeSet<String> = ["cpu", "cuda.shares"].iter().map(|s| (*s).to_owned()).collect();
+        let known: BTreeSet<String> = ["cpu", "cuda.shares"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
         let alloc = |pairs: &[(&str, &str)]| pb::Allocate {
             session_id: "s".into(),
             slots: Some(pb::ResourceSlot {
-                values: pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+                values: pairs
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
             }),
             devices: vec![],
         };
-        assert!(check_allocation(&known, &alloc(&[("cpu", "1"), ("cuda.shares", "0.5")])).is_none());
+        assert!(
+            check_allocation(&known, &alloc(&[("cpu", "1"), ("cuda.shares", "0.5")])).is_none()
+        );
         assert!(check_allocation(&known, &alloc(&[("mock.accel", "0")])).is_none());
         let nack = check_allocation(&known, &alloc(&[("mock.accel", "0.5")])).unwrap();
         assert_eq!(nack.reason, "UnsupportedResource");

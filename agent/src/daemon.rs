@@ -116,7 +116,8 @@ pub async fn run_until(
         spawn_kernel_log(logger);
     }
     let events = sensor.events.take();
-    let backend: Arc<dyn GpuBackend> = Arc::from(devices::discover(config.mock_devices.as_deref())?);
+    let backend: Arc<dyn GpuBackend> =
+        Arc::from(devices::discover(config.mock_devices.as_deref())?);
     let hooks: Vec<String> = sensor
         .hooks
         .iter()
@@ -147,7 +148,12 @@ pub async fn run_until(
                 hostname: config.node_name.clone(),
                 hooks,
             };
-            tasks.spawn(controller_link::run(link, backend, SharedHoldings::default(), std::future::pending()));
+            tasks.spawn(controller_link::run(
+                link,
+                backend,
+                SharedHoldings::default(),
+                std::future::pending(),
+            ));
         }
         None => tracing::info!("no --controller: running this node on its own"),
     }

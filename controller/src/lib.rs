@@ -20,5 +20,5 @@ pub mod node;
 pub mod scheduler;
 pub mod server;
 pub mod session;
-pub mod store;
 pub mod slots;
+pub mod store;

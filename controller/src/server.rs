@@ -74,7 +74,11 @@ impl FileConfig {
 ///
 /// # Errors
 /// The store can't be opened or read.
-pub fn open(state_dir: &std::path::Path, config: SchedulerConfig, timing: Timing) -> Result<Arc<Controller>, ServeError> {
+pub fn open(
+    state_dir: &std::path::Path,
+    config: SchedulerConfig,
+    timing: Timing,
+) -> Result<Arc<Controller>, ServeError> {
     let store = Store::open(&state_dir.join("store"))?;
     let snapshot = store.load()?;
     tracing::info!(
@@ -83,7 +87,8 @@ pub fn open(state_dir: &std::path::Path, config: SchedulerConfig, timing: Timing
         "state restored from {}",
         state_dir.display()
     );
-    let scheduler = Scheduler::restore(config, snapshot.registry, snapshot.nodes, snapshot.sessions);
+    let scheduler =
+        Scheduler::restore(config, snapshot.registry, snapshot.nodes, snapshot.sessions);
     Ok(Controller::new(scheduler, store, timing))
 }
 
@@ -96,10 +101,12 @@ pub async fn serve(
     addr: SocketAddr,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| ServeError::Config {
-        path: PathBuf::from(addr.to_string()),
-        reason: format!("cannot listen: {e}"),
-    })?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| ServeError::Config {
+            path: PathBuf::from(addr.to_string()),
+            reason: format!("cannot listen: {e}"),
+        })?;
     serve_on(controller, listener, shutdown).await
 }
 
@@ -112,12 +119,16 @@ pub async fn serve_on(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let addr = listener.local_addr().map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ServeError::Reflection(e.to_string()))?;
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<SchedulerServiceServer<SchedulerApi>>()
         .await;
-    health_reporter.set_serving::<AgentServiceServer<AgentApi>>().await;
+    health_reporter
+        .set_serving::<AgentServiceServer<AgentApi>>()
+        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -128,9 +139,14 @@ pub async fn serve_on(
     let result = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection)
-        .add_service(SchedulerServiceServer::new(SchedulerApi(Arc::clone(&controller))))
+        .add_service(SchedulerServiceServer::new(SchedulerApi(Arc::clone(
+            &controller,
+        ))))
         .add_service(AgentServiceServer::new(AgentApi(Arc::clone(&controller))))
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
         .await
         .map_err(|source| ServeError::Serve { addr, source });
     background.abort();

@@ -51,7 +51,9 @@ pub enum StoreError {
         source: serde_json::Error,
     },
     /// Written by another format version.
-    #[error("the store at {path} has format version {found}; this build reads version {FORMAT_VERSION}")]
+    #[error(
+        "the store at {path} has format version {found}; this build reads version {FORMAT_VERSION}"
+    )]
     Version {
         /// Its directory.
         path: PathBuf,
@@ -92,9 +94,15 @@ impl Store {
             })?;
         let store = Self { db };
         let meta = store.tree(META)?;
-        match meta.get("format_version").map_err(|source| StoreError::Io { tree: META, source })? {
+        match meta
+            .get("format_version")
+            .map_err(|source| StoreError::Io { tree: META, source })?
+        {
             Some(v) => {
-                let found = std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+                let found = std::str::from_utf8(&v)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
                 if found != FORMAT_VERSION {
                     return Err(StoreError::Version {
                         path: dir.to_owned(),
@@ -117,7 +125,12 @@ impl Store {
             .map_err(|source| StoreError::Io { tree: name, source })
     }
 
-    fn put<T: Serialize>(&self, tree: &'static str, key: &str, value: &T) -> Result<(), StoreError> {
+    fn put<T: Serialize>(
+        &self,
+        tree: &'static str,
+        key: &str,
+        value: &T,
+    ) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(value).map_err(|source| StoreError::Corrupt {
             tree,
             key: key.to_owned(),
@@ -158,7 +171,10 @@ impl Store {
     pub fn remove_session(&self, id: &str) -> Result<(), StoreError> {
         self.tree(SESSIONS)?
             .remove(id)
-            .map_err(|source| StoreError::Io { tree: SESSIONS, source })?;
+            .map_err(|source| StoreError::Io {
+                tree: SESSIONS,
+                source,
+            })?;
         Ok(())
     }
 
@@ -194,7 +210,10 @@ impl Store {
         self.db
             .flush()
             .map(|_| ())
-            .map_err(|source| StoreError::Io { tree: "flush", source })
+            .map_err(|source| StoreError::Io {
+                tree: "flush",
+                source,
+            })
     }
 
     /// Reads everything back.
@@ -256,7 +275,11 @@ mod tests {
             let store = Store::open(&d).unwrap();
             store.put_session(&session("s1")).unwrap();
             let mut r = SlotTypeRegistry::new();
-            r.merge("n", &[(SlotName::new("cuda.shares").unwrap(), SlotKind::Count)]).unwrap();
+            r.merge(
+                "n",
+                &[(SlotName::new("cuda.shares").unwrap(), SlotKind::Count)],
+            )
+            .unwrap();
             store.put_registry(&r).unwrap();
             store.flush().unwrap();
         }
@@ -271,7 +294,11 @@ mod tests {
         let d = dir("version");
         {
             let store = Store::open(&d).unwrap();
-            store.tree(META).unwrap().insert("format_version", b"99").unwrap();
+            store
+                .tree(META)
+                .unwrap()
+                .insert("format_version", b"99")
+                .unwrap();
             store.flush().unwrap();
         }
         let err = Store::open(&d).unwrap_err();

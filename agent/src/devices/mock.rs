@@ -40,7 +40,9 @@ pub enum MockError {
         source: Box<toml::de::Error>,
     },
     /// A device's memory size doesn't parse.
-    #[error("mock device file {path}: device {index}: invalid memory_size {value:?} (e.g. \"16G\", \"512M\")")]
+    #[error(
+        "mock device file {path}: device {index}: invalid memory_size {value:?} (e.g. \"16G\", \"512M\")"
+    )]
     MemorySize {
         /// The file.
         path: PathBuf,
@@ -169,7 +171,9 @@ impl MockBackend {
                     sm_count: e.sm_count,
                     is_mig: e.is_mig_device,
                     index,
-                    device_node: e.device_node.unwrap_or_else(|| format!("/dev/nvidia{index}")),
+                    device_node: e
+                        .device_node
+                        .unwrap_or_else(|| format!("/dev/nvidia{index}")),
                 })
             })
             .collect::<Result<_, MockError>>()?;
@@ -211,22 +215,38 @@ mod tests {
         let b = MockBackend::from_toml(text, Path::new("m.toml")).unwrap();
         let d = b.devices();
         assert_eq!(d.len(), 2);
-        assert_eq!((d[0].uuid.as_str(), d[0].sm_count, d[0].memory_bytes), ("GPU-a", 108, 40 << 30));
+        assert_eq!(
+            (d[0].uuid.as_str(), d[0].sm_count, d[0].memory_bytes),
+            ("GPU-a", 108, 40 << 30)
+        );
         assert!(d[0].is_mig);
         assert_eq!(d[0].device_node, "/dev/nvidia0");
-        assert_eq!((d[1].model.as_str(), d[1].memory_bytes), ("Mock GPU", 1 << 30));
+        assert_eq!(
+            (d[1].model.as_str(), d[1].memory_bytes),
+            ("Mock GPU", 1 << 30)
+        );
         assert_eq!(d[1].device_node, "/tmp/fake/nvidia1");
         assert_eq!(b.slot_types().len(), 3);
     }
 
     #[test]
     fn errors_say_what_and_where() {
-        let err = MockBackend::from_toml("[[devices]]\nuuid = \"x\"\nmemory_size = \"12Q\"\n", Path::new("m.toml"))
-            .unwrap_err()
-            .to_string();
+        let err = MockBackend::from_toml(
+            "[[devices]]\nuuid = \"x\"\nmemory_size = \"12Q\"\n",
+            Path::new("m.toml"),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("m.toml") && err.contains("12Q"), "{err}");
-        let err = MockBackend::from_toml("[[devices]]\nuuid = \"x\"\n", Path::new("m.toml")).unwrap_err();
-        assert!(std::error::Error::source(&err).unwrap().to_string().contains("memory_size"), "{err}");
+        let err =
+            MockBackend::from_toml("[[devices]]\nuuid = \"x\"\n", Path::new("m.toml")).unwrap_err();
+        assert!(
+            std::error::Error::source(&err)
+                .unwrap()
+                .to_string()
+                .contains("memory_size"),
+            "{err}"
+        );
         assert_eq!(parse_size("1.5G"), Some(3 << 29));
         assert_eq!(parse_size("512Mi"), Some(512 << 20));
         assert_eq!(parse_size("0.3"), None);

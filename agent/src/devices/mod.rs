@@ -51,15 +51,21 @@ pub trait GpuBackend: Send + Sync {
     fn name(&self) -> &'static str;
     /// The devices.
     fn devices(&self) -> &[GpuDevice];
+    /// Capacity of slots other than the GPU ones (those follow from [`Self::devices`]), as
+    /// exact decimal strings.
+    fn extra_capacity(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// The slot types the backend provides.
-    fn slot_types(&self) -> Vec<(&'static str, SlotKind)> {
+    fn slot_types(&self) -> Vec<(String, SlotKind)> {
         if self.devices().is_empty() {
             return Vec::new();
         }
         vec![
-            ("cuda.device", SlotKind::Count),
-            ("cuda.shares", SlotKind::Count),
-            ("cuda.mem", SlotKind::Bytes),
+            ("cuda.device".to_owned(), SlotKind::Count),
+            ("cuda.shares".to_owned(), SlotKind::Count),
+            ("cuda.mem".to_owned(), SlotKind::Bytes),
         ]
     }
 }
@@ -106,7 +112,9 @@ pub fn discover(mock_file: Option<&Path>) -> Result<Box<dyn GpuBackend>, DeviceE
             Ok(Box::new(NoGpus))
         }
         Err(e) => {
-            tracing::warn!("no NVML ({e}) and no --mock-devices file: this node offers no GPU slots");
+            tracing::warn!(
+                "no NVML ({e}) and no --mock-devices file: this node offers no GPU slots"
+            );
             Ok(Box::new(NoGpus))
         }
     }

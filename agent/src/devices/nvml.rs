@@ -28,7 +28,11 @@ impl NvmlBackend {
                 uuid: d.uuid()?,
                 model: d.name().unwrap_or_else(|_| "NVIDIA GPU".to_owned()),
                 memory_bytes: d.memory_info()?.total,
-                numa_node: d.numa_node_id().ok().and_then(|n| i32::try_from(n).ok()).unwrap_or(-1),
+                numa_node: d
+                    .numa_node_id()
+                    .ok()
+                    .and_then(|n| i32::try_from(n).ok())
+                    .unwrap_or(-1),
                 sm_count: 0,
                 is_mig: false,
                 index,

@@ -16,7 +16,10 @@ pub struct AgentApi(pub Arc<Controller>);
 
 #[tonic::async_trait]
 impl AgentService for AgentApi {
-    async fn register(&self, request: Request<pb::NodeInfo>) -> Result<Response<pb::RegisterResponse>, Status> {
+    async fn register(
+        &self,
+        request: Request<pb::NodeInfo>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
         let info = request.into_inner();
         let report = convert::report_from_pb(&info)?;
         let node_id = report.node_id.clone();
@@ -30,7 +33,8 @@ impl AgentService for AgentApi {
         self.0.kick();
         Ok(Response::new(pb::RegisterResponse {
             node_id,
-            heartbeat_interval_ms: u32::try_from(self.0.timing.heartbeat_interval.as_millis()).unwrap_or(u32::MAX),
+            heartbeat_interval_ms: u32::try_from(self.0.timing.heartbeat_interval.as_millis())
+                .unwrap_or(u32::MAX),
         }))
     }
 
@@ -42,23 +46,28 @@ impl AgentService for AgentApi {
     ) -> Result<Response<Self::ConnectStream>, Status> {
         let mut inbound = request.into_inner();
         // The first message names the node.
-        let first = inbound
-            .next()
-            .await
-            .ok_or_else(|| Status::invalid_argument("the stream closed before its first heartbeat"))??;
+        let first = inbound.next().await.ok_or_else(|| {
+            Status::invalid_argument("the stream closed before its first heartbeat")
+        })??;
         let Some(Msg::Heartbeat(hb)) = first.msg else {
-            return Err(Status::invalid_argument("the first message on the stream must be a heartbeat"));
+            return Err(Status::invalid_argument(
+                "the first message on the stream must be a heartbeat",
+            ));
         };
         let node = hb.node_id;
         if !self.0.read(|s| s.nodes().contains_key(&node)) {
-            return Err(Status::failed_precondition(format!("node {node:?} is not registered; call Register first")));
+            return Err(Status::failed_precondition(format!(
+                "node {node:?} is not registered; call Register first"
+            )));
         }
         let (tx, rx) = mpsc::channel(1024);
         for message in lock(&self.0.outbox).remove(&node).unwrap_or_default() {
             let _ = tx.try_send(Ok(message));
         }
         lock(&self.0.agents).insert(node.clone(), tx);
-        self.0.apply(|s| s.heartbeat(&node)).map_err(|e| store_status(&e))?;
+        self.0
+            .apply(|s| s.heartbeat(&node))
+            .map_err(|e| store_status(&e))?;
 
         let controller = Arc::clone(&self.0);
         tokio::spawn(async move {

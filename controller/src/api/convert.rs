@@ -30,7 +30,10 @@ pub fn slots_from_pb(slot: Option<&pb::ResourceSlot>) -> Result<ResourceSlot, St
 #[must_use]
 pub fn slots_to_pb(slot: &ResourceSlot) -> pb::ResourceSlot {
     pb::ResourceSlot {
-        values: slot.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        values: slot
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
     }
 }
 
@@ -64,9 +67,11 @@ pub fn report_from_pb(info: &pb::NodeInfo) -> Result<NodeReport, Status> {
         .slot_types
         .iter()
         .map(|t| {
-            let name = SlotName::new(&t.name).map_err(|e| Status::invalid_argument(e.to_string()))?;
-            let kind = kind_from_pb(t.kind)
-                .ok_or_else(|| Status::invalid_argument(format!("slot type {:?} has no kind", t.name)))?;
+            let name =
+                SlotName::new(&t.name).map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let kind = kind_from_pb(t.kind).ok_or_else(|| {
+                Status::invalid_argument(format!("slot type {:?} has no kind", t.name))
+            })?;
             Ok((name, kind))
         })
         .collect::<Result<Vec<_>, Status>>()?;
@@ -86,7 +91,11 @@ pub fn report_from_pb(info: &pb::NodeInfo) -> Result<NodeReport, Status> {
                 numa_node: d.numa_node,
             })
             .collect(),
-        device_models: info.devices.iter().map(|d| (d.model.clone(), d.is_mig)).collect(),
+        device_models: info
+            .devices
+            .iter()
+            .map(|d| (d.model.clone(), d.is_mig))
+            .collect(),
         hooks: info.hooks.clone(),
         agent_version: info.agent_version.clone(),
     })

@@ -168,7 +168,9 @@ impl Controller {
                 ),
                 Command::Release { node, session } => (
                     node,
-                    pb::controller_message::Msg::Release(pb::Release { session_id: session }),
+                    pb::controller_message::Msg::Release(pb::Release {
+                        session_id: session,
+                    }),
                 ),
             };
             let message = pb::ControllerMessage { msg: Some(message) };

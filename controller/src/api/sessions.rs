@@ -16,19 +16,26 @@ pub struct SchedulerApi(pub Arc<Controller>);
 fn request_status(e: &RequestError) -> Status {
     match e {
         RequestError::Gpu(_) | RequestError::Empty => Status::invalid_argument(e.to_string()),
-        RequestError::UnknownSlot { .. } | RequestError::Oversized { .. } | RequestError::UnknownNode(_) => {
-            Status::failed_precondition(e.to_string())
-        }
+        RequestError::UnknownSlot { .. }
+        | RequestError::Oversized { .. }
+        | RequestError::UnknownNode(_) => Status::failed_precondition(e.to_string()),
     }
 }
 
 #[tonic::async_trait]
 impl SchedulerService for SchedulerApi {
-    async fn create_session(&self, request: Request<pb::CreateSessionRequest>) -> Result<Response<pb::Session>, Status> {
+    async fn create_session(
+        &self,
+        request: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
         let r = request.into_inner();
         let requested = convert::slots_from_pb(r.requested.as_ref())?;
         let id = self.0.new_session_id();
-        let owner = if r.owner.is_empty() { "default".to_owned() } else { r.owner };
+        let owner = if r.owner.is_empty() {
+            "default".to_owned()
+        } else {
+            r.owner
+        };
         let pinned = (!r.node_id.is_empty()).then_some(r.node_id);
         let created = self
             .0
@@ -39,7 +46,10 @@ impl SchedulerService for SchedulerApi {
         Ok(Response::new(convert::session_to_pb(&created)))
     }
 
-    async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Result<Response<pb::Session>, Status> {
+    async fn get_session(
+        &self,
+        request: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
         let id = request.into_inner().id;
         self.0
             .read(|s| s.sessions().get(&id).map(convert::session_to_pb))
@@ -69,11 +79,12 @@ impl SchedulerService for SchedulerApi {
         &self,
         _request: Request<pb::WatchSessionsRequest>,
     ) -> Result<Response<Self::WatchSessionsStream>, Status> {
-        let stream = BroadcastStream::new(self.0.watchers.subscribe()).filter_map(|item| match item {
-            Ok(s) => Some(Ok(s)),
-            // A slow watcher misses intermediate states; the latest of each session follows.
-            Err(_) => None,
-        });
+        let stream =
+            BroadcastStream::new(self.0.watchers.subscribe()).filter_map(|item| match item {
+                Ok(s) => Some(Ok(s)),
+                // A slow watcher misses intermediate states; the latest of each session follows.
+                Err(_) => None,
+            });
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -95,12 +106,20 @@ impl SchedulerService for SchedulerApi {
         Ok(Response::new(session))
     }
 
-    async fn list_nodes(&self, _request: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
-        let nodes = self.0.read(|s| s.nodes().values().map(convert::node_to_pb).collect());
+    async fn list_nodes(
+        &self,
+        _request: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let nodes = self
+            .0
+            .read(|s| s.nodes().values().map(convert::node_to_pb).collect());
         Ok(Response::new(pb::ListNodesResponse { nodes }))
     }
 
-    async fn get_node(&self, request: Request<pb::GetNodeRequest>) -> Result<Response<pb::Node>, Status> {
+    async fn get_node(
+        &self,
+        request: Request<pb::GetNodeRequest>,
+    ) -> Result<Response<pb::Node>, Status> {
         let id = request.into_inner().node_id;
         self.0
             .read(|s| s.nodes().get(&id).map(convert::node_to_pb))

@@ -12,7 +12,11 @@ async fn main() -> ExitCode {
         Err(e) => {
             // Usage errors are bad input: exit 2 (help and version exit 0).
             let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     match run(cli).await {

@@ -71,8 +71,13 @@ impl From<&pb::Session> for Session {
 }
 
 fn slots(s: Option<&pb::ResourceSlot>) -> BTreeMap<String, String> {
-    s.map(|s| s.values.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-        .unwrap_or_default()
+    s.map(|s| {
+        s.values
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 /// A node.

@@ -20,7 +20,12 @@ use crate::{api::convert, slots::ResourceSlot};
 #[command(name = "gpuwarden", version, about)]
 pub struct Cli {
     /// Controller URL.
-    #[arg(long, global = true, env = "GPUWARDEN_CONTROLLER", default_value = "http://127.0.0.1:50051")]
+    #[arg(
+        long,
+        global = true,
+        env = "GPUWARDEN_CONTROLLER",
+        default_value = "http://127.0.0.1:50051"
+    )]
     controller: String,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
@@ -216,7 +221,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Session(SessionCommand::Show { id }) => {
-            let s = client.get_session(pb::GetSessionRequest { id }).await?.into_inner();
+            let s = client
+                .get_session(pb::GetSessionRequest { id })
+                .await?
+                .into_inner();
             if cli.json {
                 print_json(&json::Session::from(&s));
             } else {
@@ -235,7 +243,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Session(SessionCommand::Watch) => {
-            let mut stream = client.watch_sessions(pb::WatchSessionsRequest {}).await?.into_inner();
+            let mut stream = client
+                .watch_sessions(pb::WatchSessionsRequest {})
+                .await?
+                .into_inner();
             while let Some(s) = stream.next().await {
                 let s = s?;
                 if cli.json {
@@ -244,12 +255,22 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                         Err(e) => eprintln!("gpuwarden: {e}"),
                     }
                 } else {
-                    println!("{} {} {} {}", s.id, render::state(s.state), s.node_id, s.reason);
+                    println!(
+                        "{} {} {} {}",
+                        s.id,
+                        render::state(s.state),
+                        s.node_id,
+                        s.reason
+                    );
                 }
             }
         }
         Command::Node(NodeCommand::Ls) => {
-            let nodes = client.list_nodes(pb::ListNodesRequest {}).await?.into_inner().nodes;
+            let nodes = client
+                .list_nodes(pb::ListNodesRequest {})
+                .await?
+                .into_inner()
+                .nodes;
             if cli.json {
                 print_json(&nodes.iter().map(json::Node::from).collect::<Vec<_>>());
             } else {
@@ -258,14 +279,21 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Node(NodeCommand::Show { node }) => {
             let n = client
-                .get_node(pb::GetNodeRequest { node_id: node.clone() })
+                .get_node(pb::GetNodeRequest {
+                    node_id: node.clone(),
+                })
                 .await?
                 .into_inner();
             let map = client
                 .get_allocation_map(pb::GetAllocationMapRequest { node_id: node })
                 .await?
                 .into_inner();
-            let devices = map.nodes.into_iter().next().map(|m| m.devices).unwrap_or_default();
+            let devices = map
+                .nodes
+                .into_iter()
+                .next()
+                .map(|m| m.devices)
+                .unwrap_or_default();
             if cli.json {
                 print_json(&json::NodeDetail::new(&n, &devices));
             } else {

@@ -51,7 +51,10 @@ fn slots(s: Option<&pb::ResourceSlot>) -> String {
 /// Sessions as a table.
 #[must_use]
 pub fn sessions(list: &[pb::Session]) -> String {
-    let mut out = format!("{:<18} {:<12} {:<10} {:<11} {:<14} {}\n", "ID", "NAME", "OWNER", "STATE", "NODE", "REQUESTED");
+    let mut out = format!(
+        "{:<18} {:<12} {:<10} {:<11} {:<14} {}\n",
+        "ID", "NAME", "OWNER", "STATE", "NODE", "REQUESTED"
+    );
     for s in list {
         let _ = writeln!(
             out,
@@ -97,7 +100,10 @@ pub fn session(s: &pb::Session) -> String {
 /// Nodes as a table.
 #[must_use]
 pub fn nodes(list: &[pb::Node]) -> String {
-    let mut out = format!("{:<16} {:<7} {:>4} {:<40} {}\n", "NODE", "STATE", "GPUS", "CAPACITY", "ALLOCATED");
+    let mut out = format!(
+        "{:<16} {:<7} {:>4} {:<40} {}\n",
+        "NODE", "STATE", "GPUS", "CAPACITY", "ALLOCATED"
+    );
     for n in list {
         let info = n.info.clone().unwrap_or_default();
         let _ = writeln!(
@@ -134,7 +140,11 @@ pub fn node(n: &pb::Node, devices: &[pb::DeviceAllocation]) -> String {
     for d in devices {
         let allocated: f64 = d.allocated_shares.parse().unwrap_or(0.0);
         let capacity: f64 = d.capacity_shares.parse().unwrap_or(1.0);
-        let fraction = if capacity > 0.0 { allocated / capacity } else { 0.0 };
+        let fraction = if capacity > 0.0 {
+            allocated / capacity
+        } else {
+            0.0
+        };
         let _ = writeln!(
             out,
             "GPU{} {} {allocated:.2}  {}/{} GiB  {}",

@@ -381,7 +381,15 @@ impl Scheduler {
                 });
             }
         }
-        GpuRequest::from_slots(&requested)?;
+        let gpu = GpuRequest::from_slots(&requested)?;
+        let quantum = self.config.allocator.quantum;
+        if !quantum.is_zero() && !gpu.shares.micros().is_multiple_of(quantum.micros()) {
+            return Err(AllocError::NotMultipleOfQuantum {
+                requested: gpu.shares,
+                quantum,
+            }
+            .into());
+        }
         if let Some(node) = &pinned_node
             && !self.nodes.contains_key(node)
         {

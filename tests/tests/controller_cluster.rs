@@ -1,0 +1,376 @@
+//! The controller and real agent links over loopback gRPC, with mock GPUs: scheduling, merged
+//! slot types, refusals, limits, restarts and node loss.
+
+mod util;
+
+use std::{sync::atomic::Ordering, time::Duration};
+
+use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig};
+use gpuwarden_proto::v1::{self as pb, SessionState};
+use util::{
+    cluster::{TestBackend, TestController, TestNode, alloc_map, create, eventually, state_of},
+    scratch,
+};
+
+fn fast() -> Timing {
+    Timing {
+        heartbeat_interval: Duration::from_millis(200),
+        heartbeat_timeout: Duration::from_millis(1500),
+        pass_interval: Duration::from_millis(50),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_ai_case_over_grpc() {
+    let ctl = TestController::start(&scratch("ctl"), SchedulerConfig::default(), fast());
+    let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
+    let mut c = ctl.client().await;
+    eventually("n1 registers", || {
+        let mut c = c.clone();
+        async move {
+            c.list_nodes(pb::ListNodesRequest {})
+                .await
+                .is_ok_and(|r| r.into_inner().nodes.len() == 1)
+        }
+    })
+    .await;
+    let a = create(&mut c, "u", &["cuda.shares=0.2"]).await.unwrap();
+    eventually("a runs", || {
+        let (mut c, id) = (c.clone(), a.id.clone());
+        async move { state_of(&mut c, &id).await == SessionState::Running }
+    })
+    .await;
+    let b = create(&mut c, "u", &["cuda.shares=1.2"]).await.unwrap();
+    eventually("b runs", || {
+        let (mut c, id) = (c.clone(), b.id.clone());
+        async move { state_of(&mut c, &id).await == SessionState::Running }
+    })
+    .await;
+    assert_eq!(alloc_map(&mut c, "n1").await, ["0.8", "0.6"]);
+    let b = c
+        .get_session(pb::GetSessionRequest { id: b.id })
+        .await
+        .unwrap()
+        .into_inner();
+    let parts: Vec<&str> = b.devices.iter().map(|d| d.shares.as_str()).collect();
+    assert_eq!(parts, ["0.6", "0.6"]);
+    // The agent holds both.
+    let mut held = node.held();
+    held.sort();
+    let mut expected = vec![a.id.clone(), b.id.clone()];
+    expected.sort();
+    assert_eq!(held, expected);
+
+    // Terminating releases on both sides.
+    c.terminate_session(pb::TerminateSessionRequest { id: a.id.clone() })
+        .await
+        .unwrap();
+    assert_eq!(alloc_map(&mut c, "n1").await, ["0.6", "0.6"]);
+    eventually("the agent lets go", || {
+        let held = node.held();
+        let id = a.id.clone();
+        async move { !held.contains(&id) }
+    })
+    .await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_fleet_merges_slot_types_and_unknown_slots_are_nacked() {
+    let ctl = TestController::start(&scratch("mix"), SchedulerConfig::default(), fast());
+    let mut accel = TestBackend::gpus(1);
+    accel.extra = Some(("mock.accel", "4"));
+    let plain = TestNode::start(&ctl.url(), "plain", TestBackend::gpus(1));
+    let special = TestNode::start(&ctl.url(), "special", accel);
+    let mut c = ctl.client().await;
+    eventually("both register", || {
+        let mut c = c.clone();
+        async move {
+            c.list_nodes(pb::ListNodesRequest {})
+                .await
+                .is_ok_and(|r| r.into_inner().nodes.len() == 2)
+        }
+    })
+    .await;
+    let types = c
+        .list_slot_types(pb::ListSlotTypesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .slot_types;
+    assert!(
+        types
+            .iter()
+            .any(|t| t.name == "mock.accel" && t.kind == i32::from(pb::SlotKind::Count))
+    );
+    // The union shows the extra slot as zero on the node that lacks it.
+    let plain_node = c
+        .get_node(pb::GetNodeRequest {
+            node_id: "plain".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let capacity = plain_node.info.unwrap().capacity.unwrap().values;
+    assert_eq!(capacity.get("mock.accel").map_or("0", String::as_str), "0");
+
+    // The plugin goes away on the node; the controller still places there and is refused.
+    special.backend.extra_gone.store(true, Ordering::Relaxed);
+    let s = create(&mut c, "u", &["mock.accel=1"]).await.unwrap();
+    eventually("the session fails", || {
+        let (mut c, id) = (c.clone(), s.id.clone());
+        async move { state_of(&mut c, &id).await == SessionState::Failed }
+    })
+    .await;
+    let s = c
+        .get_session(pb::GetSessionRequest { id: s.id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(s.reason.starts_with("UnsupportedResource"), "{}", s.reason);
+    assert!(s.reason.contains("mock.accel"), "{}", s.reason);
+    assert_eq!(s.node_id, "special");
+    plain.stop().await;
+    special.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_are_rejected_with_reasons() {
+    let ctl = TestController::start(&scratch("bad"), SchedulerConfig::default(), fast());
+    let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
+    let mut c = ctl.client().await;
+    eventually("n1 registers", || {
+        let mut c = c.clone();
+        async move {
+            c.list_nodes(pb::ListNodesRequest {})
+                .await
+                .is_ok_and(|r| r.into_inner().nodes.len() == 1)
+        }
+    })
+    .await;
+    let cases: &[(&[&str], tonic::Code, &str)] = &[
+        (
+            &["tpu=1"],
+            tonic::Code::FailedPrecondition,
+            "unknown slot type \"tpu\"",
+        ),
+        (
+            &["cuda.device=1", "cuda.shares=0.5"],
+            tonic::Code::InvalidArgument,
+            "can't be combined",
+        ),
+        (
+            &["cuda.shares=2.5"],
+            tonic::Code::FailedPrecondition,
+            "larger than every node",
+        ),
+        (
+            &["cuda.shares=0.005"],
+            tonic::Code::InvalidArgument,
+            "not a multiple of the quantum",
+        ),
+    ];
+    for (tokens, code, needle) in cases {
+        let err = create(&mut c, "u", tokens)
+            .await
+            .expect_err(&format!("{tokens:?} accepted"));
+        assert_eq!(err.code(), *code, "{tokens:?}: {}", err.message());
+        assert!(
+            err.message().contains(needle),
+            "{tokens:?}: {}",
+            err.message()
+        );
+    }
+    // A raw value that isn't a number.
+    let err = c
+        .create_session(pb::CreateSessionRequest {
+            requested: Some(pb::ResourceSlot {
+                values: [("cpu".to_owned(), "lots".to_owned())].into(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("\"lots\""), "{}", err.message());
+    let sessions = c
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    assert!(
+        sessions.is_empty(),
+        "refused requests left sessions behind: {sessions:?}"
+    );
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_limits_count_sessions_not_passes() {
+    let mut config = SchedulerConfig::default();
+    config.default_limits.max_concurrent = Some(1);
+    config.skip_after = 0;
+    let ctl = TestController::start(&scratch("lim"), config, fast());
+    let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
+    let mut c = ctl.client().await;
+    eventually("n1 registers", || {
+        let mut c = c.clone();
+        async move {
+            c.list_nodes(pb::ListNodesRequest {})
+                .await
+                .is_ok_and(|r| r.into_inner().nodes.len() == 1)
+        }
+    })
+    .await;
+    let a = create(&mut c, "alice", &["cuda.shares=0.1"]).await.unwrap();
+    let b = create(&mut c, "alice", &["cuda.shares=0.1"]).await.unwrap();
+    let other = create(&mut c, "bob", &["cuda.shares=0.1"]).await.unwrap();
+    eventually("a and bob's run", || {
+        let (mut c, a, o) = (c.clone(), a.id.clone(), other.id.clone());
+        async move {
+            state_of(&mut c, &a).await == SessionState::Running
+                && state_of(&mut c, &o).await == SessionState::Running
+        }
+    })
+    .await;
+    // Many passes later (every 50 ms), alice's second is still held back by her limit.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b_now = c
+        .get_session(pb::GetSessionRequest { id: b.id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(b_now.state, i32::from(SessionState::Pending));
+    assert!(b_now.reason.contains("limit"), "{}", b_now.reason);
+    c.terminate_session(pb::TerminateSessionRequest { id: a.id })
+        .await
+        .unwrap();
+    eventually("b runs once a ends", || {
+        let (mut c, id) = (c.clone(), b.id.clone());
+        async move { state_of(&mut c, &id).await == SessionState::Running }
+    })
+    .await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_restart_keeps_sessions_and_allocations() {
+    let dir = scratch("restart");
+    let ctl = TestController::start(&dir, SchedulerConfig::default(), fast());
+    let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
+    let mut c = ctl.client().await;
+    eventually("n1 registers", || {
+        let mut c = c.clone();
+        async move {
+            c.list_nodes(pb::ListNodesRequest {})
+                .await
+                .is_ok_and(|r| r.into_inner().nodes.len() == 1)
+        }
+    })
+    .await;
+    let running = create(&mut c, "u", &["cuda.shares=1.2"]).await.unwrap();
+    eventually("it runs", || {
+        let (mut c, id) = (c.clone(), running.id.clone());
+        async move { state_of(&mut c, &id).await == SessionState::Running }
+    })
+    .await;
+    // Created and acknowledged, then the controller dies at once.
+    let pending = create(&mut c, "u", &["cuda.shares=1"]).await.unwrap();
+    ctl.kill();
+    drop(c);
+
+    let ctl = TestController::start(&dir, SchedulerConfig::default(), fast());
+    let (holdings, backend) = node.stop().await;
+    let mut c = ctl.client().await;
+    let sessions = c
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    let ids: Vec<&str> = sessions.iter().map(|s| s.id.as_str()).collect();
+    assert!(
+        ids.contains(&running.id.as_str()) && ids.contains(&pending.id.as_str()),
+        "{ids:?}"
+    );
+    // The agent comes back holding what it held; its report rebuilds the allocation map.
+    let node = TestNode::start_with(&ctl.url(), "n1", backend, holdings);
+    eventually("the map is rebuilt", || {
+        let mut c = c.clone();
+        async move {
+            c.get_allocation_map(pb::GetAllocationMapRequest {
+                node_id: "n1".into(),
+            })
+            .await
+            .is_ok_and(|m| {
+                m.into_inner().nodes[0]
+                    .devices
+                    .iter()
+                    .any(|d| d.allocated_shares != "0")
+            })
+        }
+    })
+    .await;
+    assert_eq!(state_of(&mut c, &running.id).await, SessionState::Running);
+    let map = alloc_map(&mut c, "n1").await;
+    let total: f64 = map.iter().map(|s| s.parse::<f64>().unwrap()).sum();
+    assert!(
+        (total - 1.2).abs() < 1e-9 || (total - 2.2).abs() < 1e-9,
+        "{map:?}"
+    );
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_loss_and_return() {
+    let ctl = TestController::start(&scratch("loss"), SchedulerConfig::default(), fast());
+    let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(1));
+    let mut c = ctl.client().await;
+    eventually("n1 registers", || {
+        let mut c = c.clone();
+        async move {
+            c.list_nodes(pb::ListNodesRequest {})
+                .await
+                .is_ok_and(|r| r.into_inner().nodes.len() == 1)
+        }
+    })
+    .await;
+    let s = create(&mut c, "u", &["cuda.shares=0.5"]).await.unwrap();
+    eventually("it runs", || {
+        let (mut c, id) = (c.clone(), s.id.clone());
+        async move { state_of(&mut c, &id).await == SessionState::Running }
+    })
+    .await;
+    let (holdings, backend) = node.stop().await;
+    eventually("the node is lost", || {
+        let mut c = c.clone();
+        async move {
+            c.get_node(pb::GetNodeRequest {
+                node_id: "n1".into(),
+            })
+            .await
+            .is_ok_and(|n| n.into_inner().state == i32::from(pb::NodeState::Lost))
+        }
+    })
+    .await;
+    assert_eq!(state_of(&mut c, &s.id).await, SessionState::Lost);
+    // A lost node takes no new work.
+    let waiting = create(&mut c, "u", &["cuda.shares=0.2"]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(state_of(&mut c, &waiting.id).await, SessionState::Pending);
+    // It comes back with its session: both sides agree again.
+    let node = TestNode::start_with(&ctl.url(), "n1", backend, holdings);
+    eventually("the session runs again", || {
+        let (mut c, id) = (c.clone(), s.id.clone());
+        async move { state_of(&mut c, &id).await == SessionState::Running }
+    })
+    .await;
+    eventually("the waiting session is placed", || {
+        let (mut c, id) = (c.clone(), waiting.id.clone());
+        async move { state_of(&mut c, &id).await == SessionState::Running }
+    })
+    .await;
+    assert_eq!(alloc_map(&mut c, "n1").await, ["0.7"]);
+    node.stop().await;
+}

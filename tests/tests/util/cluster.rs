@@ -1,0 +1,285 @@
+//! A controller and agents (the real agent link with mock devices) on loopback gRPC.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use gpuwarden_agent::{
+    controller_link::{self, Holdings, LinkConfig, SharedHoldings},
+    devices::{GpuBackend, GpuDevice, SlotKind},
+};
+use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
+use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use tonic::transport::Channel;
+
+/// A controller on its own runtime: dropping that runtime is as abrupt as killing the process.
+pub struct TestController {
+    pub addr: SocketAddr,
+    pub state_dir: PathBuf,
+    stop: Option<std::sync::mpsc::Sender<bool>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestController {
+    pub fn start(state_dir: &Path, config: SchedulerConfig, timing: Timing) -> Self {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<bool>();
+        let dir = state_dir.to_owned();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+            rt.block_on(async {
+                let controller = server::open(&dir, config, timing).unwrap();
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                addr_tx.send(listener.local_addr().unwrap()).unwrap();
+                tokio::spawn(server::serve_on(controller, listener, async {
+                    let _ = shutdown_rx.await;
+                }));
+            });
+            let graceful = stopped.recv().unwrap_or(false);
+            if graceful {
+                let _ = shutdown_tx.send(());
+                rt.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
+            }
+            // Dropping the runtime drops every task, its store handle with them.
+            rt.shutdown_background();
+        });
+        Self {
+            addr: addr_rx.recv().unwrap(),
+            state_dir: state_dir.to_owned(),
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub async fn client(&self) -> SchedulerServiceClient<Channel> {
+        let channel = tonic::transport::Endpoint::from_shared(self.url())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        SchedulerServiceClient::new(channel)
+    }
+
+    /// Stops abruptly: no graceful shutdown, tasks dropped mid-flight.
+    pub fn kill(mut self) {
+        self.halt(false);
+    }
+
+    fn halt(&mut self, graceful: bool) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(graceful);
+        }
+        if let Some(t) = self.thread.take() {
+            // A panic there was already reported by its thread.
+            let _ = t.join();
+        }
+        // The store's lock is released once its last handle drops; give the OS a moment.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Drop for TestController {
+    fn drop(&mut self) {
+        self.halt(true);
+    }
+}
+
+/// Mock GPUs, optionally with an extra slot type that can vanish (a device plugin going away).
+pub struct TestBackend {
+    pub devices: Vec<GpuDevice>,
+    pub extra: Option<(&'static str, &'static str)>,
+    pub extra_gone: AtomicBool,
+}
+
+impl TestBackend {
+    pub fn gpus(n: u32) -> Self {
+        Self {
+            devices: (0..n)
+                .map(|i| GpuDevice {
+                    uuid: format!("GPU-test-{i}"),
+                    model: "Mock".into(),
+                    memory_bytes: 16 << 30,
+                    numa_node: 0,
+                    sm_count: 132,
+                    is_mig: false,
+                    index: i,
+                    device_node: format!("/dev/nvidia{i}"),
+                })
+                .collect(),
+            extra: None,
+            extra_gone: AtomicBool::new(false),
+        }
+    }
+}
+
+impl GpuBackend for TestBackend {
+    fn name(&self) -> &'static str {
+        "test"
+    }
+
+    fn devices(&self) -> &[GpuDevice] {
+        &self.devices
+    }
+
+    fn extra_capacity(&self) -> Vec<(String, String)> {
+        self.extra
+            .map(|(name, cap)| vec![(name.to_owned(), cap.to_owned())])
+            .unwrap_or_default()
+    }
+
+    fn slot_types(&self) -> Vec<(String, SlotKind)> {
+        let mut types = vec![
+            ("cuda.device".to_owned(), SlotKind::Count),
+            ("cuda.shares".to_owned(), SlotKind::Count),
+            ("cuda.mem".to_owned(), SlotKind::Bytes),
+        ];
+        if let Some((name, _)) = self.extra
+            && !self.extra_gone.load(Ordering::Relaxed)
+        {
+            types.push((name.to_owned(), SlotKind::Count));
+        }
+        types
+    }
+}
+
+/// The real agent link running against a controller.
+pub struct TestNode {
+    pub holdings: SharedHoldings,
+    pub backend: Arc<TestBackend>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestNode {
+    pub fn start(controller: &str, node: &str, backend: TestBackend) -> Self {
+        Self::start_with(
+            controller,
+            node,
+            Arc::new(backend),
+            SharedHoldings::default(),
+        )
+    }
+
+    pub fn start_with(
+        controller: &str,
+        node: &str,
+        backend: Arc<TestBackend>,
+        holdings: SharedHoldings,
+    ) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let config = LinkConfig {
+            controller: controller.to_owned(),
+            node_id: node.to_owned(),
+            hostname: node.to_owned(),
+            hooks: vec!["tracepoint:syscalls/sys_enter_ioctl".into()],
+        };
+        let dyn_backend: Arc<dyn GpuBackend> = backend.clone();
+        let task = tokio::spawn(controller_link::run(
+            config,
+            dyn_backend,
+            Arc::clone(&holdings),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            holdings,
+            backend,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Stops the link (the node goes silent); returns what it held.
+    pub async fn stop(mut self) -> (SharedHoldings, Arc<TestBackend>) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        (Arc::clone(&self.holdings), Arc::clone(&self.backend))
+    }
+
+    pub fn held(&self) -> Vec<String> {
+        self.holdings.lock().unwrap().sessions()
+    }
+}
+
+/// Waits until `check` holds, polling, or fails after 15 s with `what`.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Creates a session from `name=value` tokens.
+pub async fn create(
+    client: &mut SchedulerServiceClient<Channel>,
+    owner: &str,
+    tokens: &[&str],
+) -> Result<pb::Session, tonic::Status> {
+    let requested = gpuwarden_controller::slots::ResourceSlot::parse_any(tokens).unwrap();
+    client
+        .create_session(pb::CreateSessionRequest {
+            requested: Some(gpuwarden_controller::api::convert::slots_to_pb(&requested)),
+            owner: owner.into(),
+            name: String::new(),
+            priority: 0,
+            node_id: String::new(),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// A session's state now.
+pub async fn state_of(client: &mut SchedulerServiceClient<Channel>, id: &str) -> pb::SessionState {
+    let s = client
+        .get_session(pb::GetSessionRequest { id: id.into() })
+        .await
+        .unwrap()
+        .into_inner();
+    pb::SessionState::try_from(s.state).unwrap()
+}
+
+/// Allocated shares per GPU of `node`, as printed.
+pub async fn alloc_map(client: &mut SchedulerServiceClient<Channel>, node: &str) -> Vec<String> {
+    let map = client
+        .get_allocation_map(pb::GetAllocationMapRequest {
+            node_id: node.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    map.nodes[0]
+        .devices
+        .iter()
+        .map(|d| d.allocated_shares.clone())
+        .collect()
+}
+
+/// Holdings of nobody (for a fresh link).
+pub fn no_holdings() -> SharedHoldings {
+    Arc::new(std::sync::Mutex::new(Holdings::default()))
+}
