@@ -62,9 +62,54 @@ pub struct Node {
     pub allocated: ResourceSlot,
     /// Last heartbeat, ms since the epoch.
     pub last_heartbeat_ms: i64,
+    /// Non-GPU slots free (capacity − allocated), kept so filtering allocates nothing.
+    #[serde(default)]
+    free_other: ResourceSlot,
 }
 
 impl Node {
+    /// A node as its agent reported it, holding `allocated` of its non-GPU slots.
+    #[must_use]
+    pub fn new(
+        report: NodeReport,
+        allocator: NodeAllocator,
+        allocated: ResourceSlot,
+        now_ms: i64,
+    ) -> Self {
+        let mut node = Self {
+            report,
+            state: NodeState::Ready,
+            allocator,
+            allocated,
+            last_heartbeat_ms: now_ms,
+            free_other: ResourceSlot::new(),
+        };
+        node.refresh();
+        node
+    }
+
+    /// Recomputes derived totals (after deserializing).
+    pub fn refresh(&mut self) {
+        self.free_other = self.report.capacity.saturating_sub(&self.allocated);
+        self.allocator.refresh();
+    }
+
+    /// Hands out the non-GPU part of `request`.
+    pub fn reserve(&mut self, request: &ResourceSlot) {
+        let part = Self::non_gpu(request);
+        self.allocated = self
+            .allocated
+            .checked_add(&part)
+            .unwrap_or_else(|| self.allocated.clone());
+        self.free_other = self.report.capacity.saturating_sub(&self.allocated);
+    }
+
+    /// Takes back the non-GPU part of `request`.
+    pub fn unreserve(&mut self, request: &ResourceSlot) {
+        self.allocated = self.allocated.saturating_sub(&Self::non_gpu(request));
+        self.free_other = self.report.capacity.saturating_sub(&self.allocated);
+    }
+
     /// Full capacity: the reported slots plus the GPU slots of its devices.
     #[must_use]
     pub fn capacity(&self) -> ResourceSlot {
@@ -95,10 +140,9 @@ impl Node {
             .collect()
     }
 
-    /// Whether the non-GPU part of `request` fits in what is free.
+    /// Whether `non_gpu` (the non-GPU part of a request) fits in what is free.
     #[must_use]
-    pub fn non_gpu_fits(&self, request: &ResourceSlot) -> bool {
-        let free = self.report.capacity.saturating_sub(&self.allocated);
-        Self::non_gpu(request).fits_in(&free)
+    pub fn non_gpu_fits(&self, non_gpu: &ResourceSlot) -> bool {
+        non_gpu.fits_in(&self.free_other)
     }
 }

@@ -215,12 +215,25 @@ impl DeviceState {
     }
 }
 
+/// Totals kept up to date so the scheduler can rule a node out without planning.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreeSummary {
+    /// Free shares over all devices.
+    pub total: SlotValue,
+    /// Free shares of the emptiest device.
+    pub largest: SlotValue,
+    /// Devices nobody holds any part of.
+    pub idle: usize,
+}
+
 /// The allocator of one node's devices.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeAllocator {
     config: AllocatorConfig,
     devices: Vec<DeviceState>,
     held: BTreeMap<String, Allocation>,
+    #[serde(default)]
+    free: FreeSummary,
 }
 
 impl NodeAllocator {
@@ -238,11 +251,41 @@ impl NodeAllocator {
                 exclusive: false,
             })
             .collect();
-        Self {
+        let mut allocator = Self {
             config,
             devices,
             held: BTreeMap::new(),
-        }
+            free: FreeSummary::default(),
+        };
+        allocator.summarize();
+        allocator
+    }
+
+    /// What is free, in summary.
+    #[must_use]
+    pub fn free(&self) -> FreeSummary {
+        self.free
+    }
+
+    /// Recomputes the free summary (after deserializing).
+    pub fn refresh(&mut self) {
+        self.summarize();
+    }
+
+    fn summarize(&mut self) {
+        self.free = FreeSummary {
+            total: self
+                .devices
+                .iter()
+                .fold(SlotValue::ZERO, |a, d| a.checked_add(d.free()).unwrap_or(a)),
+            largest: self
+                .devices
+                .iter()
+                .map(DeviceState::free)
+                .max()
+                .unwrap_or_default(),
+            idle: self.devices.iter().filter(|d| d.idle()).count(),
+        };
     }
 
     /// The devices and what is handed out on each: the `gpu_alloc_map`.
@@ -284,9 +327,29 @@ impl NodeAllocator {
             .with(names::CUDA_MEM, SlotValue::from_int(memory))
     }
 
-    /// Whether `request` would fit now (no side effects).
+    /// Whether `request` would fit now (no side effects). Most answers come from the summary;
+    /// only a split or a memory check plans for real.
     #[must_use]
     pub fn can_fit(&self, request: &GpuRequest) -> bool {
+        if request.is_empty() {
+            return true;
+        }
+        if request.devices > 0 {
+            // Whole idle devices hold all their memory: only a memory ask needs a plan.
+            if (request.devices as usize) > self.free.idle {
+                return false;
+            }
+            if request.memory_bytes == 0 {
+                return true;
+            }
+        } else if request.shares > self.free.total {
+            return false;
+        } else if request.memory_bytes == 0
+            && request.shares <= self.free.largest
+            && !request.shares.is_zero()
+        {
+            return true;
+        }
         self.plan(request, Strategy::Binpack).is_ok()
     }
 
@@ -327,6 +390,7 @@ impl NodeAllocator {
                 }
             }
         }
+        self.summarize();
         Some(allocation)
     }
 
@@ -340,6 +404,7 @@ impl NodeAllocator {
             }
         }
         self.held.insert(session.to_owned(), allocation);
+        self.summarize();
     }
 
     /// Decides where `request` goes, without reserving.

@@ -73,8 +73,12 @@ impl AgentService for AgentApi {
         tokio::spawn(async move {
             while let Some(message) = inbound.next().await {
                 let Ok(message) = message else { break };
+                let is_heartbeat = matches!(message.msg, Some(Msg::Heartbeat(_)));
                 let result = match message.msg {
-                    Some(Msg::Heartbeat(_)) => controller.apply(|s| s.heartbeat(&node)),
+                    Some(Msg::Heartbeat(_)) => {
+                        controller.count_heartbeat();
+                        controller.apply(|s| s.heartbeat(&node))
+                    }
                     Some(Msg::Ack(a)) => controller.apply(|s| s.ack(&node, &a.session_id)),
                     Some(Msg::Nack(n)) => {
                         tracing::warn!(%node, session = %n.session_id, reason = %n.reason, "agent refused an allocation: {}", n.message);
@@ -85,7 +89,9 @@ impl AgentService for AgentApi {
                 if let Err(e) = result {
                     tracing::error!(%node, "persisting an agent message: {e}");
                 }
-                controller.kick();
+                if !is_heartbeat {
+                    controller.kick();
+                }
             }
             tracing::info!(%node, "agent stream closed");
         });

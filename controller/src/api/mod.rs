@@ -64,6 +64,7 @@ pub struct Controller {
     watchers: broadcast::Sender<pb::Session>,
     kick: Notify,
     next_id: AtomicU64,
+    heartbeats: AtomicU64,
     timing: Timing,
 }
 
@@ -89,6 +90,7 @@ impl Controller {
             watchers,
             kick: Notify::new(),
             next_id: AtomicU64::new(0),
+            heartbeats: AtomicU64::new(0),
             timing,
         })
     }
@@ -142,6 +144,16 @@ impl Controller {
     pub fn new_session_id(&self) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         format!("s-{:x}{:04x}", now_ms(), n & 0xffff)
+    }
+
+    /// Heartbeats received since start.
+    #[must_use]
+    pub fn heartbeats_received(&self) -> u64 {
+        self.heartbeats.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_heartbeat(&self) {
+        self.heartbeats.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Asks for a scheduling pass soon.

@@ -22,7 +22,7 @@ use crate::{
     allocator::{AllocError, Allocation, AllocatorConfig, GpuRequest, NodeAllocator, Strategy},
     node::{Node, NodeReport, NodeState},
     session::{Session, SessionState, now_ms},
-    slots::{RegistryError, ResourceSlot, SlotTypeRegistry, SlotValue},
+    slots::{RegistryError, ResourceSlot, SlotTypeRegistry},
 };
 
 /// Order in which pending sessions are tried.
@@ -162,6 +162,10 @@ pub struct Scheduler {
     tracker: ConcurrencyTracker,
     next_seq: u64,
     changes: Changes,
+    /// Nodes ordered by free GPU shares, so a decision visits only nodes that could fit.
+    by_free: BTreeSet<(u128, String)>,
+    /// Each node's key in `by_free`.
+    free_key: BTreeMap<String, u128>,
 }
 
 impl Scheduler {
@@ -187,7 +191,10 @@ impl Scheduler {
         s.registry = registry;
         for mut node in nodes {
             node.state = NodeState::Lost;
-            s.nodes.insert(node.report.node_id.clone(), node);
+            node.refresh();
+            let id = node.report.node_id.clone();
+            s.nodes.insert(id.clone(), node);
+            s.reindex(&id);
         }
         for session in sessions {
             s.next_seq = s.next_seq.max(session.seq + 1);
@@ -250,7 +257,7 @@ impl Scheduler {
         }
         let id = report.node_id.clone();
         let mut allocator = NodeAllocator::new(report.devices.clone(), self.config.allocator);
-        let mut allocated = ResourceSlot::new();
+        let mut held = Vec::new();
         let running: BTreeSet<&str> = running.iter().map(String::as_str).collect();
         let mut commands = Vec::new();
         // Sessions the controller placed here: keep those the agent holds, or that await its ack.
@@ -266,9 +273,7 @@ impl Scheduler {
             };
             if running.contains(sid.as_str()) || session.state == SessionState::Scheduled {
                 allocator.restore(&sid, session.allocation.clone());
-                allocated = allocated
-                    .checked_add(&Node::non_gpu(&session.requested))
-                    .unwrap_or(allocated);
+                held.push(session.requested.clone());
                 if session.state == SessionState::Lost {
                     set_state(session, SessionState::Running, "");
                 }
@@ -304,16 +309,12 @@ impl Scheduler {
                 });
             }
         }
-        self.nodes.insert(
-            id.clone(),
-            Node {
-                report,
-                state: NodeState::Ready,
-                allocator,
-                allocated,
-                last_heartbeat_ms: now_ms(),
-            },
-        );
+        let mut node = Node::new(report, allocator, ResourceSlot::new(), now_ms());
+        for requested in &held {
+            node.reserve(requested);
+        }
+        self.nodes.insert(id.clone(), node);
+        self.reindex(&id);
         self.changes.nodes.insert(id);
         Ok(commands)
     }
@@ -448,8 +449,9 @@ impl Scheduler {
         let node = node.filter(|_| held)?;
         if let Some(n) = self.nodes.get_mut(&node) {
             n.allocator.release(id);
-            n.allocated = n.allocated.saturating_sub(&Node::non_gpu(&requested));
+            n.unreserve(&requested);
             self.changes.nodes.insert(node.clone());
+            self.reindex(&node);
         }
         Some(Command::Release {
             node,
@@ -487,16 +489,27 @@ impl Scheduler {
         self.changes.sessions.insert(session.to_owned());
         if let Some(n) = self.nodes.get_mut(node) {
             n.allocator.release(session);
-            n.allocated = n.allocated.saturating_sub(&Node::non_gpu(&requested));
+            n.unreserve(&requested);
             self.changes.nodes.insert(node.to_owned());
+            self.reindex(node);
         }
     }
 
     /// One scheduling pass: places as many pending sessions as fit. Returns the commands.
     pub fn pass(&mut self) -> Vec<Command> {
+        self.pass_observed(&mut |_, _| {})
+    }
+
+    /// [`Self::pass`], reporting how long each session's decision took and whether it was placed
+    /// (for benchmarks).
+    pub fn pass_observed(
+        &mut self,
+        observe: &mut dyn FnMut(std::time::Duration, bool),
+    ) -> Vec<Command> {
         let order = self.queue_order();
         let mut commands = Vec::new();
         for id in order {
+            let started = std::time::Instant::now();
             let Some(session) = self.sessions.get(&id) else {
                 continue;
             };
@@ -526,6 +539,7 @@ impl Scheduler {
                     Err(why) => reason = why,
                 }
             }
+            observe(started.elapsed(), placed);
             if !placed {
                 let skip_after = self.config.skip_after;
                 let fifo = self.config.queue == QueuePolicy::Fifo;
@@ -625,31 +639,43 @@ impl Scheduler {
         let session = self.sessions.get(id).ok_or("gone")?;
         let gpu = GpuRequest::from_slots(&session.requested).map_err(|e| e.to_string())?;
         let wants_gpu = !gpu.is_empty();
+        // Computed once: most requests have no non-GPU part worth a per-node check.
+        let non_gpu = Node::non_gpu(&session.requested);
         let strategy = self.config.strategy;
-        let best = self
-            .nodes
-            .iter()
-            .filter(|(nid, n)| {
+        // Only nodes with at least this much free can hold the request.
+        let lower = if gpu.devices > 0 {
+            self.config.allocator.quantum.micros() * u128::from(gpu.devices)
+        } else {
+            gpu.shares.micros()
+        };
+        let fits = |nid: &String| {
+            self.nodes.get(nid).is_some_and(|n| {
                 n.state == NodeState::Ready
-                    && session.pinned_node.as_ref().is_none_or(|p| p == *nid)
-                    && n.non_gpu_fits(&session.requested)
+                    && session.pinned_node.as_ref().is_none_or(|p| p == nid)
+                    && (non_gpu.is_zero() || n.non_gpu_fits(&non_gpu))
                     && n.allocator.can_fit(&gpu)
             })
-            .min_by_key(|(nid, n)| {
-                // Keep GPU nodes for GPU work.
-                let misplaced = !wants_gpu && n.has_accelerators();
-                let free: SlotValue = n
-                    .allocator
-                    .devices()
-                    .iter()
-                    .fold(SlotValue::ZERO, |a, d| a.checked_add(d.free()).unwrap_or(a));
-                let score = match strategy {
-                    Strategy::Binpack => free.micros(),
-                    Strategy::Spread => u128::MAX - free.micros(),
-                };
-                (misplaced, score, (*nid).clone())
-            })
-            .map(|(nid, _)| nid.clone());
+        };
+        // Keep GPU nodes for GPU work: a request without GPUs tries nodes without them first.
+        let plain =
+            |nid: &String| wants_gpu || self.nodes.get(nid).is_some_and(|n| !n.has_accelerators());
+        let range = self
+            .by_free
+            .range((lower, String::new())..)
+            .map(|(_, id)| id);
+        // Binpack: the fullest node that fits (ascending free); spread: the emptiest.
+        let best = match strategy {
+            Strategy::Binpack => range
+                .clone()
+                .find(|id| plain(id) && fits(id))
+                .or_else(|| range.clone().find(|id| fits(id))),
+            Strategy::Spread => range
+                .clone()
+                .rev()
+                .find(|id| plain(id) && fits(id))
+                .or_else(|| range.clone().rev().find(|id| fits(id))),
+        }
+        .cloned();
         let Some(node_id) = best else {
             return Err(format!("no node fits {}", session.requested));
         };
@@ -660,12 +686,10 @@ impl Scheduler {
             .allocator
             .allocate(id, &gpu, strategy)
             .map_err(|e| e.to_string())?;
-        node.allocated = node
-            .allocated
-            .checked_add(&Node::non_gpu(&requested))
-            .unwrap_or_else(|| node.allocated.clone());
+        node.reserve(&requested);
         self.tracker.add(&owner, id);
         self.changes.nodes.insert(node_id.clone());
+        self.reindex(&node_id);
         if let Some(s) = self.sessions.get_mut(id) {
             s.node = Some(node_id.clone());
             s.allocation = allocation.clone();
@@ -678,6 +702,20 @@ impl Scheduler {
             slots: requested,
             allocation,
         })
+    }
+}
+
+impl Scheduler {
+    /// Re-files `node` in the free-capacity index after its allocations changed.
+    fn reindex(&mut self, node: &str) {
+        if let Some(old) = self.free_key.remove(node) {
+            self.by_free.remove(&(old, node.to_owned()));
+        }
+        if let Some(n) = self.nodes.get(node) {
+            let key = n.allocator.free().total.micros();
+            self.by_free.insert((key, node.to_owned()));
+            self.free_key.insert(node.to_owned(), key);
+        }
     }
 }
 

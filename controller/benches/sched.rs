@@ -1,0 +1,281 @@
+//! `cargo xtask bench sched`: scheduling decisions per second and latency per decision for
+//! 10,000 pending mixed sessions over 1,000 and 5,000 nodes × 8 GPUs, and heartbeats per second
+//! ingested from 1,000 simulated agents over real gRPC on loopback.
+//!
+//! Baseline in the same run: the time to merely walk the queue in order (sort and read each
+//! pending session), so the table shows what deciding adds over touching each session.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use gpuwarden_controller::{
+    allocator::DeviceSpec,
+    api::{Controller, Timing},
+    node::NodeReport,
+    scheduler::{Scheduler, SchedulerConfig},
+    server,
+    slots::{ResourceSlot, SlotKind, SlotName},
+    store::Store,
+};
+use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
+use tokio_stream::StreamExt;
+
+const SESSIONS: usize = 10_000;
+const GPUS: u32 = 8;
+
+/// A small deterministic generator (no dependency, same mix every run).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn report(id: usize) -> NodeReport {
+    NodeReport {
+        node_id: format!("node-{id:05}"),
+        hostname: format!("node-{id:05}"),
+        slot_types: [
+            ("cpu", SlotKind::Count),
+            ("mem", SlotKind::Bytes),
+            ("cuda.shares", SlotKind::Count),
+            ("cuda.device", SlotKind::Count),
+            ("cuda.mem", SlotKind::Bytes),
+        ]
+        .iter()
+        .map(|(n, k)| (SlotName::new(n).expect("valid"), *k))
+        .collect(),
+        capacity: ResourceSlot::parse_any(&["cpu=64", "mem=512g"]).expect("valid"),
+        devices: (0..GPUS)
+            .map(|i| DeviceSpec {
+                uuid: format!("GPU-{id}-{i}"),
+                index: i,
+                memory_bytes: 80 << 30,
+                sm_count: 132,
+                numa_node: i32::try_from(i / 4).unwrap_or(0),
+            })
+            .collect(),
+        device_models: vec![],
+        hooks: vec![],
+        agent_version: "bench".into(),
+    }
+}
+
+/// 60% fractional (0.1–0.9), 25% whole devices (1–2), 15% multi-device fractional (1.2–3.0).
+fn request(rng: &mut Rng) -> ResourceSlot {
+    let roll = rng.below(100);
+    let gpu = if roll < 60 {
+        format!("cuda.shares=0.{}", 1 + rng.below(9))
+    } else if roll < 85 {
+        format!("cuda.device={}", 1 + rng.below(2))
+    } else {
+        format!("cuda.shares={}.{}", 1 + rng.below(2), 2 + rng.below(8))
+    };
+    ResourceSlot::parse_any(&["cpu=1", "mem=4g", gpu.as_str()]).expect("valid")
+}
+
+struct Row {
+    nodes: usize,
+    decisions: usize,
+    placed: usize,
+    per_second: f64,
+    baseline_per_second: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+fn decisions(nodes: usize) -> Row {
+    let config = SchedulerConfig {
+        // Every pending session is tried in one pass (none blocks the queue).
+        skip_after: 0,
+        ..SchedulerConfig::default()
+    };
+    let mut s = Scheduler::new(config);
+    for i in 0..nodes {
+        s.register(report(i), &[]).expect("registers");
+    }
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for i in 0..SESSIONS {
+        s.create(
+            format!("s{i:05}"),
+            String::new(),
+            format!("owner{}", i % 50),
+            0,
+            request(&mut rng),
+            None,
+        )
+        .expect("valid request");
+    }
+    // Baseline: walk the pending sessions in queue order without deciding.
+    let started = Instant::now();
+    let mut touched = 0usize;
+    let mut order: Vec<_> = s.sessions().values().collect();
+    order.sort_by_key(|x| (std::cmp::Reverse(x.priority), x.seq));
+    for x in order {
+        touched += usize::from(!x.requested.is_zero());
+    }
+    let baseline = started.elapsed();
+
+    let mut latencies = Vec::with_capacity(SESSIONS);
+    let mut placed = 0;
+    let started = Instant::now();
+    s.pass_observed(&mut |d, ok| {
+        latencies.push(d);
+        placed += usize::from(ok);
+    });
+    let total = started.elapsed();
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
+    Row {
+        nodes,
+        decisions: latencies.len(),
+        placed,
+        per_second: latencies.len() as f64 / total.as_secs_f64(),
+        baseline_per_second: touched as f64 / baseline.as_secs_f64().max(1e-9),
+        p50: pct(0.5),
+        p99: pct(0.99),
+    }
+}
+
+async fn heartbeats(agents: usize, seconds: u64) -> (f64, u64) {
+    let dir = std::env::temp_dir().join(format!("gpuwarden-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = Store::open(&dir).expect("store");
+    let timing = Timing {
+        heartbeat_timeout: Duration::from_secs(600),
+        ..Timing::default()
+    };
+    let controller = Controller::new(Scheduler::new(SchedulerConfig::default()), store, timing);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(server::serve_on(
+        Arc::clone(&controller),
+        listener,
+        std::future::pending(),
+    ));
+    let url = format!("http://{addr}");
+    // A few connections carry all streams, as a real fleet's HTTP/2 multiplexing would per agent.
+    let mut channels = Vec::new();
+    for _ in 0..8 {
+        channels.push(
+            tonic::transport::Endpoint::from_shared(url.clone())
+                .expect("url")
+                .connect()
+                .await
+                .expect("connect"),
+        );
+    }
+    let mut senders = Vec::new();
+    for i in 0..agents {
+        let mut client = AgentServiceClient::new(channels[i % channels.len()].clone());
+        let node = format!("node-{i:05}");
+        let mut info = pb::NodeInfo {
+            node_id: node.clone(),
+            hostname: node.clone(),
+            ..Default::default()
+        };
+        info.slot_types.push(pb::SlotType {
+            name: "cpu".into(),
+            kind: pb::SlotKind::Count.into(),
+        });
+        client.register(info).await.expect("register");
+        let (tx, rx) = tokio::sync::mpsc::channel::<pb::AgentMessage>(64);
+        let hb = |seq| pb::AgentMessage {
+            msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+                node_id: node.clone(),
+                seq,
+                running_sessions: vec![],
+            })),
+        };
+        tx.send(hb(0)).await.expect("first heartbeat");
+        let mut inbound = client
+            .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("stream")
+            .into_inner();
+        tokio::spawn(async move { while inbound.next().await.is_some() {} });
+        senders.push((tx, node));
+    }
+    let before = controller.heartbeats_received();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for (tx, node) in senders {
+        tasks.push(tokio::spawn(async move {
+            let mut seq = 1;
+            while Instant::now() < deadline {
+                let msg = pb::AgentMessage {
+                    msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+                        node_id: node.clone(),
+                        seq,
+                        running_sessions: vec![],
+                    })),
+                };
+                if tx.send(msg).await.is_err() {
+                    break;
+                }
+                seq += 1;
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let elapsed = started.elapsed();
+    // Let the server drain what is in flight, then count only what it ingested.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ingested = controller.heartbeats_received() - before;
+    let _ = std::fs::remove_dir_all(&dir);
+    (ingested as f64 / (elapsed.as_secs_f64() + 0.5), ingested)
+}
+
+fn main() {
+    println!(
+        "\ncargo xtask bench sched — {SESSIONS} pending mixed sessions (60% fractional, 25% whole-device, 15% multi-device), one pass, binpack"
+    );
+    println!(
+        "| nodes × GPUs | decisions | placed | decisions/s | walk-only baseline/s | p50 per decision | p99 per decision | floor |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---|");
+    for (nodes, floor) in [(1_000, 5_000.0), (5_000, 1_000.0)] {
+        let r = decisions(nodes);
+        println!(
+            "| {} × {GPUS} | {} | {} | {:.0} | {:.0} | {:.1} µs | {:.1} µs | ≥ {floor:.0}/s {} |",
+            r.nodes,
+            r.decisions,
+            r.placed,
+            r.per_second,
+            r.baseline_per_second,
+            r.p50.as_secs_f64() * 1e6,
+            r.p99.as_secs_f64() * 1e6,
+            if r.per_second >= floor {
+                "within"
+            } else {
+                "BELOW"
+            }
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (rate, total) = runtime.block_on(heartbeats(1_000, 5));
+    println!("\n| agents | heartbeats ingested | heartbeats/s | floor |");
+    println!("|---:|---:|---:|---|");
+    println!(
+        "| 1000 | {total} | {rate:.0} | ≥ 10000/s {} |",
+        if rate >= 10_000.0 { "within" } else { "BELOW" }
+    );
+}
