@@ -1,30 +1,58 @@
 //! A synthetic GPU client: the ioctls a CUDA process issues, with the real encodings and layouts.
 //!
-//! [`GpuClient`] is the library; the `gpu-client` binary wraps it in a line protocol so a test
-//! can step a process that lives inside a cgroup. After start it prints `ready pid=<pid>`, then
-//! answers each command line with one line starting `ok` or `err`:
+//! [`GpuClient`] opens `nvidiactl`, `nvidia-uvm` and a GPU node in a directory (the fake driver's
+//! mount point, or `/dev`) and issues the RM and UVM calls through `ioctl(2)` on those fds:
+//! the same bytes libcuda sends, so the agent's eBPF programs can't tell it from a real process.
+//!
+//! The `gpu-client` binary wraps it in a line protocol ([`script`]) so a test can step a process
+//! that lives inside a cgroup; [`ScriptedClient`] drives that binary from a test.
+//!
+//! # The `gpu-client` command language
+//!
+//! `gpu-client --dir DIR [--gpu N]` opens `DIR/nvidiactl`, `DIR/nvidia-uvm` and `DIR/nvidiaN`,
+//! prints `ready pid=<pid>`, then answers every line on stdin with exactly one line, flushed,
+//! starting `ok` or `err` (`exit` alone answers nothing: the process ends). Numbers are decimal
+//! or `0x` hex; sizes take a `k`/`m`/`g` suffix (binary units); handles are printed in hex.
 //!
 //! | command | reply |
 //! |---|---|
-//! | `client` | `ok client=0x…` |
-//! | `device <client> <id>` | `ok handle=0x…` |
-//! | `subdevice <client> <device>` | `ok handle=0x…` |
-//! | `alloc <client> <parent> <bytes>[k\|m\|g] [nvos21\|nvos64] [v120\|v128] [xfer]` | `ok handle=0x… size=<bytes written back>` |
-//! | `virtual <client> <parent> <bytes>` | `ok handle=0x…` (a VA reservation) |
-//! | `free <client> <parent> <handle>` | `ok` |
-//! | `control <client> <object> <cmd>` | `ok` |
-//! | `uvm <cmd\|init>` | `ok ret=<n>` |
-//! | `dup` | `ok fd=<n>`: RM ioctls go through a `dup` of the control fd from now on |
-//! | `ioctl-raw <path> <cmd>` | `ok ret=<n>`: an NVIDIA-looking ioctl on any file |
+//! | `client` | `ok client=0x…` (`NV01_ROOT_CLIENT`) |
+//! | `device <client> <id>` | `ok handle=0x…` (`NV01_DEVICE_0`, `deviceId` = id) |
+//! | `subdevice <client> <device>` | `ok handle=0x…` (`NV20_SUBDEVICE_0`) |
+//! | `alloc <client> <parent> <size> [nvos21\|nvos64] [v120\|v128] [xfer]` | `ok handle=0x… size=<bytes the driver wrote back>` (video memory; default `nvos21 v128`, `xfer` wraps it in `IOCTL_XFER_CMD`) |
+//! | `sysmem <client> <parent> <size>` | `ok handle=0x…` (`NV01_MEMORY_SYSTEM`) |
+//! | `virtual <client> <parent> <size>` | `ok handle=0x…` (`NV50_MEMORY_VIRTUAL`, a VA reservation) |
+//! | `free <client> <parent> <handle> [xfer]` | `ok` (`handle` = `client` frees the client) |
+//! | `control <client> <object> <cmd>` | `ok` (`RM_CONTROL` without params) |
+//! | `gpu-ids <client>` | `ok ids=0x100,0x200` (`NV0000_CTRL_CMD_GPU_GET_ATTACHED_IDS`) |
+//! | `register-fd` | `ok` (`REGISTER_FD` of the control fd on the GPU node, as libcuda does) |
+//! | `uvm init` | `ok` (`UVM_INITIALIZE`) |
+//! | `uvm range <base> <length>` | `ok` (`UVM_CREATE_EXTERNAL_RANGE`) |
+//! | `uvm map <base> <length> <client> <memory>` | `ok` (`UVM_MAP_EXTERNAL_ALLOCATION`) |
+//! | `uvm free <base> [<length>]` | `ok` (`UVM_FREE`) |
+//! | `uvm <number>` | `ok ret=<n>` (that command with 16 KiB of zeroes) |
+//! | `open <path>` | `ok fd=<n>`: holds the file open; a bare name is a file in `DIR` |
+//! | `dup [<fd>]` | `ok fd=<n>`: the copy takes over the fd's role, so after `dup` (of `ctl`) RM calls go through the copy |
+//! | `close <fd>` | `ok` |
+//! | `ioctl-raw <path\|fd> <cmd>` | `ok ret=<n>` or `ok ret=-1 errno=<e>`: any ioctl, with 16 KiB of zeroes, on any file (`/dev/null`, a regular file, …); a bare word is an fd |
 //! | `thread <command…>` | the command's reply, run on a new thread |
-//! | `fork` | `ok pid=<child>`: a child sharing the fds, driven with `child <command…>` |
-//! | `child <command…>` | the child's reply; `child exit` ends it |
-//! | `close ctl` | `ok` |
-//! | `sleep <ms>`, `pid`, `exit` | `ok`, `ok pid=<n>`, (exits without freeing anything) |
+//! | `fork` | `ok pid=<n>`: a child sharing every fd, driven with `child …` |
+//! | `child <command…>` | `child: <the child's reply>` |
+//! | `wait-child` (or `child exit`) | `ok status=<exit status>`: the child exits, freeing nothing |
+//! | `kill-child` | `ok`: SIGKILL, then reaped |
+//! | `sleep <ms>` | `ok` |
+//! | `pid` | `ok pid=<n>` |
+//! | `exit` | none: exits 0 without freeing anything (the kernel closes the fds) |
 //!
-//! Numbers are decimal or `0x` hex. An RM error answers `err status=0x…`.
+//! An fd is `ctl`, `uvm`, `gpu` (the node opened at start) or a number from `open`/`dup`. An RM
+//! failure answers `err status=0x…`, a failed system call `err errno=<n> <text>`, a line that
+//! doesn't parse `err <why>`.
+
+pub mod script;
+mod scripted;
 
 use std::{
+    collections::BTreeMap,
     ffi::CString,
     io,
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
@@ -32,98 +60,199 @@ use std::{
 };
 
 use gpuwarden_agent_common::nvidia::{
-    class, esc, ioctl_cmd, memory_alloc, nvos00, nvos21, nvos54, nvos64, status, uvm, xfer,
+    class, device_alloc, esc, ioctl_cmd, memory_alloc, nvos00, nvos21, nvos54, nvos64, status, uvm,
+    xfer,
 };
 
-/// An RM call that failed.
+pub use self::scripted::{ScriptError, ScriptedClient};
+use crate::{
+    abi::{ctrl, uvm_params},
+    bytes::{set_u32, set_u64, u32_at, u64_at},
+};
+
+/// An RM or UVM call that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RmError {
-    /// The ioctl itself failed.
-    #[error("ioctl failed: {0}")]
-    Io(#[from] io::Error),
-    /// The driver answered a non-zero status.
-    #[error("status={0:#x}")]
-    Status(u32),
+    /// `ioctl(2)` itself failed (a malformed call, a closed fd, a bad pointer).
+    #[error("ioctl {cmd:#x} failed: {source}")]
+    Ioctl {
+        /// The command.
+        cmd: u32,
+        /// The errno.
+        #[source]
+        source: io::Error,
+    },
+    /// The driver answered a non-zero `status` (or UVM `rmStatus`).
+    #[error("the driver answered status {status:#x}")]
+    Status {
+        /// The `NV_STATUS`.
+        status: u32,
+    },
+}
+
+impl RmError {
+    /// The driver's status, when that is what failed.
+    #[must_use]
+    pub fn status(&self) -> Option<u32> {
+        match self {
+            Self::Status { status } => Some(*status),
+            Self::Ioctl { .. } => None,
+        }
+    }
+}
+
+/// A failure with the client's files.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// A file can't be opened.
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The fd isn't one the client holds.
+    #[error("fd {fd} is not open")]
+    NotOpen {
+        /// The fd.
+        fd: RawFd,
+    },
+    /// `dup` failed.
+    #[error("cannot dup fd {fd}: {source}")]
+    Dup {
+        /// The fd.
+        fd: RawFd,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// The parameter struct of `RM_ALLOC`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Form {
     /// `NVOS21_PARAMETERS` (32 bytes).
+    #[default]
     Nvos21,
     /// `NVOS64_PARAMETERS` (48 bytes).
     Nvos64,
 }
 
 /// The size of `NV_MEMORY_ALLOCATION_PARAMS`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layout {
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ParamsLayout {
     /// 120 bytes (drivers before 545.23.06).
     V120,
-    /// 128 bytes.
+    /// 128 bytes (545.23.06 and later).
+    #[default]
     V128,
 }
 
-/// How an allocation is issued.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AllocOptions {
-    /// Params struct.
-    pub form: Form,
-    /// Allocation params size.
-    pub layout: Layout,
-    /// Wrapped in `IOCTL_XFER_CMD`.
-    pub xfer: bool,
-}
-
-impl Default for AllocOptions {
-    fn default() -> Self {
-        Self {
-            form: Form::Nvos21,
-            layout: Layout::V128,
-            xfer: false,
+impl ParamsLayout {
+    /// The struct's size.
+    #[must_use]
+    pub const fn size(self) -> usize {
+        match self {
+            Self::V120 => memory_alloc::SIZE_OLD as usize,
+            Self::V128 => memory_alloc::SIZE as usize,
         }
     }
+}
+
+/// How an RM escape reaches the driver.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Via {
+    /// Its own `_IOWR('F', nr, size)`.
+    #[default]
+    Direct,
+    /// Wrapped in `IOCTL_XFER_CMD`, its params pointed to.
+    Xfer,
+}
+
+/// An `RM_ALLOC` in full.
+#[derive(Debug)]
+pub struct RmAlloc<'a> {
+    /// `hRoot`.
+    pub client: u32,
+    /// `hObjectParent`.
+    pub parent: u32,
+    /// `hObjectNew`: 0 lets the driver pick.
+    pub handle: u32,
+    /// `hClass`.
+    pub class: u32,
+    /// What `pAllocParms` points to (null and `paramsSize` 0 when empty); the driver may write
+    /// into it.
+    pub params: &'a mut [u8],
+    /// NVOS21 or NVOS64.
+    pub form: Form,
+    /// Direct or through `IOCTL_XFER_CMD`.
+    pub via: Via,
+}
+
+/// An fd the client holds, and which open file it refers to.
+#[derive(Debug)]
+struct Held {
+    fd: OwnedFd,
+    /// Fds from `dup` share their original's file.
+    file: usize,
+    /// Later fds of a file take over its role.
+    order: u64,
 }
 
 /// Open GPU device files and the calls a CUDA process makes on them.
 #[derive(Debug)]
 pub struct GpuClient {
-    ctl: OwnedFd,
-    /// A `dup` of `ctl` used for RM calls when set.
-    dup: Option<OwnedFd>,
-    uvm: OwnedFd,
-    gpu: OwnedFd,
+    dir: PathBuf,
+    fds: BTreeMap<RawFd, Held>,
+    files: usize,
+    order: u64,
+    ctl: usize,
+    uvm: usize,
+    gpus: BTreeMap<u32, usize>,
+    /// The GPU opened at start.
+    gpu: u32,
 }
 
-/// Opens `path` read-write, close-on-exec like libcuda.
+/// Opens `path` read-write and close-on-exec, as libcuda does.
 ///
 /// # Errors
 /// The open fails.
-pub fn open(path: &Path) -> io::Result<OwnedFd> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
+pub fn open_rw(path: &Path) -> Result<OwnedFd, ClientError> {
+    let err = |source| ClientError::Open {
+        path: path.to_owned(),
+        source,
+    };
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|e| err(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
     // SAFETY: a valid C string.
     let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if fd < 0 {
-        return Err(io::Error::last_os_error());
+        return Err(err(io::Error::last_os_error()));
     }
-    // SAFETY: a fresh fd we own.
+    // SAFETY: a fresh fd nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Issues `ioctl(fd, cmd, params)`.
+/// Issues `ioctl(fd, cmd, params)` and returns what it returned.
 ///
 /// # Errors
-/// The ioctl returns -1.
-pub fn raw_ioctl(fd: RawFd, cmd: u32, params: &mut [u8]) -> io::Result<i32> {
-    // The size the command encodes must fit the buffer, or the kernel would write past it.
+/// The ioctl returned -1, or `cmd` encodes more bytes than `params` holds (the kernel would
+/// write past it).
+pub fn ioctl_raw(fd: RawFd, cmd: u32, params: &mut [u8]) -> io::Result<i32> {
     let encoded = (cmd >> 16) & 0x3fff;
     if cmd >> 30 != 0 && encoded as usize > params.len() {
-        return Err(io::Error::other(format!(
-            "ioctl {cmd:#x} needs {encoded} bytes, buffer has {}",
-            params.len()
-        )));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "ioctl {cmd:#x} moves {encoded} bytes, the buffer has {}",
+                params.len()
+            ),
+        ));
     }
-    // SAFETY: the buffer is as large as the command says.
+    // SAFETY: the buffer is at least as large as the command says; for commands that don't say
+    // (UVM's), callers pass a buffer as large as the params struct.
     let ret = unsafe { libc::ioctl(fd, libc::c_ulong::from(cmd), params.as_mut_ptr()) };
     if ret < 0 {
         Err(io::Error::last_os_error())
@@ -132,440 +261,532 @@ pub fn raw_ioctl(fd: RawFd, cmd: u32, params: &mut [u8]) -> io::Result<i32> {
     }
 }
 
-fn put_u32(b: &mut [u8], off: usize, v: u32) {
-    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put_u64(b: &mut [u8], off: usize, v: u64) {
-    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
-}
-
-fn get_u32(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
-}
-
 impl GpuClient {
+    /// Opens `nvidiactl`, `nvidia-uvm` and `nvidia0` in `dir`.
+    ///
+    /// # Errors
+    /// A file can't be opened.
+    pub fn open(dir: &Path) -> Result<Self, ClientError> {
+        Self::open_on(dir, 0)
+    }
+
     /// Opens `nvidiactl`, `nvidia-uvm` and `nvidia<gpu>` in `dir`.
     ///
     /// # Errors
     /// A file can't be opened.
-    pub fn open(dir: &Path, gpu: u32) -> io::Result<Self> {
-        Ok(Self {
-            ctl: open(&dir.join("nvidiactl"))?,
-            dup: None,
-            uvm: open(&dir.join("nvidia-uvm"))?,
-            gpu: open(&dir.join(format!("nvidia{gpu}")))?,
-        })
+    pub fn open_on(dir: &Path, gpu: u32) -> Result<Self, ClientError> {
+        let mut client = Self {
+            dir: dir.to_owned(),
+            fds: BTreeMap::new(),
+            files: 0,
+            order: 0,
+            ctl: 0,
+            uvm: 0,
+            gpus: BTreeMap::new(),
+            gpu,
+        };
+        client.ctl = client.hold(open_rw(&dir.join("nvidiactl"))?, None);
+        client.uvm = client.hold(open_rw(&dir.join("nvidia-uvm"))?, None);
+        client.open_gpu(gpu)?;
+        Ok(client)
     }
 
-    /// The fd RM calls go through.
+    /// The GPU whose node was opened at start.
     #[must_use]
-    pub fn rm_fd(&self) -> RawFd {
-        self.dup.as_ref().unwrap_or(&self.ctl).as_raw_fd()
+    pub fn gpu(&self) -> u32 {
+        self.gpu
     }
 
-    /// The GPU node's fd.
+    /// The directory the files were opened in.
     #[must_use]
-    pub fn gpu_fd(&self) -> RawFd {
-        self.gpu.as_raw_fd()
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
-    /// Sends RM calls through a `dup` of the control fd from now on; returns the new fd.
+    /// Keeps `fd`, as a new open file or as another fd of `file`; returns its file.
+    fn hold(&mut self, fd: OwnedFd, file: Option<usize>) -> usize {
+        let file = file.unwrap_or_else(|| {
+            self.files += 1;
+            self.files
+        });
+        self.order += 1;
+        self.fds.insert(
+            fd.as_raw_fd(),
+            Held {
+                fd,
+                file,
+                order: self.order,
+            },
+        );
+        file
+    }
+
+    /// The newest fd still open on `file`.
+    fn fd_of(&self, file: usize) -> Option<RawFd> {
+        self.fds
+            .iter()
+            .filter(|(_, h)| h.file == file)
+            .max_by_key(|(_, h)| h.order)
+            .map(|(&fd, _)| fd)
+    }
+
+    /// The fd RM calls go through: the newest fd of the `nvidiactl` open file.
+    #[must_use]
+    pub fn ctl_fd(&self) -> Option<RawFd> {
+        self.fd_of(self.ctl)
+    }
+
+    /// The fd UVM calls go through.
+    #[must_use]
+    pub fn uvm_fd(&self) -> Option<RawFd> {
+        self.fd_of(self.uvm)
+    }
+
+    /// The fd of GPU node `nvidia<gpu>`, when open.
+    #[must_use]
+    pub fn gpu_fd(&self, gpu: u32) -> Option<RawFd> {
+        self.gpus.get(&gpu).and_then(|&f| self.fd_of(f))
+    }
+
+    /// Every fd held.
+    #[must_use]
+    pub fn fds(&self) -> Vec<RawFd> {
+        self.fds.keys().copied().collect()
+    }
+
+    /// Opens `nvidia<gpu>` (again, if it is open: the newest is used).
     ///
     /// # Errors
-    /// `dup` fails.
-    pub fn use_dup(&mut self) -> io::Result<RawFd> {
-        self.dup = Some(self.ctl.try_clone()?);
-        Ok(self.rm_fd())
+    /// It can't be opened.
+    pub fn open_gpu(&mut self, gpu: u32) -> Result<RawFd, ClientError> {
+        let fd = open_rw(&self.dir.join(format!("nvidia{gpu}")))?;
+        let raw = fd.as_raw_fd();
+        let file = self.hold(fd, None);
+        self.gpus.insert(gpu, file);
+        Ok(raw)
     }
 
-    /// Closes the control fd (and its dup): the driver frees the clients made through it.
-    pub fn close_ctl(&mut self) {
-        self.dup = None;
-        // Replace with /dev/null so the struct stays valid; the real fd is closed.
-        if let Ok(null) = open(Path::new("/dev/null")) {
-            self.ctl = null;
+    /// Opens any file read-write and holds it until [`close`](Self::close).
+    ///
+    /// # Errors
+    /// It can't be opened.
+    pub fn open_file(&mut self, path: &Path) -> Result<RawFd, ClientError> {
+        let fd = open_rw(path)?;
+        let raw = fd.as_raw_fd();
+        self.hold(fd, None);
+        Ok(raw)
+    }
+
+    /// Duplicates `fd`; the copy refers to the same open file and, being the newest, takes over
+    /// its role (RM calls go through a copy of the control fd).
+    ///
+    /// # Errors
+    /// `fd` isn't held, or `dup` failed.
+    pub fn dup(&mut self, fd: RawFd) -> Result<RawFd, ClientError> {
+        let held = self.fds.get(&fd).ok_or(ClientError::NotOpen { fd })?;
+        let copy = held
+            .fd
+            .try_clone()
+            .map_err(|source| ClientError::Dup { fd, source })?;
+        let file = held.file;
+        let raw = copy.as_raw_fd();
+        self.hold(copy, Some(file));
+        Ok(raw)
+    }
+
+    /// Closes `fd`. The driver frees what was allocated through its open file once the last fd
+    /// of that file, in this process and in any that inherited it, is closed.
+    ///
+    /// # Errors
+    /// `fd` isn't held.
+    pub fn close(&mut self, fd: RawFd) -> Result<(), ClientError> {
+        self.fds
+            .remove(&fd)
+            .map(drop)
+            .ok_or(ClientError::NotOpen { fd })
+    }
+
+    fn rm_fd(&self) -> RawFd {
+        // -1 makes the ioctl fail with EBADF, as it would in a process that closed the fd.
+        self.ctl_fd().unwrap_or(-1)
+    }
+
+    /// Issues RM escape `nr` with `params` on the control fd, directly or through
+    /// `IOCTL_XFER_CMD`.
+    fn rm(&self, nr: u32, params: &mut [u8], via: Via) -> Result<(), RmError> {
+        let size = u32::try_from(params.len()).unwrap_or(u32::MAX);
+        let (cmd, result) = match via {
+            Via::Direct => {
+                let cmd = ioctl_cmd(nr, size);
+                (cmd, ioctl_raw(self.rm_fd(), cmd, params))
+            }
+            Via::Xfer => {
+                let cmd = ioctl_cmd(esc::IOCTL_XFER_CMD, xfer::SIZE);
+                let mut outer = [0u8; xfer::SIZE as usize];
+                set_u32(&mut outer, xfer::CMD, nr);
+                set_u32(&mut outer, xfer::PARAMS_SIZE, size);
+                set_u64(&mut outer, xfer::PTR, params.as_mut_ptr() as u64);
+                (cmd, ioctl_raw(self.rm_fd(), cmd, &mut outer))
+            }
+        };
+        result
+            .map(drop)
+            .map_err(|source| RmError::Ioctl { cmd, source })
+    }
+
+    /// `RM_ALLOC` in full; returns the new object's handle.
+    ///
+    /// # Errors
+    /// The ioctl failed or the driver answered a non-zero status.
+    pub fn rm_alloc(&self, alloc: RmAlloc<'_>) -> Result<u32, RmError> {
+        let (size, params_size_at, status_at) = match alloc.form {
+            Form::Nvos21 => (nvos21::SIZE, nvos21::PARAMS_SIZE, nvos21::STATUS),
+            Form::Nvos64 => (nvos64::SIZE, nvos64::PARAMS_SIZE, nvos64::STATUS),
+        };
+        let mut p = vec![0u8; size as usize];
+        set_u32(&mut p, nvos21::H_ROOT, alloc.client);
+        set_u32(&mut p, nvos21::H_OBJECT_PARENT, alloc.parent);
+        set_u32(&mut p, nvos21::H_OBJECT_NEW, alloc.handle);
+        set_u32(&mut p, nvos21::H_CLASS, alloc.class);
+        if !alloc.params.is_empty() {
+            set_u64(
+                &mut p,
+                nvos21::P_ALLOC_PARMS,
+                alloc.params.as_mut_ptr() as u64,
+            );
+            set_u32(
+                &mut p,
+                params_size_at,
+                u32::try_from(alloc.params.len()).unwrap_or(u32::MAX),
+            );
+        }
+        self.rm(esc::RM_ALLOC, &mut p, alloc.via)?;
+        match u32_at(&p, status_at) {
+            status::OK => Ok(u32_at(&p, nvos21::H_OBJECT_NEW)),
+            status => Err(RmError::Status { status }),
         }
     }
 
-    /// Issues escape `nr` with `params` on the RM fd, or wrapped in `IOCTL_XFER_CMD`.
-    fn rm(&self, nr: u32, params: &mut [u8], via_xfer: bool) -> io::Result<()> {
-        let size = u32::try_from(params.len()).map_err(io::Error::other)?;
-        if via_xfer {
-            let mut outer = [0u8; xfer::SIZE as usize];
-            put_u32(&mut outer, xfer::CMD, nr);
-            put_u32(&mut outer, xfer::PARAMS_SIZE, size);
-            put_u64(&mut outer, xfer::PTR, params.as_mut_ptr() as u64);
-            raw_ioctl(
-                self.rm_fd(),
-                ioctl_cmd(esc::IOCTL_XFER_CMD, xfer::SIZE),
-                &mut outer,
-            )?;
-        } else {
-            raw_ioctl(self.rm_fd(), ioctl_cmd(nr, size), params)?;
-        }
-        Ok(())
-    }
-
-    /// `RM_ALLOC`; returns the new handle.
-    fn alloc(
+    /// Allocates a driver-picked handle of `class` under `parent` with NVOS21, directly.
+    fn alloc_simple(
         &self,
         client: u32,
         parent: u32,
-        h_class: u32,
-        alloc_params: &mut [u8],
-        options: AllocOptions,
+        class: u32,
+        params: &mut [u8],
     ) -> Result<u32, RmError> {
-        let ptr = if alloc_params.is_empty() {
-            0
-        } else {
-            alloc_params.as_mut_ptr() as u64
-        };
-        let params_size = u32::try_from(alloc_params.len()).map_err(io::Error::other)?;
-        let (mut params, size_at, status_at) = match options.form {
-            Form::Nvos21 => (
-                vec![0u8; nvos21::SIZE as usize],
-                nvos21::PARAMS_SIZE,
-                nvos21::STATUS,
-            ),
-            Form::Nvos64 => (
-                vec![0u8; nvos64::SIZE as usize],
-                nvos64::PARAMS_SIZE,
-                nvos64::STATUS,
-            ),
-        };
-        put_u32(&mut params, nvos21::H_ROOT, client);
-        put_u32(&mut params, nvos21::H_OBJECT_PARENT, parent);
-        put_u32(&mut params, nvos21::H_CLASS, h_class);
-        put_u64(&mut params, nvos21::P_ALLOC_PARMS, ptr);
-        put_u32(&mut params, size_at, params_size);
-        self.rm(esc::RM_ALLOC, &mut params, options.xfer)?;
-        match get_u32(&params, status_at) {
-            status::OK => Ok(get_u32(&params, nvos21::H_OBJECT_NEW)),
-            s => Err(RmError::Status(s)),
-        }
+        self.rm_alloc(RmAlloc {
+            client,
+            parent,
+            handle: 0,
+            class,
+            params,
+            form: Form::Nvos21,
+            via: Via::Direct,
+        })
     }
 
-    /// Creates a client (`NV01_ROOT_CLIENT`).
+    /// Creates a client (`NV01_ROOT_CLIENT`); returns its handle.
     ///
     /// # Errors
-    /// The call fails.
+    /// The call failed.
     pub fn alloc_client(&self) -> Result<u32, RmError> {
-        self.alloc(0, 0, class::ROOT_CLIENT, &mut [], AllocOptions::default())
+        self.alloc_simple(0, 0, class::ROOT_CLIENT, &mut [])
     }
 
-    /// Creates a device object (`NV01_DEVICE_0`) for GPU `device_id`.
+    /// Creates a device (`NV01_DEVICE_0`) for GPU `device_id` under `client`.
     ///
     /// # Errors
-    /// The call fails.
+    /// The call failed (`NV_ERR_INVALID_ARGUMENT` for a GPU that doesn't exist).
     pub fn alloc_device(&self, client: u32, device_id: u32) -> Result<u32, RmError> {
+        // NV0080_ALLOC_PARAMETERS: deviceId, hClientShare, hTargetClient, hTargetDevice, flags,
+        // vaSpaceSize, vaStartInternal, vaLimitInternal, vaMode.
         let mut params = [0u8; 56];
-        put_u32(&mut params, 0, device_id);
-        self.alloc(
-            client,
-            client,
-            class::DEVICE_0,
-            &mut params,
-            AllocOptions::default(),
-        )
+        set_u32(&mut params, device_alloc::DEVICE_ID, device_id);
+        self.alloc_simple(client, client, class::DEVICE_0, &mut params)
     }
 
-    /// Creates a subdevice object (`NV20_SUBDEVICE_0`) under `device`.
+    /// Creates subdevice 0 (`NV20_SUBDEVICE_0`) under `device`.
     ///
     /// # Errors
-    /// The call fails.
+    /// The call failed.
     pub fn alloc_subdevice(&self, client: u32, device: u32) -> Result<u32, RmError> {
+        // NV2080_ALLOC_PARAMETERS: subDeviceId.
         let mut params = [0u8; 4];
-        self.alloc(
-            client,
-            device,
-            class::SUBDEVICE_0,
-            &mut params,
-            AllocOptions::default(),
-        )
+        self.alloc_simple(client, device, class::SUBDEVICE_0, &mut params)
     }
 
-    /// Allocates `bytes` of video memory under `parent`; returns the handle and the size the
-    /// driver wrote back.
+    fn memory(
+        &self,
+        client: u32,
+        parent: u32,
+        class: u32,
+        bytes: u64,
+        flags: u32,
+        (form, layout, via): (Form, ParamsLayout, Via),
+    ) -> Result<(u32, u64), RmError> {
+        let mut params = vec![0u8; layout.size()];
+        set_u32(&mut params, memory_alloc::FLAGS, flags);
+        set_u64(&mut params, memory_alloc::SIZE_FIELD, bytes);
+        let handle = self.rm_alloc(RmAlloc {
+            client,
+            parent,
+            handle: 0,
+            class,
+            params: &mut params,
+            form,
+            via,
+        })?;
+        Ok((handle, u64_at(&params, memory_alloc::SIZE_FIELD)))
+    }
+
+    /// Allocates `bytes` of video memory (`NV01_MEMORY_LOCAL_USER`) under `parent` (a device or
+    /// subdevice); returns the handle and the size the driver wrote back.
     ///
     /// # Errors
-    /// The call fails (e.g. `Status(0x51)`, out of memory).
+    /// The call failed: `NV_ERR_NO_MEMORY` (0x51) past the GPU's memory.
     pub fn alloc_vidmem(
         &self,
         client: u32,
         parent: u32,
         bytes: u64,
-        options: AllocOptions,
+        form: Form,
+        layout: ParamsLayout,
     ) -> Result<(u32, u64), RmError> {
-        let len = match options.layout {
-            Layout::V120 => memory_alloc::SIZE_OLD,
-            Layout::V128 => memory_alloc::SIZE,
-        } as usize;
-        let mut params = vec![0u8; len];
-        put_u64(&mut params, memory_alloc::SIZE_FIELD, bytes);
-        let handle = self.alloc(
-            client,
-            parent,
-            class::MEMORY_LOCAL_USER,
-            &mut params,
-            options,
-        )?;
-        let size = u64::from_le_bytes(
-            params[memory_alloc::SIZE_FIELD..memory_alloc::SIZE_FIELD + 8]
-                .try_into()
-                .map_err(io::Error::other)?,
-        );
-        Ok((handle, size))
+        let how = (form, layout, Via::Direct);
+        self.memory(client, parent, class::MEMORY_LOCAL_USER, bytes, 0, how)
     }
 
-    /// Reserves `bytes` of GPU virtual addresses (no memory behind them).
+    /// [`alloc_vidmem`](Self::alloc_vidmem) through `IOCTL_XFER_CMD`.
     ///
     /// # Errors
-    /// The call fails.
+    /// The call failed.
+    pub fn alloc_vidmem_xfer(
+        &self,
+        client: u32,
+        parent: u32,
+        bytes: u64,
+        form: Form,
+        layout: ParamsLayout,
+    ) -> Result<(u32, u64), RmError> {
+        let how = (form, layout, Via::Xfer);
+        self.memory(client, parent, class::MEMORY_LOCAL_USER, bytes, 0, how)
+    }
+
+    /// Allocates `bytes` of host memory for the GPU (`NV01_MEMORY_SYSTEM`).
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn alloc_sysmem(&self, client: u32, parent: u32, bytes: u64) -> Result<u32, RmError> {
+        let how = (Form::Nvos21, ParamsLayout::V128, Via::Direct);
+        self.memory(client, parent, class::MEMORY_SYSTEM, bytes, 0, how)
+            .map(|(h, _)| h)
+    }
+
+    /// Reserves `bytes` of GPU virtual addresses (`NV50_MEMORY_VIRTUAL`, flagged virtual-only):
+    /// no memory behind them.
+    ///
+    /// # Errors
+    /// The call failed.
     pub fn alloc_virtual(&self, client: u32, parent: u32, bytes: u64) -> Result<u32, RmError> {
-        let mut params = vec![0u8; memory_alloc::SIZE as usize];
-        put_u32(
-            &mut params,
-            memory_alloc::FLAGS,
-            memory_alloc::FLAGS_VIRTUAL,
-        );
-        put_u64(&mut params, memory_alloc::SIZE_FIELD, bytes);
-        self.alloc(
+        let how = (Form::Nvos21, ParamsLayout::V128, Via::Direct);
+        let flags = memory_alloc::FLAGS_VIRTUAL;
+        self.memory(
             client,
             parent,
             class::NV50_MEMORY_VIRTUAL,
-            &mut params,
-            AllocOptions::default(),
+            bytes,
+            flags,
+            how,
         )
+        .map(|(h, _)| h)
     }
 
-    /// `RM_FREE` of `handle` (of the client itself when `handle == client`).
-    ///
-    /// # Errors
-    /// The call fails.
-    pub fn free(&self, client: u32, parent: u32, handle: u32) -> Result<(), RmError> {
-        let mut params = [0u8; nvos00::SIZE as usize];
-        put_u32(&mut params, nvos00::H_ROOT, client);
-        put_u32(&mut params, nvos00::H_OBJECT_PARENT, parent);
-        put_u32(&mut params, nvos00::H_OBJECT_OLD, handle);
-        self.rm(esc::RM_FREE, &mut params, false)?;
-        match get_u32(&params, nvos00::STATUS) {
-            status::OK => Ok(()),
-            s => Err(RmError::Status(s)),
-        }
-    }
-
-    /// `RM_CONTROL` with command `cmd` and no params.
-    ///
-    /// # Errors
-    /// The call fails.
-    pub fn control(&self, client: u32, object: u32, cmd: u32) -> Result<(), RmError> {
-        let mut params = [0u8; nvos54::SIZE as usize];
-        put_u32(&mut params, nvos54::H_CLIENT, client);
-        put_u32(&mut params, nvos54::H_OBJECT, object);
-        put_u32(&mut params, nvos54::CMD, cmd);
-        self.rm(esc::RM_CONTROL, &mut params, false)?;
-        match get_u32(&params, nvos54::STATUS) {
-            status::OK => Ok(()),
-            s => Err(RmError::Status(s)),
-        }
-    }
-
-    /// A UVM command with a zeroed 64-byte params buffer.
-    ///
-    /// # Errors
-    /// The ioctl fails.
-    pub fn uvm(&self, cmd: u32) -> io::Result<i32> {
-        let mut params = [0u8; 64];
-        raw_ioctl(self.uvm.as_raw_fd(), cmd, &mut params)
-    }
-}
-
-/// One parsed command of the `gpu-client` protocol.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
+    /// `RM_FREE` of `handle` with everything under it; of the whole client when `handle` is
     /// `client`.
-    Client,
-    /// `device <client> <id>`.
-    Device(u32, u32),
-    /// `subdevice <client> <device>`.
-    Subdevice(u32, u32),
-    /// `alloc <client> <parent> <bytes> [options]`.
-    Alloc(u32, u32, u64, AllocOptions),
-    /// `virtual <client> <parent> <bytes>`.
-    Virtual(u32, u32, u64),
-    /// `free <client> <parent> <handle>`.
-    Free(u32, u32, u32),
-    /// `control <client> <object> <cmd>`.
-    Control(u32, u32, u32),
-    /// `uvm <cmd>`.
-    Uvm(u32),
-    /// `dup`.
-    Dup,
-    /// `ioctl-raw <path> <cmd>`.
-    IoctlRaw(PathBuf, u32),
-    /// `thread <command>`.
-    Thread(Box<Command>),
-    /// `fork`.
-    Fork,
-    /// `child <command>`: the command line, parsed again by the child.
-    Child(String),
-    /// `close ctl`.
-    CloseCtl,
-    /// `sleep <ms>`.
-    Sleep(u64),
-    /// `pid`.
-    Pid,
-    /// `exit`.
-    Exit,
+    ///
+    /// # Errors
+    /// The call failed (`NV_ERR_INVALID_OBJECT_HANDLE` for a handle that isn't there).
+    pub fn free(&self, client: u32, parent: u32, handle: u32) -> Result<(), RmError> {
+        self.free_via(client, parent, handle, Via::Direct)
+    }
+
+    /// [`free`](Self::free), directly or through `IOCTL_XFER_CMD`.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn free_via(&self, client: u32, parent: u32, handle: u32, via: Via) -> Result<(), RmError> {
+        let mut p = [0u8; nvos00::SIZE as usize];
+        set_u32(&mut p, nvos00::H_ROOT, client);
+        set_u32(&mut p, nvos00::H_OBJECT_PARENT, parent);
+        set_u32(&mut p, nvos00::H_OBJECT_OLD, handle);
+        self.rm(esc::RM_FREE, &mut p, via)?;
+        match u32_at(&p, nvos00::STATUS) {
+            status::OK => Ok(()),
+            status => Err(RmError::Status { status }),
+        }
+    }
+
+    /// `RM_CONTROL` command `cmd` on `object` without params.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn control(&self, client: u32, object: u32, cmd: u32) -> Result<(), RmError> {
+        self.control_with(client, object, cmd, &mut [])
+    }
+
+    /// `RM_CONTROL` command `cmd` on `object`; the driver may write into `params`.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn control_with(
+        &self,
+        client: u32,
+        object: u32,
+        cmd: u32,
+        params: &mut [u8],
+    ) -> Result<(), RmError> {
+        let mut p = [0u8; nvos54::SIZE as usize];
+        set_u32(&mut p, nvos54::H_CLIENT, client);
+        set_u32(&mut p, nvos54::H_OBJECT, object);
+        set_u32(&mut p, nvos54::CMD, cmd);
+        if !params.is_empty() {
+            set_u64(&mut p, nvos54::PARAMS, params.as_mut_ptr() as u64);
+            set_u32(
+                &mut p,
+                nvos54::PARAMS_SIZE,
+                u32::try_from(params.len()).unwrap_or(u32::MAX),
+            );
+        }
+        self.rm(esc::RM_CONTROL, &mut p, Via::Direct)?;
+        match u32_at(&p, nvos54::STATUS) {
+            status::OK => Ok(()),
+            status => Err(RmError::Status { status }),
+        }
+    }
+
+    /// The ids of the GPUs attached (`NV0000_CTRL_CMD_GPU_GET_ATTACHED_IDS` on the client).
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn attached_gpu_ids(&self, client: u32) -> Result<Vec<u32>, RmError> {
+        let mut ids = [0u8; ctrl::ATTACHED_IDS_SIZE as usize];
+        self.control_with(client, client, ctrl::GPU_GET_ATTACHED_IDS, &mut ids)?;
+        Ok(ids
+            .chunks_exact(4)
+            .map(|c| u32_at(c, 0))
+            .take_while(|&id| id != ctrl::INVALID_GPU_ID)
+            .collect())
+    }
+
+    /// `REGISTER_FD` on GPU node `gpu` with the control fd, as libcuda does after opening it.
+    ///
+    /// # Errors
+    /// The GPU node isn't open, or the ioctl failed.
+    pub fn register_fd(&self, gpu: u32) -> Result<(), RmError> {
+        let cmd = ioctl_cmd(esc::REGISTER_FD, 4);
+        let fd = self.gpu_fd(gpu).unwrap_or(-1);
+        let mut p = self.rm_fd().to_le_bytes();
+        ioctl_raw(fd, cmd, &mut p)
+            .map(drop)
+            .map_err(|source| RmError::Ioctl { cmd, source })
+    }
+
+    /// UVM command `cmd` with `params` on the UVM fd; returns what `ioctl` returned.
+    ///
+    /// # Errors
+    /// The ioctl failed.
+    pub fn uvm_raw(&self, cmd: u32, params: &mut [u8]) -> Result<i32, RmError> {
+        ioctl_raw(self.uvm_fd().unwrap_or(-1), cmd, params)
+            .map_err(|source| RmError::Ioctl { cmd, source })
+    }
+
+    /// A UVM command whose params end in `rmStatus` at `status_at`.
+    fn uvm_call(&self, cmd: u32, params: &mut [u8], status_at: usize) -> Result<(), RmError> {
+        self.uvm_raw(cmd, params)?;
+        match u32_at(params, status_at) {
+            status::OK => Ok(()),
+            status => Err(RmError::Status { status }),
+        }
+    }
+
+    /// `UVM_INITIALIZE` with no flags.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn uvm_initialize(&self) -> Result<(), RmError> {
+        use uvm_params::initialize;
+        let mut p = [0u8; initialize::SIZE];
+        self.uvm_call(uvm::INITIALIZE, &mut p, initialize::RM_STATUS)
+    }
+
+    /// `UVM_CREATE_EXTERNAL_RANGE` of `[base, base + length)`.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn uvm_create_external_range(&self, base: u64, length: u64) -> Result<(), RmError> {
+        use uvm_params::range;
+        let mut p = [0u8; range::SIZE];
+        set_u64(&mut p, range::BASE, base);
+        set_u64(&mut p, range::LENGTH, length);
+        self.uvm_call(uvm::CREATE_EXTERNAL_RANGE, &mut p, range::RM_STATUS)
+    }
+
+    /// `UVM_MAP_EXTERNAL_ALLOCATION` of RM memory `memory` of `client` at `[base, base +
+    /// length)` (the 256-GPU layout, no per-GPU attributes).
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn uvm_map_external_allocation(
+        &self,
+        base: u64,
+        length: u64,
+        client: u32,
+        memory: u32,
+    ) -> Result<(), RmError> {
+        use uvm_params::map_external_allocation as m;
+        let mut p = vec![0u8; m::SIZE];
+        set_u64(&mut p, m::BASE, base);
+        set_u64(&mut p, m::LENGTH, length);
+        set_u32(&mut p, m::RM_CTRL_FD, self.rm_fd().cast_unsigned());
+        set_u32(&mut p, m::H_CLIENT, client);
+        set_u32(&mut p, m::H_MEMORY, memory);
+        self.uvm_call(uvm::MAP_EXTERNAL_ALLOCATION, &mut p, m::RM_STATUS)
+    }
+
+    /// `UVM_FREE` of the range at `base`.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn uvm_free(&self, base: u64, length: u64) -> Result<(), RmError> {
+        use uvm_params::range;
+        let mut p = [0u8; range::SIZE];
+        set_u64(&mut p, range::BASE, base);
+        set_u64(&mut p, range::LENGTH, length);
+        self.uvm_call(uvm::FREE, &mut p, range::RM_STATUS)
+    }
+
+    /// `UVM_REGISTER_GPU` of the GPU with `uuid`, through `client`.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn uvm_register_gpu(&self, uuid: [u8; 16], client: u32) -> Result<(), RmError> {
+        use uvm_params::register_gpu as r;
+        let mut p = [0u8; r::SIZE];
+        p[r::GPU_UUID..r::GPU_UUID + 16].copy_from_slice(&uuid);
+        set_u32(&mut p, r::RM_CTRL_FD, self.rm_fd().cast_unsigned());
+        set_u32(&mut p, r::H_CLIENT, client);
+        self.uvm_call(uvm::REGISTER_GPU, &mut p, r::RM_STATUS)
+    }
 }
 
-/// Parses a number in decimal or `0x` hex.
-fn number(s: &str) -> Result<u64, String> {
-    let parsed = match s.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => s.parse(),
-    };
-    parsed.map_err(|_| format!("not a number: {s:?}"))
-}
-
-fn number32(s: &str) -> Result<u32, String> {
-    u32::try_from(number(s)?).map_err(|_| format!("too large: {s:?}"))
-}
-
-/// Parses a size with an optional `k`, `m` or `g` suffix (binary units).
-fn bytes(s: &str) -> Result<u64, String> {
-    let (digits, shift) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    Ok(number(digits)? << shift)
-}
-
-/// Parses one command line.
-///
-/// # Errors
-/// A message naming what is wrong.
-pub fn parse(line: &str) -> Result<Command, String> {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let arg = |i: usize| {
-        words
-            .get(i)
-            .copied()
-            .ok_or_else(|| format!("{line:?}: missing argument {i}"))
-    };
-    let rest = || words[1..].join(" ");
-    Ok(match words.first().copied() {
-        Some("client") => Command::Client,
-        Some("device") => Command::Device(number32(arg(1)?)?, number32(arg(2)?)?),
-        Some("subdevice") => Command::Subdevice(number32(arg(1)?)?, number32(arg(2)?)?),
-        Some("alloc") => {
-            let mut options = AllocOptions::default();
-            for word in words.iter().skip(4) {
-                match *word {
-                    "nvos21" => options.form = Form::Nvos21,
-                    "nvos64" => options.form = Form::Nvos64,
-                    "v120" => options.layout = Layout::V120,
-                    "v128" => options.layout = Layout::V128,
-                    "xfer" => options.xfer = true,
-                    other => return Err(format!("unknown alloc option {other:?}")),
-                }
-            }
-            Command::Alloc(
-                number32(arg(1)?)?,
-                number32(arg(2)?)?,
-                bytes(arg(3)?)?,
-                options,
-            )
-        }
-        Some("virtual") => {
-            Command::Virtual(number32(arg(1)?)?, number32(arg(2)?)?, bytes(arg(3)?)?)
-        }
-        Some("free") => Command::Free(number32(arg(1)?)?, number32(arg(2)?)?, number32(arg(3)?)?),
-        Some("control") => {
-            Command::Control(number32(arg(1)?)?, number32(arg(2)?)?, number32(arg(3)?)?)
-        }
-        Some("uvm") => match arg(1)? {
-            "init" => Command::Uvm(uvm::INITIALIZE),
-            n => Command::Uvm(number32(n)?),
-        },
-        Some("dup") => Command::Dup,
-        Some("ioctl-raw") => Command::IoctlRaw(PathBuf::from(arg(1)?), number32(arg(2)?)?),
-        Some("thread") => Command::Thread(Box::new(parse(&rest())?)),
-        Some("fork") => Command::Fork,
-        Some("child") => {
-            parse(&rest())?;
-            Command::Child(rest())
-        }
-        Some("close") if arg(1)? == "ctl" => Command::CloseCtl,
-        Some("sleep") => Command::Sleep(number(arg(1)?)?),
-        Some("pid") => Command::Pid,
-        Some("exit") => Command::Exit,
-        Some(other) => return Err(format!("unknown command {other:?}")),
-        None => return Err("empty line".to_owned()),
-    })
-}
-
-/// Runs a command that needs only the client; `None` for the process-level ones.
-pub fn execute(client: &mut GpuClient, command: &Command) -> Option<String> {
-    let rm = |r: Result<String, RmError>| match r {
-        Ok(s) => s,
-        Err(RmError::Status(s)) => format!("err status={s:#x}"),
-        Err(RmError::Io(e)) => format!("err io={e}"),
-    };
-    Some(match command {
-        Command::Client => rm(client.alloc_client().map(|h| format!("ok client={h:#x}"))),
-        Command::Device(c, id) => rm(client
-            .alloc_device(*c, *id)
-            .map(|h| format!("ok handle={h:#x}"))),
-        Command::Subdevice(c, d) => rm(client
-            .alloc_subdevice(*c, *d)
-            .map(|h| format!("ok handle={h:#x}"))),
-        Command::Alloc(c, p, b, o) => rm(client
-            .alloc_vidmem(*c, *p, *b, *o)
-            .map(|(h, size)| format!("ok handle={h:#x} size={size}"))),
-        Command::Virtual(c, p, b) => rm(client
-            .alloc_virtual(*c, *p, *b)
-            .map(|h| format!("ok handle={h:#x}"))),
-        Command::Free(c, p, h) => rm(client.free(*c, *p, *h).map(|()| "ok".to_owned())),
-        Command::Control(c, o, cmd) => rm(client.control(*c, *o, *cmd).map(|()| "ok".to_owned())),
-        Command::Uvm(cmd) => match client.uvm(*cmd) {
-            Ok(ret) => format!("ok ret={ret}"),
-            Err(e) => format!("err io={e}"),
-        },
-        Command::Dup => match client.use_dup() {
-            Ok(fd) => format!("ok fd={fd}"),
-            Err(e) => format!("err io={e}"),
-        },
-        Command::IoctlRaw(path, cmd) => {
-            let mut params = [0u8; 64];
-            match open(path).and_then(|fd| raw_ioctl(fd.as_raw_fd(), *cmd, &mut params)) {
-                Ok(ret) => format!("ok ret={ret}"),
-                Err(e) => format!("ok ret=-1 errno={}", e.raw_os_error().unwrap_or(0)),
-            }
-        }
-        Command::CloseCtl => {
-            client.close_ctl();
-            "ok".to_owned()
-        }
-        Command::Sleep(ms) => {
-            std::thread::sleep(std::time::Duration::from_millis(*ms));
-            "ok".to_owned()
-        }
-        Command::Pid => format!("ok pid={}", std::process::id()),
-        Command::Thread(_) | Command::Fork | Command::Child(_) | Command::Exit => return None,
-    })
-}
-
-/// The numeric value after `key=` in a reply line.
+/// The number after `key=` in a reply line (`reply_value("ok handle=0xcaf00001", "handle")`).
 #[must_use]
 pub fn reply_value(reply: &str, key: &str) -> Option<u64> {
     reply
         .split_whitespace()
         .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-        .and_then(|v| number(v).ok())
+        .and_then(|v| crate::units::number(v).ok())
 }
 
 #[cfg(test)]
@@ -573,60 +794,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_the_command_language() {
-        assert_eq!(parse("client"), Ok(Command::Client));
-        assert_eq!(
-            parse("device 0xc1d00001 1"),
-            Ok(Command::Device(0xc1d0_0001, 1))
-        );
-        assert_eq!(
-            parse("alloc 0x10 0x20 64m nvos64 v120 xfer"),
-            Ok(Command::Alloc(
-                0x10,
-                0x20,
-                64 << 20,
-                AllocOptions {
-                    form: Form::Nvos64,
-                    layout: Layout::V120,
-                    xfer: true
-                }
-            ))
-        );
-        assert_eq!(
-            parse("alloc 1 2 4096"),
-            Ok(Command::Alloc(1, 2, 4096, AllocOptions::default()))
-        );
-        assert_eq!(parse("uvm init"), Ok(Command::Uvm(uvm::INITIALIZE)));
-        assert_eq!(
-            parse("thread free 1 2 3"),
-            Ok(Command::Thread(Box::new(Command::Free(1, 2, 3))))
-        );
-        assert_eq!(
-            parse("child alloc 1 2 3m"),
-            Ok(Command::Child("alloc 1 2 3m".into()))
-        );
-        assert!(parse("child bogus").is_err());
-        assert_eq!(
-            parse("ioctl-raw /dev/null 0xc020462b"),
-            Ok(Command::IoctlRaw("/dev/null".into(), 0xc020_462b))
-        );
-        assert!(parse("alloc 1 2").unwrap_err().contains("missing"));
-        assert!(parse("alloc 1 2 3x").unwrap_err().contains("3x"));
-        assert!(parse("alloc 1 2 3 nvos99").unwrap_err().contains("nvos99"));
-        assert!(parse("frobnicate").unwrap_err().contains("frobnicate"));
+    fn reads_reply_values() {
+        let reply = "ok handle=0xcaf00001 size=2097152";
+        assert_eq!(reply_value(reply, "handle"), Some(0xcaf0_0001));
+        assert_eq!(reply_value(reply, "size"), Some(2 << 20));
+        assert_eq!(reply_value("err status=0x51", "status"), Some(0x51));
+        assert_eq!(reply_value("ok", "size"), None);
+        assert_eq!(reply_value("ok sizes=3", "size"), None);
     }
 
     #[test]
-    fn reads_reply_values() {
-        assert_eq!(
-            reply_value("ok handle=0xcaf00001 size=2097152", "handle"),
-            Some(0xcaf0_0001)
-        );
-        assert_eq!(
-            reply_value("ok handle=0xcaf00001 size=2097152", "size"),
-            Some(2 << 20)
-        );
-        assert_eq!(reply_value("err status=0x51", "status"), Some(0x51));
-        assert_eq!(reply_value("ok", "size"), None);
+    fn raw_ioctls_refuse_buffers_smaller_than_the_command() {
+        let err = ioctl_raw(0, ioctl_cmd(esc::RM_ALLOC, 48), &mut [0u8; 32]).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn dup_takes_over_and_close_falls_back() {
+        let dir = std::env::temp_dir().join(format!("gw-client-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["nvidiactl", "nvidia-uvm", "nvidia0"] {
+            std::fs::write(dir.join(name), b"").unwrap();
+        }
+        let mut c = GpuClient::open(&dir).unwrap();
+        let ctl = c.ctl_fd().unwrap();
+        let copy = c.dup(ctl).unwrap();
+        assert_ne!(copy, ctl);
+        assert_eq!(c.ctl_fd(), Some(copy), "RM calls go through the copy");
+        c.close(copy).unwrap();
+        assert_eq!(c.ctl_fd(), Some(ctl));
+        c.close(ctl).unwrap();
+        assert_eq!(c.ctl_fd(), None);
+        assert!(matches!(c.close(ctl), Err(ClientError::NotOpen { .. })));
+        // With the control fd gone, RM calls fail the way they would in a real process.
+        match c.alloc_client() {
+            Err(RmError::Ioctl { source, .. }) => {
+                assert_eq!(source.raw_os_error(), Some(libc::EBADF));
+            }
+            other => panic!("{other:?}"),
+        }
+        // On a regular file, an NVIDIA ioctl is just an unknown ioctl.
+        let gpu = c.gpu_fd(0).unwrap();
+        let err = ioctl_raw(gpu, ioctl_cmd(esc::RM_ALLOC, 32), &mut [0u8; 32]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOTTY));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -23,10 +23,7 @@ pub enum NumberError {
 /// # Errors
 /// [`NumberError::NotANumber`] when it is neither.
 pub fn number(word: &str) -> Result<u64, NumberError> {
-    let parsed = match word
-        .strip_prefix("0x")
-        .or_else(|| word.strip_prefix("0X"))
-    {
+    let parsed = match word.strip_prefix("0x").or_else(|| word.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16),
         None => word.parse(),
     };
@@ -60,9 +57,10 @@ pub fn size(word: &str) -> Result<u64, NumberError> {
     let n = number(digits).map_err(|_| NumberError::NotANumber {
         word: word.to_owned(),
     })?;
-    n.checked_mul(1 << shift).ok_or_else(|| NumberError::TooLarge {
-        word: word.to_owned(),
-    })
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| NumberError::TooLarge {
+            word: word.to_owned(),
+        })
 }
 
 #[cfg(test)]

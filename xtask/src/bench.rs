@@ -17,11 +17,21 @@ pub enum Which {
         #[arg(long, default_value_t = 9)]
         rounds: usize,
     },
+    /// Scheduling decisions/s and latency for 10,000 pending sessions over 1,000 and 5,000
+    /// nodes × 8 GPUs, and heartbeats/s from 1,000 agents over real gRPC.
+    Sched,
 }
 
 /// Runs one benchmark.
 pub fn run(which: &Which) -> anyhow::Result<()> {
     match which {
         Which::Ebpf { iterations, rounds } => ebpf::run(*iterations, *rounds),
+        Which::Sched => crate::status(crate::cargo().args([
+            "bench",
+            "-p",
+            "gpuwarden-controller",
+            "--bench",
+            "sched",
+        ])),
     }
 }

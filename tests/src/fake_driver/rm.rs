@@ -1,0 +1,919 @@
+//! The fake resource manager: clients, their objects, and the video memory they hold.
+//!
+//! It answers the escapes of `/dev/nvidiactl` and `/dev/nvidiaN` on a parameter buffer, the way
+//! `nvidia.ko` does after copying the struct in: RM errors go in the struct's `status` with the
+//! ioctl succeeding; only a malformed ioctl (wrong size) fails it with an errno.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuwarden_agent_common::nvidia::{
+    class, esc, memory_alloc, nvos00, nvos21, nvos54, nvos64, status, xfer,
+};
+
+use super::caller::CallerMemory;
+use crate::{
+    abi::{card_info, ctrl, version},
+    bytes::{set_u32, set_u64, u32_at, u64_at},
+};
+
+/// Video memory is handed out in pages of this size (2 MiB, the real driver's large-page
+/// granularity for `NV01_MEMORY_LOCAL_USER`), and the rounded size is written back into the
+/// caller's `size` field.
+pub const VIDMEM_PAGE: u64 = 2 << 20;
+
+/// The first client handle is `CLIENT_HANDLE_BASE + 1`; client handles are unique across the
+/// whole driver, like the real one's.
+pub const CLIENT_HANDLE_BASE: u32 = 0xc1d0_0000;
+
+/// The first object handle the driver picks is `OBJECT_HANDLE_BASE + 1`.
+pub const OBJECT_HANDLE_BASE: u32 = 0xcaf0_0000;
+
+/// The `gpuId` of GPU `index` in control calls and `CARD_INFO`.
+#[must_use]
+pub const fn gpu_id(index: usize) -> u32 {
+    // Real ids are PCI-derived (e.g. 0x100 for bus 1); keep that shape.
+    ((index as u32) + 1) << 8
+}
+
+/// The largest parameter block `IOCTL_XFER_CMD` may carry (`NV_ABSOLUTE_MAX_IOCTL_SIZE`).
+const XFER_MAX: u32 = 16384;
+
+/// An errno for an ioctl the driver rejects outright.
+pub(crate) type Errno = i32;
+
+#[derive(Debug, Clone)]
+struct Object {
+    parent: u32,
+    class: u32,
+    /// The GPU of a device or subdevice, of what lives under one, and of video memory.
+    gpu: Option<usize>,
+    /// Video memory held.
+    bytes: u64,
+}
+
+#[derive(Debug)]
+struct Client {
+    /// The open file it was allocated through: closing that file frees the client.
+    fh: u64,
+    objects: BTreeMap<u32, Object>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Gpu {
+    capacity: u64,
+    used: u64,
+}
+
+/// Which struct an `RM_ALLOC` carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AllocForm {
+    Nvos21,
+    Nvos64,
+}
+
+/// The resource manager's state.
+#[derive(Debug)]
+pub(crate) struct Rm {
+    gpus: Vec<Gpu>,
+    clients: BTreeMap<u32, Client>,
+    last_client: u32,
+    last_object: u32,
+}
+
+impl Rm {
+    /// A driver with one GPU per entry of `gpu_memory`, each that many bytes large.
+    pub(crate) fn new(gpu_memory: &[u64]) -> Self {
+        Self {
+            gpus: gpu_memory
+                .iter()
+                .map(|&capacity| Gpu { capacity, used: 0 })
+                .collect(),
+            clients: BTreeMap::new(),
+            last_client: CLIENT_HANDLE_BASE,
+            last_object: OBJECT_HANDLE_BASE,
+        }
+    }
+
+    /// Video memory held per GPU.
+    pub(crate) fn used(&self) -> Vec<u64> {
+        self.gpus.iter().map(|g| g.used).collect()
+    }
+
+    /// Video memory held per GPU by each live client.
+    pub(crate) fn used_by_client(&self) -> BTreeMap<u32, Vec<u64>> {
+        self.clients
+            .iter()
+            .map(|(&h, c)| {
+                let mut per_gpu = vec![0; self.gpus.len()];
+                for o in c.objects.values() {
+                    if let Some(slot) = o.gpu.and_then(|g| per_gpu.get_mut(g)) {
+                        *slot += o.bytes;
+                    }
+                }
+                (h, per_gpu)
+            })
+            .collect()
+    }
+
+    /// Live clients.
+    pub(crate) fn clients(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// Answers escape `nr` whose `size`-byte params are `params` (edited in place), issued
+    /// through open file `fh`. Returns the escape's name as counted (an `IOCTL_XFER_CMD` counts as
+    /// the escape it carries).
+    pub(crate) fn escape(
+        &mut self,
+        mem: &dyn CallerMemory,
+        fh: u64,
+        nr: u32,
+        params: &mut [u8],
+    ) -> Result<&'static str, Errno> {
+        let size = u32::try_from(params.len()).map_err(|_| libc::EINVAL)?;
+        let name = esc::name(nr).unwrap_or("unknown");
+        match (nr, size) {
+            (esc::RM_ALLOC, nvos21::SIZE) => self.alloc(mem, fh, AllocForm::Nvos21, params),
+            (esc::RM_ALLOC, nvos64::SIZE) => self.alloc(mem, fh, AllocForm::Nvos64, params),
+            (esc::RM_FREE, nvos00::SIZE) => self.free(params),
+            (esc::RM_CONTROL, nvos54::SIZE) => self.control(mem, params),
+            (esc::IOCTL_XFER_CMD, xfer::SIZE) => return self.xfer(mem, fh, params),
+            (esc::CARD_INFO, _) if size > 0 && size % card_info::SIZE == 0 => {
+                self.card_info(params);
+            }
+            (esc::CHECK_VERSION_STR, 72) => {
+                set_u32(params, version::REPLY, version::REPLY_RECOGNIZED);
+            }
+            (esc::RM_ALLOC | esc::RM_FREE | esc::RM_CONTROL | esc::IOCTL_XFER_CMD, _)
+            | (esc::CARD_INFO | esc::CHECK_VERSION_STR, _)
+            | (esc::REGISTER_FD, 0..=3 | 5..) => return Err(libc::EINVAL),
+            // Fd registration, attaching GPUs and the escapes the fake doesn't model: success,
+            // params untouched.
+            _ => {}
+        }
+        Ok(name)
+    }
+
+    /// Frees every client allocated through open file `fh` (the file was closed).
+    pub(crate) fn release(&mut self, fh: u64) {
+        let owned: Vec<u32> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.fh == fh)
+            .map(|(&h, _)| h)
+            .collect();
+        for h in owned {
+            self.free_client(h);
+        }
+    }
+
+    fn xfer(
+        &mut self,
+        mem: &dyn CallerMemory,
+        fh: u64,
+        params: &[u8],
+    ) -> Result<&'static str, Errno> {
+        let inner_nr = u32_at(params, xfer::CMD);
+        let inner_size = u32_at(params, xfer::PARAMS_SIZE);
+        let ptr = u64_at(params, xfer::PTR);
+        if inner_nr == esc::IOCTL_XFER_CMD || inner_size == 0 || inner_size > XFER_MAX {
+            return Err(libc::EINVAL);
+        }
+        let mut inner = mem
+            .read(ptr, inner_size as usize)
+            .map_err(|_| libc::EFAULT)?;
+        let name = self.escape(mem, fh, inner_nr, &mut inner)?;
+        mem.write(ptr, &inner).map_err(|_| libc::EFAULT)?;
+        Ok(name)
+    }
+
+    fn alloc(&mut self, mem: &dyn CallerMemory, fh: u64, form: AllocForm, params: &mut [u8]) {
+        let (params_size_at, status_at) = match form {
+            AllocForm::Nvos21 => (nvos21::PARAMS_SIZE, nvos21::STATUS),
+            AllocForm::Nvos64 => (nvos64::PARAMS_SIZE, nvos64::STATUS),
+        };
+        let request = AllocRequest {
+            client: u32_at(params, nvos21::H_ROOT),
+            parent: u32_at(params, nvos21::H_OBJECT_PARENT),
+            handle: u32_at(params, nvos21::H_OBJECT_NEW),
+            class: u32_at(params, nvos21::H_CLASS),
+            params: u64_at(params, nvos21::P_ALLOC_PARMS),
+            params_size: u32_at(params, params_size_at),
+        };
+        let result = if class::is_client(request.class) {
+            self.alloc_client(fh, request.handle)
+        } else {
+            self.alloc_object(mem, &request)
+        };
+        let rm_status = match result {
+            Ok(handle) => {
+                set_u32(params, nvos21::H_OBJECT_NEW, handle);
+                status::OK
+            }
+            Err(s) => s,
+        };
+        set_u32(params, status_at, rm_status);
+    }
+
+    fn alloc_client(&mut self, fh: u64, requested: u32) -> Result<u32, u32> {
+        let handle = if requested == 0 {
+            let mut h = self.last_client.wrapping_add(1);
+            while h == 0 || self.clients.contains_key(&h) {
+                h = h.wrapping_add(1);
+            }
+            self.last_client = h;
+            h
+        } else if self.clients.contains_key(&requested) {
+            return Err(status::INSERT_DUPLICATE_NAME);
+        } else {
+            requested
+        };
+        self.clients.insert(
+            handle,
+            Client {
+                fh,
+                objects: BTreeMap::new(),
+            },
+        );
+        Ok(handle)
+    }
+
+    fn alloc_object(&mut self, mem: &dyn CallerMemory, r: &AllocRequest) -> Result<u32, u32> {
+        let gpus = self.gpus.len();
+        let client = self.clients.get(&r.client).ok_or(status::INVALID_CLIENT)?;
+        let parent = if r.parent == r.client {
+            None
+        } else {
+            Some(
+                client
+                    .objects
+                    .get(&r.parent)
+                    .ok_or(status::INVALID_OBJECT_PARENT)?,
+            )
+        };
+        let handle = if r.handle == 0 {
+            let mut h = self.last_object.wrapping_add(1);
+            while h == 0 || h == r.client || client.objects.contains_key(&h) {
+                h = h.wrapping_add(1);
+            }
+            h
+        } else if r.handle == r.client || client.objects.contains_key(&r.handle) {
+            return Err(status::INSERT_DUPLICATE_NAME);
+        } else {
+            r.handle
+        };
+        let (gpu, bytes) = match r.class {
+            class::DEVICE_0 => {
+                if parent.is_some() {
+                    return Err(status::INVALID_OBJECT_PARENT);
+                }
+                let raw = mem
+                    .read(r.params, 4)
+                    .map_err(|_| status::INVALID_ARGUMENT)?;
+                let device_id = u32_at(&raw, 0) as usize;
+                if device_id >= gpus {
+                    return Err(status::INVALID_ARGUMENT);
+                }
+                (Some(device_id), 0)
+            }
+            class::SUBDEVICE_0 => match parent {
+                Some(p) if p.class == class::DEVICE_0 => (p.gpu, 0),
+                _ => return Err(status::INVALID_OBJECT_PARENT),
+            },
+            class::MEMORY_LOCAL_USER => {
+                if r.params_size != memory_alloc::SIZE && r.params_size != memory_alloc::SIZE_OLD {
+                    return Err(status::INVALID_ARGUMENT);
+                }
+                let gpu = parent
+                    .and_then(|p| p.gpu)
+                    .ok_or(status::INVALID_OBJECT_PARENT)?;
+                let size_at = r.params + memory_alloc::SIZE_FIELD as u64;
+                let raw = mem.read(size_at, 8).map_err(|_| status::INVALID_ARGUMENT)?;
+                let asked = u64_at(&raw, 0);
+                if asked == 0 {
+                    return Err(status::INVALID_ARGUMENT);
+                }
+                let rounded = asked
+                    .div_ceil(VIDMEM_PAGE)
+                    .checked_mul(VIDMEM_PAGE)
+                    .ok_or(status::NO_MEMORY)?;
+                let g = self.gpus[gpu];
+                if g.used.checked_add(rounded).is_none_or(|u| u > g.capacity) {
+                    return Err(status::NO_MEMORY);
+                }
+                // Write back the size allocated, as the driver does, before charging it.
+                mem.write(size_at, &rounded.to_le_bytes())
+                    .map_err(|_| status::INVALID_ARGUMENT)?;
+                (Some(gpu), rounded)
+            }
+            // Virtual ranges (`NV50_MEMORY_VIRTUAL`, `NV01_MEMORY_VIRTUAL`), system memory
+            // (`NV01_MEMORY_SYSTEM`) and every other class: held, charged nothing.
+            _ => (parent.and_then(|p| p.gpu), 0),
+        };
+        if let Some(g) = gpu.filter(|_| bytes > 0) {
+            self.gpus[g].used += bytes;
+        }
+        if r.handle == 0 {
+            self.last_object = handle;
+        }
+        if let Some(c) = self.clients.get_mut(&r.client) {
+            c.objects.insert(
+                handle,
+                Object {
+                    parent: r.parent,
+                    class: r.class,
+                    gpu,
+                    bytes,
+                },
+            );
+        }
+        Ok(handle)
+    }
+
+    fn free(&mut self, params: &mut [u8]) {
+        let client = u32_at(params, nvos00::H_ROOT);
+        let old = u32_at(params, nvos00::H_OBJECT_OLD);
+        let rm_status = if client == old {
+            if self.free_client(client) {
+                status::OK
+            } else {
+                status::INVALID_CLIENT
+            }
+        } else {
+            self.free_object(client, old)
+        };
+        set_u32(params, nvos00::STATUS, rm_status);
+    }
+
+    fn free_client(&mut self, handle: u32) -> bool {
+        let Some(client) = self.clients.remove(&handle) else {
+            return false;
+        };
+        for o in client.objects.values() {
+            self.uncharge(o);
+        }
+        true
+    }
+
+    /// Frees `handle` and everything under it.
+    fn free_object(&mut self, client: u32, handle: u32) -> u32 {
+        let Some(c) = self.clients.get_mut(&client) else {
+            return status::INVALID_CLIENT;
+        };
+        if !c.objects.contains_key(&handle) {
+            return status::INVALID_OBJECT_HANDLE;
+        }
+        let mut doomed = BTreeSet::from([handle]);
+        loop {
+            let more: Vec<u32> = c
+                .objects
+                .iter()
+                .filter(|(h, o)| doomed.contains(&o.parent) && !doomed.contains(h))
+                .map(|(&h, _)| h)
+                .collect();
+            if more.is_empty() {
+                break;
+            }
+            doomed.extend(more);
+        }
+        let freed: Vec<Object> = doomed.iter().filter_map(|h| c.objects.remove(h)).collect();
+        for o in &freed {
+            self.uncharge(o);
+        }
+        status::OK
+    }
+
+    fn uncharge(&mut self, o: &Object) {
+        if let Some(g) = o.gpu.and_then(|g| self.gpus.get_mut(g)) {
+            g.used = g.used.saturating_sub(o.bytes);
+        }
+    }
+
+    fn control(&mut self, mem: &dyn CallerMemory, params: &mut [u8]) {
+        let client = u32_at(params, nvos54::H_CLIENT);
+        let object = u32_at(params, nvos54::H_OBJECT);
+        let cmd = u32_at(params, nvos54::CMD);
+        let ptr = u64_at(params, nvos54::PARAMS);
+        let size = u32_at(params, nvos54::PARAMS_SIZE);
+        let rm_status = match self.clients.get(&client) {
+            None => status::INVALID_CLIENT,
+            Some(c) if object != client && !c.objects.contains_key(&object) => {
+                status::INVALID_OBJECT_HANDLE
+            }
+            Some(_) if cmd == ctrl::GPU_GET_ATTACHED_IDS => {
+                if size == ctrl::ATTACHED_IDS_SIZE {
+                    let mut ids = [0u8; ctrl::ATTACHED_IDS_SIZE as usize];
+                    for i in 0..ctrl::MAX_ATTACHED_GPUS {
+                        let id = if i < self.gpus.len() {
+                            gpu_id(i)
+                        } else {
+                            ctrl::INVALID_GPU_ID
+                        };
+                        set_u32(&mut ids, i * 4, id);
+                    }
+                    match mem.write(ptr, &ids) {
+                        Ok(()) => status::OK,
+                        Err(_) => status::INVALID_ARGUMENT,
+                    }
+                } else {
+                    status::INVALID_ARGUMENT
+                }
+            }
+            // Every other command succeeds without answering anything.
+            Some(_) => status::OK,
+        };
+        set_u32(params, nvos54::STATUS, rm_status);
+    }
+
+    fn card_info(&self, params: &mut [u8]) {
+        let entry = card_info::SIZE as usize;
+        for (i, (card, gpu)) in params.chunks_mut(entry).zip(&self.gpus).enumerate() {
+            card.fill(0);
+            card[card_info::VALID] = 1;
+            set_u32(card, card_info::PCI_DOMAIN, 0);
+            card[card_info::PCI_BUS] = u8::try_from(i + 1).unwrap_or(u8::MAX);
+            card[card_info::PCI_VENDOR_ID..card_info::PCI_VENDOR_ID + 2]
+                .copy_from_slice(&0x10de_u16.to_le_bytes());
+            card[card_info::PCI_DEVICE_ID..card_info::PCI_DEVICE_ID + 2]
+                .copy_from_slice(&0x2330_u16.to_le_bytes());
+            set_u32(card, card_info::GPU_ID, gpu_id(i));
+            set_u64(card, card_info::FB_SIZE, gpu.capacity);
+            set_u32(
+                card,
+                card_info::MINOR_NUMBER,
+                u32::try_from(i).unwrap_or(u32::MAX),
+            );
+        }
+    }
+}
+
+/// The fields of an `RM_ALLOC` the driver reads (same offsets in both forms up to `pAllocParms`).
+struct AllocRequest {
+    client: u32,
+    parent: u32,
+    handle: u32,
+    class: u32,
+    params: u64,
+    params_size: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{cell::RefCell, collections::HashMap};
+
+    use gpuwarden_agent_common::nvidia::ioctl_cmd;
+
+    use super::*;
+    use crate::fake_driver::caller::Fault;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A caller whose memory is a few buffers at made-up addresses.
+    #[derive(Default)]
+    struct FakeMemory {
+        regions: RefCell<HashMap<u64, Vec<u8>>>,
+    }
+
+    impl FakeMemory {
+        fn put(&self, addr: u64, data: Vec<u8>) -> u64 {
+            self.regions.borrow_mut().insert(addr, data);
+            addr
+        }
+
+        fn get(&self, addr: u64) -> Vec<u8> {
+            self.regions.borrow()[&addr].clone()
+        }
+
+        fn locate(&self, addr: u64, len: usize) -> Option<(u64, usize)> {
+            self.regions.borrow().iter().find_map(|(&base, data)| {
+                let off = usize::try_from(addr.checked_sub(base)?).ok()?;
+                (off + len <= data.len()).then_some((base, off))
+            })
+        }
+    }
+
+    impl CallerMemory for FakeMemory {
+        fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>, Fault> {
+            let (base, off) = self.locate(addr, len).ok_or(Fault)?;
+            Ok(self.regions.borrow()[&base][off..off + len].to_vec())
+        }
+
+        fn write(&self, addr: u64, data: &[u8]) -> Result<(), Fault> {
+            let (base, off) = self.locate(addr, data.len()).ok_or(Fault)?;
+            self.regions.borrow_mut().get_mut(&base).ok_or(Fault)?[off..off + data.len()]
+                .copy_from_slice(data);
+            Ok(())
+        }
+    }
+
+    struct Harness {
+        rm: Rm,
+        mem: FakeMemory,
+        next_addr: u64,
+    }
+
+    impl Harness {
+        fn new(gpu_memory: &[u64]) -> Self {
+            Self {
+                rm: Rm::new(gpu_memory),
+                mem: FakeMemory::default(),
+                next_addr: 0x1000,
+            }
+        }
+
+        fn buffer(&mut self, data: Vec<u8>) -> u64 {
+            self.next_addr += 0x10000;
+            self.mem.put(self.next_addr, data)
+        }
+
+        fn alloc(
+            &mut self,
+            form: AllocForm,
+            client: u32,
+            parent: u32,
+            class: u32,
+            alloc_params: Option<u64>,
+            params_size: u32,
+        ) -> (u32, u32) {
+            let size = if form == AllocForm::Nvos21 {
+                nvos21::SIZE
+            } else {
+                nvos64::SIZE
+            };
+            let mut p = vec![0u8; size as usize];
+            set_u32(&mut p, nvos21::H_ROOT, client);
+            set_u32(&mut p, nvos21::H_OBJECT_PARENT, parent);
+            set_u32(&mut p, nvos21::H_CLASS, class);
+            set_u64(&mut p, nvos21::P_ALLOC_PARMS, alloc_params.unwrap_or(0));
+            let (size_at, status_at) = if form == AllocForm::Nvos21 {
+                (nvos21::PARAMS_SIZE, nvos21::STATUS)
+            } else {
+                (nvos64::PARAMS_SIZE, nvos64::STATUS)
+            };
+            set_u32(&mut p, size_at, params_size);
+            assert_eq!(
+                self.rm.escape(&self.mem, 1, esc::RM_ALLOC, &mut p),
+                Ok("rm_alloc")
+            );
+            (u32_at(&p, nvos21::H_OBJECT_NEW), u32_at(&p, status_at))
+        }
+
+        fn client(&mut self) -> u32 {
+            let (h, s) = self.alloc(AllocForm::Nvos21, 0, 0, class::ROOT_CLIENT, None, 0);
+            assert_eq!(s, status::OK);
+            h
+        }
+
+        fn device(&mut self, client: u32, id: u32) -> (u32, u32) {
+            let p = self.buffer(id.to_le_bytes().to_vec());
+            self.alloc(
+                AllocForm::Nvos21,
+                client,
+                client,
+                class::DEVICE_0,
+                Some(p),
+                56,
+            )
+        }
+
+        /// Allocates video memory; returns (handle, status, size written back).
+        fn vidmem(
+            &mut self,
+            form: AllocForm,
+            client: u32,
+            parent: u32,
+            bytes: u64,
+            params_size: u32,
+        ) -> (u32, u32, u64) {
+            let mut m = vec![0u8; params_size as usize];
+            set_u64(&mut m, memory_alloc::SIZE_FIELD, bytes);
+            let addr = self.buffer(m);
+            let (h, s) = self.alloc(
+                form,
+                client,
+                parent,
+                class::MEMORY_LOCAL_USER,
+                Some(addr),
+                params_size,
+            );
+            let written = u64_at(&self.mem.get(addr), memory_alloc::SIZE_FIELD);
+            (h, s, written)
+        }
+
+        fn free(&mut self, client: u32, parent: u32, old: u32) -> u32 {
+            let mut p = vec![0u8; nvos00::SIZE as usize];
+            set_u32(&mut p, nvos00::H_ROOT, client);
+            set_u32(&mut p, nvos00::H_OBJECT_PARENT, parent);
+            set_u32(&mut p, nvos00::H_OBJECT_OLD, old);
+            assert_eq!(
+                self.rm.escape(&self.mem, 1, esc::RM_FREE, &mut p),
+                Ok("rm_free")
+            );
+            u32_at(&p, nvos00::STATUS)
+        }
+    }
+
+    #[test]
+    fn handles_follow_the_documented_numbering() {
+        let mut h = Harness::new(&[1 << 30]);
+        let c = h.client();
+        assert_eq!(c, CLIENT_HANDLE_BASE + 1);
+        assert_eq!(h.device(c, 0), (OBJECT_HANDLE_BASE + 1, status::OK));
+        assert_eq!(h.client(), CLIENT_HANDLE_BASE + 2);
+    }
+
+    #[test]
+    fn vidmem_rounds_up_to_2mib_and_writes_the_size_back() {
+        let mut h = Harness::new(&[1 << 30, 1 << 30]);
+        let c = h.client();
+        let (dev, _) = h.device(c, 1);
+        for (form, layout) in [
+            (AllocForm::Nvos21, memory_alloc::SIZE_OLD),
+            (AllocForm::Nvos21, memory_alloc::SIZE),
+            (AllocForm::Nvos64, memory_alloc::SIZE_OLD),
+            (AllocForm::Nvos64, memory_alloc::SIZE),
+        ] {
+            let (handle, s, written) = h.vidmem(form, c, dev, 3 * MIB, layout);
+            assert_eq!(s, status::OK, "{form:?} {layout}");
+            assert_ne!(handle, 0);
+            assert_eq!(written, 4 * MIB, "{form:?} {layout}");
+        }
+        assert_eq!(h.vidmem(AllocForm::Nvos21, c, dev, 1, 128).2, 2 * MIB);
+        assert_eq!(h.vidmem(AllocForm::Nvos21, c, dev, 2 * MIB, 128).2, 2 * MIB);
+        assert_eq!(h.rm.used(), vec![0, 20 * MIB]);
+        assert_eq!(h.rm.used_by_client()[&c], vec![0, 20 * MIB]);
+    }
+
+    #[test]
+    fn out_of_memory_charges_nothing_and_leaves_the_size_alone() {
+        let mut h = Harness::new(&[64 * MIB]);
+        let c = h.client();
+        let (dev, _) = h.device(c, 0);
+        assert_eq!(h.vidmem(AllocForm::Nvos21, c, dev, 60 * MIB, 128).1, 0);
+        let (_, s, written) = h.vidmem(AllocForm::Nvos64, c, dev, 5 * MIB, 120);
+        assert_eq!(s, status::NO_MEMORY);
+        assert_eq!(written, 5 * MIB, "nothing written back on failure");
+        assert_eq!(h.rm.used(), vec![60 * MIB]);
+        // Exactly what is left still fits.
+        assert_eq!(h.vidmem(AllocForm::Nvos21, c, dev, 4 * MIB, 128).1, 0);
+        assert_eq!(h.rm.used(), vec![64 * MIB]);
+        // Sizes that overflow when rounded fail the same way.
+        assert_eq!(
+            h.vidmem(AllocForm::Nvos21, c, dev, u64::MAX, 128).1,
+            status::NO_MEMORY
+        );
+    }
+
+    #[test]
+    fn rejects_what_the_driver_rejects() {
+        let mut h = Harness::new(&[1 << 30]);
+        let c = h.client();
+        assert_eq!(h.device(c, 1).1, status::INVALID_ARGUMENT, "no GPU 1");
+        assert_eq!(h.device(0x1234, 0).1, status::INVALID_CLIENT);
+        let (dev, _) = h.device(c, 0);
+        assert_eq!(
+            h.vidmem(AllocForm::Nvos21, c, dev, MIB, 100).1,
+            status::INVALID_ARGUMENT,
+            "params size"
+        );
+        assert_eq!(
+            h.vidmem(AllocForm::Nvos21, c, c, MIB, 128).1,
+            status::INVALID_OBJECT_PARENT,
+            "memory needs a device"
+        );
+        assert_eq!(
+            h.vidmem(AllocForm::Nvos21, c, 0xbad, MIB, 128).1,
+            status::INVALID_OBJECT_PARENT
+        );
+        assert_eq!(
+            h.vidmem(AllocForm::Nvos21, c, dev, 0, 128).1,
+            status::INVALID_ARGUMENT
+        );
+        // A bad pointer to the allocation params.
+        assert_eq!(
+            h.alloc(
+                AllocForm::Nvos21,
+                c,
+                dev,
+                class::MEMORY_LOCAL_USER,
+                Some(8),
+                128
+            )
+            .1,
+            status::INVALID_ARGUMENT
+        );
+        assert_eq!(h.rm.used(), vec![0]);
+        // Malformed ioctls fail outright.
+        let mut short = vec![0u8; 24];
+        assert_eq!(
+            h.rm.escape(&h.mem, 1, esc::RM_ALLOC, &mut short),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(
+            h.rm.escape(&h.mem, 1, esc::RM_FREE, &mut short),
+            Err(libc::EINVAL)
+        );
+    }
+
+    #[test]
+    fn caller_chosen_handles_must_be_free() {
+        let mut h = Harness::new(&[1 << 30]);
+        let c = h.client();
+        let p = h.buffer(0u32.to_le_bytes().to_vec());
+        let mut params = vec![0u8; 32];
+        set_u32(&mut params, nvos21::H_ROOT, c);
+        set_u32(&mut params, nvos21::H_OBJECT_PARENT, c);
+        set_u32(&mut params, nvos21::H_OBJECT_NEW, 0xd00d);
+        set_u32(&mut params, nvos21::H_CLASS, class::DEVICE_0);
+        set_u64(&mut params, nvos21::P_ALLOC_PARMS, p);
+        let mut again = params.clone();
+        h.rm.escape(&h.mem, 1, esc::RM_ALLOC, &mut params).unwrap();
+        assert_eq!(u32_at(&params, nvos21::STATUS), status::OK);
+        assert_eq!(u32_at(&params, nvos21::H_OBJECT_NEW), 0xd00d);
+        h.rm.escape(&h.mem, 1, esc::RM_ALLOC, &mut again).unwrap();
+        assert_eq!(
+            u32_at(&again, nvos21::STATUS),
+            status::INSERT_DUPLICATE_NAME
+        );
+        // A client asking for a taken client handle.
+        let (_, s) = h.alloc(AllocForm::Nvos21, 0, 0, class::ROOT_CLIENT, None, 0);
+        assert_eq!(s, status::OK);
+        let mut dup = vec![0u8; 32];
+        set_u32(&mut dup, nvos21::H_OBJECT_NEW, c);
+        set_u32(&mut dup, nvos21::H_CLASS, class::ROOT_CLIENT);
+        h.rm.escape(&h.mem, 1, esc::RM_ALLOC, &mut dup).unwrap();
+        assert_eq!(u32_at(&dup, nvos21::STATUS), status::INSERT_DUPLICATE_NAME);
+    }
+
+    #[test]
+    fn frees_cascade_to_children_and_clients_free_everything() {
+        let mut h = Harness::new(&[1 << 30, 1 << 30]);
+        let c = h.client();
+        let (dev0, _) = h.device(c, 0);
+        let (dev1, _) = h.device(c, 1);
+        let (sub1, s) = h.alloc(AllocForm::Nvos64, c, dev1, class::SUBDEVICE_0, None, 0);
+        assert_eq!(s, status::OK);
+        let (a, ..) = h.vidmem(AllocForm::Nvos21, c, dev0, 2 * MIB, 128);
+        h.vidmem(AllocForm::Nvos21, c, dev0, 4 * MIB, 128);
+        h.vidmem(AllocForm::Nvos21, c, sub1, 8 * MIB, 128);
+        h.vidmem(AllocForm::Nvos21, c, dev1, 16 * MIB, 128);
+        assert_eq!(h.rm.used(), vec![6 * MIB, 24 * MIB]);
+
+        assert_eq!(h.free(c, dev0, a), status::OK);
+        assert_eq!(h.free(c, dev0, a), status::INVALID_OBJECT_HANDLE);
+        assert_eq!(h.rm.used(), vec![4 * MIB, 24 * MIB]);
+        // The device, its subdevice and the memory under both.
+        assert_eq!(h.free(c, c, dev1), status::OK);
+        assert_eq!(h.rm.used(), vec![4 * MIB, 0]);
+        assert_eq!(
+            h.vidmem(AllocForm::Nvos21, c, sub1, MIB, 128).1,
+            status::INVALID_OBJECT_PARENT,
+            "the subdevice went with its device"
+        );
+
+        let other = h.client();
+        let (dev, _) = h.device(other, 0);
+        h.vidmem(AllocForm::Nvos21, other, dev, 10 * MIB, 128);
+        assert_eq!(h.free(c, c, c), status::OK);
+        assert_eq!(h.free(c, c, c), status::INVALID_CLIENT);
+        assert_eq!(h.rm.used(), vec![10 * MIB, 0]);
+        assert_eq!(h.rm.clients(), 1);
+    }
+
+    #[test]
+    fn closing_the_file_frees_its_clients_only() {
+        let mut h = Harness::new(&[1 << 30]);
+        let mine = h.client();
+        let (dev, _) = h.device(mine, 0);
+        h.vidmem(AllocForm::Nvos21, mine, dev, 2 * MIB, 128);
+        // A client made through another file.
+        let mut p = vec![0u8; 32];
+        set_u32(&mut p, nvos21::H_CLASS, class::ROOT_CLIENT);
+        h.rm.escape(&h.mem, 2, esc::RM_ALLOC, &mut p).unwrap();
+        let theirs = u32_at(&p, nvos21::H_OBJECT_NEW);
+        let (dev2, _) = h.device(theirs, 0);
+        h.vidmem(AllocForm::Nvos21, theirs, dev2, 4 * MIB, 128);
+        assert_eq!(h.rm.used(), vec![6 * MIB]);
+        h.rm.release(1);
+        assert_eq!(h.rm.used(), vec![4 * MIB]);
+        assert_eq!(
+            h.rm.used_by_client().keys().copied().collect::<Vec<_>>(),
+            [theirs]
+        );
+    }
+
+    #[test]
+    fn xfer_unwraps_and_counts_as_the_inner_escape() {
+        let mut h = Harness::new(&[1 << 30]);
+        let c = h.client();
+        let (dev, _) = h.device(c, 0);
+        let mut m = vec![0u8; 120];
+        set_u64(&mut m, memory_alloc::SIZE_FIELD, 3 * MIB);
+        let m_addr = h.buffer(m);
+        let mut inner = vec![0u8; nvos64::SIZE as usize];
+        set_u32(&mut inner, nvos64::H_ROOT, c);
+        set_u32(&mut inner, nvos64::H_OBJECT_PARENT, dev);
+        set_u32(&mut inner, nvos64::H_CLASS, class::MEMORY_LOCAL_USER);
+        set_u64(&mut inner, nvos64::P_ALLOC_PARMS, m_addr);
+        set_u32(&mut inner, nvos64::PARAMS_SIZE, 120);
+        let inner_addr = h.buffer(inner);
+        let mut outer = vec![0u8; xfer::SIZE as usize];
+        set_u32(&mut outer, xfer::CMD, esc::RM_ALLOC);
+        set_u32(&mut outer, xfer::PARAMS_SIZE, nvos64::SIZE);
+        set_u64(&mut outer, xfer::PTR, inner_addr);
+        assert_eq!(
+            h.rm.escape(&h.mem, 1, esc::IOCTL_XFER_CMD, &mut outer),
+            Ok("rm_alloc")
+        );
+        let inner = h.mem.get(inner_addr);
+        assert_eq!(u32_at(&inner, nvos64::STATUS), status::OK);
+        assert_ne!(u32_at(&inner, nvos64::H_OBJECT_NEW), 0);
+        assert_eq!(
+            u64_at(&h.mem.get(m_addr), memory_alloc::SIZE_FIELD),
+            4 * MIB
+        );
+        assert_eq!(h.rm.used(), vec![4 * MIB]);
+
+        // Nested or oversized transfers are malformed; a bad pointer faults.
+        set_u32(&mut outer, xfer::CMD, esc::IOCTL_XFER_CMD);
+        assert_eq!(
+            h.rm.escape(&h.mem, 1, esc::IOCTL_XFER_CMD, &mut outer),
+            Err(libc::EINVAL)
+        );
+        set_u32(&mut outer, xfer::CMD, esc::RM_ALLOC);
+        set_u32(&mut outer, xfer::PARAMS_SIZE, 16385);
+        assert_eq!(
+            h.rm.escape(&h.mem, 1, esc::IOCTL_XFER_CMD, &mut outer),
+            Err(libc::EINVAL)
+        );
+        set_u32(&mut outer, xfer::PARAMS_SIZE, nvos64::SIZE);
+        set_u64(&mut outer, xfer::PTR, 8);
+        assert_eq!(
+            h.rm.escape(&h.mem, 1, esc::IOCTL_XFER_CMD, &mut outer),
+            Err(libc::EFAULT)
+        );
+    }
+
+    #[test]
+    fn control_checks_handles_and_lists_attached_gpus() {
+        let mut h = Harness::new(&[1 << 30, 1 << 30]);
+        let c = h.client();
+        let ids = h.buffer(vec![0u8; 128]);
+        let mut p = vec![0u8; nvos54::SIZE as usize];
+        set_u32(&mut p, nvos54::H_CLIENT, c);
+        set_u32(&mut p, nvos54::H_OBJECT, c);
+        set_u32(&mut p, nvos54::CMD, ctrl::GPU_GET_ATTACHED_IDS);
+        set_u64(&mut p, nvos54::PARAMS, ids);
+        set_u32(&mut p, nvos54::PARAMS_SIZE, 128);
+        assert_eq!(
+            h.rm.escape(&h.mem, 1, esc::RM_CONTROL, &mut p),
+            Ok("rm_control")
+        );
+        assert_eq!(u32_at(&p, nvos54::STATUS), status::OK);
+        let got = h.mem.get(ids);
+        assert_eq!(
+            [u32_at(&got, 0), u32_at(&got, 4), u32_at(&got, 8)],
+            [gpu_id(0), gpu_id(1), ctrl::INVALID_GPU_ID]
+        );
+        set_u32(&mut p, nvos54::H_OBJECT, 0xbad);
+        h.rm.escape(&h.mem, 1, esc::RM_CONTROL, &mut p).unwrap();
+        assert_eq!(u32_at(&p, nvos54::STATUS), status::INVALID_OBJECT_HANDLE);
+        set_u32(&mut p, nvos54::H_CLIENT, 0xbad);
+        h.rm.escape(&h.mem, 1, esc::RM_CONTROL, &mut p).unwrap();
+        assert_eq!(u32_at(&p, nvos54::STATUS), status::INVALID_CLIENT);
+    }
+
+    #[test]
+    fn setup_escapes_succeed() {
+        let mut h = Harness::new(&[1 << 30, 2 << 30]);
+        let mut cards = vec![0u8; 72 * 4];
+        assert_eq!(
+            h.rm.escape(&h.mem, 1, esc::CARD_INFO, &mut cards),
+            Ok("card_info")
+        );
+        assert_eq!(cards[72], 1, "second card valid");
+        assert_eq!(u64_at(&cards, 72 + card_info::FB_SIZE), 2 << 30);
+        assert_eq!(u32_at(&cards, 72 + card_info::MINOR_NUMBER), 1);
+        assert_eq!(cards[144], 0, "no third card");
+        let mut version = vec![0u8; 72];
+        h.rm.escape(&h.mem, 1, esc::CHECK_VERSION_STR, &mut version)
+            .unwrap();
+        assert_eq!(u32_at(&version, 4), version::REPLY_RECOGNIZED);
+        let mut fd = vec![0u8; 4];
+        assert_eq!(
+            h.rm.escape(&h.mem, 1, esc::REGISTER_FD, &mut fd),
+            Ok("register_fd")
+        );
+        let mut attach = vec![0u8; 8];
+        assert_eq!(
+            h.rm.escape(&h.mem, 1, esc::ATTACH_GPUS_TO_FD, &mut attach),
+            Ok("attach_gpus_to_fd")
+        );
+        assert_eq!(
+            h.rm.escape(&h.mem, 1, esc::CARD_INFO, &mut [0u8; 70]),
+            Err(libc::EINVAL)
+        );
+        // The constants' encodings, as a client would build them.
+        assert_eq!(ioctl_cmd(esc::RM_ALLOC, nvos64::SIZE), 0xc030_462b);
+    }
+}

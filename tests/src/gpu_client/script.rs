@@ -1,0 +1,1086 @@
+//! The `gpu-client` line protocol: [`parse`] turns a line into a [`Command`] (a pure function),
+//! [`Session`] runs commands on a [`GpuClient`] and serves a whole script. The language is
+//! described in the [parent module](super).
+
+use std::{
+    fmt::Write as _,
+    io::{self, BufRead, BufReader, Write},
+    os::fd::{FromRawFd, OwnedFd, RawFd},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use super::{ClientError, Form, GpuClient, ParamsLayout, RmError, Via, ioctl_raw};
+use crate::units::{NumberError, number, number32, size};
+
+/// A line that isn't a command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// Nothing but blanks.
+    #[error("empty line")]
+    Empty,
+    /// The first word isn't a command.
+    #[error("unknown command {word:?}")]
+    UnknownCommand {
+        /// The word.
+        word: String,
+    },
+    /// An argument is missing.
+    #[error("{command}: missing {what}")]
+    Missing {
+        /// The command.
+        command: &'static str,
+        /// What is missing.
+        what: &'static str,
+    },
+    /// A word after the arguments that means nothing to the command.
+    #[error("{command}: unexpected {word:?}")]
+    Unexpected {
+        /// The command.
+        command: &'static str,
+        /// The word.
+        word: String,
+    },
+    /// A number that doesn't parse.
+    #[error(transparent)]
+    Number(#[from] NumberError),
+    /// A command that can't run where it was asked to (`thread fork`, `child exit` inside
+    /// `thread`, …).
+    #[error("{command} can't run inside {within}")]
+    NotNested {
+        /// The inner command.
+        command: &'static str,
+        /// `thread`.
+        within: &'static str,
+    },
+}
+
+/// Which of the client's fds a command means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FdRef {
+    /// The control fd (`nvidiactl`; the newest copy after `dup`).
+    Ctl,
+    /// The UVM fd.
+    Uvm,
+    /// The GPU node opened at start.
+    Gpu,
+    /// An fd by number.
+    Number(RawFd),
+}
+
+/// What `ioctl-raw` issues its ioctl on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A file opened for the call and closed after.
+    Path(PathBuf),
+    /// An fd the client holds.
+    Fd(FdRef),
+}
+
+/// UVM commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UvmCommand {
+    /// `UVM_INITIALIZE`.
+    Init,
+    /// `UVM_CREATE_EXTERNAL_RANGE`.
+    Range {
+        /// Start.
+        base: u64,
+        /// Length.
+        length: u64,
+    },
+    /// `UVM_MAP_EXTERNAL_ALLOCATION`.
+    Map {
+        /// Start.
+        base: u64,
+        /// Length.
+        length: u64,
+        /// The RM client.
+        client: u32,
+        /// The RM memory handle.
+        memory: u32,
+    },
+    /// `UVM_FREE`.
+    Free {
+        /// Start.
+        base: u64,
+        /// Length.
+        length: u64,
+    },
+    /// Any command number, with zeroed params.
+    Raw(u32),
+}
+
+/// One line of the protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// `client`.
+    Client,
+    /// `device <client> <id>`.
+    Device {
+        /// `hRoot`.
+        client: u32,
+        /// `deviceId`.
+        id: u32,
+    },
+    /// `subdevice <client> <device>`.
+    Subdevice {
+        /// `hRoot`.
+        client: u32,
+        /// The device.
+        device: u32,
+    },
+    /// `alloc <client> <parent> <size> [nvos21|nvos64] [v120|v128] [xfer]`.
+    Alloc {
+        /// `hRoot`.
+        client: u32,
+        /// A device or subdevice.
+        parent: u32,
+        /// Bytes asked for.
+        bytes: u64,
+        /// NVOS21 or NVOS64.
+        form: Form,
+        /// 120- or 128-byte params.
+        layout: ParamsLayout,
+        /// Direct or through `IOCTL_XFER_CMD`.
+        via: Via,
+    },
+    /// `sysmem <client> <parent> <size>`.
+    Sysmem {
+        /// `hRoot`.
+        client: u32,
+        /// The parent.
+        parent: u32,
+        /// Bytes.
+        bytes: u64,
+    },
+    /// `virtual <client> <parent> <size>`.
+    Virtual {
+        /// `hRoot`.
+        client: u32,
+        /// The parent.
+        parent: u32,
+        /// Bytes of address space.
+        bytes: u64,
+    },
+    /// `free <client> <parent> <handle> [xfer]`.
+    Free {
+        /// `hRoot`.
+        client: u32,
+        /// `hObjectParent`.
+        parent: u32,
+        /// `hObjectOld`.
+        handle: u32,
+        /// Direct or through `IOCTL_XFER_CMD`.
+        via: Via,
+    },
+    /// `control <client> <object> <cmd>`.
+    Control {
+        /// `hClient`.
+        client: u32,
+        /// `hObject`.
+        object: u32,
+        /// The control command.
+        cmd: u32,
+    },
+    /// `gpu-ids <client>`.
+    GpuIds {
+        /// `hClient`.
+        client: u32,
+    },
+    /// `register-fd`.
+    RegisterFd,
+    /// `uvm …`.
+    Uvm(UvmCommand),
+    /// `open <path>`.
+    Open {
+        /// The file (a bare name is in the client's directory).
+        path: PathBuf,
+    },
+    /// `dup [<fd>]`.
+    Dup {
+        /// The fd to copy.
+        fd: FdRef,
+    },
+    /// `close <fd>`.
+    Close {
+        /// The fd.
+        fd: FdRef,
+    },
+    /// `ioctl-raw <path|fd> <cmd>`.
+    IoctlRaw {
+        /// Where.
+        target: Target,
+        /// The command.
+        cmd: u32,
+    },
+    /// `thread <command…>`.
+    Thread(Box<Command>),
+    /// `fork`.
+    Fork,
+    /// `child <command…>`: the line after `child`, for the child to parse.
+    Child(String),
+    /// `wait-child` or `child exit`.
+    WaitChild,
+    /// `kill-child`.
+    KillChild,
+    /// `sleep <ms>`.
+    Sleep {
+        /// Milliseconds.
+        ms: u64,
+    },
+    /// `pid`.
+    Pid,
+    /// `exit`.
+    Exit,
+}
+
+/// Parses one line.
+///
+/// # Errors
+/// What is wrong with it.
+pub fn parse(line: &str) -> Result<Command, ParseError> {
+    let mut words = line.split_whitespace();
+    let Some(first) = words.next() else {
+        return Err(ParseError::Empty);
+    };
+    let rest: Vec<&str> = words.collect();
+    let args = Args {
+        command: command_name(first).ok_or_else(|| ParseError::UnknownCommand {
+            word: first.to_owned(),
+        })?,
+        words: &rest,
+    };
+    let command = match args.command {
+        "client" => Command::Client,
+        "device" => Command::Device {
+            client: args.u32(0, "client")?,
+            id: args.u32(1, "device id")?,
+        },
+        "subdevice" => Command::Subdevice {
+            client: args.u32(0, "client")?,
+            device: args.u32(1, "device")?,
+        },
+        "alloc" => {
+            let (mut form, mut layout, mut via) = Default::default();
+            for &word in args.words.iter().skip(3) {
+                match word {
+                    "nvos21" => form = Form::Nvos21,
+                    "nvos64" => form = Form::Nvos64,
+                    "v120" => layout = ParamsLayout::V120,
+                    "v128" => layout = ParamsLayout::V128,
+                    "xfer" => via = Via::Xfer,
+                    _ => return Err(args.unexpected(word)),
+                }
+            }
+            return Ok(Command::Alloc {
+                client: args.u32(0, "client")?,
+                parent: args.u32(1, "parent")?,
+                bytes: args.size(2, "size")?,
+                form,
+                layout,
+                via,
+            });
+        }
+        "sysmem" => Command::Sysmem {
+            client: args.u32(0, "client")?,
+            parent: args.u32(1, "parent")?,
+            bytes: args.size(2, "size")?,
+        },
+        "virtual" => Command::Virtual {
+            client: args.u32(0, "client")?,
+            parent: args.u32(1, "parent")?,
+            bytes: args.size(2, "size")?,
+        },
+        "free" => {
+            let via = match args.words.get(3) {
+                None => Via::Direct,
+                Some(&"xfer") => Via::Xfer,
+                Some(word) => return Err(args.unexpected(word)),
+            };
+            args.at_most(4)?;
+            return Ok(Command::Free {
+                client: args.u32(0, "client")?,
+                parent: args.u32(1, "parent")?,
+                handle: args.u32(2, "handle")?,
+                via,
+            });
+        }
+        "control" => Command::Control {
+            client: args.u32(0, "client")?,
+            object: args.u32(1, "object")?,
+            cmd: args.u32(2, "command")?,
+        },
+        "gpu-ids" => Command::GpuIds {
+            client: args.u32(0, "client")?,
+        },
+        "register-fd" => Command::RegisterFd,
+        "uvm" => return parse_uvm(&args),
+        "open" => Command::Open {
+            path: PathBuf::from(args.word(0, "path")?),
+        },
+        "dup" => Command::Dup {
+            fd: match args.words.first() {
+                None => FdRef::Ctl,
+                Some(word) => fd_ref(word)?,
+            },
+        },
+        "close" => Command::Close {
+            fd: fd_ref(args.word(0, "fd")?)?,
+        },
+        "ioctl-raw" => {
+            let target = args.word(0, "path or fd")?;
+            Command::IoctlRaw {
+                target: if target.contains('/') {
+                    Target::Path(PathBuf::from(target))
+                } else {
+                    Target::Fd(fd_ref(target)?)
+                },
+                cmd: args.u32(1, "command")?,
+            }
+        }
+        "thread" => {
+            let inner = parse(&args.words.join(" "))?;
+            if let Some(name) = process_level(&inner) {
+                return Err(ParseError::NotNested {
+                    command: name,
+                    within: "thread",
+                });
+            }
+            return Ok(Command::Thread(Box::new(inner)));
+        }
+        "fork" => Command::Fork,
+        "child" => {
+            let line = args.words.join(" ");
+            return Ok(match parse(&line)? {
+                Command::Exit => Command::WaitChild,
+                _ => Command::Child(line),
+            });
+        }
+        "wait-child" => Command::WaitChild,
+        "kill-child" => Command::KillChild,
+        "sleep" => Command::Sleep {
+            ms: args.number(0, "milliseconds")?,
+        },
+        "pid" => Command::Pid,
+        "exit" => Command::Exit,
+        other => {
+            return Err(ParseError::UnknownCommand {
+                word: other.to_owned(),
+            });
+        }
+    };
+    args.at_most(arity(&command))?;
+    Ok(command)
+}
+
+/// The commands, by their first word.
+const COMMANDS: &[&str] = &[
+    "client",
+    "device",
+    "subdevice",
+    "alloc",
+    "sysmem",
+    "virtual",
+    "free",
+    "control",
+    "gpu-ids",
+    "register-fd",
+    "uvm",
+    "open",
+    "dup",
+    "close",
+    "ioctl-raw",
+    "thread",
+    "fork",
+    "child",
+    "wait-child",
+    "kill-child",
+    "sleep",
+    "pid",
+    "exit",
+];
+
+fn command_name(word: &str) -> Option<&'static str> {
+    COMMANDS.iter().copied().find(|&c| c == word)
+}
+
+/// How many words a fixed-shape command takes after its name.
+fn arity(command: &Command) -> usize {
+    match command {
+        Command::Device { .. } | Command::Subdevice { .. } | Command::IoctlRaw { .. } => 2,
+        Command::Sysmem { .. } | Command::Virtual { .. } | Command::Control { .. } => 3,
+        Command::GpuIds { .. }
+        | Command::Open { .. }
+        | Command::Dup { .. }
+        | Command::Close { .. }
+        | Command::Sleep { .. } => 1,
+        _ => 0,
+    }
+}
+
+/// The name of a command that acts on the process rather than the client.
+fn process_level(command: &Command) -> Option<&'static str> {
+    match command {
+        Command::Fork => Some("fork"),
+        Command::Child(_) => Some("child"),
+        Command::WaitChild => Some("wait-child"),
+        Command::KillChild => Some("kill-child"),
+        Command::Exit => Some("exit"),
+        _ => None,
+    }
+}
+
+fn parse_uvm(args: &Args<'_>) -> Result<Command, ParseError> {
+    let sub = args.word(0, "uvm command")?;
+    let tail = Args {
+        command: "uvm",
+        words: &args.words[1..],
+    };
+    let (command, arity) = match sub {
+        "init" => (UvmCommand::Init, 0),
+        "range" => (
+            UvmCommand::Range {
+                base: tail.number(0, "base")?,
+                length: tail.size(1, "length")?,
+            },
+            2,
+        ),
+        "map" => (
+            UvmCommand::Map {
+                base: tail.number(0, "base")?,
+                length: tail.size(1, "length")?,
+                client: tail.u32(2, "client")?,
+                memory: tail.u32(3, "memory")?,
+            },
+            4,
+        ),
+        "free" => (
+            UvmCommand::Free {
+                base: tail.number(0, "base")?,
+                length: match tail.words.get(1) {
+                    Some(w) => size(w)?,
+                    None => 0,
+                },
+            },
+            2,
+        ),
+        number => (UvmCommand::Raw(number32(number)?), 0),
+    };
+    tail.at_most(arity)?;
+    Ok(Command::Uvm(command))
+}
+
+fn fd_ref(word: &str) -> Result<FdRef, ParseError> {
+    Ok(match word {
+        "ctl" => FdRef::Ctl,
+        "uvm" => FdRef::Uvm,
+        "gpu" => FdRef::Gpu,
+        n => FdRef::Number(
+            RawFd::try_from(number32(n)?)
+                .map_err(|_| NumberError::TooLarge { word: n.to_owned() })?,
+        ),
+    })
+}
+
+/// The words after a command's name.
+struct Args<'a> {
+    command: &'static str,
+    words: &'a [&'a str],
+}
+
+impl Args<'_> {
+    fn word(&self, i: usize, what: &'static str) -> Result<&str, ParseError> {
+        self.words.get(i).copied().ok_or(ParseError::Missing {
+            command: self.command,
+            what,
+        })
+    }
+
+    fn u32(&self, i: usize, what: &'static str) -> Result<u32, ParseError> {
+        Ok(number32(self.word(i, what)?)?)
+    }
+
+    fn number(&self, i: usize, what: &'static str) -> Result<u64, ParseError> {
+        Ok(number(self.word(i, what)?)?)
+    }
+
+    fn size(&self, i: usize, what: &'static str) -> Result<u64, ParseError> {
+        Ok(size(self.word(i, what)?)?)
+    }
+
+    fn unexpected(&self, word: &str) -> ParseError {
+        ParseError::Unexpected {
+            command: self.command,
+            word: word.to_owned(),
+        }
+    }
+
+    fn at_most(&self, n: usize) -> Result<(), ParseError> {
+        match self.words.get(n) {
+            Some(word) => Err(self.unexpected(word)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A forked child and the pipes that drive it.
+#[derive(Debug)]
+struct Child {
+    pid: libc::pid_t,
+    to: std::fs::File,
+    from: BufReader<std::fs::File>,
+}
+
+/// How [`Session::serve`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The input ended.
+    Eof,
+    /// `exit`: the caller should exit without cleaning up.
+    Exit,
+}
+
+/// A client serving the protocol, with at most one forked child.
+#[derive(Debug)]
+pub struct Session {
+    client: GpuClient,
+    child: Option<Child>,
+}
+
+impl Session {
+    /// A session on `client`.
+    #[must_use]
+    pub fn new(client: GpuClient) -> Self {
+        Self {
+            client,
+            child: None,
+        }
+    }
+
+    /// Answers lines from `input` on `output`, one line each, flushed, until EOF or `exit`.
+    ///
+    /// `fork` forks the calling process: call this from a single-threaded process (the
+    /// `gpu-client` binary).
+    ///
+    /// # Errors
+    /// Reading or writing failed.
+    pub fn serve(&mut self, input: &mut dyn BufRead, output: &mut dyn Write) -> io::Result<Ended> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if input.read_line(&mut line)? == 0 {
+                return Ok(Ended::Eof);
+            }
+            let reply = match parse(&line) {
+                Err(e) => format!("err {e}"),
+                Ok(Command::Exit) => return Ok(Ended::Exit),
+                Ok(command) => self.run(&command),
+            };
+            writeln!(output, "{reply}")?;
+            output.flush()?;
+        }
+    }
+
+    /// Runs one command; returns its reply line (without the newline).
+    ///
+    /// `exit` is answered `err`: ending the process is [`serve`](Self::serve)'s caller's job.
+    pub fn run(&mut self, command: &Command) -> String {
+        match command {
+            Command::Fork => self.fork(),
+            Command::Child(line) => self.child(line),
+            Command::WaitChild => self.wait_child(),
+            Command::KillChild => self.kill_child(),
+            Command::Exit => "err exit is handled by serve".to_owned(),
+            other => execute(&mut self.client, other),
+        }
+    }
+
+    fn fork(&mut self) -> String {
+        if let Some(c) = &self.child {
+            return format!("err child {} is still running", c.pid);
+        }
+        match self.spawn_child() {
+            Ok(pid) => format!("ok pid={pid}"),
+            Err(e) => errno_reply(&e),
+        }
+    }
+
+    fn spawn_child(&mut self) -> io::Result<libc::pid_t> {
+        let (child_in, to_child) = pipe()?;
+        let (from_child, child_out) = pipe()?;
+        // SAFETY: the process is single-threaded here (`thread` joins before replying), so the
+        // child may go on using the allocator and the client.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid == 0 {
+            drop((to_child, from_child));
+            let _ = self.serve(&mut BufReader::new(child_in), &mut { child_out });
+            // SAFETY: leave at once, closing every fd: the parent's state (its stdin buffer, its
+            // destructors) isn't the child's to flush.
+            unsafe { libc::_exit(0) };
+        }
+        self.child = Some(Child {
+            pid,
+            to: to_child,
+            from: BufReader::new(from_child),
+        });
+        Ok(pid)
+    }
+
+    fn child(&mut self, line: &str) -> String {
+        let Some(c) = self.child.as_mut() else {
+            return "err no child".to_owned();
+        };
+        let mut reply = String::new();
+        let asked = writeln!(c.to, "{line}").and_then(|()| c.to.flush());
+        match asked.and_then(|()| c.from.read_line(&mut reply)) {
+            Ok(n) if n > 0 => format!("child: {}", reply.trim_end()),
+            _ => "err the child is gone".to_owned(),
+        }
+    }
+
+    fn wait_child(&mut self) -> String {
+        let Some(mut c) = self.child.take() else {
+            return "err no child".to_owned();
+        };
+        let _ = writeln!(c.to, "exit").and_then(|()| c.to.flush());
+        drop(c.to);
+        reap(c.pid)
+    }
+
+    fn kill_child(&mut self) -> String {
+        let Some(c) = self.child.take() else {
+            return "err no child".to_owned();
+        };
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(c.pid, libc::SIGKILL) };
+        match reap(c.pid) {
+            r if r.starts_with("ok") => "ok".to_owned(),
+            r => r,
+        }
+    }
+}
+
+fn reap(pid: libc::pid_t) -> String {
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    if unsafe { libc::waitpid(pid, &raw mut status, 0) } < 0 {
+        return errno_reply(&io::Error::last_os_error());
+    }
+    if libc::WIFEXITED(status) {
+        format!("ok status={}", libc::WEXITSTATUS(status))
+    } else {
+        format!("ok signal={}", libc::WTERMSIG(status))
+    }
+}
+
+fn pipe() -> io::Result<(std::fs::File, std::fs::File)> {
+    let mut fds = [0; 2];
+    // SAFETY: a valid array of two fds.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fds nobody else owns.
+    Ok(unsafe {
+        (
+            OwnedFd::from_raw_fd(fds[0]).into(),
+            OwnedFd::from_raw_fd(fds[1]).into(),
+        )
+    })
+}
+
+fn errno_reply(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) => format!("err errno={n} {e}"),
+        None => format!("err {e}"),
+    }
+}
+
+fn rm_reply(result: Result<String, RmError>) -> String {
+    match result {
+        Ok(reply) => reply,
+        Err(RmError::Status { status }) => format!("err status={status:#x}"),
+        Err(RmError::Ioctl { source, .. }) => errno_reply(&source),
+    }
+}
+
+fn client_reply(result: Result<String, ClientError>) -> String {
+    match result {
+        Ok(reply) => reply,
+        Err(ClientError::Open { source, .. } | ClientError::Dup { source, .. }) => {
+            errno_reply(&source)
+        }
+        Err(e @ ClientError::NotOpen { .. }) => format!("err {e}"),
+    }
+}
+
+fn resolve(client: &GpuClient, fd: FdRef) -> Result<RawFd, ClientError> {
+    match fd {
+        FdRef::Ctl => client.ctl_fd().ok_or(ClientError::NotOpen { fd: -1 }),
+        FdRef::Uvm => client.uvm_fd().ok_or(ClientError::NotOpen { fd: -1 }),
+        FdRef::Gpu => client
+            .gpu_fd(client.gpu)
+            .ok_or(ClientError::NotOpen { fd: -1 }),
+        FdRef::Number(n) => Ok(n),
+    }
+}
+
+/// A file named on a command line: a bare name is in the client's directory.
+fn in_dir(client: &GpuClient, path: &Path) -> PathBuf {
+    if path.components().count() == 1 && !path.has_root() {
+        client.dir.join(path)
+    } else {
+        path.to_owned()
+    }
+}
+
+/// Runs a command that needs only the client (everything but `fork`, `child`, `wait-child`,
+/// `kill-child` and `exit`, which answer `err`); returns the reply line.
+pub fn execute(client: &mut GpuClient, command: &Command) -> String {
+    let handle = |h: u32| format!("ok handle={h:#x}");
+    match command {
+        Command::Client => rm_reply(client.alloc_client().map(|h| format!("ok client={h:#x}"))),
+        Command::Device { client: c, id } => rm_reply(client.alloc_device(*c, *id).map(handle)),
+        Command::Subdevice { client: c, device } => {
+            rm_reply(client.alloc_subdevice(*c, *device).map(handle))
+        }
+        Command::Alloc {
+            client: c,
+            parent,
+            bytes,
+            form,
+            layout,
+            via,
+        } => {
+            let result = match via {
+                Via::Direct => client.alloc_vidmem(*c, *parent, *bytes, *form, *layout),
+                Via::Xfer => client.alloc_vidmem_xfer(*c, *parent, *bytes, *form, *layout),
+            };
+            rm_reply(result.map(|(h, size)| format!("ok handle={h:#x} size={size}")))
+        }
+        Command::Sysmem {
+            client: c,
+            parent,
+            bytes,
+        } => rm_reply(client.alloc_sysmem(*c, *parent, *bytes).map(handle)),
+        Command::Virtual {
+            client: c,
+            parent,
+            bytes,
+        } => rm_reply(client.alloc_virtual(*c, *parent, *bytes).map(handle)),
+        Command::Free {
+            client: c,
+            parent,
+            handle: h,
+            via,
+        } => rm_reply(client.free_via(*c, *parent, *h, *via).map(|()| ok())),
+        Command::Control {
+            client: c,
+            object,
+            cmd,
+        } => rm_reply(client.control(*c, *object, *cmd).map(|()| ok())),
+        Command::GpuIds { client: c } => rm_reply(client.attached_gpu_ids(*c).map(|ids| {
+            let mut reply = "ok ids=".to_owned();
+            for (i, id) in ids.iter().enumerate() {
+                let sep = if i == 0 { "" } else { "," };
+                let _ = write!(reply, "{sep}{id:#x}");
+            }
+            reply
+        })),
+        Command::RegisterFd => rm_reply(client.register_fd(client.gpu).map(|()| ok())),
+        Command::Uvm(uvm) => rm_reply(match *uvm {
+            UvmCommand::Init => client.uvm_initialize().map(|()| ok()),
+            UvmCommand::Range { base, length } => client
+                .uvm_create_external_range(base, length)
+                .map(|()| ok()),
+            UvmCommand::Map {
+                base,
+                length,
+                client: c,
+                memory,
+            } => client
+                .uvm_map_external_allocation(base, length, c, memory)
+                .map(|()| ok()),
+            UvmCommand::Free { base, length } => client.uvm_free(base, length).map(|()| ok()),
+            UvmCommand::Raw(cmd) => {
+                let mut params = vec![0u8; RAW_BUFFER];
+                client
+                    .uvm_raw(cmd, &mut params)
+                    .map(|ret| format!("ok ret={ret}"))
+            }
+        }),
+        Command::Open { path } => {
+            let path = in_dir(client, path);
+            client_reply(client.open_file(&path).map(|fd| format!("ok fd={fd}")))
+        }
+        Command::Dup { fd } => client_reply(
+            resolve(client, *fd)
+                .and_then(|fd| client.dup(fd))
+                .map(|fd| format!("ok fd={fd}")),
+        ),
+        Command::Close { fd } => client_reply(
+            resolve(client, *fd)
+                .and_then(|fd| client.close(fd))
+                .map(|()| ok()),
+        ),
+        Command::IoctlRaw { target, cmd } => raw(client, target, *cmd),
+        Command::Thread(inner) => std::thread::scope(|s| {
+            s.spawn(move || execute(client, inner))
+                .join()
+                .unwrap_or_else(|_| "err the thread panicked".to_owned())
+        }),
+        Command::Sleep { ms } => {
+            std::thread::sleep(Duration::from_millis(*ms));
+            ok()
+        }
+        Command::Pid => format!("ok pid={}", std::process::id()),
+        Command::Fork
+        | Command::Child(_)
+        | Command::WaitChild
+        | Command::KillChild
+        | Command::Exit => "err only a session runs process commands".to_owned(),
+    }
+}
+
+/// Large enough for any `_IOC` size (14 bits) and any UVM params struct.
+const RAW_BUFFER: usize = 16 << 10;
+
+fn ok() -> String {
+    "ok".to_owned()
+}
+
+fn raw(client: &GpuClient, target: &Target, cmd: u32) -> String {
+    let opened;
+    let fd = match target {
+        Target::Path(path) => match super::open_rw(&in_dir(client, path)) {
+            Ok(fd) => {
+                opened = fd;
+                std::os::fd::AsRawFd::as_raw_fd(&opened)
+            }
+            Err(e) => return client_reply(Err(e)),
+        },
+        Target::Fd(fd) => match resolve(client, *fd) {
+            Ok(fd) => fd,
+            Err(e) => return client_reply(Err(e)),
+        },
+    };
+    let mut params = vec![0u8; RAW_BUFFER];
+    match ioctl_raw(fd, cmd, &mut params) {
+        Ok(ret) => format!("ok ret={ret}"),
+        Err(e) => format!("ok ret=-1 errno={}", e.raw_os_error().unwrap_or(0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc(bytes: u64, form: Form, layout: ParamsLayout, via: Via) -> Command {
+        Command::Alloc {
+            client: 0xc1d0_0001,
+            parent: 0xcaf0_0001,
+            bytes,
+            form,
+            layout,
+            via,
+        }
+    }
+
+    #[test]
+    fn parses_rm_commands() {
+        use ParamsLayout::{V120, V128};
+        assert_eq!(parse("client"), Ok(Command::Client));
+        assert_eq!(
+            parse("  device 0xc1d00001 1 \n"),
+            Ok(Command::Device {
+                client: 0xc1d0_0001,
+                id: 1
+            })
+        );
+        assert_eq!(
+            parse("alloc 0xc1d00001 0xcaf00001 64m"),
+            Ok(alloc(64 << 20, Form::Nvos21, V128, Via::Direct))
+        );
+        assert_eq!(
+            parse("alloc 0xc1d00001 0xcaf00001 3m nvos64 v120 xfer"),
+            Ok(alloc(3 << 20, Form::Nvos64, V120, Via::Xfer))
+        );
+        assert_eq!(
+            parse("alloc 0xc1d00001 0xcaf00001 4096 xfer nvos64"),
+            Ok(alloc(4096, Form::Nvos64, V128, Via::Xfer))
+        );
+        assert_eq!(
+            parse("free 1 2 3"),
+            Ok(Command::Free {
+                client: 1,
+                parent: 2,
+                handle: 3,
+                via: Via::Direct
+            })
+        );
+        assert_eq!(
+            parse("free 1 2 3 xfer"),
+            Ok(Command::Free {
+                client: 1,
+                parent: 2,
+                handle: 3,
+                via: Via::Xfer
+            })
+        );
+        assert_eq!(
+            parse("control 1 2 0x20800122"),
+            Ok(Command::Control {
+                client: 1,
+                object: 2,
+                cmd: 0x2080_0122
+            })
+        );
+        assert_eq!(
+            parse("virtual 1 2 1g"),
+            Ok(Command::Virtual {
+                client: 1,
+                parent: 2,
+                bytes: 1 << 30
+            })
+        );
+    }
+
+    #[test]
+    fn parses_uvm_and_fd_commands() {
+        assert_eq!(parse("uvm init"), Ok(Command::Uvm(UvmCommand::Init)));
+        assert_eq!(parse("uvm 73"), Ok(Command::Uvm(UvmCommand::Raw(73))));
+        assert_eq!(
+            parse("uvm range 0x7f0000000000 2m"),
+            Ok(Command::Uvm(UvmCommand::Range {
+                base: 0x7f00_0000_0000,
+                length: 2 << 20
+            }))
+        );
+        assert_eq!(
+            parse("uvm free 0x1000"),
+            Ok(Command::Uvm(UvmCommand::Free {
+                base: 0x1000,
+                length: 0
+            }))
+        );
+        assert_eq!(parse("dup"), Ok(Command::Dup { fd: FdRef::Ctl }));
+        assert_eq!(parse("dup uvm"), Ok(Command::Dup { fd: FdRef::Uvm }));
+        assert_eq!(
+            parse("close 7"),
+            Ok(Command::Close {
+                fd: FdRef::Number(7)
+            })
+        );
+        assert_eq!(
+            parse("ioctl-raw /dev/null 0xc020462b"),
+            Ok(Command::IoctlRaw {
+                target: Target::Path("/dev/null".into()),
+                cmd: 0xc020_462b
+            })
+        );
+        assert_eq!(
+            parse("ioctl-raw ctl 0xc018462b"),
+            Ok(Command::IoctlRaw {
+                target: Target::Fd(FdRef::Ctl),
+                cmd: 0xc018_462b
+            })
+        );
+        assert_eq!(
+            parse("open nvidia1"),
+            Ok(Command::Open {
+                path: "nvidia1".into()
+            })
+        );
+    }
+
+    #[test]
+    fn parses_process_commands() {
+        assert_eq!(
+            parse("thread free 1 2 3"),
+            Ok(Command::Thread(Box::new(Command::Free {
+                client: 1,
+                parent: 2,
+                handle: 3,
+                via: Via::Direct
+            })))
+        );
+        assert_eq!(
+            parse("thread fork"),
+            Err(ParseError::NotNested {
+                command: "fork",
+                within: "thread"
+            })
+        );
+        assert_eq!(parse("fork"), Ok(Command::Fork));
+        assert_eq!(
+            parse("child alloc 1 2   3m"),
+            Ok(Command::Child("alloc 1 2 3m".into()))
+        );
+        assert_eq!(parse("child exit"), Ok(Command::WaitChild));
+        assert_eq!(parse("wait-child"), Ok(Command::WaitChild));
+        assert_eq!(parse("kill-child"), Ok(Command::KillChild));
+        assert_eq!(parse("sleep 250"), Ok(Command::Sleep { ms: 250 }));
+        assert_eq!(parse("exit"), Ok(Command::Exit));
+    }
+
+    #[test]
+    fn reports_what_is_wrong() {
+        assert_eq!(parse(" "), Err(ParseError::Empty));
+        assert_eq!(
+            parse("frobnicate 1"),
+            Err(ParseError::UnknownCommand {
+                word: "frobnicate".into()
+            })
+        );
+        assert_eq!(
+            parse("alloc 1 2"),
+            Err(ParseError::Missing {
+                command: "alloc",
+                what: "size"
+            })
+        );
+        assert_eq!(
+            parse("alloc 1 2 3x"),
+            Err(ParseError::Number(NumberError::NotANumber {
+                word: "3x".into()
+            }))
+        );
+        assert_eq!(
+            parse("alloc 1 2 3 nvos99"),
+            Err(ParseError::Unexpected {
+                command: "alloc",
+                word: "nvos99".into()
+            })
+        );
+        assert_eq!(
+            parse("device 1 2 3"),
+            Err(ParseError::Unexpected {
+                command: "device",
+                word: "3".into()
+            })
+        );
+        assert_eq!(
+            parse("uvm init now"),
+            Err(ParseError::Unexpected {
+                command: "uvm",
+                word: "now".into()
+            })
+        );
+        assert!(matches!(
+            parse("child bogus"),
+            Err(ParseError::UnknownCommand { .. })
+        ));
+        assert!(matches!(
+            parse("device 0x100000000 0"),
+            Err(ParseError::Number(_))
+        ));
+        // Errors read well in an `err` reply.
+        assert_eq!(
+            parse("alloc 1").unwrap_err().to_string(),
+            "alloc: missing parent"
+        );
+    }
+}

@@ -1,0 +1,317 @@
+//! Driving a `gpu-client` process from a test.
+
+use std::{
+    ffi::{CStr, CString},
+    io::{self, BufRead, BufReader, Write},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, ExitStatus, Stdio},
+    sync::mpsc::{self, Receiver, RecvTimeoutError},
+    time::Duration,
+};
+
+use super::reply_value;
+
+/// How long [`ScriptedClient::send`] waits for a reply unless told otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A scripted client that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    /// The binary didn't start.
+    #[error("cannot start {}: {source}", bin.display())]
+    Spawn {
+        /// The binary.
+        bin: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The cgroup path can't be passed to the kernel.
+    #[error("bad cgroup path {}", path.display())]
+    CgroupPath {
+        /// The path.
+        path: PathBuf,
+    },
+    /// It started but didn't say `ready` (it prints why on stderr).
+    #[error("gpu-client did not start: {line:?}")]
+    NotReady {
+        /// What it printed instead (empty when it exited).
+        line: String,
+    },
+    /// Writing a command failed: the process is gone.
+    #[error("cannot send {command:?}: {source}")]
+    Send {
+        /// The command.
+        command: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The process closed its output before replying.
+    #[error("gpu-client exited instead of answering {command:?}")]
+    Exited {
+        /// The command.
+        command: String,
+    },
+    /// No reply in time.
+    #[error("no reply to {command:?} within {after:?}")]
+    Timeout {
+        /// The command.
+        command: String,
+        /// How long it waited.
+        after: Duration,
+    },
+    /// The reply wasn't `ok`.
+    #[error("{command:?} answered {reply:?}")]
+    Refused {
+        /// The command.
+        command: String,
+        /// The reply.
+        reply: String,
+    },
+    /// The reply was `ok` but lacked the value asked for.
+    #[error("{command:?} answered {reply:?}, without {key}=")]
+    NoValue {
+        /// The command.
+        command: String,
+        /// The reply.
+        reply: String,
+        /// The key.
+        key: String,
+    },
+    /// Waiting for the process failed.
+    #[error("cannot wait for gpu-client: {source}")]
+    Wait {
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A `gpu-client` process, optionally started inside a cgroup, driven line by line. Killed when
+/// dropped.
+#[derive(Debug)]
+pub struct ScriptedClient {
+    pid: u32,
+    child: Child,
+    stdin: ChildStdin,
+    replies: Receiver<String>,
+    timeout: Duration,
+}
+
+impl ScriptedClient {
+    /// Starts `bin` (the `gpu-client` binary: `env!("CARGO_BIN_EXE_gpu-client")` in this
+    /// package's integration tests) on GPU 0 of the driver in `dir`, and waits for `ready`.
+    ///
+    /// With `cgroup` (a cgroup v2 directory), the process moves itself into it between `fork` and
+    /// `exec`, so it is there before it opens anything.
+    ///
+    /// # Errors
+    /// It didn't start or didn't get ready.
+    pub fn spawn(bin: &Path, dir: &Path, cgroup: Option<&Path>) -> Result<Self, ScriptError> {
+        Self::spawn_on_gpu(bin, dir, 0, cgroup)
+    }
+
+    /// [`spawn`](Self::spawn) opening `nvidia<gpu>`.
+    ///
+    /// # Errors
+    /// It didn't start or didn't get ready.
+    pub fn spawn_on_gpu(
+        bin: &Path,
+        dir: &Path,
+        gpu: u32,
+        cgroup: Option<&Path>,
+    ) -> Result<Self, ScriptError> {
+        let mut cmd = Command::new(bin);
+        cmd.arg("--dir")
+            .arg(dir)
+            .arg("--gpu")
+            .arg(gpu.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(cgroup) = cgroup {
+            // Built before the fork: the child may not allocate (another test thread may hold the
+            // allocator's lock at fork time).
+            let procs = CString::new(
+                cgroup
+                    .join("cgroup.procs")
+                    .into_os_string()
+                    .into_encoded_bytes(),
+            )
+            .map_err(|_| ScriptError::CgroupPath {
+                path: cgroup.to_owned(),
+            })?;
+            // SAFETY: `join_cgroup` only makes async-signal-safe calls.
+            unsafe {
+                cmd.pre_exec(move || join_cgroup(&procs));
+            }
+        }
+        let mut child = cmd.spawn().map_err(|source| ScriptError::Spawn {
+            bin: bin.to_owned(),
+            source,
+        })?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(ScriptError::NotReady {
+                line: String::new(),
+            });
+        };
+        let (tx, replies) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut client = Self {
+            pid: child.id(),
+            child,
+            stdin,
+            replies,
+            timeout: DEFAULT_TIMEOUT,
+        };
+        let ready = client.receive("(start)")?;
+        match ready.strip_prefix("ready pid=").map(str::parse::<u32>) {
+            Some(Ok(pid)) if pid == client.pid => Ok(client),
+            _ => Err(ScriptError::NotReady { line: ready }),
+        }
+    }
+
+    /// The process id.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// How long to wait for each reply from now on.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Sends one command line and returns the reply line (without the newline).
+    ///
+    /// # Errors
+    /// The process is gone or didn't answer in time.
+    pub fn send(&mut self, command: &str) -> Result<String, ScriptError> {
+        writeln!(self.stdin, "{command}")
+            .and_then(|()| self.stdin.flush())
+            .map_err(|source| ScriptError::Send {
+                command: command.to_owned(),
+                source,
+            })?;
+        self.receive(command)
+    }
+
+    /// Sends a command that must succeed (its reply starts `ok`, or `child: ok`); returns the
+    /// reply.
+    ///
+    /// # Errors
+    /// It didn't succeed.
+    pub fn ok(&mut self, command: &str) -> Result<String, ScriptError> {
+        let reply = self.send(command)?;
+        let body = reply.strip_prefix("child: ").unwrap_or(&reply);
+        if body == "ok" || body.starts_with("ok ") {
+            Ok(reply)
+        } else {
+            Err(ScriptError::Refused {
+                command: command.to_owned(),
+                reply,
+            })
+        }
+    }
+
+    /// Sends a command that must succeed and returns the number after `key=` in its reply.
+    ///
+    /// # Errors
+    /// It didn't succeed or the reply has no such value.
+    pub fn value(&mut self, command: &str, key: &str) -> Result<u64, ScriptError> {
+        let reply = self.ok(command)?;
+        reply_value(&reply, key).ok_or_else(|| ScriptError::NoValue {
+            command: command.to_owned(),
+            reply,
+            key: key.to_owned(),
+        })
+    }
+
+    /// Sends `exit` (the process ends without freeing anything) and waits for it.
+    ///
+    /// # Errors
+    /// Waiting failed.
+    pub fn exit(mut self) -> Result<ExitStatus, ScriptError> {
+        let _ = writeln!(self.stdin, "exit").and_then(|()| self.stdin.flush());
+        self.child
+            .wait()
+            .map_err(|source| ScriptError::Wait { source })
+    }
+
+    /// Kills the process (SIGKILL) and waits for it.
+    ///
+    /// # Errors
+    /// Waiting failed.
+    pub fn kill(mut self) -> Result<ExitStatus, ScriptError> {
+        let _ = self.child.kill();
+        self.child
+            .wait()
+            .map_err(|source| ScriptError::Wait { source })
+    }
+
+    fn receive(&mut self, command: &str) -> Result<String, ScriptError> {
+        match self.replies.recv_timeout(self.timeout) {
+            Ok(line) => Ok(line),
+            Err(RecvTimeoutError::Disconnected) => Err(ScriptError::Exited {
+                command: command.to_owned(),
+            }),
+            Err(RecvTimeoutError::Timeout) => Err(ScriptError::Timeout {
+                command: command.to_owned(),
+                after: self.timeout,
+            }),
+        }
+    }
+}
+
+impl Drop for ScriptedClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes the calling process's pid into `procs` (a `cgroup.procs` file). Runs between `fork` and
+/// `exec`: no allocation, only async-signal-safe calls.
+fn join_cgroup(procs: &CStr) -> io::Result<()> {
+    // SAFETY: getpid can't fail.
+    let pid = unsafe { libc::getpid() };
+    let mut digits = [0u8; 20];
+    let mut n = pid.unsigned_abs();
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        // `n % 10` is below 10.
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // SAFETY: a valid C string.
+    let fd = unsafe { libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let text = &digits[start..];
+    // SAFETY: `text` is valid for its length; `fd` is ours.
+    let written = unsafe { libc::write(fd, text.as_ptr().cast(), text.len()) };
+    let error = io::Error::last_os_error();
+    // SAFETY: closing the fd opened above.
+    unsafe { libc::close(fd) };
+    if usize::try_from(written).ok() == Some(text.len()) {
+        Ok(())
+    } else {
+        Err(error)
+    }
+}
