@@ -54,7 +54,10 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         agent_args.push(mock.display().to_string());
     }
     agent_args.extend(args.iter().cloned());
-    let mut agent = match Command::new(bin.join("gpuwarden-agent")).args(&agent_args).spawn() {
+    let mut agent = match Command::new(bin.join("gpuwarden-agent"))
+        .args(&agent_args)
+        .spawn()
+    {
         Ok(agent) => agent,
         Err(e) => {
             stop(&mut controller);
