@@ -8,7 +8,10 @@ use std::{sync::atomic::Ordering, time::Duration};
 use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig};
 use gpuwarden_proto::v1::{self as pb, SessionState};
 use util::{
-    cluster::{TestBackend, TestController, TestNode, alloc_map, create, eventually, state_of},
+    cluster::{
+        TestBackend, TestController, TestNode, alloc_map, create, eventually, state_of, wait_nodes,
+        wait_state,
+    },
     scratch,
 };
 
@@ -25,27 +28,11 @@ async fn backend_ai_case_over_grpc() {
     let ctl = TestController::start(&scratch("ctl"), SchedulerConfig::default(), fast());
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let mut c = ctl.client().await;
-    eventually("n1 registers", || {
-        let mut c = c.clone();
-        async move {
-            c.list_nodes(pb::ListNodesRequest {})
-                .await
-                .is_ok_and(|r| r.into_inner().nodes.len() == 1)
-        }
-    })
-    .await;
+    wait_nodes(&c, 1).await;
     let a = create(&mut c, "u", &["cuda.shares=0.2"]).await.unwrap();
-    eventually("a runs", || {
-        let (mut c, id) = (c.clone(), a.id.clone());
-        async move { state_of(&mut c, &id).await == SessionState::Running }
-    })
-    .await;
+    wait_state(&c, &a.id, SessionState::Running).await;
     let b = create(&mut c, "u", &["cuda.shares=1.2"]).await.unwrap();
-    eventually("b runs", || {
-        let (mut c, id) = (c.clone(), b.id.clone());
-        async move { state_of(&mut c, &id).await == SessionState::Running }
-    })
-    .await;
+    wait_state(&c, &b.id, SessionState::Running).await;
     assert_eq!(alloc_map(&mut c, "n1").await, ["0.8", "0.6"]);
     let b = c
         .get_session(pb::GetSessionRequest { id: b.id })
@@ -83,15 +70,7 @@ async fn mixed_fleet_merges_slot_types_and_unknown_slots_are_nacked() {
     let plain = TestNode::start(&ctl.url(), "plain", TestBackend::gpus(1));
     let special = TestNode::start(&ctl.url(), "special", accel);
     let mut c = ctl.client().await;
-    eventually("both register", || {
-        let mut c = c.clone();
-        async move {
-            c.list_nodes(pb::ListNodesRequest {})
-                .await
-                .is_ok_and(|r| r.into_inner().nodes.len() == 2)
-        }
-    })
-    .await;
+    wait_nodes(&c, 2).await;
     let types = c
         .list_slot_types(pb::ListSlotTypesRequest {})
         .await
@@ -117,11 +96,7 @@ async fn mixed_fleet_merges_slot_types_and_unknown_slots_are_nacked() {
     // The plugin goes away on the node; the controller still places there and is refused.
     special.backend.extra_gone.store(true, Ordering::Relaxed);
     let s = create(&mut c, "u", &["mock.accel=1"]).await.unwrap();
-    eventually("the session fails", || {
-        let (mut c, id) = (c.clone(), s.id.clone());
-        async move { state_of(&mut c, &id).await == SessionState::Failed }
-    })
-    .await;
+    wait_state(&c, &s.id, SessionState::Failed).await;
     let s = c
         .get_session(pb::GetSessionRequest { id: s.id })
         .await
@@ -139,15 +114,7 @@ async fn malformed_requests_are_rejected_with_reasons() {
     let ctl = TestController::start(&scratch("bad"), SchedulerConfig::default(), fast());
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let mut c = ctl.client().await;
-    eventually("n1 registers", || {
-        let mut c = c.clone();
-        async move {
-            c.list_nodes(pb::ListNodesRequest {})
-                .await
-                .is_ok_and(|r| r.into_inner().nodes.len() == 1)
-        }
-    })
-    .await;
+    wait_nodes(&c, 1).await;
     let cases: &[(&[&str], tonic::Code, &str)] = &[
         (
             &["tpu=1"],
@@ -214,15 +181,7 @@ async fn concurrency_limits_count_sessions_not_passes() {
     let ctl = TestController::start(&scratch("lim"), config, fast());
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let mut c = ctl.client().await;
-    eventually("n1 registers", || {
-        let mut c = c.clone();
-        async move {
-            c.list_nodes(pb::ListNodesRequest {})
-                .await
-                .is_ok_and(|r| r.into_inner().nodes.len() == 1)
-        }
-    })
-    .await;
+    wait_nodes(&c, 1).await;
     let a = create(&mut c, "alice", &["cuda.shares=0.1"]).await.unwrap();
     let b = create(&mut c, "alice", &["cuda.shares=0.1"]).await.unwrap();
     let other = create(&mut c, "bob", &["cuda.shares=0.1"]).await.unwrap();
@@ -246,11 +205,7 @@ async fn concurrency_limits_count_sessions_not_passes() {
     c.terminate_session(pb::TerminateSessionRequest { id: a.id })
         .await
         .unwrap();
-    eventually("b runs once a ends", || {
-        let (mut c, id) = (c.clone(), b.id.clone());
-        async move { state_of(&mut c, &id).await == SessionState::Running }
-    })
-    .await;
+    wait_state(&c, &b.id, SessionState::Running).await;
     node.stop().await;
 }
 
@@ -260,21 +215,9 @@ async fn controller_restart_keeps_sessions_and_allocations() {
     let ctl = TestController::start(&dir, SchedulerConfig::default(), fast());
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let mut c = ctl.client().await;
-    eventually("n1 registers", || {
-        let mut c = c.clone();
-        async move {
-            c.list_nodes(pb::ListNodesRequest {})
-                .await
-                .is_ok_and(|r| r.into_inner().nodes.len() == 1)
-        }
-    })
-    .await;
+    wait_nodes(&c, 1).await;
     let running = create(&mut c, "u", &["cuda.shares=1.2"]).await.unwrap();
-    eventually("it runs", || {
-        let (mut c, id) = (c.clone(), running.id.clone());
-        async move { state_of(&mut c, &id).await == SessionState::Running }
-    })
-    .await;
+    wait_state(&c, &running.id, SessionState::Running).await;
     // Created and acknowledged, then the controller dies at once.
     let pending = create(&mut c, "u", &["cuda.shares=1"]).await.unwrap();
     ctl.kill();
@@ -327,21 +270,9 @@ async fn node_loss_and_return() {
     let ctl = TestController::start(&scratch("loss"), SchedulerConfig::default(), fast());
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(1));
     let mut c = ctl.client().await;
-    eventually("n1 registers", || {
-        let mut c = c.clone();
-        async move {
-            c.list_nodes(pb::ListNodesRequest {})
-                .await
-                .is_ok_and(|r| r.into_inner().nodes.len() == 1)
-        }
-    })
-    .await;
+    wait_nodes(&c, 1).await;
     let s = create(&mut c, "u", &["cuda.shares=0.5"]).await.unwrap();
-    eventually("it runs", || {
-        let (mut c, id) = (c.clone(), s.id.clone());
-        async move { state_of(&mut c, &id).await == SessionState::Running }
-    })
-    .await;
+    wait_state(&c, &s.id, SessionState::Running).await;
     let (holdings, backend) = node.stop().await;
     eventually("the node is lost", || {
         let mut c = c.clone();
@@ -361,16 +292,8 @@ async fn node_loss_and_return() {
     assert_eq!(state_of(&mut c, &waiting.id).await, SessionState::Pending);
     // It comes back with its session: both sides agree again.
     let node = TestNode::start_with(&ctl.url(), "n1", backend, holdings);
-    eventually("the session runs again", || {
-        let (mut c, id) = (c.clone(), s.id.clone());
-        async move { state_of(&mut c, &id).await == SessionState::Running }
-    })
-    .await;
-    eventually("the waiting session is placed", || {
-        let (mut c, id) = (c.clone(), waiting.id.clone());
-        async move { state_of(&mut c, &id).await == SessionState::Running }
-    })
-    .await;
+    wait_state(&c, &s.id, SessionState::Running).await;
+    wait_state(&c, &waiting.id, SessionState::Running).await;
     assert_eq!(alloc_map(&mut c, "n1").await, ["0.7"]);
     node.stop().await;
 }

@@ -234,6 +234,32 @@ where
     }
 }
 
+/// Waits until the controller lists `n` nodes.
+pub async fn wait_nodes(client: &SchedulerServiceClient<Channel>, n: usize) {
+    eventually(&format!("{n} nodes to register"), || {
+        let mut c = client.clone();
+        async move {
+            c.list_nodes(pb::ListNodesRequest {})
+                .await
+                .is_ok_and(|r| r.into_inner().nodes.len() == n)
+        }
+    })
+    .await;
+}
+
+/// Waits until session `id` is in `state`.
+pub async fn wait_state(
+    client: &SchedulerServiceClient<Channel>,
+    id: &str,
+    state: pb::SessionState,
+) {
+    eventually(&format!("session {id} to be {state:?}"), || {
+        let (mut c, id) = (client.clone(), id.to_owned());
+        async move { state_of(&mut c, &id).await == state }
+    })
+    .await;
+}
+
 /// Creates a session from `name=value` tokens.
 pub async fn create(
     client: &mut SchedulerServiceClient<Channel>,
