@@ -4,11 +4,7 @@
 //! The agent accepts an allocation naming slots it doesn't have only when their values are zero;
 //! otherwise it answers `UnsupportedResource` (ARCHITECTURE decision 2).
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use gpuwarden_proto::v1::{
     self as pb, agent_service_client::AgentServiceClient, controller_message::Msg,
@@ -17,7 +13,10 @@ use tokio::sync::mpsc;
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 use tonic::transport::Endpoint;
 
-use crate::devices::{GpuBackend, SlotKind};
+use crate::{
+    devices::{GpuBackend, SlotKind},
+    holdings::{SharedHoldings, lock},
+};
 
 /// Where and as whom to connect.
 #[derive(Debug, Clone)]
@@ -30,33 +29,6 @@ pub struct LinkConfig {
     pub hostname: String,
     /// eBPF hooks in use, reported at registration.
     pub hooks: Vec<String>,
-}
-
-/// Allocations the agent holds, by session.
-#[derive(Debug, Default)]
-pub struct Holdings {
-    sessions: BTreeMap<String, pb::Allocate>,
-}
-
-impl Holdings {
-    /// Sessions held.
-    #[must_use]
-    pub fn sessions(&self) -> Vec<String> {
-        self.sessions.keys().cloned().collect()
-    }
-
-    /// What `session` holds.
-    #[must_use]
-    pub fn get(&self, session: &str) -> Option<&pb::Allocate> {
-        self.sessions.get(session)
-    }
-}
-
-/// Shared view of the holdings.
-pub type SharedHoldings = Arc<Mutex<Holdings>>;
-
-fn lock(h: &SharedHoldings) -> std::sync::MutexGuard<'_, Holdings> {
-    h.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn kind_to_pb(kind: SlotKind) -> i32 {
@@ -253,12 +225,21 @@ async fn connect_once(
                         Some(nack) => pb::agent_message::Msg::Nack(nack),
                         None => {
                             let session_id = a.session_id.clone();
-                            lock(holdings).sessions.insert(session_id.clone(), a);
-                            pb::agent_message::Msg::Ack(pb::AllocationAck { session_id })
+                            // Acknowledge only what is on disk; a failed write refuses instead.
+                            match lock(holdings).hold(a) {
+                                Ok(()) => pb::agent_message::Msg::Ack(pb::AllocationAck { session_id }),
+                                Err(e) => pb::agent_message::Msg::Nack(pb::AllocationNack {
+                                    session_id,
+                                    reason: "StoreFailed".to_owned(),
+                                    message: e.to_string(),
+                                }),
+                            }
                         }
                     }),
                     Some(Msg::Release(r)) => {
-                        lock(holdings).sessions.remove(&r.session_id);
+                        if let Err(e) = lock(holdings).release(&r.session_id) {
+                            tracing::error!(session = %r.session_id, "releasing: {e}");
+                        }
                         None
                     }
                     None => None,

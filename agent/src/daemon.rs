@@ -20,9 +20,10 @@ use crate::{
     api::{self, Request, Response},
     attribution::{AttributionError, Attributor},
     config::AgentConfig,
-    controller_link::{self, LinkConfig, SharedHoldings},
+    controller_link::{self, LinkConfig},
     devices::{self, GpuBackend},
     gpu_nodes::device_name,
+    holdings::{Holdings, HoldingsError},
     hooks::{KernelLogger, Sensor, SensorError},
     lock::{InstanceLock, LockError},
     telemetry,
@@ -55,6 +56,9 @@ pub enum RunError {
     /// The ring buffer can't be polled.
     #[error("cannot poll the event ring buffer: {0}")]
     Events(#[source] std::io::Error),
+    /// The agent's store can't be used.
+    #[error(transparent)]
+    Holdings(#[from] HoldingsError),
     /// The GPU backend can't be set up.
     #[error(transparent)]
     Devices(#[from] devices::DeviceError),
@@ -148,10 +152,18 @@ pub async fn run_until(
                 hostname: config.node_name.clone(),
                 hooks,
             };
+            let holdings = Holdings::open(&config.state_dir.join("store"))?;
+            if !holdings.sessions().is_empty() {
+                tracing::info!(
+                    sessions = holdings.sessions().len(),
+                    "holding allocations from before the restart"
+                );
+            }
+            let holdings = Arc::new(std::sync::Mutex::new(holdings));
             tasks.spawn(controller_link::run(
                 link,
                 backend,
-                SharedHoldings::default(),
+                holdings,
                 std::future::pending(),
             ));
         }

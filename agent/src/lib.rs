@@ -23,6 +23,7 @@ pub mod controller_link;
 pub mod daemon;
 pub mod devices;
 pub mod gpu_nodes;
+pub mod holdings;
 pub mod hooks;
 pub mod lock;
 pub mod snapshot;

@@ -1,16 +1,66 @@
 //! The fractional GPU allocator of one node (ARCHITECTURE decision 3).
 //!
 //! A request for `cuda.shares` goes to one device that fits — the fullest that fits when
-//! packing ([`Strategy::Binpack`]), the emptiest when spreading ([`Strategy::Spread`]) — and
-//! otherwise is split over the fewest devices that can hold it, in near-even parts that add up
-//! to exactly what was asked: 1.2 shares on two devices is 0.6 + 0.6, and 1.75 is 0.88 + 0.87
-//! with a quantum of 0.01 (never 0.75 + 0.75, which would hand the user less). Splits prefer
-//! devices on one NUMA node. `cuda.device` asks for whole devices held alone. `cuda.mem` is
-//! split in proportion to the shares and checked against each device's free memory.
+//! packing ([`Strategy::Binpack`]), the emptiest when spreading ([`Strategy::Spread`]). When no
+//! single device fits, it is split over the fewest devices that can hold it, in near-even parts
+//! of whole quanta that add up to exactly what was asked: 1.2 shares on two devices is
+//! 0.6 + 0.6, and 1.75 is 0.88 + 0.87 with the default quantum of 0.01 (never 0.75 + 0.75,
+//! which would hand the user less). A split prefers devices on one NUMA node; among sets of
+//! the same size a packing split takes the fullest devices that hold their parts, a spreading
+//! split the emptiest.
 //!
-//! Allocation is all or nothing, and release is idempotent.
+//! Shares must be a whole number of quanta: a request below one quantum, or whose parts would
+//! round below one quantum on the devices it needs, is refused with the reason, and so is a
+//! request that isn't a multiple of the quantum — rounding it would hand out less, or more,
+//! than was asked.
+//!
+//! `cuda.device` asks for whole devices, held alone: nothing else lands on them, and they are
+//! given only when idle. Together with `cuda.shares` it is an error.
+//!
+//! `cuda.mem` is split in proportion to the shares (the rounding remainder goes to the largest
+//! part) and each part is checked against its device's free memory; with `cuda.device` it must
+//! fit in the whole devices' memory; alone it reserves memory, and no shares, on one device.
+//!
+//! A device's share capacity is 1.0, or with `unit_mem`/`unit_proc` configured,
+//! `min(memory / unit_mem, SMs / unit_proc)` rounded down to the quantum, as Backend.AI computes
+//! it (with one of the two configured, that one alone).
+//!
+//! Allocation is all or nothing, and release is idempotent. [`NodeAllocator::can_fit`]
+//! answers exactly what [`NodeAllocator::allocate`] would for a new session, with either
+//! strategy, and is cheap: it allocates nothing, answers most requests from running totals, and
+//! otherwise reads one small array of free capacity kept sorted by the allocator: at worst
+//! O(devices²) steps for a split.
+//!
+//! # Example
+//!
+//! Backend.AI's documented case: two devices, a 0.2 session, then a 1.2 session.
+//!
+//! ```
+//! use gpuwarden_controller::allocator::{
+//!     AllocatorConfig, DeviceSpec, GpuRequest, NodeAllocator, Strategy,
+//! };
+//!
+//! let gpu = |index| DeviceSpec {
+//!     uuid: format!("GPU-{index}"),
+//!     index,
+//!     memory_bytes: 16 << 30,
+//!     sm_count: 132,
+//!     numa_node: 0,
+//! };
+//! let mut node = NodeAllocator::new(vec![gpu(0), gpu(1)], AllocatorConfig::default());
+//! node.allocate("s1", &GpuRequest::shares("0.2".parse()?), Strategy::Binpack)?;
+//! let split = node.allocate("s2", &GpuRequest::shares("1.2".parse()?), Strategy::Binpack)?;
+//! let parts: Vec<String> = split.parts.iter().map(|p| p.shares.to_string()).collect();
+//! assert_eq!(parts, ["0.6", "0.6"]);
+//! let map: Vec<String> = node.alloc_map().iter().map(|d| d.shares.to_string()).collect();
+//! assert_eq!(map, ["0.8", "0.6"]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    cmp::Reverse,
+    collections::{BTreeMap, BTreeSet},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -20,12 +70,12 @@ use crate::slots::{ResourceSlot, SCALE, SlotValue, names};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AllocatorConfig {
-    /// Shares are handed out in multiples of this (default 0.01).
+    /// Shares are handed out in whole multiples of this (default 0.01; zero means the finest,
+    /// one micro-unit).
     pub quantum: SlotValue,
-    /// With `unit_proc`, a device's share capacity is min(memory / unit_mem, SMs / unit_proc),
-    /// as Backend.AI computes it; otherwise 1.0.
+    /// Bytes of device memory per share: a device's capacity is at most memory / `unit_mem`.
     pub unit_mem: Option<u64>,
-    /// See `unit_mem`.
+    /// SMs per share: a device's capacity is at most SMs / `unit_proc`.
     pub unit_proc: Option<u32>,
 }
 
@@ -39,15 +89,36 @@ impl Default for AllocatorConfig {
     }
 }
 
-/// Where a fractional request goes when several devices fit.
+impl AllocatorConfig {
+    /// The quantum in force: [`Self::quantum`], or one micro-unit when that is zero.
+    #[must_use]
+    pub fn effective_quantum(&self) -> SlotValue {
+        if self.quantum.is_zero() {
+            SlotValue::from_micros(1)
+        } else {
+            self.quantum
+        }
+    }
+}
+
+/// Where a request goes when several devices fit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Strategy {
-    /// The fullest device that fits: keeps whole devices free.
+    /// The fullest devices that fit: keeps whole devices free.
     #[default]
     Binpack,
-    /// The emptiest device: keeps tenants apart.
+    /// The emptiest devices: keeps tenants apart.
     Spread,
+}
+
+impl Strategy {
+    const fn other(self) -> Self {
+        match self {
+            Self::Binpack => Self::Spread,
+            Self::Spread => Self::Binpack,
+        }
+    }
 }
 
 /// A device as its agent reported it.
@@ -55,7 +126,7 @@ pub enum Strategy {
 pub struct DeviceSpec {
     /// Device UUID.
     pub uuid: String,
-    /// Index on the node.
+    /// Index on the node (unique on the node).
     pub index: u32,
     /// Memory in bytes.
     pub memory_bytes: u64,
@@ -80,11 +151,35 @@ pub struct DevicePart {
     pub exclusive: bool,
 }
 
-/// What a session holds on a node.
+/// What a session holds on a node: one part per device, by device index.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
     /// One part per device.
     pub parts: Vec<DevicePart>,
+}
+
+impl Allocation {
+    /// The shares of all parts.
+    #[must_use]
+    pub fn shares(&self) -> SlotValue {
+        self.parts
+            .iter()
+            .fold(SlotValue::ZERO, |a, p| a.saturating_add(p.shares))
+    }
+
+    /// The GPU memory of all parts.
+    #[must_use]
+    pub fn memory_bytes(&self) -> u64 {
+        self.parts
+            .iter()
+            .fold(0, |a: u64, p| a.saturating_add(p.memory_bytes))
+    }
+
+    /// Whether it holds no device.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
 }
 
 /// The GPU part of a request.
@@ -98,31 +193,19 @@ pub struct GpuRequest {
     pub memory_bytes: u64,
 }
 
-/// Why a request can't be placed.
+/// Why a request can't be placed on a node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocError {
     /// `cuda.device` and `cuda.shares` together.
     #[error("cuda.device and cuda.shares can't be combined in one request")]
     DeviceAndShares,
-    /// Shares not in whole quanta.
-    #[error("cuda.shares={requested} is not a multiple of the quantum {quantum}")]
-    NotMultipleOfQuantum {
-        /// Asked.
-        requested: SlotValue,
-        /// The quantum.
-        quantum: SlotValue,
-    },
-    /// A split part would be zero.
-    #[error(
-        "cuda.shares={requested} split over {devices} devices rounds to zero per device (quantum {quantum})"
-    )]
-    PartRoundsToZero {
-        /// Asked.
-        requested: SlotValue,
-        /// Devices it would take.
-        devices: usize,
-        /// The quantum.
-        quantum: SlotValue,
+    /// A slot that takes whole numbers got a fraction.
+    #[error("{slot}={value} is not a whole number")]
+    NotWhole {
+        /// The slot.
+        slot: &'static str,
+        /// The value.
+        value: SlotValue,
     },
     /// A value too large for its slot.
     #[error("{slot}={value} is out of range")]
@@ -132,19 +215,116 @@ pub enum AllocError {
         /// The value.
         value: SlotValue,
     },
-    /// Not enough free capacity on this node.
-    #[error("insufficient GPU capacity: {0}")]
-    Insufficient(String),
+    /// Shares not in whole quanta.
+    #[error("cuda.shares={requested} is not a multiple of the quantum {quantum}")]
+    NotMultipleOfQuantum {
+        /// Asked.
+        requested: SlotValue,
+        /// The quantum.
+        quantum: SlotValue,
+    },
+    /// The request, or each of its parts over the devices it needs, is below one quantum.
+    #[error(
+        "cuda.shares={requested} rounds to zero on each of {devices} device(s) in quanta of {quantum}"
+    )]
+    PartRoundsToZero {
+        /// Asked.
+        requested: SlotValue,
+        /// Devices it would take.
+        devices: usize,
+        /// The quantum.
+        quantum: SlotValue,
+    },
+    /// Fewer idle devices than whole devices asked.
+    #[error("cuda.device={requested}: {idle} of the node's {devices} devices are idle")]
+    NotEnoughIdleDevices {
+        /// Devices asked.
+        requested: u32,
+        /// Idle devices.
+        idle: usize,
+        /// All devices.
+        devices: usize,
+    },
+    /// Whole devices are idle, but their memory is less than asked.
+    #[error(
+        "cuda.mem={memory_bytes} exceeds the {available} bytes of {devices} idle whole device(s)"
+    )]
+    WholeDevicesLackMemory {
+        /// Memory asked.
+        memory_bytes: u64,
+        /// Devices asked.
+        devices: u32,
+        /// Their memory.
+        available: u64,
+    },
+    /// No device has the memory free.
+    #[error("cuda.mem={memory_bytes} fits on no device (the most free on one is {largest_free})")]
+    NoDeviceWithMemory {
+        /// Memory asked.
+        memory_bytes: u64,
+        /// The most free memory on one shareable device.
+        largest_free: u64,
+    },
+    /// Not enough free shares (or memory beside them) on any set of devices.
+    #[error(
+        "cuda.shares={shares} with cuda.mem={memory_bytes} fits on no set of the node's {devices} \
+         devices ({free} shares free, at most {largest} on one)"
+    )]
+    NoRoom {
+        /// Shares asked.
+        shares: SlotValue,
+        /// Memory asked.
+        memory_bytes: u64,
+        /// Free shares on the node.
+        free: SlotValue,
+        /// Free shares on the emptiest device.
+        largest: SlotValue,
+        /// Devices on the node.
+        devices: usize,
+    },
     /// The session already holds an allocation here.
-    #[error("session {0} already holds an allocation on this node")]
-    AlreadyAllocated(String),
+    #[error("session {session:?} already holds an allocation on this node")]
+    AlreadyAllocated {
+        /// The session.
+        session: String,
+    },
 }
 
 impl GpuRequest {
-    /// The GPU slots of `slots`.
+    /// Fractional shares only.
+    #[must_use]
+    pub const fn shares(shares: SlotValue) -> Self {
+        Self {
+            shares,
+            devices: 0,
+            memory_bytes: 0,
+        }
+    }
+
+    /// Whole exclusive devices only.
+    #[must_use]
+    pub const fn devices(devices: u32) -> Self {
+        Self {
+            shares: SlotValue::ZERO,
+            devices,
+            memory_bytes: 0,
+        }
+    }
+
+    /// The same request with `memory_bytes` of GPU memory.
+    #[must_use]
+    pub const fn with_memory(self, memory_bytes: u64) -> Self {
+        Self {
+            memory_bytes,
+            ..self
+        }
+    }
+
+    /// The GPU slots of `slots` (`cuda.shares`, `cuda.device`, `cuda.mem`).
     ///
     /// # Errors
-    /// `cuda.device` with `cuda.shares`, or values out of range.
+    /// `cuda.device` with `cuda.shares`, a fraction of a device or a byte, or values out of
+    /// range.
     pub fn from_slots(slots: &ResourceSlot) -> Result<Self, AllocError> {
         let shares = slots.get(names::CUDA_SHARES);
         let devices = slots.get(names::CUDA_DEVICE);
@@ -152,16 +332,21 @@ impl GpuRequest {
         if !shares.is_zero() && !devices.is_zero() {
             return Err(AllocError::DeviceAndShares);
         }
+        let whole = |slot: &'static str, value: SlotValue| {
+            if !value.is_integer() {
+                return Err(AllocError::NotWhole { slot, value });
+            }
+            value.to_u64().ok_or(AllocError::OutOfRange { slot, value })
+        };
         Ok(Self {
             shares,
-            devices: u32::try_from(devices.trunc()).map_err(|_| AllocError::OutOfRange {
-                slot: names::CUDA_DEVICE,
-                value: devices,
+            devices: u32::try_from(whole(names::CUDA_DEVICE, devices)?).map_err(|_| {
+                AllocError::OutOfRange {
+                    slot: names::CUDA_DEVICE,
+                    value: devices,
+                }
             })?,
-            memory_bytes: u64::try_from(mem.trunc()).map_err(|_| AllocError::OutOfRange {
-                slot: names::CUDA_MEM,
-                value: mem,
-            })?,
+            memory_bytes: whole(names::CUDA_MEM, mem)?,
         })
     }
 
@@ -172,7 +357,7 @@ impl GpuRequest {
     }
 }
 
-/// A device's state in the allocator.
+/// A device's state in the allocator: one entry of the `gpu_alloc_map`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceState {
     /// The device.
@@ -185,33 +370,41 @@ pub struct DeviceState {
     pub allocated_memory: u64,
     /// Sessions holding parts of it.
     pub sessions: BTreeSet<String>,
-    /// Held whole by one session.
-    pub exclusive: bool,
+    /// The session holding it whole and alone (`cuda.device`), if any.
+    pub exclusive_owner: Option<String>,
 }
 
 impl DeviceState {
-    /// Free shares.
+    /// Free shares (none while held exclusively).
     #[must_use]
     pub fn free(&self) -> SlotValue {
-        if self.exclusive {
+        if self.is_exclusive() {
             SlotValue::ZERO
         } else {
             self.capacity.saturating_sub(self.allocated)
         }
     }
 
-    /// Free memory.
+    /// Free memory (none while held exclusively).
     #[must_use]
     pub fn free_memory(&self) -> u64 {
-        if self.exclusive {
+        if self.is_exclusive() {
             0
         } else {
             self.spec.memory_bytes.saturating_sub(self.allocated_memory)
         }
     }
 
-    fn idle(&self) -> bool {
-        self.sessions.is_empty() && !self.exclusive
+    /// Whether one session holds it whole.
+    #[must_use]
+    pub fn is_exclusive(&self) -> bool {
+        self.exclusive_owner.is_some()
+    }
+
+    /// Whether nobody holds any part of it.
+    #[must_use]
+    pub fn is_idle(&self) -> bool {
+        self.sessions.is_empty() && !self.is_exclusive()
     }
 }
 
@@ -224,16 +417,180 @@ pub struct FreeSummary {
     pub largest: SlotValue,
     /// Devices nobody holds any part of.
     pub idle: usize,
+    /// Free memory over all shareable devices.
+    pub memory: u64,
+    /// Free memory of the shareable device with the most.
+    pub largest_memory: u64,
+}
+
+/// One device's row of [`NodeAllocator::alloc_map`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceAlloc {
+    /// Device index.
+    pub index: u32,
+    /// Device UUID.
+    pub uuid: String,
+    /// Share capacity.
+    pub capacity: SlotValue,
+    /// Shares handed out.
+    pub shares: SlotValue,
+    /// Device memory.
+    pub memory_bytes: u64,
+    /// Memory handed out.
+    pub allocated_memory: u64,
+    /// The session holding it whole, if any.
+    pub exclusive_owner: Option<String>,
 }
 
 /// The allocator of one node's devices.
+///
+/// It serializes its devices, settings and allocations; the derived indexes are rebuilt when
+/// it is deserialized.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "Persisted")]
 pub struct NodeAllocator {
     config: AllocatorConfig,
     devices: Vec<DeviceState>,
     held: BTreeMap<String, Allocation>,
-    #[serde(default)]
+    /// Totals for fast refusals.
+    #[serde(skip)]
     free: FreeSummary,
+    /// What is free on each shareable device, by free shares ascending (ties: higher index
+    /// first): one small contiguous array that placement reads instead of the devices.
+    #[serde(skip)]
+    order: Vec<FreeDevice>,
+    /// The distinct NUMA nodes of the devices, in device order.
+    #[serde(skip)]
+    numa_nodes: Vec<i32>,
+}
+
+/// What is free on one device that isn't held whole, in [`NodeAllocator`]'s sorted index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FreeDevice {
+    shares: SlotValue,
+    memory: u64,
+    pos: usize,
+    index: u32,
+    numa: i32,
+}
+
+/// What [`NodeAllocator`] stores.
+#[derive(Deserialize)]
+struct Persisted {
+    config: AllocatorConfig,
+    devices: Vec<DeviceState>,
+    held: BTreeMap<String, Allocation>,
+}
+
+impl From<Persisted> for NodeAllocator {
+    fn from(p: Persisted) -> Self {
+        let mut allocator = Self {
+            config: p.config,
+            devices: p.devices,
+            held: p.held,
+            free: FreeSummary::default(),
+            order: Vec::new(),
+            numa_nodes: Vec::new(),
+        };
+        allocator.refresh();
+        allocator
+    }
+}
+
+/// Where a request goes, decided without side effects and without allocating.
+#[derive(Debug, Clone, Copy)]
+enum Choice {
+    /// No GPU.
+    Nothing,
+    /// Everything on the device at this position.
+    One(usize),
+    /// Parts over devices, chosen by walking in `walk`'s order within `numa` (any when `None`).
+    Split {
+        parts: Parts,
+        numa: Option<i32>,
+        walk: Strategy,
+    },
+    /// The first `n` idle devices within `numa` (any when `None`).
+    Whole { n: usize, numa: Option<i32> },
+}
+
+/// A split of `total` shares (and `memory` bytes) into `k` near-even parts of whole quanta,
+/// numbered largest first: the first `extra` parts are one quantum larger than the rest.
+#[derive(Debug, Clone, Copy)]
+struct Parts {
+    k: usize,
+    extra: usize,
+    /// The smaller and the larger part.
+    small: SlotValue,
+    big: SlotValue,
+    memory: u64,
+    /// Memory of the parts rounded down, and the remainder that goes to part 0.
+    memory_small: u64,
+    memory_big: u64,
+    memory_rest: u64,
+}
+
+impl Parts {
+    /// `None` when a part would be zero (or `total` is zero).
+    fn new(total: SlotValue, k: usize, quantum: SlotValue, memory: u64) -> Option<Self> {
+        let q = quantum.micros().max(1);
+        let quanta = total.micros() / q;
+        // Requests are far below 2^64 quanta; the rest is plain 64-bit arithmetic.
+        let quanta = u64::try_from(quanta).ok()?;
+        let k64 = u64::try_from(k).ok()?;
+        let base = quanta.checked_div(k64)?;
+        if base == 0 {
+            return None;
+        }
+        let extra = quanta % k64;
+        let small = u128::from(base) * q;
+        let big = small + q;
+        let (mut memory_small, mut memory_big, mut memory_rest) = (0, 0, 0);
+        if memory > 0 {
+            // memory × part / total ≤ memory, so it fits in u64.
+            let share_of = |part: u128| -> u64 {
+                u128::from(memory)
+                    .checked_mul(part)
+                    .and_then(|m| u64::try_from(m / total.micros()).ok())
+                    .unwrap_or(0)
+            };
+            memory_small = share_of(small);
+            memory_big = share_of(big);
+            let assigned = u128::from(memory_small) * u128::from(k64 - extra)
+                + u128::from(memory_big) * u128::from(extra);
+            memory_rest = u64::try_from(u128::from(memory).saturating_sub(assigned)).unwrap_or(0);
+        }
+        Some(Self {
+            k,
+            // extra < k
+            extra: usize::try_from(extra).ok()?,
+            small: SlotValue::from_micros(small),
+            big: SlotValue::from_micros(big),
+            memory,
+            memory_small,
+            memory_big,
+            memory_rest,
+        })
+    }
+
+    /// Part `i` (0 is the largest).
+    fn share(&self, i: usize) -> SlotValue {
+        if i < self.extra { self.big } else { self.small }
+    }
+
+    /// The memory of part `i`.
+    fn memory(&self, i: usize) -> u64 {
+        let rounded = if i < self.extra {
+            self.memory_big
+        } else {
+            self.memory_small
+        };
+        if i == 0 {
+            rounded + self.memory_rest
+        } else {
+            rounded
+        }
+    }
 }
 
 impl NodeAllocator {
@@ -248,17 +605,15 @@ impl NodeAllocator {
                 allocated: SlotValue::ZERO,
                 allocated_memory: 0,
                 sessions: BTreeSet::new(),
-                exclusive: false,
+                exclusive_owner: None,
             })
             .collect();
-        let mut allocator = Self {
+        Persisted {
             config,
             devices,
             held: BTreeMap::new(),
-            free: FreeSummary::default(),
-        };
-        allocator.summarize();
-        allocator
+        }
+        .into()
     }
 
     /// What is free, in summary.
@@ -267,31 +622,67 @@ impl NodeAllocator {
         self.free
     }
 
-    /// Recomputes the free summary (after deserializing).
+    /// Recomputes the derived indexes. Deserializing does this already; it is kept for callers
+    /// that change nothing else.
     pub fn refresh(&mut self) {
-        self.summarize();
+        let mut numa_nodes = Vec::new();
+        for d in &self.devices {
+            if !numa_nodes.contains(&d.spec.numa_node) {
+                numa_nodes.push(d.spec.numa_node);
+            }
+        }
+        self.numa_nodes = numa_nodes;
+        self.reindex();
     }
 
-    fn summarize(&mut self) {
-        self.free = FreeSummary {
-            total: self
-                .devices
+    fn reindex(&mut self) {
+        let mut free = FreeSummary::default();
+        for d in &self.devices {
+            free.total = free.total.saturating_add(d.free());
+            free.largest = free.largest.max(d.free());
+            free.idle += usize::from(d.is_idle());
+            free.memory = free.memory.saturating_add(d.free_memory());
+            free.largest_memory = free.largest_memory.max(d.free_memory());
+        }
+        self.free = free;
+        self.order.clear();
+        self.order.extend(
+            self.devices
                 .iter()
-                .fold(SlotValue::ZERO, |a, d| a.checked_add(d.free()).unwrap_or(a)),
-            largest: self
-                .devices
-                .iter()
-                .map(DeviceState::free)
-                .max()
-                .unwrap_or_default(),
-            idle: self.devices.iter().filter(|d| d.idle()).count(),
-        };
+                .enumerate()
+                .filter(|(_, d)| !d.is_exclusive())
+                .map(|(pos, d)| FreeDevice {
+                    shares: d.free(),
+                    memory: d.free_memory(),
+                    pos,
+                    index: d.spec.index,
+                    numa: d.spec.numa_node,
+                }),
+        );
+        self.order.sort_by_key(|d| (d.shares, Reverse(d.index)));
     }
 
-    /// The devices and what is handed out on each: the `gpu_alloc_map`.
+    /// The devices and what is handed out on each.
     #[must_use]
     pub fn devices(&self) -> &[DeviceState] {
         &self.devices
+    }
+
+    /// The `gpu_alloc_map`: per device, its capacity and the shares and memory handed out.
+    #[must_use]
+    pub fn alloc_map(&self) -> Vec<DeviceAlloc> {
+        self.devices
+            .iter()
+            .map(|d| DeviceAlloc {
+                index: d.spec.index,
+                uuid: d.spec.uuid.clone(),
+                capacity: d.capacity,
+                shares: d.allocated,
+                memory_bytes: d.spec.memory_bytes,
+                allocated_memory: d.allocated_memory,
+                exclusive_owner: d.exclusive_owner.clone(),
+            })
+            .collect()
     }
 
     /// The settings.
@@ -314,46 +705,58 @@ impl NodeAllocator {
     /// GPU capacity as slots: `cuda.shares`, `cuda.device`, `cuda.mem`.
     #[must_use]
     pub fn capacity(&self) -> ResourceSlot {
-        let shares = self.devices.iter().fold(SlotValue::ZERO, |a, d| {
-            a.checked_add(d.capacity).unwrap_or(a)
-        });
-        let memory: u64 = self.devices.iter().map(|d| d.spec.memory_bytes).sum();
+        let shares = self
+            .devices
+            .iter()
+            .fold(SlotValue::ZERO, |a, d| a.saturating_add(d.capacity));
+        let memory: u128 = self
+            .devices
+            .iter()
+            .map(|d| u128::from(d.spec.memory_bytes))
+            .sum();
         ResourceSlot::new()
             .with(names::CUDA_SHARES, shares)
             .with(
                 names::CUDA_DEVICE,
                 SlotValue::from_int(self.devices.len() as u64),
             )
-            .with(names::CUDA_MEM, SlotValue::from_int(memory))
+            .with(names::CUDA_MEM, SlotValue::from_micros(memory * SCALE))
     }
 
-    /// Whether `request` would fit now (no side effects). Most answers come from the summary;
-    /// only a split or a memory check plans for real.
+    /// Whether `request` would fit now, with either strategy: the same answer as
+    /// [`Self::allocate`] for a new session, without side effects or allocating memory.
     #[must_use]
     pub fn can_fit(&self, request: &GpuRequest) -> bool {
         if request.is_empty() {
             return true;
         }
         if request.devices > 0 {
-            // Whole idle devices hold all their memory: only a memory ask needs a plan.
-            if (request.devices as usize) > self.free.idle {
+            if !request.shares.is_zero() || request.devices as usize > self.free.idle {
                 return false;
             }
             if request.memory_bytes == 0 {
                 return true;
             }
-        } else if request.shares > self.free.total {
-            return false;
-        } else if request.memory_bytes == 0
-            && request.shares <= self.free.largest
-            && !request.shares.is_zero()
-        {
-            return true;
+        } else {
+            if request.shares > self.free.total || request.memory_bytes > self.free.memory {
+                return false;
+            }
+            let quantum = self.config.effective_quantum();
+            if request.memory_bytes == 0
+                && request.shares <= self.free.largest
+                && request.shares >= quantum
+                && request.shares.is_multiple_of(quantum)
+            {
+                return true;
+            }
+            if !request.shares.is_zero() {
+                return self.choose_shares(request, Strategy::Binpack, true).is_ok();
+            }
         }
-        self.plan(request, Strategy::Binpack).is_ok()
+        self.choose(request, Strategy::Binpack).is_ok()
     }
 
-    /// Reserves `request` for `session`.
+    /// Reserves `request` for `session`, all or nothing.
     ///
     /// # Errors
     /// See [`AllocError`]; nothing is reserved then.
@@ -364,244 +767,381 @@ impl NodeAllocator {
         strategy: Strategy,
     ) -> Result<Allocation, AllocError> {
         if self.held.contains_key(session) {
-            return Err(AllocError::AlreadyAllocated(session.to_owned()));
+            return Err(AllocError::AlreadyAllocated {
+                session: session.to_owned(),
+            });
         }
-        let allocation = self.plan(request, strategy)?;
+        let choice = self.choose(request, strategy)?;
+        let allocation = self.materialize(choice, request);
         self.apply(session, allocation.clone());
         Ok(allocation)
     }
 
-    /// Records an allocation decided elsewhere (an agent's report after a restart).
+    /// Records an allocation decided elsewhere (an agent's report after a restart), replacing
+    /// what `session` held. It is trusted, not checked against free capacity: the agent is the
+    /// source of truth for its node. Parts naming devices this node doesn't have are kept in
+    /// the record but reserve nothing.
     pub fn restore(&mut self, session: &str, allocation: Allocation) {
         self.release(session);
         self.apply(session, allocation);
     }
 
-    /// Frees what `session` holds; `None` if it holds nothing (releasing twice is harmless).
+    /// Frees what `session` holds; `None` if it holds nothing here (releasing twice is
+    /// harmless).
     pub fn release(&mut self, session: &str) -> Option<Allocation> {
         let allocation = self.held.remove(session)?;
         for part in &allocation.parts {
-            if let Some(d) = self.devices.iter_mut().find(|d| d.spec.index == part.index) {
+            if let Some(d) = self.device_mut(part.index) {
                 d.allocated = d.allocated.saturating_sub(part.shares);
                 d.allocated_memory = d.allocated_memory.saturating_sub(part.memory_bytes);
                 d.sessions.remove(session);
-                if part.exclusive {
-                    d.exclusive = false;
+                if d.exclusive_owner.as_deref() == Some(session) {
+                    d.exclusive_owner = None;
                 }
             }
         }
-        self.summarize();
+        self.reindex();
         Some(allocation)
+    }
+
+    fn device_mut(&mut self, index: u32) -> Option<&mut DeviceState> {
+        self.devices.iter_mut().find(|d| d.spec.index == index)
     }
 
     fn apply(&mut self, session: &str, allocation: Allocation) {
         for part in &allocation.parts {
-            if let Some(d) = self.devices.iter_mut().find(|d| d.spec.index == part.index) {
-                d.allocated = d.allocated.checked_add(part.shares).unwrap_or(d.allocated);
-                d.allocated_memory += part.memory_bytes;
+            if let Some(d) = self.device_mut(part.index) {
+                d.allocated = d.allocated.saturating_add(part.shares);
+                d.allocated_memory = d.allocated_memory.saturating_add(part.memory_bytes);
                 d.sessions.insert(session.to_owned());
-                d.exclusive |= part.exclusive;
+                if part.exclusive {
+                    d.exclusive_owner = Some(session.to_owned());
+                }
             }
         }
         self.held.insert(session.to_owned(), allocation);
-        self.summarize();
+        self.reindex();
     }
 
-    /// Decides where `request` goes, without reserving.
-    fn plan(&self, request: &GpuRequest, strategy: Strategy) -> Result<Allocation, AllocError> {
+    /// The NUMA groups to try in turn: each node, then all devices; just all devices when they
+    /// share one node.
+    fn candidate_sets(&self) -> impl Iterator<Item = Option<i32>> + '_ {
+        let groups = if self.numa_nodes.len() > 1 {
+            &self.numa_nodes[..]
+        } else {
+            &[]
+        };
+        groups
+            .iter()
+            .copied()
+            .map(Some)
+            .chain(std::iter::once(None))
+    }
+
+    /// Decides where `request` goes.
+    fn choose(&self, request: &GpuRequest, strategy: Strategy) -> Result<Choice, AllocError> {
         if request.devices > 0 {
-            return self.plan_whole(request);
+            if !request.shares.is_zero() {
+                return Err(AllocError::DeviceAndShares);
+            }
+            return self.choose_whole(request, strategy);
         }
         if request.shares.is_zero() {
             if request.memory_bytes == 0 {
-                return Ok(Allocation::default());
+                return Ok(Choice::Nothing);
             }
             // Memory alone: one device with room, no shares.
             return self
                 .pick_one(SlotValue::ZERO, request.memory_bytes, strategy)
-                .map(|d| Allocation {
-                    parts: vec![part(d, SlotValue::ZERO, request.memory_bytes, false)],
-                })
-                .ok_or_else(|| {
-                    AllocError::Insufficient(format!(
-                        "no device has {} bytes of GPU memory free",
-                        request.memory_bytes
-                    ))
+                .map(Choice::One)
+                .ok_or(AllocError::NoDeviceWithMemory {
+                    memory_bytes: request.memory_bytes,
+                    largest_free: self.free.largest_memory,
                 });
         }
-        let quantum = self.config.quantum;
-        if !quantum.is_zero() && !request.shares.micros().is_multiple_of(quantum.micros()) {
-            return Err(AllocError::NotMultipleOfQuantum {
-                requested: request.shares,
+        self.choose_shares(request, strategy, false)
+    }
+
+    /// Where a request for shares goes; with `only_whether`, any choice that proves it fits
+    /// (cheaper, for [`Self::can_fit`]).
+    fn choose_shares(
+        &self,
+        request: &GpuRequest,
+        strategy: Strategy,
+        only_whether: bool,
+    ) -> Result<Choice, AllocError> {
+        let quantum = self.config.effective_quantum();
+        let shares = request.shares;
+        if shares < quantum {
+            return Err(AllocError::PartRoundsToZero {
+                requested: shares,
+                devices: 1,
                 quantum,
             });
         }
-        if let Some(d) = self.pick_one(request.shares, request.memory_bytes, strategy) {
-            return Ok(Allocation {
-                parts: vec![part(d, request.shares, request.memory_bytes, false)],
+        if !shares.is_multiple_of(quantum) {
+            return Err(AllocError::NotMultipleOfQuantum {
+                requested: shares,
+                quantum,
             });
         }
-        for k in 2..=self.devices.len() {
-            let parts = split(request.shares, k, quantum)?;
-            if let Some(chosen) = self.pick_many(&parts, request.memory_bytes, request.shares) {
-                return Ok(Allocation { parts: chosen });
+        if shares <= self.free.largest
+            && let Some(pos) = self.pick_one(shares, request.memory_bytes, strategy)
+        {
+            return Ok(Choice::One(pos));
+        }
+        let no_room = AllocError::NoRoom {
+            shares,
+            memory_bytes: request.memory_bytes,
+            free: self.free.total,
+            largest: self.free.largest,
+            devices: self.devices.len(),
+        };
+        let largest = self.free.largest.micros();
+        if largest == 0 || shares > self.free.total {
+            return Err(no_room);
+        }
+        // No fewer devices than the emptiest one could make up, in shares and in memory.
+        let memory = u128::from(request.memory_bytes);
+        let largest_memory = u128::from(self.free.largest_memory);
+        if memory > 0 && largest_memory == 0 {
+            return Err(no_room);
+        }
+        let by_memory = memory
+            .checked_div(largest_memory)
+            .map_or(0, |_| memory.div_ceil(largest_memory));
+        let fewest = shares.micros().div_ceil(largest).max(by_memory);
+        let fewest = usize::try_from(fewest).unwrap_or(usize::MAX);
+        // Shares alone: a set within one NUMA node fits only if some set of all devices does,
+        // and either walk finds a set whenever one exists; so one walk over all devices settles
+        // each k, and the other walk can't help. Memory can make the walks disagree.
+        let walks: &[Strategy] = if memory == 0 {
+            &[strategy]
+        } else {
+            &[strategy, strategy.other()]
+        };
+        for k in fewest.max(2)..=self.devices.len() {
+            let Some(parts) = Parts::new(shares, k, quantum, request.memory_bytes) else {
+                return Err(AllocError::PartRoundsToZero {
+                    requested: shares,
+                    devices: k,
+                    quantum,
+                });
+            };
+            // Whether the shares alone fit on k devices: exact, and cheap (the spreading walk
+            // stops at the first device that can't hold its part).
+            let shares_only = Parts {
+                memory: 0,
+                memory_small: 0,
+                memory_big: 0,
+                memory_rest: 0,
+                ..parts
+            };
+            if !self.walk(&shares_only, None, Strategy::Spread, &mut |_, _, _| {}) {
+                continue;
+            }
+            if memory == 0 && only_whether {
+                return Ok(Choice::Split {
+                    parts,
+                    numa: None,
+                    walk: Strategy::Spread,
+                });
+            }
+            for numa in self.candidate_sets() {
+                for &walk in walks {
+                    if self.walk(&parts, numa, walk, &mut |_, _, _| {}) {
+                        return Ok(Choice::Split { parts, numa, walk });
+                    }
+                }
             }
         }
-        Err(AllocError::Insufficient(format!(
-            "cuda.shares={} with cuda.mem={} fits on no set of this node's {} devices",
-            request.shares,
-            request.memory_bytes,
-            self.devices.len()
-        )))
+        Err(no_room)
     }
 
-    /// The device a single-device request goes to.
-    fn pick_one(&self, shares: SlotValue, memory: u64, strategy: Strategy) -> Option<&DeviceState> {
+    /// The device a single-device request goes to: the fullest that fits when packing, the
+    /// emptiest when spreading (ties: the lowest index).
+    fn pick_one(&self, shares: SlotValue, memory: u64, strategy: Strategy) -> Option<usize> {
         let fits = self
-            .devices
+            .order
             .iter()
-            .filter(|d| !d.exclusive && d.free() >= shares && d.free_memory() >= memory);
+            .filter(|d| d.shares >= shares && d.memory >= memory);
         match strategy {
-            Strategy::Binpack => fits.min_by_key(|d| (d.free(), d.spec.index)),
-            Strategy::Spread => fits.max_by_key(|d| (d.free(), std::cmp::Reverse(d.spec.index))),
+            Strategy::Binpack => fits.min_by_key(|d| (d.shares, d.memory, d.index)),
+            Strategy::Spread => fits.max_by_key(|d| (d.shares, d.memory, Reverse(d.index))),
         }
+        .map(|d| d.pos)
     }
 
-    /// `parts.len()` devices holding `parts` (largest first), one NUMA node if possible.
-    fn pick_many(
+    /// Matches `parts` to devices of `numa` (all when `None`), calling `take` for each match;
+    /// whether all parts found a device.
+    ///
+    /// Packing walks the devices from the fullest, giving each the smallest part not yet
+    /// placed that it holds; spreading walks from the emptiest, giving each the largest. For
+    /// shares alone either walk finds a match whenever one exists (the devices and the parts
+    /// are both sorted); memory can make them disagree, so callers try both.
+    fn walk(
         &self,
-        parts: &[SlotValue],
-        memory: u64,
-        total: SlotValue,
-    ) -> Option<Vec<DevicePart>> {
-        let memory_parts = split_memory(memory, parts, total);
-        let try_set = |candidates: Vec<&DeviceState>| -> Option<Vec<DevicePart>> {
-            let mut candidates = candidates;
-            candidates.sort_by_key(|d| (std::cmp::Reverse(d.free()), d.spec.index));
-            let chosen = candidates.get(..parts.len())?;
-            let fits = chosen
-                .iter()
-                .zip(parts.iter().zip(&memory_parts))
-                .all(|(d, (s, m))| d.free() >= *s && d.free_memory() >= *m);
-            fits.then(|| {
-                chosen
-                    .iter()
-                    .zip(parts.iter().zip(&memory_parts))
-                    .map(|(d, (s, m))| part(d, *s, *m, false))
-                    .collect()
-            })
-        };
-        let mut by_numa: BTreeMap<i32, Vec<&DeviceState>> = BTreeMap::new();
-        for d in self.devices.iter().filter(|d| !d.exclusive) {
-            by_numa.entry(d.spec.numa_node).or_default().push(d);
+        parts: &Parts,
+        numa: Option<i32>,
+        walk: Strategy,
+        take: &mut dyn FnMut(usize, SlotValue, u64),
+    ) -> bool {
+        let k = parts.k;
+        let n = self.order.len();
+        let mut placed = 0;
+        for step in 0..n {
+            if placed == k {
+                break;
+            }
+            let (d, part) = match walk {
+                Strategy::Binpack => (&self.order[step], k - 1 - placed),
+                Strategy::Spread => (&self.order[n - 1 - step], placed),
+            };
+            if numa.is_some_and(|numa| d.numa != numa) {
+                continue;
+            }
+            let (share, memory) = (parts.share(part), parts.memory(part));
+            if d.shares >= share && d.memory >= memory {
+                take(d.pos, share, memory);
+                placed += 1;
+            } else if walk == Strategy::Spread && parts.memory == 0 {
+                // The devices left have no more free than this one: none holds this part.
+                return false;
+            }
         }
-        by_numa
-            .values()
-            .find_map(|group| try_set(group.clone()))
-            .or_else(|| try_set(self.devices.iter().filter(|d| !d.exclusive).collect()))
+        placed == k
     }
 
-    /// Whole, idle devices for a `cuda.device` request, one NUMA node if possible.
-    fn plan_whole(&self, request: &GpuRequest) -> Result<Allocation, AllocError> {
+    /// Whole, idle devices for a `cuda.device` request: within one NUMA node if one has
+    /// enough (packing takes the node with the fewest idle devices that suffice, spreading
+    /// the most), else any; the lowest indices first.
+    fn choose_whole(&self, request: &GpuRequest, strategy: Strategy) -> Result<Choice, AllocError> {
         let n = request.devices as usize;
-        let idle: Vec<&DeviceState> = self.devices.iter().filter(|d| d.idle()).collect();
-        let mut by_numa: BTreeMap<i32, Vec<&DeviceState>> = BTreeMap::new();
-        for d in &idle {
-            by_numa.entry(d.spec.numa_node).or_default().push(d);
+        if n > self.free.idle {
+            return Err(AllocError::NotEnoughIdleDevices {
+                requested: request.devices,
+                idle: self.free.idle,
+                devices: self.devices.len(),
+            });
         }
-        let chosen: Vec<&DeviceState> = by_numa
-            .values()
-            .find(|g| g.len() >= n)
-            .map(|g| g[..n].to_vec())
-            .or_else(|| (idle.len() >= n).then(|| idle[..n].to_vec()))
-            .ok_or_else(|| {
-                AllocError::Insufficient(format!(
-                    "cuda.device={n}: {} of {} devices are idle",
-                    idle.len(),
-                    self.devices.len()
-                ))
-            })?;
-        let memory: u64 = chosen.iter().map(|d| d.spec.memory_bytes).sum();
-        if request.memory_bytes > memory {
-            return Err(AllocError::Insufficient(format!(
-                "cuda.mem={} exceeds the {memory} bytes of {n} whole devices",
-                request.memory_bytes
-            )));
+        // (idle devices in the set, memory of the first n of them)
+        let measure = |numa: Option<i32>| {
+            let mut idle = 0usize;
+            let mut memory = 0u64;
+            for d in self.idle_devices(numa) {
+                if idle < n {
+                    memory = memory.saturating_add(d.spec.memory_bytes);
+                }
+                idle += 1;
+            }
+            (idle, memory)
+        };
+        if self.numa_nodes.len() > 1 {
+            let fitting = self.numa_nodes.iter().filter_map(|&numa| {
+                let (idle, memory) = measure(Some(numa));
+                (idle >= n && memory >= request.memory_bytes).then_some((idle, numa))
+            });
+            let best = match strategy {
+                Strategy::Binpack => fitting.min_by_key(|&(idle, _)| idle),
+                Strategy::Spread => fitting.max_by_key(|&(idle, numa)| (idle, Reverse(numa))),
+            };
+            if let Some((_, numa)) = best {
+                return Ok(Choice::Whole {
+                    n,
+                    numa: Some(numa),
+                });
+            }
         }
-        Ok(Allocation {
-            parts: chosen
-                .iter()
+        let (_, memory) = measure(None);
+        if memory < request.memory_bytes {
+            return Err(AllocError::WholeDevicesLackMemory {
+                memory_bytes: request.memory_bytes,
+                devices: request.devices,
+                available: memory,
+            });
+        }
+        Ok(Choice::Whole { n, numa: None })
+    }
+
+    fn idle_devices(&self, numa: Option<i32>) -> impl Iterator<Item = &DeviceState> {
+        self.devices
+            .iter()
+            .filter(move |d| d.is_idle() && numa.is_none_or(|n| d.spec.numa_node == n))
+    }
+
+    /// The parts of a decision.
+    fn materialize(&self, choice: Choice, request: &GpuRequest) -> Allocation {
+        let part = |d: &DeviceState, shares, memory_bytes, exclusive| DevicePart {
+            index: d.spec.index,
+            uuid: d.spec.uuid.clone(),
+            shares,
+            memory_bytes,
+            exclusive,
+        };
+        let mut parts = match choice {
+            Choice::Nothing => Vec::new(),
+            Choice::One(pos) => vec![part(
+                &self.devices[pos],
+                request.shares,
+                request.memory_bytes,
+                false,
+            )],
+            Choice::Split { parts, numa, walk } => {
+                let mut out = Vec::with_capacity(parts.k);
+                self.walk(&parts, numa, walk, &mut |pos, shares, memory| {
+                    out.push(part(&self.devices[pos], shares, memory, false));
+                });
+                out
+            }
+            Choice::Whole { n, numa } => self
+                .idle_devices(numa)
+                .take(n)
                 .map(|d| part(d, d.capacity, d.spec.memory_bytes, true))
                 .collect(),
-        })
+        };
+        parts.sort_by_key(|p| p.index);
+        Allocation { parts }
     }
 }
 
-fn part(d: &DeviceState, shares: SlotValue, memory_bytes: u64, exclusive: bool) -> DevicePart {
-    DevicePart {
-        index: d.spec.index,
-        uuid: d.spec.uuid.clone(),
-        shares,
-        memory_bytes,
-        exclusive,
-    }
-}
-
-/// A device's share capacity: 1.0, or min(memory / unit_mem, SMs / unit_proc) rounded down to
-/// the quantum when both units are set.
+/// A device's share capacity: 1.0, or with `unit_mem` and/or `unit_proc` configured,
+/// min(memory / `unit_mem`, SMs / `unit_proc`) (of those configured) rounded down to the quantum.
 #[must_use]
 pub fn share_capacity(spec: &DeviceSpec, config: &AllocatorConfig) -> SlotValue {
-    match (config.unit_mem, config.unit_proc) {
-        (Some(mem), Some(proc)) if mem > 0 && proc > 0 => {
-            let by_mem = u128::from(spec.memory_bytes) * SCALE / u128::from(mem);
-            let by_proc = u128::from(spec.sm_count) * SCALE / u128::from(proc);
-            SlotValue::from_micros(by_mem.min(by_proc)).floor_to(config.quantum)
-        }
-        _ => SlotValue::ONE,
-    }
+    let by_mem = config
+        .unit_mem
+        .filter(|&u| u > 0)
+        .map(|u| u128::from(spec.memory_bytes) * SCALE / u128::from(u));
+    let by_proc = config
+        .unit_proc
+        .filter(|&u| u > 0)
+        .map(|u| u128::from(spec.sm_count) * SCALE / u128::from(u));
+    let micros = match (by_mem, by_proc) {
+        (None, None) => return SlotValue::ONE,
+        (Some(m), Some(p)) => m.min(p),
+        (Some(v), None) | (None, Some(v)) => v,
+    };
+    SlotValue::from_micros(micros).floor_to(config.effective_quantum())
 }
 
-/// `total` in `k` near-even parts of whole quanta, largest first, adding up to exactly `total`.
+/// `total` in `k` near-even parts of whole quanta, largest first, adding up to exactly `total`:
+/// 1.75 in two is 0.88 + 0.87 with a quantum of 0.01.
 ///
 /// # Errors
-/// A part would be zero.
+/// `total` isn't a multiple of `quantum`, or a part would be below one quantum.
 pub fn split(total: SlotValue, k: usize, quantum: SlotValue) -> Result<Vec<SlotValue>, AllocError> {
-    let q = if quantum.is_zero() {
-        1
-    } else {
-        quantum.micros()
-    };
-    let quanta = total.micros() / q;
-    let k128 = k as u128;
-    let (base, extra) = (quanta / k128, quanta % k128);
-    if base == 0 {
-        return Err(AllocError::PartRoundsToZero {
+    if !total.is_multiple_of(quantum) {
+        return Err(AllocError::NotMultipleOfQuantum {
             requested: total,
-            devices: k,
             quantum,
         });
     }
-    Ok((0..k128)
-        .map(|i| SlotValue::from_micros((base + u128::from(i < extra)) * q))
-        .collect())
-}
-
-/// `memory` split in proportion to `parts` (of `total`), the remainder on the first part.
-fn split_memory(memory: u64, parts: &[SlotValue], total: SlotValue) -> Vec<u64> {
-    if memory == 0 || total.is_zero() {
-        return vec![0; parts.len()];
-    }
-    let mut out: Vec<u64> = parts
-        .iter()
-        .map(|p| {
-            u64::try_from(u128::from(memory) * p.micros() / total.micros()).unwrap_or(u64::MAX)
-        })
-        .collect();
-    let assigned: u64 = out.iter().sum();
-    if let Some(first) = out.first_mut() {
-        *first += memory - assigned;
-    }
-    out
+    let parts = Parts::new(total, k, quantum, 0).ok_or(AllocError::PartRoundsToZero {
+        requested: total,
+        devices: k,
+        quantum,
+    })?;
+    Ok((0..k).map(|i| parts.share(i)).collect())
 }
 
 #[cfg(test)]

@@ -1,6 +1,12 @@
-//! Parsing what users type: `cpu=1`, `mem=2g`, `mem=1.5Gi`, `cuda.shares=0.2`.
+//! Parsing what users type (`cpu=1`, `mem=2g`, `mem=1.5Gi`, `cuda.shares=0.2`) and printing it
+//! back in a form that parses to the same value.
 
-use super::{ResourceSlot, SlotKind, SlotName, SlotValue, ValueError, names};
+use std::collections::BTreeMap;
+
+use super::{
+    InvalidSlotName, ResourceSlot, SCALE, SlotKind, SlotName, SlotTypeRegistry, SlotValue,
+    ValueError, names,
+};
 
 /// A request that doesn't parse; the message names the bad token.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -12,13 +18,12 @@ pub enum ParseError {
         token: String,
     },
     /// A bad name.
-    #[error("invalid resource {token:?}: {source}")]
+    #[error("invalid resource {token:?}: {reason}")]
     Name {
         /// The token.
         token: String,
-        /// Why.
-        #[source]
-        source: super::InvalidSlotName,
+        /// Why the name is bad.
+        reason: InvalidSlotName,
     },
     /// A bad value.
     #[error("invalid value {value:?} for slot {slot:?}: {reason}")]
@@ -28,150 +33,247 @@ pub enum ParseError {
         /// The value as typed.
         value: String,
         /// Why.
-        reason: String,
+        reason: BadValue,
     },
     /// The same slot twice.
-    #[error("slot {slot:?} given twice")]
+    #[error("slot {slot:?} given twice: {first:?} and {second:?}")]
     Duplicate {
         /// The slot.
         slot: String,
+        /// The first token naming it.
+        first: String,
+        /// The second.
+        second: String,
     },
-    /// Not a slot type the cluster has.
+    /// Not a slot type the cluster has (only when parsing against a registry).
     #[error("unknown slot type {slot:?} (known: {known})")]
     Unknown {
         /// The slot.
         slot: String,
-        /// The known slot names.
+        /// The known slot names, comma-separated.
         known: String,
     },
 }
 
-/// The kind of a well-known slot; other names are counts unless a registry says otherwise.
+/// Why a value doesn't parse for its slot.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadValue {
+    /// Not a plain decimal number.
+    #[error("not a decimal number")]
+    NotANumber,
+    /// Finer than a micro-unit.
+    #[error("more than {digits} fractional digits", digits = super::value::SCALE_DIGITS)]
+    TooPrecise,
+    /// Too large.
+    #[error("too large")]
+    TooLarge,
+    /// A byte value with a suffix that is no unit.
+    #[error(
+        "unknown unit suffix {suffix:?} (use k, m, g, t, p or e, optionally followed by i, b or ib)"
+    )]
+    UnknownSuffix {
+        /// The suffix as typed.
+        suffix: String,
+    },
+    /// A fraction of a byte.
+    #[error("not a whole number of bytes")]
+    FractionalBytes,
+    /// A unique slot asked as something other than 1.
+    #[error("a unique slot can only be requested as 1")]
+    UniqueNotOne,
+    /// A fraction of a whole device.
+    #[error("cuda.device takes whole devices; use cuda.shares for fractions")]
+    FractionalDevices,
+}
+
+impl From<ValueError> for BadValue {
+    fn from(e: ValueError) -> Self {
+        match e {
+            ValueError::NotANumber { .. } => Self::NotANumber,
+            ValueError::TooPrecise { .. } => Self::TooPrecise,
+            ValueError::TooLarge { .. } => Self::TooLarge,
+        }
+    }
+}
+
+/// The kind of a well-known slot (`mem` and `cuda.mem` are bytes); every other name is a count
+/// unless a [`SlotTypeRegistry`] says otherwise.
 #[must_use]
 pub fn default_kind(name: &str) -> SlotKind {
     match name {
         names::MEM | names::CUDA_MEM => SlotKind::Bytes,
-        n if n.ends_with(".mem") => SlotKind::Bytes,
         _ => SlotKind::Count,
     }
 }
 
-/// Binary unit suffixes, longest first.
-const UNITS: &[(&str, u32)] = &[
-    ("ki", 10),
-    ("mi", 20),
-    ("gi", 30),
-    ("ti", 40),
-    ("pi", 50),
-    ("k", 10),
-    ("m", 20),
-    ("g", 30),
-    ("t", 40),
-    ("p", 50),
-    ("b", 0),
+/// Binary unit exponents by letter. Every unit is binary, as in Backend.AI: `1g`, `1gi`, `1gb`
+/// and `1gib` are all 2^30 bytes.
+const UNITS: [(u8, u32); 6] = [
+    (b'k', 10),
+    (b'm', 20),
+    (b'g', 30),
+    (b't', 40),
+    (b'p', 50),
+    (b'e', 60),
 ];
+
+/// Splits a byte value into its number and unit exponent (`1.5Gi` → `1.5`, 30), or names the
+/// suffix that is no unit.
+fn split_unit(value: &str) -> Result<(&str, u32), BadValue> {
+    let number_len = value
+        .bytes()
+        .position(|b| !(b.is_ascii_digit() || b == b'.'))
+        .unwrap_or(value.len());
+    let (number, suffix) = value.split_at(number_len);
+    if number.is_empty() {
+        return Err(BadValue::NotANumber);
+    }
+    let lower = suffix.to_ascii_lowercase();
+    let shift = match lower.as_bytes() {
+        [] | [b'b'] => Some(0),
+        [letter] | [letter, b'i' | b'b'] | [letter, b'i', b'b'] => UNITS
+            .iter()
+            .find(|(unit, _)| unit == letter)
+            .map(|(_, shift)| *shift),
+        _ => None,
+    };
+    shift
+        .map(|shift| (number, shift))
+        .ok_or_else(|| BadValue::UnknownSuffix {
+            suffix: suffix.to_owned(),
+        })
+}
 
 /// Parses a value of `kind` for slot `slot`.
 ///
+/// Counts are plain decimals (`1`, `0.25`); bytes take an optional binary unit (`512m`,
+/// `1.5Gi`, `2GB`) and must come out whole; a unique slot takes only `1`; `cuda.device` takes
+/// only whole numbers.
+///
 /// # Errors
-/// The value doesn't parse for its kind.
+/// The value doesn't parse for its kind; the error names the slot, the value and why.
 pub fn parse_value(slot: &str, value: &str, kind: SlotKind) -> Result<SlotValue, ParseError> {
-    let err = |reason: String| ParseError::Value {
+    let err = |reason: BadValue| ParseError::Value {
         slot: slot.to_owned(),
         value: value.to_owned(),
         reason,
     };
-    let reason = |e: ValueError| e.to_string();
-    match kind {
+    let v = match kind {
         SlotKind::Count | SlotKind::Unique => {
-            let v: SlotValue = value.parse().map_err(|e| err(reason(e)))?;
+            let v: SlotValue = value.parse().map_err(|e: ValueError| err(e.into()))?;
             if kind == SlotKind::Unique && v != SlotValue::ONE {
-                return Err(err("a unique slot can only be requested as 1".to_owned()));
+                return Err(err(BadValue::UniqueNotOne));
             }
-            if slot == names::CUDA_DEVICE && !v.is_integer() {
-                return Err(err(
-                    "whole devices only; use cuda.shares for fractions".to_owned()
-                ));
-            }
-            Ok(v)
+            v
         }
         SlotKind::Bytes => {
-            let lower = value.to_ascii_lowercase();
-            let (number, shift) = UNITS
-                .iter()
-                .find_map(|(suffix, shift)| lower.strip_suffix(suffix).map(|n| (n, *shift)))
-                .unwrap_or((lower.as_str(), 0));
-            if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-                let suffix = lower.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
-                return Err(err(format!(
-                    "unknown unit suffix {suffix:?} (use k, m, g, t, p or Ki, Mi, Gi, Ti, Pi)"
-                )));
-            }
-            let v = SlotValue::parse_scaled(number, 1u128 << shift).map_err(|e| err(reason(e)))?;
+            let (number, shift) = split_unit(value).map_err(err)?;
+            let v = SlotValue::parse_scaled(number, 1u128 << shift).map_err(|e| err(e.into()))?;
             if !v.is_integer() {
-                return Err(err("not a whole number of bytes".to_owned()));
+                return Err(err(BadValue::FractionalBytes));
             }
-            Ok(v)
+            v
         }
+    };
+    if slot == names::CUDA_DEVICE && !v.is_integer() {
+        return Err(err(BadValue::FractionalDevices));
     }
+    Ok(v)
 }
 
-/// Bytes in their largest binary unit that keeps them exact within three decimals: `2g`, `1.5g`,
-/// `4096` stays `4k`; odd counts print as plain bytes.
+/// Bytes in their shortest exact spelling, ties to the larger unit: `2g`, `1.5g`, `4k`, but
+/// `4097` and `1152` (not `1.125k`). Parses back to the same value as bytes. A fractional value
+/// (which never parses as bytes) prints as a plain decimal.
 #[must_use]
 pub fn format_bytes(value: SlotValue) -> String {
+    if !value.is_integer() {
+        return value.to_string();
+    }
     let bytes = value.trunc();
-    for (suffix, shift) in [("p", 50), ("t", 40), ("g", 30), ("m", 20), ("k", 10)] {
+    let mut best = bytes.to_string();
+    for (suffix, shift) in [
+        ("k", 10),
+        ("m", 20),
+        ("g", 30),
+        ("t", 40),
+        ("p", 50),
+        ("e", 60),
+    ] {
         let unit = 1u128 << shift;
-        if bytes >= unit && (bytes * 1000).is_multiple_of(unit) {
-            let scaled = SlotValue::from_micros(bytes * super::SCALE / unit);
-            return format!("{scaled}{suffix}");
+        // bytes ≤ u128::MAX / SCALE, so × SCALE can't overflow.
+        let micros = bytes * SCALE;
+        if bytes < unit || !micros.is_multiple_of(unit) {
+            continue;
+        }
+        let spelled = format!("{}{suffix}", SlotValue::from_micros(micros / unit));
+        if spelled.len() <= best.len() {
+            best = spelled;
         }
     }
-    bytes.to_string()
+    best
+}
+
+/// `value` as [`ResourceSlot`]'s `Display` prints it for `slot`: well-known byte slots with
+/// [`format_bytes`], the rest as plain decimals.
+#[must_use]
+pub fn format_value(slot: &str, value: SlotValue) -> String {
+    if default_kind(slot) == SlotKind::Bytes {
+        format_bytes(value)
+    } else {
+        value.to_string()
+    }
 }
 
 impl ResourceSlot {
-    /// Parses `name=value` tokens (one per `-r`), kinds from `kind_of` (`None`: unknown slot).
+    /// Parses `name=value` tokens, one per `-r` (`["cpu=1", "mem=2g", "cuda.shares=0.5"]`).
+    ///
+    /// Without a registry, names take their [`default_kind`] and any valid name is accepted;
+    /// with one, a name must be registered and takes the registered kind.
     ///
     /// # Errors
-    /// The first bad token, named.
+    /// The first bad token, named: not `name=value`, a bad name, a bad value for the kind, a
+    /// slot given twice, or (with a registry) a slot type the cluster doesn't have.
     pub fn parse_requests<S: AsRef<str>>(
         tokens: &[S],
-        kind_of: &dyn Fn(&str) -> Option<SlotKind>,
-        known: &dyn Fn() -> String,
+        registry: Option<&SlotTypeRegistry>,
     ) -> Result<Self, ParseError> {
-        let mut out = Self::new();
-        let mut seen = std::collections::BTreeSet::new();
+        let mut values = BTreeMap::new();
+        let mut first_token: BTreeMap<SlotName, &str> = BTreeMap::new();
         for token in tokens {
             let token = token.as_ref().trim();
             let (name, value) = token.split_once('=').ok_or_else(|| ParseError::Shape {
                 token: token.to_owned(),
             })?;
             let (name, value) = (name.trim(), value.trim());
-            let slot = SlotName::new(name).map_err(|source| ParseError::Name {
+            let slot = SlotName::new(name).map_err(|reason| ParseError::Name {
                 token: token.to_owned(),
-                source,
+                reason,
             })?;
-            if !seen.insert(slot.clone()) {
+            if let Some(first) = first_token.get(name) {
                 return Err(ParseError::Duplicate {
                     slot: name.to_owned(),
+                    first: (*first).to_owned(),
+                    second: token.to_owned(),
                 });
             }
-            let kind = kind_of(name).ok_or_else(|| ParseError::Unknown {
-                slot: name.to_owned(),
-                known: known(),
-            })?;
-            out.set(slot, parse_value(name, value, kind)?);
+            let kind = match registry {
+                None => default_kind(name),
+                Some(registry) => registry.kind(name).ok_or_else(|| ParseError::Unknown {
+                    slot: name.to_owned(),
+                    known: registry.names(),
+                })?,
+            };
+            values.insert(slot.clone(), parse_value(name, value, kind)?);
+            first_token.insert(slot, token);
         }
-        Ok(out)
+        Ok(values.into())
     }
 
-    /// Parses with the well-known kinds, accepting any name (no registry at hand).
+    /// [`Self::parse_requests`] without a registry: well-known kinds, any valid name.
     ///
     /// # Errors
     /// The first bad token, named.
     pub fn parse_any<S: AsRef<str>>(tokens: &[S]) -> Result<Self, ParseError> {
-        Self::parse_requests(tokens, &|n| Some(default_kind(n)), &String::new)
+        Self::parse_requests(tokens, None)
     }
 }

@@ -6,10 +6,11 @@ use serde::{Deserialize, Serialize};
 
 use super::{SlotKind, SlotName};
 
-/// An agent declared a known slot with another kind.
+/// An agent's slot types that can't join the registry.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistryError {
-    /// The kinds disagree; the registry keeps the first.
+    /// The agent declares a slot with another kind than the cluster knows (or declares it twice
+    /// with different kinds); the registry keeps the kind it had.
     #[error(
         "agent {agent:?} declares slot {slot} as {declared}, but the cluster knows it as {known}"
     )]
@@ -25,8 +26,12 @@ pub enum RegistryError {
     },
 }
 
-/// Slot types by name, merged from every agent; never shrinks.
+/// Slot types by name, merged from every agent; it never shrinks, and a slot's kind never
+/// changes once known (not last-writer-wins).
+///
+/// It serializes as a map of name to kind (`{"cuda.shares": "count"}`), for the store.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct SlotTypeRegistry {
     types: BTreeMap<SlotName, SlotKind>,
 }
@@ -38,22 +43,29 @@ impl SlotTypeRegistry {
         Self::default()
     }
 
-    /// Merges an agent's declared slot types, all or nothing; returns the names that were new.
+    /// Merges `agent`'s declared slot types, all or nothing; returns the names that were new.
     ///
     /// # Errors
-    /// A declared slot is known with another kind (not last-writer-wins).
+    /// A declared slot is known with another kind, or declared twice with different kinds;
+    /// nothing is merged then.
     pub fn merge(
         &mut self,
         agent: &str,
         declared: &[(SlotName, SlotKind)],
     ) -> Result<Vec<SlotName>, RegistryError> {
-        for (slot, kind) in declared {
-            if let Some(known) = self.types.get(slot)
-                && known != kind
+        for (i, (slot, kind)) in declared.iter().enumerate() {
+            let known = self.types.get(slot).copied().or_else(|| {
+                declared[..i]
+                    .iter()
+                    .find(|(earlier, _)| earlier == slot)
+                    .map(|(_, k)| *k)
+            });
+            if let Some(known) = known
+                && known != *kind
             {
                 return Err(RegistryError::ConflictingKind {
                     slot: slot.clone(),
-                    known: *known,
+                    known,
                     declared: *kind,
                     agent: agent.to_owned(),
                 });
@@ -68,12 +80,28 @@ impl SlotTypeRegistry {
         Ok(added)
     }
 
-    /// The kind of `name`, if known.
+    /// The kind of `name`, if known. Doesn't allocate.
     #[must_use]
     pub fn kind(&self, name: &str) -> Option<SlotKind> {
-        SlotName::new(name)
-            .ok()
-            .and_then(|n| self.types.get(&n).copied())
+        self.types.get(name).copied()
+    }
+
+    /// Whether `name` is known.
+    #[must_use]
+    pub fn contains(&self, name: &str) -> bool {
+        self.types.contains_key(name)
+    }
+
+    /// How many slot types are known.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.types.len()
+    }
+
+    /// Whether no slot type is known yet.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.types.is_empty()
     }
 
     /// Every slot type, by name.

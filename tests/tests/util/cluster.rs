@@ -11,8 +11,9 @@ use std::{
 };
 
 use gpuwarden_agent::{
-    controller_link::{self, Holdings, LinkConfig, SharedHoldings},
+    controller_link::{self, LinkConfig},
     devices::{GpuBackend, GpuDevice, SlotKind},
+    holdings::{Holdings, SharedHoldings},
 };
 use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
@@ -217,7 +218,7 @@ impl TestNode {
     }
 
     pub fn held(&self) -> Vec<String> {
-        self.holdings.lock().unwrap().sessions()
+        gpuwarden_agent::holdings::lock(&self.holdings).sessions()
     }
 }
 
