@@ -85,13 +85,26 @@ impl Store {
     /// # Errors
     /// It can't be opened, or it has another format version.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let db = sled::Config::new()
-            .path(dir)
-            .open()
-            .map_err(|source| StoreError::Open {
-                path: dir.to_owned(),
-                source,
-            })?;
+        // sled's flusher thread may hold the previous handle's file lock for a moment after it
+        // is dropped (a restart in the same process): retry briefly before giving up.
+        let mut attempts = 0;
+        let db = loop {
+            match sled::Config::new().path(dir).open() {
+                Ok(db) => break db,
+                Err(sled::Error::Io(e))
+                    if e.kind() == std::io::ErrorKind::WouldBlock && attempts < 40 =>
+                {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(25));
+                }
+                Err(source) => {
+                    return Err(StoreError::Open {
+                        path: dir.to_owned(),
+                        source,
+                    });
+                }
+            }
+        };
         let store = Self { db };
         let meta = store.tree(META)?;
         match meta
