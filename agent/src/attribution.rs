@@ -1285,6 +1285,13 @@ mod tests {
             "the walk followed a symlink"
         );
 
+        // A new directory is found by the next miss. (Made before anything is removed: on the
+        // temp file system inode numbers are reused, unlike cgroup ids.)
+        let new = cgroups.join("system.slice/new.service");
+        fs::create_dir(&new).unwrap();
+        let w = attributor.resolve(ino(&new)).unwrap();
+        assert_eq!(w.unit.as_deref(), Some("new.service"));
+
         // The walk cached every directory: the docker one answers after it is removed, until
         // forget_dead.
         let docker_id = ino(&docker);
@@ -1308,12 +1315,6 @@ mod tests {
         assert_eq!(w.cgroup_path, "/kubepods/burstable/moved");
         assert_eq!(w.runtime, Runtime::Unknown);
         assert_eq!(w.pod_uid, None);
-
-        // A new directory is found by the next miss.
-        let new = cgroups.join("system.slice/new.service");
-        fs::create_dir(&new).unwrap();
-        let w = attributor.resolve(ino(&new)).unwrap();
-        assert_eq!(w.unit.as_deref(), Some("new.service"));
     }
 
     #[test]
