@@ -234,9 +234,10 @@ fn free_client(tgid: u32, client: u32) {
     });
 }
 
-/// Releases everything a process held (it exited, or exec'd and so closed its GPU fds).
+/// Releases everything a process held (it exited, or exec'd and so closed its GPU fds), and
+/// reports it as `event` (`PROCESS_EXIT` or `EXEC`).
 #[inline(always)]
-pub fn release_process(tgid: u32) -> Option<ProcInfo> {
+pub fn release_process(tgid: u32, event: u32) -> Option<ProcInfo> {
     // SAFETY: the value is copied out at once.
     let info = (unsafe { PROCS.get(&tgid) }).copied()?;
     let _ = PROCS.remove(&tgid);
@@ -249,7 +250,7 @@ pub fn release_process(tgid: u32) -> Option<ProcInfo> {
         }
     }
     emit(Event {
-        kind: kind::PROCESS_EXIT,
+        kind: event,
         tgid,
         cgroup: info.cgroup,
         bytes: total,

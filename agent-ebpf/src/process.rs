@@ -193,7 +193,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     if !group_dead {
         return 0;
     }
-    if let Some(info) = memory::release_process(tgid) {
+    if let Some(info) = memory::release_process(tgid, kind::PROCESS_EXIT) {
         let mut tgid = tgid;
         // SAFETY: as in `sched_process_fork`.
         unsafe {
@@ -213,6 +213,6 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let (tgid, _) = current();
     // The driver frees a client when its fd closes, and GPU fds are close-on-exec: what the
     // process held is gone. Fds that survive exec stay in the table (the agent re-checks them).
-    memory::release_process(tgid);
+    memory::release_process(tgid, kind::EXEC);
     0
 }

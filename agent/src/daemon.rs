@@ -326,23 +326,24 @@ fn handle_event(state: &mut State, e: &Event) {
         }
         kind::FORK => tracing::debug!(tgid = e.tgid, child = e.handle, "GPU process forked"),
         kind::PROCESS_EXIT => {
-            tracing::debug!(tgid = e.tgid, %comm, bytes = e.bytes, "GPU process ended or exec'd");
-            // After an exec the process lives on: keep the GPU fds it still has.
-            if Path::new(PROC_ROOT).join(e.tgid.to_string()).exists() {
-                let State {
-                    sensor,
-                    nodes,
-                    attributor,
-                    ..
-                } = state;
-                telemetry::reseed_after_exec(
-                    &mut sensor.maps,
-                    nodes,
-                    attributor,
-                    Path::new(PROC_ROOT),
-                    e.tgid,
-                );
-            }
+            tracing::debug!(tgid = e.tgid, %comm, bytes = e.bytes, "GPU process ended");
+        }
+        kind::EXEC => {
+            tracing::debug!(tgid = e.tgid, %comm, bytes = e.bytes, "GPU process exec'd");
+            // The process lives on: keep the GPU fds that survived the exec.
+            let State {
+                sensor,
+                nodes,
+                attributor,
+                ..
+            } = state;
+            telemetry::reseed_after_exec(
+                &mut sensor.maps,
+                nodes,
+                attributor,
+                Path::new(PROC_ROOT),
+                e.tgid,
+            );
         }
         kind::DECODE_ERROR => {
             let reason = match e.code {

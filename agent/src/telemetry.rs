@@ -9,6 +9,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use aya::maps::MapError;
 use gpuwarden_agent_common::{
     maps::{
         CgroupDeviceKey, FdKey, GpuNode, IoctlKey, MAX_GPUS, PATH_LEN, PathKey, ProcInfo, family,
@@ -314,9 +315,7 @@ pub fn collect_garbage(
         .flatten()
         .filter(|k| !alive(proc_root, k.tgid))
         .collect();
-    for key in dead_fds {
-        garbage.fds += usize::from(maps.gpu_fds.remove(&key).is_ok());
-    }
+    garbage.fds += remove_all(&dead_fds, |k| maps.gpu_fds.remove(k));
     let procs: HashMap<u32, ProcInfo> = maps.procs.iter().flatten().collect();
     for (tgid, info) in &procs {
         if !alive(proc_root, *tgid) {
@@ -343,9 +342,7 @@ pub fn collect_garbage(
         .flatten()
         .filter(|h| !live_clients.contains_key(h))
         .collect();
-    for h in stale_clients {
-        garbage.handles += usize::from(maps.clients.remove(&h).is_ok());
-    }
+    garbage.handles += remove_all(&stale_clients, |k| maps.clients.remove(k));
     let stale_allocations: Vec<_> = maps
         .allocations
         .iter()
@@ -353,18 +350,14 @@ pub fn collect_garbage(
         .filter(|(k, a)| live_clients.get(&k.client) != Some(&a.client_generation))
         .map(|(k, _)| k)
         .collect();
-    for k in stale_allocations {
-        garbage.handles += usize::from(maps.allocations.remove(&k).is_ok());
-    }
+    garbage.handles += remove_all(&stale_allocations, |k| maps.allocations.remove(k));
     let stale_objects: Vec<_> = maps
         .object_devices
         .keys()
         .flatten()
         .filter(|k| !live_clients.contains_key(&k.client))
         .collect();
-    for k in stale_objects {
-        garbage.handles += usize::from(maps.object_devices.remove(&k).is_ok());
-    }
+    garbage.handles += remove_all(&stale_objects, |k| maps.object_devices.remove(k));
 
     attributor.forget_dead();
     let with_procs: HashSet<u64> = maps.procs.iter().flatten().map(|(_, p)| p.cgroup).collect();
@@ -376,19 +369,20 @@ pub fn collect_garbage(
         .flatten()
         .filter(|k| gone(k.cgroup))
         .collect();
-    for k in dead_counters {
-        garbage.cgroups += usize::from(maps.ioctl_counts.remove(&k).is_ok());
-    }
+    garbage.cgroups += remove_all(&dead_counters, |k| maps.ioctl_counts.remove(k));
     let dead_memory: Vec<CgroupDeviceKey> = maps
         .cgroup_memory
         .keys()
         .flatten()
         .filter(|k| gone(k.cgroup))
         .collect();
-    for k in dead_memory {
-        garbage.cgroups += usize::from(maps.cgroup_memory.remove(&k).is_ok());
-    }
+    garbage.cgroups += remove_all(&dead_memory, |k| maps.cgroup_memory.remove(k));
     garbage
+}
+
+/// Removes each of `keys` with `remove`; returns how many removals took.
+fn remove_all<K>(keys: &[K], mut remove: impl FnMut(&K) -> Result<(), MapError>) -> usize {
+    keys.iter().filter(|k| remove(k).is_ok()).count()
 }
 
 /// Re-reads one process's fds after it exec'd: close-on-exec GPU fds are gone, others stay.

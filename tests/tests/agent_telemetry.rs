@@ -168,6 +168,23 @@ fn fds_opened_before_the_agent_count() {
     assert_eq!(memory(&c, "nvidia0"), 4 * MIB);
     client.exit();
     assert_eq!(memory(&agent.container(&cg.path).unwrap(), "nvidia0"), 0);
+
+    // Once the cgroup is removed, housekeeping forgets its counters.
+    let id = agent.container(&cg.path).unwrap().cgroup_id;
+    drop(cg);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while agent
+        .snapshot()
+        .containers
+        .iter()
+        .any(|c| c.cgroup_id == id)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "counters of removed cgroup {id} remain"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// A dup'ed fd, two threads and a forked child are all attributed to the right container.

@@ -12,12 +12,14 @@ pub mod kind {
     pub const FREE: u32 = 3;
     /// A client was freed with everything it held. `bytes` is the total released.
     pub const CLIENT_FREE: u32 = 4;
-    /// A GPU process exited or exec'd. `bytes` is the total released.
+    /// A GPU process exited. `bytes` is the total released.
     pub const PROCESS_EXIT: u32 = 5;
     /// An ioctl could not be decoded. `code` is a [`super::decode_error`] value, `handle` the escape.
     pub const DECODE_ERROR: u32 = 6;
     /// A GPU process forked. `handle` is the child's pid.
     pub const FORK: u32 = 7;
+    /// A GPU process exec'd: its close-on-exec GPU fds are gone. `bytes` is the total released.
+    pub const EXEC: u32 = 8;
 }
 
 /// Why an ioctl could not be decoded.
