@@ -270,7 +270,7 @@ mod tests {
                     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                     .collect(),
             }),
-            devices: vec![],
+            ..Default::default()
         };
         assert!(
             check_allocation(&known, &alloc(&[("cpu", "1"), ("cuda.shares", "0.5")])).is_none()

@@ -84,6 +84,10 @@ impl AgentService for AgentApi {
                         tracing::warn!(%node, session = %n.session_id, reason = %n.reason, "agent refused an allocation: {}", n.message);
                         controller.apply(|s| s.nack(&node, &n.session_id, &n.reason, &n.message))
                     }
+                    Some(Msg::Event(e)) => {
+                        tracing::info!(%node, session = %e.session_id, action = %e.action, container = %e.container, pid = e.pid, "enforcement: {}", e.reason);
+                        Ok(())
+                    }
                     None => Ok(()),
                 };
                 if let Err(e) = result {

@@ -224,5 +224,6 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
         reason: s.reason.clone(),
         created_at_ms: s.created_at_ms,
         updated_at_ms: s.updated_at_ms,
+        ..Default::default()
     }
 }

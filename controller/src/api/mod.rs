@@ -176,6 +176,7 @@ impl Controller {
                         session_id: session,
                         slots: Some(convert::slots_to_pb(&slots)),
                         devices: convert::parts_to_pb(&allocation),
+                        ..Default::default()
                     }),
                 ),
                 Command::Release { node, session } => (

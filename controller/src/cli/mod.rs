@@ -197,6 +197,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                     name,
                     priority,
                     node_id: node.unwrap_or_default(),
+                    ..Default::default()
                 })
                 .await?
                 .into_inner();

@@ -274,7 +274,7 @@ pub async fn create(
             owner: owner.into(),
             name: String::new(),
             priority: 0,
-            node_id: String::new(),
+            ..Default::default()
         })
         .await
         .map(tonic::Response::into_inner)
