@@ -20,7 +20,7 @@ use crate::{
     arg, current,
     events::{count, emit},
     maps::{GPU_FDS, IOCTL_COUNTS, IOCTLS_IN_FLIGHT, OBJECT_DEVICES, PENDING_IOCTL},
-    memory, ret,
+    memory, quota, ret,
 };
 use aya_log_ebpf::warn;
 use gpuwarden_agent_common::maps::stat;
@@ -92,6 +92,12 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
         _ => None,
     };
     if let Some(call) = call {
+        if call.op == op::VIDMEM
+            && let Some(requested) = read_u64(call.alloc_params + memory_alloc::SIZE_FIELD as u64)
+        {
+            let device = object_device(call.client, call.parent);
+            quota::check_alloc(&ctx, tgid, cgroup, device, requested, u64::from(cmd), arg(&ctx, 2));
+        }
         if PENDING_IOCTL.insert(&pid_tgid, &call, 0).is_ok() {
             if let Some(n) = IOCTLS_IN_FLIGHT.get_ptr_mut(0) {
                 // SAFETY: a live array slot; atomics keep CPUs from losing updates.

@@ -8,6 +8,7 @@
 //! - [`ioctl`]: `ioctl` enter/exit on tracked fds, NVIDIA escape decoding;
 //! - [`memory`]: charging and releasing GPU memory by allocation, client and process;
 //! - [`process`]: fork (copy the fd table), exec and exit (release what the process held);
+//! - [`quota`]: GPU-memory limits at the allocating ioctl, GPU-node access of bound cgroups;
 //! - [`events`]: the ring buffer to user space and the statistics counters.
 #![no_std]
 #![no_main]
@@ -20,6 +21,7 @@ mod ioctl;
 mod maps;
 mod memory;
 mod process;
+mod quota;
 
 use aya_ebpf::{EbpfContext as _, helpers::bpf_get_current_pid_tgid, programs::TracePointContext};
 use gpuwarden_agent_common::config::Config;

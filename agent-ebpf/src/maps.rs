@@ -5,8 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use gpuwarden_agent_common::maps::{
-    Allocation, CgroupDeviceKey, ClientInfo, FdKey, GpuNode, HandleKey, IoctlKey, PathKey,
-    ProcInfo, stat,
+    Allocation, CgroupDeviceKey, ClientInfo, Deny, FdKey, GpuNode, HandleKey, IoctlKey, MAX_QUOTAS,
+    PathKey, ProcInfo, Quota, stat,
 };
 
 /// Don't preallocate: large tables cost memory only for what they hold.
@@ -74,3 +74,19 @@ pub static IOCTLS_IN_FLIGHT: Array<u64> = Array::with_max_entries(1, 0);
 /// Clone flags of a GPU process's `clone*` in flight, by pid_tgid.
 #[map(name = "PENDING_CLONE")]
 pub static PENDING_CLONE: HashMap<u64, u64> = HashMap::with_max_entries(8_192, 0);
+
+/// The quota each bound cgroup counts against (keyed by the bound cgroup's id), written by the agent.
+#[map(name = "CGROUP_QUOTA")]
+pub static CGROUP_QUOTA: HashMap<u64, u64> = HashMap::with_max_entries(16_384, NO_PREALLOC);
+
+/// Quotas by bound cgroup id: limits written by the agent, usage kept by the programs.
+#[map(name = "QUOTAS")]
+pub static QUOTAS: HashMap<u64, Quota> = HashMap::with_max_entries(MAX_QUOTAS, NO_PREALLOC);
+
+/// ioctls the LSM program is to refuse, by pid_tgid.
+#[map(name = "DENY")]
+pub static DENY: HashMap<u64, Deny> = HashMap::with_max_entries(8_192, 0);
+
+/// Settings the agent writes after loading (slot 0: `enforce_mode`).
+#[map(name = "SETTINGS")]
+pub static SETTINGS: Array<u32> = Array::with_max_entries(1, 0);

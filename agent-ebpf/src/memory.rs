@@ -38,9 +38,11 @@ pub unsafe fn atomic_add(p: *mut u64, value: u64) {
     }
 }
 
-/// Adds `delta` (two's complement for a decrease) to the cgroup's bytes on `device`.
+/// Adds `delta` (two's complement for a decrease) to the cgroup's bytes on `device`, and to its
+/// quota's if it is bound to one.
 #[inline(always)]
 fn add_cgroup(cgroup: u64, device: u32, delta: u64) {
+    crate::quota::account(cgroup, device, delta);
     let key = CgroupDeviceKey {
         cgroup,
         device,

@@ -22,6 +22,23 @@ pub const DEFAULT_SOCKET: &str = "/run/gpuwarden/agent.sock";
 pub enum Request {
     /// The current snapshot.
     Snapshot,
+    /// The node's name (`gpuwarden run` pins its session there).
+    Node,
+    /// The cgroup a session's quota is bound at (`gpuwarden run` moves its command there).
+    SessionCgroup {
+        /// The session.
+        session_id: String,
+    },
+    /// Resume a process stopped by the `stop` policy (SIGCONT).
+    Resume {
+        /// The process.
+        pid: u32,
+    },
+    /// Kill a process of a bound workload (SIGKILL).
+    Kill {
+        /// The process.
+        pid: u32,
+    },
 }
 
 /// A response.
@@ -30,6 +47,27 @@ pub enum Request {
 pub enum Response {
     /// The snapshot asked for.
     Snapshot(Box<Snapshot>),
+    /// The node.
+    Node {
+        /// Its name.
+        name: String,
+    },
+    /// A session's cgroup.
+    SessionCgroup {
+        /// The session.
+        session_id: String,
+        /// Absolute cgroup v2 directory.
+        cgroup_dir: PathBuf,
+        /// Whether the quota is enforced there yet.
+        bound: bool,
+    },
+    /// A signal was sent.
+    Signalled {
+        /// The process.
+        pid: u32,
+        /// The session it belongs to.
+        session_id: String,
+    },
     /// The request failed.
     Error(String),
 }
@@ -114,9 +152,22 @@ pub async fn call(socket: &Path, request: &Request) -> Result<Response, ClientEr
 /// # Errors
 /// See [`ClientError`].
 pub async fn snapshot(socket: &Path) -> Result<Snapshot, ClientError> {
-    match call(socket, &Request::Snapshot).await? {
+    match ask(socket, &Request::Snapshot).await? {
         Response::Snapshot(s) => Ok(*s),
+        other => Err(ClientError::Refused(format!(
+            "expected a snapshot, got {other:?}"
+        ))),
+    }
+}
+
+/// Sends `request` and returns the answer, turning an error response into [`ClientError::Refused`].
+///
+/// # Errors
+/// See [`ClientError`].
+pub async fn ask(socket: &Path, request: &Request) -> Result<Response, ClientError> {
+    match call(socket, request).await? {
         Response::Error(e) => Err(ClientError::Refused(e)),
+        other => Ok(other),
     }
 }
 
@@ -146,5 +197,25 @@ mod tests {
             panic!("accepted an unknown request");
         };
         assert!(msg.contains("reboot"), "{msg}");
+        let line = r#"{"request":"session_cgroup","session_id":"s-1"}"#;
+        assert_eq!(
+            parse_request(line),
+            Ok(Request::SessionCgroup {
+                session_id: "s-1".into()
+            })
+        );
+        let answer = Response::SessionCgroup {
+            session_id: "s-1".into(),
+            cgroup_dir: "/sys/fs/cgroup/gpuwarden/s-1".into(),
+            bound: true,
+        };
+        assert_eq!(
+            serde_json::to_string(&answer).unwrap(),
+            r#"{"session_cgroup":{"session_id":"s-1","cgroup_dir":"/sys/fs/cgroup/gpuwarden/s-1","bound":true}}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Response::Node { name: "n".into() }).unwrap(),
+            r#"{"node":{"name":"n"}}"#
+        );
     }
 }

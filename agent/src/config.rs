@@ -61,6 +61,12 @@ pub struct FileConfig {
     pub controller: Option<String>,
     /// Mock GPU device list (TOML), for machines without NVIDIA GPUs.
     pub mock_devices: Option<PathBuf>,
+    /// Where programs, links and maps are pinned (bpffs); `""` pins nothing.
+    pub bpf_pin_dir: Option<PathBuf>,
+    /// Milliseconds per compute-share throttle period.
+    pub throttle_period_ms: Option<u64>,
+    /// Seconds a quota waits for its workload's cgroup before it expires.
+    pub binding_timeout_secs: Option<u64>,
 }
 
 impl FileConfig {
@@ -95,6 +101,8 @@ pub struct Overrides {
     pub controller: Option<String>,
     /// `--mock-devices`.
     pub mock_devices: Option<PathBuf>,
+    /// `--bpf-pin-dir`.
+    pub bpf_pin_dir: Option<PathBuf>,
 }
 
 /// The settings the agent runs with.
@@ -118,6 +126,13 @@ pub struct AgentConfig {
     pub controller: Option<String>,
     /// Mock GPU device list.
     pub mock_devices: Option<PathBuf>,
+    /// Where programs, links and maps are pinned; `None` pins nothing (enforcement ends with
+    /// the agent).
+    pub bpf_pin_dir: Option<PathBuf>,
+    /// Compute-share throttle period.
+    pub throttle_period: Duration,
+    /// How long a quota waits for its workload's cgroup before it expires.
+    pub binding_timeout: Duration,
 }
 
 impl AgentConfig {
@@ -150,6 +165,17 @@ impl AgentConfig {
             gc_interval: Duration::from_secs(10),
             controller: overrides.controller.or(file.controller),
             mock_devices: overrides.mock_devices.or(file.mock_devices),
+            bpf_pin_dir: Some(
+                overrides
+                    .bpf_pin_dir
+                    .or(file.bpf_pin_dir)
+                    .unwrap_or_else(|| PathBuf::from(crate::hooks::pins::DEFAULT_PIN_DIR)),
+            )
+            .filter(|p| !p.as_os_str().is_empty()),
+            throttle_period: Duration::from_millis(
+                file.throttle_period_ms.unwrap_or(100).clamp(10, 10_000),
+            ),
+            binding_timeout: Duration::from_secs(file.binding_timeout_secs.unwrap_or(300).max(1)),
         })
     }
 }

@@ -16,7 +16,26 @@ use tonic::transport::Endpoint;
 use crate::{
     devices::{GpuBackend, SlotKind},
     holdings::{SharedHoldings, lock},
+    quota::QuotaSpec,
 };
+
+/// What the link passes down to enforcement: configuration flows from the controller to the
+/// kernel, never back through shared state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuotaCommand {
+    /// Enforce this quota (the allocation is on disk already).
+    Apply(QuotaSpec),
+    /// Stop enforcing the session's quota.
+    Release(String),
+}
+
+/// The channels between the link and the rest of the agent.
+pub struct LinkChannels {
+    /// Quotas down to enforcement.
+    pub quotas: mpsc::UnboundedSender<QuotaCommand>,
+    /// Enforcement events up to the controller (buffered while it is away).
+    pub events: mpsc::Receiver<pb::EnforcementEvent>,
+}
 
 /// Where and as whom to connect.
 #[derive(Debug, Clone)]
@@ -148,12 +167,13 @@ pub async fn run(
     config: LinkConfig,
     backend: Arc<dyn GpuBackend>,
     holdings: SharedHoldings,
+    mut channels: Option<LinkChannels>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
     let mut backoff = Duration::from_millis(100);
     loop {
-        let session = connect_once(&config, backend.as_ref(), &holdings);
+        let session = connect_once(&config, backend.as_ref(), &holdings, channels.as_mut());
         tokio::select! {
             () = &mut shutdown => return,
             result = session => match result {
@@ -177,6 +197,7 @@ async fn connect_once(
     config: &LinkConfig,
     backend: &dyn GpuBackend,
     holdings: &SharedHoldings,
+    mut channels: Option<&mut LinkChannels>,
 ) -> Result<(), String> {
     let channel = Endpoint::from_shared(config.controller.clone())
         .map_err(|e| format!("invalid controller URL {:?}: {e}", config.controller))?
@@ -211,7 +232,17 @@ async fn connect_once(
     let mut ticker = tokio::time::interval(interval);
     let mut seq = 1;
     loop {
+        let event = async {
+            match channels.as_mut() {
+                Some(c) => c.events.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            Some(event) = event => {
+                let msg = pb::agent_message::Msg::Event(event);
+                tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|e| e.to_string())?;
+            }
             _ = ticker.tick() => {
                 tx.send(heartbeat(seq)).await.map_err(|e| e.to_string())?;
                 seq += 1;
@@ -221,24 +252,13 @@ async fn connect_once(
                 let message = message.map_err(|s| format!("stream broke: {}", s.message()))?;
                 let reply = match message.msg {
                     // Asked at each allocation: a device plugin's slots may change while connected.
-                    Some(Msg::Allocate(a)) => Some(match check_allocation(&known_slots(config, backend), &a) {
-                        Some(nack) => pb::agent_message::Msg::Nack(nack),
-                        None => {
-                            let session_id = a.session_id.clone();
-                            // Acknowledge only what is on disk; a failed write refuses instead.
-                            match lock(holdings).hold(a) {
-                                Ok(()) => pb::agent_message::Msg::Ack(pb::AllocationAck { session_id }),
-                                Err(e) => pb::agent_message::Msg::Nack(pb::AllocationNack {
-                                    session_id,
-                                    reason: "StoreFailed".to_owned(),
-                                    message: e.to_string(),
-                                }),
-                            }
-                        }
-                    }),
+                    Some(Msg::Allocate(a)) => Some(accept(config, backend, holdings, channels.as_deref(), a)),
                     Some(Msg::Release(r)) => {
                         if let Err(e) = lock(holdings).release(&r.session_id) {
                             tracing::error!(session = %r.session_id, "releasing: {e}");
+                        }
+                        if let Some(c) = channels.as_deref() {
+                            let _ = c.quotas.send(QuotaCommand::Release(r.session_id));
                         }
                         None
                     }
@@ -250,6 +270,40 @@ async fn connect_once(
             }
         }
     }
+}
+
+/// Answers an allocation: refused when it names slots the node lacks or a quota that can't be
+/// enforced; otherwise held on disk, acknowledged, and its quota passed down.
+fn accept(
+    config: &LinkConfig,
+    backend: &dyn GpuBackend,
+    holdings: &SharedHoldings,
+    channels: Option<&LinkChannels>,
+    a: pb::Allocate,
+) -> pb::agent_message::Msg {
+    let nack = |session_id: String, reason: &str, message: String| {
+        pb::agent_message::Msg::Nack(pb::AllocationNack {
+            session_id,
+            reason: reason.to_owned(),
+            message,
+        })
+    };
+    if let Some(n) = check_allocation(&known_slots(config, backend), &a) {
+        return pb::agent_message::Msg::Nack(n);
+    }
+    let spec = match QuotaSpec::from_allocate(&a, backend.devices()) {
+        Ok(spec) => spec,
+        Err(e) => return nack(a.session_id, "InvalidQuota", e.to_string()),
+    };
+    let session_id = a.session_id.clone();
+    // Acknowledge only what is on disk; a failed write refuses instead.
+    if let Err(e) = lock(holdings).hold(a) {
+        return nack(session_id, "StoreFailed", e.to_string());
+    }
+    if let (Some(spec), Some(c)) = (spec, channels) {
+        let _ = c.quotas.send(QuotaCommand::Apply(spec));
+    }
+    pb::agent_message::Msg::Ack(pb::AllocationAck { session_id })
 }
 
 #[cfg(test)]

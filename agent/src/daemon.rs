@@ -20,14 +20,20 @@ use crate::{
     api::{self, Request, Response},
     attribution::{AttributionError, Attributor},
     config::AgentConfig,
-    controller_link::{self, LinkConfig},
+    controller_link::{self, LinkChannels, LinkConfig, QuotaCommand},
     devices::{self, GpuBackend},
+    enforcement::Enforcer,
     gpu_nodes::device_name,
     holdings::{Holdings, HoldingsError},
     hooks::{KernelLogger, Sensor, SensorError},
     lock::{InstanceLock, LockError},
-    telemetry,
+    quota::QuotaSpec,
+    telemetry, throttle,
 };
+
+/// Enforcement events buffered for the controller while it is away; older ones are dropped
+/// (and counted) beyond this.
+const UPWARD_BUFFER: usize = 1024;
 
 /// Where process information lives.
 const PROC_ROOT: &str = "/proc";
@@ -62,12 +68,16 @@ pub enum RunError {
     /// The GPU backend can't be set up.
     #[error(transparent)]
     Devices(#[from] devices::DeviceError),
+    /// The compute-share throttle can't start.
+    #[error(transparent)]
+    Throttle(#[from] throttle::ThrottleError),
 }
 
 /// What the tasks share. Data flows one way: the kernel fills the maps, tasks read them.
 struct State {
     sensor: Sensor,
     attributor: Attributor,
+    enforcer: Enforcer,
     nodes: BTreeMap<PathBuf, GpuNode>,
     events_received: u64,
 }
@@ -99,7 +109,14 @@ pub async fn run_until(
 ) -> Result<(), RunError> {
     let _lock = InstanceLock::acquire(&config.state_dir)?;
     let attributor = Attributor::detect()?;
-    let mut sensor = Sensor::load(config.alloc_event_min_bytes)?;
+    let mut sensor = Sensor::load(config.alloc_event_min_bytes, config.bpf_pin_dir.as_deref())?;
+    tracing::info!(
+        tier = sensor.memory_tier.0.as_str(),
+        adopted = sensor.adopted,
+        pins = ?config.bpf_pin_dir,
+        "memory enforcement: {}",
+        sensor.memory_tier.1
+    );
     match sensor.probe.chosen {
         Some(tier) => tracing::info!(
             tier = tier.as_str(),
@@ -128,14 +145,54 @@ pub async fn run_until(
         .map(|h| format!("{}:{}", h.kind, h.target))
         .collect();
 
+    // Quotas and what the node holds live in the store; they are enforced again at once.
+    let holdings = Holdings::open(&config.state_dir.join("store"))?;
+    // The stand-in usage signal: NVML's per-process utilization is not wired yet, so real GPUs
+    // are throttled on CPU time too (see the README).
+    let throttle = throttle::spawn(
+        throttle::ThrottleConfig::with_period(config.throttle_period),
+        Box::new(throttle::CpuTimeUsage),
+    )?;
+    let (upward_tx, upward_rx) = tokio::sync::mpsc::channel(UPWARD_BUFFER);
+    let mut enforcer = Enforcer::new(
+        attributor.root().to_owned(),
+        upward_tx,
+        config.binding_timeout,
+        Some(throttle.clone()),
+    );
+    for session in holdings.sessions() {
+        let Some(allocate) = holdings.get(&session) else {
+            continue;
+        };
+        match QuotaSpec::from_allocate(allocate, backend.devices()) {
+            Ok(Some(spec)) => {
+                // A dead agent may have left it frozen mid-period.
+                if let Ok(Some(dir)) = enforcer.tree().find(&spec.target, &session) {
+                    let _ = throttle::thaw(&dir);
+                }
+                enforcer.apply(&mut sensor, spec);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(session, "held quota no longer enforceable: {e}"),
+        }
+    }
+    if !holdings.sessions().is_empty() {
+        tracing::info!(
+            sessions = holdings.sessions().len(),
+            "holding allocations from before the restart"
+        );
+    }
+
     let mut state = State {
         sensor,
         attributor,
+        enforcer,
         nodes: BTreeMap::new(),
         events_received: 0,
     };
     rescan_nodes(&mut state, &config);
     let state: Shared = Arc::new(Mutex::new(state));
+    let (quota_tx, quota_rx) = tokio::sync::mpsc::unbounded_channel();
 
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(ring) = events {
@@ -144,6 +201,7 @@ pub async fn run_until(
         tasks.spawn(read_events(fd, Arc::clone(&state)));
     }
     tasks.spawn(housekeeping(Arc::clone(&state), config.clone()));
+    tasks.spawn(apply_quotas(Arc::clone(&state), quota_rx));
     match &config.controller {
         Some(url) => {
             let link = LinkConfig {
@@ -152,18 +210,15 @@ pub async fn run_until(
                 hostname: config.node_name.clone(),
                 hooks,
             };
-            let holdings = Holdings::open(&config.state_dir.join("store"))?;
-            if !holdings.sessions().is_empty() {
-                tracing::info!(
-                    sessions = holdings.sessions().len(),
-                    "holding allocations from before the restart"
-                );
-            }
             let holdings = Arc::new(std::sync::Mutex::new(holdings));
             tasks.spawn(controller_link::run(
                 link,
                 backend,
                 holdings,
+                Some(LinkChannels {
+                    quotas: quota_tx,
+                    events: upward_rx,
+                }),
                 std::future::pending(),
             ));
         }
@@ -188,9 +243,11 @@ pub async fn run_until(
         () = serve => {}
         () = shutdown => tracing::info!("shutting down"),
     }
-    // Stopping the tasks drops the last references to the sensor, which detaches the programs.
+    // Stopping the tasks drops the last references to the sensor, which detaches the programs
+    // that are not pinned; pinned ones keep enforcing (`gpuwarden-agent unpin` removes them).
     clients.shutdown().await;
     tasks.shutdown().await;
+    throttle.shutdown().await;
     let _ = std::fs::remove_file(&config.socket);
     Ok(())
 }
@@ -264,11 +321,33 @@ fn rescan_nodes(state: &mut State, config: &AgentConfig) {
     );
 }
 
+/// Applies quota commands from the controller link as they come.
+async fn apply_quotas(
+    state: Shared,
+    mut commands: tokio::sync::mpsc::UnboundedReceiver<QuotaCommand>,
+) {
+    while let Some(command) = commands.recv().await {
+        let mut guard = lock(&state);
+        let s = &mut *guard;
+        match command {
+            QuotaCommand::Apply(spec) => s.enforcer.apply(&mut s.sensor, spec),
+            QuotaCommand::Release(session) => s.enforcer.release(&mut s.sensor, &session),
+        }
+    }
+}
+
 async fn housekeeping(state: Shared, config: AgentConfig) {
     let mut rescan = tokio::time::interval(config.rescan_interval);
     let mut gc = tokio::time::interval(config.gc_interval);
+    // Pending quotas bind soon after their cgroup appears.
+    let mut bind = tokio::time::interval(std::time::Duration::from_millis(500));
     loop {
         tokio::select! {
+            _ = bind.tick() => {
+                let mut guard = lock(&state);
+                let s = &mut *guard;
+                s.enforcer.reconcile(&mut s.sensor);
+            }
             _ = rescan.tick() => rescan_nodes(&mut lock(&state), &config),
             _ = gc.tick() => {
                 let mut guard = lock(&state);
@@ -345,6 +424,10 @@ fn handle_event(state: &mut State, e: &Event) {
                 e.tgid,
             );
         }
+        kind::QUOTA_EXCEEDED | kind::DEVICE_DENIED => {
+            let tier = state.sensor.memory_tier.0;
+            state.enforcer.on_kernel_event(e, tier);
+        }
         kind::DECODE_ERROR => {
             let reason = match e.code {
                 decode_error::READ_PARAMS => "params unreadable",
@@ -381,6 +464,14 @@ fn spawn_kernel_log(logger: KernelLogger) {
     }
 }
 
+/// Resumes or kills a process of a bound workload, by request.
+fn signal(state: &Shared, pid: u32, resume: bool) -> Response {
+    match lock(state).enforcer.signal(pid, resume) {
+        Ok(session_id) => Response::Signalled { pid, session_id },
+        Err(e) => Response::Error(e.to_string()),
+    }
+}
+
 async fn serve_client(stream: UnixStream, state: Shared, node: Arc<String>) {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read).lines();
@@ -389,10 +480,30 @@ async fn serve_client(stream: UnixStream, state: Shared, node: Arc<String>) {
             Ok(Request::Snapshot) => {
                 let mut guard = lock(&state);
                 let s = &mut *guard;
-                let snapshot =
-                    telemetry::collect(&s.sensor, &mut s.attributor, &node, s.events_received);
+                let snapshot = telemetry::collect(
+                    &s.sensor,
+                    &s.enforcer,
+                    &mut s.attributor,
+                    &node,
+                    s.events_received,
+                );
                 Response::Snapshot(Box::new(snapshot))
             }
+            Ok(Request::Node) => Response::Node {
+                name: node.to_string(),
+            },
+            Ok(Request::SessionCgroup { session_id }) => {
+                match lock(&state).enforcer.session_cgroup(&session_id) {
+                    Ok((cgroup_dir, bound)) => Response::SessionCgroup {
+                        session_id,
+                        cgroup_dir,
+                        bound,
+                    },
+                    Err(e) => Response::Error(e.to_string()),
+                }
+            }
+            Ok(Request::Resume { pid }) => signal(&state, pid, true),
+            Ok(Request::Kill { pid }) => signal(&state, pid, false),
             Err(response) => response,
         };
         let mut out = match serde_json::to_vec(&response) {

@@ -18,14 +18,19 @@
 
 pub mod api;
 pub mod attribution;
+pub mod binding;
+pub mod cli;
 pub mod config;
 pub mod controller_link;
 pub mod daemon;
 pub mod devices;
+pub mod enforcement;
 pub mod gpu_nodes;
 pub mod holdings;
 pub mod hooks;
 pub mod lock;
 pub mod snapshot;
+pub mod quota;
 pub mod telemetry;
+pub mod throttle;
 pub mod top;

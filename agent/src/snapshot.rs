@@ -19,10 +19,79 @@ pub struct Snapshot {
     pub hooks: Vec<Hook>,
     /// Every tier the probe considered, with why it was or wasn't used.
     pub probes: Vec<Candidate>,
-    /// One entry per cgroup with GPU activity, sorted by cgroup path.
+    /// One entry per cgroup with GPU activity or a quota, sorted by cgroup path.
     pub containers: Vec<Container>,
     /// The agent's own health.
     pub stats: Stats,
+    /// How over-limit GPU-memory allocations are acted on (`lsm_deny`, `tracepoint_signal`).
+    #[serde(default)]
+    pub memory_tier: Option<String>,
+    /// Why that tier.
+    #[serde(default)]
+    pub memory_tier_reason: Option<String>,
+    /// Every quota on the node, bound or waiting, by session.
+    #[serde(default)]
+    pub bindings: Vec<BindingView>,
+}
+
+/// A session's quota and where it is enforced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindingView {
+    /// The session.
+    pub session_id: String,
+    /// The workload it names (`container …`, `pod …`, `cgroup …`, `managed cgroup`).
+    pub target: String,
+    /// `pending`, `bound` or `expired`.
+    pub state: String,
+    /// The cgroup it is bound at.
+    pub cgroup_path: Option<String>,
+    /// The quota.
+    pub quota: QuotaView,
+}
+
+/// A quota as shown to people.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuotaView {
+    /// GPU-memory limit over all its GPUs.
+    pub memory_bytes: u64,
+    /// Compute share over all its GPUs, in GPUs.
+    pub shares: f64,
+    /// Memory policy (`kill`, `stop`, `report`).
+    pub policy: String,
+    /// Compute policy (`hard`, `work-conserving`).
+    pub compute_policy: String,
+    /// Per GPU.
+    pub devices: Vec<DeviceQuotaView>,
+}
+
+impl Eq for QuotaView {}
+
+/// One GPU's part of a quota.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceQuotaView {
+    /// `nvidiaN`.
+    pub device: String,
+    /// Limit in bytes.
+    pub memory_bytes: u64,
+    /// What the quota's cgroups hold there, as the kernel side counts it.
+    pub used_bytes: u64,
+    /// Share of the device.
+    pub shares: f64,
+}
+
+/// What enforcement did to a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnforcementView {
+    /// The memory tier in use.
+    pub tier: String,
+    /// Over-limit allocations acted on.
+    pub actions: u64,
+    /// Opens of GPU nodes refused.
+    pub denied_opens: u64,
+    /// Time kept frozen by the compute-share throttle.
+    pub throttled_ms: u64,
+    /// Frozen right now.
+    pub frozen: bool,
 }
 
 /// GPU activity of one cgroup (a container, a pod, a systemd unit or the host).
@@ -45,6 +114,18 @@ pub struct Container {
     pub pids: Vec<u32>,
     /// Per device node or GPU, sorted by name.
     pub devices: Vec<DeviceUsage>,
+    /// The session whose quota applies here.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// That quota.
+    #[serde(default)]
+    pub quota: Option<QuotaView>,
+    /// What enforcing it did.
+    #[serde(default)]
+    pub enforcement: Option<EnforcementView>,
+    /// Recent enforcement actions on it, oldest first.
+    #[serde(default)]
+    pub events: Vec<crate::enforcement::Record>,
 }
 
 /// One device's counters for a container.

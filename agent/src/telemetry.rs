@@ -20,9 +20,13 @@ use gpuwarden_agent_common::{
 
 use crate::{
     attribution::{Attributor, Workload},
+    enforcement::{Binding, Enforcer},
     gpu_nodes::device_name,
     hooks::{Sensor, SensorMaps},
-    snapshot::{Container, DeviceUsage, Snapshot, Stats},
+    snapshot::{
+        BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, QuotaView, Snapshot,
+        Stats,
+    },
 };
 
 /// The name an ioctl counter is reported under.
@@ -45,12 +49,19 @@ struct CgroupTotals {
 /// Builds the snapshot from the sensor's maps.
 pub fn collect(
     sensor: &Sensor,
+    enforcer: &Enforcer,
     attributor: &mut Attributor,
     node: &str,
     events_received: u64,
 ) -> Snapshot {
     let maps = &sensor.maps;
     let mut cgroups: HashMap<u64, CgroupTotals> = HashMap::new();
+    // A workload with a quota is listed even while idle.
+    for binding in enforcer.bindings().values() {
+        if let Some(key) = binding.key {
+            cgroups.entry(key).or_default();
+        }
+    }
     let mut tracked_processes = 0;
     for (tgid, info) in maps.procs.iter().flatten() {
         tracked_processes += 1;
@@ -84,7 +95,9 @@ pub fn collect(
         .map(|(id, mut totals)| {
             totals.pids.sort_unstable();
             let workload = attributor.resolve(id);
-            container(id, workload.as_deref(), totals)
+            let mut c = container(id, workload.as_deref(), totals);
+            add_quota(&mut c, sensor, enforcer);
+            c
         })
         .collect();
     containers.sort_by(|a, b| (&a.cgroup_path, a.cgroup_id).cmp(&(&b.cgroup_path, b.cgroup_id)));
@@ -107,7 +120,74 @@ pub fn collect(
             tracked_processes,
             tracked_allocations: maps.allocations.keys().count() as u64,
         },
+        memory_tier: Some(sensor.memory_tier.0.as_str().to_owned()),
+        memory_tier_reason: Some(sensor.memory_tier.1.clone()),
+        bindings: enforcer
+            .bindings()
+            .iter()
+            .map(|(session, b)| BindingView {
+                session_id: session.clone(),
+                target: b.spec.target.to_string(),
+                state: serde_json::to_value(b.state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                cgroup_path: b.dir.as_deref().map(|d| enforcer.tree().relative(d)),
+                quota: quota_view(b, sensor),
+            })
+            .collect(),
     }
+}
+
+/// The quota of a binding, with what the kernel side counts against it.
+fn quota_view(b: &Binding, sensor: &Sensor) -> QuotaView {
+    let kernel = b.key.and_then(|k| sensor.maps.quotas.get(&k, 0).ok());
+    QuotaView {
+        memory_bytes: b.spec.memory_bytes(),
+        shares: b.spec.shares(),
+        policy: b.spec.memory_policy.as_str().to_owned(),
+        compute_policy: b.spec.compute_policy.as_str().to_owned(),
+        devices: b
+            .spec
+            .devices
+            .iter()
+            .map(|d| DeviceQuotaView {
+                device: device_name(d.index),
+                memory_bytes: d.memory_bytes,
+                used_bytes: kernel.map_or(0, |q| q.used[d.index as usize % MAX_GPUS]),
+                shares: f64::from(d.shares_ppm) / f64::from(crate::quota::PPM),
+            })
+            .collect(),
+    }
+}
+
+/// Fills a container's quota, enforcement and events from the binding it is mapped under.
+fn add_quota(c: &mut Container, sensor: &Sensor, enforcer: &Enforcer) {
+    let Some((session, b)) = enforcer
+        .bindings()
+        .iter()
+        .find(|(_, b)| b.members().contains(&c.cgroup_id))
+    else {
+        return;
+    };
+    let kernel = b.key.and_then(|k| sensor.maps.quotas.get(&k, 0).ok());
+    let throttled = b
+        .key
+        .and_then(|k| enforcer.throttle().and_then(|t| t.stats(k)));
+    c.session_id = Some(session.clone());
+    c.quota = Some(quota_view(b, sensor));
+    c.enforcement = Some(EnforcementView {
+        tier: sensor.memory_tier.0.as_str().to_owned(),
+        actions: kernel.map_or(0, |q| q.actions),
+        denied_opens: kernel.map_or(0, |q| q.denied_opens),
+        throttled_ms: throttled.map_or(0, |t| u64::try_from(t.throttled.as_millis()).unwrap_or(u64::MAX)),
+        frozen: throttled.is_some_and(|t| t.frozen),
+    });
+    c.events = enforcer
+        .history()
+        .filter(|r| &r.session_id == session)
+        .cloned()
+        .collect();
 }
 
 fn container(id: u64, workload: Option<&Workload>, totals: CgroupTotals) -> Container {
@@ -130,6 +210,10 @@ fn container(id: u64, workload: Option<&Workload>, totals: CgroupTotals) -> Cont
             cgroup_id: id,
             pids: totals.pids,
             devices,
+            session_id: None,
+            quota: None,
+            enforcement: None,
+            events: Vec::new(),
         },
         // The cgroup is gone (or never was v2): say so rather than guess.
         None => Container {
@@ -141,6 +225,10 @@ fn container(id: u64, workload: Option<&Workload>, totals: CgroupTotals) -> Cont
             cgroup_id: id,
             pids: totals.pids,
             devices,
+            session_id: None,
+            quota: None,
+            enforcement: None,
+            events: Vec::new(),
         },
     }
 }

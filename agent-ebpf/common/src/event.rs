@@ -20,6 +20,24 @@ pub mod kind {
     pub const FORK: u32 = 7;
     /// A GPU process exec'd: its close-on-exec GPU fds are gone. `bytes` is the total released.
     pub const EXEC: u32 = 8;
+    /// An allocation would cross its quota's limit. `bytes` requested, `used`, `limit`,
+    /// `device`; `code` is the [`action`] taken.
+    pub const QUOTA_EXCEEDED: u32 = 9;
+    /// An open of a GPU node was refused. `device` is the minor; `code` is 1 when the cgroup is
+    /// bound to a quota that lacks the GPU, 0 when it is under a bound cgroup but not mapped yet.
+    pub const DEVICE_DENIED: u32 = 10;
+}
+
+/// What the kernel did about an over-limit allocation ([`kind::QUOTA_EXCEEDED`]'s `code`).
+pub mod action {
+    /// The ioctl was refused with `-ENOMEM` (BPF LSM).
+    pub const DENY: u32 = 1;
+    /// The process was sent SIGKILL.
+    pub const KILL: u32 = 2;
+    /// The process was sent SIGSTOP.
+    pub const STOP: u32 = 3;
+    /// Reported only.
+    pub const REPORT: u32 = 4;
 }
 
 /// Why an ioctl could not be decoded.
@@ -58,6 +76,10 @@ pub struct Event {
     pub handle: u32,
     /// The task's command name.
     pub comm: [u8; 16],
+    /// Bytes the cgroup's quota held ([`kind::QUOTA_EXCEEDED`]).
+    pub used: u64,
+    /// The quota's limit ([`kind::QUOTA_EXCEEDED`]).
+    pub limit: u64,
 }
 
 pod!(Event);

@@ -156,6 +156,85 @@ pub struct Allocation {
     pub bytes: u64,
 }
 
+/// Character-device major number of the NVIDIA driver's nodes (`nvidiaN`, `nvidiactl`,
+/// `nvidia-modeset`); `nvidia-uvm` gets a dynamic major and is left to the runtime's rules.
+pub const NVIDIA_MAJOR: u32 = 195;
+
+/// Quotas the kernel enforces at once (bound workloads on one node).
+pub const MAX_QUOTAS: u32 = 4096;
+
+/// A quota's limit on a GPU it has no limit on.
+pub const NO_LIMIT: u64 = u64::MAX;
+
+/// What to do when an allocation would cross a GPU-memory limit and the ioctl can't be refused.
+pub mod memory_policy {
+    /// `bpf_send_signal(SIGKILL)`.
+    pub const KILL: u32 = 1;
+    /// `bpf_send_signal(SIGSTOP)`; the agent reports it, a person resumes or kills.
+    pub const STOP: u32 = 2;
+    /// Only the event.
+    pub const REPORT: u32 = 3;
+}
+
+/// How the kernel side acts on an over-limit allocation (slot 0 of `SETTINGS`).
+pub mod enforce_mode {
+    /// From the `sys_enter_ioctl` tracepoint, by the quota's policy (signals).
+    pub const SIGNAL: u32 = 0;
+    /// The BPF LSM `file_ioctl` program refuses the ioctl with `-ENOMEM`.
+    pub const LSM_DENY: u32 = 1;
+}
+
+/// Bits of [`Quota::flags`].
+pub mod quota_flags {
+    /// Only the GPUs in [`super::Quota::devices`] may be opened.
+    pub const DEVICES: u32 = 1;
+}
+
+/// A bound workload's quota, shared by every cgroup mapped to it in `CGROUP_QUOTA`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    /// GPU-memory limit by GPU index ([`NO_LIMIT`] for none).
+    pub limit: [u64; MAX_GPUS],
+    /// GPU memory its cgroups hold, by GPU index (kept by the programs).
+    pub used: [u64; MAX_GPUS],
+    /// Bit `N`: `nvidiaN` may be opened.
+    pub devices: u64,
+    /// One of [`memory_policy`].
+    pub memory_policy: u32,
+    /// [`quota_flags`].
+    pub flags: u32,
+    /// Over-limit allocations acted on.
+    pub actions: u64,
+    /// Opens of GPU nodes refused.
+    pub denied_opens: u64,
+}
+
+impl Default for Quota {
+    fn default() -> Self {
+        Self {
+            limit: [NO_LIMIT; MAX_GPUS],
+            used: [0; MAX_GPUS],
+            devices: 0,
+            memory_policy: memory_policy::KILL,
+            flags: 0,
+            actions: 0,
+            denied_opens: 0,
+        }
+    }
+}
+
+/// An ioctl the LSM program is to refuse (value of `DENY`, by pid_tgid): the raw command and
+/// argument, so a stale entry never refuses some other ioctl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Deny {
+    /// The ioctl command as issued.
+    pub cmd: u64,
+    /// The ioctl argument as issued.
+    pub arg: u64,
+}
+
 /// Indexes of the per-CPU statistics array.
 pub mod stat {
     /// Events dropped because the ring buffer was full.
@@ -170,8 +249,12 @@ pub mod stat {
     pub const GPU_IOCTLS: u32 = 4;
     /// Processes not tracked because the process table was full.
     pub const PROC_TABLE_FULL: u32 = 5;
+    /// Over-limit allocations acted on.
+    pub const QUOTA_ACTIONS: u32 = 6;
+    /// Opens of GPU nodes refused by the device program.
+    pub const DEVICE_DENIED: u32 = 7;
     /// Number of statistics.
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 8;
 }
 
 pod!(
@@ -183,5 +266,7 @@ pod!(
     ProcInfo,
     ClientInfo,
     HandleKey,
-    Allocation
+    Allocation,
+    Quota,
+    Deny
 );

@@ -5,23 +5,25 @@
 //! what the kernel allows ([`probe`]), patches the load-time [`Config`], loads the object
 //! embedded in the agent binary and attaches every program; dropping it detaches them.
 
+pub mod pins;
 pub mod probe;
 pub mod tracefs;
 
 use std::path::Path;
 
 use aya::{
-    Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{ProgramError, TracePoint},
+    Btf, Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{CgroupDevice, Lsm, ProgramError, ProgramFd, TracePoint, links::FdLink},
 };
 use gpuwarden_agent_common::{
     config::{CONFIG_SYMBOL, Config},
     maps::{
         Allocation, CgroupDeviceKey, ClientInfo, FdKey, GpuNode, HandleKey, IoctlKey, PathKey,
-        ProcInfo,
+        ProcInfo, Quota, enforce_mode,
     },
 };
+use pins::Pins;
 use serde::{Deserialize, Serialize};
 
 pub use probe::{Probe, Tier};
@@ -58,6 +60,20 @@ pub enum SensorError {
         /// What is wrong.
         #[source]
         source: MapError,
+    },
+    /// The pin directory can't be used.
+    #[error(transparent)]
+    Pins(#[from] pins::PinError),
+    /// A link could not be pinned.
+    #[error("cannot pin {name:?} at {path}: {source}")]
+    Pin {
+        /// The program.
+        name: &'static str,
+        /// Where.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The verifier refused a program or it could not be attached.
     #[error("program {name:?} ({target}): {source}")]
@@ -115,6 +131,73 @@ const TRACEPOINTS: &[TracepointProgram] = &[
     tp("sys_enter_ioctl", "syscalls", false),
 ];
 
+/// Every map, pinned by name so a restarted agent keeps counters and quotas.
+const MAPS: &[&str] = &[
+    "GPU_PATHS",
+    "GPU_FDS",
+    "PROCS",
+    "CLIENTS",
+    "ALLOCATIONS",
+    "OBJECT_DEVICES",
+    "CGROUP_MEMORY",
+    "IOCTL_COUNTS",
+    "STATS",
+    "EVENTS",
+    "PENDING_OPEN",
+    "PENDING_DUP",
+    "PENDING_IOCTL",
+    "IOCTLS_IN_FLIGHT",
+    "PENDING_CLONE",
+    "CGROUP_QUOTA",
+    "QUOTAS",
+    "DENY",
+    "SETTINGS",
+    "AYA_LOGS",
+];
+
+/// The device-access program, attached per bound cgroup.
+const DEVICE_PROGRAM: &str = "gpu_devices";
+/// The LSM program that refuses over-limit allocations.
+const LSM_PROGRAM: &str = "gpu_file_ioctl";
+
+/// How over-limit GPU-memory allocations are acted on (ARCHITECTURE decision 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryTier {
+    /// BPF LSM `file_ioctl` refuses the ioctl with `-ENOMEM`; the process lives.
+    LsmDeny,
+    /// The `sys_enter_ioctl` tracepoint acts by the quota's policy (kill, stop, report).
+    TracepointSignal,
+}
+
+impl MemoryTier {
+    /// Stable name.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::LsmDeny => "lsm_deny",
+            Self::TracepointSignal => "tracepoint_signal",
+        }
+    }
+}
+
+/// Picks the memory tier from whether the LSM program attached; the reason says why.
+#[must_use]
+pub fn choose_memory_tier(lsm: Result<(), String>) -> (MemoryTier, String) {
+    match lsm {
+        Ok(()) => (
+            MemoryTier::LsmDeny,
+            "BPF LSM file_ioctl attached: over-limit allocations fail with ENOMEM".to_owned(),
+        ),
+        Err(why) => (
+            MemoryTier::TracepointSignal,
+            format!(
+                "BPF LSM file_ioctl unavailable ({why}): over-limit allocations are acted on from the tracepoint by policy"
+            ),
+        ),
+    }
+}
+
 /// Forwards the programs' aya-log records to the `log` facade (bridged to `tracing`).
 pub type KernelLogger = aya_log::EbpfLogger<&'static dyn log::Log>;
 
@@ -149,6 +232,10 @@ pub struct SensorMaps {
     pub ioctl_counts: PerCpuHashMap<MapData, IoctlKey, u64>,
     /// Statistics, per CPU.
     pub stats: PerCpuArray<MapData, u64>,
+    /// The quota each bound cgroup counts against.
+    pub cgroup_quota: HashMap<MapData, u64, u64>,
+    /// Quotas by bound cgroup id.
+    pub quotas: HashMap<MapData, u64, Quota>,
 }
 
 /// Loaded and attached programs with their maps.
@@ -163,6 +250,14 @@ pub struct Sensor {
     pub probe: Probe,
     /// Attached programs.
     pub hooks: Vec<Hook>,
+    /// How over-limit allocations are acted on, and why.
+    pub memory_tier: (MemoryTier, String),
+    /// The device-access program, for attaching to bound cgroups.
+    pub device_program: Option<ProgramFd>,
+    /// Where links are pinned, when they are.
+    pub pins: Option<Pins>,
+    /// Whether maps and links of an earlier agent were adopted.
+    pub adopted: bool,
 }
 
 impl Sensor {
@@ -170,7 +265,7 @@ impl Sensor {
     ///
     /// # Errors
     /// Any step that fails, naming the program or map.
-    pub fn load(alloc_event_min_bytes: u64) -> Result<Self, SensorError> {
+    pub fn load(alloc_event_min_bytes: u64, pin_dir: Option<&Path>) -> Result<Self, SensorError> {
         raise_memlock_limit();
         let tracefs = tracefs::ensure_mounted()?;
         let probe = probe::probe(Path::new("/sys"));
@@ -178,8 +273,23 @@ impl Sensor {
             alloc_event_min_bytes,
             ..tracefs::config_offsets(&tracefs)
         };
-        let mut ebpf = EbpfLoader::new()
-            .override_global(CONFIG_SYMBOL, &config, true)
+        let (pins, adopted) = match pin_dir {
+            Some(dir) => {
+                let (pins, adopted) = Pins::open(dir, &object_id(&config))?;
+                (Some(pins), adopted)
+            }
+            None => (None, false),
+        };
+        let mut loader = EbpfLoader::new();
+        loader.override_global(CONFIG_SYMBOL, &config, true);
+        let map_paths: Vec<(&str, std::path::PathBuf)> = pins
+            .iter()
+            .flat_map(|p| MAPS.iter().map(move |name| (*name, p.map(name))))
+            .collect();
+        for (name, path) in &map_paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader
             .load(OBJECT)
             .map_err(|e| SensorError::Load(Box::new(e)))?;
         let mut hooks = Vec::new();
@@ -200,17 +310,47 @@ impl Sensor {
                 target: target.clone(),
                 source: Box::new(source),
             };
+            let link_pin = pins.as_ref().map(|p| p.link(program.name));
+            // An earlier agent's link is still attached: adopt it rather than count twice.
+            if link_pin.as_deref().is_some_and(pins::is_pinned) {
+                hooks.push(Hook {
+                    program: program.name.to_owned(),
+                    kind: "tracepoint".to_owned(),
+                    target,
+                });
+                continue;
+            }
             let tp: &mut TracePoint = ebpf
                 .program_mut(program.name)
                 .ok_or(SensorError::MissingProgram { name: program.name })?
                 .try_into()
                 .map_err(wrap)?;
             tp.load().map_err(wrap)?;
-            tp.attach(program.category, program.name).map_err(wrap)?;
+            let id = tp.attach(program.category, program.name).map_err(wrap)?;
+            if let Some(path) = link_pin {
+                let link = tp.take_link(id).map_err(wrap)?;
+                let pin_err = |source: Box<dyn std::error::Error + Send + Sync>| SensorError::Pin {
+                    name: program.name,
+                    path: path.clone(),
+                    source,
+                };
+                let fd: FdLink = link.try_into().map_err(|e| pin_err(Box::new(e)))?;
+                // The pin keeps the link (and the program) attached after the fd closes.
+                fd.pin(&path).map_err(|e| pin_err(Box::new(e)))?;
+            }
             hooks.push(Hook {
                 program: program.name.to_owned(),
                 kind: "tracepoint".to_owned(),
                 target,
+            });
+        }
+        let device_program = load_device_program(&mut ebpf);
+        let memory_tier = choose_memory_tier(attach_lsm(&mut ebpf, pins.as_ref()));
+        if memory_tier.0 == MemoryTier::LsmDeny {
+            hooks.push(Hook {
+                program: LSM_PROGRAM.to_owned(),
+                kind: "lsm".to_owned(),
+                target: "file_ioctl".to_owned(),
             });
         }
         let maps = SensorMaps {
@@ -223,7 +363,18 @@ impl Sensor {
             cgroup_memory: take(&mut ebpf, "CGROUP_MEMORY")?,
             ioctl_counts: take(&mut ebpf, "IOCTL_COUNTS")?,
             stats: take(&mut ebpf, "STATS")?,
+            cgroup_quota: take(&mut ebpf, "CGROUP_QUOTA")?,
+            quotas: take(&mut ebpf, "QUOTAS")?,
         };
+        let mut settings: Array<MapData, u32> = take(&mut ebpf, "SETTINGS")?;
+        let mode = match memory_tier.0 {
+            MemoryTier::LsmDeny => enforce_mode::LSM_DENY,
+            MemoryTier::TracepointSignal => enforce_mode::SIGNAL,
+        };
+        settings.set(0, mode, 0).map_err(|source| SensorError::Map {
+            name: "SETTINGS",
+            source,
+        })?;
         let events = Some(take(&mut ebpf, "EVENTS")?);
         Ok(Self {
             ebpf,
@@ -231,6 +382,10 @@ impl Sensor {
             events,
             probe,
             hooks,
+            memory_tier,
+            device_program,
+            pins,
+            adopted,
         })
     }
 
@@ -245,6 +400,75 @@ impl Sensor {
             }
         }
     }
+}
+
+/// Identifies this build of the programs with these settings: pins of another are replaced.
+fn object_id(config: &Config) -> String {
+    // FNV-1a over the object and the load-time settings.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let settings = format!("{config:?}");
+    for b in OBJECT.iter().chain(settings.as_bytes()) {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Loads the device-access program; `None` (logged) where the kernel refuses it.
+fn load_device_program(ebpf: &mut Ebpf) -> Option<ProgramFd> {
+    let loaded = (|| -> Result<ProgramFd, String> {
+        let program: &mut CgroupDevice = ebpf
+            .program_mut(DEVICE_PROGRAM)
+            .ok_or("not in the object")?
+            .try_into()
+            .map_err(|e: ProgramError| e.to_string())?;
+        program.load().map_err(|e| e.to_string())?;
+        let fd = program.fd().map_err(|e| e.to_string())?;
+        fd.try_clone().map_err(|e| e.to_string())
+    })();
+    match loaded {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            tracing::warn!("device access can't be enforced: the cgroup_device program did not load: {e}");
+            None
+        }
+    }
+}
+
+/// Loads and attaches the LSM program, pinning its link; the error says why it can't.
+fn attach_lsm(ebpf: &mut Ebpf, pins: Option<&Pins>) -> Result<(), String> {
+    let pin = pins.map(|p| p.link(LSM_PROGRAM));
+    if pin.as_deref().is_some_and(pins::is_pinned) {
+        return Ok(());
+    }
+    let btf = Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"))?;
+    let program: &mut Lsm = ebpf
+        .program_mut(LSM_PROGRAM)
+        .ok_or("not in the object")?
+        .try_into()
+        .map_err(|e: ProgramError| e.to_string())?;
+    program
+        .load("file_ioctl", &btf)
+        .map_err(|e| format!("load refused: {}", error_chain(&e)))?;
+    let id = program
+        .attach()
+        .map_err(|e| format!("attach refused: {}", error_chain(&e)))?;
+    if let Some(path) = pin {
+        let link = program.take_link(id).map_err(|e| e.to_string())?;
+        let fd: FdLink = link.into();
+        fd.pin(&path).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }
 
 /// Takes map `name` out of the object as type `T`.

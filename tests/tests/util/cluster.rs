@@ -194,6 +194,7 @@ impl TestNode {
             config,
             dyn_backend,
             Arc::clone(&holdings),
+            None,
             async {
                 let _ = stopped.await;
             },

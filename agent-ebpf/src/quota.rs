@@ -1,0 +1,204 @@
+//! Quotas of bound workloads: GPU-memory limits checked at the allocating ioctl, the usage those
+//! checks read, and which GPU nodes a bound cgroup may open.
+//!
+//! The agent maps every cgroup of a bound workload to its quota (`CGROUP_QUOTA`, keyed by the id of
+//! the cgroup the workload is bound at, which outlives agent restarts) and writes the limits
+//! (`QUOTAS`); the programs keep `used` in step with every charge and release. An
+//! over-limit allocation is refused by the LSM program where BPF LSM loads, and otherwise acted
+//! on from the tracepoint by the quota's policy (ARCHITECTURE decision 7).
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_send_signal},
+    macros::{cgroup_device, lsm},
+    programs::{DeviceContext, LsmContext, TracePointContext},
+};
+use aya_log_ebpf::warn;
+use gpuwarden_agent_common::{
+    event::{Event, action, kind},
+    maps::{
+        DEVICE_MODESET, Deny, MAX_GPUS, NO_LIMIT, NVIDIA_MAJOR, enforce_mode, memory_policy,
+        quota_flags, stat,
+    },
+};
+
+use crate::{
+    events::{count, emit},
+    maps::{CGROUP_QUOTA, DENY, QUOTAS, SETTINGS},
+    memory::atomic_add,
+};
+
+const SIGKILL: u32 = 9;
+const SIGSTOP: u32 = 19;
+const ENOMEM: i32 = 12;
+
+/// The quota `cgroup` counts against (the id of the cgroup its workload is bound at).
+#[inline(always)]
+fn slot_of(cgroup: u64) -> Option<u64> {
+    // SAFETY: the value is copied out at once.
+    unsafe { CGROUP_QUOTA.get(&cgroup) }.copied()
+}
+
+/// Adds `delta` (two's complement for a release) to the usage of the quota `cgroup` is bound to.
+#[inline(always)]
+pub fn account(cgroup: u64, device: u32, delta: u64) {
+    if device as usize >= MAX_GPUS {
+        return;
+    }
+    let Some(slot) = slot_of(cgroup) else {
+        return;
+    };
+    let Some(quota) = QUOTAS.get_ptr_mut(&slot) else {
+        return;
+    };
+    let index = device as usize & (MAX_GPUS - 1);
+    // SAFETY: a live map value; `index` is in bounds.
+    unsafe {
+        let used = &raw mut (*quota).used[index];
+        // Bytes charged before the cgroup was bound are seeded by the agent, but a release racing
+        // the seeding could still take more than is held: clamp at zero instead of wrapping.
+        if delta > i64::MAX as u64 && *used < delta.wrapping_neg() {
+            *used = 0;
+        } else {
+            atomic_add(used, delta);
+        }
+    }
+}
+
+/// Checks an allocation of `requested` bytes on GPU `device` by the current task against its
+/// cgroup's quota, and acts when it would cross the limit. `cmd` and `arg` are the ioctl as
+/// issued (the LSM program matches them).
+#[inline(always)]
+pub fn check_alloc(
+    ctx: &TracePointContext,
+    tgid: u32,
+    cgroup: u64,
+    device: u32,
+    requested: u64,
+    cmd: u64,
+    arg: u64,
+) {
+    if device as usize >= MAX_GPUS {
+        return;
+    }
+    let Some(slot) = slot_of(cgroup) else {
+        return;
+    };
+    let Some(quota) = QUOTAS.get_ptr_mut(&slot) else {
+        return;
+    };
+    let index = device as usize & (MAX_GPUS - 1);
+    // SAFETY: a live map value; `index` is in bounds.
+    let (used, limit, policy) = unsafe {
+        (
+            (*quota).used[index],
+            (*quota).limit[index],
+            (*quota).memory_policy,
+        )
+    };
+    if limit == NO_LIMIT || used.saturating_add(requested) <= limit {
+        return;
+    }
+    let mode = SETTINGS.get(0).copied().unwrap_or(enforce_mode::SIGNAL);
+    let taken = if mode == enforce_mode::LSM_DENY {
+        let _ = DENY.insert(&bpf_get_current_pid_tgid(), &Deny { cmd, arg }, 0);
+        action::DENY
+    } else {
+        match policy {
+            memory_policy::KILL => {
+                // SAFETY: a plain helper call; it signals the current process.
+                unsafe { bpf_send_signal(SIGKILL) };
+                action::KILL
+            }
+            memory_policy::STOP => {
+                // SAFETY: as above.
+                unsafe { bpf_send_signal(SIGSTOP) };
+                action::STOP
+            }
+            _ => action::REPORT,
+        }
+    };
+    // SAFETY: a live map value.
+    unsafe { atomic_add(&raw mut (*quota).actions, 1) };
+    count(stat::QUOTA_ACTIONS);
+    warn!(
+        ctx,
+        "GPU memory quota {} exceeded by tgid {}: {} + {} > {} on GPU {}, action {}",
+        slot,
+        tgid,
+        used,
+        requested,
+        limit,
+        device,
+        taken
+    );
+    emit(Event {
+        kind: kind::QUOTA_EXCEEDED,
+        tgid,
+        cgroup,
+        device,
+        code: taken,
+        bytes: requested,
+        used,
+        limit,
+        ..Event::default()
+    });
+}
+
+/// Attached to each bound cgroup (alongside the runtime's own device program): a GPU node
+/// (`nvidiaN`) may be opened only when the cgroup's quota lists it; control nodes and other
+/// devices are left to the other programs. A cgroup under a bound one that is not mapped yet is
+/// refused GPU nodes (fail closed) until the agent maps it.
+#[cgroup_device]
+pub fn gpu_devices(ctx: DeviceContext) -> i32 {
+    // SAFETY: the kernel passes a valid context; its fields are plain reads.
+    let (major, minor) = unsafe { ((*ctx.device).major, (*ctx.device).minor) };
+    if major != NVIDIA_MAJOR || minor >= DEVICE_MODESET {
+        return 1;
+    }
+    // SAFETY: a plain helper call.
+    let cgroup = unsafe { bpf_get_current_cgroup_id() };
+    let slot = slot_of(cgroup);
+    if let Some(slot) = slot
+        && let Some(quota) = QUOTAS.get_ptr_mut(&slot)
+    {
+        // SAFETY: a live map value.
+        let (flags, devices) = unsafe { ((*quota).flags, (*quota).devices) };
+        if flags & quota_flags::DEVICES == 0 || (minor < 64 && devices & (1u64 << minor) != 0) {
+            return 1;
+        }
+        // SAFETY: a live map value.
+        unsafe { atomic_add(&raw mut (*quota).denied_opens, 1) };
+    }
+    count(stat::DEVICE_DENIED);
+    let (tgid, _) = crate::current();
+    emit(Event {
+        kind: kind::DEVICE_DENIED,
+        tgid,
+        cgroup,
+        device: minor,
+        code: u32::from(slot.is_some()),
+        ..Event::default()
+    });
+    0
+}
+
+/// Refuses, with `-ENOMEM`, the ioctl the tracepoint found over its quota (where BPF LSM loads).
+#[lsm(hook = "file_ioctl")]
+pub fn gpu_file_ioctl(ctx: LsmContext) -> i32 {
+    let previous: i32 = ctx.arg(3);
+    if previous != 0 {
+        return previous;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // SAFETY: the value is copied out at once.
+    let Some(deny) = (unsafe { DENY.get(&pid_tgid) }).copied() else {
+        return 0;
+    };
+    let cmd: u64 = ctx.arg(1);
+    let arg: u64 = ctx.arg(2);
+    if deny.cmd != cmd & 0xffff_ffff || deny.arg != arg {
+        return 0;
+    }
+    let _ = DENY.remove(&pid_tgid);
+    -ENOMEM
+}

@@ -1,0 +1,197 @@
+//! The `gpuwarden-agent` command line: the node daemon and its local clients. A library module so
+//! that test builds of the binary run the very same code.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use crate::{
+    api::{self, DEFAULT_SOCKET, Request, Response},
+    config::{AgentConfig, Overrides},
+    daemon,
+    hooks::pins,
+    top,
+};
+
+/// gpuwarden's node agent: traces GPU ioctls with eBPF and attributes them to containers.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent (needs root: loads eBPF programs).
+    Run {
+        /// TOML config file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// GPU device-node globs, comma-separated
+        /// [default: /dev/nvidia[0-9]*,/dev/nvidiactl,/dev/nvidia-uvm*].
+        #[arg(long, value_delimiter = ',')]
+        gpu_devices: Option<Vec<String>>,
+        /// Local socket path [default: /run/gpuwarden/agent.sock].
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// State directory (holds the one-agent-per-node lock) [default: /run/gpuwarden].
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Node name [default: the host name].
+        #[arg(long, env = "NODE_NAME")]
+        node_name: Option<String>,
+        /// Controller to register with, e.g. http://127.0.0.1:50051.
+        #[arg(long, env = "GPUWARDEN_CONTROLLER")]
+        controller: Option<String>,
+        /// Mock GPU device list (TOML) instead of NVML.
+        #[arg(long)]
+        mock_devices: Option<PathBuf>,
+        /// Where programs, links and maps are pinned so enforcement outlives the agent
+        /// [default: /sys/fs/bpf/gpuwarden]; an empty value pins nothing.
+        #[arg(long)]
+        bpf_pin_dir: Option<PathBuf>,
+    },
+    /// Resume a process the `stop` memory policy stopped (SIGCONT).
+    Resume {
+        /// The process.
+        #[arg(long)]
+        pid: u32,
+        /// Local socket path.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Kill a process of a workload with a quota (SIGKILL).
+    Kill {
+        /// The process.
+        #[arg(long)]
+        pid: u32,
+        /// Local socket path.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Remove the pinned programs and maps: ends all enforcement on this node (uninstall).
+    Unpin {
+        /// The pin directory.
+        #[arg(long, default_value = pins::DEFAULT_PIN_DIR)]
+        bpf_pin_dir: PathBuf,
+    },
+    /// Print one snapshot of GPU use per container.
+    Snapshot {
+        /// Print the JSON document instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Local socket path.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Show GPU use per container, refreshed every second.
+    Top {
+        /// Local socket path.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+    },
+}
+
+/// Runs the command line (the whole of `gpuwarden-agent`'s `main`).
+#[must_use]
+pub fn main() -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gpuwarden-agent: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(main_async())
+}
+
+async fn main_async() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpuwarden-agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run {
+            config,
+            gpu_devices,
+            socket,
+            state_dir,
+            node_name,
+            controller,
+            mock_devices,
+            bpf_pin_dir,
+        } => {
+            let config = AgentConfig::load(
+                config.as_deref(),
+                Overrides {
+                    gpu_devices,
+                    socket,
+                    state_dir,
+                    node_name,
+                    controller,
+                    mock_devices,
+                    bpf_pin_dir,
+                },
+            )?;
+            daemon::run(config).await?;
+        }
+        Command::Snapshot { json, socket } => {
+            let snapshot = api::snapshot(&socket).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&snapshot).context("encoding the snapshot")?
+                );
+            } else {
+                print!("{}", top::render(&snapshot));
+            }
+        }
+        Command::Resume { pid, socket } => signal(&socket, Request::Resume { pid }).await?,
+        Command::Kill { pid, socket } => signal(&socket, Request::Kill { pid }).await?,
+        Command::Unpin { bpf_pin_dir } => {
+            pins::remove(&bpf_pin_dir)?;
+            println!("removed {}: enforcement ended", bpf_pin_dir.display());
+        }
+        Command::Top { socket, interval } => {
+            let period = Duration::from_secs_f64(interval.max(0.1));
+            loop {
+                let snapshot = api::snapshot(&socket).await?;
+                // Clear the screen and home the cursor, then draw.
+                print!("\x1b[2J\x1b[H{}", top::render(&snapshot));
+                tokio::select! {
+                    () = tokio::time::sleep(period) => {}
+                    _ = tokio::signal::ctrl_c() => return Ok(()),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn signal(socket: &std::path::Path, request: Request) -> anyhow::Result<()> {
+    match api::ask(socket, &request).await? {
+        Response::Signalled { pid, session_id } => {
+            println!("signalled process {pid} (session {session_id})");
+            Ok(())
+        }
+        other => anyhow::bail!("unexpected answer {other:?}"),
+    }
+}

@@ -1,0 +1,628 @@
+//! Enforcement: binding quotas to workloads and keeping the kernel side in step.
+//!
+//! The [`Enforcer`] holds one [`Binding`] per session with a quota. A binding waits (pending)
+//! until its target's cgroup exists, then maps that cgroup and every cgroup below it to the quota
+//! in the BPF maps (memory limits, allowed GPUs), attaches the device-access program to it, and
+//! hands its compute shares to the throttle. It lets go on release, and when the cgroup goes away
+//! it waits again. A quota whose cgroup never appears expires with an event.
+//!
+//! Kernel events (an over-limit allocation, a refused open) come back here, are tied to their
+//! session, kept in a short history for snapshots, and sent up to the controller.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    os::fd::{AsFd as _, OwnedFd},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use gpuwarden_agent_common::{
+    event::{Event, action, kind},
+    maps::{CgroupDeviceKey, MAX_GPUS, NO_LIMIT, Quota, quota_flags},
+};
+use gpuwarden_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::{
+    binding::CgroupTree,
+    hooks::{MemoryTier, Sensor, pins},
+    quota::{QuotaSpec, Target},
+    throttle::{self, ThrottleHandle},
+};
+
+/// Enforcement events kept for snapshots.
+const HISTORY: usize = 64;
+
+/// Where a binding stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BindState {
+    /// Waiting for the target's cgroup.
+    Pending,
+    /// Enforced on its cgroup.
+    Bound,
+    /// The cgroup never appeared in time.
+    Expired,
+}
+
+/// One session's quota and where it is enforced.
+#[derive(Debug)]
+pub struct Binding {
+    /// The quota.
+    pub spec: QuotaSpec,
+    /// Where it stands.
+    pub state: BindState,
+    /// When it started waiting.
+    since: Instant,
+    /// The cgroup it is bound at.
+    pub dir: Option<PathBuf>,
+    /// That cgroup's id: the key of its quota in the maps.
+    pub key: Option<u64>,
+    /// Every cgroup mapped to the quota.
+    members: BTreeSet<u64>,
+    /// The device-access link, when not pinned.
+    device_link: Option<OwnedFd>,
+    /// Processes stopped by policy, for `resume`/`kill`.
+    pub stopped: BTreeSet<u32>,
+}
+
+impl Binding {
+    /// Every cgroup mapped to the quota.
+    #[must_use]
+    pub fn members(&self) -> &BTreeSet<u64> {
+        &self.members
+    }
+}
+
+/// A recorded enforcement action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The session.
+    pub session_id: String,
+    /// What was done (`kill`, `stop`, `report`, `deny`, `device_denied`, `bound`, …).
+    pub action: String,
+    /// Why.
+    pub reason: String,
+    /// The cgroup path acted on.
+    pub cgroup_path: String,
+    /// The process, when one.
+    pub pid: u32,
+    /// The GPU, when one.
+    pub device: Option<u32>,
+    /// Bytes the allocation asked for.
+    pub requested_bytes: u64,
+    /// Bytes the quota held.
+    pub used_bytes: u64,
+    /// The limit.
+    pub limit_bytes: u64,
+    /// Milliseconds since the epoch.
+    pub at_ms: i64,
+}
+
+impl Record {
+    fn to_pb(&self) -> pb::EnforcementEvent {
+        pb::EnforcementEvent {
+            session_id: self.session_id.clone(),
+            action: self.action.clone(),
+            reason: self.reason.clone(),
+            container: self.cgroup_path.clone(),
+            pid: self.pid,
+            device: self.device.unwrap_or_default(),
+            requested_bytes: self.requested_bytes,
+            used_bytes: self.used_bytes,
+            limit_bytes: self.limit_bytes,
+            at_ms: self.at_ms,
+        }
+    }
+}
+
+/// Errors of the local controls.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The pid is in no bound workload.
+    #[error("process {0} is not in a workload with a quota on this node")]
+    NotBound(u32),
+    /// The signal could not be sent.
+    #[error("cannot signal process {pid}: {source}")]
+    Signal {
+        /// The process.
+        pid: u32,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No such session.
+    #[error("no quota for session {0:?} on this node")]
+    NoSession(String),
+}
+
+/// Binds quotas and keeps the kernel side in step.
+pub struct Enforcer {
+    tree: CgroupTree,
+    bindings: BTreeMap<String, Binding>,
+    history: VecDeque<Record>,
+    upward: mpsc::Sender<pb::EnforcementEvent>,
+    /// Events the controller link could not take (it was away and its buffer full).
+    pub dropped_upward: u64,
+    timeout: Duration,
+    throttle: Option<ThrottleHandle>,
+}
+
+impl Enforcer {
+    /// An enforcer for the cgroup tree at `root`, sending events up through `upward`.
+    #[must_use]
+    pub fn new(
+        root: PathBuf,
+        upward: mpsc::Sender<pb::EnforcementEvent>,
+        timeout: Duration,
+        throttle: Option<ThrottleHandle>,
+    ) -> Self {
+        Self {
+            tree: CgroupTree::new(root),
+            bindings: BTreeMap::new(),
+            history: VecDeque::new(),
+            upward,
+            dropped_upward: 0,
+            timeout,
+            throttle,
+        }
+    }
+
+    /// The bindings, by session.
+    #[must_use]
+    pub fn bindings(&self) -> &BTreeMap<String, Binding> {
+        &self.bindings
+    }
+
+    /// The cgroup tree.
+    #[must_use]
+    pub fn tree(&self) -> &CgroupTree {
+        &self.tree
+    }
+
+    /// Recent actions, oldest first.
+    pub fn history(&self) -> impl Iterator<Item = &Record> {
+        self.history.iter()
+    }
+
+    /// The throttle, if compute shares are enforced.
+    #[must_use]
+    pub fn throttle(&self) -> Option<&ThrottleHandle> {
+        self.throttle.as_ref()
+    }
+
+    /// Enforces `spec` (replacing the session's earlier quota) as soon as its cgroup exists.
+    pub fn apply(&mut self, sensor: &mut Sensor, spec: QuotaSpec) {
+        if let Some(b) = self.bindings.get(&spec.session_id)
+            && b.spec == spec
+        {
+            return;
+        }
+        let session = spec.session_id.clone();
+        if self.bindings.contains_key(&session) {
+            self.unbind(sensor, &session, "quota replaced");
+        }
+        self.bindings.insert(
+            session.clone(),
+            Binding {
+                spec,
+                state: BindState::Pending,
+                since: Instant::now(),
+                dir: None,
+                key: None,
+                members: BTreeSet::new(),
+                device_link: None,
+                stopped: BTreeSet::new(),
+            },
+        );
+        self.reconcile_one(sensor, &session);
+    }
+
+    /// Stops enforcing the session's quota.
+    pub fn release(&mut self, sensor: &mut Sensor, session: &str) {
+        if !self.bindings.contains_key(session) {
+            return;
+        }
+        self.unbind(sensor, session, "released by the controller");
+        if let Some(b) = self.bindings.remove(session)
+            && b.spec.target == Target::Managed
+        {
+            // The session's own cgroup: gone with it (if its processes have left).
+            let dir = self.tree.managed_dir(session);
+            if let Err(e) = std::fs::remove_dir(&dir)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(dir = %dir.display(), "session cgroup left in place: {e}");
+            }
+        }
+    }
+
+    /// Binds what is pending, follows bound cgroups (new children, removal), expires what
+    /// waited too long.
+    pub fn reconcile(&mut self, sensor: &mut Sensor) {
+        let sessions: Vec<String> = self.bindings.keys().cloned().collect();
+        for session in sessions {
+            self.reconcile_one(sensor, &session);
+        }
+    }
+
+    fn reconcile_one(&mut self, sensor: &mut Sensor, session: &str) {
+        let Some(b) = self.bindings.get(session) else {
+            return;
+        };
+        match b.state {
+            BindState::Expired => {}
+            BindState::Pending => {
+                match self.tree.find(&b.spec.target, session) {
+                    Ok(Some(dir)) => self.bind(sensor, session, dir),
+                    Ok(None) if b.since.elapsed() >= self.timeout => {
+                        let reason = format!(
+                            "no cgroup for {} appeared within {} s",
+                            b.spec.target,
+                            self.timeout.as_secs()
+                        );
+                        if let Some(b) = self.bindings.get_mut(session) {
+                            b.state = BindState::Expired;
+                        }
+                        self.record(session, "expired", reason, String::new(), 0, None, (0, 0, 0));
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(session, "binding: {e}"),
+                }
+            }
+            BindState::Bound => {
+                let Some(dir) = b.dir.clone() else {
+                    return;
+                };
+                let members = self.tree.members(&dir);
+                if members.is_empty() {
+                    self.unbind(sensor, session, "its cgroup was removed");
+                    if let Some(b) = self.bindings.get_mut(session) {
+                        b.since = Instant::now();
+                    }
+                    return;
+                }
+                self.map_members(sensor, session, &members);
+            }
+        }
+    }
+
+    /// Maps the quota onto `dir` and its children.
+    fn bind(&mut self, sensor: &mut Sensor, session: &str, dir: PathBuf) {
+        let members = self.tree.members(&dir);
+        let Some(&(key, _)) = members.first() else {
+            return;
+        };
+        let Some(b) = self.bindings.get(session) else {
+            return;
+        };
+        let mut quota = Quota {
+            memory_policy: b.spec.memory_policy.kernel_code(),
+            flags: quota_flags::DEVICES,
+            ..Quota::default()
+        };
+        for d in &b.spec.devices {
+            quota.limit[d.index as usize % MAX_GPUS] = d.memory_bytes;
+            quota.devices |= 1u64 << (d.index % 64);
+        }
+        // A restarted agent finds the quota in the pinned map: keep what the kernel counted.
+        // (A fresh one starts at zero; mapping its cgroups adds what they hold.)
+        if let Ok(old) = sensor.maps.quotas.get(&key, 0) {
+            quota.used = old.used;
+            quota.actions = old.actions;
+            quota.denied_opens = old.denied_opens;
+        }
+        if let Err(e) = sensor.maps.quotas.insert(key, quota, 0) {
+            tracing::error!(session, "cannot write the quota: {e}");
+            return;
+        }
+        let device_link = attach_devices(sensor, key, &dir);
+        let rel = self.tree.relative(&dir);
+        if let Some(throttle) = &self.throttle {
+            for d in &b.spec.devices {
+                let member = throttle::Member {
+                    cgroup_dir: dir.clone(),
+                    share_ppm: d.shares_ppm,
+                    policy: b.spec.compute_policy,
+                };
+                if let Err(e) = throttle.set(d.index, key, member) {
+                    tracing::warn!(session, "compute share not enforced: {e}");
+                }
+            }
+        }
+        let reason = format!(
+            "{} bound at {rel}: {} bytes of GPU memory, {:.2} GPU, memory policy {}, compute {}",
+            b.spec.target,
+            b.spec.memory_bytes(),
+            b.spec.shares(),
+            b.spec.memory_policy,
+            b.spec.compute_policy
+        );
+        if let Some(b) = self.bindings.get_mut(session) {
+            b.state = BindState::Bound;
+            b.dir = Some(dir);
+            b.key = Some(key);
+            b.device_link = device_link;
+        }
+        self.map_members(sensor, session, &members);
+        self.record(session, "bound", reason, rel, 0, None, (0, 0, 0));
+    }
+
+    /// Maps cgroups new below a bound one (a new container in a pod).
+    fn map_members(&mut self, sensor: &mut Sensor, session: &str, members: &[(u64, PathBuf)]) {
+        let Some(b) = self.bindings.get_mut(session) else {
+            return;
+        };
+        let Some(key) = b.key else {
+            return;
+        };
+        for (id, _) in members {
+            if b.members.contains(id) {
+                continue;
+            }
+            // Mapped already (by an agent before a restart): its bytes are in the quota.
+            let mapped = sensor.maps.cgroup_quota.get(id, 0).ok() == Some(key);
+            if !mapped {
+                seed_member(sensor, key, *id);
+            }
+            if let Err(e) = sensor.maps.cgroup_quota.insert(id, key, 0) {
+                tracing::error!(session, cgroup = id, "cannot map the cgroup to its quota: {e}");
+                continue;
+            }
+            b.members.insert(*id);
+        }
+    }
+
+    /// Removes the quota from the kernel side; the binding waits again.
+    fn unbind(&mut self, sensor: &mut Sensor, session: &str, why: &str) {
+        let Some(b) = self.bindings.get_mut(session) else {
+            return;
+        };
+        if b.state != BindState::Bound {
+            return;
+        }
+        for id in std::mem::take(&mut b.members) {
+            let _ = sensor.maps.cgroup_quota.remove(&id);
+        }
+        let rel = b
+            .dir
+            .as_deref()
+            .map(|d| self.tree.relative(d))
+            .unwrap_or_default();
+        if let Some(key) = b.key.take() {
+            let _ = sensor.maps.quotas.remove(&key);
+            if let Some(pins) = &sensor.pins {
+                let _ = std::fs::remove_file(pins.device_link(key));
+            }
+            if let Some(throttle) = &self.throttle {
+                let _ = throttle.remove(key);
+            }
+        }
+        b.device_link = None;
+        b.dir = None;
+        b.state = BindState::Pending;
+        b.stopped.clear();
+        self.record(session, "unbound", why.to_owned(), rel, 0, None, (0, 0, 0));
+    }
+
+    /// Ties a kernel event to its session and records it; other events are ignored.
+    pub fn on_kernel_event(&mut self, e: &Event, tier: MemoryTier) {
+        let Some((session, rel)) = self.session_of_cgroup(e.cgroup) else {
+            return;
+        };
+        match e.kind {
+            kind::QUOTA_EXCEEDED => {
+                let (name, what) = match e.code {
+                    action::DENY => ("deny", "refused with ENOMEM"),
+                    action::KILL => ("kill", "killed (SIGKILL)"),
+                    action::STOP => ("stop", "stopped (SIGSTOP)"),
+                    _ => ("report", "reported"),
+                };
+                if e.code == action::STOP
+                    && let Some(b) = self.bindings.get_mut(&session)
+                {
+                    b.stopped.insert(e.tgid);
+                }
+                let reason = format!(
+                    "allocation of {} bytes on GPU {} would bring the quota to {} of {} bytes: {what} ({})",
+                    e.bytes,
+                    e.device,
+                    e.used.saturating_add(e.bytes),
+                    e.limit,
+                    tier.as_str()
+                );
+                self.record(
+                    &session,
+                    name,
+                    reason,
+                    rel,
+                    e.tgid,
+                    Some(e.device),
+                    (e.bytes, e.used, e.limit),
+                );
+            }
+            kind::DEVICE_DENIED => {
+                let reason = format!(
+                    "open of /dev/nvidia{} refused: not allocated to this workload",
+                    e.device
+                );
+                self.record(
+                    &session,
+                    "device_denied",
+                    reason,
+                    rel,
+                    e.tgid,
+                    Some(e.device),
+                    (0, 0, 0),
+                );
+            }
+            _ => {}
+        }
+    }
+
+    /// The session and cgroup path a cgroup id is mapped under.
+    fn session_of_cgroup(&self, cgroup: u64) -> Option<(String, String)> {
+        self.bindings.iter().find_map(|(s, b)| {
+            b.members.contains(&cgroup).then(|| {
+                let rel = b
+                    .dir
+                    .as_deref()
+                    .map(|d| self.tree.relative(d))
+                    .unwrap_or_default();
+                (s.clone(), rel)
+            })
+        })
+    }
+
+    /// Sends `signal` (SIGCONT or SIGKILL) to a process of a bound workload, by request.
+    ///
+    /// # Errors
+    /// The process is in no bound workload, or can't be signalled.
+    pub fn signal(&mut self, pid: u32, resume: bool) -> Result<String, ControlError> {
+        let cgroup = cgroup_id_of(pid).ok_or(ControlError::NotBound(pid))?;
+        let (session, rel) = self
+            .session_of_cgroup(cgroup)
+            .ok_or(ControlError::NotBound(pid))?;
+        let signal = if resume { libc::SIGCONT } else { libc::SIGKILL };
+        let raw = i32::try_from(pid).map_err(|_| ControlError::NotBound(pid))?;
+        // SAFETY: a plain syscall.
+        if unsafe { libc::kill(raw, signal) } != 0 {
+            return Err(ControlError::Signal {
+                pid,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        if let Some(b) = self.bindings.get_mut(&session) {
+            b.stopped.remove(&pid);
+        }
+        let (name, what) = if resume {
+            ("resume", "resumed (SIGCONT) by request")
+        } else {
+            ("kill", "killed (SIGKILL) by request")
+        };
+        self.record(&session, name, what.to_owned(), rel, pid, None, (0, 0, 0));
+        Ok(session)
+    }
+
+    /// The cgroup directory of `session`'s binding, and whether it is bound.
+    ///
+    /// # Errors
+    /// The session has no quota here.
+    pub fn session_cgroup(&self, session: &str) -> Result<(PathBuf, bool), ControlError> {
+        let b = self
+            .bindings
+            .get(session)
+            .ok_or_else(|| ControlError::NoSession(session.to_owned()))?;
+        let dir = b.dir.clone().unwrap_or_else(|| match &b.spec.target {
+            Target::Managed => self.tree.managed_dir(session),
+            Target::CgroupPath(p) => self.tree.root().join(p.trim_start_matches('/')),
+            _ => PathBuf::new(),
+        });
+        Ok((dir, b.state == BindState::Bound))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        session: &str,
+        action: &str,
+        reason: String,
+        cgroup_path: String,
+        pid: u32,
+        device: Option<u32>,
+        (requested_bytes, used_bytes, limit_bytes): (u64, u64, u64),
+    ) {
+        let record = Record {
+            session_id: session.to_owned(),
+            action: action.to_owned(),
+            reason,
+            cgroup_path,
+            pid,
+            device,
+            requested_bytes,
+            used_bytes,
+            limit_bytes: if limit_bytes == NO_LIMIT { 0 } else { limit_bytes },
+            at_ms: now_ms(),
+        };
+        tracing::info!(session, action, pid, "{}", record.reason);
+        if self.upward.try_send(record.to_pb()).is_err() {
+            self.dropped_upward += 1;
+        }
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(record);
+    }
+}
+
+/// Adds what a newly mapped cgroup already holds to its quota (bytes charged before the bind).
+fn seed_member(sensor: &mut Sensor, key: u64, id: u64) {
+    let Ok(mut quota) = sensor.maps.quotas.get(&key, 0) else {
+        return;
+    };
+    let mut changed = false;
+    for device in 0..MAX_GPUS as u32 {
+        let k = CgroupDeviceKey {
+            cgroup: id,
+            device,
+            _pad: 0,
+        };
+        if let Ok(bytes) = sensor.maps.cgroup_memory.get(&k, 0) {
+            quota.used[device as usize] += bytes;
+            changed = true;
+        }
+    }
+    if changed {
+        let _ = sensor.maps.quotas.insert(key, quota, 0);
+    }
+}
+
+/// Attaches the device-access program to `dir`: pinned when the agent pins (and adopted when
+/// an earlier agent's link is there), otherwise owned by the binding.
+fn attach_devices(sensor: &Sensor, key: u64, dir: &Path) -> Option<OwnedFd> {
+    let program = sensor.device_program.as_ref()?;
+    let pin = sensor.pins.as_ref().map(|p| p.device_link(key));
+    if pin.as_deref().is_some_and(pins::is_pinned) {
+        return None;
+    }
+    let cgroup = match std::fs::File::open(dir) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), "device access not enforced: {e}");
+            return None;
+        }
+    };
+    let link = match pins::attach_cgroup_device(program.as_fd(), cgroup.as_fd()) {
+        Ok(link) => link,
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), "device access not enforced: attaching refused: {e}");
+            return None;
+        }
+    };
+    match pin {
+        Some(path) => match pins::pin(link.as_fd(), &path) {
+            // The pin holds it now.
+            Ok(()) => None,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "device link not pinned (ends with the agent): {e}");
+                Some(link)
+            }
+        },
+        None => Some(link),
+    }
+}
+
+/// The cgroup v2 id of a process.
+fn cgroup_id_of(pid: u32) -> Option<u64> {
+    crate::attribution::Attributor::detect()
+        .ok()?
+        .cgroup_id_of_pid(pid)
+        .ok()
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}

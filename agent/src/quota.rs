@@ -1,0 +1,478 @@
+//! Quotas: what an allocation from the controller asks the node to enforce, checked before the
+//! agent accepts it.
+//!
+//! A [`QuotaSpec`] is derived from an `Allocate` and the node's devices: per GPU a memory limit
+//! (from `cuda.mem`, or shares × the device's memory when only shares are given) and a compute
+//! share, the workload it binds to, and the policies. Anything that can't be enforced is refused
+//! with a reason (the agent nacks `InvalidQuota`), never half-applied.
+
+use std::{fmt, str::FromStr};
+
+use gpuwarden_agent_common::maps::{MAX_GPUS, memory_policy};
+use gpuwarden_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+
+use crate::{devices::GpuDevice, throttle::ComputePolicy};
+
+/// Parts per million of one GPU: the exact unit compute shares travel in here.
+pub const PPM: u32 = 1_000_000;
+
+/// Why an allocation's quota can't be enforced.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaError {
+    /// A memory policy no tier knows.
+    #[error("unknown memory policy {0:?} (expected kill, stop or report)")]
+    MemoryPolicy(String),
+    /// A compute policy the throttle doesn't know.
+    #[error("unknown compute policy {0:?} (expected hard or work-conserving)")]
+    ComputePolicy(String),
+    /// A share that is not a decimal number.
+    #[error("GPU {index}: share {value:?} is not a decimal number")]
+    Share {
+        /// GPU index.
+        index: u32,
+        /// The value given.
+        value: String,
+    },
+    /// A share of zero, or negative.
+    #[error("GPU {index}: share {value} must be above zero")]
+    ZeroShare {
+        /// GPU index.
+        index: u32,
+        /// The value given.
+        value: String,
+    },
+    /// More than the whole of one device.
+    #[error("GPU {index}: share {value} is more than one whole device")]
+    ShareAboveOne {
+        /// GPU index.
+        index: u32,
+        /// The value given.
+        value: String,
+    },
+    /// A memory limit of zero.
+    #[error("GPU {index}: a memory limit of 0 bytes would refuse every allocation")]
+    ZeroMemory {
+        /// GPU index.
+        index: u32,
+    },
+    /// A GPU the node doesn't have.
+    #[error("GPU {index}: this node has no such GPU (it has {have})")]
+    NoSuchGpu {
+        /// GPU index.
+        index: u32,
+        /// The indexes it has.
+        have: String,
+    },
+    /// A GPU the kernel side can't count memory on.
+    #[error("GPU {index}: indexes from {MAX_GPUS} up are not enforced")]
+    GpuOutOfRange {
+        /// GPU index.
+        index: u32,
+    },
+    /// The same GPU twice.
+    #[error("GPU {index} is listed twice")]
+    DuplicateGpu {
+        /// GPU index.
+        index: u32,
+    },
+    /// A target the agent can't resolve.
+    #[error("bad target: {0}")]
+    Target(String),
+}
+
+/// What to do when an allocation would cross a memory limit and the ioctl can't be refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryPolicy {
+    /// SIGKILL the allocating process.
+    #[default]
+    Kill,
+    /// SIGSTOP it; a person resumes or kills it (`gpuwarden-agent resume|kill --pid`).
+    Stop,
+    /// Only report.
+    Report,
+}
+
+impl MemoryPolicy {
+    /// The name users write.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Kill => "kill",
+            Self::Stop => "stop",
+            Self::Report => "report",
+        }
+    }
+
+    /// The kernel side's code ([`memory_policy`]).
+    #[must_use]
+    pub const fn kernel_code(self) -> u32 {
+        match self {
+            Self::Kill => memory_policy::KILL,
+            Self::Stop => memory_policy::STOP,
+            Self::Report => memory_policy::REPORT,
+        }
+    }
+}
+
+impl fmt::Display for MemoryPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for MemoryPolicy {
+    type Err = QuotaError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "" | "kill" => Ok(Self::Kill),
+            "stop" => Ok(Self::Stop),
+            "report" => Ok(Self::Report),
+            other => Err(QuotaError::MemoryPolicy(other.to_owned())),
+        }
+    }
+}
+
+/// The workload an allocation's quota binds to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "value")]
+pub enum Target {
+    /// A container by id.
+    ContainerId(String),
+    /// Every container of a pod.
+    PodUid(String),
+    /// A cgroup v2 path relative to the root.
+    CgroupPath(String),
+    /// A cgroup the agent makes for the session (`gpuwarden run`).
+    Managed,
+}
+
+impl Target {
+    /// The target of an `Allocate`, if it names one.
+    ///
+    /// # Errors
+    /// An empty or malformed value.
+    pub fn from_pb(target: Option<&pb::Target>) -> Result<Option<Self>, QuotaError> {
+        use pb::target::Kind;
+        let Some(kind) = target.and_then(|t| t.kind.as_ref()) else {
+            return Ok(None);
+        };
+        let target = match kind {
+            Kind::ContainerId(id) => {
+                if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit()) {
+                    return Err(QuotaError::Target(format!(
+                        "container id {id:?} is not a hex id"
+                    )));
+                }
+                Self::ContainerId(id.to_ascii_lowercase())
+            }
+            Kind::PodUid(uid) => {
+                if uid.is_empty() || !uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+                    return Err(QuotaError::Target(format!("pod UID {uid:?} is not a UUID")));
+                }
+                Self::PodUid(uid.to_ascii_lowercase())
+            }
+            Kind::CgroupPath(path) => {
+                if !path.starts_with('/') || path.split('/').any(|p| p == "..") {
+                    return Err(QuotaError::Target(format!(
+                        "cgroup path {path:?} must be absolute (from the cgroup root) without `..`"
+                    )));
+                }
+                Self::CgroupPath(path.trim_end_matches('/').to_owned())
+            }
+            Kind::Managed(true) => Self::Managed,
+            Kind::Managed(false) => return Ok(None),
+        };
+        Ok(Some(target))
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ContainerId(id) => write!(f, "container {}", &id[..id.len().min(12)]),
+            Self::PodUid(uid) => write!(f, "pod {uid}"),
+            Self::CgroupPath(path) => write!(f, "cgroup {path}"),
+            Self::Managed => f.write_str("managed cgroup"),
+        }
+    }
+}
+
+/// One GPU's part of a quota.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceQuota {
+    /// GPU index (`nvidiaN`).
+    pub index: u32,
+    /// Compute share in parts per million of the device.
+    pub shares_ppm: u32,
+    /// GPU-memory limit in bytes.
+    pub memory_bytes: u64,
+}
+
+/// A quota the node enforces for one session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaSpec {
+    /// The session.
+    pub session_id: String,
+    /// The workload it binds to.
+    pub target: Target,
+    /// Over the memory limit (tracepoint tier).
+    pub memory_policy: MemoryPolicy,
+    /// Compute share policy.
+    pub compute_policy: ComputePolicy,
+    /// Per GPU, sorted by index.
+    pub devices: Vec<DeviceQuota>,
+}
+
+impl QuotaSpec {
+    /// The quota of `allocate` on a node with `gpus`; `None` when it names no target (booked
+    /// only, nothing to enforce).
+    ///
+    /// # Errors
+    /// Anything that can't be enforced, with the reason.
+    pub fn from_allocate(
+        allocate: &pb::Allocate,
+        gpus: &[GpuDevice],
+    ) -> Result<Option<Self>, QuotaError> {
+        let policy = allocate.policy.clone().unwrap_or_default();
+        let memory_policy: MemoryPolicy = policy.memory.parse()?;
+        let compute_policy = if policy.compute.is_empty() {
+            ComputePolicy::Hard
+        } else {
+            policy
+                .compute
+                .parse()
+                .map_err(|_| QuotaError::ComputePolicy(policy.compute.clone()))?
+        };
+        let mut devices: Vec<DeviceQuota> = Vec::with_capacity(allocate.devices.len());
+        for part in &allocate.devices {
+            let index = part.index;
+            if index as usize >= MAX_GPUS {
+                return Err(QuotaError::GpuOutOfRange { index });
+            }
+            let Some(gpu) = gpus.iter().find(|g| g.index == index) else {
+                return Err(QuotaError::NoSuchGpu {
+                    index,
+                    have: gpus
+                        .iter()
+                        .map(|g| g.index.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            };
+            if devices.iter().any(|d| d.index == index) {
+                return Err(QuotaError::DuplicateGpu { index });
+            }
+            let shares_ppm = parse_share(index, &part.shares)?;
+            let memory_bytes = if part.memory_bytes > 0 {
+                part.memory_bytes
+            } else {
+                // Only shares: that fraction of the device's memory.
+                u64::try_from(
+                    u128::from(gpu.memory_bytes) * u128::from(shares_ppm) / u128::from(PPM),
+                )
+                .unwrap_or(u64::MAX)
+            };
+            if memory_bytes == 0 {
+                return Err(QuotaError::ZeroMemory { index });
+            }
+            devices.push(DeviceQuota {
+                index,
+                shares_ppm,
+                memory_bytes,
+            });
+        }
+        let Some(target) = Target::from_pb(allocate.target.as_ref())? else {
+            return Ok(None);
+        };
+        devices.sort_by_key(|d| d.index);
+        Ok(Some(Self {
+            session_id: allocate.session_id.clone(),
+            target,
+            memory_policy,
+            compute_policy,
+            devices,
+        }))
+    }
+
+    /// Total memory limit over its GPUs.
+    #[must_use]
+    pub fn memory_bytes(&self) -> u64 {
+        self.devices.iter().map(|d| d.memory_bytes).sum()
+    }
+
+    /// Total compute share over its GPUs, in GPUs.
+    #[must_use]
+    pub fn shares(&self) -> f64 {
+        f64::from(self.devices.iter().map(|d| d.shares_ppm).sum::<u32>()) / f64::from(PPM)
+    }
+}
+
+/// Parses an exact decimal share ("0.5", "1", ".25") into parts per million, refusing zero,
+/// negatives and more than one device.
+fn parse_share(index: u32, value: &str) -> Result<u32, QuotaError> {
+    let bad = || QuotaError::Share {
+        index,
+        value: value.to_owned(),
+    };
+    let trimmed = value.trim();
+    if trimmed.starts_with('-') {
+        return Err(QuotaError::ZeroShare {
+            index,
+            value: value.to_owned(),
+        });
+    }
+    let (whole, frac) = trimmed.split_once('.').unwrap_or((trimmed, ""));
+    if (whole.is_empty() && frac.is_empty())
+        || !whole.chars().all(|c| c.is_ascii_digit())
+        || !frac.chars().all(|c| c.is_ascii_digit())
+    {
+        return Err(bad());
+    }
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| bad())?
+    };
+    // Digits past a millionth can't be enforced anyway; they must be zero to be exact.
+    let (kept, rest) = frac.split_at(frac.len().min(6));
+    if rest.chars().any(|c| c != '0') {
+        return Err(bad());
+    }
+    let frac_ppm: u64 = format!("{kept:0<6}").parse().map_err(|_| bad())?;
+    let ppm = whole
+        .checked_mul(u64::from(PPM))
+        .and_then(|w| w.checked_add(frac_ppm))
+        .ok_or_else(bad)?;
+    if ppm == 0 {
+        return Err(QuotaError::ZeroShare {
+            index,
+            value: value.to_owned(),
+        });
+    }
+    if ppm > u64::from(PPM) {
+        return Err(QuotaError::ShareAboveOne {
+            index,
+            value: value.to_owned(),
+        });
+    }
+    u32::try_from(ppm).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpus() -> Vec<GpuDevice> {
+        (0..2)
+            .map(|i| GpuDevice {
+                uuid: format!("GPU-{i}"),
+                model: "Mock".into(),
+                memory_bytes: 16 << 30,
+                numa_node: 0,
+                sm_count: 0,
+                is_mig: false,
+                index: i,
+                device_node: format!("/dev/nvidia{i}"),
+            })
+            .collect()
+    }
+
+    fn allocate(parts: &[(u32, &str, u64)], memory: &str, compute: &str) -> pb::Allocate {
+        pb::Allocate {
+            session_id: "s-1".into(),
+            devices: parts
+                .iter()
+                .map(|(index, shares, memory_bytes)| pb::DeviceShare {
+                    index: *index,
+                    shares: (*shares).to_owned(),
+                    memory_bytes: *memory_bytes,
+                    ..Default::default()
+                })
+                .collect(),
+            target: Some(pb::Target {
+                kind: Some(pb::target::Kind::CgroupPath("/a/b".into())),
+            }),
+            policy: Some(pb::QuotaPolicy {
+                memory: memory.into(),
+                compute: compute.into(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn shares_alone_limit_memory_to_that_fraction_of_the_device() {
+        let spec = QuotaSpec::from_allocate(&allocate(&[(1, "0.25", 0)], "", ""), &gpus())
+            .unwrap()
+            .unwrap();
+        assert_eq!(spec.devices[0].memory_bytes, 4 << 30);
+        assert_eq!(spec.devices[0].shares_ppm, 250_000);
+        assert_eq!(spec.memory_policy, MemoryPolicy::Kill);
+        assert_eq!(spec.compute_policy, ComputePolicy::Hard);
+        assert_eq!(spec.target, Target::CgroupPath("/a/b".into()));
+    }
+
+    #[test]
+    fn an_explicit_memory_limit_wins_and_multi_gpu_parts_are_kept_per_card() {
+        let spec = QuotaSpec::from_allocate(
+            &allocate(&[(1, "0.6", 3 << 30), (0, "0.6", 3 << 30)], "stop", "work-conserving"),
+            &gpus(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            spec.devices.iter().map(|d| d.index).collect::<Vec<_>>(),
+            [0, 1]
+        );
+        assert_eq!(spec.memory_bytes(), 6 << 30);
+        assert!((spec.shares() - 1.2).abs() < 1e-9);
+        assert_eq!(spec.memory_policy, MemoryPolicy::Stop);
+        assert_eq!(spec.compute_policy, ComputePolicy::WorkConserving);
+    }
+
+    #[test]
+    fn bad_quotas_are_refused_with_their_reason() {
+        let refuse = |a: pb::Allocate| {
+            QuotaSpec::from_allocate(&a, &gpus())
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(refuse(allocate(&[(0, "1.5", 0)], "", "")).contains("more than one whole"));
+        assert!(refuse(allocate(&[(0, "0", 0)], "", "")).contains("above zero"));
+        assert!(refuse(allocate(&[(0, "-0.5", 0)], "", "")).contains("above zero"));
+        assert!(refuse(allocate(&[(0, "half", 0)], "", "")).contains("\"half\""));
+        assert!(refuse(allocate(&[(0, "0.5", 0)], "freeze", "")).contains("\"freeze\""));
+        assert!(refuse(allocate(&[(0, "0.5", 0)], "", "soft")).contains("\"soft\""));
+        assert!(refuse(allocate(&[(7, "0.5", 0)], "", "")).contains("no such GPU"));
+        assert!(refuse(allocate(&[(0, "0.5", 0), (0, "0.2", 0)], "", "")).contains("twice"));
+        let mut tiny = gpus();
+        tiny[0].memory_bytes = 1;
+        let err = QuotaSpec::from_allocate(&allocate(&[(0, "0.5", 0)], "", ""), &tiny).unwrap_err();
+        assert_eq!(err, QuotaError::ZeroMemory { index: 0 });
+        let mut a = allocate(&[(0, "0.5", 0)], "", "");
+        a.target = Some(pb::Target {
+            kind: Some(pb::target::Kind::CgroupPath("../etc".into())),
+        });
+        assert!(refuse(a).contains("absolute"));
+    }
+
+    #[test]
+    fn an_allocation_without_a_target_is_only_booked() {
+        let mut a = allocate(&[(0, "0.5", 0)], "", "");
+        a.target = None;
+        assert_eq!(QuotaSpec::from_allocate(&a, &gpus()), Ok(None));
+    }
+
+    #[test]
+    fn shares_parse_exactly() {
+        assert_eq!(parse_share(0, "1"), Ok(PPM));
+        assert_eq!(parse_share(0, ".25"), Ok(250_000));
+        assert_eq!(parse_share(0, "0.000001"), Ok(1));
+        assert_eq!(parse_share(0, "0.3000000"), Ok(300_000));
+        assert!(parse_share(0, "0.0000001").is_err());
+        assert!(parse_share(0, ".").is_err());
+    }
+}
