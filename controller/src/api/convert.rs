@@ -310,3 +310,38 @@ pub fn event_to_pb(session_id: &str, e: &EnforcementEvent) -> pb::EnforcementEve
         at_ms: e.at_ms,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::{ComputePolicy, MemoryPolicy};
+
+    #[test]
+    fn targets_and_policies_round_trip_and_bad_policies_are_invalid_arguments() {
+        for t in [
+            Target::None,
+            Target::ContainerId("abc".into()),
+            Target::PodUid("123e4567-e89b-12d3-a456-426614174000".into()),
+            Target::CgroupPath("/a/b".into()),
+            Target::Managed,
+        ] {
+            assert_eq!(target_from_pb(target_to_pb(&t).as_ref()), t);
+        }
+        let policy = QuotaPolicy {
+            memory: MemoryPolicy::Stop,
+            compute: ComputePolicy::WorkConserving,
+        };
+        assert_eq!(
+            policy_from_pb(Some(&policy_to_pb(policy))).ok(),
+            Some(policy)
+        );
+        assert_eq!(policy_from_pb(None).ok(), Some(QuotaPolicy::default()));
+        let bad = policy_from_pb(Some(&pb::QuotaPolicy {
+            memory: "evict".into(),
+            compute: String::new(),
+        }))
+        .unwrap_err();
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+        assert!(bad.message().contains("kill, stop, report"), "{bad:?}");
+    }
+}

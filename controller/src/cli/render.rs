@@ -218,6 +218,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_session_shows_its_target_policy_and_events() {
+        let s = pb::Session {
+            id: "s-1".into(),
+            target: Some(pb::Target {
+                kind: Some(pb::target::Kind::ContainerId("ab12".into())),
+            }),
+            policy: Some(pb::QuotaPolicy {
+                memory: "stop".into(),
+                compute: "hard".into(),
+            }),
+            events: vec![pb::EnforcementEvent {
+                action: "stop".into(),
+                reason: "over its GPU-memory limit".into(),
+                container: "ab12".into(),
+                pid: 77,
+                device: 1,
+                used_bytes: 5,
+                limit_bytes: 4,
+                requested_bytes: 2,
+                at_ms: 123,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = session(&s);
+        assert!(text.contains("target:    container ab12"), "{text}");
+        assert!(
+            text.contains("policy:    memory=stop compute=hard"),
+            "{text}"
+        );
+        let event = text.lines().last().unwrap_or_default();
+        for part in ["123", "stop", "77", "GPU1", "ab12", "used 5 of 4 bytes"] {
+            assert!(event.contains(part), "{part}: {text}");
+        }
+    }
+
+    #[test]
     fn bars_show_the_fraction() {
         assert_eq!(bar(0.8, 10), "████████░░");
         assert_eq!(bar(0.0, 10), "░░░░░░░░░░");

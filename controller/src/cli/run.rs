@@ -185,10 +185,12 @@ async fn wait_running(
             pb::SessionState::Failed => {
                 return Err(CliError::Run(format!("session {id} failed: {}", s.reason)));
             }
-            other => {
+            pb::SessionState::Terminating
+            | pb::SessionState::Terminated
+            | pb::SessionState::Lost => {
                 return Err(CliError::Run(format!(
                     "session {id} ended before it ran ({}){}",
-                    other.as_str_name().to_lowercase(),
+                    super::render::state(s.state),
                     if s.reason.is_empty() {
                         String::new()
                     } else {
