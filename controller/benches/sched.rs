@@ -14,7 +14,7 @@ use gpuwarden_controller::{
     allocator::DeviceSpec,
     api::{Controller, Timing},
     node::NodeReport,
-    scheduler::{Scheduler, SchedulerConfig},
+    scheduler::{NewSession, Scheduler, SchedulerConfig},
     server,
     slots::{ResourceSlot, SlotKind, SlotName},
     store::Store,
@@ -106,14 +106,12 @@ fn decisions(nodes: usize) -> Row {
     }
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for i in 0..SESSIONS {
-        s.create(
-            format!("s{i:05}"),
-            String::new(),
-            format!("owner{}", i % 50),
-            0,
-            request(&mut rng),
-            None,
-        )
+        s.create(NewSession {
+            id: format!("s{i:05}"),
+            owner: format!("owner{}", i % 50),
+            requested: request(&mut rng),
+            ..NewSession::default()
+        })
         .expect("valid request");
     }
     // Baseline: walk the pending sessions in queue order without deciding.

@@ -6,11 +6,16 @@
 //!
 //! - [`slots`]: exact resource quantities, parsing what users type, the merged slot-type registry;
 //! - [`allocator`]: the fractional GPU allocator of one node;
-//! - [`node`] and [`session`]: what the controller knows of agents and requests;
+//! - [`node`] and [`session`]: what the controller knows of agents and requests, with the
+//!   workload each session's quota binds to, its quota policy and the enforcement events its
+//!   node reported;
 //! - [`scheduler`]: the queue, predicates, filter, score and bind.
 //!
 //! - [`store`]: the sled store that makes every acknowledged change durable;
-//! - [`api`]: the gRPC services for clients and agents.
+//! - [`api`]: the gRPC services for clients and agents;
+//! - [`server`] and [`cli`]: the `gpuwarden-controller` and `gpuwarden` binaries (each a
+//!   `main` here, so test binaries can wrap them); `gpuwarden run` asks the node agent's local
+//!   socket for its node and the session's cgroup.
 #![deny(missing_docs)]
 
 pub mod allocator;

@@ -1,6 +1,10 @@
 //! `gpuwarden-controller run`: the store, the services, health checking and reflection.
+//!
+//! [`main`] is the whole `gpuwarden-controller` binary.
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+
+use clap::{Parser, Subcommand};
 
 use gpuwarden_proto::v1::{
     FILE_DESCRIPTOR_SET, agent_service_server::AgentServiceServer,
@@ -151,4 +155,82 @@ pub async fn serve_on(
         .map_err(|source| ServeError::Serve { addr, source });
     background.abort();
     result
+}
+
+/// gpuwarden's cluster controller.
+#[derive(Parser)]
+#[command(name = "gpuwarden-controller", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the gRPC API.
+    Run {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:50051")]
+        listen: SocketAddr,
+        /// Directory of the embedded store.
+        #[arg(long, default_value = "/var/lib/gpuwarden/controller")]
+        state_dir: PathBuf,
+        /// TOML config file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+/// The whole `gpuwarden-controller` binary: parses the command line and serves until Ctrl-C on
+/// its own runtime. Exits 2 for a bad config file, 1 when serving fails.
+#[must_use]
+pub fn main() -> ExitCode {
+    // A wrapping binary may have set up tracing already.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let Command::Run {
+        listen,
+        state_dir,
+        config,
+    } = Cli::parse().command;
+    let file = match config.as_deref().map(FileConfig::read).transpose() {
+        Ok(f) => f.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("gpuwarden-controller: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut timing = Timing::default();
+    if let Some(secs) = file.heartbeat_timeout_secs {
+        timing.heartbeat_timeout = Duration::from_secs(secs);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gpuwarden-controller: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let controller = open(&state_dir, file.scheduler.unwrap_or_default(), timing)?;
+        serve(controller, listen, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpuwarden-controller: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

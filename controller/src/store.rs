@@ -278,7 +278,20 @@ mod tests {
             failed_passes: 0,
             created_at_ms: 1,
             updated_at_ms: 1,
+            target: crate::session::Target::None,
+            policy: crate::session::QuotaPolicy::default(),
+            events: vec![],
         }
+    }
+
+    #[test]
+    fn session_records_from_before_targets_still_load() {
+        let mut old = serde_json::to_value(session("s1")).unwrap();
+        for key in ["target", "policy", "events"] {
+            old.as_object_mut().unwrap().remove(key);
+        }
+        let back: Session = serde_json::from_value(old).unwrap();
+        assert_eq!(back, session("s1"));
     }
 
     #[test]

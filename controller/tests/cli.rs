@@ -38,3 +38,98 @@ fn an_unreachable_controller_exits_1_saying_where() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("http://127.0.0.1:9"), "{err}");
 }
+
+#[test]
+fn unknown_policies_exit_2_listing_the_accepted_ones() {
+    let (code, err) = gpuwarden(&[
+        "session",
+        "create",
+        "-r",
+        "cuda.shares=0.5",
+        "--memory-policy",
+        "evict",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("\"evict\"") && err.contains("kill, stop, report"),
+        "{err}"
+    );
+    let (code, err) = gpuwarden(&[
+        "run",
+        "-r",
+        "cuda.shares=0.5",
+        "--compute-policy",
+        "soft",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("hard, work-conserving"), "{err}");
+}
+
+#[test]
+fn conflicting_or_malformed_targets_exit_2() {
+    let (code, err) = gpuwarden(&[
+        "session",
+        "create",
+        "-r",
+        "cuda.shares=0.5",
+        "--container",
+        "abc",
+        "--cgroup",
+        "/x",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--container") && err.contains("--cgroup"),
+        "{err}"
+    );
+    let (code, err) = gpuwarden(&[
+        "session",
+        "create",
+        "-r",
+        "cuda.shares=0.5",
+        "--pod",
+        "123e4567-e89b-12d3-a456-426614174000",
+        "--container",
+        "abc",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    for (flag, value, words) in [
+        ("--container", "xyz", "\"xyz\""),
+        ("--pod", "not-a-uuid", "not a UUID"),
+        ("--cgroup", "system.slice", "not absolute"),
+        ("--cgroup", "/a/../b", "\"..\""),
+    ] {
+        let (code, err) = gpuwarden(&["session", "create", "-r", "cuda.shares=0.5", flag, value]);
+        assert_eq!(code, 2, "{flag} {value}: {err}");
+        assert!(err.contains(words), "{flag} {value}: {err}");
+    }
+}
+
+#[test]
+fn run_needs_a_command_and_good_resources() {
+    let (code, err) = gpuwarden(&["run", "-r", "cuda.shares=0.5"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, err) = gpuwarden(&["run", "-r", "mem=2x", "--", "true"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("\"2x\""), "{err}");
+}
+
+#[test]
+fn run_with_no_agent_exits_1_saying_where() {
+    let socket =
+        std::env::temp_dir().join(format!("gpuwarden-no-agent-{}.sock", std::process::id()));
+    let socket = socket.to_string_lossy();
+    let (code, err) = gpuwarden(&[
+        "run",
+        "-r",
+        "cuda.shares=0.5",
+        "--agent-socket",
+        &socket,
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("agent") && err.contains(&*socket), "{err}");
+}

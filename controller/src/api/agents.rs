@@ -1,5 +1,5 @@
-//! `AgentService`: agents register their node, then hold one stream: heartbeats and
-//! acks/nacks up, `Allocate`/`Release` down.
+//! `AgentService`: agents register their node, then hold one stream: heartbeats, acks/nacks and
+//! enforcement events up, `Allocate`/`Release` down.
 
 use std::{pin::Pin, sync::Arc};
 
@@ -85,8 +85,17 @@ impl AgentService for AgentApi {
                         controller.apply(|s| s.nack(&node, &n.session_id, &n.reason, &n.message))
                     }
                     Some(Msg::Event(e)) => {
-                        tracing::info!(%node, session = %e.session_id, action = %e.action, container = %e.container, pid = e.pid, "enforcement: {}", e.reason);
-                        Ok(())
+                        let event = convert::event_from_pb(&e);
+                        controller
+                            .apply(|s| s.record_event(&node, &e.session_id, event))
+                            .map(|recorded| {
+                                if recorded {
+                                    tracing::info!(%node, session = %e.session_id, action = %e.action, container = %e.container, pid = e.pid, device = e.device, "enforcement: {}", e.reason);
+                                } else {
+                                    // A session ended and forgotten, or a confused agent: not worth an error.
+                                    tracing::warn!(%node, session = %e.session_id, action = %e.action, "enforcement event for a session not on this node, dropped: {}", e.reason);
+                                }
+                            })
                     }
                     None => Ok(()),
                 };

@@ -6,7 +6,7 @@ use tonic::Status;
 use crate::{
     allocator::{Allocation, DevicePart, DeviceSpec},
     node::{Node, NodeReport, NodeState},
-    session::{Session, SessionState},
+    session::{EnforcementEvent, QuotaPolicy, Session, SessionState, Target},
     slots::{ResourceSlot, SlotKind, SlotName, SlotValue},
 };
 
@@ -224,6 +224,124 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
         reason: s.reason.clone(),
         created_at_ms: s.created_at_ms,
         updated_at_ms: s.updated_at_ms,
-        ..Default::default()
+        target: target_to_pb(&s.target),
+        policy: Some(policy_to_pb(s.policy)),
+        events: s.events.iter().map(|e| event_to_pb(&s.id, e)).collect(),
+    }
+}
+
+/// A `Target` message to a target. Its form is checked later, with the pinned node
+/// ([`Target::validate`]).
+#[must_use]
+pub fn target_from_pb(target: Option<&pb::Target>) -> Target {
+    use pb::target::Kind;
+    match target.and_then(|t| t.kind.as_ref()) {
+        None | Some(Kind::Managed(false)) => Target::None,
+        Some(Kind::ContainerId(id)) => Target::ContainerId(id.clone()),
+        Some(Kind::PodUid(uid)) => Target::PodUid(uid.clone()),
+        Some(Kind::CgroupPath(path)) => Target::CgroupPath(path.clone()),
+        Some(Kind::Managed(true)) => Target::Managed,
+    }
+}
+
+/// A target to its message (none for [`Target::None`]).
+#[must_use]
+pub fn target_to_pb(target: &Target) -> Option<pb::Target> {
+    use pb::target::Kind;
+    let kind = match target {
+        Target::None => return None,
+        Target::ContainerId(id) => Kind::ContainerId(id.clone()),
+        Target::PodUid(uid) => Kind::PodUid(uid.clone()),
+        Target::CgroupPath(path) => Kind::CgroupPath(path.clone()),
+        Target::Managed => Kind::Managed(true),
+    };
+    Some(pb::Target { kind: Some(kind) })
+}
+
+/// A `QuotaPolicy` message to a policy; an absent message or empty name is the default.
+///
+/// # Errors
+/// `InvalidArgument` naming the unknown policy and the accepted ones.
+pub fn policy_from_pb(policy: Option<&pb::QuotaPolicy>) -> Result<QuotaPolicy, Status> {
+    let Some(p) = policy else {
+        return Ok(QuotaPolicy::default());
+    };
+    QuotaPolicy::parse(&p.memory, &p.compute).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+/// A policy to its message, every field filled in.
+#[must_use]
+pub fn policy_to_pb(policy: QuotaPolicy) -> pb::QuotaPolicy {
+    pb::QuotaPolicy {
+        memory: policy.memory.as_str().to_owned(),
+        compute: policy.compute.as_str().to_owned(),
+    }
+}
+
+/// An `EnforcementEvent` message to an event (its session id is kept apart).
+#[must_use]
+pub fn event_from_pb(e: &pb::EnforcementEvent) -> EnforcementEvent {
+    EnforcementEvent {
+        action: e.action.clone(),
+        reason: e.reason.clone(),
+        container: e.container.clone(),
+        pid: e.pid,
+        device: e.device,
+        requested_bytes: e.requested_bytes,
+        used_bytes: e.used_bytes,
+        limit_bytes: e.limit_bytes,
+        at_ms: e.at_ms,
+    }
+}
+
+/// An event of session `session_id` to its message.
+#[must_use]
+pub fn event_to_pb(session_id: &str, e: &EnforcementEvent) -> pb::EnforcementEvent {
+    pb::EnforcementEvent {
+        session_id: session_id.to_owned(),
+        action: e.action.clone(),
+        reason: e.reason.clone(),
+        container: e.container.clone(),
+        pid: e.pid,
+        device: e.device,
+        requested_bytes: e.requested_bytes,
+        used_bytes: e.used_bytes,
+        limit_bytes: e.limit_bytes,
+        at_ms: e.at_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::{ComputePolicy, MemoryPolicy};
+
+    #[test]
+    fn targets_and_policies_round_trip_and_bad_policies_are_invalid_arguments() {
+        for t in [
+            Target::None,
+            Target::ContainerId("abc".into()),
+            Target::PodUid("123e4567-e89b-12d3-a456-426614174000".into()),
+            Target::CgroupPath("/a/b".into()),
+            Target::Managed,
+        ] {
+            assert_eq!(target_from_pb(target_to_pb(&t).as_ref()), t);
+        }
+        let policy = QuotaPolicy {
+            memory: MemoryPolicy::Stop,
+            compute: ComputePolicy::WorkConserving,
+        };
+        assert_eq!(
+            policy_from_pb(Some(&policy_to_pb(policy))).ok(),
+            Some(policy)
+        );
+        assert_eq!(policy_from_pb(None).ok(), Some(QuotaPolicy::default()));
+        let bad = policy_from_pb(Some(&pb::QuotaPolicy {
+            memory: "evict".into(),
+            compute: String::new(),
+        }))
+        .unwrap_err();
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+        assert!(bad.message().contains("kill, stop, report"), "{bad:?}");
     }
 }

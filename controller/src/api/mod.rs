@@ -170,13 +170,16 @@ impl Controller {
                     session,
                     slots,
                     allocation,
+                    target,
+                    policy,
                 } => (
                     node,
                     pb::controller_message::Msg::Allocate(pb::Allocate {
                         session_id: session,
                         slots: Some(convert::slots_to_pb(&slots)),
                         devices: convert::parts_to_pb(&allocation),
-                        ..Default::default()
+                        target: convert::target_to_pb(&target),
+                        policy: Some(convert::policy_to_pb(policy)),
                     }),
                 ),
                 Command::Release { node, session } => (

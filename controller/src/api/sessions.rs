@@ -7,7 +7,7 @@ use tokio_stream::{Stream, StreamExt, wrappers::BroadcastStream};
 use tonic::{Request, Response, Status};
 
 use super::{Controller, convert, store_status};
-use crate::scheduler::RequestError;
+use crate::scheduler::{NewSession, RequestError};
 
 /// The client-facing service.
 #[derive(Clone)]
@@ -15,7 +15,9 @@ pub struct SchedulerApi(pub Arc<Controller>);
 
 fn request_status(e: &RequestError) -> Status {
     match e {
-        RequestError::Gpu(_) | RequestError::Empty => Status::invalid_argument(e.to_string()),
+        RequestError::Gpu(_) | RequestError::Empty | RequestError::Target(_) => {
+            Status::invalid_argument(e.to_string())
+        }
         RequestError::UnknownSlot { .. }
         | RequestError::Oversized { .. }
         | RequestError::UnknownNode(_) => Status::failed_precondition(e.to_string()),
@@ -30,6 +32,8 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Session>, Status> {
         let r = request.into_inner();
         let requested = convert::slots_from_pb(r.requested.as_ref())?;
+        let target = convert::target_from_pb(r.target.as_ref());
+        let policy = convert::policy_from_pb(r.policy.as_ref())?;
         let id = self.0.new_session_id();
         let owner = if r.owner.is_empty() {
             "default".to_owned()
@@ -39,7 +43,18 @@ impl SchedulerService for SchedulerApi {
         let pinned = (!r.node_id.is_empty()).then_some(r.node_id);
         let created = self
             .0
-            .apply(|s| s.create(id.clone(), r.name, owner, r.priority, requested, pinned))
+            .apply(|s| {
+                s.create(NewSession {
+                    id: id.clone(),
+                    name: r.name,
+                    owner,
+                    priority: r.priority,
+                    requested,
+                    pinned_node: pinned,
+                    target,
+                    policy,
+                })
+            })
             .map_err(|e| store_status(&e))?
             .map_err(|e| request_status(&e))?;
         self.0.kick();

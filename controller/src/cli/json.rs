@@ -2,7 +2,12 @@
 //!
 //! - session: `id`, `name`, `owner`, `priority`, `state`, `node`, `requested` (slot → exact
 //!   decimal string), `devices` (`index`, `uuid`, `shares`, `memory_bytes`, `exclusive`),
-//!   `reason`, `created_at_ms`, `updated_at_ms`;
+//!   `reason`, `created_at_ms`, `updated_at_ms`, `target` (null when the quota binds to nothing,
+//!   else `kind`: `container_id`, `pod_uid`, `cgroup_path` or `managed`, and `value`: the id,
+//!   UID or path, null for `managed`), `policy` (`memory`: `kill`, `stop` or `report`;
+//!   `compute`: `hard` or `work-conserving`), `events` (the newest enforcement events, newest
+//!   last, at most 32: `action`, `reason`, `container`, `pid`, `device`, `requested_bytes`,
+//!   `used_bytes`, `limit_bytes`, `at_ms`);
 //! - node: `id`, `hostname`, `state`, `capacity`, `allocated`, `devices` (`index`, `uuid`,
 //!   `model`, `memory_bytes`, `numa_node`, `sm_count`, `is_mig`), `hooks`, `last_heartbeat_ms`;
 //!   `node show` adds `allocation_map` (`index`, `uuid`, `capacity_shares`, `allocated_shares`,
@@ -15,6 +20,7 @@ use gpuwarden_proto::v1 as pb;
 use serde::Serialize;
 
 use super::render::{kind, node_state, state};
+use crate::session::{ComputePolicy, MemoryPolicy};
 
 /// A session.
 #[derive(Debug, Serialize)]
@@ -30,6 +36,61 @@ pub struct Session {
     reason: String,
     created_at_ms: i64,
     updated_at_ms: i64,
+    target: Option<Target>,
+    policy: Policy,
+    events: Vec<Event>,
+}
+
+/// The workload a session's quota binds to.
+#[derive(Debug, Serialize)]
+pub struct Target {
+    kind: &'static str,
+    value: Option<String>,
+}
+
+/// How a session's quota is enforced.
+#[derive(Debug, Serialize)]
+pub struct Policy {
+    memory: String,
+    compute: String,
+}
+
+/// An enforcement event of a session.
+#[derive(Debug, Serialize)]
+pub struct Event {
+    action: String,
+    reason: String,
+    container: String,
+    pid: u32,
+    device: u32,
+    requested_bytes: u64,
+    used_bytes: u64,
+    limit_bytes: u64,
+    at_ms: i64,
+}
+
+fn target(t: Option<&pb::Target>) -> Option<Target> {
+    use pb::target::Kind;
+    let (kind, value) = match t.and_then(|t| t.kind.as_ref())? {
+        Kind::ContainerId(id) => ("container_id", Some(id.clone())),
+        Kind::PodUid(uid) => ("pod_uid", Some(uid.clone())),
+        Kind::CgroupPath(path) => ("cgroup_path", Some(path.clone())),
+        Kind::Managed(true) => ("managed", None),
+        Kind::Managed(false) => return None,
+    };
+    Some(Target { kind, value })
+}
+
+fn policy(p: Option<&pb::QuotaPolicy>) -> Policy {
+    // Empty on the wire is the default; show what is in force.
+    let or = |s: Option<&String>, default: &str| {
+        s.filter(|s| !s.is_empty())
+            .map_or_else(|| default.to_owned(), Clone::clone)
+    };
+    Policy {
+        memory: or(p.map(|p| &p.memory), MemoryPolicy::default().as_str()),
+        compute: or(p.map(|p| &p.compute), ComputePolicy::default().as_str()),
+    }
 }
 
 /// One device part of a session.
@@ -66,6 +127,23 @@ impl From<&pb::Session> for Session {
             reason: s.reason.clone(),
             created_at_ms: s.created_at_ms,
             updated_at_ms: s.updated_at_ms,
+            target: target(s.target.as_ref()),
+            policy: policy(s.policy.as_ref()),
+            events: s
+                .events
+                .iter()
+                .map(|e| Event {
+                    action: e.action.clone(),
+                    reason: e.reason.clone(),
+                    container: e.container.clone(),
+                    pid: e.pid,
+                    device: e.device,
+                    requested_bytes: e.requested_bytes,
+                    used_bytes: e.used_bytes,
+                    limit_bytes: e.limit_bytes,
+                    at_ms: e.at_ms,
+                })
+                .collect(),
         }
     }
 }

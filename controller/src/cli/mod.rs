@@ -1,10 +1,14 @@
-//! The `gpuwarden` command line: sessions, nodes and slot types over the gRPC API.
+//! The `gpuwarden` command line: sessions, nodes and slot types over the gRPC API, and
+//! `gpuwarden run` to run a command inside a session's quota on this node.
 //!
 //! Human tables by default, `--json` everywhere (the key names of [`json`] are stable). Bad input
-//! exits 2 with a message naming the bad part; a server error exits 1 with the gRPC status.
+//! exits 2 with a message naming the bad part; a server or agent error exits 1 with the reason.
+//! [`main`] is the whole binary, so test binaries can wrap the same CLI.
 
+pub mod agent_socket;
 pub mod json;
 pub mod render;
+pub mod run;
 
 use std::process::ExitCode;
 
@@ -13,7 +17,11 @@ use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerService
 use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::{api::convert, slots::ResourceSlot};
+use crate::{
+    api::convert,
+    session::{ComputePolicy, MemoryPolicy, QuotaPolicy, Target},
+    slots::ResourceSlot,
+};
 
 /// gpuwarden: share GPUs between containers.
 #[derive(Parser)]
@@ -45,6 +53,57 @@ enum Command {
     /// Slot types merged from every agent.
     #[command(subcommand)]
     Slot(SlotCommand),
+    /// Run a command inside a new session's quota on this node, e.g.
+    /// `gpuwarden run -r cuda.shares=0.5 -r cuda.mem=4g -- python train.py`.
+    Run(run::RunArgs),
+}
+
+/// How a quota is enforced (`session create`, `run`).
+#[derive(clap::Args)]
+pub struct PolicyArgs {
+    /// Over the GPU-memory limit: kill (default), stop or report.
+    #[arg(long, value_name = "POLICY")]
+    memory_policy: Option<MemoryPolicy>,
+    /// Compute share: hard (default) or work-conserving.
+    #[arg(long, value_name = "POLICY")]
+    compute_policy: Option<ComputePolicy>,
+}
+
+impl PolicyArgs {
+    /// The policy the flags name (defaults for those left out).
+    #[must_use]
+    pub fn policy(&self) -> QuotaPolicy {
+        QuotaPolicy {
+            memory: self.memory_policy.unwrap_or_default(),
+            compute: self.compute_policy.unwrap_or_default(),
+        }
+    }
+}
+
+/// The workload a quota binds to (`session create`); at most one.
+#[derive(clap::Args)]
+struct TargetArgs {
+    /// Bind the quota to this container (its runtime's id, hex digits).
+    #[arg(long, value_name = "ID", conflicts_with_all = ["pod", "cgroup"])]
+    container: Option<String>,
+    /// Bind the quota to this Kubernetes pod (its UID): all its containers share it.
+    #[arg(long, value_name = "UID", conflicts_with = "cgroup")]
+    pod: Option<String>,
+    /// Bind the quota to this cgroup v2 path, relative to the cgroup root (e.g.
+    /// /system.slice/my.service).
+    #[arg(long, value_name = "PATH")]
+    cgroup: Option<String>,
+}
+
+impl TargetArgs {
+    fn target(&self) -> Target {
+        match (&self.container, &self.pod, &self.cgroup) {
+            (Some(id), _, _) => Target::ContainerId(id.clone()),
+            (None, Some(uid), _) => Target::PodUid(uid.clone()),
+            (None, None, Some(path)) => Target::CgroupPath(path.clone()),
+            (None, None, None) => Target::None,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -66,6 +125,10 @@ enum SessionCommand {
         /// Pin to a node.
         #[arg(long)]
         node: Option<String>,
+        #[command(flatten)]
+        target: TargetArgs,
+        #[command(flatten)]
+        policy: PolicyArgs,
     },
     /// List sessions.
     Ls {
@@ -126,6 +189,12 @@ pub enum CliError {
         /// Why.
         reason: String,
     },
+    /// The node agent can't be reached or refused (exit 1).
+    #[error(transparent)]
+    Agent(#[from] agent_socket::AgentError),
+    /// `gpuwarden run` could not get its session running (exit 1).
+    #[error("{0}")]
+    Run(String),
 }
 
 impl CliError {
@@ -134,7 +203,9 @@ impl CliError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
             Self::Input(_) => ExitCode::from(2),
-            Self::Server { .. } | Self::Unreachable { .. } => ExitCode::from(1),
+            Self::Server { .. } | Self::Unreachable { .. } | Self::Agent(_) | Self::Run(_) => {
+                ExitCode::from(1)
+            }
         }
     }
 }
@@ -144,6 +215,42 @@ impl From<tonic::Status> for CliError {
         Self::Server {
             code: s.code(),
             message: s.message().to_owned(),
+        }
+    }
+}
+
+/// The whole `gpuwarden` binary: parses the command line, runs it on its own runtime, and
+/// returns the exit code (0; 1 for server, agent or run failures; 2 for bad input; the
+/// command's own for `run`).
+#[must_use]
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Usage errors are bad input: exit 2 (help and version exit 0).
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gpuwarden: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gpuwarden: {e}");
+            e.exit_code()
         }
     }
 }
@@ -169,25 +276,40 @@ fn print_json<T: serde::Serialize>(value: &T) {
     }
 }
 
-/// Runs the parsed command line.
+/// Runs the parsed command line; the exit code is 0 but for `run`, whose is the command's.
 ///
 /// # Errors
 /// See [`CliError`].
-pub async fn run(cli: Cli) -> Result<(), CliError> {
+pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let command = match cli.command {
+        Command::Run(args) => return run::run(&cli.controller, args).await,
+        other => other,
+    };
     // Parse before connecting, so bad input is exit 2 even with no controller.
-    let requested = match &cli.command {
-        Command::Session(SessionCommand::Create { resources, .. }) => {
+    let requested = match &command {
+        Command::Session(SessionCommand::Create {
+            resources,
+            node,
+            target,
+            ..
+        }) => {
+            target
+                .target()
+                .validate(node.as_deref())
+                .map_err(|e| CliError::Input(e.to_string()))?;
             Some(ResourceSlot::parse_any(resources).map_err(|e| CliError::Input(e.to_string()))?)
         }
         _ => None,
     };
     let mut client = connect(&cli.controller).await?;
-    match cli.command {
+    match command {
         Command::Session(SessionCommand::Create {
             owner,
             name,
             priority,
             node,
+            target,
+            policy,
             ..
         }) => {
             let s = client
@@ -197,7 +319,8 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                     name,
                     priority,
                     node_id: node.unwrap_or_default(),
-                    ..Default::default()
+                    target: convert::target_to_pb(&target.target()),
+                    policy: Some(convert::policy_to_pb(policy.policy())),
                 })
                 .await?
                 .into_inner();
@@ -313,6 +436,8 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                 print!("{}", render::slot_types(&types));
             }
         }
+        // Handled above, before connecting.
+        Command::Run(_) => {}
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }

@@ -94,7 +94,52 @@ pub fn session(s: &pb::Session) -> String {
     if !s.reason.is_empty() {
         let _ = writeln!(out, "reason:    {}", s.reason);
     }
+    let _ = writeln!(out, "target:    {}", target(s.target.as_ref()));
+    if let Some(p) = &s.policy {
+        let _ = writeln!(out, "policy:    memory={} compute={}", p.memory, p.compute);
+    }
+    if !s.events.is_empty() {
+        let _ = writeln!(out, "events:");
+        let _ = writeln!(
+            out,
+            "  {:<15} {:<13} {:>8} {:<6} {:<24} REASON",
+            "AT_MS", "ACTION", "PID", "GPU", "CONTAINER"
+        );
+        for e in &s.events {
+            let mut reason = e.reason.clone();
+            if e.limit_bytes > 0 {
+                let _ = write!(
+                    reason,
+                    " (used {} of {} bytes, asked {})",
+                    e.used_bytes, e.limit_bytes, e.requested_bytes
+                );
+            }
+            let _ = writeln!(
+                out,
+                "  {:<15} {:<13} {:>8} {:<6} {:<24} {}",
+                e.at_ms,
+                e.action,
+                e.pid,
+                format!("GPU{}", e.device),
+                e.container,
+                reason
+            );
+        }
+    }
     out
+}
+
+/// A session's target in words.
+#[must_use]
+pub fn target(t: Option<&pb::Target>) -> String {
+    use pb::target::Kind;
+    match t.and_then(|t| t.kind.as_ref()) {
+        None | Some(Kind::Managed(false)) => "none".to_owned(),
+        Some(Kind::ContainerId(id)) => format!("container {id}"),
+        Some(Kind::PodUid(uid)) => format!("pod {uid}"),
+        Some(Kind::CgroupPath(path)) => format!("cgroup {path}"),
+        Some(Kind::Managed(true)) => "managed".to_owned(),
+    }
 }
 
 /// Nodes as a table.
@@ -171,6 +216,43 @@ pub fn slot_types(list: &[pb::SlotType]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_shows_its_target_policy_and_events() {
+        let s = pb::Session {
+            id: "s-1".into(),
+            target: Some(pb::Target {
+                kind: Some(pb::target::Kind::ContainerId("ab12".into())),
+            }),
+            policy: Some(pb::QuotaPolicy {
+                memory: "stop".into(),
+                compute: "hard".into(),
+            }),
+            events: vec![pb::EnforcementEvent {
+                action: "stop".into(),
+                reason: "over its GPU-memory limit".into(),
+                container: "ab12".into(),
+                pid: 77,
+                device: 1,
+                used_bytes: 5,
+                limit_bytes: 4,
+                requested_bytes: 2,
+                at_ms: 123,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = session(&s);
+        assert!(text.contains("target:    container ab12"), "{text}");
+        assert!(
+            text.contains("policy:    memory=stop compute=hard"),
+            "{text}"
+        );
+        let event = text.lines().last().unwrap_or_default();
+        for part in ["123", "stop", "77", "GPU1", "ab12", "used 5 of 4 bytes"] {
+            assert!(event.contains(part), "{part}: {text}");
+        }
+    }
 
     #[test]
     fn bars_show_the_fraction() {

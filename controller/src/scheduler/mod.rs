@@ -21,7 +21,7 @@ pub use tracker::ConcurrencyTracker;
 use crate::{
     allocator::{AllocError, Allocation, AllocatorConfig, GpuRequest, NodeAllocator, Strategy},
     node::{Node, NodeReport, NodeState},
-    session::{Session, SessionState, now_ms},
+    session::{EnforcementEvent, QuotaPolicy, Session, SessionState, Target, TargetError, now_ms},
     slots::{RegistryError, ResourceSlot, SlotTypeRegistry},
 };
 
@@ -105,6 +105,30 @@ pub enum RequestError {
     /// Asks for nothing.
     #[error("the request asks for no resources")]
     Empty,
+    /// The target is malformed.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+}
+
+/// A session to queue: what [`Scheduler::create`] takes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NewSession {
+    /// Unique id.
+    pub id: String,
+    /// Human name (empty: the id).
+    pub name: String,
+    /// Owner (user or project).
+    pub owner: String,
+    /// Higher runs first.
+    pub priority: i32,
+    /// What it asks for.
+    pub requested: ResourceSlot,
+    /// The node it must run on, if any.
+    pub pinned_node: Option<String>,
+    /// The workload its quota binds to.
+    pub target: Target,
+    /// How its quota is enforced.
+    pub policy: QuotaPolicy,
 }
 
 /// A node refused at registration.
@@ -131,6 +155,10 @@ pub enum Command {
         slots: ResourceSlot,
         /// GPU parts.
         allocation: Allocation,
+        /// The workload the quota binds to.
+        target: Target,
+        /// How the quota is enforced.
+        policy: QuotaPolicy,
     },
     /// Release what `session` holds.
     Release {
@@ -284,6 +312,8 @@ impl Scheduler {
                         session: sid.clone(),
                         slots: session.requested.clone(),
                         allocation: session.allocation.clone(),
+                        target: session.target.clone(),
+                        policy: session.policy,
                     });
                 }
             } else {
@@ -362,15 +392,18 @@ impl Scheduler {
     ///
     /// # Errors
     /// The request names unknown slots, is malformed, or is larger than every node.
-    pub fn create(
-        &mut self,
-        id: String,
-        name: String,
-        owner: String,
-        priority: i32,
-        requested: ResourceSlot,
-        pinned_node: Option<String>,
-    ) -> Result<Session, RequestError> {
+    pub fn create(&mut self, new: NewSession) -> Result<Session, RequestError> {
+        let NewSession {
+            id,
+            name,
+            owner,
+            priority,
+            requested,
+            pinned_node,
+            target,
+            policy,
+        } = new;
+        target.validate(pinned_node.as_deref())?;
         if requested.is_zero() {
             return Err(RequestError::Empty);
         }
@@ -426,6 +459,9 @@ impl Scheduler {
             failed_passes: 0,
             created_at_ms: now,
             updated_at_ms: now,
+            target,
+            policy,
+            events: Vec::new(),
         };
         self.next_seq += 1;
         self.sessions.insert(id.clone(), session.clone());
@@ -468,6 +504,20 @@ impl Scheduler {
             set_state(s, SessionState::Running, "");
             self.changes.sessions.insert(session.to_owned());
         }
+    }
+
+    /// An enforcement event the agent on `node` reported for `session`. Returns whether it was
+    /// recorded: events for sessions unknown or placed elsewhere are not.
+    pub fn record_event(&mut self, node: &str, session: &str, event: EnforcementEvent) -> bool {
+        let Some(s) = self.sessions.get_mut(session) else {
+            return false;
+        };
+        if s.node.as_deref() != Some(node) {
+            return false;
+        }
+        s.record_event(event);
+        self.changes.sessions.insert(session.to_owned());
+        true
     }
 
     /// The agent on `node` refused `session`: release and fail it with the agent's reason.
@@ -681,6 +731,7 @@ impl Scheduler {
         };
         let requested = session.requested.clone();
         let owner = session.owner.clone();
+        let (target, policy) = (session.target.clone(), session.policy);
         let node = self.nodes.get_mut(&node_id).ok_or("node vanished")?;
         let allocation = node
             .allocator
@@ -701,6 +752,8 @@ impl Scheduler {
             session: id.to_owned(),
             slots: requested,
             allocation,
+            target,
+            policy,
         })
     }
 }

@@ -47,14 +47,12 @@ fn create(
     owner: &str,
     tokens: &[&str],
 ) -> Result<Session, RequestError> {
-    s.create(
-        id.into(),
-        String::new(),
-        owner.into(),
-        0,
-        slots(tokens),
-        None,
-    )
+    s.create(NewSession {
+        id: id.into(),
+        owner: owner.into(),
+        requested: slots(tokens),
+        ..NewSession::default()
+    })
 }
 
 fn state(s: &Scheduler, id: &str) -> SessionState {
@@ -241,4 +239,84 @@ fn lost_nodes_leave_the_pool_and_their_report_wins_on_return() {
         s.nodes()["n1"].allocator.devices()[0].allocated.to_string(),
         "0.3"
     );
+}
+
+#[test]
+fn allocations_carry_the_target_and_policy_also_when_sent_again() {
+    use crate::session::{ComputePolicy, MemoryPolicy};
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    let policy = QuotaPolicy {
+        memory: MemoryPolicy::Stop,
+        compute: ComputePolicy::WorkConserving,
+    };
+    s.create(NewSession {
+        id: "m".into(),
+        owner: "u".into(),
+        requested: slots(&["cuda.shares=0.5"]),
+        pinned_node: Some("n1".into()),
+        target: Target::Managed,
+        policy,
+        ..NewSession::default()
+    })
+    .unwrap();
+    let expect = |commands: &[Command]| {
+        assert!(
+            matches!(
+                commands,
+                [Command::Allocate { session, target: Target::Managed, policy: p, .. }]
+                    if session == "m" && *p == policy
+            ),
+            "{commands:?}"
+        );
+    };
+    expect(&s.pass());
+    // The agent comes back before acking: the allocation is sent again, whole.
+    expect(&s.register(report("n1", 1, &[]), &[]).unwrap());
+}
+
+#[test]
+fn bad_targets_are_refused_at_creation() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    let err = s
+        .create(NewSession {
+            id: "m".into(),
+            requested: slots(&["cuda.shares=0.5"]),
+            target: Target::Managed,
+            ..NewSession::default()
+        })
+        .unwrap_err();
+    assert_eq!(err, RequestError::Target(TargetError::ManagedUnpinned));
+    let err = s
+        .create(NewSession {
+            id: "c".into(),
+            requested: slots(&["cuda.shares=0.5"]),
+            target: Target::CgroupPath("../x".into()),
+            ..NewSession::default()
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("not absolute"), "{err}");
+    assert!(s.sessions().is_empty());
+}
+
+#[test]
+fn events_are_kept_on_their_session_only_from_its_node() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    create(&mut s, "a", "u", &["cuda.shares=0.5"]).unwrap();
+    s.pass();
+    s.ack("n1", "a");
+    s.take_changes();
+    let event = EnforcementEvent {
+        action: "deny".into(),
+        reason: "over the limit".into(),
+        ..EnforcementEvent::default()
+    };
+    assert!(!s.record_event("n1", "nobody", event.clone()));
+    assert!(!s.record_event("n2", "a", event.clone()));
+    assert!(s.take_changes().sessions.is_empty());
+    assert!(s.record_event("n1", "a", event.clone()));
+    assert_eq!(s.sessions()["a"].events, vec![event]);
+    assert!(s.take_changes().sessions.contains("a"), "persisted");
 }

@@ -1,0 +1,332 @@
+//! `gpuwarden run`: runs a command inside a session's quota on this node (bare metal).
+//!
+//! The steps: ask the local agent for its node, create a session pinned there with a managed
+//! target, wait until it runs, ask the agent for the session's cgroup, start the command inside
+//! it, wait for it, end the session, and exit with the command's status (128 + signal when a
+//! signal killed it; 127 when it could not be found, 126 when it could not be started).
+
+use std::{
+    ffi::{CStr, CString},
+    os::unix::{ffi::OsStrExt, process::ExitStatusExt},
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::{Duration, Instant},
+};
+
+use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tonic::transport::Channel;
+
+use super::{CliError, PolicyArgs, agent_socket, connect};
+use crate::{api::convert, session::Target, slots::ResourceSlot};
+
+/// How often the session and its cgroup are polled while starting.
+const POLL: Duration = Duration::from_millis(100);
+/// How long the agent may take to make and bind the session's cgroup once the session runs.
+const CGROUP_WAIT: Duration = Duration::from_secs(10);
+
+/// `gpuwarden run` arguments.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// A resource, name=value (repeat), e.g. `-r cuda.shares=0.5 -r cuda.mem=4g`.
+    #[arg(short = 'r', long = "resource", required = true)]
+    resources: Vec<String>,
+    #[command(flatten)]
+    policy: PolicyArgs,
+    /// The node agent's local socket.
+    #[arg(
+        long,
+        env = "GPUWARDEN_AGENT_SOCKET",
+        default_value = agent_socket::DEFAULT_SOCKET
+    )]
+    agent_socket: PathBuf,
+    /// Owner (user or project).
+    #[arg(long, default_value = "default")]
+    owner: String,
+    /// Session name (default: the session id).
+    #[arg(long, default_value = "")]
+    name: String,
+    /// Priority (higher first).
+    #[arg(long, default_value_t = 0)]
+    priority: i32,
+    /// Seconds to wait for the session to run before giving up.
+    #[arg(long, default_value_t = 120, value_name = "SECS")]
+    start_timeout: u64,
+    /// Say on stderr what happens before the command starts.
+    #[arg(short, long)]
+    verbose: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+/// Why the session did not get to run the command.
+enum Interrupted {
+    /// SIGINT or SIGTERM while starting.
+    Signal(i32),
+    /// Something failed.
+    Error(CliError),
+}
+
+impl From<CliError> for Interrupted {
+    fn from(e: CliError) -> Self {
+        Self::Error(e)
+    }
+}
+
+/// Runs `gpuwarden run`; the exit code is the command's.
+///
+/// # Errors
+/// Bad input; an unreachable or refusing agent or controller; a session that fails or doesn't
+/// start in time.
+pub async fn run(controller: &str, args: RunArgs) -> Result<ExitCode, CliError> {
+    // Bad input first, so it is exit 2 with no agent or controller around.
+    let requested =
+        ResourceSlot::parse_any(&args.resources).map_err(|e| CliError::Input(e.to_string()))?;
+    let policy = args.policy.policy();
+    let Some(program) = args.command.first() else {
+        return Err(CliError::Input("no command to run after `--`".into()));
+    };
+    // Signals that would kill us mid-way are caught from here on, so the session always ends.
+    let (mut sigint, mut sigterm) = signals()?;
+    let node = agent_socket::node(&args.agent_socket).await?;
+    let mut client = connect(controller).await?;
+    let session = client
+        .create_session(pb::CreateSessionRequest {
+            requested: Some(convert::slots_to_pb(&requested)),
+            owner: args.owner.clone(),
+            name: args.name.clone(),
+            priority: args.priority,
+            node_id: node.clone(),
+            target: convert::target_to_pb(&Target::Managed),
+            policy: Some(convert::policy_to_pb(policy)),
+        })
+        .await?
+        .into_inner();
+    let id = session.id;
+    if args.verbose {
+        eprintln!("gpuwarden: session {id} created on node {node}");
+    }
+
+    let start = async {
+        wait_running(&mut client, &id, Duration::from_secs(args.start_timeout)).await?;
+        let cgroup = wait_cgroup(&args.agent_socket, &id).await?;
+        if args.verbose {
+            eprintln!("gpuwarden: session {id} running in {}", cgroup.display());
+        }
+        Ok::<_, CliError>(cgroup)
+    };
+    let started = tokio::select! {
+        r = start => r.map_err(Interrupted::Error),
+        _ = sigint.recv() => Err(Interrupted::Signal(libc::SIGINT)),
+        _ = sigterm.recv() => Err(Interrupted::Signal(libc::SIGTERM)),
+    };
+    let cgroup = match started {
+        Ok(cgroup) => cgroup,
+        Err(why) => {
+            end_session(&mut client, &id).await;
+            return match why {
+                Interrupted::Signal(sig) => Ok(signal_code(sig)),
+                Interrupted::Error(e) => Err(e),
+            };
+        }
+    };
+
+    let code = match spawn_in(program, &args.command[1..], &cgroup) {
+        Ok(child) => supervise(child, &mut sigint, &mut sigterm).await,
+        Err(e) => {
+            eprintln!(
+                "gpuwarden: cannot start {program:?} in {}: {e}",
+                cgroup.display()
+            );
+            // The shell's codes: 127 not found, 126 found but not startable.
+            if e.kind() == std::io::ErrorKind::NotFound {
+                ExitCode::from(127)
+            } else {
+                ExitCode::from(126)
+            }
+        }
+    };
+    end_session(&mut client, &id).await;
+    Ok(code)
+}
+
+fn signals() -> Result<(Signal, Signal), CliError> {
+    let catch = |kind: SignalKind| {
+        signal(kind).map_err(|e| CliError::Run(format!("cannot catch signals: {e}")))
+    };
+    Ok((
+        catch(SignalKind::interrupt())?,
+        catch(SignalKind::terminate())?,
+    ))
+}
+
+fn signal_code(sig: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(128 + sig).unwrap_or(u8::MAX))
+}
+
+/// Polls the session until it runs.
+async fn wait_running(
+    client: &mut SchedulerServiceClient<Channel>,
+    id: &str,
+    timeout: Duration,
+) -> Result<(), CliError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let s = client
+            .get_session(pb::GetSessionRequest { id: id.to_owned() })
+            .await?
+            .into_inner();
+        match pb::SessionState::try_from(s.state).unwrap_or(pb::SessionState::Unspecified) {
+            pb::SessionState::Running => return Ok(()),
+            pb::SessionState::Pending
+            | pb::SessionState::Scheduled
+            | pb::SessionState::Unspecified => {}
+            pb::SessionState::Failed => {
+                return Err(CliError::Run(format!("session {id} failed: {}", s.reason)));
+            }
+            pb::SessionState::Terminating
+            | pb::SessionState::Terminated
+            | pb::SessionState::Lost => {
+                return Err(CliError::Run(format!(
+                    "session {id} ended before it ran ({}){}",
+                    super::render::state(s.state),
+                    if s.reason.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", s.reason)
+                    }
+                )));
+            }
+        }
+        if Instant::now() >= deadline {
+            let state = super::render::state(s.state);
+            let why = if s.reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", s.reason)
+            };
+            return Err(CliError::Run(format!(
+                "session {id} did not start within {timeout:?} (still {state}{why}); see --start-timeout"
+            )));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Asks the agent for the session's cgroup until it is bound.
+async fn wait_cgroup(socket: &Path, id: &str) -> Result<PathBuf, CliError> {
+    let deadline = Instant::now() + CGROUP_WAIT;
+    loop {
+        // The agent may answer "unknown session" in the moment between its ack and its books.
+        let last = match agent_socket::session_cgroup(socket, id).await {
+            Ok(c) if c.bound => {
+                if !c.cgroup_dir.is_absolute() {
+                    return Err(CliError::Run(format!(
+                        "the agent at {} gave a relative cgroup directory {}",
+                        socket.display(),
+                        c.cgroup_dir.display()
+                    )));
+                }
+                return Ok(c.cgroup_dir);
+            }
+            Ok(_) => "it is not bound yet".to_owned(),
+            Err(agent_socket::AgentError::Refused { message, .. }) => message,
+            Err(e) => return Err(e.into()),
+        };
+        if Instant::now() >= deadline {
+            return Err(CliError::Run(format!(
+                "the agent at {} did not bind a cgroup for session {id} within {CGROUP_WAIT:?}: {last}",
+                socket.display()
+            )));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Starts `program` with the child moving itself into `cgroup` before exec, so not one
+/// instruction of it runs outside the quota.
+fn spawn_in(
+    program: &str,
+    args: &[String],
+    cgroup: &Path,
+) -> std::io::Result<tokio::process::Child> {
+    // Built before the fork: the child may not allocate.
+    let procs = CString::new(cgroup.join("cgroup.procs").as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut command = tokio::process::Command::new(program);
+    command.args(args);
+    // SAFETY: the closure only calls the async-signal-safe open, write and close on memory
+    // allocated before the fork.
+    unsafe {
+        command.pre_exec(move || join_cgroup(&procs));
+    }
+    command.spawn()
+}
+
+/// Writes `0` (this process) to `procs`. Runs in the child between fork and exec.
+fn join_cgroup(procs: &CStr) -> std::io::Result<()> {
+    // SAFETY: `procs` is a valid NUL-terminated path.
+    let fd = unsafe { libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is open and the buffer is one valid byte.
+    let written = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
+    let result = if written == 1 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    };
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    result
+}
+
+/// Waits for the child. SIGINT is left to the child (the terminal sends it to the whole
+/// foreground process group); SIGTERM is passed on to it.
+async fn supervise(
+    mut child: tokio::process::Child,
+    sigint: &mut Signal,
+    sigterm: &mut Signal,
+) -> ExitCode {
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                return match status {
+                    Ok(s) => match (s.code(), s.signal()) {
+                        (Some(code), _) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+                        (None, Some(sig)) => signal_code(sig),
+                        (None, None) => ExitCode::FAILURE,
+                    },
+                    Err(e) => {
+                        eprintln!("gpuwarden: waiting for the command: {e}");
+                        ExitCode::FAILURE
+                    }
+                };
+            }
+            _ = sigint.recv() => {}
+            _ = sigterm.recv() => {
+                // Not reaped yet (its wait above has not completed), so the pid is still ours.
+                if let Some(pid) = child.id().and_then(|p| libc::pid_t::try_from(p).ok()) {
+                    // SAFETY: kill has no memory-safety preconditions.
+                    unsafe { libc::kill(pid, libc::SIGTERM) };
+                }
+            }
+        }
+    }
+}
+
+/// Ends the session; a failure is reported, not fatal (the command's status still wins).
+async fn end_session(client: &mut SchedulerServiceClient<Channel>, id: &str) {
+    if let Err(e) = client
+        .terminate_session(pb::TerminateSessionRequest { id: id.to_owned() })
+        .await
+    {
+        eprintln!(
+            "gpuwarden: could not end session {id}: {:?}: {} (end it with `gpuwarden session rm {id}`)",
+            e.code(),
+            e.message()
+        );
+    }
+}

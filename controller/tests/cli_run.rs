@@ -1,0 +1,413 @@
+//! `gpuwarden run` end to end: a real controller on loopback gRPC, a fake agent on its stream
+//! (registers one GPU, acks every allocation, reports one enforcement event) and a fake agent
+//! socket that hands out a cgroup this test made under the cgroup v2 root.
+//!
+//! Needs root and a cgroup v2 mount; without them the test says so and passes.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    os::unix::net::UnixListener,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
+use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
+use tokio_stream::StreamExt;
+
+const NODE: &str = "node-run";
+
+/// Where cgroup v2 is mounted (`/sys/fs/cgroup` on unified hosts, `/sys/fs/cgroup/unified` on
+/// hybrid ones).
+fn cgroup2_root() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        (right.split_whitespace().next() == Some("cgroup2"))
+            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
+            .flatten()
+    })
+}
+
+/// A cgroup made for the test, removed when dropped.
+struct TestCgroup {
+    dir: PathBuf,
+    /// Its path as /proc/<pid>/cgroup shows it.
+    relative: String,
+}
+
+impl TestCgroup {
+    fn make() -> Option<Self> {
+        let root = cgroup2_root()?;
+        let name = format!("gpuwarden-test-run-{}", std::process::id());
+        let dir = root.join(&name);
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).ok()?;
+        Some(Self {
+            dir,
+            relative: format!("/{name}"),
+        })
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // The child is reaped before gpuwarden exits, but the kernel may lag a moment.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("could not remove the test cgroup {}", self.dir.display());
+    }
+}
+
+/// Answers the agent socket's two requests; the first cgroup answer is "not bound yet".
+fn fake_agent_socket(path: &Path, cgroup_dir: PathBuf) {
+    let listener = UnixListener::bind(path).expect("binds the agent socket");
+    std::thread::spawn(move || {
+        let mut asked = 0;
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let mut reader = BufReader::new(&stream);
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            let request: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or(serde_json::Value::Null);
+            let answer = match request["request"].as_str() {
+                Some("node") => serde_json::json!({"node": {"name": NODE}}),
+                Some("session_cgroup") => {
+                    asked += 1;
+                    serde_json::json!({"session_cgroup": {
+                        "session_id": request["session_id"],
+                        "cgroup_dir": cgroup_dir,
+                        "bound": asked > 1,
+                    }})
+                }
+                _ => serde_json::json!({"error": format!("unknown request {line:?}")}),
+            };
+            let _ = writeln!(&stream, "{answer}");
+        }
+    });
+}
+
+/// Registers one GPU, acks every `Allocate` (kept in `seen`) and reports one event for it.
+async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>) {
+    let kind = |k: pb::SlotKind| i32::from(k);
+    // `AgentServiceClient::connect` is the rpc here, not the constructor.
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connects");
+    let mut agent = AgentServiceClient::new(channel);
+    agent
+        .register(pb::NodeInfo {
+            node_id: NODE.into(),
+            hostname: NODE.into(),
+            slot_types: [
+                ("cpu", pb::SlotKind::Count),
+                ("mem", pb::SlotKind::Bytes),
+                ("cuda.shares", pb::SlotKind::Count),
+                ("cuda.mem", pb::SlotKind::Bytes),
+            ]
+            .iter()
+            .map(|(name, k)| pb::SlotType {
+                name: (*name).into(),
+                kind: kind(*k),
+            })
+            .collect(),
+            capacity: Some(pb::ResourceSlot {
+                values: [
+                    ("cpu".into(), "8".into()),
+                    ("mem".into(), "34359738368".into()),
+                ]
+                .into_iter()
+                .collect(),
+            }),
+            devices: vec![pb::Device {
+                uuid: "GPU-fake-0".into(),
+                model: "Fake".into(),
+                memory_bytes: 16 << 30,
+                sm_count: 132,
+                index: 0,
+                device_node: "/dev/nvidia0".into(),
+                ..Default::default()
+            }],
+            agent_version: "test".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("registers");
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let heartbeat = |seq| pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+            node_id: NODE.into(),
+            seq,
+            running_sessions: vec![],
+        })),
+    };
+    tx.send(heartbeat(0)).await.expect("queued");
+    let mut inbound = agent
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream opens")
+        .into_inner();
+    let beat = tx.clone();
+    tokio::spawn(async move {
+        for seq in 1.. {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if beat.send(heartbeat(seq)).await.is_err() {
+                return;
+            }
+        }
+    });
+    while let Some(Ok(message)) = inbound.next().await {
+        let Some(pb::controller_message::Msg::Allocate(a)) = message.msg else {
+            continue;
+        };
+        let session_id = a.session_id.clone();
+        seen.lock().expect("not poisoned").push(a);
+        let send = |msg| tx.send(pb::AgentMessage { msg: Some(msg) });
+        let _ = send(pb::agent_message::Msg::Ack(pb::AllocationAck {
+            session_id: session_id.clone(),
+        }))
+        .await;
+        let _ = send(pb::agent_message::Msg::Event(pb::EnforcementEvent {
+            session_id,
+            action: "report".into(),
+            reason: "over its GPU-memory limit".into(),
+            container: "managed".into(),
+            pid: 4242,
+            device: 0,
+            requested_bytes: 1 << 30,
+            used_bytes: 5 << 30,
+            limit_bytes: 4 << 30,
+            at_ms: 1_700_000_000_000,
+        }))
+        .await;
+    }
+}
+
+fn gpuwarden(url: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(args)
+        .env("GPUWARDEN_CONTROLLER", url)
+        .output()
+        .expect("gpuwarden runs")
+}
+
+#[test]
+fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to make a cgroup");
+        return;
+    }
+    let Some(cgroup) = TestCgroup::make() else {
+        eprintln!("skipped: no writable cgroup v2 mount");
+        return;
+    };
+    let scratch = std::env::temp_dir().join(format!("gpuwarden-run-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).expect("scratch dir");
+    let socket = scratch.join("agent.sock");
+    fake_agent_socket(&socket, cgroup.dir.clone());
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let controller = server::open(
+        &scratch.join("controller"),
+        SchedulerConfig::default(),
+        Timing::default(),
+    )
+    .expect("controller opens");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("binds");
+    let url = format!("http://{}", listener.local_addr().expect("bound"));
+    rt.spawn(server::serve_on(
+        controller,
+        listener,
+        std::future::pending::<()>(),
+    ));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    rt.spawn(fake_agent(url.clone(), Arc::clone(&seen)));
+    // Registered once the node is listed.
+    rt.block_on(async {
+        for _ in 0..100 {
+            let listed = gpuwarden(&url, &["--json", "node", "ls"]);
+            if String::from_utf8_lossy(&listed.stdout).contains(NODE) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the fake agent never registered");
+    });
+
+    let socket_arg = socket.to_string_lossy().into_owned();
+    let out = gpuwarden(
+        &url,
+        &[
+            "run",
+            "-r",
+            "cuda.shares=0.5",
+            "--memory-policy",
+            "report",
+            "--compute-policy",
+            "work-conserving",
+            "--agent-socket",
+            &socket_arg,
+            "--",
+            "sh",
+            "-c",
+            "cat /proc/self/cgroup; exit 7",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l == format!("0::{}", cgroup.relative)),
+        "the command ran outside {}: {stdout}",
+        cgroup.relative
+    );
+
+    let allocates = seen.lock().expect("not poisoned").clone();
+    // Only the first run's: later runs add their own.
+    let [allocate] = allocates.as_slice() else {
+        panic!("expected one Allocate, got {allocates:?}");
+    };
+    assert_eq!(
+        allocate.target.as_ref().and_then(|t| t.kind.clone()),
+        Some(pb::target::Kind::Managed(true))
+    );
+    assert_eq!(
+        allocate.policy,
+        Some(pb::QuotaPolicy {
+            memory: "report".into(),
+            compute: "work-conserving".into(),
+        })
+    );
+
+    let shown = gpuwarden(&url, &["--json", "session", "show", &allocate.session_id]);
+    assert!(shown.status.success(), "{shown:?}");
+    let json: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("JSON");
+    assert_eq!(json["state"], "terminated", "{json}");
+    assert_eq!(json["node"], NODE, "{json}");
+    assert_eq!(
+        json["target"],
+        serde_json::json!({"kind": "managed", "value": null})
+    );
+    assert_eq!(
+        json["policy"],
+        serde_json::json!({"memory": "report", "compute": "work-conserving"})
+    );
+    let events = json["events"].as_array().expect("an events list");
+    assert_eq!(events.len(), 1, "{json}");
+    assert_eq!(events[0]["action"], "report");
+    assert_eq!(events[0]["pid"], 4242);
+    assert_eq!(events[0]["limit_bytes"], 4u64 << 30);
+
+    let human = gpuwarden(&url, &["session", "show", &allocate.session_id]);
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        human.contains("target:    managed") && human.contains("over its GPU-memory limit"),
+        "{human}"
+    );
+
+    // A command killed by a signal exits 128 + the signal; one that can't start, 127; both
+    // end their session.
+    let run = |cmd: &[&str]| {
+        let mut args = vec![
+            "run",
+            "-r",
+            "cuda.shares=0.5",
+            "--agent-socket",
+            &socket_arg,
+            "--",
+        ];
+        args.extend_from_slice(cmd);
+        Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+            .args(args)
+            .env("GPUWARDEN_CONTROLLER", &url)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("gpuwarden starts")
+    };
+    let killed = run(&["sh", "-c", "kill -KILL $$"])
+        .wait_with_output()
+        .expect("waited");
+    assert_eq!(killed.status.code(), Some(128 + 9), "{killed:?}");
+    let missing = run(&["/nonexistent/gpuwarden-test-cmd"])
+        .wait_with_output()
+        .expect("waited");
+    assert_eq!(missing.status.code(), Some(127), "{missing:?}");
+    // SIGTERM to gpuwarden is passed on to the command, and the session still ends.
+    let sleeper = run(&["sleep", "30"]);
+    let pid = i32::try_from(sleeper.id()).expect("a pid");
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let started = std::time::Instant::now();
+    let termed = sleeper.wait_with_output().expect("waited");
+    assert_eq!(termed.status.code(), Some(128 + 15), "{termed:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "sleep was not terminated"
+    );
+    let listed = gpuwarden(&url, &["--json", "session", "ls"]);
+    let sessions: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON");
+    let sessions = sessions.as_array().expect("a list");
+    assert_eq!(sessions.len(), 4, "{sessions:?}");
+    for s in sessions {
+        assert_eq!(s["state"], "terminated", "{s}");
+    }
+
+    rt.shutdown_background();
+    let _ = std::fs::remove_dir_all(&scratch);
+    drop(cgroup);
+}
+
+#[test]
+fn run_with_an_agent_but_no_controller_exits_1_naming_the_controller() {
+    let scratch = std::env::temp_dir().join(format!("gpuwarden-run-noctl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).expect("scratch dir");
+    let socket = scratch.join("agent.sock");
+    fake_agent_socket(&socket, scratch.clone());
+    let out = gpuwarden(
+        "http://127.0.0.1:9",
+        &[
+            "run",
+            "-r",
+            "cuda.shares=0.5",
+            "--agent-socket",
+            &socket.to_string_lossy(),
+            "--",
+            "true",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("controller") && stderr.contains("http://127.0.0.1:9"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+}
