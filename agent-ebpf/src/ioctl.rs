@@ -96,7 +96,15 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
             && let Some(requested) = read_u64(call.alloc_params + memory_alloc::SIZE_FIELD as u64)
         {
             let device = object_device(call.client, call.parent);
-            quota::check_alloc(&ctx, tgid, cgroup, device, requested, u64::from(cmd), arg(&ctx, 2));
+            quota::check_alloc(
+                &ctx,
+                tgid,
+                cgroup,
+                device,
+                requested,
+                u64::from(cmd),
+                arg(&ctx, 2),
+            );
         }
         if PENDING_IOCTL.insert(&pid_tgid, &call, 0).is_ok() {
             if let Some(n) = IOCTLS_IN_FLIGHT.get_ptr_mut(0) {

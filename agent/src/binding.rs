@@ -84,9 +84,8 @@ impl CgroupTree {
             }
             // The shallowest match: the container's own cgroup (not its children), the pod's
             // cgroup (not its containers').
-            Target::ContainerId(id) => Ok(self.search(|rel| {
-                parse_cgroup_path(rel).container_id.as_deref() == Some(id.as_str())
-            })),
+            Target::ContainerId(id) => Ok(self
+                .search(|rel| parse_cgroup_path(rel).container_id.as_deref() == Some(id.as_str()))),
             Target::PodUid(uid) => Ok(self.search(|rel| {
                 let w = parse_cgroup_path(rel);
                 w.pod_uid.as_deref() == Some(uid.as_str()) && w.container_id.is_none()

@@ -253,24 +253,30 @@ impl Enforcer {
         };
         match b.state {
             BindState::Expired => {}
-            BindState::Pending => {
-                match self.tree.find(&b.spec.target, session) {
-                    Ok(Some(dir)) => self.bind(sensor, session, dir),
-                    Ok(None) if b.since.elapsed() >= self.timeout => {
-                        let reason = format!(
-                            "no cgroup for {} appeared within {} s",
-                            b.spec.target,
-                            self.timeout.as_secs()
-                        );
-                        if let Some(b) = self.bindings.get_mut(session) {
-                            b.state = BindState::Expired;
-                        }
-                        self.record(session, "expired", reason, String::new(), 0, None, (0, 0, 0));
+            BindState::Pending => match self.tree.find(&b.spec.target, session) {
+                Ok(Some(dir)) => self.bind(sensor, session, dir),
+                Ok(None) if b.since.elapsed() >= self.timeout => {
+                    let reason = format!(
+                        "no cgroup for {} appeared within {} s",
+                        b.spec.target,
+                        self.timeout.as_secs()
+                    );
+                    if let Some(b) = self.bindings.get_mut(session) {
+                        b.state = BindState::Expired;
                     }
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(session, "binding: {e}"),
+                    self.record(
+                        session,
+                        "expired",
+                        reason,
+                        String::new(),
+                        0,
+                        None,
+                        (0, 0, 0),
+                    );
                 }
-            }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(session, "binding: {e}"),
+            },
             BindState::Bound => {
                 let Some(dir) = b.dir.clone() else {
                     return;
@@ -367,7 +373,11 @@ impl Enforcer {
                 seed_member(sensor, key, *id);
             }
             if let Err(e) = sensor.maps.cgroup_quota.insert(id, key, 0) {
-                tracing::error!(session, cgroup = id, "cannot map the cgroup to its quota: {e}");
+                tracing::error!(
+                    session,
+                    cgroup = id,
+                    "cannot map the cgroup to its quota: {e}"
+                );
                 continue;
             }
             b.members.insert(*id);
@@ -542,7 +552,11 @@ impl Enforcer {
             device,
             requested_bytes,
             used_bytes,
-            limit_bytes: if limit_bytes == NO_LIMIT { 0 } else { limit_bytes },
+            limit_bytes: if limit_bytes == NO_LIMIT {
+                0
+            } else {
+                limit_bytes
+            },
             at_ms: now_ms(),
         };
         tracing::info!(session, action, pid, "{}", record.reason);

@@ -418,7 +418,11 @@ mod tests {
     #[test]
     fn an_explicit_memory_limit_wins_and_multi_gpu_parts_are_kept_per_card() {
         let spec = QuotaSpec::from_allocate(
-            &allocate(&[(1, "0.6", 3 << 30), (0, "0.6", 3 << 30)], "stop", "work-conserving"),
+            &allocate(
+                &[(1, "0.6", 3 << 30), (0, "0.6", 3 << 30)],
+                "stop",
+                "work-conserving",
+            ),
             &gpus(),
         )
         .unwrap()

@@ -180,7 +180,9 @@ fn add_quota(c: &mut Container, sensor: &Sensor, enforcer: &Enforcer) {
         tier: sensor.memory_tier.0.as_str().to_owned(),
         actions: kernel.map_or(0, |q| q.actions),
         denied_opens: kernel.map_or(0, |q| q.denied_opens),
-        throttled_ms: throttled.map_or(0, |t| u64::try_from(t.throttled.as_millis()).unwrap_or(u64::MAX)),
+        throttled_ms: throttled.map_or(0, |t| {
+            u64::try_from(t.throttled.as_millis()).unwrap_or(u64::MAX)
+        }),
         frozen: throttled.is_some_and(|t| t.frozen),
     });
     c.events = enforcer

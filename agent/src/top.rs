@@ -96,7 +96,63 @@ pub fn render(snapshot: &Snapshot) -> String {
     if snapshot.containers.is_empty() {
         let _ = writeln!(out, "(no GPU processes seen)");
     }
+    render_quotas(&mut out, snapshot);
     out
+}
+
+/// The quotas: one row per session, then each bound container's latest actions.
+fn render_quotas(out: &mut String, snapshot: &Snapshot) {
+    if snapshot.bindings.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nquotas (memory tier {})",
+        snapshot.memory_tier.as_deref().unwrap_or("none")
+    );
+    let _ = writeln!(
+        out,
+        "{:<22} {:<8} {:<36} {:>21} {:>6} {:<7} {:>7} {:>11}",
+        "SESSION",
+        "STATE",
+        "TARGET / CGROUP",
+        "GPU MEMORY",
+        "SHARES",
+        "POLICY",
+        "ACTIONS",
+        "THROTTLED"
+    );
+    for b in &snapshot.bindings {
+        let used: u64 = b.quota.devices.iter().map(|d| d.used_bytes).sum();
+        let container = snapshot
+            .containers
+            .iter()
+            .find(|c| c.session_id.as_deref() == Some(b.session_id.as_str()));
+        let enforcement = container.and_then(|c| c.enforcement.as_ref());
+        let _ = writeln!(
+            out,
+            "{:<22} {:<8} {:<36} {:>21} {:>6.2} {:<7} {:>7} {:>9}ms",
+            truncate(&b.session_id, 22),
+            b.state,
+            truncate(b.cgroup_path.as_deref().unwrap_or(&b.target), 36),
+            format!(
+                "{} / {}",
+                human_bytes(used),
+                human_bytes(b.quota.memory_bytes)
+            ),
+            b.quota.shares,
+            b.quota.policy,
+            enforcement.map_or(0, |e| e.actions),
+            enforcement.map_or(0, |e| e.throttled_ms),
+        );
+        if let Some(last) = container.and_then(|c| c.events.last()) {
+            let _ = writeln!(
+                out,
+                "  last: {} pid {}: {}",
+                last.action, last.pid, last.reason
+            );
+        }
+    }
 }
 
 fn truncate(s: &str, width: usize) -> String {
@@ -120,7 +176,9 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::snapshot::{Container, DeviceUsage, Stats};
+    use crate::snapshot::{
+        BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, QuotaView, Stats,
+    };
 
     #[test]
     fn formats_bytes() {
@@ -156,12 +214,50 @@ mod tests {
                         memory_bytes: 0,
                     },
                 ],
+                session_id: Some("s-1".into()),
+                quota: None,
+                enforcement: Some(EnforcementView {
+                    tier: "tracepoint_signal".into(),
+                    actions: 2,
+                    denied_opens: 0,
+                    throttled_ms: 700,
+                    frozen: false,
+                }),
+                events: vec![],
             }],
             stats: Stats::default(),
+            memory_tier: Some("tracepoint_signal".into()),
+            memory_tier_reason: None,
+            bindings: vec![BindingView {
+                session_id: "s-1".into(),
+                target: "container aaaaaaaaaaaa".into(),
+                state: "bound".into(),
+                cgroup_path: Some("/system.slice/docker-x.scope".into()),
+                quota: QuotaView {
+                    memory_bytes: 1 << 30,
+                    shares: 0.5,
+                    policy: "kill".into(),
+                    compute_policy: "hard".into(),
+                    devices: vec![DeviceQuotaView {
+                        device: "nvidia0".into(),
+                        memory_bytes: 1 << 30,
+                        used_bytes: 64 << 20,
+                        shares: 0.5,
+                    }],
+                },
+            }],
         };
         let table = render(&snapshot);
         let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines.len(), 4, "{table}");
+        assert_eq!(lines.len(), 8, "{table}");
+        assert!(lines[5].contains("tracepoint_signal"), "{table}");
+        assert!(
+            lines[7].starts_with("s-1 ")
+                && lines[7].contains("64.0 MiB / 1.0 GiB")
+                && lines[7].contains("0.50 kill")
+                && lines[7].contains("700ms"),
+            "{table}"
+        );
         assert!(lines[2].starts_with("aaaaaaaaaaaa "), "{table}");
         assert!(
             lines[2].contains("64.0 MiB") && lines[2].contains("rm_alloc=3"),

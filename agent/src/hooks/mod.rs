@@ -371,10 +371,12 @@ impl Sensor {
             MemoryTier::LsmDeny => enforce_mode::LSM_DENY,
             MemoryTier::TracepointSignal => enforce_mode::SIGNAL,
         };
-        settings.set(0, mode, 0).map_err(|source| SensorError::Map {
-            name: "SETTINGS",
-            source,
-        })?;
+        settings
+            .set(0, mode, 0)
+            .map_err(|source| SensorError::Map {
+                name: "SETTINGS",
+                source,
+            })?;
         let events = Some(take(&mut ebpf, "EVENTS")?);
         Ok(Self {
             ebpf,
@@ -428,7 +430,9 @@ fn load_device_program(ebpf: &mut Ebpf) -> Option<ProgramFd> {
     match loaded {
         Ok(fd) => Some(fd),
         Err(e) => {
-            tracing::warn!("device access can't be enforced: the cgroup_device program did not load: {e}");
+            tracing::warn!(
+                "device access can't be enforced: the cgroup_device program did not load: {e}"
+            );
             None
         }
     }

@@ -93,7 +93,12 @@ impl Pins {
                 source,
             })?;
         }
-        Ok((Self { dir: dir.to_owned() }, adopted))
+        Ok((
+            Self {
+                dir: dir.to_owned(),
+            },
+            adopted,
+        ))
     }
 
     /// The directory.
@@ -234,7 +239,10 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<i64> {
 ///
 /// # Errors
 /// The kernel refused.
-pub fn attach_cgroup_device(program: BorrowedFd<'_>, cgroup: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
+pub fn attach_cgroup_device(
+    program: BorrowedFd<'_>,
+    cgroup: BorrowedFd<'_>,
+) -> std::io::Result<OwnedFd> {
     let mut attr = LinkCreateAttr {
         prog_fd: u32::try_from(program.as_raw_fd()).unwrap_or_default(),
         target_fd: u32::try_from(cgroup.as_raw_fd()).unwrap_or_default(),

@@ -101,6 +101,9 @@ impl Driver {
 pub struct TestAgent {
     pub socket: PathBuf,
     pub state_dir: PathBuf,
+    /// Where its programs are pinned; removed (detaching them) when the agent is dropped.
+    pub pin_dir: PathBuf,
+    keep_pins: bool,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<Result<(), String>>>,
     runtime: tokio::runtime::Runtime,
@@ -114,10 +117,16 @@ impl TestAgent {
 
     /// Starts an agent with its lock and socket in `state_dir`.
     pub fn start_in(globs: &[String], state_dir: PathBuf) -> Self {
-        let socket = state_dir.join("agent.sock");
+        Self::start_with(config(globs, &state_dir))
+    }
+
+    /// Starts an agent with `config`.
+    pub fn start_with(config: AgentConfig) -> Self {
+        let state_dir = config.state_dir.clone();
+        let socket = config.socket.clone();
+        let pin_dir = config.bpf_pin_dir.clone().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn({
-            let config = config(globs, &state_dir);
             move || {
                 let runtime = tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(2)
@@ -138,6 +147,8 @@ impl TestAgent {
         let mut agent = Self {
             socket,
             state_dir,
+            pin_dir,
+            keep_pins: false,
             stop: Some(stop),
             thread: Some(thread),
             runtime,
@@ -184,6 +195,12 @@ impl TestAgent {
         self.shutdown()
     }
 
+    /// Stops the agent but leaves its pinned programs enforcing, as a crash would.
+    pub fn stop_keeping_pins(mut self) -> Result<(), String> {
+        self.keep_pins = true;
+        self.shutdown()
+    }
+
     fn shutdown(&mut self) -> Result<(), String> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -198,7 +215,16 @@ impl TestAgent {
 impl Drop for TestAgent {
     fn drop(&mut self) {
         let _ = self.shutdown();
+        if !self.keep_pins {
+            let _ = std::fs::remove_dir_all(&self.pin_dir);
+        }
     }
+}
+
+/// The pin directory of an agent whose state lives in `state_dir` (unique per test agent, the
+/// same for an agent restarted on the same state).
+pub fn pin_dir(state_dir: &Path) -> PathBuf {
+    PathBuf::from("/sys/fs/bpf").join(state_dir.file_name().unwrap())
 }
 
 /// The agent's settings for a test.
@@ -217,6 +243,7 @@ pub fn config(globs: &[String], state_dir: &Path) -> AgentConfig {
     // Housekeeping runs all through the tests, so removing anything live would break their
     // exact counts.
     config.gc_interval = Duration::from_millis(100);
+    config.bpf_pin_dir = Some(pin_dir(state_dir));
     config
 }
 
@@ -360,6 +387,32 @@ impl Client {
         let reply = self.ok(command);
         gpuwarden_tests::gpu_client::reply_value(&reply, key)
             .unwrap_or_else(|| panic!("{command:?} answered {reply:?}, no {key}"))
+    }
+
+    /// Waits for the process to end (e.g. killed by enforcement) and returns how it ended.
+    pub fn wait(mut self) -> std::process::ExitStatus {
+        self.child.wait().unwrap()
+    }
+
+    /// The process's state letter from `/proc/<pid>/stat` (`T` when stopped).
+    pub fn state(&self) -> char {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
+        stat.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .unwrap_or('?')
+    }
+
+    /// Sends a command without waiting for the reply (the process may be stopped or killed).
+    pub fn send_only(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Reads the next reply line.
+    pub fn reply(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
     }
 
     /// Ends the process without freeing anything and waits for it.

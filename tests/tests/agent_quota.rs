@@ -1,0 +1,600 @@
+//! Quotas enforced on the real kernel: a controller on loopback gRPC places sessions whose quotas
+//! bind to test cgroups; synthetic GPU clients in those cgroups allocate through the fake driver
+//! and open device nodes, and the eBPF programs act on them.
+
+// Test helpers fail loudly on anything unexpected.
+#![allow(clippy::unwrap_used)]
+
+mod util;
+
+use std::{
+    os::unix::{fs::FileTypeExt as _, process::ExitStatusExt as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use gpuwarden_agent::{
+    api::{self, Request, Response},
+    snapshot::{Container, Snapshot},
+};
+use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig};
+use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use tonic::transport::Channel;
+use util::{
+    Client, Driver, TestAgent, TestCgroup, cluster::TestController, config, container_id, memory,
+    pin_dir, require_root, scratch,
+};
+
+const MIB: u64 = 1 << 20;
+
+/// Two mock GPUs of 16 GiB, indexes 0 and 1 (the fake driver's nvidia0 and nvidia1).
+const MOCK_DEVICES: &str = r#"
+[[devices]]
+uuid = "GPU-test-0"
+model_name = "Mock"
+memory_size = "16G"
+[[devices]]
+uuid = "GPU-test-1"
+model_name = "Mock"
+memory_size = "16G"
+"#;
+
+fn fast() -> Timing {
+    Timing {
+        heartbeat_interval: Duration::from_millis(200),
+        heartbeat_timeout: Duration::from_secs(5),
+        pass_interval: Duration::from_millis(50),
+    }
+}
+
+/// A controller, the fake driver, and an agent registered with the controller.
+struct Rig {
+    driver: Driver,
+    ctl: TestController,
+    agent: Option<TestAgent>,
+    mock: PathBuf,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Rig {
+    fn start(tag: &str, binding_timeout: Duration) -> Self {
+        let driver = Driver::mount(tag);
+        let ctl = TestController::start(&scratch("ctl"), SchedulerConfig::default(), fast());
+        let mock = driver.dir.parent().unwrap().join("mock.toml");
+        std::fs::write(&mock, MOCK_DEVICES).unwrap();
+        let mut cfg = config(&[driver.glob()], &scratch("agent"));
+        cfg.controller = Some(ctl.url());
+        cfg.mock_devices = Some(mock.clone());
+        cfg.binding_timeout = binding_timeout;
+        let agent = TestAgent::start_with(cfg);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let rig = Self {
+            driver,
+            ctl,
+            agent: Some(agent),
+            mock,
+            rt,
+        };
+        rig.wait_for("the node to register", |r| {
+            r.rt.block_on(async {
+                let mut c = r.client().await;
+                c.list_nodes(pb::ListNodesRequest {})
+                    .await
+                    .is_ok_and(|n| n.into_inner().nodes.len() == 1)
+            })
+        });
+        rig
+    }
+
+    fn agent(&self) -> &TestAgent {
+        self.agent.as_ref().unwrap()
+    }
+
+    async fn client(&self) -> SchedulerServiceClient<Channel> {
+        self.ctl.client().await
+    }
+
+    /// Creates a session for `cgroup` and waits until the agent has bound it.
+    fn session(&self, slots: &[&str], target: pb::target::Kind, memory: &str) -> pb::Session {
+        let requested = gpuwarden_controller::slots::ResourceSlot::parse_any(slots).unwrap();
+        let session = self.rt.block_on(async {
+            let mut c = self.client().await;
+            c.create_session(pb::CreateSessionRequest {
+                requested: Some(gpuwarden_controller::api::convert::slots_to_pb(&requested)),
+                owner: "t".into(),
+                node_id: "test-node".into(),
+                target: Some(pb::Target { kind: Some(target) }),
+                policy: Some(pb::QuotaPolicy {
+                    memory: memory.into(),
+                    compute: String::new(),
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+        });
+        self.wait_for("the session to run", |r| {
+            r.get(&session.id).state == pb::SessionState::Running as i32
+        });
+        self.get(&session.id)
+    }
+
+    fn get(&self, id: &str) -> pb::Session {
+        self.rt.block_on(async {
+            let mut c = self.client().await;
+            c.get_session(pb::GetSessionRequest { id: id.into() })
+                .await
+                .unwrap()
+                .into_inner()
+        })
+    }
+
+    /// Waits until the snapshot shows `session` in `state`.
+    fn wait_binding(&self, session: &str, state: &str) -> Snapshot {
+        let mut last = None;
+        self.wait_for(&format!("session {session} to be {state}"), |r| {
+            let s = r.agent().snapshot();
+            let ok = s
+                .bindings
+                .iter()
+                .any(|b| b.session_id == session && b.state == state);
+            last = Some(s);
+            ok
+        });
+        last.unwrap()
+    }
+
+    fn wait_for(&self, what: &str, mut check: impl FnMut(&Self) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !check(self) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn cgroup_target(cg: &TestCgroup) -> pb::target::Kind {
+    pb::target::Kind::CgroupPath(cg.path.clone())
+}
+
+fn entry(agent: &TestAgent, cg: &TestCgroup) -> Container {
+    agent
+        .container(&cg.path)
+        .unwrap_or_else(|| panic!("{} not in the snapshot", cg.path))
+}
+
+fn used(c: &Container) -> u64 {
+    c.quota
+        .as_ref()
+        .map_or(0, |q| q.devices.iter().map(|d| d.used_bytes).sum())
+}
+
+fn actions(c: &Container) -> u64 {
+    c.enforcement.as_ref().map_or(0, |e| e.actions)
+}
+
+/// Opens a client on GPU 0 of the fake driver: returns (client handle, device handle).
+fn gpu0(client: &mut Client) -> (u64, u64) {
+    let h = client.value("client", "client");
+    let dev = client.value(&format!("device {h:#x} 0"), "handle");
+    (h, dev)
+}
+
+/// Under the limit allocations pass and count; the one that would cross it gets the process
+/// killed (tracepoint tier here) with an event; once its bytes are released the container
+/// allocates up to the limit again.
+#[test]
+fn crossing_the_memory_limit_kills_and_the_container_recovers() {
+    require_root();
+    let rig = Rig::start("qkill", Duration::from_secs(60));
+    let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("k")));
+    let session = rig.session(
+        &["cuda.shares=0.5", "cuda.mem=16m"],
+        cgroup_target(&cg),
+        "kill",
+    );
+    let snap = rig.wait_binding(&session.id, "bound");
+    assert_eq!(snap.memory_tier.as_deref(), Some("tracepoint_signal"));
+
+    let mut a = Client::spawn(&rig.driver.dir, Some(&cg));
+    let (h, dev) = gpu0(&mut a);
+    a.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
+    a.ok(&format!("alloc {h:#x} {dev:#x} 8m"));
+    let c = entry(rig.agent(), &cg);
+    assert_eq!(c.session_id.as_deref(), Some(session.id.as_str()));
+    let quota = c.quota.as_ref().unwrap();
+    assert_eq!(
+        (quota.memory_bytes, quota.policy.as_str()),
+        (16 * MIB, "kill")
+    );
+    assert_eq!(used(&c), 12 * MIB);
+    assert_eq!(memory(&c, "nvidia0"), 12 * MIB);
+    assert_eq!(actions(&c), 0);
+
+    // 12 + 8 > 16: killed at the ioctl.
+    a.send_only(&format!("alloc {h:#x} {dev:#x} 8m"));
+    let status = a.wait();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    rig.wait_for("the kill to be recorded", |r| {
+        r.agent()
+            .container(&cg.path)
+            .is_some_and(|c| c.events.iter().any(|e| e.action == "kill"))
+    });
+    let c = entry(rig.agent(), &cg);
+    let kill = c.events.iter().find(|e| e.action == "kill").unwrap();
+    assert_eq!(
+        (kill.requested_bytes, kill.used_bytes, kill.limit_bytes),
+        (8 * MIB, 12 * MIB, 16 * MIB)
+    );
+    assert_eq!(kill.device, Some(0));
+    assert_eq!(actions(&c), 1);
+    // The process's exit released what it held.
+    assert_eq!(used(&c), 0);
+
+    // The container allocates again, up to the limit exactly.
+    let mut b = Client::spawn(&rig.driver.dir, Some(&cg));
+    let (h, dev) = gpu0(&mut b);
+    b.ok(&format!("alloc {h:#x} {dev:#x} 16m"));
+    let c = entry(rig.agent(), &cg);
+    assert_eq!(used(&c), 16 * MIB);
+    assert_eq!(actions(&c), 1, "an allocation up to the limit was acted on");
+
+    // The action went up the stream to the controller.
+    rig.wait_for("the controller to list the kill", |r| {
+        r.get(&session.id).events.iter().any(|e| e.action == "kill")
+    });
+    b.exit();
+}
+
+/// The `stop` policy stops the process at the crossing allocation; resuming it by request lets
+/// it go on, and after it frees, the container allocates up to the limit without an action.
+#[test]
+fn the_stop_policy_stops_and_a_request_resumes() {
+    require_root();
+    let rig = Rig::start("qstop", Duration::from_secs(60));
+    let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("s")));
+    let session = rig.session(
+        &["cuda.shares=0.5", "cuda.mem=16m"],
+        cgroup_target(&cg),
+        "stop",
+    );
+    rig.wait_binding(&session.id, "bound");
+
+    let mut a = Client::spawn(&rig.driver.dir, Some(&cg));
+    let (h, dev) = gpu0(&mut a);
+    a.ok(&format!("alloc {h:#x} {dev:#x} 12m"));
+    a.send_only(&format!("alloc {h:#x} {dev:#x} 8m"));
+    rig.wait_for("the client to be stopped", |_| a.state() == 'T');
+    rig.wait_for("the stop to be recorded", |r| {
+        r.agent().container(&cg.path).is_some_and(|c| {
+            c.events
+                .iter()
+                .any(|e| e.action == "stop" && e.pid == a.pid)
+        })
+    });
+
+    let answer = rig
+        .rt
+        .block_on(api::ask(
+            &rig.agent().socket,
+            &Request::Resume { pid: a.pid },
+        ))
+        .unwrap();
+    assert_eq!(
+        answer,
+        Response::Signalled {
+            pid: a.pid,
+            session_id: session.id.clone()
+        }
+    );
+    // Stop does not refuse: once resumed, the driver's answer arrives.
+    let second = gpuwarden_tests::gpu_client::reply_value(&a.reply(), "handle").unwrap();
+    assert_eq!(used(&entry(rig.agent(), &cg)), 20 * MIB);
+    a.ok(&format!("free {h:#x} {dev:#x} {second:#x}"));
+    a.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
+    let c = entry(rig.agent(), &cg);
+    assert_eq!(used(&c), 16 * MIB);
+    assert_eq!(actions(&c), 1);
+    assert!(c.events.iter().any(|e| e.action == "resume"));
+
+    // Only processes of bound workloads can be signalled through the agent.
+    let err = rig
+        .rt
+        .block_on(api::ask(&rig.agent().socket, &Request::Kill { pid: 1 }))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("not in a workload with a quota"),
+        "{err}"
+    );
+    a.exit();
+}
+
+/// Device nodes made with the NVIDIA major: the allocated GPU and the control node pass the
+/// cgroup check (and fail with ENXIO: there is no driver here), the other GPU fails with EPERM.
+#[test]
+fn only_the_allocated_gpu_node_opens() {
+    require_root();
+    let rig = Rig::start("qdev", Duration::from_secs(60));
+    let nodes = scratch("nodes");
+    for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
+        mknod(&nodes.join(name), 195, minor);
+    }
+    let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("d")));
+    let session = rig.session(&["cuda.shares=0.5"], cgroup_target(&cg), "");
+    rig.wait_binding(&session.id, "bound");
+    let mine = session.devices[0].index;
+    let other = 1 - mine;
+
+    let open = |name: &str| open_in(&cg, &nodes.join(name));
+    assert_eq!(open(&format!("nvidia{mine}")), libc::ENXIO);
+    assert_eq!(open("nvidiactl"), libc::ENXIO);
+    assert_eq!(open(&format!("nvidia{other}")), libc::EPERM);
+    // Outside the bound cgroup nothing changes.
+    assert_eq!(
+        std::fs::File::open(nodes.join(format!("nvidia{other}")))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::ENXIO)
+    );
+
+    rig.wait_for("the refusal to be recorded", |r| {
+        r.agent().snapshot().containers.iter().any(|c| {
+            c.session_id.as_deref() == Some(session.id.as_str())
+                && c.enforcement.as_ref().is_some_and(|e| e.denied_opens == 1)
+                && c.events
+                    .iter()
+                    .any(|e| e.action == "device_denied" && e.device == Some(other))
+        })
+    });
+
+    // Released: the device program lets go.
+    rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.terminate_session(pb::TerminateSessionRequest {
+            id: session.id.clone(),
+        })
+        .await
+        .unwrap();
+    });
+    rig.wait_for("the quota to be released", |r| {
+        r.agent().snapshot().bindings.is_empty()
+    });
+    assert_eq!(open(&format!("nvidia{other}")), libc::ENXIO);
+}
+
+/// A quota whose cgroup never appears expires with an event the controller sees; quotas the
+/// node can't enforce are refused with their reason.
+#[test]
+fn a_quota_without_its_cgroup_expires_and_bad_quotas_are_refused() {
+    require_root();
+    let rig = Rig::start("qexp", Duration::from_secs(1));
+    let session = rig.session(
+        &["cuda.shares=0.5"],
+        pb::target::Kind::CgroupPath("/gpuwarden-test-never-there".into()),
+        "",
+    );
+    rig.wait_binding(&session.id, "expired");
+    rig.wait_for("the controller to list the expiry", |r| {
+        r.get(&session.id)
+            .events
+            .iter()
+            .any(|e| e.action == "expired" && e.reason.contains("never-there"))
+    });
+
+    // An unknown policy is refused by the controller with the accepted ones.
+    let err = rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.create_session(pb::CreateSessionRequest {
+            requested: Some(pb::ResourceSlot {
+                values: [("cuda.shares".to_owned(), "0.5".to_owned())].into(),
+            }),
+            target: Some(pb::Target {
+                kind: Some(pb::target::Kind::CgroupPath("/x".into())),
+            }),
+            policy: Some(pb::QuotaPolicy {
+                memory: "freeze".into(),
+                compute: String::new(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err()
+    });
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("freeze"), "{}", err.message());
+    // The agent is still serving.
+    assert!(rig.agent().try_snapshot().is_ok());
+}
+
+/// `kill -9` the agent: the pinned programs keep enforcing while it is down (an over-limit
+/// allocation is still killed), and the restarted agent finds the counters and the event.
+#[test]
+fn enforcement_outlives_a_killed_agent() {
+    require_root();
+    let mut rig = Rig::start("qrst", Duration::from_secs(60));
+    // This test runs the agent as its own process, so it can be killed for real.
+    drop(rig.agent.take());
+    let state = scratch("agentp");
+    let pins = pin_dir(&state);
+    let spawn_agent = |rig: &Rig| -> Child {
+        Command::new(env!("CARGO_BIN_EXE_agent-under-test"))
+            .args(["run", "--node-name", "test-node", "--gpu-devices"])
+            .arg(rig.driver.glob())
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--socket")
+            .arg(state.join("agent.sock"))
+            .arg("--bpf-pin-dir")
+            .arg(&pins)
+            .arg("--controller")
+            .arg(rig.ctl.url())
+            .arg("--mock-devices")
+            .arg(&rig.mock)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let socket = state.join("agent.sock");
+    let snapshot = |rig: &Rig| rig.rt.block_on(api::snapshot(&socket));
+    let mut agent = spawn_agent(&rig);
+    rig.wait_for("the agent to answer", |r| snapshot(r).is_ok());
+
+    let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("r")));
+    let session = rig.session(
+        &["cuda.shares=0.5", "cuda.mem=16m"],
+        cgroup_target(&cg),
+        "kill",
+    );
+    rig.wait_for("the quota to bind", |r| {
+        snapshot(r).is_ok_and(|s| s.bindings.iter().any(|b| b.state == "bound"))
+    });
+    let mut a = Client::spawn(&rig.driver.dir, Some(&cg));
+    let (h, dev) = gpu0(&mut a);
+    a.ok(&format!("alloc {h:#x} {dev:#x} 12m"));
+
+    // SIGKILL: no clean-up runs.
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    let mut b = Client::spawn(&rig.driver.dir, Some(&cg));
+    let (hb, devb) = gpu0(&mut b);
+    b.ok(&format!("alloc {hb:#x} {devb:#x} 2m"));
+    a.send_only(&format!("alloc {h:#x} {dev:#x} 8m"));
+    assert_eq!(a.wait().signal(), Some(libc::SIGKILL));
+
+    let mut agent = spawn_agent(&rig);
+    rig.wait_for("the restarted agent to answer", |r| snapshot(r).is_ok());
+    rig.wait_for("the restarted agent to show the quota", |r| {
+        snapshot(r).is_ok_and(|s| {
+            s.containers
+                .iter()
+                .any(|c| c.cgroup_path == cg.path && c.quota.is_some())
+        })
+    });
+    let s = snapshot(&rig).unwrap();
+    let c = s
+        .containers
+        .iter()
+        .find(|c| c.cgroup_path == cg.path)
+        .unwrap();
+    // Client b's 2 MiB is all that is held; the killed client's exit released its bytes.
+    assert_eq!(used(c), 2 * MIB);
+    assert_eq!(memory(c, "nvidia0"), 2 * MIB);
+    assert_eq!(actions(c), 1);
+    // Counted while the agent was down: a's client, device, 12m, 8m; b's client, device, 2m.
+    assert_eq!(util::ioctls(c, "nvidiactl", "rm_alloc"), 7);
+    // The kill happened while no agent ran; its event waited in the pinned ring buffer.
+    assert!(
+        c.events
+            .iter()
+            .any(|e| e.action == "kill" && e.pid == a_pid(&c.events)),
+        "{:?}",
+        c.events
+    );
+    b.exit();
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&pins);
+    let _ = session;
+}
+
+/// The pid of the one kill event.
+fn a_pid(events: &[gpuwarden_agent::enforcement::Record]) -> u32 {
+    events
+        .iter()
+        .find(|e| e.action == "kill")
+        .map_or(0, |e| e.pid)
+}
+
+/// `gpuwarden run` creates a session pinned to this node, runs the command in the session's
+/// cgroup and returns its exit code; the session ends with it.
+#[test]
+fn gpuwarden_run_executes_inside_the_bound_cgroup() {
+    require_root();
+    let rig = Rig::start("qrun", Duration::from_secs(60));
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden-under-test"))
+        .arg("--controller")
+        .arg(rig.ctl.url())
+        .args([
+            "run",
+            "-r",
+            "cuda.shares=0.5",
+            "-r",
+            "cuda.mem=1g",
+            "--agent-socket",
+        ])
+        .arg(&rig.agent().socket)
+        .args(["--", "sh", "-c", "cat /proc/self/cgroup; exit 7"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("0::"))
+        .unwrap_or_else(|| panic!("no cgroup v2 line in {stdout}"));
+    let session = line
+        .strip_prefix("0::/gpuwarden/")
+        .unwrap_or_else(|| panic!("not in a managed cgroup: {line}"));
+    rig.wait_for("the session to end", |r| {
+        r.get(session).state == pb::SessionState::Terminated as i32
+    });
+    rig.wait_for("the agent to let go", |r| {
+        r.agent().snapshot().bindings.is_empty()
+    });
+}
+
+fn mknod(path: &Path, major: u32, minor: u32) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a plain syscall with a valid path.
+    let rc = unsafe {
+        libc::mknod(
+            c.as_ptr(),
+            libc::S_IFCHR | 0o666,
+            libc::makedev(major, minor),
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "mknod {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    assert!(
+        std::fs::metadata(path)
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    );
+}
+
+/// Opens `path` from a process inside `cg`; returns the errno (0 on success).
+fn open_in(cg: &TestCgroup, path: &Path) -> i32 {
+    let procs = cg.dir.join("cgroup.procs");
+    let script = format!(
+        "echo $$ > {} && exec 3< {} && echo opened",
+        procs.display(),
+        path.display()
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        0
+    } else if stderr.contains("Operation not permitted") {
+        libc::EPERM
+    } else if stderr.contains("No such device or address") {
+        libc::ENXIO
+    } else {
+        panic!("open of {} ended otherwise: {stderr}", path.display())
+    }
+}
