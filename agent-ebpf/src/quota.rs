@@ -77,15 +77,16 @@ pub fn check_alloc(
     cmd: u64,
     arg: u64,
 ) {
-    if device as usize >= MAX_GPUS {
-        return;
-    }
     let Some(slot) = slot_of(cgroup) else {
         return;
     };
     let Some(quota) = QUOTAS.get_ptr_mut(&slot) else {
         return;
     };
+    // A GPU the decoder couldn't tell is charged nowhere, so it can't be checked either.
+    if device as usize >= MAX_GPUS {
+        return;
+    }
     let index = device as usize & (MAX_GPUS - 1);
     // SAFETY: a live map value; `index` is in bounds.
     let (used, limit, policy) = unsafe {

@@ -204,15 +204,14 @@ fn gpuwarden(url: &str, args: &[&str]) -> std::process::Output {
 
 #[test]
 fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
+    // Like every test that needs the kernel, this fails rather than skips without it.
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to make a cgroup");
-        return;
-    }
-    let Some(cgroup) = TestCgroup::make() else {
-        eprintln!("skipped: no writable cgroup v2 mount");
-        return;
-    };
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test makes a cgroup: it needs root (run `sudo cargo xtask test`)"
+    );
+    let cgroup = TestCgroup::make().expect("a writable cgroup v2 mount");
     let scratch = std::env::temp_dir().join(format!("gpuwarden-run-e2e-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch).expect("scratch dir");

@@ -6,7 +6,10 @@
 //!   and listed in `--gpu-devices`, so the programs decode a real `RM_ALLOC` (NVOS21, class
 //!   `NV01_MEMORY_LOCAL_USER`, 128-byte params) at entry and look it up at exit; the device
 //!   answers `ENOTTY`, so the exit stops before reading the driver's answer back;
-//! - `getppid`, a syscall the agent doesn't hook, which pays only for syscall tracing being on.
+//! - `getppid`, a syscall the agent doesn't hook, which pays only for syscall tracing being on;
+//! - the GPU-fd ioctl again from a cgroup with a quota (a session of the controller bound to a
+//!   cgroup this process moves into), so the decode also pays the quota check: the look-ups of
+//!   the cgroup's quota that every allocating ioctl of a bound workload makes.
 //!
 //! Each case runs `rounds` batches of `iterations` calls pinned to one CPU; the table shows the
 //! fastest batch, the estimate least disturbed by other work on the machine (the costs measured
@@ -15,7 +18,7 @@
 use std::{
     ffi::CString,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -67,8 +70,16 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
     if !crate::is_root() {
         bail!("the benchmark attaches eBPF programs: run as root");
     }
-    status(cargo().args(["build", "--release", "-p", "gpuwarden-agent"]))?;
-    let agent_bin = workspace().join("target/release/gpuwarden-agent");
+    status(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "gpuwarden-agent",
+        "-p",
+        "gpuwarden-controller",
+    ]))?;
+    let bin = workspace().join("target/release");
+    let agent_bin = bin.join("gpuwarden-agent");
     let dir = std::env::temp_dir().join(format!("gpuwarden-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let gpu_node = dir.join("nvidia0");
@@ -111,15 +122,26 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
         .iter()
         .map(|c| fastest_ns(&*c.call, iterations, rounds))
         .collect();
-    let mut agent = start_agent(&agent_bin, &dir, &gpu_node)?;
+    let url = format!("http://{}", controller_addr());
+    let mut controller = start_controller(&bin, &dir)?;
+    let mut agent = match start_agent(&agent_bin, &dir, &gpu_node, &url) {
+        Ok(agent) => agent,
+        Err(e) => {
+            stop(&mut controller);
+            return Err(e);
+        }
+    };
     let with: Vec<f64> = cases
         .iter()
         .map(|c| fastest_ns(&*c.call, iterations, rounds))
         .collect();
+    let bound = measure_bound(&bin, &dir, &url, &*cases[1].call, iterations, rounds);
     let counted = decoded_count(&agent_bin, &dir.join("agent.sock"));
     stop(&mut agent);
+    stop(&mut controller);
     let _ = std::fs::remove_dir_all(&dir);
     let counted = counted?;
+    let bound = bound?;
     let expected = iterations * rounds as u64;
     if counted < expected {
         bail!(
@@ -148,8 +170,125 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
             case.floor
         );
     }
-    println!("(the agent counted {counted} decoded rm_alloc ioctls on the GPU fd)");
+    let added = bound - without[1];
+    let verdict = if added <= FLOOR_GPU_IOCTL {
+        "within"
+    } else {
+        "OVER"
+    };
+    println!(
+        "| ioctl, GPU fd, cgroup with a quota (decode + quota check) | {:.0} | {bound:.0} | {added:+.0} | {:.2}× | ≤ {FLOOR_GPU_IOCTL:.0} | {verdict} |",
+        without[1],
+        bound / without[1]
+    );
+    println!(
+        "(the quota check adds {:+.0} ns to a decoded GPU ioctl; the agent counted {counted} decoded rm_alloc ioctls on the GPU fd)",
+        bound - with[1]
+    );
     Ok(())
+}
+
+/// The controller's address for this run (a port of its own, so a running controller is left
+/// alone).
+fn controller_addr() -> String {
+    format!("127.0.0.1:{}", 40_000 + std::process::id() % 20_000)
+}
+
+fn start_controller(bin: &Path, dir: &Path) -> anyhow::Result<Child> {
+    Command::new(bin.join("gpuwarden-controller"))
+        .args(["run", "--listen", &controller_addr(), "--state-dir"])
+        .arg(dir.join("controller"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .context("cannot start gpuwarden-controller")
+}
+
+/// Binds a session's quota to a new cgroup, moves this process into it, times `call` there, and
+/// moves back.
+fn measure_bound(
+    bin: &Path,
+    dir: &Path,
+    url: &str,
+    call: &dyn Fn(),
+    iterations: u64,
+    rounds: usize,
+) -> anyhow::Result<f64> {
+    let root = cgroup2_root()?;
+    let home = std::fs::read_to_string("/proc/self/cgroup")?
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+        .context("this process has no cgroup v2 path")?;
+    let name = format!("/gpuwarden-bench-{}", std::process::id());
+    let cgroup = root.join(name.trim_start_matches('/'));
+    std::fs::create_dir_all(&cgroup)
+        .with_context(|| format!("cannot make {}", cgroup.display()))?;
+    let result = (|| {
+        status(
+            Command::new(bin.join("gpuwarden"))
+                .args(["--controller", url, "session", "create"])
+                .args([
+                    "-r",
+                    "cuda.shares=0.5",
+                    "-r",
+                    "cuda.mem=64g",
+                    "--cgroup",
+                    &name,
+                ])
+                .args(["--node", BENCH_NODE])
+                .stdout(Stdio::null()),
+        )?;
+        let socket = dir.join("agent.sock");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !bound(&bin.join("gpuwarden-agent"), &socket) {
+            if Instant::now() > deadline {
+                bail!("the session's quota did not bind to {name} within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string())?;
+        Ok(fastest_ns(call, iterations, rounds))
+    })();
+    let back = root.join(home.trim_start_matches('/')).join("cgroup.procs");
+    std::fs::write(&back, std::process::id().to_string())
+        .with_context(|| format!("cannot move back to {}", back.display()))?;
+    let _ = std::fs::remove_dir(&cgroup);
+    result
+}
+
+/// The node name the benchmark's agent registers under.
+const BENCH_NODE: &str = "gpuwarden-bench";
+
+/// Whether the agent reports a bound quota.
+fn bound(agent_bin: &Path, socket: &Path) -> bool {
+    Command::new(agent_bin)
+        .args(["snapshot", "--json", "--socket"])
+        .arg(socket)
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .and_then(|out| serde_json::from_slice::<serde_json::Value>(&out.stdout).ok())
+        .is_some_and(|doc| {
+            doc["bindings"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|b| b["state"] == "bound")
+        })
+}
+
+/// Where the cgroup v2 hierarchy is mounted.
+fn cgroup2_root() -> anyhow::Result<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    mountinfo
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            right
+                .starts_with("cgroup2 ")
+                .then(|| left.split(' ').nth(4).map(PathBuf::from))?
+        })
+        .context("no cgroup v2 hierarchy is mounted")
 }
 
 /// The fastest of `rounds` batches, in ns per call.
@@ -171,7 +310,7 @@ fn fastest_ns(call: &dyn Fn(), iterations: u64, rounds: usize) -> f64 {
     batches[0]
 }
 
-fn start_agent(bin: &Path, dir: &Path, gpu_node: &Path) -> anyhow::Result<Child> {
+fn start_agent(bin: &Path, dir: &Path, gpu_node: &Path, controller: &str) -> anyhow::Result<Child> {
     let socket = dir.join("agent.sock");
     let mut child = Command::new(bin)
         .arg("run")
@@ -181,6 +320,11 @@ fn start_agent(bin: &Path, dir: &Path, gpu_node: &Path) -> anyhow::Result<Child>
         .arg(&socket)
         .arg("--state-dir")
         .arg(dir)
+        // Nothing pinned: the benchmark leaves no programs behind.
+        .args(["--bpf-pin-dir", ""])
+        .args(["--controller", controller, "--node-name", BENCH_NODE])
+        .arg("--mock-devices")
+        .arg(workspace().join("deploy/mock-devices.toml"))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
