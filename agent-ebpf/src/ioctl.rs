@@ -137,7 +137,7 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let Some(status) = read_u32(call.params + u64::from(call.status_offset)) else {
-        decode_failed(&ctx, tgid, 0, decode_error::READ_RESULT, esc::RM_ALLOC);
+        decode_failed(&ctx, tgid, 0, decode_error::READ_RESULT, esc::RM_ALLOC, 0);
         return 0;
     };
     if status != 0 {
@@ -147,7 +147,7 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> u32 {
         op::FREE => memory::free(tgid, call.client, call.object),
         op::CLIENT | op::DEVICE | op::SUBDEVICE | op::VIDMEM => {
             let Some(handle) = read_u32(call.params + nvos21::H_OBJECT_NEW as u64) else {
-                decode_failed(&ctx, tgid, 0, decode_error::READ_RESULT, esc::RM_ALLOC);
+                decode_failed(&ctx, tgid, 0, decode_error::READ_RESULT, esc::RM_ALLOC, 0);
                 return 0;
             };
             created(&ctx, tgid, &call, handle);
@@ -180,7 +180,7 @@ fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
         op::VIDMEM => {
             // The driver writes back the size it really allocated.
             let Some(bytes) = read_u64(call.alloc_params + memory_alloc::SIZE_FIELD as u64) else {
-                decode_failed(ctx, tgid, 0, decode_error::READ_ALLOC_PARAMS, esc::RM_ALLOC);
+                decode_failed(ctx, tgid, 0, decode_error::READ_ALLOC_PARAMS, esc::RM_ALLOC, 0);
                 return;
             };
             let device = object_device(call.client, call.parent);
@@ -221,8 +221,7 @@ fn unwrap_xfer(
             tgid,
             cgroup,
             decode_error::BAD_SIZE,
-            esc::IOCTL_XFER_CMD,
-        );
+            esc::IOCTL_XFER_CMD, 0);
         return None;
     }
     // SAFETY: the helper faults safely on bad user pointers.
@@ -232,8 +231,7 @@ fn unwrap_xfer(
             tgid,
             cgroup,
             decode_error::READ_PARAMS,
-            esc::IOCTL_XFER_CMD,
-        );
+            esc::IOCTL_XFER_CMD, 0);
         return None;
     };
     let ptr = u64::from(raw[xfer::PTR / 4]) | (u64::from(raw[xfer::PTR / 4 + 1]) << 32);
@@ -255,12 +253,19 @@ fn decode_alloc(
     } else if size == nvos64::SIZE {
         (nvos64::STATUS, nvos64::PARAMS_SIZE)
     } else {
-        decode_failed(ctx, tgid, cgroup, decode_error::BAD_SIZE, esc::RM_ALLOC);
+        decode_failed(
+            ctx,
+            tgid,
+            cgroup,
+            decode_error::BAD_SIZE,
+            esc::RM_ALLOC,
+            u64::from(size),
+        );
         return None;
     };
     // SAFETY: the helper faults safely on bad user pointers.
     let Ok(head) = (unsafe { bpf_probe_read_user(params as *const [u32; 8]) }) else {
-        decode_failed(ctx, tgid, cgroup, decode_error::READ_PARAMS, esc::RM_ALLOC);
+        decode_failed(ctx, tgid, cgroup, decode_error::READ_PARAMS, esc::RM_ALLOC, 0);
         return None;
     };
     let h_class = head[nvos21::H_CLASS / 4];
@@ -285,8 +290,7 @@ fn decode_alloc(
                     tgid,
                     cgroup,
                     decode_error::READ_ALLOC_PARAMS,
-                    esc::RM_ALLOC,
-                );
+                    esc::RM_ALLOC, 0);
                 return None;
             };
             call.op = op::DEVICE;
@@ -299,13 +303,22 @@ fn decode_alloc(
                 head[nvos21::PARAMS_SIZE / 4]
             } else {
                 let Some(params_size) = read_u32(params + params_size_offset as u64) else {
-                    decode_failed(ctx, tgid, cgroup, decode_error::READ_PARAMS, esc::RM_ALLOC);
+                    decode_failed(ctx, tgid, cgroup, decode_error::READ_PARAMS, esc::RM_ALLOC, 0);
                     return None;
                 };
                 params_size
             };
-            if params_size != memory_alloc::SIZE && params_size != memory_alloc::SIZE_OLD {
-                decode_failed(ctx, tgid, cgroup, decode_error::BAD_SIZE, esc::RM_ALLOC);
+            // Drivers append fields to these params; the ones read here (up to `size` at 64)
+            // have kept their offsets, so any size from the oldest known layout up is read.
+            if params_size < memory_alloc::SIZE_OLD {
+                decode_failed(
+                    ctx,
+                    tgid,
+                    cgroup,
+                    decode_error::BAD_SIZE,
+                    esc::RM_ALLOC,
+                    u64::from(params_size),
+                );
                 return None;
             }
             // SAFETY: the helper faults safely on bad user pointers.
@@ -316,8 +329,7 @@ fn decode_alloc(
                     tgid,
                     cgroup,
                     decode_error::READ_ALLOC_PARAMS,
-                    esc::RM_ALLOC,
-                );
+                    esc::RM_ALLOC, 0);
                 return None;
             };
             let flags = fields[memory_alloc::FLAGS / 4];
@@ -346,12 +358,19 @@ fn decode_free(
     params: u64,
 ) -> Option<Call> {
     if size != nvos00::SIZE {
-        decode_failed(ctx, tgid, cgroup, decode_error::BAD_SIZE, esc::RM_FREE);
+        decode_failed(
+            ctx,
+            tgid,
+            cgroup,
+            decode_error::BAD_SIZE,
+            esc::RM_FREE,
+            u64::from(size),
+        );
         return None;
     }
     // SAFETY: the helper faults safely on bad user pointers.
     let Ok(raw) = (unsafe { bpf_probe_read_user(params as *const [u32; 4]) }) else {
-        decode_failed(ctx, tgid, cgroup, decode_error::READ_PARAMS, esc::RM_FREE);
+        decode_failed(ctx, tgid, cgroup, decode_error::READ_PARAMS, esc::RM_FREE, 0);
         return None;
     };
     Some(Call {
@@ -387,7 +406,14 @@ fn count_ioctl(cgroup: u64, device: u32, family: u32, cmd: u32) {
 
 /// Reports an ioctl that could not be decoded.
 #[inline(always)]
-fn decode_failed(ctx: &TracePointContext, tgid: u32, cgroup: u64, reason: u32, nr: u32) {
+fn decode_failed(
+    ctx: &TracePointContext,
+    tgid: u32,
+    cgroup: u64,
+    reason: u32,
+    nr: u32,
+    detail: u64,
+) {
     count(stat::DECODE_ERRORS);
     warn!(
         ctx,
@@ -399,6 +425,7 @@ fn decode_failed(ctx: &TracePointContext, tgid: u32, cgroup: u64, reason: u32, n
         cgroup,
         code: reason,
         handle: nr,
+        bytes: detail,
         ..Event::default()
     });
 }

@@ -14,7 +14,8 @@ pub mod kind {
     pub const CLIENT_FREE: u32 = 4;
     /// A GPU process exited. `bytes` is the total released.
     pub const PROCESS_EXIT: u32 = 5;
-    /// An ioctl could not be decoded. `code` is a [`super::decode_error`] value, `handle` the escape.
+    /// An ioctl could not be decoded. `code` is a [`super::decode_error`] value, `handle` the
+    /// escape, `bytes` a detail (the size found, for `BAD_SIZE`).
     pub const DECODE_ERROR: u32 = 6;
     /// A GPU process forked. `handle` is the child's pid.
     pub const FORK: u32 = 7;
