@@ -1,0 +1,475 @@
+//! Compute share: a loop that keeps each bound cgroup's running fraction of a GPU at its share by
+//! freezing and thawing it (cgroup v2 `cgroup.freeze`) in short periods.
+//!
+//! Every tick (a tenth of a period by default) the loop reads each member's cumulative busy time
+//! from a [`UsageSource`] and runs a token bucket per member (see `control.rs`): a member that
+//! used more than its share is frozen until it has earned the difference back. A cgroup bound on
+//! several GPUs is frozen when any of its GPUs' buckets wants it frozen.
+//!
+//! Policies ([`ComputePolicy`]): `hard` never lets a member above its share; `work-conserving`
+//! lets it use capacity the other members of its GPU leave idle, and holds it to its share as
+//! soon as they contend.
+//!
+//! The usage signal on real GPUs is NVML's per-process SM utilisation. With mock devices it is
+//! [`CpuTimeUsage`], the cgroup's CPU time, one CPU counted as one GPU: **a stand-in for testing
+//! the mechanism**, which says nothing about any GPU.
+//!
+//! Configuration flows down through the [`ThrottleHandle`] (a channel); statistics flow up
+//! through a map the loop rewrites every tick. The loop thaws everything it froze when it stops,
+//! and [`thaw`] undoes what a dead agent may have left frozen.
+//!
+//! # Example
+//! ```no_run
+//! # async fn example() -> Result<(), gpuwarden_agent::throttle::ThrottleError> {
+//! use gpuwarden_agent::throttle::{self, ComputePolicy, CpuTimeUsage, Member, ThrottleConfig};
+//!
+//! let throttle = throttle::spawn(ThrottleConfig::default(), Box::new(CpuTimeUsage))?;
+//! throttle.set(0, 4242, Member {
+//!     cgroup_dir: "/sys/fs/cgroup/unified/job".into(),
+//!     share_ppm: 300_000, // 0.3 of GPU 0
+//!     policy: ComputePolicy::Hard,
+//! })?;
+//! // ...
+//! let throttled = throttle.stats(4242).map(|s| s.throttled);
+//! throttle.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+mod control;
+mod usage;
+
+use std::{
+    collections::HashMap,
+    fmt, io,
+    path::{Path, PathBuf},
+    str::FromStr,
+    sync::{Arc, Mutex, PoisonError, mpsc},
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
+
+use self::control::{Cgroups, Controller};
+pub use self::usage::{CpuTimeUsage, UsageSource};
+
+/// How a member may use a GPU beyond its share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ComputePolicy {
+    /// Never above its share, even on an otherwise idle GPU.
+    #[default]
+    Hard,
+    /// May use what the other members of its GPU leave idle; held to its share while they
+    /// contend.
+    WorkConserving,
+}
+
+impl ComputePolicy {
+    const NAMES: [(&str, Self); 2] = [
+        ("hard", Self::Hard),
+        ("work-conserving", Self::WorkConserving),
+    ];
+
+    /// The name users write (`hard`, `work-conserving`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hard => "hard",
+            Self::WorkConserving => "work-conserving",
+        }
+    }
+}
+
+impl fmt::Display for ComputePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A compute policy name that isn't one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown compute policy `{value}`; expected `hard` or `work-conserving`")]
+pub struct UnknownPolicy {
+    /// What was given.
+    pub value: String,
+}
+
+impl FromStr for ComputePolicy {
+    type Err = UnknownPolicy;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::NAMES
+            .iter()
+            .find(|(name, _)| *name == s)
+            .map(|(_, policy)| *policy)
+            .ok_or_else(|| UnknownPolicy {
+                value: s.to_owned(),
+            })
+    }
+}
+
+/// A cgroup bound to a share of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The cgroup's cgroup v2 directory (absolute).
+    pub cgroup_dir: PathBuf,
+    /// Its share of the GPU in millionths, `1..=1_000_000`.
+    pub share_ppm: u32,
+    /// What it may do beyond its share.
+    pub policy: ComputePolicy,
+}
+
+/// What the throttle has done to one cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ThrottleStats {
+    /// Total time it was kept frozen.
+    pub throttled: Duration,
+    /// Frozen now.
+    pub frozen: bool,
+    /// Its recent measured running fraction (over about one period; the largest of its GPUs).
+    pub running_fraction: f64,
+}
+
+/// How the loop runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThrottleConfig {
+    /// One freeze/thaw cycle of a member that is always busy; also the most credit idle time
+    /// banks (`share × period`).
+    pub period: Duration,
+    /// How often usage is measured and decisions are made.
+    pub tick: Duration,
+}
+
+impl ThrottleConfig {
+    /// `period`, measured ten times per period.
+    #[must_use]
+    pub fn with_period(period: Duration) -> Self {
+        Self {
+            period,
+            tick: period / 10,
+        }
+    }
+}
+
+impl Default for ThrottleConfig {
+    /// 100 ms periods, measured every 10 ms.
+    fn default() -> Self {
+        Self::with_period(Duration::from_millis(100))
+    }
+}
+
+/// Errors of the throttle's API.
+#[derive(Debug, thiserror::Error)]
+pub enum ThrottleError {
+    /// The configuration can't work.
+    #[error(
+        "invalid throttle configuration: tick {tick:?} must be non-zero and at most the period {period:?}"
+    )]
+    InvalidConfig {
+        /// The period given.
+        period: Duration,
+        /// The tick given.
+        tick: Duration,
+    },
+    /// A share outside `1..=1_000_000`.
+    #[error("invalid compute share {share_ppm} ppm for cgroup {key}; expected 1..=1000000")]
+    InvalidShare {
+        /// The cgroup.
+        key: u64,
+        /// The share given.
+        share_ppm: u32,
+    },
+    /// A cgroup directory that isn't absolute.
+    #[error("cgroup directory {dir} for cgroup {key} is not absolute")]
+    RelativeDir {
+        /// The cgroup.
+        key: u64,
+        /// The directory given.
+        dir: PathBuf,
+    },
+    /// The loop's thread couldn't be started.
+    #[error("cannot start the throttle thread: {0}")]
+    Spawn(#[source] io::Error),
+    /// The loop has stopped (shut down, or it died).
+    #[error("the throttle loop has stopped")]
+    Stopped,
+}
+
+/// Thaws the cgroup at `cgroup_dir` (writes `0` to its `cgroup.freeze`).
+///
+/// Meant for agent start, on every persisted binding, so that nothing a dead agent froze stays
+/// frozen. A directory that no longer exists has nothing to thaw and is not an error.
+///
+/// # Errors
+/// The directory exists but its `cgroup.freeze` can't be written.
+pub fn thaw(cgroup_dir: &Path) -> io::Result<()> {
+    match write_freeze(cgroup_dir, false) {
+        Err(e) if control::is_gone(&e) && !cgroup_dir.exists() => Ok(()),
+        other => other,
+    }
+}
+
+fn write_freeze(cgroup_dir: &Path, frozen: bool) -> io::Result<()> {
+    std::fs::write(
+        cgroup_dir.join("cgroup.freeze"),
+        if frozen { "1" } else { "0" },
+    )
+}
+
+/// The real kernel: usage from a [`UsageSource`], freezing through `cgroup.freeze`.
+struct Kernel {
+    usage: Box<dyn UsageSource>,
+}
+
+impl Cgroups for Kernel {
+    fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Duration> {
+        self.usage.busy(gpu, dir)
+    }
+
+    fn set_frozen(&mut self, dir: &Path, frozen: bool) -> io::Result<()> {
+        write_freeze(dir, frozen)
+    }
+}
+
+enum Command {
+    Set { gpu: u32, key: u64, member: Member },
+    Remove { key: u64 },
+    Shutdown(tokio::sync::oneshot::Sender<()>),
+}
+
+type StatsMap = Arc<Mutex<HashMap<u64, ThrottleStats>>>;
+
+/// Controls the throttle loop started by [`spawn`]. Clones control the same loop; when the last
+/// one is dropped the loop thaws everything and stops, as after [`ThrottleHandle::shutdown`].
+#[derive(Debug, Clone)]
+pub struct ThrottleHandle {
+    commands: mpsc::Sender<Command>,
+    stats: StatsMap,
+}
+
+impl fmt::Debug for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Set { gpu, key, .. } => write!(f, "Set {{ gpu: {gpu}, key: {key} }}"),
+            Self::Remove { key } => write!(f, "Remove {{ key: {key} }}"),
+            Self::Shutdown(_) => f.write_str("Shutdown"),
+        }
+    }
+}
+
+impl ThrottleHandle {
+    /// Adds cgroup `key` to `gpu`'s members, or updates its share, policy or directory there.
+    ///
+    /// # Errors
+    /// The share is out of range, the directory is relative, or the loop has stopped.
+    pub fn set(&self, gpu: u32, key: u64, member: Member) -> Result<(), ThrottleError> {
+        if !(1..=1_000_000).contains(&member.share_ppm) {
+            return Err(ThrottleError::InvalidShare {
+                key,
+                share_ppm: member.share_ppm,
+            });
+        }
+        if !member.cgroup_dir.is_absolute() {
+            return Err(ThrottleError::RelativeDir {
+                key,
+                dir: member.cgroup_dir,
+            });
+        }
+        self.send(Command::Set { gpu, key, member })
+    }
+
+    /// Drops cgroup `key` from every GPU and thaws it.
+    ///
+    /// # Errors
+    /// The loop has stopped (and so has thawed it already).
+    pub fn remove(&self, key: u64) -> Result<(), ThrottleError> {
+        self.send(Command::Remove { key })
+    }
+
+    /// What the throttle has done to cgroup `key`, as of the last tick; `None` if it isn't a
+    /// member (yet: a member shows up at the first tick after [`ThrottleHandle::set`]).
+    #[must_use]
+    pub fn stats(&self, key: u64) -> Option<ThrottleStats> {
+        self.stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+            .copied()
+    }
+
+    /// Stops the loop, thawing everything it froze, and waits for it.
+    pub async fn shutdown(self) {
+        let (done, stopped) = tokio::sync::oneshot::channel();
+        if self.commands.send(Command::Shutdown(done)).is_ok() {
+            // An error means the loop died; its guard thawed what it froze on the way out.
+            let _ = stopped.await;
+        }
+    }
+
+    fn send(&self, command: Command) -> Result<(), ThrottleError> {
+        self.commands
+            .send(command)
+            .map_err(|_| ThrottleError::Stopped)
+    }
+}
+
+/// Starts the throttle loop.
+///
+/// The loop is a dedicated thread, not a tokio task: it does blocking cgroupfs I/O every tick,
+/// and its timing (what every share is measured against) must not depend on how busy the async
+/// runtime is. It sleeps between ticks in `recv_timeout`, so commands apply at once.
+///
+/// # Errors
+/// The configuration is invalid, or the thread can't be started.
+pub fn spawn(
+    config: ThrottleConfig,
+    usage: Box<dyn UsageSource>,
+) -> Result<ThrottleHandle, ThrottleError> {
+    if config.tick.is_zero() || config.tick > config.period {
+        return Err(ThrottleError::InvalidConfig {
+            period: config.period,
+            tick: config.tick,
+        });
+    }
+    let (commands, rx) = mpsc::channel();
+    let stats = StatsMap::default();
+    let looped = Loop {
+        controller: Controller::new(config.period),
+        kernel: Kernel { usage },
+        stats: Arc::clone(&stats),
+    };
+    std::thread::Builder::new()
+        .name("gpuwarden-throttle".into())
+        .spawn(move || looped.run(&rx, config.tick))
+        .map_err(ThrottleError::Spawn)?;
+    Ok(ThrottleHandle { commands, stats })
+}
+
+/// The loop's state. Dropping it thaws every member, however the loop ends (a panic included).
+struct Loop {
+    controller: Controller,
+    kernel: Kernel,
+    stats: StatsMap,
+}
+
+impl Loop {
+    fn run(mut self, rx: &mpsc::Receiver<Command>, tick: Duration) {
+        let mut next = Instant::now() + tick;
+        loop {
+            let now = Instant::now();
+            if now < next {
+                match rx.recv_timeout(next - now) {
+                    Ok(Command::Set { gpu, key, member }) => self.controller.set(gpu, key, &member),
+                    Ok(Command::Remove { key }) => {
+                        self.controller
+                            .remove(key, Instant::now(), &mut self.kernel);
+                    }
+                    Ok(Command::Shutdown(done)) => {
+                        drop(self); // thaws
+                        let _ = done.send(());
+                        return;
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+                continue;
+            }
+            self.controller.tick(now, &mut self.kernel);
+            self.publish(now);
+            next += tick;
+            if next <= now {
+                // Fell behind (a stalled machine): don't try to catch up in a burst.
+                next = now + tick;
+            }
+        }
+    }
+
+    fn publish(&self, now: Instant) {
+        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        stats.clear();
+        stats.extend(self.controller.stats(now));
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        self.controller.thaw_all(now, &mut self.kernel);
+        self.publish(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_names() {
+        for policy in [ComputePolicy::Hard, ComputePolicy::WorkConserving] {
+            assert_eq!(policy.to_string().parse::<ComputePolicy>().unwrap(), policy);
+            let json = serde_json::to_string(&policy).unwrap();
+            assert_eq!(json, format!("\"{policy}\""));
+            assert_eq!(
+                serde_json::from_str::<ComputePolicy>(&json).unwrap(),
+                policy
+            );
+        }
+        let err = "soft".parse::<ComputePolicy>().unwrap_err().to_string();
+        assert!(err.contains("`soft`") && err.contains("hard") && err.contains("work-conserving"));
+    }
+
+    #[test]
+    fn bad_config_and_members_are_refused() {
+        let bad = ThrottleConfig {
+            period: Duration::from_millis(10),
+            tick: Duration::from_millis(20),
+        };
+        assert!(matches!(
+            spawn(bad, Box::new(CpuTimeUsage)),
+            Err(ThrottleError::InvalidConfig { .. })
+        ));
+        let throttle = spawn(ThrottleConfig::default(), Box::new(CpuTimeUsage)).unwrap();
+        let member = |dir: &str, share_ppm| Member {
+            cgroup_dir: dir.into(),
+            share_ppm,
+            policy: ComputePolicy::Hard,
+        };
+        assert!(matches!(
+            throttle.set(0, 1, member("/x", 0)),
+            Err(ThrottleError::InvalidShare { .. })
+        ));
+        assert!(matches!(
+            throttle.set(0, 1, member("/x", 1_000_001)),
+            Err(ThrottleError::InvalidShare { .. })
+        ));
+        assert!(matches!(
+            throttle.set(0, 1, member("x", 10)),
+            Err(ThrottleError::RelativeDir { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_vanished_directory_does_not_stop_the_loop() {
+        let throttle = spawn(ThrottleConfig::default(), Box::new(CpuTimeUsage)).unwrap();
+        throttle
+            .set(
+                0,
+                7,
+                Member {
+                    cgroup_dir: "/nonexistent/gpuwarden-throttle".into(),
+                    share_ppm: 500_000,
+                    policy: ComputePolicy::Hard,
+                },
+            )
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(throttle.stats(7), None);
+        throttle.remove(7).unwrap();
+        throttle.shutdown().await;
+    }
+
+    #[test]
+    fn thaw_of_a_missing_cgroup_is_fine() {
+        thaw(Path::new("/nonexistent/gpuwarden-throttle")).unwrap();
+    }
+}
