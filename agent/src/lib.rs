@@ -12,6 +12,7 @@
 //! - [`gpu_nodes`]: which paths are GPU device nodes;
 //! - [`telemetry`]: reading the maps into a [`snapshot::Snapshot`], and their housekeeping;
 //! - [`attribution`]: cgroup id → container, pod, systemd unit or host;
+//! - [`throttle`]: compute share, by freezing and thawing cgroups in short periods;
 //! - [`api`]: the local socket (`snapshot`), used by `gpuwarden-agent snapshot` and `top`;
 //! - [`daemon`]: `gpuwarden-agent run`, tying them together.
 #![deny(missing_docs)]

@@ -20,6 +20,9 @@ pub enum Which {
     /// Scheduling decisions/s and latency for 10,000 pending sessions over 1,000 and 5,000
     /// nodes × 8 GPUs, and heartbeats/s from 1,000 agents over real gRPC.
     Sched,
+    /// How closely the compute-share throttle holds a CPU spinner to shares 0.1, 0.3, 0.5 and
+    /// 0.9 (CPU time standing in for GPU usage); needs root.
+    Throttle,
 }
 
 /// Runs one benchmark.
@@ -32,6 +35,13 @@ pub fn run(which: &Which) -> anyhow::Result<()> {
             "gpuwarden-controller",
             "--bench",
             "sched",
+        ])),
+        Which::Throttle => crate::status(crate::cargo().args([
+            "bench",
+            "-p",
+            "gpuwarden-agent",
+            "--bench",
+            "throttle",
         ])),
     }
 }

@@ -65,11 +65,6 @@ pub enum ComputePolicy {
 }
 
 impl ComputePolicy {
-    const NAMES: [(&str, Self); 2] = [
-        ("hard", Self::Hard),
-        ("work-conserving", Self::WorkConserving),
-    ];
-
     /// The name users write (`hard`, `work-conserving`).
     #[must_use]
     pub fn as_str(self) -> &'static str {
@@ -98,13 +93,13 @@ impl FromStr for ComputePolicy {
     type Err = UnknownPolicy;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::NAMES
-            .iter()
-            .find(|(name, _)| *name == s)
-            .map(|(_, policy)| *policy)
-            .ok_or_else(|| UnknownPolicy {
+        match s {
+            "hard" => Ok(Self::Hard),
+            "work-conserving" => Ok(Self::WorkConserving),
+            _ => Err(UnknownPolicy {
                 value: s.to_owned(),
-            })
+            }),
+        }
     }
 }
 
@@ -245,16 +240,6 @@ type StatsMap = Arc<Mutex<HashMap<u64, ThrottleStats>>>;
 pub struct ThrottleHandle {
     commands: mpsc::Sender<Command>,
     stats: StatsMap,
-}
-
-impl fmt::Debug for Command {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Set { gpu, key, .. } => write!(f, "Set {{ gpu: {gpu}, key: {key} }}"),
-            Self::Remove { key } => write!(f, "Remove {{ key: {key} }}"),
-            Self::Shutdown(_) => f.write_str("Shutdown"),
-        }
-    }
 }
 
 impl ThrottleHandle {
