@@ -310,14 +310,17 @@ fn decode_alloc(
             };
             // Drivers append fields to these params; the ones read here (up to `size` at 64)
             // have kept their offsets, so any size from the oldest known layout up is read.
-            if params_size < memory_alloc::SIZE_OLD {
+            // 0 is what CUDA sends in NVOS64 (driver 580): the driver takes the size from the
+            // class, not from the caller.
+            if params_size != 0 && params_size < memory_alloc::SIZE_OLD {
                 decode_failed(
                     ctx,
                     tgid,
                     cgroup,
                     decode_error::BAD_SIZE,
                     esc::RM_ALLOC,
-                    u64::from(params_size),
+                    // The ioctl's params size above the allocation params' size.
+                    (u64::from(size) << 32) | u64::from(params_size),
                 );
                 return None;
             }

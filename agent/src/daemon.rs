@@ -437,7 +437,7 @@ fn handle_event(state: &mut State, e: &Event) {
                 decode_error::READ_RESULT => "result unreadable",
                 _ => "unknown",
             };
-            tracing::warn!(tgid = e.tgid, %comm, escape = format_args!("{:#x}", e.handle), reason, detail = e.bytes, "ioctl not decoded");
+            tracing::warn!(tgid = e.tgid, %comm, escape = format_args!("{:#x}", e.handle), reason, detail = format_args!("{:#x}", e.bytes), "ioctl not decoded");
         }
         other => tracing::warn!(kind = other, "unknown event kind"),
     }

@@ -3,8 +3,8 @@
 //! The agent watches every process that talks to an NVIDIA GPU from below the workload: eBPF
 //! programs (crate `gpuwarden-agent-ebpf`) keep a table of GPU file descriptors, decode the
 //! driver's ioctls and count ioctls and GPU memory per cgroup. This crate loads those programs,
-//! names what they count, attributes each cgroup to its container or pod, and serves snapshots
-//! over a local socket.
+//! names what they count, attributes each cgroup to its container or pod, enforces the quotas
+//! the controller allocates, and serves snapshots over a local socket.
 //!
 //! The data path, one module each:
 //!
@@ -12,9 +12,13 @@
 //! - [`gpu_nodes`]: which paths are GPU device nodes;
 //! - [`telemetry`]: reading the maps into a [`snapshot::Snapshot`], and their housekeeping;
 //! - [`attribution`]: cgroup id → container, pod, systemd unit or host;
+//! - [`quota`]: what an allocation asks the node to enforce, validated;
+//! - [`binding`]: a quota's target (container, pod, cgroup, managed) → its cgroups;
+//! - [`enforcement`]: binding quotas into the BPF maps and device programs, and their events;
 //! - [`throttle`]: compute share, by freezing and thawing cgroups in short periods;
+//! - [`controller_link`] and [`holdings`]: allocations from the controller, kept in sled;
 //! - [`api`]: the local socket (`snapshot`), used by `gpuwarden-agent snapshot` and `top`;
-//! - [`daemon`]: `gpuwarden-agent run`, tying them together.
+//! - [`daemon`]: `gpuwarden-agent run`, tying them together; [`cli`]: its command line.
 #![deny(missing_docs)]
 
 pub mod api;
