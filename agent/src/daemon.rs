@@ -147,11 +147,13 @@ pub async fn run_until(
 
     // Quotas and what the node holds live in the store; they are enforced again at once.
     let holdings = Holdings::open(&config.state_dir.join("store"))?;
-    // The stand-in usage signal: NVML's per-process utilization is not wired yet, so real GPUs
-    // are throttled on CPU time too (see the README).
+    // NVML's per-process SM utilization on real GPUs; the CPU-time stand-in with mock devices.
+    let usage = backend
+        .usage_source(attributor.root())
+        .unwrap_or_else(|| Box::new(throttle::CpuTimeUsage));
     let throttle = throttle::spawn(
         throttle::ThrottleConfig::with_period(config.throttle_period),
-        Box::new(throttle::CpuTimeUsage),
+        usage,
     )?;
     let (upward_tx, upward_rx) = tokio::sync::mpsc::channel(UPWARD_BUFFER);
     let mut enforcer = Enforcer::new(

@@ -51,6 +51,15 @@ pub trait GpuBackend: Send + Sync {
     fn name(&self) -> &'static str;
     /// The devices.
     fn devices(&self) -> &[GpuDevice];
+    /// The compute-share throttle's usage signal for these GPUs, where the backend measures one;
+    /// `None` falls back to the CPU-time stand-in.
+    fn usage_source(
+        &self,
+        _cgroup_root: &std::path::Path,
+    ) -> Option<Box<dyn crate::throttle::UsageSource>> {
+        None
+    }
+
     /// Capacity of slots other than the GPU ones (those follow from [`Self::devices`]), as
     /// exact decimal strings.
     fn extra_capacity(&self) -> Vec<(String, String)> {
