@@ -180,7 +180,14 @@ fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
         op::VIDMEM => {
             // The driver writes back the size it really allocated.
             let Some(bytes) = read_u64(call.alloc_params + memory_alloc::SIZE_FIELD as u64) else {
-                decode_failed(ctx, tgid, 0, decode_error::READ_ALLOC_PARAMS, esc::RM_ALLOC, 0);
+                decode_failed(
+                    ctx,
+                    tgid,
+                    0,
+                    decode_error::READ_ALLOC_PARAMS,
+                    esc::RM_ALLOC,
+                    0,
+                );
                 return;
             };
             let device = object_device(call.client, call.parent);
@@ -221,7 +228,9 @@ fn unwrap_xfer(
             tgid,
             cgroup,
             decode_error::BAD_SIZE,
-            esc::IOCTL_XFER_CMD, 0);
+            esc::IOCTL_XFER_CMD,
+            0,
+        );
         return None;
     }
     // SAFETY: the helper faults safely on bad user pointers.
@@ -231,7 +240,9 @@ fn unwrap_xfer(
             tgid,
             cgroup,
             decode_error::READ_PARAMS,
-            esc::IOCTL_XFER_CMD, 0);
+            esc::IOCTL_XFER_CMD,
+            0,
+        );
         return None;
     };
     let ptr = u64::from(raw[xfer::PTR / 4]) | (u64::from(raw[xfer::PTR / 4 + 1]) << 32);
@@ -265,7 +276,14 @@ fn decode_alloc(
     };
     // SAFETY: the helper faults safely on bad user pointers.
     let Ok(head) = (unsafe { bpf_probe_read_user(params as *const [u32; 8]) }) else {
-        decode_failed(ctx, tgid, cgroup, decode_error::READ_PARAMS, esc::RM_ALLOC, 0);
+        decode_failed(
+            ctx,
+            tgid,
+            cgroup,
+            decode_error::READ_PARAMS,
+            esc::RM_ALLOC,
+            0,
+        );
         return None;
     };
     let h_class = head[nvos21::H_CLASS / 4];
@@ -290,7 +308,9 @@ fn decode_alloc(
                     tgid,
                     cgroup,
                     decode_error::READ_ALLOC_PARAMS,
-                    esc::RM_ALLOC, 0);
+                    esc::RM_ALLOC,
+                    0,
+                );
                 return None;
             };
             call.op = op::DEVICE;
@@ -303,7 +323,14 @@ fn decode_alloc(
                 head[nvos21::PARAMS_SIZE / 4]
             } else {
                 let Some(params_size) = read_u32(params + params_size_offset as u64) else {
-                    decode_failed(ctx, tgid, cgroup, decode_error::READ_PARAMS, esc::RM_ALLOC, 0);
+                    decode_failed(
+                        ctx,
+                        tgid,
+                        cgroup,
+                        decode_error::READ_PARAMS,
+                        esc::RM_ALLOC,
+                        0,
+                    );
                     return None;
                 };
                 params_size
@@ -332,7 +359,9 @@ fn decode_alloc(
                     tgid,
                     cgroup,
                     decode_error::READ_ALLOC_PARAMS,
-                    esc::RM_ALLOC, 0);
+                    esc::RM_ALLOC,
+                    0,
+                );
                 return None;
             };
             let flags = fields[memory_alloc::FLAGS / 4];
@@ -373,7 +402,14 @@ fn decode_free(
     }
     // SAFETY: the helper faults safely on bad user pointers.
     let Ok(raw) = (unsafe { bpf_probe_read_user(params as *const [u32; 4]) }) else {
-        decode_failed(ctx, tgid, cgroup, decode_error::READ_PARAMS, esc::RM_FREE, 0);
+        decode_failed(
+            ctx,
+            tgid,
+            cgroup,
+            decode_error::READ_PARAMS,
+            esc::RM_FREE,
+            0,
+        );
         return None;
     };
     Some(Call {
