@@ -92,19 +92,13 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
         _ => None,
     };
     if let Some(call) = call {
-        if call.op == op::VIDMEM
-            && let Some(requested) = read_u64(call.alloc_params + memory_alloc::SIZE_FIELD as u64)
-        {
-            let device = object_device(call.client, call.parent);
-            quota::check_alloc(
-                &ctx,
-                tgid,
-                cgroup,
-                device,
-                requested,
-                u64::from(cmd),
-                arg(&ctx, 2),
-            );
+        if call.op == op::VIDMEM {
+            // Size and GPU are read only for a cgroup with a quota.
+            let what = || {
+                let requested = read_u64(call.alloc_params + memory_alloc::SIZE_FIELD as u64)?;
+                Some((object_device(call.client, call.parent), requested))
+            };
+            quota::check_alloc(&ctx, tgid, cgroup, what, u64::from(cmd), arg(&ctx, 2));
         }
         if PENDING_IOCTL.insert(&pid_tgid, &call, 0).is_ok() {
             if let Some(n) = IOCTLS_IN_FLIGHT.get_ptr_mut(0) {

@@ -64,16 +64,16 @@ pub fn account(cgroup: u64, device: u32, delta: u64) {
     }
 }
 
-/// Checks an allocation of `requested` bytes on GPU `device` by the current task against its
-/// cgroup's quota, and acts when it would cross the limit. `cmd` and `arg` are the ioctl as
-/// issued (the LSM program matches them).
+/// Checks an allocation by the current task against its cgroup's quota, and acts when it would
+/// cross the limit. `what` reads the allocation's GPU and requested bytes (only for a cgroup
+/// with a quota: the rest pay one look-up). `cmd` and `arg` are the ioctl as issued (the LSM
+/// program matches them).
 #[inline(always)]
 pub fn check_alloc(
     ctx: &TracePointContext,
     tgid: u32,
     cgroup: u64,
-    device: u32,
-    requested: u64,
+    what: impl FnOnce() -> Option<(u32, u64)>,
     cmd: u64,
     arg: u64,
 ) {
@@ -81,6 +81,9 @@ pub fn check_alloc(
         return;
     };
     let Some(quota) = QUOTAS.get_ptr_mut(&slot) else {
+        return;
+    };
+    let Some((device, requested)) = what() else {
         return;
     };
     // A GPU the decoder couldn't tell is charged nowhere, so it can't be checked either.

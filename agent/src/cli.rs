@@ -49,9 +49,12 @@ enum Command {
         #[arg(long)]
         mock_devices: Option<PathBuf>,
         /// Where programs, links and maps are pinned so enforcement outlives the agent
-        /// [default: /sys/fs/bpf/gpuwarden]; an empty value pins nothing.
+        /// [default: /sys/fs/bpf/gpuwarden].
         #[arg(long)]
         bpf_pin_dir: Option<PathBuf>,
+        /// Pin nothing: enforcement ends with the agent (benchmarks, trials).
+        #[arg(long, conflicts_with = "bpf_pin_dir")]
+        no_pin: bool,
     },
     /// Resume a process the `stop` memory policy stopped (SIGCONT).
     Resume {
@@ -138,7 +141,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             controller,
             mock_devices,
             bpf_pin_dir,
+            no_pin,
         } => {
+            // The config layer reads an empty pin directory as "pin nothing".
+            let bpf_pin_dir = if no_pin {
+                Some(PathBuf::new())
+            } else {
+                bpf_pin_dir
+            };
             let config = AgentConfig::load(
                 config.as_deref(),
                 Overrides {

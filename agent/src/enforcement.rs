@@ -326,7 +326,8 @@ impl Enforcer {
         let device_link = attach_devices(sensor, key, &dir);
         let rel = self.tree.relative(&dir);
         if let Some(throttle) = &self.throttle {
-            for d in &b.spec.devices {
+            // A memory-only part has no compute share to keep.
+            for d in b.spec.devices.iter().filter(|d| d.shares_ppm > 0) {
                 let member = throttle::Member {
                     cgroup_dir: dir.clone(),
                     share_ppm: d.shares_ppm,

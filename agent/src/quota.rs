@@ -34,9 +34,9 @@ pub enum QuotaError {
         /// The value given.
         value: String,
     },
-    /// A share of zero, or negative.
-    #[error("GPU {index}: share {value} must be above zero")]
-    ZeroShare {
+    /// A negative share.
+    #[error("GPU {index}: share {value} must not be negative")]
+    NegativeShare {
         /// GPU index.
         index: u32,
         /// The value given.
@@ -50,7 +50,7 @@ pub enum QuotaError {
         /// The value given.
         value: String,
     },
-    /// A memory limit of zero.
+    /// A memory limit of zero (and no share to derive one from).
     #[error("GPU {index}: a memory limit of 0 bytes would refuse every allocation")]
     ZeroMemory {
         /// GPU index.
@@ -205,7 +205,8 @@ impl fmt::Display for Target {
 pub struct DeviceQuota {
     /// GPU index (`nvidiaN`).
     pub index: u32,
-    /// Compute share in parts per million of the device.
+    /// Compute share in parts per million of the device; 0 for a memory-only part (not
+    /// throttled).
     pub shares_ppm: u32,
     /// GPU-memory limit in bytes.
     pub memory_bytes: u64,
@@ -310,8 +311,9 @@ impl QuotaSpec {
     }
 }
 
-/// Parses an exact decimal share ("0.5", "1", ".25") into parts per million, refusing zero,
-/// negatives and more than one device.
+/// Parses an exact decimal share ("0.5", "1", ".25", "0") into parts per million, refusing
+/// negatives and more than one device. Zero is a memory-only part (`cuda.mem` without shares):
+/// its memory is limited, its compute is not.
 fn parse_share(index: u32, value: &str) -> Result<u32, QuotaError> {
     let bad = || QuotaError::Share {
         index,
@@ -319,7 +321,7 @@ fn parse_share(index: u32, value: &str) -> Result<u32, QuotaError> {
     };
     let trimmed = value.trim();
     if trimmed.starts_with('-') {
-        return Err(QuotaError::ZeroShare {
+        return Err(QuotaError::NegativeShare {
             index,
             value: value.to_owned(),
         });
@@ -346,12 +348,6 @@ fn parse_share(index: u32, value: &str) -> Result<u32, QuotaError> {
         .checked_mul(u64::from(PPM))
         .and_then(|w| w.checked_add(frac_ppm))
         .ok_or_else(bad)?;
-    if ppm == 0 {
-        return Err(QuotaError::ZeroShare {
-            index,
-            value: value.to_owned(),
-        });
-    }
     if ppm > u64::from(PPM) {
         return Err(QuotaError::ShareAboveOne {
             index,
@@ -445,8 +441,9 @@ mod tests {
                 .to_string()
         };
         assert!(refuse(allocate(&[(0, "1.5", 0)], "", "")).contains("more than one whole"));
-        assert!(refuse(allocate(&[(0, "0", 0)], "", "")).contains("above zero"));
-        assert!(refuse(allocate(&[(0, "-0.5", 0)], "", "")).contains("above zero"));
+        // A zero share with no memory limit leaves nothing to enforce.
+        assert!(refuse(allocate(&[(0, "0", 0)], "", "")).contains("0 bytes"));
+        assert!(refuse(allocate(&[(0, "-0.5", 0)], "", "")).contains("negative"));
         assert!(refuse(allocate(&[(0, "half", 0)], "", "")).contains("\"half\""));
         assert!(refuse(allocate(&[(0, "0.5", 0)], "freeze", "")).contains("\"freeze\""));
         assert!(refuse(allocate(&[(0, "0.5", 0)], "", "soft")).contains("\"soft\""));
@@ -461,6 +458,15 @@ mod tests {
             kind: Some(pb::target::Kind::CgroupPath("../etc".into())),
         });
         assert!(refuse(a).contains("absolute"));
+    }
+
+    #[test]
+    fn memory_alone_limits_memory_and_leaves_compute_alone() {
+        let spec = QuotaSpec::from_allocate(&allocate(&[(0, "0", 2 << 30)], "", ""), &gpus())
+            .unwrap()
+            .unwrap();
+        assert_eq!(spec.devices[0].memory_bytes, 2 << 30);
+        assert_eq!(spec.devices[0].shares_ppm, 0);
     }
 
     #[test]

@@ -224,17 +224,12 @@ fn measure_bound(
     std::fs::create_dir_all(&cgroup)
         .with_context(|| format!("cannot make {}", cgroup.display()))?;
     let result = (|| {
+        // Memory only: no compute share, so the throttle leaves this process alone and the
+        // timing measures the quota check and nothing else.
         status(
             Command::new(bin.join("gpuwarden"))
                 .args(["--controller", url, "session", "create"])
-                .args([
-                    "-r",
-                    "cuda.shares=0.5",
-                    "-r",
-                    "cuda.mem=64g",
-                    "--cgroup",
-                    &name,
-                ])
+                .args(["-r", "cuda.mem=64g", "--cgroup", &name])
                 .args(["--node", BENCH_NODE])
                 .stdout(Stdio::null()),
         )?;
@@ -321,7 +316,7 @@ fn start_agent(bin: &Path, dir: &Path, gpu_node: &Path, controller: &str) -> any
         .arg("--state-dir")
         .arg(dir)
         // Nothing pinned: the benchmark leaves no programs behind.
-        .args(["--bpf-pin-dir", ""])
+        .arg("--no-pin")
         .args(["--controller", controller, "--node-name", BENCH_NODE])
         .arg("--mock-devices")
         .arg(workspace().join("deploy/mock-devices.toml"))
