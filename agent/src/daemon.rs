@@ -202,7 +202,11 @@ pub async fn run_until(
         let fd = unsafe { AsyncFd::register(ring) }.map_err(|e| RunError::Events(e.into()))?;
         tasks.spawn(read_events(fd, Arc::clone(&state)));
     }
-    tasks.spawn(housekeeping(Arc::clone(&state), config.clone()));
+    tasks.spawn(housekeeping(
+        Arc::clone(&state),
+        config.clone(),
+        Arc::clone(&backend),
+    ));
     tasks.spawn(apply_quotas(Arc::clone(&state), quota_rx));
     match &config.controller {
         Some(url) => {
@@ -338,7 +342,7 @@ async fn apply_quotas(
     }
 }
 
-async fn housekeeping(state: Shared, config: AgentConfig) {
+async fn housekeeping(state: Shared, config: AgentConfig, backend: Arc<dyn GpuBackend>) {
     let mut rescan = tokio::time::interval(config.rescan_interval);
     let mut gc = tokio::time::interval(config.gc_interval);
     // Pending quotas bind soon after their cgroup appears.
@@ -350,7 +354,16 @@ async fn housekeeping(state: Shared, config: AgentConfig) {
                 let s = &mut *guard;
                 s.enforcer.reconcile(&mut s.sensor);
             }
-            _ = rescan.tick() => rescan_nodes(&mut lock(&state), &config),
+            _ = rescan.tick() => {
+                rescan_nodes(&mut lock(&state), &config);
+                // NVML's view of per-process memory, read outside the lock (it takes a while).
+                let samples = backend.process_memory();
+                if !samples.is_empty() {
+                    let mut guard = lock(&state);
+                    let s = &mut *guard;
+                    s.enforcer.cross_check(&s.sensor, &samples);
+                }
+            }
             _ = gc.tick() => {
                 let mut guard = lock(&state);
                 let s = &mut *guard;

@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 
 use crate::{
     binding::CgroupTree,
+    devices::ProcessMemory,
     hooks::{MemoryTier, Sensor, pins},
     quota::{QuotaSpec, Target},
     throttle::{self, ThrottleHandle},
@@ -147,6 +148,15 @@ pub struct Enforcer {
     pub dropped_upward: u64,
     timeout: Duration,
     throttle: Option<ThrottleHandle>,
+    /// (session, GPU) pairs the NVML cross-check acted on and that are still over.
+    cross_checked: BTreeSet<(String, u32)>,
+}
+
+/// Whether NVML's count shows a workload over its limit that the kernel side did not see (so
+/// nothing acted on it): the decoder missed an allocation path.
+#[must_use]
+pub fn missed_by_decoder(limit: u64, kernel_used: u64, nvml_used: u64) -> bool {
+    nvml_used > limit && kernel_used <= limit
 }
 
 impl Enforcer {
@@ -166,6 +176,7 @@ impl Enforcer {
             dropped_upward: 0,
             timeout,
             throttle,
+            cross_checked: BTreeSet::new(),
         }
     }
 
@@ -486,24 +497,120 @@ impl Enforcer {
         })
     }
 
+    /// Compares NVML's per-process memory with each bound quota's limits and acts, by the
+    /// quota's policy, on workloads the decoder let past their limit (once per crossing).
+    pub fn cross_check(&mut self, sensor: &Sensor, samples: &[ProcessMemory]) {
+        // A process can be listed as both compute and graphics: count it once.
+        let mut by_process: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+        for s in samples {
+            let bytes = by_process.entry((s.index, s.pid)).or_default();
+            *bytes = (*bytes).max(s.bytes);
+        }
+        // (session, GPU) → (bytes, largest process, its bytes).
+        let mut totals: BTreeMap<(String, u32), (u64, u32, u64)> = BTreeMap::new();
+        for (&(index, pid), &bytes) in &by_process {
+            let Some(cgroup) = self.cgroup_id_of_pid(pid) else {
+                continue;
+            };
+            let Some((session, _)) = self.session_of_cgroup(cgroup) else {
+                continue;
+            };
+            let t = totals.entry((session, index)).or_default();
+            t.0 += bytes;
+            if bytes > t.2 {
+                (t.1, t.2) = (pid, bytes);
+            }
+        }
+        let over: BTreeSet<(String, u32)> = totals
+            .iter()
+            .filter(|((session, index), (nvml_used, _, _))| {
+                let Some(b) = self.bindings.get(session) else {
+                    return false;
+                };
+                let Some(limit) = b.spec.devices.iter().find(|d| d.index == *index) else {
+                    return false;
+                };
+                let kernel_used = b
+                    .key
+                    .and_then(|k| sensor.maps.quotas.get(&k, 0).ok())
+                    .map_or(0, |q| q.used[*index as usize % MAX_GPUS]);
+                missed_by_decoder(limit.memory_bytes, kernel_used, *nvml_used)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &over {
+            if self.cross_checked.contains(key) {
+                continue;
+            }
+            let (session, index) = key;
+            let Some(&(nvml_used, pid, _)) = totals.get(key) else {
+                continue;
+            };
+            let Some(b) = self.bindings.get_mut(session) else {
+                continue;
+            };
+            let limit = b
+                .spec
+                .devices
+                .iter()
+                .find(|d| d.index == *index)
+                .map_or(0, |d| d.memory_bytes);
+            let (name, signal) = match b.spec.memory_policy {
+                crate::quota::MemoryPolicy::Kill => ("kill", Some(libc::SIGKILL)),
+                crate::quota::MemoryPolicy::Stop => ("stop", Some(libc::SIGSTOP)),
+                crate::quota::MemoryPolicy::Report => ("report", None),
+            };
+            if let Some(signal) = signal {
+                if let Err(e) = send_signal(pid, signal) {
+                    tracing::warn!(session, pid, "cross-check could not signal: {e}");
+                }
+                if signal == libc::SIGSTOP {
+                    b.stopped.insert(pid);
+                }
+            }
+            let rel = b
+                .dir
+                .as_deref()
+                .map(|d| self.tree.relative(d))
+                .unwrap_or_default();
+            let reason = format!(
+                "NVML counts {nvml_used} bytes for the workload on GPU {index}, over its limit of {limit}, which the ioctl decoder did not see: {name} (NVML cross-check)"
+            );
+            self.record(
+                &session.clone(),
+                name,
+                reason,
+                rel,
+                pid,
+                Some(*index),
+                (0, nvml_used, limit),
+            );
+        }
+        self.cross_checked = over;
+    }
+
+    /// The cgroup v2 id of a process, read under this tree's root.
+    fn cgroup_id_of_pid(&self, pid: u32) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt as _;
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+        let dir = self.tree.root().join(rel.trim().trim_start_matches('/'));
+        std::fs::metadata(dir).ok().map(|m| m.ino())
+    }
+
     /// Sends `signal` (SIGCONT or SIGKILL) to a process of a bound workload, by request.
     ///
     /// # Errors
     /// The process is in no bound workload, or can't be signalled.
     pub fn signal(&mut self, pid: u32, resume: bool) -> Result<String, ControlError> {
-        let cgroup = cgroup_id_of(pid).ok_or(ControlError::NotBound(pid))?;
+        let cgroup = self
+            .cgroup_id_of_pid(pid)
+            .ok_or(ControlError::NotBound(pid))?;
         let (session, rel) = self
             .session_of_cgroup(cgroup)
             .ok_or(ControlError::NotBound(pid))?;
         let signal = if resume { libc::SIGCONT } else { libc::SIGKILL };
-        let raw = i32::try_from(pid).map_err(|_| ControlError::NotBound(pid))?;
-        // SAFETY: a plain syscall.
-        if unsafe { libc::kill(raw, signal) } != 0 {
-            return Err(ControlError::Signal {
-                pid,
-                source: std::io::Error::last_os_error(),
-            });
-        }
+        send_signal(pid, signal).map_err(|source| ControlError::Signal { pid, source })?;
         if let Some(b) = self.bindings.get_mut(&session) {
             b.stopped.remove(&pid);
         }
@@ -628,16 +735,36 @@ fn attach_devices(sensor: &Sensor, key: u64, dir: &Path) -> Option<OwnedFd> {
     }
 }
 
-/// The cgroup v2 id of a process.
-fn cgroup_id_of(pid: u32) -> Option<u64> {
-    crate::attribution::Attributor::detect()
-        .ok()?
-        .cgroup_id_of_pid(pid)
-        .ok()
+/// Sends `signal` to process `pid`.
+fn send_signal(pid: u32, signal: i32) -> std::io::Result<()> {
+    let raw = i32::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: a plain syscall.
+    if unsafe { libc::kill(raw, signal) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cross_check_acts_only_on_what_the_decoder_missed() {
+        let gib = 1 << 30;
+        // Under the limit by both counts: nothing.
+        assert!(!missed_by_decoder(2 * gib, gib, gib));
+        // Over by NVML, and the kernel side saw it too: the tracepoint acted already.
+        assert!(!missed_by_decoder(2 * gib, 3 * gib, 3 * gib));
+        // Over by NVML only: the decoder missed an allocation path.
+        assert!(missed_by_decoder(2 * gib, gib, 3 * gib));
+        // Exactly at the limit is allowed.
+        assert!(!missed_by_decoder(2 * gib, gib, 2 * gib));
+    }
 }

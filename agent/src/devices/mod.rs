@@ -33,6 +33,17 @@ pub struct GpuDevice {
     pub device_node: String,
 }
 
+/// GPU memory one process holds on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessMemory {
+    /// GPU index (`nvidiaN`).
+    pub index: u32,
+    /// The process.
+    pub pid: u32,
+    /// Bytes.
+    pub bytes: u64,
+}
+
 /// How a slot's values are read (mirrors the controller's kinds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -51,6 +62,12 @@ pub trait GpuBackend: Send + Sync {
     fn name(&self) -> &'static str;
     /// The devices.
     fn devices(&self) -> &[GpuDevice];
+    /// GPU memory each process holds, as the driver's management library counts it (NVML);
+    /// empty where the backend can't tell (mock devices).
+    fn process_memory(&self) -> Vec<ProcessMemory> {
+        Vec::new()
+    }
+
     /// The compute-share throttle's usage signal for these GPUs, where the backend measures one;
     /// `None` falls back to the CPU-time stand-in.
     fn usage_source(

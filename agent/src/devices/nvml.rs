@@ -11,7 +11,9 @@ use std::{
 
 use nvml_wrapper::{Nvml, error::NvmlError};
 
-use super::{GpuBackend, GpuDevice};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+
+use super::{GpuBackend, GpuDevice, ProcessMemory};
 use crate::throttle::UsageSource;
 
 /// GPUs NVML lists.
@@ -66,6 +68,27 @@ impl GpuBackend for NvmlBackend {
 
     fn devices(&self) -> &[GpuDevice] {
         &self.devices
+    }
+
+    fn process_memory(&self) -> Vec<ProcessMemory> {
+        let mut out = Vec::new();
+        for (&index, &nvml_index) in &self.nvml_index {
+            let Ok(device) = self.nvml.device_by_index(nvml_index) else {
+                continue;
+            };
+            let compute = device.running_compute_processes().unwrap_or_default();
+            let graphics = device.running_graphics_processes().unwrap_or_default();
+            for p in compute.into_iter().chain(graphics) {
+                if let UsedGpuMemory::Used(bytes) = p.used_gpu_memory {
+                    out.push(ProcessMemory {
+                        index,
+                        pid: p.pid,
+                        bytes,
+                    });
+                }
+            }
+        }
+        out
     }
 
     fn usage_source(&self, cgroup_root: &Path) -> Option<Box<dyn UsageSource>> {

@@ -345,6 +345,13 @@ impl Sensor {
             });
         }
         let device_program = load_device_program(&mut ebpf);
+        if device_program.is_some() {
+            hooks.push(Hook {
+                program: DEVICE_PROGRAM.to_owned(),
+                kind: "cgroup_device".to_owned(),
+                target: "each cgroup with a quota".to_owned(),
+            });
+        }
         let memory_tier = choose_memory_tier(attach_lsm(&mut ebpf, pins.as_ref()));
         if memory_tier.0 == MemoryTier::LsmDeny {
             hooks.push(Hook {
