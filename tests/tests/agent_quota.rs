@@ -631,3 +631,56 @@ fn a_compute_share_throttles_the_bound_cgroup() {
     );
     assert_eq!(c.quota.unwrap().compute_policy, "hard");
 }
+
+/// A quota waits for a container that starts later, binds when its cgroup appears, reports (the
+/// `report` policy lets the allocation through), and lets go when the cgroup is removed.
+#[test]
+fn a_quota_binds_when_its_container_appears_and_lets_go_when_it_goes() {
+    require_root();
+    let rig = Rig::start("qlate", Duration::from_secs(60));
+    let id = container_id("late");
+    let path = format!("/system.slice/docker-{id}.scope");
+    let session = rig.session(
+        &["cuda.shares=0.5", "cuda.mem=8m"],
+        pb::target::Kind::ContainerId(id.clone()),
+        "report",
+    );
+    rig.wait_binding(&session.id, "pending");
+
+    let cg = TestCgroup::create(&path);
+    let snap = rig.wait_binding(&session.id, "bound");
+    let b = snap
+        .bindings
+        .iter()
+        .find(|b| b.session_id == session.id)
+        .unwrap();
+    assert_eq!(b.cgroup_path.as_deref(), Some(path.as_str()));
+
+    let mut a = Client::spawn(&rig.driver.dir, Some(&cg));
+    let (h, dev) = gpu0(&mut a);
+    a.ok(&format!("alloc {h:#x} {dev:#x} 6m"));
+    // Over the limit, reported only: the allocation goes through.
+    a.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
+    let c = entry(rig.agent(), &cg);
+    assert_eq!(used(&c), 10 * MIB);
+    let report = c.events.iter().find(|e| e.action == "report").unwrap();
+    assert_eq!(
+        (report.requested_bytes, report.limit_bytes),
+        (4 * MIB, 8 * MIB)
+    );
+    a.exit();
+
+    drop(cg);
+    let snap = rig.wait_binding(&session.id, "pending");
+    assert!(
+        snap.bindings
+            .iter()
+            .all(|b| b.session_id != session.id || b.cgroup_path.is_none())
+    );
+    rig.wait_for("the controller to list the unbinding", |r| {
+        r.get(&session.id)
+            .events
+            .iter()
+            .any(|e| e.action == "unbound" && e.reason.contains("removed"))
+    });
+}

@@ -507,3 +507,19 @@ fn raise_memlock_limit() {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memory_tier_is_lsm_where_it_attached_and_the_tracepoint_elsewhere() {
+        let (tier, why) = choose_memory_tier(Ok(()));
+        assert_eq!(tier, MemoryTier::LsmDeny);
+        assert!(why.contains("ENOMEM"), "{why}");
+        let (tier, why) = choose_memory_tier(Err("load refused: EPERM".into()));
+        assert_eq!(tier, MemoryTier::TracepointSignal);
+        assert!(why.contains("EPERM") && why.contains("policy"), "{why}");
+        assert_eq!(tier.as_str(), "tracepoint_signal");
+    }
+}
