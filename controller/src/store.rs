@@ -86,13 +86,14 @@ impl Store {
     /// It can't be opened, or it has another format version.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         // sled's flusher thread may hold the previous handle's file lock for a moment after it
-        // is dropped (a restart in the same process): retry briefly before giving up.
+        // is dropped (a restart in the same process): retry before giving up. On a loaded
+        // 2-core machine that moment was seen to pass 1 s, so allow 5 s.
         let mut attempts = 0;
         let db = loop {
             match sled::Config::new().path(dir).open() {
                 Ok(db) => break db,
                 Err(sled::Error::Io(e))
-                    if e.kind() == std::io::ErrorKind::WouldBlock && attempts < 40 =>
+                    if e.kind() == std::io::ErrorKind::WouldBlock && attempts < 200 =>
                 {
                     attempts += 1;
                     std::thread::sleep(std::time::Duration::from_millis(25));
