@@ -67,6 +67,8 @@ pub struct FileConfig {
     pub throttle_period_ms: Option<u64>,
     /// Seconds a quota waits for its workload's cgroup before it expires.
     pub binding_timeout_secs: Option<u64>,
+    /// OTLP/gRPC endpoint for metrics (else `OTEL_EXPORTER_OTLP_ENDPOINT`; neither: off).
+    pub otlp_endpoint: Option<String>,
 }
 
 impl FileConfig {
@@ -133,6 +135,10 @@ pub struct AgentConfig {
     pub throttle_period: Duration,
     /// How long a quota waits for its workload's cgroup before it expires.
     pub binding_timeout: Duration,
+    /// OTLP/gRPC endpoint for metrics; `None`: off.
+    pub otlp_endpoint: Option<String>,
+    /// Metric export interval; `None` leaves it to `OTEL_METRIC_EXPORT_INTERVAL`.
+    pub metric_interval: Option<Duration>,
 }
 
 impl AgentConfig {
@@ -176,6 +182,8 @@ impl AgentConfig {
                 file.throttle_period_ms.unwrap_or(100).clamp(10, 10_000),
             ),
             binding_timeout: Duration::from_secs(file.binding_timeout_secs.unwrap_or(300).max(1)),
+            otlp_endpoint: crate::metrics::MetricsConfig::endpoint(file.otlp_endpoint),
+            metric_interval: None,
         })
     }
 }

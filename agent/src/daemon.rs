@@ -195,6 +195,24 @@ pub async fn run_until(
     rescan_nodes(&mut state, &config);
     let state: Shared = Arc::new(Mutex::new(state));
     let (quota_tx, quota_rx) = tokio::sync::mpsc::unbounded_channel();
+    let published = crate::metrics::Published::default();
+    let metrics_config = crate::metrics::MetricsConfig {
+        endpoint: config.otlp_endpoint.clone(),
+        interval: config.metric_interval,
+        node: config.node_name.clone(),
+    };
+    // Metrics are an extra: a bad endpoint is reported, never fatal.
+    let _metrics = match crate::metrics::start(
+        &metrics_config,
+        backend.devices().to_vec(),
+        Arc::clone(&published),
+    ) {
+        Ok(metrics) => metrics,
+        Err(e) => {
+            tracing::warn!("metrics off: {e}");
+            None
+        }
+    };
 
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(ring) = events {
@@ -206,6 +224,7 @@ pub async fn run_until(
         Arc::clone(&state),
         config.clone(),
         Arc::clone(&backend),
+        _metrics.is_some().then(|| Arc::clone(&published)),
     ));
     tasks.spawn(apply_quotas(Arc::clone(&state), quota_rx));
     match &config.controller {
@@ -342,13 +361,31 @@ async fn apply_quotas(
     }
 }
 
-async fn housekeeping(state: Shared, config: AgentConfig, backend: Arc<dyn GpuBackend>) {
+async fn housekeeping(
+    state: Shared,
+    config: AgentConfig,
+    backend: Arc<dyn GpuBackend>,
+    published: Option<crate::metrics::Published>,
+) {
+    // Metrics read the latest snapshot; publishing once a second keeps it fresh for any
+    // export interval without the exporter ever taking the state's lock.
+    let mut publish = tokio::time::interval(std::time::Duration::from_secs(1));
     let mut rescan = tokio::time::interval(config.rescan_interval);
     let mut gc = tokio::time::interval(config.gc_interval);
     // Pending quotas bind soon after their cgroup appears.
     let mut bind = tokio::time::interval(std::time::Duration::from_millis(500));
     loop {
         tokio::select! {
+            _ = publish.tick(), if published.is_some() => {
+                let snapshot = {
+                    let mut guard = lock(&state);
+                    let s = &mut *guard;
+                    telemetry::collect(&s.sensor, &s.enforcer, &mut s.attributor, &config.node_name, s.events_received)
+                };
+                if let Some(p) = &published {
+                    *p.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(snapshot);
+                }
+            }
             _ = bind.tick() => {
                 let mut guard = lock(&state);
                 let s = &mut *guard;

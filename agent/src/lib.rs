@@ -17,6 +17,7 @@
 //! - [`enforcement`]: binding quotas into the BPF maps and device programs, and their events;
 //! - [`throttle`]: compute share, by freezing and thawing cgroups in short periods;
 //! - [`controller_link`] and [`holdings`]: allocations from the controller, kept in sled;
+//! - [`metrics`]: the snapshot as OTLP metrics, pushed to a collector;
 //! - [`api`]: the local socket (`snapshot`), used by `gpuwarden-agent snapshot` and `top`;
 //! - [`daemon`]: `gpuwarden-agent run`, tying them together; [`cli`]: its command line.
 #![deny(missing_docs)]
@@ -34,6 +35,7 @@ pub mod gpu_nodes;
 pub mod holdings;
 pub mod hooks;
 pub mod lock;
+pub mod metrics;
 pub mod quota;
 pub mod snapshot;
 pub mod telemetry;

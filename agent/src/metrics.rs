@@ -1,0 +1,626 @@
+//! OTLP metrics: the agent's snapshot as OpenTelemetry instruments, pushed to a collector.
+//!
+//! Configured the standard way: `OTEL_EXPORTER_OTLP_ENDPOINT` (or the config file's
+//! `otlp_endpoint`), `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_RESOURCE_ATTRIBUTES`,
+//! `OTEL_SERVICE_NAME` and `OTEL_METRIC_EXPORT_INTERVAL` are read by the OpenTelemetry SDK; with no
+//! endpoint the pipeline is off, and the agent says so once.
+//!
+//! Data flows one way: the daemon publishes each fresh [`Snapshot`] into a [`Published`] slot;
+//! the SDK's reader thread observes it at every export. An unreachable or slow collector only
+//! delays that thread (each export has a timeout): the agent never waits for it, the aggregated
+//! state is bounded by the instruments' attribute sets, and failed exports are counted
+//! (`gpuwarden.telemetry.exports.failed`).
+//!
+//! Names follow the OpenTelemetry semantic conventions where they exist (`hw.gpu.*` with `hw.id`,
+//! `hw.name`, `hw.vendor`; `container.id`, `k8s.pod.uid`), with a `gpuwarden.` prefix for the
+//! rest; no pid or handle attributes. The [`INSTRUMENTS`] table is the reference the README's
+//! metric table is checked against.
+
+use std::{
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use opentelemetry::{KeyValue, metrics::MeterProvider as _};
+use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_sdk::{
+    Resource,
+    error::OTelSdkResult,
+    metrics::{
+        PeriodicReader, SdkMeterProvider, Temporality, data::ResourceMetrics,
+        exporter::PushMetricExporter,
+    },
+};
+
+use crate::{devices::GpuDevice, snapshot::Snapshot};
+
+/// One instrument the agent exports: (name, unit, attributes, meaning).
+pub type Instrument = (&'static str, &'static str, &'static str, &'static str);
+
+/// Every instrument, as documented in the README.
+pub const INSTRUMENTS: &[Instrument] = &[
+    (
+        "hw.gpu.memory.limit",
+        "By",
+        "hw.id, hw.name, hw.vendor, gpuwarden.gpu.index",
+        "memory of each GPU",
+    ),
+    (
+        "hw.gpu.memory.usage",
+        "By",
+        "hw.id, hw.name, hw.vendor, gpuwarden.gpu.index",
+        "GPU memory held by the processes the agent sees, per GPU",
+    ),
+    (
+        "gpuwarden.container.gpu.memory.usage",
+        "By",
+        "container attributes, hw.id, gpuwarden.gpu.index",
+        "GPU memory a container holds on each GPU (0 for a GPU it holds a quota on and does not use)",
+    ),
+    (
+        "gpuwarden.container.gpu.memory.limit",
+        "By",
+        "container attributes, hw.id, gpuwarden.gpu.index",
+        "a container's GPU-memory limit on each GPU of its quota",
+    ),
+    (
+        "gpuwarden.container.compute.share",
+        "1",
+        "container attributes, hw.id, gpuwarden.gpu.index",
+        "a container's compute share of each GPU of its quota",
+    ),
+    (
+        "gpuwarden.container.ioctls",
+        "{ioctl}",
+        "container attributes, gpuwarden.device, gpuwarden.ioctl.class",
+        "GPU ioctls by device node and class",
+    ),
+    (
+        "gpuwarden.container.enforcement.actions",
+        "{action}",
+        "container attributes",
+        "over-limit allocations acted on",
+    ),
+    (
+        "gpuwarden.container.enforcement.denied_opens",
+        "{open}",
+        "container attributes",
+        "opens of GPU nodes refused",
+    ),
+    (
+        "gpuwarden.container.throttled",
+        "s",
+        "container attributes",
+        "time kept frozen by the compute-share throttle",
+    ),
+    (
+        "gpuwarden.agent.ringbuf.drops",
+        "{event}",
+        "",
+        "kernel events dropped because the ring buffer was full",
+    ),
+    (
+        "gpuwarden.agent.map.entries",
+        "{entry}",
+        "gpuwarden.map",
+        "entries in the fd, process and allocation tables",
+    ),
+    (
+        "gpuwarden.agent.hook.tier",
+        "1",
+        "gpuwarden.tier, gpuwarden.memory_tier",
+        "1 for the hook tier and memory-enforcement tier in use",
+    ),
+    (
+        "gpuwarden.telemetry.exports.failed",
+        "{export}",
+        "",
+        "metric exports the collector did not take (dropped)",
+    ),
+];
+
+/// The latest snapshot, published by the daemon and read at each export.
+pub type Published = Arc<Mutex<Option<Snapshot>>>;
+
+/// Where and how often to export.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsConfig {
+    /// OTLP/gRPC endpoint; `None` turns metrics off.
+    pub endpoint: Option<String>,
+    /// Export interval; `None` leaves it to `OTEL_METRIC_EXPORT_INTERVAL` (default 60 s).
+    pub interval: Option<Duration>,
+    /// `k8s.node.name` / `host.name` resource attribute.
+    pub node: String,
+}
+
+impl MetricsConfig {
+    /// The endpoint from `file` (the config file) or `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    #[must_use]
+    pub fn endpoint(file: Option<String>) -> Option<String> {
+        file.or_else(|| std::env::var("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT").ok())
+            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
+            .filter(|e| !e.is_empty())
+    }
+}
+
+/// Errors starting the pipeline.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The exporter can't be built (e.g. a malformed endpoint).
+    #[error("OTLP exporter for {endpoint}: {source}")]
+    Exporter {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+}
+
+/// A running pipeline; dropping it stops the exports (after a last one).
+pub struct Metrics {
+    provider: SdkMeterProvider,
+    failed: Arc<AtomicU64>,
+}
+
+impl Metrics {
+    /// Exports that failed so far.
+    #[must_use]
+    pub fn failed_exports(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Metrics {
+    fn drop(&mut self) {
+        let _ = self.provider.shutdown();
+    }
+}
+
+/// Starts exporting what `published` holds, or returns `None` (saying so) with no endpoint.
+/// Must run inside a tokio runtime (the gRPC channel lives there).
+///
+/// # Errors
+/// The exporter can't be built.
+pub fn start(
+    config: &MetricsConfig,
+    gpus: Vec<GpuDevice>,
+    published: Published,
+) -> Result<Option<Metrics>, MetricsError> {
+    let Some(endpoint) = &config.endpoint else {
+        tracing::info!(
+            "metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT (or otlp_endpoint in the config file)"
+        );
+        return Ok(None);
+    };
+    let exporter = opentelemetry_otlp::MetricExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint.clone())
+        .with_timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|source| MetricsError::Exporter {
+            endpoint: endpoint.clone(),
+            source,
+        })?;
+    let failed = Arc::new(AtomicU64::new(0));
+    let exporter = Counting {
+        inner: exporter,
+        failed: Arc::clone(&failed),
+    };
+    let mut reader = PeriodicReader::builder(exporter);
+    if let Some(interval) = config.interval {
+        reader = reader.with_interval(interval);
+    }
+    let resource = Resource::builder()
+        .with_service_name(
+            std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "gpuwarden-agent".to_owned()),
+        )
+        .with_attributes([
+            KeyValue::new("host.name", config.node.clone()),
+            KeyValue::new("k8s.node.name", config.node.clone()),
+        ])
+        .build();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(reader.build())
+        .with_resource(resource)
+        .build();
+    register(&provider, gpus, published, Arc::clone(&failed));
+    tracing::info!(%endpoint, "exporting OTLP metrics");
+    Ok(Some(Metrics { provider, failed }))
+}
+
+/// The attributes of a container: its id, pod and cgroup (bounded by the containers alive).
+fn container_attributes(c: &crate::snapshot::Container) -> Vec<KeyValue> {
+    let mut attrs = vec![KeyValue::new(
+        "gpuwarden.cgroup.path",
+        c.cgroup_path.clone(),
+    )];
+    if let Some(id) = &c.container_id {
+        attrs.push(KeyValue::new("container.id", id.clone()));
+    }
+    if let Some(uid) = &c.pod_uid {
+        attrs.push(KeyValue::new("k8s.pod.uid", uid.clone()));
+    }
+    if let Some(session) = &c.session_id {
+        attrs.push(KeyValue::new("gpuwarden.session.id", session.clone()));
+    }
+    attrs
+}
+
+/// The attributes of a GPU.
+fn gpu_attributes(gpu: &GpuDevice) -> Vec<KeyValue> {
+    vec![
+        KeyValue::new("hw.id", gpu.uuid.clone()),
+        KeyValue::new("hw.name", gpu.model.clone()),
+        KeyValue::new("hw.vendor", "NVIDIA"),
+        KeyValue::new("gpuwarden.gpu.index", i64::from(gpu.index)),
+    ]
+}
+
+/// The index of a GPU device name (`nvidia3` → 3).
+fn gpu_index(device: &str) -> Option<u32> {
+    device.strip_prefix("nvidia")?.parse().ok()
+}
+
+/// Runs `f` on the published snapshot, if there is one.
+fn with_snapshot(published: &Published, f: impl FnOnce(&Snapshot)) {
+    let guard = published.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(s) = guard.as_ref() {
+        f(s);
+    }
+}
+
+/// One container on one GPU.
+struct ContainerGpu {
+    attrs: Vec<KeyValue>,
+    /// Bytes it holds there.
+    used: u64,
+    /// Its quota there: (limit bytes, share).
+    quota: Option<(u64, f64)>,
+}
+
+/// Every GPU each container uses or holds a quota on.
+fn container_gpus(s: &Snapshot, gpus: &[GpuDevice]) -> Vec<ContainerGpu> {
+    let mut out = Vec::new();
+    for c in &s.containers {
+        let mut indexes: Vec<u32> = c
+            .devices
+            .iter()
+            .filter(|d| d.memory_bytes > 0)
+            .filter_map(|d| gpu_index(&d.device))
+            .collect();
+        if let Some(q) = &c.quota {
+            indexes.extend(q.devices.iter().filter_map(|d| gpu_index(&d.device)));
+        }
+        indexes.sort_unstable();
+        indexes.dedup();
+        for index in indexes {
+            let name = format!("nvidia{index}");
+            let used = c
+                .devices
+                .iter()
+                .find(|d| d.device == name)
+                .map_or(0, |d| d.memory_bytes);
+            let quota = c.quota.as_ref().and_then(|q| {
+                q.devices
+                    .iter()
+                    .find(|d| d.device == name)
+                    .map(|d| (d.memory_bytes, d.shares))
+            });
+            let mut attrs = container_attributes(c);
+            attrs.push(KeyValue::new("gpuwarden.gpu.index", i64::from(index)));
+            if let Some(gpu) = gpus.iter().find(|g| g.index == index) {
+                attrs.push(KeyValue::new("hw.id", gpu.uuid.clone()));
+            }
+            out.push(ContainerGpu { attrs, used, quota });
+        }
+    }
+    out
+}
+
+fn register(
+    provider: &SdkMeterProvider,
+    gpus: Vec<GpuDevice>,
+    published: Published,
+    failed: Arc<AtomicU64>,
+) {
+    let meter = provider.meter("gpuwarden-agent");
+    let gpus = Arc::new(gpus);
+    // The instruments live as long as the provider that holds their callbacks.
+    {
+        let gpus = Arc::clone(&gpus);
+        meter
+            .u64_observable_gauge("hw.gpu.memory.limit")
+            .with_unit("By")
+            .with_description("Memory of each GPU")
+            .with_callback(move |o| {
+                for gpu in gpus.iter() {
+                    o.observe(gpu.memory_bytes, &gpu_attributes(gpu));
+                }
+            })
+            .build();
+    }
+    {
+        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(&published));
+        meter
+            .u64_observable_gauge("hw.gpu.memory.usage")
+            .with_unit("By")
+            .with_description("GPU memory held by the processes the agent sees")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for gpu in gpus.iter() {
+                        let name = format!("nvidia{}", gpu.index);
+                        let used: u64 = s
+                            .containers
+                            .iter()
+                            .flat_map(|c| &c.devices)
+                            .filter(|d| d.device == name)
+                            .map(|d| d.memory_bytes)
+                            .sum();
+                        o.observe(used, &gpu_attributes(gpu));
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(&published));
+        meter
+            .u64_observable_gauge("gpuwarden.container.gpu.memory.usage")
+            .with_unit("By")
+            .with_description("GPU memory a container holds on each GPU")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in container_gpus(s, &gpus) {
+                        o.observe(c.used, &c.attrs);
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(&published));
+        meter
+            .u64_observable_gauge("gpuwarden.container.gpu.memory.limit")
+            .with_unit("By")
+            .with_description("A container's GPU-memory limit on each GPU of its quota")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in container_gpus(s, &gpus) {
+                        if let Some((limit, _)) = c.quota {
+                            o.observe(limit, &c.attrs);
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(&published));
+        meter
+            .f64_observable_gauge("gpuwarden.container.compute.share")
+            .with_unit("1")
+            .with_description("A container's compute share of each GPU of its quota")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in container_gpus(s, &gpus) {
+                        if let Some((_, share)) = c.quota {
+                            o.observe(share, &c.attrs);
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let published = Arc::clone(&published);
+        meter
+            .u64_observable_counter("gpuwarden.container.ioctls")
+            .with_unit("{ioctl}")
+            .with_description("GPU ioctls by device node and class")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in &s.containers {
+                        let base = container_attributes(c);
+                        for d in &c.devices {
+                            for (class, n) in &d.ioctls {
+                                let mut attrs = base.clone();
+                                attrs.push(KeyValue::new("gpuwarden.device", d.device.clone()));
+                                attrs.push(KeyValue::new("gpuwarden.ioctl.class", class.clone()));
+                                o.observe(*n, &attrs);
+                            }
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    type Pick = fn(&crate::snapshot::EnforcementView) -> u64;
+    let enforcement: [(&'static str, &'static str, &'static str, Pick); 2] = [
+        (
+            "gpuwarden.container.enforcement.actions",
+            "{action}",
+            "Over-limit allocations acted on",
+            |e| e.actions,
+        ),
+        (
+            "gpuwarden.container.enforcement.denied_opens",
+            "{open}",
+            "Opens of GPU nodes refused",
+            |e| e.denied_opens,
+        ),
+    ];
+    for (name, unit, description, pick) in enforcement {
+        let published = Arc::clone(&published);
+        meter
+            .u64_observable_counter(name)
+            .with_unit(unit)
+            .with_description(description)
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in &s.containers {
+                        if let Some(e) = &c.enforcement {
+                            o.observe(pick(e), &container_attributes(c));
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let published = Arc::clone(&published);
+        meter
+            .f64_observable_counter("gpuwarden.container.throttled")
+            .with_unit("s")
+            .with_description("Time kept frozen by the compute-share throttle")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in &s.containers {
+                        if let Some(e) = &c.enforcement {
+                            #[allow(clippy::cast_precision_loss)]
+                            o.observe(e.throttled_ms as f64 / 1000.0, &container_attributes(c));
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let published = Arc::clone(&published);
+        meter
+            .u64_observable_counter("gpuwarden.agent.ringbuf.drops")
+            .with_unit("{event}")
+            .with_description("Kernel events dropped because the ring buffer was full")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| o.observe(s.stats.ringbuf_drops, &[]));
+            })
+            .build();
+    }
+    {
+        let published = Arc::clone(&published);
+        meter
+            .u64_observable_gauge("gpuwarden.agent.map.entries")
+            .with_unit("{entry}")
+            .with_description("Entries in the fd, process and allocation tables")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for (map, n) in [
+                        ("fds", s.stats.tracked_fds),
+                        ("processes", s.stats.tracked_processes),
+                        ("allocations", s.stats.tracked_allocations),
+                    ] {
+                        o.observe(n, &[KeyValue::new("gpuwarden.map", map)]);
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let published = Arc::clone(&published);
+        meter
+            .u64_observable_gauge("gpuwarden.agent.hook.tier")
+            .with_unit("1")
+            .with_description("1 for the hook tier and memory-enforcement tier in use")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    o.observe(
+                        1,
+                        &[
+                            KeyValue::new(
+                                "gpuwarden.tier",
+                                s.tier.clone().unwrap_or_else(|| "none".to_owned()),
+                            ),
+                            KeyValue::new(
+                                "gpuwarden.memory_tier",
+                                s.memory_tier.clone().unwrap_or_else(|| "none".to_owned()),
+                            ),
+                        ],
+                    );
+                });
+            })
+            .build();
+    }
+    meter
+        .u64_observable_counter("gpuwarden.telemetry.exports.failed")
+        .with_unit("{export}")
+        .with_description("Metric exports the collector did not take (dropped)")
+        .with_callback(move |o| o.observe(failed.load(Ordering::Relaxed), &[]))
+        .build();
+}
+
+/// Counts the exports that fail (the collector away or slow): their data is dropped, the next
+/// export carries the cumulative totals again.
+struct Counting<E> {
+    inner: E,
+    failed: Arc<AtomicU64>,
+}
+
+impl<E: PushMetricExporter> PushMetricExporter for Counting<E> {
+    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
+        let result = self.inner.export(metrics).await;
+        if result.is_err() {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self) -> Temporality {
+        self.inner.temporality()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_names_give_their_index() {
+        assert_eq!(gpu_index("nvidia3"), Some(3));
+        assert_eq!(gpu_index("nvidiactl"), None);
+        assert_eq!(gpu_index("nvidia-uvm"), None);
+    }
+
+    #[test]
+    fn the_readme_lists_every_instrument() {
+        let readme = include_str!("../../README.md");
+        for (name, unit, attributes, meaning) in INSTRUMENTS {
+            let attributes = if attributes.is_empty() {
+                "—"
+            } else {
+                attributes
+            };
+            let row = format!("| `{name}` | {unit} | {attributes} | {meaning} |");
+            assert!(readme.contains(&row), "README.md lacks the row\n{row}");
+        }
+        let rows = readme
+            .lines()
+            .filter(|l| l.starts_with("| `hw.gpu.") || l.starts_with("| `gpuwarden."))
+            .count();
+        assert_eq!(
+            rows,
+            INSTRUMENTS.len(),
+            "README.md lists metrics the agent lacks"
+        );
+    }
+
+    #[test]
+    fn no_endpoint_means_off() {
+        let config = MetricsConfig {
+            endpoint: None,
+            ..MetricsConfig::default()
+        };
+        let published: Published = Arc::default();
+        assert!(start(&config, vec![], published).unwrap().is_none());
+    }
+}
