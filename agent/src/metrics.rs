@@ -603,10 +603,12 @@ mod tests {
             let row = format!("| `{name}` | {unit} | {attributes} | {meaning} |");
             assert!(readme.contains(&row), "README.md lacks the row\n{row}");
         }
-        let rows = readme
-            .lines()
-            .filter(|l| l.starts_with("| `hw.gpu.") || l.starts_with("| `gpuwarden."))
-            .count();
+        let section = readme
+            .split("### Agent metrics")
+            .nth(1)
+            .and_then(|rest| rest.split("### ").next())
+            .unwrap_or_default();
+        let rows = section.lines().filter(|l| l.starts_with("| `")).count();
         assert_eq!(
             rows,
             INSTRUMENTS.len(),

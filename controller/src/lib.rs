@@ -13,6 +13,7 @@
 //!
 //! - [`store`]: the sled store that makes every acknowledged change durable;
 //! - [`api`]: the gRPC services for clients and agents;
+//! - [`metrics`]: the controller's OTLP metrics;
 //! - [`server`] and [`cli`]: the `gpuwarden-controller` and `gpuwarden` binaries (each a
 //!   `main` here, so test binaries can wrap them); `gpuwarden run` asks the node agent's local
 //!   socket for its node and the session's cgroup.
@@ -21,6 +22,7 @@
 pub mod allocator;
 pub mod api;
 pub mod cli;
+pub mod metrics;
 pub mod node;
 pub mod scheduler;
 pub mod server;

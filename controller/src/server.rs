@@ -221,6 +221,15 @@ pub fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         let controller = open(&state_dir, file.scheduler.unwrap_or_default(), timing)?;
+        // Metrics are an extra: a bad endpoint is reported, never fatal.
+        let _metrics =
+            match crate::metrics::start(&controller, crate::metrics::endpoint_from_env(), None) {
+                Ok(metrics) => metrics,
+                Err(e) => {
+                    tracing::warn!("metrics off: {e}");
+                    None
+                }
+            };
         serve(controller, listen, async {
             let _ = tokio::signal::ctrl_c().await;
         })

@@ -7,169 +7,15 @@
 
 mod util;
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use opentelemetry_proto::tonic::{
-    collector::metrics::v1::{
-        ExportMetricsServiceRequest, ExportMetricsServiceResponse,
-        metrics_service_server::{MetricsService, MetricsServiceServer},
-    },
-    common::v1::{AnyValue, any_value},
-    metrics::v1::{Metric, metric::Data, number_data_point},
-};
+use util::otlp::{TestReceiver, has, points};
 use util::{
     Client, Driver, TestAgent, TestCgroup, config, container_id, ioctls, memory, require_root,
     scratch,
 };
 
 const MIB: u64 = 1 << 20;
-
-/// What the receiver got: every request, in order.
-type Received = Arc<Mutex<Vec<ExportMetricsServiceRequest>>>;
-
-struct Receiver(Received);
-
-#[tonic::async_trait]
-impl MetricsService for Receiver {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportMetricsServiceRequest>,
-    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
-        self.0.lock().unwrap().push(request.into_inner());
-        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
-    }
-}
-
-/// An OTLP/gRPC metrics receiver on loopback, on its own runtime; stopped when dropped.
-struct TestReceiver {
-    addr: SocketAddr,
-    received: Received,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl TestReceiver {
-    fn start(addr: &str) -> Self {
-        let received = Received::default();
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let service = MetricsServiceServer::new(Receiver(Arc::clone(&received)));
-        let addr = addr.to_owned();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind(&addr).await.unwrap();
-                addr_tx.send(listener.local_addr().unwrap()).unwrap();
-                tonic::transport::Server::builder()
-                    .add_service(service)
-                    .serve_with_incoming_shutdown(
-                        tokio_stream::wrappers::TcpListenerStream::new(listener),
-                        async {
-                            let _ = stopped.await;
-                        },
-                    )
-                    .await
-                    .unwrap();
-            });
-        });
-        Self {
-            addr: addr_rx.recv().unwrap(),
-            received,
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-
-    /// The latest export's metric `name`, if any export had it.
-    fn latest(&self, name: &str) -> Option<Metric> {
-        let received = self.received.lock().unwrap();
-        received.iter().rev().find_map(|r| {
-            r.resource_metrics
-                .iter()
-                .flat_map(|rm| &rm.scope_metrics)
-                .flat_map(|sm| &sm.metrics)
-                .find(|m| m.name == name)
-                .cloned()
-        })
-    }
-
-    /// Resource attributes of the latest export.
-    fn resource(&self) -> Vec<(String, String)> {
-        let received = self.received.lock().unwrap();
-        received
-            .last()
-            .and_then(|r| r.resource_metrics.first())
-            .and_then(|rm| rm.resource.as_ref())
-            .map(|res| {
-                res.attributes
-                    .iter()
-                    .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    fn count(&self) -> usize {
-        self.received.lock().unwrap().len()
-    }
-}
-
-impl Drop for TestReceiver {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn text(value: Option<&AnyValue>) -> String {
-    match value.and_then(|v| v.value.as_ref()) {
-        Some(any_value::Value::StringValue(s)) => s.clone(),
-        Some(any_value::Value::IntValue(i)) => i.to_string(),
-        Some(other) => format!("{other:?}"),
-        None => String::new(),
-    }
-}
-
-/// The data points of a gauge or sum: (attributes, value as f64).
-fn points(metric: &Metric) -> Vec<(Vec<(String, String)>, f64)> {
-    let points = match &metric.data {
-        Some(Data::Gauge(g)) => &g.data_points,
-        Some(Data::Sum(s)) => &s.data_points,
-        _ => return Vec::new(),
-    };
-    points
-        .iter()
-        .map(|p| {
-            let attrs = p
-                .attributes
-                .iter()
-                .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
-                .collect();
-            #[allow(clippy::cast_precision_loss)]
-            let value = match p.value {
-                Some(number_data_point::Value::AsInt(i)) => i as f64,
-                Some(number_data_point::Value::AsDouble(d)) => d,
-                None => f64::NAN,
-            };
-            (attrs, value)
-        })
-        .collect()
-}
-
-fn has(attrs: &[(String, String)], key: &str, value: &str) -> bool {
-    attrs.iter().any(|(k, v)| k == key && v == value)
-}
 
 fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -309,4 +155,95 @@ fn agent_metrics_match_the_snapshot_and_survive_the_receiver_going_away() {
     assert!(failed >= 1.0, "failed exports while away: {failed}");
     a.exit();
     drop(agent);
+}
+
+/// The controller's metrics: queue, sessions and nodes by state, capacity and allocation per
+/// slot type, fragmentation and decision latency, checked against its API.
+#[test]
+fn controller_metrics_match_its_api() {
+    use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig};
+    use util::cluster::{TestBackend, TestController, TestNode, create, wait_nodes, wait_state};
+
+    let receiver = TestReceiver::start("127.0.0.1:0");
+    let timing = Timing {
+        heartbeat_interval: Duration::from_millis(200),
+        heartbeat_timeout: Duration::from_secs(5),
+        pass_interval: Duration::from_millis(50),
+    };
+    let ctl = TestController::start_with_metrics(
+        &scratch("ctlm"),
+        SchedulerConfig::default(),
+        timing,
+        Some(format!("http://{}", receiver.addr)),
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _node = rt.block_on(async {
+        let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
+        let mut c = ctl.client().await;
+        wait_nodes(&c, 1).await;
+        let a = create(&mut c, "u", &["cuda.shares=0.3"]).await.unwrap();
+        wait_state(&c, &a.id, gpuwarden_proto::v1::SessionState::Running).await;
+        // Fits the node's capacity (2.0) but not what is free (0.7 + 1.0): it waits.
+        let waiting = create(&mut c, "u", &["cuda.shares=1.8"]).await.unwrap();
+        assert_eq!(
+            waiting.state,
+            gpuwarden_proto::v1::SessionState::Pending as i32
+        );
+        node
+    });
+
+    let value = |name: &str, key: Option<(&str, &str)>| {
+        receiver.latest(name).and_then(|m| {
+            points(&m)
+                .into_iter()
+                .find(|(attrs, _)| key.is_none_or(|(k, v)| has(attrs, k, v)))
+                .map(|p| p.1)
+        })
+    };
+    wait_for("the controller's metrics", || {
+        value(
+            "gpuwarden.sessions",
+            Some(("gpuwarden.session.state", "running")),
+        ) == Some(1.0)
+            && value("gpuwarden.scheduler.queue.length", None) == Some(1.0)
+    });
+    assert_eq!(
+        value("gpuwarden.nodes", Some(("gpuwarden.node.state", "ready"))),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            "gpuwarden.slot.capacity",
+            Some(("gpuwarden.slot", "cuda.shares"))
+        ),
+        Some(2.0)
+    );
+    let allocated = value(
+        "gpuwarden.slot.allocated",
+        Some(("gpuwarden.slot", "cuda.shares")),
+    );
+    assert!(
+        allocated.is_some_and(|v| (v - 0.3).abs() < 1e-9),
+        "{allocated:?}"
+    );
+    // 0.7 free on the GPU the 0.3 session is on: no whole-GPU request can use it.
+    let fragmented = value("gpuwarden.gpu.shares.fragmented", None);
+    assert!(
+        fragmented.is_some_and(|v| (v - 0.7).abs() < 1e-9),
+        "{fragmented:?}"
+    );
+    let latency = receiver
+        .latest("gpuwarden.scheduler.decision.duration")
+        .unwrap();
+    assert_eq!(latency.unit, "s");
+    let Some(opentelemetry_proto::tonic::metrics::v1::metric::Data::Histogram(h)) = latency.data
+    else {
+        panic!("decision latency is not a histogram");
+    };
+    assert!(h.data_points.iter().map(|p| p.count).sum::<u64>() >= 2);
+    drop(rt);
 }

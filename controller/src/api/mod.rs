@@ -66,6 +66,8 @@ pub struct Controller {
     next_id: AtomicU64,
     heartbeats: AtomicU64,
     timing: Timing,
+    /// Where scheduling decisions' latency goes, once metrics are on.
+    decisions: std::sync::OnceLock<opentelemetry::metrics::Histogram<f64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -92,7 +94,13 @@ impl Controller {
             next_id: AtomicU64::new(0),
             heartbeats: AtomicU64::new(0),
             timing,
+            decisions: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Records each scheduling decision's latency into `histogram` from now on.
+    pub fn set_decision_histogram(&self, histogram: opentelemetry::metrics::Histogram<f64>) {
+        let _ = self.decisions.set(histogram);
     }
 
     /// Runs `f` on the scheduler, then persists and announces what it changed.
@@ -221,7 +229,18 @@ impl Controller {
                     }
                 }
             }
-            match self.apply(Scheduler::pass) {
+            let decisions = self.decisions.get();
+            let pass = |s: &mut Scheduler| {
+                s.pass_observed(&mut |took, placed| {
+                    if let Some(h) = decisions {
+                        h.record(
+                            took.as_secs_f64(),
+                            &[opentelemetry::KeyValue::new("gpuwarden.placed", placed)],
+                        );
+                    }
+                })
+            };
+            match self.apply(pass) {
                 Ok(commands) => self.dispatch(commands),
                 Err(e) => tracing::error!("persisting a scheduling pass: {e}"),
             }

@@ -29,6 +29,16 @@ pub struct TestController {
 
 impl TestController {
     pub fn start(state_dir: &Path, config: SchedulerConfig, timing: Timing) -> Self {
+        Self::start_with_metrics(state_dir, config, timing, None)
+    }
+
+    /// [`Self::start`], exporting OTLP metrics to `otlp` every 300 ms when given.
+    pub fn start_with_metrics(
+        state_dir: &Path,
+        config: SchedulerConfig,
+        timing: Timing,
+        otlp: Option<String>,
+    ) -> Self {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = std::sync::mpsc::channel::<bool>();
         let dir = state_dir.to_owned();
@@ -39,19 +49,28 @@ impl TestController {
                 .build()
                 .unwrap();
             let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
-            rt.block_on(async {
+            let metrics = rt.block_on(async {
                 let controller = server::open(&dir, config, timing).unwrap();
+                let metrics = gpuwarden_controller::metrics::start(
+                    &controller,
+                    otlp,
+                    Some(Duration::from_millis(300)),
+                )
+                .unwrap();
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 addr_tx.send(listener.local_addr().unwrap()).unwrap();
                 tokio::spawn(server::serve_on(controller, listener, async {
                     let _ = shutdown_rx.await;
                 }));
+                metrics
             });
             let graceful = stopped.recv().unwrap_or(false);
             if graceful {
                 let _ = shutdown_tx.send(());
                 rt.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
             }
+            // The metrics' callbacks hold the controller (and its store): let go of them first.
+            drop(metrics);
             // Dropping the runtime drops every task, its store handle with them.
             rt.shutdown_background();
         });

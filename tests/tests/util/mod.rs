@@ -21,6 +21,7 @@ use gpuwarden_agent::{
 use gpuwarden_tests::fake_driver::{FakeConfig, FakeDriver};
 
 pub mod cluster;
+pub mod otlp;
 
 /// Fails the test unless it runs as root: the eBPF and FUSE parts need it. Never skips.
 pub fn require_root() {

@@ -1,0 +1,366 @@
+//! OTLP metrics of the controller: the queue, decisions, sessions, nodes, capacity and
+//! fragmentation, pushed to a collector.
+//!
+//! Configured like the agent's (`OTEL_EXPORTER_OTLP_ENDPOINT` and the other `OTEL_*`
+//! variables, read by the OpenTelemetry SDK); off, saying so once, without an endpoint. Gauges
+//! read the scheduler at export time on the SDK's own thread; decision latency is recorded as
+//! each scheduling pass decides. Failed exports are counted
+//! (`gpuwarden.telemetry.exports.failed`), the controller never waits for the collector.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use opentelemetry::{KeyValue, metrics::MeterProvider as _};
+use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_sdk::{
+    Resource,
+    error::OTelSdkResult,
+    metrics::{
+        PeriodicReader, SdkMeterProvider, Temporality, data::ResourceMetrics,
+        exporter::PushMetricExporter,
+    },
+};
+
+use crate::{
+    api::Controller, node::NodeState, scheduler::Scheduler, session::SessionState, slots::SlotValue,
+};
+
+/// One instrument: (name, unit, attributes, meaning).
+pub type Instrument = (&'static str, &'static str, &'static str, &'static str);
+
+/// Every instrument the controller exports, as documented in the README.
+pub const INSTRUMENTS: &[Instrument] = &[
+    (
+        "gpuwarden.scheduler.queue.length",
+        "{session}",
+        "—",
+        "sessions waiting to be placed",
+    ),
+    (
+        "gpuwarden.scheduler.decision.duration",
+        "s",
+        "gpuwarden.placed",
+        "time to decide one pending session in a scheduling pass",
+    ),
+    (
+        "gpuwarden.sessions",
+        "{session}",
+        "gpuwarden.session.state",
+        "sessions by state",
+    ),
+    (
+        "gpuwarden.nodes",
+        "{node}",
+        "gpuwarden.node.state",
+        "nodes by state",
+    ),
+    (
+        "gpuwarden.slot.capacity",
+        "1",
+        "gpuwarden.slot",
+        "capacity of the ready nodes per slot type (bytes for byte slots)",
+    ),
+    (
+        "gpuwarden.slot.allocated",
+        "1",
+        "gpuwarden.slot",
+        "what sessions hold per slot type on the ready nodes",
+    ),
+    (
+        "gpuwarden.gpu.shares.fragmented",
+        "{gpu}",
+        "—",
+        "free shares on partly used GPUs: capacity no 1.0-share request could use",
+    ),
+    (
+        "gpuwarden.telemetry.exports.failed",
+        "{export}",
+        "—",
+        "metric exports the collector did not take (dropped)",
+    ),
+];
+
+/// Errors starting the pipeline.
+#[derive(Debug, thiserror::Error)]
+#[error("OTLP exporter for {endpoint}: {source}")]
+pub struct MetricsError {
+    /// The endpoint.
+    pub endpoint: String,
+    /// Why.
+    #[source]
+    pub source: opentelemetry_otlp::ExporterBuildError,
+}
+
+/// A running pipeline; dropping it stops the exports (after a last one).
+pub struct Metrics {
+    provider: SdkMeterProvider,
+}
+
+impl Drop for Metrics {
+    fn drop(&mut self) {
+        let _ = self.provider.shutdown();
+    }
+}
+
+/// The endpoint from `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`.
+#[must_use]
+pub fn endpoint_from_env() -> Option<String> {
+    std::env::var("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        .ok()
+        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
+        .filter(|e| !e.is_empty())
+}
+
+/// A value in GPUs or units, for a gauge.
+#[allow(clippy::cast_precision_loss)]
+fn as_f64(v: SlotValue) -> f64 {
+    v.micros() as f64 / 1e6
+}
+
+/// Capacity and allocation per slot type over the ready nodes.
+fn slot_totals(s: &Scheduler) -> (BTreeMap<String, f64>, BTreeMap<String, f64>) {
+    let (mut capacity, mut allocated) = (BTreeMap::new(), BTreeMap::new());
+    for node in s.nodes().values().filter(|n| n.state == NodeState::Ready) {
+        for (name, value) in node.capacity().iter() {
+            *capacity.entry(name.to_string()).or_default() += as_f64(value);
+        }
+        for (name, value) in node.allocated.iter() {
+            *allocated.entry(name.to_string()).or_default() += as_f64(value);
+        }
+        let devices = node.allocator.devices();
+        let shares: f64 = devices.iter().map(|d| as_f64(d.allocated)).sum();
+        #[allow(clippy::cast_precision_loss)]
+        let memory: f64 = devices.iter().map(|d| d.allocated_memory as f64).sum();
+        #[allow(clippy::cast_precision_loss)]
+        let whole = devices
+            .iter()
+            .filter(|d| d.exclusive_owner.is_some())
+            .count() as f64;
+        *allocated.entry("cuda.shares".to_owned()).or_default() += shares;
+        *allocated.entry("cuda.mem".to_owned()).or_default() += memory;
+        *allocated.entry("cuda.device".to_owned()).or_default() += whole;
+    }
+    (capacity, allocated)
+}
+
+/// Free shares on GPUs that are partly used: what no whole-GPU (1.0-share) request could use.
+#[must_use]
+pub fn fragmented_shares(s: &Scheduler) -> f64 {
+    s.nodes()
+        .values()
+        .filter(|n| n.state == NodeState::Ready)
+        .flat_map(|n| n.allocator.devices())
+        .filter(|d| !d.allocated.is_zero() && d.exclusive_owner.is_none())
+        .map(|d| as_f64(d.free()))
+        .sum()
+}
+
+/// Starts exporting the controller's metrics, or returns `None` (saying so) without an
+/// endpoint. Must run inside a tokio runtime (the gRPC channel lives there).
+///
+/// # Errors
+/// The exporter can't be built.
+pub fn start(
+    controller: &Arc<Controller>,
+    endpoint: Option<String>,
+    interval: Option<Duration>,
+) -> Result<Option<Metrics>, MetricsError> {
+    let Some(endpoint) = endpoint else {
+        tracing::info!("metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT");
+        return Ok(None);
+    };
+    let exporter = opentelemetry_otlp::MetricExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint.clone())
+        .with_timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|source| MetricsError {
+            endpoint: endpoint.clone(),
+            source,
+        })?;
+    let failed = Arc::new(AtomicU64::new(0));
+    let mut reader = PeriodicReader::builder(Counting {
+        inner: exporter,
+        failed: Arc::clone(&failed),
+    });
+    if let Some(interval) = interval {
+        reader = reader.with_interval(interval);
+    }
+    let resource = Resource::builder()
+        .with_service_name(
+            std::env::var("OTEL_SERVICE_NAME")
+                .unwrap_or_else(|_| "gpuwarden-controller".to_owned()),
+        )
+        .build();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(reader.build())
+        .with_resource(resource)
+        .build();
+    let meter = provider.meter("gpuwarden-controller");
+    controller.set_decision_histogram(
+        meter
+            .f64_histogram("gpuwarden.scheduler.decision.duration")
+            .with_unit("s")
+            .with_description("Time to decide one pending session in a scheduling pass")
+            .with_boundaries(vec![
+                1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1,
+            ])
+            .build(),
+    );
+    let c = Arc::clone(controller);
+    meter
+        .u64_observable_gauge("gpuwarden.scheduler.queue.length")
+        .with_unit("{session}")
+        .with_description("Sessions waiting to be placed")
+        .with_callback(move |o| {
+            let n = c.read(|s| {
+                s.sessions()
+                    .values()
+                    .filter(|x| x.state == SessionState::Pending)
+                    .count()
+            });
+            o.observe(n as u64, &[]);
+        })
+        .build();
+    let c = Arc::clone(controller);
+    meter
+        .u64_observable_gauge("gpuwarden.sessions")
+        .with_unit("{session}")
+        .with_description("Sessions by state")
+        .with_callback(move |o| {
+            let by_state = c.read(|s| {
+                let mut by: BTreeMap<&'static str, u64> = BTreeMap::new();
+                for x in s.sessions().values() {
+                    *by.entry(x.state.as_str()).or_default() += 1;
+                }
+                by
+            });
+            for (state, n) in by_state {
+                o.observe(n, &[KeyValue::new("gpuwarden.session.state", state)]);
+            }
+        })
+        .build();
+    let c = Arc::clone(controller);
+    meter
+        .u64_observable_gauge("gpuwarden.nodes")
+        .with_unit("{node}")
+        .with_description("Nodes by state")
+        .with_callback(move |o| {
+            let (ready, lost) = c.read(|s| {
+                let ready = s
+                    .nodes()
+                    .values()
+                    .filter(|n| n.state == NodeState::Ready)
+                    .count();
+                (ready, s.nodes().len() - ready)
+            });
+            o.observe(
+                ready as u64,
+                &[KeyValue::new("gpuwarden.node.state", "ready")],
+            );
+            o.observe(
+                lost as u64,
+                &[KeyValue::new("gpuwarden.node.state", "lost")],
+            );
+        })
+        .build();
+    for (name, description, pick) in [
+        (
+            "gpuwarden.slot.capacity",
+            "Capacity of the ready nodes per slot type",
+            true,
+        ),
+        (
+            "gpuwarden.slot.allocated",
+            "What sessions hold per slot type on the ready nodes",
+            false,
+        ),
+    ] {
+        let c = Arc::clone(controller);
+        meter
+            .f64_observable_gauge(name)
+            .with_unit("1")
+            .with_description(description)
+            .with_callback(move |o| {
+                let (capacity, allocated) = c.read(slot_totals);
+                for (slot, v) in if pick { capacity } else { allocated } {
+                    o.observe(v, &[KeyValue::new("gpuwarden.slot", slot)]);
+                }
+            })
+            .build();
+    }
+    let c = Arc::clone(controller);
+    meter
+        .f64_observable_gauge("gpuwarden.gpu.shares.fragmented")
+        .with_unit("{gpu}")
+        .with_description("Free shares on partly used GPUs")
+        .with_callback(move |o| o.observe(c.read(fragmented_shares), &[]))
+        .build();
+    meter
+        .u64_observable_counter("gpuwarden.telemetry.exports.failed")
+        .with_unit("{export}")
+        .with_description("Metric exports the collector did not take (dropped)")
+        .with_callback(move |o| o.observe(failed.load(Ordering::Relaxed), &[]))
+        .build();
+    tracing::info!(%endpoint, "exporting OTLP metrics");
+    Ok(Some(Metrics { provider }))
+}
+
+/// Counts the exports that fail: their data is dropped, the next export carries the totals.
+struct Counting<E> {
+    inner: E,
+    failed: Arc<AtomicU64>,
+}
+
+impl<E: PushMetricExporter> PushMetricExporter for Counting<E> {
+    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
+        let result = self.inner.export(metrics).await;
+        if result.is_err() {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self) -> Temporality {
+        self.inner.temporality()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_lists_every_instrument() {
+        let readme = include_str!("../../README.md");
+        for (name, unit, attributes, meaning) in INSTRUMENTS {
+            let row = format!("| `{name}` | {unit} | {attributes} | {meaning} |");
+            assert!(readme.contains(&row), "README.md lacks the row\n{row}");
+        }
+        let section = readme
+            .split("### Controller metrics")
+            .nth(1)
+            .and_then(|rest| rest.split("Both tables").next())
+            .unwrap_or_default();
+        let rows = section.lines().filter(|l| l.starts_with("| `")).count();
+        assert_eq!(
+            rows,
+            INSTRUMENTS.len(),
+            "README.md lists metrics the controller lacks"
+        );
+    }
+}
