@@ -3,9 +3,14 @@
 //! - the eBPF toolchain (ARCHITECTURE.md's recipe): Debian's `rustc-web` with the prebuilt `core`
 //!   for `bpfel-unknown-none`, LLVM 22, and `bpf-linker` built against it; a rustup nightly with
 //!   `rust-src` is used instead when present;
-//! - FUSE 3 for the fake NVIDIA driver the tests mount.
+//! - FUSE 3 for the fake NVIDIA driver the tests mount;
+//! - a Python environment (`target/py`) with `kubernetes-validate`, which checks the Kubernetes
+//!   manifests offline against the bundled OpenAPI schemas (`deploy/kubernetes/validate.py`).
 
-use std::{path::Path, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
 
 use anyhow::{Context as _, bail};
 use gpuwarden_ebpf_toolchain::{Missing, Toolchain, find_linker};
@@ -25,6 +30,16 @@ const TOOLCHAIN_PACKAGES: &[&str] = &[
 /// Debian packages the tests need at run time.
 const TEST_PACKAGES: &[&str] = &["fuse3"];
 
+/// Debian packages for the manifest validator's virtual environment.
+const PYTHON_PACKAGES: &[&str] = &["python3", "python3-venv"];
+
+/// What the manifest validator imports, pinned (kubernetes-validate bundles the schemas).
+const VALIDATOR_REQUIREMENTS: &[&str] = &["kubernetes-validate==1.37.0", "pyyaml==6.0.3"];
+
+/// Exits 0 when the validator's environment has the pinned packages.
+const VALIDATOR_CHECK: &str = "import importlib.metadata as m, sys; \
+    sys.exit(m.version('kubernetes-validate') != '1.37.0' or m.version('pyyaml') != '6.0.3')";
+
 /// Installs what is missing.
 pub fn run() -> anyhow::Result<()> {
     let mut packages: Vec<&str> = Vec::new();
@@ -43,8 +58,21 @@ pub fn run() -> anyhow::Result<()> {
     if !Path::new("/usr/bin/fusermount3").exists() && !Path::new("/bin/fusermount3").exists() {
         packages.extend(TEST_PACKAGES);
     }
+    let validator_ready = succeeds(Command::new(validator_python()).args(["-c", VALIDATOR_CHECK]));
+    if !validator_ready && !succeeds(Command::new("python3").args(["-c", "import ensurepip, venv"]))
+    {
+        packages.extend(PYTHON_PACKAGES);
+    }
     if !packages.is_empty() {
         apt_install(&packages)?;
+    }
+    if validator_ready {
+        println!(
+            "setup: manifest validator ready ({})",
+            validator_env().display()
+        );
+    } else {
+        install_validator()?;
     }
     if find_linker().is_none() {
         println!("setup: building bpf-linker against LLVM 22 (about a minute)");
@@ -64,6 +92,43 @@ pub fn run() -> anyhow::Result<()> {
     let toolchain = Toolchain::detect().context("after installing")?;
     println!("setup: done ({toolchain})");
     Ok(())
+}
+
+/// The Python environment of the manifest validator.
+fn validator_env() -> PathBuf {
+    crate::workspace().join("target").join("py")
+}
+
+/// The Python that runs `deploy/kubernetes/validate.py`.
+pub fn validator_python() -> PathBuf {
+    validator_env().join("bin").join("python")
+}
+
+/// Makes `target/py` afresh and installs the pinned validator packages into it (from PyPI).
+fn install_validator() -> anyhow::Result<()> {
+    let env = validator_env();
+    println!(
+        "setup: installing kubernetes-validate into {}",
+        env.display()
+    );
+    status(
+        Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&env),
+    )?;
+    status(
+        Command::new(env.join("bin").join("pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .args(VALIDATOR_REQUIREMENTS),
+    )
+}
+
+/// Whether `cmd` runs and exits 0 (its output discarded).
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn apt_install(packages: &[&str]) -> anyhow::Result<()> {

@@ -1,6 +1,9 @@
-//! `cargo xtask test`: what CI runs. Setup, formatting, lints, then every test.
+//! `cargo xtask test`: what CI runs. Setup, formatting, lints, the Kubernetes manifests (validated
+//! offline against the OpenAPI schemas), then every test.
 
-use crate::{cargo, setup, status};
+use std::process::Command;
+
+use crate::{cargo, setup, status, workspace};
 
 /// Runs the whole check.
 pub fn run() -> anyhow::Result<()> {
@@ -12,6 +15,10 @@ pub fn run() -> anyhow::Result<()> {
     }
     status(cargo().args(["fmt", "--all", "--check"]))?;
     status(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    status(
+        Command::new(setup::validator_python())
+            .arg(workspace().join("deploy/kubernetes/validate.py")),
+    )?;
     status(cargo().args(["test", "--no-fail-fast"]))?;
     Ok(())
 }
