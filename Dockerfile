@@ -75,7 +75,5 @@ LABEL org.opencontainers.image.title="gpuwarden" \
 # it as root, privileged.
 USER 65532:65532
 EXPOSE 50051
-# The controller shuts down cleanly (closing its store) on SIGINT; the agent on SIGINT or SIGTERM.
-# Container runtimes, Kubernetes' included, send the image's stop signal.
-STOPSIGNAL SIGINT
+# Both binaries shut down cleanly (the controller closing its store) on SIGINT or SIGTERM.
 CMD ["gpuwarden-controller", "run", "--listen", "0.0.0.0:50051"]

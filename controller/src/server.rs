@@ -157,6 +157,19 @@ pub async fn serve_on(
     result
 }
 
+/// Completes on SIGINT or SIGTERM (what Kubernetes sends), so the store closes cleanly.
+async fn shutdown_signal() {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
 /// gpuwarden's cluster controller.
 #[derive(Parser)]
 #[command(name = "gpuwarden-controller", version, about)]
@@ -230,10 +243,7 @@ pub fn main() -> ExitCode {
                     None
                 }
             };
-        serve(controller, listen, async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
+        serve(controller, listen, shutdown_signal()).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
