@@ -17,23 +17,12 @@
 //! metric table is checked against.
 
 use std::{
-    sync::{
-        Arc, Mutex, PoisonError,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
-use opentelemetry::{KeyValue, metrics::MeterProvider as _};
-use opentelemetry_otlp::WithExportConfig as _;
-use opentelemetry_sdk::{
-    Resource,
-    error::OTelSdkResult,
-    metrics::{
-        PeriodicReader, SdkMeterProvider, Temporality, data::ResourceMetrics,
-        exporter::PushMetricExporter,
-    },
-};
+use gpuwarden_proto::otlp::{Pipeline, PipelineError};
+use opentelemetry::{KeyValue, metrics::Meter};
 
 use crate::{devices::GpuDevice, snapshot::Snapshot};
 
@@ -140,43 +129,8 @@ impl MetricsConfig {
     /// The endpoint from `file` (the config file) or `OTEL_EXPORTER_OTLP_ENDPOINT`.
     #[must_use]
     pub fn endpoint(file: Option<String>) -> Option<String> {
-        file.or_else(|| std::env::var("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT").ok())
-            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
-            .filter(|e| !e.is_empty())
-    }
-}
-
-/// Errors starting the pipeline.
-#[derive(Debug, thiserror::Error)]
-pub enum MetricsError {
-    /// The exporter can't be built (e.g. a malformed endpoint).
-    #[error("OTLP exporter for {endpoint}: {source}")]
-    Exporter {
-        /// The endpoint.
-        endpoint: String,
-        /// Why.
-        #[source]
-        source: opentelemetry_otlp::ExporterBuildError,
-    },
-}
-
-/// A running pipeline; dropping it stops the exports (after a last one).
-pub struct Metrics {
-    provider: SdkMeterProvider,
-    failed: Arc<AtomicU64>,
-}
-
-impl Metrics {
-    /// Exports that failed so far.
-    #[must_use]
-    pub fn failed_exports(&self) -> u64 {
-        self.failed.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Metrics {
-    fn drop(&mut self) {
-        let _ = self.provider.shutdown();
+        file.filter(|e| !e.is_empty())
+            .or_else(gpuwarden_proto::otlp::endpoint_from_env)
     }
 }
 
@@ -189,47 +143,25 @@ pub fn start(
     config: &MetricsConfig,
     gpus: Vec<GpuDevice>,
     published: Published,
-) -> Result<Option<Metrics>, MetricsError> {
+) -> Result<Option<Pipeline>, PipelineError> {
     let Some(endpoint) = &config.endpoint else {
         tracing::info!(
             "metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT (or otlp_endpoint in the config file)"
         );
         return Ok(None);
     };
-    let exporter = opentelemetry_otlp::MetricExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint.clone())
-        .with_timeout(Duration::from_secs(5))
-        .build()
-        .map_err(|source| MetricsError::Exporter {
-            endpoint: endpoint.clone(),
-            source,
-        })?;
-    let failed = Arc::new(AtomicU64::new(0));
-    let exporter = Counting {
-        inner: exporter,
-        failed: Arc::clone(&failed),
-    };
-    let mut reader = PeriodicReader::builder(exporter);
-    if let Some(interval) = config.interval {
-        reader = reader.with_interval(interval);
-    }
-    let resource = Resource::builder()
-        .with_service_name(
-            std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "gpuwarden-agent".to_owned()),
-        )
-        .with_attributes([
+    let pipeline = Pipeline::start(
+        endpoint,
+        "gpuwarden-agent",
+        vec![
             KeyValue::new("host.name", config.node.clone()),
             KeyValue::new("k8s.node.name", config.node.clone()),
-        ])
-        .build();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(reader.build())
-        .with_resource(resource)
-        .build();
-    register(&provider, gpus, published, Arc::clone(&failed));
+        ],
+        config.interval,
+    )?;
+    register(pipeline.meter(), gpus, published);
     tracing::info!(%endpoint, "exporting OTLP metrics");
-    Ok(Some(Metrics { provider, failed }))
+    Ok(Some(pipeline))
 }
 
 /// The attributes of a container: its id, pod and cgroup (bounded by the containers alive).
@@ -321,13 +253,7 @@ fn container_gpus(s: &Snapshot, gpus: &[GpuDevice]) -> Vec<ContainerGpu> {
     out
 }
 
-fn register(
-    provider: &SdkMeterProvider,
-    gpus: Vec<GpuDevice>,
-    published: Published,
-    failed: Arc<AtomicU64>,
-) {
-    let meter = provider.meter("gpuwarden-agent");
+fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
     let gpus = Arc::new(gpus);
     // The instruments live as long as the provider that holds their callbacks.
     {
@@ -542,41 +468,6 @@ fn register(
                 });
             })
             .build();
-    }
-    meter
-        .u64_observable_counter("gpuwarden.telemetry.exports.failed")
-        .with_unit("{export}")
-        .with_description("Metric exports the collector did not take (dropped)")
-        .with_callback(move |o| o.observe(failed.load(Ordering::Relaxed), &[]))
-        .build();
-}
-
-/// Counts the exports that fail (the collector away or slow): their data is dropped, the next
-/// export carries the cumulative totals again.
-struct Counting<E> {
-    inner: E,
-    failed: Arc<AtomicU64>,
-}
-
-impl<E: PushMetricExporter> PushMetricExporter for Counting<E> {
-    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
-        let result = self.inner.export(metrics).await;
-        if result.is_err() {
-            self.failed.fetch_add(1, Ordering::Relaxed);
-        }
-        result
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn temporality(&self) -> Temporality {
-        self.inner.temporality()
     }
 }
 

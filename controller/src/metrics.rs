@@ -7,25 +7,10 @@
 //! each scheduling pass decides. Failed exports are counted
 //! (`gpuwarden.telemetry.exports.failed`), the controller never waits for the collector.
 
-use std::{
-    collections::BTreeMap,
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use opentelemetry::{KeyValue, metrics::MeterProvider as _};
-use opentelemetry_otlp::WithExportConfig as _;
-use opentelemetry_sdk::{
-    Resource,
-    error::OTelSdkResult,
-    metrics::{
-        PeriodicReader, SdkMeterProvider, Temporality, data::ResourceMetrics,
-        exporter::PushMetricExporter,
-    },
-};
+use gpuwarden_proto::otlp::{Pipeline, PipelineError};
+use opentelemetry::KeyValue;
 
 use crate::{
     api::Controller, node::NodeState, scheduler::Scheduler, session::SessionState, slots::SlotValue,
@@ -86,36 +71,8 @@ pub const INSTRUMENTS: &[Instrument] = &[
     ),
 ];
 
-/// Errors starting the pipeline.
-#[derive(Debug, thiserror::Error)]
-#[error("OTLP exporter for {endpoint}: {source}")]
-pub struct MetricsError {
-    /// The endpoint.
-    pub endpoint: String,
-    /// Why.
-    #[source]
-    pub source: opentelemetry_otlp::ExporterBuildError,
-}
-
-/// A running pipeline; dropping it stops the exports (after a last one).
-pub struct Metrics {
-    provider: SdkMeterProvider,
-}
-
-impl Drop for Metrics {
-    fn drop(&mut self) {
-        let _ = self.provider.shutdown();
-    }
-}
-
-/// The endpoint from `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`.
-#[must_use]
-pub fn endpoint_from_env() -> Option<String> {
-    std::env::var("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-        .ok()
-        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
-        .filter(|e| !e.is_empty())
-}
+/// The endpoint from the standard variables.
+pub use gpuwarden_proto::otlp::endpoint_from_env;
 
 /// A value in GPUs or units, for a gauge.
 #[allow(clippy::cast_precision_loss)]
@@ -170,39 +127,13 @@ pub fn start(
     controller: &Arc<Controller>,
     endpoint: Option<String>,
     interval: Option<Duration>,
-) -> Result<Option<Metrics>, MetricsError> {
+) -> Result<Option<Pipeline>, PipelineError> {
     let Some(endpoint) = endpoint else {
         tracing::info!("metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT");
         return Ok(None);
     };
-    let exporter = opentelemetry_otlp::MetricExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint.clone())
-        .with_timeout(Duration::from_secs(5))
-        .build()
-        .map_err(|source| MetricsError {
-            endpoint: endpoint.clone(),
-            source,
-        })?;
-    let failed = Arc::new(AtomicU64::new(0));
-    let mut reader = PeriodicReader::builder(Counting {
-        inner: exporter,
-        failed: Arc::clone(&failed),
-    });
-    if let Some(interval) = interval {
-        reader = reader.with_interval(interval);
-    }
-    let resource = Resource::builder()
-        .with_service_name(
-            std::env::var("OTEL_SERVICE_NAME")
-                .unwrap_or_else(|_| "gpuwarden-controller".to_owned()),
-        )
-        .build();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(reader.build())
-        .with_resource(resource)
-        .build();
-    let meter = provider.meter("gpuwarden-controller");
+    let pipeline = Pipeline::start(&endpoint, "gpuwarden-controller", Vec::new(), interval)?;
+    let meter = pipeline.meter();
     controller.set_decision_histogram(
         meter
             .f64_histogram("gpuwarden.scheduler.decision.duration")
@@ -302,42 +233,8 @@ pub fn start(
         .with_description("Free shares on partly used GPUs")
         .with_callback(move |o| o.observe(c.read(fragmented_shares), &[]))
         .build();
-    meter
-        .u64_observable_counter("gpuwarden.telemetry.exports.failed")
-        .with_unit("{export}")
-        .with_description("Metric exports the collector did not take (dropped)")
-        .with_callback(move |o| o.observe(failed.load(Ordering::Relaxed), &[]))
-        .build();
     tracing::info!(%endpoint, "exporting OTLP metrics");
-    Ok(Some(Metrics { provider }))
-}
-
-/// Counts the exports that fail: their data is dropped, the next export carries the totals.
-struct Counting<E> {
-    inner: E,
-    failed: Arc<AtomicU64>,
-}
-
-impl<E: PushMetricExporter> PushMetricExporter for Counting<E> {
-    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
-        let result = self.inner.export(metrics).await;
-        if result.is_err() {
-            self.failed.fetch_add(1, Ordering::Relaxed);
-        }
-        result
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn temporality(&self) -> Temporality {
-        self.inner.temporality()
-    }
+    Ok(Some(pipeline))
 }
 
 #[cfg(test)]
