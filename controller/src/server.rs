@@ -55,6 +55,8 @@ pub struct FileConfig {
     pub scheduler: Option<SchedulerConfig>,
     /// Seconds of silence after which a node is Lost.
     pub heartbeat_timeout_secs: Option<u64>,
+    /// OTLP/gRPC endpoint for metrics (else `OTEL_EXPORTER_OTLP_ENDPOINT`; neither: off).
+    pub otlp_endpoint: Option<String>,
 }
 
 impl FileConfig {
@@ -235,14 +237,17 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async {
         let controller = open(&state_dir, file.scheduler.unwrap_or_default(), timing)?;
         // Metrics are an extra: a bad endpoint is reported, never fatal.
-        let _metrics =
-            match crate::metrics::start(&controller, crate::metrics::endpoint_from_env(), None) {
-                Ok(metrics) => metrics,
-                Err(e) => {
-                    tracing::warn!("metrics off: {e}");
-                    None
-                }
-            };
+        let endpoint = file
+            .otlp_endpoint
+            .filter(|e| !e.is_empty())
+            .or_else(crate::metrics::endpoint_from_env);
+        let _metrics = match crate::metrics::start(&controller, endpoint, None) {
+            Ok(metrics) => metrics,
+            Err(e) => {
+                tracing::warn!("metrics off: {e}");
+                None
+            }
+        };
         serve(controller, listen, shutdown_signal()).await
     });
     match result {
