@@ -178,6 +178,7 @@ pub async fn run_until(
             Err(e) => tracing::warn!(session, "held quota no longer enforceable: {e}"),
         }
     }
+    enforcer.sweep_stale(&mut sensor);
     if !holdings.sessions().is_empty() {
         tracing::info!(
             sessions = holdings.sessions().len(),

@@ -249,6 +249,55 @@ impl Enforcer {
         }
     }
 
+    /// Removes pinned kernel state no binding owns: quotas, cgroup mappings and device links
+    /// left by an earlier agent for sessions this one no longer holds (released while it was
+    /// down). Run once after the held quotas are applied at start.
+    pub fn sweep_stale(&mut self, sensor: &mut Sensor) {
+        let owned: BTreeSet<u64> = self.bindings.values().filter_map(|b| b.key).collect();
+        let stale: Vec<u64> = sensor
+            .maps
+            .quotas
+            .keys()
+            .flatten()
+            .filter(|k| !owned.contains(k))
+            .collect();
+        for key in &stale {
+            let _ = sensor.maps.quotas.remove(key);
+        }
+        let unmapped: Vec<u64> = sensor
+            .maps
+            .cgroup_quota
+            .iter()
+            .flatten()
+            .filter(|(_, key)| !owned.contains(key))
+            .map(|(cgroup, _)| cgroup)
+            .collect();
+        for cgroup in &unmapped {
+            let _ = sensor.maps.cgroup_quota.remove(cgroup);
+        }
+        let mut links = 0;
+        if let Some(pins) = &sensor.pins
+            && let Ok(entries) = std::fs::read_dir(pins.dir().join("devices"))
+        {
+            for entry in entries.flatten() {
+                let key = entry.file_name().to_string_lossy().parse::<u64>().ok();
+                if key.is_some_and(|k| !owned.contains(&k))
+                    && std::fs::remove_file(entry.path()).is_ok()
+                {
+                    links += 1;
+                }
+            }
+        }
+        if !stale.is_empty() || !unmapped.is_empty() || links > 0 {
+            tracing::info!(
+                quotas = stale.len(),
+                cgroups = unmapped.len(),
+                device_links = links,
+                "removed enforcement left by an earlier agent for sessions no longer held"
+            );
+        }
+    }
+
     /// Binds what is pending, follows bound cgroups (new children, removal), expires what
     /// waited too long.
     pub fn reconcile(&mut self, sensor: &mut Sensor) {

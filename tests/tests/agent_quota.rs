@@ -421,24 +421,7 @@ fn enforcement_outlives_a_killed_agent() {
     drop(rig.agent.take());
     let state = scratch("agentp");
     let pins = pin_dir(&state);
-    let spawn_agent = |rig: &Rig| -> Child {
-        Command::new(env!("CARGO_BIN_EXE_agent-under-test"))
-            .args(["run", "--node-name", "test-node", "--gpu-devices"])
-            .arg(rig.driver.glob())
-            .arg("--state-dir")
-            .arg(&state)
-            .arg("--socket")
-            .arg(state.join("agent.sock"))
-            .arg("--bpf-pin-dir")
-            .arg(&pins)
-            .arg("--controller")
-            .arg(rig.ctl.url())
-            .arg("--mock-devices")
-            .arg(&rig.mock)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let spawn_agent = |rig: &Rig| agent_process(rig, &state);
     let socket = state.join("agent.sock");
     let snapshot = |rig: &Rig| rig.rt.block_on(api::snapshot(&socket));
     let mut agent = spawn_agent(&rig);
@@ -458,8 +441,7 @@ fn enforcement_outlives_a_killed_agent() {
     a.ok(&format!("alloc {h:#x} {dev:#x} 12m"));
 
     // SIGKILL: no clean-up runs.
-    agent.kill().unwrap();
-    agent.wait().unwrap();
+    agent.kill9();
     let mut b = Client::spawn(&rig.driver.dir, Some(&cg));
     let (hb, devb) = gpu0(&mut b);
     b.ok(&format!("alloc {hb:#x} {devb:#x} 2m"));
@@ -496,10 +478,88 @@ fn enforcement_outlives_a_killed_agent() {
         c.events
     );
     b.exit();
-    agent.kill().unwrap();
-    agent.wait().unwrap();
+    agent.kill9();
     let _ = std::fs::remove_dir_all(&pins);
     let _ = session;
+}
+
+/// An agent process, killed with SIGKILL when dropped (a failing test leaves none behind).
+struct AgentProcess(Child);
+
+impl AgentProcess {
+    /// `kill -9`, and reap it.
+    fn kill9(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// The agent as its own process (so it can be `kill -9`ed), with its state in `state`.
+fn agent_process(rig: &Rig, state: &Path) -> AgentProcess {
+    let child = Command::new(env!("CARGO_BIN_EXE_agent-under-test"))
+        .args(["run", "--node-name", "test-node", "--gpu-devices"])
+        .arg(rig.driver.glob())
+        .arg("--state-dir")
+        .arg(state)
+        .arg("--socket")
+        .arg(state.join("agent.sock"))
+        .arg("--bpf-pin-dir")
+        .arg(pin_dir(state))
+        .arg("--controller")
+        .arg(rig.ctl.url())
+        .arg("--mock-devices")
+        .arg(&rig.mock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    AgentProcess(child)
+}
+
+/// A restarted agent that no longer holds a session (its store was lost) removes the pinned
+/// enforcement it finds for it, instead of leaving the workload limited by nobody's quota.
+#[test]
+fn a_restarted_agent_removes_enforcement_it_no_longer_holds() {
+    require_root();
+    let mut rig = Rig::start("qswp", Duration::from_secs(60));
+    drop(rig.agent.take());
+    let state = scratch("agents");
+    let pins = pin_dir(&state);
+    let socket = state.join("agent.sock");
+    let snapshot = |rig: &Rig| rig.rt.block_on(api::snapshot(&socket));
+    let device_links = || std::fs::read_dir(pins.join("devices")).map_or(0, Iterator::count);
+    let mut agent = agent_process(&rig, &state);
+    rig.wait_for("the agent to answer", |r| snapshot(r).is_ok());
+    let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("w")));
+    rig.session(
+        &["cuda.shares=0.5", "cuda.mem=16m"],
+        cgroup_target(&cg),
+        "kill",
+    );
+    rig.wait_for("the quota to bind", |r| {
+        snapshot(r).is_ok_and(|s| s.bindings.iter().any(|b| b.state == "bound"))
+    });
+    assert_eq!(device_links(), 1);
+
+    agent.kill9();
+    std::fs::remove_dir_all(state.join("store")).unwrap();
+    let mut agent = agent_process(&rig, &state);
+    rig.wait_for("the restarted agent to answer", |r| snapshot(r).is_ok());
+    assert!(snapshot(&rig).unwrap().bindings.is_empty());
+    assert_eq!(device_links(), 0, "the stale device link was kept");
+    // Past the old limit, and nothing acts.
+    let mut a = Client::spawn(&rig.driver.dir, Some(&cg));
+    let (h, dev) = gpu0(&mut a);
+    a.ok(&format!("alloc {h:#x} {dev:#x} 32m"));
+    a.exit();
+    agent.kill9();
+    let _ = std::fs::remove_dir_all(&pins);
 }
 
 /// The pid of the one kill event.
