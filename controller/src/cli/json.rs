@@ -38,7 +38,7 @@ pub struct Session {
     updated_at_ms: i64,
     target: Option<Target>,
     policy: Policy,
-    events: Vec<Event>,
+    events: Vec<crate::session::EnforcementEvent>,
 }
 
 /// The workload a session's quota binds to.
@@ -53,20 +53,6 @@ pub struct Target {
 pub struct Policy {
     memory: String,
     compute: String,
-}
-
-/// An enforcement event of a session.
-#[derive(Debug, Serialize)]
-pub struct Event {
-    action: String,
-    reason: String,
-    container: String,
-    pid: u32,
-    device: u32,
-    requested_bytes: u64,
-    used_bytes: u64,
-    limit_bytes: u64,
-    at_ms: i64,
 }
 
 fn target(t: Option<&pb::Target>) -> Option<Target> {
@@ -129,20 +115,11 @@ impl From<&pb::Session> for Session {
             updated_at_ms: s.updated_at_ms,
             target: target(s.target.as_ref()),
             policy: policy(s.policy.as_ref()),
+            // The stored event has exactly the documented keys.
             events: s
                 .events
                 .iter()
-                .map(|e| Event {
-                    action: e.action.clone(),
-                    reason: e.reason.clone(),
-                    container: e.container.clone(),
-                    pid: e.pid,
-                    device: e.device,
-                    requested_bytes: e.requested_bytes,
-                    used_bytes: e.used_bytes,
-                    limit_bytes: e.limit_bytes,
-                    at_ms: e.at_ms,
-                })
+                .map(crate::api::convert::event_from_pb)
                 .collect(),
         }
     }
