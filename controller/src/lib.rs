@@ -9,7 +9,10 @@
 //! - [`node`] and [`session`]: what the controller knows of agents and requests, with the
 //!   workload each session's quota binds to, its quota policy and the enforcement events its
 //!   node reported;
-//! - [`scheduler`]: the queue, predicates, filter, score and bind.
+//! - [`scheduler`]: the queue, predicates, filter, score and bind;
+//! - [`profile`], [`colocation`] and [`placement`]: workload profiles learned from what agents
+//!   measured, the model that predicts how co-located tenants slow each other, and the
+//!   placement modes and scores built on it (`binpack`, `spread`, `interference-aware`).
 //!
 //! - [`store`]: the sled store that makes every acknowledged change durable;
 //! - [`api`]: the gRPC services for clients and agents;
@@ -22,8 +25,11 @@
 pub mod allocator;
 pub mod api;
 pub mod cli;
+pub mod colocation;
 pub mod metrics;
 pub mod node;
+pub mod placement;
+pub mod profile;
 pub mod scheduler;
 pub mod server;
 pub mod session;

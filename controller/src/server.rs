@@ -94,7 +94,7 @@ pub fn open(
         state_dir.display()
     );
     let scheduler =
-        Scheduler::restore(config, snapshot.registry, snapshot.nodes, snapshot.sessions);
+        Scheduler::restore(config, snapshot);
     Ok(Controller::new(scheduler, store, timing))
 }
 

@@ -2,7 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{allocator::Allocation, slots::ResourceSlot};
+use crate::{
+    allocator::Allocation,
+    placement::{Explanation, Placement},
+    profile::UsageSeries,
+    slots::ResourceSlot,
+};
 
 /// Where a session is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -53,7 +58,7 @@ impl SessionState {
 }
 
 /// A session.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Session {
     /// Unique id.
     pub id: String,
@@ -92,6 +97,18 @@ pub struct Session {
     /// The latest enforcement events its node reported, newest last (at most [`MAX_EVENTS`]).
     #[serde(default)]
     pub events: Vec<EnforcementEvent>,
+    /// The workload class its usage profile is filed under (default: its name).
+    #[serde(default)]
+    pub class: String,
+    /// The placement mode it asked for (`None`: the controller's).
+    #[serde(default)]
+    pub placement: Option<Placement>,
+    /// Why it went where it went (set once placed).
+    #[serde(default)]
+    pub explanation: Option<Explanation>,
+    /// What its agent measured while it ran.
+    #[serde(default)]
+    pub usage: UsageSeries,
 }
 
 /// The workload on the node whose quota a session is. The agent binds the quota as soon as a
@@ -487,6 +504,10 @@ mod tests {
             target: Target::Managed,
             policy: QuotaPolicy::default(),
             events: Vec::new(),
+            class: String::new(),
+            placement: None,
+            explanation: None,
+            usage: Default::default(),
         };
         for at_ms in 0..40 {
             s.record_event(EnforcementEvent {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::{node::Node, session::Session, slots::SlotTypeRegistry};
+use crate::{node::Node, profile::Profile, session::Session, slots::SlotTypeRegistry};
 
 /// The on-disk format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -17,6 +17,7 @@ const SLOT_TYPES: &str = "slot_types";
 const NODES: &str = "nodes";
 const SESSIONS: &str = "sessions";
 const POLICIES: &str = "policies";
+const PROFILES: &str = "profiles";
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +78,8 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
     /// Sessions.
     pub sessions: Vec<Session>,
+    /// Learned workload profiles.
+    pub profiles: Vec<Profile>,
 }
 
 impl Store {
@@ -208,6 +211,14 @@ impl Store {
         self.put(SLOT_TYPES, "registry", registry)
     }
 
+    /// Writes a workload class's profile.
+    ///
+    /// # Errors
+    /// The write fails.
+    pub fn put_profile(&self, profile: &Profile) -> Result<(), StoreError> {
+        self.put(PROFILES, &profile.class, profile)
+    }
+
     /// Writes a policy document.
     ///
     /// # Errors
@@ -244,6 +255,7 @@ impl Store {
             registry,
             nodes: self.all(NODES)?,
             sessions: self.all(SESSIONS)?,
+            profiles: self.all(PROFILES)?,
         })
     }
 }
@@ -282,6 +294,10 @@ mod tests {
             target: crate::session::Target::None,
             policy: crate::session::QuotaPolicy::default(),
             events: vec![],
+            class: String::new(),
+            placement: None,
+            explanation: None,
+            usage: Default::default(),
         }
     }
 

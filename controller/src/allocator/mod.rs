@@ -777,6 +777,73 @@ impl NodeAllocator {
         Ok(allocation)
     }
 
+    /// What [`Self::allocate`] would reserve for a new session, reserving nothing.
+    ///
+    /// # Errors
+    /// See [`AllocError`].
+    pub fn plan(&self, request: &GpuRequest, strategy: Strategy) -> Result<Allocation, AllocError> {
+        let choice = self.choose(request, strategy)?;
+        Ok(self.materialize(choice, request))
+    }
+
+    /// Every single device a request for shares could go to, as allocations (empty when it
+    /// needs whole devices, several devices, or nothing): the options a scorer weighs.
+    #[must_use]
+    pub fn single_device_plans(&self, request: &GpuRequest) -> Vec<Allocation> {
+        let quantum = self.config.effective_quantum();
+        if request.devices > 0
+            || request.shares.is_zero()
+            || request.shares > self.free.largest
+            || request.shares < quantum
+            || !request.shares.is_multiple_of(quantum)
+        {
+            return Vec::new();
+        }
+        self.order
+            .iter()
+            .filter(|d| d.shares >= request.shares && d.memory >= request.memory_bytes)
+            .map(|d| self.materialize(Choice::One(d.pos), request))
+            .collect()
+    }
+
+    /// Reserves a planned allocation ([`Self::plan`], [`Self::single_device_plans`]) for
+    /// `session`, checking that each part still fits.
+    ///
+    /// # Errors
+    /// The session already holds an allocation, or a part no longer fits its device.
+    pub fn allocate_planned(
+        &mut self,
+        session: &str,
+        allocation: Allocation,
+    ) -> Result<Allocation, AllocError> {
+        if self.held.contains_key(session) {
+            return Err(AllocError::AlreadyAllocated {
+                session: session.to_owned(),
+            });
+        }
+        for part in &allocation.parts {
+            let fits = self.devices.iter().any(|d| {
+                d.spec.index == part.index
+                    && if part.exclusive {
+                        d.is_idle()
+                    } else {
+                        d.free() >= part.shares && d.free_memory() >= part.memory_bytes
+                    }
+            });
+            if !fits {
+                return Err(AllocError::NoRoom {
+                    shares: part.shares,
+                    memory_bytes: part.memory_bytes,
+                    free: self.free.total,
+                    largest: self.free.largest,
+                    devices: self.devices.len(),
+                });
+            }
+        }
+        self.apply(session, allocation.clone());
+        Ok(allocation)
+    }
+
     /// Records an allocation decided elsewhere (an agent's report after a restart), replacing
     /// what `session` held. It is trusted, not checked against free capacity: the agent is the
     /// source of truth for its node. Parts naming devices this node doesn't have are kept in

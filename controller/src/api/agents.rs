@@ -73,7 +73,8 @@ impl AgentService for AgentApi {
         tokio::spawn(async move {
             while let Some(message) = inbound.next().await {
                 let Ok(message) = message else { break };
-                let is_heartbeat = matches!(message.msg, Some(Msg::Heartbeat(_)));
+                // Neither changes what a scheduling pass could do.
+                let quiet = matches!(message.msg, Some(Msg::Heartbeat(_) | Msg::Usage(_)));
                 let result = match message.msg {
                     Some(Msg::Heartbeat(_)) => {
                         controller.count_heartbeat();
@@ -97,12 +98,22 @@ impl AgentService for AgentApi {
                                 }
                             })
                     }
+                    Some(Msg::Usage(u)) => {
+                        let sample = convert::usage_from_pb(&u);
+                        controller
+                            .apply(|s| s.record_usage(&node, &u.session_id, sample))
+                            .map(|recorded| {
+                                if !recorded {
+                                    tracing::debug!(%node, session = %u.session_id, "usage for a session not running on this node, dropped");
+                                }
+                            })
+                    }
                     None => Ok(()),
                 };
                 if let Err(e) = result {
                     tracing::error!(%node, "persisting an agent message: {e}");
                 }
-                if !is_heartbeat {
+                if !quiet {
                     controller.kick();
                 }
             }

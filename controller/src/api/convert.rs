@@ -6,6 +6,8 @@ use tonic::Status;
 use crate::{
     allocator::{Allocation, DevicePart, DeviceSpec},
     node::{Node, NodeReport, NodeState},
+    placement::Explanation,
+    profile::{Profile, UsageSample},
     session::{EnforcementEvent, QuotaPolicy, Session, SessionState, Target},
     slots::{ResourceSlot, SlotKind, SlotName, SlotValue},
 };
@@ -227,6 +229,65 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
         target: target_to_pb(&s.target),
         policy: Some(policy_to_pb(s.policy)),
         events: s.events.iter().map(|e| event_to_pb(&s.id, e)).collect(),
+        class: s.class.clone(),
+        placement: s.placement.map(|p| p.to_string()).unwrap_or_default(),
+        explanation: s.explanation.as_ref().map(explanation_to_pb),
+    }
+}
+
+/// A placement explanation to its message.
+#[must_use]
+pub fn explanation_to_pb(e: &Explanation) -> pb::PlacementExplanation {
+    pb::PlacementExplanation {
+        mode: e.mode.to_string(),
+        candidates: e
+            .candidates
+            .iter()
+            .map(|c| pb::PlacementCandidate {
+                node_id: c.node.clone(),
+                devices: c.devices.clone(),
+                terms: c
+                    .terms
+                    .rows(&e.weights)
+                    .into_iter()
+                    .map(|(name, value, weight, contribution)| pb::ScoreTerm {
+                        name: name.to_owned(),
+                        value,
+                        weight,
+                        contribution,
+                    })
+                    .collect(),
+                total: c.total,
+                chosen: c.chosen,
+                predicted_utilization: c.predicted_utilization,
+                over_cap: c.over_cap,
+            })
+            .collect(),
+        considered: e.considered,
+    }
+}
+
+/// A usage report to a sample.
+#[must_use]
+pub fn usage_from_pb(u: &pb::SessionUsage) -> UsageSample {
+    UsageSample {
+        utilization: u.utilization,
+        memory_bytes: u.memory_bytes,
+        ioctls_per_sec: u.ioctls_per_sec,
+    }
+}
+
+/// A profile to its message.
+#[must_use]
+pub fn profile_to_pb(p: &Profile) -> pb::Profile {
+    pb::Profile {
+        class: p.class.clone(),
+        runs: p.runs,
+        samples: p.samples,
+        deciles: p.deciles.to_vec(),
+        peak_memory_bytes: p.peak_memory_bytes,
+        mean_ioctls_per_sec: p.mean_ioctls_per_sec,
+        updated_at_ms: p.updated_at_ms,
     }
 }
 

@@ -126,7 +126,16 @@ impl Controller {
         if changes.slot_types {
             self.store.put_registry(scheduler.registry())?;
         }
-        if !changes.sessions.is_empty() || !changes.nodes.is_empty() || changes.slot_types {
+        for class in &changes.profiles {
+            if let Some(p) = scheduler.profiles().get(class) {
+                self.store.put_profile(p)?;
+            }
+        }
+        if !changes.sessions.is_empty()
+            || !changes.nodes.is_empty()
+            || changes.slot_types
+            || !changes.profiles.is_empty()
+        {
             self.store.flush()?;
         }
         drop(scheduler);

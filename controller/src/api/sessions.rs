@@ -7,7 +7,10 @@ use tokio_stream::{Stream, StreamExt, wrappers::BroadcastStream};
 use tonic::{Request, Response, Status};
 
 use super::{Controller, convert, store_status};
-use crate::scheduler::{NewSession, RequestError};
+use crate::{
+    placement::Placement,
+    scheduler::{NewSession, RequestError},
+};
 
 /// The client-facing service.
 #[derive(Clone)]
@@ -34,6 +37,15 @@ impl SchedulerService for SchedulerApi {
         let requested = convert::slots_from_pb(r.requested.as_ref())?;
         let target = convert::target_from_pb(r.target.as_ref());
         let policy = convert::policy_from_pb(r.policy.as_ref())?;
+        let placement = if r.placement.is_empty() {
+            None
+        } else {
+            Some(
+                r.placement
+                    .parse::<Placement>()
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?,
+            )
+        };
         let id = self.0.new_session_id();
         let owner = if r.owner.is_empty() {
             "default".to_owned()
@@ -53,6 +65,8 @@ impl SchedulerService for SchedulerApi {
                     pinned_node: pinned,
                     target,
                     policy,
+                    class: r.class,
+                    placement,
                 })
             })
             .map_err(|e| store_status(&e))?
@@ -190,5 +204,30 @@ impl SchedulerService for SchedulerApi {
                 .collect()
         });
         Ok(Response::new(pb::ListSlotTypesResponse { slot_types }))
+    }
+
+    async fn list_profiles(
+        &self,
+        _request: Request<pb::ListProfilesRequest>,
+    ) -> Result<Response<pb::ListProfilesResponse>, Status> {
+        let profiles = self
+            .0
+            .read(|s| s.profiles().iter().map(convert::profile_to_pb).collect());
+        Ok(Response::new(pb::ListProfilesResponse { profiles }))
+    }
+
+    async fn get_profile(
+        &self,
+        request: Request<pb::GetProfileRequest>,
+    ) -> Result<Response<pb::Profile>, Status> {
+        let class = request.into_inner().class;
+        self.0
+            .read(|s| s.profiles().get(&class).map(convert::profile_to_pb))
+            .map(Response::new)
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "no profile for class {class:?}: no session of it has finished yet"
+                ))
+            })
     }
 }

@@ -7,7 +7,12 @@
 //!   UID or path, null for `managed`), `policy` (`memory`: `kill`, `stop` or `report`;
 //!   `compute`: `hard` or `work-conserving`), `events` (the newest enforcement events, newest
 //!   last, at most 32: `action`, `reason`, `container`, `pid`, `device`, `requested_bytes`,
-//!   `used_bytes`, `limit_bytes`, `at_ms`);
+//!   `used_bytes`, `limit_bytes`, `at_ms`), `class` (its workload class), `placement` (the
+//!   mode it asked for, null for the controller's), `explanation` (null until placed, else
+//!   `mode`, `considered`, `candidates`: `node`, `devices`, `total`, `chosen`, `over_cap`,
+//!   `predicted_utilization`, `terms` (`name`, `value`, `weight`, `contribution`));
+//! - profile: `class`, `runs`, `samples`, `deciles` (utilization at the 5th … 95th
+//!   percentiles), `mean`, `peak_memory_bytes`, `mean_ioctls_per_sec`, `updated_at_ms`;
 //! - node: `id`, `hostname`, `state`, `capacity`, `allocated`, `devices` (`index`, `uuid`,
 //!   `model`, `memory_bytes`, `numa_node`, `sm_count`, `is_mig`), `hooks`, `last_heartbeat_ms`;
 //!   `node show` adds `allocation_map` (`index`, `uuid`, `capacity_shares`, `allocated_shares`,
@@ -39,6 +44,107 @@ pub struct Session {
     target: Option<Target>,
     policy: Policy,
     events: Vec<crate::session::EnforcementEvent>,
+    class: String,
+    placement: Option<String>,
+    explanation: Option<Explanation>,
+}
+
+/// Why a session went where it went.
+#[derive(Debug, Serialize)]
+pub struct Explanation {
+    mode: String,
+    considered: u32,
+    candidates: Vec<Candidate>,
+}
+
+/// One scored placement.
+#[derive(Debug, Serialize)]
+pub struct Candidate {
+    node: String,
+    devices: Vec<u32>,
+    total: f64,
+    chosen: bool,
+    over_cap: bool,
+    predicted_utilization: f64,
+    terms: Vec<Term>,
+}
+
+/// One term of a score.
+#[derive(Debug, Serialize)]
+pub struct Term {
+    name: String,
+    value: f64,
+    weight: f64,
+    contribution: f64,
+}
+
+impl From<&pb::PlacementExplanation> for Explanation {
+    fn from(e: &pb::PlacementExplanation) -> Self {
+        Self {
+            mode: e.mode.clone(),
+            considered: e.considered,
+            candidates: e
+                .candidates
+                .iter()
+                .map(|c| Candidate {
+                    node: c.node_id.clone(),
+                    devices: c.devices.clone(),
+                    total: c.total,
+                    chosen: c.chosen,
+                    over_cap: c.over_cap,
+                    predicted_utilization: c.predicted_utilization,
+                    terms: c
+                        .terms
+                        .iter()
+                        .map(|t| Term {
+                            name: t.name.clone(),
+                            value: t.value,
+                            weight: t.weight,
+                            contribution: t.contribution,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A workload class's profile.
+#[derive(Debug, Serialize)]
+pub struct Profile {
+    class: String,
+    runs: u32,
+    samples: u64,
+    deciles: Vec<f64>,
+    mean: f64,
+    peak_memory_bytes: u64,
+    mean_ioctls_per_sec: f64,
+    updated_at_ms: i64,
+}
+
+impl From<&pb::Profile> for Profile {
+    fn from(p: &pb::Profile) -> Self {
+        Self {
+            class: p.class.clone(),
+            runs: p.runs,
+            samples: p.samples,
+            mean: mean(&p.deciles),
+            deciles: p.deciles.clone(),
+            peak_memory_bytes: p.peak_memory_bytes,
+            mean_ioctls_per_sec: p.mean_ioctls_per_sec,
+            updated_at_ms: p.updated_at_ms,
+        }
+    }
+}
+
+/// Mean of a profile's points (0 for none).
+#[must_use]
+pub fn mean(points: &[f64]) -> f64 {
+    if points.is_empty() {
+        0.0
+    } else {
+        points.iter().sum::<f64>() / points.len() as f64
+    }
 }
 
 /// The workload a session's quota binds to.
@@ -121,6 +227,9 @@ impl From<&pb::Session> for Session {
                 .iter()
                 .map(crate::api::convert::event_from_pb)
                 .collect(),
+            class: s.class.clone(),
+            placement: (!s.placement.is_empty()).then(|| s.placement.clone()),
+            explanation: s.explanation.as_ref().map(Explanation::from),
         }
     }
 }

@@ -19,6 +19,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::{
     api::convert,
+    placement::Placement,
     session::{ComputePolicy, MemoryPolicy, QuotaPolicy, Target},
     slots::ResourceSlot,
 };
@@ -53,6 +54,9 @@ enum Command {
     /// Slot types merged from every agent.
     #[command(subcommand)]
     Slot(SlotCommand),
+    /// Workload profiles learned from finished sessions.
+    #[command(subcommand)]
+    Profile(ProfileCommand),
     /// Run a command inside a new session's quota on this node, e.g.
     /// `gpuwarden run -r cuda.shares=0.5 -r cuda.mem=4g -- python train.py`.
     Run(run::RunArgs),
@@ -129,6 +133,12 @@ enum SessionCommand {
         target: TargetArgs,
         #[command(flatten)]
         policy: PolicyArgs,
+        /// Workload class its usage profile is learned under (default: its name).
+        #[arg(long, default_value = "")]
+        class: String,
+        /// Placement mode: binpack, spread or interference-aware (default: the controller's).
+        #[arg(long, value_name = "MODE")]
+        placement: Option<Placement>,
     },
     /// List sessions.
     Ls {
@@ -140,6 +150,9 @@ enum SessionCommand {
     Show {
         /// Session id.
         id: String,
+        /// Why it went where it went: the best candidates with each score term.
+        #[arg(long)]
+        explain: bool,
     },
     /// End a session.
     Rm {
@@ -165,6 +178,17 @@ enum NodeCommand {
 enum SlotCommand {
     /// List slot types.
     Ls,
+}
+
+#[derive(Subcommand)]
+enum ProfileCommand {
+    /// List the learned profiles.
+    Ls,
+    /// Show one class's profile.
+    Show {
+        /// Workload class.
+        class: String,
+    },
 }
 
 /// How a command failed.
@@ -310,6 +334,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             node,
             target,
             policy,
+            class,
+            placement,
             ..
         }) => {
             let s = client
@@ -321,6 +347,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     node_id: node.unwrap_or_default(),
                     target: convert::target_to_pb(&target.target()),
                     policy: Some(convert::policy_to_pb(policy.policy())),
+                    class,
+                    placement: placement.map(|p| p.to_string()).unwrap_or_default(),
                 })
                 .await?
                 .into_inner();
@@ -344,13 +372,16 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 print!("{}", render::sessions(&sessions));
             }
         }
-        Command::Session(SessionCommand::Show { id }) => {
+        Command::Session(SessionCommand::Show { id, explain }) => {
             let s = client
                 .get_session(pb::GetSessionRequest { id })
                 .await?
                 .into_inner();
             if cli.json {
+                // The JSON document always carries the explanation.
                 print_json(&json::Session::from(&s));
+            } else if explain {
+                print!("{}{}", render::session(&s), render::explanation(&s));
             } else {
                 print!("{}", render::session(&s));
             }
@@ -434,6 +465,29 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 print_json(&types.iter().map(json::SlotType::from).collect::<Vec<_>>());
             } else {
                 print!("{}", render::slot_types(&types));
+            }
+        }
+        Command::Profile(ProfileCommand::Ls) => {
+            let profiles = client
+                .list_profiles(pb::ListProfilesRequest {})
+                .await?
+                .into_inner()
+                .profiles;
+            if cli.json {
+                print_json(&profiles.iter().map(json::Profile::from).collect::<Vec<_>>());
+            } else {
+                print!("{}", render::profiles(&profiles));
+            }
+        }
+        Command::Profile(ProfileCommand::Show { class }) => {
+            let p = client
+                .get_profile(pb::GetProfileRequest { class })
+                .await?
+                .into_inner();
+            if cli.json {
+                print_json(&json::Profile::from(&p));
+            } else {
+                print!("{}", render::profile(&p));
             }
         }
         // Handled above, before connecting.

@@ -80,6 +80,12 @@ pub fn session(s: &pb::Session) -> String {
     let _ = writeln!(out, "state:     {}", state(s.state));
     let _ = writeln!(out, "node:      {}", s.node_id);
     let _ = writeln!(out, "requested: {}", slots(s.requested.as_ref()));
+    let _ = writeln!(out, "class:     {}", s.class);
+    if let Some(e) = &s.explanation {
+        let _ = writeln!(out, "placement: {}", e.mode);
+    } else if !s.placement.is_empty() {
+        let _ = writeln!(out, "placement: {}", s.placement);
+    }
     for d in &s.devices {
         let _ = writeln!(
             out,
@@ -125,6 +131,97 @@ pub fn session(s: &pb::Session) -> String {
                 reason
             );
         }
+    }
+    out
+}
+
+/// Why a session went where it went: each candidate with its terms, best first.
+#[must_use]
+pub fn explanation(s: &pb::Session) -> String {
+    let Some(e) = &s.explanation else {
+        return format!("session {} is not placed yet: {}\n", s.id, s.reason);
+    };
+    let mut out = format!(
+        "placement: {} ({} candidate{} scored; lower totals win)\n",
+        e.mode,
+        e.considered,
+        if e.considered == 1 { "" } else { "s" }
+    );
+    let names: Vec<&str> = e
+        .candidates
+        .first()
+        .map(|c| c.terms.iter().map(|t| t.name.as_str()).collect())
+        .unwrap_or_default();
+    let _ = write!(out, "  {:<6} {:<16} {:<10} {:>9} {:>9}", "", "NODE", "GPUS", "TOTAL", "UTIL");
+    for n in &names {
+        let _ = write!(out, " {:>22}", n.to_uppercase());
+    }
+    out.push('\n');
+    for c in &e.candidates {
+        let gpus: Vec<String> = c.devices.iter().map(|d| format!("GPU{d}")).collect();
+        let mark = match (c.chosen, c.over_cap) {
+            (true, _) => "chosen",
+            (false, true) => "capped",
+            _ => "",
+        };
+        let _ = write!(
+            out,
+            "  {:<6} {:<16} {:<10} {:>9.3} {:>9.2}",
+            mark,
+            c.node_id,
+            gpus.join(","),
+            c.total,
+            c.predicted_utilization
+        );
+        for t in &c.terms {
+            // value × weight = contribution (packing enters with a minus sign).
+            let _ = write!(
+                out,
+                " {:>22}",
+                format!("{:.3}×{:.2}={:+.3}", t.value, t.weight, t.contribution)
+            );
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Workload profiles, one line each.
+#[must_use]
+pub fn profiles(list: &[pb::Profile]) -> String {
+    let mut out = format!(
+        "{:<24} {:>5} {:>8} {:>6} {:>6} {:>6} {:>14}\n",
+        "CLASS", "RUNS", "SAMPLES", "MEAN", "P50", "P95", "PEAK_MEM"
+    );
+    for p in list {
+        let _ = writeln!(
+            out,
+            "{:<24} {:>5} {:>8} {:>6.2} {:>6.2} {:>6.2} {:>14}",
+            p.class,
+            p.runs,
+            p.samples,
+            super::json::mean(&p.deciles),
+            p.deciles.get(5).copied().unwrap_or(0.0),
+            p.deciles.last().copied().unwrap_or(0.0),
+            p.peak_memory_bytes
+        );
+    }
+    out
+}
+
+/// One profile in detail, with its distribution drawn.
+#[must_use]
+pub fn profile(p: &pb::Profile) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "class:       {}", p.class);
+    let _ = writeln!(out, "runs:        {}", p.runs);
+    let _ = writeln!(out, "samples:     {}", p.samples);
+    let _ = writeln!(out, "mean util:   {:.3}", super::json::mean(&p.deciles));
+    let _ = writeln!(out, "peak memory: {} bytes", p.peak_memory_bytes);
+    let _ = writeln!(out, "ioctls/s:    {:.1}", p.mean_ioctls_per_sec);
+    let _ = writeln!(out, "utilization by decile:");
+    for (i, d) in p.deciles.iter().enumerate() {
+        let _ = writeln!(out, "  p{:<3} {:>5.2} {}", i * 10 + 5, d, bar(*d, 30));
     }
     out
 }

@@ -46,6 +46,9 @@ pub struct RunArgs {
     /// Session name (default: the session id).
     #[arg(long, default_value = "")]
     name: String,
+    /// Workload class its usage profile is learned under (default: its name).
+    #[arg(long, default_value = "")]
+    class: String,
     /// Priority (higher first).
     #[arg(long, default_value_t = 0)]
     priority: i32,
@@ -100,6 +103,9 @@ pub async fn run(controller: &str, args: RunArgs) -> Result<ExitCode, CliError> 
             node_id: node.clone(),
             target: convert::target_to_pb(&Target::Managed),
             policy: Some(convert::policy_to_pb(policy)),
+            class: args.class.clone(),
+            // `run` is pinned to this node: the mode only explains the devices picked there.
+            placement: String::new(),
         })
         .await?
         .into_inner();

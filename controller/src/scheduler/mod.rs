@@ -19,10 +19,16 @@ use serde::{Deserialize, Serialize};
 pub use tracker::ConcurrencyTracker;
 
 use crate::{
-    allocator::{AllocError, Allocation, AllocatorConfig, GpuRequest, NodeAllocator, Strategy},
+    allocator::{
+        AllocError, Allocation, AllocatorConfig, DeviceState, GpuRequest, NodeAllocator, Strategy,
+    },
     node::{Node, NodeReport, NodeState},
+    colocation,
+    placement::{Candidate, EXPLAINED, Explanation, Placement, ScoringConfig, Terms, Weights},
+    profile::{POINTS, ProfileBook, UsageSample},
     session::{EnforcementEvent, QuotaPolicy, Session, SessionState, Target, TargetError, now_ms},
-    slots::{RegistryError, ResourceSlot, SlotTypeRegistry},
+    slots::{RegistryError, ResourceSlot, SlotTypeRegistry, SlotValue},
+    store::Snapshot,
 };
 
 /// Order in which pending sessions are tried.
@@ -47,11 +53,14 @@ pub struct OwnerLimits {
 }
 
 /// Scheduler settings.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SchedulerConfig {
-    /// Where fractional requests go.
-    pub strategy: Strategy,
+    /// How placements are chosen, unless a session asks for its own mode.
+    #[serde(alias = "placement")]
+    pub strategy: Placement,
+    /// Weights and the packing cap of `interference-aware` placement.
+    pub scoring: ScoringConfig,
     /// Queue order.
     pub queue: QueuePolicy,
     /// Under FIFO, passes a head-of-line session may fail before later ones go by it.
@@ -67,7 +76,8 @@ pub struct SchedulerConfig {
 impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
-            strategy: Strategy::Binpack,
+            strategy: Placement::Binpack,
+            scoring: ScoringConfig::default(),
             queue: QueuePolicy::Fifo,
             skip_after: 3,
             allocator: AllocatorConfig::default(),
@@ -129,6 +139,10 @@ pub struct NewSession {
     pub target: Target,
     /// How its quota is enforced.
     pub policy: QuotaPolicy,
+    /// Workload class for its profile (empty: its name).
+    pub class: String,
+    /// Placement mode (`None`: the controller's).
+    pub placement: Option<Placement>,
 }
 
 /// A node refused at registration.
@@ -178,6 +192,8 @@ pub struct Changes {
     pub nodes: BTreeSet<String>,
     /// The slot-type registry changed.
     pub slot_types: bool,
+    /// Workload classes whose profile changed.
+    pub profiles: BTreeSet<String>,
 }
 
 /// The cluster state and the scheduling pass.
@@ -188,6 +204,7 @@ pub struct Scheduler {
     nodes: BTreeMap<String, Node>,
     sessions: BTreeMap<String, Session>,
     tracker: ConcurrencyTracker,
+    profiles: ProfileBook,
     next_seq: u64,
     changes: Changes,
     /// Nodes ordered by free GPU shares, so a decision visits only nodes that could fit.
@@ -209,14 +226,16 @@ impl Scheduler {
     /// Rebuilds from stored records (after a controller restart). Nodes start Lost until their
     /// agents come back; the agents' reports then win.
     #[must_use]
-    pub fn restore(
-        config: SchedulerConfig,
-        registry: SlotTypeRegistry,
-        nodes: Vec<Node>,
-        sessions: Vec<Session>,
-    ) -> Self {
+    pub fn restore(config: SchedulerConfig, stored: Snapshot) -> Self {
+        let Snapshot {
+            registry,
+            nodes,
+            sessions,
+            profiles,
+        } = stored;
         let mut s = Self::new(config);
         s.registry = registry;
+        s.profiles = ProfileBook::new(profiles);
         for mut node in nodes {
             node.state = NodeState::Lost;
             node.refresh();
@@ -256,6 +275,27 @@ impl Scheduler {
     #[must_use]
     pub fn sessions(&self) -> &BTreeMap<String, Session> {
         &self.sessions
+    }
+
+    /// The learned workload profiles.
+    #[must_use]
+    pub fn profiles(&self) -> &ProfileBook {
+        &self.profiles
+    }
+
+    /// Records what a running session used, as its node measured it. Samples from a node the
+    /// session isn't on, or for a session not running, are ignored (a late report after a
+    /// release). Samples don't count as changes: the series is written with the session's
+    /// next change, so a usage report costs no disk write.
+    pub fn record_usage(&mut self, node: &str, session: &str, sample: UsageSample) -> bool {
+        let Some(s) = self.sessions.get_mut(session) else {
+            return false;
+        };
+        if s.state != SessionState::Running || s.node.as_deref() != Some(node) {
+            return false;
+        }
+        s.usage.record(sample);
+        true
     }
 
     /// What changed since the last call.
@@ -402,6 +442,8 @@ impl Scheduler {
             pinned_node,
             target,
             policy,
+            class,
+            placement,
         } = new;
         target.validate(pinned_node.as_deref())?;
         if requested.is_zero() {
@@ -444,8 +486,13 @@ impl Scheduler {
             return Err(RequestError::Oversized { requested, largest });
         }
         let now = now_ms();
+        let name = if name.is_empty() { id.clone() } else { name };
         let session = Session {
-            name: if name.is_empty() { id.clone() } else { name },
+            class: if class.is_empty() { name.clone() } else { class },
+            placement,
+            explanation: None,
+            usage: crate::profile::UsageSeries::default(),
+            name,
             id: id.clone(),
             owner,
             priority,
@@ -476,6 +523,15 @@ impl Scheduler {
             return None;
         }
         let held = session.state.holds_resources();
+        // What it used teaches its class, once it ran long enough to say anything.
+        if session.state == SessionState::Running
+            && self
+                .profiles
+                .learn(&session.class, &session.usage, now_ms())
+                .is_some()
+        {
+            self.changes.profiles.insert(session.class.clone());
+        }
         set_state(session, SessionState::Terminated, "terminated by request");
         self.changes.sessions.insert(id.to_owned());
         let owner = session.owner.clone();
@@ -691,7 +747,7 @@ impl Scheduler {
         let wants_gpu = !gpu.is_empty();
         // Computed once: most requests have no non-GPU part worth a per-node check.
         let non_gpu = Node::non_gpu(&session.requested);
-        let strategy = self.config.strategy;
+        let mode = session.placement.unwrap_or(self.config.strategy);
         // Only nodes with at least this much free can hold the request.
         let lower = if gpu.devices > 0 {
             self.config.allocator.quantum.micros() * u128::from(gpu.devices)
@@ -713,21 +769,41 @@ impl Scheduler {
             .by_free
             .range((lower, String::new())..)
             .map(|(_, id)| id);
-        // Binpack: the fullest node that fits (ascending free); spread: the emptiest.
-        let best = match strategy {
-            Strategy::Binpack => range
-                .clone()
-                .find(|id| plain(id) && fits(id))
-                .or_else(|| range.clone().find(|id| fits(id))),
-            Strategy::Spread => range
-                .clone()
-                .rev()
-                .find(|id| plain(id) && fits(id))
-                .or_else(|| range.clone().rev().find(|id| fits(id))),
-        }
-        .cloned();
-        let Some(node_id) = best else {
-            return Err(format!("no node fits {}", session.requested));
+        let (node_id, planned, explanation) = if mode == Placement::InterferenceAware && wants_gpu
+        {
+            let scorer = Scorer::new(self, &session.class);
+            scorer
+                .choose(range.filter(|id| fits(id)), &gpu)
+                .ok_or_else(|| format!("no node fits {}", session.requested))?
+        } else {
+            let strategy = if mode == Placement::Spread {
+                Strategy::Spread
+            } else {
+                Strategy::Binpack
+            };
+            // Binpack: the fullest node that fits (ascending free); spread: the emptiest.
+            let best = if strategy == Strategy::Binpack {
+                range
+                    .clone()
+                    .find(|id| plain(id) && fits(id))
+                    .or_else(|| range.clone().find(|id| fits(id)))
+            } else {
+                range
+                    .clone()
+                    .rev()
+                    .find(|id| plain(id) && fits(id))
+                    .or_else(|| range.clone().rev().find(|id| fits(id)))
+            }
+            .cloned()
+            .ok_or_else(|| format!("no node fits {}", session.requested))?;
+            let node = self.nodes.get(&best).ok_or("node vanished")?;
+            let planned = node
+                .allocator
+                .plan(&gpu, strategy)
+                .map_err(|e| e.to_string())?;
+            let explanation =
+                Scorer::new(self, &session.class).explain_one(mode, &best, node, &planned);
+            (best, planned, explanation)
         };
         let requested = session.requested.clone();
         let owner = session.owner.clone();
@@ -735,7 +811,7 @@ impl Scheduler {
         let node = self.nodes.get_mut(&node_id).ok_or("node vanished")?;
         let allocation = node
             .allocator
-            .allocate(id, &gpu, strategy)
+            .allocate_planned(id, planned)
             .map_err(|e| e.to_string())?;
         node.reserve(&requested);
         self.tracker.add(&owner, id);
@@ -744,6 +820,7 @@ impl Scheduler {
         if let Some(s) = self.sessions.get_mut(id) {
             s.node = Some(node_id.clone());
             s.allocation = allocation.clone();
+            s.explanation = Some(explanation);
             set_state(s, SessionState::Scheduled, "");
             self.changes.sessions.insert(id.to_owned());
         }
@@ -756,6 +833,172 @@ impl Scheduler {
             policy,
         })
     }
+}
+
+/// Scores candidate placements of one session against the cluster as it is.
+struct Scorer<'a> {
+    scheduler: &'a Scheduler,
+    /// The session's utilization distribution (its class's profile, or the prior).
+    candidate: [f64; POINTS],
+}
+
+impl<'a> Scorer<'a> {
+    fn new(scheduler: &'a Scheduler, class: &str) -> Self {
+        Self {
+            scheduler,
+            candidate: scheduler.profiles.or_prior(class).deciles,
+        }
+    }
+
+    fn weights(&self) -> &Weights {
+        &self.scheduler.config.scoring.weights
+    }
+
+    /// The utilization distributions of a device's tenants.
+    fn tenants(&self, device: &DeviceState) -> Vec<[f64; POINTS]> {
+        device
+            .sessions
+            .iter()
+            .map(|sid| {
+                let class = self
+                    .scheduler
+                    .sessions
+                    .get(sid)
+                    .map_or(sid.as_str(), |s| s.class.as_str());
+                self.scheduler.profiles.or_prior(class).deciles
+            })
+            .collect()
+    }
+
+    /// Scores `allocation` on `node`.
+    fn score(&self, node_id: &str, node: &Node, allocation: &Allocation) -> Candidate {
+        let cap = self.scheduler.config.scoring.packing_cap;
+        let mut terms = Terms::default();
+        let mut summed = 0.0;
+        let mut over_cap = false;
+        let mut numa = BTreeSet::new();
+        let devices = node.allocator.devices();
+        for part in &allocation.parts {
+            let Some(device) = devices.iter().find(|d| d.spec.index == part.index) else {
+                continue;
+            };
+            if device.spec.numa_node >= 0 {
+                numa.insert(device.spec.numa_node);
+            }
+            let tenants = self.tenants(device);
+            let mut with: Vec<&[f64; POINTS]> = tenants.iter().collect();
+            let before = colocation::predict(&with);
+            with.push(&self.candidate);
+            let after = colocation::predict(&with);
+            terms.interference += after.total_excess() - before.total_excess();
+            let unusable = |allocated_after: bool, free: SlotValue| {
+                if allocated_after && !part.exclusive {
+                    as_f64(free)
+                } else {
+                    0.0
+                }
+            };
+            let free = device.free();
+            let before_frag = unusable(!device.allocated.is_zero(), free);
+            let after_frag = unusable(
+                !device.allocated.saturating_add(part.shares).is_zero(),
+                free.saturating_sub(part.shares),
+            );
+            terms.fragmentation += after_frag - before_frag;
+            terms.packing += after.summed.min(1.0);
+            summed += after.summed;
+            over_cap |= !tenants.is_empty() && after.summed > cap;
+        }
+        let parts = allocation.parts.len().max(1) as f64;
+        terms.packing /= parts;
+        terms.topology = numa.len().saturating_sub(1) as f64;
+        Candidate {
+            node: node_id.to_owned(),
+            devices: allocation.parts.iter().map(|p| p.index).collect(),
+            total: terms.total(self.weights()),
+            terms,
+            predicted_utilization: summed / parts,
+            over_cap,
+            chosen: false,
+        }
+    }
+
+    /// The explanation of a placement another mode chose.
+    fn explain_one(
+        &self,
+        mode: Placement,
+        node_id: &str,
+        node: &Node,
+        allocation: &Allocation,
+    ) -> Explanation {
+        let mut candidate = self.score(node_id, node, allocation);
+        candidate.chosen = true;
+        Explanation {
+            mode,
+            weights: *self.weights(),
+            candidates: vec![candidate],
+            considered: 1,
+        }
+    }
+
+    /// The best placement over `nodes` (ids of nodes that fit): the lowest total among
+    /// candidates under the packing cap, else among all; ties go to the first scored.
+    fn choose<'n>(
+        &self,
+        nodes: impl Iterator<Item = &'n String>,
+        gpu: &GpuRequest,
+    ) -> Option<(String, Allocation, Explanation)> {
+        let mut scored: Vec<(Candidate, Allocation)> = Vec::new();
+        for nid in nodes {
+            let Some(node) = self.scheduler.nodes.get(nid) else {
+                continue;
+            };
+            let mut plans = node.allocator.single_device_plans(gpu);
+            if plans.is_empty() {
+                plans.extend(node.allocator.plan(gpu, Strategy::Binpack).ok());
+            }
+            // Idle devices of a node score alike: one of them per NUMA node is enough.
+            let mut idle_seen = BTreeSet::new();
+            for plan in plans {
+                if let [part] = plan.parts.as_slice()
+                    && let Some(d) = node
+                        .allocator
+                        .devices()
+                        .iter()
+                        .find(|d| d.spec.index == part.index)
+                    && d.is_idle()
+                    && !idle_seen.insert(d.spec.numa_node)
+                {
+                    continue;
+                }
+                scored.push((self.score(nid, node, &plan), plan));
+            }
+        }
+        let considered = u32::try_from(scored.len()).unwrap_or(u32::MAX);
+        // Stable: equal keys keep the order scored.
+        scored.sort_by(|(a, _), (b, _)| a.over_cap.cmp(&b.over_cap).then(a.total.total_cmp(&b.total)));
+        let mut iter = scored.into_iter();
+        let (mut best, plan) = iter.next()?;
+        best.chosen = true;
+        let node = best.node.clone();
+        let mut candidates = vec![best];
+        candidates.extend(iter.take(EXPLAINED - 1).map(|(c, _)| c));
+        Some((
+            node,
+            plan,
+            Explanation {
+                mode: Placement::InterferenceAware,
+                weights: *self.weights(),
+                candidates,
+                considered,
+            },
+        ))
+    }
+}
+
+/// A share count as a float, for scores (never for accounting).
+fn as_f64(v: SlotValue) -> f64 {
+    v.micros() as f64 / 1e6
 }
 
 impl Scheduler {

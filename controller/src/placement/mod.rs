@@ -1,0 +1,288 @@
+//! Placement modes and the scoring of candidate placements.
+//!
+//! A candidate is a node and the devices a session's GPU part would take there. Every
+//! candidate is described by four terms (lower totals win):
+//!
+//! | term | figure | enters as |
+//! |---|---|---|
+//! | `interference` | the slowdown the session adds on its devices: `Σ(slowdownᵢ − 1)` over their tenants with it, minus the same without it ([`crate::colocation`]) | `+w·x` |
+//! | `fragmentation` | change in free shares that no 1.0-share request could use, on its devices (negative when it fills a gap) | `+w·x` |
+//! | `packing` | predicted summed utilization of its devices with it there (capped at 1) | `−w·x` |
+//! | `topology` | NUMA nodes its devices span, beyond the first | `+w·x` |
+//!
+//! `interference-aware` ranks by that total and, by the packing cap, never adds a shared
+//! tenant to a device whose predicted summed utilization would pass the cap unless nothing
+//! else fits. `binpack` and `spread` keep their plain orders (fullest / emptiest node and
+//! device first); their explanations show the same terms for the placement they chose.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// How a session's placement is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// The fullest node and device that fit: keeps whole devices free.
+    #[default]
+    Binpack,
+    /// The emptiest: keeps tenants apart.
+    Spread,
+    /// The lowest weighted score of predicted interference, fragmentation, packing and
+    /// topology, under the packing cap.
+    InterferenceAware,
+}
+
+impl Placement {
+    /// All modes, in the order tables show them.
+    pub const ALL: [Self; 3] = [Self::Binpack, Self::Spread, Self::InterferenceAware];
+
+    /// Its name as users type it.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Binpack => "binpack",
+            Self::Spread => "spread",
+            Self::InterferenceAware => "interference-aware",
+        }
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A placement mode that doesn't exist.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown placement mode {0:?} (expected binpack, spread or interference-aware)")]
+pub struct UnknownPlacement(pub String);
+
+impl std::str::FromStr for Placement {
+    type Err = UnknownPlacement;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+            "binpack" => Ok(Self::Binpack),
+            "spread" => Ok(Self::Spread),
+            "interference-aware" => Ok(Self::InterferenceAware),
+            _ => Err(UnknownPlacement(s.to_owned())),
+        }
+    }
+}
+
+/// The weight of each term in the `interference-aware` score.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Weights {
+    /// Per unit of added slowdown (one tenant running twice as long: 1.0).
+    pub interference: f64,
+    /// Per share left unusable by a 1.0-share request.
+    pub fragmentation: f64,
+    /// Per unit of predicted device utilization (a reward).
+    pub packing: f64,
+    /// Per NUMA node spanned beyond the first.
+    pub topology: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Self {
+            interference: 1.0,
+            fragmentation: 0.5,
+            packing: 0.25,
+            topology: 0.2,
+        }
+    }
+}
+
+/// Scoring settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScoringConfig {
+    /// Term weights.
+    pub weights: Weights,
+    /// A shared device whose predicted summed utilization would pass this takes no further
+    /// tenant unless nothing else fits.
+    pub packing_cap: f64,
+}
+
+impl Default for ScoringConfig {
+    fn default() -> Self {
+        Self {
+            weights: Weights::default(),
+            packing_cap: 0.7,
+        }
+    }
+}
+
+/// Invalid scoring settings.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ScoringError {
+    /// A weight is negative or not a number.
+    #[error("scoring weight {name} = {value} must be a finite number ≥ 0")]
+    Weight {
+        /// Its name.
+        name: &'static str,
+        /// Its value.
+        value: f64,
+    },
+    /// The cap is out of range.
+    #[error("packing_cap = {0} must be in (0, 2]")]
+    Cap(f64),
+}
+
+impl ScoringConfig {
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// A weight is negative or not finite, or the cap is out of range.
+    pub fn validate(&self) -> Result<(), ScoringError> {
+        let w = self.weights;
+        for (name, value) in [
+            ("interference", w.interference),
+            ("fragmentation", w.fragmentation),
+            ("packing", w.packing),
+            ("topology", w.topology),
+        ] {
+            if !value.is_finite() || value < 0.0 {
+                return Err(ScoringError::Weight { name, value });
+            }
+        }
+        if !(self.packing_cap > 0.0 && self.packing_cap <= 2.0) {
+            return Err(ScoringError::Cap(self.packing_cap));
+        }
+        Ok(())
+    }
+}
+
+/// The four figures of a candidate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Terms {
+    /// Slowdown it adds on its devices.
+    pub interference: f64,
+    /// Change in unusable free shares.
+    pub fragmentation: f64,
+    /// Predicted utilization of its devices (0..=1).
+    pub packing: f64,
+    /// NUMA nodes spanned beyond the first.
+    pub topology: f64,
+}
+
+impl Terms {
+    /// The weighted total (lower is better).
+    #[must_use]
+    pub fn total(&self, w: &Weights) -> f64 {
+        w.interference * self.interference + w.fragmentation * self.fragmentation
+            - w.packing * self.packing
+            + w.topology * self.topology
+    }
+
+    /// `(name, value, weight, contribution)` for each term, as explanations list them.
+    #[must_use]
+    pub fn rows(&self, w: &Weights) -> [(&'static str, f64, f64, f64); 4] {
+        [
+            (
+                "interference",
+                self.interference,
+                w.interference,
+                w.interference * self.interference,
+            ),
+            (
+                "fragmentation",
+                self.fragmentation,
+                w.fragmentation,
+                w.fragmentation * self.fragmentation,
+            ),
+            ("packing", self.packing, w.packing, -w.packing * self.packing),
+            ("topology", self.topology, w.topology, w.topology * self.topology),
+        ]
+    }
+}
+
+/// One scored placement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// Node.
+    pub node: String,
+    /// Device indices there.
+    pub devices: Vec<u32>,
+    /// Its figures.
+    pub terms: Terms,
+    /// Weighted total.
+    pub total: f64,
+    /// Predicted summed utilization of its devices with the session (mean over them).
+    pub predicted_utilization: f64,
+    /// Over the packing cap.
+    pub over_cap: bool,
+    /// The one taken.
+    pub chosen: bool,
+}
+
+/// Why a session went where it went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    /// The mode that decided.
+    pub mode: Placement,
+    /// The weights in force.
+    pub weights: Weights,
+    /// The best candidates, best first (at most [`EXPLAINED`]).
+    pub candidates: Vec<Candidate>,
+    /// Candidates scored in all.
+    pub considered: u32,
+}
+
+/// Candidates an explanation keeps.
+pub const EXPLAINED: usize = 5;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_as_users_type_them() {
+        for mode in Placement::ALL {
+            assert_eq!(mode.as_str().parse::<Placement>(), Ok(mode));
+        }
+        assert_eq!(
+            "Interference_Aware".parse::<Placement>(),
+            Ok(Placement::InterferenceAware)
+        );
+        let err = "fastest".parse::<Placement>().unwrap_err();
+        assert!(err.to_string().contains("\"fastest\""), "{err}");
+    }
+
+    #[test]
+    fn total_rewards_packing_and_charges_the_rest() {
+        let w = Weights {
+            interference: 2.0,
+            fragmentation: 1.0,
+            packing: 0.5,
+            topology: 3.0,
+        };
+        let t = Terms {
+            interference: 0.25,
+            fragmentation: -0.5,
+            packing: 0.8,
+            topology: 1.0,
+        };
+        // 0.5 − 0.5 − 0.4 + 3.0
+        assert!((t.total(&w) - 2.6).abs() < 1e-12);
+        let sum: f64 = t.rows(&w).iter().map(|r| r.3).sum();
+        assert!((sum - t.total(&w)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_their_name() {
+        let mut c = ScoringConfig::default();
+        assert!(c.validate().is_ok());
+        c.weights.packing = -1.0;
+        assert!(c.validate().unwrap_err().to_string().contains("packing"));
+        c = ScoringConfig {
+            packing_cap: 0.0,
+            ..ScoringConfig::default()
+        };
+        assert!(matches!(c.validate(), Err(ScoringError::Cap(_))));
+    }
+}
