@@ -69,10 +69,20 @@ impl FileConfig {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
-        toml::from_str(&text).map_err(|e| ServeError::Config {
+        let config: Self = toml::from_str(&text).map_err(|e| ServeError::Config {
             path: path.to_owned(),
             reason: e.to_string(),
-        })
+        })?;
+        if let Some(scheduler) = &config.scheduler {
+            scheduler
+                .scoring
+                .validate()
+                .map_err(|e| ServeError::Config {
+                    path: path.to_owned(),
+                    reason: format!("[scheduler.scoring]: {e}"),
+                })?;
+        }
+        Ok(config)
     }
 }
 
@@ -90,11 +100,11 @@ pub fn open(
     tracing::info!(
         sessions = snapshot.sessions.len(),
         nodes = snapshot.nodes.len(),
+        profiles = snapshot.profiles.len(),
         "state restored from {}",
         state_dir.display()
     );
-    let scheduler =
-        Scheduler::restore(config, snapshot);
+    let scheduler = Scheduler::restore(config, snapshot);
     Ok(Controller::new(scheduler, store, timing))
 }
 
@@ -193,6 +203,10 @@ enum Command {
         /// TOML config file.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Placement mode for sessions that don't ask for one: binpack, spread or
+        /// interference-aware (overrides the config file's `[scheduler] strategy`).
+        #[arg(long, value_name = "MODE")]
+        placement: Option<crate::placement::Placement>,
     },
 }
 
@@ -212,6 +226,7 @@ pub fn main() -> ExitCode {
         listen,
         state_dir,
         config,
+        placement,
     } = Cli::parse().command;
     let file = match config.as_deref().map(FileConfig::read).transpose() {
         Ok(f) => f.unwrap_or_default(),
@@ -234,8 +249,13 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let mut scheduler = file.scheduler.unwrap_or_default();
+    if let Some(mode) = placement {
+        scheduler.strategy = mode;
+    }
+    tracing::info!(placement = %scheduler.strategy, "default placement mode");
     let result = runtime.block_on(async {
-        let controller = open(&state_dir, file.scheduler.unwrap_or_default(), timing)?;
+        let controller = open(&state_dir, scheduler, timing)?;
         // Metrics are an extra: a bad endpoint is reported, never fatal.
         let endpoint = file
             .otlp_endpoint

@@ -1,0 +1,248 @@
+//! Placement end to end through the `gpuwarden` CLI: a real controller on loopback gRPC and a
+//! fake agent on its stream (two GPUs; it acks every allocation and reports a fixed
+//! utilization for each session). A finished session teaches its class; interference-aware
+//! placement then keeps two busy sessions apart and explains why.
+
+use std::{process::Command, time::Duration};
+
+use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
+use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
+use tokio_stream::StreamExt;
+
+const NODE: &str = "node-placement";
+/// What the fake agent reports every session used.
+const UTILIZATION: f64 = 0.9;
+
+async fn fake_agent(url: String) {
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connects");
+    let mut agent = AgentServiceClient::new(channel);
+    agent
+        .register(pb::NodeInfo {
+            node_id: NODE.into(),
+            hostname: NODE.into(),
+            slot_types: ["cuda.shares", "cuda.mem"]
+                .iter()
+                .map(|name| pb::SlotType {
+                    name: (*name).into(),
+                    kind: i32::from(if *name == "cuda.mem" {
+                        pb::SlotKind::Bytes
+                    } else {
+                        pb::SlotKind::Count
+                    }),
+                })
+                .collect(),
+            devices: (0..2)
+                .map(|i| pb::Device {
+                    uuid: format!("GPU-fake-{i}"),
+                    model: "Fake".into(),
+                    memory_bytes: 16 << 30,
+                    sm_count: 132,
+                    index: i,
+                    device_node: format!("/dev/nvidia{i}"),
+                    ..Default::default()
+                })
+                .collect(),
+            agent_version: "test".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("registers");
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tx.send(pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+            node_id: NODE.into(),
+            ..Default::default()
+        })),
+    })
+    .await
+    .expect("queued");
+    let mut inbound = agent
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream opens")
+        .into_inner();
+    while let Some(Ok(message)) = inbound.next().await {
+        let Some(pb::controller_message::Msg::Allocate(a)) = message.msg else {
+            continue;
+        };
+        let send = |msg| tx.send(pb::AgentMessage { msg: Some(msg) });
+        let _ = send(pb::agent_message::Msg::Ack(pb::AllocationAck {
+            session_id: a.session_id.clone(),
+        }))
+        .await;
+        // The stream is handled in order: these count, the session is running by now.
+        for at_ms in 0..5 {
+            let _ = send(pb::agent_message::Msg::Usage(pb::SessionUsage {
+                session_id: a.session_id.clone(),
+                utilization: UTILIZATION,
+                memory_bytes: 2 << 30,
+                ioctls_per_sec: 40.0,
+                at_ms,
+            }))
+            .await;
+        }
+    }
+}
+
+fn gpuwarden(url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(args)
+        .env("GPUWARDEN_CONTROLLER", url)
+        .output()
+        .expect("gpuwarden runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json(url: &str, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let (code, out, err) = gpuwarden(url, &all);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
+/// Creates a session and waits until it runs (and its usage reports are in).
+fn create_running(url: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["session", "create", "-r", "cuda.shares=0.5"];
+    args.extend_from_slice(extra);
+    let created = json(url, &args);
+    let id = created["id"].as_str().expect("an id").to_owned();
+    for _ in 0..100 {
+        let s = json(url, &["session", "show", &id]);
+        if s["state"] == "running" {
+            // The usage reports follow the ack on the same ordered stream.
+            std::thread::sleep(Duration::from_millis(200));
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("session {id} never ran");
+}
+
+#[test]
+fn a_learned_busy_class_is_kept_apart_and_the_choice_explained() {
+    let scratch = std::env::temp_dir().join(format!("gpuwarden-placement-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let controller = server::open(
+        &scratch.join("controller"),
+        SchedulerConfig::default(),
+        Timing::default(),
+    )
+    .expect("controller opens");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("binds");
+    let url = format!("http://{}", listener.local_addr().expect("bound"));
+    rt.spawn(server::serve_on(
+        controller,
+        listener,
+        std::future::pending::<()>(),
+    ));
+    rt.spawn(fake_agent(url.clone()));
+    for _ in 0..100 {
+        if json(&url, &["node", "ls"]).to_string().contains(NODE) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Nothing learned yet: asking for a class names it.
+    let (code, _, err) = gpuwarden(&url, &["profile", "show", "busy"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("\"busy\"") && err.contains("no profile"),
+        "{err}"
+    );
+
+    // One run teaches the class what the agent measured.
+    let first = create_running(&url, &["--class", "busy"]);
+    let id = first["id"].as_str().expect("id");
+    assert_eq!(first["class"], "busy");
+    let (code, _, err) = gpuwarden(&url, &["session", "rm", id]);
+    assert_eq!(code, 0, "{err}");
+    let profiles = json(&url, &["profile", "ls"]);
+    let busy = &profiles[0];
+    assert_eq!(busy["class"], "busy", "{profiles}");
+    assert_eq!(busy["runs"], 1);
+    assert_eq!(busy["samples"], 5);
+    let mean = busy["mean"].as_f64().expect("a mean");
+    assert!((mean - UTILIZATION).abs() < 0.011, "{busy}");
+    let (_, shown, _) = gpuwarden(&url, &["profile", "show", "busy"]);
+    assert!(shown.contains("runs:        1"), "{shown}");
+
+    // Binpack would stack two 0.5 sessions on one GPU; interference-aware keeps busy ones apart.
+    let a = create_running(
+        &url,
+        &["--class", "busy", "--placement", "interference-aware"],
+    );
+    let b = create_running(
+        &url,
+        &["--class", "busy", "--placement", "interference-aware"],
+    );
+    let gpu = |s: &serde_json::Value| s["devices"][0]["index"].as_u64();
+    assert_ne!(gpu(&a), gpu(&b), "{a}\n{b}");
+
+    // The explanation names the chosen devices and each term.
+    let e = &b["explanation"];
+    assert_eq!(e["mode"], "interference-aware");
+    let chosen = &e["candidates"][0];
+    assert_eq!(chosen["chosen"], true);
+    assert_eq!(chosen["node"], NODE);
+    assert_eq!(chosen["devices"][0].as_u64(), gpu(&b));
+    let names: Vec<&str> = chosen["terms"]
+        .as_array()
+        .expect("terms")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["interference", "fragmentation", "packing", "topology"]
+    );
+    // The device beside a is the other candidate, worse for its predicted interference.
+    let other = &e["candidates"][1];
+    assert_eq!(other["devices"][0].as_u64(), gpu(&a), "{e}");
+    assert!(other["terms"][0]["value"].as_f64() > chosen["terms"][0]["value"].as_f64());
+    let (_, human, _) = gpuwarden(
+        &url,
+        &[
+            "session",
+            "show",
+            b["id"].as_str().expect("id"),
+            "--explain",
+        ],
+    );
+    assert!(
+        human.contains("placement: interference-aware") && human.contains("chosen"),
+        "{human}"
+    );
+
+    // A mode that doesn't exist is bad input.
+    let (code, _, err) = gpuwarden(
+        &url,
+        &[
+            "session",
+            "create",
+            "-r",
+            "cuda.shares=0.5",
+            "--placement",
+            "fastest",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("fastest"), "{err}");
+    let _ = std::fs::remove_dir_all(&scratch);
+}
