@@ -10,48 +10,53 @@
 //!   over the moments it is busy (an idle tenant suffers nothing);
 //! - **summed utilization** `E[S]`, which the packing cap compares against.
 //!
-//! The distribution of `S` is computed exactly on a 0.01 grid by convolution: ten points per
-//! tenant, so a device with `n` tenants costs about `n² · 10 · 100n` operations, nothing next to
-//! a network round trip.
+//! Only the part of a distribution below 1.0 is ever needed: `max(1, S) = S + max(0, 1 − S)`
+//! and `max(0, S − 1) = S − 1 + max(0, 1 − S)`, where `E[S]` is the sum of the means. So sums
+//! are convolved on a 0.01 grid truncated at 1.0 (utilization is never negative, so mass past
+//! 1.0 never comes back): 101 cells × 10 points per tenant added, whatever the tenant count.
 
 use crate::profile::POINTS;
 
 /// Grid steps per unit of utilization.
 const GRID: usize = 100;
 
-/// A distribution of summed utilization on the 0.01 grid: `p[k]` is P(S = k / 100).
+/// A distribution of summed utilization on the 0.01 grid, cut at 1.0: `p[k]` is
+/// P(S = k / 100) for k ≤ 100; the rest of the mass lies above 1.0.
 #[derive(Debug, Clone, PartialEq)]
-struct Distribution(Vec<f64>);
+struct Below1(Vec<f64>);
 
-impl Distribution {
+impl Below1 {
     /// S = 0 for certain.
     fn zero() -> Self {
-        Self(vec![1.0])
+        let mut p = vec![0.0; GRID + 1];
+        p[0] = 1.0;
+        Self(p)
     }
 
-    /// Adds an independent tenant with the ten equally likely values `points`.
-    fn add(&self, points: &[f64; POINTS]) -> Self {
-        let steps: Vec<usize> = points.iter().map(|&u| to_grid(u)).collect();
-        let widest = steps.iter().copied().max().unwrap_or(0);
-        let mut out = vec![0.0; self.0.len() + widest];
+    /// Adds an independent tenant taking the grid values `steps` with equal probability.
+    fn add(&self, steps: &[usize; POINTS]) -> Self {
+        let mut out = vec![0.0; GRID + 1];
         let w = 1.0 / POINTS as f64;
         for (k, &p) in self.0.iter().enumerate() {
             if p == 0.0 {
                 continue;
             }
-            for &s in &steps {
-                out[k + s] += p * w;
+            for &s in steps {
+                if let Some(cell) = out.get_mut(k + s) {
+                    *cell += p * w;
+                }
             }
         }
         Self(out)
     }
 
-    /// `E[f(S)]`.
-    fn expect(&self, f: impl Fn(f64) -> f64) -> f64 {
+    /// `E[max(0, room − S)]` for `room` in grid steps (≤ 100).
+    fn shortfall(&self, room: usize) -> f64 {
         self.0
             .iter()
+            .take(room)
             .enumerate()
-            .map(|(k, &p)| p * f(k as f64 / GRID as f64))
+            .map(|(k, &p)| p * from_grid(room - k))
             .sum()
     }
 }
@@ -87,19 +92,34 @@ impl Prediction {
 /// Predicts contention among tenants with the utilization distributions `tenants`.
 #[must_use]
 pub fn predict(tenants: &[&[f64; POINTS]]) -> Prediction {
-    let all = tenants
+    let steps: Vec<[usize; POINTS]> = tenants.iter().map(|t| t.map(to_grid)).collect();
+    let means: Vec<f64> = steps
         .iter()
-        .fold(Distribution::zero(), |acc, t| acc.add(t));
-    let summed = all.expect(|s| s);
-    let overflow = all.expect(|s| (s - 1.0).max(0.0));
-    let slowdowns = (0..tenants.len())
+        .map(|s| s.iter().map(|&k| from_grid(k)).sum::<f64>() / POINTS as f64)
+        .collect();
+    let summed: f64 = means.iter().sum();
+    let all = steps.iter().fold(Below1::zero(), |acc, s| acc.add(s));
+    let overflow = (summed - 1.0 + all.shortfall(GRID)).max(0.0);
+    let slowdowns = (0..steps.len())
         .map(|i| {
-            let others = tenants
+            if means[i] <= 0.0 {
+                return 1.0;
+            }
+            let others = steps
                 .iter()
                 .enumerate()
                 .filter(|&(j, _)| j != i)
-                .fold(Distribution::zero(), |acc, (_, t)| acc.add(t));
-            slowdown(tenants[i], &others)
+                .fold(Below1::zero(), |acc, (_, s)| acc.add(s));
+            let others_mean = summed - means[i];
+            // E[u · max(1, u + O)] = E[u · (u + E[O] + E[max(0, 1 − u − O)])].
+            let weighted: f64 = steps[i]
+                .iter()
+                .map(|&k| {
+                    let u = from_grid(k);
+                    u * (u + others_mean + others.shortfall(GRID - k)) / POINTS as f64
+                })
+                .sum();
+            (weighted / means[i]).max(1.0)
         })
         .collect();
     Prediction {
@@ -107,22 +127,6 @@ pub fn predict(tenants: &[&[f64; POINTS]]) -> Prediction {
         overflow,
         slowdowns,
     }
-}
-
-/// `E[u · max(1, u + O)] / E[u]` for a tenant `u` beside the others' sum `O`.
-fn slowdown(points: &[f64; POINTS], others: &Distribution) -> f64 {
-    let mean: f64 = points.iter().map(|&u| from_grid(to_grid(u))).sum::<f64>() / POINTS as f64;
-    if mean <= 0.0 {
-        return 1.0;
-    }
-    let weighted: f64 = points
-        .iter()
-        .map(|&u| {
-            let u = from_grid(to_grid(u));
-            u * others.expect(|o| (u + o).max(1.0)) / POINTS as f64
-        })
-        .sum();
-    weighted / mean
 }
 
 #[cfg(test)]
@@ -190,6 +194,61 @@ mod tests {
         assert!(close(p.slowdowns[0], 1.24), "{p:?}");
         // B: 0.5·(0.5·1 + 0.5·1.3) / 0.5 = 1.15.
         assert!(close(p.slowdowns[1], 1.15), "{p:?}");
+    }
+
+    /// Every combination of the tenants' points, by brute force.
+    fn enumerate(tenants: &[[f64; POINTS]]) -> Prediction {
+        let n = tenants.len();
+        let combos = POINTS.pow(n as u32);
+        let (mut summed, mut overflow) = (0.0, 0.0);
+        let mut weighted = vec![0.0; n];
+        let mut means = vec![0.0; n];
+        for c in 0..combos {
+            let pick: Vec<f64> = (0..n)
+                .map(|i| tenants[i][(c / POINTS.pow(i as u32)) % POINTS])
+                .collect();
+            let s: f64 = pick.iter().sum();
+            let p = 1.0 / combos as f64;
+            summed += p * s;
+            overflow += p * (s - 1.0).max(0.0);
+            for i in 0..n {
+                weighted[i] += p * pick[i] * s.max(1.0);
+                means[i] += p * pick[i];
+            }
+        }
+        Prediction {
+            summed,
+            overflow,
+            slowdowns: (0..n)
+                .map(|i| {
+                    if means[i] > 0.0 {
+                        weighted[i] / means[i]
+                    } else {
+                        1.0
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn truncated_convolution_matches_brute_force(
+            raw in proptest::collection::vec(proptest::collection::vec(0u32..=100, POINTS), 1..=3)
+        ) {
+            let tenants: Vec<[f64; POINTS]> = raw
+                .iter()
+                .map(|t| std::array::from_fn(|i| f64::from(t[i]) / 100.0))
+                .collect();
+            let refs: Vec<&[f64; POINTS]> = tenants.iter().collect();
+            let got = predict(&refs);
+            let want = enumerate(&tenants);
+            proptest::prop_assert!((got.summed - want.summed).abs() < 1e-9);
+            proptest::prop_assert!((got.overflow - want.overflow).abs() < 1e-9, "{got:?} {want:?}");
+            for (g, w) in got.slowdowns.iter().zip(&want.slowdowns) {
+                proptest::prop_assert!((g - w).abs() < 1e-9, "{got:?} {want:?}");
+            }
+        }
     }
 
     #[test]
