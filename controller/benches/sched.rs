@@ -14,6 +14,7 @@ use gpuwarden_controller::{
     allocator::DeviceSpec,
     api::{Controller, Timing},
     node::NodeReport,
+    placement::Placement,
     scheduler::{NewSession, Scheduler, SchedulerConfig},
     server,
     slots::{ResourceSlot, SlotKind, SlotName},
@@ -85,6 +86,7 @@ fn request(rng: &mut Rng) -> ResourceSlot {
 }
 
 struct Row {
+    mode: Placement,
     nodes: usize,
     decisions: usize,
     placed: usize,
@@ -94,8 +96,9 @@ struct Row {
     p99: Duration,
 }
 
-fn decisions(nodes: usize) -> Row {
+fn decisions(nodes: usize, mode: Placement) -> Row {
     let config = SchedulerConfig {
+        strategy: mode,
         // Every pending session is tried in one pass (none blocks the queue).
         skip_after: 0,
         ..SchedulerConfig::default()
@@ -135,6 +138,7 @@ fn decisions(nodes: usize) -> Row {
     latencies.sort();
     let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
     Row {
+        mode,
         nodes,
         decisions: latencies.len(),
         placed,
@@ -241,16 +245,23 @@ async fn heartbeats(agents: usize, seconds: u64) -> (f64, u64) {
 
 fn main() {
     println!(
-        "\ncargo xtask bench sched — {SESSIONS} pending mixed sessions (60% fractional, 25% whole-device, 15% multi-device), one pass, binpack"
+        "\ncargo xtask bench sched — {SESSIONS} pending mixed sessions (60% fractional, 25% whole-device, 15% multi-device), one pass"
     );
     println!(
-        "| nodes × GPUs | decisions | placed | decisions/s | walk-only baseline/s | p50 per decision | p99 per decision | floor |"
+        "| mode | nodes × GPUs | decisions | placed | decisions/s | walk-only baseline/s | p50 per decision | p99 per decision | floor |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---|");
-    for (nodes, floor) in [(1_000, 5_000.0), (5_000, 1_000.0)] {
-        let r = decisions(nodes);
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---|");
+    // Interference-aware scores up to `max_nodes` nodes' devices with the co-location model
+    // (every session's class unknown here, so every tenant has the prior: the costliest case).
+    for (mode, nodes, floor) in [
+        (Placement::Binpack, 1_000, 5_000.0),
+        (Placement::Binpack, 5_000, 1_000.0),
+        (Placement::InterferenceAware, 1_000, 1_000.0),
+    ] {
+        let r = decisions(nodes, mode);
         println!(
-            "| {} × {GPUS} | {} | {} | {:.0} | {:.0} | {:.1} µs | {:.1} µs | ≥ {floor:.0}/s {} |",
+            "| {} | {} × {GPUS} | {} | {} | {:.0} | {:.0} | {:.1} µs | {:.1} µs | ≥ {floor:.0}/s {} |",
+            r.mode,
             r.nodes,
             r.decisions,
             r.placed,

@@ -106,6 +106,10 @@ pub struct ScoringConfig {
     /// A shared device whose predicted summed utilization would pass this takes no further
     /// tenant unless nothing else fits.
     pub packing_cap: f64,
+    /// Nodes scored per decision at most: half from the fullest nodes that fit, half from the
+    /// emptiest (like kube-scheduler's `percentageOfNodesToScore`, it bounds a decision's cost
+    /// on a large cluster; the ends hold the best packing and the least contended options).
+    pub max_nodes: usize,
 }
 
 impl Default for ScoringConfig {
@@ -113,6 +117,7 @@ impl Default for ScoringConfig {
         Self {
             weights: Weights::default(),
             packing_cap: 0.7,
+            max_nodes: 32,
         }
     }
 }
@@ -131,6 +136,9 @@ pub enum ScoringError {
     /// The cap is out of range.
     #[error("packing_cap = {0} must be in (0, 2]")]
     Cap(f64),
+    /// No node would be scored.
+    #[error("max_nodes must be at least 1")]
+    NoNodes,
 }
 
 impl ScoringConfig {
@@ -152,6 +160,9 @@ impl ScoringConfig {
         }
         if !(self.packing_cap > 0.0 && self.packing_cap <= 2.0) {
             return Err(ScoringError::Cap(self.packing_cap));
+        }
+        if self.max_nodes == 0 {
+            return Err(ScoringError::NoNodes);
         }
         Ok(())
     }

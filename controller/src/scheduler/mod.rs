@@ -775,8 +775,17 @@ impl Scheduler {
             .map(|(_, id)| id);
         let (node_id, planned, explanation) = if mode == Placement::InterferenceAware && wants_gpu {
             let scorer = Scorer::new(self, &session.class);
+            let half = self.config.scoring.max_nodes.div_ceil(2);
+            let fullest: Vec<&String> = range.clone().filter(|id| fits(id)).take(half).collect();
+            // The emptiest that fit, unless the fullest already are all of them.
+            let emptiest = range
+                .rev()
+                .filter(|id| fits(id))
+                .take_while(|id| !fullest.contains(id))
+                .take(half);
+            let nodes: Vec<&String> = fullest.iter().copied().chain(emptiest).collect();
             scorer
-                .choose(range.filter(|id| fits(id)), &gpu)
+                .choose(nodes.into_iter(), &gpu)
                 .ok_or_else(|| format!("no node fits {}", session.requested))?
         } else {
             let strategy = if mode == Placement::Spread {

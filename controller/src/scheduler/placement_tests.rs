@@ -171,6 +171,7 @@ fn the_packing_cap_holds_unless_nothing_else_fits() {
             ..Weights::default()
         },
         packing_cap: 0.7,
+        ..ScoringConfig::default()
     };
     let mut s = cluster(Placement::InterferenceAware, scoring, 2);
     teach(&mut s, "mid", 0.4);
@@ -257,4 +258,41 @@ fn a_session_may_ask_for_its_own_mode() {
         Some(Placement::InterferenceAware)
     );
     assert_ne!(devices(b), devices(&s.sessions()["a"]));
+}
+
+#[test]
+fn a_decision_scores_at_most_max_nodes_nodes_from_both_ends() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        strategy: Placement::InterferenceAware,
+        scoring: ScoringConfig {
+            max_nodes: 2,
+            ..ScoringConfig::default()
+        },
+        ..SchedulerConfig::default()
+    });
+    for i in 0..6 {
+        s.register(node(&format!("n{i}"), 2), &[]).unwrap();
+    }
+    // n0 fuller than the rest: the fullest end of the index.
+    s.create(NewSession {
+        id: "x".into(),
+        pinned_node: Some("n0".into()),
+        requested: ResourceSlot::parse_any(&["cuda.shares=0.5"]).unwrap(),
+        ..NewSession::default()
+    })
+    .unwrap();
+    s.pass();
+    s.create(NewSession {
+        id: "y".into(),
+        requested: ResourceSlot::parse_any(&["cuda.shares=0.25"]).unwrap(),
+        ..NewSession::default()
+    })
+    .unwrap();
+    s.pass();
+    let e = s.sessions()["y"].explanation.clone().expect("explained");
+    let nodes: BTreeSet<&str> = e.candidates.iter().map(|c| c.node.as_str()).collect();
+    // One node from each end: n0 (fullest) and the emptiest (ties: the last id).
+    assert_eq!(nodes, BTreeSet::from(["n0", "n5"]), "{e:?}");
+    // n0: its shared GPU and one of its idle ones; n5: one idle GPU.
+    assert_eq!(e.considered, 3, "{e:?}");
 }
