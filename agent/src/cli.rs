@@ -55,6 +55,9 @@ enum Command {
         /// Pin nothing: enforcement ends with the agent (benchmarks, trials).
         #[arg(long, conflicts_with = "bpf_pin_dir")]
         no_pin: bool,
+        /// Milliseconds between usage reports to the controller; 0 sends none [default: 5000].
+        #[arg(long, env = "GPUWARDEN_USAGE_REPORT_INTERVAL_MS", value_name = "MS")]
+        usage_report_interval_ms: Option<u64>,
     },
     /// Resume a process the `stop` memory policy stopped (SIGCONT).
     Resume {
@@ -142,6 +145,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             mock_devices,
             bpf_pin_dir,
             no_pin,
+            usage_report_interval_ms,
         } => {
             // The config layer reads an empty pin directory as "pin nothing".
             let bpf_pin_dir = if no_pin {
@@ -159,6 +163,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     controller,
                     mock_devices,
                     bpf_pin_dir,
+                    usage_report_interval_ms,
                 },
             )?;
             daemon::run(config).await?;

@@ -15,6 +15,12 @@ use crate::{
 /// Default state directory (lock file; later the store).
 pub const DEFAULT_STATE_DIR: &str = "/run/gpuwarden";
 
+/// Default milliseconds between usage reports to the controller.
+pub const DEFAULT_USAGE_REPORT_INTERVAL_MS: u64 = 5_000;
+
+/// The shortest usage report interval taken (shorter ones are raised to it).
+const MIN_USAGE_REPORT_INTERVAL_MS: u64 = 100;
+
 /// Errors reading the settings.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -69,6 +75,8 @@ pub struct FileConfig {
     pub binding_timeout_secs: Option<u64>,
     /// OTLP/gRPC endpoint for metrics (else `OTEL_EXPORTER_OTLP_ENDPOINT`; neither: off).
     pub otlp_endpoint: Option<String>,
+    /// Milliseconds between usage reports to the controller; 0 sends none.
+    pub usage_report_interval_ms: Option<u64>,
 }
 
 impl FileConfig {
@@ -105,6 +113,8 @@ pub struct Overrides {
     pub mock_devices: Option<PathBuf>,
     /// `--bpf-pin-dir`.
     pub bpf_pin_dir: Option<PathBuf>,
+    /// `--usage-report-interval-ms`.
+    pub usage_report_interval_ms: Option<u64>,
 }
 
 /// The settings the agent runs with.
@@ -139,6 +149,8 @@ pub struct AgentConfig {
     pub otlp_endpoint: Option<String>,
     /// Metric export interval; `None` leaves it to `OTEL_METRIC_EXPORT_INTERVAL`.
     pub metric_interval: Option<Duration>,
+    /// Interval between usage reports to the controller; `None`: none sent.
+    pub usage_report_interval: Option<Duration>,
 }
 
 impl AgentConfig {
@@ -184,7 +196,21 @@ impl AgentConfig {
             binding_timeout: Duration::from_secs(file.binding_timeout_secs.unwrap_or(300).max(1)),
             otlp_endpoint: crate::metrics::MetricsConfig::endpoint(file.otlp_endpoint),
             metric_interval: None,
+            usage_report_interval: usage_report_interval(
+                overrides
+                    .usage_report_interval_ms
+                    .or(file.usage_report_interval_ms),
+            ),
         })
+    }
+}
+
+/// The usage report interval for a setting in milliseconds: the default when unset, none for 0,
+/// at least [`MIN_USAGE_REPORT_INTERVAL_MS`] otherwise.
+fn usage_report_interval(ms: Option<u64>) -> Option<Duration> {
+    match ms.unwrap_or(DEFAULT_USAGE_REPORT_INTERVAL_MS) {
+        0 => None,
+        ms => Some(Duration::from_millis(ms.max(MIN_USAGE_REPORT_INTERVAL_MS))),
     }
 }
 
@@ -225,6 +251,32 @@ mod tests {
         assert_eq!(config.socket, PathBuf::from("/tmp/b.sock"));
         assert_eq!(config.gpu_globs.as_slice(), ["/dev/nvidia0"]);
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn usage_reports_default_to_five_seconds_and_zero_turns_them_off() {
+        let path = write("usage", "usage_report_interval_ms = 250\n");
+        let from_file = AgentConfig::load(Some(&path), Overrides::default()).unwrap();
+        assert_eq!(
+            from_file.usage_report_interval,
+            Some(Duration::from_millis(250))
+        );
+        let flag = |ms| {
+            AgentConfig::load(
+                Some(&path),
+                Overrides {
+                    usage_report_interval_ms: Some(ms),
+                    ..Overrides::default()
+                },
+            )
+            .unwrap()
+            .usage_report_interval
+        };
+        assert_eq!(flag(0), None);
+        assert_eq!(flag(1), Some(Duration::from_millis(100)));
+        std::fs::remove_file(path).unwrap();
+        let default = AgentConfig::load(None, Overrides::default()).unwrap();
+        assert_eq!(default.usage_report_interval, Some(Duration::from_secs(5)));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 use gpuwarden_proto::v1::{
     self as pb, agent_service_client::AgentServiceClient, controller_message::Msg,
 };
-use tokio::sync::mpsc;
+use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 use tonic::transport::Endpoint;
 
@@ -17,6 +17,7 @@ use crate::{
     devices::{GpuBackend, SlotKind},
     holdings::{SharedHoldings, lock},
     quota::QuotaSpec,
+    usage_report::UsageCounters,
 };
 
 /// What the link passes down to enforcement: configuration flows from the controller to the
@@ -35,6 +36,16 @@ pub struct LinkChannels {
     pub quotas: mpsc::UnboundedSender<QuotaCommand>,
     /// Enforcement events up to the controller (buffered while it is away).
     pub events: mpsc::Receiver<pb::EnforcementEvent>,
+    /// Usage reports up to the controller (buffered while it is away).
+    pub usage: mpsc::Receiver<pb::SessionUsage>,
+    /// Usage reports sent, and dropped where the stream's buffer was full.
+    pub usage_counters: Arc<UsageCounters>,
+}
+
+/// What goes up the stream besides heartbeats and answers.
+enum Upward {
+    Event(pb::EnforcementEvent),
+    Usage(pb::SessionUsage),
 }
 
 /// Where and as whom to connect.
@@ -232,17 +243,33 @@ async fn connect_once(
     let mut ticker = tokio::time::interval(interval);
     let mut seq = 1;
     loop {
-        let event = async {
+        let upward = async {
             match channels.as_mut() {
-                Some(c) => c.events.recv().await,
+                Some(c) => tokio::select! {
+                    Some(event) = c.events.recv() => Upward::Event(event),
+                    Some(usage) = c.usage.recv() => Upward::Usage(usage),
+                    else => std::future::pending().await,
+                },
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
-            Some(event) = event => {
-                let msg = pb::agent_message::Msg::Event(event);
-                tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|e| e.to_string())?;
-            }
+            upward = upward => match upward {
+                Upward::Event(event) => {
+                    let msg = pb::agent_message::Msg::Event(event);
+                    tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|e| e.to_string())?;
+                }
+                Upward::Usage(usage) => {
+                    // A sample is worth less than a heartbeat: never wait for room, drop it.
+                    let msg = pb::agent_message::Msg::Usage(usage);
+                    let counters = channels.as_deref().map(|c| Arc::clone(&c.usage_counters)).unwrap_or_default();
+                    match tx.try_send(pb::AgentMessage { msg: Some(msg) }) {
+                        Ok(()) => counters.count_sent(),
+                        Err(TrySendError::Full(_)) => counters.count_dropped(),
+                        Err(TrySendError::Closed(_)) => return Err("stream closed".to_owned()),
+                    }
+                }
+            },
             _ = ticker.tick() => {
                 tx.send(heartbeat(seq)).await.map_err(|e| e.to_string())?;
                 seq += 1;

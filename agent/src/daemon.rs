@@ -28,12 +28,18 @@ use crate::{
     hooks::{KernelLogger, Sensor, SensorError},
     lock::{InstanceLock, LockError},
     quota::QuotaSpec,
+    snapshot::Snapshot,
     telemetry, throttle,
+    usage_report::{self, Reporter, UsageCounters},
 };
 
 /// Enforcement events buffered for the controller while it is away; older ones are dropped
 /// (and counted) beyond this.
 const UPWARD_BUFFER: usize = 1024;
+
+/// Usage reports buffered for the controller while it is away; newer ones are dropped (and
+/// counted) beyond this. Old samples still describe real intervals, so they are worth sending.
+const USAGE_BUFFER: usize = 256;
 
 /// Where process information lives.
 const PROC_ROOT: &str = "/proc";
@@ -80,6 +86,25 @@ struct State {
     enforcer: Enforcer,
     nodes: BTreeMap<PathBuf, GpuNode>,
     events_received: u64,
+    usage_counters: Arc<UsageCounters>,
+}
+
+impl State {
+    /// The snapshot of the node now.
+    fn snapshot(&mut self, node: &str) -> Snapshot {
+        let mut snapshot = telemetry::collect(
+            &self.sensor,
+            &self.enforcer,
+            &mut self.attributor,
+            node,
+            self.events_received,
+        );
+        (
+            snapshot.stats.usage_reports,
+            snapshot.stats.usage_reports_dropped,
+        ) = self.usage_counters.get();
+        snapshot
+    }
 }
 
 type Shared = Arc<Mutex<State>>;
@@ -151,6 +176,16 @@ pub async fn run_until(
     let usage = backend
         .usage_source(attributor.root())
         .unwrap_or_else(|| Box::new(throttle::CpuTimeUsage));
+    // The usage reports measure with a source of their own (sources keep per-reader state).
+    let usage_reports = config
+        .usage_report_interval
+        .filter(|_| config.controller.is_some())
+        .map(|interval| {
+            let source = backend
+                .usage_source(attributor.root())
+                .unwrap_or_else(|| Box::new(throttle::CpuTimeUsage));
+            (interval, Reporter::new(source))
+        });
     let throttle = throttle::spawn(
         throttle::ThrottleConfig::with_period(config.throttle_period),
         usage,
@@ -192,8 +227,10 @@ pub async fn run_until(
         enforcer,
         nodes: BTreeMap::new(),
         events_received: 0,
+        usage_counters: Arc::default(),
     };
     rescan_nodes(&mut state, &config);
+    let usage_counters = Arc::clone(&state.usage_counters);
     let state: Shared = Arc::new(Mutex::new(state));
     let (quota_tx, quota_rx) = tokio::sync::mpsc::unbounded_channel();
     let published = crate::metrics::Published::default();
@@ -237,6 +274,16 @@ pub async fn run_until(
                 hooks,
             };
             let holdings = Arc::new(std::sync::Mutex::new(holdings));
+            let (usage_tx, usage_rx) = tokio::sync::mpsc::channel(USAGE_BUFFER);
+            if let Some((interval, reporter)) = usage_reports {
+                tasks.spawn(report_usage(
+                    Arc::clone(&state),
+                    reporter,
+                    interval,
+                    usage_tx,
+                    Arc::clone(&usage_counters),
+                ));
+            }
             tasks.spawn(controller_link::run(
                 link,
                 backend,
@@ -244,6 +291,8 @@ pub async fn run_until(
                 Some(LinkChannels {
                     quotas: quota_tx,
                     events: upward_rx,
+                    usage: usage_rx,
+                    usage_counters,
                 }),
                 std::future::pending(),
             ));
@@ -378,11 +427,7 @@ async fn housekeeping(
     loop {
         tokio::select! {
             _ = publish.tick(), if published.is_some() => {
-                let snapshot = {
-                    let mut guard = lock(&state);
-                    let s = &mut *guard;
-                    telemetry::collect(&s.sensor, &s.enforcer, &mut s.attributor, &config.node_name, s.events_received)
-                };
+                let snapshot = lock(&state).snapshot(&config.node_name);
                 if let Some(p) = &published {
                     *p.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(snapshot);
                 }
@@ -409,6 +454,44 @@ async fn housekeeping(
                 if g != telemetry::Garbage::default() {
                     tracing::debug!(?g, "removed stale entries");
                 }
+            }
+        }
+    }
+}
+
+/// Sends what each session used over every `interval` to the controller link (see
+/// [`usage_report`]). The maps are read under the lock, the usage source outside it; a full
+/// buffer drops the report rather than wait.
+async fn report_usage(
+    state: Shared,
+    mut reporter: Reporter,
+    interval: std::time::Duration,
+    upward: tokio::sync::mpsc::Sender<gpuwarden_proto::v1::SessionUsage>,
+    counters: Arc<UsageCounters>,
+) {
+    let (poll, polls_per_report) = usage_report::poll_plan(interval);
+    let mut ticker = tokio::time::interval(poll);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut polls = 0;
+    loop {
+        ticker.tick().await;
+        polls += 1;
+        if polls < polls_per_report {
+            let cgroups = usage_report::bound_cgroups(&lock(&state).enforcer);
+            reporter.poll(&cgroups);
+            continue;
+        }
+        polls = 0;
+        let readings = {
+            let s = lock(&state);
+            usage_report::read_sessions(&s.sensor, &s.enforcer)
+        };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        for usage in reporter.report(readings, std::time::Instant::now(), now_ms) {
+            if upward.try_send(usage).is_err() {
+                counters.count_dropped();
             }
         }
     }
@@ -530,18 +613,7 @@ async fn serve_client(stream: UnixStream, state: Shared, node: Arc<String>) {
     let mut lines = BufReader::new(read).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let response = match api::parse_request(&line) {
-            Ok(Request::Snapshot) => {
-                let mut guard = lock(&state);
-                let s = &mut *guard;
-                let snapshot = telemetry::collect(
-                    &s.sensor,
-                    &s.enforcer,
-                    &mut s.attributor,
-                    &node,
-                    s.events_received,
-                );
-                Response::Snapshot(Box::new(snapshot))
-            }
+            Ok(Request::Snapshot) => Response::Snapshot(Box::new(lock(&state).snapshot(&node))),
             Ok(Request::Node) => Response::Node {
                 name: node.to_string(),
             },

@@ -17,6 +17,7 @@
 //! - [`enforcement`]: binding quotas into the BPF maps and device programs, and their events;
 //! - [`throttle`]: compute share, by freezing and thawing cgroups in short periods;
 //! - [`controller_link`] and [`holdings`]: allocations from the controller, kept in sled;
+//! - [`usage_report`]: what each session used, reported to the controller for its profiles;
 //! - [`metrics`]: the snapshot as OTLP metrics, pushed to a collector;
 //! - [`api`]: the local socket (`snapshot`), used by `gpuwarden-agent snapshot` and `top`;
 //! - [`daemon`]: `gpuwarden-agent run`, tying them together; [`cli`]: its command line.
@@ -41,3 +42,4 @@ pub mod snapshot;
 pub mod telemetry;
 pub mod throttle;
 pub mod top;
+pub mod usage_report;

@@ -162,4 +162,10 @@ pub struct Stats {
     pub tracked_processes: u64,
     /// Entries in the allocation table.
     pub tracked_allocations: u64,
+    /// Usage reports sent to the controller.
+    #[serde(default)]
+    pub usage_reports: u64,
+    /// Usage reports dropped because the controller stream's buffer was full.
+    #[serde(default)]
+    pub usage_reports_dropped: u64,
 }

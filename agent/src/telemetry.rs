@@ -119,6 +119,9 @@ pub fn collect(
             tracked_fds: maps.gpu_fds.keys().count() as u64,
             tracked_processes,
             tracked_allocations: maps.allocations.keys().count() as u64,
+            // Filled in by the daemon, which keeps those counters.
+            usage_reports: 0,
+            usage_reports_dropped: 0,
         },
         memory_tier: Some(sensor.memory_tier.0.as_str().to_owned()),
         memory_tier_reason: Some(sensor.memory_tier.1.clone()),

@@ -1,0 +1,405 @@
+//! Usage reports: what each session with a quota used over the last interval, sent up the
+//! controller stream as `SessionUsage`; the controller folds a finished session's reports into
+//! the workload profile of its class (interference-aware scheduling).
+//!
+//! Each report carries:
+//!
+//! - `utilization`: the busy time the throttle's [`UsageSource`] measured for the session's
+//!   cgroup on each of its GPUs, over the wall time since the last report, clamped to 0..=1 per
+//!   GPU and averaged over its GPUs (NVML's per-process SM utilization on real GPUs; with mock
+//!   devices the cgroup's CPU time, the same stand-in the throttle uses);
+//! - `memory_bytes`: the GPU memory its quota holds now, as the kernel side counts it (the quota
+//!   map's `used`, over all GPUs);
+//! - `ioctls_per_sec`: the growth of its cgroups' GPU ioctl counters over the interval.
+//!
+//! Which sessions report: a **bound** quota reports measured figures from its second interval on
+//! (the first reading is the baseline the next one is measured against); a **pending** quota,
+//! whose workload has no cgroup yet, reports utilization 0 every interval — the session holds
+//! its GPUs and they idle, which is a real sample of what the class does. Expired quotas, quotas
+//! on no GPU and allocations with no target (booked only: no workload on this node can be tied
+//! to them) report nothing, for want of any signal.
+//!
+//! Reading the usage source and the maps is cheap next to the interval, but the source is read
+//! more often than reports are sent: NVML keeps process samples for a short time and
+//! [`crate::devices::nvml::NvmlUsage`] charges at most a second per sample, so it is polled at
+//! least every [`MAX_POLL`] to keep integrating (with the CPU-time stand-in the extra reads are
+//! harmless).
+
+use std::{
+    collections::{HashMap, HashSet},
+    io,
+    path::PathBuf,
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+
+use gpuwarden_proto::v1 as pb;
+
+use crate::{
+    enforcement::{BindState, Enforcer},
+    hooks::Sensor,
+    throttle::UsageSource,
+};
+
+/// The longest gap between two reads of the usage source.
+pub const MAX_POLL: Duration = Duration::from_millis(500);
+
+/// How many reports went up and how many were dropped on the way (the stream's buffer was
+/// full, as when the controller is away or slow); shown in the snapshot's `stats`.
+#[derive(Debug, Default)]
+pub struct UsageCounters {
+    /// Reports handed to the controller stream.
+    pub sent: AtomicU64,
+    /// Reports dropped because a buffer on the way was full.
+    pub dropped: AtomicU64,
+}
+
+impl UsageCounters {
+    /// Counts one sent report.
+    pub fn count_sent(&self) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one dropped report.
+    pub fn count_dropped(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (sent, dropped) so far.
+    #[must_use]
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.sent.load(Ordering::Relaxed),
+            self.dropped.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// One session's workload as the agent sees it at one moment (read under the daemon's lock).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionReading {
+    /// The session.
+    pub session_id: String,
+    /// Its bound cgroup; `None` while its quota waits for one.
+    pub cgroup_dir: Option<PathBuf>,
+    /// Its GPUs (indexes), sorted.
+    pub gpus: Vec<u32>,
+    /// GPU memory its quota holds now, over all GPUs.
+    pub memory_bytes: u64,
+    /// GPU ioctls its cgroups have issued (cumulative while they live).
+    pub ioctls: u64,
+}
+
+/// The sessions that report (see the module docs), with their memory and ioctl counters.
+#[must_use]
+pub fn read_sessions(sensor: &Sensor, enforcer: &Enforcer) -> Vec<SessionReading> {
+    let mut out: Vec<SessionReading> = Vec::new();
+    let mut owner: HashMap<u64, usize> = HashMap::new();
+    for (session, b) in enforcer.bindings() {
+        if b.spec.devices.is_empty() {
+            continue;
+        }
+        let cgroup_dir = match b.state {
+            BindState::Bound => b.dir.clone(),
+            BindState::Pending => None,
+            BindState::Expired => continue,
+        };
+        let memory_bytes = b
+            .key
+            .and_then(|k| sensor.maps.quotas.get(&k, 0).ok())
+            .map_or(0, |q| q.used.iter().fold(0u64, |a, b| a.saturating_add(*b)));
+        for id in b.members() {
+            owner.insert(*id, out.len());
+        }
+        out.push(SessionReading {
+            session_id: session.clone(),
+            cgroup_dir,
+            gpus: b.spec.devices.iter().map(|d| d.index).collect(),
+            memory_bytes,
+            ioctls: 0,
+        });
+    }
+    if !owner.is_empty() {
+        for (key, per_cpu) in sensor.maps.ioctl_counts.iter().flatten() {
+            if let Some(&i) = owner.get(&key.cgroup) {
+                let n: u64 = per_cpu.iter().sum();
+                out[i].ioctls = out[i].ioctls.saturating_add(n);
+            }
+        }
+    }
+    out
+}
+
+/// The bound cgroups and their GPUs, for polling the usage source between reports.
+#[must_use]
+pub fn bound_cgroups(enforcer: &Enforcer) -> Vec<(PathBuf, Vec<u32>)> {
+    enforcer
+        .bindings()
+        .values()
+        .filter(|b| b.state == BindState::Bound)
+        .filter_map(|b| {
+            let gpus: Vec<u32> = b.spec.devices.iter().map(|d| d.index).collect();
+            b.dir
+                .clone()
+                .filter(|_| !gpus.is_empty())
+                .map(|d| (d, gpus))
+        })
+        .collect()
+}
+
+/// How often to poll the usage source and how many polls make one report interval: the
+/// interval split into equal polls of at most [`MAX_POLL`].
+#[must_use]
+pub fn poll_plan(interval: Duration) -> (Duration, u32) {
+    let polls = interval.as_nanos().div_ceil(MAX_POLL.as_nanos()).max(1);
+    let polls = u32::try_from(polls).unwrap_or(u32::MAX);
+    (interval / polls, polls)
+}
+
+/// What one session's last report was measured from.
+#[derive(Debug, Clone)]
+struct Baseline {
+    at: Instant,
+    dir: PathBuf,
+    busy: Vec<Duration>,
+    ioctls: u64,
+}
+
+/// Turns readings into reports: keeps each bound session's previous reading and measures the
+/// next one against it.
+pub struct Reporter {
+    usage: Box<dyn UsageSource>,
+    baselines: HashMap<String, Baseline>,
+}
+
+impl Reporter {
+    /// A reporter measuring busy time with `usage` (its own instance: sources keep state).
+    #[must_use]
+    pub fn new(usage: Box<dyn UsageSource>) -> Self {
+        Self {
+            usage,
+            baselines: HashMap::new(),
+        }
+    }
+
+    /// Reads the usage source for each bound cgroup without reporting, so that sources that
+    /// integrate samples (NVML) keep doing so between reports. Errors are left to the report.
+    pub fn poll(&mut self, cgroups: &[(PathBuf, Vec<u32>)]) {
+        for (dir, gpus) in cgroups {
+            for gpu in gpus {
+                let _ = self.usage.busy(*gpu, dir);
+            }
+        }
+    }
+
+    /// The reports for `readings` taken at `now` (`at_ms` since the epoch). A bound session's
+    /// first reading (or first after its cgroup changed or could not be read) only sets its
+    /// baseline.
+    pub fn report(
+        &mut self,
+        readings: Vec<SessionReading>,
+        now: Instant,
+        at_ms: i64,
+    ) -> Vec<pb::SessionUsage> {
+        let live: HashSet<&str> = readings.iter().map(|r| r.session_id.as_str()).collect();
+        self.baselines.retain(|s, _| live.contains(s.as_str()));
+        let mut out = Vec::with_capacity(readings.len());
+        for r in readings {
+            let Some(dir) = r.cgroup_dir else {
+                // Holds its GPUs, nothing runs: idle.
+                self.baselines.remove(&r.session_id);
+                out.push(pb::SessionUsage {
+                    session_id: r.session_id,
+                    utilization: 0.0,
+                    memory_bytes: r.memory_bytes,
+                    ioctls_per_sec: 0.0,
+                    at_ms,
+                });
+                continue;
+            };
+            let busy: io::Result<Vec<Duration>> =
+                r.gpus.iter().map(|g| self.usage.busy(*g, &dir)).collect();
+            let busy = match busy {
+                Ok(busy) => busy,
+                Err(e) => {
+                    // Gone (released or removed) or unreadable: start over next time.
+                    tracing::debug!(session = %r.session_id, dir = %dir.display(), "no usage reading: {e}");
+                    self.baselines.remove(&r.session_id);
+                    continue;
+                }
+            };
+            let previous = self.baselines.insert(
+                r.session_id.clone(),
+                Baseline {
+                    at: now,
+                    dir: dir.clone(),
+                    busy: busy.clone(),
+                    ioctls: r.ioctls,
+                },
+            );
+            let Some(prev) = previous.filter(|p| p.dir == dir && p.busy.len() == busy.len()) else {
+                continue;
+            };
+            let elapsed = now.saturating_duration_since(prev.at);
+            if elapsed.is_zero() {
+                continue;
+            }
+            out.push(pb::SessionUsage {
+                session_id: r.session_id,
+                utilization: utilization(&prev.busy, &busy, elapsed),
+                memory_bytes: r.memory_bytes,
+                ioctls_per_sec: r.ioctls.saturating_sub(prev.ioctls) as f64 / elapsed.as_secs_f64(),
+                at_ms,
+            });
+        }
+        out
+    }
+}
+
+/// The mean over GPUs of the busy time gained per wall second, each clamped to 0..=1 (a source
+/// may run a little ahead of the wall clock; the CPU-time stand-in counts every CPU).
+#[must_use]
+pub fn utilization(before: &[Duration], after: &[Duration], elapsed: Duration) -> f64 {
+    if after.is_empty() || elapsed.is_zero() {
+        return 0.0;
+    }
+    let sum: f64 = before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| (a.saturating_sub(*b).as_secs_f64() / elapsed.as_secs_f64()).clamp(0.0, 1.0))
+        .sum();
+    sum / after.len() as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        path::Path,
+        sync::{Arc, Mutex},
+    };
+
+    use super::*;
+
+    /// Busy time by (GPU, directory), set by the test.
+    #[derive(Clone, Default)]
+    struct Fake(Arc<Mutex<HashMap<(u32, PathBuf), Duration>>>);
+
+    impl Fake {
+        fn set(&self, gpu: u32, dir: &str, busy_ms: u64) {
+            self.0
+                .lock()
+                .unwrap()
+                .insert((gpu, dir.into()), Duration::from_millis(busy_ms));
+        }
+    }
+
+    impl UsageSource for Fake {
+        fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Duration> {
+            self.0
+                .lock()
+                .unwrap()
+                .get(&(gpu, dir.to_owned()))
+                .copied()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "gone"))
+        }
+    }
+
+    fn reading(session: &str, dir: Option<&str>, gpus: &[u32], ioctls: u64) -> SessionReading {
+        SessionReading {
+            session_id: session.into(),
+            cgroup_dir: dir.map(PathBuf::from),
+            gpus: gpus.to_vec(),
+            memory_bytes: 64 << 20,
+            ioctls,
+        }
+    }
+
+    #[test]
+    fn utilization_is_the_mean_of_clamped_per_gpu_fractions() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        assert!((utilization(&[s(0)], &[ms(500)], s(1)) - 0.5).abs() < 1e-9);
+        // One GPU idle, one over-counted: 0 and 1 → 0.5.
+        assert!((utilization(&[s(1), s(0)], &[s(1), s(3)], s(1)) - 0.5).abs() < 1e-9);
+        // A counter that went backwards (a new cgroup) counts as idle, not negative.
+        assert_eq!(utilization(&[s(5)], &[s(1)], s(1)), 0.0);
+        assert_eq!(utilization(&[], &[], s(1)), 0.0);
+        assert_eq!(utilization(&[s(0)], &[s(1)], Duration::ZERO), 0.0);
+    }
+
+    #[test]
+    fn bound_sessions_report_from_their_second_reading_and_pending_ones_idle() {
+        let fake = Fake::default();
+        let mut r = Reporter::new(Box::new(fake.clone()));
+        let t0 = Instant::now();
+        fake.set(0, "/cg/a", 1_000);
+        fake.set(1, "/cg/a", 1_000);
+        let first = r.report(
+            vec![
+                reading("a", Some("/cg/a"), &[0, 1], 100),
+                reading("p", None, &[0], 0),
+            ],
+            t0,
+            1,
+        );
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert_eq!(
+            (first[0].session_id.as_str(), first[0].utilization),
+            ("p", 0.0)
+        );
+
+        // Two seconds later: GPU 0 busy 1.5 s, GPU 1 0.5 s; 300 more ioctls.
+        fake.set(0, "/cg/a", 2_500);
+        fake.set(1, "/cg/a", 1_500);
+        let t1 = t0 + Duration::from_secs(2);
+        let second = r.report(vec![reading("a", Some("/cg/a"), &[0, 1], 400)], t1, 2);
+        assert_eq!(second.len(), 1);
+        let a = &second[0];
+        assert_eq!(a.session_id, "a");
+        assert!((a.utilization - 0.5).abs() < 1e-9, "{a:?}");
+        assert!((a.ioctls_per_sec - 150.0).abs() < 1e-9, "{a:?}");
+        assert_eq!((a.memory_bytes, a.at_ms), (64 << 20, 2));
+    }
+
+    #[test]
+    fn a_new_cgroup_or_a_failed_read_starts_over() {
+        let fake = Fake::default();
+        let mut r = Reporter::new(Box::new(fake.clone()));
+        let t0 = Instant::now();
+        let sec = Duration::from_secs(1);
+        fake.set(0, "/cg/a", 0);
+        assert!(
+            r.report(vec![reading("a", Some("/cg/a"), &[0], 0)], t0, 0)
+                .is_empty()
+        );
+        // Rebound elsewhere: a baseline again, not a delta across two cgroups.
+        fake.set(0, "/cg/b", 10_000);
+        assert!(
+            r.report(vec![reading("a", Some("/cg/b"), &[0], 0)], t0 + sec, 0)
+                .is_empty()
+        );
+        // Unreadable: nothing, and the next good reading is a baseline.
+        assert!(
+            r.report(vec![reading("a", Some("/cg/c"), &[0], 0)], t0 + 2 * sec, 0)
+                .is_empty()
+        );
+        assert!(
+            r.report(vec![reading("a", Some("/cg/b"), &[0], 0)], t0 + 3 * sec, 0)
+                .is_empty()
+        );
+        fake.set(0, "/cg/b", 10_250);
+        let out = r.report(vec![reading("a", Some("/cg/b"), &[0], 0)], t0 + 4 * sec, 0);
+        assert!((out[0].utilization - 0.25).abs() < 1e-9, "{out:?}");
+        // A session no longer read is forgotten.
+        assert!(r.report(vec![], t0 + 5 * sec, 0).is_empty());
+        assert!(r.baselines.is_empty());
+    }
+
+    #[test]
+    fn polls_split_the_interval_evenly() {
+        let ms = Duration::from_millis;
+        assert_eq!(poll_plan(ms(5_000)), (ms(500), 10));
+        assert_eq!(poll_plan(ms(1_200)), (ms(400), 3));
+        assert_eq!(poll_plan(ms(200)), (ms(200), 1));
+    }
+}
