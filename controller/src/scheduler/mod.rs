@@ -12,7 +12,10 @@
 
 pub mod tracker;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    cell::RefCell,
+    collections::{BTreeMap, BTreeSet, HashMap},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -205,6 +208,9 @@ pub struct Scheduler {
     sessions: BTreeMap<String, Session>,
     tracker: ConcurrencyTracker,
     profiles: ProfileBook,
+    /// Each device's predicted interference among its tenants as they are, reused until its
+    /// tenants or their profiles change: scoring a candidate then costs one prediction.
+    excess: ExcessCache,
     next_seq: u64,
     changes: Changes,
     /// Nodes ordered by free GPU shares, so a decision visits only nodes that could fit.
@@ -535,6 +541,7 @@ impl Scheduler {
                 .is_some()
         {
             self.changes.profiles.insert(session.class.clone());
+            self.excess.clear();
         }
         set_state(session, SessionState::Terminated, "terminated by request");
         self.changes.sessions.insert(id.to_owned());
@@ -774,7 +781,8 @@ impl Scheduler {
             .range((lower, String::new())..)
             .map(|(_, id)| id);
         let (node_id, planned, explanation) = if mode == Placement::InterferenceAware && wants_gpu {
-            let scorer = Scorer::new(self, &session.class);
+            let cache = std::mem::take(&mut self.excess);
+            let scorer = Scorer::new(self, &session.class, cache);
             let half = self.config.scoring.max_nodes.div_ceil(2);
             let fullest: Vec<&String> = range.clone().filter(|id| fits(id)).take(half).collect();
             // The emptiest that fit, unless the fullest already are all of them.
@@ -784,9 +792,9 @@ impl Scheduler {
                 .take_while(|id| !fullest.contains(id))
                 .take(half);
             let nodes: Vec<&String> = fullest.iter().copied().chain(emptiest).collect();
-            scorer
-                .choose(nodes.into_iter(), &gpu)
-                .ok_or_else(|| format!("no node fits {}", session.requested))?
+            let chosen = scorer.choose(nodes.into_iter(), &gpu);
+            self.excess = scorer.into_cache();
+            chosen.ok_or_else(|| format!("no node fits {}", session.requested))?
         } else {
             let strategy = if mode == Placement::Spread {
                 Strategy::Spread
@@ -813,8 +821,10 @@ impl Scheduler {
                 .allocator
                 .plan(&gpu, strategy)
                 .map_err(|e| e.to_string())?;
-            let explanation =
-                Scorer::new(self, &session.class).explain_one(mode, &best, node, &planned);
+            let cache = std::mem::take(&mut self.excess);
+            let scorer = Scorer::new(self, &session.class, cache);
+            let explanation = scorer.explain_one(mode, &best, node, &planned);
+            self.excess = scorer.into_cache();
             (best, planned, explanation)
         };
         let requested = session.requested.clone();
@@ -847,19 +857,45 @@ impl Scheduler {
     }
 }
 
+/// Predicted `Σ(slowdown − 1)` of a device's tenants, by (node, device index), with the
+/// tenants it was predicted for.
+type ExcessCache = HashMap<(String, u32), (BTreeSet<String>, f64)>;
+
 /// Scores candidate placements of one session against the cluster as it is.
 struct Scorer<'a> {
     scheduler: &'a Scheduler,
     /// The session's utilization distribution (its class's profile, or the prior).
     candidate: [f64; POINTS],
+    excess: RefCell<ExcessCache>,
 }
 
 impl<'a> Scorer<'a> {
-    fn new(scheduler: &'a Scheduler, class: &str) -> Self {
+    fn new(scheduler: &'a Scheduler, class: &str, excess: ExcessCache) -> Self {
         Self {
             scheduler,
             candidate: scheduler.profiles.or_prior(class).deciles,
+            excess: RefCell::new(excess),
         }
+    }
+
+    fn into_cache(self) -> ExcessCache {
+        self.excess.into_inner()
+    }
+
+    /// The interference among `device`'s tenants as they are (`tenants`: their profiles).
+    fn excess_now(&self, node_id: &str, device: &DeviceState, tenants: &[[f64; POINTS]]) -> f64 {
+        let key = (node_id.to_owned(), device.spec.index);
+        if let Some((who, excess)) = self.excess.borrow().get(&key)
+            && *who == device.sessions
+        {
+            return *excess;
+        }
+        let refs: Vec<&[f64; POINTS]> = tenants.iter().collect();
+        let excess = colocation::predict(&refs).total_excess();
+        self.excess
+            .borrow_mut()
+            .insert(key, (device.sessions.clone(), excess));
+        excess
     }
 
     fn weights(&self) -> &Weights {
@@ -898,11 +934,11 @@ impl<'a> Scorer<'a> {
                 numa.insert(device.spec.numa_node);
             }
             let tenants = self.tenants(device);
+            let before = self.excess_now(node_id, device, &tenants);
             let mut with: Vec<&[f64; POINTS]> = tenants.iter().collect();
-            let before = colocation::predict(&with);
             with.push(&self.candidate);
             let after = colocation::predict(&with);
-            terms.interference += after.total_excess() - before.total_excess();
+            terms.interference += after.total_excess() - before;
             let unusable = |allocated_after: bool, free: SlotValue| {
                 if allocated_after && !part.exclusive {
                     as_f64(free)
