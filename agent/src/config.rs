@@ -69,6 +69,16 @@ pub struct FileConfig {
     pub binding_timeout_secs: Option<u64>,
     /// OTLP/gRPC endpoint for metrics (else `OTEL_EXPORTER_OTLP_ENDPOINT`; neither: off).
     pub otlp_endpoint: Option<String>,
+    /// The kubelet's pod list, for pod names (else `GPUWARDEN_KUBELET_URL`, else
+    /// `https://$NODE_IP:10250/pods` when `NODE_IP` is set; `""`: off).
+    pub kubelet_url: Option<String>,
+    /// Bearer token for the kubelet (default: the service account's, where mounted).
+    pub kubelet_token_file: Option<PathBuf>,
+    /// CA bundle that signs the kubelet's serving certificate (default: the service account's
+    /// `ca.crt`, where mounted).
+    pub kubelet_ca_file: Option<PathBuf>,
+    /// Don't verify the kubelet's certificate (self-signed serving certificates).
+    pub kubelet_insecure_skip_tls_verify: Option<bool>,
 }
 
 impl FileConfig {
@@ -139,6 +149,8 @@ pub struct AgentConfig {
     pub otlp_endpoint: Option<String>,
     /// Metric export interval; `None` leaves it to `OTEL_METRIC_EXPORT_INTERVAL`.
     pub metric_interval: Option<Duration>,
+    /// Where pod names come from; `None`: no names (UIDs only).
+    pub kubelet: Option<crate::kubelet::KubeletConfig>,
 }
 
 impl AgentConfig {
@@ -184,6 +196,12 @@ impl AgentConfig {
             binding_timeout: Duration::from_secs(file.binding_timeout_secs.unwrap_or(300).max(1)),
             otlp_endpoint: crate::metrics::MetricsConfig::endpoint(file.otlp_endpoint),
             metric_interval: None,
+            kubelet: crate::kubelet::KubeletConfig::resolve(
+                file.kubelet_url,
+                file.kubelet_token_file,
+                file.kubelet_ca_file,
+                file.kubelet_insecure_skip_tls_verify.unwrap_or(false),
+            ),
         })
     }
 }
