@@ -407,18 +407,15 @@ async fn refresh_loop(config: KubeletConfig, inner: Arc<Inner>) {
             }
             std::mem::take(&mut cache.missed)
         };
-        match &result {
-            Ok(pods) => {
-                let mut cache = inner.cache.lock().unwrap_or_else(PoisonError::into_inner);
-                cache.pods.clone_from(pods);
-                let unknown: Vec<String> = requested
-                    .into_iter()
-                    .filter(|uid| !pods.contains_key(uid))
-                    .collect();
-                cache.unknown.extend(unknown);
-            }
-            // The last good list stays: a kubelet restarting for a moment loses no names.
-            Err(_) => {}
+        // On an error the last good list stays: a kubelet restarting for a moment loses no names.
+        if let Ok(pods) = &result {
+            let mut cache = inner.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            cache.pods.clone_from(pods);
+            let unknown: Vec<String> = requested
+                .into_iter()
+                .filter(|uid| !pods.contains_key(uid))
+                .collect();
+            cache.unknown.extend(unknown);
         }
         record(&inner, &config.url, result.as_ref().map(HashMap::len));
         let miss_allowed = Instant::now() + config.miss_interval;
