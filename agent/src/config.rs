@@ -246,6 +246,28 @@ mod tests {
     }
 
     #[test]
+    fn kubelet_settings_come_from_the_file() {
+        let path = write(
+            "kubelet",
+            "kubelet_url = \"https://10.0.0.5:10250/pods\"\nkubelet_ca_file = \"/etc/ca.pem\"\nkubelet_insecure_skip_tls_verify = true\n",
+        );
+        let kubelet = AgentConfig::load(Some(&path), Overrides::default())
+            .unwrap()
+            .kubelet
+            .unwrap();
+        assert_eq!(kubelet.url, "https://10.0.0.5:10250/pods");
+        assert_eq!(kubelet.ca_file, Some(PathBuf::from("/etc/ca.pem")));
+        assert!(kubelet.insecure_skip_tls_verify);
+        std::fs::remove_file(path).unwrap();
+
+        // An empty URL turns pod names off, whatever the environment says.
+        let path = write("nokubelet", "kubelet_url = \"\"\n");
+        let config = AgentConfig::load(Some(&path), Overrides::default()).unwrap();
+        assert_eq!(config.kubelet, None);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
     fn unknown_keys_and_bad_globs_are_named() {
         let path = write("bad", "gpu_device = [\"/dev/nvidia0\"]\n");
         let err = AgentConfig::load(Some(&path), Overrides::default()).unwrap_err();

@@ -806,6 +806,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_server_that_does_not_speak_tls_is_a_tls_error() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+        });
+        let mut config = KubeletConfig::plain(&format!("https://{addr}/pods"));
+        config.insecure_skip_tls_verify = true;
+        let err = Client::new(&config).unwrap().pods().await.unwrap_err();
+        assert_eq!(err.label(), "tls", "{err}");
+        server.join().unwrap();
+    }
+
+    #[tokio::test]
     async fn an_unreachable_kubelet_leaves_names_absent_and_is_counted() {
         // A port nobody listens on: bind, note it, close.
         let port = std::net::TcpListener::bind("127.0.0.1:0")
