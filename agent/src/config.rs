@@ -77,6 +77,16 @@ pub struct FileConfig {
     pub otlp_endpoint: Option<String>,
     /// Milliseconds between usage reports to the controller; 0 sends none.
     pub usage_report_interval_ms: Option<u64>,
+    /// The kubelet's pod list, for pod names (else `GPUWARDEN_KUBELET_URL`, else
+    /// `https://$NODE_IP:10250/pods` when `NODE_IP` is set; `""`: off).
+    pub kubelet_url: Option<String>,
+    /// Bearer token for the kubelet (default: the service account's, where mounted).
+    pub kubelet_token_file: Option<PathBuf>,
+    /// CA bundle that signs the kubelet's serving certificate (default: the service account's
+    /// `ca.crt`, where mounted).
+    pub kubelet_ca_file: Option<PathBuf>,
+    /// Don't verify the kubelet's certificate (self-signed serving certificates).
+    pub kubelet_insecure_skip_tls_verify: Option<bool>,
 }
 
 impl FileConfig {
@@ -151,6 +161,8 @@ pub struct AgentConfig {
     pub metric_interval: Option<Duration>,
     /// Interval between usage reports to the controller; `None`: none sent.
     pub usage_report_interval: Option<Duration>,
+    /// Where pod names come from; `None`: no names (UIDs only).
+    pub kubelet: Option<crate::kubelet::KubeletConfig>,
 }
 
 impl AgentConfig {
@@ -200,6 +212,12 @@ impl AgentConfig {
                 overrides
                     .usage_report_interval_ms
                     .or(file.usage_report_interval_ms),
+            ),
+            kubelet: crate::kubelet::KubeletConfig::resolve(
+                file.kubelet_url,
+                file.kubelet_token_file,
+                file.kubelet_ca_file,
+                file.kubelet_insecure_skip_tls_verify.unwrap_or(false),
             ),
         })
     }
@@ -277,6 +295,28 @@ mod tests {
         std::fs::remove_file(path).unwrap();
         let default = AgentConfig::load(None, Overrides::default()).unwrap();
         assert_eq!(default.usage_report_interval, Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn kubelet_settings_come_from_the_file() {
+        let path = write(
+            "kubelet",
+            "kubelet_url = \"https://10.0.0.5:10250/pods\"\nkubelet_ca_file = \"/etc/ca.pem\"\nkubelet_insecure_skip_tls_verify = true\n",
+        );
+        let kubelet = AgentConfig::load(Some(&path), Overrides::default())
+            .unwrap()
+            .kubelet
+            .unwrap();
+        assert_eq!(kubelet.url, "https://10.0.0.5:10250/pods");
+        assert_eq!(kubelet.ca_file, Some(PathBuf::from("/etc/ca.pem")));
+        assert!(kubelet.insecure_skip_tls_verify);
+        std::fs::remove_file(path).unwrap();
+
+        // An empty URL turns pod names off, whatever the environment says.
+        let path = write("nokubelet", "kubelet_url = \"\"\n");
+        let config = AgentConfig::load(Some(&path), Overrides::default()).unwrap();
+        assert_eq!(config.kubelet, None);
+        std::fs::remove_file(path).unwrap();
     }
 
     #[test]

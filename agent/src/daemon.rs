@@ -26,6 +26,7 @@ use crate::{
     gpu_nodes::device_name,
     holdings::{Holdings, HoldingsError},
     hooks::{KernelLogger, Sensor, SensorError},
+    kubelet::PodNames,
     lock::{InstanceLock, LockError},
     quota::QuotaSpec,
     snapshot::Snapshot,
@@ -108,6 +109,28 @@ impl State {
 }
 
 type Shared = Arc<Mutex<State>>;
+
+/// What a snapshot adds to the maps' view: GPU utilization and pod names.
+struct Extras {
+    backend: Arc<dyn GpuBackend>,
+    pods: PodNames,
+    node: String,
+    indexes: Vec<u32>,
+}
+
+/// A full snapshot: the maps read under the lock; NVML and the pod names outside it.
+fn snapshot(state: &Shared, extras: &Extras) -> Snapshot {
+    let measured = extras.backend.utilization();
+    let mut snapshot = {
+        let mut guard = lock(state);
+        let mut snapshot = guard.snapshot(&extras.node);
+        snapshot.gpus =
+            telemetry::gpu_utilization(&extras.indexes, measured.as_ref(), &guard.enforcer);
+        snapshot
+    };
+    extras.pods.annotate(&mut snapshot);
+    snapshot
+}
 
 fn lock(state: &Shared) -> MutexGuard<'_, State> {
     // A panicked task leaves the maps as they were; keep serving them.
@@ -252,6 +275,18 @@ pub async fn run_until(
         }
     };
 
+    // Pod names are an extra too: without a kubelet the pods keep their UIDs only.
+    let pods = match config.kubelet.clone() {
+        Some(kubelet) => PodNames::spawn(kubelet),
+        None => PodNames::disabled(),
+    };
+    let extras = Arc::new(Extras {
+        backend: Arc::clone(&backend),
+        pods,
+        node: config.node_name.clone(),
+        indexes: backend.devices().iter().map(|d| d.index).collect(),
+    });
+
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(ring) = events {
         // SAFETY: the ring buffer owns its fd and keeps it open until the AsyncFd drops it.
@@ -263,6 +298,7 @@ pub async fn run_until(
         config.clone(),
         Arc::clone(&backend),
         _metrics.is_some().then(|| Arc::clone(&published)),
+        Arc::clone(&extras),
     ));
     tasks.spawn(apply_quotas(Arc::clone(&state), quota_rx));
     match &config.controller {
@@ -302,13 +338,16 @@ pub async fn run_until(
 
     let listener = bind(&config.socket)?;
     tracing::info!(socket = %config.socket.display(), node = %config.node_name, "agent ready");
-    let node = Arc::new(config.node_name.clone());
     let mut clients = tokio::task::JoinSet::new();
     let serve = async {
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
-                    clients.spawn(serve_client(stream, Arc::clone(&state), Arc::clone(&node)));
+                    clients.spawn(serve_client(
+                        stream,
+                        Arc::clone(&state),
+                        Arc::clone(&extras),
+                    ));
                 }
                 Err(e) => tracing::warn!("accept on {}: {e}", config.socket.display()),
             }
@@ -416,6 +455,7 @@ async fn housekeeping(
     config: AgentConfig,
     backend: Arc<dyn GpuBackend>,
     published: Option<crate::metrics::Published>,
+    extras: Arc<Extras>,
 ) {
     // Metrics read the latest snapshot; publishing once a second keeps it fresh for any
     // export interval without the exporter ever taking the state's lock.
@@ -427,7 +467,7 @@ async fn housekeeping(
     loop {
         tokio::select! {
             _ = publish.tick(), if published.is_some() => {
-                let snapshot = lock(&state).snapshot(&config.node_name);
+                let snapshot = snapshot(&state, &extras);
                 if let Some(p) = &published {
                     *p.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(snapshot);
                 }
@@ -608,14 +648,14 @@ fn signal(state: &Shared, pid: u32, resume: bool) -> Response {
     }
 }
 
-async fn serve_client(stream: UnixStream, state: Shared, node: Arc<String>) {
+async fn serve_client(stream: UnixStream, state: Shared, extras: Arc<Extras>) {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let response = match api::parse_request(&line) {
-            Ok(Request::Snapshot) => Response::Snapshot(Box::new(lock(&state).snapshot(&node))),
+            Ok(Request::Snapshot) => Response::Snapshot(Box::new(snapshot(&state, &extras))),
             Ok(Request::Node) => Response::Node {
-                name: node.to_string(),
+                name: extras.node.clone(),
             },
             Ok(Request::SessionCgroup { session_id }) => {
                 match lock(&state).enforcer.session_cgroup(&session_id) {

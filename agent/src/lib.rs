@@ -11,7 +11,8 @@
 //! - [`hooks`]: loading the programs, probing and attaching the cheapest hooks the kernel allows;
 //! - [`gpu_nodes`]: which paths are GPU device nodes;
 //! - [`telemetry`]: reading the maps into a [`snapshot::Snapshot`], and their housekeeping;
-//! - [`attribution`]: cgroup id → container, pod, systemd unit or host;
+//! - [`attribution`]: cgroup id → container, pod, systemd unit or host; [`kubelet`]: pod UID →
+//!   name and namespace, from the node's kubelet;
 //! - [`quota`]: what an allocation asks the node to enforce, validated;
 //! - [`binding`]: a quota's target (container, pod, cgroup, managed) → its cgroups;
 //! - [`enforcement`]: binding quotas into the BPF maps and device programs, and their events;
@@ -35,6 +36,7 @@ pub mod enforcement;
 pub mod gpu_nodes;
 pub mod holdings;
 pub mod hooks;
+pub mod kubelet;
 pub mod lock;
 pub mod metrics;
 pub mod quota;

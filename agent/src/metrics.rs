@@ -12,9 +12,9 @@
 //! (`gpuwarden.telemetry.exports.failed`).
 //!
 //! Names follow the OpenTelemetry semantic conventions where they exist (`hw.gpu.*` with `hw.id`,
-//! `hw.name`, `hw.vendor`; `container.id`, `k8s.pod.uid`), with a `gpuwarden.` prefix for the
-//! rest; no pid or handle attributes. The [`INSTRUMENTS`] table is the reference the README's
-//! metric table is checked against.
+//! `hw.name`, `hw.vendor`; `container.id`, `k8s.pod.uid`, `k8s.pod.name`, `k8s.namespace.name`),
+//! with a `gpuwarden.` prefix for the rest; no pid or handle attributes. The [`INSTRUMENTS`] table
+//! is the reference the README's metric table is checked against.
 
 use std::{
     sync::{Arc, Mutex, PoisonError},
@@ -42,6 +42,12 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "By",
         "hw.id, hw.name, hw.vendor, gpuwarden.gpu.index",
         "GPU memory held by the processes the agent sees, per GPU",
+    ),
+    (
+        "hw.gpu.utilization",
+        "1",
+        "hw.id, hw.name, hw.vendor, gpuwarden.gpu.index, gpuwarden.utilization.source",
+        "fraction of the time each GPU was busy: NVML's GPU utilization (`nvml`); with mock devices the throttle's stand-in (`throttle_stand_in`: measured running fraction of the cgroups with a compute share of the GPU, summed, at most 1; CPU time, not a GPU figure)",
     ),
     (
         "gpuwarden.container.gpu.memory.usage",
@@ -102,6 +108,12 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "1",
         "gpuwarden.tier, gpuwarden.memory_tier",
         "1 for the hook tier and memory-enforcement tier in use",
+    ),
+    (
+        "gpuwarden.agent.kubelet.requests",
+        "{request}",
+        "gpuwarden.result",
+        "requests for the kubelet's pod list (pod names) by result: ok, unreachable, timeout, tls, unauthorized, forbidden, http_error, malformed, token, config",
     ),
     (
         "gpuwarden.telemetry.exports.failed",
@@ -175,6 +187,12 @@ fn container_attributes(c: &crate::snapshot::Container) -> Vec<KeyValue> {
     }
     if let Some(uid) = &c.pod_uid {
         attrs.push(KeyValue::new("k8s.pod.uid", uid.clone()));
+    }
+    if let Some(name) = &c.pod_name {
+        attrs.push(KeyValue::new("k8s.pod.name", name.clone()));
+    }
+    if let Some(namespace) = &c.pod_namespace {
+        attrs.push(KeyValue::new("k8s.namespace.name", namespace.clone()));
     }
     if let Some(session) = &c.session_id {
         attrs.push(KeyValue::new("gpuwarden.session.id", session.clone()));
@@ -287,6 +305,33 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
                             .map(|d| d.memory_bytes)
                             .sum();
                         o.observe(used, &gpu_attributes(gpu));
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(&published));
+        meter
+            .f64_observable_gauge("hw.gpu.utilization")
+            .with_unit("1")
+            .with_description("Fraction of the time each GPU was busy")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for gpu in gpus.iter() {
+                        let name = format!("nvidia{}", gpu.index);
+                        // A GPU whose utilization can't be read is left out, not reported 0.
+                        let Some((value, source)) = s
+                            .gpus
+                            .iter()
+                            .find(|g| g.device == name)
+                            .and_then(|g| g.utilization.map(|u| (u, g.source.clone())))
+                        else {
+                            continue;
+                        };
+                        let mut attrs = gpu_attributes(gpu);
+                        attrs.push(KeyValue::new("gpuwarden.utilization.source", source));
+                        o.observe(value, &attrs);
                     }
                 });
             })
@@ -439,6 +484,21 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
                         ("allocations", s.stats.tracked_allocations),
                     ] {
                         o.observe(n, &[KeyValue::new("gpuwarden.map", map)]);
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let published = Arc::clone(&published);
+        meter
+            .u64_observable_counter("gpuwarden.agent.kubelet.requests")
+            .with_unit("{request}")
+            .with_description("Requests for the kubelet's pod list by result")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for (result, n) in s.kubelet.iter().flat_map(|k| &k.requests) {
+                        o.observe(*n, &[KeyValue::new("gpuwarden.result", result.clone())]);
                     }
                 });
             })

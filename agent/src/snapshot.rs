@@ -32,7 +32,28 @@ pub struct Snapshot {
     /// Every quota on the node, bound or waiting, by session.
     #[serde(default)]
     pub bindings: Vec<BindingView>,
+    /// Each GPU's utilization and where it was read.
+    #[serde(default)]
+    pub gpus: Vec<GpuView>,
+    /// The kubelet pod-name source, where one is configured.
+    #[serde(default)]
+    pub kubelet: Option<crate::kubelet::KubeletStatus>,
 }
+
+/// One GPU's utilization.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    /// `nvidiaN`.
+    pub device: String,
+    /// Fraction of the time the GPU was busy, `0..=1`; `null` when it can't be read.
+    pub utilization: Option<f64>,
+    /// Where it comes from: `nvml` (the driver's GPU utilization), or `throttle_stand_in` (mock
+    /// devices: the throttle's measured running fraction of the cgroups with a compute share of
+    /// the GPU, summed and clamped to 1; CPU time, which says nothing about a GPU).
+    pub source: String,
+}
+
+impl Eq for GpuView {}
 
 /// A session's quota and where it is enforced.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +125,12 @@ pub struct Container {
     pub runtime: String,
     /// Kubernetes pod UID.
     pub pod_uid: Option<String>,
+    /// The pod's name, from the kubelet's pod list.
+    #[serde(default)]
+    pub pod_name: Option<String>,
+    /// The pod's namespace, from the kubelet's pod list.
+    #[serde(default)]
+    pub pod_namespace: Option<String>,
     /// Kubernetes QoS class.
     pub qos: Option<String>,
     /// cgroup v2 path (relative to the cgroup root).

@@ -24,8 +24,8 @@ use crate::{
     gpu_nodes::device_name,
     hooks::{Sensor, SensorMaps},
     snapshot::{
-        BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, QuotaView, Snapshot,
-        Stats,
+        BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, GpuView, QuotaView,
+        Snapshot, Stats,
     },
 };
 
@@ -139,7 +139,50 @@ pub fn collect(
                 quota: quota_view(b, sensor),
             })
             .collect(),
+        gpus: Vec::new(),
+        kubelet: None,
     }
+}
+
+/// Each GPU's utilization: `measured` where the backend reads one (NVML), else the throttle's
+/// stand-in — the measured running fraction of every cgroup with a compute share of the GPU,
+/// summed and clamped to 1 (with mock devices that is CPU time, not a GPU figure).
+#[must_use]
+pub fn gpu_utilization(
+    indexes: &[u32],
+    measured: Option<&BTreeMap<u32, f64>>,
+    enforcer: &Enforcer,
+) -> Vec<GpuView> {
+    indexes
+        .iter()
+        .map(|&index| match measured {
+            Some(measured) => GpuView {
+                device: device_name(index),
+                utilization: measured.get(&index).copied(),
+                source: "nvml".to_owned(),
+            },
+            None => {
+                let busy: f64 = enforcer
+                    .bindings()
+                    .values()
+                    .filter(|b| {
+                        b.spec
+                            .devices
+                            .iter()
+                            .any(|d| d.index == index && d.shares_ppm > 0)
+                    })
+                    .filter_map(|b| b.key)
+                    .filter_map(|key| enforcer.throttle().and_then(|t| t.stats(key)))
+                    .map(|s| s.running_fraction)
+                    .sum();
+                GpuView {
+                    device: device_name(index),
+                    utilization: Some(busy.clamp(0.0, 1.0)),
+                    source: "throttle_stand_in".to_owned(),
+                }
+            }
+        })
+        .collect()
 }
 
 /// The quota of a binding, with what the kernel side counts against it.
@@ -210,6 +253,8 @@ fn container(id: u64, workload: Option<&Workload>, totals: CgroupTotals) -> Cont
             container_id: w.container_id.clone(),
             runtime: w.runtime.as_str().to_owned(),
             pod_uid: w.pod_uid.clone(),
+            pod_name: None,
+            pod_namespace: None,
             qos: w.qos.map(|q| q.as_str().to_owned()),
             cgroup_path: w.cgroup_path.clone(),
             cgroup_id: id,
@@ -225,6 +270,8 @@ fn container(id: u64, workload: Option<&Workload>, totals: CgroupTotals) -> Cont
             container_id: None,
             runtime: "unknown".to_owned(),
             pod_uid: None,
+            pod_name: None,
+            pod_namespace: None,
             qos: None,
             cgroup_path: format!("<cgroup {id} not found>"),
             cgroup_id: id,

@@ -198,6 +198,8 @@ mod tests {
                 container_id: Some("a".repeat(64)),
                 runtime: "docker".into(),
                 pod_uid: None,
+                pod_name: None,
+                pod_namespace: None,
                 qos: None,
                 cgroup_path: "/system.slice/docker-x.scope".into(),
                 cgroup_id: 7,
@@ -246,6 +248,8 @@ mod tests {
                     }],
                 },
             }],
+            gpus: vec![],
+            kubelet: None,
         };
         let table = render(&snapshot);
         let lines: Vec<&str> = table.lines().collect();

@@ -11,7 +11,8 @@ schemas:
 - a kind the bundled schemas do not know fails (it would otherwise be skipped unchecked);
 - no two documents share kind, namespace and name;
 - a pod template's ConfigMaps, PersistentVolumeClaims and ServiceAccount exist among the
-  manifests, and each Service selects some pod template;
+  manifests, each (Cluster)RoleBinding's role and ServiceAccount subjects too, and each Service
+  selects some pod template;
 - the files embedded in ConfigMaps parse (TOML, YAML).
 
 Usage: validate.py [DIR]   (default: the directory of this script)
@@ -169,6 +170,18 @@ def check_references(docs: list[Doc]) -> None:
                 name = volume["persistentVolumeClaim"].get("claimName")
                 if not exists("PersistentVolumeClaim", ns, name):
                     doc.errors.append(f"PersistentVolumeClaim {name!r} is not among the manifests")
+    for doc in docs:
+        if doc.kind not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        ref = doc.data.get("roleRef") or {}
+        role_ns = doc.namespace if ref.get("kind") == "Role" else None
+        if not exists(str(ref.get("kind")), role_ns, str(ref.get("name"))):
+            doc.errors.append(f"roleRef {ref.get('kind')} {ref.get('name')!r} is not among the manifests")
+        for subject in doc.data.get("subjects") or []:
+            if subject.get("kind") == "ServiceAccount" and not exists(
+                "ServiceAccount", subject.get("namespace"), subject.get("name")
+            ):
+                doc.errors.append(f"subject ServiceAccount {subject.get('name')!r} is not among the manifests")
     for doc in docs:
         if doc.kind != "Service":
             continue

@@ -101,6 +101,21 @@ fn agent_metrics_match_the_snapshot_and_survive_the_receiver_going_away() {
         .find(|(attrs, _)| has(attrs, "hw.id", "GPU-metrics-0"))
         .unwrap();
     assert!(used0.1 >= (4 * MIB) as f64);
+    // Utilization per GPU: mock devices report the throttle's stand-in, 0 with no share held.
+    let utilization = receiver.latest("hw.gpu.utilization").unwrap();
+    assert_eq!(utilization.unit, "1");
+    for uuid in ["GPU-metrics-0", "GPU-metrics-1"] {
+        let (attrs, v) = points(&utilization)
+            .into_iter()
+            .find(|(attrs, _)| has(attrs, "hw.id", uuid))
+            .unwrap_or_else(|| panic!("no utilization for {uuid}"));
+        assert!(has(&attrs, "hw.vendor", "NVIDIA") && has(&attrs, "hw.name", "Mock H100"));
+        assert!(
+            has(&attrs, "gpuwarden.utilization.source", "throttle_stand_in"),
+            "{attrs:?}"
+        );
+        assert!(v.abs() < f64::EPSILON, "{uuid}: {v}");
+    }
 
     // ioctls by class equal the snapshot's counts.
     let expected = ioctls(&agent.container(&cg.path).unwrap(), "nvidiactl", "rm_alloc");

@@ -679,6 +679,7 @@ fn a_compute_share_throttles_the_bound_cgroup() {
         .unwrap();
     std::thread::sleep(Duration::from_secs(3));
     let c = entry(rig.agent(), &cg);
+    let gpus = rig.agent().snapshot().gpus;
     let _ = spinner.kill();
     let _ = spinner.wait();
     let e = c.enforcement.expect("enforcement on the bound cgroup");
@@ -689,7 +690,21 @@ fn a_compute_share_throttles_the_bound_cgroup() {
         "throttled {} ms in 3 s at share 0.3",
         e.throttled_ms
     );
-    assert_eq!(c.quota.unwrap().compute_policy, "hard");
+    let quota = c.quota.unwrap();
+    assert_eq!(quota.compute_policy, "hard");
+    // The mock GPU's utilization is the throttle's stand-in: the spinner's running fraction on
+    // the GPU of its share (about 0.3), nothing on the other.
+    let bound = &quota.devices[0].device;
+    for g in &gpus {
+        assert_eq!(g.source, "throttle_stand_in");
+        let u = g.utilization.unwrap();
+        if &g.device == bound {
+            assert!(u > 0.05 && u <= 1.0, "{}: {u}", g.device);
+        } else {
+            assert!(u.abs() < f64::EPSILON, "{}: {u}", g.device);
+        }
+    }
+    assert_eq!(gpus.len(), 2, "{gpus:?}");
 }
 
 /// A quota waits for a container that starts later, binds when its cgroup appears, reports (the

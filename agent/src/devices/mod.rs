@@ -68,6 +68,12 @@ pub trait GpuBackend: Send + Sync {
         Vec::new()
     }
 
+    /// Each GPU's utilization (`0..=1`, by index) as the driver measures it; `None` where the
+    /// backend can't tell (mock devices), and then the throttle's stand-in is reported instead.
+    fn utilization(&self) -> Option<std::collections::BTreeMap<u32, f64>> {
+        None
+    }
+
     /// The compute-share throttle's usage signal for these GPUs, where the backend measures one;
     /// `None` falls back to the CPU-time stand-in.
     fn usage_source(

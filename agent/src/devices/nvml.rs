@@ -91,6 +91,24 @@ impl GpuBackend for NvmlBackend {
         out
     }
 
+    fn utilization(&self) -> Option<std::collections::BTreeMap<u32, f64>> {
+        // A GPU NVML can't read this time is left out (reported as unknown), not zero.
+        Some(
+            self.nvml_index
+                .iter()
+                .filter_map(|(&index, &nvml_index)| {
+                    let rates = self
+                        .nvml
+                        .device_by_index(nvml_index)
+                        .ok()?
+                        .utilization_rates()
+                        .ok()?;
+                    Some((index, f64::from(rates.gpu.min(100)) / 100.0))
+                })
+                .collect(),
+        )
+    }
+
     fn usage_source(&self, cgroup_root: &Path) -> Option<Box<dyn UsageSource>> {
         Some(Box::new(NvmlUsage {
             nvml: Arc::clone(&self.nvml),
