@@ -3,9 +3,10 @@
 //! utilization for each session). A finished session teaches its class; interference-aware
 //! placement then keeps two busy sessions apart and explains why.
 
+mod common;
+
 use std::{process::Command, time::Duration};
 
-use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
 use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
 use tokio_stream::StreamExt;
 
@@ -131,26 +132,7 @@ fn create_running(url: &str, extra: &[&str]) -> serde_json::Value {
 fn a_learned_busy_class_is_kept_apart_and_the_choice_explained() {
     let scratch = std::env::temp_dir().join(format!("gpuwarden-placement-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let controller = server::open(
-        &scratch.join("controller"),
-        SchedulerConfig::default(),
-        Timing::default(),
-    )
-    .expect("controller opens");
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("binds");
-    let url = format!("http://{}", listener.local_addr().expect("bound"));
-    rt.spawn(server::serve_on(
-        controller,
-        listener,
-        std::future::pending::<()>(),
-    ));
+    let (rt, url) = common::start_controller(&scratch);
     rt.spawn(fake_agent(url.clone()));
     for _ in 0..100 {
         if json(&url, &["node", "ls"]).to_string().contains(NODE) {

@@ -4,6 +4,8 @@
 //!
 //! Needs root and a cgroup v2 mount; without them the test says so and passes.
 
+mod common;
+
 use std::{
     io::{BufRead, BufReader, Write},
     os::unix::net::UnixListener,
@@ -13,7 +15,6 @@ use std::{
     time::Duration,
 };
 
-use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
 use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
 use tokio_stream::StreamExt;
 
@@ -218,26 +219,7 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
     let socket = scratch.join("agent.sock");
     fake_agent_socket(&socket, cgroup.dir.clone());
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let controller = server::open(
-        &scratch.join("controller"),
-        SchedulerConfig::default(),
-        Timing::default(),
-    )
-    .expect("controller opens");
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("binds");
-    let url = format!("http://{}", listener.local_addr().expect("bound"));
-    rt.spawn(server::serve_on(
-        controller,
-        listener,
-        std::future::pending::<()>(),
-    ));
+    let (rt, url) = common::start_controller(&scratch);
     let seen = Arc::new(Mutex::new(Vec::new()));
     rt.spawn(fake_agent(url.clone(), Arc::clone(&seen)));
     // Registered once the node is listed.

@@ -18,12 +18,13 @@ use gpuwarden_agent::{
     api::{self, Request, Response},
     snapshot::{Container, Snapshot},
 };
-use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig};
+use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
 use tonic::transport::Channel;
 use util::{
-    Client, Driver, TestAgent, TestCgroup, cluster::TestController, config, container_id, memory,
-    pin_dir, require_root, scratch,
+    Client, Driver, TestAgent, TestCgroup,
+    cluster::{TestController, fast_timing},
+    config, container_id, memory, pin_dir, require_root, scratch,
 };
 
 const MIB: u64 = 1 << 20;
@@ -40,14 +41,6 @@ model_name = "Mock"
 memory_size = "16G"
 "#;
 
-fn fast() -> Timing {
-    Timing {
-        heartbeat_interval: Duration::from_millis(200),
-        heartbeat_timeout: Duration::from_secs(5),
-        pass_interval: Duration::from_millis(50),
-    }
-}
-
 /// A controller, the fake driver, and an agent registered with the controller.
 struct Rig {
     driver: Driver,
@@ -60,7 +53,11 @@ struct Rig {
 impl Rig {
     fn start(tag: &str, binding_timeout: Duration) -> Self {
         let driver = Driver::mount(tag);
-        let ctl = TestController::start(&scratch("ctl"), SchedulerConfig::default(), fast());
+        let ctl = TestController::start(
+            &scratch("ctl"),
+            SchedulerConfig::default(),
+            fast_timing(Duration::from_secs(5)),
+        );
         let mock = driver.dir.parent().unwrap().join("mock.toml");
         std::fs::write(&mock, MOCK_DEVICES).unwrap();
         let mut cfg = config(&[driver.glob()], &scratch("agent"));

@@ -5,27 +5,23 @@ mod util;
 
 use std::{sync::atomic::Ordering, time::Duration};
 
-use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig};
+use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, SessionState};
 use util::{
     cluster::{
-        TestBackend, TestController, TestNode, alloc_map, create, eventually, state_of, wait_nodes,
-        wait_state,
+        TestBackend, TestController, TestNode, alloc_map, create, eventually, fast_timing,
+        state_of, wait_nodes, wait_state,
     },
     scratch,
 };
 
-fn fast() -> Timing {
-    Timing {
-        heartbeat_interval: Duration::from_millis(200),
-        heartbeat_timeout: Duration::from_millis(1500),
-        pass_interval: Duration::from_millis(50),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_ai_case_over_grpc() {
-    let ctl = TestController::start(&scratch("ctl"), SchedulerConfig::default(), fast());
+    let ctl = TestController::start(
+        &scratch("ctl"),
+        SchedulerConfig::default(),
+        fast_timing(Duration::from_millis(1500)),
+    );
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let mut c = ctl.client().await;
     wait_nodes(&c, 1).await;
@@ -64,7 +60,11 @@ async fn backend_ai_case_over_grpc() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_fleet_merges_slot_types_and_unknown_slots_are_nacked() {
-    let ctl = TestController::start(&scratch("mix"), SchedulerConfig::default(), fast());
+    let ctl = TestController::start(
+        &scratch("mix"),
+        SchedulerConfig::default(),
+        fast_timing(Duration::from_millis(1500)),
+    );
     let mut accel = TestBackend::gpus(1);
     accel.extra = Some(("mock.accel", "4"));
     let plain = TestNode::start(&ctl.url(), "plain", TestBackend::gpus(1));
@@ -111,7 +111,11 @@ async fn mixed_fleet_merges_slot_types_and_unknown_slots_are_nacked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_are_rejected_with_reasons() {
-    let ctl = TestController::start(&scratch("bad"), SchedulerConfig::default(), fast());
+    let ctl = TestController::start(
+        &scratch("bad"),
+        SchedulerConfig::default(),
+        fast_timing(Duration::from_millis(1500)),
+    );
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let mut c = ctl.client().await;
     wait_nodes(&c, 1).await;
@@ -178,7 +182,11 @@ async fn concurrency_limits_count_sessions_not_passes() {
     let mut config = SchedulerConfig::default();
     config.default_limits.max_concurrent = Some(1);
     config.skip_after = 0;
-    let ctl = TestController::start(&scratch("lim"), config, fast());
+    let ctl = TestController::start(
+        &scratch("lim"),
+        config,
+        fast_timing(Duration::from_millis(1500)),
+    );
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let mut c = ctl.client().await;
     wait_nodes(&c, 1).await;
@@ -212,7 +220,11 @@ async fn concurrency_limits_count_sessions_not_passes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_restart_keeps_sessions_and_allocations() {
     let dir = scratch("restart");
-    let ctl = TestController::start(&dir, SchedulerConfig::default(), fast());
+    let ctl = TestController::start(
+        &dir,
+        SchedulerConfig::default(),
+        fast_timing(Duration::from_millis(1500)),
+    );
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let mut c = ctl.client().await;
     wait_nodes(&c, 1).await;
@@ -223,7 +235,11 @@ async fn controller_restart_keeps_sessions_and_allocations() {
     ctl.kill();
     drop(c);
 
-    let ctl = TestController::start(&dir, SchedulerConfig::default(), fast());
+    let ctl = TestController::start(
+        &dir,
+        SchedulerConfig::default(),
+        fast_timing(Duration::from_millis(1500)),
+    );
     let (holdings, backend) = node.stop().await;
     let mut c = ctl.client().await;
     let sessions = c
@@ -267,7 +283,11 @@ async fn controller_restart_keeps_sessions_and_allocations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_loss_and_return() {
-    let ctl = TestController::start(&scratch("loss"), SchedulerConfig::default(), fast());
+    let ctl = TestController::start(
+        &scratch("loss"),
+        SchedulerConfig::default(),
+        fast_timing(Duration::from_millis(1500)),
+    );
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(1));
     let mut c = ctl.client().await;
     wait_nodes(&c, 1).await;

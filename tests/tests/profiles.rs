@@ -17,8 +17,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig};
-use util::{Driver, TestAgent, cluster::TestController, config, require_root, scratch};
+use gpuwarden_controller::scheduler::SchedulerConfig;
+use util::{
+    Driver, TestAgent,
+    cluster::{TestController, fast_timing},
+    config, require_root, scratch,
+};
 
 /// Two mock GPUs of 16 GiB, indexes 0 and 1 (the fake driver's nvidia0 and nvidia1).
 const MOCK_DEVICES: &str = r#"
@@ -55,14 +59,6 @@ fn spinner(secs: u32) -> Vec<String> {
     .collect()
 }
 
-fn fast() -> Timing {
-    Timing {
-        heartbeat_interval: Duration::from_millis(200),
-        heartbeat_timeout: Duration::from_secs(5),
-        pass_interval: Duration::from_millis(50),
-    }
-}
-
 /// A controller, the fake driver, and an agent reporting usage to the controller.
 struct Rig {
     driver: Driver,
@@ -75,7 +71,11 @@ impl Rig {
     fn start() -> Self {
         let driver = Driver::mount("prof");
         let ctl_dir = scratch("ctl");
-        let ctl = TestController::start(&ctl_dir, SchedulerConfig::default(), fast());
+        let ctl = TestController::start(
+            &ctl_dir,
+            SchedulerConfig::default(),
+            fast_timing(Duration::from_secs(5)),
+        );
         let mock = driver.dir.parent().unwrap().join("mock.toml");
         std::fs::write(&mock, MOCK_DEVICES).unwrap();
         let mut cfg = config(&[driver.glob()], &scratch("agent"));
@@ -106,7 +106,7 @@ impl Rig {
         self.ctl = Some(TestController::start(
             &self.ctl_dir,
             SchedulerConfig::default(),
-            fast(),
+            fast_timing(Duration::from_secs(5)),
         ));
     }
 

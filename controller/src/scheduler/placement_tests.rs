@@ -1,38 +1,10 @@
 //! Placement modes through the scheduler: learning profiles, the packing cap, explanations.
 
 use super::*;
-use crate::{
-    allocator::DeviceSpec,
-    placement::Weights,
-    slots::{SlotKind, SlotName},
-};
+use crate::placement::Weights;
 
 fn node(id: &str, gpus: u32) -> NodeReport {
-    NodeReport {
-        node_id: id.into(),
-        hostname: id.into(),
-        slot_types: [
-            ("cuda.shares", SlotKind::Count),
-            ("cuda.device", SlotKind::Count),
-            ("cuda.mem", SlotKind::Bytes),
-        ]
-        .iter()
-        .map(|(n, k)| (SlotName::new(n).unwrap(), *k))
-        .collect(),
-        capacity: ResourceSlot::new(),
-        devices: (0..gpus)
-            .map(|i| DeviceSpec {
-                uuid: format!("{id}-GPU-{i}"),
-                index: i,
-                memory_bytes: 16 << 30,
-                sm_count: 132,
-                numa_node: 0,
-            })
-            .collect(),
-        device_models: vec![],
-        hooks: vec![],
-        agent_version: "test".into(),
-    }
+    super::tests::report(id, gpus, &[])
 }
 
 fn cluster(mode: Placement, scoring: ScoringConfig, gpus: u32) -> Scheduler {

@@ -8,7 +8,8 @@ fn slots(tokens: &[&str]) -> ResourceSlot {
     ResourceSlot::parse_any(tokens).unwrap()
 }
 
-fn report(id: &str, gpus: u32, extra: &[(&str, SlotKind)]) -> NodeReport {
+/// A node with `gpus` 16 GiB GPUs on NUMA node 0, cpu=8 and mem=32g.
+pub(super) fn report(id: &str, gpus: u32, extra: &[(&str, SlotKind)]) -> NodeReport {
     let mut slot_types: Vec<(SlotName, SlotKind)> = [
         ("cpu", SlotKind::Count),
         ("mem", SlotKind::Bytes),

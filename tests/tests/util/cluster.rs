@@ -19,6 +19,16 @@ use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
 use tonic::transport::Channel;
 
+/// Short heartbeats and scheduling passes, so tests wait milliseconds rather than seconds; a
+/// node is lost after `heartbeat_timeout` of silence.
+pub fn fast_timing(heartbeat_timeout: Duration) -> Timing {
+    Timing {
+        heartbeat_interval: Duration::from_millis(200),
+        heartbeat_timeout,
+        pass_interval: Duration::from_millis(50),
+    }
+}
+
 /// A controller on its own runtime: dropping that runtime is as abrupt as killing the process.
 pub struct TestController {
     pub addr: SocketAddr,
