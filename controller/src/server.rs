@@ -93,8 +93,7 @@ pub fn open(
         "state restored from {}",
         state_dir.display()
     );
-    let scheduler =
-        Scheduler::restore(config, snapshot);
+    let scheduler = Scheduler::restore(config, snapshot);
     Ok(Controller::new(scheduler, store, timing))
 }
 

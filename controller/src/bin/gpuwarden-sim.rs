@@ -43,6 +43,9 @@ struct Cli {
     /// Offered load of a generated trace (GPU-seconds asked per second per GPU).
     #[arg(long, default_value_t = GenConfig::default().load)]
     load: f64,
+    /// Fraction of a generated trace's fractional requests that are training jobs.
+    #[arg(long, default_value_t = GenConfig::default().fractional_training)]
+    fractional_training: f64,
     /// Simulated nodes.
     #[arg(long, default_value_t = 8)]
     nodes: u32,
@@ -89,11 +92,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         jobs: cli.generate.unwrap_or(cli.jobs),
         gpus: cluster.gpus(),
         load: cli.load,
+        fractional_training: cli.fractional_training,
         ..GenConfig::default()
     };
     anyhow::ensure!(
         cli.load.is_finite() && cli.load > 0.0,
         "--load must be a number > 0"
+    );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&cli.fractional_training),
+        "--fractional-training must be in 0..=1"
     );
     if cli.generate.is_some() {
         print!(

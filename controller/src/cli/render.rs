@@ -152,7 +152,11 @@ pub fn explanation(s: &pb::Session) -> String {
         .first()
         .map(|c| c.terms.iter().map(|t| t.name.as_str()).collect())
         .unwrap_or_default();
-    let _ = write!(out, "  {:<6} {:<16} {:<10} {:>9} {:>9}", "", "NODE", "GPUS", "TOTAL", "UTIL");
+    let _ = write!(
+        out,
+        "  {:<6} {:<16} {:<10} {:>9} {:>9}",
+        "", "NODE", "GPUS", "TOTAL", "UTIL"
+    );
     for n in &names {
         let _ = write!(out, " {:>22}", n.to_uppercase());
     }

@@ -195,8 +195,18 @@ impl Terms {
                 w.fragmentation,
                 w.fragmentation * self.fragmentation,
             ),
-            ("packing", self.packing, w.packing, -w.packing * self.packing),
-            ("topology", self.topology, w.topology, w.topology * self.topology),
+            (
+                "packing",
+                self.packing,
+                w.packing,
+                -w.packing * self.packing,
+            ),
+            (
+                "topology",
+                self.topology,
+                w.topology,
+                w.topology * self.topology,
+            ),
         ]
     }
 }

@@ -198,10 +198,7 @@ impl ProfileBook {
     #[must_use]
     pub fn new(profiles: impl IntoIterator<Item = Profile>) -> Self {
         Self {
-            profiles: profiles
-                .into_iter()
-                .map(|p| (p.class.clone(), p))
-                .collect(),
+            profiles: profiles.into_iter().map(|p| (p.class.clone(), p)).collect(),
         }
     }
 

@@ -49,13 +49,19 @@ fn learning_replaces_the_prior_then_blends_runs() {
     assert!((book.or_prior("train").mean() - 0.7).abs() < 1e-9);
 
     // A first run replaces the prior outright.
-    let p = book.learn("train", &series(&[0.2; 20]), 5).cloned().unwrap();
+    let p = book
+        .learn("train", &series(&[0.2; 20]), 5)
+        .cloned()
+        .unwrap();
     assert_eq!(p.runs, 1);
     assert_eq!(p.deciles, [0.2; POINTS]);
     assert_eq!(p.updated_at_ms, 5);
 
     // A second run weighs half.
-    let p = book.learn("train", &series(&[0.6; 20]), 6).cloned().unwrap();
+    let p = book
+        .learn("train", &series(&[0.6; 20]), 6)
+        .cloned()
+        .unwrap();
     assert_eq!(p.runs, 2);
     assert!(p.deciles.iter().all(|d| (d - 0.4).abs() < 1e-9), "{p:?}");
     assert_eq!(p.samples, 40);

@@ -22,8 +22,8 @@ use crate::{
     allocator::{
         AllocError, Allocation, AllocatorConfig, DeviceState, GpuRequest, NodeAllocator, Strategy,
     },
-    node::{Node, NodeReport, NodeState},
     colocation,
+    node::{Node, NodeReport, NodeState},
     placement::{Candidate, EXPLAINED, Explanation, Placement, ScoringConfig, Terms, Weights},
     profile::{POINTS, ProfileBook, UsageSample},
     session::{EnforcementEvent, QuotaPolicy, Session, SessionState, Target, TargetError, now_ms},
@@ -488,7 +488,11 @@ impl Scheduler {
         let now = now_ms();
         let name = if name.is_empty() { id.clone() } else { name };
         let session = Session {
-            class: if class.is_empty() { name.clone() } else { class },
+            class: if class.is_empty() {
+                name.clone()
+            } else {
+                class
+            },
             placement,
             explanation: None,
             usage: crate::profile::UsageSeries::default(),
@@ -769,8 +773,7 @@ impl Scheduler {
             .by_free
             .range((lower, String::new())..)
             .map(|(_, id)| id);
-        let (node_id, planned, explanation) = if mode == Placement::InterferenceAware && wants_gpu
-        {
+        let (node_id, planned, explanation) = if mode == Placement::InterferenceAware && wants_gpu {
             let scorer = Scorer::new(self, &session.class);
             scorer
                 .choose(range.filter(|id| fits(id)), &gpu)
@@ -976,7 +979,11 @@ impl<'a> Scorer<'a> {
         }
         let considered = u32::try_from(scored.len()).unwrap_or(u32::MAX);
         // Stable: equal keys keep the order scored.
-        scored.sort_by(|(a, _), (b, _)| a.over_cap.cmp(&b.over_cap).then(a.total.total_cmp(&b.total)));
+        scored.sort_by(|(a, _), (b, _)| {
+            a.over_cap
+                .cmp(&b.over_cap)
+                .then(a.total.total_cmp(&b.total))
+        });
         let mut iter = scored.into_iter();
         let (mut best, plan) = iter.next()?;
         best.chosen = true;

@@ -211,6 +211,9 @@ pub struct Share {
     pub delivered: f64,
     /// Its progress rate against running alone (1.0: alone speed).
     pub rate: f64,
+    /// The part of `delivered` that made progress (`delivered / penalty`): what it would have
+    /// used alone for the same progress.
+    pub useful: f64,
 }
 
 /// The ground truth for one device in one tick: tenants given as `(demand, memory_intensity)`.
@@ -227,6 +230,7 @@ pub fn contend(tenants: &[(f64, f64)]) -> Vec<Share> {
                 return Share {
                     delivered: 0.0,
                     rate: 1.0,
+                    useful: 0.0,
                 };
             }
             let pressure: f64 = tenants
@@ -240,6 +244,7 @@ pub fn contend(tenants: &[(f64, f64)]) -> Vec<Share> {
             Share {
                 delivered: delivered[i],
                 rate: scale / penalty,
+                useful: delivered[i] / penalty,
             }
         })
         .collect()

@@ -26,9 +26,15 @@ pub struct ModeReport {
     pub mean_queueing: f64,
     /// Mean slowdown: completion time over the work alone.
     pub mean_slowdown: f64,
+    /// Mean stretch: running time (finish − placement) over the work alone; above 1 only
+    /// through interference.
+    pub mean_stretch: f64,
     /// Time-average over the measured window and all devices of the utilization delivered
     /// (each device at most 1).
     pub mean_utilization: f64,
+    /// The same for useful utilization: the delivered utilization that made progress (busy
+    /// time lost to contention left out).
+    pub mean_useful_utilization: f64,
     /// Time-average of the free shares on partly used devices.
     pub mean_fragmented_shares: f64,
     /// The same as a fraction of all shares.
@@ -81,7 +87,13 @@ impl ModeReport {
                 .map(|o| (o.finish - o.arrival) / o.work)
                 .sum::<f64>()
                 / n,
+            mean_stretch: measured
+                .iter()
+                .map(|o| (o.finish - o.start) / o.work)
+                .sum::<f64>()
+                / n,
             mean_utilization: run.utilization_sum / ticks,
+            mean_useful_utilization: run.useful_sum / ticks,
             mean_fragmented_shares: fragmented,
             fragmented_fraction: fragmented / total_shares.max(1.0),
             slo_misses: measured
@@ -124,20 +136,25 @@ impl Report {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "| mode | jobs | mean JCT (s) | p95 JCT (s) | mean queueing (s) | mean slowdown | mean GPU util | mean fragmentation (shares / fraction) | SLO misses |"
+            "| mode | jobs | mean JCT (s) | p95 JCT (s) | mean queueing (s) | mean slowdown | mean stretch | mean GPU util | useful util | mean fragmentation (shares / fraction) | SLO misses |"
         );
-        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(
+            out,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
         for m in &self.modes {
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.3} | {:.2} / {:.3} | {} ({:.1}%) |",
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} / {:.3} | {} ({:.1}%) |",
                 m.mode,
                 m.completed,
                 m.mean_jct,
                 m.p95_jct,
                 m.mean_queueing,
                 m.mean_slowdown,
+                m.mean_stretch,
                 m.mean_utilization,
+                m.mean_useful_utilization,
                 m.mean_fragmented_shares,
                 m.fragmented_fraction,
                 m.slo_misses,
@@ -148,19 +165,20 @@ impl Report {
             let _ = writeln!(out);
             let _ = writeln!(
                 out,
-                "| vs {} | mean JCT | p95 JCT | mean queueing | mean GPU util | mean fragmentation | SLO misses |",
+                "| vs {} | mean JCT | p95 JCT | mean queueing | mean GPU util | useful util | mean fragmentation | SLO misses |",
                 base.mode
             );
-            let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+            let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
             for m in &self.modes {
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
                     m.mode,
                     ratio(m.mean_jct, base.mean_jct),
                     ratio(m.p95_jct, base.p95_jct),
                     ratio(m.mean_queueing, base.mean_queueing),
                     ratio(m.mean_utilization, base.mean_utilization),
+                    ratio(m.mean_useful_utilization, base.mean_useful_utilization),
                     ratio(m.mean_fragmented_shares, base.mean_fragmented_shares),
                     ratio(m.slo_misses as f64, base.slo_misses as f64),
                 );

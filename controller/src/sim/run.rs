@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use crate::{
+    allocator::Allocation,
     metrics::fragmented_shares,
     placement::Placement,
     profile::UsageSample,
@@ -66,6 +67,9 @@ pub struct ModeRun {
     pub rejected: Vec<(String, String)>,
     /// Σ over the measured ticks of the mean device utilization.
     pub utilization_sum: f64,
+    /// Σ over the measured ticks of the mean useful utilization (progress made, in GPU time
+    /// alone).
+    pub useful_sum: f64,
     /// Σ over the measured ticks of the fragmented shares.
     pub fragmented_sum: f64,
     /// Ticks measured.
@@ -80,7 +84,8 @@ pub struct ModeRun {
 struct Live {
     index: usize,
     node: String,
-    devices: Vec<u32>,
+    /// Device index and the fraction of the job's per-device demand it carries.
+    devices: Vec<(u32, f64)>,
     demand: Demand,
     remaining: f64,
 }
@@ -126,6 +131,7 @@ pub fn run(
         outcomes: Vec::new(),
         rejected: Vec::new(),
         utilization_sum: 0.0,
+        useful_sum: 0.0,
         fragmented_sum: 0.0,
         measured_ticks: 0,
         learned_classes: 0,
@@ -179,7 +185,7 @@ pub fn run(
                 Live {
                     index,
                     node,
-                    devices: allocation.parts.iter().map(|p| p.index).collect(),
+                    devices: spread_demand(&allocation),
                     demand,
                     remaining: job.work,
                 },
@@ -190,19 +196,22 @@ pub fn run(
         for (id, job) in &mut live {
             let u = job.demand.next();
             let beta = job.demand.memory_intensity();
-            for &d in &job.devices {
-                devices
-                    .entry((job.node.as_str(), d))
-                    .or_default()
-                    .push((id.as_str(), u, beta));
+            for &(d, weight) in &job.devices {
+                devices.entry((job.node.as_str(), d)).or_default().push((
+                    id.as_str(),
+                    u * weight,
+                    beta,
+                ));
             }
         }
         // Per job: slowest rate over its devices, and utilization got (summed, for the mean).
         let mut got: BTreeMap<String, (f64, f64)> = BTreeMap::new();
         let mut busy = 0.0;
+        let mut useful = 0.0;
         for tenants in devices.values() {
             let shares = contend(&tenants.iter().map(|&(_, u, b)| (u, b)).collect::<Vec<_>>());
             busy += shares.iter().map(|s| s.delivered).sum::<f64>().min(1.0);
+            useful += shares.iter().map(|s| s.useful).sum::<f64>().min(1.0);
             for (&(id, _, _), share) in tenants.iter().zip(shares) {
                 let entry = got.entry(id.to_owned()).or_insert((f64::INFINITY, 0.0));
                 entry.0 = entry.0.min(share.rate);
@@ -245,6 +254,7 @@ pub fn run(
         }
         if t >= window.0 && t < window.1 {
             run.utilization_sum += busy / gpus;
+            run.useful_sum += useful / gpus;
             run.fragmented_sum += fragmented_shares(&sched);
             run.measured_ticks += 1;
         }
@@ -268,6 +278,32 @@ pub fn run(
     run.rejected = rejected;
     run.learned_classes = sched.profiles().iter().count();
     Ok(run)
+}
+
+/// Each device of an allocation with the part of the job's demand it carries. Whole devices
+/// (`cuda.device=N`) are data-parallel workers: each runs at the job's demand. Shares split
+/// over devices carry the job's `⌈shares⌉` device-equivalents of demand in proportion to
+/// their parts: 0.81 split 0.41 + 0.40 puts about half the job on each device, 1.76 split
+/// 0.88 + 0.88 a full worker on each.
+fn spread_demand(allocation: &Allocation) -> Vec<(u32, f64)> {
+    let total: f64 = allocation
+        .parts
+        .iter()
+        .map(|p| p.shares.micros() as f64 / 1e6)
+        .sum();
+    let workers = total.ceil().max(1.0);
+    allocation
+        .parts
+        .iter()
+        .map(|p| {
+            let weight = if p.exclusive || total <= 0.0 {
+                1.0
+            } else {
+                (p.shares.micros() as f64 / 1e6 / total * workers).min(1.0)
+            };
+            (p.index, weight)
+        })
+        .collect()
 }
 
 /// Jobs excluded from the metrics at the start of a trace.

@@ -11,7 +11,7 @@ fn small() -> (Vec<trace::Job>, SimConfig) {
     let config = SimConfig {
         cluster: cluster::ClusterShape {
             nodes: 2,
-            gpus_per_node: 4,
+            gpus_per_node: 8,
         },
         ..SimConfig::default()
     };

@@ -164,7 +164,10 @@ pub const FRACTIONAL_SIZES: [(u32, u32); 13] = [
 /// see `docs/simulation.md`): `(family, weight)` in the order of [`FAMILIES`].
 const MIX_MULTI: [f64; 6] = [0.9, 0.1, 0.0, 0.0, 0.0, 0.0];
 const MIX_WHOLE: [f64; 6] = [0.45, 0.2, 0.0, 0.1, 0.2, 0.05];
-const MIX_FRACTIONAL: [f64; 6] = [0.0, 0.15, 0.3, 0.2, 0.25, 0.1];
+const MIX_FRACTIONAL: [f64; 6] = [0.0, 0.0, 0.3, 0.2, 0.25, 0.1];
+/// Fractional requests that are training ([`GenConfig::fractional_training`] of them): half
+/// `train`, half `finetune`.
+const MIX_FRACTIONAL_TRAINING: [f64; 6] = [0.5, 0.5, 0.0, 0.0, 0.0, 0.0];
 
 /// Settings of the generator.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -185,6 +188,9 @@ pub struct GenConfig {
     pub work_sigma: f64,
     /// Shortest and longest work, seconds.
     pub work_range: (f64, f64),
+    /// Fraction of the fractional requests that are training jobs (busy, memory-bound); the
+    /// rest are inference, notebooks and evaluation.
+    pub fractional_training: f64,
 }
 
 impl Default for GenConfig {
@@ -197,6 +203,7 @@ impl Default for GenConfig {
             median_work: 3600.0,
             work_sigma: 1.2,
             work_range: (60.0, 86_400.0),
+            fractional_training: 0.15,
         }
     }
 }
@@ -222,10 +229,15 @@ pub fn generate(config: &GenConfig, seed: u64) -> Vec<Job> {
             (format!("cuda.device={n}"), f64::from(n), &MIX_MULTI)
         } else if roll < multi_total + FRACTIONAL {
             let milli = FRACTIONAL_SIZES[rng.weighted(&size_weights)].0;
+            let mix = if rng.unit() < config.fractional_training {
+                &MIX_FRACTIONAL_TRAINING
+            } else {
+                &MIX_FRACTIONAL
+            };
             (
                 format!("cuda.shares={}", f64::from(milli) / 1000.0),
                 f64::from(milli) / 1000.0,
-                &MIX_FRACTIONAL,
+                mix,
             )
         } else {
             ("cuda.device=1".to_owned(), 1.0, &MIX_WHOLE)
