@@ -184,7 +184,7 @@ impl Demand {
     }
 
     /// The demand of the next tick (fraction of one device, 0..=1).
-    pub fn next(&mut self) -> f64 {
+    pub fn draw(&mut self) -> f64 {
         let b = &self.behaviour;
         // Leave busy with 1/L; enter it so that the busy fraction is the stationary one.
         let leave = 1.0 / b.busy_ticks.max(1.0);

@@ -80,6 +80,9 @@ pub struct ModeRun {
     pub makespan: f64,
 }
 
+/// A job's demand on one device in one tick: `(job id, demand, memory intensity)`.
+type Tenant<'a> = (&'a str, f64, f64);
+
 /// A job holding devices.
 struct Live {
     index: usize,
@@ -192,9 +195,9 @@ pub fn run(
             );
         }
         // Each job's demand this tick, gathered per device.
-        let mut devices: BTreeMap<(&str, u32), Vec<(&str, f64, f64)>> = BTreeMap::new();
+        let mut devices: BTreeMap<(&str, u32), Vec<Tenant<'_>>> = BTreeMap::new();
         for (id, job) in &mut live {
-            let u = job.demand.next();
+            let u = job.demand.draw();
             let beta = job.demand.memory_intensity();
             for &(d, weight) in &job.devices {
                 devices.entry((job.node.as_str(), d)).or_default().push((
@@ -224,7 +227,7 @@ pub fn run(
             let Some(&(rate, delivered)) = got.get(id) else {
                 continue;
             };
-            if tick % u64::from(report) == 0 {
+            if tick.is_multiple_of(u64::from(report)) {
                 let devices = job.devices.len().max(1) as f64;
                 sched.record_usage(
                     &job.node,

@@ -144,7 +144,7 @@ fn demand_follows_its_class() {
     ] {
         let mut d = Demand::new(class, Rng::new(5));
         let n = 20_000;
-        let mean = (0..n).map(|_| d.next()).sum::<f64>() / f64::from(n);
+        let mean = (0..n).map(|_| d.draw()).sum::<f64>() / f64::from(n);
         assert!(
             (mean - expected.mean()).abs() < 0.06,
             "{class}: {mean} vs {}",
