@@ -14,6 +14,8 @@
 //!   measured, the model that predicts how co-located tenants slow each other, and the
 //!   placement modes and scores built on it (`binpack`, `spread`, `interference-aware`).
 //!
+//! - [`sim`]: trace-driven evaluation of the placement modes: this scheduler on a virtual clock
+//!   against a simulated cluster whose interference it doesn't see (`cargo xtask sim`);
 //! - [`store`]: the sled store that makes every acknowledged change durable;
 //! - [`api`]: the gRPC services for clients and agents;
 //! - [`metrics`]: the controller's OTLP metrics;
@@ -33,5 +35,6 @@ pub mod profile;
 pub mod scheduler;
 pub mod server;
 pub mod session;
+pub mod sim;
 pub mod slots;
 pub mod store;

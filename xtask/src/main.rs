@@ -4,6 +4,7 @@ mod bench;
 mod build_ebpf;
 mod run;
 mod setup;
+mod sim;
 mod test;
 
 use std::{
@@ -35,6 +36,13 @@ enum Job {
     },
     /// Set up, then check formatting, lints and run every test (needs root for the eBPF tests).
     Test,
+    /// Replay a job trace under binpack, spread and interference-aware placement and print
+    /// the table (the bundled trace unless --trace or --seed is given).
+    Sim {
+        /// Arguments passed to `gpuwarden-sim` (--trace FILE, --seed N, --json, …).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Run a benchmark and print its table.
     Bench {
         /// Which benchmark.
@@ -51,6 +59,7 @@ fn main() -> ExitCode {
         Job::Run { args } => run::run(&args),
         Job::Test => test::run(),
         Job::Bench { which } => bench::run(&which),
+        Job::Sim { args } => sim::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

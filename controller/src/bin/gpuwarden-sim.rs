@@ -1,0 +1,150 @@
+//! `gpuwarden-sim`: replays a job trace against the controller's scheduler on a virtual clock,
+//! once per placement mode, and prints a table (see [`gpuwarden_controller::sim`] and
+//! `docs/simulation.md`).
+//!
+//! ```sh
+//! gpuwarden-sim --trace controller/sim/trace.jsonl     # the bundled trace
+//! gpuwarden-sim --seed 7 --json                        # a generated trace, JSON out
+//! gpuwarden-sim --generate 2000 --seed 1 > trace.jsonl # write a trace
+//! ```
+
+use std::{fs::File, io::BufReader, path::PathBuf, process::ExitCode};
+
+use anyhow::Context as _;
+use clap::Parser;
+use gpuwarden_controller::{
+    placement::ScoringConfig,
+    sim::{
+        self, SimConfig,
+        cluster::ClusterShape,
+        trace::{self, GenConfig},
+    },
+};
+
+/// Replays a GPU job trace under binpack, spread and interference-aware placement.
+#[derive(Parser)]
+#[command(name = "gpuwarden-sim", version, about)]
+struct Cli {
+    /// JSON-lines trace to replay (without one, a trace is generated from --seed).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Seed of the generated trace and of the simulated demand.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Write a generated trace of this many jobs to stdout instead of simulating.
+    #[arg(long, value_name = "JOBS")]
+    generate: Option<usize>,
+    /// Jobs of a generated trace.
+    #[arg(long, default_value_t = 2000)]
+    jobs: usize,
+    /// Offered load of a generated trace (GPU-seconds asked per second per GPU).
+    #[arg(long, default_value_t = GenConfig::default().load)]
+    load: f64,
+    /// Fraction of a generated trace's fractional requests that are training jobs.
+    #[arg(long, default_value_t = GenConfig::default().fractional_training)]
+    fractional_training: f64,
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 8)]
+    nodes: u32,
+    /// GPUs per node.
+    #[arg(long, default_value_t = 8)]
+    gpus_per_node: u32,
+    /// Fraction of the first jobs left out of the metrics (in every mode).
+    #[arg(long, default_value_t = SimConfig::default().warmup)]
+    warmup: f64,
+    /// interference-aware: weight of predicted interference.
+    #[arg(long)]
+    w_interference: Option<f64>,
+    /// interference-aware: weight of fragmentation.
+    #[arg(long)]
+    w_fragmentation: Option<f64>,
+    /// interference-aware: weight of packing (a reward).
+    #[arg(long)]
+    w_packing: Option<f64>,
+    /// interference-aware: weight of NUMA spread.
+    #[arg(long)]
+    w_topology: Option<f64>,
+    /// interference-aware: packing cap on predicted summed utilization.
+    #[arg(long)]
+    packing_cap: Option<f64>,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpuwarden-sim: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let cluster = ClusterShape {
+        nodes: cli.nodes,
+        gpus_per_node: cli.gpus_per_node,
+    };
+    anyhow::ensure!(cluster.gpus() > 0, "the cluster needs at least one GPU");
+    let gen_config = GenConfig {
+        jobs: cli.generate.unwrap_or(cli.jobs),
+        gpus: cluster.gpus(),
+        load: cli.load,
+        fractional_training: cli.fractional_training,
+        ..GenConfig::default()
+    };
+    anyhow::ensure!(
+        cli.load.is_finite() && cli.load > 0.0,
+        "--load must be a number > 0"
+    );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&cli.fractional_training),
+        "--fractional-training must be in 0..=1"
+    );
+    if cli.generate.is_some() {
+        print!(
+            "{}",
+            trace::to_jsonl(&trace::generate(&gen_config, cli.seed))
+        );
+        return Ok(());
+    }
+    let jobs = match &cli.trace {
+        Some(path) => {
+            let file =
+                File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+            trace::parse(BufReader::new(file)).with_context(|| path.display().to_string())?
+        }
+        None => trace::generate(&gen_config, cli.seed),
+    };
+    let mut scoring = ScoringConfig::default();
+    let w = &mut scoring.weights;
+    for (flag, slot) in [
+        (cli.w_interference, &mut w.interference),
+        (cli.w_fragmentation, &mut w.fragmentation),
+        (cli.w_packing, &mut w.packing),
+        (cli.w_topology, &mut w.topology),
+    ] {
+        if let Some(v) = flag {
+            *slot = v;
+        }
+    }
+    if let Some(cap) = cli.packing_cap {
+        scoring.packing_cap = cap;
+    }
+    scoring.validate()?;
+    let config = SimConfig {
+        cluster,
+        warmup: cli.warmup,
+        scoring,
+        ..SimConfig::default()
+    };
+    let report = sim::evaluate(&jobs, &config, cli.seed)?;
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}

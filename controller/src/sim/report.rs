@@ -1,0 +1,201 @@
+//! Metrics per placement mode, and the table (or JSON) that shows them as ratios against
+//! `binpack` measured in the same run.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::placement::Placement;
+
+use super::run::{ModeRun, warmup_count};
+
+/// The figures of one mode.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModeReport {
+    /// The mode.
+    pub mode: Placement,
+    /// Jobs measured (after the warm-up) that completed.
+    pub completed: usize,
+    /// Jobs refused at creation (all of the trace).
+    pub rejected: usize,
+    /// Mean job completion time (finish − arrival), s.
+    pub mean_jct: f64,
+    /// 95th-percentile job completion time, s.
+    pub p95_jct: f64,
+    /// Mean queueing delay (placement − arrival), s.
+    pub mean_queueing: f64,
+    /// Mean slowdown: completion time over the work alone.
+    pub mean_slowdown: f64,
+    /// Mean stretch: running time (finish − placement) over the work alone; above 1 only
+    /// through interference.
+    pub mean_stretch: f64,
+    /// Time-average over the measured window and all devices of the utilization delivered
+    /// (each device at most 1).
+    pub mean_utilization: f64,
+    /// The same for useful utilization: the delivered utilization that made progress (busy
+    /// time lost to contention left out).
+    pub mean_useful_utilization: f64,
+    /// Time-average of the free shares on partly used devices.
+    pub mean_fragmented_shares: f64,
+    /// The same as a fraction of all shares.
+    pub fragmented_fraction: f64,
+    /// Measured jobs whose completion time exceeded the SLO factor × their work.
+    pub slo_misses: usize,
+    /// Classes with a learned profile at the end.
+    pub learned_classes: usize,
+    /// Virtual seconds until the last job finished.
+    pub makespan: f64,
+}
+
+/// All modes over one trace.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// Jobs in the trace.
+    pub jobs: usize,
+    /// Jobs at the start excluded from the metrics (the warm-up).
+    pub warmup_jobs: usize,
+    /// Nodes × GPUs per node.
+    pub cluster: (u32, u32),
+    /// A job misses its SLO when its completion time exceeds this × its work.
+    pub slo_factor: f64,
+    /// Seed of the simulated demand.
+    pub seed: u64,
+    /// One per mode, in [`Placement::ALL`] order.
+    pub modes: Vec<ModeReport>,
+}
+
+impl ModeReport {
+    /// Figures of one replay; `total_shares` is the cluster's share capacity.
+    #[must_use]
+    pub fn from_run(run: &ModeRun, warmup: f64, slo_factor: f64, total_shares: f64) -> Self {
+        let skip = warmup_count(run.outcomes.len(), warmup);
+        let measured: Vec<_> = run.outcomes.iter().skip(skip).flatten().collect();
+        let mut jct: Vec<f64> = measured.iter().map(|o| o.finish - o.arrival).collect();
+        jct.sort_by(f64::total_cmp);
+        let n = measured.len().max(1) as f64;
+        let ticks = run.measured_ticks.max(1) as f64;
+        let fragmented = run.fragmented_sum / ticks;
+        Self {
+            mode: run.mode,
+            completed: measured.len(),
+            rejected: run.rejected.len(),
+            mean_jct: jct.iter().sum::<f64>() / n,
+            p95_jct: percentile(&jct, 0.95),
+            mean_queueing: measured.iter().map(|o| o.start - o.arrival).sum::<f64>() / n,
+            mean_slowdown: measured
+                .iter()
+                .map(|o| (o.finish - o.arrival) / o.work)
+                .sum::<f64>()
+                / n,
+            mean_stretch: measured
+                .iter()
+                .map(|o| (o.finish - o.start) / o.work)
+                .sum::<f64>()
+                / n,
+            mean_utilization: run.utilization_sum / ticks,
+            mean_useful_utilization: run.useful_sum / ticks,
+            mean_fragmented_shares: fragmented,
+            fragmented_fraction: fragmented / total_shares.max(1.0),
+            slo_misses: measured
+                .iter()
+                .filter(|o| o.finish - o.arrival > slo_factor * o.work)
+                .count(),
+            learned_classes: run.learned_classes,
+            makespan: run.makespan,
+        }
+    }
+}
+
+/// The `p` quantile of sorted values (nearest rank).
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+impl Report {
+    /// The baseline: `binpack`, or the first mode.
+    fn baseline(&self) -> Option<&ModeReport> {
+        self.modes
+            .iter()
+            .find(|m| m.mode == Placement::Binpack)
+            .or_else(|| self.modes.first())
+    }
+
+    /// The table: absolute figures per mode, then ratios against `binpack`.
+    #[must_use]
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{} jobs ({} warm-up excluded), {} nodes × {} GPUs, demand seed {}, SLO: JCT > {}× work",
+            self.jobs, self.warmup_jobs, self.cluster.0, self.cluster.1, self.seed, self.slo_factor
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "| mode | jobs | mean JCT (s) | p95 JCT (s) | mean queueing (s) | mean slowdown | mean stretch | mean GPU util | useful util | mean fragmentation (shares / fraction) | SLO misses |"
+        );
+        let _ = writeln!(
+            out,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for m in &self.modes {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} / {:.3} | {} ({:.1}%) |",
+                m.mode,
+                m.completed,
+                m.mean_jct,
+                m.p95_jct,
+                m.mean_queueing,
+                m.mean_slowdown,
+                m.mean_stretch,
+                m.mean_utilization,
+                m.mean_useful_utilization,
+                m.mean_fragmented_shares,
+                m.fragmented_fraction,
+                m.slo_misses,
+                100.0 * m.slo_misses as f64 / m.completed.max(1) as f64,
+            );
+        }
+        if let Some(base) = self.baseline() {
+            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "| vs {} | mean JCT | p95 JCT | mean queueing | mean GPU util | useful util | mean fragmentation | SLO misses |",
+                base.mode
+            );
+            let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+            for m in &self.modes {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                    m.mode,
+                    ratio(m.mean_jct, base.mean_jct),
+                    ratio(m.p95_jct, base.p95_jct),
+                    ratio(m.mean_queueing, base.mean_queueing),
+                    ratio(m.mean_utilization, base.mean_utilization),
+                    ratio(m.mean_useful_utilization, base.mean_useful_utilization),
+                    ratio(m.mean_fragmented_shares, base.mean_fragmented_shares),
+                    ratio(m.slo_misses as f64, base.slo_misses as f64),
+                );
+            }
+        }
+        out
+    }
+}
+
+fn ratio(x: f64, base: f64) -> String {
+    if base == 0.0 {
+        if x == 0.0 {
+            "1.00×".into()
+        } else {
+            "—".into()
+        }
+    } else {
+        format!("{:.2}×", x / base)
+    }
+}
