@@ -20,6 +20,9 @@ pub struct ModeReport {
     pub rejected: usize,
     /// Mean job completion time (finish − arrival), s.
     pub mean_jct: f64,
+    /// Mean work alone of the measured jobs, s: the mean completion time no placement can
+    /// beat (no queueing, no interference).
+    pub mean_work: f64,
     /// 95th-percentile job completion time, s.
     pub p95_jct: f64,
     /// Mean queueing delay (placement − arrival), s.
@@ -80,6 +83,7 @@ impl ModeReport {
             completed: measured.len(),
             rejected: run.rejected.len(),
             mean_jct: jct.iter().sum::<f64>() / n,
+            mean_work: measured.iter().map(|o| o.work).sum::<f64>() / n,
             p95_jct: percentile(&jct, 0.95),
             mean_queueing: measured.iter().map(|o| o.start - o.arrival).sum::<f64>() / n,
             mean_slowdown: measured
@@ -183,7 +187,42 @@ impl Report {
                     ratio(m.slo_misses as f64, base.slo_misses as f64),
                 );
             }
+            let _ = write!(out, "{}", self.floors(base));
         }
+        out
+    }
+
+    /// Issue #6's floors, met or not, and how much any placement could gain over `base`.
+    fn floors(&self, base: &ModeReport) -> String {
+        let find = |mode| self.modes.iter().find(|m| m.mode == mode);
+        let (Some(aware), Some(spread)) =
+            (find(Placement::InterferenceAware), find(Placement::Spread))
+        else {
+            return String::new();
+        };
+        let verdict = |ok: bool| if ok { "met" } else { "NOT MET" };
+        let jct = aware.mean_jct / base.mean_jct.max(f64::MIN_POSITIVE);
+        let util = aware.mean_utilization / base.mean_utilization.max(f64::MIN_POSITIVE);
+        let frag =
+            aware.mean_fragmented_shares / spread.mean_fragmented_shares.max(f64::MIN_POSITIVE);
+        let mut out = String::new();
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "floors: interference-aware vs {}: mean JCT {jct:.2}× (≤ 0.90×: {}), mean GPU util {util:.2}× (≥ 0.95×: {}); vs spread: fragmentation {frag:.2}× (< 1.00×: {})",
+            base.mode,
+            verdict(jct <= 0.90),
+            verdict(util >= 0.95),
+            verdict(frag < 1.0)
+        );
+        let _ = writeln!(
+            out,
+            "bound: the measured jobs' mean work alone is {:.0} s; {}'s mean JCT is {:.2}× that, so no placement can cut it by more than {:.1}%",
+            base.mean_work,
+            base.mode,
+            base.mean_jct / base.mean_work.max(f64::MIN_POSITIVE),
+            100.0 * (1.0 - base.mean_work / base.mean_jct.max(f64::MIN_POSITIVE)),
+        );
         out
     }
 }
