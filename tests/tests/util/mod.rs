@@ -280,10 +280,12 @@ impl TestCgroup {
         let mut dir = root.clone();
         for part in path.trim_start_matches('/').split('/') {
             dir = dir.join(part);
-            if !dir.exists() {
-                std::fs::create_dir(&dir)
-                    .unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-                created.push(dir.clone());
+            // Tests run in parallel and share parents (`kubepods.slice`): one made by
+            // another test is not ours to remove.
+            match std::fs::create_dir(&dir) {
+                Ok(()) => created.push(dir.clone()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => panic!("mkdir {}: {e}", dir.display()),
             }
         }
         Self {
