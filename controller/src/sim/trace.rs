@@ -52,13 +52,12 @@ pub enum TraceError {
     #[error("reading the trace: {0}")]
     Io(#[from] std::io::Error),
     /// A line is not a job.
-    #[error("trace line {line}: {source}")]
+    #[error("trace line {line}: {error}")]
     Json {
         /// 1-based line number.
         line: usize,
-        /// What serde said.
-        #[source]
-        source: serde_json::Error,
+        /// What serde said (in the message, so not also a source: it would print twice).
+        error: serde_json::Error,
     },
     /// A line is a job with an impossible value.
     #[error("trace line {line}: {reason}")]
@@ -87,9 +86,9 @@ pub fn parse(reader: impl BufRead) -> Result<Vec<Job>, TraceError> {
         if line.trim().is_empty() {
             continue;
         }
-        let job: Job = serde_json::from_str(&line).map_err(|source| TraceError::Json {
+        let job: Job = serde_json::from_str(&line).map_err(|error| TraceError::Json {
             line: line_no,
-            source,
+            error,
         })?;
         let invalid = |reason: String| TraceError::Invalid {
             line: line_no,
