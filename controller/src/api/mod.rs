@@ -126,6 +126,12 @@ impl Controller {
         if changes.slot_types {
             self.store.put_registry(scheduler.registry())?;
         }
+        // Usage series: written, not announced; sled flushes them within its interval.
+        for id in changes.usage.difference(&changes.sessions) {
+            if let Some(s) = scheduler.sessions().get(id) {
+                self.store.put_session(s)?;
+            }
+        }
         for class in &changes.profiles {
             if let Some(p) = scheduler.profiles().get(class) {
                 self.store.put_profile(p)?;

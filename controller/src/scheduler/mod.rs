@@ -197,6 +197,9 @@ pub struct Changes {
     pub slot_types: bool,
     /// Workload classes whose profile changed.
     pub profiles: BTreeSet<String>,
+    /// Sessions whose usage series grew: written, but neither announced to watchers nor
+    /// flushed at once (the store's own flush follows within half a second).
+    pub usage: BTreeSet<String>,
 }
 
 /// The cluster state and the scheduling pass.
@@ -291,8 +294,8 @@ impl Scheduler {
 
     /// Records what a running session used, as its node measured it. Samples from a node the
     /// session isn't on, or for a session not running, are ignored (a late report after a
-    /// release). Samples don't count as changes: the series is written with the session's
-    /// next change, so a usage report costs no disk write.
+    /// release). The series is written without waking watchers or forcing a flush
+    /// ([`Changes::usage`]), so a report costs one buffered write.
     pub fn record_usage(&mut self, node: &str, session: &str, sample: UsageSample) -> bool {
         let Some(s) = self.sessions.get_mut(session) else {
             return false;
@@ -301,6 +304,7 @@ impl Scheduler {
             return false;
         }
         s.usage.record(sample);
+        self.changes.usage.insert(session.to_owned());
         true
     }
 

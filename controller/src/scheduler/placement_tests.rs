@@ -73,7 +73,9 @@ fn a_finished_run_teaches_its_class_and_is_persisted() {
             }
         ));
     }
-    s.take_changes();
+    // Samples are written with the session, without announcing it as changed.
+    let changes = s.take_changes();
+    assert!(changes.usage.contains("a") && !changes.sessions.contains("a"));
     s.terminate("a");
     assert!(s.take_changes().profiles.contains("train"), "to be written");
     let p = s.profiles().get("train").expect("learned");

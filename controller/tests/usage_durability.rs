@@ -1,0 +1,91 @@
+//! A running session's usage reports survive a controller restart: they are written to the
+//! sled store as they arrive (without waking watchers), so the profile learned when the session
+//! ends still counts the reports from before the restart.
+
+use gpuwarden_controller::{
+    allocator::DeviceSpec,
+    api::Timing,
+    node::NodeReport,
+    profile::UsageSample,
+    scheduler::{NewSession, SchedulerConfig},
+    server,
+    slots::{ResourceSlot, SlotKind, SlotName},
+};
+
+fn node() -> NodeReport {
+    NodeReport {
+        node_id: "n1".into(),
+        hostname: "n1".into(),
+        slot_types: vec![(
+            SlotName::new("cuda.shares").expect("a slot name"),
+            SlotKind::Count,
+        )],
+        capacity: ResourceSlot::new(),
+        devices: vec![DeviceSpec {
+            uuid: "GPU-0".into(),
+            index: 0,
+            memory_bytes: 16 << 30,
+            sm_count: 132,
+            numa_node: 0,
+        }],
+        device_models: vec![],
+        hooks: vec![],
+        agent_version: "test".into(),
+    }
+}
+
+fn sample(utilization: f64) -> UsageSample {
+    UsageSample {
+        utilization,
+        ..UsageSample::default()
+    }
+}
+
+#[test]
+fn usage_reports_survive_a_controller_restart() {
+    let dir = std::env::temp_dir().join(format!("gpuwarden-usage-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let open = || server::open(&dir, SchedulerConfig::default(), Timing::default());
+
+    let controller = open().expect("opens");
+    controller
+        .apply(|s| {
+            s.register(node(), &[]).expect("registers");
+            s.create(NewSession {
+                id: "a".into(),
+                class: "train".into(),
+                requested: ResourceSlot::parse_any(&["cuda.shares=0.5"]).expect("valid"),
+                ..NewSession::default()
+            })
+            .expect("created");
+            s.pass();
+            s.ack("n1", "a");
+        })
+        .expect("persisted");
+    for _ in 0..4 {
+        let recorded = controller
+            .apply(|s| s.record_usage("n1", "a", sample(0.8)))
+            .expect("persisted");
+        assert!(recorded);
+    }
+    drop(controller);
+
+    // After the restart the node comes back (its agent re-registers, still holding `a`).
+    let controller = open().expect("reopens");
+    let samples = controller.read(|s| s.sessions()["a"].usage.samples);
+    assert_eq!(samples, 4, "reports written before the restart");
+    controller
+        .apply(|s| {
+            s.register(node(), &["a".to_owned()]).expect("re-registers");
+            s.record_usage("n1", "a", sample(0.2));
+            s.terminate("a");
+        })
+        .expect("persisted");
+    let profile = controller
+        .read(|s| s.profiles().get("train").cloned())
+        .expect("learned");
+    assert_eq!(profile.samples, 5);
+    // Four samples at 0.8 and one at 0.2: the 5th–15th percentiles are 0.2, the rest 0.8.
+    assert!((profile.mean() - 0.68).abs() < 1e-9, "{profile:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
