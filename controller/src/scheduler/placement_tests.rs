@@ -58,6 +58,7 @@ fn devices(s: &Session) -> Vec<u32> {
 fn a_finished_run_teaches_its_class_and_is_persisted() {
     let mut s = cluster(Placement::Binpack, ScoringConfig::default(), 1);
     start(&mut s, "a", "train", "0.5");
+    s.take_changes();
     // Samples from another node, or for sessions not running, teach nothing.
     assert!(!s.record_usage("n2", "a", UsageSample::default()));
     assert!(!s.record_usage("n1", "nobody", UsageSample::default()));
