@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::hooks::{Hook, probe::Candidate};
 
 /// Everything the agent knows about GPU use on its node at one moment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
     /// The node's name.
     pub node: String,
@@ -116,7 +116,7 @@ pub struct EnforcementView {
 }
 
 /// GPU activity of one cgroup (a container, a pod, a systemd unit or the host).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Container {
     /// Container id; `null` for host processes and unknown layouts.
     pub container_id: Option<String>,

@@ -44,7 +44,18 @@ pub fn render(snapshot: &Snapshot) -> String {
             .container_id
             .as_deref()
             .map_or("-", |id| &id[..id.len().min(12)]);
-        let place = c.pod_uid.as_deref().unwrap_or(&c.cgroup_path);
+        // The pod's name from the kubelet where known, else its UID, else the cgroup.
+        let named = c
+            .pod_name
+            .as_deref()
+            .map(|name| match c.pod_namespace.as_deref() {
+                Some(ns) => format!("{ns}/{name}"),
+                None => name.to_owned(),
+            });
+        let place = named
+            .as_deref()
+            .or(c.pod_uid.as_deref())
+            .unwrap_or(&c.cgroup_path);
         let pids = c
             .pids
             .iter()
@@ -185,6 +196,26 @@ mod tests {
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(2 << 20), "2.0 MiB");
         assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+    }
+
+    #[test]
+    fn a_pod_shows_by_name_where_the_kubelet_named_it() {
+        let pod = |name: Option<&str>| Snapshot {
+            containers: vec![Container {
+                pod_uid: Some("0f1e2d3c-0000-4000-8000-000000000001".into()),
+                pod_name: name.map(Into::into),
+                pod_namespace: name.map(|_| "ml".into()),
+                cgroup_path: "/kubepods.slice/x".into(),
+                ..Container::default()
+            }],
+            ..Snapshot::default()
+        };
+        assert!(render(&pod(Some("trainer-7"))).contains(" ml/trainer-7 "));
+        let unnamed = render(&pod(None));
+        assert!(
+            unnamed.contains(" 0f1e2d3c-0000-4000-8000-000000000001 "),
+            "{unnamed}"
+        );
     }
 
     #[test]
