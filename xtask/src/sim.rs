@@ -1,6 +1,8 @@
 //! `cargo xtask sim [--trace FILE] [--seed N] [--json] [ARGS…]`: replays a job trace against the
 //! controller's scheduler under every placement mode (the `gpuwarden-sim` binary, in release).
-//! Without `--trace` or `--seed` it replays the bundled trace, `controller/sim/trace.jsonl`.
+//! Without `--trace`, or a flag that shapes a generated trace (`--seed`, `--jobs`, `--load`,
+//! `--fractional-training`, `--sweep-…`, `--generate`), it replays the bundled trace,
+//! `controller/sim/trace.jsonl`.
 
 /// The bundled trace, relative to the workspace root.
 const BUNDLED: &str = "controller/sim/trace.jsonl";
@@ -18,9 +20,19 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         "gpuwarden-sim",
         "--",
     ]);
+    // Flags that pick or shape the trace: the bundled one would override them.
+    const TRACE_FLAGS: [&str; 7] = [
+        "--trace",
+        "--seed",
+        "--jobs",
+        "--load",
+        "--fractional-training",
+        "--sweep",
+        "--generate",
+    ];
     let chooses_trace = args
         .iter()
-        .any(|a| a.starts_with("--trace") || a.starts_with("--seed"));
+        .any(|a| TRACE_FLAGS.iter().any(|f| a.starts_with(f)));
     if !chooses_trace {
         cmd.args(["--trace", BUNDLED]);
     }

@@ -6,6 +6,7 @@
 //! gpuwarden-sim --trace controller/sim/trace.jsonl     # the bundled trace
 //! gpuwarden-sim --seed 7 --json                        # a generated trace, JSON out
 //! gpuwarden-sim --generate 2000 --seed 1 > trace.jsonl # write a trace
+//! gpuwarden-sim --sweep-fractional-training 0.15,0.5,0.8,1.0  # one line per generated trace
 //! ```
 
 use std::{fs::File, io::BufReader, path::PathBuf, process::ExitCode};
@@ -46,6 +47,10 @@ struct Cli {
     /// Fraction of a generated trace's fractional requests that are training jobs.
     #[arg(long, default_value_t = GenConfig::default().fractional_training)]
     fractional_training: f64,
+    /// Generate one trace per value of --fractional-training (from --seed) and print a line
+    /// for each: the bound, interference-aware against binpack and spread.
+    #[arg(long, value_name = "F,F,…", value_delimiter = ',', conflicts_with_all = ["trace", "generate"])]
+    sweep_fractional_training: Vec<f64>,
     /// Simulated nodes.
     #[arg(long, default_value_t = 8)]
     nodes: u32,
@@ -110,6 +115,42 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    for f in &cli.sweep_fractional_training {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(f),
+            "--sweep-fractional-training: {f} is not in 0..=1"
+        );
+    }
+    let scoring = scoring(&cli)?;
+    let config = SimConfig {
+        cluster,
+        warmup: cli.warmup,
+        scoring,
+        ..SimConfig::default()
+    };
+    if !cli.sweep_fractional_training.is_empty() {
+        let mut rows = Vec::new();
+        for &f in &cli.sweep_fractional_training {
+            let jobs = trace::generate(
+                &GenConfig {
+                    fractional_training: f,
+                    ..gen_config
+                },
+                cli.seed,
+            );
+            rows.push((f, sim::evaluate(&jobs, &config, cli.seed)?));
+        }
+        if cli.json {
+            let rows: Vec<_> = rows
+                .iter()
+                .map(|(f, r)| serde_json::json!({ "fractional_training": f, "report": r }))
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        } else {
+            print!("{}", sim::report::sweep_table("fractional training", &rows));
+        }
+        return Ok(());
+    }
     let jobs = match &cli.trace {
         Some(path) => {
             let file =
@@ -118,6 +159,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         None => trace::generate(&gen_config, cli.seed),
     };
+    let report = sim::evaluate(&jobs, &config, cli.seed)?;
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+/// The `interference-aware` scoring the flags ask for.
+fn scoring(cli: &Cli) -> anyhow::Result<ScoringConfig> {
     let mut scoring = ScoringConfig::default();
     let w = &mut scoring.weights;
     for (flag, slot) in [
@@ -134,17 +186,5 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         scoring.packing_cap = cap;
     }
     scoring.validate()?;
-    let config = SimConfig {
-        cluster,
-        warmup: cli.warmup,
-        scoring,
-        ..SimConfig::default()
-    };
-    let report = sim::evaluate(&jobs, &config, cli.seed)?;
-    if cli.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.table());
-    }
-    Ok(())
+    Ok(scoring)
 }

@@ -120,6 +120,20 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 impl Report {
+    /// The figures of `mode`, if it ran.
+    #[must_use]
+    pub fn mode(&self, mode: Placement) -> Option<&ModeReport> {
+        self.modes.iter().find(|m| m.mode == mode)
+    }
+
+    /// The largest cut of `binpack`'s mean JCT that any placement could make: the share of it
+    /// that is queueing or interference (the rest is the jobs' work alone).
+    #[must_use]
+    pub fn bound(&self) -> Option<f64> {
+        let base = self.baseline()?;
+        (base.mean_jct > 0.0).then(|| 1.0 - base.mean_work / base.mean_jct)
+    }
+
     /// The baseline: `binpack`, or the first mode.
     fn baseline(&self) -> Option<&ModeReport> {
         self.modes
@@ -237,4 +251,42 @@ fn ratio(x: f64, base: f64) -> String {
     } else {
         format!("{:.2}×", x / base)
     }
+}
+
+/// One line per trace of a sweep: how `interference-aware` fares against `binpack` and
+/// `spread`, and how much of the bound it takes. `rows` pairs each trace's parameter value
+/// (named `parameter` in the header) with its report.
+#[must_use]
+pub fn sweep_table(parameter: &str, rows: &[(f64, Report)]) -> String {
+    let mut out = format!(
+        "| {parameter} | binpack stretch | bound on the JCT cut | interference-aware JCT vs binpack | captured | GPU util vs binpack | fragmentation vs spread | SLO misses (aware vs binpack) |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    for (value, report) in rows {
+        let (Some(base), Some(spread), Some(aware), Some(bound)) = (
+            report.mode(Placement::Binpack),
+            report.mode(Placement::Spread),
+            report.mode(Placement::InterferenceAware),
+            report.bound(),
+        ) else {
+            continue;
+        };
+        let cut = 1.0 - aware.mean_jct / base.mean_jct.max(f64::MIN_POSITIVE);
+        let captured = if bound > 0.0 {
+            format!("{:.0} %", 100.0 * cut / bound)
+        } else {
+            "—".to_owned()
+        };
+        let _ = writeln!(
+            out,
+            "| {value} | {:.2} | {:.1} % | {} | {captured} | {} | {} | {} vs {} |",
+            base.mean_stretch,
+            100.0 * bound,
+            ratio(aware.mean_jct, base.mean_jct),
+            ratio(aware.mean_utilization, base.mean_utilization),
+            ratio(aware.mean_fragmented_shares, spread.mean_fragmented_shares),
+            aware.slo_misses,
+            base.slo_misses,
+        );
+    }
+    out
 }

@@ -56,6 +56,24 @@ fn every_mode_completes_every_job() {
         assert!((0.0..=1.0).contains(&m.mean_utilization), "{m:?}");
     }
     assert!(report.table().contains("interference-aware"));
+    // No mode beats its jobs' work alone: the bound holds for every mode's mean JCT.
+    for m in &report.modes {
+        assert!(m.mean_jct >= m.mean_work * (1.0 - 1e-9), "{m:?}");
+    }
+    let bound = report.bound().unwrap();
+    let base = report.mode(Placement::Binpack).unwrap();
+    assert!((bound - (1.0 - base.mean_work / base.mean_jct)).abs() < 1e-12);
+    let table = report.table();
+    assert!(
+        table.contains("floors:") && table.contains("bound:"),
+        "{table}"
+    );
+    let sweep = super::report::sweep_table("load", &[(0.5, report.clone()), (0.9, report)]);
+    assert_eq!(sweep.lines().count(), 4, "{sweep}");
+    assert!(
+        sweep.lines().nth(2).unwrap().starts_with("| 0.5 |"),
+        "{sweep}"
+    );
 }
 
 #[test]
