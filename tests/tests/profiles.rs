@@ -24,18 +24,6 @@ use util::{
     config, require_root, scratch,
 };
 
-/// Two mock GPUs of 16 GiB, indexes 0 and 1 (the fake driver's nvidia0 and nvidia1).
-const MOCK_DEVICES: &str = r#"
-[[devices]]
-uuid = "GPU-test-0"
-model_name = "Mock"
-memory_size = "16G"
-[[devices]]
-uuid = "GPU-test-1"
-model_name = "Mock"
-memory_size = "16G"
-"#;
-
 /// The agent's usage report interval here (5 s by default).
 const REPORT_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -77,7 +65,7 @@ impl Rig {
             fast_timing(Duration::from_secs(5)),
         );
         let mock = driver.dir.parent().unwrap().join("mock.toml");
-        std::fs::write(&mock, MOCK_DEVICES).unwrap();
+        std::fs::write(&mock, util::TWO_MOCK_GPUS).unwrap();
         let mut cfg = config(&[driver.glob()], &scratch("agent"));
         cfg.controller = Some(ctl.url());
         cfg.mock_devices = Some(mock);

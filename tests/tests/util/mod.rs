@@ -23,6 +23,19 @@ use gpuwarden_tests::fake_driver::{FakeConfig, FakeDriver};
 pub mod cluster;
 pub mod otlp;
 
+/// A mock device list of two 16 GiB GPUs, indexes 0 and 1 (the fake driver's nvidia0 and
+/// nvidia1).
+pub const TWO_MOCK_GPUS: &str = r#"
+[[devices]]
+uuid = "GPU-test-0"
+model_name = "Mock"
+memory_size = "16G"
+[[devices]]
+uuid = "GPU-test-1"
+model_name = "Mock"
+memory_size = "16G"
+"#;
+
 /// Fails the test unless it runs as root: the eBPF and FUSE parts need it. Never skips.
 pub fn require_root() {
     // SAFETY: a plain syscall.
