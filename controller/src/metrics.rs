@@ -12,9 +12,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use gpuwarden_proto::otlp::{Pipeline, PipelineError};
 use opentelemetry::KeyValue;
 
-use crate::{
-    api::Controller, node::NodeState, scheduler::Scheduler, session::SessionState, slots::SlotValue,
-};
+use crate::{api::Controller, node::NodeState, scheduler::Scheduler, session::SessionState};
 
 /// One instrument: (name, unit, attributes, meaning).
 pub type Instrument = (&'static str, &'static str, &'static str, &'static str);
@@ -74,24 +72,18 @@ pub const INSTRUMENTS: &[Instrument] = &[
 /// The endpoint from the standard variables.
 pub use gpuwarden_proto::otlp::endpoint_from_env;
 
-/// A value in GPUs or units, for a gauge.
-#[allow(clippy::cast_precision_loss)]
-fn as_f64(v: SlotValue) -> f64 {
-    v.micros() as f64 / 1e6
-}
-
 /// Capacity and allocation per slot type over the ready nodes.
 fn slot_totals(s: &Scheduler) -> (BTreeMap<String, f64>, BTreeMap<String, f64>) {
     let (mut capacity, mut allocated) = (BTreeMap::new(), BTreeMap::new());
     for node in s.nodes().values().filter(|n| n.state == NodeState::Ready) {
         for (name, value) in node.capacity().iter() {
-            *capacity.entry(name.to_string()).or_default() += as_f64(value);
+            *capacity.entry(name.to_string()).or_default() += value.as_f64();
         }
         for (name, value) in node.allocated.iter() {
-            *allocated.entry(name.to_string()).or_default() += as_f64(value);
+            *allocated.entry(name.to_string()).or_default() += value.as_f64();
         }
         let devices = node.allocator.devices();
-        let shares: f64 = devices.iter().map(|d| as_f64(d.allocated)).sum();
+        let shares: f64 = devices.iter().map(|d| d.allocated.as_f64()).sum();
         #[allow(clippy::cast_precision_loss)]
         let memory: f64 = devices.iter().map(|d| d.allocated_memory as f64).sum();
         #[allow(clippy::cast_precision_loss)]
@@ -114,7 +106,7 @@ pub fn fragmented_shares(s: &Scheduler) -> f64 {
         .filter(|n| n.state == NodeState::Ready)
         .flat_map(|n| n.allocator.devices())
         .filter(|d| !d.allocated.is_zero() && d.exclusive_owner.is_none())
-        .map(|d| as_f64(d.free()))
+        .map(|d| d.free().as_f64())
         .sum()
 }
 

@@ -135,25 +135,15 @@ impl Profile {
     /// 0.7), so unknown work is kept apart until its runs show it can share.
     #[must_use]
     pub fn prior(class: &str) -> Self {
-        let mut deciles = [0.0; POINTS];
-        for (i, d) in deciles.iter_mut().enumerate() {
-            *d = 0.4 + 0.6 * (i as f64 + 0.5) / POINTS as f64;
-        }
         Self {
             class: class.to_owned(),
             runs: 0,
             samples: 0,
-            deciles,
+            deciles: prior_deciles(),
             peak_memory_bytes: 0,
             mean_ioctls_per_sec: 0.0,
             updated_at_ms: 0,
         }
-    }
-
-    /// Whether it was learned (not the prior).
-    #[must_use]
-    pub fn is_learned(&self) -> bool {
-        self.runs > 0
     }
 
     /// Mean utilization.
@@ -208,12 +198,11 @@ impl ProfileBook {
         self.profiles.get(class)
     }
 
-    /// The learned profile of `class`, or the prior.
+    /// The utilization points of `class`: its learned profile's, or the prior's. What scoring
+    /// reads per tenant, without copying a profile.
     #[must_use]
-    pub fn or_prior(&self, class: &str) -> Profile {
-        self.get(class)
-            .cloned()
-            .unwrap_or_else(|| Profile::prior(class))
+    pub fn deciles(&self, class: &str) -> [f64; POINTS] {
+        self.get(class).map_or_else(prior_deciles, |p| p.deciles)
     }
 
     /// All learned profiles, by class.
@@ -234,6 +223,11 @@ impl ProfileBook {
         profile.fold(series, now_ms);
         Some(profile)
     }
+}
+
+/// The prior's points: spread evenly over 0.4..=1.0.
+fn prior_deciles() -> [f64; POINTS] {
+    std::array::from_fn(|i| 0.4 + 0.6 * (i as f64 + 0.5) / POINTS as f64)
 }
 
 fn clamp_unit(x: f64) -> f64 {

@@ -45,8 +45,10 @@ fn samples_out_of_range_are_clamped_not_lost() {
 #[test]
 fn learning_replaces_the_prior_then_blends_runs() {
     let mut book = ProfileBook::default();
-    assert!(!book.or_prior("train").is_learned());
-    assert!((book.or_prior("train").mean() - 0.7).abs() < 1e-9);
+    assert!(book.get("train").is_none());
+    let prior = book.deciles("train");
+    assert_eq!(prior, Profile::prior("train").deciles);
+    assert!((prior.iter().sum::<f64>() / POINTS as f64 - 0.7).abs() < 1e-9);
 
     // A first run replaces the prior outright.
     let p = book

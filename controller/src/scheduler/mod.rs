@@ -877,7 +877,7 @@ impl<'a> Scorer<'a> {
     fn new(scheduler: &'a Scheduler, class: &str, excess: ExcessCache) -> Self {
         Self {
             scheduler,
-            candidate: scheduler.profiles.or_prior(class).deciles,
+            candidate: scheduler.profiles.deciles(class),
             excess: RefCell::new(excess),
         }
     }
@@ -917,7 +917,7 @@ impl<'a> Scorer<'a> {
                     .sessions
                     .get(sid)
                     .map_or(sid.as_str(), |s| s.class.as_str());
-                self.scheduler.profiles.or_prior(class).deciles
+                self.scheduler.profiles.deciles(class)
             })
             .collect()
     }
@@ -945,7 +945,7 @@ impl<'a> Scorer<'a> {
             terms.interference += after.total_excess() - before;
             let unusable = |allocated_after: bool, free: SlotValue| {
                 if allocated_after && !part.exclusive {
-                    as_f64(free)
+                    free.as_f64()
                 } else {
                     0.0
                 }
@@ -1050,11 +1050,6 @@ impl<'a> Scorer<'a> {
             },
         ))
     }
-}
-
-/// A share count as a float, for scores (never for accounting).
-fn as_f64(v: SlotValue) -> f64 {
-    v.micros() as f64 / 1e6
 }
 
 impl Scheduler {

@@ -289,11 +289,7 @@ pub fn run(
 /// their parts: 0.81 split 0.41 + 0.40 puts about half the job on each device, 1.76 split
 /// 0.88 + 0.88 a full worker on each.
 fn spread_demand(allocation: &Allocation) -> Vec<(u32, f64)> {
-    let total: f64 = allocation
-        .parts
-        .iter()
-        .map(|p| p.shares.micros() as f64 / 1e6)
-        .sum();
+    let total: f64 = allocation.parts.iter().map(|p| p.shares.as_f64()).sum();
     let workers = total.ceil().max(1.0);
     allocation
         .parts
@@ -302,7 +298,7 @@ fn spread_demand(allocation: &Allocation) -> Vec<(u32, f64)> {
             let weight = if p.exclusive || total <= 0.0 {
                 1.0
             } else {
-                (p.shares.micros() as f64 / 1e6 / total * workers).min(1.0)
+                (p.shares.as_f64() / total * workers).min(1.0)
             };
             (p.index, weight)
         })
