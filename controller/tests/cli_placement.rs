@@ -7,7 +7,7 @@ mod common;
 
 use std::{process::Command, time::Duration};
 
-use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
+use gpuwarden_proto::v1 as pb;
 use tokio_stream::StreamExt;
 
 const NODE: &str = "node-placement";
@@ -15,14 +15,9 @@ const NODE: &str = "node-placement";
 const UTILIZATION: f64 = 0.9;
 
 async fn fake_agent(url: String) {
-    let channel = tonic::transport::Endpoint::from_shared(url)
-        .expect("a URL")
-        .connect()
-        .await
-        .expect("connects");
-    let mut agent = AgentServiceClient::new(channel);
-    agent
-        .register(pb::NodeInfo {
+    let (tx, mut inbound) = common::connect_agent(
+        url,
+        pb::NodeInfo {
             node_id: NODE.into(),
             hostname: NODE.into(),
             slot_types: ["cuda.shares", "cuda.mem"]
@@ -49,23 +44,9 @@ async fn fake_agent(url: String) {
                 .collect(),
             agent_version: "test".into(),
             ..Default::default()
-        })
-        .await
-        .expect("registers");
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tx.send(pb::AgentMessage {
-        msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
-            node_id: NODE.into(),
-            ..Default::default()
-        })),
-    })
-    .await
-    .expect("queued");
-    let mut inbound = agent
-        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("stream opens")
-        .into_inner();
+        },
+    )
+    .await;
     while let Some(Ok(message)) = inbound.next().await {
         let Some(pb::controller_message::Msg::Allocate(a)) = message.msg else {
             continue;

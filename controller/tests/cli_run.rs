@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
+use gpuwarden_proto::v1 as pb;
 use tokio_stream::StreamExt;
 
 const NODE: &str = "node-run";
@@ -100,15 +100,9 @@ fn fake_agent_socket(path: &Path, cgroup_dir: PathBuf) {
 /// Registers one GPU, acks every `Allocate` (kept in `seen`) and reports one event for it.
 async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>) {
     let kind = |k: pb::SlotKind| i32::from(k);
-    // `AgentServiceClient::connect` is the rpc here, not the constructor.
-    let channel = tonic::transport::Endpoint::from_shared(url)
-        .expect("a URL")
-        .connect()
-        .await
-        .expect("connects");
-    let mut agent = AgentServiceClient::new(channel);
-    agent
-        .register(pb::NodeInfo {
+    let (tx, mut inbound) = common::connect_agent(
+        url,
+        pb::NodeInfo {
             node_id: NODE.into(),
             hostname: NODE.into(),
             slot_types: [
@@ -142,10 +136,9 @@ async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>) {
             }],
             agent_version: "test".into(),
             ..Default::default()
-        })
-        .await
-        .expect("registers");
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
+        },
+    )
+    .await;
     let heartbeat = |seq| pb::AgentMessage {
         msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
             node_id: NODE.into(),
@@ -153,12 +146,6 @@ async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>) {
             running_sessions: vec![],
         })),
     };
-    tx.send(heartbeat(0)).await.expect("queued");
-    let mut inbound = agent
-        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("stream opens")
-        .into_inner();
     let beat = tx.clone();
     tokio::spawn(async move {
         for seq in 1.. {

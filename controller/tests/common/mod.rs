@@ -29,3 +29,41 @@ pub fn start_controller(scratch: &Path) -> (tokio::runtime::Runtime, String) {
     ));
     (rt, url)
 }
+
+/// Registers `info` with the controller at `url` as an agent would and opens its stream with a
+/// first heartbeat; returns the sender for further agent messages and the controller's
+/// messages.
+pub async fn connect_agent(
+    url: String,
+    info: gpuwarden_proto::v1::NodeInfo,
+) -> (
+    tokio::sync::mpsc::Sender<gpuwarden_proto::v1::AgentMessage>,
+    tonic::Streaming<gpuwarden_proto::v1::ControllerMessage>,
+) {
+    use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
+
+    // `AgentServiceClient::connect` is the rpc here, not the constructor.
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connects");
+    let mut agent = AgentServiceClient::new(channel);
+    let node_id = info.node_id.clone();
+    agent.register(info).await.expect("registers");
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tx.send(pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+            node_id,
+            ..Default::default()
+        })),
+    })
+    .await
+    .expect("queued");
+    let inbound = agent
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream opens")
+        .into_inner();
+    (tx, inbound)
+}
