@@ -96,6 +96,19 @@ fn status(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Builds the agent and controller binaries in release; returns the folder that holds them.
+fn build_release_binaries() -> anyhow::Result<PathBuf> {
+    status(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "gpuwarden-agent",
+        "-p",
+        "gpuwarden-controller",
+    ]))?;
+    Ok(workspace().join("target/release"))
+}
+
 /// Whether this process runs as root.
 fn is_root() -> bool {
     // SAFETY: a plain syscall.

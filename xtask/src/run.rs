@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, status, workspace};
+use crate::workspace;
 
 /// The controller's address for the local run.
 const LISTEN: &str = "127.0.0.1:50051";
@@ -20,15 +20,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         bail!("the agent loads eBPF programs: run as root");
     }
     crate::setup::run()?;
-    status(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "gpuwarden-agent",
-        "-p",
-        "gpuwarden-controller",
-    ]))?;
-    let bin = workspace().join("target/release");
+    let bin = crate::build_release_binaries()?;
     let state = workspace().join("target/gpuwarden-state");
     let mut controller = Command::new(bin.join("gpuwarden-controller"))
         .args(["run", "--listen", LISTEN, "--state-dir"])

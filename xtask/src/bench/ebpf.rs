@@ -25,7 +25,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, status, workspace};
+use crate::{status, workspace};
 
 /// `_IOWR('F', NV_ESC_RM_ALLOC, NVOS21)`.
 const RM_ALLOC_NVOS21: libc::c_ulong = 0xC020_462B;
@@ -70,15 +70,7 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
     if !crate::is_root() {
         bail!("the benchmark attaches eBPF programs: run as root");
     }
-    status(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "gpuwarden-agent",
-        "-p",
-        "gpuwarden-controller",
-    ]))?;
-    let bin = workspace().join("target/release");
+    let bin = crate::build_release_binaries()?;
     let agent_bin = bin.join("gpuwarden-agent");
     let dir = std::env::temp_dir().join(format!("gpuwarden-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
