@@ -24,7 +24,7 @@ use tonic::transport::Channel;
 use util::{
     Client, Driver, TestAgent, TestCgroup,
     cluster::{TestController, fast_timing},
-    config, container_id, memory, pin_dir, require_root, scratch,
+    container_id, memory, pin_dir, require_root, scratch,
 };
 
 const MIB: u64 = 1 << 20;
@@ -46,11 +46,8 @@ impl Rig {
             SchedulerConfig::default(),
             fast_timing(Duration::from_secs(5)),
         );
-        let mock = driver.dir.parent().unwrap().join("mock.toml");
-        std::fs::write(&mock, util::TWO_MOCK_GPUS).unwrap();
-        let mut cfg = config(&[driver.glob()], &scratch("agent"));
-        cfg.controller = Some(ctl.url());
-        cfg.mock_devices = Some(mock.clone());
+        let mut cfg = util::mock_gpu_config(&driver, ctl.url());
+        let mock = cfg.mock_devices.clone().unwrap();
         cfg.binding_timeout = binding_timeout;
         let agent = TestAgent::start_with(cfg);
         let rt = tokio::runtime::Builder::new_current_thread()

@@ -21,7 +21,7 @@ use gpuwarden_controller::scheduler::SchedulerConfig;
 use util::{
     Driver, TestAgent,
     cluster::{TestController, fast_timing},
-    config, require_root, scratch,
+    require_root, scratch,
 };
 
 /// The agent's usage report interval here (5 s by default).
@@ -64,11 +64,7 @@ impl Rig {
             SchedulerConfig::default(),
             fast_timing(Duration::from_secs(5)),
         );
-        let mock = driver.dir.parent().unwrap().join("mock.toml");
-        std::fs::write(&mock, util::TWO_MOCK_GPUS).unwrap();
-        let mut cfg = config(&[driver.glob()], &scratch("agent"));
-        cfg.controller = Some(ctl.url());
-        cfg.mock_devices = Some(mock);
+        let mut cfg = util::mock_gpu_config(&driver, ctl.url());
         cfg.usage_report_interval = Some(REPORT_INTERVAL);
         let agent = TestAgent::start_with(cfg);
         let rig = Self {

@@ -241,6 +241,17 @@ pub fn pin_dir(state_dir: &Path) -> PathBuf {
     PathBuf::from("/sys/fs/bpf").join(state_dir.file_name().unwrap())
 }
 
+/// An agent config for `driver`'s device nodes as [`TWO_MOCK_GPUS`] (written beside the
+/// driver's mount), registering with the controller at `controller`.
+pub fn mock_gpu_config(driver: &Driver, controller: String) -> AgentConfig {
+    let mock = driver.dir.parent().unwrap().join("mock.toml");
+    std::fs::write(&mock, TWO_MOCK_GPUS).unwrap();
+    let mut cfg = config(&[driver.glob()], &scratch("agent"));
+    cfg.controller = Some(controller);
+    cfg.mock_devices = Some(mock);
+    cfg
+}
+
 /// The agent's settings for a test.
 pub fn config(globs: &[String], state_dir: &Path) -> AgentConfig {
     let mut config = AgentConfig::load(
