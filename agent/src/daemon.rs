@@ -144,7 +144,7 @@ fn lock(state: &Shared) -> MutexGuard<'_, State> {
 /// # Errors
 /// See [`RunError`].
 pub async fn run(config: AgentConfig) -> Result<(), RunError> {
-    run_until(config, shutdown_signal()).await
+    run_until(config, gpuwarden_runtime::shutdown()).await
 }
 
 /// Runs the agent until `shutdown` completes (tests embed the agent this way).
@@ -381,18 +381,6 @@ fn bind(path: &Path) -> Result<UnixListener, RunError> {
         Err(e) => return Err(err(e)),
     }
     UnixListener::bind(path).map_err(err)
-}
-
-async fn shutdown_signal() {
-    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-    else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }
 
 /// Expands the globs, updates the path table, and seeds fds of newly watched paths.

@@ -21,7 +21,7 @@ use std::{
     time::Duration,
 };
 
-use gpuwarden_proto::otlp::{Pipeline, PipelineError};
+use gpuwarden_runtime::otlp::{Pipeline, PipelineError};
 use opentelemetry::{KeyValue, metrics::Meter};
 
 use crate::{devices::GpuDevice, snapshot::Snapshot};
@@ -142,7 +142,7 @@ impl MetricsConfig {
     #[must_use]
     pub fn endpoint(file: Option<String>) -> Option<String> {
         file.filter(|e| !e.is_empty())
-            .or_else(gpuwarden_proto::otlp::endpoint_from_env)
+            .or_else(gpuwarden_runtime::otlp::endpoint_from_env)
     }
 }
 

@@ -9,7 +9,7 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use gpuwarden_proto::otlp::{Pipeline, PipelineError};
+use gpuwarden_runtime::otlp::{Pipeline, PipelineError};
 use opentelemetry::KeyValue;
 
 use crate::{api::Controller, node::NodeState, scheduler::Scheduler, session::SessionState};
@@ -70,7 +70,7 @@ pub const INSTRUMENTS: &[Instrument] = &[
 ];
 
 /// The endpoint from the standard variables.
-pub use gpuwarden_proto::otlp::endpoint_from_env;
+pub use gpuwarden_runtime::otlp::endpoint_from_env;
 
 /// Capacity and allocation per slot type over the ready nodes.
 fn slot_totals(s: &Scheduler) -> (BTreeMap<String, f64>, BTreeMap<String, f64>) {

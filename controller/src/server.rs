@@ -169,19 +169,6 @@ pub async fn serve_on(
     result
 }
 
-/// Completes on SIGINT or SIGTERM (what Kubernetes sends), so the store closes cleanly.
-async fn shutdown_signal() {
-    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-    else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
 /// gpuwarden's cluster controller.
 #[derive(Parser)]
 #[command(name = "gpuwarden-controller", version, about)]
@@ -214,14 +201,8 @@ enum Command {
 /// its own runtime. Exits 2 for a bad config file, 1 when serving fails.
 #[must_use]
 pub fn main() -> ExitCode {
-    // A wrapping binary may have set up tracing already.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    // A wrapping binary may have set up tracing already; that one stays.
+    gpuwarden_runtime::logging::init("info");
     let Command::Run {
         listen,
         state_dir,
@@ -268,7 +249,7 @@ pub fn main() -> ExitCode {
                 None
             }
         };
-        serve(controller, listen, shutdown_signal()).await
+        serve(controller, listen, gpuwarden_runtime::shutdown()).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

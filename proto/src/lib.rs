@@ -7,12 +7,6 @@
 //!   per-device allocation map and the merged slot types.
 //!
 //! Slot values travel as exact decimal strings so fractions stay exact end to end.
-//!
-//! With the `otlp` feature, [`otlp`] is the metrics pipeline to an OpenTelemetry collector that
-//! both binaries share.
-
-#[cfg(feature = "otlp")]
-pub mod otlp;
 
 /// The `gpuwarden.v1` package.
 #[allow(missing_docs, clippy::pedantic, clippy::all)]

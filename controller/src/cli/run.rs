@@ -6,8 +6,7 @@
 //! signal killed it; 127 when it could not be found, 126 when it could not be started).
 
 use std::{
-    ffi::{CStr, CString},
-    os::unix::{ffi::OsStrExt, process::ExitStatusExt},
+    os::unix::process::ExitStatusExt,
     path::{Path, PathBuf},
     process::ExitCode,
     time::{Duration, Instant},
@@ -257,36 +256,10 @@ fn spawn_in(
     args: &[String],
     cgroup: &Path,
 ) -> std::io::Result<tokio::process::Child> {
-    // Built before the fork: the child may not allocate.
-    let procs = CString::new(cgroup.join("cgroup.procs").as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let mut command = tokio::process::Command::new(program);
     command.args(args);
-    // SAFETY: the closure only calls the async-signal-safe open, write and close on memory
-    // allocated before the fork.
-    unsafe {
-        command.pre_exec(move || join_cgroup(&procs));
-    }
+    gpuwarden_runtime::cgroup::spawn_inside(command.as_std_mut(), cgroup)?;
     command.spawn()
-}
-
-/// Writes `0` (this process) to `procs`. Runs in the child between fork and exec.
-fn join_cgroup(procs: &CStr) -> std::io::Result<()> {
-    // SAFETY: `procs` is a valid NUL-terminated path.
-    let fd = unsafe { libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is open and the buffer is one valid byte.
-    let written = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
-    let result = if written == 1 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    };
-    // SAFETY: `fd` is ours and closed once.
-    unsafe { libc::close(fd) };
-    result
 }
 
 /// Waits for the child. SIGINT is left to the child (the terminal sends it to the whole

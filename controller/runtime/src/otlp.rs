@@ -1,5 +1,5 @@
-//! The OTLP/gRPC metrics pipeline both binaries share (feature `otlp`): the wire to an
-//! OpenTelemetry collector, as the rest of this crate is the wire between gpuwarden's parts.
+//! The OTLP/gRPC metrics pipeline the agent and the controller share: the wire to an
+//! OpenTelemetry collector.
 //!
 //! The SDK reads the standard variables (`OTEL_EXPORTER_OTLP_HEADERS`,
 //! `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_SERVICE_NAME`, `OTEL_METRIC_EXPORT_INTERVAL`). Exports run

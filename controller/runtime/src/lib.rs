@@ -1,0 +1,30 @@
+//! What every gpuwarden binary starts with, written once.
+//!
+//! The agent, the controller and the CLI each need to stop cleanly on the signals Kubernetes and
+//! a terminal send, log the same way, push metrics over OTLP, and (`gpuwarden run`, the tests'
+//! workloads) start a process inside a cgroup. Those pieces live here so a fix reaches every
+//! binary at once:
+//!
+//! - [`shutdown`]: a future that completes on SIGINT or SIGTERM;
+//! - [`logging`]: `tracing` to standard error, filtered by `RUST_LOG`;
+//! - [`otlp`]: the OTLP/gRPC metrics pipeline to an OpenTelemetry collector;
+//! - [`cgroup`]: moving a child into a cgroup v2 between `fork` and `exec`.
+#![deny(missing_docs)]
+
+pub mod cgroup;
+pub mod logging;
+pub mod otlp;
+
+/// Completes on SIGINT or SIGTERM (what Kubernetes sends before it kills a pod), so a daemon can
+/// close its store and pins cleanly. Where SIGTERM can't be watched, SIGINT alone ends it.
+pub async fn shutdown() {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
