@@ -21,9 +21,8 @@
 
 use std::{
     collections::HashMap,
-    ffi::OsString,
     fmt, fs, io,
-    os::unix::{ffi::OsStringExt, fs::MetadataExt},
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
@@ -32,7 +31,6 @@ use std::{
 use serde::{Serialize, Serializer};
 
 /// Where the mount table is read by [`Attributor::detect`].
-const MOUNTINFO: &str = "/proc/self/mountinfo";
 
 /// Where process information is read by an [`Attributor::detect`]ed attributor.
 const PROC: &str = "/proc";
@@ -444,13 +442,14 @@ impl Attributor {
     /// # Errors
     /// The mount table can't be read, or lists no cgroup v2 file system.
     pub fn detect() -> Result<Self, AttributionError> {
-        let mountinfo = PathBuf::from(MOUNTINFO);
+        let mountinfo = PathBuf::from(gpuwarden_runtime::mountinfo::SELF);
         let text =
             fs::read_to_string(&mountinfo).map_err(|source| AttributionError::ReadMountinfo {
                 path: mountinfo.clone(),
                 source,
             })?;
-        let root = cgroup2_mount(&text).ok_or(AttributionError::NoCgroup2 { mountinfo })?;
+        let root = gpuwarden_runtime::mountinfo::cgroup2_mount(&text)
+            .ok_or(AttributionError::NoCgroup2 { mountinfo })?;
         Ok(Self::with_roots(root, PathBuf::from(PROC)))
     }
 
@@ -594,53 +593,6 @@ fn unified_path(line: &str) -> Option<&str> {
     let mut fields = line.splitn(3, ':');
     let v2 = fields.next()? == "0" && fields.next()?.is_empty();
     v2.then(|| fields.next()).flatten()
-}
-
-/// The cgroup2 mount to use from a mountinfo table. A runtime may mount cgroup2 elsewhere too (in
-/// a container's root file system), so the standard places and whole-hierarchy mounts come first.
-fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
-    mountinfo
-        .lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            if right.split_whitespace().next()? != "cgroup2" {
-                return None;
-            }
-            let mut fields = left.split_whitespace().skip(3);
-            let root = fields.next()?;
-            let mount_point = unescape_octal(fields.next()?);
-            let rank = match mount_point.to_str() {
-                Some("/sys/fs/cgroup") => 0,
-                Some("/sys/fs/cgroup/unified") => 1,
-                _ => 2,
-            };
-            Some(((root != "/", rank), mount_point))
-        })
-        .min_by_key(|(key, _)| *key)
-        .map(|(_, mount_point)| mount_point)
-}
-
-/// Undoes mountinfo's `\ooo` escapes (space, tab, newline, backslash).
-fn unescape_octal(field: &str) -> PathBuf {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| bytes[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)))
-            .and_then(|d| {
-                u8::try_from(d.iter().fold(0_u32, |n, b| n * 8 + u32::from(b - b'0'))).ok()
-            });
-        if let Some(b) = octal {
-            out.push(b);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    PathBuf::from(OsString::from_vec(out))
 }
 
 #[cfg(test)]
@@ -1186,33 +1138,6 @@ mod tests {
         );
         assert_eq!(QosClass::BestEffort.to_string(), "besteffort");
         assert_eq!(QosClass::Guaranteed.as_str(), "guaranteed");
-    }
-
-    #[test]
-    fn finds_the_cgroup2_mount() {
-        let hybrid = "35 24 0:30 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro\n\
-                      41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
-        assert_eq!(
-            cgroup2_mount(hybrid),
-            Some(PathBuf::from("/sys/fs/cgroup/unified"))
-        );
-        // A runtime's extra mount, listed first, loses to the standard place.
-        let unified = "29 23 0:26 / /run/c\\0401/cgroup rw - cgroup2 cgroup2 rw\n\
-                       30 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw\n";
-        assert_eq!(
-            cgroup2_mount(unified),
-            Some(PathBuf::from("/sys/fs/cgroup"))
-        );
-        // A subtree bind mount loses to a whole-hierarchy one; escapes are undone.
-        let elsewhere = "29 23 0:26 /kubepods /mnt/sub rw - cgroup2 cgroup2 rw\n\
-                         30 23 0:26 / /run/my\\040cgroup rw - cgroup2 cgroup2 rw\n";
-        assert_eq!(
-            cgroup2_mount(elsewhere),
-            Some(PathBuf::from("/run/my cgroup"))
-        );
-        assert_eq!(cgroup2_mount("22 1 0:21 / /proc rw - proc proc rw\n"), None);
-        assert_eq!(cgroup2_mount("garbage\n\n"), None);
-        assert_eq!(unescape_octal("a\\134b\\08"), PathBuf::from("a\\b\\08"));
     }
 
     #[test]

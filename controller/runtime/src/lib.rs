@@ -8,11 +8,13 @@
 //! - [`shutdown`]: a future that completes on SIGINT or SIGTERM;
 //! - [`logging`]: `tracing` to standard error, filtered by `RUST_LOG`;
 //! - [`otlp`]: the OTLP/gRPC metrics pipeline to an OpenTelemetry collector;
-//! - [`cgroup`]: moving a child into a cgroup v2 between `fork` and `exec`.
+//! - [`cgroup`]: moving a child into a cgroup v2 between `fork` and `exec`;
+//! - [`mountinfo`]: where a file system (the cgroup v2 hierarchy) is mounted.
 #![deny(missing_docs)]
 
 pub mod cgroup;
 pub mod logging;
+pub mod mountinfo;
 pub mod otlp;
 
 /// Completes on SIGINT or SIGTERM (what Kubernetes sends before it kills a pod), so a daemon can

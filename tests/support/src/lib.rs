@@ -1,0 +1,84 @@
+//! Fixtures shared by every gpuwarden test crate, one per concept.
+//!
+//! # The root policy
+//!
+//! Tests that load eBPF programs, mount FUSE file systems or make cgroups need root. They are
+//! marked `#[ignore = "needs root"]` and call [`require_root`] first:
+//!
+//! - `cargo test` as any user runs everything else, and lists each root test as
+//!   `ignored, needs root`, so what was skipped is named;
+//! - `cargo xtask test` (CI) runs them too (`-- --include-ignored`), and as a non-root user
+//!   each of them fails with the reason instead of passing silently.
+//!
+//! # Scratch space
+//!
+//! [`scratch`] makes a short directory under `/tmp` (the eBPF programs match device paths of
+//! fewer than 64 bytes) that is removed when dropped, so a test run leaves nothing behind.
+#![deny(missing_docs)]
+
+mod cgroup;
+
+use std::path::Path;
+
+pub use cgroup::TestCgroup;
+
+/// A mock device list of two 16 GiB GPUs, indexes 0 and 1 (the fake driver's `nvidia0` and
+/// `nvidia1`), in the agent's `--mock-devices` TOML.
+pub const TWO_MOCK_GPUS: &str = r#"
+[[devices]]
+uuid = "GPU-test-0"
+model_name = "Mock"
+memory_size = "16G"
+[[devices]]
+uuid = "GPU-test-1"
+model_name = "Mock"
+memory_size = "16G"
+"#;
+
+/// Whether this process runs as root.
+#[must_use]
+pub fn is_root() -> bool {
+    // SAFETY: a plain syscall that can't fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Fails the calling test unless it runs as root, saying why. A root test never skips itself:
+/// it is `#[ignore = "needs root"]` instead, so `cargo test` names it.
+///
+/// # Panics
+/// Not root.
+pub fn require_root() {
+    assert!(
+        is_root(),
+        "this test loads eBPF programs, mounts FUSE file systems or makes cgroups: it needs root \
+         (run `cargo xtask test` as root)"
+    );
+}
+
+/// A fresh directory `/tmp/gw-<tag>XXXXXX`, removed with everything in it when dropped.
+///
+/// # Panics
+/// `/tmp` is not writable.
+#[must_use]
+pub fn scratch(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("gw-{tag}"))
+        .tempdir_in(Path::new("/tmp"))
+        .unwrap_or_else(|e| panic!("cannot make a scratch directory under /tmp: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_directories_are_short_and_go_away() {
+        let dir = scratch("t");
+        let path = dir.path().to_owned();
+        assert!(path.to_string_lossy().starts_with("/tmp/gw-t"), "{}", path.display());
+        assert!(path.as_os_str().len() < 32, "{}", path.display());
+        std::fs::write(path.join("file"), b"x").expect("writable");
+        drop(dir);
+        assert!(!path.exists(), "{} was left behind", path.display());
+    }
+}
