@@ -30,8 +30,6 @@ use std::{
 
 use serde::{Serialize, Serializer};
 
-/// Where the mount table is read by [`Attributor::detect`].
-
 /// Where process information is read by an [`Attributor::detect`]ed attributor.
 const PROC: &str = "/proc";
 

@@ -64,12 +64,14 @@ impl CgroupTree {
         self.root.join(MANAGED_PARENT).join(session)
     }
 
-    /// The directory `target` binds to now, if it exists; a managed one is made.
+    /// The directory `target` binds to now, if it exists; a managed one is made; `None` binds to
+    /// nothing.
     ///
     /// # Errors
     /// The managed cgroup can't be made.
     pub fn find(&self, target: &Target, session: &str) -> Result<Option<PathBuf>, BindError> {
         match target {
+            Target::None => Ok(None),
             Target::Managed => {
                 let dir = self.managed_dir(session);
                 std::fs::create_dir_all(&dir).map_err(|source| BindError::Create {

@@ -6,15 +6,17 @@
 
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
+use gpuwarden_proto::convert;
 use gpuwarden_proto::v1::{
     self as pb, agent_service_client::AgentServiceClient, controller_message::Msg,
 };
+use gpuwarden_types::slot::names;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 use tonic::transport::Endpoint;
 
 use crate::{
-    devices::{GpuBackend, SlotKind},
+    devices::GpuBackend,
     holdings::{SharedHoldings, lock},
     quota::QuotaSpec,
     usage_report::UsageCounters,
@@ -61,15 +63,6 @@ pub struct LinkConfig {
     pub hooks: Vec<String>,
 }
 
-fn kind_to_pb(kind: SlotKind) -> i32 {
-    match kind {
-        SlotKind::Count => pb::SlotKind::Count,
-        SlotKind::Bytes => pb::SlotKind::Bytes,
-        SlotKind::Unique => pb::SlotKind::Unique,
-    }
-    .into()
-}
-
 /// Host CPUs and memory.
 fn host_capacity() -> (u64, u64) {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
@@ -94,11 +87,11 @@ pub fn node_info(
     let (cpus, mem) = host_capacity();
     let mut slot_types = vec![
         pb::SlotType {
-            name: "cpu".into(),
+            name: names::CPU.into(),
             kind: pb::SlotKind::Count.into(),
         },
         pb::SlotType {
-            name: "mem".into(),
+            name: names::MEM.into(),
             kind: pb::SlotKind::Bytes.into(),
         },
     ];
@@ -108,12 +101,12 @@ pub fn node_info(
             .into_iter()
             .map(|(name, kind)| pb::SlotType {
                 name,
-                kind: kind_to_pb(kind),
+                kind: convert::kind_to_pb(kind).into(),
             }),
     );
     let mut capacity: std::collections::HashMap<String, String> = [
-        ("cpu".to_owned(), cpus.to_string()),
-        ("mem".to_owned(), mem.to_string()),
+        (names::CPU.to_owned(), cpus.to_string()),
+        (names::MEM.to_owned(), mem.to_string()),
     ]
     .into();
     capacity.extend(backend.extra_capacity());

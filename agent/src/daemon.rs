@@ -514,10 +514,11 @@ async fn report_usage(
             let s = lock(&state);
             usage_report::read_sessions(&s.sensor, &s.enforcer)
         };
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        for usage in reporter.report(readings, std::time::Instant::now(), now_ms) {
+        for usage in reporter.report(
+            readings,
+            std::time::Instant::now(),
+            gpuwarden_types::now_ms(),
+        ) {
             if upward.try_send(usage).is_err() {
                 counters.count_dropped();
             }

@@ -364,7 +364,7 @@ impl Enforcer {
             return;
         };
         let mut quota = Quota {
-            memory_policy: b.spec.memory_policy.kernel_code(),
+            memory_policy: crate::quota::kernel_code(b.spec.memory_policy),
             flags: quota_flags::DEVICES,
             ..Quota::default()
         };
@@ -714,7 +714,7 @@ impl Enforcer {
             } else {
                 limit_bytes
             },
-            at_ms: now_ms(),
+            at_ms: gpuwarden_types::now_ms(),
         };
         tracing::info!(session, action, pid, "{}", record.reason);
         if self.upward.try_send(record.to_pb()).is_err() {
@@ -792,12 +792,6 @@ fn send_signal(pid: u32, signal: i32) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 #[cfg(test)]

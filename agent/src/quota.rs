@@ -6,13 +6,25 @@
 //! share, the workload it binds to, and the policies. Anything that can't be enforced is refused
 //! with a reason (the agent nacks `InvalidQuota`), never half-applied.
 
-use std::{fmt, str::FromStr};
-
 use gpuwarden_agent_common::maps::{MAX_GPUS, memory_policy};
-use gpuwarden_proto::v1 as pb;
+use gpuwarden_proto::{convert, v1 as pb};
+pub use gpuwarden_types::{
+    policy::{ComputePolicy, MemoryPolicy, PolicyError, QuotaPolicy},
+    target::{Target, TargetError},
+};
 use serde::{Deserialize, Serialize};
 
-use crate::{devices::GpuDevice, throttle::ComputePolicy};
+use crate::devices::GpuDevice;
+
+/// The kernel side's code for a memory policy ([`memory_policy`]).
+#[must_use]
+pub const fn kernel_code(policy: MemoryPolicy) -> u32 {
+    match policy {
+        MemoryPolicy::Kill => memory_policy::KILL,
+        MemoryPolicy::Stop => memory_policy::STOP,
+        MemoryPolicy::Report => memory_policy::REPORT,
+    }
+}
 
 /// Parts per million of one GPU: the exact unit compute shares travel in here.
 pub const PPM: u32 = 1_000_000;
@@ -20,12 +32,9 @@ pub const PPM: u32 = 1_000_000;
 /// Why an allocation's quota can't be enforced.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuotaError {
-    /// A memory policy no tier knows.
-    #[error("unknown memory policy {0:?} (expected kill, stop or report)")]
-    MemoryPolicy(String),
-    /// A compute policy the throttle doesn't know.
-    #[error("unknown compute policy {0:?} (expected hard or work-conserving)")]
-    ComputePolicy(String),
+    /// A memory or compute policy nobody knows.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
     /// A share that is not a decimal number.
     #[error("GPU {index}: share {value:?} is not a decimal number")]
     Share {
@@ -76,128 +85,9 @@ pub enum QuotaError {
         /// GPU index.
         index: u32,
     },
-    /// A target the agent can't resolve.
+    /// A target of the wrong form.
     #[error("bad target: {0}")]
-    Target(String),
-}
-
-/// What to do when an allocation would cross a memory limit and the ioctl can't be refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MemoryPolicy {
-    /// SIGKILL the allocating process.
-    #[default]
-    Kill,
-    /// SIGSTOP it; a person resumes or kills it (`gpuwarden-agent resume|kill --pid`).
-    Stop,
-    /// Only report.
-    Report,
-}
-
-impl MemoryPolicy {
-    /// The name users write.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Kill => "kill",
-            Self::Stop => "stop",
-            Self::Report => "report",
-        }
-    }
-
-    /// The kernel side's code ([`memory_policy`]).
-    #[must_use]
-    pub const fn kernel_code(self) -> u32 {
-        match self {
-            Self::Kill => memory_policy::KILL,
-            Self::Stop => memory_policy::STOP,
-            Self::Report => memory_policy::REPORT,
-        }
-    }
-}
-
-impl fmt::Display for MemoryPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for MemoryPolicy {
-    type Err = QuotaError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "" | "kill" => Ok(Self::Kill),
-            "stop" => Ok(Self::Stop),
-            "report" => Ok(Self::Report),
-            other => Err(QuotaError::MemoryPolicy(other.to_owned())),
-        }
-    }
-}
-
-/// The workload an allocation's quota binds to.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind", content = "value")]
-pub enum Target {
-    /// A container by id.
-    ContainerId(String),
-    /// Every container of a pod.
-    PodUid(String),
-    /// A cgroup v2 path relative to the root.
-    CgroupPath(String),
-    /// A cgroup the agent makes for the session (`gpuwarden run`).
-    Managed,
-}
-
-impl Target {
-    /// The target of an `Allocate`, if it names one.
-    ///
-    /// # Errors
-    /// An empty or malformed value.
-    pub fn from_pb(target: Option<&pb::Target>) -> Result<Option<Self>, QuotaError> {
-        use pb::target::Kind;
-        let Some(kind) = target.and_then(|t| t.kind.as_ref()) else {
-            return Ok(None);
-        };
-        let target = match kind {
-            Kind::ContainerId(id) => {
-                if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit()) {
-                    return Err(QuotaError::Target(format!(
-                        "container id {id:?} is not a hex id"
-                    )));
-                }
-                Self::ContainerId(id.to_ascii_lowercase())
-            }
-            Kind::PodUid(uid) => {
-                if uid.is_empty() || !uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
-                    return Err(QuotaError::Target(format!("pod UID {uid:?} is not a UUID")));
-                }
-                Self::PodUid(uid.to_ascii_lowercase())
-            }
-            Kind::CgroupPath(path) => {
-                if !path.starts_with('/') || path.split('/').any(|p| p == "..") {
-                    return Err(QuotaError::Target(format!(
-                        "cgroup path {path:?} must be absolute (from the cgroup root) without `..`"
-                    )));
-                }
-                Self::CgroupPath(path.trim_end_matches('/').to_owned())
-            }
-            Kind::Managed(true) => Self::Managed,
-            Kind::Managed(false) => return Ok(None),
-        };
-        Ok(Some(target))
-    }
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::ContainerId(id) => write!(f, "container {}", &id[..id.len().min(12)]),
-            Self::PodUid(uid) => write!(f, "pod {uid}"),
-            Self::CgroupPath(path) => write!(f, "cgroup {path}"),
-            Self::Managed => f.write_str("managed cgroup"),
-        }
-    }
+    Target(#[from] TargetError),
 }
 
 /// One GPU's part of a quota.
@@ -237,16 +127,10 @@ impl QuotaSpec {
         allocate: &pb::Allocate,
         gpus: &[GpuDevice],
     ) -> Result<Option<Self>, QuotaError> {
-        let policy = allocate.policy.clone().unwrap_or_default();
-        let memory_policy: MemoryPolicy = policy.memory.parse()?;
-        let compute_policy = if policy.compute.is_empty() {
-            ComputePolicy::Hard
-        } else {
-            policy
-                .compute
-                .parse()
-                .map_err(|_| QuotaError::ComputePolicy(policy.compute.clone()))?
-        };
+        let QuotaPolicy {
+            memory: memory_policy,
+            compute: compute_policy,
+        } = convert::policy_from_pb(allocate.policy.as_ref())?;
         let mut devices: Vec<DeviceQuota> = Vec::with_capacity(allocate.devices.len());
         for part in &allocate.devices {
             let index = part.index;
@@ -285,9 +169,12 @@ impl QuotaSpec {
                 memory_bytes,
             });
         }
-        let Some(target) = Target::from_pb(allocate.target.as_ref())? else {
+        let target = convert::target_from_pb(allocate.target.as_ref());
+        if target.is_none() {
             return Ok(None);
-        };
+        }
+        target.check_form()?;
+        let target = target.normalized();
         devices.sort_by_key(|d| d.index);
         Ok(Some(Self {
             session_id: allocate.session_id.clone(),

@@ -2,31 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use gpuwarden_types::state::NodeState;
+
 use crate::{
     allocator::{DeviceSpec, NodeAllocator},
     slots::{ResourceSlot, SlotKind, SlotName, names},
 };
-
-/// Whether a node is usable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NodeState {
-    /// Heartbeating.
-    Ready,
-    /// Missed heartbeats past the timeout: its capacity left the pool.
-    Lost,
-}
-
-impl NodeState {
-    /// Stable lowercase name.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Ready => "ready",
-            Self::Lost => "lost",
-        }
-    }
-}
 
 /// What an agent says about its node when it registers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,6 +7,10 @@
 //!   per-device allocation map and the merged slot types.
 //!
 //! Slot values travel as exact decimal strings so fractions stay exact end to end.
+//!
+//! [`convert`] maps the messages to and from the shared domain types (`gpuwarden-types`).
+
+pub mod convert;
 
 /// The `gpuwarden.v1` package.
 #[allow(missing_docs, clippy::pedantic, clippy::all)]

@@ -44,17 +44,7 @@ pub struct ProcessMemory {
     pub bytes: u64,
 }
 
-/// How a slot's values are read (mirrors the controller's kinds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SlotKind {
-    /// A quantity.
-    Count,
-    /// Bytes.
-    Bytes,
-    /// Held whole and alone.
-    Unique,
-}
+pub use gpuwarden_types::slot::SlotKind;
 
 /// A source of GPUs.
 pub trait GpuBackend: Send + Sync {
@@ -94,11 +84,10 @@ pub trait GpuBackend: Send + Sync {
         if self.devices().is_empty() {
             return Vec::new();
         }
-        vec![
-            ("cuda.device".to_owned(), SlotKind::Count),
-            ("cuda.shares".to_owned(), SlotKind::Count),
-            ("cuda.mem".to_owned(), SlotKind::Bytes),
-        ]
+        gpuwarden_types::slot::names::GPU_SLOTS
+            .iter()
+            .map(|&(name, kind)| (name.to_owned(), kind))
+            .collect()
     }
 }
 

@@ -40,68 +40,16 @@ mod usage;
 
 use std::{
     collections::HashMap,
-    fmt, io,
+    io,
     path::{Path, PathBuf},
-    str::FromStr,
     sync::{Arc, Mutex, PoisonError, mpsc},
     time::{Duration, Instant},
 };
 
-use serde::{Deserialize, Serialize};
-
 use self::control::{Cgroups, Controller};
 pub use self::usage::{CpuTimeUsage, UsageSource};
 
-/// How a member may use a GPU beyond its share.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ComputePolicy {
-    /// Never above its share, even on an otherwise idle GPU.
-    #[default]
-    Hard,
-    /// May use what the other members of its GPU leave idle; held to its share while they
-    /// contend.
-    WorkConserving,
-}
-
-impl ComputePolicy {
-    /// The name users write (`hard`, `work-conserving`).
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Hard => "hard",
-            Self::WorkConserving => "work-conserving",
-        }
-    }
-}
-
-impl fmt::Display for ComputePolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A compute policy name that isn't one.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown compute policy `{value}`; expected `hard` or `work-conserving`")]
-pub struct UnknownPolicy {
-    /// What was given.
-    pub value: String,
-}
-
-impl FromStr for ComputePolicy {
-    type Err = UnknownPolicy;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "hard" => Ok(Self::Hard),
-            "work-conserving" => Ok(Self::WorkConserving),
-            _ => Err(UnknownPolicy {
-                value: s.to_owned(),
-            }),
-        }
-    }
-}
+pub use gpuwarden_types::policy::ComputePolicy;
 
 /// A cgroup bound to a share of one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -387,21 +335,6 @@ impl Drop for Loop {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn policy_names() {
-        for policy in [ComputePolicy::Hard, ComputePolicy::WorkConserving] {
-            assert_eq!(policy.to_string().parse::<ComputePolicy>().unwrap(), policy);
-            let json = serde_json::to_string(&policy).unwrap();
-            assert_eq!(json, format!("\"{policy}\""));
-            assert_eq!(
-                serde_json::from_str::<ComputePolicy>(&json).unwrap(),
-                policy
-            );
-        }
-        let err = "soft".parse::<ComputePolicy>().unwrap_err().to_string();
-        assert!(err.contains("`soft`") && err.contains("hard") && err.contains("work-conserving"));
-    }
 
     #[test]
     fn bad_config_and_members_are_refused() {

@@ -1,15 +1,19 @@
 //! Between the API's messages and the controller's types.
 
+pub use gpuwarden_proto::convert::{
+    kind_from_pb, kind_to_pb, node_state_to_pb, policy_to_pb, state_to_pb, target_from_pb,
+    target_to_pb,
+};
 use gpuwarden_proto::v1 as pb;
 use tonic::Status;
 
 use crate::{
     allocator::{Allocation, DevicePart, DeviceSpec},
-    node::{Node, NodeReport, NodeState},
+    node::{Node, NodeReport},
     placement::Explanation,
     profile::{Profile, UsageSample},
-    session::{EnforcementEvent, QuotaPolicy, Session, SessionState, Target},
-    slots::{ResourceSlot, SlotKind, SlotName, SlotValue},
+    session::{EnforcementEvent, QuotaPolicy, Session},
+    slots::{ResourceSlot, SlotName, SlotValue},
 };
 
 /// A `ResourceSlot` message to slots, naming a bad entry.
@@ -36,27 +40,6 @@ pub fn slots_to_pb(slot: &ResourceSlot) -> pb::ResourceSlot {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-    }
-}
-
-/// A slot kind to its message enum.
-#[must_use]
-pub fn kind_to_pb(kind: SlotKind) -> pb::SlotKind {
-    match kind {
-        SlotKind::Count => pb::SlotKind::Count,
-        SlotKind::Bytes => pb::SlotKind::Bytes,
-        SlotKind::Unique => pb::SlotKind::Unique,
-    }
-}
-
-/// A message slot kind, if it names one.
-#[must_use]
-pub fn kind_from_pb(kind: i32) -> Option<SlotKind> {
-    match pb::SlotKind::try_from(kind).ok()? {
-        pb::SlotKind::Count => Some(SlotKind::Count),
-        pb::SlotKind::Bytes => Some(SlotKind::Bytes),
-        pb::SlotKind::Unique => Some(SlotKind::Unique),
-        pb::SlotKind::Unspecified => None,
     }
 }
 
@@ -147,11 +130,7 @@ pub fn report_to_pb(report: &NodeReport) -> pb::NodeInfo {
 pub fn node_to_pb(node: &Node) -> pb::Node {
     pb::Node {
         info: Some(report_to_pb(&node.report)),
-        state: match node.state {
-            NodeState::Ready => pb::NodeState::Ready,
-            NodeState::Lost => pb::NodeState::Lost,
-        }
-        .into(),
+        state: node_state_to_pb(node.state).into(),
         allocated: Some(slots_to_pb(&node.allocated)),
         last_heartbeat_ms: node.last_heartbeat_ms,
     }
@@ -195,20 +174,6 @@ pub fn parts_from_pb(parts: &[pb::DeviceShare]) -> Result<Allocation, Status> {
             })
             .collect::<Result<_, Status>>()?,
     })
-}
-
-/// A session state to its message enum.
-#[must_use]
-pub fn state_to_pb(state: SessionState) -> pb::SessionState {
-    match state {
-        SessionState::Pending => pb::SessionState::Pending,
-        SessionState::Scheduled => pb::SessionState::Scheduled,
-        SessionState::Running => pb::SessionState::Running,
-        SessionState::Terminating => pb::SessionState::Terminating,
-        SessionState::Terminated => pb::SessionState::Terminated,
-        SessionState::Failed => pb::SessionState::Failed,
-        SessionState::Lost => pb::SessionState::Lost,
-    }
 }
 
 /// A session to its message.
@@ -291,52 +256,13 @@ pub fn profile_to_pb(p: &Profile) -> pb::Profile {
     }
 }
 
-/// A `Target` message to a target. Its form is checked later, with the pinned node
-/// ([`Target::validate`]).
-#[must_use]
-pub fn target_from_pb(target: Option<&pb::Target>) -> Target {
-    use pb::target::Kind;
-    match target.and_then(|t| t.kind.as_ref()) {
-        None | Some(Kind::Managed(false)) => Target::None,
-        Some(Kind::ContainerId(id)) => Target::ContainerId(id.clone()),
-        Some(Kind::PodUid(uid)) => Target::PodUid(uid.clone()),
-        Some(Kind::CgroupPath(path)) => Target::CgroupPath(path.clone()),
-        Some(Kind::Managed(true)) => Target::Managed,
-    }
-}
-
-/// A target to its message (none for [`Target::None`]).
-#[must_use]
-pub fn target_to_pb(target: &Target) -> Option<pb::Target> {
-    use pb::target::Kind;
-    let kind = match target {
-        Target::None => return None,
-        Target::ContainerId(id) => Kind::ContainerId(id.clone()),
-        Target::PodUid(uid) => Kind::PodUid(uid.clone()),
-        Target::CgroupPath(path) => Kind::CgroupPath(path.clone()),
-        Target::Managed => Kind::Managed(true),
-    };
-    Some(pb::Target { kind: Some(kind) })
-}
-
 /// A `QuotaPolicy` message to a policy; an absent message or empty name is the default.
 ///
 /// # Errors
 /// `InvalidArgument` naming the unknown policy and the accepted ones.
 pub fn policy_from_pb(policy: Option<&pb::QuotaPolicy>) -> Result<QuotaPolicy, Status> {
-    let Some(p) = policy else {
-        return Ok(QuotaPolicy::default());
-    };
-    QuotaPolicy::parse(&p.memory, &p.compute).map_err(|e| Status::invalid_argument(e.to_string()))
-}
-
-/// A policy to its message, every field filled in.
-#[must_use]
-pub fn policy_to_pb(policy: QuotaPolicy) -> pb::QuotaPolicy {
-    pb::QuotaPolicy {
-        memory: policy.memory.as_str().to_owned(),
-        compute: policy.compute.as_str().to_owned(),
-    }
+    gpuwarden_proto::convert::policy_from_pb(policy)
+        .map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
 /// An `EnforcementEvent` message to an event (its session id is kept apart).
@@ -375,7 +301,7 @@ pub fn event_to_pb(session_id: &str, e: &EnforcementEvent) -> pb::EnforcementEve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::{ComputePolicy, MemoryPolicy};
+    use crate::session::{ComputePolicy, MemoryPolicy, Target};
 
     #[test]
     fn targets_and_policies_round_trip_and_bad_policies_are_invalid_arguments() {

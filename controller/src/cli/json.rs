@@ -25,7 +25,7 @@ use gpuwarden_proto::v1 as pb;
 use serde::Serialize;
 
 use super::render::{kind, node_state, state};
-use crate::session::{ComputePolicy, MemoryPolicy};
+use crate::session::QuotaPolicy;
 
 /// A session.
 #[derive(Debug, Serialize)]
@@ -42,7 +42,7 @@ pub struct Session {
     created_at_ms: i64,
     updated_at_ms: i64,
     target: Option<Target>,
-    policy: Policy,
+    policy: QuotaPolicy,
     events: Vec<crate::session::EnforcementEvent>,
     class: String,
     placement: Option<String>,
@@ -154,35 +154,18 @@ pub struct Target {
     value: Option<String>,
 }
 
-/// How a session's quota is enforced.
-#[derive(Debug, Serialize)]
-pub struct Policy {
-    memory: String,
-    compute: String,
-}
-
 fn target(t: Option<&pb::Target>) -> Option<Target> {
-    use pb::target::Kind;
-    let (kind, value) = match t.and_then(|t| t.kind.as_ref())? {
-        Kind::ContainerId(id) => ("container_id", Some(id.clone())),
-        Kind::PodUid(uid) => ("pod_uid", Some(uid.clone())),
-        Kind::CgroupPath(path) => ("cgroup_path", Some(path.clone())),
-        Kind::Managed(true) => ("managed", None),
-        Kind::Managed(false) => return None,
-    };
-    Some(Target { kind, value })
+    let target = gpuwarden_proto::convert::target_from_pb(t);
+    (!target.is_none()).then(|| Target {
+        kind: target.kind(),
+        value: target.value().map(str::to_owned),
+    })
 }
 
-fn policy(p: Option<&pb::QuotaPolicy>) -> Policy {
-    // Empty on the wire is the default; show what is in force.
-    let or = |s: Option<&String>, default: &str| {
-        s.filter(|s| !s.is_empty())
-            .map_or_else(|| default.to_owned(), Clone::clone)
-    };
-    Policy {
-        memory: or(p.map(|p| &p.memory), MemoryPolicy::default().as_str()),
-        compute: or(p.map(|p| &p.compute), ComputePolicy::default().as_str()),
-    }
+fn policy(p: Option<&pb::QuotaPolicy>) -> QuotaPolicy {
+    // Empty on the wire is the default: show what is in force. The controller only sends names
+    // it parsed itself.
+    gpuwarden_proto::convert::policy_from_pb(p).unwrap_or_default()
 }
 
 /// One device part of a session.

@@ -39,18 +39,7 @@ pub use resource::{ArithmeticError, ResourceSlot};
 pub use value::{SCALE, SCALE_DIGITS, SlotValue, ValueError};
 
 /// Well-known slot names.
-pub mod names {
-    /// CPU cores (count).
-    pub const CPU: &str = "cpu";
-    /// Host memory (bytes).
-    pub const MEM: &str = "mem";
-    /// Fractional GPU shares (count; one device has a capacity of 1.0 unless configured).
-    pub const CUDA_SHARES: &str = "cuda.shares";
-    /// Whole, exclusive GPUs (count, whole numbers only).
-    pub const CUDA_DEVICE: &str = "cuda.device";
-    /// GPU memory (bytes).
-    pub const CUDA_MEM: &str = "cuda.mem";
-}
+pub use gpuwarden_types::slot::names;
 
 #[cfg(test)]
 mod tests;

@@ -4,35 +4,7 @@ use std::{borrow::Borrow, fmt, str::FromStr};
 
 use serde::{Deserialize, Serialize};
 
-/// How a slot's values are read and checked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SlotKind {
-    /// A quantity, possibly fractional (`cpu=1.5`, `cuda.shares=0.2`).
-    Count,
-    /// A whole number of bytes; accepts unit suffixes (`mem=2g`).
-    Bytes,
-    /// Held whole and alone: can only be requested as 1.
-    Unique,
-}
-
-impl SlotKind {
-    /// Stable lowercase name.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Count => "count",
-            Self::Bytes => "bytes",
-            Self::Unique => "unique",
-        }
-    }
-}
-
-impl fmt::Display for SlotKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use gpuwarden_types::slot::SlotKind;
 
 /// A slot name: 1 to 64 of lowercase letters, digits, `.`, `_` and `-`, starting with a letter
 /// (`cpu`, `cuda.shares`, `mock.accel-2`).

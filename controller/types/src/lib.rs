@@ -1,0 +1,39 @@
+//! The words gpuwarden's parts share, defined once.
+//!
+//! The agent enforces what the controller decided and the CLI shows both, so a quota's target,
+//! its policies, the names of the GPU slots and the life of a session must mean the same thing
+//! in all three. They live here, free of gRPC, eBPF and storage, so each side can depend on them;
+//! the conversions to and from the wire types live beside the proto (`gpuwarden_proto::convert`).
+//!
+//! - [`target`]: the workload a quota binds to (container, pod, cgroup, a managed cgroup);
+//! - [`policy`]: what happens over a GPU-memory limit, and how a compute share is held;
+//! - [`slot`]: slot kinds and the well-known slot names;
+//! - [`state`]: where a session and a node are in their lives;
+//! - [`now_ms`]: the wall clock every record is stamped with.
+//!
+//! # Example
+//!
+//! ```
+//! use gpuwarden_types::{policy::QuotaPolicy, target::Target};
+//!
+//! let target = Target::PodUid("123e4567-e89b-12d3-a456-426614174000".into());
+//! assert_eq!(target.validate(None), Ok(()));
+//! let policy = QuotaPolicy::parse("stop", "")?;
+//! assert_eq!(policy.compute.as_str(), "hard");
+//! # Ok::<(), gpuwarden_types::policy::PolicyError>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod policy;
+pub mod slot;
+pub mod state;
+pub mod target;
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+#[must_use]
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

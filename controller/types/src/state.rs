@@ -1,0 +1,100 @@
+//! Where a session and a node are in their lives.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a session is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    /// Waiting in the queue.
+    Pending,
+    /// Placed; the agent has not acknowledged yet.
+    Scheduled,
+    /// The agent holds its allocation.
+    Running,
+    /// Being released.
+    Terminating,
+    /// Ended.
+    Terminated,
+    /// Could not run (the reason says why).
+    Failed,
+    /// Its node stopped sending heartbeats.
+    Lost,
+}
+
+impl SessionState {
+    /// Stable lowercase name.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Scheduled => "scheduled",
+            Self::Running => "running",
+            Self::Terminating => "terminating",
+            Self::Terminated => "terminated",
+            Self::Failed => "failed",
+            Self::Lost => "lost",
+        }
+    }
+
+    /// Whether the session holds (or is about to hold) resources.
+    #[must_use]
+    pub const fn holds_resources(self) -> bool {
+        matches!(self, Self::Scheduled | Self::Running | Self::Lost)
+    }
+
+    /// Whether the session is over.
+    #[must_use]
+    pub const fn is_final(self) -> bool {
+        matches!(self, Self::Terminated | Self::Failed)
+    }
+}
+
+/// Whether a node is usable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    /// Heartbeating.
+    Ready,
+    /// Missed heartbeats past the timeout: its capacity left the pool.
+    Lost,
+}
+
+impl NodeState {
+    /// Stable lowercase name.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ready => "ready",
+            Self::Lost => "lost",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_keep_their_stored_names() {
+        for state in [
+            SessionState::Pending,
+            SessionState::Scheduled,
+            SessionState::Running,
+            SessionState::Terminating,
+            SessionState::Terminated,
+            SessionState::Failed,
+            SessionState::Lost,
+        ] {
+            let json = serde_json::to_string(&state).expect("serializes");
+            assert_eq!(json, format!("\"{}\"", state.as_str()));
+        }
+        assert_eq!(
+            serde_json::to_string(&NodeState::Lost).expect("serializes"),
+            "\"lost\""
+        );
+        assert!(SessionState::Lost.holds_resources());
+        assert!(!SessionState::Failed.holds_resources());
+        assert!(SessionState::Terminated.is_final());
+    }
+}

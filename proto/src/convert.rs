@@ -1,0 +1,180 @@
+//! Between the wire's messages and the shared domain types of `gpuwarden-types`, written once
+//! for the agent, the controller and the CLI. A new policy or state is one edit there and one
+//! here.
+
+use gpuwarden_types::{
+    policy::{PolicyError, QuotaPolicy},
+    slot::SlotKind,
+    state::{NodeState, SessionState},
+    target::Target,
+};
+
+use crate::v1 as pb;
+
+/// A slot kind to its message enum.
+#[must_use]
+pub fn kind_to_pb(kind: SlotKind) -> pb::SlotKind {
+    match kind {
+        SlotKind::Count => pb::SlotKind::Count,
+        SlotKind::Bytes => pb::SlotKind::Bytes,
+        SlotKind::Unique => pb::SlotKind::Unique,
+    }
+}
+
+/// A message slot kind, if it names one (not `UNSPECIFIED`, not a number from a newer peer).
+#[must_use]
+pub fn kind_from_pb(kind: i32) -> Option<SlotKind> {
+    match pb::SlotKind::try_from(kind).ok()? {
+        pb::SlotKind::Count => Some(SlotKind::Count),
+        pb::SlotKind::Bytes => Some(SlotKind::Bytes),
+        pb::SlotKind::Unique => Some(SlotKind::Unique),
+        pb::SlotKind::Unspecified => None,
+    }
+}
+
+/// A session state to its message enum.
+#[must_use]
+pub fn state_to_pb(state: SessionState) -> pb::SessionState {
+    match state {
+        SessionState::Pending => pb::SessionState::Pending,
+        SessionState::Scheduled => pb::SessionState::Scheduled,
+        SessionState::Running => pb::SessionState::Running,
+        SessionState::Terminating => pb::SessionState::Terminating,
+        SessionState::Terminated => pb::SessionState::Terminated,
+        SessionState::Failed => pb::SessionState::Failed,
+        SessionState::Lost => pb::SessionState::Lost,
+    }
+}
+
+/// A message session state, if it names one.
+#[must_use]
+pub fn state_from_pb(state: i32) -> Option<SessionState> {
+    match pb::SessionState::try_from(state).ok()? {
+        pb::SessionState::Pending => Some(SessionState::Pending),
+        pb::SessionState::Scheduled => Some(SessionState::Scheduled),
+        pb::SessionState::Running => Some(SessionState::Running),
+        pb::SessionState::Terminating => Some(SessionState::Terminating),
+        pb::SessionState::Terminated => Some(SessionState::Terminated),
+        pb::SessionState::Failed => Some(SessionState::Failed),
+        pb::SessionState::Lost => Some(SessionState::Lost),
+        pb::SessionState::Unspecified => None,
+    }
+}
+
+/// A node state to its message enum.
+#[must_use]
+pub fn node_state_to_pb(state: NodeState) -> pb::NodeState {
+    match state {
+        NodeState::Ready => pb::NodeState::Ready,
+        NodeState::Lost => pb::NodeState::Lost,
+    }
+}
+
+/// A `Target` message to a target; an absent message or `managed: false` is
+/// [`Target::None`]. Its form is checked apart ([`Target::validate`]), where the pinned node is
+/// known.
+#[must_use]
+pub fn target_from_pb(target: Option<&pb::Target>) -> Target {
+    use pb::target::Kind;
+    match target.and_then(|t| t.kind.as_ref()) {
+        None | Some(Kind::Managed(false)) => Target::None,
+        Some(Kind::ContainerId(id)) => Target::ContainerId(id.clone()),
+        Some(Kind::PodUid(uid)) => Target::PodUid(uid.clone()),
+        Some(Kind::CgroupPath(path)) => Target::CgroupPath(path.clone()),
+        Some(Kind::Managed(true)) => Target::Managed,
+    }
+}
+
+/// A target to its message (none for [`Target::None`]).
+#[must_use]
+pub fn target_to_pb(target: &Target) -> Option<pb::Target> {
+    use pb::target::Kind;
+    let kind = match target {
+        Target::None => return None,
+        Target::ContainerId(id) => Kind::ContainerId(id.clone()),
+        Target::PodUid(uid) => Kind::PodUid(uid.clone()),
+        Target::CgroupPath(path) => Kind::CgroupPath(path.clone()),
+        Target::Managed => Kind::Managed(true),
+    };
+    Some(pb::Target { kind: Some(kind) })
+}
+
+/// A `QuotaPolicy` message to a policy; an absent message or an empty name is the default.
+///
+/// # Errors
+/// The [`PolicyError`] naming the unknown policy and the accepted ones.
+pub fn policy_from_pb(policy: Option<&pb::QuotaPolicy>) -> Result<QuotaPolicy, PolicyError> {
+    policy.map_or_else(
+        || Ok(QuotaPolicy::default()),
+        |p| QuotaPolicy::parse(&p.memory, &p.compute),
+    )
+}
+
+/// A policy to its message, every field filled in.
+#[must_use]
+pub fn policy_to_pb(policy: QuotaPolicy) -> pb::QuotaPolicy {
+    pb::QuotaPolicy {
+        memory: policy.memory.as_str().to_owned(),
+        compute: policy.compute.as_str().to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuwarden_types::policy::{ComputePolicy, MemoryPolicy};
+
+    use super::*;
+
+    #[test]
+    fn targets_round_trip_and_none_has_no_message() {
+        for target in [
+            Target::ContainerId("ab".into()),
+            Target::PodUid("123e4567-e89b-12d3-a456-426614174000".into()),
+            Target::CgroupPath("/a".into()),
+            Target::Managed,
+        ] {
+            let wire = target_to_pb(&target);
+            assert!(wire.is_some(), "{target}");
+            assert_eq!(target_from_pb(wire.as_ref()), target);
+        }
+        assert_eq!(target_to_pb(&Target::None), None);
+        assert_eq!(target_from_pb(None), Target::None);
+        let unmanaged = pb::Target {
+            kind: Some(pb::target::Kind::Managed(false)),
+        };
+        assert_eq!(target_from_pb(Some(&unmanaged)), Target::None);
+    }
+
+    #[test]
+    fn states_kinds_and_policies_round_trip() {
+        for state in [
+            SessionState::Pending,
+            SessionState::Scheduled,
+            SessionState::Running,
+            SessionState::Terminating,
+            SessionState::Terminated,
+            SessionState::Failed,
+            SessionState::Lost,
+        ] {
+            assert_eq!(state_from_pb(state_to_pb(state).into()), Some(state));
+        }
+        assert_eq!(state_from_pb(0), None);
+        assert_eq!(state_from_pb(99), None);
+        for kind in [SlotKind::Count, SlotKind::Bytes, SlotKind::Unique] {
+            assert_eq!(kind_from_pb(kind_to_pb(kind).into()), Some(kind));
+        }
+        assert_eq!(kind_from_pb(0), None);
+        let policy = QuotaPolicy {
+            memory: MemoryPolicy::Stop,
+            compute: ComputePolicy::WorkConserving,
+        };
+        assert_eq!(policy_from_pb(Some(&policy_to_pb(policy))), Ok(policy));
+        assert_eq!(policy_from_pb(None), Ok(QuotaPolicy::default()));
+        let bad = pb::QuotaPolicy {
+            memory: "evict".into(),
+            compute: String::new(),
+        };
+        let err = policy_from_pb(Some(&bad)).expect_err("unknown");
+        assert!(err.to_string().contains("evict"), "{err}");
+    }
+}
