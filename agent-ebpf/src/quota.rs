@@ -5,7 +5,7 @@
 //! the cgroup the workload is bound at, which outlives agent restarts) and writes the limits
 //! (`QUOTAS`); the programs keep `used` in step with every charge and release. An
 //! over-limit allocation is refused by the LSM program where BPF LSM loads, and otherwise acted
-//! on from the tracepoint by the quota's policy (ARCHITECTURE decision 7).
+//! on from the tracepoint by the quota's policy (docs/architecture.md, "Enforcement tiers").
 
 use aya_ebpf::{
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_send_signal},
