@@ -75,7 +75,11 @@ mod tests {
     fn scratch_directories_are_short_and_go_away() {
         let dir = scratch("t");
         let path = dir.path().to_owned();
-        assert!(path.to_string_lossy().starts_with("/tmp/gw-t"), "{}", path.display());
+        assert!(
+            path.to_string_lossy().starts_with("/tmp/gw-t"),
+            "{}",
+            path.display()
+        );
         assert!(path.as_os_str().len() < 32, "{}", path.display());
         std::fs::write(path.join("file"), b"x").expect("writable");
         drop(dir);
