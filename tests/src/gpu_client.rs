@@ -710,6 +710,15 @@ impl GpuClient {
         }
     }
 
+    /// A UVM command whose params are a range, `[base, base + length)`.
+    fn uvm_range_call(&self, cmd: u32, base: u64, length: u64) -> Result<(), RmError> {
+        use uvm_params::range;
+        let mut p = [0u8; range::SIZE];
+        set_u64(&mut p, range::BASE, base);
+        set_u64(&mut p, range::LENGTH, length);
+        self.uvm_call(cmd, &mut p, range::RM_STATUS)
+    }
+
     /// `UVM_INITIALIZE` with no flags.
     ///
     /// # Errors
@@ -725,11 +734,7 @@ impl GpuClient {
     /// # Errors
     /// The call failed.
     pub fn uvm_create_external_range(&self, base: u64, length: u64) -> Result<(), RmError> {
-        use uvm_params::range;
-        let mut p = [0u8; range::SIZE];
-        set_u64(&mut p, range::BASE, base);
-        set_u64(&mut p, range::LENGTH, length);
-        self.uvm_call(uvm::CREATE_EXTERNAL_RANGE, &mut p, range::RM_STATUS)
+        self.uvm_range_call(uvm::CREATE_EXTERNAL_RANGE, base, length)
     }
 
     /// `UVM_MAP_EXTERNAL_ALLOCATION` of RM memory `memory` of `client` at `[base, base +
@@ -759,11 +764,7 @@ impl GpuClient {
     /// # Errors
     /// The call failed.
     pub fn uvm_free(&self, base: u64, length: u64) -> Result<(), RmError> {
-        use uvm_params::range;
-        let mut p = [0u8; range::SIZE];
-        set_u64(&mut p, range::BASE, base);
-        set_u64(&mut p, range::LENGTH, length);
-        self.uvm_call(uvm::FREE, &mut p, range::RM_STATUS)
+        self.uvm_range_call(uvm::FREE, base, length)
     }
 
     /// `UVM_REGISTER_GPU` of the GPU with `uuid`, through `client`.
