@@ -1,5 +1,6 @@
-//! Helpers shared by the end-to-end tests: an embedded agent, test cgroups, the fake driver and
-//! scripted GPU clients.
+//! Helpers shared by this crate's end-to-end tests: an embedded agent, the fake driver and
+//! scripted GPU clients. What every test crate shares (the root policy, scratch directories that
+//! clean up, test cgroups, the mock GPU list) is in `gpuwarden-test-support`.
 #![allow(dead_code, clippy::unwrap_used, clippy::missing_panics_doc)]
 
 use std::{
