@@ -638,7 +638,7 @@ fn mknod(path: &Path, major: u32, minor: u32) {
 
 /// Opens `path` from a process inside `cg`; returns the errno (0 on success).
 fn open_in(cg: &TestCgroup, path: &Path) -> i32 {
-    let procs = cg.dir.join("cgroup.procs");
+    let procs = cg.procs();
     let script = format!(
         "echo $$ > {} && exec 3< {} && echo opened",
         procs.display(),
@@ -668,7 +668,7 @@ fn a_compute_share_throttles_the_bound_cgroup() {
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("t")));
     let session = rig.session(&["cuda.shares=0.3"], cgroup_target(&cg), "");
     rig.wait_binding(&session.id, "bound");
-    let procs = cg.dir.join("cgroup.procs");
+    let procs = cg.procs();
     let mut spinner = Command::new("sh")
         .args([
             "-c",
