@@ -710,6 +710,15 @@ impl GpuClient {
         }
     }
 
+    /// A UVM command whose params are a range, `[base, base + length)`.
+    fn uvm_range_call(&self, cmd: u32, base: u64, length: u64) -> Result<(), RmError> {
+        use uvm_params::range;
+        let mut p = [0u8; range::SIZE];
+        set_u64(&mut p, range::BASE, base);
+        set_u64(&mut p, range::LENGTH, length);
+        self.uvm_call(cmd, &mut p, range::RM_STATUS)
+    }
+
     /// `UVM_INITIALIZE` with no flags.
     ///
     /// # Errors
@@ -725,11 +734,7 @@ impl GpuClient {
     /// # Errors
     /// The call failed.
     pub fn uvm_create_external_range(&self, base: u64, length: u64) -> Result<(), RmError> {
-        use uvm_params::range;
-        let mut p = [0u8; range::SIZE];
-        set_u64(&mut p, range::BASE, base);
-        set_u64(&mut p, range::LENGTH, length);
-        self.uvm_call(uvm::CREATE_EXTERNAL_RANGE, &mut p, range::RM_STATUS)
+        self.uvm_range_call(uvm::CREATE_EXTERNAL_RANGE, base, length)
     }
 
     /// `UVM_MAP_EXTERNAL_ALLOCATION` of RM memory `memory` of `client` at `[base, base +
@@ -759,11 +764,7 @@ impl GpuClient {
     /// # Errors
     /// The call failed.
     pub fn uvm_free(&self, base: u64, length: u64) -> Result<(), RmError> {
-        use uvm_params::range;
-        let mut p = [0u8; range::SIZE];
-        set_u64(&mut p, range::BASE, base);
-        set_u64(&mut p, range::LENGTH, length);
-        self.uvm_call(uvm::FREE, &mut p, range::RM_STATUS)
+        self.uvm_range_call(uvm::FREE, base, length)
     }
 
     /// `UVM_REGISTER_GPU` of the GPU with `uuid`, through `client`.
@@ -790,53 +791,4 @@ pub fn reply_value(reply: &str, key: &str) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_reply_values() {
-        let reply = "ok handle=0xcaf00001 size=2097152";
-        assert_eq!(reply_value(reply, "handle"), Some(0xcaf0_0001));
-        assert_eq!(reply_value(reply, "size"), Some(2 << 20));
-        assert_eq!(reply_value("err status=0x51", "status"), Some(0x51));
-        assert_eq!(reply_value("ok", "size"), None);
-        assert_eq!(reply_value("ok sizes=3", "size"), None);
-    }
-
-    #[test]
-    fn raw_ioctls_refuse_buffers_smaller_than_the_command() {
-        let err = ioctl_raw(0, ioctl_cmd(esc::RM_ALLOC, 48), &mut [0u8; 32]).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
-    }
-
-    #[test]
-    fn dup_takes_over_and_close_falls_back() {
-        let dir = std::env::temp_dir().join(format!("gw-client-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for name in ["nvidiactl", "nvidia-uvm", "nvidia0"] {
-            std::fs::write(dir.join(name), b"").unwrap();
-        }
-        let mut c = GpuClient::open(&dir).unwrap();
-        let ctl = c.ctl_fd().unwrap();
-        let copy = c.dup(ctl).unwrap();
-        assert_ne!(copy, ctl);
-        assert_eq!(c.ctl_fd(), Some(copy), "RM calls go through the copy");
-        c.close(copy).unwrap();
-        assert_eq!(c.ctl_fd(), Some(ctl));
-        c.close(ctl).unwrap();
-        assert_eq!(c.ctl_fd(), None);
-        assert!(matches!(c.close(ctl), Err(ClientError::NotOpen { .. })));
-        // With the control fd gone, RM calls fail the way they would in a real process.
-        match c.alloc_client() {
-            Err(RmError::Ioctl { source, .. }) => {
-                assert_eq!(source.raw_os_error(), Some(libc::EBADF));
-            }
-            other => panic!("{other:?}"),
-        }
-        // On a regular file, an NVIDIA ioctl is just an unknown ioctl.
-        let gpu = c.gpu_fd(0).unwrap();
-        let err = ioctl_raw(gpu, ioctl_cmd(esc::RM_ALLOC, 32), &mut [0u8; 32]).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::ENOTTY));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
+mod tests;

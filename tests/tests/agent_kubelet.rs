@@ -18,11 +18,9 @@ use std::{
 };
 
 use gpuwarden_agent::kubelet::KubeletConfig;
+use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use util::otlp::{TestReceiver, has, points};
-use util::{
-    Client, Driver, TestAgent, TestCgroup, config, container_id, memory, pod_uid, require_root,
-    scratch,
-};
+use util::{Client, Driver, TestAgent, config, container_id, memory, pod_uid};
 
 const MIB: u64 = 1 << 20;
 
@@ -147,6 +145,7 @@ fn pod_cgroup(uid: &str, id: &str) -> TestCgroup {
 /// service account's bearer token; a pod that the last list lacked is asked for again at once
 /// instead of at the 30 s refresh.
 #[test]
+#[ignore = "needs root"]
 fn pod_names_from_the_kubelet_reach_the_snapshot_and_the_metrics() {
     require_root();
     let (uid, id) = (pod_uid("kubelet"), container_id("kubelet"));
@@ -160,7 +159,8 @@ fn pod_names_from_the_kubelet_reach_the_snapshot_and_the_metrics() {
     let token = dir.join("token");
     std::fs::write(&token, "test-token\n").unwrap();
 
-    let mut cfg = config(&[driver.glob()], &scratch("agent"));
+    let state = scratch("agent");
+    let mut cfg = config(&[driver.glob()], state.path());
     cfg.mock_devices = Some(mock);
     cfg.otlp_endpoint = Some(format!("http://{}", receiver.addr));
     cfg.metric_interval = Some(Duration::from_millis(300));
@@ -242,6 +242,7 @@ fn pod_names_from_the_kubelet_reach_the_snapshot_and_the_metrics() {
 /// A kubelet that isn't there: the pod keeps its UID, gets no name, the agent answers as usual,
 /// and the failed requests are counted by result.
 #[test]
+#[ignore = "needs root"]
 fn an_unreachable_kubelet_leaves_names_absent_and_the_agent_healthy() {
     require_root();
     let (uid, id) = (pod_uid("nokubelet"), container_id("nokubelet"));
@@ -253,7 +254,8 @@ fn an_unreachable_kubelet_leaves_names_absent_and_the_agent_healthy() {
         .port();
     let receiver = TestReceiver::start("127.0.0.1:0");
     let driver = Driver::mount("nokubelet");
-    let mut cfg = config(&[driver.glob()], &scratch("agent"));
+    let state = scratch("agent");
+    let mut cfg = config(&[driver.glob()], state.path());
     cfg.otlp_endpoint = Some(format!("http://{}", receiver.addr));
     cfg.metric_interval = Some(Duration::from_millis(300));
     cfg.kubelet = Some(KubeletConfig::plain(&format!(

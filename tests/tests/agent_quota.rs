@@ -20,11 +20,13 @@ use gpuwarden_agent::{
 };
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use gpuwarden_test_support::{TestCgroup, require_root, scratch};
+use tempfile::TempDir;
 use tonic::transport::Channel;
 use util::{
-    Client, Driver, TestAgent, TestCgroup,
+    Client, Driver, TestAgent,
     cluster::{TestController, fast_timing},
-    container_id, memory, pin_dir, require_root, scratch,
+    container_id, memory, pin_dir,
 };
 
 const MIB: u64 = 1 << 20;
@@ -36,17 +38,20 @@ struct Rig {
     agent: Option<TestAgent>,
     mock: PathBuf,
     rt: tokio::runtime::Runtime,
+    /// The controller's and the agent's state, removed after both stopped.
+    _state: [TempDir; 2],
 }
 
 impl Rig {
     fn start(tag: &str, binding_timeout: Duration) -> Self {
         let driver = Driver::mount(tag);
+        let state = [scratch("ctl"), scratch("agent")];
         let ctl = TestController::start(
-            &scratch("ctl"),
+            state[0].path(),
             SchedulerConfig::default(),
             fast_timing(Duration::from_secs(5)),
         );
-        let mut cfg = util::mock_gpu_config(&driver, ctl.url());
+        let mut cfg = util::mock_gpu_config(&driver, ctl.url(), state[1].path());
         let mock = cfg.mock_devices.clone().unwrap();
         cfg.binding_timeout = binding_timeout;
         let agent = TestAgent::start_with(cfg);
@@ -60,6 +65,7 @@ impl Rig {
             agent: Some(agent),
             mock,
             rt,
+            _state: state,
         };
         rig.wait_for("the node to register", |r| {
             r.rt.block_on(async {
@@ -171,6 +177,7 @@ fn gpu0(client: &mut Client) -> (u64, u64) {
 /// killed (tracepoint tier here) with an event; once its bytes are released the container
 /// allocates up to the limit again.
 #[test]
+#[ignore = "needs root"]
 fn crossing_the_memory_limit_kills_and_the_container_recovers() {
     require_root();
     let rig = Rig::start("qkill", Duration::from_secs(60));
@@ -236,6 +243,7 @@ fn crossing_the_memory_limit_kills_and_the_container_recovers() {
 /// The `stop` policy stops the process at the crossing allocation; resuming it by request lets
 /// it go on, and after it frees, the container allocates up to the limit without an action.
 #[test]
+#[ignore = "needs root"]
 fn the_stop_policy_stops_and_a_request_resumes() {
     require_root();
     let rig = Rig::start("qstop", Duration::from_secs(60));
@@ -299,10 +307,12 @@ fn the_stop_policy_stops_and_a_request_resumes() {
 /// Device nodes made with the NVIDIA major: the allocated GPU and the control node pass the
 /// cgroup check (and fail with ENXIO: there is no driver here), the other GPU fails with EPERM.
 #[test]
+#[ignore = "needs root"]
 fn only_the_allocated_gpu_node_opens() {
     require_root();
     let rig = Rig::start("qdev", Duration::from_secs(60));
-    let nodes = scratch("nodes");
+    let scratch = scratch("nodes");
+    let nodes = scratch.path();
     for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
         mknod(&nodes.join(name), 195, minor);
     }
@@ -352,6 +362,7 @@ fn only_the_allocated_gpu_node_opens() {
 /// A quota whose cgroup never appears expires with an event the controller sees; quotas the
 /// node can't enforce are refused with their reason.
 #[test]
+#[ignore = "needs root"]
 fn a_quota_without_its_cgroup_expires_and_bad_quotas_are_refused() {
     require_root();
     let rig = Rig::start("qexp", Duration::from_secs(1));
@@ -396,14 +407,16 @@ fn a_quota_without_its_cgroup_expires_and_bad_quotas_are_refused() {
 /// `kill -9` the agent: the pinned programs keep enforcing while it is down (an over-limit
 /// allocation is still killed), and the restarted agent finds the counters and the event.
 #[test]
+#[ignore = "needs root"]
 fn enforcement_outlives_a_killed_agent() {
     require_root();
     let mut rig = Rig::start("qrst", Duration::from_secs(60));
     // This test runs the agent as its own process, so it can be killed for real.
     drop(rig.agent.take());
-    let state = scratch("agentp");
-    let pins = pin_dir(&state);
-    let spawn_agent = |rig: &Rig| agent_process(rig, &state);
+    let scratch = scratch("agentp");
+    let state = scratch.path();
+    let pins = pin_dir(state);
+    let spawn_agent = |rig: &Rig| agent_process(rig, state);
     let socket = state.join("agent.sock");
     let snapshot = |rig: &Rig| rig.rt.block_on(api::snapshot(&socket));
     let mut agent = spawn_agent(&rig);
@@ -507,16 +520,18 @@ fn agent_process(rig: &Rig, state: &Path) -> AgentProcess {
 /// A restarted agent that no longer holds a session (its store was lost) removes the pinned
 /// enforcement it finds for it, instead of leaving the workload limited by nobody's quota.
 #[test]
+#[ignore = "needs root"]
 fn a_restarted_agent_removes_enforcement_it_no_longer_holds() {
     require_root();
     let mut rig = Rig::start("qswp", Duration::from_secs(60));
     drop(rig.agent.take());
-    let state = scratch("agents");
-    let pins = pin_dir(&state);
+    let scratch = scratch("agents");
+    let state = scratch.path();
+    let pins = pin_dir(state);
     let socket = state.join("agent.sock");
     let snapshot = |rig: &Rig| rig.rt.block_on(api::snapshot(&socket));
     let device_links = || std::fs::read_dir(pins.join("devices")).map_or(0, Iterator::count);
-    let mut agent = agent_process(&rig, &state);
+    let mut agent = agent_process(&rig, state);
     rig.wait_for("the agent to answer", |r| snapshot(r).is_ok());
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("w")));
     rig.session(
@@ -531,7 +546,7 @@ fn a_restarted_agent_removes_enforcement_it_no_longer_holds() {
 
     agent.kill9();
     std::fs::remove_dir_all(state.join("store")).unwrap();
-    let mut agent = agent_process(&rig, &state);
+    let mut agent = agent_process(&rig, state);
     rig.wait_for("the restarted agent to answer", |r| snapshot(r).is_ok());
     assert!(snapshot(&rig).unwrap().bindings.is_empty());
     assert_eq!(device_links(), 0, "the stale device link was kept");
@@ -555,6 +570,7 @@ fn a_pid(events: &[gpuwarden_agent::enforcement::Record]) -> u32 {
 /// `gpuwarden run` creates a session pinned to this node, runs the command in the session's
 /// cgroup and returns its exit code; the session ends with it.
 #[test]
+#[ignore = "needs root"]
 fn gpuwarden_run_executes_inside_the_bound_cgroup() {
     require_root();
     let rig = Rig::start("qrun", Duration::from_secs(60));
@@ -622,7 +638,7 @@ fn mknod(path: &Path, major: u32, minor: u32) {
 
 /// Opens `path` from a process inside `cg`; returns the errno (0 on success).
 fn open_in(cg: &TestCgroup, path: &Path) -> i32 {
-    let procs = cg.dir.join("cgroup.procs");
+    let procs = cg.procs();
     let script = format!(
         "echo $$ > {} && exec 3< {} && echo opened",
         procs.display(),
@@ -645,13 +661,14 @@ fn open_in(cg: &TestCgroup, path: &Path) -> i32 {
 /// devices' stand-in signal) in a cgroup held to 0.3 is frozen part of the time, and the
 /// snapshot reports it.
 #[test]
+#[ignore = "needs root"]
 fn a_compute_share_throttles_the_bound_cgroup() {
     require_root();
     let rig = Rig::start("qthr", Duration::from_secs(60));
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("t")));
     let session = rig.session(&["cuda.shares=0.3"], cgroup_target(&cg), "");
     rig.wait_binding(&session.id, "bound");
-    let procs = cg.dir.join("cgroup.procs");
+    let procs = cg.procs();
     let mut spinner = Command::new("sh")
         .args([
             "-c",
@@ -692,6 +709,7 @@ fn a_compute_share_throttles_the_bound_cgroup() {
 /// A quota waits for a container that starts later, binds when its cgroup appears, reports (the
 /// `report` policy lets the allocation through), and lets go when the cgroup is removed.
 #[test]
+#[ignore = "needs root"]
 fn a_quota_binds_when_its_container_appears_and_lets_go_when_it_goes() {
     require_root();
     let rig = Rig::start("qlate", Duration::from_secs(60));

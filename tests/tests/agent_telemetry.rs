@@ -4,15 +4,15 @@
 
 mod util;
 
-use util::{
-    Client, Driver, TestAgent, TestCgroup, container_id, ioctls, memory, pod_uid, require_root,
-};
+use gpuwarden_test_support::{TestCgroup, require_root};
+use util::{Client, Driver, TestAgent, container_id, ioctls, memory, pod_uid};
 
 const MIB: u64 = 1 << 20;
 
 /// Three containers of three runtimes, each through its own life: allocate, partial free, client
 /// free, exit. Failing allocations, VA reservations and non-GPU files count nothing.
 #[test]
+#[ignore = "needs root"]
 fn three_containers_get_exact_counts_and_bytes() {
     require_root();
     let driver = Driver::mount("three");
@@ -148,6 +148,7 @@ fn three_containers_get_exact_counts_and_bytes() {
 
 /// An fd opened before the agent started counts (the table is seeded from /proc).
 #[test]
+#[ignore = "needs root"]
 fn fds_opened_before_the_agent_count() {
     require_root();
     let driver = Driver::mount("seed");
@@ -189,6 +190,7 @@ fn fds_opened_before_the_agent_count() {
 
 /// A dup'ed fd, two threads and a forked child are all attributed to the right container.
 #[test]
+#[ignore = "needs root"]
 fn dup_threads_and_fork_are_attributed() {
     require_root();
     let driver = Driver::mount("fork");
@@ -228,6 +230,7 @@ fn dup_threads_and_fork_are_attributed() {
 
 /// One agent per node: a second one on the same state directory refuses to start, saying why.
 #[test]
+#[ignore = "needs root"]
 fn second_agent_refuses_to_start() {
     require_root();
     let first = TestAgent::start(&["/nonexistent/nvidia*".to_owned()]);

@@ -7,18 +7,17 @@ use std::{sync::atomic::Ordering, time::Duration};
 
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, SessionState};
-use util::{
-    cluster::{
-        TestBackend, TestController, TestNode, alloc_map, create, eventually, fast_timing,
-        state_of, wait_nodes, wait_state,
-    },
-    scratch,
+use gpuwarden_test_support::scratch;
+use util::cluster::{
+    TestBackend, TestController, TestNode, alloc_map, create, eventually, fast_timing, state_of,
+    wait_nodes, wait_state,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_ai_case_over_grpc() {
+    let state = scratch("ctl");
     let ctl = TestController::start(
-        &scratch("ctl"),
+        state.path(),
         SchedulerConfig::default(),
         fast_timing(Duration::from_millis(1500)),
     );
@@ -60,8 +59,9 @@ async fn backend_ai_case_over_grpc() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_fleet_merges_slot_types_and_unknown_slots_are_nacked() {
+    let state = scratch("mix");
     let ctl = TestController::start(
-        &scratch("mix"),
+        state.path(),
         SchedulerConfig::default(),
         fast_timing(Duration::from_millis(1500)),
     );
@@ -111,8 +111,9 @@ async fn mixed_fleet_merges_slot_types_and_unknown_slots_are_nacked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_are_rejected_with_reasons() {
+    let state = scratch("bad");
     let ctl = TestController::start(
-        &scratch("bad"),
+        state.path(),
         SchedulerConfig::default(),
         fast_timing(Duration::from_millis(1500)),
     );
@@ -182,8 +183,9 @@ async fn concurrency_limits_count_sessions_not_passes() {
     let mut config = SchedulerConfig::default();
     config.default_limits.max_concurrent = Some(1);
     config.skip_after = 0;
+    let state = scratch("lim");
     let ctl = TestController::start(
-        &scratch("lim"),
+        state.path(),
         config,
         fast_timing(Duration::from_millis(1500)),
     );
@@ -221,7 +223,7 @@ async fn concurrency_limits_count_sessions_not_passes() {
 async fn controller_restart_keeps_sessions_and_allocations() {
     let dir = scratch("restart");
     let ctl = TestController::start(
-        &dir,
+        dir.path(),
         SchedulerConfig::default(),
         fast_timing(Duration::from_millis(1500)),
     );
@@ -236,7 +238,7 @@ async fn controller_restart_keeps_sessions_and_allocations() {
     drop(c);
 
     let ctl = TestController::start(
-        &dir,
+        dir.path(),
         SchedulerConfig::default(),
         fast_timing(Duration::from_millis(1500)),
     );
@@ -283,8 +285,9 @@ async fn controller_restart_keeps_sessions_and_allocations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_loss_and_return() {
+    let state = scratch("loss");
     let ctl = TestController::start(
-        &scratch("loss"),
+        state.path(),
         SchedulerConfig::default(),
         fast_timing(Duration::from_millis(1500)),
     );

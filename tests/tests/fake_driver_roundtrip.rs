@@ -2,15 +2,13 @@
 //! its answers come back into the client's memory. No eBPF here: if these fail, the agent tests
 //! can't be trusted.
 //!
-//! Mounting FUSE needs root: without it every test fails, saying so.
+//! Mounting FUSE needs root: every test is `#[ignore = "needs root"]` (the root policy of
+//! `gpuwarden-test-support`).
 
-use std::{
-    path::{Path, PathBuf},
-    sync::atomic::{AtomicU32, Ordering},
-    time::Duration,
-};
+use std::{path::Path, time::Duration};
 
 use gpuwarden_agent_common::nvidia::{esc, ioctl_cmd, status, uvm};
+use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use gpuwarden_tests::{
     abi::uvm_params,
     fake_driver::{FakeConfig, FakeDriver, VIDMEM_PAGE, gpu_id},
@@ -24,43 +22,19 @@ const GIB: u64 = 1 << 30;
 /// FUSE reports the last close of a file asynchronously.
 const RELEASE: Duration = Duration::from_secs(10);
 
-fn require_root() {
-    // SAFETY: a plain syscall.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "needs root (FUSE mount): run the tests as root, e.g. `sudo -E cargo test -p gpuwarden-tests`"
-    );
-}
-
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
-/// The fake driver mounted in a fresh directory; the directory goes after the driver.
+/// The fake driver mounted in a fresh scratch directory.
 struct Mounted {
     driver: FakeDriver,
-    _dir: RemovedOnDrop,
-}
-
-/// Fields drop in order: this one after the driver has unmounted.
-struct RemovedOnDrop(PathBuf);
-
-impl Drop for RemovedOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(self.0.join("dev"));
-        let _ = std::fs::remove_dir(&self.0);
-    }
+    /// Dropped after the driver has unmounted (fields drop in order).
+    _dir: tempfile::TempDir,
 }
 
 impl Mounted {
     fn new(config: FakeConfig) -> Self {
-        require_root();
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let root = std::env::temp_dir().join(format!("gw-rt-{}-{n}", std::process::id()));
-        let driver = FakeDriver::mount(&root.join("dev"), config).expect("mount the fake driver");
-        Self {
-            driver,
-            _dir: RemovedOnDrop(root),
-        }
+        let dir = scratch("rt");
+        let driver =
+            FakeDriver::mount(&dir.path().join("dev"), config).expect("mount the fake driver");
+        Self { driver, _dir: dir }
     }
 
     fn client(&self) -> ScriptedClient {
@@ -82,7 +56,9 @@ fn hex(c: &mut ScriptedClient, line: &str, key: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn allocations_round_trip_with_every_encoding() {
+    require_root();
     let m = Mounted::new(FakeConfig::default());
     let mut c = m.client();
     let client = hex(&mut c, "client", "client");
@@ -148,7 +124,9 @@ fn allocations_round_trip_with_every_encoding() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn frees_release_objects_devices_and_clients() {
+    require_root();
     let m = Mounted::new(FakeConfig::default());
     let mut c = m.client();
     let client = hex(&mut c, "client", "client");
@@ -191,7 +169,9 @@ fn frees_release_objects_devices_and_clients() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_forked_child_allocates_through_the_inherited_fd_and_exit_releases() {
+    require_root();
     let m = Mounted::new(FakeConfig::default());
     let mut c = m.client();
     let client = hex(&mut c, "client", "client");
@@ -228,7 +208,9 @@ fn a_forked_child_allocates_through_the_inherited_fd_and_exit_releases() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_last_close_of_a_duplicated_fd_releases() {
+    require_root();
     let m = Mounted::new(FakeConfig::default());
     let mut c = m.client();
     c.value("dup", "fd").unwrap();
@@ -263,7 +245,9 @@ fn the_last_close_of_a_duplicated_fd_releases() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn memory_is_per_gpu_and_configurable() {
+    require_root();
     let m = Mounted::new(FakeConfig {
         gpu_memory: vec![64 * MIB, 8 * MIB, GIB],
     });
@@ -312,7 +296,9 @@ fn memory_is_per_gpu_and_configurable() {
 
 /// The library on its own, in this process: UVM status write-back, controls, raw ioctls.
 #[test]
+#[ignore = "needs root"]
 fn uvm_control_and_raw_ioctls_answer_like_the_driver() {
+    require_root();
     let m = Mounted::new(FakeConfig::default());
     let mut gpu = GpuClient::open_on(m.driver.dir(), 1).unwrap();
     let client = gpu.alloc_client().unwrap();
@@ -379,26 +365,20 @@ fn uvm_control_and_raw_ioctls_answer_like_the_driver() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn scripted_clients_start_inside_their_cgroup() {
+    require_root();
     let m = Mounted::new(FakeConfig::default());
-    let root =
-        cgroup2_root().expect("needs a cgroup v2 hierarchy (cgroup2 in /proc/self/mountinfo)");
-    let cgroup = root.join(format!("gw-rt-{}", std::process::id()));
-    std::fs::create_dir_all(&cgroup).unwrap();
-    let c = m.client_in(Some(&cgroup));
+    let cgroup = TestCgroup::create(&format!("/gw-rt-{}", std::process::id()));
+    let c = m.client_in(Some(&cgroup.dir));
     let membership = std::fs::read_to_string(format!("/proc/{}/cgroup", c.pid())).unwrap();
-    let expected = format!("0::/{}", cgroup.strip_prefix(&root).unwrap().display());
+    let expected = format!("0::{}", cgroup.path);
     assert!(
         membership.lines().any(|l| l == expected),
         "{membership:?} lacks {expected:?}"
     );
     c.exit().unwrap();
-    for _ in 0..100 {
-        if std::fs::remove_dir(&cgroup).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    drop(cgroup);
 
     // A missing binary or cgroup is an error, not a hang.
     let bin = Path::new("/nonexistent/gpu-client");
@@ -411,7 +391,9 @@ fn scripted_clients_start_inside_their_cgroup() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn every_line_gets_one_reply() {
+    require_root();
     let m = Mounted::new(FakeConfig::default());
     let mut c = m.client();
     assert!(c.send("").unwrap().starts_with("err"));
@@ -436,16 +418,4 @@ fn every_line_gets_one_reply() {
     assert!(c.send("child pid").unwrap().starts_with("err"));
     assert_eq!(c.send("sleep 1").unwrap(), "ok");
     c.ok("register-fd").unwrap();
-}
-
-/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or `…/unified` on hybrid hosts).
-fn cgroup2_root() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        if right.split_whitespace().next()? != "cgroup2" {
-            return None;
-        }
-        left.split_whitespace().nth(4).map(PathBuf::from)
-    })
 }

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 
 use gpuwarden_ebpf_toolchain::Toolchain;
 
-use crate::{status, workspace};
+use crate::{status, target_dir, workspace};
 
 /// Builds the object and returns its path.
 pub fn run() -> anyhow::Result<PathBuf> {
     let toolchain = Toolchain::detect()?;
-    let target_dir = workspace().join("target").join("ebpf");
+    let target_dir = target_dir().join("ebpf");
     let cargo = PathBuf::from(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     status(&mut toolchain.build_command(&cargo, &workspace(), &target_dir))?;
     let object = Toolchain::object_path(&target_dir);

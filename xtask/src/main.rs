@@ -8,6 +8,7 @@ mod sim;
 mod test;
 
 use std::{
+    ffi::OsStr,
     path::{Path, PathBuf},
     process::{Command, ExitCode},
 };
@@ -77,6 +78,24 @@ fn workspace() -> PathBuf {
         .map_or_else(|| PathBuf::from("."), Path::to_owned)
 }
 
+/// Where cargo puts what it builds for this workspace: `CARGO_TARGET_DIR` when set, else
+/// `target/` in the workspace.
+fn target_dir() -> PathBuf {
+    resolve_target_dir(
+        std::env::var_os("CARGO_TARGET_DIR").as_deref(),
+        &workspace(),
+    )
+}
+
+/// The target directory for a `CARGO_TARGET_DIR` of `env` (unset or empty: none). A relative one
+/// is taken from `workspace`, where [`cargo`] runs every build.
+fn resolve_target_dir(env: Option<&OsStr>, workspace: &Path) -> PathBuf {
+    match env.filter(|dir| !dir.is_empty()) {
+        Some(dir) => workspace.join(dir),
+        None => workspace.join("target"),
+    }
+}
+
 /// The cargo that runs this task.
 fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
@@ -106,11 +125,39 @@ fn build_release_binaries() -> anyhow::Result<PathBuf> {
         "-p",
         "gpuwarden-controller",
     ]))?;
-    Ok(workspace().join("target/release"))
+    Ok(target_dir().join("release"))
 }
 
 /// Whether this process runs as root.
 fn is_root() -> bool {
     // SAFETY: a plain syscall.
     unsafe { libc::geteuid() == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_target_directory_follows_cargo_target_dir() {
+        let ws = Path::new("/src/gpuwarden");
+        assert_eq!(
+            resolve_target_dir(None, ws),
+            Path::new("/src/gpuwarden/target")
+        );
+        assert_eq!(
+            resolve_target_dir(Some(OsStr::new("")), ws),
+            Path::new("/src/gpuwarden/target"),
+            "an empty value is no value"
+        );
+        assert_eq!(
+            resolve_target_dir(Some(OsStr::new("/var/cache/cargo")), ws),
+            Path::new("/var/cache/cargo")
+        );
+        assert_eq!(
+            resolve_target_dir(Some(OsStr::new("out/build")), ws),
+            Path::new("/src/gpuwarden/out/build"),
+            "relative to the workspace, where the builds run"
+        );
+    }
 }

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::workspace;
+use crate::{target_dir, workspace};
 
 /// The controller's address for the local run.
 const LISTEN: &str = "127.0.0.1:50051";
@@ -21,7 +21,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     }
     crate::setup::run()?;
     let bin = crate::build_release_binaries()?;
-    let state = workspace().join("target/gpuwarden-state");
+    let state = target_dir().join("gpuwarden-state");
     let mut controller = Command::new(bin.join("gpuwarden-controller"))
         .args(["run", "--listen", LISTEN, "--state-dir"])
         .arg(state.join("controller"))
@@ -56,12 +56,15 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             return Err(e).context("starting gpuwarden-agent");
         }
     };
+    // Where the binaries really are: `target/release` unless `CARGO_TARGET_DIR` moves it.
+    let (cli, agent_cli) = (bin.join("gpuwarden"), bin.join("gpuwarden-agent"));
+    let (cli, agent_cli) = (cli.display(), agent_cli.display());
     println!(
         "run: controller on http://{LISTEN}, agent socket /run/gpuwarden/agent.sock. Try:\n  \
-         target/release/gpuwarden session create -r cuda.shares=0.5\n  \
-         target/release/gpuwarden node ls\n  \
-         target/release/gpuwarden node show <NODE>\n  \
-         target/release/gpuwarden-agent top\n\
+         {cli} session create -r cuda.shares=0.5\n  \
+         {cli} node ls\n  \
+         {cli} node show <NODE>\n  \
+         {agent_cli} top\n\
          Ctrl-C stops both."
     );
     // Either exiting (or Ctrl-C, which reaches both children too) ends the run.

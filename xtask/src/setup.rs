@@ -94,9 +94,10 @@ pub fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The Python environment of the manifest validator.
+/// The Python environment of the manifest validator (`target/py` unless `CARGO_TARGET_DIR` moves
+/// the target directory).
 fn validator_env() -> PathBuf {
-    crate::workspace().join("target").join("py")
+    crate::target_dir().join("py")
 }
 
 /// The Python that runs `deploy/kubernetes/validate.py`.

@@ -1,9 +1,7 @@
 //! Driving a `gpu-client` process from a test.
 
 use std::{
-    ffi::{CStr, CString},
     io::{self, BufRead, BufReader, Write},
-    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, ExitStatus, Stdio},
     sync::mpsc::{self, Receiver, RecvTimeoutError},
@@ -132,21 +130,11 @@ impl ScriptedClient {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if let Some(cgroup) = cgroup {
-            // Built before the fork: the child may not allocate (another test thread may hold the
-            // allocator's lock at fork time).
-            let procs = CString::new(
-                cgroup
-                    .join("cgroup.procs")
-                    .into_os_string()
-                    .into_encoded_bytes(),
-            )
-            .map_err(|_| ScriptError::CgroupPath {
-                path: cgroup.to_owned(),
+            gpuwarden_runtime::cgroup::spawn_inside(&mut cmd, cgroup).map_err(|_| {
+                ScriptError::CgroupPath {
+                    path: cgroup.to_owned(),
+                }
             })?;
-            // SAFETY: `join_cgroup` only makes async-signal-safe calls.
-            unsafe {
-                cmd.pre_exec(move || join_cgroup(&procs));
-            }
         }
         let mut child = cmd.spawn().map_err(|source| ScriptError::Spawn {
             bin: bin.to_owned(),
@@ -278,40 +266,5 @@ impl Drop for ScriptedClient {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// Writes the calling process's pid into `procs` (a `cgroup.procs` file). Runs between `fork` and
-/// `exec`: no allocation, only async-signal-safe calls.
-fn join_cgroup(procs: &CStr) -> io::Result<()> {
-    // SAFETY: getpid can't fail.
-    let pid = unsafe { libc::getpid() };
-    let mut digits = [0u8; 20];
-    let mut n = pid.unsigned_abs();
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        // `n % 10` is below 10.
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // SAFETY: a valid C string.
-    let fd = unsafe { libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let text = &digits[start..];
-    // SAFETY: `text` is valid for its length; `fd` is ours.
-    let written = unsafe { libc::write(fd, text.as_ptr().cast(), text.len()) };
-    let error = io::Error::last_os_error();
-    // SAFETY: closing the fd opened above.
-    unsafe { libc::close(fd) };
-    if usize::try_from(written).ok() == Some(text.len()) {
-        Ok(())
-    } else {
-        Err(error)
     }
 }

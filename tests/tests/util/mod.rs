@@ -1,10 +1,10 @@
-//! Helpers shared by the end-to-end tests: an embedded agent, test cgroups, the fake driver and
-//! scripted GPU clients.
+//! Helpers shared by this crate's end-to-end tests: an embedded agent, the fake driver and
+//! scripted GPU clients. What every test crate shares (the root policy, scratch directories that
+//! clean up, test cgroups, the mock GPU list) is in `gpuwarden-test-support`.
 #![allow(dead_code, clippy::unwrap_used, clippy::missing_panics_doc)]
 
 use std::{
     io::{BufRead, BufReader, Write},
-    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
     sync::atomic::{AtomicU32, Ordering},
@@ -13,49 +13,19 @@ use std::{
 
 use gpuwarden_agent::{
     api,
-    attribution::Attributor,
     config::{AgentConfig, Overrides},
     daemon,
     snapshot::{Container, DeviceUsage, Snapshot},
 };
+use gpuwarden_test_support::{TWO_MOCK_GPUS, TestCgroup, scratch};
 use gpuwarden_tests::fake_driver::{FakeConfig, FakeDriver};
+use tempfile::TempDir;
 
 pub mod cluster;
 pub mod otlp;
 
-/// A mock device list of two 16 GiB GPUs, indexes 0 and 1 (the fake driver's nvidia0 and
-/// nvidia1).
-pub const TWO_MOCK_GPUS: &str = r#"
-[[devices]]
-uuid = "GPU-test-0"
-model_name = "Mock"
-memory_size = "16G"
-[[devices]]
-uuid = "GPU-test-1"
-model_name = "Mock"
-memory_size = "16G"
-"#;
-
-/// Fails the test unless it runs as root: the eBPF and FUSE parts need it. Never skips.
-pub fn require_root() {
-    // SAFETY: a plain syscall.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "these tests load eBPF programs and mount FUSE file systems: they need root (run `sudo cargo xtask test`)"
-    );
-}
-
+/// Makes [`container_id`]s unique within this run.
 static NEXT: AtomicU32 = AtomicU32::new(0);
-
-/// A short unique directory under /tmp (paths must stay under 64 bytes for the programs).
-pub fn scratch(tag: &str) -> PathBuf {
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let dir = PathBuf::from(format!("/tmp/gw{}-{tag}{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// A 64-hex container id unique to this run.
 pub fn container_id(seed: &str) -> String {
@@ -92,17 +62,25 @@ pub fn pod_uid(seed: &str) -> String {
     )
 }
 
-/// The fake driver mounted in a scratch directory.
+/// The fake driver mounted in a scratch directory, removed after the driver unmounts.
 pub struct Driver {
     pub driver: FakeDriver,
+    /// The mount point, `dev` in the scratch directory.
     pub dir: PathBuf,
+    /// Dropped after `driver` (fields drop in order).
+    scratch: TempDir,
 }
 
 impl Driver {
     pub fn mount(tag: &str) -> Self {
-        let dir = scratch(tag).join("dev");
+        let scratch = scratch(tag);
+        let dir = scratch.path().join("dev");
         let driver = FakeDriver::mount(&dir, FakeConfig::default()).unwrap();
-        Self { driver, dir }
+        Self {
+            driver,
+            dir,
+            scratch,
+        }
     }
 
     /// The glob the agent watches for this driver.
@@ -121,20 +99,21 @@ pub struct TestAgent {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<Result<(), String>>>,
     runtime: tokio::runtime::Runtime,
+    /// The state directory when the agent made it ([`Self::start`]): removed once it stopped.
+    scratch: Option<TempDir>,
 }
 
 impl TestAgent {
-    /// Starts an agent watching `globs` and waits until it answers.
+    /// Starts an agent watching `globs`, with its state in a scratch directory of its own, and
+    /// waits until it answers.
     pub fn start(globs: &[String]) -> Self {
-        Self::start_in(globs, scratch("agent"))
+        let state = scratch("agent");
+        let mut agent = Self::start_with(config(globs, state.path()));
+        agent.scratch = Some(state);
+        agent
     }
 
-    /// Starts an agent with its lock and socket in `state_dir`.
-    pub fn start_in(globs: &[String], state_dir: PathBuf) -> Self {
-        Self::start_with(config(globs, &state_dir))
-    }
-
-    /// Starts an agent with `config`.
+    /// Starts an agent with `config`; its state directory is the caller's.
     pub fn start_with(config: AgentConfig) -> Self {
         let state_dir = config.state_dir.clone();
         let socket = config.socket.clone();
@@ -166,6 +145,7 @@ impl TestAgent {
             stop: Some(stop),
             thread: Some(thread),
             runtime,
+            scratch: None,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -242,11 +222,12 @@ pub fn pin_dir(state_dir: &Path) -> PathBuf {
 }
 
 /// An agent config for `driver`'s device nodes as [`TWO_MOCK_GPUS`] (written beside the
-/// driver's mount), registering with the controller at `controller`.
-pub fn mock_gpu_config(driver: &Driver, controller: String) -> AgentConfig {
-    let mock = driver.dir.parent().unwrap().join("mock.toml");
+/// driver's mount), registering with the controller at `controller`, with its state in
+/// `state_dir`.
+pub fn mock_gpu_config(driver: &Driver, controller: String, state_dir: &Path) -> AgentConfig {
+    let mock = driver.scratch.path().join("mock.toml");
     std::fs::write(&mock, TWO_MOCK_GPUS).unwrap();
-    let mut cfg = config(&[driver.glob()], &scratch("agent"));
+    let mut cfg = config(&[driver.glob()], state_dir);
     cfg.controller = Some(controller);
     cfg.mock_devices = Some(mock);
     cfg
@@ -289,51 +270,6 @@ pub fn memory(c: &Container, name: &str) -> u64 {
     device(c, name).map_or(0, |d| d.memory_bytes)
 }
 
-/// A cgroup v2 directory made for a test, removed when dropped.
-pub struct TestCgroup {
-    /// Path relative to the cgroup root, as snapshots show it.
-    pub path: String,
-    pub dir: PathBuf,
-    created: Vec<PathBuf>,
-}
-
-impl TestCgroup {
-    pub fn create(path: &str) -> Self {
-        let root = Attributor::detect().unwrap().root().to_owned();
-        let mut created = Vec::new();
-        let mut dir = root.clone();
-        for part in path.trim_start_matches('/').split('/') {
-            dir = dir.join(part);
-            // Tests run in parallel and share parents (`kubepods.slice`): one made by
-            // another test is not ours to remove.
-            match std::fs::create_dir(&dir) {
-                Ok(()) => created.push(dir.clone()),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => panic!("mkdir {}: {e}", dir.display()),
-            }
-        }
-        Self {
-            path: path.to_owned(),
-            dir,
-            created,
-        }
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        for dir in self.created.iter().rev() {
-            // Processes may take a moment to leave after exiting.
-            for _ in 0..50 {
-                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-}
-
 /// A `gpu-client` process, optionally inside a cgroup, driven line by line.
 pub struct Client {
     pub pid: u32,
@@ -350,30 +286,7 @@ impl Client {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         if let Some(cg) = cgroup {
-            // Built before the fork: the child may not allocate (another test thread may hold
-            // the allocator's lock at fork time).
-            let procs = std::ffi::CString::new(
-                cg.dir
-                    .join("cgroup.procs")
-                    .into_os_string()
-                    .into_encoded_bytes(),
-            )
-            .unwrap();
-            // SAFETY: only async-signal-safe calls between fork and exec: open, write, close.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                    if fd < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-                    libc::close(fd);
-                    if written != 1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            gpuwarden_runtime::cgroup::spawn_inside(&mut cmd, &cg.dir).unwrap();
         }
         let mut child = cmd.spawn().unwrap();
         let stdin = child.stdin.take().unwrap();

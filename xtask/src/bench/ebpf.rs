@@ -18,7 +18,7 @@
 use std::{
     ffi::CString,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -72,8 +72,13 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
     }
     let bin = crate::build_release_binaries()?;
     let agent_bin = bin.join("gpuwarden-agent");
-    let dir = std::env::temp_dir().join(format!("gpuwarden-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    // Under /tmp rather than $TMPDIR: the programs match device paths shorter than 64 bytes.
+    // Removed when dropped, on every way out of this function.
+    let scratch = tempfile::Builder::new()
+        .prefix("gw-bench")
+        .tempdir_in("/tmp")
+        .context("cannot make a scratch directory under /tmp")?;
+    let dir = scratch.path();
     let gpu_node = dir.join("nvidia0");
     mknod_null(&gpu_node)?;
     pin_to_cpu(0);
@@ -115,8 +120,8 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
         .map(|c| fastest_ns(&*c.call, iterations, rounds))
         .collect();
     let url = format!("http://{}", controller_addr());
-    let mut controller = start_controller(&bin, &dir)?;
-    let mut agent = match start_agent(&agent_bin, &dir, &gpu_node, &url) {
+    let mut controller = start_controller(&bin, dir)?;
+    let mut agent = match start_agent(&agent_bin, dir, &gpu_node, &url) {
         Ok(agent) => agent,
         Err(e) => {
             stop(&mut controller);
@@ -127,11 +132,11 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
         .iter()
         .map(|c| fastest_ns(&*c.call, iterations, rounds))
         .collect();
-    let bound = measure_bound(&bin, &dir, &url, &*cases[1].call, iterations, rounds);
+    let bound = measure_bound(&bin, dir, &url, &*cases[1].call, iterations, rounds);
     let counted = decoded_count(&agent_bin, &dir.join("agent.sock"));
     stop(&mut agent);
     stop(&mut controller);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(scratch);
     let counted = counted?;
     let bound = bound?;
     let expected = iterations * rounds as u64;
@@ -206,7 +211,7 @@ fn measure_bound(
     iterations: u64,
     rounds: usize,
 ) -> anyhow::Result<f64> {
-    let root = cgroup2_root()?;
+    let root = gpuwarden_runtime::mountinfo::cgroup2_root()?;
     let home = std::fs::read_to_string("/proc/self/cgroup")?
         .lines()
         .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
@@ -262,20 +267,6 @@ fn bound(agent_bin: &Path, socket: &Path) -> bool {
                 .flatten()
                 .any(|b| b["state"] == "bound")
         })
-}
-
-/// Where the cgroup v2 hierarchy is mounted.
-fn cgroup2_root() -> anyhow::Result<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-    mountinfo
-        .lines()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            right
-                .starts_with("cgroup2 ")
-                .then(|| left.split(' ').nth(4).map(PathBuf::from))?
-        })
-        .context("no cgroup v2 hierarchy is mounted")
 }
 
 /// The fastest of `rounds` batches, in ns per call.

@@ -1,0 +1,457 @@
+use std::{cell::RefCell, collections::HashMap};
+
+use gpuwarden_agent_common::nvidia::ioctl_cmd;
+
+use super::*;
+use crate::fake_driver::caller::Fault;
+
+const MIB: u64 = 1 << 20;
+
+/// A caller whose memory is a few buffers at made-up addresses.
+#[derive(Default)]
+struct FakeMemory {
+    regions: RefCell<HashMap<u64, Vec<u8>>>,
+}
+
+impl FakeMemory {
+    fn put(&self, addr: u64, data: Vec<u8>) -> u64 {
+        self.regions.borrow_mut().insert(addr, data);
+        addr
+    }
+
+    fn get(&self, addr: u64) -> Vec<u8> {
+        self.regions.borrow()[&addr].clone()
+    }
+
+    fn locate(&self, addr: u64, len: usize) -> Option<(u64, usize)> {
+        self.regions.borrow().iter().find_map(|(&base, data)| {
+            let off = usize::try_from(addr.checked_sub(base)?).ok()?;
+            (off + len <= data.len()).then_some((base, off))
+        })
+    }
+}
+
+impl CallerMemory for FakeMemory {
+    fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>, Fault> {
+        let (base, off) = self.locate(addr, len).ok_or(Fault)?;
+        Ok(self.regions.borrow()[&base][off..off + len].to_vec())
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        let (base, off) = self.locate(addr, data.len()).ok_or(Fault)?;
+        self.regions.borrow_mut().get_mut(&base).ok_or(Fault)?[off..off + data.len()]
+            .copy_from_slice(data);
+        Ok(())
+    }
+}
+
+struct Harness {
+    rm: Rm,
+    mem: FakeMemory,
+    next_addr: u64,
+}
+
+impl Harness {
+    fn new(gpu_memory: &[u64]) -> Self {
+        Self {
+            rm: Rm::new(gpu_memory),
+            mem: FakeMemory::default(),
+            next_addr: 0x1000,
+        }
+    }
+
+    fn buffer(&mut self, data: Vec<u8>) -> u64 {
+        self.next_addr += 0x10000;
+        self.mem.put(self.next_addr, data)
+    }
+
+    fn alloc(
+        &mut self,
+        form: AllocForm,
+        client: u32,
+        parent: u32,
+        class: u32,
+        alloc_params: Option<u64>,
+        params_size: u32,
+    ) -> (u32, u32) {
+        let size = if form == AllocForm::Nvos21 {
+            nvos21::SIZE
+        } else {
+            nvos64::SIZE
+        };
+        let mut p = vec![0u8; size as usize];
+        set_u32(&mut p, nvos21::H_ROOT, client);
+        set_u32(&mut p, nvos21::H_OBJECT_PARENT, parent);
+        set_u32(&mut p, nvos21::H_CLASS, class);
+        set_u64(&mut p, nvos21::P_ALLOC_PARMS, alloc_params.unwrap_or(0));
+        let (size_at, status_at) = if form == AllocForm::Nvos21 {
+            (nvos21::PARAMS_SIZE, nvos21::STATUS)
+        } else {
+            (nvos64::PARAMS_SIZE, nvos64::STATUS)
+        };
+        set_u32(&mut p, size_at, params_size);
+        assert_eq!(
+            self.rm.escape(&self.mem, 1, esc::RM_ALLOC, &mut p),
+            Ok("rm_alloc")
+        );
+        (u32_at(&p, nvos21::H_OBJECT_NEW), u32_at(&p, status_at))
+    }
+
+    fn client(&mut self) -> u32 {
+        let (h, s) = self.alloc(AllocForm::Nvos21, 0, 0, class::ROOT_CLIENT, None, 0);
+        assert_eq!(s, status::OK);
+        h
+    }
+
+    fn device(&mut self, client: u32, id: u32) -> (u32, u32) {
+        let p = self.buffer(id.to_le_bytes().to_vec());
+        self.alloc(
+            AllocForm::Nvos21,
+            client,
+            client,
+            class::DEVICE_0,
+            Some(p),
+            56,
+        )
+    }
+
+    /// Allocates video memory; returns (handle, status, size written back).
+    fn vidmem(
+        &mut self,
+        form: AllocForm,
+        client: u32,
+        parent: u32,
+        bytes: u64,
+        params_size: u32,
+    ) -> (u32, u32, u64) {
+        let mut m = vec![0u8; params_size as usize];
+        set_u64(&mut m, memory_alloc::SIZE_FIELD, bytes);
+        let addr = self.buffer(m);
+        let (h, s) = self.alloc(
+            form,
+            client,
+            parent,
+            class::MEMORY_LOCAL_USER,
+            Some(addr),
+            params_size,
+        );
+        let written = u64_at(&self.mem.get(addr), memory_alloc::SIZE_FIELD);
+        (h, s, written)
+    }
+
+    fn free(&mut self, client: u32, parent: u32, old: u32) -> u32 {
+        let mut p = vec![0u8; nvos00::SIZE as usize];
+        set_u32(&mut p, nvos00::H_ROOT, client);
+        set_u32(&mut p, nvos00::H_OBJECT_PARENT, parent);
+        set_u32(&mut p, nvos00::H_OBJECT_OLD, old);
+        assert_eq!(
+            self.rm.escape(&self.mem, 1, esc::RM_FREE, &mut p),
+            Ok("rm_free")
+        );
+        u32_at(&p, nvos00::STATUS)
+    }
+}
+
+#[test]
+fn handles_follow_the_documented_numbering() {
+    let mut h = Harness::new(&[1 << 30]);
+    let c = h.client();
+    assert_eq!(c, CLIENT_HANDLE_BASE + 1);
+    assert_eq!(h.device(c, 0), (OBJECT_HANDLE_BASE + 1, status::OK));
+    assert_eq!(h.client(), CLIENT_HANDLE_BASE + 2);
+}
+
+#[test]
+fn vidmem_rounds_up_to_2mib_and_writes_the_size_back() {
+    let mut h = Harness::new(&[1 << 30, 1 << 30]);
+    let c = h.client();
+    let (dev, _) = h.device(c, 1);
+    for (form, layout) in [
+        (AllocForm::Nvos21, memory_alloc::SIZE_OLD),
+        (AllocForm::Nvos21, memory_alloc::SIZE),
+        (AllocForm::Nvos64, memory_alloc::SIZE_OLD),
+        (AllocForm::Nvos64, memory_alloc::SIZE),
+    ] {
+        let (handle, s, written) = h.vidmem(form, c, dev, 3 * MIB, layout);
+        assert_eq!(s, status::OK, "{form:?} {layout}");
+        assert_ne!(handle, 0);
+        assert_eq!(written, 4 * MIB, "{form:?} {layout}");
+    }
+    assert_eq!(h.vidmem(AllocForm::Nvos21, c, dev, 1, 128).2, 2 * MIB);
+    assert_eq!(h.vidmem(AllocForm::Nvos21, c, dev, 2 * MIB, 128).2, 2 * MIB);
+    assert_eq!(h.rm.used(), vec![0, 20 * MIB]);
+    assert_eq!(h.rm.used_by_client()[&c], vec![0, 20 * MIB]);
+}
+
+#[test]
+fn out_of_memory_charges_nothing_and_leaves_the_size_alone() {
+    let mut h = Harness::new(&[64 * MIB]);
+    let c = h.client();
+    let (dev, _) = h.device(c, 0);
+    assert_eq!(h.vidmem(AllocForm::Nvos21, c, dev, 60 * MIB, 128).1, 0);
+    let (_, s, written) = h.vidmem(AllocForm::Nvos64, c, dev, 5 * MIB, 120);
+    assert_eq!(s, status::NO_MEMORY);
+    assert_eq!(written, 5 * MIB, "nothing written back on failure");
+    assert_eq!(h.rm.used(), vec![60 * MIB]);
+    // Exactly what is left still fits.
+    assert_eq!(h.vidmem(AllocForm::Nvos21, c, dev, 4 * MIB, 128).1, 0);
+    assert_eq!(h.rm.used(), vec![64 * MIB]);
+    // Sizes that overflow when rounded fail the same way.
+    assert_eq!(
+        h.vidmem(AllocForm::Nvos21, c, dev, u64::MAX, 128).1,
+        status::NO_MEMORY
+    );
+}
+
+#[test]
+fn rejects_what_the_driver_rejects() {
+    let mut h = Harness::new(&[1 << 30]);
+    let c = h.client();
+    assert_eq!(h.device(c, 1).1, status::INVALID_ARGUMENT, "no GPU 1");
+    assert_eq!(h.device(0x1234, 0).1, status::INVALID_CLIENT);
+    let (dev, _) = h.device(c, 0);
+    assert_eq!(
+        h.vidmem(AllocForm::Nvos21, c, dev, MIB, 100).1,
+        status::INVALID_ARGUMENT,
+        "params size"
+    );
+    assert_eq!(
+        h.vidmem(AllocForm::Nvos21, c, c, MIB, 128).1,
+        status::INVALID_OBJECT_PARENT,
+        "memory needs a device"
+    );
+    assert_eq!(
+        h.vidmem(AllocForm::Nvos21, c, 0xbad, MIB, 128).1,
+        status::INVALID_OBJECT_PARENT
+    );
+    assert_eq!(
+        h.vidmem(AllocForm::Nvos21, c, dev, 0, 128).1,
+        status::INVALID_ARGUMENT
+    );
+    // A bad pointer to the allocation params.
+    assert_eq!(
+        h.alloc(
+            AllocForm::Nvos21,
+            c,
+            dev,
+            class::MEMORY_LOCAL_USER,
+            Some(8),
+            128
+        )
+        .1,
+        status::INVALID_ARGUMENT
+    );
+    assert_eq!(h.rm.used(), vec![0]);
+    // Malformed ioctls fail outright.
+    let mut short = vec![0u8; 24];
+    assert_eq!(
+        h.rm.escape(&h.mem, 1, esc::RM_ALLOC, &mut short),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(
+        h.rm.escape(&h.mem, 1, esc::RM_FREE, &mut short),
+        Err(libc::EINVAL)
+    );
+}
+
+#[test]
+fn caller_chosen_handles_must_be_free() {
+    let mut h = Harness::new(&[1 << 30]);
+    let c = h.client();
+    let p = h.buffer(0u32.to_le_bytes().to_vec());
+    let mut params = vec![0u8; 32];
+    set_u32(&mut params, nvos21::H_ROOT, c);
+    set_u32(&mut params, nvos21::H_OBJECT_PARENT, c);
+    set_u32(&mut params, nvos21::H_OBJECT_NEW, 0xd00d);
+    set_u32(&mut params, nvos21::H_CLASS, class::DEVICE_0);
+    set_u64(&mut params, nvos21::P_ALLOC_PARMS, p);
+    let mut again = params.clone();
+    h.rm.escape(&h.mem, 1, esc::RM_ALLOC, &mut params).unwrap();
+    assert_eq!(u32_at(&params, nvos21::STATUS), status::OK);
+    assert_eq!(u32_at(&params, nvos21::H_OBJECT_NEW), 0xd00d);
+    h.rm.escape(&h.mem, 1, esc::RM_ALLOC, &mut again).unwrap();
+    assert_eq!(
+        u32_at(&again, nvos21::STATUS),
+        status::INSERT_DUPLICATE_NAME
+    );
+    // A client asking for a taken client handle.
+    let (_, s) = h.alloc(AllocForm::Nvos21, 0, 0, class::ROOT_CLIENT, None, 0);
+    assert_eq!(s, status::OK);
+    let mut dup = vec![0u8; 32];
+    set_u32(&mut dup, nvos21::H_OBJECT_NEW, c);
+    set_u32(&mut dup, nvos21::H_CLASS, class::ROOT_CLIENT);
+    h.rm.escape(&h.mem, 1, esc::RM_ALLOC, &mut dup).unwrap();
+    assert_eq!(u32_at(&dup, nvos21::STATUS), status::INSERT_DUPLICATE_NAME);
+}
+
+#[test]
+fn frees_cascade_to_children_and_clients_free_everything() {
+    let mut h = Harness::new(&[1 << 30, 1 << 30]);
+    let c = h.client();
+    let (dev0, _) = h.device(c, 0);
+    let (dev1, _) = h.device(c, 1);
+    let (sub1, s) = h.alloc(AllocForm::Nvos64, c, dev1, class::SUBDEVICE_0, None, 0);
+    assert_eq!(s, status::OK);
+    let (a, ..) = h.vidmem(AllocForm::Nvos21, c, dev0, 2 * MIB, 128);
+    h.vidmem(AllocForm::Nvos21, c, dev0, 4 * MIB, 128);
+    h.vidmem(AllocForm::Nvos21, c, sub1, 8 * MIB, 128);
+    h.vidmem(AllocForm::Nvos21, c, dev1, 16 * MIB, 128);
+    assert_eq!(h.rm.used(), vec![6 * MIB, 24 * MIB]);
+
+    assert_eq!(h.free(c, dev0, a), status::OK);
+    assert_eq!(h.free(c, dev0, a), status::INVALID_OBJECT_HANDLE);
+    assert_eq!(h.rm.used(), vec![4 * MIB, 24 * MIB]);
+    // The device, its subdevice and the memory under both.
+    assert_eq!(h.free(c, c, dev1), status::OK);
+    assert_eq!(h.rm.used(), vec![4 * MIB, 0]);
+    assert_eq!(
+        h.vidmem(AllocForm::Nvos21, c, sub1, MIB, 128).1,
+        status::INVALID_OBJECT_PARENT,
+        "the subdevice went with its device"
+    );
+
+    let other = h.client();
+    let (dev, _) = h.device(other, 0);
+    h.vidmem(AllocForm::Nvos21, other, dev, 10 * MIB, 128);
+    assert_eq!(h.free(c, c, c), status::OK);
+    assert_eq!(h.free(c, c, c), status::INVALID_CLIENT);
+    assert_eq!(h.rm.used(), vec![10 * MIB, 0]);
+    assert_eq!(h.rm.clients(), 1);
+}
+
+#[test]
+fn closing_the_file_frees_its_clients_only() {
+    let mut h = Harness::new(&[1 << 30]);
+    let mine = h.client();
+    let (dev, _) = h.device(mine, 0);
+    h.vidmem(AllocForm::Nvos21, mine, dev, 2 * MIB, 128);
+    // A client made through another file.
+    let mut p = vec![0u8; 32];
+    set_u32(&mut p, nvos21::H_CLASS, class::ROOT_CLIENT);
+    h.rm.escape(&h.mem, 2, esc::RM_ALLOC, &mut p).unwrap();
+    let theirs = u32_at(&p, nvos21::H_OBJECT_NEW);
+    let (dev2, _) = h.device(theirs, 0);
+    h.vidmem(AllocForm::Nvos21, theirs, dev2, 4 * MIB, 128);
+    assert_eq!(h.rm.used(), vec![6 * MIB]);
+    h.rm.release(1);
+    assert_eq!(h.rm.used(), vec![4 * MIB]);
+    assert_eq!(
+        h.rm.used_by_client().keys().copied().collect::<Vec<_>>(),
+        [theirs]
+    );
+}
+
+#[test]
+fn xfer_unwraps_and_counts_as_the_inner_escape() {
+    let mut h = Harness::new(&[1 << 30]);
+    let c = h.client();
+    let (dev, _) = h.device(c, 0);
+    let mut m = vec![0u8; 120];
+    set_u64(&mut m, memory_alloc::SIZE_FIELD, 3 * MIB);
+    let m_addr = h.buffer(m);
+    let mut inner = vec![0u8; nvos64::SIZE as usize];
+    set_u32(&mut inner, nvos64::H_ROOT, c);
+    set_u32(&mut inner, nvos64::H_OBJECT_PARENT, dev);
+    set_u32(&mut inner, nvos64::H_CLASS, class::MEMORY_LOCAL_USER);
+    set_u64(&mut inner, nvos64::P_ALLOC_PARMS, m_addr);
+    set_u32(&mut inner, nvos64::PARAMS_SIZE, 120);
+    let inner_addr = h.buffer(inner);
+    let mut outer = vec![0u8; xfer::SIZE as usize];
+    set_u32(&mut outer, xfer::CMD, esc::RM_ALLOC);
+    set_u32(&mut outer, xfer::PARAMS_SIZE, nvos64::SIZE);
+    set_u64(&mut outer, xfer::PTR, inner_addr);
+    assert_eq!(
+        h.rm.escape(&h.mem, 1, esc::IOCTL_XFER_CMD, &mut outer),
+        Ok("rm_alloc")
+    );
+    let inner = h.mem.get(inner_addr);
+    assert_eq!(u32_at(&inner, nvos64::STATUS), status::OK);
+    assert_ne!(u32_at(&inner, nvos64::H_OBJECT_NEW), 0);
+    assert_eq!(
+        u64_at(&h.mem.get(m_addr), memory_alloc::SIZE_FIELD),
+        4 * MIB
+    );
+    assert_eq!(h.rm.used(), vec![4 * MIB]);
+
+    // Nested or oversized transfers are malformed; a bad pointer faults.
+    set_u32(&mut outer, xfer::CMD, esc::IOCTL_XFER_CMD);
+    assert_eq!(
+        h.rm.escape(&h.mem, 1, esc::IOCTL_XFER_CMD, &mut outer),
+        Err(libc::EINVAL)
+    );
+    set_u32(&mut outer, xfer::CMD, esc::RM_ALLOC);
+    set_u32(&mut outer, xfer::PARAMS_SIZE, 16385);
+    assert_eq!(
+        h.rm.escape(&h.mem, 1, esc::IOCTL_XFER_CMD, &mut outer),
+        Err(libc::EINVAL)
+    );
+    set_u32(&mut outer, xfer::PARAMS_SIZE, nvos64::SIZE);
+    set_u64(&mut outer, xfer::PTR, 8);
+    assert_eq!(
+        h.rm.escape(&h.mem, 1, esc::IOCTL_XFER_CMD, &mut outer),
+        Err(libc::EFAULT)
+    );
+}
+
+#[test]
+fn control_checks_handles_and_lists_attached_gpus() {
+    let mut h = Harness::new(&[1 << 30, 1 << 30]);
+    let c = h.client();
+    let ids = h.buffer(vec![0u8; 128]);
+    let mut p = vec![0u8; nvos54::SIZE as usize];
+    set_u32(&mut p, nvos54::H_CLIENT, c);
+    set_u32(&mut p, nvos54::H_OBJECT, c);
+    set_u32(&mut p, nvos54::CMD, ctrl::GPU_GET_ATTACHED_IDS);
+    set_u64(&mut p, nvos54::PARAMS, ids);
+    set_u32(&mut p, nvos54::PARAMS_SIZE, 128);
+    assert_eq!(
+        h.rm.escape(&h.mem, 1, esc::RM_CONTROL, &mut p),
+        Ok("rm_control")
+    );
+    assert_eq!(u32_at(&p, nvos54::STATUS), status::OK);
+    let got = h.mem.get(ids);
+    assert_eq!(
+        [u32_at(&got, 0), u32_at(&got, 4), u32_at(&got, 8)],
+        [gpu_id(0), gpu_id(1), ctrl::INVALID_GPU_ID]
+    );
+    set_u32(&mut p, nvos54::H_OBJECT, 0xbad);
+    h.rm.escape(&h.mem, 1, esc::RM_CONTROL, &mut p).unwrap();
+    assert_eq!(u32_at(&p, nvos54::STATUS), status::INVALID_OBJECT_HANDLE);
+    set_u32(&mut p, nvos54::H_CLIENT, 0xbad);
+    h.rm.escape(&h.mem, 1, esc::RM_CONTROL, &mut p).unwrap();
+    assert_eq!(u32_at(&p, nvos54::STATUS), status::INVALID_CLIENT);
+}
+
+#[test]
+fn setup_escapes_succeed() {
+    let mut h = Harness::new(&[1 << 30, 2 << 30]);
+    let mut cards = vec![0u8; 72 * 4];
+    assert_eq!(
+        h.rm.escape(&h.mem, 1, esc::CARD_INFO, &mut cards),
+        Ok("card_info")
+    );
+    assert_eq!(cards[72], 1, "second card valid");
+    assert_eq!(u64_at(&cards, 72 + card_info::FB_SIZE), 2 << 30);
+    assert_eq!(u32_at(&cards, 72 + card_info::MINOR_NUMBER), 1);
+    assert_eq!(cards[144], 0, "no third card");
+    let mut version = vec![0u8; 72];
+    h.rm.escape(&h.mem, 1, esc::CHECK_VERSION_STR, &mut version)
+        .unwrap();
+    assert_eq!(u32_at(&version, 4), version::REPLY_RECOGNIZED);
+    let mut fd = vec![0u8; 4];
+    assert_eq!(
+        h.rm.escape(&h.mem, 1, esc::REGISTER_FD, &mut fd),
+        Ok("register_fd")
+    );
+    let mut attach = vec![0u8; 8];
+    assert_eq!(
+        h.rm.escape(&h.mem, 1, esc::ATTACH_GPUS_TO_FD, &mut attach),
+        Ok("attach_gpus_to_fd")
+    );
+    assert_eq!(
+        h.rm.escape(&h.mem, 1, esc::CARD_INFO, &mut [0u8; 70]),
+        Err(libc::EINVAL)
+    );
+    // The constants' encodings, as a client would build them.
+    assert_eq!(ioctl_cmd(esc::RM_ALLOC, nvos64::SIZE), 0xc030_462b);
+}
