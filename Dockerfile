@@ -48,7 +48,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p gpuwarden-agent -p gpuwarden-controller \
+    cargo build --release --locked -p gpuwarden-agent -p gpuwarden-controller -p gpuwarden-cli \
  && mkdir -p /out \
  && cp target/release/gpuwarden-agent target/release/gpuwarden-controller \
        target/release/gpuwarden /out/

@@ -14,19 +14,18 @@
 //!   measured, the model that predicts how co-located tenants slow each other, and the
 //!   placement modes and scores built on it (`binpack`, `spread`, `interference-aware`).
 //!
-//! - [`sim`]: trace-driven evaluation of the placement modes: this scheduler on a virtual clock
-//!   against a simulated cluster whose interference it doesn't see (`cargo xtask sim`);
 //! - [`store`]: the sled store that makes every acknowledged change durable;
 //! - [`api`]: the gRPC services for clients and agents;
 //! - [`metrics`]: the controller's OTLP metrics;
-//! - [`server`] and [`cli`]: the `gpuwarden-controller` and `gpuwarden` binaries (each a
-//!   `main` here, so test binaries can wrap them); `gpuwarden run` asks the node agent's local
-//!   socket for its node and the session's cgroup.
+//! - [`server`]: the `gpuwarden-controller` binary (its `main` is here, so test binaries can
+//!   wrap it).
+//!
+//! The `gpuwarden` CLI (`gpuwarden-cli`) and the simulator (`gpuwarden-sim`) are crates of their
+//! own on top of this one.
 #![deny(missing_docs)]
 
 pub mod allocator;
 pub mod api;
-pub mod cli;
 pub mod colocation;
 pub mod metrics;
 pub mod node;
@@ -35,6 +34,5 @@ pub mod profile;
 pub mod scheduler;
 pub mod server;
 pub mod session;
-pub mod sim;
 pub mod slots;
 pub mod store;

@@ -29,13 +29,9 @@ pub enum Which {
 pub fn run(which: &Which) -> anyhow::Result<()> {
     match which {
         Which::Ebpf { iterations, rounds } => ebpf::run(*iterations, *rounds),
-        Which::Sched => crate::status(crate::cargo().args([
-            "bench",
-            "-p",
-            "gpuwarden-controller",
-            "--bench",
-            "sched",
-        ])),
+        Which::Sched => {
+            crate::status(crate::cargo().args(["bench", "-p", "gpuwarden-sim", "--bench", "sched"]))
+        }
         Which::Throttle => crate::status(crate::cargo().args([
             "bench",
             "-p",

@@ -115,7 +115,7 @@ fn status(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Builds the agent and controller binaries in release; returns the folder that holds them.
+/// Builds the agent, controller and CLI binaries in release; returns the folder that holds them.
 fn build_release_binaries() -> anyhow::Result<PathBuf> {
     status(cargo().args([
         "build",
@@ -124,6 +124,8 @@ fn build_release_binaries() -> anyhow::Result<PathBuf> {
         "gpuwarden-agent",
         "-p",
         "gpuwarden-controller",
+        "-p",
+        "gpuwarden-cli",
     ]))?;
     Ok(target_dir().join("release"))
 }

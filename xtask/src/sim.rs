@@ -15,7 +15,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         "--release",
         "-q",
         "-p",
-        "gpuwarden-controller",
+        "gpuwarden-sim",
         "--bin",
         "gpuwarden-sim",
         "--",

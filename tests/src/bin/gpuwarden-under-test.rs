@@ -2,5 +2,5 @@
 //! against an embedded agent: `gpuwarden` exactly, under another name.
 
 fn main() -> std::process::ExitCode {
-    gpuwarden_controller::cli::main()
+    gpuwarden_cli::main()
 }

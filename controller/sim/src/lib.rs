@@ -11,12 +11,13 @@
 //!   mode, as a table of ratios against `binpack` or as JSON.
 //!
 //! `cargo xtask sim` runs it on the bundled trace (`controller/sim/trace.jsonl`); see
-//! `docs/simulation.md`.
+//! `docs/simulation.md`. A crate of its own on top of the controller library, with the
+//! `gpuwarden-sim` binary and the scheduler benchmark (`cargo xtask bench sched`).
 //!
 //! # Example
 //!
 //! ```
-//! use gpuwarden_controller::sim::{self, SimConfig, trace::GenConfig};
+//! use gpuwarden_sim::{self as sim, SimConfig, trace::GenConfig};
 //!
 //! let config = SimConfig::default();
 //! let jobs = sim::trace::generate(&GenConfig { jobs: 40, gpus: config.cluster.gpus(), ..GenConfig::default() }, 7);
@@ -25,7 +26,7 @@
 //! println!("{}", report.table());
 //! ```
 //!
-//! [`Scheduler`]: crate::scheduler::Scheduler
+//! [`Scheduler`]: gpuwarden_controller::scheduler::Scheduler
 
 pub mod cluster;
 pub mod report;
@@ -36,7 +37,7 @@ pub mod trace;
 pub use report::{ModeReport, Report};
 pub use run::SimError;
 
-use crate::placement::{Placement, ScoringConfig};
+use gpuwarden_controller::placement::{Placement, ScoringConfig};
 
 use cluster::ClusterShape;
 

@@ -1,5 +1,5 @@
 //! `gpuwarden-sim`: replays a job trace against the controller's scheduler on a virtual clock,
-//! once per placement mode, and prints a table (see [`gpuwarden_controller::sim`] and
+//! once per placement mode, and prints a table (see [`gpuwarden_sim`] and
 //! `docs/simulation.md`).
 //!
 //! ```sh
@@ -13,13 +13,11 @@ use std::{fs::File, io::BufReader, path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 use clap::Parser;
-use gpuwarden_controller::{
-    placement::ScoringConfig,
-    sim::{
-        self, SimConfig,
-        cluster::ClusterShape,
-        trace::{self, GenConfig},
-    },
+use gpuwarden_controller::placement::ScoringConfig;
+use gpuwarden_sim::{
+    self as sim, SimConfig,
+    cluster::ClusterShape,
+    trace::{self, GenConfig},
 };
 
 /// Replays a GPU job trace under binpack, spread and interference-aware placement.

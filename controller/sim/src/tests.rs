@@ -122,7 +122,7 @@ fn trace_round_trips_and_errors_name_the_line() {
 
 #[test]
 fn the_bundled_trace_is_the_generator_at_seed_one() {
-    let bundled = include_str!("../../sim/trace.jsonl");
+    let bundled = include_str!("../trace.jsonl");
     let parsed = trace::parse(Cursor::new(bundled.as_bytes())).unwrap();
     assert_eq!(parsed, trace::generate(&GenConfig::default(), 1));
 }

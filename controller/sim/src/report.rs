@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::placement::Placement;
+use gpuwarden_controller::placement::Placement;
 
 use super::run::{ModeRun, warmup_count};
 

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::{
+use gpuwarden_controller::{
     allocator::Allocation,
     metrics::fragmented_shares,
     placement::Placement,

@@ -17,7 +17,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tonic::transport::Channel;
 
 use super::{CliError, PolicyArgs, agent_socket, connect};
-use crate::{api::convert, session::Target, slots::ResourceSlot};
+use gpuwarden_controller::{api::convert, session::Target, slots::ResourceSlot};
 
 /// How often the session and its cgroup are polled while starting.
 const POLL: Duration = Duration::from_millis(100);

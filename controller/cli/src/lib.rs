@@ -1,5 +1,8 @@
-//! The `gpuwarden` command line: sessions, nodes and slot types over the gRPC API, and
-//! `gpuwarden run` to run a command inside a session's quota on this node.
+//! The `gpuwarden` command line: sessions, nodes, slot types and profiles over the controller's
+//! gRPC API, and `gpuwarden run` to run a command inside a session's quota on this node.
+//!
+//! A crate of its own on top of the controller library (for the slot parser, the placement
+//! modes and the wire conversions), so the controller's internals stay its own.
 //!
 //! Human tables by default, `--json` everywhere (the key names of [`json`] are stable). Bad input
 //! exits 2 with a message naming the bad part; a server or agent error exits 1 with the reason.
@@ -17,7 +20,7 @@ use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerService
 use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::{
+use gpuwarden_controller::{
     api::convert,
     placement::Placement,
     session::{ComputePolicy, MemoryPolicy, QuotaPolicy, Target},

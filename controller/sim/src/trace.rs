@@ -15,7 +15,7 @@ use std::{collections::BTreeSet, fmt::Write as _, io::BufRead};
 
 use serde::{Deserialize, Serialize};
 
-use crate::slots::{ParseError, ResourceSlot};
+use gpuwarden_controller::slots::{ParseError, ResourceSlot};
 
 use super::{cluster::FAMILIES, rng::Rng};
 

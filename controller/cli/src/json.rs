@@ -25,7 +25,7 @@ use gpuwarden_proto::v1 as pb;
 use serde::Serialize;
 
 use super::render::{kind, node_state, state};
-use crate::session::QuotaPolicy;
+use gpuwarden_controller::session::QuotaPolicy;
 
 /// A session.
 #[derive(Debug, Serialize)]
@@ -43,7 +43,7 @@ pub struct Session {
     updated_at_ms: i64,
     target: Option<Target>,
     policy: QuotaPolicy,
-    events: Vec<crate::session::EnforcementEvent>,
+    events: Vec<gpuwarden_controller::session::EnforcementEvent>,
     class: String,
     placement: Option<String>,
     explanation: Option<Explanation>,
@@ -208,7 +208,7 @@ impl From<&pb::Session> for Session {
             events: s
                 .events
                 .iter()
-                .map(crate::api::convert::event_from_pb)
+                .map(gpuwarden_controller::api::convert::event_from_pb)
                 .collect(),
             class: s.class.clone(),
             placement: (!s.placement.is_empty()).then(|| s.placement.clone()),

@@ -20,7 +20,7 @@
 //! devices (1 in an idle tick: its host-side work isn't slowed by the GPU), and a job on
 //! several devices at the pace of its slowest one, so alone every job takes its `work`.
 
-use crate::{
+use gpuwarden_controller::{
     allocator::DeviceSpec,
     node::NodeReport,
     slots::{ResourceSlot, SlotKind, SlotName},
