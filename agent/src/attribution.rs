@@ -596,7 +596,6 @@ fn unified_path(line: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     const ID: &str = "3f1c2b9d8e7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c";
     const ID2: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
@@ -1147,37 +1146,14 @@ mod tests {
         assert_eq!(unified_path(""), None);
     }
 
-    /// A fresh directory under the system temp dir, removed on drop.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(name: &str) -> Self {
-            static N: AtomicUsize = AtomicUsize::new(0);
-            let n = N.fetch_add(1, Ordering::Relaxed);
-            let dir = std::env::temp_dir().join(format!(
-                "gpuwarden-attribution-{}-{name}-{n}",
-                std::process::id()
-            ));
-            let _ = fs::remove_dir_all(&dir);
-            fs::create_dir_all(&dir).unwrap();
-            Self(dir)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
-
     fn ino(path: &Path) -> u64 {
         fs::symlink_metadata(path).unwrap().ino()
     }
 
     #[test]
     fn resolves_ids_through_a_cached_walk() {
-        let tmp = TempDir::new("walk");
-        let cgroups = tmp.0.join("cgroup");
+        let tmp = gpuwarden_test_support::scratch("walk");
+        let cgroups = tmp.path().join("cgroup");
         let docker = cgroups.join(format!("system.slice/docker-{ID}.scope"));
         let pod = cgroups.join(format!("kubepods/burstable/pod{UID}"));
         let container = pod.join(ID);
@@ -1187,7 +1163,7 @@ mod tests {
         // A loop the walk must not follow.
         std::os::unix::fs::symlink("..", cgroups.join("system.slice/loop")).unwrap();
 
-        let mut attributor = Attributor::with_roots(cgroups.clone(), tmp.0.join("proc"));
+        let mut attributor = Attributor::with_roots(cgroups.clone(), tmp.path().join("proc"));
         assert_eq!(attributor.root(), cgroups);
 
         let root = attributor.resolve(ino(&cgroups)).unwrap();
@@ -1242,8 +1218,9 @@ mod tests {
 
     #[test]
     fn a_missing_root_resolves_nothing() {
-        let tmp = TempDir::new("noroot");
-        let mut attributor = Attributor::with_roots(tmp.0.join("absent"), tmp.0.clone());
+        let tmp = gpuwarden_test_support::scratch("noroot");
+        let mut attributor =
+            Attributor::with_roots(tmp.path().join("absent"), tmp.path().to_owned());
         assert!(attributor.resolve(1).is_none());
         assert!(attributor.resolve(1).is_none());
         attributor.forget_dead();
@@ -1251,12 +1228,12 @@ mod tests {
 
     #[test]
     fn finds_the_cgroup_of_a_pid() {
-        let tmp = TempDir::new("pid");
-        let cgroups = tmp.0.join("cgroup");
+        let tmp = gpuwarden_test_support::scratch("pid");
+        let cgroups = tmp.path().join("cgroup");
         let scope = cgroups.join(format!("system.slice/docker-{ID}.scope"));
         fs::create_dir_all(&scope).unwrap();
         fs::write(scope.join("cgroup.procs"), "42\n").unwrap();
-        let procs = tmp.0.join("proc");
+        let procs = tmp.path().join("proc");
         let write = |pid: u32, text: String| {
             let dir = procs.join(pid.to_string());
             fs::create_dir_all(&dir).unwrap();

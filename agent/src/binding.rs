@@ -155,8 +155,8 @@ mod tests {
 
     #[test]
     fn targets_find_the_shallowest_matching_cgroup() {
-        let root = std::env::temp_dir().join(format!("gw-bind-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let scratch = gpuwarden_test_support::scratch("bind");
+        let root = scratch.path().to_owned();
         let id = "a".repeat(64);
         let pod = "0b5e5b2c-1d7e-4c1e-9d7a-2f9b5d3c4e6f";
         let pod_dir = root.join(format!(

@@ -245,16 +245,17 @@ fn hostname() -> String {
 mod tests {
     use super::*;
 
-    fn write(name: &str, text: &str) -> PathBuf {
-        let path =
-            std::env::temp_dir().join(format!("gpuwarden-cfg-{name}-{}.toml", std::process::id()));
+    /// `text` in a config file inside a scratch directory (removed when the guard drops).
+    fn write(name: &str, text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = gpuwarden_test_support::scratch(name);
+        let path = dir.path().join("agent.toml");
         std::fs::write(&path, text).unwrap();
-        path
+        (dir, path)
     }
 
     #[test]
     fn flags_win_over_the_file() {
-        let path = write(
+        let (_dir, path) = write(
             "ok",
             "gpu_devices = [\"/dev/nvidia0\"]\nsocket = \"/tmp/a.sock\"\n",
         );
@@ -268,12 +269,11 @@ mod tests {
         .unwrap();
         assert_eq!(config.socket, PathBuf::from("/tmp/b.sock"));
         assert_eq!(config.gpu_globs.as_slice(), ["/dev/nvidia0"]);
-        std::fs::remove_file(path).unwrap();
     }
 
     #[test]
     fn usage_reports_default_to_five_seconds_and_zero_turns_them_off() {
-        let path = write("usage", "usage_report_interval_ms = 250\n");
+        let (_dir, path) = write("usage", "usage_report_interval_ms = 250\n");
         let from_file = AgentConfig::load(Some(&path), Overrides::default()).unwrap();
         assert_eq!(
             from_file.usage_report_interval,
@@ -292,14 +292,13 @@ mod tests {
         };
         assert_eq!(flag(0), None);
         assert_eq!(flag(1), Some(Duration::from_millis(100)));
-        std::fs::remove_file(path).unwrap();
         let default = AgentConfig::load(None, Overrides::default()).unwrap();
         assert_eq!(default.usage_report_interval, Some(Duration::from_secs(5)));
     }
 
     #[test]
     fn kubelet_settings_come_from_the_file() {
-        let path = write(
+        let (_dir, path) = write(
             "kubelet",
             "kubelet_url = \"https://10.0.0.5:10250/pods\"\nkubelet_ca_file = \"/etc/ca.pem\"\nkubelet_insecure_skip_tls_verify = true\n",
         );
@@ -310,23 +309,20 @@ mod tests {
         assert_eq!(kubelet.url, "https://10.0.0.5:10250/pods");
         assert_eq!(kubelet.ca_file, Some(PathBuf::from("/etc/ca.pem")));
         assert!(kubelet.insecure_skip_tls_verify);
-        std::fs::remove_file(path).unwrap();
 
         // An empty URL turns pod names off, whatever the environment says.
-        let path = write("nokubelet", "kubelet_url = \"\"\n");
+        let (_dir, path) = write("nokubelet", "kubelet_url = \"\"\n");
         let config = AgentConfig::load(Some(&path), Overrides::default()).unwrap();
         assert_eq!(config.kubelet, None);
-        std::fs::remove_file(path).unwrap();
     }
 
     #[test]
     fn unknown_keys_and_bad_globs_are_named() {
-        let path = write("bad", "gpu_device = [\"/dev/nvidia0\"]\n");
+        let (_dir, path) = write("bad", "gpu_device = [\"/dev/nvidia0\"]\n");
         let err = AgentConfig::load(Some(&path), Overrides::default()).unwrap_err();
         let msg = format!("{err}: {}", std::error::Error::source(&err).unwrap());
         assert!(msg.contains(&path.display().to_string()), "{msg}");
         assert!(msg.contains("gpu_device"), "{msg}");
-        std::fs::remove_file(path).unwrap();
 
         let err = AgentConfig::load(
             None,

@@ -216,8 +216,8 @@ mod tests {
 
     #[test]
     fn expands_existing_paths_and_skips_foreign_names() {
-        let dir = std::env::temp_dir().join(format!("gpuwarden-nodes-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = gpuwarden_test_support::scratch("nodes");
+        let dir = scratch.path().to_owned();
         for name in [
             "nvidia0",
             "nvidia1",
@@ -233,6 +233,5 @@ mod tests {
         assert!(devices.contains(&0) && devices.contains(&1), "{devices:?}");
         assert!(devices.contains(&DEVICE_CTL) && devices.contains(&DEVICE_UVM));
         assert_eq!(expansion.skipped.len(), 1, "{:?}", expansion.skipped);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -127,8 +127,8 @@ mod tests {
 
     #[test]
     fn holdings_survive_a_restart() {
-        let dir = std::env::temp_dir().join(format!("gpuwarden-holdings-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = gpuwarden_test_support::scratch("holdings");
+        let dir = scratch.path().join("store");
         {
             let mut h = Holdings::open(&dir).unwrap();
             for id in ["s1", "s2"] {
@@ -143,6 +143,5 @@ mod tests {
         let h = Holdings::open(&dir).unwrap();
         assert_eq!(h.sessions(), vec!["s2".to_owned()]);
         assert!(h.get("s2").is_some());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -726,13 +726,13 @@ mod tests {
 
     #[test]
     fn a_ca_file_without_certificates_is_refused() {
-        let path = std::env::temp_dir().join(format!("gw-kubelet-ca-{}.pem", std::process::id()));
+        let scratch = gpuwarden_test_support::scratch("ca");
+        let path = scratch.path().join("ca.pem");
         std::fs::write(&path, "not a certificate\n").unwrap();
         let mut config = KubeletConfig::plain("https://10.0.0.5:10250/pods");
         config.ca_file = Some(path.clone());
         let err = Client::new(&config).err().unwrap();
         assert!(matches!(err, KubeletError::CaFile { .. }), "{err}");
-        std::fs::remove_file(path).unwrap();
     }
 
     /// A one-shot HTTP server on loopback answering `status` and `body`; returns the URL and
@@ -764,7 +764,8 @@ mod tests {
 
     #[tokio::test]
     async fn fetches_with_the_token_and_maps_statuses() {
-        let token = std::env::temp_dir().join(format!("gw-kubelet-tok-{}", std::process::id()));
+        let scratch = gpuwarden_test_support::scratch("token");
+        let token = scratch.path().join("token");
         std::fs::write(&token, "s3cret\n").unwrap();
         let list =
             format!(r#"{{"items":[{{"metadata":{{"name":"a","namespace":"b","uid":"{UID}"}}}}]}}"#);
@@ -779,7 +780,6 @@ mod tests {
             request.contains("authorization: Bearer s3cret\r\n"),
             "{request}"
         );
-        std::fs::remove_file(token).unwrap();
 
         for (status, label) in [
             ("401 Unauthorized", "unauthorized"),

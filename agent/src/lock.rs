@@ -83,7 +83,8 @@ mod tests {
 
     #[test]
     fn second_holder_is_refused_with_the_first_pid() {
-        let dir = std::env::temp_dir().join(format!("gpuwarden-lock-{}", std::process::id()));
+        let scratch = gpuwarden_test_support::scratch("lock");
+        let dir = scratch.path().join("run");
         let first = InstanceLock::acquire(&dir).unwrap();
         let err = InstanceLock::acquire(&dir).unwrap_err();
         let msg = err.to_string();
@@ -91,6 +92,5 @@ mod tests {
         assert!(msg.contains("already running"), "{msg}");
         drop(first);
         InstanceLock::acquire(&dir).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

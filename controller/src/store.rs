@@ -269,10 +269,11 @@ mod tests {
         slots::{ResourceSlot, SlotKind, SlotName},
     };
 
-    fn dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("gpuwarden-store-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        d
+    /// A scratch directory (removed when dropped) and the store's path inside it.
+    fn dir(name: &str) -> (tempfile::TempDir, PathBuf) {
+        let scratch = gpuwarden_test_support::scratch(name);
+        let d = scratch.path().join("store");
+        (scratch, d)
     }
 
     fn session(id: &str) -> Session {
@@ -313,7 +314,7 @@ mod tests {
 
     #[test]
     fn records_survive_reopening() {
-        let d = dir("reopen");
+        let (_scratch, d) = dir("reopen");
         {
             let store = Store::open(&d).unwrap();
             store.put_session(&session("s1")).unwrap();
@@ -329,12 +330,11 @@ mod tests {
         let back = Store::open(&d).unwrap().load().unwrap();
         assert_eq!(back.sessions, vec![session("s1")]);
         assert_eq!(back.registry.kind("cuda.shares"), Some(SlotKind::Count));
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn another_format_version_is_refused() {
-        let d = dir("version");
+        let (_scratch, d) = dir("version");
         {
             let store = Store::open(&d).unwrap();
             store
@@ -346,6 +346,5 @@ mod tests {
         }
         let err = Store::open(&d).unwrap_err();
         assert!(err.to_string().contains("format version 99"), "{err}");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -43,9 +43,9 @@ fn sample(utilization: f64) -> UsageSample {
 
 #[test]
 fn usage_reports_survive_a_controller_restart() {
-    let dir = std::env::temp_dir().join(format!("gpuwarden-usage-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let open = || server::open(&dir, SchedulerConfig::default(), Timing::default());
+    let scratch = gpuwarden_test_support::scratch("usage");
+    let dir = scratch.path();
+    let open = || server::open(dir, SchedulerConfig::default(), Timing::default());
 
     let controller = open().expect("opens");
     controller
@@ -87,5 +87,4 @@ fn usage_reports_survive_a_controller_restart() {
     assert_eq!(profile.samples, 5);
     // Four samples at 0.8 and one at 0.2: the 5th–15th percentiles are 0.2, the rest 0.8.
     assert!((profile.mean() - 0.68).abs() < 1e-9, "{profile:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

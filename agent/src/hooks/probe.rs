@@ -110,12 +110,11 @@ pub fn probe(sys: &Path) -> Probe {
 mod tests {
     use super::*;
 
-    fn fake_sys(name: &str, dirs: &[&str]) -> std::path::PathBuf {
-        let root =
-            std::env::temp_dir().join(format!("gpuwarden-probe-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+    /// A fake `/sys` with `dirs`, removed when dropped.
+    fn fake_sys(name: &str, dirs: &[&str]) -> tempfile::TempDir {
+        let root = gpuwarden_test_support::scratch(name);
         for d in dirs {
-            std::fs::create_dir_all(root.join(d)).unwrap();
+            std::fs::create_dir_all(root.path().join(d)).unwrap();
         }
         root
     }
@@ -123,14 +122,13 @@ mod tests {
     #[test]
     fn chooses_tracepoints_and_explains_the_driver_tiers() {
         let sys = fake_sys("tp", &["kernel/tracing/events/syscalls/sys_enter_ioctl"]);
-        let probe = probe(&sys);
+        let probe = probe(sys.path());
         assert_eq!(probe.chosen, Some(Tier::SyscallTracepoint));
         let fentry = &probe.candidates[0];
         assert_eq!(fentry.tier, Tier::DriverFentry);
         assert!(!fentry.available);
         assert!(fentry.reason.contains("not present"), "{}", fentry.reason);
         assert!(probe.candidates[1].reason.contains("kprobe_events"));
-        std::fs::remove_dir_all(&sys).unwrap();
     }
 
     #[test]
@@ -142,7 +140,7 @@ mod tests {
                 "kernel/debug/tracing/events/syscalls/sys_enter_ioctl",
             ],
         );
-        let probe = probe(&sys);
+        let probe = probe(sys.path());
         assert!(probe.candidates[0].available);
         assert!(
             probe.candidates[0]
@@ -150,13 +148,11 @@ mod tests {
                 .contains("no driver-hook programs")
         );
         assert_eq!(probe.chosen, Some(Tier::SyscallTracepoint));
-        std::fs::remove_dir_all(&sys).unwrap();
     }
 
     #[test]
     fn no_tier_without_syscall_tracepoints() {
         let sys = fake_sys("none", &["kernel"]);
-        assert_eq!(probe(&sys).chosen, None);
-        std::fs::remove_dir_all(&sys).unwrap();
+        assert_eq!(probe(sys.path()).chosen, None);
     }
 }

@@ -136,11 +136,12 @@ format:
 
     #[test]
     fn missing_group_dead_is_marked_absent() {
-        let dir = std::env::temp_dir().join(format!("gpuwarden-tracefs-{}", std::process::id()));
+        let scratch = gpuwarden_test_support::scratch("tracefs");
+        let dir = scratch.path();
         let exit = dir.join("events/sched/sched_process_exit");
         std::fs::create_dir_all(&exit).unwrap();
         std::fs::write(exit.join("format"), EXIT_5_15).unwrap();
-        let config = config_offsets(&dir);
+        let config = config_offsets(dir);
         assert_eq!(config.exit_group_dead, FIELD_ABSENT);
         assert_eq!(config.exit_pid, 24);
         // No fork format: the defaults stay.

@@ -118,8 +118,8 @@ fn run_needs_a_command_and_good_resources() {
 
 #[test]
 fn run_with_no_agent_exits_1_saying_where() {
-    let socket =
-        std::env::temp_dir().join(format!("gpuwarden-no-agent-{}.sock", std::process::id()));
+    let scratch = gpuwarden_test_support::scratch("noagent");
+    let socket = scratch.path().join("agent.sock");
     let socket = socket.to_string_lossy();
     let (code, err) = gpuwarden(&[
         "run",

@@ -111,9 +111,8 @@ fn create_running(url: &str, extra: &[&str]) -> serde_json::Value {
 
 #[test]
 fn a_learned_busy_class_is_kept_apart_and_the_choice_explained() {
-    let scratch = std::env::temp_dir().join(format!("gpuwarden-placement-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    let (rt, url) = common::start_controller(&scratch);
+    let scratch = gpuwarden_test_support::scratch("placement");
+    let (rt, url) = common::start_controller(scratch.path());
     rt.spawn(fake_agent(url.clone()));
     for _ in 0..100 {
         if json(&url, &["node", "ls"]).to_string().contains(NODE) {
@@ -207,5 +206,4 @@ fn a_learned_busy_class_is_kept_apart_and_the_choice_explained() {
     );
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("fastest"), "{err}");
-    let _ = std::fs::remove_dir_all(&scratch);
 }

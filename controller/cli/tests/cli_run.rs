@@ -2,7 +2,8 @@
 //! (registers one GPU, acks every allocation, reports one enforcement event) and a fake agent
 //! socket that hands out a cgroup this test made under the cgroup v2 root.
 //!
-//! Needs root and a cgroup v2 mount; without them the test says so and passes.
+//! The end-to-end test needs root and a cgroup v2 mount: it is `#[ignore = "needs root"]`
+//! (`cargo xtask test` runs it) and fails without them, saying so.
 
 mod common;
 
@@ -16,55 +17,10 @@ use std::{
 };
 
 use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_support::TestCgroup;
 use tokio_stream::StreamExt;
 
 const NODE: &str = "node-run";
-
-/// Where cgroup v2 is mounted (`/sys/fs/cgroup` on unified hosts, `/sys/fs/cgroup/unified` on
-/// hybrid ones).
-fn cgroup2_root() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        (right.split_whitespace().next() == Some("cgroup2"))
-            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
-            .flatten()
-    })
-}
-
-/// A cgroup made for the test, removed when dropped.
-struct TestCgroup {
-    dir: PathBuf,
-    /// Its path as /proc/<pid>/cgroup shows it.
-    relative: String,
-}
-
-impl TestCgroup {
-    fn make() -> Option<Self> {
-        let root = cgroup2_root()?;
-        let name = format!("gpuwarden-test-run-{}", std::process::id());
-        let dir = root.join(&name);
-        let _ = std::fs::remove_dir(&dir);
-        std::fs::create_dir(&dir).ok()?;
-        Some(Self {
-            dir,
-            relative: format!("/{name}"),
-        })
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        // The child is reaped before gpuwarden exits, but the kernel may lag a moment.
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        eprintln!("could not remove the test cgroup {}", self.dir.display());
-    }
-}
 
 /// Answers the agent socket's two requests; the first cgroup answer is "not bound yet".
 fn fake_agent_socket(path: &Path, cgroup_dir: PathBuf) {
@@ -191,18 +147,12 @@ fn gpuwarden(url: &str, args: &[&str]) -> std::process::Output {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
-    // Like every test that needs the kernel, this fails rather than skips without it.
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test makes a cgroup: it needs root (run `sudo cargo xtask test`)"
-    );
-    let cgroup = TestCgroup::make().expect("a writable cgroup v2 mount");
-    let scratch = std::env::temp_dir().join(format!("gpuwarden-run-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).expect("scratch dir");
+    gpuwarden_test_support::require_root();
+    let cgroup = TestCgroup::create(&format!("gpuwarden-test-run-{}", std::process::id()));
+    let scratch = gpuwarden_test_support::scratch("run");
+    let scratch = scratch.path();
     let socket = scratch.join("agent.sock");
     fake_agent_socket(&socket, cgroup.dir.clone());
 
@@ -248,11 +198,9 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
         "stdout: {stdout}\nstderr: {stderr}"
     );
     assert!(
-        stdout
-            .lines()
-            .any(|l| l == format!("0::{}", cgroup.relative)),
+        stdout.lines().any(|l| l == format!("0::{}", cgroup.path)),
         "the command ran outside {}: {stdout}",
-        cgroup.relative
+        cgroup.path
     );
 
     let allocates = seen.lock().expect("not poisoned").clone();
@@ -348,17 +296,14 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
     }
 
     rt.shutdown_background();
-    let _ = std::fs::remove_dir_all(&scratch);
     drop(cgroup);
 }
 
 #[test]
 fn run_with_an_agent_but_no_controller_exits_1_naming_the_controller() {
-    let scratch = std::env::temp_dir().join(format!("gpuwarden-run-noctl-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).expect("scratch dir");
-    let socket = scratch.join("agent.sock");
-    fake_agent_socket(&socket, scratch.clone());
+    let scratch = gpuwarden_test_support::scratch("noctl");
+    let socket = scratch.path().join("agent.sock");
+    fake_agent_socket(&socket, scratch.path().to_owned());
     let out = gpuwarden(
         "http://127.0.0.1:9",
         &[
@@ -377,5 +322,4 @@ fn run_with_an_agent_but_no_controller_exits_1_naming_the_controller() {
         stderr.contains("controller") && stderr.contains("http://127.0.0.1:9"),
         "{stderr}"
     );
-    let _ = std::fs::remove_dir_all(&scratch);
 }
