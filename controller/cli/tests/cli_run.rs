@@ -156,7 +156,7 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
     let socket = scratch.join("agent.sock");
     fake_agent_socket(&socket, cgroup.dir.clone());
 
-    let (rt, url) = common::start_controller(&scratch);
+    let (rt, url) = common::start_controller(scratch);
     let seen = Arc::new(Mutex::new(Vec::new()));
     rt.spawn(fake_agent(url.clone(), Arc::clone(&seen)));
     // Registered once the node is listed.
