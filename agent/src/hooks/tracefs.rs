@@ -146,6 +146,5 @@ format:
         assert_eq!(config.exit_pid, 24);
         // No fork format: the defaults stay.
         assert_eq!(config.fork_child_pid, Config::DEFAULT.fork_child_pid);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
