@@ -145,16 +145,25 @@ pub async fn serve_on(
     health_reporter
         .set_serving::<AgentServiceServer<AgentApi>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Both reflection versions: grpcurl and current clients ask `v1`, many others (Python's
+    // grpcio reflection, older grpcurl, Postman) still ask `v1alpha`.
+    let described = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = described()
         .build_v1()
+        .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = described()
+        .build_v1alpha()
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
     let background = tokio::spawn(Arc::clone(&controller).run_background());
     tracing::info!(%addr, "controller listening");
     let result = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(SchedulerServiceServer::new(SchedulerApi(Arc::clone(
             &controller,
         ))))

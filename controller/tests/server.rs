@@ -1,6 +1,10 @@
-//! The `gpuwarden-controller` binary as an operator starts it.
+//! The controller as operators and stock gRPC tools meet it: the binary's configuration
+//! errors, and server reflection in both versions clients ask for.
 
 use std::process::Command;
+
+use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
+use tokio_stream::StreamExt as _;
 
 #[test]
 fn a_bad_scoring_config_stops_the_controller_naming_the_key() {
@@ -29,5 +33,90 @@ fn a_bad_scoring_config_stops_the_controller_naming_the_key() {
             err.contains(words) && err.contains("controller.toml"),
             "{toml}: {err}"
         );
+    }
+}
+
+/// The services a reflection client of either version lists, over real gRPC on loopback.
+#[tokio::test]
+async fn reflection_answers_v1_and_v1alpha_clients() {
+    use tonic_reflection::pb::{v1, v1alpha};
+
+    let scratch = gpuwarden_test_support::scratch("reflect");
+    let controller = server::open(
+        &scratch.path().join("store"),
+        SchedulerConfig::default(),
+        Timing::default(),
+    )
+    .expect("opens");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let url = format!("http://{}", listener.local_addr().expect("bound"));
+    tokio::spawn(server::serve_on(
+        controller,
+        listener,
+        std::future::pending::<()>(),
+    ));
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connects");
+
+    let mut client = v1::server_reflection_client::ServerReflectionClient::new(channel.clone());
+    let request = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let mut answers = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .expect("v1 is served")
+        .into_inner();
+    let Some(Ok(v1::ServerReflectionResponse {
+        message_response:
+            Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)),
+        ..
+    })) = answers.next().await
+    else {
+        panic!("v1 did not list the services");
+    };
+    let v1_names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+
+    let mut client = v1alpha::server_reflection_client::ServerReflectionClient::new(channel);
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
+        ),
+    };
+    let mut answers = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .expect("v1alpha is served")
+        .into_inner();
+    let Some(Ok(v1alpha::ServerReflectionResponse {
+        message_response:
+            Some(v1alpha::server_reflection_response::MessageResponse::ListServicesResponse(list)),
+        ..
+    })) = answers.next().await
+    else {
+        panic!("v1alpha did not list the services");
+    };
+    let v1alpha_names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+
+    for names in [&v1_names, &v1alpha_names] {
+        for service in [
+            "gpuwarden.v1.SchedulerService",
+            "gpuwarden.v1.AgentService",
+            "grpc.health.v1.Health",
+        ] {
+            assert!(
+                names.iter().any(|n| n == service),
+                "{service} not in {names:?}"
+            );
+        }
     }
 }
