@@ -6,8 +6,9 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
+use gpuwarden_agent_api::{DEFAULT_SOCKET, Request, client};
+
 use crate::{
-    api::{self, DEFAULT_SOCKET, Request, Response},
     config::{AgentConfig, Overrides},
     daemon,
     hooks::pins,
@@ -163,7 +164,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             daemon::run(config).await?;
         }
         Command::Snapshot { json, socket } => {
-            let snapshot = api::snapshot(&socket).await?;
+            let snapshot = client::snapshot(&socket).await?;
             if json {
                 println!(
                     "{}",
@@ -182,7 +183,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Top { socket, interval } => {
             let period = Duration::from_secs_f64(interval.max(0.1));
             loop {
-                let snapshot = api::snapshot(&socket).await?;
+                let snapshot = client::snapshot(&socket).await?;
                 // Clear the screen and home the cursor, then draw.
                 print!("\x1b[2J\x1b[H{}", top::render(&snapshot));
                 tokio::select! {
@@ -196,11 +197,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn signal(socket: &std::path::Path, request: Request) -> anyhow::Result<()> {
-    match api::ask(socket, &request).await? {
-        Response::Signalled { pid, session_id } => {
-            println!("signalled process {pid} (session {session_id})");
-            Ok(())
-        }
-        other => anyhow::bail!("unexpected answer {other:?}"),
-    }
+    let done = client::signal(socket, &request).await?;
+    println!(
+        "signalled process {} (session {})",
+        done.pid, done.session_id
+    );
+    Ok(())
 }

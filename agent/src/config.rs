@@ -5,12 +5,10 @@ use std::{
     time::Duration,
 };
 
+use gpuwarden_agent_api::DEFAULT_SOCKET;
 use serde::Deserialize;
 
-use crate::{
-    api::DEFAULT_SOCKET,
-    gpu_nodes::{GpuNodeError, GpuNodeGlobs},
-};
+use crate::gpu_nodes::{GpuNodeError, GpuNodeGlobs};
 
 /// Default state directory (lock file; later the store).
 pub const DEFAULT_STATE_DIR: &str = "/run/gpuwarden";

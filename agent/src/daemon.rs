@@ -16,8 +16,11 @@ use tokio::{
     net::{UnixListener, UnixStream},
 };
 
+use gpuwarden_agent_api::{
+    self as api, NodeName, Request, Response, SessionCgroup, Signalled, snapshot::Snapshot,
+};
+
 use crate::{
-    api::{self, Request, Response},
     attribution::{AttributionError, Attributor},
     config::AgentConfig,
     controller_link::{self, LinkChannels, LinkConfig, QuotaCommand},
@@ -29,7 +32,6 @@ use crate::{
     kubelet::PodNames,
     lock::{InstanceLock, LockError},
     quota::QuotaSpec,
-    snapshot::Snapshot,
     telemetry, throttle,
     usage_report::{self, Reporter, UsageCounters},
 };
@@ -632,7 +634,7 @@ fn spawn_kernel_log(logger: KernelLogger) {
 /// Resumes or kills a process of a bound workload, by request.
 fn signal(state: &Shared, pid: u32, resume: bool) -> Response {
     match lock(state).enforcer.signal(pid, resume) {
-        Ok(session_id) => Response::Signalled { pid, session_id },
+        Ok(session_id) => Response::Signalled(Signalled { pid, session_id }),
         Err(e) => Response::Error(e.to_string()),
     }
 }
@@ -643,16 +645,16 @@ async fn serve_client(stream: UnixStream, state: Shared, extras: Arc<Extras>) {
     while let Ok(Some(line)) = lines.next_line().await {
         let response = match api::parse_request(&line) {
             Ok(Request::Snapshot) => Response::Snapshot(Box::new(snapshot(&state, &extras))),
-            Ok(Request::Node) => Response::Node {
+            Ok(Request::Node) => Response::Node(NodeName {
                 name: extras.node.clone(),
-            },
+            }),
             Ok(Request::SessionCgroup { session_id }) => {
                 match lock(&state).enforcer.session_cgroup(&session_id) {
-                    Ok((cgroup_dir, bound)) => Response::SessionCgroup {
+                    Ok((cgroup_dir, bound)) => Response::SessionCgroup(SessionCgroup {
                         session_id,
                         cgroup_dir,
                         bound,
-                    },
+                    }),
                     Err(e) => Response::Error(e.to_string()),
                 }
             }

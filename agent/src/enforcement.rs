@@ -76,45 +76,21 @@ impl Binding {
     }
 }
 
-/// A recorded enforcement action.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    /// The session.
-    pub session_id: String,
-    /// What was done (`kill`, `stop`, `report`, `deny`, `device_denied`, `bound`, …).
-    pub action: String,
-    /// Why.
-    pub reason: String,
-    /// The cgroup path acted on.
-    pub cgroup_path: String,
-    /// The process, when one.
-    pub pid: u32,
-    /// The GPU, when one.
-    pub device: Option<u32>,
-    /// Bytes the allocation asked for.
-    pub requested_bytes: u64,
-    /// Bytes the quota held.
-    pub used_bytes: u64,
-    /// The limit.
-    pub limit_bytes: u64,
-    /// Milliseconds since the epoch.
-    pub at_ms: i64,
-}
+pub use gpuwarden_agent_api::snapshot::Record;
 
-impl Record {
-    fn to_pb(&self) -> pb::EnforcementEvent {
-        pb::EnforcementEvent {
-            session_id: self.session_id.clone(),
-            action: self.action.clone(),
-            reason: self.reason.clone(),
-            container: self.cgroup_path.clone(),
-            pid: self.pid,
-            device: self.device.unwrap_or_default(),
-            requested_bytes: self.requested_bytes,
-            used_bytes: self.used_bytes,
-            limit_bytes: self.limit_bytes,
-            at_ms: self.at_ms,
-        }
+/// A record as the controller's session sees it.
+fn record_to_pb(record: &Record) -> pb::EnforcementEvent {
+    pb::EnforcementEvent {
+        session_id: record.session_id.clone(),
+        action: record.action.clone(),
+        reason: record.reason.clone(),
+        container: record.cgroup_path.clone(),
+        pid: record.pid,
+        device: record.device.unwrap_or_default(),
+        requested_bytes: record.requested_bytes,
+        used_bytes: record.used_bytes,
+        limit_bytes: record.limit_bytes,
+        at_ms: record.at_ms,
     }
 }
 
@@ -717,7 +693,7 @@ impl Enforcer {
             at_ms: gpuwarden_types::now_ms(),
         };
         tracing::info!(session, action, pid, "{}", record.reason);
-        if self.upward.try_send(record.to_pb()).is_err() {
+        if self.upward.try_send(record_to_pb(&record)).is_err() {
             self.dropped_upward += 1;
         }
         if self.history.len() == HISTORY {

@@ -24,7 +24,7 @@
 //! ```
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{HashMap, HashSet},
     io,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, PoisonError},
@@ -40,7 +40,7 @@ use rustls::{
     crypto::CryptoProvider,
 };
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime, pem::PemObject};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// The service account token a pod gets mounted.
@@ -278,20 +278,7 @@ pub fn default_url(node_ip: &str) -> String {
     }
 }
 
-/// What the pod-name source has done, for the snapshot and the metrics.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KubeletStatus {
-    /// The URL asked.
-    pub url: String,
-    /// `ok`, `pending` (no answer yet) or the last error's label.
-    pub state: String,
-    /// The last error's message, while in error.
-    pub error: Option<String>,
-    /// Pods in the last list.
-    pub pods: u64,
-    /// Requests by result (`ok` or an error label).
-    pub requests: BTreeMap<String, u64>,
-}
+pub use gpuwarden_agent_api::snapshot::KubeletStatus;
 
 #[derive(Default)]
 struct Cache {
@@ -367,7 +354,7 @@ impl PodNames {
 
     /// Fills the pod name and namespace of every container of `snapshot` whose pod is known,
     /// and its `kubelet` status.
-    pub fn annotate(&self, snapshot: &mut crate::snapshot::Snapshot) {
+    pub fn annotate(&self, snapshot: &mut gpuwarden_agent_api::snapshot::Snapshot) {
         if self.inner.is_none() {
             return;
         }

@@ -10,7 +10,8 @@
 //!
 //! - [`hooks`]: loading the programs, probing and attaching the cheapest hooks the kernel allows;
 //! - [`gpu_nodes`]: which paths are GPU device nodes;
-//! - [`telemetry`]: reading the maps into a [`snapshot::Snapshot`], and their housekeeping;
+//! - [`telemetry`]: reading the maps into a snapshot (`gpuwarden_agent_api::snapshot`), and
+//!   their housekeeping;
 //! - [`attribution`]: cgroup id → container, pod, systemd unit or host; [`kubelet`]: pod UID →
 //!   name and namespace, from the node's kubelet;
 //! - [`quota`]: what an allocation asks the node to enforce, validated;
@@ -20,11 +21,11 @@
 //! - [`controller_link`] and [`holdings`]: allocations from the controller, kept in sled;
 //! - [`usage_report`]: what each session used, reported to the controller for its profiles;
 //! - [`metrics`]: the snapshot as OTLP metrics, pushed to a collector;
-//! - [`api`]: the local socket (`snapshot`), used by `gpuwarden-agent snapshot` and `top`;
+//! - the local socket's protocol and the snapshot document are the `gpuwarden-agent-api`
+//!   crate, shared with every client;
 //! - [`daemon`]: `gpuwarden-agent run`, tying them together; [`cli`]: its command line.
 #![deny(missing_docs)]
 
-pub mod api;
 pub mod attribution;
 pub mod binding;
 pub mod cli;
@@ -40,7 +41,6 @@ pub mod kubelet;
 pub mod lock;
 pub mod metrics;
 pub mod quota;
-pub mod snapshot;
 pub mod telemetry;
 pub mod throttle;
 pub mod top;

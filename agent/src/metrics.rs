@@ -24,7 +24,9 @@ use std::{
 use gpuwarden_runtime::otlp::{Pipeline, PipelineError};
 use opentelemetry::{KeyValue, metrics::Meter};
 
-use crate::{devices::GpuDevice, snapshot::Snapshot};
+use gpuwarden_agent_api::snapshot::Snapshot;
+
+use crate::devices::GpuDevice;
 
 /// One instrument the agent exports: (name, unit, attributes, meaning).
 pub type Instrument = (&'static str, &'static str, &'static str, &'static str);
@@ -177,7 +179,7 @@ pub fn start(
 }
 
 /// The attributes of a container: its id, pod and cgroup (bounded by the containers alive).
-fn container_attributes(c: &crate::snapshot::Container) -> Vec<KeyValue> {
+fn container_attributes(c: &gpuwarden_agent_api::snapshot::Container) -> Vec<KeyValue> {
     let mut attrs = vec![KeyValue::new(
         "gpuwarden.cgroup.path",
         c.cgroup_path.clone(),
@@ -409,7 +411,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
             })
             .build();
     }
-    type Pick = fn(&crate::snapshot::EnforcementView) -> u64;
+    type Pick = fn(&gpuwarden_agent_api::snapshot::EnforcementView) -> u64;
     let enforcement: [(&'static str, &'static str, &'static str, Pick); 2] = [
         (
             "gpuwarden.container.enforcement.actions",

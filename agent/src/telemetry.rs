@@ -18,15 +18,16 @@ use gpuwarden_agent_common::{
     nvidia::{esc, uvm},
 };
 
+use gpuwarden_agent_api::snapshot::{
+    BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, GpuView, QuotaView,
+    Snapshot, Stats,
+};
+
 use crate::{
     attribution::{Attributor, Workload},
     enforcement::{Binding, Enforcer},
     gpu_nodes::device_name,
     hooks::{Sensor, SensorMaps},
-    snapshot::{
-        BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, GpuView, QuotaView,
-        Snapshot, Stats,
-    },
 };
 
 /// The name an ioctl counter is reported under.

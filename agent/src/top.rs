@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::snapshot::Snapshot;
+use gpuwarden_agent_api::snapshot::Snapshot;
 
 /// Renders bytes with a binary unit.
 #[must_use]
@@ -187,7 +187,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::snapshot::{
+    use gpuwarden_agent_api::snapshot::{
         BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, QuotaView, Stats,
     };
 

@@ -14,8 +14,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpuwarden_agent::{
-    api::{self, Request, Response},
+use gpuwarden_agent_api::{
+    Request, Response, Signalled, client,
     snapshot::{Container, Snapshot},
 };
 use gpuwarden_controller::scheduler::SchedulerConfig;
@@ -270,17 +270,17 @@ fn the_stop_policy_stops_and_a_request_resumes() {
 
     let answer = rig
         .rt
-        .block_on(api::ask(
+        .block_on(client::ask(
             &rig.agent().socket,
             &Request::Resume { pid: a.pid },
         ))
         .unwrap();
     assert_eq!(
         answer,
-        Response::Signalled {
+        Response::Signalled(Signalled {
             pid: a.pid,
             session_id: session.id.clone()
-        }
+        })
     );
     // Stop does not refuse: once resumed, the driver's answer arrives.
     let second = gpuwarden_tests::gpu_client::reply_value(&a.reply(), "handle").unwrap();
@@ -295,7 +295,7 @@ fn the_stop_policy_stops_and_a_request_resumes() {
     // Only processes of bound workloads can be signalled through the agent.
     let err = rig
         .rt
-        .block_on(api::ask(&rig.agent().socket, &Request::Kill { pid: 1 }))
+        .block_on(client::ask(&rig.agent().socket, &Request::Kill { pid: 1 }))
         .unwrap_err();
     assert!(
         err.to_string().contains("not in a workload with a quota"),
@@ -418,7 +418,7 @@ fn enforcement_outlives_a_killed_agent() {
     let pins = pin_dir(state);
     let spawn_agent = |rig: &Rig| agent_process(rig, state);
     let socket = state.join("agent.sock");
-    let snapshot = |rig: &Rig| rig.rt.block_on(api::snapshot(&socket));
+    let snapshot = |rig: &Rig| rig.rt.block_on(client::snapshot(&socket));
     let mut agent = spawn_agent(&rig);
     rig.wait_for("the agent to answer", |r| snapshot(r).is_ok());
 
@@ -529,7 +529,7 @@ fn a_restarted_agent_removes_enforcement_it_no_longer_holds() {
     let state = scratch.path();
     let pins = pin_dir(state);
     let socket = state.join("agent.sock");
-    let snapshot = |rig: &Rig| rig.rt.block_on(api::snapshot(&socket));
+    let snapshot = |rig: &Rig| rig.rt.block_on(client::snapshot(&socket));
     let device_links = || std::fs::read_dir(pins.join("devices")).map_or(0, Iterator::count);
     let mut agent = agent_process(&rig, state);
     rig.wait_for("the agent to answer", |r| snapshot(r).is_ok());
@@ -560,7 +560,7 @@ fn a_restarted_agent_removes_enforcement_it_no_longer_holds() {
 }
 
 /// The pid of the one kill event.
-fn a_pid(events: &[gpuwarden_agent::enforcement::Record]) -> u32 {
+fn a_pid(events: &[gpuwarden_agent_api::snapshot::Record]) -> u32 {
     events
         .iter()
         .find(|e| e.action == "kill")

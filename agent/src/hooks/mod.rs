@@ -201,16 +201,7 @@ pub fn choose_memory_tier(lsm: Result<(), String>) -> (MemoryTier, String) {
 /// Forwards the programs' aya-log records to the `log` facade (bridged to `tracing`).
 pub type KernelLogger = aya_log::EbpfLogger<&'static dyn log::Log>;
 
-/// A hook as reported in snapshots and logs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hook {
-    /// Program name.
-    pub program: String,
-    /// Program type (`tracepoint`, …).
-    pub kind: String,
-    /// What it attaches to.
-    pub target: String,
-}
+pub use gpuwarden_agent_api::snapshot::Hook;
 
 /// The typed maps the agent reads and writes.
 pub struct SensorMaps {

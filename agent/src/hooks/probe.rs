@@ -10,40 +10,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-/// A hook tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Tier {
-    /// fentry on the NVIDIA driver's ioctl handler.
-    DriverFentry,
-    /// kprobe on the NVIDIA driver's ioctl handler.
-    DriverKprobe,
-    /// `syscalls/sys_{enter,exit}_ioctl` tracepoints filtered by the GPU fd table.
-    SyscallTracepoint,
-}
-
-impl Tier {
-    /// Stable name for logs and snapshots.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::DriverFentry => "driver_fentry",
-            Self::DriverKprobe => "driver_kprobe",
-            Self::SyscallTracepoint => "syscall_tracepoint",
-        }
-    }
-}
-
-/// One candidate tier and what the probe found.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Candidate {
-    /// The tier.
-    pub tier: Tier,
-    /// Whether the kernel offers it.
-    pub available: bool,
-    /// Why it was or wasn't used.
-    pub reason: String,
-}
+pub use gpuwarden_agent_api::snapshot::{Candidate, Tier};
 
 /// The probe's result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,7 +8,6 @@
 //! exits 2 with a message naming the bad part; a server or agent error exits 1 with the reason.
 //! [`main`] is the whole binary, so test binaries can wrap the same CLI.
 
-pub mod agent_socket;
 pub mod json;
 pub mod render;
 pub mod run;
@@ -218,7 +217,7 @@ pub enum CliError {
     },
     /// The node agent can't be reached or refused (exit 1).
     #[error(transparent)]
-    Agent(#[from] agent_socket::AgentError),
+    Agent(#[from] gpuwarden_agent_api::ClientError),
     /// `gpuwarden run` could not get its session running (exit 1).
     #[error("{0}")]
     Run(String),

@@ -16,7 +16,9 @@ use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerService
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tonic::transport::Channel;
 
-use super::{CliError, PolicyArgs, agent_socket, connect};
+use gpuwarden_agent_api::{ClientError, client};
+
+use super::{CliError, PolicyArgs, connect};
 use gpuwarden_controller::{api::convert, session::Target, slots::ResourceSlot};
 
 /// How often the session and its cgroup are polled while starting.
@@ -36,7 +38,7 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "GPUWARDEN_AGENT_SOCKET",
-        default_value = agent_socket::DEFAULT_SOCKET
+        default_value = gpuwarden_agent_api::DEFAULT_SOCKET
     )]
     agent_socket: PathBuf,
     /// Owner (user or project).
@@ -91,7 +93,7 @@ pub async fn run(controller: &str, args: RunArgs) -> Result<ExitCode, CliError> 
     };
     // Signals that would kill us mid-way are caught from here on, so the session always ends.
     let (mut sigint, mut sigterm) = signals()?;
-    let node = agent_socket::node(&args.agent_socket).await?;
+    let node = client::node(&args.agent_socket).await?;
     let mut client = connect(controller).await?;
     let session = client
         .create_session(pb::CreateSessionRequest {
@@ -224,7 +226,7 @@ async fn wait_cgroup(socket: &Path, id: &str) -> Result<PathBuf, CliError> {
     let deadline = Instant::now() + CGROUP_WAIT;
     loop {
         // The agent may answer "unknown session" in the moment between its ack and its books.
-        let last = match agent_socket::session_cgroup(socket, id).await {
+        let last = match client::session_cgroup(socket, id).await {
             Ok(c) if c.bound => {
                 if !c.cgroup_dir.is_absolute() {
                     return Err(CliError::Run(format!(
@@ -236,7 +238,7 @@ async fn wait_cgroup(socket: &Path, id: &str) -> Result<PathBuf, CliError> {
                 return Ok(c.cgroup_dir);
             }
             Ok(_) => "it is not bound yet".to_owned(),
-            Err(agent_socket::AgentError::Refused { message, .. }) => message,
+            Err(ClientError::Refused { message, .. }) => message,
             Err(e) => return Err(e.into()),
         };
         if Instant::now() >= deadline {

@@ -12,9 +12,11 @@ use std::{
 };
 
 use gpuwarden_agent::{
-    api,
     config::{AgentConfig, Overrides},
     daemon,
+};
+use gpuwarden_agent_api::{
+    self as api,
     snapshot::{Container, DeviceUsage, Snapshot},
 };
 use gpuwarden_test_support::{TWO_MOCK_GPUS, TestCgroup, scratch};
@@ -169,7 +171,7 @@ impl TestAgent {
     }
 
     pub fn try_snapshot(&self) -> Result<Snapshot, api::ClientError> {
-        self.runtime.block_on(api::snapshot(&self.socket))
+        self.runtime.block_on(api::client::snapshot(&self.socket))
     }
 
     pub fn snapshot(&self) -> Snapshot {

@@ -1,12 +1,12 @@
-//! The snapshot document: what `gpuwarden-agent snapshot --json` prints.
+//! The snapshot document: what `gpuwarden-agent snapshot --json` prints and the socket's
+//! `snapshot` request answers, with the plain data it embeds (hooks, hook tiers, enforcement
+//! records, the kubelet source's status).
 //!
 //! Key names are part of the interface; add keys, never rename them.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-
-use crate::hooks::{Hook, probe::Candidate};
 
 /// Everything the agent knows about GPU use on its node at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,7 +37,7 @@ pub struct Snapshot {
     pub gpus: Vec<GpuView>,
     /// The kubelet pod-name source, where one is configured.
     #[serde(default)]
-    pub kubelet: Option<crate::kubelet::KubeletStatus>,
+    pub kubelet: Option<KubeletStatus>,
 }
 
 /// One GPU's utilization.
@@ -152,7 +152,7 @@ pub struct Container {
     pub enforcement: Option<EnforcementView>,
     /// Recent enforcement actions on it, oldest first.
     #[serde(default)]
-    pub events: Vec<crate::enforcement::Record>,
+    pub events: Vec<Record>,
 }
 
 /// One device's counters for a container.
@@ -195,4 +195,90 @@ pub struct Stats {
     /// Usage reports dropped because the controller stream's buffer was full.
     #[serde(default)]
     pub usage_reports_dropped: u64,
+}
+
+/// A hook as reported in snapshots and logs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hook {
+    /// Program name.
+    pub program: String,
+    /// Program type (`tracepoint`, …).
+    pub kind: String,
+    /// What it attaches to.
+    pub target: String,
+}
+
+/// A hook tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// fentry on the NVIDIA driver's ioctl handler.
+    DriverFentry,
+    /// kprobe on the NVIDIA driver's ioctl handler.
+    DriverKprobe,
+    /// `syscalls/sys_{enter,exit}_ioctl` tracepoints filtered by the GPU fd table.
+    SyscallTracepoint,
+}
+
+impl Tier {
+    /// Stable name for logs and snapshots.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::DriverFentry => "driver_fentry",
+            Self::DriverKprobe => "driver_kprobe",
+            Self::SyscallTracepoint => "syscall_tracepoint",
+        }
+    }
+}
+
+/// One candidate tier and what the probe found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// The tier.
+    pub tier: Tier,
+    /// Whether the kernel offers it.
+    pub available: bool,
+    /// Why it was or wasn't used.
+    pub reason: String,
+}
+
+/// What the pod-name source has done, for the snapshot and the metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubeletStatus {
+    /// The URL asked.
+    pub url: String,
+    /// `ok`, `pending` (no answer yet) or the last error's label.
+    pub state: String,
+    /// The last error's message, while in error.
+    pub error: Option<String>,
+    /// Pods in the last list.
+    pub pods: u64,
+    /// Requests by result (`ok` or an error label).
+    pub requests: BTreeMap<String, u64>,
+}
+
+/// A recorded enforcement action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The session.
+    pub session_id: String,
+    /// What was done (`kill`, `stop`, `report`, `deny`, `device_denied`, `bound`, …).
+    pub action: String,
+    /// Why.
+    pub reason: String,
+    /// The cgroup path acted on.
+    pub cgroup_path: String,
+    /// The process, when one.
+    pub pid: u32,
+    /// The GPU, when one.
+    pub device: Option<u32>,
+    /// Bytes the allocation asked for.
+    pub requested_bytes: u64,
+    /// Bytes the quota held.
+    pub used_bytes: u64,
+    /// The limit.
+    pub limit_bytes: u64,
+    /// Milliseconds since the epoch.
+    pub at_ms: i64,
 }

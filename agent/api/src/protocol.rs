@@ -1,0 +1,103 @@
+//! The request and response lines.
+//!
+//! - `{"request":"snapshot"}` → `{"snapshot":{…}}`;
+//! - `{"request":"node"}` → `{"node":{"name":"<node name>"}}`;
+//! - `{"request":"session_cgroup","session_id":"<id>"}` →
+//!   `{"session_cgroup":{"session_id":"<id>","cgroup_dir":"<absolute path>","bound":true}}`
+//!   (`bound` is false until the agent has made the cgroup and bound the quota to it);
+//! - `{"request":"resume","pid":N}` and `{"request":"kill","pid":N}` →
+//!   `{"signalled":{"pid":N,"session_id":"<id>"}}`;
+//! - any failure → `{"error":"<message>"}`.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::snapshot::Snapshot;
+
+/// Default socket path.
+pub const DEFAULT_SOCKET: &str = "/run/gpuwarden/agent.sock";
+
+/// A request line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "snake_case")]
+pub enum Request {
+    /// The current snapshot.
+    Snapshot,
+    /// The node's name (`gpuwarden run` pins its session there).
+    Node,
+    /// The cgroup a session's quota is bound at (`gpuwarden run` moves its command there).
+    SessionCgroup {
+        /// The session.
+        session_id: String,
+    },
+    /// Resume a process stopped by the `stop` policy (SIGCONT).
+    Resume {
+        /// The process.
+        pid: u32,
+    },
+    /// Kill a process of a bound workload (SIGKILL).
+    Kill {
+        /// The process.
+        pid: u32,
+    },
+}
+
+/// A response line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Response {
+    /// Answers [`Request::Snapshot`].
+    Snapshot(Box<Snapshot>),
+    /// Answers [`Request::Node`].
+    Node(NodeName),
+    /// Answers [`Request::SessionCgroup`].
+    SessionCgroup(SessionCgroup),
+    /// Answers [`Request::Resume`] and [`Request::Kill`].
+    Signalled(Signalled),
+    /// The request failed.
+    Error(String),
+}
+
+/// The agent's node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeName {
+    /// The node id it registered with the controller.
+    pub name: String,
+}
+
+/// A session's cgroup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionCgroup {
+    /// The session.
+    pub session_id: String,
+    /// Absolute path of the cgroup v2 directory.
+    pub cgroup_dir: PathBuf,
+    /// Whether the agent has made it and bound the quota to it.
+    pub bound: bool,
+}
+
+/// A signal the agent sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Signalled {
+    /// The process.
+    pub pid: u32,
+    /// The session it belongs to.
+    pub session_id: String,
+}
+
+/// Parses one request line; a bad line gets the error response naming the problem.
+///
+/// # Errors
+/// The response to send back.
+pub fn parse_request(line: &str) -> Result<Request, Response> {
+    serde_json::from_str(line.trim()).map_err(|e| {
+        Response::Error(format!(
+            "malformed request {:?}: {e}; expected e.g. {{\"request\":\"snapshot\"}}",
+            line.trim()
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests;
