@@ -3,23 +3,7 @@
 use std::fmt::Write as _;
 
 use gpuwarden_agent_api::snapshot::Snapshot;
-
-/// Renders bytes with a binary unit.
-#[must_use]
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
+use gpuwarden_types::units::human_bytes;
 
 /// The snapshot as a table: one row per container and device.
 #[must_use]
@@ -190,13 +174,6 @@ mod tests {
     use gpuwarden_agent_api::snapshot::{
         BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, QuotaView, Stats,
     };
-
-    #[test]
-    fn formats_bytes() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(2 << 20), "2.0 MiB");
-        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
-    }
 
     #[test]
     fn a_pod_shows_by_name_where_the_kubelet_named_it() {

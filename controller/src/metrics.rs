@@ -79,21 +79,9 @@ fn slot_totals(s: &Scheduler) -> (BTreeMap<String, f64>, BTreeMap<String, f64>) 
         for (name, value) in node.capacity().iter() {
             *capacity.entry(name.to_string()).or_default() += value.as_f64();
         }
-        for (name, value) in node.allocated.iter() {
+        for (name, value) in node.holding().iter() {
             *allocated.entry(name.to_string()).or_default() += value.as_f64();
         }
-        let devices = node.allocator.devices();
-        let shares: f64 = devices.iter().map(|d| d.allocated.as_f64()).sum();
-        #[allow(clippy::cast_precision_loss)]
-        let memory: f64 = devices.iter().map(|d| d.allocated_memory as f64).sum();
-        #[allow(clippy::cast_precision_loss)]
-        let whole = devices
-            .iter()
-            .filter(|d| d.exclusive_owner.is_some())
-            .count() as f64;
-        *allocated.entry("cuda.shares".to_owned()).or_default() += shares;
-        *allocated.entry("cuda.mem".to_owned()).or_default() += memory;
-        *allocated.entry("cuda.device".to_owned()).or_default() += whole;
     }
     (capacity, allocated)
 }

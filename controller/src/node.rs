@@ -100,6 +100,14 @@ impl Node {
             .unwrap_or_else(|| self.report.capacity.clone())
     }
 
+    /// Everything its sessions hold: the non-GPU slots and the GPU slots of its devices.
+    #[must_use]
+    pub fn holding(&self) -> ResourceSlot {
+        self.allocated
+            .checked_add(&self.allocator.allocated())
+            .unwrap_or_else(|| self.allocated.clone())
+    }
+
     /// Whether it has GPUs (kept for GPU work when a request asks for none).
     #[must_use]
     pub fn has_accelerators(&self) -> bool {
@@ -116,7 +124,7 @@ impl Node {
     pub fn non_gpu(request: &ResourceSlot) -> ResourceSlot {
         request
             .iter()
-            .filter(|(k, _)| !k.as_str().starts_with("cuda."))
+            .filter(|(k, _)| !k.as_str().starts_with(names::CUDA_PREFIX))
             .map(|(k, v)| (k.clone(), v))
             .collect()
     }

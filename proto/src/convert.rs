@@ -70,6 +70,16 @@ pub fn node_state_to_pb(state: NodeState) -> pb::NodeState {
     }
 }
 
+/// A message node state, if it names one.
+#[must_use]
+pub fn node_state_from_pb(state: i32) -> Option<NodeState> {
+    match pb::NodeState::try_from(state).ok()? {
+        pb::NodeState::Ready => Some(NodeState::Ready),
+        pb::NodeState::Lost => Some(NodeState::Lost),
+        pb::NodeState::Unspecified => None,
+    }
+}
+
 /// A `Target` message to a target; an absent message or `managed: false` is
 /// [`Target::None`]. Its form is checked apart ([`Target::validate`]), where the pinned node is
 /// known.
@@ -159,6 +169,13 @@ mod tests {
             assert_eq!(state_from_pb(state_to_pb(state).into()), Some(state));
         }
         assert_eq!(state_from_pb(0), None);
+        for state in [NodeState::Ready, NodeState::Lost] {
+            assert_eq!(
+                node_state_from_pb(node_state_to_pb(state).into()),
+                Some(state)
+            );
+        }
+        assert_eq!(node_state_from_pb(0), None);
         assert_eq!(state_from_pb(99), None);
         for kind in [SlotKind::Count, SlotKind::Bytes, SlotKind::Unique] {
             assert_eq!(kind_from_pb(kind_to_pb(kind).into()), Some(kind));

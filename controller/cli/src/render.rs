@@ -2,42 +2,29 @@
 
 use std::fmt::Write as _;
 
-use gpuwarden_proto::v1 as pb;
+use gpuwarden_proto::{convert, v1 as pb};
+use gpuwarden_types::{
+    slot::{SlotKind, names},
+    state::{NodeState, SessionState},
+    units::{fit, human_bytes},
+};
 
-/// A session state's name.
+/// A session state's name (`unknown` for a number this build doesn't know).
 #[must_use]
 pub fn state(s: i32) -> &'static str {
-    match pb::SessionState::try_from(s).unwrap_or(pb::SessionState::Unspecified) {
-        pb::SessionState::Pending => "pending",
-        pb::SessionState::Scheduled => "scheduled",
-        pb::SessionState::Running => "running",
-        pb::SessionState::Terminating => "terminating",
-        pb::SessionState::Terminated => "terminated",
-        pb::SessionState::Failed => "failed",
-        pb::SessionState::Lost => "lost",
-        pb::SessionState::Unspecified => "unknown",
-    }
+    convert::state_from_pb(s).map_or("unknown", SessionState::as_str)
 }
 
-/// A node state's name.
+/// A node state's name (`unknown` for a number this build doesn't know).
 #[must_use]
 pub fn node_state(s: i32) -> &'static str {
-    match pb::NodeState::try_from(s).unwrap_or(pb::NodeState::Unspecified) {
-        pb::NodeState::Ready => "ready",
-        pb::NodeState::Lost => "lost",
-        pb::NodeState::Unspecified => "unknown",
-    }
+    convert::node_state_from_pb(s).map_or("unknown", NodeState::as_str)
 }
 
-/// A slot kind's name.
+/// A slot kind's name (`unknown` for a number this build doesn't know).
 #[must_use]
 pub fn kind(k: i32) -> &'static str {
-    match pb::SlotKind::try_from(k).unwrap_or(pb::SlotKind::Unspecified) {
-        pb::SlotKind::Count => "count",
-        pb::SlotKind::Bytes => "bytes",
-        pb::SlotKind::Unique => "unique",
-        pb::SlotKind::Unspecified => "unknown",
-    }
+    convert::kind_from_pb(k).map_or("unknown", SlotKind::as_str)
 }
 
 fn slots(s: Option<&pb::ResourceSlot>) -> String {
@@ -55,15 +42,17 @@ pub fn sessions(list: &[pb::Session]) -> String {
         "{:<18} {:<12} {:<10} {:<11} {:<14} {}\n",
         "ID", "NAME", "OWNER", "STATE", "NODE", "REQUESTED"
     );
+    // Long names, owners and nodes are cut to their column (`session show` and `--json` have
+    // them whole), so every row keeps the header's columns.
     for s in list {
         let _ = writeln!(
             out,
             "{:<18} {:<12} {:<10} {:<11} {:<14} {}",
-            s.id,
-            s.name,
-            s.owner,
+            fit(&s.id, 18),
+            fit(&s.name, 12),
+            fit(&s.owner, 10),
             state(s.state),
-            s.node_id,
+            fit(&s.node_id, 14),
             slots(s.requested.as_ref())
         );
     }
@@ -243,26 +232,110 @@ pub fn target(t: Option<&pb::Target>) -> String {
     }
 }
 
-/// Nodes as a table.
+/// Nodes as a table: GPU shares and GPU memory as allocated/capacity, then the other slots
+/// the same way, bytes in binary units.
 #[must_use]
 pub fn nodes(list: &[pb::Node]) -> String {
     let mut out = format!(
-        "{:<16} {:<7} {:>4} {:<40} {}\n",
-        "NODE", "STATE", "GPUS", "CAPACITY", "ALLOCATED"
+        "{:<16} {:<7} {:>4} {:<11} {:<21} {}
+",
+        "NODE", "STATE", "GPUS", "SHARES", "GPU MEMORY", "OTHER (ALLOCATED/CAPACITY)"
     );
     for n in list {
         let info = n.info.clone().unwrap_or_default();
+        let usage = Usage::of(n);
+        let others: Vec<String> = usage
+            .names()
+            .filter(|name| !name.starts_with(names::CUDA_PREFIX))
+            .map(|name| format!("{name} {}", usage.pair(name)))
+            .collect();
         let _ = writeln!(
             out,
-            "{:<16} {:<7} {:>4} {:<40} {}",
-            info.node_id,
+            "{:<16} {:<7} {:>4} {:<11} {:<21} {}",
+            fit(&info.node_id, 16),
             node_state(n.state),
             info.devices.len(),
-            slots(info.capacity.as_ref()),
-            slots(n.allocated.as_ref())
+            usage.pair(names::CUDA_SHARES),
+            usage.pair(names::CUDA_MEM),
+            others.join(", ")
         );
     }
     out
+}
+
+/// A node's slots, allocated and capacity, read with the kinds its agent declared.
+struct Usage<'a> {
+    allocated: Option<&'a pb::ResourceSlot>,
+    capacity: Option<&'a pb::ResourceSlot>,
+    kinds: &'a [pb::SlotType],
+}
+
+impl<'a> Usage<'a> {
+    fn of(n: &'a pb::Node) -> Self {
+        let info = n.info.as_ref();
+        Self {
+            allocated: n.allocated.as_ref(),
+            // Controllers before the `capacity` field sent the agent's report only.
+            capacity: n
+                .capacity
+                .as_ref()
+                .or_else(|| info.and_then(|i| i.capacity.as_ref())),
+            kinds: info.map_or(&[], |i| i.slot_types.as_slice()),
+        }
+    }
+
+    /// Every slot named in either, sorted.
+    fn names(&self) -> impl Iterator<Item = &'a str> {
+        let mut all: Vec<&str> = [self.allocated, self.capacity]
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s.values.keys().map(String::as_str))
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all.into_iter()
+    }
+
+    /// `allocated/capacity` of `slot`, bytes in binary units (`-` where the node has none).
+    fn pair(&self, slot: &str) -> String {
+        let get = |s: Option<&pb::ResourceSlot>| s.and_then(|s| s.values.get(slot)).cloned();
+        let (allocated, capacity) = (get(self.allocated), get(self.capacity));
+        if capacity.is_none() && allocated.is_none() {
+            return "-".to_owned();
+        }
+        let allocated = allocated.unwrap_or_else(|| "0".to_owned());
+        let capacity = capacity.unwrap_or_else(|| "0".to_owned());
+        if self.is_bytes(slot) {
+            format!("{}/{}", self.bytes(&allocated), self.bytes(&capacity))
+        } else {
+            format!("{allocated}/{capacity}")
+        }
+    }
+
+    fn is_bytes(&self, slot: &str) -> bool {
+        self.kinds
+            .iter()
+            .find(|t| t.name == slot)
+            .and_then(|t| convert::kind_from_pb(t.kind))
+            .map_or(slot == names::MEM || slot == names::CUDA_MEM, |k| {
+                k == SlotKind::Bytes
+            })
+    }
+
+    /// An exact byte count from the wire in binary units; anything else as it came.
+    fn bytes(&self, value: &str) -> String {
+        value
+            .parse::<u64>()
+            .map_or_else(|_| value.to_owned(), human_bytes)
+    }
+
+    /// Every slot as `name allocated/capacity`, comma-separated.
+    fn all(&self) -> String {
+        self.names()
+            .map(|name| format!("{name} {}", self.pair(name)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// A bar of `width` cells for `fraction` (0–1).
@@ -278,8 +351,8 @@ pub fn node(n: &pb::Node, devices: &[pb::DeviceAllocation]) -> String {
     let info = n.info.clone().unwrap_or_default();
     let mut out = String::new();
     let _ = writeln!(out, "node:      {} ({})", info.node_id, node_state(n.state));
-    let _ = writeln!(out, "capacity:  {}", slots(info.capacity.as_ref()));
-    let _ = writeln!(out, "allocated: {}", slots(n.allocated.as_ref()));
+    // allocated/capacity per slot, GPU slots included.
+    let _ = writeln!(out, "slots:     {}", Usage::of(n).all());
     if !info.hooks.is_empty() {
         let _ = writeln!(out, "hooks:     {}", info.hooks.len());
     }
@@ -353,6 +426,85 @@ mod tests {
         for part in ["123", "stop", "77", "GPU1", "ab12", "used 5 of 4 bytes"] {
             assert!(event.contains(part), "{part}: {text}");
         }
+    }
+
+    fn node_with_a_session() -> pb::Node {
+        let slot = |pairs: &[(&str, &str)]| pb::ResourceSlot {
+            values: pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
+        pb::Node {
+            info: Some(pb::NodeInfo {
+                node_id: "gpu-node-1".into(),
+                devices: vec![pb::Device::default(), pb::Device::default()],
+                slot_types: vec![pb::SlotType {
+                    name: "mem".into(),
+                    kind: pb::SlotKind::Bytes.into(),
+                }],
+                capacity: Some(slot(&[("cpu", "16"), ("mem", "68719476736")])),
+                ..Default::default()
+            }),
+            state: pb::NodeState::Ready.into(),
+            allocated: Some(slot(&[
+                ("cuda.shares", "0.8"),
+                ("cuda.mem", "4294967296"),
+                ("cuda.device", "0"),
+            ])),
+            capacity: Some(slot(&[
+                ("cpu", "16"),
+                ("mem", "68719476736"),
+                ("cuda.shares", "2"),
+                ("cuda.device", "2"),
+                ("cuda.mem", "171798691840"),
+            ])),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn nodes_show_gpu_slots_allocated_of_capacity_in_binary_units() {
+        let table = nodes(&[node_with_a_session()]);
+        let row = table.lines().nth(1).unwrap_or_default();
+        for part in [
+            "gpu-node-1",
+            "ready",
+            " 2 ",
+            "0.8/2",
+            "4.0 GiB/160.0 GiB",
+            "cpu 0/16",
+            "mem 0 B/64.0 GiB",
+        ] {
+            assert!(row.contains(part), "{part}: {table}");
+        }
+        let detail = node(&node_with_a_session(), &[]);
+        assert!(
+            detail.contains("cuda.shares 0.8/2") && detail.contains("cuda.mem 4.0 GiB/160.0 GiB"),
+            "{detail}"
+        );
+    }
+
+    #[test]
+    fn a_long_session_name_keeps_the_columns() {
+        let session = |name: &str| pb::Session {
+            id: "s-0123456789abcdef".into(),
+            name: name.into(),
+            owner: "alice".into(),
+            node_id: "n1".into(),
+            state: pb::SessionState::Running.into(),
+            ..Default::default()
+        };
+        let table = sessions(&[
+            session("short"),
+            session("a-training-job-with-a-very-long-name"),
+        ]);
+        let lines: Vec<&str> = table.lines().collect();
+        // Columns are counted in characters: `…` is one column and three bytes.
+        let owner_at = |line: &str| line.find("alice").map(|at| line[..at].chars().count());
+        assert_eq!(owner_at(lines[1]), owner_at(lines[2]), "{table}");
+        assert_eq!(lines[0].find("OWNER"), owner_at(lines[1]), "{table}");
+        assert!(lines[2].contains("a-training-…"), "{table}");
     }
 
     #[test]

@@ -723,6 +723,30 @@ impl NodeAllocator {
             .with(names::CUDA_MEM, SlotValue::from_micros(memory * SCALE))
     }
 
+    /// What its sessions hold, as slots: `cuda.shares` (every part, whole devices included),
+    /// `cuda.device` (devices held whole) and `cuda.mem`.
+    #[must_use]
+    pub fn allocated(&self) -> ResourceSlot {
+        let shares = self
+            .devices
+            .iter()
+            .fold(SlotValue::ZERO, |a, d| a.saturating_add(d.allocated));
+        let memory: u128 = self
+            .devices
+            .iter()
+            .map(|d| u128::from(d.allocated_memory))
+            .sum();
+        let whole = self
+            .devices
+            .iter()
+            .filter(|d| d.exclusive_owner.is_some())
+            .count() as u64;
+        ResourceSlot::new()
+            .with(names::CUDA_SHARES, shares)
+            .with(names::CUDA_DEVICE, SlotValue::from_int(whole))
+            .with(names::CUDA_MEM, SlotValue::from_micros(memory * SCALE))
+    }
+
     /// Whether `request` would fit now, with either strategy: the same answer as
     /// [`Self::allocate`] for a new session, without side effects or allocating memory.
     #[must_use]

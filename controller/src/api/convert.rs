@@ -131,7 +131,8 @@ pub fn node_to_pb(node: &Node) -> pb::Node {
     pb::Node {
         info: Some(report_to_pb(&node.report)),
         state: node_state_to_pb(node.state).into(),
-        allocated: Some(slots_to_pb(&node.allocated)),
+        allocated: Some(slots_to_pb(&node.holding())),
+        capacity: Some(slots_to_pb(&node.capacity())),
         last_heartbeat_ms: node.last_heartbeat_ms,
     }
 }

@@ -9,6 +9,7 @@
 //! - [`policy`]: what happens over a GPU-memory limit, and how a compute share is held;
 //! - [`slot`]: slot kinds and the well-known slot names;
 //! - [`state`]: where a session and a node are in their lives;
+//! - [`units`]: quantities as tables show them;
 //! - [`now_ms`]: the wall clock every record is stamped with.
 //!
 //! # Example
@@ -28,6 +29,7 @@ pub mod policy;
 pub mod slot;
 pub mod state;
 pub mod target;
+pub mod units;
 
 /// Milliseconds since the Unix epoch (0 if the clock is before it).
 #[must_use]
