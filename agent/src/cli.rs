@@ -1,7 +1,7 @@
 //! The `gpuwarden-agent` command line: the node daemon and its local clients. A library module so
 //! that test builds of the binary run the very same code.
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{io::IsTerminal as _, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -93,7 +93,7 @@ enum Command {
         #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
     },
-    /// Show GPU use per container, refreshed every second.
+    /// Show GPU use per container, refreshed every second (one frame when not on a terminal).
     Top {
         /// Local socket path.
         #[arg(long, default_value = DEFAULT_SOCKET)]
@@ -101,6 +101,9 @@ enum Command {
         /// Seconds between refreshes.
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
+        /// Print one frame and exit (what happens anyway when stdout is not a terminal).
+        #[arg(long)]
+        once: bool,
     },
 }
 
@@ -180,12 +183,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             pins::remove(&bpf_pin_dir)?;
             println!("removed {}: enforcement ended", bpf_pin_dir.display());
         }
-        Command::Top { socket, interval } => {
+        Command::Top {
+            socket,
+            interval,
+            once,
+        } => {
+            let live = top::is_live(once, std::io::stdout().is_terminal());
             let period = Duration::from_secs_f64(interval.max(0.1));
             loop {
                 let snapshot = client::snapshot(&socket).await?;
-                // Clear the screen and home the cursor, then draw.
-                print!("\x1b[2J\x1b[H{}", top::render(&snapshot));
+                print!("{}", top::frame(&snapshot, live));
+                if !live {
+                    return Ok(());
+                }
                 tokio::select! {
                     () = tokio::time::sleep(period) => {}
                     _ = tokio::signal::ctrl_c() => return Ok(()),

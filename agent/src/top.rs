@@ -5,6 +5,24 @@ use std::fmt::Write as _;
 use gpuwarden_agent_api::snapshot::Snapshot;
 use gpuwarden_types::units::human_bytes;
 
+/// Whether `top` redraws in place: only on a terminal, and not with `--once`. Piped into a file
+/// or a pager it prints one frame, with no screen-clearing escapes.
+#[must_use]
+pub const fn is_live(once: bool, stdout_is_terminal: bool) -> bool {
+    stdout_is_terminal && !once
+}
+
+/// One frame of `top`: the table, after clearing the screen and homing the cursor when `live`.
+#[must_use]
+pub fn frame(snapshot: &Snapshot, live: bool) -> String {
+    let table = render(snapshot);
+    if live {
+        format!("\x1b[2J\x1b[H{table}")
+    } else {
+        table
+    }
+}
+
 /// The snapshot as a table: one row per container and device.
 #[must_use]
 pub fn render(snapshot: &Snapshot) -> String {
@@ -168,6 +186,18 @@ fn truncate(s: &str, width: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_a_terminal_without_once_redraws_in_place() {
+        assert!(is_live(false, true));
+        assert!(!is_live(true, true));
+        assert!(!is_live(false, false));
+        let snapshot = Snapshot::default();
+        assert!(frame(&snapshot, true).starts_with("\x1b[2J\x1b[H"));
+        let plain = frame(&snapshot, false);
+        assert!(!plain.contains('\x1b'), "{plain:?}");
+        assert_eq!(plain, render(&snapshot));
+    }
+
     use std::collections::BTreeMap;
 
     use super::*;
