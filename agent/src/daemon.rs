@@ -1,7 +1,7 @@
 //! `gpuwarden-agent run`: the sensor, the event reader, housekeeping and the local socket.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashSet},
     path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard},
 };
@@ -452,6 +452,7 @@ async fn housekeeping(
     let mut publish = tokio::time::interval(std::time::Duration::from_secs(1));
     let mut rescan = tokio::time::interval(config.rescan_interval);
     let mut gc = tokio::time::interval(config.gc_interval);
+    let mut idle = telemetry::IdleCgroups::default();
     // Pending quotas bind soon after their cgroup appears.
     let mut bind = tokio::time::interval(std::time::Duration::from_millis(500));
     loop {
@@ -480,7 +481,15 @@ async fn housekeeping(
             _ = gc.tick() => {
                 let mut guard = lock(&state);
                 let s = &mut *guard;
-                let g = telemetry::collect_garbage(&mut s.sensor.maps, &mut s.attributor, Path::new(PROC_ROOT));
+                let bound: HashSet<u64> =
+                    s.enforcer.bindings().values().filter_map(|b| b.key).collect();
+                let g = telemetry::collect_garbage(
+                    &mut s.sensor.maps,
+                    &mut s.attributor,
+                    Path::new(PROC_ROOT),
+                    &mut idle,
+                    &bound,
+                );
                 if g != telemetry::Garbage::default() {
                     tracing::debug!(?g, "removed stale entries");
                 }

@@ -7,6 +7,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
 
 use aya::maps::MapError;
@@ -438,16 +439,61 @@ pub struct Garbage {
     pub processes: usize,
     /// Client, allocation and device-object entries whose owner is gone.
     pub handles: usize,
-    /// Counter entries of removed cgroups.
+    /// Counter entries of removed cgroups, and of cgroups idle past [`IDLE_TTL`].
     pub cgroups: usize,
 }
 
+/// How long a cgroup's counters stay listed once it has no live GPU process, no GPU memory and
+/// no quota: long enough to see what a short job did, short enough that counters left in the
+/// pinned maps by earlier runs (a host shell that once ran `nvidia-smi`) leave `top`.
+pub const IDLE_TTL: Duration = Duration::from_secs(60);
+
+/// When each idle cgroup was first seen idle, so its counters age out after [`IDLE_TTL`].
+#[derive(Debug)]
+pub struct IdleCgroups {
+    ttl: Duration,
+    since: HashMap<u64, Instant>,
+}
+
+impl Default for IdleCgroups {
+    fn default() -> Self {
+        Self::new(IDLE_TTL)
+    }
+}
+
+impl IdleCgroups {
+    /// Ages idle cgroups out after `ttl`.
+    #[must_use]
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            since: HashMap::new(),
+        }
+    }
+
+    /// Of the cgroups idle now, those idle for the whole TTL as of `now`; a cgroup not in `idle`
+    /// is active again and starts over next time.
+    pub fn expired(&mut self, idle: &HashSet<u64>, now: Instant) -> HashSet<u64> {
+        self.since.retain(|cgroup, _| idle.contains(cgroup));
+        idle.iter()
+            .filter(|cgroup| {
+                let since = *self.since.entry(**cgroup).or_insert(now);
+                now.saturating_duration_since(since) >= self.ttl
+            })
+            .copied()
+            .collect()
+    }
+}
+
 /// Removes entries the kernel side can't see go stale: fds and processes of processes that died
-/// unseen, handles of released clients, counters of removed cgroups.
+/// unseen, handles of released clients, counters of removed cgroups and of cgroups idle (no
+/// live process, no GPU memory, not in `bound`) for longer than `idle`'s TTL.
 pub fn collect_garbage(
     maps: &mut SensorMaps,
     attributor: &mut Attributor,
     proc_root: &Path,
+    idle: &mut IdleCgroups,
+    bound: &HashSet<u64>,
 ) -> Garbage {
     let mut garbage = Garbage::default();
     let dead_fds: Vec<FdKey> = maps
@@ -502,8 +548,29 @@ pub fn collect_garbage(
 
     attributor.forget_dead();
     let with_procs: HashSet<u64> = maps.procs.iter().flatten().map(|(_, p)| p.cgroup).collect();
-    let mut gone =
-        |cgroup: u64| !with_procs.contains(&cgroup) && attributor.resolve(cgroup).is_none();
+    let holding: HashSet<u64> = maps
+        .cgroup_memory
+        .iter()
+        .flatten()
+        .filter(|(_, bytes)| *bytes != 0)
+        .map(|(k, _)| k.cgroup)
+        .collect();
+    let counted: HashSet<u64> = maps
+        .ioctl_counts
+        .keys()
+        .flatten()
+        .map(|k| k.cgroup)
+        .chain(maps.cgroup_memory.keys().flatten().map(|k| k.cgroup))
+        .collect();
+    let idle_now: HashSet<u64> = counted
+        .into_iter()
+        .filter(|c| !with_procs.contains(c) && !holding.contains(c) && !bound.contains(c))
+        .collect();
+    let expired = idle.expired(&idle_now, Instant::now());
+    let mut gone = |cgroup: u64| {
+        expired.contains(&cgroup)
+            || (!with_procs.contains(&cgroup) && attributor.resolve(cgroup).is_none())
+    };
     let dead_counters: Vec<IoctlKey> = maps
         .ioctl_counts
         .keys()
@@ -555,6 +622,26 @@ pub fn reseed_after_exec(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn idle_cgroups_age_out_after_the_ttl_and_start_over_when_active() {
+        let mut idle = IdleCgroups::new(Duration::from_secs(60));
+        let t0 = Instant::now();
+        let both: HashSet<u64> = [1, 2].into();
+        assert!(idle.expired(&both, t0).is_empty(), "nothing is old yet");
+        assert!(idle.expired(&both, t0 + Duration::from_secs(59)).is_empty());
+        // Cgroup 2 ran something again: it leaves the idle set and starts over.
+        let one: HashSet<u64> = [1].into();
+        assert_eq!(
+            idle.expired(&one, t0 + Duration::from_secs(60)),
+            HashSet::from([1])
+        );
+        assert!(idle.expired(&both, t0 + Duration::from_secs(61)) == HashSet::from([1]));
+        assert_eq!(
+            idle.expired(&both, t0 + Duration::from_secs(121)),
+            HashSet::from([1, 2])
+        );
+    }
+
     use super::*;
 
     #[test]
