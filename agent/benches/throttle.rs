@@ -18,7 +18,7 @@ use std::{
 
 use gpuwarden_agent::{
     attribution::Attributor,
-    throttle::{self, ComputePolicy, CpuTimeUsage, Member, ThrottleConfig},
+    enforcement::throttle::{self, ComputePolicy, CpuTimeUsage, Member, ThrottleConfig},
 };
 
 /// Set in the spinner process (this binary run again): the file its counter lives in.

@@ -11,8 +11,8 @@ use gpuwarden_agent_api::{DEFAULT_SOCKET, Request, client};
 use crate::{
     config::{AgentConfig, Overrides},
     daemon,
-    hooks::pins,
-    top,
+    export::top,
+    sensor::pins,
 };
 
 /// gpuwarden's node agent: traces GPU ioctls with eBPF and attributes them to containers.

@@ -8,7 +8,7 @@ use std::{
 use gpuwarden_agent_api::DEFAULT_SOCKET;
 use serde::Deserialize;
 
-use crate::gpu_nodes::{GpuNodeError, GpuNodeGlobs};
+use crate::sensor::device_nodes::{GpuNodeError, GpuNodeGlobs};
 
 /// Default state directory (lock file; later the store).
 pub const DEFAULT_STATE_DIR: &str = "/run/gpuwarden";
@@ -160,7 +160,7 @@ pub struct AgentConfig {
     /// Interval between usage reports to the controller; `None`: none sent.
     pub usage_report_interval: Option<Duration>,
     /// Where pod names come from; `None`: no names (UIDs only).
-    pub kubelet: Option<crate::kubelet::KubeletConfig>,
+    pub kubelet: Option<crate::attribution::kubelet::KubeletConfig>,
 }
 
 impl AgentConfig {
@@ -197,21 +197,21 @@ impl AgentConfig {
                 overrides
                     .bpf_pin_dir
                     .or(file.bpf_pin_dir)
-                    .unwrap_or_else(|| PathBuf::from(crate::hooks::pins::DEFAULT_PIN_DIR)),
+                    .unwrap_or_else(|| PathBuf::from(crate::sensor::pins::DEFAULT_PIN_DIR)),
             )
             .filter(|p| !p.as_os_str().is_empty()),
             throttle_period: Duration::from_millis(
                 file.throttle_period_ms.unwrap_or(100).clamp(10, 10_000),
             ),
             binding_timeout: Duration::from_secs(file.binding_timeout_secs.unwrap_or(300).max(1)),
-            otlp_endpoint: crate::metrics::MetricsConfig::endpoint(file.otlp_endpoint),
+            otlp_endpoint: crate::export::metrics::MetricsConfig::endpoint(file.otlp_endpoint),
             metric_interval: None,
             usage_report_interval: usage_report_interval(
                 overrides
                     .usage_report_interval_ms
                     .or(file.usage_report_interval_ms),
             ),
-            kubelet: crate::kubelet::KubeletConfig::resolve(
+            kubelet: crate::attribution::kubelet::KubeletConfig::resolve(
                 file.kubelet_url,
                 file.kubelet_token_file,
                 file.kubelet_ca_file,

@@ -21,19 +21,21 @@ use gpuwarden_agent_api::{
 };
 
 use crate::{
+    attribution::kubelet::PodNames,
     attribution::{AttributionError, Attributor},
     config::AgentConfig,
-    controller_link::{self, LinkChannels, LinkConfig, QuotaCommand},
+    control::holdings::{Holdings, HoldingsError},
+    control::link::{self, LinkChannels, LinkConfig, QuotaCommand},
+    control::usage::{self, Reporter, UsageCounters},
     devices::{self, GpuBackend},
     enforcement::Enforcer,
-    gpu_nodes::device_name,
-    holdings::{Holdings, HoldingsError},
-    hooks::{KernelLogger, Sensor, SensorError},
-    kubelet::PodNames,
+    enforcement::quota::QuotaSpec,
+    enforcement::throttle,
+    export::snapshot as view,
     lock::{InstanceLock, LockError},
-    quota::QuotaSpec,
-    telemetry, throttle,
-    usage_report::{self, Reporter, UsageCounters},
+    sensor::device_nodes::device_name,
+    sensor::upkeep,
+    sensor::{KernelLogger, Sensor, SensorError},
 };
 
 /// Enforcement events buffered for the controller while it is away; older ones are dropped
@@ -95,7 +97,7 @@ struct State {
 impl State {
     /// The snapshot of the node now.
     fn snapshot(&mut self, node: &str) -> Snapshot {
-        let mut snapshot = telemetry::collect(
+        let mut snapshot = view::collect(
             &self.sensor,
             &self.enforcer,
             &mut self.attributor,
@@ -126,8 +128,7 @@ fn snapshot(state: &Shared, extras: &Extras) -> Snapshot {
     let mut snapshot = {
         let mut guard = lock(state);
         let mut snapshot = guard.snapshot(&extras.node);
-        snapshot.gpus =
-            telemetry::gpu_utilization(&extras.indexes, measured.as_ref(), &guard.enforcer);
+        snapshot.gpus = view::gpu_utilization(&extras.indexes, measured.as_ref(), &guard.enforcer);
         snapshot
     };
     extras.pods.annotate(&mut snapshot);
@@ -258,14 +259,14 @@ pub async fn run_until(
     let usage_counters = Arc::clone(&state.usage_counters);
     let state: Shared = Arc::new(Mutex::new(state));
     let (quota_tx, quota_rx) = tokio::sync::mpsc::unbounded_channel();
-    let published = crate::metrics::Published::default();
-    let metrics_config = crate::metrics::MetricsConfig {
+    let published = crate::export::metrics::Published::default();
+    let metrics_config = crate::export::metrics::MetricsConfig {
         endpoint: config.otlp_endpoint.clone(),
         interval: config.metric_interval,
         node: config.node_name.clone(),
     };
     // Metrics are an extra: a bad endpoint is reported, never fatal.
-    let _metrics = match crate::metrics::start(
+    let _metrics = match crate::export::metrics::start(
         &metrics_config,
         backend.devices().to_vec(),
         Arc::clone(&published),
@@ -322,7 +323,7 @@ pub async fn run_until(
                     Arc::clone(&usage_counters),
                 ));
             }
-            tasks.spawn(controller_link::run(
+            tasks.spawn(link::run(
                 link,
                 backend,
                 holdings,
@@ -400,9 +401,9 @@ fn rescan_nodes(state: &mut State, config: &AgentConfig) {
     for (path, why) in &expansion.skipped {
         tracing::warn!(path = %path.display(), "not watched: {why}");
     }
-    let (added, removed) = telemetry::sync_paths(&mut state.sensor.maps, &expansion.nodes);
+    let (added, removed) = upkeep::sync_paths(&mut state.sensor.maps, &expansion.nodes);
     state.nodes = expansion.nodes;
-    let seeded = telemetry::seed(
+    let seeded = upkeep::seed(
         &mut state.sensor.maps,
         &state.nodes,
         &state.attributor,
@@ -444,7 +445,7 @@ async fn housekeeping(
     state: Shared,
     config: AgentConfig,
     backend: Arc<dyn GpuBackend>,
-    published: Option<crate::metrics::Published>,
+    published: Option<crate::export::metrics::Published>,
     extras: Arc<Extras>,
 ) {
     // Metrics read the latest snapshot; publishing once a second keeps it fresh for any
@@ -452,7 +453,7 @@ async fn housekeeping(
     let mut publish = tokio::time::interval(std::time::Duration::from_secs(1));
     let mut rescan = tokio::time::interval(config.rescan_interval);
     let mut gc = tokio::time::interval(config.gc_interval);
-    let mut idle = telemetry::IdleCgroups::default();
+    let mut idle = upkeep::IdleCgroups::default();
     // Pending quotas bind soon after their cgroup appears.
     let mut bind = tokio::time::interval(std::time::Duration::from_millis(500));
     loop {
@@ -483,14 +484,14 @@ async fn housekeeping(
                 let s = &mut *guard;
                 let bound: HashSet<u64> =
                     s.enforcer.bindings().values().filter_map(|b| b.key).collect();
-                let g = telemetry::collect_garbage(
+                let g = upkeep::collect_garbage(
                     &mut s.sensor.maps,
                     &mut s.attributor,
                     Path::new(PROC_ROOT),
                     &mut idle,
                     &bound,
                 );
-                if g != telemetry::Garbage::default() {
+                if g != upkeep::Garbage::default() {
                     tracing::debug!(?g, "removed stale entries");
                 }
             }
@@ -508,7 +509,7 @@ async fn report_usage(
     upward: tokio::sync::mpsc::Sender<gpuwarden_proto::v1::SessionUsage>,
     counters: Arc<UsageCounters>,
 ) {
-    let (poll, polls_per_report) = usage_report::poll_plan(interval);
+    let (poll, polls_per_report) = usage::poll_plan(interval);
     let mut ticker = tokio::time::interval(poll);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut polls = 0;
@@ -516,14 +517,14 @@ async fn report_usage(
         ticker.tick().await;
         polls += 1;
         if polls < polls_per_report {
-            let cgroups = usage_report::bound_cgroups(&lock(&state).enforcer);
+            let cgroups = usage::bound_cgroups(&lock(&state).enforcer);
             reporter.poll(&cgroups);
             continue;
         }
         polls = 0;
         let readings = {
             let s = lock(&state);
-            usage_report::read_sessions(&s.sensor, &s.enforcer)
+            usage::read_sessions(&s.sensor, &s.enforcer)
         };
         for usage in reporter.report(
             readings,
@@ -592,7 +593,7 @@ fn handle_event(state: &mut State, e: &Event) {
                 attributor,
                 ..
             } = state;
-            telemetry::reseed_after_exec(
+            upkeep::reseed_after_exec(
                 &mut sensor.maps,
                 nodes,
                 attributor,

@@ -17,7 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpuwarden_agent::kubelet::KubeletConfig;
+use gpuwarden_agent::attribution::kubelet::KubeletConfig;
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use util::otlp::{TestReceiver, has, points};
 use util::{Client, Driver, TestAgent, config, container_id, memory, pod_uid};

@@ -1,5 +1,5 @@
 //! Compute share on this kernel: CPU-spinning processes in real cgroup v2 cgroups, held to their
-//! shares by `gpuwarden_agent::throttle` with the CPU-time stand-in for GPU usage.
+//! shares by `gpuwarden_agent::enforcement::throttle` with the CPU-time stand-in for GPU usage.
 //!
 //! Progress is the spinner's own CPU time (per thread, from `/proc`, apart from the cgroup's
 //! `cpu.stat` that the throttle reads); the spinners also count their iterations, which the tests
@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpuwarden_agent::throttle::{
+use gpuwarden_agent::enforcement::throttle::{
     self, ComputePolicy, CpuTimeUsage, Member, ThrottleConfig, ThrottleHandle,
 };
 use gpuwarden_test_support::{require_root, scratch};

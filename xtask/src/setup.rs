@@ -1,6 +1,6 @@
 //! `cargo xtask setup`: installs what a fresh Debian machine lacks, and nothing when all is there.
 //!
-//! - the eBPF toolchain (ARCHITECTURE.md's recipe): Debian's `rustc-web` with the prebuilt `core`
+//! - the eBPF toolchain: Debian's `rustc-web` with the prebuilt `core`
 //!   for `bpfel-unknown-none`, LLVM 22, and `bpf-linker` built against it; a rustup nightly with
 //!   `rust-src` is used instead when present;
 //! - FUSE 3 for the fake NVIDIA driver the tests mount;

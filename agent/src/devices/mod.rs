@@ -69,7 +69,7 @@ pub trait GpuBackend: Send + Sync {
     fn usage_source(
         &self,
         _cgroup_root: &std::path::Path,
-    ) -> Option<Box<dyn crate::throttle::UsageSource>> {
+    ) -> Option<Box<dyn crate::enforcement::throttle::UsageSource>> {
         None
     }
 

@@ -14,7 +14,7 @@ use nvml_wrapper::{Nvml, error::NvmlError};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 
 use super::{GpuBackend, GpuDevice, ProcessMemory};
-use crate::throttle::UsageSource;
+use crate::enforcement::throttle::UsageSource;
 
 /// GPUs NVML lists.
 pub struct NvmlBackend {

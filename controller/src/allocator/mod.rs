@@ -1,4 +1,4 @@
-//! The fractional GPU allocator of one node (ARCHITECTURE decision 3).
+//! The fractional GPU allocator of one node (docs/architecture.md, "Fractional allocation").
 //!
 //! A request for `cuda.shares` goes to one device that fits — the fullest that fits when
 //! packing ([`Strategy::Binpack`]), the emptiest when spreading ([`Strategy::Spread`]). When no

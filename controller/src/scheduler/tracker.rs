@@ -1,5 +1,5 @@
-//! Concurrency limits that count session ids, not an integer (ARCHITECTURE decision 4): asking
-//! again for the same session never counts it twice.
+//! Concurrency limits that count session ids, not an integer: asking again for the same session
+//! never counts it twice (docs/architecture.md, "Concurrency limits count session ids").
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,9 +1,9 @@
 //! Resource slots: exact quantities by name (`cpu=1`, `mem=2g`, `cuda.shares=0.2`).
 //!
 //! A [`SlotValue`] is fixed-point — a `u128` of micro-units — never a float, so `0.2 + 0.4`
-//! is exactly `0.6` (ARCHITECTURE decision 1). A [`ResourceSlot`] maps [`SlotName`]s to values;
-//! a name that is absent is zero in every comparison and arithmetic, so the slots of agents
-//! with different slot types combine (decision 2). Its order is partial: `a <= b` means every
+//! is exactly `0.6` (docs/architecture.md, "Resource slots are exact"). A [`ResourceSlot`] maps
+//! [`SlotName`]s to values; a name that is absent is zero in every comparison and arithmetic,
+//! so the slots of agents with different slot types combine ("Slot types are merged"). Its order is partial: `a <= b` means every
 //! slot of `a` fits in `b`, and both `a <= b` and `b <= a` may be false.
 //!
 //! Each slot has a [`SlotKind`]: a count (`cpu`, `cuda.shares`, `cuda.device`), bytes (`mem`,

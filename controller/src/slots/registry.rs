@@ -1,4 +1,5 @@
-//! The union of every slot type any agent ever declared (ARCHITECTURE decision 2).
+//! The union of every slot type any agent ever declared (docs/architecture.md, "Slot types are
+//! merged").
 
 use std::collections::BTreeMap;
 

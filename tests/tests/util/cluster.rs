@@ -11,9 +11,11 @@ use std::{
 };
 
 use gpuwarden_agent::{
-    controller_link::{self, LinkConfig},
+    control::{
+        holdings::{Holdings, SharedHoldings},
+        link::{self as controller_link, LinkConfig},
+    },
     devices::{GpuBackend, GpuDevice, SlotKind},
-    holdings::{Holdings, SharedHoldings},
 };
 use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
@@ -248,7 +250,7 @@ impl TestNode {
     }
 
     pub fn held(&self) -> Vec<String> {
-        gpuwarden_agent::holdings::lock(&self.holdings).sessions()
+        gpuwarden_agent::control::holdings::lock(&self.holdings).sessions()
     }
 }
 

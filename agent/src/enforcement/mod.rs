@@ -9,6 +9,10 @@
 //! Kernel events (an over-limit allocation, a refused open) come back here, are tied to their
 //! session, kept in a short history for snapshots, and sent up to the controller.
 
+pub mod cgroup_tree;
+pub mod quota;
+pub mod throttle;
+
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
     os::fd::{AsFd as _, OwnedFd},
@@ -25,11 +29,13 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::{
-    binding::CgroupTree,
     devices::ProcessMemory,
-    hooks::{MemoryTier, Sensor, pins},
-    quota::{QuotaSpec, Target},
-    throttle::{self, ThrottleHandle},
+    enforcement::cgroup_tree::CgroupTree,
+    enforcement::{
+        quota::{QuotaSpec, Target},
+        throttle::ThrottleHandle,
+    },
+    sensor::{MemoryTier, Sensor, pins},
 };
 
 /// Enforcement events kept for snapshots.
@@ -340,7 +346,7 @@ impl Enforcer {
             return;
         };
         let mut quota = Quota {
-            memory_policy: crate::quota::kernel_code(b.spec.memory_policy),
+            memory_policy: crate::enforcement::quota::kernel_code(b.spec.memory_policy),
             flags: quota_flags::DEVICES,
             ..Quota::default()
         };
@@ -581,9 +587,9 @@ impl Enforcer {
                 .find(|d| d.index == *index)
                 .map_or(0, |d| d.memory_bytes);
             let (name, signal) = match b.spec.memory_policy {
-                crate::quota::MemoryPolicy::Kill => ("kill", Some(libc::SIGKILL)),
-                crate::quota::MemoryPolicy::Stop => ("stop", Some(libc::SIGSTOP)),
-                crate::quota::MemoryPolicy::Report => ("report", None),
+                crate::enforcement::quota::MemoryPolicy::Kill => ("kill", Some(libc::SIGKILL)),
+                crate::enforcement::quota::MemoryPolicy::Stop => ("stop", Some(libc::SIGSTOP)),
+                crate::enforcement::quota::MemoryPolicy::Report => ("report", None),
             };
             if let Some(signal) = signal {
                 if let Err(e) = send_signal(pid, signal) {

@@ -1,4 +1,5 @@
-//! Choosing the hook tier (ARCHITECTURE decision 6): the most targeted hook the kernel allows.
+//! Choosing the hook tier: the most targeted hook the kernel allows (docs/architecture.md, "The
+//! most targeted hook wins").
 //!
 //! A hook on the NVIDIA driver itself (fentry/kprobe on `nvidia_ioctl`) would cost nothing on
 //! other files' ioctls; syscall tracepoints see every `ioctl` and filter by fd. The probe looks

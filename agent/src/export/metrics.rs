@@ -546,7 +546,7 @@ mod tests {
 
     #[test]
     fn the_readme_lists_every_instrument() {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../../../README.md");
         for (name, unit, attributes, meaning) in INSTRUMENTS {
             let attributes = if attributes.is_empty() {
                 "—"

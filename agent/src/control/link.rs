@@ -2,7 +2,7 @@
 //! and acks up, allocations down — reconnecting with backoff when the controller goes away.
 //!
 //! The agent accepts an allocation naming slots it doesn't have only when their values are zero;
-//! otherwise it answers `UnsupportedResource` (ARCHITECTURE decision 2).
+//! otherwise it answers `UnsupportedResource` (docs/architecture.md, "Slot types are merged").
 
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
@@ -16,10 +16,10 @@ use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 use tonic::transport::Endpoint;
 
 use crate::{
+    control::holdings::{SharedHoldings, lock},
+    control::usage::UsageCounters,
     devices::GpuBackend,
-    holdings::{SharedHoldings, lock},
-    quota::QuotaSpec,
-    usage_report::UsageCounters,
+    enforcement::quota::QuotaSpec,
 };
 
 /// What the link passes down to enforcement: configuration flows from the controller to the

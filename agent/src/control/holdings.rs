@@ -1,6 +1,6 @@
 //! What the node holds for the controller: allocations by session, persisted in the agent's sled
-//! store so a restarted agent reports them (ARCHITECTURE decision 5: the agent is the source of
-//! truth for its node).
+//! store so a restarted agent reports them (docs/architecture.md, "The agent is the source of
+//! truth for its node").
 
 use std::{
     collections::BTreeMap,

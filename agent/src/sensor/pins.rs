@@ -1,4 +1,5 @@
-//! Pinning under bpffs, so that enforcement outlives the agent (ARCHITECTURE decision 5).
+//! Pinning under bpffs, so that enforcement outlives the agent (docs/architecture.md, "The agent
+//! is the source of truth for its node").
 //!
 //! Layout under the pin directory (default `/sys/fs/bpf/gpuwarden`):
 //!

@@ -19,6 +19,8 @@
 //! assert_eq!(w.unit.as_deref(), Some("nvidia-persistenced.service"));
 //! ```
 
+pub mod kubelet;
+
 use std::{
     collections::HashMap,
     fmt, fs, io,

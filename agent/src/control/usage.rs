@@ -36,9 +36,9 @@ use std::{
 use gpuwarden_proto::v1 as pb;
 
 use crate::{
+    enforcement::throttle::UsageSource,
     enforcement::{BindState, Enforcer},
-    hooks::Sensor,
-    throttle::UsageSource,
+    sensor::Sensor,
 };
 
 /// The longest gap between two reads of the usage source.

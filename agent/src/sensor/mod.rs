@@ -5,6 +5,9 @@
 //! what the kernel allows ([`probe`]), patches the load-time [`Config`], loads the object
 //! embedded in the agent binary and attaches every program; dropping it detaches them.
 
+pub mod device_nodes;
+pub mod upkeep;
+
 pub mod pins;
 pub mod probe;
 pub mod tracefs;
@@ -160,7 +163,7 @@ const DEVICE_PROGRAM: &str = "gpu_devices";
 /// The LSM program that refuses over-limit allocations.
 const LSM_PROGRAM: &str = "gpu_file_ioctl";
 
-/// How over-limit GPU-memory allocations are acted on (ARCHITECTURE decision 7).
+/// How over-limit GPU-memory allocations are acted on (docs/architecture.md, "Enforcement tiers").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MemoryTier {

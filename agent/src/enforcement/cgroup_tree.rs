@@ -10,7 +10,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::{attribution::parse_cgroup_path, quota::Target};
+use crate::{attribution::parse_cgroup_path, enforcement::quota::Target};
 
 /// Where managed cgroups (`gpuwarden run`) are made, under the cgroup v2 root.
 pub const MANAGED_PARENT: &str = "gpuwarden";

@@ -15,7 +15,7 @@
 //! # Example
 //!
 //! ```
-//! use gpuwarden_agent::kubelet::parse_pod_list;
+//! use gpuwarden_agent::attribution::kubelet::parse_pod_list;
 //!
 //! let pods = parse_pod_list(br#"{"kind":"PodList","items":[{"metadata":
 //!     {"name":"train-0","namespace":"ml","uid":"0b3c2f0e-5a8c-4d4e-9f6e-1f2a3b4c5d6e"}}]}"#)

@@ -20,8 +20,10 @@
 //!
 //! # Example
 //! ```no_run
-//! # async fn example() -> Result<(), gpuwarden_agent::throttle::ThrottleError> {
-//! use gpuwarden_agent::throttle::{self, ComputePolicy, CpuTimeUsage, Member, ThrottleConfig};
+//! # async fn example() -> Result<(), gpuwarden_agent::enforcement::throttle::ThrottleError> {
+//! use gpuwarden_agent::enforcement::throttle::{
+//!     self, ComputePolicy, CpuTimeUsage, Member, ThrottleConfig,
+//! };
 //!
 //! let throttle = throttle::spawn(ThrottleConfig::default(), Box::new(CpuTimeUsage))?;
 //! throttle.set(0, 4242, Member {
