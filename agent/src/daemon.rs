@@ -7,18 +7,12 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
+use gpuwarden_agent_api::snapshot::Snapshot;
 use gpuwarden_agent_common::{
     event::{Event, decode_error, kind},
     maps::GpuNode,
 };
-use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader, unix::AsyncFd},
-    net::{UnixListener, UnixStream},
-};
-
-use gpuwarden_agent_api::{
-    self as api, NodeName, Request, Response, SessionCgroup, Signalled, snapshot::Snapshot,
-};
+use tokio::io::unix::AsyncFd;
 
 use crate::{
     attribution::kubelet::PodNames,
@@ -31,7 +25,7 @@ use crate::{
     enforcement::Enforcer,
     enforcement::quota::QuotaSpec,
     enforcement::throttle,
-    export::snapshot as view,
+    export::{snapshot as view, socket},
     lock::{InstanceLock, LockError},
     sensor::device_nodes::device_name,
     sensor::upkeep,
@@ -133,6 +127,36 @@ fn snapshot(state: &Shared, extras: &Extras) -> Snapshot {
     };
     extras.pods.annotate(&mut snapshot);
     snapshot
+}
+
+/// The socket's answers, from the daemon's state.
+struct NodeAnswers {
+    state: Shared,
+    extras: Arc<Extras>,
+}
+
+impl socket::Answers for NodeAnswers {
+    fn snapshot(&self) -> Snapshot {
+        snapshot(&self.state, &self.extras)
+    }
+
+    fn node(&self) -> String {
+        self.extras.node.clone()
+    }
+
+    fn session_cgroup(&self, session_id: &str) -> Result<(PathBuf, bool), String> {
+        lock(&self.state)
+            .enforcer
+            .session_cgroup(session_id)
+            .map_err(|e| e.to_string())
+    }
+
+    fn signal(&self, pid: u32, resume: bool) -> Result<String, String> {
+        lock(&self.state)
+            .enforcer
+            .signal(pid, resume)
+            .map_err(|e| e.to_string())
+    }
 }
 
 fn lock(state: &Shared) -> MutexGuard<'_, State> {
@@ -339,23 +363,17 @@ pub async fn run_until(
         None => tracing::info!("no --controller: running this node on its own"),
     }
 
-    let listener = bind(&config.socket)?;
+    let listener = socket::bind(&config.socket).map_err(|source| RunError::Socket {
+        path: config.socket.clone(),
+        source,
+    })?;
     tracing::info!(socket = %config.socket.display(), node = %config.node_name, "agent ready");
     let mut clients = tokio::task::JoinSet::new();
-    let serve = async {
-        loop {
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    clients.spawn(serve_client(
-                        stream,
-                        Arc::clone(&state),
-                        Arc::clone(&extras),
-                    ));
-                }
-                Err(e) => tracing::warn!("accept on {}: {e}", config.socket.display()),
-            }
-        }
-    };
+    let answers = Arc::new(NodeAnswers {
+        state: Arc::clone(&state),
+        extras: Arc::clone(&extras),
+    });
+    let serve = socket::serve(listener, answers, &mut clients);
     tokio::select! {
         () = serve => {}
         () = shutdown => tracing::info!("shutting down"),
@@ -367,23 +385,6 @@ pub async fn run_until(
     throttle.shutdown().await;
     let _ = std::fs::remove_file(&config.socket);
     Ok(())
-}
-
-/// Binds the socket; a file left by a dead agent is replaced (we hold the node's lock).
-fn bind(path: &Path) -> Result<UnixListener, RunError> {
-    let err = |source| RunError::Socket {
-        path: path.to_owned(),
-        source,
-    };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(err)?;
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(err(e)),
-    }
-    UnixListener::bind(path).map_err(err)
 }
 
 /// Expands the globs, updates the path table, and seeds fds of newly watched paths.
@@ -638,50 +639,5 @@ fn spawn_kernel_log(logger: KernelLogger) {
             "kernel-side logging unavailable: {}",
             std::io::Error::from(e)
         ),
-    }
-}
-
-/// Resumes or kills a process of a bound workload, by request.
-fn signal(state: &Shared, pid: u32, resume: bool) -> Response {
-    match lock(state).enforcer.signal(pid, resume) {
-        Ok(session_id) => Response::Signalled(Signalled { pid, session_id }),
-        Err(e) => Response::Error(e.to_string()),
-    }
-}
-
-async fn serve_client(stream: UnixStream, state: Shared, extras: Arc<Extras>) {
-    let (read, mut write) = stream.into_split();
-    let mut lines = BufReader::new(read).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let response = match api::parse_request(&line) {
-            Ok(Request::Snapshot) => Response::Snapshot(Box::new(snapshot(&state, &extras))),
-            Ok(Request::Node) => Response::Node(NodeName {
-                name: extras.node.clone(),
-            }),
-            Ok(Request::SessionCgroup { session_id }) => {
-                match lock(&state).enforcer.session_cgroup(&session_id) {
-                    Ok((cgroup_dir, bound)) => Response::SessionCgroup(SessionCgroup {
-                        session_id,
-                        cgroup_dir,
-                        bound,
-                    }),
-                    Err(e) => Response::Error(e.to_string()),
-                }
-            }
-            Ok(Request::Resume { pid }) => signal(&state, pid, true),
-            Ok(Request::Kill { pid }) => signal(&state, pid, false),
-            Err(response) => response,
-        };
-        let mut out = match serde_json::to_vec(&response) {
-            Ok(out) => out,
-            Err(e) => {
-                tracing::error!("cannot encode a response: {e}");
-                return;
-            }
-        };
-        out.push(b'\n');
-        if write.write_all(&out).await.is_err() {
-            return;
-        }
     }
 }
