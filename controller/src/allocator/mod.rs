@@ -193,9 +193,9 @@ pub struct GpuRequest {
     pub memory_bytes: u64,
 }
 
-/// Why a request can't be placed on a node.
+/// Why a GPU request is malformed, whatever the node: refused when a session is created.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AllocError {
+pub enum GpuRequestError {
     /// `cuda.device` and `cuda.shares` together.
     #[error("cuda.device and cuda.shares can't be combined in one request")]
     DeviceAndShares,
@@ -223,6 +223,11 @@ pub enum AllocError {
         /// The quantum.
         quantum: SlotValue,
     },
+}
+
+/// Why a well-formed request does not fit on a node now: the session waits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoFit {
     /// The request, or each of its parts over the devices it needs, is below one quantum.
     #[error(
         "cuda.shares={requested} rounds to zero on each of {devices} device(s) in quanta of {quantum}"
@@ -290,6 +295,17 @@ pub enum AllocError {
     },
 }
 
+/// Why the allocator refused: the request is malformed, or it does not fit here now.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    /// Malformed whatever the node.
+    #[error(transparent)]
+    Request(#[from] GpuRequestError),
+    /// Does not fit on this node now.
+    #[error(transparent)]
+    NoFit(#[from] NoFit),
+}
+
 impl GpuRequest {
     /// Fractional shares only.
     #[must_use]
@@ -325,23 +341,25 @@ impl GpuRequest {
     /// # Errors
     /// `cuda.device` with `cuda.shares`, a fraction of a device or a byte, or values out of
     /// range.
-    pub fn from_slots(slots: &ResourceSlot) -> Result<Self, AllocError> {
+    pub fn from_slots(slots: &ResourceSlot) -> Result<Self, GpuRequestError> {
         let shares = slots.get(names::CUDA_SHARES);
         let devices = slots.get(names::CUDA_DEVICE);
         let mem = slots.get(names::CUDA_MEM);
         if !shares.is_zero() && !devices.is_zero() {
-            return Err(AllocError::DeviceAndShares);
+            return Err(GpuRequestError::DeviceAndShares);
         }
         let whole = |slot: &'static str, value: SlotValue| {
             if !value.is_integer() {
-                return Err(AllocError::NotWhole { slot, value });
+                return Err(GpuRequestError::NotWhole { slot, value });
             }
-            value.to_u64().ok_or(AllocError::OutOfRange { slot, value })
+            value
+                .to_u64()
+                .ok_or(GpuRequestError::OutOfRange { slot, value })
         };
         Ok(Self {
             shares,
             devices: u32::try_from(whole(names::CUDA_DEVICE, devices)?).map_err(|_| {
-                AllocError::OutOfRange {
+                GpuRequestError::OutOfRange {
                     slot: names::CUDA_DEVICE,
                     value: devices,
                 }
@@ -791,9 +809,9 @@ impl NodeAllocator {
         strategy: Strategy,
     ) -> Result<Allocation, AllocError> {
         if self.held.contains_key(session) {
-            return Err(AllocError::AlreadyAllocated {
+            return Err(AllocError::NoFit(NoFit::AlreadyAllocated {
                 session: session.to_owned(),
-            });
+            }));
         }
         let choice = self.choose(request, strategy)?;
         let allocation = self.materialize(choice, request);
@@ -841,9 +859,9 @@ impl NodeAllocator {
         allocation: Allocation,
     ) -> Result<Allocation, AllocError> {
         if self.held.contains_key(session) {
-            return Err(AllocError::AlreadyAllocated {
+            return Err(AllocError::NoFit(NoFit::AlreadyAllocated {
                 session: session.to_owned(),
-            });
+            }));
         }
         for part in &allocation.parts {
             let fits = self.devices.iter().any(|d| {
@@ -855,13 +873,13 @@ impl NodeAllocator {
                     }
             });
             if !fits {
-                return Err(AllocError::NoRoom {
+                return Err(AllocError::NoFit(NoFit::NoRoom {
                     shares: part.shares,
                     memory_bytes: part.memory_bytes,
                     free: self.free.total,
                     largest: self.free.largest,
                     devices: self.devices.len(),
-                });
+                }));
             }
         }
         self.apply(session, allocation.clone());
@@ -933,7 +951,7 @@ impl NodeAllocator {
     fn choose(&self, request: &GpuRequest, strategy: Strategy) -> Result<Choice, AllocError> {
         if request.devices > 0 {
             if !request.shares.is_zero() {
-                return Err(AllocError::DeviceAndShares);
+                return Err(AllocError::Request(GpuRequestError::DeviceAndShares));
             }
             return self.choose_whole(request, strategy);
         }
@@ -945,10 +963,10 @@ impl NodeAllocator {
             return self
                 .pick_one(SlotValue::ZERO, request.memory_bytes, strategy)
                 .map(Choice::One)
-                .ok_or(AllocError::NoDeviceWithMemory {
+                .ok_or(AllocError::NoFit(NoFit::NoDeviceWithMemory {
                     memory_bytes: request.memory_bytes,
                     largest_free: self.free.largest_memory,
-                });
+                }));
         }
         self.choose_shares(request, strategy, false)
     }
@@ -964,30 +982,30 @@ impl NodeAllocator {
         let quantum = self.config.effective_quantum();
         let shares = request.shares;
         if shares < quantum {
-            return Err(AllocError::PartRoundsToZero {
+            return Err(AllocError::NoFit(NoFit::PartRoundsToZero {
                 requested: shares,
                 devices: 1,
                 quantum,
-            });
+            }));
         }
         if !shares.is_multiple_of(quantum) {
-            return Err(AllocError::NotMultipleOfQuantum {
+            return Err(AllocError::Request(GpuRequestError::NotMultipleOfQuantum {
                 requested: shares,
                 quantum,
-            });
+            }));
         }
         if shares <= self.free.largest
             && let Some(pos) = self.pick_one(shares, request.memory_bytes, strategy)
         {
             return Ok(Choice::One(pos));
         }
-        let no_room = AllocError::NoRoom {
+        let no_room = AllocError::NoFit(NoFit::NoRoom {
             shares,
             memory_bytes: request.memory_bytes,
             free: self.free.total,
             largest: self.free.largest,
             devices: self.devices.len(),
-        };
+        });
         let largest = self.free.largest.micros();
         if largest == 0 || shares > self.free.total {
             return Err(no_room);
@@ -1013,11 +1031,11 @@ impl NodeAllocator {
         };
         for k in fewest.max(2)..=self.devices.len() {
             let Some(parts) = Parts::new(shares, k, quantum, request.memory_bytes) else {
-                return Err(AllocError::PartRoundsToZero {
+                return Err(AllocError::NoFit(NoFit::PartRoundsToZero {
                     requested: shares,
                     devices: k,
                     quantum,
-                });
+                }));
             };
             // Whether the shares alone fit on k devices: exact, and cheap (the spreading walk
             // stops at the first device that can't hold its part).
@@ -1109,11 +1127,11 @@ impl NodeAllocator {
     fn choose_whole(&self, request: &GpuRequest, strategy: Strategy) -> Result<Choice, AllocError> {
         let n = request.devices as usize;
         if n > self.free.idle {
-            return Err(AllocError::NotEnoughIdleDevices {
+            return Err(AllocError::NoFit(NoFit::NotEnoughIdleDevices {
                 requested: request.devices,
                 idle: self.free.idle,
                 devices: self.devices.len(),
-            });
+            }));
         }
         // (idle devices in the set, memory of the first n of them)
         let measure = |numa: Option<i32>| {
@@ -1145,11 +1163,11 @@ impl NodeAllocator {
         }
         let (_, memory) = measure(None);
         if memory < request.memory_bytes {
-            return Err(AllocError::WholeDevicesLackMemory {
+            return Err(AllocError::NoFit(NoFit::WholeDevicesLackMemory {
                 memory_bytes: request.memory_bytes,
                 devices: request.devices,
                 available: memory,
-            });
+            }));
         }
         Ok(Choice::Whole { n, numa: None })
     }
@@ -1222,16 +1240,17 @@ pub fn share_capacity(spec: &DeviceSpec, config: &AllocatorConfig) -> SlotValue 
 /// `total` isn't a multiple of `quantum`, or a part would be below one quantum.
 pub fn split(total: SlotValue, k: usize, quantum: SlotValue) -> Result<Vec<SlotValue>, AllocError> {
     if !total.is_multiple_of(quantum) {
-        return Err(AllocError::NotMultipleOfQuantum {
+        return Err(AllocError::Request(GpuRequestError::NotMultipleOfQuantum {
             requested: total,
             quantum,
-        });
+        }));
     }
-    let parts = Parts::new(total, k, quantum, 0).ok_or(AllocError::PartRoundsToZero {
-        requested: total,
-        devices: k,
-        quantum,
-    })?;
+    let parts =
+        Parts::new(total, k, quantum, 0).ok_or(AllocError::NoFit(NoFit::PartRoundsToZero {
+            requested: total,
+            devices: k,
+            quantum,
+        }))?;
     Ok((0..k).map(|i| parts.share(i)).collect())
 }
 

@@ -82,15 +82,17 @@ fn splits_add_up_to_exactly_what_was_asked() {
     assert_eq!(split(v("1.2"), 2, v("0.01")).unwrap(), [v("0.6"), v("0.6")]);
     assert_eq!(
         split(v("0.01"), 2, v("0.01")),
-        Err(AllocError::PartRoundsToZero {
+        Err(AllocError::NoFit(NoFit::PartRoundsToZero {
             requested: v("0.01"),
             devices: 2,
             quantum: v("0.01")
-        })
+        }))
     );
     assert!(matches!(
         split(v("0.015"), 1, v("0.01")),
-        Err(AllocError::NotMultipleOfQuantum { .. })
+        Err(AllocError::Request(
+            GpuRequestError::NotMultipleOfQuantum { .. }
+        ))
     ));
 }
 
@@ -157,11 +159,11 @@ fn parts_that_round_below_the_quantum_are_refused() {
         .unwrap_err();
     assert_eq!(
         err,
-        AllocError::PartRoundsToZero {
+        AllocError::NoFit(NoFit::PartRoundsToZero {
             requested: v("0.02"),
             devices: 4,
             quantum: v("0.01")
-        }
+        })
     );
     assert!(!a.can_fit(&shares("0.02")));
 }
@@ -171,7 +173,7 @@ fn devices_and_shares_together_are_an_error() {
     let both = ResourceSlot::parse_any(&["cuda.device=1", "cuda.shares=0.5"]).unwrap();
     assert_eq!(
         GpuRequest::from_slots(&both),
-        Err(AllocError::DeviceAndShares)
+        Err(GpuRequestError::DeviceAndShares)
     );
     let mut a = node(2);
     let request = GpuRequest {
@@ -181,13 +183,13 @@ fn devices_and_shares_together_are_an_error() {
     };
     assert_eq!(
         a.allocate("s", &request, Strategy::Binpack),
-        Err(AllocError::DeviceAndShares)
+        Err(AllocError::Request(GpuRequestError::DeviceAndShares))
     );
     assert!(!a.can_fit(&request));
     let half = ResourceSlot::new().with("cuda.device", v("1.5"));
     assert_eq!(
         GpuRequest::from_slots(&half),
-        Err(AllocError::NotWhole {
+        Err(GpuRequestError::NotWhole {
             slot: "cuda.device",
             value: v("1.5")
         })
@@ -263,7 +265,7 @@ fn whole_devices_check_memory() {
         )
         .unwrap_err();
     assert!(
-        matches!(err, AllocError::WholeDevicesLackMemory { .. }),
+        matches!(err, AllocError::NoFit(NoFit::WholeDevicesLackMemory { .. })),
         "{err}"
     );
     let alloc = a
@@ -421,9 +423,9 @@ fn release_is_idempotent_and_restores_capacity() {
     assert!(a.allocate("s", &shares("0.1"), Strategy::Binpack).is_ok());
     assert_eq!(
         a.allocate("s", &shares("0.1"), Strategy::Binpack),
-        Err(AllocError::AlreadyAllocated {
+        Err(AllocError::NoFit(NoFit::AlreadyAllocated {
             session: "s".into()
-        })
+        }))
     );
 }
 
@@ -508,7 +510,7 @@ proptest! {
             Err(e) => {
                 prop_assert!(hundredths < k as u128);
                 prop_assert!(
-                    matches!(e, AllocError::PartRoundsToZero { .. }),
+                    matches!(e, AllocError::NoFit(NoFit::PartRoundsToZero { .. })),
                     "{}", e
                 );
             }

@@ -23,14 +23,15 @@ pub use tracker::ConcurrencyTracker;
 
 use crate::{
     allocator::{
-        AllocError, Allocation, AllocatorConfig, DeviceState, GpuRequest, NodeAllocator, Strategy,
+        Allocation, AllocatorConfig, DeviceState, GpuRequest, GpuRequestError, NodeAllocator,
+        Strategy,
     },
     colocation,
     node::{Node, NodeReport, NodeState},
     placement::{Candidate, EXPLAINED, Explanation, Placement, ScoringConfig, Terms, Weights},
     profile::{POINTS, ProfileBook, UsageSample},
     session::{EnforcementEvent, QuotaPolicy, Session, SessionState, Target, TargetError, now_ms},
-    slots::{RegistryError, ResourceSlot, SlotTypeRegistry, SlotValue},
+    slots::{RegistryError, ResourceSlot, SlotTypeRegistry, SlotValue, names},
     store::Snapshot,
 };
 
@@ -103,7 +104,7 @@ pub enum RequestError {
     },
     /// The GPU part is malformed.
     #[error(transparent)]
-    Gpu(#[from] AllocError),
+    Gpu(#[from] GpuRequestError),
     /// Larger than any node.
     #[error("request {requested} is larger than every node (largest: {largest})")]
     Oversized {
@@ -470,7 +471,7 @@ impl Scheduler {
         let gpu = GpuRequest::from_slots(&requested)?;
         let quantum = self.config.allocator.quantum;
         if !quantum.is_zero() && !gpu.shares.micros().is_multiple_of(quantum.micros()) {
-            return Err(AllocError::NotMultipleOfQuantum {
+            return Err(GpuRequestError::NotMultipleOfQuantum {
                 requested: gpu.shares,
                 quantum,
             }
@@ -491,7 +492,7 @@ impl Scheduler {
                 .nodes
                 .values()
                 .map(Node::capacity)
-                .max_by_key(|c| c.get("cuda.shares"))
+                .max_by_key(|c| c.get(names::CUDA_SHARES))
                 .unwrap_or_default();
             return Err(RequestError::Oversized { requested, largest });
         }

@@ -105,7 +105,7 @@ fn malformed_and_oversized_requests_are_refused() {
     let both = create(&mut s, "y", "u", &["cuda.device=1", "cuda.shares=0.5"]).unwrap_err();
     assert!(matches!(
         both,
-        RequestError::Gpu(AllocError::DeviceAndShares)
+        RequestError::Gpu(GpuRequestError::DeviceAndShares)
     ));
     let big = create(&mut s, "z", "u", &["cuda.shares=3"]).unwrap_err();
     assert!(matches!(big, RequestError::Oversized { .. }), "{big}");
