@@ -38,7 +38,7 @@
 //! ```no_run
 //! use gpuwarden_tests::fake_driver::{FakeConfig, FakeDriver};
 //!
-//! let driver = FakeDriver::mount("/tmp/fake-dev".as_ref(), FakeConfig::default())?;
+//! let driver = FakeDriver::mount("/tmp/fake-dev".as_ref(), &FakeConfig::default())?;
 //! // ... run a GPU client against driver.path("nvidiactl") ...
 //! assert_eq!(driver.ledger(), vec![0, 0]);
 //! # Ok::<(), gpuwarden_tests::fake_driver::FakeDriverError>(())
@@ -155,7 +155,7 @@ impl FakeDriver {
     ///
     /// # Errors
     /// A bad GPU count, or the mount failed (not root, no `/dev/fuse`).
-    pub fn mount(dir: &Path, config: FakeConfig) -> Result<Self, FakeDriverError> {
+    pub fn mount(dir: &Path, config: &FakeConfig) -> Result<Self, FakeDriverError> {
         let gpus = config.gpu_memory.len();
         if !(1..=MAX_GPUS).contains(&gpus) {
             return Err(FakeDriverError::GpuCount { count: gpus });

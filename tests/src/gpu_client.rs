@@ -439,28 +439,33 @@ impl GpuClient {
     /// # Errors
     /// The ioctl failed or the driver answered a non-zero status.
     pub fn rm_alloc(&self, alloc: RmAlloc<'_>) -> Result<u32, RmError> {
-        let (size, params_size_at, status_at) = match alloc.form {
+        let RmAlloc {
+            client,
+            parent,
+            handle,
+            class,
+            params,
+            form,
+            via,
+        } = alloc;
+        let (size, params_size_at, status_at) = match form {
             Form::Nvos21 => (nvos21::SIZE, nvos21::PARAMS_SIZE, nvos21::STATUS),
             Form::Nvos64 => (nvos64::SIZE, nvos64::PARAMS_SIZE, nvos64::STATUS),
         };
         let mut p = vec![0u8; size as usize];
-        set_u32(&mut p, nvos21::H_ROOT, alloc.client);
-        set_u32(&mut p, nvos21::H_OBJECT_PARENT, alloc.parent);
-        set_u32(&mut p, nvos21::H_OBJECT_NEW, alloc.handle);
-        set_u32(&mut p, nvos21::H_CLASS, alloc.class);
-        if !alloc.params.is_empty() {
-            set_u64(
-                &mut p,
-                nvos21::P_ALLOC_PARMS,
-                alloc.params.as_mut_ptr() as u64,
-            );
+        set_u32(&mut p, nvos21::H_ROOT, client);
+        set_u32(&mut p, nvos21::H_OBJECT_PARENT, parent);
+        set_u32(&mut p, nvos21::H_OBJECT_NEW, handle);
+        set_u32(&mut p, nvos21::H_CLASS, class);
+        if !params.is_empty() {
+            set_u64(&mut p, nvos21::P_ALLOC_PARMS, params.as_mut_ptr() as u64);
             set_u32(
                 &mut p,
                 params_size_at,
-                u32::try_from(alloc.params.len()).unwrap_or(u32::MAX),
+                u32::try_from(params.len()).unwrap_or(u32::MAX),
             );
         }
-        self.rm(esc::RM_ALLOC, &mut p, alloc.via)?;
+        self.rm(esc::RM_ALLOC, &mut p, via)?;
         match u32_at(&p, status_at) {
             status::OK => Ok(u32_at(&p, nvos21::H_OBJECT_NEW)),
             status => Err(RmError::Status { status }),

@@ -23,7 +23,7 @@
 //!     gpu_client::{Form, GpuClient, ParamsLayout},
 //! };
 //!
-//! let driver = FakeDriver::mount(Path::new("/tmp/fake-dev"), FakeConfig::default())?;
+//! let driver = FakeDriver::mount(Path::new("/tmp/fake-dev"), &FakeConfig::default())?;
 //! let gpu = GpuClient::open(driver.dir())?;
 //! let client = gpu.alloc_client()?;
 //! let device = gpu.alloc_device(client, 0)?;

@@ -180,7 +180,7 @@ fn gpu0(client: &mut Client) -> (u64, u64) {
 #[ignore = "needs root"]
 fn crossing_the_memory_limit_kills_and_the_container_recovers() {
     require_root();
-    let rig = Rig::start("qkill", Duration::from_secs(60));
+    let rig = Rig::start("qkill", Duration::from_mins(1));
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("k")));
     let session = rig.session(
         &["cuda.shares=0.5", "cuda.mem=16m"],
@@ -246,7 +246,7 @@ fn crossing_the_memory_limit_kills_and_the_container_recovers() {
 #[ignore = "needs root"]
 fn the_stop_policy_stops_and_a_request_resumes() {
     require_root();
-    let rig = Rig::start("qstop", Duration::from_secs(60));
+    let rig = Rig::start("qstop", Duration::from_mins(1));
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("s")));
     let session = rig.session(
         &["cuda.shares=0.5", "cuda.mem=16m"],
@@ -310,7 +310,7 @@ fn the_stop_policy_stops_and_a_request_resumes() {
 #[ignore = "needs root"]
 fn only_the_allocated_gpu_node_opens() {
     require_root();
-    let rig = Rig::start("qdev", Duration::from_secs(60));
+    let rig = Rig::start("qdev", Duration::from_mins(1));
     let scratch = scratch("nodes");
     let nodes = scratch.path();
     for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
@@ -410,7 +410,7 @@ fn a_quota_without_its_cgroup_expires_and_bad_quotas_are_refused() {
 #[ignore = "needs root"]
 fn enforcement_outlives_a_killed_agent() {
     require_root();
-    let mut rig = Rig::start("qrst", Duration::from_secs(60));
+    let mut rig = Rig::start("qrst", Duration::from_mins(1));
     // This test runs the agent as its own process, so it can be killed for real.
     drop(rig.agent.take());
     let scratch = scratch("agentp");
@@ -523,7 +523,7 @@ fn agent_process(rig: &Rig, state: &Path) -> AgentProcess {
 #[ignore = "needs root"]
 fn a_restarted_agent_removes_enforcement_it_no_longer_holds() {
     require_root();
-    let mut rig = Rig::start("qswp", Duration::from_secs(60));
+    let mut rig = Rig::start("qswp", Duration::from_mins(1));
     drop(rig.agent.take());
     let scratch = scratch("agents");
     let state = scratch.path();
@@ -573,7 +573,7 @@ fn a_pid(events: &[gpuwarden_agent_api::snapshot::Record]) -> u32 {
 #[ignore = "needs root"]
 fn gpuwarden_run_executes_inside_the_bound_cgroup() {
     require_root();
-    let rig = Rig::start("qrun", Duration::from_secs(60));
+    let rig = Rig::start("qrun", Duration::from_mins(1));
     let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden-under-test"))
         .arg("--controller")
         .arg(rig.ctl.url())
@@ -664,7 +664,7 @@ fn open_in(cg: &TestCgroup, path: &Path) -> i32 {
 #[ignore = "needs root"]
 fn a_compute_share_throttles_the_bound_cgroup() {
     require_root();
-    let rig = Rig::start("qthr", Duration::from_secs(60));
+    let rig = Rig::start("qthr", Duration::from_mins(1));
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("t")));
     let session = rig.session(&["cuda.shares=0.3"], cgroup_target(&cg), "");
     rig.wait_binding(&session.id, "bound");
@@ -712,7 +712,7 @@ fn a_compute_share_throttles_the_bound_cgroup() {
 #[ignore = "needs root"]
 fn a_quota_binds_when_its_container_appears_and_lets_go_when_it_goes() {
     require_root();
-    let rig = Rig::start("qlate", Duration::from_secs(60));
+    let rig = Rig::start("qlate", Duration::from_mins(1));
     let id = container_id("late");
     let path = format!("/system.slice/docker-{id}.scope");
     let session = rig.session(

@@ -20,10 +20,10 @@ fn three_containers_get_exact_counts_and_bytes() {
 
     let docker_id = container_id("docker");
     let docker = TestCgroup::create(&format!("/system.slice/docker-{docker_id}.scope"));
-    let (cri_id, cri_pod) = (container_id("cri"), pod_uid("cri"));
+    let (containerd_id, containerd_pod) = (container_id("cri"), pod_uid("cri"));
     let containerd = TestCgroup::create(&format!(
-        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{cri_id}.scope",
-        cri_pod.replace('-', "_")
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{containerd_id}.scope",
+        containerd_pod.replace('-', "_")
     ));
     let (crio_id, crio_pod) = (container_id("crio"), pod_uid("crio"));
     let crio = TestCgroup::create(&format!(
@@ -93,8 +93,8 @@ fn three_containers_get_exact_counts_and_bytes() {
         .container(&containerd.path)
         .expect("containerd container");
     assert_eq!(c.runtime, "containerd");
-    assert_eq!(c.container_id.as_deref(), Some(cri_id.as_str()));
-    assert_eq!(c.pod_uid.as_deref(), Some(cri_pod.as_str()));
+    assert_eq!(c.container_id.as_deref(), Some(containerd_id.as_str()));
+    assert_eq!(c.pod_uid.as_deref(), Some(containerd_pod.as_str()));
     assert_eq!(c.qos.as_deref(), Some("besteffort"));
     assert_eq!(memory(&c, "nvidia1"), 12 * MIB);
     assert_eq!(memory(&c, "nvidia0"), 0);

@@ -30,7 +30,7 @@ struct Mounted {
 }
 
 impl Mounted {
-    fn new(config: FakeConfig) -> Self {
+    fn new(config: &FakeConfig) -> Self {
         let dir = scratch("rt");
         let driver =
             FakeDriver::mount(&dir.path().join("dev"), config).expect("mount the fake driver");
@@ -59,7 +59,7 @@ fn hex(c: &mut ScriptedClient, line: &str, key: &str) -> String {
 #[ignore = "needs root"]
 fn allocations_round_trip_with_every_encoding() {
     require_root();
-    let m = Mounted::new(FakeConfig::default());
+    let m = Mounted::new(&FakeConfig::default());
     let mut c = m.client();
     let client = hex(&mut c, "client", "client");
     let dev0 = hex(&mut c, &format!("device {client} 0"), "handle");
@@ -127,7 +127,7 @@ fn allocations_round_trip_with_every_encoding() {
 #[ignore = "needs root"]
 fn frees_release_objects_devices_and_clients() {
     require_root();
-    let m = Mounted::new(FakeConfig::default());
+    let m = Mounted::new(&FakeConfig::default());
     let mut c = m.client();
     let client = hex(&mut c, "client", "client");
     let dev0 = hex(&mut c, &format!("device {client} 0"), "handle");
@@ -172,7 +172,7 @@ fn frees_release_objects_devices_and_clients() {
 #[ignore = "needs root"]
 fn a_forked_child_allocates_through_the_inherited_fd_and_exit_releases() {
     require_root();
-    let m = Mounted::new(FakeConfig::default());
+    let m = Mounted::new(&FakeConfig::default());
     let mut c = m.client();
     let client = hex(&mut c, "client", "client");
     let dev = hex(&mut c, &format!("device {client} 0"), "handle");
@@ -211,7 +211,7 @@ fn a_forked_child_allocates_through_the_inherited_fd_and_exit_releases() {
 #[ignore = "needs root"]
 fn the_last_close_of_a_duplicated_fd_releases() {
     require_root();
-    let m = Mounted::new(FakeConfig::default());
+    let m = Mounted::new(&FakeConfig::default());
     let mut c = m.client();
     c.value("dup", "fd").unwrap();
     let client = hex(&mut c, "client", "client");
@@ -248,7 +248,7 @@ fn the_last_close_of_a_duplicated_fd_releases() {
 #[ignore = "needs root"]
 fn memory_is_per_gpu_and_configurable() {
     require_root();
-    let m = Mounted::new(FakeConfig {
+    let m = Mounted::new(&FakeConfig {
         gpu_memory: vec![64 * MIB, 8 * MIB, GIB],
     });
     assert_eq!(m.driver.gpus(), 3);
@@ -299,7 +299,7 @@ fn memory_is_per_gpu_and_configurable() {
 #[ignore = "needs root"]
 fn uvm_control_and_raw_ioctls_answer_like_the_driver() {
     require_root();
-    let m = Mounted::new(FakeConfig::default());
+    let m = Mounted::new(&FakeConfig::default());
     let mut gpu = GpuClient::open_on(m.driver.dir(), 1).unwrap();
     let client = gpu.alloc_client().unwrap();
     let device = gpu.alloc_device(client, 1).unwrap();
@@ -368,7 +368,7 @@ fn uvm_control_and_raw_ioctls_answer_like_the_driver() {
 #[ignore = "needs root"]
 fn scripted_clients_start_inside_their_cgroup() {
     require_root();
-    let m = Mounted::new(FakeConfig::default());
+    let m = Mounted::new(&FakeConfig::default());
     let cgroup = TestCgroup::create(&format!("/gw-rt-{}", std::process::id()));
     let c = m.client_in(Some(&cgroup.dir));
     let membership = std::fs::read_to_string(format!("/proc/{}/cgroup", c.pid())).unwrap();
@@ -394,7 +394,7 @@ fn scripted_clients_start_inside_their_cgroup() {
 #[ignore = "needs root"]
 fn every_line_gets_one_reply() {
     require_root();
-    let m = Mounted::new(FakeConfig::default());
+    let m = Mounted::new(&FakeConfig::default());
     let mut c = m.client();
     assert!(c.send("").unwrap().starts_with("err"));
     assert!(

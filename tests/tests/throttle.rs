@@ -127,6 +127,11 @@ impl SpinCgroup {
         &self.cgroup.dir
     }
 
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a share is in 0..=1, so its ppm fits a u32"
+    )]
     fn member(&self, share: f64, policy: ComputePolicy) -> Member {
         Member {
             cgroup_dir: self.dir().to_owned(),

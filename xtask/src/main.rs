@@ -162,4 +162,54 @@ mod tests {
             "relative to the workspace, where the builds run"
         );
     }
+
+    /// The `key = value` lines of TOML table `name` in `manifest` (comments and blanks left out).
+    fn table<'a>(manifest: &'a str, name: &str) -> Vec<&'a str> {
+        let header = format!("[{name}]");
+        manifest
+            .lines()
+            .map(str::trim)
+            .skip_while(|l| *l != header)
+            .skip(1)
+            .take_while(|l| !l.starts_with('['))
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect()
+    }
+
+    /// A crate that turns on more lints (pedantic) cannot inherit the workspace's, so it copies
+    /// them: each copy must still hold every workspace lint, at the workspace's level.
+    #[test]
+    fn crates_with_lints_of_their_own_keep_the_workspace_lints() {
+        let ws = workspace();
+        let root = std::fs::read_to_string(ws.join("Cargo.toml")).unwrap();
+        let members = table(&root, "workspace");
+        let members = members
+            .iter()
+            .skip_while(|l| !l.starts_with("members"))
+            .skip(1)
+            .take_while(|l| !l.starts_with(']'))
+            .map(|l| l.trim_matches(|c| c == '"' || c == ','));
+        let mut copies = 0;
+        for member in members {
+            let manifest = std::fs::read_to_string(ws.join(member).join("Cargo.toml")).unwrap();
+            // Inheriting, or (a crate's own business) no lints at all.
+            if !manifest.contains("[lints.rust]") && !manifest.contains("[lints.clippy]") {
+                continue;
+            }
+            for tool in ["rust", "clippy"] {
+                let own = table(&manifest, &format!("lints.{tool}"));
+                for lint in table(&root, &format!("workspace.lints.{tool}")) {
+                    assert!(
+                        own.contains(&lint),
+                        "{member}/Cargo.toml: [lints.{tool}] lacks the workspace's `{lint}`"
+                    );
+                }
+            }
+            copies += 1;
+        }
+        assert!(
+            copies > 0,
+            "no crate copies the workspace lints: is this test still needed?"
+        );
+    }
 }

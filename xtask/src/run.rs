@@ -89,6 +89,6 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 
 fn stop(child: &mut Child) {
     // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(child.id().cast_signed(), libc::SIGTERM) };
     let _ = child.wait();
 }

@@ -7,6 +7,17 @@
 /// The bundled trace, relative to the workspace root.
 const BUNDLED: &str = "controller/sim/trace.jsonl";
 
+/// Flags that pick or shape the trace: the bundled one would override them.
+const TRACE_FLAGS: [&str; 7] = [
+    "--trace",
+    "--seed",
+    "--jobs",
+    "--load",
+    "--fractional-training",
+    "--sweep",
+    "--generate",
+];
+
 /// Runs the simulator with `args` (passed through).
 pub fn run(args: &[String]) -> anyhow::Result<()> {
     let mut cmd = crate::cargo();
@@ -20,16 +31,6 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         "gpuwarden-sim",
         "--",
     ]);
-    // Flags that pick or shape the trace: the bundled one would override them.
-    const TRACE_FLAGS: [&str; 7] = [
-        "--trace",
-        "--seed",
-        "--jobs",
-        "--load",
-        "--fractional-training",
-        "--sweep",
-        "--generate",
-    ];
     let chooses_trace = args
         .iter()
         .any(|a| TRACE_FLAGS.iter().any(|f| a.starts_with(f)));

@@ -224,7 +224,7 @@ impl Default for Quota {
     }
 }
 
-/// An ioctl the LSM program is to refuse (value of `DENY`, by pid_tgid): the raw command and
+/// An ioctl the LSM program is to refuse (value of `DENY`, by `pid_tgid`): the raw command and
 /// argument, so a stale entry never refuses some other ioctl.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -30,7 +30,7 @@ pub const fn ioctl_size(cmd: u32) -> u32 {
 
 /// Resource-manager escape numbers (`NV_ESC_*`).
 pub mod esc {
-    /// `NV_ESC_RM_ALLOC_MEMORY` (nvos02_with_fd, 56 bytes).
+    /// `NV_ESC_RM_ALLOC_MEMORY` (`nvos02_with_fd`, 56 bytes).
     pub const RM_ALLOC_MEMORY: u32 = 0x27;
     /// `NV_ESC_RM_FREE` (NVOS00, 16 bytes).
     pub const RM_FREE: u32 = 0x29;
@@ -50,7 +50,7 @@ pub mod esc {
     pub const RM_VID_HEAP_CONTROL: u32 = 0x4a;
     /// `NV_ESC_RM_ACCESS_REGISTRY`.
     pub const RM_ACCESS_REGISTRY: u32 = 0x4d;
-    /// `NV_ESC_RM_MAP_MEMORY` (nvos33_with_fd, 56 bytes).
+    /// `NV_ESC_RM_MAP_MEMORY` (`nvos33_with_fd`, 56 bytes).
     pub const RM_MAP_MEMORY: u32 = 0x4e;
     /// `NV_ESC_RM_UNMAP_MEMORY` (NVOS34, 32 bytes).
     pub const RM_UNMAP_MEMORY: u32 = 0x4f;

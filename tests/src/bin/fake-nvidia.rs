@@ -50,7 +50,7 @@ fn main() -> ExitCode {
         libc::sigaddset(&raw mut set, libc::SIGTERM);
         libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut());
     }
-    let driver = match FakeDriver::mount(&dir, FakeConfig::uniform(gpus, memory)) {
+    let driver = match FakeDriver::mount(&dir, &FakeConfig::uniform(gpus, memory)) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("fake-nvidia: {e}");

@@ -23,7 +23,7 @@ const UVM_INO: u64 = 3;
 const GPU_INO: u64 = 100;
 
 /// Attributes are fixed: the kernel may cache them.
-const TTL: Duration = Duration::from_secs(3600);
+const TTL: Duration = Duration::from_hours(1);
 
 /// What the driver and the tests share.
 #[derive(Debug)]

@@ -30,6 +30,10 @@ pub const OBJECT_HANDLE_BASE: u32 = 0xcaf0_0000;
 
 /// The `gpuId` of GPU `index` in control calls and `CARD_INFO`.
 #[must_use]
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "a GPU index is below MAX_GPUS; `u32::try_from` is not const"
+)]
 pub const fn gpu_id(index: usize) -> u32 {
     // Real ids are PCI-derived (e.g. 0x100 for bus 1); keep that shape.
     ((index as u32) + 1) << 8
@@ -144,8 +148,16 @@ impl Rm {
             (esc::CHECK_VERSION_STR, 72) => {
                 set_u32(params, version::REPLY, version::REPLY_RECOGNIZED);
             }
-            (esc::RM_ALLOC | esc::RM_FREE | esc::RM_CONTROL | esc::IOCTL_XFER_CMD, _)
-            | (esc::CARD_INFO | esc::CHECK_VERSION_STR, _)
+            // The escapes above at a size they don't take.
+            (
+                esc::RM_ALLOC
+                | esc::RM_FREE
+                | esc::RM_CONTROL
+                | esc::IOCTL_XFER_CMD
+                | esc::CARD_INFO
+                | esc::CHECK_VERSION_STR,
+                _,
+            )
             | (esc::REGISTER_FD, 0..=3 | 5..) => return Err(libc::EINVAL),
             // Fd registration, attaching GPUs and the escapes the fake doesn't model: success,
             // params untouched.

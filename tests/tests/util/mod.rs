@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::missing_panics_doc)]
 
 use std::{
+    fmt::Write as _,
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
@@ -41,14 +42,12 @@ pub fn container_id(seed: &str) -> String {
     {
         h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
     }
-    (0..4)
-        .map(|i| {
-            format!(
-                "{:016x}",
-                h.rotate_left(i * 16) ^ (u64::from(i) * 0x9e37_79b9)
-            )
-        })
-        .collect()
+    let mut id = String::with_capacity(64);
+    for i in 0..4 {
+        let word = h.rotate_left(i * 16) ^ (u64::from(i) * 0x9e37_79b9);
+        write!(id, "{word:016x}").unwrap();
+    }
+    id
 }
 
 /// A pod UID unique to this run.
@@ -66,10 +65,10 @@ pub fn pod_uid(seed: &str) -> String {
 
 /// The fake driver mounted in a scratch directory, removed after the driver unmounts.
 pub struct Driver {
-    pub driver: FakeDriver,
+    pub fake: FakeDriver,
     /// The mount point, `dev` in the scratch directory.
     pub dir: PathBuf,
-    /// Dropped after `driver` (fields drop in order).
+    /// Dropped after `fake` (fields drop in order).
     scratch: TempDir,
 }
 
@@ -77,12 +76,8 @@ impl Driver {
     pub fn mount(tag: &str) -> Self {
         let scratch = scratch(tag);
         let dir = scratch.path().join("dev");
-        let driver = FakeDriver::mount(&dir, FakeConfig::default()).unwrap();
-        Self {
-            driver,
-            dir,
-            scratch,
-        }
+        let fake = FakeDriver::mount(&dir, &FakeConfig::default()).unwrap();
+        Self { fake, dir, scratch }
     }
 
     /// The glob the agent watches for this driver.
@@ -149,7 +144,7 @@ impl TestAgent {
             runtime,
             scratch: None,
         };
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_mins(1);
         loop {
             if agent.try_snapshot().is_ok() {
                 return agent;

@@ -143,7 +143,6 @@ pub fn points(metric: &Metric) -> Vec<(Vec<(String, String)>, f64)> {
                 .iter()
                 .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
                 .collect();
-            #[allow(clippy::cast_precision_loss)]
             let value = match p.value {
                 Some(number_data_point::Value::AsInt(i)) => i as f64,
                 Some(number_data_point::Value::AsDouble(d)) => d,
