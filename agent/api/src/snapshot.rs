@@ -131,7 +131,7 @@ pub struct Container {
     /// The pod's namespace, from the kubelet's pod list.
     #[serde(default)]
     pub pod_namespace: Option<String>,
-    /// Kubernetes QoS class.
+    /// Kubernetes `QoS` class.
     pub qos: Option<String>,
     /// cgroup v2 path (relative to the cgroup root).
     pub cgroup_path: String,

@@ -306,7 +306,7 @@ impl<'a> Usage<'a> {
         let allocated = allocated.unwrap_or_else(|| "0".to_owned());
         let capacity = capacity.unwrap_or_else(|| "0".to_owned());
         if self.is_bytes(slot) {
-            format!("{}/{}", self.bytes(&allocated), self.bytes(&capacity))
+            format!("{}/{}", Self::bytes(&allocated), Self::bytes(&capacity))
         } else {
             format!("{allocated}/{capacity}")
         }
@@ -323,7 +323,7 @@ impl<'a> Usage<'a> {
     }
 
     /// An exact byte count from the wire in binary units; anything else as it came.
-    fn bytes(&self, value: &str) -> String {
+    fn bytes(value: &str) -> String {
         value
             .parse::<u64>()
             .map_or_else(|_| value.to_owned(), human_bytes)

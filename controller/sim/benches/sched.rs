@@ -154,7 +154,7 @@ async fn heartbeats(agents: usize, seconds: u64) -> (f64, u64) {
     let _ = std::fs::remove_dir_all(&dir);
     let store = Store::open(&dir).expect("store");
     let timing = Timing {
-        heartbeat_timeout: Duration::from_secs(600),
+        heartbeat_timeout: Duration::from_mins(10),
         ..Timing::default()
     };
     let controller = Controller::new(Scheduler::new(SchedulerConfig::default()), store, timing);

@@ -76,7 +76,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    match run(&Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpuwarden-sim: {e:#}");
@@ -85,7 +85,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: &Cli) -> anyhow::Result<()> {
     let cluster = ClusterShape {
         nodes: cli.nodes,
         gpus_per_node: cli.gpus_per_node,
@@ -119,7 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             "--sweep-fractional-training: {f} is not in 0..=1"
         );
     }
-    let scoring = scoring(&cli)?;
+    let scoring = scoring(cli)?;
     let config = SimConfig {
         cluster,
         warmup: cli.warmup,

@@ -1,7 +1,7 @@
-//! A small deterministic random number generator (SplitMix64), so a seed gives the same trace
+//! A small deterministic random number generator (`SplitMix64`), so a seed gives the same trace
 //! and the same simulated utilization on every machine and build, with no dependency.
 
-/// SplitMix64 (Steele, Lea and Flood, 2014): 64 bits of state, passes BigCrush, one
+/// `SplitMix64` (Steele, Lea and Flood, 2014): 64 bits of state, passes `BigCrush`, one
 /// multiply-xorshift chain per draw.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
