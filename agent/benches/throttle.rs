@@ -6,10 +6,11 @@
 //! in the same run, its unthrottled rate before the targets and again after them (the mean of
 //! the two). Needs root (it creates a cgroup v2 cgroup and freezes it).
 
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // Measured rates and shares in [0, 1], as f64.
+
 use std::{
-    ffi::CString,
     fs,
-    os::unix::{ffi::OsStrExt, fs::MetadataExt, process::CommandExt},
+    os::unix::{fs::MetadataExt, process::CommandExt},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicU64, Ordering},
@@ -77,11 +78,11 @@ fn spin(path: &Path) -> anyhow::Result<()> {
 
 /// Runs between fork and exec of the spinner, so only async-signal-safe calls (setsid,
 /// setpriority, open, write, close). Moves it into the cgroup whose `cgroup.procs` is `procs`
-/// (writing "0" moves the writer) and raises its priority, in a session and autogroup of its
+/// (the runtime crate's `cgroup::join`) and raises its priority, in a session and autogroup of its
 /// own (with autogroups a nice value only counts within a session), so that other work on the
 /// machine doesn't starve it: what is measured is the throttle, not the scheduler.
 fn start_in(procs: &std::ffi::CStr) -> std::io::Result<()> {
-    // SAFETY: plain syscalls on memory we own; `procs` and the literals are NUL-terminated.
+    // SAFETY: plain syscalls on memory we own; the literals are NUL-terminated.
     unsafe {
         libc::setsid();
         let fd = libc::open(
@@ -95,15 +96,8 @@ fn start_in(procs: &std::ffi::CStr) -> std::io::Result<()> {
         if libc::setpriority(libc::PRIO_PROCESS, 0, -10) != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-        let err = std::io::Error::last_os_error();
-        libc::close(fd);
-        if written == 1 { Ok(()) } else { Err(err) }
     }
+    gpuwarden_runtime::cgroup::join(procs)
 }
 
 /// The cgroup, its spinner and the counter; all cleaned up on drop.
@@ -166,7 +160,7 @@ fn main() -> anyhow::Result<()> {
     fs::write(&setup.counter_path, [0u8; 8])?;
     let counter = Counter::map(&setup.counter_path)?;
 
-    let procs = CString::new(setup.dir.join("cgroup.procs").as_os_str().as_bytes())?;
+    let procs = gpuwarden_runtime::cgroup::procs_file(&setup.dir)?;
     let mut command = Command::new(std::env::current_exe()?);
     command
         .env(SPINNER_ENV, &setup.counter_path)

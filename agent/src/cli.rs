@@ -6,9 +6,8 @@ use std::{io::IsTerminal as _, path::PathBuf, process::ExitCode, time::Duration}
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
-use gpuwarden_agent_api::{DEFAULT_SOCKET, Request, client};
-
 use crate::{
+    api::{self, DEFAULT_SOCKET, Request},
     config::{AgentConfig, Overrides},
     daemon,
     export::top,
@@ -43,7 +42,7 @@ enum Command {
         /// Node name [default: the host name].
         #[arg(long, env = "NODE_NAME")]
         node_name: Option<String>,
-        /// Controller to register with, e.g. http://127.0.0.1:50051.
+        /// Controller to register with, e.g. <http://127.0.0.1:50051>.
         #[arg(long, env = "GPUWARDEN_CONTROLLER")]
         controller: Option<String>,
         /// Mock GPU device list (TOML) instead of NVML.
@@ -101,7 +100,7 @@ enum Command {
         /// Seconds between refreshes.
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
-        /// Print one frame and exit (what happens anyway when stdout is not a terminal).
+        /// Print one frame and exit (the default when stdout is not a terminal).
         #[arg(long)]
         once: bool,
     },
@@ -167,7 +166,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             daemon::run(config).await?;
         }
         Command::Snapshot { json, socket } => {
-            let snapshot = client::snapshot(&socket).await?;
+            let snapshot = api::snapshot(&socket).await?;
             if json {
                 println!(
                     "{}",
@@ -188,12 +187,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             interval,
             once,
         } => {
-            let live = top::is_live(once, std::io::stdout().is_terminal());
             let period = Duration::from_secs_f64(interval.max(0.1));
+            let terminal = std::io::stdout().is_terminal();
             loop {
-                let snapshot = client::snapshot(&socket).await?;
-                print!("{}", top::frame(&snapshot, live));
-                if !live {
+                let snapshot = api::snapshot(&socket).await?;
+                print!("{}", top::frame(&snapshot, terminal));
+                if once || !terminal {
                     return Ok(());
                 }
                 tokio::select! {
@@ -207,10 +206,32 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn signal(socket: &std::path::Path, request: Request) -> anyhow::Result<()> {
-    let done = client::signal(socket, &request).await?;
+    let done = api::client::signal(socket, &request).await?;
     println!(
         "signalled process {} (session {})",
         done.pid, done.session_id
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    #[test]
+    fn the_help_says_what_the_binary_is() {
+        let help = Cli::command().render_help().to_string();
+        assert!(help.contains("gpuwarden's node agent"), "{help}");
+        let long = Cli::command().render_long_help().to_string();
+        assert!(long.contains("gpuwarden's node agent"), "{long}");
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn top_takes_once() {
+        let cli = Cli::try_parse_from(["gpuwarden-agent", "top", "--once"]).unwrap();
+        assert!(matches!(cli.command, Command::Top { once: true, .. }));
+    }
 }

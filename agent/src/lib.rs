@@ -6,24 +6,21 @@
 //! names what they count, attributes each cgroup to its container or pod, enforces the quotas
 //! the controller allocates, and serves snapshots over a local socket.
 //!
-//! The modules follow the data path (docs/architecture.md, "The code shows the data path"):
+//! The folders follow the data path, kernel → agent → controller → client (docs/architecture.md,
+//! "The code shows the data path"):
 //!
-//! - [`sensor`]: the eBPF programs as one unit — loading them, probing and attaching the
-//!   cheapest hooks the kernel allows, pins, the maps, GPU device nodes, and the maps' upkeep;
-//! - [`attribution`]: cgroup id → container, pod, systemd unit or host, and pod names from the
-//!   node's kubelet;
-//! - [`enforcement`]: what an allocation asks the node to enforce (`quota`), the cgroups a
-//!   target binds to (`cgroup_tree`), binding quotas into the BPF maps and device programs
-//!   with their events, and the compute-share `throttle`;
-//! - [`control`]: the link to the controller, what the node holds (kept in sled), and usage
-//!   reports for the controller's profiles;
-//! - [`export`]: the snapshot built from the maps, OTLP metrics, and `top`;
-//! - [`devices`]: the GPUs, from NVML or a mock list;
-//! - [`daemon`]: `gpuwarden-agent run`, tying them together; [`cli`]: its command line;
-//!   [`config`] and [`lock`] (one agent per node).
+//! - `sensor`: loading the programs, probing and attaching the cheapest hooks the kernel
+//!   allows, the GPU device nodes, the maps and their upkeep, the ring buffer of events;
+//! - [`attribution`]: cgroup id → container, pod, systemd unit or host; pod UID → name and
+//!   namespace, from the node's kubelet;
+//! - [`enforcement`]: quotas bound to their cgroups in the BPF maps and device programs, behind
+//!   narrow traits to the kernel; the compute-share throttle;
+//! - [`control`]: the controller link, the allocations held in sled, usage reports;
+//! - [`export`]: the snapshot, the local socket, OTLP metrics and `top`;
 //!
-//! The local socket's protocol and the snapshot document are the `gpuwarden-agent-api` crate,
-//! shared with every client.
+//! and beside them [`devices`] (the GPU inventory: NVML or mock), [`config`], [`cli`], `lock`
+//! and [`daemon`] (`gpuwarden-agent run`, tying the stages together). The socket protocol and
+//! the snapshot document are in crate `gpuwarden-agent-api`, re-exported as [`api`].
 #![deny(missing_docs)]
 
 pub mod attribution;
@@ -34,5 +31,8 @@ pub mod daemon;
 pub mod devices;
 pub mod enforcement;
 pub mod export;
-pub mod lock;
-pub mod sensor;
+pub(crate) mod lock;
+pub(crate) mod sensor;
+
+/// The local socket protocol and the snapshot document (crate `gpuwarden-agent-api`).
+pub use gpuwarden_agent_api as api;

@@ -84,7 +84,7 @@ mod tests {
     #[test]
     fn second_holder_is_refused_with_the_first_pid() {
         let scratch = gpuwarden_test_support::scratch("lock");
-        let dir = scratch.path().join("run");
+        let dir = scratch.path().join("state");
         let first = InstanceLock::acquire(&dir).unwrap();
         let err = InstanceLock::acquire(&dir).unwrap_err();
         let msg = err.to_string();
@@ -92,5 +92,6 @@ mod tests {
         assert!(msg.contains("already running"), "{msg}");
         drop(first);
         InstanceLock::acquire(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -25,7 +25,11 @@ pub mod client;
 pub mod protocol;
 pub mod snapshot;
 
-pub use client::ClientError;
+pub use client::{ClientError, ask, call, snapshot};
 pub use protocol::{
     DEFAULT_SOCKET, NodeName, Request, Response, SessionCgroup, Signalled, parse_request,
+};
+pub use snapshot::{
+    BindingView, Candidate, Container, DeviceQuotaView, DeviceUsage, EnforcementView, GpuView,
+    Hook, KubeletStatus, QuotaView, Record, Snapshot, Stats, Tier,
 };

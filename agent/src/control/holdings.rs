@@ -143,5 +143,6 @@ mod tests {
         let h = Holdings::open(&dir).unwrap();
         assert_eq!(h.sessions(), vec!["s2".to_owned()]);
         assert!(h.get("s2").is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

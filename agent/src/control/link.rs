@@ -15,12 +15,11 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 use tonic::transport::Endpoint;
 
-use crate::{
-    control::holdings::{SharedHoldings, lock},
-    control::usage::UsageCounters,
-    devices::GpuBackend,
-    enforcement::quota::QuotaSpec,
+use super::{
+    holdings::{SharedHoldings, lock},
+    usage_report::UsageCounters,
 };
+use crate::{devices::GpuBackend, enforcement::quota::QuotaSpec};
 
 /// What the link passes down to enforcement: configuration flows from the controller to the
 /// kernel, never back through shared state.
@@ -166,7 +165,54 @@ pub fn check_allocation(
     })
 }
 
-/// Keeps the node registered and its stream up until `shutdown`.
+/// Why the link ended or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The controller URL can't be used: fatal, retrying would not help.
+    #[error("invalid controller URL {url:?}: {source}")]
+    InvalidUrl {
+        /// The URL given.
+        url: String,
+        /// What is wrong with it.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// No connection (the controller is down or unreachable).
+    #[error("cannot connect: {0}")]
+    Connect(#[source] tonic::transport::Error),
+    /// The controller refused the registration.
+    #[error("registration refused: {}", .0.message())]
+    Register(#[source] tonic::Status),
+    /// The stream was refused or broke.
+    #[error("stream broke: {}", .0.message())]
+    Stream(#[source] tonic::Status),
+    /// The stream's sending side closed (the connection went away).
+    #[error("stream closed")]
+    Closed,
+}
+
+impl LinkError {
+    /// Whether retrying can't help (the agent stops instead).
+    #[must_use]
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, Self::InvalidUrl { .. })
+    }
+}
+
+/// The controller's endpoint.
+///
+/// # Errors
+/// [`LinkError::InvalidUrl`], naming the URL.
+pub fn check_url(url: &str) -> Result<Endpoint, LinkError> {
+    Endpoint::from_shared(url.to_owned()).map_err(|source| LinkError::InvalidUrl {
+        url: url.to_owned(),
+        source,
+    })
+}
+
+/// Keeps the node registered and its stream up until `shutdown`, reconnecting with backoff when
+/// the controller goes away. Returns early, logged as an error, when the link can never work (an
+/// invalid URL; the daemon checks it with [`check_url`] before and stops naming it).
 pub async fn run(
     config: LinkConfig,
     backend: Arc<dyn GpuBackend>,
@@ -175,7 +221,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Backoff::default();
     loop {
         let session = connect_once(&config, backend.as_ref(), &holdings, channels.as_mut());
         tokio::select! {
@@ -183,16 +229,49 @@ pub async fn run(
             result = session => match result {
                 Ok(()) => {
                     tracing::warn!(controller = %config.controller, "controller closed the stream; reconnecting");
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                 }
-                Err(e) => tracing::warn!(controller = %config.controller, "controller link: {e}; retrying in {backoff:?}"),
+                Err(e) if e.is_fatal() => {
+                    tracing::error!(controller = %config.controller, "controller link stopped: {e}");
+                    return;
+                }
+                Err(e) => tracing::warn!(controller = %config.controller, "controller link: {e}; retrying in {:?}", backoff.current()),
             }
         }
         tokio::select! {
             () = &mut shutdown => return,
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(backoff.next_delay()) => {}
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Doubling delays between reconnections, from 100 ms up to 5 s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self(Self::FIRST)
+    }
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(5);
+
+    fn current(self) -> Duration {
+        self.0
+    }
+
+    /// The delay to wait now; the next one doubles.
+    fn next_delay(&mut self) -> Duration {
+        let now = self.0;
+        self.0 = (self.0 * 2).min(Self::MAX);
+        now
+    }
+
+    fn reset(&mut self) {
+        self.0 = Self::FIRST;
     }
 }
 
@@ -202,19 +281,18 @@ async fn connect_once(
     backend: &dyn GpuBackend,
     holdings: &SharedHoldings,
     mut channels: Option<&mut LinkChannels>,
-) -> Result<(), String> {
-    let channel = Endpoint::from_shared(config.controller.clone())
-        .map_err(|e| format!("invalid controller URL {:?}: {e}", config.controller))?
+) -> Result<(), LinkError> {
+    let channel = check_url(&config.controller)?
         .connect_timeout(Duration::from_secs(2))
         .connect()
         .await
-        .map_err(|e| format!("cannot connect: {e}"))?;
+        .map_err(LinkError::Connect)?;
     let mut client = AgentServiceClient::new(channel);
     let running = lock(holdings).sessions();
     let registered = client
         .register(node_info(config, backend, running))
         .await
-        .map_err(|s| format!("registration refused: {}", s.message()))?
+        .map_err(LinkError::Register)?
         .into_inner();
     let interval = Duration::from_millis(u64::from(registered.heartbeat_interval_ms.max(100)));
     tracing::info!(node = %registered.node_id, controller = %config.controller, "registered");
@@ -227,11 +305,11 @@ async fn connect_once(
             running_sessions: lock(holdings).sessions(),
         })),
     };
-    tx.send(heartbeat(0)).await.map_err(|e| e.to_string())?;
+    tx.send(heartbeat(0)).await.map_err(|_| LinkError::Closed)?;
     let mut inbound = client
         .connect(ReceiverStream::new(rx))
         .await
-        .map_err(|s| format!("stream refused: {}", s.message()))?
+        .map_err(LinkError::Stream)?
         .into_inner();
     let mut ticker = tokio::time::interval(interval);
     let mut seq = 1;
@@ -250,7 +328,7 @@ async fn connect_once(
             upward = upward => match upward {
                 Upward::Event(event) => {
                     let msg = pb::agent_message::Msg::Event(event);
-                    tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|e| e.to_string())?;
+                    tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|_| LinkError::Closed)?;
                 }
                 Upward::Usage(usage) => {
                     // A sample is worth less than a heartbeat: never wait for room, drop it.
@@ -259,17 +337,17 @@ async fn connect_once(
                     match tx.try_send(pb::AgentMessage { msg: Some(msg) }) {
                         Ok(()) => counters.count_sent(),
                         Err(TrySendError::Full(_)) => counters.count_dropped(),
-                        Err(TrySendError::Closed(_)) => return Err("stream closed".to_owned()),
+                        Err(TrySendError::Closed(_)) => return Err(LinkError::Closed),
                     }
                 }
             },
             _ = ticker.tick() => {
-                tx.send(heartbeat(seq)).await.map_err(|e| e.to_string())?;
+                tx.send(heartbeat(seq)).await.map_err(|_| LinkError::Closed)?;
                 seq += 1;
             }
             message = inbound.next() => {
                 let Some(message) = message else { return Ok(()) };
-                let message = message.map_err(|s| format!("stream broke: {}", s.message()))?;
+                let message = message.map_err(LinkError::Stream)?;
                 let reply = match message.msg {
                     // Asked at each allocation: a device plugin's slots may change while connected.
                     Some(Msg::Allocate(a)) => Some(accept(config, backend, holdings, channels.as_deref(), a)),
@@ -285,7 +363,7 @@ async fn connect_once(
                     None => None,
                 };
                 if let Some(msg) = reply {
-                    tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|e| e.to_string())?;
+                    tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|_| LinkError::Closed)?;
                 }
             }
         }
@@ -327,31 +405,4 @@ fn accept(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unknown_slots_are_refused_unless_zero() {
-        let known: BTreeSet<String> = ["cpu", "cuda.shares"]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
-        let alloc = |pairs: &[(&str, &str)]| pb::Allocate {
-            session_id: "s".into(),
-            slots: Some(pb::ResourceSlot {
-                values: pairs
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-            }),
-            ..Default::default()
-        };
-        assert!(
-            check_allocation(&known, &alloc(&[("cpu", "1"), ("cuda.shares", "0.5")])).is_none()
-        );
-        assert!(check_allocation(&known, &alloc(&[("mock.accel", "0")])).is_none());
-        let nack = check_allocation(&known, &alloc(&[("mock.accel", "0.5")])).unwrap();
-        assert_eq!(nack.reason, "UnsupportedResource");
-        assert!(nack.message.contains("mock.accel"), "{}", nack.message);
-    }
-}
+mod tests;

@@ -1,6 +1,14 @@
-//! The agent and the controller: the link (register, one bidirectional stream, reconnecting),
-//! what the node holds for the controller (persisted in sled), and usage reports.
+//! The controller's side of the node: the link that registers the node and carries allocations
+//! down and events and usage up, what the node holds (kept in sled), and the usage reports the
+//! controller builds its workload profiles from.
+//!
+//! - [`link`]: registration and the stream, reconnecting with backoff;
+//! - [`holdings`]: allocations by session, persisted;
+//! - `usage_report`: what each session used, per interval.
 
 pub mod holdings;
 pub mod link;
-pub mod usage;
+pub(crate) mod usage_report;
+
+pub use link::{LinkChannels, LinkConfig, QuotaCommand};
+pub use usage_report::UsageCounters;

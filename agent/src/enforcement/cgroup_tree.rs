@@ -1,16 +1,24 @@
-//! Binding a quota's target to the cgroup that holds the workload.
+//! The cgroup v2 tree as enforcement walks it: a quota's target (container, pod, cgroup path,
+//! managed) → the cgroup that holds the workload, and every cgroup below it.
 //!
-//! A container id or pod UID is found by reading the cgroup tree with the same layout rules as
+//! A container id or pod UID is found by reading the tree with the same layout rules as
 //! attribution ([`parse_cgroup_path`]), so whatever attribution names a container here is what a
 //! quota for it binds to. A quota applies to the cgroup it binds at and to every cgroup below it
 //! (a pod's containers, a container's own children): [`CgroupTree::members`] lists them.
+//!
+//! The file system is behind [`CgroupFs`]: [`HostCgroups`] reads the real one, tests use an
+//! in-memory tree.
 
 use std::{
+    io,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
 };
 
-use crate::{attribution::parse_cgroup_path, enforcement::quota::Target};
+use crate::{
+    attribution::{cgroup_path::unified_path, parse_cgroup_path},
+    enforcement::quota::Target,
+};
 
 /// Where managed cgroups (`gpuwarden run`) are made, under the cgroup v2 root.
 pub const MANAGED_PARENT: &str = "gpuwarden";
@@ -28,40 +36,117 @@ pub enum BindError {
         path: PathBuf,
         /// Why.
         #[source]
-        source: std::io::Error,
+        source: io::Error,
     },
 }
 
+/// What the tree walk reads and writes.
+pub(crate) trait CgroupFs: Send {
+    /// The directories directly below `dir` (none when it can't be read).
+    fn subdirs(&self, dir: &Path) -> Vec<PathBuf>;
+    /// The cgroup id of the directory `dir` (its inode), if it is one.
+    fn id(&self, dir: &Path) -> Option<u64>;
+    /// Makes `dir` and its parents.
+    ///
+    /// # Errors
+    /// Not allowed, or not a cgroup file system.
+    fn create(&self, dir: &Path) -> io::Result<()>;
+    /// Removes the (empty) cgroup `dir`.
+    ///
+    /// # Errors
+    /// Processes are still in it, or it is gone.
+    fn remove(&self, dir: &Path) -> io::Result<()>;
+    /// The cgroup v2 path of process `pid` relative to the root (its `0::` line), if it lives.
+    fn cgroup_of_pid(&self, pid: u32) -> Option<String>;
+}
+
+/// The host's cgroup file system and `/proc`.
+pub(crate) struct HostCgroups {
+    proc_root: PathBuf,
+}
+
+impl HostCgroups {
+    /// Processes read under `proc_root` (normally `/proc`).
+    pub(crate) fn new(proc_root: PathBuf) -> Self {
+        Self { proc_root }
+    }
+}
+
+impl CgroupFs for HostCgroups {
+    fn subdirs(&self, dir: &Path) -> Vec<PathBuf> {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect()
+    }
+
+    fn id(&self, dir: &Path) -> Option<u64> {
+        std::fs::metadata(dir)
+            .ok()
+            .filter(std::fs::Metadata::is_dir)
+            .map(|m| m.ino())
+    }
+
+    fn create(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)
+    }
+
+    fn remove(&self, dir: &Path) -> io::Result<()> {
+        std::fs::remove_dir(dir)
+    }
+
+    fn cgroup_of_pid(&self, pid: u32) -> Option<String> {
+        let text =
+            std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup")).ok()?;
+        text.lines().find_map(unified_path).map(str::to_owned)
+    }
+}
+
 /// The cgroup v2 hierarchy, read from its root.
-#[derive(Debug, Clone)]
-pub struct CgroupTree {
+pub(crate) struct CgroupTree {
     root: PathBuf,
+    fs: Box<dyn CgroupFs>,
 }
 
 impl CgroupTree {
-    /// The tree mounted at `root`.
-    #[must_use]
-    pub fn new(root: PathBuf) -> Self {
-        Self { root }
+    /// The tree mounted at `root`, read through `fs`.
+    pub(crate) fn new(root: PathBuf, fs: Box<dyn CgroupFs>) -> Self {
+        Self { root, fs }
+    }
+
+    /// The host's tree mounted at `root`.
+    pub(crate) fn host(root: PathBuf) -> Self {
+        Self::new(root, Box::new(HostCgroups::new(PathBuf::from("/proc"))))
     }
 
     /// The mount point.
-    #[must_use]
-    pub fn root(&self) -> &Path {
+    pub(crate) fn root(&self) -> &Path {
         &self.root
     }
 
     /// The cgroup path relative to the root (`/a/b`).
-    #[must_use]
-    pub fn relative(&self, dir: &Path) -> String {
+    pub(crate) fn relative(&self, dir: &Path) -> String {
         let rel = dir.strip_prefix(&self.root).unwrap_or(dir);
         format!("/{}", rel.display()).replace("//", "/")
     }
 
     /// The directory of the managed cgroup of `session`.
-    #[must_use]
-    pub fn managed_dir(&self, session: &str) -> PathBuf {
+    pub(crate) fn managed_dir(&self, session: &str) -> PathBuf {
         self.root.join(MANAGED_PARENT).join(session)
+    }
+
+    /// Removes the managed cgroup of `session`, if its processes have left.
+    pub(crate) fn remove_managed(&self, session: &str) {
+        let dir = self.managed_dir(session);
+        if let Err(e) = self.fs.remove(&dir)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %dir.display(), "session cgroup left in place: {e}");
+        }
     }
 
     /// The directory `target` binds to now, if it exists; a managed one is made; `None` binds to
@@ -69,12 +154,16 @@ impl CgroupTree {
     ///
     /// # Errors
     /// The managed cgroup can't be made.
-    pub fn find(&self, target: &Target, session: &str) -> Result<Option<PathBuf>, BindError> {
+    pub(crate) fn find(
+        &self,
+        target: &Target,
+        session: &str,
+    ) -> Result<Option<PathBuf>, BindError> {
         match target {
             Target::None => Ok(None),
             Target::Managed => {
                 let dir = self.managed_dir(session);
-                std::fs::create_dir_all(&dir).map_err(|source| BindError::Create {
+                self.fs.create(&dir).map_err(|source| BindError::Create {
                     path: dir.clone(),
                     source,
                 })?;
@@ -82,7 +171,7 @@ impl CgroupTree {
             }
             Target::CgroupPath(path) => {
                 let dir = self.root.join(path.trim_start_matches('/'));
-                Ok(dir.is_dir().then_some(dir))
+                Ok(self.fs.id(&dir).is_some().then_some(dir))
             }
             // The shallowest match: the container's own cgroup (not its children), the pod's
             // cgroup (not its containers').
@@ -101,14 +190,7 @@ impl CgroupTree {
         for _ in 0..MAX_DEPTH {
             let mut next = Vec::new();
             for dir in &level {
-                let Ok(entries) = std::fs::read_dir(dir) else {
-                    continue;
-                };
-                for entry in entries.flatten() {
-                    if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-                        continue;
-                    }
-                    let path = entry.path();
+                for path in self.fs.subdirs(dir) {
                     if matches(&self.relative(&path)) {
                         return Some(path);
                     }
@@ -124,69 +206,31 @@ impl CgroupTree {
     }
 
     /// `dir` and every cgroup below it, as (cgroup id, directory); empty once `dir` is gone.
-    #[must_use]
-    pub fn members(&self, dir: &Path) -> Vec<(u64, PathBuf)> {
+    pub(crate) fn members(&self, dir: &Path) -> Vec<(u64, PathBuf)> {
         let mut out = Vec::new();
         let mut stack = vec![(dir.to_owned(), 0)];
         while let Some((d, depth)) = stack.pop() {
-            let Ok(meta) = std::fs::metadata(&d) else {
+            let Some(id) = self.fs.id(&d) else {
                 continue;
             };
-            out.push((meta.ino(), d.clone()));
+            out.push((id, d.clone()));
             if depth >= MAX_DEPTH {
                 continue;
             }
-            let Ok(entries) = std::fs::read_dir(&d) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    stack.push((entry.path(), depth + 1));
-                }
+            for sub in self.fs.subdirs(&d) {
+                stack.push((sub, depth + 1));
             }
         }
         out
     }
+
+    /// The cgroup id of process `pid`, read under this tree's root.
+    pub(crate) fn cgroup_id_of_pid(&self, pid: u32) -> Option<u64> {
+        let rel = self.fs.cgroup_of_pid(pid)?;
+        self.fs
+            .id(&self.root.join(rel.trim().trim_start_matches('/')))
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn targets_find_the_shallowest_matching_cgroup() {
-        let scratch = gpuwarden_test_support::scratch("bind");
-        let root = scratch.path().to_owned();
-        let id = "a".repeat(64);
-        let pod = "0b5e5b2c-1d7e-4c1e-9d7a-2f9b5d3c4e6f";
-        let pod_dir = root.join(format!(
-            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
-            pod.replace('-', "_")
-        ));
-        let container = pod_dir.join(format!("cri-containerd-{id}.scope"));
-        std::fs::create_dir_all(container.join("child")).unwrap();
-        let tree = CgroupTree::new(root.clone());
-
-        let found = tree.find(&Target::ContainerId(id.clone()), "s").unwrap();
-        assert_eq!(found.as_deref(), Some(container.as_path()));
-        let found = tree.find(&Target::PodUid(pod.to_owned()), "s").unwrap();
-        assert_eq!(found.as_deref(), Some(pod_dir.as_path()));
-        assert_eq!(
-            tree.find(&Target::ContainerId("b".repeat(64)), "s")
-                .unwrap(),
-            None
-        );
-        let rel = tree.relative(&container);
-        let found = tree.find(&Target::CgroupPath(rel.clone()), "s").unwrap();
-        assert_eq!(found.as_deref(), Some(container.as_path()));
-        assert!(rel.starts_with("/kubepods.slice/"), "{rel}");
-
-        // The pod's members: itself, its container and the container's child.
-        assert_eq!(tree.members(&pod_dir).len(), 3);
-        let managed = tree.find(&Target::Managed, "s-42").unwrap().unwrap();
-        assert_eq!(managed, root.join("gpuwarden/s-42"));
-        assert!(managed.is_dir());
-        std::fs::remove_dir_all(&root).unwrap();
-        assert!(tree.members(&pod_dir).is_empty());
-    }
-}
+mod tests;

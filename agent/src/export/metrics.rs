@@ -24,7 +24,7 @@ use std::{
 use gpuwarden_runtime::otlp::{Pipeline, PipelineError};
 use opentelemetry::{KeyValue, metrics::Meter};
 
-use gpuwarden_agent_api::snapshot::Snapshot;
+use gpuwarden_agent_api::Snapshot;
 
 use crate::devices::GpuDevice;
 
@@ -156,7 +156,7 @@ impl MetricsConfig {
 pub fn start(
     config: &MetricsConfig,
     gpus: Vec<GpuDevice>,
-    published: Published,
+    published: &Published,
 ) -> Result<Option<Pipeline>, PipelineError> {
     let Some(endpoint) = &config.endpoint else {
         tracing::info!(
@@ -179,7 +179,7 @@ pub fn start(
 }
 
 /// The attributes of a container: its id, pod and cgroup (bounded by the containers alive).
-fn container_attributes(c: &gpuwarden_agent_api::snapshot::Container) -> Vec<KeyValue> {
+fn container_attributes(c: &gpuwarden_agent_api::Container) -> Vec<KeyValue> {
     let mut attrs = vec![KeyValue::new(
         "gpuwarden.cgroup.path",
         c.cgroup_path.clone(),
@@ -273,7 +273,9 @@ fn container_gpus(s: &Snapshot, gpus: &[GpuDevice]) -> Vec<ContainerGpu> {
     out
 }
 
-fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
+#[allow(clippy::too_many_lines)] // One instrument after another, a few lines each: split, they read worse.
+fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: &Published) {
+    type Pick = fn(&gpuwarden_agent_api::EnforcementView) -> u64;
     let gpus = Arc::new(gpus);
     // The instruments live as long as the provider that holds their callbacks.
     {
@@ -290,7 +292,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
             .build();
     }
     {
-        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(&published));
+        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(published));
         meter
             .u64_observable_gauge("hw.gpu.memory.usage")
             .with_unit("By")
@@ -313,7 +315,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
             .build();
     }
     {
-        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(&published));
+        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(published));
         meter
             .f64_observable_gauge("hw.gpu.utilization")
             .with_unit("1")
@@ -340,7 +342,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
             .build();
     }
     {
-        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(&published));
+        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(published));
         meter
             .u64_observable_gauge("gpuwarden.container.gpu.memory.usage")
             .with_unit("By")
@@ -355,7 +357,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
             .build();
     }
     {
-        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(&published));
+        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(published));
         meter
             .u64_observable_gauge("gpuwarden.container.gpu.memory.limit")
             .with_unit("By")
@@ -372,7 +374,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
             .build();
     }
     {
-        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(&published));
+        let (gpus, published) = (Arc::clone(&gpus), Arc::clone(published));
         meter
             .f64_observable_gauge("gpuwarden.container.compute.share")
             .with_unit("1")
@@ -389,7 +391,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
             .build();
     }
     {
-        let published = Arc::clone(&published);
+        let published = Arc::clone(published);
         meter
             .u64_observable_counter("gpuwarden.container.ioctls")
             .with_unit("{ioctl}")
@@ -411,7 +413,6 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
             })
             .build();
     }
-    type Pick = fn(&gpuwarden_agent_api::snapshot::EnforcementView) -> u64;
     let enforcement: [(&'static str, &'static str, &'static str, Pick); 2] = [
         (
             "gpuwarden.container.enforcement.actions",
@@ -427,7 +428,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
         ),
     ];
     for (name, unit, description, pick) in enforcement {
-        let published = Arc::clone(&published);
+        let published = Arc::clone(published);
         meter
             .u64_observable_counter(name)
             .with_unit(unit)
@@ -444,7 +445,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
             .build();
     }
     {
-        let published = Arc::clone(&published);
+        let published = Arc::clone(published);
         meter
             .f64_observable_counter("gpuwarden.container.throttled")
             .with_unit("s")
@@ -462,7 +463,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
             .build();
     }
     {
-        let published = Arc::clone(&published);
+        let published = Arc::clone(published);
         meter
             .u64_observable_counter("gpuwarden.agent.ringbuf.drops")
             .with_unit("{event}")
@@ -473,7 +474,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
             .build();
     }
     {
-        let published = Arc::clone(&published);
+        let published = Arc::clone(published);
         meter
             .u64_observable_gauge("gpuwarden.agent.map.entries")
             .with_unit("{entry}")
@@ -492,7 +493,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
             .build();
     }
     {
-        let published = Arc::clone(&published);
+        let published = Arc::clone(published);
         meter
             .u64_observable_counter("gpuwarden.agent.kubelet.requests")
             .with_unit("{request}")
@@ -507,7 +508,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
             .build();
     }
     {
-        let published = Arc::clone(&published);
+        let published = Arc::clone(published);
         meter
             .u64_observable_gauge("gpuwarden.agent.hook.tier")
             .with_unit("1")
@@ -534,48 +535,4 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: Published) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn gpu_names_give_their_index() {
-        assert_eq!(gpu_index("nvidia3"), Some(3));
-        assert_eq!(gpu_index("nvidiactl"), None);
-        assert_eq!(gpu_index("nvidia-uvm"), None);
-    }
-
-    #[test]
-    fn the_readme_lists_every_instrument() {
-        let readme = include_str!("../../../README.md");
-        for (name, unit, attributes, meaning) in INSTRUMENTS {
-            let attributes = if attributes.is_empty() {
-                "—"
-            } else {
-                attributes
-            };
-            let row = format!("| `{name}` | {unit} | {attributes} | {meaning} |");
-            assert!(readme.contains(&row), "README.md lacks the row\n{row}");
-        }
-        let section = readme
-            .split("### Agent metrics")
-            .nth(1)
-            .and_then(|rest| rest.split("### ").next())
-            .unwrap_or_default();
-        let rows = section.lines().filter(|l| l.starts_with("| `")).count();
-        assert_eq!(
-            rows,
-            INSTRUMENTS.len(),
-            "README.md lists metrics the agent lacks"
-        );
-    }
-
-    #[test]
-    fn no_endpoint_means_off() {
-        let config = MetricsConfig {
-            endpoint: None,
-            ..MetricsConfig::default()
-        };
-        let published: Published = Arc::default();
-        assert!(start(&config, vec![], published).unwrap().is_none());
-    }
-}
+mod tests;

@@ -1,91 +1,58 @@
-//! Reading the sensor's maps into a [`Snapshot`]: the kernel side only counts; this names what
-//! it counted (device nodes, ioctl classes, containers and their quotas).
+//! Building the snapshot document: the sensor's counters, named and attributed to workloads,
+//! joined with what enforcement holds, GPU utilization and pod names.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use gpuwarden_agent_api::snapshot::{
+use gpuwarden_agent_api::{
     BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, GpuView, QuotaView,
     Snapshot, Stats,
 };
-use gpuwarden_agent_common::{
-    maps::{MAX_GPUS, family, stat},
-    nvidia::{esc, uvm},
-};
+use gpuwarden_agent_common::maps::{MAX_GPUS, stat};
 
 use crate::{
-    attribution::{Attributor, Workload},
-    enforcement::{Binding, Enforcer},
-    sensor::{Sensor, SensorMaps, device_nodes::device_name},
+    attribution::{Attributor, Workload, kubelet::PodNames},
+    enforcement::{BindingReport, Standing, quota::PPM},
+    sensor::{CgroupCounters, Counters, Sensor, gpu_nodes::device_name},
 };
 
-/// The name an ioctl counter is reported under.
-#[must_use]
-pub fn ioctl_class(family_id: u32, cmd: u32) -> String {
-    match family_id {
-        family::RM => esc::name(cmd).map_or_else(|| format!("rm_{cmd:#04x}"), str::to_owned),
-        family::UVM => uvm::name(cmd).map_or_else(|| format!("uvm_{cmd}"), str::to_owned),
-        other => format!("family{other}_{cmd}"),
-    }
-}
-
-/// Per-cgroup counters gathered from the maps.
-#[derive(Default)]
-struct CgroupTotals {
-    pids: Vec<u32>,
-    devices: BTreeMap<u32, (BTreeMap<String, u64>, u64)>,
-}
-
-/// Builds the snapshot from the sensor's maps.
-pub fn collect(
+/// Builds the snapshot from the sensor's counters and enforcement's standing.
+pub(crate) fn build(
     sensor: &Sensor,
-    enforcer: &Enforcer,
+    counters: Counters,
+    standing: &Standing,
     attributor: &mut Attributor,
     node: &str,
     events_received: u64,
 ) -> Snapshot {
-    let maps = &sensor.maps;
-    let mut cgroups: HashMap<u64, CgroupTotals> = HashMap::new();
+    let stats = Stats {
+        ringbuf_drops: counters.stat(stat::RINGBUF_DROPS),
+        fd_table_full: counters.stat(stat::FD_TABLE_FULL),
+        handle_table_full: counters.stat(stat::HANDLE_TABLE_FULL),
+        proc_table_full: counters.stat(stat::PROC_TABLE_FULL),
+        decode_errors: counters.stat(stat::DECODE_ERRORS),
+        gpu_ioctls: counters.stat(stat::GPU_IOCTLS),
+        events_received,
+        tracked_fds: counters.tracked_fds,
+        tracked_processes: counters.tracked_processes,
+        tracked_allocations: counters.tracked_allocations,
+        // Filled in by the daemon, which keeps those counters.
+        usage_reports: 0,
+        usage_reports_dropped: 0,
+    };
+    let mut cgroups = counters.cgroups;
     // A workload with a quota is listed even while idle.
-    for binding in enforcer.bindings().values() {
+    for binding in &standing.bindings {
         if let Some(key) = binding.key {
             cgroups.entry(key).or_default();
         }
     }
-    let mut tracked_processes = 0;
-    for (tgid, info) in maps.procs.iter().flatten() {
-        tracked_processes += 1;
-        cgroups.entry(info.cgroup).or_default().pids.push(tgid);
-    }
-    for (key, per_cpu) in maps.ioctl_counts.iter().flatten() {
-        let n: u64 = per_cpu.iter().sum();
-        let device = cgroups
-            .entry(key.cgroup)
-            .or_default()
-            .devices
-            .entry(key.device)
-            .or_default();
-        *device
-            .0
-            .entry(ioctl_class(key.family, key.cmd))
-            .or_default() += n;
-    }
-    for (key, bytes) in maps.cgroup_memory.iter().flatten() {
-        let device = cgroups
-            .entry(key.cgroup)
-            .or_default()
-            .devices
-            .entry(key.device)
-            .or_default();
-        device.1 = bytes;
-    }
-
+    let tier = sensor.memory_tier().0.as_str();
     let mut containers: Vec<Container> = cgroups
         .into_iter()
-        .map(|(id, mut totals)| {
-            totals.pids.sort_unstable();
+        .map(|(id, totals)| {
             let workload = attributor.resolve(id);
             let mut c = container(id, workload.as_deref(), totals);
-            add_quota(&mut c, sensor, enforcer);
+            add_quota(&mut c, standing, tier);
             c
         })
         .collect();
@@ -93,39 +60,25 @@ pub fn collect(
 
     Snapshot {
         node: node.to_owned(),
-        tier: sensor.probe.chosen.map(|t| t.as_str().to_owned()),
-        hooks: sensor.hooks.clone(),
-        probes: sensor.probe.candidates.clone(),
+        tier: sensor.probe().chosen.map(|t| t.as_str().to_owned()),
+        hooks: sensor.hooks().to_vec(),
+        probes: sensor.probe().candidates.clone(),
         containers,
-        stats: Stats {
-            ringbuf_drops: stat_sum(maps, stat::RINGBUF_DROPS),
-            fd_table_full: stat_sum(maps, stat::FD_TABLE_FULL),
-            handle_table_full: stat_sum(maps, stat::HANDLE_TABLE_FULL),
-            proc_table_full: stat_sum(maps, stat::PROC_TABLE_FULL),
-            decode_errors: stat_sum(maps, stat::DECODE_ERRORS),
-            gpu_ioctls: stat_sum(maps, stat::GPU_IOCTLS),
-            events_received,
-            tracked_fds: maps.gpu_fds.keys().count() as u64,
-            tracked_processes,
-            tracked_allocations: maps.allocations.keys().count() as u64,
-            // Filled in by the daemon, which keeps those counters.
-            usage_reports: 0,
-            usage_reports_dropped: 0,
-        },
-        memory_tier: Some(sensor.memory_tier.0.as_str().to_owned()),
-        memory_tier_reason: Some(sensor.memory_tier.1.clone()),
-        bindings: enforcer
-            .bindings()
+        stats,
+        memory_tier: Some(tier.to_owned()),
+        memory_tier_reason: Some(sensor.memory_tier().1.to_owned()),
+        bindings: standing
+            .bindings
             .iter()
-            .map(|(session, b)| BindingView {
-                session_id: session.clone(),
+            .map(|b| BindingView {
+                session_id: b.session_id.clone(),
                 target: b.spec.target.to_string(),
                 state: serde_json::to_value(b.state)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_owned))
                     .unwrap_or_default(),
-                cgroup_path: b.dir.as_deref().map(|d| enforcer.tree().relative(d)),
-                quota: quota_view(b, sensor),
+                cgroup_path: b.cgroup_path.clone(),
+                quota: quota_view(b),
             })
             .collect(),
         gpus: Vec::new(),
@@ -136,32 +89,31 @@ pub fn collect(
 /// Each GPU's utilization: `measured` where the backend reads one (NVML), else the throttle's
 /// stand-in — the measured running fraction of every cgroup with a compute share of the GPU,
 /// summed and clamped to 1 (with mock devices that is CPU time, not a GPU figure).
-#[must_use]
-pub fn gpu_utilization(
+pub(crate) fn gpu_utilization(
     indexes: &[u32],
     measured: Option<&BTreeMap<u32, f64>>,
-    enforcer: &Enforcer,
+    standing: &Standing,
 ) -> Vec<GpuView> {
     indexes
         .iter()
-        .map(|&index| match measured {
-            Some(measured) => GpuView {
-                device: device_name(index),
-                utilization: measured.get(&index).copied(),
-                source: "nvml".to_owned(),
-            },
-            None => {
-                let busy: f64 = enforcer
-                    .bindings()
-                    .values()
+        .map(|&index| {
+            if let Some(measured) = measured {
+                GpuView {
+                    device: device_name(index),
+                    utilization: measured.get(&index).copied(),
+                    source: "nvml".to_owned(),
+                }
+            } else {
+                let busy: f64 = standing
+                    .bindings
+                    .iter()
                     .filter(|b| {
                         b.spec
                             .devices
                             .iter()
                             .any(|d| d.index == index && d.shares_ppm > 0)
                     })
-                    .filter_map(|b| b.key)
-                    .filter_map(|key| enforcer.throttle().and_then(|t| t.stats(key)))
+                    .filter_map(|b| b.throttle)
                     .map(|s| s.running_fraction)
                     .sum();
                 GpuView {
@@ -174,9 +126,23 @@ pub fn gpu_utilization(
         .collect()
 }
 
+/// Fills the pod name and namespace of every container whose pod the kubelet named, and the
+/// kubelet's status.
+pub(crate) fn annotate_pods(snapshot: &mut Snapshot, pods: &PodNames) {
+    let Some(status) = pods.status() else {
+        return;
+    };
+    for c in &mut snapshot.containers {
+        if let Some(pod) = c.pod_uid.as_deref().and_then(|uid| pods.lookup(uid)) {
+            c.pod_name = Some(pod.name);
+            c.pod_namespace = Some(pod.namespace);
+        }
+    }
+    snapshot.kubelet = Some(status);
+}
+
 /// The quota of a binding, with what the kernel side counts against it.
-fn quota_view(b: &Binding, sensor: &Sensor) -> QuotaView {
-    let kernel = b.key.and_then(|k| sensor.maps.quotas.get(&k, 0).ok());
+fn quota_view(b: &BindingReport) -> QuotaView {
     QuotaView {
         memory_bytes: b.spec.memory_bytes(),
         shares: b.spec.shares(),
@@ -189,45 +155,42 @@ fn quota_view(b: &Binding, sensor: &Sensor) -> QuotaView {
             .map(|d| DeviceQuotaView {
                 device: device_name(d.index),
                 memory_bytes: d.memory_bytes,
-                used_bytes: kernel.map_or(0, |q| q.used[d.index as usize % MAX_GPUS]),
-                shares: f64::from(d.shares_ppm) / f64::from(crate::enforcement::quota::PPM),
+                used_bytes: b.kernel.map_or(0, |q| q.used[d.index as usize % MAX_GPUS]),
+                shares: f64::from(d.shares_ppm) / f64::from(PPM),
             })
             .collect(),
     }
 }
 
 /// Fills a container's quota, enforcement and events from the binding it is mapped under.
-fn add_quota(c: &mut Container, sensor: &Sensor, enforcer: &Enforcer) {
-    let Some((session, b)) = enforcer
-        .bindings()
+fn add_quota(c: &mut Container, standing: &Standing, tier: &str) {
+    let Some(b) = standing
+        .bindings
         .iter()
-        .find(|(_, b)| b.members().contains(&c.cgroup_id))
+        .find(|b| b.members.contains(&c.cgroup_id))
     else {
         return;
     };
-    let kernel = b.key.and_then(|k| sensor.maps.quotas.get(&k, 0).ok());
-    let throttled = b
-        .key
-        .and_then(|k| enforcer.throttle().and_then(|t| t.stats(k)));
-    c.session_id = Some(session.clone());
-    c.quota = Some(quota_view(b, sensor));
+    c.session_id = Some(b.session_id.clone());
+    c.quota = Some(quota_view(b));
     c.enforcement = Some(EnforcementView {
-        tier: sensor.memory_tier.0.as_str().to_owned(),
-        actions: kernel.map_or(0, |q| q.actions),
-        denied_opens: kernel.map_or(0, |q| q.denied_opens),
-        throttled_ms: throttled.map_or(0, |t| {
+        tier: tier.to_owned(),
+        actions: b.kernel.map_or(0, |q| q.actions),
+        denied_opens: b.kernel.map_or(0, |q| q.denied_opens),
+        throttled_ms: b.throttle.map_or(0, |t| {
             u64::try_from(t.throttled.as_millis()).unwrap_or(u64::MAX)
         }),
-        frozen: throttled.is_some_and(|t| t.frozen),
+        frozen: b.throttle.is_some_and(|t| t.frozen),
     });
-    c.events = enforcer
-        .history()
-        .filter(|r| &r.session_id == session)
+    c.events = standing
+        .history
+        .iter()
+        .filter(|r| r.session_id == b.session_id)
         .cloned()
         .collect();
 }
 
-fn container(id: u64, workload: Option<&Workload>, totals: CgroupTotals) -> Container {
+fn container(id: u64, workload: Option<&Workload>, totals: CgroupCounters) -> Container {
     let devices = totals
         .devices
         .into_iter()
@@ -237,61 +200,26 @@ fn container(id: u64, workload: Option<&Workload>, totals: CgroupTotals) -> Cont
             memory_bytes,
         })
         .collect();
+    let base = Container {
+        cgroup_id: id,
+        pids: totals.pids,
+        devices,
+        ..Container::default()
+    };
     match workload {
         Some(w) => Container {
             container_id: w.container_id.clone(),
             runtime: w.runtime.as_str().to_owned(),
             pod_uid: w.pod_uid.clone(),
-            pod_name: None,
-            pod_namespace: None,
             qos: w.qos.map(|q| q.as_str().to_owned()),
             cgroup_path: w.cgroup_path.clone(),
-            cgroup_id: id,
-            pids: totals.pids,
-            devices,
-            session_id: None,
-            quota: None,
-            enforcement: None,
-            events: Vec::new(),
+            ..base
         },
         // The cgroup is gone (or never was v2): say so rather than guess.
         None => Container {
-            container_id: None,
             runtime: "unknown".to_owned(),
-            pod_uid: None,
-            pod_name: None,
-            pod_namespace: None,
-            qos: None,
             cgroup_path: format!("<cgroup {id} not found>"),
-            cgroup_id: id,
-            pids: totals.pids,
-            devices,
-            session_id: None,
-            quota: None,
-            enforcement: None,
-            events: Vec::new(),
+            ..base
         },
-    }
-}
-
-fn stat_sum(maps: &SensorMaps, index: u32) -> u64 {
-    maps.stats
-        .get(&index, 0)
-        .map(|per_cpu| per_cpu.iter().sum())
-        .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_ioctl_classes() {
-        assert_eq!(ioctl_class(family::RM, esc::RM_ALLOC), "rm_alloc");
-        assert_eq!(ioctl_class(family::RM, esc::RM_FREE), "rm_free");
-        assert_eq!(ioctl_class(family::RM, 0x99), "rm_0x99");
-        assert_eq!(ioctl_class(family::RM, 0x05), "rm_0x05");
-        assert_eq!(ioctl_class(family::UVM, uvm::INITIALIZE), "uvm_initialize");
-        assert_eq!(ioctl_class(family::UVM, 12), "uvm_12");
     }
 }

@@ -2,21 +2,15 @@
 
 use std::fmt::Write as _;
 
-use gpuwarden_agent_api::snapshot::Snapshot;
+use gpuwarden_agent_api::Snapshot;
 use gpuwarden_types::units::human_bytes;
 
-/// Whether `top` redraws in place: only on a terminal, and not with `--once`. Piped into a file
-/// or a pager it prints one frame, with no screen-clearing escapes.
+/// One frame of `top`: on a terminal the screen is cleared and the cursor homed first; elsewhere
+/// (a pipe, a file) the table alone.
 #[must_use]
-pub const fn is_live(once: bool, stdout_is_terminal: bool) -> bool {
-    stdout_is_terminal && !once
-}
-
-/// One frame of `top`: the table, after clearing the screen and homing the cursor when `live`.
-#[must_use]
-pub fn frame(snapshot: &Snapshot, live: bool) -> String {
+pub fn frame(snapshot: &Snapshot, terminal: bool) -> String {
     let table = render(snapshot);
-    if live {
+    if terminal {
         format!("\x1b[2J\x1b[H{table}")
     } else {
         table
@@ -185,129 +179,4 @@ fn truncate(s: &str, width: usize) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn only_a_terminal_without_once_redraws_in_place() {
-        assert!(is_live(false, true));
-        assert!(!is_live(true, true));
-        assert!(!is_live(false, false));
-        let snapshot = Snapshot::default();
-        assert!(frame(&snapshot, true).starts_with("\x1b[2J\x1b[H"));
-        let plain = frame(&snapshot, false);
-        assert!(!plain.contains('\x1b'), "{plain:?}");
-        assert_eq!(plain, render(&snapshot));
-    }
-
-    use std::collections::BTreeMap;
-
-    use super::*;
-    use gpuwarden_agent_api::snapshot::{
-        BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, QuotaView, Stats,
-    };
-
-    #[test]
-    fn a_pod_shows_by_name_where_the_kubelet_named_it() {
-        let pod = |name: Option<&str>| Snapshot {
-            containers: vec![Container {
-                pod_uid: Some("0f1e2d3c-0000-4000-8000-000000000001".into()),
-                pod_name: name.map(Into::into),
-                pod_namespace: name.map(|_| "ml".into()),
-                cgroup_path: "/kubepods.slice/x".into(),
-                ..Container::default()
-            }],
-            ..Snapshot::default()
-        };
-        assert!(render(&pod(Some("trainer-7"))).contains(" ml/trainer-7 "));
-        let unnamed = render(&pod(None));
-        assert!(
-            unnamed.contains(" 0f1e2d3c-0000-4000-8000-000000000001 "),
-            "{unnamed}"
-        );
-    }
-
-    #[test]
-    fn renders_one_row_per_device_with_totals() {
-        let snapshot = Snapshot {
-            node: "n1".into(),
-            tier: Some("syscall_tracepoint".into()),
-            hooks: vec![],
-            probes: vec![],
-            containers: vec![Container {
-                container_id: Some("a".repeat(64)),
-                runtime: "docker".into(),
-                pod_uid: None,
-                pod_name: None,
-                pod_namespace: None,
-                qos: None,
-                cgroup_path: "/system.slice/docker-x.scope".into(),
-                cgroup_id: 7,
-                pids: vec![10, 11],
-                devices: vec![
-                    DeviceUsage {
-                        device: "nvidia0".into(),
-                        ioctls: BTreeMap::from([("rm_alloc".into(), 3), ("rm_free".into(), 1)]),
-                        memory_bytes: 64 << 20,
-                    },
-                    DeviceUsage {
-                        device: "nvidiactl".into(),
-                        ioctls: BTreeMap::from([("rm_control".into(), 5)]),
-                        memory_bytes: 0,
-                    },
-                ],
-                session_id: Some("s-1".into()),
-                quota: None,
-                enforcement: Some(EnforcementView {
-                    tier: "tracepoint_signal".into(),
-                    actions: 2,
-                    denied_opens: 0,
-                    throttled_ms: 700,
-                    frozen: false,
-                }),
-                events: vec![],
-            }],
-            stats: Stats::default(),
-            memory_tier: Some("tracepoint_signal".into()),
-            memory_tier_reason: None,
-            bindings: vec![BindingView {
-                session_id: "s-1".into(),
-                target: "container aaaaaaaaaaaa".into(),
-                state: "bound".into(),
-                cgroup_path: Some("/system.slice/docker-x.scope".into()),
-                quota: QuotaView {
-                    memory_bytes: 1 << 30,
-                    shares: 0.5,
-                    policy: "kill".into(),
-                    compute_policy: "hard".into(),
-                    devices: vec![DeviceQuotaView {
-                        device: "nvidia0".into(),
-                        memory_bytes: 1 << 30,
-                        used_bytes: 64 << 20,
-                        shares: 0.5,
-                    }],
-                },
-            }],
-            gpus: vec![],
-            kubelet: None,
-        };
-        let table = render(&snapshot);
-        let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines.len(), 8, "{table}");
-        assert!(lines[5].contains("tracepoint_signal"), "{table}");
-        assert!(
-            lines[7].starts_with("s-1 ")
-                && lines[7].contains("64.0 MiB / 1.0 GiB")
-                && lines[7].contains("0.50 kill")
-                && lines[7].contains("700ms"),
-            "{table}"
-        );
-        assert!(lines[2].starts_with("aaaaaaaaaaaa "), "{table}");
-        assert!(
-            lines[2].contains("64.0 MiB") && lines[2].contains("rm_alloc=3"),
-            "{table}"
-        );
-        assert!(
-            lines[3].contains("nvidiactl") && lines[3].contains("rm_control=5"),
-            "{table}"
-        );
-    }
-}
+mod tests;

@@ -1,35 +1,47 @@
-//! The eBPF sensor: loading gpuwarden's programs, choosing and attaching their hooks, and the
-//! maps they fill.
+//! The eBPF sensor: loading gpuwarden's programs, choosing and attaching their hooks, the maps
+//! they fill and the events they send.
 //!
 //! A [`Sensor`] is the programs, links and maps managed as one unit: [`Sensor::load`] probes
 //! what the kernel allows ([`probe`]), patches the load-time [`Config`], loads the object
 //! embedded in the agent binary and attaches every program; dropping it detaches them.
+//!
+//! - [`probe`], [`tracefs`], [`pins`]: choosing hooks, tracepoint offsets, pinning in bpffs;
+//! - [`gpu_nodes`]: which paths are GPU device nodes;
+//! - `maps`: the maps behind a narrow trait (aya here, in memory in tests);
+//! - `counters`: the maps' counters, named; `upkeep`: seeding and tidying the maps;
+//! - `events`: the ring buffer of events; `device_program`: device access per cgroup.
 
-pub mod device_nodes;
-pub mod upkeep;
-
+mod counters;
+mod device_program;
+pub(crate) mod events;
+pub mod gpu_nodes;
+pub(crate) mod maps;
 pub mod pins;
 pub mod probe;
 pub mod tracefs;
+pub(crate) mod upkeep;
 
 use std::path::Path;
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, Map, MapData, MapError, RingBuf},
     programs::{CgroupDevice, Lsm, ProgramError, ProgramFd, TracePoint, links::FdLink},
 };
 use gpuwarden_agent_common::{
     config::{CONFIG_SYMBOL, Config},
-    maps::{
-        Allocation, CgroupDeviceKey, ClientInfo, FdKey, GpuNode, HandleKey, IoctlKey, PathKey,
-        ProcInfo, Quota, enforce_mode,
-    },
+    maps::enforce_mode,
 };
 use pins::Pins;
 use serde::{Deserialize, Serialize};
 
-pub use probe::{Probe, Tier};
+pub(crate) use counters::{CgroupCounters, Counters};
+pub(crate) use device_program::DeviceProgram;
+pub use gpuwarden_agent_api::Hook;
+use maps::{Named, TelemetryMaps};
+pub use probe::Probe;
+
+use crate::enforcement::kernel::QuotaMaps;
 
 /// The programs, compiled by `agent/build.rs` and embedded so the agent ships as one file.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gpuwarden.bpf.o"));
@@ -63,6 +75,15 @@ pub enum SensorError {
         /// What is wrong.
         #[source]
         source: MapError,
+    },
+    /// A second handle on a map could not be made.
+    #[error("cannot open a second handle on map {name:?}: {source}")]
+    Handle {
+        /// The map.
+        name: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
     },
     /// The pin directory can't be used.
     #[error(transparent)]
@@ -204,54 +225,24 @@ pub fn choose_memory_tier(lsm: Result<(), String>) -> (MemoryTier, String) {
 /// Forwards the programs' aya-log records to the `log` facade (bridged to `tracing`).
 pub type KernelLogger = aya_log::EbpfLogger<&'static dyn log::Log>;
 
-pub use gpuwarden_agent_api::snapshot::Hook;
-
-/// The typed maps the agent reads and writes.
-pub struct SensorMaps {
-    /// GPU device-node paths to track.
-    pub gpu_paths: HashMap<MapData, PathKey, GpuNode>,
-    /// Open GPU fds.
-    pub gpu_fds: HashMap<MapData, FdKey, GpuNode>,
-    /// Processes holding GPU fds.
-    pub procs: HashMap<MapData, u32, ProcInfo>,
-    /// RM clients holding counted memory.
-    pub clients: HashMap<MapData, u32, ClientInfo>,
-    /// Counted allocations.
-    pub allocations: HashMap<MapData, HandleKey, Allocation>,
-    /// GPU index of device objects.
-    pub object_devices: HashMap<MapData, HandleKey, u32>,
-    /// Video memory by (cgroup, GPU).
-    pub cgroup_memory: HashMap<MapData, CgroupDeviceKey, u64>,
-    /// ioctl counts by (cgroup, device, family, command), per CPU.
-    pub ioctl_counts: PerCpuHashMap<MapData, IoctlKey, u64>,
-    /// Statistics, per CPU.
-    pub stats: PerCpuArray<MapData, u64>,
-    /// The quota each bound cgroup counts against.
-    pub cgroup_quota: HashMap<MapData, u64, u64>,
-    /// Quotas by bound cgroup id.
-    pub quotas: HashMap<MapData, u64, Quota>,
-}
-
 /// Loaded and attached programs with their maps.
 pub struct Sensor {
     /// Owns the programs and their links; dropping it detaches everything.
     ebpf: Ebpf,
-    /// The maps.
-    pub maps: SensorMaps,
-    /// The ring buffer of events, for the event reader to take.
-    pub events: Option<RingBuf<MapData>>,
+    /// The maps telemetry reads and tidies.
+    maps: TelemetryMaps,
+    /// The quota maps and the device-access program, until enforcement takes them.
+    enforcement: Option<(QuotaMaps, DeviceProgram)>,
+    /// The ring buffer of events, until the event reader takes it.
+    events: Option<RingBuf<MapData>>,
     /// What was probed and chosen.
-    pub probe: Probe,
+    probe: Probe,
     /// Attached programs.
-    pub hooks: Vec<Hook>,
+    hooks: Vec<Hook>,
     /// How over-limit allocations are acted on, and why.
-    pub memory_tier: (MemoryTier, String),
-    /// The device-access program, for attaching to bound cgroups.
-    pub device_program: Option<ProgramFd>,
-    /// Where links are pinned, when they are.
-    pub pins: Option<Pins>,
+    memory_tier: (MemoryTier, String),
     /// Whether maps and links of an earlier agent were adopted.
-    pub adopted: bool,
+    adopted: bool,
 }
 
 impl Sensor {
@@ -286,58 +277,7 @@ impl Sensor {
         let mut ebpf = loader
             .load(OBJECT)
             .map_err(|e| SensorError::Load(Box::new(e)))?;
-        let mut hooks = Vec::new();
-        for program in TRACEPOINTS {
-            let target = format!("{}/{}", program.category, program.name);
-            if program.optional
-                && !tracefs
-                    .join("events")
-                    .join(program.category)
-                    .join(program.name)
-                    .exists()
-            {
-                tracing::info!(%target, "tracepoint not in this kernel; skipped");
-                continue;
-            }
-            let wrap = |source: ProgramError| SensorError::Program {
-                name: program.name,
-                target: target.clone(),
-                source: Box::new(source),
-            };
-            let link_pin = pins.as_ref().map(|p| p.link(program.name));
-            // An earlier agent's link is still attached: adopt it rather than count twice.
-            if link_pin.as_deref().is_some_and(pins::is_pinned) {
-                hooks.push(Hook {
-                    program: program.name.to_owned(),
-                    kind: "tracepoint".to_owned(),
-                    target,
-                });
-                continue;
-            }
-            let tp: &mut TracePoint = ebpf
-                .program_mut(program.name)
-                .ok_or(SensorError::MissingProgram { name: program.name })?
-                .try_into()
-                .map_err(wrap)?;
-            tp.load().map_err(wrap)?;
-            let id = tp.attach(program.category, program.name).map_err(wrap)?;
-            if let Some(path) = link_pin {
-                let link = tp.take_link(id).map_err(wrap)?;
-                let pin_err = |source: Box<dyn std::error::Error + Send + Sync>| SensorError::Pin {
-                    name: program.name,
-                    path: path.clone(),
-                    source,
-                };
-                let fd: FdLink = link.try_into().map_err(|e| pin_err(Box::new(e)))?;
-                // The pin keeps the link (and the program) attached after the fd closes.
-                fd.pin(&path).map_err(|e| pin_err(Box::new(e)))?;
-            }
-            hooks.push(Hook {
-                program: program.name.to_owned(),
-                kind: "tracepoint".to_owned(),
-                target,
-            });
-        }
+        let mut hooks = attach_tracepoints(&mut ebpf, &tracefs, pins.as_ref())?;
         let device_program = load_device_program(&mut ebpf);
         if device_program.is_some() {
             hooks.push(Hook {
@@ -354,18 +294,37 @@ impl Sensor {
                 target: "file_ioctl".to_owned(),
             });
         }
-        let maps = SensorMaps {
-            gpu_paths: take(&mut ebpf, "GPU_PATHS")?,
-            gpu_fds: take(&mut ebpf, "GPU_FDS")?,
-            procs: take(&mut ebpf, "PROCS")?,
-            clients: take(&mut ebpf, "CLIENTS")?,
-            allocations: take(&mut ebpf, "ALLOCATIONS")?,
-            object_devices: take(&mut ebpf, "OBJECT_DEVICES")?,
-            cgroup_memory: take(&mut ebpf, "CGROUP_MEMORY")?,
-            ioctl_counts: take(&mut ebpf, "IOCTL_COUNTS")?,
-            stats: take(&mut ebpf, "STATS")?,
-            cgroup_quota: take(&mut ebpf, "CGROUP_QUOTA")?,
-            quotas: take(&mut ebpf, "QUOTAS")?,
+        // Telemetry and enforcement each hold a handle on the per-cgroup memory counters.
+        let cgroup_memory = ebpf
+            .take_map("CGROUP_MEMORY")
+            .ok_or(SensorError::MissingMap {
+                name: "CGROUP_MEMORY",
+            })?;
+        let enforcement_memory = second_handle(&cgroup_memory, "CGROUP_MEMORY")?;
+        let maps = TelemetryMaps {
+            gpu_paths: named(&mut ebpf, "GPU_PATHS")?,
+            gpu_fds: named(&mut ebpf, "GPU_FDS")?,
+            procs: named(&mut ebpf, "PROCS")?,
+            clients: named(&mut ebpf, "CLIENTS")?,
+            allocations: named(&mut ebpf, "ALLOCATIONS")?,
+            object_devices: named(&mut ebpf, "OBJECT_DEVICES")?,
+            cgroup_memory: convert::<HashMap<MapData, _, u64>>(cgroup_memory, "CGROUP_MEMORY")?,
+            ioctl_counts: convert::<aya::maps::PerCpuHashMap<MapData, _, u64>>(
+                take_map(&mut ebpf, "IOCTL_COUNTS")?,
+                "IOCTL_COUNTS",
+            )?,
+            stats: convert::<aya::maps::PerCpuArray<MapData, u64>>(
+                take_map(&mut ebpf, "STATS")?,
+                "STATS",
+            )?,
+        };
+        let quota_maps = QuotaMaps {
+            quotas: named(&mut ebpf, "QUOTAS")?,
+            cgroup_quota: named(&mut ebpf, "CGROUP_QUOTA")?,
+            cgroup_memory: convert::<HashMap<MapData, _, u64>>(
+                enforcement_memory,
+                "CGROUP_MEMORY",
+            )?,
         };
         let mut settings: Array<MapData, u32> = take(&mut ebpf, "SETTINGS")?;
         let mode = match memory_tier.0 {
@@ -382,14 +341,57 @@ impl Sensor {
         Ok(Self {
             ebpf,
             maps,
+            enforcement: Some((quota_maps, DeviceProgram::new(device_program, pins))),
             events,
             probe,
             hooks,
             memory_tier,
-            device_program,
-            pins,
             adopted,
         })
+    }
+
+    /// What was probed and chosen.
+    #[must_use]
+    pub fn probe(&self) -> &Probe {
+        &self.probe
+    }
+
+    /// The attached programs.
+    #[must_use]
+    pub fn hooks(&self) -> &[Hook] {
+        &self.hooks
+    }
+
+    /// How over-limit allocations are acted on, and why.
+    #[must_use]
+    pub fn memory_tier(&self) -> (MemoryTier, &str) {
+        (self.memory_tier.0, &self.memory_tier.1)
+    }
+
+    /// Whether maps and links of an earlier agent were adopted.
+    #[must_use]
+    pub fn adopted(&self) -> bool {
+        self.adopted
+    }
+
+    /// The ring buffer of events, for the event reader (once).
+    pub(crate) fn take_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.events.take()
+    }
+
+    /// The quota maps and the device-access program, for the enforcer (once).
+    pub(crate) fn take_enforcement(&mut self) -> Option<(QuotaMaps, DeviceProgram)> {
+        self.enforcement.take()
+    }
+
+    /// Every counter the maps hold now.
+    pub(crate) fn counters(&self) -> Counters {
+        counters::read(&self.maps)
+    }
+
+    /// The maps telemetry tidies.
+    pub(crate) fn maps_mut(&mut self) -> &mut TelemetryMaps {
+        &mut self.maps
     }
 
     /// Starts forwarding the programs' aya-log records to `tracing`; `None` if the object logs
@@ -403,6 +405,68 @@ impl Sensor {
             }
         }
     }
+}
+
+/// Attaches every program of the tracepoint tier (pinning their links where the agent pins, and
+/// adopting those an earlier agent pinned).
+fn attach_tracepoints(
+    ebpf: &mut Ebpf,
+    tracefs: &Path,
+    pins: Option<&Pins>,
+) -> Result<Vec<Hook>, SensorError> {
+    let mut hooks = Vec::new();
+    for program in TRACEPOINTS {
+        let target = format!("{}/{}", program.category, program.name);
+        if program.optional
+            && !tracefs
+                .join("events")
+                .join(program.category)
+                .join(program.name)
+                .exists()
+        {
+            tracing::info!(%target, "tracepoint not in this kernel; skipped");
+            continue;
+        }
+        let wrap = |source: ProgramError| SensorError::Program {
+            name: program.name,
+            target: target.clone(),
+            source: Box::new(source),
+        };
+        let link_pin = pins.map(|p| p.link(program.name));
+        // An earlier agent's link is still attached: adopt it rather than count twice.
+        if link_pin.as_deref().is_some_and(pins::is_pinned) {
+            hooks.push(Hook {
+                program: program.name.to_owned(),
+                kind: "tracepoint".to_owned(),
+                target,
+            });
+            continue;
+        }
+        let tp: &mut TracePoint = ebpf
+            .program_mut(program.name)
+            .ok_or(SensorError::MissingProgram { name: program.name })?
+            .try_into()
+            .map_err(wrap)?;
+        tp.load().map_err(wrap)?;
+        let id = tp.attach(program.category, program.name).map_err(wrap)?;
+        if let Some(path) = link_pin {
+            let link = tp.take_link(id).map_err(wrap)?;
+            let pin_err = |source: Box<dyn std::error::Error + Send + Sync>| SensorError::Pin {
+                name: program.name,
+                path: path.clone(),
+                source,
+            };
+            let fd: FdLink = link.try_into().map_err(|e| pin_err(Box::new(e)))?;
+            // The pin keeps the link (and the program) attached after the fd closes.
+            fd.pin(&path).map_err(|e| pin_err(Box::new(e)))?;
+        }
+        hooks.push(Hook {
+            program: program.name.to_owned(),
+            kind: "tracepoint".to_owned(),
+            target,
+        });
+    }
+    Ok(hooks)
 }
 
 /// Identifies this build of the programs with these settings: pins of another are replaced.
@@ -479,12 +543,53 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// Takes map `name` out of the object as type `T`.
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, SensorError>
 where
-    T: TryFrom<aya::maps::Map, Error = MapError>,
+    T: TryFrom<Map, Error = MapError>,
 {
-    let map = ebpf
-        .take_map(name)
-        .ok_or(SensorError::MissingMap { name })?;
-    T::try_from(map).map_err(|source| SensorError::Map { name, source })
+    T::try_from(take_map(ebpf, name)?).map_err(|source| SensorError::Map { name, source })
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, SensorError> {
+    ebpf.take_map(name).ok_or(SensorError::MissingMap { name })
+}
+
+/// Takes hash map `name` out of the object, behind the [`maps::KernelMap`] trait.
+fn named<K, V>(ebpf: &mut Ebpf, name: &'static str) -> Result<maps::Map<K, V>, SensorError>
+where
+    K: aya::Pod + Send + 'static,
+    V: aya::Pod + Send + 'static,
+{
+    Ok(convert::<HashMap<MapData, K, V>>(
+        take_map(ebpf, name)?,
+        name,
+    )?)
+}
+
+/// Types `map` as `T`, behind the [`maps::KernelMap`] trait.
+fn convert<T>(map: Map, name: &'static str) -> Result<Box<Named<T>>, SensorError>
+where
+    T: TryFrom<Map, Error = MapError>,
+{
+    T::try_from(map)
+        .map(|m| Box::new(Named::new(name, m)))
+        .map_err(|source| SensorError::Map { name, source })
+}
+
+/// A second handle on `map` (its own fd on the same kernel map).
+fn second_handle(map: &Map, name: &'static str) -> Result<Map, SensorError> {
+    use std::os::fd::AsFd as _;
+    let (Map::HashMap(data) | Map::LruHashMap(data)) = map else {
+        return Err(SensorError::MissingMap { name });
+    };
+    let fd = data
+        .fd()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| SensorError::Handle { name, source })?;
+    let data = MapData::from_fd(fd).map_err(|source| SensorError::Map { name, source })?;
+    Ok(match map {
+        Map::LruHashMap(_) => Map::LruHashMap(data),
+        _ => Map::HashMap(data),
+    })
 }
 
 /// Kernels before 5.11 charge BPF memory to `RLIMIT_MEMLOCK`; lift it so large maps load there.

@@ -1,5 +1,4 @@
-//! Pinning under bpffs, so that enforcement outlives the agent (docs/architecture.md, "The agent
-//! is the source of truth for its node").
+//! Pinning under bpffs, so that enforcement outlives the agent (docs/architecture.md, "The agent is the source of truth for its node").
 //!
 //! Layout under the pin directory (default `/sys/fs/bpf/gpuwarden`):
 //!
@@ -281,6 +280,7 @@ pub fn is_pinned(path: &Path) -> bool {
     match bpf(BPF_OBJ_GET, &mut attr) {
         Ok(fd) => {
             // SAFETY: the kernel returned a new fd we own; dropping closes it.
+            #[allow(clippy::cast_possible_truncation)] // An fd from the kernel fits an int.
             drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
             true
         }

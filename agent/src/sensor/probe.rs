@@ -1,5 +1,5 @@
-//! Choosing the hook tier: the most targeted hook the kernel allows (docs/architecture.md, "The
-//! most targeted hook wins").
+//! Choosing the hook tier (docs/architecture.md, "The most targeted hook wins"): the most
+//! targeted hook the kernel allows.
 //!
 //! A hook on the NVIDIA driver itself (fentry/kprobe on `nvidia_ioctl`) would cost nothing on
 //! other files' ioctls; syscall tracepoints see every `ioctl` and filter by fd. The probe looks
@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-pub use gpuwarden_agent_api::snapshot::{Candidate, Tier};
+pub use gpuwarden_agent_api::{Candidate, Tier};
 
 /// The probe's result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,52 +75,4 @@ pub fn probe(sys: &Path) -> Probe {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A fake `/sys` with `dirs`, removed when dropped.
-    fn fake_sys(name: &str, dirs: &[&str]) -> tempfile::TempDir {
-        let root = gpuwarden_test_support::scratch(name);
-        for d in dirs {
-            std::fs::create_dir_all(root.path().join(d)).unwrap();
-        }
-        root
-    }
-
-    #[test]
-    fn chooses_tracepoints_and_explains_the_driver_tiers() {
-        let sys = fake_sys("tp", &["kernel/tracing/events/syscalls/sys_enter_ioctl"]);
-        let probe = probe(sys.path());
-        assert_eq!(probe.chosen, Some(Tier::SyscallTracepoint));
-        let fentry = &probe.candidates[0];
-        assert_eq!(fentry.tier, Tier::DriverFentry);
-        assert!(!fentry.available);
-        assert!(fentry.reason.contains("not present"), "{}", fentry.reason);
-        assert!(probe.candidates[1].reason.contains("kprobe_events"));
-    }
-
-    #[test]
-    fn reports_driver_btf_when_present() {
-        let sys = fake_sys(
-            "btf",
-            &[
-                "kernel/btf/nvidia",
-                "kernel/debug/tracing/events/syscalls/sys_enter_ioctl",
-            ],
-        );
-        let probe = probe(sys.path());
-        assert!(probe.candidates[0].available);
-        assert!(
-            probe.candidates[0]
-                .reason
-                .contains("no driver-hook programs")
-        );
-        assert_eq!(probe.chosen, Some(Tier::SyscallTracepoint));
-    }
-
-    #[test]
-    fn no_tier_without_syscall_tracepoints() {
-        let sys = fake_sys("none", &["kernel"]);
-        assert_eq!(probe(sys.path()).chosen, None);
-    }
-}
+mod tests;

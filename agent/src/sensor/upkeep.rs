@@ -1,6 +1,9 @@
-//! Keeping the sensor's maps tidy: the GPU device-node path table, seeding the fd table from
-//! `/proc` at start, and removing what the kernel can't see go away (entries of processes that
-//! died while nobody watched, counters of removed or long-idle cgroups).
+//! Keeping the maps tidy: the kernel side only counts; this module tells it which paths are
+//! GPU device nodes, seeds the fd table with what processes opened before the programs were
+//! attached, and removes what the kernel can't see go away: entries of processes that died while
+//! nobody watched, counters of cgroups that were removed, and counters of cgroups that have
+//! been idle (no process, no GPU memory, no new ioctl) for [`IDLE_TTL`] — such as what pinned
+//! maps kept from an earlier run — so they age out of snapshots and `top`.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -8,20 +11,23 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::MapError;
 use gpuwarden_agent_common::maps::{
     CgroupDeviceKey, FdKey, GpuNode, IoctlKey, MAX_GPUS, PATH_LEN, PathKey, ProcInfo,
 };
 
-use crate::{attribution::Attributor, sensor::SensorMaps};
+use super::maps::{MapError, TelemetryMaps};
+use crate::attribution::Attributor;
 
 /// Makes the path table hold exactly `nodes`. Returns how many paths were added and removed.
-pub fn sync_paths(maps: &mut SensorMaps, nodes: &BTreeMap<PathBuf, GpuNode>) -> (usize, usize) {
+pub(crate) fn sync_paths(
+    maps: &mut TelemetryMaps,
+    nodes: &BTreeMap<PathBuf, GpuNode>,
+) -> (usize, usize) {
     let wanted: HashMap<PathKey, GpuNode> = nodes
         .iter()
         .filter_map(|(p, n)| path_key(p).map(|k| (k, *n)))
         .collect();
-    let present: HashSet<PathKey> = maps.gpu_paths.keys().flatten().collect();
+    let present: HashSet<PathKey> = maps.gpu_paths.keys().into_iter().collect();
     let mut removed = 0;
     for key in present.iter().filter(|k| !wanted.contains_key(k)) {
         if maps.gpu_paths.remove(key).is_ok() {
@@ -31,7 +37,7 @@ pub fn sync_paths(maps: &mut SensorMaps, nodes: &BTreeMap<PathBuf, GpuNode>) -> 
     let mut added = 0;
     for (key, node) in &wanted {
         if !present.contains(key) {
-            match maps.gpu_paths.insert(key, node, 0) {
+            match maps.gpu_paths.insert(*key, *node) {
                 Ok(()) => added += 1,
                 Err(e) => tracing::warn!("cannot watch a GPU path: {e}"),
             }
@@ -42,7 +48,7 @@ pub fn sync_paths(maps: &mut SensorMaps, nodes: &BTreeMap<PathBuf, GpuNode>) -> 
 
 /// The NUL-padded key of `path`, `None` if it is too long.
 #[must_use]
-pub fn path_key(path: &Path) -> Option<PathKey> {
+pub(crate) fn path_key(path: &Path) -> Option<PathKey> {
     let bytes = path.as_os_str().as_encoded_bytes();
     if bytes.len() >= PATH_LEN {
         return None;
@@ -67,16 +73,16 @@ fn monotonic_ns() -> u64 {
 
 /// What [`seed`] found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct SeedReport {
+pub(crate) struct SeedReport {
     /// GPU fds added to the table.
-    pub fds: usize,
+    pub(crate) fds: usize,
     /// Processes registered.
     pub processes: usize,
 }
 
 /// Adds GPU fds that processes opened before the programs were attached, from `/proc/*/fd`.
-pub fn seed(
-    maps: &mut SensorMaps,
+pub(crate) fn seed(
+    maps: &mut TelemetryMaps,
     nodes: &BTreeMap<PathBuf, GpuNode>,
     attributor: &Attributor,
     proc_root: &Path,
@@ -118,15 +124,11 @@ pub fn seed(
         }
         let max_fd = found.iter().map(|(fd, _)| *fd).max().unwrap_or(0);
         for (fd, node) in &found {
-            if maps
-                .gpu_fds
-                .insert(FdKey { tgid, fd: *fd }, node, 0)
-                .is_ok()
-            {
+            if maps.gpu_fds.insert(FdKey { tgid, fd: *fd }, *node).is_ok() {
                 report.fds += 1;
             }
         }
-        if maps.procs.get(&tgid, 0).is_err() {
+        if maps.procs.get(&tgid).is_none() {
             let Ok(cgroup) = attributor.cgroup_id_of_pid(tgid) else {
                 continue;
             };
@@ -137,8 +139,8 @@ pub fn seed(
                 _pad: 0,
                 vidmem: [0; MAX_GPUS],
             };
-            // BPF_NOEXIST: the programs may have registered it meanwhile.
-            if maps.procs.insert(tgid, info, 1).is_ok() {
+            // Only where absent: the programs may have registered it meanwhile.
+            if maps.procs.insert_new(tgid, info).is_ok() {
                 report.processes += 1;
             }
         }
@@ -151,80 +153,60 @@ fn alive(proc_root: &Path, tgid: u32) -> bool {
     proc_root.join(tgid.to_string()).exists()
 }
 
+/// How long a cgroup with no process and no GPU memory keeps its ioctl counters after they last
+/// grew (they outlive its processes that long, then age out).
+pub(crate) const IDLE_TTL: Duration = Duration::from_mins(5);
+
+/// When each idle cgroup's ioctl total last changed.
+#[derive(Debug, Default)]
+pub(crate) struct Idle {
+    seen: HashMap<u64, (u64, Instant)>,
+}
+
+impl Idle {
+    /// Records `total` for idle `cgroup` at `now`; whether it has stayed unchanged past
+    /// [`IDLE_TTL`].
+    fn expired(&mut self, cgroup: u64, total: u64, now: Instant) -> bool {
+        let entry = self.seen.entry(cgroup).or_insert((total, now));
+        if entry.0 != total {
+            *entry = (total, now);
+        }
+        now.saturating_duration_since(entry.1) >= IDLE_TTL
+    }
+}
+
 /// What [`collect_garbage`] removed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Garbage {
+pub(crate) struct Garbage {
     /// fd-table entries of dead processes.
-    pub fds: usize,
+    pub(crate) fds: usize,
     /// Process entries of dead processes.
     pub processes: usize,
     /// Client, allocation and device-object entries whose owner is gone.
     pub handles: usize,
-    /// Counter entries of removed cgroups, and of cgroups idle past [`IDLE_TTL`].
+    /// Counter entries of removed cgroups.
     pub cgroups: usize,
 }
 
-/// How long a cgroup's counters stay listed once it has no live GPU process, no GPU memory and
-/// no quota: long enough to see what a short job did, short enough that counters left in the
-/// pinned maps by earlier runs (a host shell that once ran `nvidia-smi`) leave `top`.
-pub const IDLE_TTL: Duration = Duration::from_secs(60);
-
-/// When each idle cgroup was first seen idle, so its counters age out after [`IDLE_TTL`].
-#[derive(Debug)]
-pub struct IdleCgroups {
-    ttl: Duration,
-    since: HashMap<u64, Instant>,
-}
-
-impl Default for IdleCgroups {
-    fn default() -> Self {
-        Self::new(IDLE_TTL)
-    }
-}
-
-impl IdleCgroups {
-    /// Ages idle cgroups out after `ttl`.
-    #[must_use]
-    pub fn new(ttl: Duration) -> Self {
-        Self {
-            ttl,
-            since: HashMap::new(),
-        }
-    }
-
-    /// Of the cgroups idle now, those idle for the whole TTL as of `now`; a cgroup not in `idle`
-    /// is active again and starts over next time.
-    pub fn expired(&mut self, idle: &HashSet<u64>, now: Instant) -> HashSet<u64> {
-        self.since.retain(|cgroup, _| idle.contains(cgroup));
-        idle.iter()
-            .filter(|cgroup| {
-                let since = *self.since.entry(**cgroup).or_insert(now);
-                now.saturating_duration_since(since) >= self.ttl
-            })
-            .copied()
-            .collect()
-    }
-}
-
 /// Removes entries the kernel side can't see go stale: fds and processes of processes that died
-/// unseen, handles of released clients, counters of removed cgroups and of cgroups idle (no
-/// live process, no GPU memory, not in `bound`) for longer than `idle`'s TTL.
-pub fn collect_garbage(
-    maps: &mut SensorMaps,
+/// unseen, handles of released clients, counters of removed cgroups, and counters of cgroups
+/// idle for [`IDLE_TTL`] (see [`Idle`]).
+pub(crate) fn collect_garbage(
+    maps: &mut TelemetryMaps,
     attributor: &mut Attributor,
+    idle: &mut Idle,
     proc_root: &Path,
-    idle: &mut IdleCgroups,
-    bound: &HashSet<u64>,
+    now: Instant,
 ) -> Garbage {
     let mut garbage = Garbage::default();
     let dead_fds: Vec<FdKey> = maps
         .gpu_fds
         .keys()
-        .flatten()
+        .into_iter()
         .filter(|k| !alive(proc_root, k.tgid))
         .collect();
     garbage.fds += remove_all(&dead_fds, |k| maps.gpu_fds.remove(k));
-    let procs: HashMap<u32, ProcInfo> = maps.procs.iter().flatten().collect();
+    let procs: HashMap<u32, ProcInfo> = maps.procs.entries().into_iter().collect();
     for (tgid, info) in &procs {
         if !alive(proc_root, *tgid) {
             if info.vidmem.iter().any(|b| *b != 0) {
@@ -235,8 +217,8 @@ pub fn collect_garbage(
     }
     let live_clients: HashMap<u32, u64> = maps
         .clients
-        .iter()
-        .flatten()
+        .entries()
+        .into_iter()
         .filter(|(_, c)| {
             procs
                 .get(&c.tgid)
@@ -247,14 +229,14 @@ pub fn collect_garbage(
     let stale_clients: Vec<u32> = maps
         .clients
         .keys()
-        .flatten()
+        .into_iter()
         .filter(|h| !live_clients.contains_key(h))
         .collect();
     garbage.handles += remove_all(&stale_clients, |k| maps.clients.remove(k));
     let stale_allocations: Vec<_> = maps
         .allocations
-        .iter()
-        .flatten()
+        .entries()
+        .into_iter()
         .filter(|(k, a)| live_clients.get(&k.client) != Some(&a.client_generation))
         .map(|(k, _)| k)
         .collect();
@@ -262,51 +244,82 @@ pub fn collect_garbage(
     let stale_objects: Vec<_> = maps
         .object_devices
         .keys()
-        .flatten()
+        .into_iter()
         .filter(|k| !live_clients.contains_key(&k.client))
         .collect();
     garbage.handles += remove_all(&stale_objects, |k| maps.object_devices.remove(k));
 
     attributor.forget_dead();
-    let with_procs: HashSet<u64> = maps.procs.iter().flatten().map(|(_, p)| p.cgroup).collect();
-    let holding: HashSet<u64> = maps
-        .cgroup_memory
-        .iter()
-        .flatten()
-        .filter(|(_, bytes)| *bytes != 0)
-        .map(|(k, _)| k.cgroup)
-        .collect();
-    let counted: HashSet<u64> = maps
-        .ioctl_counts
-        .keys()
-        .flatten()
-        .map(|k| k.cgroup)
-        .chain(maps.cgroup_memory.keys().flatten().map(|k| k.cgroup))
-        .collect();
-    let idle_now: HashSet<u64> = counted
-        .into_iter()
-        .filter(|c| !with_procs.contains(c) && !holding.contains(c) && !bound.contains(c))
-        .collect();
-    let expired = idle.expired(&idle_now, Instant::now());
-    let mut gone = |cgroup: u64| {
-        expired.contains(&cgroup)
-            || (!with_procs.contains(&cgroup) && attributor.resolve(cgroup).is_none())
-    };
+    let with_procs: HashSet<u64> = maps.procs.entries().iter().map(|(_, p)| p.cgroup).collect();
+    let mut gone =
+        |cgroup: u64| !with_procs.contains(&cgroup) && attributor.resolve(cgroup).is_none();
     let dead_counters: Vec<IoctlKey> = maps
         .ioctl_counts
         .keys()
-        .flatten()
+        .into_iter()
         .filter(|k| gone(k.cgroup))
         .collect();
     garbage.cgroups += remove_all(&dead_counters, |k| maps.ioctl_counts.remove(k));
     let dead_memory: Vec<CgroupDeviceKey> = maps
         .cgroup_memory
         .keys()
-        .flatten()
+        .into_iter()
         .filter(|k| gone(k.cgroup))
         .collect();
     garbage.cgroups += remove_all(&dead_memory, |k| maps.cgroup_memory.remove(k));
+
+    garbage.cgroups += age_out_idle(maps, &with_procs, idle, now);
     garbage
+}
+
+/// Removes the counters of cgroups with no process and no GPU memory whose ioctl total has not
+/// changed for [`IDLE_TTL`]; returns how many entries went.
+fn age_out_idle(
+    maps: &mut TelemetryMaps,
+    with_procs: &HashSet<u64>,
+    idle: &mut Idle,
+    now: Instant,
+) -> usize {
+    let holding: HashSet<u64> = maps
+        .cgroup_memory
+        .entries()
+        .into_iter()
+        .filter(|(_, bytes)| *bytes > 0)
+        .map(|(k, _)| k.cgroup)
+        .collect();
+    let mut totals: HashMap<u64, u64> = HashMap::new();
+    let counters = maps.ioctl_counts.entries();
+    for (key, n) in &counters {
+        let t = totals.entry(key.cgroup).or_default();
+        *t = t.saturating_add(*n);
+    }
+    idle.seen.retain(|cgroup, _| totals.contains_key(cgroup));
+    let expired: HashSet<u64> = totals
+        .into_iter()
+        .filter(|(cgroup, _)| !with_procs.contains(cgroup) && !holding.contains(cgroup))
+        .filter(|&(cgroup, total)| idle.expired(cgroup, total, now))
+        .map(|(cgroup, _)| cgroup)
+        .collect();
+    for cgroup in with_procs {
+        idle.seen.remove(cgroup);
+    }
+    let aged: Vec<IoctlKey> = counters
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| expired.contains(&k.cgroup))
+        .collect();
+    let mut removed = remove_all(&aged, |k| maps.ioctl_counts.remove(k));
+    let aged_memory: Vec<CgroupDeviceKey> = maps
+        .cgroup_memory
+        .keys()
+        .into_iter()
+        .filter(|k| expired.contains(&k.cgroup))
+        .collect();
+    removed += remove_all(&aged_memory, |k| maps.cgroup_memory.remove(k));
+    for cgroup in &expired {
+        idle.seen.remove(cgroup);
+    }
+    removed
 }
 
 /// Removes each of `keys` with `remove`; returns how many removals took.
@@ -315,8 +328,8 @@ fn remove_all<K>(keys: &[K], mut remove: impl FnMut(&K) -> Result<(), MapError>)
 }
 
 /// Re-reads one process's fds after it exec'd: close-on-exec GPU fds are gone, others stay.
-pub fn reseed_after_exec(
-    maps: &mut SensorMaps,
+pub(crate) fn reseed_after_exec(
+    maps: &mut TelemetryMaps,
     nodes: &BTreeMap<PathBuf, GpuNode>,
     attributor: &Attributor,
     proc_root: &Path,
@@ -325,7 +338,7 @@ pub fn reseed_after_exec(
     let stale: Vec<FdKey> = maps
         .gpu_fds
         .keys()
-        .flatten()
+        .into_iter()
         .filter(|k| k.tgid == tgid)
         .collect();
     for key in stale {
@@ -342,37 +355,4 @@ pub fn reseed_after_exec(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn path_keys_are_nul_padded_and_bounded() {
-        let key = path_key(Path::new("/dev/nvidia0")).unwrap();
-        assert_eq!(&key.path[..12], b"/dev/nvidia0");
-        assert!(key.path[12..].iter().all(|b| *b == 0));
-        let long = format!("/{}", "x".repeat(PATH_LEN - 1));
-        assert!(path_key(Path::new(&long)).is_none());
-        let longest = format!("/{}", "x".repeat(PATH_LEN - 2));
-        assert!(path_key(Path::new(&longest)).is_some());
-    }
-
-    #[test]
-    fn idle_cgroups_age_out_after_the_ttl_and_start_over_when_active() {
-        let mut idle = IdleCgroups::new(Duration::from_secs(60));
-        let t0 = Instant::now();
-        let both: HashSet<u64> = [1, 2].into();
-        assert!(idle.expired(&both, t0).is_empty(), "nothing is old yet");
-        assert!(idle.expired(&both, t0 + Duration::from_secs(59)).is_empty());
-        // Cgroup 2 ran something again: it leaves the idle set and starts over.
-        let one: HashSet<u64> = [1].into();
-        assert_eq!(
-            idle.expired(&one, t0 + Duration::from_secs(60)),
-            HashSet::from([1])
-        );
-        assert!(idle.expired(&both, t0 + Duration::from_secs(61)) == HashSet::from([1]));
-        assert_eq!(
-            idle.expired(&both, t0 + Duration::from_secs(121)),
-            HashSet::from([1, 2])
-        );
-    }
-}
+mod tests;

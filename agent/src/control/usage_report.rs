@@ -36,9 +36,8 @@ use std::{
 use gpuwarden_proto::v1 as pb;
 
 use crate::{
-    enforcement::throttle::UsageSource,
-    enforcement::{BindState, Enforcer},
-    sensor::Sensor,
+    enforcement::{BindState, Standing, throttle::UsageSource},
+    sensor::Counters,
 };
 
 /// The longest gap between two reads of the usage source.
@@ -92,10 +91,9 @@ pub struct SessionReading {
 
 /// The sessions that report (see the module docs), with their memory and ioctl counters.
 #[must_use]
-pub fn read_sessions(sensor: &Sensor, enforcer: &Enforcer) -> Vec<SessionReading> {
+pub(crate) fn read_sessions(standing: &Standing, counters: &Counters) -> Vec<SessionReading> {
     let mut out: Vec<SessionReading> = Vec::new();
-    let mut owner: HashMap<u64, usize> = HashMap::new();
-    for (session, b) in enforcer.bindings() {
+    for b in &standing.bindings {
         if b.spec.devices.is_empty() {
             continue;
         }
@@ -105,37 +103,30 @@ pub fn read_sessions(sensor: &Sensor, enforcer: &Enforcer) -> Vec<SessionReading
             BindState::Expired => continue,
         };
         let memory_bytes = b
-            .key
-            .and_then(|k| sensor.maps.quotas.get(&k, 0).ok())
+            .kernel
             .map_or(0, |q| q.used.iter().fold(0u64, |a, b| a.saturating_add(*b)));
-        for id in b.members() {
-            owner.insert(*id, out.len());
-        }
+        let ioctls = b
+            .members
+            .iter()
+            .filter_map(|id| counters.cgroups.get(id))
+            .fold(0u64, |a, c| a.saturating_add(c.ioctls()));
         out.push(SessionReading {
-            session_id: session.clone(),
+            session_id: b.session_id.clone(),
             cgroup_dir,
             gpus: b.spec.devices.iter().map(|d| d.index).collect(),
             memory_bytes,
-            ioctls: 0,
+            ioctls,
         });
-    }
-    if !owner.is_empty() {
-        for (key, per_cpu) in sensor.maps.ioctl_counts.iter().flatten() {
-            if let Some(&i) = owner.get(&key.cgroup) {
-                let n: u64 = per_cpu.iter().sum();
-                out[i].ioctls = out[i].ioctls.saturating_add(n);
-            }
-        }
     }
     out
 }
 
 /// The bound cgroups and their GPUs, for polling the usage source between reports.
 #[must_use]
-pub fn bound_cgroups(enforcer: &Enforcer) -> Vec<(PathBuf, Vec<u32>)> {
-    enforcer
-        .bindings()
-        .values()
+pub(crate) fn bound_cgroups(standing: &Standing) -> Vec<(PathBuf, Vec<u32>)> {
+    standing
+        .bindings
+        .iter()
         .filter(|b| b.state == BindState::Bound)
         .filter_map(|b| {
             let gpus: Vec<u32> = b.spec.devices.iter().map(|d| d.index).collect();
@@ -272,134 +263,4 @@ pub fn utilization(before: &[Duration], after: &[Duration], elapsed: Duration) -
 }
 
 #[cfg(test)]
-mod tests {
-    use std::{
-        path::Path,
-        sync::{Arc, Mutex},
-    };
-
-    use super::*;
-
-    /// Busy time by (GPU, directory), set by the test.
-    #[derive(Clone, Default)]
-    struct Fake(Arc<Mutex<HashMap<(u32, PathBuf), Duration>>>);
-
-    impl Fake {
-        fn set(&self, gpu: u32, dir: &str, busy_ms: u64) {
-            self.0
-                .lock()
-                .unwrap()
-                .insert((gpu, dir.into()), Duration::from_millis(busy_ms));
-        }
-    }
-
-    impl UsageSource for Fake {
-        fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Duration> {
-            self.0
-                .lock()
-                .unwrap()
-                .get(&(gpu, dir.to_owned()))
-                .copied()
-                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "gone"))
-        }
-    }
-
-    fn reading(session: &str, dir: Option<&str>, gpus: &[u32], ioctls: u64) -> SessionReading {
-        SessionReading {
-            session_id: session.into(),
-            cgroup_dir: dir.map(PathBuf::from),
-            gpus: gpus.to_vec(),
-            memory_bytes: 64 << 20,
-            ioctls,
-        }
-    }
-
-    #[test]
-    fn utilization_is_the_mean_of_clamped_per_gpu_fractions() {
-        let s = Duration::from_secs;
-        let ms = Duration::from_millis;
-        assert!((utilization(&[s(0)], &[ms(500)], s(1)) - 0.5).abs() < 1e-9);
-        // One GPU idle, one over-counted: 0 and 1 → 0.5.
-        assert!((utilization(&[s(1), s(0)], &[s(1), s(3)], s(1)) - 0.5).abs() < 1e-9);
-        // A counter that went backwards (a new cgroup) counts as idle, not negative.
-        assert_eq!(utilization(&[s(5)], &[s(1)], s(1)), 0.0);
-        assert_eq!(utilization(&[], &[], s(1)), 0.0);
-        assert_eq!(utilization(&[s(0)], &[s(1)], Duration::ZERO), 0.0);
-    }
-
-    #[test]
-    fn bound_sessions_report_from_their_second_reading_and_pending_ones_idle() {
-        let fake = Fake::default();
-        let mut r = Reporter::new(Box::new(fake.clone()));
-        let t0 = Instant::now();
-        fake.set(0, "/cg/a", 1_000);
-        fake.set(1, "/cg/a", 1_000);
-        let first = r.report(
-            vec![
-                reading("a", Some("/cg/a"), &[0, 1], 100),
-                reading("p", None, &[0], 0),
-            ],
-            t0,
-            1,
-        );
-        assert_eq!(first.len(), 1, "{first:?}");
-        assert_eq!(
-            (first[0].session_id.as_str(), first[0].utilization),
-            ("p", 0.0)
-        );
-
-        // Two seconds later: GPU 0 busy 1.5 s, GPU 1 0.5 s; 300 more ioctls.
-        fake.set(0, "/cg/a", 2_500);
-        fake.set(1, "/cg/a", 1_500);
-        let t1 = t0 + Duration::from_secs(2);
-        let second = r.report(vec![reading("a", Some("/cg/a"), &[0, 1], 400)], t1, 2);
-        assert_eq!(second.len(), 1);
-        let a = &second[0];
-        assert_eq!(a.session_id, "a");
-        assert!((a.utilization - 0.5).abs() < 1e-9, "{a:?}");
-        assert!((a.ioctls_per_sec - 150.0).abs() < 1e-9, "{a:?}");
-        assert_eq!((a.memory_bytes, a.at_ms), (64 << 20, 2));
-    }
-
-    #[test]
-    fn a_new_cgroup_or_a_failed_read_starts_over() {
-        let fake = Fake::default();
-        let mut r = Reporter::new(Box::new(fake.clone()));
-        let t0 = Instant::now();
-        let sec = Duration::from_secs(1);
-        fake.set(0, "/cg/a", 0);
-        assert!(
-            r.report(vec![reading("a", Some("/cg/a"), &[0], 0)], t0, 0)
-                .is_empty()
-        );
-        // Rebound elsewhere: a baseline again, not a delta across two cgroups.
-        fake.set(0, "/cg/b", 10_000);
-        assert!(
-            r.report(vec![reading("a", Some("/cg/b"), &[0], 0)], t0 + sec, 0)
-                .is_empty()
-        );
-        // Unreadable: nothing, and the next good reading is a baseline.
-        assert!(
-            r.report(vec![reading("a", Some("/cg/c"), &[0], 0)], t0 + 2 * sec, 0)
-                .is_empty()
-        );
-        assert!(
-            r.report(vec![reading("a", Some("/cg/b"), &[0], 0)], t0 + 3 * sec, 0)
-                .is_empty()
-        );
-        fake.set(0, "/cg/b", 10_250);
-        let out = r.report(vec![reading("a", Some("/cg/b"), &[0], 0)], t0 + 4 * sec, 0);
-        assert!((out[0].utilization - 0.25).abs() < 1e-9, "{out:?}");
-        // A session no longer read is forgotten.
-        assert!(r.report(vec![], t0 + 5 * sec, 0).is_empty());
-        assert!(r.baselines.is_empty());
-    }
-
-    #[test]
-    fn polls_split_the_interval_evenly() {
-        let ms = Duration::from_millis;
-        assert_eq!(poll_plan(ms(5_000)), (ms(500), 10));
-        assert_eq!(poll_plan(ms(1_200)), (ms(400), 3));
-        assert_eq!(poll_plan(ms(200)), (ms(200), 1));
-    }
-}
+mod tests;

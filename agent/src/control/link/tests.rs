@@ -1,0 +1,98 @@
+use super::*;
+use crate::{control::holdings::Holdings, devices::NoGpus};
+
+#[test]
+fn unknown_slots_are_refused_unless_zero() {
+    let known: BTreeSet<String> = ["cpu", "cuda.shares"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    let alloc = |pairs: &[(&str, &str)]| pb::Allocate {
+        session_id: "s".into(),
+        slots: Some(pb::ResourceSlot {
+            values: pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }),
+        ..Default::default()
+    };
+    assert!(check_allocation(&known, &alloc(&[("cpu", "1"), ("cuda.shares", "0.5")])).is_none());
+    assert!(check_allocation(&known, &alloc(&[("mock.accel", "0")])).is_none());
+    let nack = check_allocation(&known, &alloc(&[("mock.accel", "0.5")])).unwrap();
+    assert_eq!(nack.reason, "UnsupportedResource");
+    assert!(nack.message.contains("mock.accel"), "{}", nack.message);
+}
+
+#[test]
+fn an_invalid_url_is_a_fatal_error_naming_it() {
+    let err = check_url("not a url").unwrap_err();
+    assert!(err.is_fatal(), "{err}");
+    assert!(matches!(err, LinkError::InvalidUrl { .. }), "{err}");
+    assert!(err.to_string().contains("\"not a url\""), "{err}");
+    assert!(check_url("http://127.0.0.1:50051").is_ok());
+}
+
+fn link_to(url: &str) -> (LinkConfig, SharedHoldings, tempfile::TempDir) {
+    let dir = gpuwarden_test_support::scratch("link");
+    let holdings = Holdings::open(&dir.path().join("store")).unwrap();
+    let config = LinkConfig {
+        controller: url.to_owned(),
+        node_id: "n".into(),
+        hostname: "n".into(),
+        hooks: vec![],
+    };
+    (config, Arc::new(std::sync::Mutex::new(holdings)), dir)
+}
+
+#[tokio::test]
+async fn the_link_stops_at_once_on_an_invalid_url() {
+    let (config, holdings, _dir) = link_to("not a url");
+    let backend: Arc<dyn GpuBackend> = Arc::new(NoGpus);
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        run(config, backend, holdings, None, std::future::pending()),
+    )
+    .await
+    .expect("an invalid URL is not retried");
+}
+
+#[tokio::test]
+async fn an_unreachable_controller_is_retried_until_shutdown() {
+    // A port nobody listens on: bind, note it, close.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let (config, holdings, _dir) = link_to(&url);
+    let backend: Arc<dyn GpuBackend> = Arc::new(NoGpus);
+    let err = connect_once(&config, backend.as_ref(), &holdings, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LinkError::Connect(_)), "{err}");
+    assert!(!err.is_fatal());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let link = tokio::spawn(run(config, backend, holdings, None, async {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!link.is_finished(), "a refused connection is retried");
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), link)
+        .await
+        .expect("stops on shutdown")
+        .unwrap();
+}
+
+#[test]
+fn the_backoff_doubles_up_to_five_seconds_and_resets() {
+    let mut b = Backoff::default();
+    let delays: Vec<u64> = (0..8)
+        .map(|_| u64::try_from(b.next_delay().as_millis()).unwrap())
+        .collect();
+    assert_eq!(delays, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+    b.reset();
+    assert_eq!(b.current(), Duration::from_millis(100));
+}

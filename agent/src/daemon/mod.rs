@@ -1,0 +1,269 @@
+//! `gpuwarden-agent run`: loads the sensor, restores what the node held, starts the tasks of
+//! each stage of the data path and serves the local socket until shutdown.
+//!
+//! - `start`: the sensor and enforcement as they come up (held quotas re-applied);
+//! - `tasks`: the long-running tasks: event dispatch, map upkeep, usage reports.
+
+mod start;
+mod tasks;
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use gpuwarden_proto::v1 as pb;
+use tokio::{sync::mpsc, task::JoinSet};
+
+use crate::{
+    attribution::{AttributionError, Attributor, kubelet::PodNames},
+    config::AgentConfig,
+    control::{
+        LinkChannels, LinkConfig, QuotaCommand, UsageCounters,
+        holdings::{Holdings, HoldingsError},
+        link::{self, LinkError},
+        usage_report::Reporter,
+    },
+    devices::{self, GpuBackend},
+    enforcement::EnforcerHandle,
+    enforcement::throttle,
+    export::{SharedTelemetry, Sources, metrics, server},
+    lock::{InstanceLock, LockError},
+    sensor::{Sensor, SensorError},
+};
+
+/// Enforcement events buffered for the controller while it is away; older ones are dropped
+/// (and counted) beyond this.
+const UPWARD_BUFFER: usize = 1024;
+
+/// Usage reports buffered for the controller while it is away; newer ones are dropped (and
+/// counted) beyond this. Old samples still describe real intervals, so they are worth sending.
+const USAGE_BUFFER: usize = 256;
+
+/// Errors that stop the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Another agent runs on this node.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// No cgroup v2 hierarchy.
+    #[error(transparent)]
+    Attribution(#[from] AttributionError),
+    /// The programs didn't load or attach.
+    #[error(transparent)]
+    Sensor(#[from] SensorError),
+    /// The socket can't be served.
+    #[error("cannot listen on {path}: {source}")]
+    Socket {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The ring buffer can't be polled.
+    #[error("cannot poll the event ring buffer: {0}")]
+    Events(#[source] std::io::Error),
+    /// The agent's store can't be used.
+    #[error(transparent)]
+    Holdings(#[from] HoldingsError),
+    /// The GPU backend can't be set up.
+    #[error(transparent)]
+    Devices(#[from] devices::DeviceError),
+    /// The compute-share throttle can't start.
+    #[error(transparent)]
+    Throttle(#[from] throttle::ThrottleError),
+    /// The controller link can't work (an invalid URL): retrying would not help.
+    #[error(transparent)]
+    Controller(#[from] LinkError),
+}
+
+/// Runs the agent until SIGINT or SIGTERM.
+///
+/// # Errors
+/// See [`RunError`].
+pub async fn run(config: AgentConfig) -> Result<(), RunError> {
+    run_until(config, gpuwarden_runtime::shutdown()).await
+}
+
+/// Runs the agent until `shutdown` completes (tests embed the agent this way).
+///
+/// # Errors
+/// See [`RunError`].
+pub async fn run_until(
+    config: AgentConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), RunError> {
+    let _lock = InstanceLock::acquire(&config.state_dir)?;
+    // A controller URL that can never work stops the agent now, naming it.
+    if let Some(url) = &config.controller {
+        link::check_url(url)?;
+    }
+    let attributor = Attributor::detect()?;
+    let mut sensor = Sensor::load(config.alloc_event_min_bytes, config.bpf_pin_dir.as_deref())?;
+    start::log_sensor(&mut sensor, &config);
+    let backend: Arc<dyn GpuBackend> =
+        Arc::from(devices::discover(config.mock_devices.as_deref())?);
+    let hooks = sensor
+        .hooks()
+        .iter()
+        .map(|h| format!("{}:{}", h.kind, h.target))
+        .collect();
+    let events = sensor.take_events();
+
+    // Quotas and what the node holds live in the store; they are enforced again at once.
+    let holdings = Holdings::open(&config.state_dir.join("store"))?;
+    // NVML's per-process SM utilization on real GPUs; the CPU-time stand-in with mock devices.
+    let usage = backend
+        .usage_source(attributor.root())
+        .unwrap_or_else(|| Box::new(throttle::CpuTimeUsage));
+    // The usage reports measure with a source of their own (sources keep per-reader state).
+    let usage_reports = config
+        .usage_report_interval
+        .filter(|_| config.controller.is_some())
+        .map(|interval| (interval, start::reporter(backend.as_ref(), &attributor)));
+    let throttle = throttle::spawn(
+        throttle::ThrottleConfig::with_period(config.throttle_period),
+        usage,
+    )?;
+    let (upward_tx, upward_rx) = mpsc::channel(UPWARD_BUFFER);
+    let (quota_tx, quota_rx) = mpsc::unbounded_channel();
+    let (enforcer, enforcer_task) = start::enforcement(
+        &mut sensor,
+        &attributor,
+        &holdings,
+        backend.as_ref(),
+        upward_tx,
+        &config,
+        throttle.clone(),
+        quota_rx,
+    );
+
+    let telemetry = start::telemetry(sensor, attributor, &config);
+    let usage_counters = Arc::default();
+    let published = metrics::Published::default();
+    let metrics = start::metrics(&config, backend.as_ref(), &published);
+    let sources = Arc::new(Sources {
+        telemetry: Arc::clone(&telemetry),
+        enforcer: enforcer.clone(),
+        backend: Arc::clone(&backend),
+        // Pod names are an extra: without a kubelet the pods keep their UIDs only.
+        pods: config
+            .kubelet
+            .clone()
+            .map_or_else(PodNames::disabled, PodNames::spawn),
+        node: config.node_name.clone(),
+        indexes: backend.devices().iter().map(|d| d.index).collect(),
+        usage_counters: Arc::clone(&usage_counters),
+    });
+
+    let mut tasks = JoinSet::new();
+    if let Some(ring) = events {
+        let ring = crate::sensor::events::register(ring).map_err(RunError::Events)?;
+        tasks.spawn(tasks::dispatch_events(
+            ring,
+            Arc::clone(&telemetry),
+            enforcer.clone(),
+        ));
+    }
+    tasks.spawn(tasks::upkeep(
+        Arc::clone(&telemetry),
+        config.clone(),
+        Arc::clone(&backend),
+        enforcer.clone(),
+        metrics.is_some().then(|| Arc::clone(&published)),
+        Arc::clone(&sources),
+    ));
+    spawn_link(
+        &mut tasks,
+        &config,
+        LinkWiring {
+            hooks,
+            holdings,
+            backend,
+            telemetry: Arc::clone(&telemetry),
+            enforcer: enforcer.clone(),
+            usage_reports,
+            usage_counters,
+            quotas: quota_tx,
+            events: upward_rx,
+        },
+    );
+
+    serve(&config, &sources, shutdown).await?;
+    // Stopping the tasks drops the last references to the sensor, which detaches the programs
+    // that are not pinned; pinned ones keep enforcing (`gpuwarden-agent unpin` removes them).
+    tasks.shutdown().await;
+    drop(sources);
+    drop(enforcer);
+    enforcer_task.abort();
+    let _ = enforcer_task.await;
+    throttle.shutdown().await;
+    let _ = std::fs::remove_file(&config.socket);
+    Ok(())
+}
+
+/// What the controller link is wired to.
+struct LinkWiring {
+    hooks: Vec<String>,
+    holdings: Holdings,
+    backend: Arc<dyn GpuBackend>,
+    telemetry: SharedTelemetry,
+    enforcer: EnforcerHandle,
+    usage_reports: Option<(Duration, Reporter)>,
+    usage_counters: Arc<UsageCounters>,
+    quotas: mpsc::UnboundedSender<QuotaCommand>,
+    events: mpsc::Receiver<pb::EnforcementEvent>,
+}
+
+/// Starts the controller link and the usage reports, where a controller is configured.
+fn spawn_link(tasks: &mut JoinSet<()>, config: &AgentConfig, w: LinkWiring) {
+    let Some(url) = &config.controller else {
+        tracing::info!("no --controller: running this node on its own");
+        return;
+    };
+    let link = LinkConfig {
+        controller: url.clone(),
+        node_id: config.node_name.clone(),
+        hostname: config.node_name.clone(),
+        hooks: w.hooks,
+    };
+    let (usage_tx, usage_rx) = mpsc::channel(USAGE_BUFFER);
+    if let Some((interval, reporter)) = w.usage_reports {
+        tasks.spawn(tasks::report_usage(
+            w.telemetry,
+            w.enforcer,
+            reporter,
+            interval,
+            usage_tx,
+            Arc::clone(&w.usage_counters),
+        ));
+    }
+    tasks.spawn(link::run(
+        link,
+        w.backend,
+        Arc::new(std::sync::Mutex::new(w.holdings)),
+        Some(LinkChannels {
+            quotas: w.quotas,
+            events: w.events,
+            usage: usage_rx,
+            usage_counters: w.usage_counters,
+        }),
+        std::future::pending(),
+    ));
+}
+
+/// Serves the local socket until `shutdown`.
+async fn serve(
+    config: &AgentConfig,
+    sources: &Arc<Sources>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), RunError> {
+    let listener = server::bind(&config.socket).map_err(|source| RunError::Socket {
+        path: config.socket.clone(),
+        source,
+    })?;
+    tracing::info!(socket = %config.socket.display(), node = %config.node_name, "agent ready");
+    tokio::select! {
+        () = server::serve(listener, Arc::clone(sources), &config.socket) => {}
+        () = shutdown => tracing::info!("shutting down"),
+    }
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! The sensor and enforcement as they come up.
+
+use gpuwarden_proto::v1 as pb;
+use tokio::sync::mpsc;
+
+use crate::{
+    attribution::Attributor,
+    config::AgentConfig,
+    control::{QuotaCommand, holdings::Holdings, usage_report::Reporter},
+    devices::GpuBackend,
+    enforcement::{
+        Enforcer, EnforcerHandle,
+        cgroup_tree::CgroupTree,
+        kernel::{Kernel, ProcessSignals},
+        quota::QuotaSpec,
+        task,
+        throttle::{self, ThrottleHandle},
+    },
+    export::{SharedTelemetry, Telemetry, metrics},
+    sensor::{Sensor, events, upkeep},
+};
+
+/// Logs what the sensor chose and why, and starts forwarding the kernel side's log.
+pub(super) fn log_sensor(sensor: &mut Sensor, config: &AgentConfig) {
+    let (tier, why) = sensor.memory_tier();
+    tracing::info!(
+        tier = tier.as_str(),
+        adopted = sensor.adopted(),
+        pins = ?config.bpf_pin_dir,
+        "memory enforcement: {why}"
+    );
+    if let Some(tier) = sensor.probe().chosen {
+        tracing::info!(
+            tier = tier.as_str(),
+            hooks = sensor.hooks().len(),
+            "hooks attached"
+        );
+    } else {
+        tracing::warn!("no hook tier available");
+    }
+    for c in &sensor.probe().candidates {
+        tracing::info!(
+            tier = c.tier.as_str(),
+            available = c.available,
+            "probe: {}",
+            c.reason
+        );
+    }
+    if let Some(logger) = sensor.logger() {
+        events::spawn_kernel_log(logger);
+    }
+}
+
+/// The enforcer, with the quotas the store holds applied again and what an earlier agent left
+/// for sessions no longer held swept away, running as a task.
+#[allow(clippy::too_many_arguments)] // The wiring of one stage: each input is a different part.
+pub(super) fn enforcement(
+    sensor: &mut Sensor,
+    attributor: &Attributor,
+    holdings: &Holdings,
+    backend: &dyn GpuBackend,
+    upward: mpsc::Sender<pb::EnforcementEvent>,
+    config: &AgentConfig,
+    throttle: ThrottleHandle,
+    quotas: mpsc::UnboundedReceiver<QuotaCommand>,
+) -> (EnforcerHandle, tokio::task::JoinHandle<()>) {
+    let Some((maps, devices)) = sensor.take_enforcement() else {
+        unreachable!("the sensor's enforcement maps are taken once, here");
+    };
+    let kernel = Kernel {
+        maps,
+        devices: Box::new(devices),
+        signals: Box::new(ProcessSignals),
+    };
+    let mut enforcer = Enforcer::new(
+        kernel,
+        CgroupTree::host(attributor.root().to_owned()),
+        upward,
+        config.binding_timeout,
+        Some(throttle),
+    );
+    let mut held = Vec::new();
+    for session in holdings.sessions() {
+        let Some(allocate) = holdings.get(&session) else {
+            continue;
+        };
+        match QuotaSpec::from_allocate(allocate, backend.devices()) {
+            Ok(Some(spec)) => held.push(spec),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(session, "held quota no longer enforceable: {e}"),
+        }
+    }
+    enforcer.thaw_targets(&held);
+    for spec in held {
+        enforcer.apply(spec);
+    }
+    enforcer.sweep_stale();
+    if !holdings.sessions().is_empty() {
+        tracing::info!(
+            sessions = holdings.sessions().len(),
+            "holding allocations from before the restart"
+        );
+    }
+    task::spawn(enforcer, quotas, sensor.memory_tier().0)
+}
+
+/// The OTLP metrics pipeline, reading the snapshots published in `published`; `None` when off.
+/// Metrics are an extra: a bad endpoint is reported, never fatal.
+pub(super) fn metrics(
+    config: &AgentConfig,
+    backend: &dyn GpuBackend,
+    published: &metrics::Published,
+) -> Option<gpuwarden_runtime::otlp::Pipeline> {
+    let metrics_config = metrics::MetricsConfig {
+        endpoint: config.otlp_endpoint.clone(),
+        interval: config.metric_interval,
+        node: config.node_name.clone(),
+    };
+    match metrics::start(&metrics_config, backend.devices().to_vec(), published) {
+        Ok(metrics) => metrics,
+        Err(e) => {
+            tracing::warn!("metrics off: {e}");
+            None
+        }
+    }
+}
+
+/// The usage reporter, measuring with a usage source of its own (sources keep per-reader state):
+/// NVML's per-process utilization on real GPUs, the CPU-time stand-in with mock devices.
+pub(super) fn reporter(backend: &dyn GpuBackend, attributor: &Attributor) -> Reporter {
+    let source = backend
+        .usage_source(attributor.root())
+        .unwrap_or_else(|| Box::new(throttle::CpuTimeUsage));
+    Reporter::new(source)
+}
+
+/// The state the sensor's readers share, with the GPU device nodes scanned once.
+pub(super) fn telemetry(
+    sensor: Sensor,
+    attributor: Attributor,
+    config: &AgentConfig,
+) -> SharedTelemetry {
+    let mut telemetry = Telemetry {
+        sensor,
+        attributor,
+        nodes: std::collections::BTreeMap::new(),
+        events_received: 0,
+        idle: upkeep::Idle::default(),
+    };
+    super::tasks::rescan_nodes(&mut telemetry, config);
+    std::sync::Arc::new(std::sync::Mutex::new(telemetry))
+}

@@ -1,0 +1,758 @@
+//! Enforcement: binding quotas to workloads and keeping the kernel side in step.
+//!
+//! The [`Enforcer`] holds one [`Binding`] per session with a quota. A binding waits (pending)
+//! until its target's cgroup exists, then maps that cgroup and every cgroup below it to the quota
+//! in the BPF maps (memory limits, allowed GPUs), attaches the device-access program to it, and
+//! hands its compute shares to the throttle. It lets go on release, and when the cgroup goes away
+//! it waits again. A quota whose cgroup never appears expires with an event.
+//!
+//! Kernel events (an over-limit allocation, a refused open) come back here, are tied to their
+//! session, kept in a short history for snapshots, and sent up to the controller.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use gpuwarden_agent_common::{
+    event::{Event, action, kind},
+    maps::{CgroupDeviceKey, MAX_GPUS, NO_LIMIT, Quota, quota_flags},
+};
+use gpuwarden_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+pub use gpuwarden_agent_api::Record;
+
+use super::{
+    cgroup_tree::CgroupTree,
+    kernel::Kernel,
+    quota::{MemoryPolicy, QuotaSpec, Target},
+    throttle::{self, ThrottleHandle, ThrottleStats},
+};
+use crate::{devices::ProcessMemory, sensor::MemoryTier};
+
+/// Enforcement events kept for snapshots.
+const HISTORY: usize = 64;
+
+/// Where a binding stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum BindState {
+    /// Waiting for the target's cgroup.
+    Pending,
+    /// Enforced on its cgroup.
+    Bound,
+    /// The cgroup never appeared in time.
+    Expired,
+}
+
+/// One session's quota and where it is enforced.
+#[derive(Debug)]
+struct Binding {
+    /// The quota.
+    spec: QuotaSpec,
+    /// Where it stands.
+    state: BindState,
+    /// When it started waiting.
+    since: Instant,
+    /// The cgroup it is bound at.
+    dir: Option<PathBuf>,
+    /// That cgroup's id: the key of its quota in the maps.
+    key: Option<u64>,
+    /// Every cgroup mapped to the quota.
+    members: BTreeSet<u64>,
+    /// Processes stopped by policy, for `resume`/`kill`.
+    stopped: BTreeSet<u32>,
+}
+
+/// One binding as the rest of the agent sees it (snapshots, usage reports): a copy, with what
+/// the kernel side counts against it and what the throttle did.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BindingReport {
+    /// The session.
+    pub session_id: String,
+    /// The quota.
+    pub spec: QuotaSpec,
+    /// Where it stands.
+    pub state: BindState,
+    /// The cgroup it is bound at.
+    pub dir: Option<PathBuf>,
+    /// That cgroup relative to the cgroup root.
+    pub cgroup_path: Option<String>,
+    /// The key of its quota in the maps.
+    pub key: Option<u64>,
+    /// Every cgroup mapped to the quota.
+    pub members: BTreeSet<u64>,
+    /// The quota as the kernel side holds it (used bytes, actions).
+    pub kernel: Option<Quota>,
+    /// What the compute-share throttle did.
+    pub throttle: Option<ThrottleStats>,
+}
+
+/// Everything enforcement holds, as the rest of the agent sees it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Standing {
+    /// Bindings by session.
+    pub bindings: Vec<BindingReport>,
+    /// Recent actions, oldest first.
+    pub history: Vec<Record>,
+}
+
+/// The event sent up to the controller for `record`.
+fn record_to_pb(record: &Record) -> pb::EnforcementEvent {
+    pb::EnforcementEvent {
+        session_id: record.session_id.clone(),
+        action: record.action.clone(),
+        reason: record.reason.clone(),
+        container: record.cgroup_path.clone(),
+        pid: record.pid,
+        device: record.device.unwrap_or_default(),
+        requested_bytes: record.requested_bytes,
+        used_bytes: record.used_bytes,
+        limit_bytes: record.limit_bytes,
+        at_ms: record.at_ms,
+    }
+}
+
+/// Errors of the local controls.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ControlError {
+    /// The pid is in no bound workload.
+    #[error("process {0} is not in a workload with a quota on this node")]
+    NotBound(u32),
+    /// The signal could not be sent.
+    #[error("cannot signal process {pid}: {source}")]
+    Signal {
+        /// The process.
+        pid: u32,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No such session.
+    #[error("no quota for session {0:?} on this node")]
+    NoSession(String),
+}
+
+/// Binds quotas and keeps the kernel side in step.
+pub(crate) struct Enforcer {
+    kernel: Kernel,
+    tree: CgroupTree,
+    bindings: BTreeMap<String, Binding>,
+    history: VecDeque<Record>,
+    upward: mpsc::Sender<pb::EnforcementEvent>,
+    /// Events the controller link could not take (it was away and its buffer full).
+    dropped_upward: u64,
+    timeout: Duration,
+    throttle: Option<ThrottleHandle>,
+    /// (session, GPU) pairs the NVML cross-check acted on and that are still over.
+    cross_checked: BTreeSet<(String, u32)>,
+}
+
+/// Whether NVML's count shows a workload over its limit that the kernel side did not see (so
+/// nothing acted on it): the decoder missed an allocation path.
+#[must_use]
+pub(crate) fn missed_by_decoder(limit: u64, kernel_used: u64, nvml_used: u64) -> bool {
+    nvml_used > limit && kernel_used <= limit
+}
+
+impl Enforcer {
+    /// An enforcer writing to `kernel` for the cgroups of `tree`, sending events up through
+    /// `upward`; a quota whose cgroup does not appear within `timeout` expires.
+    pub(crate) fn new(
+        kernel: Kernel,
+        tree: CgroupTree,
+        upward: mpsc::Sender<pb::EnforcementEvent>,
+        timeout: Duration,
+        throttle: Option<ThrottleHandle>,
+    ) -> Self {
+        Self {
+            kernel,
+            tree,
+            bindings: BTreeMap::new(),
+            history: VecDeque::new(),
+            upward,
+            dropped_upward: 0,
+            timeout,
+            throttle,
+            cross_checked: BTreeSet::new(),
+        }
+    }
+
+    /// The bindings and recent actions, with the kernel's and the throttle's counts.
+    pub(crate) fn standing(&self) -> Standing {
+        let bindings = self
+            .bindings
+            .iter()
+            .map(|(session, b)| BindingReport {
+                session_id: session.clone(),
+                spec: b.spec.clone(),
+                state: b.state,
+                dir: b.dir.clone(),
+                cgroup_path: b.dir.as_deref().map(|d| self.tree.relative(d)),
+                key: b.key,
+                members: b.members.clone(),
+                kernel: b.key.and_then(|k| self.kernel.maps.quotas.get(&k)),
+                throttle: b
+                    .key
+                    .and_then(|k| self.throttle.as_ref().and_then(|t| t.stats(k))),
+            })
+            .collect();
+        Standing {
+            bindings,
+            history: self.history.iter().cloned().collect(),
+        }
+    }
+
+    /// Events the controller link could not take.
+    pub(crate) fn dropped_upward(&self) -> u64 {
+        self.dropped_upward
+    }
+
+    /// Thaws the cgroup each held quota binds to: a dead agent may have left it frozen
+    /// mid-period. Run once at start, before the throttle takes over.
+    pub(crate) fn thaw_targets(&self, specs: &[QuotaSpec]) {
+        for spec in specs {
+            if let Ok(Some(dir)) = self.tree.find(&spec.target, &spec.session_id)
+                && let Err(e) = throttle::thaw(&dir)
+            {
+                tracing::debug!(dir = %dir.display(), "not thawed: {e}");
+            }
+        }
+    }
+
+    /// Enforces `spec` (replacing the session's earlier quota) as soon as its cgroup exists.
+    pub(crate) fn apply(&mut self, spec: QuotaSpec) {
+        if let Some(b) = self.bindings.get(&spec.session_id)
+            && b.spec == spec
+        {
+            return;
+        }
+        let session = spec.session_id.clone();
+        if self.bindings.contains_key(&session) {
+            self.unbind(&session, "quota replaced");
+        }
+        self.bindings.insert(
+            session.clone(),
+            Binding {
+                spec,
+                state: BindState::Pending,
+                since: Instant::now(),
+                dir: None,
+                key: None,
+                members: BTreeSet::new(),
+                stopped: BTreeSet::new(),
+            },
+        );
+        self.reconcile_one(&session);
+    }
+
+    /// Stops enforcing the session's quota.
+    pub(crate) fn release(&mut self, session: &str) {
+        if !self.bindings.contains_key(session) {
+            return;
+        }
+        self.unbind(session, "released by the controller");
+        if let Some(b) = self.bindings.remove(session)
+            && b.spec.target == Target::Managed
+        {
+            // The session's own cgroup: gone with it (if its processes have left).
+            self.tree.remove_managed(session);
+        }
+    }
+
+    /// Removes pinned kernel state no binding owns: quotas, cgroup mappings and device links
+    /// left by an earlier agent for sessions this one no longer holds (released while it was
+    /// down, or a store that was lost). Run once after the held quotas are applied at start.
+    pub(crate) fn sweep_stale(&mut self) {
+        let owned: BTreeSet<u64> = self.bindings.values().filter_map(|b| b.key).collect();
+        let maps = &mut self.kernel.maps;
+        let stale: Vec<u64> = maps
+            .quotas
+            .keys()
+            .into_iter()
+            .filter(|k| !owned.contains(k))
+            .collect();
+        for key in &stale {
+            if let Err(e) = maps.quotas.remove(key) {
+                tracing::warn!(key, "stale quota left in place: {e}");
+            }
+        }
+        let unmapped: Vec<u64> = maps
+            .cgroup_quota
+            .entries()
+            .into_iter()
+            .filter(|(_, key)| !owned.contains(key))
+            .map(|(cgroup, _)| cgroup)
+            .collect();
+        for cgroup in &unmapped {
+            if let Err(e) = maps.cgroup_quota.remove(cgroup) {
+                tracing::warn!(cgroup, "stale cgroup mapping left in place: {e}");
+            }
+        }
+        let links = self.kernel.devices.sweep(&owned);
+        if !stale.is_empty() || !unmapped.is_empty() || links > 0 {
+            tracing::info!(
+                quotas = stale.len(),
+                cgroups = unmapped.len(),
+                device_links = links,
+                "removed enforcement left by an earlier agent for sessions no longer held"
+            );
+        }
+    }
+
+    /// Binds what is pending, follows bound cgroups (new children, removal), expires what
+    /// waited too long.
+    pub(crate) fn reconcile(&mut self) {
+        let sessions: Vec<String> = self.bindings.keys().cloned().collect();
+        for session in sessions {
+            self.reconcile_one(&session);
+        }
+    }
+
+    fn reconcile_one(&mut self, session: &str) {
+        let Some(b) = self.bindings.get(session) else {
+            return;
+        };
+        match b.state {
+            BindState::Expired => {}
+            BindState::Pending => match self.tree.find(&b.spec.target, session) {
+                Ok(Some(dir)) => self.bind(session, dir),
+                Ok(None) if b.since.elapsed() >= self.timeout => {
+                    let reason = format!(
+                        "no cgroup for {} appeared within {} s",
+                        b.spec.target,
+                        self.timeout.as_secs()
+                    );
+                    if let Some(b) = self.bindings.get_mut(session) {
+                        b.state = BindState::Expired;
+                    }
+                    self.record(
+                        session,
+                        "expired",
+                        reason,
+                        String::new(),
+                        0,
+                        None,
+                        (0, 0, 0),
+                    );
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(session, "binding: {e}"),
+            },
+            BindState::Bound => {
+                let Some(dir) = b.dir.clone() else {
+                    return;
+                };
+                let members = self.tree.members(&dir);
+                if members.is_empty() {
+                    self.unbind(session, "its cgroup was removed");
+                    if let Some(b) = self.bindings.get_mut(session) {
+                        b.since = Instant::now();
+                    }
+                    return;
+                }
+                self.map_members(session, &members);
+            }
+        }
+    }
+
+    /// Maps the quota onto `dir` and its children.
+    fn bind(&mut self, session: &str, dir: PathBuf) {
+        let members = self.tree.members(&dir);
+        let Some(&(key, _)) = members.first() else {
+            return;
+        };
+        let Some(b) = self.bindings.get(session) else {
+            return;
+        };
+        let mut quota = Quota {
+            memory_policy: super::quota::kernel_code(b.spec.memory_policy),
+            flags: quota_flags::DEVICES,
+            ..Quota::default()
+        };
+        for d in &b.spec.devices {
+            quota.limit[d.index as usize % MAX_GPUS] = d.memory_bytes;
+            quota.devices |= 1u64 << (d.index % 64);
+        }
+        // A restarted agent finds the quota in the pinned map: keep what the kernel counted.
+        // (A fresh one starts at zero; mapping its cgroups adds what they hold.)
+        if let Some(old) = self.kernel.maps.quotas.get(&key) {
+            quota.used = old.used;
+            quota.actions = old.actions;
+            quota.denied_opens = old.denied_opens;
+        }
+        if let Err(e) = self.kernel.maps.quotas.insert(key, quota) {
+            tracing::error!(session, "cannot write the quota: {e}");
+            return;
+        }
+        self.kernel.devices.attach(key, &dir);
+        let rel = self.tree.relative(&dir);
+        if let Some(throttle) = &self.throttle {
+            // A memory-only part has no compute share to keep.
+            for d in b.spec.devices.iter().filter(|d| d.shares_ppm > 0) {
+                let member = throttle::Member {
+                    cgroup_dir: dir.clone(),
+                    share_ppm: d.shares_ppm,
+                    policy: b.spec.compute_policy,
+                };
+                if let Err(e) = throttle.set(d.index, key, member) {
+                    tracing::warn!(session, "compute share not enforced: {e}");
+                }
+            }
+        }
+        let reason = format!(
+            "{} bound at {rel}: {} bytes of GPU memory, {:.2} GPU, memory policy {}, compute {}",
+            b.spec.target,
+            b.spec.memory_bytes(),
+            b.spec.shares(),
+            b.spec.memory_policy,
+            b.spec.compute_policy
+        );
+        if let Some(b) = self.bindings.get_mut(session) {
+            b.state = BindState::Bound;
+            b.dir = Some(dir);
+            b.key = Some(key);
+        }
+        self.map_members(session, &members);
+        self.record(session, "bound", reason, rel, 0, None, (0, 0, 0));
+    }
+
+    /// Maps cgroups new below a bound one (a new container in a pod).
+    fn map_members(&mut self, session: &str, members: &[(u64, PathBuf)]) {
+        let Some(b) = self.bindings.get_mut(session) else {
+            return;
+        };
+        let Some(key) = b.key else {
+            return;
+        };
+        for (id, _) in members {
+            if b.members.contains(id) {
+                continue;
+            }
+            // Mapped already (by an agent before a restart): its bytes are in the quota.
+            let mapped = self.kernel.maps.cgroup_quota.get(id) == Some(key);
+            if !mapped {
+                seed_member(&mut self.kernel, key, *id);
+            }
+            if let Err(e) = self.kernel.maps.cgroup_quota.insert(*id, key) {
+                tracing::error!(
+                    session,
+                    cgroup = id,
+                    "cannot map the cgroup to its quota: {e}"
+                );
+                continue;
+            }
+            b.members.insert(*id);
+        }
+    }
+
+    /// Removes the quota from the kernel side; the binding waits again.
+    fn unbind(&mut self, session: &str, why: &str) {
+        let Some(b) = self.bindings.get_mut(session) else {
+            return;
+        };
+        if b.state != BindState::Bound {
+            return;
+        }
+        for id in std::mem::take(&mut b.members) {
+            if let Err(e) = self.kernel.maps.cgroup_quota.remove(&id) {
+                tracing::warn!(session, cgroup = id, "cgroup mapping not removed: {e}");
+            }
+        }
+        let rel = b
+            .dir
+            .as_deref()
+            .map(|d| self.tree.relative(d))
+            .unwrap_or_default();
+        if let Some(key) = b.key.take() {
+            if let Err(e) = self.kernel.maps.quotas.remove(&key) {
+                tracing::warn!(session, "quota not removed: {e}");
+            }
+            self.kernel.devices.detach(key);
+            if let Some(throttle) = &self.throttle
+                && let Err(e) = throttle.remove(key)
+            {
+                tracing::warn!(session, "compute share not released: {e}");
+            }
+        }
+        b.dir = None;
+        b.state = BindState::Pending;
+        b.stopped.clear();
+        self.record(session, "unbound", why.to_owned(), rel, 0, None, (0, 0, 0));
+    }
+
+    /// Ties a kernel event to its session and records it; other events are ignored.
+    pub(crate) fn on_kernel_event(&mut self, e: &Event, tier: MemoryTier) {
+        let Some((session, rel)) = self.session_of_cgroup(e.cgroup) else {
+            return;
+        };
+        match e.kind {
+            kind::QUOTA_EXCEEDED => {
+                let (name, what) = match e.code {
+                    action::DENY => ("deny", "refused with ENOMEM"),
+                    action::KILL => ("kill", "killed (SIGKILL)"),
+                    action::STOP => ("stop", "stopped (SIGSTOP)"),
+                    _ => ("report", "reported"),
+                };
+                if e.code == action::STOP
+                    && let Some(b) = self.bindings.get_mut(&session)
+                {
+                    b.stopped.insert(e.tgid);
+                }
+                let reason = format!(
+                    "allocation of {} bytes on GPU {} would bring the quota to {} of {} bytes: {what} ({})",
+                    e.bytes,
+                    e.device,
+                    e.used.saturating_add(e.bytes),
+                    e.limit,
+                    tier.as_str()
+                );
+                self.record(
+                    &session,
+                    name,
+                    reason,
+                    rel,
+                    e.tgid,
+                    Some(e.device),
+                    (e.bytes, e.used, e.limit),
+                );
+            }
+            kind::DEVICE_DENIED => {
+                let reason = format!(
+                    "open of /dev/nvidia{} refused: not allocated to this workload",
+                    e.device
+                );
+                self.record(
+                    &session,
+                    "device_denied",
+                    reason,
+                    rel,
+                    e.tgid,
+                    Some(e.device),
+                    (0, 0, 0),
+                );
+            }
+            _ => {}
+        }
+    }
+
+    /// The session and cgroup path a cgroup id is mapped under.
+    fn session_of_cgroup(&self, cgroup: u64) -> Option<(String, String)> {
+        self.bindings.iter().find_map(|(s, b)| {
+            b.members.contains(&cgroup).then(|| {
+                let rel = b
+                    .dir
+                    .as_deref()
+                    .map(|d| self.tree.relative(d))
+                    .unwrap_or_default();
+                (s.clone(), rel)
+            })
+        })
+    }
+
+    /// Compares NVML's per-process memory with each bound quota's limits and acts, by the
+    /// quota's policy, on workloads the decoder let past their limit (once per crossing).
+    pub(crate) fn cross_check(&mut self, samples: &[ProcessMemory]) {
+        // A process can be listed as both compute and graphics: count it once.
+        let mut by_process: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+        for s in samples {
+            let bytes = by_process.entry((s.index, s.pid)).or_default();
+            *bytes = (*bytes).max(s.bytes);
+        }
+        // (session, GPU) → (bytes, largest process, its bytes).
+        let mut totals: BTreeMap<(String, u32), (u64, u32, u64)> = BTreeMap::new();
+        for (&(index, pid), &bytes) in &by_process {
+            let Some(cgroup) = self.tree.cgroup_id_of_pid(pid) else {
+                continue;
+            };
+            let Some((session, _)) = self.session_of_cgroup(cgroup) else {
+                continue;
+            };
+            let t = totals.entry((session, index)).or_default();
+            t.0 += bytes;
+            if bytes > t.2 {
+                (t.1, t.2) = (pid, bytes);
+            }
+        }
+        let over: BTreeSet<(String, u32)> = totals
+            .iter()
+            .filter(|((session, index), (nvml_used, _, _))| {
+                let Some(b) = self.bindings.get(session) else {
+                    return false;
+                };
+                let Some(limit) = b.spec.devices.iter().find(|d| d.index == *index) else {
+                    return false;
+                };
+                let kernel_used = b
+                    .key
+                    .and_then(|k| self.kernel.maps.quotas.get(&k))
+                    .map_or(0, |q| q.used[*index as usize % MAX_GPUS]);
+                missed_by_decoder(limit.memory_bytes, kernel_used, *nvml_used)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &over {
+            if self.cross_checked.contains(key) {
+                continue;
+            }
+            let (session, index) = key;
+            let Some(&(nvml_used, pid, _)) = totals.get(key) else {
+                continue;
+            };
+            let Some(b) = self.bindings.get_mut(session) else {
+                continue;
+            };
+            let limit = b
+                .spec
+                .devices
+                .iter()
+                .find(|d| d.index == *index)
+                .map_or(0, |d| d.memory_bytes);
+            let (name, signal) = match b.spec.memory_policy {
+                MemoryPolicy::Kill => ("kill", Some(libc::SIGKILL)),
+                MemoryPolicy::Stop => ("stop", Some(libc::SIGSTOP)),
+                MemoryPolicy::Report => ("report", None),
+            };
+            if let Some(signal) = signal {
+                if let Err(e) = self.kernel.signals.send(pid, signal) {
+                    tracing::warn!(session, pid, "cross-check could not signal: {e}");
+                }
+                if signal == libc::SIGSTOP {
+                    b.stopped.insert(pid);
+                }
+            }
+            let rel = b
+                .dir
+                .as_deref()
+                .map(|d| self.tree.relative(d))
+                .unwrap_or_default();
+            let reason = format!(
+                "NVML counts {nvml_used} bytes for the workload on GPU {index}, over its limit of {limit}, which the ioctl decoder did not see: {name} (NVML cross-check)"
+            );
+            self.record(
+                &session.clone(),
+                name,
+                reason,
+                rel,
+                pid,
+                Some(*index),
+                (0, nvml_used, limit),
+            );
+        }
+        self.cross_checked = over;
+    }
+
+    /// Sends `signal` (SIGCONT or SIGKILL) to a process of a bound workload, by request.
+    ///
+    /// # Errors
+    /// The process is in no bound workload, or can't be signalled.
+    pub(crate) fn signal(&mut self, pid: u32, resume: bool) -> Result<String, ControlError> {
+        let cgroup = self
+            .tree
+            .cgroup_id_of_pid(pid)
+            .ok_or(ControlError::NotBound(pid))?;
+        let (session, rel) = self
+            .session_of_cgroup(cgroup)
+            .ok_or(ControlError::NotBound(pid))?;
+        let signal = if resume { libc::SIGCONT } else { libc::SIGKILL };
+        self.kernel
+            .signals
+            .send(pid, signal)
+            .map_err(|source| ControlError::Signal { pid, source })?;
+        if let Some(b) = self.bindings.get_mut(&session) {
+            b.stopped.remove(&pid);
+        }
+        let (name, what) = if resume {
+            ("resume", "resumed (SIGCONT) by request")
+        } else {
+            ("kill", "killed (SIGKILL) by request")
+        };
+        self.record(&session, name, what.to_owned(), rel, pid, None, (0, 0, 0));
+        Ok(session)
+    }
+
+    /// The cgroup directory of `session`'s binding, and whether it is bound.
+    ///
+    /// # Errors
+    /// The session has no quota here.
+    pub(crate) fn session_cgroup(&self, session: &str) -> Result<(PathBuf, bool), ControlError> {
+        let b = self
+            .bindings
+            .get(session)
+            .ok_or_else(|| ControlError::NoSession(session.to_owned()))?;
+        let dir = b.dir.clone().unwrap_or_else(|| match &b.spec.target {
+            Target::Managed => self.tree.managed_dir(session),
+            Target::CgroupPath(p) => self.tree.root().join(p.trim_start_matches('/')),
+            _ => PathBuf::new(),
+        });
+        Ok((dir, b.state == BindState::Bound))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        session: &str,
+        action: &str,
+        reason: String,
+        cgroup_path: String,
+        pid: u32,
+        device: Option<u32>,
+        (requested_bytes, used_bytes, limit_bytes): (u64, u64, u64),
+    ) {
+        let record = Record {
+            session_id: session.to_owned(),
+            action: action.to_owned(),
+            reason,
+            cgroup_path,
+            pid,
+            device,
+            requested_bytes,
+            used_bytes,
+            limit_bytes: if limit_bytes == NO_LIMIT {
+                0
+            } else {
+                limit_bytes
+            },
+            at_ms: gpuwarden_types::now_ms(),
+        };
+        tracing::info!(session, action, pid, "{}", record.reason);
+        if self.upward.try_send(record_to_pb(&record)).is_err() {
+            self.dropped_upward += 1;
+        }
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(record);
+    }
+}
+
+/// Adds what a newly mapped cgroup already holds to its quota (bytes charged before the bind).
+fn seed_member(kernel: &mut Kernel, key: u64, id: u64) {
+    let Some(mut quota) = kernel.maps.quotas.get(&key) else {
+        return;
+    };
+    let mut changed = false;
+    for (device, used) in (0u32..).zip(quota.used.iter_mut()) {
+        let k = CgroupDeviceKey {
+            cgroup: id,
+            device,
+            _pad: 0,
+        };
+        if let Some(bytes) = kernel.maps.cgroup_memory.get(&k) {
+            *used += bytes;
+            changed = true;
+        }
+    }
+    if changed && let Err(e) = kernel.maps.quotas.insert(key, quota) {
+        tracing::warn!(
+            cgroup = id,
+            "bytes it held before the bind not counted: {e}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests;

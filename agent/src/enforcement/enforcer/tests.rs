@@ -1,0 +1,282 @@
+//! The enforcer against an in-memory kernel: no root, no BPF, no cgroupfs.
+
+use gpuwarden_agent_common::maps::{CgroupDeviceKey, quota_flags};
+
+use super::*;
+use crate::enforcement::{
+    cgroup_tree::CgroupTree,
+    fake::FakeKernel,
+    quota::{ComputePolicy, DeviceQuota},
+};
+
+const GIB: u64 = 1 << 30;
+const ROOT: &str = "/cg";
+
+struct Rig {
+    fake: FakeKernel,
+    enforcer: Enforcer,
+    upward: mpsc::Receiver<pb::EnforcementEvent>,
+}
+
+fn rig(timeout: Duration) -> Rig {
+    let fake = FakeKernel::default();
+    fake.cgroups.mkdir(ROOT);
+    let (tx, upward) = mpsc::channel(64);
+    let tree = CgroupTree::new(ROOT.into(), Box::new(fake.cgroups.clone()));
+    let enforcer = Enforcer::new(fake.kernel(), tree, tx, timeout, None);
+    Rig {
+        fake,
+        enforcer,
+        upward,
+    }
+}
+
+fn spec(session: &str, path: &str, policy: MemoryPolicy) -> QuotaSpec {
+    QuotaSpec {
+        session_id: session.into(),
+        target: Target::CgroupPath(path.into()),
+        memory_policy: policy,
+        compute_policy: ComputePolicy::Hard,
+        devices: vec![DeviceQuota {
+            index: 0,
+            shares_ppm: 500_000,
+            memory_bytes: 2 * GIB,
+        }],
+    }
+}
+
+impl Rig {
+    fn actions(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(e) = self.upward.try_recv() {
+            out.push(e.action);
+        }
+        out
+    }
+
+    fn state(&self, session: &str) -> Option<BindState> {
+        self.enforcer
+            .standing()
+            .bindings
+            .into_iter()
+            .find(|b| b.session_id == session)
+            .map(|b| b.state)
+    }
+}
+
+#[test]
+fn the_cross_check_acts_only_on_what_the_decoder_missed() {
+    let gib = 1 << 30;
+    // Under the limit by both counts: nothing.
+    assert!(!missed_by_decoder(2 * gib, gib, gib));
+    // Over by NVML, and the kernel side saw it too: the tracepoint acted already.
+    assert!(!missed_by_decoder(2 * gib, 3 * gib, 3 * gib));
+    // Over by NVML only: the decoder missed an allocation path.
+    assert!(missed_by_decoder(2 * gib, gib, 3 * gib));
+    // Exactly at the limit is allowed.
+    assert!(!missed_by_decoder(2 * gib, gib, 2 * gib));
+}
+
+#[test]
+fn a_quota_binds_its_cgroup_and_children_and_counts_what_they_held() {
+    let mut r = rig(Duration::from_mins(1));
+    let job = r.fake.cgroups.mkdir("/cg/job");
+    let child = r.fake.cgroups.mkdir("/cg/job/worker");
+    // The child held 64 MiB on GPU 0 before the bind.
+    r.fake.cgroup_memory.0.lock().unwrap().insert(
+        CgroupDeviceKey {
+            cgroup: child,
+            device: 0,
+            _pad: 0,
+        },
+        64 << 20,
+    );
+    r.enforcer.apply(spec("s-1", "/job", MemoryPolicy::Kill));
+
+    assert_eq!(r.state("s-1"), Some(BindState::Bound));
+    let quota = r
+        .fake
+        .quotas
+        .at(&job)
+        .expect("quota written at the bound cgroup");
+    assert_eq!(quota.limit[0], 2 * GIB);
+    assert_eq!(quota.devices, 1);
+    assert_eq!(quota.flags, quota_flags::DEVICES);
+    assert_eq!(quota.used[0], 64 << 20);
+    assert_eq!(r.fake.cgroup_quota.at(&job), Some(job));
+    assert_eq!(r.fake.cgroup_quota.at(&child), Some(job));
+    assert!(r.fake.devices.attached.lock().unwrap().contains(&job));
+    assert_eq!(r.actions(), ["bound"]);
+    let (dir, bound) = r.enforcer.session_cgroup("s-1").unwrap();
+    assert_eq!((dir, bound), (PathBuf::from("/cg/job"), true));
+
+    // A container appears later below it: mapped at the next reconcile.
+    let late = r.fake.cgroups.mkdir("/cg/job/late");
+    r.enforcer.reconcile();
+    assert_eq!(r.fake.cgroup_quota.at(&late), Some(job));
+    // The same quota again changes nothing.
+    r.enforcer.apply(spec("s-1", "/job", MemoryPolicy::Kill));
+    assert!(r.actions().is_empty());
+}
+
+#[test]
+fn a_quota_whose_cgroup_never_appears_expires() {
+    let mut r = rig(Duration::ZERO);
+    r.enforcer.apply(spec("s-1", "/absent", MemoryPolicy::Kill));
+    assert_eq!(r.state("s-1"), Some(BindState::Expired));
+    assert_eq!(r.actions(), ["expired"]);
+    let history = r.enforcer.standing().history;
+    assert!(history[0].reason.contains("/absent"), "{history:?}");
+    // Expired stays expired, even when the cgroup turns up.
+    r.fake.cgroups.mkdir("/cg/absent");
+    r.enforcer.reconcile();
+    assert_eq!(r.state("s-1"), Some(BindState::Expired));
+    assert!(r.fake.quotas.len() == 0);
+}
+
+#[test]
+fn pending_then_bound_then_unbound_when_the_cgroup_goes_then_bound_again() {
+    let mut r = rig(Duration::from_mins(1));
+    r.enforcer.apply(spec("s-1", "/job", MemoryPolicy::Kill));
+    assert_eq!(r.state("s-1"), Some(BindState::Pending));
+    assert!(
+        r.enforcer
+            .session_cgroup("s-1")
+            .is_ok_and(|(_, bound)| !bound)
+    );
+
+    let job = r.fake.cgroups.mkdir("/cg/job");
+    r.enforcer.reconcile();
+    assert_eq!(r.state("s-1"), Some(BindState::Bound));
+
+    r.fake.cgroups.rmdir("/cg/job");
+    r.enforcer.reconcile();
+    assert_eq!(r.state("s-1"), Some(BindState::Pending));
+    assert_eq!(r.fake.quotas.at(&job), None);
+    assert_eq!(r.fake.cgroup_quota.len(), 0);
+    assert!(r.fake.devices.attached.lock().unwrap().is_empty());
+    assert_eq!(r.actions(), ["bound", "unbound"]);
+
+    let again = r.fake.cgroups.mkdir("/cg/job");
+    r.enforcer.reconcile();
+    assert_eq!(r.state("s-1"), Some(BindState::Bound));
+    assert!(r.fake.quotas.at(&again).is_some());
+}
+
+#[test]
+fn release_removes_everything_and_the_managed_cgroup() {
+    let mut r = rig(Duration::from_mins(1));
+    let mut managed = spec("s-9", "", MemoryPolicy::Kill);
+    managed.target = Target::Managed;
+    r.enforcer.apply(managed);
+    let dir = PathBuf::from("/cg/gpuwarden/s-9");
+    let id = r.fake.cgroups.id_of(&dir).expect("managed cgroup made");
+    assert_eq!(r.state("s-9"), Some(BindState::Bound));
+    assert!(r.fake.quotas.at(&id).is_some());
+
+    r.enforcer.release("s-9");
+    assert_eq!(r.state("s-9"), None);
+    assert_eq!(r.fake.quotas.len(), 0);
+    assert_eq!(r.fake.cgroup_quota.len(), 0);
+    assert!(r.fake.devices.attached.lock().unwrap().is_empty());
+    assert_eq!(r.fake.cgroups.id_of(&dir), None);
+    assert_eq!(r.actions(), ["bound", "unbound"]);
+    // Releasing what is not held is a no-op.
+    r.enforcer.release("s-9");
+    assert!(matches!(
+        r.enforcer.session_cgroup("s-9"),
+        Err(ControlError::NoSession(_))
+    ));
+}
+
+#[test]
+fn a_sweep_after_a_lost_store_removes_what_no_held_quota_owns() {
+    let mut r = rig(Duration::from_mins(1));
+    let kept = r.fake.cgroups.mkdir("/cg/kept");
+    // An earlier agent left two quotas, their mappings and links; the store only holds one.
+    let lost = 77;
+    for (cgroup, key) in [(kept, kept), (lost, lost), (lost + 1, lost)] {
+        r.fake.cgroup_quota.0.lock().unwrap().insert(cgroup, key);
+    }
+    for key in [kept, lost] {
+        r.fake
+            .quotas
+            .0
+            .lock()
+            .unwrap()
+            .insert(key, Quota::default());
+        r.fake.devices.attached.lock().unwrap().insert(key);
+    }
+    r.enforcer.apply(spec("held", "/kept", MemoryPolicy::Kill));
+    r.enforcer.sweep_stale();
+
+    assert!(r.fake.quotas.at(&kept).is_some());
+    assert_eq!(r.fake.quotas.at(&lost), None);
+    assert_eq!(r.fake.cgroup_quota.at(&lost), None);
+    assert_eq!(r.fake.cgroup_quota.at(&(lost + 1)), None);
+    assert_eq!(r.fake.cgroup_quota.at(&kept), Some(kept));
+    assert_eq!(
+        *r.fake.devices.attached.lock().unwrap(),
+        BTreeSet::from([kept])
+    );
+}
+
+#[test]
+fn the_nvml_cross_check_acts_once_per_crossing_by_policy() {
+    let mut r = rig(Duration::from_mins(1));
+    let job = r.fake.cgroups.mkdir("/cg/job");
+    r.fake.cgroups.put(4242, "/job");
+    r.fake.cgroups.put(4243, "/job");
+    r.fake.cgroups.put(1, "/");
+    r.enforcer.apply(spec("s-1", "/job", MemoryPolicy::Stop));
+    r.actions();
+    let sample = |pid, bytes| ProcessMemory {
+        index: 0,
+        pid,
+        bytes,
+    };
+    // Under the limit: nothing. A process outside the workload is not counted.
+    r.enforcer
+        .cross_check(&[sample(4242, GIB), sample(1, 10 * GIB)]);
+    assert!(r.fake.signals.sent.lock().unwrap().is_empty());
+
+    // Over by NVML (1.5 + 1 GiB, listed twice counts once), not by the kernel: the largest
+    // process is stopped.
+    let over = [
+        sample(4242, GIB + GIB / 2),
+        sample(4242, GIB + GIB / 2),
+        sample(4243, GIB),
+    ];
+    r.enforcer.cross_check(&over);
+    assert_eq!(
+        *r.fake.signals.sent.lock().unwrap(),
+        [(4242, libc::SIGSTOP)]
+    );
+    assert_eq!(r.actions(), ["stop"]);
+    // Still over: not again.
+    r.enforcer.cross_check(&over);
+    assert_eq!(r.fake.signals.sent.lock().unwrap().len(), 1);
+    // Back under, then over again: a new crossing.
+    r.enforcer.cross_check(&[sample(4242, GIB)]);
+    r.enforcer.cross_check(&over);
+    assert_eq!(r.fake.signals.sent.lock().unwrap().len(), 2);
+
+    // The kernel side saw it (its count is over too): the tracepoint acted, not the check.
+    let mut quota = r.fake.quotas.at(&job).unwrap();
+    quota.used[0] = 3 * GIB;
+    r.fake.quotas.0.lock().unwrap().insert(job, quota);
+    r.enforcer.cross_check(&[sample(4242, GIB)]);
+    r.enforcer.cross_check(&over);
+    assert_eq!(r.fake.signals.sent.lock().unwrap().len(), 2);
+
+    // Resume by request: only processes of a bound workload.
+    assert_eq!(r.enforcer.signal(4242, true).unwrap(), "s-1");
+    assert_eq!(
+        r.fake.signals.sent.lock().unwrap().last(),
+        Some(&(4242, libc::SIGCONT))
+    );
+    assert!(matches!(
+        r.enforcer.signal(1, false),
+        Err(ControlError::NotBound(1))
+    ));
+}

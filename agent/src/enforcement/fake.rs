@@ -1,0 +1,155 @@
+//! In-memory stand-ins for the kernel, for enforcement's unit tests: a cgroup tree, device
+//! access and signals that record what they were asked, and the quota maps.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use gpuwarden_agent_common::maps::{CgroupDeviceKey, Quota};
+
+use super::{
+    cgroup_tree::CgroupFs,
+    kernel::{DeviceAccess, Kernel, QuotaMaps, Signals},
+};
+use crate::sensor::maps::fake::FakeMap;
+
+/// A cgroup tree in memory: directories with ids, and the cgroup of each process.
+#[derive(Clone, Default)]
+pub(crate) struct FakeCgroups {
+    dirs: Arc<Mutex<BTreeMap<PathBuf, u64>>>,
+    pids: Arc<Mutex<BTreeMap<u32, String>>>,
+    next: Arc<Mutex<u64>>,
+}
+
+impl FakeCgroups {
+    /// Makes `dir` and its parents; returns its id.
+    pub(crate) fn mkdir(&self, dir: impl AsRef<Path>) -> u64 {
+        let dir = dir.as_ref();
+        let mut dirs = self.dirs.lock().unwrap();
+        let mut id = 0;
+        for d in dir.ancestors().collect::<Vec<_>>().into_iter().rev() {
+            id = *dirs.entry(d.to_owned()).or_insert_with(|| {
+                let mut next = self.next.lock().unwrap();
+                *next += 1;
+                1000 + *next
+            });
+        }
+        id
+    }
+
+    /// Removes `dir` and everything below it.
+    pub(crate) fn rmdir(&self, dir: impl AsRef<Path>) {
+        let dir = dir.as_ref();
+        self.dirs.lock().unwrap().retain(|d, _| !d.starts_with(dir));
+    }
+
+    /// The id of `dir`.
+    pub(crate) fn id_of(&self, dir: impl AsRef<Path>) -> Option<u64> {
+        self.dirs.lock().unwrap().get(dir.as_ref()).copied()
+    }
+
+    /// Puts process `pid` in the cgroup at `rel` (relative to the root).
+    pub(crate) fn put(&self, pid: u32, rel: &str) {
+        self.pids.lock().unwrap().insert(pid, rel.to_owned());
+    }
+}
+
+impl CgroupFs for FakeCgroups {
+    fn subdirs(&self, dir: &Path) -> Vec<PathBuf> {
+        self.dirs
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|d| d.parent() == Some(dir))
+            .cloned()
+            .collect()
+    }
+
+    fn id(&self, dir: &Path) -> Option<u64> {
+        self.id_of(dir)
+    }
+
+    fn create(&self, dir: &Path) -> io::Result<()> {
+        self.mkdir(dir);
+        Ok(())
+    }
+
+    fn remove(&self, dir: &Path) -> io::Result<()> {
+        if self.id_of(dir).is_none() {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        self.rmdir(dir);
+        Ok(())
+    }
+
+    fn cgroup_of_pid(&self, pid: u32) -> Option<String> {
+        self.pids.lock().unwrap().get(&pid).cloned()
+    }
+}
+
+/// Device access that records attachments; `pinned` holds links "left by an earlier agent".
+#[derive(Clone, Default)]
+pub(crate) struct FakeDevices {
+    /// Keys with a link now.
+    pub attached: Arc<Mutex<BTreeSet<u64>>>,
+}
+
+impl DeviceAccess for FakeDevices {
+    fn attach(&mut self, key: u64, _dir: &Path) {
+        self.attached.lock().unwrap().insert(key);
+    }
+
+    fn detach(&mut self, key: u64) {
+        self.attached.lock().unwrap().remove(&key);
+    }
+
+    fn sweep(&mut self, owned: &BTreeSet<u64>) -> usize {
+        let mut attached = self.attached.lock().unwrap();
+        let before = attached.len();
+        attached.retain(|k| owned.contains(k));
+        before - attached.len()
+    }
+}
+
+/// Signals that are recorded, not sent.
+#[derive(Clone, Default)]
+pub(crate) struct FakeSignals {
+    /// (pid, signal) in order.
+    pub sent: Arc<Mutex<Vec<(u32, i32)>>>,
+}
+
+impl Signals for FakeSignals {
+    fn send(&self, pid: u32, signal: i32) -> io::Result<()> {
+        self.sent.lock().unwrap().push((pid, signal));
+        Ok(())
+    }
+}
+
+/// The whole fake kernel, with handles to look at it.
+#[derive(Clone, Default)]
+pub(crate) struct FakeKernel {
+    pub quotas: FakeMap<u64, Quota>,
+    pub cgroup_quota: FakeMap<u64, u64>,
+    pub cgroup_memory: FakeMap<CgroupDeviceKey, u64>,
+    pub devices: FakeDevices,
+    pub signals: FakeSignals,
+    pub cgroups: FakeCgroups,
+}
+
+impl FakeKernel {
+    /// A [`Kernel`] writing into these fakes.
+    pub(crate) fn kernel(&self) -> Kernel {
+        Kernel {
+            maps: QuotaMaps {
+                quotas: self.quotas.boxed(),
+                cgroup_quota: self.cgroup_quota.boxed(),
+                cgroup_memory: self.cgroup_memory.boxed(),
+            },
+            devices: Box::new(self.devices.clone()),
+            signals: Box::new(self.signals.clone()),
+        }
+    }
+}

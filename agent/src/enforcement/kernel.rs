@@ -1,0 +1,67 @@
+//! The seam between enforcement and the kernel: the narrow traits the [`Enforcer`] talks to,
+//! implemented with aya and cgroupfs by the agent (`sensor::maps`, `sensor::DeviceProgram`,
+//! [`HostCgroups`](super::cgroup_tree::HostCgroups), [`ProcessSignals`]) and in memory by the
+//! unit tests (docs/architecture.md, "The code shows the data path").
+//!
+//! [`Enforcer`]: super::Enforcer
+
+use std::{collections::BTreeSet, io, path::Path};
+
+use gpuwarden_agent_common::maps::{CgroupDeviceKey, Quota};
+
+use crate::sensor::maps::Map;
+
+/// The maps enforcement writes: quotas by bound cgroup id, the quota each cgroup counts against,
+/// and (read only) what each cgroup holds.
+pub(crate) struct QuotaMaps {
+    /// Quotas by the id of the cgroup they are bound at.
+    pub quotas: Map<u64, Quota>,
+    /// cgroup id → the key of the quota it counts against.
+    pub cgroup_quota: Map<u64, u64>,
+    /// GPU memory by (cgroup, GPU), as the programs count it.
+    pub cgroup_memory: Map<CgroupDeviceKey, u64>,
+}
+
+/// Device access per bound cgroup (the `cgroup_device` program).
+pub(crate) trait DeviceAccess: Send {
+    /// Lets the cgroup at `dir`, bound under quota `key`, open only its GPUs. Failures are
+    /// logged: memory and compute are still enforced without it.
+    fn attach(&mut self, key: u64, dir: &Path);
+    /// Lets go of quota `key`'s cgroup.
+    fn detach(&mut self, key: u64);
+    /// Removes what an earlier agent left attached for keys not in `owned`; returns how many.
+    fn sweep(&mut self, owned: &BTreeSet<u64>) -> usize;
+}
+
+/// Signals to processes.
+pub(crate) trait Signals: Send {
+    /// Sends `signal` to process `pid`.
+    ///
+    /// # Errors
+    /// No such process, or not allowed.
+    fn send(&self, pid: u32, signal: i32) -> io::Result<()>;
+}
+
+/// Everything in the kernel the enforcer touches besides the cgroup tree.
+pub(crate) struct Kernel {
+    /// The quota maps.
+    pub maps: QuotaMaps,
+    /// Device access.
+    pub devices: Box<dyn DeviceAccess>,
+    /// Signals.
+    pub signals: Box<dyn Signals>,
+}
+
+/// `kill(2)`.
+pub(crate) struct ProcessSignals;
+
+impl Signals for ProcessSignals {
+    fn send(&self, pid: u32, signal: i32) -> io::Result<()> {
+        let raw = i32::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+        // SAFETY: a plain syscall.
+        if unsafe { libc::kill(raw, signal) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,179 @@
+//! The enforcer as a task of its own, behind a handle (as the throttle is): quota commands from
+//! the controller link, kernel events, the NVML cross-check and local requests arrive as
+//! messages; a timer binds what waits. Nothing else holds the enforcer, so nothing waits on a
+//! lock shared with telemetry.
+
+use std::{path::PathBuf, time::Duration};
+
+use gpuwarden_agent_common::event::Event;
+use tokio::sync::{mpsc, oneshot};
+
+use super::enforcer::{ControlError, Enforcer, Standing};
+use crate::{control::QuotaCommand, devices::ProcessMemory, sensor::MemoryTier};
+
+/// How often pending quotas look for their cgroup and bound ones for new children.
+pub(crate) const RECONCILE_EVERY: Duration = Duration::from_millis(500);
+
+enum Message {
+    KernelEvent(Box<Event>),
+    CrossCheck(Vec<ProcessMemory>),
+    Signal {
+        pid: u32,
+        resume: bool,
+        reply: oneshot::Sender<Result<String, ControlError>>,
+    },
+    SessionCgroup {
+        session: String,
+        reply: oneshot::Sender<Result<(PathBuf, bool), ControlError>>,
+    },
+    Standing(oneshot::Sender<(Standing, u64)>),
+}
+
+/// The enforcer task went away (the agent is stopping).
+#[derive(Debug, thiserror::Error)]
+#[error("enforcement has stopped")]
+pub(crate) struct Stopped;
+
+/// Talks to the enforcer task. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct EnforcerHandle {
+    tx: mpsc::UnboundedSender<Message>,
+}
+
+impl EnforcerHandle {
+    /// Ties a kernel event (over-limit allocation, refused open) to its session.
+    pub(crate) fn kernel_event(&self, event: &Event) {
+        let _ = self.tx.send(Message::KernelEvent(Box::new(*event)));
+    }
+
+    /// Compares NVML's per-process memory with the bound quotas.
+    pub(crate) fn cross_check(&self, samples: Vec<ProcessMemory>) {
+        let _ = self.tx.send(Message::CrossCheck(samples));
+    }
+
+    /// Resumes (SIGCONT) or kills (SIGKILL) a process of a bound workload.
+    pub(crate) async fn signal(
+        &self,
+        pid: u32,
+        resume: bool,
+    ) -> Result<Result<String, ControlError>, Stopped> {
+        self.ask(|reply| Message::Signal { pid, resume, reply })
+            .await
+    }
+
+    /// A session's cgroup directory and whether its quota is bound there.
+    pub(crate) async fn session_cgroup(
+        &self,
+        session: String,
+    ) -> Result<Result<(PathBuf, bool), ControlError>, Stopped> {
+        self.ask(|reply| Message::SessionCgroup { session, reply })
+            .await
+    }
+
+    /// The bindings and recent actions, and how many events the controller link dropped.
+    pub(crate) async fn standing(&self) -> Result<(Standing, u64), Stopped> {
+        self.ask(Message::Standing).await
+    }
+
+    async fn ask<T>(
+        &self,
+        message: impl FnOnce(oneshot::Sender<T>) -> Message,
+    ) -> Result<T, Stopped> {
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(message(reply)).map_err(|_| Stopped)?;
+        answer.await.map_err(|_| Stopped)
+    }
+}
+
+/// Runs `enforcer` until every handle and the quota channel are gone.
+pub(crate) fn spawn(
+    enforcer: Enforcer,
+    quotas: mpsc::UnboundedReceiver<QuotaCommand>,
+    tier: MemoryTier,
+) -> (EnforcerHandle, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(run(enforcer, rx, quotas, tier));
+    (EnforcerHandle { tx }, task)
+}
+
+async fn run(
+    mut enforcer: Enforcer,
+    mut messages: mpsc::UnboundedReceiver<Message>,
+    mut quotas: mpsc::UnboundedReceiver<QuotaCommand>,
+    tier: MemoryTier,
+) {
+    let mut reconcile = tokio::time::interval(RECONCILE_EVERY);
+    reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut quotas_open = true;
+    loop {
+        // Biased: a quota the link passed down is in place before any later request is answered.
+        tokio::select! {
+            biased;
+            command = quotas.recv(), if quotas_open => match command {
+                Some(QuotaCommand::Apply(spec)) => enforcer.apply(spec),
+                Some(QuotaCommand::Release(session)) => enforcer.release(&session),
+                None => quotas_open = false,
+            },
+            message = messages.recv() => match message {
+                Some(message) => handle(&mut enforcer, message, tier),
+                None => return,
+            },
+            _ = reconcile.tick() => enforcer.reconcile(),
+        }
+    }
+}
+
+fn handle(enforcer: &mut Enforcer, message: Message, tier: MemoryTier) {
+    match message {
+        Message::KernelEvent(event) => enforcer.on_kernel_event(&event, tier),
+        Message::CrossCheck(samples) => enforcer.cross_check(&samples),
+        Message::Signal { pid, resume, reply } => {
+            let _ = reply.send(enforcer.signal(pid, resume));
+        }
+        Message::SessionCgroup { session, reply } => {
+            let _ = reply.send(enforcer.session_cgroup(&session));
+        }
+        Message::Standing(reply) => {
+            let _ = reply.send((enforcer.standing(), enforcer.dropped_upward()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::enforcement::{
+        cgroup_tree::CgroupTree,
+        fake::FakeKernel,
+        quota::{ComputePolicy, MemoryPolicy, QuotaSpec, Target},
+    };
+
+    #[tokio::test]
+    async fn commands_and_requests_reach_the_enforcer_task() {
+        let fake = FakeKernel::default();
+        fake.cgroups.mkdir("/cg/job");
+        let (up, _up_rx) = mpsc::channel(8);
+        let tree = CgroupTree::new("/cg".into(), Box::new(fake.cgroups.clone()));
+        let enforcer = Enforcer::new(fake.kernel(), tree, up, Duration::from_mins(1), None);
+        let (quota_tx, quota_rx) = mpsc::unbounded_channel();
+        let (handle, task) = spawn(enforcer, quota_rx, MemoryTier::TracepointSignal);
+        quota_tx
+            .send(QuotaCommand::Apply(QuotaSpec {
+                session_id: "s".into(),
+                target: Target::CgroupPath("/job".into()),
+                memory_policy: MemoryPolicy::Report,
+                compute_policy: ComputePolicy::Hard,
+                devices: vec![],
+            }))
+            .unwrap();
+        // Requests are answered in order after the command.
+        let (dir, bound) = handle.session_cgroup("s".into()).await.unwrap().unwrap();
+        assert_eq!((dir, bound), (PathBuf::from("/cg/job"), true));
+        let (standing, dropped) = handle.standing().await.unwrap();
+        assert_eq!((standing.bindings.len(), dropped), (1, 0));
+        quota_tx.send(QuotaCommand::Release("s".into())).unwrap();
+        assert!(handle.session_cgroup("s".into()).await.unwrap().is_err());
+        drop(handle);
+        task.await.unwrap();
+    }
+}

@@ -1,0 +1,99 @@
+//! The device-access program (`cgroup_device`), attached to each bound cgroup: a workload opens
+//! only its GPUs and the control nodes (docs/architecture.md, "Enforcement tiers").
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    os::fd::{AsFd as _, OwnedFd},
+    path::Path,
+};
+
+use aya::programs::ProgramFd;
+
+use super::pins::{self, Pins};
+use crate::enforcement::kernel::DeviceAccess;
+
+/// The loaded program and the links it holds: pinned where the agent pins (so enforcement
+/// outlives it), otherwise owned here until detached.
+pub(crate) struct DeviceProgram {
+    program: Option<ProgramFd>,
+    pins: Option<Pins>,
+    owned: HashMap<u64, OwnedFd>,
+}
+
+impl DeviceProgram {
+    pub(crate) fn new(program: Option<ProgramFd>, pins: Option<Pins>) -> Self {
+        Self {
+            program,
+            pins,
+            owned: HashMap::new(),
+        }
+    }
+}
+
+impl DeviceAccess for DeviceProgram {
+    fn attach(&mut self, key: u64, dir: &Path) {
+        let Some(program) = self.program.as_ref() else {
+            return;
+        };
+        let pin = self.pins.as_ref().map(|p| p.device_link(key));
+        // An earlier agent's link is there: adopt it.
+        if pin.as_deref().is_some_and(pins::is_pinned) {
+            return;
+        }
+        let cgroup = match std::fs::File::open(dir) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), "device access not enforced: {e}");
+                return;
+            }
+        };
+        let link = match pins::attach_cgroup_device(program.as_fd(), cgroup.as_fd()) {
+            Ok(link) => link,
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), "device access not enforced: attaching refused: {e}");
+                return;
+            }
+        };
+        if let Some(path) = pin {
+            match pins::pin(link.as_fd(), &path) {
+                // The pin holds it now.
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "device link not pinned (ends with the agent): {e}");
+                }
+            }
+        }
+        self.owned.insert(key, link);
+    }
+
+    fn detach(&mut self, key: u64) {
+        self.owned.remove(&key);
+        if let Some(pins) = &self.pins {
+            let path = pins.device_link(key);
+            if let Err(e) = std::fs::remove_file(&path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %path.display(), "device link left pinned: {e}");
+            }
+        }
+    }
+
+    fn sweep(&mut self, owned: &BTreeSet<u64>) -> usize {
+        let Some(pins) = &self.pins else {
+            return 0;
+        };
+        let Ok(entries) = std::fs::read_dir(pins.dir().join("devices")) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let key = entry.file_name().to_string_lossy().parse::<u64>().ok();
+            if key.is_some_and(|k| !owned.contains(&k))
+                && std::fs::remove_file(entry.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        removed
+    }
+}

@@ -1,0 +1,283 @@
+use super::*;
+
+#[test]
+fn path_keys_are_nul_padded_and_bounded() {
+    let key = path_key(Path::new("/dev/nvidia0")).unwrap();
+    assert_eq!(&key.path[..12], b"/dev/nvidia0");
+    assert!(key.path[12..].iter().all(|b| *b == 0));
+    let long = format!("/{}", "x".repeat(PATH_LEN - 1));
+    assert!(path_key(Path::new(&long)).is_none());
+    let longest = format!("/{}", "x".repeat(PATH_LEN - 2));
+    assert!(path_key(Path::new(&longest)).is_some());
+}
+
+use std::os::unix::fs::MetadataExt as _;
+
+use gpuwarden_agent_common::maps::{Allocation, ClientInfo, HandleKey};
+
+use crate::sensor::maps::fake::FakeMap;
+
+/// Telemetry maps in memory, with handles to look at them.
+#[derive(Default)]
+struct Fakes {
+    gpu_fds: FakeMap<FdKey, GpuNode>,
+    procs: FakeMap<u32, ProcInfo>,
+    clients: FakeMap<u32, ClientInfo>,
+    allocations: FakeMap<HandleKey, Allocation>,
+    object_devices: FakeMap<HandleKey, u32>,
+    cgroup_memory: FakeMap<CgroupDeviceKey, u64>,
+    ioctl_counts: FakeMap<IoctlKey, u64>,
+}
+
+impl Fakes {
+    fn maps(&self) -> TelemetryMaps {
+        TelemetryMaps {
+            gpu_paths: FakeMap::default().boxed(),
+            gpu_fds: self.gpu_fds.boxed(),
+            procs: self.procs.boxed(),
+            clients: self.clients.boxed(),
+            allocations: self.allocations.boxed(),
+            object_devices: self.object_devices.boxed(),
+            cgroup_memory: self.cgroup_memory.boxed(),
+            ioctl_counts: self.ioctl_counts.boxed(),
+            stats: FakeMap::default().boxed(),
+        }
+    }
+}
+
+fn proc_info(cgroup: u64, generation: u64) -> ProcInfo {
+    ProcInfo {
+        cgroup,
+        generation,
+        max_fd: 3,
+        _pad: 0,
+        vidmem: [0; MAX_GPUS],
+    }
+}
+
+fn ioctl_key(cgroup: u64) -> IoctlKey {
+    IoctlKey {
+        cgroup,
+        device: 0,
+        family: 0,
+        cmd: 1,
+        _pad: 0,
+    }
+}
+
+fn memory_key(cgroup: u64) -> CgroupDeviceKey {
+    CgroupDeviceKey {
+        cgroup,
+        device: 0,
+        _pad: 0,
+    }
+}
+
+/// A scratch `/proc` with live pid 10 and a cgroup root with one cgroup, `live`.
+struct Host {
+    _dir: tempfile::TempDir,
+    proc_root: PathBuf,
+    attributor: Attributor,
+    root_id: u64,
+    live_id: u64,
+}
+
+fn host() -> Host {
+    let dir = gpuwarden_test_support::scratch("upkeep");
+    let proc_root = dir.path().join("proc");
+    let cgroups = dir.path().join("cgroup");
+    std::fs::create_dir_all(proc_root.join("10")).unwrap();
+    std::fs::create_dir_all(cgroups.join("live")).unwrap();
+    let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+    let (root_id, live_id) = (ino(&cgroups), ino(&cgroups.join("live")));
+    let attributor = Attributor::with_roots(cgroups, proc_root.clone());
+    Host {
+        _dir: dir,
+        proc_root,
+        attributor,
+        root_id,
+        live_id,
+    }
+}
+
+#[test]
+fn garbage_of_processes_that_died_unseen_and_of_removed_cgroups_is_collected() {
+    let mut h = host();
+    let fakes = Fakes::default();
+    let node = GpuNode::default();
+    let (live, dead) = (10, 11);
+    for tgid in [live, dead] {
+        fakes
+            .gpu_fds
+            .0
+            .lock()
+            .unwrap()
+            .insert(FdKey { tgid, fd: 3 }, node);
+        fakes
+            .procs
+            .0
+            .lock()
+            .unwrap()
+            .insert(tgid, proc_info(h.live_id, u64::from(tgid)));
+    }
+    // Client 1 belongs to the live process, client 2 to the dead one.
+    let client = |tgid: u32| ClientInfo {
+        tgid,
+        _pad: 0,
+        generation: 7,
+        proc_generation: u64::from(tgid),
+        cgroup: h.live_id,
+        vidmem: [0; MAX_GPUS],
+    };
+    let allocation = |tgid: u32| Allocation {
+        tgid,
+        client_generation: 7,
+        ..Allocation::default()
+    };
+    for (handle, tgid) in [(1, live), (2, dead)] {
+        fakes.clients.0.lock().unwrap().insert(handle, client(tgid));
+        let key = HandleKey {
+            client: handle,
+            handle: 9,
+        };
+        fakes
+            .allocations
+            .0
+            .lock()
+            .unwrap()
+            .insert(key, allocation(tgid));
+        fakes.object_devices.0.lock().unwrap().insert(key, 0);
+    }
+    // Counters of a cgroup that no longer exists, and of one that does.
+    let removed = 999_999;
+    for cgroup in [removed, h.live_id] {
+        fakes
+            .ioctl_counts
+            .0
+            .lock()
+            .unwrap()
+            .insert(ioctl_key(cgroup), 5);
+        fakes
+            .cgroup_memory
+            .0
+            .lock()
+            .unwrap()
+            .insert(memory_key(cgroup), 1 << 20);
+    }
+
+    let mut maps = fakes.maps();
+    let mut idle = Idle::default();
+    let mut gc = || {
+        collect_garbage(
+            &mut maps,
+            &mut h.attributor,
+            &mut idle,
+            &h.proc_root,
+            Instant::now(),
+        )
+    };
+    assert_eq!(
+        gc(),
+        Garbage {
+            fds: 1,
+            processes: 1,
+            handles: 0,
+            cgroups: 2,
+        }
+    );
+    // The dead process's handles go at the next pass, once its entry is gone.
+    assert_eq!(
+        gc(),
+        Garbage {
+            handles: 3,
+            ..Garbage::default()
+        }
+    );
+    assert!(fakes.gpu_fds.at(&FdKey { tgid: live, fd: 3 }).is_some());
+    assert!(fakes.procs.at(&dead).is_none());
+    assert!(fakes.clients.at(&1).is_some() && fakes.clients.at(&2).is_none());
+    assert_eq!(fakes.allocations.len(), 1);
+    assert_eq!(fakes.object_devices.len(), 1);
+    assert_eq!(fakes.ioctl_counts.at(&ioctl_key(h.live_id)), Some(5));
+    assert_eq!(fakes.ioctl_counts.at(&ioctl_key(removed)), None);
+}
+
+#[test]
+fn counters_of_idle_cgroups_outlive_their_processes_then_age_out() {
+    let mut h = host();
+    let fakes = Fakes::default();
+    // Counts left by an earlier run in the host's cgroup, and a cgroup holding bytes.
+    fakes
+        .ioctl_counts
+        .0
+        .lock()
+        .unwrap()
+        .insert(ioctl_key(h.root_id), 40);
+    fakes
+        .ioctl_counts
+        .0
+        .lock()
+        .unwrap()
+        .insert(ioctl_key(h.live_id), 3);
+    fakes
+        .cgroup_memory
+        .0
+        .lock()
+        .unwrap()
+        .insert(memory_key(h.live_id), 1 << 20);
+    let mut maps = fakes.maps();
+    let mut idle = Idle::default();
+    let t0 = Instant::now();
+    let mut gc =
+        |at: Instant| collect_garbage(&mut maps, &mut h.attributor, &mut idle, &h.proc_root, at);
+    assert_eq!(gc(t0).cgroups, 0, "kept while recent");
+    // New ioctls restart the clock.
+    fakes
+        .ioctl_counts
+        .0
+        .lock()
+        .unwrap()
+        .insert(ioctl_key(h.root_id), 41);
+    assert_eq!(
+        gc((t0 + IDLE_TTL).checked_sub(Duration::from_secs(1)).unwrap()).cgroups,
+        0
+    );
+    assert_eq!(gc(t0 + IDLE_TTL + Duration::from_secs(1)).cgroups, 0);
+    assert_eq!(
+        gc(t0 + 2 * IDLE_TTL).cgroups,
+        1,
+        "idle past the TTL: aged out"
+    );
+    assert_eq!(fakes.ioctl_counts.at(&ioctl_key(h.root_id)), None);
+    // A cgroup holding GPU memory keeps its counters however long it idles.
+    assert_eq!(fakes.ioctl_counts.at(&ioctl_key(h.live_id)), Some(3));
+}
+
+#[test]
+fn seeding_adds_fds_opened_before_the_programs_and_registers_their_process() {
+    let h = host();
+    let fakes = Fakes::default();
+    let fd_dir = h.proc_root.join("10/fd");
+    std::fs::create_dir_all(&fd_dir).unwrap();
+    let dev = h.proc_root.join("nvidia0");
+    std::fs::write(&dev, b"").unwrap();
+    std::os::unix::fs::symlink(&dev, fd_dir.join("7")).unwrap();
+    std::os::unix::fs::symlink("/dev/null", fd_dir.join("8")).unwrap();
+    std::fs::write(h.proc_root.join("10/cgroup"), "0::/live\n").unwrap();
+    let nodes = BTreeMap::from([(dev, GpuNode::default())]);
+    let mut maps = fakes.maps();
+    let report = seed(&mut maps, &nodes, &h.attributor, &h.proc_root, None);
+    assert_eq!(
+        report,
+        SeedReport {
+            fds: 1,
+            processes: 1
+        }
+    );
+    assert!(fakes.gpu_fds.at(&FdKey { tgid: 10, fd: 7 }).is_some());
+    let info = fakes.procs.at(&10).unwrap();
+    assert_eq!((info.cgroup, info.max_fd), (h.live_id, 7));
+    // Seeding again finds the process registered.
+    let again = seed(&mut maps, &nodes, &h.attributor, &h.proc_root, Some(10));
+    assert_eq!(again.processes, 0);
+}
