@@ -120,3 +120,16 @@ async fn reflection_answers_v1_and_v1alpha_clients() {
         }
     }
 }
+
+#[test]
+fn help_says_what_the_controller_is() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden-controller"))
+        .arg("--help")
+        .output()
+        .expect("runs");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    let first = help.lines().next().unwrap_or_default();
+    assert!(first.contains("cluster controller"), "{help}");
+    assert!(!first.contains("CLI"), "{help}");
+}

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use gpuwarden_proto::v1 as pb;
 use serde::Serialize;
 
-use super::render::{kind, node_state, state};
+use crate::wire::{kind, mean, node_state, state};
 use gpuwarden_controller::session::QuotaPolicy;
 
 /// A session.
@@ -134,16 +134,6 @@ impl From<&pb::Profile> for Profile {
             mean_ioctls_per_sec: p.mean_ioctls_per_sec,
             updated_at_ms: p.updated_at_ms,
         }
-    }
-}
-
-/// Mean of a profile's points (0 for none).
-#[must_use]
-pub fn mean(points: &[f64]) -> f64 {
-    if points.is_empty() {
-        0.0
-    } else {
-        points.iter().sum::<f64>() / points.len() as f64
     }
 }
 

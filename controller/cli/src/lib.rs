@@ -11,6 +11,7 @@
 pub mod json;
 pub mod render;
 pub mod run;
+pub mod wire;
 
 use std::process::ExitCode;
 
@@ -396,7 +397,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             if cli.json {
                 print_json(&json::Session::from(&s));
             } else {
-                println!("{} {}", s.id, render::state(s.state));
+                println!("{} {}", s.id, wire::state(s.state));
             }
         }
         Command::Session(SessionCommand::Watch) => {
@@ -415,7 +416,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     println!(
                         "{} {} {} {}",
                         s.id,
-                        render::state(s.state),
+                        wire::state(s.state),
                         s.node_id,
                         s.reason
                     );

@@ -5,27 +5,10 @@ use std::fmt::Write as _;
 use gpuwarden_proto::{convert, v1 as pb};
 use gpuwarden_types::{
     slot::{SlotKind, names},
-    state::{NodeState, SessionState},
     units::{fit, human_bytes},
 };
 
-/// A session state's name (`unknown` for a number this build doesn't know).
-#[must_use]
-pub fn state(s: i32) -> &'static str {
-    convert::state_from_pb(s).map_or("unknown", SessionState::as_str)
-}
-
-/// A node state's name (`unknown` for a number this build doesn't know).
-#[must_use]
-pub fn node_state(s: i32) -> &'static str {
-    convert::node_state_from_pb(s).map_or("unknown", NodeState::as_str)
-}
-
-/// A slot kind's name (`unknown` for a number this build doesn't know).
-#[must_use]
-pub fn kind(k: i32) -> &'static str {
-    convert::kind_from_pb(k).map_or("unknown", SlotKind::as_str)
-}
+use crate::wire::{kind, mean, node_state, state};
 
 fn slots(s: Option<&pb::ResourceSlot>) -> String {
     let mut pairs: Vec<String> = s
@@ -193,7 +176,7 @@ pub fn profiles(list: &[pb::Profile]) -> String {
             p.class,
             p.runs,
             p.samples,
-            super::json::mean(&p.deciles),
+            mean(&p.deciles),
             p.deciles.get(5).copied().unwrap_or(0.0),
             p.deciles.last().copied().unwrap_or(0.0),
             p.peak_memory_bytes
@@ -209,7 +192,7 @@ pub fn profile(p: &pb::Profile) -> String {
     let _ = writeln!(out, "class:       {}", p.class);
     let _ = writeln!(out, "runs:        {}", p.runs);
     let _ = writeln!(out, "samples:     {}", p.samples);
-    let _ = writeln!(out, "mean util:   {:.3}", super::json::mean(&p.deciles));
+    let _ = writeln!(out, "mean util:   {:.3}", mean(&p.deciles));
     let _ = writeln!(out, "peak memory: {} bytes", p.peak_memory_bytes);
     let _ = writeln!(out, "ioctls/s:    {:.1}", p.mean_ioctls_per_sec);
     let _ = writeln!(out, "utilization by decile:");

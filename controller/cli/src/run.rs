@@ -197,7 +197,7 @@ async fn wait_running(
             | pb::SessionState::Lost => {
                 return Err(CliError::Run(format!(
                     "session {id} ended before it ran ({}){}",
-                    super::render::state(s.state),
+                    super::wire::state(s.state),
                     if s.reason.is_empty() {
                         String::new()
                     } else {
@@ -207,7 +207,7 @@ async fn wait_running(
             }
         }
         if Instant::now() >= deadline {
-            let state = super::render::state(s.state);
+            let state = super::wire::state(s.state);
             let why = if s.reason.is_empty() {
                 String::new()
             } else {
