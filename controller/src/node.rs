@@ -30,6 +30,44 @@ pub struct NodeReport {
     pub agent_version: String,
 }
 
+impl NodeReport {
+    /// A node with the usual slot types (cpu, mem and the GPU slots), no other capacity, and
+    /// `gpus` GPUs named `<id>-GPU-<index>`, each with `memory_bytes` and 132 SMs,
+    /// `gpus_per_numa` of them to a NUMA node: the node that simulations, benchmarks and tests
+    /// register. Set `capacity` for cpu and mem.
+    #[must_use]
+    pub fn with_gpus(id: &str, gpus: u32, memory_bytes: u64, gpus_per_numa: u32) -> Self {
+        let slot_types = [
+            (names::CPU, SlotKind::Count),
+            (names::MEM, SlotKind::Bytes),
+            (names::CUDA_SHARES, SlotKind::Count),
+            (names::CUDA_DEVICE, SlotKind::Count),
+            (names::CUDA_MEM, SlotKind::Bytes),
+        ]
+        .iter()
+        .filter_map(|(n, k)| SlotName::new(n).ok().map(|n| (n, *k)))
+        .collect();
+        Self {
+            node_id: id.to_owned(),
+            hostname: id.to_owned(),
+            slot_types,
+            capacity: ResourceSlot::new(),
+            devices: (0..gpus)
+                .map(|i| DeviceSpec {
+                    uuid: format!("{id}-GPU-{i}"),
+                    index: i,
+                    memory_bytes,
+                    sm_count: 132,
+                    numa_node: i32::try_from(i / gpus_per_numa.max(1)).unwrap_or(0),
+                })
+                .collect(),
+            device_models: vec![],
+            hooks: vec![],
+            agent_version: String::new(),
+        }
+    }
+}
+
 /// A node in the controller.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {

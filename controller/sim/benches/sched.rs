@@ -11,13 +11,12 @@ use std::{
 };
 
 use gpuwarden_controller::{
-    allocator::DeviceSpec,
     api::{Controller, Timing},
     node::NodeReport,
     placement::Placement,
     scheduler::{NewSession, Scheduler, SchedulerConfig},
     server,
-    slots::{ResourceSlot, SlotKind, SlotName},
+    slots::ResourceSlot,
     store::Store,
 };
 use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
@@ -44,31 +43,9 @@ impl Rng {
 
 fn report(id: usize) -> NodeReport {
     NodeReport {
-        node_id: format!("node-{id:05}"),
-        hostname: format!("node-{id:05}"),
-        slot_types: [
-            ("cpu", SlotKind::Count),
-            ("mem", SlotKind::Bytes),
-            ("cuda.shares", SlotKind::Count),
-            ("cuda.device", SlotKind::Count),
-            ("cuda.mem", SlotKind::Bytes),
-        ]
-        .iter()
-        .map(|(n, k)| (SlotName::new(n).expect("valid"), *k))
-        .collect(),
         capacity: ResourceSlot::parse_any(&["cpu=64", "mem=512g"]).expect("valid"),
-        devices: (0..GPUS)
-            .map(|i| DeviceSpec {
-                uuid: format!("GPU-{id}-{i}"),
-                index: i,
-                memory_bytes: 80 << 30,
-                sm_count: 132,
-                numa_node: i32::try_from(i / 4).unwrap_or(0),
-            })
-            .collect(),
-        device_models: vec![],
-        hooks: vec![],
         agent_version: "bench".into(),
+        ..NodeReport::with_gpus(&format!("node-{id:05}"), GPUS, 80 << 30, 4)
     }
 }
 

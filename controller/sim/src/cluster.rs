@@ -20,11 +20,7 @@
 //! devices (1 in an idle tick: its host-side work isn't slowed by the GPU), and a job on
 //! several devices at the pace of its slowest one, so alone every job takes its `work`.
 
-use gpuwarden_controller::{
-    allocator::DeviceSpec,
-    node::NodeReport,
-    slots::{ResourceSlot, SlotKind, SlotName},
-};
+use gpuwarden_controller::node::NodeReport;
 
 use super::rng::Rng;
 
@@ -269,38 +265,11 @@ impl ClusterShape {
     /// What each simulated agent reports when it registers.
     #[must_use]
     pub fn reports(&self) -> Vec<NodeReport> {
-        let slot_types: Vec<(SlotName, SlotKind)> = [
-            ("cpu", SlotKind::Count),
-            ("mem", SlotKind::Bytes),
-            ("cuda.shares", SlotKind::Count),
-            ("cuda.device", SlotKind::Count),
-            ("cuda.mem", SlotKind::Bytes),
-        ]
-        .iter()
-        .filter_map(|(n, k)| SlotName::new(n).ok().map(|n| (n, *k)))
-        .collect();
         let half = (self.gpus_per_node / 2).max(1);
         (0..self.nodes)
-            .map(|n| {
-                let id = format!("sim-{n:03}");
-                NodeReport {
-                    node_id: id.clone(),
-                    hostname: id.clone(),
-                    slot_types: slot_types.clone(),
-                    capacity: ResourceSlot::new(),
-                    devices: (0..self.gpus_per_node)
-                        .map(|i| DeviceSpec {
-                            uuid: format!("{id}-GPU-{i}"),
-                            index: i,
-                            memory_bytes: 80 << 30,
-                            sm_count: 132,
-                            numa_node: i32::try_from(i / half).unwrap_or(0),
-                        })
-                        .collect(),
-                    device_models: vec![],
-                    hooks: vec![],
-                    agent_version: "sim".into(),
-                }
+            .map(|n| NodeReport {
+                agent_version: "sim".into(),
+                ..NodeReport::with_gpus(&format!("sim-{n:03}"), self.gpus_per_node, 80 << 30, half)
             })
             .collect()
     }

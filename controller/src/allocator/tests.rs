@@ -1,6 +1,7 @@
 use proptest::{prelude::*, strategy::Strategy as Gen};
 
 use super::{Strategy, *};
+use crate::slots::{ResourceSlot, SlotValue};
 
 fn v(s: &str) -> SlotValue {
     s.parse().unwrap()
@@ -82,11 +83,11 @@ fn splits_add_up_to_exactly_what_was_asked() {
     assert_eq!(split(v("1.2"), 2, v("0.01")).unwrap(), [v("0.6"), v("0.6")]);
     assert_eq!(
         split(v("0.01"), 2, v("0.01")),
-        Err(AllocError::NoFit(NoFit::PartRoundsToZero {
+        Err(AllocError::PartRoundsToZero {
             requested: v("0.01"),
             devices: 2,
             quantum: v("0.01")
-        }))
+        })
     );
     assert!(matches!(
         split(v("0.015"), 1, v("0.01")),
@@ -159,11 +160,11 @@ fn parts_that_round_below_the_quantum_are_refused() {
         .unwrap_err();
     assert_eq!(
         err,
-        AllocError::NoFit(NoFit::PartRoundsToZero {
+        AllocError::PartRoundsToZero {
             requested: v("0.02"),
             devices: 4,
             quantum: v("0.01")
-        })
+        }
     );
     assert!(!a.can_fit(&shares("0.02")));
 }
@@ -265,7 +266,7 @@ fn whole_devices_check_memory() {
         )
         .unwrap_err();
     assert!(
-        matches!(err, AllocError::NoFit(NoFit::WholeDevicesLackMemory { .. })),
+        matches!(err, AllocError::WholeDevicesLackMemory { .. }),
         "{err}"
     );
     let alloc = a
@@ -423,9 +424,9 @@ fn release_is_idempotent_and_restores_capacity() {
     assert!(a.allocate("s", &shares("0.1"), Strategy::Binpack).is_ok());
     assert_eq!(
         a.allocate("s", &shares("0.1"), Strategy::Binpack),
-        Err(AllocError::NoFit(NoFit::AlreadyAllocated {
+        Err(AllocError::AlreadyAllocated {
             session: "s".into()
-        }))
+        })
     );
 }
 
@@ -510,7 +511,7 @@ proptest! {
             Err(e) => {
                 prop_assert!(hundredths < k as u128);
                 prop_assert!(
-                    matches!(e, AllocError::NoFit(NoFit::PartRoundsToZero { .. })),
+                    matches!(e, AllocError::PartRoundsToZero { .. }),
                     "{}", e
                 );
             }

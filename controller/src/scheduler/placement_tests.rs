@@ -1,7 +1,11 @@
 //! Placement modes through the scheduler: learning profiles, the packing cap, explanations.
 
 use super::*;
-use crate::placement::Weights;
+use crate::{
+    node::NodeReport,
+    placement::{Candidate, Weights},
+    profile::UsageSample,
+};
 
 fn node(id: &str, gpus: u32) -> NodeReport {
     super::tests::report(id, gpus, &[])
@@ -137,6 +141,7 @@ fn interference_aware_packs_light_tenants_together() {
 }
 
 #[test]
+#[allow(clippy::many_single_char_names)] // one letter per tenant
 fn the_packing_cap_holds_unless_nothing_else_fits() {
     // Interference weighs nothing: only the cap keeps tenants apart, against the
     // fragmentation term that would stack them.

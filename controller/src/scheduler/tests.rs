@@ -1,6 +1,8 @@
 use super::*;
 use crate::{
-    allocator::DeviceSpec,
+    allocator::GpuRequestError,
+    node::NodeReport,
+    session::EnforcementEvent,
     slots::{SlotKind, SlotName},
 };
 
@@ -8,38 +10,18 @@ fn slots(tokens: &[&str]) -> ResourceSlot {
     ResourceSlot::parse_any(tokens).unwrap()
 }
 
-/// A node with `gpus` 16 GiB GPUs on NUMA node 0, cpu=8 and mem=32g.
+/// A node with `gpus` 16 GiB GPUs on NUMA node 0, cpu=8 and mem=32g, declaring `extra` slot
+/// types too.
 pub(super) fn report(id: &str, gpus: u32, extra: &[(&str, SlotKind)]) -> NodeReport {
-    let mut slot_types: Vec<(SlotName, SlotKind)> = [
-        ("cpu", SlotKind::Count),
-        ("mem", SlotKind::Bytes),
-        ("cuda.shares", SlotKind::Count),
-        ("cuda.device", SlotKind::Count),
-        ("cuda.mem", SlotKind::Bytes),
-    ]
-    .iter()
-    .chain(extra)
-    .map(|(n, k)| (SlotName::new(n).unwrap(), *k))
-    .collect();
-    slot_types.dedup();
-    NodeReport {
-        node_id: id.into(),
-        hostname: id.into(),
-        slot_types,
+    let mut node = NodeReport {
         capacity: slots(&["cpu=8", "mem=32g"]),
-        devices: (0..gpus)
-            .map(|i| DeviceSpec {
-                uuid: format!("{id}-GPU-{i}"),
-                index: i,
-                memory_bytes: 16 << 30,
-                sm_count: 132,
-                numa_node: 0,
-            })
-            .collect(),
-        device_models: vec![],
-        hooks: vec![],
         agent_version: "test".into(),
-    }
+        ..NodeReport::with_gpus(id, gpus, 16 << 30, gpus)
+    };
+    node.slot_types
+        .extend(extra.iter().map(|(n, k)| (SlotName::new(n).unwrap(), *k)));
+    node.slot_types.dedup();
+    node
 }
 
 fn create(
@@ -320,4 +302,26 @@ fn events_are_kept_on_their_session_only_from_its_node() {
     assert!(s.record_event("n1", "a", event.clone()));
     assert_eq!(s.sessions()["a"].events, vec![event]);
     assert!(s.take_changes().sessions.contains("a"), "persisted");
+}
+
+#[test]
+fn creation_refuses_only_malformed_requests_and_no_room_is_a_pending_reason() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    create(&mut s, "hold", "u", &["cuda.shares=0.6"]).unwrap();
+    s.pass();
+    // Doesn't fit now, but fits the node: queued, with the reason it waits.
+    create(&mut s, "big", "u", &["cuda.shares=0.8"]).unwrap();
+    s.pass();
+    assert_eq!(state(&s, "big"), SessionState::Pending);
+    let reason = &s.sessions()["big"].reason;
+    assert!(reason.contains("no node fits"), "{reason}");
+    // Malformed whatever the node: refused at creation.
+    assert_eq!(
+        create(&mut s, "odd", "u", &["cuda.shares=0.015"]),
+        Err(RequestError::Gpu(GpuRequestError::NotMultipleOfQuantum {
+            requested: "0.015".parse().unwrap(),
+            quantum: "0.01".parse().unwrap(),
+        }))
+    );
 }

@@ -1,5 +1,6 @@
-//! Concurrency limits that count session ids, not an integer: asking again for the same session
-//! never counts it twice (docs/architecture.md, "Concurrency limits count session ids").
+//! Concurrency limits that count session ids, not an integer (docs/architecture.md,
+//! "Concurrency limits count session ids"): asking again for the same session never counts it
+//! twice.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -40,7 +41,7 @@ impl ConcurrencyTracker {
     }
 
     /// Sessions counted for `owner`.
-    #[must_use]
+    #[cfg(test)]
     pub fn count(&self, owner: &str) -> usize {
         self.by_owner.get(owner).map_or(0, BTreeSet::len)
     }

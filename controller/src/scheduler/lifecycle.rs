@@ -1,0 +1,359 @@
+//! The lives of nodes and sessions: registration, heartbeats and expiry; creation, the agent's
+//! acknowledgement or refusal, enforcement events, usage, and the end.
+
+use std::collections::BTreeSet;
+
+use super::{
+    Command, NewSession, RegisterError, RequestError, Scheduler, SchedulerConfig, set_state,
+};
+use crate::{
+    allocator::{Allocation, GpuRequest, NodeAllocator},
+    node::{Node, NodeReport, NodeState},
+    profile::{ProfileBook, UsageSample},
+    session::{EnforcementEvent, Session, SessionState, now_ms},
+    slots::ResourceSlot,
+    store::Snapshot,
+};
+
+impl Scheduler {
+    /// Rebuilds from stored records (after a controller restart). Nodes start Lost until their
+    /// agents come back; the agents' reports then win.
+    #[must_use]
+    pub(crate) fn restore(config: SchedulerConfig, stored: Snapshot) -> Self {
+        let Snapshot {
+            registry,
+            nodes,
+            sessions,
+            profiles,
+        } = stored;
+        let mut s = Self::new(config);
+        s.registry = registry;
+        s.profiles = ProfileBook::new(profiles);
+        for mut node in nodes {
+            node.state = NodeState::Lost;
+            node.refresh();
+            let id = node.report.node_id.clone();
+            s.nodes.insert(id.clone(), node);
+            s.reindex(&id);
+        }
+        for session in sessions {
+            s.next_seq = s.next_seq.max(session.seq + 1);
+            if session.state.holds_resources() {
+                s.tracker.add(&session.owner, &session.id);
+            }
+            s.sessions.insert(session.id.clone(), session);
+        }
+        s
+    }
+
+    /// Records what a running session used, as its node measured it. Samples from a node the
+    /// session isn't on, or for a session not running, are ignored (a late report after a
+    /// release). The series is written without waking watchers or forcing a flush
+    /// ([`Changes::usage`]), so a report costs one buffered write.
+    pub fn record_usage(&mut self, node: &str, session: &str, sample: UsageSample) -> bool {
+        let Some(s) = self.sessions.get_mut(session) else {
+            return false;
+        };
+        if s.state != SessionState::Running || s.node.as_deref() != Some(node) {
+            return false;
+        }
+        s.usage.record(sample);
+        self.changes.usage.insert(session.to_owned());
+        true
+    }
+
+    /// Registers (or re-registers) a node. `running` lists the sessions its agent holds: that
+    /// report wins over the controller's memory. Returns the commands to send it.
+    ///
+    /// # Errors
+    /// The node's slot types conflict with the cluster's.
+    pub fn register(
+        &mut self,
+        report: NodeReport,
+        running: &[String],
+    ) -> Result<Vec<Command>, RegisterError> {
+        if report.node_id.is_empty() {
+            return Err(RegisterError::EmptyId);
+        }
+        if !self
+            .registry
+            .merge(&report.node_id, &report.slot_types)?
+            .is_empty()
+        {
+            self.changes.slot_types = true;
+        }
+        let id = report.node_id.clone();
+        let mut allocator = NodeAllocator::new(report.devices.clone(), self.config.allocator);
+        let mut held = Vec::new();
+        let running: BTreeSet<&str> = running.iter().map(String::as_str).collect();
+        let mut commands = Vec::new();
+        // Sessions the controller placed here: keep those the agent holds, or that await its ack.
+        let placed: Vec<String> = self
+            .sessions
+            .values()
+            .filter(|s| s.node.as_deref() == Some(&id) && s.state.holds_resources())
+            .map(|s| s.id.clone())
+            .collect();
+        for sid in placed {
+            let Some(session) = self.sessions.get_mut(&sid) else {
+                continue;
+            };
+            if running.contains(sid.as_str()) || session.state == SessionState::Scheduled {
+                allocator.restore(&sid, session.allocation.clone());
+                held.push(session.requested.clone());
+                if session.state == SessionState::Lost {
+                    set_state(session, SessionState::Running, "");
+                }
+                if session.state == SessionState::Scheduled {
+                    // The agent may never have seen it: send it again.
+                    commands.push(Command::Allocate {
+                        node: id.clone(),
+                        session: sid.clone(),
+                        slots: session.requested.clone(),
+                        allocation: session.allocation.clone(),
+                        target: session.target.clone(),
+                        policy: session.policy,
+                    });
+                }
+            } else {
+                set_state(
+                    session,
+                    SessionState::Failed,
+                    "its node restarted without it",
+                );
+                self.tracker.remove(&session.owner, &sid);
+            }
+            self.changes.sessions.insert(sid);
+        }
+        // Sessions the agent holds that the controller ended: tell it to let go.
+        for sid in &running {
+            let known = self
+                .sessions
+                .get(*sid)
+                .is_some_and(|s| s.node.as_deref() == Some(&id) && s.state.holds_resources());
+            if !known {
+                commands.push(Command::Release {
+                    node: id.clone(),
+                    session: (*sid).to_owned(),
+                });
+            }
+        }
+        let mut node = Node::new(report, allocator, ResourceSlot::new(), now_ms());
+        for requested in &held {
+            node.reserve(requested);
+        }
+        self.nodes.insert(id.clone(), node);
+        self.reindex(&id);
+        self.changes.nodes.insert(id);
+        Ok(commands)
+    }
+
+    /// Records a heartbeat; a Lost node comes back.
+    pub fn heartbeat(&mut self, node: &str) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.last_heartbeat_ms = now_ms();
+            if n.state == NodeState::Lost {
+                n.state = NodeState::Ready;
+                self.changes.nodes.insert(node.to_owned());
+                for s in self
+                    .sessions
+                    .values_mut()
+                    .filter(|s| s.node.as_deref() == Some(node) && s.state == SessionState::Lost)
+                {
+                    set_state(s, SessionState::Running, "");
+                    self.changes.sessions.insert(s.id.clone());
+                }
+            }
+        }
+    }
+
+    /// Marks nodes silent for longer than `timeout_ms` Lost, and their sessions with them.
+    /// Returns the nodes marked.
+    pub fn expire(&mut self, now: i64, timeout_ms: i64) -> Vec<String> {
+        let mut lost = Vec::new();
+        for (id, n) in &mut self.nodes {
+            if n.state == NodeState::Ready && now - n.last_heartbeat_ms > timeout_ms {
+                n.state = NodeState::Lost;
+                lost.push(id.clone());
+                self.changes.nodes.insert(id.clone());
+            }
+        }
+        for s in self.sessions.values_mut() {
+            if s.node.as_ref().is_some_and(|n| lost.contains(n)) && s.state.holds_resources() {
+                set_state(s, SessionState::Lost, "node stopped sending heartbeats");
+                self.changes.sessions.insert(s.id.clone());
+            }
+        }
+        lost
+    }
+
+    /// Queues a new session.
+    ///
+    /// # Errors
+    /// The request names unknown slots, is malformed, or is larger than every node.
+    pub fn create(&mut self, new: NewSession) -> Result<Session, RequestError> {
+        let NewSession {
+            id,
+            name,
+            owner,
+            priority,
+            requested,
+            pinned_node,
+            target,
+            policy,
+            class,
+            placement,
+        } = new;
+        target.validate(pinned_node.as_deref())?;
+        if requested.is_zero() {
+            return Err(RequestError::Empty);
+        }
+        for (slot, _) in requested.iter() {
+            if self.registry.kind(slot.as_str()).is_none() {
+                return Err(RequestError::UnknownSlot {
+                    slot: slot.to_string(),
+                    known: self.registry.names(),
+                });
+            }
+        }
+        GpuRequest::from_slots(&requested)?.check_quantum(self.config.allocator.quantum)?;
+        if let Some(node) = &pinned_node
+            && !self.nodes.contains_key(node)
+        {
+            return Err(RequestError::UnknownNode(node.clone()));
+        }
+        if !self.nodes.is_empty()
+            && !self
+                .nodes
+                .values()
+                .any(|n| requested.fits_in(&n.capacity()))
+        {
+            let largest = self
+                .nodes
+                .values()
+                .map(Node::capacity)
+                .max_by_key(|c| c.get("cuda.shares"))
+                .unwrap_or_default();
+            return Err(RequestError::Oversized { requested, largest });
+        }
+        let now = now_ms();
+        let name = if name.is_empty() { id.clone() } else { name };
+        let session = Session {
+            class: if class.is_empty() {
+                name.clone()
+            } else {
+                class
+            },
+            placement,
+            explanation: None,
+            usage: crate::profile::UsageSeries::default(),
+            name,
+            id: id.clone(),
+            owner,
+            priority,
+            requested,
+            pinned_node,
+            state: SessionState::Pending,
+            node: None,
+            allocation: Allocation::default(),
+            reason: String::new(),
+            seq: self.next_seq,
+            failed_passes: 0,
+            created_at_ms: now,
+            updated_at_ms: now,
+            target,
+            policy,
+            events: Vec::new(),
+        };
+        self.next_seq += 1;
+        self.sessions.insert(id.clone(), session.clone());
+        self.changes.sessions.insert(id);
+        Ok(session)
+    }
+
+    /// Ends a session, releasing what it holds. Returns the command for its agent, if any.
+    pub fn terminate(&mut self, id: &str) -> Option<Command> {
+        let session = self.sessions.get_mut(id)?;
+        if session.state.is_final() {
+            return None;
+        }
+        let held = session.state.holds_resources();
+        // What it used teaches its class, once it ran long enough to say anything.
+        if session.state == SessionState::Running
+            && self
+                .profiles
+                .learn(&session.class, &session.usage, now_ms())
+                .is_some()
+        {
+            self.changes.profiles.insert(session.class.clone());
+            self.excess.clear();
+        }
+        set_state(session, SessionState::Terminated, "terminated by request");
+        self.changes.sessions.insert(id.to_owned());
+        let owner = session.owner.clone();
+        let node = session.node.clone();
+        let requested = session.requested.clone();
+        self.tracker.remove(&owner, id);
+        let node = node.filter(|_| held)?;
+        if let Some(n) = self.nodes.get_mut(&node) {
+            n.allocator.release(id);
+            n.unreserve(&requested);
+            self.changes.nodes.insert(node.clone());
+            self.reindex(&node);
+        }
+        Some(Command::Release {
+            node,
+            session: id.to_owned(),
+        })
+    }
+
+    /// The agent on `node` holds `session`.
+    pub fn ack(&mut self, node: &str, session: &str) {
+        if let Some(s) = self.sessions.get_mut(session)
+            && s.node.as_deref() == Some(node)
+            && s.state == SessionState::Scheduled
+        {
+            set_state(s, SessionState::Running, "");
+            self.changes.sessions.insert(session.to_owned());
+        }
+    }
+
+    /// An enforcement event the agent on `node` reported for `session`. Returns whether it was
+    /// recorded: events for sessions unknown or placed elsewhere are not.
+    pub fn record_event(&mut self, node: &str, session: &str, event: EnforcementEvent) -> bool {
+        let Some(s) = self.sessions.get_mut(session) else {
+            return false;
+        };
+        if s.node.as_deref() != Some(node) {
+            return false;
+        }
+        s.record_event(event);
+        self.changes.sessions.insert(session.to_owned());
+        true
+    }
+
+    /// The agent on `node` refused `session`: release and fail it with the agent's reason.
+    pub fn nack(&mut self, node: &str, session: &str, reason: &str, message: &str) {
+        let Some(s) = self.sessions.get_mut(session) else {
+            return;
+        };
+        if s.node.as_deref() != Some(node) || !s.state.holds_resources() {
+            return;
+        }
+        let text = if message.is_empty() {
+            reason.to_owned()
+        } else {
+            format!("{reason}: {message}")
+        };
+        set_state(s, SessionState::Failed, &text);
+        let (owner, requested) = (s.owner.clone(), s.requested.clone());
+        self.tracker.remove(&owner, session);
+        self.changes.sessions.insert(session.to_owned());
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.allocator.release(session);
+            n.unreserve(&requested);
+            self.changes.nodes.insert(node.to_owned());
+            self.reindex(node);
+        }
+    }
+}

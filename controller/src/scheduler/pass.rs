@@ -1,0 +1,181 @@
+//! The scheduling pass: each pending session in queue order through the per-owner predicates,
+//! then filter, score and bind.
+
+use super::{Command, QueuePolicy, Scheduler, set_state};
+use crate::{
+    allocator::{GpuRequest, Strategy},
+    node::{Node, NodeState},
+    placement::Placement,
+    session::SessionState,
+};
+
+impl Scheduler {
+    /// One scheduling pass: places as many pending sessions as fit. Returns the commands.
+    pub fn pass(&mut self) -> Vec<Command> {
+        self.pass_observed(&mut |_, _| {})
+    }
+
+    /// [`Self::pass`], reporting how long each session's decision took and whether it was placed
+    /// (for benchmarks).
+    pub fn pass_observed(
+        &mut self,
+        observe: &mut dyn FnMut(std::time::Duration, bool),
+    ) -> Vec<Command> {
+        let order = self.queue_order();
+        let mut commands = Vec::new();
+        for id in order {
+            let started = std::time::Instant::now();
+            let Some(session) = self.sessions.get(&id) else {
+                continue;
+            };
+            let owner = session.owner.clone();
+            let limits = self
+                .config
+                .limits
+                .get(&owner)
+                .unwrap_or(&self.config.default_limits)
+                .clone();
+            let mut placed = false;
+            let mut reason = String::new();
+            if !self.tracker.admits(&owner, &id, limits.max_concurrent) {
+                reason = format!(
+                    "owner {owner} is at its limit of {} concurrent sessions",
+                    limits.max_concurrent.unwrap_or(0)
+                );
+            } else if !self.within_slot_limit(&owner, &session.requested, limits.max_slots.as_ref())
+            {
+                reason = format!("owner {owner} would exceed its slot limit");
+            } else {
+                match self.place(&id) {
+                    Ok(command) => {
+                        commands.push(command);
+                        placed = true;
+                    }
+                    Err(why) => reason = why,
+                }
+            }
+            observe(started.elapsed(), placed);
+            if !placed {
+                let skip_after = self.config.skip_after;
+                let fifo = self.config.queue == QueuePolicy::Fifo;
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    s.failed_passes += 1;
+                    if s.reason != reason {
+                        s.reason = reason;
+                        self.changes.sessions.insert(id.clone());
+                    }
+                    // FIFO: the head blocks later sessions until it has failed `skip_after` passes.
+                    if fifo && s.failed_passes <= skip_after {
+                        break;
+                    }
+                }
+            }
+        }
+        commands
+    }
+
+    /// Filter, score and bind one session.
+    fn place(&mut self, id: &str) -> Result<Command, String> {
+        let session = self.sessions.get(id).ok_or("gone")?;
+        let gpu = GpuRequest::from_slots(&session.requested).map_err(|e| e.to_string())?;
+        let wants_gpu = !gpu.is_empty();
+        // Computed once: most requests have no non-GPU part worth a per-node check.
+        let non_gpu = Node::non_gpu(&session.requested);
+        let mode = session.placement.unwrap_or(self.config.strategy);
+        // Only nodes with at least this much free can hold the request.
+        let lower = if gpu.devices > 0 {
+            self.config.allocator.quantum.micros() * u128::from(gpu.devices)
+        } else {
+            gpu.shares.micros()
+        };
+        let fits = |nid: &String| {
+            self.nodes.get(nid).is_some_and(|n| {
+                n.state == NodeState::Ready
+                    && session.pinned_node.as_ref().is_none_or(|p| p == nid)
+                    && (non_gpu.is_zero() || n.non_gpu_fits(&non_gpu))
+                    && n.allocator.can_fit(&gpu)
+            })
+        };
+        // Keep GPU nodes for GPU work: a request without GPUs tries nodes without them first.
+        let plain =
+            |nid: &String| wants_gpu || self.nodes.get(nid).is_some_and(|n| !n.has_accelerators());
+        let range = self
+            .by_free
+            .range((lower, String::new())..)
+            .map(|(_, id)| id);
+        let (node_id, planned, explanation) = if mode == Placement::InterferenceAware && wants_gpu {
+            let cache = std::mem::take(&mut self.excess);
+            let scorer = self.scorer(&session.class, cache);
+            let half = self.config.scoring.max_nodes.div_ceil(2);
+            let fullest: Vec<&String> = range.clone().filter(|id| fits(id)).take(half).collect();
+            // The emptiest that fit, unless the fullest already are all of them.
+            let emptiest = range
+                .rev()
+                .filter(|id| fits(id))
+                .take_while(|id| !fullest.contains(id))
+                .take(half);
+            let nodes: Vec<&String> = fullest.iter().copied().chain(emptiest).collect();
+            let chosen = scorer.choose(nodes.into_iter(), &gpu);
+            self.excess = scorer.into_cache();
+            chosen.ok_or_else(|| format!("no node fits {}", session.requested))?
+        } else {
+            let strategy = if mode == Placement::Spread {
+                Strategy::Spread
+            } else {
+                Strategy::Binpack
+            };
+            // Binpack: the fullest node that fits (ascending free); spread: the emptiest.
+            let best = if strategy == Strategy::Binpack {
+                range
+                    .clone()
+                    .find(|id| plain(id) && fits(id))
+                    .or_else(|| range.clone().find(|id| fits(id)))
+            } else {
+                range
+                    .clone()
+                    .rev()
+                    .find(|id| plain(id) && fits(id))
+                    .or_else(|| range.clone().rev().find(|id| fits(id)))
+            }
+            .cloned()
+            .ok_or_else(|| format!("no node fits {}", session.requested))?;
+            let node = self.nodes.get(&best).ok_or("node vanished")?;
+            let planned = node
+                .allocator
+                .plan(&gpu, strategy)
+                .map_err(|e| e.to_string())?;
+            let cache = std::mem::take(&mut self.excess);
+            let scorer = self.scorer(&session.class, cache);
+            let explanation = scorer.explain_one(mode, &best, node, &planned);
+            self.excess = scorer.into_cache();
+            (best, planned, explanation)
+        };
+        let requested = session.requested.clone();
+        let owner = session.owner.clone();
+        let (target, policy) = (session.target.clone(), session.policy);
+        let node = self.nodes.get_mut(&node_id).ok_or("node vanished")?;
+        let allocation = node
+            .allocator
+            .allocate_planned(id, planned)
+            .map_err(|e| e.to_string())?;
+        node.reserve(&requested);
+        self.tracker.add(&owner, id);
+        self.changes.nodes.insert(node_id.clone());
+        self.reindex(&node_id);
+        if let Some(s) = self.sessions.get_mut(id) {
+            s.node = Some(node_id.clone());
+            s.allocation = allocation.clone();
+            s.explanation = Some(explanation);
+            set_state(s, SessionState::Scheduled, "");
+            self.changes.sessions.insert(id.to_owned());
+        }
+        Ok(Command::Allocate {
+            node: node_id,
+            session: id.to_owned(),
+            slots: requested,
+            allocation,
+            target,
+            policy,
+        })
+    }
+}

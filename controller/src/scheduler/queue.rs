@@ -1,0 +1,88 @@
+//! The queue: the order pending sessions are tried in (priority and arrival, or dominant-resource
+//! fairness) and the per-owner slot limit.
+
+use std::collections::BTreeMap;
+
+use super::{QueuePolicy, Scheduler};
+use crate::{
+    node::NodeState,
+    session::{Session, SessionState},
+    slots::ResourceSlot,
+};
+
+impl Scheduler {
+    /// Pending sessions in the order the policy tries them.
+    pub(super) fn queue_order(&self) -> Vec<String> {
+        let mut pending: Vec<&Session> = self
+            .sessions
+            .values()
+            .filter(|s| s.state == SessionState::Pending)
+            .collect();
+        pending.sort_by_key(|s| (std::cmp::Reverse(s.priority), s.seq));
+        if self.config.queue == QueuePolicy::Drf {
+            let shares = self.dominant_shares();
+            pending.sort_by(|a, b| {
+                let sa = shares.get(&a.owner).copied().unwrap_or(0.0);
+                let sb = shares.get(&b.owner).copied().unwrap_or(0.0);
+                b.priority
+                    .cmp(&a.priority)
+                    .then(sa.total_cmp(&sb))
+                    .then(a.seq.cmp(&b.seq))
+            });
+        }
+        pending.into_iter().map(|s| s.id.clone()).collect()
+    }
+
+    /// Each owner's dominant share: the largest fraction of any slot's cluster capacity it holds.
+    fn dominant_shares(&self) -> BTreeMap<String, f64> {
+        let total = self
+            .nodes
+            .values()
+            .filter(|n| n.state == NodeState::Ready)
+            .fold(ResourceSlot::new(), |acc, n| {
+                acc.checked_add(&n.capacity()).unwrap_or(acc)
+            });
+        let mut held: BTreeMap<String, ResourceSlot> = BTreeMap::new();
+        for s in self.sessions.values().filter(|s| s.state.holds_resources()) {
+            let entry = held.entry(s.owner.clone()).or_default();
+            *entry = entry
+                .checked_add(&s.requested)
+                .unwrap_or_else(|| entry.clone());
+        }
+        held.into_iter()
+            .map(|(owner, slots)| {
+                // Ratios only order owners; a float is fine here, the slots stay exact.
+                let share = slots
+                    .iter()
+                    .map(|(k, v)| {
+                        let cap = total.get(k.as_str());
+                        if cap.is_zero() {
+                            0.0
+                        } else {
+                            v.micros() as f64 / cap.micros() as f64
+                        }
+                    })
+                    .fold(0.0, f64::max);
+                (owner, share)
+            })
+            .collect()
+    }
+
+    pub(super) fn within_slot_limit(
+        &self,
+        owner: &str,
+        requested: &ResourceSlot,
+        max: Option<&ResourceSlot>,
+    ) -> bool {
+        let Some(max) = max else { return true };
+        let held = self
+            .sessions
+            .values()
+            .filter(|s| s.owner == owner && s.state.holds_resources())
+            .fold(ResourceSlot::new(), |acc, s| {
+                acc.checked_add(&s.requested).unwrap_or(acc)
+            });
+        held.checked_add(requested)
+            .is_some_and(|total| total.fits_in(max))
+    }
+}
