@@ -1,7 +1,8 @@
 //! Builds the eBPF programs and puts the object in `OUT_DIR`, where `hooks` embeds it, so the
 //! agent ships as one file.
 //!
-//! `GPUWARDEN_EBPF_OBJECT=path` embeds a prebuilt object instead.
+//! `GPUWARDEN_EBPF_OBJECT=path` embeds a prebuilt object instead. The eBPF crate builds in
+//! `ebpf/` under the target directory (`CARGO_TARGET_DIR` when set).
 
 use std::{env, fs, path::PathBuf, process::ExitCode};
 
@@ -25,6 +26,7 @@ fn main() -> ExitCode {
         );
     }
     println!("cargo:rerun-if-env-changed=GPUWARDEN_EBPF_OBJECT");
+    println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
 
     if let Some(prebuilt) = env::var_os("GPUWARDEN_EBPF_OBJECT") {
         if let Err(e) = fs::copy(&prebuilt, &out) {
@@ -45,7 +47,11 @@ fn main() -> ExitCode {
         }
     };
     let cargo = PathBuf::from(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    let target_dir = workspace.join("target").join("ebpf");
+    // Beside the workspace's other build outputs, wherever CARGO_TARGET_DIR puts them (a relative
+    // one is taken from the workspace root, where cargo is usually run).
+    let target_dir = env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace.join("target"), |dir| workspace.join(dir))
+        .join("ebpf");
     let status = toolchain
         .build_command(&cargo, &workspace, &target_dir)
         .status();

@@ -123,13 +123,7 @@ async fn reflection_answers_v1_and_v1alpha_clients() {
 
 #[test]
 fn help_says_what_the_controller_is() {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden-controller"))
-        .arg("--help")
-        .output()
-        .expect("runs");
-    let help = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{help}");
-    let first = help.lines().next().unwrap_or_default();
+    let (first, help) = gpuwarden_test_support::help(env!("CARGO_BIN_EXE_gpuwarden-controller"));
     assert!(first.contains("cluster controller"), "{help}");
     assert!(!first.contains("CLI"), "{help}");
 }

@@ -157,15 +157,7 @@ mod tests {
 
     #[test]
     fn states_kinds_and_policies_round_trip() {
-        for state in [
-            SessionState::Pending,
-            SessionState::Scheduled,
-            SessionState::Running,
-            SessionState::Terminating,
-            SessionState::Terminated,
-            SessionState::Failed,
-            SessionState::Lost,
-        ] {
+        for state in SessionState::ALL {
             assert_eq!(state_from_pb(state_to_pb(state).into()), Some(state));
         }
         assert_eq!(state_from_pb(0), None);

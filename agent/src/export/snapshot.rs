@@ -223,3 +223,6 @@ fn container(id: u64, workload: Option<&Workload>, totals: CgroupCounters) -> Co
         },
     }
 }
+
+#[cfg(test)]
+mod tests;

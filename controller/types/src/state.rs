@@ -23,6 +23,17 @@ pub enum SessionState {
 }
 
 impl SessionState {
+    /// Every state, in the order of a session's life.
+    pub const ALL: [Self; 7] = [
+        Self::Pending,
+        Self::Scheduled,
+        Self::Running,
+        Self::Terminating,
+        Self::Terminated,
+        Self::Failed,
+        Self::Lost,
+    ];
+
     /// Stable lowercase name.
     #[must_use]
     pub const fn as_str(self) -> &'static str {
@@ -77,15 +88,7 @@ mod tests {
 
     #[test]
     fn states_keep_their_stored_names() {
-        for state in [
-            SessionState::Pending,
-            SessionState::Scheduled,
-            SessionState::Running,
-            SessionState::Terminating,
-            SessionState::Terminated,
-            SessionState::Failed,
-            SessionState::Lost,
-        ] {
+        for state in SessionState::ALL {
             let json = serde_json::to_string(&state).expect("serializes");
             assert_eq!(json, format!("\"{}\"", state.as_str()));
         }

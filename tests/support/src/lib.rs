@@ -67,6 +67,21 @@ pub fn scratch(tag: &str) -> tempfile::TempDir {
         .unwrap_or_else(|e| panic!("cannot make a scratch directory under /tmp: {e}"))
 }
 
+/// The first line of `binary --help`, which should say what the binary is, and the whole text.
+///
+/// # Panics
+/// The binary does not run or `--help` fails.
+#[must_use]
+pub fn help(binary: &str) -> (String, String) {
+    let out = std::process::Command::new(binary)
+        .arg("--help")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {binary}: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{binary} --help failed: {text}");
+    (text.lines().next().unwrap_or_default().to_owned(), text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,15 @@
 //! Helpers shared by this crate's end-to-end tests: an embedded agent, the fake driver and
 //! scripted GPU clients. What every test crate shares (the root policy, scratch directories that
 //! clean up, test cgroups, the mock GPU list) is in `gpuwarden-test-support`.
-#![allow(dead_code, clippy::unwrap_used, clippy::missing_panics_doc)]
+#![allow(
+    dead_code,
+    reason = "each test binary includes this module and uses a different part of it"
+)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::missing_panics_doc,
+    reason = "test helpers: a failed set-up step should fail the test where it happened"
+)]
 
 use std::{
     fmt::Write as _,
