@@ -15,7 +15,7 @@ use serde::Deserialize;
 use crate::{
     api::{AgentApi, Controller, SchedulerApi, Timing},
     scheduler::{Scheduler, SchedulerConfig},
-    store::{Store, StoreError},
+    store::{Store, StoreError, StoreSpec},
 };
 
 /// Errors that stop the controller.
@@ -57,6 +57,15 @@ pub struct FileConfig {
     pub heartbeat_timeout_secs: Option<u64>,
     /// OTLP/gRPC endpoint for metrics (else `OTEL_EXPORTER_OTLP_ENDPOINT`; neither: off).
     pub otlp_endpoint: Option<String>,
+    /// Where the state lives (`sled:PATH` or `etcd://…`); else sled in the state directory.
+    #[serde(default, deserialize_with = "spec_from_str")]
+    pub store: Option<StoreSpec>,
+}
+
+fn spec_from_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<StoreSpec>, D::Error> {
+    Option::<String>::deserialize(d)?
+        .map(|s| s.parse().map_err(serde::de::Error::custom))
+        .transpose()
 }
 
 impl FileConfig {
@@ -86,26 +95,31 @@ impl FileConfig {
     }
 }
 
-/// Opens the store in `state_dir`, rebuilds the state from it, and returns the controller.
+/// Opens the store `spec` names, rebuilds the state from it, and returns the controller.
 ///
 /// # Errors
-/// The store can't be opened or read.
-pub fn open(
-    state_dir: &std::path::Path,
+/// The store can't be opened, reached or read.
+pub async fn open(
+    spec: &StoreSpec,
     config: SchedulerConfig,
     timing: Timing,
 ) -> Result<Arc<Controller>, ServeError> {
-    let store = Store::open(&state_dir.join("store"))?;
-    let snapshot = store.load()?;
+    let store = Store::open(spec).await?;
+    let snapshot = store.load().await?;
     tracing::info!(
         sessions = snapshot.sessions.len(),
         nodes = snapshot.nodes.len(),
         profiles = snapshot.profiles.len(),
-        "state restored from {}",
-        state_dir.display()
+        "state restored from {spec}"
     );
     let scheduler = Scheduler::restore(config, snapshot);
     Ok(Controller::new(scheduler, store, timing))
+}
+
+/// The store of a state directory: sled in its `store/` folder.
+#[must_use]
+pub fn sled_in(state_dir: &std::path::Path) -> StoreSpec {
+    StoreSpec::Sled(state_dir.join("store"))
 }
 
 /// Serves `controller` on `addr` until `shutdown` completes.
@@ -193,9 +207,14 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:50051")]
         listen: SocketAddr,
-        /// Directory of the embedded store.
+        /// Directory of the embedded store (sled in its `store/` folder), unless --store says
+        /// otherwise.
         #[arg(long, default_value = "/var/lib/gpuwarden/controller")]
         state_dir: PathBuf,
+        /// Where the state lives: sled:PATH, or etcd://HOST:PORT[,HOST:PORT…][/PREFIX] for a
+        /// store shared by several controllers (overrides the config file's `store`).
+        #[arg(long, value_name = "SPEC")]
+        store: Option<StoreSpec>,
         /// TOML config file.
         #[arg(long)]
         config: Option<PathBuf>,
@@ -203,6 +222,15 @@ enum Command {
         /// interference-aware (overrides the config file's `[scheduler] strategy`).
         #[arg(long, value_name = "MODE")]
         placement: Option<crate::placement::Placement>,
+    },
+    /// Copy every record of one store into another (from sled into etcd, say).
+    CopyStore {
+        /// The store to read: sled:PATH or etcd://….
+        #[arg(long, value_name = "SPEC")]
+        from: StoreSpec,
+        /// The store to write: sled:PATH or etcd://….
+        #[arg(long, value_name = "SPEC")]
+        to: StoreSpec,
     },
 }
 
@@ -212,12 +240,16 @@ enum Command {
 pub fn main() -> ExitCode {
     // A wrapping binary may have set up tracing already; that one stays.
     gpuwarden_runtime::logging::init("info");
-    let Command::Run {
-        listen,
-        state_dir,
-        config,
-        placement,
-    } = Cli::parse().command;
+    let (listen, state_dir, store, config, placement) = match Cli::parse().command {
+        Command::Run {
+            listen,
+            state_dir,
+            store,
+            config,
+            placement,
+        } => (listen, state_dir, store, config, placement),
+        Command::CopyStore { from, to } => return copy_store(&from, &to),
+    };
     let file = match config.as_deref().map(FileConfig::read).transpose() {
         Ok(f) => f.unwrap_or_default(),
         Err(e) => {
@@ -245,7 +277,8 @@ pub fn main() -> ExitCode {
     }
     tracing::info!(placement = %scheduler.strategy, "default placement mode");
     let result = runtime.block_on(async {
-        let controller = open(&state_dir, scheduler, timing)?;
+        let spec = store.or(file.store).unwrap_or_else(|| sled_in(&state_dir));
+        let controller = open(&spec, scheduler, timing).await?;
         // Metrics are an extra: a bad endpoint is reported, never fatal.
         let endpoint = file
             .otlp_endpoint
@@ -264,6 +297,35 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpuwarden-controller: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `gpuwarden-controller copy-store`: every record of `from` into `to`.
+fn copy_store(from: &StoreSpec, to: &StoreSpec) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gpuwarden-controller: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let copied = runtime.block_on(async {
+        let source = Store::open(from).await?;
+        let target = Store::open(to).await?;
+        source.copy_to(&target).await
+    });
+    match copied {
+        Ok(n) => {
+            println!("copied {n} records from {from} to {to}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("gpuwarden-controller copy-store: {e}");
             ExitCode::FAILURE
         }
     }

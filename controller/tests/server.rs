@@ -43,10 +43,11 @@ async fn reflection_answers_v1_and_v1alpha_clients() {
 
     let scratch = gpuwarden_test_support::scratch("reflect");
     let controller = server::open(
-        &scratch.path().join("store"),
+        &server::sled_in(scratch.path()),
         SchedulerConfig::default(),
         Timing::default(),
     )
+    .await
     .expect("opens");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -1,6 +1,6 @@
 //! A running session's usage reports survive a controller restart: they are written to the
-//! sled store as they arrive (without waking watchers), so the profile learned when the session
-//! ends still counts the reports from before the restart.
+//! store as they arrive (without waking watchers), so the profile learned when the session ends
+//! still counts the reports from before the restart. Run on sled and on a real etcd.
 
 use gpuwarden_controller::{
     allocator::DeviceSpec,
@@ -10,6 +10,7 @@ use gpuwarden_controller::{
     scheduler::{NewSession, SchedulerConfig},
     server,
     slots::{ResourceSlot, SlotKind, SlotName},
+    store::StoreSpec,
 };
 
 fn node() -> NodeReport {
@@ -41,13 +42,23 @@ fn sample(utilization: f64) -> UsageSample {
     }
 }
 
-#[test]
-fn usage_reports_survive_a_controller_restart() {
+#[tokio::test]
+async fn usage_reports_survive_a_controller_restart_on_sled() {
     let scratch = gpuwarden_test_support::scratch("usage");
-    let dir = scratch.path();
-    let open = || server::open(dir, SchedulerConfig::default(), Timing::default());
+    usage_reports_survive_a_controller_restart(&server::sled_in(scratch.path())).await;
+}
 
-    let controller = open().expect("opens");
+#[tokio::test]
+async fn usage_reports_survive_a_controller_restart_on_etcd() {
+    let etcd = gpuwarden_test_support::Etcd::start();
+    let spec = etcd.store_url("usage").parse().expect("a store spec");
+    usage_reports_survive_a_controller_restart(&spec).await;
+}
+
+async fn usage_reports_survive_a_controller_restart(spec: &StoreSpec) {
+    let open = || server::open(spec, SchedulerConfig::default(), Timing::default());
+
+    let controller = open().await.expect("opens");
     controller
         .apply(|s| {
             s.register(node(), &[]).expect("registers");
@@ -61,17 +72,19 @@ fn usage_reports_survive_a_controller_restart() {
             s.pass();
             s.ack("n1", "a");
         })
+        .await
         .expect("persisted");
     for _ in 0..4 {
         let recorded = controller
             .apply(|s| s.record_usage("n1", "a", sample(0.8)))
+            .await
             .expect("persisted");
         assert!(recorded);
     }
     drop(controller);
 
     // After the restart the node comes back (its agent re-registers, still holding `a`).
-    let controller = open().expect("reopens");
+    let controller = open().await.expect("reopens");
     let samples = controller.read(|s| s.sessions()["a"].usage.samples);
     assert_eq!(samples, 4, "reports written before the restart");
     controller
@@ -80,6 +93,7 @@ fn usage_reports_survive_a_controller_restart() {
             s.record_usage("n1", "a", sample(0.2));
             s.terminate("a");
         })
+        .await
         .expect("persisted");
     let profile = controller
         .read(|s| s.profiles().get("train").cloned())

@@ -27,6 +27,8 @@ pub enum Which {
 
 /// Runs one benchmark.
 pub fn run(which: &Which) -> anyhow::Result<()> {
+    // The benches build the agent (eBPF toolchain) and the controller (protoc for etcd-client).
+    crate::setup::run()?;
     match which {
         Which::Ebpf { iterations, rounds } => ebpf::run(*iterations, *rounds),
         Which::Sched => {

@@ -3,7 +3,8 @@
 //! - the eBPF toolchain: Debian's `rustc-web` with the prebuilt `core`
 //!   for `bpfel-unknown-none`, LLVM 22, and `bpf-linker` built against it; a rustup nightly with
 //!   `rust-src` is used instead when present;
-//! - FUSE 3 for the fake NVIDIA driver the tests mount;
+//! - FUSE 3 for the fake NVIDIA driver the tests mount, and etcd for the store's tests;
+//! - `protoc` with the well-known types, for the `etcd-client` crate's build script;
 //! - a Python environment (`target/py`) with `kubernetes-validate`, which checks the Kubernetes
 //!   manifests offline against the bundled OpenAPI schemas (`deploy/kubernetes/validate.py`).
 
@@ -27,8 +28,12 @@ const TOOLCHAIN_PACKAGES: &[&str] = &[
     "zlib1g-dev",
 ];
 
-/// Debian packages the tests need at run time.
-const TEST_PACKAGES: &[&str] = &["fuse3"];
+/// Debian packages the tests need at run time: FUSE for the fake driver, etcd for the store.
+const TEST_PACKAGES: &[&str] = &["fuse3", "etcd-server"];
+
+/// Debian packages the `etcd-client` crate's build script needs: `protoc` and the well-known
+/// types it imports (gpuwarden's own protos compile with protox and need neither).
+const PROTOC_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev"];
 
 /// Debian packages for the manifest validator's virtual environment.
 const PYTHON_PACKAGES: &[&str] = &["python3", "python3-venv"];
@@ -55,8 +60,12 @@ pub fn run() -> anyhow::Result<()> {
     {
         packages.extend(TOOLCHAIN_PACKAGES);
     }
-    if !Path::new("/usr/bin/fusermount3").exists() && !Path::new("/bin/fusermount3").exists() {
+    let fuse = Path::new("/usr/bin/fusermount3").exists() || Path::new("/bin/fusermount3").exists();
+    if !fuse || !on_path("etcd") {
         packages.extend(TEST_PACKAGES);
+    }
+    if !on_path("protoc") || !Path::new("/usr/include/google/protobuf/descriptor.proto").exists() {
+        packages.extend(PROTOC_PACKAGES);
     }
     let validator_ready = succeeds(Command::new(validator_python()).args(["-c", VALIDATOR_CHECK]));
     if !validator_ready && !succeeds(Command::new("python3").args(["-c", "import ensurepip, venv"]))
@@ -152,4 +161,10 @@ fn apt_install(packages: &[&str]) -> anyhow::Result<()> {
             .args(packages)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
+}
+
+/// Whether `program` is on `PATH`.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }

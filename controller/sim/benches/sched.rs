@@ -17,7 +17,7 @@ use gpuwarden_controller::{
     scheduler::{NewSession, Scheduler, SchedulerConfig},
     server,
     slots::ResourceSlot,
-    store::Store,
+    store::{Store, StoreSpec},
 };
 use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
 use tokio_stream::StreamExt;
@@ -129,7 +129,9 @@ fn decisions(nodes: usize, mode: Placement) -> Row {
 async fn heartbeats(agents: usize, seconds: u64) -> (f64, u64) {
     let dir = std::env::temp_dir().join(format!("gpuwarden-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let store = Store::open(&dir).expect("store");
+    let store = Store::open(&StoreSpec::Sled(dir.clone()))
+        .await
+        .expect("store");
     let timing = Timing {
         heartbeat_timeout: Duration::from_mins(10),
         ..Timing::default()

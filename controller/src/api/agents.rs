@@ -26,6 +26,7 @@ impl AgentService for AgentApi {
         let commands = self
             .0
             .apply(|s| s.register(report, &info.running_sessions))
+            .await
             .map_err(|e| store_status(&e))?
             .map_err(|e| Status::failed_precondition(e.to_string()))?;
         tracing::info!(node = %node_id, devices = info.devices.len(), "agent registered");
@@ -67,6 +68,7 @@ impl AgentService for AgentApi {
         lock(&self.0.agents).insert(node.clone(), tx);
         self.0
             .apply(|s| s.heartbeat(&node))
+            .await
             .map_err(|e| store_status(&e))?;
 
         let controller = Arc::clone(&self.0);
@@ -78,17 +80,20 @@ impl AgentService for AgentApi {
                 let result = match message.msg {
                     Some(Msg::Heartbeat(_)) => {
                         controller.count_heartbeat();
-                        controller.apply(|s| s.heartbeat(&node))
+                        controller.apply(|s| s.heartbeat(&node)).await
                     }
-                    Some(Msg::Ack(a)) => controller.apply(|s| s.ack(&node, &a.session_id)),
+                    Some(Msg::Ack(a)) => controller.apply(|s| s.ack(&node, &a.session_id)).await,
                     Some(Msg::Nack(n)) => {
                         tracing::warn!(%node, session = %n.session_id, reason = %n.reason, "agent refused an allocation: {}", n.message);
-                        controller.apply(|s| s.nack(&node, &n.session_id, &n.reason, &n.message))
+                        controller
+                            .apply(|s| s.nack(&node, &n.session_id, &n.reason, &n.message))
+                            .await
                     }
                     Some(Msg::Event(e)) => {
                         let event = convert::event_from_pb(&e);
                         controller
                             .apply(|s| s.record_event(&node, &e.session_id, event))
+                            .await
                             .map(|recorded| {
                                 if recorded {
                                     tracing::info!(%node, session = %e.session_id, action = %e.action, container = %e.container, pid = e.pid, device = e.device, "enforcement: {}", e.reason);
@@ -102,6 +107,7 @@ impl AgentService for AgentApi {
                         let sample = convert::usage_from_pb(&u);
                         controller
                             .apply(|s| s.record_usage(&node, &u.session_id, sample))
+                            .await
                             .map(|recorded| {
                                 if !recorded {
                                     tracing::debug!(%node, session = %u.session_id, "usage for a session not running on this node, dropped");

@@ -27,7 +27,7 @@ pub use sessions::SchedulerApi;
 use crate::{
     scheduler::{Command, Scheduler},
     session::now_ms,
-    store::{Store, StoreError},
+    store::{AfterCommit, Store, StoreError, Write},
 };
 
 /// Timing of the agent protocol.
@@ -103,52 +103,56 @@ impl Controller {
         let _ = self.decisions.set(histogram);
     }
 
-    /// Runs `f` on the scheduler, then persists and announces what it changed.
+    /// Runs `f` on the scheduler, then persists what it changed and, once that is durable,
+    /// announces it to watchers. Changes made while a commit is under way share the next one
+    /// (group commit); each caller returns when its own change is durable.
     ///
     /// # Errors
-    /// Persisting failed; the change stays in memory and is written with the next one.
-    pub fn apply<R>(&self, f: impl FnOnce(&mut Scheduler) -> R) -> Result<R, StoreError> {
-        let mut scheduler = lock(&self.scheduler);
-        let result = f(&mut scheduler);
-        let changes = scheduler.take_changes();
-        let mut announce = Vec::new();
-        for id in &changes.sessions {
-            if let Some(s) = scheduler.sessions().get(id) {
-                self.store.put_session(s)?;
-                announce.push(convert::session_to_pb(s));
+    /// Persisting failed; the change stays in memory and its writes go with the next commit.
+    pub async fn apply<R>(&self, f: impl FnOnce(&mut Scheduler) -> R) -> Result<R, StoreError> {
+        let (result, submitted) = {
+            let mut scheduler = lock(&self.scheduler);
+            let result = f(&mut scheduler);
+            let changes = scheduler.take_changes();
+            let mut writes = Vec::new();
+            let mut announce = Vec::new();
+            for id in &changes.sessions {
+                if let Some(s) = scheduler.sessions().get(id) {
+                    writes.push(Write::session(s)?);
+                    announce.push(convert::session_to_pb(s));
+                }
             }
-        }
-        for id in &changes.nodes {
-            if let Some(n) = scheduler.nodes().get(id) {
-                self.store.put_node(n)?;
+            for id in &changes.nodes {
+                if let Some(n) = scheduler.nodes().get(id) {
+                    writes.push(Write::node(n)?);
+                }
             }
-        }
-        if changes.slot_types {
-            self.store.put_registry(scheduler.registry())?;
-        }
-        // Usage series: written, not announced; sled flushes them within its interval.
-        for id in changes.usage.difference(&changes.sessions) {
-            if let Some(s) = scheduler.sessions().get(id) {
-                self.store.put_session(s)?;
+            if changes.slot_types {
+                writes.push(Write::registry(scheduler.registry())?);
             }
-        }
-        for class in &changes.profiles {
-            if let Some(p) = scheduler.profiles().get(class) {
-                self.store.put_profile(p)?;
+            // Usage series: written, not announced.
+            for id in changes.usage.difference(&changes.sessions) {
+                if let Some(s) = scheduler.sessions().get(id) {
+                    writes.push(Write::session(s)?);
+                }
             }
-        }
-        if !changes.sessions.is_empty()
-            || !changes.nodes.is_empty()
-            || changes.slot_types
-            || !changes.profiles.is_empty()
-        {
-            self.store.flush()?;
-        }
-        drop(scheduler);
-        for s in announce {
-            // No watcher is not an error.
-            let _ = self.watchers.send(s);
-        }
+            for class in &changes.profiles {
+                if let Some(p) = scheduler.profiles().get(class) {
+                    writes.push(Write::profile(p)?);
+                }
+            }
+            let watchers = self.watchers.clone();
+            let after: AfterCommit = Box::new(move || {
+                for s in announce {
+                    // No watcher is not an error.
+                    let _ = watchers.send(s);
+                }
+            });
+            // Submitted under the scheduler's lock: the store sees changes in the order they
+            // were made, and watchers hear of them in that order.
+            (result, self.store.submit(writes, Some(after)))
+        };
+        submitted.durable().await?;
         Ok(result)
     }
 
@@ -235,7 +239,7 @@ impl Controller {
                 () = tokio::time::sleep(self.timing.pass_interval) => {}
                 _ = liveness.tick() => {
                     let timeout = i64::try_from(self.timing.heartbeat_timeout.as_millis()).unwrap_or(i64::MAX);
-                    match self.apply(|s| s.expire(now_ms(), timeout)) {
+                    match self.apply(|s| s.expire(now_ms(), timeout)).await {
                         Ok(lost) => for node in lost {
                             tracing::warn!(%node, "node lost: no heartbeat for {:?}", self.timing.heartbeat_timeout);
                             lock(&self.agents).remove(&node);
@@ -255,7 +259,7 @@ impl Controller {
                     }
                 })
             };
-            match self.apply(pass) {
+            match self.apply(pass).await {
                 Ok(commands) => self.dispatch(commands),
                 Err(e) => tracing::error!("persisting a scheduling pass: {e}"),
             }

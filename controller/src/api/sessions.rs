@@ -69,6 +69,7 @@ impl SchedulerService for SchedulerApi {
                     placement,
                 })
             })
+            .await
             .map_err(|e| store_status(&e))?
             .map_err(|e| request_status(&e))?;
         self.0.kick();
@@ -128,6 +129,7 @@ impl SchedulerService for SchedulerApi {
                 let command = s.terminate(&id);
                 (command, s.sessions().get(&id).map(convert::session_to_pb))
             })
+            .await
             .map_err(|e| store_status(&e))?;
         let session = session.ok_or_else(|| Status::not_found(format!("no session {id:?}")))?;
         self.0.dispatch(command.into_iter().collect());

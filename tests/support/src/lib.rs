@@ -10,6 +10,11 @@
 //! - `cargo xtask test` (CI) runs them too (`-- --include-ignored`), and as a non-root user
 //!   each of them fails with the reason instead of passing silently.
 //!
+//! # A real etcd
+//!
+//! [`Etcd`] starts Debian's `etcd` on loopback ports for the store's tests; `cargo xtask setup`
+//! installs it, and a test run without it fails saying so.
+//!
 //! # Scratch space
 //!
 //! [`scratch`] makes a short directory under `/tmp` (the eBPF programs match device paths of
@@ -17,10 +22,12 @@
 #![deny(missing_docs)]
 
 mod cgroup;
+mod etcd;
 
 use std::path::Path;
 
 pub use cgroup::TestCgroup;
+pub use etcd::Etcd;
 
 /// A mock device list of two 16 GiB GPUs, indexes 0 and 1 (the fake driver's `nvidia0` and
 /// `nvidia1`), in the agent's `--mock-devices` TOML.

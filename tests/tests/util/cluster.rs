@@ -62,7 +62,9 @@ impl TestController {
                 .unwrap();
             let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
             let metrics = rt.block_on(async {
-                let controller = server::open(&dir, config, timing).unwrap();
+                let controller = server::open(&server::sled_in(&dir), config, timing)
+                    .await
+                    .unwrap();
                 let metrics = gpuwarden_controller::metrics::start(
                     &controller,
                     otlp,

@@ -12,12 +12,13 @@ pub fn start_controller(scratch: &Path) -> (tokio::runtime::Runtime, String) {
         .enable_all()
         .build()
         .expect("runtime");
-    let controller = server::open(
-        &scratch.join("controller"),
-        SchedulerConfig::default(),
-        Timing::default(),
-    )
-    .expect("controller opens");
+    let controller = rt
+        .block_on(server::open(
+            &server::sled_in(&scratch.join("controller")),
+            SchedulerConfig::default(),
+            Timing::default(),
+        ))
+        .expect("controller opens");
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .expect("binds");

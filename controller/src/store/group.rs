@@ -1,0 +1,143 @@
+//! Group commit: every change submitted while a commit is under way goes into the next one, so
+//! the store is flushed (or sent one etcd transaction) per group, not per change, and each caller
+//! is answered when its own change is durable.
+//!
+//! There is no committer task. The first waiter that finds no commit under way takes the lane and
+//! commits everything queued, its own change and the others'; the others find their answer when
+//! they get the lane. The commit itself runs in a task of its own that holds the lane, so a
+//! caller that goes away (a client that hangs up) cannot cut a group off half-way, and groups are
+//! committed in the order their changes were submitted.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::oneshot;
+
+use super::{Kv, StoreError, Write};
+
+/// What to run once a change is durable (announce it to watchers, say).
+pub type AfterCommit = Box<dyn FnOnce() + Send>;
+
+/// One submitted change.
+struct Entry {
+    writes: Vec<Write>,
+    after: Option<AfterCommit>,
+    done: oneshot::Sender<Result<(), StoreError>>,
+}
+
+/// Changes waiting for the next commit, and the commits done (for tests and metrics).
+#[derive(Default)]
+struct Queue {
+    entries: Vec<Entry>,
+    /// Writes of a failed commit, written with the next one (the change is still in memory).
+    retry: Vec<Write>,
+    commits: u64,
+    changes: u64,
+}
+
+/// The queue and the lane of one store.
+pub(super) struct Group {
+    queue: Mutex<Queue>,
+    lane: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Group {
+    pub(super) fn new() -> Self {
+        Self {
+            queue: Mutex::new(Queue::default()),
+            lane: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `writes`; `after` runs once they are durable, in submission order.
+    pub(super) fn submit(
+        &self,
+        writes: Vec<Write>,
+        after: Option<AfterCommit>,
+    ) -> oneshot::Receiver<Result<(), StoreError>> {
+        let (done, rx) = oneshot::channel();
+        self.queue().entries.push(Entry {
+            writes,
+            after,
+            done,
+        });
+        rx
+    }
+
+    /// Commits done and changes they carried.
+    pub(super) fn counts(&self) -> (u64, u64) {
+        let q = self.queue();
+        (q.commits, q.changes)
+    }
+
+    /// Waits until the change behind `rx` is durable, committing the queue if nobody is.
+    pub(super) async fn wait(
+        self: &Arc<Self>,
+        kv: &Arc<Kv>,
+        mut rx: oneshot::Receiver<Result<(), StoreError>>,
+    ) -> Result<(), StoreError> {
+        if let Ok(result) = rx.try_recv() {
+            return result;
+        }
+        let lane = Arc::clone(&self.lane).lock_owned().await;
+        // Whoever held the lane before may have committed this change already; if not, it is
+        // still queued, and this caller commits it with everything else queued.
+        if let Ok(result) = rx.try_recv() {
+            return result;
+        }
+        let (entries, retry) = {
+            let mut q = self.queue();
+            (std::mem::take(&mut q.entries), std::mem::take(&mut q.retry))
+        };
+        let group = Arc::clone(self);
+        let kv = Arc::clone(kv);
+        tokio::spawn(async move {
+            let _lane = lane;
+            group.commit(&kv, entries, retry).await;
+        });
+        rx.await.unwrap_or_else(|_| {
+            Err(StoreError::Commit {
+                reason: "the commit task ended without an answer".to_owned(),
+            })
+        })
+    }
+
+    async fn commit(&self, kv: &Kv, entries: Vec<Entry>, retry: Vec<Write>) {
+        let mut writes = retry;
+        for e in &entries {
+            writes.extend(e.writes.iter().cloned());
+        }
+        let result = if writes.is_empty() {
+            Ok(())
+        } else {
+            kv.commit(writes.clone()).await
+        };
+        {
+            let mut q = self.queue();
+            q.commits += 1;
+            q.changes += entries.len() as u64;
+            if result.is_err() {
+                // Keep what failed, ahead of anything queued since.
+                writes.append(&mut q.retry);
+                q.retry = writes;
+            }
+        }
+        if let Err(e) = &result {
+            tracing::error!(
+                changes = entries.len(),
+                "committing to the store failed (kept, written with the next commit): {e}"
+            );
+        }
+        for entry in entries {
+            if result.is_ok()
+                && let Some(after) = entry.after
+            {
+                after();
+            }
+            let _ = entry.done.send(result.clone());
+        }
+    }
+}

@@ -1,0 +1,518 @@
+//! The controller's store: the records it keeps (nodes, sessions, slot types, profiles,
+//! policies) over a key-value backend, sled on one machine or etcd for many
+//! (docs/architecture.md, "One machine embeds, many machines use etcd").
+//!
+//! Keys are `concern/id`; records are JSON (readable with any sled or etcd tool, and tolerant of
+//! added fields). Writes go through group commit ([`Store::submit`], then [`Submitted::durable`]):
+//! a reply that says "created" waits until its write is durable, and every change that arrives
+//! while a commit is under way shares the next one.
+//!
+//! - `sled`: the embedded backend, one tree per concern, as stores have always been laid out;
+//! - `etcd`: the distributed backend, every key under one prefix;
+//! - `group`: group commit over either.
+
+mod etcd;
+mod group;
+mod sled;
+
+use std::{path::PathBuf, str::FromStr, sync::Arc};
+
+use serde::{Serialize, de::DeserializeOwned};
+
+pub use self::{etcd::EtcdKv, group::AfterCommit, sled::SledKv};
+use crate::{node::Node, profile::Profile, session::Session, slots::SlotTypeRegistry};
+
+/// The on-disk format this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+const FORMAT_KEY: &str = "meta/format_version";
+const REGISTRY_KEY: &str = "slot_types/registry";
+const NODES: &str = "nodes/";
+const SESSIONS: &str = "sessions/";
+const POLICIES: &str = "policies/";
+const PROFILES: &str = "profiles/";
+const SLOT_TYPES: &str = "slot_types/";
+
+/// Errors of the store. They carry their cause as text, so that one failed group commit can
+/// answer every caller in it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store can't be opened or reached.
+    #[error("cannot open the store at {at}: {reason}")]
+    Open {
+        /// Where: a directory or etcd endpoints.
+        at: String,
+        /// Why.
+        reason: String,
+    },
+    /// A read or write failed (a full disk, etcd without a leader).
+    #[error("store {what}: {reason}")]
+    Io {
+        /// What was read or written.
+        what: String,
+        /// Why.
+        reason: String,
+    },
+    /// A group commit failed; its writes are kept and go with the next one.
+    #[error("the store did not commit: {reason}")]
+    Commit {
+        /// Why.
+        reason: String,
+    },
+    /// A record doesn't decode.
+    #[error("store record {key:?} is corrupt: {reason}")]
+    Corrupt {
+        /// Its key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+    /// A key outside the `concern/id` layout.
+    #[error("store key {0:?} is not of the form concern/id")]
+    Key(String),
+    /// Written by another format version.
+    #[error(
+        "the store at {at} has format version {found}; this build reads version {FORMAT_VERSION}"
+    )]
+    Version {
+        /// Where.
+        at: String,
+        /// The version found.
+        found: u32,
+    },
+    /// `--store` can't be parsed.
+    #[error(
+        "--store {given:?}: {reason} (expected sled:PATH or etcd://HOST:PORT[,HOST:PORT…][/PREFIX])"
+    )]
+    Spec {
+        /// What was given.
+        given: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Where the store lives: `sled:PATH` or `etcd://HOST:PORT[,HOST:PORT…][/PREFIX]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// sled in a directory.
+    Sled(PathBuf),
+    /// An etcd cluster.
+    Etcd {
+        /// `host:port` of each member.
+        endpoints: Vec<String>,
+        /// What every key starts with.
+        prefix: String,
+    },
+}
+
+/// The prefix of an etcd store whose URL names none.
+pub const DEFAULT_ETCD_PREFIX: &str = "gpuwarden/";
+
+impl FromStr for StoreSpec {
+    type Err = StoreError;
+
+    fn from_str(given: &str) -> Result<Self, StoreError> {
+        let bad = |reason: &str| StoreError::Spec {
+            given: given.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if let Some(path) = given.strip_prefix("sled:") {
+            if path.is_empty() {
+                return Err(bad("no directory after sled:"));
+            }
+            return Ok(Self::Sled(PathBuf::from(path)));
+        }
+        let Some(rest) = given.strip_prefix("etcd://") else {
+            return Err(bad("unknown scheme"));
+        };
+        let (hosts, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        let endpoints: Vec<String> = hosts.split(',').map(str::to_owned).collect();
+        for e in &endpoints {
+            let port = e
+                .rsplit_once(':')
+                .map(|(host, port)| (host, port.parse::<u16>()));
+            if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
+                return Err(bad(&format!("endpoint {e:?} is not HOST:PORT")));
+            }
+        }
+        let prefix = prefix.trim_matches('/');
+        let prefix = if prefix.is_empty() {
+            DEFAULT_ETCD_PREFIX.to_owned()
+        } else {
+            format!("{prefix}/")
+        };
+        Ok(Self::Etcd { endpoints, prefix })
+    }
+}
+
+impl std::fmt::Display for StoreSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Sled(path) => write!(f, "sled:{}", path.display()),
+            Self::Etcd { endpoints, prefix } => {
+                write!(
+                    f,
+                    "etcd://{}/{}",
+                    endpoints.join(","),
+                    prefix.trim_end_matches('/')
+                )
+            }
+        }
+    }
+}
+
+/// One write of a commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// Set `key` to `value`.
+    Put {
+        /// `concern/id`.
+        key: String,
+        /// The record.
+        value: Vec<u8>,
+    },
+    /// Remove `key`.
+    Delete {
+        /// `concern/id`.
+        key: String,
+    },
+}
+
+impl Write {
+    /// Its key.
+    #[must_use]
+    pub fn key(&self) -> &str {
+        match self {
+            Self::Put { key, .. } | Self::Delete { key } => key,
+        }
+    }
+
+    /// The value it puts.
+    #[must_use]
+    pub fn value(&self) -> Option<&[u8]> {
+        match self {
+            Self::Put { value, .. } => Some(value),
+            Self::Delete { .. } => None,
+        }
+    }
+
+    fn record<T: Serialize>(key: String, value: &T) -> Result<Self, StoreError> {
+        let value = serde_json::to_vec(value).map_err(|e| StoreError::Corrupt {
+            key: key.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(Self::Put { key, value })
+    }
+
+    /// Writes a session.
+    ///
+    /// # Errors
+    /// It can't be encoded.
+    pub fn session(session: &Session) -> Result<Self, StoreError> {
+        Self::record(format!("{SESSIONS}{}", session.id), session)
+    }
+
+    /// Removes a session (a rolled-back create).
+    #[must_use]
+    pub fn remove_session(id: &str) -> Self {
+        Self::Delete {
+            key: format!("{SESSIONS}{id}"),
+        }
+    }
+
+    /// Writes a node.
+    ///
+    /// # Errors
+    /// It can't be encoded.
+    pub fn node(node: &Node) -> Result<Self, StoreError> {
+        Self::record(format!("{NODES}{}", node.report.node_id), node)
+    }
+
+    /// Writes the slot-type registry.
+    ///
+    /// # Errors
+    /// It can't be encoded.
+    pub fn registry(registry: &SlotTypeRegistry) -> Result<Self, StoreError> {
+        Self::record(REGISTRY_KEY.to_owned(), registry)
+    }
+
+    /// Writes a workload class's profile.
+    ///
+    /// # Errors
+    /// It can't be encoded.
+    pub fn profile(profile: &Profile) -> Result<Self, StoreError> {
+        Self::record(format!("{PROFILES}{}", profile.class), profile)
+    }
+
+    /// Writes a policy document.
+    ///
+    /// # Errors
+    /// It can't be encoded.
+    pub fn policy<T: Serialize>(name: &str, policy: &T) -> Result<Self, StoreError> {
+        Self::record(format!("{POLICIES}{name}"), policy)
+    }
+}
+
+/// The backend: the few operations the controller needs, on sled or etcd.
+#[derive(Debug, Clone)]
+pub enum Kv {
+    /// sled on local disk.
+    Sled(SledKv),
+    /// An etcd cluster (boxed: its client is large).
+    Etcd(Box<EtcdKv>),
+}
+
+impl Kv {
+    /// The value at `key`.
+    ///
+    /// # Errors
+    /// The read fails.
+    pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self {
+            Self::Sled(kv) => kv.get(key),
+            Self::Etcd(kv) => kv.get(key).await,
+        }
+    }
+
+    /// Every key under `prefix`, in key order.
+    ///
+    /// # Errors
+    /// A read fails.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        match self {
+            Self::Sled(kv) => kv.list(prefix),
+            Self::Etcd(kv) => kv.list(prefix).await,
+        }
+    }
+
+    /// Writes `value` at `key` if it holds `expected` (`None`: absent), durably; whether it did.
+    ///
+    /// # Errors
+    /// The write fails.
+    pub async fn compare_and_put(
+        &self,
+        key: &str,
+        expected: Option<&[u8]>,
+        value: &[u8],
+    ) -> Result<bool, StoreError> {
+        match self {
+            Self::Sled(kv) => kv.compare_and_put(key, expected, value),
+            Self::Etcd(kv) => kv.compare_and_put(key, expected, value).await,
+        }
+    }
+
+    /// Commits `writes` in order, durably.
+    ///
+    /// # Errors
+    /// The commit fails.
+    pub async fn commit(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        match self {
+            // sled flushes with blocking I/O: off the async workers.
+            Self::Sled(kv) => {
+                let kv = kv.clone();
+                tokio::task::spawn_blocking(move || kv.commit(&writes))
+                    .await
+                    .map_err(|e| StoreError::Commit {
+                        reason: e.to_string(),
+                    })?
+            }
+            Self::Etcd(kv) => kv.commit(&writes).await,
+        }
+    }
+
+    /// Where it is, for messages.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Sled(kv) => format!("sled:{}", kv.path().display()),
+            Self::Etcd(kv) => kv.describe(),
+        }
+    }
+}
+
+/// The store.
+#[derive(Clone)]
+pub struct Store {
+    kv: Arc<Kv>,
+    group: Arc<group::Group>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("kv", &self.kv)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Everything the store holds, for a restart.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The merged slot types.
+    pub registry: SlotTypeRegistry,
+    /// Nodes.
+    pub nodes: Vec<Node>,
+    /// Sessions.
+    pub sessions: Vec<Session>,
+    /// Learned workload profiles.
+    pub profiles: Vec<Profile>,
+}
+
+/// A change submitted to the store: await [`Submitted::durable`] before saying it happened.
+#[must_use = "a change is not durable until `durable()` says so"]
+pub struct Submitted {
+    store: Store,
+    rx: Option<tokio::sync::oneshot::Receiver<Result<(), StoreError>>>,
+}
+
+impl Submitted {
+    /// Waits until the change is durable (committing it, and everything queued with it, if no
+    /// commit is under way).
+    ///
+    /// # Errors
+    /// The commit failed; its writes are kept and go with the next one.
+    pub async fn durable(self) -> Result<(), StoreError> {
+        match self.rx {
+            Some(rx) => self.store.group.wait(&self.store.kv, rx).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Store {
+    /// Opens the store `spec` names, checking (or, when new, writing) its format version.
+    ///
+    /// # Errors
+    /// It can't be opened or reached, or it has another format version.
+    pub async fn open(spec: &StoreSpec) -> Result<Self, StoreError> {
+        let kv = match spec {
+            StoreSpec::Sled(dir) => Kv::Sled(SledKv::open(dir)?),
+            StoreSpec::Etcd { endpoints, prefix } => {
+                Kv::Etcd(Box::new(EtcdKv::connect(endpoints, prefix).await?))
+            }
+        };
+        Self::over(kv).await
+    }
+
+    /// The store over `kv`.
+    ///
+    /// # Errors
+    /// It has another format version, or can't be read.
+    pub async fn over(kv: Kv) -> Result<Self, StoreError> {
+        let version = FORMAT_VERSION.to_string();
+        if !kv
+            .compare_and_put(FORMAT_KEY, None, version.as_bytes())
+            .await?
+        {
+            let found = kv
+                .get(FORMAT_KEY)
+                .await?
+                .and_then(|v| String::from_utf8(v).ok())
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            if found != FORMAT_VERSION {
+                return Err(StoreError::Version {
+                    at: kv.describe(),
+                    found,
+                });
+            }
+        }
+        Ok(Self {
+            kv: Arc::new(kv),
+            group: Arc::new(group::Group::new()),
+        })
+    }
+
+    /// The backend.
+    #[must_use]
+    pub fn kv(&self) -> &Kv {
+        &self.kv
+    }
+
+    /// Queues `writes` for the next group commit; `after` runs once they are durable, in the
+    /// order changes were submitted (submit under the lock that orders the changes). Nothing to
+    /// write is durable at once.
+    pub fn submit(&self, writes: Vec<Write>, after: Option<AfterCommit>) -> Submitted {
+        if writes.is_empty() {
+            if let Some(after) = after {
+                after();
+            }
+            return Submitted {
+                store: self.clone(),
+                rx: None,
+            };
+        }
+        let rx = self.group.submit(writes, after);
+        Submitted {
+            store: self.clone(),
+            rx: Some(rx),
+        }
+    }
+
+    /// Writes `writes` and waits until they are durable.
+    ///
+    /// # Errors
+    /// The commit fails.
+    pub async fn write(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        self.submit(writes, None).durable().await
+    }
+
+    /// Commits made, and the changes they carried: how well group commit groups.
+    #[must_use]
+    pub fn commit_counts(&self) -> (u64, u64) {
+        self.group.counts()
+    }
+
+    async fn all<T: DeserializeOwned>(&self, prefix: &str) -> Result<Vec<T>, StoreError> {
+        self.kv
+            .list(prefix)
+            .await?
+            .into_iter()
+            .map(|(key, value)| {
+                serde_json::from_slice(&value).map_err(|e| StoreError::Corrupt {
+                    key,
+                    reason: e.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// Reads everything back.
+    ///
+    /// # Errors
+    /// A read fails or a record is corrupt.
+    pub async fn load(&self) -> Result<Snapshot, StoreError> {
+        let registry = self
+            .all::<SlotTypeRegistry>(SLOT_TYPES)
+            .await?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        Ok(Snapshot {
+            registry,
+            nodes: self.all(NODES).await?,
+            sessions: self.all(SESSIONS).await?,
+            profiles: self.all(PROFILES).await?,
+        })
+    }
+
+    /// Copies every record of `self` into `to` (a migration from sled to etcd, say); how many.
+    ///
+    /// # Errors
+    /// A read or the writes fail.
+    pub async fn copy_to(&self, to: &Self) -> Result<usize, StoreError> {
+        let mut writes = Vec::new();
+        for prefix in [SLOT_TYPES, NODES, SESSIONS, PROFILES, POLICIES] {
+            for (key, value) in self.kv.list(prefix).await? {
+                writes.push(Write::Put { key, value });
+            }
+        }
+        let n = writes.len();
+        to.write(writes).await?;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests;

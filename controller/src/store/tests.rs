@@ -1,0 +1,303 @@
+//! The store's contract, run against both backends: sled in a scratch directory and a real etcd.
+
+use std::sync::{Arc, Mutex};
+
+use gpuwarden_test_support::{Etcd, scratch};
+
+use super::*;
+use crate::{
+    allocator::Allocation,
+    session::SessionState,
+    slots::{ResourceSlot, SlotKind, SlotName},
+};
+
+fn session(id: &str) -> Session {
+    Session {
+        id: id.into(),
+        name: id.into(),
+        owner: "u".into(),
+        priority: 0,
+        requested: ResourceSlot::parse_any(&["cuda.shares=0.2"]).unwrap(),
+        pinned_node: None,
+        state: SessionState::Pending,
+        node: None,
+        allocation: Allocation::default(),
+        reason: String::new(),
+        seq: 0,
+        failed_passes: 0,
+        created_at_ms: 1,
+        updated_at_ms: 1,
+        target: crate::session::Target::None,
+        policy: crate::session::QuotaPolicy::default(),
+        events: vec![],
+        class: String::new(),
+        placement: None,
+        explanation: None,
+        usage: Default::default(),
+    }
+}
+
+/// A place for a store, kept alive as long as the test needs it.
+enum Place {
+    Sled(tempfile::TempDir),
+    Etcd(Etcd),
+}
+
+impl Place {
+    fn sled() -> Self {
+        Self::Sled(scratch("store"))
+    }
+
+    fn etcd() -> Self {
+        Self::Etcd(Etcd::start())
+    }
+
+    fn spec(&self) -> StoreSpec {
+        match self {
+            Self::Sled(dir) => StoreSpec::Sled(dir.path().join("store")),
+            Self::Etcd(etcd) => etcd.store_url("test").parse().unwrap(),
+        }
+    }
+}
+
+fn both() -> [Place; 2] {
+    [Place::sled(), Place::etcd()]
+}
+
+#[test]
+fn session_records_from_before_targets_still_load() {
+    let mut old = serde_json::to_value(session("s1")).unwrap();
+    for key in ["target", "policy", "events"] {
+        old.as_object_mut().unwrap().remove(key);
+    }
+    let back: Session = serde_json::from_value(old).unwrap();
+    assert_eq!(back, session("s1"));
+}
+
+#[tokio::test]
+async fn records_survive_reopening() {
+    for place in both() {
+        let spec = place.spec();
+        {
+            let store = Store::open(&spec).await.unwrap();
+            let mut r = SlotTypeRegistry::new();
+            r.merge(
+                "n",
+                &[(SlotName::new("cuda.shares").unwrap(), SlotKind::Count)],
+            )
+            .unwrap();
+            store
+                .write(vec![
+                    Write::session(&session("s1")).unwrap(),
+                    Write::session(&session("gone")).unwrap(),
+                    Write::registry(&r).unwrap(),
+                ])
+                .await
+                .unwrap();
+            store
+                .write(vec![Write::remove_session("gone")])
+                .await
+                .unwrap();
+        }
+        let back = Store::open(&spec).await.unwrap().load().await.unwrap();
+        assert_eq!(back.sessions, vec![session("s1")], "{spec}");
+        assert_eq!(back.registry.kind("cuda.shares"), Some(SlotKind::Count));
+    }
+}
+
+#[tokio::test]
+async fn another_format_version_is_refused() {
+    for place in both() {
+        let spec = place.spec();
+        let store = Store::open(&spec).await.unwrap();
+        store
+            .write(vec![Write::Put {
+                key: FORMAT_KEY.to_owned(),
+                value: b"99".to_vec(),
+            }])
+            .await
+            .unwrap();
+        drop(store);
+        let err = Store::open(&spec).await.unwrap_err();
+        assert!(
+            err.to_string().contains("format version 99"),
+            "{spec}: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn lists_page_through_every_key_in_order_and_only_under_the_prefix() {
+    for place in both() {
+        let store = Store::open(&place.spec()).await.unwrap();
+        // More than one etcd page (256), with keys that sort around the prefix's end.
+        let mut writes: Vec<Write> = (0..600)
+            .map(|i| Write::session(&session(&format!("s{i:04}"))).unwrap())
+            .collect();
+        writes.push(Write::Put {
+            key: "sessions0/not-a-session".to_owned(),
+            value: b"{}".to_vec(),
+        });
+        store.write(writes).await.unwrap();
+        let keys: Vec<String> = store
+            .kv()
+            .list(SESSIONS)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys.len(), 600, "{}", store.kv().describe());
+        assert_eq!(keys[0], "sessions/s0000");
+        assert_eq!(keys[599], "sessions/s0599");
+        assert!(keys.windows(2).all(|w| w[0] < w[1]));
+    }
+}
+
+#[tokio::test]
+async fn compare_and_put_writes_only_over_what_was_expected() {
+    for place in both() {
+        let store = Store::open(&place.spec()).await.unwrap();
+        let kv = store.kv();
+        assert!(kv.compare_and_put("policies/p", None, b"1").await.unwrap());
+        assert!(!kv.compare_and_put("policies/p", None, b"2").await.unwrap());
+        assert!(
+            !kv.compare_and_put("policies/p", Some(b"0"), b"2")
+                .await
+                .unwrap()
+        );
+        assert!(
+            kv.compare_and_put("policies/p", Some(b"1"), b"2")
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            kv.get("policies/p").await.unwrap().as_deref(),
+            Some(&b"2"[..])
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_changes_share_commits_and_each_is_answered_when_durable() {
+    for place in both() {
+        let spec = place.spec();
+        let store = Store::open(&spec).await.unwrap();
+        let announced = Arc::new(Mutex::new(Vec::new()));
+        let submitted = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..200 {
+            let store = store.clone();
+            let announced = Arc::clone(&announced);
+            let submitted = Arc::clone(&submitted);
+            tasks.push(tokio::spawn(async move {
+                let id = format!("s{i:03}");
+                // Submitted under a lock, as the controller does under the scheduler's.
+                let change = {
+                    let mut order = submitted.lock().unwrap();
+                    order.push(id.clone());
+                    let after_id = id.clone();
+                    store.submit(
+                        vec![Write::session(&session(&id)).unwrap()],
+                        Some(Box::new(move || announced.lock().unwrap().push(after_id))),
+                    )
+                };
+                change.durable().await.map(|()| id)
+            }));
+        }
+        let mut acknowledged = Vec::new();
+        for t in tasks {
+            acknowledged.push(t.await.unwrap().unwrap());
+        }
+        let (commits, changes) = store.commit_counts();
+        assert_eq!(changes, 200, "{spec}");
+        assert!(
+            commits < 200,
+            "{spec}: {commits} commits for 200 changes: nothing grouped"
+        );
+        // Every acknowledged change is there for a fresh reader.
+        drop(store);
+        let back = Store::open(&spec).await.unwrap().load().await.unwrap();
+        let mut stored: Vec<String> = back.sessions.into_iter().map(|s| s.id).collect();
+        stored.sort();
+        acknowledged.sort();
+        assert_eq!(stored, acknowledged, "{spec}");
+        // Announcements ran once each, after their commit, in the order changes were submitted.
+        assert_eq!(
+            *announced.lock().unwrap(),
+            *submitted.lock().unwrap(),
+            "{spec}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_failed_commit_answers_with_the_reason_and_its_writes_go_with_the_next() {
+    let mut etcd = Etcd::start();
+    let spec: StoreSpec = etcd.store_url("fail").parse().unwrap();
+    let store = Store::open(&spec).await.unwrap();
+    etcd.kill();
+    let err = store
+        .write(vec![Write::session(&session("kept")).unwrap()])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("etcd"), "{err}");
+    etcd.resume();
+    // The next commit carries the failed one's writes.
+    store
+        .write(vec![Write::session(&session("next")).unwrap()])
+        .await
+        .unwrap();
+    let back = Store::open(&spec).await.unwrap().load().await.unwrap();
+    let ids: Vec<String> = back.sessions.into_iter().map(|s| s.id).collect();
+    assert_eq!(ids, ["kept", "next"]);
+}
+
+#[tokio::test]
+async fn a_sled_store_copies_into_etcd() {
+    let sled = Place::sled();
+    let etcd = Place::etcd();
+    let from = Store::open(&sled.spec()).await.unwrap();
+    from.write(vec![
+        Write::session(&session("a")).unwrap(),
+        Write::session(&session("b")).unwrap(),
+        Write::policy("limits", &serde_json::json!({"max": 3})).unwrap(),
+    ])
+    .await
+    .unwrap();
+    let to = Store::open(&etcd.spec()).await.unwrap();
+    assert_eq!(from.copy_to(&to).await.unwrap(), 3);
+    let back = to.load().await.unwrap();
+    assert_eq!(back.sessions, vec![session("a"), session("b")]);
+    assert_eq!(
+        to.kv().get("policies/limits").await.unwrap().as_deref(),
+        Some(&br#"{"max":3}"#[..])
+    );
+}
+
+#[test]
+fn store_specs_parse_and_bad_ones_say_what_is_wrong() {
+    assert_eq!(
+        "sled:/var/lib/gw".parse::<StoreSpec>().unwrap(),
+        StoreSpec::Sled("/var/lib/gw".into())
+    );
+    assert_eq!(
+        "etcd://a:2379,b:2379".parse::<StoreSpec>().unwrap(),
+        StoreSpec::Etcd {
+            endpoints: vec!["a:2379".into(), "b:2379".into()],
+            prefix: DEFAULT_ETCD_PREFIX.into()
+        }
+    );
+    let spec: StoreSpec = "etcd://10.0.0.1:2379/prod/gw/".parse().unwrap();
+    assert_eq!(spec.to_string(), "etcd://10.0.0.1:2379/prod/gw");
+    for (bad, says) in [
+        ("sled:", "no directory"),
+        ("/var/lib/gw", "unknown scheme"),
+        ("etcd://a", "\"a\" is not HOST:PORT"),
+        ("etcd://a:2379,:1", "\":1\" is not HOST:PORT"),
+        ("etcd://a:99999", "not HOST:PORT"),
+    ] {
+        let err = bad.parse::<StoreSpec>().unwrap_err().to_string();
+        assert!(err.contains(says) && err.contains(bad), "{bad}: {err}");
+    }
+}
