@@ -20,6 +20,10 @@ pub enum Which {
     /// Scheduling decisions/s and latency for 10,000 pending sessions over 1,000 and 5,000
     /// nodes × 8 GPUs, and heartbeats/s from 1,000 agents over real gRPC.
     Sched,
+    /// Sessions/s from create to RUNNING and its latency over real gRPC (1,000 fake agents ×
+    /// 8 GPUs, 5,000 sessions), on sled and on a real etcd, with group commit and with one
+    /// change per commit as the baseline.
+    E2e,
     /// How closely the compute-share throttle holds a CPU spinner to shares 0.1, 0.3, 0.5 and
     /// 0.9 (CPU time standing in for GPU usage); needs root.
     Throttle,
@@ -33,6 +37,9 @@ pub fn run(which: &Which) -> anyhow::Result<()> {
         Which::Ebpf { iterations, rounds } => ebpf::run(*iterations, *rounds),
         Which::Sched => {
             crate::status(crate::cargo().args(["bench", "-p", "gpuwarden-sim", "--bench", "sched"]))
+        }
+        Which::E2e => {
+            crate::status(crate::cargo().args(["bench", "-p", "gpuwarden-sim", "--bench", "e2e"]))
         }
         Which::Throttle => crate::status(crate::cargo().args([
             "bench",

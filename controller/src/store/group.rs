@@ -38,13 +38,16 @@ struct Queue {
 pub(super) struct Group {
     queue: Mutex<Queue>,
     lane: Arc<tokio::sync::Mutex<()>>,
+    /// Changes per commit at most: unbounded, or 1 to measure what grouping saves.
+    most: usize,
 }
 
 impl Group {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(most: usize) -> Self {
         Self {
             queue: Mutex::new(Queue::default()),
             lane: Arc::new(tokio::sync::Mutex::new(())),
+            most: most.max(1),
         }
     }
 
@@ -79,30 +82,31 @@ impl Group {
         kv: &Arc<Kv>,
         mut rx: oneshot::Receiver<Result<(), StoreError>>,
     ) -> Result<(), StoreError> {
-        if let Ok(result) = rx.try_recv() {
-            return result;
+        loop {
+            if let Ok(result) = rx.try_recv() {
+                return result;
+            }
+            let lane = Arc::clone(&self.lane).lock_owned().await;
+            // Whoever held the lane before may have committed this change already; if not, it
+            // is still queued, and this caller commits the queue (up to `most` changes of it).
+            if let Ok(result) = rx.try_recv() {
+                return result;
+            }
+            let (entries, retry) = {
+                let mut q = self.queue();
+                let take = q.entries.len().min(self.most);
+                let entries: Vec<Entry> = q.entries.drain(..take).collect();
+                (entries, std::mem::take(&mut q.retry))
+            };
+            let group = Arc::clone(self);
+            let kv = Arc::clone(kv);
+            let commit = tokio::spawn(async move {
+                let _lane = lane;
+                group.commit(&kv, entries, retry).await;
+            });
+            // Its answer is in `rx` now, or this change was beyond `most`: take the lane again.
+            let _ = commit.await;
         }
-        let lane = Arc::clone(&self.lane).lock_owned().await;
-        // Whoever held the lane before may have committed this change already; if not, it is
-        // still queued, and this caller commits it with everything else queued.
-        if let Ok(result) = rx.try_recv() {
-            return result;
-        }
-        let (entries, retry) = {
-            let mut q = self.queue();
-            (std::mem::take(&mut q.entries), std::mem::take(&mut q.retry))
-        };
-        let group = Arc::clone(self);
-        let kv = Arc::clone(kv);
-        tokio::spawn(async move {
-            let _lane = lane;
-            group.commit(&kv, entries, retry).await;
-        });
-        rx.await.unwrap_or_else(|_| {
-            Err(StoreError::Commit {
-                reason: "the commit task ended without an answer".to_owned(),
-            })
-        })
     }
 
     async fn commit(&self, kv: &Kv, entries: Vec<Entry>, retry: Vec<Write>) {

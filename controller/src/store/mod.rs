@@ -420,8 +420,18 @@ impl Store {
         }
         Ok(Self {
             kv: Arc::new(kv),
-            group: Arc::new(group::Group::new()),
+            group: Arc::new(group::Group::new(usize::MAX)),
         })
+    }
+
+    /// This store committing one change at a time: the baseline that shows what group commit
+    /// saves (benchmarks only; a controller always groups).
+    #[must_use]
+    pub fn one_change_per_commit(self) -> Self {
+        Self {
+            kv: self.kv,
+            group: Arc::new(group::Group::new(1)),
+        }
     }
 
     /// The backend.

@@ -301,3 +301,27 @@ fn store_specs_parse_and_bad_ones_say_what_is_wrong() {
         assert!(err.contains(says) && err.contains(bad), "{bad}: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ungrouped_baseline_commits_each_change_on_its_own() {
+    let place = Place::sled();
+    let store = Store::open(&place.spec())
+        .await
+        .unwrap()
+        .one_change_per_commit();
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .write(vec![Write::session(&session(&format!("s{i}"))).unwrap()])
+                    .await
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(store.commit_counts(), (50, 50));
+    assert_eq!(store.load().await.unwrap().sessions.len(), 50);
+}

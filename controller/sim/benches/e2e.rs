@@ -1,0 +1,320 @@
+//! `cargo xtask bench e2e`: sessions per second from create to RUNNING, and the latency of each,
+//! played over real gRPC on loopback: fake agents (one stream each, acknowledging every
+//! allocation at once) on 1,000 nodes × 8 GPUs, and concurrent clients creating 5,000 mixed
+//! fractional sessions. Run on sled and on a real etcd (Debian's, started here), each with group
+//! commit and, as the baseline measured in the same run, with one change per commit.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use gpuwarden_controller::{
+    api::{Controller, Timing},
+    scheduler::{Scheduler, SchedulerConfig},
+    server,
+    store::{Store, StoreSpec},
+};
+use gpuwarden_proto::v1::{
+    self as pb, agent_service_client::AgentServiceClient,
+    scheduler_service_client::SchedulerServiceClient,
+};
+use gpuwarden_test_support::{Etcd, scratch};
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+const NODES: usize = 1_000;
+const GPUS: u32 = 8;
+const SESSIONS: usize = 5_000;
+const CLIENTS: usize = 64;
+/// HTTP/2 connections the fake agents share, as a fleet's would be spread over the controller.
+const AGENT_CONNECTIONS: usize = 8;
+
+struct Row {
+    store: &'static str,
+    grouped: bool,
+    running: usize,
+    per_second: f64,
+    p50: Duration,
+    p99: Duration,
+    commits: u64,
+    changes: u64,
+}
+
+fn node_info(i: usize) -> pb::NodeInfo {
+    let node = format!("node-{i:05}");
+    let slot = |name: &str, kind: pb::SlotKind| pb::SlotType {
+        name: name.into(),
+        kind: kind.into(),
+    };
+    pb::NodeInfo {
+        node_id: node.clone(),
+        hostname: node,
+        slot_types: vec![
+            slot("cuda.shares", pb::SlotKind::Count),
+            slot("cuda.device", pb::SlotKind::Count),
+            slot("cuda.mem", pb::SlotKind::Bytes),
+        ],
+        devices: (0..GPUS)
+            .map(|g| pb::Device {
+                uuid: format!("GPU-{i}-{g}"),
+                model: "Fake".into(),
+                memory_bytes: 80 << 30,
+                sm_count: 132,
+                index: g,
+                numa_node: i32::try_from(g / 4).unwrap_or(0),
+                device_node: format!("/dev/nvidia{g}"),
+                ..Default::default()
+            })
+            .collect(),
+        agent_version: "bench".into(),
+        ..Default::default()
+    }
+}
+
+/// A fake agent: registers, opens its stream, acknowledges every allocation.
+async fn agent(channel: Channel, info: pb::NodeInfo) {
+    let mut client = AgentServiceClient::new(channel);
+    let node = info.node_id.clone();
+    client.register(info).await.expect("registers");
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::AgentMessage>(256);
+    tx.send(pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+            node_id: node,
+            seq: 0,
+            running_sessions: vec![],
+        })),
+    })
+    .await
+    .expect("first heartbeat");
+    let mut inbound = client
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = inbound.next().await {
+            if let Some(pb::controller_message::Msg::Allocate(a)) = message.msg {
+                let ack = pb::agent_message::Msg::Ack(pb::AllocationAck {
+                    session_id: a.session_id,
+                });
+                if tx.send(pb::AgentMessage { msg: Some(ack) }).await.is_err() {
+                    break;
+                }
+            }
+        }
+    });
+}
+
+async fn connect(url: &str) -> Channel {
+    tonic::transport::Endpoint::from_shared(url.to_owned())
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connects")
+}
+
+fn request(i: usize) -> pb::CreateSessionRequest {
+    // 0.1 to 0.5 of a GPU: 5,000 of them fit 8,000 GPUs, so every one runs.
+    let shares = format!("0.{}", 1 + i % 5);
+    pb::CreateSessionRequest {
+        requested: Some(pb::ResourceSlot {
+            values: [("cuda.shares".to_owned(), shares)].into(),
+        }),
+        owner: format!("user-{}", i % 16),
+        name: format!("job-{i:05}"),
+        ..Default::default()
+    }
+}
+
+async fn run(store: Store, label: &'static str, grouped: bool) -> Row {
+    let store = if grouped {
+        store
+    } else {
+        store.one_change_per_commit()
+    };
+    let timing = Timing {
+        heartbeat_timeout: Duration::from_mins(10),
+        pass_interval: Duration::from_millis(20),
+        ..Timing::default()
+    };
+    let controller = Controller::new(
+        Scheduler::new(SchedulerConfig::default()),
+        store.clone(),
+        timing,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let url = format!("http://{}", listener.local_addr().expect("bound"));
+    let server = tokio::spawn(server::serve_on(
+        Arc::clone(&controller),
+        listener,
+        std::future::pending(),
+    ));
+
+    let mut channels = Vec::new();
+    for _ in 0..AGENT_CONNECTIONS {
+        channels.push(connect(&url).await);
+    }
+    let agents: Vec<_> = (0..NODES)
+        .map(|i| tokio::spawn(agent(channels[i % AGENT_CONNECTIONS].clone(), node_info(i))))
+        .collect();
+    for a in agents {
+        a.await.expect("agent up");
+    }
+
+    // Watch before creating: every session's RUNNING is seen as it happens.
+    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let client = SchedulerServiceClient::new(connect(&url).await);
+    let mut watch = client
+        .clone()
+        .watch_sessions(pb::WatchSessionsRequest::default())
+        .await
+        .expect("watches")
+        .into_inner();
+    let (all_running, mut done) = tokio::sync::oneshot::channel::<Instant>();
+    let watcher = {
+        let sent = Arc::clone(&sent);
+        let latencies = Arc::clone(&latencies);
+        tokio::spawn(async move {
+            let mut all_running = Some(all_running);
+            while let Some(Ok(s)) = watch.next().await {
+                if s.state != i32::from(pb::SessionState::Running) {
+                    continue;
+                }
+                let started = sent
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&s.name);
+                if let Some(started) = started {
+                    let mut l = latencies.lock().unwrap_or_else(PoisonError::into_inner);
+                    l.push(started.elapsed());
+                    if l.len() == SESSIONS
+                        && let Some(tx) = all_running.take()
+                    {
+                        let _ = tx.send(Instant::now());
+                    }
+                }
+            }
+        })
+    };
+
+    let started = Instant::now();
+    let creators: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let mut client = client.clone();
+            let sent = Arc::clone(&sent);
+            tokio::spawn(async move {
+                for i in (c..SESSIONS).step_by(CLIENTS) {
+                    let r = request(i);
+                    sent.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(r.name.clone(), Instant::now());
+                    client.create_session(r).await.expect("created");
+                }
+            })
+        })
+        .collect();
+    for c in creators {
+        c.await.expect("creator");
+    }
+    let finished = tokio::time::timeout(Duration::from_mins(2), &mut done)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_else(Instant::now);
+    let elapsed = finished - started;
+    watcher.abort();
+    server.abort();
+    let mut l = latencies
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    l.sort();
+    let pct = |p: f64| {
+        l.get(((l.len().max(1) - 1) as f64 * p) as usize)
+            .copied()
+            .unwrap_or_default()
+    };
+    let (commits, changes) = store.commit_counts();
+    Row {
+        store: label,
+        grouped,
+        running: l.len(),
+        per_second: l.len() as f64 / elapsed.as_secs_f64(),
+        p50: pct(0.5),
+        p99: pct(0.99),
+        commits,
+        changes,
+    }
+}
+
+fn print(row: &Row, baseline: Option<&Row>, floor: Option<(f64, Option<Duration>)>) {
+    let ratio = baseline.map_or_else(
+        || "1.00× (baseline)".to_owned(),
+        |b| format!("{:.2}×", row.per_second / b.per_second.max(1e-9)),
+    );
+    let floor = floor.map_or_else(String::new, |(rate, p99)| {
+        let met = row.per_second >= rate
+            && p99.is_none_or(|p99| row.p99 <= p99)
+            && row.running == SESSIONS;
+        let p99 = p99.map_or_else(String::new, |p| format!(", p99 ≤ {} ms", p.as_millis()));
+        format!(
+            "≥ {rate:.0}/s{p99}: {}",
+            if met { "met" } else { "NOT MET" }
+        )
+    });
+    println!(
+        "| {} | {} | {}/{SESSIONS} | {:.0} | {ratio} | {:.1} ms | {:.1} ms | {} / {} | {floor} |",
+        row.store,
+        if row.grouped {
+            "group commit"
+        } else {
+            "one change per commit"
+        },
+        row.running,
+        row.per_second,
+        row.p50.as_secs_f64() * 1e3,
+        row.p99.as_secs_f64() * 1e3,
+        row.commits,
+        row.changes,
+    );
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!(
+        "\ncargo xtask bench e2e — {SESSIONS} sessions (0.1–0.5 GPU) created by {CLIENTS} clients, \
+         {NODES} fake agents × {GPUS} GPUs acknowledging over real gRPC; create → RUNNING"
+    );
+    println!(
+        "| store | commits | running | sessions/s | vs one change per commit | p50 create → RUNNING | p99 | commits / changes | floor |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---|");
+    let dir = scratch("bench-e2e");
+    let sled = |name: &str| StoreSpec::Sled(dir.path().join(name));
+    let etcd = Etcd::start();
+    let etcd_spec =
+        |prefix: &str| -> StoreSpec { etcd.store_url(prefix).parse().expect("a store spec") };
+    runtime.block_on(async {
+        let open = |spec: StoreSpec| async move { Store::open(&spec).await.expect("store") };
+        let base = run(open(sled("base")).await, "sled", false).await;
+        print(&base, None, None);
+        let grouped = run(open(sled("grouped")).await, "sled", true).await;
+        print(
+            &grouped,
+            Some(&base),
+            Some((5_000.0, Some(Duration::from_millis(100)))),
+        );
+        let base = run(open(etcd_spec("base")).await, "etcd", false).await;
+        print(&base, None, None);
+        let grouped = run(open(etcd_spec("grouped")).await, "etcd", true).await;
+        print(&grouped, Some(&base), Some((1_000.0, None)));
+    });
+}
