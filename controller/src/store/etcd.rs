@@ -7,7 +7,7 @@
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
 
-use super::{StoreError, Write};
+use super::{StoreError, Write, leadership::Fence};
 
 /// Operations per transaction: etcd's default `--max-txn-ops`.
 const MAX_TXN_OPS: usize = 128;
@@ -74,6 +74,14 @@ impl EtcdKv {
             self.endpoints.join(","),
             self.prefix
         )
+    }
+
+    pub(super) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub(super) fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     fn full(&self, key: &str) -> String {
@@ -164,11 +172,13 @@ impl EtcdKv {
         Ok(response.succeeded())
     }
 
-    /// Commits `writes` in order, in as few transactions as etcd's limits allow.
+    /// Commits `writes` in order, in as few transactions as etcd's limits allow, each guarded on
+    /// `fence` when given.
     ///
     /// # Errors
-    /// etcd can't be reached or has no leader; the chunks before the failed one are committed.
-    pub async fn commit(&self, writes: &[Write]) -> Result<(), StoreError> {
+    /// etcd can't be reached or has no leader; the fence no longer holds
+    /// ([`StoreError::Deposed`]). The chunks before the failed one are committed.
+    pub async fn commit(&self, writes: &[Write], fence: Option<&Fence>) -> Result<(), StoreError> {
         for chunk in chunks(writes) {
             let ops: Vec<TxnOp> = chunk
                 .iter()
@@ -177,11 +187,26 @@ impl EtcdKv {
                     Write::Delete { key } => TxnOp::delete(self.full(key), None),
                 })
                 .collect();
-            self.client
+            let txn = match fence {
+                Some(fence) => Txn::new().when([fence.compare()]),
+                None => Txn::new(),
+            };
+            let answer = self
+                .client
                 .kv_client()
-                .txn(Txn::new().and_then(ops))
+                .txn(txn.and_then(ops))
                 .await
                 .map_err(|e| self.error("commit", &e))?;
+            if !answer.succeeded() {
+                return Err(StoreError::Deposed {
+                    reason: format!(
+                        "the leadership key {:?} (revision {}) is gone from {}: another controller leads",
+                        String::from_utf8_lossy(fence.map_or(&[][..], |f| &f.key)),
+                        fence.map_or(0, |f| f.revision),
+                        self.describe()
+                    ),
+                });
+            }
         }
         Ok(())
     }

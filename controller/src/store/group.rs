@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
 
-use super::{Kv, StoreError, Write};
+use super::{Fence, Kv, StoreError, Write};
 
 /// What to run once a change is durable (announce it to watchers, say).
 pub type AfterCommit = Box<dyn FnOnce() + Send>;
@@ -40,14 +40,17 @@ pub(super) struct Group {
     lane: Arc<tokio::sync::Mutex<()>>,
     /// Changes per commit at most: unbounded, or 1 to measure what grouping saves.
     most: usize,
+    /// What every commit is guarded on, for a leader.
+    fence: Option<Fence>,
 }
 
 impl Group {
-    pub(super) fn new(most: usize) -> Self {
+    pub(super) fn new(most: usize, fence: Option<Fence>) -> Self {
         Self {
             queue: Mutex::new(Queue::default()),
             lane: Arc::new(tokio::sync::Mutex::new(())),
             most: most.max(1),
+            fence,
         }
     }
 
@@ -114,26 +117,32 @@ impl Group {
         for e in &entries {
             writes.extend(e.writes.iter().cloned());
         }
+        let mut writes = latest_per_key(writes);
         let result = if writes.is_empty() {
             Ok(())
         } else {
-            kv.commit(writes.clone()).await
+            kv.commit(writes.clone(), self.fence.as_ref()).await
         };
         {
             let mut q = self.queue();
             q.commits += 1;
             q.changes += entries.len() as u64;
-            if result.is_err() {
-                // Keep what failed, ahead of anything queued since.
+            // Keep what failed, ahead of anything queued since; but a deposed leader's writes
+            // must never land.
+            if result.is_err() && !matches!(result, Err(StoreError::Deposed { .. })) {
                 writes.append(&mut q.retry);
                 q.retry = writes;
             }
         }
-        if let Err(e) = &result {
-            tracing::error!(
+        match &result {
+            Err(e @ StoreError::Deposed { .. }) => {
+                tracing::error!(changes = entries.len(), "commit refused, dropped: {e}");
+            }
+            Err(e) => tracing::error!(
                 changes = entries.len(),
                 "committing to the store failed (kept, written with the next commit): {e}"
-            );
+            ),
+            Ok(()) => {}
         }
         for entry in entries {
             if result.is_ok()
@@ -143,5 +152,53 @@ impl Group {
             }
             let _ = entry.done.send(result.clone());
         }
+    }
+}
+
+/// The last write of each key, in the order of those last writes: what the group leaves behind
+/// is the same, and etcd refuses a transaction that names a key twice.
+fn latest_per_key(writes: Vec<Write>) -> Vec<Write> {
+    let mut seen = std::collections::HashSet::new();
+    let mut kept: Vec<Write> = writes
+        .into_iter()
+        .rev()
+        .filter(|w| seen.insert(w.key().to_owned()))
+        .collect();
+    kept.reverse();
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &str, value: &str) -> Write {
+        Write::Put {
+            key: key.to_owned(),
+            value: value.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_group_keeps_the_last_write_of_each_key_in_order() {
+        let writes = vec![
+            put("sessions/a", "1"),
+            put("sessions/b", "1"),
+            put("sessions/a", "2"),
+            Write::Delete {
+                key: "sessions/b".to_owned(),
+            },
+            put("nodes/n", "1"),
+        ];
+        assert_eq!(
+            latest_per_key(writes),
+            [
+                put("sessions/a", "2"),
+                Write::Delete {
+                    key: "sessions/b".to_owned()
+                },
+                put("nodes/n", "1"),
+            ]
+        );
     }
 }

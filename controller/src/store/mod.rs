@@ -13,13 +13,19 @@
 
 mod etcd;
 mod group;
+mod leadership;
 mod sled;
 
 use std::{path::PathBuf, str::FromStr, sync::Arc};
 
 use serde::{Serialize, de::DeserializeOwned};
 
-pub use self::{etcd::EtcdKv, group::AfterCommit, sled::SledKv};
+pub use self::{
+    etcd::EtcdKv,
+    group::AfterCommit,
+    leadership::{Fence, Office},
+    sled::SledKv,
+};
 use crate::{node::Node, profile::Profile, session::Session, slots::SlotTypeRegistry};
 
 /// The on-disk format this build reads and writes.
@@ -56,6 +62,13 @@ pub enum StoreError {
     /// A group commit failed; its writes are kept and go with the next one.
     #[error("the store did not commit: {reason}")]
     Commit {
+        /// Why.
+        reason: String,
+    },
+    /// A fenced commit found that this controller no longer leads: nothing of it landed, and
+    /// its writes are dropped (the new leader's state wins).
+    #[error("this controller no longer leads: {reason}")]
+    Deposed {
         /// Why.
         reason: String,
     },
@@ -302,11 +315,16 @@ impl Kv {
         }
     }
 
-    /// Commits `writes` in order, durably.
+    /// Commits `writes` in order, durably; on etcd guarded on `fence` when given (sled has one
+    /// writer, and no fence).
     ///
     /// # Errors
-    /// The commit fails.
-    pub async fn commit(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+    /// The commit fails, or the fence no longer holds.
+    pub async fn commit(
+        &self,
+        writes: Vec<Write>,
+        fence: Option<&Fence>,
+    ) -> Result<(), StoreError> {
         match self {
             // sled flushes with blocking I/O: off the async workers.
             Self::Sled(kv) => {
@@ -317,7 +335,7 @@ impl Kv {
                         reason: e.to_string(),
                     })?
             }
-            Self::Etcd(kv) => kv.commit(&writes).await,
+            Self::Etcd(kv) => kv.commit(&writes, fence).await,
         }
     }
 
@@ -420,8 +438,18 @@ impl Store {
         }
         Ok(Self {
             kv: Arc::new(kv),
-            group: Arc::new(group::Group::new(usize::MAX)),
+            group: Arc::new(group::Group::new(usize::MAX, None)),
         })
+    }
+
+    /// This store with every commit guarded on `fence` (a leader's): once another controller
+    /// leads, commits fail with [`StoreError::Deposed`] and nothing of them lands.
+    #[must_use]
+    pub fn fenced(self, fence: Fence) -> Self {
+        Self {
+            kv: self.kv,
+            group: Arc::new(group::Group::new(usize::MAX, Some(fence))),
+        }
     }
 
     /// This store committing one change at a time: the baseline that shows what group commit
@@ -430,7 +458,7 @@ impl Store {
     pub fn one_change_per_commit(self) -> Self {
         Self {
             kv: self.kv,
-            group: Arc::new(group::Group::new(1)),
+            group: Arc::new(group::Group::new(1, None)),
         }
     }
 

@@ -1,6 +1,9 @@
 //! The store's contract, run against both backends: sled in a scratch directory and a real etcd.
 
-use std::sync::{Arc, Mutex};
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use gpuwarden_test_support::{Etcd, scratch};
 
@@ -324,4 +327,105 @@ async fn the_ungrouped_baseline_commits_each_change_on_its_own() {
     }
     assert_eq!(store.commit_counts(), (50, 50));
     assert_eq!(store.load().await.unwrap().sessions.len(), 50);
+}
+
+/// Two candidates on one election: the second leads only once the first's lease lapses, and from
+/// then on nothing the first commits lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_cannot_write_and_its_successor_can() {
+    let etcd = Etcd::start();
+    let spec: StoreSpec = etcd.store_url("ha").parse().unwrap();
+    let open = || async { Store::open(&spec).await.unwrap() };
+    let (a, b) = (open().await, open().await);
+    let (Kv::Etcd(a_kv), Kv::Etcd(b_kv)) = (a.kv(), b.kv()) else {
+        unreachable!("etcd stores")
+    };
+    let ttl = Duration::from_secs(2);
+    let a_office = a_kv
+        .campaign("controller", "10.0.0.1:50051", ttl)
+        .await
+        .unwrap();
+    assert_eq!(
+        b_kv.leader("controller").await.unwrap().as_deref(),
+        Some("10.0.0.1:50051")
+    );
+    let a_store = a.clone().fenced(a_office.fence());
+    a_store
+        .write(vec![Write::session(&session("by-a")).unwrap()])
+        .await
+        .unwrap();
+
+    // B campaigns while A leads: it waits.
+    let b_kv2 = b_kv.clone();
+    let b_campaign =
+        tokio::spawn(async move { b_kv2.campaign("controller", "10.0.0.2:50051", ttl).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!b_campaign.is_finished(), "B led while A's lease was alive");
+
+    // A stops renewing (a paused or cut-off leader): B leads within the TTL and a second.
+    let lapsed = Instant::now();
+    drop(a_office);
+    let b_office = tokio::time::timeout(ttl + Duration::from_secs(3), b_campaign)
+        .await
+        .expect("B leads after A's lease lapses")
+        .unwrap()
+        .unwrap();
+    let takeover = lapsed.elapsed();
+    assert!(
+        takeover <= ttl + Duration::from_secs(2),
+        "took {takeover:?}"
+    );
+    assert_eq!(
+        a_kv.leader("controller").await.unwrap().as_deref(),
+        Some("10.0.0.2:50051")
+    );
+
+    // A's fenced writes are refused, not retried, and none lands.
+    let err = a_store
+        .write(vec![Write::session(&session("late-a")).unwrap()])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Deposed { .. }), "{err}");
+    assert!(
+        err.to_string().contains("another controller leads"),
+        "{err}"
+    );
+    let b_store = b.clone().fenced(b_office.fence());
+    b_store
+        .write(vec![Write::session(&session("by-b")).unwrap()])
+        .await
+        .unwrap();
+    let ids: Vec<String> = open()
+        .await
+        .load()
+        .await
+        .unwrap()
+        .sessions
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(ids, ["by-a", "by-b"]);
+
+    // Resigning hands over at once.
+    b_office.resign().await.unwrap();
+    assert_eq!(a_kv.leader("controller").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_key_written_twice_in_one_commit_keeps_the_last_value() {
+    for place in both() {
+        let store = Store::open(&place.spec()).await.unwrap();
+        let mut second = session("s1");
+        second.name = "second".into();
+        // etcd refuses a transaction naming a key twice; the group keeps the last write.
+        store
+            .write(vec![
+                Write::session(&session("s1")).unwrap(),
+                Write::session(&second).unwrap(),
+            ])
+            .await
+            .unwrap();
+        let back = store.load().await.unwrap();
+        assert_eq!(back.sessions, vec![second], "{}", store.kv().describe());
+    }
 }
