@@ -14,8 +14,9 @@ use serde::Deserialize;
 
 use crate::{
     api::{AgentApi, Controller, SchedulerApi, Timing},
+    api::{Role, StandbyGate},
     scheduler::{Scheduler, SchedulerConfig},
-    store::{Store, StoreError, StoreSpec},
+    store::{EtcdKv, Kv, Store, StoreError, StoreSpec},
 };
 
 /// Errors that stop the controller.
@@ -129,6 +130,7 @@ pub fn sled_in(state_dir: &std::path::Path) -> StoreSpec {
 pub async fn serve(
     controller: Arc<Controller>,
     addr: SocketAddr,
+    election: Option<Election>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let listener = tokio::net::TcpListener::bind(addr)
@@ -137,7 +139,35 @@ pub async fn serve(
             path: PathBuf::from(addr.to_string()),
             reason: format!("cannot listen: {e}"),
         })?;
-    serve_on(controller, listener, shutdown).await
+    serve_elected(controller, listener, election, shutdown).await
+}
+
+/// A standby controller on the etcd store `spec` names: it leads once it wins the election.
+///
+/// # Errors
+/// The store can't be reached, or has another format version.
+pub async fn open_standby(
+    spec: &StoreSpec,
+    config: SchedulerConfig,
+    timing: Timing,
+    advertise: String,
+    ttl: Duration,
+) -> Result<(Arc<Controller>, Election), ServeError> {
+    let store = Store::open(spec).await?;
+    let Kv::Etcd(kv) = store.kv() else {
+        return Err(ServeError::Config {
+            path: PathBuf::from(spec.to_string()),
+            reason: "leader election needs an etcd store".to_owned(),
+        });
+    };
+    let election = Election {
+        kv: (**kv).clone(),
+        advertise,
+        ttl,
+    };
+    tracing::info!(store = %spec, ttl = ?ttl, "standby: campaigning for leadership");
+    let controller = Controller::with_role(Scheduler::new(config), store, timing, Role::standby());
+    Ok((controller, election))
 }
 
 /// Serves on an already-bound listener (tests bind port 0).
@@ -149,16 +179,32 @@ pub async fn serve_on(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    serve_elected(controller, listener, None, shutdown).await
+}
+
+/// Serves on `listener`; with an `election`, as a standby that campaigns and leads when it wins
+/// (see [`hold_elections`]).
+///
+/// # Errors
+/// The server fails.
+pub async fn serve_elected(
+    controller: Arc<Controller>,
+    listener: tokio::net::TcpListener,
+    election: Option<Election>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
     let addr = listener
         .local_addr()
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<SchedulerServiceServer<SchedulerApi>>()
-        .await;
-    health_reporter
-        .set_serving::<AgentServiceServer<AgentApi>>()
-        .await;
+    set_health(&health_reporter, controller.role().is_leader()).await;
+    let elections = election.map(|election| {
+        tokio::spawn(hold_elections(
+            Arc::clone(&controller),
+            election,
+            health_reporter.clone(),
+        ))
+    });
     // Both reflection versions: grpcurl and current clients ask `v1`, many others (Python's
     // grpcio reflection, older grpcurl, Postman) still ask `v1alpha`.
     let described = || {
@@ -175,6 +221,7 @@ pub async fn serve_on(
     let background = tokio::spawn(Arc::clone(&controller).run_background());
     tracing::info!(%addr, "controller listening");
     let result = tonic::transport::Server::builder()
+        .layer(StandbyGate(controller.role().clone()))
         .add_service(health)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
@@ -189,7 +236,121 @@ pub async fn serve_on(
         .await
         .map_err(|source| ServeError::Serve { addr, source });
     background.abort();
+    if let Some(elections) = elections {
+        elections.abort();
+    }
     result
+}
+
+/// The election name controllers sharing a store campaign on.
+pub const ELECTION: &str = "controller";
+
+/// How a controller that shares an etcd store campaigns.
+#[derive(Debug, Clone)]
+pub struct Election {
+    /// The store's etcd.
+    pub kv: EtcdKv,
+    /// The address agents and clients reach this controller at, told to them by standbys.
+    pub advertise: String,
+    /// The lease: a leader that stops renewing it loses office this long after.
+    pub ttl: Duration,
+}
+
+async fn set_health(reporter: &tonic_health::server::HealthReporter, leading: bool) {
+    let status = if leading {
+        tonic_health::ServingStatus::Serving
+    } else {
+        tonic_health::ServingStatus::NotServing
+    };
+    reporter
+        .set_service_status(
+            <SchedulerServiceServer<SchedulerApi> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+    reporter
+        .set_service_status(
+            <AgentServiceServer<AgentApi> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+}
+
+/// Campaigns, leads while the office holds, steps down when it lapses or a commit is refused,
+/// and campaigns again, for as long as the server runs. While campaigning it learns where the
+/// leader is, for the standby's answers.
+async fn hold_elections(
+    controller: Arc<Controller>,
+    election: Election,
+    health: tonic_health::server::HealthReporter,
+) {
+    let Election { kv, advertise, ttl } = election;
+    loop {
+        let campaign = kv.campaign(ELECTION, &advertise, ttl);
+        tokio::pin!(campaign);
+        let won = loop {
+            tokio::select! {
+                won = &mut campaign => break won,
+                () = tokio::time::sleep(Duration::from_millis(250)) => {
+                    match kv.leader(ELECTION).await {
+                        Ok(leader) => controller.role().stand_by(leader),
+                        Err(e) => tracing::warn!("standby: cannot learn the leader: {e}"),
+                    }
+                }
+            }
+        };
+        let office = match won {
+            Ok(office) => office,
+            Err(e) => {
+                tracing::error!("not scheduling: cannot campaign for leadership: {e}; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let store = match Store::over(Kv::Etcd(Box::new(kv.clone()))).await {
+            Ok(store) => store.fenced(office.fence()),
+            Err(e) => {
+                tracing::error!("won the election but cannot use the store: {e}; resigning");
+                let _ = office.resign().await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let stored = match store.load().await {
+            Ok(stored) => stored,
+            Err(e) => {
+                tracing::error!("won the election but cannot read the state: {e}; resigning");
+                let _ = office.resign().await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        tracing::info!(
+            sessions = stored.sessions.len(),
+            nodes = stored.nodes.len(),
+            term = controller.role().terms() + 1,
+            "leading: took office at {advertise}"
+        );
+        controller.take_office(store, stored);
+        set_health(&health, true).await;
+        loop {
+            tokio::select! {
+                () = controller.deposed() => {
+                    tracing::error!("stepping down: a commit was refused, another controller leads");
+                    break;
+                }
+                () = tokio::time::sleep(ttl / 4) => {
+                    if !office.renewing() {
+                        tracing::error!("stepping down: the leadership lease could not be renewed");
+                        break;
+                    }
+                }
+            }
+        }
+        controller.step_down(None);
+        set_health(&health, false).await;
+        drop(office);
+    }
 }
 
 /// gpuwarden's cluster controller.
@@ -215,6 +376,14 @@ enum Command {
         /// store shared by several controllers (overrides the config file's `store`).
         #[arg(long, value_name = "SPEC")]
         store: Option<StoreSpec>,
+        /// With an etcd store: the address agents and clients reach this controller at, which
+        /// standbys tell them (default: the listen address, or this host's name with its port).
+        #[arg(long, value_name = "HOST:PORT")]
+        advertise: Option<String>,
+        /// With an etcd store: seconds a leader may go without renewing its lease before a
+        /// standby takes over (at least 2: etcd raises shorter ones).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
+        lease_ttl_secs: u64,
         /// TOML config file.
         #[arg(long)]
         config: Option<PathBuf>,
@@ -240,16 +409,27 @@ enum Command {
 pub fn main() -> ExitCode {
     // A wrapping binary may have set up tracing already; that one stays.
     gpuwarden_runtime::logging::init("info");
-    let (listen, state_dir, store, config, placement) = match Cli::parse().command {
-        Command::Run {
-            listen,
-            state_dir,
-            store,
-            config,
-            placement,
-        } => (listen, state_dir, store, config, placement),
-        Command::CopyStore { from, to } => return copy_store(&from, &to),
-    };
+    let (listen, state_dir, store, advertise, lease_ttl_secs, config, placement) =
+        match Cli::parse().command {
+            Command::Run {
+                listen,
+                state_dir,
+                store,
+                advertise,
+                lease_ttl_secs,
+                config,
+                placement,
+            } => (
+                listen,
+                state_dir,
+                store,
+                advertise,
+                lease_ttl_secs,
+                config,
+                placement,
+            ),
+            Command::CopyStore { from, to } => return copy_store(&from, &to),
+        };
     let file = match config.as_deref().map(FileConfig::read).transpose() {
         Ok(f) => f.unwrap_or_default(),
         Err(e) => {
@@ -278,7 +458,15 @@ pub fn main() -> ExitCode {
     tracing::info!(placement = %scheduler.strategy, "default placement mode");
     let result = runtime.block_on(async {
         let spec = store.or(file.store).unwrap_or_else(|| sled_in(&state_dir));
-        let controller = open(&spec, scheduler, timing).await?;
+        let (controller, election) = if matches!(spec, StoreSpec::Etcd { .. }) {
+            let advertise = advertise.unwrap_or_else(|| advertised(listen));
+            let ttl = Duration::from_secs(lease_ttl_secs);
+            let (controller, election) =
+                open_standby(&spec, scheduler, timing, advertise, ttl).await?;
+            (controller, Some(election))
+        } else {
+            (open(&spec, scheduler, timing).await?, None)
+        };
         // Metrics are an extra: a bad endpoint is reported, never fatal.
         let endpoint = file
             .otlp_endpoint
@@ -291,7 +479,7 @@ pub fn main() -> ExitCode {
                 None
             }
         };
-        serve(controller, listen, gpuwarden_runtime::shutdown()).await
+        serve(controller, listen, election, gpuwarden_runtime::shutdown()).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -329,4 +517,16 @@ fn copy_store(from: &StoreSpec, to: &StoreSpec) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The address to advertise for `listen`: itself, unless it is a wildcard, then this host's name
+/// with its port.
+fn advertised(listen: SocketAddr) -> String {
+    if !listen.ip().is_unspecified() {
+        return listen.to_string();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".to_owned());
+    format!("{host}:{}", listen.port())
 }

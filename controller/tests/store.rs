@@ -40,6 +40,21 @@ impl Running {
         Self(child, addr)
     }
 
+    /// Waits until it serves (on etcd it leads only once it has won the election).
+    async fn until_serving(&self) {
+        let started = Instant::now();
+        while self
+            .client()
+            .await
+            .list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .is_err()
+        {
+            assert!(started.elapsed() < Duration::from_secs(20), "never led");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     async fn channel(&self) -> tonic::transport::Channel {
         tonic::transport::Endpoint::from_shared(format!("http://{}", self.1))
             .expect("a URL")
@@ -50,6 +65,7 @@ impl Running {
 
     /// Registers a node with 64 CPUs, so that sessions asking for `cpu` are valid.
     async fn register_node(&self) {
+        self.until_serving().await;
         let mut agent = AgentServiceClient::new(self.channel().await);
         agent
             .register(pb::NodeInfo {
@@ -127,6 +143,7 @@ async fn acknowledged_sessions_survive_kill_9(store: &str) {
     drop(controller);
 
     let controller = Running::start(store, dir.path());
+    controller.until_serving().await;
     assert_eq!(
         names(&mut controller.client().await).await,
         acknowledged,
@@ -194,5 +211,6 @@ async fn copy_store_moves_a_sled_store_into_etcd() {
     );
     assert!(said.contains("copied"), "{said}");
     let controller = Running::start(&target, dir.path());
+    controller.until_serving().await;
     assert_eq!(names(&mut controller.client().await).await, ["a", "b"]);
 }

@@ -6,6 +6,7 @@
 
 mod agents;
 pub mod convert;
+pub mod role;
 mod sessions;
 
 use std::{
@@ -22,12 +23,13 @@ use tokio::sync::{Notify, broadcast, mpsc};
 use tonic::Status;
 
 pub use agents::AgentApi;
+pub use role::{LEADER_METADATA, Role, StandbyGate};
 pub use sessions::SchedulerApi;
 
 use crate::{
     scheduler::{Command, Scheduler},
     session::now_ms,
-    store::{AfterCommit, Store, StoreError, Write},
+    store::{AfterCommit, Snapshot, Store, StoreError, Write},
 };
 
 /// Timing of the agent protocol.
@@ -56,7 +58,11 @@ type AgentTx = mpsc::Sender<Result<pb::ControllerMessage, Status>>;
 /// The controller's state and the work both services share.
 pub struct Controller {
     scheduler: Mutex<Scheduler>,
-    store: Store,
+    /// Swapped for a fenced one each time this controller takes office.
+    store: Mutex<Store>,
+    role: Role,
+    /// Told when a commit finds this controller deposed.
+    deposed: Notify,
     /// Open agent streams by node.
     agents: Mutex<HashMap<String, AgentTx>>,
     /// Messages for nodes whose stream isn't open yet.
@@ -80,13 +86,22 @@ pub fn store_status(e: &StoreError) -> Status {
 }
 
 impl Controller {
-    /// A controller over `scheduler` (fresh or restored) persisting to `store`.
+    /// A controller over `scheduler` (fresh or restored) persisting to `store`, leading from the
+    /// start (one store, no election).
     #[must_use]
     pub fn new(scheduler: Scheduler, store: Store, timing: Timing) -> Arc<Self> {
+        Self::with_role(scheduler, store, timing, Role::leader())
+    }
+
+    /// A controller that waits in `role` (a standby until it takes office).
+    #[must_use]
+    pub fn with_role(scheduler: Scheduler, store: Store, timing: Timing, role: Role) -> Arc<Self> {
         let (watchers, _) = broadcast::channel(1024);
         Arc::new(Self {
             scheduler: Mutex::new(scheduler),
-            store,
+            store: Mutex::new(store),
+            role,
+            deposed: Notify::new(),
             agents: Mutex::new(HashMap::new()),
             outbox: Mutex::new(HashMap::new()),
             watchers,
@@ -150,10 +165,47 @@ impl Controller {
             });
             // Submitted under the scheduler's lock: the store sees changes in the order they
             // were made, and watchers hear of them in that order.
-            (result, self.store.submit(writes, Some(after)))
+            (result, lock(&self.store).submit(writes, Some(after)))
         };
-        submitted.durable().await?;
+        if let Err(e) = submitted.durable().await {
+            if matches!(e, StoreError::Deposed { .. }) {
+                self.deposed.notify_one();
+            }
+            return Err(e);
+        }
         Ok(result)
+    }
+
+    /// This controller's role.
+    #[must_use]
+    pub fn role(&self) -> &Role {
+        &self.role
+    }
+
+    /// Takes office: the state as `store` (fenced on this term) holds it replaces whatever was
+    /// in memory, and scheduling starts.
+    pub fn take_office(&self, store: Store, stored: Snapshot) {
+        {
+            let mut scheduler = lock(&self.scheduler);
+            let config = scheduler.config().clone();
+            *scheduler = Scheduler::restore(config, stored);
+            *lock(&self.store) = store;
+        }
+        self.role.take_office();
+        self.kick();
+    }
+
+    /// Steps down: stops scheduling and closes the agents' streams, so that they reconnect and
+    /// find the leader (`leader`, where known).
+    pub fn step_down(&self, leader: Option<String>) {
+        self.role.stand_by(leader);
+        lock(&self.agents).clear();
+        lock(&self.outbox).clear();
+    }
+
+    /// Completes when a commit finds that this controller no longer leads.
+    pub async fn deposed(&self) {
+        self.deposed.notified().await;
     }
 
     /// Reads the scheduler.
@@ -161,10 +213,10 @@ impl Controller {
         f(&lock(&self.scheduler))
     }
 
-    /// The store.
+    /// The store (fenced on this term when leading an etcd store).
     #[must_use]
-    pub fn store(&self) -> &Store {
-        &self.store
+    pub fn store(&self) -> Store {
+        lock(&self.store).clone()
     }
 
     /// A new session id.
@@ -231,13 +283,14 @@ impl Controller {
     }
 
     /// Runs scheduling passes and liveness checks until the process ends.
+    /// A standby only waits: it neither expires nodes nor schedules.
     pub async fn run_background(self: Arc<Self>) {
         let mut liveness = tokio::time::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
                 () = self.kick.notified() => {}
                 () = tokio::time::sleep(self.timing.pass_interval) => {}
-                _ = liveness.tick() => {
+                _ = liveness.tick(), if self.role.is_leader() => {
                     let timeout = i64::try_from(self.timing.heartbeat_timeout.as_millis()).unwrap_or(i64::MAX);
                     match self.apply(|s| s.expire(now_ms(), timeout)).await {
                         Ok(lost) => for node in lost {
@@ -247,6 +300,9 @@ impl Controller {
                         Err(e) => tracing::error!("persisting node loss: {e}"),
                     }
                 }
+            }
+            if !self.role.is_leader() {
+                continue;
             }
             let decisions = self.decisions.get();
             let pass = |s: &mut Scheduler| {

@@ -1,0 +1,263 @@
+//! Controllers sharing a real etcd: one leads, the others stand by naming it; when the leader is
+//! killed a standby takes over within the lease's TTL and a second, with every acknowledged
+//! session; a leader paused past its lease cannot write when it resumes, and steps down.
+
+use std::{
+    net::{SocketAddr, TcpListener, TcpStream},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use gpuwarden_proto::v1::{
+    self as pb, agent_service_client::AgentServiceClient,
+    scheduler_service_client::SchedulerServiceClient,
+};
+use gpuwarden_test_support::{Etcd, scratch};
+use tonic::{Code, transport::Channel};
+
+const CONTROLLER: &str = env!("CARGO_BIN_EXE_gpuwarden-controller");
+const TTL: Duration = Duration::from_secs(2);
+
+/// A controller process on the etcd store, killed when dropped.
+struct Member {
+    child: Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Member {
+    fn start(store: &str) -> Self {
+        let dir = scratch("member");
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let child = Command::new(CONTROLLER)
+            .args(["run", "--listen", &addr.to_string(), "--store", store])
+            .args(["--lease-ttl-secs", &TTL.as_secs().to_string()])
+            .arg("--state-dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starts");
+        let started = Instant::now();
+        while TcpStream::connect(addr).is_err() {
+            assert!(started.elapsed() < Duration::from_secs(20), "not listening");
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        Self {
+            child,
+            addr,
+            _dir: dir,
+        }
+    }
+
+    fn signal(&self, signal: i32) {
+        let pid = i32::try_from(self.child.id()).expect("a pid");
+        // SAFETY: a plain syscall on our own child.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    }
+
+    async fn channel(&self) -> Channel {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+            .expect("a URL")
+            .connect()
+            .await
+            .expect("connects")
+    }
+
+    async fn client(&self) -> SchedulerServiceClient<Channel> {
+        SchedulerServiceClient::new(self.channel().await)
+    }
+
+    /// Lists sessions; `Err` with the status when it refuses.
+    async fn names(&self) -> Result<Vec<String>, tonic::Status> {
+        let mut names: Vec<String> = self
+            .client()
+            .await
+            .list_sessions(pb::ListSessionsRequest::default())
+            .await?
+            .into_inner()
+            .sessions
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Waits until it answers as the leader.
+    async fn until_leading(&self, within: Duration) -> Duration {
+        let started = Instant::now();
+        loop {
+            if self.names().await.is_ok() {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < within,
+                "{} did not lead within {within:?}",
+                self.addr
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn register_node(&self) {
+        AgentServiceClient::new(self.channel().await)
+            .register(pb::NodeInfo {
+                node_id: "n1".into(),
+                hostname: "n1".into(),
+                slot_types: vec![pb::SlotType {
+                    name: "cpu".into(),
+                    kind: pb::SlotKind::Count.into(),
+                }],
+                capacity: Some(pb::ResourceSlot {
+                    values: [("cpu".to_owned(), "1000".to_owned())].into(),
+                }),
+                ..Default::default()
+            })
+            .await
+            .expect("registers");
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn request(name: &str) -> pb::CreateSessionRequest {
+    pb::CreateSessionRequest {
+        requested: Some(pb::ResourceSlot {
+            values: [("cpu".to_owned(), "1".to_owned())].into(),
+        }),
+        owner: "alice".into(),
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+/// What a standby says: UNAVAILABLE, naming the leader in the metadata.
+async fn refusal(member: &Member) -> tonic::Status {
+    member.names().await.expect_err("a standby refuses")
+}
+
+fn named_leader(status: &tonic::Status) -> Option<String> {
+    status
+        .metadata()
+        .get("gpuwarden-leader")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_names_the_leader_and_takes_over_with_every_acknowledged_session() {
+    let etcd = Etcd::start();
+    let store = etcd.store_url("failover");
+    let a = Member::start(&store);
+    a.until_leading(Duration::from_secs(10)).await;
+    let b = Member::start(&store);
+    let c = Member::start(&store);
+    for standby in [&b, &c] {
+        let started = Instant::now();
+        // A standby learns the leader within a moment of starting.
+        let status = loop {
+            let status = refusal(standby).await;
+            if named_leader(&status).is_some() || started.elapsed() > Duration::from_secs(5) {
+                break status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert_eq!(
+            named_leader(&status),
+            Some(a.addr.to_string()),
+            "{status:?}"
+        );
+        assert!(status.message().contains("standby"), "{status:?}");
+    }
+
+    a.register_node().await;
+    let mut client = a.client().await;
+    let mut acknowledged = Vec::new();
+    for i in 0..30 {
+        let name = format!("job-{i:02}");
+        client
+            .create_session(request(&name))
+            .await
+            .expect("created");
+        acknowledged.push(name);
+    }
+
+    let killed = Instant::now();
+    drop(a);
+    // Whichever standby wins, it leads within the TTL and a second, with every session.
+    let winner = tokio::select! {
+        _ = b.until_leading(TTL + Duration::from_secs(5)) => &b,
+        _ = c.until_leading(TTL + Duration::from_secs(5)) => &c,
+    };
+    let takeover = killed.elapsed();
+    eprintln!("takeover after SIGKILL of the leader: {takeover:?} (TTL {TTL:?})");
+    assert!(
+        takeover <= TTL + Duration::from_secs(1),
+        "took {takeover:?}"
+    );
+    assert_eq!(winner.names().await.expect("leads"), acknowledged);
+    // The other standby now names the new leader.
+    let other = if std::ptr::eq(winner, &b) { &c } else { &b };
+    let started = Instant::now();
+    loop {
+        let status = refusal(other).await;
+        if named_leader(&status) == Some(winner.addr.to_string()) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{status:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_paused_past_its_lease_cannot_write_and_steps_down() {
+    let etcd = Etcd::start();
+    let store = etcd.store_url("fencing");
+    let a = Member::start(&store);
+    a.until_leading(Duration::from_secs(10)).await;
+    a.register_node().await;
+    let mut to_a = a.client().await;
+    to_a.create_session(request("before"))
+        .await
+        .expect("created");
+    let b = Member::start(&store);
+
+    a.signal(libc::SIGSTOP);
+    b.until_leading(TTL + Duration::from_secs(5)).await;
+    a.signal(libc::SIGCONT);
+
+    // Whatever the old leader still accepts, none of it may land: the store is fenced.
+    let mut late = Vec::new();
+    for i in 0..10 {
+        let name = format!("late-{i}");
+        let answer = to_a.create_session(request(&name)).await;
+        if let Err(status) = &answer {
+            assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        }
+        late.push((name, answer.is_ok()));
+    }
+    assert!(
+        late.iter().all(|(_, acknowledged)| !acknowledged),
+        "the old leader acknowledged writes after it lost office: {late:?}"
+    );
+    assert_eq!(b.names().await.expect("leads"), ["before"]);
+    // And it steps down, naming the new leader.
+    let started = Instant::now();
+    loop {
+        let status = refusal(&a).await;
+        if named_leader(&status) == Some(b.addr.to_string()) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{status:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
