@@ -42,7 +42,8 @@ enum Command {
         /// Node name [default: the host name].
         #[arg(long, env = "NODE_NAME")]
         node_name: Option<String>,
-        /// Controller to register with, e.g. <http://127.0.0.1:50051>.
+        /// Controller to register with, e.g. <http://127.0.0.1:50051>; with several controllers
+        /// sharing an etcd store, a comma-separated list (the agent follows the leader).
         #[arg(long, env = "GPUWARDEN_CONTROLLER")]
         controller: Option<String>,
         /// Mock GPU device list (TOML) instead of NVML.

@@ -62,7 +62,7 @@ pub struct FileConfig {
     pub alloc_event_min_bytes: Option<u64>,
     /// Seconds between rescans of the GPU device globs.
     pub rescan_interval_secs: Option<u64>,
-    /// Controller URL.
+    /// Controller URL, or several, comma-separated.
     pub controller: Option<String>,
     /// Mock GPU device list (TOML), for machines without NVIDIA GPUs.
     pub mock_devices: Option<PathBuf>,

@@ -8,9 +8,11 @@
 //!
 //! Slot values travel as exact decimal strings so fractions stay exact end to end.
 //!
-//! [`convert`] maps the messages to and from the shared domain types (`gpuwarden-types`).
+//! [`convert`] maps the messages to and from the shared domain types (`gpuwarden-types`);
+//! [`follow`] is how agents and clients find the leader among several controllers.
 
 pub mod convert;
+pub mod follow;
 
 /// The `gpuwarden.v1` package.
 #[allow(missing_docs, clippy::pedantic, clippy::all)]

@@ -6,9 +6,12 @@
 
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
-use gpuwarden_proto::convert;
 use gpuwarden_proto::v1::{
     self as pb, agent_service_client::AgentServiceClient, controller_message::Msg,
+};
+use gpuwarden_proto::{
+    convert,
+    follow::{Controllers, FollowError, leader_hint},
 };
 use gpuwarden_types::slot::names;
 use tokio::sync::mpsc::{self, error::TrySendError};
@@ -52,7 +55,8 @@ enum Upward {
 /// Where and as whom to connect.
 #[derive(Debug, Clone)]
 pub struct LinkConfig {
-    /// Controller URL, e.g. `http://127.0.0.1:50051`.
+    /// Controller URLs, comma-separated, e.g. `http://127.0.0.1:50051` or
+    /// `http://ctl-0:50051,http://ctl-1:50051` (the agent follows the leader among them).
     pub controller: String,
     /// Node id.
     pub node_id: String,
@@ -168,6 +172,9 @@ pub fn check_allocation(
 /// Why the link ended or could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
+    /// The controller list can't be used: fatal, retrying would not help.
+    #[error("--controller: {0}")]
+    InvalidList(#[from] FollowError),
     /// The controller URL can't be used: fatal, retrying would not help.
     #[error("invalid controller URL {url:?}: {source}")]
     InvalidUrl {
@@ -195,8 +202,28 @@ impl LinkError {
     /// Whether retrying can't help (the agent stops instead).
     #[must_use]
     pub fn is_fatal(&self) -> bool {
-        matches!(self, Self::InvalidUrl { .. })
+        matches!(self, Self::InvalidUrl { .. } | Self::InvalidList(_))
     }
+
+    /// The controller's answer, when it gave one (a standby's names the leader).
+    fn status(&self) -> Option<&tonic::Status> {
+        match self {
+            Self::Register(s) | Self::Stream(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// The controllers of a `--controller` list, each checked.
+///
+/// # Errors
+/// [`LinkError::InvalidList`] or [`LinkError::InvalidUrl`], naming the entry.
+pub fn check_controllers(list: &str) -> Result<Controllers, LinkError> {
+    let controllers = Controllers::parse(list)?;
+    for url in controllers.urls() {
+        check_url(url)?;
+    }
+    Ok(controllers)
 }
 
 /// The controller's endpoint.
@@ -211,8 +238,10 @@ pub fn check_url(url: &str) -> Result<Endpoint, LinkError> {
 }
 
 /// Keeps the node registered and its stream up until `shutdown`, reconnecting with backoff when
-/// the controller goes away. Returns early, logged as an error, when the link can never work (an
-/// invalid URL; the daemon checks it with [`check_url`] before and stops naming it).
+/// the controller goes away, and following the leader among several controllers: a standby's
+/// answer names the leader, tried next at once; any other failure moves on to the next of the
+/// list. Returns early, logged as an error, when the link can never work (an invalid URL; the
+/// daemon checks the list with [`check_controllers`] before and stops naming it).
 pub async fn run(
     config: LinkConfig,
     backend: Arc<dyn GpuBackend>,
@@ -221,21 +250,45 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
+    let mut controllers = match check_controllers(&config.controller) {
+        Ok(controllers) => controllers,
+        Err(e) => {
+            tracing::error!("controller link stopped: {e}");
+            return;
+        }
+    };
     let mut backoff = Backoff::default();
     loop {
-        let session = connect_once(&config, backend.as_ref(), &holdings, channels.as_mut());
+        let url = controllers.current().to_owned();
+        let session = connect_once(
+            &url,
+            &config,
+            backend.as_ref(),
+            &holdings,
+            channels.as_mut(),
+        );
         tokio::select! {
             () = &mut shutdown => return,
             result = session => match result {
                 Ok(()) => {
-                    tracing::warn!(controller = %config.controller, "controller closed the stream; reconnecting");
+                    // A controller that steps down closes the streams: asked again, it names the
+                    // leader.
+                    tracing::warn!(controller = %url, "controller closed the stream; reconnecting");
                     backoff.reset();
                 }
                 Err(e) if e.is_fatal() => {
-                    tracing::error!(controller = %config.controller, "controller link stopped: {e}");
+                    tracing::error!(controller = %url, "controller link stopped: {e}");
                     return;
                 }
-                Err(e) => tracing::warn!(controller = %config.controller, "controller link: {e}; retrying in {:?}", backoff.current()),
+                Err(e) => {
+                    controllers.failed(e.status());
+                    if e.status().and_then(leader_hint).is_some() && controllers.current() != url {
+                        tracing::info!(standby = %url, leader = %controllers.current(), "following the leader");
+                        backoff.reset();
+                        continue;
+                    }
+                    tracing::warn!(controller = %url, next = %controllers.current(), "controller link: {e}; retrying in {:?}", backoff.current());
+                }
             }
         }
         tokio::select! {
@@ -277,12 +330,13 @@ impl Backoff {
 
 /// One registration and stream, until the stream ends.
 async fn connect_once(
+    url: &str,
     config: &LinkConfig,
     backend: &dyn GpuBackend,
     holdings: &SharedHoldings,
     mut channels: Option<&mut LinkChannels>,
 ) -> Result<(), LinkError> {
-    let channel = check_url(&config.controller)?
+    let channel = check_url(url)?
         .connect_timeout(Duration::from_secs(2))
         .connect()
         .await
@@ -295,7 +349,7 @@ async fn connect_once(
         .map_err(LinkError::Register)?
         .into_inner();
     let interval = Duration::from_millis(u64::from(registered.heartbeat_interval_ms.max(100)));
-    tracing::info!(node = %registered.node_id, controller = %config.controller, "registered");
+    tracing::info!(node = %registered.node_id, controller = %url, "registered");
 
     let (tx, rx) = mpsc::channel::<pb::AgentMessage>(64);
     let heartbeat = |seq| pb::AgentMessage {

@@ -93,8 +93,8 @@ pub async fn run_until(
 ) -> Result<(), RunError> {
     let _lock = InstanceLock::acquire(&config.state_dir)?;
     // A controller URL that can never work stops the agent now, naming it.
-    if let Some(url) = &config.controller {
-        link::check_url(url)?;
+    if let Some(list) = &config.controller {
+        link::check_controllers(list)?;
     }
     let attributor = Attributor::detect()?;
     let mut sensor = Sensor::load(config.alloc_event_min_bytes, config.bpf_pin_dir.as_deref())?;

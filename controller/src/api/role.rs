@@ -18,8 +18,7 @@ use std::{
 
 use tonic::{Status, body::Body, metadata::MetadataValue};
 
-/// The metadata key a standby names the leader in.
-pub const LEADER_METADATA: &str = "gpuwarden-leader";
+pub use gpuwarden_proto::follow::LEADER_METADATA;
 
 /// The gRPC path prefix of gpuwarden's own services (health and reflection are not gated).
 const GATED: &str = "/gpuwarden.v1.";

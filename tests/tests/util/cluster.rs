@@ -17,7 +17,7 @@ use gpuwarden_agent::{
     },
     devices::{GpuBackend, GpuDevice, SlotKind},
 };
-use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
+use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server, store::StoreSpec};
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
 use tonic::transport::Channel;
 
@@ -94,6 +94,70 @@ impl TestController {
             stop: Some(stop),
             thread: Some(thread),
         }
+    }
+
+    /// A controller on the etcd store `store`, campaigning with a lease of `ttl`: a standby
+    /// until it wins.
+    pub fn start_elected(store: &StoreSpec, timing: Timing, ttl: Duration) -> Self {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<bool>();
+        let store = store.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+            rt.block_on(async {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let addr = listener.local_addr().unwrap();
+                let (controller, election) = server::open_standby(
+                    &store,
+                    SchedulerConfig::default(),
+                    timing,
+                    addr.to_string(),
+                    ttl,
+                )
+                .await
+                .unwrap();
+                addr_tx.send(addr).unwrap();
+                tokio::spawn(server::serve_elected(
+                    controller,
+                    listener,
+                    Some(election),
+                    async {
+                        let _ = shutdown_rx.await;
+                    },
+                ));
+            });
+            if stopped.recv().unwrap_or(false) {
+                let _ = shutdown_tx.send(());
+            }
+            // As abrupt as a killed process: the lease's keep-alive stops with everything else.
+            rt.shutdown_background();
+        });
+        Self {
+            addr: addr_rx.recv().unwrap(),
+            state_dir: PathBuf::new(),
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// Whether it answers as the leader.
+    pub async fn leads(&self) -> bool {
+        let Ok(channel) = tonic::transport::Endpoint::from_shared(self.url())
+            .unwrap()
+            .connect()
+            .await
+        else {
+            return false;
+        };
+        SchedulerServiceClient::new(channel)
+            .list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .is_ok()
     }
 
     pub fn url(&self) -> String {

@@ -68,7 +68,7 @@ async fn an_unreachable_controller_is_retried_until_shutdown() {
     let url = format!("http://127.0.0.1:{port}");
     let (config, holdings, _dir) = link_to(&url);
     let backend: Arc<dyn GpuBackend> = Arc::new(NoGpus);
-    let err = connect_once(&config, backend.as_ref(), &holdings, None)
+    let err = connect_once(&url, &config, backend.as_ref(), &holdings, None)
         .await
         .unwrap_err();
     assert!(matches!(err, LinkError::Connect(_)), "{err}");
