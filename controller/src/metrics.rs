@@ -20,6 +20,18 @@ pub type Instrument = (&'static str, &'static str, &'static str, &'static str);
 /// Every instrument the controller exports, as documented in the README.
 pub const INSTRUMENTS: &[Instrument] = &[
     (
+        "gpuwarden.controller.leader",
+        "1",
+        "—",
+        "1 while this controller leads, 0 while it stands by (always 1 on sled)",
+    ),
+    (
+        "gpuwarden.controller.terms",
+        "{term}",
+        "—",
+        "times this controller took office",
+    ),
+    (
         "gpuwarden.scheduler.queue.length",
         "{session}",
         "—",
@@ -124,6 +136,20 @@ pub fn start(
             ])
             .build(),
     );
+    let role = controller.role().clone();
+    meter
+        .u64_observable_gauge("gpuwarden.controller.leader")
+        .with_unit("1")
+        .with_description("1 while this controller leads, 0 while it stands by")
+        .with_callback(move |o| o.observe(u64::from(role.is_leader()), &[]))
+        .build();
+    let role = controller.role().clone();
+    meter
+        .u64_observable_counter("gpuwarden.controller.terms")
+        .with_unit("{term}")
+        .with_description("Times this controller took office (leadership changes it won)")
+        .with_callback(move |o| o.observe(role.terms(), &[]))
+        .build();
     let c = Arc::clone(controller);
     meter
         .u64_observable_gauge("gpuwarden.scheduler.queue.length")

@@ -231,6 +231,9 @@ fn controller_metrics_match_its_api() {
         value("gpuwarden.nodes", Some(("gpuwarden.node.state", "ready"))),
         Some(1.0)
     );
+    // One controller on sled leads from the start, for one term.
+    assert_eq!(value("gpuwarden.controller.leader", None), Some(1.0));
+    assert_eq!(value("gpuwarden.controller.terms", None), Some(1.0));
     assert_eq!(
         value(
             "gpuwarden.slot.capacity",
