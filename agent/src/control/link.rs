@@ -10,6 +10,7 @@ use gpuwarden_proto::convert;
 use gpuwarden_proto::v1::{
     self as pb, agent_service_client::AgentServiceClient, controller_message::Msg,
 };
+use gpuwarden_runtime::tls::{ClientTls, TlsFileError};
 use gpuwarden_types::slot::names;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
@@ -52,8 +53,11 @@ enum Upward {
 /// Where and as whom to connect.
 #[derive(Debug, Clone)]
 pub struct LinkConfig {
-    /// Controller URL, e.g. `http://127.0.0.1:50051`.
+    /// Controller URL, e.g. `http://127.0.0.1:50051`, or `https://…` with [`Self::tls`].
     pub controller: String,
+    /// The CA to verify an `https://` controller with, and this node's client certificate
+    /// (which must name [`Self::node_id`]); read again at each connection.
+    pub tls: ClientTls,
     /// Node id.
     pub node_id: String,
     /// Host name.
@@ -177,6 +181,10 @@ pub enum LinkError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// A TLS file is missing or unusable, or TLS settings don't fit the URL: fatal, the
+    /// agent stops its link naming the file instead of retrying.
+    #[error("controller TLS: {0}")]
+    Tls(#[from] TlsFileError),
     /// No connection (the controller is down or unreachable).
     #[error("cannot connect: {0}")]
     Connect(#[source] tonic::transport::Error),
@@ -195,7 +203,7 @@ impl LinkError {
     /// Whether retrying can't help (the agent stops instead).
     #[must_use]
     pub fn is_fatal(&self) -> bool {
-        matches!(self, Self::InvalidUrl { .. })
+        matches!(self, Self::InvalidUrl { .. } | Self::Tls(_))
     }
 }
 
@@ -210,9 +218,18 @@ pub fn check_url(url: &str) -> Result<Endpoint, LinkError> {
     })
 }
 
+/// The controller's endpoint with its TLS settings, the files read now.
+///
+/// # Errors
+/// [`LinkError::InvalidUrl`] or [`LinkError::Tls`], both fatal.
+pub fn endpoint(url: &str, tls: &ClientTls) -> Result<Endpoint, LinkError> {
+    Ok(tls.apply(check_url(url)?)?)
+}
+
 /// Keeps the node registered and its stream up until `shutdown`, reconnecting with backoff when
 /// the controller goes away. Returns early, logged as an error, when the link can never work (an
-/// invalid URL; the daemon checks it with [`check_url`] before and stops naming it).
+/// invalid URL or TLS file; the daemon checks both with [`endpoint`] before and stops naming
+/// them).
 pub async fn run(
     config: LinkConfig,
     backend: Arc<dyn GpuBackend>,
@@ -282,7 +299,8 @@ async fn connect_once(
     holdings: &SharedHoldings,
     mut channels: Option<&mut LinkChannels>,
 ) -> Result<(), LinkError> {
-    let channel = check_url(&config.controller)?
+    // Built at each connection, so rotated certificate files are read again.
+    let channel = endpoint(&config.controller, &config.tls)?
         .connect_timeout(Duration::from_secs(2))
         .connect()
         .await

@@ -216,6 +216,7 @@ impl TestNode {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let config = LinkConfig {
             controller: controller.to_owned(),
+            tls: gpuwarden_runtime::tls::ClientTls::default(),
             node_id: node.to_owned(),
             hostname: node.to_owned(),
             hooks: vec!["tracepoint:syscalls/sys_enter_ioctl".into()],
