@@ -183,7 +183,7 @@ pub enum LinkError {
     },
     /// A TLS file is missing or unusable, or TLS settings don't fit the URL: fatal, the
     /// agent stops its link naming the file instead of retrying.
-    #[error("controller TLS: {0}")]
+    #[error(transparent)]
     Tls(#[from] TlsFileError),
     /// No connection (the controller is down or unreachable).
     #[error("cannot connect: {0}")]
