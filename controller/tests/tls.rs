@@ -448,4 +448,29 @@ fn the_binary_mints_certificates_and_refuses_half_the_tls_flags() {
         err.contains("--tls-key") && err.contains("--tls-client-ca"),
         "{err}"
     );
+
+    // The config file's keys count too: with cert and key there, only the CA is missing.
+    let config = scratch.path().join("controller.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "tls_cert = {:?}\ntls_key = {:?}\n",
+            out.join("server.pem"),
+            out.join("server.key")
+        ),
+    )
+    .expect("written");
+    let from_file = Command::new(env!("CARGO_BIN_EXE_gpuwarden-controller"))
+        .args(["run", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(scratch.path().join("state"))
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&from_file.stderr);
+    assert_eq!(from_file.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("missing: --tls-client-ca") && !err.contains("--tls-key"),
+        "{err}"
+    );
 }
