@@ -23,6 +23,10 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once at start; boxing the flags buys nothing"
+)]
 enum Command {
     /// Run the agent (needs root: loads eBPF programs).
     Run {
@@ -46,6 +50,15 @@ enum Command {
         /// sharing an etcd store, a comma-separated list (the agent follows the leader).
         #[arg(long, env = "GPUWARDEN_CONTROLLER")]
         controller: Option<String>,
+        /// CA that signs the controller's certificate (PEM), for an https:// controller.
+        #[arg(long, value_name = "FILE")]
+        controller_ca: Option<PathBuf>,
+        /// This node's client certificate for the controller (PEM; names the node).
+        #[arg(long, value_name = "FILE")]
+        tls_cert: Option<PathBuf>,
+        /// Private key of --tls-cert (PEM).
+        #[arg(long, value_name = "FILE")]
+        tls_key: Option<PathBuf>,
         /// Mock GPU device list (TOML) instead of NVML.
         #[arg(long)]
         mock_devices: Option<PathBuf>,
@@ -140,6 +153,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             state_dir,
             node_name,
             controller,
+            controller_ca,
+            tls_cert,
+            tls_key,
             mock_devices,
             bpf_pin_dir,
             no_pin,
@@ -159,6 +175,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     state_dir,
                     node_name,
                     controller,
+                    controller_ca,
+                    tls_cert,
+                    tls_key,
                     mock_devices,
                     bpf_pin_dir,
                     usage_report_interval_ms,

@@ -8,6 +8,7 @@ use std::{
 use serde::Deserialize;
 
 use gpuwarden_agent_api::DEFAULT_SOCKET;
+use gpuwarden_runtime::tls::ClientTls;
 
 use crate::sensor::gpu_nodes::{GpuNodeError, GpuNodeGlobs};
 
@@ -64,6 +65,12 @@ pub struct FileConfig {
     pub rescan_interval_secs: Option<u64>,
     /// Controller URL, or several, comma-separated.
     pub controller: Option<String>,
+    /// CA that signs the controller's certificate (PEM), for an `https://` controller.
+    pub controller_ca: Option<PathBuf>,
+    /// This node's client certificate (PEM), naming it (`spiffe://gpuwarden/node/<node>`).
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM).
+    pub tls_key: Option<PathBuf>,
     /// Mock GPU device list (TOML), for machines without NVIDIA GPUs.
     pub mock_devices: Option<PathBuf>,
     /// Where programs, links and maps are pinned (bpffs); `""` pins nothing.
@@ -118,6 +125,12 @@ pub struct Overrides {
     pub node_name: Option<String>,
     /// `--controller`.
     pub controller: Option<String>,
+    /// `--controller-ca`.
+    pub controller_ca: Option<PathBuf>,
+    /// `--tls-cert`.
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key`.
+    pub tls_key: Option<PathBuf>,
     /// `--mock-devices`.
     pub mock_devices: Option<PathBuf>,
     /// `--bpf-pin-dir`.
@@ -145,6 +158,9 @@ pub struct AgentConfig {
     pub gc_interval: Duration,
     /// Controller URL; `None` runs the node on its own.
     pub controller: Option<String>,
+    /// TLS files for an `https://` controller, read at each connection (so rotated files are
+    /// picked up on reconnect).
+    pub controller_tls: ClientTls,
     /// Mock GPU device list.
     pub mock_devices: Option<PathBuf>,
     /// Where programs, links and maps are pinned; `None` pins nothing (enforcement ends with
@@ -193,6 +209,11 @@ impl AgentConfig {
             rescan_interval: Duration::from_secs(file.rescan_interval_secs.unwrap_or(2).max(1)),
             gc_interval: Duration::from_secs(10),
             controller: overrides.controller.or(file.controller),
+            controller_tls: ClientTls {
+                ca: overrides.controller_ca.or(file.controller_ca),
+                cert: overrides.tls_cert.or(file.tls_cert),
+                key: overrides.tls_key.or(file.tls_key),
+            },
             mock_devices: overrides.mock_devices.or(file.mock_devices),
             bpf_pin_dir: Some(
                 overrides

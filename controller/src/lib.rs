@@ -16,6 +16,8 @@
 //!
 //! - [`store`]: the sled store that makes every acknowledged change durable;
 //! - [`api`]: the gRPC services for clients and agents;
+//! - [`auth`]: mutual TLS with agents, the node identity in their certificates, and minting
+//!   certificates;
 //! - [`metrics`]: the controller's OTLP metrics;
 //! - [`server`]: the `gpuwarden-controller` binary (its `main` is here, so test binaries can
 //!   wrap it).
@@ -26,6 +28,7 @@
 
 pub mod allocator;
 pub mod api;
+pub mod auth;
 pub mod colocation;
 pub mod metrics;
 pub mod node;

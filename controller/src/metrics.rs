@@ -6,13 +6,21 @@
 //! read the scheduler at export time on the SDK's own thread; decision latency is recorded as
 //! each scheduling pass decides. Failed exports are counted
 //! (`gpuwarden.telemetry.exports.failed`), the controller never waits for the collector.
+//! Refusals for identity (`gpuwarden.auth.denied`) are counted from the start, metrics on or
+//! off, and read at export time.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use gpuwarden_runtime::otlp::{Pipeline, PipelineError};
 use opentelemetry::KeyValue;
 
-use crate::{api::Controller, node::NodeState, scheduler::Scheduler, session::SessionState};
+use crate::{
+    api::Controller,
+    auth::denials::{self, DenialReason},
+    node::NodeState,
+    scheduler::Scheduler,
+    session::SessionState,
+};
 
 /// One instrument: (name, unit, attributes, meaning).
 pub type Instrument = (&'static str, &'static str, &'static str, &'static str);
@@ -72,6 +80,12 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "{gpu}",
         "—",
         "free shares on partly used GPUs: capacity no 1.0-share request could use",
+    ),
+    (
+        "gpuwarden.auth.denied",
+        "{request}",
+        "gpuwarden.auth.reason",
+        "agent calls and TLS handshakes refused for their identity",
     ),
     (
         "gpuwarden.telemetry.exports.failed",
@@ -238,6 +252,19 @@ pub fn start(
         .with_unit("{gpu}")
         .with_description("Free shares on partly used GPUs")
         .with_callback(move |o| o.observe(c.read(fragmented_shares), &[]))
+        .build();
+    meter
+        .u64_observable_counter("gpuwarden.auth.denied")
+        .with_unit("{request}")
+        .with_description("Agent calls and TLS handshakes refused for their identity")
+        .with_callback(|o| {
+            for reason in DenialReason::ALL {
+                o.observe(
+                    denials::count_of(reason),
+                    &[KeyValue::new("gpuwarden.auth.reason", reason.as_str())],
+                );
+            }
+        })
         .build();
     tracing::info!(%endpoint, "exporting OTLP metrics");
     Ok(Some(pipeline))

@@ -1,8 +1,15 @@
-//! `gpuwarden-controller run`: the store, the services, health checking and reflection.
+//! `gpuwarden-controller run`: the store, the services, health checking and reflection, over
+//! plain text or mutual TLS; `gpuwarden-controller certs mint`: certificates for both.
 //!
 //! [`main`] is the whole `gpuwarden-controller` binary.
 
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::{Arc, Once},
+    time::Duration,
+};
 
 use clap::{Parser, Subcommand};
 
@@ -15,6 +22,10 @@ use serde::Deserialize;
 use crate::{
     api::{AgentApi, Controller, SchedulerApi, Timing},
     api::{Role, StandbyGate},
+    auth::{
+        mint,
+        tls::{ReloadingConfig, ServerTlsFiles, TlsSetupError},
+    },
     scheduler::{Scheduler, SchedulerConfig},
     store::{EtcdKv, Kv, Store, StoreError, StoreSpec},
 };
@@ -45,6 +56,60 @@ pub enum ServeError {
     /// Reflection could not be built.
     #[error("building gRPC reflection: {0}")]
     Reflection(String),
+    /// The TLS files can't be used.
+    #[error(transparent)]
+    Tls(#[from] TlsSetupError),
+    /// Only some of the TLS files are given.
+    #[error("TLS needs a certificate, its key and a client CA; missing: {missing}")]
+    IncompleteTls {
+        /// The settings not given (flags; the config file's keys are the same with `_`).
+        missing: String,
+    },
+}
+
+/// How the controller's port speaks.
+#[derive(Clone)]
+pub enum Transport {
+    /// Plain text: anyone who reaches the port can act as any node (the local one-command run).
+    PlainText,
+    /// TLS with this configuration; agents must present a node certificate.
+    Tls(Arc<ReloadingConfig>),
+}
+
+impl Transport {
+    /// Plain text when none of the three files is given, TLS when all are.
+    ///
+    /// # Errors
+    /// Only some are given, or the files can't be used.
+    pub fn from_files(
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        client_ca: Option<PathBuf>,
+    ) -> Result<Self, ServeError> {
+        match (cert, key, client_ca) {
+            (None, None, None) => Ok(Self::PlainText),
+            (Some(cert), Some(key), Some(client_ca)) => Ok(Self::Tls(Arc::new(
+                ReloadingConfig::load(ServerTlsFiles {
+                    cert,
+                    key,
+                    client_ca,
+                })?,
+            ))),
+            (cert, key, client_ca) => {
+                let missing: Vec<&str> = [
+                    (cert.is_none(), "--tls-cert"),
+                    (key.is_none(), "--tls-key"),
+                    (client_ca.is_none(), "--tls-client-ca"),
+                ]
+                .into_iter()
+                .filter_map(|(absent, flag)| absent.then_some(flag))
+                .collect();
+                Err(ServeError::IncompleteTls {
+                    missing: missing.join(", "),
+                })
+            }
+        }
+    }
 }
 
 /// The controller's config file; every key optional.
@@ -58,6 +123,12 @@ pub struct FileConfig {
     pub heartbeat_timeout_secs: Option<u64>,
     /// OTLP/gRPC endpoint for metrics (else `OTEL_EXPORTER_OTLP_ENDPOINT`; neither: off).
     pub otlp_endpoint: Option<String>,
+    /// The serving certificate (PEM); with the key and client CA, the port speaks TLS.
+    pub tls_cert: Option<PathBuf>,
+    /// The serving certificate's private key (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// The CA that signs agents' client certificates (PEM).
+    pub tls_client_ca: Option<PathBuf>,
     /// Where the state lives (`sled:PATH` or `etcd://…`); else sled in the state directory.
     #[serde(default, deserialize_with = "spec_from_str")]
     pub store: Option<StoreSpec>,
@@ -130,6 +201,7 @@ pub fn sled_in(state_dir: &std::path::Path) -> StoreSpec {
 pub async fn serve(
     controller: Arc<Controller>,
     addr: SocketAddr,
+    transport: Transport,
     election: Option<Election>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
@@ -139,7 +211,7 @@ pub async fn serve(
             path: PathBuf::from(addr.to_string()),
             reason: format!("cannot listen: {e}"),
         })?;
-    serve_elected(controller, listener, election, shutdown).await
+    serve_with(controller, listener, transport, election, shutdown).await
 }
 
 /// A standby controller on the etcd store `spec` names: it leads once it wins the election.
@@ -170,7 +242,7 @@ pub async fn open_standby(
     Ok((controller, election))
 }
 
-/// Serves on an already-bound listener (tests bind port 0).
+/// Serves plain text on an already-bound listener (tests bind port 0).
 ///
 /// # Errors
 /// The server fails.
@@ -179,17 +251,18 @@ pub async fn serve_on(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    serve_elected(controller, listener, None, shutdown).await
+    serve_with(controller, listener, Transport::PlainText, None, shutdown).await
 }
 
-/// Serves on `listener`; with an `election`, as a standby that campaigns and leads when it wins
-/// (see [`hold_elections`]).
+/// Serves on an already-bound listener, over `transport`; with an `election`, as a standby that
+/// campaigns and leads when it wins (see [`hold_elections`]).
 ///
 /// # Errors
 /// The server fails.
-pub async fn serve_elected(
+pub async fn serve_with(
     controller: Arc<Controller>,
     listener: tokio::net::TcpListener,
+    transport: Transport,
     election: Option<Election>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
@@ -205,6 +278,52 @@ pub async fn serve_elected(
             health_reporter.clone(),
         ))
     });
+    let router = router(&controller, health)?;
+    let background = tokio::spawn(Arc::clone(&controller).run_background());
+    let serve_error = |source| ServeError::Serve { addr, source };
+    let result = match transport {
+        Transport::PlainText => {
+            static WARNED: Once = Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!("serving plain text: any client can act as any node");
+            });
+            tracing::info!(%addr, "controller listening (plain text)");
+            router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    shutdown,
+                )
+                .await
+                .map_err(serve_error)
+        }
+        Transport::Tls(config) => {
+            tracing::info!(%addr, "controller listening (TLS; agents need a node certificate)");
+            router
+                .serve_with_incoming_shutdown(
+                    crate::auth::tls::incoming(listener, config),
+                    shutdown,
+                )
+                .await
+                .map_err(serve_error)
+        }
+    };
+    background.abort();
+    if let Some(elections) = elections {
+        elections.abort();
+    }
+    result
+}
+
+/// The router's layers: the standby gate.
+type Layers = tower::layer::util::Stack<StandbyGate, tower::layer::util::Identity>;
+
+/// The services: scheduler and agents behind the standby gate, health and reflection.
+fn router(
+    controller: &Arc<Controller>,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+) -> Result<tonic::transport::server::Router<Layers>, ServeError> {
     // Both reflection versions: grpcurl and current clients ask `v1`, many others (Python's
     // grpcio reflection, older grpcurl, Postman) still ask `v1alpha`.
     let described = || {
@@ -218,28 +337,15 @@ pub async fn serve_elected(
     let reflection_v1alpha = described()
         .build_v1alpha()
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
-    let background = tokio::spawn(Arc::clone(&controller).run_background());
-    tracing::info!(%addr, "controller listening");
-    let result = tonic::transport::Server::builder()
+    Ok(tonic::transport::Server::builder()
         .layer(StandbyGate(controller.role().clone()))
         .add_service(health)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
         .add_service(SchedulerServiceServer::new(SchedulerApi(Arc::clone(
-            &controller,
+            controller,
         ))))
-        .add_service(AgentServiceServer::new(AgentApi(Arc::clone(&controller))))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown,
-        )
-        .await
-        .map_err(|source| ServeError::Serve { addr, source });
-    background.abort();
-    if let Some(elections) = elections {
-        elections.abort();
-    }
-    result
+        .add_service(AgentServiceServer::new(AgentApi(Arc::clone(controller)))))
 }
 
 /// The election name controllers sharing a store campaign on.
@@ -391,6 +497,16 @@ enum Command {
         /// interference-aware (overrides the config file's `[scheduler] strategy`).
         #[arg(long, value_name = "MODE")]
         placement: Option<crate::placement::Placement>,
+        /// Serving certificate (PEM). With --tls-key and --tls-client-ca the port speaks TLS
+        /// and agents must present a node certificate; without, plain text.
+        #[arg(long, value_name = "FILE")]
+        tls_cert: Option<PathBuf>,
+        /// Private key of --tls-cert (PEM).
+        #[arg(long, value_name = "FILE")]
+        tls_key: Option<PathBuf>,
+        /// CA that signs agents' (and clients') certificates (PEM).
+        #[arg(long, value_name = "FILE")]
+        tls_client_ca: Option<PathBuf>,
     },
     /// Copy every record of one store into another (from sled into etcd, say).
     CopyStore {
@@ -401,6 +517,69 @@ enum Command {
         #[arg(long, value_name = "SPEC")]
         to: StoreSpec,
     },
+    /// Certificates for mutual TLS, without OpenSSL.
+    #[command(subcommand)]
+    Certs(CertsCommand),
+}
+
+#[derive(Subcommand)]
+enum CertsCommand {
+    /// Write a CA, the controller's serving certificate and one client certificate per node
+    /// into a directory; a CA already there (ca.pem, ca.key) is reused, other files replaced.
+    Mint {
+        /// Directory to write into.
+        #[arg(long)]
+        out: PathBuf,
+        /// Node ids, comma-separated: one client certificate each (<node>.pem, <node>.key).
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
+        /// Names the controller is reached by (DNS names or IP addresses), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
+        server_names: Vec<String>,
+        /// Days the server and node certificates are valid (a new CA: ten times as long).
+        #[arg(long, default_value_t = 365)]
+        days: u32,
+    },
+}
+
+/// What `run` was given.
+struct Run {
+    listen: SocketAddr,
+    state_dir: PathBuf,
+    store: Option<StoreSpec>,
+    advertise: Option<String>,
+    lease_ttl_secs: u64,
+    config: Option<PathBuf>,
+    placement: Option<crate::placement::Placement>,
+    tls: (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>),
+}
+
+/// `certs mint`: writes the files and says which.
+fn mint_command(out: &Path, nodes: &[String], server_names: &[String], days: u32) -> ExitCode {
+    let server_names: Vec<String> = server_names
+        .iter()
+        .filter(|n| !n.is_empty())
+        .cloned()
+        .collect();
+    match mint::mint_into(out, nodes, &server_names, days) {
+        Ok(minted) => {
+            if minted.reused_ca {
+                println!("reused the CA in {}", out.display());
+            }
+            for file in &minted.written {
+                println!("wrote {}", file.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e @ mint::MintError::InvalidNodeId { .. }) => {
+            eprintln!("gpuwarden-controller: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("gpuwarden-controller: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// The whole `gpuwarden-controller` binary: parses the command line and serves until Ctrl-C on
@@ -409,29 +588,59 @@ enum Command {
 pub fn main() -> ExitCode {
     // A wrapping binary may have set up tracing already; that one stays.
     gpuwarden_runtime::logging::init("info");
-    let (listen, state_dir, store, advertise, lease_ttl_secs, config, placement) =
-        match Cli::parse().command {
-            Command::Run {
-                listen,
-                state_dir,
-                store,
-                advertise,
-                lease_ttl_secs,
-                config,
-                placement,
-            } => (
-                listen,
-                state_dir,
-                store,
-                advertise,
-                lease_ttl_secs,
-                config,
-                placement,
-            ),
-            Command::CopyStore { from, to } => return copy_store(&from, &to),
-        };
+    let Run {
+        listen,
+        state_dir,
+        store,
+        advertise,
+        lease_ttl_secs,
+        config,
+        placement,
+        tls,
+    } = match Cli::parse().command {
+        Command::Run {
+            listen,
+            state_dir,
+            store,
+            advertise,
+            lease_ttl_secs,
+            config,
+            placement,
+            tls_cert,
+            tls_key,
+            tls_client_ca,
+        } => Run {
+            listen,
+            state_dir,
+            store,
+            advertise,
+            lease_ttl_secs,
+            config,
+            placement,
+            tls: (tls_cert, tls_key, tls_client_ca),
+        },
+        Command::CopyStore { from, to } => return copy_store(&from, &to),
+        Command::Certs(CertsCommand::Mint {
+            out,
+            nodes,
+            server_names,
+            days,
+        }) => return mint_command(&out, &nodes, &server_names, days),
+    };
     let file = match config.as_deref().map(FileConfig::read).transpose() {
         Ok(f) => f.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("gpuwarden-controller: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Flags win over the file, file by file.
+    let transport = match Transport::from_files(
+        tls.0.or(file.tls_cert),
+        tls.1.or(file.tls_key),
+        tls.2.or(file.tls_client_ca),
+    ) {
+        Ok(t) => t,
         Err(e) => {
             eprintln!("gpuwarden-controller: {e}");
             return ExitCode::from(2);
@@ -479,7 +688,14 @@ pub fn main() -> ExitCode {
                 None
             }
         };
-        serve(controller, listen, election, gpuwarden_runtime::shutdown()).await
+        serve(
+            controller,
+            listen,
+            transport,
+            election,
+            gpuwarden_runtime::shutdown(),
+        )
+        .await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

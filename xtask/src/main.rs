@@ -31,6 +31,9 @@ enum Job {
     BuildEbpf,
     /// Build and run the agent on this node (needs root).
     Run {
+        /// Mint a throw-away CA and certificates and run both over mutual TLS.
+        #[arg(long)]
+        tls: bool,
         /// Arguments passed to `gpuwarden-agent run`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -57,7 +60,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Job::Setup => setup::run(),
         Job::BuildEbpf => build_ebpf::run().map(|_| ()),
-        Job::Run { args } => run::run(&args),
+        Job::Run { tls, args } => run::run(tls, &args),
         Job::Test => test::run(),
         Job::Bench { which } => bench::run(&which),
         Job::Sim { args } => sim::run(&args),

@@ -89,3 +89,27 @@ fn unknown_keys_and_bad_globs_are_named() {
     .unwrap_err();
     assert!(err.to_string().contains("absolute"), "{err}");
 }
+
+#[test]
+fn controller_tls_files_come_from_the_file_and_flags_win() {
+    let (_dir, path) = write(
+        "tls",
+        "controller = \"https://ctl:50051\"\ncontroller_ca = \"/etc/gw/ca.pem\"\ntls_cert = \"/etc/gw/node.pem\"\ntls_key = \"/etc/gw/node.key\"\n",
+    );
+    let config = AgentConfig::load(
+        Some(&path),
+        Overrides {
+            tls_cert: Some(PathBuf::from("/run/gw/rotated.pem")),
+            ..Overrides::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        config.controller_tls,
+        ClientTls {
+            ca: Some(PathBuf::from("/etc/gw/ca.pem")),
+            cert: Some(PathBuf::from("/run/gw/rotated.pem")),
+            key: Some(PathBuf::from("/etc/gw/node.key")),
+        }
+    );
+}

@@ -13,6 +13,7 @@ use gpuwarden_proto::{
     convert,
     follow::{Controllers, FollowError, leader_hint},
 };
+use gpuwarden_runtime::tls::{ClientTls, TlsFileError};
 use gpuwarden_types::slot::names;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
@@ -55,9 +56,13 @@ enum Upward {
 /// Where and as whom to connect.
 #[derive(Debug, Clone)]
 pub struct LinkConfig {
-    /// Controller URLs, comma-separated, e.g. `http://127.0.0.1:50051` or
-    /// `http://ctl-0:50051,http://ctl-1:50051` (the agent follows the leader among them).
+    /// Controller URLs, comma-separated: `http://127.0.0.1:50051`, or `https://…` with
+    /// [`Self::tls`]; several (`https://ctl-0:50051,https://ctl-1:50051`) when controllers share
+    /// an etcd store (the agent follows the leader among them).
     pub controller: String,
+    /// The CA to verify an `https://` controller with, and this node's client certificate
+    /// (which must name [`Self::node_id`]); read again at each connection.
+    pub tls: ClientTls,
     /// Node id.
     pub node_id: String,
     /// Host name.
@@ -184,6 +189,10 @@ pub enum LinkError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// A TLS file is missing or unusable, or TLS settings don't fit the URL: fatal, the
+    /// agent stops its link naming the file instead of retrying.
+    #[error(transparent)]
+    Tls(#[from] TlsFileError),
     /// No connection (the controller is down or unreachable).
     #[error("cannot connect: {0}")]
     Connect(#[source] tonic::transport::Error),
@@ -202,7 +211,10 @@ impl LinkError {
     /// Whether retrying can't help (the agent stops instead).
     #[must_use]
     pub fn is_fatal(&self) -> bool {
-        matches!(self, Self::InvalidUrl { .. } | Self::InvalidList(_))
+        matches!(
+            self,
+            Self::InvalidUrl { .. } | Self::InvalidList(_) | Self::Tls(_)
+        )
     }
 
     /// The controller's answer, when it gave one (a standby's names the leader).
@@ -237,11 +249,20 @@ pub fn check_url(url: &str) -> Result<Endpoint, LinkError> {
     })
 }
 
+/// The controller's endpoint with its TLS settings, the files read now.
+///
+/// # Errors
+/// [`LinkError::InvalidUrl`] or [`LinkError::Tls`], both fatal.
+pub fn endpoint(url: &str, tls: &ClientTls) -> Result<Endpoint, LinkError> {
+    Ok(tls.apply(check_url(url)?)?)
+}
+
 /// Keeps the node registered and its stream up until `shutdown`, reconnecting with backoff when
 /// the controller goes away, and following the leader among several controllers: a standby's
 /// answer names the leader, tried next at once; any other failure moves on to the next of the
-/// list. Returns early, logged as an error, when the link can never work (an invalid URL; the
-/// daemon checks the list with [`check_controllers`] before and stops naming it).
+/// list. Returns early, logged as an error, when the link can never work (an invalid URL or TLS
+/// file; the daemon checks both with [`check_controllers`] and [`endpoint`] before and stops
+/// naming them).
 pub async fn run(
     config: LinkConfig,
     backend: Arc<dyn GpuBackend>,
@@ -336,7 +357,8 @@ async fn connect_once(
     holdings: &SharedHoldings,
     mut channels: Option<&mut LinkChannels>,
 ) -> Result<(), LinkError> {
-    let channel = check_url(url)?
+    // Built at each connection, so rotated certificate files are read again.
+    let channel = endpoint(url, &config.tls)?
         .connect_timeout(Duration::from_secs(2))
         .connect()
         .await

@@ -70,7 +70,7 @@ pub enum RunError {
     /// The compute-share throttle can't start.
     #[error(transparent)]
     Throttle(#[from] throttle::ThrottleError),
-    /// The controller link can't work (an invalid URL): retrying would not help.
+    /// The controller link can't work (an invalid URL, a TLS file): retrying would not help.
     #[error(transparent)]
     Controller(#[from] LinkError),
 }
@@ -92,9 +92,11 @@ pub async fn run_until(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), RunError> {
     let _lock = InstanceLock::acquire(&config.state_dir)?;
-    // A controller URL that can never work stops the agent now, naming it.
+    // A controller URL or TLS file that can never work stops the agent now, naming it.
     if let Some(list) = &config.controller {
-        link::check_controllers(list)?;
+        for url in link::check_controllers(list)?.urls() {
+            link::endpoint(url, &config.controller_tls)?;
+        }
     }
     let attributor = Attributor::detect()?;
     let mut sensor = Sensor::load(config.alloc_event_min_bytes, config.bpf_pin_dir.as_deref())?;
@@ -221,6 +223,7 @@ fn spawn_link(tasks: &mut JoinSet<()>, config: &AgentConfig, w: LinkWiring) {
     };
     let link = LinkConfig {
         controller: url.clone(),
+        tls: config.controller_tls.clone(),
         node_id: config.node_name.clone(),
         hostname: config.node_name.clone(),
         hooks: w.hooks,

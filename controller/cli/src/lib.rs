@@ -13,10 +13,11 @@ pub mod render;
 pub mod run;
 pub mod wire;
 
-use std::process::ExitCode;
+use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use gpuwarden_runtime::tls::ClientTls;
 use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
 
@@ -31,19 +32,35 @@ use gpuwarden_controller::{
 #[derive(Parser)]
 #[command(name = "gpuwarden", version, about)]
 pub struct Cli {
-    /// Controller URL.
-    #[arg(
-        long,
-        global = true,
-        env = "GPUWARDEN_CONTROLLER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    controller: String,
+    #[command(flatten)]
+    controller: ControllerArgs,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
     command: Command,
+}
+
+/// Where the controller is, and the TLS files to reach it with.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ControllerArgs {
+    /// Controller URL (https:// needs --ca).
+    #[arg(
+        long = "controller",
+        global = true,
+        env = "GPUWARDEN_CONTROLLER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    url: String,
+    /// CA that signs the controller's certificate (PEM), for an https:// controller.
+    #[arg(long, global = true, env = "GPUWARDEN_CA", value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// Client certificate to present to the controller (PEM).
+    #[arg(long, global = true, env = "GPUWARDEN_CERT", value_name = "FILE")]
+    cert: Option<PathBuf>,
+    /// Private key of --cert (PEM).
+    #[arg(long, global = true, env = "GPUWARDEN_KEY", value_name = "FILE")]
+    key: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -282,13 +299,22 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn connect(url: &str) -> Result<SchedulerServiceClient<Channel>, CliError> {
+async fn connect(controller: &ControllerArgs) -> Result<SchedulerServiceClient<Channel>, CliError> {
+    let url = &controller.url;
     let unreachable = |reason: String| CliError::Unreachable {
-        url: url.to_owned(),
+        url: url.clone(),
         reason,
     };
-    let channel = Endpoint::from_shared(url.to_owned())
-        .map_err(|e| CliError::Input(format!("invalid --controller URL {url:?}: {e}")))?
+    let endpoint = Endpoint::from_shared(url.clone())
+        .map_err(|e| CliError::Input(format!("invalid --controller URL {url:?}: {e}")))?;
+    let tls = ClientTls {
+        ca: controller.ca.clone(),
+        cert: controller.cert.clone(),
+        key: controller.key.clone(),
+    };
+    let channel = tls
+        .apply(endpoint)
+        .map_err(|e| CliError::Input(e.to_string()))?
         .connect_timeout(std::time::Duration::from_secs(3))
         .connect()
         .await

@@ -18,7 +18,7 @@ use tonic::transport::Channel;
 
 use gpuwarden_agent_api::{ClientError, client};
 
-use super::{CliError, PolicyArgs, connect};
+use super::{CliError, ControllerArgs, PolicyArgs, connect};
 use gpuwarden_controller::{api::convert, session::Target, slots::ResourceSlot};
 
 /// How often the session and its cgroup are polled while starting.
@@ -83,7 +83,7 @@ impl From<CliError> for Interrupted {
 /// # Errors
 /// Bad input; an unreachable or refusing agent or controller; a session that fails or doesn't
 /// start in time.
-pub async fn run(controller: &str, args: RunArgs) -> Result<ExitCode, CliError> {
+pub async fn run(controller: &ControllerArgs, args: RunArgs) -> Result<ExitCode, CliError> {
     // Bad input first, so it is exit 2 with no agent or controller around.
     let requested =
         ResourceSlot::parse_any(&args.resources).map_err(|e| CliError::Input(e.to_string()))?;

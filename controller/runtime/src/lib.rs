@@ -9,13 +9,15 @@
 //! - [`logging`]: `tracing` to standard error, filtered by `RUST_LOG`;
 //! - [`otlp`]: the OTLP/gRPC metrics pipeline to an OpenTelemetry collector;
 //! - [`cgroup`]: moving a child into a cgroup v2 between `fork` and `exec`;
-//! - [`mountinfo`]: where a file system (the cgroup v2 hierarchy) is mounted.
+//! - [`mountinfo`]: where a file system (the cgroup v2 hierarchy) is mounted;
+//! - [`tls`]: PEM certificates and keys, and a client's TLS to the controller.
 #![deny(missing_docs)]
 
 pub mod cgroup;
 pub mod logging;
 pub mod mountinfo;
 pub mod otlp;
+pub mod tls;
 
 /// Completes on SIGINT or SIGTERM (what Kubernetes sends before it kills a pod), so a daemon can
 /// close its store and pins cleanly. Where SIGTERM can't be watched, SIGINT alone ends it.

@@ -9,6 +9,7 @@ use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{Controller, convert, lock, store_status};
+use crate::auth::identity::Peer;
 
 /// The agent-facing service.
 #[derive(Clone)]
@@ -20,7 +21,9 @@ impl AgentService for AgentApi {
         &self,
         request: Request<pb::NodeInfo>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let peer = Peer::of(&request)?;
         let info = request.into_inner();
+        peer.speaks_for(&info.node_id)?;
         let report = convert::report_from_pb(&info)?;
         let node_id = report.node_id.clone();
         let commands = self
@@ -45,6 +48,7 @@ impl AgentService for AgentApi {
         &self,
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
+        let peer = Peer::of(&request)?;
         let mut inbound = request.into_inner();
         // The first message names the node.
         let first = inbound.next().await.ok_or_else(|| {
@@ -56,6 +60,8 @@ impl AgentService for AgentApi {
             ));
         };
         let node = hb.node_id;
+        // Later messages on the stream are this node's, whatever they name.
+        peer.speaks_for(&node)?;
         if !self.0.read(|s| s.nodes().contains_key(&node)) {
             return Err(Status::failed_precondition(format!(
                 "node {node:?} is not registered; call Register first"

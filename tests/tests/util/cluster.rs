@@ -122,9 +122,10 @@ impl TestController {
                 .await
                 .unwrap();
                 addr_tx.send(addr).unwrap();
-                tokio::spawn(server::serve_elected(
+                tokio::spawn(server::serve_with(
                     controller,
                     listener,
+                    server::Transport::PlainText,
                     Some(election),
                     async {
                         let _ = shutdown_rx.await;
@@ -282,6 +283,7 @@ impl TestNode {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let config = LinkConfig {
             controller: controller.to_owned(),
+            tls: gpuwarden_runtime::tls::ClientTls::default(),
             node_id: node.to_owned(),
             hostname: node.to_owned(),
             hooks: vec!["tracepoint:syscalls/sys_enter_ioctl".into()],

@@ -38,6 +38,7 @@ fn link_to(url: &str) -> (LinkConfig, SharedHoldings, tempfile::TempDir) {
     let holdings = Holdings::open(&dir.path().join("store")).unwrap();
     let config = LinkConfig {
         controller: url.to_owned(),
+        tls: ClientTls::default(),
         node_id: "n".into(),
         hostname: "n".into(),
         hooks: vec![],
@@ -95,4 +96,63 @@ fn the_backoff_doubles_up_to_five_seconds_and_resets() {
     assert_eq!(delays, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
     b.reset();
     assert_eq!(b.current(), Duration::from_millis(100));
+}
+
+/// A CA and a node certificate for `node`, as PEM files in `dir`.
+fn mint(dir: &std::path::Path, node: &str) -> ClientTls {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::default();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = vec![rcgen::SanType::URI(
+        format!("spiffe://gpuwarden/node/{node}")
+            .try_into()
+            .unwrap(),
+    )];
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
+    std::fs::write(dir.join("node.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("node.key"), key.serialize_pem()).unwrap();
+    ClientTls {
+        ca: Some(dir.join("ca.pem")),
+        cert: Some(dir.join("node.pem")),
+        key: Some(dir.join("node.key")),
+    }
+}
+
+#[test]
+fn tls_files_are_read_at_each_connection_and_a_missing_one_is_fatal() {
+    let dir = gpuwarden_test_support::scratch("link-tls");
+    let tls = mint(dir.path(), "n");
+    assert!(endpoint("https://127.0.0.1:50051", &tls).is_ok());
+
+    // Rotated away without a replacement: the next connection names the file and gives up.
+    std::fs::remove_file(dir.path().join("node.key")).unwrap();
+    let err = endpoint("https://127.0.0.1:50051", &tls).unwrap_err();
+    assert!(matches!(err, LinkError::Tls(_)), "{err}");
+    assert!(err.is_fatal());
+    assert!(err.to_string().contains("node.key"), "{err}");
+
+    // TLS files with a plain-text URL would go unused: refused, not ignored.
+    let err = endpoint("http://127.0.0.1:50051", &mint(dir.path(), "n")).unwrap_err();
+    assert!(matches!(err, LinkError::Tls(_)), "{err}");
+}
+
+#[tokio::test]
+async fn the_link_stops_at_once_on_a_missing_certificate() {
+    let (mut config, holdings, dir) = link_to("https://127.0.0.1:50051");
+    config.tls = ClientTls {
+        ca: Some(dir.path().join("absent-ca.pem")),
+        ..ClientTls::default()
+    };
+    let backend: Arc<dyn GpuBackend> = Arc::new(NoGpus);
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        run(config, backend, holdings, None, std::future::pending()),
+    )
+    .await
+    .expect("a missing TLS file is not retried");
 }

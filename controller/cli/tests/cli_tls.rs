@@ -1,0 +1,115 @@
+//! `gpuwarden` against a controller that serves TLS: `https://` with `--ca` (or
+//! `GPUWARDEN_CA`) works, without it the command exits 2 saying what is missing, and a
+//! controller certificate from another CA is refused.
+
+use std::{path::Path, process::Command, sync::Arc};
+
+use gpuwarden_controller::{
+    api::Timing,
+    auth::{
+        mint,
+        tls::{ReloadingConfig, ServerTlsFiles},
+    },
+    scheduler::SchedulerConfig,
+    server::{self, Transport},
+};
+
+/// A TLS controller with certificates minted into `scratch/certs`; returns the runtime
+/// (dropping it stops the controller) and the `https://` URL.
+fn start_tls_controller(scratch: &Path) -> (tokio::runtime::Runtime, String) {
+    let certs = scratch.join("certs");
+    mint::mint_into(&certs, &["node-1".to_owned()], &["127.0.0.1".to_owned()], 1).expect("minted");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let controller = rt
+        .block_on(server::open(
+            &server::sled_in(&scratch.join("controller")),
+            SchedulerConfig::default(),
+            Timing::default(),
+        ))
+        .expect("controller opens");
+    let tls = ReloadingConfig::load(ServerTlsFiles {
+        cert: certs.join(mint::SERVER_CERT),
+        key: certs.join(mint::SERVER_KEY),
+        client_ca: certs.join(mint::CA_CERT),
+    })
+    .expect("TLS files load");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("binds");
+    let url = format!("https://{}", listener.local_addr().expect("bound"));
+    rt.spawn(server::serve_with(
+        controller,
+        listener,
+        Transport::Tls(Arc::new(tls)),
+        None,
+        std::future::pending::<()>(),
+    ));
+    (rt, url)
+}
+
+fn gpuwarden(url: &str, args: &[&str], env: &[(&str, &Path)]) -> (i32, String, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gpuwarden"));
+    command
+        .args(args)
+        .env("GPUWARDEN_CONTROLLER", url)
+        .env_remove("GPUWARDEN_CA")
+        .env_remove("GPUWARDEN_CERT")
+        .env_remove("GPUWARDEN_KEY");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let out = command.output().expect("gpuwarden runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn https_with_the_ca_works_and_without_it_exits_2() {
+    let scratch = gpuwarden_test_support::scratch("cli-tls");
+    let (_rt, url) = start_tls_controller(scratch.path());
+    let ca = scratch.path().join("certs").join(mint::CA_CERT);
+
+    let ca_flag = ca.to_string_lossy().into_owned();
+    let (code, out, err) = gpuwarden(&url, &["--ca", &ca_flag, "slot", "ls", "--json"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.trim_start().starts_with('['), "{out}");
+
+    // The same from the environment, with a client certificate presented too.
+    let certs = scratch.path().join("certs");
+    let (code, _, err) = gpuwarden(
+        &url,
+        &["node", "ls"],
+        &[
+            ("GPUWARDEN_CA", &ca),
+            ("GPUWARDEN_CERT", &certs.join("node-1.pem")),
+            ("GPUWARDEN_KEY", &certs.join("node-1.key")),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+
+    let (code, _, err) = gpuwarden(&url, &["node", "ls"], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("needs a CA certificate"), "{err}");
+}
+
+#[test]
+fn a_controller_signed_by_another_ca_is_refused() {
+    let scratch = gpuwarden_test_support::scratch("cli-tls-rogue");
+    let (_rt, url) = start_tls_controller(scratch.path());
+    let other = scratch.path().join("other");
+    mint::mint_into(&other, &[], &[], 1).expect("another CA");
+    let (code, _, err) = gpuwarden(
+        &url,
+        &["node", "ls"],
+        &[("GPUWARDEN_CA", &other.join(mint::CA_CERT))],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(&url), "{err}");
+}

@@ -1,0 +1,236 @@
+//! Who an agent is: the node its client certificate names, and the check that it speaks only
+//! for that node.
+//!
+//! The convention: a node's client certificate carries exactly one URI subject alternative
+//! name `spiffe://gpuwarden/node/<node-id>` ([`NODE_URI_PREFIX`]). A URI, not a DNS name, so
+//! a serving certificate from the same CA (`DNS:controller.example`) never passes for a node.
+
+use std::net::SocketAddr;
+
+use tonic::{
+    Request, Status,
+    transport::server::{TcpConnectInfo, TlsConnectInfo},
+};
+
+use super::denials::{self, DenialReason};
+
+/// The URI SAN prefix that names a node in its client certificate.
+pub const NODE_URI_PREFIX: &str = "spiffe://gpuwarden/node/";
+
+/// The URI SAN that names `node_id`.
+#[must_use]
+pub fn node_uri(node_id: &str) -> String {
+    format!("{NODE_URI_PREFIX}{node_id}")
+}
+
+/// Why a caller may not act for a node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    /// A TLS connection without a client certificate.
+    #[error("no client certificate: an agent must present its node certificate")]
+    NoCertificate,
+    /// The certificate can't be parsed (rustls verified it, so this is rare).
+    #[error("the client certificate can't be parsed: {reason}")]
+    Unparsable {
+        /// The parser's words.
+        reason: String,
+    },
+    /// The certificate names no node.
+    #[error("the client certificate names no node (no URI SAN {NODE_URI_PREFIX}<node-id>)")]
+    NoNode,
+    /// The certificate names more than one node.
+    #[error("the client certificate names more than one node: {nodes:?}")]
+    AmbiguousNodes {
+        /// Every node it names.
+        nodes: Vec<String>,
+    },
+    /// The certificate names another node than the one the request speaks for.
+    #[error("the client certificate is for node {certified:?}, not for node {claimed:?}")]
+    Mismatch {
+        /// The node the certificate names.
+        certified: String,
+        /// The node the request speaks for.
+        claimed: String,
+    },
+}
+
+impl IdentityError {
+    /// The bounded reason it is counted under.
+    #[must_use]
+    pub fn reason(&self) -> DenialReason {
+        match self {
+            Self::NoCertificate => DenialReason::NoClientCertificate,
+            Self::Unparsable { .. } | Self::NoNode | Self::AmbiguousNodes { .. } => {
+                DenialReason::NoNodeIdentity
+            }
+            Self::Mismatch { .. } => DenialReason::NodeMismatch,
+        }
+    }
+
+    /// The gRPC status the caller gets: who it is is unknown (`UNAUTHENTICATED`), or known and
+    /// not allowed (`PERMISSION_DENIED`).
+    #[must_use]
+    pub fn to_status(&self) -> Status {
+        match self {
+            Self::Mismatch { .. } => Status::permission_denied(self.to_string()),
+            _ => Status::unauthenticated(self.to_string()),
+        }
+    }
+}
+
+/// The node a client certificate (DER) names.
+///
+/// # Errors
+/// The certificate can't be parsed, or names no node or several.
+pub fn node_of_certificate(der: &[u8]) -> Result<String, IdentityError> {
+    let der = rustls_pki_types::CertificateDer::from(der);
+    let cert = webpki::EndEntityCert::try_from(&der).map_err(|e| IdentityError::Unparsable {
+        reason: e.to_string(),
+    })?;
+    let mut nodes: Vec<String> = cert
+        .valid_uri_names()
+        .filter_map(|uri| uri.strip_prefix(NODE_URI_PREFIX))
+        .map(str::to_owned)
+        .collect();
+    match nodes.len() {
+        0 => Err(IdentityError::NoNode),
+        1 => Ok(nodes.remove(0)),
+        _ => Err(IdentityError::AmbiguousNodes { nodes }),
+    }
+}
+
+/// Who sent a request to the agent service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peer {
+    /// A plain-text connection: nobody is authenticated, any claim is taken (the local
+    /// one-command run; the server warned when it started).
+    PlainText,
+    /// A TLS connection whose verified client certificate names this node.
+    Node {
+        /// The node id.
+        node: String,
+        /// The remote address, for the log.
+        addr: Option<SocketAddr>,
+    },
+}
+
+impl Peer {
+    /// The peer of `request`, from its connection.
+    ///
+    /// # Errors
+    /// `UNAUTHENTICATED` (logged and counted) for a TLS connection without a client
+    /// certificate or whose certificate names no single node.
+    pub fn of<T>(request: &Request<T>) -> Result<Self, Status> {
+        let Some(tls) = request.extensions().get::<TlsConnectInfo<TcpConnectInfo>>() else {
+            return Ok(Self::PlainText);
+        };
+        let addr = tls.get_ref().remote_addr();
+        let node = match tls.peer_certs() {
+            None => Err(IdentityError::NoCertificate),
+            Some(chain) => chain
+                .first()
+                .ok_or(IdentityError::NoCertificate)
+                .and_then(|leaf| node_of_certificate(leaf)),
+        };
+        node.map(|node| Self::Node { node, addr })
+            .map_err(|e| refuse(&e, addr))
+    }
+
+    /// Whether this peer may speak for `claimed`.
+    ///
+    /// # Errors
+    /// `PERMISSION_DENIED` (logged and counted), naming both nodes, when the certificate names
+    /// another node.
+    pub fn speaks_for(&self, claimed: &str) -> Result<(), Status> {
+        match self {
+            Self::PlainText => Ok(()),
+            Self::Node { node, .. } if node == claimed => Ok(()),
+            Self::Node { node, addr } => Err(refuse(
+                &IdentityError::Mismatch {
+                    certified: node.clone(),
+                    claimed: claimed.to_owned(),
+                },
+                *addr,
+            )),
+        }
+    }
+}
+
+/// Logs and counts a refusal; the status to answer with.
+fn refuse(error: &IdentityError, addr: Option<SocketAddr>) -> Status {
+    let reason = error.reason();
+    denials::count(reason);
+    let peer = addr.map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+    tracing::warn!(%peer, reason = reason.as_str(), "agent refused: {error}");
+    error.to_status()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert_with_sans(sans: &[&str]) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::default();
+        params.subject_alt_names = sans
+            .iter()
+            .map(|s| {
+                let value = (*s).try_into().unwrap();
+                if s.contains("://") {
+                    rcgen::SanType::URI(value)
+                } else {
+                    rcgen::SanType::DnsName(value)
+                }
+            })
+            .collect();
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn the_node_is_the_one_uri_san_with_the_prefix() {
+        let der = cert_with_sans(&["node-9.example", "spiffe://gpuwarden/node/node-1"]);
+        assert_eq!(node_of_certificate(&der), Ok("node-1".to_owned()));
+    }
+
+    #[test]
+    fn a_dns_name_alone_is_not_a_node() {
+        let der = cert_with_sans(&["node-1", "spiffe://other/node/node-1"]);
+        assert_eq!(node_of_certificate(&der), Err(IdentityError::NoNode));
+    }
+
+    #[test]
+    fn two_nodes_in_one_certificate_are_refused() {
+        let der = cert_with_sans(&[
+            "spiffe://gpuwarden/node/node-1",
+            "spiffe://gpuwarden/node/node-2",
+        ]);
+        let err = node_of_certificate(&der).unwrap_err();
+        assert_eq!(err.reason(), DenialReason::NoNodeIdentity);
+        assert_eq!(err.to_status().code(), tonic::Code::Unauthenticated);
+    }
+
+    #[test]
+    fn a_mismatch_is_permission_denied_naming_both_nodes_and_counted() {
+        let peer = Peer::Node {
+            node: "node-1".to_owned(),
+            addr: None,
+        };
+        assert!(peer.speaks_for("node-1").is_ok());
+        let before = denials::count_of(DenialReason::NodeMismatch);
+        let status = peer.speaks_for("node-2").unwrap_err();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert!(
+            status.message().contains("\"node-1\"") && status.message().contains("\"node-2\""),
+            "{}",
+            status.message()
+        );
+        assert!(denials::count_of(DenialReason::NodeMismatch) > before);
+    }
+
+    #[test]
+    fn plain_text_takes_any_claim() {
+        let request = Request::new(());
+        assert_eq!(Peer::of(&request).unwrap(), Peer::PlainText);
+        assert!(Peer::PlainText.speaks_for("anyone").is_ok());
+    }
+}

@@ -1,0 +1,389 @@
+//! Certificates for a small cluster without OpenSSL: a CA, the controller's serving
+//! certificate, and one client certificate per node that names it the way
+//! [`super::identity`] reads it (`spiffe://gpuwarden/node/<node-id>`).
+//!
+//! `gpuwarden-controller certs mint` writes them into a directory; run again on the same
+//! directory it reuses the CA there (one this module minted) and replaces the other files
+//! atomically, which is how certificates are rotated or a node is added. Keys are ECDSA P-256,
+//! written readable by the owner only. Larger clusters use their own PKI (cert-manager).
+
+use std::{
+    io::Write as _,
+    os::unix::fs::OpenOptionsExt as _,
+    path::{Path, PathBuf},
+};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use time::{Duration, OffsetDateTime};
+
+use super::identity::node_uri;
+
+/// The CA certificate's file name in a minted directory.
+pub const CA_CERT: &str = "ca.pem";
+/// The CA key's file name.
+pub const CA_KEY: &str = "ca.key";
+/// The controller's serving certificate's file name.
+pub const SERVER_CERT: &str = "server.pem";
+/// Its key's file name.
+pub const SERVER_KEY: &str = "server.key";
+
+/// Why certificates can't be minted.
+#[derive(Debug, thiserror::Error)]
+pub enum MintError {
+    /// A node id that can't name a certificate (or its file).
+    #[error("node id {id:?}: {reason}")]
+    InvalidNodeId {
+        /// The id given.
+        id: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// rcgen refused (a server name that is neither a DNS name nor an IP address …).
+    #[error("minting the {what}: {source}")]
+    Rcgen {
+        /// Which certificate.
+        what: String,
+        /// rcgen's words.
+        #[source]
+        source: rcgen::Error,
+    },
+    /// A file can't be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A certificate and its key, PEM.
+#[derive(Debug, Clone)]
+pub struct Minted {
+    /// The certificate.
+    pub cert_pem: String,
+    /// Its private key (PKCS#8).
+    pub key_pem: String,
+}
+
+/// A certificate authority that signs the controller's and the nodes' certificates.
+pub struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    cert_pem: String,
+}
+
+/// The CA's fixed parameters: reusing a CA rebuilds its issuer from these and its key.
+fn ca_params() -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "gpuwarden");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "gpuwarden CA");
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params
+}
+
+/// From a few minutes ago (clock skew between machines) for `days`.
+fn validity(params: &mut CertificateParams, days: u32) {
+    let now = OffsetDateTime::now_utc();
+    params.not_before = now - Duration::minutes(5);
+    params.not_after = now + Duration::days(i64::from(days));
+}
+
+fn rcgen_error(what: &str) -> impl FnOnce(rcgen::Error) -> MintError + '_ {
+    move |source| MintError::Rcgen {
+        what: what.to_owned(),
+        source,
+    }
+}
+
+impl Ca {
+    /// A new CA valid for `days`.
+    ///
+    /// # Errors
+    /// rcgen fails.
+    pub fn new(days: u32) -> Result<Self, MintError> {
+        let key = KeyPair::generate().map_err(rcgen_error("CA key"))?;
+        let mut params = ca_params();
+        validity(&mut params, days);
+        let cert = params
+            .self_signed(&key)
+            .map_err(rcgen_error("CA certificate"))?;
+        Ok(Self {
+            issuer: Issuer::new(params, key),
+            cert_pem: cert.pem(),
+        })
+    }
+
+    /// A CA this module minted before, from its certificate and key.
+    ///
+    /// # Errors
+    /// The key can't be parsed.
+    pub fn reuse(cert_pem: String, key_pem: &str) -> Result<Self, MintError> {
+        let key = KeyPair::from_pem(key_pem).map_err(rcgen_error("CA key"))?;
+        Ok(Self {
+            issuer: Issuer::new(ca_params(), key),
+            cert_pem,
+        })
+    }
+
+    /// The CA certificate, PEM: what agents and clients trust, and the controller's client CA.
+    #[must_use]
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// The CA key, PEM: keep it off the cluster's machines.
+    #[must_use]
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
+    }
+
+    /// The controller's serving certificate for `names` (DNS names or IP addresses).
+    ///
+    /// # Errors
+    /// A name is neither, or rcgen fails.
+    pub fn server(&self, names: &[String], days: u32) -> Result<Minted, MintError> {
+        let mut params =
+            CertificateParams::new(names.to_vec()).map_err(rcgen_error("server certificate"))?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "gpuwarden-controller");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.sign(params, days, "server certificate")
+    }
+
+    /// A node's client certificate, naming it.
+    ///
+    /// # Errors
+    /// The node id can't be used, or rcgen fails.
+    pub fn node(&self, node_id: &str, days: u32) -> Result<Minted, MintError> {
+        check_node_id(node_id)?;
+        let what = format!("certificate of node {node_id}");
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, node_id);
+        let uri = node_uri(node_id).try_into().map_err(rcgen_error(&what))?;
+        params.subject_alt_names = vec![SanType::URI(uri)];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        self.sign(params, days, &what)
+    }
+
+    fn sign(
+        &self,
+        mut params: CertificateParams,
+        days: u32,
+        what: &str,
+    ) -> Result<Minted, MintError> {
+        validity(&mut params, days);
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate().map_err(rcgen_error(what))?;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(rcgen_error(what))?;
+        Ok(Minted {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+}
+
+/// A node id that is safe as a file name and in a URI: letters, digits, `.`, `-`, `_`, not
+/// starting with `.` or `-` (Kubernetes node names fit).
+///
+/// # Errors
+/// [`MintError::InvalidNodeId`].
+pub fn check_node_id(id: &str) -> Result<(), MintError> {
+    let invalid = |reason| {
+        Err(MintError::InvalidNodeId {
+            id: id.to_owned(),
+            reason,
+        })
+    };
+    if id.is_empty() || id.len() > 253 {
+        return invalid("must be 1 to 253 characters");
+    }
+    if id.starts_with(['.', '-']) {
+        return invalid("must not start with '.' or '-'");
+    }
+    if !id
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+    {
+        return invalid("only letters, digits, '.', '-' and '_'");
+    }
+    Ok(())
+}
+
+/// What [`mint_into`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MintedFiles {
+    /// Whether the directory's CA was reused.
+    pub reused_ca: bool,
+    /// Every file written.
+    pub written: Vec<PathBuf>,
+}
+
+/// Mints into `out`: the CA (`ca.pem`, `ca.key`; reused when both are there), the serving
+/// certificate for `server_names` (`server.pem`, `server.key`), and `<node>.pem`/`<node>.key`
+/// per node. Leaf certificates are valid for `days`, a new CA for ten times as long.
+///
+/// # Errors
+/// A node id or server name can't be used, or a file can't be read or written.
+pub fn mint_into(
+    out: &Path,
+    nodes: &[String],
+    server_names: &[String],
+    days: u32,
+) -> Result<MintedFiles, MintError> {
+    for node in nodes {
+        check_node_id(node)?;
+    }
+    std::fs::create_dir_all(out).map_err(|source| MintError::Io {
+        path: out.to_owned(),
+        source,
+    })?;
+    let (ca_cert, ca_key) = (out.join(CA_CERT), out.join(CA_KEY));
+    let reused_ca = ca_cert.exists() && ca_key.exists();
+    let mut written = Vec::new();
+    let ca = if reused_ca {
+        Ca::reuse(read(&ca_cert)?, &read(&ca_key)?)?
+    } else {
+        let ca = Ca::new(days.saturating_mul(10))?;
+        write(&ca_key, &ca.key_pem(), &mut written)?;
+        write(&ca_cert, ca.cert_pem(), &mut written)?;
+        ca
+    };
+    if !server_names.is_empty() {
+        let server = ca.server(server_names, days)?;
+        write(&out.join(SERVER_KEY), &server.key_pem, &mut written)?;
+        write(&out.join(SERVER_CERT), &server.cert_pem, &mut written)?;
+    }
+    for node in nodes {
+        let minted = ca.node(node, days)?;
+        write(
+            &out.join(format!("{node}.key")),
+            &minted.key_pem,
+            &mut written,
+        )?;
+        write(
+            &out.join(format!("{node}.pem")),
+            &minted.cert_pem,
+            &mut written,
+        )?;
+    }
+    Ok(MintedFiles { reused_ca, written })
+}
+
+fn read(path: &Path) -> Result<String, MintError> {
+    std::fs::read_to_string(path).map_err(|source| MintError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Writes through a temporary file and a rename, so a reader never sees half a file; owner
+/// read/write only (keys among them).
+fn write(path: &Path, contents: &str, written: &mut Vec<PathBuf>) -> Result<(), MintError> {
+    let io = |source| MintError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io)?;
+    file.write_all(contents.as_bytes()).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)?;
+    written.push(path.to_owned());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ids_that_would_escape_a_file_name_are_refused() {
+        for bad in ["", "../x", "a/b", ".hidden", "-x", "node 1"] {
+            assert!(
+                matches!(check_node_id(bad), Err(MintError::InvalidNodeId { .. })),
+                "{bad:?}"
+            );
+        }
+        for good in ["node-1", "gpu-07.rack3.example", "n_1"] {
+            assert!(check_node_id(good).is_ok(), "{good:?}");
+        }
+    }
+
+    #[test]
+    fn a_node_certificate_names_its_node() {
+        use rustls_pki_types::pem::PemObject as _;
+
+        let ca = Ca::new(1).unwrap();
+        let minted = ca.node("node-1", 1).unwrap();
+        let der =
+            rustls_pki_types::CertificateDer::from_pem_slice(minted.cert_pem.as_bytes()).unwrap();
+        assert_eq!(
+            super::super::identity::node_of_certificate(&der),
+            Ok("node-1".to_owned())
+        );
+    }
+
+    #[test]
+    fn minting_again_reuses_the_ca_and_its_certificates_still_chain() {
+        use rustls_pki_types::{CertificateDer, UnixTime, pem::PemObject as _};
+
+        let dir = tempfile::tempdir().unwrap();
+        let first = mint_into(dir.path(), &["node-1".into()], &["localhost".into()], 1).unwrap();
+        assert!(!first.reused_ca);
+        let second = mint_into(dir.path(), &["node-2".into()], &[], 1).unwrap();
+        assert!(second.reused_ca);
+        assert_eq!(
+            second.written,
+            [dir.path().join("node-2.key"), dir.path().join("node-2.pem")]
+        );
+
+        let ca = CertificateDer::from_pem_file(dir.path().join(CA_CERT)).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca).unwrap();
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            std::sync::Arc::new(roots),
+            std::sync::Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .unwrap();
+        let node2 = CertificateDer::from_pem_file(dir.path().join("node-2.pem")).unwrap();
+        verifier
+            .verify_client_cert(&node2, &[], UnixTime::now())
+            .expect("a node minted with the reused CA chains to the first CA certificate");
+        let mode = std::fs::metadata(dir.path().join(CA_KEY))
+            .unwrap()
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
+    }
+}

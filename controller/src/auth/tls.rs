@@ -1,0 +1,242 @@
+//! The controller's TLS: a rustls server configuration built from PEM files and rebuilt when
+//! they change, and the listener's connections through it.
+//!
+//! Every new connection looks at the three files (one `stat` each); when one changed (its
+//! modification time, size or inode, so an atomic rename or a Kubernetes secret update
+//! counts), the configuration is rebuilt from them. A rebuild that fails (a file half written,
+//! a key that doesn't match its certificate) is logged and the last good configuration stays,
+//! so rotation never takes serving down. Open connections keep the certificate they began with.
+//!
+//! Client certificates are optional at the TLS layer, so clients of the scheduler service can
+//! connect without one; when presented they must chain to the client CA, and the agent service
+//! refuses callers without one (see [`super::identity`]).
+
+use std::{
+    io,
+    net::SocketAddr,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use gpuwarden_runtime::tls::{TlsFileError, read_certs, read_key};
+use rustls::{RootCertStore, ServerConfig, server::WebPkiClientVerifier};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::mpsc,
+};
+use tokio_rustls::{TlsAcceptor, server::TlsStream};
+use tokio_stream::{Stream, wrappers::ReceiverStream};
+
+use super::denials::{self, DenialReason};
+
+/// Longest a client may take to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The controller's TLS files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTlsFiles {
+    /// The serving certificate (chain), PEM.
+    pub cert: PathBuf,
+    /// Its private key, PEM.
+    pub key: PathBuf,
+    /// The CA that signs agents' (and clients') certificates, PEM.
+    pub client_ca: PathBuf,
+}
+
+/// Why the TLS configuration can't be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    /// A file can't be read or parsed.
+    #[error(transparent)]
+    File(#[from] TlsFileError),
+    /// The client CA can't be used to verify clients.
+    #[error("client CA {path}: {reason}")]
+    ClientCa {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// rustls refused the certificate and key (e.g. they don't match).
+    #[error("certificate {cert} with key {key}: {source}")]
+    Certificate {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+        /// rustls's words.
+        #[source]
+        source: rustls::Error,
+    },
+}
+
+/// What identifies one version of a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    modified: Option<std::time::SystemTime>,
+    len: u64,
+    dev: u64,
+    ino: u64,
+}
+
+impl Stamp {
+    /// Follows symlinks, as Kubernetes secret volumes need.
+    fn of(path: &Path) -> Option<Self> {
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            modified: m.modified().ok(),
+            len: m.len(),
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+}
+
+struct Loaded {
+    stamps: [Option<Stamp>; 3],
+    config: Arc<ServerConfig>,
+}
+
+/// A server configuration that follows its files.
+pub struct ReloadingConfig {
+    files: ServerTlsFiles,
+    loaded: Mutex<Loaded>,
+}
+
+impl ReloadingConfig {
+    /// Builds the configuration from `files` now.
+    ///
+    /// # Errors
+    /// A file can't be read or used.
+    pub fn load(files: ServerTlsFiles) -> Result<Self, TlsSetupError> {
+        let stamps = stamps(&files);
+        let config = Arc::new(build(&files)?);
+        Ok(Self {
+            files,
+            loaded: Mutex::new(Loaded { stamps, config }),
+        })
+    }
+
+    /// The configuration for a new connection: rebuilt first when a file changed, the last
+    /// good one when that fails.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        let now = stamps(&self.files);
+        let mut loaded = self
+            .loaded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if now != loaded.stamps {
+            match build(&self.files) {
+                Ok(config) => {
+                    tracing::info!(cert = %self.files.cert.display(), "TLS files changed: reloaded");
+                    loaded.config = Arc::new(config);
+                    loaded.stamps = now;
+                }
+                // Stamps stay old, so the next connection tries again.
+                Err(e) => tracing::warn!(
+                    "TLS files changed but can't be used, keeping the previous ones: {e}"
+                ),
+            }
+        }
+        Arc::clone(&loaded.config)
+    }
+}
+
+fn stamps(files: &ServerTlsFiles) -> [Option<Stamp>; 3] {
+    [&files.cert, &files.key, &files.client_ca].map(|p| Stamp::of(p))
+}
+
+/// The rustls configuration from the files: the serving certificate, and clients verified
+/// against the client CA when they present a certificate.
+///
+/// # Errors
+/// A file can't be read or used.
+pub fn build(files: &ServerTlsFiles) -> Result<ServerConfig, TlsSetupError> {
+    let chain = read_certs(&files.cert, "server certificate")?;
+    let key = read_key(&files.key)?;
+    let client_ca = |reason: String| TlsSetupError::ClientCa {
+        path: files.client_ca.clone(),
+        reason,
+    };
+    let mut roots = RootCertStore::empty();
+    for ca in read_certs(&files.client_ca, "client CA certificate")? {
+        roots.add(ca).map_err(|e| client_ca(e.to_string()))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| client_ca(e.to_string()))?;
+    let certificate = |source| TlsSetupError::Certificate {
+        cert: files.cert.clone(),
+        key: files.key.clone(),
+        source,
+    };
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(certificate)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(certificate)?;
+    // gRPC is HTTP/2 only.
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// The listener's connections after their TLS handshake, for `serve_with_incoming`.
+/// Handshakes run concurrently, so a slow or silent client holds up no one; a failed one is
+/// logged (and counted when it was refused for its client certificate) and dropped.
+pub fn incoming(
+    listener: TcpListener,
+    tls: Arc<ReloadingConfig>,
+) -> impl Stream<Item = io::Result<TlsStream<TcpStream>>> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                () = tx.closed() => return,
+                accepted = listener.accept() => accepted,
+            };
+            let (tcp, addr) = match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Out of file descriptors and the like: pause instead of spinning.
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let tls = Arc::clone(&tls);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let acceptor = TlsAcceptor::from(tls.current());
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => handshake_failed(addr, &e),
+                    Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+fn handshake_failed(addr: SocketAddr, e: &io::Error) {
+    let rustls_error = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    if let Some(rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented) =
+        rustls_error
+    {
+        denials::count(DenialReason::BadClientCertificate);
+        tracing::warn!(%addr, reason = DenialReason::BadClientCertificate.as_str(), "TLS handshake refused: {e}");
+    } else {
+        // Probes and plain-text clients on the TLS port: not worth a warning each.
+        tracing::debug!(%addr, "TLS handshake failed: {e}");
+    }
+}

@@ -1,0 +1,478 @@
+//! Mutual TLS between agents and the controller over real gRPC on loopback: real tonic, real
+//! rustls, certificates minted in the test. An agent speaks only for the node its certificate
+//! names; clients of the scheduler service need only the CA; the serving certificate is
+//! rotated without a restart.
+
+use std::{path::Path, process::Command, sync::Arc, time::Duration};
+
+use gpuwarden_controller::{
+    api::Timing,
+    auth::{
+        denials::{self, DenialReason},
+        mint::{self, Ca},
+        tls::{ReloadingConfig, ServerTlsFiles},
+    },
+    scheduler::SchedulerConfig,
+    server::{self, Transport},
+};
+use gpuwarden_proto::v1::{
+    self as pb, agent_service_client::AgentServiceClient,
+    scheduler_service_client::SchedulerServiceClient,
+};
+use gpuwarden_runtime::tls::ClientTls;
+use rustls_pki_types::{CertificateDer, ServerName, pem::PemObject as _};
+use tonic::{Code, transport::Channel};
+
+/// A controller serving TLS with certificates from `mint_into` in a scratch directory.
+struct TlsController {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl TlsController {
+    async fn start(nodes: &[&str]) -> Self {
+        let dir = gpuwarden_test_support::scratch("tls");
+        let nodes: Vec<String> = nodes.iter().map(|n| (*n).to_owned()).collect();
+        mint::mint_into(
+            &dir.path().join("certs"),
+            &nodes,
+            &["localhost".to_owned(), "127.0.0.1".to_owned()],
+            1,
+        )
+        .expect("minted");
+        let controller = server::open(
+            &server::sled_in(&dir.path().join("state")),
+            SchedulerConfig::default(),
+            Timing::default(),
+        )
+        .await
+        .expect("opens");
+        let certs = dir.path().join("certs");
+        let tls = ReloadingConfig::load(ServerTlsFiles {
+            cert: certs.join(mint::SERVER_CERT),
+            key: certs.join(mint::SERVER_KEY),
+            client_ca: certs.join(mint::CA_CERT),
+        })
+        .expect("TLS files load");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let url = format!("https://{}", listener.local_addr().expect("bound"));
+        tokio::spawn(server::serve_with(
+            controller,
+            listener,
+            Transport::Tls(Arc::new(tls)),
+            None,
+            std::future::pending::<()>(),
+        ));
+        Self { dir, url }
+    }
+
+    fn certs(&self) -> std::path::PathBuf {
+        self.dir.path().join("certs")
+    }
+
+    /// TLS as the agent of `node` sets it up: the CA, and that node's certificate.
+    fn as_node(&self, node: &str) -> ClientTls {
+        ClientTls {
+            ca: Some(self.certs().join(mint::CA_CERT)),
+            cert: Some(self.certs().join(format!("{node}.pem"))),
+            key: Some(self.certs().join(format!("{node}.key"))),
+        }
+    }
+
+    /// TLS with the CA only (a scheduler client).
+    fn ca_only(&self) -> ClientTls {
+        ClientTls {
+            ca: Some(self.certs().join(mint::CA_CERT)),
+            ..ClientTls::default()
+        }
+    }
+
+    async fn channel(&self, tls: &ClientTls) -> Result<Channel, tonic::transport::Error> {
+        tls.apply(
+            tonic::transport::Endpoint::from_shared(self.url.clone())
+                .expect("a URL")
+                .connect_timeout(Duration::from_secs(5)),
+        )
+        .expect("TLS settings")
+        .connect()
+        .await
+    }
+
+    async fn agent(&self, tls: &ClientTls) -> AgentServiceClient<Channel> {
+        AgentServiceClient::new(self.channel(tls).await.expect("connects"))
+    }
+}
+
+fn node_info(node: &str) -> pb::NodeInfo {
+    pb::NodeInfo {
+        node_id: node.to_owned(),
+        hostname: node.to_owned(),
+        ..pb::NodeInfo::default()
+    }
+}
+
+fn heartbeat(node: &str) -> pb::AgentMessage {
+    pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+            node_id: node.to_owned(),
+            seq: 0,
+            running_sessions: vec![],
+        })),
+    }
+}
+
+/// Waits (bounded) until the counter for `reason` passes `before`; the server counts in its
+/// own task, after the client has seen the refusal.
+async fn counted_past(reason: DenialReason, before: u64) -> bool {
+    for _ in 0..50 {
+        if denials::count_of(reason) > before {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_node_with_its_certificate_registers_and_heartbeats() {
+    let controller = TlsController::start(&["node-1"]).await;
+    let mut agent = controller.agent(&controller.as_node("node-1")).await;
+    let registered = agent
+        .register(node_info("node-1"))
+        .await
+        .expect("node-1 may register as node-1")
+        .into_inner();
+    assert_eq!(registered.node_id, "node-1");
+
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(heartbeat("node-1")).await.expect("queued");
+    let _stream = agent
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("node-1 may hold node-1's stream");
+
+    // The controller saw the heartbeat: the node is listed, ready, over a CA-only client.
+    let mut client = SchedulerServiceClient::new(
+        controller
+            .channel(&controller.ca_only())
+            .await
+            .expect("connects"),
+    );
+    let nodes = client
+        .list_nodes(pb::ListNodesRequest::default())
+        .await
+        .expect("lists")
+        .into_inner()
+        .nodes;
+    let node = nodes
+        .iter()
+        .find(|n| n.info.as_ref().is_some_and(|i| i.node_id == "node-1"))
+        .expect("node-1 is listed");
+    assert!(node.last_heartbeat_ms > 0, "{node:?}");
+}
+
+#[tokio::test]
+async fn an_agent_without_a_client_certificate_is_unauthenticated() {
+    let controller = TlsController::start(&["node-1"]).await;
+    let before = denials::count_of(DenialReason::NoClientCertificate);
+    let mut agent = controller.agent(&controller.ca_only()).await;
+    let status = agent
+        .register(node_info("node-1"))
+        .await
+        .expect_err("no certificate, no registration");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(
+        status.message().contains("no client certificate"),
+        "{}",
+        status.message()
+    );
+    let status = agent
+        .connect(tokio_stream::iter([heartbeat("node-1")]))
+        .await
+        .expect_err("no certificate, no stream");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(denials::count_of(DenialReason::NoClientCertificate) >= before + 2);
+}
+
+#[tokio::test]
+async fn a_certificate_from_another_ca_is_refused_in_the_handshake() {
+    let controller = TlsController::start(&["node-1"]).await;
+    // A CA of the attacker's own, with a certificate that names node-1 the right way.
+    let rogue_dir = controller.dir.path().join("rogue");
+    std::fs::create_dir_all(&rogue_dir).expect("made");
+    let rogue = Ca::new(1).expect("a CA").node("node-1", 1).expect("minted");
+    std::fs::write(rogue_dir.join("node-1.pem"), &rogue.cert_pem).expect("written");
+    std::fs::write(rogue_dir.join("node-1.key"), &rogue.key_pem).expect("written");
+    let tls = ClientTls {
+        ca: Some(controller.certs().join(mint::CA_CERT)),
+        cert: Some(rogue_dir.join("node-1.pem")),
+        key: Some(rogue_dir.join("node-1.key")),
+    };
+
+    let before = denials::count_of(DenialReason::BadClientCertificate);
+    // TLS 1.3 lets the client finish before the server checks its certificate, so the refusal
+    // shows either when connecting or on the first call.
+    let refused = match controller.channel(&tls).await {
+        Err(e) => format!("{e:?}"),
+        Ok(channel) => {
+            let status = AgentServiceClient::new(channel)
+                .register(node_info("node-1"))
+                .await
+                .expect_err("a rogue CA's certificate must not register");
+            assert_ne!(status.code(), Code::Ok);
+            format!("{status:?}")
+        }
+    };
+    assert!(
+        counted_past(DenialReason::BadClientCertificate, before).await,
+        "the controller did not count the refused handshake ({refused})"
+    );
+}
+
+#[tokio::test]
+async fn a_node_speaking_for_another_is_permission_denied_naming_both() {
+    let controller = TlsController::start(&["node-1", "node-2"]).await;
+    let before = denials::count_of(DenialReason::NodeMismatch);
+    let mut agent = controller.agent(&controller.as_node("node-1")).await;
+    let status = agent
+        .register(node_info("node-2"))
+        .await
+        .expect_err("node-1 must not register as node-2");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    for id in ["\"node-1\"", "\"node-2\""] {
+        assert!(status.message().contains(id), "{}", status.message());
+    }
+
+    // node-2 registers for itself; node-1 still can't hold node-2's stream.
+    let mut node2 = controller.agent(&controller.as_node("node-2")).await;
+    node2
+        .register(node_info("node-2"))
+        .await
+        .expect("node-2 registers itself");
+    let status = agent
+        .connect(tokio_stream::iter([heartbeat("node-2")]))
+        .await
+        .expect_err("node-1 must not heartbeat for node-2");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(denials::count_of(DenialReason::NodeMismatch) >= before + 2);
+}
+
+/// The certificate the controller serves to a new connection.
+async fn served_certificate(url: &str, ca: &Path) -> CertificateDer<'static> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).expect("CA file") {
+        roots.add(cert.expect("a CA certificate")).expect("added");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let addr = url.trim_start_matches("https://");
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connects");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").expect("a name"), tcp)
+        .await
+        .expect("handshake");
+    tls.get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .expect("a served certificate")
+        .clone()
+        .into_owned()
+}
+
+#[tokio::test]
+async fn a_rotated_serving_certificate_is_served_without_a_restart() {
+    let controller = TlsController::start(&["node-1"]).await;
+    let certs = controller.certs();
+    let ca = certs.join(mint::CA_CERT);
+    let first = served_certificate(&controller.url, &ca).await;
+    assert_eq!(
+        first,
+        CertificateDer::from_pem_file(certs.join(mint::SERVER_CERT)).expect("read")
+    );
+    // An agent connected before the rotation.
+    let mut before = controller.agent(&controller.as_node("node-1")).await;
+
+    // Rotate: a new serving certificate and key from the same CA, written atomically.
+    let minted = mint::mint_into(
+        &certs,
+        &[],
+        &["localhost".to_owned(), "127.0.0.1".to_owned()],
+        1,
+    )
+    .expect("minted again");
+    assert!(minted.reused_ca);
+    let rotated = CertificateDer::from_pem_file(certs.join(mint::SERVER_CERT)).expect("read");
+    assert_ne!(first, rotated, "minting made the same certificate");
+
+    let second = served_certificate(&controller.url, &ca).await;
+    assert_eq!(
+        second, rotated,
+        "a new connection still sees the old certificate"
+    );
+
+    // Agents on new connections and on the old one both still work.
+    let mut after = controller.agent(&controller.as_node("node-1")).await;
+    after
+        .register(node_info("node-1"))
+        .await
+        .expect("registers after the rotation");
+    before
+        .register(node_info("node-1"))
+        .await
+        .expect("the connection from before the rotation still works");
+}
+
+#[tokio::test]
+async fn a_broken_rotation_keeps_the_last_good_certificate() {
+    let controller = TlsController::start(&[]).await;
+    let certs = controller.certs();
+    let ca = certs.join(mint::CA_CERT);
+    let first = served_certificate(&controller.url, &ca).await;
+    // A key that does not match the certificate (half a rotation).
+    let stray = Ca::new(1)
+        .expect("a CA")
+        .server(&["localhost".to_owned()], 1)
+        .expect("minted");
+    std::fs::write(certs.join(mint::SERVER_KEY), stray.key_pem).expect("written");
+    assert_eq!(served_certificate(&controller.url, &ca).await, first);
+}
+
+#[tokio::test]
+async fn a_scheduler_client_needs_only_the_ca() {
+    let controller = TlsController::start(&[]).await;
+    let mut client = SchedulerServiceClient::new(
+        controller
+            .channel(&controller.ca_only())
+            .await
+            .expect("connects with the CA alone"),
+    );
+    client
+        .list_slot_types(pb::ListSlotTypesRequest::default())
+        .await
+        .expect("answers");
+
+    // Without the CA the controller's certificate is not trusted.
+    let untrusted = ClientTls {
+        ca: Some(controller.dir.path().join("other-ca.pem")),
+        ..ClientTls::default()
+    };
+    std::fs::write(
+        controller.dir.path().join("other-ca.pem"),
+        Ca::new(1).expect("a CA").cert_pem(),
+    )
+    .expect("written");
+    let result = match controller.channel(&untrusted).await {
+        Err(e) => Err(format!("{e:?}")),
+        Ok(channel) => SchedulerServiceClient::new(channel)
+            .list_slot_types(pb::ListSlotTypesRequest::default())
+            .await
+            .map(|_| ())
+            .map_err(|s| format!("{s:?}")),
+    };
+    let err = result.expect_err("a controller signed by another CA must not be trusted");
+    assert!(err.contains("InvalidCertificate"), "{err}");
+}
+
+#[tokio::test]
+async fn a_plain_text_client_gets_nothing_from_a_tls_port() {
+    let controller = TlsController::start(&[]).await;
+    let url = controller.url.replace("https://", "http://");
+    let result = async {
+        let channel = tonic::transport::Endpoint::from_shared(url)
+            .expect("a URL")
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        SchedulerServiceClient::new(channel)
+            .list_slot_types(pb::ListSlotTypesRequest::default())
+            .await
+            .map_err(|s| s.to_string())
+    }
+    .await;
+    assert!(result.is_err(), "plain text was answered on the TLS port");
+}
+
+#[test]
+fn the_binary_mints_certificates_and_refuses_half_the_tls_flags() {
+    let scratch = gpuwarden_test_support::scratch("mint");
+    let out = scratch.path().join("certs");
+    let run = Command::new(env!("CARGO_BIN_EXE_gpuwarden-controller"))
+        .args(["certs", "mint", "--nodes", "node-1,node-2", "--out"])
+        .arg(&out)
+        .output()
+        .expect("runs");
+    assert!(run.status.success(), "{run:?}");
+    for file in [
+        "ca.pem",
+        "ca.key",
+        "server.pem",
+        "server.key",
+        "node-1.pem",
+        "node-1.key",
+        "node-2.pem",
+        "node-2.key",
+    ] {
+        assert!(out.join(file).is_file(), "{file} missing: {run:?}");
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_gpuwarden-controller"))
+        .args(["certs", "mint", "--nodes", "../etc", "--out"])
+        .arg(&out)
+        .output()
+        .expect("runs");
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("\"../etc\""),
+        "{bad:?}"
+    );
+
+    let half = Command::new(env!("CARGO_BIN_EXE_gpuwarden-controller"))
+        .args(["run", "--listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(out.join("server.pem"))
+        .arg("--state-dir")
+        .arg(scratch.path().join("state"))
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&half.stderr);
+    assert_eq!(half.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--tls-key") && err.contains("--tls-client-ca"),
+        "{err}"
+    );
+
+    // The config file's keys count too: with cert and key there, only the CA is missing.
+    let config = scratch.path().join("controller.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "tls_cert = {:?}\ntls_key = {:?}\n",
+            out.join("server.pem"),
+            out.join("server.key")
+        ),
+    )
+    .expect("written");
+    let from_file = Command::new(env!("CARGO_BIN_EXE_gpuwarden-controller"))
+        .args(["run", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(scratch.path().join("state"))
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&from_file.stderr);
+    assert_eq!(from_file.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("missing: --tls-client-ca") && !err.contains("--tls-key"),
+        "{err}"
+    );
+}
