@@ -429,3 +429,42 @@ async fn a_key_written_twice_in_one_commit_keeps_the_last_value() {
         assert_eq!(back.sessions, vec![second], "{}", store.kv().describe());
     }
 }
+
+/// A standby may wait far longer than one etcd request may take; it still takes over, and leaves
+/// no candidacy behind that nobody holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_that_waited_past_the_request_timeout_still_takes_over() {
+    let etcd = Etcd::start();
+    let spec: StoreSpec = etcd.store_url("wait").parse().unwrap();
+    let store = Store::open(&spec).await.unwrap();
+    let Kv::Etcd(kv) = store.kv() else {
+        unreachable!("an etcd store")
+    };
+    let ttl = Duration::from_secs(2);
+    let a = kv.campaign("controller", "a:1", ttl).await.unwrap();
+    let waiting = (**kv).clone();
+    let b = tokio::spawn(async move { waiting.campaign("controller", "b:1", ttl).await });
+    // The client's request timeout is 10 s.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(!b.is_finished(), "B led while A held office");
+    let lapsed = Instant::now();
+    drop(a);
+    let b = tokio::time::timeout(ttl + Duration::from_secs(3), b)
+        .await
+        .expect("B leads once A's lease lapses")
+        .unwrap()
+        .unwrap();
+    assert!(
+        lapsed.elapsed() <= ttl + Duration::from_secs(2),
+        "{:?}",
+        lapsed.elapsed()
+    );
+    assert_eq!(
+        kv.leader("controller").await.unwrap().as_deref(),
+        Some("b:1")
+    );
+    // Only B's candidacy is in the election: nothing abandoned waits to lead after it.
+    let candidates = kv.list("election/controller/").await.unwrap();
+    assert_eq!(candidates.len(), 1, "{candidates:?}");
+    drop(b);
+}
