@@ -261,3 +261,75 @@ async fn a_leader_paused_past_its_lease_cannot_write_and_steps_down() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_lost_under_load_stops_scheduling_with_the_reason_and_loses_nothing_acknowledged() {
+    let mut etcd = Etcd::start();
+    let store = etcd.store_url("faults");
+    let a = Member::start(&store);
+    a.until_leading(Duration::from_secs(10)).await;
+    a.register_node().await;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let mut client = a.client().await;
+        let stop = std::sync::Arc::clone(&stop);
+        tokio::spawn(async move {
+            let (mut acknowledged, mut refused) = (Vec::new(), Vec::new());
+            // Whether the last answer was an acknowledgement: scheduling resumed.
+            let mut resumed = false;
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let name = format!("job-{i:04}");
+                match client.create_session(request(&name)).await {
+                    Ok(_) => {
+                        acknowledged.push(name);
+                        resumed = true;
+                    }
+                    Err(status) => {
+                        refused.push(status);
+                        resumed = false;
+                    }
+                }
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (acknowledged, refused, resumed)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    etcd.kill();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    etcd.resume();
+    let back = a.until_leading(Duration::from_secs(20)).await;
+    eprintln!("leading again {back:?} after etcd came back");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (acknowledged, refused, resumed) = load.await.expect("the load ran");
+
+    // While etcd was away, creates were refused with a reason, not acknowledged.
+    assert!(
+        !refused.is_empty(),
+        "nothing was refused while etcd was down"
+    );
+    for status in &refused {
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(
+            status.message().contains("store") || status.message().contains("standby"),
+            "{status:?}"
+        );
+    }
+    // Scheduling resumed: creates after etcd returned were acknowledged.
+    assert!(
+        acknowledged.len() > refused.len() / 10,
+        "{} acknowledged",
+        acknowledged.len()
+    );
+    // Every acknowledged session is there.
+    let stored = a.names().await.expect("leads");
+    let missing: Vec<&String> = acknowledged
+        .iter()
+        .filter(|n| !stored.contains(n))
+        .collect();
+    assert!(missing.is_empty(), "acknowledged but lost: {missing:?}");
+}
