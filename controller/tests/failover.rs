@@ -319,12 +319,8 @@ async fn etcd_lost_under_load_stops_scheduling_with_the_reason_and_loses_nothing
             "{status:?}"
         );
     }
-    // Scheduling resumed: creates after etcd returned were acknowledged.
-    assert!(
-        acknowledged.len() > refused.len() / 10,
-        "{} acknowledged",
-        acknowledged.len()
-    );
+    // Scheduling resumed: the creates after etcd returned were acknowledged.
+    assert!(resumed, "the last creates were still refused");
     // Every acknowledged session is there.
     let stored = a.names().await.expect("leads");
     let missing: Vec<&String> = acknowledged
