@@ -16,7 +16,10 @@ pub mod wire;
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
-use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use gpuwarden_proto::{
+    follow::Controllers,
+    v1::{self as pb, scheduler_service_client::SchedulerServiceClient},
+};
 use gpuwarden_runtime::tls::ClientTls;
 use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
@@ -44,7 +47,8 @@ pub struct Cli {
 /// Where the controller is, and the TLS files to reach it with.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ControllerArgs {
-    /// Controller URL (https:// needs --ca).
+    /// Controller URL (https:// needs --ca); with several controllers sharing an etcd store, a
+    /// comma-separated list (the CLI asks the one that leads).
     #[arg(
         long = "controller",
         global = true,
@@ -300,26 +304,67 @@ pub fn main() -> ExitCode {
 }
 
 async fn connect(controller: &ControllerArgs) -> Result<SchedulerServiceClient<Channel>, CliError> {
-    let url = &controller.url;
-    let unreachable = |reason: String| CliError::Unreachable {
-        url: url.clone(),
-        reason,
-    };
-    let endpoint = Endpoint::from_shared(url.clone())
+    Ok(SchedulerServiceClient::new(leader(controller).await?))
+}
+
+/// A channel to `url`, with the TLS settings given.
+async fn channel(url: &str, controller: &ControllerArgs) -> Result<Channel, CliError> {
+    let endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(|e| CliError::Input(format!("invalid --controller URL {url:?}: {e}")))?;
     let tls = ClientTls {
         ca: controller.ca.clone(),
         cert: controller.cert.clone(),
         key: controller.key.clone(),
     };
-    let channel = tls
-        .apply(endpoint)
+    tls.apply(endpoint)
         .map_err(|e| CliError::Input(e.to_string()))?
         .connect_timeout(std::time::Duration::from_secs(3))
         .connect()
         .await
-        .map_err(|e| unreachable(e.to_string()))?;
-    Ok(SchedulerServiceClient::new(channel))
+        .map_err(|e| CliError::Unreachable {
+            url: url.to_owned(),
+            reason: e.to_string(),
+        })
+}
+
+/// The controller of `--controller`'s list that leads, and a channel to it: each is asked in
+/// turn, and a standby's answer (which names the leader) is followed.
+async fn leader(controller: &ControllerArgs) -> Result<Channel, CliError> {
+    let mut controllers =
+        Controllers::parse(&controller.url).map_err(|e| CliError::Input(e.to_string()))?;
+    // Every entry once, and a named leader after each.
+    let attempts = 2 * controllers.urls().len() + 1;
+    let mut last = None;
+    for _ in 0..attempts {
+        let url = controllers.current().to_owned();
+        let channel = match channel(&url, controller).await {
+            Ok(channel) => channel,
+            Err(e @ CliError::Input(_)) => return Err(e),
+            Err(e) => {
+                controllers.failed(None);
+                last = Some(e);
+                continue;
+            }
+        };
+        // Any answer but a standby's means this one leads (an error is the command's to report).
+        match SchedulerServiceClient::new(channel.clone())
+            .list_slot_types(pb::ListSlotTypesRequest {})
+            .await
+        {
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                controllers.failed(Some(&status));
+                last = Some(CliError::Unreachable {
+                    url,
+                    reason: status.message().to_owned(),
+                });
+            }
+            _ => return Ok(channel),
+        }
+    }
+    Err(last.unwrap_or_else(|| CliError::Unreachable {
+        url: controller.url.clone(),
+        reason: "no controller leads".to_owned(),
+    }))
 }
 
 fn print_json<T: serde::Serialize>(value: &T) {
