@@ -2,7 +2,9 @@
 //! played over real gRPC on loopback: fake agents (one stream each, acknowledging every
 //! allocation at once) on 1,000 nodes × 8 GPUs, and concurrent clients creating 5,000 mixed
 //! fractional sessions. Run on sled and on a real etcd (Debian's, started here), each with group
-//! commit and, as the baseline measured in the same run, with one change per commit.
+//! commit and, as the baseline measured in the same run, with one change per commit. Then the
+//! failover time: two controllers on etcd, the leader killed, until the standby leads (three
+//! rounds).
 
 use std::{
     collections::HashMap,
@@ -284,6 +286,74 @@ fn print(row: &Row, baseline: Option<&Row>, floor: Option<(f64, Option<Duration>
     );
 }
 
+/// A controller campaigning on `store` on a runtime of its own (dropping the runtime is as abrupt
+/// as killing the process); its URL.
+fn elected(store: &StoreSpec) -> (tokio::runtime::Runtime, String) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let url = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let addr = listener.local_addr().expect("bound");
+        let (controller, election) = server::open_standby(
+            store,
+            SchedulerConfig::default(),
+            Timing::default(),
+            addr.to_string(),
+            TTL,
+        )
+        .await
+        .expect("opens");
+        tokio::spawn(server::serve_with(
+            controller,
+            listener,
+            server::Transport::PlainText,
+            Some(election),
+            std::future::pending::<()>(),
+        ));
+        format!("http://{addr}")
+    });
+    (rt, url)
+}
+
+/// Whether the controller at `url` answers as the leader.
+async fn leads(url: &str) -> bool {
+    let Ok(endpoint) = tonic::transport::Endpoint::from_shared(url.to_owned()) else {
+        return false;
+    };
+    let Ok(channel) = endpoint.connect().await else {
+        return false;
+    };
+    SchedulerServiceClient::new(channel)
+        .list_slot_types(pb::ListSlotTypesRequest {})
+        .await
+        .is_ok()
+}
+
+/// The lease TTL of the failover rows.
+const TTL: Duration = Duration::from_secs(2);
+
+/// Time from killing the leader until the standby answers as the leader.
+fn failover(store: &StoreSpec, probe: &tokio::runtime::Runtime) -> Duration {
+    let (leader_rt, leader) = elected(store);
+    while !probe.block_on(leads(&leader)) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (_standby_rt, standby) = elected(store);
+    // Let the standby settle into waiting.
+    std::thread::sleep(Duration::from_millis(500));
+    let killed = Instant::now();
+    leader_rt.shutdown_background();
+    while !probe.block_on(leads(&standby)) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    killed.elapsed()
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -317,4 +387,19 @@ fn main() {
         let grouped = run(open(etcd_spec("grouped")).await, "etcd", true).await;
         print(&grouped, Some(&base), Some((1_000.0, None)));
     });
+    println!(
+        "\n| failover (etcd, lease TTL {} s) | takeover after the leader is killed | floor |",
+        TTL.as_secs()
+    );
+    println!("|---|---:|---|");
+    for round in 1..=3 {
+        let took = failover(&etcd_spec(&format!("failover{round}")), &runtime);
+        let floor = TTL + Duration::from_secs(1);
+        println!(
+            "| round {round} | {:.2} s | ≤ {:.0} s: {} |",
+            took.as_secs_f64(),
+            floor.as_secs_f64(),
+            if took <= floor { "met" } else { "NOT MET" }
+        );
+    }
 }
