@@ -27,7 +27,7 @@ use crate::{
         tls::{ReloadingConfig, ServerTlsFiles, TlsSetupError},
     },
     scheduler::{Scheduler, SchedulerConfig},
-    store::{EtcdKv, Kv, Store, StoreError, StoreSpec},
+    store::{EtcdKv, Kv, Replica, Snapshot, Store, StoreError, StoreSpec},
 };
 
 /// Errors that stop the controller.
@@ -391,7 +391,21 @@ async fn hold_elections(
     health: tonic_health::server::HealthReporter,
 ) {
     let Election { kv, advertise, ttl } = election;
+    // A standby keeps a warm copy of the state, so that taking office reads nothing; one that
+    // stopped following (etcd restarted, say) is made again.
+    let mut replica: Option<Replica> = None;
     loop {
+        if replica.as_ref().is_none_or(Replica::failed) {
+            replica = match kv.replicate().await {
+                Ok(replica) => Some(replica),
+                Err(e) => {
+                    tracing::warn!(
+                        "standby without a warm copy (takeover will read the store): {e}"
+                    );
+                    None
+                }
+            };
+        }
         let campaign = kv.campaign(ELECTION, &advertise, ttl);
         tokio::pin!(campaign);
         let won = loop {
@@ -422,19 +436,36 @@ async fn hold_elections(
                 continue;
             }
         };
-        let stored = match store.load().await {
-            Ok(stored) => stored,
-            Err(e) => {
-                tracing::error!("won the election but cannot read the state: {e}; resigning");
-                let _ = office.resign().await;
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
+        let loading = std::time::Instant::now();
+        let warm = match &replica {
+            Some(replica) => match replica.caught_up(office.won_at(), ttl).await {
+                Ok(()) => Snapshot::from_records(replica.records()).ok(),
+                Err(e) => {
+                    tracing::warn!("the warm copy is behind ({e}); reading the store instead");
+                    None
+                }
+            },
+            None => None,
+        };
+        let from_copy = warm.is_some();
+        let stored = match warm {
+            Some(stored) => stored,
+            None => match store.load().await {
+                Ok(stored) => stored,
+                Err(e) => {
+                    tracing::error!("won the election but cannot read the state: {e}; resigning");
+                    let _ = office.resign().await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            },
         };
         tracing::info!(
             sessions = stored.sessions.len(),
             nodes = stored.nodes.len(),
             term = controller.role().terms() + 1,
+            took = ?loading.elapsed(),
+            from = if from_copy { "the warm copy" } else { "the store" },
             "leading: took office at {advertise}"
         );
         controller.take_office(store, stored);

@@ -114,20 +114,41 @@ impl EtcdKv {
     /// # Errors
     /// etcd can't be reached or has no leader.
     pub async fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        Ok(self.list_at(prefix, None).await?.0)
+    }
+
+    /// Every key under `prefix` as of one revision (`at`, or the current one), and that
+    /// revision: every page is read at the same revision, so the whole is consistent.
+    ///
+    /// # Errors
+    /// etcd can't be reached or has no leader, or `at` was compacted away.
+    pub async fn list_at(
+        &self,
+        prefix: &str,
+        at: Option<i64>,
+    ) -> Result<(Vec<(String, Vec<u8>)>, i64), StoreError> {
         let start = self.full(prefix);
         let end = prefix_end(start.as_bytes());
         let mut from = start.into_bytes();
         let mut out = Vec::new();
+        let mut revision = at;
         loop {
+            let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+            if let Some(revision) = revision {
+                options = options.with_revision(revision);
+            }
             let response = self
                 .client
                 .kv_client()
-                .get(
-                    from.clone(),
-                    Some(GetOptions::new().with_range(end.clone()).with_limit(PAGE)),
-                )
+                .get(from.clone(), Some(options))
                 .await
                 .map_err(|e| self.error(prefix, &e))?;
+            // The first page fixes the revision the others are read at.
+            let at = *revision.get_or_insert_with(|| {
+                response
+                    .header()
+                    .map_or(0, etcd_client::ResponseHeader::revision)
+            });
             for kv in response.kvs() {
                 let key = String::from_utf8_lossy(kv.key());
                 let key = key.strip_prefix(&self.prefix).unwrap_or(&key).to_owned();
@@ -139,7 +160,7 @@ impl EtcdKv {
                     from = last.key().to_vec();
                     from.push(0);
                 }
-                _ => return Ok(out),
+                _ => return Ok((out, at)),
             }
         }
     }

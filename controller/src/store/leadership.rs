@@ -37,6 +37,8 @@ impl Fence {
 pub struct Office {
     client: Client,
     leader: LeaderKey,
+    /// The revision etcd was at when this candidate won.
+    won_at: i64,
     lease: i64,
     keep_alive: tokio::task::JoinHandle<()>,
 }
@@ -58,6 +60,13 @@ impl Office {
             key: self.leader.key().to_vec(),
             revision: self.leader.rev(),
         }
+    }
+
+    /// The revision etcd was at when this term began: every write of earlier leaders is at or
+    /// before it.
+    #[must_use]
+    pub fn won_at(&self) -> i64 {
+        self.won_at
     }
 
     /// Whether the lease is still being renewed (the keep-alive task has not given up).
@@ -165,6 +174,9 @@ impl EtcdKv {
         };
         Ok(Office {
             client,
+            won_at: won
+                .header()
+                .map_or(0, etcd_client::ResponseHeader::revision),
             leader,
             lease,
             keep_alive,

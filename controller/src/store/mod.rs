@@ -14,6 +14,7 @@
 mod etcd;
 mod group;
 mod leadership;
+mod replica;
 mod sled;
 
 use std::{path::PathBuf, str::FromStr, sync::Arc};
@@ -24,6 +25,7 @@ pub use self::{
     etcd::EtcdKv,
     group::AfterCommit,
     leadership::{Fence, Office},
+    replica::Replica,
     sled::SledKv,
 };
 use crate::{node::Node, profile::Profile, session::Session, slots::SlotTypeRegistry};
@@ -377,6 +379,37 @@ pub struct Snapshot {
     pub profiles: Vec<Profile>,
 }
 
+impl Snapshot {
+    /// The state held in `records` (`concern/id` → JSON), as [`Store::load`] or a standby's
+    /// warm copy have them; keys of other concerns are passed over.
+    ///
+    /// # Errors
+    /// A record is corrupt.
+    pub fn from_records(
+        records: impl IntoIterator<Item = (String, Vec<u8>)>,
+    ) -> Result<Self, StoreError> {
+        fn decode<T: DeserializeOwned>(key: String, value: &[u8]) -> Result<T, StoreError> {
+            serde_json::from_slice(value).map_err(|e| StoreError::Corrupt {
+                key,
+                reason: e.to_string(),
+            })
+        }
+        let mut snapshot = Self::default();
+        for (key, value) in records {
+            if key == REGISTRY_KEY {
+                snapshot.registry = decode(key, &value)?;
+            } else if key.starts_with(NODES) {
+                snapshot.nodes.push(decode(key, &value)?);
+            } else if key.starts_with(SESSIONS) {
+                snapshot.sessions.push(decode(key, &value)?);
+            } else if key.starts_with(PROFILES) {
+                snapshot.profiles.push(decode(key, &value)?);
+            }
+        }
+        Ok(snapshot)
+    }
+}
+
 /// A change submitted to the store: await [`Submitted::durable`] before saying it happened.
 #[must_use = "a change is not durable until `durable()` says so"]
 pub struct Submitted {
@@ -502,37 +535,16 @@ impl Store {
         self.group.counts()
     }
 
-    async fn all<T: DeserializeOwned>(&self, prefix: &str) -> Result<Vec<T>, StoreError> {
-        self.kv
-            .list(prefix)
-            .await?
-            .into_iter()
-            .map(|(key, value)| {
-                serde_json::from_slice(&value).map_err(|e| StoreError::Corrupt {
-                    key,
-                    reason: e.to_string(),
-                })
-            })
-            .collect()
-    }
-
     /// Reads everything back.
     ///
     /// # Errors
     /// A read fails or a record is corrupt.
     pub async fn load(&self) -> Result<Snapshot, StoreError> {
-        let registry = self
-            .all::<SlotTypeRegistry>(SLOT_TYPES)
-            .await?
-            .into_iter()
-            .next()
-            .unwrap_or_default();
-        Ok(Snapshot {
-            registry,
-            nodes: self.all(NODES).await?,
-            sessions: self.all(SESSIONS).await?,
-            profiles: self.all(PROFILES).await?,
-        })
+        let mut records = Vec::new();
+        for prefix in [SLOT_TYPES, NODES, SESSIONS, PROFILES] {
+            records.extend(self.kv.list(prefix).await?);
+        }
+        Snapshot::from_records(records)
     }
 
     /// Copies every record of `self` into `to` (a migration from sled to etcd, say); how many.

@@ -468,3 +468,40 @@ async fn a_standby_that_waited_past_the_request_timeout_still_takes_over() {
     assert_eq!(candidates.len(), 1, "{candidates:?}");
     drop(b);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_copy_follows_every_put_and_delete_and_says_when_it_has_caught_up() {
+    let etcd = Etcd::start();
+    let spec: StoreSpec = etcd.store_url("warm").parse().unwrap();
+    let writer = Store::open(&spec).await.unwrap();
+    writer
+        .write(vec![Write::session(&session("before")).unwrap()])
+        .await
+        .unwrap();
+    let Kv::Etcd(kv) = writer.kv() else {
+        unreachable!("an etcd store")
+    };
+    let replica = kv.replicate().await.unwrap();
+    let mut writes: Vec<Write> = (0..300)
+        .map(|i| Write::session(&session(&format!("s{i:03}"))).unwrap())
+        .collect();
+    writes.push(Write::remove_session("before"));
+    writer.write(writes).await.unwrap();
+    // The revision now: every write above is at or before it.
+    let (_, now) = kv.list_at("meta/", None).await.unwrap();
+    replica
+        .caught_up(now, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(!replica.failed());
+    let copied = Snapshot::from_records(replica.records()).unwrap();
+    let read = writer.load().await.unwrap();
+    assert_eq!(copied.sessions.len(), 300);
+    assert_eq!(copied.sessions, read.sessions);
+    // A revision that never comes is a clear error, not a hang.
+    let err = replica
+        .caught_up(now + 1000, Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("needed"), "{err}");
+}
