@@ -12,6 +12,7 @@ use std::{
 };
 
 use clap::{Parser, Subcommand};
+use gpuwarden_runtime::tls::ClientTls;
 
 use gpuwarden_proto::v1::{
     FILE_DESCRIPTOR_SET, agent_service_server::AgentServiceServer,
@@ -132,6 +133,12 @@ pub struct FileConfig {
     /// Where the state lives (`sled:PATH` or `etcd://…`); else sled in the state directory.
     #[serde(default, deserialize_with = "spec_from_str")]
     pub store: Option<StoreSpec>,
+    /// For an etcd store over TLS: the CA that signs etcd's certificates (PEM).
+    pub etcd_ca: Option<PathBuf>,
+    /// This controller's client certificate for etcd (PEM).
+    pub etcd_cert: Option<PathBuf>,
+    /// The private key of `etcd_cert` (PEM).
+    pub etcd_key: Option<PathBuf>,
 }
 
 fn spec_from_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<StoreSpec>, D::Error> {
@@ -490,6 +497,34 @@ async fn hold_elections(
     }
 }
 
+/// TLS to etcd, for an etcd store.
+#[derive(clap::Args, Debug, Default, Clone)]
+struct EtcdTlsArgs {
+    /// CA that signs etcd's serving certificates (PEM): talk to etcd over TLS.
+    #[arg(long, value_name = "FILE")]
+    etcd_ca: Option<PathBuf>,
+    /// Client certificate for etcd's --client-cert-auth (PEM).
+    #[arg(long, value_name = "FILE")]
+    etcd_cert: Option<PathBuf>,
+    /// Private key of --etcd-cert (PEM).
+    #[arg(long, value_name = "FILE")]
+    etcd_key: Option<PathBuf>,
+}
+
+impl EtcdTlsArgs {
+    /// `spec` with these files when it is an etcd store (flags first, then the config file's).
+    fn apply(self, mut spec: StoreSpec, file: &FileConfig) -> StoreSpec {
+        if let StoreSpec::Etcd { tls, .. } = &mut spec {
+            *tls = ClientTls {
+                ca: self.etcd_ca.or_else(|| file.etcd_ca.clone()),
+                cert: self.etcd_cert.or_else(|| file.etcd_cert.clone()),
+                key: self.etcd_key.or_else(|| file.etcd_key.clone()),
+            };
+        }
+        spec
+    }
+}
+
 /// gpuwarden's cluster controller.
 #[derive(Parser)]
 #[command(name = "gpuwarden-controller", version, about)]
@@ -521,6 +556,8 @@ enum Command {
         /// standby takes over (at least 2: etcd raises shorter ones).
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
         lease_ttl_secs: u64,
+        #[command(flatten)]
+        etcd_tls: EtcdTlsArgs,
         /// TOML config file.
         #[arg(long)]
         config: Option<PathBuf>,
@@ -547,6 +584,9 @@ enum Command {
         /// The store to write: sled:PATH or etcd://….
         #[arg(long, value_name = "SPEC")]
         to: StoreSpec,
+        /// TLS to etcd, for whichever side is etcd.
+        #[command(flatten)]
+        etcd_tls: EtcdTlsArgs,
     },
     /// Certificates for mutual TLS, without OpenSSL.
     #[command(subcommand)]
@@ -580,6 +620,7 @@ struct Run {
     store: Option<StoreSpec>,
     advertise: Option<String>,
     lease_ttl_secs: u64,
+    etcd_tls: EtcdTlsArgs,
     config: Option<PathBuf>,
     placement: Option<crate::placement::Placement>,
     tls: (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>),
@@ -625,6 +666,7 @@ pub fn main() -> ExitCode {
         store,
         advertise,
         lease_ttl_secs,
+        etcd_tls,
         config,
         placement,
         tls,
@@ -635,6 +677,7 @@ pub fn main() -> ExitCode {
             store,
             advertise,
             lease_ttl_secs,
+            etcd_tls,
             config,
             placement,
             tls_cert,
@@ -646,11 +689,18 @@ pub fn main() -> ExitCode {
             store,
             advertise,
             lease_ttl_secs,
+            etcd_tls,
             config,
             placement,
             tls: (tls_cert, tls_key, tls_client_ca),
         },
-        Command::CopyStore { from, to } => return copy_store(&from, &to),
+        Command::CopyStore { from, to, etcd_tls } => {
+            let none = FileConfig::default();
+            return copy_store(
+                &etcd_tls.clone().apply(from, &none),
+                &etcd_tls.apply(to, &none),
+            );
+        }
         Command::Certs(CertsCommand::Mint {
             out,
             nodes,
@@ -667,9 +717,9 @@ pub fn main() -> ExitCode {
     };
     // Flags win over the file, file by file.
     let transport = match Transport::from_files(
-        tls.0.or(file.tls_cert),
-        tls.1.or(file.tls_key),
-        tls.2.or(file.tls_client_ca),
+        tls.0.or_else(|| file.tls_cert.clone()),
+        tls.1.or_else(|| file.tls_key.clone()),
+        tls.2.or_else(|| file.tls_client_ca.clone()),
     ) {
         Ok(t) => t,
         Err(e) => {
@@ -691,13 +741,16 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let spec = store
+        .or_else(|| file.store.clone())
+        .unwrap_or_else(|| sled_in(&state_dir));
+    let spec = etcd_tls.apply(spec, &file);
     let mut scheduler = file.scheduler.unwrap_or_default();
     if let Some(mode) = placement {
         scheduler.strategy = mode;
     }
     tracing::info!(placement = %scheduler.strategy, "default placement mode");
     let result = runtime.block_on(async {
-        let spec = store.or(file.store).unwrap_or_else(|| sled_in(&state_dir));
         let (controller, election) = if matches!(spec, StoreSpec::Etcd { .. }) {
             let advertise = advertise.unwrap_or_else(|| advertised(listen));
             let ttl = Duration::from_secs(lease_ttl_secs);

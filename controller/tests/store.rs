@@ -214,3 +214,77 @@ async fn copy_store_moves_a_sled_store_into_etcd() {
     controller.until_serving().await;
     assert_eq!(names(&mut controller.client().await).await, ["a", "b"]);
 }
+
+/// etcd with TLS and client certificates (`--client-cert-auth`), certificates minted by
+/// `certs mint`: the store speaks TLS with the controller's etcd files and is refused without.
+#[tokio::test]
+async fn an_etcd_store_over_tls_needs_the_ca_and_a_client_certificate() {
+    use gpuwarden_controller::{auth::mint, store::Store, store::StoreSpec};
+    use gpuwarden_runtime::tls::ClientTls;
+
+    let dir = scratch("etcdtls");
+    let certs = dir.path().join("certs");
+    mint::mint_into(
+        &certs,
+        &["controller-1".to_owned()],
+        &["127.0.0.1".to_owned()],
+        1,
+    )
+    .expect("minted");
+    // etcd's own certificate serves and dials (its gateway connects to its port).
+    let ca = mint::Ca::reuse(
+        std::fs::read_to_string(certs.join(mint::CA_CERT)).expect("the CA"),
+        &std::fs::read_to_string(certs.join(mint::CA_KEY)).expect("the CA key"),
+    )
+    .expect("reused");
+    let peer = ca.peer(&["127.0.0.1".to_owned()], 1).expect("minted");
+    std::fs::write(certs.join("etcd.pem"), &peer.cert_pem).expect("written");
+    std::fs::write(certs.join("etcd.key"), &peer.key_pem).expect("written");
+    let etcd = Etcd::start_tls(gpuwarden_test_support::EtcdTls {
+        ca: certs.join(mint::CA_CERT),
+        cert: certs.join("etcd.pem"),
+        key: certs.join("etcd.key"),
+    });
+    let with = |tls: ClientTls| -> StoreSpec {
+        let mut spec: StoreSpec = etcd.store_url("tls").parse().expect("a store spec");
+        if let StoreSpec::Etcd { tls: t, .. } = &mut spec {
+            *t = tls;
+        }
+        spec
+    };
+    let full = ClientTls {
+        ca: Some(certs.join(mint::CA_CERT)),
+        cert: Some(certs.join("controller-1.pem")),
+        key: Some(certs.join("controller-1.key")),
+    };
+    let store = Store::open(&with(full.clone()))
+        .await
+        .expect("opens over TLS");
+    assert!(store.load().await.expect("reads").sessions.is_empty());
+
+    // Plain text, or TLS without a client certificate, is refused, with the reason.
+    for (tls, what) in [
+        (ClientTls::default(), "plain text"),
+        (
+            ClientTls {
+                ca: full.ca.clone(),
+                ..ClientTls::default()
+            },
+            "no client certificate",
+        ),
+    ] {
+        let err = Store::open(&with(tls)).await.expect_err(what);
+        assert!(
+            err.to_string().contains("cannot open the store at etcd"),
+            "{what}: {err}"
+        );
+    }
+    // A missing file is named.
+    let err = Store::open(&with(ClientTls {
+        ca: Some(dir.path().join("nope.pem")),
+        ..full
+    }))
+    .await
+    .expect_err("a missing CA");
+    assert!(err.to_string().contains("nope.pem"), "{err}");
+}

@@ -127,15 +127,30 @@ impl ClientTls {
     /// An https URL without a CA, TLS files with an http URL, a file that can't be read or
     /// parsed, a certificate without its key, or a pair the TLS stack refuses.
     pub fn apply(&self, endpoint: Endpoint) -> Result<Endpoint, TlsFileError> {
-        let url = endpoint.uri().to_string();
-        if endpoint.uri().scheme_str() != Some("https") {
+        match self.config(&endpoint.uri().to_string())? {
+            Some(config) => endpoint.tls_config(config).map_err(TlsFileError::Refused),
+            None => Ok(endpoint),
+        }
+    }
+
+    /// The TLS configuration for `url`, the files read now: `None` for a plain `http://` URL
+    /// with no file given.
+    ///
+    /// # Errors
+    /// As [`Self::apply`].
+    pub fn config(&self, url: &str) -> Result<Option<ClientTlsConfig>, TlsFileError> {
+        if !url.starts_with("https://") {
             return if self.is_empty() {
-                Ok(endpoint)
+                Ok(None)
             } else {
-                Err(TlsFileError::PlainTextUrl { url })
+                Err(TlsFileError::PlainTextUrl {
+                    url: url.to_owned(),
+                })
             };
         }
-        let ca_path = self.ca.as_deref().ok_or(TlsFileError::NoCa { url })?;
+        let ca_path = self.ca.as_deref().ok_or_else(|| TlsFileError::NoCa {
+            url: url.to_owned(),
+        })?;
         // Read and checked here, so a bad file is named instead of failing every handshake.
         read_certs(ca_path, "CA certificate")?;
         let mut config = ClientTlsConfig::new()
@@ -156,7 +171,7 @@ impl ClientTls {
             }
             (None, None) => {}
         }
-        endpoint.tls_config(config).map_err(TlsFileError::Refused)
+        Ok(Some(config))
     }
 }
 

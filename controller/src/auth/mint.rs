@@ -165,6 +165,23 @@ impl Ca {
         self.sign(params, days, "server certificate")
     }
 
+    /// A certificate for a service whose members are both servers and clients of each other,
+    /// such as etcd with `--client-cert-auth` (its gateway dials its own port): `names` (DNS
+    /// names or IP addresses), for server and client authentication.
+    ///
+    /// # Errors
+    /// A name is neither, or rcgen fails.
+    pub fn peer(&self, names: &[String], days: u32) -> Result<Minted, MintError> {
+        let mut params =
+            CertificateParams::new(names.to_vec()).map_err(rcgen_error("peer certificate"))?;
+        params.distinguished_name.push(DnType::CommonName, "peer");
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        self.sign(params, days, "peer certificate")
+    }
+
     /// A node's client certificate, naming it.
     ///
     /// # Errors

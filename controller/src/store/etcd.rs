@@ -7,6 +7,8 @@
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
 
+use gpuwarden_runtime::tls::ClientTls;
+
 use super::{StoreError, Write, leadership::Fence};
 
 /// Operations per transaction: etcd's default `--max-txn-ops`.
@@ -34,17 +36,38 @@ impl std::fmt::Debug for EtcdKv {
 }
 
 impl EtcdKv {
-    /// Connects to `endpoints` (`host:port`), keeping every key under `prefix`.
+    /// Connects to `endpoints` (`host:port`), keeping every key under `prefix`; over TLS when
+    /// `tls` names files.
     ///
     /// # Errors
     /// No endpoint answers.
-    pub async fn connect(endpoints: &[String], prefix: &str) -> Result<Self, StoreError> {
-        let urls: Vec<String> = endpoints.iter().map(|e| format!("http://{e}")).collect();
-        let options = ConnectOptions::new()
+    pub async fn connect(
+        endpoints: &[String],
+        prefix: &str,
+        tls: &ClientTls,
+    ) -> Result<Self, StoreError> {
+        let scheme = if tls.is_empty() { "http" } else { "https" };
+        let urls: Vec<String> = endpoints
+            .iter()
+            .map(|e| format!("{scheme}://{e}"))
+            .collect();
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(std::time::Duration::from_secs(5))
             .with_timeout(std::time::Duration::from_secs(10))
             // A member cut off from its quorum must not serve reads as if it were current.
             .with_require_leader(true);
+        let config = urls
+            .first()
+            .map(|url| tls.config(url))
+            .transpose()
+            .map_err(|e| StoreError::Open {
+                at: format!("etcd {}", endpoints.join(",")),
+                reason: e.to_string(),
+            })?
+            .flatten();
+        if let Some(config) = config {
+            options = options.with_tls(config);
+        }
         let client = Client::connect(&urls, Some(options))
             .await
             .map_err(|e| StoreError::Open {

@@ -19,6 +19,7 @@ mod sled;
 
 use std::{path::PathBuf, str::FromStr, sync::Arc};
 
+use gpuwarden_runtime::tls::ClientTls;
 use serde::{Serialize, de::DeserializeOwned};
 
 pub use self::{
@@ -118,6 +119,9 @@ pub enum StoreSpec {
         endpoints: Vec<String>,
         /// What every key starts with.
         prefix: String,
+        /// TLS to etcd (its CA, and this client's certificate for `--client-cert-auth`); none:
+        /// plain text. Not part of the URL: set from `--etcd-ca`/`--etcd-cert`/`--etcd-key`.
+        tls: ClientTls,
     },
 }
 
@@ -157,7 +161,11 @@ impl FromStr for StoreSpec {
         } else {
             format!("{prefix}/")
         };
-        Ok(Self::Etcd { endpoints, prefix })
+        Ok(Self::Etcd {
+            endpoints,
+            prefix,
+            tls: ClientTls::default(),
+        })
     }
 }
 
@@ -165,7 +173,9 @@ impl std::fmt::Display for StoreSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Sled(path) => write!(f, "sled:{}", path.display()),
-            Self::Etcd { endpoints, prefix } => {
+            Self::Etcd {
+                endpoints, prefix, ..
+            } => {
                 write!(
                     f,
                     "etcd://{}/{}",
@@ -439,9 +449,11 @@ impl Store {
     pub async fn open(spec: &StoreSpec) -> Result<Self, StoreError> {
         let kv = match spec {
             StoreSpec::Sled(dir) => Kv::Sled(SledKv::open(dir)?),
-            StoreSpec::Etcd { endpoints, prefix } => {
-                Kv::Etcd(Box::new(EtcdKv::connect(endpoints, prefix).await?))
-            }
+            StoreSpec::Etcd {
+                endpoints,
+                prefix,
+                tls,
+            } => Kv::Etcd(Box::new(EtcdKv::connect(endpoints, prefix, tls).await?)),
         };
         Self::over(kv).await
     }

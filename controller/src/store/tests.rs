@@ -288,7 +288,8 @@ fn store_specs_parse_and_bad_ones_say_what_is_wrong() {
         "etcd://a:2379,b:2379".parse::<StoreSpec>().unwrap(),
         StoreSpec::Etcd {
             endpoints: vec!["a:2379".into(), "b:2379".into()],
-            prefix: DEFAULT_ETCD_PREFIX.into()
+            prefix: DEFAULT_ETCD_PREFIX.into(),
+            tls: ClientTls::default(),
         }
     );
     let spec: StoreSpec = "etcd://10.0.0.1:2379/prod/gw/".parse().unwrap();

@@ -19,7 +19,19 @@ pub struct Etcd {
     peer_port: u16,
     data: PathBuf,
     log: PathBuf,
+    tls: Option<EtcdTls>,
     _scratch: tempfile::TempDir,
+}
+
+/// The files of an etcd that serves clients over TLS and asks for their certificates.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    /// The CA that signs etcd's certificate and its clients'.
+    pub ca: PathBuf,
+    /// etcd's serving certificate (for 127.0.0.1).
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
 }
 
 impl Etcd {
@@ -29,6 +41,20 @@ impl Etcd {
     /// etcd is not installed, or does not become healthy in time (its log is in the message).
     #[must_use]
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Starts etcd serving clients over TLS with `tls`, requiring a client certificate signed by
+    /// its CA (`--client-cert-auth`).
+    ///
+    /// # Panics
+    /// As [`Etcd::start`].
+    #[must_use]
+    pub fn start_tls(tls: EtcdTls) -> Self {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<EtcdTls>) -> Self {
         let scratch = crate::scratch("etcd");
         let mut etcd = Self {
             child: None,
@@ -36,6 +62,7 @@ impl Etcd {
             peer_port: free_port(),
             data: scratch.path().join("data"),
             log: scratch.path().join("etcd.log"),
+            tls,
             _scratch: scratch,
         };
         etcd.resume();
@@ -70,9 +97,21 @@ impl Etcd {
         self.kill();
         let log = std::fs::File::create(&self.log)
             .unwrap_or_else(|e| panic!("cannot write {}: {e}", self.log.display()));
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.cert)
+                .arg("--key-file")
+                .arg(&tls.key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", "test", "--data-dir"])
             .arg(&self.data)
             .args(["--listen-client-urls", &client])
@@ -100,9 +139,13 @@ impl Etcd {
         }
     }
 
-    /// Whether `/health` says so.
+    /// Whether `/health` says so (over TLS: whether etcd logged that it serves clients).
     #[must_use]
     pub fn healthy(&self) -> bool {
+        if self.tls.is_some() {
+            return std::fs::read_to_string(&self.log)
+                .is_ok_and(|log| log.contains("ready to serve client requests"));
+        }
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
             return false;
         };

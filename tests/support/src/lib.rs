@@ -27,7 +27,7 @@ mod etcd;
 use std::path::Path;
 
 pub use cgroup::TestCgroup;
-pub use etcd::Etcd;
+pub use etcd::{Etcd, EtcdTls};
 
 /// A mock device list of two 16 GiB GPUs, indexes 0 and 1 (the fake driver's `nvidia0` and
 /// `nvidia1`), in the agent's `--mock-devices` TOML.
