@@ -204,6 +204,8 @@ pub(crate) fn group_id(group: &str) -> Result<u32, String> {
 mod tests {
     use super::*;
 
+    /// A caller as the checks take it (`None` would be a failed `SO_PEERCRED`).
+    #[allow(clippy::unnecessary_wraps)]
     fn uid(uid: u32) -> Option<Caller> {
         Some(Caller { uid, pid: None })
     }
