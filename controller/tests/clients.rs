@@ -651,3 +651,29 @@ fn tokens_add_prints_a_token_once_and_appends_its_hash() {
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
     }
 }
+
+#[test]
+fn a_token_file_that_cant_be_used_stops_the_controller_naming_it() {
+    let scratch = gpuwarden_test_support::scratch("tokens-bad");
+    let bad = scratch.path().join("tokens.toml");
+    std::fs::write(
+        &bad,
+        "[[tokens]]\nsha256 = \"abc\"\nowner = \"alice\"\nrole = \"user\"\n",
+    )
+    .expect("written");
+    for (file, words) in [
+        (scratch.path().join("missing.toml"), "missing.toml"),
+        (bad, "entry 1: sha256"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden-controller"))
+            .args(["run", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(scratch.path().join("state"))
+            .arg("--token-file")
+            .arg(&file)
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(words), "{err}");
+    }
+}
