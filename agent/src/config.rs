@@ -45,6 +45,14 @@ pub enum ConfigError {
     /// A GPU device glob is invalid.
     #[error(transparent)]
     Glob(#[from] GpuNodeError),
+    /// The socket's group does not exist.
+    #[error("socket_group {group:?}: {reason}")]
+    SocketGroup {
+        /// The group named.
+        group: String,
+        /// Why it can't be used.
+        reason: String,
+    },
 }
 
 /// The config file's contents; every key optional.
@@ -55,6 +63,9 @@ pub struct FileConfig {
     pub gpu_devices: Option<Vec<String>>,
     /// Socket path.
     pub socket: Option<PathBuf>,
+    /// Group (name or number) whose members may use the socket besides root (mode 0660);
+    /// unset: root only (mode 0600).
+    pub socket_group: Option<String>,
     /// State directory.
     pub state_dir: Option<PathBuf>,
     /// Node name (default: the host name).
@@ -146,6 +157,8 @@ pub struct AgentConfig {
     pub gpu_globs: GpuNodeGlobs,
     /// Socket path.
     pub socket: PathBuf,
+    /// The group id that may use the socket besides root; `None`: root only.
+    pub socket_group: Option<u32>,
     /// State directory.
     pub state_dir: PathBuf,
     /// Node name.
@@ -184,7 +197,7 @@ impl AgentConfig {
     /// Merges the file (if any) and the flags.
     ///
     /// # Errors
-    /// The file is unreadable or a glob is invalid.
+    /// The file is unreadable, a glob is invalid, or the socket's group does not exist.
     pub fn load(file: Option<&Path>, overrides: Overrides) -> Result<Self, ConfigError> {
         let file = file.map(FileConfig::read).transpose()?.unwrap_or_default();
         let globs = overrides
@@ -197,6 +210,13 @@ impl AgentConfig {
                 .socket
                 .or(file.socket)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
+            socket_group: file
+                .socket_group
+                .map(|group| {
+                    crate::export::access::group_id(&group)
+                        .map_err(|reason| ConfigError::SocketGroup { group, reason })
+                })
+                .transpose()?,
             state_dir: overrides
                 .state_dir
                 .or(file.state_dir)

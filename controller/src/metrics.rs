@@ -85,7 +85,7 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "gpuwarden.auth.denied",
         "{request}",
         "gpuwarden.auth.reason",
-        "agent calls and TLS handshakes refused for their identity",
+        "agent and client calls and TLS handshakes refused for their identity or permissions",
     ),
     (
         "gpuwarden.telemetry.exports.failed",
@@ -256,7 +256,9 @@ pub fn start(
     meter
         .u64_observable_counter("gpuwarden.auth.denied")
         .with_unit("{request}")
-        .with_description("Agent calls and TLS handshakes refused for their identity")
+        .with_description(
+            "Agent and client calls and TLS handshakes refused for their identity or permissions",
+        )
         .with_callback(|o| {
             for reason in DenialReason::ALL {
                 o.observe(

@@ -1,5 +1,6 @@
 //! `gpuwarden-controller run`: the store, the services, health checking and reflection, over
-//! plain text or mutual TLS; `gpuwarden-controller certs mint`: certificates for both.
+//! plain text or mutual TLS, with clients authenticated by certificate or bearer token;
+//! `gpuwarden-controller certs mint`: certificates; `gpuwarden-controller tokens add`: tokens.
 //!
 //! [`main`] is the whole `gpuwarden-controller` binary.
 
@@ -24,8 +25,10 @@ use crate::{
     api::{AgentApi, Controller, SchedulerApi, Timing},
     api::{Role, StandbyGate},
     auth::{
+        clients::{ClientAuth, ClientRole},
         mint,
         tls::{ReloadingConfig, ServerTlsFiles, TlsSetupError},
+        tokens::{self, TokenError, TokenFile},
     },
     scheduler::{Scheduler, SchedulerConfig},
     store::{EtcdKv, Kv, Replica, Snapshot, Store, StoreError, StoreSpec},
@@ -60,6 +63,9 @@ pub enum ServeError {
     /// The TLS files can't be used.
     #[error(transparent)]
     Tls(#[from] TlsSetupError),
+    /// The token file can't be used.
+    #[error(transparent)]
+    Tokens(#[from] TokenError),
     /// Only some of the TLS files are given.
     #[error("TLS needs a certificate, its key and a client CA; missing: {missing}")]
     IncompleteTls {
@@ -113,6 +119,39 @@ impl Transport {
     }
 }
 
+/// How the port speaks and how clients of the scheduler service authenticate.
+///
+/// Clients are authenticated when the port speaks TLS (by their certificate, or a token) or a
+/// token file is given (by their token); with neither, every client is an admin.
+#[derive(Clone)]
+pub struct Security {
+    /// Plain text or TLS.
+    pub transport: Transport,
+    /// Bearer tokens for clients.
+    pub tokens: Option<Arc<TokenFile>>,
+}
+
+impl From<Transport> for Security {
+    /// `transport` with no token file.
+    fn from(transport: Transport) -> Self {
+        Self {
+            transport,
+            tokens: None,
+        }
+    }
+}
+
+impl Security {
+    /// How clients of the scheduler service authenticate.
+    #[must_use]
+    pub fn clients(&self) -> ClientAuth {
+        ClientAuth::new(
+            self.tokens.clone(),
+            matches!(self.transport, Transport::Tls(_)),
+        )
+    }
+}
+
 /// The controller's config file; every key optional.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -130,6 +169,8 @@ pub struct FileConfig {
     pub tls_key: Option<PathBuf>,
     /// The CA that signs agents' client certificates (PEM).
     pub tls_client_ca: Option<PathBuf>,
+    /// Hashed bearer tokens of scheduler clients, each with its owner and role (TOML).
+    pub token_file: Option<PathBuf>,
     /// Where the state lives (`sled:PATH` or `etcd://…`); else sled in the state directory.
     #[serde(default, deserialize_with = "spec_from_str")]
     pub store: Option<StoreSpec>,
@@ -208,7 +249,7 @@ pub fn sled_in(state_dir: &std::path::Path) -> StoreSpec {
 pub async fn serve(
     controller: Arc<Controller>,
     addr: SocketAddr,
-    transport: Transport,
+    security: impl Into<Security>,
     election: Option<Election>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
@@ -218,7 +259,7 @@ pub async fn serve(
             path: PathBuf::from(addr.to_string()),
             reason: format!("cannot listen: {e}"),
         })?;
-    serve_with(controller, listener, transport, election, shutdown).await
+    serve_with(controller, listener, security, election, shutdown).await
 }
 
 /// A standby controller on the etcd store `spec` names: it leads once it wins the election.
@@ -261,15 +302,16 @@ pub async fn serve_on(
     serve_with(controller, listener, Transport::PlainText, None, shutdown).await
 }
 
-/// Serves on an already-bound listener, over `transport`; with an `election`, as a standby that
-/// campaigns and leads when it wins (see [`hold_elections`]).
+/// Serves on an already-bound listener, over `security`'s transport (a [`Transport`] alone
+/// takes no tokens); with an `election`, as a standby that campaigns and leads when it wins
+/// (see [`hold_elections`]).
 ///
 /// # Errors
 /// The server fails.
 pub async fn serve_with(
     controller: Arc<Controller>,
     listener: tokio::net::TcpListener,
-    transport: Transport,
+    security: impl Into<Security>,
     election: Option<Election>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
@@ -285,10 +327,13 @@ pub async fn serve_with(
             health_reporter.clone(),
         ))
     });
-    let router = router(&controller, health)?;
+    let security = security.into();
+    let clients = security.clients();
+    warn_about_clients(&clients, &security.transport);
+    let router = router(&controller, health, clients)?;
     let background = tokio::spawn(Arc::clone(&controller).run_background());
     let serve_error = |source| ServeError::Serve { addr, source };
-    let result = match transport {
+    let result = match security.transport {
         Transport::PlainText => {
             static WARNED: Once = Once::new();
             WARNED.call_once(|| {
@@ -321,6 +366,25 @@ pub async fn serve_with(
     result
 }
 
+/// Warns once per process about client authentication that protects little.
+fn warn_about_clients(clients: &ClientAuth, transport: &Transport) {
+    static OPEN: Once = Once::new();
+    static CLEAR_TOKENS: Once = Once::new();
+    if clients.is_open() {
+        OPEN.call_once(|| {
+            tracing::warn!(
+                "no --token-file and no TLS: every client acts as an admin and may see and end every session"
+            );
+        });
+    } else if clients.takes_tokens() && matches!(transport, Transport::PlainText) {
+        CLEAR_TOKENS.call_once(|| {
+            tracing::warn!(
+                "bearer tokens over plain text: anyone on the network path can read and reuse them; serve TLS"
+            );
+        });
+    }
+}
+
 /// The router's layers: the standby gate.
 type Layers = tower::layer::util::Stack<StandbyGate, tower::layer::util::Identity>;
 
@@ -330,6 +394,7 @@ fn router(
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
+    clients: ClientAuth,
 ) -> Result<tonic::transport::server::Router<Layers>, ServeError> {
     // Both reflection versions: grpcurl and current clients ask `v1`, many others (Python's
     // grpcio reflection, older grpcurl, Postman) still ask `v1alpha`.
@@ -349,9 +414,10 @@ fn router(
         .add_service(health)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
-        .add_service(SchedulerServiceServer::new(SchedulerApi(Arc::clone(
-            controller,
-        ))))
+        .add_service(SchedulerServiceServer::new(SchedulerApi(
+            Arc::clone(controller),
+            Arc::new(clients),
+        )))
         .add_service(AgentServiceServer::new(AgentApi(Arc::clone(controller)))))
 }
 
@@ -575,6 +641,11 @@ enum Command {
         /// CA that signs agents' (and clients') certificates (PEM).
         #[arg(long, value_name = "FILE")]
         tls_client_ca: Option<PathBuf>,
+        /// Hashed bearer tokens of scheduler clients (TOML; see `tokens add`), re-read when it
+        /// changes. With it or with TLS, clients must authenticate; with neither, every client
+        /// is an admin.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
     },
     /// Copy every record of one store into another (from sled into etcd, say).
     CopyStore {
@@ -591,6 +662,27 @@ enum Command {
     /// Certificates for mutual TLS, without OpenSSL.
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// Bearer tokens for scheduler clients.
+    #[command(subcommand)]
+    Tokens(TokensCommand),
+}
+
+#[derive(Subcommand)]
+enum TokensCommand {
+    /// Generate a token for an owner, print it once, and append its SHA-256 to the token file
+    /// (made readable by its owner only when absent). The controller picks it up without a
+    /// restart; remove the entry to revoke the token.
+    Add {
+        /// The token file.
+        #[arg(long)]
+        file: PathBuf,
+        /// The owner the token acts as (a user's sessions are this owner's).
+        #[arg(long)]
+        owner: String,
+        /// admin (sees and ends every session) or user (only its own).
+        #[arg(long)]
+        role: ClientRole,
+    },
 }
 
 #[derive(Subcommand)]
@@ -607,6 +699,14 @@ enum CertsCommand {
         /// Names the controller is reached by (DNS names or IP addresses), comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
         server_names: Vec<String>,
+        /// Scheduler users, comma-separated: one client certificate each naming
+        /// spiffe://gpuwarden/user/<name> (user-<name>.pem, user-<name>.key).
+        #[arg(long, value_delimiter = ',')]
+        users: Vec<String>,
+        /// Scheduler admins, comma-separated: one client certificate each naming
+        /// spiffe://gpuwarden/admin/<name> (admin-<name>.pem, admin-<name>.key).
+        #[arg(long, value_delimiter = ',')]
+        admins: Vec<String>,
         /// Days the server and node certificates are valid (a new CA: ten times as long).
         #[arg(long, default_value_t = 365)]
         days: u32,
@@ -624,16 +724,30 @@ struct Run {
     config: Option<PathBuf>,
     placement: Option<crate::placement::Placement>,
     tls: (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>),
+    token_file: Option<PathBuf>,
 }
 
 /// `certs mint`: writes the files and says which.
-fn mint_command(out: &Path, nodes: &[String], server_names: &[String], days: u32) -> ExitCode {
+fn mint_command(
+    out: &Path,
+    nodes: &[String],
+    server_names: &[String],
+    clients: &[(String, ClientRole)],
+    days: u32,
+) -> ExitCode {
     let server_names: Vec<String> = server_names
         .iter()
         .filter(|n| !n.is_empty())
         .cloned()
         .collect();
-    match mint::mint_into(out, nodes, &server_names, days) {
+    let minted = mint::mint_into(out, nodes, &server_names, days).and_then(|mut minted| {
+        if !clients.is_empty() {
+            let more = mint::mint_clients_into(out, clients, days)?;
+            minted.written.extend(more.written);
+        }
+        Ok(minted)
+    });
+    match minted {
         Ok(minted) => {
             if minted.reused_ca {
                 println!("reused the CA in {}", out.display());
@@ -643,7 +757,31 @@ fn mint_command(out: &Path, nodes: &[String], server_names: &[String], days: u32
             }
             ExitCode::SUCCESS
         }
-        Err(e @ mint::MintError::InvalidNodeId { .. }) => {
+        Err(
+            e @ (mint::MintError::InvalidNodeId { .. } | mint::MintError::InvalidClientName { .. }),
+        ) => {
+            eprintln!("gpuwarden-controller: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("gpuwarden-controller: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `tokens add`: appends the token's hash and prints the token, once.
+fn tokens_add_command(file: &Path, owner: &str, role: ClientRole) -> ExitCode {
+    match tokens::add(file, owner, role) {
+        Ok(token) => {
+            println!("{token}");
+            eprintln!(
+                "added a {role} token for {owner:?} to {}; it is shown only this once",
+                file.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e @ tokens::TokenError::InvalidOwner { .. }) => {
             eprintln!("gpuwarden-controller: {e}");
             ExitCode::from(2)
         }
@@ -670,6 +808,7 @@ pub fn main() -> ExitCode {
         config,
         placement,
         tls,
+        token_file,
     } = match Cli::parse().command {
         Command::Run {
             listen,
@@ -683,6 +822,7 @@ pub fn main() -> ExitCode {
             tls_cert,
             tls_key,
             tls_client_ca,
+            token_file,
         } => Run {
             listen,
             state_dir,
@@ -693,6 +833,7 @@ pub fn main() -> ExitCode {
             config,
             placement,
             tls: (tls_cert, tls_key, tls_client_ca),
+            token_file,
         },
         Command::CopyStore { from, to, etcd_tls } => {
             let none = FileConfig::default();
@@ -705,8 +846,20 @@ pub fn main() -> ExitCode {
             out,
             nodes,
             server_names,
+            users,
+            admins,
             days,
-        }) => return mint_command(&out, &nodes, &server_names, days),
+        }) => {
+            let clients: Vec<(String, ClientRole)> = users
+                .into_iter()
+                .map(|u| (u, ClientRole::User))
+                .chain(admins.into_iter().map(|a| (a, ClientRole::Admin)))
+                .collect();
+            return mint_command(&out, &nodes, &server_names, &clients, days);
+        }
+        Command::Tokens(TokensCommand::Add { file, owner, role }) => {
+            return tokens_add_command(&file, &owner, role);
+        }
     };
     let file = match config.as_deref().map(FileConfig::read).transpose() {
         Ok(f) => f.unwrap_or_default(),
@@ -727,6 +880,18 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let tokens = match token_file
+        .or_else(|| file.token_file.clone())
+        .map(|path| TokenFile::load(&path))
+        .transpose()
+    {
+        Ok(tokens) => tokens.map(Arc::new),
+        Err(e) => {
+            eprintln!("gpuwarden-controller: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let security = Security { transport, tokens };
     let mut timing = Timing::default();
     if let Some(secs) = file.heartbeat_timeout_secs {
         timing.heartbeat_timeout = Duration::from_secs(secs);
@@ -775,7 +940,7 @@ pub fn main() -> ExitCode {
         serve(
             controller,
             listen,
-            transport,
+            security,
             election,
             gpuwarden_runtime::shutdown(),
         )

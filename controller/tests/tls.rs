@@ -1,13 +1,15 @@
 //! Mutual TLS between agents and the controller over real gRPC on loopback: real tonic, real
 //! rustls, certificates minted in the test. An agent speaks only for the node its certificate
-//! names; clients of the scheduler service need only the CA; the serving certificate is
-//! rotated without a restart.
+//! names; clients of the scheduler service need the CA and an identity of their own (here an
+//! admin's certificate; see `clients.rs` for the rest); the serving certificate is rotated
+//! without a restart.
 
 use std::{path::Path, process::Command, sync::Arc, time::Duration};
 
 use gpuwarden_controller::{
     api::Timing,
     auth::{
+        clients::ClientRole,
         denials::{self, DenialReason},
         mint::{self, Ca},
         tls::{ReloadingConfig, ServerTlsFiles},
@@ -40,6 +42,12 @@ impl TlsController {
             1,
         )
         .expect("minted");
+        mint::mint_clients_into(
+            &dir.path().join("certs"),
+            &[("ops".to_owned(), ClientRole::Admin)],
+            1,
+        )
+        .expect("minted the admin");
         let controller = server::open(
             &server::sled_in(&dir.path().join("state")),
             SchedulerConfig::default(),
@@ -81,7 +89,16 @@ impl TlsController {
         }
     }
 
-    /// TLS with the CA only (a scheduler client).
+    /// TLS as an admin of the scheduler service: the CA and the admin's certificate.
+    fn as_admin(&self) -> ClientTls {
+        ClientTls {
+            ca: Some(self.certs().join(mint::CA_CERT)),
+            cert: Some(self.certs().join("admin-ops.pem")),
+            key: Some(self.certs().join("admin-ops.key")),
+        }
+    }
+
+    /// TLS with the CA only (no identity).
     fn ca_only(&self) -> ClientTls {
         ClientTls {
             ca: Some(self.certs().join(mint::CA_CERT)),
@@ -153,10 +170,10 @@ async fn a_node_with_its_certificate_registers_and_heartbeats() {
         .await
         .expect("node-1 may hold node-1's stream");
 
-    // The controller saw the heartbeat: the node is listed, ready, over a CA-only client.
+    // The controller saw the heartbeat: the node is listed, ready, to an admin.
     let mut client = SchedulerServiceClient::new(
         controller
-            .channel(&controller.ca_only())
+            .channel(&controller.as_admin())
             .await
             .expect("connects"),
     );
@@ -348,7 +365,7 @@ async fn a_broken_rotation_keeps_the_last_good_certificate() {
 }
 
 #[tokio::test]
-async fn a_scheduler_client_needs_only_the_ca() {
+async fn a_scheduler_client_needs_the_ca_and_an_identity() {
     let controller = TlsController::start(&[]).await;
     let mut client = SchedulerServiceClient::new(
         controller
@@ -356,10 +373,21 @@ async fn a_scheduler_client_needs_only_the_ca() {
             .await
             .expect("connects with the CA alone"),
     );
+    let status = client
+        .list_slot_types(pb::ListSlotTypesRequest::default())
+        .await
+        .expect_err("the CA alone proves no identity");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let mut client = SchedulerServiceClient::new(
+        controller
+            .channel(&controller.as_admin())
+            .await
+            .expect("connects as the admin"),
+    );
     client
         .list_slot_types(pb::ListSlotTypesRequest::default())
         .await
-        .expect("answers");
+        .expect("answers the admin");
 
     // Without the CA the controller's certificate is not trusted.
     let untrusted = ClientTls {
@@ -409,7 +437,17 @@ fn the_binary_mints_certificates_and_refuses_half_the_tls_flags() {
     let scratch = gpuwarden_test_support::scratch("mint");
     let out = scratch.path().join("certs");
     let run = Command::new(env!("CARGO_BIN_EXE_gpuwarden-controller"))
-        .args(["certs", "mint", "--nodes", "node-1,node-2", "--out"])
+        .args([
+            "certs",
+            "mint",
+            "--nodes",
+            "node-1,node-2",
+            "--users",
+            "alice",
+            "--admins",
+            "ops",
+            "--out",
+        ])
         .arg(&out)
         .output()
         .expect("runs");
@@ -423,6 +461,10 @@ fn the_binary_mints_certificates_and_refuses_half_the_tls_flags() {
         "node-1.key",
         "node-2.pem",
         "node-2.key",
+        "user-alice.pem",
+        "user-alice.key",
+        "admin-ops.pem",
+        "admin-ops.key",
     ] {
         assert!(out.join(file).is_file(), "{file} missing: {run:?}");
     }

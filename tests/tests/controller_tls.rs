@@ -13,6 +13,7 @@ use gpuwarden_agent::{
 use gpuwarden_controller::{
     api::Timing,
     auth::{
+        clients::ClientRole,
         denials::{self, DenialReason},
         mint,
         tls::{ReloadingConfig, ServerTlsFiles},
@@ -26,6 +27,8 @@ use gpuwarden_runtime::tls::ClientTls;
 async fn start_controller(dir: &Path) -> String {
     let certs = dir.join("certs");
     mint::mint_into(&certs, &["node-1".to_owned()], &["127.0.0.1".to_owned()], 1).expect("minted");
+    mint::mint_clients_into(&certs, &[("ops".to_owned(), ClientRole::Admin)], 1)
+        .expect("minted the admin");
     let controller = server::open(
         &server::sled_in(&dir.join("state")),
         SchedulerConfig::default(),
@@ -76,10 +79,15 @@ fn link(url: &str, certs: &Path, node: &str) -> tokio::task::JoinHandle<()> {
     ))
 }
 
+/// The nodes an admin of the scheduler service sees.
 async fn node_ids(url: &str, ca: &Path) -> Vec<String> {
+    let certs = ca
+        .parent()
+        .expect("the CA is in the certificates' directory");
     let endpoint = ClientTls {
         ca: Some(ca.to_owned()),
-        ..ClientTls::default()
+        cert: Some(certs.join("admin-ops.pem")),
+        key: Some(certs.join("admin-ops.key")),
     }
     .apply(tonic::transport::Endpoint::from_shared(url.to_owned()).expect("a URL"))
     .expect("TLS settings");

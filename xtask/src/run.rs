@@ -38,7 +38,8 @@ fn node_name(args: &[String]) -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
-/// Mints a fresh CA, the controller's certificate and `node`'s into `dir` (emptied first).
+/// Mints a fresh CA, the controller's certificate, `node`'s and an admin's for the CLI into
+/// `dir` (emptied first).
 fn mint_throwaway(bin: &Path, dir: &Path, node: &str) -> anyhow::Result<PathBuf> {
     let _ = std::fs::remove_dir_all(dir);
     let status = Command::new(bin.join("gpuwarden-controller"))
@@ -49,6 +50,8 @@ fn mint_throwaway(bin: &Path, dir: &Path, node: &str) -> anyhow::Result<PathBuf>
             "localhost,127.0.0.1",
             "--nodes",
             node,
+            "--admins",
+            "admin",
         ])
         .arg("--out")
         .arg(dir)
@@ -100,7 +103,13 @@ pub fn run(tls: bool, args: &[String]) -> anyhow::Result<()> {
             "--tls-key".into(),
             file(&format!("{node}.key")),
         ]);
-        cli_flags = format!(" --controller {url} --ca {}", file("ca.pem"));
+        // Over TLS the controller wants to know who calls: the CLI shows an admin's certificate.
+        cli_flags = format!(
+            " --controller {url} --ca {} --cert {} --key {}",
+            file("ca.pem"),
+            file("admin-admin.pem"),
+            file("admin-admin.key")
+        );
         println!(
             "run: mutual TLS with a throw-away CA in {} (node certificate for {node})",
             certs.display()

@@ -7,7 +7,13 @@
 //!   (`bound` is false until the agent has made the cgroup and bound the quota to it);
 //! - `{"request":"resume","pid":N}` and `{"request":"kill","pid":N}` →
 //!   `{"signalled":{"pid":N,"session_id":"<id>"}}`;
-//! - any failure → `{"error":"<message>"}`.
+//! - any failure → `{"error":"<message>"}`; a request the caller may not make is refused the
+//!   same way, the message starting `refused:` and naming the reason.
+//!
+//! Who may ask what: anyone the socket file's mode lets in (root, or the agent's
+//! `socket_group`) reads `snapshot` and `node`; `resume` and `kill` need root or the process's
+//! owner; `session_cgroup` needs root or the uid that first asked for that session's cgroup (its
+//! `gpuwarden run`). The agent takes the caller's uid from the kernel (`SO_PEERCRED`).
 
 use std::path::PathBuf;
 

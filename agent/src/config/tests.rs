@@ -113,3 +113,22 @@ fn controller_tls_files_come_from_the_file_and_flags_win() {
         }
     );
 }
+
+#[test]
+fn the_socket_group_is_resolved_at_load_and_an_unknown_one_named() {
+    let (_dir, path) = write("agent.toml", "socket_group = \"root\"\n");
+    let config = AgentConfig::load(Some(&path), Overrides::default()).unwrap();
+    assert_eq!(config.socket_group, Some(0));
+    let (_dir, path) = write("agent.toml", "socket_group = \"4242\"\n");
+    let config = AgentConfig::load(Some(&path), Overrides::default()).unwrap();
+    assert_eq!(config.socket_group, Some(4242));
+    let (_dir, path) = write("agent.toml", "socket_group = \"no-such-group-gw\"\n");
+    let err = AgentConfig::load(Some(&path), Overrides::default()).unwrap_err();
+    assert!(
+        matches!(err, ConfigError::SocketGroup { .. })
+            && err.to_string().contains("no-such-group-gw"),
+        "{err}"
+    );
+    let config = AgentConfig::load(None, Overrides::default()).unwrap();
+    assert_eq!(config.socket_group, None, "root only by default");
+}

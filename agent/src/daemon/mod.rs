@@ -259,10 +259,11 @@ async fn serve(
     sources: &Arc<Sources>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), RunError> {
-    let listener = server::bind(&config.socket).map_err(|source| RunError::Socket {
-        path: config.socket.clone(),
-        source,
-    })?;
+    let listener =
+        server::bind(&config.socket, config.socket_group).map_err(|source| RunError::Socket {
+            path: config.socket.clone(),
+            source,
+        })?;
     tracing::info!(socket = %config.socket.display(), node = %config.node_name, "agent ready");
     tokio::select! {
         () = server::serve(listener, Arc::clone(sources), &config.socket) => {}

@@ -2,10 +2,12 @@
 //! the local socket that serves it, OTLP metrics and `top`.
 //!
 //! - `snapshot`: counters + enforcement + utilization + pod names → [`Snapshot`];
-//! - `server`: the local socket;
+//! - `server`: the local socket, and `access`: who may ask it what (its file's mode and group,
+//!   the caller's `SO_PEERCRED` before it signals a process or hands out a session's cgroup);
 //! - [`metrics`]: the snapshot as OTLP metrics;
 //! - [`top`]: the snapshot as a table.
 
+pub(crate) mod access;
 pub mod metrics;
 pub(crate) mod server;
 pub(crate) mod snapshot;

@@ -1,6 +1,12 @@
-//! The local socket: one [`Request`] per line in, one [`Response`] per line out.
+//! The local socket: one [`Request`] per line in, one [`Response`] per line out, each checked
+//! against who is asking first (see [`super::access`]).
 
-use std::{path::Path, sync::Arc};
+use std::{
+    future::Future,
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use gpuwarden_agent_api::{NodeName, Request, Response, SessionCgroup, Signalled, parse_request};
 use tokio::{
@@ -8,31 +14,77 @@ use tokio::{
     net::{UnixListener, UnixStream},
 };
 
-use super::Sources;
+use super::{
+    Sources,
+    access::{self, Caller, Claim, Claims},
+};
 
-/// Binds the socket; a file left by a dead agent is replaced (the caller holds the node's lock).
+/// What answers the socket's requests once they are allowed: the agent's [`Sources`], or a
+/// fake in tests.
+pub(crate) trait Answer: Send + Sync + 'static {
+    /// The response to an allowed `request`.
+    fn answer(&self, request: Request) -> impl Future<Output = Response> + Send;
+}
+
+/// Binds the socket at `path`, readable and writable by root only, or also by `group` (mode
+/// 0660 with that group); a file left by a dead agent is replaced (the caller holds the node's
+/// lock).
+///
+/// The socket is bound under a temporary name beside `path`, given its mode and group, and only
+/// then renamed to `path`, so no one ever finds it there with looser permissions.
 ///
 /// # Errors
-/// The directory can't be made, the old file removed, or the socket bound.
-pub(crate) fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    match std::fs::remove_file(path) {
+/// The directory can't be made, or the socket bound, chowned, chmoded or renamed.
+pub(crate) fn bind(path: &Path, group: Option<u32>) -> std::io::Result<UnixListener> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("socket path {} names no file", path.display()),
+        )
+    })?;
+    let tmp: PathBuf = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    match std::fs::remove_file(&tmp) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    UnixListener::bind(path)
+    let listener = UnixListener::bind(&tmp)?;
+    let prepared = (|| {
+        if let Some(gid) = group {
+            std::os::unix::fs::chown(&tmp, None, Some(gid))?;
+        }
+        let mode = if group.is_some() { 0o660 } else { 0o600 };
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = prepared {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(listener)
 }
 
 /// Accepts clients until dropped; each is served by a task of its own.
-pub(crate) async fn serve(listener: UnixListener, sources: Arc<Sources>, socket: &Path) {
+pub(crate) async fn serve<A: Answer>(listener: UnixListener, agent: Arc<A>, socket: &Path) {
+    let claims = Arc::new(Claims::default());
     let mut clients = tokio::task::JoinSet::new();
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                clients.spawn(serve_client(stream, Arc::clone(&sources)));
+                clients.spawn(serve_client(
+                    stream,
+                    Arc::clone(&agent),
+                    Arc::clone(&claims),
+                ));
             }
             Err(e) => tracing::warn!("accept on {}: {e}", socket.display()),
         }
@@ -41,12 +93,20 @@ pub(crate) async fn serve(listener: UnixListener, sources: Arc<Sources>, socket:
     }
 }
 
-async fn serve_client(stream: UnixStream, sources: Arc<Sources>) {
+async fn serve_client<A: Answer>(stream: UnixStream, agent: Arc<A>, claims: Arc<Claims>) {
+    let caller = match Caller::of(&stream) {
+        Ok(caller) => Some(caller),
+        Err(e) => {
+            // Only requests that act on something need it; those are refused.
+            tracing::warn!("SO_PEERCRED on the socket failed: {e}");
+            None
+        }
+    };
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let response = match parse_request(&line) {
-            Ok(request) => answer(&sources, request).await,
+            Ok(request) => checked(&*agent, &claims, caller, request).await,
             Err(response) => response,
         };
         let mut out = match serde_json::to_vec(&response) {
@@ -63,31 +123,73 @@ async fn serve_client(stream: UnixStream, sources: Arc<Sources>) {
     }
 }
 
-async fn answer(sources: &Sources, request: Request) -> Response {
-    let stopped = |e: crate::enforcement::task::Stopped| Response::Error(e.to_string());
-    match request {
-        Request::Snapshot => Response::Snapshot(Box::new(sources.snapshot().await)),
-        Request::Node => Response::Node(NodeName {
-            name: sources.node.clone(),
-        }),
-        Request::SessionCgroup { session_id } => {
-            match sources.enforcer.session_cgroup(session_id.clone()).await {
-                Ok(Ok((cgroup_dir, bound))) => Response::SessionCgroup(SessionCgroup {
-                    session_id,
-                    cgroup_dir,
-                    bound,
-                }),
-                Ok(Err(e)) => Response::Error(e.to_string()),
-                Err(e) => stopped(e),
+/// Answers `request` if `caller` may ask it, else the refusal.
+async fn checked<A: Answer>(
+    agent: &A,
+    claims: &Claims,
+    caller: Option<Caller>,
+    request: Request,
+) -> Response {
+    let refused = |refusal: access::Refusal| {
+        tracing::warn!(
+            uid = caller.map(|c| c.uid),
+            pid = caller.and_then(|c| c.pid),
+            "socket request {request:?} {refusal}"
+        );
+        Response::Error(refusal.to_string())
+    };
+    match &request {
+        // Whoever the socket's mode lets in may read these.
+        Request::Snapshot | Request::Node => agent.answer(request).await,
+        Request::Resume { pid } | Request::Kill { pid } => match access::may_signal(caller, *pid) {
+            Ok(()) => agent.answer(request).await,
+            Err(refusal) => refused(refusal),
+        },
+        Request::SessionCgroup { session_id } => match claims.take(caller, session_id) {
+            Ok(claim) => {
+                let session = session_id.clone();
+                let response = agent.answer(request).await;
+                // No such session here: claiming its id would hold nothing but memory.
+                if claim == Claim::New && matches!(response, Response::Error(_)) {
+                    claims.forget(&session);
+                }
+                response
             }
-        }
-        Request::Resume { pid } | Request::Kill { pid } => {
-            let resume = matches!(request, Request::Resume { .. });
-            match sources.enforcer.signal(pid, resume).await {
-                Ok(Ok(session_id)) => Response::Signalled(Signalled { pid, session_id }),
-                Ok(Err(e)) => Response::Error(e.to_string()),
-                Err(e) => stopped(e),
+            Err(refusal) => refused(refusal),
+        },
+    }
+}
+
+impl Answer for Sources {
+    async fn answer(&self, request: Request) -> Response {
+        let stopped = |e: crate::enforcement::task::Stopped| Response::Error(e.to_string());
+        match request {
+            Request::Snapshot => Response::Snapshot(Box::new(self.snapshot().await)),
+            Request::Node => Response::Node(NodeName {
+                name: self.node.clone(),
+            }),
+            Request::SessionCgroup { session_id } => {
+                match self.enforcer.session_cgroup(session_id.clone()).await {
+                    Ok(Ok((cgroup_dir, bound))) => Response::SessionCgroup(SessionCgroup {
+                        session_id,
+                        cgroup_dir,
+                        bound,
+                    }),
+                    Ok(Err(e)) => Response::Error(e.to_string()),
+                    Err(e) => stopped(e),
+                }
+            }
+            Request::Resume { pid } | Request::Kill { pid } => {
+                let resume = matches!(request, Request::Resume { .. });
+                match self.enforcer.signal(pid, resume).await {
+                    Ok(Ok(session_id)) => Response::Signalled(Signalled { pid, session_id }),
+                    Ok(Err(e)) => Response::Error(e.to_string()),
+                    Err(e) => stopped(e),
+                }
             }
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

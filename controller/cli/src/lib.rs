@@ -4,6 +4,9 @@
 //! A crate of its own on top of the controller library (for the slot parser, the placement
 //! modes and the wire conversions), so the controller's internals stay its own.
 //!
+//! The controller may want to know who calls: `--token-file` sends the token in it as
+//! `authorization: Bearer <token>`, `--cert`/`--key` present a client certificate over TLS.
+//!
 //! Human tables by default, `--json` everywhere (the key names of [`json`] are stable). Bad input
 //! exits 2 with a message naming the bad part; a server or agent error exits 1 with the reason.
 //! [`main`] is the whole binary, so test binaries can wrap the same CLI.
@@ -22,7 +25,11 @@ use gpuwarden_proto::{
 };
 use gpuwarden_runtime::tls::ClientTls;
 use tokio_stream::StreamExt;
-use tonic::transport::{Channel, Endpoint};
+use tonic::{
+    metadata::{Ascii, MetadataValue},
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::{Channel, Endpoint},
+};
 
 use gpuwarden_controller::{
     api::convert,
@@ -44,7 +51,7 @@ pub struct Cli {
     command: Command,
 }
 
-/// Where the controller is, and the TLS files to reach it with.
+/// Where the controller is, the TLS files to reach it with, and the token to show it.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ControllerArgs {
     /// Controller URL (https:// needs --ca); with several controllers sharing an etcd store, a
@@ -65,6 +72,60 @@ pub struct ControllerArgs {
     /// Private key of --cert (PEM).
     #[arg(long, global = true, env = "GPUWARDEN_KEY", value_name = "FILE")]
     key: Option<PathBuf>,
+    /// File holding the bearer token to authenticate with (as `gpuwarden-controller tokens
+    /// add` printed it), sent with every call.
+    #[arg(long, global = true, env = "GPUWARDEN_TOKEN_FILE", value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
+/// The scheduler client the CLI uses: every call carries the bearer token, when one is given.
+pub type Client = SchedulerServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// Adds `authorization: Bearer <token>` to every call (nothing without a token).
+#[derive(Clone, Default)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Bearer {
+    /// The token in `path` (surrounding whitespace, such as a final newline, dropped).
+    ///
+    /// # Errors
+    /// [`CliError::Input`]: the file can't be read, is empty, or holds what can't be a token.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, CliError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            CliError::Input(format!(
+                "cannot read the token file {}: {e}",
+                path.display()
+            ))
+        })?;
+        let token = text.trim();
+        if token.is_empty() || token.contains(char::is_whitespace) {
+            return Err(CliError::Input(format!(
+                "the token file {} must hold one token and nothing else",
+                path.display()
+            )));
+        }
+        let value = format!("Bearer {token}").parse().map_err(|_| {
+            CliError::Input(format!(
+                "the token in {} has characters a token can't have",
+                path.display()
+            ))
+        })?;
+        Ok(Self(Some(value)))
+    }
+}
+
+impl Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
 }
 
 #[derive(Subcommand)]
@@ -141,8 +202,9 @@ enum SessionCommand {
         /// A resource, name=value (repeat).
         #[arg(short = 'r', long = "resource", required = true)]
         resources: Vec<String>,
-        /// Owner (user or project).
-        #[arg(long, default_value = "default")]
+        /// Owner (user or project); default: the caller (the token's or certificate's owner;
+        /// `default` on a controller without authentication). Only an admin names another.
+        #[arg(long, default_value = "")]
         owner: String,
         /// Name.
         #[arg(long, default_value = "")]
@@ -303,8 +365,15 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn connect(controller: &ControllerArgs) -> Result<SchedulerServiceClient<Channel>, CliError> {
-    Ok(SchedulerServiceClient::new(leader(controller).await?))
+async fn connect(controller: &ControllerArgs) -> Result<Client, CliError> {
+    let bearer = controller
+        .token_file
+        .as_deref()
+        .map(Bearer::from_file)
+        .transpose()?
+        .unwrap_or_default();
+    let channel = leader(controller).await?;
+    Ok(SchedulerServiceClient::with_interceptor(channel, bearer))
 }
 
 /// A channel to `url`, with the TLS settings given.

@@ -12,13 +12,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use gpuwarden_proto::v1 as pb;
 use tokio::signal::unix::{Signal, SignalKind, signal};
-use tonic::transport::Channel;
 
 use gpuwarden_agent_api::{ClientError, client};
 
-use super::{CliError, ControllerArgs, PolicyArgs, connect};
+use super::{CliError, Client, ControllerArgs, PolicyArgs, connect};
 use gpuwarden_controller::{api::convert, session::Target, slots::ResourceSlot};
 
 /// How often the session and its cgroup are polled while starting.
@@ -41,8 +40,9 @@ pub struct RunArgs {
         default_value = gpuwarden_agent_api::DEFAULT_SOCKET
     )]
     agent_socket: PathBuf,
-    /// Owner (user or project).
-    #[arg(long, default_value = "default")]
+    /// Owner (user or project); default: the caller (the token's or certificate's owner;
+    /// `default` on a controller without authentication).
+    #[arg(long, default_value = "")]
     owner: String,
     /// Session name (default: the session id).
     #[arg(long, default_value = "")]
@@ -173,11 +173,7 @@ fn signal_code(sig: i32) -> ExitCode {
 }
 
 /// Polls the session until it runs.
-async fn wait_running(
-    client: &mut SchedulerServiceClient<Channel>,
-    id: &str,
-    timeout: Duration,
-) -> Result<(), CliError> {
+async fn wait_running(client: &mut Client, id: &str, timeout: Duration) -> Result<(), CliError> {
     let deadline = Instant::now() + timeout;
     loop {
         let s = client
@@ -299,7 +295,7 @@ async fn supervise(
 }
 
 /// Ends the session; a failure is reported, not fatal (the command's status still wins).
-async fn end_session(client: &mut SchedulerServiceClient<Channel>, id: &str) {
+async fn end_session(client: &mut Client, id: &str) {
     if let Err(e) = client
         .terminate_session(pb::TerminateSessionRequest { id: id.to_owned() })
         .await

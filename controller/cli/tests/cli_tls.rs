@@ -1,12 +1,14 @@
 //! `gpuwarden` against a controller that serves TLS: `https://` with `--ca` (or
-//! `GPUWARDEN_CA`) works, without it the command exits 2 saying what is missing, and a
-//! controller certificate from another CA is refused.
+//! `GPUWARDEN_CA`) and a client certificate (`--cert`/`--key` or `GPUWARDEN_CERT`/`GPUWARDEN_KEY`)
+//! works, the CA alone is refused as unauthenticated, without the CA the command exits 2 saying
+//! what is missing, and a controller certificate from another CA is refused.
 
 use std::{path::Path, process::Command, sync::Arc};
 
 use gpuwarden_controller::{
     api::Timing,
     auth::{
+        clients::ClientRole,
         mint,
         tls::{ReloadingConfig, ServerTlsFiles},
     },
@@ -19,6 +21,8 @@ use gpuwarden_controller::{
 fn start_tls_controller(scratch: &Path) -> (tokio::runtime::Runtime, String) {
     let certs = scratch.join("certs");
     mint::mint_into(&certs, &["node-1".to_owned()], &["127.0.0.1".to_owned()], 1).expect("minted");
+    mint::mint_clients_into(&certs, &[("ops".to_owned(), ClientRole::Admin)], 1)
+        .expect("minted the admin");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -58,7 +62,8 @@ fn gpuwarden(url: &str, args: &[&str], env: &[(&str, &Path)]) -> (i32, String, S
         .env("GPUWARDEN_CONTROLLER", url)
         .env_remove("GPUWARDEN_CA")
         .env_remove("GPUWARDEN_CERT")
-        .env_remove("GPUWARDEN_KEY");
+        .env_remove("GPUWARDEN_KEY")
+        .env_remove("GPUWARDEN_TOKEN_FILE");
     for (name, value) in env {
         command.env(name, value);
     }
@@ -76,13 +81,46 @@ fn https_with_the_ca_works_and_without_it_exits_2() {
     let (_rt, url) = start_tls_controller(scratch.path());
     let ca = scratch.path().join("certs").join(mint::CA_CERT);
 
+    let certs = scratch.path().join("certs");
     let ca_flag = ca.to_string_lossy().into_owned();
-    let (code, out, err) = gpuwarden(&url, &["--ca", &ca_flag, "slot", "ls", "--json"], &[]);
+    let (cert, key) = (certs.join("admin-ops.pem"), certs.join("admin-ops.key"));
+    let (code, out, err) = gpuwarden(
+        &url,
+        &[
+            "--ca",
+            &ca_flag,
+            "--cert",
+            &cert.to_string_lossy(),
+            "--key",
+            &key.to_string_lossy(),
+            "slot",
+            "ls",
+            "--json",
+        ],
+        &[],
+    );
     assert_eq!(code, 0, "{err}");
     assert!(out.trim_start().starts_with('['), "{out}");
 
-    // The same from the environment, with a client certificate presented too.
-    let certs = scratch.path().join("certs");
+    // The same from the environment.
+    let (code, _, err) = gpuwarden(
+        &url,
+        &["node", "ls"],
+        &[
+            ("GPUWARDEN_CA", &ca),
+            ("GPUWARDEN_CERT", &cert),
+            ("GPUWARDEN_KEY", &key),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+
+    // The CA alone proves no identity; a node's certificate is an agent's, not a client's.
+    let (code, _, err) = gpuwarden(&url, &["--ca", &ca_flag, "slot", "ls"], &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("Unauthenticated") && err.contains("no credentials"),
+        "{err}"
+    );
     let (code, _, err) = gpuwarden(
         &url,
         &["node", "ls"],
@@ -92,7 +130,8 @@ fn https_with_the_ca_works_and_without_it_exits_2() {
             ("GPUWARDEN_KEY", &certs.join("node-1.key")),
         ],
     );
-    assert_eq!(code, 0, "{err}");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("PermissionDenied"), "{err}");
 
     let (code, _, err) = gpuwarden(&url, &["node", "ls"], &[]);
     assert_eq!(code, 2, "{err}");

@@ -1,4 +1,7 @@
 //! `SchedulerService`: sessions, nodes, the allocation map and slot types, for clients.
+//!
+//! Each method first learns who calls ([`ClientAuth::caller`]); a user then sees and acts on
+//! only its own sessions (see [`crate::auth::clients`]).
 
 use std::{pin::Pin, sync::Arc};
 
@@ -8,13 +11,21 @@ use tonic::{Request, Response, Status};
 
 use super::{Controller, convert, store_status};
 use crate::{
+    auth::clients::{Caller, ClientAuth},
     placement::Placement,
     scheduler::{NewSession, RequestError},
 };
 
-/// The client-facing service.
+/// The client-facing service: the controller, and how its callers authenticate.
 #[derive(Clone)]
-pub struct SchedulerApi(pub Arc<Controller>);
+pub struct SchedulerApi(pub Arc<Controller>, pub Arc<ClientAuth>);
+
+impl SchedulerApi {
+    /// Who sent `request`.
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        self.1.caller(request)
+    }
+}
 
 fn request_status(e: &RequestError) -> Status {
     match e {
@@ -33,7 +44,9 @@ impl SchedulerService for SchedulerApi {
         &self,
         request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
+        let caller = self.caller(&request)?;
         let r = request.into_inner();
+        let owner = caller.owner_for_create(r.owner)?;
         let requested = convert::slots_from_pb(r.requested.as_ref())?;
         let target = convert::target_from_pb(r.target.as_ref());
         let policy = convert::policy_from_pb(r.policy.as_ref())?;
@@ -47,11 +60,6 @@ impl SchedulerService for SchedulerApi {
             )
         };
         let id = self.0.new_session_id();
-        let owner = if r.owner.is_empty() {
-            "default".to_owned()
-        } else {
-            r.owner
-        };
         let pinned = (!r.node_id.is_empty()).then_some(r.node_id);
         let created = self
             .0
@@ -80,18 +88,22 @@ impl SchedulerService for SchedulerApi {
         &self,
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
+        let caller = self.caller(&request)?;
         let id = request.into_inner().id;
-        self.0
+        let session = self
+            .0
             .read(|s| s.sessions().get(&id).map(convert::session_to_pb))
-            .map(Response::new)
-            .ok_or_else(|| Status::not_found(format!("no session {id:?}")))
+            .ok_or_else(|| Status::not_found(format!("no session {id:?}")))?;
+        caller.may_act_on(&session.owner, "see")?;
+        Ok(Response::new(session))
     }
 
     async fn list_sessions(
         &self,
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        let owner = request.into_inner().owner;
+        let caller = self.caller(&request)?;
+        let owner = caller.owner_filter(request.into_inner().owner)?;
         let mut sessions: Vec<pb::Session> = self.0.read(|s| {
             s.sessions()
                 .values()
@@ -107,11 +119,13 @@ impl SchedulerService for SchedulerApi {
 
     async fn watch_sessions(
         &self,
-        _request: Request<pb::WatchSessionsRequest>,
+        request: Request<pb::WatchSessionsRequest>,
     ) -> Result<Response<Self::WatchSessionsStream>, Status> {
+        let caller = self.caller(&request)?;
         let stream =
-            BroadcastStream::new(self.0.watchers.subscribe()).filter_map(|item| match item {
-                Ok(s) => Some(Ok(s)),
+            BroadcastStream::new(self.0.watchers.subscribe()).filter_map(move |item| match item {
+                Ok(s) if caller.may_see(&s.owner) => Some(Ok(s)),
+                Ok(_) => None,
                 // A slow watcher misses intermediate states; the latest of each session follows.
                 Err(_) => None,
             });
@@ -122,7 +136,15 @@ impl SchedulerService for SchedulerApi {
         &self,
         request: Request<pb::TerminateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
+        let caller = self.caller(&request)?;
         let id = request.into_inner().id;
+        // An owner never changes, so checking before the change is enough.
+        if let Some(owner) = self
+            .0
+            .read(|s| s.sessions().get(&id).map(|x| x.owner.clone()))
+        {
+            caller.may_act_on(&owner, "end")?;
+        }
         let (command, session) = self
             .0
             .apply(|s| {
@@ -139,8 +161,10 @@ impl SchedulerService for SchedulerApi {
 
     async fn list_nodes(
         &self,
-        _request: Request<pb::ListNodesRequest>,
+        request: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        // Any client sees every node: a node message names no session.
+        self.caller(&request)?;
         let nodes = self
             .0
             .read(|s| s.nodes().values().map(convert::node_to_pb).collect());
@@ -151,6 +175,7 @@ impl SchedulerService for SchedulerApi {
         &self,
         request: Request<pb::GetNodeRequest>,
     ) -> Result<Response<pb::Node>, Status> {
+        self.caller(&request)?;
         let id = request.into_inner().node_id;
         self.0
             .read(|s| s.nodes().get(&id).map(convert::node_to_pb))
@@ -162,6 +187,7 @@ impl SchedulerService for SchedulerApi {
         &self,
         request: Request<pb::GetAllocationMapRequest>,
     ) -> Result<Response<pb::GetAllocationMapResponse>, Status> {
+        let caller = self.caller(&request)?;
         let id = request.into_inner().node_id;
         let nodes: Vec<pb::NodeAllocationMap> = self.0.read(|s| {
             s.nodes()
@@ -180,7 +206,18 @@ impl SchedulerService for SchedulerApi {
                             allocated_shares: d.allocated.to_string(),
                             memory_bytes: d.spec.memory_bytes,
                             allocated_memory_bytes: d.allocated_memory,
-                            sessions: d.sessions.iter().cloned().collect(),
+                            // A user sees the shares others hold, not their session ids.
+                            sessions: d
+                                .sessions
+                                .iter()
+                                .filter(|sid| {
+                                    caller.is_admin()
+                                        || s.sessions()
+                                            .get(*sid)
+                                            .is_some_and(|x| caller.may_see(&x.owner))
+                                })
+                                .cloned()
+                                .collect(),
                         })
                         .collect(),
                 })
@@ -194,8 +231,9 @@ impl SchedulerService for SchedulerApi {
 
     async fn list_slot_types(
         &self,
-        _request: Request<pb::ListSlotTypesRequest>,
+        request: Request<pb::ListSlotTypesRequest>,
     ) -> Result<Response<pb::ListSlotTypesResponse>, Status> {
+        self.caller(&request)?;
         let slot_types = self.0.read(|s| {
             s.registry()
                 .iter()
@@ -210,8 +248,9 @@ impl SchedulerService for SchedulerApi {
 
     async fn list_profiles(
         &self,
-        _request: Request<pb::ListProfilesRequest>,
+        request: Request<pb::ListProfilesRequest>,
     ) -> Result<Response<pb::ListProfilesResponse>, Status> {
+        self.caller(&request)?;
         let profiles = self
             .0
             .read(|s| s.profiles().iter().map(convert::profile_to_pb).collect());
@@ -222,6 +261,7 @@ impl SchedulerService for SchedulerApi {
         &self,
         request: Request<pb::GetProfileRequest>,
     ) -> Result<Response<pb::Profile>, Status> {
+        self.caller(&request)?;
         let class = request.into_inner().class;
         self.0
             .read(|s| s.profiles().get(&class).map(convert::profile_to_pb))

@@ -1,6 +1,8 @@
 //! Certificates for a small cluster without OpenSSL: a CA, the controller's serving
-//! certificate, and one client certificate per node that names it the way
-//! [`super::identity`] reads it (`spiffe://gpuwarden/node/<node-id>`).
+//! certificate, one client certificate per node that names it the way [`super::identity`]
+//! reads it (`spiffe://gpuwarden/node/<node-id>`), and client certificates for users and admins
+//! of the scheduler service as [`super::clients`] reads them
+//! (`spiffe://gpuwarden/user/<name>`, `spiffe://gpuwarden/admin/<name>`).
 //!
 //! `gpuwarden-controller certs mint` writes them into a directory; run again on the same
 //! directory it reuses the CA there (one this module minted) and replaces the other files
@@ -19,7 +21,10 @@ use rcgen::{
 };
 use time::{Duration, OffsetDateTime};
 
-use super::identity::node_uri;
+use super::{
+    clients::{ClientRole, check_name},
+    identity::node_uri,
+};
 
 /// The CA certificate's file name in a minted directory.
 pub const CA_CERT: &str = "ca.pem";
@@ -38,6 +43,14 @@ pub enum MintError {
     InvalidNodeId {
         /// The id given.
         id: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A client name that can't name a certificate (or its file).
+    #[error("client name {name:?}: {reason}")]
+    InvalidClientName {
+        /// The name given.
+        name: String,
         /// What is wrong.
         reason: &'static str,
     },
@@ -197,6 +210,25 @@ impl Ca {
         self.sign(params, days, &what)
     }
 
+    /// A scheduler client's certificate, naming `name` in `role`
+    /// (`spiffe://gpuwarden/user/<name>` or `spiffe://gpuwarden/admin/<name>`).
+    ///
+    /// # Errors
+    /// The name can't be used, or rcgen fails.
+    pub fn client(&self, name: &str, role: ClientRole, days: u32) -> Result<Minted, MintError> {
+        check_name(name).map_err(|reason| MintError::InvalidClientName {
+            name: name.to_owned(),
+            reason,
+        })?;
+        let what = format!("certificate of {role} {name}");
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, name);
+        let uri = role.uri(name).try_into().map_err(rcgen_error(&what))?;
+        params.subject_alt_names = vec![SanType::URI(uri)];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        self.sign(params, days, &what)
+    }
+
     fn sign(
         &self,
         mut params: CertificateParams,
@@ -268,21 +300,8 @@ pub fn mint_into(
     for node in nodes {
         check_node_id(node)?;
     }
-    std::fs::create_dir_all(out).map_err(|source| MintError::Io {
-        path: out.to_owned(),
-        source,
-    })?;
-    let (ca_cert, ca_key) = (out.join(CA_CERT), out.join(CA_KEY));
-    let reused_ca = ca_cert.exists() && ca_key.exists();
     let mut written = Vec::new();
-    let ca = if reused_ca {
-        Ca::reuse(read(&ca_cert)?, &read(&ca_key)?)?
-    } else {
-        let ca = Ca::new(days.saturating_mul(10))?;
-        write(&ca_key, &ca.key_pem(), &mut written)?;
-        write(&ca_cert, ca.cert_pem(), &mut written)?;
-        ca
-    };
+    let (ca, reused_ca) = ca_in(out, days, &mut written)?;
     if !server_names.is_empty() {
         let server = ca.server(server_names, days)?;
         write(&out.join(SERVER_KEY), &server.key_pem, &mut written)?;
@@ -297,6 +316,57 @@ pub fn mint_into(
         )?;
         write(
             &out.join(format!("{node}.pem")),
+            &minted.cert_pem,
+            &mut written,
+        )?;
+    }
+    Ok(MintedFiles { reused_ca, written })
+}
+
+/// The CA in `out` (reused when `ca.pem` and `ca.key` are there, else minted for ten times
+/// `days` and written), and whether it was reused.
+fn ca_in(out: &Path, days: u32, written: &mut Vec<PathBuf>) -> Result<(Ca, bool), MintError> {
+    std::fs::create_dir_all(out).map_err(|source| MintError::Io {
+        path: out.to_owned(),
+        source,
+    })?;
+    let (ca_cert, ca_key) = (out.join(CA_CERT), out.join(CA_KEY));
+    if ca_cert.exists() && ca_key.exists() {
+        return Ok((Ca::reuse(read(&ca_cert)?, &read(&ca_key)?)?, true));
+    }
+    let ca = Ca::new(days.saturating_mul(10))?;
+    write(&ca_key, &ca.key_pem(), written)?;
+    write(&ca_cert, ca.cert_pem(), written)?;
+    Ok((ca, false))
+}
+
+/// Mints scheduler clients' certificates into `out` with its CA (reused, or minted as
+/// [`mint_into`] does): `<role>-<name>.pem` and `<role>-<name>.key` per client, valid for `days`.
+///
+/// # Errors
+/// A name can't be used, or a file can't be read or written.
+pub fn mint_clients_into(
+    out: &Path,
+    clients: &[(String, ClientRole)],
+    days: u32,
+) -> Result<MintedFiles, MintError> {
+    for (name, _) in clients {
+        check_name(name).map_err(|reason| MintError::InvalidClientName {
+            name: name.clone(),
+            reason,
+        })?;
+    }
+    let mut written = Vec::new();
+    let (ca, reused_ca) = ca_in(out, days, &mut written)?;
+    for (name, role) in clients {
+        let minted = ca.client(name, *role, days)?;
+        write(
+            &out.join(format!("{role}-{name}.key")),
+            &minted.key_pem,
+            &mut written,
+        )?;
+        write(
+            &out.join(format!("{role}-{name}.pem")),
             &minted.cert_pem,
             &mut written,
         )?;
@@ -366,6 +436,38 @@ mod tests {
             super::super::identity::node_of_certificate(&der),
             Ok("node-1".to_owned())
         );
+    }
+
+    #[test]
+    fn client_certificates_name_their_user_or_admin() {
+        use rustls_pki_types::pem::PemObject as _;
+
+        let dir = tempfile::tempdir().unwrap();
+        let minted = mint_clients_into(
+            dir.path(),
+            &[
+                ("alice".into(), ClientRole::User),
+                ("ops".into(), ClientRole::Admin),
+            ],
+            1,
+        )
+        .unwrap();
+        assert!(!minted.reused_ca);
+        for (file, name, role) in [
+            ("user-alice.pem", "alice", ClientRole::User),
+            ("admin-ops.pem", "ops", ClientRole::Admin),
+        ] {
+            let der =
+                rustls_pki_types::CertificateDer::from_pem_file(dir.path().join(file)).unwrap();
+            assert_eq!(
+                super::super::clients::client_of_certificate(&der),
+                Ok((name.to_owned(), role))
+            );
+        }
+        assert!(matches!(
+            mint_clients_into(dir.path(), &[("a/b".into(), ClientRole::User)], 1),
+            Err(MintError::InvalidClientName { .. })
+        ));
     }
 
     #[test]

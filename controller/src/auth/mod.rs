@@ -1,14 +1,19 @@
-//! Who may speak to the controller: mutual TLS for agents (docs/architecture.md, "Nobody is
-//! trusted by default").
+//! Who may speak to the controller (docs/architecture.md, "Nobody is trusted by default"):
+//! mutual TLS for agents, a bearer token or a client certificate for clients.
 //!
 //! - [`tls`]: the server's rustls configuration from PEM files, rebuilt when they change, and
 //!   the listener's connections through it;
 //! - [`identity`]: the node an agent's client certificate names
 //!   (`spiffe://gpuwarden/node/<node-id>`), and the check that it speaks only for that node;
+//! - [`clients`]: who calls the scheduler service (a user or an admin, from a token or a
+//!   certificate) and what it may do with whose sessions;
+//! - [`tokens`]: the file of hashed bearer tokens, re-read when it changes;
 //! - [`denials`]: refusals counted by reason (`gpuwarden.auth.denied`);
-//! - [`mint`]: a CA, a serving certificate and node certificates without OpenSSL.
+//! - [`mint`]: a CA, a serving certificate and node and client certificates without OpenSSL.
 
+pub mod clients;
 pub mod denials;
 pub mod identity;
 pub mod mint;
 pub mod tls;
+pub mod tokens;

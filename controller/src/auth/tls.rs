@@ -74,7 +74,7 @@ pub enum TlsSetupError {
 
 /// What identifies one version of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
+pub(super) struct Stamp {
     modified: Option<std::time::SystemTime>,
     len: u64,
     dev: u64,
@@ -83,7 +83,7 @@ struct Stamp {
 
 impl Stamp {
     /// Follows symlinks, as Kubernetes secret volumes need.
-    fn of(path: &Path) -> Option<Self> {
+    pub(super) fn of(path: &Path) -> Option<Self> {
         let m = std::fs::metadata(path).ok()?;
         Some(Self {
             modified: m.modified().ok(),

@@ -7,6 +7,15 @@ use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
 /// Starts a controller with its store under `scratch` on a runtime of its own; returns the
 /// runtime (dropping it stops the controller) and the controller's URL.
 pub fn start_controller(scratch: &Path) -> (tokio::runtime::Runtime, String) {
+    start_controller_with(scratch, server::Transport::PlainText.into())
+}
+
+/// [`start_controller`] over plain text with `security`'s client authentication (a token
+/// file).
+pub fn start_controller_with(
+    scratch: &Path,
+    security: server::Security,
+) -> (tokio::runtime::Runtime, String) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -23,9 +32,11 @@ pub fn start_controller(scratch: &Path) -> (tokio::runtime::Runtime, String) {
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .expect("binds");
     let url = format!("http://{}", listener.local_addr().expect("bound"));
-    rt.spawn(server::serve_on(
+    rt.spawn(server::serve_with(
         controller,
         listener,
+        security,
+        None,
         std::future::pending::<()>(),
     ));
     (rt, url)

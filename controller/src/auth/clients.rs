@@ -1,0 +1,561 @@
+//! Who calls the scheduler service, and what they may do (docs/architecture.md, "Nobody is
+//! trusted by default").
+//!
+//! A client proves who it is with a bearer token (`authorization: Bearer <token>`, checked
+//! against the token file, see [`super::tokens`]) or a client certificate whose one identity
+//! URI SAN names it:
+//!
+//! - `spiffe://gpuwarden/user/<name>` ([`USER_URI_PREFIX`]): a user, the owner `<name>`;
+//! - `spiffe://gpuwarden/admin/<name>` ([`ADMIN_URI_PREFIX`]): an admin called `<name>`.
+//!
+//! A token wins over a certificate on the same call. A node's certificate
+//! (`spiffe://gpuwarden/node/…`) is an agent's, and never acts as a client.
+//!
+//! A [`ClientRole::User`] creates, sees, watches and ends only sessions whose owner is its
+//! name; an [`ClientRole::Admin`] sees and ends every session and may create sessions for any
+//! owner. Without a token file and without TLS the controller is open: every caller is an
+//! admin called `default` (the local one-command run; the server warns once).
+
+use std::{fmt, net::SocketAddr, str::FromStr, sync::Arc};
+
+use serde::{Deserialize, Serialize};
+use tonic::{
+    Request, Status,
+    transport::server::{TcpConnectInfo, TlsConnectInfo},
+};
+
+use super::{
+    denials::{self, DenialReason},
+    identity::NODE_URI_PREFIX,
+    tokens::TokenFile,
+};
+
+/// The URI SAN prefix that names a user in its client certificate.
+pub const USER_URI_PREFIX: &str = "spiffe://gpuwarden/user/";
+/// The URI SAN prefix that names an admin in its client certificate.
+pub const ADMIN_URI_PREFIX: &str = "spiffe://gpuwarden/admin/";
+/// The caller's name when the controller is open (no token file, no TLS).
+pub const OPEN_CALLER: &str = "default";
+
+/// What a client may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientRole {
+    /// Sees and ends every session; creates sessions for any owner.
+    Admin,
+    /// Creates, sees, watches and ends only its own sessions.
+    User,
+}
+
+impl ClientRole {
+    /// The role's name, as the token file and the URI SAN spell it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Admin => "admin",
+            Self::User => "user",
+        }
+    }
+
+    /// The URI SAN that names `name` in this role.
+    #[must_use]
+    pub fn uri(self, name: &str) -> String {
+        match self {
+            Self::Admin => format!("{ADMIN_URI_PREFIX}{name}"),
+            Self::User => format!("{USER_URI_PREFIX}{name}"),
+        }
+    }
+}
+
+impl fmt::Display for ClientRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A role name that is neither `admin` nor `user`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("role {0:?}: expected admin or user")]
+pub struct UnknownRole(pub String);
+
+impl FromStr for ClientRole {
+    type Err = UnknownRole;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "admin" => Ok(Self::Admin),
+            "user" => Ok(Self::User),
+            other => Err(UnknownRole(other.to_owned())),
+        }
+    }
+}
+
+/// Checks a client's name (an owner): 1 to 128 letters, digits, `.`, `-`, `_` or `@`, not
+/// starting with `.` or `-`, so it fits a URI, a TOML string and a log line unescaped.
+///
+/// # Errors
+/// What is wrong with it.
+pub fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() || name.len() > 128 {
+        return Err("must be 1 to 128 characters");
+    }
+    if name.starts_with(['.', '-']) {
+        return Err("must not start with '.' or '-'");
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '@'))
+    {
+        return Err("only letters, digits, '.', '-', '_' and '@'");
+    }
+    Ok(())
+}
+
+/// How a caller proved who it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credential {
+    /// Nothing: the controller is open.
+    Open,
+    /// A bearer token from the token file.
+    Token,
+    /// A client certificate.
+    Certificate,
+}
+
+/// Who is calling, and in what role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The name: the owner a user acts as.
+    pub name: String,
+    /// What it may do.
+    pub role: ClientRole,
+    /// How it proved it.
+    pub credential: Credential,
+}
+
+/// Why a client is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// Neither a token nor a client certificate.
+    #[error(
+        "no credentials: send `authorization: Bearer <token>` or present a client certificate \
+         naming {USER_URI_PREFIX}<name> or {ADMIN_URI_PREFIX}<name>"
+    )]
+    NoCredentials,
+    /// An `authorization` header that is not `Bearer <token>`.
+    #[error("malformed authorization metadata: expected `Bearer <token>`")]
+    MalformedAuthorization,
+    /// A token sent to a controller without a token file.
+    #[error("bearer tokens are not accepted here: the controller has no token file")]
+    TokensNotAccepted,
+    /// A token not in the token file.
+    #[error("unknown or revoked bearer token")]
+    UnknownToken,
+    /// The client certificate can't be parsed (rustls verified it, so this is rare).
+    #[error("the client certificate can't be parsed: {reason}")]
+    Unparsable {
+        /// The parser's words.
+        reason: String,
+    },
+    /// The client certificate names no user or admin.
+    #[error(
+        "the client certificate names no client (no URI SAN {USER_URI_PREFIX}<name> or \
+         {ADMIN_URI_PREFIX}<name>)"
+    )]
+    NoClientIdentity,
+    /// The client certificate names more than one client.
+    #[error("the client certificate names more than one client: {names:?}")]
+    AmbiguousClient {
+        /// Every identity it names.
+        names: Vec<String>,
+    },
+    /// A node's certificate on the scheduler service.
+    #[error("node {node:?}'s certificate is an agent's: it can't act as a client")]
+    NodeCertificate {
+        /// The node it names.
+        node: String,
+    },
+    /// A user acting on another owner's sessions.
+    #[error("user {caller:?} may {action} only its own sessions, not those of owner {owner:?}")]
+    OtherOwner {
+        /// The user.
+        caller: String,
+        /// The owner it named or whose session it touched.
+        owner: String,
+        /// What it tried ("end", "see", "create").
+        action: &'static str,
+    },
+}
+
+impl ClientError {
+    /// The bounded reason it is counted under.
+    #[must_use]
+    pub fn reason(&self) -> DenialReason {
+        match self {
+            Self::NoCredentials => DenialReason::NoCredentials,
+            Self::MalformedAuthorization | Self::TokensNotAccepted | Self::UnknownToken => {
+                DenialReason::BadToken
+            }
+            Self::Unparsable { .. } | Self::NoClientIdentity | Self::AmbiguousClient { .. } => {
+                DenialReason::NoClientIdentity
+            }
+            Self::NodeCertificate { .. } => DenialReason::NodeAsClient,
+            Self::OtherOwner { .. } => DenialReason::OtherOwner,
+        }
+    }
+
+    /// The gRPC status: who is calling is unknown (`UNAUTHENTICATED`), or known and not
+    /// allowed (`PERMISSION_DENIED`).
+    #[must_use]
+    pub fn to_status(&self) -> Status {
+        match self {
+            Self::NodeCertificate { .. } | Self::OtherOwner { .. } => {
+                Status::permission_denied(self.to_string())
+            }
+            _ => Status::unauthenticated(self.to_string()),
+        }
+    }
+}
+
+/// Logs and counts a refusal; the status to answer with.
+fn refuse(error: &ClientError, who: &str) -> Status {
+    let reason = error.reason();
+    denials::count(reason);
+    tracing::warn!(client = %who, reason = reason.as_str(), "client refused: {error}");
+    error.to_status()
+}
+
+/// The client a certificate (DER) names.
+///
+/// # Errors
+/// The certificate can't be parsed, names no client or several, or is a node's.
+pub fn client_of_certificate(der: &[u8]) -> Result<(String, ClientRole), ClientError> {
+    let der = rustls_pki_types::CertificateDer::from(der);
+    let cert = webpki::EndEntityCert::try_from(&der).map_err(|e| ClientError::Unparsable {
+        reason: e.to_string(),
+    })?;
+    let mut clients = Vec::new();
+    let mut node = None;
+    for uri in cert.valid_uri_names() {
+        if let Some(name) = uri.strip_prefix(USER_URI_PREFIX) {
+            clients.push((name.to_owned(), ClientRole::User));
+        } else if let Some(name) = uri.strip_prefix(ADMIN_URI_PREFIX) {
+            clients.push((name.to_owned(), ClientRole::Admin));
+        } else if let Some(name) = uri.strip_prefix(NODE_URI_PREFIX) {
+            node = Some(name.to_owned());
+        }
+    }
+    match (clients.len(), node) {
+        (1, None) => {
+            let (name, role) = clients.remove(0);
+            // The CA signed it, but a name this module would not mint is refused all the same.
+            check_name(&name).map_err(|_| ClientError::NoClientIdentity)?;
+            Ok((name, role))
+        }
+        (0, Some(node)) => Err(ClientError::NodeCertificate { node }),
+        (0, None) => Err(ClientError::NoClientIdentity),
+        _ => Err(ClientError::AmbiguousClient {
+            names: clients.iter().map(|(name, role)| role.uri(name)).collect(),
+        }),
+    }
+}
+
+/// How the scheduler service authenticates its callers.
+#[derive(Clone)]
+pub struct ClientAuth {
+    tokens: Option<Arc<TokenFile>>,
+    certificates: bool,
+}
+
+impl ClientAuth {
+    /// Every caller is an admin: neither a token file nor TLS (the local one-command run).
+    #[must_use]
+    pub fn open() -> Self {
+        Self {
+            tokens: None,
+            certificates: false,
+        }
+    }
+
+    /// Tokens from `tokens` when given; client certificates when the port speaks TLS with a
+    /// client CA (`certificates`). Open when neither.
+    #[must_use]
+    pub fn new(tokens: Option<Arc<TokenFile>>, certificates: bool) -> Self {
+        Self {
+            tokens,
+            certificates,
+        }
+    }
+
+    /// Whether every caller is an admin.
+    #[must_use]
+    pub fn is_open(&self) -> bool {
+        self.tokens.is_none() && !self.certificates
+    }
+
+    /// Whether bearer tokens are accepted.
+    #[must_use]
+    pub fn takes_tokens(&self) -> bool {
+        self.tokens.is_some()
+    }
+
+    /// Who sent `request`.
+    ///
+    /// # Errors
+    /// `UNAUTHENTICATED` without credentials, with a malformed, unknown or revoked token, or
+    /// with a certificate that names no client; `PERMISSION_DENIED` for a node's certificate.
+    /// Each is logged and counted.
+    pub fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        if self.is_open() {
+            return Ok(Caller {
+                name: OPEN_CALLER.to_owned(),
+                role: ClientRole::Admin,
+                credential: Credential::Open,
+            });
+        }
+        let peer = request
+            .remote_addr()
+            .map_or_else(|| "unknown".to_owned(), |a: SocketAddr| a.to_string());
+        self.identify(request).map_err(|e| refuse(&e, &peer))
+    }
+
+    fn identify<T>(&self, request: &Request<T>) -> Result<Caller, ClientError> {
+        if let Some(value) = request.metadata().get("authorization") {
+            let token = value
+                .to_str()
+                .ok()
+                .and_then(bearer)
+                .ok_or(ClientError::MalformedAuthorization)?;
+            let tokens = self.tokens.as_ref().ok_or(ClientError::TokensNotAccepted)?;
+            let entry = tokens.lookup(token).ok_or(ClientError::UnknownToken)?;
+            return Ok(Caller {
+                name: entry.owner,
+                role: entry.role,
+                credential: Credential::Token,
+            });
+        }
+        let leaf = request
+            .extensions()
+            .get::<TlsConnectInfo<TcpConnectInfo>>()
+            .and_then(TlsConnectInfo::peer_certs)
+            .and_then(|chain| chain.first().cloned());
+        let Some(leaf) = leaf else {
+            return Err(ClientError::NoCredentials);
+        };
+        let (name, role) = client_of_certificate(&leaf)?;
+        Ok(Caller {
+            name,
+            role,
+            credential: Credential::Certificate,
+        })
+    }
+}
+
+/// The token of an `authorization` value `Bearer <token>` (the scheme in any case).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+impl Caller {
+    /// Whether the caller sees and ends every session.
+    #[must_use]
+    pub fn is_admin(&self) -> bool {
+        self.role == ClientRole::Admin
+    }
+
+    /// Whether the caller may see sessions of `owner`.
+    #[must_use]
+    pub fn may_see(&self, owner: &str) -> bool {
+        self.is_admin() || self.name == owner
+    }
+
+    fn other_owner(&self, owner: &str, action: &'static str) -> Status {
+        refuse(
+            &ClientError::OtherOwner {
+                caller: self.name.clone(),
+                owner: owner.to_owned(),
+                action,
+            },
+            &self.name,
+        )
+    }
+
+    /// The owner of a session the caller creates naming `requested` (empty: the caller).
+    ///
+    /// # Errors
+    /// `PERMISSION_DENIED` (counted) for a user naming another owner.
+    pub fn owner_for_create(&self, requested: String) -> Result<String, Status> {
+        if requested.is_empty() || requested == self.name {
+            Ok(self.name.clone())
+        } else if self.is_admin() {
+            Ok(requested)
+        } else {
+            Err(self.other_owner(&requested, "create"))
+        }
+    }
+
+    /// The owner filter of a session listing that asked for `requested` (empty: all the
+    /// caller may see); empty means every owner.
+    ///
+    /// # Errors
+    /// `PERMISSION_DENIED` (counted) for a user asking for another owner's sessions.
+    pub fn owner_filter(&self, requested: String) -> Result<String, Status> {
+        if self.is_admin() || requested == self.name {
+            Ok(requested)
+        } else if requested.is_empty() {
+            Ok(self.name.clone())
+        } else {
+            Err(self.other_owner(&requested, "see"))
+        }
+    }
+
+    /// Whether the caller may `action` ("see", "end") a session of `owner`.
+    ///
+    /// # Errors
+    /// `PERMISSION_DENIED` (counted) for a user and another owner's session.
+    pub fn may_act_on(&self, owner: &str, action: &'static str) -> Result<(), Status> {
+        if self.may_see(owner) {
+            Ok(())
+        } else {
+            Err(self.other_owner(owner, action))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(name: &str) -> Caller {
+        Caller {
+            name: name.to_owned(),
+            role: ClientRole::User,
+            credential: Credential::Token,
+        }
+    }
+
+    fn cert_with_uris(uris: &[&str]) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::default();
+        params.subject_alt_names = uris
+            .iter()
+            .map(|s| rcgen::SanType::URI((*s).try_into().unwrap()))
+            .collect();
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn the_certificate_names_a_user_or_an_admin() {
+        let der = cert_with_uris(&["spiffe://gpuwarden/user/alice"]);
+        assert_eq!(
+            client_of_certificate(&der),
+            Ok(("alice".to_owned(), ClientRole::User))
+        );
+        let der = cert_with_uris(&["spiffe://gpuwarden/admin/ops", "spiffe://other/x"]);
+        assert_eq!(
+            client_of_certificate(&der),
+            Ok(("ops".to_owned(), ClientRole::Admin))
+        );
+    }
+
+    #[test]
+    fn node_and_ambiguous_certificates_are_no_clients() {
+        let der = cert_with_uris(&["spiffe://gpuwarden/node/node-1"]);
+        let err = client_of_certificate(&der).unwrap_err();
+        assert_eq!(err.to_status().code(), tonic::Code::PermissionDenied);
+        assert_eq!(err.reason(), DenialReason::NodeAsClient);
+
+        let der = cert_with_uris(&[
+            "spiffe://gpuwarden/user/alice",
+            "spiffe://gpuwarden/admin/alice",
+        ]);
+        let err = client_of_certificate(&der).unwrap_err();
+        assert!(matches!(err, ClientError::AmbiguousClient { .. }), "{err}");
+        assert_eq!(err.to_status().code(), tonic::Code::Unauthenticated);
+
+        let der = cert_with_uris(&["spiffe://gpuwarden/user/../x"]);
+        assert_eq!(
+            client_of_certificate(&der),
+            Err(ClientError::NoClientIdentity)
+        );
+    }
+
+    #[test]
+    fn a_user_acts_only_as_itself() {
+        let alice = user("alice");
+        assert_eq!(alice.owner_for_create(String::new()).unwrap(), "alice");
+        assert_eq!(alice.owner_for_create("alice".into()).unwrap(), "alice");
+        let before = denials::count_of(DenialReason::OtherOwner);
+        let status = alice.owner_for_create("bob".into()).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert!(status.message().contains("\"bob\""), "{}", status.message());
+        assert!(denials::count_of(DenialReason::OtherOwner) > before);
+
+        assert_eq!(alice.owner_filter(String::new()).unwrap(), "alice");
+        assert!(alice.owner_filter("bob".into()).is_err());
+        assert!(alice.may_act_on("alice", "end").is_ok());
+        assert!(alice.may_act_on("bob", "end").is_err());
+    }
+
+    #[test]
+    fn an_admin_acts_for_anyone() {
+        let ops = Caller {
+            role: ClientRole::Admin,
+            ..user("ops")
+        };
+        assert_eq!(ops.owner_for_create(String::new()).unwrap(), "ops");
+        assert_eq!(ops.owner_for_create("bob".into()).unwrap(), "bob");
+        assert_eq!(ops.owner_filter(String::new()).unwrap(), "");
+        assert!(ops.may_act_on("bob", "end").is_ok());
+    }
+
+    #[test]
+    fn an_open_controller_calls_everyone_the_default_admin() {
+        let caller = ClientAuth::open().caller(&Request::new(())).unwrap();
+        assert!(caller.is_admin());
+        assert_eq!(caller.name, OPEN_CALLER);
+    }
+
+    #[test]
+    fn certificates_only_refuse_a_call_without_credentials_or_with_a_token() {
+        let auth = ClientAuth::new(None, true);
+        let status = auth.caller(&Request::new(())).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        assert!(
+            status.message().contains("no credentials"),
+            "{}",
+            status.message()
+        );
+        let mut request = Request::new(());
+        request
+            .metadata_mut()
+            .insert("authorization", "Bearer abc".parse().unwrap());
+        let status = auth.caller(&request).unwrap_err();
+        assert!(
+            status.message().contains("no token file"),
+            "{}",
+            status.message()
+        );
+    }
+
+    #[test]
+    fn bearer_values() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer  abc "), Some("abc"));
+        assert_eq!(bearer("Basic abc"), None);
+        assert_eq!(bearer("Bearer "), None);
+        assert_eq!(bearer("abc"), None);
+    }
+
+    #[test]
+    fn names() {
+        for good in ["alice", "team-a", "a.b_c", "alice@example.com"] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", "-x", ".x", "a/b", "a b", "a\"b", &"x".repeat(129)] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+}
