@@ -599,54 +599,58 @@ struct Cli {
     command: Command,
 }
 
+/// `gpuwarden-controller run`.
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    /// Directory of the embedded store (sled in its `store/` folder), unless --store says
+    /// otherwise.
+    #[arg(long, default_value = "/var/lib/gpuwarden/controller")]
+    state_dir: PathBuf,
+    /// Where the state lives: sled:PATH, or etcd://HOST:PORT[,HOST:PORT…][/PREFIX] for a
+    /// store shared by several controllers (overrides the config file's `store`).
+    #[arg(long, value_name = "SPEC")]
+    store: Option<StoreSpec>,
+    /// With an etcd store: the address agents and clients reach this controller at, which
+    /// standbys tell them (default: the listen address, or this host's name with its port).
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise: Option<String>,
+    /// With an etcd store: seconds a leader may go without renewing its lease before a
+    /// standby takes over (at least 2: etcd raises shorter ones).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
+    lease_ttl_secs: u64,
+    #[command(flatten)]
+    etcd_tls: EtcdTlsArgs,
+    /// TOML config file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Placement mode for sessions that don't ask for one: binpack, spread or
+    /// interference-aware (overrides the config file's `[scheduler] strategy`).
+    #[arg(long, value_name = "MODE")]
+    placement: Option<crate::placement::Placement>,
+    /// Serving certificate (PEM). With --tls-key and --tls-client-ca the port speaks TLS
+    /// and agents must present a node certificate; without, plain text.
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// Private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// CA that signs agents' (and clients') certificates (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
+    /// Hashed bearer tokens of scheduler clients (TOML; see `tokens add`), re-read when it
+    /// changes. With it or with TLS, clients must authenticate; with neither, every client
+    /// is an admin.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Serve the gRPC API.
-    Run {
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:50051")]
-        listen: SocketAddr,
-        /// Directory of the embedded store (sled in its `store/` folder), unless --store says
-        /// otherwise.
-        #[arg(long, default_value = "/var/lib/gpuwarden/controller")]
-        state_dir: PathBuf,
-        /// Where the state lives: sled:PATH, or etcd://HOST:PORT[,HOST:PORT…][/PREFIX] for a
-        /// store shared by several controllers (overrides the config file's `store`).
-        #[arg(long, value_name = "SPEC")]
-        store: Option<StoreSpec>,
-        /// With an etcd store: the address agents and clients reach this controller at, which
-        /// standbys tell them (default: the listen address, or this host's name with its port).
-        #[arg(long, value_name = "HOST:PORT")]
-        advertise: Option<String>,
-        /// With an etcd store: seconds a leader may go without renewing its lease before a
-        /// standby takes over (at least 2: etcd raises shorter ones).
-        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
-        lease_ttl_secs: u64,
-        #[command(flatten)]
-        etcd_tls: EtcdTlsArgs,
-        /// TOML config file.
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Placement mode for sessions that don't ask for one: binpack, spread or
-        /// interference-aware (overrides the config file's `[scheduler] strategy`).
-        #[arg(long, value_name = "MODE")]
-        placement: Option<crate::placement::Placement>,
-        /// Serving certificate (PEM). With --tls-key and --tls-client-ca the port speaks TLS
-        /// and agents must present a node certificate; without, plain text.
-        #[arg(long, value_name = "FILE")]
-        tls_cert: Option<PathBuf>,
-        /// Private key of --tls-cert (PEM).
-        #[arg(long, value_name = "FILE")]
-        tls_key: Option<PathBuf>,
-        /// CA that signs agents' (and clients') certificates (PEM).
-        #[arg(long, value_name = "FILE")]
-        tls_client_ca: Option<PathBuf>,
-        /// Hashed bearer tokens of scheduler clients (TOML; see `tokens add`), re-read when it
-        /// changes. With it or with TLS, clients must authenticate; with neither, every client
-        /// is an admin.
-        #[arg(long, value_name = "FILE")]
-        token_file: Option<PathBuf>,
-    },
+    Run(RunArgs),
     /// Copy every record of one store into another (from sled into etcd, say).
     CopyStore {
         /// The store to read: sled:PATH or etcd://….
@@ -711,20 +715,6 @@ enum CertsCommand {
         #[arg(long, default_value_t = 365)]
         days: u32,
     },
-}
-
-/// What `run` was given.
-struct Run {
-    listen: SocketAddr,
-    state_dir: PathBuf,
-    store: Option<StoreSpec>,
-    advertise: Option<String>,
-    lease_ttl_secs: u64,
-    etcd_tls: EtcdTlsArgs,
-    config: Option<PathBuf>,
-    placement: Option<crate::placement::Placement>,
-    tls: (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>),
-    token_file: Option<PathBuf>,
 }
 
 /// `certs mint`: writes the files and says which.
@@ -798,7 +788,7 @@ fn tokens_add_command(file: &Path, owner: &str, role: ClientRole) -> ExitCode {
 pub fn main() -> ExitCode {
     // A wrapping binary may have set up tracing already; that one stays.
     gpuwarden_runtime::logging::init("info");
-    let Run {
+    let RunArgs {
         listen,
         state_dir,
         store,
@@ -807,34 +797,12 @@ pub fn main() -> ExitCode {
         etcd_tls,
         config,
         placement,
-        tls,
+        tls_cert,
+        tls_key,
+        tls_client_ca,
         token_file,
     } = match Cli::parse().command {
-        Command::Run {
-            listen,
-            state_dir,
-            store,
-            advertise,
-            lease_ttl_secs,
-            etcd_tls,
-            config,
-            placement,
-            tls_cert,
-            tls_key,
-            tls_client_ca,
-            token_file,
-        } => Run {
-            listen,
-            state_dir,
-            store,
-            advertise,
-            lease_ttl_secs,
-            etcd_tls,
-            config,
-            placement,
-            tls: (tls_cert, tls_key, tls_client_ca),
-            token_file,
-        },
+        Command::Run(args) => args,
         Command::CopyStore { from, to, etcd_tls } => {
             let none = FileConfig::default();
             return copy_store(
@@ -870,9 +838,9 @@ pub fn main() -> ExitCode {
     };
     // Flags win over the file, file by file.
     let transport = match Transport::from_files(
-        tls.0.or_else(|| file.tls_cert.clone()),
-        tls.1.or_else(|| file.tls_key.clone()),
-        tls.2.or_else(|| file.tls_client_ca.clone()),
+        tls_cert.or_else(|| file.tls_cert.clone()),
+        tls_key.or_else(|| file.tls_key.clone()),
+        tls_client_ca.or_else(|| file.tls_client_ca.clone()),
     ) {
         Ok(t) => t,
         Err(e) => {

@@ -2,141 +2,19 @@
 //! killed a standby takes over within the lease's TTL and a second, with every acknowledged
 //! session; a leader paused past its lease cannot write when it resumes, and steps down.
 
-use std::{
-    net::{SocketAddr, TcpListener, TcpStream},
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
-};
+mod common;
 
-use gpuwarden_proto::v1::{
-    self as pb, agent_service_client::AgentServiceClient,
-    scheduler_service_client::SchedulerServiceClient,
-};
-use gpuwarden_test_support::{Etcd, scratch};
-use tonic::{Code, transport::Channel};
+use std::time::{Duration, Instant};
 
-const CONTROLLER: &str = env!("CARGO_BIN_EXE_gpuwarden-controller");
+use common::{ControllerProcess as Member, request};
+use gpuwarden_test_support::Etcd;
+use tonic::Code;
+
 const TTL: Duration = Duration::from_secs(2);
 
-/// A controller process on the etcd store, killed when dropped.
-struct Member {
-    child: Child,
-    addr: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl Member {
-    fn start(store: &str) -> Self {
-        let dir = scratch("member");
-        let addr = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port");
-        let child = Command::new(CONTROLLER)
-            .args(["run", "--listen", &addr.to_string(), "--store", store])
-            .args(["--lease-ttl-secs", &TTL.as_secs().to_string()])
-            .arg("--state-dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starts");
-        let started = Instant::now();
-        while TcpStream::connect(addr).is_err() {
-            assert!(started.elapsed() < Duration::from_secs(20), "not listening");
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        Self {
-            child,
-            addr,
-            _dir: dir,
-        }
-    }
-
-    fn signal(&self, signal: i32) {
-        let pid = i32::try_from(self.child.id()).expect("a pid");
-        // SAFETY: a plain syscall on our own child.
-        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
-    }
-
-    async fn channel(&self) -> Channel {
-        tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
-            .expect("a URL")
-            .connect()
-            .await
-            .expect("connects")
-    }
-
-    async fn client(&self) -> SchedulerServiceClient<Channel> {
-        SchedulerServiceClient::new(self.channel().await)
-    }
-
-    /// Lists sessions; `Err` with the status when it refuses.
-    async fn names(&self) -> Result<Vec<String>, tonic::Status> {
-        let mut names: Vec<String> = self
-            .client()
-            .await
-            .list_sessions(pb::ListSessionsRequest::default())
-            .await?
-            .into_inner()
-            .sessions
-            .into_iter()
-            .map(|s| s.name)
-            .collect();
-        names.sort();
-        Ok(names)
-    }
-
-    /// Waits until it answers as the leader.
-    async fn until_leading(&self, within: Duration) -> Duration {
-        let started = Instant::now();
-        loop {
-            if self.names().await.is_ok() {
-                return started.elapsed();
-            }
-            assert!(
-                started.elapsed() < within,
-                "{} did not lead within {within:?}",
-                self.addr
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    async fn register_node(&self) {
-        AgentServiceClient::new(self.channel().await)
-            .register(pb::NodeInfo {
-                node_id: "n1".into(),
-                hostname: "n1".into(),
-                slot_types: vec![pb::SlotType {
-                    name: "cpu".into(),
-                    kind: pb::SlotKind::Count.into(),
-                }],
-                capacity: Some(pb::ResourceSlot {
-                    values: [("cpu".to_owned(), "1000".to_owned())].into(),
-                }),
-                ..Default::default()
-            })
-            .await
-            .expect("registers");
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn request(name: &str) -> pb::CreateSessionRequest {
-    pb::CreateSessionRequest {
-        requested: Some(pb::ResourceSlot {
-            values: [("cpu".to_owned(), "1".to_owned())].into(),
-        }),
-        owner: "alice".into(),
-        name: name.into(),
-        ..Default::default()
-    }
+/// A controller on the etcd store `store`, campaigning with a lease of [`TTL`].
+fn member(store: &str) -> Member {
+    Member::start(store, &["--lease-ttl-secs", &TTL.as_secs().to_string()])
 }
 
 /// What a standby says: UNAVAILABLE, naming the leader in the metadata.
@@ -156,10 +34,10 @@ fn named_leader(status: &tonic::Status) -> Option<String> {
 async fn a_standby_names_the_leader_and_takes_over_with_every_acknowledged_session() {
     let etcd = Etcd::start();
     let store = etcd.store_url("failover");
-    let a = Member::start(&store);
-    a.until_leading(Duration::from_secs(10)).await;
-    let b = Member::start(&store);
-    let c = Member::start(&store);
+    let a = member(&store);
+    a.until_serving(Duration::from_secs(10)).await;
+    let b = member(&store);
+    let c = member(&store);
     for standby in [&b, &c] {
         let started = Instant::now();
         // A standby learns the leader within a moment of starting.
@@ -195,8 +73,8 @@ async fn a_standby_names_the_leader_and_takes_over_with_every_acknowledged_sessi
     drop(a);
     // Whichever standby wins, it leads within the TTL and a second, with every session.
     let winner = tokio::select! {
-        _ = b.until_leading(TTL + Duration::from_secs(5)) => &b,
-        _ = c.until_leading(TTL + Duration::from_secs(5)) => &c,
+        _ = b.until_serving(TTL + Duration::from_secs(5)) => &b,
+        _ = c.until_serving(TTL + Duration::from_secs(5)) => &c,
     };
     let takeover = killed.elapsed();
     eprintln!("takeover after SIGKILL of the leader: {takeover:?} (TTL {TTL:?})");
@@ -222,17 +100,17 @@ async fn a_standby_names_the_leader_and_takes_over_with_every_acknowledged_sessi
 async fn a_leader_paused_past_its_lease_cannot_write_and_steps_down() {
     let etcd = Etcd::start();
     let store = etcd.store_url("fencing");
-    let a = Member::start(&store);
-    a.until_leading(Duration::from_secs(10)).await;
+    let a = member(&store);
+    a.until_serving(Duration::from_secs(10)).await;
     a.register_node().await;
     let mut to_a = a.client().await;
     to_a.create_session(request("before"))
         .await
         .expect("created");
-    let b = Member::start(&store);
+    let b = member(&store);
 
     a.signal(libc::SIGSTOP);
-    b.until_leading(TTL + Duration::from_secs(5)).await;
+    b.until_serving(TTL + Duration::from_secs(5)).await;
     a.signal(libc::SIGCONT);
 
     // Whatever the old leader still accepts, none of it may land: the store is fenced.
@@ -266,8 +144,8 @@ async fn a_leader_paused_past_its_lease_cannot_write_and_steps_down() {
 async fn etcd_lost_under_load_stops_scheduling_with_the_reason_and_loses_nothing_acknowledged() {
     let mut etcd = Etcd::start();
     let store = etcd.store_url("faults");
-    let a = Member::start(&store);
-    a.until_leading(Duration::from_secs(10)).await;
+    let a = member(&store);
+    a.until_serving(Duration::from_secs(10)).await;
     a.register_node().await;
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -301,7 +179,7 @@ async fn etcd_lost_under_load_stops_scheduling_with_the_reason_and_loses_nothing
     etcd.kill();
     tokio::time::sleep(Duration::from_secs(3)).await;
     etcd.resume();
-    let back = a.until_leading(Duration::from_secs(20)).await;
+    let back = a.until_serving(Duration::from_secs(20)).await;
     eprintln!("leading again {back:?} after etcd came back");
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -2,129 +2,21 @@
 //! as on sled, a store that can't be reached or named stops it with the reason, and `copy-store`
 //! moves a sled store into etcd.
 
-use std::{
-    net::{SocketAddr, TcpListener, TcpStream},
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
-};
+mod common;
 
-use gpuwarden_proto::v1::{
-    self as pb, agent_service_client::AgentServiceClient,
-    scheduler_service_client::SchedulerServiceClient,
-};
+use std::{process::Command, time::Duration};
+
+use common::{ControllerProcess, request};
 use gpuwarden_test_support::{Etcd, scratch};
 
 const CONTROLLER: &str = env!("CARGO_BIN_EXE_gpuwarden-controller");
-
-/// A controller process, killed (SIGKILL) when dropped.
-struct Running(Child, SocketAddr);
-
-impl Running {
-    fn start(store: &str, state_dir: &std::path::Path) -> Self {
-        let addr = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port");
-        let child = Command::new(CONTROLLER)
-            .args(["run", "--listen", &addr.to_string(), "--store", store])
-            .arg("--state-dir")
-            .arg(state_dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starts");
-        let started = Instant::now();
-        while TcpStream::connect(addr).is_err() {
-            assert!(started.elapsed() < Duration::from_secs(20), "not listening");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Self(child, addr)
-    }
-
-    /// Waits until it serves (on etcd it leads only once it has won the election).
-    async fn until_serving(&self) {
-        let started = Instant::now();
-        while self
-            .client()
-            .await
-            .list_sessions(pb::ListSessionsRequest::default())
-            .await
-            .is_err()
-        {
-            assert!(started.elapsed() < Duration::from_secs(20), "never led");
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-
-    async fn channel(&self) -> tonic::transport::Channel {
-        tonic::transport::Endpoint::from_shared(format!("http://{}", self.1))
-            .expect("a URL")
-            .connect()
-            .await
-            .expect("connects")
-    }
-
-    /// Registers a node with 64 CPUs, so that sessions asking for `cpu` are valid.
-    async fn register_node(&self) {
-        self.until_serving().await;
-        let mut agent = AgentServiceClient::new(self.channel().await);
-        agent
-            .register(pb::NodeInfo {
-                node_id: "n1".into(),
-                hostname: "n1".into(),
-                slot_types: vec![pb::SlotType {
-                    name: "cpu".into(),
-                    kind: pb::SlotKind::Count.into(),
-                }],
-                capacity: Some(pb::ResourceSlot {
-                    values: [("cpu".to_owned(), "64".to_owned())].into(),
-                }),
-                ..Default::default()
-            })
-            .await
-            .expect("registers");
-    }
-
-    async fn client(&self) -> SchedulerServiceClient<tonic::transport::Channel> {
-        SchedulerServiceClient::new(self.channel().await)
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn request(name: &str) -> pb::CreateSessionRequest {
-    pb::CreateSessionRequest {
-        requested: Some(pb::ResourceSlot {
-            values: [("cpu".to_owned(), "1".to_owned())].into(),
-        }),
-        owner: "alice".into(),
-        name: name.into(),
-        ..Default::default()
-    }
-}
-
-async fn names(client: &mut SchedulerServiceClient<tonic::transport::Channel>) -> Vec<String> {
-    let mut names: Vec<String> = client
-        .list_sessions(pb::ListSessionsRequest::default())
-        .await
-        .expect("lists")
-        .into_inner()
-        .sessions
-        .into_iter()
-        .map(|s| s.name)
-        .collect();
-    names.sort();
-    names
-}
+/// Long enough for a restarted controller to win the election over its dead self's lease.
+const SERVING: Duration = Duration::from_secs(20);
 
 /// Creates sessions concurrently, SIGKILLs the controller, and finds every acknowledged one.
 async fn acknowledged_sessions_survive_kill_9(store: &str) {
-    let dir = scratch("kill9");
-    let controller = Running::start(store, dir.path());
+    let controller = ControllerProcess::start(store, &[]);
+    controller.until_serving(SERVING).await;
     controller.register_node().await;
     let client = controller.client().await;
     let mut tasks = Vec::new();
@@ -142,10 +34,10 @@ async fn acknowledged_sessions_survive_kill_9(store: &str) {
     acknowledged.sort();
     drop(controller);
 
-    let controller = Running::start(store, dir.path());
-    controller.until_serving().await;
+    let controller = ControllerProcess::start(store, &[]);
+    controller.until_serving(SERVING).await;
     assert_eq!(
-        names(&mut controller.client().await).await,
+        controller.names().await.expect("serves"),
         acknowledged,
         "{store}"
     );
@@ -190,7 +82,8 @@ async fn copy_store_moves_a_sled_store_into_etcd() {
     let dir = scratch("copy");
     let sled = format!("sled:{}", dir.path().join("store").display());
     {
-        let controller = Running::start(&sled, dir.path());
+        let controller = ControllerProcess::start(&sled, &[]);
+        controller.until_serving(SERVING).await;
         controller.register_node().await;
         let mut client = controller.client().await;
         for name in ["a", "b"] {
@@ -210,9 +103,9 @@ async fn copy_store_moves_a_sled_store_into_etcd() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(said.contains("copied"), "{said}");
-    let controller = Running::start(&target, dir.path());
-    controller.until_serving().await;
-    assert_eq!(names(&mut controller.client().await).await, ["a", "b"]);
+    let controller = ControllerProcess::start(&target, &[]);
+    controller.until_serving(SERVING).await;
+    assert_eq!(controller.names().await.expect("serves"), ["a", "b"]);
 }
 
 /// etcd with TLS and client certificates (`--client-cert-auth`), certificates minted by

@@ -1,0 +1,144 @@
+//! The controller binary as the store and failover tests run it: a process on a loopback port
+//! with its own scratch state directory, killed (SIGKILL) when dropped.
+#![allow(
+    dead_code,
+    reason = "each test binary includes this module and uses a different part of it"
+)]
+
+use std::{
+    net::{SocketAddr, TcpListener, TcpStream},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use gpuwarden_proto::v1::{
+    self as pb, agent_service_client::AgentServiceClient,
+    scheduler_service_client::SchedulerServiceClient,
+};
+use tonic::transport::Channel;
+
+/// A running `gpuwarden-controller run --store STORE`.
+pub struct ControllerProcess {
+    child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl ControllerProcess {
+    /// Starts it on `store` with `extra` arguments, and waits until it listens.
+    pub fn start(store: &str, extra: &[&str]) -> Self {
+        let dir = gpuwarden_test_support::scratch("ctl");
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let child = Command::new(env!("CARGO_BIN_EXE_gpuwarden-controller"))
+            .args(["run", "--listen", &addr.to_string(), "--store", store])
+            .args(extra)
+            .arg("--state-dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starts");
+        let started = Instant::now();
+        while TcpStream::connect(addr).is_err() {
+            assert!(started.elapsed() < Duration::from_secs(20), "not listening");
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        Self {
+            child,
+            addr,
+            _dir: dir,
+        }
+    }
+
+    /// Sends it `signal`.
+    pub fn signal(&self, signal: i32) {
+        let pid = i32::try_from(self.child.id()).expect("a pid");
+        // SAFETY: a plain syscall on our own child.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    }
+
+    pub async fn channel(&self) -> Channel {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+            .expect("a URL")
+            .connect()
+            .await
+            .expect("connects")
+    }
+
+    pub async fn client(&self) -> SchedulerServiceClient<Channel> {
+        SchedulerServiceClient::new(self.channel().await)
+    }
+
+    /// The names of its sessions, sorted; `Err` with the status when it refuses (a standby).
+    pub async fn names(&self) -> Result<Vec<String>, tonic::Status> {
+        let mut names: Vec<String> = self
+            .client()
+            .await
+            .list_sessions(pb::ListSessionsRequest::default())
+            .await?
+            .into_inner()
+            .sessions
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Waits until it answers as the leader (on etcd, once it has won the election); how long.
+    pub async fn until_serving(&self, within: Duration) -> Duration {
+        let started = Instant::now();
+        loop {
+            if self.names().await.is_ok() {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < within,
+                "{} did not serve within {within:?}",
+                self.addr
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Registers node `n1` with 1,000 CPUs, so that sessions asking for `cpu` are valid.
+    pub async fn register_node(&self) {
+        AgentServiceClient::new(self.channel().await)
+            .register(pb::NodeInfo {
+                node_id: "n1".into(),
+                hostname: "n1".into(),
+                slot_types: vec![pb::SlotType {
+                    name: "cpu".into(),
+                    kind: pb::SlotKind::Count.into(),
+                }],
+                capacity: Some(pb::ResourceSlot {
+                    values: [("cpu".to_owned(), "1000".to_owned())].into(),
+                }),
+                ..Default::default()
+            })
+            .await
+            .expect("registers");
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A session of one CPU named `name`, owned by alice.
+pub fn request(name: &str) -> pb::CreateSessionRequest {
+    pb::CreateSessionRequest {
+        requested: Some(pb::ResourceSlot {
+            values: [("cpu".to_owned(), "1".to_owned())].into(),
+        }),
+        owner: "alice".into(),
+        name: name.into(),
+        ..Default::default()
+    }
+}
