@@ -290,6 +290,39 @@ pub async fn open_standby(
     Ok((controller, election))
 }
 
+/// Binds a loopback port and serves, in a task of the current runtime, a controller campaigning
+/// on the etcd store `spec` with a lease of `ttl` and advertising that port, until `shutdown`;
+/// its address. Tests and benchmarks run several controllers in one process this way.
+///
+/// # Errors
+/// The port can't be bound, or the store can't be reached.
+pub async fn spawn_elected(
+    spec: &StoreSpec,
+    config: SchedulerConfig,
+    timing: Timing,
+    ttl: Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<SocketAddr, ServeError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| ServeError::Config {
+            path: PathBuf::from("127.0.0.1:0"),
+            reason: format!("cannot listen: {e}"),
+        })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let (controller, election) = open_standby(spec, config, timing, addr.to_string(), ttl).await?;
+    tokio::spawn(serve_with(
+        controller,
+        listener,
+        Transport::PlainText,
+        Some(election),
+        shutdown,
+    ));
+    Ok(addr)
+}
+
 /// Serves plain text on an already-bound listener (tests bind port 0).
 ///
 /// # Errors

@@ -10,29 +10,16 @@ use gpuwarden_test_support::Etcd;
 /// A controller on `store`, campaigning; returns its URL.
 fn start_elected(rt: &tokio::runtime::Runtime, store: &str) -> String {
     let spec = store.parse().expect("a store spec");
-    rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binds");
-        let addr = listener.local_addr().expect("bound");
-        let (controller, election) = server::open_standby(
+    let addr = rt
+        .block_on(server::spawn_elected(
             &spec,
             SchedulerConfig::default(),
             Timing::default(),
-            addr.to_string(),
             Duration::from_secs(2),
-        )
-        .await
-        .expect("opens");
-        tokio::spawn(server::serve_with(
-            controller,
-            listener,
-            server::Transport::PlainText,
-            Some(election),
-            std::future::pending::<()>(),
-        ));
-        format!("http://{addr}")
-    })
+            std::future::pending(),
+        ))
+        .expect("serves");
+    format!("http://{addr}")
 }
 
 fn slot_ls(controllers: &str) -> (bool, String) {

@@ -294,29 +294,16 @@ fn elected(store: &StoreSpec) -> (tokio::runtime::Runtime, String) {
         .enable_all()
         .build()
         .expect("runtime");
-    let url = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binds");
-        let addr = listener.local_addr().expect("bound");
-        let (controller, election) = server::open_standby(
+    let addr = rt
+        .block_on(server::spawn_elected(
             store,
             SchedulerConfig::default(),
             Timing::default(),
-            addr.to_string(),
             TTL,
-        )
-        .await
-        .expect("opens");
-        tokio::spawn(server::serve_with(
-            controller,
-            listener,
-            server::Transport::PlainText,
-            Some(election),
-            std::future::pending::<()>(),
-        ));
-        format!("http://{addr}")
-    });
+            std::future::pending(),
+        ))
+        .expect("serves");
+    let url = format!("http://{addr}");
     (rt, url)
 }
 

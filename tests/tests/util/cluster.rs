@@ -109,29 +109,18 @@ impl TestController {
                 .build()
                 .unwrap();
             let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
-            rt.block_on(async {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                let addr = listener.local_addr().unwrap();
-                let (controller, election) = server::open_standby(
+            let addr = rt
+                .block_on(server::spawn_elected(
                     &store,
                     SchedulerConfig::default(),
                     timing,
-                    addr.to_string(),
                     ttl,
-                )
-                .await
-                .unwrap();
-                addr_tx.send(addr).unwrap();
-                tokio::spawn(server::serve_with(
-                    controller,
-                    listener,
-                    server::Transport::PlainText,
-                    Some(election),
                     async {
                         let _ = shutdown_rx.await;
                     },
-                ));
-            });
+                ))
+                .unwrap();
+            addr_tx.send(addr).unwrap();
             if stopped.recv().unwrap_or(false) {
                 let _ = shutdown_tx.send(());
             }
