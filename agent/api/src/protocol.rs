@@ -97,13 +97,19 @@ pub struct Signalled {
 /// # Errors
 /// The response to send back.
 pub fn parse_request(line: &str) -> Result<Request, Response> {
-    serde_json::from_str(line.trim()).map_err(|e| {
+    let line = line.trim();
+    serde_json::from_str(line).map_err(|e| {
+        // Quote the start of the line only: an answer never grows with a hostile request.
+        let shown: String = line.chars().take(SHOWN_CHARS).collect();
+        let cut = if shown.len() < line.len() { "…" } else { "" };
         Response::Error(format!(
-            "malformed request {:?}: {e}; expected e.g. {{\"request\":\"snapshot\"}}",
-            line.trim()
+            "malformed request {shown:?}{cut}: {e}; expected e.g. {{\"request\":\"snapshot\"}}"
         ))
     })
 }
+
+/// How much of a malformed request its error quotes.
+const SHOWN_CHARS: usize = 80;
 
 #[cfg(test)]
 mod tests;

@@ -10,7 +10,7 @@ use std::{
 
 use gpuwarden_agent_api::{NodeName, Request, Response, SessionCgroup, Signalled, parse_request};
 use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
 };
 
@@ -93,6 +93,9 @@ pub(crate) async fn serve<A: Answer>(listener: UnixListener, agent: Arc<A>, sock
     }
 }
 
+/// The longest request line read; requests are a few dozen bytes.
+const MAX_REQUEST_BYTES: u64 = 64 * 1024;
+
 async fn serve_client<A: Answer>(stream: UnixStream, agent: Arc<A>, claims: Arc<Claims>) {
     let caller = match Caller::of(&stream) {
         Ok(caller) => Some(caller),
@@ -103,11 +106,29 @@ async fn serve_client<A: Answer>(stream: UnixStream, agent: Arc<A>, claims: Arc<
         }
     };
     let (read, mut write) = stream.into_split();
-    let mut lines = BufReader::new(read).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let response = match parse_request(&line) {
-            Ok(request) => checked(&*agent, &claims, caller, request).await,
-            Err(response) => response,
+    let mut reader = BufReader::new(read);
+    loop {
+        // A line is read up to the limit and no further, so a client that never sends a newline
+        // holds at most that much of the agent's memory.
+        let mut line = Vec::new();
+        match (&mut reader)
+            .take(MAX_REQUEST_BYTES + 1)
+            .read_until(b'\n', &mut line)
+            .await
+        {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let too_long = line.last() != Some(&b'\n') && line.len() as u64 > MAX_REQUEST_BYTES;
+        let response = if too_long {
+            Response::Error(format!(
+                "request longer than {MAX_REQUEST_BYTES} bytes; closing the connection"
+            ))
+        } else {
+            match parse_request(&String::from_utf8_lossy(&line)) {
+                Ok(request) => checked(&*agent, &claims, caller, request).await,
+                Err(response) => response,
+            }
         };
         let mut out = match serde_json::to_vec(&response) {
             Ok(out) => out,
@@ -118,6 +139,15 @@ async fn serve_client<A: Answer>(stream: UnixStream, agent: Arc<A>, claims: Arc<
         };
         out.push(b'\n');
         if write.write_all(&out).await.is_err() {
+            return;
+        }
+        if too_long {
+            // End our side, then drop what the client is still sending for a moment: closing
+            // with unread data would reset the connection before it reads the reason.
+            let _ = write.shutdown().await;
+            let (mut rest, mut sink) = (reader.take(16 << 20), tokio::io::sink());
+            let drain = tokio::io::copy(&mut rest, &mut sink);
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
             return;
         }
     }

@@ -101,4 +101,30 @@ mod tests {
             assert_eq!(err.label(), "malformed");
         }
     }
+
+    // Hostile input: whatever the kubelet's port answers (it may be anything that listens
+    // there), the parser neither panics nor invents a pod; the names it reads are the ones sent.
+    proptest::proptest! {
+        #[test]
+        fn hostile_bodies_never_panic(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048)) {
+            let _ = parse_pod_list(&body);
+        }
+
+        #[test]
+        fn names_are_read_as_sent(
+            name in "[a-z0-9.-]{1,63}",
+            namespace in "[a-z0-9-]{1,63}",
+            uid in "[0-9A-Fa-f-]{1,36}",
+        ) {
+            let body = serde_json::json!({
+                "kind": "PodList",
+                "apiVersion": "v1",
+                "items": [{"metadata": {"name": name, "namespace": namespace, "uid": uid}}]
+            });
+            let pods = parse_pod_list(body.to_string().as_bytes()).expect("a pod list");
+            let pod = &pods[&uid.to_ascii_lowercase()];
+            proptest::prop_assert_eq!(&pod.name, &name);
+            proptest::prop_assert_eq!(&pod.namespace, &namespace);
+        }
+    }
 }

@@ -205,3 +205,41 @@ async fn callers_signal_only_their_own_processes_and_claim_sessions() {
     assert_eq!(answer, "connect: PermissionError");
     server.abort();
 }
+
+#[tokio::test]
+async fn a_request_line_past_the_limit_is_refused_and_the_connection_closed() {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+
+    let scratch = gpuwarden_test_support::scratch("sock-long");
+    let path = scratch.path().join("agent.sock");
+    let listener = bind(&path, None).expect("binds");
+    let socket = path.clone();
+    let agent = tokio::spawn(async move { serve(listener, Arc::new(Fake), &socket).await });
+    let stream = tokio::net::UnixStream::connect(&path)
+        .await
+        .expect("connects");
+    let (read, mut write) = stream.into_split();
+    // A megabyte with no newline: the agent must not wait for (or keep) all of it.
+    let flood = vec![b'{'; 1 << 20];
+    let writer = tokio::spawn(async move {
+        let _ = write.write_all(&flood).await;
+        write
+    });
+    let mut lines = tokio::io::BufReader::new(read).lines();
+    let answer = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("answers in time")
+        .expect("reads")
+        .expect("a line");
+    assert!(
+        answer.contains("request longer than 65536 bytes"),
+        "{answer}"
+    );
+    let after = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("closes in time")
+        .expect("reads");
+    assert_eq!(after, None, "the connection stays open");
+    drop(writer);
+    agent.abort();
+}
