@@ -41,6 +41,9 @@ impl Scheduler {
             if session.state.holds_resources() {
                 s.tracker.add(&session.owner, &session.id);
             }
+            if session.state == SessionState::Pending {
+                s.queue(&session);
+            }
             s.sessions.insert(session.id.clone(), session);
         }
         s
@@ -266,6 +269,7 @@ impl Scheduler {
             events: Vec::new(),
         };
         self.next_seq += 1;
+        self.queue(&session);
         self.sessions.insert(id.clone(), session.clone());
         self.changes.sessions.insert(id);
         Ok(session)

@@ -220,6 +220,10 @@ pub struct Scheduler {
     by_free: BTreeSet<(u128, String)>,
     /// Each node's key in `by_free`.
     free_key: BTreeMap<String, u128>,
+    /// Sessions that were pending, in FIFO order (higher priority, then arrival), so that a pass
+    /// visits the queue rather than every session. Entries that left Pending are dropped when
+    /// a pass next looks; only creation (and a restore) makes a session Pending.
+    pending: BTreeSet<(std::cmp::Reverse<i32>, u64, String)>,
 }
 
 impl Scheduler {

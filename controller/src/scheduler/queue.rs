@@ -11,14 +11,30 @@ use crate::{
 };
 
 impl Scheduler {
-    /// Pending sessions in the order the policy tries them.
-    pub(super) fn queue_order(&self) -> Vec<String> {
+    /// Puts `session` (just made Pending) in the queue.
+    pub(super) fn queue(&mut self, session: &Session) {
+        self.pending.insert((
+            std::cmp::Reverse(session.priority),
+            session.seq,
+            session.id.clone(),
+        ));
+    }
+
+    /// Pending sessions in the order the policy tries them; drops queue entries of sessions that
+    /// left Pending (placed, ended) since the last pass.
+    pub(super) fn queue_order(&mut self) -> Vec<String> {
+        let sessions = &self.sessions;
+        self.pending.retain(|(_, _, id)| {
+            sessions
+                .get(id)
+                .is_some_and(|s| s.state == SessionState::Pending)
+        });
+        // Already in FIFO order: priority, then arrival.
         let mut pending: Vec<&Session> = self
-            .sessions
-            .values()
-            .filter(|s| s.state == SessionState::Pending)
+            .pending
+            .iter()
+            .filter_map(|(_, _, id)| self.sessions.get(id))
             .collect();
-        pending.sort_by_key(|s| (std::cmp::Reverse(s.priority), s.seq));
         if self.config.queue == QueuePolicy::Drf {
             let shares = self.dominant_shares();
             pending.sort_by(|a, b| {
