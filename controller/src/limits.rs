@@ -298,6 +298,36 @@ fn finite(field: &str, value: f64) -> Result<(), LimitError> {
 }
 
 impl Limits {
+    /// Checks the limits a config file set: a zero where it would stop all traffic is refused.
+    ///
+    /// # Errors
+    /// The key that is zero.
+    pub fn validate(&self) -> Result<(), String> {
+        for (key, value) in [
+            ("max_message_bytes", self.max_message_bytes),
+            (
+                "concurrency_per_connection",
+                self.concurrency_per_connection,
+            ),
+            ("max_id_len", self.max_id_len),
+            ("max_owner_len", self.max_owner_len),
+            ("max_slot_key_len", self.max_slot_key_len),
+            ("max_slot_value_len", self.max_slot_value_len),
+            ("max_slots_per_request", self.max_slots_per_request),
+        ] {
+            if value == 0 {
+                return Err(format!("{key} = 0 would refuse every request"));
+            }
+        }
+        if self.request_timeout_secs == 0 {
+            return Err("request_timeout_secs = 0 would cut every call".to_owned());
+        }
+        if self.agent_message_burst == 0 {
+            return Err("agent_message_burst = 0 would close every agent stream".to_owned());
+        }
+        Ok(())
+    }
+
     /// A unary call's timeout.
     #[must_use]
     pub fn request_timeout(&self) -> Duration {

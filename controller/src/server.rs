@@ -206,6 +206,10 @@ impl FileConfig {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
+        config.limits.validate().map_err(|e| ServeError::Config {
+            path: path.to_owned(),
+            reason: format!("[limits]: {e}"),
+        })?;
         if let Some(scheduler) = &config.scheduler {
             scheduler
                 .scoring
