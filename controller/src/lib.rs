@@ -16,6 +16,7 @@
 //!
 //! - [`store`]: the sled store that makes every acknowledged change durable;
 //! - [`api`]: the gRPC services for clients and agents;
+//! - [`limits`]: the bounds on what clients and agents may send (sizes, caps, rates);
 //! - [`auth`]: mutual TLS with agents, the node identity in their certificates, and minting
 //!   certificates;
 //! - [`metrics`]: the controller's OTLP metrics;
@@ -30,6 +31,7 @@ pub mod allocator;
 pub mod api;
 pub mod auth;
 pub mod colocation;
+pub mod limits;
 pub mod metrics;
 pub mod node;
 pub mod placement;

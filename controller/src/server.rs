@@ -30,6 +30,7 @@ use crate::{
         tls::{ReloadingConfig, ServerTlsFiles, TlsSetupError},
         tokens::{self, TokenError, TokenFile},
     },
+    limits::{Bounds, Limits},
     scheduler::{Scheduler, SchedulerConfig},
     store::{EtcdKv, Kv, Replica, Snapshot, Store, StoreError, StoreSpec},
 };
@@ -180,6 +181,9 @@ pub struct FileConfig {
     pub etcd_cert: Option<PathBuf>,
     /// The private key of `etcd_cert` (PEM).
     pub etcd_key: Option<PathBuf>,
+    /// Bounds on what clients and agents may send (`[limits]`; see [`Limits`]).
+    #[serde(default)]
+    pub limits: Limits,
 }
 
 fn spec_from_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<StoreSpec>, D::Error> {
@@ -201,6 +205,10 @@ impl FileConfig {
         let config: Self = toml::from_str(&text).map_err(|e| ServeError::Config {
             path: path.to_owned(),
             reason: e.to_string(),
+        })?;
+        config.limits.validate().map_err(|e| ServeError::Config {
+            path: path.to_owned(),
+            reason: format!("[limits]: {e}"),
         })?;
         if let Some(scheduler) = &config.scheduler {
             scheduler
@@ -242,7 +250,7 @@ pub fn sled_in(state_dir: &std::path::Path) -> StoreSpec {
     StoreSpec::Sled(state_dir.join("store"))
 }
 
-/// Serves `controller` on `addr` until `shutdown` completes.
+/// Serves `controller` on `addr`, held to `limits`, until `shutdown` completes.
 ///
 /// # Errors
 /// The listener or the server fails.
@@ -250,6 +258,7 @@ pub async fn serve(
     controller: Arc<Controller>,
     addr: SocketAddr,
     security: impl Into<Security>,
+    limits: Limits,
     election: Option<Election>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
@@ -259,7 +268,7 @@ pub async fn serve(
             path: PathBuf::from(addr.to_string()),
             reason: format!("cannot listen: {e}"),
         })?;
-    serve_with(controller, listener, security, election, shutdown).await
+    serve_bounded(controller, listener, security, limits, election, shutdown).await
 }
 
 /// A standby controller on the etcd store `spec` names: it leads once it wins the election.
@@ -337,7 +346,7 @@ pub async fn serve_on(
 
 /// Serves on an already-bound listener, over `security`'s transport (a [`Transport`] alone
 /// takes no tokens); with an `election`, as a standby that campaigns and leads when it wins
-/// (see [`hold_elections`]).
+/// (see [`hold_elections`]). Held to the default [`Limits`].
 ///
 /// # Errors
 /// The server fails.
@@ -345,6 +354,29 @@ pub async fn serve_with(
     controller: Arc<Controller>,
     listener: tokio::net::TcpListener,
     security: impl Into<Security>,
+    election: Option<Election>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
+    serve_bounded(
+        controller,
+        listener,
+        security,
+        Limits::default(),
+        election,
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve_with`], held to `limits`.
+///
+/// # Errors
+/// The server fails.
+pub async fn serve_bounded(
+    controller: Arc<Controller>,
+    listener: tokio::net::TcpListener,
+    security: impl Into<Security>,
+    limits: Limits,
     election: Option<Election>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
@@ -363,7 +395,7 @@ pub async fn serve_with(
     let security = security.into();
     let clients = security.clients();
     warn_about_clients(&clients, &security.transport);
-    let router = router(&controller, health, clients)?;
+    let router = router(&controller, health, clients, Bounds::new(limits))?;
     let background = tokio::spawn(Arc::clone(&controller).run_background());
     let serve_error = |source| ServeError::Serve { addr, source };
     let result = match security.transport {
@@ -428,6 +460,7 @@ fn router(
         impl tonic_health::pb::health_server::Health,
     >,
     clients: ClientAuth,
+    bounds: Arc<Bounds>,
 ) -> Result<tonic::transport::server::Router<Layers>, ServeError> {
     // Both reflection versions: grpcurl and current clients ask `v1`, many others (Python's
     // grpcio reflection, older grpcurl, Postman) still ask `v1alpha`.
@@ -442,16 +475,32 @@ fn router(
     let reflection_v1alpha = described()
         .build_v1alpha()
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let limits = bounds.limits.clone();
+    let size = limits.max_message_bytes;
     Ok(tonic::transport::Server::builder()
+        .concurrency_limit_per_connection(limits.concurrency_per_connection)
+        // Cuts unary calls; a stream's handler returns at once, so streams stay open.
+        .timeout(limits.request_timeout())
+        .http2_keepalive_interval(Some(Duration::from_secs(limits.keepalive_interval_secs)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(limits.keepalive_timeout_secs)))
         .layer(StandbyGate(controller.role().clone()))
         .add_service(health)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
-        .add_service(SchedulerServiceServer::new(SchedulerApi(
-            Arc::clone(controller),
-            Arc::new(clients),
-        )))
-        .add_service(AgentServiceServer::new(AgentApi(Arc::clone(controller)))))
+        .add_service(
+            SchedulerServiceServer::new(SchedulerApi(
+                Arc::clone(controller),
+                Arc::new(clients),
+                Arc::clone(&bounds),
+            ))
+            .max_decoding_message_size(size)
+            .max_encoding_message_size(size),
+        )
+        .add_service(
+            AgentServiceServer::new(AgentApi(Arc::clone(controller), bounds))
+                .max_decoding_message_size(size)
+                .max_encoding_message_size(size),
+        ))
 }
 
 /// The election name controllers sharing a store campaign on.
@@ -942,6 +991,7 @@ pub fn main() -> ExitCode {
             controller,
             listen,
             security,
+            file.limits,
             election,
             gpuwarden_runtime::shutdown(),
         )

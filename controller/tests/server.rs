@@ -17,6 +17,11 @@ fn a_bad_scoring_config_stops_the_controller_naming_the_key() {
         ),
         ("[scheduler.scoring]\npacking_cap = 0\n", "packing_cap = 0"),
         ("[scheduler]\nstrategy = \"fastest\"\n", "fastest"),
+        (
+            "[limits]\nconcurrency_per_connection = 0\n",
+            "[limits]: concurrency_per_connection = 0",
+        ),
+        ("[limits]\nmax_everything = 1\n", "max_everything"),
     ] {
         let file = dir.join("controller.toml");
         std::fs::write(&file, toml).expect("written");

@@ -1,5 +1,7 @@
 //! `AgentService`: agents register their node, then hold one stream: heartbeats, acks/nacks and
-//! enforcement events up, `Allocate`/`Release` down.
+//! enforcement events up, `Allocate`/`Release` down. Every message is held to
+//! [`crate::limits`]: one out of bounds closes the stream naming the field, and a stream over
+//! its rate is closed with `RESOURCE_EXHAUSTED`.
 
 use std::{pin::Pin, sync::Arc};
 
@@ -9,11 +11,14 @@ use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{Controller, convert, lock, store_status};
-use crate::auth::identity::Peer;
+use crate::{
+    auth::identity::Peer,
+    limits::{self, AgentBucket, Bounds, LimitError, Refusal},
+};
 
-/// The agent-facing service.
+/// The agent-facing service: the controller, and the bounds agents are held to.
 #[derive(Clone)]
-pub struct AgentApi(pub Arc<Controller>);
+pub struct AgentApi(pub Arc<Controller>, pub Arc<Bounds>);
 
 #[tonic::async_trait]
 impl AgentService for AgentApi {
@@ -23,6 +28,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::RegisterResponse>, Status> {
         let peer = Peer::of(&request)?;
         let info = request.into_inner();
+        self.1.limits.node(&info)?;
         peer.speaks_for(&info.node_id)?;
         let report = convert::report_from_pb(&info)?;
         let node_id = report.node_id.clone();
@@ -54,6 +60,7 @@ impl AgentService for AgentApi {
         let first = inbound.next().await.ok_or_else(|| {
             Status::invalid_argument("the stream closed before its first heartbeat")
         })??;
+        self.1.limits.agent_message(&first)?;
         let Some(Msg::Heartbeat(hb)) = first.msg else {
             return Err(Status::invalid_argument(
                 "the first message on the stream must be a heartbeat",
@@ -71,6 +78,8 @@ impl AgentService for AgentApi {
         for message in lock(&self.0.outbox).remove(&node).unwrap_or_default() {
             let _ = tx.try_send(Ok(message));
         }
+        // Weak: the stream still ends when the node is dropped from `agents`.
+        let closer = tx.downgrade();
         lock(&self.0.agents).insert(node.clone(), tx);
         self.0
             .apply(|s| s.heartbeat(&node))
@@ -78,9 +87,29 @@ impl AgentService for AgentApi {
             .map_err(|e| store_status(&e))?;
 
         let controller = Arc::clone(&self.0);
+        let bounds = Arc::clone(&self.1);
         tokio::spawn(async move {
+            let mut bucket = AgentBucket::new(&bounds.limits);
             while let Some(message) = inbound.next().await {
                 let Ok(message) = message else { break };
+                let refused = if bucket.take() {
+                    bounds.limits.agent_message(&message).err()
+                } else {
+                    Some(LimitError::Flood {
+                        node: node.clone(),
+                        rate: bounds.limits.agent_messages_per_sec,
+                        burst: bounds.limits.agent_message_burst,
+                    })
+                };
+                if let Some(e) = refused {
+                    tracing::warn!(%node, "closing the agent stream: {e}");
+                    if let Some(tx) = closer.upgrade() {
+                        let _ = tx.try_send(Err(Status::from(e)));
+                    } else {
+                        limits::count(e.reason());
+                    }
+                    break;
+                }
                 // Neither changes what a scheduling pass could do.
                 let quiet = matches!(message.msg, Some(Msg::Heartbeat(_) | Msg::Usage(_)));
                 let result = match message.msg {
@@ -104,6 +133,7 @@ impl AgentService for AgentApi {
                                 if recorded {
                                     tracing::info!(%node, session = %e.session_id, action = %e.action, container = %e.container, pid = e.pid, device = e.device, "enforcement: {}", e.reason);
                                 } else {
+                                    limits::count(Refusal::ForeignSession);
                                     // A session ended and forgotten, or a confused agent: not worth an error.
                                     tracing::warn!(%node, session = %e.session_id, action = %e.action, "enforcement event for a session not on this node, dropped: {}", e.reason);
                                 }
@@ -116,6 +146,7 @@ impl AgentService for AgentApi {
                             .await
                             .map(|recorded| {
                                 if !recorded {
+                                    limits::count(Refusal::ForeignSession);
                                     tracing::debug!(%node, session = %u.session_id, "usage for a session not running on this node, dropped");
                                 }
                             })

@@ -1,7 +1,8 @@
 //! `SchedulerService`: sessions, nodes, the allocation map and slot types, for clients.
 //!
 //! Each method first learns who calls ([`ClientAuth::caller`]); a user then sees and acts on
-//! only its own sessions (see [`crate::auth::clients`]).
+//! only its own sessions (see [`crate::auth::clients`]). What a caller sends is held to
+//! [`crate::limits`] before anything else reads it.
 
 use std::{pin::Pin, sync::Arc};
 
@@ -12,13 +13,15 @@ use tonic::{Request, Response, Status};
 use super::{Controller, convert, store_status};
 use crate::{
     auth::clients::{Caller, ClientAuth},
+    limits::Bounds,
     placement::Placement,
     scheduler::{NewSession, RequestError},
 };
 
-/// The client-facing service: the controller, and how its callers authenticate.
+/// The client-facing service: the controller, how its callers authenticate, and the bounds
+/// they are held to.
 #[derive(Clone)]
-pub struct SchedulerApi(pub Arc<Controller>, pub Arc<ClientAuth>);
+pub struct SchedulerApi(pub Arc<Controller>, pub Arc<ClientAuth>, pub Arc<Bounds>);
 
 impl SchedulerApi {
     /// Who sent `request`.
@@ -46,6 +49,8 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Session>, Status> {
         let caller = self.caller(&request)?;
         let r = request.into_inner();
+        let limits = &self.2.limits;
+        limits.create(&r)?;
         let owner = caller.owner_for_create(r.owner)?;
         let requested = convert::slots_from_pb(r.requested.as_ref())?;
         let target = convert::target_from_pb(r.target.as_ref());
@@ -64,6 +69,8 @@ impl SchedulerService for SchedulerApi {
         let created = self
             .0
             .apply(|s| {
+                // Under the scheduler's lock, so a storm of creates stops at exactly the cap.
+                limits.admit_session(s.sessions().values(), &owner)?;
                 s.create(NewSession {
                     id: id.clone(),
                     name: r.name,
@@ -76,10 +83,10 @@ impl SchedulerService for SchedulerApi {
                     class: r.class,
                     placement,
                 })
+                .map_err(|e| request_status(&e))
             })
             .await
-            .map_err(|e| store_status(&e))?
-            .map_err(|e| request_status(&e))?;
+            .map_err(|e| store_status(&e))??;
         self.0.kick();
         Ok(Response::new(convert::session_to_pb(&created)))
     }
@@ -90,6 +97,7 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Session>, Status> {
         let caller = self.caller(&request)?;
         let id = request.into_inner().id;
+        self.2.limits.id("id", &id)?;
         let session = self
             .0
             .read(|s| s.sessions().get(&id).map(convert::session_to_pb))
@@ -103,7 +111,9 @@ impl SchedulerService for SchedulerApi {
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let caller = self.caller(&request)?;
-        let owner = caller.owner_filter(request.into_inner().owner)?;
+        let owner = request.into_inner().owner;
+        self.2.limits.owner("owner", &owner)?;
+        let owner = caller.owner_filter(owner)?;
         let mut sessions: Vec<pb::Session> = self.0.read(|s| {
             s.sessions()
                 .values()
@@ -122,13 +132,23 @@ impl SchedulerService for SchedulerApi {
         request: Request<pb::WatchSessionsRequest>,
     ) -> Result<Response<Self::WatchSessionsStream>, Status> {
         let caller = self.caller(&request)?;
-        let stream =
-            BroadcastStream::new(self.0.watchers.subscribe()).filter_map(move |item| match item {
+        // Open mode calls everyone `default`: count its watchers by address instead.
+        let counted_as = match request.remote_addr() {
+            Some(addr) if self.1.is_open() => addr.ip().to_string(),
+            _ => caller.name.clone(),
+        };
+        // The stream owns the guard: its place is freed when the client goes away.
+        let guard = self.2.open_watch(&counted_as)?;
+        let stream = BroadcastStream::new(self.0.watchers.subscribe()).filter_map(move |item| {
+            let _open = &guard;
+            match item {
                 Ok(s) if caller.may_see(&s.owner) => Some(Ok(s)),
                 Ok(_) => None,
-                // A slow watcher misses intermediate states; the latest of each session follows.
+                // A slow watcher misses intermediate states; the latest of each session
+                // follows.
                 Err(_) => None,
-            });
+            }
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -138,6 +158,7 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Session>, Status> {
         let caller = self.caller(&request)?;
         let id = request.into_inner().id;
+        self.2.limits.id("id", &id)?;
         // An owner never changes, so checking before the change is enough.
         if let Some(owner) = self
             .0
@@ -177,6 +198,7 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Node>, Status> {
         self.caller(&request)?;
         let id = request.into_inner().node_id;
+        self.2.limits.id("node_id", &id)?;
         self.0
             .read(|s| s.nodes().get(&id).map(convert::node_to_pb))
             .map(Response::new)
@@ -189,6 +211,7 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::GetAllocationMapResponse>, Status> {
         let caller = self.caller(&request)?;
         let id = request.into_inner().node_id;
+        self.2.limits.id("node_id", &id)?;
         let nodes: Vec<pb::NodeAllocationMap> = self.0.read(|s| {
             s.nodes()
                 .iter()
@@ -263,6 +286,7 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Profile>, Status> {
         self.caller(&request)?;
         let class = request.into_inner().class;
+        self.2.limits.name("class", &class)?;
         self.0
             .read(|s| s.profiles().get(&class).map(convert::profile_to_pb))
             .map(Response::new)

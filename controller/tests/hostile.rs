@@ -1,0 +1,587 @@
+//! The attacker over real gRPC on loopback: oversized strings and maps, messages over the size
+//! limit, unknown enum values, NaN and negative usage, create storms, thousands of Watch
+//! streams, nodes claiming absurd hardware, floods on an agent stream. Each is refused with the
+//! code and the field or limit named; afterwards the controller still answers and every
+//! acknowledged session is still there.
+
+use std::time::Duration;
+
+use gpuwarden_controller::{
+    api::Timing,
+    limits::{self, Limits, Refusal},
+    scheduler::SchedulerConfig,
+    server::{self, Transport},
+};
+use gpuwarden_proto::v1::{
+    self as pb, agent_message::Msg, agent_service_client::AgentServiceClient,
+    scheduler_service_client::SchedulerServiceClient,
+};
+use tokio_stream::StreamExt as _;
+use tonic::{Code, Status, transport::Channel};
+
+/// A controller held to `limits`, plain text, open mode, with node-0 registered; its scratch
+/// directory and a channel.
+async fn start(limits: Limits) -> (tempfile::TempDir, Channel) {
+    let dir = gpuwarden_test_support::scratch("hostile");
+    let controller = server::open(
+        &server::sled_in(dir.path()),
+        SchedulerConfig::default(),
+        Timing::default(),
+    )
+    .await
+    .expect("opens");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let url = format!("http://{}", listener.local_addr().expect("bound"));
+    tokio::spawn(server::serve_bounded(
+        controller,
+        listener,
+        Transport::PlainText,
+        limits,
+        None,
+        std::future::pending::<()>(),
+    ));
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connects");
+    // node-0 brings the slot types sessions ask for; it never opens a stream.
+    AgentServiceClient::new(channel.clone())
+        .register(node("node-0"))
+        .await
+        .expect("node-0 registers");
+    (dir, channel)
+}
+
+fn scheduler(channel: &Channel) -> SchedulerServiceClient<Channel> {
+    // The client sends whatever it is given: the server's limits are under test.
+    SchedulerServiceClient::new(channel.clone()).max_decoding_message_size(usize::MAX)
+}
+
+fn request(slots: &[(&str, &str)]) -> pb::CreateSessionRequest {
+    pb::CreateSessionRequest {
+        requested: Some(pb::ResourceSlot {
+            values: slots
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }),
+        name: "job".into(),
+        ..Default::default()
+    }
+}
+
+/// Asserts `result` failed with `code` and a message holding every one of `words`.
+#[track_caller]
+fn refused<T: std::fmt::Debug>(result: Result<T, Status>, code: Code, words: &[&str]) -> String {
+    let status = result.expect_err("refused");
+    assert_eq!(status.code(), code, "{status:?}");
+    for w in words {
+        assert!(status.message().contains(w), "{w:?} not in {status:?}");
+    }
+    // An answer never echoes the megabyte it refused.
+    assert!(
+        status.message().len() < 1024,
+        "{} bytes",
+        status.message().len()
+    );
+    status.message().to_owned()
+}
+
+fn node(id: &str) -> pb::NodeInfo {
+    pb::NodeInfo {
+        node_id: id.into(),
+        hostname: id.into(),
+        slot_types: vec![
+            pb::SlotType {
+                name: "cuda.shares".into(),
+                kind: pb::SlotKind::Count.into(),
+            },
+            pb::SlotType {
+                name: "cuda.mem".into(),
+                kind: pb::SlotKind::Bytes.into(),
+            },
+        ],
+        devices: (0..2)
+            .map(|i| pb::Device {
+                uuid: format!("GPU-{i}"),
+                memory_bytes: 16 << 30,
+                index: i,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn heartbeat(node: &str) -> pb::AgentMessage {
+    pb::AgentMessage {
+        msg: Some(Msg::Heartbeat(pb::Heartbeat {
+            node_id: node.into(),
+            ..Default::default()
+        })),
+    }
+}
+
+fn usage(session: &str, utilization: f64, ioctls_per_sec: f64) -> pb::AgentMessage {
+    pb::AgentMessage {
+        msg: Some(Msg::Usage(pb::SessionUsage {
+            session_id: session.into(),
+            utilization,
+            ioctls_per_sec,
+            ..Default::default()
+        })),
+    }
+}
+
+/// Registers `id` and opens its stream; the sender for more messages and what comes down.
+async fn connect(
+    channel: &Channel,
+    id: &str,
+) -> (
+    tokio::sync::mpsc::Sender<pb::AgentMessage>,
+    tonic::Streaming<pb::ControllerMessage>,
+) {
+    let mut agent = AgentServiceClient::new(channel.clone());
+    agent.register(node(id)).await.expect("registers");
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tx.send(heartbeat(id)).await.expect("queued");
+    let inbound = agent
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream opens")
+        .into_inner();
+    (tx, inbound)
+}
+
+/// The status that ends `inbound`, skipping what the controller sent before it.
+async fn closing_status(inbound: &mut tonic::Streaming<pb::ControllerMessage>) -> Status {
+    let wait = async {
+        loop {
+            match inbound.next().await {
+                Some(Ok(_)) => {}
+                Some(Err(status)) => return status,
+                None => panic!("the stream ended without a status"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), wait)
+        .await
+        .expect("the stream is closed in time")
+}
+
+/// The controller still answers: a normal create and a listing that holds it and every id in
+/// `acknowledged`.
+async fn still_healthy(channel: &Channel, acknowledged: &[String]) {
+    let mut client = scheduler(channel);
+    let created = client
+        .create_session(request(&[("cuda.shares", "0.5")]))
+        .await
+        .expect("a normal create works")
+        .into_inner();
+    let listed: Vec<String> = client
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .expect("a normal list works")
+        .into_inner()
+        .sessions
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert!(listed.contains(&created.id), "{listed:?}");
+    for id in acknowledged {
+        assert!(listed.contains(id), "acknowledged session {id} lost");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_strings_maps_and_messages_are_refused_naming_the_field() {
+    let (_dir, channel) = start(Limits::default()).await;
+    let mut client = scheduler(&channel);
+    let acknowledged = client
+        .create_session(request(&[("cuda.shares", "0.25")]))
+        .await
+        .expect("a normal create")
+        .into_inner()
+        .id;
+    let mb = "x".repeat(1 << 20);
+
+    let r = pb::CreateSessionRequest {
+        name: mb.clone(),
+        ..request(&[("cuda.shares", "0.5")])
+    };
+    refused(
+        client.create_session(r).await,
+        Code::InvalidArgument,
+        &["name: 1048576 bytes", "limits.max_name_len"],
+    );
+    let r = pb::CreateSessionRequest {
+        owner: mb.clone(),
+        ..request(&[("cuda.shares", "0.5")])
+    };
+    refused(
+        client.create_session(r).await,
+        Code::InvalidArgument,
+        &["owner: 1048576 bytes", "limits.max_owner_len"],
+    );
+    refused(
+        client.create_session(request(&[(&mb, "1")])).await,
+        Code::InvalidArgument,
+        &["requested key: 1048576 bytes", "limits.max_slot_key_len"],
+    );
+    refused(
+        client
+            .get_session(pb::GetSessionRequest { id: mb.clone() })
+            .await,
+        Code::InvalidArgument,
+        &["id: 1048576 bytes", "limits.max_id_len"],
+    );
+    refused(
+        client
+            .list_sessions(pb::ListSessionsRequest { owner: mb.clone() })
+            .await,
+        Code::InvalidArgument,
+        &["owner: 1048576 bytes"],
+    );
+
+    // 10,000 slot keys, each valid on its own.
+    let keys: Vec<String> = (0..10_000).map(|i| format!("k{i}")).collect();
+    let many: Vec<(&str, &str)> = keys.iter().map(|k| (k.as_str(), "1")).collect();
+    refused(
+        client.create_session(request(&many)).await,
+        Code::InvalidArgument,
+        &["requested: 10000 entries", "limits.max_slots_per_request"],
+    );
+
+    // More digits than the fixed point holds: too precise, and too long.
+    refused(
+        client
+            .create_session(request(&[("cuda.shares", "0.0000001")]))
+            .await,
+        Code::InvalidArgument,
+        &["cuda.shares", "more than 6 fractional digits"],
+    );
+    let digits = "9".repeat(60);
+    refused(
+        client
+            .create_session(request(&[("cuda.shares", &digits)]))
+            .await,
+        Code::InvalidArgument,
+        &["requested[cuda.shares]", "limits.max_slot_value_len"],
+    );
+    // A value within the length but past what a u128 of millionths holds.
+    refused(
+        client
+            .create_session(request(&[("cuda.shares", &"9".repeat(39))]))
+            .await,
+        Code::InvalidArgument,
+        &["too large"],
+    );
+
+    // Over the 4 MiB message limit: tonic refuses it before the service sees it.
+    let r = pb::CreateSessionRequest {
+        name: "x".repeat(5 << 20),
+        ..request(&[("cuda.shares", "0.5")])
+    };
+    let message = refused(
+        client.create_session(r).await,
+        Code::OutOfRange,
+        &["4194304"],
+    );
+    eprintln!("over the message limit: {message}");
+
+    still_healthy(&channel, &[acknowledged]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_storm_stops_at_exactly_the_owner_cap_and_loses_nothing() {
+    const CAP: usize = 25;
+    let (_dir, channel) = start(Limits {
+        max_sessions_per_owner: CAP,
+        ..Limits::default()
+    })
+    .await;
+    // Concurrent creates, so the cap is tested against races, not only in sequence.
+    let attempts: Vec<_> = (0..CAP * 3)
+        .map(|_| {
+            let mut client = scheduler(&channel);
+            tokio::spawn(async move {
+                client
+                    .create_session(pb::CreateSessionRequest {
+                        owner: "mallory".into(),
+                        ..request(&[("cuda.shares", "0.01")])
+                    })
+                    .await
+            })
+        })
+        .collect();
+    let mut acknowledged = Vec::new();
+    let mut refusals = 0;
+    for attempt in attempts {
+        match attempt.await.expect("the task ran") {
+            Ok(s) => acknowledged.push(s.into_inner().id),
+            Err(status) => {
+                refused(
+                    Err::<(), _>(status),
+                    Code::ResourceExhausted,
+                    &[
+                        "sessions of \"mallory\"",
+                        "limit of 25",
+                        "limits.max_sessions_per_owner",
+                    ],
+                );
+                refusals += 1;
+            }
+        }
+    }
+    assert_eq!(acknowledged.len(), CAP);
+    assert_eq!(refusals, CAP * 2);
+    // Another owner is not held to mallory's cap.
+    let mut client = scheduler(&channel);
+    client
+        .create_session(pb::CreateSessionRequest {
+            owner: "alice".into(),
+            ..request(&[("cuda.shares", "0.01")])
+        })
+        .await
+        .expect("alice still creates");
+    // Ending one frees a place.
+    client
+        .terminate_session(pb::TerminateSessionRequest {
+            id: acknowledged[0].clone(),
+        })
+        .await
+        .expect("ends");
+    client
+        .create_session(pb::CreateSessionRequest {
+            owner: "mallory".into(),
+            ..request(&[("cuda.shares", "0.01")])
+        })
+        .await
+        .expect("a place was freed");
+    still_healthy(&channel, &acknowledged).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_watch_streams_are_refused_past_the_cap_and_the_first_keep_working() {
+    let limits = Limits::default();
+    let cap = limits.max_watches_per_caller;
+    let (_dir, channel) = start(limits).await;
+    let mut client = scheduler(&channel);
+    let mut open = Vec::new();
+    for _ in 0..cap {
+        open.push(
+            client
+                .watch_sessions(pb::WatchSessionsRequest {})
+                .await
+                .expect("within the cap")
+                .into_inner(),
+        );
+    }
+    for _ in 0..2_000 {
+        refused(
+            client.watch_sessions(pb::WatchSessionsRequest {}).await,
+            Code::ResourceExhausted,
+            &["open Watch streams", "limits.max_watches_per_caller"],
+        );
+    }
+    let created = client
+        .create_session(request(&[("cuda.shares", "0.5")]))
+        .await
+        .expect("creates")
+        .into_inner();
+    for stream in &mut open {
+        let seen = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("the watch still delivers")
+            .expect("not ended")
+            .expect("a session");
+        assert_eq!(seen.id, created.id);
+    }
+    // A watcher that goes away frees its place.
+    drop(open.pop());
+    let mut reopened = None;
+    for _ in 0..50 {
+        match client.watch_sessions(pb::WatchSessionsRequest {}).await {
+            Ok(s) => {
+                reopened = Some(s);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert!(reopened.is_some(), "the freed place was never reused");
+    still_healthy(&channel, &[created.id]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_claiming_absurd_hardware_or_unknown_enums_are_refused() {
+    let (_dir, channel) = start(Limits::default()).await;
+    let mut agent = AgentServiceClient::new(channel.clone());
+    let mut gpus = node("node-big");
+    gpus.devices = (0..10_000)
+        .map(|i| pb::Device {
+            uuid: format!("GPU-{i}"),
+            memory_bytes: 16 << 30,
+            index: i,
+            ..Default::default()
+        })
+        .collect();
+    refused(
+        agent.register(gpus).await,
+        Code::InvalidArgument,
+        &["devices: 10000 entries", "limits.max_devices_per_node"],
+    );
+    let mut memory = node("node-big");
+    memory.devices[1].memory_bytes = u64::MAX;
+    refused(
+        agent.register(memory).await,
+        Code::InvalidArgument,
+        &["devices[1].memory_bytes", "limits.max_device_memory_bytes"],
+    );
+    let mut types = node("node-big");
+    types.slot_types = (0..1_000)
+        .map(|i| pb::SlotType {
+            name: format!("t{i}"),
+            kind: pb::SlotKind::Count.into(),
+        })
+        .collect();
+    refused(
+        agent.register(types).await,
+        Code::InvalidArgument,
+        &["slot_types: 1000 entries", "limits.max_slot_types_per_node"],
+    );
+    let mut id = node("node-big");
+    id.node_id = "n".repeat(1 << 20);
+    refused(
+        agent.register(id).await,
+        Code::InvalidArgument,
+        &["node_id: 1048576 bytes", "limits.max_id_len"],
+    );
+    // An enum value no version defines: refused, naming the slot type.
+    let mut kind = node("node-big");
+    kind.slot_types[0].kind = 99;
+    refused(
+        agent.register(kind).await,
+        Code::InvalidArgument,
+        &["slot type \"cuda.shares\" has no kind"],
+    );
+    // None of them registered anything.
+    let nodes: Vec<String> = scheduler(&channel)
+        .list_nodes(pb::ListNodesRequest {})
+        .await
+        .expect("lists")
+        .into_inner()
+        .nodes
+        .into_iter()
+        .filter_map(|n| n.info.map(|i| i.node_id))
+        .collect();
+    assert_eq!(nodes, ["node-0"]);
+    still_healthy(&channel, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nan_or_negative_usage_closes_the_agent_stream_naming_the_field() {
+    let (_dir, channel) = start(Limits::default()).await;
+    for (message, field) in [
+        (usage("s-1", f64::NAN, 0.0), "usage.utilization: NaN"),
+        (usage("s-1", -0.5, 0.0), "usage.utilization: -0.5"),
+        (
+            usage("s-1", 0.5, f64::INFINITY),
+            "usage.ioctls_per_sec: inf",
+        ),
+    ] {
+        let (tx, mut inbound) = connect(&channel, "node-1").await;
+        tx.send(message).await.expect("sent");
+        let status = closing_status(&mut inbound).await;
+        refused(
+            Err::<(), _>(status),
+            Code::InvalidArgument,
+            &[field, "not a finite, non-negative number"],
+        );
+    }
+    still_healthy(&channel, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_and_events_for_sessions_not_on_the_node_are_dropped_and_counted() {
+    let (_dir, channel) = start(Limits::default()).await;
+    let mut client = scheduler(&channel);
+    // On node-2 (registered, never connected): no session of node-1's.
+    AgentServiceClient::new(channel.clone())
+        .register(node("node-2"))
+        .await
+        .expect("node-2 registers");
+    let elsewhere = client
+        .create_session(pb::CreateSessionRequest {
+            node_id: "node-2".into(),
+            ..request(&[("cuda.shares", "0.5")])
+        })
+        .await
+        .expect("creates")
+        .into_inner();
+    let (tx, _inbound) = connect(&channel, "node-1").await;
+    let before = limits::count_of(Refusal::ForeignSession);
+    tx.send(usage(&elsewhere.id, 0.5, 1.0)).await.expect("sent");
+    tx.send(pb::AgentMessage {
+        msg: Some(Msg::Event(pb::EnforcementEvent {
+            session_id: elsewhere.id.clone(),
+            action: "kill".into(),
+            reason: "forged".into(),
+            ..Default::default()
+        })),
+    })
+    .await
+    .expect("sent");
+    // Counters are process-wide and other tests run beside this one: at least these two.
+    for _ in 0..100 {
+        if limits::count_of(Refusal::ForeignSession) >= before + 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(limits::count_of(Refusal::ForeignSession) >= before + 2);
+    let session = client
+        .get_session(pb::GetSessionRequest {
+            id: elsewhere.id.clone(),
+        })
+        .await
+        .expect("still there")
+        .into_inner();
+    assert!(session.events.is_empty(), "{:?}", session.events);
+    still_healthy(&channel, &[elsewhere.id]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_flooding_its_stream_is_closed_with_resource_exhausted() {
+    let (_dir, channel) = start(Limits {
+        agent_messages_per_sec: 10,
+        agent_message_burst: 50,
+        ..Limits::default()
+    })
+    .await;
+    let (tx, mut inbound) = connect(&channel, "node-1").await;
+    let flood = tokio::spawn(async move {
+        for _ in 0..1_000 {
+            if tx.send(heartbeat("node-1")).await.is_err() {
+                break;
+            }
+        }
+    });
+    let status = closing_status(&mut inbound).await;
+    refused(
+        Err::<(), _>(status),
+        Code::ResourceExhausted,
+        &[
+            "node-1",
+            "limits.agent_messages_per_sec",
+            "limits.agent_message_burst",
+        ],
+    );
+    flood.abort();
+    // The node may come back with a fresh stream.
+    let (_tx, _inbound) = connect(&channel, "node-1").await;
+    still_healthy(&channel, &[]).await;
+}
