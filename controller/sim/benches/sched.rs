@@ -12,6 +12,7 @@ use std::{
 
 use gpuwarden_controller::{
     api::{Controller, Timing},
+    limits::Limits,
     node::NodeReport,
     placement::Placement,
     scheduler::{NewSession, Scheduler, SchedulerConfig},
@@ -141,9 +142,19 @@ async fn heartbeats(agents: usize, seconds: u64) -> (f64, u64) {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    tokio::spawn(server::serve_on(
+    // This row measures how fast heartbeats are taken in, so the per-stream rate limit (which
+    // would close a stream sending thousands a second) is lifted.
+    let limits = Limits {
+        agent_messages_per_sec: u32::MAX,
+        agent_message_burst: u32::MAX,
+        ..Limits::default()
+    };
+    tokio::spawn(server::serve_bounded(
         Arc::clone(&controller),
         listener,
+        server::Transport::PlainText,
+        limits,
+        None,
         std::future::pending(),
     ));
     let url = format!("http://{addr}");
