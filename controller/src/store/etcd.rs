@@ -22,6 +22,10 @@ const PAGE: i64 = 256;
 #[derive(Clone)]
 pub struct EtcdKv {
     client: Client,
+    /// For campaigns only: no request timeout. A campaign waits as long as another candidate
+    /// leads, and etcd resigns a campaign whose request was cancelled, deleting the candidacy a
+    /// retry would then wait on.
+    campaigner: Client,
     endpoints: Vec<String>,
     prefix: String,
 }
@@ -53,9 +57,13 @@ impl EtcdKv {
             .collect();
         let mut options = ConnectOptions::new()
             .with_connect_timeout(std::time::Duration::from_secs(5))
-            .with_timeout(std::time::Duration::from_secs(10))
             // A member cut off from its quorum must not serve reads as if it were current.
-            .with_require_leader(true);
+            .with_require_leader(true)
+            // A dead member is noticed by the connection, not only by a request's timeout.
+            .with_keep_alive(
+                std::time::Duration::from_secs(5),
+                std::time::Duration::from_secs(5),
+            );
         let config = urls
             .first()
             .map(|url| tls.config(url))
@@ -68,14 +76,22 @@ impl EtcdKv {
         if let Some(config) = config {
             options = options.with_tls(config);
         }
-        let client = Client::connect(&urls, Some(options))
+        let open_error = |e: etcd_client::Error| StoreError::Open {
+            at: format!("etcd {}", endpoints.join(",")),
+            reason: e.to_string(),
+        };
+        let campaigner = Client::connect(&urls, Some(options.clone()))
             .await
-            .map_err(|e| StoreError::Open {
-                at: format!("etcd {}", endpoints.join(",")),
-                reason: e.to_string(),
-            })?;
+            .map_err(open_error)?;
+        let client = Client::connect(
+            &urls,
+            Some(options.with_timeout(std::time::Duration::from_secs(10))),
+        )
+        .await
+        .map_err(open_error)?;
         let kv = Self {
             client,
+            campaigner,
             endpoints: endpoints.to_owned(),
             prefix: prefix.to_owned(),
         };
@@ -101,6 +117,10 @@ impl EtcdKv {
 
     pub(super) fn client(&self) -> &Client {
         &self.client
+    }
+
+    pub(super) fn campaigner(&self) -> &Client {
+        &self.campaigner
     }
 
     pub(super) fn prefix(&self) -> &str {

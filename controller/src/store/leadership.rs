@@ -12,7 +12,6 @@
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, LeaderKey, ResignOptions};
-use tonic::Code;
 
 use super::{EtcdKv, StoreError};
 
@@ -144,24 +143,20 @@ impl EtcdKv {
                 }
             }
         });
-        // A campaign waits for as long as another candidate leads, longer than the client's
-        // request timeout: ask again with the same lease (which finds this candidate's key
-        // already in the queue) for as long as the lease lives. Any other failure gives the
-        // candidacy up, so that no key of a candidate nobody holds is left in the queue.
-        let won = loop {
-            match client
-                .campaign(self.election_name(election), address, lease)
-                .await
-            {
-                Ok(won) => break won,
-                Err(etcd_client::Error::GRpcStatus(s))
-                    if matches!(s.code(), Code::DeadlineExceeded | Code::Cancelled)
-                        && !keep_alive.is_finished() => {}
-                Err(e) => {
-                    keep_alive.abort();
-                    let _ = client.lease_revoke(lease).await;
-                    return Err(io("campaigning", &e));
-                }
+        // The campaigning client has no request timeout: a campaign waits for as long as
+        // another candidate leads. Any failure gives the candidacy up, so that no key of a
+        // candidate nobody holds is left in the queue.
+        let won = match self
+            .campaigner()
+            .clone()
+            .campaign(self.election_name(election), address, lease)
+            .await
+        {
+            Ok(won) => won,
+            Err(e) => {
+                keep_alive.abort();
+                let _ = client.lease_revoke(lease).await;
+                return Err(io("campaigning", &e));
             }
         };
         let Some(leader) = won.leader().cloned() else {
