@@ -24,7 +24,7 @@ use gpuwarden_proto::v1::{self as pb, agent_message::Msg};
 use serde::Deserialize;
 use tonic::Status;
 
-use crate::{session::Session, slots::SlotName};
+use crate::slots::SlotName;
 
 /// Every bound, with its default. Config: `[limits]` in the controller's TOML file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -474,22 +474,12 @@ impl Limits {
         self.running("running_sessions", &info.running_sessions)
     }
 
-    /// Whether one more session of `owner` fits among `sessions` (those not yet ended count).
+    /// Whether one more session of `owner` fits, given `mine` of its sessions and `total` in all
+    /// not yet ended.
     ///
     /// # Errors
     /// The owner's cap or the total cap is reached.
-    pub fn admit_session<'a>(
-        &self,
-        sessions: impl IntoIterator<Item = &'a Session>,
-        owner: &str,
-    ) -> Result<(), LimitError> {
-        let (mut total, mut mine) = (0, 0);
-        for s in sessions.into_iter().filter(|s| !s.state.is_final()) {
-            total += 1;
-            if s.owner == owner {
-                mine += 1;
-            }
-        }
+    pub fn admit_session(&self, owner: &str, mine: usize, total: usize) -> Result<(), LimitError> {
         if mine >= self.max_sessions_per_owner {
             return Err(LimitError::Exhausted {
                 what: format!("sessions of {owner:?} not yet ended"),

@@ -70,7 +70,8 @@ impl SchedulerService for SchedulerApi {
             .0
             .apply(|s| {
                 // Under the scheduler's lock, so a storm of creates stops at exactly the cap.
-                limits.admit_session(s.sessions().values(), &owner)?;
+                let (mine, total) = s.live_sessions(&owner);
+                limits.admit_session(&owner, mine, total)?;
                 s.create(NewSession {
                     id: id.clone(),
                     name: r.name,

@@ -44,6 +44,9 @@ impl Scheduler {
             if session.state == SessionState::Pending {
                 s.queue(&session);
             }
+            if !session.state.is_final() {
+                s.live.started(&session.owner);
+            }
             s.sessions.insert(session.id.clone(), session);
         }
         s
@@ -125,6 +128,7 @@ impl Scheduler {
                     "its node restarted without it",
                 );
                 self.tracker.remove(&session.owner, &sid);
+                self.live.ended(&session.owner);
             }
             self.changes.sessions.insert(sid);
         }
@@ -270,6 +274,7 @@ impl Scheduler {
         };
         self.next_seq += 1;
         self.queue(&session);
+        self.live.started(&session.owner);
         self.sessions.insert(id.clone(), session.clone());
         self.changes.sessions.insert(id);
         Ok(session)
@@ -293,6 +298,7 @@ impl Scheduler {
             self.excess.clear();
         }
         set_state(session, SessionState::Terminated, "terminated by request");
+        self.live.ended(&session.owner);
         self.changes.sessions.insert(id.to_owned());
         let owner = session.owner.clone();
         let node = session.node.clone();
@@ -352,6 +358,7 @@ impl Scheduler {
         set_state(s, SessionState::Failed, &text);
         let (owner, requested) = (s.owner.clone(), s.requested.clone());
         self.tracker.remove(&owner, session);
+        self.live.ended(&owner);
         self.changes.sessions.insert(session.to_owned());
         if let Some(n) = self.nodes.get_mut(node) {
             n.allocator.release(session);

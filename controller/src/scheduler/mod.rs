@@ -224,6 +224,33 @@ pub struct Scheduler {
     /// visits the queue rather than every session. Entries that left Pending are dropped when
     /// a pass next looks; only creation (and a restore) makes a session Pending.
     pending: BTreeSet<(std::cmp::Reverse<i32>, u64, String)>,
+    /// Sessions not yet ended, by owner and in all, kept as they start and end, so that the
+    /// caps on them cost nothing per create.
+    live: Live,
+}
+
+/// Counts of sessions not yet ended.
+#[derive(Debug, Clone, Default)]
+struct Live {
+    by_owner: BTreeMap<String, usize>,
+    total: usize,
+}
+
+impl Live {
+    fn started(&mut self, owner: &str) {
+        *self.by_owner.entry(owner.to_owned()).or_default() += 1;
+        self.total += 1;
+    }
+
+    fn ended(&mut self, owner: &str) {
+        if let Some(n) = self.by_owner.get_mut(owner) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.by_owner.remove(owner);
+            }
+        }
+        self.total = self.total.saturating_sub(1);
+    }
 }
 
 impl Scheduler {
@@ -234,6 +261,15 @@ impl Scheduler {
             config,
             ..Self::default()
         }
+    }
+
+    /// Sessions of `owner` not yet ended, and sessions not yet ended in all.
+    #[must_use]
+    pub fn live_sessions(&self, owner: &str) -> (usize, usize) {
+        (
+            self.live.by_owner.get(owner).copied().unwrap_or(0),
+            self.live.total,
+        )
     }
 
     /// Settings.

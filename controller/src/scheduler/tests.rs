@@ -325,3 +325,29 @@ fn creation_refuses_only_malformed_requests_and_no_room_is_a_pending_reason() {
         }))
     );
 }
+
+#[test]
+fn sessions_not_yet_ended_are_counted_as_they_start_and_end() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    create(&mut s, "a", "alice", &["cuda.shares=0.2"]).unwrap();
+    create(&mut s, "b", "alice", &["cuda.shares=0.2"]).unwrap();
+    create(&mut s, "c", "bob", &["cuda.shares=0.2"]).unwrap();
+    assert_eq!(s.live_sessions("alice"), (2, 3));
+    s.pass();
+    // Ended by request, refused by its agent: both leave the count; doing it twice changes nothing.
+    s.terminate("a");
+    s.terminate("a");
+    s.nack("n1", "c", "InvalidQuota", "");
+    assert_eq!(s.live_sessions("alice"), (1, 1));
+    assert_eq!(s.live_sessions("bob"), (0, 1));
+    // A restart counts what the store holds.
+    let restored = Scheduler::restore(
+        SchedulerConfig::default(),
+        crate::store::Snapshot {
+            sessions: s.sessions().values().cloned().collect(),
+            ..Default::default()
+        },
+    );
+    assert_eq!(restored.live_sessions("alice"), (1, 1));
+}
