@@ -4,10 +4,12 @@
 //! admin on all; a call without valid credentials is `UNAUTHENTICATED`; the token file is
 //! followed without a restart.
 
+mod common;
+
 use std::{path::PathBuf, process::Command, sync::Arc, time::Duration};
 
 use gpuwarden_controller::{
-    api::{Timing, convert},
+    api::convert,
     auth::{
         clients::ClientRole,
         denials::{self, DenialReason},
@@ -15,8 +17,8 @@ use gpuwarden_controller::{
         tls::{ReloadingConfig, ServerTlsFiles},
         tokens::{self, TokenFile},
     },
-    scheduler::SchedulerConfig,
-    server::{self, Security, Transport},
+    limits::Limits,
+    server::{Security, Transport},
     slots::ResourceSlot,
 };
 use gpuwarden_proto::v1::{
@@ -44,13 +46,6 @@ impl Served {
         let alice = tokens::add(&token_file, "alice", ClientRole::User).expect("alice's token");
         let bob = tokens::add(&token_file, "bob", ClientRole::User).expect("bob's token");
         let ops = tokens::add(&token_file, "ops", ClientRole::Admin).expect("ops's token");
-        let controller = server::open(
-            &server::sled_in(&dir.path().join("state")),
-            SchedulerConfig::default(),
-            Timing::default(),
-        )
-        .await
-        .expect("opens");
         let transport = if tls {
             let certs = dir.path().join("certs");
             mint::mint_into(&certs, &["node-1".to_owned()], &["127.0.0.1".to_owned()], 1)
@@ -65,32 +60,19 @@ impl Served {
             )
             .expect("minted clients");
             Transport::Tls(Arc::new(
-                ReloadingConfig::load(ServerTlsFiles {
-                    cert: certs.join(mint::SERVER_CERT),
-                    key: certs.join(mint::SERVER_KEY),
-                    client_ca: certs.join(mint::CA_CERT),
-                })
-                .expect("TLS files load"),
+                ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("TLS files load"),
             ))
         } else {
             Transport::PlainText
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binds");
-        let scheme = if tls { "https" } else { "http" };
-        let url = format!("{scheme}://{}", listener.local_addr().expect("bound"));
         let security = Security {
             transport,
             tokens: Some(Arc::new(TokenFile::load(&token_file).expect("tokens load"))),
         };
-        tokio::spawn(server::serve_with(
-            controller,
-            listener,
-            security,
-            None,
-            std::future::pending::<()>(),
-        ));
+        let addr =
+            common::serve_in_process(&dir.path().join("state"), security, Limits::default()).await;
+        let scheme = if tls { "https" } else { "http" };
+        let url = format!("{scheme}://{addr}");
         let served = Self {
             dir,
             url,

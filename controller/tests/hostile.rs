@@ -4,13 +4,13 @@
 //! code and the field or limit named; afterwards the controller still answers and every
 //! acknowledged session is still there.
 
+mod common;
+
 use std::time::Duration;
 
 use gpuwarden_controller::{
-    api::Timing,
     limits::{self, Limits, Refusal},
-    scheduler::SchedulerConfig,
-    server::{self, Transport},
+    server::Transport,
 };
 use gpuwarden_proto::v1::{
     self as pb, agent_message::Msg, agent_service_client::AgentServiceClient,
@@ -23,25 +23,8 @@ use tonic::{Code, Status, transport::Channel};
 /// directory and a channel.
 async fn start(limits: Limits) -> (tempfile::TempDir, Channel) {
     let dir = gpuwarden_test_support::scratch("hostile");
-    let controller = server::open(
-        &server::sled_in(dir.path()),
-        SchedulerConfig::default(),
-        Timing::default(),
-    )
-    .await
-    .expect("opens");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("binds");
-    let url = format!("http://{}", listener.local_addr().expect("bound"));
-    tokio::spawn(server::serve_bounded(
-        controller,
-        listener,
-        Transport::PlainText,
-        limits,
-        None,
-        std::future::pending::<()>(),
-    ));
+    let addr = common::serve_in_process(dir.path(), Transport::PlainText, limits).await;
+    let url = format!("http://{addr}");
     let channel = tonic::transport::Endpoint::from_shared(url)
         .expect("a URL")
         .connect()

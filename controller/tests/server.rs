@@ -1,9 +1,11 @@
 //! The controller as operators and stock gRPC tools meet it: the binary's configuration
 //! errors, and server reflection in both versions clients ask for.
 
+mod common;
+
 use std::process::Command;
 
-use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
+use gpuwarden_controller::{limits::Limits, server};
 use tokio_stream::StreamExt as _;
 
 #[test]
@@ -47,22 +49,13 @@ async fn reflection_answers_v1_and_v1alpha_clients() {
     use tonic_reflection::pb::{v1, v1alpha};
 
     let scratch = gpuwarden_test_support::scratch("reflect");
-    let controller = server::open(
-        &server::sled_in(scratch.path()),
-        SchedulerConfig::default(),
-        Timing::default(),
+    let addr = common::serve_in_process(
+        scratch.path(),
+        server::Transport::PlainText,
+        Limits::default(),
     )
-    .await
-    .expect("opens");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("binds");
-    let url = format!("http://{}", listener.local_addr().expect("bound"));
-    tokio::spawn(server::serve_on(
-        controller,
-        listener,
-        std::future::pending::<()>(),
-    ));
+    .await;
+    let url = format!("http://{addr}");
     let channel = tonic::transport::Endpoint::from_shared(url)
         .expect("a URL")
         .connect()

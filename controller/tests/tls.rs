@@ -4,18 +4,19 @@
 //! admin's certificate; see `clients.rs` for the rest); the serving certificate is rotated
 //! without a restart.
 
+mod common;
+
 use std::{path::Path, process::Command, sync::Arc, time::Duration};
 
 use gpuwarden_controller::{
-    api::Timing,
     auth::{
         clients::ClientRole,
         denials::{self, DenialReason},
         mint::{self, Ca},
         tls::{ReloadingConfig, ServerTlsFiles},
     },
-    scheduler::SchedulerConfig,
-    server::{self, Transport},
+    limits::Limits,
+    server::Transport,
 };
 use gpuwarden_proto::v1::{
     self as pb, agent_service_client::AgentServiceClient,
@@ -48,31 +49,15 @@ impl TlsController {
             1,
         )
         .expect("minted the admin");
-        let controller = server::open(
-            &server::sled_in(&dir.path().join("state")),
-            SchedulerConfig::default(),
-            Timing::default(),
-        )
-        .await
-        .expect("opens");
         let certs = dir.path().join("certs");
-        let tls = ReloadingConfig::load(ServerTlsFiles {
-            cert: certs.join(mint::SERVER_CERT),
-            key: certs.join(mint::SERVER_KEY),
-            client_ca: certs.join(mint::CA_CERT),
-        })
-        .expect("TLS files load");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binds");
-        let url = format!("https://{}", listener.local_addr().expect("bound"));
-        tokio::spawn(server::serve_with(
-            controller,
-            listener,
+        let tls = ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("TLS files load");
+        let addr = common::serve_in_process(
+            &dir.path().join("state"),
             Transport::Tls(Arc::new(tls)),
-            None,
-            std::future::pending::<()>(),
-        ));
+            Limits::default(),
+        )
+        .await;
+        let url = format!("https://{addr}");
         Self { dir, url }
     }
 

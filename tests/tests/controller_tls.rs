@@ -36,12 +36,7 @@ async fn start_controller(dir: &Path) -> String {
     )
     .await
     .expect("controller opens");
-    let tls = ReloadingConfig::load(ServerTlsFiles {
-        cert: certs.join(mint::SERVER_CERT),
-        key: certs.join(mint::SERVER_KEY),
-        client_ca: certs.join(mint::CA_CERT),
-    })
-    .expect("TLS files load");
+    let tls = ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("TLS files load");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("binds");

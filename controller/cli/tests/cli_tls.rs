@@ -35,12 +35,7 @@ fn start_tls_controller(scratch: &Path) -> (tokio::runtime::Runtime, String) {
             Timing::default(),
         ))
         .expect("controller opens");
-    let tls = ReloadingConfig::load(ServerTlsFiles {
-        cert: certs.join(mint::SERVER_CERT),
-        key: certs.join(mint::SERVER_KEY),
-        client_ca: certs.join(mint::CA_CERT),
-    })
-    .expect("TLS files load");
+    let tls = ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("TLS files load");
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .expect("binds");

@@ -45,6 +45,20 @@ pub struct ServerTlsFiles {
     pub client_ca: PathBuf,
 }
 
+impl ServerTlsFiles {
+    /// The files `certs mint` writes into `dir`: the serving certificate and key, and its CA as
+    /// the client CA.
+    #[must_use]
+    pub fn minted(dir: &Path) -> Self {
+        use super::mint::{CA_CERT, SERVER_CERT, SERVER_KEY};
+        Self {
+            cert: dir.join(SERVER_CERT),
+            key: dir.join(SERVER_KEY),
+            client_ca: dir.join(CA_CERT),
+        }
+    }
+}
+
 /// Why the TLS configuration can't be built.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsSetupError {

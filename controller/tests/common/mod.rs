@@ -1,5 +1,6 @@
-//! The controller binary as the store and failover tests run it: a process on a loopback port
-//! with its own scratch state directory, killed (SIGKILL) when dropped.
+//! Controllers as the integration tests run them: in this process on a loopback port
+//! ([`serve_in_process`]), or as the binary in a process of its own with a scratch state
+//! directory, killed (SIGKILL) when dropped ([`ControllerProcess`]).
 #![allow(
     dead_code,
     reason = "each test binary includes this module and uses a different part of it"
@@ -7,15 +8,51 @@
 
 use std::{
     net::{SocketAddr, TcpListener, TcpStream},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
+use gpuwarden_controller::{
+    api::Timing,
+    limits::Limits,
+    scheduler::SchedulerConfig,
+    server::{self, Security},
+};
 use gpuwarden_proto::v1::{
     self as pb, agent_service_client::AgentServiceClient,
     scheduler_service_client::SchedulerServiceClient,
 };
 use tonic::transport::Channel;
+
+/// A controller in this process with its sled store in `dir`, served over `security` and held
+/// to `limits` on a loopback port, until the test's runtime ends; its address.
+pub async fn serve_in_process(
+    dir: &Path,
+    security: impl Into<Security> + Send + 'static,
+    limits: Limits,
+) -> SocketAddr {
+    let controller = server::open(
+        &server::sled_in(dir),
+        SchedulerConfig::default(),
+        Timing::default(),
+    )
+    .await
+    .expect("opens");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let addr = listener.local_addr().expect("bound");
+    tokio::spawn(server::serve_bounded(
+        controller,
+        listener,
+        security,
+        limits,
+        None,
+        std::future::pending::<()>(),
+    ));
+    addr
+}
 
 /// A running `gpuwarden-controller run --store STORE`.
 pub struct ControllerProcess {
