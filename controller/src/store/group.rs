@@ -112,16 +112,18 @@ impl Group {
         }
     }
 
-    async fn commit(&self, kv: &Kv, entries: Vec<Entry>, retry: Vec<Write>) {
+    async fn commit(&self, kv: &Kv, mut entries: Vec<Entry>, retry: Vec<Write>) {
         let mut writes = retry;
-        for e in &entries {
-            writes.extend(e.writes.iter().cloned());
+        for e in &mut entries {
+            writes.append(&mut e.writes);
         }
-        let mut writes = latest_per_key(writes);
+        // Shared with the commit rather than copied: the bytes are copied only to keep them
+        // after a failure.
+        let writes: Arc<[Write]> = latest_per_key(writes).into();
         let result = if writes.is_empty() {
             Ok(())
         } else {
-            kv.commit(writes.clone(), self.fence.as_ref()).await
+            kv.commit(Arc::clone(&writes), self.fence.as_ref()).await
         };
         {
             let mut q = self.queue();
@@ -130,8 +132,9 @@ impl Group {
             // Keep what failed, ahead of anything queued since; but a deposed leader's writes
             // must never land.
             if result.is_err() && !matches!(result, Err(StoreError::Deposed { .. })) {
-                writes.append(&mut q.retry);
-                q.retry = writes;
+                let mut kept = writes.to_vec();
+                kept.append(&mut q.retry);
+                q.retry = kept;
             }
         }
         match &result {

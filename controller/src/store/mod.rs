@@ -334,7 +334,7 @@ impl Kv {
     /// The commit fails, or the fence no longer holds.
     pub async fn commit(
         &self,
-        writes: Vec<Write>,
+        writes: Arc<[Write]>,
         fence: Option<&Fence>,
     ) -> Result<(), StoreError> {
         match self {
