@@ -213,12 +213,6 @@ impl Controller {
         f(&lock(&self.scheduler))
     }
 
-    /// The store (fenced on this term when leading an etcd store).
-    #[must_use]
-    pub fn store(&self) -> Store {
-        lock(&self.store).clone()
-    }
-
     /// A new session id.
     pub fn new_session_id(&self) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);

@@ -51,17 +51,9 @@ impl TestController {
         timing: Timing,
         otlp: Option<String>,
     ) -> Self {
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = std::sync::mpsc::channel::<bool>();
         let dir = state_dir.to_owned();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
-            let metrics = rt.block_on(async {
+        Self::on_own_runtime(state_dir.to_owned(), move |rt, shutdown| {
+            rt.block_on(async {
                 let controller = server::open(&server::sled_in(&dir), config, timing)
                     .await
                     .unwrap();
@@ -72,43 +64,22 @@ impl TestController {
                 )
                 .unwrap();
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                addr_tx.send(listener.local_addr().unwrap()).unwrap();
+                let addr = listener.local_addr().unwrap();
                 tokio::spawn(server::serve_on(controller, listener, async {
-                    let _ = shutdown_rx.await;
+                    let _ = shutdown.await;
                 }));
-                metrics
-            });
-            let graceful = stopped.recv().unwrap_or(false);
-            if graceful {
-                let _ = shutdown_tx.send(());
-                rt.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
-            }
-            // The metrics' callbacks hold the controller (and its store): let go of them first.
-            drop(metrics);
-            // Dropping the runtime drops every task, its store handle with them.
-            rt.shutdown_background();
-        });
-        Self {
-            addr: addr_rx.recv().unwrap(),
-            state_dir: state_dir.to_owned(),
-            stop: Some(stop),
-            thread: Some(thread),
-        }
+                // The metrics' callbacks hold the controller (and its store): kept until the
+                // controller stops, let go of before its runtime.
+                (addr, metrics)
+            })
+        })
     }
 
     /// A controller on the etcd store `store`, campaigning with a lease of `ttl`: a standby
-    /// until it wins.
+    /// until it wins. Killed, its lease's keep-alive stops with everything else.
     pub fn start_elected(store: &StoreSpec, timing: Timing, ttl: Duration) -> Self {
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = std::sync::mpsc::channel::<bool>();
         let store = store.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        Self::on_own_runtime(PathBuf::new(), move |rt, shutdown| {
             let addr = rt
                 .block_on(server::spawn_elected(
                     &store,
@@ -116,20 +87,48 @@ impl TestController {
                     timing,
                     ttl,
                     async {
-                        let _ = shutdown_rx.await;
+                        let _ = shutdown.await;
                     },
                 ))
                 .unwrap();
+            (addr, ())
+        })
+    }
+
+    /// Runs `start` on a runtime of its own in a thread of its own; what it returns besides the
+    /// address is kept until the controller stops. Stopping gracefully lets the server shut
+    /// down first; killing drops the runtime with every task mid-flight.
+    fn on_own_runtime<G>(
+        state_dir: PathBuf,
+        start: impl FnOnce(
+            &tokio::runtime::Runtime,
+            tokio::sync::oneshot::Receiver<()>,
+        ) -> (SocketAddr, G)
+        + Send
+        + 'static,
+    ) -> Self {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<bool>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+            let (addr, kept) = start(&rt, shutdown_rx);
             addr_tx.send(addr).unwrap();
             if stopped.recv().unwrap_or(false) {
                 let _ = shutdown_tx.send(());
+                rt.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
             }
-            // As abrupt as a killed process: the lease's keep-alive stops with everything else.
+            drop(kept);
+            // Dropping the runtime drops every task, its store handle with them.
             rt.shutdown_background();
         });
         Self {
             addr: addr_rx.recv().unwrap(),
-            state_dir: PathBuf::new(),
+            state_dir,
             stop: Some(stop),
             thread: Some(thread),
         }
