@@ -3,17 +3,17 @@
 //! works, the CA alone is refused as unauthenticated, without the CA the command exits 2 saying
 //! what is missing, and a controller certificate from another CA is refused.
 
+mod common;
+
 use std::{path::Path, process::Command, sync::Arc};
 
 use gpuwarden_controller::{
-    api::Timing,
     auth::{
         clients::ClientRole,
         mint,
         tls::{ReloadingConfig, ServerTlsFiles},
     },
-    scheduler::SchedulerConfig,
-    server::{self, Transport},
+    server::Transport,
 };
 
 /// A TLS controller with certificates minted into `scratch/certs`; returns the runtime
@@ -23,31 +23,8 @@ fn start_tls_controller(scratch: &Path) -> (tokio::runtime::Runtime, String) {
     mint::mint_into(&certs, &["node-1".to_owned()], &["127.0.0.1".to_owned()], 1).expect("minted");
     mint::mint_clients_into(&certs, &[("ops".to_owned(), ClientRole::Admin)], 1)
         .expect("minted the admin");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let controller = rt
-        .block_on(server::open(
-            &server::sled_in(&scratch.join("controller")),
-            SchedulerConfig::default(),
-            Timing::default(),
-        ))
-        .expect("controller opens");
     let tls = ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("TLS files load");
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("binds");
-    let url = format!("https://{}", listener.local_addr().expect("bound"));
-    rt.spawn(server::serve_with(
-        controller,
-        listener,
-        Transport::Tls(Arc::new(tls)),
-        None,
-        std::future::pending::<()>(),
-    ));
-    (rt, url)
+    common::start_controller_with(scratch, Transport::Tls(Arc::new(tls)).into())
 }
 
 fn gpuwarden(url: &str, args: &[&str], env: &[(&str, &Path)]) -> (i32, String, String) {

@@ -1,4 +1,8 @@
 //! What the CLI end-to-end tests share: a real controller serving on loopback.
+#![allow(
+    dead_code,
+    reason = "each test binary includes this module and uses a different part of it"
+)]
 
 use std::path::Path;
 
@@ -10,8 +14,8 @@ pub fn start_controller(scratch: &Path) -> (tokio::runtime::Runtime, String) {
     start_controller_with(scratch, server::Transport::PlainText.into())
 }
 
-/// [`start_controller`] over plain text with `security`'s client authentication (a token
-/// file).
+/// [`start_controller`] with `security`: TLS (the URL is then `https://`), client
+/// authentication (a token file), or both.
 pub fn start_controller_with(
     scratch: &Path,
     security: server::Security,
@@ -31,7 +35,12 @@ pub fn start_controller_with(
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .expect("binds");
-    let url = format!("http://{}", listener.local_addr().expect("bound"));
+    let scheme = if matches!(security.transport, server::Transport::Tls(_)) {
+        "https"
+    } else {
+        "http"
+    };
+    let url = format!("{scheme}://{}", listener.local_addr().expect("bound"));
     rt.spawn(server::serve_with(
         controller,
         listener,
