@@ -3,10 +3,6 @@
 //! and is refused another owner's; an admin's ends any; no token is `Unauthenticated` (exit 1);
 //! an unreadable token file is bad input (exit 2).
 
-#[allow(
-    dead_code,
-    reason = "each test binary uses some of the shared fixtures"
-)]
 mod common;
 
 use std::{path::Path, process::Command, sync::Arc};
