@@ -10,10 +10,11 @@ use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{Controller, convert, lock, store_status};
+use super::{Controller, Pending, convert, lock, store_status};
 use crate::{
     auth::identity::Peer,
     limits::{self, AgentBucket, Bounds, LimitError, Refusal},
+    store::StoreError,
 };
 
 /// The agent-facing service: the controller, and the bounds agents are held to.
@@ -88,6 +89,7 @@ impl AgentService for AgentApi {
 
         let controller = Arc::clone(&self.0);
         let bounds = Arc::clone(&self.1);
+        let settling = settle(node.clone());
         tokio::spawn(async move {
             let mut bucket = AgentBucket::new(&bounds.limits);
             while let Some(message) = inbound.next().await {
@@ -112,49 +114,15 @@ impl AgentService for AgentApi {
                 }
                 // Neither changes what a scheduling pass could do.
                 let quiet = matches!(message.msg, Some(Msg::Heartbeat(_) | Msg::Usage(_)));
-                let result = match message.msg {
-                    Some(Msg::Heartbeat(_)) => {
-                        controller.count_heartbeat();
-                        controller.apply(|s| s.heartbeat(&node)).await
+                match change(&controller, &node, message.msg) {
+                    // Not awaited here: the next message is applied while this one commits.
+                    Ok(Some(pending)) => {
+                        if settling.send(pending).await.is_err() {
+                            break;
+                        }
                     }
-                    Some(Msg::Ack(a)) => controller.apply(|s| s.ack(&node, &a.session_id)).await,
-                    Some(Msg::Nack(n)) => {
-                        tracing::warn!(%node, session = %n.session_id, reason = %n.reason, "agent refused an allocation: {}", n.message);
-                        controller
-                            .apply(|s| s.nack(&node, &n.session_id, &n.reason, &n.message))
-                            .await
-                    }
-                    Some(Msg::Event(e)) => {
-                        let event = convert::event_from_pb(&e);
-                        controller
-                            .apply(|s| s.record_event(&node, &e.session_id, event))
-                            .await
-                            .map(|recorded| {
-                                if recorded {
-                                    tracing::info!(%node, session = %e.session_id, action = %e.action, container = %e.container, pid = e.pid, device = e.device, "enforcement: {}", e.reason);
-                                } else {
-                                    limits::count(Refusal::ForeignSession);
-                                    // A session ended and forgotten, or a confused agent: not worth an error.
-                                    tracing::warn!(%node, session = %e.session_id, action = %e.action, "enforcement event for a session not on this node, dropped: {}", e.reason);
-                                }
-                            })
-                    }
-                    Some(Msg::Usage(u)) => {
-                        let sample = convert::usage_from_pb(&u);
-                        controller
-                            .apply(|s| s.record_usage(&node, &u.session_id, sample))
-                            .await
-                            .map(|recorded| {
-                                if !recorded {
-                                    limits::count(Refusal::ForeignSession);
-                                    tracing::debug!(%node, session = %u.session_id, "usage for a session not running on this node, dropped");
-                                }
-                            })
-                    }
-                    None => Ok(()),
-                };
-                if let Err(e) = result {
-                    tracing::error!(%node, "persisting an agent message: {e}");
+                    Ok(None) => {}
+                    Err(e) => tracing::error!(%node, "persisting an agent message: {e}"),
                 }
                 if !quiet {
                     controller.kick();
@@ -164,4 +132,70 @@ impl AgentService for AgentApi {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
+}
+
+/// Changes that wait to be durable at once, per agent stream: the stream reads on until this
+/// many of its messages are uncommitted.
+const UNSETTLED: usize = 256;
+
+/// Waits, in order, until each change an agent's stream made is durable, logging the ones that
+/// fail; the stream itself reads on. Its acknowledgements are answered by nobody but watchers,
+/// who hear of each change once it is durable, so a node's acks land in one commit rather than
+/// one commit each.
+fn settle(node: String) -> mpsc::Sender<Pending> {
+    let (tx, mut rx) = mpsc::channel::<Pending>(UNSETTLED);
+    tokio::spawn(async move {
+        while let Some(pending) = rx.recv().await {
+            if let Err(e) = pending.durable().await {
+                tracing::error!(%node, "persisting an agent message: {e}");
+            }
+        }
+    });
+    tx
+}
+
+/// Applies one message of `node`'s stream to the scheduler, queueing what it changed.
+fn change(
+    controller: &Controller,
+    node: &str,
+    message: Option<Msg>,
+) -> Result<Option<Pending>, StoreError> {
+    let pending = match message {
+        Some(Msg::Heartbeat(_)) => {
+            controller.count_heartbeat();
+            controller.change(|s| s.heartbeat(node))?.1
+        }
+        Some(Msg::Ack(a)) => controller.change(|s| s.ack(node, &a.session_id))?.1,
+        Some(Msg::Nack(n)) => {
+            tracing::warn!(%node, session = %n.session_id, reason = %n.reason, "agent refused an allocation: {}", n.message);
+            controller
+                .change(|s| s.nack(node, &n.session_id, &n.reason, &n.message))?
+                .1
+        }
+        Some(Msg::Event(e)) => {
+            let event = convert::event_from_pb(&e);
+            let (recorded, pending) =
+                controller.change(|s| s.record_event(node, &e.session_id, event))?;
+            if recorded {
+                tracing::info!(%node, session = %e.session_id, action = %e.action, container = %e.container, pid = e.pid, device = e.device, "enforcement: {}", e.reason);
+            } else {
+                limits::count(Refusal::ForeignSession);
+                // A session ended and forgotten, or a confused agent: not worth an error.
+                tracing::warn!(%node, session = %e.session_id, action = %e.action, "enforcement event for a session not on this node, dropped: {}", e.reason);
+            }
+            pending
+        }
+        Some(Msg::Usage(u)) => {
+            let sample = convert::usage_from_pb(&u);
+            let (recorded, pending) =
+                controller.change(|s| s.record_usage(node, &u.session_id, sample))?;
+            if !recorded {
+                limits::count(Refusal::ForeignSession);
+                tracing::debug!(%node, session = %u.session_id, "usage for a session not running on this node, dropped");
+            }
+            pending
+        }
+        None => return Ok(None),
+    };
+    Ok(Some(pending))
 }

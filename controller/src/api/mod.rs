@@ -29,7 +29,7 @@ pub use sessions::SchedulerApi;
 use crate::{
     scheduler::{Command, Scheduler},
     session::now_ms,
-    store::{AfterCommit, Snapshot, Store, StoreError, Write},
+    store::{AfterCommit, Snapshot, Store, StoreError, Submitted, Write},
 };
 
 /// Timing of the agent protocol.
@@ -62,7 +62,7 @@ pub struct Controller {
     store: Mutex<Store>,
     role: Role,
     /// Told when a commit finds this controller deposed.
-    deposed: Notify,
+    deposed: Arc<Notify>,
     /// Open agent streams by node.
     agents: Mutex<HashMap<String, AgentTx>>,
     /// Messages for nodes whose stream isn't open yet.
@@ -85,6 +85,28 @@ pub fn store_status(e: &StoreError) -> Status {
     Status::unavailable(format!("the controller's store failed: {e}"))
 }
 
+/// A change queued for commit by [`Controller::change`].
+#[must_use = "a change is durable only once `durable` returns"]
+pub struct Pending {
+    deposed: Arc<Notify>,
+    submitted: Submitted,
+}
+
+impl Pending {
+    /// Waits until the change is durable (and announced to watchers). A commit that finds this
+    /// controller deposed tells [`Controller::deposed`].
+    ///
+    /// # Errors
+    /// The commit failed; the change stays in memory and its writes go with the next commit.
+    pub async fn durable(self) -> Result<(), StoreError> {
+        let result = self.submitted.durable().await;
+        if let Err(StoreError::Deposed { .. }) = &result {
+            self.deposed.notify_one();
+        }
+        result
+    }
+}
+
 impl Controller {
     /// A controller over `scheduler` (fresh or restored) persisting to `store`, leading from the
     /// start (one store, no election).
@@ -101,7 +123,7 @@ impl Controller {
             scheduler: Mutex::new(scheduler),
             store: Mutex::new(store),
             role,
-            deposed: Notify::new(),
+            deposed: Arc::new(Notify::new()),
             agents: Mutex::new(HashMap::new()),
             outbox: Mutex::new(HashMap::new()),
             watchers,
@@ -125,6 +147,22 @@ impl Controller {
     /// # Errors
     /// Persisting failed; the change stays in memory and its writes go with the next commit.
     pub async fn apply<R>(&self, f: impl FnOnce(&mut Scheduler) -> R) -> Result<R, StoreError> {
+        let (result, pending) = self.change(f)?;
+        pending.durable().await?;
+        Ok(result)
+    }
+
+    /// Runs `f` on the scheduler and queues what it changed for the next commit, without
+    /// waiting: the first half of [`Controller::apply`]. Watchers hear of the change, and the
+    /// caller may act on it, only once [`Pending::durable`] returns. Callers that answer nobody
+    /// (an agent's acknowledgements) keep reading while earlier changes commit.
+    ///
+    /// # Errors
+    /// A changed record doesn't encode; nothing was queued.
+    pub fn change<R>(
+        &self,
+        f: impl FnOnce(&mut Scheduler) -> R,
+    ) -> Result<(R, Pending), StoreError> {
         let (result, submitted) = {
             let mut scheduler = lock(&self.scheduler);
             let result = f(&mut scheduler);
@@ -167,13 +205,13 @@ impl Controller {
             // were made, and watchers hear of them in that order.
             (result, lock(&self.store).submit(writes, Some(after)))
         };
-        if let Err(e) = submitted.durable().await {
-            if matches!(e, StoreError::Deposed { .. }) {
-                self.deposed.notify_one();
-            }
-            return Err(e);
-        }
-        Ok(result)
+        Ok((
+            result,
+            Pending {
+                deposed: Arc::clone(&self.deposed),
+                submitted,
+            },
+        ))
     }
 
     /// This controller's role.
