@@ -1,0 +1,161 @@
+//! An agent's stream over real gRPC: acknowledgements that arrive together are committed
+//! together (the stream reads on while earlier ones commit), and every one of them lands.
+
+use std::{sync::Arc, time::Duration};
+
+use gpuwarden_controller::{
+    api::{Controller, Timing},
+    scheduler::{Scheduler, SchedulerConfig},
+    server,
+    store::{Store, StoreSpec},
+};
+use gpuwarden_proto::v1::{
+    self as pb, agent_service_client::AgentServiceClient,
+    scheduler_service_client::SchedulerServiceClient,
+};
+use tokio_stream::StreamExt as _;
+
+const SESSIONS: usize = 16;
+
+fn node() -> pb::NodeInfo {
+    let slot = |name: &str, kind: pb::SlotKind| pb::SlotType {
+        name: name.into(),
+        kind: kind.into(),
+    };
+    pb::NodeInfo {
+        node_id: "n1".into(),
+        hostname: "n1".into(),
+        slot_types: vec![
+            slot("cuda.shares", pb::SlotKind::Count),
+            slot("cuda.device", pb::SlotKind::Count),
+            slot("cuda.mem", pb::SlotKind::Bytes),
+        ],
+        devices: (0..8)
+            .map(|g| pb::Device {
+                uuid: format!("GPU-{g}"),
+                model: "Fake".into(),
+                memory_bytes: 80 << 30,
+                sm_count: 132,
+                index: g,
+                device_node: format!("/dev/nvidia{g}"),
+                ..Default::default()
+            })
+            .collect(),
+        agent_version: "test".into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn acks_sent_together_share_commits_and_all_reach_running() {
+    let scratch = gpuwarden_test_support::scratch("agent-stream");
+    let store = Store::open(&StoreSpec::Sled(scratch.path().join("store")))
+        .await
+        .expect("opens");
+    let timing = Timing {
+        pass_interval: Duration::from_millis(20),
+        ..Timing::default()
+    };
+    let controller = Controller::new(
+        Scheduler::new(SchedulerConfig::default()),
+        store.clone(),
+        timing,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let url = format!("http://{}", listener.local_addr().expect("bound"));
+    tokio::spawn(server::serve_on(
+        Arc::clone(&controller),
+        listener,
+        std::future::pending(),
+    ));
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connects");
+
+    let mut agent = AgentServiceClient::new(channel.clone());
+    agent.register(node()).await.expect("registers");
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::AgentMessage>(64);
+    tx.send(pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+            node_id: "n1".into(),
+            ..Default::default()
+        })),
+    })
+    .await
+    .expect("first heartbeat");
+    let mut inbound = agent
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+
+    let mut client = SchedulerServiceClient::new(channel);
+    for i in 0..SESSIONS {
+        client
+            .create_session(pb::CreateSessionRequest {
+                requested: Some(pb::ResourceSlot {
+                    values: [("cuda.shares".to_owned(), "0.5".to_owned())].into(),
+                }),
+                owner: "alice".into(),
+                name: format!("job-{i}"),
+                ..Default::default()
+            })
+            .await
+            .expect("created");
+    }
+    // Hold every allocation, then acknowledge them all at once.
+    let mut allocated = Vec::new();
+    while allocated.len() < SESSIONS {
+        let message = tokio::time::timeout(Duration::from_secs(10), inbound.next())
+            .await
+            .expect("every session is allocated within 10 s")
+            .expect("the stream stays open")
+            .expect("a message");
+        if let Some(pb::controller_message::Msg::Allocate(a)) = message.msg {
+            allocated.push(a.session_id);
+        }
+    }
+    let (commits_before, changes_before) = store.commit_counts();
+    for session_id in allocated {
+        let ack = pb::agent_message::Msg::Ack(pb::AllocationAck { session_id });
+        tx.send(pb::AgentMessage { msg: Some(ack) })
+            .await
+            .expect("sent");
+    }
+
+    let running = || async {
+        client
+            .clone()
+            .list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .expect("lists")
+            .into_inner()
+            .sessions
+            .iter()
+            .filter(|s| s.state == i32::from(pb::SessionState::Running))
+            .count()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while running().await < SESSIONS {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {SESSIONS} sessions running after 10 s",
+            running().await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (commits, changes) = store.commit_counts();
+    let (commits, changes) = (commits - commits_before, changes - changes_before);
+    assert!(
+        changes >= SESSIONS as u64,
+        "each ack is a change: {changes}"
+    );
+    assert!(
+        commits < SESSIONS as u64,
+        "{SESSIONS} acks sent together took {commits} commits: each waited for the one before"
+    );
+}
