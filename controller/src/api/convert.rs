@@ -10,8 +10,9 @@ use tonic::Status;
 use crate::{
     allocator::{Allocation, DevicePart, DeviceSpec},
     node::{Node, NodeReport},
-    placement::Explanation,
+    placement::{Explanation, Placement},
     profile::{Profile, UsageSample},
+    scheduler::NewSession,
     session::{EnforcementEvent, QuotaPolicy, Session},
     slots::{ResourceSlot, SlotName, SlotValue},
 };
@@ -30,6 +31,40 @@ pub fn slots_from_pb(slot: Option<&pb::ResourceSlot>) -> Result<ResourceSlot, St
         out.set(n, v);
     }
     Ok(out)
+}
+
+/// A create request to the session it asks for: `id` is the new session's, `owner` whom the
+/// caller creates it for. Lengths are checked before ([`crate::limits::Limits::create`]); this
+/// checks what the fields say.
+///
+/// # Errors
+/// `InvalidArgument` naming the bad slot, policy or placement.
+pub fn new_session_from_pb(
+    id: String,
+    owner: String,
+    r: pb::CreateSessionRequest,
+) -> Result<NewSession, Status> {
+    let placement = if r.placement.is_empty() {
+        None
+    } else {
+        Some(
+            r.placement
+                .parse::<Placement>()
+                .map_err(|e| Status::invalid_argument(e.to_string()))?,
+        )
+    };
+    Ok(NewSession {
+        id,
+        name: r.name,
+        owner,
+        priority: r.priority,
+        requested: slots_from_pb(r.requested.as_ref())?,
+        pinned_node: (!r.node_id.is_empty()).then_some(r.node_id),
+        target: target_from_pb(r.target.as_ref()),
+        policy: policy_from_pb(r.policy.as_ref())?,
+        class: r.class,
+        placement,
+    })
 }
 
 /// Slots to a `ResourceSlot` message.
@@ -300,36 +335,4 @@ pub fn event_to_pb(session_id: &str, e: &EnforcementEvent) -> pb::EnforcementEve
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::session::{ComputePolicy, MemoryPolicy, Target};
-
-    #[test]
-    fn targets_and_policies_round_trip_and_bad_policies_are_invalid_arguments() {
-        for t in [
-            Target::None,
-            Target::ContainerId("abc".into()),
-            Target::PodUid("123e4567-e89b-12d3-a456-426614174000".into()),
-            Target::CgroupPath("/a/b".into()),
-            Target::Managed,
-        ] {
-            assert_eq!(target_from_pb(target_to_pb(&t).as_ref()), t);
-        }
-        let policy = QuotaPolicy {
-            memory: MemoryPolicy::Stop,
-            compute: ComputePolicy::WorkConserving,
-        };
-        assert_eq!(
-            policy_from_pb(Some(&policy_to_pb(policy))).ok(),
-            Some(policy)
-        );
-        assert_eq!(policy_from_pb(None).ok(), Some(QuotaPolicy::default()));
-        let bad = policy_from_pb(Some(&pb::QuotaPolicy {
-            memory: "evict".into(),
-            compute: String::new(),
-        }))
-        .unwrap_err();
-        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
-        assert!(bad.message().contains("kill, stop, report"), "{bad:?}");
-    }
-}
+mod tests;

@@ -14,8 +14,7 @@ use super::{Controller, convert, store_status};
 use crate::{
     auth::clients::{Caller, ClientAuth},
     limits::Bounds,
-    placement::Placement,
-    scheduler::{NewSession, RequestError},
+    scheduler::RequestError,
 };
 
 /// The client-facing service: the controller, how its callers authenticate, and the bounds
@@ -48,43 +47,18 @@ impl SchedulerService for SchedulerApi {
         request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
         let caller = self.caller(&request)?;
-        let r = request.into_inner();
+        let mut r = request.into_inner();
         let limits = &self.2.limits;
         limits.create(&r)?;
-        let owner = caller.owner_for_create(r.owner)?;
-        let requested = convert::slots_from_pb(r.requested.as_ref())?;
-        let target = convert::target_from_pb(r.target.as_ref());
-        let policy = convert::policy_from_pb(r.policy.as_ref())?;
-        let placement = if r.placement.is_empty() {
-            None
-        } else {
-            Some(
-                r.placement
-                    .parse::<Placement>()
-                    .map_err(|e| Status::invalid_argument(e.to_string()))?,
-            )
-        };
-        let id = self.0.new_session_id();
-        let pinned = (!r.node_id.is_empty()).then_some(r.node_id);
+        let owner = caller.owner_for_create(std::mem::take(&mut r.owner))?;
+        let new = convert::new_session_from_pb(self.0.new_session_id(), owner, r)?;
         let created = self
             .0
             .apply(|s| {
                 // Under the scheduler's lock, so a storm of creates stops at exactly the cap.
-                let (mine, total) = s.live_sessions(&owner);
-                limits.admit_session(&owner, mine, total)?;
-                s.create(NewSession {
-                    id: id.clone(),
-                    name: r.name,
-                    owner,
-                    priority: r.priority,
-                    requested,
-                    pinned_node: pinned,
-                    target,
-                    policy,
-                    class: r.class,
-                    placement,
-                })
-                .map_err(|e| request_status(&e))
+                let (mine, total) = s.live_sessions(&new.owner);
+                limits.admit_session(&new.owner, mine, total)?;
+                s.create(new).map_err(|e| request_status(&e))
             })
             .await
             .map_err(|e| store_status(&e))??;
