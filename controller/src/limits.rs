@@ -2,8 +2,8 @@
 //!
 //! [`Limits`] holds every bound with its default; the controller's config file overrides any of
 //! them in a `[limits]` table (keys as the field names). [`Bounds`] is what both services share
-//! at run time: the limits, the open Watch streams per caller, and a token bucket per agent
-//! stream ([`AgentBucket`]).
+//! at run time: the limits, the open Watch streams per caller, and a token bucket ([`Bucket`])
+//! per client and per agent stream.
 //!
 //! Refusals follow one rule: a malformed or oversized value is `INVALID_ARGUMENT` naming the
 //! field and the limit's key; a cap or a rate is `RESOURCE_EXHAUSTED` naming the limit's key.
@@ -75,6 +75,11 @@ pub struct Limits {
     pub agent_messages_per_sec: u32,
     /// Messages an agent stream may send in a burst above that rate (2,000).
     pub agent_message_burst: u32,
+    /// Calls per second one client (a token's or certificate's owner, however many connections
+    /// it opens) may sustain on the scheduler service (2,000).
+    pub client_requests_per_sec: u32,
+    /// Calls one client may make in a burst above that rate (10,000).
+    pub client_request_burst: u32,
 }
 
 impl Default for Limits {
@@ -102,6 +107,8 @@ impl Default for Limits {
             max_list_len: 4_096,
             agent_messages_per_sec: 200,
             agent_message_burst: 2_000,
+            client_requests_per_sec: 2_000,
+            client_request_burst: 10_000,
         }
     }
 }
@@ -175,6 +182,18 @@ pub enum LimitError {
         /// The burst.
         burst: u32,
     },
+    /// A client called faster than its rate.
+    #[error(
+        "client {caller:?}: more than {rate} calls/s with bursts of {burst} (limits.client_requests_per_sec, limits.client_request_burst); retry later"
+    )]
+    Rate {
+        /// Who called.
+        caller: String,
+        /// The sustained rate.
+        rate: u32,
+        /// The burst.
+        burst: u32,
+    },
 }
 
 impl LimitError {
@@ -188,6 +207,7 @@ impl LimitError {
             Self::NotFinite { .. } => Refusal::OutOfRange,
             Self::Exhausted { .. } => Refusal::Cap,
             Self::Flood { .. } => Refusal::Flood,
+            Self::Rate { .. } => Refusal::Rate,
         }
     }
 
@@ -196,7 +216,7 @@ impl LimitError {
     #[must_use]
     pub fn to_status(&self) -> Status {
         match self {
-            Self::Exhausted { .. } | Self::Flood { .. } => {
+            Self::Exhausted { .. } | Self::Flood { .. } | Self::Rate { .. } => {
                 Status::resource_exhausted(self.to_string())
             }
             _ => Status::invalid_argument(self.to_string()),
@@ -223,17 +243,20 @@ pub enum Refusal {
     Cap,
     /// An agent stream closed for its rate.
     Flood,
+    /// A client's call refused for its rate.
+    Rate,
     /// An agent's usage or event for a session not on its node, dropped.
     ForeignSession,
 }
 
 impl Refusal {
     /// Every reason, in the order of the counters.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Oversized,
         Self::OutOfRange,
         Self::Cap,
         Self::Flood,
+        Self::Rate,
         Self::ForeignSession,
     ];
 
@@ -245,6 +268,7 @@ impl Refusal {
             Self::OutOfRange => "out_of_range",
             Self::Cap => "cap",
             Self::Flood => "flood",
+            Self::Rate => "rate",
             Self::ForeignSession => "foreign_session",
         }
     }
@@ -324,6 +348,9 @@ impl Limits {
         }
         if self.agent_message_burst == 0 {
             return Err("agent_message_burst = 0 would close every agent stream".to_owned());
+        }
+        if self.client_request_burst == 0 {
+            return Err("client_request_burst = 0 would refuse every client call".to_owned());
         }
         Ok(())
     }
@@ -541,7 +568,14 @@ pub struct Bounds {
     pub limits: Limits,
     /// Open Watch streams per caller, and in total.
     watches: Mutex<(HashMap<String, usize>, usize)>,
+    /// Each client's calls.
+    clients: Mutex<HashMap<String, Bucket>>,
 }
+
+/// Clients whose buckets are kept before full ones (idle clients) are forgotten. Callers are
+/// authenticated, so there are no more of them than credentials; this only keeps memory in step
+/// with the clients that call.
+const CLIENT_BUCKETS: usize = 4_096;
 
 impl Bounds {
     /// Bounds with `limits` and nothing open.
@@ -550,7 +584,36 @@ impl Bounds {
         Arc::new(Self {
             limits,
             watches: Mutex::default(),
+            clients: Mutex::default(),
         })
+    }
+
+    /// Takes one call of `caller` from its bucket.
+    ///
+    /// # Errors
+    /// The caller is over its rate: `RESOURCE_EXHAUSTED`, naming the limits.
+    pub fn admit_call(&self, caller: &str) -> Result<(), LimitError> {
+        let (rate, burst) = (
+            self.limits.client_requests_per_sec,
+            self.limits.client_request_burst,
+        );
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        if clients.len() >= CLIENT_BUCKETS && !clients.contains_key(caller) {
+            // A full bucket is what a new one would be: forgetting it changes nothing.
+            clients.retain(|_, b| !b.is_full());
+        }
+        let bucket = clients
+            .entry(caller.to_owned())
+            .or_insert_with(|| Bucket::new(rate, burst));
+        if bucket.take() {
+            Ok(())
+        } else {
+            Err(LimitError::Rate {
+                caller: caller.to_owned(),
+                rate,
+                burst,
+            })
+        }
     }
 
     /// Opens a Watch stream for `caller`; the stream holds the returned guard, whose drop
@@ -619,40 +682,55 @@ impl Drop for WatchGuard {
     }
 }
 
-/// A token bucket for one agent stream: `burst` messages at once, refilled at `rate` a second.
+/// A token bucket: `burst` calls or messages at once, refilled at `rate` a second.
 #[derive(Debug)]
-pub struct AgentBucket {
+pub struct Bucket {
     rate: f64,
     burst: f64,
     tokens: f64,
     last: Instant,
 }
 
-impl AgentBucket {
-    /// A full bucket under `limits`.
+impl Bucket {
+    /// A full bucket.
     #[must_use]
-    pub fn new(limits: &Limits) -> Self {
-        let burst = f64::from(limits.agent_message_burst.max(1));
+    pub fn new(rate: u32, burst: u32) -> Self {
+        let burst = f64::from(burst.max(1));
         Self {
-            rate: f64::from(limits.agent_messages_per_sec),
+            rate: f64::from(rate),
             burst,
             tokens: burst,
             last: Instant::now(),
         }
     }
 
-    /// Takes one token for a message; `false` when the stream is over its rate.
-    pub fn take(&mut self) -> bool {
+    /// A full bucket for one agent stream under `limits`.
+    #[must_use]
+    pub fn agent_stream(limits: &Limits) -> Self {
+        Self::new(limits.agent_messages_per_sec, limits.agent_message_burst)
+    }
+
+    fn refill(&mut self) {
         let now = Instant::now();
         let refill = now.duration_since(self.last).as_secs_f64() * self.rate;
         self.tokens = (self.tokens + refill).min(self.burst);
         self.last = now;
+    }
+
+    /// Takes one token; `false` when the bucket is empty (over its rate).
+    pub fn take(&mut self) -> bool {
+        self.refill();
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
         } else {
             false
         }
+    }
+
+    fn is_full(&mut self) -> bool {
+        self.refill();
+        self.tokens >= self.burst
     }
 }
 
@@ -688,13 +766,48 @@ mod tests {
 
     #[test]
     fn a_bucket_allows_its_burst_then_refuses() {
-        let mut bucket = AgentBucket::new(&Limits {
+        let mut bucket = Bucket::agent_stream(&Limits {
             agent_messages_per_sec: 0,
             agent_message_burst: 3,
             ..Limits::default()
         });
         assert!((0..3).all(|_| bucket.take()));
         assert!(!bucket.take());
+    }
+
+    #[test]
+    fn each_client_has_its_own_rate_and_idle_ones_are_forgotten() {
+        let bounds = Bounds::new(Limits {
+            client_requests_per_sec: 0,
+            client_request_burst: 2,
+            ..Limits::default()
+        });
+        assert!(bounds.admit_call("a").is_ok() && bounds.admit_call("a").is_ok());
+        let e = bounds.admit_call("a").expect_err("a's third call");
+        assert_eq!(e.reason(), Refusal::Rate);
+        assert_eq!(e.to_status().code(), tonic::Code::ResourceExhausted);
+        assert!(
+            e.to_string().contains("limits.client_requests_per_sec"),
+            "{e}"
+        );
+        bounds.admit_call("b").expect("b has its own bucket");
+        // Thousands of clients that call once and never again do not grow the map without end:
+        // refilled at once here, their buckets are full, and full ones are forgotten.
+        let bounds = Bounds::new(Limits {
+            client_requests_per_sec: u32::MAX,
+            ..Limits::default()
+        });
+        for i in 0..2 * CLIENT_BUCKETS {
+            bounds
+                .admit_call(&format!("client-{i}"))
+                .expect("a first call");
+        }
+        let kept = bounds
+            .clients
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        assert!(kept <= CLIENT_BUCKETS, "{kept} buckets kept");
     }
 
     #[test]

@@ -17,6 +17,7 @@ use opentelemetry::KeyValue;
 use crate::{
     api::Controller,
     auth::denials::{self, DenialReason},
+    limits::{self, Refusal},
     node::NodeState,
     scheduler::Scheduler,
     session::SessionState,
@@ -86,6 +87,12 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "{request}",
         "gpuwarden.auth.reason",
         "agent and client calls and TLS handshakes refused for their identity or permissions",
+    ),
+    (
+        "gpuwarden.limits.refused",
+        "{request}",
+        "gpuwarden.limits.reason",
+        "requests and agent messages refused or dropped for a bound (oversized, out_of_range, cap, flood, rate, foreign_session)",
     ),
     (
         "gpuwarden.telemetry.exports.failed",
@@ -264,6 +271,19 @@ pub fn start(
                 o.observe(
                     denials::count_of(reason),
                     &[KeyValue::new("gpuwarden.auth.reason", reason.as_str())],
+                );
+            }
+        })
+        .build();
+    meter
+        .u64_observable_counter("gpuwarden.limits.refused")
+        .with_unit("{request}")
+        .with_description("Requests and agent messages refused or dropped for a bound")
+        .with_callback(|o| {
+            for reason in Refusal::ALL {
+                o.observe(
+                    limits::count_of(reason),
+                    &[KeyValue::new("gpuwarden.limits.reason", reason.as_str())],
                 );
             }
         })

@@ -1,6 +1,7 @@
 //! The attacker over real gRPC on loopback: oversized strings and maps, messages over the size
 //! limit, unknown enum values, NaN and negative usage, create storms, thousands of Watch
-//! streams, nodes claiming absurd hardware, floods on an agent stream. Each is refused with the
+//! streams, nodes claiming absurd hardware, floods on an agent stream, a client past its rate.
+//! Each is refused with the
 //! code and the field or limit named; afterwards the controller still answers and every
 //! acknowledged session is still there.
 
@@ -567,4 +568,41 @@ async fn an_agent_flooding_its_stream_is_closed_with_resource_exhausted() {
     // The node may come back with a fresh stream.
     let (_tx, _inbound) = connect(&channel, "node-1").await;
     still_healthy(&channel, &[]).await;
+}
+
+#[tokio::test]
+async fn a_client_calling_past_its_rate_is_refused_then_served_again() {
+    let (_dir, channel) = start(Limits {
+        client_requests_per_sec: 20,
+        client_request_burst: 30,
+        ..Limits::default()
+    })
+    .await;
+    let before = limits::count_of(Refusal::Rate);
+    let mut client = scheduler(&channel);
+    let mut served = 0;
+    let status = loop {
+        match client.list_slot_types(pb::ListSlotTypesRequest {}).await {
+            Ok(_) => served += 1,
+            Err(status) => break status,
+        }
+        assert!(served <= 1_000, "never refused");
+    };
+    // The burst, and what refilled while it was spent.
+    assert!(served >= 30, "refused after {served} calls");
+    refused(
+        Err::<(), _>(status),
+        Code::ResourceExhausted,
+        &[
+            "limits.client_requests_per_sec",
+            "limits.client_request_burst",
+        ],
+    );
+    assert!(limits::count_of(Refusal::Rate) > before);
+    // 200 ms refill four calls.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    client
+        .list_slot_types(pb::ListSlotTypesRequest {})
+        .await
+        .expect("served again");
 }

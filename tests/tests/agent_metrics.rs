@@ -264,5 +264,28 @@ fn controller_metrics_match_its_api() {
         panic!("decision latency is not a histogram");
     };
     assert!(h.data_points.iter().map(|p| p.count).sum::<u64>() >= 2);
+
+    // A refusal for a bound is counted by its reason.
+    let oversized = gpuwarden_controller::limits::Refusal::Oversized;
+    let before = gpuwarden_controller::limits::count_of(oversized);
+    let status = rt
+        .block_on(async {
+            ctl.client()
+                .await
+                .create_session(gpuwarden_proto::v1::CreateSessionRequest {
+                    name: "x".repeat(1_000),
+                    ..Default::default()
+                })
+                .await
+        })
+        .expect_err("a 1,000-byte name is refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    wait_for("the refusal's count", || {
+        value(
+            "gpuwarden.limits.refused",
+            Some(("gpuwarden.limits.reason", oversized.as_str())),
+        )
+        .is_some_and(|n| n > before as f64)
+    });
     drop(rt);
 }

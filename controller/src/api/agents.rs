@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{Controller, Pending, convert, lock, store_status};
 use crate::{
     auth::identity::Peer,
-    limits::{self, AgentBucket, Bounds, LimitError, Refusal},
+    limits::{self, Bounds, Bucket, LimitError, Refusal},
     store::StoreError,
 };
 
@@ -91,7 +91,7 @@ impl AgentService for AgentApi {
         let bounds = Arc::clone(&self.1);
         let settling = settle(node.clone());
         tokio::spawn(async move {
-            let mut bucket = AgentBucket::new(&bounds.limits);
+            let mut bucket = Bucket::agent_stream(&bounds.limits);
             while let Some(message) = inbound.next().await {
                 let Ok(message) = message else { break };
                 let refused = if bucket.take() {

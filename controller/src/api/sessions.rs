@@ -23,9 +23,20 @@ use crate::{
 pub struct SchedulerApi(pub Arc<Controller>, pub Arc<ClientAuth>, pub Arc<Bounds>);
 
 impl SchedulerApi {
-    /// Who sent `request`.
+    /// Who sent `request`, once it is known and within its rate.
     fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
-        self.1.caller(request)
+        let caller = self.1.caller(request)?;
+        self.2.admit_call(&self.counted_as(&caller, request))?;
+        Ok(caller)
+    }
+
+    /// Whom `caller`'s calls and streams count against: its name, or in open mode (where
+    /// everyone is `default`) its address.
+    fn counted_as<T>(&self, caller: &Caller, request: &Request<T>) -> String {
+        match request.remote_addr() {
+            Some(addr) if self.1.is_open() => addr.ip().to_string(),
+            _ => caller.name.clone(),
+        }
     }
 }
 
@@ -107,11 +118,7 @@ impl SchedulerService for SchedulerApi {
         request: Request<pb::WatchSessionsRequest>,
     ) -> Result<Response<Self::WatchSessionsStream>, Status> {
         let caller = self.caller(&request)?;
-        // Open mode calls everyone `default`: count its watchers by address instead.
-        let counted_as = match request.remote_addr() {
-            Some(addr) if self.1.is_open() => addr.ip().to_string(),
-            _ => caller.name.clone(),
-        };
+        let counted_as = self.counted_as(&caller, &request);
         // The stream owns the guard: its place is freed when the client goes away.
         let guard = self.2.open_watch(&counted_as)?;
         let stream = BroadcastStream::new(self.0.watchers.subscribe()).filter_map(move |item| {
