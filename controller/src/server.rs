@@ -727,8 +727,9 @@ struct RunArgs {
     /// is an admin.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// Boxed: the flags of the Kubernetes side would make every `Command` as large.
     #[command(flatten)]
-    kube: KubeArgs,
+    kube: Box<KubeArgs>,
 }
 
 /// The Kubernetes side: the admission webhook and the scheduler extender (both off unless a
@@ -1099,7 +1100,7 @@ pub fn main() -> ExitCode {
     }
     tracing::info!(placement = %scheduler.strategy, "default placement mode");
     let result = runtime.block_on(async {
-        let kube = kube.bind().await.map_err(|reason| ServeError::Config {
+        let kube = (*kube).bind().await.map_err(|reason| ServeError::Config {
             path: PathBuf::from("--webhook-listen/--extender-listen"),
             reason,
         })?;

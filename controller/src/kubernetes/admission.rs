@@ -149,7 +149,7 @@ async fn decide(request: &Value, bounds: &Bounds, templates: &dyn ClaimTemplates
             .unwrap_or("")
     };
     let (group, kind) = (text("/kind/group"), text("/kind/kind"));
-    if !(group.is_empty() && kind == "Pod") || !text("/subResource").is_empty() {
+    if !(group.is_empty() && kind == "Pod" && text("/subResource").is_empty()) {
         let what = if group.is_empty() {
             format!("{}/{kind}", text("/kind/version"))
         } else {

@@ -52,8 +52,11 @@ pub struct Carrier {
     /// Its name.
     pub name: String,
     /// The resource names to remove, and from which map (`limits`, `requests`).
-    pub found: Vec<(&'static str, &'static str)>,
+    pub found: Found,
 }
+
+/// Where a container's limits were found: (`limits` or `requests`, resource name).
+pub type Found = Vec<(&'static str, &'static str)>;
 
 /// A pod's ask and the containers carrying it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,11 +140,11 @@ pub enum AskError {
         /// One container.
         first: String,
         /// What it asks.
-        first_ask: GpuAsk,
+        first_ask: String,
         /// Another.
         second: String,
         /// What it asks.
-        second_ask: GpuAsk,
+        second_ask: String,
     },
     /// The limit and the request of one container differ.
     #[error(
@@ -369,7 +372,7 @@ fn container_ask(
     container: &Value,
     name: &str,
     bounds: Option<&Bounds>,
-) -> Result<Option<(GpuAsk, Vec<(&'static str, &'static str)>)>, AskError> {
+) -> Result<Option<(GpuAsk, Found)>, AskError> {
     let mut ask = GpuAsk::default();
     let mut found = Vec::new();
     if let Some((text, maps)) = container_value(container, name, SHARES_RESOURCE)? {
@@ -443,9 +446,9 @@ pub fn read_limits(pod: &Value, bounds: Option<&Bounds>) -> Result<Option<PodAsk
                 Some((first_name, first_ask)) if *first_ask != ask => {
                     return Err(AskError::Mismatch {
                         first: first_name.clone(),
-                        first_ask: *first_ask,
+                        first_ask: first_ask.to_string(),
                         second: name,
-                        second_ask: ask,
+                        second_ask: ask.to_string(),
                     });
                 }
                 Some(_) => {}

@@ -208,6 +208,7 @@ where
         }
     });
     if let Err(e) = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(REQUEST_TIMEOUT)
         .serve_connection(io, service)
         .await
