@@ -20,6 +20,8 @@
 //! - [`auth`]: mutual TLS with agents, the node identity in their certificates, and minting
 //!   certificates;
 //! - [`metrics`]: the controller's OTLP metrics;
+//! - [`kubernetes`]: the admission webhook that turns plain pod limits into DRA claims, and the
+//!   scheduler extender that scores nodes for pods as sessions are scored;
 //! - [`server`]: the `gpuwarden-controller` binary (its `main` is here, so test binaries can
 //!   wrap it).
 //!
@@ -31,6 +33,7 @@ pub mod allocator;
 pub mod api;
 pub mod auth;
 pub mod colocation;
+pub mod kubernetes;
 pub mod limits;
 pub mod metrics;
 pub mod node;

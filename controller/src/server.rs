@@ -727,6 +727,139 @@ struct RunArgs {
     /// is an admin.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// Boxed: the flags of the Kubernetes side would make every `Command` as large.
+    #[command(flatten)]
+    kube: Box<KubeArgs>,
+}
+
+/// The Kubernetes side: the admission webhook and the scheduler extender (both off unless a
+/// listen address is given).
+#[derive(clap::Args, Debug, Default, Clone)]
+struct KubeArgs {
+    /// Serve the mutating admission webhook (`POST /mutate`) and the scheduler extender
+    /// (`/extender/filter`, `/extender/prioritize`) over HTTPS here; needs --webhook-cert and
+    /// --webhook-key.
+    #[arg(long, value_name = "ADDR")]
+    webhook_listen: Option<SocketAddr>,
+    /// The webhook's serving certificate (PEM), re-read when it changes.
+    #[arg(long, value_name = "FILE", requires = "webhook_listen")]
+    webhook_cert: Option<PathBuf>,
+    /// Private key of --webhook-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "webhook_listen")]
+    webhook_key: Option<PathBuf>,
+    /// Serve the scheduler extender alone over plain HTTP here (for a kube-scheduler without a
+    /// TLS config for extenders).
+    #[arg(long, value_name = "ADDR")]
+    extender_listen: Option<SocketAddr>,
+    /// The Kubernetes API server the webhook makes ResourceClaimTemplates through (default:
+    /// the in-cluster one, with the pod's service account).
+    #[arg(long, value_name = "URL")]
+    kube_api: Option<String>,
+    /// CA of --kube-api (PEM).
+    #[arg(long, value_name = "FILE", requires = "kube_api")]
+    kube_ca: Option<PathBuf>,
+    /// Bearer token file for --kube-api, re-read on every call.
+    #[arg(long, value_name = "FILE", requires = "kube_api")]
+    kube_token_file: Option<PathBuf>,
+}
+
+/// The Kubernetes listeners, bound and ready to serve.
+struct KubeListeners {
+    webhook: Option<(
+        tokio::net::TcpListener,
+        Arc<crate::kubernetes::serve::ServingCert>,
+    )>,
+    extender: Option<tokio::net::TcpListener>,
+    templates: Arc<dyn crate::kubernetes::apiserver::ClaimTemplates>,
+}
+
+impl KubeArgs {
+    /// Loads the certificate, reaches for the API server and binds the listeners (none when
+    /// neither listen address is given).
+    async fn bind(self) -> Result<Option<KubeListeners>, String> {
+        use crate::kubernetes::{apiserver::ApiServer, serve::ServingCert};
+        if self.webhook_listen.is_none() && self.extender_listen.is_none() {
+            return Ok(None);
+        }
+        let bind = |addr: SocketAddr| async move {
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr}: {e}"))
+        };
+        let webhook = match self.webhook_listen {
+            Some(addr) => {
+                let (Some(cert), Some(key)) = (self.webhook_cert, self.webhook_key) else {
+                    return Err(
+                        "--webhook-listen needs --webhook-cert and --webhook-key".to_owned()
+                    );
+                };
+                let cert = ServingCert::load(cert, key).map_err(|e| e.to_string())?;
+                Some((bind(addr).await?, Arc::new(cert)))
+            }
+            None => None,
+        };
+        let extender = match self.extender_listen {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let api = match &self.kube_api {
+            Some(url) => ApiServer::new(url, self.kube_ca.as_deref(), self.kube_token_file),
+            None => ApiServer::in_cluster(),
+        };
+        let templates: Arc<dyn crate::kubernetes::apiserver::ClaimTemplates> = match api {
+            Ok(api) => Arc::new(api),
+            Err(e) if webhook.is_some() => return Err(e.to_string()),
+            // The extender alone never calls the API server.
+            Err(_) => Arc::new(NoApiServer),
+        };
+        Ok(Some(KubeListeners {
+            webhook,
+            extender,
+            templates,
+        }))
+    }
+}
+
+/// Where no API server is configured (only the extender runs).
+struct NoApiServer;
+
+impl crate::kubernetes::apiserver::ClaimTemplates for NoApiServer {
+    fn ensure<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a serde_json::Value,
+    ) -> crate::kubernetes::apiserver::BoxFuture<
+        'a,
+        Result<crate::kubernetes::apiserver::Ensured, crate::kubernetes::apiserver::ApiError>,
+    > {
+        Box::pin(async {
+            Err(crate::kubernetes::apiserver::ApiError::Setup(
+                "no API server configured".to_owned(),
+            ))
+        })
+    }
+}
+
+impl KubeListeners {
+    /// Serves them in tasks of the current runtime, for as long as it runs.
+    fn spawn(self, controller: &Arc<Controller>) {
+        use crate::kubernetes::serve::{Hooks, serve_extender, serve_webhook};
+        let hooks = Arc::new(Hooks {
+            controller: Arc::clone(controller),
+            templates: self.templates,
+        });
+        if let Some((listener, cert)) = self.webhook {
+            tokio::spawn(serve_webhook(
+                listener,
+                cert,
+                Arc::clone(&hooks),
+                std::future::pending(),
+            ));
+        }
+        if let Some(listener) = self.extender {
+            tokio::spawn(serve_extender(listener, hooks, std::future::pending()));
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -883,6 +1016,7 @@ pub fn main() -> ExitCode {
         tls_key,
         tls_client_ca,
         token_file,
+        kube,
     } = match Cli::parse().command {
         Command::Run(args) => args,
         Command::CopyStore { from, to, etcd_tls } => {
@@ -966,6 +1100,10 @@ pub fn main() -> ExitCode {
     }
     tracing::info!(placement = %scheduler.strategy, "default placement mode");
     let result = runtime.block_on(async {
+        let kube = (*kube).bind().await.map_err(|reason| ServeError::Config {
+            path: PathBuf::from("--webhook-listen/--extender-listen"),
+            reason,
+        })?;
         let (controller, election) = if matches!(spec, StoreSpec::Etcd { .. }) {
             let advertise = advertise.unwrap_or_else(|| advertised(listen));
             let ttl = Duration::from_secs(lease_ttl_secs);
@@ -975,6 +1113,9 @@ pub fn main() -> ExitCode {
         } else {
             (open(&spec, scheduler, timing).await?, None)
         };
+        if let Some(kube) = kube {
+            kube.spawn(&controller);
+        }
         // Metrics are an extra: a bad endpoint is reported, never fatal.
         let endpoint = file
             .otlp_endpoint

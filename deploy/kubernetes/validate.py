@@ -13,7 +13,12 @@ schemas:
 - a pod template's ConfigMaps, PersistentVolumeClaims and ServiceAccount exist among the
   manifests, each (Cluster)RoleBinding's role and ServiceAccount subjects too, and each Service
   selects some pod template;
-- the files embedded in ConfigMaps parse (TOML, YAML).
+- the files embedded in ConfigMaps parse (TOML, YAML), and an embedded KubeSchedulerConfiguration
+  uses only the fields kube-scheduler's config/v1 types have;
+- kinds the bundled schemas lack (cert-manager's Certificate and Issuer) are checked against the
+  schemas vendored in schemas/ (each names its source), strictly as well;
+- documents under a directory in MIN_VERSIONS (the DRA overlay: resource.k8s.io/v1 exists from
+  Kubernetes 1.34) are checked for the versions in VERSIONS from that one on, and for it.
 
 Usage: validate.py [DIR]   (default: the directory of this script)
 Exits 1 naming file, document and error when anything fails; the last line is always
@@ -22,17 +27,48 @@ Exits 1 naming file, document and error when anything fails; the last line is al
 
 from __future__ import annotations
 
+import json
 import sys
 import tomllib
 from pathlib import Path
 
 import kubernetes_validate
 import yaml
+import jsonschema
 from kubernetes_validate.utils import VersionNotSupportedError
 
 # The Kubernetes versions the manifests must be valid for: the oldest supported and the newest
 # the pinned kubernetes-validate bundles.
 VERSIONS = ("1.31", "1.37")
+
+# Directories (relative to the root) whose manifests need a newer Kubernetes, and the oldest
+# version they are checked for: the DRA overlay's DeviceClass and ValidatingAdmissionPolicy
+# bindings of resource.k8s.io/v1 exist from 1.34 (DRA GA).
+MIN_VERSIONS = {"dra": "1.34"}
+
+# Schemas of kinds outside Kubernetes, by (apiVersion, kind): JSON files in schemas/, each with a
+# $comment naming the CRD and commit it was taken from.
+VENDORED = {
+    ("cert-manager.io/v1", "Certificate"): "certificate-cert-manager-v1.json",
+    ("cert-manager.io/v1", "Issuer"): "issuer-cert-manager-v1.json",
+}
+
+# kube-scheduler's config/v1 types (k8s.io/kube-scheduler config/v1/types.go, at
+# e87dbddd27a5bd4c2028727c7ccc082cfb2cdc09): the JSON fields of KubeSchedulerConfiguration
+# (TypeMeta and DebuggingConfiguration inlined), Extender and ExtenderTLSConfig.
+SCHEDULER_FIELDS = {
+    "apiVersion", "kind", "parallelism", "leaderElection", "clientConnection",
+    "enableProfiling", "enableContentionProfiling", "percentageOfNodesToScore",
+    "podInitialBackoffSeconds", "podMaxBackoffSeconds", "profiles", "extenders",
+    "delayCacheUntilActive",
+}
+EXTENDER_FIELDS = {
+    "urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb",
+    "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources", "ignorable",
+}
+EXTENDER_TLS_FIELDS = {
+    "insecure", "serverName", "certFile", "keyFile", "caFile", "certData", "keyData", "caData",
+}
 
 KUSTOMIZATION_NAMES = {"kustomization.yaml", "kustomization.yml", "Kustomization"}
 POD_TEMPLATE_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"}
@@ -113,12 +149,36 @@ def check_kustomizations(docs: list[Doc], root: Path) -> None:
             )
 
 
-def check_schema(doc: Doc) -> None:
-    """Strict OpenAPI schema validation for every version in VERSIONS."""
+def versions_for(doc: Doc, root: Path) -> list[str]:
+    """VERSIONS, from the directory's minimum on (with the minimum itself)."""
+    top = doc.path.relative_to(root).parts[0]
+    oldest = MIN_VERSIONS.get(top)
+    if oldest is None:
+        return list(VERSIONS)
+    key = lambda v: tuple(int(p) for p in v.split("."))
+    newer = [v for v in VERSIONS if key(v) > key(oldest)]
+    return [oldest, *newer]
+
+
+def check_vendored(doc: Doc, root: Path, name: str) -> None:
+    """A kind from outside Kubernetes against its vendored schema."""
+    schema = json.loads((root / "schemas" / name).read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    for error in sorted(validator.iter_errors(doc.data), key=lambda e: list(e.path)):
+        path = ".".join(str(p) for p in error.path) or "(top)"
+        doc.errors.append(f"schemas/{name}: {path}: {error.message}")
+
+
+def check_schema(doc: Doc, root: Path) -> None:
+    """Strict OpenAPI schema validation for every version the document is for."""
     if "apiVersion" not in doc.data or "kind" not in doc.data:
         doc.errors.append("no apiVersion or kind")
         return
-    for version in VERSIONS:
+    vendored = VENDORED.get((doc.data["apiVersion"], doc.data["kind"]))
+    if vendored:
+        check_vendored(doc, root, vendored)
+        return
+    for version in versions_for(doc, root):
         try:
             kubernetes_validate.validate(doc.data, version, strict=True)
         except kubernetes_validate.ValidationError as e:
@@ -202,9 +262,26 @@ def check_embedded(doc: Doc) -> None:
             if name.endswith(".toml"):
                 tomllib.loads(text)
             elif name.endswith((".yaml", ".yml")):
-                yaml.safe_load(text)
+                embedded = yaml.safe_load(text)
+                if isinstance(embedded, dict) and embedded.get("kind") == "KubeSchedulerConfiguration":
+                    check_scheduler_config(doc, name, embedded)
         except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
             doc.errors.append(f"data.{name} does not parse: {e}")
+
+
+def check_scheduler_config(doc: Doc, name: str, config: dict) -> None:
+    """Only fields kube-scheduler's config/v1 types have (it refuses unknown ones)."""
+    if config.get("apiVersion") != "kubescheduler.config.k8s.io/v1":
+        doc.errors.append(f"data.{name}: apiVersion must be kubescheduler.config.k8s.io/v1")
+    for key in sorted(set(config) - SCHEDULER_FIELDS):
+        doc.errors.append(f"data.{name}: unknown KubeSchedulerConfiguration field {key!r}")
+    for i, extender in enumerate(config.get("extenders") or []):
+        for key in sorted(set(extender) - EXTENDER_FIELDS):
+            doc.errors.append(f"data.{name}: extenders[{i}]: unknown field {key!r}")
+        if "urlPrefix" not in extender:
+            doc.errors.append(f"data.{name}: extenders[{i}]: no urlPrefix")
+        for key in sorted(set(extender.get("tlsConfig") or {}) - EXTENDER_TLS_FIELDS):
+            doc.errors.append(f"data.{name}: extenders[{i}].tlsConfig: unknown field {key!r}")
 
 
 def main() -> int:
@@ -216,7 +293,7 @@ def main() -> int:
     check_references(docs)
     for doc in docs:
         if not is_kustomization(doc):
-            check_schema(doc)
+            check_schema(doc, root)
         check_embedded(doc)
     failed = [d for d in docs if d.errors]
     for doc in docs:

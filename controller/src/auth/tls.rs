@@ -88,7 +88,7 @@ pub enum TlsSetupError {
 
 /// What identifies one version of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Stamp {
+pub(crate) struct Stamp {
     modified: Option<std::time::SystemTime>,
     len: u64,
     dev: u64,
@@ -97,7 +97,7 @@ pub(super) struct Stamp {
 
 impl Stamp {
     /// Follows symlinks, as Kubernetes secret volumes need.
-    pub(super) fn of(path: &Path) -> Option<Self> {
+    pub(crate) fn of(path: &Path) -> Option<Self> {
         let m = std::fs::metadata(path).ok()?;
         Some(Self {
             modified: m.modified().ok(),

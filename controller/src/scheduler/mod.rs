@@ -14,6 +14,7 @@
 //! ended), the queue (FIFO or DRF order, per-owner limits) and the pass (filter, score, bind).
 //! The `interference-aware` scorer lives with the placement modes ([`crate::placement`]).
 
+mod fit;
 mod lifecycle;
 mod pass;
 mod queue;
@@ -23,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+pub use fit::NodeFit;
 pub(crate) use tracker::ConcurrencyTracker;
 
 use crate::{

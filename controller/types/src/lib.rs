@@ -9,6 +9,7 @@
 //! - [`policy`]: what happens over a GPU-memory limit, and how a compute share is held;
 //! - [`slot`]: slot kinds and the well-known slot names;
 //! - [`state`]: where a session and a node are in their lives;
+//! - [`quantity`]: Kubernetes resource quantities (`500m`, `8Gi`), parsed exactly;
 //! - [`units`]: quantities as tables show them;
 //! - [`now_ms`]: the wall clock every record is stamped with.
 //!
@@ -26,6 +27,7 @@
 #![deny(missing_docs)]
 
 pub mod policy;
+pub mod quantity;
 pub mod slot;
 pub mod state;
 pub mod target;

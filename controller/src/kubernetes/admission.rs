@@ -1,0 +1,284 @@
+//! The mutating admission webhook (`admission.k8s.io/v1` AdmissionReview): a pod whose
+//! containers carry `gpuwarden.io/gpu-shares` / `gpuwarden.io/gpu-memory` limits leaves it
+//! asking the same through DRA.
+//!
+//! For such a pod the answer is a JSONPatch that
+//! 1. removes those limits (and equal requests) from each container carrying them — no node
+//!    advertises them as extended resources, so the pod would never schedule with them;
+//! 2. adds the pod claim [`CLAIM_NAME`] made from the ResourceClaimTemplate named for the ask
+//!    (`gpuwarden-0.5-8gi`), and the claim to each carrying container's `resources.claims`;
+//! 3. records the ask in annotations of the same names, for the scheduler extender.
+//!
+//! The template is made in the pod's namespace first, through [`ClaimTemplates`] (not on a dry
+//! run: the webhook declares `sideEffects: NoneOnDryRun`). Refusals (`allowed: false`) carry
+//! the reason in `status.message`: a share above one device or not above zero, a malformed
+//! quantity, more memory than any GPU the agents reported, containers asking differently.
+//! Pods without the limits, and operations other than CREATE, are allowed untouched. A body
+//! that is no AdmissionReview, or one about something other than a Pod, is an error the API
+//! server shows (HTTP 400, or a refusal naming the kind).
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use super::{
+    apiserver::ClaimTemplates,
+    pod::{self, AskError, Bounds, CLAIM_NAME, PodAsk, json_pointer},
+};
+
+/// Why a body can't be answered as an AdmissionReview at all (HTTP 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReviewError {
+    /// Not JSON.
+    #[error("the body is not JSON: {0}")]
+    NotJson(String),
+    /// Another API version or kind.
+    #[error("expected an admission.k8s.io/v1 AdmissionReview, got {api_version:?} {kind:?}")]
+    NotAdmissionReview {
+        /// `apiVersion`.
+        api_version: String,
+        /// `kind`.
+        kind: String,
+    },
+    /// No `request`, or one without a `uid`.
+    #[error("the AdmissionReview has no request with a uid")]
+    NoRequest,
+}
+
+/// What the webhook answered, for logs and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Allowed untouched.
+    Untouched,
+    /// Allowed with a patch.
+    Patched {
+        /// The template's name.
+        template: String,
+    },
+    /// Refused.
+    Refused(String),
+}
+
+/// Answers one AdmissionReview `body`: the AdmissionReview to send back, and what it said.
+///
+/// # Errors
+/// The body is no AdmissionReview with a request.
+pub async fn review(
+    body: &[u8],
+    bounds: &Bounds,
+    templates: &dyn ClaimTemplates,
+) -> Result<(Value, Outcome), ReviewError> {
+    let review: Value =
+        serde_json::from_slice(body).map_err(|e| ReviewError::NotJson(e.to_string()))?;
+    let field = |name: &str| {
+        review
+            .get(name)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    if field("apiVersion") != "admission.k8s.io/v1" || field("kind") != "AdmissionReview" {
+        return Err(ReviewError::NotAdmissionReview {
+            api_version: field("apiVersion"),
+            kind: field("kind"),
+        });
+    }
+    let request = review.get("request").ok_or(ReviewError::NoRequest)?;
+    let uid = request
+        .get("uid")
+        .and_then(Value::as_str)
+        .filter(|u| !u.is_empty())
+        .ok_or(ReviewError::NoRequest)?
+        .to_owned();
+    let outcome_and_patch = decide(request, bounds, templates).await;
+    let mut response = json!({ "uid": uid, "allowed": true });
+    let outcome = match outcome_and_patch {
+        Decision::Untouched => Outcome::Untouched,
+        Decision::Patch { template, patch } => {
+            response["patchType"] = json!("JSONPatch");
+            response["patch"] = json!(
+                base64::engine::general_purpose::STANDARD
+                    .encode(serde_json::to_vec(&patch).unwrap_or_default())
+            );
+            Outcome::Patched { template }
+        }
+        Decision::Refuse { code, message } => {
+            response["allowed"] = json!(false);
+            response["status"] = json!({ "code": code, "message": message });
+            Outcome::Refused(message)
+        }
+    };
+    Ok((
+        json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": response,
+        }),
+        outcome,
+    ))
+}
+
+enum Decision {
+    Untouched,
+    Patch { template: String, patch: Value },
+    Refuse { code: u16, message: String },
+}
+
+fn refuse(code: u16, message: impl Into<String>) -> Decision {
+    Decision::Refuse {
+        code,
+        message: message.into(),
+    }
+}
+
+/// Whether `name` is a DNS label (what a namespace is), so it is safe in a URL path.
+fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+async fn decide(request: &Value, bounds: &Bounds, templates: &dyn ClaimTemplates) -> Decision {
+    let text = |pointer: &str| {
+        request
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
+    let (group, kind) = (text("/kind/group"), text("/kind/kind"));
+    if !(group.is_empty() && kind == "Pod" && text("/subResource").is_empty()) {
+        let what = if group.is_empty() {
+            format!("{}/{kind}", text("/kind/version"))
+        } else {
+            format!("{group}/{}/{kind}", text("/kind/version"))
+        };
+        return refuse(
+            400,
+            format!(
+                "gpuwarden's webhook only mutates Pods (got {what}{}); check the MutatingWebhookConfiguration's rules",
+                if text("/subResource").is_empty() {
+                    String::new()
+                } else {
+                    format!(" subresource {}", text("/subResource"))
+                }
+            ),
+        );
+    }
+    if text("/operation") != "CREATE" {
+        return Decision::Untouched;
+    }
+    let Some(pod) = request.get("object").filter(|o| o.is_object()) else {
+        return refuse(400, "the AdmissionReview carries no pod object");
+    };
+    let asked = match pod::read_limits(pod, Some(bounds)) {
+        Ok(Some(asked)) => asked,
+        Ok(None) => return Decision::Untouched,
+        Err(e) => return refuse(422, e.to_string()),
+    };
+    if pod
+        .pointer("/spec/resourceClaims")
+        .and_then(Value::as_array)
+        .is_some_and(|claims| {
+            claims
+                .iter()
+                .any(|c| c.get("name").and_then(Value::as_str) == Some(CLAIM_NAME))
+        })
+    {
+        return refuse(422, AskError::ClaimNameTaken.to_string());
+    }
+    // A pod made by a controller may not carry its namespace yet; the request always does.
+    let namespace = Some(text("/namespace"))
+        .filter(|n| !n.is_empty())
+        .or_else(|| pod.pointer("/metadata/namespace").and_then(Value::as_str))
+        .unwrap_or("");
+    if !is_dns_label(namespace) {
+        return refuse(
+            400,
+            format!("the pod's namespace {namespace:?} is not a namespace name"),
+        );
+    }
+    let template = asked.ask.template(namespace);
+    let name = asked.ask.template_name();
+    let dry_run = request.get("dryRun").and_then(Value::as_bool) == Some(true);
+    if !dry_run {
+        match templates.ensure(namespace, &template).await {
+            Ok(ensured) => tracing::debug!(namespace, template = %name, ?ensured, "claim template"),
+            Err(e) => {
+                tracing::warn!(namespace, template = %name, "cannot make the claim template: {e}");
+                return refuse(
+                    500,
+                    format!(
+                        "gpuwarden could not make ResourceClaimTemplate {namespace}/{name}: {e}"
+                    ),
+                );
+            }
+        }
+    }
+    Decision::Patch {
+        patch: patch(pod, &asked, &name),
+        template: name,
+    }
+}
+
+/// The JSONPatch (RFC 6902) that turns the limits into the claim.
+#[must_use]
+pub fn patch(pod: &Value, asked: &PodAsk, template: &str) -> Value {
+    let mut ops = Vec::new();
+    for carrier in &asked.carriers {
+        let base = ["spec", carrier.list, &carrier.index.to_string()];
+        let container = pod.pointer(&json_pointer(&base));
+        for (map, resource) in &carrier.found {
+            ops.push(json!({
+                "op": "remove",
+                "path": json_pointer(&[base[0], base[1], base[2], "resources", map, resource]),
+            }));
+        }
+        let claim = json!({ "name": CLAIM_NAME });
+        let claims = container.and_then(|c| c.pointer("/resources/claims"));
+        if claims.is_some_and(Value::is_array) {
+            ops.push(json!({
+                "op": "add",
+                "path": json_pointer(&[base[0], base[1], base[2], "resources", "claims", "-"]),
+                "value": claim,
+            }));
+        } else {
+            ops.push(json!({
+                "op": "add",
+                "path": json_pointer(&[base[0], base[1], base[2], "resources", "claims"]),
+                "value": [claim],
+            }));
+        }
+    }
+    let pod_claim = json!({ "name": CLAIM_NAME, "resourceClaimTemplateName": template });
+    if pod
+        .pointer("/spec/resourceClaims")
+        .is_some_and(Value::is_array)
+    {
+        ops.push(json!({ "op": "add", "path": "/spec/resourceClaims/-", "value": pod_claim }));
+    } else {
+        ops.push(json!({ "op": "add", "path": "/spec/resourceClaims", "value": [pod_claim] }));
+    }
+    let annotations = asked.ask.annotations();
+    if pod
+        .pointer("/metadata/annotations")
+        .is_some_and(Value::is_object)
+    {
+        for (key, value) in annotations {
+            ops.push(json!({
+                "op": "add",
+                "path": json_pointer(&["metadata", "annotations", key]),
+                "value": value,
+            }));
+        }
+    } else {
+        let map: serde_json::Map<String, Value> = annotations
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), Value::String(v)))
+            .collect();
+        ops.push(json!({ "op": "add", "path": "/metadata/annotations", "value": map }));
+    }
+    Value::Array(ops)
+}

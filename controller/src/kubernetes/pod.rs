@@ -1,0 +1,623 @@
+//! What a pod asks of gpuwarden: the `gpuwarden.io/gpu-shares` and `gpuwarden.io/gpu-memory`
+//! limits of its containers (or, once the webhook turned them into a claim, the annotations it
+//! left), checked; the ResourceClaimTemplate that asks the same through DRA; and the workload
+//! class its profile is filed under.
+//!
+//! Pods are read as the API server sends them (JSON, `k8s.io/api/core/v1` field names), through
+//! `serde_json::Value`: only the few fields used here are looked at, so a pod with fields this
+//! code doesn't know still reads.
+
+use std::fmt;
+
+use gpuwarden_types::quantity::{Quantity, QuantityError};
+use serde_json::{Value, json};
+
+use crate::{allocator::GpuRequest, slots::SlotValue};
+
+/// The container limit that asks for a fraction of one GPU (`"0.5"`, `500m`).
+pub const SHARES_RESOURCE: &str = "gpuwarden.io/gpu-shares";
+/// The container limit that asks for GPU memory (`8Gi`).
+pub const MEMORY_RESOURCE: &str = "gpuwarden.io/gpu-memory";
+/// The pod label naming its workload class.
+pub const CLASS_LABEL: &str = "gpuwarden.io/class";
+/// The name of the claim the webhook adds to a pod (`spec.resourceClaims[].name`).
+pub const CLAIM_NAME: &str = "gpuwarden-gpu";
+/// The DRA driver and DeviceClass name.
+pub const DEVICE_CLASS: &str = "gpu.gpuwarden.io";
+/// The device request's name in the template.
+pub const REQUEST_NAME: &str = "gpu";
+/// The label on templates the webhook creates.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "gpuwarden");
+
+/// The two container lists whose limits are read, with their JSON field names.
+pub const CONTAINER_LISTS: [&str; 2] = ["initContainers", "containers"];
+
+/// What a pod asks for: a share of one GPU, GPU memory, or both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuAsk {
+    /// Shares of one device (0 < shares ≤ 1).
+    pub shares: Option<SlotValue>,
+    /// Bytes of GPU memory.
+    pub memory_bytes: Option<u64>,
+}
+
+/// A container that carries the limits: its list (`containers`, `initContainers`), index and
+/// name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Carrier {
+    /// `containers` or `initContainers`.
+    pub list: &'static str,
+    /// Index in that list.
+    pub index: usize,
+    /// Its name.
+    pub name: String,
+    /// The resource names to remove, and from which map (`limits`, `requests`).
+    pub found: Found,
+}
+
+/// Where a container's limits were found: (`limits` or `requests`, resource name).
+pub type Found = Vec<(&'static str, &'static str)>;
+
+/// A pod's ask and the containers carrying it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodAsk {
+    /// What is asked (every carrier asks the same).
+    pub ask: GpuAsk,
+    /// The containers carrying the limits.
+    pub carriers: Vec<Carrier>,
+}
+
+/// Why a pod's ask is refused; the message is what the user reads in the admission response.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AskError {
+    /// A value that is no quantity.
+    #[error("container {container:?}: {resource}: {reason}")]
+    Malformed {
+        /// The container.
+        container: String,
+        /// The resource name.
+        resource: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// Zero or negative.
+    #[error("container {container:?}: {resource} must be above 0, got {value}")]
+    NotPositive {
+        /// The container.
+        container: String,
+        /// The resource name.
+        resource: &'static str,
+        /// The value as read.
+        value: String,
+    },
+    /// More than one device holds.
+    #[error(
+        "container {container:?}: {SHARES_RESOURCE} = {value} is more than one GPU; a claim gets a share of one device (at most 1), ask for whole GPUs through a ResourceClaim of your own"
+    )]
+    ShareAboveOne {
+        /// The container.
+        container: String,
+        /// The value.
+        value: SlotValue,
+    },
+    /// Not a whole number of quanta.
+    #[error(
+        "container {container:?}: {SHARES_RESOURCE} = {value} is not a multiple of the share quantum {quantum}"
+    )]
+    NotQuantum {
+        /// The container.
+        container: String,
+        /// The value.
+        value: SlotValue,
+        /// The quantum.
+        quantum: SlotValue,
+    },
+    /// A fraction of a byte.
+    #[error("container {container:?}: {MEMORY_RESOURCE} = {value} is not a whole number of bytes")]
+    FractionalBytes {
+        /// The container.
+        container: String,
+        /// The value.
+        value: String,
+    },
+    /// More memory than any device has.
+    #[error(
+        "container {container:?}: {MEMORY_RESOURCE} = {requested} bytes is more than any GPU has (the largest: {largest} bytes)"
+    )]
+    MemoryAboveDevices {
+        /// The container.
+        container: String,
+        /// Asked.
+        requested: u64,
+        /// The largest device's memory.
+        largest: u64,
+    },
+    /// Two containers ask differently (they share one claim, so they must ask the same).
+    #[error(
+        "containers {first:?} ({first_ask}) and {second:?} ({second_ask}) ask for different GPU parts; the pod's containers share one claim, so give them the same {SHARES_RESOURCE} and {MEMORY_RESOURCE}"
+    )]
+    Mismatch {
+        /// One container.
+        first: String,
+        /// What it asks.
+        first_ask: String,
+        /// Another.
+        second: String,
+        /// What it asks.
+        second_ask: String,
+    },
+    /// The limit and the request of one container differ.
+    #[error(
+        "container {container:?}: {resource} has limit {limit} and request {request}; give the same value (or only the limit)"
+    )]
+    LimitRequestDiffer {
+        /// The container.
+        container: String,
+        /// The resource name.
+        resource: &'static str,
+        /// The limit.
+        limit: String,
+        /// The request.
+        request: String,
+    },
+    /// The pod already has a claim of the name the webhook uses.
+    #[error("the pod already has a resource claim named {CLAIM_NAME:?}")]
+    ClaimNameTaken,
+}
+
+impl fmt::Display for GpuAsk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.shares, self.memory_bytes) {
+            (Some(s), Some(m)) => write!(f, "shares {s}, memory {m} bytes"),
+            (Some(s), None) => write!(f, "shares {s}"),
+            (None, Some(m)) => write!(f, "memory {m} bytes"),
+            (None, None) => f.write_str("nothing"),
+        }
+    }
+}
+
+impl GpuAsk {
+    /// The same ask as the controller's request type.
+    #[must_use]
+    pub fn to_request(&self) -> GpuRequest {
+        GpuRequest::shares(self.shares.unwrap_or_default())
+            .with_memory(self.memory_bytes.unwrap_or(0))
+    }
+
+    /// Whether it asks for nothing.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.shares.is_none() && self.memory_bytes.is_none()
+    }
+
+    /// The name of the ResourceClaimTemplate asking for this, the same for every pod that asks
+    /// the same: `gpuwarden-0.5-8gi`, `gpuwarden-0.25`, `gpuwarden-mem-512mi`. A DNS subdomain.
+    #[must_use]
+    pub fn template_name(&self) -> String {
+        let mut name = String::from("gpuwarden");
+        match self.shares {
+            Some(s) => name.push_str(&format!("-{s}")),
+            None => name.push_str("-mem"),
+        }
+        if let Some(m) = self.memory_bytes {
+            name.push('-');
+            name.push_str(&memory_label(m));
+        }
+        name
+    }
+
+    /// The device request's capacity: `{shares: "0.5", memory: "8Gi"}` (quantity strings).
+    #[must_use]
+    pub fn capacity_requests(&self) -> Value {
+        let mut requests = serde_json::Map::new();
+        if let Some(s) = self.shares {
+            requests.insert("shares".into(), Value::String(s.to_string()));
+        }
+        if let Some(m) = self.memory_bytes {
+            requests.insert("memory".into(), Value::String(memory_quantity(m)));
+        }
+        Value::Object(requests)
+    }
+
+    /// The ResourceClaimTemplate (`resource.k8s.io/v1`) for `namespace` asking for this: one
+    /// device of class [`DEVICE_CLASS`] with these capacity requests (consumable capacity, a
+    /// device shared by several claims).
+    #[must_use]
+    pub fn template(&self, namespace: &str) -> Value {
+        json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {
+                "name": self.template_name(),
+                "namespace": namespace,
+                "labels": { MANAGED_BY.0: MANAGED_BY.1 },
+            },
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{
+                            "name": REQUEST_NAME,
+                            "exactly": {
+                                "deviceClassName": DEVICE_CLASS,
+                                "capacity": { "requests": self.capacity_requests() },
+                            },
+                        }],
+                    },
+                },
+            },
+        })
+    }
+
+    /// The annotations the webhook leaves on the pod, so that the scheduler extender knows the
+    /// ask once the limits are gone (exact decimals: shares, bytes).
+    #[must_use]
+    pub fn annotations(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Some(s) = self.shares {
+            out.push((SHARES_RESOURCE, s.to_string()));
+        }
+        if let Some(m) = self.memory_bytes {
+            out.push((MEMORY_RESOURCE, m.to_string()));
+        }
+        out
+    }
+}
+
+/// `8Gi`, `512Mi`, `1536Ki` or plain bytes: the exact quantity, in the largest binary unit
+/// that divides it.
+fn memory_quantity(bytes: u64) -> String {
+    for (shift, unit) in [
+        (60, "Ei"),
+        (50, "Pi"),
+        (40, "Ti"),
+        (30, "Gi"),
+        (20, "Mi"),
+        (10, "Ki"),
+    ] {
+        if bytes != 0 && bytes.trailing_zeros() >= shift {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// [`memory_quantity`] in lower case, as names want it.
+fn memory_label(bytes: u64) -> String {
+    memory_quantity(bytes).to_ascii_lowercase()
+}
+
+/// What the checks need to know of the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Shares must be whole multiples of this.
+    pub quantum: SlotValue,
+    /// The most memory one known device has (`None`: no GPU known yet, so memory isn't checked).
+    pub largest_device_memory: Option<u64>,
+}
+
+/// A quantity as the API server sends it: a string (canonical form, `500m`), or a number in
+/// hand-written objects.
+fn quantity_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// One container's value of `resource`: from its limits, else its requests; the maps it was
+/// found in.
+fn container_value(
+    container: &Value,
+    name: &str,
+    resource: &'static str,
+) -> Result<Option<(String, Vec<&'static str>)>, AskError> {
+    let read = |map: &str| {
+        container
+            .pointer(&format!("/resources/{map}"))
+            .and_then(|m| m.get(resource))
+    };
+    let malformed = |reason: String| AskError::Malformed {
+        container: name.to_owned(),
+        resource,
+        reason,
+    };
+    let mut found = Vec::new();
+    let mut texts = Vec::new();
+    for map in ["limits", "requests"] {
+        if let Some(v) = read(map) {
+            let text = quantity_text(v)
+                .ok_or_else(|| malformed(format!("{v} is not a quantity string")))?;
+            found.push(map);
+            texts.push(text);
+        }
+    }
+    match texts.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some((one.clone(), found))),
+        [limit, request, ..] => {
+            let parse = |t: &str| Quantity::parse(t).ok();
+            if parse(limit).is_some() && parse(limit) != parse(request) {
+                return Err(AskError::LimitRequestDiffer {
+                    container: name.to_owned(),
+                    resource,
+                    limit: limit.clone(),
+                    request: request.clone(),
+                });
+            }
+            Ok(Some((limit.clone(), found)))
+        }
+    }
+}
+
+/// Parses a positive quantity of `resource`.
+fn positive(container: &str, resource: &'static str, text: &str) -> Result<Quantity, AskError> {
+    let q = Quantity::parse(text).map_err(|e: QuantityError| AskError::Malformed {
+        container: container.to_owned(),
+        resource,
+        reason: e.to_string(),
+    })?;
+    if q.is_negative() || q.is_zero() {
+        return Err(AskError::NotPositive {
+            container: container.to_owned(),
+            resource,
+            value: text.to_owned(),
+        });
+    }
+    Ok(q)
+}
+
+/// One container's ask, checked against `bounds`.
+fn container_ask(
+    container: &Value,
+    name: &str,
+    bounds: Option<&Bounds>,
+) -> Result<Option<(GpuAsk, Found)>, AskError> {
+    let mut ask = GpuAsk::default();
+    let mut found = Vec::new();
+    if let Some((text, maps)) = container_value(container, name, SHARES_RESOURCE)? {
+        let q = positive(name, SHARES_RESOURCE, &text)?;
+        let shares = SlotValue::from_micros(q.micros());
+        if shares > SlotValue::ONE {
+            return Err(AskError::ShareAboveOne {
+                container: name.to_owned(),
+                value: shares,
+            });
+        }
+        if let Some(b) = bounds
+            && !shares.is_multiple_of(b.quantum)
+        {
+            return Err(AskError::NotQuantum {
+                container: name.to_owned(),
+                value: shares,
+                quantum: b.quantum,
+            });
+        }
+        ask.shares = Some(shares);
+        found.extend(maps.into_iter().map(|m| (m, SHARES_RESOURCE)));
+    }
+    if let Some((text, maps)) = container_value(container, name, MEMORY_RESOURCE)? {
+        let q = positive(name, MEMORY_RESOURCE, &text)?;
+        let bytes = q.whole().ok_or_else(|| AskError::FractionalBytes {
+            container: name.to_owned(),
+            value: text.clone(),
+        })?;
+        if let Some(largest) = bounds.and_then(|b| b.largest_device_memory)
+            && bytes > largest
+        {
+            return Err(AskError::MemoryAboveDevices {
+                container: name.to_owned(),
+                requested: bytes,
+                largest,
+            });
+        }
+        ask.memory_bytes = Some(bytes);
+        found.extend(maps.into_iter().map(|m| (m, MEMORY_RESOURCE)));
+    }
+    Ok((!ask.is_empty()).then_some((ask, found)))
+}
+
+/// The pod's ask from its containers' limits, checked against `bounds` when given; `None` when
+/// no container carries the limits.
+///
+/// # Errors
+/// A malformed, non-positive or too large value, a share finer than the quantum, or two
+/// containers asking differently.
+pub fn read_limits(pod: &Value, bounds: Option<&Bounds>) -> Result<Option<PodAsk>, AskError> {
+    let mut carriers: Vec<Carrier> = Vec::new();
+    let mut first: Option<(String, GpuAsk)> = None;
+    for list in CONTAINER_LISTS {
+        let Some(containers) = pod
+            .pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+        else {
+            continue;
+        };
+        for (index, container) in containers.iter().enumerate() {
+            let name = container
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            let Some((ask, found)) = container_ask(container, &name, bounds)? else {
+                continue;
+            };
+            match &first {
+                Some((first_name, first_ask)) if *first_ask != ask => {
+                    return Err(AskError::Mismatch {
+                        first: first_name.clone(),
+                        first_ask: first_ask.to_string(),
+                        second: name,
+                        second_ask: ask.to_string(),
+                    });
+                }
+                Some(_) => {}
+                None => first = Some((name.clone(), ask)),
+            }
+            carriers.push(Carrier {
+                list,
+                index,
+                name,
+                found,
+            });
+        }
+    }
+    Ok(first.map(|(_, ask)| PodAsk { ask, carriers }))
+}
+
+/// The ask the webhook left in the pod's annotations, else what its limits ask (a pod admitted
+/// without the webhook); `None` when it asks nothing of gpuwarden.
+///
+/// # Errors
+/// The annotations or limits don't read.
+pub fn read_ask(pod: &Value) -> Result<Option<GpuAsk>, AskError> {
+    let annotation = |key: &str| {
+        pod.pointer("/metadata/annotations")
+            .and_then(|a| a.get(key))
+            .and_then(Value::as_str)
+    };
+    let shares = annotation(SHARES_RESOURCE);
+    let memory = annotation(MEMORY_RESOURCE);
+    if shares.is_none() && memory.is_none() {
+        return Ok(read_limits(pod, None)?.map(|p| p.ask));
+    }
+    let pod_name = "(annotations)";
+    let mut ask = GpuAsk::default();
+    if let Some(text) = shares {
+        let q = positive(pod_name, SHARES_RESOURCE, text)?;
+        ask.shares = Some(SlotValue::from_micros(q.micros()));
+    }
+    if let Some(text) = memory {
+        let q = positive(pod_name, MEMORY_RESOURCE, text)?;
+        ask.memory_bytes = Some(q.whole().ok_or_else(|| AskError::FractionalBytes {
+            container: pod_name.to_owned(),
+            value: text.to_owned(),
+        })?);
+    }
+    Ok(Some(ask))
+}
+
+/// The workload class a pod's profile is filed under: its `gpuwarden.io/class` label, else its
+/// controlling owner's name (a ReplicaSet's without the pod-template hash, i.e. the
+/// Deployment's), else its own name.
+#[must_use]
+pub fn workload_class(pod: &Value) -> String {
+    let meta = pod.get("metadata");
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
+    if let Some(class) = text(meta.and_then(|m| m.pointer(&json_pointer(&["labels", CLASS_LABEL]))))
+        .filter(|c| !c.is_empty())
+    {
+        return class;
+    }
+    let owners = meta
+        .and_then(|m| m.get("ownerReferences"))
+        .and_then(Value::as_array);
+    let owner = owners.and_then(|owners| {
+        owners
+            .iter()
+            .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))
+            .or_else(|| owners.first())
+    });
+    if let Some(owner) = owner
+        && let Some(name) = text(owner.get("name"))
+    {
+        if text(owner.get("kind")).as_deref() == Some("ReplicaSet") {
+            // The Deployment controller names its ReplicaSets `<deployment>-<pod-template-hash>`
+            // and labels their pods with that hash.
+            let hash = text(meta.and_then(|m| m.pointer("/labels/pod-template-hash")));
+            let stripped = match hash {
+                Some(hash) => name.strip_suffix(&format!("-{hash}")).map(str::to_owned),
+                None => name.rsplit_once('-').map(|(base, _)| base.to_owned()),
+            };
+            return stripped.unwrap_or(name);
+        }
+        return name;
+    }
+    text(meta.and_then(|m| m.get("name")))
+        .or_else(|| text(meta.and_then(|m| m.get("generateName"))))
+        .unwrap_or_default()
+}
+
+/// A JSON Pointer from its reference tokens, escaped (`~` → `~0`, `/` → `~1`).
+#[must_use]
+pub fn json_pointer(tokens: &[&str]) -> String {
+    tokens
+        .iter()
+        .map(|t| format!("/{}", t.replace('~', "~0").replace('/', "~1")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(containers: Value) -> Value {
+        json!({ "metadata": { "name": "p" }, "spec": { "containers": containers } })
+    }
+
+    #[test]
+    fn template_names_are_dns_subdomains_and_unique_per_ask() {
+        let ask = |s: Option<&str>, m: Option<u64>| GpuAsk {
+            shares: s.map(|s| s.parse().expect("a value")),
+            memory_bytes: m,
+        };
+        assert_eq!(
+            ask(Some("0.5"), Some(8 << 30)).template_name(),
+            "gpuwarden-0.5-8gi"
+        );
+        assert_eq!(ask(Some("0.25"), None).template_name(), "gpuwarden-0.25");
+        assert_eq!(
+            ask(None, Some(512 << 20)).template_name(),
+            "gpuwarden-mem-512mi"
+        );
+        assert_eq!(
+            ask(Some("1"), Some(1000)).template_name(),
+            "gpuwarden-1-1000"
+        );
+        assert_eq!(
+            ask(Some("0.5"), Some(8 << 30)).capacity_requests(),
+            json!({"shares": "0.5", "memory": "8Gi"})
+        );
+    }
+
+    #[test]
+    fn limits_read_in_any_quantity_form() {
+        let p = pod(json!([
+            { "name": "a", "resources": { "limits": { SHARES_RESOURCE: "500m", MEMORY_RESOURCE: "8Gi" } } },
+            { "name": "b", "resources": { "limits": { SHARES_RESOURCE: 0.5, MEMORY_RESOURCE: "8589934592" },
+                                          "requests": { SHARES_RESOURCE: "0.5" } } },
+            { "name": "c" },
+        ]));
+        let read = read_limits(&p, None).expect("reads").expect("asks");
+        assert_eq!(read.ask.shares, Some("0.5".parse().expect("a value")));
+        assert_eq!(read.ask.memory_bytes, Some(8 << 30));
+        let names: Vec<&str> = read.carriers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(read.carriers[1].found.len(), 3);
+    }
+
+    #[test]
+    fn classes_come_from_the_label_then_the_owner() {
+        let labelled = json!({"metadata": {"name": "x", "labels": {CLASS_LABEL: "train"}}});
+        assert_eq!(workload_class(&labelled), "train");
+        let deployed = json!({"metadata": {"name": "web-7d4b9-abcde",
+            "labels": {"pod-template-hash": "7d4b9"},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "web-7d4b9", "controller": true}]}});
+        assert_eq!(workload_class(&deployed), "web");
+        let stateful = json!({"metadata": {"name": "db-0",
+            "ownerReferences": [{"kind": "StatefulSet", "name": "db", "controller": true}]}});
+        assert_eq!(workload_class(&stateful), "db");
+        assert_eq!(
+            workload_class(&json!({"metadata": {"name": "solo"}})),
+            "solo"
+        );
+    }
+
+    #[test]
+    fn pointers_escape_slashes_and_tildes() {
+        assert_eq!(
+            json_pointer(&["spec", "limits", "gpuwarden.io/gpu-shares", "a~b"]),
+            "/spec/limits/gpuwarden.io~1gpu-shares/a~0b"
+        );
+    }
+}
