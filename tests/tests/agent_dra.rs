@@ -15,6 +15,7 @@ mod fake_kubelet;
 mod util;
 
 use std::{
+    fmt::Write as _,
     os::unix::{fs::FileTypeExt as _, process::ExitStatusExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -85,11 +86,13 @@ fn claim(name: &str, uid: &str, pool: &str, device: &str, pod: &str, memory_poli
 fn mock_file(dir: &Path, nodes: &[PathBuf]) -> PathBuf {
     let mut toml = String::new();
     for (i, node) in nodes.iter().enumerate() {
-        toml.push_str(&format!(
-            "[[devices]]\nuuid = \"GPU-dra-{i}\"\nmodel_name = \"Mock H100\"\nnuma_node = {}\nmemory_size = \"16G\"\ndevice_node = \"{}\"\n",
+        writeln!(
+            toml,
+            "[[devices]]\nuuid = \"GPU-dra-{i}\"\nmodel_name = \"Mock H100\"\nnuma_node = {}\nmemory_size = \"16G\"\ndevice_node = \"{}\"",
             i % 2,
             node.display()
-        ));
+        )
+        .unwrap();
     }
     let path = dir.join("mock.toml");
     std::fs::write(&path, toml).unwrap();
@@ -169,7 +172,7 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
         plugins_registry_dir: dirs.registry.clone(),
         plugins_dir: dirs.plugins.clone(),
         cdi_dir: dirs.cdi.clone(),
-        policy: Default::default(),
+        policy: gpuwarden_agent::enforcement::quota::QuotaPolicy::default(),
         api: ApiServerConfig {
             url: api.url(),
             token_file: Some(dirs.token.clone()),
@@ -184,7 +187,10 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     assert_eq!(info.r#type, "DRAPlugin");
     assert_eq!(info.name, DRIVER);
     assert_eq!(PathBuf::from(&info.endpoint), dirs.endpoint());
-    assert_eq!(info.supported_versions, ["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
+    assert_eq!(
+        info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    );
     rt.block_on(notify(&reg_socket, true, ""));
     let endpoint = PathBuf::from(info.endpoint);
 
@@ -197,12 +203,23 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     let mut wrong = slice.clone();
     wrong["spec"]["devices"][0]["shared"] = json!(true);
     wrong["spec"]["pool"]["generation"] = json!("1");
-    assert_eq!(schema.check("io.k8s.api.resource.v1.ResourceSlice", &wrong).len(), 2);
+    assert_eq!(
+        schema
+            .check("io.k8s.api.resource.v1.ResourceSlice", &wrong)
+            .len(),
+        2
+    );
     assert_eq!(slice["spec"]["driver"], DRIVER);
     assert_eq!(slice["spec"]["nodeName"], NODE);
-    assert_eq!(slice["spec"]["pool"], json!({"name": NODE, "generation": 1, "resourceSliceCount": 1}));
+    assert_eq!(
+        slice["spec"]["pool"],
+        json!({"name": NODE, "generation": 1, "resourceSliceCount": 1})
+    );
     let devices = slice["spec"]["devices"].as_array().unwrap();
-    let names: Vec<&str> = devices.iter().map(|d| d["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = devices
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["gpu-0", "gpu-1"]);
     for (i, d) in devices.iter().enumerate() {
         assert_eq!(d["attributes"]["uuid"]["string"], format!("GPU-dra-{i}"));
@@ -211,19 +228,27 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
         assert_eq!(d["attributes"]["mig"]["bool"], false);
         assert_eq!(d["allowMultipleAllocations"], true);
         assert_eq!(d["capacity"]["shares"]["value"], "1");
-        assert_eq!(d["capacity"]["shares"]["requestPolicy"]["validRange"]["step"], "1u");
+        assert_eq!(
+            d["capacity"]["shares"]["requestPolicy"]["validRange"]["step"],
+            "1u"
+        );
         // The mock file's `16G` is 16 GiB.
         assert_eq!(d["capacity"]["memory"]["value"], (16u64 << 30).to_string());
     }
     assert!(
-        api.seen().iter().all(|s| s.authorization.as_deref() == Some("Bearer test-token")),
+        api.seen()
+            .iter()
+            .all(|s| s.authorization.as_deref() == Some("Bearer test-token")),
         "a request went without the token"
     );
     let claim_errors = schema.check(
         "io.k8s.api.resource.v1.ResourceClaim",
         &claim("c", "u", NODE, "gpu-0", "p", "kill"),
     );
-    assert!(claim_errors.is_empty(), "the fixture itself: {claim_errors:#?}");
+    assert!(
+        claim_errors.is_empty(),
+        "the fixture itself: {claim_errors:#?}"
+    );
 
     // Claims: one to prepare, and each way one can't be.
     let pod = pod_uid("dra-pod");
@@ -245,15 +270,24 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     assert_eq!(ok.error, "");
     assert_eq!(ok.devices.len(), 1);
     let d = &ok.devices[0];
-    assert_eq!((d.pool_name.as_str(), d.device_name.as_str()), (NODE, "gpu-0"));
+    assert_eq!(
+        (d.pool_name.as_str(), d.device_name.as_str()),
+        (NODE, "gpu-0")
+    );
     assert_eq!(d.request_names, ["gpu"]);
     assert_eq!(d.cdi_device_ids, [format!("{DRIVER}/gpu={}", half.1)]);
-    assert_eq!(d.share_id.as_deref(), Some("9d0c6f1e-3b7a-4f2e-8c5d-1a2b3c4d5e6f"));
+    assert_eq!(
+        d.share_id.as_deref(),
+        Some("9d0c6f1e-3b7a-4f2e-8c5d-1a2b3c4d5e6f")
+    );
     for (claim, words) in [
         (ghost, "ResourceClaim ml/ghost not found"),
         (far, "device gpu-7: this node has no such GPU"),
         (kept, "device gpu-2 is offered to the gpuwarden controller"),
-        (other, "no device of driver gpu.gpuwarden.io in pool test-node"),
+        (
+            other,
+            "no device of driver gpu.gpuwarden.io in pool test-node",
+        ),
     ] {
         let a = &answer.claims[claim.1];
         assert!(a.error.contains(words), "{}: {:?}", claim.2, a.error);
@@ -283,7 +317,12 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     assert_eq!(b.state, "pending", "{b:?}");
 
     // Repeated: the same answer, from the agent's record (no second read of the claim).
-    let gets = |api: &FakeApi| api.seen().iter().filter(|s| s.path.ends_with("/half")).count();
+    let gets = |api: &FakeApi| {
+        api.seen()
+            .iter()
+            .filter(|s| s.path.ends_with("/half"))
+            .count()
+    };
     let before = gets(&api);
     let again = rt.block_on(prepare_v1(&endpoint, &[half]));
     assert_eq!(again.claims[half.1], answer.claims[half.1]);
@@ -294,7 +333,10 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     let ok = &b1.claims[beta.1];
     assert_eq!(ok.error, "");
     assert_eq!(ok.devices[0].device_name, "gpu-1");
-    assert_eq!(ok.devices[0].cdi_device_ids, [format!("{DRIVER}/gpu={}", beta.1)]);
+    assert_eq!(
+        ok.devices[0].cdi_device_ids,
+        [format!("{DRIVER}/gpu={}", beta.1)]
+    );
     assert!(b1.claims[ghost.1].error.contains("not found"));
 
     // Unprepare: quota, spec and record gone; again, and for an unknown claim, still success.
@@ -332,4 +374,230 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     // Stopped: the sockets are gone, so the kubelet unregisters the plugin.
     assert!(!reg_socket.exists());
     assert!(!endpoint.exists());
+}
+
+/// An agent process (so it can be `kill -9`ed), killed when dropped.
+struct AgentProcess(Child);
+
+impl AgentProcess {
+    fn spawn(config: &Path) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_agent-under-test"))
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Self(child)
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Opens `path` from a process inside `cg`; returns the errno (0 on success).
+fn open_in(cg: &TestCgroup, path: &Path) -> i32 {
+    let script = format!(
+        "echo $$ > {} && exec 3< {} && echo opened",
+        cg.procs().display(),
+        path.display()
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        0
+    } else if stderr.contains("Operation not permitted") {
+        libc::EPERM
+    } else if stderr.contains("No such device or address") {
+        libc::ENXIO
+    } else {
+        panic!("open of {} ended otherwise: {stderr}", path.display())
+    }
+}
+
+fn mknod(path: &Path, major: u32, minor: u32) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a plain syscall with a valid path.
+    let rc = unsafe {
+        libc::mknod(
+            c.as_ptr(),
+            libc::S_IFCHR | 0o666,
+            libc::makedev(major, minor),
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "mknod {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    assert!(
+        std::fs::metadata(path)
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    );
+}
+
+/// A client in `cg` on GPU 0 of the fake driver: (client, client handle, device handle).
+fn client_on_gpu0(driver: &Driver, cg: &TestCgroup) -> (Client, u64, u64) {
+    let mut c = Client::spawn(&driver.dir, Some(cg));
+    let h = c.value("client", "client");
+    let dev = c.value(&format!("device {h:#x} 0"), "handle");
+    (c, h, dev)
+}
+
+/// A claim for 0.5 of GPU 0 and 256 MiB, prepared by the kubelet for a pod whose container
+/// cgroup exists: past 256 MiB the container's process is killed, the other GPU does not open;
+/// `kill -9` of the agent changes neither, and the restarted agent answers the repeated prepare
+/// the same; unprepared, both limits are lifted.
+#[test]
+#[ignore = "needs root"]
+fn a_prepared_claim_is_enforced_on_the_pod_across_an_agent_kill() {
+    require_root();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let api = FakeApi::start(&rt);
+    let driver = Driver::mount("dra-e2e");
+    let root = scratch("dra-e2e");
+    let dirs = KubeletDirs::new(root.path());
+    let mock = mock_file(
+        root.path(),
+        &[driver.dir.join("nvidia0"), driver.dir.join("nvidia1")],
+    );
+    let state = scratch("dra-e2e-agent");
+    let pins = pin_dir(state.path());
+    let config = root.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"gpu_devices = ["{glob}"]
+socket = "{state}/agent.sock"
+state_dir = "{state}"
+node_name = "{NODE}"
+bpf_pin_dir = "{pins}"
+mock_devices = "{mock}"
+rescan_interval_secs = 1
+
+[dra]
+enabled = true
+gpus = "all"
+plugins_registry_dir = "{registry}"
+plugins_dir = "{plugins}"
+cdi_dir = "{cdi}"
+api_server = "{api}"
+api_token_file = "{token}"
+"#,
+            glob = driver.glob(),
+            state = state.path().display(),
+            pins = pins.display(),
+            mock = mock.display(),
+            registry = dirs.registry.display(),
+            plugins = dirs.plugins.display(),
+            cdi = dirs.cdi.display(),
+            api = api.url(),
+            token = dirs.token.display(),
+        ),
+    )
+    .unwrap();
+    let socket = state.path().join("agent.sock");
+    let snapshot = || rt.block_on(client::snapshot(&socket));
+
+    // The pod's container, in the systemd cgroup layout of the kubelet.
+    let pod = pod_uid("dra-e2e");
+    let cg = TestCgroup::create(&format!(
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope",
+        pod.replace('-', "_"),
+        container_id("dra-e2e")
+    ));
+    let claim_id = ("ml", "77777777-7777-4777-8777-777777777777", "half");
+    api.put_claim(claim(claim_id.2, claim_id.1, NODE, "gpu-0", &pod, "kill"));
+    let nodes = scratch("dra-nodes");
+    for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
+        mknod(&nodes.path().join(name), 195, minor);
+    }
+    let open = |name: &str| open_in(&cg, &nodes.path().join(name));
+
+    let mut agent = AgentProcess::spawn(&config);
+    let (_, info) = rt.block_on(discover(&dirs.registry));
+    let endpoint = PathBuf::from(info.endpoint);
+    let first = rt.block_on(prepare_v1(&endpoint, &[claim_id]));
+    assert_eq!(first.claims[claim_id.1].error, "");
+    let session = format!("k8s-{}", claim_id.1);
+    wait_for("the claim's quota to bind to the pod", || {
+        snapshot().is_ok_and(|s| {
+            s.bindings
+                .iter()
+                .any(|b| b.session_id == session && b.state == "bound")
+        })
+    });
+
+    // Past 256 MiB: killed. The other GPU: refused.
+    let (mut a, h, dev) = client_on_gpu0(&driver, &cg);
+    a.ok(&format!("alloc {h:#x} {dev:#x} 200m"));
+    a.send_only(&format!("alloc {h:#x} {dev:#x} 100m"));
+    assert_eq!(a.wait().signal(), Some(libc::SIGKILL));
+    assert_eq!(open("nvidia0"), libc::ENXIO);
+    assert_eq!(open("nvidia1"), libc::EPERM);
+
+    // kill -9: the pinned programs keep enforcing the claim.
+    agent.kill9();
+    let (mut b, h, dev) = client_on_gpu0(&driver, &cg);
+    b.ok(&format!("alloc {h:#x} {dev:#x} 200m"));
+    b.send_only(&format!("alloc {h:#x} {dev:#x} 100m"));
+    assert_eq!(b.wait().signal(), Some(libc::SIGKILL));
+    assert_eq!(open("nvidia1"), libc::EPERM);
+
+    // Restarted: the kubelet registers it again and repeats the prepare; same answer.
+    let mut agent = AgentProcess::spawn(&config);
+    wait_for("the restarted agent", || snapshot().is_ok());
+    let (_, info) = rt.block_on(discover(&dirs.registry));
+    assert_eq!(PathBuf::from(&info.endpoint), endpoint);
+    let again = rt.block_on(prepare_v1(&endpoint, &[claim_id]));
+    assert_eq!(again, first);
+    wait_for("the restarted agent to hold the quota", || {
+        snapshot().is_ok_and(|s| {
+            s.bindings
+                .iter()
+                .any(|b| b.session_id == session && b.state == "bound")
+        })
+    });
+    let s = snapshot().unwrap();
+    let c = s
+        .containers
+        .iter()
+        .find(|c| c.cgroup_path == cg.path)
+        .unwrap();
+    let quota = c.quota.as_ref().unwrap();
+    assert_eq!(
+        (quota.memory_bytes, quota.policy.as_str()),
+        (256 * MIB, "kill")
+    );
+
+    // Unprepared: both limits lifted.
+    let u = rt.block_on(unprepare_v1(&endpoint, &[claim_id]));
+    assert_eq!(u.claims[claim_id.1].error, "");
+    wait_for("the quota to be lifted", || {
+        snapshot().is_ok_and(|s| s.bindings.iter().all(|b| b.session_id != session))
+    });
+    assert_eq!(open("nvidia1"), libc::ENXIO);
+    let (c, h, dev) = client_on_gpu0(&driver, &cg);
+    let mut c = c;
+    c.ok(&format!("alloc {h:#x} {dev:#x} 300m"));
+    c.exit();
+    agent.kill9();
+    let _ = std::fs::remove_dir_all(&pins);
 }

@@ -160,18 +160,26 @@ async fn answer(
                 None => status(404, "NotFound", "not found"),
             },
             ("POST", "", Some(mut slice)) => {
-                let name = slice["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-                if s.slices.contains_key(&name) {
-                    status(409, "AlreadyExists", "already exists")
-                } else {
+                let name = slice["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                if let std::collections::btree_map::Entry::Vacant(entry) = s.slices.entry(name) {
                     slice["metadata"]["resourceVersion"] = json!(version);
-                    s.slices.insert(name, slice.clone());
+                    entry.insert(slice.clone());
                     reply(201, &slice)
+                } else {
+                    status(409, "AlreadyExists", "already exists")
                 }
             }
             ("PUT", name, Some(mut slice)) if !name.is_empty() => {
-                let current = s.slices.get(name).map(|c| c["metadata"]["resourceVersion"].clone());
-                if current.is_some() && current != Some(slice["metadata"]["resourceVersion"].clone()) {
+                let current = s
+                    .slices
+                    .get(name)
+                    .map(|c| c["metadata"]["resourceVersion"].clone());
+                if current.is_some()
+                    && current != Some(slice["metadata"]["resourceVersion"].clone())
+                {
                     status(409, "Conflict", "the object has been modified")
                 } else {
                     slice["metadata"]["resourceVersion"] = json!(version);

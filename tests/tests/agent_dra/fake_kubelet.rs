@@ -8,9 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpuwarden_proto::kubelet::{
-    dra_v1 as v1, dra_v1beta1 as v1beta1, pluginregistration as reg,
-};
+use gpuwarden_proto::kubelet::{dra_v1 as v1, dra_v1beta1 as v1beta1, pluginregistration as reg};
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -48,16 +46,19 @@ pub async fn discover(dir: &Path) -> (PathBuf, reg::PluginInfo) {
                 }
             }
         }
-        assert!(Instant::now() < deadline, "no plugin registered in {}", dir.display());
+        assert!(
+            Instant::now() < deadline,
+            "no plugin registered in {}",
+            dir.display()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
 /// Tells the plugin at `socket` how its registration went.
 pub async fn notify(socket: &Path, registered: bool, error: &str) {
-    let mut client = reg::registration_client::RegistrationClient::new(
-        unix_channel(socket).await.unwrap(),
-    );
+    let mut client =
+        reg::registration_client::RegistrationClient::new(unix_channel(socket).await.unwrap());
     client
         .notify_registration_status(reg::RegistrationStatus {
             plugin_registered: registered,
@@ -71,7 +72,10 @@ pub async fn notify(socket: &Path, registered: bool, error: &str) {
 pub type ClaimId<'a> = (&'a str, &'a str, &'a str);
 
 /// `NodePrepareResources`, v1.
-pub async fn prepare_v1(endpoint: &Path, claims: &[ClaimId<'_>]) -> v1::NodePrepareResourcesResponse {
+pub async fn prepare_v1(
+    endpoint: &Path,
+    claims: &[ClaimId<'_>],
+) -> v1::NodePrepareResourcesResponse {
     let mut c = v1::dra_plugin_client::DraPluginClient::new(unix_channel(endpoint).await.unwrap());
     c.node_prepare_resources(v1::NodePrepareResourcesRequest {
         claims: claims
