@@ -229,3 +229,73 @@ pub fn policy_with(
         compute: compute.map_or(Ok(defaults.compute), str::parse::<ComputePolicy>)?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> Option<DraFileConfig> {
+        toml::from_str::<crate::config::FileConfig>(text)
+            .unwrap()
+            .dra
+    }
+
+    #[test]
+    fn the_section_is_off_unless_enabled_and_in_cluster_by_default() {
+        let none = |_: &str| None;
+        assert_eq!(DraConfig::resolve(file(""), none).unwrap(), None);
+        assert_eq!(
+            DraConfig::resolve(file("[dra]\ngpus = [1]"), none).unwrap(),
+            None
+        );
+        let env = |k: &str| match k {
+            "KUBERNETES_SERVICE_HOST" => Some("fd00::1".to_owned()),
+            "KUBERNETES_SERVICE_PORT" => Some("443".to_owned()),
+            _ => None,
+        };
+        let c = DraConfig::resolve(file("[dra]\nenabled = true"), env)
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.api.url, "https://[fd00::1]:443");
+        assert_eq!(c.gpus, GpuSelection::Keyword("all".into()));
+        assert_eq!(
+            c.registration_socket(),
+            PathBuf::from("/var/lib/kubelet/plugins_registry/gpu.gpuwarden.io-reg.sock")
+        );
+        assert_eq!(
+            c.plugin_socket(),
+            PathBuf::from("/var/lib/kubelet/plugins/gpu.gpuwarden.io/dra.sock")
+        );
+        assert_eq!(c.cdi_dir, PathBuf::from("/var/run/cdi"));
+        let err = DraConfig::resolve(file("[dra]\nenabled = true"), none).unwrap_err();
+        assert!(err.to_string().contains("KUBERNETES_SERVICE_HOST"), "{err}");
+    }
+
+    #[test]
+    fn gpus_and_policies_are_checked() {
+        let none = |_: &str| None;
+        let c = DraConfig::resolve(
+            file("[dra]\nenabled = true\napi_server = \"http://127.0.0.1:1\"\ngpus = [\"GPU-b\"]\nmemory_policy = \"stop\""),
+            none,
+        )
+        .unwrap()
+        .unwrap();
+        let gpu = |index: u32, uuid: &str| GpuDevice {
+            uuid: uuid.into(),
+            model: String::new(),
+            memory_bytes: 0,
+            numa_node: 0,
+            sm_count: 0,
+            is_mig: false,
+            index,
+            device_node: String::new(),
+        };
+        assert!(c.offers(&gpu(1, "gpu-B")));
+        assert!(!c.offers(&gpu(0, "GPU-a")));
+        assert_eq!(c.policy.memory, MemoryPolicy::Stop);
+        for bad in ["gpus = \"some\"", "memory_policy = \"freeze\""] {
+            let text = format!("[dra]\nenabled = true\napi_server = \"http://x\"\n{bad}");
+            assert!(DraConfig::resolve(file(&text), none).is_err(), "{bad}");
+        }
+    }
+}
