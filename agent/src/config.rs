@@ -45,6 +45,9 @@ pub enum ConfigError {
     /// A GPU device glob is invalid.
     #[error(transparent)]
     Glob(#[from] GpuNodeError),
+    /// The `[dra]` section can't be used.
+    #[error(transparent)]
+    Dra(#[from] crate::dra::config::DraConfigError),
     /// The socket's group does not exist.
     #[error("socket_group {group:?}: {reason}")]
     SocketGroup {
@@ -104,6 +107,8 @@ pub struct FileConfig {
     pub kubelet_ca_file: Option<PathBuf>,
     /// Don't verify the kubelet's certificate (self-signed serving certificates).
     pub kubelet_insecure_skip_tls_verify: Option<bool>,
+    /// The DRA kubelet plugin (`[dra]`; off unless `enabled = true`).
+    pub dra: Option<crate::dra::DraFileConfig>,
 }
 
 impl FileConfig {
@@ -191,6 +196,8 @@ pub struct AgentConfig {
     pub usage_report_interval: Option<Duration>,
     /// Where pod names come from; `None`: no names (UIDs only).
     pub kubelet: Option<crate::attribution::kubelet::KubeletConfig>,
+    /// The DRA kubelet plugin; `None`: off.
+    pub dra: Option<crate::dra::DraConfig>,
 }
 
 impl AgentConfig {
@@ -259,6 +266,7 @@ impl AgentConfig {
                 file.kubelet_ca_file,
                 file.kubelet_insecure_skip_tls_verify.unwrap_or(false),
             ),
+            dra: crate::dra::DraConfig::resolve(file.dra, |k| std::env::var(k).ok())?,
         })
     }
 }

@@ -18,7 +18,8 @@
 //! - [`control`]: the controller link, the allocations held in sled, usage reports;
 //! - [`export`]: the snapshot, the local socket, OTLP metrics and `top`;
 //!
-//! and beside them [`devices`] (the GPU inventory: NVML or mock), [`config`], [`cli`], `lock`
+//! and beside them [`dra`] (the agent as a Kubernetes DRA driver: ResourceSlices, and claims
+//! prepared into the same quotas), [`devices`] (the GPU inventory: NVML or mock), [`config`], [`cli`], `lock`
 //! and [`daemon`] (`gpuwarden-agent run`, tying the stages together). The socket protocol and
 //! the snapshot document are in crate `gpuwarden-agent-api`, re-exported as [`api`].
 #![deny(missing_docs)]
@@ -29,6 +30,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod devices;
+pub mod dra;
 pub mod enforcement;
 pub mod export;
 pub(crate) mod lock;

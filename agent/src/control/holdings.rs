@@ -44,6 +44,7 @@ pub enum HoldingsError {
 pub struct Holdings {
     sessions: BTreeMap<String, pb::Allocate>,
     tree: Option<sled::Tree>,
+    db: Option<sled::Db>,
 }
 
 impl Holdings {
@@ -71,7 +72,17 @@ impl Holdings {
         Ok(Self {
             sessions,
             tree: Some(tree),
+            db: Some(db),
         })
+    }
+
+    /// Another tree of the same store (the DRA plugin's prepared claims); `None` for holdings
+    /// kept in memory only.
+    ///
+    /// # Errors
+    /// The tree can't be opened.
+    pub fn open_tree(&self, name: &str) -> Result<Option<sled::Tree>, HoldingsError> {
+        Ok(self.db.as_ref().map(|db| db.open_tree(name)).transpose()?)
     }
 
     /// Sessions held.

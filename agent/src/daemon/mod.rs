@@ -22,6 +22,7 @@ use crate::{
         usage_report::Reporter,
     },
     devices::{self, GpuBackend},
+    dra,
     enforcement::EnforcerHandle,
     enforcement::throttle,
     export::{SharedTelemetry, Sources, metrics, server},
@@ -73,6 +74,9 @@ pub enum RunError {
     /// The controller link can't work (an invalid URL, a TLS file): retrying would not help.
     #[error(transparent)]
     Controller(#[from] LinkError),
+    /// The DRA kubelet plugin can't start.
+    #[error(transparent)]
+    Dra(#[from] dra::DraError),
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
@@ -87,6 +91,7 @@ pub async fn run(config: AgentConfig) -> Result<(), RunError> {
 ///
 /// # Errors
 /// See [`RunError`].
+#[allow(clippy::too_many_lines)] // The wiring of every stage, in the order they start.
 pub async fn run_until(
     config: AgentConfig,
     shutdown: impl std::future::Future<Output = ()>,
@@ -127,11 +132,34 @@ pub async fn run_until(
     )?;
     let (upward_tx, upward_rx) = mpsc::channel(UPWARD_BUFFER);
     let (quota_tx, quota_rx) = mpsc::unbounded_channel();
+    // The DRA plugin, where enabled: its sockets bound and the claims it prepared before a
+    // restart read, so their quotas are enforced again with the controller's.
+    let dra = config
+        .dra
+        .clone()
+        .map(|dra_config| {
+            let tree = holdings.open_tree(dra::store::TREE)?;
+            Ok::<_, RunError>(dra::Plugin::open(
+                dra_config,
+                config.node_name.clone(),
+                backend.as_ref(),
+                tree,
+                quota_tx.clone(),
+            )?)
+        })
+        .transpose()?;
+    // A GPU is offered to Kubernetes or to the controller, never to both: the controller link
+    // sees only the GPUs not offered to Kubernetes.
+    let controller_backend: Arc<dyn GpuBackend> = match &config.dra {
+        Some(d) => Arc::new(dra::Subset::new(Arc::clone(&backend), |g| !d.offers(g))),
+        None => Arc::clone(&backend),
+    };
     let (enforcer, enforcer_task) = start::enforcement(
         &mut sensor,
         &attributor,
         &holdings,
-        backend.as_ref(),
+        dra.as_ref().map(|p| p.held.clone()).unwrap_or_default(),
+        controller_backend.as_ref(),
         upward_tx,
         &config,
         throttle.clone(),
@@ -179,7 +207,7 @@ pub async fn run_until(
         LinkWiring {
             hooks,
             holdings,
-            backend,
+            backend: controller_backend,
             telemetry: Arc::clone(&telemetry),
             enforcer: enforcer.clone(),
             usage_reports,
@@ -189,7 +217,18 @@ pub async fn run_until(
         },
     );
 
+    let (dra_stop, dra_stopped) = tokio::sync::oneshot::channel::<()>();
+    let dra_task = dra.map(|plugin| {
+        tokio::spawn(plugin.run(config.rescan_interval, async {
+            let _ = dra_stopped.await;
+        }))
+    });
     serve(&config, &sources, shutdown).await?;
+    // The plugin removes its sockets as it stops, so the kubelet unregisters it.
+    let _ = dra_stop.send(());
+    if let Some(task) = dra_task {
+        let _ = task.await;
+    }
     // Stopping the tasks drops the last references to the sensor, which detaches the programs
     // that are not pinned; pinned ones keep enforcing (`gpuwarden-agent unpin` removes them).
     tasks.shutdown().await;

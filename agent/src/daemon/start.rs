@@ -58,6 +58,7 @@ pub(super) fn enforcement(
     sensor: &mut Sensor,
     attributor: &Attributor,
     holdings: &Holdings,
+    dra_held: Vec<QuotaSpec>,
     backend: &dyn GpuBackend,
     upward: mpsc::Sender<pb::EnforcementEvent>,
     config: &AgentConfig,
@@ -79,7 +80,7 @@ pub(super) fn enforcement(
         config.binding_timeout,
         Some(throttle),
     );
-    let mut held = Vec::new();
+    let mut held = dra_held;
     for session in holdings.sessions() {
         let Some(allocate) = holdings.get(&session) else {
             continue;
@@ -90,14 +91,15 @@ pub(super) fn enforcement(
             Err(e) => tracing::warn!(session, "held quota no longer enforceable: {e}"),
         }
     }
+    let held_count = held.len();
     enforcer.thaw_targets(&held);
     for spec in held {
         enforcer.apply(spec);
     }
     enforcer.sweep_stale();
-    if !holdings.sessions().is_empty() {
+    if !holdings.sessions().is_empty() || held_count > holdings.sessions().len() {
         tracing::info!(
-            sessions = holdings.sessions().len(),
+            sessions = held_count,
             "holding allocations from before the restart"
         );
     }

@@ -79,6 +79,12 @@ pub trait GpuBackend: Send + Sync {
         Vec::new()
     }
 
+    /// The GPU driver's version as the driver reports it (`580.159`); `None` where the backend
+    /// can't tell (mock devices). Published in the DRA ResourceSlice.
+    fn driver_version(&self) -> Option<String> {
+        None
+    }
+
     /// The slot types the backend provides.
     fn slot_types(&self) -> Vec<(String, SlotKind)> {
         if self.devices().is_empty() {

@@ -70,6 +70,10 @@ impl GpuBackend for NvmlBackend {
         &self.devices
     }
 
+    fn driver_version(&self) -> Option<String> {
+        self.nvml.sys_driver_version().ok()
+    }
+
     fn process_memory(&self) -> Vec<ProcessMemory> {
         let mut out = Vec::new();
         for (&index, &nvml_index) in &self.nvml_index {

@@ -1,0 +1,445 @@
+//! A ResourceClaim as the API server returns it (`resource.k8s.io/v1`), reduced to the fields
+//! the driver reads, and what it asks this node to enforce.
+//!
+//! The kubelet passes only a claim's namespace, name and UID; the allocation is in the claim's
+//! `status`: `allocation.devices.results` (driver, pool, device, `consumedCapacity`,
+//! `shareID`), `allocation.devices.config` (opaque driver parameters) and `reservedFor` (the
+//! pod). [`plan`] turns that into the same quota a controller `Allocate` makes.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use gpuwarden_proto::{convert, v1 as pb};
+use gpuwarden_types::{policy::QuotaPolicy, target::Target};
+
+use super::{DRIVER_NAME, device_name, quantity};
+#[cfg(test)]
+use crate::enforcement::quota::QuotaSpec;
+use crate::{devices::GpuDevice, enforcement::quota::PPM};
+
+/// The claim, as far as the driver reads it.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ResourceClaim {
+    /// `metadata`.
+    #[serde(default)]
+    pub metadata: Metadata,
+    /// `status`.
+    #[serde(default)]
+    pub status: Option<Status>,
+}
+
+/// `metadata`: name, namespace, UID.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Metadata {
+    /// Name.
+    #[serde(default)]
+    pub name: String,
+    /// Namespace.
+    #[serde(default)]
+    pub namespace: String,
+    /// UID.
+    #[serde(default)]
+    pub uid: String,
+}
+
+/// `status`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    /// `allocation`.
+    #[serde(default)]
+    pub allocation: Option<Allocation>,
+    /// `reservedFor`: the consumers (pods) the claim is reserved for.
+    #[serde(default)]
+    pub reserved_for: Vec<Consumer>,
+}
+
+/// `status.allocation`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Allocation {
+    /// `devices`.
+    #[serde(default)]
+    pub devices: Option<DeviceAllocation>,
+}
+
+/// `status.allocation.devices`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct DeviceAllocation {
+    /// `results`.
+    #[serde(default)]
+    pub results: Vec<DeviceResult>,
+    /// `config`: class and claim configuration.
+    #[serde(default)]
+    pub config: Vec<DeviceConfig>,
+}
+
+/// One allocated device.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceResult {
+    /// The request it serves.
+    #[serde(default)]
+    pub request: String,
+    /// The driver.
+    #[serde(default)]
+    pub driver: String,
+    /// The pool.
+    #[serde(default)]
+    pub pool: String,
+    /// The device's name in the pool.
+    #[serde(default)]
+    pub device: String,
+    /// Capacity consumed from a shared device (KEP-5075): name → quantity.
+    #[serde(default)]
+    pub consumed_capacity: Option<BTreeMap<String, String>>,
+    /// The share's id on a shared device.
+    #[serde(default, rename = "shareID")]
+    pub share_id: Option<String>,
+}
+
+/// One configuration entry.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct DeviceConfig {
+    /// `FromClass` or `FromClaim`.
+    #[serde(default)]
+    pub source: String,
+    /// The requests it applies to; empty: all.
+    #[serde(default)]
+    pub requests: Vec<String>,
+    /// Driver-specific parameters.
+    #[serde(default)]
+    pub opaque: Option<OpaqueConfig>,
+}
+
+/// `opaque`: parameters for one driver.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct OpaqueConfig {
+    /// The driver they are for.
+    #[serde(default)]
+    pub driver: String,
+    /// The parameters (an embedded object).
+    #[serde(default)]
+    pub parameters: serde_json::Value,
+}
+
+/// This driver's parameters in an opaque config:
+/// `{"apiVersion": "gpu.gpuwarden.io/v1alpha1", "kind": "GpuConfig", "memoryPolicy": "kill",
+/// "computePolicy": "hard"}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuConfig {
+    /// `kill`, `stop` or `report`.
+    #[serde(default)]
+    pub memory_policy: Option<String>,
+    /// `hard` or `work-conserving`.
+    #[serde(default)]
+    pub compute_policy: Option<String>,
+}
+
+/// A consumer in `reservedFor`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Consumer {
+    /// API group (`""` for pods).
+    #[serde(default)]
+    pub api_group: Option<String>,
+    /// Resource (`pods`).
+    #[serde(default)]
+    pub resource: String,
+    /// Name.
+    #[serde(default)]
+    pub name: String,
+    /// UID.
+    #[serde(default)]
+    pub uid: String,
+}
+
+/// Why a claim can't be prepared on this node; the text is the kubelet's per-claim error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    /// The UID is not the one the kubelet asked for (the claim was deleted and made again).
+    #[error("ResourceClaim {namespace}/{name} has UID {found}, not {wanted}")]
+    Uid {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// UID asked for.
+        wanted: String,
+        /// UID found.
+        found: String,
+    },
+    /// No allocation yet.
+    #[error("ResourceClaim {0} is not allocated")]
+    NotAllocated(String),
+    /// No device of this driver in this node's pool.
+    #[error("ResourceClaim {claim} has no device of driver {DRIVER_NAME} in pool {pool}")]
+    NotThisNode {
+        /// `namespace/name`.
+        claim: String,
+        /// This node's pool.
+        pool: String,
+    },
+    /// A device name this node doesn't have.
+    #[error("device {0}: this node has no such GPU")]
+    NoSuchDevice(String),
+    /// A GPU the node keeps for the controller.
+    #[error("device {0} is offered to the gpuwarden controller, not to Kubernetes")]
+    NotOffered(String),
+    /// A consumed capacity that can't be read.
+    #[error("device {device}: consumed {capacity}: {why}")]
+    Capacity {
+        /// Device.
+        device: String,
+        /// `shares` or `memory`.
+        capacity: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// Unreadable driver parameters.
+    #[error("opaque config for {DRIVER_NAME}: {0}")]
+    Config(String),
+    /// No pod reserves the claim.
+    #[error("ResourceClaim {0} is reserved for no pod")]
+    NoPod(String),
+    /// Several pods share the claim.
+    #[error(
+        "ResourceClaim {claim} is reserved for {pods} pods; {DRIVER_NAME} enforces a claim for one pod"
+    )]
+    SharedClaim {
+        /// `namespace/name`.
+        claim: String,
+        /// How many.
+        pods: usize,
+    },
+    /// The pod's UID is not a UUID.
+    #[error("ResourceClaim {claim}: pod UID {uid:?} is not a UUID")]
+    PodUid {
+        /// `namespace/name`.
+        claim: String,
+        /// The UID.
+        uid: String,
+    },
+}
+
+/// One allocated device as the kubelet is answered.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PlannedDevice {
+    /// The request it serves.
+    pub request: String,
+    /// The pool (this node's name).
+    pub pool: String,
+    /// The device's name (`gpu-0`).
+    pub device: String,
+    /// The share id, when shared.
+    pub share_id: Option<String>,
+}
+
+/// What a claim asks of this node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The pod the quota binds to.
+    pub pod_uid: String,
+    /// The pod's name, for logs.
+    pub pod_name: String,
+    /// The allocation, as the controller would send it (session `k8s-<claim uid>`).
+    pub allocate: pb::Allocate,
+    /// The devices, for the kubelet's answer.
+    pub devices: Vec<PlannedDevice>,
+}
+
+/// The session id a claim's quota runs under.
+#[must_use]
+pub fn session_id(claim_uid: &str) -> String {
+    format!("k8s-{claim_uid}")
+}
+
+/// What `claim` (asked for by `uid`) asks this node (pool `pool`) to enforce; `offered` are the
+/// GPUs offered to Kubernetes, `all` every GPU of the node; `defaults` the node's policies.
+///
+/// # Errors
+/// See [`ClaimError`]: each is the kubelet's per-claim error text.
+pub fn plan(
+    claim: &ResourceClaim,
+    uid: &str,
+    pool: &str,
+    offered: &[GpuDevice],
+    all: &[GpuDevice],
+    defaults: QuotaPolicy,
+) -> Result<Plan, ClaimError> {
+    let m = &claim.metadata;
+    let id = format!("{}/{}", m.namespace, m.name);
+    if m.uid != uid {
+        return Err(ClaimError::Uid {
+            namespace: m.namespace.clone(),
+            name: m.name.clone(),
+            wanted: uid.to_owned(),
+            found: m.uid.clone(),
+        });
+    }
+    let status = claim.status.clone().unwrap_or_default();
+    let Some(devices) = status.allocation.and_then(|a| a.devices) else {
+        return Err(ClaimError::NotAllocated(id));
+    };
+    let ours: Vec<&DeviceResult> = devices
+        .results
+        .iter()
+        .filter(|r| r.driver == DRIVER_NAME && r.pool == pool)
+        .collect();
+    if ours.is_empty() {
+        return Err(ClaimError::NotThisNode {
+            claim: id,
+            pool: pool.to_owned(),
+        });
+    }
+    let pods: Vec<&Consumer> = status
+        .reserved_for
+        .iter()
+        .filter(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or("").is_empty())
+        .collect();
+    let pod = match pods.as_slice() {
+        [] => return Err(ClaimError::NoPod(id)),
+        [pod] => *pod,
+        more => {
+            return Err(ClaimError::SharedClaim {
+                claim: id,
+                pods: more.len(),
+            });
+        }
+    };
+    // Pods from the API always have dashed UUIDs (a static pod's bare hash never reserves a
+    // claim: static pods can't reference API objects).
+    let target = Target::PodUid(pod.uid.clone());
+    if target.check_form().is_err() {
+        return Err(ClaimError::PodUid {
+            claim: id,
+            uid: pod.uid.clone(),
+        });
+    }
+
+    // Per GPU index: summed shares (ppm) and memory (bytes; 0 = the share of the device's).
+    let mut per_gpu: BTreeMap<u32, (u64, u64, String)> = BTreeMap::new();
+    let mut planned = Vec::new();
+    let mut policy = defaults;
+    let mut configs: Vec<&DeviceConfig> = devices.config.iter().collect();
+    // The claim's own configuration wins over its class's.
+    configs.sort_by_key(|c| c.source == "FromClaim");
+    for r in &ours {
+        let gpu = offered.iter().find(|g| device_name(g) == r.device);
+        let Some(gpu) = gpu else {
+            return Err(if all.iter().any(|g| device_name(g) == r.device) {
+                ClaimError::NotOffered(r.device.clone())
+            } else {
+                ClaimError::NoSuchDevice(r.device.clone())
+            });
+        };
+        let (shares, memory) = consumed(r, gpu)?;
+        let entry = per_gpu.entry(gpu.index).or_insert((0, 0, gpu.uuid.clone()));
+        entry.0 += shares;
+        entry.1 += memory;
+        policy = configured(&configs, r, policy)?;
+        planned.push(PlannedDevice {
+            request: r.request.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            share_id: r.share_id.clone(),
+        });
+    }
+    let allocate = pb::Allocate {
+        session_id: session_id(uid),
+        slots: None,
+        devices: per_gpu
+            .into_iter()
+            .map(|(index, (ppm, memory_bytes, uuid))| pb::DeviceShare {
+                uuid,
+                index,
+                shares: decimal(ppm),
+                memory_bytes,
+                exclusive: false,
+            })
+            .collect(),
+        target: convert::target_to_pb(&target),
+        policy: Some(convert::policy_to_pb(policy)),
+    };
+    Ok(Plan {
+        pod_uid: pod.uid.clone(),
+        pod_name: pod.name.clone(),
+        allocate,
+        devices: planned,
+    })
+}
+
+/// The share (ppm) and memory (bytes; 0: the share's fraction of the device) `r` consumes of
+/// `gpu`. No consumed capacity at all is the whole device (an exclusive allocation).
+fn consumed(r: &DeviceResult, gpu: &GpuDevice) -> Result<(u64, u64), ClaimError> {
+    let consumed = r.consumed_capacity.clone().unwrap_or_default();
+    let capacity_err = |capacity, why: String| ClaimError::Capacity {
+        device: r.device.clone(),
+        capacity,
+        why,
+    };
+    let shares = consumed
+        .get("shares")
+        .map(|q| quantity::micros(q))
+        .transpose()
+        .map_err(|e| capacity_err("shares", e.to_string()))?
+        .unwrap_or(u64::from(PPM));
+    let memory = consumed
+        .get("memory")
+        .map(|q| quantity::whole_ceil(q))
+        .transpose()
+        .map_err(|e| capacity_err("memory", e.to_string()))?
+        .unwrap_or(if consumed.contains_key("shares") {
+            0
+        } else {
+            gpu.memory_bytes
+        });
+    Ok((shares, memory))
+}
+
+/// `policy` with what this driver's opaque configs for `r`'s request say, in order.
+fn configured(
+    configs: &[&DeviceConfig],
+    r: &DeviceResult,
+    mut policy: QuotaPolicy,
+) -> Result<QuotaPolicy, ClaimError> {
+    for c in configs {
+        let Some(opaque) = c.opaque.as_ref().filter(|o| o.driver == DRIVER_NAME) else {
+            continue;
+        };
+        // A config names requests, or subrequests as `<request>/<subrequest>`.
+        if !c.requests.is_empty()
+            && !c
+                .requests
+                .iter()
+                .any(|q| q == &r.request || r.request.starts_with(&format!("{q}/")))
+        {
+            continue;
+        }
+        let params: GpuConfig = serde_json::from_value(opaque.parameters.clone())
+            .map_err(|e| ClaimError::Config(e.to_string()))?;
+        policy = super::config::policy_with(
+            policy,
+            params.memory_policy.as_deref(),
+            params.compute_policy.as_deref(),
+        )
+        .map_err(|e| ClaimError::Config(e.to_string()))?;
+    }
+    Ok(policy)
+}
+
+/// Parts per million as an exact decimal (`500000` → `0.5`).
+fn decimal(ppm: u64) -> String {
+    let whole = ppm / u64::from(PPM);
+    let frac = ppm % u64::from(PPM);
+    if frac == 0 {
+        whole.to_string()
+    } else {
+        let digits = format!("{frac:06}");
+        format!("{whole}.{}", digits.trim_end_matches('0'))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,201 @@
+use super::*;
+
+const POD: &str = "6b1e3f0c-2d4a-4c5b-9e8f-0a1b2c3d4e5f";
+const UID: &str = "0f9e8d7c-6b5a-4948-8372-615243342516";
+
+fn gpus() -> Vec<GpuDevice> {
+    (0..3)
+        .map(|index| GpuDevice {
+            uuid: format!("GPU-{index}"),
+            model: "Mock".into(),
+            memory_bytes: 16 << 30,
+            numa_node: 0,
+            sm_count: 0,
+            is_mig: false,
+            index,
+            device_node: format!("/dev/nvidia{index}"),
+        })
+        .collect()
+}
+
+/// A claim as the API server returns it (`resource.k8s.io/v1`), allocated on `pool`.
+#[allow(clippy::needless_pass_by_value)] // Literals read best passed as they are built.
+fn claim(
+    pool: &str,
+    device: &str,
+    consumed: serde_json::Value,
+    config: serde_json::Value,
+) -> ResourceClaim {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "half", "namespace": "ml", "uid": UID},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuwarden.io"}}]}},
+        "status": {
+            "allocation": {"devices": {
+                "results": [{"request": "gpu", "driver": DRIVER_NAME, "pool": pool, "device": device,
+                             "consumedCapacity": consumed, "shareID": "4a1b2c3d-0000-4000-8000-000000000001"}],
+                "config": config,
+            }},
+            "reservedFor": [{"resource": "pods", "name": "train-0", "uid": POD}],
+        },
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_claim_becomes_the_quota_a_controller_allocation_makes() {
+    let all = gpus();
+    let offered = &all[..2];
+    let c = claim(
+        "node-a",
+        "gpu-1",
+        serde_json::json!({"shares": "500m", "memory": "256Mi"}),
+        serde_json::json!([
+            {"source": "FromClass", "opaque": {"driver": DRIVER_NAME, "parameters": {"memoryPolicy": "report"}}},
+            {"source": "FromClaim", "opaque": {"driver": DRIVER_NAME, "parameters":
+                {"apiVersion": "gpu.gpuwarden.io/v1alpha1", "kind": "GpuConfig", "memoryPolicy": "stop"}}},
+            {"source": "FromClaim", "opaque": {"driver": "other.example.com", "parameters": {"memoryPolicy": "x"}}},
+        ]),
+    );
+    let p = plan(&c, UID, "node-a", offered, &all, QuotaPolicy::default()).unwrap();
+    assert_eq!(p.pod_uid, POD);
+    let spec = QuotaSpec::from_allocate(&p.allocate, offered)
+        .unwrap()
+        .unwrap();
+    assert_eq!(spec.session_id, format!("k8s-{UID}"));
+    assert_eq!(spec.target, Target::PodUid(POD.into()));
+    assert_eq!(spec.devices.len(), 1);
+    assert_eq!(
+        (
+            spec.devices[0].index,
+            spec.devices[0].shares_ppm,
+            spec.devices[0].memory_bytes
+        ),
+        (1, 500_000, 256 << 20)
+    );
+    // The claim's own config wins over the class's; other drivers' configs are not read.
+    assert_eq!(spec.memory_policy.as_str(), "stop");
+    assert_eq!(spec.compute_policy.as_str(), "hard");
+    assert_eq!(
+        p.devices,
+        vec![PlannedDevice {
+            request: "gpu".into(),
+            pool: "node-a".into(),
+            device: "gpu-1".into(),
+            share_id: Some("4a1b2c3d-0000-4000-8000-000000000001".into()),
+        }]
+    );
+}
+
+#[test]
+fn shares_alone_limit_memory_to_that_fraction_and_nothing_consumed_is_the_whole_device() {
+    let all = gpus();
+    let c = claim(
+        "n",
+        "gpu-0",
+        serde_json::json!({"shares": "250m"}),
+        serde_json::json!([]),
+    );
+    let p = plan(&c, UID, "n", &all, &all, QuotaPolicy::default()).unwrap();
+    let spec = QuotaSpec::from_allocate(&p.allocate, &all)
+        .unwrap()
+        .unwrap();
+    assert_eq!(spec.devices[0].memory_bytes, 4 << 30);
+    let c = claim("n", "gpu-0", serde_json::Value::Null, serde_json::json!([]));
+    let p = plan(&c, UID, "n", &all, &all, QuotaPolicy::default()).unwrap();
+    let spec = QuotaSpec::from_allocate(&p.allocate, &all)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (spec.devices[0].shares_ppm, spec.devices[0].memory_bytes),
+        (PPM, 16 << 30)
+    );
+}
+
+#[test]
+fn claims_this_node_cannot_serve_are_refused_with_the_reason() {
+    let all = gpus();
+    let offered = &all[..2];
+    let none = serde_json::json!([]);
+    let half = serde_json::json!({"shares": "500m"});
+    let cases = [
+        (
+            claim("n", "gpu-0", half.clone(), none.clone()),
+            "other-uid",
+            "n",
+            "has UID 0f9e8d7c-6b5a-4948-8372-615243342516, not other-uid",
+        ),
+        (
+            claim("other", "gpu-0", half.clone(), none.clone()),
+            UID,
+            "n",
+            "in pool n",
+        ),
+        (
+            claim("n", "gpu-7", half.clone(), none.clone()),
+            UID,
+            "n",
+            "gpu-7: this node has no such GPU",
+        ),
+        (
+            claim("n", "gpu-2", half.clone(), none.clone()),
+            UID,
+            "n",
+            "offered to the gpuwarden controller",
+        ),
+        (
+            claim(
+                "n",
+                "gpu-0",
+                serde_json::json!({"shares": "1n"}),
+                none.clone(),
+            ),
+            UID,
+            "n",
+            "millionth",
+        ),
+        (
+            claim(
+                "n",
+                "gpu-0",
+                half.clone(),
+                serde_json::json!([{"source": "FromClaim",
+                "opaque": {"driver": DRIVER_NAME, "parameters": {"memoryPolicy": "freeze"}}}]),
+            ),
+            UID,
+            "n",
+            "freeze",
+        ),
+    ];
+    for (c, uid, pool, words) in cases {
+        let err = plan(&c, uid, pool, offered, &all, QuotaPolicy::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(words), "{err:?} lacks {words:?}");
+    }
+    let mut unallocated = claim("n", "gpu-0", half.clone(), none.clone());
+    unallocated.status.as_mut().unwrap().allocation = None;
+    let err = plan(
+        &unallocated,
+        UID,
+        "n",
+        offered,
+        &all,
+        QuotaPolicy::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err, ClaimError::NotAllocated("ml/half".into()));
+    let mut unreserved = claim("n", "gpu-0", half, none);
+    unreserved.status.as_mut().unwrap().reserved_for.clear();
+    let err = plan(&unreserved, UID, "n", offered, &all, QuotaPolicy::default()).unwrap_err();
+    assert_eq!(err, ClaimError::NoPod("ml/half".into()));
+}
+
+#[test]
+fn shares_travel_as_exact_decimals() {
+    assert_eq!(decimal(500_000), "0.5");
+    assert_eq!(decimal(1_000_000), "1");
+    assert_eq!(decimal(1), "0.000001");
+    assert_eq!(decimal(250_000), "0.25");
+}

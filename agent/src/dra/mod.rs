@@ -1,0 +1,256 @@
+//! The agent as a Kubernetes DRA driver (`gpu.gpuwarden.io`; docs/architecture.md, "Kubernetes
+//! asks through DRA; the agent enforces", and docs/kubernetes.md, "The agent as DRA driver").
+//!
+//! kube-scheduler allocates fractions of this node's GPUs to ResourceClaims; the kubelet then
+//! asks this plugin to prepare each claim for its pod. The plugin turns the claim's allocation
+//! into the same quota a controller `Allocate` makes — the allowed device node, a memory limit
+//! and a compute share — bound to the reserving pod's UID, and hands it to enforcement. A GPU is
+//! offered either to Kubernetes or to the controller, never to both (`[dra] gpus`).
+//!
+//! - `config`: the `[dra]` section;
+//! - `server`: the registration and `DRAPlugin` v1/v1beta1 gRPC services on Unix sockets;
+//! - `plugin`: prepare and unprepare;
+//! - `claim`: a ResourceClaim read, and the quota it asks for;
+//! - `slice`: the node's ResourceSlice, kept in step with its GPUs;
+//! - `cdi`: the CDI specs that give containers the device nodes;
+//! - `store`: prepared claims in the agent's sled store;
+//! - `apiserver`: the few API-server calls, over hyper and rustls;
+//! - `quantity`: Kubernetes quantities, read exactly.
+
+pub mod apiserver;
+pub mod cdi;
+pub mod claim;
+pub mod config;
+pub mod plugin;
+pub mod quantity;
+pub mod server;
+pub mod slice;
+pub mod store;
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::sync::mpsc;
+
+pub use config::{DraConfig, DraFileConfig};
+
+use crate::{
+    control::QuotaCommand,
+    devices::{GpuBackend, GpuDevice},
+    enforcement::quota::QuotaSpec,
+};
+
+/// The driver's name: the ResourceSlices' `driver`, the claims' results' `driver`, the plugin's
+/// registration name.
+pub const DRIVER_NAME: &str = "gpu.gpuwarden.io";
+
+/// A GPU's device name in the node's pool (a DNS label): `gpu-<index>`.
+#[must_use]
+pub fn device_name(gpu: &GpuDevice) -> String {
+    format!("gpu-{}", gpu.index)
+}
+
+/// Errors starting the plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum DraError {
+    /// The API server settings can't be used.
+    #[error("DRA plugin: {0}")]
+    Api(#[from] apiserver::ApiError),
+    /// A socket can't be served.
+    #[error("DRA plugin: cannot listen on {path}: {source}")]
+    Socket {
+        /// The socket.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The claim store can't be read.
+    #[error("DRA plugin: {0}")]
+    Store(#[from] store::StoreError),
+}
+
+/// A backend that shows only some of another's GPUs: the controller sees the GPUs not offered
+/// to Kubernetes, so no GPU is offered to both.
+pub struct Subset {
+    inner: Arc<dyn GpuBackend>,
+    devices: Vec<GpuDevice>,
+}
+
+impl Subset {
+    /// The GPUs of `inner` that `keep` keeps.
+    #[must_use]
+    pub fn new(inner: Arc<dyn GpuBackend>, keep: impl Fn(&GpuDevice) -> bool) -> Self {
+        let devices = inner
+            .devices()
+            .iter()
+            .filter(|g| keep(g))
+            .cloned()
+            .collect();
+        Self { inner, devices }
+    }
+}
+
+impl GpuBackend for Subset {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn devices(&self) -> &[GpuDevice] {
+        &self.devices
+    }
+
+    fn process_memory(&self) -> Vec<crate::devices::ProcessMemory> {
+        self.inner
+            .process_memory()
+            .into_iter()
+            .filter(|p| self.devices.iter().any(|g| g.index == p.index))
+            .collect()
+    }
+
+    fn extra_capacity(&self) -> Vec<(String, String)> {
+        self.inner.extra_capacity()
+    }
+
+    fn driver_version(&self) -> Option<String> {
+        self.inner.driver_version()
+    }
+}
+
+/// The plugin as the daemon starts it: the claims it held before a restart (their quotas go
+/// into enforcement with the controller's), and what runs it.
+pub struct Plugin {
+    /// The driver.
+    pub driver: Arc<plugin::Driver>,
+    /// Quotas of the claims prepared before the restart.
+    pub held: Vec<QuotaSpec>,
+    config: DraConfig,
+    node: String,
+    offered: Vec<GpuDevice>,
+    driver_version: Option<String>,
+    listener: tokio::net::UnixListener,
+    registration_listener: tokio::net::UnixListener,
+    /// What the kubelet said of the registration.
+    pub registration: server::RegistrationSeen,
+}
+
+impl Plugin {
+    /// Sets the plugin up: the API client, the claims kept in `tree`, the two sockets bound.
+    ///
+    /// # Errors
+    /// See [`DraError`].
+    pub fn open(
+        config: DraConfig,
+        node: String,
+        backend: &dyn GpuBackend,
+        tree: Option<sled::Tree>,
+        quotas: mpsc::UnboundedSender<QuotaCommand>,
+    ) -> Result<Self, DraError> {
+        let api = apiserver::ApiServer::new(&config.api)?;
+        let store = store::ClaimStore::load(tree)?;
+        let held = store.all().filter_map(|p| p.quota.clone()).collect();
+        let offered: Vec<GpuDevice> = backend
+            .devices()
+            .iter()
+            .filter(|g| config.offers(g))
+            .cloned()
+            .collect();
+        let bind = |path: std::path::PathBuf| {
+            server::bind(&path).map_err(|source| DraError::Socket { path, source })
+        };
+        // The plugin socket first: the kubelet dials it as soon as it sees the registration.
+        let listener = bind(config.plugin_socket())?;
+        let registration_listener = bind(config.registration_socket())?;
+        let driver = plugin::Driver::new(
+            config.clone(),
+            node.clone(),
+            offered.clone(),
+            backend.devices().to_vec(),
+            api,
+            store,
+            quotas,
+        );
+        Ok(Self {
+            driver,
+            held,
+            config,
+            node,
+            offered,
+            driver_version: backend.driver_version(),
+            listener,
+            registration_listener,
+            registration: server::RegistrationSeen::default(),
+        })
+    }
+
+    /// Serves the kubelet and keeps the ResourceSlice published, until `shutdown`.
+    pub async fn run(
+        self,
+        every: Duration,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) {
+        tracing::info!(
+            offered = %self.offered.iter().map(device_name).collect::<Vec<_>>().join(","),
+            registration = %self.config.registration_socket().display(),
+            endpoint = %self.config.plugin_socket().display(),
+            "{DRIVER_NAME}: DRA plugin ready"
+        );
+        let publisher = publish_slices(
+            self.config.clone(),
+            self.node.clone(),
+            self.offered.clone(),
+            self.driver_version.clone(),
+            every,
+        );
+        tokio::select! {
+            () = server::serve(
+                self.driver,
+                self.listener,
+                self.config.plugin_socket(),
+                self.registration_listener,
+                self.config.registration_socket(),
+                self.registration,
+                shutdown,
+            ) => {}
+            () = publisher => {}
+        }
+    }
+}
+
+/// Publishes the node's ResourceSlice, again whenever the usable GPUs change; failures are
+/// retried.
+async fn publish_slices(
+    config: DraConfig,
+    node: String,
+    offered: Vec<GpuDevice>,
+    driver_version: Option<String>,
+    every: Duration,
+) {
+    let api = match apiserver::ApiServer::new(&config.api) {
+        Ok(api) => api,
+        Err(e) => {
+            tracing::error!("{DRIVER_NAME}: no ResourceSlice: {e}");
+            return;
+        }
+    };
+    let mut published: Option<Vec<serde_json::Value>> = None;
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let devices = slice::devices(&offered, driver_version.as_deref());
+        if published.as_ref() == Some(&devices) {
+            continue;
+        }
+        match slice::publish(&api, &node, &devices).await {
+            Ok(generation) => {
+                tracing::info!(
+                    devices = devices.len(),
+                    generation,
+                    "{DRIVER_NAME}: ResourceSlice published"
+                );
+                published = Some(devices);
+            }
+            Err(e) => tracing::warn!("{DRIVER_NAME}: publishing the ResourceSlice: {e}; retrying"),
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! The kubelet's side of the plugin: `pluginregistration.Registration` on the registration
+//! socket (the kubelet's plugin watcher finds it under `plugins_registry`), and `DRAPlugin` v1
+//! and v1beta1 on the plugin's own socket. Both are gRPC over Unix sockets.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use gpuwarden_proto::kubelet::{
+    DRA_PLUGIN_TYPE, DRA_VERSIONS, dra_v1 as v1, dra_v1beta1 as v1beta1, pluginregistration as reg,
+};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+use super::{
+    DRIVER_NAME,
+    plugin::{ClaimRef, Driver},
+    store::Prepared,
+};
+
+/// The registration status the kubelet last sent.
+pub type RegistrationSeen = Arc<Mutex<Option<reg::RegistrationStatus>>>;
+
+/// `pluginregistration.Registration`.
+struct Registration {
+    endpoint: PathBuf,
+    seen: RegistrationSeen,
+}
+
+#[tonic::async_trait]
+impl reg::registration_server::Registration for Registration {
+    async fn get_info(
+        &self,
+        _request: Request<reg::InfoRequest>,
+    ) -> Result<Response<reg::PluginInfo>, Status> {
+        Ok(Response::new(reg::PluginInfo {
+            r#type: DRA_PLUGIN_TYPE.to_owned(),
+            name: DRIVER_NAME.to_owned(),
+            endpoint: self.endpoint.display().to_string(),
+            supported_versions: DRA_VERSIONS.iter().map(|&v| v.to_owned()).collect(),
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<reg::RegistrationStatus>,
+    ) -> Result<Response<reg::RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        if status.plugin_registered {
+            tracing::info!("{DRIVER_NAME}: registered with the kubelet");
+        } else {
+            tracing::error!(
+                "{DRIVER_NAME}: the kubelet refused the registration: {}",
+                status.error
+            );
+        }
+        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = Some(status);
+        Ok(Response::new(reg::RegistrationStatusResponse {}))
+    }
+}
+
+/// `DRAPlugin`, both versions, over the same driver.
+#[derive(Clone)]
+struct Plugin(Arc<Driver>);
+
+/// Prepares each claim; the answers keyed by claim UID, an error per claim as text.
+async fn prepare_all(
+    driver: &Driver,
+    claims: Vec<ClaimRef>,
+) -> Vec<(String, Result<Prepared, String>)> {
+    let mut answers = Vec::with_capacity(claims.len());
+    for claim in claims {
+        let answer = driver.prepare(&claim).await;
+        if let Err(e) = &answer {
+            tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, "{DRIVER_NAME}: prepare: {e}");
+        }
+        answers.push((claim.uid, answer));
+    }
+    answers
+}
+
+fn unprepare_all(driver: &Driver, claims: Vec<ClaimRef>) -> Vec<(String, String)> {
+    claims
+        .into_iter()
+        .map(|claim| {
+            let error = driver.unprepare(&claim).err().unwrap_or_default();
+            (claim.uid, error)
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl v1::dra_plugin_server::DraPlugin for Plugin {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<v1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
+        let claims = request.into_inner().claims.into_iter().map(|c| ClaimRef {
+            namespace: c.namespace,
+            uid: c.uid,
+            name: c.name,
+        });
+        let claims = prepare_all(&self.0, claims.collect()).await;
+        Ok(Response::new(v1::NodePrepareResourcesResponse {
+            claims: claims
+                .into_iter()
+                .map(|(uid, answer)| {
+                    let response = match answer {
+                        Ok(p) => v1::NodePrepareResourceResponse {
+                            devices: p
+                                .devices
+                                .iter()
+                                .map(|d| v1::Device {
+                                    request_names: vec![d.request.clone()],
+                                    pool_name: d.pool.clone(),
+                                    device_name: d.device.clone(),
+                                    cdi_device_ids: p.cdi_device_ids.clone(),
+                                    share_id: d.share_id.clone(),
+                                })
+                                .collect(),
+                            error: String::new(),
+                        },
+                        Err(error) => v1::NodePrepareResourceResponse {
+                            devices: vec![],
+                            error,
+                        },
+                    };
+                    (uid, response)
+                })
+                .collect(),
+        }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<v1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
+        let claims = request.into_inner().claims.into_iter().map(|c| ClaimRef {
+            namespace: c.namespace,
+            uid: c.uid,
+            name: c.name,
+        });
+        Ok(Response::new(v1::NodeUnprepareResourcesResponse {
+            claims: unprepare_all(&self.0, claims.collect())
+                .into_iter()
+                .map(|(uid, error)| (uid, v1::NodeUnprepareResourceResponse { error }))
+                .collect(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl v1beta1::dra_plugin_server::DraPlugin for Plugin {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<v1beta1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
+        let claims = request.into_inner().claims.into_iter().map(|c| ClaimRef {
+            namespace: c.namespace,
+            uid: c.uid,
+            name: c.name,
+        });
+        let claims = prepare_all(&self.0, claims.collect()).await;
+        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
+            claims: claims
+                .into_iter()
+                .map(|(uid, answer)| {
+                    let response = match answer {
+                        // v1beta1 has no share ids: the device and CDI ids alone.
+                        Ok(p) => v1beta1::NodePrepareResourceResponse {
+                            devices: p
+                                .devices
+                                .iter()
+                                .map(|d| v1beta1::Device {
+                                    request_names: vec![d.request.clone()],
+                                    pool_name: d.pool.clone(),
+                                    device_name: d.device.clone(),
+                                    cdi_device_ids: p.cdi_device_ids.clone(),
+                                })
+                                .collect(),
+                            error: String::new(),
+                        },
+                        Err(error) => v1beta1::NodePrepareResourceResponse {
+                            devices: vec![],
+                            error,
+                        },
+                    };
+                    (uid, response)
+                })
+                .collect(),
+        }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let claims = request.into_inner().claims.into_iter().map(|c| ClaimRef {
+            namespace: c.namespace,
+            uid: c.uid,
+            name: c.name,
+        });
+        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
+            claims: unprepare_all(&self.0, claims.collect())
+                .into_iter()
+                .map(|(uid, error)| (uid, v1beta1::NodeUnprepareResourceResponse { error }))
+                .collect(),
+        }))
+    }
+}
+
+/// Binds a Unix socket at `path` (its directory made, a stale socket from an earlier run
+/// removed), readable by root only.
+///
+/// # Errors
+/// The directory or socket can't be made.
+pub fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let listener = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(
+        path,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600),
+    )?;
+    Ok(listener)
+}
+
+/// Serves `DRAPlugin` on `plugin` and the registration on `registration` until `shutdown`; the
+/// plugin socket is listening before the registration socket appears, so the kubelet finds the
+/// endpoint ready. Both sockets are removed at the end (the kubelet then unregisters the
+/// plugin).
+pub async fn serve(
+    driver: Arc<Driver>,
+    plugin: tokio::net::UnixListener,
+    plugin_path: PathBuf,
+    registration: tokio::net::UnixListener,
+    registration_path: PathBuf,
+    seen: RegistrationSeen,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) {
+    let plugin_service = tonic::transport::Server::builder()
+        .add_service(v1::dra_plugin_server::DraPluginServer::new(Plugin(
+            Arc::clone(&driver),
+        )))
+        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(Plugin(
+            driver,
+        )))
+        .serve_with_incoming(UnixListenerStream::new(plugin));
+    let registration_service = tonic::transport::Server::builder()
+        .add_service(reg::registration_server::RegistrationServer::new(
+            Registration {
+                endpoint: plugin_path.clone(),
+                seen,
+            },
+        ))
+        .serve_with_incoming(UnixListenerStream::new(registration));
+    tokio::select! {
+        r = plugin_service => if let Err(e) = r { tracing::error!("{DRIVER_NAME}: plugin socket: {e}") },
+        r = registration_service => if let Err(e) = r { tracing::error!("{DRIVER_NAME}: registration socket: {e}") },
+        () = shutdown => {}
+    }
+    let _ = std::fs::remove_file(&registration_path);
+    let _ = std::fs::remove_file(&plugin_path);
+}

@@ -1,0 +1,121 @@
+//! Prepared claims, persisted in the agent's sled store (a tree beside the controller's
+//! holdings), so a restarted agent enforces them again and answers the kubelet's repeated
+//! `NodePrepareResources` exactly as before.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::claim::PlannedDevice;
+use crate::enforcement::quota::QuotaSpec;
+
+/// The sled tree of prepared claims.
+pub const TREE: &str = "dra_claims";
+
+/// Errors of the claim store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A write or flush failed.
+    #[error("agent store: {0}")]
+    Io(#[from] sled::Error),
+    /// A record doesn't decode.
+    #[error("agent store: prepared claim {uid} is corrupt: {source}")]
+    Corrupt {
+        /// Its claim UID.
+        uid: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// A claim prepared on this node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Prepared {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+    /// The reserving pod's UID.
+    pub pod_uid: String,
+    /// The reserving pod's name.
+    pub pod_name: String,
+    /// The quota enforced; `None` when it binds nothing.
+    pub quota: Option<QuotaSpec>,
+    /// The kubelet's answer.
+    pub devices: Vec<PlannedDevice>,
+    /// The CDI device ids returned.
+    pub cdi_device_ids: Vec<String>,
+}
+
+/// Prepared claims by UID, in memory and (when given a tree) on disk.
+#[derive(Debug, Default)]
+pub struct ClaimStore {
+    claims: BTreeMap<String, Prepared>,
+    tree: Option<sled::Tree>,
+}
+
+impl ClaimStore {
+    /// Loads what `tree` holds; `None` keeps claims in memory only.
+    ///
+    /// # Errors
+    /// A record is corrupt or unreadable.
+    pub fn load(tree: Option<sled::Tree>) -> Result<Self, StoreError> {
+        let mut claims = BTreeMap::new();
+        if let Some(tree) = &tree {
+            for item in tree {
+                let (k, v) = item?;
+                let uid = String::from_utf8_lossy(&k).into_owned();
+                let record: Prepared =
+                    serde_json::from_slice(&v).map_err(|source| StoreError::Corrupt {
+                        uid: uid.clone(),
+                        source,
+                    })?;
+                claims.insert(uid, record);
+            }
+        }
+        Ok(Self { claims, tree })
+    }
+
+    /// The claim prepared under `uid`.
+    #[must_use]
+    pub fn get(&self, uid: &str) -> Option<&Prepared> {
+        self.claims.get(uid)
+    }
+
+    /// Every prepared claim.
+    pub fn all(&self) -> impl Iterator<Item = &Prepared> {
+        self.claims.values()
+    }
+
+    /// Keeps `record`, durably before returning.
+    ///
+    /// # Errors
+    /// The write failed; nothing is kept then.
+    pub fn put(&mut self, record: Prepared) -> Result<(), StoreError> {
+        if let Some(tree) = &self.tree {
+            let bytes = serde_json::to_vec(&record).map_err(|source| StoreError::Corrupt {
+                uid: record.uid.clone(),
+                source,
+            })?;
+            tree.insert(record.uid.as_bytes(), bytes)?;
+            tree.flush()?;
+        }
+        self.claims.insert(record.uid.clone(), record);
+        Ok(())
+    }
+
+    /// Forgets `uid`; returns what was kept.
+    ///
+    /// # Errors
+    /// The write failed.
+    pub fn remove(&mut self, uid: &str) -> Result<Option<Prepared>, StoreError> {
+        if let Some(tree) = &self.tree {
+            tree.remove(uid.as_bytes())?;
+            tree.flush()?;
+        }
+        Ok(self.claims.remove(uid))
+    }
+}

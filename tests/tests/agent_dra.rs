@@ -1,0 +1,603 @@
+//! The agent as a DRA kubelet plugin, against a fake kubelet built from the vendored kubelet
+//! protos (over the real Unix sockets) and a fake API server on loopback serving ResourceClaims
+//! written as the `resource.k8s.io/v1` API reference shows them; the ResourceSlices the agent
+//! writes are checked against the API's published JSON schema (strict variant: no field the API
+//! doesn't define). End to end, the prepared claim is enforced on the real kernel with the fake
+//! NVIDIA driver, across a `kill -9` of the agent.
+
+// Test helpers fail loudly on anything unexpected.
+#![allow(clippy::unwrap_used)]
+
+#[path = "agent_dra/fake_api.rs"]
+mod fake_api;
+#[path = "agent_dra/fake_kubelet.rs"]
+mod fake_kubelet;
+mod util;
+
+use std::{
+    fmt::Write as _,
+    os::unix::{fs::FileTypeExt as _, process::ExitStatusExt as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use fake_api::{FakeApi, Schema};
+use fake_kubelet::{
+    discover, notify, prepare_v1, prepare_v1beta1, unprepare_v1, unprepare_v1beta1,
+};
+use gpuwarden_agent::dra::{
+    DraConfig,
+    config::{ApiServerConfig, GpuSelection},
+};
+use gpuwarden_agent_api::{client, snapshot::Snapshot};
+use gpuwarden_test_support::{TestCgroup, require_root, scratch};
+use serde_json::{Value, json};
+use util::{Client, Driver, TestAgent, container_id, pin_dir, pod_uid};
+
+const DRIVER: &str = "gpu.gpuwarden.io";
+const NODE: &str = "test-node";
+const MIB: u64 = 1 << 20;
+
+/// A ResourceClaim as `GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`
+/// returns it once kube-scheduler allocated it (consumable capacity: `consumedCapacity`,
+/// `shareID`) and the pod reserved it.
+fn claim(name: &str, uid: &str, pool: &str, device: &str, pod: &str, memory_policy: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
+                "capacity": {"requests": {"shares": "500m", "memory": "256Mi"}},
+            }}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "gpu.gpuwarden.io/v1alpha1", "kind": "GpuConfig",
+                "memoryPolicy": memory_policy,
+            }}}],
+        }},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{
+                        "request": "gpu", "driver": DRIVER, "pool": pool, "device": device,
+                        "consumedCapacity": {"shares": "500m", "memory": "256Mi"},
+                        "shareID": "9d0c6f1e-3b7a-4f2e-8c5d-1a2b3c4d5e6f",
+                    }],
+                    "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {
+                        "driver": DRIVER, "parameters": {
+                            "apiVersion": "gpu.gpuwarden.io/v1alpha1", "kind": "GpuConfig",
+                            "memoryPolicy": memory_policy,
+                        }}}],
+                },
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [pool]}]}]},
+            },
+            "reservedFor": [{"resource": "pods", "name": "train-0", "uid": pod}],
+        },
+    })
+}
+
+/// Mock GPUs whose device nodes are `nodes` (files the agent checks are there).
+fn mock_file(dir: &Path, nodes: &[PathBuf]) -> PathBuf {
+    let mut toml = String::new();
+    for (i, node) in nodes.iter().enumerate() {
+        writeln!(
+            toml,
+            "[[devices]]\nuuid = \"GPU-dra-{i}\"\nmodel_name = \"Mock H100\"\nnuma_node = {}\nmemory_size = \"16G\"\ndevice_node = \"{}\"",
+            i % 2,
+            node.display()
+        )
+        .unwrap();
+    }
+    let path = dir.join("mock.toml");
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// The kubelet's directories, the CDI directory and the API token, in a scratch directory.
+struct KubeletDirs {
+    registry: PathBuf,
+    plugins: PathBuf,
+    cdi: PathBuf,
+    token: PathBuf,
+}
+
+impl KubeletDirs {
+    fn new(root: &Path) -> Self {
+        let token = root.join("token");
+        std::fs::write(&token, "test-token\n").unwrap();
+        Self {
+            registry: root.join("plugins_registry"),
+            plugins: root.join("plugins"),
+            cdi: root.join("cdi"),
+            token,
+        }
+    }
+
+    fn endpoint(&self) -> PathBuf {
+        self.plugins.join(DRIVER).join("dra.sock")
+    }
+}
+
+fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The ResourceSlice writes (POST, PUT) the fake API server saw, in order.
+fn slice_writes(api: &FakeApi) -> Vec<Value> {
+    api.seen()
+        .into_iter()
+        .filter(|s| (s.method == "POST" || s.method == "PUT") && s.path.contains("resourceslices"))
+        .filter_map(|s| s.body)
+        .collect()
+}
+
+/// Registration, prepare and unprepare over the sockets (v1 and v1beta1; repeats, an unknown
+/// claim, a device the node lacks, a GPU kept for the controller, another node's claim), the
+/// slice the agent publishes (checked against the API schema), and a lost GPU leaving it.
+#[test]
+#[ignore = "needs root"]
+fn the_kubelet_registers_the_plugin_and_prepares_claims() {
+    require_root();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let api = FakeApi::start(&rt);
+    let schema = Schema::load();
+    let root = scratch("dra");
+    let dev = root.path().join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    let nodes: Vec<PathBuf> = (0..3).map(|i| dev.join(format!("nvidia{i}"))).collect();
+    for n in nodes.iter().chain([&dev.join("nvidiactl")]) {
+        std::fs::write(n, "").unwrap();
+    }
+    let dirs = KubeletDirs::new(root.path());
+    let state = scratch("dra-agent");
+    let mut cfg = util::config(&[format!("{}/nvidia*", dev.display())], state.path());
+    cfg.mock_devices = Some(mock_file(root.path(), &nodes));
+    cfg.rescan_interval = Duration::from_millis(200);
+    cfg.dra = Some(DraConfig {
+        gpus: GpuSelection::Indexes(vec![0, 1]),
+        plugins_registry_dir: dirs.registry.clone(),
+        plugins_dir: dirs.plugins.clone(),
+        cdi_dir: dirs.cdi.clone(),
+        policy: gpuwarden_agent::enforcement::quota::QuotaPolicy::default(),
+        api: ApiServerConfig {
+            url: api.url(),
+            token_file: Some(dirs.token.clone()),
+            ca_file: None,
+        },
+    });
+    let agent = TestAgent::start_with(cfg);
+
+    // The plugin watcher finds the registration socket; GetInfo names the endpoint.
+    let (reg_socket, info) = rt.block_on(discover(&dirs.registry));
+    assert_eq!(reg_socket, dirs.registry.join(format!("{DRIVER}-reg.sock")));
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, DRIVER);
+    assert_eq!(PathBuf::from(&info.endpoint), dirs.endpoint());
+    assert_eq!(
+        info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    );
+    rt.block_on(notify(&reg_socket, true, ""));
+    let endpoint = PathBuf::from(info.endpoint);
+
+    // The slice: GPUs 0 and 1 (2 is the controller's), valid for the API.
+    wait_for("the ResourceSlice", || !slice_writes(&api).is_empty());
+    let slice = slice_writes(&api).remove(0);
+    let errors = schema.check("io.k8s.api.resource.v1.ResourceSlice", &slice);
+    assert!(errors.is_empty(), "{errors:#?}\n{slice:#}");
+    // The check can fail: a field the API doesn't define, or a capacity of the wrong type.
+    let mut wrong = slice.clone();
+    wrong["spec"]["devices"][0]["shared"] = json!(true);
+    wrong["spec"]["pool"]["generation"] = json!("1");
+    assert_eq!(
+        schema
+            .check("io.k8s.api.resource.v1.ResourceSlice", &wrong)
+            .len(),
+        2
+    );
+    assert_eq!(slice["spec"]["driver"], DRIVER);
+    assert_eq!(slice["spec"]["nodeName"], NODE);
+    assert_eq!(
+        slice["spec"]["pool"],
+        json!({"name": NODE, "generation": 1, "resourceSliceCount": 1})
+    );
+    let devices = slice["spec"]["devices"].as_array().unwrap();
+    let names: Vec<&str> = devices
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["gpu-0", "gpu-1"]);
+    for (i, d) in devices.iter().enumerate() {
+        assert_eq!(d["attributes"]["uuid"]["string"], format!("GPU-dra-{i}"));
+        assert_eq!(d["attributes"]["index"]["int"], i);
+        assert_eq!(d["attributes"]["numaNode"]["int"], i % 2);
+        assert_eq!(d["attributes"]["mig"]["bool"], false);
+        assert_eq!(d["allowMultipleAllocations"], true);
+        assert_eq!(d["capacity"]["shares"]["value"], "1");
+        assert_eq!(
+            d["capacity"]["shares"]["requestPolicy"]["validRange"]["step"],
+            "1u"
+        );
+        // The mock file's `16G` is 16 GiB.
+        assert_eq!(d["capacity"]["memory"]["value"], (16u64 << 30).to_string());
+    }
+    assert!(
+        api.seen()
+            .iter()
+            .all(|s| s.authorization.as_deref() == Some("Bearer test-token")),
+        "a request went without the token"
+    );
+    let claim_errors = schema.check(
+        "io.k8s.api.resource.v1.ResourceClaim",
+        &claim("c", "u", NODE, "gpu-0", "p", "kill"),
+    );
+    assert!(
+        claim_errors.is_empty(),
+        "the fixture itself: {claim_errors:#?}"
+    );
+
+    // Claims: one to prepare, and each way one can't be.
+    let pod = pod_uid("dra-pod");
+    let half = ("ml", "11111111-1111-4111-8111-111111111111", "half");
+    let ghost = ("ml", "22222222-2222-4222-8222-222222222222", "ghost");
+    let far = ("ml", "33333333-3333-4333-8333-333333333333", "far");
+    let kept = ("ml", "44444444-4444-4444-8444-444444444444", "kept");
+    let other = ("ml", "55555555-5555-4555-8555-555555555555", "other");
+    let beta = ("ml", "66666666-6666-4666-8666-666666666666", "beta");
+    api.put_claim(claim(half.2, half.1, NODE, "gpu-0", &pod, "kill"));
+    api.put_claim(claim(far.2, far.1, NODE, "gpu-7", &pod, "kill"));
+    api.put_claim(claim(kept.2, kept.1, NODE, "gpu-2", &pod, "kill"));
+    api.put_claim(claim(other.2, other.1, "node-b", "gpu-0", &pod, "kill"));
+    api.put_claim(claim(beta.2, beta.1, NODE, "gpu-1", &pod, "report"));
+
+    let answer = rt.block_on(prepare_v1(&endpoint, &[half, ghost, far, kept, other]));
+    assert_eq!(answer.claims.len(), 5);
+    let ok = &answer.claims[half.1];
+    assert_eq!(ok.error, "");
+    assert_eq!(ok.devices.len(), 1);
+    let d = &ok.devices[0];
+    assert_eq!(
+        (d.pool_name.as_str(), d.device_name.as_str()),
+        (NODE, "gpu-0")
+    );
+    assert_eq!(d.request_names, ["gpu"]);
+    assert_eq!(d.cdi_device_ids, [format!("{DRIVER}/gpu={}", half.1)]);
+    assert_eq!(
+        d.share_id.as_deref(),
+        Some("9d0c6f1e-3b7a-4f2e-8c5d-1a2b3c4d5e6f")
+    );
+    for (claim, words) in [
+        (ghost, "ResourceClaim ml/ghost not found"),
+        (far, "device gpu-7: this node has no such GPU"),
+        (kept, "device gpu-2 is offered to the gpuwarden controller"),
+        (
+            other,
+            "no device of driver gpu.gpuwarden.io in pool test-node",
+        ),
+    ] {
+        let a = &answer.claims[claim.1];
+        assert!(a.error.contains(words), "{}: {:?}", claim.2, a.error);
+        assert!(a.devices.is_empty());
+    }
+
+    // The CDI spec lists the GPU's node and the control node, nothing else.
+    let spec_path = dirs.cdi.join(format!("{DRIVER}-{}.json", half.1));
+    let spec: Value = serde_json::from_slice(&std::fs::read(&spec_path).unwrap()).unwrap();
+    assert_eq!(
+        spec,
+        json!({"cdiVersion": "1.1.0", "kind": "gpu.gpuwarden.io/gpu", "devices": [{
+            "name": half.1,
+            "containerEdits": {"deviceNodes": [
+                {"path": "/dev/nvidia0", "hostPath": nodes[0].display().to_string()},
+                {"path": "/dev/nvidiactl", "hostPath": dev.join("nvidiactl").display().to_string()},
+            ]},
+        }]})
+    );
+
+    // The quota reached enforcement, bound to the pod (whose cgroup doesn't exist here).
+    let session = format!("k8s-{}", half.1);
+    let binding = |s: &Snapshot| s.bindings.iter().any(|b| b.session_id == session);
+    wait_for("the claim's quota", || binding(&agent.snapshot()));
+    let s = agent.snapshot();
+    let b = s.bindings.iter().find(|b| b.session_id == session).unwrap();
+    assert_eq!(b.state, "pending", "{b:?}");
+
+    // Repeated: the same answer, from the agent's record (no second read of the claim).
+    let gets = |api: &FakeApi| {
+        api.seen()
+            .iter()
+            .filter(|s| s.path.ends_with("/half"))
+            .count()
+    };
+    let before = gets(&api);
+    let again = rt.block_on(prepare_v1(&endpoint, &[half]));
+    assert_eq!(again.claims[half.1], answer.claims[half.1]);
+    assert_eq!(gets(&api), before);
+
+    // v1beta1: the same service without share ids.
+    let b1 = rt.block_on(prepare_v1beta1(&endpoint, &[beta, ghost]));
+    let ok = &b1.claims[beta.1];
+    assert_eq!(ok.error, "");
+    assert_eq!(ok.devices[0].device_name, "gpu-1");
+    assert_eq!(
+        ok.devices[0].cdi_device_ids,
+        [format!("{DRIVER}/gpu={}", beta.1)]
+    );
+    assert!(b1.claims[ghost.1].error.contains("not found"));
+
+    // Unprepare: quota, spec and record gone; again, and for an unknown claim, still success.
+    for _ in 0..2 {
+        let u = rt.block_on(unprepare_v1(&endpoint, &[half, ghost]));
+        assert_eq!(u.claims.len(), 2);
+        assert!(u.claims.values().all(|c| c.error.is_empty()), "{u:?}");
+    }
+    assert!(!spec_path.exists());
+    wait_for("the quota to be lifted", || !binding(&agent.snapshot()));
+    let u = rt.block_on(unprepare_v1beta1(&endpoint, &[beta]));
+    assert_eq!(u.claims[beta.1].error, "");
+    // Prepared again after unprepare: read from the API again.
+    let re = rt.block_on(prepare_v1(&endpoint, &[half]));
+    assert_eq!(re.claims[half.1], answer.claims[half.1]);
+    assert_eq!(gets(&api), before + 1);
+
+    // A GPU lost (its device node gone): the slice is written again without it.
+    std::fs::remove_file(&nodes[1]).unwrap();
+    wait_for("the slice without gpu-1", || slice_writes(&api).len() >= 2);
+    let slice = slice_writes(&api).pop().unwrap();
+    let errors = schema.check("io.k8s.api.resource.v1.ResourceSlice", &slice);
+    assert!(errors.is_empty(), "{errors:#?}");
+    assert_eq!(slice["spec"]["pool"]["generation"], 2);
+    let names: Vec<&str> = slice["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["gpu-0"]);
+    assert!(api.slices()[&format!("{NODE}-{DRIVER}")]["metadata"]["resourceVersion"].is_string());
+
+    agent.stop().unwrap();
+    // Stopped: the sockets are gone, so the kubelet unregisters the plugin.
+    assert!(!reg_socket.exists());
+    assert!(!endpoint.exists());
+}
+
+/// An agent process (so it can be `kill -9`ed), killed when dropped.
+struct AgentProcess(Child);
+
+impl AgentProcess {
+    fn spawn(config: &Path) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_agent-under-test"))
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Self(child)
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Opens `path` from a process inside `cg`; returns the errno (0 on success).
+fn open_in(cg: &TestCgroup, path: &Path) -> i32 {
+    let script = format!(
+        "echo $$ > {} && exec 3< {} && echo opened",
+        cg.procs().display(),
+        path.display()
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        0
+    } else if stderr.contains("Operation not permitted") {
+        libc::EPERM
+    } else if stderr.contains("No such device or address") {
+        libc::ENXIO
+    } else {
+        panic!("open of {} ended otherwise: {stderr}", path.display())
+    }
+}
+
+fn mknod(path: &Path, major: u32, minor: u32) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a plain syscall with a valid path.
+    let rc = unsafe {
+        libc::mknod(
+            c.as_ptr(),
+            libc::S_IFCHR | 0o666,
+            libc::makedev(major, minor),
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "mknod {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    assert!(
+        std::fs::metadata(path)
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    );
+}
+
+/// A client in `cg` on GPU 0 of the fake driver: (client, client handle, device handle).
+fn client_on_gpu0(driver: &Driver, cg: &TestCgroup) -> (Client, u64, u64) {
+    let mut c = Client::spawn(&driver.dir, Some(cg));
+    let h = c.value("client", "client");
+    let dev = c.value(&format!("device {h:#x} 0"), "handle");
+    (c, h, dev)
+}
+
+/// A claim for 0.5 of GPU 0 and 256 MiB, prepared by the kubelet for a pod whose container
+/// cgroup exists: past 256 MiB the container's process is killed, the other GPU does not open;
+/// `kill -9` of the agent changes neither, and the restarted agent answers the repeated prepare
+/// the same; unprepared, both limits are lifted.
+#[test]
+#[ignore = "needs root"]
+fn a_prepared_claim_is_enforced_on_the_pod_across_an_agent_kill() {
+    require_root();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let api = FakeApi::start(&rt);
+    let driver = Driver::mount("dra-e2e");
+    let root = scratch("dra-e2e");
+    let dirs = KubeletDirs::new(root.path());
+    let mock = mock_file(
+        root.path(),
+        &[driver.dir.join("nvidia0"), driver.dir.join("nvidia1")],
+    );
+    let state = scratch("dra-e2e-agent");
+    let pins = pin_dir(state.path());
+    let config = root.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"gpu_devices = ["{glob}"]
+socket = "{state}/agent.sock"
+state_dir = "{state}"
+node_name = "{NODE}"
+bpf_pin_dir = "{pins}"
+mock_devices = "{mock}"
+rescan_interval_secs = 1
+
+[dra]
+enabled = true
+gpus = "all"
+plugins_registry_dir = "{registry}"
+plugins_dir = "{plugins}"
+cdi_dir = "{cdi}"
+api_server = "{api}"
+api_token_file = "{token}"
+"#,
+            glob = driver.glob(),
+            state = state.path().display(),
+            pins = pins.display(),
+            mock = mock.display(),
+            registry = dirs.registry.display(),
+            plugins = dirs.plugins.display(),
+            cdi = dirs.cdi.display(),
+            api = api.url(),
+            token = dirs.token.display(),
+        ),
+    )
+    .unwrap();
+    let socket = state.path().join("agent.sock");
+    let snapshot = || rt.block_on(client::snapshot(&socket));
+
+    // The pod's container, in the systemd cgroup layout of the kubelet.
+    let pod = pod_uid("dra-e2e");
+    let cg = TestCgroup::create(&format!(
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope",
+        pod.replace('-', "_"),
+        container_id("dra-e2e")
+    ));
+    let claim_id = ("ml", "77777777-7777-4777-8777-777777777777", "half");
+    api.put_claim(claim(claim_id.2, claim_id.1, NODE, "gpu-0", &pod, "kill"));
+    let nodes = scratch("dra-nodes");
+    for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
+        mknod(&nodes.path().join(name), 195, minor);
+    }
+    let open = |name: &str| open_in(&cg, &nodes.path().join(name));
+
+    let mut agent = AgentProcess::spawn(&config);
+    let (_, info) = rt.block_on(discover(&dirs.registry));
+    let endpoint = PathBuf::from(info.endpoint);
+    let first = rt.block_on(prepare_v1(&endpoint, &[claim_id]));
+    assert_eq!(first.claims[claim_id.1].error, "");
+    let session = format!("k8s-{}", claim_id.1);
+    wait_for("the claim's quota to bind to the pod", || {
+        snapshot().is_ok_and(|s| {
+            s.bindings
+                .iter()
+                .any(|b| b.session_id == session && b.state == "bound")
+        })
+    });
+
+    // Past 256 MiB: killed. The other GPU: refused.
+    let (mut a, h, dev) = client_on_gpu0(&driver, &cg);
+    a.ok(&format!("alloc {h:#x} {dev:#x} 200m"));
+    a.send_only(&format!("alloc {h:#x} {dev:#x} 100m"));
+    assert_eq!(a.wait().signal(), Some(libc::SIGKILL));
+    assert_eq!(open("nvidia0"), libc::ENXIO);
+    assert_eq!(open("nvidia1"), libc::EPERM);
+
+    // kill -9: the pinned programs keep enforcing the claim.
+    agent.kill9();
+    let (mut b, h, dev) = client_on_gpu0(&driver, &cg);
+    b.ok(&format!("alloc {h:#x} {dev:#x} 200m"));
+    b.send_only(&format!("alloc {h:#x} {dev:#x} 100m"));
+    assert_eq!(b.wait().signal(), Some(libc::SIGKILL));
+    assert_eq!(open("nvidia1"), libc::EPERM);
+
+    // Restarted: the kubelet registers it again and repeats the prepare; same answer.
+    let mut agent = AgentProcess::spawn(&config);
+    wait_for("the restarted agent", || snapshot().is_ok());
+    let (_, info) = rt.block_on(discover(&dirs.registry));
+    assert_eq!(PathBuf::from(&info.endpoint), endpoint);
+    let again = rt.block_on(prepare_v1(&endpoint, &[claim_id]));
+    assert_eq!(again, first);
+    wait_for("the restarted agent to hold the quota", || {
+        snapshot().is_ok_and(|s| {
+            s.bindings
+                .iter()
+                .any(|b| b.session_id == session && b.state == "bound")
+        })
+    });
+    let s = snapshot().unwrap();
+    let c = s
+        .containers
+        .iter()
+        .find(|c| c.cgroup_path == cg.path)
+        .unwrap();
+    let quota = c.quota.as_ref().unwrap();
+    assert_eq!(
+        (quota.memory_bytes, quota.policy.as_str()),
+        (256 * MIB, "kill")
+    );
+
+    // Unprepared: both limits lifted.
+    let u = rt.block_on(unprepare_v1(&endpoint, &[claim_id]));
+    assert_eq!(u.claims[claim_id.1].error, "");
+    wait_for("the quota to be lifted", || {
+        snapshot().is_ok_and(|s| s.bindings.iter().all(|b| b.session_id != session))
+    });
+    assert_eq!(open("nvidia1"), libc::ENXIO);
+    let (c, h, dev) = client_on_gpu0(&driver, &cg);
+    let mut c = c;
+    c.ok(&format!("alloc {h:#x} {dev:#x} 300m"));
+    c.exit();
+    agent.kill9();
+    let _ = std::fs::remove_dir_all(&pins);
+}

@@ -1,0 +1,309 @@
+//! A fake Kubernetes API server on loopback (hyper, plain HTTP): it serves ResourceClaims as the
+//! `resource.k8s.io/v1` API returns them and keeps the ResourceSlices written to it, recording
+//! every request; and a validator of objects against the published JSON schema of the API
+//! (`tests/fixtures/k8s-schema`, strict: no property the API doesn't define).
+
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use http_body_util::{BodyExt, Full};
+use hyper::{Request, Response, body::Bytes, service::service_fn};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+
+/// One request as the fake saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub authorization: Option<String>,
+    pub body: Option<Value>,
+}
+
+#[derive(Default)]
+struct State {
+    claims: BTreeMap<String, Value>,
+    slices: BTreeMap<String, Value>,
+    seen: Vec<Seen>,
+    next_version: u64,
+}
+
+/// The fake API server, stopped when dropped.
+pub struct FakeApi {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/";
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+
+impl FakeApi {
+    /// Serves on a free loopback port of `rt`.
+    pub fn start(rt: &tokio::runtime::Runtime) -> Self {
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State::default()));
+        let shared = Arc::clone(&state);
+        let task = rt.spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let state = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| answer(Arc::clone(&state), req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, state, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Serves `claim` (its namespace and name from its metadata).
+    pub fn put_claim(&self, claim: Value) {
+        let key = format!(
+            "{}/{}",
+            claim["metadata"]["namespace"].as_str().unwrap(),
+            claim["metadata"]["name"].as_str().unwrap()
+        );
+        self.state.lock().unwrap().claims.insert(key, claim);
+    }
+
+    /// Every request so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.state.lock().unwrap().seen.clone()
+    }
+
+    /// The ResourceSlices held, by name.
+    pub fn slices(&self) -> BTreeMap<String, Value> {
+        self.state.lock().unwrap().slices.clone()
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn reply(status: u16, body: &Value) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+/// A `Status` object as the API server answers errors.
+fn status(code: u16, reason: &str, message: &str) -> Response<Full<Bytes>> {
+    reply(
+        code,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": message, "reason": reason, "code": code}),
+    )
+}
+
+async fn answer(
+    state: Arc<Mutex<State>>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let method = req.method().as_str().to_owned();
+    let path = req.uri().path().to_owned();
+    let authorization = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let bytes = req.into_body().collect().await.unwrap().to_bytes();
+    let body: Option<Value> = (!bytes.is_empty()).then(|| serde_json::from_slice(&bytes).unwrap());
+    let mut s = state.lock().unwrap();
+    s.seen.push(Seen {
+        method: method.clone(),
+        path: path.clone(),
+        authorization,
+        body: body.clone(),
+    });
+    let response = if let Some(rest) = path.strip_prefix(CLAIMS) {
+        // <ns>/resourceclaims/<name>
+        let parts: Vec<&str> = rest.split('/').collect();
+        match (method.as_str(), parts.as_slice()) {
+            ("GET", [ns, "resourceclaims", name]) => match s.claims.get(&format!("{ns}/{name}")) {
+                Some(claim) => reply(200, claim),
+                None => status(
+                    404,
+                    "NotFound",
+                    &format!("resourceclaims.resource.k8s.io \"{name}\" not found"),
+                ),
+            },
+            _ => status(405, "MethodNotAllowed", "not served by the fake"),
+        }
+    } else if let Some(rest) = path.strip_prefix(SLICES) {
+        let name = rest.trim_start_matches('/');
+        s.next_version += 1;
+        let version = s.next_version.to_string();
+        match (method.as_str(), name, body) {
+            ("GET", name, _) if !name.is_empty() => match s.slices.get(name) {
+                Some(slice) => reply(200, slice),
+                None => status(404, "NotFound", "not found"),
+            },
+            ("POST", "", Some(mut slice)) => {
+                let name = slice["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                if let std::collections::btree_map::Entry::Vacant(entry) = s.slices.entry(name) {
+                    slice["metadata"]["resourceVersion"] = json!(version);
+                    entry.insert(slice.clone());
+                    reply(201, &slice)
+                } else {
+                    status(409, "AlreadyExists", "already exists")
+                }
+            }
+            ("PUT", name, Some(mut slice)) if !name.is_empty() => {
+                let current = s
+                    .slices
+                    .get(name)
+                    .map(|c| c["metadata"]["resourceVersion"].clone());
+                if current.is_some()
+                    && current != Some(slice["metadata"]["resourceVersion"].clone())
+                {
+                    status(409, "Conflict", "the object has been modified")
+                } else {
+                    slice["metadata"]["resourceVersion"] = json!(version);
+                    s.slices.insert(name.to_owned(), slice.clone());
+                    reply(200, &slice)
+                }
+            }
+            ("DELETE", name, _) if !name.is_empty() => match s.slices.remove(name) {
+                Some(slice) => reply(200, &slice),
+                None => status(404, "NotFound", "not found"),
+            },
+            _ => status(405, "MethodNotAllowed", "not served by the fake"),
+        }
+    } else {
+        status(404, "NotFound", "not served by the fake")
+    };
+    Ok(response)
+}
+
+/// The API's published JSON schema (strict variant), for the `resource.k8s.io/v1` types.
+pub struct Schema {
+    defs: Value,
+}
+
+impl Schema {
+    pub fn load() -> Self {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/k8s-schema/resource.k8s.io-v1.strict.json"
+        );
+        let all: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        Self {
+            defs: all["$defs"].clone(),
+        }
+    }
+
+    /// What in `value` the schema of `type_name` (e.g. `io.k8s.api.resource.v1.ResourceSlice`)
+    /// refuses, each with its JSON path; empty: valid.
+    pub fn check(&self, type_name: &str, value: &Value) -> Vec<String> {
+        let mut errors = Vec::new();
+        let schema = self.defs[type_name].clone();
+        assert!(schema.is_object(), "no schema {type_name}");
+        self.walk(&schema, value, "$", &mut errors);
+        errors
+    }
+
+    fn walk(&self, schema: &Value, value: &Value, at: &str, errors: &mut Vec<String>) {
+        if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
+            let name = r.rsplit('/').next().unwrap();
+            let target = &self.defs[name];
+            assert!(target.is_object(), "unresolved {r}");
+            self.walk(target, value, at, errors);
+        }
+        if let Some(one_of) = schema.get("oneOf").and_then(Value::as_array) {
+            let matching = one_of
+                .iter()
+                .filter(|s| {
+                    let mut e = Vec::new();
+                    self.walk(s, value, at, &mut e);
+                    e.is_empty()
+                })
+                .count();
+            if matching != 1 {
+                errors.push(format!("{at}: matches {matching} of oneOf"));
+            }
+        }
+        if let Some(types) = schema.get("type") {
+            let types: Vec<&str> = match types {
+                Value::String(t) => vec![t.as_str()],
+                Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+                _ => vec![],
+            };
+            let ok = types.iter().any(|t| match *t {
+                "object" => value.is_object(),
+                "array" => value.is_array(),
+                "string" => value.is_string(),
+                "integer" => value.is_i64() || value.is_u64(),
+                "number" => value.is_number(),
+                "boolean" => value.is_boolean(),
+                "null" => value.is_null(),
+                _ => false,
+            });
+            if !ok {
+                errors.push(format!("{at}: {value} is not {types:?}"));
+                return;
+            }
+        }
+        if let Some(values) = schema.get("enum").and_then(Value::as_array)
+            && !value.is_null()
+            && !values.contains(value)
+        {
+            errors.push(format!("{at}: {value} not in {values:?}"));
+        }
+        if let Some(object) = value.as_object() {
+            let properties = schema.get("properties").and_then(Value::as_object);
+            for required in schema
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+            {
+                if !object.contains_key(required) {
+                    errors.push(format!("{at}: required {required} missing"));
+                }
+            }
+            for (key, v) in object {
+                let path = format!("{at}.{key}");
+                match properties.and_then(|p| p.get(key)) {
+                    Some(s) => self.walk(s, v, &path, errors),
+                    None => match schema.get("additionalProperties") {
+                        Some(Value::Bool(false)) => {
+                            errors.push(format!("{path}: not a property of the API"));
+                        }
+                        Some(s) if s.is_object() => self.walk(s, v, &path, errors),
+                        _ => {}
+                    },
+                }
+            }
+        }
+        if let (Some(items), Some(array)) = (schema.get("items"), value.as_array()) {
+            for (i, v) in array.iter().enumerate() {
+                self.walk(items, v, &format!("{at}[{i}]"), errors);
+            }
+        }
+    }
+}
