@@ -132,3 +132,82 @@ fn the_socket_group_is_resolved_at_load_and_an_unknown_one_named() {
     let config = AgentConfig::load(None, Overrides::default()).unwrap();
     assert_eq!(config.socket_group, None, "root only by default");
 }
+
+/// The `agent.toml` blocks of YAML `text` (a ConfigMap's `agent.toml: |` and the lines indented
+/// under it, in a manifest or in a kustomize patch).
+fn embedded_agent_tomls(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some(key_at) = line.find("agent.toml: |") else {
+            continue;
+        };
+        let mut block = Vec::new();
+        while let Some(next) = lines.peek() {
+            let indent = next.len() - next.trim_start().len();
+            if !next.trim().is_empty() && indent <= key_at {
+                break;
+            }
+            block.push(*next);
+            lines.next();
+        }
+        let strip = block
+            .iter()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.len() - l.trim_start().len())
+            .min()
+            .unwrap_or(0);
+        found.push(
+            block
+                .iter()
+                .map(|l| l.get(strip..).unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        );
+    }
+    found
+}
+
+/// Every agent config the Kubernetes manifests ship (the base and each overlay's) loads with
+/// the agent's own parser, which refuses unknown keys: a key that drifted would crash-loop the
+/// DaemonSet.
+#[test]
+fn the_manifests_agent_configs_load() {
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
+    let mut pending = vec![deploy];
+    let mut loaded = 0;
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "yaml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (i, toml) in embedded_agent_tomls(&text).into_iter().enumerate() {
+                let (_dir, file) = write(&format!("manifest-{loaded}"), &toml);
+                let config = AgentConfig::load(Some(&file), Overrides::default());
+                // In a pod the API server comes from the environment the kubelet sets; here
+                // there is none, and that is the only failure allowed.
+                let in_cluster_only = matches!(
+                    config,
+                    Err(ConfigError::Dra(
+                        crate::dra::config::DraConfigError::NoApiServer
+                    ))
+                ) && std::env::var_os("KUBERNETES_SERVICE_HOST").is_none();
+                assert!(
+                    config.is_ok() || in_cluster_only,
+                    "{} (agent.toml #{i}): {:?}\n{toml}",
+                    path.display(),
+                    config.err()
+                );
+                loaded += 1;
+            }
+        }
+    }
+    // The base DaemonSet's config and the DRA overlay's, at least.
+    assert!(loaded >= 2, "found {loaded} agent.toml blocks");
+}
