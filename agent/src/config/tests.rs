@@ -133,7 +133,7 @@ fn the_socket_group_is_resolved_at_load_and_an_unknown_one_named() {
     assert_eq!(config.socket_group, None, "root only by default");
 }
 
-/// The `agent.toml` blocks of YAML `text` (a ConfigMap's `agent.toml: |` and the lines indented
+/// The `agent.toml` blocks of YAML `text` (a `ConfigMap`'s `agent.toml: |` and the lines indented
 /// under it, in a manifest or in a kustomize patch).
 fn embedded_agent_tomls(text: &str) -> Vec<String> {
     let mut found = Vec::new();
