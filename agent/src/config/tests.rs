@@ -170,7 +170,7 @@ fn embedded_agent_tomls(text: &str) -> Vec<String> {
 
 /// Every agent config the Kubernetes manifests ship (the base and each overlay's) loads with
 /// the agent's own parser, which refuses unknown keys: a key that drifted would crash-loop the
-/// DaemonSet.
+/// `DaemonSet`.
 #[test]
 fn the_manifests_agent_configs_load() {
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
