@@ -13,7 +13,9 @@ use serde::Deserialize;
 use gpuwarden_proto::{convert, v1 as pb};
 use gpuwarden_types::{policy::QuotaPolicy, target::Target};
 
-use super::{DRIVER_NAME, device_name, quantity};
+use gpuwarden_types::quantity::Quantity;
+
+use super::{DRIVER_NAME, device_name};
 #[cfg(test)]
 use crate::enforcement::quota::QuotaSpec;
 use crate::{devices::GpuDevice, enforcement::quota::PPM};
@@ -379,18 +381,23 @@ fn consumed(r: &DeviceResult, gpu: &GpuDevice) -> Result<(u64, u64), ClaimError>
         capacity,
         why,
     };
-    let shares = consumed
-        .get("shares")
-        .map(|q| quantity::micros(q))
-        .transpose()
-        .map_err(|e| capacity_err("shares", e.to_string()))?
-        .unwrap_or(u64::from(PPM));
-    let memory = consumed
-        .get("memory")
-        .map(|q| quantity::whole_ceil(q))
-        .transpose()
-        .map_err(|e| capacity_err("memory", e.to_string()))?
-        .unwrap_or(if consumed.contains_key("shares") {
+    // Non-negative and within 64 bits, or refused naming the capacity.
+    let read = |capacity: &'static str, convert: fn(Quantity) -> Option<u64>| {
+        consumed
+            .get(capacity)
+            .map(|q| {
+                Quantity::parse(q)
+                    .map_err(|e| e.to_string())
+                    .and_then(|v| {
+                        convert(v).ok_or_else(|| format!("{q:?} is negative or too large"))
+                    })
+                    .map_err(|why| capacity_err(capacity, why))
+            })
+            .transpose()
+    };
+    let shares = read("shares", Quantity::micros_u64)?.unwrap_or(u64::from(PPM));
+    let memory =
+        read("memory", Quantity::whole_ceil)?.unwrap_or(if consumed.contains_key("shares") {
             0
         } else {
             gpu.memory_bytes

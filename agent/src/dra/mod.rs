@@ -15,14 +15,12 @@
 //! - `cdi`: the CDI specs that give containers the device nodes;
 //! - `store`: prepared claims in the agent's sled store;
 //! - `apiserver`: the few API-server calls, over hyper and rustls;
-//! - `quantity`: Kubernetes quantities, read exactly.
 
 pub mod apiserver;
 pub mod cdi;
 pub mod claim;
 pub mod config;
 pub mod plugin;
-pub mod quantity;
 pub mod server;
 pub mod slice;
 pub mod store;

@@ -180,6 +180,26 @@ impl Quantity {
         }
         u64::try_from(self.micros / MICROS).ok()
     }
+
+    /// The value as a whole non-negative `u64`, a fraction rounded up (as the API server rounds
+    /// byte quantities), `None` if negative or too large.
+    #[must_use]
+    pub fn whole_ceil(self) -> Option<u64> {
+        if self.negative {
+            return None;
+        }
+        u64::try_from(self.micros.div_ceil(MICROS)).ok()
+    }
+
+    /// The value in micro-units as a non-negative `u64` (a share of `500m` is 500,000), `None` if
+    /// negative or too large.
+    #[must_use]
+    pub fn micros_u64(self) -> Option<u64> {
+        if self.negative {
+            return None;
+        }
+        u64::try_from(self.micros).ok()
+    }
 }
 
 impl fmt::Display for Quantity {
@@ -294,6 +314,15 @@ mod tests {
             Some(1 << 60)
         );
         assert_eq!(Quantity::parse("16Ei").expect("parses").whole(), None);
+        let ceil = |t: &str| Quantity::parse(t).expect("parses").whole_ceil();
+        assert_eq!(ceil("1500m"), Some(2));
+        assert_eq!(ceil("1.5Gi"), Some(3 << 29));
+        assert_eq!(ceil("-1"), None);
+        let micros = |t: &str| Quantity::parse(t).expect("parses").micros_u64();
+        assert_eq!(micros("500m"), Some(500_000));
+        assert_eq!(micros("5e-1"), Some(500_000));
+        assert_eq!(micros("-1"), None);
+        assert_eq!(micros("1Ei"), None);
     }
 
     #[test]

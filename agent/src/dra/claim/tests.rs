@@ -153,7 +153,7 @@ fn claims_this_node_cannot_serve_are_refused_with_the_reason() {
             ),
             UID,
             "n",
-            "millionth",
+            "finer than 0.000001",
         ),
         (
             claim(
