@@ -170,9 +170,13 @@ impl Controller {
             let mut writes = Vec::new();
             let mut announce = Vec::new();
             for id in &changes.sessions {
-                if let Some(s) = scheduler.sessions().get(id) {
-                    writes.push(Write::session(s)?);
-                    announce.push(convert::session_to_pb(s));
+                match scheduler.sessions().get(id) {
+                    Some(s) => {
+                        writes.push(Write::session(s)?);
+                        announce.push(convert::session_to_pb(s));
+                    }
+                    // Forgotten after it ended (watchers heard of its end then).
+                    None => writes.push(Write::remove_session(id)),
                 }
             }
             for id in &changes.nodes {
@@ -318,10 +322,18 @@ impl Controller {
     /// A standby only waits: it neither expires nodes nor schedules.
     pub async fn run_background(self: Arc<Self>) {
         let mut liveness = tokio::time::interval(Duration::from_secs(1));
+        let mut retention = tokio::time::interval(Duration::from_mins(1));
         loop {
             tokio::select! {
                 () = self.kick.notified() => {}
                 () = tokio::time::sleep(self.timing.pass_interval) => {}
+                _ = retention.tick(), if self.role.is_leader() => {
+                    match self.apply(|s| s.forget_ended(now_ms())).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!("forgot {n} ended sessions past their retention"),
+                        Err(e) => tracing::error!("forgetting ended sessions: {e}"),
+                    }
+                }
                 _ = liveness.tick(), if self.role.is_leader() => {
                     let timeout = i64::try_from(self.timing.heartbeat_timeout.as_millis()).unwrap_or(i64::MAX);
                     match self.apply(|s| s.expire(now_ms(), timeout)).await {

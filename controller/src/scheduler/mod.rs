@@ -18,6 +18,7 @@ mod fit;
 mod lifecycle;
 mod pass;
 mod queue;
+mod retention;
 mod tracker;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 pub use fit::NodeFit;
+pub use retention::Retention;
 pub(crate) use tracker::ConcurrencyTracker;
 
 use crate::{
@@ -76,6 +78,8 @@ pub struct SchedulerConfig {
     pub default_limits: OwnerLimits,
     /// Limits by owner.
     pub limits: BTreeMap<String, OwnerLimits>,
+    /// How long ended sessions are kept.
+    pub retention: Retention,
 }
 
 impl Default for SchedulerConfig {
@@ -88,6 +92,7 @@ impl Default for SchedulerConfig {
             allocator: AllocatorConfig::default(),
             default_limits: OwnerLimits::default(),
             limits: BTreeMap::new(),
+            retention: Retention::default(),
         }
     }
 }

@@ -238,7 +238,7 @@ impl Write {
         Self::record(format!("{SESSIONS}{}", session.id), session)
     }
 
-    /// Removes a session (a rolled-back create).
+    /// Removes a session (forgotten after it ended).
     #[must_use]
     pub fn remove_session(id: &str) -> Self {
         Self::Delete {
