@@ -807,7 +807,7 @@ impl KubeArgs {
             None => ApiServer::in_cluster(),
         };
         let templates: Arc<dyn crate::kubernetes::apiserver::ClaimTemplates> = match api {
-            Ok(api) => Arc::new(api),
+            Ok(api) => Arc::new(crate::kubernetes::templates::Remembered::new(Arc::new(api))),
             Err(e) if webhook.is_some() => return Err(e.to_string()),
             // The extender alone never calls the API server.
             Err(_) => Arc::new(NoApiServer),

@@ -208,8 +208,13 @@ async fn decide(request: &Value, bounds: &Bounds, templates: &dyn ClaimTemplates
             Ok(ensured) => tracing::debug!(namespace, template = %name, ?ensured, "claim template"),
             Err(e) => {
                 tracing::warn!(namespace, template = %name, "cannot make the claim template: {e}");
+                let code = if matches!(e, super::apiserver::ApiError::Throttled { .. }) {
+                    429
+                } else {
+                    500
+                };
                 return refuse(
-                    500,
+                    code,
                     format!(
                         "gpuwarden could not make ResourceClaimTemplate {namespace}/{name}: {e}"
                     ),

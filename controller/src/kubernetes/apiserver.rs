@@ -52,6 +52,12 @@ pub enum ApiError {
         /// What failed.
         reason: String,
     },
+    /// New templates are being asked for faster than they are made (a flood of reviews).
+    #[error("more than {per_sec} new claim templates a second are being asked for; retry")]
+    Throttled {
+        /// The sustained rate.
+        per_sec: u32,
+    },
     /// The API server answered with an error status.
     #[error("API server answered {status}: {message}")]
     Status {

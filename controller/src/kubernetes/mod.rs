@@ -6,6 +6,8 @@
 //! - [`admission`]: the mutating admission webhook (AdmissionReview v1 → JSONPatch);
 //! - [`apiserver`]: the small API-server client that makes claim templates (a trait, so tests
 //!   and other deployments put their own behind it);
+//! - [`templates`]: what the webhook remembers of the templates it made, and the rate it makes
+//!   new ones at;
 //! - [`extender`]: the scheduler extender's `filter` and `prioritize`, scored like sessions;
 //! - [`serve`]: the HTTPS listener (webhook and extender) and the plain-HTTP extender listener.
 //!
@@ -17,3 +19,4 @@ pub mod apiserver;
 pub mod extender;
 pub mod pod;
 pub mod serve;
+pub mod templates;
