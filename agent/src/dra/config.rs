@@ -22,6 +22,8 @@ use serde::Deserialize;
 
 use gpuwarden_types::policy::{ComputePolicy, MemoryPolicy, PolicyError, QuotaPolicy};
 
+use gpuwarden_runtime::kube::Endpoint;
+
 use crate::devices::GpuDevice;
 
 /// The kubelet's plugin-registration directory (its plugin watcher looks there).
@@ -30,8 +32,6 @@ pub const DEFAULT_PLUGINS_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registr
 pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
 /// Where container runtimes read CDI specs from (the other is `/etc/cdi`).
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
-/// The service account directory a pod gets mounted.
-pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 /// Which GPUs the node offers to Kubernetes.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -89,7 +89,7 @@ pub enum DraConfigError {
     Gpus(String),
     /// No API server configured and not running in a cluster.
     #[error(
-        "[dra]: no api_server set and KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT not in the environment"
+        "[dra]: no api_server set and KUBERNETES_SERVICE_HOST not in the environment (not in a pod?)"
     )]
     NoApiServer,
 }
@@ -145,8 +145,6 @@ impl DraConfig {
             file.memory_policy.as_deref().unwrap_or(""),
             file.compute_policy.as_deref().unwrap_or(""),
         )?;
-        let sa = PathBuf::from(SERVICE_ACCOUNT_DIR);
-        let mounted = |name: &str| Some(sa.join(name)).filter(|p| p.exists());
         let api = if let Some(url) = file.api_server {
             ApiServerConfig {
                 url,
@@ -154,24 +152,17 @@ impl DraConfig {
                 ca_file: file.api_ca_file,
             }
         } else {
-            {
-                let (Some(host), Some(port)) = (
-                    env("KUBERNETES_SERVICE_HOST"),
-                    env("KUBERNETES_SERVICE_PORT"),
-                ) else {
-                    return Err(DraConfigError::NoApiServer);
-                };
-                let host = if host.contains(':') {
-                    format!("[{host}]")
-                } else {
-                    host
-                };
-                ApiServerConfig {
-                    // In a cluster the API server is always reached over TLS.
-                    url: format!("https://{host}:{port}"),
-                    token_file: file.api_token_file.or_else(|| mounted("token")),
-                    ca_file: file.api_ca_file.or_else(|| mounted("ca.crt")),
-                }
+            // In a cluster the API server is always reached over TLS, with the mounted service
+            // account's token and CA unless the file names others.
+            let in_cluster =
+                Endpoint::in_cluster_api_server_from(env).ok_or(DraConfigError::NoApiServer)?;
+            let mounted = |p: Option<PathBuf>| p.filter(|p| p.exists());
+            ApiServerConfig {
+                url: in_cluster.url,
+                token_file: file
+                    .api_token_file
+                    .or_else(|| mounted(in_cluster.token_file)),
+                ca_file: file.api_ca_file.or_else(|| mounted(in_cluster.ca_file)),
             }
         };
         Ok(Some(Self {

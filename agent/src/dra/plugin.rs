@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 
 use super::{
     DRIVER_NAME, DraConfig,
-    apiserver::ApiServer,
+    apiserver::{self, ApiServer},
     cdi,
     claim::{self, ResourceClaim},
     store::{ClaimStore, Prepared},
@@ -97,7 +97,7 @@ impl Driver {
                 claim.namespace, claim.name
             ));
         }
-        let object: ResourceClaim = answer.json("GET", &path).map_err(|e| {
+        let object: ResourceClaim = apiserver::json(&answer, "GET", &path).map_err(|e| {
             format!(
                 "reading ResourceClaim {}/{}: {e}",
                 claim.namespace, claim.name

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::{
     DRIVER_NAME,
-    apiserver::{ApiError, ApiServer},
+    apiserver::{self, ApiError, ApiServer},
     device_name,
 };
 use crate::devices::GpuDevice;
@@ -129,13 +129,13 @@ pub async fn publish(api: &ApiServer, node: &str, devices: &[Value]) -> Result<i
     let current = api.request(http::Method::GET, &path, None).await?;
     let existing: Option<Value> = match current.status {
         404 => None,
-        _ => Some(current.json("GET", &path)?),
+        _ => Some(apiserver::json(&current, "GET", &path)?),
     };
     if devices.is_empty() {
         if existing.is_some() {
             let answer = api.request(http::Method::DELETE, &path, None).await?;
-            if !(200..300).contains(&answer.status) && answer.status != 404 {
-                return Err(answer.error("DELETE", &path));
+            if !answer.is_success() && answer.status != 404 {
+                return Err(ApiError::status(&answer, "DELETE", &path));
             }
         }
         return Ok(0);
@@ -144,7 +144,7 @@ pub async fn publish(api: &ApiServer, node: &str, devices: &[Value]) -> Result<i
         None => {
             let body = object(node, 1, devices, None);
             let answer = api.request(http::Method::POST, SLICES, Some(&body)).await?;
-            answer.json::<Value>("POST", SLICES)?;
+            apiserver::json::<Value>(&answer, "POST", SLICES)?;
             Ok(1)
         }
         Some(old) => {
@@ -157,7 +157,7 @@ pub async fn publish(api: &ApiServer, node: &str, devices: &[Value]) -> Result<i
             let rv = old["metadata"]["resourceVersion"].as_str();
             let body = object(node, generation + 1, devices, rv);
             let answer = api.request(http::Method::PUT, &path, Some(&body)).await?;
-            answer.json::<Value>("PUT", &path)?;
+            apiserver::json::<Value>(&answer, "PUT", &path)?;
             Ok(generation + 1)
         }
     }

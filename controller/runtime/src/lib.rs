@@ -10,10 +10,12 @@
 //! - [`otlp`]: the OTLP/gRPC metrics pipeline to an OpenTelemetry collector;
 //! - [`cgroup`]: moving a child into a cgroup v2 between `fork` and `exec`;
 //! - [`mountinfo`]: where a file system (the cgroup v2 hierarchy) is mounted;
-//! - [`tls`]: PEM certificates and keys, and a client's TLS to the controller.
+//! - [`tls`]: PEM certificates and keys, and a client's TLS to the controller;
+//! - [`kube`]: HTTPS to the Kubernetes API server and the kubelet.
 #![deny(missing_docs)]
 
 pub mod cgroup;
+pub mod kube;
 pub mod logging;
 pub mod mountinfo;
 pub mod otlp;

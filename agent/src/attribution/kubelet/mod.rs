@@ -32,7 +32,6 @@ mod pods;
 mod refresh;
 
 use std::{
-    io,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
@@ -41,6 +40,7 @@ use std::{
 pub use gpuwarden_agent_api::KubeletStatus;
 pub use pods::{PodName, parse_pod_list};
 
+use gpuwarden_runtime::kube::KubeError;
 use refresh::{Cache, Inner};
 
 /// The service account token a pod gets mounted.
@@ -56,60 +56,9 @@ pub const KUBELET_PORT: u16 = 10250;
 /// Errors asking the kubelet for its pods.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletError {
-    /// The URL can't be used.
-    #[error("invalid kubelet URL `{url}`: {reason}")]
-    Url {
-        /// The URL given.
-        url: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The CA file can't be read or holds no certificate.
-    #[error("cannot use the kubelet CA file {path}: {reason}")]
-    CaFile {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-    /// An `https` URL with neither a CA file nor insecure-skip-verify.
-    #[error(
-        "no CA to verify the kubelet with: set kubelet_ca_file, or kubelet_insecure_skip_tls_verify"
-    )]
-    NoCa,
-    /// The TLS set-up was refused by the TLS library.
-    #[error("TLS set-up: {0}")]
-    TlsConfig(#[source] rustls::Error),
-    /// The token file can't be read.
-    #[error("cannot read the token file {path}: {source}")]
-    Token {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// No TCP connection.
-    #[error("cannot connect to the kubelet at {addr}: {source}")]
-    Connect {
-        /// `host:port`.
-        addr: String,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// The TLS handshake failed (an untrusted certificate, usually).
-    #[error("TLS handshake with the kubelet failed: {0}")]
-    Tls(#[source] io::Error),
-    /// The HTTP exchange failed.
-    #[error("HTTP exchange with the kubelet failed: {0}")]
-    Http(#[source] hyper::Error),
-    /// The body could not be read (or was larger than allowed).
-    #[error("reading the kubelet's answer failed: {0}")]
-    Body(String),
-    /// The request took too long.
-    #[error("the kubelet did not answer within {0:?}")]
-    Timeout(Duration),
+    /// No answer: the settings, the connection, TLS, HTTP, the token file, the time limit.
+    #[error(transparent)]
+    Request(#[from] KubeError),
     /// 401: the token was not accepted.
     #[error("the kubelet refused the credentials (401 Unauthorized)")]
     Unauthorized,
@@ -132,12 +81,8 @@ impl KubeletError {
     #[must_use]
     pub fn label(&self) -> &'static str {
         match self {
-            Self::Url { .. } | Self::CaFile { .. } | Self::NoCa | Self::TlsConfig(_) => "config",
-            Self::Token { .. } => "token",
-            Self::Connect { .. } => "unreachable",
-            Self::Tls(_) => "tls",
-            Self::Http(_) | Self::Body(_) | Self::Status { .. } => "http_error",
-            Self::Timeout(_) => "timeout",
+            Self::Request(e) => e.label(),
+            Self::Status { .. } => "http_error",
             Self::Unauthorized => "unauthorized",
             Self::Forbidden => "forbidden",
             Self::Malformed(_) => "malformed",

@@ -33,7 +33,7 @@ pub(super) async fn refresh_loop(config: KubeletConfig, inner: Arc<Inner>) {
             return;
         }
     };
-    if config.insecure_skip_tls_verify && client.tls.is_some() {
+    if config.insecure_skip_tls_verify && client.0.is_tls() {
         tracing::warn!(url = %config.url, "the kubelet's certificate is NOT verified (kubelet_insecure_skip_tls_verify)");
     }
     let mut next_scheduled = Instant::now();

@@ -1,3 +1,5 @@
+use gpuwarden_runtime::kube::KubeError;
+
 use super::*;
 use crate::attribution::kubelet::default_url;
 
@@ -8,7 +10,7 @@ fn urls_are_checked_and_the_default_brackets_ipv6() {
     assert_eq!(default_url("10.0.0.5"), "https://10.0.0.5:10250/pods");
     assert_eq!(default_url("fd00::5"), "https://[fd00::5]:10250/pods");
     let c = Client::new(&KubeletConfig::plain("http://[::1]:8080/pods")).unwrap();
-    assert_eq!((c.host.as_str(), c.port), ("::1", 8080));
+    assert_eq!((c.0.url_path(), c.0.is_tls()), ("/pods", false));
     for bad in ["ftp://x/pods", "/pods", "http://"] {
         let err = Client::new(&KubeletConfig::plain(bad)).err().unwrap();
         assert_eq!(err.label(), "config", "{bad}: {err}");
@@ -17,10 +19,14 @@ fn urls_are_checked_and_the_default_brackets_ipv6() {
     let err = Client::new(&KubeletConfig::plain("https://10.0.0.5:10250/pods"))
         .err()
         .unwrap();
-    assert!(matches!(err, KubeletError::NoCa), "{err}");
+    assert!(
+        matches!(err, KubeletError::Request(KubeError::NoCa { .. })),
+        "{err}"
+    );
+    assert!(err.to_string().contains("kubelet_ca_file"), "{err}");
     let mut insecure = KubeletConfig::plain("https://10.0.0.5:10250/pods");
     insecure.insecure_skip_tls_verify = true;
-    assert!(Client::new(&insecure).unwrap().tls.is_some());
+    assert!(Client::new(&insecure).unwrap().0.is_tls());
 }
 
 #[test]
@@ -31,7 +37,10 @@ fn a_ca_file_without_certificates_is_refused() {
     let mut config = KubeletConfig::plain("https://10.0.0.5:10250/pods");
     config.ca_file = Some(path.clone());
     let err = Client::new(&config).err().unwrap();
-    assert!(matches!(err, KubeletError::CaFile { .. }), "{err}");
+    assert!(
+        matches!(err, KubeletError::Request(KubeError::CaFile { .. })),
+        "{err}"
+    );
 }
 
 /// A one-shot HTTP server on loopback answering `status` and `body`; returns the URL and
