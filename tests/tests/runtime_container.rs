@@ -4,12 +4,13 @@
 //! it at the allocation that crosses its memory limit.
 //!
 //! No image is pulled: the root file system is the `gpu-client` binary and the libraries `ldd`
-//! lists. The spec is the runtime's own default (`runc spec`) with what the NVIDIA container
-//! toolkit or a CDI spec adds: the GPU device nodes (`linux.devices`, 195:N) and the device
-//! cgroup rules that allow them. The fake driver's files are bind-mounted at the same path as on
-//! the host, where the agent watches them (a real driver's nodes are `/dev/nvidia*` on both
-//! sides; the fake driver's are FUSE files, which no device check applies to, so the device
-//! nodes and the files that take the ioctls are separate here).
+//! lists. The spec is the runtime's own default (`runc spec`) with what a CDI spec for the
+//! allocated GPU adds: its device node and the control node (`linux.devices`, 195:N) and device
+//! cgroup rules that allow them; the other GPU's node, made on the host, is bind-mounted in and
+//! allowed too, so only the agent keeps the container from it. The fake driver's files are
+//! bind-mounted at the same path as on the host, where the agent watches them (a real driver's
+//! nodes are `/dev/nvidia*` on both sides; the fake driver's are FUSE files, which no device
+//! check applies to, so the device nodes and the files that take the ioctls are separate here).
 //!
 //! crun is not tried: crun 1.8 refuses this kernel's hybrid layout (`cgroups in hybrid mode not
 //! supported, drop all controllers from cgroupv2`); see `docs/runtimes.md`.
@@ -40,7 +41,7 @@ use util::{
 const MIB: u64 = 1 << 20;
 
 /// The NVIDIA character-device major.
-const NVIDIA_MAJOR: i64 = 195;
+const NVIDIA_MAJOR: u32 = 195;
 
 /// runc, driven directly: `runc run` in the foreground with the test's pipes as the container's
 /// stdio.
@@ -387,7 +388,8 @@ struct Bundle {
 }
 
 impl Bundle {
-    /// The client runs `gpu-client --dir <driver> --gpu <gpu>` as the container's init.
+    /// The client runs `gpu-client --dir <driver> --gpu <gpu>` as the container's init; of the
+    /// two GPUs, `gpu` is the one its quota holds.
     fn make(driver: &Path, gpu: u32) -> Self {
         let dir = scratch("bundle");
         let rootfs = dir.path().join("rootfs");
@@ -419,10 +421,11 @@ impl Bundle {
             "source": driver,
             "options": ["rbind", "rw"],
         }));
-        // What a CDI spec's `deviceNodes` become: a node in the container's /dev and a device
-        // cgroup rule that allows it.
-        let nodes = [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)];
-        spec["linux"]["devices"] = nodes
+        // What a CDI spec's `deviceNodes` for the allocated GPU become (the agent's DRA spec
+        // lists the claim's GPUs and the control nodes): a node the runtime makes in the
+        // container's /dev, and a device cgroup rule that allows it.
+        let made = [(format!("nvidia{gpu}"), gpu), ("nvidiactl".to_owned(), 255)];
+        spec["linux"]["devices"] = made
             .iter()
             .map(|(name, minor)| {
                 json!({
@@ -431,10 +434,23 @@ impl Bundle {
                 })
             })
             .collect();
+        // The other GPU's node reaches the container anyway (a hand-written spec, a privileged
+        // helper): made on the host, bind-mounted, and allowed by the runtime's rules, so only
+        // the agent stands between the container and that GPU. Bind-mounted rather than listed
+        // above: the runtime's mknod of it would race with the quota binding (docs/runtimes.md).
+        let other = 1 - gpu;
+        let host_node = dir.path().join(format!("nvidia{other}"));
+        mknod(&host_node, NVIDIA_MAJOR, other);
+        spec["mounts"].as_array_mut().unwrap().push(json!({
+            "destination": format!("/dev/nvidia{other}"),
+            "type": "bind",
+            "source": host_node,
+            "options": ["bind", "rw"],
+        }));
         let rules = spec["linux"]["resources"]["devices"]
             .as_array_mut()
             .unwrap();
-        for (_, minor) in nodes {
+        for minor in [gpu, other, 255] {
             rules.push(json!({
                 "allow": true, "type": "c", "major": NVIDIA_MAJOR, "minor": minor, "access": "rwm",
             }));
@@ -446,6 +462,26 @@ impl Bundle {
     fn config(&self) -> PathBuf {
         self.dir.path().join("config.json")
     }
+}
+
+/// Makes a character device node `path` with numbers `major:minor`.
+fn mknod(path: &Path, major: u32, minor: u32) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a plain syscall with a valid path.
+    let rc = unsafe {
+        libc::mknod(
+            c.as_ptr(),
+            libc::S_IFCHR | 0o666,
+            libc::makedev(major, minor),
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "mknod {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
 }
 
 /// The shared libraries `ldd` lists for `binary`, the loader included.
