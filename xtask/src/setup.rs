@@ -4,6 +4,7 @@
 //!   for `bpfel-unknown-none`, LLVM 22, and `bpf-linker` built against it; a rustup nightly with
 //!   `rust-src` is used instead when present;
 //! - FUSE 3 for the fake NVIDIA driver the tests mount, and etcd for the store's tests;
+//! - runc and containerd, which run real containers in `tests/tests/runtime_container.rs`;
 //! - `protoc` with the well-known types, for the `etcd-client` crate's build script;
 //! - a Python environment (`target/py`) with `kubernetes-validate`, which checks the Kubernetes
 //!   manifests offline against the bundled OpenAPI schemas (`deploy/kubernetes/validate.py`).
@@ -30,6 +31,10 @@ const TOOLCHAIN_PACKAGES: &[&str] = &[
 
 /// Debian packages the tests need at run time: FUSE for the fake driver, etcd for the store.
 const TEST_PACKAGES: &[&str] = &["fuse3", "etcd-server"];
+
+/// Debian packages of the container runtimes the runtime tests drive (containerd brings its
+/// `containerd-shim-runc-v2` and `ctr`).
+const RUNTIME_PACKAGES: &[&str] = &["runc", "containerd"];
 
 /// Debian packages the `etcd-client` crate's build script needs: `protoc` and the well-known
 /// types it imports (gpuwarden's own protos compile with protox and need neither).
@@ -63,6 +68,12 @@ pub fn run() -> anyhow::Result<()> {
     let fuse = Path::new("/usr/bin/fusermount3").exists() || Path::new("/bin/fusermount3").exists();
     if !fuse || !on_path("etcd") {
         packages.extend(TEST_PACKAGES);
+    }
+    if !["runc", "containerd", "ctr", "containerd-shim-runc-v2"]
+        .iter()
+        .all(|p| on_path(p))
+    {
+        packages.extend(RUNTIME_PACKAGES);
     }
     if !on_path("protoc") || !Path::new("/usr/include/google/protobuf/descriptor.proto").exists() {
         packages.extend(PROTOC_PACKAGES);

@@ -286,13 +286,18 @@ pub struct Client {
 impl Client {
     pub fn spawn(dev: &Path, cgroup: Option<&TestCgroup>) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-client"));
-        cmd.arg("--dir")
-            .arg(dev)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
+        cmd.arg("--dir").arg(dev);
         if let Some(cg) = cgroup {
             gpuwarden_runtime::cgroup::spawn_inside(&mut cmd, &cg.dir).unwrap();
         }
+        Self::start(cmd)
+    }
+
+    /// Runs `cmd`, which starts a `gpu-client` with its stdin and stdout passed through (a
+    /// container runtime in the foreground, say), and waits for the client's `ready` line.
+    /// `pid` is the pid the client sees itself as (1 as a container's init).
+    pub fn start(mut cmd: Command) -> Self {
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         let stdin = child.stdin.take().unwrap();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
@@ -337,6 +342,22 @@ impl Client {
     /// Waits for the process to end (e.g. killed by enforcement) and returns how it ended.
     pub fn wait(mut self) -> std::process::ExitStatus {
         self.child.wait().unwrap()
+    }
+
+    /// [`Self::wait`], failing the test if the process has not ended within `limit`.
+    pub fn wait_within(mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pid {} still runs after {limit:?}",
+                self.child.id()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The process's state letter from `/proc/<pid>/stat` (`T` when stopped).
