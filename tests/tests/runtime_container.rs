@@ -49,9 +49,7 @@ const NVIDIA_MAJOR: u32 = 195;
 #[ignore = "needs root"]
 fn runc_runs_a_container_the_agent_attributes_and_enforces() {
     require_root();
-    let Some(runc) = installed("runc") else {
-        return;
-    };
+    let runc = installed("runc");
     let state = scratch("runc");
     let engine = Engine::Runc {
         runc,
@@ -70,14 +68,9 @@ fn runc_runs_a_container_the_agent_attributes_and_enforces() {
 #[ignore = "needs root"]
 fn containerd_runs_a_container_the_agent_attributes_and_enforces() {
     require_root();
-    let (Some(_), Some(containerd), Some(ctr), Some(_)) = (
-        installed("runc"),
-        installed("containerd"),
-        installed("ctr"),
-        installed("containerd-shim-runc-v2"),
-    ) else {
-        return;
-    };
+    installed("runc");
+    installed("containerd-shim-runc-v2");
+    let (containerd, ctr) = (installed("containerd"), installed("ctr"));
     let engine = Containerd::start(&containerd, ctr);
     let pod = pod_uid("ctrd");
     let unit = pod.replace('-', "_");
@@ -240,21 +233,18 @@ fn entry(snap: &Snapshot, path: &str) -> Container {
         .unwrap_or_else(|| panic!("{path} not in {:?}", snap.containers))
 }
 
-/// The path of `program` on `PATH`; `None`, saying why the test does nothing, when it is not
-/// installed (`cargo xtask setup` installs it).
-fn installed(program: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|dir| dir.join(program))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        eprintln!(
-            "SKIPPED: {program} is not installed, so this test ran nothing \
-             (`cargo xtask setup` installs it)"
-        );
-    }
-    found
+/// The path of `program` on `PATH`. A root test never skips itself (it would pass having shown
+/// nothing): without the program it fails, saying how to install it.
+fn installed(program: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(program))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| {
+            panic!("{program} is not installed: `cargo xtask setup` installs it (runc, containerd)")
+        })
 }
 
 /// The fake driver with two GPUs, a controller, and an agent watching the driver's nodes.
