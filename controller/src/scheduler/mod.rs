@@ -351,3 +351,6 @@ mod tests;
 
 #[cfg(test)]
 mod placement_tests;
+
+#[cfg(test)]
+mod observed_tests;
