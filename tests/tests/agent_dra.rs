@@ -90,7 +90,7 @@ fn claim(name: &str, uid: &str, pool: &str, device: &str, pod: &str, memory_poli
 }
 
 /// The pod `train-0` as `GET /api/v1/namespaces/ml/pods/train-0` returns it: a replica of
-/// Deployment `train` (its ReplicaSet `train-7d9f8c6b5` with the matching `pod-template-hash`).
+/// Deployment `train` (its `ReplicaSet` `train-7d9f8c6b5` with the matching `pod-template-hash`).
 fn pod(uid: &str) -> Value {
     json!({
         "apiVersion": "v1",
@@ -199,7 +199,7 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     let controller_state = scratch("dra-controller");
     let controller = TestController::start(
         controller_state.path(),
-        Default::default(),
+        gpuwarden_controller::scheduler::SchedulerConfig::default(),
         fast_timing(Duration::from_secs(5)),
     );
     let mut cfg = util::config(&[format!("{}/nvidia*", dev.display())], state.path());
@@ -392,7 +392,7 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     assert!(row(0).kubernetes && !row(2).kubernetes);
     assert_eq!(row(0).allocated_shares, "0.5");
     assert_eq!(row(0).allocated_memory_bytes, 256 * MIB);
-    assert_eq!(row(0).sessions, [session.clone()]);
+    assert_eq!(row(0).sessions, std::slice::from_ref(&session));
     assert_eq!(row(2).allocated_shares, "0");
     // Nobody but Kubernetes ends it.
     let refused = rt

@@ -9,7 +9,7 @@ use serde_json::Value;
 pub const CLASS_LABEL: &str = "gpuwarden.io/class";
 
 /// The workload class of `pod` (a Pod object as the API server returns it): its
-/// `gpuwarden.io/class` label, else its controlling owner's name (a ReplicaSet's without the
+/// `gpuwarden.io/class` label, else its controlling owner's name (a `ReplicaSet`'s without the
 /// pod-template hash, i.e. the Deployment's), else its own name.
 #[must_use]
 pub fn workload_class(pod: &Value) -> String {
