@@ -284,6 +284,23 @@ impl NodeAllocator {
         self
     }
 
+    /// The node as Kubernetes' DRA allocator sees it: the GPUs offered to Kubernetes, with the
+    /// claims prepared on them, as the ones that can be handed out, and the controller's as not.
+    /// The scheduler extender judges pods on it. `None` when the node offers no GPU to
+    /// Kubernetes.
+    #[must_use]
+    pub fn kubernetes_view(&self) -> Option<Self> {
+        if !self.devices.iter().any(|d| d.kubernetes) {
+            return None;
+        }
+        let mut view = self.clone();
+        for d in &mut view.devices {
+            d.kubernetes = !d.kubernetes;
+        }
+        view.refresh();
+        Some(view)
+    }
+
     /// What is free, in summary.
     #[must_use]
     pub fn free(&self) -> FreeSummary {

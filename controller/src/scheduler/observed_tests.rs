@@ -2,7 +2,7 @@
 
 use super::{tests::report, *};
 use crate::{
-    allocator::{DevicePart, DeviceSpec},
+    allocator::{DevicePart, DeviceSpec, GpuRequest},
     node::NodeReport,
     profile::UsageSample,
     session::{KubernetesClaim, Origin},
@@ -310,4 +310,41 @@ fn a_restarted_controller_gets_observed_sessions_back_from_the_agent() {
     let gpu2 = &restarted.nodes()["n1"].allocator.devices()[2];
     assert!(gpu2.kubernetes && gpu2.sessions.contains("k8s-uid-a"));
     assert_eq!(gpu2.free(), SlotValue::ZERO);
+}
+
+#[test]
+fn the_extender_judges_a_pod_on_the_gpus_offered_to_kubernetes() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(dra_node(), &[]).unwrap();
+    // A node without GPUs for Kubernetes is judged on its own, as before.
+    s.register(report("plain", 1, &[]), &[]).unwrap();
+    let half = GpuRequest::shares("0.5".parse().unwrap());
+    let nodes = ["n1".to_owned(), "plain".to_owned()];
+    let fits = |s: &Scheduler| -> Vec<bool> {
+        s.fit_nodes("train", &half, &nodes)
+            .into_iter()
+            .map(|f| matches!(f, NodeFit::Fits(_)))
+            .collect()
+    };
+    assert_eq!(fits(&s), [true, true]);
+    // The controller's GPUs full: a pod still fits on Kubernetes' GPUs.
+    s.create(NewSession {
+        id: "c".into(),
+        owner: "u".into(),
+        requested: ResourceSlot::parse_any(&["cuda.shares=2"]).unwrap(),
+        pinned_node: Some("n1".into()),
+        ..NewSession::default()
+    })
+    .unwrap();
+    s.pass();
+    assert_eq!(s.sessions()["c"].state, SessionState::Scheduled);
+    assert_eq!(fits(&s), [true, true]);
+    // Kubernetes' GPUs holding claims of 0.75 and 0.8: half a GPU fits nowhere there.
+    s.observe("n1", claim("a", 2, "0.75", 0)).unwrap();
+    s.observe("n1", claim("b", 3, "0.8", 0)).unwrap();
+    assert_eq!(fits(&s), [false, true]);
+    // The view changes nothing of the controller's own state.
+    assert_eq!(allocated(&s, 0), "1");
+    assert!(s.nodes()["n1"].allocator.devices()[2].kubernetes);
+    assert_eq!(s.nodes()["n1"].allocator.free().total, SlotValue::ZERO);
 }
