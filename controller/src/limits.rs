@@ -876,6 +876,61 @@ mod tests {
     }
 
     #[test]
+    fn observed_sessions_are_bounded_field_by_field() {
+        let limits = Limits::default();
+        let long = "x".repeat(limits.max_id_len + 1);
+        let observed = |claim: pb::KubernetesClaim, devices: usize| pb::ObservedSession {
+            session_id: "k8s-a".into(),
+            devices: vec![pb::DeviceShare::default(); devices],
+            claim: Some(claim),
+            ..Default::default()
+        };
+        let ok = observed(pb::KubernetesClaim::default(), 1);
+        let message = |o: pb::ObservedSession| pb::AgentMessage {
+            msg: Some(Msg::Observed(o)),
+        };
+        assert_eq!(limits.agent_message(&message(ok.clone())), Ok(()));
+        let e = limits
+            .agent_message(&message(observed(
+                pb::KubernetesClaim {
+                    pod_name: long.clone(),
+                    ..Default::default()
+                },
+                1,
+            )))
+            .expect_err("refused");
+        assert!(e.to_string().starts_with("observed.claim.pod_name:"), "{e}");
+        let e = limits
+            .agent_message(&message(observed(
+                pb::KubernetesClaim::default(),
+                limits.max_devices_per_node + 1,
+            )))
+            .expect_err("refused");
+        assert!(e.to_string().starts_with("observed.devices:"), "{e}");
+        // At registration: each one named by its place; the node's two GPU lists share a bound.
+        let node = |observed: Vec<pb::ObservedSession>, gpus: usize| pb::NodeInfo {
+            node_id: "n1".into(),
+            devices: vec![pb::Device::default(); gpus],
+            kubernetes_devices: vec![pb::Device::default(); gpus],
+            observed_sessions: observed,
+            ..Default::default()
+        };
+        assert_eq!(limits.node(&node(vec![ok.clone()], 32)), Ok(()));
+        let e = limits.node(&node(vec![], 33)).expect_err("refused");
+        assert!(e.to_string().starts_with("devices: 66 entries"), "{e}");
+        let mut bad = ok;
+        bad.session_id = long;
+        let e = limits
+            .node(&node(vec![pb::ObservedSession::default(), bad], 1))
+            .expect_err("refused");
+        assert!(
+            e.to_string()
+                .starts_with("observed_sessions[1].session_id:"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn floats_out_of_range_name_their_field() {
         let limits = Limits::default();
         for bad in [f64::NAN, f64::INFINITY, -0.5] {
