@@ -439,17 +439,20 @@ impl Limits {
             self.name("policy.memory", &policy.memory)?;
             self.name("policy.compute", &policy.compute)?;
         }
-        if let Some(pb::target::Kind::ContainerId(s) | pb::target::Kind::PodUid(s)) =
-            r.target.as_ref().and_then(|t| t.kind.as_ref())
-        {
-            self.id("target", s)?;
-        }
-        if let Some(pb::target::Kind::CgroupPath(s)) =
-            r.target.as_ref().and_then(|t| t.kind.as_ref())
-        {
-            self.text("target.cgroup_path", s)?;
+        if let Some(t) = &r.target {
+            self.target("target", t)?;
         }
         Ok(())
+    }
+
+    fn target(&self, field: &str, t: &pb::Target) -> Result<(), LimitError> {
+        match &t.kind {
+            Some(pb::target::Kind::ContainerId(s) | pb::target::Kind::PodUid(s)) => {
+                self.id(field, s)
+            }
+            Some(pb::target::Kind::CgroupPath(s)) => self.text(&format!("{field}.cgroup_path"), s),
+            Some(pb::target::Kind::Managed(_)) | None => Ok(()),
+        }
     }
 
     /// What an agent registers.
@@ -475,24 +478,27 @@ impl Limits {
             )?;
         }
         self.slots("capacity", info.capacity.as_ref())?;
+        // The controller's GPUs and Kubernetes' are one node's: one bound for both.
         many(
             "devices",
-            info.devices.len(),
+            info.devices.len() + info.kubernetes_devices.len(),
             self.max_devices_per_node,
             "max_devices_per_node",
         )?;
         for (i, d) in info.devices.iter().enumerate() {
-            self.id(&format!("devices[{i}].uuid"), &d.uuid)?;
-            self.name(&format!("devices[{i}].model"), &d.model)?;
-            self.text(&format!("devices[{i}].device_node"), &d.device_node)?;
-            if d.memory_bytes > self.max_device_memory_bytes {
-                return Err(LimitError::TooLarge {
-                    field: format!("devices[{i}].memory_bytes"),
-                    value: d.memory_bytes,
-                    max: self.max_device_memory_bytes,
-                    key: "max_device_memory_bytes",
-                });
-            }
+            self.device(&format!("devices[{i}]"), d)?;
+        }
+        for (i, d) in info.kubernetes_devices.iter().enumerate() {
+            self.device(&format!("kubernetes_devices[{i}]"), d)?;
+        }
+        many(
+            "observed_sessions",
+            info.observed_sessions.len(),
+            self.max_list_len,
+            "max_list_len",
+        )?;
+        for (i, o) in info.observed_sessions.iter().enumerate() {
+            self.observed(&format!("observed_sessions[{i}]"), o)?;
         }
         many("hooks", info.hooks.len(), self.max_list_len, "max_list_len")?;
         for h in &info.hooks {
@@ -522,6 +528,64 @@ impl Limits {
             });
         }
         Ok(())
+    }
+
+    fn device(&self, field: &str, d: &pb::Device) -> Result<(), LimitError> {
+        self.id(&format!("{field}.uuid"), &d.uuid)?;
+        self.name(&format!("{field}.model"), &d.model)?;
+        self.text(&format!("{field}.device_node"), &d.device_node)?;
+        if d.memory_bytes > self.max_device_memory_bytes {
+            return Err(LimitError::TooLarge {
+                field: format!("{field}.memory_bytes"),
+                value: d.memory_bytes,
+                max: self.max_device_memory_bytes,
+                key: "max_device_memory_bytes",
+            });
+        }
+        Ok(())
+    }
+
+    /// A session an agent observed (a Kubernetes claim it prepared), in `field`.
+    ///
+    /// # Errors
+    /// A field over its limit, named.
+    pub fn observed(&self, field: &str, o: &pb::ObservedSession) -> Result<(), LimitError> {
+        self.id(&format!("{field}.session_id"), &o.session_id)?;
+        many(
+            &format!("{field}.devices"),
+            o.devices.len(),
+            self.max_devices_per_node,
+            "max_devices_per_node",
+        )?;
+        for (i, d) in o.devices.iter().enumerate() {
+            self.id(&format!("{field}.devices[{i}].uuid"), &d.uuid)?;
+            len(
+                &format!("{field}.devices[{i}].shares"),
+                &d.shares,
+                self.max_slot_value_len,
+                "max_slot_value_len",
+            )?;
+        }
+        if let Some(t) = &o.target {
+            self.target(&format!("{field}.target"), t)?;
+        }
+        if let Some(p) = &o.policy {
+            self.name(&format!("{field}.policy.memory"), &p.memory)?;
+            self.name(&format!("{field}.policy.compute"), &p.compute)?;
+        }
+        if let Some(c) = &o.claim {
+            // Kubernetes names: a namespace is a DNS label, names and UIDs DNS subdomains at most.
+            for (name, value) in [
+                ("namespace", &c.namespace),
+                ("claim_name", &c.claim_name),
+                ("claim_uid", &c.claim_uid),
+                ("pod_name", &c.pod_name),
+                ("pod_uid", &c.pod_uid),
+            ] {
+                self.id(&format!("{field}.claim.{name}"), value)?;
+            }
+        }
+        self.name(&format!("{field}.class"), &o.class)
     }
 
     fn running(&self, field: &str, ids: &[String]) -> Result<(), LimitError> {
@@ -556,6 +620,7 @@ impl Limits {
                 finite("usage.utilization", u.utilization)?;
                 finite("usage.ioctls_per_sec", u.ioctls_per_sec)
             }
+            Some(Msg::Observed(o)) => self.observed("observed", o),
             None => Ok(()),
         }
     }
@@ -808,6 +873,61 @@ mod tests {
             .unwrap_or_else(PoisonError::into_inner)
             .len();
         assert!(kept <= CLIENT_BUCKETS, "{kept} buckets kept");
+    }
+
+    #[test]
+    fn observed_sessions_are_bounded_field_by_field() {
+        let limits = Limits::default();
+        let long = "x".repeat(limits.max_id_len + 1);
+        let observed = |claim: pb::KubernetesClaim, devices: usize| pb::ObservedSession {
+            session_id: "k8s-a".into(),
+            devices: vec![pb::DeviceShare::default(); devices],
+            claim: Some(claim),
+            ..Default::default()
+        };
+        let ok = observed(pb::KubernetesClaim::default(), 1);
+        let message = |o: pb::ObservedSession| pb::AgentMessage {
+            msg: Some(Msg::Observed(o)),
+        };
+        assert_eq!(limits.agent_message(&message(ok.clone())), Ok(()));
+        let e = limits
+            .agent_message(&message(observed(
+                pb::KubernetesClaim {
+                    pod_name: long.clone(),
+                    ..Default::default()
+                },
+                1,
+            )))
+            .expect_err("refused");
+        assert!(e.to_string().starts_with("observed.claim.pod_name:"), "{e}");
+        let e = limits
+            .agent_message(&message(observed(
+                pb::KubernetesClaim::default(),
+                limits.max_devices_per_node + 1,
+            )))
+            .expect_err("refused");
+        assert!(e.to_string().starts_with("observed.devices:"), "{e}");
+        // At registration: each one named by its place; the node's two GPU lists share a bound.
+        let node = |observed: Vec<pb::ObservedSession>, gpus: usize| pb::NodeInfo {
+            node_id: "n1".into(),
+            devices: vec![pb::Device::default(); gpus],
+            kubernetes_devices: vec![pb::Device::default(); gpus],
+            observed_sessions: observed,
+            ..Default::default()
+        };
+        assert_eq!(limits.node(&node(vec![ok.clone()], 32)), Ok(()));
+        let e = limits.node(&node(vec![], 33)).expect_err("refused");
+        assert!(e.to_string().starts_with("devices: 66 entries"), "{e}");
+        let mut bad = ok;
+        bad.session_id = long;
+        let e = limits
+            .node(&node(vec![pb::ObservedSession::default(), bad], 1))
+            .expect_err("refused");
+        assert!(
+            e.to_string()
+                .starts_with("observed_sessions[1].session_id:"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -28,6 +28,12 @@ pub struct NodeReport {
     pub hooks: Vec<String>,
     /// Agent version.
     pub agent_version: String,
+    /// GPUs the node offers to Kubernetes (DRA), not to the controller.
+    #[serde(default)]
+    pub kubernetes_devices: Vec<DeviceSpec>,
+    /// Their models and MIG flags, in the same order (for display).
+    #[serde(default)]
+    pub kubernetes_device_models: Vec<(String, bool)>,
 }
 
 impl NodeReport {
@@ -64,6 +70,8 @@ impl NodeReport {
             device_models: vec![],
             hooks: vec![],
             agent_version: String::new(),
+            kubernetes_devices: vec![],
+            kubernetes_device_models: vec![],
         }
     }
 }

@@ -68,6 +68,67 @@ pub struct Session {
     /// What its agent measured while it ran.
     #[serde(default)]
     pub usage: UsageSeries,
+    /// Who placed it: a client through the controller, or Kubernetes (records from before
+    /// origins: the controller).
+    #[serde(default)]
+    pub origin: Origin,
+}
+
+/// Who placed a session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    /// A client asked the controller, which placed it.
+    #[default]
+    Controller,
+    /// Kubernetes allocated it (DRA) and its node's agent prepared the claim: the controller
+    /// observes it, counts what it holds, and learns from its usage, but neither placed it nor
+    /// may end it (docs/kubernetes.md, "The agent as DRA driver").
+    Dra(KubernetesClaim),
+}
+
+impl Origin {
+    /// The origin's name on the wire: `controller` or `dra`.
+    #[must_use]
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Controller => "controller",
+            Self::Dra(_) => "dra",
+        }
+    }
+
+    /// The claim, for a session Kubernetes placed.
+    #[must_use]
+    pub fn claim(&self) -> Option<&KubernetesClaim> {
+        match self {
+            Self::Controller => None,
+            Self::Dra(claim) => Some(claim),
+        }
+    }
+}
+
+/// The Kubernetes objects an observed session stands for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KubernetesClaim {
+    /// The namespace of the claim and its pod.
+    pub namespace: String,
+    /// The ResourceClaim's name.
+    pub claim_name: String,
+    /// The ResourceClaim's UID.
+    pub claim_uid: String,
+    /// The reserving pod's name.
+    pub pod_name: String,
+    /// The reserving pod's UID.
+    pub pod_uid: String,
+}
+
+impl KubernetesClaim {
+    /// The owner its session is filed under: `k8s:<namespace>`.
+    #[must_use]
+    pub fn owner(&self) -> String {
+        format!("k8s:{}", self.namespace)
+    }
 }
 
 /// Something the agent did to enforce a session's quota, or why it could not.
@@ -136,6 +197,7 @@ mod tests {
             placement: None,
             explanation: None,
             usage: Default::default(),
+            origin: Origin::Controller,
         };
         for at_ms in 0..40 {
             s.record_event(EnforcementEvent {

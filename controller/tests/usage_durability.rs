@@ -32,6 +32,8 @@ fn node() -> NodeReport {
         device_models: vec![],
         hooks: vec![],
         agent_version: "test".into(),
+        kubernetes_devices: vec![],
+        kubernetes_device_models: vec![],
     }
 }
 

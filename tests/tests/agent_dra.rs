@@ -2,7 +2,9 @@
 //! protos (over the real Unix sockets) and a fake API server on loopback serving ResourceClaims
 //! written as the `resource.k8s.io/v1` API reference shows them; the ResourceSlices the agent
 //! writes are checked against the API's published JSON schema (strict variant: no field the API
-//! doesn't define). End to end, the prepared claim is enforced on the real kernel with the fake
+//! doesn't define). A controller on loopback hears of each prepared claim as a session it
+//! observes (with its namespace, pod, claim and the pod's workload class) and shows it in its
+//! allocation map. End to end, the prepared claim is enforced on the real kernel with the fake
 //! NVIDIA driver, across a `kill -9` of the agent.
 
 // Test helpers fail loudly on anything unexpected.
@@ -31,9 +33,14 @@ use gpuwarden_agent::dra::{
     config::{ApiServerConfig, GpuSelection},
 };
 use gpuwarden_agent_api::{client, snapshot::Snapshot};
+use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use serde_json::{Value, json};
-use util::{Client, Driver, TestAgent, container_id, pin_dir, pod_uid};
+use util::{
+    Client, Driver, TestAgent,
+    cluster::{TestController, eventually, fast_timing},
+    container_id, pin_dir, pod_uid,
+};
 
 const DRIVER: &str = "gpu.gpuwarden.io";
 const NODE: &str = "test-node";
@@ -78,6 +85,31 @@ fn claim(name: &str, uid: &str, pool: &str, device: &str, pod: &str, memory_poli
                     {"key": "metadata.name", "operator": "In", "values": [pool]}]}]},
             },
             "reservedFor": [{"resource": "pods", "name": "train-0", "uid": pod}],
+        },
+    })
+}
+
+/// The pod `train-0` as `GET /api/v1/namespaces/ml/pods/train-0` returns it: a replica of
+/// Deployment `train` (its `ReplicaSet` `train-7d9f8c6b5` with the matching `pod-template-hash`).
+fn pod(uid: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "train-0", "namespace": "ml", "uid": uid, "resourceVersion": "5151",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {"app": "train", "pod-template-hash": "7d9f8c6b5"},
+            "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "train-7d9f8c6b5",
+                "uid": "0d1e2f3a-4b5c-4d6e-8f70-8192a3b4c5d6", "controller": true,
+                "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "train", "image": "registry.example/train:1.0",
+                            "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "half"}],
         },
     })
 }
@@ -164,7 +196,14 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     }
     let dirs = KubeletDirs::new(root.path());
     let state = scratch("dra-agent");
+    let controller_state = scratch("dra-controller");
+    let controller = TestController::start(
+        controller_state.path(),
+        gpuwarden_controller::scheduler::SchedulerConfig::default(),
+        fast_timing(Duration::from_secs(5)),
+    );
     let mut cfg = util::config(&[format!("{}/nvidia*", dev.display())], state.path());
+    cfg.controller = Some(controller.url());
     cfg.mock_devices = Some(mock_file(root.path(), &nodes));
     cfg.rescan_interval = Duration::from_millis(200);
     cfg.dra = Some(DraConfig {
@@ -263,6 +302,12 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     api.put_claim(claim(kept.2, kept.1, NODE, "gpu-2", &pod, "kill"));
     api.put_claim(claim(other.2, other.1, "node-b", "gpu-0", &pod, "kill"));
     api.put_claim(claim(beta.2, beta.1, NODE, "gpu-1", &pod, "report"));
+    api.put_pod(self::pod(&pod));
+    let pod_errors = schema.check(
+        "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+        &self::pod(&pod)["metadata"],
+    );
+    assert!(pod_errors.is_empty(), "the pod fixture: {pod_errors:#?}");
 
     let answer = rt.block_on(prepare_v1(&endpoint, &[half, ghost, far, kept, other]));
     assert_eq!(answer.claims.len(), 5);
@@ -316,6 +361,57 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     let b = s.bindings.iter().find(|b| b.session_id == session).unwrap();
     assert_eq!(b.state, "pending", "{b:?}");
 
+    // The controller observes the claim as a session it did not place: Kubernetes' namespace,
+    // pod and claim, the Deployment's class, its shares in the allocation map of GPU 0 (offered
+    // to Kubernetes), none on GPU 2 (the controller's).
+    let observed = rt.block_on(observed_session(&controller, &session));
+    assert_eq!(observed.origin, "dra");
+    assert_eq!(observed.owner, "k8s:ml");
+    assert_eq!(observed.state(), pb::SessionState::Running);
+    assert_eq!(observed.node_id, NODE);
+    assert_eq!(observed.class, "train");
+    let k = observed.kubernetes.clone().unwrap();
+    assert_eq!(
+        (
+            k.namespace.as_str(),
+            k.claim_name.as_str(),
+            k.claim_uid.as_str(),
+            k.pod_name.as_str(),
+            k.pod_uid.as_str()
+        ),
+        ("ml", "half", half.1, "train-0", pod.as_str())
+    );
+    let shares: Vec<(u32, &str, u64)> = observed
+        .devices
+        .iter()
+        .map(|d| (d.index, d.shares.as_str(), d.memory_bytes))
+        .collect();
+    assert_eq!(shares, [(0, "0.5", 256 * MIB)]);
+    let map = rt.block_on(allocation_map(&controller));
+    let row = |i: u32| map.iter().find(|d| d.index == i).unwrap();
+    assert!(row(0).kubernetes && !row(2).kubernetes);
+    assert_eq!(row(0).allocated_shares, "0.5");
+    assert_eq!(row(0).allocated_memory_bytes, 256 * MIB);
+    assert_eq!(row(0).sessions, std::slice::from_ref(&session));
+    assert_eq!(row(2).allocated_shares, "0");
+    // Nobody but Kubernetes ends it.
+    let refused = rt
+        .block_on(async {
+            controller
+                .client()
+                .await
+                .terminate_session(pb::TerminateSessionRequest {
+                    id: session.clone(),
+                })
+                .await
+        })
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("Kubernetes claim ml/half"),
+        "{refused:?}"
+    );
+
     // Repeated: the same answer, from the agent's record (no second read of the claim).
     let gets = |api: &FakeApi| {
         api.seen()
@@ -347,6 +443,16 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     }
     assert!(!spec_path.exists());
     wait_for("the quota to be lifted", || !binding(&agent.snapshot()));
+    // The controller's session ended with the claim, its shares back.
+    rt.block_on(eventually("the observed session to end", || async {
+        observed_session(&controller, &session).await.state() == pb::SessionState::Terminated
+    }));
+    let map = rt.block_on(allocation_map(&controller));
+    let gpu0 = map.iter().find(|d| d.index == 0).unwrap();
+    assert_eq!(
+        (gpu0.allocated_shares.as_str(), gpu0.sessions.len()),
+        ("0", 0)
+    );
     let u = rt.block_on(unprepare_v1beta1(&endpoint, &[beta]));
     assert_eq!(u.claims[beta.1].error, "");
     // Prepared again after unprepare: read from the API again.
@@ -374,6 +480,41 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     // Stopped: the sockets are gone, so the kubelet unregisters the plugin.
     assert!(!reg_socket.exists());
     assert!(!endpoint.exists());
+}
+
+/// Session `id` as the controller lists it, once it does.
+async fn observed_session(controller: &TestController, id: &str) -> pb::Session {
+    let mut client = controller.client().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let list = client
+            .list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        if let Some(s) = list.sessions.into_iter().find(|s| s.id == id) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for the controller to list {id}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The controller's allocation map of the node.
+async fn allocation_map(controller: &TestController) -> Vec<pb::DeviceAllocation> {
+    let map = controller
+        .client()
+        .await
+        .get_allocation_map(pb::GetAllocationMapRequest {
+            node_id: NODE.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    map.nodes.into_iter().next().unwrap().devices
 }
 
 /// An agent process (so it can be `kill -9`ed), killed when dropped.

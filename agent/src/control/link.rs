@@ -21,6 +21,7 @@ use tonic::transport::Endpoint;
 
 use super::{
     holdings::{SharedHoldings, lock},
+    observed::Observed,
     usage_report::UsageCounters,
 };
 use crate::{devices::GpuBackend, enforcement::quota::QuotaSpec};
@@ -45,12 +46,16 @@ pub struct LinkChannels {
     pub usage: mpsc::Receiver<pb::SessionUsage>,
     /// Usage reports sent, and dropped where the stream's buffer was full.
     pub usage_counters: Arc<UsageCounters>,
+    /// The GPUs offered to Kubernetes and the claims prepared on them, where the node is a DRA
+    /// driver: reported at registration and as they change.
+    pub observed: Option<Arc<Observed>>,
 }
 
 /// What goes up the stream besides heartbeats and answers.
 enum Upward {
     Event(pb::EnforcementEvent),
     Usage(pb::SessionUsage),
+    Observed,
 }
 
 /// Where and as whom to connect.
@@ -85,12 +90,14 @@ fn host_capacity() -> (u64, u64) {
     (cpus, mem_kib * 1024)
 }
 
-/// The registration message for this node.
+/// The registration message for this node; with `observed`, the GPUs it offers to Kubernetes
+/// and the claims held on them too.
 #[must_use]
 pub fn node_info(
     config: &LinkConfig,
     backend: &dyn GpuBackend,
     running: Vec<String>,
+    observed: Option<&Observed>,
 ) -> pb::NodeInfo {
     let (cpus, mem) = host_capacity();
     let mut slot_types = vec![
@@ -123,29 +130,35 @@ pub fn node_info(
         hostname: config.hostname.clone(),
         slot_types,
         capacity: Some(pb::ResourceSlot { values: capacity }),
-        devices: backend
-            .devices()
-            .iter()
-            .map(|d| pb::Device {
-                uuid: d.uuid.clone(),
-                model: d.model.clone(),
-                memory_bytes: d.memory_bytes,
-                numa_node: d.numa_node,
-                sm_count: d.sm_count,
-                is_mig: d.is_mig,
-                index: d.index,
-                device_node: d.device_node.clone(),
-            })
-            .collect(),
+        devices: backend.devices().iter().map(device_to_pb).collect(),
         hooks: config.hooks.clone(),
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         running_sessions: running,
+        kubernetes_devices: observed
+            .map(|o| o.kubernetes_devices().to_vec())
+            .unwrap_or_default(),
+        observed_sessions: observed.map(Observed::registration).unwrap_or_default(),
+    }
+}
+
+/// A GPU as the registration names it.
+#[must_use]
+pub fn device_to_pb(d: &crate::devices::GpuDevice) -> pb::Device {
+    pb::Device {
+        uuid: d.uuid.clone(),
+        model: d.model.clone(),
+        memory_bytes: d.memory_bytes,
+        numa_node: d.numa_node,
+        sm_count: d.sm_count,
+        is_mig: d.is_mig,
+        index: d.index,
+        device_node: d.device_node.clone(),
     }
 }
 
 /// The slot names this node has now.
 fn known_slots(config: &LinkConfig, backend: &dyn GpuBackend) -> BTreeSet<String> {
-    node_info(config, backend, vec![])
+    node_info(config, backend, vec![], None)
         .slot_types
         .into_iter()
         .map(|t| t.name)
@@ -365,8 +378,9 @@ async fn connect_once(
         .map_err(LinkError::Connect)?;
     let mut client = AgentServiceClient::new(channel);
     let running = lock(holdings).sessions();
+    let observed = channels.as_deref().and_then(|c| c.observed.clone());
     let registered = client
-        .register(node_info(config, backend, running))
+        .register(node_info(config, backend, running, observed.as_deref()))
         .await
         .map_err(LinkError::Register)?
         .into_inner();
@@ -395,6 +409,7 @@ async fn connect_once(
                 Some(c) => tokio::select! {
                     Some(event) = c.events.recv() => Upward::Event(event),
                     Some(usage) = c.usage.recv() => Upward::Usage(usage),
+                    () = changed(c.observed.as_deref()) => Upward::Observed,
                     else => std::future::pending().await,
                 },
                 None => std::future::pending().await,
@@ -414,6 +429,12 @@ async fn connect_once(
                         Ok(()) => counters.count_sent(),
                         Err(TrySendError::Full(_)) => counters.count_dropped(),
                         Err(TrySendError::Closed(_)) => return Err(LinkError::Closed),
+                    }
+                }
+                Upward::Observed => {
+                    for o in observed.as_deref().map(Observed::take_changes).unwrap_or_default() {
+                        let msg = pb::agent_message::Msg::Observed(o);
+                        tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|_| LinkError::Closed)?;
                     }
                 }
             },
@@ -443,6 +464,14 @@ async fn connect_once(
                 }
             }
         }
+    }
+}
+
+/// Resolves when the observed sessions changed; never without them.
+async fn changed(observed: Option<&Observed>) {
+    match observed {
+        Some(o) => o.changed().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -4,11 +4,15 @@
 //!
 //! - [`link`]: registration and the stream, reconnecting with backoff;
 //! - [`holdings`]: allocations by session, persisted;
+//! - [`observed`]: the GPUs offered to Kubernetes and the claims prepared on them, reported as
+//!   sessions the controller observes;
 //! - `usage_report`: what each session used, per interval.
 
 pub mod holdings;
 pub mod link;
+pub mod observed;
 pub(crate) mod usage_report;
 
 pub use link::{LinkChannels, LinkConfig, QuotaCommand};
+pub use observed::Observed;
 pub use usage_report::UsageCounters;

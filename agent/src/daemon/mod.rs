@@ -16,7 +16,7 @@ use crate::{
     attribution::{AttributionError, Attributor, kubelet::PodNames},
     config::AgentConfig,
     control::{
-        LinkChannels, LinkConfig, QuotaCommand, UsageCounters,
+        LinkChannels, LinkConfig, Observed, QuotaCommand, UsageCounters,
         holdings::{Holdings, HoldingsError},
         link::{self, LinkError},
         usage_report::Reporter,
@@ -214,6 +214,7 @@ pub async fn run_until(
             usage_counters,
             quotas: quota_tx,
             events: upward_rx,
+            observed: dra.as_ref().map(|p| Arc::clone(&p.observed)),
         },
     );
 
@@ -252,6 +253,7 @@ struct LinkWiring {
     usage_counters: Arc<UsageCounters>,
     quotas: mpsc::UnboundedSender<QuotaCommand>,
     events: mpsc::Receiver<pb::EnforcementEvent>,
+    observed: Option<Arc<Observed>>,
 }
 
 /// Starts the controller link and the usage reports, where a controller is configured.
@@ -287,6 +289,7 @@ fn spawn_link(tasks: &mut JoinSet<()>, config: &AgentConfig, w: LinkWiring) {
             events: w.events,
             usage: usage_rx,
             usage_counters: w.usage_counters,
+            observed: w.observed,
         }),
         std::future::pending(),
     ));

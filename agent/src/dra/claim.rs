@@ -437,7 +437,7 @@ fn configured(
 }
 
 /// Parts per million as an exact decimal (`500000` → `0.5`).
-fn decimal(ppm: u64) -> String {
+pub(crate) fn decimal(ppm: u64) -> String {
     let whole = ppm / u64::from(PPM);
     let frac = ppm % u64::from(PPM);
     if frac == 0 {

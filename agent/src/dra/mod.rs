@@ -5,7 +5,9 @@
 //! asks this plugin to prepare each claim for its pod. The plugin turns the claim's allocation
 //! into the same quota a controller `Allocate` makes — the allowed device node, a memory limit
 //! and a compute share — bound to the reserving pod's UID, and hands it to enforcement. A GPU is
-//! offered either to Kubernetes or to the controller, never to both (`[dra] gpus`).
+//! offered either to Kubernetes or to the controller, never to both (`[dra] gpus`). Each claim
+//! prepared is reported to the controller as a session it observes but did not place
+//! ([`crate::control::observed`]), with the pod's workload class.
 //!
 //! - `config`: the `[dra]` section;
 //! - `server`: the registration and `DRAPlugin` v1/v1beta1 gRPC services on Unix sockets;
@@ -32,7 +34,7 @@ use tokio::sync::mpsc;
 pub use config::{DraConfig, DraFileConfig};
 
 use crate::{
-    control::QuotaCommand,
+    control::{Observed, QuotaCommand, link::device_to_pb},
     devices::{GpuBackend, GpuDevice},
     enforcement::quota::QuotaSpec,
 };
@@ -121,6 +123,9 @@ pub struct Plugin {
     pub driver: Arc<plugin::Driver>,
     /// Quotas of the claims prepared before the restart.
     pub held: Vec<QuotaSpec>,
+    /// The GPUs offered to Kubernetes and the claims prepared on them, for the controller link
+    /// to report as sessions the controller observes.
+    pub observed: Arc<Observed>,
     config: DraConfig,
     node: String,
     offered: Vec<GpuDevice>,
@@ -158,6 +163,7 @@ impl Plugin {
         // The plugin socket first: the kubelet dials it as soon as it sees the registration.
         let listener = bind(config.plugin_socket())?;
         let registration_listener = bind(config.registration_socket())?;
+        let observed = Arc::new(Observed::new(offered.iter().map(device_to_pb).collect()));
         let driver = plugin::Driver::new(
             config.clone(),
             node.clone(),
@@ -166,10 +172,12 @@ impl Plugin {
             api,
             store,
             quotas,
+            Arc::clone(&observed),
         );
         Ok(Self {
             driver,
             held,
+            observed,
             config,
             node,
             offered,

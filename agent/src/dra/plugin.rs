@@ -12,7 +12,11 @@ use super::{
     claim::{self, ResourceClaim},
     store::{ClaimStore, Prepared},
 };
-use crate::{control::QuotaCommand, devices::GpuDevice, enforcement::quota::QuotaSpec};
+use crate::{
+    control::{Observed, QuotaCommand},
+    devices::GpuDevice,
+    enforcement::quota::QuotaSpec,
+};
 
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,12 +38,15 @@ pub struct Driver {
     api: ApiServer,
     store: Mutex<ClaimStore>,
     quotas: mpsc::UnboundedSender<QuotaCommand>,
+    observed: Arc<Observed>,
 }
 
 impl Driver {
     /// A driver for `node`, offering `offered` of the node's GPUs `all`, passing quotas to
-    /// enforcement on `quotas`.
+    /// enforcement on `quotas` and the claims it holds to the controller link through
+    /// `observed` (those in `store` at once).
     #[must_use]
+    #[allow(clippy::too_many_arguments)] // One of each part it is wired to.
     pub fn new(
         config: DraConfig,
         node: String,
@@ -48,7 +55,11 @@ impl Driver {
         api: ApiServer,
         store: ClaimStore,
         quotas: mpsc::UnboundedSender<QuotaCommand>,
+        observed: Arc<Observed>,
     ) -> Arc<Self> {
+        for record in store.all() {
+            observed.hold(observed_session(record, &offered));
+        }
         Arc::new(Self {
             config,
             node,
@@ -57,6 +68,7 @@ impl Driver {
             api,
             store: Mutex::new(store),
             quotas,
+            observed,
         })
     }
 
@@ -114,12 +126,16 @@ impl Driver {
         .map_err(|e| e.to_string())?;
         let quota = QuotaSpec::from_allocate(&plan.allocate, &self.offered)
             .map_err(|e| format!("ResourceClaim {}/{}: {e}", claim.namespace, claim.name))?;
+        let class = self
+            .pod_class(&claim.namespace, &plan.pod_name, &plan.pod_uid)
+            .await;
         let record = Prepared {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
             uid: claim.uid.clone(),
             pod_uid: plan.pod_uid,
             pod_name: plan.pod_name,
+            class,
             quota,
             devices: plan.devices,
             cdi_device_ids: vec![cdi::device_id(&claim.uid)],
@@ -132,6 +148,7 @@ impl Driver {
         if let Some(spec) = &record.quota {
             let _ = self.quotas.send(QuotaCommand::Apply(spec.clone()));
         }
+        self.observed.hold(observed_session(&record, &self.offered));
         tracing::info!(
             claim = %format!("{}/{}", record.namespace, record.name),
             uid = %record.uid,
@@ -155,9 +172,9 @@ impl Driver {
             .remove(&claim.uid)
             .map_err(|e| format!("forgetting the claim: {e}"))?;
         if let Some(record) = removed {
-            let _ = self
-                .quotas
-                .send(QuotaCommand::Release(claim::session_id(&record.uid)));
+            let session = claim::session_id(&record.uid);
+            let _ = self.quotas.send(QuotaCommand::Release(session.clone()));
+            self.observed.end(&session);
             tracing::info!(
                 claim = %format!("{}/{}", record.namespace, record.name),
                 uid = %record.uid,
@@ -165,6 +182,36 @@ impl Driver {
             );
         }
         Ok(())
+    }
+
+    /// The workload class of the reserving pod, by the rule the controller's extender scores
+    /// it with (`gpuwarden_types::workload`), so what it uses teaches the profile its next
+    /// replicas are scored by. The pod is read from the API server; where that fails the class
+    /// is the pod's name (the rule's last resort), and the claim is prepared all the same.
+    async fn pod_class(&self, namespace: &str, pod: &str, uid: &str) -> String {
+        let path = format!("/api/v1/namespaces/{namespace}/pods/{pod}");
+        let answer = match self.api.request(http::Method::GET, &path, None).await {
+            Ok(answer) if answer.status == 200 => answer,
+            Ok(answer) => {
+                tracing::warn!(pod = %format!("{namespace}/{pod}"), status = answer.status, "{DRIVER_NAME}: reading the pod for its workload class; filed under its name");
+                return pod.to_owned();
+            }
+            Err(e) => {
+                tracing::warn!(pod = %format!("{namespace}/{pod}"), "{DRIVER_NAME}: reading the pod for its workload class: {e}; filed under its name");
+                return pod.to_owned();
+            }
+        };
+        match apiserver::json::<serde_json::Value>(&answer, "GET", &path) {
+            // Another pod of the same name (the one reserving the claim is gone): not its class.
+            Ok(object) if object.pointer("/metadata/uid").and_then(|u| u.as_str()) == Some(uid) => {
+                gpuwarden_types::workload::workload_class(&object)
+            }
+            Ok(_) => pod.to_owned(),
+            Err(e) => {
+                tracing::warn!(pod = %format!("{namespace}/{pod}"), "{DRIVER_NAME}: reading the pod for its workload class: {e}; filed under its name");
+                pod.to_owned()
+            }
+        }
     }
 
     fn write_cdi(&self, record: &Prepared) -> Result<(), String> {
@@ -185,5 +232,53 @@ impl Driver {
         )
         .map(|_| ())
         .map_err(|e| format!("writing the CDI spec: {e}"))
+    }
+}
+
+/// A prepared claim as the controller hears of it: a session it observes (`k8s-<claim uid>`),
+/// holding the claim's shares and memory on the GPUs `offered` to Kubernetes.
+#[must_use]
+pub fn observed_session(
+    record: &Prepared,
+    offered: &[GpuDevice],
+) -> gpuwarden_proto::v1::ObservedSession {
+    use gpuwarden_proto::{convert, v1 as pb};
+    let quota = record.quota.as_ref();
+    pb::ObservedSession {
+        session_id: claim::session_id(&record.uid),
+        devices: quota
+            .map(|q| {
+                q.devices
+                    .iter()
+                    .map(|d| pb::DeviceShare {
+                        uuid: offered
+                            .iter()
+                            .find(|g| g.index == d.index)
+                            .map(|g| g.uuid.clone())
+                            .unwrap_or_default(),
+                        index: d.index,
+                        shares: claim::decimal(u64::from(d.shares_ppm)),
+                        memory_bytes: d.memory_bytes,
+                        exclusive: false,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        target: quota.and_then(|q| convert::target_to_pb(&q.target)),
+        policy: quota.map(|q| {
+            convert::policy_to_pb(gpuwarden_types::policy::QuotaPolicy {
+                memory: q.memory_policy,
+                compute: q.compute_policy,
+            })
+        }),
+        claim: Some(pb::KubernetesClaim {
+            namespace: record.namespace.clone(),
+            claim_name: record.name.clone(),
+            claim_uid: record.uid.clone(),
+            pod_name: record.pod_name.clone(),
+            pod_uid: record.pod_uid.clone(),
+        }),
+        class: record.class.clone(),
+        ended: false,
     }
 }

@@ -42,6 +42,9 @@ pub struct Prepared {
     pub pod_uid: String,
     /// The reserving pod's name.
     pub pod_name: String,
+    /// The pod's workload class (records from before classes: empty, i.e. the pod's name).
+    #[serde(default)]
+    pub class: String,
     /// The quota enforced; `None` when it binds nothing.
     pub quota: Option<QuotaSpec>,
     /// The kubelet's answer.

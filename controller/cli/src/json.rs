@@ -10,13 +10,16 @@
 //!   `used_bytes`, `limit_bytes`, `at_ms`), `class` (its workload class), `placement` (the
 //!   mode it asked for, null for the controller's), `explanation` (null until placed, else
 //!   `mode`, `considered`, `candidates`: `node`, `devices`, `total`, `chosen`, `over_cap`,
-//!   `predicted_utilization`, `terms` (`name`, `value`, `weight`, `contribution`));
+//!   `predicted_utilization`, `terms` (`name`, `value`, `weight`, `contribution`)), `origin`
+//!   (`controller`, or `dra` for a Kubernetes claim its node's agent prepared), `kubernetes`
+//!   (null unless `dra`: `namespace`, `claim_name`, `claim_uid`, `pod_name`, `pod_uid`);
 //! - profile: `class`, `runs`, `samples`, `deciles` (utilization at the 5th … 95th
 //!   percentiles), `mean`, `peak_memory_bytes`, `mean_ioctls_per_sec`, `updated_at_ms`;
 //! - node: `id`, `hostname`, `state`, `capacity`, `allocated`, `devices` (`index`, `uuid`,
-//!   `model`, `memory_bytes`, `numa_node`, `sm_count`, `is_mig`), `hooks`, `last_heartbeat_ms`;
-//!   `node show` adds `allocation_map` (`index`, `uuid`, `capacity_shares`, `allocated_shares`,
-//!   `memory_bytes`, `allocated_memory_bytes`, `sessions`);
+//!   `model`, `memory_bytes`, `numa_node`, `sm_count`, `is_mig`), `kubernetes_devices` (the GPUs
+//!   offered to Kubernetes, the same keys), `hooks`, `last_heartbeat_ms`; `node show` adds
+//!   `allocation_map` (`index`, `uuid`, `capacity_shares`, `allocated_shares`, `memory_bytes`,
+//!   `allocated_memory_bytes`, `sessions`, `kubernetes`: offered to Kubernetes);
 //! - slot type: `name`, `kind` (`count`, `bytes`, `unique`).
 
 use std::collections::BTreeMap;
@@ -47,6 +50,18 @@ pub struct Session {
     class: String,
     placement: Option<String>,
     explanation: Option<Explanation>,
+    origin: String,
+    kubernetes: Option<KubernetesClaim>,
+}
+
+/// The Kubernetes claim and pod a `dra` session stands for.
+#[derive(Debug, Serialize)]
+pub struct KubernetesClaim {
+    namespace: String,
+    claim_name: String,
+    claim_uid: String,
+    pod_name: String,
+    pod_uid: String,
 }
 
 /// Why a session went where it went.
@@ -203,6 +218,18 @@ impl From<&pb::Session> for Session {
             class: s.class.clone(),
             placement: (!s.placement.is_empty()).then(|| s.placement.clone()),
             explanation: s.explanation.as_ref().map(Explanation::from),
+            origin: if s.origin.is_empty() {
+                "controller".to_owned()
+            } else {
+                s.origin.clone()
+            },
+            kubernetes: s.kubernetes.as_ref().map(|k| KubernetesClaim {
+                namespace: k.namespace.clone(),
+                claim_name: k.claim_name.clone(),
+                claim_uid: k.claim_uid.clone(),
+                pod_name: k.pod_name.clone(),
+                pod_uid: k.pod_uid.clone(),
+            }),
         }
     }
 }
@@ -226,6 +253,7 @@ pub struct Node {
     capacity: BTreeMap<String, String>,
     allocated: BTreeMap<String, String>,
     devices: Vec<Device>,
+    kubernetes_devices: Vec<Device>,
     hooks: Vec<String>,
     last_heartbeat_ms: i64,
 }
@@ -242,6 +270,20 @@ pub struct Device {
     is_mig: bool,
 }
 
+impl From<&pb::Device> for Device {
+    fn from(d: &pb::Device) -> Self {
+        Self {
+            index: d.index,
+            uuid: d.uuid.clone(),
+            model: d.model.clone(),
+            memory_bytes: d.memory_bytes,
+            numa_node: d.numa_node,
+            sm_count: d.sm_count,
+            is_mig: d.is_mig,
+        }
+    }
+}
+
 impl From<&pb::Node> for Node {
     fn from(n: &pb::Node) -> Self {
         let info = n.info.clone().unwrap_or_default();
@@ -251,19 +293,8 @@ impl From<&pb::Node> for Node {
             state: node_state(n.state),
             capacity: slots(info.capacity.as_ref()),
             allocated: slots(n.allocated.as_ref()),
-            devices: info
-                .devices
-                .iter()
-                .map(|d| Device {
-                    index: d.index,
-                    uuid: d.uuid.clone(),
-                    model: d.model.clone(),
-                    memory_bytes: d.memory_bytes,
-                    numa_node: d.numa_node,
-                    sm_count: d.sm_count,
-                    is_mig: d.is_mig,
-                })
-                .collect(),
+            devices: info.devices.iter().map(Device::from).collect(),
+            kubernetes_devices: info.kubernetes_devices.iter().map(Device::from).collect(),
             hooks: info.hooks,
             last_heartbeat_ms: n.last_heartbeat_ms,
         }
@@ -288,6 +319,7 @@ pub struct DeviceAllocation {
     memory_bytes: u64,
     allocated_memory_bytes: u64,
     sessions: Vec<String>,
+    kubernetes: bool,
 }
 
 impl NodeDetail {
@@ -306,6 +338,7 @@ impl NodeDetail {
                     memory_bytes: d.memory_bytes,
                     allocated_memory_bytes: d.allocated_memory_bytes,
                     sessions: d.sessions.clone(),
+                    kubernetes: d.kubernetes,
                 })
                 .collect(),
         }

@@ -18,28 +18,48 @@ fn slots(s: Option<&pb::ResourceSlot>) -> String {
     pairs.join(",")
 }
 
-/// Sessions as a table.
+/// Sessions as a table. A session Kubernetes placed (origin `dra`) names its claim and pod after
+/// what it holds.
 #[must_use]
 pub fn sessions(list: &[pb::Session]) -> String {
     let mut out = format!(
-        "{:<18} {:<12} {:<10} {:<11} {:<14} {}\n",
-        "ID", "NAME", "OWNER", "STATE", "NODE", "REQUESTED"
+        "{:<18} {:<12} {:<10} {:<11} {:<14} {:<10} {}\n",
+        "ID", "NAME", "OWNER", "STATE", "NODE", "ORIGIN", "REQUESTED"
     );
     // Long names, owners and nodes are cut to their column (`session show` and `--json` have
     // them whole), so every row keeps the header's columns.
     for s in list {
-        let _ = writeln!(
+        let _ = write!(
             out,
-            "{:<18} {:<12} {:<10} {:<11} {:<14} {}",
+            "{:<18} {:<12} {:<10} {:<11} {:<14} {:<10} {}",
             fit(&s.id, 18),
             fit(&s.name, 12),
             fit(&s.owner, 10),
             state(s.state),
             fit(&s.node_id, 14),
+            origin(s),
             slots(s.requested.as_ref())
         );
+        if let Some(k) = &s.kubernetes {
+            let _ = write!(out, "  {}", claim(k));
+        }
+        out.push('\n');
     }
     out
+}
+
+/// Who placed a session: `controller` (also from controllers before origins) or `dra`.
+fn origin(s: &pb::Session) -> &str {
+    if s.origin.is_empty() {
+        "controller"
+    } else {
+        &s.origin
+    }
+}
+
+/// A Kubernetes claim and its pod in words: `claim ml/half pod train-0`.
+fn claim(k: &pb::KubernetesClaim) -> String {
+    format!("claim {}/{} pod {}", k.namespace, k.claim_name, k.pod_name)
 }
 
 /// One session in detail.
@@ -51,6 +71,19 @@ pub fn session(s: &pb::Session) -> String {
     let _ = writeln!(out, "owner:     {}", s.owner);
     let _ = writeln!(out, "state:     {}", state(s.state));
     let _ = writeln!(out, "node:      {}", s.node_id);
+    let _ = writeln!(out, "origin:    {}", origin(s));
+    if let Some(k) = &s.kubernetes {
+        let _ = writeln!(
+            out,
+            "claim:     {}/{} (uid {})",
+            k.namespace, k.claim_name, k.claim_uid
+        );
+        let _ = writeln!(
+            out,
+            "pod:       {}/{} (uid {})",
+            k.namespace, k.pod_name, k.pod_uid
+        );
+    }
     let _ = writeln!(out, "requested: {}", slots(s.requested.as_ref()));
     let _ = writeln!(out, "class:     {}", s.class);
     if let Some(e) = &s.explanation {
@@ -347,13 +380,15 @@ pub fn node(n: &pb::Node, devices: &[pb::DeviceAllocation]) -> String {
         } else {
             0.0
         };
+        // A GPU offered to Kubernetes holds claims, never the controller's sessions.
         let _ = writeln!(
             out,
-            "GPU{} {} {allocated:.2}  {}/{} GiB  {}",
+            "GPU{} {} {allocated:.2}  {}/{} GiB  {}{}",
             d.index,
             bar(fraction, 10),
             d.allocated_memory_bytes >> 30,
             d.memory_bytes >> 30,
+            if d.kubernetes { "[k8s] " } else { "" },
             d.sessions.join(",")
         );
     }
@@ -488,6 +523,63 @@ mod tests {
         assert_eq!(owner_at(lines[1]), owner_at(lines[2]), "{table}");
         assert_eq!(lines[0].find("OWNER"), owner_at(lines[1]), "{table}");
         assert!(lines[2].contains("a-training-…"), "{table}");
+    }
+
+    #[test]
+    fn observed_sessions_show_their_origin_claim_and_pod() {
+        let placed = pb::Session {
+            id: "s-1".into(),
+            owner: "alice".into(),
+            origin: "controller".into(),
+            ..Default::default()
+        };
+        let observed = pb::Session {
+            id: "k8s-1111".into(),
+            name: "train-0".into(),
+            owner: "k8s:ml".into(),
+            origin: "dra".into(),
+            kubernetes: Some(pb::KubernetesClaim {
+                namespace: "ml".into(),
+                claim_name: "half".into(),
+                claim_uid: "1111".into(),
+                pod_name: "train-0".into(),
+                pod_uid: "2222".into(),
+            }),
+            ..Default::default()
+        };
+        let table = sessions(&[placed, observed.clone()]);
+        let lines: Vec<&str> = table.lines().collect();
+        let origin_at = lines[0].find("ORIGIN").unwrap();
+        assert_eq!(lines[1].get(origin_at..origin_at + 10), Some("controller"));
+        assert_eq!(lines[2].get(origin_at..origin_at + 4), Some("dra "));
+        assert!(lines[2].ends_with("claim ml/half pod train-0"), "{table}");
+        assert!(!lines[1].contains("claim"), "{table}");
+        let detail = session(&observed);
+        assert!(detail.contains("claim:     ml/half (uid 1111)"), "{detail}");
+        assert!(
+            detail.contains("pod:       ml/train-0 (uid 2222)"),
+            "{detail}"
+        );
+        let gpu = |kubernetes, sessions: &[&str]| pb::DeviceAllocation {
+            index: u32::from(kubernetes),
+            capacity_shares: "1".into(),
+            allocated_shares: "0.5".into(),
+            sessions: sessions.iter().map(|s| (*s).to_owned()).collect(),
+            kubernetes,
+            ..Default::default()
+        };
+        let shown = node(
+            &pb::Node::default(),
+            &[gpu(false, &["s-1"]), gpu(true, &["k8s-1111"])],
+        );
+        assert!(
+            shown.contains("GPU0 █████░░░░░ 0.50  0/0 GiB  s-1"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("GPU1 █████░░░░░ 0.50  0/0 GiB  [k8s] k8s-1111"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -102,23 +102,29 @@ pub struct DeviceState {
     pub sessions: BTreeSet<String>,
     /// The session holding it whole and alone (`cuda.device`), if any.
     pub exclusive_owner: Option<String>,
+    /// Offered to Kubernetes (DRA), not to the controller: what it holds are claims its node's
+    /// agent prepared (observed sessions), and the controller hands none of it out.
+    #[serde(default)]
+    pub kubernetes: bool,
 }
 
 impl DeviceState {
-    /// Free shares (none while held exclusively).
+    /// Free shares for the controller to hand out (none while held exclusively, none on a GPU
+    /// offered to Kubernetes).
     #[must_use]
     pub fn free(&self) -> SlotValue {
-        if self.is_exclusive() {
+        if self.is_exclusive() || self.kubernetes {
             SlotValue::ZERO
         } else {
             self.capacity.saturating_sub(self.allocated)
         }
     }
 
-    /// Free memory (none while held exclusively).
+    /// Free memory for the controller to hand out (none while held exclusively, none on a GPU
+    /// offered to Kubernetes).
     #[must_use]
     pub fn free_memory(&self) -> u64 {
-        if self.is_exclusive() {
+        if self.is_exclusive() || self.kubernetes {
             0
         } else {
             self.spec.memory_bytes.saturating_sub(self.allocated_memory)
@@ -131,10 +137,11 @@ impl DeviceState {
         self.exclusive_owner.is_some()
     }
 
-    /// Whether nobody holds any part of it.
+    /// Whether nobody holds any part of it and the controller may hand it out whole (a GPU
+    /// offered to Kubernetes never is).
     #[must_use]
     pub fn is_idle(&self) -> bool {
-        self.sessions.is_empty() && !self.is_exclusive()
+        self.sessions.is_empty() && !self.is_exclusive() && !self.kubernetes
     }
 }
 
@@ -170,6 +177,8 @@ pub struct DeviceAlloc {
     pub allocated_memory: u64,
     /// The session holding it whole, if any.
     pub exclusive_owner: Option<String>,
+    /// Offered to Kubernetes, not to the controller.
+    pub kubernetes: bool,
 }
 
 /// The allocator of one node's devices.
@@ -240,6 +249,7 @@ impl NodeAllocator {
                 allocated_memory: 0,
                 sessions: BTreeSet::new(),
                 exclusive_owner: None,
+                kubernetes: false,
             })
             .collect();
         Persisted {
@@ -248,6 +258,47 @@ impl NodeAllocator {
             held: BTreeMap::new(),
         }
         .into()
+    }
+
+    /// Adds the GPUs the node offers to Kubernetes: shown in the allocation map with the claims
+    /// prepared on them ([`Self::restore`]), never handed out by the controller, and left out of
+    /// its capacity ([`Self::capacity`], [`Self::allocated`]). A GPU whose index the node's
+    /// controller GPUs already use is left out.
+    #[must_use]
+    pub fn with_kubernetes(mut self, devices: Vec<DeviceSpec>) -> Self {
+        for spec in devices {
+            if self.devices.iter().any(|d| d.spec.index == spec.index) {
+                continue;
+            }
+            self.devices.push(DeviceState {
+                capacity: share_capacity(&spec, &self.config),
+                spec,
+                allocated: SlotValue::ZERO,
+                allocated_memory: 0,
+                sessions: BTreeSet::new(),
+                exclusive_owner: None,
+                kubernetes: true,
+            });
+        }
+        self.refresh();
+        self
+    }
+
+    /// The node as Kubernetes' DRA allocator sees it: the GPUs offered to Kubernetes, with the
+    /// claims prepared on them, as the ones that can be handed out, and the controller's as not.
+    /// The scheduler extender judges pods on it. `None` when the node offers no GPU to
+    /// Kubernetes.
+    #[must_use]
+    pub fn kubernetes_view(&self) -> Option<Self> {
+        if !self.devices.iter().any(|d| d.kubernetes) {
+            return None;
+        }
+        let mut view = self.clone();
+        for d in &mut view.devices {
+            d.kubernetes = !d.kubernetes;
+        }
+        view.refresh();
+        Some(view)
     }
 
     /// What is free, in summary.
@@ -284,7 +335,7 @@ impl NodeAllocator {
             self.devices
                 .iter()
                 .enumerate()
-                .filter(|(_, d)| !d.is_exclusive())
+                .filter(|(_, d)| !d.is_exclusive() && !d.kubernetes)
                 .map(|(pos, d)| FreeDevice {
                     shares: d.free(),
                     memory: d.free_memory(),
@@ -315,6 +366,7 @@ impl NodeAllocator {
                 memory_bytes: d.spec.memory_bytes,
                 allocated_memory: d.allocated_memory,
                 exclusive_owner: d.exclusive_owner.clone(),
+                kubernetes: d.kubernetes,
             })
             .collect()
     }
@@ -336,14 +388,15 @@ impl NodeAllocator {
         self.held.keys().map(String::as_str)
     }
 
-    /// GPU capacity as slots: `cuda.shares`, `cuda.device`, `cuda.mem`.
+    /// GPU capacity as slots: `cuda.shares`, `cuda.device`, `cuda.mem` (of the GPUs offered to
+    /// the controller: those offered to Kubernetes are no capacity of its own).
     #[must_use]
     pub fn capacity(&self) -> ResourceSlot {
         self.gpu_slots(|d| (d.capacity, d.spec.memory_bytes, true))
     }
 
-    /// GPU slots handed out: `cuda.shares` and `cuda.mem` over all devices, `cuda.device` the
-    /// devices held whole.
+    /// GPU slots handed out: `cuda.shares` and `cuda.mem` over the devices offered to the
+    /// controller, `cuda.device` the devices held whole.
     #[must_use]
     pub fn allocated(&self) -> ResourceSlot {
         self.gpu_slots(|d| (d.allocated, d.allocated_memory, d.is_exclusive()))
@@ -352,7 +405,7 @@ impl NodeAllocator {
     /// The GPU slots summed over the devices: the shares, the memory and whether it counts as a
     /// whole device, each as `of` reads them from a device.
     fn gpu_slots(&self, of: impl Fn(&DeviceState) -> (SlotValue, u64, bool)) -> ResourceSlot {
-        let (shares, memory, whole) = self.devices.iter().fold(
+        let (shares, memory, whole) = self.devices.iter().filter(|d| !d.kubernetes).fold(
             (SlotValue::ZERO, 0u128, 0u64),
             |(shares, memory, whole), d| {
                 let (s, m, w) = of(d);

@@ -1,5 +1,6 @@
-//! `AgentService`: agents register their node, then hold one stream: heartbeats, acks/nacks and
-//! enforcement events up, `Allocate`/`Release` down. Every message is held to
+//! `AgentService`: agents register their node, then hold one stream: heartbeats, acks/nacks,
+//! enforcement events, usage and observed sessions (Kubernetes claims the agent prepared) up,
+//! `Allocate`/`Release` down. Every message is held to
 //! [`crate::limits`]: one out of bounds closes the stream naming the field, and a stream over
 //! its rate is closed with `RESOURCE_EXHAUSTED`.
 
@@ -33,13 +34,37 @@ impl AgentService for AgentApi {
         peer.speaks_for(&info.node_id)?;
         let report = convert::report_from_pb(&info)?;
         let node_id = report.node_id.clone();
-        let commands = self
+        // A malformed observed session is left out, not the node: its agent would only retry.
+        let observed = info
+            .observed_sessions
+            .iter()
+            .filter(|o| !o.ended)
+            .filter_map(|o| match convert::observed_from_pb(o) {
+                Ok(o) => Some(o),
+                Err(e) => {
+                    limits::count(Refusal::ForeignSession);
+                    tracing::warn!(node = %node_id, session = %o.session_id, "observed session left out: {}", e.message());
+                    None
+                }
+            })
+            .collect();
+        let (commands, refused) = self
             .0
-            .apply(|s| s.register(report, &info.running_sessions))
+            .apply(|s| s.register_observing(report, &info.running_sessions, observed))
             .await
             .map_err(|e| store_status(&e))?
             .map_err(|e| Status::failed_precondition(e.to_string()))?;
-        tracing::info!(node = %node_id, devices = info.devices.len(), "agent registered");
+        for e in refused {
+            limits::count(Refusal::ForeignSession);
+            tracing::warn!(node = %node_id, "observed session left out: {e}");
+        }
+        tracing::info!(
+            node = %node_id,
+            devices = info.devices.len(),
+            kubernetes_devices = info.kubernetes_devices.len(),
+            observed = info.observed_sessions.len(),
+            "agent registered"
+        );
         self.0.dispatch(commands);
         self.0.kick();
         Ok(Response::new(pb::RegisterResponse {
@@ -192,6 +217,37 @@ fn change(
             if !recorded {
                 limits::count(Refusal::ForeignSession);
                 tracing::debug!(%node, session = %u.session_id, "usage for a session not running on this node, dropped");
+            }
+            pending
+        }
+        Some(Msg::Observed(o)) if o.ended => {
+            let (ended, pending) = controller.change(|s| s.observed_ended(node, &o.session_id))?;
+            if ended {
+                tracing::info!(%node, session = %o.session_id, "observed session ended: its claim was unprepared");
+            } else {
+                tracing::debug!(%node, session = %o.session_id, "end of an observed session not running on this node, dropped");
+            }
+            pending
+        }
+        Some(Msg::Observed(o)) => {
+            let observed = match convert::observed_from_pb(&o) {
+                Ok(observed) => observed,
+                Err(e) => {
+                    limits::count(Refusal::ForeignSession);
+                    tracing::warn!(%node, session = %o.session_id, "observed session dropped: {}", e.message());
+                    return Ok(None);
+                }
+            };
+            let (result, pending) = controller.change(|s| s.observe(node, observed))?;
+            match result {
+                Ok(()) => {
+                    let claim = o.claim.unwrap_or_default();
+                    tracing::info!(%node, session = %o.session_id, claim = %format!("{}/{}", claim.namespace, claim.claim_name), pod = %claim.pod_name, "observed session");
+                }
+                Err(e) => {
+                    limits::count(Refusal::ForeignSession);
+                    tracing::warn!(%node, "observed session dropped: {e}");
+                }
             }
             pending
         }

@@ -12,8 +12,8 @@ use crate::{
     node::{Node, NodeReport},
     placement::{Explanation, Placement},
     profile::{Profile, UsageSample},
-    scheduler::NewSession,
-    session::{EnforcementEvent, QuotaPolicy, Session},
+    scheduler::{NewSession, Observed},
+    session::{EnforcementEvent, KubernetesClaim, QuotaPolicy, Session},
     slots::{ResourceSlot, SlotName, SlotValue},
 };
 
@@ -100,17 +100,7 @@ pub fn report_from_pb(info: &pb::NodeInfo) -> Result<NodeReport, Status> {
         hostname: info.hostname.clone(),
         slot_types,
         capacity: slots_from_pb(info.capacity.as_ref())?,
-        devices: info
-            .devices
-            .iter()
-            .map(|d| DeviceSpec {
-                uuid: d.uuid.clone(),
-                index: d.index,
-                memory_bytes: d.memory_bytes,
-                sm_count: d.sm_count,
-                numa_node: d.numa_node,
-            })
-            .collect(),
+        devices: info.devices.iter().map(device_from_pb).collect(),
         device_models: info
             .devices
             .iter()
@@ -118,6 +108,90 @@ pub fn report_from_pb(info: &pb::NodeInfo) -> Result<NodeReport, Status> {
             .collect(),
         hooks: info.hooks.clone(),
         agent_version: info.agent_version.clone(),
+        kubernetes_devices: info.kubernetes_devices.iter().map(device_from_pb).collect(),
+        kubernetes_device_models: info
+            .kubernetes_devices
+            .iter()
+            .map(|d| (d.model.clone(), d.is_mig))
+            .collect(),
+    })
+}
+
+fn device_from_pb(d: &pb::Device) -> DeviceSpec {
+    DeviceSpec {
+        uuid: d.uuid.clone(),
+        index: d.index,
+        memory_bytes: d.memory_bytes,
+        sm_count: d.sm_count,
+        numa_node: d.numa_node,
+    }
+}
+
+fn devices_to_pb(devices: &[DeviceSpec], models: &[(String, bool)]) -> Vec<pb::Device> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let (model, is_mig) = models.get(i).cloned().unwrap_or_default();
+            pb::Device {
+                uuid: d.uuid.clone(),
+                model,
+                memory_bytes: d.memory_bytes,
+                numa_node: d.numa_node,
+                sm_count: d.sm_count,
+                is_mig,
+                index: d.index,
+                device_node: format!("/dev/nvidia{}", d.index),
+            }
+        })
+        .collect()
+}
+
+/// A Kubernetes claim to its message.
+#[must_use]
+pub fn claim_to_pb(c: &KubernetesClaim) -> pb::KubernetesClaim {
+    pb::KubernetesClaim {
+        namespace: c.namespace.clone(),
+        claim_name: c.claim_name.clone(),
+        claim_uid: c.claim_uid.clone(),
+        pod_name: c.pod_name.clone(),
+        pod_uid: c.pod_uid.clone(),
+    }
+}
+
+/// A Kubernetes claim message to the claim (absent: all empty).
+#[must_use]
+pub fn claim_from_pb(c: Option<&pb::KubernetesClaim>) -> KubernetesClaim {
+    c.map(|c| KubernetesClaim {
+        namespace: c.namespace.clone(),
+        claim_name: c.claim_name.clone(),
+        claim_uid: c.claim_uid.clone(),
+        pod_name: c.pod_name.clone(),
+        pod_uid: c.pod_uid.clone(),
+    })
+    .unwrap_or_default()
+}
+
+/// A session an agent observed (not `ended`), checked. Lengths are checked before
+/// ([`crate::limits::Limits::observed`]).
+///
+/// # Errors
+/// `InvalidArgument` for a malformed share or policy, or a claim without a namespace.
+pub fn observed_from_pb(o: &pb::ObservedSession) -> Result<Observed, Status> {
+    let claim = claim_from_pb(o.claim.as_ref());
+    if claim.namespace.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "observed session {:?}: its claim has no namespace",
+            o.session_id
+        )));
+    }
+    Ok(Observed {
+        id: o.session_id.clone(),
+        allocation: parts_from_pb(&o.devices)?,
+        target: target_from_pb(o.target.as_ref()),
+        policy: policy_from_pb(o.policy.as_ref())?,
+        claim,
+        class: o.class.clone(),
     })
 }
 
@@ -136,27 +210,15 @@ pub fn report_to_pb(report: &NodeReport) -> pb::NodeInfo {
             })
             .collect(),
         capacity: Some(slots_to_pb(&report.capacity)),
-        devices: report
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| {
-                let (model, is_mig) = report.device_models.get(i).cloned().unwrap_or_default();
-                pb::Device {
-                    uuid: d.uuid.clone(),
-                    model,
-                    memory_bytes: d.memory_bytes,
-                    numa_node: d.numa_node,
-                    sm_count: d.sm_count,
-                    is_mig,
-                    index: d.index,
-                    device_node: format!("/dev/nvidia{}", d.index),
-                }
-            })
-            .collect(),
+        devices: devices_to_pb(&report.devices, &report.device_models),
         hooks: report.hooks.clone(),
         agent_version: report.agent_version.clone(),
         running_sessions: vec![],
+        kubernetes_devices: devices_to_pb(
+            &report.kubernetes_devices,
+            &report.kubernetes_device_models,
+        ),
+        observed_sessions: vec![],
     }
 }
 
@@ -233,6 +295,8 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
         class: s.class.clone(),
         placement: s.placement.map(|p| p.to_string()).unwrap_or_default(),
         explanation: s.explanation.as_ref().map(explanation_to_pb),
+        origin: s.origin.as_str().to_owned(),
+        kubernetes: s.origin.claim().map(claim_to_pb),
     }
 }
 

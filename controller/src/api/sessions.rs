@@ -141,12 +141,22 @@ impl SchedulerService for SchedulerApi {
         let caller = self.caller(&request)?;
         let id = request.into_inner().id;
         self.2.limits.id("id", &id)?;
-        // An owner never changes, so checking before the change is enough.
-        if let Some(owner) = self
-            .0
-            .read(|s| s.sessions().get(&id).map(|x| x.owner.clone()))
-        {
+        // An owner and an origin never change, so checking before the change is enough.
+        if let Some((owner, origin)) = self.0.read(|s| {
+            s.sessions()
+                .get(&id)
+                .map(|x| (x.owner.clone(), x.origin.clone()))
+        }) {
             caller.may_act_on(&owner, "end")?;
+            if let Some(claim) = origin.claim() {
+                // Kubernetes placed it; ending it here would lift a quota the pod still runs
+                // under, and the kubelet would never hear of it.
+                return Err(Status::failed_precondition(format!(
+                    "session {id} is owned by Kubernetes claim {}/{} (pod {}); delete the pod or \
+                     the claim",
+                    claim.namespace, claim.claim_name, claim.pod_name
+                )));
+            }
         }
         let (command, session) = self
             .0
@@ -211,6 +221,7 @@ impl SchedulerService for SchedulerApi {
                             allocated_shares: d.allocated.to_string(),
                             memory_bytes: d.spec.memory_bytes,
                             allocated_memory_bytes: d.allocated_memory,
+                            kubernetes: d.kubernetes,
                             // A user sees the shares others hold, not their session ids.
                             sessions: d
                                 .sessions

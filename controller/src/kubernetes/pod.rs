@@ -18,8 +18,7 @@ use crate::{allocator::GpuRequest, slots::SlotValue};
 pub const SHARES_RESOURCE: &str = "gpuwarden.io/gpu-shares";
 /// The container limit that asks for GPU memory (`8Gi`).
 pub const MEMORY_RESOURCE: &str = "gpuwarden.io/gpu-memory";
-/// The pod label naming its workload class.
-pub const CLASS_LABEL: &str = "gpuwarden.io/class";
+pub use gpuwarden_types::workload::{CLASS_LABEL, workload_class};
 /// The name of the claim the webhook adds to a pod (`spec.resourceClaims[].name`).
 pub const CLAIM_NAME: &str = "gpuwarden-gpu";
 /// The DRA driver and DeviceClass name.
@@ -495,47 +494,6 @@ pub fn read_ask(pod: &Value) -> Result<Option<GpuAsk>, AskError> {
         })?);
     }
     Ok(Some(ask))
-}
-
-/// The workload class a pod's profile is filed under: its `gpuwarden.io/class` label, else its
-/// controlling owner's name (a ReplicaSet's without the pod-template hash, i.e. the
-/// Deployment's), else its own name.
-#[must_use]
-pub fn workload_class(pod: &Value) -> String {
-    let meta = pod.get("metadata");
-    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
-    if let Some(class) = text(meta.and_then(|m| m.pointer(&json_pointer(&["labels", CLASS_LABEL]))))
-        .filter(|c| !c.is_empty())
-    {
-        return class;
-    }
-    let owners = meta
-        .and_then(|m| m.get("ownerReferences"))
-        .and_then(Value::as_array);
-    let owner = owners.and_then(|owners| {
-        owners
-            .iter()
-            .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))
-            .or_else(|| owners.first())
-    });
-    if let Some(owner) = owner
-        && let Some(name) = text(owner.get("name"))
-    {
-        if text(owner.get("kind")).as_deref() == Some("ReplicaSet") {
-            // The Deployment controller names its ReplicaSets `<deployment>-<pod-template-hash>`
-            // and labels their pods with that hash.
-            let hash = text(meta.and_then(|m| m.pointer("/labels/pod-template-hash")));
-            let stripped = match hash {
-                Some(hash) => name.strip_suffix(&format!("-{hash}")).map(str::to_owned),
-                None => name.rsplit_once('-').map(|(base, _)| base.to_owned()),
-            };
-            return stripped.unwrap_or(name);
-        }
-        return name;
-    }
-    text(meta.and_then(|m| m.get("name")))
-        .or_else(|| text(meta.and_then(|m| m.get("generateName"))))
-        .unwrap_or_default()
 }
 
 /// A JSON Pointer from its reference tokens, escaped (`~` → `~0`, `/` → `~1`).

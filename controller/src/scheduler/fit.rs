@@ -5,11 +5,13 @@
 //! `interference-aware` scorer, with the same profiles, as the controller's own sessions get
 //! in a pass; nothing is reserved.
 
+use std::collections::BTreeMap;
+
 use super::Scheduler;
 use crate::{
     allocator::GpuRequest,
-    node::NodeState,
-    placement::{Candidate, ExcessCache},
+    node::{Node, NodeState},
+    placement::{Candidate, ExcessCache, Scorer},
     slots::SlotValue,
 };
 
@@ -27,14 +29,35 @@ pub enum NodeFit {
 }
 
 impl Scheduler {
-    /// How each node in `nodes` answers `gpu` for a workload of `class`, in the order given.
+    /// How each node in `nodes` answers `gpu` for a workload of `class`, in the order given. A
+    /// pod goes to GPUs its node offers to Kubernetes, so a node that reports some is judged on
+    /// those (with the claims prepared on them) and never on the controller's; a node that
+    /// reports none (an agent before that report, or no DRA driver) on its GPUs, as before.
     #[must_use]
     pub fn fit_nodes(&self, class: &str, gpu: &GpuRequest, nodes: &[String]) -> Vec<NodeFit> {
-        let scorer = self.scorer(class, ExcessCache::new());
+        let judged: BTreeMap<String, Node> = nodes
+            .iter()
+            .filter_map(|name| {
+                let node = self.nodes.get(name)?;
+                let mut judged = node.clone();
+                if let Some(view) = node.allocator.kubernetes_view() {
+                    judged.allocator = view;
+                }
+                Some((name.clone(), judged))
+            })
+            .collect();
+        let scorer = Scorer::new(
+            &self.config.scoring,
+            &self.profiles,
+            &self.sessions,
+            &judged,
+            class,
+            ExcessCache::new(),
+        );
         nodes
             .iter()
             .map(|name| {
-                let Some(node) = self.nodes.get(name) else {
+                let Some(node) = judged.get(name) else {
                     return NodeFit::Unknown;
                 };
                 if node.state != NodeState::Ready {

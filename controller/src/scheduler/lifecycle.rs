@@ -4,13 +4,15 @@
 use std::collections::BTreeSet;
 
 use super::{
-    Command, NewSession, RegisterError, RequestError, Scheduler, SchedulerConfig, set_state,
+    Command, NewSession, RegisterError, RequestError, Scheduler, SchedulerConfig,
+    observed::{ObserveError, Observed},
+    set_state,
 };
 use crate::{
     allocator::{Allocation, GpuRequest, NodeAllocator},
     node::{Node, NodeReport, NodeState},
     profile::{ProfileBook, UsageSample},
-    session::{EnforcementEvent, Session, SessionState, now_ms},
+    session::{EnforcementEvent, Origin, Session, SessionState, now_ms},
     slots::ResourceSlot,
     store::Snapshot,
 };
@@ -44,7 +46,8 @@ impl Scheduler {
             if session.state == SessionState::Pending {
                 s.queue(&session);
             }
-            if !session.state.is_final() {
+            // Observed sessions are Kubernetes': the caps on sessions don't count them.
+            if !session.state.is_final() && session.origin == Origin::Controller {
                 s.live.started(&session.owner);
             }
             s.sessions.insert(session.id.clone(), session);
@@ -78,6 +81,22 @@ impl Scheduler {
         report: NodeReport,
         running: &[String],
     ) -> Result<Vec<Command>, RegisterError> {
+        self.register_observing(report, running, Vec::new())
+            .map(|(commands, _)| commands)
+    }
+
+    /// [`Self::register`] for a node whose agent also holds `observed` sessions (Kubernetes
+    /// claims it prepared): they are rebuilt from that list, and those of the node it no longer
+    /// lists end. Returns the commands to send it and the observed sessions refused.
+    ///
+    /// # Errors
+    /// The node's slot types conflict with the cluster's.
+    pub fn register_observing(
+        &mut self,
+        report: NodeReport,
+        running: &[String],
+        observed: Vec<Observed>,
+    ) -> Result<(Vec<Command>, Vec<ObserveError>), RegisterError> {
         if report.node_id.is_empty() {
             return Err(RegisterError::EmptyId);
         }
@@ -89,7 +108,8 @@ impl Scheduler {
             self.changes.slot_types = true;
         }
         let id = report.node_id.clone();
-        let mut allocator = NodeAllocator::new(report.devices.clone(), self.config.allocator);
+        let mut allocator = NodeAllocator::new(report.devices.clone(), self.config.allocator)
+            .with_kubernetes(report.kubernetes_devices.clone());
         let mut held = Vec::new();
         let running: BTreeSet<&str> = running.iter().map(String::as_str).collect();
         let mut commands = Vec::new();
@@ -97,7 +117,11 @@ impl Scheduler {
         let placed: Vec<String> = self
             .sessions
             .values()
-            .filter(|s| s.node.as_deref() == Some(&id) && s.state.holds_resources())
+            .filter(|s| {
+                s.node.as_deref() == Some(&id)
+                    && s.state.holds_resources()
+                    && s.origin == Origin::Controller
+            })
             .map(|s| s.id.clone())
             .collect();
         for sid in placed {
@@ -151,8 +175,9 @@ impl Scheduler {
         }
         self.nodes.insert(id.clone(), node);
         self.reindex(&id);
+        let refused = self.reconcile_observed(&id, observed);
         self.changes.nodes.insert(id);
-        Ok(commands)
+        Ok((commands, refused))
     }
 
     /// Records a heartbeat; a Lost node comes back.
@@ -254,6 +279,7 @@ impl Scheduler {
             placement,
             explanation: None,
             usage: crate::profile::UsageSeries::default(),
+            origin: Origin::Controller,
             name,
             id: id.clone(),
             owner,
@@ -280,14 +306,26 @@ impl Scheduler {
         Ok(session)
     }
 
-    /// Ends a session, releasing what it holds. Returns the command for its agent, if any.
+    /// Ends a session, releasing what it holds. Returns the command for its agent, if any. A
+    /// session Kubernetes placed ([`Origin::Dra`]) is not the controller's to end: nothing
+    /// changes (the API refuses before).
     pub fn terminate(&mut self, id: &str) -> Option<Command> {
-        let session = self.sessions.get_mut(id)?;
-        if session.state.is_final() {
+        let session = self.sessions.get(id)?;
+        if session.state.is_final() || session.origin != Origin::Controller {
             return None;
         }
+        let node = self.finish(id, SessionState::Terminated, "terminated by request")?;
+        Some(Command::Release {
+            node,
+            session: id.to_owned(),
+        })
+    }
+
+    /// Ends session `id` in `state`: what it used teaches its class (once it ran long enough
+    /// to say anything), and what it held is released. Returns the node it held resources on.
+    pub(super) fn finish(&mut self, id: &str, state: SessionState, reason: &str) -> Option<String> {
+        let session = self.sessions.get_mut(id)?;
         let held = session.state.holds_resources();
-        // What it used teaches its class, once it ran long enough to say anything.
         if session.state == SessionState::Running
             && self
                 .profiles
@@ -297,8 +335,10 @@ impl Scheduler {
             self.changes.profiles.insert(session.class.clone());
             self.excess.clear();
         }
-        set_state(session, SessionState::Terminated, "terminated by request");
-        self.live.ended(&session.owner);
+        set_state(session, state, reason);
+        if session.origin == Origin::Controller {
+            self.live.ended(&session.owner);
+        }
         self.changes.sessions.insert(id.to_owned());
         let owner = session.owner.clone();
         let node = session.node.clone();
@@ -311,10 +351,7 @@ impl Scheduler {
             self.changes.nodes.insert(node.clone());
             self.reindex(&node);
         }
-        Some(Command::Release {
-            node,
-            session: id.to_owned(),
-        })
+        Some(node)
     }
 
     /// The agent on `node` holds `session`.
@@ -347,7 +384,10 @@ impl Scheduler {
         let Some(s) = self.sessions.get_mut(session) else {
             return;
         };
-        if s.node.as_deref() != Some(node) || !s.state.holds_resources() {
+        if s.node.as_deref() != Some(node)
+            || !s.state.holds_resources()
+            || s.origin != Origin::Controller
+        {
             return;
         }
         let text = if message.is_empty() {

@@ -11,11 +11,13 @@
 //! ([`Scheduler::take_changes`]) and talks to agents.
 //!
 //! The parts: the lifecycle (nodes come and go; sessions are created, acknowledged, refused and
-//! ended), the queue (FIFO or DRF order, per-owner limits) and the pass (filter, score, bind).
+//! ended), the sessions observed but not placed (Kubernetes claims prepared by a node's agent),
+//! the queue (FIFO or DRF order, per-owner limits) and the pass (filter, score, bind).
 //! The `interference-aware` scorer lives with the placement modes ([`crate::placement`]).
 
 mod fit;
 mod lifecycle;
+mod observed;
 mod pass;
 mod queue;
 mod retention;
@@ -26,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 pub use fit::NodeFit;
+pub use observed::{ObserveError, Observed};
 pub use retention::Retention;
 pub(crate) use tracker::ConcurrencyTracker;
 
@@ -353,3 +356,6 @@ mod tests;
 
 #[cfg(test)]
 mod placement_tests;
+
+#[cfg(test)]
+mod observed_tests;

@@ -37,6 +37,7 @@ fn session(id: &str) -> Session {
         placement: None,
         explanation: None,
         usage: Default::default(),
+        origin: crate::session::Origin::Controller,
     }
 }
 

@@ -11,6 +11,7 @@
 //! - [`state`]: where a session and a node are in their lives;
 //! - [`quantity`]: Kubernetes resource quantities (`500m`, `8Gi`), parsed exactly;
 //! - [`units`]: quantities as tables show them;
+//! - [`workload`]: the workload class of a Kubernetes pod;
 //! - [`now_ms`]: the wall clock every record is stamped with.
 //!
 //! # Example
@@ -32,6 +33,7 @@ pub mod slot;
 pub mod state;
 pub mod target;
 pub mod units;
+pub mod workload;
 
 /// Milliseconds since the Unix epoch (0 if the clock is before it).
 #[must_use]

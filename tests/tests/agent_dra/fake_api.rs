@@ -1,5 +1,6 @@
 //! A fake Kubernetes API server on loopback (hyper, plain HTTP): it serves ResourceClaims as the
-//! `resource.k8s.io/v1` API returns them and keeps the ResourceSlices written to it, recording
+//! `resource.k8s.io/v1` API returns them, and Pods (`v1`), and keeps the ResourceSlices written
+//! to it, recording
 //! every request; and a validator of objects against the published JSON schema of the API
 //! (`tests/fixtures/k8s-schema`, strict: no property the API doesn't define).
 
@@ -27,6 +28,7 @@ pub struct Seen {
 #[derive(Default)]
 struct State {
     claims: BTreeMap<String, Value>,
+    pods: BTreeMap<String, Value>,
     slices: BTreeMap<String, Value>,
     seen: Vec<Seen>,
     next_version: u64,
@@ -40,6 +42,7 @@ pub struct FakeApi {
 }
 
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/";
+const PODS: &str = "/api/v1/namespaces/";
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 
 impl FakeApi {
@@ -80,6 +83,16 @@ impl FakeApi {
             claim["metadata"]["name"].as_str().unwrap()
         );
         self.state.lock().unwrap().claims.insert(key, claim);
+    }
+
+    /// Serves `pod` (its namespace and name from its metadata).
+    pub fn put_pod(&self, pod: Value) {
+        let key = format!(
+            "{}/{}",
+            pod["metadata"]["namespace"].as_str().unwrap(),
+            pod["metadata"]["name"].as_str().unwrap()
+        );
+        self.state.lock().unwrap().pods.insert(key, pod);
     }
 
     /// Every request so far.
@@ -147,6 +160,16 @@ async fn answer(
                     "NotFound",
                     &format!("resourceclaims.resource.k8s.io \"{name}\" not found"),
                 ),
+            },
+            _ => status(405, "MethodNotAllowed", "not served by the fake"),
+        }
+    } else if let Some(rest) = path.strip_prefix(PODS) {
+        // <ns>/pods/<name>
+        let parts: Vec<&str> = rest.split('/').collect();
+        match (method.as_str(), parts.as_slice()) {
+            ("GET", [ns, "pods", name]) => match s.pods.get(&format!("{ns}/{name}")) {
+                Some(pod) => reply(200, pod),
+                None => status(404, "NotFound", &format!("pods \"{name}\" not found")),
             },
             _ => status(405, "MethodNotAllowed", "not served by the fake"),
         }

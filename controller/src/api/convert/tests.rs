@@ -185,6 +185,7 @@ prop_compose! {
         hooks in proptest::collection::vec(text(), 0..3),
         agent_version in mostly(&["0.1.0"]),
         running_sessions in proptest::collection::vec(text(), 0..3),
+        kubernetes_devices in proptest::collection::vec(device(), 0..3),
     ) -> pb::NodeInfo {
         pb::NodeInfo {
             node_id,
@@ -198,6 +199,8 @@ prop_compose! {
             hooks,
             agent_version,
             running_sessions,
+            kubernetes_devices,
+            observed_sessions: vec![],
         }
     }
 }
