@@ -12,7 +12,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use gpuwarden_agent_common::{
     event::{Event, kind},
-    maps::{FdKey, GpuNode, MAX_GPUS, PATH_LEN, PathKey, ProcInfo, stat},
+    maps::{FdKey, GpuNode, MEMORY_SLOTS, PATH_LEN, PathKey, ProcInfo, node_kind, stat},
 };
 
 use crate::{
@@ -192,6 +192,16 @@ fn forget(tgid: u32, fd: u32) {
     let _ = GPU_FDS.remove(&FdKey { tgid, fd });
 }
 
+/// The bit of `ProcInfo::gpu_nodes` for `node` (0 for control and UVM nodes).
+#[inline(always)]
+fn gpu_node_bit(node: GpuNode) -> u32 {
+    if node.kind == node_kind::RM && node.device < 32 {
+        1 << node.device
+    } else {
+        0
+    }
+}
+
 /// Adds (tgid, fd) to the table, registering the process on its first GPU fd.
 #[inline(always)]
 pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, node: GpuNode) {
@@ -203,11 +213,16 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, node: GpuNode) {
         );
         return;
     }
+    let gpu_bit = gpu_node_bit(node);
     if let Some(proc) = PROCS.get_ptr_mut(&tgid) {
-        // SAFETY: a live map value; a racing thread at worst writes the same bound.
+        // SAFETY: a live map value; a racing thread at worst writes the same bound (or loses a
+        // bit another thread set at the same moment, which only leaves a GPU unresolved).
         unsafe {
             if (*proc).max_fd < fd {
                 (*proc).max_fd = fd;
+            }
+            if (*proc).gpu_nodes & gpu_bit != gpu_bit {
+                (*proc).gpu_nodes |= gpu_bit;
             }
         }
         return;
@@ -218,8 +233,8 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, node: GpuNode) {
         // SAFETY: a plain helper call.
         generation: unsafe { bpf_ktime_get_ns() },
         max_fd: fd,
-        _pad: 0,
-        vidmem: [0; MAX_GPUS],
+        gpu_nodes: gpu_bit,
+        vidmem: [0; MEMORY_SLOTS],
     };
     match PROCS.insert(&tgid, &info, BPF_NOEXIST) {
         Ok(()) => {}

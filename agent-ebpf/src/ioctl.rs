@@ -19,7 +19,7 @@ use gpuwarden_agent_common::{
 use crate::{
     arg, current,
     events::{count, emit},
-    maps::{GPU_FDS, IOCTL_COUNTS, IOCTLS_IN_FLIGHT, OBJECT_DEVICES, PENDING_IOCTL},
+    maps::{GPU_FDS, IOCTL_COUNTS, IOCTLS_IN_FLIGHT, OBJECT_DEVICES, PENDING_IOCTL, PROCS},
     memory, quota, ret,
 };
 use aya_log_ebpf::warn;
@@ -96,7 +96,7 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
             // Size and GPU are read only for a cgroup with a quota.
             let what = || {
                 let requested = read_u64(call.alloc_params + memory_alloc::SIZE_FIELD as u64)?;
-                Some((object_device(call.client, call.parent), requested))
+                Some((resolve_device(tgid, cgroup, &call, false), requested))
             };
             quota::check_alloc(&ctx, tgid, cgroup, what, u64::from(cmd), arg(&ctx, 2));
         }
@@ -184,11 +184,45 @@ fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
                 );
                 return;
             };
-            let device = object_device(call.client, call.parent);
+            // SAFETY: a plain helper call.
+            let cgroup = unsafe { bpf_get_current_cgroup_id() };
+            let device = resolve_device(tgid, cgroup, call, true);
             memory::charge(tgid, call.client, handle, device, bytes);
         }
         _ => {}
     }
+}
+
+/// The GPU an allocation under `call.parent` is on: the parent's, when the agent saw it made;
+/// otherwise the one GPU node the process holds, or the one GPU its cgroup's quota covers (the
+/// parent predates the agent); otherwise `DEVICE_UNKNOWN`. With `learn`, a GPU found the second
+/// way is remembered as the parent's.
+#[inline(always)]
+fn resolve_device(tgid: u32, cgroup: u64, call: &Call, learn: bool) -> u32 {
+    let device = object_device(call.client, call.parent);
+    if device != DEVICE_UNKNOWN {
+        return device;
+    }
+    let nodes = PROCS.get_ptr(&tgid).map_or(0, |p| {
+        // SAFETY: a live map value.
+        unsafe { (*p).gpu_nodes }
+    });
+    let found = if nodes != 0 && nodes & (nodes - 1) == 0 {
+        Some(nodes.trailing_zeros())
+    } else {
+        quota::single_device(cgroup)
+    };
+    let Some(device) = found else {
+        return DEVICE_UNKNOWN;
+    };
+    if learn {
+        let key = HandleKey {
+            client: call.client,
+            handle: call.parent,
+        };
+        let _ = OBJECT_DEVICES.insert(&key, &device, 0);
+    }
+    device
 }
 
 /// The GPU a device or subdevice object belongs to.

@@ -9,7 +9,10 @@
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use gpuwarden_agent_common::{
     event::{Event, decode_error, kind},
-    maps::{Allocation, CgroupDeviceKey, ClientInfo, HandleKey, MAX_GPUS, ProcInfo, stat},
+    maps::{
+        Allocation, CgroupDeviceKey, ClientInfo, DEVICE_UNKNOWN, HandleKey, MAX_GPUS, MEMORY_SLOTS,
+        ProcInfo, memory_slot, slot_device, stat,
+    },
     nvidia::esc,
 };
 
@@ -77,15 +80,16 @@ pub fn new_client(tgid: u32, client: u32) {
         generation: unsafe { bpf_ktime_get_ns() },
         proc_generation: proc.generation,
         cgroup: proc.cgroup,
-        vidmem: [0; MAX_GPUS],
+        vidmem: [0; MEMORY_SLOTS],
     };
     let _ = CLIENTS.insert(&client, &info, 0);
 }
 
 /// Charges `bytes` of video memory on `device`, allocated as `handle` of `client` by `tgid`.
+/// Bytes on a GPU that can't be told (or past [`MAX_GPUS`]) are charged as device unknown.
 #[inline(always)]
 pub fn charge(tgid: u32, client: u32, handle: u32, device: u32, bytes: u64) {
-    if device as usize >= MAX_GPUS {
+    if device as usize >= MAX_GPUS && device != DEVICE_UNKNOWN {
         count(stat::DECODE_ERRORS);
         emit(Event {
             kind: kind::DECODE_ERROR,
@@ -96,8 +100,8 @@ pub fn charge(tgid: u32, client: u32, handle: u32, device: u32, bytes: u64) {
             bytes,
             ..Event::default()
         });
-        return;
     }
+    let device = slot_device(memory_slot(device));
     let Some(proc) = PROCS.get_ptr_mut(&tgid) else {
         return;
     };
@@ -128,7 +132,7 @@ pub fn charge(tgid: u32, client: u32, handle: u32, device: u32, bytes: u64) {
         count(stat::HANDLE_TABLE_FULL);
         return;
     }
-    let index = device as usize & (MAX_GPUS - 1);
+    let index = memory_slot(device);
     // SAFETY: live map values; `index` is in bounds.
     unsafe {
         atomic_add(&raw mut (*proc).vidmem[index], bytes);
@@ -181,7 +185,7 @@ pub fn free(tgid: u32, client: u32, object: u32) {
         // Its client or process was released already, with these bytes.
         return;
     }
-    let index = allocation.device as usize & (MAX_GPUS - 1);
+    let index = memory_slot(allocation.device);
     let minus = allocation.bytes.wrapping_neg();
     // SAFETY: live map values; `index` is in bounds.
     unsafe {
@@ -217,12 +221,12 @@ fn free_client(tgid: u32, client: u32) {
         return;
     }
     let mut total = 0u64;
-    for index in 0..MAX_GPUS {
+    for index in 0..MEMORY_SLOTS {
         let bytes = info.vidmem[index];
         if bytes != 0 {
             // SAFETY: a live map value; `index` is in bounds.
             unsafe { atomic_add(&raw mut (*proc).vidmem[index], bytes.wrapping_neg()) };
-            add_cgroup(info.cgroup, index as u32, bytes.wrapping_neg());
+            add_cgroup(info.cgroup, slot_device(index), bytes.wrapping_neg());
             total += bytes;
         }
     }
@@ -244,10 +248,10 @@ pub fn release_process(tgid: u32, event: u32) -> Option<ProcInfo> {
     let info = (unsafe { PROCS.get(&tgid) }).copied()?;
     let _ = PROCS.remove(&tgid);
     let mut total = 0u64;
-    for index in 0..MAX_GPUS {
+    for index in 0..MEMORY_SLOTS {
         let bytes = info.vidmem[index];
         if bytes != 0 {
-            add_cgroup(info.cgroup, index as u32, bytes.wrapping_neg());
+            add_cgroup(info.cgroup, slot_device(index), bytes.wrapping_neg());
             total += bytes;
         }
     }

@@ -15,7 +15,7 @@ use aya_ebpf::{
 use gpuwarden_agent_common::{
     config::FIELD_ABSENT,
     event::{Event, kind},
-    maps::{FdKey, MAX_FORK_FDS, MAX_GPUS, ProcInfo, stat},
+    maps::{FdKey, MAX_FORK_FDS, MEMORY_SLOTS, ProcInfo, stat},
 };
 
 use crate::{
@@ -151,8 +151,8 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         // SAFETY: a plain helper call.
         generation: unsafe { bpf_ktime_get_ns() },
         max_fd: parent_info.max_fd,
-        _pad: 0,
-        vidmem: [0; MAX_GPUS],
+        gpu_nodes: parent_info.gpu_nodes,
+        vidmem: [0; MEMORY_SLOTS],
     };
     if PROCS.insert(&child, &info, 0).is_err() {
         count(stat::PROC_TABLE_FULL);

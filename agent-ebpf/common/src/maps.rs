@@ -5,8 +5,41 @@ use crate::pod;
 /// Longest GPU device-node path the programs match, including the terminating NUL.
 pub const PATH_LEN: usize = 64;
 
-/// GPUs a process or client tracks memory for; device ids at or above are reported, not counted.
+/// GPUs a process or client tracks memory for by index; bytes on a GPU at or above, or on one
+/// that can't be told, are kept in the [`UNKNOWN_SLOT`].
 pub const MAX_GPUS: usize = 16;
+
+/// Slots of the per-GPU byte arrays: one per GPU, then one for "device unknown".
+pub const MEMORY_SLOTS: usize = MAX_GPUS + 1;
+
+/// The slot of bytes whose GPU can't be told.
+pub const UNKNOWN_SLOT: usize = MAX_GPUS;
+
+/// The slot of `device`'s bytes.
+#[inline]
+#[must_use]
+pub const fn memory_slot(device: u32) -> usize {
+    if (device as usize) < MAX_GPUS {
+        device as usize
+    } else {
+        UNKNOWN_SLOT
+    }
+}
+
+/// The device a slot's bytes are reported under.
+#[inline]
+#[must_use]
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "a slot below MAX_GPUS fits; `u32::try_from` is not const"
+)]
+pub const fn slot_device(slot: usize) -> u32 {
+    if slot < MAX_GPUS {
+        slot as u32
+    } else {
+        DEVICE_UNKNOWN
+    }
+}
 
 /// Highest fd number copied into a forked child's table.
 pub const MAX_FORK_FDS: u32 = 1024;
@@ -104,10 +137,11 @@ pub struct ProcInfo {
     pub generation: u64,
     /// Highest GPU fd it holds, bounds the copy at fork.
     pub max_fd: u32,
-    /// Zero.
-    pub _pad: u32,
-    /// Video memory bytes by GPU index.
-    pub vidmem: [u64; MAX_GPUS],
+    /// Bit `N`: it has held `nvidiaN` open (N < 32); tells an allocation's GPU when the device
+    /// handle predates the agent.
+    pub gpu_nodes: u32,
+    /// Video memory bytes by [`memory_slot`].
+    pub vidmem: [u64; MEMORY_SLOTS],
 }
 
 /// An RM client (root handle) that allocated memory.
@@ -124,8 +158,8 @@ pub struct ClientInfo {
     pub proc_generation: u64,
     /// cgroup its memory is charged to.
     pub cgroup: u64,
-    /// Video memory bytes by GPU index.
-    pub vidmem: [u64; MAX_GPUS],
+    /// Video memory bytes by [`memory_slot`].
+    pub vidmem: [u64; MEMORY_SLOTS],
 }
 
 /// Key of the handle tables: an RM object within its client.
@@ -196,8 +230,9 @@ pub mod quota_flags {
 pub struct Quota {
     /// GPU-memory limit by GPU index ([`NO_LIMIT`] for none).
     pub limit: [u64; MAX_GPUS],
-    /// GPU memory its cgroups hold, by GPU index (kept by the programs).
-    pub used: [u64; MAX_GPUS],
+    /// GPU memory its cgroups hold, by [`memory_slot`] (kept by the programs); bytes on a GPU
+    /// that can't be told are checked against the sum of the limits.
+    pub used: [u64; MEMORY_SLOTS],
     /// Bit `N`: `nvidiaN` may be opened.
     pub devices: u64,
     /// One of [`memory_policy`].
@@ -214,7 +249,7 @@ impl Default for Quota {
     fn default() -> Self {
         Self {
             limit: [NO_LIMIT; MAX_GPUS],
-            used: [0; MAX_GPUS],
+            used: [0; MEMORY_SLOTS],
             devices: 0,
             memory_policy: memory_policy::KILL,
             flags: 0,

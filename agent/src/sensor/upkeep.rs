@@ -12,7 +12,7 @@ use std::{
 };
 
 use gpuwarden_agent_common::maps::{
-    CgroupDeviceKey, FdKey, GpuNode, IoctlKey, MAX_GPUS, PATH_LEN, PathKey, ProcInfo,
+    CgroupDeviceKey, FdKey, GpuNode, IoctlKey, MEMORY_SLOTS, PATH_LEN, PathKey, ProcInfo, node_kind,
 };
 
 use super::maps::{MapError, TelemetryMaps};
@@ -136,8 +136,8 @@ pub(crate) fn seed(
                 cgroup,
                 generation: monotonic_ns(),
                 max_fd,
-                _pad: 0,
-                vidmem: [0; MAX_GPUS],
+                gpu_nodes: gpu_nodes(found.iter().map(|(_, node)| *node)),
+                vidmem: [0; MEMORY_SLOTS],
             };
             // Only where absent: the programs may have registered it meanwhile.
             if maps.procs.insert_new(tgid, info).is_ok() {
@@ -146,6 +146,15 @@ pub(crate) fn seed(
         }
     }
     report
+}
+
+/// The `ProcInfo::gpu_nodes` bits of `nodes`: which GPUs' nodes a process holds, telling the GPU
+/// of allocations under device handles made before the agent started.
+pub(crate) fn gpu_nodes(nodes: impl IntoIterator<Item = GpuNode>) -> u32 {
+    nodes
+        .into_iter()
+        .filter(|n| n.kind == node_kind::RM && n.device < 32)
+        .fold(0, |bits, n| bits | 1 << n.device)
 }
 
 /// Whether process `tgid` exists.

@@ -50,8 +50,8 @@ fn proc_info(cgroup: u64, generation: u64) -> ProcInfo {
         cgroup,
         generation,
         max_fd: 3,
-        _pad: 0,
-        vidmem: [0; MAX_GPUS],
+        gpu_nodes: 0,
+        vidmem: [0; MEMORY_SLOTS],
     }
 }
 
@@ -127,7 +127,7 @@ fn garbage_of_processes_that_died_unseen_and_of_removed_cgroups_is_collected() {
         generation: 7,
         proc_generation: u64::from(tgid),
         cgroup: h.live_id,
-        vidmem: [0; MAX_GPUS],
+        vidmem: [0; MEMORY_SLOTS],
     };
     let allocation = |tgid: u32| Allocation {
         tgid,
@@ -277,7 +277,24 @@ fn seeding_adds_fds_opened_before_the_programs_and_registers_their_process() {
     assert!(fakes.gpu_fds.at(&FdKey { tgid: 10, fd: 7 }).is_some());
     let info = fakes.procs.at(&10).unwrap();
     assert_eq!((info.cgroup, info.max_fd), (h.live_id, 7));
+    assert_eq!(info.gpu_nodes, 1, "it holds nvidia0");
     // Seeding again finds the process registered.
     let again = seed(&mut maps, &nodes, &h.attributor, &h.proc_root, Some(10));
     assert_eq!(again.processes, 0);
+}
+
+#[test]
+fn the_gpu_node_bits_name_only_gpus() {
+    use gpuwarden_agent_common::maps::{DEVICE_CTL, DEVICE_UVM};
+    let rm = |device| GpuNode {
+        device,
+        kind: node_kind::RM,
+    };
+    let uvm = GpuNode {
+        device: DEVICE_UVM,
+        kind: node_kind::UVM,
+    };
+    assert_eq!(gpu_nodes([rm(DEVICE_CTL), uvm, rm(2)]), 0b100);
+    assert_eq!(gpu_nodes([rm(0), rm(3), rm(40)]), 0b1001, "no bit past 31");
+    assert_eq!(gpu_nodes([]), 0);
 }
