@@ -235,6 +235,8 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, node: GpuNode) {
         max_fd: fd,
         gpu_nodes: gpu_bit,
         vidmem: [0; MEMORY_SLOTS],
+        sysmem: 0,
+        managed: 0,
     };
     match PROCS.insert(&tgid, &info, BPF_NOEXIST) {
         Ok(()) => {}

@@ -87,6 +87,10 @@ pub static QUOTAS: HashMap<u64, Quota> = HashMap::with_max_entries(MAX_QUOTAS, N
 #[map(name = "DENY")]
 pub static DENY: HashMap<u64, Deny> = HashMap::with_max_entries(8_192, 0);
 
+/// Per-CPU room to build a client entry in (too large for the stack beside an ioctl's state).
+#[map(name = "SCRATCH_CLIENT")]
+pub static SCRATCH_CLIENT: PerCpuArray<ClientInfo> = PerCpuArray::with_max_entries(1, 0);
+
 /// Settings the agent writes after loading (slot 0: `enforce_mode`).
 #[map(name = "SETTINGS")]
 pub static SETTINGS: Array<u32> = Array::with_max_entries(1, 0);

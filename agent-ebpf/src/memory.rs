@@ -10,8 +10,8 @@ use aya_ebpf::helpers::bpf_ktime_get_ns;
 use gpuwarden_agent_common::{
     event::{Event, decode_error, kind},
     maps::{
-        Allocation, CgroupDeviceKey, ClientInfo, DEVICE_UNKNOWN, HandleKey, MAX_GPUS, MEMORY_SLOTS,
-        ProcInfo, memory_slot, slot_device, stat,
+        Allocation, CgroupDeviceKey, DEVICE_UNKNOWN, HandleKey, MAX_GPUS, MEMORY_SLOTS, ProcInfo,
+        memory_kind, memory_slot, slot_device, stat,
     },
     nvidia::esc,
 };
@@ -19,7 +19,7 @@ use gpuwarden_agent_common::{
 use crate::{
     config,
     events::{count, emit},
-    maps::{ALLOCATIONS, CGROUP_MEMORY, CLIENTS, OBJECT_DEVICES, PROCS},
+    maps::{ALLOCATIONS, CGROUP_MEMORY, CLIENTS, OBJECT_DEVICES, PROCS, SCRATCH_CLIENT},
 };
 
 /// Adds `value` to `*p` atomically (subtract with `value.wrapping_neg()`).
@@ -41,15 +41,17 @@ pub unsafe fn atomic_add(p: *mut u64, value: u64) {
     }
 }
 
-/// Adds `delta` (two's complement for a decrease) to the cgroup's bytes on `device`, and to its
-/// quota's if it is bound to one.
+/// Adds `delta` (two's complement for a decrease) to the cgroup's bytes of `kind` on `device`,
+/// and, for video memory, to its quota's if it is bound to one.
 #[inline(always)]
-fn add_cgroup(cgroup: u64, device: u32, delta: u64) {
-    crate::quota::account(cgroup, device, delta);
+pub fn add_cgroup(cgroup: u64, device: u32, kind: u32, delta: u64) {
+    if kind == memory_kind::VIDEO {
+        crate::quota::account(cgroup, device, delta);
+    }
     let key = CgroupDeviceKey {
         cgroup,
         device,
-        _pad: 0,
+        kind,
     };
     if let Some(p) = CGROUP_MEMORY.get_ptr_mut(&key) {
         // SAFETY: a live map value.
@@ -69,26 +71,51 @@ fn add_cgroup(cgroup: u64, device: u32, delta: u64) {
 /// Registers a new client created by `tgid`.
 #[inline(always)]
 pub fn new_client(tgid: u32, client: u32) {
-    // SAFETY: the value is copied out at once.
-    let Some(proc) = (unsafe { PROCS.get(&tgid) }).copied() else {
+    let Some(proc) = PROCS.get_ptr(&tgid) else {
         return;
     };
-    let info = ClientInfo {
-        tgid,
-        _pad: 0,
-        // SAFETY: a plain helper call.
-        generation: unsafe { bpf_ktime_get_ns() },
-        proc_generation: proc.generation,
-        cgroup: proc.cgroup,
-        vidmem: [0; MEMORY_SLOTS],
+    // The value is built in per-CPU scratch: the stack can't hold it beside the ioctl's state.
+    let Some(info) = SCRATCH_CLIENT.get_ptr_mut(0) else {
+        return;
     };
-    let _ = CLIENTS.insert(&client, &info, 0);
+    // SAFETY: live map values; the scratch slot is this CPU's, with preemption off.
+    unsafe {
+        (*info).tgid = tgid;
+        (*info)._pad = 0;
+        (*info).generation = bpf_ktime_get_ns();
+        (*info).proc_generation = (*proc).generation;
+        (*info).cgroup = (*proc).cgroup;
+        (*info).vidmem = [0; MEMORY_SLOTS];
+        (*info).sysmem = 0;
+        let _ = CLIENTS.insert(&client, &*info, 0);
+    }
 }
 
-/// Charges `bytes` of video memory on `device`, allocated as `handle` of `client` by `tgid`.
-/// Bytes on a GPU that can't be told (or past [`MAX_GPUS`]) are charged as device unknown.
+/// An allocation to charge.
+#[derive(Clone, Copy)]
+pub struct Charge {
+    /// The GPU (video memory).
+    pub device: u32,
+    /// Bytes the driver allocated.
+    pub bytes: u64,
+    /// One of `memory_kind` (video or system).
+    pub kind: u32,
+    /// The object it is allocated under.
+    pub parent: u32,
+    /// The device object above it.
+    pub device_handle: u32,
+}
+
+/// Charges an allocation made as `handle` of `client` by `tgid`: video memory on its GPU (bytes
+/// on a GPU that can't be told, or past [`MAX_GPUS`], as device unknown), or system memory.
 #[inline(always)]
-pub fn charge(tgid: u32, client: u32, handle: u32, device: u32, bytes: u64) {
+pub fn charge(tgid: u32, client: u32, handle: u32, what: Charge) {
+    let Charge {
+        device,
+        bytes,
+        kind: memory,
+        ..
+    } = what;
     if device as usize >= MAX_GPUS && device != DEVICE_UNKNOWN {
         count(stat::DECODE_ERRORS);
         emit(Event {
@@ -101,7 +128,11 @@ pub fn charge(tgid: u32, client: u32, handle: u32, device: u32, bytes: u64) {
             ..Event::default()
         });
     }
-    let device = slot_device(memory_slot(device));
+    let device = if memory == memory_kind::VIDEO {
+        slot_device(memory_slot(device))
+    } else {
+        DEVICE_UNKNOWN
+    };
     let Some(proc) = PROCS.get_ptr_mut(&tgid) else {
         return;
     };
@@ -123,6 +154,10 @@ pub fn charge(tgid: u32, client: u32, handle: u32, device: u32, bytes: u64) {
         proc_generation,
         cgroup,
         bytes,
+        kind: memory,
+        parent: what.parent,
+        device_handle: what.device_handle,
+        _pad: 0,
     };
     if ALLOCATIONS
         .insert(&HandleKey { client, handle }, &allocation, 0)
@@ -132,13 +167,18 @@ pub fn charge(tgid: u32, client: u32, handle: u32, device: u32, bytes: u64) {
         count(stat::HANDLE_TABLE_FULL);
         return;
     }
-    let index = memory_slot(device);
-    // SAFETY: live map values; `index` is in bounds.
+    // SAFETY: live map values; the index is in bounds.
     unsafe {
-        atomic_add(&raw mut (*proc).vidmem[index], bytes);
-        atomic_add(&raw mut (*client_info).vidmem[index], bytes);
+        if memory == memory_kind::VIDEO {
+            let index = memory_slot(device);
+            atomic_add(&raw mut (*proc).vidmem[index], bytes);
+            atomic_add(&raw mut (*client_info).vidmem[index], bytes);
+        } else {
+            atomic_add(&raw mut (*proc).sysmem, bytes);
+            atomic_add(&raw mut (*client_info).sysmem, bytes);
+        }
     }
-    add_cgroup(cgroup, device, bytes);
+    add_cgroup(cgroup, device, memory, bytes);
     if bytes >= config().alloc_event_min_bytes {
         emit(Event {
             kind: kind::ALLOC,
@@ -185,14 +225,19 @@ pub fn free(tgid: u32, client: u32, object: u32) {
         // Its client or process was released already, with these bytes.
         return;
     }
-    let index = memory_slot(allocation.device);
     let minus = allocation.bytes.wrapping_neg();
-    // SAFETY: live map values; `index` is in bounds.
+    // SAFETY: live map values; the index is in bounds.
     unsafe {
-        atomic_add(&raw mut (*proc).vidmem[index], minus);
-        atomic_add(&raw mut (*client_info).vidmem[index], minus);
+        if allocation.kind == memory_kind::VIDEO {
+            let index = memory_slot(allocation.device);
+            atomic_add(&raw mut (*proc).vidmem[index], minus);
+            atomic_add(&raw mut (*client_info).vidmem[index], minus);
+        } else {
+            atomic_add(&raw mut (*proc).sysmem, minus);
+            atomic_add(&raw mut (*client_info).sysmem, minus);
+        }
     }
-    add_cgroup(allocation.cgroup, allocation.device, minus);
+    add_cgroup(allocation.cgroup, allocation.device, allocation.kind, minus);
     emit(Event {
         kind: kind::FREE,
         tgid,
@@ -208,9 +253,15 @@ pub fn free(tgid: u32, client: u32, object: u32) {
 /// Releases everything a client held.
 #[inline(always)]
 fn free_client(tgid: u32, client: u32) {
-    // SAFETY: the value is copied out at once.
-    let Some(info) = (unsafe { CLIENTS.get(&client) }).copied() else {
+    let (Some(held), Some(scratch)) = (CLIENTS.get_ptr(&client), SCRATCH_CLIENT.get_ptr_mut(0))
+    else {
         return;
+    };
+    // SAFETY: live map values; the scratch slot is this CPU's, with preemption off. Copied out
+    // before the entry goes.
+    let info = unsafe {
+        *scratch = *held;
+        &*scratch
     };
     let _ = CLIENTS.remove(&client);
     let Some(proc) = PROCS.get_ptr_mut(&info.tgid) else {
@@ -226,9 +277,25 @@ fn free_client(tgid: u32, client: u32) {
         if bytes != 0 {
             // SAFETY: a live map value; `index` is in bounds.
             unsafe { atomic_add(&raw mut (*proc).vidmem[index], bytes.wrapping_neg()) };
-            add_cgroup(info.cgroup, slot_device(index), bytes.wrapping_neg());
+            add_cgroup(
+                info.cgroup,
+                slot_device(index),
+                memory_kind::VIDEO,
+                bytes.wrapping_neg(),
+            );
             total += bytes;
         }
+    }
+    if info.sysmem != 0 {
+        // SAFETY: a live map value.
+        unsafe { atomic_add(&raw mut (*proc).sysmem, info.sysmem.wrapping_neg()) };
+        add_cgroup(
+            info.cgroup,
+            DEVICE_UNKNOWN,
+            memory_kind::SYSTEM,
+            info.sysmem.wrapping_neg(),
+        );
+        total += info.sysmem;
     }
     emit(Event {
         kind: kind::CLIENT_FREE,
@@ -251,7 +318,21 @@ pub fn release_process(tgid: u32, event: u32) -> Option<ProcInfo> {
     for index in 0..MEMORY_SLOTS {
         let bytes = info.vidmem[index];
         if bytes != 0 {
-            add_cgroup(info.cgroup, slot_device(index), bytes.wrapping_neg());
+            add_cgroup(
+                info.cgroup,
+                slot_device(index),
+                memory_kind::VIDEO,
+                bytes.wrapping_neg(),
+            );
+            total += bytes;
+        }
+    }
+    for (kind, bytes) in [
+        (memory_kind::SYSTEM, info.sysmem),
+        (memory_kind::MANAGED, info.managed),
+    ] {
+        if bytes != 0 {
+            add_cgroup(info.cgroup, DEVICE_UNKNOWN, kind, bytes.wrapping_neg());
             total += bytes;
         }
     }

@@ -153,6 +153,8 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         max_fd: parent_info.max_fd,
         gpu_nodes: parent_info.gpu_nodes,
         vidmem: [0; MEMORY_SLOTS],
+        sysmem: 0,
+        managed: 0,
     };
     if PROCS.insert(&child, &info, 0).is_err() {
         count(stat::PROC_TABLE_FULL);

@@ -21,6 +21,9 @@
 //! | `subdevice <client> <device>` | `ok handle=0x…` (`NV20_SUBDEVICE_0`) |
 //! | `alloc <client> <parent> <size> [nvos21\|nvos64] [v120\|v128] [xfer]` | `ok handle=0x… size=<bytes the driver wrote back>` (video memory; default `nvos21 v128`, `xfer` wraps it in `IOCTL_XFER_CMD`) |
 //! | `sysmem <client> <parent> <size>` | `ok handle=0x…` (`NV01_MEMORY_SYSTEM`) |
+//! | `allocmem <client> <parent> <handle> <size> [system\|osdesc\|local]` | `ok handle=0x… limit=0x…` (`RM_ALLOC_MEMORY` on the GPU node: `NV01_MEMORY_SYSTEM`, `NV01_MEMORY_SYSTEM_OS_DESCRIPTOR` over a buffer of the client's, or a `NV01_MEMORY_LOCAL_USER` framebuffer view) |
+//! | `vidheap <client> <parent> <size> [vidmem\|sysmem\|virtual]` | `ok handle=0x… size=<bytes written back>` (`RM_VID_HEAP_CONTROL` `ALLOC_SIZE`) |
+//! | `vidheap-free <client> <parent> <handle>` | `ok` (`RM_VID_HEAP_CONTROL` `FREE`) |
 //! | `virtual <client> <parent> <size>` | `ok handle=0x…` (`NV50_MEMORY_VIRTUAL`, a VA reservation) |
 //! | `free <client> <parent> <handle> [xfer]` | `ok` (`handle` = `client` frees the client) |
 //! | `control <client> <object> <cmd>` | `ok` (`RM_CONTROL` without params) |
@@ -60,8 +63,8 @@ use std::{
 };
 
 use gpuwarden_agent_common::nvidia::{
-    class, device_alloc, esc, ioctl_cmd, memory_alloc, nvos00, nvos21, nvos54, nvos64, status, uvm,
-    xfer,
+    class, device_alloc, esc, ioctl_cmd, memory_alloc, nvos00, nvos02, nvos21, nvos32, nvos54,
+    nvos64, status, uvm, xfer,
 };
 
 pub use self::scripted::{ScriptError, ScriptedClient};
@@ -189,6 +192,25 @@ pub struct RmAlloc<'a> {
     pub form: Form,
     /// Direct or through `IOCTL_XFER_CMD`.
     pub via: Via,
+}
+
+/// An `RM_ALLOC_MEMORY` (`NVOS02_PARAMETERS`).
+#[derive(Debug, Clone, Copy)]
+pub struct AllocMemory {
+    /// `hRoot`.
+    pub client: u32,
+    /// `hObjectParent`.
+    pub parent: u32,
+    /// `hObjectNew` (the caller chooses it).
+    pub handle: u32,
+    /// `hClass`.
+    pub class: u32,
+    /// `flags` (`NVOS02_FLAGS_*`).
+    pub flags: u32,
+    /// `pMemory`: the user memory an OS descriptor wraps.
+    pub memory: u64,
+    /// `limit + 1`.
+    pub bytes: u64,
 }
 
 /// An fd the client holds, and which open file it refers to.
@@ -605,6 +627,76 @@ impl GpuClient {
             how,
         )
         .map(|(h, _)| h)
+    }
+
+    /// `RM_ALLOC_MEMORY` of `class` as `handle` under `parent`, `limit + 1` bytes, issued on GPU
+    /// node `nvidia<gpu>` as the driver requires (its fd field names the control fd); returns the
+    /// `limit` the driver answered.
+    ///
+    /// # Errors
+    /// The GPU node isn't open, the ioctl failed or the driver answered a non-zero status.
+    pub fn alloc_memory(&self, r: AllocMemory) -> Result<u64, RmError> {
+        let mut p = [0u8; nvos02::SIZE as usize];
+        set_u32(&mut p, nvos02::H_ROOT, r.client);
+        set_u32(&mut p, nvos02::H_OBJECT_PARENT, r.parent);
+        set_u32(&mut p, nvos02::H_OBJECT_NEW, r.handle);
+        set_u32(&mut p, nvos02::H_CLASS, r.class);
+        set_u32(&mut p, nvos02::FLAGS, r.flags);
+        set_u64(&mut p, nvos02::P_MEMORY, r.memory);
+        set_u64(&mut p, nvos02::LIMIT, r.bytes.saturating_sub(1));
+        set_u32(&mut p, nvos02::FD, self.rm_fd().cast_unsigned());
+        let cmd = ioctl_cmd(esc::RM_ALLOC_MEMORY, nvos02::SIZE);
+        let fd = self.gpu_fd(self.gpu).unwrap_or(-1);
+        ioctl_raw(fd, cmd, &mut p).map_err(|source| RmError::Ioctl { cmd, source })?;
+        match u32_at(&p, nvos02::STATUS) {
+            status::OK => Ok(u64_at(&p, nvos02::LIMIT)),
+            status => Err(RmError::Status { status }),
+        }
+    }
+
+    /// `RM_VID_HEAP_CONTROL` with `params` (an `NVOS32_PARAMETERS` whose head the caller filled
+    /// but for the client and parent).
+    fn vid_heap(&self, client: u32, parent: u32, p: &mut [u8]) -> Result<(), RmError> {
+        set_u32(p, nvos32::H_ROOT, client);
+        set_u32(p, nvos32::H_OBJECT_PARENT, parent);
+        self.rm(esc::RM_VID_HEAP_CONTROL, p, Via::Direct)?;
+        match u32_at(p, nvos32::STATUS) {
+            status::OK => Ok(()),
+            status => Err(RmError::Status { status }),
+        }
+    }
+
+    /// `RM_VID_HEAP_CONTROL` `ALLOC_SIZE` of `bytes` under `parent` with `attr` and `flags`
+    /// (`NVOS32_ATTR_*`, `NVOS32_ALLOC_FLAGS_*`); returns the handle and the size the driver
+    /// wrote back.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn vid_heap_alloc(
+        &self,
+        client: u32,
+        parent: u32,
+        bytes: u64,
+        (attr, flags): (u32, u32),
+    ) -> Result<(u32, u64), RmError> {
+        let mut p = [0u8; nvos32::SIZE as usize];
+        set_u32(&mut p, nvos32::FUNCTION, nvos32::FUNCTION_ALLOC_SIZE);
+        set_u32(&mut p, nvos32::ALLOC_ATTR, attr);
+        set_u32(&mut p, nvos32::ALLOC_FLAGS, flags);
+        set_u64(&mut p, nvos32::ALLOC_SIZE, bytes);
+        self.vid_heap(client, parent, &mut p)?;
+        Ok((u32_at(&p, nvos32::H_MEMORY), u64_at(&p, nvos32::ALLOC_SIZE)))
+    }
+
+    /// `RM_VID_HEAP_CONTROL` `FREE` of `handle`.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn vid_heap_free(&self, client: u32, parent: u32, handle: u32) -> Result<(), RmError> {
+        let mut p = [0u8; nvos32::SIZE as usize];
+        set_u32(&mut p, nvos32::FUNCTION, nvos32::FUNCTION_FREE);
+        set_u32(&mut p, nvos32::H_MEMORY, handle);
+        self.vid_heap(client, parent, &mut p)
     }
 
     /// `RM_FREE` of `handle` with everything under it; of the whole client when `handle` is

@@ -80,3 +80,49 @@ fn a_late_allocation_whose_gpu_cannot_be_told_is_charged_to_device_unknown() {
     assert_eq!(memory(&c, "nvidia1"), 0);
     a.exit();
 }
+
+/// `RM_VID_HEAP_CONTROL`, `RM_ALLOC_MEMORY` and system memory (`NV01_MEMORY_SYSTEM`, host memory
+/// pinned for the GPU) are counted — video memory per GPU, system memory apart — and their frees
+/// release them; what holds no memory (VA reservations, framebuffer views) counts nothing. The
+/// agent's figures equal the driver's own.
+#[test]
+#[ignore = "needs root"]
+fn every_allocation_path_counts_and_system_memory_apart() {
+    require_root();
+    let driver = Driver::mount("paths");
+    let agent = TestAgent::start(&[driver.glob()]);
+    let cg = docker("paths");
+    let mut a = Client::spawn(&driver.dir, Some(&cg));
+    let (h, dev) = handles(&mut a, 0);
+    let heap = a.value(&format!("vidheap {h:#x} {dev:#x} 3m"), "handle");
+    a.ok(&format!("vidheap {h:#x} {dev:#x} 1m sysmem"));
+    a.ok(&format!("vidheap {h:#x} {dev:#x} 64m virtual"));
+    let sys = a.value(&format!("sysmem {h:#x} {dev:#x} 2m"), "handle");
+    a.ok(&format!("allocmem {h:#x} {dev:#x} 0xd0000001 8m system"));
+    a.ok(&format!("allocmem {h:#x} {dev:#x} 0xd0000002 4m osdesc"));
+    a.ok(&format!("allocmem {h:#x} {dev:#x} 0xd0000003 1m local"));
+    assert_eq!(driver.fake.ledger(), vec![4 * MIB, 0]);
+    assert_eq!(driver.fake.sysmem(), 15 * MIB);
+    let c = agent.container(&cg.path).unwrap();
+    assert_eq!(
+        memory(&c, "nvidia0"),
+        4 * MIB,
+        "video memory as the driver rounded it"
+    );
+    assert_eq!(c.system_memory_bytes, 15 * MIB);
+    assert_eq!(agent.snapshot().stats.decode_errors, 0);
+
+    a.ok(&format!("vidheap-free {h:#x} {dev:#x} {heap:#x}"));
+    a.ok(&format!("free {h:#x} {dev:#x} {sys:#x}"));
+    a.ok(&format!("free {h:#x} {dev:#x} 0xd0000001"));
+    let c = agent.container(&cg.path).unwrap();
+    assert_eq!(memory(&c, "nvidia0"), 0);
+    assert_eq!(c.system_memory_bytes, driver.fake.sysmem());
+    assert_eq!(c.system_memory_bytes, 5 * MIB);
+    a.exit();
+    let c = agent.container(&cg.path).unwrap();
+    assert_eq!(
+        c.system_memory_bytes, 0,
+        "the process's exit releases its system memory"
+    );
+}

@@ -115,6 +115,16 @@ pub struct IoctlKey {
     pub _pad: u32,
 }
 
+/// What kind of memory a figure counts ([`CgroupDeviceKey::kind`], [`Allocation::kind`]).
+pub mod memory_kind {
+    /// Video memory on a GPU (per GPU; [`super::DEVICE_UNKNOWN`] when it can't be told).
+    pub const VIDEO: u32 = 0;
+    /// Host memory allocated or pinned for the GPUs (device [`super::DEVICE_UNKNOWN`]).
+    pub const SYSTEM: u32 = 1;
+    /// Managed (UVM) memory mapped (device [`super::DEVICE_UNKNOWN`]): a bound, not residency.
+    pub const MANAGED: u32 = 2;
+}
+
 /// Key of the per-cgroup GPU memory table.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -123,8 +133,8 @@ pub struct CgroupDeviceKey {
     pub cgroup: u64,
     /// GPU index.
     pub device: u32,
-    /// Zero.
-    pub _pad: u32,
+    /// One of [`memory_kind`].
+    pub kind: u32,
 }
 
 /// A process that has opened a GPU node.
@@ -142,6 +152,10 @@ pub struct ProcInfo {
     pub gpu_nodes: u32,
     /// Video memory bytes by [`memory_slot`].
     pub vidmem: [u64; MEMORY_SLOTS],
+    /// Host memory bytes allocated or pinned for the GPUs.
+    pub sysmem: u64,
+    /// Managed (UVM) bytes mapped.
+    pub managed: u64,
 }
 
 /// An RM client (root handle) that allocated memory.
@@ -160,6 +174,8 @@ pub struct ClientInfo {
     pub cgroup: u64,
     /// Video memory bytes by [`memory_slot`].
     pub vidmem: [u64; MEMORY_SLOTS],
+    /// Host memory bytes allocated or pinned for the GPUs.
+    pub sysmem: u64,
 }
 
 /// Key of the handle tables: an RM object within its client.
@@ -188,6 +204,14 @@ pub struct Allocation {
     pub cgroup: u64,
     /// Bytes the driver allocated.
     pub bytes: u64,
+    /// One of [`memory_kind`] (video or system).
+    pub kind: u32,
+    /// The object it was allocated under.
+    pub parent: u32,
+    /// The device object above it (freeing that frees it).
+    pub device_handle: u32,
+    /// Zero.
+    pub _pad: u32,
 }
 
 /// Character-device major number of the NVIDIA driver's nodes (`nvidiaN`, `nvidiactl`,

@@ -139,8 +139,16 @@ pub struct Container {
     pub cgroup_id: u64,
     /// Processes holding GPU fds, sorted.
     pub pids: Vec<u32>,
-    /// Per device node or GPU, sorted by name.
+    /// Per device node or GPU, sorted by name. Video memory whose GPU can't be told is under
+    /// the device `unknown`.
     pub devices: Vec<DeviceUsage>,
+    /// Host memory allocated for the GPUs (`NV01_MEMORY_SYSTEM`, pinned user memory): exact,
+    /// and not video memory.
+    #[serde(default)]
+    pub system_memory_bytes: u64,
+    /// Managed (UVM) memory mapped: a bound on what it can place on a GPU, not what is there.
+    #[serde(default)]
+    pub managed_memory_bytes: u64,
     /// The session whose quota applies here.
     #[serde(default)]
     pub session_id: Option<String>,

@@ -17,7 +17,7 @@ use std::{
 
 use gpuwarden_agent_common::{
     event::{Event, action, kind},
-    maps::{CgroupDeviceKey, MAX_GPUS, NO_LIMIT, Quota, quota_flags, slot_device},
+    maps::{CgroupDeviceKey, MAX_GPUS, NO_LIMIT, Quota, memory_kind, quota_flags, slot_device},
 };
 use gpuwarden_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
@@ -739,7 +739,7 @@ fn seed_member(kernel: &mut Kernel, key: u64, id: u64) {
         let k = CgroupDeviceKey {
             cgroup: id,
             device: slot_device(slot),
-            _pad: 0,
+            kind: memory_kind::VIDEO,
         };
         if let Some(bytes) = kernel.maps.cgroup_memory.get(&k) {
             *used += bytes;

@@ -204,6 +204,8 @@ fn container(id: u64, workload: Option<&Workload>, totals: CgroupCounters) -> Co
         cgroup_id: id,
         pids: totals.pids,
         devices,
+        system_memory_bytes: totals.system_bytes,
+        managed_memory_bytes: totals.managed_bytes,
         ..Container::default()
     };
     match workload {

@@ -176,6 +176,7 @@ const MAPS: &[&str] = &[
     "QUOTAS",
     "DENY",
     "SETTINGS",
+    "SCRATCH_CLIENT",
     "AYA_LOGS",
 ];
 

@@ -138,6 +138,8 @@ pub(crate) fn seed(
                 max_fd,
                 gpu_nodes: gpu_nodes(found.iter().map(|(_, node)| *node)),
                 vidmem: [0; MEMORY_SLOTS],
+                sysmem: 0,
+                managed: 0,
             };
             // Only where absent: the programs may have registered it meanwhile.
             if maps.procs.insert_new(tgid, info).is_ok() {

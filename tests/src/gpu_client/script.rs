@@ -10,7 +10,9 @@ use std::{
     time::Duration,
 };
 
-use super::{ClientError, Form, GpuClient, ParamsLayout, RmError, Via, ioctl_raw};
+use gpuwarden_agent_common::nvidia::{class, nvos02, nvos32};
+
+use super::{AllocMemory, ClientError, Form, GpuClient, ParamsLayout, RmError, Via, ioctl_raw};
 use crate::units::{NumberError, number, number32, size};
 
 /// A line that isn't a command.
@@ -111,6 +113,28 @@ pub enum UvmCommand {
     Raw(u32),
 }
 
+/// What `allocmem` allocates (`RM_ALLOC_MEMORY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryClass {
+    /// `NV01_MEMORY_SYSTEM`, host memory, not mapped.
+    System,
+    /// `NV01_MEMORY_SYSTEM_OS_DESCRIPTOR` over a buffer of the client's.
+    OsDescriptor,
+    /// `NV01_MEMORY_LOCAL_USER`: a view of the framebuffer (allocates nothing).
+    LocalView,
+}
+
+/// Where `vidheap` allocates (`RM_VID_HEAP_CONTROL` `ALLOC_SIZE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeapKind {
+    /// `NVOS32_ATTR_LOCATION_VIDMEM`.
+    Video,
+    /// `NVOS32_ATTR_LOCATION_PCI`.
+    System,
+    /// `NVOS32_ALLOC_FLAGS_VIRTUAL`.
+    Virtual,
+}
+
 /// One line of the protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
@@ -153,6 +177,39 @@ pub enum Command {
         parent: u32,
         /// Bytes.
         bytes: u64,
+    },
+    /// `allocmem <client> <parent> <handle> <size> [system|osdesc|local]`.
+    AllocMemory {
+        /// `hRoot`.
+        client: u32,
+        /// The parent.
+        parent: u32,
+        /// The new handle.
+        handle: u32,
+        /// Bytes.
+        bytes: u64,
+        /// Which class.
+        class: MemoryClass,
+    },
+    /// `vidheap <client> <parent> <size> [vidmem|sysmem|virtual]`.
+    VidHeap {
+        /// `hRoot`.
+        client: u32,
+        /// The parent (a device).
+        parent: u32,
+        /// Bytes.
+        bytes: u64,
+        /// Where.
+        kind: HeapKind,
+    },
+    /// `vidheap-free <client> <parent> <handle>`.
+    VidHeapFree {
+        /// `hRoot`.
+        client: u32,
+        /// The parent.
+        parent: u32,
+        /// `hMemory`.
+        handle: u32,
     },
     /// `virtual <client> <parent> <size>`.
     Virtual {
@@ -287,6 +344,42 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
             parent: args.u32(1, "parent")?,
             bytes: args.size(2, "size")?,
         },
+        "allocmem" => {
+            let class = match args.words.get(4) {
+                None | Some(&"system") => MemoryClass::System,
+                Some(&"osdesc") => MemoryClass::OsDescriptor,
+                Some(&"local") => MemoryClass::LocalView,
+                Some(word) => return Err(args.unexpected(word)),
+            };
+            args.at_most(5)?;
+            return Ok(Command::AllocMemory {
+                client: args.u32(0, "client")?,
+                parent: args.u32(1, "parent")?,
+                handle: args.u32(2, "handle")?,
+                bytes: args.size(3, "size")?,
+                class,
+            });
+        }
+        "vidheap" => {
+            let kind = match args.words.get(3) {
+                None | Some(&"vidmem") => HeapKind::Video,
+                Some(&"sysmem") => HeapKind::System,
+                Some(&"virtual") => HeapKind::Virtual,
+                Some(word) => return Err(args.unexpected(word)),
+            };
+            args.at_most(4)?;
+            return Ok(Command::VidHeap {
+                client: args.u32(0, "client")?,
+                parent: args.u32(1, "parent")?,
+                bytes: args.size(2, "size")?,
+                kind,
+            });
+        }
+        "vidheap-free" => Command::VidHeapFree {
+            client: args.u32(0, "client")?,
+            parent: args.u32(1, "parent")?,
+            handle: args.u32(2, "handle")?,
+        },
         "virtual" => Command::Virtual {
             client: args.u32(0, "client")?,
             parent: args.u32(1, "parent")?,
@@ -381,6 +474,9 @@ const COMMANDS: &[&str] = &[
     "subdevice",
     "alloc",
     "sysmem",
+    "allocmem",
+    "vidheap",
+    "vidheap-free",
     "virtual",
     "free",
     "control",
@@ -409,7 +505,10 @@ fn command_name(word: &str) -> Option<&'static str> {
 fn arity(command: &Command) -> usize {
     match command {
         Command::Device { .. } | Command::Subdevice { .. } | Command::IoctlRaw { .. } => 2,
-        Command::Sysmem { .. } | Command::Virtual { .. } | Command::Control { .. } => 3,
+        Command::Sysmem { .. }
+        | Command::Virtual { .. }
+        | Command::Control { .. }
+        | Command::VidHeapFree { .. } => 3,
         Command::GpuIds { .. }
         | Command::Open { .. }
         | Command::Dup { .. }
@@ -771,6 +870,71 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
             parent,
             bytes,
         } => rm_reply(client.alloc_virtual(*c, *parent, *bytes).map(handle)),
+        Command::AllocMemory {
+            client: c,
+            parent,
+            handle: h,
+            bytes,
+            class: which,
+        } => {
+            let host = (nvos02::LOCATION_PCI << nvos02::FLAGS_LOCATION_SHIFT)
+                | (nvos02::MAPPING_NO_MAP << nvos02::FLAGS_MAPPING_SHIFT);
+            let (class, flags, memory) = match which {
+                MemoryClass::System => (class::MEMORY_SYSTEM, host, 0),
+                // The buffer the descriptor wraps lives as long as the process.
+                MemoryClass::OsDescriptor => {
+                    let len = usize::try_from(*bytes).unwrap_or(0);
+                    let buffer: &'static mut [u8] = vec![0u8; len].leak();
+                    (
+                        class::MEMORY_SYSTEM_OS_DESCRIPTOR,
+                        host,
+                        buffer.as_mut_ptr() as u64,
+                    )
+                }
+                MemoryClass::LocalView => (
+                    class::MEMORY_LOCAL_USER,
+                    nvos02::LOCATION_VIDMEM << nvos02::FLAGS_LOCATION_SHIFT,
+                    0,
+                ),
+            };
+            let r = AllocMemory {
+                client: *c,
+                parent: *parent,
+                handle: *h,
+                class,
+                flags,
+                memory,
+                bytes: *bytes,
+            };
+            rm_reply(
+                client
+                    .alloc_memory(r)
+                    .map(|limit| format!("ok handle={h:#x} limit={limit:#x}")),
+            )
+        }
+        Command::VidHeap {
+            client: c,
+            parent,
+            bytes,
+            kind,
+        } => {
+            let location = |l: u32| l << nvos32::ATTR_LOCATION_SHIFT;
+            let how = match kind {
+                HeapKind::Video => (location(nvos32::LOCATION_VIDMEM), 0),
+                HeapKind::System => (location(nvos32::LOCATION_PCI), 0),
+                HeapKind::Virtual => (0, nvos32::FLAGS_VIRTUAL),
+            };
+            rm_reply(
+                client
+                    .vid_heap_alloc(*c, *parent, *bytes, how)
+                    .map(|(h, size)| format!("ok handle={h:#x} size={size}")),
+            )
+        }
+        Command::VidHeapFree {
+            client: c,
+            parent,
+            handle: h,
+        } => rm_reply(client.vid_heap_free(*c, *parent, *h).map(|()| ok())),
         Command::Free {
             client: c,
             parent,

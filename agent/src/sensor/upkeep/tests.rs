@@ -52,6 +52,8 @@ fn proc_info(cgroup: u64, generation: u64) -> ProcInfo {
         max_fd: 3,
         gpu_nodes: 0,
         vidmem: [0; MEMORY_SLOTS],
+        sysmem: 0,
+        managed: 0,
     }
 }
 
@@ -69,7 +71,7 @@ fn memory_key(cgroup: u64) -> CgroupDeviceKey {
     CgroupDeviceKey {
         cgroup,
         device: 0,
-        _pad: 0,
+        kind: 0,
     }
 }
 
@@ -128,6 +130,7 @@ fn garbage_of_processes_that_died_unseen_and_of_removed_cgroups_is_collected() {
         proc_generation: u64::from(tgid),
         cgroup: h.live_id,
         vidmem: [0; MEMORY_SLOTS],
+        sysmem: 0,
     };
     let allocation = |tgid: u32| Allocation {
         tgid,
