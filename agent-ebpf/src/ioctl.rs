@@ -12,7 +12,9 @@ use aya_ebpf::{
 };
 use gpuwarden_agent_common::{
     event::{Event, decode_error, kind},
-    maps::{DEVICE_UNKNOWN, FdKey, HandleKey, IoctlKey, family, memory_kind, node_kind},
+    maps::{
+        DEVICE_UNKNOWN, FdKey, HandleKey, IoctlKey, ObjectInfo, family, memory_kind, node_kind,
+    },
     nvidia::{
         class, esc, ioctl_nr, ioctl_size, memory_alloc, nvos00, nvos02, nvos21, nvos32, nvos64,
         xfer,
@@ -75,6 +77,8 @@ pub struct Call {
     pub handle_offset: u32,
     /// [`call_flags`].
     pub flags: u32,
+    /// The open file the ioctl was issued on (0: unknown).
+    pub file: u64,
 }
 
 impl Call {
@@ -98,9 +102,19 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
         fd: arg(&ctx, 0) as u32,
     };
     // SAFETY: the value is copied out at once.
-    let Some(node) = (unsafe { GPU_FDS.get(&key) }).copied() else {
+    let Some(mut info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
         return 0;
     };
+    let node = info.node;
+    if info.file == 0
+        && let Some(file) = crate::fds::file_of_fd(key.fd)
+    {
+        // An fd seeded from /proc: its file is learned on its first ioctl, once.
+        info.file = file;
+        if GPU_FDS.insert(&key, &info, 0).is_ok() {
+            memory::file_ref(file);
+        }
+    }
     count(stat::GPU_IOCTLS);
     let cmd = arg(&ctx, 1) as u32;
     let params = arg(&ctx, 2);
@@ -122,7 +136,8 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
         esc::RM_VID_HEAP_CONTROL => decode_vid_heap(&ctx, tgid, cgroup, size, params),
         _ => None,
     };
-    if let Some(call) = call {
+    if let Some(mut call) = call {
+        call.file = info.file;
         if call.op == op::VIDMEM {
             // Size and GPU are read only for a cgroup with a quota.
             let what = || {
@@ -186,21 +201,28 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
     match call.op {
-        op::CLIENT => memory::new_client(tgid, handle),
+        op::CLIENT => memory::new_client(tgid, handle, call.file),
         op::DEVICE => {
             let key = HandleKey {
                 client: call.client,
                 handle,
             };
-            let _ = OBJECT_DEVICES.insert(&key, &call.value, 0);
+            let info = ObjectInfo {
+                gpu: call.value,
+                device: handle,
+            };
+            let _ = OBJECT_DEVICES.insert(&key, &info, 0);
         }
         op::SUBDEVICE => {
-            let device = object_device(call.client, call.parent);
             let key = HandleKey {
                 client: call.client,
                 handle,
             };
-            let _ = OBJECT_DEVICES.insert(&key, &device, 0);
+            let info = ObjectInfo {
+                gpu: object_device(call.client, call.parent),
+                device: call.parent,
+            };
+            let _ = OBJECT_DEVICES.insert(&key, &info, 0);
         }
         op::VIDMEM | op::SYSMEM => {
             // The driver writes back the size it really allocated.
@@ -222,12 +244,19 @@ fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
             } else {
                 (DEVICE_UNKNOWN, memory_kind::SYSTEM)
             };
+            let parent = HandleKey {
+                client: call.client,
+                handle: call.parent,
+            };
+            // SAFETY: the value is copied out at once.
+            let device_handle =
+                unsafe { OBJECT_DEVICES.get(&parent) }.map_or(call.parent, |o| o.device);
             let what = memory::Charge {
                 device,
                 bytes,
                 kind,
                 parent: call.parent,
-                device_handle: 0,
+                device_handle,
             };
             memory::charge(tgid, call.client, handle, what);
         }
@@ -262,7 +291,11 @@ fn resolve_device(tgid: u32, cgroup: u64, call: &Call, learn: bool) -> u32 {
             client: call.client,
             handle: call.parent,
         };
-        let _ = OBJECT_DEVICES.insert(&key, &device, 0);
+        let info = ObjectInfo {
+            gpu: device,
+            device: call.parent,
+        };
+        let _ = OBJECT_DEVICES.insert(&key, &info, 0);
     }
     device
 }
@@ -275,9 +308,7 @@ fn object_device(client: u32, object: u32) -> u32 {
         handle: object,
     };
     // SAFETY: the value is copied out at once.
-    unsafe { OBJECT_DEVICES.get(&key) }
-        .copied()
-        .unwrap_or(DEVICE_UNKNOWN)
+    unsafe { OBJECT_DEVICES.get(&key) }.map_or(DEVICE_UNKNOWN, |o| o.gpu)
 }
 
 /// Unwraps `IOCTL_XFER_CMD` into the inner (nr, size, params).
@@ -370,6 +401,7 @@ fn decode_alloc(
         value: 0,
         handle_offset: nvos21::H_OBJECT_NEW as u32,
         flags: 0,
+        file: 0,
     };
     match h_class {
         c if class::is_client(c) => call.op = op::CLIENT,
@@ -500,6 +532,7 @@ fn decode_free(
         value: 0,
         handle_offset: 0,
         flags: 0,
+        file: 0,
     })
 }
 
@@ -551,6 +584,7 @@ fn decode_alloc_memory(
         value: 0,
         handle_offset: nvos02::H_OBJECT_NEW as u32,
         flags: call_flags::SIZE_IS_LIMIT,
+        file: 0,
     })
 }
 
@@ -600,6 +634,7 @@ fn decode_vid_heap(
         value: 0,
         handle_offset: nvos32::H_MEMORY as u32,
         flags: 0,
+        file: 0,
     };
     match head[nvos32::FUNCTION / 4] {
         nvos32::FUNCTION_ALLOC_SIZE => {

@@ -5,8 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use gpuwarden_agent_common::maps::{
-    Allocation, CgroupDeviceKey, ClientInfo, Deny, FdKey, GpuNode, HandleKey, IoctlKey, MAX_QUOTAS,
-    PathKey, ProcInfo, Quota, stat,
+    Allocation, CgroupDeviceKey, ClientInfo, Deny, FdInfo, FdKey, FileId, FileRefs, GpuNode,
+    HandleKey, IoctlKey, MAX_QUOTAS, ObjectInfo, PathKey, ProcInfo, Quota, setting, stat,
 };
 
 /// Don't preallocate: large tables cost memory only for what they hold.
@@ -16,9 +16,19 @@ const NO_PREALLOC: u32 = 1;
 #[map(name = "GPU_PATHS")]
 pub static GPU_PATHS: HashMap<PathKey, GpuNode> = HashMap::with_max_entries(256, 0);
 
+/// GPU device nodes by what identifies the opened file (device number, or inode for nodes that
+/// are not device files), written by the agent.
+#[map(name = "GPU_FILES")]
+pub static GPU_FILES: HashMap<FileId, GpuNode> = HashMap::with_max_entries(256, 0);
+
 /// Open GPU fds by (tgid, fd).
 #[map(name = "GPU_FDS")]
-pub static GPU_FDS: HashMap<FdKey, GpuNode> = HashMap::with_max_entries(65_536, NO_PREALLOC);
+pub static GPU_FDS: HashMap<FdKey, FdInfo> = HashMap::with_max_entries(65_536, NO_PREALLOC);
+
+/// Open GPU files (by `struct file` address): tracked fds on each, and the clients made through
+/// it.
+#[map(name = "FILES")]
+pub static FILES: HashMap<u64, FileRefs> = HashMap::with_max_entries(65_536, NO_PREALLOC);
 
 /// Processes holding GPU fds.
 #[map(name = "PROCS")]
@@ -35,7 +45,8 @@ pub static ALLOCATIONS: HashMap<HandleKey, Allocation> =
 
 /// GPU index of device and subdevice objects by (client, handle).
 #[map(name = "OBJECT_DEVICES")]
-pub static OBJECT_DEVICES: HashMap<HandleKey, u32> = HashMap::with_max_entries(65_536, NO_PREALLOC);
+pub static OBJECT_DEVICES: HashMap<HandleKey, ObjectInfo> =
+    HashMap::with_max_entries(65_536, NO_PREALLOC);
 
 /// Video memory bytes by (cgroup, GPU).
 #[map(name = "CGROUP_MEMORY")]
@@ -60,7 +71,7 @@ pub static PENDING_OPEN: HashMap<u64, GpuNode> = HashMap::with_max_entries(8_192
 
 /// The source of a `dup*`/`fcntl(F_DUPFD*)` in flight, by pid_tgid.
 #[map(name = "PENDING_DUP")]
-pub static PENDING_DUP: HashMap<u64, GpuNode> = HashMap::with_max_entries(8_192, 0);
+pub static PENDING_DUP: HashMap<u64, FdInfo> = HashMap::with_max_entries(8_192, 0);
 
 /// A decoded ioctl in flight, by pid_tgid, until its exit reads the driver's answer.
 #[map(name = "PENDING_IOCTL")]
@@ -91,6 +102,6 @@ pub static DENY: HashMap<u64, Deny> = HashMap::with_max_entries(8_192, 0);
 #[map(name = "SCRATCH_CLIENT")]
 pub static SCRATCH_CLIENT: PerCpuArray<ClientInfo> = PerCpuArray::with_max_entries(1, 0);
 
-/// Settings the agent writes after loading (slot 0: `enforce_mode`).
+/// Settings the agent writes after loading (see `setting`).
 #[map(name = "SETTINGS")]
-pub static SETTINGS: Array<u32> = Array::with_max_entries(1, 0);
+pub static SETTINGS: Array<u32> = Array::with_max_entries(setting::COUNT, 0);

@@ -6,12 +6,14 @@
 //! driver frees everything under them without a per-object `RM_FREE`. Generation stamps let a
 //! later free of a stale entry (its client or process already gone) be told apart and ignored.
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
+use core::ffi::c_void;
+
+use aya_ebpf::helpers::{bpf_for_each_map_elem, bpf_ktime_get_ns, bpf_loop};
 use gpuwarden_agent_common::{
     event::{Event, decode_error, kind},
     maps::{
-        Allocation, CgroupDeviceKey, DEVICE_UNKNOWN, HandleKey, MAX_GPUS, MEMORY_SLOTS, ProcInfo,
-        memory_kind, memory_slot, slot_device, stat,
+        Allocation, CgroupDeviceKey, DEVICE_UNKNOWN, FILE_CLIENTS, FileRefs, HandleKey, MAX_GPUS,
+        MEMORY_SLOTS, ObjectInfo, ProcInfo, memory_kind, memory_slot, slot_device, stat,
     },
     nvidia::esc,
 };
@@ -19,7 +21,7 @@ use gpuwarden_agent_common::{
 use crate::{
     config,
     events::{count, emit},
-    maps::{ALLOCATIONS, CGROUP_MEMORY, CLIENTS, OBJECT_DEVICES, PROCS, SCRATCH_CLIENT},
+    maps::{ALLOCATIONS, CGROUP_MEMORY, CLIENTS, FILES, OBJECT_DEVICES, PROCS, SCRATCH_CLIENT},
 };
 
 /// Adds `value` to `*p` atomically (subtract with `value.wrapping_neg()`).
@@ -68,9 +70,9 @@ pub fn add_cgroup(cgroup: u64, device: u32, kind: u32, delta: u64) {
     }
 }
 
-/// Registers a new client created by `tgid`.
+/// Registers a new client created by `tgid` through open file `file` (0: unknown).
 #[inline(always)]
-pub fn new_client(tgid: u32, client: u32) {
+pub fn new_client(tgid: u32, client: u32, file: u64) {
     let Some(proc) = PROCS.get_ptr(&tgid) else {
         return;
     };
@@ -87,8 +89,100 @@ pub fn new_client(tgid: u32, client: u32) {
         (*info).cgroup = (*proc).cgroup;
         (*info).vidmem = [0; MEMORY_SLOTS];
         (*info).sysmem = 0;
+        (*info).file = file;
         let _ = CLIENTS.insert(&client, &*info, 0);
     }
+    if file == 0 {
+        return;
+    }
+    if let Some(refs) = FILES.get_ptr_mut(&file) {
+        // SAFETY: a live map value; the index is checked.
+        unsafe {
+            let n = (*refs).count as usize;
+            if n < FILE_CLIENTS {
+                (*refs).clients[n & (FILE_CLIENTS - 1)] = client;
+                (*refs).count += 1;
+            }
+        }
+    }
+}
+
+/// One more tracked fd refers to open file `file`.
+#[inline(always)]
+pub fn file_ref(file: u64) {
+    if let Some(refs) = FILES.get_ptr_mut(&file) {
+        // SAFETY: a live map value.
+        unsafe { (*refs).refs += 1 };
+        return;
+    }
+    let first = FileRefs {
+        refs: 1,
+        ..FileRefs::default()
+    };
+    let _ = FILES.insert(&file, &first, 0);
+}
+
+/// One tracked fd less refers to open file `file`; at none, the file is closed and the driver
+/// has freed the clients made through it with everything they held: release them.
+#[inline(always)]
+pub fn file_unref(tgid: u32, file: u64) {
+    let Some(refs) = FILES.get_ptr_mut(&file) else {
+        return;
+    };
+    // SAFETY: a live map value.
+    let (left, count, clients) = unsafe {
+        (*refs).refs = (*refs).refs.saturating_sub(1);
+        ((*refs).refs, (*refs).count, (*refs).clients)
+    };
+    if left != 0 {
+        return;
+    }
+    let _ = FILES.remove(&file);
+    let mut closing = Closing {
+        tgid,
+        count,
+        file,
+        clients,
+    };
+    // bpf_loop verifies the body once, not once per client.
+    // SAFETY: the callback and its context match bpf_loop's contract.
+    unsafe {
+        bpf_loop(
+            FILE_CLIENTS as u32,
+            free_file_client as *mut c_void,
+            (&raw mut closing).cast(),
+            0,
+        );
+    }
+}
+
+/// Context of [`free_file_client`]: the clients of a file closed by `tgid`.
+#[repr(C)]
+struct Closing {
+    tgid: u32,
+    count: u32,
+    file: u64,
+    clients: [u32; FILE_CLIENTS],
+}
+
+/// bpf_loop body: frees client `index` of a closed file.
+#[inline(never)]
+extern "C" fn free_file_client(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the context `file_unref` gave it.
+    let closing = unsafe { &*ctx.cast::<Closing>() };
+    if index >= u64::from(closing.count) {
+        return 1;
+    }
+    let client = closing.clients[index as usize & (FILE_CLIENTS - 1)];
+    // A handle the driver has since reused for another file's client is not this one.
+    let made_here = CLIENTS.get_ptr(&client).is_some_and(|c| {
+        // SAFETY: a live map value.
+        unsafe { (*c).file == closing.file }
+    });
+    if made_here {
+        free_client(closing.tgid, client);
+    }
+    0
 }
 
 /// An allocation to charge.
@@ -140,13 +234,13 @@ pub fn charge(tgid: u32, client: u32, handle: u32, what: Charge) {
     let (proc_generation, cgroup) = unsafe { ((*proc).generation, (*proc).cgroup) };
     // A client created before the agent started is registered on its first allocation.
     if CLIENTS.get_ptr(&client).is_none() {
-        new_client(tgid, client);
+        new_client(tgid, client, 0);
     }
     let Some(client_info) = CLIENTS.get_ptr_mut(&client) else {
         return;
     };
     // SAFETY: a live map value.
-    let client_generation = unsafe { (*client_info).generation };
+    let (client_generation, creator) = unsafe { ((*client_info).generation, (*client_info).tgid) };
     let allocation = Allocation {
         tgid,
         device,
@@ -167,15 +261,22 @@ pub fn charge(tgid: u32, client: u32, handle: u32, what: Charge) {
         count(stat::HANDLE_TABLE_FULL);
         return;
     }
+    // A client's totals hold only its creator's bytes: another process's (a forked child's)
+    // are released with that process, and must not be released twice with the client.
+    let on_client = creator == tgid;
     // SAFETY: live map values; the index is in bounds.
     unsafe {
         if memory == memory_kind::VIDEO {
             let index = memory_slot(device);
             atomic_add(&raw mut (*proc).vidmem[index], bytes);
-            atomic_add(&raw mut (*client_info).vidmem[index], bytes);
+            if on_client {
+                atomic_add(&raw mut (*client_info).vidmem[index], bytes);
+            }
         } else {
             atomic_add(&raw mut (*proc).sysmem, bytes);
-            atomic_add(&raw mut (*client_info).sysmem, bytes);
+            if on_client {
+                atomic_add(&raw mut (*client_info).sysmem, bytes);
+            }
         }
     }
     add_cgroup(cgroup, device, memory, bytes);
@@ -204,7 +305,77 @@ pub fn free(tgid: u32, client: u32, object: u32) {
         client,
         handle: object,
     };
-    let _ = OBJECT_DEVICES.remove(&key);
+    if OBJECT_DEVICES.get_ptr(&key).is_some() {
+        // A device or subdevice goes with everything under it.
+        let _ = OBJECT_DEVICES.remove(&key);
+        let mut under = Under { client, object };
+        // SAFETY: the callback and its context match the helper's contract; the map argument
+        // is the map's definition, which the loader turns into the map.
+        unsafe {
+            bpf_for_each_map_elem(
+                (&raw const ALLOCATIONS).cast_mut().cast(),
+                free_if_under as *mut c_void,
+                (&raw mut under).cast(),
+                0,
+            );
+            bpf_for_each_map_elem(
+                (&raw const OBJECT_DEVICES).cast_mut().cast(),
+                forget_if_under as *mut c_void,
+                (&raw mut under).cast(),
+                0,
+            );
+        }
+        return;
+    }
+    free_allocation(tgid, key);
+}
+
+/// What [`free_if_under`] and [`forget_if_under`] look for: objects of `client` under `object`.
+#[repr(C)]
+struct Under {
+    client: u32,
+    object: u32,
+}
+
+/// `bpf_for_each_map_elem` body over `ALLOCATIONS`: frees an allocation under the freed device.
+#[inline(never)]
+extern "C" fn free_if_under(
+    _map: *mut c_void,
+    key: *const HandleKey,
+    value: *const Allocation,
+    ctx: *mut c_void,
+) -> i64 {
+    // SAFETY: the helper passes a live key, value and the context given to it.
+    let (key, value, under) = unsafe { (*key, &*value, &*ctx.cast::<Under>()) };
+    if key.client == under.client
+        && (value.parent == under.object || value.device_handle == under.object)
+    {
+        free_allocation(value.tgid, key);
+    }
+    0
+}
+
+/// `bpf_for_each_map_elem` body over `OBJECT_DEVICES`: forgets subdevices of the freed device.
+#[inline(never)]
+extern "C" fn forget_if_under(
+    _map: *mut c_void,
+    key: *const HandleKey,
+    value: *const ObjectInfo,
+    ctx: *mut c_void,
+) -> i64 {
+    // SAFETY: as above.
+    let (key, value, under) = unsafe { (*key, &*value, &*ctx.cast::<Under>()) };
+    if key.client == under.client && value.device == under.object {
+        let _ = OBJECT_DEVICES.remove(&key);
+    }
+    0
+}
+
+/// Frees the allocation at `key`, charged to `tgid`'s process.
+#[inline(always)]
+fn free_allocation(tgid: u32, key: HandleKey) {
+    let client = key.client;
+    let object = key.handle;
     // SAFETY: the value is copied out at once.
     let Some(allocation) = (unsafe { ALLOCATIONS.get(&key) }).copied() else {
         return;
@@ -217,9 +388,12 @@ pub fn free(tgid: u32, client: u32, object: u32) {
         return;
     };
     // SAFETY: live map values.
-    let live = unsafe {
-        (*client_info).generation == allocation.client_generation
-            && (*proc).generation == allocation.proc_generation
+    let (live, on_client) = unsafe {
+        (
+            (*client_info).generation == allocation.client_generation
+                && (*proc).generation == allocation.proc_generation,
+            (*client_info).tgid == allocation.tgid,
+        )
     };
     if !live {
         // Its client or process was released already, with these bytes.
@@ -231,10 +405,14 @@ pub fn free(tgid: u32, client: u32, object: u32) {
         if allocation.kind == memory_kind::VIDEO {
             let index = memory_slot(allocation.device);
             atomic_add(&raw mut (*proc).vidmem[index], minus);
-            atomic_add(&raw mut (*client_info).vidmem[index], minus);
+            if on_client {
+                atomic_add(&raw mut (*client_info).vidmem[index], minus);
+            }
         } else {
             atomic_add(&raw mut (*proc).sysmem, minus);
-            atomic_add(&raw mut (*client_info).sysmem, minus);
+            if on_client {
+                atomic_add(&raw mut (*client_info).sysmem, minus);
+            }
         }
     }
     add_cgroup(allocation.cgroup, allocation.device, allocation.kind, minus);

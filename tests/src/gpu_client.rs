@@ -37,6 +37,9 @@
 //! | `open <path>` | `ok fd=<n>`: holds the file open; a bare name is a file in `DIR` |
 //! | `dup [<fd>]` | `ok fd=<n>`: the copy takes over the fd's role, so after `dup` (of `ctl`) RM calls go through the copy |
 //! | `close <fd>` | `ok` |
+//! | `close-range <first> <last>` | `ok`: `close_range(2)` of every fd in the range |
+//! | `use-ctl <fd>` | `ok`: RM calls go through `fd` (a node opened with `open`) from now on |
+//! | `dup-to <fd> <min>` | `ok fd=<n>`: `F_DUPFD_CLOEXEC` at or above `min` (the fd limit raised if needed); the copy takes over the fd's role |
 //! | `ioctl-raw <path\|fd> <cmd>` | `ok ret=<n>` or `ok ret=-1 errno=<e>`: any ioctl, with 16 KiB of zeroes, on any file (`/dev/null`, a regular file, …); a bare word is an fd |
 //! | `thread <command…>` | the command's reply, run on a new thread |
 //! | `fork` | `ok pid=<n>`: a child sharing every fd, driven with `child …` |
@@ -414,6 +417,83 @@ impl GpuClient {
         let raw = copy.as_raw_fd();
         self.hold(copy, Some(file));
         Ok(raw)
+    }
+
+    /// Makes held fd `fd` (say, a node reopened through another path) the control fd: RM calls
+    /// go through it from now on.
+    ///
+    /// # Errors
+    /// `fd` isn't held.
+    pub fn use_as_ctl(&mut self, fd: RawFd) -> Result<(), ClientError> {
+        let held = self.fds.get(&fd).ok_or(ClientError::NotOpen { fd })?;
+        self.ctl = held.file;
+        self.order += 1;
+        if let Some(h) = self.fds.get_mut(&fd) {
+            h.order = self.order;
+        }
+        Ok(())
+    }
+
+    /// Duplicates `fd` onto the lowest free number at or above `min` (`fcntl(F_DUPFD_CLOEXEC)`),
+    /// raising the soft fd limit when `min` is past it; the copy takes over the fd's role.
+    ///
+    /// # Errors
+    /// `fd` isn't held, or the limit or the copy failed.
+    pub fn dup_at_least(&mut self, fd: RawFd, min: RawFd) -> Result<RawFd, ClientError> {
+        let held = self.fds.get(&fd).ok_or(ClientError::NotOpen { fd })?;
+        let file = held.file;
+        let err = |source| ClientError::Dup { fd, source };
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a valid pointer to an rlimit.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } != 0 {
+            return Err(err(io::Error::last_os_error()));
+        }
+        let wanted = libc::rlim_t::try_from(min).unwrap_or(0) + 1;
+        if limit.rlim_cur < wanted {
+            limit.rlim_cur = wanted.max(limit.rlim_cur);
+            limit.rlim_max = limit.rlim_max.max(wanted);
+            // SAFETY: as above.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) } != 0 {
+                return Err(err(io::Error::last_os_error()));
+            }
+        }
+        // SAFETY: a plain fcntl on a held fd.
+        let copy = unsafe { libc::fcntl(held.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
+        if copy < 0 {
+            return Err(err(io::Error::last_os_error()));
+        }
+        // SAFETY: a fresh fd nobody else owns.
+        self.hold(unsafe { OwnedFd::from_raw_fd(copy) }, Some(file));
+        Ok(copy)
+    }
+
+    /// `close_range(first, last, 0)`: closes every fd in the range at once, held or not (the
+    /// held ones are forgotten, not closed again).
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn close_range(&mut self, first: u32, last: u32) -> io::Result<()> {
+        let fds: Vec<RawFd> = self
+            .fds
+            .keys()
+            .copied()
+            .filter(|&fd| u32::try_from(fd).is_ok_and(|n| (first..=last).contains(&n)))
+            .collect();
+        // SAFETY: a plain system call; the kernel checks the range.
+        let ret = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+        if ret != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for fd in fds {
+            if let Some(held) = self.fds.remove(&fd) {
+                // Already closed by the kernel.
+                std::mem::forget(held.fd);
+            }
+        }
+        Ok(())
     }
 
     /// Closes `fd`. The driver frees what was allocated through its open file once the last fd

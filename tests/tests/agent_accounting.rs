@@ -5,10 +5,15 @@
 
 mod util;
 
+use std::{path::Path, time::Duration};
+
 use gpuwarden_test_support::{TestCgroup, require_root};
+use gpuwarden_tests::fake_driver::{FakeConfig, FakeDriver};
 use util::{Client, Driver, TestAgent, container_id, memory};
 
 const MIB: u64 = 1 << 20;
+/// FUSE reports the last close of a file asynchronously.
+const RELEASE: Duration = Duration::from_secs(10);
 
 /// A cgroup named like a Docker container.
 fn docker(seed: &str) -> TestCgroup {
@@ -125,4 +130,139 @@ fn every_allocation_path_counts_and_system_memory_apart() {
         c.system_memory_bytes, 0,
         "the process's exit releases its system memory"
     );
+}
+
+/// The node is known by the file it opens, not by the path string: a client whose device nodes
+/// are reached through a symlinked directory, a relative path, `/proc/self/fd/N`, or a mount
+/// point whose paths are 64 bytes or more is counted like any other.
+#[test]
+#[ignore = "needs root"]
+fn device_nodes_reached_by_any_path_count() {
+    require_root();
+    let driver = Driver::mount("anypath");
+    // A second driver whose paths are too long for a path table.
+    let long_dir = driver
+        .dir
+        .parent()
+        .unwrap()
+        .join(format!("a-mount-point-with-a-long-name-{}", "x".repeat(40)));
+    let long = FakeDriver::mount(&long_dir, &FakeConfig::default()).unwrap();
+    assert!(long.path("nvidiactl").as_os_str().len() >= 64);
+    let agent = TestAgent::start(&[driver.glob(), format!("{}/nvidia*", long_dir.display())]);
+    let link = driver.dir.parent().unwrap().join("link");
+    std::os::unix::fs::symlink(&driver.dir, &link).unwrap();
+
+    let cg = docker("anypath");
+    let mut clients = vec![
+        Client::spawn(&link, Some(&cg)),
+        Client::spawn_in(Path::new("."), Some(&cg), Some(&driver.dir)),
+        Client::spawn(&long_dir, Some(&cg)),
+    ];
+    // Through /proc/self/fd/N: the control node reopened by its fd's magic link.
+    let mut proc_fd = Client::spawn(&driver.dir, Some(&cg));
+    let ctl = proc_fd.value("dup", "fd");
+    let reopened = proc_fd.value(&format!("open /proc/self/fd/{ctl}"), "fd");
+    proc_fd.ok(&format!("use-ctl {reopened}"));
+    clients.push(proc_fd);
+    for (i, c) in clients.iter_mut().enumerate() {
+        let (h, dev) = handles(c, 0);
+        c.ok(&format!("alloc {h:#x} {dev:#x} {}m", 2 * (i + 1)));
+    }
+    let c = agent.container(&cg.path).unwrap();
+    assert_eq!(memory(&c, "nvidia0"), (2 + 4 + 6 + 8) * MIB);
+    let mut pids: Vec<u32> = clients.iter().map(|c| c.pid).collect();
+    pids.sort_unstable();
+    assert_eq!(c.pids, pids);
+    assert_eq!(
+        driver.fake.ledger()[0] + long.ledger()[0],
+        memory(&c, "nvidia0"),
+        "the agent's figure is the drivers'"
+    );
+    for c in clients {
+        c.exit();
+    }
+    assert_eq!(memory(&agent.container(&cg.path).unwrap(), "nvidia0"), 0);
+}
+
+/// A GPU fd numbered above 1023 is copied into a forked child: the child's allocations through
+/// it count.
+#[test]
+#[ignore = "needs root"]
+fn a_high_gpu_fd_is_copied_into_a_forked_child() {
+    require_root();
+    let driver = Driver::mount("highfd");
+    let agent = TestAgent::start(&[driver.glob()]);
+    let cg = docker("highfd");
+    let mut p = Client::spawn(&driver.dir, Some(&cg));
+    let (h, dev) = handles(&mut p, 0);
+    assert_eq!(p.value("dup-to ctl 1500", "fd"), 1500);
+    p.ok("fork");
+    let reply = p.ok(&format!("child alloc {h:#x} {dev:#x} 8m"));
+    assert!(reply.starts_with("child: ok"), "{reply}");
+    let c = agent.container(&cg.path).unwrap();
+    assert_eq!(
+        memory(&c, "nvidia0"),
+        8 * MIB,
+        "the child's allocation through fd 1500"
+    );
+    assert_eq!(c.pids.len(), 2);
+    p.ok("child exit");
+    p.exit();
+}
+
+/// What the driver frees without an `RM_FREE` of each object is released: the last close of the
+/// file a client was made through (every dup closed), freeing a device handle (its memory and its
+/// subdevices' go with it), and `close_range`.
+#[test]
+#[ignore = "needs root"]
+fn releases_the_driver_makes_without_a_free_are_seen() {
+    require_root();
+    let driver = Driver::mount("release");
+    let agent = TestAgent::start(&[driver.glob()]);
+    let cg = docker("release");
+    let held = |agent: &TestAgent| memory(&agent.container(&cg.path).unwrap(), "nvidia0");
+
+    // The last close of the control file.
+    let mut a = Client::spawn(&driver.dir, Some(&cg));
+    let (h, dev) = handles(&mut a, 0);
+    a.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
+    a.ok("dup");
+    a.ok("close ctl");
+    assert_eq!(held(&agent), 4 * MIB, "a dup still holds the file");
+    a.ok("close ctl");
+    assert_eq!(held(&agent), 0, "the last close frees the client");
+    driver.fake.wait_for_ledger(&[0, 0], RELEASE).unwrap();
+
+    // Freeing a device handle.
+    let mut b = Client::spawn(&driver.dir, Some(&cg));
+    let (h, dev) = handles(&mut b, 0);
+    let sub = b.value(&format!("subdevice {h:#x} {dev:#x}"), "handle");
+    b.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
+    b.ok(&format!("alloc {h:#x} {sub:#x} 2m"));
+    b.ok(&format!("vidheap {h:#x} {dev:#x} 2m"));
+    let other = b.value(&format!("device {h:#x} 1"), "handle");
+    b.ok(&format!("alloc {h:#x} {other:#x} 2m"));
+    assert_eq!(held(&agent), 8 * MIB);
+    b.ok(&format!("free {h:#x} {h:#x} {dev:#x}"));
+    assert_eq!(driver.fake.ledger(), vec![0, 2 * MIB]);
+    let c = agent.container(&cg.path).unwrap();
+    assert_eq!(memory(&c, "nvidia0"), 0, "the device's memory goes with it");
+    assert_eq!(memory(&c, "nvidia1"), 2 * MIB, "another device's stays");
+    // The subdevice went too: an allocation under it now fails, and nothing is charged.
+    assert!(
+        b.send(&format!("alloc {h:#x} {sub:#x} 2m"))
+            .starts_with("err")
+    );
+    assert_eq!(held(&agent), 0);
+    b.exit();
+
+    // close_range over every fd from 3 up.
+    let mut d = Client::spawn(&driver.dir, Some(&cg));
+    let (h, dev) = handles(&mut d, 0);
+    d.ok(&format!("alloc {h:#x} {dev:#x} 6m"));
+    assert_eq!(held(&agent), 6 * MIB);
+    d.ok("close-range 3 4294967295");
+    assert_eq!(held(&agent), 0);
+    driver.fake.wait_for_ledger(&[0, 0], RELEASE).unwrap();
+    d.exit();
 }

@@ -41,8 +41,9 @@ pub const fn slot_device(slot: usize) -> u32 {
     }
 }
 
-/// Highest fd number copied into a forked child's table.
-pub const MAX_FORK_FDS: u32 = 1024;
+/// Highest fd number copied into a forked child's table (the kernel's default `nr_open`); the
+/// copy walks fds up to the parent's highest GPU fd only.
+pub const MAX_FORK_FDS: u32 = 1 << 20;
 
 /// Device id of `/dev/nvidiactl` (its minor number).
 pub const DEVICE_CTL: u32 = 255;
@@ -87,6 +88,74 @@ pub struct GpuNode {
 pub struct PathKey {
     /// The path bytes, NUL-padded to [`PATH_LEN`].
     pub path: [u8; PATH_LEN],
+}
+
+/// What identifies an opened file as a GPU node, whatever path opened it: a device node's
+/// device number (`i_rdev`, with `ino` 0), or for a node that is not a device file (the fake
+/// driver's FUSE files) its file system's device and inode number. Device numbers are the
+/// kernel's encoding, `major << 20 | minor`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct FileId {
+    /// `i_rdev`, or `i_sb->s_dev`.
+    pub dev: u32,
+    /// Zero.
+    pub _pad: u32,
+    /// 0, or `i_ino`.
+    pub ino: u64,
+}
+
+/// A kernel device number (`MKDEV`) from its major and minor.
+#[must_use]
+pub const fn kernel_dev(major: u32, minor: u32) -> u32 {
+    (major << 20) | (minor & 0xf_ffff)
+}
+
+/// A tracked GPU fd: the node it refers to and the kernel's open file (0 when not known yet,
+/// e.g. an fd seeded from `/proc` before its first ioctl).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FdInfo {
+    /// The node.
+    pub node: GpuNode,
+    /// The `struct file` address: the same for every dup and inherited copy.
+    pub file: u64,
+}
+
+/// Clients made through one open GPU file, and how many tracked fds refer to it: when the last
+/// goes, the driver frees those clients with everything they hold.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FileRefs {
+    /// Tracked fds referring to the file.
+    pub refs: u32,
+    /// Entries of `clients` in use.
+    pub count: u32,
+    /// Client handles made through the file (the first [`FILE_CLIENTS`]).
+    pub clients: [u32; FILE_CLIENTS],
+}
+
+/// Clients remembered per open file (more are released when their process ends).
+pub const FILE_CLIENTS: usize = 8;
+
+/// What the programs know of a device or subdevice object.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ObjectInfo {
+    /// Its GPU index.
+    pub gpu: u32,
+    /// The device object it is (itself) or is under (a subdevice's parent).
+    pub device: u32,
+}
+
+/// Indexes of the `SETTINGS` array.
+pub mod setting {
+    /// How over-limit allocations are acted on ([`super::enforce_mode`]).
+    pub const ENFORCE_MODE: u32 = 0;
+    /// 1: some watched node is not a device file, so files are also matched by inode.
+    pub const MATCH_INODES: u32 = 1;
+    /// Number of settings.
+    pub const COUNT: u32 = 2;
 }
 
 /// Key of the GPU fd table.
@@ -172,10 +241,12 @@ pub struct ClientInfo {
     pub proc_generation: u64,
     /// cgroup its memory is charged to.
     pub cgroup: u64,
-    /// Video memory bytes by [`memory_slot`].
+    /// Video memory bytes its creator allocated, by [`memory_slot`].
     pub vidmem: [u64; MEMORY_SLOTS],
-    /// Host memory bytes allocated or pinned for the GPUs.
+    /// Host memory bytes its creator allocated or pinned for the GPUs.
     pub sysmem: u64,
+    /// The open file it was made through (0: unknown).
+    pub file: u64,
 }
 
 /// Key of the handle tables: an RM object within its client.
@@ -318,6 +389,10 @@ pub mod stat {
 
 pod!(
     GpuNode,
+    FileId,
+    FdInfo,
+    FileRefs,
+    ObjectInfo,
     PathKey,
     FdKey,
     IoctlKey,

@@ -11,6 +11,7 @@
 //! - `counters`: the maps' counters, named; `upkeep`: seeding and tidying the maps;
 //! - `events`: the ring buffer of events; `device_program`: device access per cgroup.
 
+pub mod btf;
 mod counters;
 mod device_program;
 pub(crate) mod events;
@@ -29,8 +30,8 @@ use aya::{
     programs::{CgroupDevice, Lsm, ProgramError, ProgramFd, TracePoint, links::FdLink},
 };
 use gpuwarden_agent_common::{
-    config::{CONFIG_SYMBOL, Config},
-    maps::enforce_mode,
+    config::{CONFIG_SYMBOL, Config, FileOffsets},
+    maps::{enforce_mode, setting},
 };
 use pins::Pins;
 use serde::{Deserialize, Serialize};
@@ -136,6 +137,7 @@ const TRACEPOINTS: &[TracepointProgram] = &[
     tp("sys_enter_openat2", "syscalls", true),
     tp("sys_exit_openat2", "syscalls", true),
     tp("sys_enter_close", "syscalls", false),
+    tp("sys_enter_close_range", "syscalls", true),
     tp("sys_enter_dup", "syscalls", false),
     tp("sys_exit_dup", "syscalls", false),
     tp("sys_enter_dup2", "syscalls", true),
@@ -155,10 +157,18 @@ const TRACEPOINTS: &[TracepointProgram] = &[
     tp("sys_enter_ioctl", "syscalls", false),
 ];
 
+/// The programs that read the path at `openat` entry: needed only to match by path.
+const PATH_PROGRAMS: &[&str] = &["sys_enter_openat", "sys_enter_openat2"];
+
+/// The kernel's BTF, for the offsets that find an fd's file.
+const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
+
 /// Every map, pinned by name so a restarted agent keeps counters and quotas.
 const MAPS: &[&str] = &[
     "GPU_PATHS",
+    "GPU_FILES",
     "GPU_FDS",
+    "FILES",
     "PROCS",
     "CLIENTS",
     "ALLOCATIONS",
@@ -244,6 +254,10 @@ pub struct Sensor {
     memory_tier: (MemoryTier, String),
     /// Whether maps and links of an earlier agent were adopted.
     adopted: bool,
+    /// Settings the programs read at run time.
+    settings: Array<MapData, u32>,
+    /// GPU nodes are matched by the opened file.
+    by_file: bool,
 }
 
 impl Sensor {
@@ -255,8 +269,10 @@ impl Sensor {
         raise_memlock_limit();
         let tracefs = tracefs::ensure_mounted()?;
         let probe = probe::probe(Path::new("/sys"));
+        let files = file_offsets();
         let config = Config {
             alloc_event_min_bytes,
+            files,
             ..tracefs::config_offsets(&tracefs)
         };
         let (pins, adopted) = match pin_dir {
@@ -278,7 +294,7 @@ impl Sensor {
         let mut ebpf = loader
             .load(OBJECT)
             .map_err(|e| SensorError::Load(Box::new(e)))?;
-        let mut hooks = attach_tracepoints(&mut ebpf, &tracefs, pins.as_ref())?;
+        let mut hooks = attach_tracepoints(&mut ebpf, &tracefs, pins.as_ref(), files.valid != 0)?;
         let device_program = load_device_program(&mut ebpf);
         if device_program.is_some() {
             hooks.push(Hook {
@@ -304,7 +320,9 @@ impl Sensor {
         let enforcement_memory = second_handle(&cgroup_memory, "CGROUP_MEMORY")?;
         let maps = TelemetryMaps {
             gpu_paths: named(&mut ebpf, "GPU_PATHS")?,
+            gpu_files: named(&mut ebpf, "GPU_FILES")?,
             gpu_fds: named(&mut ebpf, "GPU_FDS")?,
+            files: named(&mut ebpf, "FILES")?,
             procs: named(&mut ebpf, "PROCS")?,
             clients: named(&mut ebpf, "CLIENTS")?,
             allocations: named(&mut ebpf, "ALLOCATIONS")?,
@@ -327,17 +345,7 @@ impl Sensor {
                 "CGROUP_MEMORY",
             )?,
         };
-        let mut settings: Array<MapData, u32> = take(&mut ebpf, "SETTINGS")?;
-        let mode = match memory_tier.0 {
-            MemoryTier::LsmDeny => enforce_mode::LSM_DENY,
-            MemoryTier::TracepointSignal => enforce_mode::SIGNAL,
-        };
-        settings
-            .set(0, mode, 0)
-            .map_err(|source| SensorError::Map {
-                name: "SETTINGS",
-                source,
-            })?;
+        let settings = settings(&mut ebpf, memory_tier.0)?;
         let events = Some(take(&mut ebpf, "EVENTS")?);
         Ok(Self {
             ebpf,
@@ -348,7 +356,23 @@ impl Sensor {
             hooks,
             memory_tier,
             adopted,
+            settings,
+            by_file: files.valid != 0,
         })
+    }
+
+    /// Whether GPU nodes are matched by the opened file (else by path).
+    #[must_use]
+    pub fn matches_by_file(&self) -> bool {
+        self.by_file
+    }
+
+    /// Tells the programs whether some watched node is not a device file (the fake driver's),
+    /// so opened files are also matched by inode.
+    pub(crate) fn set_match_inodes(&mut self, on: bool) {
+        if let Err(e) = self.settings.set(setting::MATCH_INODES, u32::from(on), 0) {
+            tracing::warn!("cannot tell the programs to match nodes by inode: {e}");
+        }
     }
 
     /// What was probed and chosen.
@@ -414,9 +438,15 @@ fn attach_tracepoints(
     ebpf: &mut Ebpf,
     tracefs: &Path,
     pins: Option<&Pins>,
+    by_file: bool,
 ) -> Result<Vec<Hook>, SensorError> {
     let mut hooks = Vec::new();
     for program in TRACEPOINTS {
+        // Matching by the opened file needs no look at the path at entry: every open on the
+        // node is spared that program.
+        if by_file && PATH_PROGRAMS.contains(&program.name) {
+            continue;
+        }
         let target = format!("{}/{}", program.category, program.name);
         if program.optional
             && !tracefs
@@ -468,6 +498,36 @@ fn attach_tracepoints(
         });
     }
     Ok(hooks)
+}
+
+/// Takes the settings array and writes how over-limit allocations are acted on.
+fn settings(ebpf: &mut Ebpf, tier: MemoryTier) -> Result<Array<MapData, u32>, SensorError> {
+    let mut settings: Array<MapData, u32> = take(ebpf, "SETTINGS")?;
+    let mode = match tier {
+        MemoryTier::LsmDeny => enforce_mode::LSM_DENY,
+        MemoryTier::TracepointSignal => enforce_mode::SIGNAL,
+    };
+    settings
+        .set(setting::ENFORCE_MODE, mode, 0)
+        .map_err(|source| SensorError::Map {
+            name: "SETTINGS",
+            source,
+        })?;
+    Ok(settings)
+}
+
+/// The kernel offsets that find an fd's file, or none (matching by path) where the kernel's BTF
+/// lacks them.
+fn file_offsets() -> FileOffsets {
+    match btf::Btf::from_path(Path::new(BTF_PATH)).and_then(|b| b.file_offsets()) {
+        Ok(files) => files,
+        Err(e) => {
+            tracing::warn!(
+                "GPU nodes are matched by path only (symlinks, relative and long paths are missed): {e}"
+            );
+            FileOffsets::NONE
+        }
+    }
 }
 
 /// Identifies this build of the programs with these settings: pins of another are replaced.

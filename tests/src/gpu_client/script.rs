@@ -264,6 +264,25 @@ pub enum Command {
         /// The fd.
         fd: FdRef,
     },
+    /// `close-range <first> <last>`.
+    CloseRange {
+        /// First fd.
+        first: u32,
+        /// Last fd.
+        last: u32,
+    },
+    /// `use-ctl <fd>`.
+    UseCtl {
+        /// The fd.
+        fd: FdRef,
+    },
+    /// `dup-to <fd> <min>`.
+    DupTo {
+        /// The fd to copy.
+        fd: FdRef,
+        /// The lowest number the copy may have.
+        min: u32,
+    },
     /// `ioctl-raw <path|fd> <cmd>`.
     IoctlRaw {
         /// Where.
@@ -421,6 +440,17 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
         "close" => Command::Close {
             fd: fd_ref(args.word(0, "fd")?)?,
         },
+        "close-range" => Command::CloseRange {
+            first: args.u32(0, "first fd")?,
+            last: args.u32(1, "last fd")?,
+        },
+        "use-ctl" => Command::UseCtl {
+            fd: fd_ref(args.word(0, "fd")?)?,
+        },
+        "dup-to" => Command::DupTo {
+            fd: fd_ref(args.word(0, "fd")?)?,
+            min: args.u32(1, "lowest fd")?,
+        },
         "ioctl-raw" => {
             let target = args.word(0, "path or fd")?;
             Command::IoctlRaw {
@@ -486,6 +516,9 @@ const COMMANDS: &[&str] = &[
     "open",
     "dup",
     "close",
+    "close-range",
+    "use-ctl",
+    "dup-to",
     "ioctl-raw",
     "thread",
     "fork",
@@ -504,7 +537,11 @@ fn command_name(word: &str) -> Option<&'static str> {
 /// How many words a fixed-shape command takes after its name.
 fn arity(command: &Command) -> usize {
     match command {
-        Command::Device { .. } | Command::Subdevice { .. } | Command::IoctlRaw { .. } => 2,
+        Command::Device { .. }
+        | Command::Subdevice { .. }
+        | Command::IoctlRaw { .. }
+        | Command::CloseRange { .. }
+        | Command::DupTo { .. } => 2,
         Command::Sysmem { .. }
         | Command::Virtual { .. }
         | Command::Control { .. }
@@ -513,6 +550,7 @@ fn arity(command: &Command) -> usize {
         | Command::Open { .. }
         | Command::Dup { .. }
         | Command::Close { .. }
+        | Command::UseCtl { .. }
         | Command::Sleep { .. } => 1,
         _ => 0,
     }
@@ -989,6 +1027,20 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
             resolve(client, *fd)
                 .and_then(|fd| client.close(fd))
                 .map(|()| ok()),
+        ),
+        Command::CloseRange { first, last } => match client.close_range(*first, *last) {
+            Ok(()) => ok(),
+            Err(e) => errno_reply(&e),
+        },
+        Command::UseCtl { fd } => client_reply(
+            resolve(client, *fd)
+                .and_then(|fd| client.use_as_ctl(fd))
+                .map(|()| ok()),
+        ),
+        Command::DupTo { fd, min } => client_reply(
+            resolve(client, *fd)
+                .and_then(|fd| client.dup_at_least(fd, RawFd::try_from(*min).unwrap_or(RawFd::MAX)))
+                .map(|fd| format!("ok fd={fd}")),
         ),
         Command::IoctlRaw { target, cmd } => raw(client, target, *cmd),
         Command::Thread(inner) => std::thread::scope(|s| {

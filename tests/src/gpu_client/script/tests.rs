@@ -246,3 +246,30 @@ fn parses_the_other_allocation_paths() {
     );
     assert!(parse("vidheap-free 1 2 3 4").is_err());
 }
+
+#[test]
+fn parses_the_fd_table_commands() {
+    assert_eq!(
+        parse("close-range 3 4294967295"),
+        Ok(Command::CloseRange {
+            first: 3,
+            last: u32::MAX,
+        })
+    );
+    assert_eq!(
+        parse("use-ctl 7"),
+        Ok(Command::UseCtl {
+            fd: FdRef::Number(7),
+        })
+    );
+    assert_eq!(
+        parse("dup-to ctl 1500"),
+        Ok(Command::DupTo {
+            fd: FdRef::Ctl,
+            min: 1500,
+        })
+    );
+    assert!(parse("dup-to ctl").is_err());
+    assert!(parse("close-range 3").is_err());
+    assert!(parse("use-ctl 7 8").is_err());
+}
