@@ -9,6 +9,7 @@
 //! - [`memory`]: charging and releasing GPU memory by allocation, client and process;
 //! - [`process`]: fork (copy the fd table), exec and exit (release what the process held);
 //! - [`quota`]: GPU-memory limits at the allocating ioctl, GPU-node access of bound cgroups;
+//! - [`uvm`]: managed memory, by the length of each `mmap` of the UVM node;
 //! - [`events`]: the ring buffer to user space and the statistics counters.
 #![no_std]
 #![no_main]
@@ -22,6 +23,7 @@ mod maps;
 mod memory;
 mod process;
 mod quota;
+mod uvm;
 
 use aya_ebpf::{EbpfContext as _, helpers::bpf_get_current_pid_tgid, programs::TracePointContext};
 use gpuwarden_agent_common::config::Config;

@@ -6,7 +6,8 @@ use aya_ebpf::{
 };
 use gpuwarden_agent_common::maps::{
     Allocation, CgroupDeviceKey, ClientInfo, Deny, FdInfo, FdKey, FileId, FileRefs, GpuNode,
-    HandleKey, IoctlKey, MAX_QUOTAS, ObjectInfo, PathKey, ProcInfo, Quota, setting, stat,
+    HandleKey, IoctlKey, MAX_QUOTAS, Mapping, MappingKey, ObjectInfo, PathKey, ProcInfo, Quota,
+    setting, stat,
 };
 
 /// Don't preallocate: large tables cost memory only for what they hold.
@@ -81,6 +82,19 @@ pub static PENDING_IOCTL: HashMap<u64, crate::ioctl::Call> = HashMap::with_max_e
 /// one array slot instead of hashing.
 #[map(name = "IOCTLS_IN_FLIGHT")]
 pub static IOCTLS_IN_FLIGHT: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The length of an `mmap` of the UVM node in flight, by pid_tgid.
+#[map(name = "PENDING_MMAP")]
+pub static PENDING_MMAP: HashMap<u64, u64> = HashMap::with_max_entries(8_192, 0);
+
+/// Number of entries in [`PENDING_MMAP`]: every other mmap's exit reads one array slot.
+#[map(name = "MMAPS_IN_FLIGHT")]
+pub static MMAPS_IN_FLIGHT: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Managed-memory mappings of the UVM node, by (tgid, address).
+#[map(name = "UVM_MAPPINGS")]
+pub static UVM_MAPPINGS: HashMap<MappingKey, Mapping> =
+    HashMap::with_max_entries(65_536, NO_PREALLOC);
 
 /// Clone flags of a GPU process's `clone*` in flight, by pid_tgid.
 #[map(name = "PENDING_CLONE")]

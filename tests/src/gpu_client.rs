@@ -33,6 +33,8 @@
 //! | `uvm range <base> <length>` | `ok` (`UVM_CREATE_EXTERNAL_RANGE`) |
 //! | `uvm map <base> <length> <client> <memory>` | `ok` (`UVM_MAP_EXTERNAL_ALLOCATION`) |
 //! | `uvm free <base> [<length>]` | `ok` (`UVM_FREE`) |
+//! | `uvm mmap <length>` | `ok addr=0x…`: managed memory as `cudaMallocManaged` maps it (an anonymous reservation, then the UVM fd mapped over it) |
+//! | `uvm munmap <addr> <length>` | `ok` |
 //! | `uvm <number>` | `ok ret=<n>` (that command with 16 KiB of zeroes) |
 //! | `open <path>` | `ok fd=<n>`: holds the file open; a bare name is a file in `DIR` |
 //! | `dup [<fd>]` | `ok fd=<n>`: the copy takes over the fd's role, so after `dup` (of `ctl`) RM calls go through the copy |
@@ -942,6 +944,65 @@ impl GpuClient {
     /// The call failed.
     pub fn uvm_free(&self, base: u64, length: u64) -> Result<(), RmError> {
         self.uvm_range_call(uvm::FREE, base, length)
+    }
+
+    /// Maps `length` bytes of managed memory the way the CUDA driver does for
+    /// `cudaMallocManaged`: reserves the range with an anonymous `PROT_NONE` mapping, then maps
+    /// the UVM fd over it (`MAP_SHARED | MAP_FIXED`); returns the address.
+    ///
+    /// # Errors
+    /// A mapping failed.
+    pub fn uvm_mmap(&self, length: u64) -> io::Result<u64> {
+        let len =
+            usize::try_from(length).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: a fresh anonymous reservation; nothing else uses the range.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = self.uvm_fd().unwrap_or(-1);
+        // SAFETY: maps over the reservation just made, which this process owns.
+        let addr = unsafe {
+            libc::mmap(
+                base,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            // SAFETY: the reservation made above.
+            unsafe { libc::munmap(base, len) };
+            return Err(e);
+        }
+        Ok(addr as u64)
+    }
+
+    /// Unmaps `[addr, addr + length)`.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn munmap(&self, addr: u64, length: u64) -> io::Result<()> {
+        let len =
+            usize::try_from(length).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: the caller names a mapping of its own (a wrong one fails or unmaps its own
+        // memory, as munmap would in any process).
+        if unsafe { libc::munmap(addr as *mut libc::c_void, len) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// `UVM_REGISTER_GPU` of the GPU with `uuid`, through `client`.

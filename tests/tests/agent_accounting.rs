@@ -266,3 +266,45 @@ fn releases_the_driver_makes_without_a_free_are_seen() {
     driver.fake.wait_for_ledger(&[0, 0], RELEASE).unwrap();
     d.exit();
 }
+
+/// Managed memory (`cudaMallocManaged`) is the length of each mapping of the UVM node: counted
+/// apart from video memory (a bound: what the process may place on a GPU), released by
+/// `munmap` from its start or by the process's end. The anonymous reservation CUDA maps it over
+/// counts nothing.
+#[test]
+#[ignore = "needs root"]
+fn managed_memory_is_the_uvm_mappings_length() {
+    require_root();
+    let driver = Driver::mount("uvm");
+    let agent = TestAgent::start(&[driver.glob()]);
+    let cg = docker("uvm");
+    let mut a = Client::spawn(&driver.dir, Some(&cg));
+    a.ok("uvm init");
+    let big = a.value("uvm mmap 64m", "addr");
+    a.value("uvm mmap 8m", "addr");
+    let c = agent.container(&cg.path).unwrap();
+    assert_eq!(c.managed_memory_bytes, 72 * MIB);
+    assert_eq!(memory(&c, "nvidia0"), 0, "not video memory");
+    a.ok(&format!("uvm munmap {big:#x} 64m"));
+    let c = agent.container(&cg.path).unwrap();
+    assert_eq!(c.managed_memory_bytes, 8 * MIB);
+    a.exit();
+    let c = agent.container(&cg.path).unwrap();
+    assert_eq!(
+        c.managed_memory_bytes, 0,
+        "the process's end releases its mappings"
+    );
+    let s = agent.snapshot();
+    let managed = s
+        .accuracy
+        .iter()
+        .find(|f| f.figure == "managed_memory_bytes")
+        .expect("the snapshot says how exact each figure is");
+    assert_eq!(managed.accuracy, "bound");
+    let video = s
+        .accuracy
+        .iter()
+        .find(|f| f.figure == "devices.memory_bytes")
+        .unwrap();
+    assert_eq!(video.accuracy, "exact");
+}

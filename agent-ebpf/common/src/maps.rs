@@ -158,6 +158,30 @@ pub mod setting {
     pub const COUNT: u32 = 2;
 }
 
+/// Key of the managed-memory mappings: a mapping of the UVM node by its start address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct MappingKey {
+    /// The process.
+    pub tgid: u32,
+    /// Zero.
+    pub _pad: u32,
+    /// The address `mmap` returned.
+    pub addr: u64,
+}
+
+/// A managed-memory (UVM) mapping charged to a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Mapping {
+    /// Its length.
+    pub bytes: u64,
+    /// The cgroup it is charged to.
+    pub cgroup: u64,
+    /// Generation of its process when mapped.
+    pub proc_generation: u64,
+}
+
 /// Key of the GPU fd table.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -389,6 +413,8 @@ pub mod stat {
 
 pod!(
     GpuNode,
+    MappingKey,
+    Mapping,
     FileId,
     FdInfo,
     FileRefs,

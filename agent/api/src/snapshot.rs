@@ -38,6 +38,20 @@ pub struct Snapshot {
     /// The kubelet pod-name source, where one is configured.
     #[serde(default)]
     pub kubelet: Option<KubeletStatus>,
+    /// Which memory figures are exact and which are bounds, and why (docs/accounting.md).
+    #[serde(default)]
+    pub accuracy: Vec<Accuracy>,
+}
+
+/// How exact one figure of the snapshot is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accuracy {
+    /// The figure, by its key (`devices.memory_bytes`, `managed_memory_bytes`, …).
+    pub figure: String,
+    /// `exact`, or `bound` (an upper bound on what it names).
+    pub accuracy: String,
+    /// What it counts and where it can differ from the GPU's own view.
+    pub note: String,
 }
 
 /// One GPU's utilization.

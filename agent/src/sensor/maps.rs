@@ -6,7 +6,7 @@
 use aya::maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap};
 use gpuwarden_agent_common::maps::{
     Allocation, CgroupDeviceKey, ClientInfo, FdInfo, FdKey, FileId, FileRefs, GpuNode, HandleKey,
-    IoctlKey, ObjectInfo, PathKey, ProcInfo,
+    IoctlKey, Mapping, MappingKey, ObjectInfo, PathKey, ProcInfo,
 };
 
 /// `BPF_NOEXIST`: insert only where the key is absent.
@@ -187,6 +187,8 @@ pub(crate) struct TelemetryMaps {
     pub gpu_fds: Map<FdKey, FdInfo>,
     /// Open GPU files: tracked fds on each, and the clients made through it.
     pub files: Map<u64, FileRefs>,
+    /// Managed-memory mappings of the UVM node.
+    pub mappings: Map<MappingKey, Mapping>,
     /// Processes holding GPU fds.
     pub procs: Map<u32, ProcInfo>,
     /// RM clients holding counted memory.

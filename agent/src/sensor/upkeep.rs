@@ -346,6 +346,14 @@ pub(crate) fn collect_garbage(
         .filter(|f| !open.contains(f))
         .collect();
     garbage.handles += remove_all(&stale_files, |k| maps.files.remove(k));
+    // Mappings of processes that are gone (their bytes went with the process).
+    let stale_mappings: Vec<_> = maps
+        .mappings
+        .keys()
+        .into_iter()
+        .filter(|k| procs.get(&k.tgid).is_none_or(|_| !alive(proc_root, k.tgid)))
+        .collect();
+    garbage.handles += remove_all(&stale_mappings, |k| maps.mappings.remove(k));
 
     attributor.forget_dead();
     let with_procs: HashSet<u64> = maps.procs.entries().iter().map(|(_, p)| p.cgroup).collect();

@@ -109,6 +109,18 @@ pub enum UvmCommand {
         /// Length.
         length: u64,
     },
+    /// `mmap` of the UVM fd (managed memory).
+    Mmap {
+        /// Length.
+        length: u64,
+    },
+    /// `munmap`.
+    Munmap {
+        /// Start.
+        addr: u64,
+        /// Length.
+        length: u64,
+    },
     /// Any command number, with zeroed params.
     Raw(u32),
 }
@@ -602,6 +614,19 @@ fn parse_uvm(args: &Args<'_>) -> Result<Command, ParseError> {
             },
             2,
         ),
+        "mmap" => (
+            UvmCommand::Mmap {
+                length: tail.size(0, "length")?,
+            },
+            1,
+        ),
+        "munmap" => (
+            UvmCommand::Munmap {
+                addr: tail.number(0, "address")?,
+                length: tail.size(1, "length")?,
+            },
+            2,
+        ),
         number => (UvmCommand::Raw(number32(number)?), 0),
     };
     tail.at_most(arity)?;
@@ -1007,6 +1032,15 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
                 .uvm_map_external_allocation(base, length, c, memory)
                 .map(|()| ok()),
             UvmCommand::Free { base, length } => client.uvm_free(base, length).map(|()| ok()),
+            // Not ioctls: a failed system call answers its errno the same way.
+            UvmCommand::Mmap { length } => client
+                .uvm_mmap(length)
+                .map(|addr| format!("ok addr={addr:#x}"))
+                .map_err(|source| RmError::Ioctl { cmd: 0, source }),
+            UvmCommand::Munmap { addr, length } => client
+                .munmap(addr, length)
+                .map(|()| ok())
+                .map_err(|source| RmError::Ioctl { cmd: 0, source }),
             UvmCommand::Raw(cmd) => {
                 let mut params = vec![0u8; RAW_BUFFER];
                 client

@@ -90,6 +90,7 @@ fn renders_one_row_per_device_with_totals() {
         }],
         gpus: vec![],
         kubelet: None,
+        accuracy: vec![],
     };
     let table = render(&snapshot);
     let lines: Vec<&str> = table.lines().collect();

@@ -37,6 +37,7 @@ impl Fakes {
             gpu_files: FakeMap::default().boxed(),
             gpu_fds: self.gpu_fds.boxed(),
             files: self.files.boxed(),
+            mappings: FakeMap::default().boxed(),
             procs: self.procs.boxed(),
             clients: self.clients.boxed(),
             allocations: self.allocations.boxed(),
