@@ -125,7 +125,10 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
             floor: FLOOR_OPEN,
             // SAFETY: a valid C string; the fd is closed at once.
             call: Box::new(move || unsafe {
-                let fd = libc::open(c"/proc/self/stat".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+                let fd = libc::open(
+                    c"/proc/self/stat".as_ptr(),
+                    libc::O_RDONLY | libc::O_CLOEXEC,
+                );
                 if fd >= 0 {
                     libc::close(fd);
                 }
