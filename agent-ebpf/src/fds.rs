@@ -1,25 +1,35 @@
 //! The GPU fd table: which (tgid, fd) pairs refer to a GPU device node.
 //!
-//! Filled at `openat`/`openat2` exit when the path is one the agent configured, copied by
-//! `dup`/`dup2`/`dup3`/`fcntl(F_DUPFD*)`, removed by `close`. A new fd number that is not a GPU
-//! node clears any stale entry left under that number (e.g. by a close-on-exec).
+//! Filled at `openat`/`openat2` exit when the opened file is a GPU node — told by its device
+//! number (or, for nodes that aren't device files, its inode) read through the task's fd table,
+//! so any path that reaches the node counts; on kernels without BTF, by the path string the
+//! agent configured. Copied by `dup`/`dup2`/`dup3`/`fcntl(F_DUPFD*)`, removed by `close` and
+//! `close_range`. A new fd number that is not a GPU node clears any stale entry left under that
+//! number. Each entry holds a reference on its open file: the last one gone releases the clients
+//! made through that file.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_cgroup_id, bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_probe_read_user_str_bytes,
+    },
     macros::tracepoint,
     programs::TracePointContext,
 };
 use aya_log_ebpf::warn;
 use gpuwarden_agent_common::{
     event::{Event, kind},
-    maps::{FdKey, GpuNode, MAX_GPUS, PATH_LEN, PathKey, ProcInfo, stat},
+    maps::{
+        FdInfo, FdKey, FileId, GpuNode, MEMORY_SLOTS, PATH_LEN, PathKey, ProcInfo, node_kind,
+        setting, stat,
+    },
 };
 
 use crate::{
-    arg, current,
+    arg, config, current,
     events::{count, emit},
-    maps::{GPU_FDS, GPU_PATHS, PENDING_DUP, PENDING_OPEN, PROCS},
-    ret,
+    maps::{GPU_FDS, GPU_FILES, GPU_PATHS, PENDING_DUP, PENDING_OPEN, PROCS, SETTINGS},
+    memory, ret,
 };
 
 /// Map update flag: fail if the key exists.
@@ -32,9 +42,12 @@ const F_DUPFD: u64 = 0;
 const F_DUPFD_CLOEXEC: u64 = 1030;
 
 /// Marks a `dup` whose source is not a GPU fd (its result may overwrite a stale entry).
-const NOT_GPU: GpuNode = GpuNode {
-    device: u32::MAX,
-    kind: u32::MAX,
+const NOT_GPU: FdInfo = FdInfo {
+    node: GpuNode {
+        device: u32::MAX,
+        kind: u32::MAX,
+    },
+    file: 0,
 };
 
 #[tracepoint]
@@ -63,6 +76,10 @@ pub fn sys_exit_openat2(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn open_enter(_ctx: &TracePointContext, filename: u64) {
+    // Matched by the opened file at exit where the kernel's offsets are known.
+    if config().files.valid != 0 {
+        return;
+    }
     let mut key = PathKey {
         path: [0; PATH_LEN],
     };
@@ -81,18 +98,85 @@ fn open_enter(_ctx: &TracePointContext, filename: u64) {
 fn open_exit(ctx: &TracePointContext) {
     let (tgid, pid_tgid) = current();
     let fd = ret(ctx);
+    if config().files.valid != 0 {
+        if fd < 0 {
+            return;
+        }
+        let fd = fd as u32;
+        // Whatever path opened it (a symlink, a relative path, /proc/self/fd/N, a long one),
+        // the file it opened tells.
+        match file_of_fd(fd).and_then(|file| node_of_file(file).map(|node| (file, node))) {
+            Some((file, node)) => track(ctx, tgid, fd, FdInfo { node, file }),
+            None => forget(tgid, fd),
+        }
+        return;
+    }
     // SAFETY: the value is copied out at once.
     let pending = unsafe { PENDING_OPEN.get(&pid_tgid) }.copied();
     match pending {
         Some(node) => {
             let _ = PENDING_OPEN.remove(&pid_tgid);
             if fd >= 0 {
-                track(ctx, tgid, fd as u32, node);
+                track(ctx, tgid, fd as u32, FdInfo { node, file: 0 });
             }
         }
         None if fd >= 0 => forget(tgid, fd as u32),
         None => {}
     }
+}
+
+/// Reads a kernel value at `addr`.
+#[inline(always)]
+fn kernel<T>(addr: u64) -> Option<T> {
+    // SAFETY: the helper faults safely on bad kernel pointers.
+    unsafe { bpf_probe_read_kernel(addr as *const T) }.ok()
+}
+
+/// The `struct file` behind the current task's `fd` (`current->files->fdt->fd[fd]`).
+#[inline(always)]
+pub fn file_of_fd(fd: u32) -> Option<u64> {
+    let o = config().files;
+    if o.valid == 0 {
+        return None;
+    }
+    // SAFETY: a plain helper call.
+    let task = unsafe { bpf_get_current_task() };
+    let files: u64 = kernel(task + u64::from(o.task_files))?;
+    let fdt: u64 = kernel(files + u64::from(o.files_fdt))?;
+    let max_fds: u32 = kernel(fdt + u64::from(o.fdt_max_fds))?;
+    if fd >= max_fds {
+        return None;
+    }
+    let array: u64 = kernel(fdt + u64::from(o.fdt_fd))?;
+    let file: u64 = kernel(array + 8 * u64::from(fd))?;
+    (file != 0).then_some(file)
+}
+
+/// The GPU node `file` is, from its inode: a device file by its device number, anything else
+/// (only when the agent watches such nodes) by its file system and inode number.
+#[inline(always)]
+fn node_of_file(file: u64) -> Option<GpuNode> {
+    let o = config().files;
+    let inode: u64 = kernel(file + u64::from(o.file_inode))?;
+    let rdev: u32 = kernel(inode + u64::from(o.inode_rdev))?;
+    let key = if rdev != 0 {
+        FileId {
+            dev: rdev,
+            _pad: 0,
+            ino: 0,
+        }
+    } else if SETTINGS.get(setting::MATCH_INODES).copied() == Some(1) {
+        let sb: u64 = kernel(inode + u64::from(o.inode_sb))?;
+        FileId {
+            dev: kernel(sb + u64::from(o.sb_dev))?,
+            _pad: 0,
+            ino: kernel(inode + u64::from(o.inode_ino))?,
+        }
+    } else {
+        return None;
+    };
+    // SAFETY: the value is copied out at once.
+    unsafe { GPU_FILES.get(&key) }.copied()
 }
 
 #[tracepoint]
@@ -161,8 +245,8 @@ fn dup_enter(oldfd: u64) {
         fd: oldfd as u32,
     };
     // SAFETY: the value is copied out at once.
-    let node = unsafe { GPU_FDS.get(&key) }.copied().unwrap_or(NOT_GPU);
-    let _ = PENDING_DUP.insert(&pid_tgid, &node, 0);
+    let info = unsafe { GPU_FDS.get(&key) }.copied().unwrap_or(NOT_GPU);
+    let _ = PENDING_DUP.insert(&pid_tgid, &info, 0);
 }
 
 #[inline(always)]
@@ -170,7 +254,7 @@ fn dup_exit(ctx: &TracePointContext) {
     let (tgid, pid_tgid) = current();
     // SAFETY: the value is copied out at once. Only dups recorded at entry are handled, so
     // `fcntl(F_GETFL)` and friends never touch the table.
-    let Some(node) = (unsafe { PENDING_DUP.get(&pid_tgid) }).copied() else {
+    let Some(info) = (unsafe { PENDING_DUP.get(&pid_tgid) }).copied() else {
         return;
     };
     let _ = PENDING_DUP.remove(&pid_tgid);
@@ -178,24 +262,46 @@ fn dup_exit(ctx: &TracePointContext) {
     if fd < 0 {
         return;
     }
-    if node == NOT_GPU {
+    if info == NOT_GPU {
         // dup2/dup3 onto a GPU fd replaces it.
         forget(tgid, fd as u32);
     } else {
-        track(ctx, tgid, fd as u32, node);
+        track(ctx, tgid, fd as u32, info);
     }
 }
 
-/// Removes (tgid, fd) from the table.
+/// Removes (tgid, fd) from the table; the last tracked fd of an open GPU file releases the
+/// clients made through it, as the driver frees them.
 #[inline(always)]
-fn forget(tgid: u32, fd: u32) {
-    let _ = GPU_FDS.remove(&FdKey { tgid, fd });
+pub fn forget(tgid: u32, fd: u32) {
+    let key = FdKey { tgid, fd };
+    // SAFETY: the value is copied out at once.
+    let Some(info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
+        return;
+    };
+    let _ = GPU_FDS.remove(&key);
+    if info.file != 0 {
+        memory::file_unref(tgid, info.file);
+    }
+}
+
+/// The bit of `ProcInfo::gpu_nodes` for `node` (0 for control and UVM nodes).
+#[inline(always)]
+fn gpu_node_bit(node: GpuNode) -> u32 {
+    if node.kind == node_kind::RM && node.device < 32 {
+        1 << node.device
+    } else {
+        0
+    }
 }
 
 /// Adds (tgid, fd) to the table, registering the process on its first GPU fd.
 #[inline(always)]
-pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, node: GpuNode) {
-    if GPU_FDS.insert(&FdKey { tgid, fd }, &node, 0).is_err() {
+pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo) {
+    let node = info.node;
+    // An fd number reused without a close we saw drops its old file first.
+    forget(tgid, fd);
+    if GPU_FDS.insert(&FdKey { tgid, fd }, &info, 0).is_err() {
         count(stat::FD_TABLE_FULL);
         warn!(
             ctx,
@@ -203,11 +309,19 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, node: GpuNode) {
         );
         return;
     }
+    if info.file != 0 {
+        memory::file_ref(info.file);
+    }
+    let gpu_bit = gpu_node_bit(node);
     if let Some(proc) = PROCS.get_ptr_mut(&tgid) {
-        // SAFETY: a live map value; a racing thread at worst writes the same bound.
+        // SAFETY: a live map value; a racing thread at worst writes the same bound (or loses a
+        // bit another thread set at the same moment, which only leaves a GPU unresolved).
         unsafe {
             if (*proc).max_fd < fd {
                 (*proc).max_fd = fd;
+            }
+            if (*proc).gpu_nodes & gpu_bit != gpu_bit {
+                (*proc).gpu_nodes |= gpu_bit;
             }
         }
         return;
@@ -218,8 +332,10 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, node: GpuNode) {
         // SAFETY: a plain helper call.
         generation: unsafe { bpf_ktime_get_ns() },
         max_fd: fd,
-        _pad: 0,
-        vidmem: [0; MAX_GPUS],
+        gpu_nodes: gpu_bit,
+        vidmem: [0; MEMORY_SLOTS],
+        sysmem: 0,
+        managed: 0,
     };
     match PROCS.insert(&tgid, &info, BPF_NOEXIST) {
         Ok(()) => {}

@@ -12,14 +12,19 @@ use aya_ebpf::{
 };
 use gpuwarden_agent_common::{
     event::{Event, decode_error, kind},
-    maps::{DEVICE_UNKNOWN, FdKey, HandleKey, IoctlKey, family, node_kind},
-    nvidia::{class, esc, ioctl_nr, ioctl_size, memory_alloc, nvos00, nvos21, nvos64, xfer},
+    maps::{
+        DEVICE_UNKNOWN, FdKey, HandleKey, IoctlKey, ObjectInfo, family, memory_kind, node_kind,
+    },
+    nvidia::{
+        class, esc, ioctl_nr, ioctl_size, memory_alloc, nvos00, nvos02, nvos21, nvos32, nvos64,
+        xfer,
+    },
 };
 
 use crate::{
     arg, current,
     events::{count, emit},
-    maps::{GPU_FDS, IOCTL_COUNTS, IOCTLS_IN_FLIGHT, OBJECT_DEVICES, PENDING_IOCTL},
+    maps::{GPU_FDS, IOCTL_COUNTS, IOCTLS_IN_FLIGHT, OBJECT_DEVICES, PENDING_IOCTL, PROCS},
     memory, quota, ret,
 };
 use aya_log_ebpf::warn;
@@ -33,10 +38,18 @@ pub mod op {
     pub const DEVICE: u32 = 2;
     /// Creates a subdevice object under `parent`.
     pub const SUBDEVICE: u32 = 3;
-    /// Allocates video memory under `parent`; `alloc_params` points at its size.
+    /// Allocates video memory under `parent`; `size_at` points at its size.
     pub const VIDMEM: u32 = 4;
     /// Frees `object` (the client itself when `object == client`).
     pub const FREE: u32 = 5;
+    /// Allocates host memory for the GPU under `parent`; `size_at` points at its size.
+    pub const SYSMEM: u32 = 6;
+}
+
+/// Bits of [`Call::flags`].
+pub mod call_flags {
+    /// The field at `size_at` is a limit: the size minus one (`NVOS02`).
+    pub const SIZE_IS_LIMIT: u32 = 1;
 }
 
 /// An ioctl in flight (value of `PENDING_IOCTL`).
@@ -49,8 +62,9 @@ pub struct Call {
     pub status_offset: u32,
     /// User address of the params.
     pub params: u64,
-    /// User address of the nested allocation params.
-    pub alloc_params: u64,
+    /// User address of the allocation's size (`VIDMEM`, `SYSMEM`) or of the nested allocation
+    /// params (`DEVICE`).
+    pub size_at: u64,
     /// `hRoot`.
     pub client: u32,
     /// `hObjectParent`.
@@ -59,6 +73,25 @@ pub struct Call {
     pub object: u32,
     /// Op-specific value.
     pub value: u32,
+    /// Offset of the new object's handle in the params, read at exit.
+    pub handle_offset: u32,
+    /// [`call_flags`].
+    pub flags: u32,
+    /// The open file the ioctl was issued on (0: unknown).
+    pub file: u64,
+}
+
+impl Call {
+    /// The bytes the field at `size_at` stands for, read from user memory.
+    #[inline(always)]
+    fn size(&self) -> Option<u64> {
+        let raw = read_u64(self.size_at)?;
+        Some(if self.flags & call_flags::SIZE_IS_LIMIT != 0 {
+            raw.saturating_add(1)
+        } else {
+            raw
+        })
+    }
 }
 
 #[tracepoint]
@@ -69,9 +102,19 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
         fd: arg(&ctx, 0) as u32,
     };
     // SAFETY: the value is copied out at once.
-    let Some(node) = (unsafe { GPU_FDS.get(&key) }).copied() else {
+    let Some(mut info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
         return 0;
     };
+    let node = info.node;
+    if info.file == 0
+        && let Some(file) = crate::fds::file_of_fd(key.fd)
+    {
+        // An fd seeded from /proc: its file is learned on its first ioctl, once.
+        info.file = file;
+        if GPU_FDS.insert(&key, &info, 0).is_ok() {
+            memory::file_ref(file);
+        }
+    }
     count(stat::GPU_IOCTLS);
     let cmd = arg(&ctx, 1) as u32;
     let params = arg(&ctx, 2);
@@ -89,14 +132,17 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
     let call = match nr {
         esc::RM_ALLOC => decode_alloc(&ctx, tgid, cgroup, size, params),
         esc::RM_FREE => decode_free(&ctx, tgid, cgroup, size, params),
+        esc::RM_ALLOC_MEMORY => decode_alloc_memory(&ctx, tgid, cgroup, size, params),
+        esc::RM_VID_HEAP_CONTROL => decode_vid_heap(&ctx, tgid, cgroup, size, params),
         _ => None,
     };
-    if let Some(call) = call {
+    if let Some(mut call) = call {
+        call.file = info.file;
         if call.op == op::VIDMEM {
             // Size and GPU are read only for a cgroup with a quota.
             let what = || {
-                let requested = read_u64(call.alloc_params + memory_alloc::SIZE_FIELD as u64)?;
-                Some((object_device(call.client, call.parent), requested))
+                let requested = call.size()?;
+                Some((resolve_device(tgid, cgroup, &call, false), requested))
             };
             quota::check_alloc(&ctx, tgid, cgroup, what, u64::from(cmd), arg(&ctx, 2));
         }
@@ -139,8 +185,8 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> u32 {
     }
     match call.op {
         op::FREE => memory::free(tgid, call.client, call.object),
-        op::CLIENT | op::DEVICE | op::SUBDEVICE | op::VIDMEM => {
-            let Some(handle) = read_u32(call.params + nvos21::H_OBJECT_NEW as u64) else {
+        op::CLIENT | op::DEVICE | op::SUBDEVICE | op::VIDMEM | op::SYSMEM => {
+            let Some(handle) = read_u32(call.params + u64::from(call.handle_offset)) else {
                 decode_failed(&ctx, tgid, 0, decode_error::READ_RESULT, esc::RM_ALLOC, 0);
                 return 0;
             };
@@ -155,25 +201,32 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
     match call.op {
-        op::CLIENT => memory::new_client(tgid, handle),
+        op::CLIENT => memory::new_client(tgid, handle, call.file),
         op::DEVICE => {
             let key = HandleKey {
                 client: call.client,
                 handle,
             };
-            let _ = OBJECT_DEVICES.insert(&key, &call.value, 0);
+            let info = ObjectInfo {
+                gpu: call.value,
+                device: handle,
+            };
+            let _ = OBJECT_DEVICES.insert(&key, &info, 0);
         }
         op::SUBDEVICE => {
-            let device = object_device(call.client, call.parent);
             let key = HandleKey {
                 client: call.client,
                 handle,
             };
-            let _ = OBJECT_DEVICES.insert(&key, &device, 0);
+            let info = ObjectInfo {
+                gpu: object_device(call.client, call.parent),
+                device: call.parent,
+            };
+            let _ = OBJECT_DEVICES.insert(&key, &info, 0);
         }
-        op::VIDMEM => {
+        op::VIDMEM | op::SYSMEM => {
             // The driver writes back the size it really allocated.
-            let Some(bytes) = read_u64(call.alloc_params + memory_alloc::SIZE_FIELD as u64) else {
+            let Some(bytes) = call.size() else {
                 decode_failed(
                     ctx,
                     tgid,
@@ -184,11 +237,67 @@ fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
                 );
                 return;
             };
-            let device = object_device(call.client, call.parent);
-            memory::charge(tgid, call.client, handle, device, bytes);
+            // SAFETY: a plain helper call.
+            let cgroup = unsafe { bpf_get_current_cgroup_id() };
+            let (device, kind) = if call.op == op::VIDMEM {
+                (resolve_device(tgid, cgroup, call, true), memory_kind::VIDEO)
+            } else {
+                (DEVICE_UNKNOWN, memory_kind::SYSTEM)
+            };
+            let parent = HandleKey {
+                client: call.client,
+                handle: call.parent,
+            };
+            // SAFETY: the value is copied out at once.
+            let device_handle =
+                unsafe { OBJECT_DEVICES.get(&parent) }.map_or(call.parent, |o| o.device);
+            let what = memory::Charge {
+                device,
+                bytes,
+                kind,
+                parent: call.parent,
+                device_handle,
+            };
+            memory::charge(tgid, call.client, handle, what);
         }
         _ => {}
     }
+}
+
+/// The GPU an allocation under `call.parent` is on: the parent's, when the agent saw it made;
+/// otherwise the one GPU node the process holds, or the one GPU its cgroup's quota covers (the
+/// parent predates the agent); otherwise `DEVICE_UNKNOWN`. With `learn`, a GPU found the second
+/// way is remembered as the parent's.
+#[inline(always)]
+fn resolve_device(tgid: u32, cgroup: u64, call: &Call, learn: bool) -> u32 {
+    let device = object_device(call.client, call.parent);
+    if device != DEVICE_UNKNOWN {
+        return device;
+    }
+    let nodes = PROCS.get_ptr(&tgid).map_or(0, |p| {
+        // SAFETY: a live map value.
+        unsafe { (*p).gpu_nodes }
+    });
+    let found = if nodes != 0 && nodes & (nodes - 1) == 0 {
+        Some(nodes.trailing_zeros())
+    } else {
+        quota::single_device(cgroup)
+    };
+    let Some(device) = found else {
+        return DEVICE_UNKNOWN;
+    };
+    if learn {
+        let key = HandleKey {
+            client: call.client,
+            handle: call.parent,
+        };
+        let info = ObjectInfo {
+            gpu: device,
+            device: call.parent,
+        };
+        let _ = OBJECT_DEVICES.insert(&key, &info, 0);
+    }
+    device
 }
 
 /// The GPU a device or subdevice object belongs to.
@@ -199,9 +308,7 @@ fn object_device(client: u32, object: u32) -> u32 {
         handle: object,
     };
     // SAFETY: the value is copied out at once.
-    unsafe { OBJECT_DEVICES.get(&key) }
-        .copied()
-        .unwrap_or(DEVICE_UNKNOWN)
+    unsafe { OBJECT_DEVICES.get(&key) }.map_or(DEVICE_UNKNOWN, |o| o.gpu)
 }
 
 /// Unwraps `IOCTL_XFER_CMD` into the inner (nr, size, params).
@@ -287,11 +394,14 @@ fn decode_alloc(
         op: 0,
         status_offset: status_offset as u32,
         params,
-        alloc_params,
+        size_at: alloc_params,
         client: head[nvos21::H_ROOT / 4],
         parent: head[nvos21::H_OBJECT_PARENT / 4],
         object: 0,
         value: 0,
+        handle_offset: nvos21::H_OBJECT_NEW as u32,
+        flags: 0,
+        file: 0,
     };
     match h_class {
         c if class::is_client(c) => call.op = op::CLIENT,
@@ -311,7 +421,7 @@ fn decode_alloc(
             call.value = device_id;
         }
         class::SUBDEVICE_0 => call.op = op::SUBDEVICE,
-        class::MEMORY_LOCAL_USER => {
+        class::MEMORY_LOCAL_USER | class::MEMORY_SYSTEM => {
             // NVOS21 carries paramsSize in the head already read; NVOS64 past it.
             let params_size = if size == nvos21::SIZE {
                 head[nvos21::PARAMS_SIZE / 4]
@@ -361,13 +471,18 @@ fn decode_alloc(
             let flags = fields[memory_alloc::FLAGS / 4];
             let location = (fields[memory_alloc::ATTR / 4] >> memory_alloc::ATTR_LOCATION_SHIFT)
                 & memory_alloc::ATTR_LOCATION_MASK;
-            // A VA reservation or a non-video location holds no video memory.
-            if flags & memory_alloc::FLAGS_VIRTUAL != 0
-                || location != memory_alloc::ATTR_LOCATION_VIDMEM
-            {
+            // A VA reservation holds no memory; system memory, or local memory placed in host
+            // memory, is counted apart from video memory.
+            if flags & memory_alloc::FLAGS_VIRTUAL != 0 {
                 return None;
             }
-            call.op = op::VIDMEM;
+            call.op =
+                if h_class == class::MEMORY_SYSTEM || location == memory_alloc::ATTR_LOCATION_PCI {
+                    op::SYSMEM
+                } else {
+                    op::VIDMEM
+                };
+            call.size_at = alloc_params + memory_alloc::SIZE_FIELD as u64;
         }
         _ => return None,
     }
@@ -410,12 +525,137 @@ fn decode_free(
         op: op::FREE,
         status_offset: nvos00::STATUS as u32,
         params,
-        alloc_params: 0,
+        size_at: 0,
         client: raw[nvos00::H_ROOT / 4],
         parent: raw[nvos00::H_OBJECT_PARENT / 4],
         object: raw[nvos00::H_OBJECT_OLD / 4],
         value: 0,
+        handle_offset: 0,
+        flags: 0,
+        file: 0,
     })
+}
+
+/// Decodes `RM_ALLOC_MEMORY` (`nvos02_with_fd`): system memory and user memory pinned for the
+/// GPU are host memory of `limit + 1` bytes; other classes (a framebuffer view) hold none.
+#[inline(always)]
+fn decode_alloc_memory(
+    ctx: &TracePointContext,
+    tgid: u32,
+    cgroup: u64,
+    size: u32,
+    params: u64,
+) -> Option<Call> {
+    if size != nvos02::SIZE {
+        decode_failed(
+            ctx,
+            tgid,
+            cgroup,
+            decode_error::BAD_SIZE,
+            esc::RM_ALLOC_MEMORY,
+            u64::from(size),
+        );
+        return None;
+    }
+    // SAFETY: the helper faults safely on bad user pointers.
+    let Ok(head) = (unsafe { bpf_probe_read_user(params as *const [u32; 4]) }) else {
+        decode_failed(
+            ctx,
+            tgid,
+            cgroup,
+            decode_error::READ_PARAMS,
+            esc::RM_ALLOC_MEMORY,
+            0,
+        );
+        return None;
+    };
+    let h_class = head[nvos02::H_CLASS / 4];
+    if h_class != class::MEMORY_SYSTEM && h_class != class::MEMORY_SYSTEM_OS_DESCRIPTOR {
+        return None;
+    }
+    Some(Call {
+        op: op::SYSMEM,
+        status_offset: nvos02::STATUS as u32,
+        params,
+        size_at: params + nvos02::LIMIT as u64,
+        client: head[nvos02::H_ROOT / 4],
+        parent: head[nvos02::H_OBJECT_PARENT / 4],
+        object: 0,
+        value: 0,
+        handle_offset: nvos02::H_OBJECT_NEW as u32,
+        flags: call_flags::SIZE_IS_LIMIT,
+        file: 0,
+    })
+}
+
+/// Decodes `RM_VID_HEAP_CONTROL` (`NVOS32`): `ALLOC_SIZE` allocates video or host memory by its
+/// location (`_ANY` counted as video memory, where the driver prefers to put it; a virtual
+/// allocation holds none); `FREE` frees `hMemory`.
+#[inline(always)]
+fn decode_vid_heap(
+    ctx: &TracePointContext,
+    tgid: u32,
+    cgroup: u64,
+    size: u32,
+    params: u64,
+) -> Option<Call> {
+    if size != nvos32::SIZE {
+        decode_failed(
+            ctx,
+            tgid,
+            cgroup,
+            decode_error::BAD_SIZE,
+            esc::RM_VID_HEAP_CONTROL,
+            u64::from(size),
+        );
+        return None;
+    }
+    // hRoot … data.AllocSize.attr: the first 60 bytes.
+    // SAFETY: the helper faults safely on bad user pointers.
+    let Ok(head) = (unsafe { bpf_probe_read_user(params as *const [u32; 15]) }) else {
+        decode_failed(
+            ctx,
+            tgid,
+            cgroup,
+            decode_error::READ_PARAMS,
+            esc::RM_VID_HEAP_CONTROL,
+            0,
+        );
+        return None;
+    };
+    let mut call = Call {
+        op: 0,
+        status_offset: nvos32::STATUS as u32,
+        params,
+        size_at: params + nvos32::ALLOC_SIZE as u64,
+        client: head[nvos32::H_ROOT / 4],
+        parent: head[nvos32::H_OBJECT_PARENT / 4],
+        object: 0,
+        value: 0,
+        handle_offset: nvos32::H_MEMORY as u32,
+        flags: 0,
+        file: 0,
+    };
+    match head[nvos32::FUNCTION / 4] {
+        nvos32::FUNCTION_ALLOC_SIZE => {
+            if head[nvos32::ALLOC_FLAGS / 4] & nvos32::FLAGS_VIRTUAL != 0 {
+                return None;
+            }
+            let location = (head[nvos32::ALLOC_ATTR / 4] >> nvos32::ATTR_LOCATION_SHIFT)
+                & nvos32::ATTR_LOCATION_MASK;
+            call.op = if location == nvos32::LOCATION_PCI {
+                op::SYSMEM
+            } else {
+                op::VIDMEM
+            };
+        }
+        nvos32::FUNCTION_FREE => {
+            call.op = op::FREE;
+            call.object = head[nvos32::H_MEMORY / 4];
+        }
+        _ => return None,
+    }
+    Some(call)
 }
 
 /// Adds one to the per-CPU counter of (cgroup, device, family, cmd).

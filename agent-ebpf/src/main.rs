@@ -9,12 +9,15 @@
 //! - [`memory`]: charging and releasing GPU memory by allocation, client and process;
 //! - [`process`]: fork (copy the fd table), exec and exit (release what the process held);
 //! - [`quota`]: GPU-memory limits at the allocating ioctl, GPU-node access of bound cgroups;
-//! - [`events`]: the ring buffer to user space and the statistics counters.
+//! - [`uvm`]: managed memory, by the length of each `mmap` of the UVM node;
+//! - [`events`]: the ring buffer to user space and the statistics counters;
+//! - [`driver_probe`]: empty driver hooks, loaded only to learn whether the kernel allows them.
 #![no_std]
 #![no_main]
 // Inline assembly on the BPF target (atomic add) is still unstable.
 #![feature(asm_experimental_arch)]
 
+mod driver_probe;
 mod events;
 mod fds;
 mod ioctl;
@@ -22,6 +25,7 @@ mod maps;
 mod memory;
 mod process;
 mod quota;
+mod uvm;
 
 use aya_ebpf::{EbpfContext as _, helpers::bpf_get_current_pid_tgid, programs::TracePointContext};
 use gpuwarden_agent_common::config::Config;

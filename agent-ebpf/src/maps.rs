@@ -5,8 +5,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use gpuwarden_agent_common::maps::{
-    Allocation, CgroupDeviceKey, ClientInfo, Deny, FdKey, GpuNode, HandleKey, IoctlKey, MAX_QUOTAS,
-    PathKey, ProcInfo, Quota, stat,
+    Allocation, CgroupDeviceKey, ClientInfo, Deny, FdInfo, FdKey, FileId, FileRefs, GpuNode,
+    HandleKey, IoctlKey, MAX_QUOTAS, Mapping, MappingKey, ObjectInfo, PathKey, ProcInfo, Quota,
+    setting, stat,
 };
 
 /// Don't preallocate: large tables cost memory only for what they hold.
@@ -16,9 +17,19 @@ const NO_PREALLOC: u32 = 1;
 #[map(name = "GPU_PATHS")]
 pub static GPU_PATHS: HashMap<PathKey, GpuNode> = HashMap::with_max_entries(256, 0);
 
+/// GPU device nodes by what identifies the opened file (device number, or inode for nodes that
+/// are not device files), written by the agent.
+#[map(name = "GPU_FILES")]
+pub static GPU_FILES: HashMap<FileId, GpuNode> = HashMap::with_max_entries(256, 0);
+
 /// Open GPU fds by (tgid, fd).
 #[map(name = "GPU_FDS")]
-pub static GPU_FDS: HashMap<FdKey, GpuNode> = HashMap::with_max_entries(65_536, NO_PREALLOC);
+pub static GPU_FDS: HashMap<FdKey, FdInfo> = HashMap::with_max_entries(65_536, NO_PREALLOC);
+
+/// Open GPU files (by `struct file` address): tracked fds on each, and the clients made through
+/// it.
+#[map(name = "FILES")]
+pub static FILES: HashMap<u64, FileRefs> = HashMap::with_max_entries(65_536, NO_PREALLOC);
 
 /// Processes holding GPU fds.
 #[map(name = "PROCS")]
@@ -35,7 +46,8 @@ pub static ALLOCATIONS: HashMap<HandleKey, Allocation> =
 
 /// GPU index of device and subdevice objects by (client, handle).
 #[map(name = "OBJECT_DEVICES")]
-pub static OBJECT_DEVICES: HashMap<HandleKey, u32> = HashMap::with_max_entries(65_536, NO_PREALLOC);
+pub static OBJECT_DEVICES: HashMap<HandleKey, ObjectInfo> =
+    HashMap::with_max_entries(65_536, NO_PREALLOC);
 
 /// Video memory bytes by (cgroup, GPU).
 #[map(name = "CGROUP_MEMORY")]
@@ -60,7 +72,7 @@ pub static PENDING_OPEN: HashMap<u64, GpuNode> = HashMap::with_max_entries(8_192
 
 /// The source of a `dup*`/`fcntl(F_DUPFD*)` in flight, by pid_tgid.
 #[map(name = "PENDING_DUP")]
-pub static PENDING_DUP: HashMap<u64, GpuNode> = HashMap::with_max_entries(8_192, 0);
+pub static PENDING_DUP: HashMap<u64, FdInfo> = HashMap::with_max_entries(8_192, 0);
 
 /// A decoded ioctl in flight, by pid_tgid, until its exit reads the driver's answer.
 #[map(name = "PENDING_IOCTL")]
@@ -70,6 +82,19 @@ pub static PENDING_IOCTL: HashMap<u64, crate::ioctl::Call> = HashMap::with_max_e
 /// one array slot instead of hashing.
 #[map(name = "IOCTLS_IN_FLIGHT")]
 pub static IOCTLS_IN_FLIGHT: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The length of an `mmap` of the UVM node in flight, by pid_tgid.
+#[map(name = "PENDING_MMAP")]
+pub static PENDING_MMAP: HashMap<u64, u64> = HashMap::with_max_entries(8_192, 0);
+
+/// Number of entries in [`PENDING_MMAP`]: every other mmap's exit reads one array slot.
+#[map(name = "MMAPS_IN_FLIGHT")]
+pub static MMAPS_IN_FLIGHT: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Managed-memory mappings of the UVM node, by (tgid, address).
+#[map(name = "UVM_MAPPINGS")]
+pub static UVM_MAPPINGS: HashMap<MappingKey, Mapping> =
+    HashMap::with_max_entries(65_536, NO_PREALLOC);
 
 /// Clone flags of a GPU process's `clone*` in flight, by pid_tgid.
 #[map(name = "PENDING_CLONE")]
@@ -87,6 +112,10 @@ pub static QUOTAS: HashMap<u64, Quota> = HashMap::with_max_entries(MAX_QUOTAS, N
 #[map(name = "DENY")]
 pub static DENY: HashMap<u64, Deny> = HashMap::with_max_entries(8_192, 0);
 
-/// Settings the agent writes after loading (slot 0: `enforce_mode`).
+/// Per-CPU room to build a client entry in (too large for the stack beside an ioctl's state).
+#[map(name = "SCRATCH_CLIENT")]
+pub static SCRATCH_CLIENT: PerCpuArray<ClientInfo> = PerCpuArray::with_max_entries(1, 0);
+
+/// Settings the agent writes after loading (see `setting`).
 #[map(name = "SETTINGS")]
-pub static SETTINGS: Array<u32> = Array::with_max_entries(1, 0);
+pub static SETTINGS: Array<u32> = Array::with_max_entries(setting::COUNT, 0);

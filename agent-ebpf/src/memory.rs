@@ -6,17 +6,22 @@
 //! driver frees everything under them without a per-object `RM_FREE`. Generation stamps let a
 //! later free of a stale entry (its client or process already gone) be told apart and ignored.
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
+use core::ffi::c_void;
+
+use aya_ebpf::helpers::{bpf_for_each_map_elem, bpf_ktime_get_ns, bpf_loop};
 use gpuwarden_agent_common::{
     event::{Event, decode_error, kind},
-    maps::{Allocation, CgroupDeviceKey, ClientInfo, HandleKey, MAX_GPUS, ProcInfo, stat},
+    maps::{
+        Allocation, CgroupDeviceKey, DEVICE_UNKNOWN, FILE_CLIENTS, FileRefs, HandleKey, MAX_GPUS,
+        MEMORY_SLOTS, ObjectInfo, ProcInfo, memory_kind, memory_slot, slot_device, stat,
+    },
     nvidia::esc,
 };
 
 use crate::{
     config,
     events::{count, emit},
-    maps::{ALLOCATIONS, CGROUP_MEMORY, CLIENTS, OBJECT_DEVICES, PROCS},
+    maps::{ALLOCATIONS, CGROUP_MEMORY, CLIENTS, FILES, OBJECT_DEVICES, PROCS, SCRATCH_CLIENT},
 };
 
 /// Adds `value` to `*p` atomically (subtract with `value.wrapping_neg()`).
@@ -38,15 +43,17 @@ pub unsafe fn atomic_add(p: *mut u64, value: u64) {
     }
 }
 
-/// Adds `delta` (two's complement for a decrease) to the cgroup's bytes on `device`, and to its
-/// quota's if it is bound to one.
+/// Adds `delta` (two's complement for a decrease) to the cgroup's bytes of `kind` on `device`,
+/// and, for video memory, to its quota's if it is bound to one.
 #[inline(always)]
-fn add_cgroup(cgroup: u64, device: u32, delta: u64) {
-    crate::quota::account(cgroup, device, delta);
+pub fn add_cgroup(cgroup: u64, device: u32, kind: u32, delta: u64) {
+    if kind == memory_kind::VIDEO {
+        crate::quota::account(cgroup, device, delta);
+    }
     let key = CgroupDeviceKey {
         cgroup,
         device,
-        _pad: 0,
+        kind,
     };
     if let Some(p) = CGROUP_MEMORY.get_ptr_mut(&key) {
         // SAFETY: a live map value.
@@ -63,29 +70,147 @@ fn add_cgroup(cgroup: u64, device: u32, delta: u64) {
     }
 }
 
-/// Registers a new client created by `tgid`.
+/// Registers a new client created by `tgid` through open file `file` (0: unknown).
 #[inline(always)]
-pub fn new_client(tgid: u32, client: u32) {
-    // SAFETY: the value is copied out at once.
-    let Some(proc) = (unsafe { PROCS.get(&tgid) }).copied() else {
+pub fn new_client(tgid: u32, client: u32, file: u64) {
+    let Some(proc) = PROCS.get_ptr(&tgid) else {
         return;
     };
-    let info = ClientInfo {
-        tgid,
-        _pad: 0,
-        // SAFETY: a plain helper call.
-        generation: unsafe { bpf_ktime_get_ns() },
-        proc_generation: proc.generation,
-        cgroup: proc.cgroup,
-        vidmem: [0; MAX_GPUS],
+    // The value is built in per-CPU scratch: the stack can't hold it beside the ioctl's state.
+    let Some(info) = SCRATCH_CLIENT.get_ptr_mut(0) else {
+        return;
     };
-    let _ = CLIENTS.insert(&client, &info, 0);
+    // SAFETY: live map values; the scratch slot is this CPU's, with preemption off.
+    unsafe {
+        (*info).tgid = tgid;
+        (*info)._pad = 0;
+        (*info).generation = bpf_ktime_get_ns();
+        (*info).proc_generation = (*proc).generation;
+        (*info).cgroup = (*proc).cgroup;
+        (*info).vidmem = [0; MEMORY_SLOTS];
+        (*info).sysmem = 0;
+        (*info).file = file;
+        let _ = CLIENTS.insert(&client, &*info, 0);
+    }
+    if file == 0 {
+        return;
+    }
+    if let Some(refs) = FILES.get_ptr_mut(&file) {
+        // SAFETY: a live map value; the index is checked.
+        unsafe {
+            let n = (*refs).count as usize;
+            if n < FILE_CLIENTS {
+                (*refs).clients[n & (FILE_CLIENTS - 1)] = client;
+                (*refs).count += 1;
+            }
+        }
+    }
 }
 
-/// Charges `bytes` of video memory on `device`, allocated as `handle` of `client` by `tgid`.
+/// One more tracked fd refers to open file `file`.
 #[inline(always)]
-pub fn charge(tgid: u32, client: u32, handle: u32, device: u32, bytes: u64) {
-    if device as usize >= MAX_GPUS {
+pub fn file_ref(file: u64) {
+    if let Some(refs) = FILES.get_ptr_mut(&file) {
+        // SAFETY: a live map value.
+        unsafe { (*refs).refs += 1 };
+        return;
+    }
+    let first = FileRefs {
+        refs: 1,
+        ..FileRefs::default()
+    };
+    let _ = FILES.insert(&file, &first, 0);
+}
+
+/// One tracked fd less refers to open file `file`; at none, the file is closed and the driver
+/// has freed the clients made through it with everything they held: release them.
+#[inline(always)]
+pub fn file_unref(tgid: u32, file: u64) {
+    let Some(refs) = FILES.get_ptr_mut(&file) else {
+        return;
+    };
+    // SAFETY: a live map value.
+    let (left, count, clients) = unsafe {
+        (*refs).refs = (*refs).refs.saturating_sub(1);
+        ((*refs).refs, (*refs).count, (*refs).clients)
+    };
+    if left != 0 {
+        return;
+    }
+    let _ = FILES.remove(&file);
+    let mut closing = Closing {
+        tgid,
+        count,
+        file,
+        clients,
+    };
+    // bpf_loop verifies the body once, not once per client.
+    // SAFETY: the callback and its context match bpf_loop's contract.
+    unsafe {
+        bpf_loop(
+            FILE_CLIENTS as u32,
+            free_file_client as *mut c_void,
+            (&raw mut closing).cast(),
+            0,
+        );
+    }
+}
+
+/// Context of [`free_file_client`]: the clients of a file closed by `tgid`.
+#[repr(C)]
+struct Closing {
+    tgid: u32,
+    count: u32,
+    file: u64,
+    clients: [u32; FILE_CLIENTS],
+}
+
+/// bpf_loop body: frees client `index` of a closed file.
+#[inline(never)]
+extern "C" fn free_file_client(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the context `file_unref` gave it.
+    let closing = unsafe { &*ctx.cast::<Closing>() };
+    if index >= u64::from(closing.count) {
+        return 1;
+    }
+    let client = closing.clients[index as usize & (FILE_CLIENTS - 1)];
+    // A handle the driver has since reused for another file's client is not this one.
+    let made_here = CLIENTS.get_ptr(&client).is_some_and(|c| {
+        // SAFETY: a live map value.
+        unsafe { (*c).file == closing.file }
+    });
+    if made_here {
+        free_client(closing.tgid, client);
+    }
+    0
+}
+
+/// An allocation to charge.
+#[derive(Clone, Copy)]
+pub struct Charge {
+    /// The GPU (video memory).
+    pub device: u32,
+    /// Bytes the driver allocated.
+    pub bytes: u64,
+    /// One of `memory_kind` (video or system).
+    pub kind: u32,
+    /// The object it is allocated under.
+    pub parent: u32,
+    /// The device object above it.
+    pub device_handle: u32,
+}
+
+/// Charges an allocation made as `handle` of `client` by `tgid`: video memory on its GPU (bytes
+/// on a GPU that can't be told, or past [`MAX_GPUS`], as device unknown), or system memory.
+#[inline(always)]
+pub fn charge(tgid: u32, client: u32, handle: u32, what: Charge) {
+    let Charge {
+        device,
+        bytes,
+        kind: memory,
+        ..
+    } = what;
+    if device as usize >= MAX_GPUS && device != DEVICE_UNKNOWN {
         count(stat::DECODE_ERRORS);
         emit(Event {
             kind: kind::DECODE_ERROR,
@@ -96,8 +221,12 @@ pub fn charge(tgid: u32, client: u32, handle: u32, device: u32, bytes: u64) {
             bytes,
             ..Event::default()
         });
-        return;
     }
+    let device = if memory == memory_kind::VIDEO {
+        slot_device(memory_slot(device))
+    } else {
+        DEVICE_UNKNOWN
+    };
     let Some(proc) = PROCS.get_ptr_mut(&tgid) else {
         return;
     };
@@ -105,13 +234,13 @@ pub fn charge(tgid: u32, client: u32, handle: u32, device: u32, bytes: u64) {
     let (proc_generation, cgroup) = unsafe { ((*proc).generation, (*proc).cgroup) };
     // A client created before the agent started is registered on its first allocation.
     if CLIENTS.get_ptr(&client).is_none() {
-        new_client(tgid, client);
+        new_client(tgid, client, 0);
     }
     let Some(client_info) = CLIENTS.get_ptr_mut(&client) else {
         return;
     };
     // SAFETY: a live map value.
-    let client_generation = unsafe { (*client_info).generation };
+    let (client_generation, creator) = unsafe { ((*client_info).generation, (*client_info).tgid) };
     let allocation = Allocation {
         tgid,
         device,
@@ -119,6 +248,10 @@ pub fn charge(tgid: u32, client: u32, handle: u32, device: u32, bytes: u64) {
         proc_generation,
         cgroup,
         bytes,
+        kind: memory,
+        parent: what.parent,
+        device_handle: what.device_handle,
+        _pad: 0,
     };
     if ALLOCATIONS
         .insert(&HandleKey { client, handle }, &allocation, 0)
@@ -128,13 +261,25 @@ pub fn charge(tgid: u32, client: u32, handle: u32, device: u32, bytes: u64) {
         count(stat::HANDLE_TABLE_FULL);
         return;
     }
-    let index = device as usize & (MAX_GPUS - 1);
-    // SAFETY: live map values; `index` is in bounds.
+    // A client's totals hold only its creator's bytes: another process's (a forked child's)
+    // are released with that process, and must not be released twice with the client.
+    let on_client = creator == tgid;
+    // SAFETY: live map values; the index is in bounds.
     unsafe {
-        atomic_add(&raw mut (*proc).vidmem[index], bytes);
-        atomic_add(&raw mut (*client_info).vidmem[index], bytes);
+        if memory == memory_kind::VIDEO {
+            let index = memory_slot(device);
+            atomic_add(&raw mut (*proc).vidmem[index], bytes);
+            if on_client {
+                atomic_add(&raw mut (*client_info).vidmem[index], bytes);
+            }
+        } else {
+            atomic_add(&raw mut (*proc).sysmem, bytes);
+            if on_client {
+                atomic_add(&raw mut (*client_info).sysmem, bytes);
+            }
+        }
     }
-    add_cgroup(cgroup, device, bytes);
+    add_cgroup(cgroup, device, memory, bytes);
     if bytes >= config().alloc_event_min_bytes {
         emit(Event {
             kind: kind::ALLOC,
@@ -160,7 +305,77 @@ pub fn free(tgid: u32, client: u32, object: u32) {
         client,
         handle: object,
     };
-    let _ = OBJECT_DEVICES.remove(&key);
+    if OBJECT_DEVICES.get_ptr(&key).is_some() {
+        // A device or subdevice goes with everything under it.
+        let _ = OBJECT_DEVICES.remove(&key);
+        let mut under = Under { client, object };
+        // SAFETY: the callback and its context match the helper's contract; the map argument
+        // is the map's definition, which the loader turns into the map.
+        unsafe {
+            bpf_for_each_map_elem(
+                (&raw const ALLOCATIONS).cast_mut().cast(),
+                free_if_under as *mut c_void,
+                (&raw mut under).cast(),
+                0,
+            );
+            bpf_for_each_map_elem(
+                (&raw const OBJECT_DEVICES).cast_mut().cast(),
+                forget_if_under as *mut c_void,
+                (&raw mut under).cast(),
+                0,
+            );
+        }
+        return;
+    }
+    free_allocation(tgid, key);
+}
+
+/// What [`free_if_under`] and [`forget_if_under`] look for: objects of `client` under `object`.
+#[repr(C)]
+struct Under {
+    client: u32,
+    object: u32,
+}
+
+/// `bpf_for_each_map_elem` body over `ALLOCATIONS`: frees an allocation under the freed device.
+#[inline(never)]
+extern "C" fn free_if_under(
+    _map: *mut c_void,
+    key: *const HandleKey,
+    value: *const Allocation,
+    ctx: *mut c_void,
+) -> i64 {
+    // SAFETY: the helper passes a live key, value and the context given to it.
+    let (key, value, under) = unsafe { (*key, &*value, &*ctx.cast::<Under>()) };
+    if key.client == under.client
+        && (value.parent == under.object || value.device_handle == under.object)
+    {
+        free_allocation(value.tgid, key);
+    }
+    0
+}
+
+/// `bpf_for_each_map_elem` body over `OBJECT_DEVICES`: forgets subdevices of the freed device.
+#[inline(never)]
+extern "C" fn forget_if_under(
+    _map: *mut c_void,
+    key: *const HandleKey,
+    value: *const ObjectInfo,
+    ctx: *mut c_void,
+) -> i64 {
+    // SAFETY: as above.
+    let (key, value, under) = unsafe { (*key, &*value, &*ctx.cast::<Under>()) };
+    if key.client == under.client && value.device == under.object {
+        let _ = OBJECT_DEVICES.remove(&key);
+    }
+    0
+}
+
+/// Frees the allocation at `key`, charged to `tgid`'s process.
+#[inline(always)]
+fn free_allocation(tgid: u32, key: HandleKey) {
+    let client = key.client;
+    let object = key.handle;
     // SAFETY: the value is copied out at once.
     let Some(allocation) = (unsafe { ALLOCATIONS.get(&key) }).copied() else {
         return;
@@ -173,22 +388,34 @@ pub fn free(tgid: u32, client: u32, object: u32) {
         return;
     };
     // SAFETY: live map values.
-    let live = unsafe {
-        (*client_info).generation == allocation.client_generation
-            && (*proc).generation == allocation.proc_generation
+    let (live, on_client) = unsafe {
+        (
+            (*client_info).generation == allocation.client_generation
+                && (*proc).generation == allocation.proc_generation,
+            (*client_info).tgid == allocation.tgid,
+        )
     };
     if !live {
         // Its client or process was released already, with these bytes.
         return;
     }
-    let index = allocation.device as usize & (MAX_GPUS - 1);
     let minus = allocation.bytes.wrapping_neg();
-    // SAFETY: live map values; `index` is in bounds.
+    // SAFETY: live map values; the index is in bounds.
     unsafe {
-        atomic_add(&raw mut (*proc).vidmem[index], minus);
-        atomic_add(&raw mut (*client_info).vidmem[index], minus);
+        if allocation.kind == memory_kind::VIDEO {
+            let index = memory_slot(allocation.device);
+            atomic_add(&raw mut (*proc).vidmem[index], minus);
+            if on_client {
+                atomic_add(&raw mut (*client_info).vidmem[index], minus);
+            }
+        } else {
+            atomic_add(&raw mut (*proc).sysmem, minus);
+            if on_client {
+                atomic_add(&raw mut (*client_info).sysmem, minus);
+            }
+        }
     }
-    add_cgroup(allocation.cgroup, allocation.device, minus);
+    add_cgroup(allocation.cgroup, allocation.device, allocation.kind, minus);
     emit(Event {
         kind: kind::FREE,
         tgid,
@@ -204,9 +431,15 @@ pub fn free(tgid: u32, client: u32, object: u32) {
 /// Releases everything a client held.
 #[inline(always)]
 fn free_client(tgid: u32, client: u32) {
-    // SAFETY: the value is copied out at once.
-    let Some(info) = (unsafe { CLIENTS.get(&client) }).copied() else {
+    let (Some(held), Some(scratch)) = (CLIENTS.get_ptr(&client), SCRATCH_CLIENT.get_ptr_mut(0))
+    else {
         return;
+    };
+    // SAFETY: live map values; the scratch slot is this CPU's, with preemption off. Copied out
+    // before the entry goes.
+    let info = unsafe {
+        *scratch = *held;
+        &*scratch
     };
     let _ = CLIENTS.remove(&client);
     let Some(proc) = PROCS.get_ptr_mut(&info.tgid) else {
@@ -217,14 +450,30 @@ fn free_client(tgid: u32, client: u32) {
         return;
     }
     let mut total = 0u64;
-    for index in 0..MAX_GPUS {
+    for index in 0..MEMORY_SLOTS {
         let bytes = info.vidmem[index];
         if bytes != 0 {
             // SAFETY: a live map value; `index` is in bounds.
             unsafe { atomic_add(&raw mut (*proc).vidmem[index], bytes.wrapping_neg()) };
-            add_cgroup(info.cgroup, index as u32, bytes.wrapping_neg());
+            add_cgroup(
+                info.cgroup,
+                slot_device(index),
+                memory_kind::VIDEO,
+                bytes.wrapping_neg(),
+            );
             total += bytes;
         }
+    }
+    if info.sysmem != 0 {
+        // SAFETY: a live map value.
+        unsafe { atomic_add(&raw mut (*proc).sysmem, info.sysmem.wrapping_neg()) };
+        add_cgroup(
+            info.cgroup,
+            DEVICE_UNKNOWN,
+            memory_kind::SYSTEM,
+            info.sysmem.wrapping_neg(),
+        );
+        total += info.sysmem;
     }
     emit(Event {
         kind: kind::CLIENT_FREE,
@@ -244,10 +493,24 @@ pub fn release_process(tgid: u32, event: u32) -> Option<ProcInfo> {
     let info = (unsafe { PROCS.get(&tgid) }).copied()?;
     let _ = PROCS.remove(&tgid);
     let mut total = 0u64;
-    for index in 0..MAX_GPUS {
+    for index in 0..MEMORY_SLOTS {
         let bytes = info.vidmem[index];
         if bytes != 0 {
-            add_cgroup(info.cgroup, index as u32, bytes.wrapping_neg());
+            add_cgroup(
+                info.cgroup,
+                slot_device(index),
+                memory_kind::VIDEO,
+                bytes.wrapping_neg(),
+            );
+            total += bytes;
+        }
+    }
+    for (kind, bytes) in [
+        (memory_kind::SYSTEM, info.sysmem),
+        (memory_kind::MANAGED, info.managed),
+    ] {
+        if bytes != 0 {
+            add_cgroup(info.cgroup, DEVICE_UNKNOWN, kind, bytes.wrapping_neg());
             total += bytes;
         }
     }

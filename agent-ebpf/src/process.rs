@@ -15,12 +15,13 @@ use aya_ebpf::{
 use gpuwarden_agent_common::{
     config::FIELD_ABSENT,
     event::{Event, kind},
-    maps::{FdKey, MAX_FORK_FDS, MAX_GPUS, ProcInfo, stat},
+    maps::{FdKey, MAX_FORK_FDS, MEMORY_SLOTS, ProcInfo, stat},
 };
 
 use crate::{
     arg, config, current,
     events::{count, emit},
+    fds,
     maps::{GPU_FDS, PENDING_CLONE, PROCS},
     memory,
 };
@@ -49,7 +50,7 @@ extern "C" fn copy_fd(index: u64, ctx: *mut c_void) -> i64 {
     let copy = unsafe { &*ctx.cast::<FdCopy>() };
     let fd = index as u32;
     // SAFETY: the value is copied out at once.
-    if let Some(node) = unsafe {
+    if let Some(info) = unsafe {
         GPU_FDS.get(&FdKey {
             tgid: copy.parent,
             fd,
@@ -57,33 +58,55 @@ extern "C" fn copy_fd(index: u64, ctx: *mut c_void) -> i64 {
     }
     .copied()
     {
-        if GPU_FDS
-            .insert(
-                &FdKey {
-                    tgid: copy.child,
-                    fd,
-                },
-                &node,
-                0,
-            )
-            .is_err()
-        {
+        let child = FdKey {
+            tgid: copy.child,
+            fd,
+        };
+        if GPU_FDS.insert(&child, &info, 0).is_err() {
             count(stat::FD_TABLE_FULL);
+        } else if info.file != 0 {
+            memory::file_ref(info.file);
         }
     }
     0
 }
 
-/// bpf_loop body: removes fd `index` of the exiting process.
+/// bpf_loop body: removes fd `first + index` of the process (it exited, or closed a range).
 #[inline(never)]
 extern "C" fn forget_fd(index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: bpf_loop passes back the context `sched_process_exit` gave it.
-    let tgid = unsafe { *ctx.cast::<u32>() };
-    let _ = GPU_FDS.remove(&FdKey {
-        tgid,
-        fd: index as u32,
-    });
+    // SAFETY: bpf_loop passes back the context its caller gave it.
+    let range = unsafe { &*ctx.cast::<FdRange>() };
+    fds::forget(range.tgid, range.first.wrapping_add(index as u32));
     0
+}
+
+/// bpf_loop body: after an exec, removes fd `index` if the kernel closed it (close-on-exec).
+#[inline(never)]
+extern "C" fn forget_if_closed(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the context `sched_process_exec` gave it.
+    let range = unsafe { &*ctx.cast::<FdRange>() };
+    let fd = index as u32;
+    // SAFETY: the value is copied out at once.
+    let Some(info) = (unsafe {
+        GPU_FDS.get(&FdKey {
+            tgid: range.tgid,
+            fd,
+        })
+    })
+    .copied() else {
+        return 0;
+    };
+    if info.file == 0 || fds::file_of_fd(fd) != Some(info.file) {
+        fds::forget(range.tgid, fd);
+    }
+    0
+}
+
+/// Context of [`forget_fd`] and [`forget_if_closed`]: fds `first..` of `tgid`.
+#[repr(C)]
+struct FdRange {
+    tgid: u32,
+    first: u32,
 }
 
 /// `CLONE_THREAD`: the child is a thread of the caller's process.
@@ -151,8 +174,10 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         // SAFETY: a plain helper call.
         generation: unsafe { bpf_ktime_get_ns() },
         max_fd: parent_info.max_fd,
-        _pad: 0,
-        vidmem: [0; MAX_GPUS],
+        gpu_nodes: parent_info.gpu_nodes,
+        vidmem: [0; MEMORY_SLOTS],
+        sysmem: 0,
+        managed: 0,
     };
     if PROCS.insert(&child, &info, 0).is_err() {
         count(stat::PROC_TABLE_FULL);
@@ -194,13 +219,13 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         return 0;
     }
     if let Some(info) = memory::release_process(tgid, kind::PROCESS_EXIT) {
-        let mut tgid = tgid;
+        let mut range = FdRange { tgid, first: 0 };
         // SAFETY: as in `sched_process_fork`.
         unsafe {
             bpf_loop(
                 fd_span(info.max_fd),
                 forget_fd as *mut c_void,
-                (&raw mut tgid).cast(),
+                (&raw mut range).cast(),
                 0,
             );
         }
@@ -212,7 +237,52 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let (tgid, _) = current();
     // The driver frees a client when its fd closes, and GPU fds are close-on-exec: what the
-    // process held is gone. Fds that survive exec stay in the table (the agent re-checks them).
-    memory::release_process(tgid, kind::EXEC);
+    // process held is gone. The fds the kernel closed leave the table; those that survived
+    // exec stay (the agent re-checks them where the kernel's offsets are unknown).
+    if let Some(info) = memory::release_process(tgid, kind::EXEC) {
+        if config().files.valid != 0 {
+            let mut range = FdRange { tgid, first: 0 };
+            // SAFETY: as in `sched_process_fork`.
+            unsafe {
+                bpf_loop(
+                    fd_span(info.max_fd),
+                    forget_if_closed as *mut c_void,
+                    (&raw mut range).cast(),
+                    0,
+                );
+            }
+        }
+    }
+    0
+}
+
+/// `close_range(2)` flag: mark close-on-exec instead of closing.
+const CLOSE_RANGE_CLOEXEC: u64 = 1 << 2;
+
+#[tracepoint]
+pub fn sys_enter_close_range(ctx: TracePointContext) -> u32 {
+    let (tgid, _) = current();
+    if arg(&ctx, 2) & CLOSE_RANGE_CLOEXEC != 0 {
+        return 0;
+    }
+    // SAFETY: the value is copied out at once.
+    let Some(max_fd) = (unsafe { PROCS.get(&tgid) }).map(|p| p.max_fd) else {
+        return 0;
+    };
+    let first = arg(&ctx, 0) as u32;
+    let last = (arg(&ctx, 1) as u32).min(max_fd);
+    if first > last {
+        return 0;
+    }
+    let mut range = FdRange { tgid, first };
+    // SAFETY: as in `sched_process_fork`.
+    unsafe {
+        bpf_loop(
+            fd_span(last - first),
+            forget_fd as *mut c_void,
+            (&raw mut range).cast(),
+            0,
+        );
+    }
     0
 }

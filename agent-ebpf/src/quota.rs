@@ -16,8 +16,8 @@ use aya_log_ebpf::warn;
 use gpuwarden_agent_common::{
     event::{Event, action, kind},
     maps::{
-        DEVICE_MODESET, Deny, MAX_GPUS, NO_LIMIT, NVIDIA_MAJOR, enforce_mode, memory_policy,
-        quota_flags, stat,
+        DEVICE_MODESET, Deny, MAX_GPUS, NO_LIMIT, NVIDIA_MAJOR, UNKNOWN_SLOT, enforce_mode,
+        memory_policy, memory_slot, quota_flags, stat,
     },
 };
 
@@ -38,19 +38,41 @@ fn slot_of(cgroup: u64) -> Option<u64> {
     unsafe { CGROUP_QUOTA.get(&cgroup) }.copied()
 }
 
+/// The one GPU the quota `cgroup` is bound to covers (the only one it may open, or the only one
+/// with a limit): where its allocations must be when nothing else tells.
+#[inline(always)]
+pub fn single_device(cgroup: u64) -> Option<u32> {
+    let slot = slot_of(cgroup)?;
+    let quota = QUOTAS.get_ptr(&slot)?;
+    // SAFETY: a live map value.
+    let (flags, devices) = unsafe { ((*quota).flags, (*quota).devices) };
+    if flags & quota_flags::DEVICES != 0 && devices != 0 && devices & (devices - 1) == 0 {
+        let index = devices.trailing_zeros();
+        return (index < MAX_GPUS as u32).then_some(index);
+    }
+    let mut found = None;
+    for index in 0..MAX_GPUS {
+        // SAFETY: a live map value; `index` is in bounds.
+        if unsafe { (*quota).limit[index] } != NO_LIMIT {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(index as u32);
+        }
+    }
+    found
+}
+
 /// Adds `delta` (two's complement for a release) to the usage of the quota `cgroup` is bound to.
 #[inline(always)]
 pub fn account(cgroup: u64, device: u32, delta: u64) {
-    if device as usize >= MAX_GPUS {
-        return;
-    }
     let Some(slot) = slot_of(cgroup) else {
         return;
     };
     let Some(quota) = QUOTAS.get_ptr_mut(&slot) else {
         return;
     };
-    let index = device as usize & (MAX_GPUS - 1);
+    let index = memory_slot(device);
     // SAFETY: a live map value; `index` is in bounds.
     unsafe {
         let used = &raw mut (*quota).used[index];
@@ -86,18 +108,31 @@ pub fn check_alloc(
     let Some((device, requested)) = what() else {
         return;
     };
-    // A GPU the decoder couldn't tell is charged nowhere, so it can't be checked either.
-    if device as usize >= MAX_GPUS {
-        return;
-    }
-    let index = device as usize & (MAX_GPUS - 1);
-    // SAFETY: a live map value; `index` is in bounds.
+    // SAFETY: a live map value; indexes are in bounds.
     let (used, limit, policy) = unsafe {
-        (
-            (*quota).used[index],
-            (*quota).limit[index],
-            (*quota).memory_policy,
-        )
+        if (device as usize) < MAX_GPUS {
+            let index = device as usize & (MAX_GPUS - 1);
+            (
+                (*quota).used[index],
+                (*quota).limit[index],
+                (*quota).memory_policy,
+            )
+        } else {
+            // A GPU nothing tells: the quota's bytes on every GPU against all its limits (no
+            // check when a GPU it may use has none).
+            let mut used = (*quota).used[UNKNOWN_SLOT];
+            let mut limit = 0u64;
+            for index in 0..MAX_GPUS {
+                used = used.saturating_add((*quota).used[index]);
+                let l = (*quota).limit[index];
+                if l == NO_LIMIT && (*quota).devices & (1 << index) != 0 {
+                    limit = NO_LIMIT;
+                } else if l != NO_LIMIT {
+                    limit = limit.saturating_add(l);
+                }
+            }
+            (used, limit, (*quota).memory_policy)
+        }
     };
     if limit == NO_LIMIT || used.saturating_add(requested) <= limit {
         return;

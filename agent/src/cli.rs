@@ -97,6 +97,13 @@ enum Command {
         #[arg(long, default_value = pins::DEFAULT_PIN_DIR)]
         bpf_pin_dir: PathBuf,
     },
+    /// Try to load each NVIDIA driver hook (kprobe and fentry on the driver's ioctl entry, and an
+    /// fentry on a core kernel function) and say which this kernel allows (needs root).
+    ProbeHooks {
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print one snapshot of GPU use per container.
     Snapshot {
         /// Print the JSON document instead of a table.
@@ -198,6 +205,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Resume { pid, socket } => signal(&socket, Request::Resume { pid }).await?,
         Command::Kill { pid, socket } => signal(&socket, Request::Kill { pid }).await?,
+        Command::ProbeHooks { json } => {
+            let trials = crate::sensor::try_driver_hooks();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&trials)?);
+            } else {
+                for t in &trials {
+                    let verdict = if t.loaded { "loads" } else { "refused" };
+                    println!("{:<15} {:<22} {verdict}: {}", t.hook, t.target, t.detail);
+                }
+            }
+        }
         Command::Unpin { bpf_pin_dir } => {
             pins::remove(&bpf_pin_dir)?;
             println!("removed {}: enforcement ended", bpf_pin_dir.display());

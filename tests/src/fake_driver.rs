@@ -8,13 +8,17 @@
 //! - `RM_ALLOC` (NVOS21 and NVOS64) of clients (`NV01_ROOT*`, handles
 //!   `0xc1d00001`, `0xc1d00002`, … unique across the driver), devices (`deviceId` checked against
 //!   the GPU count), subdevices, video memory (`NV01_MEMORY_LOCAL_USER` with 120- or 128-byte
-//!   `NV_MEMORY_ALLOCATION_PARAMS`), virtual ranges and system memory (charged nothing). Object
+//!   `NV_MEMORY_ALLOCATION_PARAMS`), virtual ranges (charged nothing) and system memory
+//!   (`NV01_MEMORY_SYSTEM`, the size asked, in [`FakeDriver::sysmem`]). Object
 //!   handles the driver picks are `0xcaf00001`, `0xcaf00002`, …; a handle the caller asks for is
 //!   used if free.
 //! - Video memory is rounded up to [`VIDMEM_PAGE`] (2 MiB, the real driver's large-page
 //!   granularity) and the rounded size is written back into the caller's `size` field before the
 //!   ioctl returns; past the GPU's capacity the allocation fails with `NV_ERR_NO_MEMORY` and
 //!   charges nothing.
+//! - `RM_ALLOC_MEMORY` (`nvos02_with_fd`) of system memory, pinned user memory (OS descriptors)
+//!   and framebuffer views, and `RM_VID_HEAP_CONTROL` (`NVOS32`) `ALLOC_SIZE` and `FREE`, with the
+//!   driver's flag checks.
 //! - `RM_FREE` frees an object with everything under it, or a whole client.
 //! - `RM_CONTROL` succeeds for any command on a valid object;
 //!   `NV0000_CTRL_CMD_GPU_GET_ATTACHED_IDS` lists the GPUs.
@@ -219,6 +223,13 @@ impl FakeDriver {
     #[must_use]
     pub fn ledger(&self) -> Vec<u64> {
         lock(&self.shared).rm.used()
+    }
+
+    /// Host memory held right now for the GPUs (system memory objects and user memory pinned
+    /// for them), in bytes.
+    #[must_use]
+    pub fn sysmem(&self) -> u64 {
+        lock(&self.shared).rm.sysmem()
     }
 
     /// Video memory held right now by each live client, in bytes per GPU.

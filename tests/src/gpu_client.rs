@@ -21,6 +21,9 @@
 //! | `subdevice <client> <device>` | `ok handle=0x…` (`NV20_SUBDEVICE_0`) |
 //! | `alloc <client> <parent> <size> [nvos21\|nvos64] [v120\|v128] [xfer]` | `ok handle=0x… size=<bytes the driver wrote back>` (video memory; default `nvos21 v128`, `xfer` wraps it in `IOCTL_XFER_CMD`) |
 //! | `sysmem <client> <parent> <size>` | `ok handle=0x…` (`NV01_MEMORY_SYSTEM`) |
+//! | `allocmem <client> <parent> <handle> <size> [system\|osdesc\|local]` | `ok handle=0x… limit=0x…` (`RM_ALLOC_MEMORY` on the GPU node: `NV01_MEMORY_SYSTEM`, `NV01_MEMORY_SYSTEM_OS_DESCRIPTOR` over a buffer of the client's, or a `NV01_MEMORY_LOCAL_USER` framebuffer view) |
+//! | `vidheap <client> <parent> <size> [vidmem\|sysmem\|virtual]` | `ok handle=0x… size=<bytes written back>` (`RM_VID_HEAP_CONTROL` `ALLOC_SIZE`) |
+//! | `vidheap-free <client> <parent> <handle>` | `ok` (`RM_VID_HEAP_CONTROL` `FREE`) |
 //! | `virtual <client> <parent> <size>` | `ok handle=0x…` (`NV50_MEMORY_VIRTUAL`, a VA reservation) |
 //! | `free <client> <parent> <handle> [xfer]` | `ok` (`handle` = `client` frees the client) |
 //! | `control <client> <object> <cmd>` | `ok` (`RM_CONTROL` without params) |
@@ -30,10 +33,15 @@
 //! | `uvm range <base> <length>` | `ok` (`UVM_CREATE_EXTERNAL_RANGE`) |
 //! | `uvm map <base> <length> <client> <memory>` | `ok` (`UVM_MAP_EXTERNAL_ALLOCATION`) |
 //! | `uvm free <base> [<length>]` | `ok` (`UVM_FREE`) |
+//! | `uvm mmap <length>` | `ok addr=0x…`: managed memory as `cudaMallocManaged` maps it (an anonymous reservation, then the UVM fd mapped over it) |
+//! | `uvm munmap <addr> <length>` | `ok` |
 //! | `uvm <number>` | `ok ret=<n>` (that command with 16 KiB of zeroes) |
 //! | `open <path>` | `ok fd=<n>`: holds the file open; a bare name is a file in `DIR` |
 //! | `dup [<fd>]` | `ok fd=<n>`: the copy takes over the fd's role, so after `dup` (of `ctl`) RM calls go through the copy |
 //! | `close <fd>` | `ok` |
+//! | `close-range <first> <last>` | `ok`: `close_range(2)` of every fd in the range |
+//! | `use-ctl <fd>` | `ok`: RM calls go through `fd` (a node opened with `open`) from now on |
+//! | `dup-to <fd> <min>` | `ok fd=<n>`: `F_DUPFD_CLOEXEC` at or above `min` (the fd limit raised if needed); the copy takes over the fd's role |
 //! | `ioctl-raw <path\|fd> <cmd>` | `ok ret=<n>` or `ok ret=-1 errno=<e>`: any ioctl, with 16 KiB of zeroes, on any file (`/dev/null`, a regular file, …); a bare word is an fd |
 //! | `thread <command…>` | the command's reply, run on a new thread |
 //! | `fork` | `ok pid=<n>`: a child sharing every fd, driven with `child …` |
@@ -60,8 +68,8 @@ use std::{
 };
 
 use gpuwarden_agent_common::nvidia::{
-    class, device_alloc, esc, ioctl_cmd, memory_alloc, nvos00, nvos21, nvos54, nvos64, status, uvm,
-    xfer,
+    class, device_alloc, esc, ioctl_cmd, memory_alloc, nvos00, nvos02, nvos21, nvos32, nvos54,
+    nvos64, status, uvm, xfer,
 };
 
 pub use self::scripted::{ScriptError, ScriptedClient};
@@ -189,6 +197,25 @@ pub struct RmAlloc<'a> {
     pub form: Form,
     /// Direct or through `IOCTL_XFER_CMD`.
     pub via: Via,
+}
+
+/// An `RM_ALLOC_MEMORY` (`NVOS02_PARAMETERS`).
+#[derive(Debug, Clone, Copy)]
+pub struct AllocMemory {
+    /// `hRoot`.
+    pub client: u32,
+    /// `hObjectParent`.
+    pub parent: u32,
+    /// `hObjectNew` (the caller chooses it).
+    pub handle: u32,
+    /// `hClass`.
+    pub class: u32,
+    /// `flags` (`NVOS02_FLAGS_*`).
+    pub flags: u32,
+    /// `pMemory`: the user memory an OS descriptor wraps.
+    pub memory: u64,
+    /// `limit + 1`.
+    pub bytes: u64,
 }
 
 /// An fd the client holds, and which open file it refers to.
@@ -392,6 +419,83 @@ impl GpuClient {
         let raw = copy.as_raw_fd();
         self.hold(copy, Some(file));
         Ok(raw)
+    }
+
+    /// Makes held fd `fd` (say, a node reopened through another path) the control fd: RM calls
+    /// go through it from now on.
+    ///
+    /// # Errors
+    /// `fd` isn't held.
+    pub fn use_as_ctl(&mut self, fd: RawFd) -> Result<(), ClientError> {
+        let held = self.fds.get(&fd).ok_or(ClientError::NotOpen { fd })?;
+        self.ctl = held.file;
+        self.order += 1;
+        if let Some(h) = self.fds.get_mut(&fd) {
+            h.order = self.order;
+        }
+        Ok(())
+    }
+
+    /// Duplicates `fd` onto the lowest free number at or above `min` (`fcntl(F_DUPFD_CLOEXEC)`),
+    /// raising the soft fd limit when `min` is past it; the copy takes over the fd's role.
+    ///
+    /// # Errors
+    /// `fd` isn't held, or the limit or the copy failed.
+    pub fn dup_at_least(&mut self, fd: RawFd, min: RawFd) -> Result<RawFd, ClientError> {
+        let held = self.fds.get(&fd).ok_or(ClientError::NotOpen { fd })?;
+        let file = held.file;
+        let err = |source| ClientError::Dup { fd, source };
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a valid pointer to an rlimit.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } != 0 {
+            return Err(err(io::Error::last_os_error()));
+        }
+        let wanted = libc::rlim_t::try_from(min).unwrap_or(0) + 1;
+        if limit.rlim_cur < wanted {
+            limit.rlim_cur = wanted.max(limit.rlim_cur);
+            limit.rlim_max = limit.rlim_max.max(wanted);
+            // SAFETY: as above.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) } != 0 {
+                return Err(err(io::Error::last_os_error()));
+            }
+        }
+        // SAFETY: a plain fcntl on a held fd.
+        let copy = unsafe { libc::fcntl(held.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
+        if copy < 0 {
+            return Err(err(io::Error::last_os_error()));
+        }
+        // SAFETY: a fresh fd nobody else owns.
+        self.hold(unsafe { OwnedFd::from_raw_fd(copy) }, Some(file));
+        Ok(copy)
+    }
+
+    /// `close_range(first, last, 0)`: closes every fd in the range at once, held or not (the
+    /// held ones are forgotten, not closed again).
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn close_range(&mut self, first: u32, last: u32) -> io::Result<()> {
+        let fds: Vec<RawFd> = self
+            .fds
+            .keys()
+            .copied()
+            .filter(|&fd| u32::try_from(fd).is_ok_and(|n| (first..=last).contains(&n)))
+            .collect();
+        // SAFETY: a plain system call; the kernel checks the range.
+        let ret = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+        if ret != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for fd in fds {
+            if let Some(held) = self.fds.remove(&fd) {
+                // Already closed by the kernel.
+                std::mem::forget(held.fd);
+            }
+        }
+        Ok(())
     }
 
     /// Closes `fd`. The driver frees what was allocated through its open file once the last fd
@@ -607,6 +711,76 @@ impl GpuClient {
         .map(|(h, _)| h)
     }
 
+    /// `RM_ALLOC_MEMORY` of `class` as `handle` under `parent`, `limit + 1` bytes, issued on GPU
+    /// node `nvidia<gpu>` as the driver requires (its fd field names the control fd); returns the
+    /// `limit` the driver answered.
+    ///
+    /// # Errors
+    /// The GPU node isn't open, the ioctl failed or the driver answered a non-zero status.
+    pub fn alloc_memory(&self, r: AllocMemory) -> Result<u64, RmError> {
+        let mut p = [0u8; nvos02::SIZE as usize];
+        set_u32(&mut p, nvos02::H_ROOT, r.client);
+        set_u32(&mut p, nvos02::H_OBJECT_PARENT, r.parent);
+        set_u32(&mut p, nvos02::H_OBJECT_NEW, r.handle);
+        set_u32(&mut p, nvos02::H_CLASS, r.class);
+        set_u32(&mut p, nvos02::FLAGS, r.flags);
+        set_u64(&mut p, nvos02::P_MEMORY, r.memory);
+        set_u64(&mut p, nvos02::LIMIT, r.bytes.saturating_sub(1));
+        set_u32(&mut p, nvos02::FD, self.rm_fd().cast_unsigned());
+        let cmd = ioctl_cmd(esc::RM_ALLOC_MEMORY, nvos02::SIZE);
+        let fd = self.gpu_fd(self.gpu).unwrap_or(-1);
+        ioctl_raw(fd, cmd, &mut p).map_err(|source| RmError::Ioctl { cmd, source })?;
+        match u32_at(&p, nvos02::STATUS) {
+            status::OK => Ok(u64_at(&p, nvos02::LIMIT)),
+            status => Err(RmError::Status { status }),
+        }
+    }
+
+    /// `RM_VID_HEAP_CONTROL` with `params` (an `NVOS32_PARAMETERS` whose head the caller filled
+    /// but for the client and parent).
+    fn vid_heap(&self, client: u32, parent: u32, p: &mut [u8]) -> Result<(), RmError> {
+        set_u32(p, nvos32::H_ROOT, client);
+        set_u32(p, nvos32::H_OBJECT_PARENT, parent);
+        self.rm(esc::RM_VID_HEAP_CONTROL, p, Via::Direct)?;
+        match u32_at(p, nvos32::STATUS) {
+            status::OK => Ok(()),
+            status => Err(RmError::Status { status }),
+        }
+    }
+
+    /// `RM_VID_HEAP_CONTROL` `ALLOC_SIZE` of `bytes` under `parent` with `attr` and `flags`
+    /// (`NVOS32_ATTR_*`, `NVOS32_ALLOC_FLAGS_*`); returns the handle and the size the driver
+    /// wrote back.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn vid_heap_alloc(
+        &self,
+        client: u32,
+        parent: u32,
+        bytes: u64,
+        (attr, flags): (u32, u32),
+    ) -> Result<(u32, u64), RmError> {
+        let mut p = [0u8; nvos32::SIZE as usize];
+        set_u32(&mut p, nvos32::FUNCTION, nvos32::FUNCTION_ALLOC_SIZE);
+        set_u32(&mut p, nvos32::ALLOC_ATTR, attr);
+        set_u32(&mut p, nvos32::ALLOC_FLAGS, flags);
+        set_u64(&mut p, nvos32::ALLOC_SIZE, bytes);
+        self.vid_heap(client, parent, &mut p)?;
+        Ok((u32_at(&p, nvos32::H_MEMORY), u64_at(&p, nvos32::ALLOC_SIZE)))
+    }
+
+    /// `RM_VID_HEAP_CONTROL` `FREE` of `handle`.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn vid_heap_free(&self, client: u32, parent: u32, handle: u32) -> Result<(), RmError> {
+        let mut p = [0u8; nvos32::SIZE as usize];
+        set_u32(&mut p, nvos32::FUNCTION, nvos32::FUNCTION_FREE);
+        set_u32(&mut p, nvos32::H_MEMORY, handle);
+        self.vid_heap(client, parent, &mut p)
+    }
+
     /// `RM_FREE` of `handle` with everything under it; of the whole client when `handle` is
     /// `client`.
     ///
@@ -770,6 +944,65 @@ impl GpuClient {
     /// The call failed.
     pub fn uvm_free(&self, base: u64, length: u64) -> Result<(), RmError> {
         self.uvm_range_call(uvm::FREE, base, length)
+    }
+
+    /// Maps `length` bytes of managed memory the way the CUDA driver does for
+    /// `cudaMallocManaged`: reserves the range with an anonymous `PROT_NONE` mapping, then maps
+    /// the UVM fd over it (`MAP_SHARED | MAP_FIXED`); returns the address.
+    ///
+    /// # Errors
+    /// A mapping failed.
+    pub fn uvm_mmap(&self, length: u64) -> io::Result<u64> {
+        let len =
+            usize::try_from(length).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: a fresh anonymous reservation; nothing else uses the range.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = self.uvm_fd().unwrap_or(-1);
+        // SAFETY: maps over the reservation just made, which this process owns.
+        let addr = unsafe {
+            libc::mmap(
+                base,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            // SAFETY: the reservation made above.
+            unsafe { libc::munmap(base, len) };
+            return Err(e);
+        }
+        Ok(addr as u64)
+    }
+
+    /// Unmaps `[addr, addr + length)`.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn munmap(&self, addr: u64, length: u64) -> io::Result<()> {
+        let len =
+            usize::try_from(length).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: the caller names a mapping of its own (a wrong one fails or unmaps its own
+        // memory, as munmap would in any process).
+        if unsafe { libc::munmap(addr as *mut libc::c_void, len) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// `UVM_REGISTER_GPU` of the GPU with `uuid`, through `client`.

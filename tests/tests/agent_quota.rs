@@ -39,7 +39,7 @@ struct Rig {
     mock: PathBuf,
     rt: tokio::runtime::Runtime,
     /// The controller's and the agent's state, removed after both stopped.
-    _state: [TempDir; 2],
+    state: [TempDir; 2],
 }
 
 impl Rig {
@@ -65,7 +65,7 @@ impl Rig {
             agent: Some(agent),
             mock,
             rt,
-            _state: state,
+            state,
         };
         rig.wait_for("the node to register", |r| {
             r.rt.block_on(async {
@@ -758,4 +758,38 @@ fn a_quota_binds_when_its_container_appears_and_lets_go_when_it_goes() {
             .iter()
             .any(|e| e.action == "unbound" && e.reason.contains("removed"))
     });
+}
+
+/// An agent that lost its pinned maps and starts after the workload made its client and device
+/// handles still charges the workload's later allocations to its quota (the GPU resolved from the
+/// node the process holds) and acts on the one that crosses the limit.
+#[test]
+#[ignore = "needs root"]
+fn a_late_agent_still_enforces_the_memory_limit() {
+    require_root();
+    let mut rig = Rig::start("qlate", Duration::from_mins(1));
+    let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("l")));
+    let session = rig.session(
+        &["cuda.shares=0.5", "cuda.mem=16m"],
+        cgroup_target(&cg),
+        "kill",
+    );
+    rig.wait_binding(&session.id, "bound");
+    // The agent goes with its pinned maps (an upgrade that lost them); the workload starts.
+    drop(rig.agent.take());
+    let mut a = Client::spawn(&rig.driver.dir, Some(&cg));
+    let (h, dev) = gpu0(&mut a);
+    let cfg = util::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
+    rig.agent = Some(TestAgent::start_with(cfg));
+    rig.wait_binding(&session.id, "bound");
+
+    a.ok(&format!("alloc {h:#x} {dev:#x} 8m"));
+    let c = entry(rig.agent(), &cg);
+    assert_eq!(memory(&c, "nvidia0"), 8 * MIB);
+    assert_eq!(used(&c), 8 * MIB, "charged to the quota");
+    a.send_only(&format!("alloc {h:#x} {dev:#x} 12m"));
+    assert_eq!(a.wait().signal(), Some(libc::SIGKILL));
+    let c = entry(rig.agent(), &cg);
+    assert_eq!(actions(&c), 1);
+    assert_eq!(used(&c), 0, "the killed process's bytes are released");
 }

@@ -2,6 +2,7 @@
 
 mod bench;
 mod build_ebpf;
+mod gpu_check;
 mod run;
 mod setup;
 mod sim;
@@ -47,6 +48,10 @@ enum Job {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// On a machine with an NVIDIA GPU (as root): the agent's bytes against NVML, the memory
+    /// limit, the compute-share throttle, the agent's cost and the driver hooks, in one table.
+    /// Refuses without a GPU.
+    GpuCheck(gpu_check::Args),
     /// Run a benchmark and print its table.
     Bench {
         /// Which benchmark.
@@ -64,6 +69,7 @@ fn main() -> ExitCode {
         Job::Test => test::run(),
         Job::Bench { which } => bench::run(&which),
         Job::Sim { args } => sim::run(&args),
+        Job::GpuCheck(args) => gpu_check::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -23,6 +23,52 @@ pub struct Config {
     pub exit_pid: u32,
     /// Offset of `group_dead` in `sched_process_exit`, or [`FIELD_ABSENT`].
     pub exit_group_dead: u32,
+    /// Kernel struct offsets to find an fd's file; `valid == 0` where the kernel has no BTF.
+    pub files: FileOffsets,
+}
+
+/// Byte offsets of the kernel struct members that lead from the current task to the file behind
+/// an fd and identify it (from the kernel's BTF: Rust programs get no CO-RE relocations).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FileOffsets {
+    /// `task_struct.files`.
+    pub task_files: u32,
+    /// `files_struct.fdt`.
+    pub files_fdt: u32,
+    /// `fdtable.max_fds`.
+    pub fdt_max_fds: u32,
+    /// `fdtable.fd`.
+    pub fdt_fd: u32,
+    /// `file.f_inode`.
+    pub file_inode: u32,
+    /// `inode.i_rdev`.
+    pub inode_rdev: u32,
+    /// `inode.i_sb`.
+    pub inode_sb: u32,
+    /// `inode.i_ino`.
+    pub inode_ino: u32,
+    /// `super_block.s_dev`.
+    pub sb_dev: u32,
+    /// 1 when the offsets were found; the programs then match GPU nodes by the opened file's
+    /// device number, else by path.
+    pub valid: u32,
+}
+
+impl FileOffsets {
+    /// No offsets: match by path.
+    pub const NONE: Self = Self {
+        task_files: 0,
+        files_fdt: 0,
+        fdt_max_fds: 0,
+        fdt_fd: 0,
+        file_inode: 0,
+        inode_rdev: 0,
+        inode_sb: 0,
+        inode_ino: 0,
+        sb_dev: 0,
+        valid: 0,
+    };
 }
 
 impl Config {
@@ -33,6 +79,7 @@ impl Config {
         fork_child_pid: 20,
         exit_pid: 24,
         exit_group_dead: 32,
+        files: FileOffsets::NONE,
     };
 }
 
@@ -42,4 +89,4 @@ impl Default for Config {
     }
 }
 
-pod!(Config);
+pod!(Config, FileOffsets);

@@ -5,11 +5,45 @@ use crate::pod;
 /// Longest GPU device-node path the programs match, including the terminating NUL.
 pub const PATH_LEN: usize = 64;
 
-/// GPUs a process or client tracks memory for; device ids at or above are reported, not counted.
+/// GPUs a process or client tracks memory for by index; bytes on a GPU at or above, or on one
+/// that can't be told, are kept in the [`UNKNOWN_SLOT`].
 pub const MAX_GPUS: usize = 16;
 
-/// Highest fd number copied into a forked child's table.
-pub const MAX_FORK_FDS: u32 = 1024;
+/// Slots of the per-GPU byte arrays: one per GPU, then one for "device unknown".
+pub const MEMORY_SLOTS: usize = MAX_GPUS + 1;
+
+/// The slot of bytes whose GPU can't be told.
+pub const UNKNOWN_SLOT: usize = MAX_GPUS;
+
+/// The slot of `device`'s bytes.
+#[inline]
+#[must_use]
+pub const fn memory_slot(device: u32) -> usize {
+    if (device as usize) < MAX_GPUS {
+        device as usize
+    } else {
+        UNKNOWN_SLOT
+    }
+}
+
+/// The device a slot's bytes are reported under.
+#[inline]
+#[must_use]
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "a slot below MAX_GPUS fits; `u32::try_from` is not const"
+)]
+pub const fn slot_device(slot: usize) -> u32 {
+    if slot < MAX_GPUS {
+        slot as u32
+    } else {
+        DEVICE_UNKNOWN
+    }
+}
+
+/// Highest fd number copied into a forked child's table (the kernel's default `nr_open`); the
+/// copy walks fds up to the parent's highest GPU fd only.
+pub const MAX_FORK_FDS: u32 = 1 << 20;
 
 /// Device id of `/dev/nvidiactl` (its minor number).
 pub const DEVICE_CTL: u32 = 255;
@@ -56,6 +90,98 @@ pub struct PathKey {
     pub path: [u8; PATH_LEN],
 }
 
+/// What identifies an opened file as a GPU node, whatever path opened it: a device node's
+/// device number (`i_rdev`, with `ino` 0), or for a node that is not a device file (the fake
+/// driver's FUSE files) its file system's device and inode number. Device numbers are the
+/// kernel's encoding, `major << 20 | minor`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct FileId {
+    /// `i_rdev`, or `i_sb->s_dev`.
+    pub dev: u32,
+    /// Zero.
+    pub _pad: u32,
+    /// 0, or `i_ino`.
+    pub ino: u64,
+}
+
+/// A kernel device number (`MKDEV`) from its major and minor.
+#[must_use]
+pub const fn kernel_dev(major: u32, minor: u32) -> u32 {
+    (major << 20) | (minor & 0xf_ffff)
+}
+
+/// A tracked GPU fd: the node it refers to and the kernel's open file (0 when not known yet,
+/// e.g. an fd seeded from `/proc` before its first ioctl).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FdInfo {
+    /// The node.
+    pub node: GpuNode,
+    /// The `struct file` address: the same for every dup and inherited copy.
+    pub file: u64,
+}
+
+/// Clients made through one open GPU file, and how many tracked fds refer to it: when the last
+/// goes, the driver frees those clients with everything they hold.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FileRefs {
+    /// Tracked fds referring to the file.
+    pub refs: u32,
+    /// Entries of `clients` in use.
+    pub count: u32,
+    /// Client handles made through the file (the first [`FILE_CLIENTS`]).
+    pub clients: [u32; FILE_CLIENTS],
+}
+
+/// Clients remembered per open file (more are released when their process ends).
+pub const FILE_CLIENTS: usize = 8;
+
+/// What the programs know of a device or subdevice object.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ObjectInfo {
+    /// Its GPU index.
+    pub gpu: u32,
+    /// The device object it is (itself) or is under (a subdevice's parent).
+    pub device: u32,
+}
+
+/// Indexes of the `SETTINGS` array.
+pub mod setting {
+    /// How over-limit allocations are acted on ([`super::enforce_mode`]).
+    pub const ENFORCE_MODE: u32 = 0;
+    /// 1: some watched node is not a device file, so files are also matched by inode.
+    pub const MATCH_INODES: u32 = 1;
+    /// Number of settings.
+    pub const COUNT: u32 = 2;
+}
+
+/// Key of the managed-memory mappings: a mapping of the UVM node by its start address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct MappingKey {
+    /// The process.
+    pub tgid: u32,
+    /// Zero.
+    pub _pad: u32,
+    /// The address `mmap` returned.
+    pub addr: u64,
+}
+
+/// A managed-memory (UVM) mapping charged to a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Mapping {
+    /// Its length.
+    pub bytes: u64,
+    /// The cgroup it is charged to.
+    pub cgroup: u64,
+    /// Generation of its process when mapped.
+    pub proc_generation: u64,
+}
+
 /// Key of the GPU fd table.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -82,6 +208,16 @@ pub struct IoctlKey {
     pub _pad: u32,
 }
 
+/// What kind of memory a figure counts ([`CgroupDeviceKey::kind`], [`Allocation::kind`]).
+pub mod memory_kind {
+    /// Video memory on a GPU (per GPU; [`super::DEVICE_UNKNOWN`] when it can't be told).
+    pub const VIDEO: u32 = 0;
+    /// Host memory allocated or pinned for the GPUs (device [`super::DEVICE_UNKNOWN`]).
+    pub const SYSTEM: u32 = 1;
+    /// Managed (UVM) memory mapped (device [`super::DEVICE_UNKNOWN`]): a bound, not residency.
+    pub const MANAGED: u32 = 2;
+}
+
 /// Key of the per-cgroup GPU memory table.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -90,8 +226,8 @@ pub struct CgroupDeviceKey {
     pub cgroup: u64,
     /// GPU index.
     pub device: u32,
-    /// Zero.
-    pub _pad: u32,
+    /// One of [`memory_kind`].
+    pub kind: u32,
 }
 
 /// A process that has opened a GPU node.
@@ -104,10 +240,15 @@ pub struct ProcInfo {
     pub generation: u64,
     /// Highest GPU fd it holds, bounds the copy at fork.
     pub max_fd: u32,
-    /// Zero.
-    pub _pad: u32,
-    /// Video memory bytes by GPU index.
-    pub vidmem: [u64; MAX_GPUS],
+    /// Bit `N`: it has held `nvidiaN` open (N < 32); tells an allocation's GPU when the device
+    /// handle predates the agent.
+    pub gpu_nodes: u32,
+    /// Video memory bytes by [`memory_slot`].
+    pub vidmem: [u64; MEMORY_SLOTS],
+    /// Host memory bytes allocated or pinned for the GPUs.
+    pub sysmem: u64,
+    /// Managed (UVM) bytes mapped.
+    pub managed: u64,
 }
 
 /// An RM client (root handle) that allocated memory.
@@ -124,8 +265,12 @@ pub struct ClientInfo {
     pub proc_generation: u64,
     /// cgroup its memory is charged to.
     pub cgroup: u64,
-    /// Video memory bytes by GPU index.
-    pub vidmem: [u64; MAX_GPUS],
+    /// Video memory bytes its creator allocated, by [`memory_slot`].
+    pub vidmem: [u64; MEMORY_SLOTS],
+    /// Host memory bytes its creator allocated or pinned for the GPUs.
+    pub sysmem: u64,
+    /// The open file it was made through (0: unknown).
+    pub file: u64,
 }
 
 /// Key of the handle tables: an RM object within its client.
@@ -154,6 +299,14 @@ pub struct Allocation {
     pub cgroup: u64,
     /// Bytes the driver allocated.
     pub bytes: u64,
+    /// One of [`memory_kind`] (video or system).
+    pub kind: u32,
+    /// The object it was allocated under.
+    pub parent: u32,
+    /// The device object above it (freeing that frees it).
+    pub device_handle: u32,
+    /// Zero.
+    pub _pad: u32,
 }
 
 /// Character-device major number of the NVIDIA driver's nodes (`nvidiaN`, `nvidiactl`,
@@ -196,8 +349,9 @@ pub mod quota_flags {
 pub struct Quota {
     /// GPU-memory limit by GPU index ([`NO_LIMIT`] for none).
     pub limit: [u64; MAX_GPUS],
-    /// GPU memory its cgroups hold, by GPU index (kept by the programs).
-    pub used: [u64; MAX_GPUS],
+    /// GPU memory its cgroups hold, by [`memory_slot`] (kept by the programs); bytes on a GPU
+    /// that can't be told are checked against the sum of the limits.
+    pub used: [u64; MEMORY_SLOTS],
     /// Bit `N`: `nvidiaN` may be opened.
     pub devices: u64,
     /// One of [`memory_policy`].
@@ -214,7 +368,7 @@ impl Default for Quota {
     fn default() -> Self {
         Self {
             limit: [NO_LIMIT; MAX_GPUS],
-            used: [0; MAX_GPUS],
+            used: [0; MEMORY_SLOTS],
             devices: 0,
             memory_policy: memory_policy::KILL,
             flags: 0,
@@ -259,6 +413,12 @@ pub mod stat {
 
 pod!(
     GpuNode,
+    MappingKey,
+    Mapping,
+    FileId,
+    FdInfo,
+    FileRefs,
+    ObjectInfo,
     PathKey,
     FdKey,
     IoctlKey,

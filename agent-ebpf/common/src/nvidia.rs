@@ -229,6 +229,92 @@ pub mod nvos54 {
     pub const STATUS: usize = 28;
 }
 
+/// `nv_ioctl_nvos02_parameters_with_fd` (56 bytes), the params of `RM_ALLOC_MEMORY`:
+/// `NVOS02_PARAMETERS` then the fd to map through. Issued on a GPU node (`nvidiaN`).
+pub mod nvos02 {
+    /// Size of the struct with its fd.
+    pub const SIZE: u32 = 56;
+    /// `hRoot` (the client).
+    pub const H_ROOT: usize = 0;
+    /// `hObjectParent`.
+    pub const H_OBJECT_PARENT: usize = 4;
+    /// `hObjectNew` (the handle the caller chose).
+    pub const H_OBJECT_NEW: usize = 8;
+    /// `hClass`.
+    pub const H_CLASS: usize = 12;
+    /// `flags` (`NVOS02_FLAGS_*`).
+    pub const FLAGS: usize = 16;
+    /// `pMemory` (in: the user memory an OS descriptor wraps; out: a CPU mapping).
+    pub const P_MEMORY: usize = 24;
+    /// `limit`: the size minus one.
+    pub const LIMIT: usize = 32;
+    /// `status` (out).
+    pub const STATUS: usize = 40;
+    /// `fd`.
+    pub const FD: usize = 48;
+    /// Shift of `NVOS02_FLAGS_LOCATION` (bits 11:8).
+    pub const FLAGS_LOCATION_SHIFT: u32 = 8;
+    /// Mask of the location after the shift.
+    pub const FLAGS_LOCATION_MASK: u32 = 0xf;
+    /// `NVOS02_FLAGS_LOCATION_PCI`: host memory.
+    pub const LOCATION_PCI: u32 = 0;
+    /// `NVOS02_FLAGS_LOCATION_VIDMEM`.
+    pub const LOCATION_VIDMEM: u32 = 2;
+    /// Shift of `NVOS02_FLAGS_ALLOC` (bits 17:16).
+    pub const FLAGS_ALLOC_SHIFT: u32 = 16;
+    /// `NVOS02_FLAGS_ALLOC_NONE`: no memory behind the object.
+    pub const ALLOC_NONE: u32 = 1;
+    /// Shift of `NVOS02_FLAGS_MAPPING` (bits 31:30).
+    pub const FLAGS_MAPPING_SHIFT: u32 = 30;
+    /// `NVOS02_FLAGS_MAPPING_NO_MAP`.
+    pub const MAPPING_NO_MAP: u32 = 1;
+}
+
+/// `NVOS32_PARAMETERS` (184 bytes), the params of `RM_VID_HEAP_CONTROL` (on `nvidiactl`): a
+/// head, then a union by `function`. Only `ALLOC_SIZE` and `FREE` are decoded.
+pub mod nvos32 {
+    /// Size of the struct.
+    pub const SIZE: u32 = 184;
+    /// `hRoot` (the client).
+    pub const H_ROOT: usize = 0;
+    /// `hObjectParent` (a device).
+    pub const H_OBJECT_PARENT: usize = 4;
+    /// `function` (`NVOS32_FUNCTION_*`).
+    pub const FUNCTION: usize = 8;
+    /// `status` (out).
+    pub const STATUS: usize = 20;
+    /// `data.AllocSize.owner`.
+    pub const ALLOC_OWNER: usize = 40;
+    /// `data.AllocSize.hMemory` (in/out), also `data.Free.hMemory`.
+    pub const H_MEMORY: usize = 44;
+    /// `data.AllocSize.type`.
+    pub const ALLOC_TYPE: usize = 48;
+    /// `data.AllocSize.flags` (`NVOS32_ALLOC_FLAGS_*`).
+    pub const ALLOC_FLAGS: usize = 52;
+    /// `data.AllocSize.attr` (`NVOS32_ATTR_*`).
+    pub const ALLOC_ATTR: usize = 56;
+    /// `data.AllocSize.size` (in/out: the driver writes back the size it allocated).
+    pub const ALLOC_SIZE: usize = 88;
+    /// `NVOS32_FUNCTION_ALLOC_SIZE`.
+    pub const FUNCTION_ALLOC_SIZE: u32 = 2;
+    /// `NVOS32_FUNCTION_FREE`.
+    pub const FUNCTION_FREE: u32 = 3;
+    /// `NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED`: `hMemory` is the caller's choice.
+    pub const FLAGS_MEMORY_HANDLE_PROVIDED: u32 = 0x0000_4000;
+    /// `NVOS32_ALLOC_FLAGS_VIRTUAL`: address space only.
+    pub const FLAGS_VIRTUAL: u32 = 0x0008_0000;
+    /// Shift of `NVOS32_ATTR_LOCATION` (bits 26:25).
+    pub const ATTR_LOCATION_SHIFT: u32 = 25;
+    /// Mask of the location after the shift.
+    pub const ATTR_LOCATION_MASK: u32 = 0x3;
+    /// `NVOS32_ATTR_LOCATION_VIDMEM`.
+    pub const LOCATION_VIDMEM: u32 = 0;
+    /// `NVOS32_ATTR_LOCATION_PCI`: host memory.
+    pub const LOCATION_PCI: u32 = 1;
+    /// `NVOS32_ATTR_LOCATION_ANY`: the driver's choice.
+    pub const LOCATION_ANY: u32 = 3;
+}
+
 /// `NV_MEMORY_ALLOCATION_PARAMS`: 120 bytes before driver 545.23.06, 128 since.
 pub mod memory_alloc {
     /// Size before driver 545.23.06.
@@ -253,8 +339,10 @@ pub mod memory_alloc {
     pub const ATTR_LOCATION_SHIFT: u32 = 25;
     /// Mask of the location field in `attr` (after the shift).
     pub const ATTR_LOCATION_MASK: u32 = 0x3;
-    /// Location value for video memory.
+    /// Location value for video memory (`NVOS32_ATTR_LOCATION_VIDMEM`).
     pub const ATTR_LOCATION_VIDMEM: u32 = 0;
+    /// Location value for host memory (`NVOS32_ATTR_LOCATION_PCI`).
+    pub const ATTR_LOCATION_PCI: u32 = 1;
 }
 
 /// `NV0080_ALLOC_PARAMETERS`: the params of an `NV01_DEVICE_0` allocation.
@@ -283,6 +371,8 @@ pub mod class {
     pub const ROOT_CLIENT: u32 = 0x41;
     /// `NV01_MEMORY_VIRTUAL`: a virtual-address range, no backing memory.
     pub const MEMORY_VIRTUAL: u32 = 0x70;
+    /// `NV01_MEMORY_SYSTEM_OS_DESCRIPTOR`: user memory pinned for the GPU.
+    pub const MEMORY_SYSTEM_OS_DESCRIPTOR: u32 = 0x71;
     /// `NV01_DEVICE_0`.
     pub const DEVICE_0: u32 = 0x80;
     /// `NV20_SUBDEVICE_0`.
@@ -315,6 +405,12 @@ pub mod status {
     pub const INVALID_OBJECT_HANDLE: u32 = 0x33;
     /// `NV_ERR_INVALID_OBJECT_PARENT`: the parent can't hold an object of that class.
     pub const INVALID_OBJECT_PARENT: u32 = 0x36;
+    /// `NV_ERR_INVALID_CLASS`.
+    pub const INVALID_CLASS: u32 = 0x22;
+    /// `NV_ERR_INVALID_FLAGS`.
+    pub const INVALID_FLAGS: u32 = 0x29;
+    /// `NV_ERR_NOT_SUPPORTED`.
+    pub const NOT_SUPPORTED: u32 = 0x56;
 }
 
 /// `/dev/nvidia-uvm` commands: plain numbers, not `_IOC`-encoded.

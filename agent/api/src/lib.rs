@@ -30,6 +30,6 @@ pub use protocol::{
     DEFAULT_SOCKET, NodeName, Request, Response, SessionCgroup, Signalled, parse_request,
 };
 pub use snapshot::{
-    BindingView, Candidate, Container, DeviceQuotaView, DeviceUsage, EnforcementView, GpuView,
-    Hook, KubeletStatus, QuotaView, Record, Snapshot, Stats, Tier,
+    Accuracy, BindingView, Candidate, Container, DeviceQuotaView, DeviceUsage, EnforcementView,
+    GpuView, Hook, KubeletStatus, QuotaView, Record, Snapshot, Stats, Tier,
 };

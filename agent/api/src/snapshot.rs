@@ -38,6 +38,20 @@ pub struct Snapshot {
     /// The kubelet pod-name source, where one is configured.
     #[serde(default)]
     pub kubelet: Option<KubeletStatus>,
+    /// Which memory figures are exact and which are bounds, and why (docs/accounting.md).
+    #[serde(default)]
+    pub accuracy: Vec<Accuracy>,
+}
+
+/// How exact one figure of the snapshot is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accuracy {
+    /// The figure, by its key (`devices.memory_bytes`, `managed_memory_bytes`, …).
+    pub figure: String,
+    /// `exact`, or `bound` (an upper bound on what it names).
+    pub accuracy: String,
+    /// What it counts and where it can differ from the GPU's own view.
+    pub note: String,
 }
 
 /// One GPU's utilization.
@@ -139,8 +153,16 @@ pub struct Container {
     pub cgroup_id: u64,
     /// Processes holding GPU fds, sorted.
     pub pids: Vec<u32>,
-    /// Per device node or GPU, sorted by name.
+    /// Per device node or GPU, sorted by name. Video memory whose GPU can't be told is under
+    /// the device `unknown`.
     pub devices: Vec<DeviceUsage>,
+    /// Host memory allocated for the GPUs (`NV01_MEMORY_SYSTEM`, pinned user memory): exact,
+    /// and not video memory.
+    #[serde(default)]
+    pub system_memory_bytes: u64,
+    /// Managed (UVM) memory mapped: a bound on what it can place on a GPU, not what is there.
+    #[serde(default)]
+    pub managed_memory_bytes: u64,
     /// The session whose quota applies here.
     #[serde(default)]
     pub session_id: Option<String>,

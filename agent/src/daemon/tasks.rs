@@ -39,6 +39,8 @@ pub(super) fn rescan_nodes(state: &mut Telemetry, config: &AgentConfig) {
     }
     let maps = state.sensor.maps_mut();
     let (added, removed) = upkeep::sync_paths(maps, &expansion.nodes);
+    let (files_added, files_removed, match_inodes) = upkeep::sync_files(maps, &expansion.nodes);
+    state.sensor.set_match_inodes(match_inodes);
     state.nodes = expansion.nodes;
     let seeded = upkeep::seed(
         state.sensor.maps_mut(),
@@ -51,6 +53,9 @@ pub(super) fn rescan_nodes(state: &mut Telemetry, config: &AgentConfig) {
         watched = state.nodes.len(),
         added,
         removed,
+        files_added,
+        files_removed,
+        by_file = state.sensor.matches_by_file(),
         seeded_fds = seeded.fds,
         seeded_processes = seeded.processes,
         "GPU device nodes: {}",

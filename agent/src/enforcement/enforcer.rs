@@ -17,7 +17,7 @@ use std::{
 
 use gpuwarden_agent_common::{
     event::{Event, action, kind},
-    maps::{CgroupDeviceKey, MAX_GPUS, NO_LIMIT, Quota, quota_flags},
+    maps::{CgroupDeviceKey, MAX_GPUS, NO_LIMIT, Quota, memory_kind, quota_flags, slot_device},
 };
 use gpuwarden_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
@@ -735,11 +735,11 @@ fn seed_member(kernel: &mut Kernel, key: u64, id: u64) {
         return;
     };
     let mut changed = false;
-    for (device, used) in (0u32..).zip(quota.used.iter_mut()) {
+    for (slot, used) in quota.used.iter_mut().enumerate() {
         let k = CgroupDeviceKey {
             cgroup: id,
-            device,
-            _pad: 0,
+            device: slot_device(slot),
+            kind: memory_kind::VIDEO,
         };
         if let Some(bytes) = kernel.maps.cgroup_memory.get(&k) {
             *used += bytes;

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use gpuwarden_agent_api::{
-    BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, GpuView, QuotaView,
-    Snapshot, Stats,
+    Accuracy, BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, GpuView,
+    QuotaView, Snapshot, Stats,
 };
 use gpuwarden_agent_common::maps::{MAX_GPUS, stat};
 
@@ -83,7 +83,54 @@ pub(crate) fn build(
             .collect(),
         gpus: Vec::new(),
         kubelet: None,
+        accuracy: accuracy(),
     }
+}
+
+/// Which figures are exact and which are bounds (docs/accounting.md says the same at length).
+const ACCURACY: &[(&str, &str, &str)] = &[
+    (
+        "devices.memory_bytes",
+        "exact",
+        "video memory the driver allocated (RM_ALLOC, RM_VID_HEAP_CONTROL), at the size it wrote \
+         back; device \"unknown\" when the GPU of a device handle made before the agent started \
+         can't be told; allocations made before the agent started are not seen",
+    ),
+    (
+        "system_memory_bytes",
+        "exact",
+        "host memory allocated or pinned for the GPUs (NV01_MEMORY_SYSTEM, RM_ALLOC_MEMORY, \
+         OS descriptors): not video memory",
+    ),
+    (
+        "managed_memory_bytes",
+        "bound",
+        "managed (UVM) memory mapped: the most a process may place on a GPU; how much is \
+         resident in video memory is the UVM driver's and not seen; a mapping is released when \
+         unmapped from its start or when its process ends",
+    ),
+    (
+        "quota.devices.used_bytes",
+        "exact",
+        "the video memory the kernel side counted against the quota (device-unknown bytes are \
+         checked against the sum of the quota's limits)",
+    ),
+    (
+        "devices.ioctls",
+        "exact",
+        "ioctls on tracked GPU fds, by escape or UVM command",
+    ),
+];
+
+fn accuracy() -> Vec<Accuracy> {
+    ACCURACY
+        .iter()
+        .map(|(figure, accuracy, note)| Accuracy {
+            figure: (*figure).to_owned(),
+            accuracy: (*accuracy).to_owned(),
+            note: (*note).to_owned(),
+        })
+        .collect()
 }
 
 /// Each GPU's utilization: `measured` where the backend reads one (NVML), else the throttle's
@@ -204,6 +251,8 @@ fn container(id: u64, workload: Option<&Workload>, totals: CgroupCounters) -> Co
         cgroup_id: id,
         pids: totals.pids,
         devices,
+        system_memory_bytes: totals.system_bytes,
+        managed_memory_bytes: totals.managed_bytes,
         ..Container::default()
     };
     match workload {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use gpuwarden_agent_common::{
-    maps::{family, stat},
+    maps::{family, memory_kind, stat},
     nvidia::{esc, uvm},
 };
 
@@ -27,6 +27,10 @@ pub(crate) struct CgroupCounters {
     pub pids: Vec<u32>,
     /// Per device: ioctl counts by class, and GPU memory held.
     pub devices: BTreeMap<u32, (BTreeMap<String, u64>, u64)>,
+    /// Host memory allocated or pinned for the GPUs.
+    pub system_bytes: u64,
+    /// Managed (UVM) memory mapped.
+    pub managed_bytes: u64,
 }
 
 impl CgroupCounters {
@@ -89,7 +93,11 @@ pub(crate) fn read(maps: &TelemetryMaps) -> Counters {
             .or_default() += n;
     }
     for (key, bytes) in maps.cgroup_memory.entries() {
-        device(&mut cgroups, key.cgroup, key.device).1 = bytes;
+        match key.kind {
+            memory_kind::SYSTEM => cgroups.entry(key.cgroup).or_default().system_bytes = bytes,
+            memory_kind::MANAGED => cgroups.entry(key.cgroup).or_default().managed_bytes = bytes,
+            _ => device(&mut cgroups, key.cgroup, key.device).1 = bytes,
+        }
     }
     for c in cgroups.values_mut() {
         c.pids.sort_unstable();

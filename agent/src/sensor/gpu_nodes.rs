@@ -11,8 +11,7 @@ use std::{
 };
 
 use gpuwarden_agent_common::maps::{
-    DEVICE_CTL, DEVICE_MODESET, DEVICE_UNKNOWN, DEVICE_UVM, DEVICE_UVM_TOOLS, GpuNode, PATH_LEN,
-    node_kind,
+    DEVICE_CTL, DEVICE_MODESET, DEVICE_UNKNOWN, DEVICE_UVM, DEVICE_UVM_TOOLS, GpuNode, node_kind,
 };
 
 /// The globs watched when none are configured.
@@ -74,8 +73,8 @@ impl GpuNodeGlobs {
     }
 
     /// The existing paths the globs match, each with its node, plus their canonical forms (a
-    /// process may open the node through either). Paths too long for the programs, or whose
-    /// names are not NVIDIA node names, are returned in `skipped` with the reason.
+    /// process may open the node through either). Paths whose names are not NVIDIA node names
+    /// are returned in `skipped` with the reason.
     #[must_use]
     pub fn expand(&self) -> Expansion {
         let mut expansion = Expansion::default();
@@ -89,12 +88,10 @@ impl GpuNodeGlobs {
                     continue;
                 };
                 let canonical = std::fs::canonicalize(&path).ok();
+                // A path too long for the path table is still matched by its file (where the
+                // kernel has BTF).
                 for p in std::iter::once(path).chain(canonical) {
-                    if p.as_os_str().len() >= PATH_LEN {
-                        expansion.skipped.push((p, "path longer than 63 bytes"));
-                    } else {
-                        expansion.nodes.insert(p, node);
-                    }
+                    expansion.nodes.insert(p, node);
                 }
             }
         }

@@ -5,7 +5,8 @@
 
 use aya::maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap};
 use gpuwarden_agent_common::maps::{
-    Allocation, CgroupDeviceKey, ClientInfo, FdKey, GpuNode, HandleKey, IoctlKey, PathKey, ProcInfo,
+    Allocation, CgroupDeviceKey, ClientInfo, FdInfo, FdKey, FileId, FileRefs, GpuNode, HandleKey,
+    IoctlKey, Mapping, MappingKey, ObjectInfo, PathKey, ProcInfo,
 };
 
 /// `BPF_NOEXIST`: insert only where the key is absent.
@@ -178,10 +179,16 @@ pub(crate) type Map<K, V> = Box<dyn KernelMap<K, V>>;
 
 /// The maps telemetry reads and tidies (the quota maps belong to enforcement).
 pub(crate) struct TelemetryMaps {
-    /// GPU device-node paths to track.
+    /// GPU device-node paths to track (kernels without BTF).
     pub gpu_paths: Map<PathKey, GpuNode>,
+    /// GPU device nodes by what identifies the opened file.
+    pub gpu_files: Map<FileId, GpuNode>,
     /// Open GPU fds.
-    pub gpu_fds: Map<FdKey, GpuNode>,
+    pub gpu_fds: Map<FdKey, FdInfo>,
+    /// Open GPU files: tracked fds on each, and the clients made through it.
+    pub files: Map<u64, FileRefs>,
+    /// Managed-memory mappings of the UVM node.
+    pub mappings: Map<MappingKey, Mapping>,
     /// Processes holding GPU fds.
     pub procs: Map<u32, ProcInfo>,
     /// RM clients holding counted memory.
@@ -189,7 +196,7 @@ pub(crate) struct TelemetryMaps {
     /// Counted allocations.
     pub allocations: Map<HandleKey, Allocation>,
     /// GPU index of device objects.
-    pub object_devices: Map<HandleKey, u32>,
+    pub object_devices: Map<HandleKey, ObjectInfo>,
     /// Video memory by (cgroup, GPU).
     pub cgroup_memory: Map<CgroupDeviceKey, u64>,
     /// ioctl counts by (cgroup, device, family, command), summed over CPUs.

@@ -11,6 +11,7 @@
 //! - `counters`: the maps' counters, named; `upkeep`: seeding and tidying the maps;
 //! - `events`: the ring buffer of events; `device_program`: device access per cgroup.
 
+pub mod btf;
 mod counters;
 mod device_program;
 pub(crate) mod events;
@@ -26,11 +27,13 @@ use std::path::Path;
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{Array, HashMap, Map, MapData, MapError, RingBuf},
-    programs::{CgroupDevice, Lsm, ProgramError, ProgramFd, TracePoint, links::FdLink},
+    programs::{
+        CgroupDevice, FEntry, KProbe, Lsm, ProgramError, ProgramFd, TracePoint, links::FdLink,
+    },
 };
 use gpuwarden_agent_common::{
-    config::{CONFIG_SYMBOL, Config},
-    maps::enforce_mode,
+    config::{CONFIG_SYMBOL, Config, FileOffsets},
+    maps::{enforce_mode, setting},
 };
 use pins::Pins;
 use serde::{Deserialize, Serialize};
@@ -136,6 +139,7 @@ const TRACEPOINTS: &[TracepointProgram] = &[
     tp("sys_enter_openat2", "syscalls", true),
     tp("sys_exit_openat2", "syscalls", true),
     tp("sys_enter_close", "syscalls", false),
+    tp("sys_enter_close_range", "syscalls", true),
     tp("sys_enter_dup", "syscalls", false),
     tp("sys_exit_dup", "syscalls", false),
     tp("sys_enter_dup2", "syscalls", true),
@@ -151,14 +155,25 @@ const TRACEPOINTS: &[TracepointProgram] = &[
     tp("sched_process_fork", "sched", false),
     tp("sched_process_exec", "sched", false),
     tp("sched_process_exit", "sched", false),
+    tp("sys_enter_mmap", "syscalls", false),
+    tp("sys_exit_mmap", "syscalls", false),
+    tp("sys_enter_munmap", "syscalls", false),
     tp("sys_exit_ioctl", "syscalls", false),
     tp("sys_enter_ioctl", "syscalls", false),
 ];
 
+/// The programs that read the path at `openat` entry: needed only to match by path.
+const PATH_PROGRAMS: &[&str] = &["sys_enter_openat", "sys_enter_openat2"];
+
+/// The kernel's BTF, for the offsets that find an fd's file.
+const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
+
 /// Every map, pinned by name so a restarted agent keeps counters and quotas.
 const MAPS: &[&str] = &[
     "GPU_PATHS",
+    "GPU_FILES",
     "GPU_FDS",
+    "FILES",
     "PROCS",
     "CLIENTS",
     "ALLOCATIONS",
@@ -172,10 +187,14 @@ const MAPS: &[&str] = &[
     "PENDING_IOCTL",
     "IOCTLS_IN_FLIGHT",
     "PENDING_CLONE",
+    "PENDING_MMAP",
+    "MMAPS_IN_FLIGHT",
+    "UVM_MAPPINGS",
     "CGROUP_QUOTA",
     "QUOTAS",
     "DENY",
     "SETTINGS",
+    "SCRATCH_CLIENT",
     "AYA_LOGS",
 ];
 
@@ -243,6 +262,10 @@ pub struct Sensor {
     memory_tier: (MemoryTier, String),
     /// Whether maps and links of an earlier agent were adopted.
     adopted: bool,
+    /// Settings the programs read at run time.
+    settings: Array<MapData, u32>,
+    /// GPU nodes are matched by the opened file.
+    by_file: bool,
 }
 
 impl Sensor {
@@ -254,8 +277,10 @@ impl Sensor {
         raise_memlock_limit();
         let tracefs = tracefs::ensure_mounted()?;
         let probe = probe::probe(Path::new("/sys"));
+        let files = file_offsets();
         let config = Config {
             alloc_event_min_bytes,
+            files,
             ..tracefs::config_offsets(&tracefs)
         };
         let (pins, adopted) = match pin_dir {
@@ -277,7 +302,7 @@ impl Sensor {
         let mut ebpf = loader
             .load(OBJECT)
             .map_err(|e| SensorError::Load(Box::new(e)))?;
-        let mut hooks = attach_tracepoints(&mut ebpf, &tracefs, pins.as_ref())?;
+        let mut hooks = attach_tracepoints(&mut ebpf, &tracefs, pins.as_ref(), files.valid != 0)?;
         let device_program = load_device_program(&mut ebpf);
         if device_program.is_some() {
             hooks.push(Hook {
@@ -303,7 +328,10 @@ impl Sensor {
         let enforcement_memory = second_handle(&cgroup_memory, "CGROUP_MEMORY")?;
         let maps = TelemetryMaps {
             gpu_paths: named(&mut ebpf, "GPU_PATHS")?,
+            gpu_files: named(&mut ebpf, "GPU_FILES")?,
             gpu_fds: named(&mut ebpf, "GPU_FDS")?,
+            files: named(&mut ebpf, "FILES")?,
+            mappings: named(&mut ebpf, "UVM_MAPPINGS")?,
             procs: named(&mut ebpf, "PROCS")?,
             clients: named(&mut ebpf, "CLIENTS")?,
             allocations: named(&mut ebpf, "ALLOCATIONS")?,
@@ -326,17 +354,7 @@ impl Sensor {
                 "CGROUP_MEMORY",
             )?,
         };
-        let mut settings: Array<MapData, u32> = take(&mut ebpf, "SETTINGS")?;
-        let mode = match memory_tier.0 {
-            MemoryTier::LsmDeny => enforce_mode::LSM_DENY,
-            MemoryTier::TracepointSignal => enforce_mode::SIGNAL,
-        };
-        settings
-            .set(0, mode, 0)
-            .map_err(|source| SensorError::Map {
-                name: "SETTINGS",
-                source,
-            })?;
+        let settings = settings(&mut ebpf, memory_tier.0)?;
         let events = Some(take(&mut ebpf, "EVENTS")?);
         Ok(Self {
             ebpf,
@@ -347,7 +365,23 @@ impl Sensor {
             hooks,
             memory_tier,
             adopted,
+            settings,
+            by_file: files.valid != 0,
         })
+    }
+
+    /// Whether GPU nodes are matched by the opened file (else by path).
+    #[must_use]
+    pub fn matches_by_file(&self) -> bool {
+        self.by_file
+    }
+
+    /// Tells the programs whether some watched node is not a device file (the fake driver's),
+    /// so opened files are also matched by inode.
+    pub(crate) fn set_match_inodes(&mut self, on: bool) {
+        if let Err(e) = self.settings.set(setting::MATCH_INODES, u32::from(on), 0) {
+            tracing::warn!("cannot tell the programs to match nodes by inode: {e}");
+        }
     }
 
     /// What was probed and chosen.
@@ -413,9 +447,15 @@ fn attach_tracepoints(
     ebpf: &mut Ebpf,
     tracefs: &Path,
     pins: Option<&Pins>,
+    by_file: bool,
 ) -> Result<Vec<Hook>, SensorError> {
     let mut hooks = Vec::new();
     for program in TRACEPOINTS {
+        // Matching by the opened file needs no look at the path at entry: every open on the
+        // node is spared that program.
+        if by_file && PATH_PROGRAMS.contains(&program.name) {
+            continue;
+        }
         let target = format!("{}/{}", program.category, program.name);
         if program.optional
             && !tracefs
@@ -467,6 +507,106 @@ fn attach_tracepoints(
         });
     }
     Ok(hooks)
+}
+
+/// The driver's ioctl entry point (`file_operations.unlocked_ioctl` of `nvidia.ko`).
+const DRIVER_IOCTL: &str = "nvidia_unlocked_ioctl";
+/// A core kernel function every kernel has, to learn whether fentry loads at all.
+const CORE_FUNCTION: &str = "do_sys_openat2";
+
+/// Tries to load and attach each driver hook (and an fentry on a core kernel function), for
+/// `gpuwarden-agent probe-hooks`: whether the most targeted tier would load on this kernel. The
+/// programs count nothing and are detached on return.
+#[must_use]
+pub fn try_driver_hooks() -> Vec<probe::HookTrial> {
+    raise_memlock_limit();
+    let trial = |hook: &str, target: &str, result: Result<(), String>| probe::HookTrial {
+        hook: hook.to_owned(),
+        target: target.to_owned(),
+        loaded: result.is_ok(),
+        detail: result
+            .err()
+            .unwrap_or_else(|| "loaded and attached".to_owned()),
+    };
+    // Each attempt gets its own copy of the object: a program loads once.
+    let fresh = || EbpfLoader::new().load(OBJECT).map_err(|e| error_chain(&e));
+    let kprobe = fresh().and_then(|mut ebpf| {
+        let program: &mut KProbe = ebpf
+            .program_mut("driver_kprobe")
+            .ok_or("not in the object")?
+            .try_into()
+            .map_err(|e: ProgramError| e.to_string())?;
+        program.load().map_err(|e| error_chain(&e))?;
+        program
+            .attach(DRIVER_IOCTL, 0)
+            .map(drop)
+            .map_err(|e| error_chain(&e))
+    });
+    let fentry = |target: &str, btf: Result<Btf, String>| {
+        fresh().and_then(|mut ebpf| {
+            let btf = btf?;
+            let program: &mut FEntry = ebpf
+                .program_mut("driver_fentry")
+                .ok_or("not in the object")?
+                .try_into()
+                .map_err(|e: ProgramError| e.to_string())?;
+            program.load(target, &btf).map_err(|e| error_chain(&e))?;
+            program.attach().map(drop).map_err(|e| error_chain(&e))
+        })
+    };
+    let vmlinux = || Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"));
+    let module = || {
+        let path = Path::new("/sys/kernel/btf/nvidia");
+        if path.exists() {
+            Btf::parse_file(path, aya::Endianness::default())
+                .map_err(|e| format!("the nvidia module's BTF can't be read: {e}"))
+        } else {
+            Err("no BTF for the nvidia module (/sys/kernel/btf/nvidia)".to_owned())
+        }
+    };
+    vec![
+        trial("driver_kprobe", DRIVER_IOCTL, kprobe),
+        trial(
+            "driver_fentry",
+            DRIVER_IOCTL,
+            fentry(DRIVER_IOCTL, module()),
+        ),
+        trial(
+            "vmlinux_fentry",
+            CORE_FUNCTION,
+            fentry(CORE_FUNCTION, vmlinux()),
+        ),
+    ]
+}
+
+/// Takes the settings array and writes how over-limit allocations are acted on.
+fn settings(ebpf: &mut Ebpf, tier: MemoryTier) -> Result<Array<MapData, u32>, SensorError> {
+    let mut settings: Array<MapData, u32> = take(ebpf, "SETTINGS")?;
+    let mode = match tier {
+        MemoryTier::LsmDeny => enforce_mode::LSM_DENY,
+        MemoryTier::TracepointSignal => enforce_mode::SIGNAL,
+    };
+    settings
+        .set(setting::ENFORCE_MODE, mode, 0)
+        .map_err(|source| SensorError::Map {
+            name: "SETTINGS",
+            source,
+        })?;
+    Ok(settings)
+}
+
+/// The kernel offsets that find an fd's file, or none (matching by path) where the kernel's BTF
+/// lacks them.
+fn file_offsets() -> FileOffsets {
+    match btf::Btf::from_path(Path::new(BTF_PATH)).and_then(|b| b.file_offsets()) {
+        Ok(files) => files,
+        Err(e) => {
+            tracing::warn!(
+                "GPU nodes are matched by path only (symlinks, relative and long paths are missed): {e}"
+            );
+            FileOffsets::NONE
+        }
+    }
 }
 
 /// Identifies this build of the programs with these settings: pins of another are replaced.

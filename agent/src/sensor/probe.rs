@@ -76,3 +76,17 @@ pub fn probe(sys: &Path) -> Probe {
 
 #[cfg(test)]
 mod tests;
+
+/// Where an attempt to load a driver hook ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HookTrial {
+    /// `driver_fentry`, `driver_kprobe`, or `vmlinux_fentry` (an fentry on a core kernel
+    /// function: whether fentry loads at all).
+    pub hook: String,
+    /// The function it was aimed at.
+    pub target: String,
+    /// It loaded and attached.
+    pub loaded: bool,
+    /// What the kernel (or the loader) said.
+    pub detail: String,
+}

@@ -12,7 +12,8 @@ use std::{
 };
 
 use gpuwarden_agent_common::maps::{
-    CgroupDeviceKey, FdKey, GpuNode, IoctlKey, MAX_GPUS, PATH_LEN, PathKey, ProcInfo,
+    CgroupDeviceKey, FdInfo, FdKey, FileId, GpuNode, IoctlKey, MEMORY_SLOTS, PATH_LEN, PathKey,
+    ProcInfo, kernel_dev, node_kind,
 };
 
 use super::maps::{MapError, TelemetryMaps};
@@ -44,6 +45,62 @@ pub(crate) fn sync_paths(
         }
     }
     (added, removed)
+}
+
+/// What identifies the file at `path` (following symlinks) as the programs see an opened file: a
+/// device file by its device number, anything else by its file system's device and its inode.
+#[must_use]
+pub(crate) fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+    let meta = std::fs::metadata(path).ok()?;
+    let dev = |d: u64| kernel_dev(libc::major(d), libc::minor(d));
+    Some(if meta.file_type().is_char_device() {
+        FileId {
+            dev: dev(meta.rdev()),
+            _pad: 0,
+            ino: 0,
+        }
+    } else {
+        FileId {
+            dev: dev(meta.dev()),
+            _pad: 0,
+            ino: meta.ino(),
+        }
+    })
+}
+
+/// The nodes by what identifies their files.
+fn node_ids(nodes: &BTreeMap<PathBuf, GpuNode>) -> BTreeMap<FileId, GpuNode> {
+    nodes
+        .iter()
+        .filter_map(|(p, n)| file_id(p).map(|id| (id, *n)))
+        .collect()
+}
+
+/// Makes the file table hold exactly the files of `nodes`. Returns how many were added and
+/// removed, and whether any node is not a device file (so the programs must match inodes too).
+pub(crate) fn sync_files(
+    maps: &mut TelemetryMaps,
+    nodes: &BTreeMap<PathBuf, GpuNode>,
+) -> (usize, usize, bool) {
+    let wanted = node_ids(nodes);
+    let present: HashSet<FileId> = maps.gpu_files.keys().into_iter().collect();
+    let mut removed = 0;
+    for key in present.iter().filter(|k| !wanted.contains_key(k)) {
+        if maps.gpu_files.remove(key).is_ok() {
+            removed += 1;
+        }
+    }
+    let mut added = 0;
+    for (key, node) in &wanted {
+        if !present.contains(key) {
+            match maps.gpu_files.insert(*key, *node) {
+                Ok(()) => added += 1,
+                Err(e) => tracing::warn!("cannot watch a GPU node: {e}"),
+            }
+        }
+    }
+    (added, removed, wanted.keys().any(|k| k.ino != 0))
 }
 
 /// The NUL-padded key of `path`, `None` if it is too long.
@@ -99,6 +156,7 @@ pub(crate) fn seed(
             })
             .unwrap_or_default(),
     };
+    let ids = node_ids(nodes);
     for tgid in pids {
         let Ok(fds) = std::fs::read_dir(proc_root.join(tgid.to_string()).join("fd")) else {
             continue;
@@ -112,10 +170,14 @@ pub(crate) fn seed(
             else {
                 continue;
             };
-            let Ok(target) = std::fs::read_link(entry.path()) else {
-                continue;
+            // The file the fd refers to, whatever path opened it; else the path it names.
+            let by_file = file_id(&entry.path()).and_then(|id| ids.get(&id));
+            let by_path = || {
+                std::fs::read_link(entry.path())
+                    .ok()
+                    .and_then(|t| nodes.get(&t))
             };
-            if let Some(node) = nodes.get(&target) {
+            if let Some(node) = by_file.or_else(by_path) {
                 found.push((fd, *node));
             }
         }
@@ -124,7 +186,17 @@ pub(crate) fn seed(
         }
         let max_fd = found.iter().map(|(fd, _)| *fd).max().unwrap_or(0);
         for (fd, node) in &found {
-            if maps.gpu_fds.insert(FdKey { tgid, fd: *fd }, *node).is_ok() {
+            // The programs learn the fd's open file at its first ioctl.
+            let info = FdInfo {
+                node: *node,
+                file: 0,
+            };
+            // Only where absent: the programs may have tracked it meanwhile, with its file.
+            if maps
+                .gpu_fds
+                .insert_new(FdKey { tgid, fd: *fd }, info)
+                .is_ok()
+            {
                 report.fds += 1;
             }
         }
@@ -136,8 +208,10 @@ pub(crate) fn seed(
                 cgroup,
                 generation: monotonic_ns(),
                 max_fd,
-                _pad: 0,
-                vidmem: [0; MAX_GPUS],
+                gpu_nodes: gpu_nodes(found.iter().map(|(_, node)| *node)),
+                vidmem: [0; MEMORY_SLOTS],
+                sysmem: 0,
+                managed: 0,
             };
             // Only where absent: the programs may have registered it meanwhile.
             if maps.procs.insert_new(tgid, info).is_ok() {
@@ -146,6 +220,15 @@ pub(crate) fn seed(
         }
     }
     report
+}
+
+/// The `ProcInfo::gpu_nodes` bits of `nodes`: which GPUs' nodes a process holds, telling the GPU
+/// of allocations under device handles made before the agent started.
+pub(crate) fn gpu_nodes(nodes: impl IntoIterator<Item = GpuNode>) -> u32 {
+    nodes
+        .into_iter()
+        .filter(|n| n.kind == node_kind::RM && n.device < 32)
+        .fold(0, |bits, n| bits | 1 << n.device)
 }
 
 /// Whether process `tgid` exists.
@@ -248,6 +331,29 @@ pub(crate) fn collect_garbage(
         .filter(|k| !live_clients.contains_key(&k.client))
         .collect();
     garbage.handles += remove_all(&stale_objects, |k| maps.object_devices.remove(k));
+    // Open files no tracked fd refers to any more (their fds went unseen: exec, or past the
+    // fds the programs walk).
+    let open: HashSet<u64> = maps
+        .gpu_fds
+        .entries()
+        .into_iter()
+        .map(|(_, info)| info.file)
+        .collect();
+    let stale_files: Vec<u64> = maps
+        .files
+        .keys()
+        .into_iter()
+        .filter(|f| !open.contains(f))
+        .collect();
+    garbage.handles += remove_all(&stale_files, |k| maps.files.remove(k));
+    // Mappings of processes that are gone (their bytes went with the process).
+    let stale_mappings: Vec<_> = maps
+        .mappings
+        .keys()
+        .into_iter()
+        .filter(|k| procs.get(&k.tgid).is_none_or(|_| !alive(proc_root, k.tgid)))
+        .collect();
+    garbage.handles += remove_all(&stale_mappings, |k| maps.mappings.remove(k));
 
     attributor.forget_dead();
     let with_procs: HashSet<u64> = maps.procs.entries().iter().map(|(_, p)| p.cgroup).collect();
@@ -346,7 +452,9 @@ pub(crate) fn reseed_after_exec(
             .join(tgid.to_string())
             .join("fd")
             .join(key.fd.to_string());
-        let still_gpu = std::fs::read_link(link).is_ok_and(|t| nodes.contains_key(&t));
+        let ids = node_ids(nodes);
+        let still_gpu = file_id(&link).is_some_and(|id| ids.contains_key(&id))
+            || std::fs::read_link(link).is_ok_and(|t| nodes.contains_key(&t));
         if !still_gpu {
             let _ = maps.gpu_fds.remove(&key);
         }

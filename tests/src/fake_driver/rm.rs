@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpuwarden_agent_common::nvidia::{
-    class, esc, memory_alloc, nvos00, nvos21, nvos54, nvos64, status, xfer,
+    class, esc, memory_alloc, nvos00, nvos02, nvos21, nvos32, nvos54, nvos64, status, xfer,
 };
 
 use super::caller::CallerMemory;
@@ -51,8 +51,10 @@ struct Object {
     class: u32,
     /// The GPU of a device or subdevice, of what lives under one, and of video memory.
     gpu: Option<usize>,
-    /// Video memory held.
+    /// Memory held: video memory on `gpu`, or host memory when `host`.
     bytes: u64,
+    /// `bytes` are host memory (system memory for the GPU, or user memory pinned for it).
+    host: bool,
 }
 
 #[derive(Debug)]
@@ -79,6 +81,8 @@ enum AllocForm {
 #[derive(Debug)]
 pub(crate) struct Rm {
     gpus: Vec<Gpu>,
+    /// Host memory held for the GPUs (system memory objects and pinned user memory).
+    sysmem: u64,
     clients: BTreeMap<u32, Client>,
     last_client: u32,
     last_object: u32,
@@ -92,6 +96,7 @@ impl Rm {
                 .iter()
                 .map(|&capacity| Gpu { capacity, used: 0 })
                 .collect(),
+            sysmem: 0,
             clients: BTreeMap::new(),
             last_client: CLIENT_HANDLE_BASE,
             last_object: OBJECT_HANDLE_BASE,
@@ -103,13 +108,18 @@ impl Rm {
         self.gpus.iter().map(|g| g.used).collect()
     }
 
+    /// Host memory held for the GPUs.
+    pub(crate) fn sysmem(&self) -> u64 {
+        self.sysmem
+    }
+
     /// Video memory held per GPU by each live client.
     pub(crate) fn used_by_client(&self) -> BTreeMap<u32, Vec<u64>> {
         self.clients
             .iter()
             .map(|(&h, c)| {
                 let mut per_gpu = vec![0; self.gpus.len()];
-                for o in c.objects.values() {
+                for o in c.objects.values().filter(|o| !o.host) {
                     if let Some(slot) = o.gpu.and_then(|g| per_gpu.get_mut(g)) {
                         *slot += o.bytes;
                     }
@@ -140,6 +150,8 @@ impl Rm {
             (esc::RM_ALLOC, nvos21::SIZE) => self.alloc(mem, fh, AllocForm::Nvos21, params),
             (esc::RM_ALLOC, nvos64::SIZE) => self.alloc(mem, fh, AllocForm::Nvos64, params),
             (esc::RM_FREE, nvos00::SIZE) => self.free(params),
+            (esc::RM_ALLOC_MEMORY, nvos02::SIZE) => self.alloc_memory(params),
+            (esc::RM_VID_HEAP_CONTROL, nvos32::SIZE) => self.vid_heap(params),
             (esc::RM_CONTROL, nvos54::SIZE) => self.control(mem, params),
             (esc::IOCTL_XFER_CMD, xfer::SIZE) => return self.xfer(mem, fh, params),
             (esc::CARD_INFO, _) if size > 0 && size % card_info::SIZE == 0 => {
@@ -152,6 +164,8 @@ impl Rm {
             (
                 esc::RM_ALLOC
                 | esc::RM_FREE
+                | esc::RM_ALLOC_MEMORY
+                | esc::RM_VID_HEAP_CONTROL
                 | esc::RM_CONTROL
                 | esc::IOCTL_XFER_CMD
                 | esc::CARD_INFO
@@ -274,6 +288,7 @@ impl Rm {
         } else {
             r.handle
         };
+        let mut host = false;
         let (gpu, bytes) = match r.class {
             class::DEVICE_0 => {
                 if parent.is_some() {
@@ -318,11 +333,26 @@ impl Rm {
                     .map_err(|_| status::INVALID_ARGUMENT)?;
                 (Some(gpu), rounded)
             }
-            // Virtual ranges (`NV50_MEMORY_VIRTUAL`, `NV01_MEMORY_VIRTUAL`), system memory
-            // (`NV01_MEMORY_SYSTEM`) and every other class: held, charged nothing.
+            class::MEMORY_SYSTEM => {
+                if r.params_size != memory_alloc::SIZE && r.params_size != memory_alloc::SIZE_OLD {
+                    return Err(status::INVALID_ARGUMENT);
+                }
+                let size_at = r.params + memory_alloc::SIZE_FIELD as u64;
+                let raw = mem.read(size_at, 8).map_err(|_| status::INVALID_ARGUMENT)?;
+                let asked = u64_at(&raw, 0);
+                if asked == 0 {
+                    return Err(status::INVALID_ARGUMENT);
+                }
+                host = true;
+                (parent.and_then(|p| p.gpu), asked)
+            }
+            // Virtual ranges (`NV50_MEMORY_VIRTUAL`, `NV01_MEMORY_VIRTUAL`) and every other
+            // class: held, charged nothing.
             _ => (parent.and_then(|p| p.gpu), 0),
         };
-        if let Some(g) = gpu.filter(|_| bytes > 0) {
+        if host {
+            self.sysmem += bytes;
+        } else if let Some(g) = gpu.filter(|_| bytes > 0) {
             self.gpus[g].used += bytes;
         }
         if r.handle == 0 {
@@ -336,6 +366,7 @@ impl Rm {
                     class: r.class,
                     gpu,
                     bytes,
+                    host,
                 },
             );
         }
@@ -396,9 +427,183 @@ impl Rm {
     }
 
     fn uncharge(&mut self, o: &Object) {
-        if let Some(g) = o.gpu.and_then(|g| self.gpus.get_mut(g)) {
+        if o.host {
+            self.sysmem = self.sysmem.saturating_sub(o.bytes);
+        } else if let Some(g) = o.gpu.and_then(|g| self.gpus.get_mut(g)) {
             g.used = g.used.saturating_sub(o.bytes);
         }
+    }
+
+    /// Adds an object that is not a client, device or subdevice under `parent` (which must exist)
+    /// as `requested` (0: the driver picks); returns its handle.
+    fn add_object(
+        &mut self,
+        client: u32,
+        parent: u32,
+        requested: u32,
+        class: u32,
+        (bytes, host): (u64, bool),
+    ) -> Result<u32, u32> {
+        let c = self.clients.get(&client).ok_or(status::INVALID_CLIENT)?;
+        let gpu = if parent == client {
+            None
+        } else {
+            c.objects
+                .get(&parent)
+                .ok_or(status::INVALID_OBJECT_PARENT)?
+                .gpu
+        };
+        let handle = if requested == 0 {
+            let mut h = self.last_object.wrapping_add(1);
+            while h == 0 || h == client || c.objects.contains_key(&h) {
+                h = h.wrapping_add(1);
+            }
+            self.last_object = h;
+            h
+        } else if requested == client || c.objects.contains_key(&requested) {
+            return Err(status::INSERT_DUPLICATE_NAME);
+        } else {
+            requested
+        };
+        if !host && bytes > 0 {
+            let g = gpu.ok_or(status::INVALID_OBJECT_PARENT)?;
+            let used = self.gpus[g].used;
+            if used
+                .checked_add(bytes)
+                .is_none_or(|u| u > self.gpus[g].capacity)
+            {
+                return Err(status::NO_MEMORY);
+            }
+            self.gpus[g].used += bytes;
+        } else if host {
+            self.sysmem += bytes;
+        }
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.objects.insert(
+                handle,
+                Object {
+                    parent,
+                    class,
+                    gpu,
+                    bytes,
+                    host,
+                },
+            );
+        }
+        Ok(handle)
+    }
+
+    /// `RM_ALLOC_MEMORY` (`Nv01AllocMemory`): system memory (`NV01_MEMORY_SYSTEM`, `limit + 1`
+    /// bytes of host memory), user memory pinned for the GPU (`NV01_MEMORY_SYSTEM_OS_DESCRIPTOR`,
+    /// `limit + 1` bytes at `pMemory`), or a view of the whole framebuffer
+    /// (`NV01_MEMORY_LOCAL_USER`: no memory allocated, `limit` answered as the GPU's size minus
+    /// one). The flags are checked as the driver checks them; the CPU mapping the driver makes
+    /// of system memory without `_MAPPING_NO_MAP` is not made (`pMemory` stays as given).
+    fn alloc_memory(&mut self, params: &mut [u8]) {
+        let client = u32_at(params, nvos02::H_ROOT);
+        let parent = u32_at(params, nvos02::H_OBJECT_PARENT);
+        let handle = u32_at(params, nvos02::H_OBJECT_NEW);
+        let class = u32_at(params, nvos02::H_CLASS);
+        let flags = u32_at(params, nvos02::FLAGS);
+        let limit = u64_at(params, nvos02::LIMIT);
+        let location = (flags >> nvos02::FLAGS_LOCATION_SHIFT) & nvos02::FLAGS_LOCATION_MASK;
+        let alloc = (flags >> nvos02::FLAGS_ALLOC_SHIFT) & 0x3;
+        let mapping = flags >> nvos02::FLAGS_MAPPING_SHIFT;
+        let result = match class {
+            class::MEMORY_SYSTEM
+                if location != nvos02::LOCATION_PCI || alloc == nvos02::ALLOC_NONE =>
+            {
+                Err(status::INVALID_FLAGS)
+            }
+            class::MEMORY_SYSTEM_OS_DESCRIPTOR
+                if location != nvos02::LOCATION_PCI || mapping != nvos02::MAPPING_NO_MAP =>
+            {
+                Err(status::INVALID_FLAGS)
+            }
+            class::MEMORY_SYSTEM | class::MEMORY_SYSTEM_OS_DESCRIPTOR => match limit.checked_add(1)
+            {
+                Some(bytes) => self.add_object(client, parent, handle, class, (bytes, true)),
+                None => Err(status::INVALID_ARGUMENT),
+            },
+            class::MEMORY_LOCAL_USER => {
+                let view = self.add_object(client, parent, handle, class, (0, false));
+                let gpu = self
+                    .clients
+                    .get(&client)
+                    .and_then(|c| c.objects.get(&parent))
+                    .and_then(|o| o.gpu);
+                if let (Ok(_), Some(g)) = (view, gpu) {
+                    set_u64(params, nvos02::LIMIT, self.gpus[g].capacity - 1);
+                }
+                view
+            }
+            _ => Err(status::INVALID_CLASS),
+        };
+        let rm_status = match result {
+            Ok(h) => {
+                set_u32(params, nvos02::H_OBJECT_NEW, h);
+                status::OK
+            }
+            Err(s) => s,
+        };
+        set_u32(params, nvos02::STATUS, rm_status);
+    }
+
+    /// `RM_VID_HEAP_CONTROL` (`Nv04VidHeapControl`): `ALLOC_SIZE` allocates video memory
+    /// (`NVOS32_ATTR_LOCATION_VIDMEM` or `_ANY`, rounded up to [`VIDMEM_PAGE`] and the size
+    /// written back) or host memory (`_PCI`); `NVOS32_ALLOC_FLAGS_VIRTUAL` holds nothing.
+    /// `hMemory` is the caller's with `NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED`, else picked and
+    /// written back. `FREE` frees `hMemory`. Other functions answer `NV_ERR_NOT_SUPPORTED` (the
+    /// fake doesn't model them).
+    fn vid_heap(&mut self, params: &mut [u8]) {
+        let client = u32_at(params, nvos32::H_ROOT);
+        let parent = u32_at(params, nvos32::H_OBJECT_PARENT);
+        let rm_status = match u32_at(params, nvos32::FUNCTION) {
+            nvos32::FUNCTION_ALLOC_SIZE => {
+                let flags = u32_at(params, nvos32::ALLOC_FLAGS);
+                let attr = u32_at(params, nvos32::ALLOC_ATTR);
+                let asked = u64_at(params, nvos32::ALLOC_SIZE);
+                let location = (attr >> nvos32::ATTR_LOCATION_SHIFT) & nvos32::ATTR_LOCATION_MASK;
+                let requested = if flags & nvos32::FLAGS_MEMORY_HANDLE_PROVIDED != 0 {
+                    u32_at(params, nvos32::H_MEMORY)
+                } else {
+                    0
+                };
+                let held = if asked == 0 {
+                    Err(status::INVALID_ARGUMENT)
+                } else if flags & nvos32::FLAGS_VIRTUAL != 0 {
+                    Ok((0, false, asked))
+                } else if location == nvos32::LOCATION_PCI {
+                    Ok((asked, true, asked))
+                } else {
+                    asked
+                        .div_ceil(VIDMEM_PAGE)
+                        .checked_mul(VIDMEM_PAGE)
+                        .map(|r| (r, false, r))
+                        .ok_or(status::NO_MEMORY)
+                };
+                match held.and_then(|(bytes, host, size)| {
+                    self.add_object(
+                        client,
+                        parent,
+                        requested,
+                        class::MEMORY_LOCAL_USER,
+                        (bytes, host),
+                    )
+                    .map(|h| (h, size))
+                }) {
+                    Ok((h, size)) => {
+                        set_u32(params, nvos32::H_MEMORY, h);
+                        set_u64(params, nvos32::ALLOC_SIZE, size);
+                        status::OK
+                    }
+                    Err(s) => s,
+                }
+            }
+            nvos32::FUNCTION_FREE => self.free_object(client, u32_at(params, nvos32::H_MEMORY)),
+            _ => status::NOT_SUPPORTED,
+        };
+        set_u32(params, nvos32::STATUS, rm_status);
     }
 
     fn control(&mut self, mem: &dyn CallerMemory, params: &mut [u8]) {

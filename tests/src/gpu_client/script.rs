@@ -10,7 +10,9 @@ use std::{
     time::Duration,
 };
 
-use super::{ClientError, Form, GpuClient, ParamsLayout, RmError, Via, ioctl_raw};
+use gpuwarden_agent_common::nvidia::{class, nvos02, nvos32};
+
+use super::{AllocMemory, ClientError, Form, GpuClient, ParamsLayout, RmError, Via, ioctl_raw};
 use crate::units::{NumberError, number, number32, size};
 
 /// A line that isn't a command.
@@ -107,8 +109,42 @@ pub enum UvmCommand {
         /// Length.
         length: u64,
     },
+    /// `mmap` of the UVM fd (managed memory).
+    Mmap {
+        /// Length.
+        length: u64,
+    },
+    /// `munmap`.
+    Munmap {
+        /// Start.
+        addr: u64,
+        /// Length.
+        length: u64,
+    },
     /// Any command number, with zeroed params.
     Raw(u32),
+}
+
+/// What `allocmem` allocates (`RM_ALLOC_MEMORY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryClass {
+    /// `NV01_MEMORY_SYSTEM`, host memory, not mapped.
+    System,
+    /// `NV01_MEMORY_SYSTEM_OS_DESCRIPTOR` over a buffer of the client's.
+    OsDescriptor,
+    /// `NV01_MEMORY_LOCAL_USER`: a view of the framebuffer (allocates nothing).
+    LocalView,
+}
+
+/// Where `vidheap` allocates (`RM_VID_HEAP_CONTROL` `ALLOC_SIZE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeapKind {
+    /// `NVOS32_ATTR_LOCATION_VIDMEM`.
+    Video,
+    /// `NVOS32_ATTR_LOCATION_PCI`.
+    System,
+    /// `NVOS32_ALLOC_FLAGS_VIRTUAL`.
+    Virtual,
 }
 
 /// One line of the protocol.
@@ -153,6 +189,39 @@ pub enum Command {
         parent: u32,
         /// Bytes.
         bytes: u64,
+    },
+    /// `allocmem <client> <parent> <handle> <size> [system|osdesc|local]`.
+    AllocMemory {
+        /// `hRoot`.
+        client: u32,
+        /// The parent.
+        parent: u32,
+        /// The new handle.
+        handle: u32,
+        /// Bytes.
+        bytes: u64,
+        /// Which class.
+        class: MemoryClass,
+    },
+    /// `vidheap <client> <parent> <size> [vidmem|sysmem|virtual]`.
+    VidHeap {
+        /// `hRoot`.
+        client: u32,
+        /// The parent (a device).
+        parent: u32,
+        /// Bytes.
+        bytes: u64,
+        /// Where.
+        kind: HeapKind,
+    },
+    /// `vidheap-free <client> <parent> <handle>`.
+    VidHeapFree {
+        /// `hRoot`.
+        client: u32,
+        /// The parent.
+        parent: u32,
+        /// `hMemory`.
+        handle: u32,
     },
     /// `virtual <client> <parent> <size>`.
     Virtual {
@@ -206,6 +275,25 @@ pub enum Command {
     Close {
         /// The fd.
         fd: FdRef,
+    },
+    /// `close-range <first> <last>`.
+    CloseRange {
+        /// First fd.
+        first: u32,
+        /// Last fd.
+        last: u32,
+    },
+    /// `use-ctl <fd>`.
+    UseCtl {
+        /// The fd.
+        fd: FdRef,
+    },
+    /// `dup-to <fd> <min>`.
+    DupTo {
+        /// The fd to copy.
+        fd: FdRef,
+        /// The lowest number the copy may have.
+        min: u32,
     },
     /// `ioctl-raw <path|fd> <cmd>`.
     IoctlRaw {
@@ -287,6 +375,42 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
             parent: args.u32(1, "parent")?,
             bytes: args.size(2, "size")?,
         },
+        "allocmem" => {
+            let class = match args.words.get(4) {
+                None | Some(&"system") => MemoryClass::System,
+                Some(&"osdesc") => MemoryClass::OsDescriptor,
+                Some(&"local") => MemoryClass::LocalView,
+                Some(word) => return Err(args.unexpected(word)),
+            };
+            args.at_most(5)?;
+            return Ok(Command::AllocMemory {
+                client: args.u32(0, "client")?,
+                parent: args.u32(1, "parent")?,
+                handle: args.u32(2, "handle")?,
+                bytes: args.size(3, "size")?,
+                class,
+            });
+        }
+        "vidheap" => {
+            let kind = match args.words.get(3) {
+                None | Some(&"vidmem") => HeapKind::Video,
+                Some(&"sysmem") => HeapKind::System,
+                Some(&"virtual") => HeapKind::Virtual,
+                Some(word) => return Err(args.unexpected(word)),
+            };
+            args.at_most(4)?;
+            return Ok(Command::VidHeap {
+                client: args.u32(0, "client")?,
+                parent: args.u32(1, "parent")?,
+                bytes: args.size(2, "size")?,
+                kind,
+            });
+        }
+        "vidheap-free" => Command::VidHeapFree {
+            client: args.u32(0, "client")?,
+            parent: args.u32(1, "parent")?,
+            handle: args.u32(2, "handle")?,
+        },
         "virtual" => Command::Virtual {
             client: args.u32(0, "client")?,
             parent: args.u32(1, "parent")?,
@@ -327,6 +451,17 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
         },
         "close" => Command::Close {
             fd: fd_ref(args.word(0, "fd")?)?,
+        },
+        "close-range" => Command::CloseRange {
+            first: args.u32(0, "first fd")?,
+            last: args.u32(1, "last fd")?,
+        },
+        "use-ctl" => Command::UseCtl {
+            fd: fd_ref(args.word(0, "fd")?)?,
+        },
+        "dup-to" => Command::DupTo {
+            fd: fd_ref(args.word(0, "fd")?)?,
+            min: args.u32(1, "lowest fd")?,
         },
         "ioctl-raw" => {
             let target = args.word(0, "path or fd")?;
@@ -381,6 +516,9 @@ const COMMANDS: &[&str] = &[
     "subdevice",
     "alloc",
     "sysmem",
+    "allocmem",
+    "vidheap",
+    "vidheap-free",
     "virtual",
     "free",
     "control",
@@ -390,6 +528,9 @@ const COMMANDS: &[&str] = &[
     "open",
     "dup",
     "close",
+    "close-range",
+    "use-ctl",
+    "dup-to",
     "ioctl-raw",
     "thread",
     "fork",
@@ -408,12 +549,20 @@ fn command_name(word: &str) -> Option<&'static str> {
 /// How many words a fixed-shape command takes after its name.
 fn arity(command: &Command) -> usize {
     match command {
-        Command::Device { .. } | Command::Subdevice { .. } | Command::IoctlRaw { .. } => 2,
-        Command::Sysmem { .. } | Command::Virtual { .. } | Command::Control { .. } => 3,
+        Command::Device { .. }
+        | Command::Subdevice { .. }
+        | Command::IoctlRaw { .. }
+        | Command::CloseRange { .. }
+        | Command::DupTo { .. } => 2,
+        Command::Sysmem { .. }
+        | Command::Virtual { .. }
+        | Command::Control { .. }
+        | Command::VidHeapFree { .. } => 3,
         Command::GpuIds { .. }
         | Command::Open { .. }
         | Command::Dup { .. }
         | Command::Close { .. }
+        | Command::UseCtl { .. }
         | Command::Sleep { .. } => 1,
         _ => 0,
     }
@@ -462,6 +611,19 @@ fn parse_uvm(args: &Args<'_>) -> Result<Command, ParseError> {
                     Some(w) => size(w)?,
                     None => 0,
                 },
+            },
+            2,
+        ),
+        "mmap" => (
+            UvmCommand::Mmap {
+                length: tail.size(0, "length")?,
+            },
+            1,
+        ),
+        "munmap" => (
+            UvmCommand::Munmap {
+                addr: tail.number(0, "address")?,
+                length: tail.size(1, "length")?,
             },
             2,
         ),
@@ -771,6 +933,71 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
             parent,
             bytes,
         } => rm_reply(client.alloc_virtual(*c, *parent, *bytes).map(handle)),
+        Command::AllocMemory {
+            client: c,
+            parent,
+            handle: h,
+            bytes,
+            class: which,
+        } => {
+            let host = (nvos02::LOCATION_PCI << nvos02::FLAGS_LOCATION_SHIFT)
+                | (nvos02::MAPPING_NO_MAP << nvos02::FLAGS_MAPPING_SHIFT);
+            let (class, flags, memory) = match which {
+                MemoryClass::System => (class::MEMORY_SYSTEM, host, 0),
+                // The buffer the descriptor wraps lives as long as the process.
+                MemoryClass::OsDescriptor => {
+                    let len = usize::try_from(*bytes).unwrap_or(0);
+                    let buffer: &'static mut [u8] = vec![0u8; len].leak();
+                    (
+                        class::MEMORY_SYSTEM_OS_DESCRIPTOR,
+                        host,
+                        buffer.as_mut_ptr() as u64,
+                    )
+                }
+                MemoryClass::LocalView => (
+                    class::MEMORY_LOCAL_USER,
+                    nvos02::LOCATION_VIDMEM << nvos02::FLAGS_LOCATION_SHIFT,
+                    0,
+                ),
+            };
+            let r = AllocMemory {
+                client: *c,
+                parent: *parent,
+                handle: *h,
+                class,
+                flags,
+                memory,
+                bytes: *bytes,
+            };
+            rm_reply(
+                client
+                    .alloc_memory(r)
+                    .map(|limit| format!("ok handle={h:#x} limit={limit:#x}")),
+            )
+        }
+        Command::VidHeap {
+            client: c,
+            parent,
+            bytes,
+            kind,
+        } => {
+            let location = |l: u32| l << nvos32::ATTR_LOCATION_SHIFT;
+            let how = match kind {
+                HeapKind::Video => (location(nvos32::LOCATION_VIDMEM), 0),
+                HeapKind::System => (location(nvos32::LOCATION_PCI), 0),
+                HeapKind::Virtual => (0, nvos32::FLAGS_VIRTUAL),
+            };
+            rm_reply(
+                client
+                    .vid_heap_alloc(*c, *parent, *bytes, how)
+                    .map(|(h, size)| format!("ok handle={h:#x} size={size}")),
+            )
+        }
+        Command::VidHeapFree {
+            client: c,
+            parent,
+            handle: h,
+        } => rm_reply(client.vid_heap_free(*c, *parent, *h).map(|()| ok())),
         Command::Free {
             client: c,
             parent,
@@ -805,6 +1032,15 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
                 .uvm_map_external_allocation(base, length, c, memory)
                 .map(|()| ok()),
             UvmCommand::Free { base, length } => client.uvm_free(base, length).map(|()| ok()),
+            // Not ioctls: a failed system call answers its errno the same way.
+            UvmCommand::Mmap { length } => client
+                .uvm_mmap(length)
+                .map(|addr| format!("ok addr={addr:#x}"))
+                .map_err(|source| RmError::Ioctl { cmd: 0, source }),
+            UvmCommand::Munmap { addr, length } => client
+                .munmap(addr, length)
+                .map(|()| ok())
+                .map_err(|source| RmError::Ioctl { cmd: 0, source }),
             UvmCommand::Raw(cmd) => {
                 let mut params = vec![0u8; RAW_BUFFER];
                 client
@@ -825,6 +1061,20 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
             resolve(client, *fd)
                 .and_then(|fd| client.close(fd))
                 .map(|()| ok()),
+        ),
+        Command::CloseRange { first, last } => match client.close_range(*first, *last) {
+            Ok(()) => ok(),
+            Err(e) => errno_reply(&e),
+        },
+        Command::UseCtl { fd } => client_reply(
+            resolve(client, *fd)
+                .and_then(|fd| client.use_as_ctl(fd))
+                .map(|()| ok()),
+        ),
+        Command::DupTo { fd, min } => client_reply(
+            resolve(client, *fd)
+                .and_then(|fd| client.dup_at_least(fd, RawFd::try_from(*min).unwrap_or(RawFd::MAX)))
+                .map(|fd| format!("ok fd={fd}")),
         ),
         Command::IoctlRaw { target, cmd } => raw(client, target, *cmd),
         Command::Thread(inner) => std::thread::scope(|s| {

@@ -285,8 +285,16 @@ pub struct Client {
 
 impl Client {
     pub fn spawn(dev: &Path, cgroup: Option<&TestCgroup>) -> Self {
+        Self::spawn_in(dev, cgroup, None)
+    }
+
+    /// [`spawn`](Self::spawn) with `cwd` as the working directory (so `dev` may be relative).
+    pub fn spawn_in(dev: &Path, cgroup: Option<&TestCgroup>, cwd: Option<&Path>) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-client"));
         cmd.arg("--dir").arg(dev);
+        if let Some(cwd) = cwd {
+            cmd.current_dir(cwd);
+        }
         if let Some(cg) = cgroup {
             gpuwarden_runtime::cgroup::spawn_inside(&mut cmd, &cg.dir).unwrap();
         }

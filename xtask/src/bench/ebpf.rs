@@ -2,11 +2,15 @@
 //!
 //! Three cases, each timed without the agent, then with it attached, in one run:
 //! - an `ioctl` on a non-GPU fd (`/dev/null`): pays the tracepoint and one fd-table lookup;
-//! - an `ioctl` on a GPU fd: a character device with `/dev/null`'s numbers but named `nvidia0`
-//!   and listed in `--gpu-devices`, so the programs decode a real `RM_ALLOC` (NVOS21, class
+//! - an `ioctl` on a GPU fd: a character device with `/dev/full`'s numbers but named `nvidia0`
+//!   and listed in `--gpu-devices` (the programs know a node by its device number, so `/dev/null`,
+//!   the non-GPU case, must have another), so the programs decode a real `RM_ALLOC` (NVOS21, class
 //!   `NV01_MEMORY_LOCAL_USER`, 128-byte params) at entry and look it up at exit; the device
 //!   answers `ENOTTY`, so the exit stops before reading the driver's answer back;
 //! - `getppid`, a syscall the agent doesn't hook, which pays only for syscall tracing being on;
+//! - `openat` + `close` of a regular file: every open on the node pays the look-up of the opened
+//!   file in the task's fd table and of its device number (or, with the fake driver's nodes,
+//!   inode) among the GPU nodes;
 //! - the GPU-fd ioctl again from a cgroup with a quota (a session of the controller bound to a
 //!   cgroup this process moves into), so the decode also pays the quota check: the look-ups of
 //!   the cgroup's quota that every allocating ioctl of a bound workload makes.
@@ -34,6 +38,9 @@ const RM_ALLOC_NVOS21: libc::c_ulong = 0xC020_462B;
 const FLOOR_NON_GPU_IOCTL: f64 = 80.0;
 const FLOOR_GPU_IOCTL: f64 = 400.0;
 const FLOOR_UNRELATED: f64 = 25.0;
+/// Ours: what identifying the opened file may add to an open (a few kernel reads and one hash
+/// look-up; the path read it replaces cost about the same).
+const FLOOR_OPEN: f64 = 250.0;
 
 /// NVOS21 params of a video-memory allocation, with the allocation params they point at.
 #[repr(C)]
@@ -111,6 +118,20 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
             // SAFETY: a plain syscall.
             call: Box::new(|| unsafe {
                 libc::syscall(libc::SYS_getppid);
+            }),
+        },
+        Case {
+            name: "openat + close, regular file",
+            floor: FLOOR_OPEN,
+            // SAFETY: a valid C string; the fd is closed at once.
+            call: Box::new(move || unsafe {
+                let fd = libc::open(
+                    c"/proc/self/stat".as_ptr(),
+                    libc::O_RDONLY | libc::O_CLOEXEC,
+                );
+                if fd >= 0 {
+                    libc::close(fd);
+                }
             }),
         },
     ];
@@ -377,11 +398,12 @@ fn open(path: &Path) -> anyhow::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Makes `path` a character device with `/dev/null`'s numbers (1:3).
+/// Makes `path` a character device with `/dev/full`'s numbers (1:7): it opens, and answers
+/// every ioctl with `ENOTTY`, and it is not `/dev/null` (the non-GPU case).
 fn mknod_null(path: &Path) -> anyhow::Result<()> {
     let c = CString::new(path.as_os_str().as_encoded_bytes())?;
     // SAFETY: a valid C string.
-    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 7)) };
     if rc != 0 {
         bail!(
             "mknod {}: {}",

@@ -87,7 +87,7 @@ fn a_quota_binds_its_cgroup_and_children_and_counts_what_they_held() {
         CgroupDeviceKey {
             cgroup: child,
             device: 0,
-            _pad: 0,
+            kind: 0,
         },
         64 << 20,
     );

@@ -128,8 +128,11 @@ fn a_member_cgroup_carries_its_quota_enforcement_and_only_its_sessions_events() 
     let totals = CgroupCounters {
         pids: vec![7],
         devices: BTreeMap::from([(1, (BTreeMap::from([("alloc".to_owned(), 5)]), GIB))]),
+        system_bytes: 3,
+        managed_bytes: 5,
     };
     let mut c = container(42, Some(&workload), totals);
+    assert_eq!((c.system_memory_bytes, c.managed_memory_bytes), (3, 5));
     add_quota(&mut c, &standing, "tracepoint");
 
     assert_eq!(c.cgroup_path, "/system.slice/job.service");

@@ -54,6 +54,8 @@ fn renders_one_row_per_device_with_totals() {
                     memory_bytes: 0,
                 },
             ],
+            system_memory_bytes: 0,
+            managed_memory_bytes: 0,
             session_id: Some("s-1".into()),
             quota: None,
             enforcement: Some(EnforcementView {
@@ -88,6 +90,7 @@ fn renders_one_row_per_device_with_totals() {
         }],
         gpus: vec![],
         kubelet: None,
+        accuracy: vec![],
     };
     let table = render(&snapshot);
     let lines: Vec<&str> = table.lines().collect();

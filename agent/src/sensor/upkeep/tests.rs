@@ -13,18 +13,19 @@ fn path_keys_are_nul_padded_and_bounded() {
 
 use std::os::unix::fs::MetadataExt as _;
 
-use gpuwarden_agent_common::maps::{Allocation, ClientInfo, HandleKey};
+use gpuwarden_agent_common::maps::{Allocation, ClientInfo, FileRefs, HandleKey, ObjectInfo};
 
 use crate::sensor::maps::fake::FakeMap;
 
 /// Telemetry maps in memory, with handles to look at them.
 #[derive(Default)]
 struct Fakes {
-    gpu_fds: FakeMap<FdKey, GpuNode>,
+    gpu_fds: FakeMap<FdKey, FdInfo>,
+    files: FakeMap<u64, FileRefs>,
     procs: FakeMap<u32, ProcInfo>,
     clients: FakeMap<u32, ClientInfo>,
     allocations: FakeMap<HandleKey, Allocation>,
-    object_devices: FakeMap<HandleKey, u32>,
+    object_devices: FakeMap<HandleKey, ObjectInfo>,
     cgroup_memory: FakeMap<CgroupDeviceKey, u64>,
     ioctl_counts: FakeMap<IoctlKey, u64>,
 }
@@ -33,7 +34,10 @@ impl Fakes {
     fn maps(&self) -> TelemetryMaps {
         TelemetryMaps {
             gpu_paths: FakeMap::default().boxed(),
+            gpu_files: FakeMap::default().boxed(),
             gpu_fds: self.gpu_fds.boxed(),
+            files: self.files.boxed(),
+            mappings: FakeMap::default().boxed(),
             procs: self.procs.boxed(),
             clients: self.clients.boxed(),
             allocations: self.allocations.boxed(),
@@ -50,8 +54,10 @@ fn proc_info(cgroup: u64, generation: u64) -> ProcInfo {
         cgroup,
         generation,
         max_fd: 3,
-        _pad: 0,
-        vidmem: [0; MAX_GPUS],
+        gpu_nodes: 0,
+        vidmem: [0; MEMORY_SLOTS],
+        sysmem: 0,
+        managed: 0,
     }
 }
 
@@ -69,7 +75,7 @@ fn memory_key(cgroup: u64) -> CgroupDeviceKey {
     CgroupDeviceKey {
         cgroup,
         device: 0,
-        _pad: 0,
+        kind: 0,
     }
 }
 
@@ -112,7 +118,7 @@ fn garbage_of_processes_that_died_unseen_and_of_removed_cgroups_is_collected() {
             .0
             .lock()
             .unwrap()
-            .insert(FdKey { tgid, fd: 3 }, node);
+            .insert(FdKey { tgid, fd: 3 }, FdInfo { node, file: 0 });
         fakes
             .procs
             .0
@@ -127,7 +133,9 @@ fn garbage_of_processes_that_died_unseen_and_of_removed_cgroups_is_collected() {
         generation: 7,
         proc_generation: u64::from(tgid),
         cgroup: h.live_id,
-        vidmem: [0; MAX_GPUS],
+        vidmem: [0; MEMORY_SLOTS],
+        sysmem: 0,
+        file: 0,
     };
     let allocation = |tgid: u32| Allocation {
         tgid,
@@ -146,7 +154,8 @@ fn garbage_of_processes_that_died_unseen_and_of_removed_cgroups_is_collected() {
             .lock()
             .unwrap()
             .insert(key, allocation(tgid));
-        fakes.object_devices.0.lock().unwrap().insert(key, 0);
+        let object = ObjectInfo::default();
+        fakes.object_devices.0.lock().unwrap().insert(key, object);
     }
     // Counters of a cgroup that no longer exists, and of one that does.
     let removed = 999_999;
@@ -277,7 +286,111 @@ fn seeding_adds_fds_opened_before_the_programs_and_registers_their_process() {
     assert!(fakes.gpu_fds.at(&FdKey { tgid: 10, fd: 7 }).is_some());
     let info = fakes.procs.at(&10).unwrap();
     assert_eq!((info.cgroup, info.max_fd), (h.live_id, 7));
+    assert_eq!(info.gpu_nodes, 1, "it holds nvidia0");
     // Seeding again finds the process registered.
     let again = seed(&mut maps, &nodes, &h.attributor, &h.proc_root, Some(10));
     assert_eq!(again.processes, 0);
+}
+
+#[test]
+fn the_gpu_node_bits_name_only_gpus() {
+    use gpuwarden_agent_common::maps::{DEVICE_CTL, DEVICE_UVM};
+    let rm = |device| GpuNode {
+        device,
+        kind: node_kind::RM,
+    };
+    let uvm = GpuNode {
+        device: DEVICE_UVM,
+        kind: node_kind::UVM,
+    };
+    assert_eq!(gpu_nodes([rm(DEVICE_CTL), uvm, rm(2)]), 0b100);
+    assert_eq!(gpu_nodes([rm(0), rm(3), rm(40)]), 0b1001, "no bit past 31");
+    assert_eq!(gpu_nodes([]), 0);
+}
+
+#[test]
+fn seeding_matches_the_file_whatever_path_opened_it() {
+    let h = host();
+    let fakes = Fakes::default();
+    let fd_dir = h.proc_root.join("12/fd");
+    std::fs::create_dir_all(&fd_dir).unwrap();
+    let dev = h.proc_root.join("nvidia1");
+    std::fs::write(&dev, b"").unwrap();
+    // The fd names a path the agent doesn't watch (a symlink to the node), as /proc shows an fd
+    // opened through a bind mount or a moved directory.
+    let alias = h.proc_root.join("alias-of-nvidia1");
+    std::os::unix::fs::symlink(&dev, &alias).unwrap();
+    std::os::unix::fs::symlink(&alias, fd_dir.join("5")).unwrap();
+    std::fs::write(h.proc_root.join("12/cgroup"), "0::/live\n").unwrap();
+    let node = GpuNode {
+        device: 1,
+        kind: node_kind::RM,
+    };
+    let nodes = BTreeMap::from([(dev, node)]);
+    let mut maps = fakes.maps();
+    let report = seed(&mut maps, &nodes, &h.attributor, &h.proc_root, Some(12));
+    assert_eq!(report.fds, 1);
+    let info = fakes.gpu_fds.at(&FdKey { tgid: 12, fd: 5 }).unwrap();
+    assert_eq!(
+        (info.node, info.file),
+        (node, 0),
+        "its file is learned at its first ioctl"
+    );
+    assert_eq!(fakes.procs.at(&12).unwrap().gpu_nodes, 0b10);
+}
+
+#[test]
+fn the_file_table_holds_the_nodes_files_and_says_when_inodes_must_match() {
+    let h = host();
+    let fakes = Fakes::default();
+    let gpu_files = FakeMap::<FileId, GpuNode>::default();
+    let mut maps = fakes.maps();
+    maps.gpu_files = gpu_files.boxed();
+    let dev = h.proc_root.join("nvidia0");
+    std::fs::write(&dev, b"").unwrap();
+    let nodes = BTreeMap::from([(dev.clone(), GpuNode::default())]);
+    assert_eq!(
+        sync_files(&mut maps, &nodes),
+        (1, 0, true),
+        "a regular file: by inode"
+    );
+    let id = file_id(&dev).unwrap();
+    assert_eq!(id.ino, std::fs::metadata(&dev).unwrap().ino());
+    assert_eq!(gpu_files.at(&id), Some(GpuNode::default()));
+    assert_eq!(sync_files(&mut maps, &nodes), (0, 0, true));
+    // A device file is known by its device number alone.
+    let null = file_id(Path::new("/dev/null")).unwrap();
+    assert_eq!((null.dev, null.ino), (kernel_dev(1, 3), 0));
+    assert_eq!(sync_files(&mut maps, &BTreeMap::new()), (0, 1, false));
+    assert_eq!(gpu_files.len(), 0);
+}
+
+#[test]
+fn open_files_no_fd_refers_to_are_collected() {
+    let mut h = host();
+    let fakes = Fakes::default();
+    let mut maps = fakes.maps();
+    let mut idle = Idle::default();
+    let me = std::process::id();
+    maps.gpu_fds
+        .insert(
+            FdKey { tgid: me, fd: 3 },
+            FdInfo {
+                node: GpuNode::default(),
+                file: 0xaa,
+            },
+        )
+        .unwrap();
+    for file in [0xaa, 0xbb] {
+        maps.files.insert(file, FileRefs::default()).unwrap();
+    }
+    let g = collect_garbage(
+        &mut maps,
+        &mut h.attributor,
+        &mut idle,
+        Path::new("/proc"),
+        Instant::now(),
+    );
+    assert_eq!(g.handles, 1);
+    assert!(fakes.files.at(&0xaa).is_some() && fakes.files.at(&0xbb).is_none());
 }

@@ -455,3 +455,123 @@ fn setup_escapes_succeed() {
     // The constants' encodings, as a client would build them.
     assert_eq!(ioctl_cmd(esc::RM_ALLOC, nvos64::SIZE), 0xc030_462b);
 }
+
+/// `NVOS02` params for `RM_ALLOC_MEMORY`.
+fn nvos02_params(
+    client: u32,
+    parent: u32,
+    handle: u32,
+    class: u32,
+    flags: u32,
+    bytes: u64,
+) -> Vec<u8> {
+    let mut p = vec![0u8; nvos02::SIZE as usize];
+    set_u32(&mut p, nvos02::H_ROOT, client);
+    set_u32(&mut p, nvos02::H_OBJECT_PARENT, parent);
+    set_u32(&mut p, nvos02::H_OBJECT_NEW, handle);
+    set_u32(&mut p, nvos02::H_CLASS, class);
+    set_u32(&mut p, nvos02::FLAGS, flags);
+    set_u64(&mut p, nvos02::LIMIT, bytes - 1);
+    p
+}
+
+#[test]
+fn alloc_memory_counts_host_memory_and_checks_flags_as_the_driver() {
+    let mut h = Harness::new(&[64 * MIB]);
+    let client = h.client();
+    let (dev, _) = h.device(client, 0);
+    let pci_no_map = nvos02::MAPPING_NO_MAP << nvos02::FLAGS_MAPPING_SHIFT;
+    let call = |h: &mut Harness, mut p: Vec<u8>| {
+        assert_eq!(
+            h.rm.escape(&h.mem, 1, esc::RM_ALLOC_MEMORY, &mut p),
+            Ok("rm_alloc_memory")
+        );
+        (u32_at(&p, nvos02::STATUS), u64_at(&p, nvos02::LIMIT))
+    };
+    let p = nvos02_params(client, dev, 0xd1, class::MEMORY_SYSTEM, pci_no_map, 3 * MIB);
+    assert_eq!(call(&mut h, p).0, status::OK);
+    assert_eq!(h.rm.sysmem(), 3 * MIB);
+    assert_eq!(h.rm.used(), vec![0], "host memory is not video memory");
+    // System memory must be in PCI space; an OS descriptor must not be mapped.
+    let vid = nvos02::LOCATION_VIDMEM << nvos02::FLAGS_LOCATION_SHIFT;
+    let p = nvos02_params(client, dev, 0xd2, class::MEMORY_SYSTEM, vid, MIB);
+    assert_eq!(call(&mut h, p).0, status::INVALID_FLAGS);
+    let p = nvos02_params(
+        client,
+        dev,
+        0xd2,
+        class::MEMORY_SYSTEM_OS_DESCRIPTOR,
+        0,
+        MIB,
+    );
+    assert_eq!(call(&mut h, p).0, status::INVALID_FLAGS);
+    let p = nvos02_params(
+        client,
+        dev,
+        0xd2,
+        class::MEMORY_SYSTEM_OS_DESCRIPTOR,
+        pci_no_map,
+        MIB,
+    );
+    assert_eq!(call(&mut h, p).0, status::OK);
+    assert_eq!(h.rm.sysmem(), 4 * MIB);
+    // A framebuffer view allocates nothing and answers the GPU's size.
+    let p = nvos02_params(client, dev, 0xd3, class::MEMORY_LOCAL_USER, vid, 1);
+    assert_eq!(call(&mut h, p), (status::OK, 64 * MIB - 1));
+    let p = nvos02_params(client, dev, 0xd4, class::DEVICE_0, 0, 1);
+    assert_eq!(call(&mut h, p).0, status::INVALID_CLASS);
+    assert_eq!(h.rm.used(), vec![0]);
+    // Freeing the device frees the host memory under it.
+    let mut f = [0u8; nvos00::SIZE as usize];
+    set_u32(&mut f, nvos00::H_ROOT, client);
+    set_u32(&mut f, nvos00::H_OBJECT_OLD, dev);
+    h.rm.escape(&h.mem, 1, esc::RM_FREE, &mut f).unwrap();
+    assert_eq!(h.rm.sysmem(), 0);
+}
+
+#[test]
+fn vid_heap_control_allocates_by_location_and_frees() {
+    let mut h = Harness::new(&[64 * MIB]);
+    let client = h.client();
+    let (dev, _) = h.device(client, 0);
+    let heap = |h: &mut Harness, function: u32, attr: u32, flags: u32, bytes: u64, mem: u32| {
+        let mut p = vec![0u8; nvos32::SIZE as usize];
+        set_u32(&mut p, nvos32::H_ROOT, client);
+        set_u32(&mut p, nvos32::H_OBJECT_PARENT, dev);
+        set_u32(&mut p, nvos32::FUNCTION, function);
+        set_u32(&mut p, nvos32::ALLOC_ATTR, attr);
+        set_u32(&mut p, nvos32::ALLOC_FLAGS, flags);
+        set_u64(&mut p, nvos32::ALLOC_SIZE, bytes);
+        set_u32(&mut p, nvos32::H_MEMORY, mem);
+        h.rm.escape(&h.mem, 1, esc::RM_VID_HEAP_CONTROL, &mut p)
+            .unwrap();
+        (
+            u32_at(&p, nvos32::STATUS),
+            u32_at(&p, nvos32::H_MEMORY),
+            u64_at(&p, nvos32::ALLOC_SIZE),
+        )
+    };
+    let alloc = nvos32::FUNCTION_ALLOC_SIZE;
+    let (s, video, size) = heap(&mut h, alloc, 0, 0, 3 * MIB, 0);
+    assert_eq!(
+        (s, size),
+        (status::OK, 4 * MIB),
+        "rounded to the page, written back"
+    );
+    let pci = nvos32::LOCATION_PCI << nvos32::ATTR_LOCATION_SHIFT;
+    let provided = nvos32::FLAGS_MEMORY_HANDLE_PROVIDED;
+    assert_eq!(heap(&mut h, alloc, pci, provided, MIB, 0xbee).1, 0xbee);
+    heap(&mut h, alloc, 0, nvos32::FLAGS_VIRTUAL, 32 * MIB, 0);
+    assert_eq!((h.rm.used(), h.rm.sysmem()), (vec![4 * MIB], MIB));
+    assert_eq!(heap(&mut h, alloc, 0, 0, 128 * MIB, 0).0, status::NO_MEMORY);
+    assert_eq!(
+        heap(&mut h, nvos32::FUNCTION_FREE, 0, 0, 0, video).0,
+        status::OK
+    );
+    assert_eq!(
+        heap(&mut h, nvos32::FUNCTION_FREE, 0, 0, 0, video).0,
+        status::INVALID_OBJECT_HANDLE
+    );
+    assert_eq!(h.rm.used(), vec![0]);
+    assert_eq!(heap(&mut h, 5, 0, 0, 0, 0).0, status::NOT_SUPPORTED);
+}

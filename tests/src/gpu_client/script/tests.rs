@@ -205,3 +205,71 @@ fn reports_what_is_wrong() {
         "alloc: missing parent"
     );
 }
+
+#[test]
+fn parses_the_other_allocation_paths() {
+    assert_eq!(
+        parse("allocmem 0x1 0x2 0xd0 4m osdesc"),
+        Ok(Command::AllocMemory {
+            client: 1,
+            parent: 2,
+            handle: 0xd0,
+            bytes: 4 << 20,
+            class: MemoryClass::OsDescriptor,
+        })
+    );
+    assert!(matches!(
+        parse("allocmem 1 2 3 4k"),
+        Ok(Command::AllocMemory {
+            class: MemoryClass::System,
+            ..
+        })
+    ));
+    assert!(parse("allocmem 1 2 3 4k video").is_err());
+    assert_eq!(
+        parse("vidheap 1 2 3m sysmem"),
+        Ok(Command::VidHeap {
+            client: 1,
+            parent: 2,
+            bytes: 3 << 20,
+            kind: HeapKind::System,
+        })
+    );
+    assert!(parse("vidheap 1 2").is_err());
+    assert_eq!(
+        parse("vidheap-free 1 2 3"),
+        Ok(Command::VidHeapFree {
+            client: 1,
+            parent: 2,
+            handle: 3,
+        })
+    );
+    assert!(parse("vidheap-free 1 2 3 4").is_err());
+}
+
+#[test]
+fn parses_the_fd_table_commands() {
+    assert_eq!(
+        parse("close-range 3 4294967295"),
+        Ok(Command::CloseRange {
+            first: 3,
+            last: u32::MAX,
+        })
+    );
+    assert_eq!(
+        parse("use-ctl 7"),
+        Ok(Command::UseCtl {
+            fd: FdRef::Number(7),
+        })
+    );
+    assert_eq!(
+        parse("dup-to ctl 1500"),
+        Ok(Command::DupTo {
+            fd: FdRef::Ctl,
+            min: 1500,
+        })
+    );
+    assert!(parse("dup-to ctl").is_err());
+    assert!(parse("close-range 3").is_err());
+    assert!(parse("use-ctl 7 8").is_err());
+}
