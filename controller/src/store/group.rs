@@ -34,6 +34,21 @@ struct Queue {
     changes: u64,
 }
 
+/// The answer to a change, once there is one. A commit task that ended without answering (it
+/// panicked) leaves no way to know whether the change landed: that is an error, not a wait for
+/// ever.
+fn answered(
+    rx: &mut oneshot::Receiver<Result<(), StoreError>>,
+) -> Option<Result<(), StoreError>> {
+    match rx.try_recv() {
+        Ok(result) => Some(result),
+        Err(oneshot::error::TryRecvError::Empty) => None,
+        Err(oneshot::error::TryRecvError::Closed) => Some(Err(StoreError::Commit {
+            reason: "the commit carrying this change ended without an answer".to_owned(),
+        })),
+    }
+}
+
 /// The queue and the lane of one store.
 pub(super) struct Group {
     queue: Mutex<Queue>,
@@ -86,13 +101,13 @@ impl Group {
         mut rx: oneshot::Receiver<Result<(), StoreError>>,
     ) -> Result<(), StoreError> {
         loop {
-            if let Ok(result) = rx.try_recv() {
+            if let Some(result) = answered(&mut rx) {
                 return result;
             }
             let lane = Arc::clone(&self.lane).lock_owned().await;
             // Whoever held the lane before may have committed this change already; if not, it
             // is still queued, and this caller commits the queue (up to `most` changes of it).
-            if let Ok(result) = rx.try_recv() {
+            if let Some(result) = answered(&mut rx) {
                 return result;
             }
             let (entries, retry) = {
