@@ -8,6 +8,7 @@
 //! on from the tracepoint by the quota's policy (docs/architecture.md, "Enforcement tiers").
 
 use aya_ebpf::{
+    bindings::BPF_DEVCG_ACC_MKNOD,
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_send_signal},
     macros::{cgroup_device, lsm},
     programs::{DeviceContext, LsmContext, TracePointContext},
@@ -184,14 +185,26 @@ pub fn check_alloc(
 }
 
 /// Attached to each bound cgroup (alongside the runtime's own device program): a GPU node
-/// (`nvidiaN`) may be opened only when the cgroup's quota lists it; control nodes and other
+/// (`nvidiaN`) may be opened only when the cgroup's quota lists it (made with `mknod`, any); control nodes and other
 /// devices are left to the other programs. A cgroup under a bound one that is not mapped yet is
 /// refused GPU nodes (fail closed) until the agent maps it.
 #[cgroup_device]
 pub fn gpu_devices(ctx: DeviceContext) -> i32 {
     // SAFETY: the kernel passes a valid context; its fields are plain reads.
-    let (major, minor) = unsafe { ((*ctx.device).major, (*ctx.device).minor) };
+    let (access_type, major, minor) = unsafe {
+        (
+            (*ctx.device).access_type,
+            (*ctx.device).major,
+            (*ctx.device).minor,
+        )
+    };
     if major != NVIDIA_MAJOR || minor >= DEVICE_MODESET {
+        return 1;
+    }
+    // Making the node is not using it: a runtime that creates every GPU node its spec lists
+    // after it joined the cgroup (runc does) must not fail to start the container because the
+    // quota bound in between. Opening the node is what is refused.
+    if access_type >> 16 == BPF_DEVCG_ACC_MKNOD {
         return 1;
     }
     // SAFETY: a plain helper call.

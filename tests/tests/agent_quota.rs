@@ -326,6 +326,12 @@ fn only_the_allocated_gpu_node_opens() {
     assert_eq!(open(&format!("nvidia{mine}")), libc::ENXIO);
     assert_eq!(open("nvidiactl"), libc::ENXIO);
     assert_eq!(open(&format!("nvidia{other}")), libc::EPERM);
+    // Making the other GPU's node inside the cgroup is allowed (a runtime creating the nodes of
+    // its spec must not fail for a quota that bound meanwhile); opening it is not.
+    let made = nodes.join("made").join(format!("nvidia{other}"));
+    std::fs::create_dir(made.parent().unwrap()).unwrap();
+    assert_eq!(mknod_in(&cg, &made, 195, other), 0);
+    assert_eq!(open_in(&cg, &made), libc::EPERM);
     // Outside the bound cgroup nothing changes.
     assert_eq!(
         std::fs::File::open(nodes.join(format!("nvidia{other}")))
@@ -337,7 +343,7 @@ fn only_the_allocated_gpu_node_opens() {
     rig.wait_for("the refusal to be recorded", |r| {
         r.agent().snapshot().containers.iter().any(|c| {
             c.session_id.as_deref() == Some(session.id.as_str())
-                && c.enforcement.as_ref().is_some_and(|e| e.denied_opens == 1)
+                && c.enforcement.as_ref().is_some_and(|e| e.denied_opens == 2)
                 && c.events
                     .iter()
                     .any(|e| e.action == "device_denied" && e.device == Some(other))
@@ -637,6 +643,24 @@ fn mknod(path: &Path, major: u32, minor: u32) {
 }
 
 /// Opens `path` from a process inside `cg`; returns the errno (0 on success).
+/// `mknod path c major minor` from inside `cg`: 0, or the errno it failed with.
+fn mknod_in(cg: &TestCgroup, path: &Path, major: u32, minor: u32) -> i32 {
+    let script = format!(
+        "echo $$ > {} && exec mknod {} c {major} {minor}",
+        cg.procs().display(),
+        path.display()
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        0
+    } else if stderr.contains("Operation not permitted") {
+        libc::EPERM
+    } else {
+        panic!("mknod {} ended otherwise: {stderr}", path.display())
+    }
+}
+
 fn open_in(cg: &TestCgroup, path: &Path) -> i32 {
     let procs = cg.procs();
     let script = format!(

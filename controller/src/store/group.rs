@@ -37,9 +37,7 @@ struct Queue {
 /// The answer to a change, once there is one. A commit task that ended without answering (it
 /// panicked) leaves no way to know whether the change landed: that is an error, not a wait for
 /// ever.
-fn answered(
-    rx: &mut oneshot::Receiver<Result<(), StoreError>>,
-) -> Option<Result<(), StoreError>> {
+fn answered(rx: &mut oneshot::Receiver<Result<(), StoreError>>) -> Option<Result<(), StoreError>> {
     match rx.try_recv() {
         Ok(result) => Some(result),
         Err(oneshot::error::TryRecvError::Empty) => None,
