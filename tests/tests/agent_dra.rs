@@ -18,7 +18,7 @@ mod util;
 
 use std::{
     fmt::Write as _,
-    os::unix::{fs::FileTypeExt as _, process::ExitStatusExt as _},
+    os::unix::process::ExitStatusExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -39,7 +39,7 @@ use serde_json::{Value, json};
 use util::{
     Client, Driver, TestAgent,
     cluster::{TestController, eventually, fast_timing},
-    container_id, pin_dir, pod_uid,
+    container_id, mknod, open_in, pin_dir, pod_uid,
 };
 
 const DRIVER: &str = "gpu.gpuwarden.io";
@@ -543,51 +543,6 @@ impl Drop for AgentProcess {
     fn drop(&mut self) {
         self.kill9();
     }
-}
-
-/// Opens `path` from a process inside `cg`; returns the errno (0 on success).
-fn open_in(cg: &TestCgroup, path: &Path) -> i32 {
-    let script = format!(
-        "echo $$ > {} && exec 3< {} && echo opened",
-        cg.procs().display(),
-        path.display()
-    );
-    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.success() {
-        0
-    } else if stderr.contains("Operation not permitted") {
-        libc::EPERM
-    } else if stderr.contains("No such device or address") {
-        libc::ENXIO
-    } else {
-        panic!("open of {} ended otherwise: {stderr}", path.display())
-    }
-}
-
-fn mknod(path: &Path, major: u32, minor: u32) {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a plain syscall with a valid path.
-    let rc = unsafe {
-        libc::mknod(
-            c.as_ptr(),
-            libc::S_IFCHR | 0o666,
-            libc::makedev(major, minor),
-        )
-    };
-    assert_eq!(
-        rc,
-        0,
-        "mknod {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
-    assert!(
-        std::fs::metadata(path)
-            .unwrap()
-            .file_type()
-            .is_char_device()
-    );
 }
 
 /// A client in `cg` on GPU 0 of the fake driver: (client, client handle, device handle).

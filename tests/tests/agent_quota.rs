@@ -8,7 +8,7 @@
 mod util;
 
 use std::{
-    os::unix::{fs::FileTypeExt as _, process::ExitStatusExt as _},
+    os::unix::process::ExitStatusExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -26,7 +26,7 @@ use tonic::transport::Channel;
 use util::{
     Client, Driver, TestAgent,
     cluster::{TestController, fast_timing},
-    container_id, memory, pin_dir,
+    container_id, memory, mknod, mknod_in, open_in, pin_dir,
 };
 
 const MIB: u64 = 1 << 20;
@@ -615,70 +615,6 @@ fn gpuwarden_run_executes_inside_the_bound_cgroup() {
     rig.wait_for("the agent to let go", |r| {
         r.agent().snapshot().bindings.is_empty()
     });
-}
-
-fn mknod(path: &Path, major: u32, minor: u32) {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a plain syscall with a valid path.
-    let rc = unsafe {
-        libc::mknod(
-            c.as_ptr(),
-            libc::S_IFCHR | 0o666,
-            libc::makedev(major, minor),
-        )
-    };
-    assert_eq!(
-        rc,
-        0,
-        "mknod {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
-    assert!(
-        std::fs::metadata(path)
-            .unwrap()
-            .file_type()
-            .is_char_device()
-    );
-}
-
-/// Opens `path` from a process inside `cg`; returns the errno (0 on success).
-/// `mknod path c major minor` from inside `cg`: 0, or the errno it failed with.
-fn mknod_in(cg: &TestCgroup, path: &Path, major: u32, minor: u32) -> i32 {
-    let script = format!(
-        "echo $$ > {} && exec mknod {} c {major} {minor}",
-        cg.procs().display(),
-        path.display()
-    );
-    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.success() {
-        0
-    } else if stderr.contains("Operation not permitted") {
-        libc::EPERM
-    } else {
-        panic!("mknod {} ended otherwise: {stderr}", path.display())
-    }
-}
-
-fn open_in(cg: &TestCgroup, path: &Path) -> i32 {
-    let procs = cg.procs();
-    let script = format!(
-        "echo $$ > {} && exec 3< {} && echo opened",
-        procs.display(),
-        path.display()
-    );
-    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.success() {
-        0
-    } else if stderr.contains("Operation not permitted") {
-        libc::EPERM
-    } else if stderr.contains("No such device or address") {
-        libc::ENXIO
-    } else {
-        panic!("open of {} ended otherwise: {stderr}", path.display())
-    }
 }
 
 /// A bound session's compute share reaches the throttle: a CPU-bound workload (the mock

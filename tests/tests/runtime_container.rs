@@ -35,7 +35,7 @@ use tempfile::TempDir;
 use util::{
     Client, Driver, TestAgent,
     cluster::{TestController, fast_timing},
-    container_id, pod_uid,
+    container_id, mknod, pod_uid,
 };
 
 const MIB: u64 = 1 << 20;
@@ -452,26 +452,6 @@ impl Bundle {
     fn config(&self) -> PathBuf {
         self.dir.path().join("config.json")
     }
-}
-
-/// Makes a character device node `path` with numbers `major:minor`.
-fn mknod(path: &Path, major: u32, minor: u32) {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a plain syscall with a valid path.
-    let rc = unsafe {
-        libc::mknod(
-            c.as_ptr(),
-            libc::S_IFCHR | 0o666,
-            libc::makedev(major, minor),
-        )
-    };
-    assert_eq!(
-        rc,
-        0,
-        "mknod {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
 }
 
 /// The shared libraries `ldd` lists for `binary`, the loader included.
