@@ -31,16 +31,20 @@ pub enum NodeFit {
 impl Scheduler {
     /// How each node in `nodes` answers `gpu` for a workload of `class`, in the order given. A
     /// pod goes to GPUs its node offers to Kubernetes, so a node that reports some is judged on
-    /// those (with the claims prepared on them) and never on the controller's; a node that
+    /// those (with the claims prepared on them) and never on the controller's, and, as DRA gives
+    /// a claim's request one device, only a placement on one device counts there; a node that
     /// reports none (an agent before that report, or no DRA driver) on its GPUs, as before.
     #[must_use]
     pub fn fit_nodes(&self, class: &str, gpu: &GpuRequest, nodes: &[String]) -> Vec<NodeFit> {
+        let mut one_device: BTreeMap<String, bool> = BTreeMap::new();
         let judged: BTreeMap<String, Node> = nodes
             .iter()
             .filter_map(|name| {
                 let node = self.nodes.get(name)?;
                 let mut judged = node.clone();
-                if let Some(view) = node.allocator.kubernetes_view() {
+                let view = node.allocator.kubernetes_view();
+                one_device.insert(name.clone(), view.is_some());
+                if let Some(view) = view {
                     judged.allocator = view;
                 }
                 Some((name.clone(), judged))
@@ -73,6 +77,7 @@ impl Scheduler {
                             .candidates
                             .into_iter()
                             .next()
+                            .filter(|c| c.devices.len() <= 1 || one_device.get(name) != Some(&true))
                             .map_or(NodeFit::NoRoom, NodeFit::Fits)
                     },
                 )

@@ -348,3 +348,21 @@ fn the_extender_judges_a_pod_on_the_gpus_offered_to_kubernetes() {
     assert!(s.nodes()["n1"].allocator.devices()[2].kubernetes);
     assert_eq!(s.nodes()["n1"].allocator.free().total, SlotValue::ZERO);
 }
+
+#[test]
+fn a_pod_fits_only_where_one_kubernetes_gpu_holds_it() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(dra_node(), &[]).unwrap();
+    s.observe("n1", claim("a", 2, "0.6", 0)).unwrap();
+    s.observe("n1", claim("b", 3, "0.6", 0)).unwrap();
+    let fits = |shares: &str| {
+        let request = GpuRequest::shares(shares.parse().unwrap());
+        matches!(
+            s.fit_nodes("train", &request, &["n1".to_owned()])[0],
+            NodeFit::Fits(_)
+        )
+    };
+    // 0.4 free on each: 0.4 fits on one; 0.5 would take both, and DRA gives a claim one device.
+    assert!(fits("0.4"));
+    assert!(!fits("0.5"));
+}
