@@ -55,8 +55,8 @@ pub const INSTRUMENTS: &[Instrument] = &[
     (
         "gpuwarden.sessions",
         "{session}",
-        "gpuwarden.session.state",
-        "sessions by state",
+        "gpuwarden.session.state, gpuwarden.session.origin",
+        "sessions by state and origin (`controller`, or `dra` for Kubernetes claims the agents prepared)",
     ),
     (
         "gpuwarden.nodes",
@@ -190,17 +190,23 @@ pub fn start(
     meter
         .u64_observable_gauge("gpuwarden.sessions")
         .with_unit("{session}")
-        .with_description("Sessions by state")
+        .with_description("Sessions by state and origin")
         .with_callback(move |o| {
             let by_state = c.read(|s| {
-                let mut by: BTreeMap<&'static str, u64> = BTreeMap::new();
+                let mut by: BTreeMap<(&'static str, &'static str), u64> = BTreeMap::new();
                 for x in s.sessions().values() {
-                    *by.entry(x.state.as_str()).or_default() += 1;
+                    *by.entry((x.state.as_str(), x.origin.as_str())).or_default() += 1;
                 }
                 by
             });
-            for (state, n) in by_state {
-                o.observe(n, &[KeyValue::new("gpuwarden.session.state", state)]);
+            for ((state, origin), n) in by_state {
+                o.observe(
+                    n,
+                    &[
+                        KeyValue::new("gpuwarden.session.state", state),
+                        KeyValue::new("gpuwarden.session.origin", origin),
+                    ],
+                );
             }
         })
         .build();

@@ -231,6 +231,17 @@ fn controller_metrics_match_its_api() {
         value("gpuwarden.nodes", Some(("gpuwarden.node.state", "ready"))),
         Some(1.0)
     );
+    // Every session here was placed by the controller (no Kubernetes claim).
+    let sessions = receiver.latest("gpuwarden.sessions").unwrap();
+    assert!(
+        points(&sessions).iter().all(|(attrs, _)| has(
+            attrs,
+            "gpuwarden.session.origin",
+            "controller"
+        )),
+        "{:?}",
+        points(&sessions)
+    );
     // One controller on sled leads from the start, for one term.
     assert_eq!(value("gpuwarden.controller.leader", None), Some(1.0));
     assert_eq!(value("gpuwarden.controller.terms", None), Some(1.0));
