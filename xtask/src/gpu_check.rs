@@ -9,6 +9,11 @@
 //! It builds the binaries, runs a controller and an agent (no pins, so stopping the agent loses
 //! its maps as a lost pin directory would), and drives the workloads in `xtask/gpu-check/`
 //! through `gpuwarden run`. Without a GPU it refuses, saying why, and exits non-zero.
+//!
+//! A GPU machine without Rust (the lent ones have PyTorch but no cargo, and no network) gets a
+//! kit built here: `cargo xtask gpu-check --pack DIR` puts the stripped release binaries, this
+//! task's own binary and the workload script in `DIR`; there, `DIR/xtask gpu-check --prebuilt
+//! DIR` runs the same check without building or installing anything.
 
 use std::{
     collections::BTreeMap,
@@ -300,6 +305,53 @@ pub struct Args {
     /// The Python with PyTorch to use (default: one that has it, or a venv made for it).
     #[arg(long, env = "GPUCHECK_PYTHON")]
     python: Option<PathBuf>,
+    /// Take the binaries and the workload script from this folder (a kit made by `--pack`):
+    /// nothing is installed or built.
+    #[arg(long, value_name = "DIR", conflicts_with = "pack")]
+    prebuilt: Option<PathBuf>,
+    /// Build a kit for a GPU machine without Rust into this folder and stop: the release
+    /// binaries (stripped), this task's binary and the workload script.
+    #[arg(long, value_name = "DIR")]
+    pack: Option<PathBuf>,
+}
+
+/// The binaries a kit holds, beside `xtask` itself.
+const KIT_BINARIES: [&str; 3] = ["gpuwarden", "gpuwarden-agent", "gpuwarden-controller"];
+/// The workload script's name in a kit.
+const WORKLOAD: &str = "workload.py";
+
+/// Builds the kit `--pack` asks for into `dir`.
+fn pack(dir: &Path) -> anyhow::Result<()> {
+    crate::setup::run()?;
+    let bin = crate::build_release_binaries()?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let this = std::env::current_exe().context("finding this task's binary")?;
+    let mut copies: Vec<(PathBuf, PathBuf)> = KIT_BINARIES
+        .iter()
+        .map(|b| (bin.join(b), dir.join(b)))
+        .collect();
+    copies.push((this, dir.join("xtask")));
+    for (from, to) in &copies {
+        std::fs::copy(from, to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        // Smaller to carry; a missing `strip` only leaves them larger.
+        let _ = Command::new("strip").arg(to).status();
+    }
+    let script = crate::workspace().join("xtask/gpu-check").join(WORKLOAD);
+    std::fs::copy(&script, dir.join(WORKLOAD))
+        .with_context(|| format!("copying {}", script.display()))?;
+    let bytes: u64 = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    println!(
+        "gpu-check: kit in {} ({} MiB); on the GPU machine, as root: {}/xtask gpu-check --prebuilt {}",
+        dir.display(),
+        bytes.div_ceil(MIB),
+        dir.display(),
+        dir.display()
+    );
+    Ok(())
 }
 
 /// One part of the check: its rows.
@@ -307,14 +359,34 @@ type Section = fn(&mut Rig, &Args) -> anyhow::Result<Vec<Row>>;
 
 /// Runs every check and prints the table; fails without a GPU, or when a check failed.
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    if let Some(dir) = &args.pack {
+        return pack(dir);
+    }
     let driver = preflight(Path::new("/"))?;
     if !crate::is_root() {
         bail!("the agent loads eBPF programs: run gpu-check as root");
     }
-    crate::setup::run()?;
+    let (bin, script) = if let Some(dir) = &args.prebuilt {
+        let dir = std::path::absolute(dir)?;
+        for b in KIT_BINARIES.iter().chain(&[WORKLOAD]) {
+            if !dir.join(b).is_file() {
+                bail!(
+                    "{} lacks {b}: make the kit with `cargo xtask gpu-check --pack DIR`",
+                    dir.display()
+                );
+            }
+        }
+        let script = dir.join(WORKLOAD);
+        (dir, script)
+    } else {
+        crate::setup::run()?;
+        (
+            crate::build_release_binaries()?,
+            crate::workspace().join("xtask/gpu-check").join(WORKLOAD),
+        )
+    };
     let python = find_python(args.python.as_deref())?;
-    let bin = crate::build_release_binaries()?;
-    let mut rig = Rig::start(&bin, python)?;
+    let mut rig = Rig::start(&bin, python, script)?;
     let mut rows = Vec::new();
     let sections: [(&str, Section); 5] = [
         ("memory", memory),
@@ -430,7 +502,7 @@ struct Rig {
 }
 
 impl Rig {
-    fn start(bin: &Path, python: PathBuf) -> anyhow::Result<Self> {
+    fn start(bin: &Path, python: PathBuf, script: PathBuf) -> anyhow::Result<Self> {
         let state = tempfile::Builder::new().prefix("gpu-check").tempdir()?;
         let controller = Command::new(bin.join("gpuwarden-controller"))
             .args(["run", "--listen", LISTEN, "--state-dir"])
@@ -442,7 +514,7 @@ impl Rig {
         let mut rig = Self {
             bin: bin.to_owned(),
             python,
-            script: crate::workspace().join("xtask/gpu-check/workload.py"),
+            script,
             url: format!("http://{LISTEN}"),
             state,
             controller,

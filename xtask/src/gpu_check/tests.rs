@@ -30,8 +30,17 @@ fn the_command_refuses_where_there_is_no_gpu() {
     let args = Args {
         seconds: 1.0,
         python: None,
+        prebuilt: None,
+        pack: None,
     };
     let err = run(&args).unwrap_err();
+    assert!(err.to_string().contains("no NVIDIA GPU here"), "{err:#}");
+    // A kit, too, refuses before it looks at its folder.
+    let kit = Args {
+        prebuilt: Some(PathBuf::from("/nonexistent")),
+        ..args
+    };
+    let err = run(&kit).unwrap_err();
     assert!(err.to_string().contains("no NVIDIA GPU here"), "{err:#}");
 }
 
