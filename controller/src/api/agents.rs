@@ -4,7 +4,7 @@
 //! [`crate::limits`]: one out of bounds closes the stream naming the field, and a stream over
 //! its rate is closed with `RESOURCE_EXHAUSTED`.
 
-use std::{pin::Pin, sync::Arc};
+use std::{future::Future, pin::Pin, sync::Arc};
 
 use gpuwarden_proto::v1::{self as pb, agent_message::Msg, agent_service_server::AgentService};
 use tokio::sync::mpsc;
@@ -114,11 +114,28 @@ impl AgentService for AgentApi {
 
         let controller = Arc::clone(&self.0);
         let bounds = Arc::clone(&self.1);
-        let settling = settle(node.clone());
         tokio::spawn(async move {
             let mut bucket = Bucket::agent_stream(&bounds.limits);
-            while let Some(message) = inbound.next().await {
-                let Ok(message) = message else { break };
+            // The newest change not yet known durable. Commits are in submission order, so its
+            // being durable says every earlier one is: the stream reads on meanwhile, and a
+            // node's acks that arrive together share one commit.
+            let mut unsettled: Option<Settling> = None;
+            loop {
+                let message = match unsettled.as_mut() {
+                    Some(durable) => tokio::select! {
+                        biased;
+                        message = inbound.next() => message,
+                        result = durable => {
+                            if let Err(e) = result {
+                                tracing::error!(%node, "persisting an agent message: {e}");
+                            }
+                            unsettled = None;
+                            continue;
+                        }
+                    },
+                    None => inbound.next().await,
+                };
+                let Some(Ok(message)) = message else { break };
                 let refused = if bucket.take() {
                     bounds.limits.agent_message(&message).err()
                 } else {
@@ -141,11 +158,7 @@ impl AgentService for AgentApi {
                 let quiet = matches!(message.msg, Some(Msg::Heartbeat(_) | Msg::Usage(_)));
                 match change(&controller, &node, message.msg) {
                     // Not awaited here: the next message is applied while this one commits.
-                    Ok(Some(pending)) => {
-                        if settling.send(pending).await.is_err() {
-                            break;
-                        }
-                    }
+                    Ok(Some(pending)) => unsettled = Some(Box::pin(pending.durable())),
                     Ok(None) => {}
                     Err(e) => tracing::error!(%node, "persisting an agent message: {e}"),
                 }
@@ -153,31 +166,19 @@ impl AgentService for AgentApi {
                     controller.kick();
                 }
             }
+            if let Some(durable) = unsettled
+                && let Err(e) = durable.await
+            {
+                tracing::error!(%node, "persisting an agent message: {e}");
+            }
             tracing::info!(%node, "agent stream closed");
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
 
-/// Changes that wait to be durable at once, per agent stream: the stream reads on until this
-/// many of its messages are uncommitted.
-const UNSETTLED: usize = 256;
-
-/// Waits, in order, until each change an agent's stream made is durable, logging the ones that
-/// fail; the stream itself reads on. Its acknowledgements are answered by nobody but watchers,
-/// who hear of each change once it is durable, so a node's acks land in one commit rather than
-/// one commit each.
-fn settle(node: String) -> mpsc::Sender<Pending> {
-    let (tx, mut rx) = mpsc::channel::<Pending>(UNSETTLED);
-    tokio::spawn(async move {
-        while let Some(pending) = rx.recv().await {
-            if let Err(e) = pending.durable().await {
-                tracing::error!(%node, "persisting an agent message: {e}");
-            }
-        }
-    });
-    tx
-}
+/// A change's wait for durability, held while the stream reads on.
+type Settling = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
 
 /// Applies one message of `node`'s stream to the scheduler, queueing what it changed.
 fn change(
