@@ -39,7 +39,7 @@ use serde_json::{Value, json};
 use util::{
     Client, Driver, TestAgent,
     cluster::{TestController, eventually, fast_timing},
-    container_id, mknod, open_in, pin_dir, pod_uid,
+    container_id, mknod, open_in, pin_dir, pod_uid, wait_for,
 };
 
 const DRIVER: &str = "gpu.gpuwarden.io";
@@ -153,14 +153,6 @@ impl KubeletDirs {
 
     fn endpoint(&self) -> PathBuf {
         self.plugins.join(DRIVER).join("dra.sock")
-    }
-}
-
-fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -14,13 +14,13 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use gpuwarden_agent::attribution::kubelet::KubeletConfig;
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use util::otlp::{TestReceiver, has, points};
-use util::{Client, Driver, TestAgent, config, container_id, memory, pod_uid};
+use util::{Client, Driver, TestAgent, config, container_id, memory, pod_uid, wait_for};
 
 const MIB: u64 = 1 << 20;
 
@@ -30,14 +30,6 @@ uuid = "GPU-kubelet-0"
 model_name = "Mock H100"
 memory_size = "16G"
 "#;
-
-fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// A fake kubelet: answers every request with the current pod list, recording each request's
 /// head. Stopped when dropped.

@@ -7,21 +7,13 @@
 
 mod util;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use util::otlp::{TestReceiver, has, points};
-use util::{Client, Driver, TestAgent, config, container_id, ioctls, memory};
+use util::{Client, Driver, TestAgent, config, container_id, ioctls, memory, wait_for};
 
 const MIB: u64 = 1 << 20;
-
-fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 const MOCK_DEVICES: &str = r#"
 [[devices]]

@@ -11,7 +11,7 @@ use std::{
     os::unix::process::ExitStatusExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use gpuwarden_agent_api::{
@@ -124,25 +124,11 @@ impl Rig {
 
     /// Waits until the snapshot shows `session` in `state`.
     fn wait_binding(&self, session: &str, state: &str) -> Snapshot {
-        let mut last = None;
-        self.wait_for(&format!("session {session} to be {state}"), |r| {
-            let s = r.agent().snapshot();
-            let ok = s
-                .bindings
-                .iter()
-                .any(|b| b.session_id == session && b.state == state);
-            last = Some(s);
-            ok
-        });
-        last.unwrap()
+        util::wait_binding(self.agent(), session, state)
     }
 
     fn wait_for(&self, what: &str, mut check: impl FnMut(&Self) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !check(self) {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        util::wait_for(what, || check(self));
     }
 }
 

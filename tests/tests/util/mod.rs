@@ -465,3 +465,27 @@ pub fn mknod_in(cg: &TestCgroup, path: &Path, major: u32, minor: u32) -> i32 {
         (false, e) => panic!("mknod {} ended otherwise: {e}", path.display()),
     }
 }
+
+/// Waits up to 20 s until `check` holds, polling every 50 ms; fails naming `what`.
+pub fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until `agent`'s snapshot shows `session` in binding `state`; that snapshot.
+pub fn wait_binding(agent: &TestAgent, session: &str, state: &str) -> Snapshot {
+    let mut last = None;
+    wait_for(&format!("session {session} to be {state}"), || {
+        let s = agent.snapshot();
+        let ok = s
+            .bindings
+            .iter()
+            .any(|b| b.session_id == session && b.state == state);
+        last = Some(s);
+        ok
+    });
+    last.unwrap()
+}
