@@ -130,6 +130,27 @@ fn build(cert: &std::path::Path, key: &std::path::Path) -> Result<ServerConfig, 
     Ok(config)
 }
 
+/// The next connection on `listener`, `None` once `shutdown` completes. A failed accept (out of
+/// file descriptors, say) is logged and tried again after a pause rather than spun on.
+async fn next_connection(
+    listener: &TcpListener,
+    mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    what: &str,
+) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return None,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => return Some(pair),
+                Err(e) => {
+                    tracing::warn!("{what}: accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
+}
+
 /// Serves the webhook and the extender over HTTPS on `listener` until `shutdown`.
 pub async fn serve_webhook(
     listener: TcpListener,
@@ -141,16 +162,9 @@ pub async fn serve_webhook(
     let addr = listener.local_addr().ok();
     tracing::info!(?addr, "webhook and extender listening (HTTPS)");
     loop {
-        let (tcp, peer) = tokio::select! {
-            () = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!("webhook: accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+        let Some((tcp, peer)) = next_connection(&listener, shutdown.as_mut(), "webhook").await
+        else {
+            return;
         };
         let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
         let hooks = Arc::clone(&hooks);
@@ -174,16 +188,9 @@ pub async fn serve_extender(
     let addr = listener.local_addr().ok();
     tracing::info!(?addr, "scheduler extender listening (plain HTTP)");
     loop {
-        let (tcp, peer) = tokio::select! {
-            () = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!("extender: accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+        let Some((tcp, peer)) = next_connection(&listener, shutdown.as_mut(), "extender").await
+        else {
+            return;
         };
         let hooks = Arc::clone(&hooks);
         tokio::spawn(connection(TokioIo::new(tcp), hooks, Routes::Extender, peer));
