@@ -4,7 +4,8 @@
 use std::{sync::Arc, time::Duration};
 
 use gpuwarden_controller::{
-    api::{Controller, Timing},
+    api::{Controller, Timing, convert},
+    node::NodeReport,
     scheduler::{Scheduler, SchedulerConfig},
     server,
     store::{Store, StoreSpec},
@@ -17,33 +18,9 @@ use tokio_stream::StreamExt as _;
 
 const SESSIONS: usize = 16;
 
+/// `n1` with eight GPUs, as the tests' and simulations' one test node.
 fn node() -> pb::NodeInfo {
-    let slot = |name: &str, kind: pb::SlotKind| pb::SlotType {
-        name: name.into(),
-        kind: kind.into(),
-    };
-    pb::NodeInfo {
-        node_id: "n1".into(),
-        hostname: "n1".into(),
-        slot_types: vec![
-            slot("cuda.shares", pb::SlotKind::Count),
-            slot("cuda.device", pb::SlotKind::Count),
-            slot("cuda.mem", pb::SlotKind::Bytes),
-        ],
-        devices: (0..8)
-            .map(|g| pb::Device {
-                uuid: format!("GPU-{g}"),
-                model: "Fake".into(),
-                memory_bytes: 80 << 30,
-                sm_count: 132,
-                index: g,
-                device_node: format!("/dev/nvidia{g}"),
-                ..Default::default()
-            })
-            .collect(),
-        agent_version: "test".into(),
-        ..Default::default()
-    }
+    convert::report_to_pb(&NodeReport::with_gpus("n1", 8, 80 << 30, 8))
 }
 
 #[tokio::test]
