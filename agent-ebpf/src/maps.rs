@@ -76,7 +76,8 @@ pub static PENDING_DUP: HashMap<u64, FdInfo> = HashMap::with_max_entries(8_192, 
 
 /// A decoded ioctl in flight, by pid_tgid, until its exit reads the driver's answer.
 #[map(name = "PENDING_IOCTL")]
-pub static PENDING_IOCTL: HashMap<u64, crate::ioctl::Call> = HashMap::with_max_entries(8_192, 0);
+pub static PENDING_IOCTL: HashMap<u64, gpuwarden_agent_common::decode::Call> =
+    HashMap::with_max_entries(8_192, 0);
 
 /// Number of entries in [`PENDING_IOCTL`]: lets every other ioctl's exit return after reading
 /// one array slot instead of hashing.

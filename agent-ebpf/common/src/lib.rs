@@ -4,6 +4,8 @@
 //! module holds one concern:
 //!
 //! - [`nvidia`]: the NVIDIA driver's ioctl ABI (escape numbers, parameter layouts, classes);
+//! - [`decode`]: the decoder of the escapes that create and free objects, over a
+//!   [`decode::UserMemory`] (the eBPF program's user memory, or a test's bytes);
 //! - [`maps`]: keys and values of the BPF maps the agent reads;
 //! - [`event`]: records sent to user space through the ring buffer;
 //! - [`config`]: the knobs user space writes before the programs run.
@@ -12,7 +14,12 @@
 #![no_std]
 #![deny(missing_docs)]
 
+// The tests run on the host, with std.
+#[cfg(test)]
+extern crate std;
+
 pub mod config;
+pub mod decode;
 pub mod event;
 pub mod maps;
 pub mod nvidia;
