@@ -57,6 +57,14 @@ struct Object {
     host: bool,
 }
 
+impl Object {
+    /// Memory can be allocated under it: a device or a subdevice, as the driver requires of
+    /// memory's parent.
+    fn holds_memory(&self) -> bool {
+        self.class == class::DEVICE_0 || self.class == class::SUBDEVICE_0
+    }
+}
+
 #[derive(Debug)]
 struct Client {
     /// The open file it was allocated through: closing that file frees the client.
@@ -312,9 +320,13 @@ impl Rm {
                     return Err(status::INVALID_ARGUMENT);
                 }
                 let gpu = parent
+                    .filter(|p| p.holds_memory())
                     .and_then(|p| p.gpu)
                     .ok_or(status::INVALID_OBJECT_PARENT)?;
-                let size_at = r.params + memory_alloc::SIZE_FIELD as u64;
+                let size_at = r
+                    .params
+                    .checked_add(memory_alloc::SIZE_FIELD as u64)
+                    .ok_or(status::INVALID_ARGUMENT)?;
                 let raw = mem.read(size_at, 8).map_err(|_| status::INVALID_ARGUMENT)?;
                 let asked = u64_at(&raw, 0);
                 if asked == 0 {
@@ -337,21 +349,28 @@ impl Rm {
                 if r.params_size != memory_alloc::SIZE && r.params_size != memory_alloc::SIZE_OLD {
                     return Err(status::INVALID_ARGUMENT);
                 }
-                let size_at = r.params + memory_alloc::SIZE_FIELD as u64;
+                let size_at = r
+                    .params
+                    .checked_add(memory_alloc::SIZE_FIELD as u64)
+                    .ok_or(status::INVALID_ARGUMENT)?;
                 let raw = mem.read(size_at, 8).map_err(|_| status::INVALID_ARGUMENT)?;
                 let asked = u64_at(&raw, 0);
                 if asked == 0 {
                     return Err(status::INVALID_ARGUMENT);
                 }
+                let parent = parent
+                    .filter(|p| p.holds_memory())
+                    .ok_or(status::INVALID_OBJECT_PARENT)?;
                 host = true;
-                (parent.and_then(|p| p.gpu), asked)
+                (parent.gpu, asked)
             }
             // Virtual ranges (`NV50_MEMORY_VIRTUAL`, `NV01_MEMORY_VIRTUAL`) and every other
             // class: held, charged nothing.
             _ => (parent.and_then(|p| p.gpu), 0),
         };
         if host {
-            self.sysmem += bytes;
+            // Host memory has no capacity here, but it can't exceed the address space.
+            self.sysmem = self.sysmem.checked_add(bytes).ok_or(status::NO_MEMORY)?;
         } else if let Some(g) = gpu.filter(|_| bytes > 0) {
             self.gpus[g].used += bytes;
         }
@@ -434,8 +453,8 @@ impl Rm {
         }
     }
 
-    /// Adds an object that is not a client, device or subdevice under `parent` (which must exist)
-    /// as `requested` (0: the driver picks); returns its handle.
+    /// Adds memory under `parent` (which must be a device or subdevice) as `requested` (0: the
+    /// driver picks); returns its handle.
     fn add_object(
         &mut self,
         client: u32,
@@ -445,14 +464,12 @@ impl Rm {
         (bytes, host): (u64, bool),
     ) -> Result<u32, u32> {
         let c = self.clients.get(&client).ok_or(status::INVALID_CLIENT)?;
-        let gpu = if parent == client {
-            None
-        } else {
-            c.objects
-                .get(&parent)
-                .ok_or(status::INVALID_OBJECT_PARENT)?
-                .gpu
-        };
+        let gpu = c
+            .objects
+            .get(&parent)
+            .filter(|p| p.holds_memory())
+            .ok_or(status::INVALID_OBJECT_PARENT)?
+            .gpu;
         let handle = if requested == 0 {
             let mut h = self.last_object.wrapping_add(1);
             while h == 0 || h == client || c.objects.contains_key(&h) {
@@ -476,7 +493,7 @@ impl Rm {
             }
             self.gpus[g].used += bytes;
         } else if host {
-            self.sysmem += bytes;
+            self.sysmem = self.sysmem.checked_add(bytes).ok_or(status::NO_MEMORY)?;
         }
         if let Some(c) = self.clients.get_mut(&client) {
             c.objects.insert(
@@ -676,3 +693,6 @@ struct AllocRequest {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod agent_decoder;

@@ -9,17 +9,17 @@ const MIB: u64 = 1 << 20;
 
 /// A caller whose memory is a few buffers at made-up addresses.
 #[derive(Default)]
-struct FakeMemory {
+pub(super) struct FakeMemory {
     regions: RefCell<HashMap<u64, Vec<u8>>>,
 }
 
 impl FakeMemory {
-    fn put(&self, addr: u64, data: Vec<u8>) -> u64 {
+    pub(super) fn put(&self, addr: u64, data: Vec<u8>) -> u64 {
         self.regions.borrow_mut().insert(addr, data);
         addr
     }
 
-    fn get(&self, addr: u64) -> Vec<u8> {
+    pub(super) fn get(&self, addr: u64) -> Vec<u8> {
         self.regions.borrow()[&addr].clone()
     }
 
