@@ -36,6 +36,8 @@
 //! ```
 
 mod control;
+#[cfg(test)]
+mod gpu_sim;
 mod usage;
 
 use std::{
@@ -47,7 +49,7 @@ use std::{
 };
 
 use self::control::{Cgroups, Controller};
-pub use self::usage::{CpuTimeUsage, UsageSource};
+pub use self::usage::{CpuTimeUsage, Usage, UsageSource, sampled};
 
 pub use gpuwarden_types::policy::ComputePolicy;
 
@@ -165,7 +167,7 @@ struct Kernel {
 }
 
 impl Cgroups for Kernel {
-    fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Duration> {
+    fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Usage> {
         self.usage.busy(gpu, dir)
     }
 
