@@ -2,12 +2,18 @@
 //! through [`Cgroups`], so tests drive it with a fake clock and fake cgroups, without sleeping.
 //!
 //! Each member (a cgroup on one GPU) has a token bucket counted in nanoseconds of busy time:
-//! every tick it earns `share × elapsed` and pays what it measurably used. A member in debt
+//! every tick it earns `share ×` the span its usage reading newly covers (up to the reading's
+//! `until`, which lags now for a sampled signal such as NVML's) and pays what it used over that
+//! same span. A member in debt
 //! wants to be frozen until it has earned back `share × (1 − share) × period`; for a member that
 //! is always busy this makes one freeze/thaw cycle last one period (run `share × period`, stay
 //! frozen `(1 − share) × period`), and because debt carries over, measurement lag and freeze
-//! latency are paid back rather than lost. Credit is capped at `share × period`, so idle time
-//! banks no burst larger than one period's worth.
+//! latency are paid back rather than lost. Credit is capped at `share × (period + lag)`, `lag`
+//! being how far the signal's readings trail now (zero for the CPU-time stand-in; a sample period
+//! or so for NVML, decaying over about 16 spans): a member thawed on a lagging signal keeps
+//! earning until the signal shows it running, and a cap of one period would throw that credit
+//! away (a simulated GPU with a sixth of a second's samples then holds 0.3 at 0.25). Idle time
+//! banks no burst larger than `share × (period + lag)`; the lag is at most a second.
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -10,7 +10,8 @@
 //! lets it use capacity the other members of its GPU leave idle, and holds it to its share as
 //! soon as they contend.
 //!
-//! The usage signal on real GPUs is NVML's per-process SM utilisation. With mock devices it is
+//! The usage signal on real GPUs is NVML's device utilization apportioned among the processes
+//! active in each sample period ([`sampled`], `docs/throttle.md`). With mock devices it is
 //! [`CpuTimeUsage`], the cgroup's CPU time, one CPU counted as one GPU: **a stand-in for testing
 //! the mechanism**, which says nothing about any GPU.
 //!
