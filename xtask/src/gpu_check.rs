@@ -263,6 +263,23 @@ pub fn share_verdict(share: f64, measured: f64) -> Verdict {
     }
 }
 
+/// A throttle row: the measured fraction of the unthrottled rate, its error in points, and the
+/// target ± 5.
+#[must_use]
+pub fn share_row(check: String, share: f64, measured: f64) -> Row {
+    Row::new(
+        "throttle",
+        check,
+        format!(
+            "{:.1} % ({:+.1} points)",
+            measured * 100.0,
+            (measured - share) * 100.0
+        ),
+        format!("{:.0} % ± {:.0}", share * 100.0, SHARE_TOLERANCE * 100.0),
+        share_verdict(share, measured),
+    )
+}
+
 /// Bytes as MiB with one decimal.
 #[must_use]
 pub fn mib(bytes: u64) -> String {
@@ -922,25 +939,17 @@ fn throttle(rig: &mut Rig, args: &Args) -> anyhow::Result<Vec<Row>> {
     for share in SHARES {
         let r = format!("cuda.shares={share}");
         let one = matmul_rate(rig.spawn(&[&r], None, &["matmul", &seconds])?)? / alone;
-        rows.push(Row::new(
-            "throttle",
-            format!("one tenant at {share}"),
-            format!("{:.1} %", one * 100.0),
-            format!("{:.0} % ± 5", share * 100.0),
-            share_verdict(share, one),
-        ));
+        rows.push(share_row(format!("one tenant at {share}"), share, one));
         let other = 1.0 - share;
         let r2 = format!("cuda.shares={other:.1}");
         let a = rig.spawn(&[&r], None, &["matmul", &seconds])?;
         let b = rig.spawn(&[&r2], None, &["matmul", &seconds])?;
         let (ra, rb) = (matmul_rate(a)? / alone, matmul_rate(b)? / alone);
         for (s, m) in [(share, ra), (other, rb)] {
-            rows.push(Row::new(
-                "throttle",
+            rows.push(share_row(
                 format!("two tenants {share} + {other:.1}: the {s:.1}"),
-                format!("{:.1} %", m * 100.0),
-                format!("{:.0} % ± 5", s * 100.0),
-                share_verdict(s, m),
+                s,
+                m,
             ));
         }
     }

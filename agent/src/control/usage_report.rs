@@ -6,8 +6,9 @@
 //!
 //! - `utilization`: the busy time the throttle's [`UsageSource`] measured for the session's
 //!   cgroup on each of its GPUs, over the wall time since the last report, clamped to 0..=1 per
-//!   GPU and averaged over its GPUs (NVML's per-process SM utilization on real GPUs; with mock
-//!   devices the cgroup's CPU time, the same stand-in the throttle uses);
+//!   GPU and averaged over its GPUs (on real GPUs NVML's device utilization apportioned among the
+//!   processes active in each sample period; with mock devices the cgroup's CPU time, the same
+//!   stand-in the throttle uses);
 //! - `memory_bytes`: the GPU memory its quota holds now, as the kernel side counts it (the quota
 //!   map's `used`, over all GPUs);
 //! - `ioctls_per_sec`: the growth of its cgroups' GPU ioctl counters over the interval.
@@ -20,10 +21,9 @@
 //! to them) report nothing, for want of any signal.
 //!
 //! Reading the usage source and the maps is cheap next to the interval, but the source is read
-//! more often than reports are sent: NVML keeps process samples for a short time and
-//! [`crate::devices::nvml::NvmlUsage`] charges at most a second per sample, so it is polled at
-//! least every [`MAX_POLL`] to keep integrating (with the CPU-time stand-in the extra reads are
-//! harmless).
+//! more often than reports are sent: NVML keeps its samples for a short time and
+//! [`crate::devices::nvml::NvmlUsage`] reads them as they come, so it is polled at least every
+//! [`MAX_POLL`] to keep integrating (with the CPU-time stand-in the extra reads are harmless).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -208,8 +208,13 @@ impl Reporter {
                 });
                 continue;
             };
-            let busy: io::Result<Vec<Duration>> =
-                r.gpus.iter().map(|g| self.usage.busy(*g, &dir)).collect();
+            // The wall time is the report's own; `until` matters to the throttle, which earns
+            // its share by it, not to a report over seconds.
+            let busy: io::Result<Vec<Duration>> = r
+                .gpus
+                .iter()
+                .map(|g| self.usage.busy(*g, &dir).map(|u| u.busy))
+                .collect();
             let busy = match busy {
                 Ok(busy) => busy,
                 Err(e) => {

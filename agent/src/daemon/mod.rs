@@ -117,7 +117,8 @@ pub async fn run_until(
 
     // Quotas and what the node holds live in the store; they are enforced again at once.
     let holdings = Holdings::open(&config.state_dir.join("store"))?;
-    // NVML's per-process SM utilization on real GPUs; the CPU-time stand-in with mock devices.
+    // NVML's device utilization apportioned by process activity on real GPUs; the CPU-time
+    // stand-in with mock devices.
     let usage = backend
         .usage_source(attributor.root())
         .unwrap_or_else(|| Box::new(throttle::CpuTimeUsage));

@@ -128,7 +128,8 @@ pub(super) fn metrics(
 }
 
 /// The usage reporter, measuring with a usage source of its own (sources keep per-reader state):
-/// NVML's per-process utilization on real GPUs, the CPU-time stand-in with mock devices.
+/// NVML's device utilization apportioned by process activity on real GPUs, the CPU-time
+/// stand-in with mock devices.
 pub(super) fn reporter(backend: &dyn GpuBackend, attributor: &Attributor) -> Reporter {
     let source = backend
         .usage_source(attributor.root())

@@ -3,18 +3,23 @@
 
 use std::{
     collections::HashMap,
-    io,
     path::{Path, PathBuf},
     sync::Arc,
-    time::{Duration, Instant},
+    time::Instant,
 };
 
-use nvml_wrapper::{Nvml, error::NvmlError};
-
-use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::{
+    Nvml,
+    enum_wrappers::device::Sampling,
+    enums::device::{SampleValue, UsedGpuMemory},
+    error::NvmlError,
+};
 
 use super::{GpuBackend, GpuDevice, ProcessMemory};
-use crate::enforcement::throttle::UsageSource;
+use crate::enforcement::throttle::{
+    UsageSource,
+    sampled::{DeviceSample, DriverError, ProcessSample, SampleDriver, SampledSource},
+};
 
 /// GPUs NVML lists.
 pub struct NvmlBackend {
@@ -114,98 +119,121 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn usage_source(&self, cgroup_root: &Path) -> Option<Box<dyn UsageSource>> {
-        Some(Box::new(NvmlUsage {
+        Some(Box::new(NvmlUsage::new(NvmlSamples {
             nvml: Arc::clone(&self.nvml),
             nvml_index: self.nvml_index.clone(),
             cgroup_root: cgroup_root.to_owned(),
-            gpus: HashMap::new(),
-        }))
+        })))
     }
 }
 
-/// Don't ask NVML more often than this (it samples at a few Hz anyway).
-const REFRESH: Duration = Duration::from_millis(50);
-
-/// The longest gap one utilization sample is taken to cover.
-const MAX_SAMPLE_US: u64 = 1_000_000;
-
-/// The throttle's usage signal on real GPUs: NVML's per-process SM utilization, integrated over
-/// time and summed per cgroup (a process's share is charged to the cgroup it is in when seen).
-pub struct NvmlUsage {
+/// NVML as the throttle's [`SampleDriver`]: each GPU's device utilization samples and its
+/// per-process SM utilization samples (see [`crate::enforcement::throttle::sampled`] for how they
+/// become each cgroup's busy time).
+pub struct NvmlSamples {
     nvml: Arc<Nvml>,
     nvml_index: HashMap<u32, u32>,
     cgroup_root: PathBuf,
-    gpus: HashMap<u32, GpuUsage>,
 }
 
-/// What has been read from one GPU.
-#[derive(Default)]
-struct GpuUsage {
-    refreshed: Option<Instant>,
-    last_timestamp: u64,
-    pid_timestamp: HashMap<u32, u64>,
-    /// Busy microseconds by cgroup directory.
-    busy_us: HashMap<PathBuf, u64>,
-}
+/// The throttle's usage signal on real GPUs: each GPU's busy time from NVML's device utilization
+/// samples, apportioned among the processes NVML reports active in each sample period by their
+/// SM utilization, and summed per cgroup.
+pub type NvmlUsage = SampledSource<NvmlSamples>;
 
-impl NvmlUsage {
-    fn refresh(&mut self, gpu: u32) {
-        let usage = self.gpus.entry(gpu).or_default();
-        if usage.refreshed.is_some_and(|t| t.elapsed() < REFRESH) {
-            return;
-        }
-        usage.refreshed = Some(Instant::now());
-        let Some(index) = self.nvml_index.get(&gpu) else {
-            return;
-        };
-        let Ok(device) = self.nvml.device_by_index(*index) else {
-            return;
-        };
-        // NotFound means no new samples since the timestamp.
-        let Ok(samples) = device.process_utilization_stats(usage.last_timestamp) else {
-            return;
-        };
-        for s in samples {
-            let since = usage
-                .pid_timestamp
-                .get(&s.pid)
-                .copied()
-                .unwrap_or(usage.last_timestamp);
-            let span = if since == 0 {
-                0
-            } else {
-                s.timestamp.saturating_sub(since).min(MAX_SAMPLE_US)
-            };
-            usage.pid_timestamp.insert(s.pid, s.timestamp);
-            usage.last_timestamp = usage.last_timestamp.max(s.timestamp);
-            if span == 0 || s.sm_util == 0 {
-                continue;
-            }
-            if let Some(dir) = cgroup_dir_of(&self.cgroup_root, s.pid) {
-                *usage.busy_us.entry(dir).or_default() += span * u64::from(s.sm_util) / 100;
-            }
-        }
+impl NvmlSamples {
+    fn device(&self, gpu: u32) -> Result<nvml_wrapper::Device<'_>, DriverError> {
+        let index = self
+            .nvml_index
+            .get(&gpu)
+            .ok_or_else(|| DriverError::Other(format!("no GPU {gpu}")))?;
+        self.nvml.device_by_index(*index).map_err(driver_error)
     }
 }
 
-impl UsageSource for NvmlUsage {
-    fn busy(&mut self, gpu: u32, cgroup_dir: &Path) -> io::Result<Duration> {
-        if !cgroup_dir.is_dir() {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("{} is gone", cgroup_dir.display()),
-            ));
-        }
-        self.refresh(gpu);
-        let total: u64 = self.gpus.get(&gpu).map_or(0, |u| {
-            u.busy_us
+fn driver_error(e: NvmlError) -> DriverError {
+    match e {
+        NvmlError::NotSupported => DriverError::NotSupported,
+        e => DriverError::Other(e.to_string()),
+    }
+}
+
+impl SampleDriver for NvmlSamples {
+    fn device_samples(
+        &mut self,
+        gpu: u32,
+        last_seen_us: u64,
+    ) -> Result<Vec<DeviceSample>, DriverError> {
+        match self
+            .device(gpu)?
+            .samples(Sampling::GpuUtilization, last_seen_us)
+        {
+            Ok(samples) => Ok(samples
                 .iter()
-                .filter(|(dir, _)| dir.starts_with(cgroup_dir))
-                .map(|(_, us)| *us)
-                .sum()
-        });
-        Ok(Duration::from_micros(total))
+                .map(|s| DeviceSample {
+                    timestamp_us: s.timestamp,
+                    util_percent: percent(&s.value),
+                })
+                .collect()),
+            // No samples newer than the last seen.
+            Err(NvmlError::NotFound) => Ok(Vec::new()),
+            Err(e) => Err(driver_error(e)),
+        }
     }
+
+    fn process_samples(
+        &mut self,
+        gpu: u32,
+        last_seen_us: u64,
+    ) -> Result<Vec<ProcessSample>, DriverError> {
+        match self.device(gpu)?.process_utilization_stats(last_seen_us) {
+            Ok(samples) => Ok(samples
+                .iter()
+                .map(|s| ProcessSample {
+                    pid: s.pid,
+                    timestamp_us: s.timestamp,
+                    sm_util_percent: s.sm_util,
+                })
+                .collect()),
+            Err(NvmlError::NotFound) => Ok(Vec::new()),
+            Err(e) => Err(driver_error(e)),
+        }
+    }
+
+    fn now(&self) -> (Instant, u64) {
+        (Instant::now(), realtime_us())
+    }
+
+    fn cgroup_of(&self, pid: u32) -> Option<PathBuf> {
+        cgroup_dir_of(&self.cgroup_root, pid)
+    }
+
+    fn cgroup_exists(&self, dir: &Path) -> bool {
+        dir.is_dir()
+    }
+}
+
+/// A sample's value as a percentage.
+fn percent(value: &SampleValue) -> u32 {
+    let v = match *value {
+        SampleValue::U32(v) => u64::from(v),
+        SampleValue::U64(v) => v,
+        SampleValue::I64(v) => u64::try_from(v).unwrap_or(0),
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "clamped to 0..=100"
+        )]
+        SampleValue::F64(v) => v.clamp(0.0, 100.0).round() as u64,
+    };
+    u32::try_from(v.min(100)).unwrap_or(100)
+}
+
+/// NVML stamps its samples with the CPU's real time (µs since the epoch).
+fn realtime_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// The cgroup v2 directory of a process.

@@ -80,6 +80,17 @@ fn parses_nvml_per_process_memory() {
 }
 
 #[test]
+fn a_throttle_row_shows_the_error_in_points() {
+    let row = share_row("one tenant at 0.3".into(), 0.3, 0.245);
+    assert_eq!(row.gpuwarden, "24.5 % (-5.5 points)");
+    assert_eq!(row.reference, "30 % ± 5");
+    assert_eq!(row.verdict, Verdict::Fail);
+    let row = share_row("two tenants 0.1 + 0.9: the 0.9".into(), 0.9, 0.912);
+    assert_eq!(row.gpuwarden, "91.2 % (+1.2 points)");
+    assert_eq!(row.verdict, Verdict::Pass);
+}
+
+#[test]
 fn the_share_verdict_allows_five_points_either_way() {
     assert_eq!(share_verdict(0.3, 0.3), Verdict::Pass);
     assert_eq!(share_verdict(0.3, 0.349), Verdict::Pass);

@@ -6,6 +6,7 @@ use std::{
 };
 
 use super::*;
+use crate::enforcement::throttle::Usage;
 
 /// Busy time by (GPU, directory), set by the test.
 #[derive(Clone, Default)]
@@ -21,13 +22,18 @@ impl Fake {
 }
 
 impl UsageSource for Fake {
-    fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Duration> {
-        self.0
+    fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Usage> {
+        let busy = self
+            .0
             .lock()
             .unwrap()
             .get(&(gpu, dir.to_owned()))
             .copied()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "gone"))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "gone"))?;
+        Ok(Usage {
+            busy,
+            until: Instant::now(),
+        })
     }
 }
 

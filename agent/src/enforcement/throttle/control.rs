@@ -2,12 +2,18 @@
 //! through [`Cgroups`], so tests drive it with a fake clock and fake cgroups, without sleeping.
 //!
 //! Each member (a cgroup on one GPU) has a token bucket counted in nanoseconds of busy time:
-//! every tick it earns `share × elapsed` and pays what it measurably used. A member in debt
+//! every tick it earns `share ×` the span its usage reading newly covers (up to the reading's
+//! `until`, which lags now for a sampled signal such as NVML's) and pays what it used over that
+//! same span. A member in debt
 //! wants to be frozen until it has earned back `share × (1 − share) × period`; for a member that
 //! is always busy this makes one freeze/thaw cycle last one period (run `share × period`, stay
 //! frozen `(1 − share) × period`), and because debt carries over, measurement lag and freeze
-//! latency are paid back rather than lost. Credit is capped at `share × period`, so idle time
-//! banks no burst larger than one period's worth.
+//! latency are paid back rather than lost. Credit is capped at `share × (period + lag)`, `lag`
+//! being how far the signal's readings trail now (zero for the CPU-time stand-in; a sample period
+//! or so for NVML, decaying over about 16 spans): a member thawed on a lagging signal keeps
+//! earning until the signal shows it running, and a cap of one period would throw that credit
+//! away (a simulated GPU with a sixth of a second's samples then holds 0.3 at 0.25). Idle time
+//! banks no burst larger than `share × (period + lag)`; the lag is at most a second.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -16,7 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{ComputePolicy, Member, ThrottleStats};
+use super::{ComputePolicy, Member, ThrottleStats, Usage};
 
 /// A `work-conserving` member counts the others on its GPU as idle while each uses less than
 /// this fraction of its own share.
@@ -29,8 +35,8 @@ const PPM: i128 = 1_000_000;
 
 /// The kernel side of the throttle, faked in tests.
 pub(crate) trait Cgroups {
-    /// Cumulative busy time of the cgroup at `dir` on `gpu`.
-    fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Duration>;
+    /// Cumulative busy time of the cgroup at `dir` on `gpu`, and up to when it is complete.
+    fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Usage>;
     /// Freezes (`true`) or thaws the cgroup at `dir`.
     fn set_frozen(&mut self, dir: &Path, frozen: bool) -> io::Result<()>;
 }
@@ -48,10 +54,12 @@ struct Bucket {
     policy: ComputePolicy,
     /// Nanoseconds of busy time it may still use; negative is debt.
     credit: i64,
-    /// The last reading, and when it was taken; `None` until the first.
+    /// The last reading: up to when it was complete, and the busy time; `None` until the first.
     last: Option<(Instant, Duration)>,
     /// Recent running fraction (an exponential average over about one period).
     recent: f64,
+    /// How far behind now the last reading was complete.
+    lag: Duration,
     /// This GPU's loop wants the cgroup frozen.
     wants_frozen: bool,
 }
@@ -64,6 +72,7 @@ impl Bucket {
             credit: 0,
             last: None,
             recent: 0.0,
+            lag: Duration::ZERO,
             wants_frozen: false,
         }
     }
@@ -86,9 +95,19 @@ impl Bucket {
         i64::try_from(ns).unwrap_or(i64::MAX)
     }
 
-    fn observe(&mut self, now: Instant, busy: Duration, period: Duration) {
+    /// Earns `share ×` the span the reading adds (from the last reading's `until` to this one's)
+    /// and pays the busy time gained over the same span.
+    fn observe(&mut self, now: Instant, usage: Usage, period: Duration) {
+        let Usage { busy, until } = usage;
+        let lag = now
+            .saturating_duration_since(until)
+            .min(period * MAX_DEBT_PERIODS);
+        let since = self.last.map_or(Duration::ZERO, |(at, _)| {
+            until.saturating_duration_since(at)
+        });
+        self.lag = lag.max(self.lag.saturating_sub(since / 16));
         if let Some((at, before)) = self.last {
-            let elapsed = now.saturating_duration_since(at);
+            let elapsed = until.saturating_duration_since(at);
             // A counter that went backwards (a re-created cgroup) counts as no use.
             let used = busy.saturating_sub(before);
             let used_ns = i64::try_from(used.as_nanos()).unwrap_or(i64::MAX);
@@ -97,14 +116,15 @@ impl Bucket {
                 .credit
                 .saturating_add(self.of_share(elapsed))
                 .saturating_sub(used_ns)
-                .clamp(debt_cap, self.cap(period));
+                .clamp(debt_cap, self.of_share(period + self.lag));
             if !elapsed.is_zero() {
                 let sample = used.as_secs_f64() / elapsed.as_secs_f64();
                 let alpha = 1.0 - (-elapsed.as_secs_f64() / period.as_secs_f64()).exp();
                 self.recent += alpha * (sample - self.recent);
             }
         }
-        self.last = Some((now, busy));
+        let until = self.last.map_or(until, |(at, _)| at.max(until));
+        self.last = Some((until, busy));
     }
 
     /// Uses the GPU, or wants to: the others on a GPU must then make room.
@@ -263,7 +283,7 @@ impl Controller {
                     continue;
                 };
                 match sys.busy(gpu, &cgroup.dir) {
-                    Ok(busy) => bucket.observe(now, busy, self.period),
+                    Ok(usage) => bucket.observe(now, usage, self.period),
                     Err(e) if is_gone(&e) => gone.push(*key),
                     // Keep the last reading: the next good one accounts for the whole interval.
                     Err(e) => cgroup.warn_once("reading usage", &e),

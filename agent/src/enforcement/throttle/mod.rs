@@ -10,7 +10,8 @@
 //! lets it use capacity the other members of its GPU leave idle, and holds it to its share as
 //! soon as they contend.
 //!
-//! The usage signal on real GPUs is NVML's per-process SM utilisation. With mock devices it is
+//! The usage signal on real GPUs is NVML's device utilization apportioned among the processes
+//! active in each sample period ([`sampled`], `docs/throttle.md`). With mock devices it is
 //! [`CpuTimeUsage`], the cgroup's CPU time, one CPU counted as one GPU: **a stand-in for testing
 //! the mechanism**, which says nothing about any GPU.
 //!
@@ -36,6 +37,8 @@
 //! ```
 
 mod control;
+#[cfg(test)]
+mod gpu_sim;
 mod usage;
 
 use std::{
@@ -47,7 +50,7 @@ use std::{
 };
 
 use self::control::{Cgroups, Controller};
-pub use self::usage::{CpuTimeUsage, UsageSource};
+pub use self::usage::{CpuTimeUsage, Usage, UsageSource, sampled};
 
 pub use gpuwarden_types::policy::ComputePolicy;
 
@@ -165,7 +168,7 @@ struct Kernel {
 }
 
 impl Cgroups for Kernel {
-    fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Duration> {
+    fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Usage> {
         self.usage.busy(gpu, dir)
     }
 

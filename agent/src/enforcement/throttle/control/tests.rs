@@ -11,6 +11,8 @@ const PERIOD: Duration = Duration::from_millis(100);
 struct Fake {
     cgroups: HashMap<PathBuf, FakeCgroup>,
     writes: usize,
+    /// The fake's clock: readings are complete up to here.
+    now: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -36,8 +38,9 @@ impl Fake {
         self.cgroups.get_mut(Path::new(dir)).unwrap()
     }
 
-    /// Time passes: thawed workloads progress.
-    fn advance(&mut self, d: Duration) {
+    /// Time passes (to `now`): thawed workloads progress.
+    fn advance(&mut self, d: Duration, now: Instant) {
+        self.now = Some(now);
         for c in self.cgroups.values_mut() {
             if !c.frozen {
                 c.busy += d.mul_f64(c.demand);
@@ -47,11 +50,15 @@ impl Fake {
 }
 
 impl Cgroups for Fake {
-    fn busy(&mut self, _gpu: u32, dir: &Path) -> io::Result<Duration> {
+    fn busy(&mut self, _gpu: u32, dir: &Path) -> io::Result<Usage> {
+        let until = self.now.ok_or(io::ErrorKind::WouldBlock)?;
         match self.cgroups.get(dir) {
             None => Err(io::ErrorKind::NotFound.into()),
             Some(c) if c.fail_reads => Err(io::ErrorKind::PermissionDenied.into()),
-            Some(c) => Ok(c.busy),
+            Some(c) => Ok(Usage {
+                busy: c.busy,
+                until,
+            }),
         }
     }
 
@@ -84,8 +91,8 @@ fn run(
         .map(|(d, c)| (d.clone(), c.busy))
         .collect();
     for _ in 0..ticks {
-        fake.advance(TICK);
         *clock += TICK;
+        fake.advance(TICK, *clock);
         ctl.tick(*clock, fake);
     }
     fake.cgroups

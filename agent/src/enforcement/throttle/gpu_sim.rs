@@ -1,0 +1,378 @@
+//! A simulated GPU that NVML reports on as NVML's reference documents it, for closed-loop tests
+//! of the throttle with the real controller and the real usage integration, in simulated time.
+//!
+//! The GPU: each tenant cgroup runs one process that keeps `depth` of GPU work queued while it is
+//! thawed (a matmul loop that launches a few kernels, then synchronizes); the GPU time-slices
+//! between the processes with queued work (processor sharing), and keeps running what is queued
+//! after a freeze, as a real GPU drains its queue.
+//!
+//! The driver's sampling, as NVML documents it: every sample period (1/6 s here, with a little
+//! jitter) one device sample — the percent of the period during which any kernel ran — and one
+//! process sample for each process that had non-zero utilization in that period (its SM
+//! utilization percent), all stamped with the CPU's real time in µs; queries return the samples
+//! newer than a "last seen" timestamp, none being `NotFound` (an empty list here).
+
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)] // Simulated times in µs as f64, percentages in 0..=100.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    io,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use super::{
+    Usage, UsageSource,
+    control::Cgroups,
+    sampled::{DeviceSample, DriverError, ProcessSample, SampleDriver},
+};
+
+/// How the simulated GPU and its driver behave.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SimConfig {
+    /// The driver's sample period.
+    pub period_us: u64,
+    /// Each period is longer or shorter by up to this (pseudo-random).
+    pub jitter_us: u64,
+    /// GPU work a thawed process keeps queued.
+    pub depth_us: f64,
+    /// Samples become visible to queries this long after their timestamp.
+    pub publish_delay_us: u64,
+    /// Process samples are stamped this long after the device sample of the same period.
+    pub process_offset_us: u64,
+    /// Whether the driver keeps device utilization samples.
+    pub device_samples: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            period_us: 166_667,
+            jitter_us: 2_000,
+            depth_us: 2_000.0,
+            publish_delay_us: 0,
+            process_offset_us: 0,
+            device_samples: true,
+        }
+    }
+}
+
+/// NVML's timestamps are the CPU's real time: somewhere in 2025.
+const EPOCH_US: u64 = 1_750_000_000_000_000;
+/// Samples the driver keeps.
+const BUFFER: usize = 120;
+
+#[derive(Debug)]
+struct SimProcess {
+    pid: u32,
+    dir: PathBuf,
+    frozen: bool,
+    queue_us: f64,
+    busy_us: f64,
+    busy_in_period_us: f64,
+}
+
+/// The simulated GPU, its processes and its driver's sample buffers.
+#[derive(Debug)]
+pub(crate) struct SimGpu {
+    config: SimConfig,
+    base: Instant,
+    t_us: u64,
+    period_start_us: u64,
+    next_sample_us: u64,
+    any_busy_in_period_us: f64,
+    rng: u64,
+    processes: Vec<SimProcess>,
+    device: VecDeque<DeviceSample>,
+    process: VecDeque<ProcessSample>,
+}
+
+impl SimGpu {
+    pub(crate) fn new(config: SimConfig) -> Self {
+        Self {
+            config,
+            base: Instant::now(),
+            t_us: 0,
+            period_start_us: 0,
+            // The driver's sampling is not in phase with anything else.
+            next_sample_us: config.period_us / 3,
+            any_busy_in_period_us: 0.0,
+            rng: 0x2545_f491_4f6c_dd1d,
+            processes: Vec::new(),
+            device: VecDeque::new(),
+            process: VecDeque::new(),
+        }
+    }
+
+    /// Adds a process that is always busy while thawed, in cgroup `dir`.
+    pub(crate) fn add(&mut self, pid: u32, dir: &str) {
+        self.processes.push(SimProcess {
+            pid,
+            dir: dir.into(),
+            frozen: false,
+            queue_us: 0.0,
+            busy_us: 0.0,
+            busy_in_period_us: 0.0,
+        });
+    }
+
+    /// The GPU time the processes of `dir` have had.
+    pub(crate) fn gpu_time(&self, dir: &str) -> Duration {
+        let us: f64 = self
+            .processes
+            .iter()
+            .filter(|p| p.dir == Path::new(dir))
+            .map(|p| p.busy_us)
+            .sum();
+        Duration::from_secs_f64(us / 1e6)
+    }
+
+    pub(crate) fn now(&self) -> Instant {
+        self.base + Duration::from_micros(self.t_us)
+    }
+
+    fn random(&mut self) -> u64 {
+        // xorshift64: deterministic, so a failing run can be replayed.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    /// Runs the GPU for `dt_us`.
+    pub(crate) fn step(&mut self, dt_us: u64) {
+        let dt = dt_us as f64;
+        for p in &mut self.processes {
+            if !p.frozen {
+                // A thawed process keeps its queue full.
+                p.queue_us = self.config.depth_us;
+            }
+        }
+        let ready = self.processes.iter().filter(|p| p.queue_us > 0.0).count();
+        if ready > 0 {
+            let slice = dt / ready as f64;
+            for p in self.processes.iter_mut().filter(|p| p.queue_us > 0.0) {
+                let ran = slice.min(p.queue_us);
+                p.queue_us -= ran;
+                p.busy_us += ran;
+                p.busy_in_period_us += ran;
+                self.any_busy_in_period_us += ran;
+            }
+        }
+        self.t_us += dt_us;
+        if self.t_us >= self.next_sample_us {
+            self.sample();
+        }
+    }
+
+    /// The driver takes its samples for the period that just ended.
+    fn sample(&mut self) {
+        let length = (self.t_us - self.period_start_us) as f64;
+        let ts = EPOCH_US + self.t_us;
+        let percent = |busy: f64| (100.0 * busy / length).round().clamp(0.0, 100.0) as u32;
+        if self.config.device_samples {
+            self.device.push_back(DeviceSample {
+                timestamp_us: ts,
+                util_percent: percent(self.any_busy_in_period_us),
+            });
+        }
+        for p in &mut self.processes {
+            if p.busy_in_period_us > 0.0 {
+                self.process.push_back(ProcessSample {
+                    pid: p.pid,
+                    timestamp_us: ts + self.config.process_offset_us,
+                    sm_util_percent: percent(p.busy_in_period_us),
+                });
+            }
+            p.busy_in_period_us = 0.0;
+        }
+        while self.device.len() > BUFFER {
+            self.device.pop_front();
+        }
+        while self.process.len() > BUFFER * 4 {
+            self.process.pop_front();
+        }
+        self.any_busy_in_period_us = 0.0;
+        self.period_start_us = self.t_us;
+        let jitter = self.config.jitter_us;
+        let offset = if jitter == 0 {
+            0
+        } else {
+            self.random() % (2 * jitter + 1)
+        };
+        self.next_sample_us = self.t_us + self.config.period_us + offset - jitter;
+    }
+
+    fn visible(&self, ts: u64) -> bool {
+        ts + self.config.publish_delay_us <= EPOCH_US + self.t_us
+    }
+}
+
+/// The simulated GPU shared between the driver the usage source reads and the test that runs it.
+#[derive(Debug, Clone)]
+pub(crate) struct SimHandle(pub Arc<Mutex<SimGpu>>);
+
+impl SimHandle {
+    pub(crate) fn new(config: SimConfig) -> Self {
+        Self(Arc::new(Mutex::new(SimGpu::new(config))))
+    }
+
+    pub(crate) fn gpu(&self) -> std::sync::MutexGuard<'_, SimGpu> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl SampleDriver for SimHandle {
+    fn device_samples(
+        &mut self,
+        _gpu: u32,
+        last_seen_us: u64,
+    ) -> Result<Vec<DeviceSample>, DriverError> {
+        let gpu = self.gpu();
+        if !gpu.config.device_samples {
+            return Err(DriverError::NotSupported);
+        }
+        Ok(gpu
+            .device
+            .iter()
+            .filter(|s| s.timestamp_us > last_seen_us && gpu.visible(s.timestamp_us))
+            .copied()
+            .collect())
+    }
+
+    fn process_samples(
+        &mut self,
+        _gpu: u32,
+        last_seen_us: u64,
+    ) -> Result<Vec<ProcessSample>, DriverError> {
+        let gpu = self.gpu();
+        Ok(gpu
+            .process
+            .iter()
+            .filter(|s| s.timestamp_us > last_seen_us && gpu.visible(s.timestamp_us))
+            .copied()
+            .collect())
+    }
+
+    fn now(&self) -> (Instant, u64) {
+        let gpu = self.gpu();
+        (gpu.now(), EPOCH_US + gpu.t_us)
+    }
+
+    fn cgroup_of(&self, pid: u32) -> Option<PathBuf> {
+        self.gpu()
+            .processes
+            .iter()
+            .find(|p| p.pid == pid)
+            .map(|p| p.dir.clone())
+    }
+
+    fn cgroup_exists(&self, dir: &Path) -> bool {
+        self.gpu().processes.iter().any(|p| p.dir == dir)
+    }
+}
+
+/// The integration the agent used before: each process sample charged `sm_util ×` the time since
+/// that process's previous sample (at most a second), with the throttle earning by its own clock
+/// (`until` = now). Kept to show what the closed-loop test catches.
+pub(crate) struct PerPidSpans {
+    sim: SimHandle,
+    refreshed: Option<Instant>,
+    last_timestamp: u64,
+    pid_timestamp: HashMap<u32, u64>,
+    busy_us: HashMap<PathBuf, u64>,
+}
+
+impl PerPidSpans {
+    pub(crate) fn new(sim: SimHandle) -> Self {
+        Self {
+            sim,
+            refreshed: None,
+            last_timestamp: 0,
+            pid_timestamp: HashMap::new(),
+            busy_us: HashMap::new(),
+        }
+    }
+}
+
+impl UsageSource for PerPidSpans {
+    fn busy(&mut self, gpu: u32, cgroup_dir: &Path) -> io::Result<Usage> {
+        let (now, _) = self.sim.now();
+        if self
+            .refreshed
+            .is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_millis(50))
+        {
+            self.refreshed = Some(now);
+            let samples = self
+                .sim
+                .process_samples(gpu, self.last_timestamp)
+                .unwrap_or_default();
+            for s in samples {
+                let since = self
+                    .pid_timestamp
+                    .get(&s.pid)
+                    .copied()
+                    .unwrap_or(self.last_timestamp);
+                let span = if since == 0 {
+                    0
+                } else {
+                    s.timestamp_us.saturating_sub(since).min(1_000_000)
+                };
+                self.pid_timestamp.insert(s.pid, s.timestamp_us);
+                self.last_timestamp = self.last_timestamp.max(s.timestamp_us);
+                if span == 0 || s.sm_util_percent == 0 {
+                    continue;
+                }
+                if let Some(dir) = self.sim.cgroup_of(s.pid) {
+                    *self.busy_us.entry(dir).or_default() +=
+                        span * u64::from(s.sm_util_percent) / 100;
+                }
+            }
+        }
+        let total: u64 = self
+            .busy_us
+            .iter()
+            .filter(|(d, _)| d.starts_with(cgroup_dir))
+            .map(|(_, us)| *us)
+            .sum();
+        Ok(Usage {
+            busy: Duration::from_micros(total),
+            until: now,
+        })
+    }
+}
+
+/// The throttle's kernel side on the simulated GPU: usage from `source`, freezing the simulated
+/// processes.
+pub(crate) struct SimCgroups<S> {
+    pub sim: SimHandle,
+    pub source: S,
+}
+
+impl<S: UsageSource + ?Sized> Cgroups for SimCgroups<Box<S>> {
+    fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Usage> {
+        self.source.busy(gpu, dir)
+    }
+
+    fn set_frozen(&mut self, dir: &Path, frozen: bool) -> io::Result<()> {
+        let mut gpu = self.sim.gpu();
+        let mut found = false;
+        for p in gpu.processes.iter_mut().filter(|p| p.dir == dir) {
+            p.frozen = frozen;
+            found = true;
+        }
+        if found {
+            Ok(())
+        } else {
+            Err(io::ErrorKind::NotFound.into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
