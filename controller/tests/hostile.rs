@@ -1,15 +1,22 @@
-//! The attacker over real gRPC on loopback: oversized strings and maps, messages over the size
-//! limit, unknown enum values, NaN and negative usage, create storms, thousands of Watch
-//! streams, nodes claiming absurd hardware, floods on an agent stream, a client past its rate.
-//! Each is refused with the
+//! The attacker over real gRPC and real mutual TLS on loopback, as a deployment runs: every call
+//! carries a certificate minted for the test (an admin's for the scheduler service, each node's
+//! own for the agent service). Oversized strings and maps, messages over the size limit, unknown
+//! enum values, NaN and negative usage, create storms, thousands of Watch streams, nodes claiming
+//! absurd hardware, floods on an agent stream, a client past its rate. Each is refused with the
 //! code and the field or limit named; afterwards the controller still answers and every
-//! acknowledged session is still there.
+//! acknowledged session is still there. (Wrong, missing and borrowed certificates are
+//! `tls.rs`'s; tokens and users `clients.rs`'s.)
 
 mod common;
 
-use std::time::Duration;
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use gpuwarden_controller::{
+    auth::{
+        clients::ClientRole,
+        mint,
+        tls::{ReloadingConfig, ServerTlsFiles},
+    },
     limits::{self, Limits, Refusal},
     server::Transport,
 };
@@ -17,31 +24,75 @@ use gpuwarden_proto::v1::{
     self as pb, agent_message::Msg, agent_service_client::AgentServiceClient,
     scheduler_service_client::SchedulerServiceClient,
 };
+use gpuwarden_runtime::tls::ClientTls;
 use tokio_stream::StreamExt as _;
 use tonic::{Code, Status, transport::Channel};
 
-/// A controller held to `limits`, plain text, open mode, with node-0 registered; its scratch
-/// directory and a channel.
-async fn start(limits: Limits) -> (tempfile::TempDir, Channel) {
-    let dir = gpuwarden_test_support::scratch("hostile");
-    let addr = common::serve_in_process(dir.path(), Transport::PlainText, limits).await;
-    let url = format!("http://{addr}");
-    let channel = tonic::transport::Endpoint::from_shared(url)
-        .expect("a URL")
-        .connect()
-        .await
-        .expect("connects");
-    // node-0 brings the slot types sessions ask for; it never opens a stream.
-    AgentServiceClient::new(channel.clone())
-        .register(node("node-0"))
-        .await
-        .expect("node-0 registers");
-    (dir, channel)
+/// The nodes the attacker speaks as; each has its own certificate.
+const NODES: [&str; 4] = ["node-0", "node-1", "node-2", "node-big"];
+
+/// The controller under attack: held to `limits`, serving mutual TLS with certificates for
+/// [`NODES`] and for an admin, with node-0 registered.
+struct Target {
+    dir: tempfile::TempDir,
+    url: String,
+    /// The admin's channel to the scheduler service.
+    admin: Channel,
 }
 
-fn scheduler(channel: &Channel) -> SchedulerServiceClient<Channel> {
-    // The client sends whatever it is given: the server's limits are under test.
-    SchedulerServiceClient::new(channel.clone()).max_decoding_message_size(usize::MAX)
+impl Target {
+    async fn start(limits: Limits) -> Self {
+        let dir = gpuwarden_test_support::scratch("hostile");
+        let certs = dir.path().join("certs");
+        let nodes: Vec<String> = NODES.iter().map(|n| (*n).to_owned()).collect();
+        let names = ["localhost".to_owned(), "127.0.0.1".to_owned()];
+        mint::mint_into(&certs, &nodes, &names, 1).expect("minted");
+        mint::mint_clients_into(&certs, &[("ops".to_owned(), ClientRole::Admin)], 1)
+            .expect("minted the admin");
+        let tls = ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("TLS files load");
+        let state = dir.path().join("state");
+        let addr = common::serve_in_process(&state, Transport::Tls(Arc::new(tls)), limits).await;
+        let url = format!("https://{addr}");
+        let admin = channel(&url, &certs, "admin-ops").await;
+        let target = Self { dir, url, admin };
+        // node-0 brings the slot types sessions ask for; it never opens a stream.
+        target
+            .agent("node-0")
+            .await
+            .register(node("node-0"))
+            .await
+            .expect("node-0 registers");
+        target
+    }
+
+    fn certs(&self) -> PathBuf {
+        self.dir.path().join("certs")
+    }
+
+    /// A scheduler client acting as the admin.
+    fn scheduler(&self) -> SchedulerServiceClient<Channel> {
+        // The client sends whatever it is given: the server's limits are under test.
+        SchedulerServiceClient::new(self.admin.clone()).max_decoding_message_size(usize::MAX)
+    }
+
+    /// An agent-service client holding `node`'s certificate.
+    async fn agent(&self, node: &str) -> AgentServiceClient<Channel> {
+        AgentServiceClient::new(channel(&self.url, &self.certs(), node).await)
+    }
+}
+
+/// A TLS channel to `url` trusting the minted CA and presenting `<identity>.pem`.
+async fn channel(url: &str, certs: &std::path::Path, identity: &str) -> Channel {
+    let tls = ClientTls {
+        ca: Some(certs.join(mint::CA_CERT)),
+        cert: Some(certs.join(format!("{identity}.pem"))),
+        key: Some(certs.join(format!("{identity}.key"))),
+    };
+    tls.apply(tonic::transport::Endpoint::from_shared(url.to_owned()).expect("a URL"))
+        .expect("TLS settings")
+        .connect()
+        .await
+        .expect("connects over TLS")
 }
 
 fn request(slots: &[(&str, &str)]) -> pb::CreateSessionRequest {
@@ -122,13 +173,13 @@ fn usage(session: &str, utilization: f64, ioctls_per_sec: f64) -> pb::AgentMessa
 
 /// Registers `id` and opens its stream; the sender for more messages and what comes down.
 async fn connect(
-    channel: &Channel,
+    target: &Target,
     id: &str,
 ) -> (
     tokio::sync::mpsc::Sender<pb::AgentMessage>,
     tonic::Streaming<pb::ControllerMessage>,
 ) {
-    let mut agent = AgentServiceClient::new(channel.clone());
+    let mut agent = target.agent(id).await;
     agent.register(node(id)).await.expect("registers");
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tx.send(heartbeat(id)).await.expect("queued");
@@ -158,8 +209,8 @@ async fn closing_status(inbound: &mut tonic::Streaming<pb::ControllerMessage>) -
 
 /// The controller still answers: a normal create and a listing that holds it and every id in
 /// `acknowledged`.
-async fn still_healthy(channel: &Channel, acknowledged: &[String]) {
-    let mut client = scheduler(channel);
+async fn still_healthy(target: &Target, acknowledged: &[String]) {
+    let mut client = target.scheduler();
     let created = client
         .create_session(request(&[("cuda.shares", "0.5")]))
         .await
@@ -182,8 +233,8 @@ async fn still_healthy(channel: &Channel, acknowledged: &[String]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_strings_maps_and_messages_are_refused_naming_the_field() {
-    let (_dir, channel) = start(Limits::default()).await;
-    let mut client = scheduler(&channel);
+    let target = Target::start(Limits::default()).await;
+    let mut client = target.scheduler();
     let acknowledged = client
         .create_session(request(&[("cuda.shares", "0.25")]))
         .await
@@ -276,13 +327,13 @@ async fn oversized_strings_maps_and_messages_are_refused_naming_the_field() {
     );
     eprintln!("over the message limit: {message}");
 
-    still_healthy(&channel, &[acknowledged]).await;
+    still_healthy(&target, &[acknowledged]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_storm_stops_at_exactly_the_owner_cap_and_loses_nothing() {
     const CAP: usize = 25;
-    let (_dir, channel) = start(Limits {
+    let target = Target::start(Limits {
         max_sessions_per_owner: CAP,
         ..Limits::default()
     })
@@ -290,7 +341,7 @@ async fn a_create_storm_stops_at_exactly_the_owner_cap_and_loses_nothing() {
     // Concurrent creates, so the cap is tested against races, not only in sequence.
     let attempts: Vec<_> = (0..CAP * 3)
         .map(|_| {
-            let mut client = scheduler(&channel);
+            let mut client = target.scheduler();
             tokio::spawn(async move {
                 client
                     .create_session(pb::CreateSessionRequest {
@@ -323,7 +374,7 @@ async fn a_create_storm_stops_at_exactly_the_owner_cap_and_loses_nothing() {
     assert_eq!(acknowledged.len(), CAP);
     assert_eq!(refusals, CAP * 2);
     // Another owner is not held to mallory's cap.
-    let mut client = scheduler(&channel);
+    let mut client = target.scheduler();
     client
         .create_session(pb::CreateSessionRequest {
             owner: "alice".into(),
@@ -345,15 +396,15 @@ async fn a_create_storm_stops_at_exactly_the_owner_cap_and_loses_nothing() {
         })
         .await
         .expect("a place was freed");
-    still_healthy(&channel, &acknowledged).await;
+    still_healthy(&target, &acknowledged).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_watch_streams_are_refused_past_the_cap_and_the_first_keep_working() {
     let limits = Limits::default();
     let cap = limits.max_watches_per_caller;
-    let (_dir, channel) = start(limits).await;
-    let mut client = scheduler(&channel);
+    let target = Target::start(limits).await;
+    let mut client = target.scheduler();
     let mut open = Vec::new();
     for _ in 0..cap {
         open.push(
@@ -397,13 +448,13 @@ async fn thousands_of_watch_streams_are_refused_past_the_cap_and_the_first_keep_
         }
     }
     assert!(reopened.is_some(), "the freed place was never reused");
-    still_healthy(&channel, &[created.id]).await;
+    still_healthy(&target, &[created.id]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_claiming_absurd_hardware_or_unknown_enums_are_refused() {
-    let (_dir, channel) = start(Limits::default()).await;
-    let mut agent = AgentServiceClient::new(channel.clone());
+    let target = Target::start(Limits::default()).await;
+    let mut agent = target.agent("node-big").await;
     let mut gpus = node("node-big");
     gpus.devices = (0..10_000)
         .map(|i| pb::Device {
@@ -453,7 +504,8 @@ async fn nodes_claiming_absurd_hardware_or_unknown_enums_are_refused() {
         &["slot type \"cuda.shares\" has no kind"],
     );
     // None of them registered anything.
-    let nodes: Vec<String> = scheduler(&channel)
+    let nodes: Vec<String> = target
+        .scheduler()
         .list_nodes(pb::ListNodesRequest {})
         .await
         .expect("lists")
@@ -463,12 +515,12 @@ async fn nodes_claiming_absurd_hardware_or_unknown_enums_are_refused() {
         .filter_map(|n| n.info.map(|i| i.node_id))
         .collect();
     assert_eq!(nodes, ["node-0"]);
-    still_healthy(&channel, &[]).await;
+    still_healthy(&target, &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nan_or_negative_usage_closes_the_agent_stream_naming_the_field() {
-    let (_dir, channel) = start(Limits::default()).await;
+    let target = Target::start(Limits::default()).await;
     for (message, field) in [
         (usage("s-1", f64::NAN, 0.0), "usage.utilization: NaN"),
         (usage("s-1", -0.5, 0.0), "usage.utilization: -0.5"),
@@ -477,7 +529,7 @@ async fn nan_or_negative_usage_closes_the_agent_stream_naming_the_field() {
             "usage.ioctls_per_sec: inf",
         ),
     ] {
-        let (tx, mut inbound) = connect(&channel, "node-1").await;
+        let (tx, mut inbound) = connect(&target, "node-1").await;
         tx.send(message).await.expect("sent");
         let status = closing_status(&mut inbound).await;
         refused(
@@ -486,15 +538,17 @@ async fn nan_or_negative_usage_closes_the_agent_stream_naming_the_field() {
             &[field, "not a finite, non-negative number"],
         );
     }
-    still_healthy(&channel, &[]).await;
+    still_healthy(&target, &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_and_events_for_sessions_not_on_the_node_are_dropped_and_counted() {
-    let (_dir, channel) = start(Limits::default()).await;
-    let mut client = scheduler(&channel);
+    let target = Target::start(Limits::default()).await;
+    let mut client = target.scheduler();
     // On node-2 (registered, never connected): no session of node-1's.
-    AgentServiceClient::new(channel.clone())
+    target
+        .agent("node-2")
+        .await
         .register(node("node-2"))
         .await
         .expect("node-2 registers");
@@ -506,7 +560,7 @@ async fn usage_and_events_for_sessions_not_on_the_node_are_dropped_and_counted()
         .await
         .expect("creates")
         .into_inner();
-    let (tx, _inbound) = connect(&channel, "node-1").await;
+    let (tx, _inbound) = connect(&target, "node-1").await;
     let before = limits::count_of(Refusal::ForeignSession);
     tx.send(usage(&elsewhere.id, 0.5, 1.0)).await.expect("sent");
     tx.send(pb::AgentMessage {
@@ -535,18 +589,18 @@ async fn usage_and_events_for_sessions_not_on_the_node_are_dropped_and_counted()
         .expect("still there")
         .into_inner();
     assert!(session.events.is_empty(), "{:?}", session.events);
-    still_healthy(&channel, &[elsewhere.id]).await;
+    still_healthy(&target, &[elsewhere.id]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_flooding_its_stream_is_closed_with_resource_exhausted() {
-    let (_dir, channel) = start(Limits {
+    let target = Target::start(Limits {
         agent_messages_per_sec: 10,
         agent_message_burst: 50,
         ..Limits::default()
     })
     .await;
-    let (tx, mut inbound) = connect(&channel, "node-1").await;
+    let (tx, mut inbound) = connect(&target, "node-1").await;
     let flood = tokio::spawn(async move {
         for _ in 0..1_000 {
             if tx.send(heartbeat("node-1")).await.is_err() {
@@ -566,20 +620,20 @@ async fn an_agent_flooding_its_stream_is_closed_with_resource_exhausted() {
     );
     flood.abort();
     // The node may come back with a fresh stream.
-    let (_tx, _inbound) = connect(&channel, "node-1").await;
-    still_healthy(&channel, &[]).await;
+    let (_tx, _inbound) = connect(&target, "node-1").await;
+    still_healthy(&target, &[]).await;
 }
 
 #[tokio::test]
 async fn a_client_calling_past_its_rate_is_refused_then_served_again() {
-    let (_dir, channel) = start(Limits {
+    let target = Target::start(Limits {
         client_requests_per_sec: 20,
         client_request_burst: 30,
         ..Limits::default()
     })
     .await;
     let before = limits::count_of(Refusal::Rate);
-    let mut client = scheduler(&channel);
+    let mut client = target.scheduler();
     let mut served = 0;
     let status = loop {
         match client.list_slot_types(pb::ListSlotTypesRequest {}).await {
