@@ -164,6 +164,35 @@ impl SampledUsage {
         Duration::from_nanos(ns)
     }
 
+    /// Folds the busy time of cgroups that no longer exist into their parents', deepest first,
+    /// so that the map holds only cgroups that exist rather than every container that ever ran
+    /// on the GPU, and every figure of a cgroup still there (which includes its descendants')
+    /// stays exactly what it was.
+    pub fn prune(&mut self, exists: &mut dyn FnMut(&Path) -> bool) {
+        let mut gone: Vec<PathBuf> = self
+            .busy_ns
+            .keys()
+            .filter(|dir| !exists(dir))
+            .cloned()
+            .collect();
+        gone.sort_by_key(|dir| std::cmp::Reverse(dir.components().count()));
+        for dir in gone {
+            let Some(ns) = self.busy_ns.remove(&dir) else {
+                continue;
+            };
+            if let Some(parent) = dir.parent() {
+                let slot = self.busy_ns.entry(parent.to_owned()).or_default();
+                *slot = slot.saturating_add(ns);
+            }
+        }
+    }
+
+    /// Cgroups with a figure of their own.
+    #[must_use]
+    pub fn cgroups(&self) -> usize {
+        self.busy_ns.len()
+    }
+
     /// What could not be charged, so far.
     #[must_use]
     pub fn stats(&self) -> SampledStats {
@@ -388,6 +417,9 @@ pub trait SampleDriver: Send {
 /// Don't read the driver more often than this (once per throttle tick at the default period).
 pub const REFRESH: Duration = Duration::from_millis(10);
 
+/// How often the figures of cgroups that are gone are folded into their parents'.
+pub const PRUNE: Duration = Duration::from_mins(1);
+
 /// A [`UsageSource`] reading a [`SampleDriver`] into one [`SampledUsage`] per GPU.
 pub struct SampledSource<D> {
     driver: D,
@@ -398,6 +430,7 @@ pub struct SampledSource<D> {
 #[derive(Default)]
 struct GpuSamples {
     refreshed: Option<Instant>,
+    pruned: Option<Instant>,
     samples: SampledUsage,
     /// The GPU has no device utilization samples: they are made from the process samples
     /// instead (each period's busy time the sum of its processes' SM utilization).
@@ -479,6 +512,13 @@ impl<D: SampleDriver> SampledSource<D> {
                 .or_insert_with(|| driver.cgroup_of(pid))
                 .clone()
         });
+        if usage
+            .pruned
+            .is_none_or(|t| now.saturating_duration_since(t) >= PRUNE)
+        {
+            usage.pruned = Some(now);
+            usage.samples.prune(&mut |dir| driver.cgroup_exists(dir));
+        }
     }
 }
 

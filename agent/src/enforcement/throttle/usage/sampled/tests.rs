@@ -190,3 +190,34 @@ fn a_gap_of_lost_samples_is_charged_one_period_at_most_twice() {
     let added = us(s.busy(Path::new("/cg/a")).saturating_sub(busy));
     assert!(added.abs_diff(2 * P) <= 2, "{added}");
 }
+
+#[test]
+fn cgroups_that_are_gone_fold_into_their_parents_and_figures_stay() {
+    let mut s = SampledUsage::new();
+    // /cg/a, /cg/a/sub and /cg/b each run alone for two periods.
+    feed(&mut s, 6, 90, |k| {
+        vec![(u32::try_from((k - 1) / 2 + 1).unwrap(), 50)]
+    });
+    let before: Vec<Duration> = ["/cg", "/cg/a", "/cg/a/sub", "/cg/b"]
+        .iter()
+        .map(|d| s.busy(Path::new(d)))
+        .collect();
+    assert!(before.iter().all(|d| !d.is_zero()), "{before:?}");
+    assert_eq!(s.cgroups(), 3);
+    // /cg/a/sub and /cg/b are gone; /cg/a stays.
+    s.prune(&mut |dir| dir == Path::new("/cg/a"));
+    assert_eq!(
+        s.busy(Path::new("/cg")),
+        before[0],
+        "/cg keeps everything under it"
+    );
+    assert_eq!(
+        s.busy(Path::new("/cg/a")),
+        before[1],
+        "/cg/a keeps /cg/a/sub's"
+    );
+    assert_eq!(s.busy(Path::new("/cg/a/sub")), Duration::ZERO);
+    assert_eq!(s.busy(Path::new("/cg/b")), Duration::ZERO);
+    // /cg/a, and /cg holding what /cg/b used.
+    assert_eq!(s.cgroups(), 2);
+}
