@@ -72,6 +72,24 @@ struct Client {
     objects: BTreeMap<u32, Object>,
 }
 
+impl Client {
+    /// The handle of a new object of this client (whose own handle is `me`): `requested`, or
+    /// when that is 0 the first free one after `last` (the driver's last pick).
+    fn new_handle(&self, me: u32, requested: u32, last: u32) -> Result<u32, u32> {
+        if requested == 0 {
+            let mut h = last.wrapping_add(1);
+            while h == 0 || h == me || self.objects.contains_key(&h) {
+                h = h.wrapping_add(1);
+            }
+            Ok(h)
+        } else if requested == me || self.objects.contains_key(&requested) {
+            Err(status::INSERT_DUPLICATE_NAME)
+        } else {
+            Ok(requested)
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Gpu {
     capacity: u64,
@@ -285,17 +303,7 @@ impl Rm {
                     .ok_or(status::INVALID_OBJECT_PARENT)?,
             )
         };
-        let handle = if r.handle == 0 {
-            let mut h = self.last_object.wrapping_add(1);
-            while h == 0 || h == r.client || client.objects.contains_key(&h) {
-                h = h.wrapping_add(1);
-            }
-            h
-        } else if r.handle == r.client || client.objects.contains_key(&r.handle) {
-            return Err(status::INSERT_DUPLICATE_NAME);
-        } else {
-            r.handle
-        };
+        let handle = client.new_handle(r.client, r.handle, self.last_object)?;
         let mut host = false;
         let (gpu, bytes) = match r.class {
             class::DEVICE_0 => {
@@ -470,18 +478,10 @@ impl Rm {
             .filter(|p| p.holds_memory())
             .ok_or(status::INVALID_OBJECT_PARENT)?
             .gpu;
-        let handle = if requested == 0 {
-            let mut h = self.last_object.wrapping_add(1);
-            while h == 0 || h == client || c.objects.contains_key(&h) {
-                h = h.wrapping_add(1);
-            }
-            self.last_object = h;
-            h
-        } else if requested == client || c.objects.contains_key(&requested) {
-            return Err(status::INSERT_DUPLICATE_NAME);
-        } else {
-            requested
-        };
+        let handle = c.new_handle(client, requested, self.last_object)?;
+        if requested == 0 {
+            self.last_object = handle;
+        }
         if !host && bytes > 0 {
             let g = gpu.ok_or(status::INVALID_OBJECT_PARENT)?;
             let used = self.gpus[g].used;
