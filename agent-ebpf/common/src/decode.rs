@@ -20,12 +20,7 @@
 //! impl UserMemory for Buffer {
 //!     fn words<const N: usize>(&self, addr: u64) -> Option<[u32; N]> {
 //!         let start = usize::try_from(addr.checked_sub(0x1000)?).ok()?;
-//!         let bytes = self.0.get(start..start.checked_add(4 * N)?)?;
-//!         let mut out = [0; N];
-//!         for (word, chunk) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-//!             *word = u32::from_le_bytes(chunk.try_into().ok()?);
-//!         }
-//!         Some(out)
+//!         decode::le_words(self.0.get(start..)?)
 //!     }
 //! }
 //!
@@ -68,6 +63,18 @@ pub trait UserMemory {
     fn u64_at(&self, addr: u64) -> Option<u64> {
         self.words::<2>(addr).map(|[low, high]| join(low, high))
     }
+}
+
+/// The first `N` little-endian 32-bit words of `bytes`; `None` when it is shorter than that. What
+/// a [`UserMemory`] over plain bytes (a test's, a user-space caller's) returns.
+#[must_use]
+pub fn le_words<const N: usize>(bytes: &[u8]) -> Option<[u32; N]> {
+    let bytes = bytes.get(..4 * N)?;
+    let mut out = [0; N];
+    for (word, chunk) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *word = u32::from_le_bytes(chunk.try_into().ok()?);
+    }
+    Some(out)
 }
 
 /// An ioctl that could not be decoded: what the agent reports (as a `DECODE_ERROR` event) and

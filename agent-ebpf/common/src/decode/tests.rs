@@ -25,16 +25,10 @@ impl Memory {
 
 impl UserMemory for Memory {
     fn words<const N: usize>(&self, addr: u64) -> Option<[u32; N]> {
-        let len = 4 * N;
-        let bytes = self.regions.iter().find_map(|(base, data)| {
+        self.regions.iter().find_map(|(base, data)| {
             let start = usize::try_from(addr.checked_sub(*base)?).ok()?;
-            data.get(start..start.checked_add(len)?)
-        })?;
-        let mut out = [0; N];
-        for (word, chunk) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-            *word = u32::from_le_bytes(chunk.try_into().ok()?);
-        }
-        Some(out)
+            le_words(data.get(start..)?)
+        })
     }
 }
 

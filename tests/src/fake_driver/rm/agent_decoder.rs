@@ -30,12 +30,7 @@ const GPU_MEMORY: [u64; 2] = [256 * MIB, 512 * MIB];
 
 impl UserMemory for FakeMemory {
     fn words<const N: usize>(&self, addr: u64) -> Option<[u32; N]> {
-        let bytes = self.read(addr, 4 * N).ok()?;
-        let mut out = [0; N];
-        for (word, chunk) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-            *word = u32::from_le_bytes(chunk.try_into().ok()?);
-        }
-        Some(out)
+        decode::le_words(&self.read(addr, 4 * N).ok()?)
     }
 }
 
