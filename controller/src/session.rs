@@ -6,7 +6,7 @@ pub use gpuwarden_types::{
     now_ms,
     policy::{ComputePolicy, MemoryPolicy, PolicyError, QuotaPolicy},
     state::SessionState,
-    target::{Target, TargetError},
+    target::{Target, TargetError, TargetScope},
 };
 
 use crate::{
@@ -53,6 +53,10 @@ pub struct Session {
     /// How its quota is enforced.
     #[serde(default)]
     pub policy: QuotaPolicy,
+    /// What its target was authorized under (records from before scopes: an admin's, as
+    /// authentication alone let them be created).
+    #[serde(default = "TargetScope::legacy")]
+    pub scope: TargetScope,
     /// The latest enforcement events its node reported, newest last (at most [`MAX_EVENTS`]).
     #[serde(default)]
     pub events: Vec<EnforcementEvent>,
@@ -192,6 +196,7 @@ mod tests {
             updated_at_ms: 0,
             target: Target::Managed,
             policy: QuotaPolicy::default(),
+            scope: TargetScope::default(),
             events: Vec::new(),
             class: String::new(),
             placement: None,

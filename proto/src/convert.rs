@@ -6,7 +6,7 @@ use gpuwarden_types::{
     policy::{PolicyError, QuotaPolicy},
     slot::SlotKind,
     state::{NodeState, SessionState},
-    target::Target,
+    target::{Target, TargetScope},
 };
 
 use crate::v1 as pb;
@@ -109,6 +109,32 @@ pub fn target_to_pb(target: &Target) -> Option<pb::Target> {
     Some(pb::Target { kind: Some(kind) })
 }
 
+/// A `TargetScope` message to a scope; an absent one (a controller from before scopes) is an
+/// admin's, not unconfined.
+#[must_use]
+pub fn scope_from_pb(scope: Option<&pb::TargetScope>) -> TargetScope {
+    scope.map_or_else(
+        || TargetScope::admin(false),
+        |s| TargetScope {
+            admin: s.admin,
+            unconfined: s.unconfined,
+            cgroup_prefixes: s.cgroup_prefixes.clone(),
+            namespaces: s.namespaces.clone(),
+        },
+    )
+}
+
+/// A scope to its message.
+#[must_use]
+pub fn scope_to_pb(scope: &TargetScope) -> pb::TargetScope {
+    pb::TargetScope {
+        admin: scope.admin,
+        unconfined: scope.unconfined,
+        cgroup_prefixes: scope.cgroup_prefixes.clone(),
+        namespaces: scope.namespaces.clone(),
+    }
+}
+
 /// A `QuotaPolicy` message to a policy; an absent message or an empty name is the default.
 ///
 /// # Errors
@@ -134,6 +160,18 @@ mod tests {
     use gpuwarden_types::policy::{ComputePolicy, MemoryPolicy};
 
     use super::*;
+
+    #[test]
+    fn scopes_round_trip_and_an_absent_one_is_an_admins() {
+        let scope = TargetScope {
+            admin: false,
+            unconfined: false,
+            cgroup_prefixes: vec!["/tenants/a".into()],
+            namespaces: vec!["ns".into()],
+        };
+        assert_eq!(scope_from_pb(Some(&scope_to_pb(&scope))), scope);
+        assert_eq!(scope_from_pb(None), TargetScope::admin(false));
+    }
 
     #[test]
     fn targets_round_trip_and_none_has_no_message() {

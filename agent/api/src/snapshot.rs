@@ -217,6 +217,11 @@ pub struct Stats {
     /// Usage reports dropped because the controller stream's buffer was full.
     #[serde(default)]
     pub usage_reports_dropped: u64,
+    /// Enforcement events a workload caused faster than its session's rate (an allocation loop
+    /// over its limit under `report`): counted, and named in the next event sent, not sent one
+    /// by one.
+    #[serde(default)]
+    pub events_suppressed: u64,
 }
 
 /// A hook as reported in snapshots and logs.

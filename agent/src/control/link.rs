@@ -24,7 +24,10 @@ use super::{
     observed::Observed,
     usage_report::UsageCounters,
 };
-use crate::{devices::GpuBackend, enforcement::quota::QuotaSpec};
+use crate::{
+    devices::GpuBackend,
+    enforcement::{confinement, quota::QuotaSpec},
+};
 
 /// What the link passes down to enforcement: configuration flows from the controller to the
 /// kernel, never back through shared state.
@@ -494,10 +497,35 @@ fn accept(
     if let Some(n) = check_allocation(&known_slots(config, backend), &a) {
         return pb::agent_message::Msg::Nack(n);
     }
+    // The id names a cgroup directory and a store key: checked before either is touched.
+    if let Err(e) = confinement::check_session_id(&a.session_id) {
+        let id = a.session_id.chars().take(80).collect();
+        return nack(id, "InvalidQuota", e.to_string());
+    }
     let spec = match QuotaSpec::from_allocate(&a, backend.devices()) {
         Ok(spec) => spec,
         Err(e) => return nack(a.session_id, "InvalidQuota", e.to_string()),
     };
+    if let Some(spec) = &spec {
+        let held: Vec<QuotaSpec> = {
+            let h = lock(holdings);
+            h.sessions()
+                .iter()
+                .filter_map(|s| h.get(s))
+                .filter_map(|other| {
+                    QuotaSpec::from_allocate(other, backend.devices())
+                        .ok()
+                        .flatten()
+                })
+                .collect()
+        };
+        if let Err(e) =
+            confinement::check_allocation(spec, &held, confinement::own_cgroup().as_deref())
+        {
+            tracing::warn!(session = %a.session_id, target = %spec.target, "allocation refused: {e}");
+            return nack(a.session_id, "InvalidQuota", e.to_string());
+        }
+    }
     let session_id = a.session_id.clone();
     // Acknowledge only what is on disk; a failed write refuses instead.
     if let Err(e) = lock(holdings).hold(a) {

@@ -100,7 +100,7 @@ pub(crate) fn read_sessions(standing: &Standing, counters: &Counters) -> Vec<Ses
         let cgroup_dir = match b.state {
             BindState::Bound => b.dir.clone(),
             BindState::Pending => None,
-            BindState::Expired => continue,
+            BindState::Expired | BindState::Refused => continue,
         };
         let memory_bytes = b
             .kernel

@@ -155,8 +155,15 @@ pub async fn run_until(
         Some(d) => Arc::new(dra::Subset::new(Arc::clone(&backend), |g| !d.offers(g))),
         None => Arc::clone(&backend),
     };
+    // Pod names are an extra: without a kubelet the pods keep their UIDs only (and users' pod
+    // targets can't be checked, so they are refused).
+    let pods = config
+        .kubelet
+        .clone()
+        .map_or_else(PodNames::disabled, PodNames::spawn);
     let (enforcer, enforcer_task) = start::enforcement(
         &mut sensor,
+        pods.clone(),
         &attributor,
         &holdings,
         dra.as_ref().map(|p| p.held.clone()).unwrap_or_default(),
@@ -175,11 +182,7 @@ pub async fn run_until(
         telemetry: Arc::clone(&telemetry),
         enforcer: enforcer.clone(),
         backend: Arc::clone(&backend),
-        // Pod names are an extra: without a kubelet the pods keep their UIDs only.
-        pods: config
-            .kubelet
-            .clone()
-            .map_or_else(PodNames::disabled, PodNames::spawn),
+        pods,
         node: config.node_name.clone(),
         indexes: backend.devices().iter().map(|d| d.index).collect(),
         usage_counters: Arc::clone(&usage_counters),

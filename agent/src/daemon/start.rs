@@ -4,13 +4,14 @@ use gpuwarden_proto::v1 as pb;
 use tokio::sync::mpsc;
 
 use crate::{
-    attribution::Attributor,
+    attribution::{Attributor, kubelet::PodNames},
     config::AgentConfig,
     control::{QuotaCommand, holdings::Holdings, usage_report::Reporter},
     devices::GpuBackend,
     enforcement::{
         Enforcer, EnforcerHandle,
         cgroup_tree::CgroupTree,
+        confinement::{Rules, own_cgroup},
         kernel::{Kernel, ProcessSignals},
         quota::QuotaSpec,
         task,
@@ -56,6 +57,7 @@ pub(super) fn log_sensor(sensor: &mut Sensor, config: &AgentConfig) {
 #[allow(clippy::too_many_arguments)] // The wiring of one stage: each input is a different part.
 pub(super) fn enforcement(
     sensor: &mut Sensor,
+    pods: PodNames,
     attributor: &Attributor,
     holdings: &Holdings,
     dra_held: Vec<QuotaSpec>,
@@ -79,7 +81,8 @@ pub(super) fn enforcement(
         upward,
         config.binding_timeout,
         Some(throttle),
-    );
+    )
+    .with_rules(Rules::new(own_cgroup(), Box::new(pods)));
     let mut held = dra_held;
     for session in holdings.sessions() {
         let Some(allocate) = holdings.get(&session) else {

@@ -11,7 +11,10 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use gpuwarden_proto::{convert, v1 as pb};
-use gpuwarden_types::{policy::QuotaPolicy, target::Target};
+use gpuwarden_types::{
+    policy::{MemoryPolicy, QuotaPolicy},
+    target::{Target, TargetScope},
+};
 
 use gpuwarden_types::quantity::Quantity;
 
@@ -127,7 +130,8 @@ pub struct OpaqueConfig {
 
 /// This driver's parameters in an opaque config:
 /// `{"apiVersion": "gpu.gpuwarden.io/v1alpha1", "kind": "GpuConfig", "memoryPolicy": "kill",
-/// "computePolicy": "hard"}`.
+/// "computePolicy": "hard"}`. A DeviceClass's config (an admin's) may also say which memory
+/// policies its claims may pick: `"allowedMemoryPolicies": ["kill", "stop", "report"]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuConfig {
@@ -137,7 +141,15 @@ pub struct GpuConfig {
     /// `hard` or `work-conserving`.
     #[serde(default)]
     pub compute_policy: Option<String>,
+    /// The memory policies a claim's own config may pick; read from a class's config only.
+    #[serde(default)]
+    pub allowed_memory_policies: Option<Vec<String>>,
 }
+
+/// The memory policies a claim may pick when its class allows none explicitly: a tenant can't
+/// turn its limit into a mere `report` on a shared GPU.
+pub const DEFAULT_CLAIM_MEMORY_POLICIES: [MemoryPolicy; 2] =
+    [MemoryPolicy::Kill, MemoryPolicy::Stop];
 
 /// A consumer in `reservedFor`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -202,6 +214,17 @@ pub enum ClaimError {
     /// Unreadable driver parameters.
     #[error("opaque config for {DRIVER_NAME}: {0}")]
     Config(String),
+    /// A claim's own config picks a memory policy its DeviceClass does not allow.
+    #[error(
+        "the claim's config picks memory policy {policy}, which its DeviceClass does not allow \
+         (allowed: {allowed}; a class config's allowedMemoryPolicies says more)"
+    )]
+    PolicyNotAllowed {
+        /// What the claim picked.
+        policy: MemoryPolicy,
+        /// What it may pick.
+        allowed: String,
+    },
     /// No pod reserves the claim.
     #[error("ResourceClaim {0} is reserved for no pod")]
     NoPod(String),
@@ -363,6 +386,8 @@ pub fn plan(
             .collect(),
         target: convert::target_to_pb(&target),
         policy: Some(convert::policy_to_pb(policy)),
+        // Kubernetes authorized the claim for its pod: the agent binds it as an admin's.
+        scope: Some(convert::scope_to_pb(&TargetScope::admin(false))),
     };
     Ok(Plan {
         pod_uid: pod.uid.clone(),
@@ -411,6 +436,8 @@ fn configured(
     r: &DeviceResult,
     mut policy: QuotaPolicy,
 ) -> Result<QuotaPolicy, ClaimError> {
+    let mut allowed: Option<Vec<MemoryPolicy>> = None;
+    let mut claim_picked = None;
     for c in configs {
         let Some(opaque) = c.opaque.as_ref().filter(|o| o.driver == DRIVER_NAME) else {
             continue;
@@ -432,6 +459,32 @@ fn configured(
             params.compute_policy.as_deref(),
         )
         .map_err(|e| ClaimError::Config(e.to_string()))?;
+        // Only the class (the admin) widens what a claim may pick; a claim saying so is ignored.
+        if c.source == "FromClass" {
+            if let Some(list) = &params.allowed_memory_policies {
+                allowed = Some(
+                    list.iter()
+                        .map(|p| p.parse::<MemoryPolicy>())
+                        .collect::<Result<_, _>>()
+                        .map_err(|e| ClaimError::Config(e.to_string()))?,
+                );
+            }
+        } else if params.memory_policy.is_some() {
+            claim_picked = Some(policy.memory);
+        }
+    }
+    if let Some(picked) = claim_picked {
+        let allowed = allowed.unwrap_or_else(|| DEFAULT_CLAIM_MEMORY_POLICIES.to_vec());
+        if !allowed.contains(&picked) {
+            return Err(ClaimError::PolicyNotAllowed {
+                policy: picked,
+                allowed: allowed
+                    .iter()
+                    .map(|p| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
     }
     Ok(policy)
 }

@@ -27,6 +27,7 @@ pub use gpuwarden_agent_api::Record;
 
 use super::{
     cgroup_tree::CgroupTree,
+    confinement::{Rules, Verdict},
     kernel::Kernel,
     quota::{MemoryPolicy, QuotaSpec, Target},
     throttle::{self, ThrottleHandle, ThrottleStats},
@@ -35,6 +36,52 @@ use crate::{devices::ProcessMemory, sensor::MemoryTier};
 
 /// Enforcement events kept for snapshots.
 const HISTORY: usize = 64;
+
+/// The actions a workload can cause as often as it likes (an allocation over its limit under
+/// `report`, a refused open in a loop): rate-limited per session by [`EventLimiter`].
+const WORKLOAD_ACTIONS: [&str; 5] = ["deny", "kill", "stop", "report", "device_denied"];
+
+/// Workload-caused events a session sends per second once its burst is spent.
+const EVENTS_PER_SEC: f64 = 5.0;
+
+/// Workload-caused events a session may send at once.
+const EVENT_BURST: f64 = 20.0;
+
+/// A token bucket per session for the events its workload causes: a tenant allocating in a loop
+/// under `report` fills neither the controller link nor the history; what is held back is
+/// counted and named in the next event that goes.
+#[derive(Debug, Default)]
+struct EventLimiter {
+    /// Session → (tokens, when last refilled, events held back since the last one sent).
+    sessions: BTreeMap<String, (f64, Instant, u64)>,
+    /// Events held back since the agent started.
+    suppressed_total: u64,
+}
+
+impl EventLimiter {
+    /// `Some(held back before it)` when `session`'s event goes, `None` when it is held back.
+    fn admit(&mut self, session: &str, now: Instant) -> Option<u64> {
+        let (tokens, last, held_back) =
+            self.sessions
+                .entry(session.to_owned())
+                .or_insert((EVENT_BURST, now, 0));
+        let refill = now.saturating_duration_since(*last).as_secs_f64() * EVENTS_PER_SEC;
+        *tokens = (*tokens + refill).min(EVENT_BURST);
+        *last = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Some(std::mem::take(held_back))
+        } else {
+            *held_back += 1;
+            self.suppressed_total += 1;
+            None
+        }
+    }
+
+    fn forget(&mut self, session: &str) {
+        self.sessions.remove(session);
+    }
+}
 
 /// Where a binding stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +93,8 @@ pub(crate) enum BindState {
     Bound,
     /// The cgroup never appeared in time.
     Expired,
+    /// Its cgroup is one no quota may bind ([`super::confinement`]); an event says why.
+    Refused,
 }
 
 /// One session's quota and where it is enforced.
@@ -98,6 +147,8 @@ pub(crate) struct Standing {
     pub bindings: Vec<BindingReport>,
     /// Recent actions, oldest first.
     pub history: Vec<Record>,
+    /// Events a workload caused that were counted but not sent one by one.
+    pub suppressed_events: u64,
 }
 
 /// The event sent up to the controller for `record`.
@@ -149,6 +200,10 @@ pub(crate) struct Enforcer {
     throttle: Option<ThrottleHandle>,
     /// (session, GPU) pairs the NVML cross-check acted on and that are still over.
     cross_checked: BTreeSet<(String, u32)>,
+    /// What a quota may bind to.
+    rules: Rules,
+    /// Per session, how many of the events a workload can cause go up and into the history.
+    limiter: EventLimiter,
 }
 
 /// Whether NVML's count shows a workload over its limit that the kernel side did not see (so
@@ -178,7 +233,16 @@ impl Enforcer {
             timeout,
             throttle,
             cross_checked: BTreeSet::new(),
+            rules: Rules::default(),
+            limiter: EventLimiter::default(),
         }
+    }
+
+    /// The same, holding quotas to `rules` (the agent's own cgroup, the kubelet's pods).
+    #[must_use]
+    pub(crate) fn with_rules(mut self, rules: Rules) -> Self {
+        self.rules = rules;
+        self
     }
 
     /// The bindings and recent actions, with the kernel's and the throttle's counts.
@@ -203,6 +267,7 @@ impl Enforcer {
         Standing {
             bindings,
             history: self.history.iter().cloned().collect(),
+            suppressed_events: self.limiter.suppressed_total,
         }
     }
 
@@ -255,6 +320,7 @@ impl Enforcer {
             return;
         }
         self.unbind(session, "released by the controller");
+        self.limiter.forget(session);
         if let Some(b) = self.bindings.remove(session)
             && b.spec.target == Target::Managed
         {
@@ -317,9 +383,44 @@ impl Enforcer {
             return;
         };
         match b.state {
-            BindState::Expired => {}
+            BindState::Expired | BindState::Refused => {}
             BindState::Pending => match self.tree.find(&b.spec.target, session) {
-                Ok(Some(dir)) => self.bind(session, dir),
+                Ok(Some(dir)) => {
+                    let path = self.tree.relative(&dir);
+                    let bound: Vec<(String, String)> = self
+                        .bindings
+                        .iter()
+                        .filter(|(s, o)| s.as_str() != session && o.state == BindState::Bound)
+                        .filter_map(|(s, o)| {
+                            o.dir.as_deref().map(|d| (s.clone(), self.tree.relative(d)))
+                        })
+                        .collect();
+                    let verdict = self.rules.check_bind(
+                        &b.spec,
+                        &path,
+                        bound.iter().map(|(s, p)| (s.as_str(), p.as_str())),
+                    );
+                    match verdict {
+                        Verdict::Bind => self.bind(session, dir),
+                        Verdict::Wait(why) if b.since.elapsed() >= self.timeout => {
+                            if let Some(b) = self.bindings.get_mut(session) {
+                                b.state = BindState::Expired;
+                            }
+                            let reason =
+                                format!("not bound within {} s: {why}", self.timeout.as_secs());
+                            self.record(session, "expired", reason, path, 0, None, (0, 0, 0));
+                        }
+                        Verdict::Wait(why) => tracing::debug!(session, "binding waits: {why}"),
+                        Verdict::Refuse(refusal) => {
+                            if let Some(b) = self.bindings.get_mut(session) {
+                                b.state = BindState::Refused;
+                            }
+                            let reason = format!("not bound: {refusal}");
+                            tracing::warn!(session, "{reason}");
+                            self.record(session, "refused", reason, path, 0, None, (0, 0, 0));
+                        }
+                    }
+                }
                 Ok(None) if b.since.elapsed() >= self.timeout => {
                     let reason = format!(
                         "no cgroup for {} appeared within {} s",
@@ -501,6 +602,7 @@ impl Enforcer {
                     && let Some(b) = self.bindings.get_mut(&session)
                 {
                     b.stopped.insert(e.tgid);
+                    self.hold_stopped(&session, true);
                 }
                 let reason = format!(
                     "allocation of {} bytes on GPU {} would bring the quota to {} of {} bytes: {what} ({})",
@@ -629,6 +731,9 @@ impl Enforcer {
                 .as_deref()
                 .map(|d| self.tree.relative(d))
                 .unwrap_or_default();
+            if signal == Some(libc::SIGSTOP) {
+                self.hold_stopped(session, true);
+            }
             let reason = format!(
                 "NVML counts {nvml_used} bytes for the workload on GPU {index}, over its limit of {limit}, which the ioctl decoder did not see: {name} (NVML cross-check)"
             );
@@ -658,12 +763,23 @@ impl Enforcer {
             .session_of_cgroup(cgroup)
             .ok_or(ControlError::NotBound(pid))?;
         let signal = if resume { libc::SIGCONT } else { libc::SIGKILL };
+        let last_stopped = self
+            .bindings
+            .get(&session)
+            .is_some_and(|b| b.stopped.len() == 1 && b.stopped.contains(&pid));
+        if resume && last_stopped {
+            // Thawed before the signal, so the process runs as soon as it is continued.
+            self.hold_stopped(&session, false);
+        }
         self.kernel
             .signals
             .send(pid, signal)
             .map_err(|source| ControlError::Signal { pid, source })?;
         if let Some(b) = self.bindings.get_mut(&session) {
             b.stopped.remove(&pid);
+        }
+        if !resume && last_stopped {
+            self.hold_stopped(&session, false);
         }
         let (name, what) = if resume {
             ("resume", "resumed (SIGCONT) by request")
@@ -672,6 +788,25 @@ impl Enforcer {
         };
         self.record(&session, name, what.to_owned(), rel, pid, None, (0, 0, 0));
         Ok(session)
+    }
+
+    /// Holds the bound cgroup of `session` frozen (or lets go): a process stopped by its memory
+    /// policy then stays stopped even if something in its container sends it `SIGCONT`; only a
+    /// resume through the agent lets it run (docs/threat-model.md).
+    fn hold_stopped(&self, session: &str, held: bool) {
+        let Some(b) = self.bindings.get(session) else {
+            return;
+        };
+        let (Some(key), Some(dir), Some(throttle)) = (b.key, b.dir.clone(), &self.throttle) else {
+            tracing::warn!(
+                session,
+                "stop not held by freezing: no bound cgroup or no throttle"
+            );
+            return;
+        };
+        if let Err(e) = throttle.hold(key, dir, held) {
+            tracing::warn!(session, "stop not held by freezing: {e}");
+        }
     }
 
     /// The cgroup directory of `session`'s binding, and whether it is bound.
@@ -702,6 +837,20 @@ impl Enforcer {
         device: Option<u32>,
         (requested_bytes, used_bytes, limit_bytes): (u64, u64, u64),
     ) {
+        let mut reason = reason;
+        if WORKLOAD_ACTIONS.contains(&action) {
+            match self.limiter.admit(session, Instant::now()) {
+                None => return,
+                Some(0) => {}
+                Some(held_back) => {
+                    use std::fmt::Write as _;
+                    let _ = write!(
+                        reason,
+                        " ({held_back} more like it from this session were counted but not sent)"
+                    );
+                }
+            }
+        }
         let record = Record {
             session_id: session.to_owned(),
             action: action.to_owned(),

@@ -3,12 +3,15 @@
 //!
 //! - [`quota`]: an allocation's quota, validated;
 //! - `cgroup_tree`: a quota's target → its cgroup and every cgroup below it;
+//! - [`confinement`]: what a quota may bind to, whoever asked (never the root, a system cgroup,
+//!   the agent's own, one another session binds; a user's pod only in its granted namespaces);
 //! - `enforcer`: binding quotas into the BPF maps and device programs, and their events;
 //!   `task`: the enforcer as a task behind a handle;
 //! - `kernel`: the narrow traits the enforcer talks to (quota maps, device access, signals);
 //! - [`throttle`]: compute share, by freezing and thawing cgroups in short periods.
 
 pub(crate) mod cgroup_tree;
+pub mod confinement;
 pub(crate) mod enforcer;
 #[cfg(test)]
 pub(crate) mod fake;

@@ -10,7 +10,7 @@ use gpuwarden_agent_common::maps::{MAX_GPUS, memory_policy};
 use gpuwarden_proto::{convert, v1 as pb};
 pub use gpuwarden_types::{
     policy::{ComputePolicy, MemoryPolicy, PolicyError, QuotaPolicy},
-    target::{Target, TargetError},
+    target::{Target, TargetError, TargetScope},
 };
 use serde::{Deserialize, Serialize};
 
@@ -109,6 +109,9 @@ pub struct QuotaSpec {
     pub session_id: String,
     /// The workload it binds to.
     pub target: Target,
+    /// What the target was authorized under (quotas held from before scopes: an admin's).
+    #[serde(default = "TargetScope::legacy")]
+    pub scope: TargetScope,
     /// Over the memory limit (tracepoint tier).
     pub memory_policy: MemoryPolicy,
     /// Compute share policy.
@@ -179,6 +182,7 @@ impl QuotaSpec {
         Ok(Some(Self {
             session_id: allocate.session_id.clone(),
             target,
+            scope: convert::scope_from_pb(allocate.scope.as_ref()),
             memory_policy,
             compute_policy,
             devices,

@@ -161,6 +161,7 @@ mod tests {
             .send(QuotaCommand::Apply(QuotaSpec {
                 session_id: "s".into(),
                 target: Target::CgroupPath("/job".into()),
+                scope: gpuwarden_types::target::TargetScope::admin(true),
                 memory_policy: MemoryPolicy::Report,
                 compute_policy: ComputePolicy::Hard,
                 devices: vec![],

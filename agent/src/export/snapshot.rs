@@ -38,6 +38,7 @@ pub(crate) fn build(
         // Filled in by the daemon, which keeps those counters.
         usage_reports: 0,
         usage_reports_dropped: 0,
+        events_suppressed: standing.suppressed_events,
     };
     let mut cgroups = counters.cgroups;
     // A workload with a quota is listed even while idle.

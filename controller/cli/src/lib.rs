@@ -182,6 +182,11 @@ struct TargetArgs {
     /// /system.slice/my.service).
     #[arg(long, value_name = "PATH")]
     cgroup: Option<String>,
+    /// Admins only: the cgroup need not be a workload's (a slice or a service, not a container,
+    /// pod or session cgroup). The agent still refuses the root, system cgroups, its own and
+    /// one another session binds.
+    #[arg(long, requires = "cgroup")]
+    unconfined: bool,
 }
 
 impl TargetArgs {
@@ -492,6 +497,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     policy: Some(convert::policy_to_pb(policy.policy())),
                     class,
                     placement: placement.map(|p| p.to_string()).unwrap_or_default(),
+                    unconfined_target: target.unconfined,
                 })
                 .await?
                 .into_inner();

@@ -107,6 +107,7 @@ pub async fn run(controller: &ControllerArgs, args: RunArgs) -> Result<ExitCode,
             class: args.class.clone(),
             // `run` is pinned to this node: the mode only explains the devices picked there.
             placement: String::new(),
+            unconfined_target: false,
         })
         .await?
         .into_inner();

@@ -1,8 +1,8 @@
 //! Between the API's messages and the controller's types.
 
 pub use gpuwarden_proto::convert::{
-    kind_from_pb, kind_to_pb, node_state_to_pb, policy_to_pb, state_to_pb, target_from_pb,
-    target_to_pb,
+    kind_from_pb, kind_to_pb, node_state_to_pb, policy_to_pb, scope_to_pb, state_to_pb,
+    target_from_pb, target_to_pb,
 };
 use gpuwarden_proto::v1 as pb;
 use tonic::Status;
@@ -13,7 +13,7 @@ use crate::{
     placement::{Explanation, Placement},
     profile::{Profile, UsageSample},
     scheduler::{NewSession, Observed},
-    session::{EnforcementEvent, KubernetesClaim, QuotaPolicy, Session},
+    session::{EnforcementEvent, KubernetesClaim, QuotaPolicy, Session, TargetScope},
     slots::{ResourceSlot, SlotName, SlotValue},
 };
 
@@ -62,6 +62,8 @@ pub fn new_session_from_pb(
         pinned_node: (!r.node_id.is_empty()).then_some(r.node_id),
         target: target_from_pb(r.target.as_ref()),
         policy: policy_from_pb(r.policy.as_ref())?,
+        // The narrowest until the caller is authorized for more (`auth::grants::authorize`).
+        scope: TargetScope::default(),
         class: r.class,
         placement,
     })

@@ -287,6 +287,7 @@ impl Controller {
                     allocation,
                     target,
                     policy,
+                    scope,
                 } => (
                     node,
                     pb::controller_message::Msg::Allocate(pb::Allocate {
@@ -295,6 +296,7 @@ impl Controller {
                         devices: convert::parts_to_pb(&allocation),
                         target: convert::target_to_pb(&target),
                         policy: Some(convert::policy_to_pb(policy)),
+                        scope: Some(convert::scope_to_pb(&scope)),
                     }),
                 ),
                 Command::Release { node, session } => (

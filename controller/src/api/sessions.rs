@@ -62,7 +62,15 @@ impl SchedulerService for SchedulerApi {
         let limits = &self.2.limits;
         limits.create(&r)?;
         let owner = caller.owner_for_create(std::mem::take(&mut r.owner))?;
-        let new = convert::new_session_from_pb(self.0.new_session_id(), owner, r)?;
+        let unconfined = r.unconfined_target;
+        let mut new = convert::new_session_from_pb(self.0.new_session_id(), owner, r)?;
+        // Checked before authorizing, so a malformed target is named as such.
+        new.target
+            .validate(new.pinned_node.as_deref())
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        new.scope =
+            self.1
+                .authorize_target(&caller, &new.owner, &new.target, new.policy, unconfined)?;
         let created = self
             .0
             .apply(|s| {

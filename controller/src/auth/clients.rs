@@ -24,8 +24,14 @@ use tonic::{
     transport::server::{TcpConnectInfo, TlsConnectInfo},
 };
 
+use gpuwarden_types::{
+    policy::QuotaPolicy,
+    target::{Target, TargetScope},
+};
+
 use super::{
     denials::{self, DenialReason},
+    grants::{self, GrantFile},
     identity::NODE_URI_PREFIX,
     tokens::TokenFile,
 };
@@ -221,7 +227,7 @@ impl ClientError {
 fn refuse(error: &ClientError, who: &str) -> Status {
     let reason = error.reason();
     denials::count(reason);
-    tracing::warn!(client = %who, reason = reason.as_str(), "client refused: {error}");
+    denials::log(reason, who, error);
     error.to_status()
 }
 
@@ -260,11 +266,12 @@ pub fn client_of_certificate(der: &[u8]) -> Result<(String, ClientRole), ClientE
     }
 }
 
-/// How the scheduler service authenticates its callers.
+/// How the scheduler service authenticates its callers, and what it lets them bind sessions to.
 #[derive(Clone)]
 pub struct ClientAuth {
     tokens: Option<Arc<TokenFile>>,
     certificates: bool,
+    grants: Arc<GrantFile>,
 }
 
 impl ClientAuth {
@@ -274,6 +281,7 @@ impl ClientAuth {
         Self {
             tokens: None,
             certificates: false,
+            grants: Arc::new(GrantFile::none()),
         }
     }
 
@@ -284,7 +292,43 @@ impl ClientAuth {
         Self {
             tokens,
             certificates,
+            grants: Arc::new(GrantFile::none()),
         }
+    }
+
+    /// The same, with users' targets granted by `grants` ([`super::grants`]).
+    #[must_use]
+    pub fn with_grants(mut self, grants: Arc<GrantFile>) -> Self {
+        self.grants = grants;
+        self
+    }
+
+    /// The scope a session of `owner` that `caller` creates may bind `target` under.
+    ///
+    /// # Errors
+    /// `PERMISSION_DENIED` (logged and counted) naming the target or policy and the owner.
+    pub fn authorize_target(
+        &self,
+        caller: &Caller,
+        owner: &str,
+        target: &Target,
+        policy: QuotaPolicy,
+        unconfined: bool,
+    ) -> Result<TargetScope, Status> {
+        grants::authorize(
+            caller,
+            owner,
+            target,
+            policy,
+            unconfined,
+            &self.grants.current(),
+        )
+        .map_err(|e| {
+            let reason = DenialReason::TargetNotGranted;
+            denials::count(reason);
+            denials::log(reason, &caller.name, &e);
+            Status::permission_denied(e.to_string())
+        })
     }
 
     /// Whether every caller is an admin.

@@ -1,9 +1,15 @@
 //! Refusals for identity, counted by a bounded reason for the `gpuwarden.auth.denied` metric.
 //!
 //! The counts are process-wide, like the log lines that go with them, so they exist before
-//! the metrics pipeline starts and whether it starts at all.
+//! the metrics pipeline starts and whether it starts at all. The log lines are rate-limited
+//! (one a second per reason, naming how many were held back), so a caller refused in a loop
+//! cannot fill the controller's log; the counters count every refusal.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::{
+    fmt::Display,
+    sync::atomic::{AtomicU64, Ordering},
+    time::{SystemTime, UNIX_EPOCH},
+};
 
 /// Why a request or a TLS handshake was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,11 +32,13 @@ pub enum DenialReason {
     NodeAsClient,
     /// A user acting on another owner's sessions.
     OtherOwner,
+    /// A session's target or memory policy outside what its owner was granted.
+    TargetNotGranted,
 }
 
 impl DenialReason {
     /// Every reason, in the order of the counters.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::NoClientCertificate,
         Self::NoNodeIdentity,
         Self::NodeMismatch,
@@ -40,6 +48,7 @@ impl DenialReason {
         Self::NoClientIdentity,
         Self::NodeAsClient,
         Self::OtherOwner,
+        Self::TargetNotGranted,
     ];
 
     /// The value of the `gpuwarden.auth.reason` attribute.
@@ -55,6 +64,7 @@ impl DenialReason {
             Self::NoClientIdentity => "no_client_identity",
             Self::NodeAsClient => "node_as_client",
             Self::OtherOwner => "other_owner",
+            Self::TargetNotGranted => "target_not_granted",
         }
     }
 
@@ -65,6 +75,37 @@ impl DenialReason {
 
 static DENIED: [AtomicU64; DenialReason::ALL.len()] =
     [const { AtomicU64::new(0) }; DenialReason::ALL.len()];
+
+/// Per reason: the second of the last refusal logged, and the refusals not logged since.
+static LOGGED_AT: [AtomicU64; DenialReason::ALL.len()] =
+    [const { AtomicU64::new(0) }; DenialReason::ALL.len()];
+static HELD_BACK: [AtomicU64; DenialReason::ALL.len()] =
+    [const { AtomicU64::new(0) }; DenialReason::ALL.len()];
+
+/// Logs a refusal of `who` for `reason`, at most once a second per reason; the lines held back
+/// in between are counted in the next one. Returns whether this one was logged.
+pub fn log(reason: DenialReason, who: &str, error: &dyn Display) -> bool {
+    let second = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let i = reason.index();
+    let last = LOGGED_AT[i].load(Ordering::Relaxed);
+    if last == second
+        || LOGGED_AT[i]
+            .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+    {
+        HELD_BACK[i].fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
+    let held_back = HELD_BACK[i].swap(0, Ordering::Relaxed);
+    if held_back == 0 {
+        tracing::warn!(client = %who, reason = reason.as_str(), "refused: {error}");
+    } else {
+        tracing::warn!(client = %who, reason = reason.as_str(), held_back, "refused: {error} ({held_back} more refusals for this reason since the last line)");
+    }
+    true
+}
 
 /// Counts one refusal.
 pub fn count(reason: DenialReason) {
@@ -89,5 +130,14 @@ mod tests {
         let names: std::collections::HashSet<_> =
             DenialReason::ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(names.len(), DenialReason::ALL.len());
+    }
+
+    #[test]
+    fn a_refusal_storm_logs_a_line_a_second_per_reason() {
+        let reason = DenialReason::NodeMismatch;
+        let logged = (0..1000).filter(|_| log(reason, "storm", &"test")).count();
+        // A second boundary may fall inside the loop (and another test may take a second's
+        // line): at most two lines, never a thousand.
+        assert!(logged <= 2, "{logged} lines for 1000 refusals");
     }
 }

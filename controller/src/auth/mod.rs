@@ -8,11 +8,16 @@
 //! - [`clients`]: who calls the scheduler service (a user or an admin, from a token or a
 //!   certificate) and what it may do with whose sessions;
 //! - [`tokens`]: the file of hashed bearer tokens, re-read when it changes;
+//! - [`grants`]: what a session may bind to: any workload for an admin, a user's own managed
+//!   cgroups and what an admin granted it (cgroup prefixes, Kubernetes namespaces);
+//! - `followed`: a configuration file re-read when it changes (tokens, grants);
 //! - [`denials`]: refusals counted by reason (`gpuwarden.auth.denied`);
 //! - [`mint`]: a CA, a serving certificate and node and client certificates without OpenSSL.
 
 pub mod clients;
 pub mod denials;
+mod followed;
+pub mod grants;
 pub mod identity;
 pub mod mint;
 pub mod tls;

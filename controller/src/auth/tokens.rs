@@ -15,9 +15,9 @@
 //! tokens add` generates one, prints it once and appends its entry; by hand,
 //! `printf %s "$TOKEN" | sha256sum` gives the hash. Removing an entry revokes its token.
 //!
-//! Like the TLS files, the file is looked at on each call (one `stat`) and parsed again when
-//! it changed; a version that can't be parsed (half written, a typo) is logged and the last
-//! good one stays, so a bad edit never locks everyone out.
+//! Like the TLS files, the file is followed ([`super::followed`]): looked at on each call and
+//! parsed again when it changed; a version that can't be parsed (half written, a typo) is logged
+//! and the last good one stays, so a bad edit never locks everyone out.
 
 use std::{
     collections::HashMap,
@@ -25,14 +25,14 @@ use std::{
     io::Write as _,
     os::unix::fs::OpenOptionsExt as _,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::Arc,
 };
 
 use serde::Deserialize;
 
 use super::{
     clients::{ClientRole, check_name},
-    tls::Stamp,
+    followed::Followed,
 };
 
 /// What a generated token starts with, so it is recognisable in a secret scanner.
@@ -163,21 +163,13 @@ impl Tokens {
     }
 }
 
-struct Loaded {
-    stamp: Option<Stamp>,
-    tokens: Arc<Tokens>,
-}
-
 /// The token file, followed as it changes.
-pub struct TokenFile {
-    path: PathBuf,
-    loaded: Mutex<Loaded>,
-}
+pub struct TokenFile(Followed<Tokens, TokenError>);
 
 impl std::fmt::Debug for TokenFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenFile")
-            .field("path", &self.path)
+            .field("path", &self.0.path())
             .finish_non_exhaustive()
     }
 }
@@ -188,45 +180,19 @@ impl TokenFile {
     /// # Errors
     /// The file can't be read or parsed.
     pub fn load(path: &Path) -> Result<Self, TokenError> {
-        let stamp = Stamp::of(path);
-        let tokens = read(path)?;
-        Ok(Self {
-            path: path.to_owned(),
-            loaded: Mutex::new(Loaded {
-                stamp,
-                tokens: Arc::new(tokens),
-            }),
-        })
+        Followed::load(path, "token file", read).map(Self)
     }
 
     /// The file.
     #[must_use]
     pub fn path(&self) -> &Path {
-        &self.path
+        self.0.path()
     }
 
     /// The tokens now: read again first when the file changed, the last good ones when that
     /// fails.
     pub fn current(&self) -> Arc<Tokens> {
-        let now = Stamp::of(&self.path);
-        let mut loaded = self
-            .loaded
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if now != loaded.stamp {
-            match read(&self.path) {
-                Ok(tokens) => {
-                    tracing::info!(file = %self.path.display(), tokens = tokens.len(), "token file changed: reloaded");
-                    loaded.tokens = Arc::new(tokens);
-                    loaded.stamp = now;
-                }
-                // The stamp stays old, so the next call tries again.
-                Err(e) => tracing::warn!(
-                    "token file changed but can't be used, keeping the previous tokens: {e}"
-                ),
-            }
-        }
-        Arc::clone(&loaded.tokens)
+        self.0.current()
     }
 
     /// Who `token` stands for in the current file.

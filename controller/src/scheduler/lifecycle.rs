@@ -143,6 +143,7 @@ impl Scheduler {
                         allocation: session.allocation.clone(),
                         target: session.target.clone(),
                         policy: session.policy,
+                        scope: session.scope.clone(),
                     });
                 }
             } else {
@@ -233,6 +234,7 @@ impl Scheduler {
             pinned_node,
             target,
             policy,
+            scope,
             class,
             placement,
         } = new;
@@ -296,6 +298,7 @@ impl Scheduler {
             updated_at_ms: now,
             target,
             policy,
+            scope,
             events: Vec::new(),
         };
         self.next_seq += 1;

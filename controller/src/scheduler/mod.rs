@@ -37,7 +37,7 @@ use crate::{
     node::Node,
     placement::{ExcessCache, Placement, Scorer, ScoringConfig},
     profile::ProfileBook,
-    session::{QuotaPolicy, Session, SessionState, Target, TargetError, now_ms},
+    session::{QuotaPolicy, Session, SessionState, Target, TargetError, TargetScope, now_ms},
     slots::{RegistryError, ResourceSlot, SlotTypeRegistry},
 };
 
@@ -152,6 +152,8 @@ pub struct NewSession {
     pub target: Target,
     /// How its quota is enforced.
     pub policy: QuotaPolicy,
+    /// What its target was authorized under ([`crate::auth::grants`]).
+    pub scope: TargetScope,
     /// Workload class for its profile (empty: its name).
     pub class: String,
     /// Placement mode (`None`: the controller's).
@@ -186,6 +188,8 @@ pub enum Command {
         target: Target,
         /// How the quota is enforced.
         policy: QuotaPolicy,
+        /// What the target was authorized under.
+        scope: TargetScope,
     },
     /// Release what `session` holds.
     Release {

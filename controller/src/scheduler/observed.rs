@@ -13,7 +13,9 @@ use super::{Scheduler, set_state};
 use crate::{
     allocator::Allocation,
     profile::UsageSeries,
-    session::{KubernetesClaim, Origin, QuotaPolicy, Session, SessionState, Target, now_ms},
+    session::{
+        KubernetesClaim, Origin, QuotaPolicy, Session, SessionState, Target, TargetScope, now_ms,
+    },
     slots::{ResourceSlot, SlotValue, names},
 };
 
@@ -152,6 +154,8 @@ impl Scheduler {
                 updated_at_ms: now,
                 target,
                 policy,
+                // Kubernetes authorized the claim; the controller only observes it.
+                scope: TargetScope::admin(false),
                 events: Vec::new(),
                 placement: None,
                 explanation: None,

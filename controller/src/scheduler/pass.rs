@@ -152,7 +152,11 @@ impl Scheduler {
         };
         let requested = session.requested.clone();
         let owner = session.owner.clone();
-        let (target, policy) = (session.target.clone(), session.policy);
+        let (target, policy, scope) = (
+            session.target.clone(),
+            session.policy,
+            session.scope.clone(),
+        );
         let node = self.nodes.get_mut(&node_id).ok_or("node vanished")?;
         let allocation = node
             .allocator
@@ -176,6 +180,7 @@ impl Scheduler {
             allocation,
             target,
             policy,
+            scope,
         })
     }
 }

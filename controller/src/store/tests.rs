@@ -32,6 +32,7 @@ fn session(id: &str) -> Session {
         updated_at_ms: 1,
         target: crate::session::Target::None,
         policy: crate::session::QuotaPolicy::default(),
+        scope: crate::session::TargetScope::default(),
         events: vec![],
         class: String::new(),
         placement: None,

@@ -114,6 +114,102 @@ impl fmt::Display for Target {
     }
 }
 
+/// What a session's target was authorized under (docs/architecture.md, "A session binds only
+/// what its owner may act on").
+///
+/// The controller decides it when the session is created, from who asked and the grants an admin
+/// configured for the owner; it travels with the allocation so the agent holds the target to it
+/// again, independently. The default is the narrowest scope: a managed cgroup or nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TargetScope {
+    /// An admin created the session: any workload it names.
+    #[serde(default)]
+    pub admin: bool,
+    /// An admin said explicitly that the target need not be a workload's cgroup (a slice, a
+    /// service). Never the cgroup root, a system cgroup, the agent's own or another session's.
+    #[serde(default)]
+    pub unconfined: bool,
+    /// A user's cgroup-path target lies inside one of these.
+    #[serde(default)]
+    pub cgroup_prefixes: Vec<String>,
+    /// A user's pod or container target belongs to a pod in one of these namespaces, as the
+    /// node's kubelet reports the pod.
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+}
+
+impl TargetScope {
+    /// The scope of an admin's session (`unconfined` when it said so).
+    #[must_use]
+    pub const fn admin(unconfined: bool) -> Self {
+        Self {
+            admin: true,
+            unconfined,
+            cgroup_prefixes: Vec::new(),
+            namespaces: Vec::new(),
+        }
+    }
+
+    /// The scope of a record written before scopes existed: an admin's, since authentication
+    /// alone let it be created then.
+    #[must_use]
+    pub const fn legacy() -> Self {
+        Self::admin(false)
+    }
+
+    /// Whether `target` is inside the scope by its form alone (a pod's namespace is checked
+    /// where the pod is known, on its node).
+    ///
+    /// # Errors
+    /// What puts it outside, in words that name the target.
+    pub fn admits(&self, target: &Target) -> Result<(), String> {
+        if self.admin {
+            return Ok(());
+        }
+        match target {
+            Target::None | Target::Managed => Ok(()),
+            Target::CgroupPath(path) => {
+                if self.cgroup_prefixes.iter().any(|p| is_within(path, p)) {
+                    Ok(())
+                } else if self.cgroup_prefixes.is_empty() {
+                    Err(format!("{target}: no cgroup prefix is granted"))
+                } else {
+                    Err(format!(
+                        "{target} is outside the granted cgroup prefixes ({})",
+                        self.cgroup_prefixes.join(", ")
+                    ))
+                }
+            }
+            Target::ContainerId(_) | Target::PodUid(_) => {
+                if self.namespaces.is_empty() {
+                    Err(format!("{target}: no Kubernetes namespace is granted"))
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// Whether a pod in `namespace` is inside the scope.
+    #[must_use]
+    pub fn admits_namespace(&self, namespace: &str) -> bool {
+        self.admin || self.namespaces.iter().any(|n| n == namespace)
+    }
+}
+
+/// Whether cgroup `path` is `prefix` or below it, component by component (`/a/bc` is not below
+/// `/a/b`).
+#[must_use]
+pub fn is_within(path: &str, prefix: &str) -> bool {
+    let prefix = prefix.trim_end_matches('/');
+    let path = path.trim_end_matches('/');
+    prefix.is_empty()
+        || path == prefix
+        || path
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
 /// `8-4-4-4-12` hex digits.
 fn is_uuid(s: &str) -> bool {
     let groups: Vec<&str> = s.split('-').collect();
@@ -242,6 +338,51 @@ mod tests {
             Target::CgroupPath("/".into())
         );
         assert_eq!(Target::Managed.normalized(), Target::Managed);
+    }
+
+    #[test]
+    fn cgroup_prefixes_match_whole_components() {
+        assert!(is_within("/tenants/alice", "/tenants/alice"));
+        assert!(is_within("/tenants/alice/job", "/tenants/alice/"));
+        assert!(!is_within("/tenants/alice2", "/tenants/alice"));
+        assert!(!is_within("/tenants", "/tenants/alice"));
+        assert!(is_within("/anything", "/"));
+    }
+
+    #[test]
+    fn a_scope_admits_only_what_it_grants() {
+        let pod = Target::PodUid("123e4567-e89b-12d3-a456-426614174000".into());
+        let narrow = TargetScope::default();
+        assert_eq!(narrow.admits(&Target::Managed), Ok(()));
+        assert_eq!(narrow.admits(&Target::None), Ok(()));
+        let err = narrow.admits(&pod).expect_err("no namespace granted");
+        assert!(err.contains("no Kubernetes namespace"), "{err}");
+        let err = narrow
+            .admits(&Target::CgroupPath("/h1victim.slice".into()))
+            .expect_err("no prefix granted");
+        assert!(err.contains("/h1victim.slice"), "{err}");
+
+        let alice = TargetScope {
+            cgroup_prefixes: vec!["/tenants/alice.slice".into()],
+            namespaces: vec!["team-a".into()],
+            ..TargetScope::default()
+        };
+        assert_eq!(
+            alice.admits(&Target::CgroupPath("/tenants/alice.slice/job-1".into())),
+            Ok(())
+        );
+        let err = alice
+            .admits(&Target::CgroupPath("/tenants/bob.slice".into()))
+            .expect_err("outside");
+        assert!(err.contains("/tenants/alice.slice"), "{err}");
+        assert_eq!(alice.admits(&pod), Ok(()));
+        assert!(alice.admits_namespace("team-a"));
+        assert!(!alice.admits_namespace("team-b"));
+        assert!(TargetScope::admin(false).admits_namespace("kube-system"));
+        assert_eq!(
+            TargetScope::admin(false).admits(&Target::CgroupPath("/x".into())),
+            Ok(())
+        );
     }
 
     #[test]

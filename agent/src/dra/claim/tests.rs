@@ -76,6 +76,8 @@ fn a_claim_becomes_the_quota_a_controller_allocation_makes() {
     );
     // The claim's own config wins over the class's; other drivers' configs are not read.
     assert_eq!(spec.memory_policy.as_str(), "stop");
+    // A claim's pod is bound as Kubernetes authorized it.
+    assert!(spec.scope.admin);
     assert_eq!(spec.compute_policy.as_str(), "hard");
     assert_eq!(
         p.devices,
@@ -114,6 +116,7 @@ fn shares_alone_limit_memory_to_that_fraction_and_nothing_consumed_is_the_whole_
 }
 
 #[test]
+#[expect(clippy::too_many_lines, reason = "one table of refusals")]
 fn claims_this_node_cannot_serve_are_refused_with_the_reason() {
     let all = gpus();
     let offered = &all[..2];
@@ -167,6 +170,36 @@ fn claims_this_node_cannot_serve_are_refused_with_the_reason() {
             "n",
             "freeze",
         ),
+        // A tenant can't weaken its limit to a report unless its class allows it, and a claim
+        // can't allow itself.
+        (
+            claim(
+                "n",
+                "gpu-0",
+                half.clone(),
+                serde_json::json!([{"source": "FromClaim",
+                "opaque": {"driver": DRIVER_NAME, "parameters":
+                    {"memoryPolicy": "report", "allowedMemoryPolicies": ["report"]}}}]),
+            ),
+            UID,
+            "n",
+            "picks memory policy report, which its DeviceClass does not allow (allowed: kill, stop",
+        ),
+        (
+            claim(
+                "n",
+                "gpu-0",
+                half.clone(),
+                serde_json::json!([
+                    {"source": "FromClass", "opaque": {"driver": DRIVER_NAME, "parameters":
+                        {"allowedMemoryPolicies": ["kill"]}}},
+                    {"source": "FromClaim", "opaque": {"driver": DRIVER_NAME, "parameters":
+                        {"memoryPolicy": "stop"}}}]),
+            ),
+            UID,
+            "n",
+            "(allowed: kill;",
+        ),
     ];
     for (c, uid, pool, words) in cases {
         let err = plan(&c, uid, pool, offered, &all, QuotaPolicy::default())
@@ -198,4 +231,25 @@ fn shares_travel_as_exact_decimals() {
     assert_eq!(decimal(1_000_000), "1");
     assert_eq!(decimal(1), "0.000001");
     assert_eq!(decimal(250_000), "0.25");
+}
+
+#[test]
+fn a_class_may_allow_report_and_then_a_claim_may_pick_it() {
+    let all = gpus();
+    let c = claim(
+        "n",
+        "gpu-0",
+        serde_json::json!({"shares": "500m"}),
+        serde_json::json!([
+            {"source": "FromClass", "opaque": {"driver": DRIVER_NAME, "parameters":
+                {"allowedMemoryPolicies": ["kill", "stop", "report"]}}},
+            {"source": "FromClaim", "opaque": {"driver": DRIVER_NAME, "parameters":
+                {"memoryPolicy": "report"}}},
+        ]),
+    );
+    let p = plan(&c, UID, "n", &all, &all, QuotaPolicy::default()).unwrap();
+    let spec = QuotaSpec::from_allocate(&p.allocate, &all)
+        .unwrap()
+        .unwrap();
+    assert_eq!(spec.memory_policy.as_str(), "report");
 }

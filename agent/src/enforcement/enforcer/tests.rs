@@ -1,10 +1,12 @@
 //! The enforcer against an in-memory kernel: no root, no BPF, no cgroupfs.
 
 use gpuwarden_agent_common::maps::{CgroupDeviceKey, quota_flags};
+use gpuwarden_types::target::TargetScope;
 
 use super::*;
 use crate::enforcement::{
     cgroup_tree::CgroupTree,
+    confinement::{PodLookup, PodNamespaces},
     fake::FakeKernel,
     quota::{ComputePolicy, DeviceQuota},
 };
@@ -35,6 +37,8 @@ fn spec(session: &str, path: &str, policy: MemoryPolicy) -> QuotaSpec {
     QuotaSpec {
         session_id: session.into(),
         target: Target::CgroupPath(path.into()),
+        // Test cgroups are no workload's: an admin's explicit word binds them.
+        scope: TargetScope::admin(true),
         memory_policy: policy,
         compute_policy: ComputePolicy::Hard,
         devices: vec![DeviceQuota {
@@ -279,4 +283,179 @@ fn the_nvml_cross_check_acts_once_per_crossing_by_policy() {
         r.enforcer.signal(1, false),
         Err(ControlError::NotBound(1))
     ));
+}
+
+/// A user's quota: no explicit word, no grants.
+fn users(session: &str, target: Target) -> QuotaSpec {
+    QuotaSpec {
+        target,
+        scope: TargetScope::default(),
+        ..spec(session, "/unused", MemoryPolicy::Kill)
+    }
+}
+
+#[test]
+fn a_quota_never_binds_the_root_a_system_slice_or_a_cgroup_another_session_binds() {
+    let mut r = rig(Duration::from_mins(1));
+    let pod = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod123e4567_e89b_12d3_a456_426614174000.slice";
+    r.fake.cgroups.mkdir(format!("/cg{pod}"));
+    r.fake.cgroups.mkdir("/cg/kubepods.slice");
+    r.fake.cgroups.mkdir("/cg/system.slice");
+    r.fake.cgroups.mkdir("/cg/h1victim.slice");
+
+    // Even an admin's explicit word binds neither the root nor a system slice.
+    for (session, path) in [
+        ("root", "/"),
+        ("all-pods", "/kubepods.slice"),
+        ("system", "/system.slice"),
+    ] {
+        r.enforcer.apply(spec(session, path, MemoryPolicy::Kill));
+        assert_eq!(r.state(session), Some(BindState::Refused), "{path}");
+    }
+    // A slice that is no workload's needs that word.
+    r.enforcer.apply(users(
+        "victim",
+        Target::CgroupPath("/h1victim.slice".into()),
+    ));
+    assert_eq!(r.state("victim"), Some(BindState::Refused));
+    let reasons: Vec<String> = r
+        .enforcer
+        .standing()
+        .history
+        .iter()
+        .map(|h| h.reason.clone())
+        .collect();
+    assert!(reasons[0].contains("cgroup root"), "{reasons:?}");
+    assert!(
+        reasons[1].contains("/kubepods.slice is a system cgroup"),
+        "{reasons:?}"
+    );
+    assert!(reasons[3].contains("not a container's"), "{reasons:?}");
+    assert_eq!(r.actions(), ["refused"; 4]);
+    assert_eq!(r.fake.quotas.len(), 0, "nothing reached the kernel side");
+
+    // The pod binds; a second quota on the same pod, or on the slice above it, does not.
+    r.enforcer.apply(spec("pod", pod, MemoryPolicy::Kill));
+    assert_eq!(r.state("pod"), Some(BindState::Bound));
+    r.enforcer.apply(spec("again", pod, MemoryPolicy::Kill));
+    assert_eq!(r.state("again"), Some(BindState::Refused));
+    let last = r.enforcer.standing().history.last().cloned().unwrap();
+    assert!(
+        last.reason.contains("which session pod binds"),
+        "{}",
+        last.reason
+    );
+    // Above or below another session's cgroup is refused the same way.
+    r.fake.cgroups.mkdir("/cg/job/worker");
+    r.enforcer.apply(spec("job", "/job", MemoryPolicy::Kill));
+    assert_eq!(r.state("job"), Some(BindState::Bound));
+    r.enforcer
+        .apply(spec("worker", "/job/worker", MemoryPolicy::Kill));
+    assert_eq!(r.state("worker"), Some(BindState::Refused));
+    assert_eq!(r.fake.quotas.len(), 2);
+}
+
+#[test]
+fn a_users_pod_binds_only_in_a_granted_namespace() {
+    struct Pods;
+    impl PodNamespaces for Pods {
+        fn lookup(&self, uid: &str) -> PodLookup {
+            match uid {
+                "123e4567-e89b-12d3-a456-426614174000" => PodLookup::Known {
+                    namespace: "team-a".into(),
+                    name: "train-0".into(),
+                },
+                "223e4567-e89b-12d3-a456-426614174000" => PodLookup::Known {
+                    namespace: "team-b".into(),
+                    name: "victim".into(),
+                },
+                _ => PodLookup::Unknown,
+            }
+        }
+    }
+    let mut r = rig(Duration::from_mins(1));
+    r.enforcer = std::mem::replace(
+        &mut r.enforcer,
+        Enforcer::new(
+            r.fake.kernel(),
+            CgroupTree::new(ROOT.into(), Box::new(r.fake.cgroups.clone())),
+            mpsc::channel(1).0,
+            Duration::from_mins(1),
+            None,
+        ),
+    )
+    .with_rules(Rules::new(None, Box::new(Pods)));
+    for uid in [
+        "123e4567_e89b_12d3_a456_426614174000",
+        "223e4567_e89b_12d3_a456_426614174000",
+        "323e4567_e89b_12d3_a456_426614174000",
+    ] {
+        r.fake
+            .cgroups
+            .mkdir(format!("/cg/kubepods.slice/kubepods-pod{uid}.slice"));
+    }
+    let alice = |session: &str, uid: &str| QuotaSpec {
+        scope: TargetScope {
+            namespaces: vec!["team-a".into()],
+            ..TargetScope::default()
+        },
+        ..users(session, Target::PodUid(uid.into()))
+    };
+    r.enforcer
+        .apply(alice("mine", "123e4567-e89b-12d3-a456-426614174000"));
+    assert_eq!(r.state("mine"), Some(BindState::Bound));
+    r.enforcer
+        .apply(alice("theirs", "223e4567-e89b-12d3-a456-426614174000"));
+    assert_eq!(r.state("theirs"), Some(BindState::Refused));
+    let last = r.enforcer.standing().history.last().cloned().unwrap();
+    assert!(
+        last.reason.contains("team-b/victim") && last.reason.contains("team-a"),
+        "{}",
+        last.reason
+    );
+    // A pod the kubelet has not reported yet waits for it.
+    r.enforcer
+        .apply(alice("unknown", "323e4567-e89b-12d3-a456-426614174000"));
+    assert_eq!(r.state("unknown"), Some(BindState::Pending));
+}
+
+#[test]
+fn a_flood_of_workload_events_is_counted_not_sent_one_by_one() {
+    let mut r = rig(Duration::from_mins(1));
+    let job = r.fake.cgroups.mkdir("/cg/job");
+    r.enforcer.apply(spec("s-1", "/job", MemoryPolicy::Report));
+    assert_eq!(r.actions(), ["bound"]);
+    let over = Event {
+        kind: kind::QUOTA_EXCEEDED,
+        cgroup: job,
+        code: action::REPORT,
+        bytes: 1 << 20,
+        used: 2 * GIB,
+        limit: 2 * GIB,
+        ..Event::default()
+    };
+    for _ in 0..10_000 {
+        r.enforcer
+            .on_kernel_event(&over, MemoryTier::TracepointSignal);
+    }
+    // The burst goes up; the rest is counted (the loop takes well under the refill time of
+    // 10,000 events, so most are held back whatever the machine's speed).
+    let sent = r.actions().len();
+    assert!(
+        (20..1_000).contains(&sent),
+        "{sent} sent (burst {EVENT_BURST})"
+    );
+    let standing = r.enforcer.standing();
+    assert_eq!(standing.suppressed_events, 10_000 - sent as u64);
+    assert!(standing.history.len() <= HISTORY);
+    // The next event that goes names what was held back.
+    std::thread::sleep(Duration::from_millis(300));
+    r.enforcer
+        .on_kernel_event(&over, MemoryTier::TracepointSignal);
+    let last = r.enforcer.standing().history.last().cloned().unwrap();
+    assert!(
+        last.reason.contains("more like it from this session"),
+        "{}",
+        last.reason
+    );
 }

@@ -157,6 +157,9 @@ struct Cgroup {
     throttled: Duration,
     /// A warning about an error other than "gone" was logged (once is enough).
     warned: bool,
+    /// Held frozen whatever its buckets say: its workload was stopped by its memory policy, and
+    /// only the agent resumes it (a `kill -CONT` from inside must not).
+    held: bool,
 }
 
 impl Cgroup {
@@ -227,6 +230,7 @@ impl Controller {
             frozen_since: None,
             throttled: Duration::ZERO,
             warned: false,
+            held: false,
         });
         if cgroup.dir != member.cgroup_dir {
             // Moved: whatever we wrote went to the old directory.
@@ -245,6 +249,38 @@ impl Controller {
                 b.credit = b.credit.min(b.cap(period));
             })
             .or_insert_with(|| Bucket::new(member));
+    }
+
+    /// Holds cgroup `key` (at `dir`) frozen, or lets its buckets decide again; a cgroup that is
+    /// no member is held all the same, until [`Controller::remove`].
+    pub(crate) fn hold(
+        &mut self,
+        key: u64,
+        dir: &std::path::Path,
+        held: bool,
+        now: Instant,
+        sys: &mut dyn Cgroups,
+    ) {
+        let cgroup = self.cgroups.entry(key).or_insert_with(|| Cgroup {
+            dir: dir.to_owned(),
+            frozen: None,
+            frozen_since: None,
+            throttled: Duration::ZERO,
+            warned: false,
+            held: false,
+        });
+        cgroup.held = held;
+        // At once, not at the next tick: a stopped workload must not run meanwhile.
+        let wants = held
+            || self
+                .gpus
+                .values()
+                .filter_map(|members| members.get(&key))
+                .any(|b| b.wants_frozen);
+        if cgroup.apply(now, wants, sys).is_err() {
+            self.cgroups.remove(&key);
+            self.forget(key);
+        }
     }
 
     /// Drops `key` from every GPU and thaws it.
@@ -299,12 +335,13 @@ impl Controller {
             if gone.contains(key) {
                 continue;
             }
-            // Frozen when any GPU's loop wants it frozen.
-            let frozen = self
-                .gpus
-                .values()
-                .filter_map(|members| members.get(key))
-                .any(|b| b.wants_frozen);
+            // Frozen when held, or when any GPU's loop wants it frozen.
+            let frozen = cgroup.held
+                || self
+                    .gpus
+                    .values()
+                    .filter_map(|members| members.get(key))
+                    .any(|b| b.wants_frozen);
             if cgroup.apply(now, frozen, sys).is_err() {
                 gone.push(*key);
             }

@@ -179,6 +179,7 @@ impl Cgroups for Kernel {
 
 enum Command {
     Set { gpu: u32, key: u64, member: Member },
+    Hold { key: u64, dir: PathBuf, held: bool },
     Remove { key: u64 },
     Shutdown(tokio::sync::oneshot::Sender<()>),
 }
@@ -212,6 +213,19 @@ impl ThrottleHandle {
             });
         }
         self.send(Command::Set { gpu, key, member })
+    }
+
+    /// Holds cgroup `key` (at `dir`) frozen until released with `held: false`, whatever its
+    /// share says: a workload stopped by its memory policy stays stopped until the agent resumes
+    /// it. A cgroup with no share is held too, until [`ThrottleHandle::remove`].
+    ///
+    /// # Errors
+    /// The directory is relative, or the loop has stopped.
+    pub fn hold(&self, key: u64, dir: PathBuf, held: bool) -> Result<(), ThrottleError> {
+        if !dir.is_absolute() {
+            return Err(ThrottleError::RelativeDir { key, dir });
+        }
+        self.send(Command::Hold { key, dir, held })
     }
 
     /// Drops cgroup `key` from every GPU and thaws it.
@@ -296,6 +310,10 @@ impl Loop {
             if now < next {
                 match rx.recv_timeout(next - now) {
                     Ok(Command::Set { gpu, key, member }) => self.controller.set(gpu, key, &member),
+                    Ok(Command::Hold { key, dir, held }) => {
+                        self.controller
+                            .hold(key, &dir, held, Instant::now(), &mut self.kernel);
+                    }
                     Ok(Command::Remove { key }) => {
                         self.controller
                             .remove(key, Instant::now(), &mut self.kernel);

@@ -23,6 +23,7 @@ fn binding(session: &str, devices: &[(u32, u32, u64)], member: u64) -> BindingRe
         spec: QuotaSpec {
             session_id: session.to_owned(),
             target: Target::CgroupPath(format!("/{session}")),
+            scope: gpuwarden_types::target::TargetScope::admin(true),
             memory_policy: MemoryPolicy::Stop,
             compute_policy: ComputePolicy::Hard,
             devices: devices
@@ -98,6 +99,7 @@ fn without_nvml_a_gpu_is_as_busy_as_its_throttled_members_clamped_to_one() {
     let standing = Standing {
         bindings: vec![a, b, memory_only],
         history: vec![],
+        suppressed_events: 0,
     };
     let gpus = gpu_utilization(&[0, 1, 2], None, &standing);
     let busy: Vec<_> = gpus.iter().map(|g| g.utilization).collect();
@@ -123,6 +125,7 @@ fn a_member_cgroup_carries_its_quota_enforcement_and_only_its_sessions_events() 
             record("s2", "kill"),
             record("s1", "bound"),
         ],
+        suppressed_events: 0,
     };
     let workload = parse_cgroup_path("/system.slice/job.service");
     let totals = CgroupCounters {
@@ -157,6 +160,7 @@ fn a_cgroup_outside_every_binding_has_no_quota_and_a_vanished_one_says_so() {
     let standing = Standing {
         bindings: vec![binding("s1", &[(0, 500_000, GIB)], 42)],
         history: vec![record("s1", "stop")],
+        suppressed_events: 0,
     };
     let mut c = container(99, None, CgroupCounters::default());
     add_quota(&mut c, &standing, "tracepoint");

@@ -128,6 +128,7 @@ prop_compose! {
         placement in mostly(&["", "", "binpack", "spread", "interference-aware"]),
         priority in any::<i32>(),
         target in target(),
+        unconfined_target in any::<bool>(),
         policy in proptest::option::of((
             mostly(&["", "kill", "stop", "report"]),
             mostly(&["", "hard", "work-conserving"]),
@@ -143,6 +144,7 @@ prop_compose! {
             priority,
             target,
             policy: policy.map(|(memory, compute)| pb::QuotaPolicy { memory, compute }),
+            unconfined_target,
         }
     }
 }

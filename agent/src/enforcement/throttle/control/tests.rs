@@ -314,3 +314,30 @@ fn updating_a_share_takes_effect() {
     let gained = run(&mut ctl, &mut fake, &mut clock, 1000);
     assert!((fraction(&gained, "/a", 1000) - 0.2).abs() < 0.02);
 }
+
+#[test]
+fn a_held_cgroup_stays_frozen_whatever_its_credit_until_let_go() {
+    let (mut ctl, mut fake, mut clock) = setup();
+    // An idle member with a full share would be thawed at every tick.
+    fake.add("/a", 0.0);
+    ctl.set(0, 1, &member("/a", 0.9, ComputePolicy::WorkConserving));
+    run(&mut ctl, &mut fake, &mut clock, 3);
+    assert!(!fake.get("/a").frozen);
+    ctl.hold(1, Path::new("/a"), true, clock, &mut fake);
+    assert!(fake.get("/a").frozen, "held at once, not at the next tick");
+    run(&mut ctl, &mut fake, &mut clock, 50);
+    assert!(
+        fake.get("/a").frozen,
+        "the buckets do not thaw a held cgroup"
+    );
+    ctl.hold(1, Path::new("/a"), false, clock, &mut fake);
+    assert!(!fake.get("/a").frozen);
+
+    // A cgroup with no share is held the same way, until removed.
+    fake.add("/m", 1.0);
+    ctl.hold(7, Path::new("/m"), true, clock, &mut fake);
+    run(&mut ctl, &mut fake, &mut clock, 5);
+    assert!(fake.get("/m").frozen);
+    ctl.remove(7, clock, &mut fake);
+    assert!(!fake.get("/m").frozen);
+}
