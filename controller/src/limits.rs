@@ -247,17 +247,21 @@ pub enum Refusal {
     Rate,
     /// An agent's usage or event for a session not on its node, dropped.
     ForeignSession,
+    /// An agent's event, usage report or heartbeat over its stream's rate, dropped: the stream
+    /// stays open (a tenant allocating in a loop must not cut its node off).
+    FloodDropped,
 }
 
 impl Refusal {
     /// Every reason, in the order of the counters.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Oversized,
         Self::OutOfRange,
         Self::Cap,
         Self::Flood,
         Self::Rate,
         Self::ForeignSession,
+        Self::FloodDropped,
     ];
 
     /// A stable name.
@@ -270,6 +274,7 @@ impl Refusal {
             Self::Flood => "flood",
             Self::Rate => "rate",
             Self::ForeignSession => "foreign_session",
+            Self::FloodDropped => "flood_dropped",
         }
     }
 }

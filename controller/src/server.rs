@@ -26,6 +26,7 @@ use crate::{
     api::{Role, StandbyGate},
     auth::{
         clients::{ClientAuth, ClientRole},
+        grants::GrantFile,
         mint,
         tls::{ReloadingConfig, ServerTlsFiles, TlsSetupError},
         tokens::{self, TokenError, TokenFile},
@@ -130,6 +131,9 @@ pub struct Security {
     pub transport: Transport,
     /// Bearer tokens for clients.
     pub tokens: Option<Arc<TokenFile>>,
+    /// What users may bind sessions to ([`crate::auth::grants`]); without a file, their own
+    /// managed cgroups only.
+    pub grants: Arc<GrantFile>,
 }
 
 impl From<Transport> for Security {
@@ -138,6 +142,7 @@ impl From<Transport> for Security {
         Self {
             transport,
             tokens: None,
+            grants: Arc::default(),
         }
     }
 }
@@ -150,6 +155,7 @@ impl Security {
             self.tokens.clone(),
             matches!(self.transport, Transport::Tls(_)),
         )
+        .with_grants(Arc::clone(&self.grants))
     }
 }
 
@@ -172,6 +178,9 @@ pub struct FileConfig {
     pub tls_client_ca: Option<PathBuf>,
     /// Hashed bearer tokens of scheduler clients, each with its owner and role (TOML).
     pub token_file: Option<PathBuf>,
+    /// What users may bind sessions to: cgroup prefixes and Kubernetes namespaces per owner
+    /// (TOML; see `auth::grants`).
+    pub grant_file: Option<PathBuf>,
     /// Where the state lives (`sled:PATH` or `etcd://…`); else sled in the state directory.
     #[serde(default, deserialize_with = "spec_from_str")]
     pub store: Option<StoreSpec>,
@@ -727,6 +736,11 @@ struct RunArgs {
     /// is an admin.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// What users may bind sessions to, per owner: cgroup prefixes and Kubernetes namespaces
+    /// (TOML), re-read when it changes. Without it a user binds only its own `gpuwarden run`
+    /// cgroups; admins bind anything.
+    #[arg(long, value_name = "FILE")]
+    grant_file: Option<PathBuf>,
     /// Boxed: the flags of the Kubernetes side would make every `Command` as large.
     #[command(flatten)]
     kube: Box<KubeArgs>,
@@ -1016,6 +1030,7 @@ pub fn main() -> ExitCode {
         tls_key,
         tls_client_ca,
         token_file,
+        grant_file,
         kube,
     } = match Cli::parse().command {
         Command::Run(args) => args,
@@ -1075,7 +1090,22 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let security = Security { transport, tokens };
+    let grants = match grant_file
+        .or_else(|| file.grant_file.clone())
+        .map(|path| GrantFile::load(&path))
+        .transpose()
+    {
+        Ok(grants) => Arc::new(grants.unwrap_or_default()),
+        Err(e) => {
+            eprintln!("gpuwarden-controller: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let security = Security {
+        transport,
+        tokens,
+        grants,
+    };
     let mut timing = Timing::default();
     if let Some(secs) = file.heartbeat_timeout_secs {
         timing.heartbeat_timeout = Duration::from_secs(secs);

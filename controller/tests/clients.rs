@@ -68,6 +68,7 @@ impl Served {
         let security = Security {
             transport,
             tokens: Some(Arc::new(TokenFile::load(&token_file).expect("tokens load"))),
+            grants: Arc::default(),
         };
         let addr =
             common::serve_in_process(&dir.path().join("state"), security, Limits::default()).await;

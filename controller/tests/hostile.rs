@@ -14,11 +14,13 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use gpuwarden_controller::{
     auth::{
         clients::ClientRole,
+        denials::{self, DenialReason},
+        grants::GrantFile,
         mint,
         tls::{ReloadingConfig, ServerTlsFiles},
     },
     limits::{self, Limits, Refusal},
-    server::Transport,
+    server::{Security, Transport},
 };
 use gpuwarden_proto::v1::{
     self as pb, agent_message::Msg, agent_service_client::AgentServiceClient,
@@ -27,6 +29,14 @@ use gpuwarden_proto::v1::{
 use gpuwarden_runtime::tls::ClientTls;
 use tokio_stream::StreamExt as _;
 use tonic::{Code, Status, transport::Channel};
+
+/// What the admin granted: alice her slice and her namespace; mallory nothing.
+const GRANTS: &str = r#"
+[[grants]]
+owner = "alice"
+cgroup_prefixes = ["/tenants/alice.slice"]
+namespaces = ["team-a"]
+"#;
 
 /// The nodes the attacker speaks as; each has its own certificate.
 const NODES: [&str; 4] = ["node-0", "node-1", "node-2", "node-big"];
@@ -47,11 +57,26 @@ impl Target {
         let nodes: Vec<String> = NODES.iter().map(|n| (*n).to_owned()).collect();
         let names = ["localhost".to_owned(), "127.0.0.1".to_owned()];
         mint::mint_into(&certs, &nodes, &names, 1).expect("minted");
-        mint::mint_clients_into(&certs, &[("ops".to_owned(), ClientRole::Admin)], 1)
-            .expect("minted the admin");
+        mint::mint_clients_into(
+            &certs,
+            &[
+                ("ops".to_owned(), ClientRole::Admin),
+                ("alice".to_owned(), ClientRole::User),
+                ("mallory".to_owned(), ClientRole::User),
+            ],
+            1,
+        )
+        .expect("minted the clients");
         let tls = ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("TLS files load");
+        let grants = dir.path().join("grants.toml");
+        std::fs::write(&grants, GRANTS).expect("grant file written");
+        let security = Security {
+            transport: Transport::Tls(Arc::new(tls)),
+            tokens: None,
+            grants: Arc::new(GrantFile::load(&grants).expect("grants load")),
+        };
         let state = dir.path().join("state");
-        let addr = common::serve_in_process(&state, Transport::Tls(Arc::new(tls)), limits).await;
+        let addr = common::serve_in_process(&state, security, limits).await;
         let url = format!("https://{addr}");
         let admin = channel(&url, &certs, "admin-ops").await;
         let target = Self { dir, url, admin };
@@ -73,6 +98,13 @@ impl Target {
     fn scheduler(&self) -> SchedulerServiceClient<Channel> {
         // The client sends whatever it is given: the server's limits are under test.
         SchedulerServiceClient::new(self.admin.clone()).max_decoding_message_size(usize::MAX)
+    }
+
+    /// A scheduler client holding user `name`'s certificate.
+    async fn user(&self, name: &str) -> SchedulerServiceClient<Channel> {
+        SchedulerServiceClient::new(
+            channel(&self.url, &self.certs(), &format!("user-{name}")).await,
+        )
     }
 
     /// An agent-service client holding `node`'s certificate.
@@ -592,8 +624,74 @@ async fn usage_and_events_for_sessions_not_on_the_node_are_dropped_and_counted()
     still_healthy(&target, &[elsewhere.id]).await;
 }
 
+/// What a tenant can make its node send in a loop (enforcement events under `report`, usage)
+/// and heartbeats are dropped over the rate and counted; the node stays connected and is still
+/// told what to enforce.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_flooding_its_stream_is_closed_with_resource_exhausted() {
+async fn an_event_flood_is_dropped_and_counted_and_the_node_stays_connected() {
+    let target = Target::start(Limits {
+        agent_messages_per_sec: 10,
+        agent_message_burst: 50,
+        ..Limits::default()
+    })
+    .await;
+    let (tx, mut inbound) = connect(&target, "node-1").await;
+    let before = limits::count_of(Refusal::FloodDropped);
+    for i in 0..1_000 {
+        let message = if i % 2 == 0 {
+            heartbeat("node-1")
+        } else {
+            pb::AgentMessage {
+                msg: Some(Msg::Event(pb::EnforcementEvent {
+                    session_id: "a-tenant-in-a-loop".into(),
+                    action: "report".into(),
+                    reason: "over its limit".into(),
+                    ..Default::default()
+                })),
+            }
+        };
+        tx.send(message).await.expect("the stream stays open");
+    }
+    // Counters are process-wide: at least what this flood was over its burst and rate.
+    let mut dropped = 0;
+    for _ in 0..200 {
+        dropped = limits::count_of(Refusal::FloodDropped) - before;
+        if dropped >= 800 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(dropped >= 800, "{dropped} dropped");
+    // Still connected: a session pinned to node-1 is allocated down the same stream.
+    let pinned = target
+        .scheduler()
+        .create_session(pb::CreateSessionRequest {
+            node_id: "node-1".into(),
+            ..request(&[("cuda.shares", "0.5")])
+        })
+        .await
+        .expect("creates")
+        .into_inner();
+    let allocated = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match inbound.next().await {
+                Some(Ok(pb::ControllerMessage {
+                    msg: Some(pb::controller_message::Msg::Allocate(a)),
+                })) if a.session_id == pinned.id => return a,
+                Some(Ok(_)) => {}
+                other => panic!("the node was cut off: {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the allocation arrives in time");
+    assert_eq!(allocated.session_id, pinned.id);
+    still_healthy(&target, &[pinned.id]).await;
+}
+
+/// Acks change state: a node flooding them is closed (it may reconnect).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_flooding_acks_is_closed_with_resource_exhausted() {
     let target = Target::start(Limits {
         agent_messages_per_sec: 10,
         agent_message_burst: 50,
@@ -603,7 +701,12 @@ async fn an_agent_flooding_its_stream_is_closed_with_resource_exhausted() {
     let (tx, mut inbound) = connect(&target, "node-1").await;
     let flood = tokio::spawn(async move {
         for _ in 0..1_000 {
-            if tx.send(heartbeat("node-1")).await.is_err() {
+            let ack = pb::AgentMessage {
+                msg: Some(Msg::Ack(pb::AllocationAck {
+                    session_id: "nothing".into(),
+                })),
+            };
+            if tx.send(ack).await.is_err() {
                 break;
             }
         }
@@ -659,4 +762,157 @@ async fn a_client_calling_past_its_rate_is_refused_then_served_again() {
         .list_slot_types(pb::ListSlotTypesRequest {})
         .await
         .expect("served again");
+}
+
+fn targeted(kind: pb::target::Kind) -> pb::CreateSessionRequest {
+    pb::CreateSessionRequest {
+        target: Some(pb::Target { kind: Some(kind) }),
+        ..request(&[("cuda.shares", "0.01"), ("cuda.mem", "1048576")])
+    }
+}
+
+/// The attack that opened issue 21: a user aims a quota (memory policy kill, 1 % of a GPU) at a
+/// cgroup, pod or container that holds another tenant's workload, or at every pod on the node.
+/// Refused with the target and the owner named; inside what an admin granted, accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_binds_sessions_only_to_what_it_was_granted() {
+    use pb::target::Kind;
+    let target = Target::start(Limits::default()).await;
+    let before = denials::count_of(DenialReason::TargetNotGranted);
+    let mut mallory = target.user("mallory").await;
+    let pod = "123e4567-e89b-12d3-a456-426614174000";
+    let container = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    for (kind, named) in [
+        (
+            Kind::CgroupPath("/h1victim.slice".into()),
+            "cgroup /h1victim.slice",
+        ),
+        (
+            Kind::CgroupPath("/kubepods.slice".into()),
+            "cgroup /kubepods.slice",
+        ),
+        (Kind::CgroupPath("/".into()), "cgroup /"),
+        (Kind::PodUid(pod.into()), pod),
+        (Kind::ContainerId(container.into()), container),
+    ] {
+        refused(
+            mallory
+                .create_session(pb::CreateSessionRequest {
+                    policy: Some(pb::QuotaPolicy {
+                        memory: "kill".into(),
+                        compute: String::new(),
+                    }),
+                    ..targeted(kind)
+                })
+                .await,
+            Code::PermissionDenied,
+            &["\"mallory\"", named],
+        );
+    }
+    // Neither an admin's word nor a weaker policy is a user's to take.
+    refused(
+        mallory
+            .create_session(pb::CreateSessionRequest {
+                unconfined_target: true,
+                ..targeted(Kind::CgroupPath("/h1victim.slice".into()))
+            })
+            .await,
+        Code::PermissionDenied,
+        &["only an admin"],
+    );
+    refused(
+        mallory
+            .create_session(pb::CreateSessionRequest {
+                policy: Some(pb::QuotaPolicy {
+                    memory: "report".into(),
+                    compute: String::new(),
+                }),
+                node_id: "node-0".into(),
+                ..targeted(Kind::Managed(true))
+            })
+            .await,
+        Code::PermissionDenied,
+        &["memory policy report", "kill, stop"],
+    );
+    assert!(denials::count_of(DenialReason::TargetNotGranted) >= before + 7);
+
+    // alice inside her grants is served; a step outside is not.
+    let mut alice = target.user("alice").await;
+    let mine = alice
+        .create_session(targeted(Kind::CgroupPath(
+            "/tenants/alice.slice/job-1".into(),
+        )))
+        .await
+        .expect("inside the granted prefix")
+        .into_inner();
+    assert_eq!(mine.owner, "alice");
+    alice
+        .create_session(targeted(Kind::PodUid(pod.into())))
+        .await
+        .expect("a pod: its namespace is checked on its node");
+    refused(
+        alice
+            .create_session(targeted(Kind::CgroupPath("/tenants/alice.slice2".into())))
+            .await,
+        Code::PermissionDenied,
+        &["\"alice\"", "outside the granted cgroup prefixes"],
+    );
+    still_healthy(&target, &[mine.id]).await;
+}
+
+/// A user gets the same answer for another owner's session as for an id that does not exist,
+/// so ids can't be probed; the other session is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_cannot_tell_another_owners_session_from_none() {
+    let target = Target::start(Limits::default()).await;
+    let theirs = target
+        .scheduler()
+        .create_session(request(&[("cuda.shares", "0.5")]))
+        .await
+        .expect("the admin creates")
+        .into_inner();
+    let mut mallory = target.user("mallory").await;
+    let end = |id: &str| pb::TerminateSessionRequest { id: id.into() };
+    let other = refused(
+        mallory.terminate_session(end(&theirs.id)).await,
+        Code::PermissionDenied,
+        &["only its own sessions"],
+    );
+    let none = refused(
+        mallory.terminate_session(end("no-such-session")).await,
+        Code::PermissionDenied,
+        &["only its own sessions"],
+    );
+    assert_eq!(
+        other.replace(&theirs.id, "ID"),
+        none.replace("no-such-session", "ID")
+    );
+    refused(
+        mallory
+            .get_session(pb::GetSessionRequest {
+                id: theirs.id.clone(),
+            })
+            .await,
+        Code::PermissionDenied,
+        &["only its own sessions"],
+    );
+    // An admin still learns that an id does not exist.
+    refused(
+        target
+            .scheduler()
+            .terminate_session(end("no-such-session"))
+            .await,
+        Code::NotFound,
+        &["no-such-session"],
+    );
+    let still = target
+        .scheduler()
+        .get_session(pb::GetSessionRequest {
+            id: theirs.id.clone(),
+        })
+        .await
+        .expect("still there")
+        .into_inner();
+    assert_ne!(still.state, pb::SessionState::Terminated as i32);
+    still_healthy(&target, &[theirs.id]).await;
 }

@@ -24,6 +24,7 @@ fn start(scratch: &Path, token_file: &Path) -> (tokio::runtime::Runtime, String)
         Security {
             transport: Transport::PlainText,
             tokens: Some(Arc::new(TokenFile::load(token_file).expect("tokens load"))),
+            grants: Arc::default(),
         },
     );
     // The agent's service stays open to any node over plain text; only clients need tokens.

@@ -4,7 +4,7 @@
 //! [`crate::limits`]: one out of bounds closes the stream naming the field, and a stream over
 //! its rate is closed with `RESOURCE_EXHAUSTED`.
 
-use std::{future::Future, pin::Pin, sync::Arc};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use gpuwarden_proto::v1::{self as pb, agent_message::Msg, agent_service_server::AgentService};
 use tokio::sync::mpsc;
@@ -116,6 +116,8 @@ impl AgentService for AgentApi {
         let bounds = Arc::clone(&self.1);
         tokio::spawn(async move {
             let mut bucket = Bucket::agent_stream(&bounds.limits);
+            // Over-rate messages dropped since the last warning, and when that was.
+            let mut dropped: (u64, Option<tokio::time::Instant>) = (0, None);
             // The newest change not yet known durable. Commits are in submission order, so its
             // being durable says every earlier one is: the stream reads on meanwhile, and a
             // node's acks that arrive together share one commit.
@@ -136,7 +138,28 @@ impl AgentService for AgentApi {
                     None => inbound.next().await,
                 };
                 let Some(Ok(message)) = message else { break };
-                let refused = if bucket.take() {
+                // What a workload can cause (enforcement events, usage) and what only keeps the
+                // node alive is dropped over the rate, counted, and the stream stays: a tenant
+                // allocating in a loop must not cut its node off. Acks, nacks and observed
+                // sessions change state, so a node flooding those is closed.
+                let droppable = matches!(
+                    message.msg,
+                    Some(Msg::Event(_) | Msg::Usage(_) | Msg::Heartbeat(_))
+                );
+                if droppable && !bucket.take() {
+                    limits::count(Refusal::FloodDropped);
+                    dropped.0 += 1;
+                    let now = tokio::time::Instant::now();
+                    if dropped
+                        .1
+                        .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1))
+                    {
+                        tracing::warn!(%node, dropped = dropped.0, "agent stream over its rate (limits.agent_messages_per_sec {}, limits.agent_message_burst {}): events, usage and heartbeats dropped", bounds.limits.agent_messages_per_sec, bounds.limits.agent_message_burst);
+                        dropped = (0, Some(now));
+                    }
+                    continue;
+                }
+                let refused = if droppable || bucket.take() {
                     bounds.limits.agent_message(&message).err()
                 } else {
                     Some(LimitError::Flood {

@@ -94,10 +94,11 @@ impl SchedulerService for SchedulerApi {
         self.2.limits.id("id", &id)?;
         let session = self
             .0
-            .read(|s| s.sessions().get(&id).map(convert::session_to_pb))
-            .ok_or_else(|| Status::not_found(format!("no session {id:?}")))?;
-        caller.may_act_on(&session.owner, "see")?;
-        Ok(Response::new(session))
+            .read(|s| s.sessions().get(&id).map(convert::session_to_pb));
+        caller.may_act_on_session(session.as_ref().map(|s| s.owner.as_str()), &id, "see")?;
+        session
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("no session {id:?}")))
     }
 
     async fn list_sessions(
@@ -149,13 +150,15 @@ impl SchedulerService for SchedulerApi {
         let caller = self.caller(&request)?;
         let id = request.into_inner().id;
         self.2.limits.id("id", &id)?;
-        // An owner and an origin never change, so checking before the change is enough.
-        if let Some((owner, origin)) = self.0.read(|s| {
+        // An owner and an origin never change, so checking before the change is enough; a
+        // user learns nothing of an id that is not its own, not even whether it exists.
+        let found = self.0.read(|s| {
             s.sessions()
                 .get(&id)
                 .map(|x| (x.owner.clone(), x.origin.clone()))
-        }) {
-            caller.may_act_on(&owner, "end")?;
+        });
+        caller.may_act_on_session(found.as_ref().map(|(o, _)| o.as_str()), &id, "end")?;
+        if let Some((_, origin)) = found {
             if let Some(claim) = origin.claim() {
                 // Kubernetes placed it; ending it here would lift a quota the pod still runs
                 // under, and the kubelet would never hear of it.

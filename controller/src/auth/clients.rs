@@ -181,6 +181,16 @@ pub enum ClientError {
         /// The node it names.
         node: String,
     },
+    /// A user naming a session id that is not one of its own (another's, or none).
+    #[error("user {caller:?} may {action} only its own sessions, and none of them has id {id:?}")]
+    NotYours {
+        /// The user.
+        caller: String,
+        /// The id it named.
+        id: String,
+        /// What it tried ("end", "see").
+        action: &'static str,
+    },
     /// A user acting on another owner's sessions.
     #[error("user {caller:?} may {action} only its own sessions, not those of owner {owner:?}")]
     OtherOwner {
@@ -206,7 +216,7 @@ impl ClientError {
                 DenialReason::NoClientIdentity
             }
             Self::NodeCertificate { .. } => DenialReason::NodeAsClient,
-            Self::OtherOwner { .. } => DenialReason::OtherOwner,
+            Self::OtherOwner { .. } | Self::NotYours { .. } => DenialReason::OtherOwner,
         }
     }
 
@@ -215,7 +225,7 @@ impl ClientError {
     #[must_use]
     pub fn to_status(&self) -> Status {
         match self {
-            Self::NodeCertificate { .. } | Self::OtherOwner { .. } => {
+            Self::NodeCertificate { .. } | Self::OtherOwner { .. } | Self::NotYours { .. } => {
                 Status::permission_denied(self.to_string())
             }
             _ => Status::unauthenticated(self.to_string()),
@@ -452,6 +462,33 @@ impl Caller {
             Ok(self.name.clone())
         } else {
             Err(self.other_owner(&requested, "see"))
+        }
+    }
+
+    /// Whether the caller may `action` ("see", "end") the session `id`, whose owner is `owner`
+    /// (`None`: no such session). A user gets the same answer for another owner's session as
+    /// for none at all, so ids can't be probed; an admin learns that it does not exist.
+    ///
+    /// # Errors
+    /// `PERMISSION_DENIED` (counted) for a user and a session not its own or none;
+    /// `NOT_FOUND` for an admin and no session.
+    pub fn may_act_on_session(
+        &self,
+        owner: Option<&str>,
+        id: &str,
+        action: &'static str,
+    ) -> Result<(), Status> {
+        match owner {
+            Some(owner) if self.may_see(owner) => Ok(()),
+            None if self.is_admin() => Err(Status::not_found(format!("no session {id:?}"))),
+            _ => Err(refuse(
+                &ClientError::NotYours {
+                    caller: self.name.clone(),
+                    id: id.to_owned(),
+                    action,
+                },
+                &self.name,
+            )),
         }
     }
 

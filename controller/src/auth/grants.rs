@@ -201,6 +201,12 @@ impl std::fmt::Debug for GrantFile {
     }
 }
 
+impl Default for GrantFile {
+    fn default() -> Self {
+        Self::none()
+    }
+}
+
 impl GrantFile {
     /// No file: users bind only managed cgroups (or nothing).
     #[must_use]
