@@ -86,6 +86,30 @@ impl Rig {
         self.ctl.client().await
     }
 
+    /// Creates a session as the admin (the controller is open) and returns it at once.
+    fn create(&self, request: pb::CreateSessionRequest) -> pb::Session {
+        self.rt.block_on(async {
+            let mut c = self.client().await;
+            c.create_session(pb::CreateSessionRequest {
+                node_id: "test-node".into(),
+                owner: "t".into(),
+                ..request
+            })
+            .await
+            .unwrap()
+            .into_inner()
+        })
+    }
+
+    /// Waits until `session` failed with a reason that holds `words`.
+    fn wait_failed(&self, session: &str, words: &str) -> pb::Session {
+        self.wait_for(&format!("{session} to fail with {words:?}"), |r| {
+            let s = r.get(session);
+            s.state == pb::SessionState::Failed as i32 && s.reason.contains(words)
+        });
+        self.get(session)
+    }
+
     /// Creates a session for `cgroup` and waits until the agent has bound it.
     fn session(&self, slots: &[&str], target: pb::target::Kind, memory: &str) -> pb::Session {
         let requested = gpuwarden_controller::slots::ResourceSlot::parse_any(slots).unwrap();
@@ -253,6 +277,21 @@ fn the_stop_policy_stops_and_a_request_resumes() {
                 .any(|e| e.action == "stop" && e.pid == a.pid)
         })
     });
+    // The stop holds: the container's cgroup is frozen, so a `kill -CONT` from inside (sent
+    // here from outside, as a sibling in the container would) does not let it run.
+    let frozen = |cg: &TestCgroup| {
+        std::fs::read_to_string(cg.dir.join("cgroup.events"))
+            .is_ok_and(|e| e.lines().any(|l| l == "frozen 1"))
+    };
+    rig.wait_for("the container's cgroup to be frozen", |_| frozen(&cg));
+    // SAFETY: a signal to the test's own child, by its pid.
+    assert_eq!(unsafe { libc::kill(a.pid.cast_signed(), libc::SIGCONT) }, 0);
+    // Several of the throttle's periods: nothing thaws it but the agent.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        frozen(&cg),
+        "a SIGCONT from inside resumed a stopped workload"
+    );
 
     let answer = rig
         .rt
@@ -358,9 +397,10 @@ fn only_the_allocated_gpu_node_opens() {
 fn a_quota_without_its_cgroup_expires_and_bad_quotas_are_refused() {
     require_root();
     let rig = Rig::start("qexp", Duration::from_secs(1));
+    let never = format!("/system.slice/docker-{}.scope", container_id("never-there"));
     let session = rig.session(
         &["cuda.shares=0.5"],
-        pb::target::Kind::CgroupPath("/gpuwarden-test-never-there".into()),
+        pb::target::Kind::CgroupPath(never.clone()),
         "",
     );
     rig.wait_binding(&session.id, "expired");
@@ -368,7 +408,7 @@ fn a_quota_without_its_cgroup_expires_and_bad_quotas_are_refused() {
         r.get(&session.id)
             .events
             .iter()
-            .any(|e| e.action == "expired" && e.reason.contains("never-there"))
+            .any(|e| e.action == "expired" && e.reason.contains(&never))
     });
 
     // An unknown policy is refused by the controller with the accepted ones.
@@ -394,6 +434,54 @@ fn a_quota_without_its_cgroup_expires_and_bad_quotas_are_refused() {
     assert!(err.message().contains("freeze"), "{}", err.message());
     // The agent is still serving.
     assert!(rig.agent().try_snapshot().is_ok());
+}
+
+/// Whoever asks (here an admin), the agent binds no quota to the cgroup root, over a cgroup
+/// another session binds, or to a slice no workload owns without an admin's explicit word: the
+/// session fails with the agent's `InvalidQuota` reason, and the first session's workload keeps
+/// its quota alone. With the word, the slice binds.
+#[test]
+#[ignore = "needs root"]
+fn the_agent_refuses_the_root_overlaps_and_slices_without_an_admins_word() {
+    require_root();
+    let rig = Rig::start("qconf", Duration::from_mins(1));
+    let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("o")));
+    let first = rig.session(&["cuda.shares=0.25"], cgroup_target(&cg), "kill");
+    rig.wait_binding(&first.id, "bound");
+    let request = |path: &str, unconfined: bool| pb::CreateSessionRequest {
+        requested: Some(pb::ResourceSlot {
+            values: [("cuda.shares".to_owned(), "0.25".to_owned())].into(),
+        }),
+        target: Some(pb::Target {
+            kind: Some(pb::target::Kind::CgroupPath(path.into())),
+        }),
+        unconfined_target: unconfined,
+        ..Default::default()
+    };
+    let again = rig.create(request(&cg.path, false));
+    let again = rig.wait_failed(&again.id, "InvalidQuota");
+    assert!(
+        again.reason.contains("overlaps") && again.reason.contains(&first.id),
+        "{}",
+        again.reason
+    );
+    let root = rig.create(request("/", true));
+    rig.wait_failed(&root.id, "the cgroup root");
+    let slice = TestCgroup::create(&format!("/gw-slice-{}", std::process::id()));
+    let bare = rig.create(request(&slice.path, false));
+    rig.wait_failed(&bare.id, "not a container's");
+    let said = rig.create(request(&slice.path, true));
+    rig.wait_binding(&said.id, "bound");
+    // Only the first and the explicit slice hold quotas; the first's is untouched.
+    let snap = rig.agent().snapshot();
+    let bound: Vec<&str> = snap
+        .bindings
+        .iter()
+        .filter(|b| b.state == "bound")
+        .map(|b| b.session_id.as_str())
+        .collect();
+    assert_eq!(bound.len(), 2, "{bound:?}");
+    assert!(bound.contains(&first.id.as_str()) && bound.contains(&said.id.as_str()));
 }
 
 /// `kill -9` the agent: the pinned programs keep enforcing while it is down (an over-limit
