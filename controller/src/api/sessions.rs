@@ -158,16 +158,14 @@ impl SchedulerService for SchedulerApi {
                 .map(|x| (x.owner.clone(), x.origin.clone()))
         });
         caller.may_act_on_session(found.as_ref().map(|(o, _)| o.as_str()), &id, "end")?;
-        if let Some((_, origin)) = found {
-            if let Some(claim) = origin.claim() {
-                // Kubernetes placed it; ending it here would lift a quota the pod still runs
-                // under, and the kubelet would never hear of it.
-                return Err(Status::failed_precondition(format!(
-                    "session {id} is owned by Kubernetes claim {}/{} (pod {}); delete the pod or \
-                     the claim",
-                    claim.namespace, claim.claim_name, claim.pod_name
-                )));
-            }
+        if let Some(claim) = found.as_ref().and_then(|(_, origin)| origin.claim()) {
+            // Kubernetes placed it; ending it here would lift a quota the pod still runs
+            // under, and the kubelet would never hear of it.
+            return Err(Status::failed_precondition(format!(
+                "session {id} is owned by Kubernetes claim {}/{} (pod {}); delete the pod or \
+                 the claim",
+                claim.namespace, claim.claim_name, claim.pod_name
+            )));
         }
         let (command, session) = self
             .0
