@@ -9,10 +9,12 @@
 //!   certificate) and what it may do with whose sessions;
 //! - [`tokens`]: the file of hashed bearer tokens, re-read when it changes;
 //! - [`denials`]: refusals counted by reason (`gpuwarden.auth.denied`);
+//! - [`gate`]: the gRPC layer that authenticates callers before their messages are read;
 //! - [`mint`]: a CA, a serving certificate and node and client certificates without OpenSSL.
 
 pub mod clients;
 pub mod denials;
+pub mod gate;
 pub mod identity;
 pub mod mint;
 pub mod tls;

@@ -22,10 +22,17 @@ use std::{
 
 use gpuwarden_runtime::tls::{TlsFileError, read_certs, read_key};
 use rustls::{RootCertStore, ServerConfig, server::WebPkiClientVerifier};
-use tokio::{
-    net::{TcpListener, TcpStream},
-    sync::mpsc,
+use std::{
+    pin::Pin,
+    task::{Context, Poll},
 };
+
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream},
+    sync::{OwnedSemaphorePermit, Semaphore, mpsc},
+};
+use tonic::transport::server::Connected;
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 
@@ -200,36 +207,141 @@ pub fn build(files: &ServerTlsFiles) -> Result<ServerConfig, TlsSetupError> {
     Ok(config)
 }
 
-/// The listener's connections after their TLS handshake, for `serve_with_incoming`.
+/// A connection that holds one of the listener's permits until it closes.
+pub struct Held<IO> {
+    io: IO,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Held<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Held<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+impl<IO: Connected> Connected for Held<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+/// The next connection on `listener` with a permit of `permits`; one over the cap is closed at
+/// once and counted (`gpuwarden.limits.refused{reason=cap}`). `None` once `closed` completes.
+async fn accept_held(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+    closed: impl std::future::Future<Output = ()>,
+) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
+    tokio::pin!(closed);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut closed => return None,
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, addr) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                // Out of file descriptors and the like: pause instead of spinning.
+                tracing::warn!("accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        match Arc::clone(permits).try_acquire_owned() {
+            Ok(permit) => return Some((tcp, addr, permit)),
+            Err(_) => {
+                crate::limits::count(crate::limits::Refusal::Cap);
+                tracing::debug!(%addr, "connection refused: the listener holds its cap");
+            }
+        }
+    }
+}
+
+/// The listener's plain-text connections, each holding one of `permits` while open.
+pub fn incoming_plain(
+    listener: TcpListener,
+    permits: Arc<Semaphore>,
+) -> impl Stream<Item = io::Result<Held<TcpStream>>> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        while let Some((tcp, _, permit)) = accept_held(&listener, &permits, tx.closed()).await {
+            if tx
+                .send(Ok(Held {
+                    io: tcp,
+                    _permit: permit,
+                }))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// The listener's connections after their TLS handshake, for `serve_with_incoming`, each
+/// holding one of `permits` from accept to close (handshakes included, so a flood of silent
+/// peers can't hold more than the cap).
 /// Handshakes run concurrently, so a slow or silent client holds up no one; a failed one is
 /// logged (and counted when it was refused for its client certificate) and dropped.
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<ReloadingConfig>,
-) -> impl Stream<Item = io::Result<TlsStream<TcpStream>>> {
+    permits: Arc<Semaphore>,
+) -> impl Stream<Item = io::Result<Held<TlsStream<TcpStream>>>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                () = tx.closed() => return,
-                accepted = listener.accept() => accepted,
-            };
-            let (tcp, addr) = match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    // Out of file descriptors and the like: pause instead of spinning.
-                    tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
+        while let Some((tcp, addr, permit)) = accept_held(&listener, &permits, tx.closed()).await
+        {
             let tls = Arc::clone(&tls);
             let tx = tx.clone();
             tokio::spawn(async move {
                 let acceptor = TlsAcceptor::from(tls.current());
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(stream)).await;
+                        let _ = tx
+                            .send(Ok(Held {
+                                io: stream,
+                                _permit: permit,
+                            }))
+                            .await;
                     }
                     Ok(Err(e)) => handshake_failed(addr, &e),
                     Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
