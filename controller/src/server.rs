@@ -833,6 +833,11 @@ struct KubeArgs {
     /// Private key of --webhook-cert (PEM).
     #[arg(long, value_name = "FILE", requires = "webhook_listen")]
     webhook_key: Option<PathBuf>,
+    /// CA that signs the API server's webhook client certificate and kube-scheduler's extender
+    /// client certificate (PEM): the HTTPS listener then refuses clients without one. Without
+    /// it, anyone who reaches the port can send reviews (warned at start).
+    #[arg(long, value_name = "FILE", requires = "webhook_listen")]
+    webhook_client_ca: Option<PathBuf>,
     /// Serve the scheduler extender alone over plain HTTP here (for a kube-scheduler without a
     /// TLS config for extenders).
     #[arg(long, value_name = "ADDR")]
@@ -879,7 +884,13 @@ impl KubeArgs {
                         "--webhook-listen needs --webhook-cert and --webhook-key".to_owned()
                     );
                 };
-                let cert = ServingCert::load(cert, key).map_err(|e| e.to_string())?;
+                if self.webhook_client_ca.is_none() {
+                    tracing::warn!(
+                        "--webhook-listen without --webhook-client-ca: anyone who reaches {addr} can send admission reviews and extender calls"
+                    );
+                }
+                let cert = ServingCert::load_with_client_ca(cert, key, self.webhook_client_ca)
+                    .map_err(|e| e.to_string())?;
                 Some((bind(addr).await?, Arc::new(cert)))
             }
             None => None,
