@@ -555,7 +555,9 @@ fn router(
         .concurrency_limit_per_connection(limits.concurrency_per_connection)
         // The same bound at the HTTP/2 layer: streams past it are refused by the peer's own
         // stack instead of queued here.
-        .max_concurrent_streams(u32::try_from(limits.concurrency_per_connection).unwrap_or(u32::MAX))
+        .max_concurrent_streams(
+            u32::try_from(limits.concurrency_per_connection).unwrap_or(u32::MAX),
+        )
         .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
         // Cuts unary calls; a stream's handler returns at once, so streams stay open.
         .timeout(limits.request_timeout())
@@ -1179,14 +1181,14 @@ pub fn main() -> ExitCode {
         other => other,
     };
     // Refused before anything is opened, with the flags named (exit 2, like a bad flag).
-    let exposed = transport.check_exposure(listen).and_then(|()| {
-        match kube.extender_listen {
+    let exposed = transport
+        .check_exposure(listen)
+        .and_then(|()| match kube.extender_listen {
             Some(addr) if !insecure && !addr.ip().is_loopback() => {
                 Err(ServeError::PlainTextExposed { addr })
             }
             _ => Ok(()),
-        }
-    });
+        });
     if let Err(e) = exposed {
         eprintln!("gpuwarden-controller: {e}");
         return ExitCode::from(2);

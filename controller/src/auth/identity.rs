@@ -49,7 +49,9 @@ pub enum IdentityError {
         nodes: Vec<String>,
     },
     /// The certificate names a node and another gpuwarden identity (a user, an admin).
-    #[error("the client certificate names node(s) {nodes:?} and other identities {others:?}: a node certificate names its node only")]
+    #[error(
+        "the client certificate names node(s) {nodes:?} and other identities {others:?}: a node certificate names its node only"
+    )]
     MixedRoles {
         /// The nodes it names.
         nodes: Vec<String>,
@@ -245,7 +247,10 @@ mod tests {
         ] {
             let der = cert_with_sans(&["spiffe://gpuwarden/node/node-1", other]);
             let err = node_of_certificate(&der).unwrap_err();
-            assert!(matches!(err, IdentityError::MixedRoles { .. }), "{other}: {err}");
+            assert!(
+                matches!(err, IdentityError::MixedRoles { .. }),
+                "{other}: {err}"
+            );
             assert_eq!(err.to_status().code(), tonic::Code::Unauthenticated);
         }
         // Foreign URIs (another trust domain) don't make it ambiguous.

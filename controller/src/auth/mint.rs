@@ -293,8 +293,17 @@ pub fn check_node_id(id: &str) -> Result<(), MintError> {
 /// [`MintError::InvalidNodeId`] naming the file it would replace.
 fn check_node_file(id: &str) -> Result<(), MintError> {
     let lower = id.to_ascii_lowercase();
-    let stem = |file: &str| file.rsplit_once('.').map_or(file, |(stem, _)| stem).to_owned();
-    let reserved = [stem(CA_CERT), stem(CA_KEY), stem(SERVER_CERT), stem(SERVER_KEY)];
+    let stem = |file: &str| {
+        file.rsplit_once('.')
+            .map_or(file, |(stem, _)| stem)
+            .to_owned()
+    };
+    let reserved = [
+        stem(CA_CERT),
+        stem(CA_KEY),
+        stem(SERVER_CERT),
+        stem(SERVER_KEY),
+    ];
     let collides = reserved.contains(&lower)
         || [ClientRole::Admin, ClientRole::User]
             .iter()
@@ -474,7 +483,10 @@ mod tests {
         let ca_cert = std::fs::read(dir.path().join(CA_CERT)).unwrap();
         for bad in ["ca", "CA", "server", "user-alice", "Admin-ops"] {
             let err = mint_into(dir.path(), &[bad.into()], &[], 1).unwrap_err();
-            assert!(matches!(err, MintError::InvalidNodeId { .. }), "{bad}: {err}");
+            assert!(
+                matches!(err, MintError::InvalidNodeId { .. }),
+                "{bad}: {err}"
+            );
             assert!(err.to_string().contains("reserved"), "{err}");
         }
         assert_eq!(std::fs::read(dir.path().join(CA_KEY)).unwrap(), ca_key);

@@ -32,9 +32,9 @@ use tokio::{
     net::{TcpListener, TcpStream},
     sync::{OwnedSemaphorePermit, Semaphore, mpsc},
 };
-use tonic::transport::server::Connected;
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tonic::transport::server::Connected;
 
 use super::denials::{self, DenialReason};
 
@@ -328,8 +328,7 @@ pub fn incoming(
 ) -> impl Stream<Item = io::Result<Held<TlsStream<TcpStream>>>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        while let Some((tcp, addr, permit)) = accept_held(&listener, &permits, tx.closed()).await
-        {
+        while let Some((tcp, addr, permit)) = accept_held(&listener, &permits, tx.closed()).await {
             let tls = Arc::clone(&tls);
             let tx = tx.clone();
             tokio::spawn(async move {

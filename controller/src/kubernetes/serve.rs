@@ -183,7 +183,11 @@ impl ServingCert {
 }
 
 fn stamps(cert: &Path, key: &Path, client_ca: Option<&Path>) -> [Option<Stamp>; 3] {
-    [Stamp::of(cert), Stamp::of(key), client_ca.and_then(Stamp::of)]
+    [
+        Stamp::of(cert),
+        Stamp::of(key),
+        client_ca.and_then(Stamp::of),
+    ]
 }
 
 fn build(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<ServerConfig, TlsSetupError> {
@@ -210,10 +214,12 @@ fn build(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<ServerConf
                 roots.add(ca).map_err(|e| client_ca(e.to_string()))?;
             }
             // Required, not optional: without a certificate the handshake fails.
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                    .build()
-                    .map_err(|e| client_ca(e.to_string()))?;
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|e| client_ca(e.to_string()))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
