@@ -245,9 +245,10 @@ impl Pki {
     /// Signs, with the same CA, a client certificate carrying `uris` and `eku`, written as
     /// `<name>.pem`/`<name>.key`.
     fn sign(&self, name: &str, uris: &[&str], eku: rcgen::ExtendedKeyUsagePurpose) -> ClientTls {
-        let ca_key =
-            rcgen::KeyPair::from_pem(&std::fs::read_to_string(self.certs().join(CA_KEY)).unwrap())
-                .unwrap();
+        let ca_key = rcgen::KeyPair::from_pem(
+            &std::fs::read_to_string(self.certs().join(CA_KEY)).expect("ok"),
+        )
+        .expect("ok");
         // The CA's name as `certs mint` gives it, so the chain builds.
         let mut ca = rcgen::CertificateParams::default();
         ca.distinguished_name = rcgen::DistinguishedName::new();
@@ -260,17 +261,17 @@ impl Pki {
         let mut params = rcgen::CertificateParams::default();
         params.subject_alt_names = uris
             .iter()
-            .map(|u| rcgen::SanType::URI((*u).try_into().unwrap()))
+            .map(|u| rcgen::SanType::URI((*u).try_into().expect("ok")))
             .collect();
         params.extended_key_usages = vec![eku];
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &issuer).unwrap();
-        std::fs::write(self.certs().join(format!("{name}.pem")), cert.pem()).unwrap();
+        let key = rcgen::KeyPair::generate().expect("ok");
+        let cert = params.signed_by(&key, &issuer).expect("ok");
+        std::fs::write(self.certs().join(format!("{name}.pem")), cert.pem()).expect("ok");
         std::fs::write(
             self.certs().join(format!("{name}.key")),
             key.serialize_pem(),
         )
-        .unwrap();
+        .expect("ok");
         self.identity(name)
     }
 

@@ -68,9 +68,10 @@ impl<S> Authenticated<S> {
     /// The refusal for `request`, if its caller can't be authenticated for its path.
     fn refusal(&self, request: &http::Request<Body>) -> Option<tonic::Status> {
         let path = request.uri().path();
-        let scheduler = path.starts_with(SCHEDULER);
+        // Scheduler calls need a client unless the controller is open; agent calls a node.
+        let scheduler = path.starts_with(SCHEDULER) && !self.clients.is_open();
         let agent = path.starts_with(AGENT);
-        if !(scheduler && !self.clients.is_open()) && !agent {
+        if !scheduler && !agent {
             return None;
         }
         // Headers and connection info only: the body stays unread.
