@@ -98,31 +98,64 @@ fn insecure_serves_plain_text_beyond_loopback_and_warns() {
         .arg("--state-dir")
         .arg(dir.path())
         .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("starts");
+    // The log, as it comes (the subscriber writes to stdout or stderr).
+    let log = Arc::new(std::sync::Mutex::new(String::new()));
+    let readers: Vec<_> = [
+        child
+            .stdout
+            .take()
+            .map(|o| Box::new(o) as Box<dyn std::io::Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|e| Box::new(e) as Box<dyn std::io::Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|mut pipe| {
+        let log = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut buf = [0_u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                log.lock()
+                    .expect("lock")
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    })
+    .collect();
+    let warned =
+        |log: &str| log.contains("--insecure") && log.contains("gpuwarden.controller.insecure");
     let started = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            child.try_wait().expect("waits").is_none(),
-            "it exited: {}",
-            stderr_of(&mut child)
-        );
-        assert!(started.elapsed() < Duration::from_secs(30), "not listening");
+    loop {
+        let serving = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        if serving && warned(&log.lock().expect("lock")) {
+            break;
+        }
+        if child.try_wait().expect("waits").is_some() || started.elapsed() > Duration::from_secs(60)
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "not serving with the warning (serving: {serving}): {}",
+                log.lock().expect("lock")
+            );
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = child.kill();
     let _ = child.wait();
-    let mut out = String::new();
-    if let Some(mut o) = child.stdout.take() {
-        let _ = o.read_to_string(&mut out);
+    for reader in readers {
+        let _ = reader.join();
     }
-    let log = out + &stderr_of(&mut child);
-    assert!(
-        log.contains("--insecure") && log.contains("gpuwarden.controller.insecure"),
-        "the start warns and names the metric: {log}"
-    );
 }
 
 #[tokio::test]
