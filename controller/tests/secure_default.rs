@@ -485,9 +485,21 @@ struct Webhook {
 
 impl Webhook {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Also requiring client certificates from the minted CA (`--webhook-client-ca`); the
+    /// directory holds `admin-apiserver.pem`/`.key`, a client certificate from it.
+    fn requiring_client_certificates() -> Self {
+        Self::start_with(&["--webhook-client-ca"])
+    }
+
+    fn start_with(client_ca_flag: &[&str]) -> Self {
         let dir = gpuwarden_test_support::scratch("webhook");
         let certs = dir.path().join("certs");
         mint::mint_into(&certs, &[], &["localhost".to_owned()], 1).expect("minted");
+        mint::mint_clients_into(&certs, &[("apiserver".to_owned(), ClientRole::Admin)], 1)
+            .expect("minted");
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port())
             .parse()
             .expect("an address");
@@ -503,6 +515,8 @@ impl Webhook {
             // Never called: no review in these tests gets that far.
             .args(["--kube-api", "https://127.0.0.1:9", "--kube-ca"])
             .arg(certs.join(CA_CERT))
+            .args(client_ca_flag)
+            .args(client_ca_flag.iter().map(|_| certs.join(CA_CERT)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -547,17 +561,34 @@ async fn tls_to(
     addr: SocketAddr,
     ca: &Path,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    tls_as(addr, ca, None).await
+}
+
+/// A TLS connection trusting `ca`, presenting `identity` (certificate and key files) if given.
+async fn tls_as(
+    addr: SocketAddr,
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in gpuwarden_runtime::tls::read_certs(ca, "CA").expect("reads") {
         roots.add(cert).expect("adds");
     }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    .with_root_certificates(roots);
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                gpuwarden_runtime::tls::read_certs(cert, "client certificate").expect("reads"),
+                gpuwarden_runtime::tls::read_key(key).expect("reads"),
+            )
+            .expect("a client identity"),
+    };
     let tcp = tokio::net::TcpStream::connect(addr).await?;
     tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(
@@ -708,4 +739,51 @@ async fn connections_past_the_cap_are_closed() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// GET /healthz over `tls`; the status line, or the error that ended the exchange.
+async fn healthz(
+    tls: std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+) -> Result<String, std::io::Error> {
+    let mut tls = tls?;
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+        .await?;
+    let mut answer = Vec::new();
+    tls.read_to_end(&mut answer).await?;
+    Ok(String::from_utf8_lossy(&answer)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned())
+}
+
+#[tokio::test]
+async fn with_a_client_ca_the_webhook_takes_only_certified_clients() {
+    let webhook = Webhook::requiring_client_certificates();
+    let certs = webhook.ca.parent().expect("the certs directory").to_owned();
+    let anonymous = healthz(tls_to(webhook.addr, &webhook.ca).await).await;
+    assert!(
+        !anonymous.as_deref().is_ok_and(|l| l.contains("200")),
+        "a client without a certificate was answered: {anonymous:?}"
+    );
+    let certified = healthz(
+        tls_as(
+            webhook.addr,
+            &webhook.ca,
+            Some((
+                &certs.join("admin-apiserver.pem"),
+                &certs.join("admin-apiserver.key"),
+            )),
+        )
+        .await,
+    )
+    .await
+    .expect("a certified client is answered");
+    assert!(certified.starts_with("HTTP/1.1 200"), "{certified}");
+    // Without the flag, the same anonymous client is answered (the test's control).
+    let open = Webhook::start();
+    let anonymous = healthz(tls_to(open.addr, &open.ca).await)
+        .await
+        .expect("answered");
+    assert!(anonymous.starts_with("HTTP/1.1 200"), "{anonymous}");
 }
