@@ -523,6 +523,8 @@ pub const MAX_CONNECTIONS: usize = 4_096;
 /// Messages services other than the scheduler's and the agents' take at most (health checks
 /// and reflection requests are a few hundred bytes).
 const SMALL_MESSAGE_BYTES: usize = 64 << 10;
+/// HTTP/2 streams one connection may hold open (agents sharing a connection hold one each).
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
 /// Largest header block a request may carry (a token and tracing headers fit many times).
 const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
 
@@ -553,11 +555,10 @@ fn router(
     let clients = Arc::new(clients);
     Ok(tonic::transport::Server::builder()
         .concurrency_limit_per_connection(limits.concurrency_per_connection)
-        // The same bound at the HTTP/2 layer: streams past it are refused by the peer's own
-        // stack instead of queued here.
-        .max_concurrent_streams(
-            u32::try_from(limits.concurrency_per_connection).unwrap_or(u32::MAX),
-        )
+        // Open streams per connection at the HTTP/2 layer (tonic leaves it unlimited): long-lived
+        // agent and Watch streams count for their whole life, so this is wider than the
+        // in-flight limit above; streams past it wait in the peer's own stack.
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
         // Cuts unary calls; a stream's handler returns at once, so streams stay open.
         .timeout(limits.request_timeout())
