@@ -76,14 +76,16 @@ pub enum ServeError {
     },
     /// Plain text on an address other machines reach, without `--insecure`.
     #[error(
-        "refusing to serve plain text on {addr}: anyone who reaches it could act as any node \
-         and read every token; give --tls-cert, --tls-key and --tls-client-ca (clients then \
-         present a certificate or a --token-file token), listen on a loopback address, or pass \
-         --insecure (config key `insecure = true`) to serve plain text anyway"
+        "refusing to serve plain text on {addr} ({what}); give --tls-cert, --tls-key and \
+         --tls-client-ca (clients then present a certificate or a --token-file token), listen \
+         on a loopback address, or pass --insecure (config key `insecure = true`) to serve \
+         plain text anyway"
     )]
     PlainTextExposed {
         /// The address.
         addr: SocketAddr,
+        /// What would be exposed.
+        what: &'static str,
     },
 }
 
@@ -144,9 +146,7 @@ impl Transport {
             }
         }
     }
-}
 
-impl Transport {
     /// Plain text, loopback-only or `--insecure`.
     #[must_use]
     pub fn is_plain_text(&self) -> bool {
@@ -160,9 +160,10 @@ impl Transport {
     /// [`ServeError::PlainTextExposed`] for [`Transport::PlainText`] on any other address.
     pub fn check_exposure(&self, addr: SocketAddr) -> Result<(), ServeError> {
         match self {
-            Self::PlainText if !addr.ip().is_loopback() => {
-                Err(ServeError::PlainTextExposed { addr })
-            }
+            Self::PlainText if !addr.ip().is_loopback() => Err(ServeError::PlainTextExposed {
+                addr,
+                what: "anyone who reaches it could act as any node and read every token",
+            }),
             _ => Ok(()),
         }
     }
@@ -1186,7 +1187,10 @@ pub fn main() -> ExitCode {
         .check_exposure(listen)
         .and_then(|()| match kube.extender_listen {
             Some(addr) if !insecure && !addr.ip().is_loopback() => {
-                Err(ServeError::PlainTextExposed { addr })
+                Err(ServeError::PlainTextExposed {
+                    addr,
+                    what: "--extender-listen: anyone who reaches it learns every node's GPU occupancy",
+                })
             }
             _ => Ok(()),
         });
