@@ -87,6 +87,19 @@ fn plain_text_on_a_non_loopback_address_is_refused_naming_the_flags() {
     for flag in ["--tls-cert", "--tls-key", "--tls-client-ca", "--insecure"] {
         assert!(stderr.contains(flag), "the refusal names {flag}: {stderr}");
     }
+    // The extender's plain-HTTP port likewise.
+    let refused = Command::new(CONTROLLER)
+        .args(["run", "--listen", "127.0.0.1:0", "--extender-listen"])
+        .arg(format!("0.0.0.0:{}", free_port()))
+        .arg("--state-dir")
+        .arg(dir.path())
+        .output()
+        .expect("runs");
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--extender-listen"),
+        "{refused:?}"
+    );
 }
 
 #[test]
