@@ -28,7 +28,7 @@ use crate::{
         clients::{ClientAuth, ClientRole},
         gate::AuthGate,
         mint,
-        tls::{ReloadingConfig, ServerTlsFiles, TlsSetupError},
+        tls::{ConnectionCaps, ReloadingConfig, ServerTlsFiles, TlsSetupError},
         tokens::{self, TokenError, TokenFile},
     },
     limits::{Bounds, Limits},
@@ -450,7 +450,6 @@ pub async fn serve_bounded(
     let router = router(&controller, health, clients, Bounds::new(limits))?;
     let background = tokio::spawn(Arc::clone(&controller).run_background());
     let serve_error = |source| ServeError::Serve { addr, source };
-    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let result = match security.transport {
         Transport::PlainText | Transport::Insecure => {
             if matches!(security.transport, Transport::Insecure) && !addr.ip().is_loopback() {
@@ -469,7 +468,10 @@ pub async fn serve_bounded(
             tracing::info!(%addr, "controller listening (plain text)");
             router
                 .serve_with_incoming_shutdown(
-                    crate::auth::tls::incoming_plain(listener, connections),
+                    crate::auth::tls::incoming_plain(
+                        listener,
+                        Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+                    ),
                     shutdown,
                 )
                 .await
@@ -479,7 +481,15 @@ pub async fn serve_bounded(
             tracing::info!(%addr, "controller listening (TLS; agents need a node certificate)");
             router
                 .serve_with_incoming_shutdown(
-                    crate::auth::tls::incoming(listener, config, connections),
+                    crate::auth::tls::incoming(
+                        listener,
+                        config,
+                        ConnectionCaps::new(
+                            MAX_HANDSHAKES,
+                            MAX_CONNECTIONS,
+                            MAX_ANONYMOUS_CONNECTIONS,
+                        ),
+                    ),
                     shutdown,
                 )
                 .await
@@ -518,9 +528,15 @@ type Layers = tower::layer::util::Stack<
     tower::layer::util::Stack<AuthGate, tower::layer::util::Identity>,
 >;
 
-/// Connections the gRPC port holds open at once; past it a new one is closed at once
-/// (counted as `gpuwarden.limits.refused{reason=cap}`). Agents hold one each, clients a few.
+/// Connections the gRPC port holds open at once (over TLS: those with a client certificate);
+/// past it a new one is closed at once (counted as `gpuwarden.limits.refused{reason=cap}`).
+/// Agents hold one each, clients a few.
 pub const MAX_CONNECTIONS: usize = 4_096;
+/// TLS connections in their handshake at once (each has 10 s).
+pub const MAX_HANDSHAKES: usize = 1_024;
+/// TLS connections without a client certificate (token clients, probes, anyone) at once: kept
+/// apart from [`MAX_CONNECTIONS`] so that anonymous peers never take the agents' room.
+pub const MAX_ANONYMOUS_CONNECTIONS: usize = 1_024;
 /// Messages services other than the scheduler's and the agents' take at most (health checks
 /// and reflection requests are a few hundred bytes).
 const SMALL_MESSAGE_BYTES: usize = 64 << 10;
