@@ -76,4 +76,8 @@ LABEL org.opencontainers.image.title="gpuwarden" \
 USER 65532:65532
 EXPOSE 50051
 # Both binaries shut down cleanly (the controller closing its store) on SIGINT or SIGTERM.
-CMD ["gpuwarden-controller", "run", "--listen", "0.0.0.0:50051"]
+# Mutual TLS from files mounted at /etc/gpuwarden/tls: the controller refuses plain text on a
+# non-loopback address unless told --insecure.
+CMD ["gpuwarden-controller", "run", "--listen", "0.0.0.0:50051", \
+     "--tls-cert", "/etc/gpuwarden/tls/tls.crt", "--tls-key", "/etc/gpuwarden/tls/tls.key", \
+     "--tls-client-ca", "/etc/gpuwarden/tls/ca.crt"]

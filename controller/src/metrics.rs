@@ -35,6 +35,12 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "1 while this controller leads, 0 while it stands by (always 1 on sled)",
     ),
     (
+        "gpuwarden.controller.insecure",
+        "1",
+        "—",
+        "1 while this controller serves plain text beyond loopback (`--insecure`), else 0",
+    ),
+    (
         "gpuwarden.controller.terms",
         "{term}",
         "—",
@@ -163,6 +169,12 @@ pub fn start(
         .with_unit("1")
         .with_description("1 while this controller leads, 0 while it stands by")
         .with_callback(move |o| o.observe(u64::from(role.is_leader()), &[]))
+        .build();
+    meter
+        .u64_observable_gauge("gpuwarden.controller.insecure")
+        .with_unit("1")
+        .with_description("1 while this controller serves plain text beyond loopback (--insecure)")
+        .with_callback(|o| o.observe(u64::from(crate::server::serving_insecure()), &[]))
         .build();
     let role = controller.role().clone();
     meter

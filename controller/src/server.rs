@@ -26,9 +26,10 @@ use crate::{
     api::{Role, StandbyGate},
     auth::{
         clients::{ClientAuth, ClientRole},
+        gate::AuthGate,
         grants::GrantFile,
         mint,
-        tls::{ReloadingConfig, ServerTlsFiles, TlsSetupError},
+        tls::{ConnectionCaps, ReloadingConfig, ServerTlsFiles, TlsSetupError},
         tokens::{self, TokenError, TokenFile},
     },
     limits::{Bounds, Limits},
@@ -74,15 +75,42 @@ pub enum ServeError {
         /// The settings not given (flags; the config file's keys are the same with `_`).
         missing: String,
     },
+    /// Plain text on an address other machines reach, without `--insecure`.
+    #[error(
+        "refusing to serve plain text on {addr} ({what}); give --tls-cert, --tls-key and \
+         --tls-client-ca (clients then present a certificate or a --token-file token), listen \
+         on a loopback address, or pass --insecure (config key `insecure = true`) to serve \
+         plain text anyway"
+    )]
+    PlainTextExposed {
+        /// The address.
+        addr: SocketAddr,
+        /// What would be exposed.
+        what: &'static str,
+    },
 }
 
 /// How the controller's port speaks.
 #[derive(Clone)]
 pub enum Transport {
     /// Plain text: anyone who reaches the port can act as any node (the local one-command run).
+    /// Served on loopback addresses only.
     PlainText,
+    /// Plain text on any address, because the operator said `--insecure`: warned about at
+    /// every start and exported as `gpuwarden.controller.insecure` = 1.
+    Insecure,
     /// TLS with this configuration; agents must present a node certificate.
     Tls(Arc<ReloadingConfig>),
+}
+
+/// Whether this process serves plain text beyond loopback (`--insecure` on a non-loopback
+/// address), for the `gpuwarden.controller.insecure` gauge.
+static SERVING_INSECURE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process serves plain text on an address other machines reach (`--insecure`).
+#[must_use]
+pub fn serving_insecure() -> bool {
+    SERVING_INSECURE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Transport {
@@ -117,6 +145,27 @@ impl Transport {
                     missing: missing.join(", "),
                 })
             }
+        }
+    }
+
+    /// Plain text, loopback-only or `--insecure`.
+    #[must_use]
+    pub fn is_plain_text(&self) -> bool {
+        !matches!(self, Self::Tls(_))
+    }
+
+    /// Plain text on `addr` is served only on loopback, or when the operator said `--insecure`
+    /// (docs/architecture.md, "Nobody is trusted by default").
+    ///
+    /// # Errors
+    /// [`ServeError::PlainTextExposed`] for [`Transport::PlainText`] on any other address.
+    pub fn check_exposure(&self, addr: SocketAddr) -> Result<(), ServeError> {
+        match self {
+            Self::PlainText if !addr.ip().is_loopback() => Err(ServeError::PlainTextExposed {
+                addr,
+                what: "anyone who reaches it could act as any node and read every token",
+            }),
+            _ => Ok(()),
         }
     }
 }
@@ -190,6 +239,8 @@ pub struct FileConfig {
     pub etcd_cert: Option<PathBuf>,
     /// The private key of `etcd_cert` (PEM).
     pub etcd_key: Option<PathBuf>,
+    /// Serve plain text beyond loopback (as `--insecure`).
+    pub insecure: Option<bool>,
     /// Bounds on what clients and agents may send (`[limits]`; see [`Limits`]).
     #[serde(default)]
     pub limits: Limits,
@@ -392,6 +443,8 @@ pub async fn serve_bounded(
     let addr = listener
         .local_addr()
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let security = security.into();
+    security.transport.check_exposure(addr)?;
     let (health_reporter, health) = tonic_health::server::health_reporter();
     set_health(&health_reporter, controller.role().is_leader()).await;
     let elections = election.map(|election| {
@@ -401,22 +454,33 @@ pub async fn serve_bounded(
             health_reporter.clone(),
         ))
     });
-    let security = security.into();
     let clients = security.clients();
     warn_about_clients(&clients, &security.transport);
     let router = router(&controller, health, clients, Bounds::new(limits))?;
     let background = tokio::spawn(Arc::clone(&controller).run_background());
     let serve_error = |source| ServeError::Serve { addr, source };
     let result = match security.transport {
-        Transport::PlainText => {
-            static WARNED: Once = Once::new();
-            WARNED.call_once(|| {
-                tracing::warn!("serving plain text: any client can act as any node");
-            });
+        Transport::PlainText | Transport::Insecure => {
+            if matches!(security.transport, Transport::Insecure) && !addr.ip().is_loopback() {
+                SERVING_INSECURE.store(true, std::sync::atomic::Ordering::Relaxed);
+                // Every start, not once per process: this is the line an operator must see.
+                tracing::warn!(
+                    %addr,
+                    "--insecure: serving plain text beyond loopback; anyone who reaches this port can act as any node and read every token (gpuwarden.controller.insecure = 1)"
+                );
+            } else {
+                static WARNED: Once = Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!("serving plain text: any client can act as any node");
+                });
+            }
             tracing::info!(%addr, "controller listening (plain text)");
             router
                 .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    crate::auth::tls::incoming_plain(
+                        listener,
+                        Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+                    ),
                     shutdown,
                 )
                 .await
@@ -426,7 +490,15 @@ pub async fn serve_bounded(
             tracing::info!(%addr, "controller listening (TLS; agents need a node certificate)");
             router
                 .serve_with_incoming_shutdown(
-                    crate::auth::tls::incoming(listener, config),
+                    crate::auth::tls::incoming(
+                        listener,
+                        config,
+                        ConnectionCaps::new(
+                            MAX_HANDSHAKES,
+                            MAX_CONNECTIONS,
+                            MAX_ANONYMOUS_CONNECTIONS,
+                        ),
+                    ),
                     shutdown,
                 )
                 .await
@@ -450,7 +522,7 @@ fn warn_about_clients(clients: &ClientAuth, transport: &Transport) {
                 "no --token-file and no TLS: every client acts as an admin and may see and end every session"
             );
         });
-    } else if clients.takes_tokens() && matches!(transport, Transport::PlainText) {
+    } else if clients.takes_tokens() && transport.is_plain_text() {
         CLEAR_TOKENS.call_once(|| {
             tracing::warn!(
                 "bearer tokens over plain text: anyone on the network path can read and reuse them; serve TLS"
@@ -459,8 +531,28 @@ fn warn_about_clients(clients: &ClientAuth, transport: &Transport) {
     }
 }
 
-/// The router's layers: the standby gate.
-type Layers = tower::layer::util::Stack<StandbyGate, tower::layer::util::Identity>;
+/// The router's layers: authentication before decoding, then the standby gate.
+type Layers = tower::layer::util::Stack<
+    StandbyGate,
+    tower::layer::util::Stack<AuthGate, tower::layer::util::Identity>,
+>;
+
+/// Connections the gRPC port holds open at once (over TLS: those with a client certificate);
+/// past it a new one is closed at once (counted as `gpuwarden.limits.refused{reason=cap}`).
+/// Agents hold one each, clients a few.
+pub const MAX_CONNECTIONS: usize = 4_096;
+/// TLS connections in their handshake at once (each has 10 s).
+pub const MAX_HANDSHAKES: usize = 1_024;
+/// TLS connections without a client certificate (token clients, probes, anyone) at once: kept
+/// apart from [`MAX_CONNECTIONS`] so that anonymous peers never take the agents' room.
+pub const MAX_ANONYMOUS_CONNECTIONS: usize = 1_024;
+/// Messages services other than the scheduler's and the agents' take at most (health checks
+/// and reflection requests are a few hundred bytes).
+const SMALL_MESSAGE_BYTES: usize = 64 << 10;
+/// HTTP/2 streams one connection may hold open (agents sharing a connection hold one each).
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
+/// Largest header block a request may carry (a token and tracing headers fit many times).
+const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
 
 /// The services: scheduler and agents behind the standby gate, health and reflection.
 fn router(
@@ -486,20 +578,29 @@ fn router(
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
     let limits = bounds.limits.clone();
     let size = limits.max_message_bytes;
+    let clients = Arc::new(clients);
     Ok(tonic::transport::Server::builder()
         .concurrency_limit_per_connection(limits.concurrency_per_connection)
+        // Open streams per connection at the HTTP/2 layer (tonic leaves it unlimited): long-lived
+        // agent and Watch streams count for their whole life, so this is wider than the
+        // in-flight limit above; streams past it wait in the peer's own stack.
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
         // Cuts unary calls; a stream's handler returns at once, so streams stay open.
         .timeout(limits.request_timeout())
         .http2_keepalive_interval(Some(Duration::from_secs(limits.keepalive_interval_secs)))
         .http2_keepalive_timeout(Some(Duration::from_secs(limits.keepalive_timeout_secs)))
+        // Callers are checked from their connection and headers before any body is read, so
+        // an unauthenticated peer can't make the controller buffer a message.
+        .layer(AuthGate::new(Arc::clone(&clients)))
         .layer(StandbyGate(controller.role().clone()))
-        .add_service(health)
-        .add_service(reflection)
-        .add_service(reflection_v1alpha)
+        .add_service(health.max_decoding_message_size(SMALL_MESSAGE_BYTES))
+        .add_service(reflection.max_decoding_message_size(SMALL_MESSAGE_BYTES))
+        .add_service(reflection_v1alpha.max_decoding_message_size(SMALL_MESSAGE_BYTES))
         .add_service(
             SchedulerServiceServer::new(SchedulerApi(
                 Arc::clone(controller),
-                Arc::new(clients),
+                clients,
                 Arc::clone(&bounds),
             ))
             .max_decoding_message_size(size)
@@ -741,6 +842,11 @@ struct RunArgs {
     /// cgroups; admins bind anything.
     #[arg(long, value_name = "FILE")]
     grant_file: Option<PathBuf>,
+    /// Serve plain text on a non-loopback address (the gRPC port without TLS, the extender's
+    /// plain-HTTP port): refused without this. Anyone who reaches the port then acts as any
+    /// node; warned at every start and exported as `gpuwarden.controller.insecure` = 1.
+    #[arg(long)]
+    insecure: bool,
     /// Boxed: the flags of the Kubernetes side would make every `Command` as large.
     #[command(flatten)]
     kube: Box<KubeArgs>,
@@ -761,6 +867,11 @@ struct KubeArgs {
     /// Private key of --webhook-cert (PEM).
     #[arg(long, value_name = "FILE", requires = "webhook_listen")]
     webhook_key: Option<PathBuf>,
+    /// CA that signs the API server's webhook client certificate and kube-scheduler's extender
+    /// client certificate (PEM): the HTTPS listener then refuses clients without one. Without
+    /// it, anyone who reaches the port can send reviews (warned at start).
+    #[arg(long, value_name = "FILE", requires = "webhook_listen")]
+    webhook_client_ca: Option<PathBuf>,
     /// Serve the scheduler extender alone over plain HTTP here (for a kube-scheduler without a
     /// TLS config for extenders).
     #[arg(long, value_name = "ADDR")]
@@ -807,7 +918,13 @@ impl KubeArgs {
                         "--webhook-listen needs --webhook-cert and --webhook-key".to_owned()
                     );
                 };
-                let cert = ServingCert::load(cert, key).map_err(|e| e.to_string())?;
+                if self.webhook_client_ca.is_none() {
+                    tracing::warn!(
+                        "--webhook-listen without --webhook-client-ca: anyone who reaches {addr} can send admission reviews and extender calls"
+                    );
+                }
+                let cert = ServingCert::load_with_client_ca(cert, key, self.webhook_client_ca)
+                    .map_err(|e| e.to_string())?;
                 Some((bind(addr).await?, Arc::new(cert)))
             }
             None => None,
@@ -1031,6 +1148,7 @@ pub fn main() -> ExitCode {
         tls_client_ca,
         token_file,
         grant_file,
+        insecure,
         kube,
     } = match Cli::parse().command {
         Command::Run(args) => args,
@@ -1101,6 +1219,27 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let insecure = insecure || file.insecure.unwrap_or(false);
+    let transport = match transport {
+        Transport::PlainText if insecure => Transport::Insecure,
+        other => other,
+    };
+    // Refused before anything is opened, with the flags named (exit 2, like a bad flag).
+    let exposed = transport
+        .check_exposure(listen)
+        .and_then(|()| match kube.extender_listen {
+            Some(addr) if !insecure && !addr.ip().is_loopback() => {
+                Err(ServeError::PlainTextExposed {
+                    addr,
+                    what: "--extender-listen: anyone who reaches it learns every node's GPU occupancy",
+                })
+            }
+            _ => Ok(()),
+        });
+    if let Err(e) = exposed {
+        eprintln!("gpuwarden-controller: {e}");
+        return ExitCode::from(2);
+    }
     let security = Security {
         transport,
         tokens,

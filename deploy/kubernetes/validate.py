@@ -18,7 +18,16 @@ schemas:
 - kinds the bundled schemas lack (cert-manager's Certificate and Issuer) are checked against the
   schemas vendored in schemas/ (each names its source), strictly as well;
 - documents under a directory in MIN_VERSIONS (the DRA overlay: resource.k8s.io/v1 exists from
-  Kubernetes 1.34) are checked for the versions in VERSIONS from that one on, and for it.
+  Kubernetes 1.34) are checked for the versions in VERSIONS from that one on, and for it;
+- every kustomization (the base and each overlay) is rendered as `kubectl apply -k` would apply
+  it (resources, then its inline patches: strategic merge by the keys Kubernetes merges pod
+  specs on, `$patch: delete`, `null` removing a field) and the result is held to the security
+  invariants in check_secure (docs/threat-model.md): mutual TLS on every controller and agent,
+  etcd over TLS with client certificates, NetworkPolicies in front of every listening port, the
+  webhook requiring client certificates and keeping kube-system out, every Secret a pod mounts
+  made by a Certificate. An overlay whose directory name says `insecure` may serve plain text;
+  no other may. Kinds from outside Kubernetes (cert-manager's) are checked against vendored
+  schemas above; a kind with neither a bundled nor a vendored schema fails, by name.
 
 Usage: validate.py [DIR]   (default: the directory of this script)
 Exits 1 naming file, document and error when anything fails; the last line is always
@@ -284,6 +293,213 @@ def check_scheduler_config(doc: Doc, name: str, config: dict) -> None:
             doc.errors.append(f"data.{name}: extenders[{i}].tlsConfig: unknown field {key!r}")
 
 
+# ---- overlays, rendered ------------------------------------------------------------------------
+
+# Lists Kubernetes merges element by element in a strategic merge patch, by their merge key
+# (k8s.io/api core/v1 patchMergeKey tags); every other list is replaced whole.
+MERGE_KEYS = {
+    "containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
+    "volumeMounts": "mountPath", "ports": "containerPort", "imagePullSecrets": "name",
+}
+
+
+def merge(base, patch, field: str | None = None):
+    """A strategic merge patch of `patch` onto `base` (the subset the manifests use)."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for key, value in patch.items():
+            if key == "$patch":
+                continue
+            if value is None:
+                out.pop(key, None)
+            elif key in out:
+                out[key] = merge(out[key], value, key)
+            else:
+                out[key] = value
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and field in MERGE_KEYS:
+        key = MERGE_KEYS[field]
+        out = list(base)
+        for item in patch:
+            found = next((i for i, b in enumerate(out)
+                          if isinstance(b, dict) and isinstance(item, dict) and b.get(key) == item.get(key)), None)
+            if found is None:
+                out.append(item)
+            else:
+                out[found] = merge(out[found], item, None)
+        return out
+    return patch
+
+
+def identity(data: dict) -> tuple[str, str | None, str]:
+    meta = data.get("metadata") or {}
+    return (str(data.get("kind")), meta.get("namespace"), str(meta.get("name")))
+
+
+def render(directory: Path, seen: frozenset = frozenset()) -> tuple[list[dict], list[str]]:
+    """The objects `kubectl apply -k directory` applies, and what could not be rendered."""
+    errors: list[str] = []
+    path = next((directory / n for n in KUSTOMIZATION_NAMES if (directory / n).exists()), None)
+    if path is None or directory in seen:
+        return [], [f"{directory}: no kustomization (or a cycle)"]
+    kustomization = yaml.safe_load(path.read_text()) or {}
+    objects: list[dict] = []
+    for entry in kustomization.get("resources") or []:
+        target = (directory / entry).resolve()
+        if target.is_dir():
+            rendered, more = render(target, seen | {directory})
+            objects += rendered
+            errors += more
+        elif target.exists():
+            objects += [d for d in yaml.safe_load_all(target.read_text()) if isinstance(d, dict)]
+    for patch in kustomization.get("patches") or []:
+        text = patch.get("patch") if isinstance(patch, dict) else None
+        if text is None:
+            errors.append(f"{path}: only inline `patch:` entries are rendered here")
+            continue
+        body = yaml.safe_load(text)
+        key = identity(body)
+        index = next((i for i, o in enumerate(objects) if identity(o) == key), None)
+        if index is None:
+            errors.append(f"{path}: a patch targets {key}, which the resources lack")
+        elif body.get("$patch") == "delete":
+            del objects[index]
+        else:
+            objects[index] = merge(objects[index], body)
+    labels = {}
+    for entry in kustomization.get("labels") or []:
+        if entry.get("includeTemplates"):
+            labels.update(entry.get("pairs") or {})
+    for obj in objects:
+        template = (obj.get("spec") or {}).get("template")
+        if obj.get("kind") in POD_TEMPLATE_KINDS and isinstance(template, dict):
+            template.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+    return objects, errors
+
+
+def container_flags(container: dict) -> list[str]:
+    return [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
+
+
+def has_flag(flags: list[str], name: str) -> bool:
+    return any(f == name or f.startswith(name + "=") for f in flags)
+
+
+def flag_value(flags: list[str], name: str) -> str | None:
+    for i, f in enumerate(flags):
+        if f.startswith(name + "="):
+            return f.split("=", 1)[1]
+        if f == name and i + 1 < len(flags):
+            return flags[i + 1]
+    return None
+
+
+def selects(policy: dict, labels: dict) -> bool:
+    wanted = ((policy.get("spec") or {}).get("podSelector") or {}).get("matchLabels") or {}
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def check_secure(name: str, objects: list[dict]) -> list[str]:
+    """The security invariants of one rendered kustomization; the breaches, each named."""
+    insecure_allowed = "insecure" in name
+    errors: list[str] = []
+    by_kind: dict[str, list[dict]] = {}
+    for obj in objects:
+        by_kind.setdefault(str(obj.get("kind")), []).append(obj)
+    policies = by_kind.get("NetworkPolicy", [])
+    certificates = {
+        (c.get("spec") or {}).get("secretName") for c in by_kind.get("Certificate", [])
+    }
+    agent_configs = [
+        text for cm in by_kind.get("ConfigMap", [])
+        for key, text in (cm.get("data") or {}).items()
+        if cm["metadata"]["name"] == "gpuwarden-agent-config" and key.endswith(".toml")
+    ]
+    controllers = 0
+    for obj in objects:
+        if obj.get("kind") not in POD_TEMPLATE_KINDS:
+            continue
+        template = (obj.get("spec") or {}).get("template") or {}
+        spec = template.get("spec") or {}
+        labels = (template.get("metadata") or {}).get("labels") or {}
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        for volume in spec.get("volumes") or []:
+            secret = (volume.get("secret") or {}).get("secretName")
+            if secret and secret not in certificates:
+                errors.append(f"{where} mounts Secret {secret!r}, which no Certificate makes")
+        for container in spec.get("containers") or []:
+            flags = container_flags(container)
+            command = flags[0] if flags else ""
+            if command == "gpuwarden-controller":
+                controllers += 1
+                if has_flag(flags, "--insecure") and not insecure_allowed:
+                    errors.append(f"{where}: --insecure outside an overlay named insecure")
+                tls = all(has_flag(flags, f) for f in ("--tls-cert", "--tls-key", "--tls-client-ca"))
+                if not tls and not insecure_allowed:
+                    errors.append(f"{where}: the gRPC port serves without --tls-cert, --tls-key and --tls-client-ca")
+                store = flag_value(flags, "--store") or ""
+                if store.startswith("etcd") and not all(
+                    has_flag(flags, f) for f in ("--etcd-ca", "--etcd-cert", "--etcd-key")
+                ):
+                    errors.append(f"{where}: etcd without TLS client certificates (--etcd-ca, --etcd-cert, --etcd-key)")
+                if has_flag(flags, "--webhook-listen") and not has_flag(flags, "--webhook-client-ca") and not insecure_allowed:
+                    errors.append(f"{where}: the webhook takes clients without a certificate (--webhook-client-ca)")
+                if has_flag(flags, "--extender-listen") and not insecure_allowed:
+                    errors.append(f"{where}: --extender-listen serves plain HTTP")
+            if command == "gpuwarden-agent":
+                urls = [e.get("value", "") for e in container.get("env") or [] if e.get("name") == "GPUWARDEN_CONTROLLER"]
+                for text in agent_configs:
+                    config = tomllib.loads(text)
+                    urls.append(str(config.get("controller", "")))
+                    by_flags = all(has_flag(flags, f) for f in ("--controller-ca", "--tls-cert", "--tls-key"))
+                    by_config = all(config.get(k) for k in ("controller_ca", "tls_cert", "tls_key"))
+                    if not (by_flags or by_config) and not insecure_allowed:
+                        errors.append(f"{where}: agent.toml lacks controller_ca, tls_cert or tls_key")
+                for url in ",".join(urls).split(","):
+                    if url.strip() and not url.strip().startswith("https://") and not insecure_allowed:
+                        errors.append(f"{where}: the agent dials {url.strip()!r} without TLS")
+            for port in container.get("ports") or []:
+                number = port.get("containerPort")
+                guarded = [p for p in policies if selects(p, labels)]
+                allowed = [
+                    rule for p in guarded for rule in (p["spec"].get("ingress") or [])
+                    if not rule.get("ports") or any(rp.get("port") in (number, port.get("name")) for rp in rule["ports"])
+                ]
+                if not guarded:
+                    errors.append(f"{where}: port {number} has no NetworkPolicy in front of it")
+                for rule in allowed:
+                    if not rule.get("from"):
+                        errors.append(f"{where}: a NetworkPolicy opens port {number} to every source")
+    if controllers == 0:
+        errors.append("no gpuwarden-controller container")
+    for hook in by_kind.get("MutatingWebhookConfiguration", []):
+        for webhook in hook.get("webhooks") or []:
+            selector = webhook.get("namespaceSelector") or {}
+            kept_out = any(
+                e.get("key") == "kubernetes.io/metadata.name" and e.get("operator") == "NotIn"
+                and "kube-system" in (e.get("values") or [])
+                for e in selector.get("matchExpressions") or []
+            )
+            if not kept_out:
+                errors.append(f"MutatingWebhookConfiguration/{hook['metadata']['name']}: {webhook.get('name')} reaches kube-system")
+    return errors
+
+
+def check_overlays(root: Path) -> list[str]:
+    """Renders every kustomization under root and checks it; one line per breach."""
+    failures = []
+    directories = sorted({p.parent for p in root.rglob("*") if p.name in KUSTOMIZATION_NAMES})
+    for directory in directories:
+        name = str(directory.relative_to(root)) if directory != root else "(base)"
+        objects, errors = render(directory)
+        errors += check_secure(name, objects)
+        for error in errors:
+            failures.append(f"FAIL overlay {name}: {error}")
+        if not errors:
+            print(f"ok   overlay {name}: {len(objects)} objects, secure")
+    return failures
+
+
 def main() -> int:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent).resolve()
     docs, broken = load(root)
@@ -296,6 +512,7 @@ def main() -> int:
             check_schema(doc, root)
         check_embedded(doc)
     failed = [d for d in docs if d.errors]
+    overlay_failures = check_overlays(root)
     for doc in docs:
         if doc.errors:
             for error in doc.errors:
@@ -305,8 +522,11 @@ def main() -> int:
     versions = ", ".join(VERSIONS)
     print(f"validate: checked against Kubernetes {versions} (kubernetes-validate "
           f"{kubernetes_validate.__version__}, strict)")
-    print(f"validate: {len(docs) - len(failed)} passed, {len(failed) + len(broken)} failed")
-    return 1 if failed or broken or not docs else 0
+    for line in overlay_failures:
+        print(line)
+    print(f"validate: {len(docs) - len(failed)} passed, {len(failed) + len(broken)} failed"
+          + (f", {len(overlay_failures)} overlay breaches" if overlay_failures else ""))
+    return 1 if failed or broken or overlay_failures or not docs else 0
 
 
 if __name__ == "__main__":

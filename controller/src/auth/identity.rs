@@ -3,7 +3,11 @@
 //!
 //! The convention: a node's client certificate carries exactly one URI subject alternative
 //! name `spiffe://gpuwarden/node/<node-id>` ([`NODE_URI_PREFIX`]). A URI, not a DNS name, so
-//! a serving certificate from the same CA (`DNS:controller.example`) never passes for a node.
+//! a serving certificate from the same CA (`DNS:controller.example`) never passes for a node,
+//! and no other `spiffe://gpuwarden/…` URI beside it, so a certificate that also names a user
+//! or an admin passes for neither (the scheduler service refuses it too). The TLS layer checks
+//! the extended key usage: a certificate with an EKU that lacks `clientAuth` (a serving
+//! certificate) is refused at the handshake.
 
 use std::net::SocketAddr;
 
@@ -44,6 +48,16 @@ pub enum IdentityError {
         /// Every node it names.
         nodes: Vec<String>,
     },
+    /// The certificate names a node and another gpuwarden identity (a user, an admin).
+    #[error(
+        "the client certificate names node(s) {nodes:?} and other identities {others:?}: a node certificate names its node only"
+    )]
+    MixedRoles {
+        /// The nodes it names.
+        nodes: Vec<String>,
+        /// The other `spiffe://gpuwarden/…` URIs it carries.
+        others: Vec<String>,
+    },
     /// The certificate names another node than the one the request speaks for.
     #[error("the client certificate is for node {certified:?}, not for node {claimed:?}")]
     Mismatch {
@@ -60,9 +74,10 @@ impl IdentityError {
     pub fn reason(&self) -> DenialReason {
         match self {
             Self::NoCertificate => DenialReason::NoClientCertificate,
-            Self::Unparsable { .. } | Self::NoNode | Self::AmbiguousNodes { .. } => {
-                DenialReason::NoNodeIdentity
-            }
+            Self::Unparsable { .. }
+            | Self::NoNode
+            | Self::AmbiguousNodes { .. }
+            | Self::MixedRoles { .. } => DenialReason::NoNodeIdentity,
             Self::Mismatch { .. } => DenialReason::NodeMismatch,
         }
     }
@@ -78,20 +93,34 @@ impl IdentityError {
     }
 }
 
+/// The prefix every gpuwarden identity URI shares (nodes, users, admins).
+const IDENTITY_URI_PREFIX: &str = "spiffe://gpuwarden/";
+
 /// The node a client certificate (DER) names.
 ///
+/// A node certificate names its node and no other gpuwarden identity: one that also names a
+/// user or an admin (or any other `spiffe://gpuwarden/…` URI) is refused, so that one CA
+/// signing every role never yields a certificate that passes for two.
+///
 /// # Errors
-/// The certificate can't be parsed, or names no node or several.
+/// The certificate can't be parsed, names no node or several, or names another identity too.
 pub fn node_of_certificate(der: &[u8]) -> Result<String, IdentityError> {
     let der = rustls_pki_types::CertificateDer::from(der);
     let cert = webpki::EndEntityCert::try_from(&der).map_err(|e| IdentityError::Unparsable {
         reason: e.to_string(),
     })?;
-    let mut nodes: Vec<String> = cert
-        .valid_uri_names()
-        .filter_map(|uri| uri.strip_prefix(NODE_URI_PREFIX))
-        .map(str::to_owned)
-        .collect();
+    let mut nodes = Vec::new();
+    let mut others = Vec::new();
+    for uri in cert.valid_uri_names() {
+        if let Some(node) = uri.strip_prefix(NODE_URI_PREFIX) {
+            nodes.push(node.to_owned());
+        } else if uri.starts_with(IDENTITY_URI_PREFIX) {
+            others.push(uri.to_owned());
+        }
+    }
+    if !others.is_empty() && !nodes.is_empty() {
+        return Err(IdentityError::MixedRoles { nodes, others });
+    }
     match nodes.len() {
         0 => Err(IdentityError::NoNode),
         1 => Ok(nodes.remove(0)),
@@ -207,6 +236,26 @@ mod tests {
         let err = node_of_certificate(&der).unwrap_err();
         assert_eq!(err.reason(), DenialReason::NoNodeIdentity);
         assert_eq!(err.to_status().code(), tonic::Code::Unauthenticated);
+    }
+
+    #[test]
+    fn a_node_certificate_that_also_names_a_user_or_admin_is_refused() {
+        for other in [
+            "spiffe://gpuwarden/user/alice",
+            "spiffe://gpuwarden/admin/ops",
+            "spiffe://gpuwarden/something-new/x",
+        ] {
+            let der = cert_with_sans(&["spiffe://gpuwarden/node/node-1", other]);
+            let err = node_of_certificate(&der).unwrap_err();
+            assert!(
+                matches!(err, IdentityError::MixedRoles { .. }),
+                "{other}: {err}"
+            );
+            assert_eq!(err.to_status().code(), tonic::Code::Unauthenticated);
+        }
+        // Foreign URIs (another trust domain) don't make it ambiguous.
+        let der = cert_with_sans(&["spiffe://gpuwarden/node/node-1", "spiffe://other/user/x"]);
+        assert_eq!(node_of_certificate(&der), Ok("node-1".to_owned()));
     }
 
     #[test]

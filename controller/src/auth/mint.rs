@@ -54,6 +54,15 @@ pub enum MintError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// Only one of `ca.pem` and `ca.key` is in the directory.
+    #[error(
+        "{present} is there without its other half ({CA_CERT}, {CA_KEY}): refusing to mint a \
+         new CA over it; restore the missing file or move this one away"
+    )]
+    HalfCa {
+        /// The file that is there.
+        present: PathBuf,
+    },
     /// rcgen refused (a server name that is neither a DNS name nor an IP address …).
     #[error("minting the {what}: {source}")]
     Rcgen {
@@ -276,6 +285,39 @@ pub fn check_node_id(id: &str) -> Result<(), MintError> {
     Ok(())
 }
 
+/// Node ids whose files (`<node>.pem`, `<node>.key`) would replace the CA's, the server's or a
+/// client's in a minted directory: `ca` and `server`, and `user-…`/`admin-…` (any case, for
+/// file systems that fold it).
+///
+/// # Errors
+/// [`MintError::InvalidNodeId`] naming the file it would replace.
+fn check_node_file(id: &str) -> Result<(), MintError> {
+    let lower = id.to_ascii_lowercase();
+    let stem = |file: &str| {
+        file.rsplit_once('.')
+            .map_or(file, |(stem, _)| stem)
+            .to_owned()
+    };
+    let reserved = [
+        stem(CA_CERT),
+        stem(CA_KEY),
+        stem(SERVER_CERT),
+        stem(SERVER_KEY),
+    ];
+    let collides = reserved.contains(&lower)
+        || [ClientRole::Admin, ClientRole::User]
+            .iter()
+            .any(|role| lower.starts_with(&format!("{role}-")));
+    if collides {
+        return Err(MintError::InvalidNodeId {
+            id: id.to_owned(),
+            reason: "its files would replace the CA's, the server's or a client's in this \
+                     directory (ca, server, user-*, admin-* are reserved)",
+        });
+    }
+    Ok(())
+}
+
 /// What [`mint_into`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MintedFiles {
@@ -299,6 +341,7 @@ pub fn mint_into(
 ) -> Result<MintedFiles, MintError> {
     for node in nodes {
         check_node_id(node)?;
+        check_node_file(node)?;
     }
     let mut written = Vec::new();
     let (ca, reused_ca) = ca_in(out, days, &mut written)?;
@@ -331,8 +374,16 @@ fn ca_in(out: &Path, days: u32, written: &mut Vec<PathBuf>) -> Result<(Ca, bool)
         source,
     })?;
     let (ca_cert, ca_key) = (out.join(CA_CERT), out.join(CA_KEY));
-    if ca_cert.exists() && ca_key.exists() {
-        return Ok((Ca::reuse(read(&ca_cert)?, &read(&ca_key)?)?, true));
+    match (ca_cert.exists(), ca_key.exists()) {
+        (true, true) => return Ok((Ca::reuse(read(&ca_cert)?, &read(&ca_key)?)?, true)),
+        // Half a CA: minting a new one would replace the other half, and a CA key is never
+        // overwritten.
+        (true, false) | (false, true) => {
+            return Err(MintError::HalfCa {
+                present: if ca_key.exists() { ca_key } else { ca_cert },
+            });
+        }
+        (false, false) => {}
     }
     let ca = Ca::new(days.saturating_mul(10))?;
     write(&ca_key, &ca.key_pem(), written)?;
@@ -422,6 +473,38 @@ mod tests {
         for good in ["node-1", "gpu-07.rack3.example", "n_1"] {
             assert!(check_node_id(good).is_ok(), "{good:?}");
         }
+    }
+
+    #[test]
+    fn node_ids_whose_files_would_replace_the_ca_or_another_identity_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        mint_into(dir.path(), &["node-1".into()], &["localhost".into()], 1).unwrap();
+        let ca_key = std::fs::read(dir.path().join(CA_KEY)).unwrap();
+        let ca_cert = std::fs::read(dir.path().join(CA_CERT)).unwrap();
+        for bad in ["ca", "CA", "server", "user-alice", "Admin-ops"] {
+            let err = mint_into(dir.path(), &[bad.into()], &[], 1).unwrap_err();
+            assert!(
+                matches!(err, MintError::InvalidNodeId { .. }),
+                "{bad}: {err}"
+            );
+            assert!(err.to_string().contains("reserved"), "{err}");
+        }
+        assert_eq!(std::fs::read(dir.path().join(CA_KEY)).unwrap(), ca_key);
+        assert_eq!(std::fs::read(dir.path().join(CA_CERT)).unwrap(), ca_cert);
+        // Names merely containing them are fine.
+        mint_into(dir.path(), &["ca-node".into(), "gpu-ca".into()], &[], 1).unwrap();
+    }
+
+    #[test]
+    fn half_a_ca_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(CA_KEY), "a key someone needs").unwrap();
+        let err = mint_into(dir.path(), &["node-1".into()], &[], 1).unwrap_err();
+        assert!(matches!(err, MintError::HalfCa { .. }), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(CA_KEY)).unwrap(),
+            "a key someone needs"
+        );
     }
 
     #[test]

@@ -12,11 +12,13 @@
 //!   cgroups and what an admin granted it (cgroup prefixes, Kubernetes namespaces);
 //! - `followed`: a configuration file re-read when it changes (tokens, grants);
 //! - [`denials`]: refusals counted by reason (`gpuwarden.auth.denied`);
+//! - [`gate`]: the gRPC layer that authenticates callers before their messages are read;
 //! - [`mint`]: a CA, a serving certificate and node and client certificates without OpenSSL.
 
 pub mod clients;
 pub mod denials;
 mod followed;
+pub mod gate;
 pub mod grants;
 pub mod identity;
 pub mod mint;

@@ -22,12 +22,19 @@ use std::{
 
 use gpuwarden_runtime::tls::{TlsFileError, read_certs, read_key};
 use rustls::{RootCertStore, ServerConfig, server::WebPkiClientVerifier};
+use std::{
+    pin::Pin,
+    task::{Context, Poll},
+};
+
 use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
-    sync::mpsc,
+    sync::{OwnedSemaphorePermit, Semaphore, mpsc},
 };
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tonic::transport::server::Connected;
 
 use super::denials::{self, DenialReason};
 
@@ -200,36 +207,193 @@ pub fn build(files: &ServerTlsFiles) -> Result<ServerConfig, TlsSetupError> {
     Ok(config)
 }
 
-/// The listener's connections after their TLS handshake, for `serve_with_incoming`.
+/// A connection that holds one of the listener's permits until it closes.
+pub struct Held<IO> {
+    io: IO,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Held<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Held<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+impl<IO: Connected> Connected for Held<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+/// The next connection on `listener` with a permit of `permits`; one over the cap is closed at
+/// once and counted (`gpuwarden.limits.refused{reason=cap}`). `None` once `closed` completes.
+async fn accept_held(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+    closed: impl std::future::Future<Output = ()>,
+) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
+    tokio::pin!(closed);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut closed => return None,
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, addr) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                // Out of file descriptors and the like: pause instead of spinning.
+                tracing::warn!("accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        match Arc::clone(permits).try_acquire_owned() {
+            Ok(permit) => return Some((tcp, addr, permit)),
+            Err(_) => {
+                crate::limits::count(crate::limits::Refusal::Cap);
+                tracing::debug!(%addr, "connection refused: the listener holds its cap");
+            }
+        }
+    }
+}
+
+/// The listener's plain-text connections, each holding one of `permits` while open.
+pub fn incoming_plain(
+    listener: TcpListener,
+    permits: Arc<Semaphore>,
+) -> impl Stream<Item = io::Result<Held<TcpStream>>> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        while let Some((tcp, _, permit)) = accept_held(&listener, &permits, tx.closed()).await {
+            if tx
+                .send(Ok(Held {
+                    io: tcp,
+                    _permit: permit,
+                }))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// How many connections a TLS listener holds, by stage: in their handshake, and established
+/// with or without a client certificate. Anonymous peers (clients with tokens, probes, anyone)
+/// can fill only their own pools, so connections that present a certificate (agents, clients
+/// with certificates) always find room past the handshake.
+#[derive(Clone)]
+pub struct ConnectionCaps {
+    handshakes: Arc<Semaphore>,
+    certified: Arc<Semaphore>,
+    anonymous: Arc<Semaphore>,
+}
+
+impl ConnectionCaps {
+    /// At most `handshakes` connections in their handshake, `certified` established with a
+    /// client certificate and `anonymous` established without one.
+    #[must_use]
+    pub fn new(handshakes: usize, certified: usize, anonymous: usize) -> Self {
+        Self {
+            handshakes: Arc::new(Semaphore::new(handshakes)),
+            certified: Arc::new(Semaphore::new(certified)),
+            anonymous: Arc::new(Semaphore::new(anonymous)),
+        }
+    }
+
+    /// The permit of an established connection, by whether its peer presented a certificate;
+    /// `None` (counted) when that pool is full.
+    fn established(&self, certified: bool, addr: SocketAddr) -> Option<OwnedSemaphorePermit> {
+        let pool = if certified {
+            &self.certified
+        } else {
+            &self.anonymous
+        };
+        let permit = Arc::clone(pool).try_acquire_owned().ok();
+        if permit.is_none() {
+            crate::limits::count(crate::limits::Refusal::Cap);
+            tracing::debug!(
+                %addr,
+                certified,
+                "connection closed after its handshake: the listener holds its cap"
+            );
+        }
+        permit
+    }
+}
+
+/// The listener's connections after their TLS handshake, for `serve_with_incoming`, each
+/// holding a permit of `caps` from accept to close: one of the handshake pool until it is
+/// done (so a flood of silent peers can't hold more than that), then one of the certified or
+/// the anonymous pool.
 /// Handshakes run concurrently, so a slow or silent client holds up no one; a failed one is
 /// logged (and counted when it was refused for its client certificate) and dropped.
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<ReloadingConfig>,
-) -> impl Stream<Item = io::Result<TlsStream<TcpStream>>> {
+    caps: ConnectionCaps,
+) -> impl Stream<Item = io::Result<Held<TlsStream<TcpStream>>>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                () = tx.closed() => return,
-                accepted = listener.accept() => accepted,
-            };
-            let (tcp, addr) = match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    // Out of file descriptors and the like: pause instead of spinning.
-                    tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
+        while let Some((tcp, addr, handshake)) =
+            accept_held(&listener, &caps.handshakes, tx.closed()).await
+        {
             let tls = Arc::clone(&tls);
             let tx = tx.clone();
+            let caps = caps.clone();
             tokio::spawn(async move {
                 let acceptor = TlsAcceptor::from(tls.current());
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(stream)).await;
+                        drop(handshake);
+                        let certified = stream.get_ref().1.peer_certificates().is_some();
+                        let Some(permit) = caps.established(certified, addr) else {
+                            return;
+                        };
+                        let _ = tx
+                            .send(Ok(Held {
+                                io: stream,
+                                _permit: permit,
+                            }))
+                            .await;
                     }
                     Ok(Err(e)) => handshake_failed(addr, &e),
                     Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
@@ -252,5 +416,86 @@ fn handshake_failed(addr: SocketAddr, e: &io::Error) {
     } else {
         // Probes and plain-text clients on the TLS port: not worth a warning each.
         tracing::debug!(%addr, "TLS handshake failed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt as _;
+
+    use super::*;
+
+    /// A TLS client trusting the minted CA, with the certificate `identity` names, if any.
+    async fn connect(
+        addr: SocketAddr,
+        dir: &Path,
+        identity: Option<&str>,
+    ) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let mut roots = RootCertStore::empty();
+        for cert in read_certs(&dir.join(super::super::mint::CA_CERT), "CA").unwrap() {
+            roots.add(cert).unwrap();
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+        let config = match identity {
+            None => builder.with_no_client_auth(),
+            Some(name) => builder
+                .with_client_auth_cert(
+                    read_certs(&dir.join(format!("{name}.pem")), "certificate").unwrap(),
+                    read_key(&dir.join(format!("{name}.key"))).unwrap(),
+                )
+                .unwrap(),
+        };
+        let tcp = TcpStream::connect(addr).await?;
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(
+                rustls_pki_types::ServerName::try_from("localhost").unwrap(),
+                tcp,
+            )
+            .await
+    }
+
+    /// Whether the server closes `stream` (a read ends) within a generous deadline.
+    async fn closed(mut stream: tokio_rustls::client::TlsStream<TcpStream>) -> bool {
+        use tokio::io::AsyncReadExt as _;
+        let mut byte = [0_u8; 1];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(30), stream.read(&mut byte)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn anonymous_connections_cannot_take_the_room_of_certified_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        super::super::mint::mint_into(dir.path(), &["node-1".into()], &["localhost".into()], 1)
+            .unwrap();
+        let tls = Arc::new(ReloadingConfig::load(ServerTlsFiles::minted(dir.path())).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut accepted = Box::pin(incoming(listener, tls, ConnectionCaps::new(8, 2, 1)));
+
+        let first = connect(addr, dir.path(), None).await.unwrap();
+        let held = accepted.next().await.unwrap().unwrap();
+        // The anonymous pool (1) is full: a second anonymous peer is closed after its handshake.
+        let second = connect(addr, dir.path(), None).await.unwrap();
+        assert!(
+            closed(second).await,
+            "a second anonymous connection was kept"
+        );
+        // A node still gets in.
+        let _node = connect(addr, dir.path(), Some("node-1")).await.unwrap();
+        let node = accepted.next().await.unwrap().unwrap();
+        assert!(node.io.get_ref().1.peer_certificates().is_some());
+        // Room comes back when the anonymous one closes.
+        drop((first, held));
+        let again = connect(addr, dir.path(), None).await.unwrap();
+        let kept = tokio::time::timeout(Duration::from_secs(30), accepted.next()).await;
+        assert!(matches!(kept, Ok(Some(Ok(_)))), "no room came back");
+        drop(again);
     }
 }

@@ -1,5 +1,6 @@
 //! The webhook's memory of the claim templates it made: a pod whose template is known costs no
-//! API call, and new templates are made at a bounded rate, so that a flood of AdmissionReviews
+//! API call, and new templates are made at a bounded rate, cluster-wide and per namespace (one
+//! namespace's flood leaves the others their budget), so that a flood of AdmissionReviews
 //! (anyone who reaches the webhook's port can send them) can neither flood the API server nor
 //! fill namespaces with templates of every memory size.
 
@@ -23,12 +24,22 @@ const REMEMBERED: usize = 4_096;
 const NEW_PER_SEC: u32 = 5;
 /// New templates made in a burst.
 const NEW_BURST: u32 = 50;
+/// New templates made per second in one namespace, sustained: one namespace's flood takes at
+/// most this share of [`NEW_PER_SEC`], so the others still get theirs.
+const NEW_PER_SEC_PER_NAMESPACE: u32 = 1;
+/// New templates made in a burst in one namespace.
+const NEW_BURST_PER_NAMESPACE: u32 = 10;
+/// Namespaces whose budgets are remembered; past it they start over (the cluster-wide bucket
+/// still holds).
+const NAMESPACES: usize = 4_096;
 
 /// [`ClaimTemplates`] in front of another: remembers what exists, bounds what is made.
 pub struct Remembered {
     inner: Arc<dyn ClaimTemplates>,
     known: Mutex<HashMap<(String, String), Instant>>,
     new: Mutex<Bucket>,
+    per_namespace: Mutex<HashMap<String, Bucket>>,
+    namespace_rate: (u32, u32),
 }
 
 impl Remembered {
@@ -42,11 +53,44 @@ impl Remembered {
     /// `burst`.
     #[must_use]
     pub fn with_rate(inner: Arc<dyn ClaimTemplates>, per_sec: u32, burst: u32) -> Self {
+        Self::with_rates(
+            inner,
+            (per_sec, burst),
+            (NEW_PER_SEC_PER_NAMESPACE, NEW_BURST_PER_NAMESPACE),
+        )
+    }
+
+    /// In front of `inner`, making at most `cluster` = (per second, burst) new templates over
+    /// all namespaces and `namespace` = (per second, burst) in any one.
+    #[must_use]
+    pub fn with_rates(
+        inner: Arc<dyn ClaimTemplates>,
+        cluster: (u32, u32),
+        namespace: (u32, u32),
+    ) -> Self {
         Self {
             inner,
             known: Mutex::default(),
-            new: Mutex::new(Bucket::new(per_sec, burst)),
+            new: Mutex::new(Bucket::new(cluster.0, cluster.1)),
+            per_namespace: Mutex::default(),
+            namespace_rate: namespace,
         }
+    }
+
+    /// Takes one new template from `namespace`'s budget.
+    fn namespace_allows(&self, namespace: &str) -> bool {
+        let mut buckets = self
+            .per_namespace
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !buckets.contains_key(namespace) && buckets.len() >= NAMESPACES {
+            buckets.clear();
+        }
+        let (per_sec, burst) = self.namespace_rate;
+        buckets
+            .entry(namespace.to_owned())
+            .or_insert_with(|| Bucket::new(per_sec, burst))
+            .take()
     }
 
     fn key(namespace: &str, template: &Value) -> (String, String) {
@@ -74,6 +118,11 @@ impl ClaimTemplates for Remembered {
                 {
                     return Ok(Ensured::Existed);
                 }
+            }
+            if !self.namespace_allows(namespace) {
+                return Err(ApiError::Throttled {
+                    per_sec: self.namespace_rate.0,
+                });
             }
             if !self
                 .new
@@ -155,5 +204,31 @@ mod tests {
             .await
             .expect("still known");
         assert_eq!(api.0.load(Ordering::Relaxed), 3);
+    }
+
+    #[tokio::test]
+    async fn one_namespace_spends_only_its_own_budget() {
+        let api = Arc::new(Counting::default());
+        let remembered = Remembered::with_rates(api.clone(), (0, 10), (0, 2));
+        for i in 0..2 {
+            remembered
+                .ensure("flood", &template(&format!("gpuwarden-0.5-{i}gi")))
+                .await
+                .expect("within the namespace's burst");
+        }
+        for i in 2..20 {
+            remembered
+                .ensure("flood", &template(&format!("gpuwarden-0.5-{i}gi")))
+                .await
+                .expect_err("past the namespace's burst");
+        }
+        // The flood took two of the cluster's ten: another namespace still gets its own.
+        for i in 0..2 {
+            remembered
+                .ensure("quiet", &template(&format!("gpuwarden-0.5-{i}gi")))
+                .await
+                .expect("its own budget is whole");
+        }
+        assert_eq!(api.0.load(Ordering::Relaxed), 4);
     }
 }
