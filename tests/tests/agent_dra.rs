@@ -293,7 +293,7 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     api.put_claim(claim(far.2, far.1, NODE, "gpu-7", &pod, "kill"));
     api.put_claim(claim(kept.2, kept.1, NODE, "gpu-2", &pod, "kill"));
     api.put_claim(claim(other.2, other.1, "node-b", "gpu-0", &pod, "kill"));
-    api.put_claim(claim(beta.2, beta.1, NODE, "gpu-1", &pod, "report"));
+    api.put_claim(claim(beta.2, beta.1, NODE, "gpu-1", &pod, "stop"));
     api.put_pod(self::pod(&pod));
     let pod_errors = schema.check(
         "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",

@@ -29,6 +29,48 @@ pub struct ClaimRef {
     pub name: String,
 }
 
+impl ClaimRef {
+    /// Checks what becomes a file name (the CDI spec), a store key, a session id and an API path
+    /// before any of them is made: the UID a UUID, the namespace a DNS label, the name a DNS
+    /// subdomain.
+    ///
+    /// # Errors
+    /// The per-claim error text for the kubelet, naming the bad part.
+    pub fn check(&self) -> Result<(), String> {
+        let uuid = gpuwarden_types::target::Target::PodUid(self.uid.clone());
+        if uuid.check_form().is_err() {
+            return Err(format!("claim UID {:?} is not a UUID", cut(&self.uid)));
+        }
+        let label = |s: &str, max: usize, dots: bool| {
+            !s.is_empty()
+                && s.len() <= max
+                && s.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.')
+                })
+                && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+        };
+        if !label(&self.namespace, 63, false) {
+            return Err(format!(
+                "claim namespace {:?} is not a DNS label",
+                cut(&self.namespace)
+            ));
+        }
+        if !label(&self.name, 253, true) {
+            return Err(format!(
+                "claim name {:?} is not a DNS subdomain",
+                cut(&self.name)
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// At most 80 characters of `s`, for an error message.
+fn cut(s: &str) -> String {
+    s.chars().take(80).collect()
+}
+
 /// The DRA driver of this node.
 pub struct Driver {
     config: DraConfig,
@@ -83,6 +125,7 @@ impl Driver {
     /// # Errors
     /// The per-claim error text for the kubelet.
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Prepared, String> {
+        claim.check()?;
         let known = self.store().get(&claim.uid).cloned();
         if let Some(record) = known {
             // The spec may have been removed by hand or lost with a tmpfs: write it again.
@@ -165,6 +208,7 @@ impl Driver {
     /// # Errors
     /// The per-claim error text for the kubelet.
     pub fn unprepare(&self, claim: &ClaimRef) -> Result<(), String> {
+        claim.check()?;
         cdi::remove(&self.config.cdi_dir, &claim.uid)
             .map_err(|e| format!("removing the CDI spec: {e}"))?;
         let removed = self
@@ -280,5 +324,53 @@ pub fn observed_session(
         }),
         class: record.class.clone(),
         ended: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClaimRef;
+
+    #[test]
+    fn claim_names_that_could_escape_a_path_are_refused() {
+        let ok = ClaimRef {
+            namespace: "ml".into(),
+            uid: "4a1b2c3d-0000-4000-8000-000000000001".into(),
+            name: "train-0.gpu".into(),
+        };
+        assert_eq!(ok.check(), Ok(()));
+        for (bad, words) in [
+            (
+                ClaimRef {
+                    uid: "../../etc/cdi/evil".into(),
+                    ..ok.clone()
+                },
+                "not a UUID",
+            ),
+            (
+                ClaimRef {
+                    namespace: "../kube-system".into(),
+                    ..ok.clone()
+                },
+                "not a DNS label",
+            ),
+            (
+                ClaimRef {
+                    name: "a/b".into(),
+                    ..ok.clone()
+                },
+                "not a DNS subdomain",
+            ),
+            (
+                ClaimRef {
+                    name: String::new(),
+                    ..ok.clone()
+                },
+                "not a DNS subdomain",
+            ),
+        ] {
+            let err = bad.check().expect_err(words);
+            assert!(err.contains(words), "{err}");
+        }
     }
 }
