@@ -267,7 +267,8 @@ fn claims_an_agent_prepared_are_observed_counted_and_rebuilt_after_a_restart() {
             assert_eq!(s.state(), pb::SessionState::Running, "{s:?}");
             assert_eq!(s.origin, "dra");
             assert_eq!(s.owner, "k8s:ml");
-            assert_eq!(s.class, "train");
+            // The pod's label, filed within its namespace.
+            assert_eq!(s.class, "k8s:ml/train");
             assert_eq!(s.node_id, NODE);
             let k = s.kubernetes.as_ref().expect("its claim");
             assert_eq!(
@@ -386,10 +387,10 @@ fn claims_an_agent_prepared_are_observed_counted_and_rebuilt_after_a_restart() {
         assert_eq!(ended.reason, "its claim was unprepared");
         let profile = client
             .get_profile(pb::GetProfileRequest {
-                class: "train".into(),
+                class: "k8s:ml/train".into(),
             })
             .await
-            .expect("a profile for class train")
+            .expect("a profile for class train of namespace ml")
             .into_inner();
         assert_eq!(profile.runs, 1);
         assert_eq!(profile.peak_memory_bytes, 512 << 20);

@@ -552,6 +552,52 @@ impl NodeAllocator {
         self.apply(session, allocation);
     }
 
+    /// Whether a claim an agent reports (an observed session) fits what the node offers to
+    /// Kubernetes: each part on a GPU offered to it, holding something, and with what the other
+    /// claims there hold, within the GPU's shares and memory. A node's report can then never book
+    /// more than it offers, however many claims it names.
+    ///
+    /// # Errors
+    /// What does not fit, naming the GPU.
+    pub fn fits_observed(&self, session: &str, allocation: &Allocation) -> Result<(), String> {
+        let mine = self.held.get(session);
+        for part in &allocation.parts {
+            let Some(d) = self.devices.iter().find(|d| d.spec.index == part.index) else {
+                return Err(format!("GPU {} is not on this node", part.index));
+            };
+            if !d.kubernetes {
+                return Err(format!("GPU {} is not offered to Kubernetes", part.index));
+            }
+            if part.shares == SlotValue::ZERO && part.memory_bytes == 0 {
+                return Err(format!("its part on GPU {} holds nothing", part.index));
+            }
+            let (had_shares, had_memory) = mine
+                .and_then(|a| a.parts.iter().find(|p| p.index == part.index))
+                .map_or((SlotValue::ZERO, 0), |p| (p.shares, p.memory_bytes));
+            let shares = d
+                .allocated
+                .saturating_sub(had_shares)
+                .saturating_add(part.shares);
+            let memory = d
+                .allocated_memory
+                .saturating_sub(had_memory)
+                .saturating_add(part.memory_bytes);
+            if shares > d.capacity {
+                return Err(format!(
+                    "GPU {} would hold {shares} of its {} shares",
+                    part.index, d.capacity
+                ));
+            }
+            if memory > d.spec.memory_bytes {
+                return Err(format!(
+                    "GPU {} would hold {memory} of its {} bytes",
+                    part.index, d.spec.memory_bytes
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Frees what `session` holds; `None` if it holds nothing here (releasing twice is
     /// harmless).
     pub fn release(&mut self, session: &str) -> Option<Allocation> {

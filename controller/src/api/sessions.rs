@@ -286,9 +286,14 @@ impl SchedulerService for SchedulerApi {
         &self,
         request: Request<pb::GetProfileRequest>,
     ) -> Result<Response<pb::Profile>, Status> {
-        self.caller(&request)?;
+        let caller = self.caller(&request)?;
         let class = request.into_inner().class;
         self.2.limits.name("class", &class)?;
+        // A user reads the profile its own sessions of that class are filed under.
+        let class = self.0.read(|s| {
+            s.config()
+                .filed_class(&caller.name, class, caller.is_admin())
+        });
         self.0
             .read(|s| s.profiles().get(&class).map(convert::profile_to_pb))
             .map(Response::new)

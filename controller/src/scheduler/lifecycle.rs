@@ -272,12 +272,13 @@ impl Scheduler {
         }
         let now = now_ms();
         let name = if name.is_empty() { id.clone() } else { name };
+        let class = if class.is_empty() {
+            name.clone()
+        } else {
+            class
+        };
         let session = Session {
-            class: if class.is_empty() {
-                name.clone()
-            } else {
-                class
-            },
+            class: self.config.filed_class(&owner, class, scope.admin),
             placement,
             explanation: None,
             usage: crate::profile::UsageSeries::default(),

@@ -83,6 +83,23 @@ pub struct SchedulerConfig {
     pub limits: BTreeMap<String, OwnerLimits>,
     /// How long ended sessions are kept.
     pub retention: Retention,
+    /// Workload classes whose usage profile every owner shares. Any other class a user's
+    /// session names (or a pod's label) is filed under its owner (`alice/train`), so no tenant
+    /// teaches the placement of another's work; an admin's sessions file classes as named.
+    pub shared_classes: Vec<String>,
+}
+
+impl SchedulerConfig {
+    /// The profile a session's `class` is filed under: as named for an admin's session, a
+    /// shared class or no owner, within its `owner` otherwise.
+    #[must_use]
+    pub fn filed_class(&self, owner: &str, class: String, admin: bool) -> String {
+        if admin || owner.is_empty() || self.shared_classes.contains(&class) {
+            class
+        } else {
+            format!("{owner}/{class}")
+        }
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -96,6 +113,7 @@ impl Default for SchedulerConfig {
             default_limits: OwnerLimits::default(),
             limits: BTreeMap::new(),
             retention: Retention::default(),
+            shared_classes: Vec::new(),
         }
     }
 }

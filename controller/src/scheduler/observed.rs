@@ -56,6 +56,18 @@ pub enum ObserveError {
     /// An empty session id.
     #[error("an observed session needs an id")]
     EmptyId,
+    /// More than the node offers to Kubernetes.
+    #[error(
+        "observed session {id:?} does not fit what node {node:?} offers to Kubernetes: {reason}"
+    )]
+    Exceeds {
+        /// The session.
+        id: String,
+        /// The node.
+        node: String,
+        /// What does not fit.
+        reason: String,
+    },
 }
 
 /// The slots an observed allocation stands for: its shares and memory.
@@ -79,9 +91,12 @@ impl Scheduler {
         if observed.id.is_empty() {
             return Err(ObserveError::EmptyId);
         }
-        if !self.nodes.contains_key(node) {
+        let Some(n) = self.nodes.get(node) else {
             return Err(ObserveError::UnknownNode(node.to_owned()));
-        }
+        };
+        let fits = n
+            .allocator
+            .fits_observed(&observed.id, &observed.allocation);
         let id = observed.id.clone();
         let live = match self.sessions.get(&id) {
             Some(s) if s.origin == Origin::Controller => {
@@ -99,6 +114,11 @@ impl Scheduler {
             // Unknown, or ended before (a claim prepared again): a new session.
             _ => false,
         };
+        fits.map_err(|reason| ObserveError::Exceeds {
+            id: id.clone(),
+            node: node.to_owned(),
+            reason,
+        })?;
         let Observed {
             allocation,
             target,
@@ -132,13 +152,15 @@ impl Scheduler {
             } else {
                 claim.pod_name.clone()
             };
+            let class = if class.is_empty() {
+                name.clone()
+            } else {
+                class
+            };
             let session = Session {
                 id: id.clone(),
-                class: if class.is_empty() {
-                    name.clone()
-                } else {
-                    class
-                },
+                // A pod's label is its namespace's word: filed within it.
+                class: self.config.filed_class(&claim.owner(), class, false),
                 name,
                 owner: claim.owner(),
                 priority: 0,

@@ -69,7 +69,8 @@ fn an_observed_claim_runs_as_a_dra_session_and_fills_the_allocation_map() {
     let session = &s.sessions()["k8s-uid-a"];
     assert_eq!(session.state, SessionState::Running);
     assert_eq!(session.owner, "k8s:ml");
-    assert_eq!(session.class, "train");
+    // A pod's label is filed within its namespace.
+    assert_eq!(session.class, "k8s:ml/train");
     assert_eq!(session.name, "a-pod");
     assert_eq!(session.node.as_deref(), Some("n1"));
     assert_eq!(session.origin.as_str(), "dra");
@@ -195,7 +196,10 @@ fn an_unprepared_claim_ends_its_session_and_teaches_its_class() {
     assert_eq!(session.reason, "its claim was unprepared");
     assert_eq!(allocated(&s, 2), "0");
     assert!(s.nodes()["n1"].allocator.allocation("k8s-uid-a").is_none());
-    let profile = s.profiles().get("train").expect("a profile for its class");
+    let profile = s
+        .profiles()
+        .get("k8s:ml/train")
+        .expect("a profile for its class");
     assert_eq!(profile.runs, 1);
     assert_eq!(profile.peak_memory_bytes, 1 << 30);
     // Ended twice: nothing more.
@@ -365,4 +369,61 @@ fn a_pod_fits_only_where_one_kubernetes_gpu_holds_it() {
     // 0.4 free on each: 0.4 fits on one; 0.5 would take both, and DRA gives a claim one device.
     assert!(fits("0.4"));
     assert!(!fits("0.5"));
+}
+
+#[test]
+fn a_node_reports_no_more_claims_than_it_offers_to_kubernetes() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(dra_node(), &[]).unwrap();
+    s.observe("n1", claim("a", 2, "0.75", 1 << 30)).unwrap();
+    // Over the GPU's shares or memory with what is there, on a GPU kept for the controller, or
+    // holding nothing (a way to report claims without end): refused, nothing booked.
+    for (c, words) in [
+        (
+            claim("b", 2, "0.5", 1 << 30),
+            "would hold 1.25 of its 1 shares",
+        ),
+        (claim("c", 3, "0.1", 17 << 30), "of its 17179869184 bytes"),
+        (claim("d", 0, "0.1", 0), "not offered to Kubernetes"),
+        (claim("e", 3, "0", 0), "holds nothing"),
+    ] {
+        let err = s.observe("n1", c).expect_err(words).to_string();
+        assert!(err.contains(words), "{err}");
+    }
+    assert_eq!(allocated(&s, 2), "0.75");
+    assert_eq!(allocated(&s, 3), "0");
+    assert!(!s.sessions().contains_key("k8s-uid-b"));
+    // Growing within what is free, and reporting the same claim again, are fine.
+    s.observe("n1", claim("a", 2, "1", 1 << 30)).unwrap();
+    s.observe("n1", claim("a", 2, "1", 1 << 30)).unwrap();
+    assert_eq!(allocated(&s, 2), "1");
+}
+
+#[test]
+fn a_users_class_teaches_only_its_owner_unless_an_admin_shares_it() {
+    let mut config = SchedulerConfig {
+        shared_classes: vec!["inference".into()],
+        ..SchedulerConfig::default()
+    };
+    assert_eq!(
+        config.filed_class("mallory", "train".into(), false),
+        "mallory/train"
+    );
+    assert_eq!(config.filed_class("ops", "train".into(), true), "train");
+    assert_eq!(
+        config.filed_class("mallory", "inference".into(), false),
+        "inference"
+    );
+    config.shared_classes.clear();
+    let mut s = Scheduler::new(config);
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    s.create(NewSession {
+        id: "m".into(),
+        owner: "mallory".into(),
+        class: "train".into(),
+        requested: ResourceSlot::parse_any(&["cuda.shares=0.5"]).unwrap(),
+        ..NewSession::default()
+    })
+    .unwrap();
+    assert_eq!(s.sessions()["m"].class, "mallory/train");
 }

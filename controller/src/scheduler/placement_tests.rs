@@ -82,8 +82,12 @@ fn a_finished_run_teaches_its_class_and_is_persisted() {
     let changes = s.take_changes();
     assert!(changes.usage.contains("a") && !changes.sessions.contains("a"));
     s.terminate("a");
-    assert!(s.take_changes().profiles.contains("train"), "to be written");
-    let p = s.profiles().get("train").expect("learned");
+    // A user's class is filed within its owner: no tenant teaches another's placements.
+    assert!(
+        s.take_changes().profiles.contains("u/train"),
+        "to be written"
+    );
+    let p = s.profiles().get("u/train").expect("learned");
     assert_eq!((p.runs, p.samples, p.peak_memory_bytes), (1, 10, 1 << 30));
     assert!((p.mean() - 0.5).abs() < 1e-9, "{p:?}");
 
@@ -100,18 +104,19 @@ fn a_finished_run_teaches_its_class_and_is_persisted() {
         );
     }
     s.terminate("b");
-    let p = s.profiles().get("train").expect("learned");
+    let p = s.profiles().get("u/train").expect("learned");
     assert_eq!(p.runs, 2);
     assert!((p.mean() - 0.3).abs() < 1e-9, "{p:?}");
     // A session's class defaults to its name.
     s.create(NewSession {
         id: "c".into(),
         name: "nightly".into(),
+        owner: "u".into(),
         requested: ResourceSlot::parse_any(&["cuda.shares=0.1"]).unwrap(),
         ..NewSession::default()
     })
     .unwrap();
-    assert_eq!(s.sessions()["c"].class, "nightly");
+    assert_eq!(s.sessions()["c"].class, "u/nightly");
 }
 
 #[test]
