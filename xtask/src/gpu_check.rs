@@ -333,6 +333,12 @@ pub struct Args {
     /// and NVML; the sequencing, deadlines, cleanup and table are the real ones.
     #[arg(long, conflicts_with = "pack")]
     dry_run: bool,
+    /// With --dry-run: take the real gpuwarden binaries from this folder (`target/debug`, a
+    /// kit) instead of stand-ins; the agent gets a mock 80 GiB GPU. Rows that need the GPU fail
+    /// (the stand-in workloads allocate nothing), but every command line, session and restart
+    /// is the real one.
+    #[arg(long, value_name = "DIR", requires = "dry_run")]
+    binaries: Option<PathBuf>,
     /// Seconds the whole run may take; past it, what exists is printed and every child killed.
     #[arg(long, default_value_t = 540)]
     deadline: u64,
@@ -402,12 +408,17 @@ fn kit(args: &Args) -> anyhow::Result<(rig::Kit, PathBuf)> {
             .prebuilt
             .clone()
             .unwrap_or_else(|| crate::target_dir().join("gpu-check"));
+        let bin = match &args.binaries {
+            Some(dir) => std::path::absolute(dir)?,
+            None => scripts.clone(),
+        };
         return Ok((
             rig::Kit {
-                bin: scripts.clone(),
+                bin,
                 scripts,
                 python,
                 dry: true,
+                real_binaries: args.binaries.is_some(),
             },
             results,
         ));
@@ -429,6 +440,7 @@ fn kit(args: &Args) -> anyhow::Result<(rig::Kit, PathBuf)> {
                 scripts: dir.clone(),
                 python,
                 dry: false,
+                real_binaries: true,
             },
             dir,
         ));
@@ -442,6 +454,7 @@ fn kit(args: &Args) -> anyhow::Result<(rig::Kit, PathBuf)> {
             scripts: scripts(),
             python,
             dry: false,
+            real_binaries: true,
         },
         crate::target_dir().join("gpu-check"),
     ))

@@ -22,6 +22,16 @@ use super::{Record, parse_record, procs::Guard, runner::Section, runner::tail};
 /// The controller's address for the check (beside `cargo xtask run`'s).
 const LISTEN: &str = "127.0.0.1:50061";
 
+/// The GPU the real agent sees in a dry run with real binaries.
+const MOCK_DEVICES: &str = r#"[[devices]]
+uuid = "GPU-00000000-0000-0000-0000-00000000d0d0"
+model_name = "gpu-check dry run"
+numa_node = 0
+sm_count = 132
+memory_size = "80G"
+is_mig_device = false
+"#;
+
 /// The programs a run uses.
 #[derive(Debug, Clone)]
 pub struct Kit {
@@ -31,14 +41,17 @@ pub struct Kit {
     pub scripts: PathBuf,
     /// The Python that runs the scripts.
     pub python: PathBuf,
-    /// Stand-ins (`dry.py`) for every program.
+    /// Stand-ins (`dry.py`) for the workloads and NVML.
     pub dry: bool,
+    /// With `dry`: the real binaries from `bin` (the agent on a mock 80 GiB GPU) rather than
+    /// stand-ins, so their command lines and the sessions are rehearsed too.
+    pub real_binaries: bool,
 }
 
 impl Kit {
     /// `gpuwarden-controller`, `gpuwarden-agent` or `gpuwarden`.
     fn tool(&self, name: &str, state: &Path) -> Command {
-        if self.dry {
+        if self.dry && !self.real_binaries {
             let mut c = Command::new(&self.python);
             c.arg(self.scripts.join("dry.py"))
                 .arg(name)
@@ -286,6 +299,11 @@ impl Rig {
         .arg(self.state.path().join("agent"))
         .arg("--socket")
         .arg(self.socket());
+        if self.kit.dry && self.kit.real_binaries {
+            let mock = self.state.path().join("mock-devices.toml");
+            std::fs::write(&mock, MOCK_DEVICES)?;
+            cmd.arg("--mock-devices").arg(mock);
+        }
         let agent = Guard::spawn(cmd, "agent", &log, false, false)?;
         *self.agent.lock().unwrap_or_else(PoisonError::into_inner) = Some(agent);
         let deadline = Instant::now() + Duration::from_mins(1);

@@ -33,6 +33,7 @@ fn the_command_refuses_where_there_is_no_gpu() {
         prebuilt: None,
         pack: None,
         dry_run: false,
+        binaries: None,
         deadline: 540,
         section_deadline: None,
         results: None,
