@@ -351,3 +351,121 @@ fn the_workload_takes_libcudart_from_its_own_maps() {
         "/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13\nNone\n"
     );
 }
+
+/// `nvml.py` through a stand-in `pynvml` module: bytes as NVML gives them, a process on the GPU
+/// twice added up, NVML's "not available" kept as no figure, and the document gpu-check reads.
+#[test]
+fn the_nvml_helper_reports_pynvmls_bytes_and_no_figure_as_none() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("pynvml.py"),
+        r#"
+from types import SimpleNamespace as S
+NVML_CLOCK_SM = 1
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlSystemGetDriverVersion(): return b"580.159"
+def nvmlDeviceGetCount(): return 1
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetName(h): return "NVIDIA H100 80GB HBM3"
+def nvmlDeviceGetUUID(h): return "GPU-1"
+def nvmlDeviceGetMemoryInfo(h): return S(total=85520809984, used=1 << 30, free=0)
+def nvmlDeviceGetClockInfo(h, c): return 1980 if c == NVML_CLOCK_SM else 0
+def nvmlDeviceGetPowerUsage(h): raise RuntimeError("not supported")
+def nvmlDeviceGetCurrentClocksEventReasons(h): return 4
+def nvmlDeviceGetComputeRunningProcesses(h):
+    return [S(pid=7, usedGpuMemory=1048576), S(pid=7, usedGpuMemory=4096),
+            S(pid=8, usedGpuMemory=None), S(pid=9, usedGpuMemory=(1 << 64) - 1)]
+"#,
+    )
+    .unwrap();
+    let out = Command::new("python3")
+        .arg(scripts().join("nvml.py"))
+        .env("PYTHONPATH", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n = rig::Nvml::parse(&out.stdout).unwrap();
+    assert_eq!(n.driver.as_deref(), Some("580.159"));
+    assert_eq!(n.gpus[0].total, Some(85_520_809_984));
+    assert_eq!(n.process_bytes(7).unwrap(), 1_052_672);
+    assert!(n.process_bytes(8).is_err(), "None is no figure");
+    assert!(
+        n.process_bytes(9).is_err(),
+        "NVML_VALUE_NOT_AVAILABLE is no figure"
+    );
+    assert_eq!(n.conditions(), "SM 1980 MHz, ? W, throttle reasons 0x4");
+}
+
+/// Without pynvml, `nvml.py` makes the same calls through ctypes on `libnvidia-ml.so.1`: here a
+/// stand-in library compiled from C with NVML's signatures and `nvmlProcessInfo_t` layout.
+#[test]
+fn the_nvml_helper_falls_back_to_the_driver_library_without_pynvml() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("nvml.c");
+    std::fs::write(
+        &c,
+        r#"
+#include <string.h>
+typedef struct { unsigned long long total, free, used; } Mem;
+typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } Proc;
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+int nvmlSystemGetDriverVersion(char *b, unsigned n) { strncpy(b, "580.159", n); return 0; }
+int nvmlDeviceGetCount_v2(unsigned *c) { *c = 1; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) { *h = (void *)0x10; return 0; }
+int nvmlDeviceGetName(void *h, char *b, unsigned n) { strncpy(b, "NVIDIA H100", n); return 0; }
+int nvmlDeviceGetUUID(void *h, char *b, unsigned n) { strncpy(b, "GPU-1", n); return 0; }
+int nvmlDeviceGetMemoryInfo(void *h, Mem *m) { m->total = 85520809984ULL; m->free = 0; m->used = 1; return 0; }
+int nvmlDeviceGetClockInfo(void *h, int c, unsigned *v) { *v = c == 1 ? 1980 : 0; return 0; }
+int nvmlDeviceGetPowerUsage(void *h, unsigned *v) { *v = 312000; return 0; }
+int nvmlDeviceGetCurrentClocksThrottleReasons(void *h, unsigned long long *v) { *v = 4; return 0; }
+int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *n, Proc *p) {
+    if (*n < 2) return 7;
+    p[0] = (Proc){7, 1048576, 0, 0};
+    p[1] = (Proc){8, ~0ULL, 0, 0};
+    *n = 2;
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(dir.path().join("libnvidia-ml.so.1"))
+        .arg(&c)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    // A pynvml that is not there, wherever the real one is installed.
+    std::fs::write(
+        dir.path().join("pynvml.py"),
+        "raise ImportError('hidden')\n",
+    )
+    .unwrap();
+    let out = Command::new("python3")
+        .arg(scripts().join("nvml.py"))
+        .env("PYTHONPATH", dir.path())
+        .env("LD_LIBRARY_PATH", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n = rig::Nvml::parse(&out.stdout).unwrap();
+    assert_eq!(n.driver.as_deref(), Some("580.159"));
+    assert_eq!(n.gpus[0].name.as_deref(), Some("NVIDIA H100"));
+    assert_eq!(n.gpus[0].total, Some(85_520_809_984));
+    assert_eq!(n.process_bytes(7).unwrap(), 1_048_576);
+    assert!(
+        n.process_bytes(8).is_err(),
+        "NVML_VALUE_NOT_AVAILABLE is no figure"
+    );
+    assert_eq!(n.conditions(), "SM 1980 MHz, 312 W, throttle reasons 0x4");
+}
