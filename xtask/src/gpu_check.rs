@@ -342,6 +342,10 @@ pub struct Args {
     /// Seconds the whole run may take; past it, what exists is printed and every child killed.
     #[arg(long, default_value_t = 540)]
     deadline: u64,
+    /// Run only these sections (comma-separated: memory, limit, hooks, cost, throttle); setup
+    /// always runs. Default: all, in that order.
+    #[arg(long, value_delimiter = ',')]
+    sections: Vec<String>,
     /// Seconds every section may take (default: each section's own).
     #[arg(long, hide = true)]
     section_deadline: Option<u64>,
@@ -460,8 +464,8 @@ fn kit(args: &Args) -> anyhow::Result<(rig::Kit, PathBuf)> {
     ))
 }
 
-/// Each section's own deadline.
-fn deadlines(args: &Args) -> [Duration; 6] {
+/// Section `name`'s deadline.
+fn deadline(args: &Args, name: &str) -> Duration {
     // The throttle runs ten matmul runs of `seconds`, each with a start of its own.
     #[expect(
         clippy::cast_possible_truncation,
@@ -469,9 +473,20 @@ fn deadlines(args: &Args) -> [Duration; 6] {
         reason = "seconds"
     )]
     let throttle = (args.seconds * 10.0) as u64 + 150;
-    let own = [90, 180, 150, throttle, 240, 60].map(Duration::from_secs);
-    args.section_deadline
-        .map_or(own, |s| [Duration::from_secs(s); 6])
+    let own = match name {
+        "setup" => 90,
+        "memory" => 180,
+        "limit" => 150,
+        "hooks" => 60,
+        "cost" => 240,
+        _ => throttle,
+    };
+    Duration::from_secs(args.section_deadline.unwrap_or(own))
+}
+
+/// Whether section `name` runs (`setup` always does).
+fn selected(args: &Args, name: &str) -> bool {
+    name == "setup" || args.sections.is_empty() || args.sections.iter().any(|s| s == name)
 }
 
 /// Runs every check and prints the table; fails without a GPU, or when a check failed.
@@ -503,6 +518,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let plan = checks::plan();
     let flat = plan
         .iter()
+        .filter(|(s, _)| selected(args, s))
         .flat_map(|(s, cs)| cs.iter().map(move |c| (s.clone(), c.clone())))
         .collect();
     let title = format!("gpuwarden gpu-check — driver {driver}");
@@ -520,7 +536,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     };
     match rig::Rig::start(kit, out.clone()) {
         Err(e) => sink.fill_missing(None, &format!("not reached: {e:#}")),
-        Ok(rig) => run_sections(&sink, &Arc::new(rig), &opts, deadlines(args)),
+        Ok(rig) => run_sections(&sink, &Arc::new(rig), &opts, args),
     }
     procs::kill_all();
     drop(watchdog);
@@ -541,12 +557,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 }
 
 /// The sections, in order, each under its deadline.
-fn run_sections(
-    sink: &Arc<runner::Sink>,
-    rig: &Arc<rig::Rig>,
-    opts: &checks::Opts,
-    deadlines: [Duration; 6],
-) {
+fn run_sections(sink: &Arc<runner::Sink>, rig: &Arc<rig::Rig>, opts: &checks::Opts, args: &Args) {
     type Body = fn(&rig::Rig, &runner::Section, &checks::Opts) -> anyhow::Result<()>;
     let sections: [(&str, Body); 6] = [
         ("setup", |r, s, _| {
@@ -555,17 +566,22 @@ fn run_sections(
         }),
         ("memory", checks::memory),
         ("limit", checks::limits),
-        ("throttle", checks::throttle),
-        ("cost", checks::cost),
         ("hooks", |r, s, _| {
             checks::hooks(r, s);
             Ok(())
         }),
+        ("cost", checks::cost),
+        // Last: the longest, so a run cut short by its deadline loses the least.
+        ("throttle", checks::throttle),
     ];
-    for (i, ((name, body), deadline)) in sections.into_iter().zip(deadlines).enumerate() {
+    for (i, (name, body)) in sections.into_iter().enumerate() {
+        if !selected(args, name) {
+            continue;
+        }
         let (r, o) = (Arc::clone(rig), opts.clone());
         let logs = rig.logs();
-        runner::run_section(sink, i + 1, name, deadline, &logs, move |s| body(&r, s, &o));
+        let limit = deadline(args, name);
+        runner::run_section(sink, i + 1, name, limit, &logs, move |s| body(&r, s, &o));
     }
     rig.stop();
 }

@@ -80,7 +80,7 @@ pub fn plan() -> Vec<(String, Vec<String>)> {
             "limit".into(),
             s(&["kill at 2 GiB", "stop at 2 GiB", "report past 2 GiB"]),
         ),
-        ("throttle".into(), throttle),
+        ("hooks".into(), s(&["probe-hooks ran"])),
         (
             "cost".into(),
             s(&[
@@ -89,7 +89,7 @@ pub fn plan() -> Vec<(String, Vec<String>)> {
                 "agent counters rose during the runs with it",
             ]),
         ),
-        ("hooks".into(), s(&["probe-hooks ran"])),
+        ("throttle".into(), throttle),
     ]
 }
 

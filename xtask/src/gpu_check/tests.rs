@@ -34,6 +34,7 @@ fn the_command_refuses_where_there_is_no_gpu() {
         pack: None,
         dry_run: false,
         binaries: None,
+        sections: vec![],
         deadline: 540,
         section_deadline: None,
         results: None,
@@ -468,4 +469,33 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *n, Proc *p) {
         "NVML_VALUE_NOT_AVAILABLE is no figure"
     );
     assert_eq!(n.conditions(), "SM 1980 MHz, 312 W, throttle reasons 0x4");
+}
+
+#[test]
+fn the_plan_runs_the_longest_section_last_and_sections_can_be_picked() {
+    let names: Vec<String> = checks::plan().into_iter().map(|(s, _)| s).collect();
+    assert_eq!(
+        names,
+        ["setup", "memory", "limit", "hooks", "cost", "throttle"]
+    );
+    let mut args = Args {
+        seconds: 10.0,
+        python: None,
+        prebuilt: None,
+        pack: None,
+        dry_run: true,
+        binaries: None,
+        sections: vec![],
+        deadline: 540,
+        section_deadline: None,
+        results: None,
+    };
+    assert!(names.iter().all(|n| selected(&args, n)));
+    args.sections = vec!["throttle".into()];
+    assert!(selected(&args, "setup"), "setup always runs");
+    assert!(selected(&args, "throttle"));
+    assert!(!selected(&args, "memory"));
+    assert_eq!(deadline(&args, "throttle"), Duration::from_secs(250));
+    args.section_deadline = Some(5);
+    assert_eq!(deadline(&args, "memory"), Duration::from_secs(5));
 }
