@@ -14,6 +14,11 @@ One script plays every program the check starts, chosen by its first argument:
   nvml                                    nvml.py's document, from the state folder
   workload MODE ARGS                      workload.py's records for MODE, with made-up figures
 
+With $GPUCHECK_DRY_FAKE_DIR set (a fake NVIDIA driver mounted there, gpu-check's `--binaries`
+mode), the workloads allocate for real through $GPUCHECK_DRY_GPU_CLIENT (the tests' `gpu-client`)
+on that driver, so the real agent counts, limits and reports them; a record's pid is then the
+gpu-client's, the process holding the GPU files. Otherwise the figures are only bookkept.
+
 The state folder is $GPUCHECK_DRY_STATE: one `proc-PID.json` per workload process (what it
 holds), the agent's baseline, and the report events. $GPUCHECK_DRY_FAULTS injects faults, a
 comma-separated list of `hang:KEY` (sleep forever instead of printing that record) and
@@ -162,22 +167,102 @@ def nvml(_args):
     return 0
 
 
+class Died(Exception):
+    """The process holding the GPU files died (the agent killed it)."""
+
+
+class Refused(Exception):
+    """The driver refused a call (an out-of-memory answer from a refusing tier)."""
+
+
+class FakeGpu:
+    """Allocations on the fake driver through a `gpu-client` child."""
+
+    def __init__(self, client_bin, folder):
+        self.p = subprocess.Popen([client_bin, "--dir", folder], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        self.pid = int(self.p.stdout.readline().strip().split("=")[1])
+        self.client = self.cmd("client")["client"]
+        self.device = self.cmd(f"device {self.client} 0")["handle"]
+        self.uvm = False
+
+    def cmd(self, line):
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        reply = self.p.stdout.readline()
+        if not reply:
+            raise Died(self.p.wait())
+        if not reply.startswith("ok"):
+            raise Refused(reply.strip())
+        return dict(w.split("=", 1) for w in reply.split()[1:] if "=" in w)
+
+    def alloc(self, size):
+        r = self.cmd(f"alloc {self.client} {self.device} {size}")
+        return r["handle"], int(r["size"])
+
+    def free(self, handle):
+        self.cmd(f"free {self.client} {self.device} {handle}")
+
+    def managed(self, size):
+        if not self.uvm:
+            self.cmd("uvm init")
+            self.uvm = True
+        return self.cmd(f"uvm mmap {size}")["addr"]
+
+    def unmanaged(self, addr, size):
+        self.cmd(f"uvm munmap {addr} {size}")
+
+    def ioctl(self):
+        self.cmd(f"control {self.client} {self.client} 0x0")
+
+
 class Workload:
     def __init__(self, mode):
         self.mode = mode
         self.policy = os.environ.get("GPUCHECK_DRY_POLICY")
         self.limit = int(os.environ.get("GPUCHECK_DRY_LIMIT", "0"))
         self.faults = set(filter(None, os.environ.get("GPUCHECK_DRY_FAULTS", "").split(",")))
-        self.state = {"pid": os.getpid(), "bytes": 0, "managed": 0, "ops": 0}
+        fake = os.environ.get("GPUCHECK_DRY_FAKE_DIR")
+        self.gpu = FakeGpu(os.environ["GPUCHECK_DRY_GPU_CLIENT"], fake) if fake else None
+        self.pid = self.gpu.pid if self.gpu else os.getpid()
+        self.state = {"pid": self.pid, "bytes": 0, "managed": 0}
+        self.handles = []
         self.save()
 
     def save(self):
-        write_json(os.path.join(STATE, f"proc-{os.getpid()}.json"), self.state)
+        write_json(os.path.join(STATE, f"proc-{self.pid}.json"), self.state)
 
-    def hold(self, delta, managed=0):
-        self.state["bytes"] += delta
-        self.state["managed"] += managed
-        self.state["ops"] += 1
+    def alloc(self, size):
+        """Allocates `size` bytes (on the fake driver when there is one); the bytes held."""
+        if self.gpu:
+            try:
+                handle, size = self.gpu.alloc(size)
+            except Died:
+                # The agent killed the process holding the GPU: the workload dies with it.
+                os.kill(os.getpid(), signal.SIGKILL)
+            self.handles.append((handle, size))
+        else:
+            self.handles.append((None, size))
+        self.state["bytes"] += size
+        self.save()
+
+    def free_all(self):
+        for handle, size in self.handles:
+            if self.gpu:
+                self.gpu.free(handle)
+            self.state["bytes"] -= size
+        self.handles = []
+        self.save()
+
+    def managed(self, size):
+        self.addr = self.gpu.managed(size) if self.gpu else None
+        self.state["managed"] += size
+        self.save()
+
+    def unmanaged(self, size):
+        if self.gpu:
+            self.gpu.unmanaged(self.addr, size)
+        self.state["managed"] -= size
         self.save()
 
     def fault(self, step):
@@ -189,7 +274,7 @@ class Workload:
 
     def report(self, event, name, **fields):
         self.fault(name)
-        fields.update(event=event, name=name, pid=os.getpid())
+        fields.update(event=event, name=name, pid=self.pid)
         print("GPUCHECK " + json.dumps(fields, sort_keys=True), flush=True)
 
     def step(self, name, **fields):
@@ -197,25 +282,39 @@ class Workload:
         return sys.stdin.readline() != ""
 
 
+def spin(seconds):
+    """Busy on the CPU for `seconds` of wall time: the fraction it ran (the throttle's freezer
+    stands in for the GPU's scheduler here)."""
+    start, cpu = time.monotonic(), time.process_time()
+    while time.monotonic() - start < seconds:
+        pass
+    return (time.process_time() - cpu) / (time.monotonic() - start)
+
+
 def workload(args):
     mode, rest = args[0], args[1:]
     w = Workload(mode)
     if mode == "steps":
-        w.hold(500 * MIB)
+        w.alloc(500 * MIB)
+        context = list(w.handles)
         w.step("context")
-        w.hold(GIB)
+        for _ in range(4):
+            w.alloc(256 * MIB)
         w.step("tensors", torch_reserved=GIB)
-        w.hold(-GIB)
+        w.handles = w.handles[len(context):]
+        w.free_all()
+        w.handles = context
         w.step("empty_cache", torch_reserved=0)
-        w.hold(0, managed=GIB)
+        w.managed(GIB)
         w.step("managed", bytes=GIB)
-        w.hold(0, managed=-GIB)
+        w.unmanaged(GIB)
         w.step("managed_freed")
     elif mode == "hold":
-        w.hold(500 * MIB + int(rest[0]) * MIB)
+        w.alloc(500 * MIB)
+        w.alloc(int(rest[0]) * MIB)
         w.step("hold", bytes=int(rest[0]) * MIB)
     elif mode == "grow":
-        w.hold(500 * MIB)
+        w.alloc(500 * MIB)
         size, tensors = int(rest[0]) * MIB, 0
         while tensors < 128:
             if w.limit and w.state["bytes"] + size > w.limit:
@@ -225,25 +324,44 @@ def workload(args):
                     os.kill(os.getpid(), signal.SIGSTOP)
                 if w.policy == "report":
                     events = read_json(os.path.join(STATE, "events.json"), [])
-                    events.append({"action": "report", "pid": os.getpid()})
+                    events.append({"action": "report", "pid": w.pid})
                     write_json(os.path.join(STATE, "events.json"), events)
-            w.hold(size)
+            try:
+                w.alloc(size)
+            except Refused as e:
+                w.step("oom", tensors=tensors, bytes=tensors * size, error=str(e))
+                break
             tensors += 1
             if not w.step("grow", tensors=tensors, bytes=tensors * size):
                 break
     elif mode == "matmul":
-        share = float(os.environ.get("GPUCHECK_DRY_SHARE", "1"))
-        w.report("step", "started")
         seconds = float(rest[0])
-        time.sleep(seconds)
-        w.report("result", "matmul", rate=100.0 * share, seconds=seconds, gpu_s=seconds * share,
-                 busy=share)
+        w.report("step", "started")
+        if w.gpu:
+            busy = spin(seconds)
+        else:
+            busy = float(os.environ.get("GPUCHECK_DRY_SHARE", "1"))
+            time.sleep(seconds)
+        w.report("result", "matmul", rate=100.0 * busy, seconds=seconds, gpu_s=seconds * busy,
+                 busy=busy)
     elif mode == "cost":
-        # The agent's counters are kept across processes, as the real agent's are.
-        total = os.path.join(STATE, "ops.json")
-        write_json(total, read_json(total, 0) + 2 * int(rest[1]))
-        w.report("result", "cost", step_s=0.001, pair_s=0.00005, steps=int(rest[0]),
-                 pairs=int(rest[1]))
+        steps, pairs = int(rest[0]), int(rest[1])
+        if w.gpu:
+            start = time.monotonic()
+            for _ in range(steps):
+                w.gpu.ioctl()
+            step_s = (time.monotonic() - start) / steps
+            start = time.monotonic()
+            for _ in range(pairs):
+                handle, _ = w.gpu.alloc(2 * MIB)
+                w.gpu.free(handle)
+            pair_s = (time.monotonic() - start) / pairs
+        else:
+            # The agent's counters are kept across processes, as the real agent's are.
+            total = os.path.join(STATE, "ops.json")
+            write_json(total, read_json(total, 0) + 2 * pairs)
+            step_s, pair_s = 0.001, 0.00005
+        w.report("result", "cost", step_s=step_s, pair_s=pair_s, steps=steps, pairs=pairs)
     else:
         w.report("error", f"unknown mode {mode}")
         return 2

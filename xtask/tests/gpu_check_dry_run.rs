@@ -207,3 +207,89 @@ fn the_whole_run_deadline_prints_every_row_and_kills_every_child() {
         leftovers(&marker)
     );
 }
+
+/// Where `cargo test` put the workspace's binaries (this test runs from `target/debug/deps`).
+fn built_binaries() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/debug")
+        .to_owned();
+    for b in [
+        "gpuwarden",
+        "gpuwarden-agent",
+        "gpuwarden-controller",
+        "fake-nvidia",
+        "gpu-client",
+    ] {
+        assert!(
+            dir.join(b).is_file(),
+            "{} is missing: `cargo test` of the workspace builds it, or `cargo build -p \
+             gpuwarden-agent -p gpuwarden-controller -p gpuwarden-cli -p gpuwarden-tests --bins`",
+            dir.join(b).display()
+        );
+    }
+    dir
+}
+
+/// With the real controller, agent and CLI, and the tests' fake driver under the stand-in
+/// workloads, the agent's own eBPF accounting and enforcement answer the memory and limit
+/// rows: the rehearsal closest to the GPU run this machine allows.
+#[test]
+#[ignore = "needs root (eBPF, FUSE, cgroups)"]
+fn the_real_agent_on_the_fake_driver_passes_the_memory_limit_and_cost_rows() {
+    let bin = built_binaries();
+    let results = tempfile::tempdir().unwrap();
+    let marker = marker("real");
+    let out = dry_run(
+        &marker,
+        results.path(),
+        "",
+        &[
+            "--binaries",
+            bin.to_str().unwrap(),
+            "--sections",
+            "memory,limit,hooks,cost",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "mock GPUs are not NVML's: {stderr}"
+    );
+    let rows = table(&out);
+    // Mock devices are caught: the agent's GPUs do not come from NVML.
+    assert_eq!(row(&rows, "agent's GPUs come from NVML").2, "FAIL");
+    for check in [
+        "agent answers",
+        "hook tier and memory tier",
+        "PyTorch: context",
+        "PyTorch: tensors",
+        "PyTorch: empty_cache",
+        "cudaMallocManaged 1 GiB, touched on the GPU",
+        "PyTorch: managed_freed",
+        "a second process on the same GPU",
+        "agent started after the workload: bytes since",
+        "late workload in a cgroup of its own",
+        "kill at 2 GiB",
+        "stop at 2 GiB",
+        "report past 2 GiB",
+        "probe-hooks ran",
+        "agent counters rose during the runs with it",
+    ] {
+        assert_eq!(row(&rows, check).2, "pass", "{check}: {rows:#?}\n{stderr}");
+    }
+    assert!(rows.iter().all(|r| r.0 != "throttle"), "not picked");
+    assert!(
+        leftovers(&marker).is_empty(),
+        "left running: {:?}",
+        leftovers(&marker)
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(
+        !mounts.contains("gpu-check"),
+        "the fake driver stayed mounted: {mounts}"
+    );
+}

@@ -7,6 +7,7 @@
 use std::{
     collections::BTreeMap,
     ffi::OsString,
+    fmt::Write as _,
     io::{BufRead, BufReader, Read as _, Write as _},
     path::{Path, PathBuf},
     process::{ChildStdin, Command, ExitStatus},
@@ -22,7 +23,8 @@ use super::{Record, parse_record, procs::Guard, runner::Section, runner::tail};
 /// The controller's address for the check (beside `cargo xtask run`'s).
 const LISTEN: &str = "127.0.0.1:50061";
 
-/// The GPU the real agent sees in a dry run with real binaries.
+/// The GPU the real agent sees in a dry run with real binaries (`device_node` appended when the
+/// fake driver serves it).
 const MOCK_DEVICES: &str = r#"[[devices]]
 uuid = "GPU-00000000-0000-0000-0000-00000000d0d0"
 model_name = "gpu-check dry run"
@@ -31,6 +33,10 @@ sm_count = 132
 memory_size = "80G"
 is_mig_device = false
 "#;
+
+/// The tests' fake NVIDIA driver and synthetic client, when the binaries folder has them.
+const FAKE_DRIVER: &str = "fake-nvidia";
+const GPU_CLIENT: &str = "gpu-client";
 
 /// The programs a run uses.
 #[derive(Debug, Clone)]
@@ -49,6 +55,16 @@ pub struct Kit {
 }
 
 impl Kit {
+    /// Whether a dry run with real binaries also has the fake driver and the synthetic client
+    /// (`target/debug` after building the tests), so the stand-in workloads allocate for real.
+    #[must_use]
+    pub fn fake_driver(&self) -> bool {
+        self.dry
+            && self.real_binaries
+            && self.bin.join(FAKE_DRIVER).is_file()
+            && self.bin.join(GPU_CLIENT).is_file()
+    }
+
     /// `gpuwarden-controller`, `gpuwarden-agent` or `gpuwarden`.
     fn tool(&self, name: &str, state: &Path) -> Command {
         if self.dry && !self.real_binaries {
@@ -224,6 +240,8 @@ pub struct Rig {
     controller: Mutex<Option<Guard>>,
     agent: Mutex<Option<Guard>>,
     runs: AtomicUsize,
+    /// The fake driver (a dry run with it), and where it is mounted.
+    fake: Mutex<Option<Guard>>,
 }
 
 impl Rig {
@@ -238,7 +256,7 @@ impl Rig {
             .arg(state.path().join("controller"));
         let controller =
             Guard::spawn(cmd, "controller", &out.join("controller.log"), false, false)?;
-        Ok(Self {
+        let rig = Self {
             kit,
             out,
             url: format!("http://{LISTEN}"),
@@ -246,7 +264,41 @@ impl Rig {
             controller: Mutex::new(Some(controller)),
             agent: Mutex::new(None),
             runs: AtomicUsize::new(0),
-        })
+            fake: Mutex::new(None),
+        };
+        if rig.kit.fake_driver() {
+            rig.mount_fake_driver()?;
+        }
+        Ok(rig)
+    }
+
+    /// Where the fake driver is mounted.
+    fn fake_dir(&self) -> PathBuf {
+        self.state.path().join("fake-nvidia")
+    }
+
+    /// Mounts the fake driver (one 80 GiB GPU) and waits until it says it is ready.
+    fn mount_fake_driver(&self) -> anyhow::Result<()> {
+        std::fs::create_dir_all(self.fake_dir())?;
+        let mut cmd = Command::new(self.kit.bin.join(FAKE_DRIVER));
+        cmd.arg("--mount")
+            .arg(self.fake_dir())
+            .args(["--gpus", "1", "--memory", "80g"]);
+        let log = self.out.join("fake-nvidia.log");
+        let mut g = Guard::spawn(cmd, "fake driver", &log, true, false)?;
+        let out = g.take_stdout().context("no stdout")?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(out).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+        if !line.starts_with("ready") {
+            bail!("the fake driver did not mount: {}", tail(&log, 3));
+        }
+        *self.fake.lock().unwrap_or_else(PoisonError::into_inner) = Some(g);
+        Ok(())
     }
 
     fn dry_state(&self) -> PathBuf {
@@ -301,7 +353,19 @@ impl Rig {
         .arg(self.socket());
         if self.kit.dry && self.kit.real_binaries {
             let mock = self.state.path().join("mock-devices.toml");
-            std::fs::write(&mock, MOCK_DEVICES)?;
+            let mut devices = MOCK_DEVICES.to_owned();
+            if self.kit.fake_driver() {
+                let dir = self.fake_dir();
+                let _ = writeln!(
+                    devices,
+                    "device_node = \"{}\"",
+                    dir.join("nvidia0").display()
+                );
+                let d = dir.display();
+                cmd.arg("--gpu-devices")
+                    .arg(format!("{d}/nvidia[0-9]*,{d}/nvidiactl,{d}/nvidia-uvm*"));
+            }
+            std::fs::write(&mock, devices)?;
             cmd.arg("--mock-devices").arg(mock);
         }
         let agent = Guard::spawn(cmd, "agent", &log, false, false)?;
@@ -337,13 +401,31 @@ impl Rig {
         }
     }
 
-    /// Stops the agent and the controller.
+    /// Stops the agent, the controller and the fake driver (SIGTERM: it unmounts).
     pub fn stop(&self) {
         self.stop_agent();
         self.controller
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
+        let fake = self
+            .fake
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(mut f) = fake {
+            if f.try_wait().is_none() {
+                let _ = f.signal(libc::SIGTERM);
+                f.wait_for(Duration::from_secs(10));
+            }
+            drop(f);
+            // Killed rather than stopped, it leaves its mount behind.
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(self.fake_dir())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
     }
 
     /// The agent's snapshot.
@@ -437,6 +519,10 @@ impl Rig {
             c
         };
         cmd.args(args).env("GPUCHECK_DRY_STATE", self.dry_state());
+        if self.kit.fake_driver() {
+            cmd.env("GPUCHECK_DRY_FAKE_DIR", self.fake_dir())
+                .env("GPUCHECK_DRY_GPU_CLIENT", self.kit.bin.join(GPU_CLIENT));
+        }
         let log = self.out.join(format!("{}-{label}.log", section.name()));
         section.log(log.clone());
         Workload::spawn(cmd, label, &log)
