@@ -13,7 +13,10 @@ use std::{
     fs::File,
     path::Path,
     process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio},
-    sync::{Mutex, PoisonError},
+    sync::{
+        Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -21,6 +24,8 @@ use anyhow::Context as _;
 
 /// Live guarded children: pid → (section, label).
 static LIVE: Mutex<BTreeMap<u32, (usize, String)>> = Mutex::new(BTreeMap::new());
+/// Set once the run is ending: nothing more is started.
+static CLOSING: AtomicBool = AtomicBool::new(false);
 /// Signals refused (pid 0, negative, or not ours), for the log and the tests.
 static REFUSED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
@@ -154,19 +159,34 @@ pub fn kill_section(n: usize) {
 }
 
 /// Kills every guarded process and everything else below this process (orphaned workloads
-/// adopted as a subreaper included): the whole-run deadline, and the end of a run.
+/// adopted as a subreaper included), and starts nothing more: the whole-run deadline, and the
+/// end of a run. Repeats until nothing is left below, since a process being killed may have
+/// just started another.
 pub fn kill_all() {
-    kill_below(std::process::id());
-    let pids: Vec<u32> = LIVE
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .keys()
-        .copied()
-        .collect();
+    let pids: Vec<u32> = {
+        let live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+        CLOSING.store(true, Ordering::SeqCst);
+        live.keys().copied().collect()
+    };
     for p in pids {
         kill_below(p);
         let _ = signal(i64::from(p), libc::SIGKILL, "run deadline");
     }
+    for _ in 0..50 {
+        kill_below(std::process::id());
+        let left = descendants(std::process::id());
+        // Zombies of ours are gone already; only live ones count.
+        if left.iter().all(|&p| process_state(p).is_none_or(|s| s == 'Z')) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The state letter of `pid`, if it exists.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
 }
 
 /// The labels of the guarded processes still registered.
@@ -211,14 +231,19 @@ impl Guard {
             Stdio::from(err)
         });
         cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() });
+        // Under the lock: a process is either registered before `kill_all` looks, or not
+        // started at all once it has.
+        let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+        if CLOSING.load(Ordering::SeqCst) {
+            anyhow::bail!("not starting {label}: the run is ending");
+        }
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {label}: {cmd:?}"))?;
         let pid = child.id();
         let section = SECTION.with(std::cell::Cell::get);
-        LIVE.lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(pid, (section, label.to_owned()));
+        live.insert(pid, (section, label.to_owned()));
+        drop(live);
         Ok(Self {
             child,
             pid,
