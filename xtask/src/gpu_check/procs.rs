@@ -176,7 +176,10 @@ pub fn kill_all() {
         kill_below(std::process::id());
         let left = descendants(std::process::id());
         // Zombies of ours are gone already; only live ones count.
-        if left.iter().all(|&p| process_state(p).is_none_or(|s| s == 'Z')) {
+        if left
+            .iter()
+            .all(|&p| process_state(p).is_none_or(|s| s == 'Z'))
+        {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
