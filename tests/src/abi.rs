@@ -47,6 +47,8 @@ pub mod card_info {
 
 /// `nv_ioctl_rm_api_version_t` (72 bytes), the params of `CHECK_VERSION_STR`.
 pub mod version {
+    /// Size of the struct.
+    pub const SIZE: u32 = 72;
     /// `reply`.
     pub const REPLY: usize = 4;
     /// `NV_RM_API_VERSION_REPLY_RECOGNIZED`.

@@ -10,7 +10,7 @@
 use std::{collections::BTreeMap, path::Path, process::Command};
 
 use gpuwarden_agent_common::nvidia as product;
-use gpuwarden_tests::abi::nvidia as test_side;
+use gpuwarden_tests::abi::{self, nvidia as test_side};
 
 /// (name, test side's value, product's value) for every name both tables give.
 macro_rules! both {
@@ -219,7 +219,75 @@ fn both_tables_match_nvidias_headers_field_by_field() {
         u64::from(test_side::NV_IOCTL_MAGIC),
         u64::from(product::NV_IOCTL_MAGIC),
     ));
+    // What only the test side describes (the agent never decodes it): held to the headers too,
+    // with the product's column left out.
+    let test_only: Vec<(&str, u64)> = vec![
+        (
+            "ctrl.GPU_GET_ATTACHED_IDS",
+            u64::from(abi::ctrl::GPU_GET_ATTACHED_IDS),
+        ),
+        (
+            "ctrl.ATTACHED_IDS_SIZE",
+            u64::from(abi::ctrl::ATTACHED_IDS_SIZE),
+        ),
+        (
+            "ctrl.MAX_ATTACHED_GPUS",
+            u64::try_from(abi::ctrl::MAX_ATTACHED_GPUS).expect("fits"),
+        ),
+        ("ctrl.INVALID_GPU_ID", u64::from(abi::ctrl::INVALID_GPU_ID)),
+        ("card_info.SIZE", u64::from(abi::card_info::SIZE)),
+        (
+            "card_info.VALID",
+            u64::try_from(abi::card_info::VALID).expect("fits"),
+        ),
+        (
+            "card_info.PCI_DOMAIN",
+            u64::try_from(abi::card_info::PCI_DOMAIN).expect("fits"),
+        ),
+        (
+            "card_info.PCI_BUS",
+            u64::try_from(abi::card_info::PCI_BUS).expect("fits"),
+        ),
+        (
+            "card_info.PCI_VENDOR_ID",
+            u64::try_from(abi::card_info::PCI_VENDOR_ID).expect("fits"),
+        ),
+        (
+            "card_info.PCI_DEVICE_ID",
+            u64::try_from(abi::card_info::PCI_DEVICE_ID).expect("fits"),
+        ),
+        (
+            "card_info.GPU_ID",
+            u64::try_from(abi::card_info::GPU_ID).expect("fits"),
+        ),
+        (
+            "card_info.FB_SIZE",
+            u64::try_from(abi::card_info::FB_SIZE).expect("fits"),
+        ),
+        (
+            "card_info.MINOR_NUMBER",
+            u64::try_from(abi::card_info::MINOR_NUMBER).expect("fits"),
+        ),
+        ("version.SIZE", u64::from(abi::version::SIZE)),
+        (
+            "version.REPLY",
+            u64::try_from(abi::version::REPLY).expect("fits"),
+        ),
+        (
+            "version.REPLY_RECOGNIZED",
+            u64::from(abi::version::REPLY_RECOGNIZED),
+        ),
+    ];
     let mut wrong = Vec::new();
+    for &(name, test_value) in &test_only {
+        match headers.get(name) {
+            None => wrong.push(format!("{name}: not printed by nvidia_layout.c")),
+            Some(&truth) if truth != test_value => {
+                wrong.push(format!("{name}: test side {test_value}, headers {truth}"));
+            }
+            Some(_) => {}
+        }
+    }
     for &(name, test_value, product_value) in &rows {
         let Some(&truth) = headers.get(name) else {
             wrong.push(format!("{name}: not printed by nvidia_layout.c"));
@@ -232,7 +300,11 @@ fn both_tables_match_nvidias_headers_field_by_field() {
             wrong.push(format!("{name}: PRODUCT {product_value}, headers {truth}"));
         }
     }
-    let compared: Vec<&str> = rows.iter().map(|r| r.0).collect();
+    let compared: Vec<&str> = rows
+        .iter()
+        .map(|r| r.0)
+        .chain(test_only.iter().map(|r| r.0))
+        .collect();
     for name in headers.keys() {
         if !compared.contains(&name.as_str()) {
             wrong.push(format!("{name}: printed but compared with neither table"));

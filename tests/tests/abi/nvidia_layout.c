@@ -23,6 +23,7 @@
 #include "class/cl0080.h"
 #include "class/cl2080.h"
 #include "class/cl50a0.h"
+#include "ctrl/ctrl0000/ctrl0000gpu.h"
 
 #define V(name, value) printf("%s %llu\n", name, (unsigned long long)(value))
 #define SIZE(mod, type) V(mod ".SIZE", sizeof(type))
@@ -190,5 +191,23 @@ int main(void)
     V("status.INVALID_CLASS", NV_ERR_INVALID_CLASS);
     V("status.INVALID_FLAGS", NV_ERR_INVALID_FLAGS);
     V("status.NOT_SUPPORTED", NV_ERR_NOT_SUPPORTED);
+
+    /* The test side only (`gpuwarden_tests::abi`): what the fake driver answers with data. */
+    V("ctrl.GPU_GET_ATTACHED_IDS", NV0000_CTRL_CMD_GPU_GET_ATTACHED_IDS);
+    V("ctrl.ATTACHED_IDS_SIZE", sizeof(NV0000_CTRL_GPU_GET_ATTACHED_IDS_PARAMS));
+    V("ctrl.MAX_ATTACHED_GPUS", NV0000_CTRL_GPU_MAX_ATTACHED_GPUS);
+    V("ctrl.INVALID_GPU_ID", NV0000_CTRL_GPU_INVALID_ID);
+    SIZE("card_info", nv_ioctl_card_info_t);
+    OFF("card_info", "VALID", nv_ioctl_card_info_t, valid);
+    OFF("card_info", "PCI_DOMAIN", nv_ioctl_card_info_t, pci_info.domain);
+    OFF("card_info", "PCI_BUS", nv_ioctl_card_info_t, pci_info.bus);
+    OFF("card_info", "PCI_VENDOR_ID", nv_ioctl_card_info_t, pci_info.vendor_id);
+    OFF("card_info", "PCI_DEVICE_ID", nv_ioctl_card_info_t, pci_info.device_id);
+    OFF("card_info", "GPU_ID", nv_ioctl_card_info_t, gpu_id);
+    OFF("card_info", "FB_SIZE", nv_ioctl_card_info_t, fb_size);
+    OFF("card_info", "MINOR_NUMBER", nv_ioctl_card_info_t, minor_number);
+    SIZE("version", nv_ioctl_rm_api_version_t);
+    OFF("version", "REPLY", nv_ioctl_rm_api_version_t, reply);
+    V("version.REPLY_RECOGNIZED", NV_RM_API_VERSION_REPLY_RECOGNIZED);
     return 0;
 }
