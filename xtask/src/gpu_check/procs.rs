@@ -24,6 +24,8 @@ use anyhow::Context as _;
 
 /// Live guarded children: pid → (section, label).
 static LIVE: Mutex<BTreeMap<u32, (usize, String)>> = Mutex::new(BTreeMap::new());
+/// Sections whose deadline passed: a thread of theirs still running starts nothing more.
+static CANCELLED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// Set once the run is ending: nothing more is started.
 static CLOSING: AtomicBool = AtomicBool::new(false);
 /// Signals refused (pid 0, negative, or not ours), for the log and the tests.
@@ -143,15 +145,20 @@ fn kill_below(pid: u32) {
     }
 }
 
-/// Kills every process the section `n` started, with their descendants.
+/// Kills every process the section `n` started, with their descendants; its thread, if still
+/// running, starts nothing more.
 pub fn kill_section(n: usize) {
-    let pids: Vec<u32> = LIVE
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .iter()
-        .filter(|(_, (s, _))| *s == n)
-        .map(|(&p, _)| p)
-        .collect();
+    let pids: Vec<u32> = {
+        let live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+        CANCELLED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(n);
+        live.iter()
+            .filter(|(_, (s, _))| *s == n)
+            .map(|(&p, _)| p)
+            .collect()
+    };
     for p in pids {
         kill_below(p);
         let _ = signal(i64::from(p), libc::SIGKILL, "section deadline");
@@ -240,11 +247,18 @@ impl Guard {
         if CLOSING.load(Ordering::SeqCst) {
             anyhow::bail!("not starting {label}: the run is ending");
         }
+        let section = SECTION.with(std::cell::Cell::get);
+        if CANCELLED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&section)
+        {
+            anyhow::bail!("not starting {label}: its section's deadline has passed");
+        }
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {label}: {cmd:?}"))?;
         let pid = child.id();
-        let section = SECTION.with(std::cell::Cell::get);
         live.insert(pid, (section, label.to_owned()));
         drop(live);
         Ok(Self {
