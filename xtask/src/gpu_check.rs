@@ -369,7 +369,8 @@ fn pack(dir: &Path) -> anyhow::Result<()> {
     crate::setup::run()?;
     let bin = crate::build_release_binaries()?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let this = std::env::current_exe().context("finding this task's binary")?;
+    // Its own running image: still there when `cargo` rebuilt the file meanwhile.
+    let this = PathBuf::from("/proc/self/exe");
     let mut copies: Vec<(PathBuf, PathBuf)> = KIT_BINARIES
         .iter()
         .map(|b| (bin.join(b), dir.join(b)))
