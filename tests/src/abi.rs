@@ -3,6 +3,11 @@
 //!
 //! Sources: NVIDIA's open-gpu-kernel-modules (`nv-ioctl.h`, `ctrl0000gpu.h`,
 //! `nvidia-uvm/uvm_ioctl.h`, `uvm_linux_ioctl.h`). Offsets are little-endian byte offsets.
+//!
+//! [`nvidia`] is the test side's own description of the structures the agent does decode,
+//! checked against NVIDIA's headers rather than copied from the product.
+
+pub mod nvidia;
 
 /// `RM_CONTROL` commands the fake driver answers with data.
 pub mod ctrl {
@@ -42,6 +47,8 @@ pub mod card_info {
 
 /// `nv_ioctl_rm_api_version_t` (72 bytes), the params of `CHECK_VERSION_STR`.
 pub mod version {
+    /// Size of the struct.
+    pub const SIZE: u32 = 72;
     /// `reply`.
     pub const REPLY: usize = 4;
     /// `NV_RM_API_VERSION_REPLY_RECOGNIZED`.
@@ -56,7 +63,7 @@ pub mod version {
 /// exist). [`rm_status_offset`](uvm_params::rm_status_offset) names only the offsets that don't
 /// move between the header versions compared.
 pub mod uvm_params {
-    use gpuwarden_agent_common::nvidia::uvm;
+    use super::nvidia::uvm;
 
     /// `UVM_INITIALIZE_PARAMS`: `{u64 flags; u32 rmStatus}`.
     pub mod initialize {

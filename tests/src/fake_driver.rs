@@ -3,7 +3,8 @@
 //! [`FakeDriver::mount`] serves, in a directory of the test's choosing, `nvidia0` …
 //! `nvidia<N-1>`, `nvidiactl` and `nvidia-uvm` as regular files (open them `O_RDWR`). Their
 //! ioctls are answered with the real encodings and parameter layouts of
-//! [`gpuwarden_agent_common::nvidia`]:
+//! [`crate::abi::nvidia`] (the test side's own table, checked against NVIDIA's headers, not the
+//! product's):
 //!
 //! - `RM_ALLOC` (NVOS21 and NVOS64) of clients (`NV01_ROOT*`, handles
 //!   `0xc1d00001`, `0xc1d00002`, … unique across the driver), devices (`deviceId` checked against

@@ -67,7 +67,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use gpuwarden_agent_common::nvidia::{
+use crate::abi::nvidia::{
     class, device_alloc, esc, ioctl_cmd, memory_alloc, nvos00, nvos02, nvos21, nvos32, nvos54,
     nvos64, status, uvm, xfer,
 };

@@ -7,8 +7,8 @@
 
 use std::{path::Path, time::Duration};
 
-use gpuwarden_agent_common::nvidia::{esc, ioctl_cmd, status, uvm};
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
+use gpuwarden_tests::abi::nvidia::{esc, ioctl_cmd, status, uvm};
 use gpuwarden_tests::{
     abi::uvm_params,
     fake_driver::{FakeConfig, FakeDriver, VIDMEM_PAGE, gpu_id},

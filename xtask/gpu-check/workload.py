@@ -9,14 +9,18 @@ Modes:
   steps          the allocation steps: CUDA context, plain tensors, the caching allocator's
                  empty_cache, cudaMallocManaged touched on the GPU (ctypes into libcudart)
   hold MIB       a second process: allocate MIB of tensors, report, wait, exit
-  grow MIB       allocate MIB-sized tensors one by one until stopped or killed (limit checks)
-  matmul SECS    fp16 matmuls in a loop for SECS seconds; the rate
-  train STEPS    a small MLP's training steps; the mean time per step
-  malloc COUNT   cudaMalloc + cudaFree of 2 MiB, COUNT times; the mean time per pair
+  grow MIB       allocate MIB-sized tensors one by one, each after a go-ahead, until stopped,
+                 killed or refused (an out-of-memory error is reported as an `oom` step)
+  matmul SECS    fp16 matmuls in a loop for SECS seconds: a `started` step, then the rate and
+                 the GPU time the tenant got, measured with CUDA events
+  cost STEPS PAIRS   warmed up: a small MLP's training steps (mean time per step), then
+                 cudaMalloc + cudaFree of 2 MiB PAIRS times (mean time per pair)
+
+libcudart is the one this process already maps (PyTorch loaded it), found in /proc/self/maps:
+loading another by name could bring a second CUDA runtime into the process.
 """
 
 import ctypes
-import glob
 import json
 import os
 import sys
@@ -45,30 +49,27 @@ def torch_cuda():
     return torch
 
 
+def mapped_cudart(maps_text):
+    """The path of the libcudart this process maps, from /proc/self/maps' text; None if none."""
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and os.path.basename(parts[5]).startswith("libcudart.so"):
+            return parts[5].strip()
+    return None
+
+
 def cudart():
-    """libcudart as ctypes sees it: the one PyTorch ships, else the system's."""
-    candidates = []
+    """The libcudart PyTorch already loaded (call after CUDA is initialised)."""
+    with open("/proc/self/maps") as f:
+        path = mapped_cudart(f.read())
+    if path is None:
+        report(event="error", reason="no libcudart.so* mapped in /proc/self/maps after CUDA init")
+        sys.exit(3)
     try:
-        import nvidia.cuda_runtime  # the pip wheel PyTorch depends on
-
-        base = os.path.dirname(nvidia.cuda_runtime.__file__)
-        candidates += glob.glob(os.path.join(base, "lib", "libcudart.so*"))
-    except ImportError:
-        pass
-    try:
-        import torch
-
-        candidates += glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libcudart*.so*"))
-    except ImportError:
-        pass
-    candidates += ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]
-    for name in candidates:
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    report(event="error", reason="libcudart not found")
-    sys.exit(3)
+        return ctypes.CDLL(path)
+    except OSError as e:
+        report(event="error", reason=f"loading {path}: {e}")
+        sys.exit(3)
 
 
 def check(rt, status, what):
@@ -118,12 +119,18 @@ def hold(mib):
 def grow(mib):
     torch = torch_cuda()
     held = []
-    while True:
-        held.append(torch.empty(mib * MIB, dtype=torch.uint8, device="cuda"))
-        torch.cuda.synchronize()
+    while len(held) * mib < 64 * 1024:
+        try:
+            held.append(torch.empty(mib * MIB, dtype=torch.uint8, device="cuda"))
+            torch.cuda.synchronize()
+        except torch.cuda.OutOfMemoryError as e:
+            # A refusing tier (BPF LSM, the driver's own limit) answers with an error, not a kill.
+            report(event="step", name="oom", tensors=len(held), bytes=len(held) * mib * MIB,
+                   error=str(e).splitlines()[0] if str(e) else "out of memory")
+            wait()
+            return
         report(event="step", name="grow", tensors=len(held), bytes=len(held) * mib * MIB)
-        time.sleep(0.3)
-        if len(held) * mib >= 64 * 1024:
+        if not wait():
             return
 
 
@@ -134,17 +141,24 @@ def matmul(seconds):
     for _ in range(10):
         a @ b
     torch.cuda.synchronize()
-    done, start = 0, time.monotonic()
+    report(event="step", name="started")
+    done, gpu_ms, start = 0, 0.0, time.monotonic()
     while time.monotonic() - start < seconds:
+        # One batch is queued at once, so its events time the GPU's work for this tenant.
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
         for _ in range(10):
             a @ b
-        torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+        gpu_ms += begin.elapsed_time(end)
         done += 10
     elapsed = time.monotonic() - start
-    report(event="result", name="matmul", rate=done / elapsed, seconds=elapsed)
+    report(event="result", name="matmul", rate=done / elapsed, seconds=elapsed,
+           gpu_s=gpu_ms / 1e3, busy=gpu_ms / 1e3 / elapsed)
 
 
-def train(count):
+def cost(steps, pairs):
     torch = torch_cuda()
     model = torch.nn.Sequential(
         torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)
@@ -157,26 +171,26 @@ def train(count):
         model(x).square().mean().backward()
         opt.step()
 
-    for _ in range(20):
+    for _ in range(max(50, steps // 10)):
         step()
     torch.cuda.synchronize()
     start = time.monotonic()
-    for _ in range(count):
+    for _ in range(steps):
         step()
     torch.cuda.synchronize()
-    report(event="result", name="train", step_s=(time.monotonic() - start) / count)
-
-
-def malloc(count):
-    torch_cuda().ones(1, device="cuda")
+    step_s = (time.monotonic() - start) / steps
     rt = cudart()
     ptr = ctypes.c_void_p()
     size = ctypes.c_size_t(2 * MIB)
-    start = time.monotonic()
-    for _ in range(count):
+    for _ in range(max(50, pairs // 10)):
         check(rt, rt.cudaMalloc(ctypes.byref(ptr), size), "cudaMalloc")
         check(rt, rt.cudaFree(ptr), "cudaFree")
-    report(event="result", name="malloc", pair_s=(time.monotonic() - start) / count)
+    start = time.monotonic()
+    for _ in range(pairs):
+        check(rt, rt.cudaMalloc(ctypes.byref(ptr), size), "cudaMalloc")
+        check(rt, rt.cudaFree(ptr), "cudaFree")
+    pair_s = (time.monotonic() - start) / pairs
+    report(event="result", name="cost", step_s=step_s, pair_s=pair_s, steps=steps, pairs=pairs)
 
 
 def main():
@@ -186,8 +200,7 @@ def main():
         "hold": lambda: hold(int(args[0])),
         "grow": lambda: grow(int(args[0])),
         "matmul": lambda: matmul(float(args[0])),
-        "train": lambda: train(int(args[0])),
-        "malloc": lambda: malloc(int(args[0])),
+        "cost": lambda: cost(int(args[0]), int(args[1])),
     }
     if mode not in modes:
         report(event="error", reason=f"unknown mode {mode}")

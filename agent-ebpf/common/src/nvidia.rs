@@ -92,10 +92,10 @@ pub mod esc {
     pub const QUERY_DEVICE_INTR: u32 = 0xd5;
     /// `NV_ESC_SYS_PARAMS`.
     pub const SYS_PARAMS: u32 = 0xd6;
-    /// `NV_ESC_EXPORT_TO_DMABUF_FD`.
-    pub const EXPORT_TO_DMABUF_FD: u32 = 0xd7;
-    /// `NV_ESC_WAIT_OPEN_COMPLETE`.
-    pub const WAIT_OPEN_COMPLETE: u32 = 0xd8;
+    /// `NV_ESC_EXPORT_TO_DMABUF_FD` (`NV_IOCTL_BASE + 17`; 0xd7 was wrong).
+    pub const EXPORT_TO_DMABUF_FD: u32 = 0xd9;
+    /// `NV_ESC_WAIT_OPEN_COMPLETE` (`NV_IOCTL_BASE + 18`; 0xd8 was wrong).
+    pub const WAIT_OPEN_COMPLETE: u32 = 0xda;
 
     /// A stable lowercase name for an escape, or `None` when gpuwarden doesn't name it.
     #[must_use]

@@ -8,11 +8,11 @@ use std::{
     time::{Duration, UNIX_EPOCH},
 };
 
+use crate::abi::nvidia::{IOC_READ_WRITE, esc, ioctl_nr, ioctl_size, uvm as uvm_cmd};
 use fuser::{
     FileAttr, FileType, Filesystem, ReplyAttr, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl,
     ReplyOpen, Request,
 };
-use gpuwarden_agent_common::nvidia::{IOC_READ_WRITE, esc, ioctl_nr, ioctl_size, uvm as uvm_cmd};
 
 use super::{caller::Process, rm::Rm, uvm};
 

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuwarden_agent_common::nvidia::{
+use crate::abi::nvidia::{
     class, esc, memory_alloc, nvos00, nvos02, nvos21, nvos32, nvos54, nvos64, status, xfer,
 };
 

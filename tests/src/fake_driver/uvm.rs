@@ -4,7 +4,7 @@
 //! at an offset every driver agrees on, the fake writes `NV_OK` there through the argument
 //! pointer, as the real driver does.
 
-use gpuwarden_agent_common::nvidia::{status, uvm};
+use crate::abi::nvidia::{status, uvm};
 
 use super::{caller::CallerMemory, rm::Errno};
 use crate::abi::uvm_params::rm_status_offset;

@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use gpuwarden_agent_common::nvidia::{class, nvos02, nvos32};
+use crate::abi::nvidia::{class, nvos02, nvos32};
 
 use super::{AllocMemory, ClientError, Form, GpuClient, ParamsLayout, RmError, Via, ioctl_raw};
 use crate::units::{NumberError, number, number32, size};

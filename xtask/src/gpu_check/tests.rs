@@ -32,6 +32,12 @@ fn the_command_refuses_where_there_is_no_gpu() {
         python: None,
         prebuilt: None,
         pack: None,
+        dry_run: false,
+        binaries: None,
+        sections: vec![],
+        deadline: 540,
+        section_deadline: None,
+        results: None,
     };
     let err = run(&args).unwrap_err();
     assert!(err.to_string().contains("no NVIDIA GPU here"), "{err:#}");
@@ -66,20 +72,6 @@ fn parses_workload_records_and_ignores_other_output() {
 }
 
 #[test]
-fn parses_nvml_per_process_memory() {
-    let csv = "4242, 612\n4243, 1124\n4242, 2\nnot a line\n";
-    let m = parse_compute_apps(csv);
-    assert_eq!(
-        m.get(&4242),
-        Some(&(614 * MIB)),
-        "a process on two GPUs adds up"
-    );
-    assert_eq!(m.get(&4243), Some(&(1124 * MIB)));
-    assert_eq!(m.len(), 2);
-    assert!(parse_compute_apps("").is_empty());
-}
-
-#[test]
 fn a_throttle_row_shows_the_error_in_points() {
     let row = share_row("one tenant at 0.3".into(), 0.3, 0.245);
     assert_eq!(row.gpuwarden, "24.5 % (-5.5 points)");
@@ -104,18 +96,126 @@ fn the_share_verdict_allows_five_points_either_way() {
 }
 
 #[test]
-fn memory_rows_hold_the_agent_to_nvml_exactly() {
+fn memory_rows_hold_the_agent_to_nvml_exactly_and_show_the_difference_in_kib() {
+    let same = memory_row("memory", "x", 612 * MIB, 612 * MIB);
+    assert_eq!(same.verdict, Verdict::Pass);
+    assert_eq!(same.note, "difference +0 KiB");
+    let off = memory_row("memory", "x", 612 * MIB - 4096, 612 * MIB);
+    assert_eq!(off.verdict, Verdict::Fail, "4 KiB apart is not equal");
+    assert_eq!(off.note, "difference -4 KiB");
+    assert_eq!(off.gpuwarden, "626684 KiB");
+    assert_eq!(off.reference, "NVML 626688 KiB");
+}
+
+#[test]
+fn nvml_figures_that_are_missing_are_errors_that_say_why() {
+    let doc = br#"{"ok": true, "driver": "580.159", "gpus": [
+        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "total": 85520809984, "sm_clock_mhz": 1980,
+         "power_mw": 312000, "throttle_reasons": 0,
+         "processes": {"7": 1048576, "8": null}},
+        {"index": 1, "total": null, "processes": {"7": 2048}}]}"#;
+    let n = rig::Nvml::parse(doc).unwrap();
     assert_eq!(
-        memory_row("x", 612 * MIB, Some(612 * MIB)).verdict,
-        Verdict::Pass
+        n.process_bytes(7).unwrap(),
+        1_050_624,
+        "a process on two GPUs adds up"
     );
+    let e = n.process_bytes(8).unwrap_err().to_string();
+    assert!(e.contains("no memory figure for pid 8"), "{e}");
+    let e = n.process_bytes(9).unwrap_err().to_string();
+    assert!(e.contains("lists no process 9"), "{e}");
+    assert_eq!(n.gpus[1].total, None);
+    assert_eq!(n.conditions(), "SM 1980 MHz, 312 W, throttle reasons 0x0");
+    let e = rig::Nvml::parse(br#"{"ok": false, "error": "pynvml not importable"}"#).unwrap_err();
+    assert!(e.to_string().contains("pynvml not importable"), "{e}");
+    assert!(rig::Nvml::parse(b"Traceback").is_err());
+}
+
+#[test]
+fn memory_sessions_are_sized_from_the_gpu_so_two_fit() {
+    const GIB: u64 = 1 << 30;
+    // An H100's NVML total (80 GiB nominal, a little less usable).
+    let h100 = 85_520_809_984;
+    assert_eq!(checks::session_gib(h100), 23);
+    assert!(
+        2 * checks::session_gib(h100) * GIB < h100,
+        "the old 2 × 60g did not fit"
+    );
+    assert_eq!(checks::session_gib(16 * GIB), 4);
+    assert_eq!(checks::session_gib(GIB), 1);
+}
+
+#[test]
+fn the_kill_is_bounded_from_both_sides() {
+    const MIB: u64 = 1 << 20;
+    let (limit, alloc) = (2048 * MIB, 512 * MIB);
+    assert!(checks::kill_bounded(2000 * MIB, limit, alloc));
+    assert!(checks::kill_bounded(2048 * MIB, limit, alloc));
+    assert!(
+        !checks::kill_bounded(1500 * MIB, limit, alloc),
+        "a kill one allocation early"
+    );
+    assert!(
+        !checks::kill_bounded(2100 * MIB, limit, alloc),
+        "a kill that came late"
+    );
+}
+
+#[test]
+fn median_and_spread() {
     assert_eq!(
-        memory_row("x", 610 * MIB, Some(612 * MIB)).verdict,
-        Verdict::Fail
+        checks::median_spread(&[1.2, 1.0, 1.1]),
+        Some((1.1, 1.0, 1.2))
     );
-    let none = memory_row("x", 612 * MIB, None);
-    assert_eq!(none.verdict, Verdict::Info);
-    assert_eq!(none.gpuwarden, "612.0 MiB");
+    assert_eq!(checks::median_spread(&[1.0, 2.0]), Some((1.5, 1.0, 2.0)));
+    assert_eq!(checks::median_spread(&[]), None);
+}
+
+#[test]
+fn finds_the_cgroup2_mount_and_says_whether_dmem_is_there() {
+    let mounts =
+        "cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n";
+    assert_eq!(
+        checks::cgroup2_root(mounts),
+        Some(PathBuf::from("/sys/fs/cgroup/unified"))
+    );
+    assert_eq!(checks::cgroup2_root("proc /proc proc rw 0 0\n"), None);
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("cgroup.controllers"), "hugetlb\n").unwrap();
+    let e = checks::dmem_available(root.path()).unwrap_err().to_string();
+    assert!(e.contains("no dmem controller"), "{e}");
+    std::fs::write(root.path().join("cgroup.controllers"), "cpu dmem memory\n").unwrap();
+    std::fs::write(
+        root.path().join("dmem.capacity"),
+        "drm/0000:01:00.0/vram0 8589934592\n",
+    )
+    .unwrap();
+    let e = checks::dmem_available(root.path()).unwrap_err().to_string();
+    assert!(e.contains("no nvidia/"), "{e}");
+    std::fs::write(
+        root.path().join("dmem.capacity"),
+        "nvidia/0000:01:00.0/vidmem 85520809984\n",
+    )
+    .unwrap();
+    assert_eq!(
+        checks::dmem_available(root.path()).unwrap(),
+        vec!["nvidia/0000:01:00.0/vidmem 85520809984".to_owned()]
+    );
+}
+
+/// The old code sent `kill(0, SIGKILL)` when a workload ended before printing its pid: the
+/// whole process group. Now such a signal is refused and never sent.
+#[test]
+fn signals_go_only_to_positive_pids_of_our_own() {
+    for pid in [0, -1, -4242, 1, i64::from(std::process::id())] {
+        let e = procs::signal(pid, 0, "test").unwrap_err().to_string();
+        assert!(e.contains("refused"), "{pid}: {e}");
+    }
+    assert!(procs::refused().iter().any(|r| r.contains("pid 0 ")));
+    let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = i64::from(child.id());
+    procs::signal(pid, libc::SIGKILL, "test").unwrap();
+    assert!(!child.wait().unwrap().success());
 }
 
 #[test]
@@ -124,10 +224,11 @@ fn renders_one_aligned_table_with_a_summary() {
         Row::new(
             "memory",
             "PyTorch: context",
-            "612.0 MiB",
-            "NVML 612.0 MiB",
+            "626688 KiB",
+            "NVML 626688 KiB",
             Verdict::Pass,
-        ),
+        )
+        .note("difference +0 KiB"),
         Row::new(
             "throttle",
             "one tenant at 0.3",
@@ -224,4 +325,177 @@ fn counts_the_report_events_of_one_process() {
     });
     assert_eq!(report_events(&snapshot, 7), 2);
     assert_eq!(report_events(&snapshot, 9), 0);
+}
+
+/// The workload loads the libcudart its process already maps (PyTorch's cu13 wheel puts it
+/// under `nvidia/cu13/lib`), never a bare soname that could bring in a second runtime.
+#[test]
+fn the_workload_takes_libcudart_from_its_own_maps() {
+    let maps = "7f00-7f01 r-xp 00000000 08:01 42 /usr/lib/libc.so.6\n\
+                7f10-7f20 r-xp 00000000 08:01 43 /venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13\n";
+    let code = format!(
+        "import sys; sys.path.insert(0, {:?}); import workload; \
+         print(workload.mapped_cudart({maps:?})); print(workload.mapped_cudart('x'))",
+        scripts().display().to_string()
+    );
+    let out = Command::new("python3")
+        .args(["-c", &code])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13\nNone\n"
+    );
+}
+
+/// `nvml.py` through a stand-in `pynvml` module: bytes as NVML gives them, a process on the GPU
+/// twice added up, NVML's "not available" kept as no figure, and the document gpu-check reads.
+#[test]
+fn the_nvml_helper_reports_pynvmls_bytes_and_no_figure_as_none() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("pynvml.py"),
+        r#"
+from types import SimpleNamespace as S
+NVML_CLOCK_SM = 1
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlSystemGetDriverVersion(): return b"580.159"
+def nvmlDeviceGetCount(): return 1
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetName(h): return "NVIDIA H100 80GB HBM3"
+def nvmlDeviceGetUUID(h): return "GPU-1"
+def nvmlDeviceGetMemoryInfo(h): return S(total=85520809984, used=1 << 30, free=0)
+def nvmlDeviceGetClockInfo(h, c): return 1980 if c == NVML_CLOCK_SM else 0
+def nvmlDeviceGetPowerUsage(h): raise RuntimeError("not supported")
+def nvmlDeviceGetCurrentClocksEventReasons(h): return 4
+def nvmlDeviceGetComputeRunningProcesses(h):
+    return [S(pid=7, usedGpuMemory=1048576), S(pid=7, usedGpuMemory=4096),
+            S(pid=8, usedGpuMemory=None), S(pid=9, usedGpuMemory=(1 << 64) - 1)]
+"#,
+    )
+    .unwrap();
+    let out = Command::new("python3")
+        .arg(scripts().join("nvml.py"))
+        .env("PYTHONPATH", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n = rig::Nvml::parse(&out.stdout).unwrap();
+    assert_eq!(n.driver.as_deref(), Some("580.159"));
+    assert_eq!(n.gpus[0].total, Some(85_520_809_984));
+    assert_eq!(n.process_bytes(7).unwrap(), 1_052_672);
+    assert!(n.process_bytes(8).is_err(), "None is no figure");
+    assert!(
+        n.process_bytes(9).is_err(),
+        "NVML_VALUE_NOT_AVAILABLE is no figure"
+    );
+    assert_eq!(n.conditions(), "SM 1980 MHz, ? W, throttle reasons 0x4");
+}
+
+/// Without pynvml, `nvml.py` makes the same calls through ctypes on `libnvidia-ml.so.1`: here a
+/// stand-in library compiled from C with NVML's signatures and `nvmlProcessInfo_t` layout.
+#[test]
+fn the_nvml_helper_falls_back_to_the_driver_library_without_pynvml() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("nvml.c");
+    std::fs::write(
+        &c,
+        r#"
+#include <string.h>
+typedef struct { unsigned long long total, free, used; } Mem;
+typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } Proc;
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+int nvmlSystemGetDriverVersion(char *b, unsigned n) { strncpy(b, "580.159", n); return 0; }
+int nvmlDeviceGetCount_v2(unsigned *c) { *c = 1; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) { *h = (void *)0x10; return 0; }
+int nvmlDeviceGetName(void *h, char *b, unsigned n) { strncpy(b, "NVIDIA H100", n); return 0; }
+int nvmlDeviceGetUUID(void *h, char *b, unsigned n) { strncpy(b, "GPU-1", n); return 0; }
+int nvmlDeviceGetMemoryInfo(void *h, Mem *m) { m->total = 85520809984ULL; m->free = 0; m->used = 1; return 0; }
+int nvmlDeviceGetClockInfo(void *h, int c, unsigned *v) { *v = c == 1 ? 1980 : 0; return 0; }
+int nvmlDeviceGetPowerUsage(void *h, unsigned *v) { *v = 312000; return 0; }
+int nvmlDeviceGetCurrentClocksThrottleReasons(void *h, unsigned long long *v) { *v = 4; return 0; }
+int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *n, Proc *p) {
+    if (*n < 2) return 7;
+    p[0] = (Proc){7, 1048576, 0, 0};
+    p[1] = (Proc){8, ~0ULL, 0, 0};
+    *n = 2;
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(dir.path().join("libnvidia-ml.so.1"))
+        .arg(&c)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    // A pynvml that is not there, wherever the real one is installed.
+    std::fs::write(
+        dir.path().join("pynvml.py"),
+        "raise ImportError('hidden')\n",
+    )
+    .unwrap();
+    let out = Command::new("python3")
+        .arg(scripts().join("nvml.py"))
+        .env("PYTHONPATH", dir.path())
+        .env("LD_LIBRARY_PATH", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n = rig::Nvml::parse(&out.stdout).unwrap();
+    assert_eq!(n.driver.as_deref(), Some("580.159"));
+    assert_eq!(n.gpus[0].name.as_deref(), Some("NVIDIA H100"));
+    assert_eq!(n.gpus[0].total, Some(85_520_809_984));
+    assert_eq!(n.process_bytes(7).unwrap(), 1_048_576);
+    assert!(
+        n.process_bytes(8).is_err(),
+        "NVML_VALUE_NOT_AVAILABLE is no figure"
+    );
+    assert_eq!(n.conditions(), "SM 1980 MHz, 312 W, throttle reasons 0x4");
+}
+
+#[test]
+fn the_plan_runs_the_longest_section_last_and_sections_can_be_picked() {
+    let names: Vec<String> = checks::plan().into_iter().map(|(s, _)| s).collect();
+    assert_eq!(
+        names,
+        ["setup", "memory", "limit", "hooks", "cost", "throttle"]
+    );
+    let mut args = Args {
+        seconds: 10.0,
+        python: None,
+        prebuilt: None,
+        pack: None,
+        dry_run: true,
+        binaries: None,
+        sections: vec![],
+        deadline: 540,
+        section_deadline: None,
+        results: None,
+    };
+    assert!(names.iter().all(|n| selected(&args, n)));
+    args.sections = vec!["throttle".into()];
+    assert!(selected(&args, "setup"), "setup always runs");
+    assert!(selected(&args, "throttle"));
+    assert!(!selected(&args, "memory"));
+    assert_eq!(deadline(&args, "throttle"), Duration::from_secs(250));
+    args.section_deadline = Some(5);
+    assert_eq!(deadline(&args, "memory"), Duration::from_secs(5));
 }

@@ -16,14 +16,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuwarden_agent_common::{
-    decode::{self, Call, Escape, UserMemory, op},
-    nvidia::{ioctl_cmd, ioctl_nr, ioctl_size},
-};
+use gpuwarden_agent_common::decode::{self, Call, Escape, UserMemory, op};
 use proptest::prelude::*;
 
 use super::{tests::FakeMemory, *};
-use crate::fake_driver::caller::CallerMemory;
+use crate::{
+    abi::nvidia::{ioctl_cmd, ioctl_nr, ioctl_size},
+    fake_driver::caller::CallerMemory,
+};
 
 const MIB: u64 = 1 << 20;
 const GPU_MEMORY: [u64; 2] = [256 * MIB, 512 * MIB];

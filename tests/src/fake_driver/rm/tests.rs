@@ -1,6 +1,6 @@
 use std::{cell::RefCell, collections::HashMap};
 
-use gpuwarden_agent_common::nvidia::ioctl_cmd;
+use crate::abi::nvidia::ioctl_cmd;
 
 use super::*;
 use crate::fake_driver::caller::Fault;

@@ -1,0 +1,824 @@
+//! The sections of gpu-check and the sub-checks each plans: what is run and how each row is
+//! judged. A sub-check that fails makes its own FAIL row and the section goes on; what a
+//! section could not reach is filled in by the runner.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+
+use super::{
+    MIB, Record, Row, SHARES, Verdict, container_bytes, hook_rows, kib_diff, memory_row,
+    process_state, procs, report_events,
+    rig::{Polled, Rig},
+    runner::Section,
+    share_row,
+};
+
+const GIB: u64 = 1 << 30;
+/// How long one workload step may take to print its record.
+const STEP: Duration = Duration::from_mins(1);
+/// The memory limit the limit section checks, and the size of each allocation past it.
+const LIMIT: u64 = 2 * GIB;
+const GROW: u64 = 512 * MIB;
+
+/// What the sections need besides the rig.
+#[derive(Debug, Clone)]
+pub struct Opts {
+    /// Seconds each throttled matmul run lasts.
+    pub seconds: f64,
+    /// Training steps and malloc pairs per cost run.
+    pub cost: (u32, u32),
+    /// A dry run (stand-ins).
+    pub dry: bool,
+}
+
+/// The sub-checks of every section, in order: the rows the table will have whatever happens.
+#[must_use]
+pub fn plan() -> Vec<(String, Vec<String>)> {
+    let s = |v: &[&str]| v.iter().map(|&c| c.to_owned()).collect::<Vec<_>>();
+    let mut throttle = vec!["matmul alone before (the 100 % rate)".to_owned()];
+    for share in SHARES {
+        let other = 1.0 - share;
+        throttle.push(format!("one tenant at {share}"));
+        throttle.push(format!(
+            "two tenants {share} + {other:.1}: the first ({share})"
+        ));
+        throttle.push(format!(
+            "two tenants {share} + {other:.1}: the second ({other:.1})"
+        ));
+    }
+    throttle.push("matmul alone after (baseline drift)".to_owned());
+    vec![
+        (
+            "setup".into(),
+            s(&[
+                "NVML sees the GPU",
+                "agent answers",
+                "agent's GPUs come from NVML",
+                "hook tier and memory tier",
+                "driver memory tier (dmem) available",
+            ]),
+        ),
+        (
+            "memory".into(),
+            s(&[
+                "PyTorch: context",
+                "PyTorch: tensors",
+                "PyTorch: empty_cache",
+                "cudaMallocManaged 1 GiB, touched on the GPU",
+                "PyTorch: managed_freed",
+                "a second process on the same GPU",
+                "agent started after the workload: bytes since",
+                "late workload in a cgroup of its own",
+            ]),
+        ),
+        (
+            "limit".into(),
+            s(&["kill at 2 GiB", "stop at 2 GiB", "report past 2 GiB"]),
+        ),
+        ("hooks".into(), s(&["probe-hooks ran"])),
+        (
+            "cost".into(),
+            s(&[
+                "training step of a small MLP",
+                "cudaMalloc + cudaFree of 2 MiB",
+                "agent counters rose during the runs with it",
+            ]),
+        ),
+        ("throttle".into(), throttle),
+    ]
+}
+
+/// A row of `section`.
+fn row(
+    s: &Section,
+    check: &str,
+    gpuwarden: impl Into<String>,
+    reference: impl Into<String>,
+    verdict: Verdict,
+) -> Row {
+    Row::new(s.name(), check, gpuwarden, reference, verdict)
+}
+
+/// A FAIL row saying why a sub-check could not be judged.
+fn failed(s: &Section, check: &str, e: &anyhow::Error) -> Row {
+    row(s, check, "—", "", Verdict::Fail).note(format!("{e:#}"))
+}
+
+/// Emits `f`'s row, or a FAIL row with its error.
+fn sub(s: &Section, check: &str, f: impl FnOnce() -> anyhow::Result<Row>) {
+    s.doing(check);
+    s.row(f().unwrap_or_else(|e| failed(s, check, &e)));
+}
+
+/// Lets NVML and the agent catch up with the last step.
+fn settle(o: &Opts) {
+    std::thread::sleep(if o.dry {
+        Duration::from_millis(100)
+    } else {
+        Duration::from_millis(1500)
+    });
+}
+
+/// The memory each memory-section session asks for: 30 % of the GPU in whole GiB (at least
+/// 1), so the two sessions that run at once fit on it with room to spare.
+#[must_use]
+pub fn session_gib(total: u64) -> u64 {
+    (total * 3 / 10 / GIB).max(1)
+}
+
+/// The mount point of the cgroup v2 hierarchy, from `/proc/self/mounts`' text.
+#[must_use]
+pub fn cgroup2_root(mounts: &str) -> Option<PathBuf> {
+    mounts.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_, at, fs) = (f.next()?, f.next()?, f.next()?);
+        (fs == "cgroup2").then(|| PathBuf::from(at))
+    })
+}
+
+/// Whether the driver's own per-cgroup memory tier can exist here: the kernel's `dmem`
+/// controller in the v2 hierarchy and NVIDIA regions in `dmem.capacity`. `Err` says why not.
+///
+/// # Errors
+/// Why the tier is not available.
+pub fn dmem_available(root: &Path) -> anyhow::Result<Vec<String>> {
+    let controllers = std::fs::read_to_string(root.join("cgroup.controllers"))
+        .with_context(|| format!("{}/cgroup.controllers unreadable", root.display()))?;
+    if !controllers.split_whitespace().any(|c| c == "dmem") {
+        bail!(
+            "the kernel offers no dmem controller (cgroup.controllers: {})",
+            controllers.trim()
+        );
+    }
+    let capacity = std::fs::read_to_string(root.join("dmem.capacity"))
+        .with_context(|| format!("{}/dmem.capacity unreadable", root.display()))?;
+    let regions: Vec<String> = capacity
+        .lines()
+        .filter(|l| l.starts_with("nvidia/"))
+        .map(str::to_owned)
+        .collect();
+    if regions.is_empty() {
+        bail!("dmem lists no nvidia/… region (a driver before r615, or the misc backend)");
+    }
+    Ok(regions)
+}
+
+/// Starts the agent unless one runs.
+fn ensure_agent(rig: &Rig) -> anyhow::Result<()> {
+    if rig.agent_running() {
+        Ok(())
+    } else {
+        rig.start_agent()
+    }
+}
+
+/// NVML's GPU, the agent, where its GPUs come from, its tiers, and whether the driver's own
+/// memory tier exists here.
+pub fn setup(rig: &Rig, s: &Section) {
+    let nvml = rig.nvml();
+    sub(s, "NVML sees the GPU", || {
+        let n = nvml.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let g = n.gpus.first().context("NVML lists no GPU")?;
+        let total = g.total.context("NVML gives no total memory")?;
+        Ok(row(
+            s,
+            "NVML sees the GPU",
+            format!(
+                "{} GPU(s); {}: {} KiB",
+                n.gpus.len(),
+                g.name.as_deref().unwrap_or("?"),
+                total / 1024
+            ),
+            format!("driver {}", n.driver.as_deref().unwrap_or("?")),
+            Verdict::Pass,
+        )
+        .note(n.conditions()))
+    });
+    sub(s, "agent answers", || {
+        ensure_agent(rig)?;
+        Ok(row(
+            s,
+            "agent answers",
+            "snapshot answered",
+            "",
+            Verdict::Pass,
+        ))
+    });
+    let snapshot = rig.snapshot();
+    sub(s, "agent's GPUs come from NVML", || {
+        let snap = snapshot.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let gpus = snap["gpus"]
+            .as_array()
+            .context("the snapshot lists no gpus")?;
+        let sources: Vec<&str> = gpus
+            .iter()
+            .map(|g| g["source"].as_str().unwrap_or("?"))
+            .collect();
+        let nvml_count = nvml.as_ref().map(|n| n.gpus.len()).ok();
+        let ok = !sources.is_empty()
+            && sources.iter().all(|&x| x == "nvml")
+            && nvml_count == Some(sources.len());
+        Ok(row(
+            s,
+            "agent's GPUs come from NVML",
+            format!("{} GPU(s), sources {}", sources.len(), sources.join(",")),
+            format!(
+                "NVML: {} GPU(s)",
+                nvml_count.map_or_else(|| "?".into(), |c| c.to_string())
+            ),
+            verdict(ok),
+        ))
+    });
+    sub(s, "hook tier and memory tier", || {
+        let snap = snapshot.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let tier = snap["tier"]
+            .as_str()
+            .context("the snapshot names no tier")?;
+        let memory = snap["memory_tier"]
+            .as_str()
+            .context("the snapshot names no memory_tier")?;
+        Ok(row(
+            s,
+            "hook tier and memory tier",
+            format!("tier {tier}, memory_tier {memory}"),
+            "named",
+            Verdict::Pass,
+        )
+        .note(snap["memory_tier_reason"].as_str().unwrap_or_default()))
+    });
+    let root = std::fs::read_to_string("/proc/self/mounts")
+        .ok()
+        .as_deref()
+        .and_then(cgroup2_root);
+    let check = "driver memory tier (dmem) available";
+    let (said, note) = match root.as_deref().map(dmem_available) {
+        None => ("no".to_owned(), "no cgroup v2 hierarchy mounted".to_owned()),
+        Some(Ok(regions)) => (format!("yes: {}", regions.join("; ")), String::new()),
+        Some(Err(e)) => ("no".to_owned(), format!("{e:#}")),
+    };
+    // Availability only: another tier is what enforces where this one is missing.
+    s.row(
+        row(
+            s,
+            check,
+            said,
+            "kernel dmem + driver r615 nvidia/… regions",
+            Verdict::Info,
+        )
+        .note(note),
+    );
+}
+
+fn verdict(ok: bool) -> Verdict {
+    if ok { Verdict::Pass } else { Verdict::Fail }
+}
+
+/// The agent's video and managed bytes for `pid`.
+fn agent_bytes(rig: &Rig, pid: u32) -> anyhow::Result<(u64, u64)> {
+    container_bytes(&rig.snapshot()?, pid)
+        .with_context(|| format!("the agent shows no container holding pid {pid}"))
+}
+
+/// The agent's bytes for `r`'s process against NVML's.
+fn held_to_nvml(rig: &Rig, s: &Section, check: &str, r: &Record) -> anyhow::Result<Row> {
+    let (video, _) = agent_bytes(rig, r.pid)?;
+    let nvml = rig.nvml()?.process_bytes(r.pid)?;
+    Ok(memory_row(s.name(), check, video, nvml))
+}
+
+/// The allocation steps, a second process, and an agent started after its workload, each held
+/// to NVML's per-process figure.
+pub fn memory(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<()> {
+    ensure_agent(rig)?;
+    let total = rig
+        .nvml()?
+        .gpus
+        .first()
+        .and_then(|g| g.total)
+        .context("NVML gives no total memory to size the sessions by")?;
+    let mem = vec![format!("cuda.mem={}g", session_gib(total))];
+    s.doing("the steps workload's start");
+    let mut w = rig.workload(s, "steps", &mem, None, None, &["steps"])?;
+    let steps = [
+        ("context", "PyTorch: context"),
+        ("tensors", "PyTorch: tensors"),
+        ("empty_cache", "PyTorch: empty_cache"),
+        ("managed", "cudaMallocManaged 1 GiB, touched on the GPU"),
+        ("managed_freed", "PyTorch: managed_freed"),
+    ];
+    for (name, check) in steps {
+        s.doing(format!("waiting for the steps workload's {name}"));
+        let r = w.expect(name, STEP)?;
+        settle(o);
+        if r.name != name {
+            bail!("the workload printed {} where {name} was due", r.name);
+        }
+        sub(s, check, || {
+            if name == "managed" {
+                let (video, managed) = agent_bytes(rig, r.pid)?;
+                let want = held(&r);
+                return Ok(row(
+                    s,
+                    check,
+                    format!(
+                        "managed {} KiB (bound), video {} KiB",
+                        managed / 1024,
+                        video / 1024
+                    ),
+                    format!("≥ {} KiB", want / 1024),
+                    verdict(managed >= want && want > 0),
+                ));
+            }
+            held_to_nvml(rig, s, check, &r)
+        });
+        if name == "tensors" {
+            // The second process joins while the first holds its tensors.
+            let check = "a second process on the same GPU";
+            sub(s, check, || {
+                let mut second = rig.workload(s, "second", &mem, None, None, &["hold", "512"])?;
+                let r2 = second.expect("its tensor", STEP)?;
+                settle(o);
+                let row = held_to_nvml(rig, s, check, &r2);
+                second.finish(Duration::from_secs(30));
+                row
+            });
+        }
+        w.go();
+    }
+    w.finish(Duration::from_secs(30));
+    late_agent(rig, s, o)
+}
+
+/// An agent started after the workload made its context counts what comes after; the
+/// workload runs in a cgroup of its own, away from gpu-check's NVML clients.
+fn late_agent(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<()> {
+    let cgroup = LateCgroup::make()?;
+    rig.stop_agent();
+    s.doing("the late workload's context");
+    let mut late = rig.workload(s, "late", &[], None, Some(&cgroup.0), &["steps"])?;
+    let context = late.expect("the context", STEP)?;
+    let own = "late workload in a cgroup of its own";
+    sub(s, own, || {
+        let text = std::fs::read_to_string(format!("/proc/{}/cgroup", context.pid))?;
+        let name = cgroup.0.file_name().and_then(|n| n.to_str()).unwrap_or("?");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("0::"))
+            .unwrap_or("none");
+        Ok(row(
+            s,
+            own,
+            line,
+            format!("…/{name}"),
+            verdict(line.ends_with(name)),
+        ))
+    });
+    let before = rig.nvml().and_then(|n| n.process_bytes(context.pid));
+    s.doing("starting the agent after the workload");
+    rig.start_agent()?;
+    late.go();
+    let tensors = late.expect("the tensors", STEP)?;
+    settle(o);
+    let check = "agent started after the workload: bytes since";
+    sub(s, check, || {
+        let before = before.context("NVML before the agent")?;
+        let (video, _) = agent_bytes(rig, tensors.pid)?;
+        let after = rig.nvml()?.process_bytes(tensors.pid)?;
+        let delta = after.saturating_sub(before);
+        Ok(row(
+            s,
+            check,
+            format!("{} KiB", video / 1024),
+            format!("NVML delta {} KiB", delta / 1024),
+            verdict(video == delta),
+        )
+        .note(kib_diff(video, delta)))
+    });
+    for _ in 0..3 {
+        late.go();
+        if late.next(STEP)?.is_none() {
+            break;
+        }
+    }
+    late.finish(Duration::from_secs(30));
+    drop(late);
+    drop(cgroup);
+    Ok(())
+}
+
+/// A cgroup v2 directory of gpu-check's, removed when dropped.
+struct LateCgroup(PathBuf);
+
+impl LateCgroup {
+    fn make() -> anyhow::Result<Self> {
+        let mounts = std::fs::read_to_string("/proc/self/mounts")?;
+        let root = cgroup2_root(&mounts).context("no cgroup v2 hierarchy mounted")?;
+        let dir = root.join(format!("gpu-check-late-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for LateCgroup {
+    fn drop(&mut self) {
+        for _ in 0..20 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// The bytes a record says are held.
+fn held(r: &Record) -> u64 {
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a byte count"
+    )]
+    let bytes = r.number("bytes").unwrap_or(0.0) as u64;
+    bytes
+}
+
+/// The memory limit's three policies, on a workload that grows by 512 MiB past 2 GiB.
+pub fn limits(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<()> {
+    ensure_agent(rig)?;
+    let tier = rig
+        .snapshot()
+        .ok()
+        .and_then(|v| v["memory_tier"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    sub(s, "kill at 2 GiB", || limit_kill(rig, s, &tier));
+    sub(s, "stop at 2 GiB", || limit_stop(rig, s, o));
+    sub(s, "report past 2 GiB", || limit_report(rig, s, o));
+    Ok(())
+}
+
+/// Whether the kill came at the allocation that crossed the limit, judged from both sides:
+/// NVML's total before the last allocation is within the limit, and one more allocation would
+/// have crossed it.
+#[must_use]
+pub fn kill_bounded(last_nvml: u64, limit: u64, allocation: u64) -> bool {
+    last_nvml <= limit && limit < last_nvml + allocation
+}
+
+fn limit_session() -> Vec<String> {
+    vec![format!("cuda.mem={}g", LIMIT / GIB)]
+}
+
+/// kill: the allocation that would cross the limit kills the process (or, under a refusing
+/// tier, fails with out-of-memory).
+fn limit_kill(rig: &Rig, s: &Section, tier: &str) -> anyhow::Result<Row> {
+    let check = "kill at 2 GiB";
+    let mut w = rig.workload(
+        s,
+        "kill",
+        &limit_session(),
+        Some("kill"),
+        None,
+        &["grow", "512"],
+    )?;
+    let (mut last, mut oom) = (None, None);
+    while let Some(r) = w.next(STEP)? {
+        if r.name == "oom" {
+            oom = Some(r);
+            break;
+        }
+        last = Some(rig.nvml()?.process_bytes(r.pid)?);
+        w.go();
+    }
+    let status = w.finish(Duration::from_secs(30));
+    let last = last.context("the workload printed no allocation before the limit")?;
+    let killed = status.is_some_and(|st| {
+        use std::os::unix::process::ExitStatusExt as _;
+        st.code() == Some(137) || st.signal() == Some(libc::SIGKILL)
+    });
+    let refusing = tier != "tracepoint_signal";
+    let (outcome_ok, want) = if refusing {
+        (oom.is_some(), "an out-of-memory error")
+    } else {
+        (killed, "killed (137)")
+    };
+    let bounded = kill_bounded(last, LIMIT, GROW);
+    Ok(row(
+        s,
+        check,
+        format!(
+            "{}, NVML {} KiB before the last allocation",
+            if oom.is_some() {
+                "out-of-memory error".to_owned()
+            } else {
+                status.map_or_else(|| "did not exit".to_owned(), |st| st.to_string())
+            },
+            last / 1024
+        ),
+        format!(
+            "{want}; NVML ≤ {} KiB < NVML + {} KiB",
+            LIMIT / 1024,
+            GROW / 1024
+        ),
+        verdict(outcome_ok && bounded),
+    )
+    .note(format!("memory_tier {tier}")))
+}
+
+/// stop: the process is stopped at the crossing.
+fn limit_stop(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<Row> {
+    let check = "stop at 2 GiB";
+    let mut w = rig.workload(
+        s,
+        "stop",
+        &limit_session(),
+        Some("stop"),
+        None,
+        &["grow", "512"],
+    )?;
+    let mut pid = None;
+    let mut stopped = false;
+    let mut quiet = 0;
+    while !stopped && quiet < if o.dry { 100 } else { 300 } {
+        match w.poll(Duration::from_millis(200))? {
+            Polled::Record(r) => {
+                pid = Some(r.pid);
+                quiet = 0;
+                w.go();
+            }
+            Polled::Ended => break,
+            Polled::Quiet => quiet += 1,
+        }
+        stopped = pid.is_some_and(|p| process_state(p) == Some('T'));
+    }
+    if let Some(p) = pid.filter(|_| stopped) {
+        // Only a pid the workload printed, checked to be ours by `signal`.
+        let _ = procs::signal(i64::from(p), libc::SIGKILL, "the stopped workload");
+    }
+    w.finish(Duration::from_secs(30));
+    Ok(row(
+        s,
+        check,
+        if stopped {
+            "stopped (T)"
+        } else {
+            "not stopped"
+        },
+        "stopped",
+        verdict(stopped),
+    ))
+}
+
+/// report: the process goes on past the limit; the agent reports the crossing.
+fn limit_report(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<Row> {
+    let check = "report past 2 GiB";
+    let mut w = rig.workload(
+        s,
+        "report",
+        &limit_session(),
+        Some("report"),
+        None,
+        &["grow", "512"],
+    )?;
+    let past = loop {
+        let r = w.expect("an allocation past the limit", STEP)?;
+        if held(&r) >= LIMIT + 2 * GROW {
+            break r;
+        }
+        w.go();
+    };
+    settle(o);
+    let reports = report_events(&rig.snapshot()?, past.pid);
+    w.finish(Duration::from_secs(5));
+    Ok(row(
+        s,
+        check,
+        format!("ran to {} KiB, {reports} report events", held(&past) / 1024),
+        "runs on, ≥ 1 report event",
+        verdict(reports > 0),
+    ))
+}
+
+/// One matmul run's result (`busy`: the GPU time CUDA events measured over wall time) and
+/// the GPU's conditions halfway through.
+struct Matmul {
+    rate: f64,
+    busy: f64,
+    conditions: String,
+}
+
+/// Runs matmul workloads with these resources at once; their results.
+fn matmuls(
+    rig: &Rig,
+    s: &Section,
+    o: &Opts,
+    sessions: &[Vec<String>],
+) -> anyhow::Result<Vec<Matmul>> {
+    let secs = format!("{}", o.seconds);
+    let mut ws = Vec::new();
+    for (i, r) in sessions.iter().enumerate() {
+        ws.push(rig.workload(s, &format!("matmul-{i}"), r, None, None, &["matmul", &secs])?);
+    }
+    for w in &mut ws {
+        w.expect("started", STEP)?;
+    }
+    std::thread::sleep(Duration::from_secs_f64(o.seconds / 2.0));
+    let conditions = rig
+        .nvml()
+        .map_or_else(|e| format!("{e:#}"), |n| n.conditions());
+    let limit = Duration::from_secs_f64(o.seconds) + STEP;
+    let mut out = Vec::new();
+    for w in &mut ws {
+        let r = w.expect("the rate", limit)?;
+        w.finish(Duration::from_secs(30));
+        out.push(Matmul {
+            rate: r.number("rate").context("no rate")?,
+            busy: r.number("busy").context("no busy")?,
+            conditions: conditions.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// The throttle at each share, one tenant and two sharing the GPU, held to the GPU time the
+/// workload gets alone (measured before and after).
+pub fn throttle(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<()> {
+    ensure_agent(rig)?;
+    s.doing("the baseline before");
+    let before = matmuls(rig, s, o, &[vec![]])?.remove(0);
+    s.row(
+        row(
+            s,
+            "matmul alone before (the 100 % rate)",
+            format!(
+                "{:.1}/s, GPU busy {:.1} %",
+                before.rate,
+                before.busy * 100.0
+            ),
+            "",
+            verdict(before.busy > 0.0),
+        )
+        .note(before.conditions.clone()),
+    );
+    for share in SHARES {
+        let other = 1.0 - share;
+        let check = format!("one tenant at {share}");
+        sub(s, &check, || {
+            let m = matmuls(rig, s, o, &[vec![format!("cuda.shares={share}")]])?.remove(0);
+            Ok(
+                share_row(check.clone(), share, m.busy / before.busy).note(format!(
+                    "rate {:.1} %; {}",
+                    m.rate / before.rate * 100.0,
+                    m.conditions
+                )),
+            )
+        });
+        let first = format!("two tenants {share} + {other:.1}: the first ({share})");
+        let second = format!("two tenants {share} + {other:.1}: the second ({other:.1})");
+        s.doing(&first);
+        match matmuls(
+            rig,
+            s,
+            o,
+            &[
+                vec![format!("cuda.shares={share}")],
+                vec![format!("cuda.shares={other:.1}")],
+            ],
+        ) {
+            Ok(ms) => {
+                for ((check, target), m) in [(&first, share), (&second, other)].into_iter().zip(ms)
+                {
+                    s.row(
+                        share_row(check.clone(), target, m.busy / before.busy).note(format!(
+                            "rate {:.1} %; {}",
+                            m.rate / before.rate * 100.0,
+                            m.conditions
+                        )),
+                    );
+                }
+            }
+            Err(e) => {
+                s.row(failed(s, &first, &e));
+                s.row(failed(s, &second, &e));
+            }
+        }
+    }
+    let check = "matmul alone after (baseline drift)";
+    sub(s, check, || {
+        let after = matmuls(rig, s, o, &[vec![]])?.remove(0);
+        let drift = (after.busy - before.busy) / before.busy;
+        Ok(row(
+            s,
+            check,
+            format!(
+                "GPU busy {:.1} % ({:+.1} % against before)",
+                after.busy * 100.0,
+                drift * 100.0
+            ),
+            "within ± 5 % of before",
+            verdict(drift.abs() <= 0.05),
+        )
+        .note(after.conditions))
+    });
+    Ok(())
+}
+
+/// The median and the spread (min–max) of `v`.
+#[must_use]
+pub fn median_spread(v: &[f64]) -> Option<(f64, f64, f64)> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return None;
+    }
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        f64::midpoint(v[n / 2 - 1], v[n / 2])
+    };
+    Some((median, v[0], v[n - 1]))
+}
+
+/// The agent's `gpu_ioctls` counter.
+fn gpu_ioctls(snapshot: &Value) -> Option<u64> {
+    snapshot["stats"]["gpu_ioctls"].as_u64()
+}
+
+/// Time per training step and per `cudaMalloc`/`cudaFree`, without and with the agent, three
+/// rounds alternating, each warmed up; the agent's counters must rise in the runs with it.
+pub fn cost(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<()> {
+    let (steps, pairs) = (o.cost.0.to_string(), o.cost.1.to_string());
+    let one = |label: &str| -> anyhow::Result<(f64, f64)> {
+        let mut w = rig.workload(s, label, &[], None, None, &["cost", &steps, &pairs])?;
+        let r = w.expect("the cost", Duration::from_mins(3))?;
+        w.finish(Duration::from_secs(30));
+        Ok((
+            r.number("step_s").context("no step_s")?,
+            r.number("pair_s").context("no pair_s")?,
+        ))
+    };
+    let (mut train, mut malloc, mut rose, mut seen) = (vec![], vec![], true, vec![]);
+    for round in 1..=3 {
+        s.doing(format!("round {round} without the agent"));
+        rig.stop_agent();
+        let off = one(&format!("cost-off-{round}"))?;
+        s.doing(format!("round {round} with the agent"));
+        rig.start_agent()?;
+        let c0 = gpu_ioctls(&rig.snapshot()?);
+        let on = one(&format!("cost-on-{round}"))?;
+        let c1 = gpu_ioctls(&rig.snapshot()?);
+        let delta = c0.zip(c1).map(|(a, b)| b.saturating_sub(a));
+        rose &= delta.is_some_and(|d| d > 0);
+        seen.push(delta.map_or_else(|| "?".to_owned(), |d| d.to_string()));
+        train.push(on.0 / off.0);
+        malloc.push(on.1 / off.1);
+    }
+    for (check, ratios) in [
+        ("training step of a small MLP", &train),
+        ("cudaMalloc + cudaFree of 2 MiB", &malloc),
+    ] {
+        let (m, lo, hi) = median_spread(ratios).context("no rounds")?;
+        s.row(
+            row(
+                s,
+                check,
+                format!("median {m:.3}× with the agent"),
+                format!("spread {lo:.3}–{hi:.3}× over 3 alternating rounds"),
+                Verdict::Info,
+            )
+            .note(format!("{steps} steps, {pairs} pairs per run, warmed up")),
+        );
+    }
+    s.row(row(
+        s,
+        "agent counters rose during the runs with it",
+        format!("gpu_ioctls +{}", seen.join(", +")),
+        "> 0 in every round",
+        verdict(rose),
+    ));
+    Ok(())
+}
+
+/// Whether driver hooks load on this kernel (`gpuwarden-agent probe-hooks`).
+pub fn hooks(rig: &Rig, s: &Section) {
+    let check = "probe-hooks ran";
+    sub(s, check, || {
+        let trials = rig.probe_hooks()?;
+        let rows = hook_rows(&trials);
+        let n = rows.len();
+        for r in rows {
+            s.row(r);
+        }
+        Ok(row(
+            s,
+            check,
+            format!("{n} hooks tried"),
+            "≥ 1",
+            verdict(n > 0),
+        ))
+    });
+}
