@@ -190,7 +190,7 @@ fn refuse(error: &IdentityError, addr: Option<SocketAddr>) -> Status {
     let reason = error.reason();
     denials::count(reason);
     let peer = addr.map_or_else(|| "unknown".to_owned(), |a| a.to_string());
-    tracing::warn!(%peer, reason = reason.as_str(), "agent refused: {error}");
+    denials::log(reason, &peer, error);
     error.to_status()
 }
 

@@ -412,7 +412,11 @@ fn handshake_failed(addr: SocketAddr, e: &io::Error) {
         rustls_error
     {
         denials::count(DenialReason::BadClientCertificate);
-        tracing::warn!(%addr, reason = DenialReason::BadClientCertificate.as_str(), "TLS handshake refused: {e}");
+        denials::log(
+            DenialReason::BadClientCertificate,
+            &addr.to_string(),
+            &format_args!("TLS handshake refused: {e}"),
+        );
     } else {
         // Probes and plain-text clients on the TLS port: not worth a warning each.
         tracing::debug!(%addr, "TLS handshake failed: {e}");
