@@ -451,6 +451,11 @@ async fn connect_once(
                 let reply = match message.msg {
                     // Asked at each allocation: a device plugin's slots may change while connected.
                     Some(Msg::Allocate(a)) => Some(accept(config, backend, holdings, channels.as_deref(), a)),
+                    Some(Msg::Release(r)) if confinement::check_session_id(&r.session_id).is_err() => {
+                        // No allocation was ever held under such an id.
+                        tracing::warn!(session = %r.session_id.chars().take(80).collect::<String>(), "release for a malformed session id ignored");
+                        None
+                    }
                     Some(Msg::Release(r)) => {
                         if let Err(e) = lock(holdings).release(&r.session_id) {
                             tracing::error!(session = %r.session_id, "releasing: {e}");
