@@ -361,7 +361,8 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     assert_eq!(observed.owner, "k8s:ml");
     assert_eq!(observed.state(), pb::SessionState::Running);
     assert_eq!(observed.node_id, NODE);
-    assert_eq!(observed.class, "train");
+    // The Deployment's class, filed within its namespace.
+    assert_eq!(observed.class, "k8s:ml/train");
     let k = observed.kubernetes.clone().unwrap();
     assert_eq!(
         (
