@@ -120,22 +120,68 @@ async fn churn(addr: std::net::SocketAddr, n: usize) -> Vec<String> {
     ids
 }
 
-/// Reads `stream` until it has been quiet for [`QUIET`]: the last state of each session.
-async fn drain(
-    stream: &mut tonic::Streaming<pb::Session>,
-    last: &mut BTreeMap<String, pb::Session>,
-) -> usize {
-    let mut messages = 0;
-    while let Ok(Some(message)) = tokio::time::timeout(QUIET, stream.next()).await {
-        let s = message.expect("the watch goes on");
-        messages += 1;
-        last.insert(s.id.clone(), s);
+/// Every session, page by page, and the revision the listing reflects.
+async fn list_all(
+    client: &mut SchedulerServiceClient<Channel>,
+) -> (BTreeMap<String, pb::Session>, u64) {
+    let mut all = BTreeMap::new();
+    let mut page_token = String::new();
+    let mut revision = None;
+    loop {
+        let page = client
+            .list_sessions(pb::ListSessionsRequest {
+                page_token,
+                ..Default::default()
+            })
+            .await
+            .expect("lists")
+            .into_inner();
+        // Every page of one listing names the same revision.
+        assert_eq!(*revision.get_or_insert(page.revision), page.revision);
+        for s in page.sessions {
+            assert!(
+                all.insert(s.id.clone(), s).is_none(),
+                "a session on two pages"
+            );
+        }
+        if page.next_page_token.is_empty() {
+            return (all, page.revision);
+        }
+        page_token = page.next_page_token;
     }
-    messages
+}
+
+/// What a watcher has seen: the last state of each session, and the last revision (which only
+/// grows, message after message).
+#[derive(Default)]
+struct Seen {
+    last: BTreeMap<String, pb::Session>,
+    revision: u64,
+    messages: usize,
+}
+
+impl Seen {
+    fn take(&mut self, s: pb::Session) {
+        assert!(
+            s.revision > self.revision,
+            "revision {} after {}",
+            s.revision,
+            self.revision
+        );
+        self.revision = s.revision;
+        self.messages += 1;
+        self.last.insert(s.id.clone(), s);
+    }
+}
+
+/// Reads `stream` until it has been quiet for [`QUIET`].
+async fn drain(stream: &mut tonic::Streaming<pb::Session>, seen: &mut Seen) {
+    while let Ok(Some(message)) = tokio::time::timeout(QUIET, stream.next()).await {
+        seen.take(message.expect("the watch goes on"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on the broadcast watch: 2,325 of 3,000 final states lost (issue 25)"]
 async fn a_slow_watcher_sees_the_final_state_of_every_session() {
     let scratch = gpuwarden_test_support::scratch("watch-slow");
     let addr = serve(scratch.path()).await;
@@ -149,34 +195,27 @@ async fn a_slow_watcher_sees_the_final_state_of_every_session() {
 
     let churn = tokio::spawn(churn(addr, SESSIONS));
     // One message a second while the changes happen; then it reads as fast as it can.
-    let mut last = BTreeMap::new();
-    let mut messages = 0;
+    let mut seen = Seen::default();
     while !churn.is_finished() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         if let Ok(Some(message)) = tokio::time::timeout(QUIET, stream.next()).await {
-            let s = message.expect("the watch goes on");
-            last.insert(s.id.clone(), s);
-            messages += 1;
+            seen.take(message.expect("the watch goes on"));
         }
     }
     let ids = churn.await.expect("the changes are made");
-    messages += drain(&mut stream, &mut last).await;
+    drain(&mut stream, &mut seen).await;
+    let Seen { last, messages, .. } = seen;
 
-    let truth: BTreeMap<String, pb::Session> = client
-        .list_sessions(pb::ListSessionsRequest::default())
-        .await
-        .expect("lists")
-        .into_inner()
-        .sessions
-        .into_iter()
-        .map(|s| (s.id.clone(), s))
-        .collect();
+    let (truth, _) = list_all(&mut client).await;
     assert_eq!(truth.len(), SESSIONS);
     let wrong: Vec<&String> = ids
         .iter()
         .filter(|id| {
-            last.get(*id).map(|s| (s.state, s.updated_at_ms))
-                != truth.get(*id).map(|s| (s.state, s.updated_at_ms))
+            last.get(*id)
+                .map(|s| (s.state, s.updated_at_ms, s.revision))
+                != truth
+                    .get(*id)
+                    .map(|s| (s.state, s.updated_at_ms, s.revision))
         })
         .collect();
     eprintln!(
