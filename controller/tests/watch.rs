@@ -1,9 +1,11 @@
 //! `WatchSessions` as a scheduling client relies on it, over real gRPC on loopback: a watcher
-//! that reads slowly (it stalls while thousands of changes happen, then drains) still sees the
-//! final state of every session.
+//! that reads slowly (one message a second while thousands of changes happen, then as fast as
+//! it can) still sees the final state of every session; a watch resumed from the last revision
+//! it read, after a crash and restart on sled or a failover on a real etcd, misses nothing.
 
 mod common;
 
+use common::ControllerProcess as Member;
 use std::{collections::BTreeMap, time::Duration};
 
 use gpuwarden_controller::{limits::Limits, server::Transport};
@@ -235,4 +237,164 @@ async fn a_slow_watcher_sees_the_final_state_of_every_session() {
             .values()
             .all(|s| s.state == pb::SessionState::Terminated as i32)
     );
+}
+
+/// What a client sees of `member`'s sessions: every one, page by page, and the listing's
+/// revision.
+async fn listing(member: &Member) -> (BTreeMap<String, pb::Session>, u64) {
+    list_all(&mut member.client().await).await
+}
+
+/// Reads `stream` until the watcher holds, for every session `member` lists, that state or a
+/// later one (bounded).
+async fn catch_up(stream: &mut tonic::Streaming<pb::Session>, seen: &mut Seen, member: &Member) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (truth, _) = listing(member).await;
+        let behind: Vec<&pb::Session> = truth
+            .values()
+            .filter(|s| seen.last.get(&s.id).is_none_or(|l| l.revision < s.revision))
+            .collect();
+        if behind.is_empty() {
+            for s in truth.values() {
+                let last = &seen.last[&s.id];
+                if last.revision == s.revision {
+                    assert_eq!(
+                        (last.state, last.updated_at_ms),
+                        (s.state, s.updated_at_ms),
+                        "one revision, two states: {} ",
+                        s.id
+                    );
+                }
+            }
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the watch never delivered {} sessions' latest state (first: {:?} at revision {})",
+            behind.len(),
+            behind[0].id,
+            behind[0].revision
+        );
+        if let Ok(Some(message)) =
+            tokio::time::timeout(Duration::from_millis(500), stream.next()).await
+        {
+            seen.take(message.expect("the watch goes on"));
+        }
+    }
+}
+
+/// Makes changes on `member`: `create` new sessions named `prefix-N`, then ends the first
+/// `end` of those `names` holds.
+async fn changes(member: &Member, prefix: &str, create: usize, names: &[String], end: usize) {
+    let mut client = member.client().await;
+    for i in 0..create {
+        client
+            .create_session(common::request(&format!("{prefix}-{i}")))
+            .await
+            .expect("created");
+    }
+    let (all, _) = listing(member).await;
+    let ids: Vec<String> = all
+        .values()
+        .filter(|s| names.contains(&s.name) && s.state != pb::SessionState::Terminated as i32)
+        .take(end)
+        .map(|s| s.id.clone())
+        .collect();
+    for id in ids {
+        client
+            .terminate_session(pb::TerminateSessionRequest { id })
+            .await
+            .expect("ended");
+    }
+}
+
+fn names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+/// A watcher follows `first` from a listing, then stops reading; more changes are made; `first`
+/// is replaced (`replace` kills it and returns the controller that serves next); more changes
+/// are made there; the watcher resumes from the last revision it read and must hold every
+/// session's latest state, with revisions that only grew throughout.
+async fn resumed_watch_misses_nothing(first: Member, replace: impl AsyncFnOnce(Member) -> Member) {
+    first.register_node().await;
+    let (_, listed) = listing(&first).await;
+    let mut stream = first
+        .client()
+        .await
+        .watch_sessions(pb::WatchSessionsRequest {
+            since_revision: listed,
+        })
+        .await
+        .expect("watches")
+        .into_inner();
+    let mut seen = Seen::default();
+    changes(&first, "early", 20, &[], 0).await;
+    catch_up(&mut stream, &mut seen, &first).await;
+    let resume_from = seen.revision;
+    assert!(resume_from > listed);
+    drop(stream);
+
+    // Unread: made while the watcher was away, before the controller went.
+    changes(&first, "unread", 10, &names("early", 20), 10).await;
+    let next = replace(first).await;
+    next.register_node().await;
+    changes(&next, "after", 10, &names("unread", 10), 5).await;
+
+    let mut stream = next
+        .client()
+        .await
+        .watch_sessions(pb::WatchSessionsRequest {
+            since_revision: resume_from,
+        })
+        .await
+        .expect("resumes")
+        .into_inner();
+    let before = seen.messages;
+    catch_up(&mut stream, &mut seen, &next).await;
+    let (truth, _) = listing(&next).await;
+    assert_eq!(truth.len(), 40);
+    let ended = truth
+        .values()
+        .filter(|s| s.state == pb::SessionState::Terminated as i32)
+        .count();
+    assert_eq!(ended, 15, "the changes made before and after were kept");
+    eprintln!(
+        "resumed from revision {resume_from}: {} messages after, now at revision {}",
+        seen.messages - before,
+        seen.revision
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumed_after_a_sled_restart_misses_nothing() {
+    let scratch = gpuwarden_test_support::scratch("watch-restart");
+    let store = format!("sled:{}", scratch.path().join("store").display());
+    let first = Member::start(&store, &[]);
+    first.until_serving(Duration::from_secs(10)).await;
+    resumed_watch_misses_nothing(first, async |first| {
+        // A crash, not a clean stop.
+        drop(first);
+        let next = Member::start(&store, &[]);
+        next.until_serving(Duration::from_secs(10)).await;
+        next
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumed_after_a_failover_misses_nothing() {
+    let etcd = gpuwarden_test_support::Etcd::start();
+    let store = etcd.store_url("watch-failover");
+    let elected = |store: &str| Member::start(store, &["--lease-ttl-secs", "2"]);
+    let first = elected(&store);
+    first.until_serving(Duration::from_secs(10)).await;
+    let standby = elected(&store);
+    resumed_watch_misses_nothing(first, async |first| {
+        drop(first);
+        standby.until_serving(Duration::from_secs(10)).await;
+        standby
+    })
+    .await;
 }
