@@ -398,3 +398,91 @@ async fn a_watch_resumed_after_a_failover_misses_nothing() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_hold_every_session_once_while_sessions_come_and_go() {
+    let scratch = gpuwarden_test_support::scratch("watch-pages");
+    let limits = Limits {
+        max_page_size: 40,
+        ..Limits::default()
+    };
+    let addr = common::serve_in_process(scratch.path(), Transport::PlainText, limits).await;
+    register(addr, "n1", 1_000).await;
+    let mut client = client(addr).await;
+    let mut before = Vec::new();
+    for i in 0..200 {
+        let s = client
+            .create_session(common::request(&format!("old-{i}")))
+            .await
+            .expect("created")
+            .into_inner();
+        before.push(s.id);
+    }
+    // A page never holds more than the limit, whatever is asked.
+    let first = client
+        .list_sessions(pb::ListSessionsRequest {
+            page_size: 1_000,
+            ..Default::default()
+        })
+        .await
+        .expect("lists")
+        .into_inner();
+    assert_eq!(first.sessions.len(), 40);
+
+    let mut pages = Vec::new();
+    let mut page_token = String::new();
+    let mut n = 0;
+    loop {
+        let page = client
+            .list_sessions(pb::ListSessionsRequest {
+                page_size: 25,
+                page_token,
+                ..Default::default()
+            })
+            .await
+            .expect("lists")
+            .into_inner();
+        assert!(page.sessions.len() <= 25);
+        pages.push(page.sessions);
+        // Between pages: sessions come, and some of those already listed or still ahead end.
+        client
+            .create_session(common::request(&format!("new-{n}")))
+            .await
+            .expect("created");
+        for id in [&before[n * 7 % 200], &before[(n * 13 + 150) % 200]] {
+            client
+                .terminate_session(pb::TerminateSessionRequest { id: id.clone() })
+                .await
+                .expect("ended");
+        }
+        n += 1;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    let listed: Vec<&str> = pages.iter().flatten().map(|s| s.id.as_str()).collect();
+    let unique: std::collections::BTreeSet<&str> = listed.iter().copied().collect();
+    assert_eq!(unique.len(), listed.len(), "a session on two pages");
+    let missing: Vec<&String> = before
+        .iter()
+        .filter(|id| !unique.contains(id.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "never listed: {missing:?}");
+    // In creation order across pages.
+    let created: Vec<(i64, &str)> = pages
+        .iter()
+        .flatten()
+        .map(|s| (s.created_at_ms, s.id.as_str()))
+        .collect();
+    assert!(created.is_sorted());
+
+    let bad = client
+        .list_sessions(pb::ListSessionsRequest {
+            page_token: "not a token".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+}
