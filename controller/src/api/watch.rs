@@ -135,7 +135,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl SessionLog {
-    /// An empty log whose counter starts at `mark`.
+    /// An empty log, its counter at 0 (see [`SessionLog::reset`]).
     #[must_use]
     pub fn new() -> Self {
         Self {
@@ -183,7 +183,7 @@ impl SessionLog {
     /// Records that sessions `removed` are forgotten (call under the scheduler's lock): the mark
     /// to store with their removal.
     pub(crate) fn forget(&self, removed: &[String]) -> RevisionMark {
-        let mut counter = lock(&self.counter);
+        // The log first and alone: `start` takes the log, then the counter.
         let known: Vec<Option<u64>> = {
             let log = lock(&self.log);
             removed
@@ -191,6 +191,7 @@ impl SessionLog {
                 .map(|id| log.revision_of.get(id).copied())
                 .collect()
         };
+        let mut counter = lock(&self.counter);
         for revision in known {
             // A final state not yet published may still be committing: its revision is at most
             // the counter.
