@@ -1,6 +1,6 @@
 //! `cargo xtask bench e2e`: sessions per second from create to RUNNING, and the latency of each,
-//! played over real gRPC on loopback: fake agents (one stream each, acknowledging every
-//! allocation at once) on 1,000 nodes × 8 GPUs, and concurrent clients creating 5,000 mixed
+//! played over real gRPC on loopback: fake agents (one stream each, heartbeating every 2 s as
+//! agents do, acknowledging every allocation at once) on 1,000 nodes × 8 GPUs, and concurrent clients creating 5,000 mixed
 //! fractional sessions. Run on sled and on a real etcd (Debian's, started here), each with group
 //! commit and, as the baseline measured in the same run, with one change per commit. Then the
 //! failover time: two controllers on etcd, the leader killed, until the standby leads (three
@@ -103,10 +103,12 @@ fn node_info(i: usize) -> pb::NodeInfo {
     }
 }
 
-/// A fake agent: registers, opens its stream, acknowledges every allocation.
+/// A fake agent: registers, opens its stream, heartbeats as often as a real agent does, and
+/// acknowledges every allocation.
 async fn agent(channel: Channel, info: pb::NodeInfo) {
     let mut client = AgentServiceClient::new(channel);
     let node = info.node_id.clone();
+    let beating = node.clone();
     client.register(info).await.expect("registers");
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::AgentMessage>(256);
     tx.send(pb::AgentMessage {
@@ -123,6 +125,26 @@ async fn agent(channel: Channel, info: pb::NodeInfo) {
         .await
         .expect("stream")
         .into_inner();
+    let beat = tx.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Timing::default().heartbeat_interval);
+        tick.tick().await;
+        for seq in 1.. {
+            tick.tick().await;
+            let heartbeat = pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+                node_id: beating.clone(),
+                seq,
+                running_sessions: vec![],
+            });
+            let message = pb::AgentMessage {
+                msg: Some(heartbeat),
+            };
+            // The stream is gone once the run ends.
+            if beat.send(message).await.is_err() {
+                break;
+            }
+        }
+    });
     tokio::spawn(async move {
         while let Some(Ok(message)) = inbound.next().await {
             if let Some(pb::controller_message::Msg::Allocate(a)) = message.msg {
