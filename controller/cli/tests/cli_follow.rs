@@ -302,8 +302,11 @@ fn session_watch_follows_the_leader_through_a_failover_and_misses_no_change() {
     }
     let truth = caught_up(&b.url);
     assert_eq!(truth.len(), 10);
-    let ended = truth.values().filter(|(_, s)| s == "terminated").count();
-    assert_eq!(ended, 3, "{truth:?}");
+    // Ended by request (or failed first: their node's agent never connected).
+    for id in &first[..3] {
+        let (_, state) = &truth[id];
+        assert!(state == "terminated" || state == "failed", "{truth:?}");
+    }
     let _ = watch.kill();
     let _ = watch.wait();
 }
