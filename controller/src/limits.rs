@@ -55,6 +55,9 @@ pub struct Limits {
     pub max_watches_per_caller: usize,
     /// Most open Watch streams in total (1,024).
     pub max_watches: usize,
+    /// Most sessions in one `ListSessions` page (1,000), the default page size too; a page
+    /// also stops short of `max_message_bytes`.
+    pub max_page_size: usize,
     /// Most requests in flight on one HTTP/2 connection (64).
     pub concurrency_per_connection: usize,
     /// Longest a unary call may take, in seconds (30); streams are not cut by it.
@@ -97,6 +100,7 @@ impl Default for Limits {
             max_sessions: 100_000,
             max_watches_per_caller: 16,
             max_watches: 1_024,
+            max_page_size: 1_000,
             concurrency_per_connection: 64,
             request_timeout_secs: 30,
             keepalive_interval_secs: 30,

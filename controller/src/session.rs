@@ -76,6 +76,10 @@ pub struct Session {
     /// origins: the controller).
     #[serde(default)]
     pub origin: Origin,
+    /// The revision of its latest change (0: none since before revisions), stamped by the
+    /// controller as the change is stored (docs/architecture.md, "Watching sessions").
+    #[serde(default)]
+    pub revision: u64,
 }
 
 /// Who placed a session.
@@ -203,6 +207,7 @@ mod tests {
             explanation: None,
             usage: Default::default(),
             origin: Origin::Controller,
+            revision: 0,
         };
         for at_ms in 0..40 {
             s.record_event(EnforcementEvent {

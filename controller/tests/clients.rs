@@ -144,6 +144,7 @@ fn create(owner: &str) -> pb::CreateSessionRequest {
 fn list(owner: &str) -> pb::ListSessionsRequest {
     pb::ListSessionsRequest {
         owner: owner.to_owned(),
+        ..Default::default()
     }
 }
 
@@ -411,7 +412,7 @@ async fn a_user_watches_only_its_own_sessions() {
     let served = Served::start(false).await;
     let mut client = served.client(&ClientTls::default()).await;
     let mut watch = client
-        .watch_sessions(bearer(pb::WatchSessionsRequest {}, &served.alice))
+        .watch_sessions(bearer(pb::WatchSessionsRequest::default(), &served.alice))
         .await
         .expect("alice watches")
         .into_inner();

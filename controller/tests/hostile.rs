@@ -307,7 +307,10 @@ async fn oversized_strings_maps_and_messages_are_refused_naming_the_field() {
     );
     refused(
         client
-            .list_sessions(pb::ListSessionsRequest { owner: mb.clone() })
+            .list_sessions(pb::ListSessionsRequest {
+                owner: mb.clone(),
+                ..Default::default()
+            })
             .await,
         Code::InvalidArgument,
         &["owner: 1048576 bytes"],
@@ -441,7 +444,7 @@ async fn thousands_of_watch_streams_are_refused_past_the_cap_and_the_first_keep_
     for _ in 0..cap {
         open.push(
             client
-                .watch_sessions(pb::WatchSessionsRequest {})
+                .watch_sessions(pb::WatchSessionsRequest::default())
                 .await
                 .expect("within the cap")
                 .into_inner(),
@@ -449,7 +452,9 @@ async fn thousands_of_watch_streams_are_refused_past_the_cap_and_the_first_keep_
     }
     for _ in 0..2_000 {
         refused(
-            client.watch_sessions(pb::WatchSessionsRequest {}).await,
+            client
+                .watch_sessions(pb::WatchSessionsRequest::default())
+                .await,
             Code::ResourceExhausted,
             &["open Watch streams", "limits.max_watches_per_caller"],
         );
@@ -471,7 +476,10 @@ async fn thousands_of_watch_streams_are_refused_past_the_cap_and_the_first_keep_
     drop(open.pop());
     let mut reopened = None;
     for _ in 0..50 {
-        match client.watch_sessions(pb::WatchSessionsRequest {}).await {
+        match client
+            .watch_sessions(pb::WatchSessionsRequest::default())
+            .await
+        {
             Ok(s) => {
                 reopened = Some(s);
                 break;

@@ -12,7 +12,8 @@
 //!   `mode`, `considered`, `candidates`: `node`, `devices`, `total`, `chosen`, `over_cap`,
 //!   `predicted_utilization`, `terms` (`name`, `value`, `weight`, `contribution`)), `origin`
 //!   (`controller`, or `dra` for a Kubernetes claim its node's agent prepared), `kubernetes`
-//!   (null unless `dra`: `namespace`, `claim_name`, `claim_uid`, `pod_name`, `pod_uid`);
+//!   (null unless `dra`: `namespace`, `claim_name`, `claim_uid`, `pod_name`, `pod_uid`),
+//!   `revision` (of its latest change; see docs/architecture.md, "Watching sessions");
 //! - profile: `class`, `runs`, `samples`, `deciles` (utilization at the 5th … 95th
 //!   percentiles), `mean`, `peak_memory_bytes`, `mean_ioctls_per_sec`, `updated_at_ms`;
 //! - node: `id`, `hostname`, `state`, `capacity`, `allocated`, `devices` (`index`, `uuid`,
@@ -52,6 +53,8 @@ pub struct Session {
     explanation: Option<Explanation>,
     origin: String,
     kubernetes: Option<KubernetesClaim>,
+    /// The revision of its latest change (resume a watch after it).
+    revision: u64,
 }
 
 /// The Kubernetes claim and pod a `dra` session stands for.
@@ -230,6 +233,7 @@ impl From<&pb::Session> for Session {
                 pod_name: k.pod_name.clone(),
                 pod_uid: k.pod_uid.clone(),
             }),
+            revision: s.revision,
         }
     }
 }

@@ -11,6 +11,7 @@
 //! exits 2 with a message naming the bad part; a server or agent error exits 1 with the reason.
 //! [`main`] is the whole binary, so test binaries can wrap the same CLI.
 
+pub mod follow;
 pub mod json;
 pub mod render;
 pub mod run;
@@ -24,7 +25,6 @@ use gpuwarden_proto::{
     v1::{self as pb, scheduler_service_client::SchedulerServiceClient},
 };
 use gpuwarden_runtime::tls::ClientTls;
-use tokio_stream::StreamExt;
 use tonic::{
     metadata::{Ascii, MetadataValue},
     service::{Interceptor, interceptor::InterceptedService},
@@ -250,7 +250,8 @@ enum SessionCommand {
         /// Session id.
         id: String,
     },
-    /// Print session changes as they happen.
+    /// Print session changes as they happen (following the leader, and resuming where it
+    /// stopped when the controller restarts).
     Watch,
 }
 
@@ -508,13 +509,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
         }
         Command::Session(SessionCommand::Ls { owner }) => {
-            let sessions = client
-                .list_sessions(pb::ListSessionsRequest {
-                    owner: owner.unwrap_or_default(),
-                })
-                .await?
-                .into_inner()
-                .sessions;
+            let (sessions, _) = follow::list_all(&mut client, &owner.unwrap_or_default()).await?;
             if cli.json {
                 print_json(&sessions.iter().map(json::Session::from).collect::<Vec<_>>());
             } else {
@@ -547,12 +542,11 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
         }
         Command::Session(SessionCommand::Watch) => {
-            let mut stream = client
-                .watch_sessions(pb::WatchSessionsRequest {})
-                .await?
-                .into_inner();
-            while let Some(s) = stream.next().await {
-                let s = s?;
+            // From the revision the sessions are at now, across restarts and leader changes.
+            let revision = follow::revision_now(&mut client).await?;
+            let mut follower = follow::Follower::new(&cli.controller, client, revision);
+            loop {
+                let s = follower.next().await?;
                 if cli.json {
                     match serde_json::to_string(&json::Session::from(&s)) {
                         Ok(line) => println!("{line}"),

@@ -1,9 +1,11 @@
 //! `gpuwarden run`: runs a command inside a session's quota on this node (bare metal).
 //!
 //! The steps: ask the local agent for its node, create a session pinned there with a managed
-//! target, wait until it runs, ask the agent for the session's cgroup, start the command inside
-//! it, wait for it, end the session, and exit with the command's status (128 + signal when a
-//! signal killed it; 127 when it could not be found, 126 when it could not be started).
+//! target, wait until it runs (watching from the revision the sessions were at once it was
+//! created, so no change of it is missed, across controller restarts and leader changes), ask
+//! the agent for the session's cgroup, start the command inside it, wait for it, end the session,
+//! and exit with the command's status (128 + signal when a signal killed it; 127 when it could not
+//! be found, 126 when it could not be started).
 
 use std::{
     os::unix::process::ExitStatusExt,
@@ -17,10 +19,10 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use gpuwarden_agent_api::{ClientError, client};
 
-use super::{CliError, Client, ControllerArgs, PolicyArgs, connect};
+use super::{CliError, Client, ControllerArgs, PolicyArgs, connect, follow};
 use gpuwarden_controller::{api::convert, session::Target, slots::ResourceSlot};
 
-/// How often the session and its cgroup are polled while starting.
+/// How often the session's cgroup is polled while starting.
 const POLL: Duration = Duration::from_millis(100);
 /// How long the agent may take to make and bind the session's cgroup once the session runs.
 const CGROUP_WAIT: Duration = Duration::from_secs(10);
@@ -117,7 +119,13 @@ pub async fn run(controller: &ControllerArgs, args: RunArgs) -> Result<ExitCode,
     }
 
     let start = async {
-        wait_running(&mut client, &id, Duration::from_secs(args.start_timeout)).await?;
+        wait_running(
+            controller,
+            &mut client,
+            &id,
+            Duration::from_secs(args.start_timeout),
+        )
+        .await?;
         let cgroup = wait_cgroup(&args.agent_socket, &id).await?;
         if args.verbose {
             eprintln!("gpuwarden: session {id} running in {}", cgroup.display());
@@ -173,48 +181,68 @@ fn signal_code(sig: i32) -> ExitCode {
     ExitCode::from(u8::try_from(128 + sig).unwrap_or(u8::MAX))
 }
 
-/// Polls the session until it runs.
-async fn wait_running(client: &mut Client, id: &str, timeout: Duration) -> Result<(), CliError> {
-    let deadline = Instant::now() + timeout;
+/// Waits until the session runs: its state now, then every change of it after the revision the
+/// sessions were at when it was read (the session was created, and stored, before).
+async fn wait_running(
+    controller: &ControllerArgs,
+    client: &mut Client,
+    id: &str,
+    timeout: Duration,
+) -> Result<(), CliError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let revision = follow::revision_now(client).await?;
+    let mut s = client
+        .get_session(pb::GetSessionRequest { id: id.to_owned() })
+        .await?
+        .into_inner();
+    let mut follower = follow::Follower::new(controller, client.clone(), revision);
     loop {
-        let s = client
-            .get_session(pb::GetSessionRequest { id: id.to_owned() })
-            .await?
-            .into_inner();
-        match pb::SessionState::try_from(s.state).unwrap_or(pb::SessionState::Unspecified) {
-            pb::SessionState::Running => return Ok(()),
-            pb::SessionState::Pending
-            | pb::SessionState::Scheduled
-            | pb::SessionState::Unspecified => {}
-            pb::SessionState::Failed => {
-                return Err(CliError::Run(format!("session {id} failed: {}", s.reason)));
-            }
-            pb::SessionState::Terminating
-            | pb::SessionState::Terminated
-            | pb::SessionState::Lost => {
+        if started(id, &s)? {
+            return Ok(());
+        }
+        // Another session's change, or an older state of this one, says nothing new.
+        loop {
+            let Ok(next) = tokio::time::timeout_at(deadline, follower.next()).await else {
+                let state = super::wire::state(s.state);
+                let why = if s.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", s.reason)
+                };
                 return Err(CliError::Run(format!(
-                    "session {id} ended before it ran ({}){}",
-                    super::wire::state(s.state),
-                    if s.reason.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {}", s.reason)
-                    }
+                    "session {id} did not start within {timeout:?} (still {state}{why}); see --start-timeout"
                 )));
+            };
+            let next = next?;
+            if next.id == id && next.revision >= s.revision {
+                s = next;
+                break;
             }
         }
-        if Instant::now() >= deadline {
-            let state = super::wire::state(s.state);
-            let why = if s.reason.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", s.reason)
-            };
-            return Err(CliError::Run(format!(
-                "session {id} did not start within {timeout:?} (still {state}{why}); see --start-timeout"
-            )));
+    }
+}
+
+/// Whether session `s` runs (`false`: not yet); an error once it can no longer.
+fn started(id: &str, s: &pb::Session) -> Result<bool, CliError> {
+    match pb::SessionState::try_from(s.state).unwrap_or(pb::SessionState::Unspecified) {
+        pb::SessionState::Running => Ok(true),
+        pb::SessionState::Pending | pb::SessionState::Scheduled | pb::SessionState::Unspecified => {
+            Ok(false)
         }
-        tokio::time::sleep(POLL).await;
+        pb::SessionState::Failed => {
+            Err(CliError::Run(format!("session {id} failed: {}", s.reason)))
+        }
+        pb::SessionState::Terminating | pb::SessionState::Terminated | pb::SessionState::Lost => {
+            Err(CliError::Run(format!(
+                "session {id} ended before it ran ({}){}",
+                super::wire::state(s.state),
+                if s.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", s.reason)
+                }
+            )))
+        }
     }
 }
 

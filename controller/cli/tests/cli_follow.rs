@@ -1,7 +1,14 @@
 //! The CLI given several controllers sharing a real etcd: whichever it asks first, a dead one or
-//! a standby, it ends up asking the leader.
+//! a standby, it ends up asking the leader; `session watch` follows the leader through a
+//! failover and misses no change.
 
-use std::{process::Command, time::Duration};
+use std::{
+    collections::BTreeMap,
+    io::BufRead as _,
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
 use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
@@ -87,4 +94,219 @@ fn the_cli_asks_the_leader_whichever_controller_it_is_given() {
             "--controller {given}: {said}"
         );
     }
+}
+
+/// A controller campaigning on `store` on a runtime of its own, so that [`Killable::kill`] can
+/// stop it at once, open streams and all, as a crash would (its lease then lapses).
+struct Killable {
+    url: String,
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Killable {
+    fn start(store: &str) -> Self {
+        let spec: gpuwarden_controller::store::StoreSpec = store.parse().expect("a store spec");
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let addr = rt
+                .block_on(server::spawn_elected(
+                    &spec,
+                    SchedulerConfig::default(),
+                    Timing::default(),
+                    Duration::from_secs(2),
+                    std::future::pending(),
+                ))
+                .expect("serves");
+            addr_tx.send(addr).expect("told");
+            let _ = stopped.recv();
+            rt.shutdown_background();
+        });
+        let addr = addr_rx.recv().expect("an address");
+        Self {
+            url: format!("http://{addr}"),
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+
+    /// Waits until it leads.
+    fn until_leading(&self) {
+        let started = Instant::now();
+        while !slot_ls(&self.url).0 {
+            assert!(started.elapsed() < Duration::from_secs(15), "never led");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Killable {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn gpuwarden(controllers: &str, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["--controller", controllers])
+        .args(args)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Registers a node with 1,000 CPUs on the controller at `url`.
+fn register(rt: &tokio::runtime::Runtime, url: &str) {
+    rt.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
+            .expect("a URL")
+            .connect()
+            .await
+            .expect("connects");
+        AgentServiceClient::new(channel)
+            .register(pb::NodeInfo {
+                node_id: "n1".into(),
+                hostname: "n1".into(),
+                slot_types: vec![pb::SlotType {
+                    name: "cpu".into(),
+                    kind: pb::SlotKind::Count.into(),
+                }],
+                capacity: Some(pb::ResourceSlot {
+                    values: [("cpu".to_owned(), "1000".to_owned())].into(),
+                }),
+                ..Default::default()
+            })
+            .await
+            .expect("registers");
+    });
+}
+
+/// `(id → (revision, state))` of every session `controllers` lists.
+fn listed(controllers: &str) -> BTreeMap<String, (u64, String)> {
+    let out = gpuwarden(controllers, &["--json", "session", "ls"]);
+    let sessions: Vec<serde_json::Value> = serde_json::from_str(&out).expect("JSON");
+    sessions
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_str().expect("an id").to_owned(),
+                (
+                    s["revision"].as_u64().expect("a revision"),
+                    s["state"].as_str().expect("a state").to_owned(),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn session_watch_follows_the_leader_through_a_failover_and_misses_no_change() {
+    let etcd = Etcd::start();
+    let store = etcd.store_url("cli-watch");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut a = Killable::start(&store);
+    a.until_leading();
+    let b = Killable::start(&store);
+    register(&rt, &a.url);
+    let both = format!("{},{}", a.url, b.url);
+
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["--controller", &both, "--json", "session", "watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("watches");
+    // Each line as it comes: the latest (revision, state) per session.
+    let seen: Arc<Mutex<BTreeMap<String, (u64, String)>>> = Arc::default();
+    let lines = watch.stdout.take().expect("stdout");
+    let into = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(lines).lines() {
+            let Ok(line) = line else { return };
+            let s: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
+            let id = s["id"].as_str().expect("an id").to_owned();
+            let revision = s["revision"].as_u64().expect("a revision");
+            let state = s["state"].as_str().expect("a state").to_owned();
+            let mut seen = into.lock().expect("not poisoned");
+            if seen.get(&id).is_none_or(|(r, _)| *r < revision) {
+                seen.insert(id, (revision, state));
+            }
+        }
+    });
+    let caught_up = |controllers: &str| {
+        let started = Instant::now();
+        loop {
+            let truth = listed(controllers);
+            let behind: Vec<String> = {
+                let seen = seen.lock().expect("not poisoned");
+                truth
+                    .iter()
+                    .filter(|(id, (r, _))| seen.get(*id).is_none_or(|(s, _)| s < r))
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            };
+            if behind.is_empty() {
+                return truth;
+            }
+            assert!(
+                started.elapsed() < Duration::from_mins(1),
+                "the watch never showed the latest state of {behind:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+
+    let create = |controllers: &str, name: &str| {
+        gpuwarden(
+            controllers,
+            &["session", "create", "-r", "cpu=1", "--name", name],
+        )
+        .trim()
+        .to_owned()
+    };
+    let first: Vec<String> = (0..5).map(|i| create(&a.url, &format!("a-{i}"))).collect();
+    caught_up(&a.url);
+
+    a.kill();
+    b.until_leading();
+    register(&rt, &b.url);
+    for id in &first[..3] {
+        gpuwarden(&b.url, &["session", "rm", id]);
+    }
+    for i in 0..5 {
+        create(&b.url, &format!("b-{i}"));
+    }
+    let truth = caught_up(&b.url);
+    assert_eq!(truth.len(), 10);
+    // Ended by request (or failed first: their node's agent never connected).
+    for id in &first[..3] {
+        let (_, state) = &truth[id];
+        assert!(state == "terminated" || state == "failed", "{truth:?}");
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
 }

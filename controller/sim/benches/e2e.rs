@@ -1,10 +1,14 @@
 //! `cargo xtask bench e2e`: sessions per second from create to RUNNING, and the latency of each,
-//! played over real gRPC on loopback: fake agents (one stream each, acknowledging every
-//! allocation at once) on 1,000 nodes × 8 GPUs, and concurrent clients creating 5,000 mixed
+//! played over real gRPC on loopback: fake agents (one stream each, heartbeating every 2 s as
+//! agents do, acknowledging every allocation at once) on 1,000 nodes × 8 GPUs, and concurrent clients creating 5,000 mixed
 //! fractional sessions. Run on sled and on a real etcd (Debian's, started here), each with group
 //! commit and, as the baseline measured in the same run, with one change per commit. Then the
 //! failover time: two controllers on etcd, the leader killed, until the standby leads (three
-//! rounds).
+//! rounds). Then the scale rows: the same at 10,000 nodes and 50,000 sessions (or the size
+//! `GPUWARDEN_BENCH_SCALE=NODESxSESSIONS` names), with group commit, on sled and etcd, beside
+//! the 1,000-node row as ratios; each row says how many sessions' RUNNING the watcher never saw
+//! (must be 0), the heartbeats ingested, and the bench process's peak RSS (controller, fake
+//! agents and clients together) per node and per session.
 
 use std::{
     collections::HashMap,
@@ -14,8 +18,9 @@ use std::{
 
 use gpuwarden_controller::{
     api::{Controller, Timing},
+    limits::Limits,
     scheduler::{Scheduler, SchedulerConfig},
-    server,
+    server::{self, Transport},
     store::{Store, StoreSpec},
 };
 use gpuwarden_proto::v1::{
@@ -33,10 +38,33 @@ const CLIENTS: usize = 64;
 /// HTTP/2 connections the fake agents share, as a fleet's would be spread over the controller.
 const AGENT_CONNECTIONS: usize = 8;
 
+/// How big a run is.
+#[derive(Clone, Copy)]
+struct Size {
+    nodes: usize,
+    sessions: usize,
+}
+
+/// The size of the rows that compare commit modes.
+const BASE: Size = Size {
+    nodes: NODES,
+    sessions: SESSIONS,
+};
+
 struct Row {
     store: &'static str,
     grouped: bool,
+    size: Size,
     running: usize,
+    /// Sessions whose RUNNING the watcher never saw.
+    missed: usize,
+    /// Heartbeats the controller ingested.
+    heartbeats: u64,
+    /// Creating every session until the last RUNNING, in seconds.
+    took: f64,
+    /// This process's resident memory before the run, and with everything of it still up.
+    rss_before: u64,
+    rss: u64,
     per_second: f64,
     p50: Duration,
     p99: Duration,
@@ -75,10 +103,12 @@ fn node_info(i: usize) -> pb::NodeInfo {
     }
 }
 
-/// A fake agent: registers, opens its stream, acknowledges every allocation.
+/// A fake agent: registers, opens its stream, heartbeats as often as a real agent does, and
+/// acknowledges every allocation.
 async fn agent(channel: Channel, info: pb::NodeInfo) {
     let mut client = AgentServiceClient::new(channel);
     let node = info.node_id.clone();
+    let beating = node.clone();
     client.register(info).await.expect("registers");
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::AgentMessage>(256);
     tx.send(pb::AgentMessage {
@@ -95,6 +125,26 @@ async fn agent(channel: Channel, info: pb::NodeInfo) {
         .await
         .expect("stream")
         .into_inner();
+    let beat = tx.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Timing::default().heartbeat_interval);
+        tick.tick().await;
+        for seq in 1.. {
+            tick.tick().await;
+            let heartbeat = pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+                node_id: beating.clone(),
+                seq,
+                running_sessions: vec![],
+            });
+            let message = pb::AgentMessage {
+                msg: Some(heartbeat),
+            };
+            // The stream is gone once the run ends.
+            if beat.send(message).await.is_err() {
+                break;
+            }
+        }
+    });
     tokio::spawn(async move {
         while let Some(Ok(message)) = inbound.next().await {
             if let Some(pb::controller_message::Msg::Allocate(a)) = message.msg {
@@ -117,20 +167,24 @@ async fn connect(url: &str) -> Channel {
         .expect("connects")
 }
 
-fn request(i: usize) -> pb::CreateSessionRequest {
-    // 0.1 to 0.5 of a GPU: 5,000 of them fit 8,000 GPUs, so every one runs.
+fn request(i: usize, owners: usize) -> pb::CreateSessionRequest {
+    // 0.1 to 0.5 of a GPU: 5 sessions per node of 8 GPUs fit, so every one runs.
     let shares = format!("0.{}", 1 + i % 5);
     pb::CreateSessionRequest {
         requested: Some(pb::ResourceSlot {
             values: [("cuda.shares".to_owned(), shares)].into(),
         }),
-        owner: format!("user-{}", i % 16),
+        owner: format!("user-{}", i % owners),
         name: format!("job-{i:05}"),
         ..Default::default()
     }
 }
 
-async fn run(store: Store, label: &'static str, grouped: bool) -> Row {
+async fn run(store: Store, label: &'static str, grouped: bool, size: Size) -> Row {
+    let Size { nodes, sessions } = size;
+    let rss_before = rss();
+    // Each owner may hold 1,000 sessions at once.
+    let owners = sessions.div_ceil(1_000).max(16);
     let store = if grouped {
         store
     } else {
@@ -150,9 +204,18 @@ async fn run(store: Store, label: &'static str, grouped: bool) -> Row {
         .await
         .expect("binds");
     let url = format!("http://{}", listener.local_addr().expect("bound"));
-    let server = tokio::spawn(server::serve_on(
+    // Every client here shares one address: the rate limits are not what is measured.
+    let limits = Limits {
+        client_requests_per_sec: 1_000_000,
+        client_request_burst: 1_000_000,
+        ..Limits::default()
+    };
+    let server = tokio::spawn(server::serve_bounded(
         Arc::clone(&controller),
         listener,
+        Transport::PlainText,
+        limits,
+        None,
         std::future::pending(),
     ));
 
@@ -160,7 +223,7 @@ async fn run(store: Store, label: &'static str, grouped: bool) -> Row {
     for _ in 0..AGENT_CONNECTIONS {
         channels.push(connect(&url).await);
     }
-    let agents: Vec<_> = (0..NODES)
+    let agents: Vec<_> = (0..nodes)
         .map(|i| tokio::spawn(agent(channels[i % AGENT_CONNECTIONS].clone(), node_info(i))))
         .collect();
     for a in agents {
@@ -194,7 +257,7 @@ async fn run(store: Store, label: &'static str, grouped: bool) -> Row {
                 if let Some(started) = started {
                     let mut l = latencies.lock().unwrap_or_else(PoisonError::into_inner);
                     l.push(started.elapsed());
-                    if l.len() == SESSIONS
+                    if l.len() == sessions
                         && let Some(tx) = all_running.take()
                     {
                         let _ = tx.send(Instant::now());
@@ -210,8 +273,8 @@ async fn run(store: Store, label: &'static str, grouped: bool) -> Row {
             let mut client = client.clone();
             let sent = Arc::clone(&sent);
             tokio::spawn(async move {
-                for i in (c..SESSIONS).step_by(CLIENTS) {
-                    let r = request(i);
+                for i in (c..sessions).step_by(CLIENTS) {
+                    let r = request(i, owners);
                     sent.lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .insert(r.name.clone(), Instant::now());
@@ -223,12 +286,15 @@ async fn run(store: Store, label: &'static str, grouped: bool) -> Row {
     for c in creators {
         c.await.expect("creator");
     }
-    let finished = tokio::time::timeout(Duration::from_mins(2), &mut done)
+    // Two minutes per 5,000 sessions before what never arrived counts as missed.
+    let patience = Duration::from_mins(2) * u32::try_from(sessions.div_ceil(5_000)).unwrap_or(1);
+    let finished = tokio::time::timeout(patience, &mut done)
         .await
         .ok()
         .and_then(Result::ok)
         .unwrap_or_else(Instant::now);
     let elapsed = finished - started;
+    let rss_now = rss();
     watcher.abort();
     server.abort();
     let mut l = latencies
@@ -245,7 +311,13 @@ async fn run(store: Store, label: &'static str, grouped: bool) -> Row {
     Row {
         store: label,
         grouped,
+        size,
         running: l.len(),
+        missed: sessions - l.len(),
+        heartbeats: controller.heartbeats_received(),
+        took: elapsed.as_secs_f64(),
+        rss_before,
+        rss: rss_now,
         per_second: l.len() as f64 / elapsed.as_secs_f64(),
         p50: pct(0.5),
         p99: pct(0.99),
@@ -262,7 +334,7 @@ fn print(row: &Row, baseline: Option<&Row>, floor: Option<(f64, Option<Duration>
     let floor = floor.map_or_else(String::new, |(rate, p99)| {
         let met = row.per_second >= rate
             && p99.is_none_or(|p99| row.p99 <= p99)
-            && row.running == SESSIONS;
+            && row.running == row.size.sessions;
         let p99 = p99.map_or_else(String::new, |p| format!(", p99 ≤ {} ms", p.as_millis()));
         format!(
             "≥ {rate:.0}/s{p99}: {}",
@@ -270,7 +342,7 @@ fn print(row: &Row, baseline: Option<&Row>, floor: Option<(f64, Option<Duration>
         )
     });
     println!(
-        "| {} | {} | {}/{SESSIONS} | {:.0} | {ratio} | {:.1} ms | {:.1} ms | {} / {} | {floor} |",
+        "| {} | {} | {}/{} | {:.0} | {ratio} | {:.1} ms | {:.1} ms | {} / {} | {floor} |",
         row.store,
         if row.grouped {
             "group commit"
@@ -278,6 +350,7 @@ fn print(row: &Row, baseline: Option<&Row>, floor: Option<(f64, Option<Duration>
             "one change per commit"
         },
         row.running,
+        row.size.sessions,
         row.per_second,
         row.p50.as_secs_f64() * 1e3,
         row.p99.as_secs_f64() * 1e3,
@@ -341,6 +414,61 @@ fn failover(store: &StoreSpec, probe: &tokio::runtime::Runtime) -> Duration {
     killed.elapsed()
 }
 
+/// The resident memory of this process now, in bytes (`VmRSS`).
+fn rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib << 10)
+}
+
+/// The scale rows' size: `GPUWARDEN_BENCH_SCALE=NODESxSESSIONS`, 10,000 × 50,000 by default.
+fn scale() -> Size {
+    let given = std::env::var("GPUWARDEN_BENCH_SCALE").unwrap_or_default();
+    let parsed = given
+        .split_once('x')
+        .and_then(|(n, s)| Some((n.parse().ok()?, s.parse().ok()?)));
+    match parsed {
+        Some((nodes, sessions)) => Size { nodes, sessions },
+        None => Size {
+            nodes: 10_000,
+            sessions: 50_000,
+        },
+    }
+}
+
+/// A scale row beside the 1,000-node row of the same store: how each cost grows.
+fn print_scale(row: &Row, small: &Row) {
+    let rss = row.rss;
+    let grew = row.rss.saturating_sub(row.rss_before);
+    let ratio = |a: f64, b: f64| a / b.max(1e-9);
+    println!(
+        "| {} | {} × {} | {}/{} | {} | {:.0} ({:.2}×) | {:.1} ms ({:.2}×) | {:.1} ms ({:.2}×) | {:.1} s ({:.2}×) | {} | {} MiB | {} B | {} B |",
+        row.store,
+        row.size.nodes,
+        row.size.sessions,
+        row.running,
+        row.size.sessions,
+        row.missed,
+        row.per_second,
+        ratio(row.per_second, small.per_second),
+        row.p50.as_secs_f64() * 1e3,
+        ratio(row.p50.as_secs_f64(), small.p50.as_secs_f64()),
+        row.p99.as_secs_f64() * 1e3,
+        ratio(row.p99.as_secs_f64(), small.p99.as_secs_f64()),
+        row.took,
+        ratio(row.took, small.took),
+        row.heartbeats,
+        rss >> 20,
+        grew / row.size.nodes.max(1) as u64,
+        grew / row.size.sessions.max(1) as u64,
+    );
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -361,18 +489,44 @@ fn main() {
         |prefix: &str| -> StoreSpec { etcd.store_url(prefix).parse().expect("a store spec") };
     runtime.block_on(async {
         let open = |spec: StoreSpec| async move { Store::open(&spec).await.expect("store") };
-        let base = run(open(sled("base")).await, "sled", false).await;
-        print(&base, None, None);
-        let grouped = run(open(sled("grouped")).await, "sled", true).await;
+        // The one-change-per-commit baselines can be left out when only the scale is wanted.
+        let baselines = std::env::var_os("GPUWARDEN_BENCH_SCALE_ONLY").is_none();
+        let base = if baselines {
+            let base = run(open(sled("base")).await, "sled", false, BASE).await;
+            print(&base, None, None);
+            Some(base)
+        } else {
+            None
+        };
+        let sled_small = run(open(sled("grouped")).await, "sled", true, BASE).await;
         print(
-            &grouped,
-            Some(&base),
+            &sled_small,
+            base.as_ref(),
             Some((5_000.0, Some(Duration::from_millis(100)))),
         );
-        let base = run(open(etcd_spec("base")).await, "etcd", false).await;
-        print(&base, None, None);
-        let grouped = run(open(etcd_spec("grouped")).await, "etcd", true).await;
-        print(&grouped, Some(&base), Some((1_000.0, None)));
+        let base = if baselines {
+            let base = run(open(etcd_spec("base")).await, "etcd", false, BASE).await;
+            print(&base, None, None);
+            Some(base)
+        } else {
+            None
+        };
+        let etcd_small = run(open(etcd_spec("grouped")).await, "etcd", true, BASE).await;
+        print(&etcd_small, base.as_ref(), Some((1_000.0, None)));
+
+        let size = scale();
+        println!(
+            "\n| scale (group commit) | nodes × sessions | running | watcher missed | sessions/s (vs {NODES} nodes) | p50 | p99 | create → last RUNNING | heartbeats | RSS at the end | grown per node | grown per session |"
+        );
+        println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for (label, small) in [("sled", &sled_small), ("etcd", &etcd_small)] {
+            let store = match label {
+                "sled" => open(sled("scale")).await,
+                _ => open(etcd_spec("scale")).await,
+            };
+            let row = run(store, label, true, size).await;
+            print_scale(&row, small);
+        }
     });
     println!(
         "\n| failover (etcd, lease TTL {} s) | takeover after the leader is killed | floor |",

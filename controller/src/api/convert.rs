@@ -299,6 +299,7 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
         explanation: s.explanation.as_ref().map(explanation_to_pb),
         origin: s.origin.as_str().to_owned(),
         kubernetes: s.origin.claim().map(claim_to_pb),
+        revision: s.revision,
     }
 }
 

@@ -2,12 +2,14 @@
 //!
 //! [`Controller`] owns the [`Scheduler`] and the [`Store`]; every change goes through
 //! [`Controller::apply`], which persists what changed and tells watchers before answering. The
-//! services are thin: [`SchedulerApi`] for clients, [`AgentApi`] for agents.
+//! services are thin: [`SchedulerApi`] for clients, [`AgentApi`] for agents. Watchers read the
+//! [`SessionLog`], where every change to a session is numbered by a revision.
 
 mod agents;
 pub mod convert;
 pub mod role;
 mod sessions;
+pub mod watch;
 
 use std::{
     collections::HashMap,
@@ -19,12 +21,13 @@ use std::{
 };
 
 use gpuwarden_proto::v1 as pb;
-use tokio::sync::{Notify, broadcast, mpsc};
+use tokio::sync::{Notify, mpsc};
 use tonic::Status;
 
 pub use agents::AgentApi;
 pub use role::{LEADER_METADATA, Role, StandbyGate};
 pub use sessions::SchedulerApi;
+pub use watch::SessionLog;
 
 use crate::{
     scheduler::{Command, Scheduler},
@@ -67,7 +70,9 @@ pub struct Controller {
     agents: Mutex<HashMap<String, AgentTx>>,
     /// Messages for nodes whose stream isn't open yet.
     outbox: Mutex<HashMap<String, Vec<pb::ControllerMessage>>>,
-    watchers: broadcast::Sender<pb::Session>,
+    /// The latest stored state of every session, numbered by revision: what clients list and
+    /// watch.
+    log: Arc<SessionLog>,
     kick: Notify,
     next_id: AtomicU64,
     heartbeats: AtomicU64,
@@ -118,7 +123,8 @@ impl Controller {
     /// A controller that waits in `role` (a standby until it takes office).
     #[must_use]
     pub fn with_role(scheduler: Scheduler, store: Store, timing: Timing, role: Role) -> Arc<Self> {
-        let (watchers, _) = broadcast::channel(1024);
+        let log = Arc::new(SessionLog::new());
+        log.reset(scheduler.sessions().values(), scheduler.revision_mark());
         Arc::new(Self {
             scheduler: Mutex::new(scheduler),
             store: Mutex::new(store),
@@ -126,7 +132,7 @@ impl Controller {
             deposed: Arc::new(Notify::new()),
             agents: Mutex::new(HashMap::new()),
             outbox: Mutex::new(HashMap::new()),
-            watchers,
+            log,
             kick: Notify::new(),
             next_id: AtomicU64::new(0),
             heartbeats: AtomicU64::new(0),
@@ -169,16 +175,34 @@ impl Controller {
             let changes = scheduler.take_changes();
             let mut writes = Vec::new();
             let mut announce = Vec::new();
+            let mut removed = Vec::new();
             for id in &changes.sessions {
+                if scheduler.sessions().contains_key(id) {
+                    // Numbered in the order changes are submitted, which is the order they are
+                    // stored and published in.
+                    scheduler.stamp_revision(id, self.log.next_revision());
+                }
                 match scheduler.sessions().get(id) {
                     Some(s) => {
                         writes.push(Write::session(s)?);
-                        announce.push(convert::session_to_pb(s));
+                        announce.push(Arc::new(convert::session_to_pb(s)));
                     }
                     // Forgotten after it ended (watchers heard of its end then).
-                    None => writes.push(Write::remove_session(id)),
+                    None => {
+                        writes.push(Write::remove_session(id));
+                        removed.push(id.clone());
+                    }
                 }
             }
+            // Forgetting takes revisions away from what a watch can replay: the mark says
+            // which, and keeps the counter from going back after a restart.
+            let compacted = if removed.is_empty() {
+                0
+            } else {
+                let mark = self.log.forget(&removed);
+                writes.push(Write::revisions(&mark)?);
+                mark.compacted
+            };
             for id in &changes.nodes {
                 if let Some(n) = scheduler.nodes().get(id) {
                     writes.push(Write::node(n)?);
@@ -198,13 +222,8 @@ impl Controller {
                     writes.push(Write::profile(p)?);
                 }
             }
-            let watchers = self.watchers.clone();
-            let after: AfterCommit = Box::new(move || {
-                for s in announce {
-                    // No watcher is not an error.
-                    let _ = watchers.send(s);
-                }
-            });
+            let log = Arc::clone(&self.log);
+            let after: AfterCommit = Box::new(move || log.publish(announce, &removed, compacted));
             // Submitted under the scheduler's lock: the store sees changes in the order they
             // were made, and watchers hear of them in that order.
             (result, lock(&self.store).submit(writes, Some(after)))
@@ -231,6 +250,8 @@ impl Controller {
             let mut scheduler = lock(&self.scheduler);
             let config = scheduler.config().clone();
             *scheduler = Scheduler::restore(config, stored);
+            self.log
+                .reset(scheduler.sessions().values(), scheduler.revision_mark());
             *lock(&self.store) = store;
         }
         self.role.take_office();
@@ -241,6 +262,8 @@ impl Controller {
     /// find the leader (`leader`, where known).
     pub fn step_down(&self, leader: Option<String>) {
         self.role.stand_by(leader);
+        // Its watchers end, and follow the leader from their last revision.
+        self.log.close();
         lock(&self.agents).clear();
         lock(&self.outbox).clear();
     }
@@ -248,6 +271,12 @@ impl Controller {
     /// Completes when a commit finds that this controller no longer leads.
     pub async fn deposed(&self) {
         self.deposed.notified().await;
+    }
+
+    /// The sessions as clients list and watch them.
+    #[must_use]
+    pub fn session_log(&self) -> &Arc<SessionLog> {
+        &self.log
     }
 
     /// Reads the scheduler.

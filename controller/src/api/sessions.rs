@@ -7,10 +7,13 @@
 use std::{pin::Pin, sync::Arc};
 
 use gpuwarden_proto::v1::{self as pb, scheduler_service_server::SchedulerService};
-use tokio_stream::{Stream, StreamExt, wrappers::BroadcastStream};
+use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
-use super::{Controller, convert, store_status};
+use super::{
+    Controller, convert, store_status,
+    watch::{self, WatchError},
+};
 use crate::{
     auth::clients::{Caller, ClientAuth},
     limits::Bounds,
@@ -48,6 +51,59 @@ fn request_status(e: &RequestError) -> Status {
         RequestError::UnknownSlot { .. }
         | RequestError::Oversized { .. }
         | RequestError::UnknownNode(_) => Status::failed_precondition(e.to_string()),
+    }
+}
+
+/// How a watch that cannot go on ends.
+fn watch_status(e: &WatchError) -> Status {
+    match e {
+        WatchError::TooOld { .. } | WatchError::TooNew { .. } => {
+            Status::out_of_range(e.to_string())
+        }
+        WatchError::TermEnded { .. } => Status::unavailable(e.to_string()),
+    }
+}
+
+/// Where the next page of a listing starts, and the revision of its first page: opaque to
+/// clients (URL-safe base64 of `revision:created_at_ms:id`).
+struct PageToken {
+    revision: u64,
+    after: (i64, String),
+}
+
+impl PageToken {
+    fn encode(&self) -> String {
+        use base64::Engine as _;
+        let (created, id) = &self.after;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(format!("{}:{created}:{id}", self.revision))
+    }
+
+    /// The token in `given`, if any; ids in it are held to `max_id_len`.
+    fn parse(given: &str, max_id_len: usize) -> Result<Option<Self>, Status> {
+        use base64::Engine as _;
+        if given.is_empty() {
+            return Ok(None);
+        }
+        let bad = || Status::invalid_argument("page_token: not a token this controller gave");
+        // revision, time, id and two colons.
+        if given.len() > (max_id_len + 48) * 4 / 3 + 4 {
+            return Err(bad());
+        }
+        let text = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(given)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(bad)?;
+        let mut parts = text.splitn(3, ':');
+        let (Some(revision), Some(created), Some(id)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        Ok(Some(Self {
+            revision: revision.parse().map_err(|_| bad())?,
+            after: (created.parse().map_err(|_| bad())?, id.to_owned()),
+        }))
     }
 }
 
@@ -106,18 +162,36 @@ impl SchedulerService for SchedulerApi {
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let caller = self.caller(&request)?;
-        let owner = request.into_inner().owner;
-        self.2.limits.owner("owner", &owner)?;
-        let owner = caller.owner_filter(owner)?;
-        let mut sessions: Vec<pb::Session> = self.0.read(|s| {
-            s.sessions()
-                .values()
-                .filter(|x| owner.is_empty() || x.owner == owner)
-                .map(convert::session_to_pb)
-                .collect()
-        });
-        sessions.sort_by_key(|s| s.created_at_ms);
-        Ok(Response::new(pb::ListSessionsResponse { sessions }))
+        let r = request.into_inner();
+        let limits = &self.2.limits;
+        limits.owner("owner", &r.owner)?;
+        let owner = caller.owner_filter(r.owner)?;
+        let token = PageToken::parse(&r.page_token, limits.max_id_len)?;
+        let size = match usize::try_from(r.page_size) {
+            Ok(0) | Err(_) => limits.max_page_size,
+            Ok(n) => n.min(limits.max_page_size),
+        }
+        .max(1);
+        // Room for the answer's other fields within the message limit.
+        let budget = limits.max_message_bytes.saturating_sub(4 << 10);
+        let page = self.0.session_log().page(
+            |x| owner.is_empty() || x.owner == owner,
+            token.as_ref().map(|t| &t.after),
+            size,
+            budget,
+        );
+        // Every page of a listing reports the first page's revision: a watch from it misses
+        // nothing that changed while the pages were read.
+        let revision = token.as_ref().map_or(page.revision, |t| t.revision);
+        let next_page_token = page
+            .next
+            .map(|after| PageToken { revision, after }.encode())
+            .unwrap_or_default();
+        Ok(Response::new(pb::ListSessionsResponse {
+            sessions: page.sessions,
+            revision,
+            next_page_token,
+        }))
     }
 
     type WatchSessionsStream = Pin<Box<dyn Stream<Item = Result<pb::Session, Status>> + Send>>;
@@ -128,19 +202,31 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<Self::WatchSessionsStream>, Status> {
         let caller = self.caller(&request)?;
         let counted_as = self.counted_as(&caller, &request);
-        // The stream owns the guard: its place is freed when the client goes away.
+        let since = request.into_inner().since_revision;
+        let log = Arc::clone(self.0.session_log());
+        let start = log.start(since).map_err(|e| watch_status(&e))?;
+        // The stream's task owns the guard: its place is freed when the client goes away.
         let guard = self.2.open_watch(&counted_as)?;
-        let stream = BroadcastStream::new(self.0.watchers.subscribe()).filter_map(move |item| {
-            let _open = &guard;
-            match item {
-                Ok(s) if caller.may_see(&s.owner) => Some(Ok(s)),
-                Ok(_) => None,
-                // A slow watcher misses intermediate states; the latest of each session
-                // follows.
-                Err(_) => None,
-            }
-        });
-        Ok(Response::new(Box::pin(stream)))
+        let role = self.0.role().clone();
+        let rx = watch::stream(
+            log,
+            start,
+            move |s| caller.may_see(&s.owner),
+            move |e| match e {
+                WatchError::TermEnded { .. } if !role.is_leader() => {
+                    // The standby's answer, naming the leader to follow.
+                    let refusal = role.refusal();
+                    Status::with_metadata(
+                        refusal.code(),
+                        format!("{}; {e}", refusal.message()),
+                        refusal.metadata().clone(),
+                    )
+                }
+                e => watch_status(&e),
+            },
+            guard,
+        );
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn terminate_session(

@@ -27,8 +27,10 @@ impl Scheduler {
             nodes,
             sessions,
             profiles,
+            revisions,
         } = stored;
         let mut s = Self::new(config);
+        s.revisions = revisions;
         s.registry = registry;
         s.profiles = ProfileBook::new(profiles);
         for mut node in nodes {
@@ -283,6 +285,7 @@ impl Scheduler {
             explanation: None,
             usage: crate::profile::UsageSeries::default(),
             origin: Origin::Controller,
+            revision: 0,
             name,
             id: id.clone(),
             owner,

@@ -39,6 +39,7 @@ use crate::{
     profile::ProfileBook,
     session::{QuotaPolicy, Session, SessionState, Target, TargetError, TargetScope, now_ms},
     slots::{RegistryError, ResourceSlot, SlotTypeRegistry},
+    store::RevisionMark,
 };
 
 /// Order in which pending sessions are tried.
@@ -259,6 +260,8 @@ pub struct Scheduler {
     /// Sessions not yet ended, by owner and in all, kept as they start and end, so that the
     /// caps on them cost nothing per create.
     live: Live,
+    /// The session revisions' mark as restored (the controller numbers changes).
+    revisions: RevisionMark,
 }
 
 /// Counts of sessions not yet ended.
@@ -332,6 +335,20 @@ impl Scheduler {
     #[must_use]
     pub fn profiles(&self) -> &ProfileBook {
         &self.profiles
+    }
+
+    /// The session revisions' mark the state was restored with.
+    #[must_use]
+    pub fn revision_mark(&self) -> RevisionMark {
+        self.revisions
+    }
+
+    /// Stamps session `id` with the revision of its latest change (the controller numbers
+    /// changes as it stores them).
+    pub(crate) fn stamp_revision(&mut self, id: &str, revision: u64) {
+        if let Some(s) = self.sessions.get_mut(id) {
+            s.revision = revision;
+        }
     }
 
     /// What changed since the last call.

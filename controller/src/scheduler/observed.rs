@@ -183,6 +183,7 @@ impl Scheduler {
                 explanation: None,
                 usage: UsageSeries::default(),
                 origin: Origin::Dra(claim),
+                revision: 0,
             };
             self.next_seq += 1;
             self.sessions.insert(id.clone(), session);

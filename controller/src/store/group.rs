@@ -30,6 +30,9 @@ struct Queue {
     entries: Vec<Entry>,
     /// Writes of a failed commit, written with the next one (the change is still in memory).
     retry: Vec<Write>,
+    /// What was to run once those writes were durable, in submission order: run when they
+    /// are, before anything submitted since (so watchers still hear of every change, in order).
+    retry_after: Vec<AfterCommit>,
     commits: u64,
     changes: u64,
 }
@@ -112,7 +115,11 @@ impl Group {
                 let mut q = self.queue();
                 let take = q.entries.len().min(self.most);
                 let entries: Vec<Entry> = q.entries.drain(..take).collect();
-                (entries, std::mem::take(&mut q.retry))
+                let retry = (
+                    std::mem::take(&mut q.retry),
+                    std::mem::take(&mut q.retry_after),
+                );
+                (entries, retry)
             };
             let group = Arc::clone(self);
             let kv = Arc::clone(kv);
@@ -125,7 +132,12 @@ impl Group {
         }
     }
 
-    async fn commit(&self, kv: &Kv, mut entries: Vec<Entry>, retry: Vec<Write>) {
+    async fn commit(
+        &self,
+        kv: &Kv,
+        mut entries: Vec<Entry>,
+        (retry, mut retry_after): (Vec<Write>, Vec<AfterCommit>),
+    ) {
         let mut writes = retry;
         for e in &mut entries {
             writes.append(&mut e.writes);
@@ -148,6 +160,10 @@ impl Group {
                 let mut kept = writes.to_vec();
                 kept.append(&mut q.retry);
                 q.retry = kept;
+                let mut after = std::mem::take(&mut retry_after);
+                after.extend(entries.iter_mut().filter_map(|e| e.after.take()));
+                after.append(&mut q.retry_after);
+                q.retry_after = after;
             }
         }
         match &result {
@@ -159,6 +175,11 @@ impl Group {
                 "committing to the store failed (kept, written with the next commit): {e}"
             ),
             Ok(()) => {}
+        }
+        if result.is_ok() {
+            for after in retry_after {
+                after();
+            }
         }
         for entry in entries {
             if result.is_ok()

@@ -35,6 +35,7 @@ use crate::{node::Node, profile::Profile, session::Session, slots::SlotTypeRegis
 pub const FORMAT_VERSION: u32 = 1;
 
 const FORMAT_KEY: &str = "meta/format_version";
+const REVISIONS_KEY: &str = "meta/revisions";
 const REGISTRY_KEY: &str = "slot_types/registry";
 const NODES: &str = "nodes/";
 const SESSIONS: &str = "sessions/";
@@ -187,6 +188,19 @@ impl std::fmt::Display for StoreSpec {
     }
 }
 
+/// What the store keeps of the session revisions beyond each session's own (docs/architecture.md,
+/// "Watching sessions"): written with every commit that forgets a session, so that neither the
+/// counter nor the oldest revision a watch can resume from goes back after a restart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct RevisionMark {
+    /// The counter when it was written: no revision at or below it is handed out again.
+    pub last: u64,
+    /// The highest revision of a forgotten session's final state: a watch from before it may
+    /// have missed that state, and is told to list again.
+    pub compacted: u64,
+}
+
 /// One write of a commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {
@@ -268,6 +282,14 @@ impl Write {
     /// It can't be encoded.
     pub fn profile(profile: &Profile) -> Result<Self, StoreError> {
         Self::record(format!("{PROFILES}{}", profile.class), profile)
+    }
+
+    /// Writes the revision mark.
+    ///
+    /// # Errors
+    /// It can't be encoded.
+    pub fn revisions(mark: &RevisionMark) -> Result<Self, StoreError> {
+        Self::record(REVISIONS_KEY.to_owned(), mark)
     }
 
     /// Writes a policy document.
@@ -387,6 +409,8 @@ pub struct Snapshot {
     pub sessions: Vec<Session>,
     /// Learned workload profiles.
     pub profiles: Vec<Profile>,
+    /// The session revisions' mark (each session carries its own revision too).
+    pub revisions: RevisionMark,
 }
 
 impl Snapshot {
@@ -414,6 +438,8 @@ impl Snapshot {
                 snapshot.sessions.push(decode(key, &value)?);
             } else if key.starts_with(PROFILES) {
                 snapshot.profiles.push(decode(key, &value)?);
+            } else if key == REVISIONS_KEY {
+                snapshot.revisions = decode(key, &value)?;
             }
         }
         Ok(snapshot)
@@ -556,6 +582,9 @@ impl Store {
         for prefix in [SLOT_TYPES, NODES, SESSIONS, PROFILES] {
             records.extend(self.kv.list(prefix).await?);
         }
+        if let Some(mark) = self.kv.get(REVISIONS_KEY).await? {
+            records.push((REVISIONS_KEY.to_owned(), mark));
+        }
         Snapshot::from_records(records)
     }
 
@@ -569,6 +598,12 @@ impl Store {
             for (key, value) in self.kv.list(prefix).await? {
                 writes.push(Write::Put { key, value });
             }
+        }
+        if let Some(value) = self.kv.get(REVISIONS_KEY).await? {
+            writes.push(Write::Put {
+                key: REVISIONS_KEY.to_owned(),
+                value,
+            });
         }
         let n = writes.len();
         to.write(writes).await?;

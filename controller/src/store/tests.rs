@@ -39,6 +39,7 @@ fn session(id: &str) -> Session {
         explanation: None,
         usage: Default::default(),
         origin: crate::session::Origin::Controller,
+        revision: 0,
     }
 }
 
