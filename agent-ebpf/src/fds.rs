@@ -106,7 +106,7 @@ fn open_exit(ctx: &TracePointContext) {
         // Whatever path opened it (a symlink, a relative path, /proc/self/fd/N, a long one),
         // the file it opened tells.
         match file_of_fd(fd).and_then(|file| node_of_file(file).map(|node| (file, node))) {
-            Some((file, node)) => track(ctx, tgid, fd, FdInfo { node, file }),
+            Some((file, node)) => track(ctx, tgid, fd, FdInfo { node, file }, true),
             None => forget(tgid, fd),
         }
         return;
@@ -117,7 +117,7 @@ fn open_exit(ctx: &TracePointContext) {
         Some(node) => {
             let _ = PENDING_OPEN.remove(&pid_tgid);
             if fd >= 0 {
-                track(ctx, tgid, fd as u32, FdInfo { node, file: 0 });
+                track(ctx, tgid, fd as u32, FdInfo { node, file: 0 }, true);
             }
         }
         None if fd >= 0 => forget(tgid, fd as u32),
@@ -143,19 +143,52 @@ pub fn file_of_fd(fd: u32) -> Option<u64> {
     let task = unsafe { bpf_get_current_task() };
     let files: u64 = kernel(task + u64::from(o.task_files))?;
     let fdt: u64 = kernel(files + u64::from(o.files_fdt))?;
-    let max_fds: u32 = kernel(fdt + u64::from(o.fdt_max_fds))?;
+    // `max_fds` and `fd` open the struct side by side on every kernel since 2.6: one read
+    // instead of two on the path every ioctl on the node takes.
+    let (max_fds, array) = if o.fdt_fd == o.fdt_max_fds + 8 {
+        let both: [u64; 2] = kernel(fdt + u64::from(o.fdt_max_fds))?;
+        (both[0] as u32, both[1])
+    } else {
+        (
+            kernel::<u32>(fdt + u64::from(o.fdt_max_fds))?,
+            kernel::<u64>(fdt + u64::from(o.fdt_fd))?,
+        )
+    };
     if fd >= max_fds {
         return None;
     }
-    let array: u64 = kernel(fdt + u64::from(o.fdt_fd))?;
     let file: u64 = kernel(array + 8 * u64::from(fd))?;
     (file != 0).then_some(file)
+}
+
+/// The open file behind the current task's `fd` and the GPU node it is, when it is one: what
+/// `ioctl` enter decides by, whatever way the fd was obtained.
+#[inline(always)]
+pub fn gpu_file(fd: u32) -> Option<(u64, GpuNode)> {
+    let file = file_of_fd(fd)?;
+    Some((file, node_of_file(file)?))
+}
+
+/// An ioctl on `fd`, a GPU file: makes sure the fd is in the table under that file, so an fd the
+/// open hooks never saw (io_uring, `SCM_RIGHTS`, `pidfd_getfd`, `open`/`creat`, inherited from
+/// a process the agent didn't know) is followed from now on — its process registered, its file
+/// referenced for the release at its last close, its fork children given a copy.
+#[inline(always)]
+pub fn learn(ctx: &TracePointContext, tgid: u32, fd: u32, node: GpuNode, file: u64) {
+    let key = FdKey { tgid, fd };
+    // SAFETY: the value is copied out at once.
+    if let Some(info) = unsafe { GPU_FDS.get(&key) }
+        && info.file == file
+    {
+        return;
+    }
+    track(ctx, tgid, fd, FdInfo { node, file }, false);
 }
 
 /// The GPU node `file` is, from its inode: a device file by its device number, anything else
 /// (only when the agent watches such nodes) by its file system and inode number.
 #[inline(always)]
-fn node_of_file(file: u64) -> Option<GpuNode> {
+pub fn node_of_file(file: u64) -> Option<GpuNode> {
     let o = config().files;
     let inode: u64 = kernel(file + u64::from(o.file_inode))?;
     let rdev: u32 = kernel(inode + u64::from(o.inode_rdev))?;
@@ -266,7 +299,7 @@ fn dup_exit(ctx: &TracePointContext) {
         // dup2/dup3 onto a GPU fd replaces it.
         forget(tgid, fd as u32);
     } else {
-        track(ctx, tgid, fd as u32, info);
+        track(ctx, tgid, fd as u32, info, true);
     }
 }
 
@@ -295,21 +328,24 @@ fn gpu_node_bit(node: GpuNode) -> u32 {
     }
 }
 
-/// Adds (tgid, fd) to the table, registering the process on its first GPU fd.
+/// Adds (tgid, fd) to the table, registering the process on its first GPU fd. The process is
+/// registered even when the fd can't be (a full table): its ioctls are told by their file and
+/// its memory must still be charged. `log`: say so when the table is full (not on the ioctl
+/// path, which would say it at every call).
 #[inline(always)]
-pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo) {
+pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo, log: bool) {
     let node = info.node;
     // An fd number reused without a close we saw drops its old file first.
     forget(tgid, fd);
     if GPU_FDS.insert(&FdKey { tgid, fd }, &info, 0).is_err() {
         count(stat::FD_TABLE_FULL);
-        warn!(
-            ctx,
-            "gpu fd table full: fd {} of tgid {} is not tracked", fd, tgid
-        );
-        return;
-    }
-    if info.file != 0 {
+        if log {
+            warn!(
+                ctx,
+                "gpu fd table full: fd {} of tgid {} is not tracked", fd, tgid
+            );
+        }
+    } else if info.file != 0 {
         memory::file_ref(info.file);
     }
     let gpu_bit = gpu_node_bit(node);

@@ -25,6 +25,21 @@ pub struct Config {
     pub exit_group_dead: u32,
     /// Kernel struct offsets to find an fd's file; `valid == 0` where the kernel has no BTF.
     pub files: FileOffsets,
+    /// One of [`ioctl_match`]: how `ioctl` enter tells a GPU fd.
+    pub ioctl_match: u32,
+    /// Zero.
+    pub _pad: u32,
+}
+
+/// How `ioctl` enter tells a GPU fd ([`Config::ioctl_match`]).
+pub mod ioctl_match {
+    /// From the fd's own file (task → files → fdtable → file → inode → device number), however
+    /// the fd was obtained; needs [`super::FileOffsets`]. The default where they are known.
+    pub const FILE: u32 = 0;
+    /// By the (process, fd) table the `openat`/`dup`/`fork` hooks keep: the behaviour before
+    /// [`FILE`], kept as the benchmark's baseline and for kernels without BTF. Misses fds
+    /// obtained any other way (io_uring, `SCM_RIGHTS`, `pidfd_getfd`, `open`/`creat`).
+    pub const FD_TABLE: u32 = 1;
 }
 
 /// Byte offsets of the kernel struct members that lead from the current task to the file behind
@@ -80,6 +95,8 @@ impl Config {
         exit_pid: 24,
         exit_group_dead: 32,
         files: FileOffsets::NONE,
+        ioctl_match: ioctl_match::FILE,
+        _pad: 0,
     };
 }
 

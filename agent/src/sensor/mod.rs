@@ -32,7 +32,7 @@ use aya::{
     },
 };
 use gpuwarden_agent_common::{
-    config::{CONFIG_SYMBOL, Config, FileOffsets},
+    config::{CONFIG_SYMBOL, Config, FileOffsets, ioctl_match},
     maps::{enforce_mode, setting},
 };
 use pins::Pins;
@@ -281,6 +281,7 @@ impl Sensor {
         let config = Config {
             alloc_event_min_bytes,
             files,
+            ioctl_match: ioctl_match_from_env(),
             ..tracefs::config_offsets(&tracefs)
         };
         let (pins, adopted) = match pin_dir {
@@ -606,6 +607,25 @@ fn file_offsets() -> FileOffsets {
             );
             FileOffsets::NONE
         }
+    }
+}
+
+/// Names the baseline `ioctl` match for `cargo xtask bench ebpf`, which times today's programs
+/// against the match they replaced in one run: `fd-table` is the (process, fd) table alone,
+/// which misses fds obtained other than through `openat` — never for production.
+pub const IOCTL_MATCH_ENV: &str = "GPUWARDEN_BENCH_IOCTL_MATCH";
+
+/// How `ioctl` enter tells a GPU fd: by its file, unless [`IOCTL_MATCH_ENV`] asks for the
+/// baseline.
+fn ioctl_match_from_env() -> u32 {
+    match std::env::var(IOCTL_MATCH_ENV).as_deref() {
+        Ok("fd-table") => {
+            tracing::warn!(
+                "{IOCTL_MATCH_ENV}=fd-table: GPU fds are told by the fd table alone (the benchmark's baseline); fds obtained without openat are not counted"
+            );
+            ioctl_match::FD_TABLE
+        }
+        _ => ioctl_match::FILE,
     }
 }
 
