@@ -21,12 +21,12 @@ use gpuwarden_agent_common::{
     event::{Event, kind},
     maps::{
         FdInfo, FdKey, FileId, GpuNode, MEMORY_SLOTS, PATH_LEN, PathKey, ProcInfo, node_kind,
-        setting, stat,
+        setting, stat, table,
     },
 };
 
 use crate::{
-    arg, config, current,
+    arg, budget, config, current,
     events::{count, emit},
     maps::{GPU_FDS, GPU_FILES, GPU_PATHS, PENDING_DUP, PENDING_OPEN, PROCS, SETTINGS},
     memory, ret,
@@ -307,12 +307,26 @@ fn dup_exit(ctx: &TracePointContext) {
 /// clients made through it, as the driver frees them.
 #[inline(always)]
 pub fn forget(tgid: u32, fd: u32) {
+    forget_in(tgid, fd, 0);
+}
+
+/// [`forget`], giving the fd's budget entry back to `cgroup` (0: the process's cgroup, looked
+/// up; a process already released gives `cgroup` explicitly).
+#[inline(always)]
+pub fn forget_in(tgid: u32, fd: u32, cgroup: u64) {
     let key = FdKey { tgid, fd };
     // SAFETY: the value is copied out at once.
     let Some(info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
         return;
     };
     let _ = GPU_FDS.remove(&key);
+    let cgroup = if cgroup != 0 {
+        cgroup
+    } else {
+        // SAFETY: the value is copied out at once.
+        unsafe { PROCS.get(&tgid) }.map_or(0, |p| p.cgroup)
+    };
+    budget::give(cgroup, table::FDS);
     if info.file != 0 {
         memory::file_unref(tgid, info.file);
     }
@@ -329,15 +343,21 @@ fn gpu_node_bit(node: GpuNode) -> u32 {
 }
 
 /// Adds (tgid, fd) to the table, registering the process on its first GPU fd. The process is
-/// registered even when the fd can't be (a full table): its ioctls are told by their file and
-/// its memory must still be charged. `log`: say so when the table is full (not on the ioctl
-/// path, which would say it at every call).
+/// registered even when the fd can't be (its cgroup at its fd budget, or a full table): its
+/// ioctls are told by their file and its memory must still be charged. `log`: say so when the
+/// table is full (not on the ioctl path, which would say it at every call).
 #[inline(always)]
 pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo, log: bool) {
-    let node = info.node;
     // An fd number reused without a close we saw drops its old file first.
     forget(tgid, fd);
+    let Some(cgroup) = register(tgid, fd, info.node) else {
+        return;
+    };
+    if !budget::take(cgroup, table::FDS) {
+        return;
+    }
     if GPU_FDS.insert(&FdKey { tgid, fd }, &info, 0).is_err() {
+        budget::give(cgroup, table::FDS);
         count(stat::FD_TABLE_FULL);
         if log {
             warn!(
@@ -345,9 +365,18 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo, log: boo
                 "gpu fd table full: fd {} of tgid {} is not tracked", fd, tgid
             );
         }
-    } else if info.file != 0 {
+        return;
+    }
+    if info.file != 0 {
         memory::file_ref(info.file);
     }
+}
+
+/// Registers the process holding GPU fd `fd` of `node` (or notes the fd on its entry); returns
+/// the cgroup it is charged to, or `None` when it can't be registered (its cgroup at its
+/// process budget, or a full table).
+#[inline(always)]
+fn register(tgid: u32, fd: u32, node: GpuNode) -> Option<u64> {
     let gpu_bit = gpu_node_bit(node);
     if let Some(proc) = PROCS.get_ptr_mut(&tgid) {
         // SAFETY: a live map value; a racing thread at worst writes the same bound (or loses a
@@ -359,10 +388,14 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo, log: boo
             if (*proc).gpu_nodes & gpu_bit != gpu_bit {
                 (*proc).gpu_nodes |= gpu_bit;
             }
+            return Some((*proc).cgroup);
         }
-        return;
     }
+    // SAFETY: a plain helper call.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
+    if !budget::take(cgroup, table::PROCS) {
+        return None;
+    }
     let info = ProcInfo {
         cgroup,
         // SAFETY: a plain helper call.
@@ -376,11 +409,14 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo, log: boo
     match PROCS.insert(&tgid, &info, BPF_NOEXIST) {
         Ok(()) => {}
         // Another thread of the process registered it first.
-        Err(EEXIST) => return,
+        Err(EEXIST) => {
+            budget::give(cgroup, table::PROCS);
+            return Some(cgroup);
+        }
         Err(_) => {
+            budget::give(cgroup, table::PROCS);
             count(stat::PROC_TABLE_FULL);
-            warn!(ctx, "process table full: tgid {} is not tracked", tgid);
-            return;
+            return None;
         }
     }
     emit(Event {
@@ -390,4 +426,5 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo, log: boo
         device: node.device,
         ..Event::default()
     });
+    Some(cgroup)
 }

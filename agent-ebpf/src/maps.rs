@@ -7,7 +7,7 @@ use aya_ebpf::{
 use gpuwarden_agent_common::maps::{
     Allocation, CgroupDeviceKey, ClientInfo, Deny, FdInfo, FdKey, FileId, FileRefs, GpuNode,
     HandleKey, IoctlKey, MAX_QUOTAS, Mapping, MappingKey, ObjectInfo, PathKey, ProcInfo, Quota,
-    setting, stat,
+    TableUse, setting, stat, table,
 };
 
 /// Don't preallocate: large tables cost memory only for what they hold.
@@ -24,7 +24,8 @@ pub static GPU_FILES: HashMap<FileId, GpuNode> = HashMap::with_max_entries(256, 
 
 /// Open GPU fds by (tgid, fd).
 #[map(name = "GPU_FDS")]
-pub static GPU_FDS: HashMap<FdKey, FdInfo> = HashMap::with_max_entries(65_536, NO_PREALLOC);
+pub static GPU_FDS: HashMap<FdKey, FdInfo> =
+    HashMap::with_max_entries(table::CAPACITY[table::FDS], NO_PREALLOC);
 
 /// Open GPU files (by `struct file` address): tracked fds on each, and the clients made through
 /// it.
@@ -33,16 +34,18 @@ pub static FILES: HashMap<u64, FileRefs> = HashMap::with_max_entries(65_536, NO_
 
 /// Processes holding GPU fds.
 #[map(name = "PROCS")]
-pub static PROCS: HashMap<u32, ProcInfo> = HashMap::with_max_entries(32_768, NO_PREALLOC);
+pub static PROCS: HashMap<u32, ProcInfo> =
+    HashMap::with_max_entries(table::CAPACITY[table::PROCS], NO_PREALLOC);
 
 /// RM clients that hold counted memory.
 #[map(name = "CLIENTS")]
-pub static CLIENTS: HashMap<u32, ClientInfo> = HashMap::with_max_entries(32_768, NO_PREALLOC);
+pub static CLIENTS: HashMap<u32, ClientInfo> =
+    HashMap::with_max_entries(table::CAPACITY[table::CLIENTS], NO_PREALLOC);
 
 /// Counted memory allocations by (client, handle).
 #[map(name = "ALLOCATIONS")]
 pub static ALLOCATIONS: HashMap<HandleKey, Allocation> =
-    HashMap::with_max_entries(262_144, NO_PREALLOC);
+    HashMap::with_max_entries(table::CAPACITY[table::ALLOCATIONS], NO_PREALLOC);
 
 /// GPU index of device and subdevice objects by (client, handle).
 #[map(name = "OBJECT_DEVICES")]
@@ -120,3 +123,7 @@ pub static SCRATCH_CLIENT: PerCpuArray<ClientInfo> = PerCpuArray::with_max_entri
 /// Settings the agent writes after loading (see `setting`).
 #[map(name = "SETTINGS")]
 pub static SETTINGS: Array<u32> = Array::with_max_entries(setting::COUNT, 0);
+
+/// Each cgroup's entries in the tables it can grow, and what it was refused past its budget.
+#[map(name = "CGROUP_TABLES")]
+pub static CGROUP_TABLES: HashMap<u64, TableUse> = HashMap::with_max_entries(16_384, NO_PREALLOC);

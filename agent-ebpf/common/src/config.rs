@@ -29,6 +29,8 @@ pub struct Config {
     pub ioctl_match: u32,
     /// Zero.
     pub _pad: u32,
+    /// Per-cgroup budget of each table a container can grow, by `maps::table` index.
+    pub budgets: [u32; crate::maps::table::COUNT],
 }
 
 /// How `ioctl` enter tells a GPU fd ([`Config::ioctl_match`]).
@@ -97,6 +99,7 @@ impl Config {
         files: FileOffsets::NONE,
         ioctl_match: ioctl_match::FILE,
         _pad: 0,
+        budgets: crate::maps::table::DEFAULT_BUDGET,
     };
 }
 

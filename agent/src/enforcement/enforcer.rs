@@ -521,10 +521,17 @@ impl Enforcer {
                 );
             }
             kind::DEVICE_DENIED => {
-                let reason = format!(
-                    "open of /dev/nvidia{} refused: not allocated to this workload",
-                    e.device
-                );
+                let reason = if e.code == 2 {
+                    format!(
+                        "open of /dev/nvidia{} refused: the workload holds its budget of GPU fds",
+                        e.device
+                    )
+                } else {
+                    format!(
+                        "open of /dev/nvidia{} refused: not allocated to this workload",
+                        e.device
+                    )
+                };
                 self.record(
                     &session,
                     "device_denied",
