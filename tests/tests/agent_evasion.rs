@@ -262,9 +262,21 @@ fn seventy_thousand_dups_in_one_container_leave_the_next_counted() {
         f.ok("dup-many ctl 17500");
         flooders.push(f);
     }
+    // The flooding container holds its budget of the fd table and no more; what it was refused
+    // is in its snapshot entry (dups of an fd it was refused are not tried: they are told at
+    // their ioctl like any fd).
+    let flood = rig.entry(&flood_cg);
+    let fds = flood.tables.iter().find(|t| t.table == "fds").unwrap();
+    assert!(fds.budget < 70_000, "{fds:?}");
+    assert_eq!(fds.used, fds.budget, "{fds:?}");
+    assert!(fds.refused > 17_500 - fds.budget, "{fds:?}");
+    assert!(rig.agent.snapshot().stats.budget_refused >= fds.refused);
     let cg = rig.limited("evdups");
     let b = rig.spawn(&cg);
     allocates_counted_and_limited(&rig, &cg, b, "ctl");
+    let c = rig.entry(&cg);
+    let mine = c.tables.iter().find(|t| t.table == "fds").unwrap();
+    assert_eq!(mine.refused, 0, "{mine:?}");
     for f in flooders {
         f.exit();
     }

@@ -195,6 +195,7 @@ const MAPS: &[&str] = &[
     "DENY",
     "SETTINGS",
     "SCRATCH_CLIENT",
+    "CGROUP_TABLES",
     "AYA_LOGS",
 ];
 
@@ -346,6 +347,7 @@ impl Sensor {
                 take_map(&mut ebpf, "STATS")?,
                 "STATS",
             )?,
+            cgroup_tables: named(&mut ebpf, "CGROUP_TABLES")?,
         };
         let quota_maps = QuotaMaps {
             quotas: named(&mut ebpf, "QUOTAS")?,

@@ -13,7 +13,7 @@ use std::{
 
 use gpuwarden_agent_common::maps::{
     CgroupDeviceKey, FdInfo, FdKey, FileId, GpuNode, IoctlKey, MEMORY_SLOTS, PATH_LEN, PathKey,
-    ProcInfo, kernel_dev, node_kind,
+    ProcInfo, TableUse, kernel_dev, node_kind, table,
 };
 
 use super::maps::{MapError, TelemetryMaps};
@@ -375,7 +375,61 @@ pub(crate) fn collect_garbage(
     garbage.cgroups += remove_all(&dead_memory, |k| maps.cgroup_memory.remove(k));
 
     garbage.cgroups += age_out_idle(maps, &with_procs, idle, now);
+    recount_tables(maps);
     garbage
+}
+
+/// Rewrites each cgroup's entry counts in `CGROUP_TABLES` from the tables themselves, keeping
+/// its refusals. The programs count as they add and remove entries, but not what this module
+/// removes, nor a removal whose cgroup they can no longer tell; an entry the programs add
+/// between the read and the write is missed until the next pass. A cgroup with nothing left and
+/// nothing refused leaves the table.
+pub(crate) fn recount_tables(maps: &mut TelemetryMaps) {
+    let procs: HashMap<u32, u64> = maps
+        .procs
+        .entries()
+        .into_iter()
+        .map(|(tgid, p)| (tgid, p.cgroup))
+        .collect();
+    let mut used: HashMap<u64, [u64; table::COUNT]> = HashMap::new();
+    let mut add = |cgroup: u64, which: usize| {
+        used.entry(cgroup).or_default()[which] += 1;
+    };
+    for cgroup in procs.values() {
+        add(*cgroup, table::PROCS);
+    }
+    for key in maps.gpu_fds.keys() {
+        if let Some(cgroup) = procs.get(&key.tgid) {
+            add(*cgroup, table::FDS);
+        }
+    }
+    for (_, client) in maps.clients.entries() {
+        add(client.cgroup, table::CLIENTS);
+    }
+    for (_, allocation) in maps.allocations.entries() {
+        add(allocation.cgroup, table::ALLOCATIONS);
+    }
+    for (cgroup, mut entry) in maps.cgroup_tables.entries() {
+        let counted = used.remove(&cgroup).unwrap_or_default();
+        if counted == [0; table::COUNT] && entry.refused == [0; table::COUNT] {
+            let _ = maps.cgroup_tables.remove(&cgroup);
+            continue;
+        }
+        if entry.used != counted {
+            entry.used = counted;
+            if let Err(e) = maps.cgroup_tables.insert(cgroup, entry) {
+                tracing::debug!("cannot recount the tables of cgroup {cgroup}: {e}");
+            }
+        }
+    }
+    for (cgroup, counted) in used {
+        let entry = TableUse {
+            used: counted,
+            refused: [0; table::COUNT],
+        };
+        // The programs may have added it meanwhile; theirs stands until the next pass.
+        let _ = maps.cgroup_tables.insert_new(cgroup, entry);
+    }
 }
 
 /// Removes the counters of cgroups with no process and no GPU memory whose ioctl total has not

@@ -13,7 +13,9 @@ fn path_keys_are_nul_padded_and_bounded() {
 
 use std::os::unix::fs::MetadataExt as _;
 
-use gpuwarden_agent_common::maps::{Allocation, ClientInfo, FileRefs, HandleKey, ObjectInfo};
+use gpuwarden_agent_common::maps::{
+    Allocation, ClientInfo, FileRefs, HandleKey, ObjectInfo, TableUse,
+};
 
 use crate::sensor::maps::fake::FakeMap;
 
@@ -28,6 +30,7 @@ struct Fakes {
     object_devices: FakeMap<HandleKey, ObjectInfo>,
     cgroup_memory: FakeMap<CgroupDeviceKey, u64>,
     ioctl_counts: FakeMap<IoctlKey, u64>,
+    cgroup_tables: FakeMap<u64, TableUse>,
 }
 
 impl Fakes {
@@ -45,6 +48,7 @@ impl Fakes {
             cgroup_memory: self.cgroup_memory.boxed(),
             ioctl_counts: self.ioctl_counts.boxed(),
             stats: FakeMap::default().boxed(),
+            cgroup_tables: self.cgroup_tables.boxed(),
         }
     }
 }
