@@ -398,3 +398,85 @@ fn open_files_no_fd_refers_to_are_collected() {
     assert_eq!(g.handles, 1);
     assert!(fakes.files.at(&0xaa).is_some() && fakes.files.at(&0xbb).is_none());
 }
+
+/// The budget table is recounted from the tables: a count the programs left too high (entries
+/// this module removed) is lowered, refusals are kept, a cgroup with nothing left and nothing
+/// refused leaves it, and a cgroup the programs never counted is added.
+#[test]
+fn the_budget_table_is_recounted_from_the_tables() {
+    let fakes = Fakes::default();
+    let (a, b, gone, fresh) = (100, 200, 300, 400);
+    {
+        let mut procs = fakes.procs.0.lock().unwrap();
+        procs.insert(1, proc_info(a, 1));
+        procs.insert(2, proc_info(a, 2));
+        procs.insert(3, proc_info(fresh, 3));
+        let mut fds = fakes.gpu_fds.0.lock().unwrap();
+        for (tgid, fd) in [(1, 3), (1, 4), (2, 3), (3, 3)] {
+            fds.insert(
+                FdKey { tgid, fd },
+                FdInfo {
+                    node: GpuNode::default(),
+                    file: 0,
+                },
+            );
+        }
+        let mut allocations = fakes.allocations.0.lock().unwrap();
+        allocations.insert(
+            HandleKey {
+                client: 1,
+                handle: 2,
+            },
+            Allocation {
+                cgroup: a,
+                ..Allocation::default()
+            },
+        );
+        let mut tables = fakes.cgroup_tables.0.lock().unwrap();
+        tables.insert(
+            a,
+            TableUse {
+                used: [90, 9, 9, 9],
+                refused: [5, 0, 0, 0],
+            },
+        );
+        tables.insert(
+            b,
+            TableUse {
+                used: [1, 1, 0, 0],
+                refused: [0, 0, 0, 2],
+            },
+        );
+        tables.insert(
+            gone,
+            TableUse {
+                used: [3, 1, 0, 0],
+                refused: [0; 4],
+            },
+        );
+    }
+    let mut maps = fakes.maps();
+    recount_tables(&mut maps);
+    let at = |cgroup| fakes.cgroup_tables.at(&cgroup);
+    assert_eq!(
+        at(a),
+        Some(TableUse {
+            used: [3, 2, 0, 1],
+            refused: [5, 0, 0, 0],
+        })
+    );
+    assert_eq!(
+        at(b),
+        Some(TableUse {
+            used: [0; 4],
+            refused: [0, 0, 0, 2],
+        }),
+        "refusals are kept"
+    );
+    assert_eq!(at(gone), None);
+    assert_eq!(
+        at(fresh).map(|t| t.used),
+        Some([1, 1, 0, 0]),
+        "a cgroup the programs never counted"
+    );
+}
