@@ -5,10 +5,12 @@
 //! - `cgroup_tree`: a quota's target → its cgroup and every cgroup below it;
 //! - `enforcer`: binding quotas into the BPF maps and device programs, and their events;
 //!   `task`: the enforcer as a task behind a handle;
-//! - `kernel`: the narrow traits the enforcer talks to (quota maps, device access, signals);
+//! - `kernel`: the narrow traits the enforcer talks to (quota maps, device access, signals,
+//!   the driver's own limit); [`dmem`]: that limit through the kernel's `dmem` controller;
 //! - [`throttle`]: compute share, by freezing and thawing cgroups in short periods.
 
 pub(crate) mod cgroup_tree;
+pub mod dmem;
 pub(crate) mod enforcer;
 #[cfg(test)]
 pub(crate) mod fake;

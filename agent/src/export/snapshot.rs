@@ -222,7 +222,8 @@ fn add_quota(c: &mut Container, standing: &Standing, tier: &str) {
     c.session_id = Some(b.session_id.clone());
     c.quota = Some(quota_view(b));
     c.enforcement = Some(EnforcementView {
-        tier: tier.to_owned(),
+        // The driver's own limit, where it holds this workload's, is the tier that refuses.
+        tier: b.driver_tier.unwrap_or(tier).to_owned(),
         actions: b.kernel.map_or(0, |q| q.actions),
         denied_opens: b.kernel.map_or(0, |q| q.denied_opens),
         throttled_ms: b.throttle.map_or(0, |t| {

@@ -41,6 +41,7 @@ fn binding(session: &str, devices: &[(u32, u32, u64)], member: u64) -> BindingRe
         members: [member].into(),
         kernel: None,
         throttle: None,
+        driver_tier: None,
     }
 }
 
