@@ -1,5 +1,5 @@
 //! GPU-memory limits that nothing inside a container evades, on the real kernel with the fake
-//! driver: a GPU fd obtained without `openat` (the raw `open` and `creat` system calls, io_uring,
+//! driver: a GPU fd obtained without `openat` (the raw `open` and `creat` system calls, `io_uring`,
 //! `SCM_RIGHTS`, `pidfd_getfd`) is counted and limited like any other, and a container that
 //! fills the agent's tables (70,000 dups of one fd) leaves no other container uncounted
 //! (docs/accounting.md, "Which files are GPU nodes" and "Budgets").
@@ -186,7 +186,7 @@ fn an_fd_from_the_creat_system_call_is_known_at_its_ioctl() {
     a.exit();
 }
 
-/// io_uring's `IORING_OP_OPENAT` installs the fd without any open system call.
+/// `io_uring`'s `IORING_OP_OPENAT` installs the fd without any open system call.
 #[test]
 #[ignore = "needs root"]
 fn an_fd_opened_through_io_uring_is_counted_and_limited() {
@@ -287,7 +287,7 @@ fn seventy_thousand_dups_in_one_container_leave_the_next_counted() {
 #[test]
 fn the_ways_of_obtaining_an_fd_work_here() {
     use gpuwarden_tests::gpu_client::obtain;
-    use std::os::fd::AsRawFd as _;
+    use std::os::{fd::AsRawFd as _, unix::fs::MetadataExt as _};
     let dir = scratch("obtain");
     let path = dir.path().join("s");
     let socket = obtain::fd_socket(&path).unwrap();
@@ -298,7 +298,6 @@ fn the_ways_of_obtaining_an_fd_work_here() {
         let meta = |f: &std::os::fd::OwnedFd| {
             std::fs::metadata(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap()
         };
-        use std::os::unix::fs::MetadataExt as _;
         (meta(a).rdev(), meta(a).ino()) == (meta(b).rdev(), meta(b).ino())
     };
     assert!(same(&file, &got));

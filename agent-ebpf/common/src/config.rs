@@ -40,7 +40,7 @@ pub mod ioctl_match {
     pub const FILE: u32 = 0;
     /// By the (process, fd) table the `openat`/`dup`/`fork` hooks keep: the behaviour before
     /// [`FILE`], kept as the benchmark's baseline and for kernels without BTF. Misses fds
-    /// obtained any other way (io_uring, `SCM_RIGHTS`, `pidfd_getfd`, `open`/`creat`).
+    /// obtained any other way (`io_uring`, `SCM_RIGHTS`, `pidfd_getfd`, `open`/`creat`).
     pub const FD_TABLE: u32 = 1;
 }
 

@@ -132,7 +132,7 @@ impl DmemTree {
                 root: self.root.clone(),
             })?;
         let mut at = self.root.clone();
-        for part in rel.iter() {
+        for part in rel {
             write_line(&at.join("cgroup.subtree_control"), "+dmem")?;
             at.push(part);
         }
@@ -160,29 +160,27 @@ fn write_line(path: &Path, line: &str) -> Result<(), DmemError> {
     })
 }
 
-impl DmemTree {
-    /// Sets `changes` in the `dmem.max` of the cgroup at `dir`, in one write of every region's
-    /// line (the kernel takes several lines per write; rewriting a region's current value
-    /// changes nothing).
-    fn update(&self, dir: &Path, changes: &[(&str, Limit)]) -> Result<(), DmemError> {
-        let path = dir.join("dmem.max");
-        let mut limits = match std::fs::read_to_string(&path) {
-            Ok(text) => parse(&text),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(source) => return Err(DmemError::Read { path, source }),
-        };
-        for (region, limit) in changes {
-            limits.insert((*region).to_owned(), *limit);
-        }
-        let text: Vec<String> = limits
-            .iter()
-            .map(|(region, limit)| match limit {
-                Limit::Bytes(n) => format!("{region} {n}"),
-                Limit::Max => format!("{region} max"),
-            })
-            .collect();
-        write_line(&path, &text.join("\n"))
+/// Sets `changes` in the `dmem.max` of the cgroup at `dir`, in one write of every region's line
+/// (the kernel takes several lines per write; rewriting a region's current value changes
+/// nothing).
+fn update(dir: &Path, changes: &[(&str, Limit)]) -> Result<(), DmemError> {
+    let path = dir.join("dmem.max");
+    let mut limits = match std::fs::read_to_string(&path) {
+        Ok(text) => parse(&text),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
+        Err(source) => return Err(DmemError::Read { path, source }),
+    };
+    for (region, limit) in changes {
+        limits.insert((*region).to_owned(), *limit);
     }
+    let text: Vec<String> = limits
+        .iter()
+        .map(|(region, limit)| match limit {
+            Limit::Bytes(n) => format!("{region} {n}"),
+            Limit::Max => format!("{region} max"),
+        })
+        .collect();
+    write_line(&path, &text.join("\n"))
 }
 
 impl DriverLimits for DmemTree {
@@ -197,7 +195,7 @@ impl DriverLimits for DmemTree {
             .map(|&(_, region, bytes)| (region, Limit::Bytes(bytes)))
             .collect();
         if !changes.is_empty() {
-            self.update(dir, &changes)?;
+            update(dir, &changes)?;
         }
         Ok(known.into_iter().map(|(gpu, _, _)| gpu).collect())
     }
@@ -214,7 +212,7 @@ impl DriverLimits for DmemTree {
         if changes.is_empty() {
             return Ok(());
         }
-        self.update(dir, &changes)
+        update(dir, &changes)
     }
 
     fn tier(&self) -> &'static str {

@@ -1,5 +1,5 @@
 //! Ways a process gets a GPU fd other than `openat(2)`: the raw `open` and `creat` system calls,
-//! io_uring's `IORING_OP_OPENAT`, an fd received over a Unix socket (`SCM_RIGHTS`), an fd taken
+//! `io_uring`'s `IORING_OP_OPENAT`, an fd received over a Unix socket (`SCM_RIGHTS`), an fd taken
 //! from another process (`pidfd_getfd`), and many dups at once. The agent must count and limit
 //! the ioctls made on each (docs/accounting.md, "Which files are GPU nodes"); the `gpu-client`
 //! commands `open … <how>`, `fd-socket`, `send-fd`, `recv-fd`, `getfd` and `dup-many` use them.
@@ -24,7 +24,7 @@ pub enum OpenHow {
     Open,
     /// The `creat` system call (`O_CREAT | O_WRONLY | O_TRUNC`).
     Creat,
-    /// io_uring's `IORING_OP_OPENAT`: no `openat` system call at all.
+    /// `io_uring`'s `IORING_OP_OPENAT`: no `openat` system call at all.
     Uring,
 }
 
@@ -105,6 +105,10 @@ pub fn fd_socket(path: &Path) -> io::Result<OwnedFd> {
     Ok(UnixDatagram::bind(path)?.into())
 }
 
+/// The size of one fd, as `CMSG_*` take it (4 bytes).
+#[expect(clippy::cast_possible_truncation, reason = "the size of an i32")]
+const FD_SIZE: u32 = size_of::<RawFd>() as u32;
+
 /// Sends `fd` over `SCM_RIGHTS` to the socket bound at `path`.
 ///
 /// # Errors
@@ -125,11 +129,11 @@ pub fn send_fd(path: &Path, fd: RawFd) -> io::Result<()> {
         msg.msg_iov = &raw mut iov;
         msg.msg_iovlen = 1;
         msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(size_of::<RawFd>() as u32) as usize;
+        msg.msg_controllen = libc::CMSG_SPACE(FD_SIZE) as usize;
         let cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(FD_SIZE) as usize;
         libc::CMSG_DATA(cmsg).cast::<RawFd>().write_unaligned(fd);
         if libc::sendmsg(socket.as_raw_fd(), &raw const msg, 0) < 0 {
             return Err(io::Error::last_os_error());

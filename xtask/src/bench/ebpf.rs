@@ -141,17 +141,11 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
         },
     ];
 
-    let without: Vec<f64> = cases
-        .iter()
-        .map(|c| fastest_ns(&*c.call, iterations, rounds))
-        .collect();
+    let without = time_all(&cases, iterations, rounds);
     let url = format!("http://{}", controller_addr());
     let mut controller = start_controller(&bin, dir)?;
     let baseline = start_agent(&agent_bin, dir, &gpu_node, &url, true).map(|mut agent| {
-        let times: Vec<f64> = cases
-            .iter()
-            .map(|c| fastest_ns(&*c.call, iterations, rounds))
-            .collect();
+        let times = time_all(&cases, iterations, rounds);
         stop(&mut agent);
         times
     });
@@ -169,10 +163,7 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    let with: Vec<f64> = cases
-        .iter()
-        .map(|c| fastest_ns(&*c.call, iterations, rounds))
-        .collect();
+    let with = time_all(&cases, iterations, rounds);
     let bound = measure_bound(&bin, dir, &url, &*cases[1].call, iterations, rounds);
     let counted = decoded_count(&agent_bin, &dir.join("agent.sock"));
     stop(&mut agent);
@@ -332,6 +323,14 @@ fn bound(agent_bin: &Path, socket: &Path) -> bool {
                 .flatten()
                 .any(|b| b["state"] == "bound")
         })
+}
+
+/// Each case's fastest batch, in ns per call.
+fn time_all(cases: &[Case], iterations: u64, rounds: usize) -> Vec<f64> {
+    cases
+        .iter()
+        .map(|c| fastest_ns(&*c.call, iterations, rounds))
+        .collect()
 }
 
 /// The fastest of `rounds` batches, in ns per call.
