@@ -7,20 +7,40 @@
 //! still told at its ioctl; while a bound container is at its budget of processes, clients or
 //! allocations, its allocations are acted on by its memory policy, since their bytes could go
 //! uncounted.
-//! The programs count entries as they add and remove them; the agent recounts from the tables
-//! at each upkeep pass (entries it removes itself, and removals the programs can't attribute).
+//! The programs count entries as they add and remove them (`CGROUP_TABLES`); the entries the
+//! agent removes itself (of processes that died unseen, stale handles) it counts apart
+//! (`CGROUP_TABLES_RELEASED`), so each side writes only its own counts.
 
 use gpuwarden_agent_common::{
     event::{Event, kind},
-    maps::{TableUse, stat, table},
+    maps::{TableReleased, TableUse, stat, table},
 };
 
 use crate::{
     config,
     events::{count, emit},
-    maps::CGROUP_TABLES,
+    maps::{CGROUP_TABLES, CGROUP_TABLES_RELEASED},
     memory::atomic_add,
 };
+
+/// What the agent removed of `cgroup`'s entries in `which`.
+#[inline(always)]
+fn released(cgroup: u64, which: usize) -> u64 {
+    // SAFETY: the value is copied out at once.
+    unsafe { CGROUP_TABLES_RELEASED.get(&cgroup) }.map_or(0, |r: &TableReleased| {
+        r.released[which & (table::COUNT - 1)]
+    })
+}
+
+/// Entries `cgroup` holds in `which`, given its counts at `entry`.
+///
+/// # Safety
+/// `entry` must point to a live `CGROUP_TABLES` value.
+#[inline(always)]
+unsafe fn held(entry: *const TableUse, cgroup: u64, which: usize) -> u64 {
+    // SAFETY: guaranteed by the caller; the index is in bounds.
+    unsafe { (*entry).used[which & (table::COUNT - 1)] }.saturating_sub(released(cgroup, which))
+}
 
 /// Takes one entry of `table` for `cgroup`; false (counted, reported the first time) when the
 /// cgroup is at its budget. A cgroup the budget table has no room for is let through: the
@@ -41,7 +61,7 @@ pub fn take(cgroup: u64, which: usize) -> bool {
     };
     // SAFETY: a live map value; the index is in bounds.
     unsafe {
-        if (*entry).used[which] >= budget {
+        if held(entry, cgroup, which) >= budget {
             let first = (*entry).refused[which] == 0;
             atomic_add(&raw mut (*entry).refused[which], 1);
             count(stat::BUDGET_REFUSED);
@@ -67,8 +87,8 @@ pub fn take(cgroup: u64, which: usize) -> bool {
 pub fn give(cgroup: u64, which: usize) {
     let which = which & (table::COUNT - 1);
     if let Some(entry) = CGROUP_TABLES.get_ptr_mut(&cgroup) {
-        // SAFETY: a live map value; the index is in bounds. A count the agent's recount lowered
-        // meanwhile may already be zero: never wrap.
+        // SAFETY: a live map value; the index is in bounds. An entry the programs never
+        // counted (seeded by the agent from /proc) may take it to zero: never wrap.
         unsafe {
             if (*entry).used[which] != 0 {
                 atomic_add(&raw mut (*entry).used[which], u64::MAX);
@@ -86,9 +106,9 @@ pub fn exhausted(cgroup: u64) -> bool {
     CGROUP_TABLES.get_ptr(&cgroup).is_some_and(|entry| {
         // SAFETY: a live map value.
         unsafe {
-            (*entry).used[table::PROCS] >= u64::from(budgets[table::PROCS])
-                || (*entry).used[table::CLIENTS] >= u64::from(budgets[table::CLIENTS])
-                || (*entry).used[table::ALLOCATIONS] >= u64::from(budgets[table::ALLOCATIONS])
+            held(entry, cgroup, table::PROCS) >= u64::from(budgets[table::PROCS])
+                || held(entry, cgroup, table::CLIENTS) >= u64::from(budgets[table::CLIENTS])
+                || held(entry, cgroup, table::ALLOCATIONS) >= u64::from(budgets[table::ALLOCATIONS])
         }
     })
 }
@@ -99,6 +119,6 @@ pub fn fds_exhausted(cgroup: u64) -> bool {
     let budget = u64::from(config().budgets[table::FDS]);
     CGROUP_TABLES.get_ptr(&cgroup).is_some_and(|entry| {
         // SAFETY: a live map value.
-        unsafe { (*entry).used[table::FDS] >= budget }
+        unsafe { held(entry, cgroup, table::FDS) >= budget }
     })
 }

@@ -7,7 +7,7 @@ use aya_ebpf::{
 use gpuwarden_agent_common::maps::{
     Allocation, CgroupDeviceKey, ClientInfo, Deny, FdInfo, FdKey, FileId, FileRefs, GpuNode,
     HandleKey, IoctlKey, MAX_QUOTAS, Mapping, MappingKey, ObjectInfo, PathKey, ProcInfo, Quota,
-    TableUse, setting, stat, table,
+    TableReleased, TableUse, setting, stat, table,
 };
 
 /// Don't preallocate: large tables cost memory only for what they hold.
@@ -127,3 +127,8 @@ pub static SETTINGS: Array<u32> = Array::with_max_entries(setting::COUNT, 0);
 /// Each cgroup's entries in the tables it can grow, and what it was refused past its budget.
 #[map(name = "CGROUP_TABLES")]
 pub static CGROUP_TABLES: HashMap<u64, TableUse> = HashMap::with_max_entries(16_384, NO_PREALLOC);
+
+/// Each cgroup's entries the agent removed itself (processes that died unseen, stale handles).
+#[map(name = "CGROUP_TABLES_RELEASED")]
+pub static CGROUP_TABLES_RELEASED: HashMap<u64, TableReleased> =
+    HashMap::with_max_entries(16_384, NO_PREALLOC);

@@ -95,6 +95,7 @@ pub fn new_client(tgid: u32, client: u32, file: u64) {
         }
         if CLIENTS.insert(&client, &*info, 0).is_err() {
             budget::give((*info).cgroup, table::CLIENTS);
+            count(stat::HANDLE_TABLE_FULL);
             return;
         }
     }

@@ -306,3 +306,37 @@ fn the_ways_of_obtaining_an_fd_work_here() {
     let uring = obtain::open(Path::new("/dev/null"), obtain::OpenHow::Uring).unwrap();
     assert!(same(&file, &uring));
 }
+
+/// A bound container that holds its budget of RM clients (an eighth of the client table) is
+/// refused the next client entry, and from then on its allocations are acted on by its memory
+/// policy, even under its limit: their bytes could no longer be counted.
+#[test]
+#[ignore = "needs root"]
+fn a_bound_container_at_its_client_budget_has_its_allocations_acted_on() {
+    require_root();
+    let rig = Rig::start("evbudget");
+    let cg = rig.limited("evbudget");
+    let mut a = rig.spawn(&cg);
+    let h = a.value("client", "client");
+    let dev = a.value(&format!("device {h:#x} 0"), "handle");
+    a.ok(&format!("alloc {h:#x} {dev:#x} 2m"));
+    let budget = rig
+        .entry(&cg)
+        .tables
+        .iter()
+        .find(|t| t.table == "clients")
+        .unwrap()
+        .budget;
+    // The first client is one; the next one past the budget is refused.
+    for _ in 0..budget {
+        a.value("client", "client");
+    }
+    let c = rig.entry(&cg);
+    let clients = c.tables.iter().find(|t| t.table == "clients").unwrap();
+    assert_eq!((clients.used, clients.refused), (budget, 1), "{clients:?}");
+    assert_eq!(used(&c), 2 * MIB, "nothing else allocated");
+    // 2 + 2 MiB is well under the 16 MiB limit.
+    a.send_only(&format!("alloc {h:#x} {dev:#x} 2m"));
+    let status = a.wait_within(Duration::from_secs(20));
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+}

@@ -417,14 +417,33 @@ pub mod table {
 }
 
 /// One cgroup's entries in each [`table`] and the entries it was refused past its budget
-/// (value of `CGROUP_TABLES`, keyed by the cgroup id entries are charged to).
+/// (value of `CGROUP_TABLES`, keyed by the cgroup id entries are charged to; written by the
+/// programs only).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct TableUse {
-    /// Entries held, by [`table`] index (kept by the programs; recounted by the agent).
+    /// Entries the programs added less those they removed, by [`table`] index. What the cgroup
+    /// holds is this less [`TableReleased::released`].
     pub used: [u64; table::COUNT],
-    /// Entries refused because `used` was at the budget, by [`table`] index.
+    /// Entries refused because the cgroup held its budget, by [`table`] index.
     pub refused: [u64; table::COUNT],
+}
+
+/// Entries of one cgroup the agent removed itself (value of `CGROUP_TABLES_RELEASED`, written by
+/// the agent only, so neither side ever overwrites the other's counts): those of processes that
+/// died unseen and of released clients, which the programs counted in and never out.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct TableReleased {
+    /// By [`table`] index.
+    pub released: [u64; table::COUNT],
+}
+
+/// Entries a cgroup holds in table `which`: what the programs counted, less what the agent
+/// removed.
+#[must_use]
+pub const fn table_held(used: &TableUse, released: &TableReleased, which: usize) -> u64 {
+    used.used[which].saturating_sub(released.released[which])
 }
 
 /// Indexes of the per-CPU statistics array.
@@ -469,5 +488,6 @@ pod!(
     Allocation,
     Quota,
     Deny,
-    TableUse
+    TableUse,
+    TableReleased
 );

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use gpuwarden_agent_common::{
-    maps::{TableUse, family, memory_kind, stat},
+    maps::{TableUse, family, memory_kind, stat, table, table_held},
     nvidia::{esc, uvm},
 };
 
@@ -101,9 +101,13 @@ pub(crate) fn read(maps: &TelemetryMaps) -> Counters {
             _ => device(&mut cgroups, key.cgroup, key.device).1 = bytes,
         }
     }
-    for (cgroup, tables) in maps.cgroup_tables.entries() {
+    for (cgroup, mut tables) in maps.cgroup_tables.entries() {
         // Only cgroups with something else to show: a cgroup is not listed for its budgets alone.
         if let Some(c) = cgroups.get_mut(&cgroup) {
+            let released = maps.cgroup_tables_released.get(&cgroup).unwrap_or_default();
+            for which in 0..table::COUNT {
+                tables.used[which] = table_held(&tables, &released, which);
+            }
             c.tables = tables;
         }
     }

@@ -196,6 +196,7 @@ const MAPS: &[&str] = &[
     "SETTINGS",
     "SCRATCH_CLIENT",
     "CGROUP_TABLES",
+    "CGROUP_TABLES_RELEASED",
     "AYA_LOGS",
 ];
 
@@ -348,6 +349,7 @@ impl Sensor {
                 "STATS",
             )?,
             cgroup_tables: named(&mut ebpf, "CGROUP_TABLES")?,
+            cgroup_tables_released: named(&mut ebpf, "CGROUP_TABLES_RELEASED")?,
         };
         let quota_maps = QuotaMaps {
             quotas: named(&mut ebpf, "QUOTAS")?,
