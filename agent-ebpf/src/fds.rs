@@ -28,7 +28,7 @@ use gpuwarden_agent_common::{
 use crate::{
     arg, budget, config, current,
     events::{count, emit},
-    maps::{GPU_FDS, GPU_FILES, GPU_PATHS, PENDING_DUP, PENDING_OPEN, PROCS, SETTINGS},
+    maps::{GPU_FDS, GPU_FILES, GPU_MAJORS, GPU_PATHS, PENDING_DUP, PENDING_OPEN, PROCS, SETTINGS},
     memory, ret,
 };
 
@@ -142,18 +142,25 @@ pub fn file_of_fd(fd: u32) -> Option<u64> {
     // SAFETY: a plain helper call.
     let task = unsafe { bpf_get_current_task() };
     let files: u64 = kernel(task + u64::from(o.task_files))?;
-    let fdt: u64 = kernel(files + u64::from(o.files_fdt))?;
-    // `max_fds` and `fd` open the struct side by side on every kernel since 2.6: one read
-    // instead of two on the path every ioctl on the node takes.
-    let (max_fds, array) = if o.fdt_fd == o.fdt_max_fds + 8 {
-        let both: [u64; 2] = kernel(fdt + u64::from(o.fdt_max_fds))?;
-        (both[0] as u32, both[1])
-    } else {
-        (
-            kernel::<u32>(fdt + u64::from(o.fdt_max_fds))?,
-            kernel::<u64>(fdt + u64::from(o.fdt_fd))?,
-        )
-    };
+    // Every ioctl on the node takes this path, so it saves reads where the layout allows: the
+    // `fdt` pointer is followed by the embedded table (`max_fds`, then `fd`), which it points
+    // at until the process outgrows 64 fds — one read gives all three.
+    let (max_fds, array) =
+        if o.files_fdtab == o.files_fdt + 8 && o.fdt_max_fds == 0 && o.fdt_fd == 8 {
+            let [fdt, max_fds, array]: [u64; 3] = kernel(files + u64::from(o.files_fdt))?;
+            if fdt == files + u64::from(o.files_fdtab) {
+                (max_fds as u32, array)
+            } else {
+                let both: [u64; 2] = kernel(fdt)?;
+                (both[0] as u32, both[1])
+            }
+        } else {
+            let fdt: u64 = kernel(files + u64::from(o.files_fdt))?;
+            (
+                kernel::<u32>(fdt + u64::from(o.fdt_max_fds))?,
+                kernel::<u64>(fdt + u64::from(o.fdt_fd))?,
+            )
+        };
     if fd >= max_fds {
         return None;
     }
@@ -193,6 +200,13 @@ pub fn node_of_file(file: u64) -> Option<GpuNode> {
     let inode: u64 = kernel(file + u64::from(o.file_inode))?;
     let rdev: u32 = kernel(inode + u64::from(o.inode_rdev))?;
     let key = if rdev != 0 {
+        // Most device files on the node are not of a GPU driver's major: one array read says so,
+        // before any hash look-up.
+        let major = rdev >> 20;
+        match GPU_MAJORS.get(major >> 6) {
+            Some(bits) if bits & (1 << (major & 63)) != 0 => {}
+            _ => return None,
+        }
         FileId {
             dev: rdev,
             _pad: 0,

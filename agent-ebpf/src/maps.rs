@@ -22,6 +22,12 @@ pub static GPU_PATHS: HashMap<PathKey, GpuNode> = HashMap::with_max_entries(256,
 #[map(name = "GPU_FILES")]
 pub static GPU_FILES: HashMap<FileId, GpuNode> = HashMap::with_max_entries(256, 0);
 
+/// Bit `m % 64` of entry `m / 64`: device major `m` is one of the watched GPU nodes' (written by
+/// the agent with `GPU_FILES`), so a device file of any other major is told apart without a hash
+/// look-up.
+#[map(name = "GPU_MAJORS")]
+pub static GPU_MAJORS: Array<u64> = Array::with_max_entries(64, 0);
+
 /// Open GPU fds by (tgid, fd).
 #[map(name = "GPU_FDS")]
 pub static GPU_FDS: HashMap<FdKey, FdInfo> =

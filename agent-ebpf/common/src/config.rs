@@ -53,6 +53,9 @@ pub struct FileOffsets {
     pub task_files: u32,
     /// `files_struct.fdt`.
     pub files_fdt: u32,
+    /// `files_struct.fdtab`, the fd table embedded in the struct (`fdt` points at it until the
+    /// process outgrows it).
+    pub files_fdtab: u32,
     /// `fdtable.max_fds`.
     pub fdt_max_fds: u32,
     /// `fdtable.fd`.
@@ -77,6 +80,7 @@ impl FileOffsets {
     pub const NONE: Self = Self {
         task_files: 0,
         files_fdt: 0,
+        files_fdtab: 0,
         fdt_max_fds: 0,
         fdt_fd: 0,
         file_inode: 0,

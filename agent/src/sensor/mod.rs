@@ -197,6 +197,7 @@ const MAPS: &[&str] = &[
     "SCRATCH_CLIENT",
     "CGROUP_TABLES",
     "CGROUP_TABLES_RELEASED",
+    "GPU_MAJORS",
     "AYA_LOGS",
 ];
 
@@ -266,6 +267,8 @@ pub struct Sensor {
     adopted: bool,
     /// Settings the programs read at run time.
     settings: Array<MapData, u32>,
+    /// The device majors of the watched GPU nodes, as a bitmap.
+    gpu_majors: Array<MapData, u64>,
     /// GPU nodes are matched by the opened file.
     by_file: bool,
 }
@@ -360,6 +363,7 @@ impl Sensor {
             )?,
         };
         let settings = settings(&mut ebpf, memory_tier.0)?;
+        let gpu_majors: Array<MapData, u64> = take(&mut ebpf, "GPU_MAJORS")?;
         let events = Some(take(&mut ebpf, "EVENTS")?);
         Ok(Self {
             ebpf,
@@ -371,6 +375,7 @@ impl Sensor {
             memory_tier,
             adopted,
             settings,
+            gpu_majors,
             by_file: files.valid != 0,
         })
     }
@@ -382,10 +387,25 @@ impl Sensor {
     }
 
     /// Tells the programs whether some watched node is not a device file (the fake driver's),
-    /// so opened files are also matched by inode.
+    /// so opened files are also matched by inode, and which device majors the watched nodes
+    /// have (from the file table the agent just synced).
     pub(crate) fn set_match_inodes(&mut self, on: bool) {
         if let Err(e) = self.settings.set(setting::MATCH_INODES, u32::from(on), 0) {
             tracing::warn!("cannot tell the programs to match nodes by inode: {e}");
+        }
+        let mut bitmap = [0u64; 64];
+        for id in self.maps.gpu_files.keys() {
+            if id.ino == 0 {
+                let major = (id.dev >> 20) as usize;
+                bitmap[(major >> 6) & 63] |= 1 << (major & 63);
+            }
+        }
+        for (index, bits) in (0u32..).zip(bitmap) {
+            if self.gpu_majors.get(&index, 0).ok() != Some(bits)
+                && let Err(e) = self.gpu_majors.set(index, bits, 0)
+            {
+                tracing::warn!("cannot tell the programs the GPU nodes' majors: {e}");
+            }
         }
     }
 
