@@ -21,14 +21,14 @@ use gpuwarden_agent_common::{
     event::{Event, kind},
     maps::{
         FdInfo, FdKey, FileId, GpuNode, MEMORY_SLOTS, PATH_LEN, PathKey, ProcInfo, node_kind,
-        setting, stat,
+        setting, stat, table,
     },
 };
 
 use crate::{
-    arg, config, current,
+    arg, budget, config, current,
     events::{count, emit},
-    maps::{GPU_FDS, GPU_FILES, GPU_PATHS, PENDING_DUP, PENDING_OPEN, PROCS, SETTINGS},
+    maps::{GPU_FDS, GPU_FILES, GPU_MAJORS, GPU_PATHS, PENDING_DUP, PENDING_OPEN, PROCS, SETTINGS},
     memory, ret,
 };
 
@@ -106,7 +106,7 @@ fn open_exit(ctx: &TracePointContext) {
         // Whatever path opened it (a symlink, a relative path, /proc/self/fd/N, a long one),
         // the file it opened tells.
         match file_of_fd(fd).and_then(|file| node_of_file(file).map(|node| (file, node))) {
-            Some((file, node)) => track(ctx, tgid, fd, FdInfo { node, file }),
+            Some((file, node)) => track(ctx, tgid, fd, FdInfo { node, file }, true),
             None => forget(tgid, fd),
         }
         return;
@@ -117,7 +117,7 @@ fn open_exit(ctx: &TracePointContext) {
         Some(node) => {
             let _ = PENDING_OPEN.remove(&pid_tgid);
             if fd >= 0 {
-                track(ctx, tgid, fd as u32, FdInfo { node, file: 0 });
+                track(ctx, tgid, fd as u32, FdInfo { node, file: 0 }, true);
             }
         }
         None if fd >= 0 => forget(tgid, fd as u32),
@@ -142,24 +142,71 @@ pub fn file_of_fd(fd: u32) -> Option<u64> {
     // SAFETY: a plain helper call.
     let task = unsafe { bpf_get_current_task() };
     let files: u64 = kernel(task + u64::from(o.task_files))?;
-    let fdt: u64 = kernel(files + u64::from(o.files_fdt))?;
-    let max_fds: u32 = kernel(fdt + u64::from(o.fdt_max_fds))?;
+    // Every ioctl on the node takes this path, so it saves reads where the layout allows: the
+    // `fdt` pointer is followed by the embedded table (`max_fds`, then `fd`), which it points
+    // at until the process outgrows 64 fds — one read gives all three.
+    let (max_fds, array) =
+        if o.files_fdtab == o.files_fdt + 8 && o.fdt_max_fds == 0 && o.fdt_fd == 8 {
+            let [fdt, max_fds, array]: [u64; 3] = kernel(files + u64::from(o.files_fdt))?;
+            if fdt == files + u64::from(o.files_fdtab) {
+                (max_fds as u32, array)
+            } else {
+                let both: [u64; 2] = kernel(fdt)?;
+                (both[0] as u32, both[1])
+            }
+        } else {
+            let fdt: u64 = kernel(files + u64::from(o.files_fdt))?;
+            (
+                kernel::<u32>(fdt + u64::from(o.fdt_max_fds))?,
+                kernel::<u64>(fdt + u64::from(o.fdt_fd))?,
+            )
+        };
     if fd >= max_fds {
         return None;
     }
-    let array: u64 = kernel(fdt + u64::from(o.fdt_fd))?;
     let file: u64 = kernel(array + 8 * u64::from(fd))?;
     (file != 0).then_some(file)
+}
+
+/// The open file behind the current task's `fd` and the GPU node it is, when it is one: what
+/// `ioctl` enter decides by, whatever way the fd was obtained.
+#[inline(always)]
+pub fn gpu_file(fd: u32) -> Option<(u64, GpuNode)> {
+    let file = file_of_fd(fd)?;
+    Some((file, node_of_file(file)?))
+}
+
+/// An ioctl on `fd`, a GPU file: makes sure the fd is in the table under that file, so an fd the
+/// open hooks never saw (io_uring, `SCM_RIGHTS`, `pidfd_getfd`, `open`/`creat`, inherited from
+/// a process the agent didn't know) is followed from now on — its process registered, its file
+/// referenced for the release at its last close, its fork children given a copy.
+#[inline(always)]
+pub fn learn(ctx: &TracePointContext, tgid: u32, fd: u32, node: GpuNode, file: u64) {
+    let key = FdKey { tgid, fd };
+    // SAFETY: the value is copied out at once.
+    if let Some(info) = unsafe { GPU_FDS.get(&key) }
+        && info.file == file
+    {
+        return;
+    }
+    track(ctx, tgid, fd, FdInfo { node, file }, false);
 }
 
 /// The GPU node `file` is, from its inode: a device file by its device number, anything else
 /// (only when the agent watches such nodes) by its file system and inode number.
 #[inline(always)]
-fn node_of_file(file: u64) -> Option<GpuNode> {
+pub fn node_of_file(file: u64) -> Option<GpuNode> {
     let o = config().files;
     let inode: u64 = kernel(file + u64::from(o.file_inode))?;
     let rdev: u32 = kernel(inode + u64::from(o.inode_rdev))?;
     let key = if rdev != 0 {
+        // Most device files on the node are not of a GPU driver's major: one array read says so,
+        // before any hash look-up.
+        let major = rdev >> 20;
+        match GPU_MAJORS.get(major >> 6) {
+            Some(bits) if bits & (1 << (major & 63)) != 0 => {}
+            _ => return None,
+        }
         FileId {
             dev: rdev,
             _pad: 0,
@@ -266,7 +313,7 @@ fn dup_exit(ctx: &TracePointContext) {
         // dup2/dup3 onto a GPU fd replaces it.
         forget(tgid, fd as u32);
     } else {
-        track(ctx, tgid, fd as u32, info);
+        track(ctx, tgid, fd as u32, info, true);
     }
 }
 
@@ -274,12 +321,26 @@ fn dup_exit(ctx: &TracePointContext) {
 /// clients made through it, as the driver frees them.
 #[inline(always)]
 pub fn forget(tgid: u32, fd: u32) {
+    forget_in(tgid, fd, 0);
+}
+
+/// [`forget`], giving the fd's budget entry back to `cgroup` (0: the process's cgroup, looked
+/// up; a process already released gives `cgroup` explicitly).
+#[inline(always)]
+pub fn forget_in(tgid: u32, fd: u32, cgroup: u64) {
     let key = FdKey { tgid, fd };
     // SAFETY: the value is copied out at once.
     let Some(info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
         return;
     };
     let _ = GPU_FDS.remove(&key);
+    let cgroup = if cgroup != 0 {
+        cgroup
+    } else {
+        // SAFETY: the value is copied out at once.
+        unsafe { PROCS.get(&tgid) }.map_or(0, |p| p.cgroup)
+    };
+    budget::give(cgroup, table::FDS);
     if info.file != 0 {
         memory::file_unref(tgid, info.file);
     }
@@ -295,23 +356,41 @@ fn gpu_node_bit(node: GpuNode) -> u32 {
     }
 }
 
-/// Adds (tgid, fd) to the table, registering the process on its first GPU fd.
+/// Adds (tgid, fd) to the table, registering the process on its first GPU fd. The process is
+/// registered even when the fd can't be (its cgroup at its fd budget, or a full table): its
+/// ioctls are told by their file and its memory must still be charged. `log`: say so when the
+/// table is full (not on the ioctl path, which would say it at every call).
 #[inline(always)]
-pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo) {
-    let node = info.node;
+pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo, log: bool) {
     // An fd number reused without a close we saw drops its old file first.
     forget(tgid, fd);
+    let Some(cgroup) = register(tgid, fd, info.node) else {
+        return;
+    };
+    if !budget::take(cgroup, table::FDS) {
+        return;
+    }
     if GPU_FDS.insert(&FdKey { tgid, fd }, &info, 0).is_err() {
+        budget::give(cgroup, table::FDS);
         count(stat::FD_TABLE_FULL);
-        warn!(
-            ctx,
-            "gpu fd table full: fd {} of tgid {} is not tracked", fd, tgid
-        );
+        if log {
+            warn!(
+                ctx,
+                "gpu fd table full: fd {} of tgid {} is not tracked", fd, tgid
+            );
+        }
         return;
     }
     if info.file != 0 {
         memory::file_ref(info.file);
     }
+}
+
+/// Registers the process holding GPU fd `fd` of `node` (or notes the fd on its entry); returns
+/// the cgroup it is charged to, or `None` when it can't be registered (its cgroup at its
+/// process budget, or a full table).
+#[inline(always)]
+fn register(tgid: u32, fd: u32, node: GpuNode) -> Option<u64> {
     let gpu_bit = gpu_node_bit(node);
     if let Some(proc) = PROCS.get_ptr_mut(&tgid) {
         // SAFETY: a live map value; a racing thread at worst writes the same bound (or loses a
@@ -323,10 +402,14 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo) {
             if (*proc).gpu_nodes & gpu_bit != gpu_bit {
                 (*proc).gpu_nodes |= gpu_bit;
             }
+            return Some((*proc).cgroup);
         }
-        return;
     }
+    // SAFETY: a plain helper call.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
+    if !budget::take(cgroup, table::PROCS) {
+        return None;
+    }
     let info = ProcInfo {
         cgroup,
         // SAFETY: a plain helper call.
@@ -340,11 +423,14 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo) {
     match PROCS.insert(&tgid, &info, BPF_NOEXIST) {
         Ok(()) => {}
         // Another thread of the process registered it first.
-        Err(EEXIST) => return,
+        Err(EEXIST) => {
+            budget::give(cgroup, table::PROCS);
+            return Some(cgroup);
+        }
         Err(_) => {
+            budget::give(cgroup, table::PROCS);
             count(stat::PROC_TABLE_FULL);
-            warn!(ctx, "process table full: tgid {} is not tracked", tgid);
-            return;
+            return None;
         }
     }
     emit(Event {
@@ -354,4 +440,5 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo) {
         device: node.device,
         ..Event::default()
     });
+    Some(cgroup)
 }

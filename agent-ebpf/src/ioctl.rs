@@ -12,6 +12,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use gpuwarden_agent_common::{
+    config::ioctl_match,
     decode::{self, Call, DecodeError, Escape, UserMemory, op},
     event::{Event, decode_error, kind},
     maps::{
@@ -21,8 +22,9 @@ use gpuwarden_agent_common::{
 };
 
 use crate::{
-    arg, current,
+    arg, config, current,
     events::{count, emit},
+    fds,
     maps::{GPU_FDS, IOCTL_COUNTS, IOCTLS_IN_FLIGHT, OBJECT_DEVICES, PENDING_IOCTL, PROCS},
     memory, quota, ret,
 };
@@ -32,24 +34,31 @@ use gpuwarden_agent_common::maps::stat;
 #[tracepoint]
 pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
     let (tgid, pid_tgid) = current();
-    let key = FdKey {
-        tgid,
-        fd: arg(&ctx, 0) as u32,
-    };
-    // SAFETY: the value is copied out at once.
-    let Some(mut info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
-        return 0;
-    };
-    let node = info.node;
-    if info.file == 0
-        && let Some(file) = crate::fds::file_of_fd(key.fd)
-    {
-        // An fd seeded from /proc: its file is learned on its first ioctl, once.
-        info.file = file;
-        if GPU_FDS.insert(&key, &info, 0).is_ok() {
-            memory::file_ref(file);
+    let fd = arg(&ctx, 0) as u32;
+    let (node, file) = if config().ioctl_match == ioctl_match::FILE && config().files.valid != 0 {
+        // The fd's own file says whether it is a GPU node, however the fd was obtained.
+        let Some((file, node)) = fds::gpu_file(fd) else {
+            return 0;
+        };
+        fds::learn(&ctx, tgid, fd, node, file);
+        (node, file)
+    } else {
+        let key = FdKey { tgid, fd };
+        // SAFETY: the value is copied out at once.
+        let Some(mut info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
+            return 0;
+        };
+        if info.file == 0
+            && let Some(file) = fds::file_of_fd(key.fd)
+        {
+            // An fd seeded from /proc: its file is learned on its first ioctl, once.
+            info.file = file;
+            if GPU_FDS.insert(&key, &info, 0).is_ok() {
+                memory::file_ref(file);
+            }
         }
-    }
+        (info.node, info.file)
+    };
     count(stat::GPU_IOCTLS);
     let cmd = arg(&ctx, 1) as u32;
     let params = arg(&ctx, 2);
@@ -69,7 +78,7 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
         None
     });
     if let Some(mut call) = call {
-        call.file = info.file;
+        call.file = file;
         if call.op == op::VIDMEM {
             // Size and GPU are read only for a cgroup with a quota.
             let what = || {

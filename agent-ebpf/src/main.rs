@@ -8,6 +8,7 @@
 //! - [`ioctl`]: `ioctl` enter/exit on tracked fds, NVIDIA escape decoding;
 //! - [`memory`]: charging and releasing GPU memory by allocation, client and process;
 //! - [`process`]: fork (copy the fd table), exec and exit (release what the process held);
+//! - [`budget`]: per-cgroup budgets of the tables a container can grow;
 //! - [`quota`]: GPU-memory limits at the allocating ioctl, GPU-node access of bound cgroups;
 //! - [`uvm`]: managed memory, by the length of each `mmap` of the UVM node;
 //! - [`events`]: the ring buffer to user space and the statistics counters;
@@ -17,6 +18,7 @@
 // Inline assembly on the BPF target (atomic add) is still unstable.
 #![feature(asm_experimental_arch)]
 
+mod budget;
 mod driver_probe;
 mod events;
 mod fds;

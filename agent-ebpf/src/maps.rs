@@ -7,7 +7,7 @@ use aya_ebpf::{
 use gpuwarden_agent_common::maps::{
     Allocation, CgroupDeviceKey, ClientInfo, Deny, FdInfo, FdKey, FileId, FileRefs, GpuNode,
     HandleKey, IoctlKey, MAX_QUOTAS, Mapping, MappingKey, ObjectInfo, PathKey, ProcInfo, Quota,
-    setting, stat,
+    TableReleased, TableUse, setting, stat, table,
 };
 
 /// Don't preallocate: large tables cost memory only for what they hold.
@@ -22,9 +22,16 @@ pub static GPU_PATHS: HashMap<PathKey, GpuNode> = HashMap::with_max_entries(256,
 #[map(name = "GPU_FILES")]
 pub static GPU_FILES: HashMap<FileId, GpuNode> = HashMap::with_max_entries(256, 0);
 
+/// Bit `m % 64` of entry `m / 64`: device major `m` is one of the watched GPU nodes' (written by
+/// the agent with `GPU_FILES`), so a device file of any other major is told apart without a hash
+/// look-up.
+#[map(name = "GPU_MAJORS")]
+pub static GPU_MAJORS: Array<u64> = Array::with_max_entries(64, 0);
+
 /// Open GPU fds by (tgid, fd).
 #[map(name = "GPU_FDS")]
-pub static GPU_FDS: HashMap<FdKey, FdInfo> = HashMap::with_max_entries(65_536, NO_PREALLOC);
+pub static GPU_FDS: HashMap<FdKey, FdInfo> =
+    HashMap::with_max_entries(table::CAPACITY[table::FDS], NO_PREALLOC);
 
 /// Open GPU files (by `struct file` address): tracked fds on each, and the clients made through
 /// it.
@@ -33,16 +40,18 @@ pub static FILES: HashMap<u64, FileRefs> = HashMap::with_max_entries(65_536, NO_
 
 /// Processes holding GPU fds.
 #[map(name = "PROCS")]
-pub static PROCS: HashMap<u32, ProcInfo> = HashMap::with_max_entries(32_768, NO_PREALLOC);
+pub static PROCS: HashMap<u32, ProcInfo> =
+    HashMap::with_max_entries(table::CAPACITY[table::PROCS], NO_PREALLOC);
 
 /// RM clients that hold counted memory.
 #[map(name = "CLIENTS")]
-pub static CLIENTS: HashMap<u32, ClientInfo> = HashMap::with_max_entries(32_768, NO_PREALLOC);
+pub static CLIENTS: HashMap<u32, ClientInfo> =
+    HashMap::with_max_entries(table::CAPACITY[table::CLIENTS], NO_PREALLOC);
 
 /// Counted memory allocations by (client, handle).
 #[map(name = "ALLOCATIONS")]
 pub static ALLOCATIONS: HashMap<HandleKey, Allocation> =
-    HashMap::with_max_entries(262_144, NO_PREALLOC);
+    HashMap::with_max_entries(table::CAPACITY[table::ALLOCATIONS], NO_PREALLOC);
 
 /// GPU index of device and subdevice objects by (client, handle).
 #[map(name = "OBJECT_DEVICES")]
@@ -120,3 +129,12 @@ pub static SCRATCH_CLIENT: PerCpuArray<ClientInfo> = PerCpuArray::with_max_entri
 /// Settings the agent writes after loading (see `setting`).
 #[map(name = "SETTINGS")]
 pub static SETTINGS: Array<u32> = Array::with_max_entries(setting::COUNT, 0);
+
+/// Each cgroup's entries in the tables it can grow, and what it was refused past its budget.
+#[map(name = "CGROUP_TABLES")]
+pub static CGROUP_TABLES: HashMap<u64, TableUse> = HashMap::with_max_entries(16_384, NO_PREALLOC);
+
+/// Each cgroup's entries the agent removed itself (processes that died unseen, stale handles).
+#[map(name = "CGROUP_TABLES_RELEASED")]
+pub static CGROUP_TABLES_RELEASED: HashMap<u64, TableReleased> =
+    HashMap::with_max_entries(16_384, NO_PREALLOC);

@@ -13,13 +13,13 @@ use gpuwarden_agent_common::{
     event::{Event, decode_error, kind},
     maps::{
         Allocation, CgroupDeviceKey, DEVICE_UNKNOWN, FILE_CLIENTS, FileRefs, HandleKey, MAX_GPUS,
-        MEMORY_SLOTS, ObjectInfo, ProcInfo, memory_kind, memory_slot, slot_device, stat,
+        MEMORY_SLOTS, ObjectInfo, ProcInfo, memory_kind, memory_slot, slot_device, stat, table,
     },
     nvidia::esc,
 };
 
 use crate::{
-    config,
+    budget, config,
     events::{count, emit},
     maps::{ALLOCATIONS, CGROUP_MEMORY, CLIENTS, FILES, OBJECT_DEVICES, PROCS, SCRATCH_CLIENT},
 };
@@ -90,7 +90,14 @@ pub fn new_client(tgid: u32, client: u32, file: u64) {
         (*info).vidmem = [0; MEMORY_SLOTS];
         (*info).sysmem = 0;
         (*info).file = file;
-        let _ = CLIENTS.insert(&client, &*info, 0);
+        if !budget::take((*info).cgroup, table::CLIENTS) {
+            return;
+        }
+        if CLIENTS.insert(&client, &*info, 0).is_err() {
+            budget::give((*info).cgroup, table::CLIENTS);
+            count(stat::HANDLE_TABLE_FULL);
+            return;
+        }
     }
     if file == 0 {
         return;
@@ -253,11 +260,16 @@ pub fn charge(tgid: u32, client: u32, handle: u32, what: Charge) {
         device_handle: what.device_handle,
         _pad: 0,
     };
+    // Untracked bytes could never be released, so they are not charged either (a bound
+    // container at its budget had the allocation acted on at entry: `quota::check_alloc`).
+    if !budget::take(cgroup, table::ALLOCATIONS) {
+        return;
+    }
     if ALLOCATIONS
         .insert(&HandleKey { client, handle }, &allocation, 0)
         .is_err()
     {
-        // Untracked bytes could never be released, so they are not charged either.
+        budget::give(cgroup, table::ALLOCATIONS);
         count(stat::HANDLE_TABLE_FULL);
         return;
     }
@@ -380,7 +392,9 @@ fn free_allocation(tgid: u32, key: HandleKey) {
     let Some(allocation) = (unsafe { ALLOCATIONS.get(&key) }).copied() else {
         return;
     };
-    let _ = ALLOCATIONS.remove(&key);
+    if ALLOCATIONS.remove(&key).is_ok() {
+        budget::give(allocation.cgroup, table::ALLOCATIONS);
+    }
     let Some(client_info) = CLIENTS.get_ptr_mut(&client) else {
         return;
     };
@@ -441,7 +455,9 @@ fn free_client(tgid: u32, client: u32) {
         *scratch = *held;
         &*scratch
     };
-    let _ = CLIENTS.remove(&client);
+    if CLIENTS.remove(&client).is_ok() {
+        budget::give(info.cgroup, table::CLIENTS);
+    }
     let Some(proc) = PROCS.get_ptr_mut(&info.tgid) else {
         return;
     };
@@ -491,7 +507,9 @@ fn free_client(tgid: u32, client: u32) {
 pub fn release_process(tgid: u32, event: u32) -> Option<ProcInfo> {
     // SAFETY: the value is copied out at once.
     let info = (unsafe { PROCS.get(&tgid) }).copied()?;
-    let _ = PROCS.remove(&tgid);
+    if PROCS.remove(&tgid).is_ok() {
+        budget::give(info.cgroup, table::PROCS);
+    }
     let mut total = 0u64;
     for index in 0..MEMORY_SLOTS {
         let bytes = info.vidmem[index];

@@ -15,11 +15,11 @@ use aya_ebpf::{
 use gpuwarden_agent_common::{
     config::FIELD_ABSENT,
     event::{Event, kind},
-    maps::{FdKey, MAX_FORK_FDS, MEMORY_SLOTS, ProcInfo, stat},
+    maps::{FdKey, MAX_FORK_FDS, MEMORY_SLOTS, ProcInfo, stat, table},
 };
 
 use crate::{
-    arg, config, current,
+    arg, budget, config, current,
     events::{count, emit},
     fds,
     maps::{GPU_FDS, PENDING_CLONE, PROCS},
@@ -36,11 +36,12 @@ fn fd_span(max_fd: u32) -> u32 {
     }
 }
 
-/// Context of [`copy_fd`].
+/// Context of [`copy_fd`]: the child's fds count against `cgroup`'s budget.
 #[repr(C)]
 struct FdCopy {
     parent: u32,
     child: u32,
+    cgroup: u64,
 }
 
 /// bpf_loop body: copies fd `index` of the parent into the child's table.
@@ -62,7 +63,12 @@ extern "C" fn copy_fd(index: u64, ctx: *mut c_void) -> i64 {
             tgid: copy.child,
             fd,
         };
+        if !budget::take(copy.cgroup, table::FDS) {
+            // Past the budget: the child's ioctls on it are still told by their file.
+            return 0;
+        }
         if GPU_FDS.insert(&child, &info, 0).is_err() {
+            budget::give(copy.cgroup, table::FDS);
             count(stat::FD_TABLE_FULL);
         } else if info.file != 0 {
             memory::file_ref(info.file);
@@ -76,7 +82,11 @@ extern "C" fn copy_fd(index: u64, ctx: *mut c_void) -> i64 {
 extern "C" fn forget_fd(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes back the context its caller gave it.
     let range = unsafe { &*ctx.cast::<FdRange>() };
-    fds::forget(range.tgid, range.first.wrapping_add(index as u32));
+    fds::forget_in(
+        range.tgid,
+        range.first.wrapping_add(index as u32),
+        range.cgroup,
+    );
     0
 }
 
@@ -97,16 +107,18 @@ extern "C" fn forget_if_closed(index: u64, ctx: *mut c_void) -> i64 {
         return 0;
     };
     if info.file == 0 || fds::file_of_fd(fd) != Some(info.file) {
-        fds::forget(range.tgid, fd);
+        fds::forget_in(range.tgid, fd, range.cgroup);
     }
     0
 }
 
-/// Context of [`forget_fd`] and [`forget_if_closed`]: fds `first..` of `tgid`.
+/// Context of [`forget_fd`] and [`forget_if_closed`]: fds `first..` of `tgid`, whose budget
+/// entries go back to `cgroup` (0: the process's, looked up).
 #[repr(C)]
 struct FdRange {
     tgid: u32,
     first: u32,
+    cgroup: u64,
 }
 
 /// `CLONE_THREAD`: the child is a thread of the caller's process.
@@ -168,9 +180,14 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     let Some(parent_info) = (unsafe { PROCS.get(&parent) }).copied() else {
         return 0;
     };
+    // SAFETY: a plain helper call; the child starts in its parent's cgroup.
+    let cgroup = unsafe { bpf_get_current_cgroup_id() };
+    if !budget::take(cgroup, table::PROCS) {
+        // Past the budget: the child is registered, if ever, at an ioctl once there is room.
+        return 0;
+    }
     let info = ProcInfo {
-        // SAFETY: a plain helper call; the child starts in its parent's cgroup.
-        cgroup: unsafe { bpf_get_current_cgroup_id() },
+        cgroup,
         // SAFETY: a plain helper call.
         generation: unsafe { bpf_ktime_get_ns() },
         max_fd: parent_info.max_fd,
@@ -180,10 +197,15 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         managed: 0,
     };
     if PROCS.insert(&child, &info, 0).is_err() {
+        budget::give(cgroup, table::PROCS);
         count(stat::PROC_TABLE_FULL);
         return 0;
     }
-    let mut copy = FdCopy { parent, child };
+    let mut copy = FdCopy {
+        parent,
+        child,
+        cgroup,
+    };
     // bpf_loop verifies the body once; an open-coded loop over fds runs out of verifier budget.
     // SAFETY: the callback and its context match bpf_loop's contract.
     unsafe {
@@ -219,7 +241,11 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         return 0;
     }
     if let Some(info) = memory::release_process(tgid, kind::PROCESS_EXIT) {
-        let mut range = FdRange { tgid, first: 0 };
+        let mut range = FdRange {
+            tgid,
+            first: 0,
+            cgroup: info.cgroup,
+        };
         // SAFETY: as in `sched_process_fork`.
         unsafe {
             bpf_loop(
@@ -241,7 +267,11 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     // exec stay (the agent re-checks them where the kernel's offsets are unknown).
     if let Some(info) = memory::release_process(tgid, kind::EXEC) {
         if config().files.valid != 0 {
-            let mut range = FdRange { tgid, first: 0 };
+            let mut range = FdRange {
+                tgid,
+                first: 0,
+                cgroup: info.cgroup,
+            };
             // SAFETY: as in `sched_process_fork`.
             unsafe {
                 bpf_loop(
@@ -274,7 +304,11 @@ pub fn sys_enter_close_range(ctx: TracePointContext) -> u32 {
     if first > last {
         return 0;
     }
-    let mut range = FdRange { tgid, first };
+    let mut range = FdRange {
+        tgid,
+        first,
+        cgroup: 0,
+    };
     // SAFETY: as in `sched_process_fork`.
     unsafe {
         bpf_loop(

@@ -23,6 +23,7 @@ use gpuwarden_agent_common::{
 };
 
 use crate::{
+    budget,
     events::{count, emit},
     maps::{CGROUP_QUOTA, DENY, QUOTAS, SETTINGS},
     memory::atomic_add,
@@ -135,7 +136,10 @@ pub fn check_alloc(
             (used, limit, (*quota).memory_policy)
         }
     };
-    if limit == NO_LIMIT || used.saturating_add(requested) <= limit {
+    // At its budget of processes, clients or allocations the allocation's bytes could go
+    // uncounted: acted on like one past the limit.
+    if (limit == NO_LIMIT || used.saturating_add(requested) <= limit) && !budget::exhausted(cgroup)
+    {
         return;
     }
     let mode = SETTINGS.get(0).copied().unwrap_or(enforce_mode::SIGNAL);
@@ -210,12 +214,16 @@ pub fn gpu_devices(ctx: DeviceContext) -> i32 {
     // SAFETY: a plain helper call.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
     let slot = slot_of(cgroup);
+    let at_budget = budget::fds_exhausted(cgroup);
     if let Some(slot) = slot
         && let Some(quota) = QUOTAS.get_ptr_mut(&slot)
     {
         // SAFETY: a live map value.
         let (flags, devices) = unsafe { ((*quota).flags, (*quota).devices) };
-        if flags & quota_flags::DEVICES == 0 || (minor < 64 && devices & (1u64 << minor) != 0) {
+        let listed =
+            flags & quota_flags::DEVICES == 0 || (minor < 64 && devices & (1u64 << minor) != 0);
+        // A cgroup at its fd budget opens no more GPU nodes.
+        if listed && !at_budget {
             return 1;
         }
         // SAFETY: a live map value.
@@ -228,7 +236,12 @@ pub fn gpu_devices(ctx: DeviceContext) -> i32 {
         tgid,
         cgroup,
         device: minor,
-        code: u32::from(slot.is_some()),
+        // 2: at its fd budget; 1: bound to a quota that lacks the GPU; 0: not mapped yet.
+        code: if at_budget {
+            2
+        } else {
+            u32::from(slot.is_some())
+        },
         ..Event::default()
     });
     0

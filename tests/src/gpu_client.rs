@@ -36,7 +36,12 @@
 //! | `uvm mmap <length>` | `ok addr=0x…`: managed memory as `cudaMallocManaged` maps it (an anonymous reservation, then the UVM fd mapped over it) |
 //! | `uvm munmap <addr> <length>` | `ok` |
 //! | `uvm <number>` | `ok ret=<n>` (that command with 16 KiB of zeroes) |
-//! | `open <path>` | `ok fd=<n>`: holds the file open; a bare name is a file in `DIR` |
+//! | `open <path> [openat\|open\|creat\|uring]` | `ok fd=<n>`: holds the file open; a bare name is a file in `DIR`; the word picks the call ([`obtain::OpenHow`]: default `openat`) |
+//! | `fd-socket <path>` | `ok fd=<n>`: a datagram socket bound at `path`, for `recv-fd` |
+//! | `send-fd <path> <fd>` | `ok`: the fd over `SCM_RIGHTS` to the socket bound at `path` |
+//! | `recv-fd <socket>` | `ok fd=<n>`: the fd a `send-fd` sent, held |
+//! | `getfd <pid> <fd>` | `ok fd=<n>`: a copy of process `pid`'s fd (`pidfd_getfd`), held |
+//! | `dup-many <fd> <count>` | `ok first=<n> last=<n>`: `count` copies, left open, not held (fd limits raised as needed) |
 //! | `dup [<fd>]` | `ok fd=<n>`: the copy takes over the fd's role, so after `dup` (of `ctl`) RM calls go through the copy |
 //! | `close <fd>` | `ok` |
 //! | `close-range <first> <last>` | `ok`: `close_range(2)` of every fd in the range |
@@ -56,6 +61,7 @@
 //! failure answers `err status=0x…`, a failed system call `err errno=<n> <text>`, a line that
 //! doesn't parse `err <why>`.
 
+pub mod obtain;
 pub mod script;
 mod scripted;
 
@@ -402,6 +408,14 @@ impl GpuClient {
         let raw = fd.as_raw_fd();
         self.hold(fd, None);
         Ok(raw)
+    }
+
+    /// Holds `fd`, obtained some other way (received, taken from another process), as a new open
+    /// file; returns its number.
+    pub fn adopt(&mut self, fd: OwnedFd) -> RawFd {
+        let raw = fd.as_raw_fd();
+        self.hold(fd, None);
+        raw
     }
 
     /// Duplicates `fd`; the copy refers to the same open file and, being the newest, takes over

@@ -25,6 +25,23 @@ pub struct Config {
     pub exit_group_dead: u32,
     /// Kernel struct offsets to find an fd's file; `valid == 0` where the kernel has no BTF.
     pub files: FileOffsets,
+    /// One of [`ioctl_match`]: how `ioctl` enter tells a GPU fd.
+    pub ioctl_match: u32,
+    /// Zero.
+    pub _pad: u32,
+    /// Per-cgroup budget of each table a container can grow, by `maps::table` index.
+    pub budgets: [u32; crate::maps::table::COUNT],
+}
+
+/// How `ioctl` enter tells a GPU fd ([`Config::ioctl_match`]).
+pub mod ioctl_match {
+    /// From the fd's own file (task → files → fdtable → file → inode → device number), however
+    /// the fd was obtained; needs [`super::FileOffsets`]. The default where they are known.
+    pub const FILE: u32 = 0;
+    /// By the (process, fd) table the `openat`/`dup`/`fork` hooks keep: the behaviour before
+    /// [`FILE`], kept as the benchmark's baseline and for kernels without BTF. Misses fds
+    /// obtained any other way (`io_uring`, `SCM_RIGHTS`, `pidfd_getfd`, `open`/`creat`).
+    pub const FD_TABLE: u32 = 1;
 }
 
 /// Byte offsets of the kernel struct members that lead from the current task to the file behind
@@ -36,6 +53,9 @@ pub struct FileOffsets {
     pub task_files: u32,
     /// `files_struct.fdt`.
     pub files_fdt: u32,
+    /// `files_struct.fdtab`, the fd table embedded in the struct (`fdt` points at it until the
+    /// process outgrows it).
+    pub files_fdtab: u32,
     /// `fdtable.max_fds`.
     pub fdt_max_fds: u32,
     /// `fdtable.fd`.
@@ -60,6 +80,7 @@ impl FileOffsets {
     pub const NONE: Self = Self {
         task_files: 0,
         files_fdt: 0,
+        files_fdtab: 0,
         fdt_max_fds: 0,
         fdt_fd: 0,
         file_inode: 0,
@@ -80,6 +101,9 @@ impl Config {
         exit_pid: 24,
         exit_group_dead: 32,
         files: FileOffsets::NONE,
+        ioctl_match: ioctl_match::FILE,
+        _pad: 0,
+        budgets: crate::maps::table::DEFAULT_BUDGET,
     };
 }
 

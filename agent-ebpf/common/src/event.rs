@@ -24,9 +24,13 @@ pub mod kind {
     /// An allocation would cross its quota's limit. `bytes` requested, `used`, `limit`,
     /// `device`; `code` is the [`action`] taken.
     pub const QUOTA_EXCEEDED: u32 = 9;
-    /// An open of a GPU node was refused. `device` is the minor; `code` is 1 when the cgroup is
-    /// bound to a quota that lacks the GPU, 0 when it is under a bound cgroup but not mapped yet.
+    /// An open of a GPU node was refused. `device` is the minor; `code` is 2 when the cgroup is at
+    /// its budget of GPU fds, 1 when it is bound to a quota that lacks the GPU, 0 when it is under
+    /// a bound cgroup but not mapped yet.
     pub const DEVICE_DENIED: u32 = 10;
+    /// A cgroup reached its budget in a kernel table and was first refused an entry. `code` is
+    /// the `maps::table` index, `limit` the budget.
+    pub const TABLE_BUDGET: u32 = 11;
 }
 
 /// What the kernel did about an over-limit allocation ([`kind::QUOTA_EXCEEDED`]'s `code`).

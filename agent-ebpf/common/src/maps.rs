@@ -389,6 +389,63 @@ pub struct Deny {
     pub arg: u64,
 }
 
+/// The kernel tables a container can grow, each with a per-cgroup budget ([`TableUse`],
+/// `Config::budgets`).
+pub mod table {
+    /// The GPU fd table (`GPU_FDS`).
+    pub const FDS: usize = 0;
+    /// The process table (`PROCS`).
+    pub const PROCS: usize = 1;
+    /// The client table (`CLIENTS`).
+    pub const CLIENTS: usize = 2;
+    /// The allocation table (`ALLOCATIONS`).
+    pub const ALLOCATIONS: usize = 3;
+    /// Number of tables.
+    pub const COUNT: usize = 4;
+    /// Their names, by index, as the snapshot and metrics report them.
+    pub const NAMES: [&str; COUNT] = ["fds", "processes", "clients", "allocations"];
+    /// Capacity of each table (the map sizes).
+    pub const CAPACITY: [u32; COUNT] = [65_536, 32_768, 32_768, 262_144];
+    /// The default per-cgroup budget: an eighth of each table, so one container never holds
+    /// more than that, and eight at their budget still leave the tables unfilled.
+    pub const DEFAULT_BUDGET: [u32; COUNT] = [
+        CAPACITY[FDS] / 8,
+        CAPACITY[PROCS] / 8,
+        CAPACITY[CLIENTS] / 8,
+        CAPACITY[ALLOCATIONS] / 8,
+    ];
+}
+
+/// One cgroup's entries in each [`table`] and the entries it was refused past its budget
+/// (value of `CGROUP_TABLES`, keyed by the cgroup id entries are charged to; written by the
+/// programs only).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct TableUse {
+    /// Entries the programs added less those they removed, by [`table`] index. What the cgroup
+    /// holds is this less [`TableReleased::released`].
+    pub used: [u64; table::COUNT],
+    /// Entries refused because the cgroup held its budget, by [`table`] index.
+    pub refused: [u64; table::COUNT],
+}
+
+/// Entries of one cgroup the agent removed itself (value of `CGROUP_TABLES_RELEASED`, written by
+/// the agent only, so neither side ever overwrites the other's counts): those of processes that
+/// died unseen and of released clients, which the programs counted in and never out.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct TableReleased {
+    /// By [`table`] index.
+    pub released: [u64; table::COUNT],
+}
+
+/// Entries a cgroup holds in table `which`: what the programs counted, less what the agent
+/// removed.
+#[must_use]
+pub const fn table_held(used: &TableUse, released: &TableReleased, which: usize) -> u64 {
+    used.used[which].saturating_sub(released.released[which])
+}
+
 /// Indexes of the per-CPU statistics array.
 pub mod stat {
     /// Events dropped because the ring buffer was full.
@@ -407,8 +464,10 @@ pub mod stat {
     pub const QUOTA_ACTIONS: u32 = 6;
     /// Opens of GPU nodes refused by the device program.
     pub const DEVICE_DENIED: u32 = 7;
+    /// Table entries refused because their cgroup was at its budget.
+    pub const BUDGET_REFUSED: u32 = 8;
     /// Number of statistics.
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 9;
 }
 
 pod!(
@@ -428,5 +487,7 @@ pod!(
     HandleKey,
     Allocation,
     Quota,
-    Deny
+    Deny,
+    TableUse,
+    TableReleased
 );

@@ -175,6 +175,23 @@ pub struct Container {
     /// Recent enforcement actions on it, oldest first.
     #[serde(default)]
     pub events: Vec<Record>,
+    /// Its entries in each kernel table it can grow, against its budget there
+    /// (docs/accounting.md, "Budgets").
+    #[serde(default)]
+    pub tables: Vec<TableBudget>,
+}
+
+/// A container's entries in one kernel table, its budget there, and what it was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableBudget {
+    /// `fds`, `processes`, `clients` or `allocations`.
+    pub table: String,
+    /// Entries it holds.
+    pub used: u64,
+    /// The most it may hold.
+    pub budget: u64,
+    /// Entries refused because it held its budget.
+    pub refused: u64,
 }
 
 /// One device's counters for a container.
@@ -211,6 +228,9 @@ pub struct Stats {
     pub tracked_processes: u64,
     /// Entries in the allocation table.
     pub tracked_allocations: u64,
+    /// Table entries refused because their container held its budget.
+    #[serde(default)]
+    pub budget_refused: u64,
     /// Usage reports sent to the controller.
     #[serde(default)]
     pub usage_reports: u64,

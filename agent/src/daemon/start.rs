@@ -70,10 +70,17 @@ pub(super) fn enforcement(
     let Some((maps, devices)) = sensor.take_enforcement() else {
         unreachable!("the sensor's enforcement maps are taken once, here");
     };
+    let driver_limits = crate::enforcement::dmem::DmemTree::open(attributor.root())
+        .map(|tree| Box::new(tree) as Box<dyn crate::enforcement::kernel::DriverLimits>);
+    tracing::info!(
+        available = driver_limits.is_some(),
+        "memory tier driver_dmem (the driver's own limit through the dmem cgroup controller)"
+    );
     let kernel = Kernel {
         maps,
         devices: Box::new(devices),
         signals: Box::new(ProcessSignals),
+        driver_limits,
     };
     let mut enforcer = Enforcer::new(
         kernel,

@@ -114,6 +114,8 @@ struct Binding {
     members: BTreeSet<u64>,
     /// Processes stopped by policy, for `resume`/`kill`.
     stopped: BTreeSet<u32>,
+    /// GPUs whose memory limit the driver enforces on `dir` (`dmem.max` set).
+    driver_limited: Vec<u32>,
 }
 
 /// One binding as the rest of the agent sees it (snapshots, usage reports): a copy, with what
@@ -138,6 +140,8 @@ pub(crate) struct BindingReport {
     pub kernel: Option<Quota>,
     /// What the compute-share throttle did.
     pub throttle: Option<ThrottleStats>,
+    /// The driver tier's name when the driver enforces its memory limits (`driver_dmem`).
+    pub driver_tier: Option<&'static str>,
 }
 
 /// Everything enforcement holds, as the rest of the agent sees it.
@@ -262,6 +266,12 @@ impl Enforcer {
                 throttle: b
                     .key
                     .and_then(|k| self.throttle.as_ref().and_then(|t| t.stats(k))),
+                driver_tier: self
+                    .kernel
+                    .driver_limits
+                    .as_ref()
+                    .filter(|_| !b.driver_limited.is_empty())
+                    .map(|d| d.tier()),
             })
             .collect();
         Standing {
@@ -309,6 +319,7 @@ impl Enforcer {
                 key: None,
                 members: BTreeSet::new(),
                 stopped: BTreeSet::new(),
+                driver_limited: Vec::new(),
             },
         );
         self.reconcile_one(&session);
@@ -490,6 +501,7 @@ impl Enforcer {
             return;
         }
         self.kernel.devices.attach(key, &dir);
+        let driver_limited = set_driver_limits(&mut self.kernel, session, &dir, &b.spec);
         let rel = self.tree.relative(&dir);
         if let Some(throttle) = &self.throttle {
             // A memory-only part has no compute share to keep.
@@ -516,6 +528,7 @@ impl Enforcer {
             b.state = BindState::Bound;
             b.dir = Some(dir);
             b.key = Some(key);
+            b.driver_limited = driver_limited;
         }
         self.map_members(session, &members);
         self.record(session, "bound", reason, rel, 0, None, (0, 0, 0));
@@ -573,6 +586,13 @@ impl Enforcer {
                 tracing::warn!(session, "quota not removed: {e}");
             }
             self.kernel.devices.detach(key);
+            let gpus = std::mem::take(&mut b.driver_limited);
+            if let (Some(driver), Some(dir)) = (self.kernel.driver_limits.as_mut(), &b.dir)
+                && !gpus.is_empty()
+                && let Err(e) = driver.lift(dir, &gpus)
+            {
+                tracing::warn!(session, "the driver's memory limit is not lifted: {e}");
+            }
             if let Some(throttle) = &self.throttle
                 && let Err(e) = throttle.remove(key)
             {
@@ -623,10 +643,17 @@ impl Enforcer {
                 );
             }
             kind::DEVICE_DENIED => {
-                let reason = format!(
-                    "open of /dev/nvidia{} refused: not allocated to this workload",
-                    e.device
-                );
+                let reason = if e.code == 2 {
+                    format!(
+                        "open of /dev/nvidia{} refused: the workload holds its budget of GPU fds",
+                        e.device
+                    )
+                } else {
+                    format!(
+                        "open of /dev/nvidia{} refused: not allocated to this workload",
+                        e.device
+                    )
+                };
                 self.record(
                     &session,
                     "device_denied",
@@ -875,6 +902,32 @@ impl Enforcer {
             self.history.pop_front();
         }
         self.history.push_back(record);
+    }
+}
+
+/// Sets the quota's memory limits as the driver's own (`dmem.max`) on `dir` where the node has
+/// that tier; the GPUs it set. A failure leaves the eBPF tiers enforcing, and says so.
+fn set_driver_limits(
+    kernel: &mut Kernel,
+    session: &str,
+    dir: &std::path::Path,
+    spec: &QuotaSpec,
+) -> Vec<u32> {
+    let Some(driver) = kernel.driver_limits.as_mut() else {
+        return Vec::new();
+    };
+    let limits: Vec<(u32, u64)> = spec
+        .devices
+        .iter()
+        .filter(|d| d.memory_bytes != 0 && d.memory_bytes != NO_LIMIT)
+        .map(|d| (d.index, d.memory_bytes))
+        .collect();
+    match driver.set(dir, &limits) {
+        Ok(set) => set,
+        Err(e) => {
+            tracing::warn!(session, "the driver's memory limit is not set: {e}");
+            Vec::new()
+        }
     }
 }
 

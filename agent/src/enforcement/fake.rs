@@ -12,7 +12,7 @@ use gpuwarden_agent_common::maps::{CgroupDeviceKey, Quota};
 
 use super::{
     cgroup_tree::CgroupFs,
-    kernel::{DeviceAccess, Kernel, QuotaMaps, Signals},
+    kernel::{DeviceAccess, DriverLimits, Kernel, QuotaMaps, Signals},
 };
 use crate::sensor::maps::fake::FakeMap;
 
@@ -128,6 +128,40 @@ impl Signals for FakeSignals {
     }
 }
 
+/// The driver's own limit, recording what it was asked: `(dir, GPU, bytes)` set, `(dir, GPU)`
+/// lifted.
+#[derive(Clone, Default)]
+pub(crate) struct FakeDriverLimits {
+    pub set: Arc<Mutex<Vec<(PathBuf, u32, u64)>>>,
+    pub lifted: Arc<Mutex<Vec<(PathBuf, u32)>>>,
+}
+
+impl DriverLimits for FakeDriverLimits {
+    fn set(
+        &mut self,
+        dir: &Path,
+        limits: &[(u32, u64)],
+    ) -> Result<Vec<u32>, super::dmem::DmemError> {
+        let mut set = self.set.lock().unwrap();
+        for &(gpu, bytes) in limits {
+            set.push((dir.to_owned(), gpu, bytes));
+        }
+        Ok(limits.iter().map(|&(gpu, _)| gpu).collect())
+    }
+
+    fn lift(&mut self, dir: &Path, gpus: &[u32]) -> Result<(), super::dmem::DmemError> {
+        let mut lifted = self.lifted.lock().unwrap();
+        for &gpu in gpus {
+            lifted.push((dir.to_owned(), gpu));
+        }
+        Ok(())
+    }
+
+    fn tier(&self) -> &'static str {
+        "driver_dmem"
+    }
+}
+
 /// The whole fake kernel, with handles to look at it.
 #[derive(Clone, Default)]
 pub(crate) struct FakeKernel {
@@ -150,6 +184,7 @@ impl FakeKernel {
             },
             devices: Box::new(self.devices.clone()),
             signals: Box::new(self.signals.clone()),
+            driver_limits: None,
         }
     }
 }

@@ -9,6 +9,7 @@ use std::{collections::BTreeSet, io, path::Path};
 
 use gpuwarden_agent_common::maps::{CgroupDeviceKey, Quota};
 
+use super::dmem::DmemError;
 use crate::sensor::maps::Map;
 
 /// The maps enforcement writes: quotas by bound cgroup id, the quota each cgroup counts against,
@@ -42,6 +43,24 @@ pub(crate) trait Signals: Send {
     fn send(&self, pid: u32, signal: i32) -> io::Result<()>;
 }
 
+/// The driver's own per-cgroup GPU-memory limit, the strongest memory tier where the node has
+/// it (`dmem.max` of NVIDIA's regions; [`super::dmem`]).
+pub(crate) trait DriverLimits: Send {
+    /// Sets the hard limit of each `(GPU index, bytes)` on the cgroup at `dir`; returns the GPUs
+    /// it set (those the driver has a region for).
+    ///
+    /// # Errors
+    /// A cgroup file can't be written.
+    fn set(&mut self, dir: &Path, limits: &[(u32, u64)]) -> Result<Vec<u32>, DmemError>;
+    /// Lifts the limits of `gpus` on the cgroup at `dir`.
+    ///
+    /// # Errors
+    /// A cgroup file can't be written.
+    fn lift(&mut self, dir: &Path, gpus: &[u32]) -> Result<(), DmemError>;
+    /// The tier's name in snapshots (`driver_dmem`).
+    fn tier(&self) -> &'static str;
+}
+
 /// Everything in the kernel the enforcer touches besides the cgroup tree.
 pub(crate) struct Kernel {
     /// The quota maps.
@@ -50,6 +69,8 @@ pub(crate) struct Kernel {
     pub devices: Box<dyn DeviceAccess>,
     /// Signals.
     pub signals: Box<dyn Signals>,
+    /// The driver's own limit, where the node has it.
+    pub driver_limits: Option<Box<dyn DriverLimits>>,
 }
 
 /// `kill(2)`.

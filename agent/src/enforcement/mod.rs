@@ -7,11 +7,13 @@
 //!   the agent's own, one another session binds; a user's pod only in its granted namespaces);
 //! - `enforcer`: binding quotas into the BPF maps and device programs, and their events;
 //!   `task`: the enforcer as a task behind a handle;
-//! - `kernel`: the narrow traits the enforcer talks to (quota maps, device access, signals);
+//! - `kernel`: the narrow traits the enforcer talks to (quota maps, device access, signals,
+//!   the driver's own limit); [`dmem`]: that limit through the kernel's `dmem` controller;
 //! - [`throttle`]: compute share, by freezing and thawing cgroups in short periods.
 
 pub(crate) mod cgroup_tree;
 pub mod confinement;
+pub mod dmem;
 pub(crate) mod enforcer;
 #[cfg(test)]
 pub(crate) mod fake;

@@ -495,6 +495,27 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: &Published) {
     {
         let published = Arc::clone(published);
         meter
+            .u64_observable_counter("gpuwarden.container.table.refused")
+            .with_unit("{entry}")
+            .with_description(
+                "Kernel-table entries refused because the container held its budget there",
+            )
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in &s.containers {
+                        for t in c.tables.iter().filter(|t| t.refused != 0) {
+                            let mut attrs = container_attributes(c);
+                            attrs.push(KeyValue::new("gpuwarden.map", t.table.clone()));
+                            o.observe(t.refused, &attrs);
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let published = Arc::clone(published);
+        meter
             .u64_observable_counter("gpuwarden.agent.kubelet.requests")
             .with_unit("{request}")
             .with_description("Requests for the kubelet's pod list by result")

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use gpuwarden_agent_api::{
     Accuracy, BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, GpuView,
-    QuotaView, Snapshot, Stats,
+    QuotaView, Snapshot, Stats, TableBudget,
 };
-use gpuwarden_agent_common::maps::{MAX_GPUS, stat};
+use gpuwarden_agent_common::maps::{MAX_GPUS, stat, table};
 
 use crate::{
     attribution::{Attributor, Workload, kubelet::PodNames},
@@ -35,6 +35,7 @@ pub(crate) fn build(
         tracked_fds: counters.tracked_fds,
         tracked_processes: counters.tracked_processes,
         tracked_allocations: counters.tracked_allocations,
+        budget_refused: counters.stat(stat::BUDGET_REFUSED),
         // Filled in by the daemon, which keeps those counters.
         usage_reports: 0,
         usage_reports_dropped: 0,
@@ -222,7 +223,8 @@ fn add_quota(c: &mut Container, standing: &Standing, tier: &str) {
     c.session_id = Some(b.session_id.clone());
     c.quota = Some(quota_view(b));
     c.enforcement = Some(EnforcementView {
-        tier: tier.to_owned(),
+        // The driver's own limit, where it holds this workload's, is the tier that refuses.
+        tier: b.driver_tier.unwrap_or(tier).to_owned(),
         actions: b.kernel.map_or(0, |q| q.actions),
         denied_opens: b.kernel.map_or(0, |q| q.denied_opens),
         throttled_ms: b.throttle.map_or(0, |t| {
@@ -238,6 +240,11 @@ fn add_quota(c: &mut Container, standing: &Standing, tier: &str) {
         .collect();
 }
 
+/// The per-cgroup budgets the programs were loaded with.
+fn sensor_budgets() -> [u32; table::COUNT] {
+    gpuwarden_agent_common::config::Config::DEFAULT.budgets
+}
+
 fn container(id: u64, workload: Option<&Workload>, totals: CgroupCounters) -> Container {
     let devices = totals
         .devices
@@ -248,8 +255,18 @@ fn container(id: u64, workload: Option<&Workload>, totals: CgroupCounters) -> Co
             memory_bytes,
         })
         .collect();
+    let budgets = sensor_budgets();
+    let tables = (0..table::COUNT)
+        .map(|i| TableBudget {
+            table: table::NAMES[i].to_owned(),
+            used: totals.tables.used[i],
+            budget: u64::from(budgets[i]),
+            refused: totals.tables.refused[i],
+        })
+        .collect();
     let base = Container {
         cgroup_id: id,
+        tables,
         pids: totals.pids,
         devices,
         system_memory_bytes: totals.system_bytes,

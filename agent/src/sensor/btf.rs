@@ -224,6 +224,7 @@ impl Btf {
         Ok(FileOffsets {
             task_files: self.member_offset("task_struct", "files")?,
             files_fdt: self.member_offset("files_struct", "fdt")?,
+            files_fdtab: self.member_offset("files_struct", "fdtab")?,
             fdt_max_fds: self.member_offset("fdtable", "max_fds")?,
             fdt_fd: self.member_offset("fdtable", "fd")?,
             file_inode: self.member_offset("file", "f_inode")?,

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use gpuwarden_agent_common::{
-    maps::{family, memory_kind, stat},
+    maps::{TableUse, family, memory_kind, stat, table, table_held},
     nvidia::{esc, uvm},
 };
 
@@ -31,6 +31,8 @@ pub(crate) struct CgroupCounters {
     pub system_bytes: u64,
     /// Managed (UVM) memory mapped.
     pub managed_bytes: u64,
+    /// Its entries in the tables it can grow, and its refusals past their budgets.
+    pub tables: TableUse,
 }
 
 impl CgroupCounters {
@@ -99,6 +101,16 @@ pub(crate) fn read(maps: &TelemetryMaps) -> Counters {
             _ => device(&mut cgroups, key.cgroup, key.device).1 = bytes,
         }
     }
+    for (cgroup, mut tables) in maps.cgroup_tables.entries() {
+        // Only cgroups with something else to show: a cgroup is not listed for its budgets alone.
+        if let Some(c) = cgroups.get_mut(&cgroup) {
+            let released = maps.cgroup_tables_released.get(&cgroup).unwrap_or_default();
+            for which in 0..table::COUNT {
+                tables.used[which] = table_held(&tables, &released, which);
+            }
+            c.tables = tables;
+        }
+    }
     for c in cgroups.values_mut() {
         c.pids.sort_unstable();
     }
@@ -109,6 +121,7 @@ pub(crate) fn read(maps: &TelemetryMaps) -> Counters {
         stat::PROC_TABLE_FULL,
         stat::DECODE_ERRORS,
         stat::GPU_IOCTLS,
+        stat::BUDGET_REFUSED,
     ]
     .into_iter()
     .map(|i| (i, maps.stats.get(&i).unwrap_or(0)))

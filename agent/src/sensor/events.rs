@@ -83,6 +83,18 @@ pub(crate) fn log(e: &Event) {
         }
         kind::EXEC => tracing::debug!(tgid = e.tgid, %comm, bytes = e.bytes, "GPU process exec'd"),
         kind::QUOTA_EXCEEDED | kind::DEVICE_DENIED => {}
+        kind::TABLE_BUDGET => {
+            let table = gpuwarden_agent_common::maps::table::NAMES
+                .get(e.code as usize)
+                .copied()
+                .unwrap_or("unknown");
+            tracing::warn!(
+                cgroup = e.cgroup,
+                table,
+                budget = e.limit,
+                "a cgroup reached its budget in a kernel table: its further entries are refused"
+            );
+        }
         kind::DECODE_ERROR => {
             let reason = decode_error_reason(e.code);
             tracing::warn!(tgid = e.tgid, %comm, escape = format_args!("{:#x}", e.handle), reason, detail = format_args!("{:#x}", e.bytes), "ioctl not decoded");

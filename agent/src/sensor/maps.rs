@@ -6,7 +6,7 @@
 use aya::maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap};
 use gpuwarden_agent_common::maps::{
     Allocation, CgroupDeviceKey, ClientInfo, FdInfo, FdKey, FileId, FileRefs, GpuNode, HandleKey,
-    IoctlKey, Mapping, MappingKey, ObjectInfo, PathKey, ProcInfo,
+    IoctlKey, Mapping, MappingKey, ObjectInfo, PathKey, ProcInfo, TableReleased, TableUse,
 };
 
 /// `BPF_NOEXIST`: insert only where the key is absent.
@@ -203,6 +203,10 @@ pub(crate) struct TelemetryMaps {
     pub ioctl_counts: Map<IoctlKey, u64>,
     /// Statistics, summed over CPUs.
     pub stats: Map<u32, u64>,
+    /// Each cgroup's entries in the tables it can grow, and its refusals past their budgets.
+    pub cgroup_tables: Map<u64, TableUse>,
+    /// Each cgroup's entries the agent removed itself.
+    pub cgroup_tables_released: Map<u64, TableReleased>,
 }
 
 /// In-memory maps for unit tests.

@@ -32,7 +32,7 @@ use aya::{
     },
 };
 use gpuwarden_agent_common::{
-    config::{CONFIG_SYMBOL, Config, FileOffsets},
+    config::{CONFIG_SYMBOL, Config, FileOffsets, ioctl_match},
     maps::{enforce_mode, setting},
 };
 use pins::Pins;
@@ -195,6 +195,9 @@ const MAPS: &[&str] = &[
     "DENY",
     "SETTINGS",
     "SCRATCH_CLIENT",
+    "CGROUP_TABLES",
+    "CGROUP_TABLES_RELEASED",
+    "GPU_MAJORS",
     "AYA_LOGS",
 ];
 
@@ -264,6 +267,8 @@ pub struct Sensor {
     adopted: bool,
     /// Settings the programs read at run time.
     settings: Array<MapData, u32>,
+    /// The device majors of the watched GPU nodes, as a bitmap.
+    gpu_majors: Array<MapData, u64>,
     /// GPU nodes are matched by the opened file.
     by_file: bool,
 }
@@ -281,6 +286,7 @@ impl Sensor {
         let config = Config {
             alloc_event_min_bytes,
             files,
+            ioctl_match: ioctl_match_from_env(),
             ..tracefs::config_offsets(&tracefs)
         };
         let (pins, adopted) = match pin_dir {
@@ -345,6 +351,8 @@ impl Sensor {
                 take_map(&mut ebpf, "STATS")?,
                 "STATS",
             )?,
+            cgroup_tables: named(&mut ebpf, "CGROUP_TABLES")?,
+            cgroup_tables_released: named(&mut ebpf, "CGROUP_TABLES_RELEASED")?,
         };
         let quota_maps = QuotaMaps {
             quotas: named(&mut ebpf, "QUOTAS")?,
@@ -355,6 +363,7 @@ impl Sensor {
             )?,
         };
         let settings = settings(&mut ebpf, memory_tier.0)?;
+        let gpu_majors: Array<MapData, u64> = take(&mut ebpf, "GPU_MAJORS")?;
         let events = Some(take(&mut ebpf, "EVENTS")?);
         Ok(Self {
             ebpf,
@@ -366,6 +375,7 @@ impl Sensor {
             memory_tier,
             adopted,
             settings,
+            gpu_majors,
             by_file: files.valid != 0,
         })
     }
@@ -377,10 +387,25 @@ impl Sensor {
     }
 
     /// Tells the programs whether some watched node is not a device file (the fake driver's),
-    /// so opened files are also matched by inode.
+    /// so opened files are also matched by inode, and which device majors the watched nodes
+    /// have (from the file table the agent just synced).
     pub(crate) fn set_match_inodes(&mut self, on: bool) {
         if let Err(e) = self.settings.set(setting::MATCH_INODES, u32::from(on), 0) {
             tracing::warn!("cannot tell the programs to match nodes by inode: {e}");
+        }
+        let mut bitmap = [0u64; 64];
+        for id in self.maps.gpu_files.keys() {
+            if id.ino == 0 {
+                let major = (id.dev >> 20) as usize;
+                bitmap[(major >> 6) & 63] |= 1 << (major & 63);
+            }
+        }
+        for (index, bits) in (0u32..).zip(bitmap) {
+            if self.gpu_majors.get(&index, 0).ok() != Some(bits)
+                && let Err(e) = self.gpu_majors.set(index, bits, 0)
+            {
+                tracing::warn!("cannot tell the programs the GPU nodes' majors: {e}");
+            }
         }
     }
 
@@ -606,6 +631,25 @@ fn file_offsets() -> FileOffsets {
             );
             FileOffsets::NONE
         }
+    }
+}
+
+/// Names the baseline `ioctl` match for `cargo xtask bench ebpf`, which times today's programs
+/// against the match they replaced in one run: `fd-table` is the (process, fd) table alone,
+/// which misses fds obtained other than through `openat` — never for production.
+pub const IOCTL_MATCH_ENV: &str = "GPUWARDEN_BENCH_IOCTL_MATCH";
+
+/// How `ioctl` enter tells a GPU fd: by its file, unless [`IOCTL_MATCH_ENV`] asks for the
+/// baseline.
+fn ioctl_match_from_env() -> u32 {
+    match std::env::var(IOCTL_MATCH_ENV).as_deref() {
+        Ok("fd-table") => {
+            tracing::warn!(
+                "{IOCTL_MATCH_ENV}=fd-table: GPU fds are told by the fd table alone (the benchmark's baseline); fds obtained without openat are not counted"
+            );
+            ioctl_match::FD_TABLE
+        }
+        _ => ioctl_match::FILE,
     }
 }
 

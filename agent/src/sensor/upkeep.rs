@@ -13,7 +13,7 @@ use std::{
 
 use gpuwarden_agent_common::maps::{
     CgroupDeviceKey, FdInfo, FdKey, FileId, GpuNode, IoctlKey, MEMORY_SLOTS, PATH_LEN, PathKey,
-    ProcInfo, kernel_dev, node_kind,
+    ProcInfo, kernel_dev, node_kind, table,
 };
 
 use super::maps::{MapError, TelemetryMaps};
@@ -282,51 +282,67 @@ pub(crate) fn collect_garbage(
     now: Instant,
 ) -> Garbage {
     let mut garbage = Garbage::default();
+    // Entries removed here, by the cgroup they were counted against (see `release_tables`).
+    let mut released: HashMap<u64, [u64; table::COUNT]> = HashMap::new();
+    let mut release = |cgroup: u64, which: usize| released.entry(cgroup).or_default()[which] += 1;
+    let procs: HashMap<u32, ProcInfo> = maps.procs.entries().into_iter().collect();
     let dead_fds: Vec<FdKey> = maps
         .gpu_fds
         .keys()
         .into_iter()
         .filter(|k| !alive(proc_root, k.tgid))
         .collect();
-    garbage.fds += remove_all(&dead_fds, |k| maps.gpu_fds.remove(k));
-    let procs: HashMap<u32, ProcInfo> = maps.procs.entries().into_iter().collect();
+    for key in &dead_fds {
+        if maps.gpu_fds.remove(key).is_ok() {
+            garbage.fds += 1;
+            if let Some(p) = procs.get(&key.tgid) {
+                release(p.cgroup, table::FDS);
+            }
+        }
+    }
     for (tgid, info) in &procs {
         if !alive(proc_root, *tgid) {
             if info.vidmem.iter().any(|b| *b != 0) {
                 tracing::warn!(tgid, "process died unseen while holding GPU memory");
             }
-            garbage.processes += usize::from(maps.procs.remove(tgid).is_ok());
+            if maps.procs.remove(tgid).is_ok() {
+                garbage.processes += 1;
+                release(info.cgroup, table::PROCS);
+            }
         }
     }
-    let live_clients: HashMap<u32, u64> = maps
-        .clients
-        .entries()
-        .into_iter()
-        .filter(|(_, c)| {
-            procs
-                .get(&c.tgid)
-                .is_some_and(|p| p.generation == c.proc_generation)
+    // Each table is read before the one its entries depend on (an allocation or a device
+    // object before its client, a file before the fds that refer to it), so an entry the
+    // programs add during this pass is never judged against a read that predates its owner.
+    let allocations = maps.allocations.entries();
+    let objects = maps.object_devices.keys();
+    let files = maps.files.keys();
+    let clients = maps.clients.entries();
+    // A client is live while its creator is: the process read above with the same generation,
+    // or one registered since (not read above) that is alive.
+    let live_clients: HashMap<u32, u64> = clients
+        .iter()
+        .filter(|(_, c)| match procs.get(&c.tgid) {
+            Some(p) => p.generation == c.proc_generation,
+            None => alive(proc_root, c.tgid),
         })
-        .map(|(h, c)| (h, c.generation))
+        .map(|(h, c)| (*h, c.generation))
         .collect();
-    let stale_clients: Vec<u32> = maps
-        .clients
-        .keys()
-        .into_iter()
-        .filter(|h| !live_clients.contains_key(h))
-        .collect();
-    garbage.handles += remove_all(&stale_clients, |k| maps.clients.remove(k));
-    let stale_allocations: Vec<_> = maps
-        .allocations
-        .entries()
-        .into_iter()
-        .filter(|(k, a)| live_clients.get(&k.client) != Some(&a.client_generation))
-        .map(|(k, _)| k)
-        .collect();
-    garbage.handles += remove_all(&stale_allocations, |k| maps.allocations.remove(k));
-    let stale_objects: Vec<_> = maps
-        .object_devices
-        .keys()
+    for (handle, client) in &clients {
+        if !live_clients.contains_key(handle) && maps.clients.remove(handle).is_ok() {
+            garbage.handles += 1;
+            release(client.cgroup, table::CLIENTS);
+        }
+    }
+    for (key, allocation) in &allocations {
+        if live_clients.get(&key.client) != Some(&allocation.client_generation)
+            && maps.allocations.remove(key).is_ok()
+        {
+            garbage.handles += 1;
+            release(allocation.cgroup, table::ALLOCATIONS);
+        }
+    }
+    let stale_objects: Vec<_> = objects
         .into_iter()
         .filter(|k| !live_clients.contains_key(&k.client))
         .collect();
@@ -339,12 +355,7 @@ pub(crate) fn collect_garbage(
         .into_iter()
         .map(|(_, info)| info.file)
         .collect();
-    let stale_files: Vec<u64> = maps
-        .files
-        .keys()
-        .into_iter()
-        .filter(|f| !open.contains(f))
-        .collect();
+    let stale_files: Vec<u64> = files.into_iter().filter(|f| !open.contains(f)).collect();
     garbage.handles += remove_all(&stale_files, |k| maps.files.remove(k));
     // Mappings of processes that are gone (their bytes went with the process).
     let stale_mappings: Vec<_> = maps
@@ -375,7 +386,34 @@ pub(crate) fn collect_garbage(
     garbage.cgroups += remove_all(&dead_memory, |k| maps.cgroup_memory.remove(k));
 
     garbage.cgroups += age_out_idle(maps, &with_procs, idle, now);
+    release_tables(maps, &released, &mut gone);
     garbage
+}
+
+/// Adds the entries this pass removed, by cgroup, to what the agent released of each cgroup's
+/// budget (`CGROUP_TABLES_RELEASED`: the agent's own counts, which the programs subtract from
+/// theirs, so neither side overwrites the other), and drops both counts of cgroups that are
+/// gone.
+pub(crate) fn release_tables(
+    maps: &mut TelemetryMaps,
+    removed: &HashMap<u64, [u64; table::COUNT]>,
+    gone: &mut impl FnMut(u64) -> bool,
+) {
+    for (cgroup, counts) in removed {
+        let mut entry = maps.cgroup_tables_released.get(cgroup).unwrap_or_default();
+        for (total, n) in entry.released.iter_mut().zip(counts) {
+            *total += n;
+        }
+        if let Err(e) = maps.cgroup_tables_released.insert(*cgroup, entry) {
+            tracing::debug!("cannot note the entries released of cgroup {cgroup}: {e}");
+        }
+    }
+    for cgroup in maps.cgroup_tables.keys() {
+        if gone(cgroup) {
+            let _ = maps.cgroup_tables.remove(&cgroup);
+            let _ = maps.cgroup_tables_released.remove(&cgroup);
+        }
+    }
 }
 
 /// Removes the counters of cgroups with no process and no GPU memory whose ioctl total has not

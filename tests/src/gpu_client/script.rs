@@ -12,7 +12,10 @@ use std::{
 
 use crate::abi::nvidia::{class, nvos02, nvos32};
 
-use super::{AllocMemory, ClientError, Form, GpuClient, ParamsLayout, RmError, Via, ioctl_raw};
+use super::{
+    AllocMemory, ClientError, Form, GpuClient, ParamsLayout, RmError, Via, ioctl_raw,
+    obtain::{self, OpenHow},
+};
 use crate::units::{NumberError, number, number32, size};
 
 /// A line that isn't a command.
@@ -261,10 +264,43 @@ pub enum Command {
     RegisterFd,
     /// `uvm …`.
     Uvm(UvmCommand),
-    /// `open <path>`.
+    /// `open <path> [openat|open|creat|uring]`.
     Open {
         /// The file (a bare name is in the client's directory).
         path: PathBuf,
+        /// Which call opens it.
+        how: OpenHow,
+    },
+    /// `fd-socket <path>`: a datagram socket bound at `path` that `recv-fd` reads.
+    FdSocket {
+        /// Where to bind.
+        path: PathBuf,
+    },
+    /// `send-fd <path> <fd>`: `fd` over `SCM_RIGHTS` to the socket bound at `path`.
+    SendFd {
+        /// The receiver's socket.
+        path: PathBuf,
+        /// The fd to send.
+        fd: FdRef,
+    },
+    /// `recv-fd <socket fd>`: one fd from a socket made by `fd-socket`, held.
+    RecvFd {
+        /// The socket.
+        socket: FdRef,
+    },
+    /// `getfd <pid> <fd>`: a copy of another process's fd (`pidfd_getfd`), held.
+    GetFd {
+        /// The other process.
+        pid: u32,
+        /// Its fd.
+        fd: u32,
+    },
+    /// `dup-many <fd> <count>`: `count` copies of `fd`, left open and not held.
+    DupMany {
+        /// The fd to copy.
+        fd: FdRef,
+        /// How many copies.
+        count: u32,
     },
     /// `dup [<fd>]`.
     Dup {
@@ -442,6 +478,28 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
         "uvm" => return parse_uvm(&args),
         "open" => Command::Open {
             path: PathBuf::from(args.word(0, "path")?),
+            how: match args.words.get(1) {
+                None => OpenHow::default(),
+                Some(word) => OpenHow::parse(word).ok_or_else(|| args.unexpected(word))?,
+            },
+        },
+        "fd-socket" => Command::FdSocket {
+            path: PathBuf::from(args.word(0, "path")?),
+        },
+        "send-fd" => Command::SendFd {
+            path: PathBuf::from(args.word(0, "path")?),
+            fd: fd_ref(args.word(1, "fd")?)?,
+        },
+        "recv-fd" => Command::RecvFd {
+            socket: fd_ref(args.word(0, "socket fd")?)?,
+        },
+        "getfd" => Command::GetFd {
+            pid: args.u32(0, "pid")?,
+            fd: args.u32(1, "fd")?,
+        },
+        "dup-many" => Command::DupMany {
+            fd: fd_ref(args.word(0, "fd")?)?,
+            count: args.u32(1, "count")?,
         },
         "dup" => Command::Dup {
             fd: match args.words.first() {
@@ -526,6 +584,11 @@ const COMMANDS: &[&str] = &[
     "register-fd",
     "uvm",
     "open",
+    "fd-socket",
+    "send-fd",
+    "recv-fd",
+    "getfd",
+    "dup-many",
     "dup",
     "close",
     "close-range",
@@ -553,13 +616,18 @@ fn arity(command: &Command) -> usize {
         | Command::Subdevice { .. }
         | Command::IoctlRaw { .. }
         | Command::CloseRange { .. }
+        | Command::Open { .. }
+        | Command::SendFd { .. }
+        | Command::GetFd { .. }
+        | Command::DupMany { .. }
         | Command::DupTo { .. } => 2,
         Command::Sysmem { .. }
         | Command::Virtual { .. }
         | Command::Control { .. }
         | Command::VidHeapFree { .. } => 3,
         Command::GpuIds { .. }
-        | Command::Open { .. }
+        | Command::FdSocket { .. }
+        | Command::RecvFd { .. }
         | Command::Dup { .. }
         | Command::Close { .. }
         | Command::UseCtl { .. }
@@ -869,6 +937,14 @@ fn rm_reply(result: Result<String, RmError>) -> String {
     }
 }
 
+/// Holds an fd a command obtained and answers its number.
+fn held_reply(client: &mut GpuClient, result: io::Result<OwnedFd>) -> String {
+    match result {
+        Ok(fd) => format!("ok fd={}", client.adopt(fd)),
+        Err(e) => errno_reply(&e),
+    }
+}
+
 fn client_reply(result: Result<String, ClientError>) -> String {
     match result {
         Ok(reply) => reply,
@@ -1048,10 +1124,37 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
                     .map(|ret| format!("ok ret={ret}"))
             }
         }),
-        Command::Open { path } => {
+        Command::Open { path, how } => {
             let path = in_dir(client, path);
-            client_reply(client.open_file(&path).map(|fd| format!("ok fd={fd}")))
+            let opened = obtain::open(&path, *how).map_err(|source| ClientError::Open {
+                path: path.clone(),
+                source,
+            });
+            client_reply(opened.map(|fd| format!("ok fd={}", client.adopt(fd))))
         }
+        Command::FdSocket { path } => held_reply(client, obtain::fd_socket(path)),
+        Command::SendFd { path, fd } => match resolve(client, *fd) {
+            Ok(fd) => match obtain::send_fd(path, fd) {
+                Ok(()) => ok(),
+                Err(e) => errno_reply(&e),
+            },
+            Err(e) => client_reply(Err(e)),
+        },
+        Command::RecvFd { socket } => match resolve(client, *socket) {
+            Ok(socket) => held_reply(client, obtain::recv_fd(socket)),
+            Err(e) => client_reply(Err(e)),
+        },
+        Command::GetFd { pid, fd } => held_reply(
+            client,
+            obtain::take_fd(*pid, RawFd::try_from(*fd).unwrap_or(RawFd::MAX)),
+        ),
+        Command::DupMany { fd, count } => match resolve(client, *fd) {
+            Ok(fd) => match obtain::dup_many(fd, *count) {
+                Ok((first, last)) => format!("ok first={first} last={last}"),
+                Err(e) => errno_reply(&e),
+            },
+            Err(e) => client_reply(Err(e)),
+        },
         Command::Dup { fd } => client_reply(
             resolve(client, *fd)
                 .and_then(|fd| client.dup(fd))

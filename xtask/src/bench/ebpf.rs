@@ -18,6 +18,11 @@
 //! Each case runs `rounds` batches of `iterations` calls pinned to one CPU; the table shows the
 //! fastest batch, the estimate least disturbed by other work on the machine (the costs measured
 //! are deterministic; noise only ever adds).
+//!
+//! The agent runs twice in the same run: first with the baseline `ioctl` match (the (process, fd)
+//! table alone, as before GPU files were told at the ioctl; `GPUWARDEN_BENCH_IOCTL_MATCH=fd-table`),
+//! then as shipped (the fd's own file read at every ioctl), so the last column compares the two
+//! on the same machine in the same minute.
 
 use std::{
     ffi::CString,
@@ -136,23 +141,29 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
         },
     ];
 
-    let without: Vec<f64> = cases
-        .iter()
-        .map(|c| fastest_ns(&*c.call, iterations, rounds))
-        .collect();
+    let without = time_all(&cases, iterations, rounds);
     let url = format!("http://{}", controller_addr());
     let mut controller = start_controller(&bin, dir)?;
-    let mut agent = match start_agent(&agent_bin, dir, &gpu_node, &url) {
+    let baseline = start_agent(&agent_bin, dir, &gpu_node, &url, true).map(|mut agent| {
+        let times = time_all(&cases, iterations, rounds);
+        stop(&mut agent);
+        times
+    });
+    let baseline = match baseline {
+        Ok(times) => times,
+        Err(e) => {
+            stop(&mut controller);
+            return Err(e);
+        }
+    };
+    let mut agent = match start_agent(&agent_bin, dir, &gpu_node, &url, false) {
         Ok(agent) => agent,
         Err(e) => {
             stop(&mut controller);
             return Err(e);
         }
     };
-    let with: Vec<f64> = cases
-        .iter()
-        .map(|c| fastest_ns(&*c.call, iterations, rounds))
-        .collect();
+    let with = time_all(&cases, iterations, rounds);
     let bound = measure_bound(&bin, dir, &url, &*cases[1].call, iterations, rounds);
     let counted = decoded_count(&agent_bin, &dir.join("agent.sock"));
     stop(&mut agent);
@@ -171,6 +182,7 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
         "\ncargo xtask bench ebpf — {iterations} calls × {rounds} batches per case, fastest batch, pinned to CPU 0"
     );
     print_rows(&cases, &without, &with, bound);
+    print_baseline(&cases, &without, &baseline, &with);
     println!(
         "(the quota check adds {:+.0} ns to a decoded GPU ioctl; the agent counted {counted} decoded rm_alloc ioctls on the GPU fd)",
         bound - with[1]
@@ -210,6 +222,23 @@ fn print_rows(cases: &[Case], without: &[f64], with: &[f64], bound: f64) {
         without[1],
         bound / without[1]
     );
+}
+
+/// The agent as shipped against the baseline `ioctl` match, case by case.
+fn print_baseline(cases: &[Case], without: &[f64], baseline: &[f64], with: &[f64]) {
+    println!(
+        "\n| case | baseline agent, fd table (ns) | agent, file at the ioctl (ns) | added: baseline → now (ns) | now / baseline |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for (((case, w), b), a) in cases.iter().zip(without).zip(baseline).zip(with) {
+        println!(
+            "| {} | {b:.0} | {a:.0} | {:+.0} → {:+.0} | {:.2}× |",
+            case.name,
+            b - w,
+            a - w,
+            a / b
+        );
+    }
 }
 
 /// The controller's address for this run (a port of its own, so a running controller is left
@@ -296,6 +325,14 @@ fn bound(agent_bin: &Path, socket: &Path) -> bool {
         })
 }
 
+/// Each case's fastest batch, in ns per call.
+fn time_all(cases: &[Case], iterations: u64, rounds: usize) -> Vec<f64> {
+    cases
+        .iter()
+        .map(|c| fastest_ns(&*c.call, iterations, rounds))
+        .collect()
+}
+
 /// The fastest of `rounds` batches, in ns per call.
 #[expect(
     clippy::cast_precision_loss,
@@ -319,9 +356,20 @@ fn fastest_ns(call: &dyn Fn(), iterations: u64, rounds: usize) -> f64 {
     batches[0]
 }
 
-fn start_agent(bin: &Path, dir: &Path, gpu_node: &Path, controller: &str) -> anyhow::Result<Child> {
+/// Starts the agent; `baseline`: with the `ioctl` match of before (the fd table alone).
+fn start_agent(
+    bin: &Path,
+    dir: &Path,
+    gpu_node: &Path,
+    controller: &str,
+    baseline: bool,
+) -> anyhow::Result<Child> {
     let socket = dir.join("agent.sock");
-    let mut child = Command::new(bin)
+    let mut command = Command::new(bin);
+    if baseline {
+        command.env("GPUWARDEN_BENCH_IOCTL_MATCH", "fd-table");
+    }
+    let mut child = command
         .arg("run")
         .arg("--gpu-devices")
         .arg(gpu_node)

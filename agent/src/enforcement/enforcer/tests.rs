@@ -459,3 +459,33 @@ fn a_flood_of_workload_events_is_counted_not_sent_one_by_one() {
         last.reason
     );
 }
+
+/// Where the node has the driver's own limit, binding sets it for every GPU of the quota with a
+/// memory limit, the binding reports that tier, and unbinding lifts it.
+#[test]
+fn the_drivers_own_limit_is_set_on_bind_and_lifted_on_release() {
+    let fake = FakeKernel::default();
+    fake.cgroups.mkdir(ROOT);
+    let driver = crate::enforcement::fake::FakeDriverLimits::default();
+    let mut kernel = fake.kernel();
+    kernel.driver_limits = Some(Box::new(driver.clone()));
+    let (tx, _upward) = mpsc::channel(64);
+    let tree = CgroupTree::new(ROOT.into(), Box::new(fake.cgroups.clone()));
+    let mut enforcer = Enforcer::new(kernel, tree, tx, Duration::from_mins(1), None);
+    fake.cgroups.mkdir("/cg/job");
+    let mut quota = spec("s-1", "/job", MemoryPolicy::Kill);
+    // A compute-only part has no memory limit to hand the driver.
+    quota.devices.push(DeviceQuota {
+        index: 1,
+        shares_ppm: 500_000,
+        memory_bytes: 0,
+    });
+    enforcer.apply(quota);
+    let dir = PathBuf::from("/cg/job");
+    assert_eq!(*driver.set.lock().unwrap(), [(dir.clone(), 0, 2 * GIB)]);
+    let report = enforcer.standing().bindings.remove(0);
+    assert_eq!(report.driver_tier, Some("driver_dmem"));
+
+    enforcer.release("s-1");
+    assert_eq!(*driver.lifted.lock().unwrap(), [(dir, 0)]);
+}

@@ -42,6 +42,7 @@ fn binding(session: &str, devices: &[(u32, u32, u64)], member: u64) -> BindingRe
         members: [member].into(),
         kernel: None,
         throttle: None,
+        driver_tier: None,
     }
 }
 
@@ -133,9 +134,16 @@ fn a_member_cgroup_carries_its_quota_enforcement_and_only_its_sessions_events() 
         devices: BTreeMap::from([(1, (BTreeMap::from([("alloc".to_owned(), 5)]), GIB))]),
         system_bytes: 3,
         managed_bytes: 5,
+        tables: gpuwarden_agent_common::maps::TableUse {
+            used: [4, 1, 2, 3],
+            refused: [0, 0, 1, 0],
+        },
     };
     let mut c = container(42, Some(&workload), totals);
     assert_eq!((c.system_memory_bytes, c.managed_memory_bytes), (3, 5));
+    let clients = c.tables.iter().find(|t| t.table == "clients").unwrap();
+    assert_eq!((clients.used, clients.refused), (2, 1));
+    assert_eq!(clients.budget, 32_768 / 8);
     add_quota(&mut c, &standing, "tracepoint");
 
     assert_eq!(c.cgroup_path, "/system.slice/job.service");

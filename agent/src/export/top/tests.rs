@@ -66,6 +66,7 @@ fn renders_one_row_per_device_with_totals() {
                 frozen: false,
             }),
             events: vec![],
+            tables: vec![],
         }],
         stats: Stats::default(),
         memory_tier: Some("tracepoint_signal".into()),

@@ -13,7 +13,9 @@ fn path_keys_are_nul_padded_and_bounded() {
 
 use std::os::unix::fs::MetadataExt as _;
 
-use gpuwarden_agent_common::maps::{Allocation, ClientInfo, FileRefs, HandleKey, ObjectInfo};
+use gpuwarden_agent_common::maps::{
+    Allocation, ClientInfo, FileRefs, HandleKey, ObjectInfo, TableReleased, TableUse,
+};
 
 use crate::sensor::maps::fake::FakeMap;
 
@@ -28,6 +30,8 @@ struct Fakes {
     object_devices: FakeMap<HandleKey, ObjectInfo>,
     cgroup_memory: FakeMap<CgroupDeviceKey, u64>,
     ioctl_counts: FakeMap<IoctlKey, u64>,
+    cgroup_tables: FakeMap<u64, TableUse>,
+    cgroup_tables_released: FakeMap<u64, TableReleased>,
 }
 
 impl Fakes {
@@ -45,6 +49,8 @@ impl Fakes {
             cgroup_memory: self.cgroup_memory.boxed(),
             ioctl_counts: self.ioctl_counts.boxed(),
             stats: FakeMap::default().boxed(),
+            cgroup_tables: self.cgroup_tables.boxed(),
+            cgroup_tables_released: self.cgroup_tables_released.boxed(),
         }
     }
 }
@@ -393,4 +399,119 @@ fn open_files_no_fd_refers_to_are_collected() {
     );
     assert_eq!(g.handles, 1);
     assert!(fakes.files.at(&0xaa).is_some() && fakes.files.at(&0xbb).is_none());
+}
+
+/// What this module removes itself is noted against the budgets of the cgroups it was counted
+/// against (the programs never count it out), added to what earlier passes noted; the counts of
+/// a cgroup that is gone are dropped.
+#[test]
+fn entries_removed_here_are_released_from_their_cgroups_budgets() {
+    let mut h = host();
+    let fakes = Fakes::default();
+    let (live, dead) = (10, 11);
+    let (cg, gone) = (h.live_id, 999_999);
+    {
+        let mut procs = fakes.procs.0.lock().unwrap();
+        procs.insert(live, proc_info(cg, 1));
+        procs.insert(dead, proc_info(cg, 2));
+        let mut fds = fakes.gpu_fds.0.lock().unwrap();
+        for (tgid, fd) in [(live, 3), (dead, 3), (dead, 4)] {
+            fds.insert(
+                FdKey { tgid, fd },
+                FdInfo {
+                    node: GpuNode::default(),
+                    file: 0,
+                },
+            );
+        }
+        let mut tables = fakes.cgroup_tables.0.lock().unwrap();
+        tables.insert(
+            cg,
+            TableUse {
+                used: [3, 2, 0, 0],
+                refused: [0; 4],
+            },
+        );
+        tables.insert(gone, TableUse::default());
+        fakes.cgroup_tables_released.0.lock().unwrap().insert(
+            cg,
+            TableReleased {
+                released: [1, 0, 0, 0],
+            },
+        );
+    }
+    let mut maps = fakes.maps();
+    let mut idle = Idle::default();
+    collect_garbage(
+        &mut maps,
+        &mut h.attributor,
+        &mut idle,
+        &h.proc_root,
+        Instant::now(),
+    );
+    assert_eq!(
+        fakes.cgroup_tables_released.at(&cg),
+        Some(TableReleased {
+            released: [3, 1, 0, 0],
+        }),
+        "the dead process's two fds and its entry, added to the earlier one"
+    );
+    assert_eq!(
+        fakes.cgroup_tables.at(&cg).map(|t| t.used),
+        Some([3, 2, 0, 0]),
+        "the programs' own counts are left alone"
+    );
+    assert_eq!(fakes.cgroup_tables.at(&gone), None);
+}
+
+/// A client (and its allocation) made by a process the pass's read of the process table
+/// predates is its live process's, not garbage: housekeeping running beside a burst of client
+/// creations used to drop some of them.
+#[test]
+fn a_client_of_a_process_registered_during_the_pass_is_kept() {
+    let mut h = host();
+    let fakes = Fakes::default();
+    // Pid 10 is alive but not in the process table (yet, as far as the pass read it).
+    let info = ClientInfo {
+        tgid: 10,
+        _pad: 0,
+        generation: 7,
+        proc_generation: 3,
+        cgroup: h.live_id,
+        vidmem: [0; MEMORY_SLOTS],
+        sysmem: 0,
+        file: 0,
+    };
+    fakes.clients.0.lock().unwrap().insert(1, info);
+    let key = HandleKey {
+        client: 1,
+        handle: 9,
+    };
+    let allocation = Allocation {
+        tgid: 10,
+        client_generation: 7,
+        ..Allocation::default()
+    };
+    fakes.allocations.0.lock().unwrap().insert(key, allocation);
+    let mut maps = fakes.maps();
+    collect_garbage(
+        &mut maps,
+        &mut h.attributor,
+        &mut Idle::default(),
+        &h.proc_root,
+        Instant::now(),
+    );
+    assert!(fakes.clients.at(&1).is_some());
+    assert!(fakes.allocations.at(&key).is_some());
+    // Its process gone, it is garbage.
+    std::fs::remove_dir(h.proc_root.join("10")).unwrap();
+    collect_garbage(
+        &mut maps,
+        &mut h.attributor,
+        &mut Idle::default(),
+        &h.proc_root,
+        Instant::now(),
+    );
+    assert!(fakes.clients.at(&1).is_none());
+    assert!(fakes.allocations.at(&key).is_none());
 }

@@ -113,7 +113,24 @@ fn parses_uvm_and_fd_commands() {
     assert_eq!(
         parse("open nvidia1"),
         Ok(Command::Open {
-            path: "nvidia1".into()
+            path: "nvidia1".into(),
+            how: OpenHow::Openat,
+        })
+    );
+    assert_eq!(
+        parse("open nvidiactl uring"),
+        Ok(Command::Open {
+            path: "nvidiactl".into(),
+            how: OpenHow::Uring,
+        })
+    );
+    assert!(parse("open nvidiactl sideways").is_err());
+    assert_eq!(parse("getfd 42 3"), Ok(Command::GetFd { pid: 42, fd: 3 }));
+    assert_eq!(
+        parse("dup-many ctl 10"),
+        Ok(Command::DupMany {
+            fd: FdRef::Ctl,
+            count: 10
         })
     );
 }
