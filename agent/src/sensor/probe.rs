@@ -1,5 +1,5 @@
-//! Choosing the hook tier (docs/architecture.md, "The most targeted hook wins"): the most
-//! targeted hook the kernel allows.
+//! Choosing the hook tier (docs/architecture.md, "Hooks: the syscall tracepoints are the only
+//! tier"): the most targeted hook the kernel allows, which today is always the tracepoints.
 //!
 //! A hook on the NVIDIA driver itself (fentry/kprobe on `nvidia_ioctl`) would cost nothing on
 //! other files' ioctls; syscall tracepoints see every `ioctl` and filter by fd. The probe looks
