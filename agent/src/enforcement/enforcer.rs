@@ -114,6 +114,8 @@ struct Binding {
     members: BTreeSet<u64>,
     /// Processes stopped by policy, for `resume`/`kill`.
     stopped: BTreeSet<u32>,
+    /// Its cgroup is held frozen because of them.
+    held: bool,
     /// GPUs whose memory limit the driver enforces on `dir` (`dmem.max` set).
     driver_limited: Vec<u32>,
 }
@@ -319,6 +321,7 @@ impl Enforcer {
                 key: None,
                 members: BTreeSet::new(),
                 stopped: BTreeSet::new(),
+                held: false,
                 driver_limited: Vec::new(),
             },
         );
@@ -467,7 +470,63 @@ impl Enforcer {
                     return;
                 }
                 self.map_members(session, &members);
+                self.hold_stopped_workload(session);
             }
+        }
+    }
+
+    /// Holds a stopped workload stopped: once every process its memory policy stopped is in the
+    /// stopped state, its cgroup is held frozen, so a `SIGCONT` from inside does nothing (only a
+    /// resume through the agent lets it go). Frozen only then, because a cgroup frozen before a
+    /// process finished stopping leaves it asleep, not stopped. A process continued in between
+    /// is stopped again.
+    fn hold_stopped_workload(&mut self, session: &str) {
+        let Some(b) = self.bindings.get_mut(session) else {
+            return;
+        };
+        if b.held || b.stopped.is_empty() {
+            return;
+        }
+        let mut all_stopped = true;
+        let mut continued = Vec::new();
+        b.stopped
+            .retain(|&pid| match self.kernel.signals.is_stopped(pid) {
+                None => false,
+                Some(true) => true,
+                Some(false) => {
+                    all_stopped = false;
+                    continued.push(pid);
+                    true
+                }
+            });
+        if b.stopped.is_empty() {
+            return;
+        }
+        let rel = b
+            .dir
+            .as_deref()
+            .map(|d| self.tree.relative(d))
+            .unwrap_or_default();
+        for pid in continued {
+            // Continued by someone but the agent while the stop settled: stopped again. (A
+            // process still on its way to stopping is signalled twice, which changes nothing.)
+            if self.kernel.signals.send(pid, libc::SIGSTOP).is_ok() {
+                tracing::debug!(
+                    session,
+                    pid,
+                    "a stopped process not yet stopped: SIGSTOP again"
+                );
+            }
+        }
+        if all_stopped {
+            self.hold_stopped(session, true);
+            if let Some(b) = self.bindings.get_mut(session) {
+                b.held = true;
+            }
+            let reason = "the stopped workload's cgroup is held frozen until it is resumed \
+                          through the agent"
+                .to_owned();
+            self.record(session, "hold", reason, rel, 0, None, (0, 0, 0));
         }
     }
 
@@ -602,6 +661,8 @@ impl Enforcer {
         b.dir = None;
         b.state = BindState::Pending;
         b.stopped.clear();
+        // Removing it from the throttle thawed it.
+        b.held = false;
         self.record(session, "unbound", why.to_owned(), rel, 0, None, (0, 0, 0));
     }
 
@@ -622,7 +683,6 @@ impl Enforcer {
                     && let Some(b) = self.bindings.get_mut(&session)
                 {
                     b.stopped.insert(e.tgid);
-                    self.hold_stopped(&session, true);
                 }
                 let reason = format!(
                     "allocation of {} bytes on GPU {} would bring the quota to {} of {} bytes: {what} ({})",
@@ -758,9 +818,7 @@ impl Enforcer {
                 .as_deref()
                 .map(|d| self.tree.relative(d))
                 .unwrap_or_default();
-            if signal == Some(libc::SIGSTOP) {
-                self.hold_stopped(session, true);
-            }
+
             let reason = format!(
                 "NVML counts {nvml_used} bytes for the workload on GPU {index}, over its limit of {limit}, which the ioctl decoder did not see: {name} (NVML cross-check)"
             );
@@ -793,7 +851,7 @@ impl Enforcer {
         let last_stopped = self
             .bindings
             .get(&session)
-            .is_some_and(|b| b.stopped.len() == 1 && b.stopped.contains(&pid));
+            .is_some_and(|b| b.held && b.stopped.len() == 1 && b.stopped.contains(&pid));
         if resume && last_stopped {
             // Thawed before the signal, so the process runs as soon as it is continued.
             self.hold_stopped(&session, false);
@@ -804,6 +862,9 @@ impl Enforcer {
             .map_err(|source| ControlError::Signal { pid, source })?;
         if let Some(b) = self.bindings.get_mut(&session) {
             b.stopped.remove(&pid);
+            if last_stopped {
+                b.held = false;
+            }
         }
         if !resume && last_stopped {
             self.hold_stopped(&session, false);

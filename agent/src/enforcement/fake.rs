@@ -119,12 +119,18 @@ impl DeviceAccess for FakeDevices {
 pub(crate) struct FakeSignals {
     /// (pid, signal) in order.
     pub sent: Arc<Mutex<Vec<(u32, i32)>>>,
+    /// Processes that are running (not stopped); every other one is stopped.
+    pub running: Arc<Mutex<std::collections::BTreeSet<u32>>>,
 }
 
 impl Signals for FakeSignals {
     fn send(&self, pid: u32, signal: i32) -> io::Result<()> {
         self.sent.lock().unwrap().push((pid, signal));
         Ok(())
+    }
+
+    fn is_stopped(&self, pid: u32) -> Option<bool> {
+        Some(!self.running.lock().unwrap().contains(&pid))
     }
 }
 

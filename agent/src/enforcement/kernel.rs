@@ -41,6 +41,8 @@ pub(crate) trait Signals: Send {
     /// # Errors
     /// No such process, or not allowed.
     fn send(&self, pid: u32, signal: i32) -> io::Result<()>;
+    /// Whether process `pid` is stopped (`T` in its stat); `None` once it is gone.
+    fn is_stopped(&self, pid: u32) -> Option<bool>;
 }
 
 /// The driver's own per-cgroup GPU-memory limit, the strongest memory tier where the node has
@@ -84,5 +86,12 @@ impl Signals for ProcessSignals {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+
+    fn is_stopped(&self, pid: u32) -> Option<bool> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The state follows the command name, which may hold anything but ends at the last ')'.
+        let state = stat.rsplit_once(") ")?.1.chars().next()?;
+        (state != 'Z' && state != 'X').then_some(matches!(state, 'T' | 't'))
     }
 }

@@ -489,3 +489,34 @@ fn the_drivers_own_limit_is_set_on_bind_and_lifted_on_release() {
     enforcer.release("s-1");
     assert_eq!(*driver.lifted.lock().unwrap(), [(dir, 0)]);
 }
+
+#[test]
+fn a_stopped_workload_is_held_once_it_has_stopped_and_stopped_again_if_continued() {
+    let mut r = rig(Duration::from_mins(1));
+    let job = r.fake.cgroups.mkdir("/cg/job");
+    r.enforcer.apply(spec("s-1", "/job", MemoryPolicy::Stop));
+    assert_eq!(r.actions(), ["bound"]);
+    let stop = Event {
+        kind: kind::QUOTA_EXCEEDED,
+        cgroup: job,
+        code: action::STOP,
+        tgid: 42,
+        bytes: 1 << 20,
+        used: 2 * GIB,
+        limit: 2 * GIB,
+        ..Event::default()
+    };
+    // Still on its way to stopping (or continued from inside): signalled again, not held, since
+    // a cgroup frozen before the stop settles leaves the process asleep rather than stopped.
+    r.fake.signals.running.lock().unwrap().insert(42);
+    r.enforcer
+        .on_kernel_event(&stop, MemoryTier::TracepointSignal);
+    r.enforcer.reconcile();
+    assert_eq!(r.actions(), ["stop"]);
+    assert_eq!(*r.fake.signals.sent.lock().unwrap(), [(42, libc::SIGSTOP)]);
+    // Stopped: held, once.
+    r.fake.signals.running.lock().unwrap().clear();
+    r.enforcer.reconcile();
+    r.enforcer.reconcile();
+    assert_eq!(r.actions(), ["hold"]);
+}
