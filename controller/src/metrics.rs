@@ -9,9 +9,9 @@
 //! Refusals for identity (`gpuwarden.auth.denied`) are counted from the start, metrics on or
 //! off, and read at export time.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc};
 
-use gpuwarden_runtime::otlp::{Pipeline, PipelineError};
+use gpuwarden_runtime::otlp::{Exporters, Pipeline, PipelineError};
 use opentelemetry::KeyValue;
 
 use crate::{
@@ -30,7 +30,7 @@ pub type Instrument = (&'static str, &'static str, &'static str, &'static str);
 pub const INSTRUMENTS: &[Instrument] = &[
     (
         "gpuwarden.controller.leader",
-        "1",
+        "{leader}",
         "—",
         "1 while this controller leads, 0 while it stands by (always 1 on sled)",
     ),
@@ -66,13 +66,13 @@ pub const INSTRUMENTS: &[Instrument] = &[
     ),
     (
         "gpuwarden.slot.capacity",
-        "1",
+        "{slot}",
         "gpuwarden.slot",
         "capacity of the ready nodes per slot type (bytes for byte slots)",
     ),
     (
         "gpuwarden.slot.allocated",
-        "1",
+        "{slot}",
         "gpuwarden.slot",
         "what sessions hold per slot type on the ready nodes",
     ),
@@ -131,21 +131,21 @@ pub fn fragmented_shares(s: &Scheduler) -> f64 {
         .sum()
 }
 
-/// Starts exporting the controller's metrics, or returns `None` (saying so) without an
-/// endpoint. Must run inside a tokio runtime (the gRPC channel lives there).
+/// Starts exporting the controller's metrics to `exporters`, or returns `None` (saying so)
+/// when it names none. Must run inside a tokio runtime (the gRPC channel and the listener live
+/// there).
 ///
 /// # Errors
-/// The exporter can't be built.
+/// The exporter can't be built, or the Prometheus address can't be bound.
 pub fn start(
     controller: &Arc<Controller>,
-    endpoint: Option<String>,
-    interval: Option<Duration>,
+    exporters: &Exporters,
 ) -> Result<Option<Pipeline>, PipelineError> {
-    let Some(endpoint) = endpoint else {
-        tracing::info!("metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT");
+    let Some(pipeline) = Pipeline::start(exporters, "gpuwarden-controller", Vec::new(), &[])?
+    else {
+        tracing::info!("metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT and no prometheus_listen");
         return Ok(None);
     };
-    let pipeline = Pipeline::start(&endpoint, "gpuwarden-controller", Vec::new(), interval)?;
     let meter = pipeline.meter();
     controller.set_decision_histogram(
         meter
@@ -160,7 +160,7 @@ pub fn start(
     let role = controller.role().clone();
     meter
         .u64_observable_gauge("gpuwarden.controller.leader")
-        .with_unit("1")
+        .with_unit("{leader}")
         .with_description("1 while this controller leads, 0 while it stands by")
         .with_callback(move |o| o.observe(u64::from(role.is_leader()), &[]))
         .build();
@@ -249,7 +249,8 @@ pub fn start(
         let c = Arc::clone(controller);
         meter
             .f64_observable_gauge(name)
-            .with_unit("1")
+            // Not "1": Prometheus would read that as a ratio (`_ratio`).
+            .with_unit("{slot}")
             .with_description(description)
             .with_callback(move |o| {
                 let (capacity, allocated) = c.read(slot_totals);
@@ -294,7 +295,12 @@ pub fn start(
             }
         })
         .build();
-    tracing::info!(%endpoint, "exporting OTLP metrics");
+    if let Some(endpoint) = &exporters.otlp {
+        tracing::info!(%endpoint, "exporting OTLP metrics");
+    }
+    if let Some(addr) = pipeline.prometheus_addr() {
+        tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+    }
     Ok(Some(pipeline))
 }
 

@@ -17,11 +17,12 @@
 //! is the reference the README's metric table is checked against.
 
 use std::{
+    net::SocketAddr,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
-use gpuwarden_runtime::otlp::{Pipeline, PipelineError};
+use gpuwarden_runtime::otlp::{Exporters, Pipeline, PipelineError};
 use opentelemetry::{KeyValue, metrics::Meter};
 
 use gpuwarden_agent_api::Snapshot;
@@ -107,7 +108,7 @@ pub const INSTRUMENTS: &[Instrument] = &[
     ),
     (
         "gpuwarden.agent.hook.tier",
-        "1",
+        "{tier}",
         "gpuwarden.tier, gpuwarden.memory_tier",
         "1 for the hook tier and memory-enforcement tier in use",
     ),
@@ -135,6 +136,8 @@ pub struct MetricsConfig {
     pub endpoint: Option<String>,
     /// Export interval; `None` leaves it to `OTEL_METRIC_EXPORT_INTERVAL` (default 60 s).
     pub interval: Option<Duration>,
+    /// Where to serve Prometheus' text format; `None`: no endpoint.
+    pub prometheus: Option<SocketAddr>,
     /// `k8s.node.name` / `host.name` resource attribute.
     pub node: String,
 }
@@ -148,33 +151,45 @@ impl MetricsConfig {
     }
 }
 
-/// Starts exporting what `published` holds, or returns `None` (saying so) with no endpoint.
-/// Must run inside a tokio runtime (the gRPC channel lives there).
+/// Starts exporting what `published` holds, or returns `None` (saying so) with neither an OTLP
+/// endpoint nor a Prometheus address. Must run inside a tokio runtime (the gRPC channel and the
+/// listener live there).
 ///
 /// # Errors
-/// The exporter can't be built.
+/// The exporter can't be built, or the Prometheus address can't be bound.
 pub fn start(
     config: &MetricsConfig,
     gpus: Vec<GpuDevice>,
     published: &Published,
 ) -> Result<Option<Pipeline>, PipelineError> {
-    let Some(endpoint) = &config.endpoint else {
-        tracing::info!(
-            "metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT (or otlp_endpoint in the config file)"
-        );
-        return Ok(None);
+    let exporters = Exporters {
+        otlp: config.endpoint.clone(),
+        interval: config.interval,
+        prometheus: config.prometheus,
     };
-    let pipeline = Pipeline::start(
-        endpoint,
+    let Some(pipeline) = Pipeline::start(
+        &exporters,
         "gpuwarden-agent",
         vec![
             KeyValue::new("host.name", config.node.clone()),
             KeyValue::new("k8s.node.name", config.node.clone()),
         ],
-        config.interval,
-    )?;
+        // Every series names its node, so a dashboard can group GPUs and tenants by node.
+        &["k8s.node.name"],
+    )?
+    else {
+        tracing::info!(
+            "metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT (or otlp_endpoint in the config file) and no prometheus_listen"
+        );
+        return Ok(None);
+    };
     register(pipeline.meter(), gpus, published);
-    tracing::info!(%endpoint, "exporting OTLP metrics");
+    if let Some(endpoint) = &config.endpoint {
+        tracing::info!(%endpoint, "exporting OTLP metrics");
+    }
+    if let Some(addr) = pipeline.prometheus_addr() {
+        tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+    }
     Ok(Some(pipeline))
 }
 
@@ -511,7 +526,8 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: &Published) {
         let published = Arc::clone(published);
         meter
             .u64_observable_gauge("gpuwarden.agent.hook.tier")
-            .with_unit("1")
+            // Not "1": Prometheus would read that as a ratio (`_ratio`).
+            .with_unit("{tier}")
             .with_description("1 for the hook tier and memory-enforcement tier in use")
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
