@@ -59,6 +59,24 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "sessions by state and origin (`controller`, or `dra` for Kubernetes claims the agents prepared)",
     ),
     (
+        "gpuwarden.session.start.duration",
+        "s",
+        "gpuwarden.session.origin",
+        "time from a session's creation to RUNNING (its agent confirmed the quota), recorded as this controller hears of it",
+    ),
+    (
+        "gpuwarden.session.compute.entitled",
+        "1",
+        "gpuwarden.session.id, gpuwarden.session.class, gpuwarden.node, gpuwarden.compute.policy",
+        "a running session's compute share per GPU (its shares over its GPUs)",
+    ),
+    (
+        "gpuwarden.session.compute.achieved",
+        "1",
+        "gpuwarden.session.id, gpuwarden.session.class, gpuwarden.node, gpuwarden.compute.policy",
+        "a running session's GPU time per wall second per GPU, the mean of its agent's usage reports so far (from the second report on)",
+    ),
+    (
         "gpuwarden.nodes",
         "{node}",
         "gpuwarden.node.state",
@@ -129,6 +147,78 @@ pub fn fragmented_shares(s: &Scheduler) -> f64 {
         .filter(|d| !d.allocated.is_zero() && d.exclusive_owner.is_none())
         .map(|d| d.free().as_f64())
         .sum()
+}
+
+/// Each running session with a compute share: its attributes, its share per GPU, and the mean
+/// of the utilization its agent reported (`None` before the first report).
+fn compute_shares(s: &Scheduler) -> Vec<(Vec<KeyValue>, f64, Option<f64>)> {
+    s.sessions()
+        .values()
+        .filter(|x| x.state == SessionState::Running && !x.allocation.parts.is_empty())
+        .filter_map(|x| {
+            let shares = x.allocation.shares().as_f64();
+            if shares <= 0.0 {
+                return None;
+            }
+            #[allow(clippy::cast_precision_loss)] // A handful of GPUs.
+            let per_gpu = shares / x.allocation.parts.len() as f64;
+            // The usage reports' utilization is averaged over the session's GPUs, so it compares
+            // with the share per GPU; the deciles' mean is the mean of the samples to 1/20.
+            let achieved = (x.usage.samples > 0).then(|| {
+                let deciles = x.usage.deciles();
+                #[allow(clippy::cast_precision_loss)]
+                let n = deciles.len() as f64;
+                deciles.iter().sum::<f64>() / n
+            });
+            let attrs = vec![
+                KeyValue::new("gpuwarden.session.id", x.id.clone()),
+                KeyValue::new("gpuwarden.session.class", x.class.clone()),
+                KeyValue::new("gpuwarden.node", x.node.clone().unwrap_or_default()),
+                KeyValue::new("gpuwarden.compute.policy", x.policy.compute.to_string()),
+            ];
+            Some((attrs, per_gpu, achieved))
+        })
+        .collect()
+}
+
+/// Records, for each session this controller hears turn RUNNING, the time since its creation.
+/// Each session counts once (a running session changes again with its events); the ones that
+/// ended are forgotten.
+fn record_start_latency(
+    controller: &Arc<Controller>,
+    histogram: opentelemetry::metrics::Histogram<f64>,
+) {
+    use gpuwarden_proto::v1::SessionState as Pb;
+    let mut changes = controller.subscribe();
+    tokio::spawn(async move {
+        let mut running = std::collections::HashSet::new();
+        loop {
+            let session = match changes.recv().await {
+                Ok(s) => s,
+                // Missed changes only miss samples.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            };
+            match Pb::try_from(session.state) {
+                Ok(Pb::Running) => {
+                    if running.insert(session.id.clone()) {
+                        #[allow(clippy::cast_precision_loss)] // Milliseconds, far below 2^52.
+                        let secs =
+                            (session.updated_at_ms - session.created_at_ms).max(0) as f64 / 1000.0;
+                        histogram.record(
+                            secs,
+                            &[KeyValue::new("gpuwarden.session.origin", session.origin)],
+                        );
+                    }
+                }
+                // A lost session that comes back was already counted.
+                Ok(Pb::Pending | Pb::Scheduled | Pb::Unspecified | Pb::Lost) | Err(_) => {}
+                Ok(_) => {
+                    running.remove(&session.id);
+                }
+            }
+        }
+    });
 }
 
 /// Starts exporting the controller's metrics to `exporters`, or returns `None` (saying so)
@@ -210,6 +300,45 @@ pub fn start(
             }
         })
         .build();
+    record_start_latency(
+        controller,
+        meter
+            .f64_histogram("gpuwarden.session.start.duration")
+            .with_unit("s")
+            .with_description("Time from a session's creation to RUNNING")
+            .with_boundaries(vec![
+                0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ])
+            .build(),
+    );
+    for (name, description, entitled) in [
+        (
+            "gpuwarden.session.compute.entitled",
+            "A running session's compute share per GPU",
+            true,
+        ),
+        (
+            "gpuwarden.session.compute.achieved",
+            "A running session's GPU time per wall second per GPU, the mean of its usage reports",
+            false,
+        ),
+    ] {
+        let c = Arc::clone(controller);
+        meter
+            .f64_observable_gauge(name)
+            .with_unit("1")
+            .with_description(description)
+            .with_callback(move |o| {
+                for (attrs, share, achieved) in c.read(compute_shares) {
+                    match (entitled, achieved) {
+                        (true, _) => o.observe(share, &attrs),
+                        (false, Some(achieved)) => o.observe(achieved, &attrs),
+                        (false, None) => {}
+                    }
+                }
+            })
+            .build();
+    }
     let c = Arc::clone(controller);
     meter
         .u64_observable_gauge("gpuwarden.nodes")

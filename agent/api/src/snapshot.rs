@@ -115,7 +115,7 @@ pub struct DeviceQuotaView {
 }
 
 /// What enforcement did to a container.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EnforcementView {
     /// The memory tier in use.
     pub tier: String,
@@ -127,7 +127,14 @@ pub struct EnforcementView {
     pub throttled_ms: u64,
     /// Frozen right now.
     pub frozen: bool,
+    /// The GPU time it got recently, per wall second (over about one throttle period; the
+    /// largest over its GPUs): the throttle's usage signal, to compare with its share. `null`
+    /// without a compute share (nothing measures it) and from older agents.
+    #[serde(default)]
+    pub achieved: Option<f64>,
 }
+
+impl Eq for EnforcementView {}
 
 /// GPU activity of one cgroup (a container, a pod, a systemd unit or the host).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -211,6 +218,9 @@ pub struct Stats {
     pub tracked_processes: u64,
     /// Entries in the allocation table.
     pub tracked_allocations: u64,
+    /// Whether the stream to the controller is up; `null` when the node runs on its own.
+    #[serde(default)]
+    pub controller_connected: Option<bool>,
     /// Usage reports sent to the controller.
     #[serde(default)]
     pub usage_reports: u64,

@@ -71,6 +71,18 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "a container's compute share of each GPU of its quota",
     ),
     (
+        "gpuwarden.container.compute.entitled",
+        "1",
+        "container attributes, gpuwarden.compute.policy",
+        "a container's compute share, the largest over the GPUs of its quota (what `achieved` is measured against)",
+    ),
+    (
+        "gpuwarden.container.compute.achieved",
+        "1",
+        "container attributes, gpuwarden.compute.policy",
+        "the GPU time a container with a compute share got recently, per wall second (over about one throttle period, the largest over its GPUs): the throttle's usage signal (NVML's device utilization apportioned among processes; with mock devices the cgroup's CPU time)",
+    ),
+    (
         "gpuwarden.container.ioctls",
         "{ioctl}",
         "container attributes, gpuwarden.device, gpuwarden.ioctl.class",
@@ -93,6 +105,12 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "s",
         "container attributes",
         "time kept frozen by the compute-share throttle",
+    ),
+    (
+        "gpuwarden.agent.controller.connected",
+        "{link}",
+        "",
+        "1 while the stream to the controller is up, 0 while it is down (absent when the node runs on its own)",
     ),
     (
         "gpuwarden.agent.ringbuf.drops",
@@ -238,6 +256,20 @@ fn with_snapshot(published: &Published, f: impl FnOnce(&Snapshot)) {
     if let Some(s) = guard.as_ref() {
         f(s);
     }
+}
+
+/// A container's entitled share and achieved GPU time (both the largest over its GPUs, so they
+/// compare), with its attributes and compute policy; `None` without a compute share.
+fn entitled_and_achieved(c: &gpuwarden_agent_api::Container) -> Option<(f64, f64, Vec<KeyValue>)> {
+    let quota = c.quota.as_ref()?;
+    let achieved = c.enforcement.as_ref()?.achieved?;
+    let share = quota.devices.iter().map(|d| d.shares).fold(0.0, f64::max);
+    let mut attrs = container_attributes(c);
+    attrs.push(KeyValue::new(
+        "gpuwarden.compute.policy",
+        quota.compute_policy.clone(),
+    ));
+    Some((share, achieved, attrs))
 }
 
 /// One container on one GPU.
@@ -400,6 +432,49 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: &Published) {
                         if let Some((_, share)) = c.quota {
                             o.observe(share, &c.attrs);
                         }
+                    }
+                });
+            })
+            .build();
+    }
+    for (name, description, entitled) in [
+        (
+            "gpuwarden.container.compute.entitled",
+            "A container's compute share, the largest over the GPUs of its quota",
+            true,
+        ),
+        (
+            "gpuwarden.container.compute.achieved",
+            "The GPU time a container with a compute share got recently, per wall second",
+            false,
+        ),
+    ] {
+        let published = Arc::clone(published);
+        meter
+            .f64_observable_gauge(name)
+            .with_unit("1")
+            .with_description(description)
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in &s.containers {
+                        if let Some((share, achieved, attrs)) = entitled_and_achieved(c) {
+                            o.observe(if entitled { share } else { achieved }, &attrs);
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let published = Arc::clone(published);
+        meter
+            .u64_observable_gauge("gpuwarden.agent.controller.connected")
+            .with_unit("{link}")
+            .with_description("1 while the stream to the controller is up, 0 while it is down")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    if let Some(up) = s.stats.controller_connected {
+                        o.observe(u64::from(up), &[]);
                     }
                 });
             })

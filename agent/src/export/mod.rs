@@ -95,6 +95,7 @@ impl Sources {
             snapshot.stats.usage_reports,
             snapshot.stats.usage_reports_dropped,
         ) = self.usage_counters.get();
+        snapshot.stats.controller_connected = self.usage_counters.connected();
         snapshot::annotate_pods(&mut snapshot, &self.pods);
         snapshot
     }

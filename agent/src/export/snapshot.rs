@@ -38,6 +38,7 @@ pub(crate) fn build(
         // Filled in by the daemon, which keeps those counters.
         usage_reports: 0,
         usage_reports_dropped: 0,
+        controller_connected: None,
     };
     let mut cgroups = counters.cgroups;
     // A workload with a quota is listed even while idle.
@@ -228,6 +229,7 @@ fn add_quota(c: &mut Container, standing: &Standing, tier: &str) {
             u64::try_from(t.throttled.as_millis()).unwrap_or(u64::MAX)
         }),
         frozen: b.throttle.is_some_and(|t| t.frozen),
+        achieved: b.throttle.map(|t| t.running_fraction),
     });
     c.events = standing
         .history

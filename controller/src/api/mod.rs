@@ -135,6 +135,12 @@ impl Controller {
         })
     }
 
+    /// Every session change from now on, as watchers hear of it (once durable).
+    #[must_use]
+    pub fn subscribe(&self) -> broadcast::Receiver<pb::Session> {
+        self.watchers.subscribe()
+    }
+
     /// Records each scheduling decision's latency into `histogram` from now on.
     pub fn set_decision_histogram(&self, histogram: opentelemetry::metrics::Histogram<f64>) {
         let _ = self.decisions.set(histogram);
