@@ -26,7 +26,7 @@ use crate::{
 /// One instrument: (name, unit, attributes, meaning).
 pub type Instrument = (&'static str, &'static str, &'static str, &'static str);
 
-/// Every instrument the controller exports, as documented in the README.
+/// Every instrument the controller exports, as documented in docs/metrics.md.
 pub const INSTRUMENTS: &[Instrument] = &[
     (
         "gpuwarden.controller.leader",
@@ -438,14 +438,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_readme_lists_every_instrument() {
-        let readme = include_str!("../../README.md");
+    fn the_docs_list_every_instrument() {
+        let readme = include_str!("../../docs/metrics.md");
         for (name, unit, attributes, meaning) in INSTRUMENTS {
             let row = format!("| `{name}` | {unit} | {attributes} | {meaning} |");
-            assert!(readme.contains(&row), "README.md lacks the row\n{row}");
+            assert!(
+                readme.contains(&row),
+                "docs/metrics.md lacks the row\n{row}"
+            );
         }
         let section = readme
-            .split("### Controller metrics")
+            .split("## Controller metrics")
             .nth(1)
             .and_then(|rest| rest.split("Both tables").next())
             .unwrap_or_default();
@@ -453,7 +456,7 @@ mod tests {
         assert_eq!(
             rows,
             INSTRUMENTS.len(),
-            "README.md lists metrics the controller lacks"
+            "docs/metrics.md lists metrics the controller lacks"
         );
     }
 }

@@ -65,9 +65,30 @@ pub struct GpuView {
     /// devices: the throttle's measured running fraction of the cgroups with a compute share of
     /// the GPU, summed and clamped to 1; CPU time, which says nothing about a GPU).
     pub source: String,
+    /// Its health, where the backend reads it (NVML; mock devices from their file).
+    #[serde(default)]
+    pub health: Option<GpuHealthView>,
 }
 
 impl Eq for GpuView {}
+
+/// A GPU's health, as OpenTelemetry's hardware conventions name it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuHealthView {
+    /// `ok`, `degraded` or `failed`.
+    pub state: String,
+    /// Power drawn now, in watts.
+    pub power_watts: Option<f64>,
+    /// Energy used since the driver loaded, in joules.
+    pub energy_joules: Option<f64>,
+    /// Fraction of the time its memory was read or written.
+    pub memory_utilization: Option<f64>,
+    /// Errors by type: `xid` (since the agent started), `ecc_corrected`, `ecc_uncorrected`
+    /// (the driver's aggregate counts), each where known.
+    pub errors: BTreeMap<String, u64>,
+}
+
+impl Eq for GpuHealthView {}
 
 /// A session's quota and where it is enforced.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -179,6 +200,9 @@ pub struct Container {
     /// What enforcing it did.
     #[serde(default)]
     pub enforcement: Option<EnforcementView>,
+    /// XID errors attributed to it (the GPU's only process was its own), by GPU device name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xid_errors: BTreeMap<String, u64>,
     /// Recent enforcement actions on it, oldest first.
     #[serde(default)]
     pub events: Vec<Record>,

@@ -118,6 +118,7 @@ pub(super) fn metrics(
         interval: config.metric_interval,
         prometheus: config.prometheus_listen,
         node: config.node_name.clone(),
+        driver_version: backend.driver_version(),
     };
     match metrics::start(&metrics_config, backend.devices().to_vec(), published) {
         Ok(metrics) => metrics,

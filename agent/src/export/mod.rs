@@ -91,6 +91,7 @@ impl Sources {
             )
         };
         snapshot.gpus = snapshot::gpu_utilization(&self.indexes, measured.as_ref(), &standing);
+        snapshot::add_health(&mut snapshot, &self.backend.health());
         (
             snapshot.stats.usage_reports,
             snapshot.stats.usage_reports_dropped,

@@ -66,6 +66,7 @@ fn renders_one_row_per_device_with_totals() {
                 frozen: false,
                 achieved: Some(0.31),
             }),
+            xid_errors: BTreeMap::new(),
             events: vec![],
         }],
         stats: Stats::default(),
