@@ -156,6 +156,21 @@ impl Prometheus {
         });
         last.remove(0)
     }
+
+    /// The labels of the one element of `query`, once its value is `value` (a change reaches
+    /// Prometheus with the agent's next published snapshot and the scrape after it).
+    fn equals(&self, query: &str, value: f64) -> serde_json::Map<String, Value> {
+        let mut last = Vec::new();
+        wait_for(
+            &format!("{query} == {value}"),
+            Duration::from_secs(30),
+            || {
+                last = self.query(query);
+                last.len() == 1 && last[0].1 == value
+            },
+        );
+        last.remove(0).0
+    }
 }
 
 impl Drop for Prometheus {
@@ -271,6 +286,7 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
     let agent_dir = scratch("agent");
     let agent_metrics = free_port();
     let mut cfg = util::mock_gpu_config(&driver, ctl.url(), agent_dir.path());
+    let mock_file = cfg.mock_devices.clone().unwrap();
     cfg.usage_report_interval = Some(Duration::from_millis(200));
     cfg.prometheus_listen = Some(agent_metrics);
     let agent = TestAgent::start_with(cfg);
@@ -341,6 +357,7 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
         .find(|d| d.memory_bytes == 64 * MIB)
         .unwrap();
     let gpu_index = device.device.trim_start_matches("nvidia").to_owned();
+    let gpu: usize = gpu_index.parse().unwrap();
 
     let prometheus = Prometheus::start(agent_metrics, ctl_metrics);
     wait_for("both targets up", Duration::from_secs(30), || {
@@ -350,6 +367,30 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
             .cloned()
             .unwrap_or_default();
         active.len() == 2 && active.iter().all(|t| t["health"] == "up")
+    });
+
+    // Health for the mock GPUs (the file is read again at each reading), written once Prometheus
+    // scrapes (so it sees the XID count rise): the client's GPU is degraded with an XID naming
+    // one of the session's processes; the other is healthy.
+    let pid = container.pids[0];
+    let mut devices = [0, 1].map(|i| {
+        format!(
+            "[[devices]]\nuuid = \"GPU-test-{i}\"\nmodel_name = \"Mock\"\nmemory_size = \"16G\"\n\
+             power_watts = 100.0\nenergy_joules = 1000.0\nmemory_utilization = 0.0\n"
+        )
+    });
+    devices[gpu] = devices[gpu].replace(
+        "power_watts = 100.0",
+        &format!(
+            "power_watts = 312.5\nhealth = \"degraded\"\necc_corrected = 4\n\
+             ecc_uncorrected = 1\nxid = [{{ code = 79, pid = {pid} }}]"
+        ),
+    );
+    std::fs::write(&mock_file, devices.concat()).unwrap();
+    wait_for("the XID on the container", Duration::from_secs(30), || {
+        agent
+            .container(&container.cgroup_path)
+            .is_some_and(|c| c.xid_errors.get(&device.device) == Some(&1))
     });
 
     // The agent: per-GPU series with the hardware conventions' labels, per node.
@@ -428,6 +469,54 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
         "gpuwarden_container_ioctls_total{{gpuwarden_session_id=\"{session}\",gpuwarden_device=\"nvidiactl\",gpuwarden_ioctl_class=\"rm_alloc\"}}"
     ));
     assert_eq!(ioctls, rm_alloc as f64);
+    // GPU health per the hardware conventions, and the XID on the container it is attributed to.
+    let uuid = format!("GPU-test-{gpu}");
+    let labels = prometheus.equals(
+        &format!("hw_status_ratio{{hw_id=\"{uuid}\",hw_state=\"degraded\"}}"),
+        1.0,
+    );
+    assert_eq!(label(&labels, "hw_type"), "gpu", "{labels:?}");
+    assert_eq!(label(&labels, "hw_model"), "Mock", "{labels:?}");
+    prometheus.equals(
+        &format!("hw_status_ratio{{hw_id=\"{uuid}\",hw_state=\"ok\"}}"),
+        0.0,
+    );
+    prometheus.equals(
+        &format!("hw_status_ratio{{hw_id!=\"{uuid}\",hw_state=\"ok\"}}"),
+        1.0,
+    );
+    for (kind, n) in [
+        ("xid", 1.0),
+        ("ecc_corrected", 4.0),
+        ("ecc_uncorrected", 1.0),
+    ] {
+        prometheus.equals(
+            &format!("hw_errors_total{{hw_id=\"{uuid}\",error_type=\"{kind}\"}}"),
+            n,
+        );
+    }
+    prometheus.equals(&format!("hw_power_watts{{hw_id=\"{uuid}\"}}"), 312.5);
+    prometheus.equals(
+        &format!("hw_energy_joules_total{{hw_id=\"{uuid}\"}}"),
+        1000.0,
+    );
+    prometheus.equals(
+        &format!("hw_gpu_memory_utilization_ratio{{hw_id=\"{uuid}\"}}"),
+        0.0,
+    );
+    let labels = prometheus.equals(
+        &format!(
+            "gpuwarden_container_gpu_errors_total{{gpuwarden_session_id=\"{session}\",error_type=\"xid\"}}"
+        ),
+        1.0,
+    );
+    assert_eq!(label(&labels, "hw_id"), uuid, "{labels:?}");
+    assert_eq!(
+        label(&labels, "gpuwarden_cgroup_path"),
+        container.cgroup_path,
+        "{labels:?}"
+    );
+
     let (_, connected) = prometheus.one("gpuwarden_agent_controller_connected");
     assert_eq!(connected, 1.0);
     let (_, drops) = prometheus.one("gpuwarden_agent_ringbuf_drops_total");
@@ -498,10 +587,12 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
         );
     }
 
-    // Every alert: each series it reads exists here, and with all well it stays quiet.
+    // Every alert: each series it reads exists here; the degraded GPU and its XID fire, the
+    // rest stay quiet.
     let rules = std::fs::read_to_string(observability("alerts.yaml")).unwrap();
     let alerts = alert_expressions(&rules);
-    assert_eq!(alerts.len(), 7, "{alerts:?}");
+    assert_eq!(alerts.len(), 9, "{alerts:?}");
+    let firing_now = ["GpuwardenGpuUnhealthy", "GpuwardenGpuXid"];
     for (alert, expr) in &alerts {
         for name in metric_names(expr) {
             assert!(
@@ -509,10 +600,24 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
                 "{alert} reads {name}, which no endpoint serves"
             );
         }
-        assert!(
-            prometheus.query(expr).is_empty(),
-            "{alert} fires with all well: {expr}"
-        );
+        if firing_now.contains(&alert.as_str()) {
+            let mut result = Vec::new();
+            wait_for(
+                &format!("{alert} to fire: {expr}"),
+                Duration::from_secs(30),
+                || {
+                    result = prometheus.query(expr);
+                    !result.is_empty()
+                },
+            );
+            assert_eq!(result.len(), 1, "{alert}: {result:?}");
+            assert_eq!(label(&result[0].0, "hw_id"), uuid, "{alert}: {result:?}");
+        } else {
+            assert!(
+                prometheus.query(expr).is_empty(),
+                "{alert} fires with all well: {expr}"
+            );
+        }
     }
     let rules_loaded = prometheus.api("/api/v1/rules");
     let loaded: usize = rules_loaded["groups"]
