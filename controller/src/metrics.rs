@@ -439,15 +439,12 @@ mod tests {
 
     #[test]
     fn the_docs_list_every_instrument() {
-        let readme = include_str!("../../docs/metrics.md");
+        let docs = include_str!("../../docs/metrics.md");
         for (name, unit, attributes, meaning) in INSTRUMENTS {
             let row = format!("| `{name}` | {unit} | {attributes} | {meaning} |");
-            assert!(
-                readme.contains(&row),
-                "docs/metrics.md lacks the row\n{row}"
-            );
+            assert!(docs.contains(&row), "docs/metrics.md lacks the row\n{row}");
         }
-        let section = readme
+        let section = docs
             .split("## Controller metrics")
             .nth(1)
             .and_then(|rest| rest.split("Both tables").next())

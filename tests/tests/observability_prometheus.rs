@@ -454,6 +454,15 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
     ));
     // The client sleeps: its cgroup's CPU time (the mock devices' stand-in) is next to none.
     assert!((0.0..0.2).contains(&achieved), "{achieved}");
+    // Not flagged: the share watch needs minutes out of bounds, and an idle client is not starved.
+    for deviation in ["below_entitled", "above_hard_share"] {
+        prometheus.equals(
+            &format!(
+                "gpuwarden_container_compute_deviation{{gpuwarden_session_id=\"{session}\",gpuwarden_share_deviation=\"{deviation}\"}}"
+            ),
+            0.0,
+        );
+    }
     let (_, throttled) = prometheus.one(&format!(
         "gpuwarden_container_throttled_seconds_total{session_selector}"
     ));

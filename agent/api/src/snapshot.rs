@@ -153,6 +153,10 @@ pub struct EnforcementView {
     /// without a compute share (nothing measures it) and from older agents.
     #[serde(default)]
     pub achieved: Option<f64>,
+    /// `below_entitled` or `above_hard_share` while its achieved share has stayed that far from
+    /// its entitlement for the agent's window (5 minutes); `null` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deviation: Option<String>,
 }
 
 impl Eq for EnforcementView {}

@@ -115,6 +115,12 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "the GPU time a container with a compute share got recently, per wall second (over about one throttle period, the largest over its GPUs): the throttle's usage signal (NVML's device utilization apportioned among processes; with mock devices the cgroup's CPU time)",
     ),
     (
+        "gpuwarden.container.compute.deviation",
+        "{flag}",
+        "container attributes, gpuwarden.compute.policy, gpuwarden.share.deviation",
+        "1 while a container's smoothed achieved share has been `below_entitled` (it runs, yet gets under half its share) or `above_hard_share` (over 1.2 × its hard share + 0.05) for 5 minutes, else 0; each raised flag is also a warning in the agent's log",
+    ),
+    (
         "gpuwarden.container.gpu.errors",
         "{error}",
         "container attributes, hw.id, gpuwarden.gpu.index, error.type",
@@ -542,6 +548,31 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     {
         let published = Arc::clone(published);
         meter
+            .u64_observable_gauge("gpuwarden.container.compute.deviation")
+            .with_unit("{flag}")
+            .with_description(
+                "1 while a container's achieved share has been far from its entitlement for 5 minutes",
+            )
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in &s.containers {
+                        let Some((_, _, attrs)) = entitled_and_achieved(c) else {
+                            continue;
+                        };
+                        let flagged = c.enforcement.as_ref().and_then(|e| e.deviation.as_deref());
+                        for d in share_watch::Deviation::ALL {
+                            let mut attrs = attrs.clone();
+                            attrs.push(KeyValue::new("gpuwarden.share.deviation", d.as_str()));
+                            o.observe(u64::from(flagged == Some(d.as_str())), &attrs);
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let published = Arc::clone(published);
+        meter
             .u64_observable_gauge("gpuwarden.agent.controller.connected")
             .with_unit("{link}")
             .with_description("1 while the stream to the controller is up, 0 while it is down")
@@ -825,6 +856,8 @@ fn register_health(meter: &Meter, gpus: &Arc<Vec<Gpu>>, published: &Published) {
             .build();
     }
 }
+
+pub mod share_watch;
 
 #[cfg(test)]
 mod tests;

@@ -269,6 +269,8 @@ fn add_quota(c: &mut Container, standing: &Standing, tier: &str) {
         }),
         frozen: b.throttle.is_some_and(|t| t.frozen),
         achieved: b.throttle.map(|t| t.running_fraction),
+        // Set by the metrics' share watch, which sees the snapshots over time.
+        deviation: None,
     });
     c.events = standing
         .history

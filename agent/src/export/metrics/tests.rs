@@ -9,7 +9,7 @@ fn gpu_names_give_their_index() {
 
 #[test]
 fn the_docs_list_every_instrument() {
-    let readme = include_str!("../../../../docs/metrics.md");
+    let docs = include_str!("../../../../docs/metrics.md");
     for (name, unit, attributes, meaning) in INSTRUMENTS {
         let attributes = if attributes.is_empty() {
             "—"
@@ -17,12 +17,9 @@ fn the_docs_list_every_instrument() {
             attributes
         };
         let row = format!("| `{name}` | {unit} | {attributes} | {meaning} |");
-        assert!(
-            readme.contains(&row),
-            "docs/metrics.md lacks the row\n{row}"
-        );
+        assert!(docs.contains(&row), "docs/metrics.md lacks the row\n{row}");
     }
-    let section = readme
+    let section = docs
         .split("## Agent metrics")
         .nth(1)
         .and_then(|rest| rest.split("## ").next())

@@ -65,6 +65,7 @@ fn renders_one_row_per_device_with_totals() {
                 throttled_ms: 700,
                 frozen: false,
                 achieved: Some(0.31),
+                deviation: None,
             }),
             xid_errors: BTreeMap::new(),
             events: vec![],
