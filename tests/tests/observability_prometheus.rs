@@ -315,7 +315,10 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
         .args(["run", "--class", "obs", "--agent-socket"])
         .arg(&agent.socket)
         .args(["-r", "cuda.shares=0.5", "-r", "cuda.mem=1g", "--"])
+        // `timeout` ends the whole process group, should the test fail before it kills them.
         .args([
+            "timeout",
+            "300",
             "sh",
             "-c",
             &format!(
@@ -324,7 +327,10 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
                 driver.dir.display()
             ),
         ])
+        // The workload outlives `gpuwarden run` when that is killed: it must hold none of the
+        // test's pipes.
         .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let mut session = String::new();
@@ -670,6 +676,15 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
         },
     );
 
+    // The workload's processes (its shell and the client), then `gpuwarden run` itself.
+    for pid in agent
+        .container(&container.cgroup_path)
+        .map(|c| c.pids)
+        .unwrap_or_default()
+    {
+        // SAFETY: a plain syscall on processes this test started.
+        unsafe { libc::kill(i32::try_from(pid).unwrap(), libc::SIGKILL) };
+    }
     let _ = workload.kill();
     let _ = workload.wait();
 }
