@@ -72,6 +72,10 @@ enum Command {
         /// Milliseconds between usage reports to the controller; 0 sends none [default: 5000].
         #[arg(long, env = "GPUWARDEN_USAGE_REPORT_INTERVAL_MS", value_name = "MS")]
         usage_report_interval_ms: Option<u64>,
+        /// Serve the metrics in Prometheus' text format at `GET /metrics` on this address
+        /// (plain HTTP; off by default).
+        #[arg(long, env = "GPUWARDEN_PROMETHEUS_LISTEN", value_name = "ADDR")]
+        prometheus_listen: Option<std::net::SocketAddr>,
     },
     /// Resume a process the `stop` memory policy stopped (SIGCONT).
     Resume {
@@ -167,6 +171,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             bpf_pin_dir,
             no_pin,
             usage_report_interval_ms,
+            prometheus_listen,
         } => {
             // The config layer reads an empty pin directory as "pin nothing".
             let bpf_pin_dir = if no_pin {
@@ -188,6 +193,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     mock_devices,
                     bpf_pin_dir,
                     usage_report_interval_ms,
+                    prometheus_listen,
                 },
             )?;
             daemon::run(config).await?;

@@ -95,6 +95,8 @@ pub struct FileConfig {
     pub binding_timeout_secs: Option<u64>,
     /// OTLP/gRPC endpoint for metrics (else `OTEL_EXPORTER_OTLP_ENDPOINT`; neither: off).
     pub otlp_endpoint: Option<String>,
+    /// Address to serve Prometheus' text format on (`GET /metrics`); unset: off.
+    pub prometheus_listen: Option<std::net::SocketAddr>,
     /// Milliseconds between usage reports to the controller; 0 sends none.
     pub usage_report_interval_ms: Option<u64>,
     /// The kubelet's pod list, for pod names (else `GPUWARDEN_KUBELET_URL`, else
@@ -153,6 +155,8 @@ pub struct Overrides {
     pub bpf_pin_dir: Option<PathBuf>,
     /// `--usage-report-interval-ms`.
     pub usage_report_interval_ms: Option<u64>,
+    /// `--prometheus-listen`.
+    pub prometheus_listen: Option<std::net::SocketAddr>,
 }
 
 /// The settings the agent runs with.
@@ -192,6 +196,8 @@ pub struct AgentConfig {
     pub otlp_endpoint: Option<String>,
     /// Metric export interval; `None` leaves it to `OTEL_METRIC_EXPORT_INTERVAL`.
     pub metric_interval: Option<Duration>,
+    /// Where to serve Prometheus' text format; `None`: off.
+    pub prometheus_listen: Option<std::net::SocketAddr>,
     /// Interval between usage reports to the controller; `None`: none sent.
     pub usage_report_interval: Option<Duration>,
     /// Where pod names come from; `None`: no names (UIDs only).
@@ -255,6 +261,7 @@ impl AgentConfig {
             binding_timeout: Duration::from_secs(file.binding_timeout_secs.unwrap_or(300).max(1)),
             otlp_endpoint: crate::export::metrics::MetricsConfig::endpoint(file.otlp_endpoint),
             metric_interval: None,
+            prometheus_listen: overrides.prometheus_listen.or(file.prometheus_listen),
             usage_report_interval: usage_report_interval(
                 overrides
                     .usage_report_interval_ms

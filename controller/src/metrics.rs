@@ -9,9 +9,9 @@
 //! Refusals for identity (`gpuwarden.auth.denied`) are counted from the start, metrics on or
 //! off, and read at export time.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc};
 
-use gpuwarden_runtime::otlp::{Pipeline, PipelineError};
+use gpuwarden_runtime::otlp::{Exporters, Pipeline, PipelineError};
 use opentelemetry::KeyValue;
 
 use crate::{
@@ -26,11 +26,11 @@ use crate::{
 /// One instrument: (name, unit, attributes, meaning).
 pub type Instrument = (&'static str, &'static str, &'static str, &'static str);
 
-/// Every instrument the controller exports, as documented in the README.
+/// Every instrument the controller exports, as documented in docs/metrics.md.
 pub const INSTRUMENTS: &[Instrument] = &[
     (
         "gpuwarden.controller.leader",
-        "1",
+        "{leader}",
         "—",
         "1 while this controller leads, 0 while it stands by (always 1 on sled)",
     ),
@@ -65,6 +65,24 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "sessions by state and origin (`controller`, or `dra` for Kubernetes claims the agents prepared)",
     ),
     (
+        "gpuwarden.session.start.duration",
+        "s",
+        "gpuwarden.session.origin",
+        "time from a session's creation to RUNNING (its agent confirmed the quota), recorded as this controller hears of it",
+    ),
+    (
+        "gpuwarden.session.compute.entitled",
+        "1",
+        "gpuwarden.session.id, gpuwarden.session.class, gpuwarden.node, gpuwarden.compute.policy",
+        "a running session's compute share per GPU (its shares over its GPUs)",
+    ),
+    (
+        "gpuwarden.session.compute.achieved",
+        "1",
+        "gpuwarden.session.id, gpuwarden.session.class, gpuwarden.node, gpuwarden.compute.policy",
+        "a running session's GPU time per wall second per GPU, the mean of its agent's usage reports so far (from the second report on)",
+    ),
+    (
         "gpuwarden.nodes",
         "{node}",
         "gpuwarden.node.state",
@@ -72,13 +90,13 @@ pub const INSTRUMENTS: &[Instrument] = &[
     ),
     (
         "gpuwarden.slot.capacity",
-        "1",
+        "{slot}",
         "gpuwarden.slot",
         "capacity of the ready nodes per slot type (bytes for byte slots)",
     ),
     (
         "gpuwarden.slot.allocated",
-        "1",
+        "{slot}",
         "gpuwarden.slot",
         "what sessions hold per slot type on the ready nodes",
     ),
@@ -137,21 +155,98 @@ pub fn fragmented_shares(s: &Scheduler) -> f64 {
         .sum()
 }
 
-/// Starts exporting the controller's metrics, or returns `None` (saying so) without an
-/// endpoint. Must run inside a tokio runtime (the gRPC channel lives there).
+/// Each running session with a compute share: its attributes, its share per GPU, and the mean
+/// of the utilization its agent reported (`None` before the first report).
+fn compute_shares(s: &Scheduler) -> Vec<(Vec<KeyValue>, f64, Option<f64>)> {
+    s.sessions()
+        .values()
+        .filter(|x| x.state == SessionState::Running && !x.allocation.parts.is_empty())
+        .filter_map(|x| {
+            let shares = x.allocation.shares().as_f64();
+            if shares <= 0.0 {
+                return None;
+            }
+            #[allow(clippy::cast_precision_loss)] // A handful of GPUs.
+            let per_gpu = shares / x.allocation.parts.len() as f64;
+            // The usage reports' utilization is averaged over the session's GPUs, so it compares
+            // with the share per GPU; the deciles' mean is the mean of the samples to 1/20.
+            let achieved = (x.usage.samples > 0).then(|| {
+                let deciles = x.usage.deciles();
+                #[allow(clippy::cast_precision_loss)]
+                let n = deciles.len() as f64;
+                deciles.iter().sum::<f64>() / n
+            });
+            let attrs = vec![
+                KeyValue::new("gpuwarden.session.id", x.id.clone()),
+                KeyValue::new("gpuwarden.session.class", x.class.clone()),
+                KeyValue::new("gpuwarden.node", x.node.clone().unwrap_or_default()),
+                KeyValue::new("gpuwarden.compute.policy", x.policy.compute.to_string()),
+            ];
+            Some((attrs, per_gpu, achieved))
+        })
+        .collect()
+}
+
+/// Records, for each session this controller hears turn RUNNING, the time since its creation.
+/// Each session counts once (a running session changes again with its events); the ones that
+/// ended are forgotten.
+fn record_start_latency(
+    controller: &Arc<Controller>,
+    histogram: opentelemetry::metrics::Histogram<f64>,
+) {
+    use gpuwarden_proto::v1::SessionState as Pb;
+    let controller = Arc::clone(controller);
+    tokio::spawn(async move {
+        let mut running = std::collections::HashSet::new();
+        let mut changes = controller.subscribe();
+        loop {
+            let session = match changes.recv().await {
+                Some(Ok(s)) => s,
+                // A term ended (or the watch fell behind): follow the next from now; what
+                // changed between only misses samples.
+                Some(Err(_)) | None => {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    changes = controller.subscribe();
+                    continue;
+                }
+            };
+            match Pb::try_from(session.state) {
+                Ok(Pb::Running) => {
+                    if running.insert(session.id.clone()) {
+                        #[allow(clippy::cast_precision_loss)] // Milliseconds, far below 2^52.
+                        let secs =
+                            (session.updated_at_ms - session.created_at_ms).max(0) as f64 / 1000.0;
+                        histogram.record(
+                            secs,
+                            &[KeyValue::new("gpuwarden.session.origin", session.origin)],
+                        );
+                    }
+                }
+                // A lost session that comes back was already counted.
+                Ok(Pb::Pending | Pb::Scheduled | Pb::Unspecified | Pb::Lost) | Err(_) => {}
+                Ok(_) => {
+                    running.remove(&session.id);
+                }
+            }
+        }
+    });
+}
+
+/// Starts exporting the controller's metrics to `exporters`, or returns `None` (saying so)
+/// when it names none. Must run inside a tokio runtime (the gRPC channel and the listener live
+/// there).
 ///
 /// # Errors
-/// The exporter can't be built.
+/// The exporter can't be built, or the Prometheus address can't be bound.
 pub fn start(
     controller: &Arc<Controller>,
-    endpoint: Option<String>,
-    interval: Option<Duration>,
+    exporters: &Exporters,
 ) -> Result<Option<Pipeline>, PipelineError> {
-    let Some(endpoint) = endpoint else {
-        tracing::info!("metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT");
+    let Some(pipeline) = Pipeline::start(exporters, "gpuwarden-controller", Vec::new(), &[])?
+    else {
+        tracing::info!("metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT and no prometheus_listen");
         return Ok(None);
     };
-    let pipeline = Pipeline::start(&endpoint, "gpuwarden-controller", Vec::new(), interval)?;
     let meter = pipeline.meter();
     controller.set_decision_histogram(
         meter
@@ -166,7 +261,7 @@ pub fn start(
     let role = controller.role().clone();
     meter
         .u64_observable_gauge("gpuwarden.controller.leader")
-        .with_unit("1")
+        .with_unit("{leader}")
         .with_description("1 while this controller leads, 0 while it stands by")
         .with_callback(move |o| o.observe(u64::from(role.is_leader()), &[]))
         .build();
@@ -222,6 +317,45 @@ pub fn start(
             }
         })
         .build();
+    record_start_latency(
+        controller,
+        meter
+            .f64_histogram("gpuwarden.session.start.duration")
+            .with_unit("s")
+            .with_description("Time from a session's creation to RUNNING")
+            .with_boundaries(vec![
+                0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ])
+            .build(),
+    );
+    for (name, description, entitled) in [
+        (
+            "gpuwarden.session.compute.entitled",
+            "A running session's compute share per GPU",
+            true,
+        ),
+        (
+            "gpuwarden.session.compute.achieved",
+            "A running session's GPU time per wall second per GPU, the mean of its usage reports",
+            false,
+        ),
+    ] {
+        let c = Arc::clone(controller);
+        meter
+            .f64_observable_gauge(name)
+            .with_unit("1")
+            .with_description(description)
+            .with_callback(move |o| {
+                for (attrs, share, achieved) in c.read(compute_shares) {
+                    match (entitled, achieved) {
+                        (true, _) => o.observe(share, &attrs),
+                        (false, Some(achieved)) => o.observe(achieved, &attrs),
+                        (false, None) => {}
+                    }
+                }
+            })
+            .build();
+    }
     let c = Arc::clone(controller);
     meter
         .u64_observable_gauge("gpuwarden.nodes")
@@ -261,7 +395,8 @@ pub fn start(
         let c = Arc::clone(controller);
         meter
             .f64_observable_gauge(name)
-            .with_unit("1")
+            // Not "1": Prometheus would read that as a ratio (`_ratio`).
+            .with_unit("{slot}")
             .with_description(description)
             .with_callback(move |o| {
                 let (capacity, allocated) = c.read(slot_totals);
@@ -306,7 +441,12 @@ pub fn start(
             }
         })
         .build();
-    tracing::info!(%endpoint, "exporting OTLP metrics");
+    if let Some(endpoint) = &exporters.otlp {
+        tracing::info!(%endpoint, "exporting OTLP metrics");
+    }
+    if let Some(addr) = pipeline.prometheus_addr() {
+        tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+    }
     Ok(Some(pipeline))
 }
 
@@ -315,14 +455,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_readme_lists_every_instrument() {
-        let readme = include_str!("../../README.md");
+    fn the_docs_list_every_instrument() {
+        let docs = include_str!("../../docs/metrics.md");
         for (name, unit, attributes, meaning) in INSTRUMENTS {
             let row = format!("| `{name}` | {unit} | {attributes} | {meaning} |");
-            assert!(readme.contains(&row), "README.md lacks the row\n{row}");
+            assert!(docs.contains(&row), "docs/metrics.md lacks the row\n{row}");
         }
-        let section = readme
-            .split("### Controller metrics")
+        let section = docs
+            .split("## Controller metrics")
             .nth(1)
             .and_then(|rest| rest.split("Both tables").next())
             .unwrap_or_default();
@@ -330,7 +470,7 @@ mod tests {
         assert_eq!(
             rows,
             INSTRUMENTS.len(),
-            "README.md lists metrics the controller lacks"
+            "docs/metrics.md lists metrics the controller lacks"
         );
     }
 }

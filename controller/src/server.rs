@@ -219,6 +219,8 @@ pub struct FileConfig {
     pub heartbeat_timeout_secs: Option<u64>,
     /// OTLP/gRPC endpoint for metrics (else `OTEL_EXPORTER_OTLP_ENDPOINT`; neither: off).
     pub otlp_endpoint: Option<String>,
+    /// Address to serve Prometheus' text format on (`GET /metrics`); unset: off.
+    pub prometheus_listen: Option<SocketAddr>,
     /// The serving certificate (PEM); with the key and client CA, the port speaks TLS.
     pub tls_cert: Option<PathBuf>,
     /// The serving certificate's private key (PEM).
@@ -847,6 +849,10 @@ struct RunArgs {
     /// node; warned at every start and exported as `gpuwarden.controller.insecure` = 1.
     #[arg(long)]
     insecure: bool,
+    /// Serve the metrics in Prometheus' text format at `GET /metrics` on this address (plain
+    /// HTTP; overrides the config file's `prometheus_listen`; off by default).
+    #[arg(long, value_name = "ADDR")]
+    prometheus_listen: Option<SocketAddr>,
     /// Boxed: the flags of the Kubernetes side would make every `Command` as large.
     #[command(flatten)]
     kube: Box<KubeArgs>,
@@ -1149,6 +1155,7 @@ pub fn main() -> ExitCode {
         token_file,
         grant_file,
         insecure,
+        prometheus_listen,
         kube,
     } = match Cli::parse().command {
         Command::Run(args) => args,
@@ -1286,11 +1293,15 @@ pub fn main() -> ExitCode {
             kube.spawn(&controller);
         }
         // Metrics are an extra: a bad endpoint is reported, never fatal.
-        let endpoint = file
-            .otlp_endpoint
-            .filter(|e| !e.is_empty())
-            .or_else(crate::metrics::endpoint_from_env);
-        let _metrics = match crate::metrics::start(&controller, endpoint, None) {
+        let exporters = gpuwarden_runtime::otlp::Exporters {
+            otlp: file
+                .otlp_endpoint
+                .filter(|e| !e.is_empty())
+                .or_else(crate::metrics::endpoint_from_env),
+            interval: None,
+            prometheus: prometheus_listen.or(file.prometheus_listen),
+        };
+        let _metrics = match crate::metrics::start(&controller, &exporters) {
             Ok(metrics) => metrics,
             Err(e) => {
                 tracing::warn!("metrics off: {e}");

@@ -37,8 +37,11 @@ fn insecure_serving_is_exported_as_a_metric() {
         .unwrap();
         let metrics = gpuwarden_controller::metrics::start(
             &controller,
-            Some(format!("http://{}", receiver.addr)),
-            Some(Duration::from_millis(300)),
+            &gpuwarden_runtime::otlp::Exporters {
+                otlp: Some(format!("http://{}", receiver.addr)),
+                interval: Some(Duration::from_millis(300)),
+                prometheus: None,
+            },
         )
         .unwrap();
         (controller, metrics)

@@ -4,6 +4,8 @@
 //!   for `bpfel-unknown-none`, LLVM 22, and `bpf-linker` built against it; a rustup nightly with
 //!   `rust-src` is used instead when present;
 //! - FUSE 3 for the fake NVIDIA driver the tests mount, and etcd for the store's tests;
+//! - Prometheus and `promtool`, which scrape the binaries and unit-test the alert rules
+//!   (`tests/tests/observability_prometheus.rs`);
 //! - runc and containerd, which run real containers in `tests/tests/runtime_container.rs`;
 //! - `protoc` with the well-known types, for the `etcd-client` crate's build script;
 //! - a Python environment (`target/py`) with `kubernetes-validate`, which checks the Kubernetes
@@ -31,6 +33,10 @@ const TOOLCHAIN_PACKAGES: &[&str] = &[
 
 /// Debian packages the tests need at run time: FUSE for the fake driver, etcd for the store.
 const TEST_PACKAGES: &[&str] = &["fuse3", "etcd-server"];
+
+/// Debian packages the observability test runs: a real Prometheus scraping the binaries, and
+/// `promtool` for the alert rules' unit tests (both in `prometheus`).
+const PROMETHEUS_PACKAGES: &[&str] = &["prometheus"];
 
 /// Debian packages of the container runtimes the runtime tests drive (containerd brings its
 /// `containerd-shim-runc-v2` and `ctr`).
@@ -68,6 +74,9 @@ pub fn run() -> anyhow::Result<()> {
     let fuse = Path::new("/usr/bin/fusermount3").exists() || Path::new("/bin/fusermount3").exists();
     if !fuse || !on_path("etcd") {
         packages.extend(TEST_PACKAGES);
+    }
+    if !on_path("prometheus") || !on_path("promtool") {
+        packages.extend(PROMETHEUS_PACKAGES);
     }
     if !["runc", "containerd", "ctr", "containerd-shim-runc-v2"]
         .iter()

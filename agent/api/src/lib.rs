@@ -31,5 +31,6 @@ pub use protocol::{
 };
 pub use snapshot::{
     Accuracy, BindingView, Candidate, Container, DeviceQuotaView, DeviceUsage, EnforcementView,
-    GpuView, Hook, KubeletStatus, QuotaView, Record, Snapshot, Stats, TableBudget, Tier,
+    GpuHealthView, GpuView, Hook, KubeletStatus, QuotaView, Record, Snapshot, Stats, TableBudget,
+    Tier,
 };

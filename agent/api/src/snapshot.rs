@@ -65,9 +65,30 @@ pub struct GpuView {
     /// devices: the throttle's measured running fraction of the cgroups with a compute share of
     /// the GPU, summed and clamped to 1; CPU time, which says nothing about a GPU).
     pub source: String,
+    /// Its health, where the backend reads it (NVML; mock devices from their file).
+    #[serde(default)]
+    pub health: Option<GpuHealthView>,
 }
 
 impl Eq for GpuView {}
+
+/// A GPU's health, as OpenTelemetry's hardware conventions name it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuHealthView {
+    /// `ok`, `degraded` or `failed`.
+    pub state: String,
+    /// Power drawn now, in watts.
+    pub power_watts: Option<f64>,
+    /// Energy used since the driver loaded, in joules.
+    pub energy_joules: Option<f64>,
+    /// Fraction of the time its memory was read or written.
+    pub memory_utilization: Option<f64>,
+    /// Errors by type: `xid` (since the agent started), `ecc_corrected`, `ecc_uncorrected`
+    /// (the driver's aggregate counts), each where known.
+    pub errors: BTreeMap<String, u64>,
+}
+
+impl Eq for GpuHealthView {}
 
 /// A session's quota and where it is enforced.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,7 +136,7 @@ pub struct DeviceQuotaView {
 }
 
 /// What enforcement did to a container.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EnforcementView {
     /// The memory tier in use.
     pub tier: String,
@@ -127,7 +148,18 @@ pub struct EnforcementView {
     pub throttled_ms: u64,
     /// Frozen right now.
     pub frozen: bool,
+    /// The GPU time it got recently, per wall second (over about one throttle period; the
+    /// largest over its GPUs): the throttle's usage signal, to compare with its share. `null`
+    /// without a compute share (nothing measures it) and from older agents.
+    #[serde(default)]
+    pub achieved: Option<f64>,
+    /// `below_entitled` or `above_hard_share` while its achieved share has stayed that far from
+    /// its entitlement for the agent's window (5 minutes); `null` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deviation: Option<String>,
 }
+
+impl Eq for EnforcementView {}
 
 /// GPU activity of one cgroup (a container, a pod, a systemd unit or the host).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -172,6 +204,9 @@ pub struct Container {
     /// What enforcing it did.
     #[serde(default)]
     pub enforcement: Option<EnforcementView>,
+    /// XID errors attributed to it (the GPU's only process was its own), by GPU device name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xid_errors: BTreeMap<String, u64>,
     /// Recent enforcement actions on it, oldest first.
     #[serde(default)]
     pub events: Vec<Record>,
@@ -231,6 +266,9 @@ pub struct Stats {
     /// Table entries refused because their container held its budget.
     #[serde(default)]
     pub budget_refused: u64,
+    /// Whether the stream to the controller is up; `null` when the node runs on its own.
+    #[serde(default)]
+    pub controller_connected: Option<bool>,
     /// Usage reports sent to the controller.
     #[serde(default)]
     pub usage_reports: u64,

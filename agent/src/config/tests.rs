@@ -211,3 +211,27 @@ fn the_manifests_agent_configs_load() {
     // The base DaemonSet's config and the DRA overlay's, at least.
     assert!(loaded >= 2, "found {loaded} agent.toml blocks");
 }
+
+#[test]
+fn the_prometheus_endpoint_is_off_unless_asked_for() {
+    let default = AgentConfig::load(None, Overrides::default()).unwrap();
+    assert_eq!(default.prometheus_listen, None);
+    let (_dir, path) = write("prometheus", "prometheus_listen = \"127.0.0.1:9464\"\n");
+    let from_file = AgentConfig::load(Some(&path), Overrides::default()).unwrap();
+    assert_eq!(
+        from_file.prometheus_listen,
+        Some("127.0.0.1:9464".parse().unwrap())
+    );
+    let flag = AgentConfig::load(
+        Some(&path),
+        Overrides {
+            prometheus_listen: Some("0.0.0.0:9100".parse().unwrap()),
+            ..Overrides::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        flag.prometheus_listen,
+        Some("0.0.0.0:9100".parse().unwrap())
+    );
+}

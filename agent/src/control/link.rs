@@ -295,6 +295,13 @@ pub async fn run(
         }
     };
     let mut backoff = Backoff::default();
+    let counters = channels.as_ref().map(|c| Arc::clone(&c.usage_counters));
+    let set_connected = |up| {
+        if let Some(c) = &counters {
+            c.set_connected(up);
+        }
+    };
+    set_connected(false);
     loop {
         let url = controllers.current().to_owned();
         let session = connect_once(
@@ -306,25 +313,28 @@ pub async fn run(
         );
         tokio::select! {
             () = &mut shutdown => return,
-            result = session => match result {
-                Ok(()) => {
-                    // A controller that steps down closes the streams: asked again, it names the
-                    // leader.
-                    tracing::warn!(controller = %url, "controller closed the stream; reconnecting");
-                    backoff.reset();
-                }
-                Err(e) if e.is_fatal() => {
-                    tracing::error!(controller = %url, "controller link stopped: {e}");
-                    return;
-                }
-                Err(e) => {
-                    controllers.failed(e.status());
-                    if e.status().and_then(leader_hint).is_some() && controllers.current() != url {
-                        tracing::info!(standby = %url, leader = %controllers.current(), "following the leader");
+            result = session => {
+                set_connected(false);
+                match result {
+                    Ok(()) => {
+                        // A controller that steps down closes the streams: asked again, it names the
+                        // leader.
+                        tracing::warn!(controller = %url, "controller closed the stream; reconnecting");
                         backoff.reset();
-                        continue;
                     }
-                    tracing::warn!(controller = %url, next = %controllers.current(), "controller link: {e}; retrying in {:?}", backoff.current());
+                    Err(e) if e.is_fatal() => {
+                        tracing::error!(controller = %url, "controller link stopped: {e}");
+                        return;
+                    }
+                    Err(e) => {
+                        controllers.failed(e.status());
+                        if e.status().and_then(leader_hint).is_some() && controllers.current() != url {
+                            tracing::info!(standby = %url, leader = %controllers.current(), "following the leader");
+                            backoff.reset();
+                            continue;
+                        }
+                        tracing::warn!(controller = %url, next = %controllers.current(), "controller link: {e}; retrying in {:?}", backoff.current());
+                    }
                 }
             }
         }
@@ -404,6 +414,9 @@ async fn connect_once(
         .await
         .map_err(LinkError::Stream)?
         .into_inner();
+    if let Some(c) = channels.as_deref() {
+        c.usage_counters.set_connected(true);
+    }
     let mut ticker = tokio::time::interval(interval);
     let mut seq = 1;
     loop {

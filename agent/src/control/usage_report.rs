@@ -29,7 +29,7 @@ use std::{
     collections::{HashMap, HashSet},
     io,
     path::PathBuf,
-    sync::atomic::{AtomicU64, Ordering},
+    sync::atomic::{AtomicU8, AtomicU64, Ordering},
     time::{Duration, Instant},
 };
 
@@ -51,7 +51,17 @@ pub struct UsageCounters {
     pub sent: AtomicU64,
     /// Reports dropped because a buffer on the way was full.
     pub dropped: AtomicU64,
+    /// The link's state, kept beside the reports it carries: [`LINK_NONE`], [`LINK_DOWN`] or
+    /// [`LINK_UP`].
+    pub link: AtomicU8,
 }
+
+/// No controller link runs.
+pub const LINK_NONE: u8 = 0;
+/// The link runs and its stream is down (connecting, or waiting to retry).
+pub const LINK_DOWN: u8 = 1;
+/// The stream to the controller is up.
+pub const LINK_UP: u8 = 2;
 
 impl UsageCounters {
     /// Counts one sent report.
@@ -62,6 +72,21 @@ impl UsageCounters {
     /// Counts one dropped report.
     pub fn count_dropped(&self) {
         self.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records whether the stream to the controller is up.
+    pub fn set_connected(&self, up: bool) {
+        self.link
+            .store(if up { LINK_UP } else { LINK_DOWN }, Ordering::Relaxed);
+    }
+
+    /// Whether the stream to the controller is up; `None` when no link runs.
+    #[must_use]
+    pub fn connected(&self) -> Option<bool> {
+        match self.link.load(Ordering::Relaxed) {
+            LINK_NONE => None,
+            state => Some(state == LINK_UP),
+        }
     }
 
     /// (sent, dropped) so far.

@@ -116,7 +116,7 @@ pub(super) fn enforcement(
     task::spawn(enforcer, quotas, sensor.memory_tier().0)
 }
 
-/// The OTLP metrics pipeline, reading the snapshots published in `published`; `None` when off.
+/// The metrics pipeline (OTLP and/or the Prometheus endpoint), reading the snapshots published in `published`; `None` when off.
 /// Metrics are an extra: a bad endpoint is reported, never fatal.
 pub(super) fn metrics(
     config: &AgentConfig,
@@ -126,7 +126,9 @@ pub(super) fn metrics(
     let metrics_config = metrics::MetricsConfig {
         endpoint: config.otlp_endpoint.clone(),
         interval: config.metric_interval,
+        prometheus: config.prometheus_listen,
         node: config.node_name.clone(),
+        driver_version: backend.driver_version(),
     };
     match metrics::start(&metrics_config, backend.devices().to_vec(), published) {
         Ok(metrics) => metrics,

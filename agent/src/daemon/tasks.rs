@@ -119,10 +119,12 @@ pub(super) async fn upkeep(
     let mut publish = tokio::time::interval(Duration::from_secs(1));
     let mut rescan = tokio::time::interval(config.rescan_interval);
     let mut gc = tokio::time::interval(config.gc_interval);
+    let mut share_watch = metrics::share_watch::ShareWatch::default();
     loop {
         tokio::select! {
             _ = publish.tick(), if published.is_some() => {
-                let snapshot = sources.snapshot().await;
+                let mut snapshot = sources.snapshot().await;
+                share_watch.observe(&mut snapshot, std::time::Instant::now());
                 if let Some(p) = &published {
                     *p.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(snapshot);
                 }

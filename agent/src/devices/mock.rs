@@ -10,13 +10,28 @@
 //! memory_size = "80G"
 //! is_mig_device = false
 //! device_node = "/dev/nvidia0"                       # optional: what the eBPF side watches
+//! # Optional health, read again from the file at each reading (so a test can change it):
+//! health = "degraded"                                # ok (default), degraded, failed
+//! power_watts = 350.5
+//! energy_joules = 123456.0
+//! memory_utilization = 0.25
+//! ecc_corrected = 4
+//! ecc_uncorrected = 1
+//! xid = [{ code = 79, pid = 4242 }, { code = 13 }]   # pid: attributed to its cgroup
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Mutex, PoisonError},
+};
 
 use serde::Deserialize;
 
-use super::{GpuBackend, GpuDevice};
+use super::{
+    GpuBackend, GpuDevice,
+    health::{self, GpuHealth, HealthState, Xid},
+};
 
 /// Errors reading a mock device file.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +90,48 @@ struct Entry {
     #[serde(default)]
     is_mig_device: bool,
     device_node: Option<String>,
+    // Health: see [`HealthEntry`].
+    health: Option<String>,
+    power_watts: Option<f64>,
+    energy_joules: Option<f64>,
+    memory_utilization: Option<f64>,
+    ecc_corrected: Option<u64>,
+    ecc_uncorrected: Option<u64>,
+    #[serde(default)]
+    xid: Vec<XidEntry>,
+}
+
+impl Entry {
+    fn health(&self) -> HealthEntry {
+        HealthEntry {
+            health: self.health.clone(),
+            power_watts: self.power_watts,
+            energy_joules: self.energy_joules,
+            memory_utilization: self.memory_utilization,
+            ecc_corrected: self.ecc_corrected,
+            ecc_uncorrected: self.ecc_uncorrected,
+            xid: self.xid.clone(),
+        }
+    }
+}
+
+/// A mock device's health figures.
+#[derive(Debug, Clone, Default)]
+struct HealthEntry {
+    health: Option<String>,
+    power_watts: Option<f64>,
+    energy_joules: Option<f64>,
+    memory_utilization: Option<f64>,
+    ecc_corrected: Option<u64>,
+    ecc_uncorrected: Option<u64>,
+    xid: Vec<XidEntry>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct XidEntry {
+    code: u64,
+    pid: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -118,9 +175,16 @@ pub fn parse_size(text: &str) -> Option<u64> {
 }
 
 /// Mock GPUs.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct MockBackend {
     devices: Vec<GpuDevice>,
+    /// The file, read again for health; `None` when parsed from text.
+    path: Option<PathBuf>,
+    /// The health figures last read.
+    health: Mutex<Vec<HealthEntry>>,
+    /// The cgroup each XID's pid was in when first seen, by (GPU, position): kept after the
+    /// process exits.
+    xid_cgroups: Mutex<HashMap<(u32, usize), Option<String>>>,
 }
 
 impl MockBackend {
@@ -133,7 +197,9 @@ impl MockBackend {
             path: path.to_owned(),
             source,
         })?;
-        Self::from_toml(&text, path)
+        let mut backend = Self::from_toml(&text, path)?;
+        backend.path = Some(path.to_owned());
+        Ok(backend)
     }
 
     /// Parses a device list; `path` is for messages.
@@ -145,6 +211,7 @@ impl MockBackend {
             path: path.to_owned(),
             source: Box::new(source),
         })?;
+        let health = file.devices.iter().map(Entry::health).collect();
         let devices = file
             .devices
             .into_iter()
@@ -177,7 +244,25 @@ impl MockBackend {
                 })
             })
             .collect::<Result<_, MockError>>()?;
-        Ok(Self { devices })
+        Ok(Self {
+            devices,
+            path: None,
+            health: Mutex::new(health),
+            xid_cgroups: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The health figures in the file now (the last good ones when it can't be read).
+    fn read_health(&self) -> Vec<HealthEntry> {
+        let mut last = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(path) = &self.path
+            && let Ok(file) = std::fs::read_to_string(path)
+                .map_err(|e| e.to_string())
+                .and_then(|t| toml::from_str::<File>(&t).map_err(|e| e.to_string()))
+        {
+            *last = file.devices.iter().map(Entry::health).collect();
+        }
+        last.clone()
     }
 }
 
@@ -188,6 +273,46 @@ impl GpuBackend for MockBackend {
 
     fn devices(&self) -> &[GpuDevice] {
         &self.devices
+    }
+
+    fn health(&self) -> Vec<GpuHealth> {
+        let entries = self.read_health();
+        let mut cgroups = self
+            .xid_cgroups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.devices
+            .iter()
+            .zip(entries)
+            .map(|(d, e)| GpuHealth {
+                index: d.index,
+                state: e
+                    .health
+                    .as_deref()
+                    .and_then(HealthState::parse)
+                    .unwrap_or_default(),
+                power_watts: e.power_watts,
+                energy_joules: e.energy_joules,
+                memory_utilization: e.memory_utilization,
+                ecc_corrected: e.ecc_corrected,
+                ecc_uncorrected: e.ecc_uncorrected,
+                xids: e
+                    .xid
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| Xid {
+                        code: x.code,
+                        cgroup: cgroups
+                            .entry((d.index, i))
+                            .or_insert_with(|| {
+                                x.pid
+                                    .and_then(|pid| health::cgroup_of(Path::new("/proc"), pid))
+                            })
+                            .clone(),
+                    })
+                    .collect(),
+            })
+            .collect()
     }
 }
 

@@ -5,6 +5,7 @@
 //! the agent offers them to the controller at registration and accepts allocations only of
 //! slots it knows.
 
+pub mod health;
 pub mod mock;
 pub mod nvml;
 
@@ -83,6 +84,12 @@ pub trait GpuBackend: Send + Sync {
     /// can't tell (mock devices). Published in the DRA ResourceSlice.
     fn driver_version(&self) -> Option<String> {
         None
+    }
+
+    /// Each GPU's health (state, errors, power, energy, memory utilization) as far as the
+    /// backend can read it; empty where it reads none.
+    fn health(&self) -> Vec<health::GpuHealth> {
+        Vec::new()
     }
 
     /// The slot types the backend provides.

@@ -4,18 +4,28 @@
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Instant,
 };
 
 use nvml_wrapper::{
     Nvml,
-    enum_wrappers::device::Sampling,
-    enums::device::{SampleValue, UsedGpuMemory},
+    bitmasks::event::EventTypes,
+    enum_wrappers::device::{EccCounter, MemoryError, Sampling},
+    enums::{
+        device::{SampleValue, UsedGpuMemory},
+        event::XidError,
+    },
     error::NvmlError,
 };
 
-use super::{GpuBackend, GpuDevice, ProcessMemory};
+use super::{
+    GpuBackend, GpuDevice, ProcessMemory,
+    health::{self, GpuHealth, HealthState, Xid},
+};
 use crate::enforcement::throttle::{
     UsageSource,
     sampled::{DeviceSample, DriverError, ProcessSample, SampleDriver, SampledSource},
@@ -27,6 +37,16 @@ pub struct NvmlBackend {
     /// NVML's index of each GPU, by the GPU's minor number (our index).
     nvml_index: HashMap<u32, u32>,
     nvml: Arc<Nvml>,
+    /// XID errors seen since start, by GPU index (filled by the event thread).
+    xids: Arc<Mutex<HashMap<u32, Vec<Xid>>>>,
+    /// Set on drop: the event thread stops within a second.
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for NvmlBackend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 impl NvmlBackend {
@@ -58,11 +78,94 @@ impl NvmlBackend {
                 device_node: format!("/dev/nvidia{index}"),
             });
         }
-        Ok(Self {
+        let backend = Self {
             devices,
             nvml_index,
             nvml: Arc::new(nvml),
-        })
+            xids: Arc::default(),
+            stop: Arc::default(),
+        };
+        backend.watch_xids();
+        Ok(backend)
+    }
+
+    /// Starts the thread that waits for XID events and records each, attributed to the cgroup
+    /// of the GPU's only process when it has exactly one (NVML's event names no process).
+    /// Where the driver offers no such events, there is no thread and no XID counts.
+    fn watch_xids(&self) {
+        let (nvml, xids, stop) = (
+            Arc::clone(&self.nvml),
+            Arc::clone(&self.xids),
+            Arc::clone(&self.stop),
+        );
+        let by_uuid: HashMap<String, u32> = self
+            .devices
+            .iter()
+            .map(|d| (d.uuid.clone(), d.index))
+            .collect();
+        let indexes: Vec<u32> = self.nvml_index.values().copied().collect();
+        let spawned = std::thread::Builder::new()
+            .name("nvml-xid".to_owned())
+            .spawn(move || {
+                let Ok(mut set) = nvml.create_event_set() else {
+                    return;
+                };
+                let mut registered = 0;
+                for i in indexes {
+                    let Ok(device) = nvml.device_by_index(i) else {
+                        continue;
+                    };
+                    match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+                        Ok(s) => {
+                            set = s;
+                            registered += 1;
+                        }
+                        Err(e) => {
+                            tracing::info!("XID events unavailable: {}", e.error);
+                            return;
+                        }
+                    }
+                }
+                if registered == 0 {
+                    return;
+                }
+                while !stop.load(Ordering::Relaxed) {
+                    let event = match set.wait(1000) {
+                        Ok(event) => event,
+                        Err(NvmlError::Timeout) => continue,
+                        Err(e) => {
+                            tracing::warn!("XID events: {e}; no longer watched");
+                            return;
+                        }
+                    };
+                    let Some(index) = event
+                        .device
+                        .uuid()
+                        .ok()
+                        .and_then(|u| by_uuid.get(&u).copied())
+                    else {
+                        continue;
+                    };
+                    let code = match event.event_data {
+                        Some(XidError::Value(code)) => code,
+                        _ => 0,
+                    };
+                    let processes = event.device.running_compute_processes().unwrap_or_default();
+                    let cgroup = match processes.as_slice() {
+                        [only] => health::cgroup_of(Path::new("/proc"), only.pid),
+                        _ => None,
+                    };
+                    tracing::warn!(gpu = index, xid = code, cgroup = ?cgroup, "GPU XID error");
+                    xids.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .entry(index)
+                        .or_default()
+                        .push(Xid { code, cgroup });
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("XID events not watched: {e}");
+        }
     }
 }
 
@@ -116,6 +219,52 @@ impl GpuBackend for NvmlBackend {
                 })
                 .collect(),
         )
+    }
+
+    fn health(&self) -> Vec<GpuHealth> {
+        let xids = self.xids.lock().unwrap_or_else(PoisonError::into_inner);
+        self.nvml_index
+            .iter()
+            .map(|(&index, &nvml_index)| {
+                let xids = xids.get(&index).cloned().unwrap_or_default();
+                let Ok(device) = self.nvml.device_by_index(nvml_index) else {
+                    // Fallen off the bus, or otherwise out of NVML's reach.
+                    return GpuHealth {
+                        index,
+                        state: HealthState::Failed,
+                        xids,
+                        ..GpuHealth::default()
+                    };
+                };
+                let ecc = |kind| device.total_ecc_errors(kind, EccCounter::Aggregate).ok();
+                let ecc_uncorrected = ecc(MemoryError::Uncorrected);
+                let state = match device.utilization_rates() {
+                    Err(NvmlError::GpuLost) => HealthState::Failed,
+                    // Uncorrected memory errors or an XID: it works, with faults.
+                    _ if ecc_uncorrected.is_some_and(|n| n > 0) || !xids.is_empty() => {
+                        HealthState::Degraded
+                    }
+                    _ => HealthState::Ok,
+                };
+                GpuHealth {
+                    index,
+                    state,
+                    power_watts: device.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+                    #[allow(clippy::cast_precision_loss)] // Millijoules: far below 2^52.
+                    energy_joules: device
+                        .total_energy_consumption()
+                        .ok()
+                        .map(|mj| mj as f64 / 1000.0),
+                    memory_utilization: device
+                        .utilization_rates()
+                        .ok()
+                        .map(|u| f64::from(u.memory.min(100)) / 100.0),
+                    ecc_corrected: ecc(MemoryError::Corrected),
+                    ecc_uncorrected,
+                    xids,
+                }
+            })
+            .collect()
     }
 
     fn usage_source(&self, cgroup_root: &Path) -> Option<Box<dyn UsageSource>> {

@@ -1,9 +1,10 @@
-//! OTLP metrics: the agent's snapshot as OpenTelemetry instruments, pushed to a collector.
+//! The agent's metrics: its snapshot as OpenTelemetry instruments, pushed to a collector over
+//! OTLP and/or served to Prometheus (`prometheus_listen`; see docs/metrics.md).
 //!
-//! Configured the standard way: `OTEL_EXPORTER_OTLP_ENDPOINT` (or the config file's
+//! OTLP is configured the standard way: `OTEL_EXPORTER_OTLP_ENDPOINT` (or the config file's
 //! `otlp_endpoint`), `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_RESOURCE_ATTRIBUTES`,
-//! `OTEL_SERVICE_NAME` and `OTEL_METRIC_EXPORT_INTERVAL` are read by the OpenTelemetry SDK; with no
-//! endpoint the pipeline is off, and the agent says so once.
+//! `OTEL_SERVICE_NAME` and `OTEL_METRIC_EXPORT_INTERVAL` are read by the OpenTelemetry SDK; with
+//! neither an endpoint nor a Prometheus address the pipeline is off, and the agent says so once.
 //!
 //! Data flows one way: the daemon publishes each fresh [`Snapshot`] into a [`Published`] slot;
 //! the SDK's reader thread observes it at every export. An unreachable or slow collector only
@@ -11,44 +12,76 @@
 //! state is bounded by the instruments' attribute sets, and failed exports are counted
 //! (`gpuwarden.telemetry.exports.failed`).
 //!
-//! Names follow the OpenTelemetry semantic conventions where they exist (`hw.gpu.*` with `hw.id`,
-//! `hw.name`, `hw.vendor`; `container.id`, `k8s.pod.uid`, `k8s.pod.name`, `k8s.namespace.name`),
+//! Names follow the OpenTelemetry semantic conventions where they exist (`hw.gpu.*`, `hw.status`,
+//! `hw.errors`, `hw.power`, `hw.energy` with `hw.id`, `hw.name`, `hw.model`, `hw.vendor`,
+//! `hw.driver_version`; `container.id`, `k8s.pod.uid`, `k8s.pod.name`, `k8s.namespace.name`),
 //! with a `gpuwarden.` prefix for the rest; no pid or handle attributes. The [`INSTRUMENTS`] table
-//! is the reference the README's metric table is checked against.
+//! is the reference docs/metrics.md's table is checked against.
 
 use std::{
+    net::SocketAddr,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
-use gpuwarden_runtime::otlp::{Pipeline, PipelineError};
+use gpuwarden_runtime::otlp::{Exporters, Pipeline, PipelineError};
 use opentelemetry::{KeyValue, metrics::Meter};
 
 use gpuwarden_agent_api::Snapshot;
 
-use crate::devices::GpuDevice;
+use crate::devices::{GpuDevice, health::HealthState};
 
 /// One instrument the agent exports: (name, unit, attributes, meaning).
 pub type Instrument = (&'static str, &'static str, &'static str, &'static str);
 
-/// Every instrument, as documented in the README.
+/// Every instrument, as documented in docs/metrics.md.
 pub const INSTRUMENTS: &[Instrument] = &[
     (
         "hw.gpu.memory.limit",
         "By",
-        "hw.id, hw.name, hw.vendor, gpuwarden.gpu.index",
+        "GPU attributes",
         "memory of each GPU",
     ),
     (
         "hw.gpu.memory.usage",
         "By",
-        "hw.id, hw.name, hw.vendor, gpuwarden.gpu.index",
+        "GPU attributes",
         "GPU memory held by the processes the agent sees, per GPU",
+    ),
+    (
+        "hw.gpu.memory.utilization",
+        "1",
+        "GPU attributes",
+        "fraction of the time each GPU's memory was read or written (NVML; mock devices: `memory_utilization`)",
+    ),
+    (
+        "hw.status",
+        "1",
+        "GPU attributes, hw.type, hw.state",
+        "1 for each GPU's state (`ok`, `degraded`: uncorrected ECC errors or an XID since start, `failed`: out of NVML's reach), 0 for the other two",
+    ),
+    (
+        "hw.errors",
+        "{error}",
+        "GPU attributes, hw.type, error.type",
+        "errors per GPU by type: `xid` (since the agent started), `ecc_corrected`, `ecc_uncorrected` (the driver's aggregate counts)",
+    ),
+    (
+        "hw.power",
+        "W",
+        "GPU attributes",
+        "power each GPU draws now",
+    ),
+    (
+        "hw.energy",
+        "J",
+        "GPU attributes",
+        "energy each GPU used since the driver loaded",
     ),
     (
         "hw.gpu.utilization",
         "1",
-        "hw.id, hw.name, hw.vendor, gpuwarden.gpu.index, gpuwarden.utilization.source",
+        "GPU attributes, gpuwarden.utilization.source",
         "fraction of the time each GPU was busy: NVML's GPU utilization (`nvml`); with mock devices the throttle's stand-in (`throttle_stand_in`: measured running fraction of the cgroups with a compute share of the GPU, summed, at most 1; CPU time, not a GPU figure)",
     ),
     (
@@ -68,6 +101,30 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "1",
         "container attributes, hw.id, gpuwarden.gpu.index",
         "a container's compute share of each GPU of its quota",
+    ),
+    (
+        "gpuwarden.container.compute.entitled",
+        "1",
+        "container attributes, gpuwarden.compute.policy",
+        "a container's compute share, the largest over the GPUs of its quota (what `achieved` is measured against)",
+    ),
+    (
+        "gpuwarden.container.compute.achieved",
+        "1",
+        "container attributes, gpuwarden.compute.policy",
+        "the GPU time a container with a compute share got recently, per wall second (over about one throttle period, the largest over its GPUs): the throttle's usage signal (NVML's device utilization apportioned among processes; with mock devices the cgroup's CPU time)",
+    ),
+    (
+        "gpuwarden.container.compute.deviation",
+        "{flag}",
+        "container attributes, gpuwarden.compute.policy, gpuwarden.share.deviation",
+        "1 while a container's smoothed achieved share has been `below_entitled` (it runs, yet gets under half its share) or `above_hard_share` (over 1.2 × its hard share + 0.05) for 5 minutes, else 0; each raised flag is also a warning in the agent's log",
+    ),
+    (
+        "gpuwarden.container.gpu.errors",
+        "{error}",
+        "container attributes, hw.id, gpuwarden.gpu.index, error.type",
+        "XID errors attributed to a container (the GPU's only process when the error came was its own)",
     ),
     (
         "gpuwarden.container.ioctls",
@@ -94,6 +151,12 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "time kept frozen by the compute-share throttle",
     ),
     (
+        "gpuwarden.agent.controller.connected",
+        "{link}",
+        "",
+        "1 while the stream to the controller is up, 0 while it is down (absent when the node runs on its own)",
+    ),
+    (
         "gpuwarden.agent.ringbuf.drops",
         "{event}",
         "",
@@ -107,7 +170,7 @@ pub const INSTRUMENTS: &[Instrument] = &[
     ),
     (
         "gpuwarden.agent.hook.tier",
-        "1",
+        "{tier}",
         "gpuwarden.tier, gpuwarden.memory_tier",
         "1 for the hook tier and memory-enforcement tier in use",
     ),
@@ -135,8 +198,12 @@ pub struct MetricsConfig {
     pub endpoint: Option<String>,
     /// Export interval; `None` leaves it to `OTEL_METRIC_EXPORT_INTERVAL` (default 60 s).
     pub interval: Option<Duration>,
+    /// Where to serve Prometheus' text format; `None`: no endpoint.
+    pub prometheus: Option<SocketAddr>,
     /// `k8s.node.name` / `host.name` resource attribute.
     pub node: String,
+    /// The GPU driver's version (`hw.driver_version` on every GPU series), where known.
+    pub driver_version: Option<String>,
 }
 
 impl MetricsConfig {
@@ -148,33 +215,49 @@ impl MetricsConfig {
     }
 }
 
-/// Starts exporting what `published` holds, or returns `None` (saying so) with no endpoint.
-/// Must run inside a tokio runtime (the gRPC channel lives there).
+/// Starts exporting what `published` holds, or returns `None` (saying so) with neither an OTLP
+/// endpoint nor a Prometheus address. Must run inside a tokio runtime (the gRPC channel and the
+/// listener live there).
 ///
 /// # Errors
-/// The exporter can't be built.
+/// The exporter can't be built, or the Prometheus address can't be bound.
 pub fn start(
     config: &MetricsConfig,
     gpus: Vec<GpuDevice>,
     published: &Published,
 ) -> Result<Option<Pipeline>, PipelineError> {
-    let Some(endpoint) = &config.endpoint else {
-        tracing::info!(
-            "metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT (or otlp_endpoint in the config file)"
-        );
-        return Ok(None);
+    let exporters = Exporters {
+        otlp: config.endpoint.clone(),
+        interval: config.interval,
+        prometheus: config.prometheus,
     };
-    let pipeline = Pipeline::start(
-        endpoint,
+    let Some(pipeline) = Pipeline::start(
+        &exporters,
         "gpuwarden-agent",
         vec![
             KeyValue::new("host.name", config.node.clone()),
             KeyValue::new("k8s.node.name", config.node.clone()),
         ],
-        config.interval,
-    )?;
+        // Every series names its node, so a dashboard can group GPUs and tenants by node.
+        &["k8s.node.name"],
+    )?
+    else {
+        tracing::info!(
+            "metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT (or otlp_endpoint in the config file) and no prometheus_listen"
+        );
+        return Ok(None);
+    };
+    let gpus = gpus
+        .into_iter()
+        .map(|d| Gpu::new(d, config.driver_version.as_deref()))
+        .collect();
     register(pipeline.meter(), gpus, published);
-    tracing::info!(%endpoint, "exporting OTLP metrics");
+    if let Some(endpoint) = &config.endpoint {
+        tracing::info!(%endpoint, "exporting OTLP metrics");
+    }
+    if let Some(addr) = pipeline.prometheus_addr() {
+        tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+    }
     Ok(Some(pipeline))
 }
 
@@ -202,14 +285,42 @@ fn container_attributes(c: &gpuwarden_agent_api::Container) -> Vec<KeyValue> {
     attrs
 }
 
-/// The attributes of a GPU.
-fn gpu_attributes(gpu: &GpuDevice) -> Vec<KeyValue> {
-    vec![
-        KeyValue::new("hw.id", gpu.uuid.clone()),
-        KeyValue::new("hw.name", gpu.model.clone()),
-        KeyValue::new("hw.vendor", "NVIDIA"),
-        KeyValue::new("gpuwarden.gpu.index", i64::from(gpu.index)),
-    ]
+/// A GPU and the attributes of its series (`hw.*` of the hardware conventions).
+struct Gpu {
+    device: GpuDevice,
+    attributes: Vec<KeyValue>,
+}
+
+impl Gpu {
+    fn new(device: GpuDevice, driver: Option<&str>) -> Self {
+        let mut attributes = vec![
+            KeyValue::new("hw.id", device.uuid.clone()),
+            KeyValue::new("hw.name", device.model.clone()),
+            KeyValue::new("hw.model", device.model.clone()),
+            KeyValue::new("hw.vendor", "NVIDIA"),
+            KeyValue::new("gpuwarden.gpu.index", i64::from(device.index)),
+        ];
+        if let Some(driver) = driver {
+            attributes.push(KeyValue::new("hw.driver_version", driver.to_owned()));
+        }
+        Self { device, attributes }
+    }
+
+    /// Its attributes with `extra` after them.
+    fn with(&self, extra: impl IntoIterator<Item = KeyValue>) -> Vec<KeyValue> {
+        let mut attrs = self.attributes.clone();
+        attrs.extend(extra);
+        attrs
+    }
+
+    /// Its health in the snapshot, if known.
+    fn health<'a>(&self, s: &'a Snapshot) -> Option<&'a gpuwarden_agent_api::GpuHealthView> {
+        let name = format!("nvidia{}", self.device.index);
+        s.gpus
+            .iter()
+            .find(|g| g.device == name)
+            .and_then(|g| g.health.as_ref())
+    }
 }
 
 /// The index of a GPU device name (`nvidia3` → 3).
@@ -225,6 +336,20 @@ fn with_snapshot(published: &Published, f: impl FnOnce(&Snapshot)) {
     }
 }
 
+/// A container's entitled share and achieved GPU time (both the largest over its GPUs, so they
+/// compare), with its attributes and compute policy; `None` without a compute share.
+fn entitled_and_achieved(c: &gpuwarden_agent_api::Container) -> Option<(f64, f64, Vec<KeyValue>)> {
+    let quota = c.quota.as_ref()?;
+    let achieved = c.enforcement.as_ref()?.achieved?;
+    let share = quota.devices.iter().map(|d| d.shares).fold(0.0, f64::max);
+    let mut attrs = container_attributes(c);
+    attrs.push(KeyValue::new(
+        "gpuwarden.compute.policy",
+        quota.compute_policy.clone(),
+    ));
+    Some((share, achieved, attrs))
+}
+
 /// One container on one GPU.
 struct ContainerGpu {
     attrs: Vec<KeyValue>,
@@ -235,7 +360,7 @@ struct ContainerGpu {
 }
 
 /// Every GPU each container uses or holds a quota on.
-fn container_gpus(s: &Snapshot, gpus: &[GpuDevice]) -> Vec<ContainerGpu> {
+fn container_gpus(s: &Snapshot, gpus: &[Gpu]) -> Vec<ContainerGpu> {
     let mut out = Vec::new();
     for c in &s.containers {
         let mut indexes: Vec<u32> = c
@@ -264,8 +389,8 @@ fn container_gpus(s: &Snapshot, gpus: &[GpuDevice]) -> Vec<ContainerGpu> {
             });
             let mut attrs = container_attributes(c);
             attrs.push(KeyValue::new("gpuwarden.gpu.index", i64::from(index)));
-            if let Some(gpu) = gpus.iter().find(|g| g.index == index) {
-                attrs.push(KeyValue::new("hw.id", gpu.uuid.clone()));
+            if let Some(gpu) = gpus.iter().find(|g| g.device.index == index) {
+                attrs.push(KeyValue::new("hw.id", gpu.device.uuid.clone()));
             }
             out.push(ContainerGpu { attrs, used, quota });
         }
@@ -274,7 +399,7 @@ fn container_gpus(s: &Snapshot, gpus: &[GpuDevice]) -> Vec<ContainerGpu> {
 }
 
 #[allow(clippy::too_many_lines)] // One instrument after another, a few lines each: split, they read worse.
-fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: &Published) {
+fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     type Pick = fn(&gpuwarden_agent_api::EnforcementView) -> u64;
     let gpus = Arc::new(gpus);
     // The instruments live as long as the provider that holds their callbacks.
@@ -286,7 +411,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: &Published) {
             .with_description("Memory of each GPU")
             .with_callback(move |o| {
                 for gpu in gpus.iter() {
-                    o.observe(gpu.memory_bytes, &gpu_attributes(gpu));
+                    o.observe(gpu.device.memory_bytes, &gpu.attributes);
                 }
             })
             .build();
@@ -300,7 +425,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: &Published) {
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for gpu in gpus.iter() {
-                        let name = format!("nvidia{}", gpu.index);
+                        let name = format!("nvidia{}", gpu.device.index);
                         let used: u64 = s
                             .containers
                             .iter()
@@ -308,7 +433,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: &Published) {
                             .filter(|d| d.device == name)
                             .map(|d| d.memory_bytes)
                             .sum();
-                        o.observe(used, &gpu_attributes(gpu));
+                        o.observe(used, &gpu.attributes);
                     }
                 });
             })
@@ -323,7 +448,7 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: &Published) {
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for gpu in gpus.iter() {
-                        let name = format!("nvidia{}", gpu.index);
+                        let name = format!("nvidia{}", gpu.device.index);
                         // A GPU whose utilization can't be read is left out, not reported 0.
                         let Some((value, source)) = s
                             .gpus
@@ -333,14 +458,16 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: &Published) {
                         else {
                             continue;
                         };
-                        let mut attrs = gpu_attributes(gpu);
-                        attrs.push(KeyValue::new("gpuwarden.utilization.source", source));
-                        o.observe(value, &attrs);
+                        o.observe(
+                            value,
+                            &gpu.with([KeyValue::new("gpuwarden.utilization.source", source)]),
+                        );
                     }
                 });
             })
             .build();
     }
+    register_health(meter, &gpus, published);
     {
         let (gpus, published) = (Arc::clone(&gpus), Arc::clone(published));
         meter
@@ -385,6 +512,74 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: &Published) {
                         if let Some((_, share)) = c.quota {
                             o.observe(share, &c.attrs);
                         }
+                    }
+                });
+            })
+            .build();
+    }
+    for (name, description, entitled) in [
+        (
+            "gpuwarden.container.compute.entitled",
+            "A container's compute share, the largest over the GPUs of its quota",
+            true,
+        ),
+        (
+            "gpuwarden.container.compute.achieved",
+            "The GPU time a container with a compute share got recently, per wall second",
+            false,
+        ),
+    ] {
+        let published = Arc::clone(published);
+        meter
+            .f64_observable_gauge(name)
+            .with_unit("1")
+            .with_description(description)
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in &s.containers {
+                        if let Some((share, achieved, attrs)) = entitled_and_achieved(c) {
+                            o.observe(if entitled { share } else { achieved }, &attrs);
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let published = Arc::clone(published);
+        meter
+            .u64_observable_gauge("gpuwarden.container.compute.deviation")
+            .with_unit("{flag}")
+            .with_description(
+                "1 while a container's achieved share has been far from its entitlement for 5 minutes",
+            )
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in &s.containers {
+                        let Some((_, _, attrs)) = entitled_and_achieved(c) else {
+                            continue;
+                        };
+                        let flagged = c.enforcement.as_ref().and_then(|e| e.deviation.as_deref());
+                        for d in share_watch::Deviation::ALL {
+                            let mut attrs = attrs.clone();
+                            attrs.push(KeyValue::new("gpuwarden.share.deviation", d.as_str()));
+                            o.observe(u64::from(flagged == Some(d.as_str())), &attrs);
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let published = Arc::clone(published);
+        meter
+            .u64_observable_gauge("gpuwarden.agent.controller.connected")
+            .with_unit("{link}")
+            .with_description("1 while the stream to the controller is up, 0 while it is down")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    if let Some(up) = s.stats.controller_connected {
+                        o.observe(u64::from(up), &[]);
                     }
                 });
             })
@@ -532,7 +727,8 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: &Published) {
         let published = Arc::clone(published);
         meter
             .u64_observable_gauge("gpuwarden.agent.hook.tier")
-            .with_unit("1")
+            // Not "1": Prometheus would read that as a ratio (`_ratio`).
+            .with_unit("{tier}")
             .with_description("1 for the hook tier and memory-enforcement tier in use")
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
@@ -554,6 +750,135 @@ fn register(meter: &Meter, gpus: Vec<GpuDevice>, published: &Published) {
             .build();
     }
 }
+
+/// The hardware conventions' health instruments (`hw.status`, `hw.errors`, `hw.power`,
+/// `hw.energy`, `hw.gpu.memory.utilization`) and XID errors per container. A figure the backend
+/// can't read is left out, not reported as 0.
+#[allow(clippy::too_many_lines)] // One instrument after another, as in `register`.
+fn register_health(meter: &Meter, gpus: &Arc<Vec<Gpu>>, published: &Published) {
+    type Pick = fn(&gpuwarden_agent_api::GpuHealthView) -> Option<f64>;
+    let gauges: [(&'static str, &'static str, &'static str, Pick); 2] = [
+        (
+            "hw.gpu.memory.utilization",
+            "1",
+            "Fraction of the time each GPU's memory was read or written",
+            |h| h.memory_utilization,
+        ),
+        ("hw.power", "W", "Power each GPU draws now", |h| {
+            h.power_watts
+        }),
+    ];
+    for (name, unit, description, pick) in gauges {
+        let (gpus, published) = (Arc::clone(gpus), Arc::clone(published));
+        meter
+            .f64_observable_gauge(name)
+            .with_unit(unit)
+            .with_description(description)
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for gpu in gpus.iter() {
+                        if let Some(v) = gpu.health(s).and_then(pick) {
+                            o.observe(v, &gpu.attributes);
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let (gpus, published) = (Arc::clone(gpus), Arc::clone(published));
+        meter
+            .f64_observable_counter("hw.energy")
+            .with_unit("J")
+            .with_description("Energy each GPU used since the driver loaded")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for gpu in gpus.iter() {
+                        if let Some(v) = gpu.health(s).and_then(|h| h.energy_joules) {
+                            o.observe(v, &gpu.attributes);
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let (gpus, published) = (Arc::clone(gpus), Arc::clone(published));
+        meter
+            .u64_observable_gauge("hw.status")
+            .with_unit("1")
+            .with_description("1 for each GPU's state, 0 for the other states")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for gpu in gpus.iter() {
+                        let Some(h) = gpu.health(s) else { continue };
+                        for state in HealthState::ALL {
+                            o.observe(
+                                u64::from(h.state == state.as_str()),
+                                &gpu.with([
+                                    KeyValue::new("hw.type", "gpu"),
+                                    KeyValue::new("hw.state", state.as_str()),
+                                ]),
+                            );
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let (gpus, published) = (Arc::clone(gpus), Arc::clone(published));
+        meter
+            .u64_observable_counter("hw.errors")
+            .with_unit("{error}")
+            .with_description("Errors per GPU by type")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for gpu in gpus.iter() {
+                        let Some(h) = gpu.health(s) else { continue };
+                        for (kind, n) in &h.errors {
+                            o.observe(
+                                *n,
+                                &gpu.with([
+                                    KeyValue::new("hw.type", "gpu"),
+                                    KeyValue::new("error.type", kind.clone()),
+                                ]),
+                            );
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let (gpus, published) = (Arc::clone(gpus), Arc::clone(published));
+        meter
+            .u64_observable_counter("gpuwarden.container.gpu.errors")
+            .with_unit("{error}")
+            .with_description("XID errors attributed to a container")
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in &s.containers {
+                        for (device, n) in &c.xid_errors {
+                            let Some(index) = gpu_index(device) else {
+                                continue;
+                            };
+                            let mut attrs = container_attributes(c);
+                            attrs.push(KeyValue::new("gpuwarden.gpu.index", i64::from(index)));
+                            if let Some(gpu) = gpus.iter().find(|g| g.device.index == index) {
+                                attrs.push(KeyValue::new("hw.id", gpu.device.uuid.clone()));
+                            }
+                            attrs.push(KeyValue::new("error.type", "xid"));
+                            o.observe(*n, &attrs);
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+}
+
+pub mod share_watch;
 
 #[cfg(test)]
 mod tests;

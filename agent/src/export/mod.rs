@@ -91,10 +91,12 @@ impl Sources {
             )
         };
         snapshot.gpus = snapshot::gpu_utilization(&self.indexes, measured.as_ref(), &standing);
+        snapshot::add_health(&mut snapshot, &self.backend.health());
         (
             snapshot.stats.usage_reports,
             snapshot.stats.usage_reports_dropped,
         ) = self.usage_counters.get();
+        snapshot.stats.controller_connected = self.usage_counters.connected();
         snapshot::annotate_pods(&mut snapshot, &self.pods);
         snapshot
     }

@@ -4,13 +4,14 @@
 use std::collections::BTreeMap;
 
 use gpuwarden_agent_api::{
-    Accuracy, BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, GpuView,
-    QuotaView, Snapshot, Stats, TableBudget,
+    Accuracy, BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, GpuHealthView,
+    GpuView, QuotaView, Snapshot, Stats, TableBudget,
 };
 use gpuwarden_agent_common::maps::{MAX_GPUS, stat, table};
 
 use crate::{
     attribution::{Attributor, Workload, kubelet::PodNames},
+    devices::health::GpuHealth,
     enforcement::{BindingReport, Standing, quota::PPM},
     sensor::{CgroupCounters, Counters, Sensor, gpu_nodes::device_name},
 };
@@ -40,6 +41,7 @@ pub(crate) fn build(
         usage_reports: 0,
         usage_reports_dropped: 0,
         events_suppressed: standing.suppressed_events,
+        controller_connected: None,
     };
     let mut cgroups = counters.cgroups;
     // A workload with a quota is listed even while idle.
@@ -151,6 +153,7 @@ pub(crate) fn gpu_utilization(
                     device: device_name(index),
                     utilization: measured.get(&index).copied(),
                     source: "nvml".to_owned(),
+                    health: None,
                 }
             } else {
                 let busy: f64 = standing
@@ -169,10 +172,47 @@ pub(crate) fn gpu_utilization(
                     device: device_name(index),
                     utilization: Some(busy.clamp(0.0, 1.0)),
                     source: "throttle_stand_in".to_owned(),
+                    health: None,
                 }
             }
         })
         .collect()
+}
+
+/// Fills each GPU's health, and counts each attributed XID error on the container whose cgroup
+/// it names.
+pub(crate) fn add_health(snapshot: &mut Snapshot, health: &[GpuHealth]) {
+    for h in health {
+        let device = device_name(h.index);
+        let mut errors = BTreeMap::new();
+        errors.insert("xid".to_owned(), h.xids.len() as u64);
+        if let Some(n) = h.ecc_corrected {
+            errors.insert("ecc_corrected".to_owned(), n);
+        }
+        if let Some(n) = h.ecc_uncorrected {
+            errors.insert("ecc_uncorrected".to_owned(), n);
+        }
+        let view = GpuHealthView {
+            state: h.state.as_str().to_owned(),
+            power_watts: h.power_watts,
+            energy_joules: h.energy_joules,
+            memory_utilization: h.memory_utilization,
+            errors,
+        };
+        if let Some(g) = snapshot.gpus.iter_mut().find(|g| g.device == device) {
+            g.health = Some(view);
+        }
+        for xid in &h.xids {
+            let Some(cgroup) = &xid.cgroup else { continue };
+            if let Some(c) = snapshot
+                .containers
+                .iter_mut()
+                .find(|c| &c.cgroup_path == cgroup)
+            {
+                *c.xid_errors.entry(device.clone()).or_default() += 1;
+            }
+        }
+    }
 }
 
 /// Fills the pod name and namespace of every container whose pod the kubelet named, and the
@@ -231,6 +271,9 @@ fn add_quota(c: &mut Container, standing: &Standing, tier: &str) {
             u64::try_from(t.throttled.as_millis()).unwrap_or(u64::MAX)
         }),
         frozen: b.throttle.is_some_and(|t| t.frozen),
+        achieved: b.throttle.map(|t| t.running_fraction),
+        // Set by the metrics' share watch, which sees the snapshots over time.
+        deviation: None,
     });
     c.events = standing
         .history

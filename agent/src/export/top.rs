@@ -119,12 +119,13 @@ fn render_quotas(out: &mut String, snapshot: &Snapshot) {
     );
     let _ = writeln!(
         out,
-        "{:<22} {:<8} {:<36} {:>21} {:>6} {:<7} {:>7} {:>11}",
+        "{:<22} {:<8} {:<36} {:>21} {:>6} {:>8} {:<7} {:>7} {:>11}",
         "SESSION",
         "STATE",
         "TARGET / CGROUP",
         "GPU MEMORY",
         "SHARES",
+        "ACHIEVED",
         "POLICY",
         "ACTIONS",
         "THROTTLED"
@@ -138,7 +139,7 @@ fn render_quotas(out: &mut String, snapshot: &Snapshot) {
         let enforcement = container.and_then(|c| c.enforcement.as_ref());
         let _ = writeln!(
             out,
-            "{:<22} {:<8} {:<36} {:>21} {:>6.2} {:<7} {:>7} {:>9}ms",
+            "{:<22} {:<8} {:<36} {:>21} {:>6.2} {:>8} {:<7} {:>7} {:>9}ms",
             truncate(&b.session_id, 22),
             b.state,
             truncate(b.cgroup_path.as_deref().unwrap_or(&b.target), 36),
@@ -148,6 +149,10 @@ fn render_quotas(out: &mut String, snapshot: &Snapshot) {
                 human_bytes(b.quota.memory_bytes)
             ),
             b.quota.shares,
+            // Entitled against achieved: the throttle's measure of what it got recently.
+            enforcement
+                .and_then(|e| e.achieved)
+                .map_or_else(|| "-".to_owned(), |a| format!("{a:.2}")),
             b.quota.policy,
             enforcement.map_or(0, |e| e.actions),
             enforcement.map_or(0, |e| e.throttled_ms),

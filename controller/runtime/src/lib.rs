@@ -7,7 +7,8 @@
 //!
 //! - [`shutdown`]: a future that completes on SIGINT or SIGTERM;
 //! - [`logging`]: `tracing` to standard error, filtered by `RUST_LOG`;
-//! - [`otlp`]: the OTLP/gRPC metrics pipeline to an OpenTelemetry collector;
+//! - [`otlp`]: the metrics pipeline: OTLP/gRPC to an OpenTelemetry collector, and
+//!   [`prometheus`], the scrape endpoint;
 //! - [`cgroup`]: moving a child into a cgroup v2 between `fork` and `exec`;
 //! - [`mountinfo`]: where a file system (the cgroup v2 hierarchy) is mounted;
 //! - [`tls`]: PEM certificates and keys, and a client's TLS to the controller;
@@ -19,6 +20,7 @@ pub mod kube;
 pub mod logging;
 pub mod mountinfo;
 pub mod otlp;
+pub mod prometheus;
 pub mod tls;
 
 /// Completes on SIGINT or SIGTERM (what Kubernetes sends before it kills a pod), so a daemon can

@@ -141,6 +141,21 @@ impl Controller {
         })
     }
 
+    /// Every session change from now on, as watchers hear of it (once durable), until this
+    /// controller's term ends (the stream then ends with the reason; start again for the next).
+    #[must_use]
+    pub fn subscribe(&self) -> mpsc::Receiver<Result<pb::Session, Status>> {
+        let log = Arc::clone(&self.log);
+        let start = log.start(0).unwrap_or((log.revision(), 0));
+        watch::stream(
+            log,
+            start,
+            |_| true,
+            |e| Status::unavailable(e.to_string()),
+            (),
+        )
+    }
+
     /// Records each scheduling decision's latency into `histogram` from now on.
     pub fn set_decision_histogram(&self, histogram: opentelemetry::metrics::Histogram<f64>) {
         let _ = self.decisions.set(histogram);

@@ -51,18 +51,33 @@ impl TestController {
         timing: Timing,
         otlp: Option<String>,
     ) -> Self {
+        Self::start_with_exporters(
+            state_dir,
+            config,
+            timing,
+            gpuwarden_runtime::otlp::Exporters {
+                otlp,
+                interval: Some(Duration::from_millis(300)),
+                prometheus: None,
+            },
+        )
+    }
+
+    /// [`Self::start`], with its metrics going to `exporters`.
+    pub fn start_with_exporters(
+        state_dir: &Path,
+        config: SchedulerConfig,
+        timing: Timing,
+        exporters: gpuwarden_runtime::otlp::Exporters,
+    ) -> Self {
         let dir = state_dir.to_owned();
         Self::on_own_runtime(state_dir.to_owned(), move |rt, shutdown| {
             rt.block_on(async {
                 let controller = server::open(&server::sled_in(&dir), config, timing)
                     .await
                     .unwrap();
-                let metrics = gpuwarden_controller::metrics::start(
-                    &controller,
-                    otlp,
-                    Some(Duration::from_millis(300)),
-                )
-                .unwrap();
+                let metrics =
+                    gpuwarden_controller::metrics::start(&controller, &exporters).unwrap();
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 let addr = listener.local_addr().unwrap();
                 tokio::spawn(server::serve_on(controller, listener, async {

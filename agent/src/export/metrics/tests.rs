@@ -8,8 +8,8 @@ fn gpu_names_give_their_index() {
 }
 
 #[test]
-fn the_readme_lists_every_instrument() {
-    let readme = include_str!("../../../../README.md");
+fn the_docs_list_every_instrument() {
+    let docs = include_str!("../../../../docs/metrics.md");
     for (name, unit, attributes, meaning) in INSTRUMENTS {
         let attributes = if attributes.is_empty() {
             "—"
@@ -17,18 +17,18 @@ fn the_readme_lists_every_instrument() {
             attributes
         };
         let row = format!("| `{name}` | {unit} | {attributes} | {meaning} |");
-        assert!(readme.contains(&row), "README.md lacks the row\n{row}");
+        assert!(docs.contains(&row), "docs/metrics.md lacks the row\n{row}");
     }
-    let section = readme
-        .split("### Agent metrics")
+    let section = docs
+        .split("## Agent metrics")
         .nth(1)
-        .and_then(|rest| rest.split("### ").next())
+        .and_then(|rest| rest.split("## ").next())
         .unwrap_or_default();
     let rows = section.lines().filter(|l| l.starts_with("| `")).count();
     assert_eq!(
         rows,
         INSTRUMENTS.len(),
-        "README.md lists metrics the agent lacks"
+        "docs/metrics.md lists metrics the agent lacks"
     );
 }
 

@@ -64,7 +64,10 @@ fn renders_one_row_per_device_with_totals() {
                 denied_opens: 0,
                 throttled_ms: 700,
                 frozen: false,
+                achieved: Some(0.31),
+                deviation: None,
             }),
+            xid_errors: BTreeMap::new(),
             events: vec![],
             tables: vec![],
         }],
@@ -100,7 +103,7 @@ fn renders_one_row_per_device_with_totals() {
     assert!(
         lines[7].starts_with("s-1 ")
             && lines[7].contains("64.0 MiB / 1.0 GiB")
-            && lines[7].contains("0.50 kill")
+            && lines[7].contains("0.50     0.31 kill")
             && lines[7].contains("700ms"),
         "{table}"
     );
