@@ -116,7 +116,7 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "gpuwarden.limits.refused",
         "{request}",
         "gpuwarden.limits.reason",
-        "requests and agent messages refused or dropped for a bound (oversized, out_of_range, cap, flood, rate, foreign_session)",
+        "requests and agent messages refused or dropped for a bound (oversized, out_of_range, cap, flood, rate, foreign_session, flood_dropped)",
     ),
     (
         "gpuwarden.telemetry.exports.failed",

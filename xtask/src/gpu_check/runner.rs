@@ -46,8 +46,17 @@ impl Sink {
         })
     }
 
-    /// Prints `row`, appends it to the file and keeps it for the table.
+    /// Prints `row`, appends it to the file and keeps it for the table. The first row of a
+    /// sub-check wins: the watchdog filling in what a deadline cut off and a section that is
+    /// still winding down may both speak for it at once.
     pub fn emit(&self, row: Row) {
+        let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        if rows
+            .iter()
+            .any(|r| r.section == row.section && r.check == row.check)
+        {
+            return;
+        }
         let line = format!(
             "{} | {} | {} | {} | {} | {}",
             row.verdict.as_str(),
@@ -62,10 +71,7 @@ impl Sink {
             let _ = writeln!(f, "{line}");
             let _ = f.flush();
         }
-        self.rows
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(row);
+        rows.push(row);
     }
 
     fn has(&self, section: &str, check: &str) -> bool {
