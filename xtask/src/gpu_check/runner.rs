@@ -267,8 +267,10 @@ pub fn watchdog(sink: Arc<Sink>, deadline: Duration) -> mpsc::Sender<()> {
                 deadline.as_secs()
             );
             eprintln!("gpu-check: {why}; killing every child");
-            procs::kill_all();
+            // Rows first: a section that sees the run closing once its children are killed
+            // would otherwise speak for its sub-checks with a vaguer reason (the first row wins).
             sink.fill_missing(None, &why);
+            procs::kill_all();
             sink.finish();
             std::process::exit(3);
         }
