@@ -3,6 +3,10 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use gpuwarden_types::{
+    dns::{is_dns_label, is_dns_subdomain},
+    target::is_uuid,
+};
 use tokio::sync::mpsc;
 
 use super::{
@@ -37,26 +41,16 @@ impl ClaimRef {
     /// # Errors
     /// The per-claim error text for the kubelet, naming the bad part.
     pub fn check(&self) -> Result<(), String> {
-        let uuid = gpuwarden_types::target::Target::PodUid(self.uid.clone());
-        if uuid.check_form().is_err() {
+        if !is_uuid(&self.uid) {
             return Err(format!("claim UID {:?} is not a UUID", cut(&self.uid)));
         }
-        let label = |s: &str, max: usize, dots: bool| {
-            !s.is_empty()
-                && s.len() <= max
-                && s.bytes().all(|b| {
-                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.')
-                })
-                && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-                && s.ends_with(|c: char| c.is_ascii_alphanumeric())
-        };
-        if !label(&self.namespace, 63, false) {
+        if !is_dns_label(&self.namespace) {
             return Err(format!(
                 "claim namespace {:?} is not a DNS label",
                 cut(&self.namespace)
             ));
         }
-        if !label(&self.name, 253, true) {
+        if !is_dns_subdomain(&self.name) {
             return Err(format!(
                 "claim name {:?} is not a DNS subdomain",
                 cut(&self.name)

@@ -29,6 +29,7 @@
 use std::{collections::HashMap, path::Path, sync::Arc};
 
 use gpuwarden_types::{
+    dns::is_dns_label,
     policy::{MemoryPolicy, QuotaPolicy},
     target::{Target, TargetScope},
 };
@@ -170,16 +171,6 @@ impl Grants {
     pub fn of(&self, owner: &str) -> Grant {
         self.by_owner.get(owner).cloned().unwrap_or_default()
     }
-}
-
-/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters: a Kubernetes namespace.
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 fn read(path: &Path) -> Result<Grants, GrantFileError> {

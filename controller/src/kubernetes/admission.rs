@@ -18,6 +18,7 @@
 //! server shows (HTTP 400, or a refusal naming the kind).
 
 use base64::Engine as _;
+use gpuwarden_types::dns::is_dns_label;
 use serde_json::{Value, json};
 
 use super::{
@@ -128,17 +129,6 @@ fn refuse(code: u16, message: impl Into<String>) -> Decision {
         code,
         message: message.into(),
     }
-}
-
-/// Whether `name` is a DNS label (what a namespace is), so it is safe in a URL path.
-fn is_dns_label(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
 }
 
 async fn decide(request: &Value, bounds: &Bounds, templates: &dyn ClaimTemplates) -> Decision {

@@ -12,6 +12,7 @@
 //! - [`quantity`]: Kubernetes resource quantities (`500m`, `8Gi`), parsed exactly;
 //! - [`units`]: quantities as tables show them;
 //! - [`workload`]: the workload class of a Kubernetes pod;
+//! - [`dns`]: Kubernetes object names (DNS labels and subdomains), checked;
 //! - [`now_ms`]: the wall clock every record is stamped with.
 //!
 //! # Example
@@ -27,6 +28,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod dns;
 pub mod policy;
 pub mod quantity;
 pub mod slot;

@@ -210,8 +210,9 @@ pub fn is_within(path: &str, prefix: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('/'))
 }
 
-/// `8-4-4-4-12` hex digits.
-fn is_uuid(s: &str) -> bool {
+/// Whether `s` is a UUID as Kubernetes writes UIDs: `8-4-4-4-12` hex digits.
+#[must_use]
+pub fn is_uuid(s: &str) -> bool {
     let groups: Vec<&str> = s.split('-').collect();
     groups.len() == 5
         && groups
