@@ -22,6 +22,10 @@ use tokio::{net::TcpListener, task::JoinHandle};
 /// How long a client may take to send its request line and headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Connections served at once; one past it is closed at accept. A scraper needs one: the cap
+/// only keeps an unauthenticated peer from holding the process's fds and tasks.
+const MAX_CONNECTIONS: usize = 32;
+
 /// The listener can't be opened.
 #[derive(Debug, thiserror::Error)]
 #[error("Prometheus endpoint on {addr}: {source}")]
@@ -52,7 +56,10 @@ impl Endpoint {
         let bound = listener
             .local_addr()
             .map_err(|source| ListenError { addr, source })?;
-        let registry = Arc::new(registry);
+        let registry = Arc::new(Scrapes {
+            registry,
+            one_at_a_time: tokio::sync::Mutex::new(()),
+        });
         let task = tokio::spawn(accept(listener, registry));
         Ok(Self { addr: bound, task })
     }
@@ -70,7 +77,15 @@ impl Drop for Endpoint {
     }
 }
 
-async fn accept(listener: TcpListener, registry: Arc<prometheus::Registry>) {
+/// What the endpoint serves, and the turn each scrape waits for: gathering runs every
+/// instrument's callback on a blocking thread, so many scrapes at once would only queue there.
+struct Scrapes {
+    registry: prometheus::Registry,
+    one_at_a_time: tokio::sync::Mutex<()>,
+}
+
+async fn accept(listener: TcpListener, registry: Arc<Scrapes>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -81,8 +96,14 @@ async fn accept(listener: TcpListener, registry: Arc<prometheus::Registry>) {
                 continue;
             }
         };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::debug!(%peer, "prometheus endpoint: {MAX_CONNECTIONS} connections open; closed");
+            drop(tcp);
+            continue;
+        };
         let registry = Arc::clone(&registry);
         tokio::spawn(async move {
+            let _slot = slot;
             let service = hyper::service::service_fn(move |request| {
                 let registry = Arc::clone(&registry);
                 async move { Ok::<_, Infallible>(answer(&request, registry).await) }
@@ -99,10 +120,7 @@ async fn accept(listener: TcpListener, registry: Arc<prometheus::Registry>) {
     }
 }
 
-async fn answer(
-    request: &Request<Incoming>,
-    registry: Arc<prometheus::Registry>,
-) -> Response<Full<Bytes>> {
+async fn answer(request: &Request<Incoming>, scrapes: Arc<Scrapes>) -> Response<Full<Bytes>> {
     if request.method() != Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
     }
@@ -111,7 +129,9 @@ async fn answer(
     }
     // Gathering runs every instrument's callback, some of which take locks: off the async
     // threads.
-    let encoded = tokio::task::spawn_blocking(move || encode(&registry)).await;
+    let _turn = scrapes.one_at_a_time.lock().await;
+    let gather = Arc::clone(&scrapes);
+    let encoded = tokio::task::spawn_blocking(move || encode(&gather.registry)).await;
     match encoded {
         Ok(Ok(body)) => {
             let mut response = Response::new(Full::new(Bytes::from(body)));
@@ -229,6 +249,60 @@ mod tests {
         })
         .await;
         assert!(refused.is_ok(), "the endpoint still accepts after the drop");
+    }
+
+    /// Connections past the cap are closed at once; the ones held don't stop a scrape once
+    /// they go.
+    #[tokio::test]
+    async fn connections_past_the_cap_are_closed() {
+        let exporters = Exporters {
+            prometheus: Some("127.0.0.1:0".parse().unwrap()),
+            ..Exporters::default()
+        };
+        let pipeline = Pipeline::start(&exporters, "test", vec![], &[])
+            .unwrap()
+            .unwrap();
+        let addr = pipeline.prometheus_addr().unwrap();
+        let mut held = Vec::new();
+        for _ in 0..super::MAX_CONNECTIONS {
+            held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        // The server takes them in order: the next one is closed unanswered.
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let mut buf = [0u8; 1];
+            matches!(extra.read(&mut buf).await, Ok(0) | Err(_))
+        })
+        .await;
+        assert_eq!(
+            closed.ok(),
+            Some(true),
+            "a connection past the cap was kept open"
+        );
+        drop(held);
+        let served = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            loop {
+                // Until the server has seen the held ones go, a new one may still be closed.
+                let mut answer = String::new();
+                if let Ok(mut tcp) = tokio::net::TcpStream::connect(addr).await
+                    && tcp
+                        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                        .await
+                        .is_ok()
+                {
+                    let _ = tcp.read_to_string(&mut answer).await;
+                }
+                if answer.starts_with("HTTP/1.1 200") {
+                    return answer;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(
+            served.is_ok(),
+            "no scrape served once the held connections went"
+        );
     }
 
     #[test]
