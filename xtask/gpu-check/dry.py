@@ -343,7 +343,7 @@ def workload(args):
             busy = float(os.environ.get("GPUCHECK_DRY_SHARE", "1"))
             time.sleep(seconds)
         w.report("result", "matmul", rate=100.0 * busy, seconds=seconds, gpu_s=seconds * busy,
-                 busy=busy)
+                 busy=busy, batch_busy=busy)
     elif mode == "cost":
         steps, pairs = int(rest[0]), int(rest[1])
         if w.gpu:

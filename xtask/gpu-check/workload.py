@@ -12,7 +12,8 @@ Modes:
   grow MIB       allocate MIB-sized tensors one by one, each after a go-ahead, until stopped,
                  killed or refused (an out-of-memory error is reported as an `oom` step)
   matmul SECS    fp16 matmuls in a loop for SECS seconds: a `started` step, then the rate and
-                 the GPU time the tenant got, measured with CUDA events
+                 the GPU time the tenant got (each kernel between its own CUDA events; the
+                 batch's events, which also count idling inside a held batch, beside it)
   cost STEPS PAIRS   warmed up: a small MLP's training steps (mean time per step), then
                  cudaMalloc + cudaFree of 2 MiB PAIRS times (mean time per pair)
 
@@ -142,20 +143,28 @@ def matmul(seconds):
         a @ b
     torch.cuda.synchronize()
     report(event="step", name="started")
-    done, gpu_ms, start = 0, 0.0, time.monotonic()
+    timed = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+    # Each kernel between its own pair of events: what the GPU spent on this tenant's work.
+    # The batch's pair alone also counts the GPU idling inside the batch while the throttle
+    # holds the process between two launches, which is not GPU time the tenant got.
+    kernels = [(timed(), timed()) for _ in range(10)]
+    done, gpu_ms, kernel_ms, start = 0, 0.0, 0.0, time.monotonic()
     while time.monotonic() - start < seconds:
-        # One batch is queued at once, so its events time the GPU's work for this tenant.
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin, end = timed(), timed()
         begin.record()
-        for _ in range(10):
+        for k_begin, k_end in kernels:
+            k_begin.record()
             a @ b
+            k_end.record()
         end.record()
         end.synchronize()
         gpu_ms += begin.elapsed_time(end)
-        done += 10
+        kernel_ms += sum(k_begin.elapsed_time(k_end) for k_begin, k_end in kernels)
+        done += len(kernels)
     elapsed = time.monotonic() - start
     report(event="result", name="matmul", rate=done / elapsed, seconds=elapsed,
-           gpu_s=gpu_ms / 1e3, busy=gpu_ms / 1e3 / elapsed)
+           gpu_s=kernel_ms / 1e3, busy=kernel_ms / 1e3 / elapsed,
+           batch_busy=gpu_ms / 1e3 / elapsed)
 
 
 def cost(steps, pairs):
