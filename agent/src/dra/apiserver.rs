@@ -1,15 +1,15 @@
 //! The few API-server calls the DRA plugin makes: GET a ResourceClaim, and GET/POST/PUT/DELETE
 //! the node's ResourceSlice, over the HTTPS client every gpuwarden binary shares with
-//! Kubernetes ([`gpuwarden_runtime::kube`]: one connection per request, TLS with ring, the
+//! Kubernetes ([`gpuwarden_kube`]: one connection per request, TLS with ring, the
 //! bearer token read at each request so rotated service-account tokens are picked up).
 //!
 //! Why not the `kube` crate: these five calls need no watch, no informer and no generated types
 //! beyond the fields read and written here; `kube` + `k8s-openapi` would add minutes of build to
 //! every agent build on small CI machines.
 
-use gpuwarden_runtime::kube::{Endpoint, KubeClient, KubeError};
+use gpuwarden_kube::{Endpoint, KubeClient, KubeError};
 
-pub use gpuwarden_runtime::kube::Answer;
+pub use gpuwarden_kube::Answer;
 
 use super::config::ApiServerConfig;
 

@@ -22,7 +22,7 @@ use serde::Deserialize;
 
 use gpuwarden_types::policy::{ComputePolicy, MemoryPolicy, PolicyError, QuotaPolicy};
 
-use gpuwarden_runtime::kube::Endpoint;
+use gpuwarden_kube::Endpoint;
 
 use crate::devices::GpuDevice;
 

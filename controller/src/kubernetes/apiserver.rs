@@ -4,7 +4,7 @@
 //!
 //! [`ClaimTemplates`] is the seam: the webhook takes any implementation, tests a fake or a
 //! loopback server. [`ApiServer`] is the real one, over the HTTPS client every gpuwarden binary
-//! shares with Kubernetes ([`gpuwarden_runtime::kube`]).
+//! shares with Kubernetes ([`gpuwarden_kube`]).
 
 use std::{
     future::Future,
@@ -12,7 +12,7 @@ use std::{
     pin::Pin,
 };
 
-use gpuwarden_runtime::kube::{Endpoint, KubeClient, KubeError};
+use gpuwarden_kube::{Endpoint, KubeClient, KubeError};
 use serde_json::Value;
 
 /// What [`ClaimTemplates::ensure`] found.

@@ -1,9 +1,9 @@
 //! The kubelet's pod list, over the HTTPS client every gpuwarden binary shares with Kubernetes
-//! ([`gpuwarden_runtime::kube`]).
+//! ([`gpuwarden_kube`]).
 
 use std::{collections::HashMap, time::Duration};
 
-use gpuwarden_runtime::kube::{Endpoint, KubeClient};
+use gpuwarden_kube::{Endpoint, KubeClient};
 
 use super::{KubeletConfig, KubeletError, PodName, parse_pod_list};
 

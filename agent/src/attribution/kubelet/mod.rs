@@ -40,7 +40,7 @@ use std::{
 pub use gpuwarden_agent_api::KubeletStatus;
 pub use pods::{PodName, parse_pod_list};
 
-use gpuwarden_runtime::kube::KubeError;
+use gpuwarden_kube::KubeError;
 use refresh::{Cache, Inner};
 
 /// The service account token a pod gets mounted.

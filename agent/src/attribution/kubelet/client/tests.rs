@@ -1,4 +1,4 @@
-use gpuwarden_runtime::kube::KubeError;
+use gpuwarden_kube::KubeError;
 
 use super::*;
 use crate::attribution::kubelet::default_url;

@@ -11,12 +11,12 @@
 //!   [`prometheus`], the scrape endpoint;
 //! - [`cgroup`]: moving a child into a cgroup v2 between `fork` and `exec`;
 //! - [`mountinfo`]: where a file system (the cgroup v2 hierarchy) is mounted;
-//! - [`tls`]: PEM certificates and keys, and a client's TLS to the controller;
-//! - [`kube`]: HTTPS to the Kubernetes API server and the kubelet.
+//! - [`tls`]: PEM certificates and keys, and a client's TLS to the controller.
+//!
+//! HTTPS to Kubernetes is a crate of its own beside this one, `gpuwarden-kube`.
 #![deny(missing_docs)]
 
 pub mod cgroup;
-pub mod kube;
 pub mod logging;
 pub mod mountinfo;
 pub mod otlp;
