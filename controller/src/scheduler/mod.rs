@@ -20,6 +20,7 @@ mod lifecycle;
 mod observed;
 mod pass;
 mod queue;
+pub mod quotas;
 mod retention;
 mod tracker;
 
