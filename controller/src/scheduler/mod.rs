@@ -83,6 +83,9 @@ pub struct SchedulerConfig {
     pub default_limits: OwnerLimits,
     /// Limits by owner.
     pub limits: BTreeMap<String, OwnerLimits>,
+    /// Team queues: a guarantee and a limit per slot ([`quotas`]); none configured: every
+    /// session is served in queue order alone.
+    pub quotas: quotas::QuotaConfig,
     /// How long ended sessions are kept.
     pub retention: Retention,
     /// Workload classes whose usage profile every owner shares. Any other class a user's
@@ -114,6 +117,7 @@ impl Default for SchedulerConfig {
             allocator: AllocatorConfig::default(),
             default_limits: OwnerLimits::default(),
             limits: BTreeMap::new(),
+            quotas: quotas::QuotaConfig::default(),
             retention: Retention::default(),
             shared_classes: Vec::new(),
         }

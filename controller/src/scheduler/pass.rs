@@ -1,7 +1,7 @@
-//! The scheduling pass: each pending session in queue order through the per-owner predicates,
-//! then filter, score and bind.
+//! The scheduling pass: each pending session in queue order through its team queue's limit and
+//! the per-owner predicates, then filter, score and bind.
 
-use super::{Command, QueuePolicy, Scheduler, set_state};
+use super::{Command, QueuePolicy, Scheduler, quotas::Standing, set_state};
 use crate::{
     allocator::{GpuRequest, Strategy},
     node::{Node, NodeState},
@@ -22,6 +22,12 @@ impl Scheduler {
         observe: &mut dyn FnMut(std::time::Duration, bool),
     ) -> Vec<Command> {
         let order = self.queue_order();
+        let governed = !self.config.quotas.queues.is_empty();
+        let mut held = if governed {
+            self.queue_holdings()
+        } else {
+            std::collections::BTreeMap::new()
+        };
         let mut commands = Vec::new();
         for id in order {
             let started = std::time::Instant::now();
@@ -37,7 +43,34 @@ impl Scheduler {
                 .clone();
             let mut placed = false;
             let mut reason = String::new();
-            if !self.tracker.admits(&owner, &id, limits.max_concurrent) {
+            let queue = governed
+                .then(|| self.config.quotas.queue_of(&owner).map(str::to_owned))
+                .flatten();
+            let over_limit = if governed {
+                let queue_held = held.get(&queue).cloned().unwrap_or_default();
+                match self
+                    .config
+                    .quotas
+                    .standing(queue.as_deref(), &queue_held, &session.requested)
+                {
+                    Standing::OverLimit { slot } => Some(slot),
+                    Standing::WithinGuarantee | Standing::Borrowing => None,
+                }
+            } else {
+                None
+            };
+            if let Some(slot) = over_limit {
+                reason = format!(
+                    "queue {} would pass its limit of {} in {slot}",
+                    queue.as_deref().unwrap_or("-"),
+                    self.config
+                        .quotas
+                        .quota(queue.as_deref())
+                        .limit
+                        .unwrap_or_default()
+                        .get(slot.as_str()),
+                );
+            } else if !self.tracker.admits(&owner, &id, limits.max_concurrent) {
                 reason = format!(
                     "owner {owner} is at its limit of {} concurrent sessions",
                     limits.max_concurrent.unwrap_or(0)
@@ -48,6 +81,10 @@ impl Scheduler {
             } else {
                 match self.place(&id) {
                     Ok(command) => {
+                        if governed && let Command::Allocate { slots, .. } = &command {
+                            let entry = held.entry(queue).or_default();
+                            *entry = entry.checked_add(slots).unwrap_or_else(|| entry.clone());
+                        }
                         commands.push(command);
                         placed = true;
                     }

@@ -1,9 +1,9 @@
 //! The queue: the order pending sessions are tried in (priority and arrival, or dominant-resource
-//! fairness) and the per-owner slot limit.
+//! fairness, sessions within their team's guarantee first) and the per-owner slot limit.
 
 use std::collections::BTreeMap;
 
-use super::{QueuePolicy, Scheduler};
+use super::{QueuePolicy, Scheduler, quotas::Standing};
 use crate::{
     node::NodeState,
     session::{Session, SessionState},
@@ -46,7 +46,34 @@ impl Scheduler {
                     .then(a.seq.cmp(&b.seq))
             });
         }
+        if !self.config.quotas.queues.is_empty() {
+            // Sessions within their queue's guarantee go before any that would borrow; the
+            // policy's order holds within each group (a stable sort).
+            let held = self.queue_holdings();
+            let quotas = &self.config.quotas;
+            pending.sort_by_key(|s| {
+                let queue = quotas.queue_of(&s.owner);
+                let held = held
+                    .get(&queue.map(str::to_owned))
+                    .cloned()
+                    .unwrap_or_default();
+                quotas.standing(queue, &held, &s.requested) != Standing::WithinGuarantee
+            });
+        }
         pending.into_iter().map(|s| s.id.clone()).collect()
+    }
+
+    /// What the sessions holding resources hold, by queue (`None`: owners without a queue).
+    pub(super) fn queue_holdings(&self) -> BTreeMap<Option<String>, ResourceSlot> {
+        let mut held: BTreeMap<Option<String>, ResourceSlot> = BTreeMap::new();
+        for s in self.sessions.values().filter(|s| s.state.holds_resources()) {
+            let queue = self.config.quotas.queue_of(&s.owner).map(str::to_owned);
+            let entry = held.entry(queue).or_default();
+            *entry = entry
+                .checked_add(&s.requested)
+                .unwrap_or_else(|| entry.clone());
+        }
+        held
     }
 
     /// Each owner's dominant share: the largest fraction of any slot's cluster capacity it holds.

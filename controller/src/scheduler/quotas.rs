@@ -117,6 +117,21 @@ impl QuotaConfig {
             .cloned()
             .unwrap_or_default()
     }
+
+    /// Where `request` stands for a session of `queue` while the queue holds `held`. Sessions
+    /// of owners without a queue always borrow: nothing is guaranteed to them.
+    #[must_use]
+    pub fn standing(
+        &self,
+        queue: Option<&str>,
+        held: &ResourceSlot,
+        request: &ResourceSlot,
+    ) -> Standing {
+        match queue.and_then(|q| self.queues.get(q)) {
+            Some(quota) => quota.standing(held, request),
+            None => Standing::Borrowing,
+        }
+    }
 }
 
 /// A running session that reclaim may preempt.
@@ -181,10 +196,12 @@ pub fn choose_victims(
     candidates: &[Candidate],
     mut fits: impl FnMut(&[&Candidate]) -> bool,
 ) -> Option<Vec<Victim>> {
-    let own_quota = quotas.quota(requester.queue);
     let own_held = held.get(&requester.queue.map(str::to_owned)).cloned();
-    let reclaims = own_quota.standing(&own_held.unwrap_or_default(), requester.request)
-        == Standing::WithinGuarantee;
+    let reclaims = quotas.standing(
+        requester.queue,
+        &own_held.unwrap_or_default(),
+        requester.request,
+    ) == Standing::WithinGuarantee;
 
     let mut order: Vec<&Candidate> = candidates.iter().filter(|c| c.preemptible).collect();
     order.sort_by(|a, b| a.priority.cmp(&b.priority).then(b.seq.cmp(&a.seq)));

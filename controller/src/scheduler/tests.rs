@@ -351,3 +351,67 @@ fn sessions_not_yet_ended_are_counted_as_they_start_and_end() {
     );
     assert_eq!(restored.live_sessions("alice"), (1, 1));
 }
+
+fn team_quotas() -> quotas::QuotaConfig {
+    let team_a = quotas::QueueQuota {
+        guaranteed: slots(&["cuda.shares=1"]),
+        limit: Some(slots(&["cuda.shares=1.5"])),
+    };
+    quotas::QuotaConfig {
+        queues: [("team-a".to_owned(), team_a)].into(),
+        members: [("alice".to_owned(), "team-a".to_owned())].into(),
+    }
+}
+
+#[test]
+fn a_team_within_its_guarantee_goes_before_a_borrower_that_came_first() {
+    for governed in [false, true] {
+        let mut config = SchedulerConfig::default();
+        if governed {
+            config.quotas = team_quotas();
+        }
+        let mut s = Scheduler::new(config);
+        s.register(report("n1", 1, &[]), &[]).unwrap();
+        create(&mut s, "borrower", "bob", &["cuda.shares=1"]).unwrap();
+        create(&mut s, "guaranteed", "alice", &["cuda.shares=1"]).unwrap();
+        s.pass();
+        // Without quotas, first come first served; with them, alice's guarantee goes first.
+        let (first, second) = if governed {
+            ("guaranteed", "borrower")
+        } else {
+            ("borrower", "guaranteed")
+        };
+        assert_eq!(
+            state(&s, first),
+            SessionState::Scheduled,
+            "governed {governed}"
+        );
+        assert_eq!(
+            state(&s, second),
+            SessionState::Pending,
+            "governed {governed}"
+        );
+    }
+}
+
+#[test]
+fn a_queue_past_its_limit_waits_and_says_which_slot() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        quotas: team_quotas(),
+        ..SchedulerConfig::default()
+    });
+    s.register(report("n1", 4, &[]), &[]).unwrap();
+    create(&mut s, "one", "alice", &["cuda.shares=1"]).unwrap();
+    create(&mut s, "two", "alice", &["cuda.shares=0.5"]).unwrap();
+    create(&mut s, "three", "alice", &["cuda.shares=0.1"]).unwrap();
+    s.pass();
+    // 1 + 0.5 is exactly the limit of 1.5; another 0.1 is past it, with three GPUs idle.
+    assert_eq!(state(&s, "one"), SessionState::Scheduled);
+    assert_eq!(state(&s, "two"), SessionState::Scheduled);
+    assert_eq!(state(&s, "three"), SessionState::Pending);
+    let reason = &s.sessions()["three"].reason;
+    assert!(
+        reason.contains("team-a") && reason.contains("limit") && reason.contains("cuda.shares"),
+        "{reason}"
+    );
+}

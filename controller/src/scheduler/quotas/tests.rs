@@ -259,3 +259,17 @@ fn no_more_is_preempted_than_needed() {
     .expect("room");
     assert_eq!(ids(&victims), ["big"]);
 }
+
+#[test]
+fn owners_without_a_queue_always_borrow() {
+    let c = config(&[("a", quota("cuda.shares=4", None))]);
+    let request = slots("cuda.shares=1");
+    assert_eq!(
+        c.standing(None, &ResourceSlot::new(), &request),
+        Standing::Borrowing
+    );
+    assert_eq!(
+        c.standing(Some("a"), &ResourceSlot::new(), &request),
+        Standing::WithinGuarantee
+    );
+}
