@@ -711,10 +711,7 @@ pub fn throttle(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<()> {
             Ok(ms) => {
                 for ((check, target), m) in [(&first, share), (&second, other)].into_iter().zip(ms)
                 {
-                    s.row(
-                        share_row(check.clone(), target, m.share(&before))
-                            .note(m.note(&before)),
-                    );
+                    s.row(share_row(check.clone(), target, m.share(&before)).note(m.note(&before)));
                 }
             }
             Err(e) => {
