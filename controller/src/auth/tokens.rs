@@ -31,8 +31,8 @@ use std::{
 use serde::Deserialize;
 
 use super::{
-    clients::{ClientRole, check_name},
     followed::Followed,
+    principal::{ClientRole, check_name},
 };
 
 /// What a generated token starts with, so it is recognisable in a secret scanner.
