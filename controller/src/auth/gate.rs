@@ -10,7 +10,7 @@
 //!   node ([`Peer::of`]); which node it may speak for is checked by the handler, which reads the
 //!   claim from the message.
 //! - Health and reflection stay open (load balancers and `grpcurl` probe them); their messages
-//!   are held to a few KiB instead (see `server.rs`).
+//!   are held to a few KiB instead (see `crate::server`'s gRPC server).
 //!
 //! The handlers check again (cheaply) and use what they find; a refusal here is logged and
 //! counted once, by the same code, so nothing is counted twice.

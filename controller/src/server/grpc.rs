@@ -1,7 +1,11 @@
 //! The gRPC server: the scheduler and agent services behind the authentication and standby
 //! gates, health checking and reflection, over plain text or mutual TLS, with every connection,
 //! stream and message bounded. The controller's background loop and, with an [`Election`], its
-//! campaign run beside it and stop with it.
+//! campaign run beside it and are stopped and joined with it.
+//!
+//! [`serve_bounded`] is the server; the others only fill in its arguments: [`serve`] binds an
+//! address first, [`serve_with`] takes the default [`Limits`], [`serve_on`] plain text too
+//! (tests and benchmarks serve on a listener they bound to port 0).
 
 use std::{
     future::Future,
