@@ -10,10 +10,9 @@ use tonic::{Status, body::Body};
 
 pub use gpuwarden_proto::follow::LEADER_METADATA;
 
-use crate::{
-    controller::Role,
-    screen::{Screen, Screened},
-};
+// The role itself is the core's; named here too, where it was defined before.
+pub use crate::controller::Role;
+use crate::screen::{Screen, Screened};
 
 /// The gRPC path prefix of gpuwarden's own services (health and reflection are not gated).
 const GATED: &str = "/gpuwarden.v1.";
