@@ -8,12 +8,10 @@ mod agents;
 pub mod convert;
 pub mod role;
 mod sessions;
-pub mod watch;
 
 pub use agents::AgentApi;
 pub use role::{LEADER_METADATA, StandbyGate};
 pub use sessions::SchedulerApi;
-pub use watch::SessionLog;
 
 // The core moved to `crate::controller`; these paths stay for callers that name them here.
-pub use crate::controller::{Controller, Pending, Role, Timing, store_status};
+pub use crate::controller::{Controller, Pending, Role, SessionLog, Timing, store_status, watch};

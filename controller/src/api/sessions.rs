@@ -10,13 +10,13 @@ use gpuwarden_proto::v1::{self as pb, scheduler_service_server::SchedulerService
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
-use super::{
-    convert,
-    watch::{self, WatchError},
-};
+use super::convert;
 use crate::{
     auth::clients::{Caller, ClientAuth},
-    controller::{Controller, store_status},
+    controller::{
+        Controller, store_status,
+        watch::{self, WatchError},
+    },
     limits::Bounds,
     scheduler::RequestError,
 };

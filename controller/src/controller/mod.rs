@@ -2,10 +2,12 @@
 //!
 //! [`Controller`] owns the [`Scheduler`] and the [`Store`]; every change goes through
 //! [`Controller::apply`], which persists what changed and tells watchers before answering.
-//! Watchers read the [`SessionLog`], where every change to a session is numbered by a revision.
+//! Watchers read the [`SessionLog`] ([`watch`]), where every change to a session is numbered by a
+//! revision.
 //! Its [`Role`] says whether it leads (schedules, talks to agents) or stands by.
 
 mod role;
+pub mod watch;
 
 use std::{
     collections::HashMap,
@@ -21,12 +23,10 @@ use tokio::sync::{Notify, mpsc};
 use tonic::Status;
 
 pub use role::Role;
+pub use watch::SessionLog;
 
 use crate::{
-    api::{
-        convert,
-        watch::{self, SessionLog},
-    },
+    api::convert,
     scheduler::{Command, Scheduler},
     session::now_ms,
     store::{AfterCommit, Snapshot, Store, StoreError, Submitted, Write},
