@@ -15,7 +15,7 @@ use crate::{
 
 use super::{
     ServeError,
-    config::{RunArgs, RunConfig},
+    config::{self, RunArgs, RunConfig},
     election, grpc,
 };
 
@@ -92,6 +92,7 @@ async fn run(config: RunConfig, stop: impl Future<Output = ()>) -> Result<(), Se
     // Bound before the store is opened: a port in use stops the start at once.
     let kube = kube.bind().await?;
     let (controller, election) = if matches!(store, StoreSpec::Etcd { .. }) {
+        let advertise = advertise.unwrap_or_else(|| config::advertised(listen));
         let (controller, election) =
             election::open_standby(&store, scheduler, timing, advertise, lease_ttl).await?;
         (controller, Some(election))

@@ -211,8 +211,9 @@ pub(super) struct RunConfig {
     pub listen: SocketAddr,
     /// The store, with its TLS to etcd.
     pub store: StoreSpec,
-    /// With an etcd store: the address standbys tell agents and clients.
-    pub advertise: String,
+    /// With an etcd store: the address standbys tell agents and clients (`None`: see
+    /// [`advertised`]).
+    pub advertise: Option<String>,
     /// With an etcd store: the leadership lease.
     pub lease_ttl: Duration,
     /// How the port speaks and clients authenticate.
@@ -290,7 +291,7 @@ impl RunArgs {
         Ok(RunConfig {
             listen: self.listen,
             store,
-            advertise: self.advertise.unwrap_or_else(|| advertised(self.listen)),
+            advertise: self.advertise,
             lease_ttl: Duration::from_secs(self.lease_ttl_secs),
             security: Security {
                 transport,
@@ -315,7 +316,7 @@ impl RunArgs {
 
 /// The address to advertise for `listen`: itself, unless it is a wildcard, then this host's name
 /// with its port.
-fn advertised(listen: SocketAddr) -> String {
+pub(super) fn advertised(listen: SocketAddr) -> String {
     if !listen.ip().is_unspecified() {
         return listen.to_string();
     }
