@@ -60,7 +60,7 @@ impl Scheduler {
     /// Records what a running session used, as its node measured it. Samples from a node the
     /// session isn't on, or for a session not running, are ignored (a late report after a
     /// release). The series is written without waking watchers or forcing a flush
-    /// ([`Changes::usage`]), so a report costs one buffered write.
+    /// ([`super::Changes::usage`]), so a report costs one buffered write.
     pub fn record_usage(&mut self, node: &str, session: &str, sample: UsageSample) -> bool {
         let Some(s) = self.sessions.get_mut(session) else {
             return false;
