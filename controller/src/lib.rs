@@ -14,16 +14,22 @@
 //!   measured, the model that predicts how co-located tenants slow each other, and the
 //!   placement modes and scores built on it (`binpack`, `spread`, `interference-aware`).
 //!
-//! - [`store`]: the sled store that makes every acknowledged change durable;
-//! - [`api`]: the gRPC services for clients and agents;
+//! - [`store`]: the store that makes every acknowledged change durable: sled embedded on one
+//!   machine, or etcd shared by several controllers, each write fenced on its leadership;
+//! - [`controller`]: the core both gRPC services, the election and the Kubernetes side share
+//!   (the scheduler and the store behind one lock, the session log watchers read, the role);
+//! - [`api`]: the gRPC services for clients and agents, and the gate that turns a standby's
+//!   calls away;
 //! - [`limits`]: the bounds on what clients and agents may send (sizes, caps, rates);
-//! - [`auth`]: mutual TLS with agents, the node identity in their certificates, and minting
-//!   certificates;
+//! - [`auth`]: who may speak to the controller: mutual TLS with agents, the node identity in
+//!   their certificates, clients by certificate or token, grants, and minting certificates;
+//! - [`screen`]: the tower layer both gates are built on;
 //! - [`metrics`]: the controller's OTLP metrics;
 //! - [`kubernetes`]: the admission webhook that turns plain pod limits into DRA claims, and the
 //!   scheduler extender that scores nodes for pods as sessions are scored;
-//! - [`server`]: the `gpuwarden-controller` binary (its `main` is here, so test binaries can
-//!   wrap it).
+//! - [`server`]: the `gpuwarden-controller` binary: its configuration, the app that starts and
+//!   joins every task, leader election and the commands (its `main` is here, so test binaries
+//!   can wrap it).
 //!
 //! The `gpuwarden` CLI (`gpuwarden-cli`) and the simulator (`gpuwarden-sim`) are crates of their
 //! own on top of this one.
@@ -33,6 +39,7 @@ pub mod allocator;
 pub mod api;
 pub mod auth;
 pub mod colocation;
+pub mod controller;
 pub mod kubernetes;
 pub mod limits;
 pub mod metrics;
@@ -40,6 +47,7 @@ pub mod node;
 pub mod placement;
 pub mod profile;
 pub mod scheduler;
+pub mod screen;
 pub mod server;
 pub mod session;
 pub mod slots;

@@ -15,8 +15,8 @@ use gpuwarden_runtime::otlp::{Exporters, Pipeline, PipelineError};
 use opentelemetry::KeyValue;
 
 use crate::{
-    api::Controller,
     auth::denials::{self, DenialReason},
+    controller::Controller,
     limits::{self, Refusal},
     node::NodeState,
     scheduler::Scheduler,

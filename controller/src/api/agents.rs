@@ -11,16 +11,22 @@ use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{Controller, Pending, convert, lock, store_status};
+use super::convert;
 use crate::{
     auth::identity::Peer,
+    controller::{Controller, Pending, store_status},
     limits::{self, Bounds, Bucket, LimitError, Refusal},
     store::StoreError,
 };
 
 /// The agent-facing service: the controller, and the bounds agents are held to.
 #[derive(Clone)]
-pub struct AgentApi(pub Arc<Controller>, pub Arc<Bounds>);
+pub struct AgentApi {
+    /// The controller core.
+    pub controller: Arc<Controller>,
+    /// The bounds agents are held to.
+    pub bounds: Arc<Bounds>,
+}
 
 #[tonic::async_trait]
 impl AgentService for AgentApi {
@@ -30,7 +36,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::RegisterResponse>, Status> {
         let peer = Peer::of(&request)?;
         let info = request.into_inner();
-        self.1.limits.node(&info)?;
+        self.bounds.limits.node(&info)?;
         peer.speaks_for(&info.node_id)?;
         let report = convert::report_from_pb(&info)?;
         let node_id = report.node_id.clone();
@@ -49,7 +55,7 @@ impl AgentService for AgentApi {
             })
             .collect();
         let (commands, refused) = self
-            .0
+            .controller
             .apply(|s| s.register_observing(report, &info.running_sessions, observed))
             .await
             .map_err(|e| store_status(&e))?
@@ -65,12 +71,14 @@ impl AgentService for AgentApi {
             observed = info.observed_sessions.len(),
             "agent registered"
         );
-        self.0.dispatch(commands);
-        self.0.kick();
+        self.controller.dispatch(commands);
+        self.controller.kick();
         Ok(Response::new(pb::RegisterResponse {
             node_id,
-            heartbeat_interval_ms: u32::try_from(self.0.timing.heartbeat_interval.as_millis())
-                .unwrap_or(u32::MAX),
+            heartbeat_interval_ms: u32::try_from(
+                self.controller.timing().heartbeat_interval.as_millis(),
+            )
+            .unwrap_or(u32::MAX),
         }))
     }
 
@@ -86,7 +94,7 @@ impl AgentService for AgentApi {
         let first = inbound.next().await.ok_or_else(|| {
             Status::invalid_argument("the stream closed before its first heartbeat")
         })??;
-        self.1.limits.agent_message(&first)?;
+        self.bounds.limits.agent_message(&first)?;
         let Some(Msg::Heartbeat(hb)) = first.msg else {
             return Err(Status::invalid_argument(
                 "the first message on the stream must be a heartbeat",
@@ -95,25 +103,22 @@ impl AgentService for AgentApi {
         let node = hb.node_id;
         // Later messages on the stream are this node's, whatever they name.
         peer.speaks_for(&node)?;
-        if !self.0.read(|s| s.nodes().contains_key(&node)) {
+        if !self.controller.read(|s| s.nodes().contains_key(&node)) {
             return Err(Status::failed_precondition(format!(
                 "node {node:?} is not registered; call Register first"
             )));
         }
         let (tx, rx) = mpsc::channel(1024);
-        for message in lock(&self.0.outbox).remove(&node).unwrap_or_default() {
-            let _ = tx.try_send(Ok(message));
-        }
-        // Weak: the stream still ends when the node is dropped from `agents`.
+        // Weak: the stream still ends when the node is dropped from the controller's agents.
         let closer = tx.downgrade();
-        lock(&self.0.agents).insert(node.clone(), tx);
-        self.0
+        self.controller.attach_agent(&node, tx);
+        self.controller
             .apply(|s| s.heartbeat(&node))
             .await
             .map_err(|e| store_status(&e))?;
 
-        let controller = Arc::clone(&self.0);
-        let bounds = Arc::clone(&self.1);
+        let controller = Arc::clone(&self.controller);
+        let bounds = Arc::clone(&self.bounds);
         tokio::spawn(async move {
             let mut bucket = Bucket::agent_stream(&bounds.limits);
             // Over-rate messages dropped since the last warning, and when that was.

@@ -10,12 +10,13 @@ use gpuwarden_proto::v1::{self as pb, scheduler_service_server::SchedulerService
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
-use super::{
-    Controller, convert, store_status,
-    watch::{self, WatchError},
-};
+use super::convert;
 use crate::{
     auth::clients::{Caller, ClientAuth},
+    controller::{
+        Controller, store_status,
+        watch::{self, WatchError},
+    },
     limits::Bounds,
     scheduler::RequestError,
 };
@@ -23,13 +24,20 @@ use crate::{
 /// The client-facing service: the controller, how its callers authenticate, and the bounds
 /// they are held to.
 #[derive(Clone)]
-pub struct SchedulerApi(pub Arc<Controller>, pub Arc<ClientAuth>, pub Arc<Bounds>);
+pub struct SchedulerApi {
+    /// The controller core.
+    pub controller: Arc<Controller>,
+    /// How callers authenticate and what they may do.
+    pub clients: Arc<ClientAuth>,
+    /// The bounds callers are held to.
+    pub bounds: Arc<Bounds>,
+}
 
 impl SchedulerApi {
     /// Who sent `request`, once it is known and within its rate.
     fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
-        let caller = self.1.caller(request)?;
-        self.2.admit_call(&self.counted_as(&caller, request))?;
+        let caller = self.clients.caller(request)?;
+        self.bounds.admit_call(&self.counted_as(&caller, request))?;
         Ok(caller)
     }
 
@@ -37,7 +45,7 @@ impl SchedulerApi {
     /// everyone is `default`) its address.
     fn counted_as<T>(&self, caller: &Caller, request: &Request<T>) -> String {
         match request.remote_addr() {
-            Some(addr) if self.1.is_open() => addr.ip().to_string(),
+            Some(addr) if self.clients.is_open() => addr.ip().to_string(),
             _ => caller.name.clone(),
         }
     }
@@ -115,20 +123,24 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Session>, Status> {
         let caller = self.caller(&request)?;
         let mut r = request.into_inner();
-        let limits = &self.2.limits;
+        let limits = &self.bounds.limits;
         limits.create(&r)?;
         let owner = caller.owner_for_create(std::mem::take(&mut r.owner))?;
         let unconfined = r.unconfined_target;
-        let mut new = convert::new_session_from_pb(self.0.new_session_id(), owner, r)?;
+        let mut new = convert::new_session_from_pb(self.controller.new_session_id(), owner, r)?;
         // Checked before authorizing, so a malformed target is named as such.
         new.target
             .validate(new.pinned_node.as_deref())
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        new.scope =
-            self.1
-                .authorize_target(&caller, &new.owner, &new.target, new.policy, unconfined)?;
+        new.scope = self.clients.authorize_target(
+            &caller,
+            &new.owner,
+            &new.target,
+            new.policy,
+            unconfined,
+        )?;
         let created = self
-            .0
+            .controller
             .apply(|s| {
                 // Under the scheduler's lock, so a storm of creates stops at exactly the cap.
                 let (mine, total) = s.live_sessions(&new.owner);
@@ -137,7 +149,7 @@ impl SchedulerService for SchedulerApi {
             })
             .await
             .map_err(|e| store_status(&e))??;
-        self.0.kick();
+        self.controller.kick();
         Ok(Response::new(convert::session_to_pb(&created)))
     }
 
@@ -147,9 +159,9 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Session>, Status> {
         let caller = self.caller(&request)?;
         let id = request.into_inner().id;
-        self.2.limits.id("id", &id)?;
+        self.bounds.limits.id("id", &id)?;
         let session = self
-            .0
+            .controller
             .read(|s| s.sessions().get(&id).map(convert::session_to_pb));
         caller.may_act_on_session(session.as_ref().map(|s| s.owner.as_str()), &id, "see")?;
         session
@@ -163,7 +175,7 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let caller = self.caller(&request)?;
         let r = request.into_inner();
-        let limits = &self.2.limits;
+        let limits = &self.bounds.limits;
         limits.owner("owner", &r.owner)?;
         let owner = caller.owner_filter(r.owner)?;
         let token = PageToken::parse(&r.page_token, limits.max_id_len)?;
@@ -174,7 +186,7 @@ impl SchedulerService for SchedulerApi {
         .max(1);
         // Room for the answer's other fields within the message limit.
         let budget = limits.max_message_bytes.saturating_sub(4 << 10);
-        let page = self.0.session_log().page(
+        let page = self.controller.session_log().page(
             |x| owner.is_empty() || x.owner == owner,
             token.as_ref().map(|t| &t.after),
             size,
@@ -203,11 +215,11 @@ impl SchedulerService for SchedulerApi {
         let caller = self.caller(&request)?;
         let counted_as = self.counted_as(&caller, &request);
         let since = request.into_inner().since_revision;
-        let log = Arc::clone(self.0.session_log());
+        let log = Arc::clone(self.controller.session_log());
         let start = log.start(since).map_err(|e| watch_status(&e))?;
         // The stream's task owns the guard: its place is freed when the client goes away.
-        let guard = self.2.open_watch(&counted_as)?;
-        let role = self.0.role().clone();
+        let guard = self.bounds.open_watch(&counted_as)?;
+        let role = self.controller.role().clone();
         let rx = watch::stream(
             log,
             start,
@@ -235,10 +247,10 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Session>, Status> {
         let caller = self.caller(&request)?;
         let id = request.into_inner().id;
-        self.2.limits.id("id", &id)?;
+        self.bounds.limits.id("id", &id)?;
         // An owner and an origin never change, so checking before the change is enough; a
         // user learns nothing of an id that is not its own, not even whether it exists.
-        let found = self.0.read(|s| {
+        let found = self.controller.read(|s| {
             s.sessions()
                 .get(&id)
                 .map(|x| (x.owner.clone(), x.origin.clone()))
@@ -254,7 +266,7 @@ impl SchedulerService for SchedulerApi {
             )));
         }
         let (command, session) = self
-            .0
+            .controller
             .apply(|s| {
                 let command = s.terminate(&id);
                 (command, s.sessions().get(&id).map(convert::session_to_pb))
@@ -262,8 +274,8 @@ impl SchedulerService for SchedulerApi {
             .await
             .map_err(|e| store_status(&e))?;
         let session = session.ok_or_else(|| Status::not_found(format!("no session {id:?}")))?;
-        self.0.dispatch(command.into_iter().collect());
-        self.0.kick();
+        self.controller.dispatch(command.into_iter().collect());
+        self.controller.kick();
         Ok(Response::new(session))
     }
 
@@ -274,7 +286,7 @@ impl SchedulerService for SchedulerApi {
         // Any client sees every node: a node message names no session.
         self.caller(&request)?;
         let nodes = self
-            .0
+            .controller
             .read(|s| s.nodes().values().map(convert::node_to_pb).collect());
         Ok(Response::new(pb::ListNodesResponse { nodes }))
     }
@@ -285,8 +297,8 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Node>, Status> {
         self.caller(&request)?;
         let id = request.into_inner().node_id;
-        self.2.limits.id("node_id", &id)?;
-        self.0
+        self.bounds.limits.id("node_id", &id)?;
+        self.controller
             .read(|s| s.nodes().get(&id).map(convert::node_to_pb))
             .map(Response::new)
             .ok_or_else(|| Status::not_found(format!("no node {id:?}")))
@@ -298,8 +310,8 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::GetAllocationMapResponse>, Status> {
         let caller = self.caller(&request)?;
         let id = request.into_inner().node_id;
-        self.2.limits.id("node_id", &id)?;
-        let nodes: Vec<pb::NodeAllocationMap> = self.0.read(|s| {
+        self.bounds.limits.id("node_id", &id)?;
+        let nodes: Vec<pb::NodeAllocationMap> = self.controller.read(|s| {
             s.nodes()
                 .iter()
                 .filter(|(nid, _)| id.is_empty() || **nid == id)
@@ -345,7 +357,7 @@ impl SchedulerService for SchedulerApi {
         request: Request<pb::ListSlotTypesRequest>,
     ) -> Result<Response<pb::ListSlotTypesResponse>, Status> {
         self.caller(&request)?;
-        let slot_types = self.0.read(|s| {
+        let slot_types = self.controller.read(|s| {
             s.registry()
                 .iter()
                 .map(|(n, k)| pb::SlotType {
@@ -363,7 +375,7 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::ListProfilesResponse>, Status> {
         self.caller(&request)?;
         let profiles = self
-            .0
+            .controller
             .read(|s| s.profiles().iter().map(convert::profile_to_pb).collect());
         Ok(Response::new(pb::ListProfilesResponse { profiles }))
     }
@@ -374,13 +386,13 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Profile>, Status> {
         let caller = self.caller(&request)?;
         let class = request.into_inner().class;
-        self.2.limits.name("class", &class)?;
+        self.bounds.limits.name("class", &class)?;
         // A user reads the profile its own sessions of that class are filed under.
-        let class = self.0.read(|s| {
+        let class = self.controller.read(|s| {
             s.config()
                 .filed_class(&caller.name, class, caller.is_admin())
         });
-        self.0
+        self.controller
             .read(|s| s.profiles().get(&class).map(convert::profile_to_pb))
             .map(Response::new)
             .ok_or_else(|| {

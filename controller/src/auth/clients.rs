@@ -16,9 +16,8 @@
 //! owner. Without a token file and without TLS the controller is open: every caller is an
 //! admin called `default` (the local one-command run; the server warns once).
 
-use std::{fmt, net::SocketAddr, str::FromStr, sync::Arc};
+use std::{net::SocketAddr, sync::Arc};
 
-use serde::{Deserialize, Serialize};
 use tonic::{
     Request, Status,
     transport::server::{TcpConnectInfo, TlsConnectInfo},
@@ -29,115 +28,18 @@ use gpuwarden_types::{
     target::{Target, TargetScope},
 };
 
+pub use super::principal::{
+    ADMIN_URI_PREFIX, Caller, ClientRole, Credential, USER_URI_PREFIX, UnknownRole, check_name,
+};
 use super::{
     denials::{self, DenialReason},
     grants::{self, GrantFile},
-    identity::NODE_URI_PREFIX,
+    principal::NODE_URI_PREFIX,
     tokens::TokenFile,
 };
 
-/// The URI SAN prefix that names a user in its client certificate.
-pub const USER_URI_PREFIX: &str = "spiffe://gpuwarden/user/";
-/// The URI SAN prefix that names an admin in its client certificate.
-pub const ADMIN_URI_PREFIX: &str = "spiffe://gpuwarden/admin/";
 /// The caller's name when the controller is open (no token file, no TLS).
 pub const OPEN_CALLER: &str = "default";
-
-/// What a client may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ClientRole {
-    /// Sees and ends every session; creates sessions for any owner.
-    Admin,
-    /// Creates, sees, watches and ends only its own sessions.
-    User,
-}
-
-impl ClientRole {
-    /// The role's name, as the token file and the URI SAN spell it.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Admin => "admin",
-            Self::User => "user",
-        }
-    }
-
-    /// The URI SAN that names `name` in this role.
-    #[must_use]
-    pub fn uri(self, name: &str) -> String {
-        match self {
-            Self::Admin => format!("{ADMIN_URI_PREFIX}{name}"),
-            Self::User => format!("{USER_URI_PREFIX}{name}"),
-        }
-    }
-}
-
-impl fmt::Display for ClientRole {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A role name that is neither `admin` nor `user`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("role {0:?}: expected admin or user")]
-pub struct UnknownRole(pub String);
-
-impl FromStr for ClientRole {
-    type Err = UnknownRole;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "admin" => Ok(Self::Admin),
-            "user" => Ok(Self::User),
-            other => Err(UnknownRole(other.to_owned())),
-        }
-    }
-}
-
-/// Checks a client's name (an owner): 1 to 128 letters, digits, `.`, `-`, `_` or `@`, not
-/// starting with `.` or `-`, so it fits a URI, a TOML string and a log line unescaped.
-///
-/// # Errors
-/// What is wrong with it.
-pub fn check_name(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() || name.len() > 128 {
-        return Err("must be 1 to 128 characters");
-    }
-    if name.starts_with(['.', '-']) {
-        return Err("must not start with '.' or '-'");
-    }
-    if !name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '@'))
-    {
-        return Err("only letters, digits, '.', '-', '_' and '@'");
-    }
-    Ok(())
-}
-
-/// How a caller proved who it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Credential {
-    /// Nothing: the controller is open.
-    Open,
-    /// A bearer token from the token file.
-    Token,
-    /// A client certificate.
-    Certificate,
-}
-
-/// Who is calling, and in what role.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    /// The name: the owner a user acts as.
-    pub name: String,
-    /// What it may do.
-    pub role: ClientRole,
-    /// How it proved it.
-    pub credential: Credential,
-}
 
 /// Why a client is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -412,19 +314,8 @@ fn bearer(value: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
+/// What a caller may do with whose sessions: the refusals are counted ([`super::denials`]).
 impl Caller {
-    /// Whether the caller sees and ends every session.
-    #[must_use]
-    pub fn is_admin(&self) -> bool {
-        self.role == ClientRole::Admin
-    }
-
-    /// Whether the caller may see sessions of `owner`.
-    #[must_use]
-    pub fn may_see(&self, owner: &str) -> bool {
-        self.is_admin() || self.name == owner
-    }
-
     fn other_owner(&self, owner: &str, action: &'static str) -> Status {
         refuse(
             &ClientError::OtherOwner {

@@ -1,14 +1,36 @@
 //! A configuration file followed as it changes: looked at on each use (one `stat`), parsed again
 //! when it changed, and the last good version kept when the new one can't be used, so a bad
-//! edit never locks everyone out. The token file and the grant file are read this way.
+//! edit never locks everyone out. The token file and the grant file are read this way; the TLS
+//! files (here and the webhook's) are told changed by the same [`Stamp`].
 
 use std::{
     fmt::Display,
+    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, PoisonError},
 };
 
-use super::tls::Stamp;
+/// What identifies one version of a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    modified: Option<std::time::SystemTime>,
+    len: u64,
+    dev: u64,
+    ino: u64,
+}
+
+impl Stamp {
+    /// Follows symlinks, as Kubernetes secret volumes need.
+    pub(crate) fn of(path: &Path) -> Option<Self> {
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            modified: m.modified().ok(),
+            len: m.len(),
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+}
 
 /// How to read one version of a followed file.
 pub(crate) type Reader<T, E> = fn(&Path) -> Result<T, E>;

@@ -10,20 +10,17 @@
 //!   node ([`Peer::of`]); which node it may speak for is checked by the handler, which reads the
 //!   claim from the message.
 //! - Health and reflection stay open (load balancers and `grpcurl` probe them); their messages
-//!   are held to a few KiB instead (see `server.rs`).
+//!   are held to a few KiB instead (see `crate::server`'s gRPC server).
 //!
 //! The handlers check again (cheaply) and use what they find; a refusal here is logged and
 //! counted once, by the same code, so nothing is counted twice.
 
-use std::{
-    pin::Pin,
-    sync::Arc,
-    task::{Context, Poll},
-};
+use std::sync::Arc;
 
 use tonic::body::Body;
 
 use super::{clients::ClientAuth, identity::Peer};
+use crate::screen::{Screen, Screened};
 
 /// The path prefix of the scheduler service's methods.
 const SCHEDULER: &str = "/gpuwarden.v1.SchedulerService/";
@@ -48,23 +45,14 @@ impl<S> tower::Layer<S> for AuthGate {
     type Service = Authenticated<S>;
 
     fn layer(&self, inner: S) -> Authenticated<S> {
-        Authenticated {
-            inner,
-            clients: Arc::clone(&self.clients),
-        }
+        Screened::new(inner, self.clone())
     }
 }
 
 /// A service behind the authentication gate.
-#[derive(Clone)]
-pub struct Authenticated<S> {
-    inner: S,
-    clients: Arc<ClientAuth>,
-}
+pub type Authenticated<S> = Screened<S, AuthGate>;
 
-type BoxFuture<T, E> = Pin<Box<dyn std::future::Future<Output = Result<T, E>> + Send>>;
-
-impl<S> Authenticated<S> {
+impl Screen for AuthGate {
     /// The refusal for `request`, if its caller can't be authenticated for its path.
     fn refusal(&self, request: &http::Request<Body>) -> Option<tonic::Status> {
         let path = request.uri().path();
@@ -84,27 +72,5 @@ impl<S> Authenticated<S> {
         } else {
             Peer::of(&probe).err()
         }
-    }
-}
-
-impl<S> tower::Service<http::Request<Body>> for Authenticated<S>
-where
-    S: tower::Service<http::Request<Body>, Response = http::Response<Body>> + Send,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        if let Some(status) = self.refusal(&request) {
-            let refusal = status.into_http();
-            return Box::pin(async move { Ok(refusal) });
-        }
-        Box::pin(self.inner.call(request))
     }
 }

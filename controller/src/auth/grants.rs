@@ -36,8 +36,8 @@ use gpuwarden_types::{
 use serde::Deserialize;
 
 use super::{
-    clients::{Caller, check_name},
     followed::Followed,
+    principal::{Caller, check_name},
 };
 
 /// The memory policies a user may pick when its grant names none.

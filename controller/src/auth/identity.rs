@@ -16,16 +16,11 @@ use tonic::{
     transport::server::{TcpConnectInfo, TlsConnectInfo},
 };
 
-use super::denials::{self, DenialReason};
-
-/// The URI SAN prefix that names a node in its client certificate.
-pub const NODE_URI_PREFIX: &str = "spiffe://gpuwarden/node/";
-
-/// The URI SAN that names `node_id`.
-#[must_use]
-pub fn node_uri(node_id: &str) -> String {
-    format!("{NODE_URI_PREFIX}{node_id}")
-}
+pub use super::principal::{NODE_URI_PREFIX, node_uri};
+use super::{
+    denials::{self, DenialReason},
+    principal::IDENTITY_URI_PREFIX,
+};
 
 /// Why a caller may not act for a node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,9 +87,6 @@ impl IdentityError {
         }
     }
 }
-
-/// The prefix every gpuwarden identity URI shares (nodes, users, admins).
-const IDENTITY_URI_PREFIX: &str = "spiffe://gpuwarden/";
 
 /// The node a client certificate (DER) names.
 ///

@@ -14,8 +14,7 @@
 use std::{
     io,
     net::SocketAddr,
-    os::unix::fs::MetadataExt as _,
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -36,7 +35,10 @@ use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::transport::server::Connected;
 
-use super::denials::{self, DenialReason};
+use super::{
+    denials::{self, DenialReason},
+    followed::Stamp,
+};
 
 /// Longest a client may take to finish its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,20 +52,6 @@ pub struct ServerTlsFiles {
     pub key: PathBuf,
     /// The CA that signs agents' (and clients') certificates, PEM.
     pub client_ca: PathBuf,
-}
-
-impl ServerTlsFiles {
-    /// The files `certs mint` writes into `dir`: the serving certificate and key, and its CA as
-    /// the client CA.
-    #[must_use]
-    pub fn minted(dir: &Path) -> Self {
-        use super::mint::{CA_CERT, SERVER_CERT, SERVER_KEY};
-        Self {
-            cert: dir.join(SERVER_CERT),
-            key: dir.join(SERVER_KEY),
-            client_ca: dir.join(CA_CERT),
-        }
-    }
 }
 
 /// Why the TLS configuration can't be built.
@@ -91,28 +79,6 @@ pub enum TlsSetupError {
         #[source]
         source: rustls::Error,
     },
-}
-
-/// What identifies one version of a file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Stamp {
-    modified: Option<std::time::SystemTime>,
-    len: u64,
-    dev: u64,
-    ino: u64,
-}
-
-impl Stamp {
-    /// Follows symlinks, as Kubernetes secret volumes need.
-    pub(crate) fn of(path: &Path) -> Option<Self> {
-        let m = std::fs::metadata(path).ok()?;
-        Some(Self {
-            modified: m.modified().ok(),
-            len: m.len(),
-            dev: m.dev(),
-            ino: m.ino(),
-        })
-    }
 }
 
 struct Loaded {
@@ -432,7 +398,7 @@ mod tests {
     /// A TLS client trusting the minted CA, with the certificate `identity` names, if any.
     async fn connect(
         addr: SocketAddr,
-        dir: &Path,
+        dir: &std::path::Path,
         identity: Option<&str>,
     ) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
         let mut roots = RootCertStore::empty();

@@ -15,7 +15,7 @@
 //! tokens add` generates one, prints it once and appends its entry; by hand,
 //! `printf %s "$TOKEN" | sha256sum` gives the hash. Removing an entry revokes its token.
 //!
-//! Like the TLS files, the file is followed ([`super::followed`]): looked at on each call and
+//! Like the TLS files, the file is followed (`followed`): looked at on each call and
 //! parsed again when it changed; a version that can't be parsed (half written, a typo) is logged
 //! and the last good one stays, so a bad edit never locks everyone out.
 
@@ -31,8 +31,8 @@ use std::{
 use serde::Deserialize;
 
 use super::{
-    clients::{ClientRole, check_name},
     followed::Followed,
+    principal::{ClientRole, check_name},
 };
 
 /// What a generated token starts with, so it is recognisable in a secret scanner.

@@ -56,8 +56,8 @@ use super::{
     pod::Bounds,
 };
 use crate::{
-    api::Controller,
-    auth::tls::{Stamp, TlsSetupError},
+    auth::{followed::Stamp, tls::TlsSetupError},
+    controller::Controller,
 };
 
 /// Largest request body read: the API server's own limit on a request (3 MiB), so any

@@ -60,7 +60,7 @@ impl Scheduler {
     /// Records what a running session used, as its node measured it. Samples from a node the
     /// session isn't on, or for a session not running, are ignored (a late report after a
     /// release). The series is written without waking watchers or forcing a flush
-    /// ([`Changes::usage`]), so a report costs one buffered write.
+    /// ([`super::Changes::usage`]), so a report costs one buffered write.
     pub fn record_usage(&mut self, node: &str, session: &str, sample: UsageSample) -> bool {
         let Some(s) = self.sessions.get_mut(session) else {
             return false;
@@ -228,18 +228,11 @@ impl Scheduler {
     /// The request names unknown slots, is malformed, or is larger than every node.
     pub fn create(&mut self, new: NewSession) -> Result<Session, RequestError> {
         let NewSession {
-            id,
-            name,
-            owner,
-            priority,
             requested,
             pinned_node,
             target,
-            policy,
-            scope,
-            class,
-            placement,
-        } = new;
+            ..
+        } = &new;
         target.validate(pinned_node.as_deref())?;
         if requested.is_zero() {
             return Err(RequestError::Empty);
@@ -252,8 +245,8 @@ impl Scheduler {
                 });
             }
         }
-        GpuRequest::from_slots(&requested)?.check_quantum(self.config.allocator.quantum)?;
-        if let Some(node) = &pinned_node
+        GpuRequest::from_slots(requested)?.check_quantum(self.config.allocator.quantum)?;
+        if let Some(node) = pinned_node
             && !self.nodes.contains_key(node)
         {
             return Err(RequestError::UnknownNode(node.clone()));
@@ -270,8 +263,36 @@ impl Scheduler {
                 .map(Node::capacity)
                 .max_by_key(|c| c.get("cuda.shares"))
                 .unwrap_or_default();
-            return Err(RequestError::Oversized { requested, largest });
+            return Err(RequestError::Oversized {
+                requested: requested.clone(),
+                largest,
+            });
         }
+        let id = new.id.clone();
+        let session = self.new_session(new, Origin::Controller);
+        self.queue(&session);
+        self.live.started(&session.owner);
+        self.sessions.insert(id.clone(), session.clone());
+        self.changes.sessions.insert(id);
+        Ok(session)
+    }
+
+    /// A Pending session made of `new`, next in arrival order, created now, its class filed
+    /// for its owner: the one place a [`Session`] is made (observed ones are then marked placed).
+    pub(super) fn new_session(&mut self, new: NewSession, origin: Origin) -> Session {
+        let NewSession {
+            id,
+            name,
+            owner,
+            priority,
+            requested,
+            pinned_node,
+            target,
+            policy,
+            scope,
+            class,
+            placement,
+        } = new;
         let now = now_ms();
         let name = if name.is_empty() { id.clone() } else { name };
         let class = if class.is_empty() {
@@ -279,15 +300,18 @@ impl Scheduler {
         } else {
             class
         };
+        // A pod's label is its namespace's word, whatever scope Kubernetes admitted it under:
+        // filed within its owner. An admin's own sessions file classes as named.
+        let files_as_admin = scope.admin && origin == Origin::Controller;
         let session = Session {
-            class: self.config.filed_class(&owner, class, scope.admin),
+            class: self.config.filed_class(&owner, class, files_as_admin),
             placement,
             explanation: None,
             usage: crate::profile::UsageSeries::default(),
-            origin: Origin::Controller,
+            origin,
             revision: 0,
             name,
-            id: id.clone(),
+            id,
             owner,
             priority,
             requested,
@@ -306,11 +330,7 @@ impl Scheduler {
             events: Vec::new(),
         };
         self.next_seq += 1;
-        self.queue(&session);
-        self.live.started(&session.owner);
-        self.sessions.insert(id.clone(), session.clone());
-        self.changes.sessions.insert(id);
-        Ok(session)
+        session
     }
 
     /// Ends a session, releasing what it holds. Returns the command for its agent, if any. A

@@ -1,11 +1,11 @@
 //! The scheduler: the cluster's nodes and sessions, and the pass that places pending sessions.
 //!
 //! A pass takes pending sessions in queue order ([`QueuePolicy`]), runs the per-owner
-//! predicates (concurrency through the idempotent [`ConcurrencyTracker`], total slots), filters
-//! nodes that fit, scores them ([`Strategy`]) and binds: the allocation is reserved at once, so
-//! two sessions never get the same share, and an `Allocate` goes to the node's agent. The
-//! session runs when the agent acknowledges; a refusal releases the reservation and fails the
-//! session with the agent's reason.
+//! predicates (concurrency through the idempotent `ConcurrencyTracker`, total slots), filters
+//! nodes that fit, scores them ([`crate::placement`]) and binds: the allocation is reserved at
+//! once, so two sessions never get the same share, and an `Allocate` goes to the node's agent.
+//! The session runs when the agent acknowledges; a refusal releases the reservation and fails
+//! the session with the agent's reason.
 //!
 //! Everything here is in memory and synchronous; the service layer persists what changed
 //! ([`Scheduler::take_changes`]) and talks to agents.

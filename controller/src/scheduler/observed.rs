@@ -9,13 +9,10 @@
 //! teaches its class's profile like any other. Kubernetes admitted them: the per-owner caps and
 //! the concurrency tracker do not count them, and clients cannot end them.
 
-use super::{Scheduler, set_state};
+use super::{NewSession, Scheduler, set_state};
 use crate::{
     allocator::Allocation,
-    profile::UsageSeries,
-    session::{
-        KubernetesClaim, Origin, QuotaPolicy, Session, SessionState, Target, TargetScope, now_ms,
-    },
+    session::{KubernetesClaim, Origin, QuotaPolicy, SessionState, Target, TargetScope},
     slots::{ResourceSlot, SlotValue, names},
 };
 
@@ -146,46 +143,24 @@ impl Scheduler {
                 }
             }
         } else {
-            let now = now_ms();
-            let name = if claim.pod_name.is_empty() {
-                id.clone()
-            } else {
-                claim.pod_name.clone()
-            };
-            let class = if class.is_empty() {
-                name.clone()
-            } else {
-                class
-            };
-            let session = Session {
+            let new = NewSession {
                 id: id.clone(),
-                // A pod's label is its namespace's word: filed within it.
-                class: self.config.filed_class(&claim.owner(), class, false),
-                name,
+                name: claim.pod_name.clone(),
                 owner: claim.owner(),
                 priority: 0,
                 requested,
                 pinned_node: Some(node.to_owned()),
-                state: SessionState::Running,
-                node: Some(node.to_owned()),
-                allocation: allocation.clone(),
-                reason: String::new(),
-                seq: self.next_seq,
-                failed_passes: 0,
-                created_at_ms: now,
-                updated_at_ms: now,
                 target,
                 policy,
                 // Kubernetes authorized the claim; the controller only observes it.
                 scope: TargetScope::admin(false),
-                events: Vec::new(),
+                class,
                 placement: None,
-                explanation: None,
-                usage: UsageSeries::default(),
-                origin: Origin::Dra(claim),
-                revision: 0,
             };
-            self.next_seq += 1;
+            let mut session = self.new_session(new, Origin::Dra(claim));
+            session.state = SessionState::Running;
+            session.node = Some(node.to_owned());
+            session.allocation = allocation.clone();
             self.sessions.insert(id.clone(), session);
         }
         // Booked again even when nothing changed: a registration rebuilds the node's allocator.

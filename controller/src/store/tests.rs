@@ -5,6 +5,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use gpuwarden_runtime::tls::ClientTls;
 use gpuwarden_test_support::{Etcd, scratch};
 
 use super::*;

@@ -6,7 +6,7 @@ use gpuwarden_types::{
 };
 
 use super::{Grants, TargetDenied, authorize};
-use crate::auth::clients::{Caller, ClientRole, Credential};
+use crate::auth::principal::{Caller, ClientRole, Credential};
 
 fn caller(name: &str, role: ClientRole) -> Caller {
     Caller {

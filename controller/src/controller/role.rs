@@ -1,0 +1,92 @@
+//! Leader or standby: what a controller sharing an etcd store with others may do now
+//! (docs/architecture.md, "One machine embeds, many use etcd").
+//!
+//! Only the leader schedules and talks to agents; a standby answers with [`Role::refusal`],
+//! naming the leader where it knows it (the gRPC side turns calls away with it in
+//! [`crate::api::StandbyGate`]).
+
+use std::sync::{
+    Arc, Mutex, PoisonError,
+    atomic::{AtomicBool, AtomicU64, Ordering},
+};
+
+use gpuwarden_proto::follow::LEADER_METADATA;
+use tonic::{Status, metadata::MetadataValue};
+
+/// This controller's role, shared by the services, the background loop and the election.
+#[derive(Debug, Clone, Default)]
+pub struct Role(Arc<State>);
+
+#[derive(Debug, Default)]
+struct State {
+    leading: AtomicBool,
+    /// Where the leader is, when this one is a standby and knows.
+    leader: Mutex<Option<String>>,
+    /// Times this controller took office.
+    terms: AtomicU64,
+}
+
+impl Role {
+    /// A controller that leads from the start (one store, no election).
+    #[must_use]
+    pub fn leader() -> Self {
+        let role = Self::default();
+        role.0.leading.store(true, Ordering::SeqCst);
+        role.0.terms.store(1, Ordering::SeqCst);
+        role
+    }
+
+    /// A standby until it wins an election.
+    #[must_use]
+    pub fn standby() -> Self {
+        Self::default()
+    }
+
+    /// Whether this controller leads now.
+    #[must_use]
+    pub fn is_leader(&self) -> bool {
+        self.0.leading.load(Ordering::SeqCst)
+    }
+
+    /// The leader's address, as a standby last heard it.
+    #[must_use]
+    pub fn known_leader(&self) -> Option<String> {
+        self.0
+            .leader
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Times this controller took office.
+    #[must_use]
+    pub fn terms(&self) -> u64 {
+        self.0.terms.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn take_office(&self) {
+        *self.0.leader.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        self.0.terms.fetch_add(1, Ordering::SeqCst);
+        self.0.leading.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn stand_by(&self, leader: Option<String>) {
+        self.0.leading.store(false, Ordering::SeqCst);
+        *self.0.leader.lock().unwrap_or_else(PoisonError::into_inner) = leader;
+    }
+
+    /// What a standby answers: `UNAVAILABLE`, naming the leader where it is known.
+    #[must_use]
+    pub fn refusal(&self) -> Status {
+        let leader = self.known_leader();
+        let message = match &leader {
+            Some(addr) => format!("this controller is a standby; the leader is at {addr}"),
+            None => "this controller is a standby and no leader is known yet; retry".to_owned(),
+        };
+        let mut status = Status::unavailable(message);
+        if let Some(value) = leader.and_then(|a| MetadataValue::try_from(a).ok()) {
+            status.metadata_mut().insert(LEADER_METADATA, value);
+        }
+        status
+    }
+}

@@ -1,0 +1,130 @@
+//! [`Bounds`]: what both services share at run time: the limits, the open Watch streams per
+//! caller ([`WatchGuard`]), and each client's token bucket.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use super::{Bucket, LimitError, Limits};
+
+/// What both services share at run time: the limits and the open Watch streams.
+#[derive(Debug, Default)]
+pub struct Bounds {
+    /// The limits.
+    pub limits: Limits,
+    /// Open Watch streams per caller, and in total.
+    watches: Mutex<(HashMap<String, usize>, usize)>,
+    /// Each client's calls.
+    pub(super) clients: Mutex<HashMap<String, Bucket>>,
+}
+
+/// Clients whose buckets are kept before full ones (idle clients) are forgotten. Callers are
+/// authenticated, so there are no more of them than credentials; this only keeps memory in step
+/// with the clients that call.
+pub(super) const CLIENT_BUCKETS: usize = 4_096;
+
+impl Bounds {
+    /// Bounds with `limits` and nothing open.
+    #[must_use]
+    pub fn new(limits: Limits) -> Arc<Self> {
+        Arc::new(Self {
+            limits,
+            watches: Mutex::default(),
+            clients: Mutex::default(),
+        })
+    }
+
+    /// Takes one call of `caller` from its bucket.
+    ///
+    /// # Errors
+    /// The caller is over its rate: `RESOURCE_EXHAUSTED`, naming the limits.
+    pub fn admit_call(&self, caller: &str) -> Result<(), LimitError> {
+        let (rate, burst) = (
+            self.limits.client_requests_per_sec,
+            self.limits.client_request_burst,
+        );
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        if clients.len() >= CLIENT_BUCKETS && !clients.contains_key(caller) {
+            // A full bucket is what a new one would be: forgetting it changes nothing.
+            clients.retain(|_, b| !b.is_full());
+        }
+        let bucket = clients
+            .entry(caller.to_owned())
+            .or_insert_with(|| Bucket::new(rate, burst));
+        if bucket.take() {
+            Ok(())
+        } else {
+            Err(LimitError::Rate {
+                caller: caller.to_owned(),
+                rate,
+                burst,
+            })
+        }
+    }
+
+    /// Opens a Watch stream for `caller`; the stream holds the returned guard, whose drop
+    /// closes it.
+    ///
+    /// # Errors
+    /// The caller's or the total cap is reached.
+    pub fn open_watch(self: &Arc<Self>, caller: &str) -> Result<WatchGuard, LimitError> {
+        let mut w = self.watches.lock().unwrap_or_else(PoisonError::into_inner);
+        let (per_caller, total) = &mut *w;
+        if *total >= self.limits.max_watches {
+            return Err(LimitError::Exhausted {
+                what: "open Watch streams".to_owned(),
+                max: self.limits.max_watches,
+                key: "max_watches",
+            });
+        }
+        let mine = per_caller.entry(caller.to_owned()).or_default();
+        if *mine >= self.limits.max_watches_per_caller {
+            return Err(LimitError::Exhausted {
+                what: format!("open Watch streams of {caller:?}"),
+                max: self.limits.max_watches_per_caller,
+                key: "max_watches_per_caller",
+            });
+        }
+        *mine += 1;
+        *total += 1;
+        Ok(WatchGuard {
+            bounds: Arc::clone(self),
+            caller: caller.to_owned(),
+        })
+    }
+
+    /// Open Watch streams in total.
+    #[must_use]
+    pub fn open_watches(&self) -> usize {
+        self.watches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .1
+    }
+}
+
+/// One open Watch stream; dropping it (the client went away) frees its place.
+#[derive(Debug)]
+pub struct WatchGuard {
+    bounds: Arc<Bounds>,
+    caller: String,
+}
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        let mut w = self
+            .bounds
+            .watches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (per_caller, total) = &mut *w;
+        *total = total.saturating_sub(1);
+        if let Some(n) = per_caller.get_mut(&self.caller) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                per_caller.remove(&self.caller);
+            }
+        }
+    }
+}

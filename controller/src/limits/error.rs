@@ -1,0 +1,126 @@
+//! [`LimitError`]: why a value or a request is refused, the reason it is counted under, and the
+//! gRPC status a caller gets (`INVALID_ARGUMENT` for a value, `RESOURCE_EXHAUSTED` for a cap or a
+//! rate).
+
+use tonic::Status;
+
+use super::refusals::{Refusal, count};
+
+/// Why a value or a request is refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LimitError {
+    /// A string longer than its limit.
+    #[error("{field}: {len} bytes, more than the limit of {max} (limits.{key})")]
+    TooLong {
+        /// The field.
+        field: String,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+        /// The limit's config key.
+        key: &'static str,
+    },
+    /// A list or map with more entries than its limit.
+    #[error("{field}: {count} entries, more than the limit of {max} (limits.{key})")]
+    TooMany {
+        /// The field.
+        field: String,
+        /// How many.
+        count: usize,
+        /// The limit.
+        max: usize,
+        /// The limit's config key.
+        key: &'static str,
+    },
+    /// A number above its limit.
+    #[error("{field}: {value}, more than the limit of {max} (limits.{key})")]
+    TooLarge {
+        /// The field.
+        field: String,
+        /// The value.
+        value: u64,
+        /// The limit.
+        max: u64,
+        /// The limit's config key.
+        key: &'static str,
+    },
+    /// A float that is NaN, infinite or negative.
+    #[error("{field}: {value} is not a finite, non-negative number")]
+    NotFinite {
+        /// The field.
+        field: String,
+        /// The value.
+        value: f64,
+    },
+    /// A cap on how many of something exist at once.
+    #[error("{what}: the limit of {max} is reached (limits.{key})")]
+    Exhausted {
+        /// What is capped, and for whom.
+        what: String,
+        /// The cap.
+        max: usize,
+        /// The limit's config key.
+        key: &'static str,
+    },
+    /// An agent stream sent faster than its rate.
+    #[error(
+        "agent stream of {node:?}: more than {rate} messages/s with bursts of {burst} (limits.agent_messages_per_sec, limits.agent_message_burst); closed"
+    )]
+    Flood {
+        /// The node.
+        node: String,
+        /// The sustained rate.
+        rate: u32,
+        /// The burst.
+        burst: u32,
+    },
+    /// A client called faster than its rate.
+    #[error(
+        "client {caller:?}: more than {rate} calls/s with bursts of {burst} (limits.client_requests_per_sec, limits.client_request_burst); retry later"
+    )]
+    Rate {
+        /// Who called.
+        caller: String,
+        /// The sustained rate.
+        rate: u32,
+        /// The burst.
+        burst: u32,
+    },
+}
+
+impl LimitError {
+    /// The bounded reason it is counted under.
+    #[must_use]
+    pub fn reason(&self) -> Refusal {
+        match self {
+            Self::TooLong { .. } | Self::TooMany { .. } | Self::TooLarge { .. } => {
+                Refusal::Oversized
+            }
+            Self::NotFinite { .. } => Refusal::OutOfRange,
+            Self::Exhausted { .. } => Refusal::Cap,
+            Self::Flood { .. } => Refusal::Flood,
+            Self::Rate { .. } => Refusal::Rate,
+        }
+    }
+
+    /// The gRPC status a caller gets: `INVALID_ARGUMENT` for a value, `RESOURCE_EXHAUSTED` for
+    /// a cap or a rate.
+    #[must_use]
+    pub fn to_status(&self) -> Status {
+        match self {
+            Self::Exhausted { .. } | Self::Flood { .. } | Self::Rate { .. } => {
+                Status::resource_exhausted(self.to_string())
+            }
+            _ => Status::invalid_argument(self.to_string()),
+        }
+    }
+}
+
+impl From<LimitError> for Status {
+    /// Counts the refusal, then answers [`LimitError::to_status`].
+    fn from(e: LimitError) -> Self {
+        count(e.reason());
+        e.to_status()
+    }
+}

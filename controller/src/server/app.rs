@@ -1,0 +1,154 @@
+//! `gpuwarden-controller run`: the app. It opens the store (or campaigns on it), binds every
+//! port, starts every task — the gRPC server with the controller's background loop and
+//! election, the webhook, the extender, the metrics — and joins them all: one stop (SIGINT,
+//! SIGTERM, or the gRPC server ending) reaches each, and none is left running.
+
+use std::{future::Future, path::Path, process::ExitCode, sync::Arc};
+
+use tokio::sync::watch;
+
+use crate::{
+    controller::{Controller, Timing},
+    scheduler::{Scheduler, SchedulerConfig},
+    store::{Store, StoreSpec},
+};
+
+use super::{
+    ServeError,
+    config::{self, RunArgs, RunConfig},
+    election, grpc,
+};
+
+/// Opens the store `spec` names, rebuilds the state from it, and returns the controller.
+///
+/// # Errors
+/// The store can't be opened, reached or read.
+pub async fn open(
+    spec: &StoreSpec,
+    config: SchedulerConfig,
+    timing: Timing,
+) -> Result<Arc<Controller>, ServeError> {
+    let store = Store::open(spec).await?;
+    let snapshot = store.load().await?;
+    tracing::info!(
+        sessions = snapshot.sessions.len(),
+        nodes = snapshot.nodes.len(),
+        profiles = snapshot.profiles.len(),
+        "state restored from {spec}"
+    );
+    let scheduler = Scheduler::restore(config, snapshot);
+    Ok(Controller::new(scheduler, store, timing))
+}
+
+/// The store of a state directory: sled in its `store/` folder.
+#[must_use]
+pub fn sled_in(state_dir: &Path) -> StoreSpec {
+    StoreSpec::Sled(state_dir.join("store"))
+}
+
+/// `run`: serves until SIGINT or SIGTERM on a runtime of its own. Exits 2 for a bad
+/// configuration (as for a bad flag), 1 when starting or serving fails.
+pub(super) fn main(args: RunArgs) -> ExitCode {
+    let config = match args.resolve() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("gpuwarden-controller: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let served = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)
+        .and_then(|runtime| runtime.block_on(run(config, gpuwarden_runtime::shutdown())));
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpuwarden-controller: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Starts every task of the controller `config` describes, runs them until `stop` completes or
+/// the gRPC server ends, then stops and joins them all.
+///
+/// # Errors
+/// A port can't be bound, the store can't be used, or a task failed.
+async fn run(config: RunConfig, stop: impl Future<Output = ()>) -> Result<(), ServeError> {
+    let RunConfig {
+        listen,
+        store,
+        advertise,
+        lease_ttl,
+        security,
+        limits,
+        scheduler,
+        timing,
+        exporters,
+        kube,
+    } = config;
+    tracing::info!(placement = %scheduler.strategy, "default placement mode");
+    // Bound before the store is opened: a port in use stops the start at once.
+    let kube = kube.bind().await?;
+    let (controller, election) = if matches!(store, StoreSpec::Etcd { .. }) {
+        let advertise = advertise.unwrap_or_else(|| config::advertised(listen));
+        let (controller, election) =
+            election::open_standby(&store, scheduler, timing, advertise, lease_ttl).await?;
+        (controller, Some(election))
+    } else {
+        (open(&store, scheduler, timing).await?, None)
+    };
+    // One stop for every task, set once.
+    let (stopping, stopped) = watch::channel(false);
+    let stopped = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }
+    };
+    let tasks = match kube {
+        Some(kube) => kube.spawn(&controller, &stopped),
+        None => Vec::new(),
+    };
+    // Metrics are an extra: a bad endpoint is reported, never fatal.
+    let _metrics = match crate::metrics::start(&controller, &exporters) {
+        Ok(metrics) => metrics,
+        Err(e) => {
+            tracing::warn!("metrics off: {e}");
+            None
+        }
+    };
+    let mut server = tokio::spawn(grpc::serve(
+        controller,
+        listen,
+        security,
+        limits,
+        election,
+        stopped(),
+    ));
+    let served = tokio::select! {
+        () = stop => {
+            let _ = stopping.send(true);
+            joined("gRPC server", (&mut server).await)
+        }
+        served = &mut server => joined("gRPC server", served),
+    };
+    let _ = stopping.send(true);
+    let mut result = served;
+    for (task, handle) in tasks {
+        let ended = handle
+            .await
+            .map_err(|source| ServeError::Task { task, source });
+        result = result.and(ended);
+    }
+    result
+}
+
+/// What a joined task returned, or why it did not return.
+fn joined(
+    task: &'static str,
+    ended: Result<Result<(), ServeError>, tokio::task::JoinError>,
+) -> Result<(), ServeError> {
+    ended.map_err(|source| ServeError::Task { task, source })?
+}

@@ -1,0 +1,197 @@
+//! Leader election among controllers sharing an etcd store (docs/architecture.md, "One machine
+//! embeds, many use etcd"): the loop over the store's leadership ([`crate::store::Office`]:
+//! campaign, office, fence) that makes this controller lead while it holds office and stand by
+//! otherwise.
+
+use std::{
+    future::Future,
+    net::{Ipv4Addr, SocketAddr},
+    sync::Arc,
+    time::Duration,
+};
+
+use crate::{
+    controller::{Controller, Role, Timing},
+    scheduler::{Scheduler, SchedulerConfig},
+    store::{EtcdKv, Kv, Replica, Snapshot, Store, StoreSpec},
+};
+
+use super::{ServeError, grpc, security::Transport};
+
+/// The election name controllers sharing a store campaign on.
+pub const ELECTION: &str = "controller";
+
+/// How a controller that shares an etcd store campaigns.
+#[derive(Debug, Clone)]
+pub struct Election {
+    /// The store's etcd.
+    pub kv: EtcdKv,
+    /// The address agents and clients reach this controller at, told to them by standbys.
+    pub advertise: String,
+    /// The lease: a leader that stops renewing it loses office this long after.
+    pub ttl: Duration,
+}
+
+/// A standby controller on the etcd store `spec` names: it leads once it wins the election.
+///
+/// # Errors
+/// The store can't be reached, or has another format version.
+pub async fn open_standby(
+    spec: &StoreSpec,
+    config: SchedulerConfig,
+    timing: Timing,
+    advertise: String,
+    ttl: Duration,
+) -> Result<(Arc<Controller>, Election), ServeError> {
+    let store = Store::open(spec).await?;
+    let Kv::Etcd(kv) = store.kv() else {
+        return Err(ServeError::NotEtcd {
+            spec: spec.to_string(),
+        });
+    };
+    let election = Election {
+        kv: (**kv).clone(),
+        advertise,
+        ttl,
+    };
+    tracing::info!(store = %spec, ttl = ?ttl, "standby: campaigning for leadership");
+    let controller = Controller::with_role(Scheduler::new(config), store, timing, Role::standby());
+    Ok((controller, election))
+}
+
+/// Binds a loopback port and serves, in a task of the current runtime, a controller campaigning
+/// on the etcd store `spec` with a lease of `ttl` and advertising that port, until `shutdown`;
+/// its address. Tests and benchmarks run several controllers in one process this way.
+///
+/// # Errors
+/// The port can't be bound, or the store can't be reached.
+pub async fn spawn_elected(
+    spec: &StoreSpec,
+    config: SchedulerConfig,
+    timing: Timing,
+    ttl: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<SocketAddr, ServeError> {
+    let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let listener = tokio::net::TcpListener::bind(any)
+        .await
+        .map_err(|source| ServeError::Bind { addr: any, source })?;
+    let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
+    let (controller, election) = open_standby(spec, config, timing, addr.to_string(), ttl).await?;
+    tokio::spawn(grpc::serve_with(
+        controller,
+        listener,
+        Transport::PlainText,
+        Some(election),
+        shutdown,
+    ));
+    Ok(addr)
+}
+
+/// Campaigns, leads while the office holds, steps down when it lapses or a commit is refused,
+/// and campaigns again, for as long as the server runs. While campaigning it learns where the
+/// leader is, for the standby's answers.
+pub(super) async fn hold_elections(
+    controller: Arc<Controller>,
+    election: Election,
+    health: tonic_health::server::HealthReporter,
+) {
+    let Election { kv, advertise, ttl } = election;
+    // A standby keeps a warm copy of the state, so that taking office reads nothing; one that
+    // stopped following (etcd restarted, say) is made again.
+    let mut replica: Option<Replica> = None;
+    loop {
+        if replica.as_ref().is_none_or(Replica::failed) {
+            replica = match kv.replicate().await {
+                Ok(replica) => Some(replica),
+                Err(e) => {
+                    tracing::warn!(
+                        "standby without a warm copy (takeover will read the store): {e}"
+                    );
+                    None
+                }
+            };
+        }
+        let campaign = kv.campaign(ELECTION, &advertise, ttl);
+        tokio::pin!(campaign);
+        let won = loop {
+            tokio::select! {
+                won = &mut campaign => break won,
+                () = tokio::time::sleep(Duration::from_millis(250)) => {
+                    match kv.leader(ELECTION).await {
+                        Ok(leader) => controller.role().stand_by(leader),
+                        Err(e) => tracing::warn!("standby: cannot learn the leader: {e}"),
+                    }
+                }
+            }
+        };
+        let office = match won {
+            Ok(office) => office,
+            Err(e) => {
+                tracing::error!("not scheduling: cannot campaign for leadership: {e}; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let store = match Store::over(Kv::Etcd(Box::new(kv.clone()))).await {
+            Ok(store) => store.fenced(office.fence()),
+            Err(e) => {
+                tracing::error!("won the election but cannot use the store: {e}; resigning");
+                let _ = office.resign().await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let loading = std::time::Instant::now();
+        let warm = match &replica {
+            Some(replica) => match replica.caught_up(office.won_at(), ttl).await {
+                Ok(()) => Snapshot::from_records(replica.records()).ok(),
+                Err(e) => {
+                    tracing::warn!("the warm copy is behind ({e}); reading the store instead");
+                    None
+                }
+            },
+            None => None,
+        };
+        let from_copy = warm.is_some();
+        let stored = match warm {
+            Some(stored) => stored,
+            None => match store.load().await {
+                Ok(stored) => stored,
+                Err(e) => {
+                    tracing::error!("won the election but cannot read the state: {e}; resigning");
+                    let _ = office.resign().await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            },
+        };
+        tracing::info!(
+            sessions = stored.sessions.len(),
+            nodes = stored.nodes.len(),
+            term = controller.role().terms() + 1,
+            took = ?loading.elapsed(),
+            from = if from_copy { "the warm copy" } else { "the store" },
+            "leading: took office at {advertise}"
+        );
+        controller.take_office(store, stored);
+        grpc::set_health(&health, true).await;
+        loop {
+            tokio::select! {
+                () = controller.deposed() => {
+                    tracing::error!("stepping down: a commit was refused, another controller leads");
+                    break;
+                }
+                () = tokio::time::sleep(ttl / 4) => {
+                    if !office.renewing() {
+                        tracing::error!("stepping down: the leadership lease could not be renewed");
+                        break;
+                    }
+                }
+            }
+        }
+        controller.step_down(None);
+        grpc::set_health(&health, false).await;
+        drop(office);
+    }
+}

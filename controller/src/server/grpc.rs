@@ -1,0 +1,297 @@
+//! The gRPC server: the scheduler and agent services behind the authentication and standby
+//! gates, health checking and reflection, over plain text or mutual TLS, with every connection,
+//! stream and message bounded. The controller's background loop and, with an [`Election`], its
+//! campaign run beside it and are stopped and joined with it.
+//!
+//! [`serve_bounded`] is the server; the others only fill in its arguments: [`serve`] binds an
+//! address first, [`serve_with`] takes the default [`Limits`], [`serve_on`] plain text too
+//! (tests and benchmarks serve on a listener they bound to port 0).
+
+use std::{
+    future::Future,
+    net::SocketAddr,
+    sync::{Arc, Once},
+    time::Duration,
+};
+
+use gpuwarden_proto::v1::{
+    FILE_DESCRIPTOR_SET, agent_service_server::AgentServiceServer,
+    scheduler_service_server::SchedulerServiceServer,
+};
+
+use crate::{
+    api::{AgentApi, SchedulerApi, StandbyGate},
+    auth::{clients::ClientAuth, gate::AuthGate, tls::ConnectionCaps},
+    controller::Controller,
+    limits::{Bounds, Limits},
+};
+
+use super::{
+    ServeError,
+    election::{self, Election},
+    security::{self, Security, Transport},
+};
+
+/// Serves `controller` on `addr`, held to `limits`, until `shutdown` completes.
+///
+/// # Errors
+/// The listener or the server fails.
+pub async fn serve(
+    controller: Arc<Controller>,
+    addr: SocketAddr,
+    security: impl Into<Security>,
+    limits: Limits,
+    election: Option<Election>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    serve_bounded(controller, listener, security, limits, election, shutdown).await
+}
+
+/// Serves plain text on an already-bound listener (tests bind port 0).
+///
+/// # Errors
+/// The server fails.
+pub async fn serve_on(
+    controller: Arc<Controller>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    serve_with(controller, listener, Transport::PlainText, None, shutdown).await
+}
+
+/// Serves on an already-bound listener, over `security`'s transport (a [`Transport`] alone
+/// takes no tokens); with an `election`, as a standby that campaigns and leads when it wins
+/// (see [`Election`]). Held to the default [`Limits`].
+///
+/// # Errors
+/// The server fails.
+pub async fn serve_with(
+    controller: Arc<Controller>,
+    listener: tokio::net::TcpListener,
+    security: impl Into<Security>,
+    election: Option<Election>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    serve_bounded(
+        controller,
+        listener,
+        security,
+        Limits::default(),
+        election,
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve_with`], held to `limits`.
+///
+/// # Errors
+/// The server fails.
+pub async fn serve_bounded(
+    controller: Arc<Controller>,
+    listener: tokio::net::TcpListener,
+    security: impl Into<Security>,
+    limits: Limits,
+    election: Option<Election>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
+    let security = security.into();
+    security.transport.check_exposure(addr)?;
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    set_health(&health_reporter, controller.role().is_leader()).await;
+    let elections = election.map(|election| {
+        tokio::spawn(election::hold_elections(
+            Arc::clone(&controller),
+            election,
+            health_reporter.clone(),
+        ))
+    });
+    let clients = security.clients();
+    warn_about_clients(&clients, &security.transport);
+    let router = router(&controller, health, clients, Bounds::new(limits))?;
+    let background = tokio::spawn(Arc::clone(&controller).run_background());
+    let serve_error = |source| ServeError::Serve { addr, source };
+    let result = match security.transport {
+        Transport::PlainText | Transport::Insecure => {
+            if matches!(security.transport, Transport::Insecure) && !addr.ip().is_loopback() {
+                security::mark_serving_insecure();
+                // Every start, not once per process: this is the line an operator must see.
+                tracing::warn!(
+                    %addr,
+                    "--insecure: serving plain text beyond loopback; anyone who reaches this port can act as any node and read every token (gpuwarden.controller.insecure = 1)"
+                );
+            } else {
+                static WARNED: Once = Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!("serving plain text: any client can act as any node");
+                });
+            }
+            tracing::info!(%addr, "controller listening (plain text)");
+            router
+                .serve_with_incoming_shutdown(
+                    crate::auth::tls::incoming_plain(
+                        listener,
+                        Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+                    ),
+                    shutdown,
+                )
+                .await
+                .map_err(serve_error)
+        }
+        Transport::Tls(config) => {
+            tracing::info!(%addr, "controller listening (TLS; agents need a node certificate)");
+            router
+                .serve_with_incoming_shutdown(
+                    crate::auth::tls::incoming(
+                        listener,
+                        config,
+                        ConnectionCaps::new(
+                            MAX_HANDSHAKES,
+                            MAX_CONNECTIONS,
+                            MAX_ANONYMOUS_CONNECTIONS,
+                        ),
+                    ),
+                    shutdown,
+                )
+                .await
+                .map_err(serve_error)
+        }
+    };
+    // Both run until stopped: stopped and joined here, so none outlives the server.
+    background.abort();
+    let _ = background.await;
+    if let Some(elections) = elections {
+        elections.abort();
+        let _ = elections.await;
+    }
+    result
+}
+
+/// Warns once per process about client authentication that protects little.
+fn warn_about_clients(clients: &ClientAuth, transport: &Transport) {
+    static OPEN: Once = Once::new();
+    static CLEAR_TOKENS: Once = Once::new();
+    if clients.is_open() {
+        OPEN.call_once(|| {
+            tracing::warn!(
+                "no --token-file and no TLS: every client acts as an admin and may see and end every session"
+            );
+        });
+    } else if clients.takes_tokens() && transport.is_plain_text() {
+        CLEAR_TOKENS.call_once(|| {
+            tracing::warn!(
+                "bearer tokens over plain text: anyone on the network path can read and reuse them; serve TLS"
+            );
+        });
+    }
+}
+
+/// The router's layers: authentication before decoding, then the standby gate.
+type Layers = tower::layer::util::Stack<
+    StandbyGate,
+    tower::layer::util::Stack<AuthGate, tower::layer::util::Identity>,
+>;
+
+/// Connections the gRPC port holds open at once (over TLS: those with a client certificate);
+/// past it a new one is closed at once (counted as `gpuwarden.limits.refused{reason=cap}`).
+/// Agents hold one each, clients a few.
+pub const MAX_CONNECTIONS: usize = 4_096;
+/// TLS connections in their handshake at once (each has 10 s).
+pub const MAX_HANDSHAKES: usize = 1_024;
+/// TLS connections without a client certificate (token clients, probes, anyone) at once: kept
+/// apart from [`MAX_CONNECTIONS`] so that anonymous peers never take the agents' room.
+pub const MAX_ANONYMOUS_CONNECTIONS: usize = 1_024;
+/// Messages services other than the scheduler's and the agents' take at most (health checks
+/// and reflection requests are a few hundred bytes).
+const SMALL_MESSAGE_BYTES: usize = 64 << 10;
+/// HTTP/2 streams one connection may hold open (agents sharing a connection hold one each).
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
+/// Largest header block a request may carry (a token and tracing headers fit many times).
+const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+
+/// The services: scheduler and agents behind the standby gate, health and reflection.
+fn router(
+    controller: &Arc<Controller>,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    clients: ClientAuth,
+    bounds: Arc<Bounds>,
+) -> Result<tonic::transport::server::Router<Layers>, ServeError> {
+    // Both reflection versions: grpcurl and current clients ask `v1`, many others (Python's
+    // grpcio reflection, older grpcurl, Postman) still ask `v1alpha`.
+    let described = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = described()
+        .build_v1()
+        .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = described()
+        .build_v1alpha()
+        .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let limits = bounds.limits.clone();
+    let size = limits.max_message_bytes;
+    let clients = Arc::new(clients);
+    Ok(tonic::transport::Server::builder()
+        .concurrency_limit_per_connection(limits.concurrency_per_connection)
+        // Open streams per connection at the HTTP/2 layer (tonic leaves it unlimited): long-lived
+        // agent and Watch streams count for their whole life, so this is wider than the
+        // in-flight limit above; streams past it wait in the peer's own stack.
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+        // Cuts unary calls; a stream's handler returns at once, so streams stay open.
+        .timeout(limits.request_timeout())
+        .http2_keepalive_interval(Some(Duration::from_secs(limits.keepalive_interval_secs)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(limits.keepalive_timeout_secs)))
+        // Callers are checked from their connection and headers before any body is read, so
+        // an unauthenticated peer can't make the controller buffer a message.
+        .layer(AuthGate::new(Arc::clone(&clients)))
+        .layer(StandbyGate(controller.role().clone()))
+        .add_service(health.max_decoding_message_size(SMALL_MESSAGE_BYTES))
+        .add_service(reflection.max_decoding_message_size(SMALL_MESSAGE_BYTES))
+        .add_service(reflection_v1alpha.max_decoding_message_size(SMALL_MESSAGE_BYTES))
+        .add_service(
+            SchedulerServiceServer::new(SchedulerApi {
+                controller: Arc::clone(controller),
+                clients,
+                bounds: Arc::clone(&bounds),
+            })
+            .max_decoding_message_size(size)
+            .max_encoding_message_size(size),
+        )
+        .add_service(
+            AgentServiceServer::new(AgentApi {
+                controller: Arc::clone(controller),
+                bounds,
+            })
+            .max_decoding_message_size(size)
+            .max_encoding_message_size(size),
+        ))
+}
+
+/// Marks the services serving or not, as this controller leads or stands by.
+pub(super) async fn set_health(reporter: &tonic_health::server::HealthReporter, leading: bool) {
+    let status = if leading {
+        tonic_health::ServingStatus::Serving
+    } else {
+        tonic_health::ServingStatus::NotServing
+    };
+    reporter
+        .set_service_status(
+            <SchedulerServiceServer<SchedulerApi> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+    reporter
+        .set_service_status(
+            <AgentServiceServer<AgentApi> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+}

@@ -1,0 +1,55 @@
+//! The `gpuwarden-controller` binary, in parts:
+//!
+//! - `config`: `run`'s flags layered over its TOML file ([`FileConfig`]), loaded and checked
+//!   before anything is opened;
+//! - `app`: `run` itself, which opens the store, starts every task and joins them all;
+//! - `grpc`: the gRPC server ([`serve`] and its variants, for tests and benchmarks that serve on
+//!   a listener of their own), over a [`Transport`] with clients authenticated as [`Security`]
+//!   says;
+//! - `election`: leader election among controllers sharing an etcd store ([`Election`]);
+//! - `kube`: the admission webhook and the scheduler extender;
+//! - `commands`: `certs mint`, `tokens add` and `copy-store`, one module each.
+//!
+//! [`main`] is the whole binary (it lives here, so test binaries can wrap it); every failure is a
+//! [`ServeError`] that says what failed.
+
+mod app;
+mod commands;
+mod config;
+mod election;
+mod error;
+mod grpc;
+mod kube;
+mod security;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+pub use app::{open, sled_in};
+pub use config::FileConfig;
+pub use election::{ELECTION, Election, open_standby, spawn_elected};
+pub use error::ServeError;
+pub use grpc::{
+    MAX_ANONYMOUS_CONNECTIONS, MAX_CONNECTIONS, MAX_HANDSHAKES, MAX_STREAMS_PER_CONNECTION, serve,
+    serve_bounded, serve_on, serve_with,
+};
+pub use kube::KubeSetupError;
+pub use security::{Security, Transport, serving_insecure};
+
+use commands::{Cli, Command};
+
+/// The whole `gpuwarden-controller` binary: parses the command line and runs the command; `run`
+/// serves until SIGINT or SIGTERM on its own runtime. Exits 2 for a bad configuration, 1 when
+/// serving fails.
+#[must_use]
+pub fn main() -> ExitCode {
+    // A wrapping binary may have set up tracing already; that one stays.
+    gpuwarden_runtime::logging::init("info");
+    match Cli::parse().command {
+        Command::Run(args) => app::main(args),
+        Command::CopyStore(args) => commands::copy_store::main(args),
+        Command::Certs(command) => commands::certs::main(command),
+        Command::Tokens(command) => commands::tokens::main(command),
+    }
+}
