@@ -6,10 +6,10 @@ use tokio::sync::mpsc;
 use crate::{
     attribution::{Attributor, kubelet::PodNames},
     config::AgentConfig,
-    control::{QuotaCommand, holdings::Holdings, usage_report::Reporter},
+    control::{holdings::Holdings, usage_report::Reporter},
     devices::GpuBackend,
     enforcement::{
-        Enforcer, EnforcerHandle,
+        Enforcer, EnforcerHandle, QuotaCommand,
         cgroup_tree::CgroupTree,
         confinement::{Rules, own_cgroup},
         kernel::{Kernel, ProcessSignals},
