@@ -25,6 +25,8 @@
 #![deny(missing_docs)]
 
 pub mod attribution;
+#[doc(hidden)]
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod control;

@@ -25,7 +25,7 @@ use crate::{
     dra,
     enforcement::throttle,
     enforcement::{EnforcerHandle, QuotaCommand},
-    export::{SharedTelemetry, Sources, metrics, server},
+    export::{Sources, TelemetryHandle, metrics, server},
     lock::{InstanceLock, LockError},
     sensor::{Sensor, SensorError},
 };
@@ -174,12 +174,12 @@ pub async fn run_until(
         quota_rx,
     );
 
-    let telemetry = start::telemetry(sensor, attributor, &config);
+    let (telemetry, telemetry_task) = start::telemetry(sensor, attributor, &config);
     let usage_counters = Arc::default();
     let published = metrics::Published::default();
     let metrics = start::metrics(&config, backend.as_ref(), &published);
     let sources = Arc::new(Sources {
-        telemetry: Arc::clone(&telemetry),
+        telemetry: telemetry.clone(),
         enforcer: enforcer.clone(),
         backend: Arc::clone(&backend),
         pods,
@@ -193,12 +193,12 @@ pub async fn run_until(
         let ring = crate::sensor::events::register(ring).map_err(RunError::Events)?;
         tasks.spawn(tasks::dispatch_events(
             ring,
-            Arc::clone(&telemetry),
+            telemetry.clone(),
             enforcer.clone(),
         ));
     }
     tasks.spawn(tasks::upkeep(
-        Arc::clone(&telemetry),
+        telemetry.clone(),
         config.clone(),
         Arc::clone(&backend),
         enforcer.clone(),
@@ -212,7 +212,7 @@ pub async fn run_until(
             hooks,
             holdings,
             backend: controller_backend,
-            telemetry: Arc::clone(&telemetry),
+            telemetry: telemetry.clone(),
             enforcer: enforcer.clone(),
             usage_reports,
             usage_counters,
@@ -234,10 +234,12 @@ pub async fn run_until(
     if let Some(task) = dra_task {
         let _ = task.await;
     }
-    // Stopping the tasks drops the last references to the sensor, which detaches the programs
-    // that are not pinned; pinned ones keep enforcing (`gpuwarden-agent unpin` removes them).
+    // Stopping telemetry drops the sensor, which detaches the programs that are not pinned;
+    // pinned ones keep enforcing (`gpuwarden-agent unpin` removes them).
     tasks.shutdown().await;
     drop(sources);
+    telemetry.stop();
+    let _ = telemetry_task.await;
     drop(enforcer);
     enforcer_task.abort();
     let _ = enforcer_task.await;
@@ -251,7 +253,7 @@ struct LinkWiring {
     hooks: Vec<String>,
     holdings: Holdings,
     backend: Arc<dyn GpuBackend>,
-    telemetry: SharedTelemetry,
+    telemetry: TelemetryHandle,
     enforcer: EnforcerHandle,
     usage_reports: Option<(Duration, Reporter)>,
     usage_counters: Arc<UsageCounters>,
