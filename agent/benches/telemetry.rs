@@ -6,7 +6,7 @@
 //! The storm: batches of exec events for this process, which holds [`FDS`] extra open files, so
 //! each event re-reads a long `/proc/<pid>/fd` as an exec of a real GPU process does. Snapshots
 //! are asked for every [`EVERY`] meanwhile; the table gives their latency idle and under the
-//! storm (p50, p99, max) and how many exec events per second the storm got through. Needs root
+//! storm (p50, p99, max) and how many exec events per second were handled meanwhile. Needs root
 //! (it loads the eBPF programs).
 
 #![allow(clippy::cast_precision_loss)] // Counts and durations as f64, for rates.
@@ -91,9 +91,11 @@ async fn measure(design: Design) -> anyhow::Result<Row> {
     });
     let started = Instant::now();
     let under_storm = sample(&rig, STORM).await;
-    let elapsed = started.elapsed();
     stop.store(true, Ordering::Relaxed);
     storm.await?;
+    // Until the events handed over are handled: the rate is of events handled.
+    rig.settled().await;
+    let elapsed = started.elapsed();
     let handed = execs.load(Ordering::Relaxed);
     if let Ok(rig) = Arc::try_unwrap(rig) {
         rig.stop().await;

@@ -87,6 +87,14 @@ impl Rig {
         }
     }
 
+    /// Returns once every event handed over is handled.
+    pub async fn settled(&self) {
+        // Under the mutex, `events` returned only once they were.
+        if let Shared::Task(handle, _) = &self.shared {
+            let _ = handle.settled().await;
+        }
+    }
+
     /// A snapshot's telemetry part (no quotas bound); returns its container count.
     pub async fn snapshot(&self) -> usize {
         let standing = Standing::default();

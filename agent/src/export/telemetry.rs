@@ -31,12 +31,13 @@ use crate::{
 /// Where process information lives.
 const PROC_ROOT: &str = "/proc";
 
-/// Processes that exec'd whose fds are re-read in one go, between requests.
-const EXEC_CHUNK: usize = 8;
+/// Processes that exec'd whose fds are re-read in one go, between requests: a request waits
+/// for at most this many re-reads.
+const EXEC_CHUNK: usize = 2;
 
 /// Batches of kernel events queued for the task; the event reader waits beyond this (and the
 /// ring buffer, then the kernel, drops and counts), as it waited on the lock before.
-const EVENT_BATCHES: usize = 64;
+const EVENT_BATCHES: usize = 4;
 
 /// What the sensor's readers share: the maps, attribution and the watched nodes. Data flows one
 /// way: the kernel fills the maps, this reads and tidies them.
@@ -183,8 +184,8 @@ impl Telemetry {
                 self.collect_garbage();
                 let _ = reply.send(());
             }
-            // The task loop ends on it before it gets here.
-            Request::Stop => {}
+            // The task loop handles these itself.
+            Request::Settled(_) | Request::Stop => {}
         }
     }
 }
@@ -198,6 +199,7 @@ enum Request {
     Counters(oneshot::Sender<Counters>),
     Rescan(oneshot::Sender<()>),
     CollectGarbage(oneshot::Sender<()>),
+    Settled(oneshot::Sender<()>),
     Stop,
 }
 
@@ -260,6 +262,11 @@ impl TelemetryHandle {
         self.ask(Request::CollectGarbage).await
     }
 
+    /// Returns once every event handed over before is handled.
+    pub(crate) async fn settled(&self) -> Result<(), Stopped> {
+        self.ask(Request::Settled).await
+    }
+
     /// Ends the task (after the work in hand), which drops the sensor.
     pub(crate) fn stop(&self) {
         let _ = self.requests.send(Request::Stop);
@@ -297,7 +304,23 @@ async fn run(
 ) {
     let mut execs: VecDeque<u32> = VecDeque::new();
     let mut events_open = true;
+    // Waiting for the events handed over to be handled.
+    let mut settling: Vec<oneshot::Sender<()>> = Vec::new();
     loop {
+        if execs.is_empty() && !settling.is_empty() {
+            match events.try_recv() {
+                Ok(batch) => {
+                    state.count_events(batch.received);
+                    execs.extend(batch.execs);
+                    continue;
+                }
+                Err(_) => {
+                    for waiter in settling.drain(..) {
+                        let _ = waiter.send(());
+                    }
+                }
+            }
+        }
         let next = if execs.is_empty() {
             // Biased: a request waiting goes before more events are taken.
             tokio::select! {
@@ -323,6 +346,10 @@ async fn run(
         };
         let work: Box<dyn FnOnce(&mut Telemetry) + Send> = match next {
             Next::Stop | Next::Request(Request::Stop) => return,
+            Next::Request(Request::Settled(reply)) => {
+                settling.push(reply);
+                continue;
+            }
             Next::Request(request) => Box::new(move |t| t.serve(request)),
             Next::Execs => {
                 let chunk: Vec<u32> = execs.drain(..execs.len().min(EXEC_CHUNK)).collect();
