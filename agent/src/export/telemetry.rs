@@ -163,6 +163,26 @@ impl Telemetry {
             self.events_received,
         )
     }
+}
+
+/// What the task runs: [`Telemetry`], or a fake in the unit tests.
+trait State: Send + 'static {
+    /// Counts `n` events read from the ring buffer.
+    fn count_events(&mut self, n: u64);
+    /// Process `tgid` exec'd.
+    fn on_exec(&mut self, tgid: u32);
+    /// Answers `request` (never [`Request::Settled`] or [`Request::Stop`]).
+    fn serve(&mut self, request: Request);
+}
+
+impl State for Telemetry {
+    fn count_events(&mut self, n: u64) {
+        Telemetry::count_events(self, n);
+    }
+
+    fn on_exec(&mut self, tgid: u32) {
+        Telemetry::on_exec(self, tgid);
+    }
 
     fn serve(&mut self, request: Request) {
         match request {
@@ -284,9 +304,13 @@ impl TelemetryHandle {
 
 /// Runs `telemetry` as a task until [`TelemetryHandle::stop`] or every handle is gone.
 pub(crate) fn spawn(telemetry: Telemetry) -> (TelemetryHandle, tokio::task::JoinHandle<()>) {
+    spawn_state(telemetry)
+}
+
+fn spawn_state(state: impl State) -> (TelemetryHandle, tokio::task::JoinHandle<()>) {
     let (requests, requests_rx) = mpsc::unbounded_channel();
     let (events, events_rx) = mpsc::channel(EVENT_BATCHES);
-    let task = tokio::spawn(run(telemetry, requests_rx, events_rx));
+    let task = tokio::spawn(run(state, requests_rx, events_rx));
     (TelemetryHandle { requests, events }, task)
 }
 
@@ -297,8 +321,8 @@ enum Next {
     Stop,
 }
 
-async fn run(
-    mut state: Telemetry,
+async fn run<S: State>(
+    mut state: S,
     mut requests: mpsc::UnboundedReceiver<Request>,
     mut events: mpsc::Receiver<EventBatch>,
 ) {
@@ -344,7 +368,7 @@ async fn run(
                 Err(mpsc::error::TryRecvError::Disconnected) => Next::Stop,
             }
         };
-        let work: Box<dyn FnOnce(&mut Telemetry) + Send> = match next {
+        let work: Box<dyn FnOnce(&mut S) + Send> = match next {
             Next::Stop | Next::Request(Request::Stop) => return,
             Next::Request(Request::Settled(reply)) => {
                 settling.push(reply);
@@ -369,10 +393,7 @@ async fn run(
 
 /// Runs `work` on `state` on a blocking thread and gives the state back; `None` when the runtime
 /// is shutting down. A panic leaves the maps as they were, so it is logged and the state kept.
-async fn blocking(
-    mut state: Telemetry,
-    work: Box<dyn FnOnce(&mut Telemetry) + Send>,
-) -> Option<Telemetry> {
+async fn blocking<S: State>(mut state: S, work: Box<dyn FnOnce(&mut S) + Send>) -> Option<S> {
     tokio::task::spawn_blocking(move || {
         if std::panic::catch_unwind(AssertUnwindSafe(|| work(&mut state))).is_err() {
             tracing::error!("telemetry work panicked; the maps are kept as they were");
@@ -382,3 +403,6 @@ async fn blocking(
     .await
     .ok()
 }
+
+#[cfg(test)]
+mod tests;
