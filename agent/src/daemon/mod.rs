@@ -1,7 +1,7 @@
 //! `gpuwarden-agent run`: loads the sensor, restores what the node held, starts the tasks of
 //! each stage of the data path and serves the local socket until shutdown.
 //!
-//! - `start`: the sensor and enforcement as they come up (held quotas re-applied);
+//! - `start`: the sensor, telemetry and enforcement as they come up (held quotas re-applied);
 //! - `tasks`: the long-running tasks: event dispatch, map upkeep, usage reports.
 
 mod start;
