@@ -1,5 +1,5 @@
 //! The sensor's maps as the agent's logic sees them: [`KernelMap`], a narrow view of one BPF
-//! hash map, implemented by aya's maps here and by [`fake::FakeMap`] in unit tests, so map
+//! hash map, implemented by aya's maps here and by `fake::FakeMap` in unit tests, so map
 //! upkeep and enforcement run without a kernel (docs/architecture.md, "The code shows the data
 //! path").
 
