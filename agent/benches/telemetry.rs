@@ -9,8 +9,6 @@
 //! storm (p50, p99, max) and how many exec events per second were handled meanwhile. Needs root
 //! (it loads the eBPF programs).
 
-#![allow(clippy::cast_precision_loss)] // Counts and durations as f64, for rates.
-
 use std::{
     sync::{
         Arc,
@@ -40,7 +38,11 @@ impl Latencies {
             return Duration::ZERO;
         }
         let rank = (percentile / 100.0 * (self.0.len() - 1) as f64).round();
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // A rank below len.
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a rank in 0..len, rounded"
+        )]
         self.0[rank as usize]
     }
 
