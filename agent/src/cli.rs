@@ -209,6 +209,38 @@ mod tests {
     }
 
     #[test]
+    fn a_flag_and_its_file_key_are_one_setting() {
+        let cli = Cli::try_parse_from([
+            "gpuwarden-agent",
+            "run",
+            "--socket",
+            "/tmp/a.sock",
+            "--gpu-devices",
+            "/dev/x,/dev/y",
+            "--usage-report-interval-ms",
+            "250",
+        ])
+        .unwrap();
+        let Command::Run { flags, .. } = cli.command else {
+            panic!("not run");
+        };
+        let file: Settings = toml::from_str(
+            "socket = \"/tmp/a.sock\"\ngpu_devices = [\"/dev/x\", \"/dev/y\"]\nusage_report_interval_ms = 250\n",
+        )
+        .unwrap();
+        // The environment may set the flags that read it (NODE_NAME and the like).
+        assert_eq!(
+            Settings {
+                node_name: None,
+                controller: None,
+                prometheus_listen: None,
+                ..flags
+            },
+            file
+        );
+    }
+
+    #[test]
     fn top_takes_once() {
         let cli = Cli::try_parse_from(["gpuwarden-agent", "top", "--once"]).unwrap();
         assert!(matches!(cli.command, Command::Top { once: true, .. }));
