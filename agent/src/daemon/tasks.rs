@@ -51,7 +51,7 @@ pub(super) async fn upkeep(
     sources: Arc<Sources>,
 ) {
     // Metrics read the latest snapshot; publishing once a second keeps it fresh for any
-    // export interval without the exporter ever taking the state's lock.
+    // export interval without the exporter ever waiting on telemetry.
     let mut publish = tokio::time::interval(Duration::from_secs(1));
     let mut rescan = tokio::time::interval(config.rescan_interval);
     let mut gc = tokio::time::interval(config.gc_interval);

@@ -36,7 +36,8 @@ const PROC_ROOT: &str = "/proc";
 const EXEC_CHUNK: usize = 2;
 
 /// Batches of kernel events queued for the task; the event reader waits beyond this (and the
-/// ring buffer, then the kernel, drops and counts), as it waited on the lock before.
+/// ring buffer holds the rest, and the kernel drops and counts past it), as when the reader
+/// waited on a lock.
 const EVENT_BATCHES: usize = 4;
 
 /// What the sensor's readers share: the maps, attribution and the watched nodes. Data flows one
