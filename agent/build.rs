@@ -1,4 +1,4 @@
-//! Builds the eBPF programs and puts the object in `OUT_DIR`, where `hooks` embeds it, so the
+//! Builds the eBPF programs and puts the object in `OUT_DIR`, where `sensor` embeds it, so the
 //! agent ships as one file.
 //!
 //! `GPUWARDEN_EBPF_OBJECT=path` embeds a prebuilt object instead. The eBPF crate builds in

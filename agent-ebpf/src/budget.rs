@@ -17,10 +17,10 @@ use gpuwarden_agent_common::{
 };
 
 use crate::{
+    atomic::atomic_add,
     config,
     events::{count, emit},
     maps::{CGROUP_TABLES, CGROUP_TABLES_RELEASED},
-    memory::atomic_add,
 };
 
 /// What the agent removed of `cgroup`'s entries in `which`.

@@ -22,7 +22,7 @@ use gpuwarden_agent_common::{
 };
 
 use crate::{
-    arg, config, current,
+    arg, atomic, config, current,
     events::{count, emit},
     fds,
     maps::{GPU_FDS, IOCTL_COUNTS, IOCTLS_IN_FLIGHT, OBJECT_DEVICES, PENDING_IOCTL, PROCS},
@@ -90,7 +90,7 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
         if PENDING_IOCTL.insert(&pid_tgid, &call, 0).is_ok() {
             if let Some(n) = IOCTLS_IN_FLIGHT.get_ptr_mut(0) {
                 // SAFETY: a live array slot; atomics keep CPUs from losing updates.
-                unsafe { memory::atomic_add(n, 1) };
+                unsafe { atomic::atomic_add(n, 1) };
             }
         }
     }
@@ -112,7 +112,7 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> u32 {
     let _ = PENDING_IOCTL.remove(&pid_tgid);
     if let Some(n) = IOCTLS_IN_FLIGHT.get_ptr_mut(0) {
         // SAFETY: as above.
-        unsafe { memory::atomic_add(n, u64::MAX) };
+        unsafe { atomic::atomic_add(n, u64::MAX) };
     }
     if ret(&ctx) != 0 {
         return 0;

@@ -11,6 +11,7 @@
 //! - [`budget`]: per-cgroup budgets of the tables a container can grow;
 //! - [`quota`]: GPU-memory limits at the allocating ioctl, GPU-node access of bound cgroups;
 //! - [`uvm`]: managed memory, by the length of each `mmap` of the UVM node;
+//! - [`atomic`]: the atomic add every counter uses;
 //! - [`events`]: the ring buffer to user space and the statistics counters;
 //! - [`driver_probe`]: empty driver hooks, loaded only to learn whether the kernel allows them.
 #![no_std]
@@ -18,6 +19,7 @@
 // Inline assembly on the BPF target (atomic add) is still unstable.
 #![feature(asm_experimental_arch)]
 
+mod atomic;
 mod budget;
 mod driver_probe;
 mod events;

@@ -19,29 +19,11 @@ use gpuwarden_agent_common::{
 };
 
 use crate::{
+    atomic::atomic_add,
     budget, config,
     events::{count, emit},
     maps::{ALLOCATIONS, CGROUP_MEMORY, CLIENTS, FILES, OBJECT_DEVICES, PROCS, SCRATCH_CLIENT},
 };
-
-/// Adds `value` to `*p` atomically (subtract with `value.wrapping_neg()`).
-///
-/// # Safety
-/// `p` must point to a live, 8-byte aligned map value.
-#[inline(always)]
-pub unsafe fn atomic_add(p: *mut u64, value: u64) {
-    // `core::sync::atomic` offers no read-modify-write on this target; the BPF instruction is
-    // `lock *(u64 *)(dst + off) += src` (BPF_ATOMIC | BPF_ADD).
-    // SAFETY: guaranteed by the caller.
-    unsafe {
-        core::arch::asm!(
-            "lock *(u64 *)({p} + 0) += {v}",
-            p = in(reg) p,
-            v = in(reg) value,
-            options(nostack),
-        );
-    }
-}
 
 /// Adds `delta` (two's complement for a decrease) to the cgroup's bytes of `kind` on `device`,
 /// and, for video memory, to its quota's if it is bound to one.

@@ -23,10 +23,10 @@ use gpuwarden_agent_common::{
 };
 
 use crate::{
+    atomic::atomic_add,
     budget,
     events::{count, emit},
     maps::{CGROUP_QUOTA, DENY, QUOTAS, SETTINGS},
-    memory::atomic_add,
 };
 
 const SIGKILL: u32 = 9;

@@ -12,9 +12,11 @@ use gpuwarden_agent_common::maps::{
 };
 
 use crate::{
-    arg, current,
+    arg,
+    atomic::atomic_add,
+    current,
     maps::{GPU_FDS, MMAPS_IN_FLIGHT, PENDING_MMAP, PROCS, UVM_MAPPINGS},
-    memory::{add_cgroup, atomic_add},
+    memory::add_cgroup,
     ret,
 };
 

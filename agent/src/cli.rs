@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::{
     api::{self, DEFAULT_SOCKET, Request},
-    config::{AgentConfig, Overrides},
+    config::{AgentConfig, Settings},
     daemon,
     export::top,
     sensor::pins,
@@ -33,49 +33,13 @@ enum Command {
         /// TOML config file.
         #[arg(long)]
         config: Option<PathBuf>,
-        /// GPU device-node globs, comma-separated
-        /// [default: /dev/nvidia[0-9]*,/dev/nvidiactl,/dev/nvidia-uvm*].
-        #[arg(long, value_delimiter = ',')]
-        gpu_devices: Option<Vec<String>>,
-        /// Local socket path [default: /run/gpuwarden/agent.sock].
-        #[arg(long)]
-        socket: Option<PathBuf>,
-        /// State directory (holds the one-agent-per-node lock) [default: /run/gpuwarden].
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        /// Node name [default: the host name].
-        #[arg(long, env = "NODE_NAME")]
-        node_name: Option<String>,
-        /// Controller to register with, e.g. <http://127.0.0.1:50051>; with several controllers
-        /// sharing an etcd store, a comma-separated list (the agent follows the leader).
-        #[arg(long, env = "GPUWARDEN_CONTROLLER")]
-        controller: Option<String>,
-        /// CA that signs the controller's certificate (PEM), for an https:// controller.
-        #[arg(long, value_name = "FILE")]
-        controller_ca: Option<PathBuf>,
-        /// This node's client certificate for the controller (PEM; names the node).
-        #[arg(long, value_name = "FILE")]
-        tls_cert: Option<PathBuf>,
-        /// Private key of --tls-cert (PEM).
-        #[arg(long, value_name = "FILE")]
-        tls_key: Option<PathBuf>,
-        /// Mock GPU device list (TOML) instead of NVML.
-        #[arg(long)]
-        mock_devices: Option<PathBuf>,
-        /// Where programs, links and maps are pinned so enforcement outlives the agent
-        /// [default: /sys/fs/bpf/gpuwarden].
-        #[arg(long)]
-        bpf_pin_dir: Option<PathBuf>,
         /// Pin nothing: enforcement ends with the agent (benchmarks, trials).
         #[arg(long, conflicts_with = "bpf_pin_dir")]
         no_pin: bool,
-        /// Milliseconds between usage reports to the controller; 0 sends none [default: 5000].
-        #[arg(long, env = "GPUWARDEN_USAGE_REPORT_INTERVAL_MS", value_name = "MS")]
-        usage_report_interval_ms: Option<u64>,
-        /// Serve the metrics in Prometheus' text format at `GET /metrics` on this address
-        /// (plain HTTP; off by default).
-        #[arg(long, env = "GPUWARDEN_PROMETHEUS_LISTEN", value_name = "ADDR")]
-        prometheus_listen: Option<std::net::SocketAddr>,
+        /// The settings a flag may give (each also a key of the config file, which they win
+        /// over).
+        #[command(flatten)]
+        flags: Settings,
     },
     /// Resume a process the `stop` memory policy stopped (SIGCONT).
     Resume {
@@ -159,43 +123,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run {
             config,
-            gpu_devices,
-            socket,
-            state_dir,
-            node_name,
-            controller,
-            controller_ca,
-            tls_cert,
-            tls_key,
-            mock_devices,
-            bpf_pin_dir,
             no_pin,
-            usage_report_interval_ms,
-            prometheus_listen,
+            mut flags,
         } => {
             // The config layer reads an empty pin directory as "pin nothing".
-            let bpf_pin_dir = if no_pin {
-                Some(PathBuf::new())
-            } else {
-                bpf_pin_dir
-            };
-            let config = AgentConfig::load(
-                config.as_deref(),
-                Overrides {
-                    gpu_devices,
-                    socket,
-                    state_dir,
-                    node_name,
-                    controller,
-                    controller_ca,
-                    tls_cert,
-                    tls_key,
-                    mock_devices,
-                    bpf_pin_dir,
-                    usage_report_interval_ms,
-                    prometheus_listen,
-                },
-            )?;
+            if no_pin {
+                flags.bpf_pin_dir = Some(PathBuf::new());
+            }
+            let config = AgentConfig::load(config.as_deref(), flags)?;
             daemon::run(config).await?;
         }
         Command::Snapshot { json, socket } => {
@@ -271,6 +206,38 @@ mod tests {
         let long = Cli::command().render_long_help().to_string();
         assert!(long.contains("gpuwarden's node agent"), "{long}");
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_flag_and_its_file_key_are_one_setting() {
+        let cli = Cli::try_parse_from([
+            "gpuwarden-agent",
+            "run",
+            "--socket",
+            "/tmp/a.sock",
+            "--gpu-devices",
+            "/dev/x,/dev/y",
+            "--usage-report-interval-ms",
+            "250",
+        ])
+        .unwrap();
+        let Command::Run { flags, .. } = cli.command else {
+            panic!("not run");
+        };
+        let file: Settings = toml::from_str(
+            "socket = \"/tmp/a.sock\"\ngpu_devices = [\"/dev/x\", \"/dev/y\"]\nusage_report_interval_ms = 250\n",
+        )
+        .unwrap();
+        // The environment may set the flags that read it (NODE_NAME and the like).
+        assert_eq!(
+            Settings {
+                node_name: None,
+                controller: None,
+                prometheus_listen: None,
+                ..flags
+            },
+            file
+        );
     }
 
     #[test]

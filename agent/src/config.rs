@@ -1,4 +1,5 @@
-//! The agent's settings: a TOML file, overridden by command-line flags.
+//! The agent's settings: one set of keys ([`Settings`]) read from a TOML file and from
+//! command-line flags, the flags laid over the file and the defaults filled in last.
 
 use std::{
     path::{Path, PathBuf},
@@ -58,63 +59,126 @@ pub enum ConfigError {
     },
 }
 
-/// The config file's contents; every key optional.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    /// GPU device-node globs.
-    pub gpu_devices: Option<Vec<String>>,
-    /// Socket path.
-    pub socket: Option<PathBuf>,
-    /// Group (name or number) whose members may use the socket besides root (mode 0660);
-    /// unset: root only (mode 0600).
-    pub socket_group: Option<String>,
-    /// State directory.
-    pub state_dir: Option<PathBuf>,
-    /// Node name (default: the host name).
-    pub node_name: Option<String>,
-    /// Allocations at least this large are logged as events.
-    pub alloc_event_min_bytes: Option<u64>,
-    /// Seconds between rescans of the GPU device globs.
-    pub rescan_interval_secs: Option<u64>,
-    /// Controller URL, or several, comma-separated.
-    pub controller: Option<String>,
-    /// CA that signs the controller's certificate (PEM), for an `https://` controller.
-    pub controller_ca: Option<PathBuf>,
-    /// This node's client certificate (PEM), naming it (`spiffe://gpuwarden/node/<node>`).
-    pub tls_cert: Option<PathBuf>,
-    /// The private key of `tls_cert` (PEM).
-    pub tls_key: Option<PathBuf>,
-    /// Mock GPU device list (TOML), for machines without NVIDIA GPUs.
-    pub mock_devices: Option<PathBuf>,
-    /// Where programs, links and maps are pinned (bpffs); `""` pins nothing.
-    pub bpf_pin_dir: Option<PathBuf>,
-    /// Milliseconds per compute-share throttle period.
-    pub throttle_period_ms: Option<u64>,
-    /// Seconds a quota waits for its workload's cgroup before it expires.
-    pub binding_timeout_secs: Option<u64>,
-    /// OTLP/gRPC endpoint for metrics (else `OTEL_EXPORTER_OTLP_ENDPOINT`; neither: off).
-    pub otlp_endpoint: Option<String>,
-    /// Address to serve Prometheus' text format on (`GET /metrics`); unset: off.
-    pub prometheus_listen: Option<std::net::SocketAddr>,
-    /// Milliseconds between usage reports to the controller; 0 sends none.
-    pub usage_report_interval_ms: Option<u64>,
-    /// The kubelet's pod list, for pod names (else `GPUWARDEN_KUBELET_URL`, else
-    /// `https://$NODE_IP:10250/pods` when `NODE_IP` is set; `""`: off).
-    pub kubelet_url: Option<String>,
-    /// Bearer token for the kubelet (default: the service account's, where mounted).
-    pub kubelet_token_file: Option<PathBuf>,
-    /// CA bundle that signs the kubelet's serving certificate (default: the service account's
-    /// `ca.crt`, where mounted).
-    pub kubelet_ca_file: Option<PathBuf>,
-    /// Don't verify the kubelet's certificate (self-signed serving certificates).
-    pub kubelet_insecure_skip_tls_verify: Option<bool>,
-    /// The DRA kubelet plugin (`[dra]`; off unless `enabled = true`).
-    pub dra: Option<crate::dra::DraFileConfig>,
+/// Declares a layer of settings (every key optional) and [`Settings::over`], which lays one
+/// layer over another, so each key is spelled once: its type, its docs, its flag.
+macro_rules! layered {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $( $(#[$field_meta:meta])* pub $field:ident : Option<$ty:ty>, )*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $( $(#[$field_meta])* pub $field: Option<$ty>, )*
+        }
+
+        impl $name {
+            /// These settings laid over `lower`: each key set here wins, the others are
+            /// `lower`'s.
+            #[must_use]
+            pub fn over(self, lower: Self) -> Self {
+                Self { $( $field: self.$field.or(lower.$field), )* }
+            }
+        }
+    };
 }
 
-impl FileConfig {
-    /// Reads `path`.
+layered! {
+    /// One layer of the agent's settings, every key optional: the config file (TOML, the keys
+    /// by these names) and the command line (`run`'s flags: the keys without `#[arg(skip)]`)
+    /// are each one, flags laid over the file, and [`AgentConfig::load`] fills in the defaults.
+    #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, clap::Args)]
+    #[serde(deny_unknown_fields)]
+    pub struct Settings {
+        /// GPU device-node globs, comma-separated
+        /// [default: /dev/nvidia[0-9]*,/dev/nvidiactl,/dev/nvidia-uvm*].
+        #[arg(long, value_delimiter = ',')]
+        pub gpu_devices: Option<Vec<String>>,
+        /// Local socket path [default: /run/gpuwarden/agent.sock].
+        #[arg(long)]
+        pub socket: Option<PathBuf>,
+        /// Group (name or number) whose members may use the socket besides root (mode 0660);
+        /// unset: root only (mode 0600).
+        #[arg(skip)]
+        pub socket_group: Option<String>,
+        /// State directory (holds the one-agent-per-node lock) [default: /run/gpuwarden].
+        #[arg(long)]
+        pub state_dir: Option<PathBuf>,
+        /// Node name [default: the host name].
+        #[arg(long, env = "NODE_NAME")]
+        pub node_name: Option<String>,
+        /// Allocations at least this large are logged as events.
+        #[arg(skip)]
+        pub alloc_event_min_bytes: Option<u64>,
+        /// Seconds between rescans of the GPU device globs.
+        #[arg(skip)]
+        pub rescan_interval_secs: Option<u64>,
+        /// Controller to register with, e.g. <http://127.0.0.1:50051>; with several controllers
+        /// sharing an etcd store, a comma-separated list (the agent follows the leader).
+        #[arg(long, env = "GPUWARDEN_CONTROLLER")]
+        pub controller: Option<String>,
+        /// CA that signs the controller's certificate (PEM), for an https:// controller.
+        #[arg(long, value_name = "FILE")]
+        pub controller_ca: Option<PathBuf>,
+        /// This node's client certificate for the controller (PEM; names the node:
+        /// `spiffe://gpuwarden/node/<node>`).
+        #[arg(long, value_name = "FILE")]
+        pub tls_cert: Option<PathBuf>,
+        /// Private key of --tls-cert (PEM).
+        #[arg(long, value_name = "FILE")]
+        pub tls_key: Option<PathBuf>,
+        /// Mock GPU device list (TOML) instead of NVML, for machines without NVIDIA GPUs.
+        #[arg(long)]
+        pub mock_devices: Option<PathBuf>,
+        /// Where programs, links and maps are pinned so enforcement outlives the agent
+        /// (bpffs; `""` in the file pins nothing) [default: /sys/fs/bpf/gpuwarden].
+        #[arg(long)]
+        pub bpf_pin_dir: Option<PathBuf>,
+        /// Milliseconds per compute-share throttle period.
+        #[arg(skip)]
+        pub throttle_period_ms: Option<u64>,
+        /// Seconds a quota waits for its workload's cgroup before it expires.
+        #[arg(skip)]
+        pub binding_timeout_secs: Option<u64>,
+        /// OTLP/gRPC endpoint for metrics (else `OTEL_EXPORTER_OTLP_ENDPOINT`; neither: off).
+        #[arg(skip)]
+        pub otlp_endpoint: Option<String>,
+        /// Serve the metrics in Prometheus' text format at `GET /metrics` on this address
+        /// (plain HTTP; off by default).
+        #[arg(long, env = "GPUWARDEN_PROMETHEUS_LISTEN", value_name = "ADDR")]
+        pub prometheus_listen: Option<std::net::SocketAddr>,
+        /// Milliseconds between usage reports to the controller; 0 sends none [default: 5000].
+        #[arg(long, env = "GPUWARDEN_USAGE_REPORT_INTERVAL_MS", value_name = "MS")]
+        pub usage_report_interval_ms: Option<u64>,
+        /// The kubelet's pod list, for pod names (else `GPUWARDEN_KUBELET_URL`, else
+        /// `https://$NODE_IP:10250/pods` when `NODE_IP` is set; `""`: off).
+        #[arg(skip)]
+        pub kubelet_url: Option<String>,
+        /// Bearer token for the kubelet (default: the service account's, where mounted).
+        #[arg(skip)]
+        pub kubelet_token_file: Option<PathBuf>,
+        /// CA bundle that signs the kubelet's serving certificate (default: the service
+        /// account's `ca.crt`, where mounted).
+        #[arg(skip)]
+        pub kubelet_ca_file: Option<PathBuf>,
+        /// Don't verify the kubelet's certificate (self-signed serving certificates).
+        #[arg(skip)]
+        pub kubelet_insecure_skip_tls_verify: Option<bool>,
+        /// The DRA kubelet plugin (`[dra]`; off unless `enabled = true`).
+        #[arg(skip)]
+        pub dra: Option<crate::dra::DraFileConfig>,
+    }
+}
+
+/// The config file's contents.
+pub type FileConfig = Settings;
+
+/// Flags given on the command line, which win over the file.
+pub type Overrides = Settings;
+
+impl Settings {
+    /// Reads the config file at `path`.
     ///
     /// # Errors
     /// The file can't be read or parsed (the message has the line).
@@ -128,35 +192,6 @@ impl FileConfig {
             source: Box::new(source),
         })
     }
-}
-
-/// Flags given on the command line, which win over the file.
-#[derive(Debug, Default, Clone)]
-pub struct Overrides {
-    /// `--gpu-devices`.
-    pub gpu_devices: Option<Vec<String>>,
-    /// `--socket`.
-    pub socket: Option<PathBuf>,
-    /// `--state-dir`.
-    pub state_dir: Option<PathBuf>,
-    /// `--node-name`.
-    pub node_name: Option<String>,
-    /// `--controller`.
-    pub controller: Option<String>,
-    /// `--controller-ca`.
-    pub controller_ca: Option<PathBuf>,
-    /// `--tls-cert`.
-    pub tls_cert: Option<PathBuf>,
-    /// `--tls-key`.
-    pub tls_key: Option<PathBuf>,
-    /// `--mock-devices`.
-    pub mock_devices: Option<PathBuf>,
-    /// `--bpf-pin-dir`.
-    pub bpf_pin_dir: Option<PathBuf>,
-    /// `--usage-report-interval-ms`.
-    pub usage_report_interval_ms: Option<u64>,
-    /// `--prometheus-listen`.
-    pub prometheus_listen: Option<std::net::SocketAddr>,
 }
 
 /// The settings the agent runs with.
@@ -212,68 +247,59 @@ impl AgentConfig {
     /// # Errors
     /// The file is unreadable, a glob is invalid, or the socket's group does not exist.
     pub fn load(file: Option<&Path>, overrides: Overrides) -> Result<Self, ConfigError> {
-        let file = file.map(FileConfig::read).transpose()?.unwrap_or_default();
-        let globs = overrides
-            .gpu_devices
-            .or(file.gpu_devices)
-            .unwrap_or_default();
+        let file = file.map(Settings::read).transpose()?.unwrap_or_default();
+        Self::resolve(overrides.over(file))
+    }
+
+    /// The settings `s` with the defaults filled in.
+    ///
+    /// # Errors
+    /// A glob is invalid, the socket's group does not exist, or `[dra]` can't be used.
+    fn resolve(s: Settings) -> Result<Self, ConfigError> {
         Ok(Self {
-            gpu_globs: GpuNodeGlobs::new(&globs)?,
-            socket: overrides
-                .socket
-                .or(file.socket)
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
-            socket_group: file
+            gpu_globs: GpuNodeGlobs::new(&s.gpu_devices.unwrap_or_default())?,
+            socket: s.socket.unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
+            socket_group: s
                 .socket_group
                 .map(|group| {
                     crate::export::access::group_id(&group)
                         .map_err(|reason| ConfigError::SocketGroup { group, reason })
                 })
                 .transpose()?,
-            state_dir: overrides
+            state_dir: s
                 .state_dir
-                .or(file.state_dir)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
-            node_name: overrides
-                .node_name
-                .or(file.node_name)
-                .unwrap_or_else(hostname),
-            alloc_event_min_bytes: file.alloc_event_min_bytes.unwrap_or(1 << 20),
-            rescan_interval: Duration::from_secs(file.rescan_interval_secs.unwrap_or(2).max(1)),
+            node_name: s.node_name.unwrap_or_else(hostname),
+            alloc_event_min_bytes: s.alloc_event_min_bytes.unwrap_or(1 << 20),
+            rescan_interval: Duration::from_secs(s.rescan_interval_secs.unwrap_or(2).max(1)),
             gc_interval: Duration::from_secs(10),
-            controller: overrides.controller.or(file.controller),
+            controller: s.controller,
             controller_tls: ClientTls {
-                ca: overrides.controller_ca.or(file.controller_ca),
-                cert: overrides.tls_cert.or(file.tls_cert),
-                key: overrides.tls_key.or(file.tls_key),
+                ca: s.controller_ca,
+                cert: s.tls_cert,
+                key: s.tls_key,
             },
-            mock_devices: overrides.mock_devices.or(file.mock_devices),
+            mock_devices: s.mock_devices,
             bpf_pin_dir: Some(
-                overrides
-                    .bpf_pin_dir
-                    .or(file.bpf_pin_dir)
+                s.bpf_pin_dir
                     .unwrap_or_else(|| PathBuf::from(crate::sensor::pins::DEFAULT_PIN_DIR)),
             )
             .filter(|p| !p.as_os_str().is_empty()),
             throttle_period: Duration::from_millis(
-                file.throttle_period_ms.unwrap_or(100).clamp(10, 10_000),
+                s.throttle_period_ms.unwrap_or(100).clamp(10, 10_000),
             ),
-            binding_timeout: Duration::from_secs(file.binding_timeout_secs.unwrap_or(300).max(1)),
-            otlp_endpoint: crate::export::metrics::MetricsConfig::endpoint(file.otlp_endpoint),
+            binding_timeout: Duration::from_secs(s.binding_timeout_secs.unwrap_or(300).max(1)),
+            otlp_endpoint: crate::export::metrics::MetricsConfig::endpoint(s.otlp_endpoint),
             metric_interval: None,
-            prometheus_listen: overrides.prometheus_listen.or(file.prometheus_listen),
-            usage_report_interval: usage_report_interval(
-                overrides
-                    .usage_report_interval_ms
-                    .or(file.usage_report_interval_ms),
-            ),
+            prometheus_listen: s.prometheus_listen,
+            usage_report_interval: usage_report_interval(s.usage_report_interval_ms),
             kubelet: crate::attribution::kubelet::KubeletConfig::resolve(
-                file.kubelet_url,
-                file.kubelet_token_file,
-                file.kubelet_ca_file,
-                file.kubelet_insecure_skip_tls_verify.unwrap_or(false),
+                s.kubelet_url,
+                s.kubelet_token_file,
+                s.kubelet_ca_file,
+                s.kubelet_insecure_skip_tls_verify.unwrap_or(false),
             ),
-            dra: crate::dra::DraConfig::resolve(file.dra, |k| std::env::var(k).ok())?,
+            dra: crate::dra::DraConfig::resolve(s.dra, |k| std::env::var(k).ok())?,
         })
     }
 }

@@ -16,7 +16,8 @@
 //! - [`enforcement`]: quotas bound to their cgroups in the BPF maps and device programs, behind
 //!   narrow traits to the kernel; the compute-share throttle;
 //! - [`control`]: the controller link, the allocations held in sled, usage reports;
-//! - [`export`]: the snapshot, the local socket, OTLP metrics and `top`;
+//! - [`export`]: telemetry (the sensor's maps and attribution, a task behind a handle), the
+//!   snapshot, the local socket, OTLP metrics and `top`;
 //!
 //! and beside them [`dra`] (the agent as a Kubernetes DRA driver: ResourceSlices, and claims
 //! prepared into the same quotas), [`devices`] (the GPU inventory: NVML or mock), [`config`], [`cli`], `lock`
@@ -25,6 +26,8 @@
 #![deny(missing_docs)]
 
 pub mod attribution;
+#[doc(hidden)]
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod control;

@@ -27,6 +27,9 @@ pub enum Which {
     /// How closely the compute-share throttle holds a CPU spinner to shares 0.1, 0.3, 0.5 and
     /// 0.9 (CPU time standing in for GPU usage); needs root.
     Throttle,
+    /// Snapshot latency (p50, p99) while the agent's telemetry is flooded with exec events,
+    /// shared through one mutex as before and as a task behind a handle as now; needs root.
+    Telemetry,
 }
 
 /// Runs one benchmark.
@@ -47,6 +50,13 @@ pub fn run(which: &Which) -> anyhow::Result<()> {
             "gpuwarden-agent",
             "--bench",
             "throttle",
+        ])),
+        Which::Telemetry => crate::status(crate::cargo().args([
+            "bench",
+            "-p",
+            "gpuwarden-agent",
+            "--bench",
+            "telemetry",
         ])),
     }
 }

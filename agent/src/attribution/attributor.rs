@@ -251,5 +251,20 @@ impl Attributor {
     }
 }
 
+/// What the sensor's map upkeep asks of attribution.
+impl crate::sensor::upkeep::Cgroups for Attributor {
+    fn cgroup_of_pid(&self, pid: u32) -> Option<u64> {
+        self.cgroup_id_of_pid(pid).ok()
+    }
+
+    fn forget_dead(&mut self) {
+        Attributor::forget_dead(self);
+    }
+
+    fn exists(&mut self, id: u64) -> bool {
+        self.resolve(id).is_some()
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -26,18 +26,8 @@ use super::{
 };
 use crate::{
     devices::GpuBackend,
-    enforcement::{confinement, quota::QuotaSpec},
+    enforcement::{QuotaCommand, confinement, quota::QuotaSpec},
 };
-
-/// What the link passes down to enforcement: configuration flows from the controller to the
-/// kernel, never back through shared state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum QuotaCommand {
-    /// Enforce this quota (the allocation is on disk already).
-    Apply(QuotaSpec),
-    /// Stop enforcing the session's quota.
-    Release(String),
-}
 
 /// The channels between the link and the rest of the agent.
 pub struct LinkChannels {

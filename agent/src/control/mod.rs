@@ -13,6 +13,6 @@ pub mod link;
 pub mod observed;
 pub(crate) mod usage_report;
 
-pub use link::{LinkChannels, LinkConfig, QuotaCommand};
+pub use link::{LinkChannels, LinkConfig};
 pub use observed::Observed;
 pub use usage_report::UsageCounters;

@@ -51,8 +51,8 @@ pub struct UsageCounters {
     pub sent: AtomicU64,
     /// Reports dropped because a buffer on the way was full.
     pub dropped: AtomicU64,
-    /// The link's state, kept beside the reports it carries: [`LINK_NONE`], [`LINK_DOWN`] or
-    /// [`LINK_UP`].
+    /// The link's state, kept beside the reports it carries: `LINK_NONE`, `LINK_DOWN` or
+    /// `LINK_UP` (read it with [`UsageCounters::connected`]).
     pub link: AtomicU8,
 }
 

@@ -1,7 +1,7 @@
 //! `gpuwarden-agent run`: loads the sensor, restores what the node held, starts the tasks of
 //! each stage of the data path and serves the local socket until shutdown.
 //!
-//! - `start`: the sensor and enforcement as they come up (held quotas re-applied);
+//! - `start`: the sensor, telemetry and enforcement as they come up (held quotas re-applied);
 //! - `tasks`: the long-running tasks: event dispatch, map upkeep, usage reports.
 
 mod start;
@@ -16,16 +16,16 @@ use crate::{
     attribution::{AttributionError, Attributor, kubelet::PodNames},
     config::AgentConfig,
     control::{
-        LinkChannels, LinkConfig, Observed, QuotaCommand, UsageCounters,
+        LinkChannels, LinkConfig, Observed, UsageCounters,
         holdings::{Holdings, HoldingsError},
         link::{self, LinkError},
         usage_report::Reporter,
     },
     devices::{self, GpuBackend},
     dra,
-    enforcement::EnforcerHandle,
     enforcement::throttle,
-    export::{SharedTelemetry, Sources, metrics, server},
+    enforcement::{EnforcerHandle, QuotaCommand},
+    export::{Sources, TelemetryHandle, metrics, server},
     lock::{InstanceLock, LockError},
     sensor::{Sensor, SensorError},
 };
@@ -174,12 +174,12 @@ pub async fn run_until(
         quota_rx,
     );
 
-    let telemetry = start::telemetry(sensor, attributor, &config);
+    let (telemetry, telemetry_task) = start::telemetry(sensor, attributor, &config);
     let usage_counters = Arc::default();
     let published = metrics::Published::default();
     let metrics = start::metrics(&config, backend.as_ref(), &published);
     let sources = Arc::new(Sources {
-        telemetry: Arc::clone(&telemetry),
+        telemetry: telemetry.clone(),
         enforcer: enforcer.clone(),
         backend: Arc::clone(&backend),
         pods,
@@ -193,12 +193,12 @@ pub async fn run_until(
         let ring = crate::sensor::events::register(ring).map_err(RunError::Events)?;
         tasks.spawn(tasks::dispatch_events(
             ring,
-            Arc::clone(&telemetry),
+            telemetry.clone(),
             enforcer.clone(),
         ));
     }
     tasks.spawn(tasks::upkeep(
-        Arc::clone(&telemetry),
+        telemetry.clone(),
         config.clone(),
         Arc::clone(&backend),
         enforcer.clone(),
@@ -212,7 +212,7 @@ pub async fn run_until(
             hooks,
             holdings,
             backend: controller_backend,
-            telemetry: Arc::clone(&telemetry),
+            telemetry: telemetry.clone(),
             enforcer: enforcer.clone(),
             usage_reports,
             usage_counters,
@@ -234,10 +234,12 @@ pub async fn run_until(
     if let Some(task) = dra_task {
         let _ = task.await;
     }
-    // Stopping the tasks drops the last references to the sensor, which detaches the programs
-    // that are not pinned; pinned ones keep enforcing (`gpuwarden-agent unpin` removes them).
+    // Stopping telemetry drops the sensor, which detaches the programs that are not pinned;
+    // pinned ones keep enforcing (`gpuwarden-agent unpin` removes them).
     tasks.shutdown().await;
     drop(sources);
+    telemetry.stop();
+    let _ = telemetry_task.await;
     drop(enforcer);
     enforcer_task.abort();
     let _ = enforcer_task.await;
@@ -251,7 +253,7 @@ struct LinkWiring {
     hooks: Vec<String>,
     holdings: Holdings,
     backend: Arc<dyn GpuBackend>,
-    telemetry: SharedTelemetry,
+    telemetry: TelemetryHandle,
     enforcer: EnforcerHandle,
     usage_reports: Option<(Duration, Reporter)>,
     usage_counters: Arc<UsageCounters>,

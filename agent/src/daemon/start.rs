@@ -6,10 +6,10 @@ use tokio::sync::mpsc;
 use crate::{
     attribution::{Attributor, kubelet::PodNames},
     config::AgentConfig,
-    control::{QuotaCommand, holdings::Holdings, usage_report::Reporter},
+    control::{holdings::Holdings, usage_report::Reporter},
     devices::GpuBackend,
     enforcement::{
-        Enforcer, EnforcerHandle,
+        Enforcer, EnforcerHandle, QuotaCommand,
         cgroup_tree::CgroupTree,
         confinement::{Rules, own_cgroup},
         kernel::{Kernel, ProcessSignals},
@@ -17,8 +17,8 @@ use crate::{
         task,
         throttle::{self, ThrottleHandle},
     },
-    export::{SharedTelemetry, Telemetry, metrics},
-    sensor::{Sensor, events, upkeep},
+    export::{Telemetry, TelemetryHandle, metrics},
+    sensor::{Sensor, events},
 };
 
 /// Logs what the sensor chose and why, and starts forwarding the kernel side's log.
@@ -149,19 +149,11 @@ pub(super) fn reporter(backend: &dyn GpuBackend, attributor: &Attributor) -> Rep
     Reporter::new(source)
 }
 
-/// The state the sensor's readers share, with the GPU device nodes scanned once.
+/// The sensor's readers as a task, with the GPU device nodes scanned once.
 pub(super) fn telemetry(
     sensor: Sensor,
     attributor: Attributor,
     config: &AgentConfig,
-) -> SharedTelemetry {
-    let mut telemetry = Telemetry {
-        sensor,
-        attributor,
-        nodes: std::collections::BTreeMap::new(),
-        events_received: 0,
-        idle: upkeep::Idle::default(),
-    };
-    super::tasks::rescan_nodes(&mut telemetry, config);
-    std::sync::Arc::new(std::sync::Mutex::new(telemetry))
+) -> (TelemetryHandle, tokio::task::JoinHandle<()>) {
+    crate::export::telemetry::spawn(Telemetry::new(sensor, attributor, config.gpu_globs.clone()))
 }

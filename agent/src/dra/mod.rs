@@ -34,9 +34,9 @@ use tokio::sync::mpsc;
 pub use config::{DraConfig, DraFileConfig};
 
 use crate::{
-    control::{Observed, QuotaCommand, link::device_to_pb},
+    control::{Observed, link::device_to_pb},
     devices::{GpuBackend, GpuDevice},
-    enforcement::quota::QuotaSpec,
+    enforcement::{QuotaCommand, quota::QuotaSpec},
 };
 
 /// The driver's name: the ResourceSlices' `driver`, the claims' results' `driver`, the plugin's

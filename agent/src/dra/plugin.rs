@@ -17,9 +17,9 @@ use super::{
     store::{ClaimStore, Prepared},
 };
 use crate::{
-    control::{Observed, QuotaCommand},
+    control::Observed,
     devices::GpuDevice,
-    enforcement::quota::QuotaSpec,
+    enforcement::{QuotaCommand, quota::QuotaSpec},
 };
 
 /// A claim as the kubelet names it.

@@ -90,125 +90,85 @@ fn unprepare_all(driver: &Driver, claims: Vec<ClaimRef>) -> Vec<(String, String)
         .collect()
 }
 
-#[tonic::async_trait]
-impl v1::dra_plugin_server::DraPlugin for Plugin {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let claims = request.into_inner().claims.into_iter().map(|c| ClaimRef {
-            namespace: c.namespace,
-            uid: c.uid,
-            name: c.name,
-        });
-        let claims = prepare_all(&self.0, claims.collect()).await;
-        Ok(Response::new(v1::NodePrepareResourcesResponse {
-            claims: claims
-                .into_iter()
-                .map(|(uid, answer)| {
-                    let response = match answer {
-                        Ok(p) => v1::NodePrepareResourceResponse {
-                            devices: p
-                                .devices
-                                .iter()
-                                .map(|d| v1::Device {
-                                    request_names: vec![d.request.clone()],
-                                    pool_name: d.pool.clone(),
-                                    device_name: d.device.clone(),
-                                    cdi_device_ids: p.cdi_device_ids.clone(),
-                                    share_id: d.share_id.clone(),
-                                })
-                                .collect(),
-                            error: String::new(),
-                        },
-                        Err(error) => v1::NodePrepareResourceResponse {
-                            devices: vec![],
-                            error,
-                        },
-                    };
-                    (uid, response)
-                })
-                .collect(),
-        }))
-    }
+/// Implements `DRAPlugin` of version `$v` on [`Plugin`]: the versions differ only in their
+/// generated types and in a prepared device's fields, which `$device` builds from the prepared
+/// device `$d` and the claim's CDI device ids `$cdi`.
+macro_rules! dra_plugin {
+    ($v:ident, |$d:ident, $cdi:ident| $device:expr) => {
+        #[tonic::async_trait]
+        impl $v::dra_plugin_server::DraPlugin for Plugin {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$v::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$v::NodePrepareResourcesResponse>, Status> {
+                let claims = request.into_inner().claims.into_iter().map(|c| ClaimRef {
+                    namespace: c.namespace,
+                    uid: c.uid,
+                    name: c.name,
+                });
+                let claims = prepare_all(&self.0, claims.collect()).await;
+                Ok(Response::new($v::NodePrepareResourcesResponse {
+                    claims: claims
+                        .into_iter()
+                        .map(|(uid, answer)| {
+                            let response = match answer {
+                                Ok(p) => $v::NodePrepareResourceResponse {
+                                    devices: p
+                                        .devices
+                                        .iter()
+                                        .map(|$d| {
+                                            let $cdi = &p.cdi_device_ids;
+                                            $device
+                                        })
+                                        .collect(),
+                                    error: String::new(),
+                                },
+                                Err(error) => $v::NodePrepareResourceResponse {
+                                    devices: vec![],
+                                    error,
+                                },
+                            };
+                            (uid, response)
+                        })
+                        .collect(),
+                }))
+            }
 
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = request.into_inner().claims.into_iter().map(|c| ClaimRef {
-            namespace: c.namespace,
-            uid: c.uid,
-            name: c.name,
-        });
-        Ok(Response::new(v1::NodeUnprepareResourcesResponse {
-            claims: unprepare_all(&self.0, claims.collect())
-                .into_iter()
-                .map(|(uid, error)| (uid, v1::NodeUnprepareResourceResponse { error }))
-                .collect(),
-        }))
-    }
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$v::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$v::NodeUnprepareResourcesResponse>, Status> {
+                let claims = request.into_inner().claims.into_iter().map(|c| ClaimRef {
+                    namespace: c.namespace,
+                    uid: c.uid,
+                    name: c.name,
+                });
+                Ok(Response::new($v::NodeUnprepareResourcesResponse {
+                    claims: unprepare_all(&self.0, claims.collect())
+                        .into_iter()
+                        .map(|(uid, error)| (uid, $v::NodeUnprepareResourceResponse { error }))
+                        .collect(),
+                }))
+            }
+        }
+    };
 }
 
-#[tonic::async_trait]
-impl v1beta1::dra_plugin_server::DraPlugin for Plugin {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let claims = request.into_inner().claims.into_iter().map(|c| ClaimRef {
-            namespace: c.namespace,
-            uid: c.uid,
-            name: c.name,
-        });
-        let claims = prepare_all(&self.0, claims.collect()).await;
-        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
-            claims: claims
-                .into_iter()
-                .map(|(uid, answer)| {
-                    let response = match answer {
-                        // v1beta1 has no share ids: the device and CDI ids alone.
-                        Ok(p) => v1beta1::NodePrepareResourceResponse {
-                            devices: p
-                                .devices
-                                .iter()
-                                .map(|d| v1beta1::Device {
-                                    request_names: vec![d.request.clone()],
-                                    pool_name: d.pool.clone(),
-                                    device_name: d.device.clone(),
-                                    cdi_device_ids: p.cdi_device_ids.clone(),
-                                })
-                                .collect(),
-                            error: String::new(),
-                        },
-                        Err(error) => v1beta1::NodePrepareResourceResponse {
-                            devices: vec![],
-                            error,
-                        },
-                    };
-                    (uid, response)
-                })
-                .collect(),
-        }))
-    }
+dra_plugin!(v1, |d, cdi| v1::Device {
+    request_names: vec![d.request.clone()],
+    pool_name: d.pool.clone(),
+    device_name: d.device.clone(),
+    cdi_device_ids: cdi.clone(),
+    share_id: d.share_id.clone(),
+});
 
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = request.into_inner().claims.into_iter().map(|c| ClaimRef {
-            namespace: c.namespace,
-            uid: c.uid,
-            name: c.name,
-        });
-        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
-            claims: unprepare_all(&self.0, claims.collect())
-                .into_iter()
-                .map(|(uid, error)| (uid, v1beta1::NodeUnprepareResourceResponse { error }))
-                .collect(),
-        }))
-    }
-}
+// v1beta1 has no share ids: the device and CDI ids alone.
+dra_plugin!(v1beta1, |d, cdi| v1beta1::Device {
+    request_names: vec![d.request.clone()],
+    pool_name: d.pool.clone(),
+    device_name: d.device.clone(),
+    cdi_device_ids: cdi.clone(),
+});
 
 /// Binds a Unix socket at `path` (its directory made, a stale socket from an earlier run
 /// removed), readable by root only.

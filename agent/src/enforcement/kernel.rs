@@ -7,21 +7,10 @@
 
 use std::{collections::BTreeSet, io, path::Path};
 
-use gpuwarden_agent_common::maps::{CgroupDeviceKey, Quota};
-
 use super::dmem::DmemError;
-use crate::sensor::maps::Map;
-
-/// The maps enforcement writes: quotas by bound cgroup id, the quota each cgroup counts against,
-/// and (read only) what each cgroup holds.
-pub(crate) struct QuotaMaps {
-    /// Quotas by the id of the cgroup they are bound at.
-    pub quotas: Map<u64, Quota>,
-    /// cgroup id → the key of the quota it counts against.
-    pub cgroup_quota: Map<u64, u64>,
-    /// GPU memory by (cgroup, GPU), as the programs count it.
-    pub cgroup_memory: Map<CgroupDeviceKey, u64>,
-}
+use crate::sensor::DeviceProgram;
+/// The maps enforcement writes (the sensor loads them; enforcement only uses them).
+pub(crate) use crate::sensor::maps::QuotaMaps;
 
 /// Device access per bound cgroup (the `cgroup_device` program).
 pub(crate) trait DeviceAccess: Send {
@@ -32,6 +21,21 @@ pub(crate) trait DeviceAccess: Send {
     fn detach(&mut self, key: u64);
     /// Removes what an earlier agent left attached for keys not in `owned`; returns how many.
     fn sweep(&mut self, owned: &BTreeSet<u64>) -> usize;
+}
+
+/// The sensor's `cgroup_device` program is how the agent limits device access.
+impl DeviceAccess for DeviceProgram {
+    fn attach(&mut self, key: u64, dir: &Path) {
+        DeviceProgram::attach(self, key, dir);
+    }
+
+    fn detach(&mut self, key: u64) {
+        DeviceProgram::detach(self, key);
+    }
+
+    fn sweep(&mut self, owned: &BTreeSet<u64>) -> usize {
+        DeviceProgram::sweep(self, owned)
+    }
 }
 
 /// Signals to processes.

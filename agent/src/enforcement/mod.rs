@@ -26,3 +26,4 @@ pub use cgroup_tree::{BindError, MANAGED_PARENT};
 pub use enforcer::Record;
 pub(crate) use enforcer::{BindState, BindingReport, Enforcer, Standing};
 pub(crate) use task::EnforcerHandle;
+pub use task::QuotaCommand;

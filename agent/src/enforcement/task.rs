@@ -8,11 +8,25 @@ use std::{path::PathBuf, time::Duration};
 use gpuwarden_agent_common::event::Event;
 use tokio::sync::{mpsc, oneshot};
 
-use super::enforcer::{ControlError, Enforcer, Standing};
-use crate::{control::QuotaCommand, devices::ProcessMemory, sensor::MemoryTier};
+use super::{
+    enforcer::{ControlError, Enforcer, Standing},
+    quota::QuotaSpec,
+};
+use crate::{devices::ProcessMemory, sensor::MemoryTier};
 
 /// How often pending quotas look for their cgroup and bound ones for new children.
 pub(crate) const RECONCILE_EVERY: Duration = Duration::from_millis(500);
+
+/// What the controller link and the DRA plugin pass down to enforcement (enforcement consumes
+/// it, so it owns it): configuration flows from the controller to the
+/// kernel, never back through shared state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuotaCommand {
+    /// Enforce this quota (the allocation is on disk already).
+    Apply(QuotaSpec),
+    /// Stop enforcing the session's quota.
+    Release(String),
+}
 
 enum Message {
     KernelEvent(Box<Event>),

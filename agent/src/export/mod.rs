@@ -1,6 +1,8 @@
 //! What the agent shows: the snapshot document (built here, defined in `gpuwarden-agent-api`),
 //! the local socket that serves it, OTLP metrics and `top`.
 //!
+//! - `telemetry`: the sensor's maps, attribution and the watched GPU nodes, as a task behind a
+//!   handle (its blocking work on blocking threads);
 //! - `snapshot`: counters + enforcement + utilization + pod names → [`Snapshot`];
 //! - `server`: the local socket, and `access`: who may ask it what (its file's mode and group,
 //!   the caller's `SO_PEERCRED` before it signals a process or hands out a session's cgroup);
@@ -11,52 +13,23 @@ pub(crate) mod access;
 pub mod metrics;
 pub(crate) mod server;
 pub(crate) mod snapshot;
+pub(crate) mod telemetry;
 pub mod top;
 
-use std::{
-    collections::BTreeMap,
-    path::PathBuf,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
-};
+use std::sync::Arc;
 
 use gpuwarden_agent_api::Snapshot;
-use gpuwarden_agent_common::maps::GpuNode;
 
 use crate::{
-    attribution::{Attributor, kubelet::PodNames},
-    control::UsageCounters,
-    devices::GpuBackend,
+    attribution::kubelet::PodNames, control::UsageCounters, devices::GpuBackend,
     enforcement::EnforcerHandle,
-    sensor::Sensor,
 };
-
-/// What the sensor's readers share: the event reader, map upkeep and snapshots. Data flows one
-/// way: the kernel fills the maps, these read and tidy them.
-pub(crate) struct Telemetry {
-    /// The sensor (its telemetry maps).
-    pub sensor: Sensor,
-    /// cgroup id → workload.
-    pub attributor: Attributor,
-    /// The GPU device nodes watched.
-    pub nodes: BTreeMap<PathBuf, GpuNode>,
-    /// Events read from the ring buffer.
-    pub events_received: u64,
-    /// When each idle cgroup's counters last changed (map upkeep ages them out).
-    pub idle: crate::sensor::upkeep::Idle,
-}
-
-/// The telemetry state, shared.
-pub(crate) type SharedTelemetry = Arc<Mutex<Telemetry>>;
-
-/// Locks the telemetry state; a panicked task leaves the maps as they were, so keep serving.
-pub(crate) fn lock(state: &SharedTelemetry) -> MutexGuard<'_, Telemetry> {
-    state.lock().unwrap_or_else(PoisonError::into_inner)
-}
+pub(crate) use telemetry::{Telemetry, TelemetryHandle};
 
 /// Everything a snapshot is built from.
 pub(crate) struct Sources {
     /// The maps and attribution.
-    pub telemetry: SharedTelemetry,
+    pub telemetry: TelemetryHandle,
     /// Enforcement.
     pub enforcer: EnforcerHandle,
     /// GPU utilization.
@@ -72,25 +45,19 @@ pub(crate) struct Sources {
 }
 
 impl Sources {
-    /// A full snapshot: the maps read under the lock; enforcement asked, NVML and the pod names
-    /// read outside it.
+    /// A full snapshot: enforcement asked, the maps read by the telemetry task; NVML and the pod
+    /// names read here. Once telemetry has stopped (the agent is stopping) the maps' part is
+    /// empty.
     pub(crate) async fn snapshot(&self) -> Snapshot {
         let (standing, _) = self.enforcer.standing().await.unwrap_or_default();
         let measured = self.backend.utilization();
-        let mut snapshot = {
-            let mut guard = lock(&self.telemetry);
-            let t = &mut *guard;
-            let counters = t.sensor.counters();
-            snapshot::build(
-                &t.sensor,
-                counters,
-                &standing,
-                &mut t.attributor,
-                &self.node,
-                t.events_received,
-            )
-        };
-        snapshot.gpus = snapshot::gpu_utilization(&self.indexes, measured.as_ref(), &standing);
+        let gpus = snapshot::gpu_utilization(&self.indexes, measured.as_ref(), &standing);
+        let mut snapshot = self
+            .telemetry
+            .snapshot(standing, self.node.clone())
+            .await
+            .unwrap_or_default();
+        snapshot.gpus = gpus;
         snapshot::add_health(&mut snapshot, &self.backend.health());
         (
             snapshot.stats.usage_reports,

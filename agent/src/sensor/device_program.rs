@@ -10,7 +10,6 @@ use std::{
 use aya::programs::ProgramFd;
 
 use super::pins::{self, Pins};
-use crate::enforcement::kernel::DeviceAccess;
 
 /// The loaded program and the links it holds: pinned where the agent pins (so enforcement
 /// outlives it), otherwise owned here until detached.
@@ -28,10 +27,11 @@ impl DeviceProgram {
             owned: HashMap::new(),
         }
     }
-}
 
-impl DeviceAccess for DeviceProgram {
-    fn attach(&mut self, key: u64, dir: &Path) {
+    /// Lets the cgroup at `dir`, bound under quota `key`, open only its GPUs (adopting an earlier
+    /// agent's pinned link). Failures are logged: memory and compute are still enforced without
+    /// it.
+    pub(crate) fn attach(&mut self, key: u64, dir: &Path) {
         let Some(program) = self.program.as_ref() else {
             return;
         };
@@ -66,7 +66,8 @@ impl DeviceAccess for DeviceProgram {
         self.owned.insert(key, link);
     }
 
-    fn detach(&mut self, key: u64) {
+    /// Lets go of quota `key`'s cgroup (and its pin).
+    pub(crate) fn detach(&mut self, key: u64) {
         self.owned.remove(&key);
         if let Some(pins) = &self.pins {
             let path = pins.device_link(key);
@@ -78,7 +79,8 @@ impl DeviceAccess for DeviceProgram {
         }
     }
 
-    fn sweep(&mut self, owned: &BTreeSet<u64>) -> usize {
+    /// Removes the pinned links of keys not in `owned`; returns how many.
+    pub(crate) fn sweep(&mut self, owned: &BTreeSet<u64>) -> usize {
         let Some(pins) = &self.pins else {
             return 0;
         };

@@ -1,12 +1,12 @@
 //! The sensor's maps as the agent's logic sees them: [`KernelMap`], a narrow view of one BPF
-//! hash map, implemented by aya's maps here and by [`fake::FakeMap`] in unit tests, so map
+//! hash map, implemented by aya's maps here and by `fake::FakeMap` in unit tests, so map
 //! upkeep and enforcement run without a kernel (docs/architecture.md, "The code shows the data
 //! path").
 
 use aya::maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap};
 use gpuwarden_agent_common::maps::{
     Allocation, CgroupDeviceKey, ClientInfo, FdInfo, FdKey, FileId, FileRefs, GpuNode, HandleKey,
-    IoctlKey, Mapping, MappingKey, ObjectInfo, PathKey, ProcInfo, TableReleased, TableUse,
+    IoctlKey, Mapping, MappingKey, ObjectInfo, PathKey, ProcInfo, Quota, TableReleased, TableUse,
 };
 
 /// `BPF_NOEXIST`: insert only where the key is absent.
@@ -207,6 +207,17 @@ pub(crate) struct TelemetryMaps {
     pub cgroup_tables: Map<u64, TableUse>,
     /// Each cgroup's entries the agent removed itself.
     pub cgroup_tables_released: Map<u64, TableReleased>,
+}
+
+/// The maps enforcement writes (taken from the sensor once, by the enforcer): quotas by bound cgroup id, the quota each cgroup counts against,
+/// and (read only) what each cgroup holds.
+pub(crate) struct QuotaMaps {
+    /// Quotas by the id of the cgroup they are bound at.
+    pub quotas: Map<u64, Quota>,
+    /// cgroup id → the key of the quota it counts against.
+    pub cgroup_quota: Map<u64, u64>,
+    /// GPU memory by (cgroup, GPU), as the programs count it.
+    pub cgroup_memory: Map<CgroupDeviceKey, u64>,
 }
 
 /// In-memory maps for unit tests.

@@ -41,10 +41,8 @@ use serde::{Deserialize, Serialize};
 pub(crate) use counters::{CgroupCounters, Counters};
 pub(crate) use device_program::DeviceProgram;
 pub use gpuwarden_agent_api::Hook;
-use maps::{Named, TelemetryMaps};
+use maps::{Named, QuotaMaps, TelemetryMaps};
 pub use probe::Probe;
-
-use crate::enforcement::kernel::QuotaMaps;
 
 /// The programs, compiled by `agent/build.rs` and embedded so the agent ships as one file.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gpuwarden.bpf.o"));

@@ -17,7 +17,17 @@ use gpuwarden_agent_common::maps::{
 };
 
 use super::maps::{MapError, TelemetryMaps};
-use crate::attribution::Attributor;
+
+/// What map upkeep asks of attribution (`attribution::Attributor` answers it): attribution comes
+/// after the sensor on the data path, so upkeep names what it needs instead of importing it.
+pub(crate) trait Cgroups {
+    /// The id of process `pid`'s cgroup v2 cgroup; `None` when it can't be read (it exited).
+    fn cgroup_of_pid(&self, pid: u32) -> Option<u64>;
+    /// Forgets the cgroups that were removed.
+    fn forget_dead(&mut self);
+    /// Whether cgroup `id` still exists.
+    fn exists(&mut self, id: u64) -> bool;
+}
 
 /// Makes the path table hold exactly `nodes`. Returns how many paths were added and removed.
 pub(crate) fn sync_paths(
@@ -141,7 +151,7 @@ pub(crate) struct SeedReport {
 pub(crate) fn seed(
     maps: &mut TelemetryMaps,
     nodes: &BTreeMap<PathBuf, GpuNode>,
-    attributor: &Attributor,
+    cgroups: &impl Cgroups,
     proc_root: &Path,
     only: Option<u32>,
 ) -> SeedReport {
@@ -201,7 +211,7 @@ pub(crate) fn seed(
             }
         }
         if maps.procs.get(&tgid).is_none() {
-            let Ok(cgroup) = attributor.cgroup_id_of_pid(tgid) else {
+            let Some(cgroup) = cgroups.cgroup_of_pid(tgid) else {
                 continue;
             };
             let info = ProcInfo {
@@ -276,7 +286,7 @@ pub(crate) struct Garbage {
 /// idle for [`IDLE_TTL`] (see [`Idle`]).
 pub(crate) fn collect_garbage(
     maps: &mut TelemetryMaps,
-    attributor: &mut Attributor,
+    cgroups: &mut impl Cgroups,
     idle: &mut Idle,
     proc_root: &Path,
     now: Instant,
@@ -366,10 +376,9 @@ pub(crate) fn collect_garbage(
         .collect();
     garbage.handles += remove_all(&stale_mappings, |k| maps.mappings.remove(k));
 
-    attributor.forget_dead();
+    cgroups.forget_dead();
     let with_procs: HashSet<u64> = maps.procs.entries().iter().map(|(_, p)| p.cgroup).collect();
-    let mut gone =
-        |cgroup: u64| !with_procs.contains(&cgroup) && attributor.resolve(cgroup).is_none();
+    let mut gone = |cgroup: u64| !with_procs.contains(&cgroup) && !cgroups.exists(cgroup);
     let dead_counters: Vec<IoctlKey> = maps
         .ioctl_counts
         .keys()
@@ -475,7 +484,7 @@ fn remove_all<K>(keys: &[K], mut remove: impl FnMut(&K) -> Result<(), MapError>)
 pub(crate) fn reseed_after_exec(
     maps: &mut TelemetryMaps,
     nodes: &BTreeMap<PathBuf, GpuNode>,
-    attributor: &Attributor,
+    cgroups: &impl Cgroups,
     proc_root: &Path,
     tgid: u32,
 ) {
@@ -497,7 +506,7 @@ pub(crate) fn reseed_after_exec(
             let _ = maps.gpu_fds.remove(&key);
         }
     }
-    seed(maps, nodes, attributor, proc_root, Some(tgid));
+    seed(maps, nodes, cgroups, proc_root, Some(tgid));
 }
 
 #[cfg(test)]

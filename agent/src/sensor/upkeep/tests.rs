@@ -17,7 +17,7 @@ use gpuwarden_agent_common::maps::{
     Allocation, ClientInfo, FileRefs, HandleKey, ObjectInfo, TableReleased, TableUse,
 };
 
-use crate::sensor::maps::fake::FakeMap;
+use crate::{attribution::Attributor, sensor::maps::fake::FakeMap};
 
 /// Telemetry maps in memory, with handles to look at them.
 #[derive(Default)]

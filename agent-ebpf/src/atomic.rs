@@ -1,0 +1,21 @@
+//! The one read-modify-write the BPF target lacks in `core`: an atomic add on a map value. A
+//! leaf that every counting module uses, so none of them imports another for it.
+
+/// Adds `value` to `*p` atomically (subtract with `value.wrapping_neg()`).
+///
+/// # Safety
+/// `p` must point to a live, 8-byte aligned map value.
+#[inline(always)]
+pub unsafe fn atomic_add(p: *mut u64, value: u64) {
+    // `core::sync::atomic` offers no read-modify-write on this target; the BPF instruction is
+    // `lock *(u64 *)(dst + off) += src` (BPF_ATOMIC | BPF_ADD).
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        core::arch::asm!(
+            "lock *(u64 *)({p} + 0) += {v}",
+            p = in(reg) p,
+            v = in(reg) value,
+            options(nostack),
+        );
+    }
+}
