@@ -27,6 +27,10 @@ pub enum Which {
     /// How closely the compute-share throttle holds a CPU spinner to shares 0.1, 0.3, 0.5 and
     /// 0.9 (CPU time standing in for GPU usage); needs root.
     Throttle,
+    /// How fast the throttle thaws a cgroup and lends idle capacity, and how soon a standby
+    /// leads after the leader is killed: what the end-to-end tests only wait for. The throttle
+    /// part needs root.
+    Timings,
 }
 
 /// Runs one benchmark.
@@ -47,6 +51,13 @@ pub fn run(which: &Which) -> anyhow::Result<()> {
             "gpuwarden-agent",
             "--bench",
             "throttle",
+        ])),
+        Which::Timings => crate::status(crate::cargo().args([
+            "bench",
+            "-p",
+            "gpuwarden-tests",
+            "--bench",
+            "timings",
         ])),
     }
 }
