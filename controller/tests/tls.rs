@@ -108,11 +108,7 @@ impl TlsController {
 }
 
 fn node_info(node: &str) -> pb::NodeInfo {
-    pb::NodeInfo {
-        node_id: node.to_owned(),
-        hostname: node.to_owned(),
-        ..pb::NodeInfo::default()
-    }
+    gpuwarden_test_support::node::bare(node)
 }
 
 fn heartbeat(node: &str) -> pb::AgentMessage {
