@@ -63,7 +63,7 @@ fn summary(samples: &mut [Duration]) -> String {
     samples.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     format!(
-        "median {:8.1} ms   worst {:8.1} ms   ({} rounds)",
+        "median {:9.2} ms   worst {:9.2} ms   ({} rounds)",
         ms(samples[samples.len() / 2]),
         ms(samples[samples.len() - 1]),
         samples.len()
