@@ -14,18 +14,28 @@
 //! `cargo xtask bench timings` runs both; `cargo bench -p gpuwarden-tests --bench timings --
 //! takeover` (or `throttle`) one.
 
+// The end-to-end tests' controllers: in this process, on a runtime of their own, killed as
+// abruptly as a crash.
+#[path = "../tests/util/cluster.rs"]
+#[allow(
+    dead_code,
+    clippy::unwrap_used,
+    reason = "the bench uses the elected controller, the tests the rest; test code unwraps"
+)]
+mod cluster;
+
 use std::{
     fs,
-    net::SocketAddr,
     os::unix::fs::MetadataExt,
     time::{Duration, Instant},
 };
 
+use cluster::TestController;
+
 use gpuwarden_agent::enforcement::throttle::{
     self, ComputePolicy, CpuTimeUsage, Member, ThrottleConfig, ThrottleHandle,
 };
-use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server, store::StoreSpec};
-use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use gpuwarden_controller::{api::Timing, store::StoreSpec};
 use gpuwarden_test_support::{
     Etcd, TestCgroup, is_root,
     spinner::{Spinner, rates, spin_if_asked},
@@ -172,72 +182,6 @@ fn throttle_timings() {
     drop(spinner);
 }
 
-/// A controller campaigning on an etcd store, on a runtime of its own so that dropping it is as
-/// abrupt as a crash: its lease's keep-alive stops with everything else.
-struct Elected {
-    addr: SocketAddr,
-    stop: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Elected {
-    fn start(store: &StoreSpec) -> Self {
-        let store = store.clone();
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            let addr = rt
-                .block_on(server::spawn_elected(
-                    &store,
-                    SchedulerConfig::default(),
-                    Timing::default(),
-                    TTL,
-                    std::future::pending(),
-                ))
-                .expect("serves");
-            addr_tx.send(addr).expect("told");
-            let _ = stopped.recv();
-            rt.shutdown_background();
-        });
-        Self {
-            addr: addr_rx.recv().expect("an address"),
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-
-    /// Whether it answers as the leader (a standby refuses).
-    async fn leads(&self) -> bool {
-        let Ok(channel) = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
-            .expect("a URL")
-            .connect()
-            .await
-        else {
-            return false;
-        };
-        SchedulerServiceClient::new(channel)
-            .list_sessions(pb::ListSessionsRequest::default())
-            .await
-            .is_ok()
-    }
-}
-
-impl Drop for Elected {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
 fn takeover_timings() {
     let etcd = Etcd::start();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -250,15 +194,15 @@ fn takeover_timings() {
             .store_url(&format!("takeover-{round}"))
             .parse()
             .expect("a store spec");
-        let leader = Elected::start(&store);
+        let leader = TestController::start_elected(&store, Timing::default(), TTL);
         rt.block_on(wait::until_async("the first to lead", PATIENCE, || {
             leader.leads()
         }));
-        let standby = Elected::start(&store);
+        let standby = TestController::start_elected(&store, Timing::default(), TTL);
         // Let the standby campaign before the leader goes.
         std::thread::sleep(Duration::from_millis(500));
         let killed = Instant::now();
-        drop(leader);
+        leader.kill();
         rt.block_on(wait::until_async(
             "the standby to lead",
             TTL + PATIENCE,
