@@ -116,12 +116,13 @@ async fn acks_sent_together_share_commits_and_all_reach_running() {
             .filter(|s| s.state == i32::from(pb::SessionState::Running))
             .count()
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + gpuwarden_test_support::wait::PATIENCE;
     while running().await < SESSIONS {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{} of {SESSIONS} sessions running after 10 s",
-            running().await
+            "{} of {SESSIONS} sessions running after {:?}",
+            running().await,
+            gpuwarden_test_support::wait::PATIENCE
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -134,7 +135,8 @@ async fn acks_sent_together_share_commits_and_all_reach_running() {
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{changes} of {SESSIONS} acks committed after 10 s"
+            "{changes} of {SESSIONS} acks committed after {:?}",
+            gpuwarden_test_support::wait::PATIENCE
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };

@@ -163,7 +163,8 @@ fn assert_status(status: &tonic::Status, code: Code, words: &str) {
 
 /// Waits (bounded) until the counter for `reason` passes `before`.
 async fn counted_past(reason: DenialReason, before: u64) -> bool {
-    for _ in 0..50 {
+    let started = std::time::Instant::now();
+    while started.elapsed() < gpuwarden_test_support::wait::PATIENCE {
         if denials::count_of(reason) > before {
             return true;
         }
@@ -175,48 +176,11 @@ async fn counted_past(reason: DenialReason, before: u64) -> bool {
 /// Registers node-1 with two GPUs; the future that then holds its stream and acks every
 /// allocation.
 async fn fake_agent(channel: Channel) -> impl Future<Output = ()> {
-    let mut agent = AgentServiceClient::new(channel);
-    agent
-        .register(pb::NodeInfo {
-            node_id: "node-1".into(),
-            hostname: "node-1".into(),
-            slot_types: ["cuda.shares", "cuda.mem"]
-                .iter()
-                .map(|name| pb::SlotType {
-                    name: (*name).into(),
-                    kind: i32::from(if *name == "cuda.mem" {
-                        pb::SlotKind::Bytes
-                    } else {
-                        pb::SlotKind::Count
-                    }),
-                })
-                .collect(),
-            devices: (0..2)
-                .map(|i| pb::Device {
-                    uuid: format!("GPU-{i}"),
-                    memory_bytes: 16 << 30,
-                    index: i,
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        })
-        .await
-        .expect("registers");
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tx.send(pb::AgentMessage {
-        msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
-            node_id: "node-1".into(),
-            ..Default::default()
-        })),
-    })
-    .await
-    .expect("queued");
-    let mut inbound = agent
-        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("stream opens")
-        .into_inner();
+    let (tx, mut inbound) = gpuwarden_test_support::node::connect_with(
+        AgentServiceClient::new(channel),
+        gpuwarden_test_support::node::with_two_gpus("node-1"),
+    )
+    .await;
     async move {
         while let Some(Ok(message)) = inbound.next().await {
             if let Some(pb::controller_message::Msg::Allocate(a)) = message.msg {

@@ -1,13 +1,25 @@
 //! Controllers sharing a real etcd: one leads, the others stand by naming it; when the leader is
-//! killed a standby takes over within the lease's TTL and a second, with every acknowledged
-//! session; a leader paused past its lease cannot write when it resumes, and steps down.
+//! killed a standby takes over with every acknowledged session; a leader paused past its lease
+//! cannot write when it resumes, and steps down.
+//!
+//! The tests wait for each of these with generous deadlines; how soon a standby takes over is a
+//! figure of `cargo xtask bench timings` (printed here too).
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use common::{ControllerProcess as Member, request};
-use gpuwarden_test_support::Etcd;
+use gpuwarden_test_support::{
+    Etcd,
+    wait::{self, PATIENCE},
+};
 use tonic::Code;
 
 const TTL: Duration = Duration::from_secs(2);
@@ -35,19 +47,16 @@ async fn a_standby_names_the_leader_and_takes_over_with_every_acknowledged_sessi
     let etcd = Etcd::start();
     let store = etcd.store_url("failover");
     let a = member(&store);
-    a.until_serving(Duration::from_secs(10)).await;
+    a.until_serving(PATIENCE).await;
     let b = member(&store);
     let c = member(&store);
     for standby in [&b, &c] {
-        let started = Instant::now();
-        // A standby learns the leader within a moment of starting.
-        let status = loop {
-            let status = refusal(standby).await;
-            if named_leader(&status).is_some() || started.elapsed() > Duration::from_secs(5) {
-                break status;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        // A standby learns the leader soon after starting.
+        wait::until_async("the standby to name a leader", PATIENCE, || async {
+            named_leader(&refusal(standby).await).is_some()
+        })
+        .await;
+        let status = refusal(standby).await;
         assert_eq!(status.code(), Code::Unavailable, "{status:?}");
         assert_eq!(
             named_leader(&status),
@@ -71,29 +80,24 @@ async fn a_standby_names_the_leader_and_takes_over_with_every_acknowledged_sessi
 
     let killed = Instant::now();
     drop(a);
-    // Whichever standby wins, it leads within the TTL and a second, with every session.
+    // Whichever standby wins, it leads once the lease lapses, with every session (how soon:
+    // `cargo xtask bench timings`).
     let winner = tokio::select! {
-        _ = b.until_serving(TTL + Duration::from_secs(5)) => &b,
-        _ = c.until_serving(TTL + Duration::from_secs(5)) => &c,
+        _ = b.until_serving(TTL + PATIENCE) => &b,
+        _ = c.until_serving(TTL + PATIENCE) => &c,
     };
     let takeover = killed.elapsed();
     eprintln!("takeover after SIGKILL of the leader: {takeover:?} (TTL {TTL:?})");
-    assert!(
-        takeover <= TTL + Duration::from_secs(1),
-        "took {takeover:?}"
-    );
     assert_eq!(winner.names().await.expect("leads"), acknowledged);
     // The other standby now names the new leader.
     let other = if std::ptr::eq(winner, &b) { &c } else { &b };
-    let started = Instant::now();
-    loop {
-        let status = refusal(other).await;
-        if named_leader(&status) == Some(winner.addr.to_string()) {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(5), "{status:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let winner_addr = winner.addr.to_string();
+    wait::until_async(
+        "the other standby to name the new leader",
+        PATIENCE,
+        || async { named_leader(&refusal(other).await).as_ref() == Some(&winner_addr) },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,7 +105,7 @@ async fn a_leader_paused_past_its_lease_cannot_write_and_steps_down() {
     let etcd = Etcd::start();
     let store = etcd.store_url("fencing");
     let a = member(&store);
-    a.until_serving(Duration::from_secs(10)).await;
+    a.until_serving(PATIENCE).await;
     a.register_node().await;
     let mut to_a = a.client().await;
     to_a.create_session(request("before"))
@@ -110,7 +114,7 @@ async fn a_leader_paused_past_its_lease_cannot_write_and_steps_down() {
     let b = member(&store);
 
     a.signal(libc::SIGSTOP);
-    b.until_serving(TTL + Duration::from_secs(5)).await;
+    b.until_serving(TTL + PATIENCE).await;
     a.signal(libc::SIGCONT);
 
     // Whatever the old leader still accepts, none of it may land: the store is fenced.
@@ -129,15 +133,13 @@ async fn a_leader_paused_past_its_lease_cannot_write_and_steps_down() {
     );
     assert_eq!(b.names().await.expect("leads"), ["before"]);
     // And it steps down, naming the new leader.
-    let started = Instant::now();
-    loop {
-        let status = refusal(&a).await;
-        if named_leader(&status) == Some(b.addr.to_string()) {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(5), "{status:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let b_addr = b.addr.to_string();
+    wait::until_async(
+        "the old leader to step down naming the new one",
+        PATIENCE,
+        || async { named_leader(&refusal(&a).await).as_ref() == Some(&b_addr) },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,28 +147,32 @@ async fn etcd_lost_under_load_stops_scheduling_with_the_reason_and_loses_nothing
     let mut etcd = Etcd::start();
     let store = etcd.store_url("faults");
     let a = member(&store);
-    a.until_serving(Duration::from_secs(10)).await;
+    a.until_serving(PATIENCE).await;
     a.register_node().await;
 
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Answers so far, acknowledged and refused, for the test to wait on.
+    let (acks, refusals) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let load = {
         let mut client = a.client().await;
-        let stop = std::sync::Arc::clone(&stop);
+        let (stop, acks, refusals) = (Arc::clone(&stop), Arc::clone(&acks), Arc::clone(&refusals));
         tokio::spawn(async move {
             let (mut acknowledged, mut refused) = (Vec::new(), Vec::new());
             // Whether the last answer was an acknowledgement: scheduling resumed.
             let mut resumed = false;
             let mut i = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 let name = format!("job-{i:04}");
                 match client.create_session(request(&name)).await {
                     Ok(_) => {
                         acknowledged.push(name);
                         resumed = true;
+                        acks.fetch_add(1, Ordering::Relaxed);
                     }
                     Err(status) => {
                         refused.push(status);
                         resumed = false;
+                        refusals.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 i += 1;
@@ -175,14 +181,36 @@ async fn etcd_lost_under_load_stops_scheduling_with_the_reason_and_loses_nothing
             (acknowledged, refused, resumed)
         })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait::until_async(
+        "creates to be acknowledged under load",
+        PATIENCE,
+        || async { acks.load(Ordering::Relaxed) > 0 },
+    )
+    .await;
     etcd.kill();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let killed = Instant::now();
+    // Until the controller notices etcd is gone and refuses; etcd stays away at least 3 s, past
+    // the lease's TTL.
+    let noticed = wait::until_async(
+        "a create refused while etcd is down",
+        TTL + PATIENCE,
+        || async { refusals.load(Ordering::Relaxed) > 0 },
+    )
+    .await;
+    eprintln!("refusing {noticed:?} after etcd was killed");
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(killed.elapsed())).await;
     etcd.resume();
-    let back = a.until_serving(Duration::from_secs(20)).await;
+    let back = a.until_serving(PATIENCE).await;
     eprintln!("leading again {back:?} after etcd came back");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Until the load's own creates are acknowledged again.
+    let before = acks.load(Ordering::Relaxed);
+    wait::until_async(
+        "the load's creates to be acknowledged again",
+        PATIENCE,
+        || async { acks.load(Ordering::Relaxed) > before + 2 },
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
     let (acknowledged, refused, resumed) = load.await.expect("the load ran");
 
     // While etcd was away, creates were refused with a reason, not acknowledged.

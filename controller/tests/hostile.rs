@@ -158,29 +158,7 @@ fn refused<T: std::fmt::Debug>(result: Result<T, Status>, code: Code, words: &[&
 }
 
 fn node(id: &str) -> pb::NodeInfo {
-    pb::NodeInfo {
-        node_id: id.into(),
-        hostname: id.into(),
-        slot_types: vec![
-            pb::SlotType {
-                name: "cuda.shares".into(),
-                kind: pb::SlotKind::Count.into(),
-            },
-            pb::SlotType {
-                name: "cuda.mem".into(),
-                kind: pb::SlotKind::Bytes.into(),
-            },
-        ],
-        devices: (0..2)
-            .map(|i| pb::Device {
-                uuid: format!("GPU-{i}"),
-                memory_bytes: 16 << 30,
-                index: i,
-                ..Default::default()
-            })
-            .collect(),
-        ..Default::default()
-    }
+    gpuwarden_test_support::node::with_two_gpus(id)
 }
 
 fn heartbeat(node: &str) -> pb::AgentMessage {
@@ -211,16 +189,7 @@ async fn connect(
     tokio::sync::mpsc::Sender<pb::AgentMessage>,
     tonic::Streaming<pb::ControllerMessage>,
 ) {
-    let mut agent = target.agent(id).await;
-    agent.register(node(id)).await.expect("registers");
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    tx.send(heartbeat(id)).await.expect("queued");
-    let inbound = agent
-        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("stream opens")
-        .into_inner();
-    (tx, inbound)
+    gpuwarden_test_support::node::connect_with(target.agent(id).await, node(id)).await
 }
 
 /// The status that ends `inbound`, skipping what the controller sent before it.

@@ -188,7 +188,8 @@ async fn until(
     what: &str,
     check: impl Fn(&pb::Session) -> bool,
 ) -> pb::Session {
-    for _ in 0..200 {
+    let started = std::time::Instant::now();
+    while started.elapsed() < gpuwarden_test_support::wait::PATIENCE {
         if let Ok(s) = client
             .get_session(pb::GetSessionRequest { id: id.into() })
             .await

@@ -351,11 +351,7 @@ async fn connect(url: &str, tls: &ClientTls) -> Channel {
 }
 
 fn node_info(node: &str) -> pb::NodeInfo {
-    pb::NodeInfo {
-        node_id: node.to_owned(),
-        hostname: node.to_owned(),
-        ..pb::NodeInfo::default()
-    }
+    gpuwarden_test_support::node::bare(node)
 }
 
 #[tokio::test]

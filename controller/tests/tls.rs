@@ -108,11 +108,7 @@ impl TlsController {
 }
 
 fn node_info(node: &str) -> pb::NodeInfo {
-    pb::NodeInfo {
-        node_id: node.to_owned(),
-        hostname: node.to_owned(),
-        ..pb::NodeInfo::default()
-    }
+    gpuwarden_test_support::node::bare(node)
 }
 
 fn heartbeat(node: &str) -> pb::AgentMessage {
@@ -345,7 +341,12 @@ async fn a_broken_rotation_keeps_the_last_good_certificate() {
         .expect("a CA")
         .server(&["localhost".to_owned()], 1)
         .expect("minted");
-    std::fs::write(certs.join(mint::SERVER_KEY), stray.key_pem).expect("written");
+    // Written to a new file renamed over the key, so the change is seen for certain (a new
+    // inode): rewritten in place, the same length within the same clock tick could leave the
+    // file's stamp unchanged, and the test would pass without a reload being tried.
+    let staged = certs.join("stray.key");
+    std::fs::write(&staged, stray.key_pem).expect("written");
+    std::fs::rename(&staged, certs.join(mint::SERVER_KEY)).expect("renamed");
     assert_eq!(served_certificate(&controller.url, &ca).await, first);
 }
 
@@ -399,6 +400,9 @@ async fn a_scheduler_client_needs_the_ca_and_an_identity() {
 #[tokio::test]
 async fn a_plain_text_client_gets_nothing_from_a_tls_port() {
     let controller = TlsController::start(&[]).await;
+    // The port answers over TLS: the failure below is its refusing plain text, not a port
+    // nobody listens on.
+    served_certificate(&controller.url, &controller.certs().join(mint::CA_CERT)).await;
     let url = controller.url.replace("https://", "http://");
     let result = async {
         let channel = tonic::transport::Endpoint::from_shared(url)

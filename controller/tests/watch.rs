@@ -9,10 +9,7 @@ use common::ControllerProcess as Member;
 use std::{collections::BTreeMap, time::Duration};
 
 use gpuwarden_controller::{limits::Limits, server::Transport};
-use gpuwarden_proto::v1::{
-    self as pb, agent_service_client::AgentServiceClient,
-    scheduler_service_client::SchedulerServiceClient,
-};
+use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
 use tokio_stream::StreamExt as _;
 use tonic::transport::Channel;
 
@@ -39,21 +36,11 @@ async fn serve(dir: &std::path::Path) -> std::net::SocketAddr {
 
 /// Registers node `node` with `cpus` CPUs.
 async fn register(addr: std::net::SocketAddr, node: &str, cpus: u32) {
-    AgentServiceClient::new(channel(addr).await)
-        .register(pb::NodeInfo {
-            node_id: node.into(),
-            hostname: node.into(),
-            slot_types: vec![pb::SlotType {
-                name: "cpu".into(),
-                kind: pb::SlotKind::Count.into(),
-            }],
-            capacity: Some(pb::ResourceSlot {
-                values: [("cpu".to_owned(), cpus.to_string())].into(),
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("registers");
+    gpuwarden_test_support::node::register(
+        &format!("http://{addr}"),
+        gpuwarden_test_support::node::with_cpus(node, cpus),
+    )
+    .await;
 }
 
 /// A client on a connection of its own (a stalled watch must not hold up other calls' flow

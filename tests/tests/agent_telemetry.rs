@@ -173,19 +173,17 @@ fn fds_opened_before_the_agent_count() {
     // Once the cgroup is removed, housekeeping forgets its counters.
     let id = agent.container(&cg.path).unwrap().cgroup_id;
     drop(cg);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while agent
-        .snapshot()
-        .containers
-        .iter()
-        .any(|c| c.cgroup_id == id)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "counters of removed cgroup {id} remain"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    gpuwarden_test_support::wait::until(
+        &format!("housekeeping to forget removed cgroup {id}"),
+        gpuwarden_test_support::wait::PATIENCE,
+        || {
+            !agent
+                .snapshot()
+                .containers
+                .iter()
+                .any(|c| c.cgroup_id == id)
+        },
+    );
 }
 
 /// A dup'ed fd, two threads and a forked child are all attributed to the right container.

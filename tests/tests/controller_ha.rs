@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use gpuwarden_controller::store::StoreSpec;
 use gpuwarden_proto::v1::{self as pb, SessionState};
-use gpuwarden_test_support::Etcd;
+use gpuwarden_test_support::{
+    Etcd,
+    wait::{self, PATIENCE},
+};
 use util::cluster::{
     TestBackend, TestController, TestNode, alloc_map, create, eventually, fast_timing, wait_nodes,
     wait_state,
@@ -43,11 +46,11 @@ async fn an_agent_follows_the_leader_through_a_failover_and_keeps_what_it_holds(
 
     let killed = Instant::now();
     a.kill();
-    eventually("the standby to lead", || b.leads()).await;
-    let takeover = killed.elapsed();
-    assert!(
-        takeover <= TTL + Duration::from_secs(1),
-        "took {takeover:?}"
+    // It leads once the lease lapses (how soon: `cargo xtask bench timings`).
+    wait::until_async("the standby to lead", TTL + PATIENCE, || b.leads()).await;
+    eprintln!(
+        "takeover after the leader was killed: {:?} (TTL {TTL:?})",
+        killed.elapsed()
     );
     // While no leader existed, and after, the node kept what it held.
     let mut held = node.held();

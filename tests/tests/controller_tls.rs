@@ -108,7 +108,7 @@ async fn an_agent_registers_over_mutual_tls_only_as_its_own_node() {
     let before = denials::count_of(DenialReason::NodeMismatch);
     let impostor = link(&url, &certs, "node-2");
     let honest = link(&url, &certs, "node-1");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let deadline = tokio::time::Instant::now() + gpuwarden_test_support::wait::PATIENCE;
     while !node_ids(&url, &ca).await.contains(&"node-1".to_owned()) {
         assert!(
             tokio::time::Instant::now() < deadline,

@@ -21,12 +21,12 @@ use std::{
     net::{SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_runtime::otlp::Exporters;
-use gpuwarden_test_support::{require_root, scratch};
+use gpuwarden_test_support::{require_root, scratch, wait::until as wait_for};
 use serde_json::Value;
 use util::{
     Driver, TestAgent,
@@ -48,14 +48,6 @@ fn free_port() -> SocketAddr {
         .unwrap()
         .local_addr()
         .unwrap()
-}
-
-fn wait_for(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// A Prometheus server of its own, killed when dropped.

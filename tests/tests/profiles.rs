@@ -18,7 +18,7 @@ use std::{
 };
 
 use gpuwarden_controller::scheduler::SchedulerConfig;
-use gpuwarden_test_support::{require_root, scratch};
+use gpuwarden_test_support::{require_root, scratch, wait::until as wait_for};
 use tempfile::TempDir;
 use util::{
     Driver, TestAgent,
@@ -147,14 +147,6 @@ impl Rig {
         let p = last.unwrap();
         eprintln!("profile {class}: {p}");
         p
-    }
-}
-
-fn wait_for(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -30,6 +30,10 @@ pub enum Which {
     /// Snapshot latency (p50, p99) while the agent's telemetry is flooded with exec events,
     /// shared through one mutex as before and as a task behind a handle as now; needs root.
     Telemetry,
+    /// How fast the throttle thaws a cgroup and lends idle capacity, and how soon a standby
+    /// leads after the leader is killed: what the end-to-end tests only wait for. The throttle
+    /// part needs root.
+    Timings,
 }
 
 /// Runs one benchmark.
@@ -57,6 +61,13 @@ pub fn run(which: &Which) -> anyhow::Result<()> {
             "gpuwarden-agent",
             "--bench",
             "telemetry",
+        ])),
+        Which::Timings => crate::status(crate::cargo().args([
+            "bench",
+            "-p",
+            "gpuwarden-tests",
+            "--bench",
+            "timings",
         ])),
     }
 }

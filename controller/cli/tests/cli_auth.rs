@@ -28,8 +28,8 @@ fn start(scratch: &Path, token_file: &Path) -> (tokio::runtime::Runtime, String)
         },
     );
     // The agent's service stays open to any node over plain text; only clients need tokens.
-    let (tx, inbound) = rt.block_on(common::connect_agent(
-        url.clone(),
+    let (tx, inbound) = rt.block_on(gpuwarden_test_support::node::connect(
+        &url,
         pb::NodeInfo {
             node_id: "node-auth".into(),
             hostname: "node-auth".into(),

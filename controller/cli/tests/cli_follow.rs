@@ -7,12 +7,15 @@ use std::{
     io::BufRead as _,
     process::{Command, Stdio},
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
-use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
-use gpuwarden_test_support::Etcd;
+use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_support::{
+    Etcd, node,
+    wait::{self, PATIENCE},
+};
 
 /// A controller on `store`, campaigning; returns its URL.
 fn start_elected(rt: &tokio::runtime::Runtime, store: &str) -> String {
@@ -55,34 +58,27 @@ fn the_cli_asks_the_leader_whichever_controller_it_is_given() {
         .expect("runtime");
     let leader = start_elected(&rt, &store);
     // The first to start leads: wait until it does, then start a standby.
-    let started = std::time::Instant::now();
-    while !slot_ls(&leader).0 {
-        assert!(started.elapsed() < Duration::from_secs(10), "never led");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait::until("the first controller to lead", PATIENCE, || {
+        slot_ls(&leader).0
+    });
     let standby = start_elected(&rt, &store);
     // Only the leader knows this slot type: seeing it proves whom the CLI asked.
-    rt.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(leader.clone())
-            .expect("a URL")
-            .connect()
-            .await
-            .expect("connects");
-        AgentServiceClient::new(channel)
-            .register(pb::NodeInfo {
-                node_id: "n1".into(),
-                hostname: "n1".into(),
-                slot_types: vec![pb::SlotType {
-                    name: "tpu.cores".into(),
-                    kind: pb::SlotKind::Count.into(),
-                }],
-                ..Default::default()
-            })
-            .await
-            .expect("registers");
+    rt.block_on(node::register(
+        &leader,
+        pb::NodeInfo {
+            slot_types: vec![pb::SlotType {
+                name: "tpu.cores".into(),
+                kind: pb::SlotKind::Count.into(),
+            }],
+            ..node::bare("n1")
+        },
+    ));
+    // The standby learns the leader soon after starting: wait until asking it reaches the
+    // leader, then every way of naming it must.
+    wait::until("the standby to know the leader", PATIENCE, || {
+        let (ok, said) = slot_ls(&standby);
+        ok && said.contains("tpu.cores")
     });
-    // The standby learns the leader within a moment of starting.
-    std::thread::sleep(Duration::from_millis(600));
     for given in [
         standby.clone(),
         format!("http://127.0.0.1:1,{standby}"),
@@ -147,11 +143,9 @@ impl Killable {
 
     /// Waits until it leads.
     fn until_leading(&self) {
-        let started = Instant::now();
-        while !slot_ls(&self.url).0 {
-            assert!(started.elapsed() < Duration::from_secs(15), "never led");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait::until(&format!("{} to lead", self.url), PATIENCE, || {
+            slot_ls(&self.url).0
+        });
     }
 }
 
@@ -177,28 +171,7 @@ fn gpuwarden(controllers: &str, args: &[&str]) -> String {
 
 /// Registers a node with 1,000 CPUs on the controller at `url`.
 fn register(rt: &tokio::runtime::Runtime, url: &str) {
-    rt.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
-            .expect("a URL")
-            .connect()
-            .await
-            .expect("connects");
-        AgentServiceClient::new(channel)
-            .register(pb::NodeInfo {
-                node_id: "n1".into(),
-                hostname: "n1".into(),
-                slot_types: vec![pb::SlotType {
-                    name: "cpu".into(),
-                    kind: pb::SlotKind::Count.into(),
-                }],
-                capacity: Some(pb::ResourceSlot {
-                    values: [("cpu".to_owned(), "1000".to_owned())].into(),
-                }),
-                ..Default::default()
-            })
-            .await
-            .expect("registers");
-    });
+    rt.block_on(node::register(url, node::with_cpus("n1", 1000)));
 }
 
 /// `(id → (revision, state))` of every session `controllers` lists.
@@ -258,26 +231,19 @@ fn session_watch_follows_the_leader_through_a_failover_and_misses_no_change() {
         }
     });
     let caught_up = |controllers: &str| {
-        let started = Instant::now();
-        loop {
-            let truth = listed(controllers);
-            let behind: Vec<String> = {
+        let mut truth = BTreeMap::new();
+        wait::until(
+            "the watch to show the latest state of every session",
+            Duration::from_mins(1),
+            || {
+                truth = listed(controllers);
                 let seen = seen.lock().expect("not poisoned");
                 truth
                     .iter()
-                    .filter(|(id, (r, _))| seen.get(*id).is_none_or(|(s, _)| s < r))
-                    .map(|(id, _)| id.clone())
-                    .collect()
-            };
-            if behind.is_empty() {
-                return truth;
-            }
-            assert!(
-                started.elapsed() < Duration::from_mins(1),
-                "the watch never showed the latest state of {behind:?}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+                    .all(|(id, (r, _))| seen.get(id).is_some_and(|(s, _)| s >= r))
+            },
+        );
+        truth
     };
 
     let create = |controllers: &str, name: &str| {

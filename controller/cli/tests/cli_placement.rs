@@ -15,22 +15,10 @@ const NODE: &str = "node-placement";
 const UTILIZATION: f64 = 0.9;
 
 async fn fake_agent(url: String) {
-    let (tx, mut inbound) = common::connect_agent(
-        url,
+    let (tx, mut inbound) = gpuwarden_test_support::node::connect(
+        &url,
         pb::NodeInfo {
-            node_id: NODE.into(),
-            hostname: NODE.into(),
-            slot_types: ["cuda.shares", "cuda.mem"]
-                .iter()
-                .map(|name| pb::SlotType {
-                    name: (*name).into(),
-                    kind: i32::from(if *name == "cuda.mem" {
-                        pb::SlotKind::Bytes
-                    } else {
-                        pb::SlotKind::Count
-                    }),
-                })
-                .collect(),
+            slot_types: gpuwarden_test_support::node::gpu_slot_types(),
             devices: (0..2)
                 .map(|i| pb::Device {
                     uuid: format!("GPU-fake-{i}"),
@@ -43,7 +31,7 @@ async fn fake_agent(url: String) {
                 })
                 .collect(),
             agent_version: "test".into(),
-            ..Default::default()
+            ..gpuwarden_test_support::node::bare(NODE)
         },
     )
     .await;

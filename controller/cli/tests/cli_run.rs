@@ -17,7 +17,10 @@ use std::{
 };
 
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_support::TestCgroup;
+use gpuwarden_test_support::{
+    TestCgroup,
+    wait::{self, PATIENCE},
+};
 use tokio_stream::StreamExt;
 
 const NODE: &str = "node-run";
@@ -56,8 +59,8 @@ fn fake_agent_socket(path: &Path, cgroup_dir: PathBuf) {
 /// Registers one GPU, acks every `Allocate` (kept in `seen`) and reports one event for it.
 async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>) {
     let kind = |k: pb::SlotKind| i32::from(k);
-    let (tx, mut inbound) = common::connect_agent(
-        url,
+    let (tx, mut inbound) = gpuwarden_test_support::node::connect(
+        &url,
         pb::NodeInfo {
             node_id: NODE.into(),
             hostname: NODE.into(),
@@ -160,15 +163,9 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     rt.spawn(fake_agent(url.clone(), Arc::clone(&seen)));
     // Registered once the node is listed.
-    rt.block_on(async {
-        for _ in 0..100 {
-            let listed = gpuwarden(&url, &["--json", "node", "ls"]);
-            if String::from_utf8_lossy(&listed.stdout).contains(NODE) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the fake agent never registered");
+    wait::until("the fake agent to register", PATIENCE, || {
+        let listed = gpuwarden(&url, &["--json", "node", "ls"]);
+        String::from_utf8_lossy(&listed.stdout).contains(NODE)
     });
 
     let socket_arg = socket.to_string_lossy().into_owned();
@@ -274,17 +271,20 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
         .wait_with_output()
         .expect("waited");
     assert_eq!(missing.status.code(), Some(127), "{missing:?}");
-    // SIGTERM to gpuwarden is passed on to the command, and the session still ends.
-    let sleeper = run(&["sleep", "30"]);
+    // SIGTERM to gpuwarden is passed on to the command, and the session still ends. Sent once
+    // the command runs (a SIGTERM while starting ends the session too, but runs nothing).
+    let sleeper = run(&["sleep", "300"]);
+    wait::until("gpuwarden run to start sleep", PATIENCE, || {
+        runs_child(sleeper.id(), "sleep")
+    });
     let pid = i32::try_from(sleeper.id()).expect("a pid");
-    std::thread::sleep(Duration::from_millis(1500));
     // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     let started = std::time::Instant::now();
     let termed = sleeper.wait_with_output().expect("waited");
     assert_eq!(termed.status.code(), Some(128 + 15), "{termed:?}");
     assert!(
-        started.elapsed() < Duration::from_secs(10),
+        started.elapsed() < Duration::from_mins(1),
         "sleep was not terminated"
     );
     let listed = gpuwarden(&url, &["--json", "session", "ls"]);
@@ -322,4 +322,24 @@ fn run_with_an_agent_but_no_controller_exits_1_naming_the_controller() {
         stderr.contains("controller") && stderr.contains("http://127.0.0.1:9"),
         "{stderr}"
     );
+}
+
+/// Whether process `pid` has a child running `comm` (its threads' `children` lists: the thread
+/// that forked lists the child).
+fn runs_child(pid: u32, comm: &str) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("children")).ok())
+        .flat_map(|children| {
+            children
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .any(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/comm"))
+                .is_ok_and(|name| name.trim() == comm)
+        })
 }

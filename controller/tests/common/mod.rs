@@ -19,10 +19,7 @@ use gpuwarden_controller::{
     scheduler::SchedulerConfig,
     server::{self, Security},
 };
-use gpuwarden_proto::v1::{
-    self as pb, agent_service_client::AgentServiceClient,
-    scheduler_service_client::SchedulerServiceClient,
-};
+use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
 use tonic::transport::Channel;
 
 /// A controller in this process with its sled store in `dir`, served over `security` and held
@@ -143,21 +140,11 @@ impl ControllerProcess {
 
     /// Registers node `n1` with 1,000 CPUs, so that sessions asking for `cpu` are valid.
     pub async fn register_node(&self) {
-        AgentServiceClient::new(self.channel().await)
-            .register(pb::NodeInfo {
-                node_id: "n1".into(),
-                hostname: "n1".into(),
-                slot_types: vec![pb::SlotType {
-                    name: "cpu".into(),
-                    kind: pb::SlotKind::Count.into(),
-                }],
-                capacity: Some(pb::ResourceSlot {
-                    values: [("cpu".to_owned(), "1000".to_owned())].into(),
-                }),
-                ..Default::default()
-            })
-            .await
-            .expect("registers");
+        gpuwarden_test_support::node::register(
+            &format!("http://{}", self.addr),
+            gpuwarden_test_support::node::with_cpus("n1", 1000),
+        )
+        .await;
     }
 }
 

@@ -9,8 +9,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// How long etcd may take to answer `/health` after it starts.
-const READY: Duration = Duration::from_secs(20);
+/// How long etcd may take to answer `/health` after it starts: generous, as several tests start
+/// their own etcd at once on a shared two-CPU machine.
+const READY: Duration = Duration::from_mins(1);
 
 /// One etcd member.
 pub struct Etcd {

@@ -19,10 +19,24 @@
 //!
 //! [`scratch`] makes a short directory under `/tmp` (the eBPF programs match device paths of
 //! fewer than 64 bytes) that is removed when dropped, so a test run leaves nothing behind.
+//!
+//! # Waiting, not timing
+//!
+//! [`wait`]: a test waits until what it expects holds, with a generous deadline, instead of
+//! sleeping and then asserting or asserting how fast something happened; speed is measured by
+//! `cargo xtask bench`.
+//!
+//! # Nodes and spinners
+//!
+//! [`node`]: the `NodeInfo` a fake agent registers, and its registration and stream.
+//! [`spinner`]: CPU-spinning processes in a cgroup, for the compute throttle's tests and bench.
 #![deny(missing_docs)]
 
 mod cgroup;
 mod etcd;
+pub mod node;
+pub mod spinner;
+pub mod wait;
 
 use std::path::Path;
 

@@ -7,7 +7,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use gpuwarden_agent::{
@@ -325,17 +325,14 @@ impl TestNode {
     }
 }
 
-/// Waits until `check` holds, polling, or fails after 15 s with `what`.
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
+/// Waits until `check` holds, polling, or fails naming `what` ([`gpuwarden_test_support::wait`]).
+pub async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    gpuwarden_test_support::wait::until_async(what, gpuwarden_test_support::wait::PATIENCE, check)
+        .await;
 }
 
 /// Waits until the controller lists `n` nodes.

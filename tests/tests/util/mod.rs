@@ -466,13 +466,10 @@ pub fn mknod_in(cg: &TestCgroup, path: &Path, major: u32, minor: u32) -> i32 {
     }
 }
 
-/// Waits up to 20 s until `check` holds, polling every 50 ms; fails naming `what`.
-pub fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Waits until `check` holds ([`gpuwarden_test_support::wait::until`], for up to
+/// [`PATIENCE`](gpuwarden_test_support::wait::PATIENCE)); fails naming `what`.
+pub fn wait_for(what: &str, check: impl FnMut() -> bool) {
+    gpuwarden_test_support::wait::until(what, gpuwarden_test_support::wait::PATIENCE, check);
 }
 
 /// Waits until `agent`'s snapshot shows `session` in binding `state`; that snapshot.
