@@ -408,3 +408,22 @@ proptest! {
         prop_assert!(format_bytes(b).len() <= b.trunc().to_string().len());
     }
 }
+
+#[test]
+fn kinds_keep_their_lowercase_names() {
+    for kind in [SlotKind::Count, SlotKind::Bytes, SlotKind::Unique] {
+        let json = serde_json::to_string(&kind).expect("serializes");
+        assert_eq!(json, format!("\"{kind}\""));
+        assert_eq!(
+            serde_json::from_str::<SlotKind>(&json).expect("reads back"),
+            kind
+        );
+    }
+}
+
+#[test]
+fn gpu_slots_share_the_prefix() {
+    for (name, _) in names::GPU_SLOTS {
+        assert!(name.starts_with(names::CUDA_PREFIX), "{name}");
+    }
+}
