@@ -93,6 +93,23 @@ fn parses_what_users_type() {
 }
 
 #[test]
+fn byte_sizes_as_backend_ai_takes_them_parse_in_a_request() {
+    let r = parse(&["mem=1 KiB", "cuda.mem=2 KiBytes"]).unwrap();
+    assert_eq!(r.to_string(), "cuda.mem=2k,mem=1k");
+    let mem = |t: &str| parse(&[t]).unwrap().get("mem").trunc();
+    assert_eq!(mem("mem=12_345 bytes"), 12_345);
+    assert_eq!(mem("mem = 11_021_204"), 11_021_204);
+    let err = parse(&["mem=1.1k"]).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "invalid value \"1.1k\" for slot \"mem\": not a whole number of bytes \
+         (1126.4 bytes; the nearest whole number is 1126)"
+    );
+    // Counts stay plain decimals.
+    assert!(parse(&["cpu=1_000"]).is_err());
+}
+
+#[test]
 fn errors_name_the_bad_token() {
     assert_eq!(
         parse(&["mem=2x"]).unwrap_err().to_string(),
