@@ -4,7 +4,8 @@
 //! all of them, places sessions onto whole or fractional GPUs, and tells each agent what it
 //! holds. The parts, in the order data flows through them:
 //!
-//! - [`slots`]: exact resource quantities, parsing what users type, the merged slot-type registry;
+//! - [`slots`]: the resource slots of `gpuwarden-types` (exact quantities, the parser, the merged
+//!   slot-type registry), under the controller's name;
 //! - [`allocator`]: the fractional GPU allocator of one node;
 //! - [`node`] and [`session`]: what the controller knows of agents and requests, with the
 //!   workload each session's quota binds to, its quota policy and the enforcement events its

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use gpuwarden_types::{
+    event::{Action, EnforcementEvent},
     now_ms,
     policy::{ComputePolicy, MemoryPolicy, PolicyError, QuotaPolicy},
     state::SessionState,
@@ -139,30 +140,6 @@ impl KubernetesClaim {
     }
 }
 
-/// Something the agent did to enforce a session's quota, or why it could not.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct EnforcementEvent {
-    /// What acted: `deny`, `kill`, `stop`, `report`, `resume`, `throttle`, `bound`, ….
-    pub action: String,
-    /// Why, in words.
-    pub reason: String,
-    /// The container or cgroup path acted on.
-    pub container: String,
-    /// The process concerned, if any (0: none).
-    pub pid: u32,
-    /// GPU index (nvidiaN), when one is concerned.
-    pub device: u32,
-    /// Bytes the process asked for.
-    pub requested_bytes: u64,
-    /// Bytes the session used.
-    pub used_bytes: u64,
-    /// The session's limit in bytes.
-    pub limit_bytes: u64,
-    /// When, ms since the epoch (as the agent saw it).
-    pub at_ms: i64,
-}
-
 /// How many enforcement events a session keeps (the newest).
 pub const MAX_EVENTS: usize = 32;
 
@@ -211,7 +188,7 @@ mod tests {
         };
         for at_ms in 0..40 {
             s.record_event(EnforcementEvent {
-                action: "deny".into(),
+                action: Action::Deny,
                 at_ms,
                 ..EnforcementEvent::default()
             });

@@ -1,10 +1,13 @@
 //! Between the wire's messages and the shared domain types of `gpuwarden-types`, written once
 //! for the agent, the controller and the CLI. A new policy or state is one edit there and one
-//! here.
+//! here. (Conversions of the controller's own records — sessions, nodes, allocations,
+//! explanations, profiles — stay in the controller, `api::convert`.)
 
 use gpuwarden_types::{
+    event::EnforcementEvent,
+    placement::{Placement, UnknownPlacement},
     policy::{PolicyError, QuotaPolicy},
-    slot::SlotKind,
+    slot::{InvalidSlotName, ResourceSlot, SlotKind, SlotName, SlotValue, ValueError},
     state::{NodeState, SessionState},
     target::{Target, TargetScope},
 };
@@ -155,6 +158,103 @@ pub fn policy_to_pb(policy: QuotaPolicy) -> pb::QuotaPolicy {
     }
 }
 
+/// Why a `ResourceSlot` message isn't slots.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlotsError {
+    /// A name that is no slot name.
+    #[error(transparent)]
+    Name(#[from] InvalidSlotName),
+    /// A value that is no exact decimal.
+    #[error("slot {slot:?}: {source}")]
+    Value {
+        /// The slot.
+        slot: String,
+        /// Why its value is refused.
+        #[source]
+        source: ValueError,
+    },
+}
+
+/// A `ResourceSlot` message to slots (absent: none), naming the first bad entry. Values travel
+/// as exact decimals (`"0.2"`, `"8589934592"`), never with units.
+///
+/// # Errors
+/// A bad name or value, named.
+pub fn slots_from_pb(slot: Option<&pb::ResourceSlot>) -> Result<ResourceSlot, SlotsError> {
+    let mut out = ResourceSlot::new();
+    for (name, value) in slot.map(|s| &s.values).into_iter().flatten() {
+        let n = SlotName::new(name)?;
+        let v: SlotValue = value.parse().map_err(|source| SlotsError::Value {
+            slot: name.clone(),
+            source,
+        })?;
+        out.set(n, v);
+    }
+    Ok(out)
+}
+
+/// Slots to a `ResourceSlot` message.
+#[must_use]
+pub fn slots_to_pb(slot: &ResourceSlot) -> pb::ResourceSlot {
+    pb::ResourceSlot {
+        values: slot
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+/// A placement mode as a message carries it (empty: the controller's).
+///
+/// # Errors
+/// A name that is no mode.
+pub fn placement_from_pb(mode: &str) -> Result<Option<Placement>, UnknownPlacement> {
+    if mode.is_empty() {
+        Ok(None)
+    } else {
+        mode.parse().map(Some)
+    }
+}
+
+/// A placement mode to its message field (none: empty).
+#[must_use]
+pub fn placement_to_pb(mode: Option<Placement>) -> String {
+    mode.map(|p| p.to_string()).unwrap_or_default()
+}
+
+/// An `EnforcementEvent` message to an event (its session id is kept apart).
+#[must_use]
+pub fn event_from_pb(e: &pb::EnforcementEvent) -> EnforcementEvent {
+    EnforcementEvent {
+        action: e.action.as_str().into(),
+        reason: e.reason.clone(),
+        container: e.container.clone(),
+        pid: e.pid,
+        device: e.device,
+        requested_bytes: e.requested_bytes,
+        used_bytes: e.used_bytes,
+        limit_bytes: e.limit_bytes,
+        at_ms: e.at_ms,
+    }
+}
+
+/// An event of session `session_id` to its message.
+#[must_use]
+pub fn event_to_pb(session_id: &str, e: &EnforcementEvent) -> pb::EnforcementEvent {
+    pb::EnforcementEvent {
+        session_id: session_id.to_owned(),
+        action: e.action.as_str().to_owned(),
+        reason: e.reason.clone(),
+        container: e.container.clone(),
+        pid: e.pid,
+        device: e.device,
+        requested_bytes: e.requested_bytes,
+        used_bytes: e.used_bytes,
+        limit_bytes: e.limit_bytes,
+        at_ms: e.at_ms,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use gpuwarden_types::policy::{ComputePolicy, MemoryPolicy};
@@ -223,5 +323,44 @@ mod tests {
         };
         let err = policy_from_pb(Some(&bad)).expect_err("unknown");
         assert!(err.to_string().contains("evict"), "{err}");
+    }
+
+    #[test]
+    fn slots_events_and_placements_round_trip_and_bad_slots_are_named() {
+        let slots =
+            ResourceSlot::parse_any(&["cpu=1", "mem=2g", "cuda.shares=0.2"]).expect("parses");
+        assert_eq!(slots_from_pb(Some(&slots_to_pb(&slots))), Ok(slots));
+        assert_eq!(slots_from_pb(None), Ok(ResourceSlot::new()));
+        let bad = |name: &str, value: &str| {
+            let values = [(name.to_owned(), value.to_owned())].into_iter().collect();
+            slots_from_pb(Some(&pb::ResourceSlot { values }))
+                .expect_err("refused")
+                .to_string()
+        };
+        assert!(bad("CPU", "1").contains("invalid slot name \"CPU\""));
+        assert_eq!(
+            bad("cpu", "1.5x"),
+            "slot \"cpu\": \"1.5x\" is not a decimal number"
+        );
+        for action in gpuwarden_types::event::Action::KNOWN {
+            let event = EnforcementEvent {
+                action,
+                reason: "r".into(),
+                pid: 3,
+                at_ms: 9,
+                ..EnforcementEvent::default()
+            };
+            let wire = event_to_pb("s", &event);
+            assert_eq!(wire.session_id, "s");
+            assert_eq!(event_from_pb(&wire), event);
+        }
+        for mode in Placement::ALL {
+            assert_eq!(
+                placement_from_pb(&placement_to_pb(Some(mode))),
+                Ok(Some(mode))
+            );
+        }
+        assert_eq!(placement_from_pb(""), Ok(None));
+        assert!(placement_from_pb("fastest").is_err());
     }
 }

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use gpuwarden_types::event::{Action, EnforcementEvent};
 use serde::{Deserialize, Serialize};
 
 /// Everything the agent knows about GPU use on its node at one moment.
@@ -343,13 +344,15 @@ pub struct KubeletStatus {
     pub requests: BTreeMap<String, u64>,
 }
 
-/// A recorded enforcement action.
+/// A recorded enforcement action: the domain's [`EnforcementEvent`] as the snapshot shows it,
+/// with its session, the cgroup path under its own name and the GPU only when one is concerned
+/// ([`Record::event`] is the event).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     /// The session.
     pub session_id: String,
     /// What was done (`kill`, `stop`, `report`, `deny`, `device_denied`, `bound`, …).
-    pub action: String,
+    pub action: Action,
     /// Why.
     pub reason: String,
     /// The cgroup path acted on.
@@ -366,4 +369,22 @@ pub struct Record {
     pub limit_bytes: u64,
     /// Milliseconds since the epoch.
     pub at_ms: i64,
+}
+
+impl Record {
+    /// The event it records (its session kept apart; no GPU is GPU 0, as on the wire).
+    #[must_use]
+    pub fn event(&self) -> EnforcementEvent {
+        EnforcementEvent {
+            action: self.action.clone(),
+            reason: self.reason.clone(),
+            container: self.cgroup_path.clone(),
+            pid: self.pid,
+            device: self.device.unwrap_or_default(),
+            requested_bytes: self.requested_bytes,
+            used_bytes: self.used_bytes,
+            limit_bytes: self.limit_bytes,
+            at_ms: self.at_ms,
+        }
+    }
 }

@@ -26,6 +26,7 @@ use std::{
     sync::{Mutex, PoisonError},
 };
 
+use gpuwarden_types::slot::parse_bytes;
 use serde::Deserialize;
 
 use super::{
@@ -145,33 +146,12 @@ fn default_model() -> String {
     "Mock GPU".to_owned()
 }
 
-/// Parses `16G`, `512M`, `1.5G`, `1024` (binary units).
+/// Parses `16G`, `512M`, `1.5G`, `1024`, `16 GiB` (binary units, as slot values take them:
+/// `gpuwarden_types::slot::parse_bytes`); `None` unless a whole number of bytes that fits a
+/// `u64`.
 #[must_use]
 pub fn parse_size(text: &str) -> Option<u64> {
-    let t = text.trim().to_ascii_lowercase();
-    let t = t.strip_suffix('b').unwrap_or(&t);
-    let t = t.strip_suffix('i').unwrap_or(t);
-    let (number, shift) = match t.chars().last()? {
-        'k' => (&t[..t.len() - 1], 10),
-        'm' => (&t[..t.len() - 1], 20),
-        'g' => (&t[..t.len() - 1], 30),
-        't' => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
-    let int: u64 = int.parse().ok()?;
-    let mut bytes = int.checked_shl(shift)?;
-    if !frac.is_empty() {
-        let digits = u32::try_from(frac.len()).ok()?;
-        let frac: u64 = frac.parse().ok()?;
-        let scaled = u128::from(frac) << shift;
-        let den = 10u128.pow(digits);
-        if scaled % den != 0 {
-            return None;
-        }
-        bytes = bytes.checked_add(u64::try_from(scaled / den).ok()?)?;
-    }
-    Some(bytes)
+    parse_bytes(text.trim()).ok()?.to_u64()
 }
 
 /// Mock GPUs.

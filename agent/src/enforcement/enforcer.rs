@@ -159,18 +159,7 @@ pub(crate) struct Standing {
 
 /// The event sent up to the controller for `record`.
 fn record_to_pb(record: &Record) -> pb::EnforcementEvent {
-    pb::EnforcementEvent {
-        session_id: record.session_id.clone(),
-        action: record.action.clone(),
-        reason: record.reason.clone(),
-        container: record.cgroup_path.clone(),
-        pid: record.pid,
-        device: record.device.unwrap_or_default(),
-        requested_bytes: record.requested_bytes,
-        used_bytes: record.used_bytes,
-        limit_bytes: record.limit_bytes,
-        at_ms: record.at_ms,
-    }
+    gpuwarden_proto::convert::event_to_pb(&record.session_id, &record.event())
 }
 
 /// Errors of the local controls.
@@ -941,7 +930,7 @@ impl Enforcer {
         }
         let record = Record {
             session_id: session.to_owned(),
-            action: action.to_owned(),
+            action: action.into(),
             reason,
             cgroup_path,
             pid,

@@ -8,6 +8,7 @@
 
 use gpuwarden_agent_common::maps::{MAX_GPUS, memory_policy};
 use gpuwarden_proto::{convert, v1 as pb};
+use gpuwarden_types::slot::SlotValue;
 pub use gpuwarden_types::{
     policy::{ComputePolicy, MemoryPolicy, PolicyError, QuotaPolicy},
     target::{Target, TargetError, TargetScope},
@@ -28,6 +29,9 @@ pub const fn kernel_code(policy: MemoryPolicy) -> u32 {
 
 /// Parts per million of one GPU: the exact unit compute shares travel in here.
 pub const PPM: u32 = 1_000_000;
+
+// A slot value's micro-units are parts per million: `parse_share` reads them as such.
+const _: () = assert!(PPM as u128 == gpuwarden_types::slot::SCALE);
 
 /// Why an allocation's quota can't be enforced.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -204,7 +208,8 @@ impl QuotaSpec {
 
 /// Parses an exact decimal share ("0.5", "1", ".25", "0") into parts per million, refusing
 /// negatives and more than one device. Zero is a memory-only part (`cuda.mem` without shares):
-/// its memory is limited, its compute is not.
+/// its memory is limited, its compute is not. The number is a slot value (the controller's own
+/// fixed point, `gpuwarden_types::slot::SlotValue`, whose micro-units are parts per million).
 fn parse_share(index: u32, value: &str) -> Result<u32, QuotaError> {
     let bad = || QuotaError::Share {
         index,
@@ -217,35 +222,15 @@ fn parse_share(index: u32, value: &str) -> Result<u32, QuotaError> {
             value: value.to_owned(),
         });
     }
-    let (whole, frac) = trimmed.split_once('.').unwrap_or((trimmed, ""));
-    if (whole.is_empty() && frac.is_empty())
-        || !whole.chars().all(|c| c.is_ascii_digit())
-        || !frac.chars().all(|c| c.is_ascii_digit())
-    {
-        return Err(bad());
-    }
-    let whole: u64 = if whole.is_empty() {
-        0
-    } else {
-        whole.parse().map_err(|_| bad())?
-    };
-    // Digits past a millionth can't be enforced anyway; they must be zero to be exact.
-    let (kept, rest) = frac.split_at(frac.len().min(6));
-    if rest.chars().any(|c| c != '0') {
-        return Err(bad());
-    }
-    let frac_ppm: u64 = format!("{kept:0<6}").parse().map_err(|_| bad())?;
-    let ppm = whole
-        .checked_mul(u64::from(PPM))
-        .and_then(|w| w.checked_add(frac_ppm))
-        .ok_or_else(bad)?;
-    if ppm > u64::from(PPM) {
+    // Digits past a millionth can't be enforced anyway: the parser refuses them unless zero.
+    let share: SlotValue = trimmed.parse().map_err(|_| bad())?;
+    if share > SlotValue::ONE {
         return Err(QuotaError::ShareAboveOne {
             index,
             value: value.to_owned(),
         });
     }
-    u32::try_from(ppm).map_err(|_| bad())
+    u32::try_from(share.micros()).map_err(|_| bad())
 }
 
 #[cfg(test)]

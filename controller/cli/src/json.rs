@@ -29,7 +29,7 @@ use gpuwarden_proto::v1 as pb;
 use serde::Serialize;
 
 use crate::wire::{kind, mean, node_state, state};
-use gpuwarden_controller::session::QuotaPolicy;
+use gpuwarden_types::{event::EnforcementEvent, policy::QuotaPolicy};
 
 /// A session.
 #[derive(Debug, Serialize)]
@@ -47,7 +47,7 @@ pub struct Session {
     updated_at_ms: i64,
     target: Option<Target>,
     policy: QuotaPolicy,
-    events: Vec<gpuwarden_controller::session::EnforcementEvent>,
+    events: Vec<EnforcementEvent>,
     class: String,
     placement: Option<String>,
     explanation: Option<Explanation>,
@@ -216,7 +216,7 @@ impl From<&pb::Session> for Session {
             events: s
                 .events
                 .iter()
-                .map(gpuwarden_controller::api::convert::event_from_pb)
+                .map(gpuwarden_proto::convert::event_from_pb)
                 .collect(),
             class: s.class.clone(),
             placement: (!s.placement.is_empty()).then(|| s.placement.clone()),

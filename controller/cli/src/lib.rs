@@ -1,8 +1,9 @@
 //! The `gpuwarden` command line: sessions, nodes, slot types and profiles over the controller's
 //! gRPC API, and `gpuwarden run` to run a command inside a session's quota on this node.
 //!
-//! A crate of its own on top of the controller library (for the slot parser, the placement
-//! modes and the wire conversions), so the controller's internals stay its own.
+//! A crate of its own on the shared domain (`gpuwarden-types`: the slot parser, the placement
+//! modes, policies and targets) and the wire (`gpuwarden-proto` and its conversions): it links
+//! none of the controller, whose internals stay its own.
 //!
 //! The controller may want to know who calls: `--token-file` sends the token in it as
 //! `authorization: Bearer <token>`, `--cert`/`--key` present a client certificate over TLS.
@@ -31,11 +32,12 @@ use tonic::{
     transport::{Channel, Endpoint},
 };
 
-use gpuwarden_controller::{
-    api::convert,
+use gpuwarden_proto::convert;
+use gpuwarden_types::{
     placement::Placement,
-    session::{ComputePolicy, MemoryPolicy, QuotaPolicy, Target},
-    slots::ResourceSlot,
+    policy::{ComputePolicy, MemoryPolicy, QuotaPolicy},
+    slot::ResourceSlot,
+    target::Target,
 };
 
 /// gpuwarden: share GPUs between containers.
@@ -497,7 +499,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     target: convert::target_to_pb(&target.target()),
                     policy: Some(convert::policy_to_pb(policy.policy())),
                     class,
-                    placement: placement.map(|p| p.to_string()).unwrap_or_default(),
+                    placement: convert::placement_to_pb(placement),
                     unconfined_target: target.unconfined,
                 })
                 .await?

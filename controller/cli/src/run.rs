@@ -20,7 +20,8 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use gpuwarden_agent_api::{ClientError, client};
 
 use super::{CliError, Client, ControllerArgs, PolicyArgs, connect, follow};
-use gpuwarden_controller::{api::convert, session::Target, slots::ResourceSlot};
+use gpuwarden_proto::convert;
+use gpuwarden_types::{slot::ResourceSlot, target::Target};
 
 /// How often the session's cgroup is polled while starting.
 const POLL: Duration = Duration::from_millis(100);

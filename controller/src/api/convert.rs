@@ -1,8 +1,12 @@
-//! Between the API's messages and the controller's types.
+//! Between the API's messages and the controller's own records (sessions, nodes, allocations,
+//! explanations, profiles, observed sessions). The shared domain types convert in
+//! `gpuwarden_proto::convert`; this module re-exports those it uses and wraps their errors in
+//! `InvalidArgument`.
 
 pub use gpuwarden_proto::convert::{
-    kind_from_pb, kind_to_pb, node_state_to_pb, policy_to_pb, scope_to_pb, state_to_pb,
-    target_from_pb, target_to_pb,
+    event_from_pb, event_to_pb, kind_from_pb, kind_to_pb, node_state_to_pb, placement_from_pb,
+    placement_to_pb, policy_to_pb, scope_to_pb, slots_to_pb, state_to_pb, target_from_pb,
+    target_to_pb,
 };
 use gpuwarden_proto::v1 as pb;
 use tonic::Status;
@@ -10,11 +14,11 @@ use tonic::Status;
 use crate::{
     allocator::{Allocation, DevicePart, DeviceSpec},
     node::{Node, NodeReport},
-    placement::{Explanation, Placement},
+    placement::Explanation,
     profile::{Profile, UsageSample},
     scheduler::{NewSession, Observed},
-    session::{EnforcementEvent, KubernetesClaim, QuotaPolicy, Session, TargetScope},
-    slots::{ResourceSlot, SlotName, SlotValue},
+    session::{KubernetesClaim, QuotaPolicy, Session, TargetScope},
+    slots::{ResourceSlot, SlotName},
 };
 
 /// A `ResourceSlot` message to slots, naming a bad entry.
@@ -22,15 +26,8 @@ use crate::{
 /// # Errors
 /// `InvalidArgument` naming the bad name or value.
 pub fn slots_from_pb(slot: Option<&pb::ResourceSlot>) -> Result<ResourceSlot, Status> {
-    let mut out = ResourceSlot::new();
-    for (name, value) in slot.map(|s| &s.values).into_iter().flatten() {
-        let n = SlotName::new(name).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let v: SlotValue = value
-            .parse()
-            .map_err(|e| Status::invalid_argument(format!("slot {name:?}: {e}")))?;
-        out.set(n, v);
-    }
-    Ok(out)
+    gpuwarden_proto::convert::slots_from_pb(slot)
+        .map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
 /// A create request to the session it asks for: `id` is the new session's, `owner` whom the
@@ -44,15 +41,8 @@ pub fn new_session_from_pb(
     owner: String,
     r: pb::CreateSessionRequest,
 ) -> Result<NewSession, Status> {
-    let placement = if r.placement.is_empty() {
-        None
-    } else {
-        Some(
-            r.placement
-                .parse::<Placement>()
-                .map_err(|e| Status::invalid_argument(e.to_string()))?,
-        )
-    };
+    let placement =
+        placement_from_pb(&r.placement).map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(NewSession {
         id,
         name: r.name,
@@ -67,17 +57,6 @@ pub fn new_session_from_pb(
         class: r.class,
         placement,
     })
-}
-
-/// Slots to a `ResourceSlot` message.
-#[must_use]
-pub fn slots_to_pb(slot: &ResourceSlot) -> pb::ResourceSlot {
-    pb::ResourceSlot {
-        values: slot
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    }
 }
 
 /// What an agent registers, checked.
@@ -295,7 +274,7 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
         policy: Some(policy_to_pb(s.policy)),
         events: s.events.iter().map(|e| event_to_pb(&s.id, e)).collect(),
         class: s.class.clone(),
-        placement: s.placement.map(|p| p.to_string()).unwrap_or_default(),
+        placement: placement_to_pb(s.placement),
         explanation: s.explanation.as_ref().map(explanation_to_pb),
         origin: s.origin.as_str().to_owned(),
         kubernetes: s.origin.claim().map(claim_to_pb),
@@ -366,39 +345,6 @@ pub fn profile_to_pb(p: &Profile) -> pb::Profile {
 pub fn policy_from_pb(policy: Option<&pb::QuotaPolicy>) -> Result<QuotaPolicy, Status> {
     gpuwarden_proto::convert::policy_from_pb(policy)
         .map_err(|e| Status::invalid_argument(e.to_string()))
-}
-
-/// An `EnforcementEvent` message to an event (its session id is kept apart).
-#[must_use]
-pub fn event_from_pb(e: &pb::EnforcementEvent) -> EnforcementEvent {
-    EnforcementEvent {
-        action: e.action.clone(),
-        reason: e.reason.clone(),
-        container: e.container.clone(),
-        pid: e.pid,
-        device: e.device,
-        requested_bytes: e.requested_bytes,
-        used_bytes: e.used_bytes,
-        limit_bytes: e.limit_bytes,
-        at_ms: e.at_ms,
-    }
-}
-
-/// An event of session `session_id` to its message.
-#[must_use]
-pub fn event_to_pb(session_id: &str, e: &EnforcementEvent) -> pb::EnforcementEvent {
-    pb::EnforcementEvent {
-        session_id: session_id.to_owned(),
-        action: e.action.clone(),
-        reason: e.reason.clone(),
-        container: e.container.clone(),
-        pid: e.pid,
-        device: e.device,
-        requested_bytes: e.requested_bytes,
-        used_bytes: e.used_bytes,
-        limit_bytes: e.limit_bytes,
-        at_ms: e.at_ms,
-    }
 }
 
 #[cfg(test)]

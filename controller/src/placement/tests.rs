@@ -1,19 +1,6 @@
 use super::*;
 
 #[test]
-fn modes_parse_as_users_type_them() {
-    for mode in Placement::ALL {
-        assert_eq!(mode.as_str().parse::<Placement>(), Ok(mode));
-    }
-    assert_eq!(
-        "Interference_Aware".parse::<Placement>(),
-        Ok(Placement::InterferenceAware)
-    );
-    let err = "fastest".parse::<Placement>().unwrap_err();
-    assert!(err.to_string().contains("\"fastest\""), "{err}");
-}
-
-#[test]
 fn total_rewards_packing_and_charges_the_rest() {
     let w = Weights {
         interference: 2.0,

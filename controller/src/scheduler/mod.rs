@@ -39,7 +39,7 @@ use crate::{
     placement::{ExcessCache, Placement, Scorer, ScoringConfig},
     profile::ProfileBook,
     session::{QuotaPolicy, Session, SessionState, Target, TargetError, TargetScope, now_ms},
-    slots::{RegistryError, ResourceSlot, SlotTypeRegistry},
+    slots::{RegistryError, ResourceSlot, SlotLimits, SlotTypeRegistry},
     store::RevisionMark,
 };
 
@@ -60,8 +60,9 @@ pub enum QueuePolicy {
 pub struct OwnerLimits {
     /// Sessions that may hold resources at once.
     pub max_concurrent: Option<usize>,
-    /// Total slots its sessions may hold.
-    pub max_slots: Option<ResourceSlot>,
+    /// Total slots its sessions may hold: a limit per slot, `unlimited` for none; a slot left
+    /// out is limited to zero (`{ "cuda.shares" = "2", cpu = "unlimited" }`).
+    pub max_slots: Option<SlotLimits>,
 }
 
 /// Scheduler settings.

@@ -7,7 +7,7 @@ use super::{QueuePolicy, Scheduler, quotas::Standing};
 use crate::{
     node::NodeState,
     session::{Session, SessionState},
-    slots::ResourceSlot,
+    slots::{ResourceSlot, SlotLimits},
 };
 
 impl Scheduler {
@@ -115,7 +115,7 @@ impl Scheduler {
         &self,
         owner: &str,
         requested: &ResourceSlot,
-        max: Option<&ResourceSlot>,
+        max: Option<&SlotLimits>,
     ) -> bool {
         let Some(max) = max else { return true };
         let held = self
@@ -126,6 +126,6 @@ impl Scheduler {
                 acc.checked_add(&s.requested).unwrap_or(acc)
             });
         held.checked_add(requested)
-            .is_some_and(|total| total.fits_in(max))
+            .is_some_and(|total| max.admits(&total))
     }
 }

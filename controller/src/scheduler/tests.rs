@@ -122,6 +122,35 @@ fn concurrency_limits_hold_across_retried_passes() {
 }
 
 #[test]
+fn slot_limits_read_from_the_config_with_unlimited_slots() {
+    // What an operator writes: shares capped, cpu unlimited, every other slot at zero.
+    let mut config: SchedulerConfig = toml::from_str(
+        r#"
+        queue = "fifo"
+        skip_after = 0
+        [default_limits]
+        max_slots = { "cuda.shares" = "0.5", cpu = "unlimited" }
+        "#,
+    )
+    .unwrap();
+    config.default_limits.max_concurrent = None;
+    let mut s = Scheduler::new(config);
+    s.register(report("n1", 2, &[]), &[]).unwrap();
+    create(&mut s, "a", "alice", &["cuda.shares=0.5", "cpu=8"]).unwrap();
+    create(&mut s, "b", "alice", &["cuda.shares=0.1"]).unwrap();
+    create(&mut s, "c", "bob", &["mem=1g"]).unwrap();
+    s.pass();
+    assert_eq!(state(&s, "a"), SessionState::Scheduled);
+    assert_eq!(state(&s, "b"), SessionState::Pending);
+    assert!(s.sessions()["b"].reason.contains("slot limit"));
+    assert_eq!(
+        state(&s, "c"),
+        SessionState::Pending,
+        "mem is not listed: zero"
+    );
+}
+
+#[test]
 fn fifo_lets_later_sessions_by_a_stuck_head() {
     let mut s = Scheduler::new(SchedulerConfig {
         skip_after: 2,

@@ -1,45 +1,11 @@
 //! Resource slots: exact quantities by name (`cpu=1`, `mem=2g`, `cuda.shares=0.2`).
 //!
-//! A [`SlotValue`] is fixed-point — a `u128` of micro-units — never a float, so `0.2 + 0.4`
-//! is exactly `0.6` (docs/architecture.md, "Resource slots are exact"). A [`ResourceSlot`] maps
-//! [`SlotName`]s to values; a name that is absent is zero in every comparison and arithmetic,
-//! so the slots of agents with different slot types combine ("Slot types are merged"). Its order is partial: `a <= b` means every
-//! slot of `a` fits in `b`, and both `a <= b` and `b <= a` may be false.
-//!
-//! Each slot has a [`SlotKind`]: a count (`cpu`, `cuda.shares`, `cuda.device`), bytes (`mem`,
-//! `cuda.mem`; typed with binary units, `512m`, `1.5Gi`) or unique (held alone, requested as 1).
-//! The [`SlotTypeRegistry`] is the union of the kinds every agent declared; an agent that
-//! declares a known slot with another kind is refused, with the reason.
-//!
-//! # Example
-//!
-//! ```
-//! use gpuwarden_controller::slots::{ResourceSlot, SlotValue};
-//!
-//! let a = ResourceSlot::parse_any(&["cpu=1", "mem=2g", "cuda.shares=0.2"])?;
-//! let b = ResourceSlot::parse_any(&["cuda.shares=0.4"])?;
-//! let sum = (&a + &b)?;
-//! assert_eq!(sum.get("cuda.shares"), "0.6".parse::<SlotValue>()?);
-//! assert_eq!(sum.to_string(), "cpu=1,cuda.shares=0.6,mem=2g");
-//! assert!(b <= sum && a.partial_cmp(&b).is_none()); // neither fits in the other
-//! assert!((&b - &a).is_err()); // cpu would go negative
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! The domain lives in `gpuwarden_types::slot` (values, names, kinds, the parser, the merged
+//! registry of slot types, limits), shared with the agent and the CLI; the controller uses it
+//! under this name.
 
-mod name;
-mod parse;
-mod registry;
-mod resource;
-mod value;
-
-pub use name::{InvalidSlotName, SlotKind, SlotName};
-pub use parse::{BadValue, ParseError, default_kind, format_bytes, format_value, parse_value};
-pub use registry::{RegistryError, SlotTypeRegistry};
-pub use resource::{ArithmeticError, ResourceSlot};
-pub use value::{SCALE, SCALE_DIGITS, SlotValue, ValueError};
-
-/// Well-known slot names.
-pub use gpuwarden_types::slot::names;
-
-#[cfg(test)]
-mod tests;
+pub use gpuwarden_types::slot::{
+    ArithmeticError, BadValue, BytesError, InvalidSlotName, Limit, ParseError, RegistryError,
+    ResourceSlot, SCALE, SCALE_DIGITS, SlotKind, SlotLimits, SlotName, SlotTypeRegistry, SlotValue,
+    ValueError, default_kind, format_bytes, format_value, names, parse_bytes, parse_value,
+};

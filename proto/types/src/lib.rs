@@ -1,13 +1,15 @@
 //! The words gpuwarden's parts share, defined once.
 //!
 //! The agent enforces what the controller decided and the CLI shows both, so a quota's target,
-//! its policies, the names of the GPU slots and the life of a session must mean the same thing
+//! its policies, the resource slots and the life of a session must mean the same thing
 //! in all three. They live here, free of gRPC, eBPF and storage, so each side can depend on them;
 //! the conversions to and from the wire types live beside the proto (`gpuwarden_proto::convert`).
 //!
 //! - [`target`]: the workload a quota binds to (container, pod, cgroup, a managed cgroup);
 //! - [`policy`]: what happens over a GPU-memory limit, and how a compute share is held;
-//! - [`slot`]: slot kinds and the well-known slot names;
+//! - [`slot`]: resource slots — names, kinds, exact values, their parser and arithmetic, limits;
+//! - [`placement`]: how a session's node and devices are chosen;
+//! - [`event`]: what an agent did to enforce a quota;
 //! - [`state`]: where a session and a node are in their lives;
 //! - [`quantity`]: Kubernetes resource quantities (`500m`, `8Gi`), parsed exactly;
 //! - [`units`]: quantities as tables show them;
@@ -29,6 +31,8 @@
 #![deny(missing_docs)]
 
 pub mod dns;
+pub mod event;
+pub mod placement;
 pub mod policy;
 pub mod quantity;
 pub mod slot;

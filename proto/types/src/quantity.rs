@@ -12,11 +12,11 @@
 //! <number>          ::= <digits> | <digits>.<digits> | <digits>. | .<digits>
 //! ```
 //!
-//! A value comes out in micro-units (six fractional digits, the scale of the controller's
-//! `SlotValue`), never through a float: `0.1` is exactly 100 000 micro-units and `1.5Gi` is
-//! exactly 1 610 612 736 units. A quantity finer than a micro-unit (`1n`, `0.0000001`) is
-//! refused rather than rounded, so what a user wrote is what is enforced. The agent (claim
-//! capacities) and the controller (pod limits) read quantities with this one parser.
+//! A value comes out in micro-units (six fractional digits, the scale of
+//! [`crate::slot::SlotValue`]), never through a float: `0.1` is exactly 100 000 micro-units and
+//! `1.5Gi` is exactly 1 610 612 736 units. A quantity finer than a micro-unit (`1n`,
+//! `0.0000001`) is refused rather than rounded, so what a user wrote is what is enforced. The
+//! agent (claim capacities) and the controller (pod limits) read quantities with this one parser.
 //!
 //! # Example
 //!

@@ -57,7 +57,7 @@ fn throttled(running_fraction: f64) -> ThrottleStats {
 fn record(session: &str, action: &str) -> Record {
     Record {
         session_id: session.to_owned(),
-        action: action.to_owned(),
+        action: action.into(),
         reason: "test".to_owned(),
         cgroup_path: format!("/{session}"),
         pid: 7,

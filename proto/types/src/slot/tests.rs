@@ -93,6 +93,23 @@ fn parses_what_users_type() {
 }
 
 #[test]
+fn byte_sizes_as_backend_ai_takes_them_parse_in_a_request() {
+    let r = parse(&["mem=1 KiB", "cuda.mem=2 KiBytes"]).unwrap();
+    assert_eq!(r.to_string(), "cuda.mem=2k,mem=1k");
+    let mem = |t: &str| parse(&[t]).unwrap().get("mem").trunc();
+    assert_eq!(mem("mem=12_345 bytes"), 12_345);
+    assert_eq!(mem("mem = 11_021_204"), 11_021_204);
+    let err = parse(&["mem=1.1k"]).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "invalid value \"1.1k\" for slot \"mem\": not a whole number of bytes \
+         (1126.4 bytes; the nearest whole number is 1126)"
+    );
+    // Counts stay plain decimals.
+    assert!(parse(&["cpu=1_000"]).is_err());
+}
+
+#[test]
 fn errors_name_the_bad_token() {
     assert_eq!(
         parse(&["mem=2x"]).unwrap_err().to_string(),
@@ -406,5 +423,24 @@ proptest! {
         prop_assert_eq!(x.to_string().parse::<SlotValue>().unwrap(), x);
         prop_assert_eq!(parse_value("mem", &format_bytes(b), SlotKind::Bytes).unwrap(), b);
         prop_assert!(format_bytes(b).len() <= b.trunc().to_string().len());
+    }
+}
+
+#[test]
+fn kinds_keep_their_lowercase_names() {
+    for kind in [SlotKind::Count, SlotKind::Bytes, SlotKind::Unique] {
+        let json = serde_json::to_string(&kind).expect("serializes");
+        assert_eq!(json, format!("\"{kind}\""));
+        assert_eq!(
+            serde_json::from_str::<SlotKind>(&json).expect("reads back"),
+            kind
+        );
+    }
+}
+
+#[test]
+fn gpu_slots_share_the_prefix() {
+    for (name, _) in names::GPU_SLOTS {
+        assert!(name.starts_with(names::CUDA_PREFIX), "{name}");
     }
 }

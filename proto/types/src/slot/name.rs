@@ -1,10 +1,8 @@
-//! [`SlotName`] and [`SlotKind`].
+//! [`SlotName`]: what a slot is called.
 
 use std::{borrow::Borrow, fmt, str::FromStr};
 
 use serde::{Deserialize, Serialize};
-
-pub use gpuwarden_types::slot::SlotKind;
 
 /// A slot name: 1 to 64 of lowercase letters, digits, `.`, `_` and `-`, starting with a letter
 /// (`cpu`, `cuda.shares`, `mock.accel-2`).

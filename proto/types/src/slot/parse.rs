@@ -1,11 +1,11 @@
-//! Parsing what users type (`cpu=1`, `mem=2g`, `mem=1.5Gi`, `cuda.shares=0.2`) and printing it
-//! back in a form that parses to the same value.
+//! Parsing what users type (`cpu=1`, `mem=2g`, `mem=1.5Gi`, `mem=2 KiB`, `cuda.shares=0.2`) and
+//! printing it back in a form that parses to the same value.
 
 use std::collections::BTreeMap;
 
 use super::{
-    InvalidSlotName, ResourceSlot, SCALE, SlotKind, SlotName, SlotTypeRegistry, SlotValue,
-    ValueError, names,
+    BytesError, InvalidSlotName, ResourceSlot, SCALE, SlotKind, SlotName, SlotTypeRegistry,
+    SlotValue, ValueError, names, parse_bytes,
 };
 
 /// A request that doesn't parse; the message names the bad token.
@@ -62,7 +62,7 @@ pub enum BadValue {
     #[error("not a decimal number")]
     NotANumber,
     /// Finer than a micro-unit.
-    #[error("more than {digits} fractional digits", digits = super::value::SCALE_DIGITS)]
+    #[error("more than {digits} fractional digits", digits = super::SCALE_DIGITS)]
     TooPrecise,
     /// Too large.
     #[error("too large")]
@@ -75,15 +75,31 @@ pub enum BadValue {
         /// The suffix as typed.
         suffix: String,
     },
-    /// A fraction of a byte.
-    #[error("not a whole number of bytes")]
-    FractionalBytes,
+    /// A fraction of a byte: refused, naming the exact value and the nearest whole one.
+    #[error("not a whole number of bytes ({exact} bytes; the nearest whole number is {nearest})")]
+    FractionalBytes {
+        /// The exact value in bytes, as a decimal.
+        exact: String,
+        /// The nearest whole number of bytes.
+        nearest: u128,
+    },
     /// A unique slot asked as something other than 1.
     #[error("a unique slot can only be requested as 1")]
     UniqueNotOne,
     /// A fraction of a whole device.
     #[error("cuda.device takes whole devices; use cuda.shares for fractions")]
     FractionalDevices,
+}
+
+impl From<BytesError> for BadValue {
+    fn from(e: BytesError) -> Self {
+        match e {
+            BytesError::NotANumber => Self::NotANumber,
+            BytesError::UnknownSuffix { suffix } => Self::UnknownSuffix { suffix },
+            BytesError::Fractional { exact, nearest } => Self::FractionalBytes { exact, nearest },
+            BytesError::TooLarge => Self::TooLarge,
+        }
+    }
 }
 
 impl From<ValueError> for BadValue {
@@ -106,49 +122,13 @@ pub fn default_kind(name: &str) -> SlotKind {
     }
 }
 
-/// Binary unit exponents by letter. Every unit is binary, as in Backend.AI: `1g`, `1gi`, `1gb`
-/// and `1gib` are all 2^30 bytes.
-const UNITS: [(u8, u32); 6] = [
-    (b'k', 10),
-    (b'm', 20),
-    (b'g', 30),
-    (b't', 40),
-    (b'p', 50),
-    (b'e', 60),
-];
-
-/// Splits a byte value into its number and unit exponent (`1.5Gi` → `1.5`, 30), or names the
-/// suffix that is no unit.
-fn split_unit(value: &str) -> Result<(&str, u32), BadValue> {
-    let number_len = value
-        .bytes()
-        .position(|b| !(b.is_ascii_digit() || b == b'.'))
-        .unwrap_or(value.len());
-    let (number, suffix) = value.split_at(number_len);
-    if number.is_empty() {
-        return Err(BadValue::NotANumber);
-    }
-    let lower = suffix.to_ascii_lowercase();
-    let shift = match lower.as_bytes() {
-        [] | [b'b'] => Some(0),
-        [letter] | [letter, b'i' | b'b'] | [letter, b'i', b'b'] => UNITS
-            .iter()
-            .find(|(unit, _)| unit == letter)
-            .map(|(_, shift)| *shift),
-        _ => None,
-    };
-    shift
-        .map(|shift| (number, shift))
-        .ok_or_else(|| BadValue::UnknownSuffix {
-            suffix: suffix.to_owned(),
-        })
-}
-
 /// Parses a value of `kind` for slot `slot`.
 ///
-/// Counts are plain decimals (`1`, `0.25`); bytes take an optional binary unit (`512m`,
-/// `1.5Gi`, `2GB`) and must come out whole; a unique slot takes only `1`; `cuda.device` takes
-/// only whole numbers.
+/// Counts are plain decimals (`1`, `0.25`); bytes are sizes as Backend.AI takes them, with an
+/// optional binary unit (`512m`, `1.5Gi`, `2GB`, `1 KiB`, `2 KiBytes`, `12_345 bytes`; see
+/// [`parse_bytes`]) and must come out whole: a fraction of a byte is refused, naming the nearest
+/// whole number, not rounded; a unique slot takes only `1`; `cuda.device` takes only whole
+/// numbers.
 ///
 /// # Errors
 /// The value doesn't parse for its kind; the error names the slot, the value and why.
@@ -166,14 +146,7 @@ pub fn parse_value(slot: &str, value: &str, kind: SlotKind) -> Result<SlotValue,
             }
             v
         }
-        SlotKind::Bytes => {
-            let (number, shift) = split_unit(value).map_err(err)?;
-            let v = SlotValue::parse_scaled(number, 1u128 << shift).map_err(|e| err(e.into()))?;
-            if !v.is_integer() {
-                return Err(err(BadValue::FractionalBytes));
-            }
-            v
-        }
+        SlotKind::Bytes => parse_bytes(value).map_err(|e| err(e.into()))?,
     };
     if slot == names::CUDA_DEVICE && !v.is_integer() {
         return Err(err(BadValue::FractionalDevices));
