@@ -6,7 +6,11 @@
 //! in the same run, its unthrottled rate before the targets and again after them (the mean of
 //! the two). Needs root (it creates a cgroup v2 cgroup and freezes it).
 
-#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // Measured rates and shares in [0, 1], as f64.
+#![expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "Measured rates and shares in [0, 1], as f64"
+)]
 
 use std::{fs, os::unix::fs::MetadataExt, time::Duration};
 

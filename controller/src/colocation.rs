@@ -61,6 +61,11 @@ impl Below1 {
     }
 }
 
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "a clamped utilization's grid index"
+)]
 fn to_grid(u: f64) -> usize {
     let u = if u.is_nan() { 0.0 } else { u.clamp(0.0, 1.0) };
     (u * GRID as f64).round() as usize
@@ -199,11 +204,13 @@ mod tests {
     /// Every combination of the tenants' points, by brute force.
     fn enumerate(tenants: &[[f64; POINTS]]) -> Prediction {
         let n = tenants.len();
+        #[expect(clippy::cast_possible_truncation, reason = "a handful of tenants")]
         let combos = POINTS.pow(n as u32);
         let (mut summed, mut overflow) = (0.0, 0.0);
         let mut weighted = vec![0.0; n];
         let mut means = vec![0.0; n];
         for c in 0..combos {
+            #[expect(clippy::cast_possible_truncation, reason = "a handful of tenants")]
             let pick: Vec<f64> = (0..n)
                 .map(|i| tenants[i][(c / POINTS.pow(i as u32)) % POINTS])
                 .collect();

@@ -166,13 +166,11 @@ fn compute_shares(s: &Scheduler) -> Vec<(Vec<KeyValue>, f64, Option<f64>)> {
             if shares <= 0.0 {
                 return None;
             }
-            #[allow(clippy::cast_precision_loss)] // A handful of GPUs.
             let per_gpu = shares / x.allocation.parts.len() as f64;
             // The usage reports' utilization is averaged over the session's GPUs, so it compares
             // with the share per GPU; the deciles' mean is the mean of the samples to 1/20.
             let achieved = (x.usage.samples > 0).then(|| {
                 let deciles = x.usage.deciles();
-                #[allow(clippy::cast_precision_loss)]
                 let n = deciles.len() as f64;
                 deciles.iter().sum::<f64>() / n
             });
@@ -200,20 +198,16 @@ fn record_start_latency(
         let mut running = std::collections::HashSet::new();
         let mut changes = controller.subscribe();
         loop {
-            let session = match changes.recv().await {
-                Some(Ok(s)) => s,
-                // A term ended (or the watch fell behind): follow the next from now; what
-                // changed between only misses samples.
-                Some(Err(_)) | None => {
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                    changes = controller.subscribe();
-                    continue;
-                }
+            // A term ended (or the watch fell behind): follow the next from now; what changed
+            // between only misses samples.
+            let Some(Ok(session)) = changes.recv().await else {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                changes = controller.subscribe();
+                continue;
             };
             match Pb::try_from(session.state) {
                 Ok(Pb::Running) => {
                     if running.insert(session.id.clone()) {
-                        #[allow(clippy::cast_precision_loss)] // Milliseconds, far below 2^52.
                         let secs =
                             (session.updated_at_ms - session.created_at_ms).max(0) as f64 / 1000.0;
                         histogram.record(
@@ -238,6 +232,10 @@ fn record_start_latency(
 ///
 /// # Errors
 /// The exporter can't be built, or the Prometheus address can't be bound.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one instrument after another, a few lines each"
+)]
 pub fn start(
     controller: &Arc<Controller>,
     exporters: &Exporters,

@@ -182,7 +182,7 @@ mod tests {
             class: String::new(),
             placement: None,
             explanation: None,
-            usage: Default::default(),
+            usage: UsageSeries::default(),
             origin: Origin::Controller,
             revision: 0,
         };

@@ -24,6 +24,10 @@ fn node() -> pb::NodeInfo {
 }
 
 #[tokio::test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 async fn acks_sent_together_share_commits_and_all_reach_running() {
     let scratch = gpuwarden_test_support::scratch("agent-stream");
     let store = Store::open(&StoreSpec::Sled(scratch.path().join("store")))

@@ -225,6 +225,10 @@ async fn mapped_sessions(
 }
 
 #[tokio::test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 async fn a_user_token_acts_only_on_its_own_sessions_and_an_admin_on_all() {
     let served = Served::start(false).await;
     let mut client = served.client(&ClientTls::default()).await;

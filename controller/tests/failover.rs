@@ -90,7 +90,11 @@ async fn a_standby_names_the_leader_and_takes_over_with_every_acknowledged_sessi
     eprintln!("takeover after SIGKILL of the leader: {takeover:?} (TTL {TTL:?})");
     assert_eq!(winner.names().await.expect("leads"), acknowledged);
     // The other standby now names the new leader.
-    let other = if std::ptr::eq(winner, &b) { &c } else { &b };
+    let other = if std::ptr::eq(winner, &raw const b) {
+        &c
+    } else {
+        &b
+    };
     let winner_addr = winner.addr.to_string();
     wait::until_async(
         "the other standby to name the new leader",

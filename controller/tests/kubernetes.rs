@@ -1,11 +1,11 @@
 //! The Kubernetes side over real sockets: the admission webhook over HTTPS on loopback (a
-//! rustls client trusting the minted CA), making its ResourceClaimTemplates through a fake API
+//! rustls client trusting the minted CA), making its `ResourceClaimTemplates` through a fake API
 //! server (HTTPS too, recording what it is sent), and the scheduler extender over plain HTTP.
 //!
-//! The AdmissionReviews are written as the API reference shows them (`admission.k8s.io/v1`,
+//! The `AdmissionReviews` are written as the API reference shows them (`admission.k8s.io/v1`,
 //! the pod as the API server serializes it: quantities in canonical form, `500m`); the
-//! ExtenderArgs as kube-scheduler's `extender/v1` types marshal (Go field names as keys). The
-//! returned JSONPatch is applied (RFC 6902) and the pod that results is checked whole.
+//! `ExtenderArgs` as kube-scheduler's `extender/v1` types marshal (Go field names as keys). The
+//! returned `JSONPatch` is applied (RFC 6902) and the pod that results is checked whole.
 
 use std::{
     collections::BTreeMap,
@@ -42,7 +42,7 @@ const GIB: u64 = 1 << 30;
 /// What the fake API server was sent: (method, path, authorization header, body).
 type Calls = Arc<Mutex<Vec<(String, String, String, Value)>>>;
 
-/// An HTTPS API server on loopback that stores ResourceClaimTemplates by namespace and name
+/// An HTTPS API server on loopback that stores `ResourceClaimTemplates` by namespace and name
 /// (`201` the first time, `409 AlreadyExists` after), or answers every call with `refuse`.
 async fn fake_api_server(
     tls: &ServerTlsFiles,
@@ -350,7 +350,7 @@ fn pod(shares: Option<&str>, memory: Option<&str>) -> Value {
     })
 }
 
-/// An AdmissionReview for `object` (kind `kind` in `group`), as the API server sends it.
+/// An `AdmissionReview` for `object` (kind `kind` in `group`), as the API server sends it.
 fn review_of(group: &str, kind: &str, resource: &str, object: &Value, dry_run: bool) -> Value {
     json!({
         "apiVersion": "admission.k8s.io/v1",
@@ -401,21 +401,21 @@ async fn admit(c: &Cluster, review: &Value) -> Value {
 }
 
 /// Applies an RFC 6902 patch of `add` and `remove` operations (all the webhook sends).
-fn apply_patch(doc: &mut Value, patch: &Value) {
-    for op in patch.as_array().expect("a patch is an array") {
+fn apply_patch(doc: &mut Value, ops: &Value) {
+    for op in ops.as_array().expect("a patch is an array") {
         let path = op["path"].as_str().expect("a path");
-        let (parent, last) = path.rsplit_once('/').expect("a pointer");
-        let last = last.replace("~1", "/").replace("~0", "~");
+        let (parent, token) = path.rsplit_once('/').expect("a pointer");
+        let key = token.replace("~1", "/").replace("~0", "~");
         let target = doc
             .pointer_mut(parent)
             .unwrap_or_else(|| panic!("{parent} exists"));
         match (op["op"].as_str().expect("an op"), target) {
-            ("add", Value::Array(items)) if last == "-" => items.push(op["value"].clone()),
+            ("add", Value::Array(items)) if key == "-" => items.push(op["value"].clone()),
             ("add", Value::Object(map)) => {
-                map.insert(last, op["value"].clone());
+                map.insert(key, op["value"].clone());
             }
             ("remove", Value::Object(map)) => {
-                assert!(map.remove(&last).is_some(), "remove {path}: absent");
+                assert!(map.remove(&key).is_some(), "remove {path}: absent");
             }
             (other, target) => panic!("unexpected {other} at {path} on {target}"),
         }
@@ -646,7 +646,7 @@ async fn an_api_server_refusal_refuses_the_pod_with_its_message() {
 
 // ---- the extender ----------------------------------------------------------------------------
 
-/// ExtenderArgs as kube-scheduler marshals them with `nodeCacheCapable: true`.
+/// `ExtenderArgs` as kube-scheduler marshals them with `nodeCacheCapable: true`.
 fn args_with_names(pod: &Value, names: &[&str]) -> Value {
     json!({"Pod": pod, "Nodes": null, "NodeNames": names})
 }

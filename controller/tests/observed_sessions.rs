@@ -241,6 +241,10 @@ fn create(shares: &str, name: &str) -> pb::CreateSessionRequest {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn claims_an_agent_prepared_are_observed_counted_and_rebuilt_after_a_restart() {
     let scratch = gpuwarden_test_support::scratch("observed-sessions");
     let client_rt = tokio::runtime::Builder::new_multi_thread()

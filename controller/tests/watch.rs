@@ -235,7 +235,7 @@ async fn listing(member: &Member) -> (BTreeMap<String, pb::Session>, u64) {
 /// Reads `stream` until the watcher holds, for every session `member` lists, that state or a
 /// later one (bounded).
 async fn catch_up(stream: &mut tonic::Streaming<pb::Session>, seen: &mut Seen, member: &Member) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + Duration::from_mins(1);
     loop {
         let (truth, _) = listing(member).await;
         let behind: Vec<&pb::Session> = truth

@@ -62,6 +62,10 @@ fn from_headers() -> BTreeMap<String, u64> {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn both_tables_match_nvidias_headers_field_by_field() {
     let headers = from_headers();
     let mut rows = both![

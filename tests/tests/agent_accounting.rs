@@ -215,6 +215,10 @@ fn a_high_gpu_fd_is_copied_into_a_forked_child() {
 /// subdevices' go with it), and `close_range`.
 #[test]
 #[ignore = "needs root"]
+#[expect(
+    clippy::many_single_char_names,
+    reason = "one letter per actor of the scenario"
+)]
 fn releases_the_driver_makes_without_a_free_are_seen() {
     require_root();
     let driver = Driver::mount("release");

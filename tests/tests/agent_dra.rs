@@ -8,7 +8,10 @@
 //! NVIDIA driver, across a `kill -9` of the agent.
 
 // Test helpers fail loudly on anything unexpected.
-#![allow(clippy::unwrap_used)]
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
 
 #[path = "agent_dra/fake_api.rs"]
 mod fake_api;
@@ -170,6 +173,11 @@ fn slice_writes(api: &FakeApi) -> Vec<Value> {
 /// slice the agent publishes (checked against the API schema), and a lost GPU leaving it.
 #[test]
 #[ignore = "needs root"]
+#[expect(
+    clippy::many_single_char_names,
+    clippy::too_many_lines,
+    reason = "one letter per actor of the scenario"
+)]
 fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     require_root();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -552,6 +560,11 @@ fn client_on_gpu0(driver: &Driver, cg: &TestCgroup) -> (Client, u64, u64) {
 /// the same; unprepared, both limits are lifted.
 #[test]
 #[ignore = "needs root"]
+#[expect(
+    clippy::many_single_char_names,
+    clippy::too_many_lines,
+    reason = "one letter per actor of the scenario"
+)]
 fn a_prepared_claim_is_enforced_on_the_pod_across_an_agent_kill() {
     require_root();
     let rt = tokio::runtime::Builder::new_multi_thread()

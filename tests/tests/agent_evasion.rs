@@ -9,7 +9,10 @@
 //! quota's 16 MiB gets it killed.
 
 // Test helpers fail loudly on anything unexpected.
-#![allow(clippy::unwrap_used)]
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
 
 mod util;
 

@@ -3,7 +3,10 @@
 //! pod's name and namespace. A kubelet that isn't there leaves them absent and the agent healthy.
 
 // Test helpers fail loudly on anything unexpected.
-#![allow(clippy::unwrap_used)]
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
 
 mod util;
 

@@ -3,7 +3,6 @@
 //! that goes away and comes back.
 
 // Test helpers fail loudly on anything unexpected.
-#![allow(clippy::unwrap_used)]
 
 mod util;
 
@@ -30,6 +29,11 @@ memory_size = "16G"
 /// going away loses only exports (counted) and crashes nothing.
 #[test]
 #[ignore = "needs root"]
+#[expect(
+    clippy::many_single_char_names,
+    clippy::too_many_lines,
+    reason = "one letter per actor of the scenario"
+)]
 fn agent_metrics_match_the_snapshot_and_survive_the_receiver_going_away() {
     require_root();
     let receiver = TestReceiver::start("127.0.0.1:0");
@@ -167,6 +171,10 @@ fn agent_metrics_match_the_snapshot_and_survive_the_receiver_going_away() {
 /// The controller's metrics: queue, sessions and nodes by state, capacity and allocation per
 /// slot type, fragmentation and decision latency, checked against its API.
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn controller_metrics_match_its_api() {
     use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig};
     use util::cluster::{TestBackend, TestController, TestNode, create, wait_nodes, wait_state};

@@ -3,7 +3,10 @@
 //! and open device nodes, and the eBPF programs act on them.
 
 // Test helpers fail loudly on anything unexpected.
-#![allow(clippy::unwrap_used)]
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
 
 mod util;
 
@@ -488,6 +491,10 @@ fn the_agent_refuses_the_root_overlaps_and_slices_without_an_admins_word() {
 /// allocation is still killed), and the restarted agent finds the counters and the event.
 #[test]
 #[ignore = "needs root"]
+#[expect(
+    clippy::many_single_char_names,
+    reason = "one letter per actor of the scenario"
+)]
 fn enforcement_outlives_a_killed_agent() {
     require_root();
     let mut rig = Rig::start("qrst", Duration::from_mins(1));

@@ -13,6 +13,10 @@ const MIB: u64 = 1 << 20;
 /// free, exit. Failing allocations, VA reservations and non-GPU files count nothing.
 #[test]
 #[ignore = "needs root"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn three_containers_get_exact_counts_and_bytes() {
     require_root();
     let driver = Driver::mount("three");

@@ -1,7 +1,6 @@
 //! `--insecure` is visible where operators look: a controller serving plain text beyond loopback
 //! exports `gpuwarden.controller.insecure` = 1 over OTLP (and 0 before it does). Its own test
 //! binary, since the flag is process-wide.
-#![allow(clippy::unwrap_used)]
 
 mod util;
 

@@ -12,7 +12,11 @@
 
 // Test helpers fail loudly on anything unexpected. Byte counts, counters and 0/1 gauges come
 // back from Prometheus as exact integers (far below 2^53), so they compare exactly.
-#![allow(clippy::unwrap_used, clippy::float_cmp)]
+#![expect(
+    clippy::unwrap_used,
+    clippy::float_cmp,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
 
 mod util;
 
@@ -261,6 +265,10 @@ fn metric_names(expr: &str) -> Vec<String> {
 /// alerts fire once the controller stops.
 #[test]
 #[ignore = "needs root"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_series() {
     require_root();
     let driver = Driver::mount("obs");

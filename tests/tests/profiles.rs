@@ -8,7 +8,10 @@
 //! second), so a CPU spinner is a "busy" workload and a process that sleeps is an idle one.
 
 // Test helpers fail loudly on anything unexpected.
-#![allow(clippy::unwrap_used)]
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
 
 mod util;
 

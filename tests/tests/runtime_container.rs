@@ -16,7 +16,10 @@
 //! supported, drop all controllers from cgroupv2`); see `docs/runtimes.md`.
 
 // Test helpers fail loudly on anything unexpected.
-#![allow(clippy::unwrap_used)]
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
 
 mod util;
 
@@ -87,6 +90,10 @@ fn containerd_runs_a_container_the_agent_attributes_and_enforces() {
 /// ioctls to the container, refuses it the other GPU and kills it past its memory limit; the
 /// runtime's clean-up removes the cgroup and the quota waits again. `(runtime, pod)` is what the
 /// agent should read from that path.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn scenario(engine: &Engine, (runtime, pod): (&str, &str), cgroup_path: impl Fn(&str) -> String) {
     let rig = Rig::start(engine.name());
     let id = container_id(engine.name());

@@ -11,6 +11,10 @@
 //! - [`config`]: the knobs user space writes before the programs run.
 //!
 //! With the `user` feature every map type implements [`aya::Pod`].
+#![expect(
+    clippy::pub_underscore_fields,
+    reason = "`_pad` names the explicit padding of the `#[repr(C)]` structs the kernel shares; public so both sides can build them with `_pad: 0`"
+)]
 #![no_std]
 #![deny(missing_docs)]
 

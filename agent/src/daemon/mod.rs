@@ -91,7 +91,10 @@ pub async fn run(config: AgentConfig) -> Result<(), RunError> {
 ///
 /// # Errors
 /// See [`RunError`].
-#[allow(clippy::too_many_lines)] // The wiring of every stage, in the order they start.
+#[expect(
+    clippy::too_many_lines,
+    reason = "The wiring of every stage, in the order they start"
+)]
 pub async fn run_until(
     config: AgentConfig,
     shutdown: impl std::future::Future<Output = ()>,

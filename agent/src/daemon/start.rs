@@ -54,7 +54,10 @@ pub(super) fn log_sensor(sensor: &mut Sensor, config: &AgentConfig) {
 
 /// The enforcer, with the quotas the store holds applied again and what an earlier agent left
 /// for sessions no longer held swept away, running as a task.
-#[allow(clippy::too_many_arguments)] // The wiring of one stage: each input is a different part.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "The wiring of one stage: each input is a different part"
+)]
 pub(super) fn enforcement(
     sensor: &mut Sensor,
     pods: PodNames,

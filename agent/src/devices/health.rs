@@ -86,7 +86,6 @@ pub fn cgroup_of(proc: &Path, pid: u32) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
 

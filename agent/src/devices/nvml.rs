@@ -250,7 +250,6 @@ impl GpuBackend for NvmlBackend {
                     index,
                     state,
                     power_watts: device.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
-                    #[allow(clippy::cast_precision_loss)] // Millijoules: far below 2^52.
                     energy_joules: device
                         .total_energy_consumption()
                         .ok()

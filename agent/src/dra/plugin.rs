@@ -82,7 +82,7 @@ impl Driver {
     /// enforcement on `quotas` and the claims it holds to the controller link through
     /// `observed` (those in `store` at once).
     #[must_use]
-    #[allow(clippy::too_many_arguments)] // One of each part it is wired to.
+    #[expect(clippy::too_many_arguments, reason = "One of each part it is wired to")]
     pub fn new(
         config: DraConfig,
         node: String,

@@ -903,7 +903,10 @@ impl Enforcer {
         Ok((dir, b.state == BindState::Bound))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "each input is a different part it is wired to"
+    )]
     fn record(
         &mut self,
         session: &str,

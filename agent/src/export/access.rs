@@ -205,7 +205,7 @@ mod tests {
     use super::*;
 
     /// A caller as the checks take it (`None` would be a failed `SO_PEERCRED`).
-    #[allow(clippy::unnecessary_wraps)]
+    #[expect(clippy::unnecessary_wraps, reason = "the signature the caller expects")]
     fn uid(uid: u32) -> Option<Caller> {
         Some(Caller { uid, pid: None })
     }

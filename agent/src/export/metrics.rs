@@ -398,7 +398,10 @@ fn container_gpus(s: &Snapshot, gpus: &[Gpu]) -> Vec<ContainerGpu> {
     out
 }
 
-#[allow(clippy::too_many_lines)] // One instrument after another, a few lines each: split, they read worse.
+#[expect(
+    clippy::too_many_lines,
+    reason = "One instrument after another, a few lines each: split, they read worse"
+)]
 fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     type Pick = fn(&gpuwarden_agent_api::EnforcementView) -> u64;
     let gpus = Arc::new(gpus);
@@ -649,7 +652,6 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
                 with_snapshot(&published, |s| {
                     for c in &s.containers {
                         if let Some(e) = &c.enforcement {
-                            #[allow(clippy::cast_precision_loss)]
                             o.observe(e.throttled_ms as f64 / 1000.0, &container_attributes(c));
                         }
                     }
@@ -754,7 +756,10 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
 /// The hardware conventions' health instruments (`hw.status`, `hw.errors`, `hw.power`,
 /// `hw.energy`, `hw.gpu.memory.utilization`) and XID errors per container. A figure the backend
 /// can't read is left out, not reported as 0.
-#[allow(clippy::too_many_lines)] // One instrument after another, as in `register`.
+#[expect(
+    clippy::too_many_lines,
+    reason = "One instrument after another, as in `register`"
+)]
 fn register_health(meter: &Meter, gpus: &Arc<Vec<Gpu>>, published: &Published) {
     type Pick = fn(&gpuwarden_agent_api::GpuHealthView) -> Option<f64>;
     let gauges: [(&'static str, &'static str, &'static str, Pick); 2] = [

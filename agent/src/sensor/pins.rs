@@ -176,7 +176,6 @@ fn is_bpffs(path: &Path) -> bool {
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     let rc = unsafe { libc::statfs(c.as_ptr(), &raw mut st) };
-    #[allow(clippy::unnecessary_cast)]
     let magic = st.f_type as i64;
     rc == 0 && magic == BPF_FS_MAGIC
 }
@@ -280,7 +279,10 @@ pub fn is_pinned(path: &Path) -> bool {
     match bpf(BPF_OBJ_GET, &mut attr) {
         Ok(fd) => {
             // SAFETY: the kernel returned a new fd we own; dropping closes it.
-            #[allow(clippy::cast_possible_truncation)] // An fd from the kernel fits an int.
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "An fd from the kernel fits an int"
+            )]
             drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
             true
         }

@@ -455,6 +455,7 @@ fn print_json<T: serde::Serialize>(value: &T) {
 ///
 /// # Errors
 /// See [`CliError`].
+#[expect(clippy::too_many_lines, reason = "one match arm per subcommand")]
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let command = match cli.command {
         Command::Run(args) => return run::run(&cli.controller, args).await,

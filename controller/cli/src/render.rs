@@ -356,6 +356,11 @@ impl<'a> Usage<'a> {
 
 /// A bar of `width` cells for `fraction` (0–1).
 #[must_use]
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "a bar: a clamped fraction of a small width"
+)]
 pub fn bar(fraction: f64, width: usize) -> String {
     let filled = ((fraction.clamp(0.0, 1.0) * width as f64).round() as usize).min(width);
     format!("{}{}", "█".repeat(filled), "░".repeat(width - filled))

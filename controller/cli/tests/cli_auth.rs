@@ -81,6 +81,10 @@ fn json(url: &str, args: &[&str], token_env: Option<&Path>) -> serde_json::Value
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn a_token_file_makes_the_cli_act_as_its_owner() {
     let scratch = gpuwarden_test_support::scratch("cli-auth");
     let dir = scratch.path();

@@ -151,6 +151,10 @@ fn gpuwarden(url: &str, args: &[&str]) -> std::process::Output {
 
 #[test]
 #[ignore = "needs root"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
     gpuwarden_test_support::require_root();
     let cgroup = TestCgroup::create(&format!("gpuwarden-test-run-{}", std::process::id()));

@@ -180,6 +180,10 @@ fn request(i: usize, owners: usize) -> pb::CreateSessionRequest {
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the benchmark's run reads as one piece"
+)]
 async fn run(store: Store, label: &'static str, grouped: bool, size: Size) -> Row {
     let Size { nodes, sessions } = size;
     let rss_before = rss();
@@ -302,6 +306,11 @@ async fn run(store: Store, label: &'static str, grouped: bool, size: Size) -> Ro
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
     l.sort();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a percentile's rank: non-negative and below the length"
+    )]
     let pct = |p: f64| {
         l.get(((l.len().max(1) - 1) as f64 * p) as usize)
             .copied()

@@ -114,6 +114,11 @@ fn decisions(nodes: usize, mode: Placement) -> Row {
     });
     let total = started.elapsed();
     latencies.sort();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a percentile's rank: non-negative and below the length"
+    )]
     let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
     Row {
         mode,
@@ -127,6 +132,10 @@ fn decisions(nodes: usize, mode: Placement) -> Row {
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the benchmark's run reads as one piece"
+)]
 async fn heartbeats(agents: usize, seconds: u64) -> (f64, u64) {
     let dir = std::env::temp_dir().join(format!("gpuwarden-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

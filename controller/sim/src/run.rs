@@ -97,6 +97,7 @@ struct Live {
 ///
 /// # Errors
 /// A simulated node is refused, or jobs are left unfinished far past the last arrival.
+#[expect(clippy::too_many_lines, reason = "the replay loop reads as one piece")]
 pub fn run(
     jobs: &[Job],
     mode: Placement,
@@ -307,6 +308,11 @@ fn spread_demand(allocation: &Allocation) -> Vec<(u32, f64)> {
 
 /// Jobs excluded from the metrics at the start of a trace.
 #[must_use]
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "a clamped share of the job count"
+)]
 pub fn warmup_count(jobs: usize, warmup: f64) -> usize {
     ((jobs as f64 * warmup.clamp(0.0, 1.0)).floor() as usize).min(jobs.saturating_sub(1))
 }

@@ -249,13 +249,11 @@ async fn accept_held(
                 continue;
             }
         };
-        match Arc::clone(permits).try_acquire_owned() {
-            Ok(permit) => return Some((tcp, addr, permit)),
-            Err(_) => {
-                crate::limits::count(crate::limits::Refusal::Cap);
-                tracing::debug!(%addr, "connection refused: the listener holds its cap");
-            }
+        if let Ok(permit) = Arc::clone(permits).try_acquire_owned() {
+            return Some((tcp, addr, permit));
         }
+        crate::limits::count(crate::limits::Refusal::Cap);
+        tracing::debug!(%addr, "connection refused: the listener holds its cap");
     }
 }
 

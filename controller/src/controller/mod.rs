@@ -84,6 +84,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// A store failure as the gRPC status a client sees.
+#[must_use]
 pub fn store_status(e: &StoreError) -> Status {
     Status::unavailable(format!("the controller's store failed: {e}"))
 }
@@ -195,16 +196,13 @@ impl Controller {
                     // stored and published in.
                     scheduler.stamp_revision(id, self.log.next_revision());
                 }
-                match scheduler.sessions().get(id) {
-                    Some(s) => {
-                        writes.push(Write::session(s)?);
-                        announce.push(Arc::new(convert::session_to_pb(s)));
-                    }
+                if let Some(s) = scheduler.sessions().get(id) {
+                    writes.push(Write::session(s)?);
+                    announce.push(Arc::new(convert::session_to_pb(s)));
+                } else {
                     // Forgotten after it ended (watchers heard of its end then).
-                    None => {
-                        writes.push(Write::remove_session(id));
-                        removed.push(id.clone());
-                    }
+                    writes.push(Write::remove_session(id));
+                    removed.push(id.clone());
                 }
             }
             // Forgetting takes revisions away from what a watch can replay: the mark says

@@ -72,7 +72,7 @@ struct Log {
     by_revision: BTreeMap<(u64, String), Arc<pb::Session>>,
     /// Each session's key in `by_revision`.
     revision_of: HashMap<String, u64>,
-    /// (created_at_ms, id) of every session: the listing order.
+    /// (`created_at_ms`, id) of every session: the listing order.
     by_created: BTreeSet<(i64, String)>,
     /// The latest revision stored and published.
     revision: u64,
@@ -466,6 +466,7 @@ mod tests {
     fn pages_follow_creation_order_and_stop_at_size_or_bytes() {
         let log = SessionLog::new();
         log.reset([], RevisionMark::default());
+        #[expect(clippy::cast_possible_wrap, reason = "test indices below 10")]
         let all: Vec<Arc<pb::Session>> = (0..10)
             .map(|i| s(&format!("s{i}"), 10 - i, i as i64))
             .collect();

@@ -2,10 +2,10 @@
 //! containers carry `gpuwarden.io/gpu-shares` / `gpuwarden.io/gpu-memory` limits leaves it
 //! asking the same through DRA.
 //!
-//! For such a pod the answer is a JSONPatch that
+//! For such a pod the answer is a `JSONPatch` that
 //! 1. removes those limits (and equal requests) from each container carrying them — no node
 //!    advertises them as extended resources, so the pod would never schedule with them;
-//! 2. adds the pod claim [`CLAIM_NAME`] made from the ResourceClaimTemplate named for the ask
+//! 2. adds the pod claim [`CLAIM_NAME`] made from the `ResourceClaimTemplate` named for the ask
 //!    (`gpuwarden-0.5-8gi`), and the claim to each carrying container's `resources.claims`;
 //! 3. records the ask in annotations of the same names, for the scheduler extender.
 //!
@@ -14,7 +14,7 @@
 //! the reason in `status.message`: a share above one device or not above zero, a malformed
 //! quantity, more memory than any GPU the agents reported, containers asking differently.
 //! Pods without the limits, and operations other than CREATE, are allowed untouched. A body
-//! that is no AdmissionReview, or one about something other than a Pod, is an error the API
+//! that is no `AdmissionReview`, or one about something other than a Pod, is an error the API
 //! server shows (HTTP 400, or a refusal naming the kind).
 
 use base64::Engine as _;
@@ -26,7 +26,7 @@ use super::{
     pod::{self, AskError, Bounds, CLAIM_NAME, PodAsk, json_pointer},
 };
 
-/// Why a body can't be answered as an AdmissionReview at all (HTTP 400).
+/// Why a body can't be answered as an `AdmissionReview` at all (HTTP 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReviewError {
     /// Not JSON.
@@ -59,10 +59,10 @@ pub enum Outcome {
     Refused(String),
 }
 
-/// Answers one AdmissionReview `body`: the AdmissionReview to send back, and what it said.
+/// Answers one `AdmissionReview` `body`: the `AdmissionReview` to send back, and what it said.
 ///
 /// # Errors
-/// The body is no AdmissionReview with a request.
+/// The body is no `AdmissionReview` with a request.
 pub async fn review(
     body: &[u8],
     bounds: &Bounds,
@@ -218,7 +218,7 @@ async fn decide(request: &Value, bounds: &Bounds, templates: &dyn ClaimTemplates
     }
 }
 
-/// The JSONPatch (RFC 6902) that turns the limits into the claim.
+/// The `JSONPatch` (RFC 6902) that turns the limits into the claim.
 #[must_use]
 pub fn patch(pod: &Value, asked: &PodAsk, template: &str) -> Value {
     let mut ops = Vec::new();

@@ -1,4 +1,4 @@
-//! The one thing the controller asks of the Kubernetes API server: that a ResourceClaimTemplate
+//! The one thing the controller asks of the Kubernetes API server: that a `ResourceClaimTemplate`
 //! exist in a namespace (`POST /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates`;
 //! `201 Created`, or `409 AlreadyExists` when it is there already).
 //!
@@ -52,7 +52,7 @@ pub enum ApiError {
 /// A boxed future, as the trait's methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Makes sure ResourceClaimTemplates exist.
+/// Makes sure `ResourceClaimTemplates` exist.
 pub trait ClaimTemplates: Send + Sync {
     /// Creates `template` (a whole `ResourceClaimTemplate` object) in `namespace` unless one of
     /// its name is there.

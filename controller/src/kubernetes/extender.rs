@@ -4,7 +4,7 @@
 //! The Go types carry no JSON tags, so the keys are their field names: `ExtenderArgs{Pod,
 //! Nodes, NodeNames}` in, `ExtenderFilterResult{Nodes, NodeNames, FailedNodes,
 //! FailedAndUnresolvableNodes, Error}` or `HostPriorityList` (`[{Host, Score}]`, scores 0–10)
-//! out. `Nodes` (a NodeList) comes when the extender is not `nodeCacheCapable`, `NodeNames`
+//! out. `Nodes` (a `NodeList`) comes when the extender is not `nodeCacheCapable`, `NodeNames`
 //! when it is; the answer uses the same one.
 //!
 //! A pod's ask is what the webhook recorded in its annotations (or its limits, where no webhook
@@ -51,7 +51,7 @@ pub struct ExtenderArgs {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct ExtenderFilterResult {
-    /// The nodes that pass, as a NodeList (when they came as one).
+    /// The nodes that pass, as a `NodeList` (when they came as one).
     pub nodes: Option<Value>,
     /// The names of the nodes that pass (when they came as names).
     pub node_names: Option<Vec<String>>,
@@ -74,7 +74,7 @@ pub struct HostPriority {
 }
 
 impl ExtenderArgs {
-    /// The candidate names, from `NodeNames` or the NodeList's items.
+    /// The candidate names, from `NodeNames` or the `NodeList`'s items.
     #[must_use]
     pub fn candidates(&self) -> Vec<String> {
         if let Some(names) = &self.node_names {
@@ -222,8 +222,10 @@ fn scale(total: f64, (lo, hi): (f64, f64), low: i64, high: i64) -> i64 {
         return high;
     }
     let better = ((hi - total) / spread).clamp(0.0, 1.0);
-    // At most 9 steps: exact in f64, and the cast cannot truncate anything meaningful.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "at most 9 steps: exact in f64, nothing to truncate"
+    )]
     let step = (better * (high - low) as f64).round() as i64;
     low + step
 }

@@ -2,8 +2,8 @@
 //! kube-scheduler (docs/architecture.md, "Kubernetes asks through DRA; the agent enforces").
 //!
 //! - [`pod`]: what a pod asks (`gpuwarden.io/gpu-shares`, `gpuwarden.io/gpu-memory`), checked,
-//!   the ResourceClaimTemplate asking the same, and the pod's workload class;
-//! - [`admission`]: the mutating admission webhook (AdmissionReview v1 → JSONPatch);
+//!   the `ResourceClaimTemplate` asking the same, and the pod's workload class;
+//! - [`admission`]: the mutating admission webhook (`AdmissionReview` v1 → `JSONPatch`);
 //! - [`apiserver`]: the small API-server client that makes claim templates (a trait, so tests
 //!   and other deployments put their own behind it);
 //! - [`templates`]: what the webhook remembers of the templates it made, and the rate it makes

@@ -1,6 +1,6 @@
 //! What a pod asks of gpuwarden: the `gpuwarden.io/gpu-shares` and `gpuwarden.io/gpu-memory`
 //! limits of its containers (or, once the webhook turned them into a claim, the annotations it
-//! left), checked; the ResourceClaimTemplate that asks the same through DRA; and the workload
+//! left), checked; the `ResourceClaimTemplate` that asks the same through DRA; and the workload
 //! class its profile is filed under.
 //!
 //! Pods are read as the API server sends them (JSON, `k8s.io/api/core/v1` field names), through
@@ -189,14 +189,14 @@ impl GpuAsk {
         self.shares.is_none() && self.memory_bytes.is_none()
     }
 
-    /// The name of the ResourceClaimTemplate asking for this, the same for every pod that asks
+    /// The name of the `ResourceClaimTemplate` asking for this, the same for every pod that asks
     /// the same: `gpuwarden-0.5-8gi`, `gpuwarden-0.25`, `gpuwarden-mem-512mi`. A DNS subdomain.
     #[must_use]
     pub fn template_name(&self) -> String {
-        let mut name = String::from("gpuwarden");
+        let mut name = String::from("gpuwarden-");
         match self.shares {
-            Some(s) => name.push_str(&format!("-{s}")),
-            None => name.push_str("-mem"),
+            Some(s) => name.push_str(&s.to_string()),
+            None => name.push_str("mem"),
         }
         if let Some(m) = self.memory_bytes {
             name.push('-');
@@ -218,7 +218,7 @@ impl GpuAsk {
         Value::Object(requests)
     }
 
-    /// The ResourceClaimTemplate (`resource.k8s.io/v1`) for `namespace` asking for this: one
+    /// The `ResourceClaimTemplate` (`resource.k8s.io/v1`) for `namespace` asking for this: one
     /// device of class [`DEVICE_CLASS`] with these capacity requests (consumable capacity, a
     /// device shared by several claims).
     #[must_use]
@@ -499,16 +499,22 @@ pub fn read_ask(pod: &Value) -> Result<Option<GpuAsk>, AskError> {
 /// A JSON Pointer from its reference tokens, escaped (`~` → `~0`, `/` → `~1`).
 #[must_use]
 pub fn json_pointer(tokens: &[&str]) -> String {
-    tokens
-        .iter()
-        .map(|t| format!("/{}", t.replace('~', "~0").replace('/', "~1")))
-        .collect()
+    let mut pointer = String::new();
+    for token in tokens {
+        pointer.push('/');
+        pointer.push_str(&token.replace('~', "~0").replace('/', "~1"));
+    }
+    pointer
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    #[expect(
+        clippy::needless_pass_by_value,
+        reason = "literals read best passed as they are built"
+    )]
     fn pod(containers: Value) -> Value {
         json!({ "metadata": { "name": "p" }, "spec": { "containers": containers } })
     }

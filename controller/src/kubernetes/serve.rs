@@ -16,10 +16,10 @@
 //! - headers within [`HEADER_TIMEOUT`], the body within [`BODY_TIMEOUT`] of the headers, the
 //!   whole answer within [`REQUEST_TIMEOUT`]: a slow sender is answered 408 and dropped;
 //! - bodies up to [`MAX_BODY`] (3 MiB, the API server's own request limit, so any
-//!   AdmissionReview fits); a larger `Content-Length` is refused before a byte is read;
+//!   `AdmissionReview` fits); a larger `Content-Length` is refused before a byte is read;
 //! - at most [`BODY_BUDGET`] bytes of bodies buffered at once over all connections, reserved
 //!   from the `Content-Length` (or [`MAX_BODY`] when chunked) before reading; past it, 503;
-//! - JSON parsed by serde_json, whose nesting limit (128) bounds the parser's stack.
+//! - JSON parsed by `serde_json`, whose nesting limit (128) bounds the parser's stack.
 //!
 //! With a client CA (`--webhook-client-ca`) the HTTPS listener requires a client certificate
 //! that chains to it: the API server's webhook client certificate (its admission
@@ -61,7 +61,7 @@ use crate::{
 };
 
 /// Largest request body read: the API server's own limit on a request (3 MiB), so any
-/// AdmissionReview fits; ExtenderArgs with node names (`nodeCacheCapable: true`, as shipped)
+/// `AdmissionReview` fits; `ExtenderArgs` with node names (`nodeCacheCapable: true`, as shipped)
 /// are far smaller.
 pub const MAX_BODY: usize = 3 << 20;
 /// Bytes of request bodies buffered at once over all connections of a listener.

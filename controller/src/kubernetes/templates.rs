@@ -1,6 +1,6 @@
 //! The webhook's memory of the claim templates it made: a pod whose template is known costs no
 //! API call, and new templates are made at a bounded rate, cluster-wide and per namespace (one
-//! namespace's flood leaves the others their budget), so that a flood of AdmissionReviews
+//! namespace's flood leaves the others their budget), so that a flood of `AdmissionReviews`
 //! (anyone who reaches the webhook's port can send them) can neither flood the API server nor
 //! fill namespaces with templates of every memory size.
 

@@ -65,6 +65,11 @@ impl UsageSeries {
     pub fn record(&mut self, sample: UsageSample) {
         let u = clamp_unit(sample.utilization);
         // Rounded to the nearest bin: 0.255 → bin 26 is as good as 25 at this resolution.
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a clamped utilization's bin"
+        )]
         let bin = ((u * (BINS - 1) as f64).round() as usize).min(BINS - 1);
         if self.bins.len() != BINS {
             self.bins = vec![0; BINS];
@@ -87,6 +92,11 @@ impl UsageSeries {
         let total = self.samples as f64;
         for (i, point) in out.iter_mut().enumerate() {
             // The sample whose rank is at this point's quantile.
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "a rank within the sample count"
+            )]
             let rank = ((i as f64 + 0.5) / POINTS as f64 * total).floor() as u64;
             let mut seen = 0u64;
             for (bin, &count) in self.bins.iter().enumerate() {

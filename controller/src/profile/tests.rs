@@ -1,5 +1,15 @@
+#![expect(
+    clippy::float_cmp,
+    reason = "deciles of exact test samples compare exactly"
+)]
+
 use super::*;
 
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "test utilizations in [0, 1]"
+)]
 fn series(values: &[f64]) -> UsageSeries {
     let mut s = UsageSeries::default();
     for &u in values {

@@ -7,6 +7,7 @@ use crate::{
     node::{Node, NodeState},
     placement::Placement,
     session::SessionState,
+    slots::ResourceSlot,
 };
 
 impl Scheduler {
@@ -46,30 +47,14 @@ impl Scheduler {
             let queue = governed
                 .then(|| self.config.quotas.queue_of(&owner).map(str::to_owned))
                 .flatten();
-            let over_limit = if governed {
-                let queue_held = held.get(&queue).cloned().unwrap_or_default();
-                match self
-                    .config
-                    .quotas
-                    .standing(queue.as_deref(), &queue_held, &session.requested)
-                {
-                    Standing::OverLimit { slot } => Some(slot),
-                    Standing::WithinGuarantee | Standing::Borrowing => None,
-                }
-            } else {
-                None
-            };
-            if let Some(slot) = over_limit {
-                reason = format!(
-                    "queue {} would pass its limit of {} in {slot}",
-                    queue.as_deref().unwrap_or("-"),
-                    self.config
-                        .quotas
-                        .quota(queue.as_deref())
-                        .limit
-                        .unwrap_or_default()
-                        .get(slot.as_str()),
-                );
+            let past_limit = governed
+                .then(|| {
+                    let queue_held = held.get(&queue).cloned().unwrap_or_default();
+                    self.past_queue_limit(queue.as_deref(), &queue_held, &session.requested)
+                })
+                .flatten();
+            if let Some(why) = past_limit {
+                reason = why;
             } else if !self.tracker.admits(&owner, &id, limits.max_concurrent) {
                 reason = format!(
                     "owner {owner} is at its limit of {} concurrent sessions",
@@ -111,7 +96,31 @@ impl Scheduler {
         commands
     }
 
+    /// Why a session of `queue` asking for `requested` waits while the queue holds `held`, if
+    /// the request would take the queue past its limit.
+    fn past_queue_limit(
+        &self,
+        queue: Option<&str>,
+        held: &ResourceSlot,
+        requested: &ResourceSlot,
+    ) -> Option<String> {
+        let quotas = &self.config.quotas;
+        let Standing::OverLimit { slot } = quotas.standing(queue, held, requested) else {
+            return None;
+        };
+        let limit = quotas.quota(queue).limit.unwrap_or_default();
+        Some(format!(
+            "queue {} would pass its limit of {} in {slot}",
+            queue.unwrap_or("-"),
+            limit.get(slot.as_str()),
+        ))
+    }
+
     /// Filter, score and bind one session.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "filter, score and bind read as one piece, each step on the last one's locals"
+    )]
     fn place(&mut self, id: &str) -> Result<Command, String> {
         let session = self.sessions.get(id).ok_or("gone")?;
         let gpu = GpuRequest::from_slots(&session.requested).map_err(|e| e.to_string())?;

@@ -146,7 +146,7 @@ fn interference_aware_packs_light_tenants_together() {
 }
 
 #[test]
-#[allow(clippy::many_single_char_names)] // one letter per tenant
+#[expect(clippy::many_single_char_names, reason = "one letter per tenant")]
 fn the_packing_cap_holds_unless_nothing_else_fits() {
     // Interference weighs nothing: only the cap keeps tenants apart, against the
     // fragmentation term that would stack them.

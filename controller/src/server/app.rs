@@ -119,7 +119,7 @@ async fn run(config: RunConfig, stop: impl Future<Output = ()>) -> Result<(), Se
             None
         }
     };
-    let mut server = tokio::spawn(grpc::serve(
+    let mut grpc_task = tokio::spawn(grpc::serve(
         controller,
         listen,
         security,
@@ -130,9 +130,9 @@ async fn run(config: RunConfig, stop: impl Future<Output = ()>) -> Result<(), Se
     let served = tokio::select! {
         () = stop => {
             let _ = stopping.send(true);
-            joined("gRPC server", (&mut server).await)
+            joined("gRPC server", (&mut grpc_task).await)
         }
-        served = &mut server => joined("gRPC server", served),
+        served = &mut grpc_task => joined("gRPC server", served),
     };
     let _ = stopping.send(true);
     let mut result = served;

@@ -104,6 +104,10 @@ impl FileConfig {
 
 /// TLS to etcd, for an etcd store.
 #[derive(clap::Args, Debug, Default, Clone)]
+#[expect(
+    clippy::struct_field_names,
+    reason = "the fields name the flags: --etcd-ca, --etcd-cert, --etcd-key"
+)]
 pub(super) struct EtcdTlsArgs {
     /// CA that signs etcd's serving certificates (PEM): talk to etcd over TLS.
     #[arg(long, value_name = "FILE")]
@@ -321,7 +325,6 @@ pub(super) fn advertised(listen: SocketAddr) -> String {
         return listen.to_string();
     }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "localhost".to_owned());
+        .map_or_else(|_| "localhost".to_owned(), |h| h.trim().to_owned());
     format!("{host}:{}", listen.port())
 }

@@ -57,7 +57,7 @@ pub(super) struct KubeArgs {
     /// TLS config for extenders).
     #[arg(long, value_name = "ADDR")]
     pub extender_listen: Option<SocketAddr>,
-    /// The Kubernetes API server the webhook makes ResourceClaimTemplates through (default:
+    /// The Kubernetes API server the webhook makes `ResourceClaimTemplates` through (default:
     /// the in-cluster one, with the pod's service account).
     #[arg(long, value_name = "URL")]
     pub kube_api: Option<String>,

@@ -38,7 +38,7 @@ fn session(id: &str) -> Session {
         class: String::new(),
         placement: None,
         explanation: None,
-        usage: Default::default(),
+        usage: crate::profile::UsageSeries::default(),
         origin: crate::session::Origin::Controller,
         revision: 0,
     }
@@ -483,17 +483,17 @@ async fn a_warm_copy_follows_every_put_and_delete_and_says_when_it_has_caught_up
         .write(vec![Write::session(&session("before")).unwrap()])
         .await
         .unwrap();
-    let Kv::Etcd(kv) = writer.kv() else {
+    let Kv::Etcd(etcd) = writer.kv() else {
         unreachable!("an etcd store")
     };
-    let replica = kv.replicate().await.unwrap();
-    let mut writes: Vec<Write> = (0..300)
+    let replica = etcd.replicate().await.unwrap();
+    let mut batch: Vec<Write> = (0..300)
         .map(|i| Write::session(&session(&format!("s{i:03}"))).unwrap())
         .collect();
-    writes.push(Write::remove_session("before"));
-    writer.write(writes).await.unwrap();
+    batch.push(Write::remove_session("before"));
+    writer.write(batch).await.unwrap();
     // The revision now: every write above is at or before it.
-    let (_, now) = kv.list_at("meta/", None).await.unwrap();
+    let (_, now) = etcd.list_at("meta/", None).await.unwrap();
     replica
         .caught_up(now, Duration::from_secs(5))
         .await

@@ -163,7 +163,6 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use opentelemetry::KeyValue;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};

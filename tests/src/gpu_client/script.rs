@@ -363,6 +363,7 @@ pub enum Command {
 ///
 /// # Errors
 /// What is wrong with it.
+#[expect(clippy::too_many_lines, reason = "one arm per script command")]
 pub fn parse(line: &str) -> Result<Command, ParseError> {
     let mut words = line.split_whitespace();
     let Some(first) = words.next() else {
@@ -977,6 +978,7 @@ fn in_dir(client: &GpuClient, path: &Path) -> PathBuf {
 
 /// Runs a command that needs only the client (everything but `fork`, `child`, `wait-child`,
 /// `kill-child` and `exit`, which answer `err`); returns the reply line.
+#[expect(clippy::too_many_lines, reason = "one arm per script command")]
 pub fn execute(client: &mut GpuClient, command: &Command) -> String {
     let handle = |h: u32| format!("ok handle={h:#x}");
     match command {

@@ -40,7 +40,10 @@ fn v1(line: &str) -> String {
 }
 
 #[test]
-#[allow(clippy::too_many_lines)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario or one wiring, read top to bottom"
+)]
 fn reads_each_runtime_layout() {
     use QosClass::{BestEffort, Burstable, Guaranteed};
     use Runtime::{Containerd, Cri, CriO, Docker, Host, Podman, Systemd, Unknown};

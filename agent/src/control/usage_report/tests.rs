@@ -1,4 +1,7 @@
-#![allow(clippy::float_cmp)] // Zero utilization is exactly 0.0 by construction.
+#![expect(
+    clippy::float_cmp,
+    reason = "Zero utilization is exactly 0.0 by construction"
+)]
 
 use std::{
     path::Path,

@@ -19,7 +19,10 @@ fn gpus() -> Vec<GpuDevice> {
 }
 
 /// A claim as the API server returns it (`resource.k8s.io/v1`), allocated on `pool`.
-#[allow(clippy::needless_pass_by_value)] // Literals read best passed as they are built.
+#[expect(
+    clippy::needless_pass_by_value,
+    reason = "Literals read best passed as they are built"
+)]
 fn claim(
     pool: &str,
     device: &str,

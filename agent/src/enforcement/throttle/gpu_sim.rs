@@ -12,11 +12,11 @@
 //! utilization percent), all stamped with the CPU's real time in µs; queries return the samples
 //! newer than a "last seen" timestamp, none being `NotFound` (an empty list here).
 
-#![allow(
+#![expect(
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)] // Simulated times in µs as f64, percentages in 0..=100.
+    reason = "simulated times in µs as f64, percentages in 0..=100"
+)]
 
 use std::{
     collections::{HashMap, VecDeque},

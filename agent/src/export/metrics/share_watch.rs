@@ -161,7 +161,6 @@ fn figures(c: &Container) -> Option<(f64, f64, String)> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use gpuwarden_agent_api::{DeviceQuotaView, EnforcementView, QuotaView};
 

@@ -26,11 +26,11 @@ pub(in crate::server) enum CertsCommand {
         #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
         server_names: Vec<String>,
         /// Scheduler users, comma-separated: one client certificate each naming
-        /// spiffe://gpuwarden/user/<name> (user-<name>.pem, user-<name>.key).
+        /// <spiffe://gpuwarden/user>/<name> (user-<name>.pem, user-<name>.key).
         #[arg(long, value_delimiter = ',')]
         users: Vec<String>,
         /// Scheduler admins, comma-separated: one client certificate each naming
-        /// spiffe://gpuwarden/admin/<name> (admin-<name>.pem, admin-<name>.key).
+        /// <spiffe://gpuwarden/admin>/<name> (admin-<name>.pem, admin-<name>.key).
         #[arg(long, value_delimiter = ',')]
         admins: Vec<String>,
         /// Days the server and node certificates are valid (a new CA: ten times as long).

@@ -76,7 +76,7 @@ impl ResourceSlot {
     /// If `name` is not a valid slot name (a programming error).
     #[must_use]
     pub fn with(mut self, name: &str, value: SlotValue) -> Self {
-        #[allow(clippy::expect_used)]
+        #[expect(clippy::expect_used, reason = "a programming error, not input")]
         self.set(SlotName::new(name).expect("a valid slot name"), value);
         self
     }

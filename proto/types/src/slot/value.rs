@@ -68,7 +68,6 @@ impl SlotValue {
     /// The value in units as a float: for gauges, scores and reports, never for accounting
     /// (floats lose the exactness the slots keep).
     #[must_use]
-    #[allow(clippy::cast_precision_loss)]
     pub fn as_f64(self) -> f64 {
         self.0 as f64 / SCALE as f64
     }

@@ -1,4 +1,8 @@
-#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // Shares written as fractions in [0, 1].
+#![expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "Shares written as fractions in [0, 1]"
+)]
 
 use super::*;
 
