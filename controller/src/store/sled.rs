@@ -20,7 +20,7 @@ pub struct SledKv {
 }
 
 /// How long to wait for a previous handle's file lock (see [`SledKv::open`]).
-const LOCK_WAIT: Duration = Duration::from_secs(5);
+const LOCK_WAIT: Duration = Duration::from_secs(15);
 
 impl SledKv {
     /// Opens (or creates) the store in `dir`.
@@ -30,7 +30,8 @@ impl SledKv {
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         // sled's flusher thread may hold the previous handle's file lock for a moment after it
         // is dropped (a restart in the same process): retry before giving up. On a loaded
-        // 2-core machine that moment was seen to pass 1 s.
+        // 2-core machine that moment was seen to pass 1 s, and once 5 s; another controller
+        // that really holds the store is still named within `LOCK_WAIT`.
         let started = std::time::Instant::now();
         let db = loop {
             match sled::Config::new().path(dir).open() {
