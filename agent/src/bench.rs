@@ -4,7 +4,8 @@
 //! ([`Design::Mutex`]: one `std::sync::Mutex`, held on the runtime's worker threads while
 //! `/proc` is read), so one run measures both.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use gpuwarden_runtime::sync::Lock as _;
+use std::sync::{Arc, Mutex};
 
 use crate::{
     attribution::{AttributionError, Attributor},
@@ -75,7 +76,7 @@ impl Rig {
         match &self.shared {
             // As the reader did: the lock held for the whole batch.
             Shared::Mutex(state) => {
-                let mut t = state.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut t = state.locked();
                 t.count_events(received);
                 for tgid in execs {
                     t.on_exec(tgid);
@@ -99,10 +100,7 @@ impl Rig {
     pub async fn snapshot(&self) -> usize {
         let standing = Standing::default();
         let snapshot = match &self.shared {
-            Shared::Mutex(state) => state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .snapshot(&standing, "bench"),
+            Shared::Mutex(state) => state.locked().snapshot(&standing, "bench"),
             Shared::Task(handle, _) => handle
                 .snapshot(standing, "bench".to_owned())
                 .await

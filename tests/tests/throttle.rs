@@ -11,6 +11,7 @@
 //! exit) with generous tolerances and deadlines; how closely and how fast it does it is measured
 //! by `cargo xtask bench throttle` and `cargo xtask bench timings`.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     fs,
     os::unix::fs::MetadataExt,
@@ -184,9 +185,7 @@ fn assert_near(what: &str, throttled: Rate, unthrottled: Rate, want: f64, tolera
 #[ignore = "needs root"]
 fn hard_share_holds_one_spinner_to_its_share() {
     require_root();
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = SERIAL.locked();
     let mut cgroup = SpinCgroup::create("hard");
     let s = cgroup.spin();
     let spinner = &cgroup.spinners[s];
@@ -215,9 +214,7 @@ fn hard_share_holds_one_spinner_to_its_share() {
 #[ignore = "needs root"]
 fn two_members_split_one_gpu_by_share() {
     require_root();
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = SERIAL.locked();
     let mut small = SpinCgroup::create("small");
     let mut large = SpinCgroup::create("large");
     let (a, b) = (small.spin(), large.spin());
@@ -245,9 +242,7 @@ fn two_members_split_one_gpu_by_share() {
 #[ignore = "needs root"]
 fn work_conserving_uses_idle_capacity_until_contended() {
     require_root();
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = SERIAL.locked();
     let mut greedy = SpinCgroup::create("greedy");
     let mut other = SpinCgroup::create("other");
     let g = greedy.spin();
@@ -318,9 +313,7 @@ fn work_conserving_uses_idle_capacity_until_contended() {
 #[ignore = "needs root"]
 fn throttled_grows_and_every_exit_thaws() {
     require_root();
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = SERIAL.locked();
     let mut cgroup = SpinCgroup::create("exits");
     let s = cgroup.spin();
 
@@ -383,9 +376,7 @@ fn throttled_grows_and_every_exit_thaws() {
 #[ignore = "needs root"]
 fn a_removed_cgroup_is_dropped_and_the_loop_goes_on() {
     require_root();
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = SERIAL.locked();
     let vanishing = SpinCgroup::create("vanishing");
     let mut staying = SpinCgroup::create("staying");
     staying.spin();

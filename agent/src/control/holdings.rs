@@ -2,6 +2,7 @@
 //! store so a restarted agent reports them (docs/architecture.md, "The agent is the source of
 //! truth for its node").
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
@@ -129,7 +130,7 @@ pub type SharedHoldings = Arc<Mutex<Holdings>>;
 
 /// Locks the holdings (a panicked holder leaves them as they were).
 pub fn lock(h: &SharedHoldings) -> MutexGuard<'_, Holdings> {
-    h.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    h.locked()
 }
 
 #[cfg(test)]

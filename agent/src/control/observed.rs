@@ -7,9 +7,10 @@
 //! Changes made while no controller listens are not queued: the next registration carries the
 //! set as it is then, so nothing grows while the controller is away.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::{Mutex, MutexGuard, PoisonError},
+    sync::{Mutex, MutexGuard},
 };
 
 use gpuwarden_proto::v1 as pb;
@@ -41,7 +42,7 @@ impl Observed {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.locked()
     }
 
     /// The GPUs offered to Kubernetes, for the registration.

@@ -1,5 +1,6 @@
 //! The agent's long-running tasks: event dispatch, map upkeep and usage reports.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{sync::Arc, time::Duration};
 
 use gpuwarden_agent_common::event::kind;
@@ -62,7 +63,7 @@ pub(super) async fn upkeep(
                 let mut snapshot = sources.snapshot().await;
                 share_watch.observe(&mut snapshot, std::time::Instant::now());
                 if let Some(p) = &published {
-                    *p.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(snapshot);
+                    *p.locked() = Some(snapshot);
                 }
             }
             _ = rescan.tick() => {

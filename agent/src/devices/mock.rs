@@ -20,10 +20,11 @@
 //! xid = [{ code = 79, pid = 4242 }, { code = 13 }]   # pid: attributed to its cgroup
 //! ```
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    sync::{Mutex, PoisonError},
+    sync::Mutex,
 };
 
 use gpuwarden_types::slot::parse_bytes;
@@ -234,7 +235,7 @@ impl MockBackend {
 
     /// The health figures in the file now (the last good ones when it can't be read).
     fn read_health(&self) -> Vec<HealthEntry> {
-        let mut last = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut last = self.health.locked();
         if let Some(path) = &self.path
             && let Ok(file) = std::fs::read_to_string(path)
                 .map_err(|e| e.to_string())
@@ -257,10 +258,7 @@ impl GpuBackend for MockBackend {
 
     fn health(&self) -> Vec<GpuHealth> {
         let entries = self.read_health();
-        let mut cgroups = self
-            .xid_cgroups
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut cgroups = self.xid_cgroups.locked();
         self.devices
             .iter()
             .zip(entries)

@@ -1,11 +1,12 @@
 //! Real GPUs through NVML (nvml-wrapper loads `libnvidia-ml.so.1` at run time, so the agent
 //! builds and runs on machines without it).
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
     sync::{
-        Arc, Mutex, PoisonError,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     time::Instant,
@@ -156,8 +157,7 @@ impl NvmlBackend {
                         _ => None,
                     };
                     tracing::warn!(gpu = index, xid = code, cgroup = ?cgroup, "GPU XID error");
-                    xids.lock()
-                        .unwrap_or_else(PoisonError::into_inner)
+                    xids.locked()
                         .entry(index)
                         .or_default()
                         .push(Xid { code, cgroup });
@@ -222,7 +222,7 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn health(&self) -> Vec<GpuHealth> {
-        let xids = self.xids.lock().unwrap_or_else(PoisonError::into_inner);
+        let xids = self.xids.locked();
         self.nvml_index
             .iter()
             .map(|(&index, &nvml_index)| {

@@ -1,7 +1,8 @@
 //! The driver's work: `NodePrepareResources` and `NodeUnprepareResources` for one claim each,
 //! whichever API version the kubelet speaks.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use gpuwarden_runtime::sync::Lock as _;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpuwarden_types::{
     dns::{is_dns_label, is_dns_subdomain},
@@ -109,7 +110,7 @@ impl Driver {
     }
 
     fn store(&self) -> MutexGuard<'_, ClaimStore> {
-        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+        self.store.locked()
     }
 
     /// Prepares `claim`: reads it from the API server, turns its allocation into a quota bound

@@ -2,9 +2,10 @@
 //! socket (the kubelet's plugin watcher finds it under `plugins_registry`), and `DRAPlugin` v1
 //! and v1beta1 on the plugin's own socket. Both are gRPC over Unix sockets.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
 };
 
 use gpuwarden_proto::kubelet::{
@@ -55,7 +56,7 @@ impl reg::registration_server::Registration for Registration {
                 status.error
             );
         }
-        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = Some(status);
+        *self.seen.locked() = Some(status);
         Ok(Response::new(reg::RegistrationStatusResponse {}))
     }
 }

@@ -12,9 +12,10 @@
 //!   session for its uid, and other non-root uids are refused from then on. The claims live in
 //!   memory, so they are lost when the agent restarts.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::{HashMap, hash_map::Entry},
-    sync::{Mutex, PoisonError},
+    sync::Mutex,
 };
 
 /// A caller's credentials, as the kernel took them when it connected.
@@ -144,7 +145,7 @@ impl Claims {
         if caller.is_root() {
             return Ok(Claim::Root);
         }
-        let mut claims = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut claims = self.0.locked();
         match claims.entry(session.to_owned()) {
             Entry::Occupied(held) if *held.get() == caller.uid => Ok(Claim::Held),
             Entry::Occupied(held) => Err(Refusal::ClaimedByOther {
@@ -161,10 +162,7 @@ impl Claims {
 
     /// Drops the claim on `session` (it does not exist here).
     pub(crate) fn forget(&self, session: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(session);
+        self.0.locked().remove(session);
     }
 }
 

@@ -18,9 +18,10 @@
 //! with a `gpuwarden.` prefix for the rest; no pid or handle attributes. The [`INSTRUMENTS`] table
 //! is the reference docs/metrics.md's table is checked against.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     net::SocketAddr,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -330,7 +331,7 @@ fn gpu_index(device: &str) -> Option<u32> {
 
 /// Runs `f` on the published snapshot, if there is one.
 fn with_snapshot(published: &Published, f: impl FnOnce(&Snapshot)) {
-    let guard = published.lock().unwrap_or_else(PoisonError::into_inner);
+    let guard = published.locked();
     if let Some(s) = guard.as_ref() {
         f(s);
     }

@@ -10,9 +10,10 @@
 //! (must be 0), the heartbeats ingested, and the bench process's peak RSS (controller, fake
 //! agents and clients together) per node and per session.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -254,12 +255,9 @@ async fn run(store: Store, label: &'static str, grouped: bool, size: Size) -> Ro
                 if s.state != i32::from(pb::SessionState::Running) {
                     continue;
                 }
-                let started = sent
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&s.name);
+                let started = sent.locked().remove(&s.name);
                 if let Some(started) = started {
-                    let mut l = latencies.lock().unwrap_or_else(PoisonError::into_inner);
+                    let mut l = latencies.locked();
                     l.push(started.elapsed());
                     if l.len() == sessions
                         && let Some(tx) = all_running.take()
@@ -279,9 +277,7 @@ async fn run(store: Store, label: &'static str, grouped: bool, size: Size) -> Ro
             tokio::spawn(async move {
                 for i in (c..sessions).step_by(CLIENTS) {
                     let r = request(i, owners);
-                    sent.lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(r.name.clone(), Instant::now());
+                    sent.locked().insert(r.name.clone(), Instant::now());
                     client.create_session(r).await.expect("created");
                 }
             })
@@ -301,10 +297,7 @@ async fn run(store: Store, label: &'static str, grouped: bool, size: Size) -> Ro
     let rss_now = rss();
     watcher.abort();
     server.abort();
-    let mut l = latencies
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
+    let mut l = latencies.locked().clone();
     l.sort();
     #[expect(
         clippy::cast_possible_truncation,

@@ -3,11 +3,12 @@
 //! edit never locks everyone out. The token file and the grant file are read this way; the TLS
 //! files (here and the webhook's) are told changed by the same [`Stamp`].
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     fmt::Display,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
 };
 
 /// What identifies one version of a file.
@@ -77,7 +78,7 @@ impl<T, E: Display> Followed<T, E> {
     /// that fails.
     pub(crate) fn current(&self) -> Arc<T> {
         let now = Stamp::of(&self.path);
-        let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut loaded = self.loaded.locked();
         if now != loaded.stamp {
             match (self.read)(&self.path) {
                 Ok(value) => {

@@ -11,6 +11,7 @@
 //! connect without one; when presented they must chain to the client CA, and the agent service
 //! refuses callers without one (see [`super::identity`]).
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     io,
     net::SocketAddr,
@@ -110,10 +111,7 @@ impl ReloadingConfig {
     /// good one when that fails.
     pub fn current(&self) -> Arc<ServerConfig> {
         let now = stamps(&self.files);
-        let mut loaded = self
-            .loaded
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut loaded = self.loaded.locked();
         if now != loaded.stamps {
             match build(&self.files) {
                 Ok(config) => {

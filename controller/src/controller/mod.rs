@@ -9,6 +9,7 @@
 mod role;
 pub mod watch;
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::HashMap,
     sync::{
@@ -80,7 +81,7 @@ pub struct Controller {
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    m.locked()
 }
 
 /// A store failure as the gRPC status a client sees.

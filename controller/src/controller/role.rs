@@ -5,8 +5,9 @@
 //! naming the leader where it knows it (the gRPC side turns calls away with it in
 //! [`crate::api::StandbyGate`]).
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::sync::{
-    Arc, Mutex, PoisonError,
+    Arc, Mutex,
     atomic::{AtomicBool, AtomicU64, Ordering},
 };
 
@@ -51,11 +52,7 @@ impl Role {
     /// The leader's address, as a standby last heard it.
     #[must_use]
     pub fn known_leader(&self) -> Option<String> {
-        self.0
-            .leader
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.0.leader.locked().clone()
     }
 
     /// Times this controller took office.
@@ -65,14 +62,14 @@ impl Role {
     }
 
     pub(crate) fn take_office(&self) {
-        *self.0.leader.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *self.0.leader.locked() = None;
         self.0.terms.fetch_add(1, Ordering::SeqCst);
         self.0.leading.store(true, Ordering::SeqCst);
     }
 
     pub(crate) fn stand_by(&self, leader: Option<String>) {
         self.0.leading.store(false, Ordering::SeqCst);
-        *self.0.leader.lock().unwrap_or_else(PoisonError::into_inner) = leader;
+        *self.0.leader.locked() = leader;
     }
 
     /// What a standby answers: `UNAVAILABLE`, naming the leader where it is known.

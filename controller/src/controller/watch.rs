@@ -15,10 +15,11 @@
 //! session forgotten after its last state was stored cannot be replayed to it), which is told to
 //! list again, as Kubernetes answers 410 Gone.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     ops::Bound,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Mutex, MutexGuard},
 };
 
 use gpuwarden_proto::v1 as pb;
@@ -130,7 +131,7 @@ pub struct SessionLog {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+    m.locked()
 }
 
 impl SessionLog {

@@ -29,6 +29,7 @@
 //! port's is: a new connection after a rotation gets the new certificate, a rotation that fails
 //! to load keeps the old one.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     convert::Infallible,
     net::SocketAddr,
@@ -163,10 +164,7 @@ impl ServingCert {
     /// good one when that fails.
     pub fn current(&self) -> Arc<ServerConfig> {
         let now = stamps(&self.cert, &self.key, self.client_ca.as_deref());
-        let mut loaded = self
-            .loaded
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut loaded = self.loaded.locked();
         if now != loaded.0 {
             match build(&self.cert, &self.key, self.client_ca.as_deref()) {
                 Ok(config) => {

@@ -4,9 +4,10 @@
 //! (anyone who reaches the webhook's port can send them) can neither flood the API server nor
 //! fill namespaces with templates of every memory size.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -79,10 +80,7 @@ impl Remembered {
 
     /// Takes one new template from `namespace`'s budget.
     fn namespace_allows(&self, namespace: &str) -> bool {
-        let mut buckets = self
-            .per_namespace
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut buckets = self.per_namespace.locked();
         if !buckets.contains_key(namespace) && buckets.len() >= NAMESPACES {
             buckets.clear();
         }
@@ -111,7 +109,7 @@ impl ClaimTemplates for Remembered {
         Box::pin(async move {
             let key = Self::key(namespace, template);
             {
-                let known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+                let known = self.known.locked();
                 if known
                     .get(&key)
                     .is_some_and(|at| at.elapsed() < REMEMBERED_FOR)
@@ -124,18 +122,13 @@ impl ClaimTemplates for Remembered {
                     per_sec: self.namespace_rate.0,
                 });
             }
-            if !self
-                .new
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take()
-            {
+            if !self.new.locked().take() {
                 return Err(ApiError::Throttled {
                     per_sec: NEW_PER_SEC,
                 });
             }
             let ensured = self.inner.ensure(namespace, template).await?;
-            let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut known = self.known.locked();
             if known.len() >= REMEMBERED {
                 known.clear();
             }

@@ -1,9 +1,10 @@
 //! [`Bounds`]: what both services share at run time: the limits, the open Watch streams per
 //! caller ([`WatchGuard`]), and each client's token bucket.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
 };
 
 use super::{Bucket, LimitError, Limits};
@@ -44,7 +45,7 @@ impl Bounds {
             self.limits.client_requests_per_sec,
             self.limits.client_request_burst,
         );
-        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut clients = self.clients.locked();
         if clients.len() >= CLIENT_BUCKETS && !clients.contains_key(caller) {
             // A full bucket is what a new one would be: forgetting it changes nothing.
             clients.retain(|_, b| !b.is_full());
@@ -69,7 +70,7 @@ impl Bounds {
     /// # Errors
     /// The caller's or the total cap is reached.
     pub fn open_watch(self: &Arc<Self>, caller: &str) -> Result<WatchGuard, LimitError> {
-        let mut w = self.watches.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut w = self.watches.locked();
         let (per_caller, total) = &mut *w;
         if *total >= self.limits.max_watches {
             return Err(LimitError::Exhausted {
@@ -97,10 +98,7 @@ impl Bounds {
     /// Open Watch streams in total.
     #[must_use]
     pub fn open_watches(&self) -> usize {
-        self.watches
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .1
+        self.watches.locked().1
     }
 }
 
@@ -113,11 +111,7 @@ pub struct WatchGuard {
 
 impl Drop for WatchGuard {
     fn drop(&mut self) {
-        let mut w = self
-            .bounds
-            .watches
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut w = self.bounds.watches.locked();
         let (per_caller, total) = &mut *w;
         *total = total.saturating_sub(1);
         if let Some(n) = per_caller.get_mut(&self.caller) {

@@ -1,8 +1,8 @@
 //! The bounds' own tests.
 
 use gpuwarden_proto::v1::{self as pb, agent_message::Msg};
+use gpuwarden_runtime::sync::Lock as _;
 
-use std::sync::PoisonError;
 
 use super::{bounds::CLIENT_BUCKETS, *};
 
@@ -70,11 +70,7 @@ fn each_client_has_its_own_rate_and_idle_ones_are_forgotten() {
             .admit_call(&format!("client-{i}"))
             .expect("a first call");
     }
-    let kept = bounds
-        .clients
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .len();
+    let kept = bounds.clients.locked().len();
     assert!(kept <= CLIENT_BUCKETS, "{kept} buckets kept");
 }
 

@@ -8,7 +8,8 @@
 //! caller that goes away (a client that hangs up) cannot cut a group off half-way, and groups are
 //! committed in the order their changes were submitted.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use gpuwarden_runtime::sync::Lock as _;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
@@ -71,7 +72,7 @@ impl Group {
     }
 
     fn queue(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+        self.queue.locked()
     }
 
     /// Queues `writes`; `after` runs once they are durable, in submission order.

@@ -7,9 +7,10 @@
 //! waits until the copy has seen the revision at which it won: every write of the previous
 //! leader was committed before that, so none is missing.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -65,7 +66,7 @@ impl Replica {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Copy> {
-        self.copy.lock().unwrap_or_else(PoisonError::into_inner)
+        self.copy.locked()
     }
 
     /// Waits until the copy has applied everything up to `revision`.
@@ -141,7 +142,7 @@ impl EtcdKv {
         let shared = Arc::clone(&copy);
         let task = tokio::spawn(async move {
             let fail = |reason: String| {
-                shared.lock().unwrap_or_else(PoisonError::into_inner).failed = Some(reason);
+                shared.locked().failed = Some(reason);
             };
             loop {
                 tokio::select! {
@@ -167,7 +168,7 @@ impl EtcdKv {
                             .filter(|_| response.events().is_empty())
                             .map_or(0, etcd_client::ResponseHeader::revision);
                         {
-                            let mut copy = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                            let mut copy = shared.locked();
                             for event in response.events() {
                                 let Some(kv) = event.kv() else { continue };
                                 applied = applied.max(kv.mod_revision());

@@ -11,7 +11,8 @@
 //!   [`prometheus`], the scrape endpoint;
 //! - [`cgroup`]: moving a child into a cgroup v2 between `fork` and `exec`;
 //! - [`mountinfo`]: where a file system (the cgroup v2 hierarchy) is mounted;
-//! - [`tls`]: PEM certificates and keys, and a client's TLS to the controller.
+//! - [`tls`]: PEM certificates and keys, and a client's TLS to the controller;
+//! - [`sync`]: a lock that outlives a panicking holder.
 //!
 //! HTTPS to Kubernetes is a crate of its own beside this one, `gpuwarden-kube`.
 #![deny(missing_docs)]
@@ -21,6 +22,7 @@ pub mod logging;
 pub mod mountinfo;
 pub mod otlp;
 pub mod prometheus;
+pub mod sync;
 pub mod tls;
 
 /// Completes on SIGINT or SIGTERM (what Kubernetes sends before it kills a pod), so a daemon can

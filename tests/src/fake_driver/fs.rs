@@ -1,10 +1,11 @@
 //! The FUSE side: a flat directory of the driver's files, whose ioctls go to the resource manager
 //! or to UVM.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::BTreeMap,
     ffi::OsStr,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Mutex, MutexGuard},
     time::{Duration, UNIX_EPOCH},
 };
 
@@ -50,7 +51,7 @@ impl Shared {
 
 /// Locks the shared state; a panic elsewhere doesn't make the numbers less useful.
 pub(crate) fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
-    shared.lock().unwrap_or_else(PoisonError::into_inner)
+    shared.locked()
 }
 
 /// The names of the files a driver with `gpus` GPUs serves, in directory order.

@@ -8,13 +8,14 @@
 //! one of its children ([`signal`]): a pid that was never learned (0) or a negative one (a
 //! process group) is refused and logged, never sent.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::BTreeMap,
     fs::File,
     path::Path,
     process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio},
     sync::{
-        Mutex, PoisonError,
+        Mutex,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
@@ -111,10 +112,7 @@ pub fn signal(pid: i64, sig: i32, why: &str) -> anyhow::Result<()> {
     let Some(p) = ours else {
         let msg = format!("refused to send signal {sig} to pid {pid} ({why}): not a child of ours");
         eprintln!("gpu-check: {msg}");
-        REFUSED
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(msg.clone());
+        REFUSED.locked().push(msg.clone());
         anyhow::bail!(msg);
     };
     let raw = i32::try_from(p).context("pid out of range")?;
@@ -128,10 +126,7 @@ pub fn signal(pid: i64, sig: i32, why: &str) -> anyhow::Result<()> {
 /// The signals refused so far.
 #[must_use]
 pub fn refused() -> Vec<String> {
-    REFUSED
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
+    REFUSED.locked().clone()
 }
 
 /// SIGKILLs everything below `pid`, deepest first, and reaps those that became our children.
@@ -149,11 +144,8 @@ fn kill_below(pid: u32) {
 /// running, starts nothing more.
 pub fn kill_section(n: usize) {
     let pids: Vec<u32> = {
-        let live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
-        CANCELLED
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(n);
+        let live = LIVE.locked();
+        CANCELLED.locked().push(n);
         live.iter()
             .filter(|(_, (s, _))| *s == n)
             .map(|(&p, _)| p)
@@ -171,7 +163,7 @@ pub fn kill_section(n: usize) {
 /// just started another.
 pub fn kill_all() {
     let pids: Vec<u32> = {
-        let live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+        let live = LIVE.locked();
         CLOSING.store(true, Ordering::SeqCst);
         live.keys().copied().collect()
     };
@@ -202,8 +194,7 @@ fn process_state(pid: u32) -> Option<char> {
 /// The labels of the guarded processes still registered.
 #[must_use]
 pub fn live() -> Vec<String> {
-    LIVE.lock()
-        .unwrap_or_else(PoisonError::into_inner)
+    LIVE.locked()
         .iter()
         .map(|(p, (_, l))| format!("{l} (pid {p})"))
         .collect()
@@ -243,16 +234,12 @@ impl Guard {
         cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() });
         // Under the lock: a process is either registered before `kill_all` looks, or not
         // started at all once it has.
-        let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut live = LIVE.locked();
         if CLOSING.load(Ordering::SeqCst) {
             anyhow::bail!("not starting {label}: the run is ending");
         }
         let section = SECTION.with(std::cell::Cell::get);
-        if CANCELLED
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(&section)
-        {
+        if CANCELLED.locked().contains(&section) {
             anyhow::bail!("not starting {label}: its section's deadline has passed");
         }
         let child = cmd
@@ -320,8 +307,6 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         self.kill();
-        LIVE.lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.pid);
+        LIVE.locked().remove(&self.pid);
     }
 }

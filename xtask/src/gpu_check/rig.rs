@@ -4,6 +4,7 @@
 //! dry run, `dry.py` standing in for all of them. Every program runs through a
 //! [`Guard`](super::procs::Guard), logs into the results folder, and every wait has a limit.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::BTreeMap,
     ffi::OsString,
@@ -11,7 +12,7 @@ use std::{
     io::{BufRead, BufReader, Read as _, Write as _},
     path::{Path, PathBuf},
     process::{ChildStdin, Command, ExitStatus},
-    sync::{Mutex, PoisonError, atomic::AtomicUsize, atomic::Ordering, mpsc},
+    sync::{Mutex, atomic::AtomicUsize, atomic::Ordering, mpsc},
     time::{Duration, Instant},
 };
 
@@ -297,7 +298,7 @@ impl Rig {
         if !line.starts_with("ready") {
             bail!("the fake driver did not mount: {}", tail(&log, 3));
         }
-        *self.fake.lock().unwrap_or_else(PoisonError::into_inner) = Some(g);
+        *self.fake.locked() = Some(g);
         Ok(())
     }
 
@@ -324,8 +325,7 @@ impl Rig {
     #[must_use]
     pub fn agent_running(&self) -> bool {
         self.agent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .locked()
             .as_mut()
             .is_some_and(|a| a.try_wait().is_none())
     }
@@ -369,7 +369,7 @@ impl Rig {
             cmd.arg("--mock-devices").arg(mock);
         }
         let agent = Guard::spawn(cmd, "agent", &log, false, false)?;
-        *self.agent.lock().unwrap_or_else(PoisonError::into_inner) = Some(agent);
+        *self.agent.locked() = Some(agent);
         let deadline = Instant::now() + Duration::from_mins(1);
         loop {
             if self.snapshot().is_ok() {
@@ -387,11 +387,7 @@ impl Rig {
 
     /// Stops the agent (SIGTERM, then SIGKILL after 15 s).
     pub fn stop_agent(&self) {
-        let taken = self
-            .agent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let taken = self.agent.locked().take();
         if let Some(mut a) = taken {
             if a.try_wait().is_none() {
                 let _ = a.signal(libc::SIGTERM);
@@ -404,15 +400,8 @@ impl Rig {
     /// Stops the agent, the controller and the fake driver (SIGTERM: it unmounts).
     pub fn stop(&self) {
         self.stop_agent();
-        self.controller
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let fake = self
-            .fake
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        self.controller.locked().take();
+        let fake = self.fake.locked().take();
         if let Some(mut f) = fake {
             if f.try_wait().is_none() {
                 let _ = f.signal(libc::SIGTERM);

@@ -7,12 +7,13 @@
 //! are killed and the run goes on. A watchdog holds the whole run to its deadline: when that
 //! passes it fills in every missing row, prints the table, kills every child and exits.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::BTreeSet,
     fs::File,
     io::Write as _,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, PoisonError, mpsc},
+    sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
 };
 
@@ -50,7 +51,7 @@ impl Sink {
     /// sub-check wins: the watchdog filling in what a deadline cut off and a section that is
     /// still winding down may both speak for it at once.
     pub fn emit(&self, row: Row) {
-        let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut rows = self.rows.locked();
         if rows
             .iter()
             .any(|r| r.section == row.section && r.check == row.check)
@@ -76,8 +77,7 @@ impl Sink {
 
     fn has(&self, section: &str, check: &str) -> bool {
         self.rows
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .locked()
             .iter()
             .any(|r| r.section == section && r.check == check)
     }
@@ -95,15 +95,12 @@ impl Sink {
     /// Every row so far.
     #[must_use]
     pub fn rows(&self) -> Vec<Row> {
-        self.rows
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.rows.locked().clone()
     }
 
     /// Prints the table once (and appends it to the file); later calls do nothing.
     pub fn finish(&self) -> String {
-        let mut done = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut done = self.done.locked();
         let table = render(&self.title, &self.rows());
         if !*done {
             *done = true;
@@ -136,29 +133,23 @@ impl Section {
     /// Emits a row of this section (dropped once the section's deadline has passed: its row is
     /// already the deadline's FAIL).
     pub fn row(&self, row: Row) {
-        if !*self.closed.lock().unwrap_or_else(PoisonError::into_inner) {
+        if !*self.closed.locked() {
             self.sink.emit(row);
         }
     }
 
     /// Says what the section is doing now (a deadline's row names it).
     pub fn doing(&self, what: impl Into<String>) {
-        *self.doing.lock().unwrap_or_else(PoisonError::into_inner) = what.into();
+        *self.doing.locked() = what.into();
     }
 
     /// Adds a log whose tail is printed when the section has a FAIL.
     pub fn log(&self, path: PathBuf) {
-        self.logs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(path);
+        self.logs.locked().push(path);
     }
 
     fn now_doing(&self) -> String {
-        self.doing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.doing.locked().clone()
     }
 }
 
@@ -213,10 +204,7 @@ pub fn run_section<F>(
             )),
             Err(_) => {
                 let doing = section.now_doing();
-                *section
-                    .closed
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = true;
+                *section.closed.locked() = true;
                 procs::kill_section(index);
                 // Its waits end once its processes are gone; a stuck thread is left behind.
                 let _ = rx.recv_timeout(Duration::from_secs(10));
@@ -235,13 +223,7 @@ pub fn run_section<F>(
         .iter()
         .any(|r| r.section == name && r.verdict == Verdict::Fail);
     if failed {
-        let logs: BTreeSet<PathBuf> = section
-            .logs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .cloned()
-            .collect();
+        let logs: BTreeSet<PathBuf> = section.logs.locked().iter().cloned().collect();
         for log in logs {
             eprintln!(
                 "gpu-check: --- tail of {} ---\n{}",

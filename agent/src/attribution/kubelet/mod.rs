@@ -31,9 +31,10 @@ mod client;
 mod pods;
 mod refresh;
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -201,7 +202,7 @@ impl PodNames {
     #[must_use]
     pub fn lookup(&self, uid: &str) -> Option<PodName> {
         let inner = self.inner.as_ref()?;
-        let mut cache = inner.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut cache = inner.cache.locked();
         if let Some(pod) = cache.pods.get(uid) {
             return Some(pod.clone());
         }
@@ -215,7 +216,7 @@ impl PodNames {
     #[must_use]
     pub fn status(&self) -> Option<KubeletStatus> {
         let inner = self.inner.as_ref()?;
-        let cache = inner.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        let cache = inner.cache.locked();
         Some(cache.status.clone())
     }
 }

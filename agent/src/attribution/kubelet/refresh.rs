@@ -1,8 +1,9 @@
 //! The task that keeps the pod names fresh: on a schedule, and sooner when a look-up misses.
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
     time::Instant,
 };
 
@@ -44,7 +45,7 @@ pub(super) async fn refresh_loop(config: KubeletConfig, inner: Arc<Inner>) {
         }
         let result = client.pods().await;
         let requested = {
-            let mut cache = inner.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut cache = inner.cache.locked();
             if scheduled {
                 cache.unknown.clear();
             }
@@ -52,7 +53,7 @@ pub(super) async fn refresh_loop(config: KubeletConfig, inner: Arc<Inner>) {
         };
         // On an error the last good list stays: a kubelet restarting for a moment loses no names.
         if let Ok(pods) = &result {
-            let mut cache = inner.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut cache = inner.cache.locked();
             cache.pods.clone_from(pods);
             let unknown: Vec<String> = requested
                 .into_iter()
@@ -74,7 +75,7 @@ pub(super) async fn refresh_loop(config: KubeletConfig, inner: Arc<Inner>) {
 
 /// Counts a request's result and logs a change of state.
 fn record(inner: &Inner, url: &str, result: Result<usize, &KubeletError>) {
-    let mut cache = inner.cache.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut cache = inner.cache.locked();
     let status = &mut cache.status;
     let label = match result {
         Ok(_) => "ok",

@@ -18,11 +18,12 @@
     reason = "simulated times in µs as f64, percentages in 0..=100"
 )]
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::{HashMap, VecDeque},
     io,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -223,7 +224,7 @@ impl SimHandle {
     }
 
     pub(crate) fn gpu(&self) -> std::sync::MutexGuard<'_, SimGpu> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0.locked()
     }
 }
 

@@ -41,11 +41,12 @@ mod control;
 mod gpu_sim;
 mod usage;
 
+use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::HashMap,
     io,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, PoisonError, mpsc},
+    sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
 };
 
@@ -240,11 +241,7 @@ impl ThrottleHandle {
     /// member (yet: a member shows up at the first tick after [`ThrottleHandle::set`]).
     #[must_use]
     pub fn stats(&self, key: u64) -> Option<ThrottleStats> {
-        self.stats
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&key)
-            .copied()
+        self.stats.locked().get(&key).copied()
     }
 
     /// Stops the loop, thawing everything it froze, and waits for it.
@@ -339,7 +336,7 @@ impl Loop {
     }
 
     fn publish(&self, now: Instant) {
-        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut stats = self.stats.locked();
         stats.clear();
         stats.extend(self.controller.stats(now));
     }
