@@ -46,6 +46,7 @@ pub fn state_to_pb(state: SessionState) -> pb::SessionState {
         SessionState::Terminated => pb::SessionState::Terminated,
         SessionState::Failed => pb::SessionState::Failed,
         SessionState::Lost => pb::SessionState::Lost,
+        SessionState::Preempted => pb::SessionState::Preempted,
     }
 }
 
@@ -60,6 +61,7 @@ pub fn state_from_pb(state: i32) -> Option<SessionState> {
         pb::SessionState::Terminated => Some(SessionState::Terminated),
         pb::SessionState::Failed => Some(SessionState::Failed),
         pb::SessionState::Lost => Some(SessionState::Lost),
+        pb::SessionState::Preempted => Some(SessionState::Preempted),
         pb::SessionState::Unspecified => None,
     }
 }

@@ -424,6 +424,11 @@ async fn connect_once(
         tokio::select! {
             upward = upward => match upward {
                 Upward::Event(event) => {
+                    if event.action == "preempted" {
+                        // The workload is gone and its quota released: the hold goes too, so
+                        // the node's next registration no longer lists the session.
+                        release_held(holdings, &event.session_id);
+                    }
                     let msg = pb::agent_message::Msg::Event(event);
                     tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|_| LinkError::Closed)?;
                 }
@@ -451,31 +456,80 @@ async fn connect_once(
             message = inbound.next() => {
                 let Some(message) = message else { return Ok(()) };
                 let message = message.map_err(LinkError::Stream)?;
-                let reply = match message.msg {
-                    // Asked at each allocation: a device plugin's slots may change while connected.
-                    Some(Msg::Allocate(a)) => Some(accept(config, backend, holdings, channels.as_deref(), a)),
-                    Some(Msg::Release(r)) if confinement::check_session_id(&r.session_id).is_err() => {
-                        // No allocation was ever held under such an id.
-                        tracing::warn!(session = %r.session_id.chars().take(80).collect::<String>(), "release for a malformed session id ignored");
-                        None
-                    }
-                    Some(Msg::Release(r)) => {
-                        if let Err(e) = lock(holdings).release(&r.session_id) {
-                            tracing::error!(session = %r.session_id, "releasing: {e}");
-                        }
-                        if let Some(c) = channels.as_deref() {
-                            let _ = c.quotas.send(QuotaCommand::Release(r.session_id));
-                        }
-                        None
-                    }
-                    None => None,
-                };
+                let reply = answer(config, backend, holdings, channels.as_deref(), message.msg);
                 if let Some(msg) = reply {
                     tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|_| LinkError::Closed)?;
                 }
             }
         }
     }
+}
+
+/// The agent's answer to a message from the controller, if it sends one.
+fn answer(
+    config: &LinkConfig,
+    backend: &dyn GpuBackend,
+    holdings: &SharedHoldings,
+    channels: Option<&LinkChannels>,
+    message: Option<Msg>,
+) -> Option<pb::agent_message::Msg> {
+    match message {
+        // Asked at each allocation: a device plugin's slots may change while connected.
+        Some(Msg::Allocate(a)) => Some(accept(config, backend, holdings, channels, a)),
+        Some(Msg::Release(r)) if confinement::check_session_id(&r.session_id).is_err() => {
+            // No allocation was ever held under such an id.
+            tracing::warn!(session = %r.session_id.chars().take(80).collect::<String>(), "release for a malformed session id ignored");
+            None
+        }
+        Some(Msg::Preempt(p)) if confinement::check_session_id(&p.session_id).is_err() => {
+            tracing::warn!(session = %p.session_id.chars().take(80).collect::<String>(), "preemption for a malformed session id ignored");
+            None
+        }
+        Some(Msg::Preempt(p)) => preempt(holdings, channels, p),
+        Some(Msg::Release(r)) => {
+            release_held(holdings, &r.session_id);
+            if let Some(c) = channels {
+                let _ = c.quotas.send(QuotaCommand::Release(r.session_id));
+            }
+            None
+        }
+        None => None,
+    }
+}
+
+/// Lets go of `session`'s allocation on disk.
+fn release_held(holdings: &SharedHoldings, session: &str) {
+    if let Err(e) = lock(holdings).release(session) {
+        tracing::error!(session, "releasing: {e}");
+    }
+}
+
+/// Starts a preemption: enforcement signals the workload, kills it at the deadline, releases
+/// the quota and sends `preempted` up (the hold is let go as that event passes). Without
+/// enforcement there is nothing to signal: the hold goes at once and the answer is `preempted`.
+fn preempt(
+    holdings: &SharedHoldings,
+    channels: Option<&LinkChannels>,
+    p: pb::Preempt,
+) -> Option<pb::agent_message::Msg> {
+    tracing::info!(session = %p.session_id, grace_ms = p.grace_ms, "preempting: {}", p.reason);
+    if let Some(c) = channels {
+        let command = QuotaCommand::Preempt {
+            session: p.session_id.clone(),
+            grace: Duration::from_millis(u64::from(p.grace_ms)),
+            reason: p.reason.clone(),
+        };
+        if c.quotas.send(command).is_ok() {
+            return None;
+        }
+    }
+    release_held(holdings, &p.session_id);
+    Some(pb::agent_message::Msg::Event(pb::EnforcementEvent {
+        session_id: p.session_id,
+        action: "preempted".to_owned(),
+        reason: format!("preempted ({}): nothing enforced here; released", p.reason),
+        ..pb::EnforcementEvent::default()
+    }))
 }
 
 /// Resolves when the observed sessions changed; never without them.

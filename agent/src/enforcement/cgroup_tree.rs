@@ -58,6 +58,14 @@ pub(crate) trait CgroupFs: Send {
     fn remove(&self, dir: &Path) -> io::Result<()>;
     /// The cgroup v2 path of process `pid` relative to the root (its `0::` line), if it lives.
     fn cgroup_of_pid(&self, pid: u32) -> Option<String>;
+    /// The processes directly in the cgroup `dir` (its `cgroup.procs`; none when unreadable).
+    fn procs(&self, dir: &Path) -> Vec<u32>;
+    /// Kills every process in the cgroup `dir` and below it at once (`1` to its `cgroup.kill`).
+    ///
+    /// # Errors
+    /// [`io::ErrorKind::NotFound`] where the kernel has no `cgroup.kill` (before 5.14): the
+    /// caller signals each process instead.
+    fn kill(&self, dir: &Path) -> io::Result<()>;
 }
 
 /// The host's cgroup file system and `/proc`.
@@ -103,6 +111,19 @@ impl CgroupFs for HostCgroups {
         let text =
             std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup")).ok()?;
         text.lines().find_map(unified_path).map(str::to_owned)
+    }
+
+    fn procs(&self, dir: &Path) -> Vec<u32> {
+        std::fs::read_to_string(dir.join("cgroup.procs"))
+            .map(|text| text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    fn kill(&self, dir: &Path) -> io::Result<()> {
+        let file = dir.join("cgroup.kill");
+        // Opened without create: on a kernel without the file, NotFound says so.
+        let mut f = std::fs::OpenOptions::new().write(true).open(file)?;
+        io::Write::write_all(&mut f, b"1")
     }
 }
 
@@ -222,6 +243,22 @@ impl CgroupTree {
             }
         }
         out
+    }
+
+    /// Every process in `dir` and the cgroups below it.
+    pub(crate) fn procs_below(&self, dir: &Path) -> Vec<u32> {
+        self.members(dir)
+            .iter()
+            .flat_map(|(_, d)| self.fs.procs(d))
+            .collect()
+    }
+
+    /// Kills every process in `dir` and below through `cgroup.kill`.
+    ///
+    /// # Errors
+    /// The file is absent (an older kernel) or can't be written.
+    pub(crate) fn kill(&self, dir: &Path) -> io::Result<()> {
+        self.fs.kill(dir)
     }
 
     /// The cgroup id of process `pid`, read under this tree's root.

@@ -199,6 +199,15 @@ pub(crate) struct Enforcer {
     rules: Rules,
     /// Per session, how many of the events a workload can cause go up and into the history.
     limiter: EventLimiter,
+    /// Sessions being preempted: signalled, killed at their deadline ([`Self::preempt`]).
+    preempting: BTreeMap<String, Preemption>,
+}
+
+/// A preemption under way: the workload was sent `SIGTERM` and is killed at `deadline`.
+#[derive(Debug)]
+struct Preemption {
+    deadline: Instant,
+    reason: String,
 }
 
 /// Whether NVML's count shows a workload over its limit that the kernel side did not see (so
@@ -230,6 +239,7 @@ impl Enforcer {
             cross_checked: BTreeSet::new(),
             rules: Rules::default(),
             limiter: EventLimiter::default(),
+            preempting: BTreeMap::new(),
         }
     }
 
@@ -379,6 +389,125 @@ impl Enforcer {
         for session in sessions {
             self.reconcile_one(&session);
         }
+        self.advance_preemptions(Instant::now());
+    }
+
+    /// Preempts `session`: `SIGTERM` to every process of its bound cgroup (and the cgroups
+    /// below), which are killed `grace` later ([`Self::advance_preemptions`]) unless they are
+    /// gone before. A session with nothing bound (no target, or its cgroup not there) ends at
+    /// once. Either way its quota is then released and a `preempted` event goes up, which the
+    /// controller link takes as the end of the session's hold on the node.
+    pub(crate) fn preempt(&mut self, session: &str, grace: Duration, reason: &str) {
+        if self.preempting.contains_key(session) {
+            return;
+        }
+        let dir = self.bound_dir(session);
+        let preemption = Preemption {
+            deadline: Instant::now() + grace,
+            reason: reason.to_owned(),
+        };
+        let Some(dir) = dir else {
+            self.preempting.insert(session.to_owned(), preemption);
+            self.finish_preemption(session);
+            return;
+        };
+        let pids = self.tree.procs_below(&dir);
+        let mut signalled = 0;
+        for &pid in &pids {
+            match self.kernel.signals.send(pid, libc::SIGTERM) {
+                Ok(()) => signalled += 1,
+                Err(e) => tracing::debug!(session, pid, "SIGTERM not sent: {e}"),
+            }
+        }
+        // A workload its memory policy stopped would never see the SIGTERM: let it run to end.
+        let stopped: Vec<u32> = self
+            .bindings
+            .get(session)
+            .map(|b| b.stopped.iter().copied().collect())
+            .unwrap_or_default();
+        if !stopped.is_empty() {
+            self.hold_stopped(session, false);
+            for pid in stopped {
+                let _ = self.kernel.signals.send(pid, libc::SIGCONT);
+            }
+        }
+        let rel = self.tree.relative(&dir);
+        let why = format!(
+            "preempted ({reason}): SIGTERM to {signalled} processes; killed in {} ms",
+            grace.as_millis()
+        );
+        self.record(session, "preempt", why, rel, 0, None, (0, 0, 0));
+        self.preempting.insert(session.to_owned(), preemption);
+    }
+
+    /// Ends the preemptions whose deadline passed or whose workload is gone.
+    pub(crate) fn advance_preemptions(&mut self, now: Instant) {
+        let due: Vec<String> = self
+            .preempting
+            .iter()
+            .filter(|(session, p)| {
+                now >= p.deadline
+                    || self
+                        .bound_dir(session)
+                        .is_none_or(|dir| self.tree.procs_below(&dir).is_empty())
+            })
+            .map(|(session, _)| session.clone())
+            .collect();
+        for session in due {
+            self.finish_preemption(&session);
+        }
+    }
+
+    /// Kills what is left of a preempted workload (`cgroup.kill`, else `SIGKILL` per process),
+    /// releases its quota and reports `preempted`.
+    fn finish_preemption(&mut self, session: &str) {
+        let Some(preemption) = self.preempting.remove(session) else {
+            return;
+        };
+        let dir = self.bound_dir(session);
+        let rel = dir
+            .as_deref()
+            .map(|d| self.tree.relative(d))
+            .unwrap_or_default();
+        let mut killed = 0;
+        if let Some(dir) = &dir {
+            let pids = self.tree.procs_below(dir);
+            killed = pids.len();
+            if !pids.is_empty()
+                && let Err(e) = self.tree.kill(dir)
+            {
+                tracing::debug!(
+                    session,
+                    "cgroup.kill not written ({e}): SIGKILL per process"
+                );
+                for pid in pids {
+                    if let Err(e) = self.kernel.signals.send(pid, libc::SIGKILL) {
+                        tracing::debug!(session, pid, "SIGKILL not sent: {e}");
+                    }
+                }
+            }
+        }
+        self.release(session);
+        let why = if killed == 0 {
+            format!(
+                "preempted ({}): the workload ended; quota released",
+                preemption.reason
+            )
+        } else {
+            format!(
+                "preempted ({}): {killed} processes killed at the deadline; quota released",
+                preemption.reason
+            )
+        };
+        self.record(session, "preempted", why, rel, 0, None, (0, 0, 0));
+    }
+
+    /// The cgroup `session`'s quota is bound at, if it is bound.
+    fn bound_dir(&self, session: &str) -> Option<PathBuf> {
+        self.bindings
+            .get(session)
+            .filter(|b| b.state == BindState::Bound)
+            .and_then(|b| b.dir.clone())
     }
 
     fn reconcile_one(&mut self, session: &str) {

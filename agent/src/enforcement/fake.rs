@@ -22,6 +22,12 @@ pub(crate) struct FakeCgroups {
     dirs: Arc<Mutex<BTreeMap<PathBuf, u64>>>,
     pids: Arc<Mutex<BTreeMap<u32, String>>>,
     next: Arc<Mutex<u64>>,
+    /// The processes in each cgroup directory (`cgroup.procs`).
+    pub procs: Arc<Mutex<BTreeMap<PathBuf, Vec<u32>>>>,
+    /// Directories whose `cgroup.kill` was written, in order.
+    pub killed: Arc<Mutex<Vec<PathBuf>>>,
+    /// The kernel has no `cgroup.kill` (before 5.14).
+    pub no_kill_file: Arc<Mutex<bool>>,
 }
 
 impl FakeCgroups {
@@ -87,6 +93,27 @@ impl CgroupFs for FakeCgroups {
 
     fn cgroup_of_pid(&self, pid: u32) -> Option<String> {
         self.pids.lock().unwrap().get(&pid).cloned()
+    }
+
+    fn procs(&self, dir: &Path) -> Vec<u32> {
+        self.procs
+            .lock()
+            .unwrap()
+            .get(dir)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn kill(&self, dir: &Path) -> io::Result<()> {
+        if *self.no_kill_file.lock().unwrap() {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        self.killed.lock().unwrap().push(dir.to_owned());
+        self.procs
+            .lock()
+            .unwrap()
+            .retain(|d, _| !d.starts_with(dir));
+        Ok(())
     }
 }
 

@@ -26,6 +26,16 @@ pub enum QuotaCommand {
     Apply(QuotaSpec),
     /// Stop enforcing the session's quota.
     Release(String),
+    /// End the session's workload (`SIGTERM`, killed after `grace`), then release its quota
+    /// and report `preempted` ([`Enforcer::preempt`]).
+    Preempt {
+        /// The session.
+        session: String,
+        /// Between `SIGTERM` and the kill.
+        grace: Duration,
+        /// Who it yields to and why.
+        reason: String,
+    },
 }
 
 enum Message {
@@ -126,6 +136,9 @@ async fn run(
             command = quotas.recv(), if quotas_open => match command {
                 Some(QuotaCommand::Apply(spec)) => enforcer.apply(spec),
                 Some(QuotaCommand::Release(session)) => enforcer.release(&session),
+                Some(QuotaCommand::Preempt { session, grace, reason }) => {
+                    enforcer.preempt(&session, grace, &reason);
+                }
                 None => quotas_open = false,
             },
             message = messages.recv() => match message {

@@ -50,13 +50,18 @@ pub enum Action {
     Expired,
     /// The quota could not be bound (its target is outside what it was authorized for, …).
     Refused,
+    /// The workload was asked to end (`SIGTERM`) because its session is preempted; it is
+    /// killed at the deadline.
+    Preempt,
+    /// The preempted workload is gone and its quota released: the controller ends the session.
+    Preempted,
     /// An action this build doesn't know (from a newer agent), kept as sent.
     Other(String),
 }
 
 impl Action {
     /// Every known action, in the order above.
-    pub const KNOWN: [Self; 11] = [
+    pub const KNOWN: [Self; 13] = [
         Self::Deny,
         Self::Kill,
         Self::Stop,
@@ -68,6 +73,8 @@ impl Action {
         Self::Unbound,
         Self::Expired,
         Self::Refused,
+        Self::Preempt,
+        Self::Preempted,
     ];
 
     /// Its name on the wire and in tables.
@@ -85,6 +92,8 @@ impl Action {
             Self::Unbound => "unbound",
             Self::Expired => "expired",
             Self::Refused => "refused",
+            Self::Preempt => "preempt",
+            Self::Preempted => "preempted",
             Self::Other(name) => name,
         }
     }

@@ -20,11 +20,13 @@ pub enum SessionState {
     Failed,
     /// Its node stopped sending heartbeats.
     Lost,
+    /// Ended by preemption: its resources went to another session (the reason names it).
+    Preempted,
 }
 
 impl SessionState {
     /// Every state, in the order of a session's life.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Pending,
         Self::Scheduled,
         Self::Running,
@@ -32,6 +34,7 @@ impl SessionState {
         Self::Terminated,
         Self::Failed,
         Self::Lost,
+        Self::Preempted,
     ];
 
     /// Stable lowercase name.
@@ -45,6 +48,7 @@ impl SessionState {
             Self::Terminated => "terminated",
             Self::Failed => "failed",
             Self::Lost => "lost",
+            Self::Preempted => "preempted",
         }
     }
 
@@ -57,7 +61,7 @@ impl SessionState {
     /// Whether the session is over.
     #[must_use]
     pub const fn is_final(self) -> bool {
-        matches!(self, Self::Terminated | Self::Failed)
+        matches!(self, Self::Terminated | Self::Failed | Self::Preempted)
     }
 }
 

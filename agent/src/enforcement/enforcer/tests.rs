@@ -520,3 +520,99 @@ fn a_stopped_workload_is_held_once_it_has_stopped_and_stopped_again_if_continued
     r.enforcer.reconcile();
     assert_eq!(r.actions(), ["hold"]);
 }
+
+/// A bound session with processes 41 (in its cgroup) and 42 (in a child cgroup).
+fn preemptible_rig() -> Rig {
+    let mut r = rig(Duration::from_mins(1));
+    r.fake.cgroups.mkdir("/cg/job");
+    r.fake.cgroups.mkdir("/cg/job/worker");
+    {
+        let mut procs = r.fake.cgroups.procs.lock().unwrap();
+        procs.insert("/cg/job".into(), vec![41]);
+        procs.insert("/cg/job/worker".into(), vec![42]);
+    }
+    r.enforcer.apply(spec("s", "/job", MemoryPolicy::Kill));
+    assert_eq!(r.state("s"), Some(BindState::Bound));
+    r.actions();
+    r
+}
+
+#[test]
+fn a_preemption_signals_the_workload_and_kills_it_at_the_deadline() {
+    let mut r = preemptible_rig();
+    r.enforcer
+        .preempt("s", Duration::from_secs(30), "yields to t (reclaim)");
+    let sent = r.fake.signals.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 2);
+    assert!(
+        sent.iter().all(|&(_, sig)| sig == libc::SIGTERM),
+        "{sent:?}"
+    );
+    assert_eq!(r.actions(), ["preempt"]);
+    // Before the deadline, with processes left, nothing more happens.
+    r.enforcer.advance_preemptions(Instant::now());
+    assert!(r.fake.cgroups.killed.lock().unwrap().is_empty());
+    assert_eq!(r.state("s"), Some(BindState::Bound));
+    // A second preempt of the same session changes nothing.
+    r.enforcer.preempt("s", Duration::ZERO, "again");
+    assert!(r.actions().is_empty());
+    // At the deadline: cgroup.kill on the bound cgroup, the quota released, `preempted` up.
+    r.enforcer
+        .advance_preemptions(Instant::now() + Duration::from_secs(31));
+    assert_eq!(
+        *r.fake.cgroups.killed.lock().unwrap(),
+        [PathBuf::from("/cg/job")]
+    );
+    assert_eq!(r.state("s"), None);
+    assert!(r.fake.cgroup_quota.0.lock().unwrap().is_empty());
+    assert_eq!(r.actions(), ["unbound", "preempted"]);
+}
+
+#[test]
+fn without_cgroup_kill_each_process_gets_sigkill() {
+    let mut r = preemptible_rig();
+    *r.fake.cgroups.no_kill_file.lock().unwrap() = true;
+    r.enforcer.preempt("s", Duration::ZERO, "yields");
+    r.enforcer.advance_preemptions(Instant::now());
+    let kills: Vec<u32> = r
+        .fake
+        .signals
+        .sent
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|&&(_, sig)| sig == libc::SIGKILL)
+        .map(|&(pid, _)| pid)
+        .collect();
+    assert_eq!(kills.len(), 2);
+    assert!(kills.contains(&41) && kills.contains(&42));
+    assert_eq!(r.state("s"), None);
+}
+
+#[test]
+fn a_workload_that_ends_within_the_grace_is_not_killed() {
+    let mut r = preemptible_rig();
+    r.enforcer.preempt("s", Duration::from_secs(30), "yields");
+    // Its processes exit on SIGTERM.
+    r.fake.cgroups.procs.lock().unwrap().clear();
+    r.enforcer.advance_preemptions(Instant::now());
+    assert!(r.fake.cgroups.killed.lock().unwrap().is_empty());
+    assert_eq!(r.state("s"), None);
+    let actions = r.actions();
+    assert_eq!(actions.last().map(String::as_str), Some("preempted"));
+}
+
+#[test]
+fn a_session_with_nothing_bound_is_preempted_at_once() {
+    let mut r = rig(Duration::from_mins(1));
+    // Its cgroup never appeared: the quota waits, nothing to signal.
+    r.enforcer.apply(spec("s", "/absent", MemoryPolicy::Kill));
+    r.enforcer.preempt("s", Duration::from_secs(30), "yields");
+    assert!(r.fake.signals.sent.lock().unwrap().is_empty());
+    assert_eq!(r.state("s"), None);
+    assert_eq!(r.actions(), ["preempted"]);
+    // Nor a session it holds no quota for at all.
+    r.enforcer
+        .preempt("unknown", Duration::from_secs(30), "yields");
+    assert_eq!(r.actions(), ["preempted"]);
+}
