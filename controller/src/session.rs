@@ -81,6 +81,14 @@ pub struct Session {
     /// controller as the change is stored (docs/architecture.md, "Watching sessions").
     #[serde(default)]
     pub revision: u64,
+    /// It opted out of preemption (`--no-preempt`): never a victim, and admitted only within
+    /// its queue's guarantee.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_preempt: bool,
+    /// Set while it is being preempted (it still runs until its agent reports the workload
+    /// gone): the reason it will end with, naming whom it yields to and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempting: Option<String>,
 }
 
 /// Who placed a session.
@@ -185,6 +193,8 @@ mod tests {
             usage: UsageSeries::default(),
             origin: Origin::Controller,
             revision: 0,
+            no_preempt: false,
+            preempting: None,
         };
         for at_ms in 0..40 {
             s.record_event(EnforcementEvent {

@@ -232,6 +232,9 @@ enum SessionCommand {
         /// Placement mode: binpack, spread or interference-aware (default: the controller's).
         #[arg(long, value_name = "MODE")]
         placement: Option<Placement>,
+        /// Never preempted; admitted only within its queue's guarantee (docs/quotas.md).
+        #[arg(long)]
+        no_preempt: bool,
     },
     /// List sessions.
     Ls {
@@ -488,6 +491,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             policy,
             class,
             placement,
+            no_preempt,
             ..
         }) => {
             let s = client
@@ -502,6 +506,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     class,
                     placement: convert::placement_to_pb(placement),
                     unconfined_target: target.unconfined,
+                    no_preempt,
                 })
                 .await?
                 .into_inner();

@@ -6,6 +6,10 @@
 //! the agent for the session's cgroup, start the command inside it, wait for it, end the session,
 //! and exit with the command's status (128 + signal when a signal killed it; 127 when it could not
 //! be found, 126 when it could not be started).
+//!
+//! A session preempted while its command runs (docs/quotas.md, "Reclaim by preemption") says so
+//! on stderr when the preemption starts (the agent then sends the command SIGTERM, and kills it
+//! at the deadline), waits for the session to end `preempted`, and exits [`PREEMPTED_EXIT`].
 
 use std::{
     os::unix::process::ExitStatusExt,
@@ -22,6 +26,12 @@ use gpuwarden_agent_api::{ClientError, client};
 use super::{CliError, Client, ControllerArgs, PolicyArgs, connect, follow};
 use gpuwarden_proto::convert;
 use gpuwarden_types::{slot::ResourceSlot, target::Target};
+
+/// The exit code of a `run` whose session was preempted: 75, `EX_TEMPFAIL` of sysexits.h (a
+/// temporary failure: run it again later), which no other outcome of `run` uses.
+pub const PREEMPTED_EXIT: u8 = 75;
+/// How long `run` waits, after its preempted command ended, for the session to end.
+const PREEMPTED_WAIT: Duration = Duration::from_secs(15);
 
 /// How often the session's cgroup is polled while starting.
 const POLL: Duration = Duration::from_millis(100);
@@ -56,6 +66,9 @@ pub struct RunArgs {
     /// Priority (higher first).
     #[arg(long, default_value_t = 0)]
     priority: i32,
+    /// Never preempted; admitted only within its queue's guarantee (docs/quotas.md).
+    #[arg(long)]
+    no_preempt: bool,
     /// Seconds to wait for the session to run before giving up.
     #[arg(long, default_value_t = 120, value_name = "SECS")]
     start_timeout: u64,
@@ -111,6 +124,7 @@ pub async fn run(controller: &ControllerArgs, args: RunArgs) -> Result<ExitCode,
             // `run` is pinned to this node: the mode only explains the devices picked there.
             placement: String::new(),
             unconfined_target: false,
+            no_preempt: args.no_preempt,
         })
         .await?
         .into_inner();
@@ -150,7 +164,13 @@ pub async fn run(controller: &ControllerArgs, args: RunArgs) -> Result<ExitCode,
     };
 
     let code = match spawn_in(program, &args.command[1..], &cgroup) {
-        Ok(child) => supervise(child, &mut sigint, &mut sigterm).await,
+        Ok(child) => {
+            let mut watcher = client.clone();
+            tokio::select! {
+                code = supervise(child, &mut sigint, &mut sigterm) => code,
+                () = tell_preemption(controller, &mut watcher, &id) => unreachable!("it never returns"),
+            }
+        }
         Err(e) => {
             eprintln!(
                 "gpuwarden: cannot start {program:?} in {}: {e}",
@@ -164,8 +184,69 @@ pub async fn run(controller: &ControllerArgs, args: RunArgs) -> Result<ExitCode,
             }
         }
     };
+    if let Some(reason) = preempted(&mut client, &id).await {
+        eprintln!("gpuwarden: session {id} was preempted: {reason}");
+        return Ok(ExitCode::from(PREEMPTED_EXIT));
+    }
     end_session(&mut client, &id).await;
     Ok(code)
+}
+
+/// Whether a reason says the session is being preempted (the controller's words).
+fn being_preempted(s: &pb::Session) -> bool {
+    s.state == pb::SessionState::Running as i32 && s.reason.starts_with("being preempted")
+}
+
+/// Says on stderr when the session starts being preempted; never returns (a broken watch
+/// only keeps quiet).
+async fn tell_preemption(controller: &ControllerArgs, client: &mut Client, id: &str) {
+    let watch = async {
+        let revision = follow::revision_now(client).await.ok()?;
+        let now = client
+            .get_session(pb::GetSessionRequest { id: id.to_owned() })
+            .await
+            .ok()?
+            .into_inner();
+        let mut follower = follow::Follower::new(controller, client.clone(), revision);
+        let mut s = now;
+        loop {
+            if being_preempted(&s) {
+                eprintln!("gpuwarden: session {id} {}", s.reason);
+                return Some(());
+            }
+            s = loop {
+                let next = follower.next().await.ok()?;
+                if next.id == id {
+                    break next;
+                }
+            };
+        }
+    };
+    let _ = watch.await;
+    std::future::pending::<()>().await;
+}
+
+/// The reason, when the session was preempted: once its command has ended, a session being
+/// preempted is left to end `preempted` (not ended by `run`), waited for a while.
+async fn preempted(client: &mut Client, id: &str) -> Option<String> {
+    let deadline = Instant::now() + PREEMPTED_WAIT;
+    loop {
+        let s = client
+            .get_session(pb::GetSessionRequest { id: id.to_owned() })
+            .await
+            .ok()?
+            .into_inner();
+        if s.state == pb::SessionState::Preempted as i32 {
+            return Some(s.reason);
+        }
+        if !being_preempted(&s) {
+            return None;
+        }
+        if Instant::now() >= deadline {
+            return Some(s.reason);
+        }
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 fn signals() -> Result<(Signal, Signal), CliError> {
@@ -233,17 +314,18 @@ fn started(id: &str, s: &pb::Session) -> Result<bool, CliError> {
         pb::SessionState::Failed => {
             Err(CliError::Run(format!("session {id} failed: {}", s.reason)))
         }
-        pb::SessionState::Terminating | pb::SessionState::Terminated | pb::SessionState::Lost => {
-            Err(CliError::Run(format!(
-                "session {id} ended before it ran ({}){}",
-                super::wire::state(s.state),
-                if s.reason.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", s.reason)
-                }
-            )))
-        }
+        pb::SessionState::Terminating
+        | pb::SessionState::Terminated
+        | pb::SessionState::Lost
+        | pb::SessionState::Preempted => Err(CliError::Run(format!(
+            "session {id} ended before it ran ({}){}",
+            super::wire::state(s.state),
+            if s.reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", s.reason)
+            }
+        ))),
     }
 }
 

@@ -56,6 +56,7 @@ pub fn new_session_from_pb(
         scope: TargetScope::default(),
         class: r.class,
         placement,
+        no_preempt: r.no_preempt,
     })
 }
 
@@ -279,6 +280,7 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
         origin: s.origin.as_str().to_owned(),
         kubernetes: s.origin.claim().map(claim_to_pb),
         revision: s.revision,
+        no_preempt: s.no_preempt,
     }
 }
 

@@ -361,6 +361,19 @@ impl Controller {
                         session_id: session,
                     }),
                 ),
+                Command::Preempt {
+                    node,
+                    session,
+                    grace_ms,
+                    reason,
+                } => (
+                    node,
+                    pb::controller_message::Msg::Preempt(pb::Preempt {
+                        session_id: session,
+                        grace_ms,
+                        reason,
+                    }),
+                ),
             };
             let message = pb::ControllerMessage { msg: Some(message) };
             let tx = lock(&self.agents).get(&node).cloned();

@@ -12,7 +12,7 @@ use crate::{
     allocator::{Allocation, GpuRequest, NodeAllocator},
     node::{Node, NodeReport, NodeState},
     profile::{ProfileBook, UsageSample},
-    session::{EnforcementEvent, Origin, Session, SessionState, now_ms},
+    session::{Action, EnforcementEvent, Origin, Session, SessionState, now_ms},
     slots::ResourceSlot,
     store::Snapshot,
 };
@@ -136,6 +136,15 @@ impl Scheduler {
                 if session.state == SessionState::Lost {
                     set_state(session, SessionState::Running, "");
                 }
+                if let Some(reason) = &session.preempting {
+                    // A preemption its agent may not have finished (or seen): asked again.
+                    commands.push(Command::Preempt {
+                        node: id.clone(),
+                        session: sid.clone(),
+                        grace_ms: self.config.preemption_grace_ms,
+                        reason: reason.clone(),
+                    });
+                }
                 if session.state == SessionState::Scheduled {
                     // The agent may never have seen it: send it again.
                     commands.push(Command::Allocate {
@@ -148,6 +157,11 @@ impl Scheduler {
                         scope: session.scope.clone(),
                     });
                 }
+            } else if let Some(reason) = session.preempting.take() {
+                // Its agent let go of it: the preemption finished while the report was lost.
+                set_state(session, SessionState::Preempted, &reason);
+                self.tracker.remove(&session.owner, &sid);
+                self.live.ended(&session.owner);
             } else {
                 set_state(
                     session,
@@ -292,6 +306,7 @@ impl Scheduler {
             scope,
             class,
             placement,
+            no_preempt,
         } = new;
         let now = now_ms();
         let name = if name.is_empty() { id.clone() } else { name };
@@ -328,6 +343,8 @@ impl Scheduler {
             policy,
             scope,
             events: Vec::new(),
+            no_preempt,
+            preempting: None,
         };
         self.next_seq += 1;
         session
@@ -401,8 +418,12 @@ impl Scheduler {
         if s.node.as_deref() != Some(node) {
             return false;
         }
+        let preempted = event.action == Action::Preempted;
         s.record_event(event);
         self.changes.sessions.insert(session.to_owned());
+        if preempted {
+            self.preempted(node, session);
+        }
         true
     }
 

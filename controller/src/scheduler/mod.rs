@@ -21,6 +21,7 @@ mod observed;
 mod pass;
 mod queue;
 pub mod quotas;
+mod reclaim;
 mod retention;
 mod tracker;
 
@@ -87,6 +88,8 @@ pub struct SchedulerConfig {
     /// Team queues: a guarantee and a limit per slot ([`quotas`]); none configured: every
     /// session is served in queue order alone.
     pub quotas: quotas::QuotaConfig,
+    /// Milliseconds a preempted workload has between SIGTERM and its kill (30 000).
+    pub preemption_grace_ms: u32,
     /// How long ended sessions are kept.
     pub retention: Retention,
     /// Workload classes whose usage profile every owner shares. Any other class a user's
@@ -119,6 +122,7 @@ impl Default for SchedulerConfig {
             default_limits: OwnerLimits::default(),
             limits: BTreeMap::new(),
             quotas: quotas::QuotaConfig::default(),
+            preemption_grace_ms: 30_000,
             retention: Retention::default(),
             shared_classes: Vec::new(),
         }
@@ -183,6 +187,8 @@ pub struct NewSession {
     pub class: String,
     /// Placement mode (`None`: the controller's).
     pub placement: Option<Placement>,
+    /// Never preempted; admitted only within its queue's guarantee.
+    pub no_preempt: bool,
 }
 
 /// A node refused at registration.
@@ -222,6 +228,18 @@ pub enum Command {
         node: String,
         /// Session.
         session: String,
+    },
+    /// End `session`'s workload (SIGTERM, killed after `grace_ms`) and release it; the agent
+    /// reports `preempted` when it is done.
+    Preempt {
+        /// Node.
+        node: String,
+        /// Session.
+        session: String,
+        /// Between SIGTERM and the kill.
+        grace_ms: u32,
+        /// Whom it yields to and why.
+        reason: String,
     },
 }
 
@@ -404,3 +422,6 @@ mod placement_tests;
 
 #[cfg(test)]
 mod observed_tests;
+
+#[cfg(test)]
+mod reclaim_tests;

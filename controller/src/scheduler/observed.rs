@@ -156,6 +156,8 @@ impl Scheduler {
                 scope: TargetScope::admin(false),
                 class,
                 placement: None,
+                // Kubernetes' to end: never a candidate anyway (only the controller's are).
+                no_preempt: false,
             };
             let mut session = self.new_session(new, Origin::Dra(claim));
             session.state = SessionState::Running;

@@ -53,8 +53,20 @@ impl Scheduler {
                     self.past_queue_limit(queue.as_deref(), &queue_held, &session.requested)
                 })
                 .flatten();
+            let unpreemptible_borrower = governed
+                && session.no_preempt
+                && self.config.quotas.standing(
+                    queue.as_deref(),
+                    &held.get(&queue).cloned().unwrap_or_default(),
+                    &session.requested,
+                ) != Standing::WithinGuarantee;
             if let Some(why) = past_limit {
                 reason = why;
+            } else if unpreemptible_borrower {
+                reason = format!(
+                    "no-preempt: admitted only within queue {}'s guarantee",
+                    queue.as_deref().unwrap_or("-")
+                );
             } else if !self.tracker.admits(&owner, &id, limits.max_concurrent) {
                 reason = format!(
                     "owner {owner} is at its limit of {} concurrent sessions",
@@ -73,7 +85,17 @@ impl Scheduler {
                         commands.push(command);
                         placed = true;
                     }
-                    Err(why) => reason = why,
+                    Err(why) => {
+                        reason = why;
+                        // Reclaim by preemption only where quotas are configured: without
+                        // them nothing changes.
+                        if governed
+                            && let Some(reclaim) = self.reclaim(&id, queue.as_deref(), &held)
+                        {
+                            commands.extend(reclaim.commands);
+                            reason = reclaim.reason;
+                        }
+                    }
                 }
             }
             observe(started.elapsed(), placed);

@@ -41,6 +41,8 @@ fn session(id: &str) -> Session {
         usage: crate::profile::UsageSeries::default(),
         origin: crate::session::Origin::Controller,
         revision: 0,
+        no_preempt: false,
+        preempting: None,
     }
 }
 

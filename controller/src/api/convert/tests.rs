@@ -145,6 +145,7 @@ prop_compose! {
             target,
             policy: policy.map(|(memory, compute)| pb::QuotaPolicy { memory, compute }),
             unconfined_target,
+            no_preempt: false,
         }
     }
 }
