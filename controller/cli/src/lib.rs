@@ -342,7 +342,7 @@ impl From<tonic::Status> for CliError {
 
 /// The whole `gpuwarden` binary: parses the command line, runs it on its own runtime, and
 /// returns the exit code (0; 1 for server, agent or run failures; 2 for bad input; the
-/// command's own for `run`).
+/// command's own for `run`, or [`run::PREEMPTED_EXIT`] when its session was preempted).
 #[must_use]
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {

@@ -1,0 +1,226 @@
+//! Reclaim by preemption end to end (issue 24 §2): a controller with team quotas on loopback
+//! gRPC, an agent on two mock GPUs. A team without a guarantee borrows the whole node with two
+//! sessions whose quotas bind test cgroups holding real processes; a team guaranteed the node
+//! asks, and both borrowers are preempted: the agent sends SIGTERM to their cgroups (a process
+//! that traps it writes a file and exits; one that ignores it is killed at the deadline), the
+//! sessions end PREEMPTED naming whom they yielded to, and the waiting session then runs on the
+//! freed GPUs. No device is ever over-committed meanwhile.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
+
+mod util;
+
+use std::{
+    collections::BTreeMap,
+    os::unix::process::ExitStatusExt as _,
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use gpuwarden_controller::{
+    scheduler::{
+        SchedulerConfig,
+        quotas::{QueueQuota, QuotaConfig},
+    },
+    slots::ResourceSlot,
+};
+use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_support::{TestCgroup, require_root, scratch};
+use util::{
+    Driver, TestAgent,
+    cluster::{TestController, fast_timing},
+    container_id,
+};
+
+/// Between SIGTERM and the kill.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// A shell in `cg` that, on SIGTERM, writes `file` and exits (`trap`) or ignores it.
+fn workload(cg: &TestCgroup, on_term: &str) -> Child {
+    let mut command = Command::new("sh");
+    command.args([
+        "-c",
+        &format!("trap '{on_term}' TERM; while :; do sleep 0.05; done"),
+    ]);
+    gpuwarden_runtime::cgroup::spawn_inside(&mut command, &cg.dir).unwrap();
+    command.spawn().unwrap()
+}
+
+/// The shares each device holds for sessions that hold resources; panics past a whole device.
+fn assert_not_overcommitted(sessions: &[pb::Session]) {
+    let mut per_device: BTreeMap<String, ResourceSlot> = BTreeMap::new();
+    for s in sessions {
+        let holds = [pb::SessionState::Scheduled, pb::SessionState::Running]
+            .iter()
+            .any(|st| *st as i32 == s.state);
+        if !holds {
+            continue;
+        }
+        for d in &s.devices {
+            let shares = ResourceSlot::parse_any(&[&format!("cuda.shares={}", d.shares)]).unwrap();
+            let entry = per_device.entry(d.uuid.clone()).or_default();
+            *entry = entry.checked_add(&shares).unwrap();
+        }
+    }
+    let whole = ResourceSlot::parse_any(&["cuda.shares=1"]).unwrap();
+    for (device, held) in per_device {
+        assert!(
+            held.fits_in(&whole),
+            "device {device} over-committed: {held}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
+    require_root();
+    let driver = Driver::mount("preempt");
+    let state = [scratch("ctl"), scratch("agent")];
+    // Team `lab` is guaranteed both GPUs; `burst` has no queue: it only borrows.
+    let quotas = QuotaConfig {
+        queues: [(
+            "lab".to_owned(),
+            QueueQuota {
+                guaranteed: ResourceSlot::parse_any(&["cuda.shares=2"]).unwrap(),
+                limit: None,
+            },
+        )]
+        .into(),
+        members: BTreeMap::new(),
+    };
+    let config = SchedulerConfig {
+        quotas,
+        preemption_grace_ms: u32::try_from(GRACE.as_millis()).unwrap(),
+        ..SchedulerConfig::default()
+    };
+    let ctl = TestController::start(state[0].path(), config, fast_timing(Duration::from_secs(5)));
+    let cfg = util::mock_gpu_config(&driver, ctl.url(), state[1].path());
+    let agent = TestAgent::start_with(cfg);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let list = || {
+        rt.block_on(async {
+            let mut c = ctl.client().await;
+            c.list_sessions(pb::ListSessionsRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .sessions
+        })
+    };
+    let get = |id: &str| list().into_iter().find(|s| s.id == id).unwrap();
+    let create = |owner: &str, target: Option<&TestCgroup>| {
+        rt.block_on(async {
+            let mut c = ctl.client().await;
+            c.create_session(pb::CreateSessionRequest {
+                requested: Some(gpuwarden_controller::api::convert::slots_to_pb(
+                    &ResourceSlot::parse_any(&["cuda.shares=1"]).unwrap(),
+                )),
+                owner: owner.into(),
+                node_id: "test-node".into(),
+                target: target.map(|cg| pb::Target {
+                    kind: Some(pb::target::Kind::CgroupPath(cg.path.clone())),
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .id
+        })
+    };
+    util::wait_for("the node to register", || {
+        rt.block_on(async {
+            let mut c = ctl.client().await;
+            c.list_nodes(pb::ListNodesRequest {})
+                .await
+                .is_ok_and(|n| n.into_inner().nodes.len() == 1)
+        })
+    });
+
+    // `burst` borrows the whole node: two sessions, each a workload in its own cgroup.
+    let polite = TestCgroup::create(&format!(
+        "/system.slice/docker-{}.scope",
+        container_id("polite")
+    ));
+    let stubborn = TestCgroup::create(&format!(
+        "/system.slice/docker-{}.scope",
+        container_id("stubborn")
+    ));
+    let marker = state[1].path().join("got-sigterm");
+    let mut polite_child = workload(
+        &polite,
+        &format!("echo term > {}; exit 0", marker.display()),
+    );
+    let mut stubborn_child = workload(&stubborn, "");
+    let b1 = create("burst", Some(&polite));
+    let b2 = create("burst", Some(&stubborn));
+    for id in [&b1, &b2] {
+        util::wait_binding(&agent, id, "bound");
+    }
+    assert!(
+        list()
+            .iter()
+            .all(|s| s.state == pb::SessionState::Running as i32)
+    );
+
+    // `lab` asks for the whole node, within its guarantee.
+    let asked = Instant::now();
+    let a1 = rt.block_on(async {
+        let mut c = ctl.client().await;
+        c.create_session(pb::CreateSessionRequest {
+            requested: Some(gpuwarden_controller::api::convert::slots_to_pb(
+                &ResourceSlot::parse_any(&["cuda.shares=2"]).unwrap(),
+            )),
+            owner: "lab".into(),
+            node_id: "test-node".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .id
+    });
+    util::wait_for("the lender to run", || {
+        let sessions = list();
+        assert_not_overcommitted(&sessions);
+        sessions
+            .iter()
+            .any(|s| s.id == a1 && s.state == pb::SessionState::Running as i32)
+    });
+    let took = asked.elapsed();
+
+    // The polite workload got SIGTERM and exited on its own; the stubborn one was killed.
+    assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "term");
+    assert_eq!(polite_child.wait().unwrap().code(), Some(0));
+    let status = stubborn_child.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    // Within the grace period plus a few passes and agent ticks.
+    assert!(
+        took >= GRACE,
+        "the stubborn workload had its grace: {took:?}"
+    );
+    assert!(took < GRACE + Duration::from_secs(5), "{took:?}");
+
+    for id in [&b1, &b2] {
+        let s = get(id);
+        assert_eq!(s.state, pb::SessionState::Preempted as i32, "{s:?}");
+        assert!(s.reason.contains(&a1), "{}", s.reason);
+        assert!(
+            s.events.iter().any(|e| e.action == "preempt"),
+            "{:?}",
+            s.events
+        );
+        assert!(s.events.iter().any(|e| e.action == "preempted"));
+    }
+    // The lender holds both GPUs now, and no one else does.
+    let lab = get(&a1);
+    assert_eq!(lab.devices.len(), 2, "{lab:?}");
+    assert_not_overcommitted(&list());
+}
