@@ -29,6 +29,7 @@ use gpuwarden_controller::{
 };
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
+use tempfile::TempDir;
 use util::{
     Driver, TestAgent,
     cluster::{TestController, fast_timing},
@@ -74,53 +75,85 @@ fn assert_not_overcommitted(sessions: &[pb::Session]) {
     }
 }
 
-#[test]
-#[ignore = "needs root"]
-fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
-    require_root();
-    let driver = Driver::mount("preempt");
-    let state = [scratch("ctl"), scratch("agent")];
-    // Team `lab` is guaranteed both GPUs; `burst` has no queue: it only borrows.
-    let quotas = QuotaConfig {
-        queues: [(
-            "lab".to_owned(),
-            QueueQuota {
-                guaranteed: ResourceSlot::parse_any(&["cuda.shares=2"]).unwrap(),
-                limit: None,
-            },
-        )]
-        .into(),
-        members: BTreeMap::new(),
-    };
-    let config = SchedulerConfig {
-        quotas,
-        preemption_grace_ms: u32::try_from(GRACE.as_millis()).unwrap(),
-        ..SchedulerConfig::default()
-    };
-    let ctl = TestController::start(state[0].path(), config, fast_timing(Duration::from_secs(5)));
-    let cfg = util::mock_gpu_config(&driver, ctl.url(), state[1].path());
-    let agent = TestAgent::start_with(cfg);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let list = || {
-        rt.block_on(async {
-            let mut c = ctl.client().await;
+/// A controller with team quotas, the fake driver, and an agent on two mock GPUs registered.
+struct Rig {
+    ctl: TestController,
+    agent: TestAgent,
+    rt: tokio::runtime::Runtime,
+    _driver: Driver,
+    /// The controller's and the agent's state.
+    state: [TempDir; 2],
+}
+
+impl Rig {
+    /// Team `lab` is guaranteed both GPUs; any other owner has no queue: it only borrows.
+    fn start() -> Self {
+        let driver = Driver::mount("preempt");
+        let state = [scratch("ctl"), scratch("agent")];
+        let quotas = QuotaConfig {
+            queues: [(
+                "lab".to_owned(),
+                QueueQuota {
+                    guaranteed: ResourceSlot::parse_any(&["cuda.shares=2"]).unwrap(),
+                    limit: None,
+                },
+            )]
+            .into(),
+            members: BTreeMap::new(),
+        };
+        let config = SchedulerConfig {
+            quotas,
+            preemption_grace_ms: u32::try_from(GRACE.as_millis()).unwrap(),
+            ..SchedulerConfig::default()
+        };
+        let ctl =
+            TestController::start(state[0].path(), config, fast_timing(Duration::from_secs(5)));
+        let cfg = util::mock_gpu_config(&driver, ctl.url(), state[1].path());
+        let agent = TestAgent::start_with(cfg);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let rig = Self {
+            ctl,
+            agent,
+            rt,
+            _driver: driver,
+            state,
+        };
+        util::wait_for("the node to register", || {
+            rig.rt.block_on(async {
+                let mut c = rig.ctl.client().await;
+                c.list_nodes(pb::ListNodesRequest {})
+                    .await
+                    .is_ok_and(|n| n.into_inner().nodes.len() == 1)
+            })
+        });
+        rig
+    }
+
+    fn list(&self) -> Vec<pb::Session> {
+        self.rt.block_on(async {
+            let mut c = self.ctl.client().await;
             c.list_sessions(pb::ListSessionsRequest::default())
                 .await
                 .unwrap()
                 .into_inner()
                 .sessions
         })
-    };
-    let get = |id: &str| list().into_iter().find(|s| s.id == id).unwrap();
-    let create = |owner: &str, target: Option<&TestCgroup>| {
-        rt.block_on(async {
-            let mut c = ctl.client().await;
+    }
+
+    fn get(&self, id: &str) -> pb::Session {
+        self.list().into_iter().find(|s| s.id == id).unwrap()
+    }
+
+    /// Creates a session of `owner` for `shares` on the node, bound to `target`; its id.
+    fn create(&self, owner: &str, shares: &str, target: Option<&TestCgroup>) -> String {
+        self.rt.block_on(async {
+            let mut c = self.ctl.client().await;
             c.create_session(pb::CreateSessionRequest {
                 requested: Some(gpuwarden_controller::api::convert::slots_to_pb(
-                    &ResourceSlot::parse_any(&["cuda.shares=1"]).unwrap(),
+                    &ResourceSlot::parse_any(&[&format!("cuda.shares={shares}")]).unwrap(),
                 )),
                 owner: owner.into(),
                 node_id: "test-node".into(),
@@ -134,61 +167,46 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
             .into_inner()
             .id
         })
-    };
-    util::wait_for("the node to register", || {
-        rt.block_on(async {
-            let mut c = ctl.client().await;
-            c.list_nodes(pb::ListNodesRequest {})
-                .await
-                .is_ok_and(|n| n.into_inner().nodes.len() == 1)
-        })
-    });
+    }
+}
 
+fn container_cgroup(seed: &str) -> TestCgroup {
+    TestCgroup::create(&format!(
+        "/system.slice/docker-{}.scope",
+        container_id(seed)
+    ))
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
+    require_root();
+    let rig = Rig::start();
     // `burst` borrows the whole node: two sessions, each a workload in its own cgroup.
-    let polite = TestCgroup::create(&format!(
-        "/system.slice/docker-{}.scope",
-        container_id("polite")
-    ));
-    let stubborn = TestCgroup::create(&format!(
-        "/system.slice/docker-{}.scope",
-        container_id("stubborn")
-    ));
-    let marker = state[1].path().join("got-sigterm");
+    let polite = container_cgroup("polite");
+    let stubborn = container_cgroup("stubborn");
+    let marker = rig.state[1].path().join("got-sigterm");
     let mut polite_child = workload(
         &polite,
         &format!("echo term > {}; exit 0", marker.display()),
     );
     let mut stubborn_child = workload(&stubborn, "");
-    let b1 = create("burst", Some(&polite));
-    let b2 = create("burst", Some(&stubborn));
+    let b1 = rig.create("burst", "1", Some(&polite));
+    let b2 = rig.create("burst", "1", Some(&stubborn));
     for id in [&b1, &b2] {
-        util::wait_binding(&agent, id, "bound");
+        util::wait_binding(&rig.agent, id, "bound");
     }
     assert!(
-        list()
+        rig.list()
             .iter()
             .all(|s| s.state == pb::SessionState::Running as i32)
     );
 
     // `lab` asks for the whole node, within its guarantee.
     let asked = Instant::now();
-    let a1 = rt.block_on(async {
-        let mut c = ctl.client().await;
-        c.create_session(pb::CreateSessionRequest {
-            requested: Some(gpuwarden_controller::api::convert::slots_to_pb(
-                &ResourceSlot::parse_any(&["cuda.shares=2"]).unwrap(),
-            )),
-            owner: "lab".into(),
-            node_id: "test-node".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .id
-    });
+    let a1 = rig.create("lab", "2", None);
     util::wait_for("the lender to run", || {
-        let sessions = list();
+        let sessions = rig.list();
         assert_not_overcommitted(&sessions);
         sessions
             .iter()
@@ -209,7 +227,7 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
     assert!(took < GRACE + Duration::from_secs(5), "{took:?}");
 
     for id in [&b1, &b2] {
-        let s = get(id);
+        let s = rig.get(id);
         assert_eq!(s.state, pb::SessionState::Preempted as i32, "{s:?}");
         assert!(s.reason.contains(&a1), "{}", s.reason);
         assert!(
@@ -220,7 +238,7 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
         assert!(s.events.iter().any(|e| e.action == "preempted"));
     }
     // The lender holds both GPUs now, and no one else does.
-    let lab = get(&a1);
+    let lab = rig.get(&a1);
     assert_eq!(lab.devices.len(), 2, "{lab:?}");
-    assert_not_overcommitted(&list());
+    assert_not_overcommitted(&rig.list());
 }
