@@ -16,7 +16,7 @@ mod util;
 use std::{
     collections::BTreeMap,
     os::unix::process::ExitStatusExt as _,
-    process::{Child, Command},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -39,15 +39,36 @@ use util::{
 /// Between SIGTERM and the kill.
 const GRACE: Duration = Duration::from_secs(3);
 
-/// A shell in `cg` that, on SIGTERM, writes `file` and exits (`trap`) or ignores it.
-fn workload(cg: &TestCgroup, on_term: &str) -> Child {
-    let mut command = Command::new("sh");
-    command.args([
-        "-c",
-        &format!("trap '{on_term}' TERM; while :; do sleep 0.05; done"),
-    ]);
-    gpuwarden_runtime::cgroup::spawn_inside(&mut command, &cg.dir).unwrap();
-    command.spawn().unwrap()
+/// A shell in a cgroup, killed when dropped (a failing test leaves no process behind).
+struct Workload(Child);
+
+impl Workload {
+    /// A shell in `cg` that, on SIGTERM, runs `on_term` (`trap`; empty: ignores it). Its
+    /// output is not the test's, so no process outlives the test holding the test's pipes.
+    fn start(cg: &TestCgroup, on_term: &str) -> Self {
+        let mut command = Command::new("sh");
+        command
+            .args([
+                "-c",
+                &format!("trap '{on_term}' TERM; while :; do sleep 0.05; done"),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        gpuwarden_runtime::cgroup::spawn_inside(&mut command, &cg.dir).unwrap();
+        Self(command.spawn().unwrap())
+    }
+
+    fn wait(&mut self) -> std::process::ExitStatus {
+        self.0.wait().unwrap()
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The shares each device holds for sessions that hold resources; panics past a whole device.
@@ -186,21 +207,21 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
     let polite = container_cgroup("polite");
     let stubborn = container_cgroup("stubborn");
     let marker = rig.state[1].path().join("got-sigterm");
-    let mut polite_child = workload(
+    let mut polite_child = Workload::start(
         &polite,
         &format!("echo term > {}; exit 0", marker.display()),
     );
-    let mut stubborn_child = workload(&stubborn, "");
+    let mut stubborn_child = Workload::start(&stubborn, "");
     let b1 = rig.create("burst", "1", Some(&polite));
     let b2 = rig.create("burst", "1", Some(&stubborn));
     for id in [&b1, &b2] {
         util::wait_binding(&rig.agent, id, "bound");
     }
-    assert!(
+    util::wait_for("the borrowers to run", || {
         rig.list()
             .iter()
             .all(|s| s.state == pb::SessionState::Running as i32)
-    );
+    });
 
     // `lab` asks for the whole node, within its guarantee.
     let asked = Instant::now();
@@ -216,8 +237,8 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
 
     // The polite workload got SIGTERM and exited on its own; the stubborn one was killed.
     assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "term");
-    assert_eq!(polite_child.wait().unwrap().code(), Some(0));
-    let status = stubborn_child.wait().unwrap();
+    assert_eq!(polite_child.wait().code(), Some(0));
+    let status = stubborn_child.wait();
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
     // Within the grace period plus a few passes and agent ticks.
     assert!(
