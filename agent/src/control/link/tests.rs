@@ -156,3 +156,44 @@ async fn the_link_stops_at_once_on_a_missing_certificate() {
     .await
     .expect("a missing TLS file is not retried");
 }
+
+#[test]
+fn a_preemption_without_enforcement_lets_go_at_once_and_says_preempted() {
+    let (config, holdings, _dir) = link_to("http://127.0.0.1:1");
+    let held = pb::Allocate {
+        session_id: "s-1".into(),
+        ..pb::Allocate::default()
+    };
+    lock(&holdings).hold(held).unwrap();
+    let reply = answer(
+        &config,
+        &NoGpus,
+        &holdings,
+        None,
+        Some(Msg::Preempt(pb::Preempt {
+            session_id: "s-1".into(),
+            grace_ms: 30_000,
+            reason: "for s-2".into(),
+        })),
+    );
+    let Some(pb::agent_message::Msg::Event(event)) = reply else {
+        panic!("{reply:?}");
+    };
+    assert_eq!(
+        (event.session_id.as_str(), event.action.as_str()),
+        ("s-1", "preempted")
+    );
+    assert!(lock(&holdings).sessions().is_empty());
+    // A malformed id is ignored.
+    let reply = answer(
+        &config,
+        &NoGpus,
+        &holdings,
+        None,
+        Some(Msg::Preempt(pb::Preempt {
+            session_id: "../x".into(),
+            ..pb::Preempt::default()
+        })),
+    );
+    assert!(reply.is_none());
+}
