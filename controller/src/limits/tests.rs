@@ -3,6 +3,7 @@
 use gpuwarden_proto::v1::{self as pb, agent_message::Msg};
 use gpuwarden_runtime::sync::Lock as _;
 
+
 use super::{bounds::CLIENT_BUCKETS, *};
 
 #[test]
