@@ -3,7 +3,6 @@
 use gpuwarden_proto::v1::{self as pb, agent_message::Msg};
 use gpuwarden_runtime::sync::Lock as _;
 
-
 use super::{bounds::CLIENT_BUCKETS, *};
 
 #[test]
