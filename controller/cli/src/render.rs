@@ -410,6 +410,57 @@ pub fn slot_types(list: &[pb::SlotType]) -> String {
     out
 }
 
+/// Slots in their exact spelling (`cuda.mem=200g,cuda.shares=4.5`); `-` for none. A value this
+/// build can't read is shown as the wire has it.
+fn exact(s: Option<&pb::ResourceSlot>) -> String {
+    match convert::slots_from_pb(s) {
+        Ok(parsed) if parsed.is_zero() => "-".to_owned(),
+        Ok(parsed) => parsed.to_string(),
+        Err(_) => slots(s),
+    }
+}
+
+/// Team queues as a table: guarantee, limit (`-`: none), what each holds and borrows now (in
+/// the slots it governs), and its members.
+#[must_use]
+pub fn queues(list: &[pb::Queue]) -> String {
+    let mut out = format!(
+        "{:<16} {:<28} {:<28} {:<24} {:<24} {}\n",
+        "NAME", "GUARANTEED", "LIMIT", "HELD", "BORROWED", "MEMBERS"
+    );
+    for q in list {
+        let _ = writeln!(
+            out,
+            "{:<16} {:<28} {:<28} {:<24} {:<24} {}",
+            q.name,
+            exact(q.guaranteed.as_ref()),
+            exact(q.limit.as_ref()),
+            exact(q.held.as_ref()),
+            exact(q.borrowed.as_ref()),
+            q.members.join(",")
+        );
+    }
+    out
+}
+
+/// One team queue in detail.
+#[must_use]
+pub fn queue(q: &pb::Queue) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "name:       {}", q.name);
+    let _ = writeln!(out, "guaranteed: {}", exact(q.guaranteed.as_ref()));
+    let limit = if q.limit.is_some() {
+        exact(q.limit.as_ref())
+    } else {
+        "none".to_owned()
+    };
+    let _ = writeln!(out, "limit:      {limit}");
+    let _ = writeln!(out, "held:       {}", exact(q.held.as_ref()));
+    let _ = writeln!(out, "borrowed:   {}", exact(q.borrowed.as_ref()));
+    let _ = writeln!(out, "members:    {}", q.members.join(", "));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
