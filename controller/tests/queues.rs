@@ -22,6 +22,10 @@ use tonic::{Code, Request, transport::Channel};
 /// Long enough for a restarted controller to win the election over its dead self's lease.
 const SERVING: Duration = Duration::from_secs(20);
 
+#[expect(
+    clippy::unnecessary_wraps,
+    reason = "every slot field of the messages is an Option; comparing with one reads shortest"
+)]
 fn slots(pairs: &[(&str, &str)]) -> Option<pb::ResourceSlot> {
     Some(pb::ResourceSlot {
         values: pairs

@@ -36,6 +36,10 @@ fn ok(url: &str, token: &Path, args: &[&str]) -> String {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, read top to bottom"
+)]
 fn an_admin_sets_queues_and_everyone_sees_them_exactly() {
     let scratch = gpuwarden_test_support::scratch("cli-queue");
     let dir = scratch.path();

@@ -95,12 +95,12 @@ fn spec_from_pb(api: &SchedulerApi, queue: Option<pb::Queue>) -> Result<QueueSpe
     })
 }
 
-pub(super) async fn list(
+pub(super) fn list(
     api: &SchedulerApi,
-    request: Request<pb::ListQueuesRequest>,
+    request: &Request<pb::ListQueuesRequest>,
 ) -> Result<Response<pb::ListQueuesResponse>, Status> {
-    let caller = api.caller(&request)?;
-    let queues = api.controller.read(|s| s.queues());
+    let caller = api.caller(request)?;
+    let queues = api.controller.read(crate::scheduler::Scheduler::queues);
     Ok(Response::new(pb::ListQueuesResponse {
         queues: queues
             .into_iter()
@@ -109,7 +109,7 @@ pub(super) async fn list(
     }))
 }
 
-pub(super) async fn get(
+pub(super) fn get(
     api: &SchedulerApi,
     request: Request<pb::GetQueueRequest>,
 ) -> Result<Response<pb::Queue>, Status> {

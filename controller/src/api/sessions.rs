@@ -406,14 +406,14 @@ impl SchedulerService for SchedulerApi {
         &self,
         request: Request<pb::ListQueuesRequest>,
     ) -> Result<Response<pb::ListQueuesResponse>, Status> {
-        queues::list(self, request).await
+        queues::list(self, &request)
     }
 
     async fn get_queue(
         &self,
         request: Request<pb::GetQueueRequest>,
     ) -> Result<Response<pb::Queue>, Status> {
-        queues::get(self, request).await
+        queues::get(self, request)
     }
 
     async fn set_queue(
