@@ -21,7 +21,9 @@
 //!   offered to Kubernetes, the same keys), `hooks`, `last_heartbeat_ms`; `node show` adds
 //!   `allocation_map` (`index`, `uuid`, `capacity_shares`, `allocated_shares`, `memory_bytes`,
 //!   `allocated_memory_bytes`, `sessions`, `kubernetes`: offered to Kubernetes);
-//! - slot type: `name`, `kind` (`count`, `bytes`, `unique`).
+//! - slot type: `name`, `kind` (`count`, `bytes`, `unique`);
+//! - queue: `name`, `guaranteed`, `limit` (null: no limit), `held`, `borrowed` (each slot →
+//!   exact decimal string, bytes as whole numbers), `members`.
 
 use std::collections::BTreeMap;
 
@@ -361,6 +363,30 @@ impl From<&pb::SlotType> for SlotType {
         Self {
             name: t.name.clone(),
             kind: kind(t.kind),
+        }
+    }
+}
+
+/// A team queue.
+#[derive(Debug, Serialize)]
+pub struct Queue {
+    name: String,
+    guaranteed: BTreeMap<String, String>,
+    limit: Option<BTreeMap<String, String>>,
+    held: BTreeMap<String, String>,
+    borrowed: BTreeMap<String, String>,
+    members: Vec<String>,
+}
+
+impl From<&pb::Queue> for Queue {
+    fn from(q: &pb::Queue) -> Self {
+        Self {
+            name: q.name.clone(),
+            guaranteed: slots(q.guaranteed.as_ref()),
+            limit: q.limit.as_ref().map(|l| slots(Some(l))),
+            held: slots(q.held.as_ref()),
+            borrowed: slots(q.borrowed.as_ref()),
+            members: q.members.clone(),
         }
     }
 }

@@ -10,7 +10,7 @@ use gpuwarden_proto::v1::{self as pb, scheduler_service_server::SchedulerService
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
-use super::convert;
+use super::{convert, queues};
 use crate::{
     auth::clients::{Caller, ClientAuth},
     controller::{
@@ -35,7 +35,7 @@ pub struct SchedulerApi {
 
 impl SchedulerApi {
     /// Who sent `request`, once it is known and within its rate.
-    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+    pub(super) fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
         let caller = self.clients.caller(request)?;
         self.bounds.admit_call(&self.counted_as(&caller, request))?;
         Ok(caller)
@@ -400,5 +400,33 @@ impl SchedulerService for SchedulerApi {
                     "no profile for class {class:?}: no session of it has finished yet"
                 ))
             })
+    }
+
+    async fn list_queues(
+        &self,
+        request: Request<pb::ListQueuesRequest>,
+    ) -> Result<Response<pb::ListQueuesResponse>, Status> {
+        queues::list(self, &request)
+    }
+
+    async fn get_queue(
+        &self,
+        request: Request<pb::GetQueueRequest>,
+    ) -> Result<Response<pb::Queue>, Status> {
+        queues::get(self, request)
+    }
+
+    async fn set_queue(
+        &self,
+        request: Request<pb::SetQueueRequest>,
+    ) -> Result<Response<pb::Queue>, Status> {
+        queues::set(self, request).await
+    }
+
+    async fn delete_queue(
+        &self,
+        request: Request<pb::DeleteQueueRequest>,
+    ) -> Result<Response<pb::Queue>, Status> {
+        queues::delete(self, request).await
     }
 }
