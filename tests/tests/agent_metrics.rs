@@ -278,7 +278,7 @@ fn controller_metrics_match_its_api() {
 
     // A refusal for a bound is counted by its reason.
     let oversized = gpuwarden_controller::limits::Refusal::Oversized;
-    let before = gpuwarden_controller::limits::count_of(oversized);
+    let before = ctl.bounds.refusals().count_of(oversized);
     let status = rt
         .block_on(async {
             ctl.client()

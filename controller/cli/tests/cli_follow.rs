@@ -10,7 +10,12 @@ use std::{
     time::Duration,
 };
 
-use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
+use gpuwarden_controller::{
+    api::Timing,
+    limits::{Bounds, Limits},
+    scheduler::SchedulerConfig,
+    server,
+};
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_support::{
     Etcd, node,
@@ -26,6 +31,7 @@ fn start_elected(rt: &tokio::runtime::Runtime, store: &str) -> String {
             SchedulerConfig::default(),
             Timing::default(),
             Duration::from_secs(2),
+            Bounds::new(Limits::default()),
             std::future::pending(),
         ))
         .expect("serves");
@@ -117,6 +123,7 @@ impl Killable {
                     SchedulerConfig::default(),
                     Timing::default(),
                     Duration::from_secs(2),
+                    Bounds::new(Limits::default()),
                     std::future::pending(),
                 ))
                 .expect("serves");

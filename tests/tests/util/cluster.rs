@@ -17,7 +17,13 @@ use gpuwarden_agent::{
     },
     devices::{GpuBackend, GpuDevice, SlotKind},
 };
-use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server, store::StoreSpec};
+use gpuwarden_controller::{
+    api::Timing,
+    limits::{Bounds, Limits},
+    scheduler::SchedulerConfig,
+    server,
+    store::StoreSpec,
+};
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
 use tonic::transport::Channel;
 
@@ -35,6 +41,8 @@ pub fn fast_timing(heartbeat_timeout: Duration) -> Timing {
 pub struct TestController {
     pub addr: SocketAddr,
     pub state_dir: PathBuf,
+    /// Its bounds, which count what it refuses (the metrics it exports read them).
+    pub bounds: Arc<Bounds>,
     stop: Option<std::sync::mpsc::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -71,18 +79,25 @@ impl TestController {
         exporters: gpuwarden_runtime::otlp::Exporters,
     ) -> Self {
         let dir = state_dir.to_owned();
-        Self::on_own_runtime(state_dir.to_owned(), move |rt, shutdown| {
+        Self::on_own_runtime(state_dir.to_owned(), move |rt, bounds, shutdown| {
             rt.block_on(async {
                 let controller = server::open(&server::sled_in(&dir), config, timing)
                     .await
                     .unwrap();
                 let metrics =
-                    gpuwarden_controller::metrics::start(&controller, &exporters).unwrap();
+                    gpuwarden_controller::metrics::start(&controller, &bounds, &exporters).unwrap();
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 let addr = listener.local_addr().unwrap();
-                tokio::spawn(server::serve_on(controller, listener, async {
-                    let _ = shutdown.await;
-                }));
+                tokio::spawn(server::serve_bounded(
+                    controller,
+                    listener,
+                    server::Transport::PlainText,
+                    bounds,
+                    None,
+                    async {
+                        let _ = shutdown.await;
+                    },
+                ));
                 // The metrics' callbacks hold the controller (and its store): kept until the
                 // controller stops, let go of before its runtime.
                 (addr, metrics)
@@ -94,13 +109,14 @@ impl TestController {
     /// until it wins. Killed, its lease's keep-alive stops with everything else.
     pub fn start_elected(store: &StoreSpec, timing: Timing, ttl: Duration) -> Self {
         let store = store.clone();
-        Self::on_own_runtime(PathBuf::new(), move |rt, shutdown| {
+        Self::on_own_runtime(PathBuf::new(), move |rt, bounds, shutdown| {
             let addr = rt
                 .block_on(server::spawn_elected(
                     &store,
                     SchedulerConfig::default(),
                     timing,
                     ttl,
+                    bounds,
                     async {
                         let _ = shutdown.await;
                     },
@@ -110,18 +126,22 @@ impl TestController {
         })
     }
 
-    /// Runs `start` on a runtime of its own in a thread of its own; what it returns besides the
-    /// address is kept until the controller stops. Stopping gracefully lets the server shut
-    /// down first; killing drops the runtime with every task mid-flight.
+    /// Runs `start` on a runtime of its own in a thread of its own, with the bounds the
+    /// controller is to be held to; what it returns besides the address is kept until the
+    /// controller stops. Stopping gracefully lets the server shut down first; killing drops the
+    /// runtime with every task mid-flight.
     fn on_own_runtime<G>(
         state_dir: PathBuf,
         start: impl FnOnce(
             &tokio::runtime::Runtime,
+            Arc<Bounds>,
             tokio::sync::oneshot::Receiver<()>,
         ) -> (SocketAddr, G)
         + Send
         + 'static,
     ) -> Self {
+        let bounds = Bounds::new(Limits::default());
+        let held = Arc::clone(&bounds);
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = std::sync::mpsc::channel::<bool>();
         let thread = std::thread::spawn(move || {
@@ -131,7 +151,7 @@ impl TestController {
                 .build()
                 .unwrap();
             let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
-            let (addr, kept) = start(&rt, shutdown_rx);
+            let (addr, kept) = start(&rt, held, shutdown_rx);
             addr_tx.send(addr).unwrap();
             if stopped.recv().unwrap_or(false) {
                 let _ = shutdown_tx.send(());
@@ -144,6 +164,7 @@ impl TestController {
         Self {
             addr: addr_rx.recv().unwrap(),
             state_dir,
+            bounds,
             stop: Some(stop),
             thread: Some(thread),
         }
