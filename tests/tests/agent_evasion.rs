@@ -21,13 +21,10 @@ use std::{os::unix::process::ExitStatusExt as _, path::Path, time::Duration};
 use gpuwarden_agent_api::snapshot::Container;
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use tempfile::TempDir;
-use util::{
-    Client, Driver, TestAgent,
-    cluster::{TestController, fast_timing},
-    container_id, memory,
-};
+use util::{Client, Driver, TestAgent, container_id, memory};
 
 const MIB: u64 = 1 << 20;
 

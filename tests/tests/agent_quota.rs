@@ -23,14 +23,11 @@ use gpuwarden_agent_api::{
 };
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use tempfile::TempDir;
 use tonic::transport::Channel;
-use util::{
-    Client, Driver, TestAgent,
-    cluster::{TestController, fast_timing},
-    container_id, memory, mknod, mknod_in, open_in, pin_dir,
-};
+use util::{Client, Driver, TestAgent, container_id, memory, mknod, mknod_in, open_in, pin_dir};
 
 const MIB: u64 = 1 << 20;
 

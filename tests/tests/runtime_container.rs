@@ -32,14 +32,11 @@ use std::{
 use gpuwarden_agent_api::snapshot::{Container, Snapshot};
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{require_root, scratch};
 use serde_json::{Value, json};
 use tempfile::TempDir;
-use util::{
-    Client, Driver, TestAgent,
-    cluster::{TestController, fast_timing},
-    container_id, mknod, pod_uid,
-};
+use util::{Client, Driver, TestAgent, container_id, mknod, pod_uid};
 
 const MIB: u64 = 1 << 20;
 
