@@ -30,12 +30,10 @@ use std::{
 
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_runtime::otlp::Exporters;
+use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{require_root, scratch, wait::until as wait_for};
 use serde_json::Value;
-use util::{
-    Driver, TestAgent,
-    cluster::{TestController, fast_timing},
-};
+use util::{Driver, TestAgent};
 
 const MIB: u64 = 1 << 20;
 
