@@ -64,22 +64,22 @@ fn slots(field: &str, slots: Option<&pb::ResourceSlot>) -> Result<ResourceSlot, 
 
 /// The queue a `SetQueue` asks for, its lengths held to the controller's bounds.
 fn spec_from_pb(api: &SchedulerApi, queue: Option<pb::Queue>) -> Result<QueueSpec, Status> {
-    let limits = &api.bounds.limits;
+    let bounds = &api.bounds;
+    let limits = &bounds.limits;
     let q = queue.ok_or_else(|| Status::invalid_argument("queue: missing"))?;
-    limits.name("queue.name", &q.name)?;
-    limits.slots("queue.guaranteed", q.guaranteed.as_ref())?;
-    limits.slots("queue.limit", q.limit.as_ref())?;
+    bounds.counted(limits.name("queue.name", &q.name))?;
+    bounds.counted(limits.slots("queue.guaranteed", q.guaranteed.as_ref()))?;
+    bounds.counted(limits.slots("queue.limit", q.limit.as_ref()))?;
     if q.members.len() > limits.max_list_len {
-        return Err(LimitError::TooMany {
+        return Err(bounds.refuse(&LimitError::TooMany {
             field: "queue.members".to_owned(),
             count: q.members.len(),
             max: limits.max_list_len,
             key: "max_list_len",
-        }
-        .into());
+        }));
     }
     for member in &q.members {
-        limits.owner("queue.members", member)?;
+        bounds.counted(limits.owner("queue.members", member))?;
     }
     Ok(QueueSpec {
         quota: QueueQuota {
@@ -115,7 +115,7 @@ pub(super) fn get(
 ) -> Result<Response<pb::Queue>, Status> {
     let caller = api.caller(&request)?;
     let name = request.into_inner().name;
-    api.bounds.limits.name("name", &name)?;
+    api.bounds.counted(api.bounds.limits.name("name", &name))?;
     api.controller
         .read(|s| s.queue_view(&name))
         .map(|q| Response::new(queue_to_pb(q, &caller)))
@@ -129,7 +129,7 @@ pub(super) async fn set(
     let caller = api.caller(&request)?;
     let queue = request.into_inner().queue;
     if let Some(q) = &queue {
-        api.bounds.limits.name("queue.name", &q.name)?;
+        api.bounds.counted(api.bounds.limits.name("queue.name", &q.name))?;
     }
     caller.must_be_admin(|| {
         format!(
@@ -155,7 +155,7 @@ pub(super) async fn delete(
 ) -> Result<Response<pb::Queue>, Status> {
     let caller = api.caller(&request)?;
     let name = request.into_inner().name;
-    api.bounds.limits.name("name", &name)?;
+    api.bounds.counted(api.bounds.limits.name("name", &name))?;
     caller.must_be_admin(|| format!("delete queue {name:?}"))?;
     let view = api
         .controller
