@@ -64,6 +64,18 @@ fn metrics_beyond_loopback_are_refused_naming_the_address_and_the_flag() {
         stderr.contains("--prometheus-insecure"),
         "names the flag: {stderr}"
     );
+    // The variable likewise, and an explicit false.
+    let refused = Command::new(CONTROLLER)
+        .args(["run", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(dir.path())
+        .env("GPUWARDEN_PROMETHEUS_LISTEN", &metrics)
+        .env("GPUWARDEN_PROMETHEUS_INSECURE", "false")
+        .stdout(Stdio::null())
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "served: {stderr}");
+    assert!(stderr.contains(&metrics), "names the address: {stderr}");
     // The config file's key refuses likewise.
     let config = dir.path().join("controller.toml");
     std::fs::write(&config, format!("prometheus_listen = \"{metrics}\"\n")).expect("writes");
@@ -82,26 +94,39 @@ fn metrics_beyond_loopback_are_refused_naming_the_address_and_the_flag() {
 
 #[test]
 fn loopback_and_either_flag_serve_the_metrics() {
-    let cases: [(&str, &[&str]); 3] = [
-        ("127.0.0.1", &[]),
-        ("0.0.0.0", &["--prometheus-insecure"]),
-        ("0.0.0.0", &["--insecure"]),
+    // The address by flag, or by variable (as the manifests in deploy/kubernetes/prometheus set
+    // it); the allowance by flag or by variable.
+    let cases: [(&str, bool, &[&str], &[(&str, &str)]); 4] = [
+        ("127.0.0.1", true, &[], &[]),
+        ("0.0.0.0", true, &["--prometheus-insecure"], &[]),
+        ("0.0.0.0", true, &["--insecure"], &[]),
+        (
+            "0.0.0.0",
+            false,
+            &[],
+            &[("GPUWARDEN_PROMETHEUS_INSECURE", "true")],
+        ),
     ];
-    for (host, flags) in cases {
+    for (host, by_flag, flags, env) in cases {
         let dir = gpuwarden_test_support::scratch("prom-served");
         let port = free_port();
-        let controller = Running(
-            Command::new(CONTROLLER)
-                .args(["run", "--listen", "127.0.0.1:0", "--prometheus-listen"])
-                .arg(format!("{host}:{port}"))
-                .args(flags)
-                .arg("--state-dir")
-                .arg(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("starts"),
-        );
+        let mut command = Command::new(CONTROLLER);
+        command
+            .args(["run", "--listen", "127.0.0.1:0"])
+            .args(flags)
+            .envs(env.iter().copied())
+            .arg("--state-dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if by_flag {
+            command
+                .arg("--prometheus-listen")
+                .arg(format!("{host}:{port}"));
+        } else {
+            command.env("GPUWARDEN_PROMETHEUS_LISTEN", format!("{host}:{port}"));
+        }
+        let controller = Running(command.spawn().expect("starts"));
         // A wildcard address is reached over loopback too.
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let started = Instant::now();
@@ -111,7 +136,7 @@ fn loopback_and_either_flag_serve_the_metrics() {
             }
             assert!(
                 started.elapsed() < gpuwarden_test_support::wait::PATIENCE,
-                "no metrics on {host}:{port} with {flags:?}"
+                "no metrics on {host}:{port} with {flags:?} {env:?}"
             );
             std::thread::sleep(Duration::from_millis(100));
         };

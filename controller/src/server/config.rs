@@ -203,13 +203,19 @@ pub(super) struct RunArgs {
     insecure: bool,
     /// Serve the metrics in Prometheus' text format at `GET /metrics` on this address (plain
     /// HTTP; overrides the config file's `prometheus_listen`; off by default).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, env = "GPUWARDEN_PROMETHEUS_LISTEN", value_name = "ADDR")]
     prometheus_listen: Option<SocketAddr>,
     /// Serve --prometheus-listen on a non-loopback address (it has no authentication: anyone
     /// who reaches it reads every session's names and usage); refused without this or
     /// --insecure. Only the metrics: the gRPC port keeps its TLS.
-    #[arg(long)]
-    prometheus_insecure: bool,
+    #[arg(
+        long,
+        env = "GPUWARDEN_PROMETHEUS_INSECURE",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    prometheus_insecure: Option<bool>,
     /// Boxed: the flags of the Kubernetes side would make every `Command` as large.
     #[command(flatten)]
     kube: Box<KubeArgs>,
@@ -291,7 +297,7 @@ impl RunArgs {
             // `--insecure` already allows plain text beyond loopback; the narrower flag allows
             // only the metrics, for a controller whose gRPC port speaks TLS.
             let allowed =
-                insecure || self.prometheus_insecure || file.prometheus_insecure.unwrap_or(false);
+                insecure || self.prometheus_insecure.or(file.prometheus_insecure) == Some(true);
             gpuwarden_runtime::prometheus::check_exposure(addr, allowed)?;
         }
         let mut timing = Timing::default();
