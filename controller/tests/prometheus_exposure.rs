@@ -92,22 +92,49 @@ fn metrics_beyond_loopback_are_refused_naming_the_address_and_the_flag() {
     assert!(stderr.contains(&metrics), "names the address: {stderr}");
 }
 
+/// One way to start the controller serving its metrics.
+struct Case {
+    /// The address the endpoint binds (the port is picked).
+    host: &'static str,
+    /// `--prometheus-listen`, else `GPUWARDEN_PROMETHEUS_LISTEN`.
+    by_flag: bool,
+    flags: &'static [&'static str],
+    env: &'static [(&'static str, &'static str)],
+}
+
+impl Case {
+    fn flag(host: &'static str, flags: &'static [&'static str]) -> Self {
+        Self {
+            host,
+            by_flag: true,
+            flags,
+            env: &[],
+        }
+    }
+}
+
 #[test]
 fn loopback_and_either_flag_serve_the_metrics() {
     // The address by flag, or by variable (as the manifests in deploy/kubernetes/prometheus set
     // it); the allowance by flag or by variable.
-    let cases: [(&str, bool, &[&str], &[(&str, &str)]); 4] = [
-        ("127.0.0.1", true, &[], &[]),
-        ("0.0.0.0", true, &["--prometheus-insecure"], &[]),
-        ("0.0.0.0", true, &["--insecure"], &[]),
-        (
-            "0.0.0.0",
-            false,
-            &[],
-            &[("GPUWARDEN_PROMETHEUS_INSECURE", "true")],
-        ),
+    let cases = [
+        Case::flag("127.0.0.1", &[]),
+        Case::flag("0.0.0.0", &["--prometheus-insecure"]),
+        Case::flag("0.0.0.0", &["--insecure"]),
+        Case {
+            host: "0.0.0.0",
+            by_flag: false,
+            flags: &[],
+            env: &[("GPUWARDEN_PROMETHEUS_INSECURE", "true")],
+        },
     ];
-    for (host, by_flag, flags, env) in cases {
+    for Case {
+        host,
+        by_flag,
+        flags,
+        env,
+    } in cases
+    {
         let dir = gpuwarden_test_support::scratch("prom-served");
         let port = free_port();
         let mut command = Command::new(CONTROLLER);

@@ -90,7 +90,7 @@ impl From<&pb::SessionShare> for Share {
             entitled_compute: s.entitled_compute,
             entitled_memory_bytes: s.entitled_memory_bytes,
             samples: s.samples,
-            achieved: (s.samples > 0).then(|| Achieved {
+            achieved: (s.samples > 0).then_some(Achieved {
                 mean: s.achieved_mean,
                 window_samples: s.window_samples,
                 last: s.achieved_last,
