@@ -3,7 +3,7 @@
 //! allocation and then reports the usage the test hands it. The CLI shows the session's
 //! entitled compute share and memory, says that no usage was reported until some is, and then
 //! shows the mean of the newest reports and the last one: the figures reported, in text and
-//! in `--json`.
+//! in `--json`. A `share_deviation` event the agent sends is among the session's events.
 
 mod common;
 
@@ -91,6 +91,16 @@ fn show_when(
     shown
 }
 
+/// Sends `msg` up the agent's stream.
+fn send(
+    rt: &tokio::runtime::Runtime,
+    stream: &tokio::sync::mpsc::Sender<pb::AgentMessage>,
+    msg: pb::agent_message::Msg,
+) {
+    rt.block_on(stream.send(pb::AgentMessage { msg: Some(msg) }))
+        .expect("the stream is open");
+}
+
 fn close(actual: &serde_json::Value, expected: f64) -> bool {
     actual.as_f64().is_some_and(|a| (a - expected).abs() < 1e-9)
 }
@@ -137,21 +147,16 @@ fn session_show_gives_the_entitled_share_and_the_achieved_one_its_agent_reported
     let reports: Vec<(f64, u64)> = (0..15_u32)
         .map(|i| (0.11 + 0.029 * f64::from(i), u64::from(i % 5 + 1) << 20))
         .collect();
-    rt.block_on(async {
-        for (at_ms, &(utilization, memory_bytes)) in reports.iter().enumerate() {
-            let usage = pb::agent_message::Msg::Usage(pb::SessionUsage {
-                session_id: id.clone(),
-                utilization,
-                memory_bytes,
-                ioctls_per_sec: 10.0,
-                at_ms: i64::try_from(at_ms).expect("small"),
-            });
-            stream
-                .send(pb::AgentMessage { msg: Some(usage) })
-                .await
-                .expect("the stream is open");
-        }
-    });
+    for (at_ms, &(utilization, memory_bytes)) in reports.iter().enumerate() {
+        let usage = pb::SessionUsage {
+            session_id: id.clone(),
+            utilization,
+            memory_bytes,
+            ioctls_per_sec: 10.0,
+            at_ms: i64::try_from(at_ms).expect("small"),
+        };
+        send(&rt, &stream, pb::agent_message::Msg::Usage(usage));
+    }
     let shown = show_when(&url, &id, "every report is in", |s| {
         s["share"]["samples"] == reports.len()
     });
@@ -174,6 +179,35 @@ fn session_show_gives_the_entitled_share_and_the_achieved_one_its_agent_reported
         reports.len()
     );
     assert!(text.contains(&expected), "{text}\nexpected: {expected}");
+
+    // The agent's share watch flags a lasting deviation as a `share_deviation` event: the
+    // session shows it among its events.
+    let reason =
+        format!("below_entitled: achieved {mean:.3} of entitled 0.500 compute share for 300s");
+    let event = pb::EnforcementEvent {
+        session_id: id.clone(),
+        action: "share_deviation".into(),
+        reason: reason.clone(),
+        container: "/kubepods/pod-a".into(),
+        at_ms: 1,
+        ..Default::default()
+    };
+    send(&rt, &stream, pb::agent_message::Msg::Event(event));
+    let shown = show_when(&url, &id, "the share_deviation event", |s| {
+        s["events"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["action"] == "share_deviation"))
+    });
+    let event = shown["events"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["action"] == "share_deviation"))
+        .expect("the event");
+    assert_eq!(event["reason"], reason.as_str(), "{event}");
+    let text = gpuwarden(&url, &["session", "show", &id]);
+    assert!(
+        text.contains("share_deviation") && text.contains(&reason),
+        "{text}"
+    );
     drop(stream);
     drop(rt);
 }
