@@ -109,6 +109,9 @@ pub fn session(s: &pb::Session) -> String {
     if let Some(p) = &s.policy {
         let _ = writeln!(out, "policy:    memory={} compute={}", p.memory, p.compute);
     }
+    if let Some(share) = &s.share {
+        share_lines(&mut out, share);
+    }
     if !s.events.is_empty() {
         let _ = writeln!(out, "events:");
         let _ = writeln!(
@@ -138,6 +141,31 @@ pub fn session(s: &pb::Session) -> String {
         }
     }
     out
+}
+
+/// The `entitled:` and `achieved:` lines: its share of each GPU against the GPU time its agent
+/// measured it getting.
+fn share_lines(out: &mut String, share: &pb::SessionShare) {
+    let _ = writeln!(
+        out,
+        "entitled:  compute {:.3} of each GPU, memory {} bytes",
+        share.entitled_compute, share.entitled_memory_bytes
+    );
+    if share.samples == 0 {
+        let _ = writeln!(out, "achieved:  no usage reported yet");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "achieved:  compute {:.3} mean of the last {} reports, {:.3} at the last; memory {} \
+         bytes at the last (peak {}); {} reports in all",
+        share.achieved_mean,
+        share.window_samples,
+        share.achieved_last,
+        share.last_memory_bytes,
+        share.peak_memory_bytes,
+        share.samples
+    );
 }
 
 /// Why a session went where it went: each candidate with its terms, best first.
@@ -464,6 +492,43 @@ pub fn queue(q: &pb::Queue) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_shows_its_entitled_and_achieved_share() {
+        let mut s = pb::Session {
+            id: "s-1".into(),
+            share: Some(pb::SessionShare {
+                entitled_compute: 0.5,
+                entitled_memory_bytes: 1 << 30,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let text = session(&s);
+        assert!(
+            text.contains("entitled:  compute 0.500 of each GPU, memory 1073741824 bytes"),
+            "{text}"
+        );
+        assert!(text.contains("achieved:  no usage reported yet"), "{text}");
+        s.share = Some(pb::SessionShare {
+            entitled_compute: 0.5,
+            entitled_memory_bytes: 1 << 30,
+            samples: 30,
+            achieved_mean: 0.4125,
+            window_samples: 12,
+            achieved_last: 0.375,
+            last_memory_bytes: 2048,
+            peak_memory_bytes: 4096,
+        });
+        let text = session(&s);
+        assert!(
+            text.contains(
+                "achieved:  compute 0.412 mean of the last 12 reports, 0.375 at the last; \
+                 memory 2048 bytes at the last (peak 4096); 30 reports in all"
+            ),
+            "{text}"
+        );
+    }
 
     #[test]
     fn a_session_shows_its_target_policy_and_events() {

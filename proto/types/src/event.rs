@@ -50,13 +50,17 @@ pub enum Action {
     Expired,
     /// The quota could not be bound (its target is outside what it was authorized for, …).
     Refused,
+    /// The GPU time a container got stayed off its entitlement for the agent's share-watch
+    /// window: under half its share while it runs, or over a hard share (docs/metrics.md,
+    /// "Achieved against entitled"). Reported, not acted on.
+    ShareDeviation,
     /// An action this build doesn't know (from a newer agent), kept as sent.
     Other(String),
 }
 
 impl Action {
     /// Every known action, in the order above.
-    pub const KNOWN: [Self; 11] = [
+    pub const KNOWN: [Self; 12] = [
         Self::Deny,
         Self::Kill,
         Self::Stop,
@@ -68,6 +72,7 @@ impl Action {
         Self::Unbound,
         Self::Expired,
         Self::Refused,
+        Self::ShareDeviation,
     ];
 
     /// Its name on the wire and in tables.
@@ -85,6 +90,7 @@ impl Action {
             Self::Unbound => "unbound",
             Self::Expired => "expired",
             Self::Refused => "refused",
+            Self::ShareDeviation => "share_deviation",
             Self::Other(name) => name,
         }
     }
