@@ -12,7 +12,7 @@ use gpuwarden_controller::{
         clients::ClientRole,
         tokens::{self, TokenFile},
     },
-    limits::Limits,
+    limits::{Bounds, Limits},
     server::{Security, Transport},
 };
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
@@ -83,7 +83,7 @@ async fn an_admin_sets_a_queue_and_a_user_cannot() {
             tokens: Some(Arc::new(TokenFile::load(&file).expect("loads"))),
             grants: Arc::default(),
         },
-        Limits::default(),
+        Bounds::new(Limits::default()),
     )
     .await;
     let mut c = client(addr).await;
@@ -154,7 +154,12 @@ async fn an_admin_sets_a_queue_and_a_user_cannot() {
 #[tokio::test]
 async fn bad_queues_are_invalid_arguments_naming_the_field() {
     let dir = scratch("queues-bad");
-    let addr = common::serve_in_process(dir.path(), Transport::PlainText, Limits::default()).await;
+    let addr = common::serve_in_process(
+        dir.path(),
+        Transport::PlainText,
+        Bounds::new(Limits::default()),
+    )
+    .await;
     let mut c = client(addr).await;
     c.set_queue(queue("team-a", &[], None, &["alice"]))
         .await
@@ -230,7 +235,12 @@ async fn until_state(c: &mut SchedulerServiceClient<Channel>, id: &str, want: pb
 #[tokio::test]
 async fn a_set_queue_holds_the_next_pass_to_its_limit() {
     let dir = scratch("queues-pass");
-    let addr = common::serve_in_process(dir.path(), Transport::PlainText, Limits::default()).await;
+    let addr = common::serve_in_process(
+        dir.path(),
+        Transport::PlainText,
+        Bounds::new(Limits::default()),
+    )
+    .await;
     let url = format!("http://{addr}");
     gpuwarden_test_support::node::register(&url, gpuwarden_test_support::node::with_cpus("n1", 8))
         .await;

@@ -129,7 +129,8 @@ pub(super) async fn set(
     let caller = api.caller(&request)?;
     let queue = request.into_inner().queue;
     if let Some(q) = &queue {
-        api.bounds.counted(api.bounds.limits.name("queue.name", &q.name))?;
+        api.bounds
+            .counted(api.bounds.limits.name("queue.name", &q.name))?;
     }
     caller.must_be_admin(|| {
         format!(
