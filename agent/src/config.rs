@@ -49,6 +49,9 @@ pub enum ConfigError {
     /// The `[dra]` section can't be used.
     #[error(transparent)]
     Dra(#[from] crate::dra::config::DraConfigError),
+    /// The Prometheus endpoint would serve beyond loopback without `--prometheus-insecure`.
+    #[error(transparent)]
+    PrometheusExposed(#[from] gpuwarden_runtime::prometheus::ExposedError),
     /// The socket's group does not exist.
     #[error("socket_group {group:?}: {reason}")]
     SocketGroup {
@@ -148,6 +151,16 @@ layered! {
         /// (plain HTTP; off by default).
         #[arg(long, env = "GPUWARDEN_PROMETHEUS_LISTEN", value_name = "ADDR")]
         pub prometheus_listen: Option<std::net::SocketAddr>,
+        /// Serve --prometheus-listen on a non-loopback address (a pod IP): refused without
+        /// this, since the endpoint has no authentication and names every container and pod.
+        #[arg(
+            long,
+            env = "GPUWARDEN_PROMETHEUS_INSECURE",
+            num_args = 0..=1,
+            default_missing_value = "true",
+            value_name = "BOOL"
+        )]
+        pub prometheus_insecure: Option<bool>,
         /// Milliseconds between usage reports to the controller; 0 sends none [default: 5000].
         #[arg(long, env = "GPUWARDEN_USAGE_REPORT_INTERVAL_MS", value_name = "MS")]
         pub usage_report_interval_ms: Option<u64>,
@@ -245,7 +258,8 @@ impl AgentConfig {
     /// Merges the file (if any) and the flags.
     ///
     /// # Errors
-    /// The file is unreadable, a glob is invalid, or the socket's group does not exist.
+    /// The file is unreadable, a glob is invalid, the socket's group does not exist, or the
+    /// Prometheus endpoint would serve beyond loopback unallowed.
     pub fn load(file: Option<&Path>, overrides: Overrides) -> Result<Self, ConfigError> {
         let file = file.map(Settings::read).transpose()?.unwrap_or_default();
         Self::resolve(overrides.over(file))
@@ -254,8 +268,15 @@ impl AgentConfig {
     /// The settings `s` with the defaults filled in.
     ///
     /// # Errors
-    /// A glob is invalid, the socket's group does not exist, or `[dra]` can't be used.
+    /// A glob is invalid, the socket's group does not exist, `[dra]` can't be used, or the
+    /// Prometheus endpoint would serve beyond loopback without `prometheus_insecure`.
     fn resolve(s: Settings) -> Result<Self, ConfigError> {
+        if let Some(addr) = s.prometheus_listen {
+            gpuwarden_runtime::prometheus::check_exposure(
+                addr,
+                s.prometheus_insecure.unwrap_or(false),
+            )?;
+        }
         Ok(Self {
             gpu_globs: GpuNodeGlobs::new(&s.gpu_devices.unwrap_or_default())?,
             socket: s.socket.unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),

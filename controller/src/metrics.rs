@@ -7,7 +7,8 @@
 //! each scheduling pass decides. Failed exports are counted
 //! (`gpuwarden.telemetry.exports.failed`), the controller never waits for the collector.
 //! Refusals for identity (`gpuwarden.auth.denied`) are counted from the start, metrics on or
-//! off, and read at export time.
+//! off, and read at export time; so are refusals for a bound (`gpuwarden.limits.refused`), by
+//! the [`Bounds`] the server was given.
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -17,7 +18,7 @@ use opentelemetry::KeyValue;
 use crate::{
     auth::denials::{self, DenialReason},
     controller::Controller,
-    limits::{self, Refusal},
+    limits::{Bounds, Refusal},
     node::NodeState,
     scheduler::Scheduler,
     session::SessionState,
@@ -226,9 +227,9 @@ fn record_start_latency(
     });
 }
 
-/// Starts exporting the controller's metrics to `exporters`, or returns `None` (saying so)
-/// when it names none. Must run inside a tokio runtime (the gRPC channel and the listener live
-/// there).
+/// Starts exporting the controller's metrics, with the refusals counted by its `bounds`, to
+/// `exporters`, or returns `None` (saying so) when it names none. Must run inside a tokio
+/// runtime (the gRPC channel and the listener live there).
 ///
 /// # Errors
 /// The exporter can't be built, or the Prometheus address can't be bound.
@@ -238,6 +239,7 @@ fn record_start_latency(
 )]
 pub fn start(
     controller: &Arc<Controller>,
+    bounds: &Arc<Bounds>,
     exporters: &Exporters,
 ) -> Result<Option<Pipeline>, PipelineError> {
     let Some(pipeline) = Pipeline::start(exporters, "gpuwarden-controller", Vec::new(), &[])?
@@ -430,12 +432,15 @@ pub fn start(
         .u64_observable_counter("gpuwarden.limits.refused")
         .with_unit("{request}")
         .with_description("Requests and agent messages refused or dropped for a bound")
-        .with_callback(|o| {
-            for reason in Refusal::ALL {
-                o.observe(
-                    limits::count_of(reason),
-                    &[KeyValue::new("gpuwarden.limits.reason", reason.as_str())],
-                );
+        .with_callback({
+            let bounds = Arc::clone(bounds);
+            move |o| {
+                for reason in Refusal::ALL {
+                    o.observe(
+                        bounds.refusals().count_of(reason),
+                        &[KeyValue::new("gpuwarden.limits.reason", reason.as_str())],
+                    );
+                }
             }
         })
         .build();

@@ -17,7 +17,7 @@ use gpuwarden_controller::{
         tls::{ReloadingConfig, ServerTlsFiles},
         tokens::{self, TokenFile},
     },
-    limits::Limits,
+    limits::{Bounds, Limits},
     server::{Security, Transport},
     slots::ResourceSlot,
 };
@@ -70,8 +70,12 @@ impl Served {
             tokens: Some(Arc::new(TokenFile::load(&token_file).expect("tokens load"))),
             grants: Arc::default(),
         };
-        let addr =
-            common::serve_in_process(&dir.path().join("state"), security, Limits::default()).await;
+        let addr = common::serve_in_process(
+            &dir.path().join("state"),
+            security,
+            Bounds::new(Limits::default()),
+        )
+        .await;
         let scheme = if tls { "https" } else { "http" };
         let url = format!("{scheme}://{addr}");
         let served = Self {

@@ -19,7 +19,7 @@ use gpuwarden_controller::{
         mint,
         tls::{ReloadingConfig, ServerTlsFiles},
     },
-    limits::{self, Limits, Refusal},
+    limits::{Bounds, Limits, Refusal},
     server::{Security, Transport},
 };
 use gpuwarden_proto::v1::{
@@ -48,6 +48,8 @@ struct Target {
     url: String,
     /// The admin's channel to the scheduler service.
     admin: Channel,
+    /// Its bounds, which count what it refuses.
+    bounds: Arc<Bounds>,
 }
 
 impl Target {
@@ -76,10 +78,16 @@ impl Target {
             grants: Arc::new(GrantFile::load(&grants).expect("grants load")),
         };
         let state = dir.path().join("state");
-        let addr = common::serve_in_process(&state, security, limits).await;
+        let bounds = Bounds::new(limits);
+        let addr = common::serve_in_process(&state, security, Arc::clone(&bounds)).await;
         let url = format!("https://{addr}");
         let admin = channel(&url, &certs, "admin-ops").await;
-        let target = Self { dir, url, admin };
+        let target = Self {
+            dir,
+            url,
+            admin,
+            bounds,
+        };
         // node-0 brings the slot types sessions ask for; it never opens a stream.
         target
             .agent("node-0")
@@ -88,6 +96,11 @@ impl Target {
             .await
             .expect("node-0 registers");
         target
+    }
+
+    /// What it refused or dropped for `reason` so far.
+    fn count_of(&self, reason: Refusal) -> u64 {
+        self.bounds.refusals().count_of(reason)
     }
 
     fn certs(&self) -> PathBuf {
@@ -570,7 +583,7 @@ async fn usage_and_events_for_sessions_not_on_the_node_are_dropped_and_counted()
         .expect("creates")
         .into_inner();
     let (tx, _inbound) = connect(&target, "node-1").await;
-    let before = limits::count_of(Refusal::ForeignSession);
+    let before = target.count_of(Refusal::ForeignSession);
     tx.send(usage(&elsewhere.id, 0.5, 1.0)).await.expect("sent");
     tx.send(pb::AgentMessage {
         msg: Some(Msg::Event(pb::EnforcementEvent {
@@ -582,14 +595,14 @@ async fn usage_and_events_for_sessions_not_on_the_node_are_dropped_and_counted()
     })
     .await
     .expect("sent");
-    // Counters are process-wide and other tests run beside this one: at least these two.
+    // Counted by the target's bounds as the stream is read: at least these two.
     for _ in 0..100 {
-        if limits::count_of(Refusal::ForeignSession) >= before + 2 {
+        if target.count_of(Refusal::ForeignSession) >= before + 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(limits::count_of(Refusal::ForeignSession) >= before + 2);
+    assert!(target.count_of(Refusal::ForeignSession) >= before + 2);
     let session = client
         .get_session(pb::GetSessionRequest {
             id: elsewhere.id.clone(),
@@ -613,7 +626,7 @@ async fn an_event_flood_is_dropped_and_counted_and_the_node_stays_connected() {
     })
     .await;
     let (tx, mut inbound) = connect(&target, "node-1").await;
-    let before = limits::count_of(Refusal::FloodDropped);
+    let before = target.count_of(Refusal::FloodDropped);
     for i in 0..1_000 {
         let message = if i % 2 == 0 {
             heartbeat("node-1")
@@ -629,10 +642,10 @@ async fn an_event_flood_is_dropped_and_counted_and_the_node_stays_connected() {
         };
         tx.send(message).await.expect("the stream stays open");
     }
-    // Counters are process-wide: at least what this flood was over its burst and rate.
+    // At least what this flood was over its burst and rate.
     let mut dropped = 0;
     for _ in 0..200 {
-        dropped = limits::count_of(Refusal::FloodDropped) - before;
+        dropped = target.count_of(Refusal::FloodDropped) - before;
         if dropped >= 800 {
             break;
         }
@@ -712,7 +725,7 @@ async fn a_client_calling_past_its_rate_is_refused_then_served_again() {
         ..Limits::default()
     })
     .await;
-    let before = limits::count_of(Refusal::Rate);
+    let before = target.count_of(Refusal::Rate);
     let mut client = target.scheduler();
     let mut served = 0;
     let status = loop {
@@ -732,7 +745,7 @@ async fn a_client_calling_past_its_rate_is_refused_then_served_again() {
             "limits.client_request_burst",
         ],
     );
-    assert!(limits::count_of(Refusal::Rate) > before);
+    assert!(target.count_of(Refusal::Rate) > before);
     // 200 ms refill four calls.
     tokio::time::sleep(Duration::from_millis(200)).await;
     client

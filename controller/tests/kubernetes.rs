@@ -23,6 +23,7 @@ use gpuwarden_controller::{
         apiserver::ApiServer,
         serve::{Hooks, ServingCert, serve_extender, serve_webhook},
     },
+    limits::{Bounds, Limits},
     node::NodeReport,
     profile::UsageSample,
     scheduler::{NewSession, SchedulerConfig},
@@ -266,6 +267,7 @@ async fn cluster(refuse: Option<(u16, &'static str)>) -> Cluster {
     let hooks = Arc::new(Hooks {
         controller: Arc::clone(&controller),
         templates: Arc::new(templates),
+        bounds: Bounds::new(Limits::default()),
     });
     let cert = Arc::new(ServingCert::load(tls.cert.clone(), tls.key.clone()).expect("loads"));
     let webhook_listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");

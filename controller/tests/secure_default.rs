@@ -22,7 +22,7 @@ use gpuwarden_controller::{
         mint::{self, CA_CERT, CA_KEY},
         tls::{ReloadingConfig, ServerTlsFiles},
     },
-    limits::Limits,
+    limits::{Bounds, Limits},
     server::{self, ServeError, Transport},
 };
 use gpuwarden_proto::v1::{
@@ -275,7 +275,7 @@ impl Pki {
         let addr = common::serve_in_process(
             &dir.path().join("state"),
             Transport::Tls(Arc::new(tls)),
-            Limits::default(),
+            Bounds::new(Limits::default()),
         )
         .await;
         Self {

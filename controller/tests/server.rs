@@ -5,7 +5,10 @@ mod common;
 
 use std::process::Command;
 
-use gpuwarden_controller::{limits::Limits, server};
+use gpuwarden_controller::{
+    limits::{Bounds, Limits},
+    server,
+};
 use tokio_stream::StreamExt as _;
 
 #[test]
@@ -52,7 +55,7 @@ async fn reflection_answers_v1_and_v1alpha_clients() {
     let addr = common::serve_in_process(
         scratch.path(),
         server::Transport::PlainText,
-        Limits::default(),
+        Bounds::new(Limits::default()),
     )
     .await;
     let url = format!("http://{addr}");

@@ -15,7 +15,7 @@ use gpuwarden_controller::{
         mint::{self, Ca},
         tls::{ReloadingConfig, ServerTlsFiles},
     },
-    limits::Limits,
+    limits::{Bounds, Limits},
     server::Transport,
 };
 use gpuwarden_proto::v1::{
@@ -54,7 +54,7 @@ impl TlsController {
         let addr = common::serve_in_process(
             &dir.path().join("state"),
             Transport::Tls(Arc::new(tls)),
-            Limits::default(),
+            Bounds::new(Limits::default()),
         )
         .await;
         let url = format!("https://{addr}");

@@ -8,7 +8,10 @@ mod common;
 use common::ControllerProcess as Member;
 use std::{collections::BTreeMap, time::Duration};
 
-use gpuwarden_controller::{limits::Limits, server::Transport};
+use gpuwarden_controller::{
+    limits::{Bounds, Limits},
+    server::Transport,
+};
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
 use tokio_stream::StreamExt as _;
 use tonic::transport::Channel;
@@ -29,7 +32,7 @@ async fn serve(dir: &std::path::Path) -> std::net::SocketAddr {
         client_request_burst: 100_000,
         ..Limits::default()
     };
-    let addr = common::serve_in_process(dir, Transport::PlainText, limits).await;
+    let addr = common::serve_in_process(dir, Transport::PlainText, Bounds::new(limits)).await;
     register(addr, "n1", 1).await;
     addr
 }
@@ -394,7 +397,8 @@ async fn pages_hold_every_session_once_while_sessions_come_and_go() {
         max_page_size: 40,
         ..Limits::default()
     };
-    let addr = common::serve_in_process(scratch.path(), Transport::PlainText, limits).await;
+    let addr =
+        common::serve_in_process(scratch.path(), Transport::PlainText, Bounds::new(limits)).await;
     register(addr, "n1", 1_000).await;
     let mut client = client(addr).await;
     let mut before = Vec::new();

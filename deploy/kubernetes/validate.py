@@ -26,7 +26,10 @@ schemas:
   etcd over TLS with client certificates, NetworkPolicies in front of every listening port, the
   webhook requiring client certificates and keeping kube-system out, every Secret a pod mounts
   made by a Certificate. An overlay whose directory name says `insecure` may serve plain text;
-  no other may. Kinds from outside Kubernetes (cert-manager's) are checked against vendored
+  no other may. A binary told to serve Prometheus beyond loopback (`--prometheus-listen`,
+  GPUWARDEN_PROMETHEUS_LISTEN, `prometheus_listen`) must be allowed to (`--prometheus-insecure`,
+  GPUWARDEN_PROMETHEUS_INSECURE=true, `prometheus_insecure = true`), else it refuses to start,
+  and must declare the port, so that a NetworkPolicy is required in front of it. Kinds from outside Kubernetes (cert-manager's) are checked against vendored
   schemas above; a kind with neither a bundled nor a vendored schema fails, by name.
 
 Usage: validate.py [DIR]   (default: the directory of this script)
@@ -36,6 +39,7 @@ Exits 1 naming file, document and error when anything fails; the last line is al
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import sys
 import tomllib
@@ -394,6 +398,43 @@ def flag_value(flags: list[str], name: str) -> str | None:
     return None
 
 
+def env_value(container: dict, name: str) -> str | None:
+    return next((e.get("value") for e in container.get("env") or [] if e.get("name") == name), None)
+
+
+def is_loopback(addr: str) -> bool:
+    host = addr.rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        # $(POD_IP) or a name: a pod address, beyond loopback.
+        return False
+
+
+def check_prometheus(where: str, flags: list[str], container: dict, configs: list[dict]) -> list[str]:
+    """The binaries refuse to serve their unauthenticated Prometheus endpoint beyond loopback
+    unless allowed (docs/metrics.md, "Prometheus"): a manifest that asks for it must allow it, or
+    its pods never start, and must declare the port, so check_secure requires a NetworkPolicy."""
+    listen = (flag_value(flags, "--prometheus-listen")
+              or env_value(container, "GPUWARDEN_PROMETHEUS_LISTEN")
+              or next((str(c["prometheus_listen"]) for c in configs if c.get("prometheus_listen")), None))
+    if not listen or is_loopback(listen):
+        return []
+    errors = []
+    allowed = (any(f == "--prometheus-insecure" or f == "--prometheus-insecure=true" for f in flags)
+               or has_flag(flags, "--insecure")
+               or (env_value(container, "GPUWARDEN_PROMETHEUS_INSECURE") or "").lower() == "true"
+               or any(c.get("prometheus_insecure") is True for c in configs))
+    if not allowed:
+        errors.append(f"{where}: Prometheus on {listen} beyond loopback without --prometheus-insecure "
+                      "(GPUWARDEN_PROMETHEUS_INSECURE=true): the binary refuses to start")
+    port = listen.rsplit(":", 1)[-1]
+    if not any(str(p.get("containerPort")) == port for p in container.get("ports") or []):
+        errors.append(f"{where}: the Prometheus port {port} is not among the container's ports "
+                      "(declare it, so that a NetworkPolicy must guard it)")
+    return errors
+
+
 def selects(policy: dict, labels: dict) -> bool:
     wanted = ((policy.get("spec") or {}).get("podSelector") or {}).get("matchLabels") or {}
     return all(labels.get(k) == v for k, v in wanted.items())
@@ -446,6 +487,9 @@ def check_secure(name: str, objects: list[dict]) -> list[str]:
                     errors.append(f"{where}: the webhook takes clients without a certificate (--webhook-client-ca)")
                 if has_flag(flags, "--extender-listen") and not insecure_allowed:
                     errors.append(f"{where}: --extender-listen serves plain HTTP")
+            if command in ("gpuwarden-agent", "gpuwarden-controller"):
+                configs = [tomllib.loads(t) for t in agent_configs] if command == "gpuwarden-agent" else []
+                errors += check_prometheus(where, flags, container, configs)
             if command == "gpuwarden-agent":
                 urls = [e.get("value", "") for e in container.get("env") or [] if e.get("name") == "GPUWARDEN_CONTROLLER"]
                 for text in agent_configs:

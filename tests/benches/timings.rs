@@ -14,28 +14,17 @@
 //! `cargo xtask bench timings` runs both; `cargo bench -p gpuwarden-tests --bench timings --
 //! takeover` (or `throttle`) one.
 
-// The end-to-end tests' controllers: in this process, on a runtime of their own, killed as
-// abruptly as a crash.
-#[path = "../tests/util/cluster.rs"]
-#[allow(
-    dead_code,
-    clippy::unwrap_used,
-    reason = "the bench uses the elected controller, the tests the rest; test code unwraps"
-)]
-mod cluster;
-
 use std::{
     fs,
     os::unix::fs::MetadataExt,
     time::{Duration, Instant},
 };
 
-use cluster::TestController;
-
 use gpuwarden_agent::enforcement::throttle::{
     self, ComputePolicy, CpuTimeUsage, Member, ThrottleConfig, ThrottleHandle,
 };
 use gpuwarden_controller::{api::Timing, store::StoreSpec};
+use gpuwarden_test_controller::TestController;
 use gpuwarden_test_support::{
     Etcd, TestCgroup, is_root,
     spinner::{Spinner, rates, spin_if_asked},

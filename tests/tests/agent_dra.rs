@@ -37,12 +37,12 @@ use gpuwarden_agent::dra::{
 };
 use gpuwarden_agent_api::{client, snapshot::Snapshot};
 use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use serde_json::{Value, json};
 use util::{
-    Client, Driver, TestAgent,
-    cluster::{TestController, eventually, fast_timing},
-    container_id, mknod, open_in, pin_dir, pod_uid, wait_for,
+    Client, Driver, TestAgent, cluster::eventually, container_id, mknod, open_in, pin_dir, pod_uid,
+    wait_for,
 };
 
 const DRIVER: &str = "gpu.gpuwarden.io";

@@ -8,107 +8,32 @@
 //! bytes are charged to its own container and quota, and the allocation that would cross the
 //! quota's 16 MiB gets it killed.
 
-// Test helpers fail loudly on anything unexpected.
-#![expect(
-    clippy::unwrap_used,
-    reason = "a test's helpers unwrap: a failure there is the test failing"
-)]
-
 mod util;
 
 use std::{os::unix::process::ExitStatusExt as _, path::Path, time::Duration};
 
-use gpuwarden_agent_api::snapshot::Container;
-use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
-use tempfile::TempDir;
 use util::{
-    Client, Driver, TestAgent,
-    cluster::{TestController, fast_timing},
-    container_id, memory,
+    Client, Driver, TestAgent, container_id, memory,
+    rig::{Rig, session_request},
+    used,
 };
 
 const MIB: u64 = 1 << 20;
 
-/// A controller, the fake driver and an agent registered with the controller.
-struct Rig {
-    driver: Driver,
-    ctl: TestController,
-    agent: TestAgent,
-    rt: tokio::runtime::Runtime,
-    /// The controller's and the agent's state, removed after both stopped.
-    _state: [TempDir; 2],
-}
-
+/// What the scenarios add to the rig: a container bound to a quota, and clients in it.
 impl Rig {
-    fn start(tag: &str) -> Self {
-        let driver = Driver::mount(tag);
-        let state = [scratch("ctl"), scratch("agent")];
-        let ctl = TestController::start(
-            state[0].path(),
-            SchedulerConfig::default(),
-            fast_timing(Duration::from_secs(5)),
-        );
-        let agent =
-            TestAgent::start_with(util::mock_gpu_config(&driver, ctl.url(), state[1].path()));
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let rig = Self {
-            driver,
-            ctl,
-            agent,
-            rt,
-            _state: state,
-        };
-        util::wait_for("the node to register", || {
-            rig.rt.block_on(async {
-                let mut c = rig.ctl.client().await;
-                c.list_nodes(pb::ListNodesRequest {})
-                    .await
-                    .is_ok_and(|n| n.into_inner().nodes.len() == 1)
-            })
-        });
-        rig
-    }
-
     /// A container bound to a 16 MiB GPU-memory quota with the `kill` policy.
     fn limited(&self, seed: &str) -> TestCgroup {
         let cg = docker(seed);
-        let requested = gpuwarden_controller::slots::ResourceSlot::parse_any(&[
-            "cuda.shares=0.5",
-            "cuda.mem=16m",
-        ])
-        .unwrap();
-        let session = self.rt.block_on(async {
-            let mut c = self.ctl.client().await;
-            c.create_session(pb::CreateSessionRequest {
-                requested: Some(gpuwarden_controller::api::convert::slots_to_pb(&requested)),
-                owner: "t".into(),
-                node_id: "test-node".into(),
-                target: Some(pb::Target {
-                    kind: Some(pb::target::Kind::CgroupPath(cg.path.clone())),
-                }),
-                policy: Some(pb::QuotaPolicy {
-                    memory: "kill".into(),
-                    compute: String::new(),
-                }),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-        });
-        util::wait_binding(&self.agent, &session.id, "bound");
+        let session = self.create(session_request(
+            &["cuda.shares=0.5", "cuda.mem=16m"],
+            pb::target::Kind::CgroupPath(cg.path.clone()),
+            "kill",
+        ));
+        self.wait_binding(&session.id, "bound");
         cg
-    }
-
-    fn entry(&self, cg: &TestCgroup) -> Container {
-        self.agent
-            .container(&cg.path)
-            .unwrap_or_else(|| panic!("{} not in the snapshot", cg.path))
     }
 
     fn spawn(&self, cg: &TestCgroup) -> Client {
@@ -122,12 +47,6 @@ fn docker(seed: &str) -> TestCgroup {
         "/system.slice/docker-{}.scope",
         container_id(seed)
     ))
-}
-
-fn used(c: &Container) -> u64 {
-    c.quota
-        .as_ref()
-        .map_or(0, |q| q.devices.iter().map(|d| d.used_bytes).sum())
 }
 
 /// Makes `client` issue its RM calls through `fd` (a control-node fd it obtained some way),
@@ -225,7 +144,7 @@ fn an_fd_received_over_scm_rights_charges_the_receiver() {
     sender.ok(&format!("send-fd {} {sent}", path.display()));
     let fd = receiver.value(&format!("recv-fd {socket}"), "fd");
     allocates_counted_and_limited(&rig, &cg, receiver, &fd.to_string());
-    let s = rig.agent.container(&sender_cg.path);
+    let s = rig.agent().container(&sender_cg.path);
     assert_eq!(
         s.map_or(0, |s| memory(&s, "nvidia0")),
         0,
@@ -273,7 +192,7 @@ fn seventy_thousand_dups_in_one_container_leave_the_next_counted() {
     assert!(fds.budget < 70_000, "{fds:?}");
     assert_eq!(fds.used, fds.budget, "{fds:?}");
     assert!(fds.refused > 17_500 - fds.budget, "{fds:?}");
-    assert!(rig.agent.snapshot().stats.budget_refused >= fds.refused);
+    assert!(rig.agent().snapshot().stats.budget_refused >= fds.refused);
     let cg = rig.limited("evdups");
     let b = rig.spawn(&cg);
     allocates_counted_and_limited(&rig, &cg, b, "ctl");

@@ -177,7 +177,8 @@ fn agent_metrics_match_the_snapshot_and_survive_the_receiver_going_away() {
 )]
 fn controller_metrics_match_its_api() {
     use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig};
-    use util::cluster::{TestBackend, TestController, TestNode, create, wait_nodes, wait_state};
+    use gpuwarden_test_controller::TestController;
+    use util::cluster::{TestBackend, TestNode, create, wait_nodes, wait_state};
 
     let receiver = TestReceiver::start("127.0.0.1:0");
     let timing = Timing {
@@ -278,7 +279,7 @@ fn controller_metrics_match_its_api() {
 
     // A refusal for a bound is counted by its reason.
     let oversized = gpuwarden_controller::limits::Refusal::Oversized;
-    let before = gpuwarden_controller::limits::count_of(oversized);
+    let before = ctl.bounds.refusals().count_of(oversized);
     let status = rt
         .block_on(async {
             ctl.client()

@@ -28,13 +28,10 @@ use gpuwarden_controller::{
     slots::ResourceSlot,
 };
 use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use tempfile::TempDir;
-use util::{
-    Driver, TestAgent,
-    cluster::{TestController, fast_timing},
-    container_id,
-};
+use util::{Driver, TestAgent, container_id};
 
 /// Between SIGTERM and the kill.
 const GRACE: Duration = Duration::from_secs(3);
@@ -98,8 +95,9 @@ fn assert_not_overcommitted(sessions: &[pb::Session]) {
 
 /// A controller with team quotas, the fake driver, and an agent on two mock GPUs registered.
 struct Rig {
-    ctl: TestController,
+    /// Dropped before the controller, so the agent stops first.
     agent: TestAgent,
+    ctl: TestController,
     rt: tokio::runtime::Runtime,
     _driver: Driver,
     /// The controller's and the agent's state.
@@ -136,8 +134,8 @@ impl Rig {
             .build()
             .unwrap();
         let rig = Self {
-            ctl,
             agent,
+            ctl,
             rt,
             _driver: driver,
             state,

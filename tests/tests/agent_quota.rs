@@ -12,167 +12,22 @@ mod util;
 
 use std::{
     os::unix::process::ExitStatusExt as _,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     time::Duration,
 };
 
-use gpuwarden_agent_api::{
-    Request, Response, Signalled, client,
-    snapshot::{Container, Snapshot},
-};
-use gpuwarden_controller::scheduler::SchedulerConfig;
-use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use gpuwarden_agent_api::{Request, Response, Signalled, client, snapshot::Container};
+use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
-use tempfile::TempDir;
-use tonic::transport::Channel;
 use util::{
-    Client, Driver, TestAgent,
-    cluster::{TestController, fast_timing},
-    container_id, memory, mknod, mknod_in, open_in, pin_dir,
+    Client, TestAgent, container_id, memory, mknod, mknod_in, open_in, pin_dir, rig::Rig, used,
 };
 
 const MIB: u64 = 1 << 20;
 
-/// A controller, the fake driver, and an agent registered with the controller.
-struct Rig {
-    driver: Driver,
-    ctl: TestController,
-    agent: Option<TestAgent>,
-    mock: PathBuf,
-    rt: tokio::runtime::Runtime,
-    /// The controller's and the agent's state, removed after both stopped.
-    state: [TempDir; 2],
-}
-
-impl Rig {
-    fn start(tag: &str, binding_timeout: Duration) -> Self {
-        let driver = Driver::mount(tag);
-        let state = [scratch("ctl"), scratch("agent")];
-        let ctl = TestController::start(
-            state[0].path(),
-            SchedulerConfig::default(),
-            fast_timing(Duration::from_secs(5)),
-        );
-        let mut cfg = util::mock_gpu_config(&driver, ctl.url(), state[1].path());
-        let mock = cfg.mock_devices.clone().unwrap();
-        cfg.binding_timeout = binding_timeout;
-        let agent = TestAgent::start_with(cfg);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let rig = Self {
-            driver,
-            ctl,
-            agent: Some(agent),
-            mock,
-            rt,
-            state,
-        };
-        rig.wait_for("the node to register", |r| {
-            r.rt.block_on(async {
-                let mut c = r.client().await;
-                c.list_nodes(pb::ListNodesRequest {})
-                    .await
-                    .is_ok_and(|n| n.into_inner().nodes.len() == 1)
-            })
-        });
-        rig
-    }
-
-    fn agent(&self) -> &TestAgent {
-        self.agent.as_ref().unwrap()
-    }
-
-    async fn client(&self) -> SchedulerServiceClient<Channel> {
-        self.ctl.client().await
-    }
-
-    /// Creates a session as the admin (the controller is open) and returns it at once.
-    fn create(&self, request: pb::CreateSessionRequest) -> pb::Session {
-        self.rt.block_on(async {
-            let mut c = self.client().await;
-            c.create_session(pb::CreateSessionRequest {
-                node_id: "test-node".into(),
-                owner: "t".into(),
-                ..request
-            })
-            .await
-            .unwrap()
-            .into_inner()
-        })
-    }
-
-    /// Waits until `session` failed with a reason that holds `words`.
-    fn wait_failed(&self, session: &str, words: &str) -> pb::Session {
-        self.wait_for(&format!("{session} to fail with {words:?}"), |r| {
-            let s = r.get(session);
-            s.state == pb::SessionState::Failed as i32 && s.reason.contains(words)
-        });
-        self.get(session)
-    }
-
-    /// Creates a session for `cgroup` and waits until the agent has bound it.
-    fn session(&self, slots: &[&str], target: pb::target::Kind, memory: &str) -> pb::Session {
-        let requested = gpuwarden_controller::slots::ResourceSlot::parse_any(slots).unwrap();
-        let session = self.rt.block_on(async {
-            let mut c = self.client().await;
-            c.create_session(pb::CreateSessionRequest {
-                requested: Some(gpuwarden_controller::api::convert::slots_to_pb(&requested)),
-                owner: "t".into(),
-                node_id: "test-node".into(),
-                target: Some(pb::Target { kind: Some(target) }),
-                policy: Some(pb::QuotaPolicy {
-                    memory: memory.into(),
-                    compute: String::new(),
-                }),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-        });
-        self.wait_for("the session to run", |r| {
-            r.get(&session.id).state == pb::SessionState::Running as i32
-        });
-        self.get(&session.id)
-    }
-
-    fn get(&self, id: &str) -> pb::Session {
-        self.rt.block_on(async {
-            let mut c = self.client().await;
-            c.get_session(pb::GetSessionRequest { id: id.into() })
-                .await
-                .unwrap()
-                .into_inner()
-        })
-    }
-
-    /// Waits until the snapshot shows `session` in `state`.
-    fn wait_binding(&self, session: &str, state: &str) -> Snapshot {
-        util::wait_binding(self.agent(), session, state)
-    }
-
-    fn wait_for(&self, what: &str, mut check: impl FnMut(&Self) -> bool) {
-        util::wait_for(what, || check(self));
-    }
-}
-
 fn cgroup_target(cg: &TestCgroup) -> pb::target::Kind {
     pb::target::Kind::CgroupPath(cg.path.clone())
-}
-
-fn entry(agent: &TestAgent, cg: &TestCgroup) -> Container {
-    agent
-        .container(&cg.path)
-        .unwrap_or_else(|| panic!("{} not in the snapshot", cg.path))
-}
-
-fn used(c: &Container) -> u64 {
-    c.quota
-        .as_ref()
-        .map_or(0, |q| q.devices.iter().map(|d| d.used_bytes).sum())
 }
 
 fn actions(c: &Container) -> u64 {
@@ -193,7 +48,7 @@ fn gpu0(client: &mut Client) -> (u64, u64) {
 #[ignore = "needs root"]
 fn crossing_the_memory_limit_kills_and_the_container_recovers() {
     require_root();
-    let rig = Rig::start("qkill", Duration::from_mins(1));
+    let rig = Rig::start("qkill");
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("k")));
     let session = rig.session(
         &["cuda.shares=0.5", "cuda.mem=16m"],
@@ -207,7 +62,7 @@ fn crossing_the_memory_limit_kills_and_the_container_recovers() {
     let (h, dev) = gpu0(&mut a);
     a.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
     a.ok(&format!("alloc {h:#x} {dev:#x} 8m"));
-    let c = entry(rig.agent(), &cg);
+    let c = rig.entry(&cg);
     assert_eq!(c.session_id.as_deref(), Some(session.id.as_str()));
     let quota = c.quota.as_ref().unwrap();
     assert_eq!(
@@ -227,7 +82,7 @@ fn crossing_the_memory_limit_kills_and_the_container_recovers() {
             .container(&cg.path)
             .is_some_and(|c| c.events.iter().any(|e| e.action == "kill"))
     });
-    let c = entry(rig.agent(), &cg);
+    let c = rig.entry(&cg);
     let kill = c.events.iter().find(|e| e.action == "kill").unwrap();
     assert_eq!(
         (kill.requested_bytes, kill.used_bytes, kill.limit_bytes),
@@ -242,7 +97,7 @@ fn crossing_the_memory_limit_kills_and_the_container_recovers() {
     let mut b = Client::spawn(&rig.driver.dir, Some(&cg));
     let (h, dev) = gpu0(&mut b);
     b.ok(&format!("alloc {h:#x} {dev:#x} 16m"));
-    let c = entry(rig.agent(), &cg);
+    let c = rig.entry(&cg);
     assert_eq!(used(&c), 16 * MIB);
     assert_eq!(actions(&c), 1, "an allocation up to the limit was acted on");
 
@@ -259,7 +114,7 @@ fn crossing_the_memory_limit_kills_and_the_container_recovers() {
 #[ignore = "needs root"]
 fn the_stop_policy_stops_and_a_request_resumes() {
     require_root();
-    let rig = Rig::start("qstop", Duration::from_mins(1));
+    let rig = Rig::start("qstop");
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("s")));
     let session = rig.session(
         &["cuda.shares=0.5", "cuda.mem=16m"],
@@ -312,10 +167,10 @@ fn the_stop_policy_stops_and_a_request_resumes() {
     );
     // Stop does not refuse: once resumed, the driver's answer arrives.
     let second = gpuwarden_tests::gpu_client::reply_value(&a.reply(), "handle").unwrap();
-    assert_eq!(used(&entry(rig.agent(), &cg)), 20 * MIB);
+    assert_eq!(used(&rig.entry(&cg)), 20 * MIB);
     a.ok(&format!("free {h:#x} {dev:#x} {second:#x}"));
     a.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
-    let c = entry(rig.agent(), &cg);
+    let c = rig.entry(&cg);
     assert_eq!(used(&c), 16 * MIB);
     assert_eq!(actions(&c), 1);
     assert!(c.events.iter().any(|e| e.action == "resume"));
@@ -338,7 +193,7 @@ fn the_stop_policy_stops_and_a_request_resumes() {
 #[ignore = "needs root"]
 fn only_the_allocated_gpu_node_opens() {
     require_root();
-    let rig = Rig::start("qdev", Duration::from_mins(1));
+    let rig = Rig::start("qdev");
     let scratch = scratch("nodes");
     let nodes = scratch.path();
     for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
@@ -399,7 +254,7 @@ fn only_the_allocated_gpu_node_opens() {
 #[ignore = "needs root"]
 fn a_quota_without_its_cgroup_expires_and_bad_quotas_are_refused() {
     require_root();
-    let rig = Rig::start("qexp", Duration::from_secs(1));
+    let rig = Rig::start_with_binding_timeout("qexp", Duration::from_secs(1));
     let never = format!("/system.slice/docker-{}.scope", container_id("never-there"));
     let session = rig.session(
         &["cuda.shares=0.5"],
@@ -447,7 +302,7 @@ fn a_quota_without_its_cgroup_expires_and_bad_quotas_are_refused() {
 #[ignore = "needs root"]
 fn the_agent_refuses_the_root_overlaps_and_slices_without_an_admins_word() {
     require_root();
-    let rig = Rig::start("qconf", Duration::from_mins(1));
+    let rig = Rig::start("qconf");
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("o")));
     let first = rig.session(&["cuda.shares=0.25"], cgroup_target(&cg), "kill");
     rig.wait_binding(&first.id, "bound");
@@ -497,7 +352,7 @@ fn the_agent_refuses_the_root_overlaps_and_slices_without_an_admins_word() {
 )]
 fn enforcement_outlives_a_killed_agent() {
     require_root();
-    let mut rig = Rig::start("qrst", Duration::from_mins(1));
+    let mut rig = Rig::start("qrst");
     // This test runs the agent as its own process, so it can be killed for real.
     drop(rig.agent.take());
     let scratch = scratch("agentp");
@@ -612,7 +467,7 @@ fn agent_process(rig: &Rig, state: &Path) -> AgentProcess {
 #[ignore = "needs root"]
 fn a_restarted_agent_removes_enforcement_it_no_longer_holds() {
     require_root();
-    let mut rig = Rig::start("qswp", Duration::from_mins(1));
+    let mut rig = Rig::start("qswp");
     drop(rig.agent.take());
     let scratch = scratch("agents");
     let state = scratch.path();
@@ -654,7 +509,7 @@ fn a_restarted_agent_removes_enforcement_it_no_longer_holds() {
 #[ignore = "needs root"]
 fn gpuwarden_run_executes_inside_the_bound_cgroup() {
     require_root();
-    let rig = Rig::start("qrun", Duration::from_mins(1));
+    let rig = Rig::start("qrun");
     let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden-under-test"))
         .arg("--controller")
         .arg(rig.ctl.url())
@@ -699,7 +554,7 @@ fn gpuwarden_run_executes_inside_the_bound_cgroup() {
 #[ignore = "needs root"]
 fn a_compute_share_throttles_the_bound_cgroup() {
     require_root();
-    let rig = Rig::start("qthr", Duration::from_mins(1));
+    let rig = Rig::start("qthr");
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("t")));
     let session = rig.session(&["cuda.shares=0.3"], cgroup_target(&cg), "");
     rig.wait_binding(&session.id, "bound");
@@ -716,7 +571,7 @@ fn a_compute_share_throttles_the_bound_cgroup() {
     // throttle acted on this cgroup through the binding (however busy the machine is).
     let mut c = None;
     rig.wait_for("the throttle to hold the cgroup frozen 600 ms", |r| {
-        let now = entry(r.agent(), &cg);
+        let now = r.entry(&cg);
         let held = now
             .enforcement
             .as_ref()
@@ -759,7 +614,7 @@ fn a_compute_share_throttles_the_bound_cgroup() {
 #[ignore = "needs root"]
 fn a_quota_binds_when_its_container_appears_and_lets_go_when_it_goes() {
     require_root();
-    let rig = Rig::start("qlate", Duration::from_mins(1));
+    let rig = Rig::start("qlate");
     let id = container_id("late");
     let path = format!("/system.slice/docker-{id}.scope");
     let session = rig.session(
@@ -783,7 +638,7 @@ fn a_quota_binds_when_its_container_appears_and_lets_go_when_it_goes() {
     a.ok(&format!("alloc {h:#x} {dev:#x} 6m"));
     // Over the limit, reported only: the allocation goes through.
     a.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
-    let c = entry(rig.agent(), &cg);
+    let c = rig.entry(&cg);
     assert_eq!(used(&c), 10 * MIB);
     let report = c.events.iter().find(|e| e.action == "report").unwrap();
     assert_eq!(
@@ -814,7 +669,7 @@ fn a_quota_binds_when_its_container_appears_and_lets_go_when_it_goes() {
 #[ignore = "needs root"]
 fn a_late_agent_still_enforces_the_memory_limit() {
     require_root();
-    let mut rig = Rig::start("qlate", Duration::from_mins(1));
+    let mut rig = Rig::start("qlate");
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("l")));
     let session = rig.session(
         &["cuda.shares=0.5", "cuda.mem=16m"],
@@ -831,12 +686,12 @@ fn a_late_agent_still_enforces_the_memory_limit() {
     rig.wait_binding(&session.id, "bound");
 
     a.ok(&format!("alloc {h:#x} {dev:#x} 8m"));
-    let c = entry(rig.agent(), &cg);
+    let c = rig.entry(&cg);
     assert_eq!(memory(&c, "nvidia0"), 8 * MIB);
     assert_eq!(used(&c), 8 * MIB, "charged to the quota");
     a.send_only(&format!("alloc {h:#x} {dev:#x} 12m"));
     assert_eq!(a.wait().signal(), Some(libc::SIGKILL));
-    let c = entry(rig.agent(), &cg);
+    let c = rig.entry(&cg);
     assert_eq!(actions(&c), 1);
     assert_eq!(used(&c), 0, "the killed process's bytes are released");
 }

@@ -7,10 +7,10 @@ use std::{sync::atomic::Ordering, time::Duration};
 
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, SessionState};
+use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::scratch;
 use util::cluster::{
-    TestBackend, TestController, TestNode, alloc_map, create, eventually, fast_timing, state_of,
-    wait_nodes, wait_state,
+    TestBackend, TestNode, alloc_map, create, eventually, state_of, wait_nodes, wait_state,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,14 +8,12 @@ use std::time::{Duration, Instant};
 
 use gpuwarden_controller::store::StoreSpec;
 use gpuwarden_proto::v1::{self as pb, SessionState};
+use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{
     Etcd,
     wait::{self, PATIENCE},
 };
-use util::cluster::{
-    TestBackend, TestController, TestNode, alloc_map, create, eventually, fast_timing, wait_nodes,
-    wait_state,
-};
+use util::cluster::{TestBackend, TestNode, alloc_map, create, eventually, wait_nodes, wait_state};
 
 const TTL: Duration = Duration::from_secs(2);
 

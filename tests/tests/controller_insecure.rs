@@ -6,7 +6,12 @@ mod util;
 
 use std::time::Duration;
 
-use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
+use gpuwarden_controller::{
+    api::Timing,
+    limits::{Bounds, Limits},
+    scheduler::SchedulerConfig,
+    server,
+};
 use gpuwarden_test_support::scratch;
 use util::otlp::{TestReceiver, points};
 use util::wait_for;
@@ -25,6 +30,8 @@ fn insecure_serving_is_exported_as_a_metric() {
             .latest("gpuwarden.controller.insecure")
             .and_then(|m| points(&m).first().map(|p| p.1))
     };
+    // One set of bounds for the metrics and the server, as the app makes.
+    let bounds = Bounds::new(Limits::default());
     // The metrics' callbacks hold the controller: both kept to the end of the test.
     let (controller, _metrics) = rt.block_on(async {
         let controller = server::open(
@@ -36,6 +43,7 @@ fn insecure_serving_is_exported_as_a_metric() {
         .unwrap();
         let metrics = gpuwarden_controller::metrics::start(
             &controller,
+            &bounds,
             &gpuwarden_runtime::otlp::Exporters {
                 otlp: Some(format!("http://{}", receiver.addr)),
                 interval: Some(Duration::from_millis(300)),
@@ -48,10 +56,11 @@ fn insecure_serving_is_exported_as_a_metric() {
     wait_for("the gauge at 0 before serving", || value() == Some(0.0));
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
-        tokio::spawn(server::serve_with(
+        tokio::spawn(server::serve_bounded(
             std::sync::Arc::clone(&controller),
             listener,
             server::Transport::Insecure,
+            bounds,
             None,
             std::future::pending(),
         ));

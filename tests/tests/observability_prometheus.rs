@@ -4,7 +4,9 @@
 //! A controller and an agent (mock GPUs, the fake driver, real cgroups and eBPF) serve their
 //! metrics on loopback; a Prometheus started here scrapes both every second and evaluates
 //! `deploy/observability/alerts.yaml`. The test asks Prometheus' HTTP API for the series, their
-//! labels and values (compared with the agent's snapshot and the session asked for), runs every
+//! labels and values (compared with the agent's snapshot and the session asked for), checks that
+//! `gpuwarden session show` gives the session's entitled share and the usage its agent reported,
+//! runs every
 //! panel query of `deploy/observability/dashboard.json` and every alert expression there, then
 //! stops the controller and sees the two alerts that should fire fire. `promtool` checks the
 //! rule file and runs its unit tests, and the `PrometheusRule` manifest is held to the same
@@ -30,12 +32,10 @@ use std::{
 
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_runtime::otlp::Exporters;
+use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{require_root, scratch, wait::until as wait_for};
 use serde_json::Value;
-use util::{
-    Driver, TestAgent,
-    cluster::{TestController, fast_timing},
-};
+use util::{Driver, TestAgent};
 
 const MIB: u64 = 1 << 20;
 
@@ -573,6 +573,24 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
         "gpuwarden_session_compute_achieved_ratio{session_selector}"
     ));
     assert!((0.0..0.2).contains(&achieved), "{achieved}");
+    // `session show`: the entitlement the metric gives, and what the agent reported: the
+    // memory its client holds, a GPU time share like the metric's.
+    let mut shown = Value::Null;
+    wait_for(
+        "the client's 64 MiB in session show",
+        Duration::from_secs(30),
+        || {
+            shown = cli(&["session", "show", &session]);
+            shown["share"]["achieved"]["last_memory_bytes"] == 64 * MIB
+        },
+    );
+    let share = &shown["share"];
+    let shown_entitled = share["entitled_compute"].as_f64().unwrap();
+    assert!((shown_entitled - entitled).abs() < 1e-9, "{share}");
+    assert_eq!(share["entitled_memory_bytes"], 1_u64 << 30, "{share}");
+    assert!(share["samples"].as_u64().unwrap() >= 1, "{share}");
+    let shown_achieved = share["achieved"]["mean"].as_f64().unwrap();
+    assert!((0.0..0.2).contains(&shown_achieved), "{share}");
     prometheus.one("gpuwarden_limits_refused_total{gpuwarden_limits_reason=\"oversized\"}");
 
     // Every panel of the dashboard has data, and its template variables have values.

@@ -21,12 +21,10 @@ use std::{
 };
 
 use gpuwarden_controller::scheduler::SchedulerConfig;
+use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{require_root, scratch, wait::until as wait_for};
 use tempfile::TempDir;
-use util::{
-    Driver, TestAgent,
-    cluster::{TestController, fast_timing},
-};
+use util::{Driver, TestAgent};
 
 /// The agent's usage report interval here (5 s by default).
 const REPORT_INTERVAL: Duration = Duration::from_millis(200);

@@ -30,16 +30,11 @@ use std::{
 };
 
 use gpuwarden_agent_api::snapshot::{Container, Snapshot};
-use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_support::{require_root, scratch};
 use serde_json::{Value, json};
 use tempfile::TempDir;
-use util::{
-    Client, Driver, TestAgent,
-    cluster::{TestController, fast_timing},
-    container_id, mknod, pod_uid,
-};
+use util::{Client, container_id, mknod, pod_uid, rig::Rig};
 
 const MIB: u64 = 1 << 20;
 
@@ -99,7 +94,12 @@ fn scenario(engine: &Engine, (runtime, pod): (&str, &str), cgroup_path: impl Fn(
     let id = container_id(engine.name());
     let path = cgroup_path(&id);
 
-    let session = rig.session(&id);
+    // Half a GPU and 16 MiB, `kill` past the limit, for the container to come.
+    let session = rig.session(
+        &["cuda.shares=0.5", "cuda.mem=16m"],
+        pb::target::Kind::ContainerId(id.clone()),
+        "kill",
+    );
     rig.wait_binding(&session.id, "pending");
     let mine = session.devices[0].index;
     let other = 1 - mine;
@@ -151,7 +151,7 @@ fn scenario(engine: &Engine, (runtime, pod): (&str, &str), cgroup_path: impl Fn(
     let h = client.value("client", "client");
     let dev = client.value(&format!("device {h:#x} {mine}"), "handle");
     client.ok(&format!("alloc {h:#x} {dev:#x} 12m"));
-    let c = entry(&rig.agent.snapshot(), &path);
+    let c = entry(&rig.agent().snapshot(), &path);
     assert_eq!(
         (
             c.container_id.as_deref(),
@@ -190,7 +190,8 @@ fn scenario(engine: &Engine, (runtime, pod): (&str, &str), cgroup_path: impl Fn(
     let mut kill = None;
     rig.wait_for("the controller to list the kill", |r| {
         kill = r
-            .events(&session.id)
+            .get(&session.id)
+            .events
             .into_iter()
             .find(|e| e.action == "kill");
         kill.is_some()
@@ -212,7 +213,8 @@ fn scenario(engine: &Engine, (runtime, pod): (&str, &str), cgroup_path: impl Fn(
     rig.wait_binding(&session.id, "pending");
     assert!(!Path::new(&format!("/sys/fs/cgroup/unified{path}")).exists());
     rig.wait_for("the controller to list the unbinding", |r| {
-        r.events(&session.id)
+        r.get(&session.id)
+            .events
             .iter()
             .any(|e| e.action == "unbound" && e.container == path)
     });
@@ -252,116 +254,6 @@ fn installed(program: &str) -> PathBuf {
         .unwrap_or_else(|| {
             panic!("{program} is not installed: `cargo xtask setup` installs it (runc, containerd)")
         })
-}
-
-/// The fake driver with two GPUs, a controller, and an agent watching the driver's nodes.
-struct Rig {
-    driver: Driver,
-    // Dropped before the controller, so the agent stops first.
-    agent: TestAgent,
-    ctl: TestController,
-    rt: tokio::runtime::Runtime,
-    _state: [TempDir; 2],
-}
-
-impl Rig {
-    fn start(tag: &str) -> Self {
-        let driver = Driver::mount(tag);
-        let state = [scratch("ctl"), scratch("agent")];
-        let ctl = TestController::start(
-            state[0].path(),
-            SchedulerConfig::default(),
-            fast_timing(Duration::from_secs(5)),
-        );
-        let mut cfg = util::mock_gpu_config(&driver, ctl.url(), state[1].path());
-        cfg.binding_timeout = Duration::from_mins(1);
-        let agent = TestAgent::start_with(cfg);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let rig = Self {
-            driver,
-            agent,
-            ctl,
-            rt,
-            _state: state,
-        };
-        rig.wait_for("the node to register", |r| {
-            r.rt.block_on(async {
-                let mut c = r.ctl.client().await;
-                c.list_nodes(pb::ListNodesRequest {})
-                    .await
-                    .is_ok_and(|n| n.into_inner().nodes.len() == 1)
-            })
-        });
-        rig
-    }
-
-    /// A session of half a GPU and 16 MiB, `kill` past the limit, for container `id`.
-    fn session(&self, id: &str) -> pb::Session {
-        let requested = gpuwarden_controller::slots::ResourceSlot::parse_any(&[
-            "cuda.shares=0.5",
-            "cuda.mem=16m",
-        ])
-        .unwrap();
-        self.rt.block_on(async {
-            let mut c = self.ctl.client().await;
-            let created = c
-                .create_session(pb::CreateSessionRequest {
-                    requested: Some(gpuwarden_controller::api::convert::slots_to_pb(&requested)),
-                    owner: "t".into(),
-                    node_id: "test-node".into(),
-                    target: Some(pb::Target {
-                        kind: Some(pb::target::Kind::ContainerId(id.to_owned())),
-                    }),
-                    policy: Some(pb::QuotaPolicy {
-                        memory: "kill".into(),
-                        compute: String::new(),
-                    }),
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            loop {
-                let s = c
-                    .get_session(pb::GetSessionRequest {
-                        id: created.id.clone(),
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner();
-                if s.state == pb::SessionState::Running as i32 {
-                    return s;
-                }
-                assert!(Instant::now() < deadline, "the session never ran: {s:?}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-    }
-
-    /// The session's enforcement events, as the controller lists them.
-    fn events(&self, session: &str) -> Vec<pb::EnforcementEvent> {
-        self.rt.block_on(async {
-            let mut c = self.ctl.client().await;
-            c.get_session(pb::GetSessionRequest { id: session.into() })
-                .await
-                .unwrap()
-                .into_inner()
-                .events
-        })
-    }
-
-    /// Waits until the snapshot shows `session` in `state`.
-    fn wait_binding(&self, session: &str, state: &str) -> Snapshot {
-        util::wait_binding(&self.agent, session, state)
-    }
-
-    fn wait_for(&self, what: &str, mut check: impl FnMut(&Self) -> bool) {
-        util::wait_for(what, || check(self));
-    }
 }
 
 /// An OCI bundle: a root file system of the client and its libraries, and the runtime's default

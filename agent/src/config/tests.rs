@@ -226,6 +226,7 @@ fn the_prometheus_endpoint_is_off_unless_asked_for() {
         Some(&path),
         Overrides {
             prometheus_listen: Some("0.0.0.0:9100".parse().unwrap()),
+            prometheus_insecure: Some(true),
             ..Overrides::default()
         },
     )
@@ -234,4 +235,39 @@ fn the_prometheus_endpoint_is_off_unless_asked_for() {
         flag.prometheus_listen,
         Some("0.0.0.0:9100".parse().unwrap())
     );
+}
+
+#[test]
+fn the_prometheus_endpoint_beyond_loopback_is_refused_unless_allowed() {
+    let beyond = |file: &str, flag: Option<bool>| {
+        let (_dir, path) = write("prometheus-remote", file);
+        AgentConfig::load(
+            Some(&path),
+            Overrides {
+                prometheus_insecure: flag,
+                ..Overrides::default()
+            },
+        )
+    };
+    let err = beyond("prometheus_listen = \"0.0.0.0:9464\"\n", None)
+        .expect_err("a wildcard address is refused");
+    let message = err.to_string();
+    assert!(message.contains("0.0.0.0:9464"), "{message}");
+    assert!(message.contains("--prometheus-insecure"), "{message}");
+    assert!(
+        beyond("prometheus_listen = \"10.1.2.3:9464\"\n", Some(false)).is_err(),
+        "an explicit false refuses too"
+    );
+    // Allowed by the flag or by the file's key; loopback needs neither.
+    let by_flag = beyond("prometheus_listen = \"0.0.0.0:9464\"\n", Some(true)).unwrap();
+    assert_eq!(
+        by_flag.prometheus_listen,
+        Some("0.0.0.0:9464".parse().unwrap())
+    );
+    beyond(
+        "prometheus_listen = \"10.1.2.3:9464\"\nprometheus_insecure = true\n",
+        None,
+    )
+    .unwrap();
+    beyond("prometheus_listen = \"[::1]:9464\"\n", None).unwrap();
 }

@@ -22,7 +22,7 @@
 //!
 //! Reading the usage source and the maps is cheap next to the interval, but the source is read
 //! more often than reports are sent: NVML keeps its samples for a short time and
-//! [`crate::devices::nvml::NvmlUsage`] reads them as they come, so it is polled at least every
+//! [`crate::enforcement::throttle::sampled::SampledSource`] on NVML reads them as they come, so it is polled at least every
 //! [`MAX_POLL`] to keep integrating (with the CPU-time stand-in the extra reads are harmless).
 
 use std::{

@@ -122,9 +122,7 @@ pub async fn run_until(
     let holdings = Holdings::open(&config.state_dir.join("store"))?;
     // NVML's device utilization apportioned by process activity on real GPUs; the CPU-time
     // stand-in with mock devices.
-    let usage = backend
-        .usage_source(attributor.root())
-        .unwrap_or_else(|| Box::new(throttle::CpuTimeUsage));
+    let usage = throttle::usage_for(backend.as_ref(), attributor.root());
     // The usage reports measure with a source of their own (sources keep per-reader state).
     let usage_reports = config
         .usage_report_interval

@@ -146,10 +146,7 @@ pub(super) fn metrics(
 /// NVML's device utilization apportioned by process activity on real GPUs, the CPU-time
 /// stand-in with mock devices.
 pub(super) fn reporter(backend: &dyn GpuBackend, attributor: &Attributor) -> Reporter {
-    let source = backend
-        .usage_source(attributor.root())
-        .unwrap_or_else(|| Box::new(throttle::CpuTimeUsage));
-    Reporter::new(source)
+    Reporter::new(throttle::usage_for(backend, attributor.root()))
 }
 
 /// The sensor's readers as a task, with the GPU device nodes scanned once.

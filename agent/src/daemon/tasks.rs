@@ -61,7 +61,11 @@ pub(super) async fn upkeep(
         tokio::select! {
             _ = publish.tick(), if published.is_some() => {
                 let mut snapshot = sources.snapshot().await;
-                share_watch.observe(&mut snapshot, std::time::Instant::now());
+                // A raised flag is also an event for the controller (`share_deviation`).
+                for raised in share_watch.observe(&mut snapshot, std::time::Instant::now()) {
+                    let reason = raised.reason();
+                    enforcer.share_deviation(raised.session_id, raised.cgroup_path, reason);
+                }
                 if let Some(p) = &published {
                     *p.locked() = Some(snapshot);
                 }

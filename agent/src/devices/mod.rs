@@ -8,10 +8,13 @@
 pub mod health;
 pub mod mock;
 pub mod nvml;
+pub mod samples;
 
 use std::path::Path;
 
 use serde::Serialize;
+
+use self::samples::SampleDriver;
 
 /// A GPU (or MIG instance).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -65,12 +68,11 @@ pub trait GpuBackend: Send + Sync {
         None
     }
 
-    /// The compute-share throttle's usage signal for these GPUs, where the backend measures one;
-    /// `None` falls back to the CPU-time stand-in.
-    fn usage_source(
-        &self,
-        _cgroup_root: &std::path::Path,
-    ) -> Option<Box<dyn crate::enforcement::throttle::UsageSource>> {
+    /// The driver's own utilization samples for these GPUs, which the compute-share throttle
+    /// turns into its usage signal; `None` where the backend has none (mock devices: the
+    /// throttle falls back to its CPU-time stand-in). Processes' cgroups are read under
+    /// `cgroup_root`.
+    fn sample_driver(&self, _cgroup_root: &std::path::Path) -> Option<Box<dyn SampleDriver>> {
         None
     }
 

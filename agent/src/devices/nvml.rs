@@ -23,13 +23,10 @@ use nvml_wrapper::{
     error::NvmlError,
 };
 
+use super::samples::{DeviceSample, DriverError, ProcessSample, SampleDriver};
 use super::{
     GpuBackend, GpuDevice, ProcessMemory,
     health::{self, GpuHealth, HealthState, Xid},
-};
-use crate::enforcement::throttle::{
-    UsageSource,
-    sampled::{DeviceSample, DriverError, ProcessSample, SampleDriver, SampledSource},
 };
 
 /// GPUs NVML lists.
@@ -266,20 +263,20 @@ impl GpuBackend for NvmlBackend {
             .collect()
     }
 
-    fn usage_source(&self, cgroup_root: &Path) -> Option<Box<dyn UsageSource>> {
-        Some(Box::new(NvmlUsage::new(NvmlSamples {
+    fn sample_driver(&self, cgroup_root: &Path) -> Option<Box<dyn SampleDriver>> {
+        Some(Box::new(NvmlSamples {
             nvml: Arc::clone(&self.nvml),
             nvml_index: self.nvml_index.clone(),
             cgroup_root: cgroup_root.to_owned(),
             device_clock: None,
             process_clock: None,
-        })))
+        }))
     }
 }
 
-/// NVML as the throttle's [`SampleDriver`]: each GPU's device utilization samples and its
-/// per-process SM utilization samples (see [`crate::enforcement::throttle::sampled`] for how they
-/// become each cgroup's busy time).
+/// NVML as a [`SampleDriver`]: each GPU's device utilization samples and its per-process SM
+/// utilization samples (the throttle's `sampled` usage turns them into each cgroup's busy time:
+/// each GPU's busy time apportioned among the processes active in each sample period).
 pub struct NvmlSamples {
     nvml: Arc<Nvml>,
     nvml_index: HashMap<u32, u32>,
@@ -289,11 +286,6 @@ pub struct NvmlSamples {
     /// The clock of the process samples' timestamps, once one was seen.
     process_clock: Option<SampleClock>,
 }
-
-/// The throttle's usage signal on real GPUs: each GPU's busy time from NVML's device utilization
-/// samples, apportioned among the processes NVML reports active in each sample period by their
-/// SM utilization, and summed per cgroup.
-pub type NvmlUsage = SampledSource<NvmlSamples>;
 
 impl NvmlSamples {
     fn device(&self, gpu: u32) -> Result<nvml_wrapper::Device<'_>, DriverError> {

@@ -860,6 +860,25 @@ impl Enforcer {
         })
     }
 
+    /// Records a deviation the share watch raised on one of `session`'s containers and sends
+    /// it up as a `share_deviation` event: a report, nothing is done to the workload. A session
+    /// this node holds no quota for is ignored (it was released meanwhile).
+    pub(crate) fn share_deviation(&mut self, session: &str, cgroup_path: String, reason: String) {
+        if !self.bindings.contains_key(session) {
+            return;
+        }
+        let action = gpuwarden_types::event::Action::ShareDeviation;
+        self.record(
+            session,
+            action.as_str(),
+            reason,
+            cgroup_path,
+            0,
+            None,
+            (0, 0, 0),
+        );
+    }
+
     /// Compares NVML's per-process memory with each bound quota's limits and acts, by the
     /// quota's policy, on workloads the decoder let past their limit (once per crossing).
     pub(crate) fn cross_check(&mut self, samples: &[ProcessMemory]) {

@@ -41,6 +41,11 @@ pub enum QuotaCommand {
 enum Message {
     KernelEvent(Box<Event>),
     CrossCheck(Vec<ProcessMemory>),
+    ShareDeviation {
+        session: String,
+        cgroup_path: String,
+        reason: String,
+    },
     Signal {
         pid: u32,
         resume: bool,
@@ -73,6 +78,15 @@ impl EnforcerHandle {
     /// Compares NVML's per-process memory with the bound quotas.
     pub(crate) fn cross_check(&self, samples: Vec<ProcessMemory>) {
         let _ = self.tx.send(Message::CrossCheck(samples));
+    }
+
+    /// Reports a share deviation on one of `session`'s containers (a `share_deviation` event).
+    pub(crate) fn share_deviation(&self, session: String, cgroup_path: String, reason: String) {
+        let _ = self.tx.send(Message::ShareDeviation {
+            session,
+            cgroup_path,
+            reason,
+        });
     }
 
     /// Resumes (SIGCONT) or kills (SIGKILL) a process of a bound workload.
@@ -154,6 +168,11 @@ fn handle(enforcer: &mut Enforcer, message: Message, tier: MemoryTier) {
     match message {
         Message::KernelEvent(event) => enforcer.on_kernel_event(&event, tier),
         Message::CrossCheck(samples) => enforcer.cross_check(&samples),
+        Message::ShareDeviation {
+            session,
+            cgroup_path,
+            reason,
+        } => enforcer.share_deviation(&session, cgroup_path, reason),
         Message::Signal { pid, resume, reply } => {
             let _ = reply.send(enforcer.signal(pid, resume));
         }

@@ -119,7 +119,7 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "gpuwarden.container.compute.deviation",
         "{flag}",
         "container attributes, gpuwarden.compute.policy, gpuwarden.share.deviation",
-        "1 while a container's smoothed achieved share has been `below_entitled` (it runs, yet gets under half its share) or `above_hard_share` (over 1.2 × its hard share + 0.05) for 5 minutes, else 0; each raised flag is also a warning in the agent's log",
+        "1 while a container's smoothed achieved share has been `below_entitled` (it runs, yet gets under half its share) or `above_hard_share` (over 1.2 × its hard share + 0.05) for 5 minutes, else 0; each raised flag is also a warning in the agent's log and, for a session's container, a `share_deviation` event to the controller",
     ),
     (
         "gpuwarden.container.gpu.errors",

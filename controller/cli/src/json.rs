@@ -13,7 +13,12 @@
 //!   `predicted_utilization`, `terms` (`name`, `value`, `weight`, `contribution`)), `origin`
 //!   (`controller`, or `dra` for a Kubernetes claim its node's agent prepared), `kubernetes`
 //!   (null unless `dra`: `namespace`, `claim_name`, `claim_uid`, `pod_name`, `pod_uid`),
-//!   `revision` (of its latest change; see docs/architecture.md, "Watching sessions");
+//!   `revision` (of its latest change; see docs/architecture.md, "Watching sessions"),
+//!   `share` (null from a controller that doesn't report it, else `entitled_compute` (its share
+//!   of each GPU, averaged over its GPUs), `entitled_memory_bytes`, `samples` (usage reports
+//!   received), `achieved` (null when no usage was reported yet, else `mean` and
+//!   `window_samples`: the GPU time share over the newest reports, `last`, `last_memory_bytes`,
+//!   `peak_memory_bytes`); see docs/metrics.md, "Achieved against entitled");
 //! - profile: `class`, `runs`, `samples`, `deciles` (utilization at the 5th … 95th
 //!   percentiles), `mean`, `peak_memory_bytes`, `mean_ioctls_per_sec`, `updated_at_ms`;
 //! - node: `id`, `hostname`, `state`, `capacity`, `allocated`, `devices` (`index`, `uuid`,
@@ -21,7 +26,9 @@
 //!   offered to Kubernetes, the same keys), `hooks`, `last_heartbeat_ms`; `node show` adds
 //!   `allocation_map` (`index`, `uuid`, `capacity_shares`, `allocated_shares`, `memory_bytes`,
 //!   `allocated_memory_bytes`, `sessions`, `kubernetes`: offered to Kubernetes);
-//! - slot type: `name`, `kind` (`count`, `bytes`, `unique`).
+//! - slot type: `name`, `kind` (`count`, `bytes`, `unique`);
+//! - queue: `name`, `guaranteed`, `limit` (null: no limit), `held`, `borrowed` (each slot →
+//!   exact decimal string, bytes as whole numbers), `members`.
 
 use std::collections::BTreeMap;
 
@@ -55,6 +62,45 @@ pub struct Session {
     kubernetes: Option<KubernetesClaim>,
     /// The revision of its latest change (resume a watch after it).
     revision: u64,
+    /// Its entitled share next to what its agent measured it getting.
+    share: Option<Share>,
+}
+
+/// A session's entitled share and the achieved one.
+#[derive(Debug, Serialize)]
+pub struct Share {
+    entitled_compute: f64,
+    entitled_memory_bytes: u64,
+    samples: u64,
+    /// `None`: no usage reported yet.
+    achieved: Option<Achieved>,
+}
+
+/// What a session's agent measured it getting.
+#[derive(Debug, Serialize)]
+pub struct Achieved {
+    mean: f64,
+    window_samples: u32,
+    last: f64,
+    last_memory_bytes: u64,
+    peak_memory_bytes: u64,
+}
+
+impl From<&pb::SessionShare> for Share {
+    fn from(s: &pb::SessionShare) -> Self {
+        Self {
+            entitled_compute: s.entitled_compute,
+            entitled_memory_bytes: s.entitled_memory_bytes,
+            samples: s.samples,
+            achieved: (s.samples > 0).then_some(Achieved {
+                mean: s.achieved_mean,
+                window_samples: s.window_samples,
+                last: s.achieved_last,
+                last_memory_bytes: s.last_memory_bytes,
+                peak_memory_bytes: s.peak_memory_bytes,
+            }),
+        }
+    }
 }
 
 /// The Kubernetes claim and pod a `dra` session stands for.
@@ -234,6 +280,7 @@ impl From<&pb::Session> for Session {
                 pod_uid: k.pod_uid.clone(),
             }),
             revision: s.revision,
+            share: s.share.as_ref().map(Share::from),
         }
     }
 }
@@ -361,6 +408,30 @@ impl From<&pb::SlotType> for SlotType {
         Self {
             name: t.name.clone(),
             kind: kind(t.kind),
+        }
+    }
+}
+
+/// A team queue.
+#[derive(Debug, Serialize)]
+pub struct Queue {
+    name: String,
+    guaranteed: BTreeMap<String, String>,
+    limit: Option<BTreeMap<String, String>>,
+    held: BTreeMap<String, String>,
+    borrowed: BTreeMap<String, String>,
+    members: Vec<String>,
+}
+
+impl From<&pb::Queue> for Queue {
+    fn from(q: &pb::Queue) -> Self {
+        Self {
+            name: q.name.clone(),
+            guaranteed: slots(q.guaranteed.as_ref()),
+            limit: q.limit.as_ref().map(|l| slots(Some(l))),
+            held: slots(q.held.as_ref()),
+            borrowed: slots(q.borrowed.as_ref()),
+            members: q.members.clone(),
         }
     }
 }

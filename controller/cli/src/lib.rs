@@ -1,5 +1,6 @@
-//! The `gpuwarden` command line: sessions, nodes, slot types and profiles over the controller's
-//! gRPC API, and `gpuwarden run` to run a command inside a session's quota on this node.
+//! The `gpuwarden` command line: sessions, nodes, slot types, profiles and team queues over the
+//! controller's gRPC API, and `gpuwarden run` to run a command inside a session's quota on this
+//! node.
 //!
 //! A crate of its own on the shared domain (`gpuwarden-types`: the slot parser, the placement
 //! modes, policies and targets) and the wire (`gpuwarden-proto` and its conversions): it links
@@ -14,6 +15,7 @@
 
 pub mod follow;
 pub mod json;
+pub mod queue;
 pub mod render;
 pub mod run;
 pub mod wire;
@@ -144,6 +146,9 @@ enum Command {
     /// Workload profiles learned from finished sessions.
     #[command(subcommand)]
     Profile(ProfileCommand),
+    /// Team queues: guarantees, limits, members; what each holds and borrows.
+    #[command(subcommand)]
+    Queue(queue::QueueCommand),
     /// Run a command inside a new session's quota on this node, e.g.
     /// `gpuwarden run -r cuda.shares=0.5 -r cuda.mem=4g -- python train.py`.
     Run(run::RunArgs),
@@ -480,6 +485,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         _ => None,
     };
+    let queue = match &command {
+        Command::Queue(q) => queue::parse(q)?,
+        _ => None,
+    };
     let mut client = connect(&cli.controller).await?;
     match command {
         Command::Session(SessionCommand::Create {
@@ -641,6 +650,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 print!("{}", render::profile(&p));
             }
         }
+        Command::Queue(command) => queue::run(&mut client, command, queue, cli.json).await?,
         // Handled above, before connecting.
         Command::Run(_) => {}
     }

@@ -109,6 +109,9 @@ pub fn session(s: &pb::Session) -> String {
     if let Some(p) = &s.policy {
         let _ = writeln!(out, "policy:    memory={} compute={}", p.memory, p.compute);
     }
+    if let Some(share) = &s.share {
+        share_lines(&mut out, share);
+    }
     if !s.events.is_empty() {
         let _ = writeln!(out, "events:");
         let _ = writeln!(
@@ -138,6 +141,31 @@ pub fn session(s: &pb::Session) -> String {
         }
     }
     out
+}
+
+/// The `entitled:` and `achieved:` lines: its share of each GPU against the GPU time its agent
+/// measured it getting.
+fn share_lines(out: &mut String, share: &pb::SessionShare) {
+    let _ = writeln!(
+        out,
+        "entitled:  compute {:.3} of each GPU, memory {} bytes",
+        share.entitled_compute, share.entitled_memory_bytes
+    );
+    if share.samples == 0 {
+        let _ = writeln!(out, "achieved:  no usage reported yet");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "achieved:  compute {:.3} mean of the last {} reports, {:.3} at the last; memory {} \
+         bytes at the last (peak {}); {} reports in all",
+        share.achieved_mean,
+        share.window_samples,
+        share.achieved_last,
+        share.last_memory_bytes,
+        share.peak_memory_bytes,
+        share.samples
+    );
 }
 
 /// Why a session went where it went: each candidate with its terms, best first.
@@ -410,9 +438,97 @@ pub fn slot_types(list: &[pb::SlotType]) -> String {
     out
 }
 
+/// Slots in their exact spelling (`cuda.mem=200g,cuda.shares=4.5`); `-` for none. A value this
+/// build can't read is shown as the wire has it.
+fn exact(s: Option<&pb::ResourceSlot>) -> String {
+    match convert::slots_from_pb(s) {
+        Ok(parsed) if parsed.is_zero() => "-".to_owned(),
+        Ok(parsed) => parsed.to_string(),
+        Err(_) => slots(s),
+    }
+}
+
+/// Team queues as a table: guarantee, limit (`-`: none), what each holds and borrows now (in
+/// the slots it governs), and its members.
+#[must_use]
+pub fn queues(list: &[pb::Queue]) -> String {
+    let mut out = format!(
+        "{:<16} {:<32} {:<32} {:<24} {:<24} {}\n",
+        "NAME", "GUARANTEED", "LIMIT", "HELD", "BORROWED", "MEMBERS"
+    );
+    for q in list {
+        let _ = writeln!(
+            out,
+            "{:<16} {:<32} {:<32} {:<24} {:<24} {}",
+            q.name,
+            exact(q.guaranteed.as_ref()),
+            exact(q.limit.as_ref()),
+            exact(q.held.as_ref()),
+            exact(q.borrowed.as_ref()),
+            q.members.join(",")
+        );
+    }
+    out
+}
+
+/// One team queue in detail.
+#[must_use]
+pub fn queue(q: &pb::Queue) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "name:       {}", q.name);
+    let _ = writeln!(out, "guaranteed: {}", exact(q.guaranteed.as_ref()));
+    let limit = if q.limit.is_some() {
+        exact(q.limit.as_ref())
+    } else {
+        "none".to_owned()
+    };
+    let _ = writeln!(out, "limit:      {limit}");
+    let _ = writeln!(out, "held:       {}", exact(q.held.as_ref()));
+    let _ = writeln!(out, "borrowed:   {}", exact(q.borrowed.as_ref()));
+    let _ = writeln!(out, "members:    {}", q.members.join(", "));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_shows_its_entitled_and_achieved_share() {
+        let mut s = pb::Session {
+            id: "s-1".into(),
+            share: Some(pb::SessionShare {
+                entitled_compute: 0.5,
+                entitled_memory_bytes: 1 << 30,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let text = session(&s);
+        assert!(
+            text.contains("entitled:  compute 0.500 of each GPU, memory 1073741824 bytes"),
+            "{text}"
+        );
+        assert!(text.contains("achieved:  no usage reported yet"), "{text}");
+        s.share = Some(pb::SessionShare {
+            entitled_compute: 0.5,
+            entitled_memory_bytes: 1 << 30,
+            samples: 30,
+            achieved_mean: 0.4125,
+            window_samples: 12,
+            achieved_last: 0.375,
+            last_memory_bytes: 2048,
+            peak_memory_bytes: 4096,
+        });
+        let text = session(&s);
+        assert!(
+            text.contains(
+                "achieved:  compute 0.412 mean of the last 12 reports, 0.375 at the last; \
+                 memory 2048 bytes at the last (peak 4096); 30 reports in all"
+            ),
+            "{text}"
+        );
+    }
 
     #[test]
     fn a_session_shows_its_target_policy_and_events() {
@@ -592,5 +708,41 @@ mod tests {
         assert_eq!(bar(0.8, 10), "████████░░");
         assert_eq!(bar(0.0, 10), "░░░░░░░░░░");
         assert_eq!(bar(1.5, 4), "████");
+    }
+
+    #[test]
+    fn a_queue_shows_exact_values_with_units_for_bytes() {
+        let wire = |pairs: &[(&str, &str)]| {
+            Some(pb::ResourceSlot {
+                values: pairs
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            })
+        };
+        let q = pb::Queue {
+            name: "team-a".into(),
+            guaranteed: wire(&[("cuda.shares", "4.5"), ("cuda.mem", "214748364800")]),
+            limit: None,
+            members: vec!["alice".into(), "bob".into()],
+            held: wire(&[("cuda.shares", "0.3")]),
+            borrowed: wire(&[]),
+        };
+        let shown = queue(&q);
+        assert_eq!(
+            shown,
+            "name:       team-a\n\
+             guaranteed: cuda.mem=200g,cuda.shares=4.5\n\
+             limit:      none\n\
+             held:       cuda.shares=0.3\n\
+             borrowed:   -\n\
+             members:    alice, bob\n"
+        );
+        let table = queues(&[q]);
+        let row = table.lines().nth(1).unwrap_or_default();
+        assert!(
+            row.starts_with("team-a           cuda.mem=200g,cuda.shares=4.5    -   "),
+            "{row}"
+        );
     }
 }

@@ -10,26 +10,28 @@ use std::{
     time::Duration,
 };
 
-use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
+use gpuwarden_controller::{api::Timing, store::StoreSpec};
 use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_controller::TestController;
 use gpuwarden_test_support::{
     Etcd, node,
     wait::{self, PATIENCE},
 };
 
-/// A controller on `store`, campaigning; returns its URL.
-fn start_elected(rt: &tokio::runtime::Runtime, store: &str) -> String {
-    let spec = store.parse().expect("a store spec");
-    let addr = rt
-        .block_on(server::spawn_elected(
-            &spec,
-            SchedulerConfig::default(),
-            Timing::default(),
-            Duration::from_secs(2),
-            std::future::pending(),
-        ))
-        .expect("serves");
-    format!("http://{addr}")
+/// The lease of the controllers here: a killed leader's office lapses this long after.
+const TTL: Duration = Duration::from_secs(2);
+
+/// A controller campaigning on `store`, on a runtime of its own: [`TestController::kill`] stops
+/// it at once, open streams and all, as a crash would (its lease then lapses).
+fn start_elected(store: &str) -> TestController {
+    let spec: StoreSpec = store.parse().expect("a store spec");
+    TestController::start_elected(&spec, Timing::default(), TTL)
+}
+
+/// Waits until `controller` leads: the CLI's `slot ls` through it succeeds.
+fn until_leading(controller: &TestController) {
+    let url = controller.url();
+    wait::until(&format!("{url} to lead"), PATIENCE, || slot_ls(&url).0);
 }
 
 fn slot_ls(controllers: &str) -> (bool, String) {
@@ -56,12 +58,11 @@ fn the_cli_asks_the_leader_whichever_controller_it_is_given() {
         .enable_all()
         .build()
         .expect("runtime");
-    let leader = start_elected(&rt, &store);
+    let first = start_elected(&store);
     // The first to start leads: wait until it does, then start a standby.
-    wait::until("the first controller to lead", PATIENCE, || {
-        slot_ls(&leader).0
-    });
-    let standby = start_elected(&rt, &store);
+    until_leading(&first);
+    let second = start_elected(&store);
+    let (leader, standby) = (first.url(), second.url());
     // Only the leader knows this slot type: seeing it proves whom the CLI asked.
     rt.block_on(node::register(
         &leader,
@@ -89,69 +90,6 @@ fn the_cli_asks_the_leader_whichever_controller_it_is_given() {
             ok && said.contains("tpu.cores"),
             "--controller {given}: {said}"
         );
-    }
-}
-
-/// A controller campaigning on `store` on a runtime of its own, so that [`Killable::kill`] can
-/// stop it at once, open streams and all, as a crash would (its lease then lapses).
-struct Killable {
-    url: String,
-    stop: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Killable {
-    fn start(store: &str) -> Self {
-        let spec: gpuwarden_controller::store::StoreSpec = store.parse().expect("a store spec");
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            let addr = rt
-                .block_on(server::spawn_elected(
-                    &spec,
-                    SchedulerConfig::default(),
-                    Timing::default(),
-                    Duration::from_secs(2),
-                    std::future::pending(),
-                ))
-                .expect("serves");
-            addr_tx.send(addr).expect("told");
-            let _ = stopped.recv();
-            rt.shutdown_background();
-        });
-        let addr = addr_rx.recv().expect("an address");
-        Self {
-            url: format!("http://{addr}"),
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-
-    /// Waits until it leads.
-    fn until_leading(&self) {
-        wait::until(&format!("{} to lead", self.url), PATIENCE, || {
-            slot_ls(&self.url).0
-        });
-    }
-}
-
-impl Drop for Killable {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
@@ -201,11 +139,12 @@ fn session_watch_follows_the_leader_through_a_failover_and_misses_no_change() {
         .enable_all()
         .build()
         .expect("runtime");
-    let mut a = Killable::start(&store);
-    a.until_leading();
-    let b = Killable::start(&store);
-    register(&rt, &a.url);
-    let both = format!("{},{}", a.url, b.url);
+    let a = start_elected(&store);
+    until_leading(&a);
+    let b = start_elected(&store);
+    let (a_url, b_url) = (a.url(), b.url());
+    register(&rt, &a_url);
+    let both = format!("{a_url},{b_url}");
 
     let mut watch = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
         .args(["--controller", &both, "--json", "session", "watch"])
@@ -254,19 +193,19 @@ fn session_watch_follows_the_leader_through_a_failover_and_misses_no_change() {
         .trim()
         .to_owned()
     };
-    let first: Vec<String> = (0..5).map(|i| create(&a.url, &format!("a-{i}"))).collect();
-    caught_up(&a.url);
+    let first: Vec<String> = (0..5).map(|i| create(&a_url, &format!("a-{i}"))).collect();
+    caught_up(&a_url);
 
     a.kill();
-    b.until_leading();
-    register(&rt, &b.url);
+    until_leading(&b);
+    register(&rt, &b_url);
     for id in &first[..3] {
-        gpuwarden(&b.url, &["session", "rm", id]);
+        gpuwarden(&b_url, &["session", "rm", id]);
     }
     for i in 0..5 {
-        create(&b.url, &format!("b-{i}"));
+        create(&b_url, &format!("b-{i}"));
     }
-    let truth = caught_up(&b.url);
+    let truth = caught_up(&b_url);
     assert_eq!(truth.len(), 10);
     // Ended by request (or failed first: their node's agent never connected).
     for id in &first[..3] {

@@ -19,7 +19,7 @@ use std::{
 
 use gpuwarden_controller::{
     api::{Controller, Timing},
-    limits::Limits,
+    limits::{Bounds, Limits},
     scheduler::{Scheduler, SchedulerConfig},
     server::{self, Transport},
     store::{Store, StoreSpec},
@@ -219,7 +219,7 @@ async fn run(store: Store, label: &'static str, grouped: bool, size: Size) -> Ro
         Arc::clone(&controller),
         listener,
         Transport::PlainText,
-        limits,
+        Bounds::new(limits),
         None,
         std::future::pending(),
     ));
@@ -375,6 +375,7 @@ fn elected(store: &StoreSpec) -> (tokio::runtime::Runtime, String) {
             SchedulerConfig::default(),
             Timing::default(),
             TTL,
+            Bounds::new(Limits::default()),
             std::future::pending(),
         ))
         .expect("serves");

@@ -12,7 +12,7 @@ use std::{
 
 use gpuwarden_controller::{
     api::{Controller, Timing},
-    limits::Limits,
+    limits::{Bounds, Limits},
     node::NodeReport,
     placement::Placement,
     scheduler::{NewSession, Scheduler, SchedulerConfig},
@@ -162,7 +162,7 @@ async fn heartbeats(agents: usize, seconds: u64) -> (f64, u64) {
         Arc::clone(&controller),
         listener,
         server::Transport::PlainText,
-        limits,
+        Bounds::new(limits),
         None,
         std::future::pending(),
     ));

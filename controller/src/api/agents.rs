@@ -15,7 +15,7 @@ use super::convert;
 use crate::{
     auth::identity::Peer,
     controller::{Controller, Pending, store_status},
-    limits::{self, Bounds, Bucket, LimitError, Refusal},
+    limits::{Bounds, Bucket, LimitError, Refusal},
     store::StoreError,
 };
 
@@ -36,7 +36,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::RegisterResponse>, Status> {
         let peer = Peer::of(&request)?;
         let info = request.into_inner();
-        self.bounds.limits.node(&info)?;
+        self.bounds.counted(self.bounds.limits.node(&info))?;
         peer.speaks_for(&info.node_id)?;
         let report = convert::report_from_pb(&info)?;
         let node_id = report.node_id.clone();
@@ -48,7 +48,7 @@ impl AgentService for AgentApi {
             .filter_map(|o| match convert::observed_from_pb(o) {
                 Ok(o) => Some(o),
                 Err(e) => {
-                    limits::count(Refusal::ForeignSession);
+                    self.bounds.count(Refusal::ForeignSession);
                     tracing::warn!(node = %node_id, session = %o.session_id, "observed session left out: {}", e.message());
                     None
                 }
@@ -61,7 +61,7 @@ impl AgentService for AgentApi {
             .map_err(|e| store_status(&e))?
             .map_err(|e| Status::failed_precondition(e.to_string()))?;
         for e in refused {
-            limits::count(Refusal::ForeignSession);
+            self.bounds.count(Refusal::ForeignSession);
             tracing::warn!(node = %node_id, "observed session left out: {e}");
         }
         tracing::info!(
@@ -94,7 +94,8 @@ impl AgentService for AgentApi {
         let first = inbound.next().await.ok_or_else(|| {
             Status::invalid_argument("the stream closed before its first heartbeat")
         })??;
-        self.bounds.limits.agent_message(&first)?;
+        self.bounds
+            .counted(self.bounds.limits.agent_message(&first))?;
         let Some(Msg::Heartbeat(hb)) = first.msg else {
             return Err(Status::invalid_argument(
                 "the first message on the stream must be a heartbeat",
@@ -152,7 +153,7 @@ impl AgentService for AgentApi {
                     Some(Msg::Event(_) | Msg::Usage(_) | Msg::Heartbeat(_))
                 );
                 if droppable && !bucket.take() {
-                    limits::count(Refusal::FloodDropped);
+                    bounds.count(Refusal::FloodDropped);
                     dropped.0 += 1;
                     let now = tokio::time::Instant::now();
                     if dropped
@@ -175,16 +176,15 @@ impl AgentService for AgentApi {
                 };
                 if let Some(e) = refused {
                     tracing::warn!(%node, "closing the agent stream: {e}");
+                    let status = bounds.refuse(&e);
                     if let Some(tx) = closer.upgrade() {
-                        let _ = tx.try_send(Err(Status::from(e)));
-                    } else {
-                        limits::count(e.reason());
+                        let _ = tx.try_send(Err(status));
                     }
                     break;
                 }
                 // Neither changes what a scheduling pass could do.
                 let quiet = matches!(message.msg, Some(Msg::Heartbeat(_) | Msg::Usage(_)));
-                match change(&controller, &node, message.msg) {
+                match change(&controller, &bounds, &node, message.msg) {
                     // Not awaited here: the next message is applied while this one commits.
                     Ok(Some(pending)) => unsettled = Some(Box::pin(pending.durable())),
                     Ok(None) => {}
@@ -208,9 +208,11 @@ impl AgentService for AgentApi {
 /// A change's wait for durability, held while the stream reads on.
 type Settling = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
 
-/// Applies one message of `node`'s stream to the scheduler, queueing what it changed.
+/// Applies one message of `node`'s stream to the scheduler, queueing what it changed; what it
+/// drops is counted in `bounds`.
 fn change(
     controller: &Controller,
+    bounds: &Bounds,
     node: &str,
     message: Option<Msg>,
 ) -> Result<Option<Pending>, StoreError> {
@@ -233,7 +235,7 @@ fn change(
             if recorded {
                 tracing::info!(%node, session = %e.session_id, action = %e.action, container = %e.container, pid = e.pid, device = e.device, "enforcement: {}", e.reason);
             } else {
-                limits::count(Refusal::ForeignSession);
+                bounds.count(Refusal::ForeignSession);
                 // A session ended and forgotten, or a confused agent: not worth an error.
                 tracing::warn!(%node, session = %e.session_id, action = %e.action, "enforcement event for a session not on this node, dropped: {}", e.reason);
             }
@@ -244,7 +246,7 @@ fn change(
             let (recorded, pending) =
                 controller.change(|s| s.record_usage(node, &u.session_id, sample))?;
             if !recorded {
-                limits::count(Refusal::ForeignSession);
+                bounds.count(Refusal::ForeignSession);
                 tracing::debug!(%node, session = %u.session_id, "usage for a session not running on this node, dropped");
             }
             pending
@@ -262,7 +264,7 @@ fn change(
             let observed = match convert::observed_from_pb(&o) {
                 Ok(observed) => observed,
                 Err(e) => {
-                    limits::count(Refusal::ForeignSession);
+                    bounds.count(Refusal::ForeignSession);
                     tracing::warn!(%node, session = %o.session_id, "observed session dropped: {}", e.message());
                     return Ok(None);
                 }
@@ -274,7 +276,7 @@ fn change(
                     tracing::info!(%node, session = %o.session_id, claim = %format!("{}/{}", claim.namespace, claim.claim_name), pod = %claim.pod_name, "observed session");
                 }
                 Err(e) => {
-                    limits::count(Refusal::ForeignSession);
+                    bounds.count(Refusal::ForeignSession);
                     tracing::warn!(%node, "observed session dropped: {e}");
                 }
             }

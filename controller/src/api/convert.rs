@@ -281,6 +281,31 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
         kubernetes: s.origin.claim().map(claim_to_pb),
         revision: s.revision,
         no_preempt: s.no_preempt,
+        share: Some(share_to_pb(s)),
+    }
+}
+
+/// A session's entitled share (from its allocation) next to what its agent reported it got.
+fn share_to_pb(s: &Session) -> pb::SessionShare {
+    let parts = &s.allocation.parts;
+    // The agent's utilization is each GPU's fraction averaged over the session's GPUs: the
+    // entitlement is averaged the same way so the two compare.
+    let entitled_compute = if parts.is_empty() {
+        0.0
+    } else {
+        parts.iter().map(|p| p.shares.as_f64()).sum::<f64>() / parts.len() as f64
+    };
+    let (achieved_mean, window) = s.usage.recent_mean().unwrap_or((0.0, 0));
+    let last = s.usage.last.unwrap_or_default();
+    pb::SessionShare {
+        entitled_compute,
+        entitled_memory_bytes: parts.iter().map(|p| p.memory_bytes).sum(),
+        samples: s.usage.samples,
+        achieved_mean,
+        window_samples: u32::try_from(window).unwrap_or(u32::MAX),
+        achieved_last: last.utilization,
+        last_memory_bytes: last.memory_bytes,
+        peak_memory_bytes: s.usage.peak_memory_bytes,
     }
 }
 

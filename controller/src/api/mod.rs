@@ -1,11 +1,12 @@
 //! The gRPC API: the services over the [`Controller`] core ([`crate::controller`]).
 //!
-//! The services are thin: [`SchedulerApi`] for clients, [`AgentApi`] for agents. Watchers read
+//! The services are thin: [`SchedulerApi`] for clients (sessions, nodes, team queues), [`AgentApi`] for agents. Watchers read
 //! the [`SessionLog`], where every change to a session is numbered by a revision; a standby's
 //! calls are turned away by the [`StandbyGate`].
 
 mod agents;
 pub mod convert;
+mod queues;
 pub mod role;
 mod sessions;
 

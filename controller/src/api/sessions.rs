@@ -10,7 +10,7 @@ use gpuwarden_proto::v1::{self as pb, scheduler_service_server::SchedulerService
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
-use super::convert;
+use super::{convert, queues};
 use crate::{
     auth::clients::{Caller, ClientAuth},
     controller::{
@@ -35,9 +35,10 @@ pub struct SchedulerApi {
 
 impl SchedulerApi {
     /// Who sent `request`, once it is known and within its rate.
-    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+    pub(super) fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
         let caller = self.clients.caller(request)?;
-        self.bounds.admit_call(&self.counted_as(&caller, request))?;
+        self.bounds
+            .counted(self.bounds.admit_call(&self.counted_as(&caller, request)))?;
         Ok(caller)
     }
 
@@ -124,7 +125,7 @@ impl SchedulerService for SchedulerApi {
         let caller = self.caller(&request)?;
         let mut r = request.into_inner();
         let limits = &self.bounds.limits;
-        limits.create(&r)?;
+        self.bounds.counted(limits.create(&r))?;
         let owner = caller.owner_for_create(std::mem::take(&mut r.owner))?;
         let unconfined = r.unconfined_target;
         let mut new = convert::new_session_from_pb(self.controller.new_session_id(), owner, r)?;
@@ -144,7 +145,8 @@ impl SchedulerService for SchedulerApi {
             .apply(|s| {
                 // Under the scheduler's lock, so a storm of creates stops at exactly the cap.
                 let (mine, total) = s.live_sessions(&new.owner);
-                limits.admit_session(&new.owner, mine, total)?;
+                self.bounds
+                    .counted(limits.admit_session(&new.owner, mine, total))?;
                 s.create(new).map_err(|e| request_status(&e))
             })
             .await
@@ -159,7 +161,7 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Session>, Status> {
         let caller = self.caller(&request)?;
         let id = request.into_inner().id;
-        self.bounds.limits.id("id", &id)?;
+        self.bounds.counted(self.bounds.limits.id("id", &id))?;
         let session = self
             .controller
             .read(|s| s.sessions().get(&id).map(convert::session_to_pb));
@@ -176,7 +178,7 @@ impl SchedulerService for SchedulerApi {
         let caller = self.caller(&request)?;
         let r = request.into_inner();
         let limits = &self.bounds.limits;
-        limits.owner("owner", &r.owner)?;
+        self.bounds.counted(limits.owner("owner", &r.owner))?;
         let owner = caller.owner_filter(r.owner)?;
         let token = PageToken::parse(&r.page_token, limits.max_id_len)?;
         let size = match usize::try_from(r.page_size) {
@@ -218,7 +220,7 @@ impl SchedulerService for SchedulerApi {
         let log = Arc::clone(self.controller.session_log());
         let start = log.start(since).map_err(|e| watch_status(&e))?;
         // The stream's task owns the guard: its place is freed when the client goes away.
-        let guard = self.bounds.open_watch(&counted_as)?;
+        let guard = self.bounds.counted(self.bounds.open_watch(&counted_as))?;
         let role = self.controller.role().clone();
         let rx = watch::stream(
             log,
@@ -247,7 +249,7 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Session>, Status> {
         let caller = self.caller(&request)?;
         let id = request.into_inner().id;
-        self.bounds.limits.id("id", &id)?;
+        self.bounds.counted(self.bounds.limits.id("id", &id))?;
         // An owner and an origin never change, so checking before the change is enough; a
         // user learns nothing of an id that is not its own, not even whether it exists.
         let found = self.controller.read(|s| {
@@ -297,7 +299,7 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Node>, Status> {
         self.caller(&request)?;
         let id = request.into_inner().node_id;
-        self.bounds.limits.id("node_id", &id)?;
+        self.bounds.counted(self.bounds.limits.id("node_id", &id))?;
         self.controller
             .read(|s| s.nodes().get(&id).map(convert::node_to_pb))
             .map(Response::new)
@@ -310,7 +312,7 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::GetAllocationMapResponse>, Status> {
         let caller = self.caller(&request)?;
         let id = request.into_inner().node_id;
-        self.bounds.limits.id("node_id", &id)?;
+        self.bounds.counted(self.bounds.limits.id("node_id", &id))?;
         let nodes: Vec<pb::NodeAllocationMap> = self.controller.read(|s| {
             s.nodes()
                 .iter()
@@ -386,7 +388,8 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::Profile>, Status> {
         let caller = self.caller(&request)?;
         let class = request.into_inner().class;
-        self.bounds.limits.name("class", &class)?;
+        self.bounds
+            .counted(self.bounds.limits.name("class", &class))?;
         // A user reads the profile its own sessions of that class are filed under.
         let class = self.controller.read(|s| {
             s.config()
@@ -400,5 +403,33 @@ impl SchedulerService for SchedulerApi {
                     "no profile for class {class:?}: no session of it has finished yet"
                 ))
             })
+    }
+
+    async fn list_queues(
+        &self,
+        request: Request<pb::ListQueuesRequest>,
+    ) -> Result<Response<pb::ListQueuesResponse>, Status> {
+        queues::list(self, &request)
+    }
+
+    async fn get_queue(
+        &self,
+        request: Request<pb::GetQueueRequest>,
+    ) -> Result<Response<pb::Queue>, Status> {
+        queues::get(self, request)
+    }
+
+    async fn set_queue(
+        &self,
+        request: Request<pb::SetQueueRequest>,
+    ) -> Result<Response<pb::Queue>, Status> {
+        queues::set(self, request).await
+    }
+
+    async fn delete_queue(
+        &self,
+        request: Request<pb::DeleteQueueRequest>,
+    ) -> Result<Response<pb::Queue>, Status> {
+        queues::delete(self, request).await
     }
 }

@@ -103,6 +103,14 @@ pub enum ClientError {
         /// What it tried ("end", "see", "create").
         action: &'static str,
     },
+    /// A user calling what only an admin may.
+    #[error("user {caller:?} may not {action}: only an admin may")]
+    AdminOnly {
+        /// The user.
+        caller: String,
+        /// What it tried ("set queue team-a").
+        action: String,
+    },
 }
 
 impl ClientError {
@@ -119,6 +127,7 @@ impl ClientError {
             }
             Self::NodeCertificate { .. } => DenialReason::NodeAsClient,
             Self::OtherOwner { .. } | Self::NotYours { .. } => DenialReason::OtherOwner,
+            Self::AdminOnly { .. } => DenialReason::AdminOnly,
         }
     }
 
@@ -127,9 +136,10 @@ impl ClientError {
     #[must_use]
     pub fn to_status(&self) -> Status {
         match self {
-            Self::NodeCertificate { .. } | Self::OtherOwner { .. } | Self::NotYours { .. } => {
-                Status::permission_denied(self.to_string())
-            }
+            Self::NodeCertificate { .. }
+            | Self::OtherOwner { .. }
+            | Self::NotYours { .. }
+            | Self::AdminOnly { .. } => Status::permission_denied(self.to_string()),
             _ => Status::unauthenticated(self.to_string()),
         }
     }
@@ -380,6 +390,24 @@ impl Caller {
                 },
                 &self.name,
             )),
+        }
+    }
+
+    /// Whether the caller may `action` (`set queue team-a`), which only an admin may.
+    ///
+    /// # Errors
+    /// `PERMISSION_DENIED` (counted) for a user.
+    pub fn must_be_admin(&self, action: impl FnOnce() -> String) -> Result<(), Status> {
+        if self.is_admin() {
+            Ok(())
+        } else {
+            Err(refuse(
+                &ClientError::AdminOnly {
+                    caller: self.name.clone(),
+                    action: action(),
+                },
+                &self.name,
+            ))
         }
     }
 

@@ -34,11 +34,13 @@ pub enum DenialReason {
     OtherOwner,
     /// A session's target or memory policy outside what its owner was granted.
     TargetNotGranted,
+    /// A user calling what only an admin may (changing team queues).
+    AdminOnly,
 }
 
 impl DenialReason {
     /// Every reason, in the order of the counters.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::NoClientCertificate,
         Self::NoNodeIdentity,
         Self::NodeMismatch,
@@ -49,6 +51,7 @@ impl DenialReason {
         Self::NodeAsClient,
         Self::OtherOwner,
         Self::TargetNotGranted,
+        Self::AdminOnly,
     ];
 
     /// The value of the `gpuwarden.auth.reason` attribute.
@@ -65,6 +68,7 @@ impl DenialReason {
             Self::NodeAsClient => "node_as_client",
             Self::OtherOwner => "other_owner",
             Self::TargetNotGranted => "target_not_granted",
+            Self::AdminOnly => "admin_only",
         }
     }
 

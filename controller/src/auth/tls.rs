@@ -36,6 +36,8 @@ use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::transport::server::Connected;
 
+use crate::limits::{Bounds, Refusal};
+
 use super::{
     denials::{self, DenialReason},
     followed::Stamp,
@@ -226,10 +228,12 @@ impl<IO: Connected> Connected for Held<IO> {
 }
 
 /// The next connection on `listener` with a permit of `permits`; one over the cap is closed at
-/// once and counted (`gpuwarden.limits.refused{reason=cap}`). `None` once `closed` completes.
+/// once and counted in `bounds` (`gpuwarden.limits.refused{reason=cap}`). `None` once `closed`
+/// completes.
 async fn accept_held(
     listener: &TcpListener,
     permits: &Arc<Semaphore>,
+    bounds: &Bounds,
     closed: impl std::future::Future<Output = ()>,
 ) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
     tokio::pin!(closed);
@@ -250,19 +254,23 @@ async fn accept_held(
         if let Ok(permit) = Arc::clone(permits).try_acquire_owned() {
             return Some((tcp, addr, permit));
         }
-        crate::limits::count(crate::limits::Refusal::Cap);
+        bounds.count(Refusal::Cap);
         tracing::debug!(%addr, "connection refused: the listener holds its cap");
     }
 }
 
-/// The listener's plain-text connections, each holding one of `permits` while open.
+/// The listener's plain-text connections, each holding one of `permits` while open; those
+/// refused at the cap are counted in `bounds`.
 pub fn incoming_plain(
     listener: TcpListener,
     permits: Arc<Semaphore>,
+    bounds: Arc<Bounds>,
 ) -> impl Stream<Item = io::Result<Held<TcpStream>>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        while let Some((tcp, _, permit)) = accept_held(&listener, &permits, tx.closed()).await {
+        while let Some((tcp, _, permit)) =
+            accept_held(&listener, &permits, &bounds, tx.closed()).await
+        {
             if tx
                 .send(Ok(Held {
                     io: tcp,
@@ -281,23 +289,27 @@ pub fn incoming_plain(
 /// How many connections a TLS listener holds, by stage: in their handshake, and established
 /// with or without a client certificate. Anonymous peers (clients with tokens, probes, anyone)
 /// can fill only their own pools, so connections that present a certificate (agents, clients
-/// with certificates) always find room past the handshake.
+/// with certificates) always find room past the handshake. A connection refused at a cap is
+/// counted in the server's [`Bounds`].
 #[derive(Clone)]
 pub struct ConnectionCaps {
     handshakes: Arc<Semaphore>,
     certified: Arc<Semaphore>,
     anonymous: Arc<Semaphore>,
+    bounds: Arc<Bounds>,
 }
 
 impl ConnectionCaps {
     /// At most `handshakes` connections in their handshake, `certified` established with a
-    /// client certificate and `anonymous` established without one.
+    /// client certificate and `anonymous` established without one; refusals counted in
+    /// `bounds`.
     #[must_use]
-    pub fn new(handshakes: usize, certified: usize, anonymous: usize) -> Self {
+    pub fn new(handshakes: usize, certified: usize, anonymous: usize, bounds: Arc<Bounds>) -> Self {
         Self {
             handshakes: Arc::new(Semaphore::new(handshakes)),
             certified: Arc::new(Semaphore::new(certified)),
             anonymous: Arc::new(Semaphore::new(anonymous)),
+            bounds,
         }
     }
 
@@ -311,7 +323,7 @@ impl ConnectionCaps {
         };
         let permit = Arc::clone(pool).try_acquire_owned().ok();
         if permit.is_none() {
-            crate::limits::count(crate::limits::Refusal::Cap);
+            self.bounds.count(Refusal::Cap);
             tracing::debug!(
                 %addr,
                 certified,
@@ -336,7 +348,7 @@ pub fn incoming(
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         while let Some((tcp, addr, handshake)) =
-            accept_held(&listener, &caps.handshakes, tx.closed()).await
+            accept_held(&listener, &caps.handshakes, &caps.bounds, tx.closed()).await
         {
             let tls = Arc::clone(&tls);
             let tx = tx.clone();
@@ -388,6 +400,8 @@ fn handshake_failed(addr: SocketAddr, e: &io::Error) {
 #[cfg(test)]
 mod tests {
     use tokio_stream::StreamExt as _;
+
+    use crate::limits::Limits;
 
     use super::*;
 
@@ -443,7 +457,11 @@ mod tests {
         let tls = Arc::new(ReloadingConfig::load(ServerTlsFiles::minted(dir.path())).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut accepted = Box::pin(incoming(listener, tls, ConnectionCaps::new(8, 2, 1)));
+        let mut accepted = Box::pin(incoming(
+            listener,
+            tls,
+            ConnectionCaps::new(8, 2, 1, Bounds::new(Limits::default())),
+        ));
 
         let first = connect(addr, dir.path(), None).await.unwrap();
         let held = accepted.next().await.unwrap().unwrap();

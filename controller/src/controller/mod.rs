@@ -223,6 +223,9 @@ impl Controller {
             if changes.slot_types {
                 writes.push(Write::registry(scheduler.registry())?);
             }
+            if changes.quotas {
+                writes.push(Write::quotas(&scheduler.config().quotas)?);
+            }
             // Usage series: written, not announced.
             for id in changes.usage.difference(&changes.sessions) {
                 if let Some(s) = scheduler.sessions().get(id) {

@@ -59,6 +59,7 @@ use super::{
 use crate::{
     auth::{followed::Stamp, tls::TlsSetupError},
     controller::Controller,
+    limits::{self, Refusal},
 };
 
 /// Largest request body read: the API server's own limit on a request (3 MiB), so any
@@ -84,6 +85,8 @@ pub struct Hooks {
     pub controller: Arc<Controller>,
     /// Where claim templates are made.
     pub templates: Arc<dyn ClaimTemplates>,
+    /// The server's bounds: connections and bodies refused at a cap are counted there.
+    pub bounds: Arc<limits::Bounds>,
 }
 
 /// What one listener's connections share: the connection cap and the body budget.
@@ -106,7 +109,7 @@ impl Shared {
     fn connection(&self, peer: SocketAddr) -> Option<OwnedSemaphorePermit> {
         let permit = Arc::clone(&self.connections).try_acquire_owned().ok();
         if permit.is_none() {
-            crate::limits::count(crate::limits::Refusal::Cap);
+            self.hooks.bounds.count(Refusal::Cap);
             tracing::debug!(%peer, "webhook/extender: connection refused at the cap ({MAX_CONNECTIONS})");
         }
         permit
@@ -370,7 +373,7 @@ async fn read_body(
     let Ok(permit) = Arc::clone(&shared.bodies)
         .try_acquire_many_owned(u32::try_from(reserve.max(1)).unwrap_or(u32::MAX))
     else {
-        crate::limits::count(crate::limits::Refusal::Cap);
+        shared.hooks.bounds.count(Refusal::Cap);
         return Err(closing(text(
             StatusCode::SERVICE_UNAVAILABLE,
             "too many request bodies are being read at once; retry".to_owned(),

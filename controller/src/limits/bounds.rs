@@ -1,5 +1,5 @@
-//! [`Bounds`]: what both services share at run time: the limits, the open Watch streams per
-//! caller ([`WatchGuard`]), and each client's token bucket.
+//! [`Bounds`]: what a server's parts share at run time: the limits, the open Watch streams per
+//! caller ([`WatchGuard`]), each client's token bucket, and the counters of what was refused.
 
 use gpuwarden_runtime::sync::Lock as _;
 use std::{
@@ -7,13 +7,18 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use super::{Bucket, LimitError, Limits};
+use tonic::Status;
 
-/// What both services share at run time: the limits and the open Watch streams.
+use super::{Bucket, LimitError, Limits, Refusal, Refusals};
+
+/// What a server's parts share at run time: the limits, the open Watch streams, and the
+/// counters of what was refused.
 #[derive(Debug, Default)]
 pub struct Bounds {
     /// The limits.
     pub limits: Limits,
+    /// What was refused or dropped, by reason.
+    refusals: Refusals,
     /// Open Watch streams per caller, and in total.
     watches: Mutex<(HashMap<String, usize>, usize)>,
     /// Each client's calls.
@@ -31,9 +36,39 @@ impl Bounds {
     pub fn new(limits: Limits) -> Arc<Self> {
         Arc::new(Self {
             limits,
+            refusals: Refusals::default(),
             watches: Mutex::default(),
             clients: Mutex::default(),
         })
+    }
+
+    /// What these bounds refused or dropped, by reason.
+    #[must_use]
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
+    }
+
+    /// Counts one refusal or drop that is not a [`LimitError`] (a connection over a cap, an
+    /// agent's message dropped).
+    pub fn count(&self, reason: Refusal) {
+        self.refusals.count(reason);
+    }
+
+    /// Counts `e` under its reason, then answers the status a caller gets for it
+    /// ([`LimitError::to_status`]).
+    #[must_use]
+    pub fn refuse(&self, e: &LimitError) -> Status {
+        self.count(e.reason());
+        e.to_status()
+    }
+
+    /// What a check of these bounds' limits found, for a gRPC method: its value, or its
+    /// refusal counted and answered ([`Self::refuse`]).
+    ///
+    /// # Errors
+    /// `checked` is a refusal.
+    pub fn counted<T>(&self, checked: Result<T, LimitError>) -> Result<T, Status> {
+        checked.map_err(|e| self.refuse(&e))
     }
 
     /// Takes one call of `caller` from its bucket.

@@ -1,10 +1,11 @@
 //! [`LimitError`]: why a value or a request is refused, the reason it is counted under, and the
 //! gRPC status a caller gets (`INVALID_ARGUMENT` for a value, `RESOURCE_EXHAUSTED` for a cap or a
-//! rate).
+//! rate). It is counted where it is answered, by the bounds that refused it
+//! ([`super::Bounds::refuse`]).
 
 use tonic::Status;
 
-use super::refusals::{Refusal, count};
+use super::refusals::Refusal;
 
 /// Why a value or a request is refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -114,13 +115,5 @@ impl LimitError {
             }
             _ => Status::invalid_argument(self.to_string()),
         }
-    }
-}
-
-impl From<LimitError> for Status {
-    /// Counts the refusal, then answers [`LimitError::to_status`].
-    fn from(e: LimitError) -> Self {
-        count(e.reason());
-        e.to_status()
     }
 }

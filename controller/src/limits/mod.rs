@@ -1,14 +1,15 @@
 //! Bounds on what clients and agents may send, in one place.
 //!
 //! [`Limits`] holds every bound with its default; the controller's config file overrides any of
-//! them in a `[limits]` table (keys as the field names). [`Bounds`] is what both services share
-//! at run time: the limits, the open Watch streams per caller, and a token bucket ([`Bucket`])
-//! per client and per agent stream.
+//! them in a `[limits]` table (keys as the field names). [`Bounds`] is what a server's parts
+//! share at run time: the limits, the open Watch streams per caller, a token bucket ([`Bucket`])
+//! per client, and the counters of what was refused ([`Refusals`]). The app makes one and hands
+//! it to the gRPC services, the connection caps, the webhook and extender, and the metrics.
 //!
 //! Refusals follow one rule: a malformed or oversized value is `INVALID_ARGUMENT` naming the
 //! field and the limit's key; a cap or a rate is `RESOURCE_EXHAUSTED` naming the limit's key.
-//! Each refusal is counted by a bounded reason ([`count_of`]), process-wide, like the denials of
-//! [`crate::auth::denials`]. Values are checked *before* they are parsed further, so an error
+//! Each refusal is counted by a bounded reason ([`Refusal`]) in the bounds that refused it
+//! ([`Bounds::refuse`]). Values are checked *before* they are parsed further, so an error
 //! message never echoes a megabyte back.
 
 mod bounds;
@@ -24,4 +25,4 @@ pub use bounds::{Bounds, WatchGuard};
 pub use bucket::Bucket;
 pub use config::Limits;
 pub use error::LimitError;
-pub use refusals::{Refusal, count, count_of};
+pub use refusals::{Refusal, Refusals};

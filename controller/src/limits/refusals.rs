@@ -1,5 +1,5 @@
-//! Refusals and drops counted by a bounded reason ([`Refusal`]), for the
-//! `gpuwarden.limits.refused` metric.
+//! Refusals and drops counted by a bounded reason ([`Refusal`]) in the [`Refusals`] of the
+//! bounds they were refused by, for the `gpuwarden.limits.refused` metric.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -50,15 +50,20 @@ impl Refusal {
     }
 }
 
-static REFUSED: [AtomicU64; Refusal::ALL.len()] = [const { AtomicU64::new(0) }; Refusal::ALL.len()];
+/// Refusals and drops by reason, owned by the [`super::Bounds`] they were refused by: one
+/// set per server, read by its metrics.
+#[derive(Debug, Default)]
+pub struct Refusals([AtomicU64; Refusal::ALL.len()]);
 
-/// Counts one refusal or drop.
-pub fn count(reason: Refusal) {
-    REFUSED[reason as usize].fetch_add(1, Ordering::Relaxed);
-}
+impl Refusals {
+    /// Counts one refusal or drop.
+    pub fn count(&self, reason: Refusal) {
+        self.0[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
 
-/// Refusals or drops for `reason` since the process started.
-#[must_use]
-pub fn count_of(reason: Refusal) -> u64 {
-    REFUSED[reason as usize].load(Ordering::Relaxed)
+    /// Refusals or drops for `reason` since these bounds were made.
+    #[must_use]
+    pub fn count_of(&self, reason: Refusal) -> u64 {
+        self.0[reason as usize].load(Ordering::Relaxed)
+    }
 }

@@ -3,7 +3,6 @@
 use gpuwarden_proto::v1::{self as pb, agent_message::Msg};
 use gpuwarden_runtime::sync::Lock as _;
 
-
 use super::{bounds::CLIENT_BUCKETS, *};
 
 #[test]
@@ -11,6 +10,27 @@ fn every_reason_has_its_own_counter() {
     for (i, reason) in Refusal::ALL.into_iter().enumerate() {
         assert_eq!(reason as usize, i, "{reason:?} is out of order in ALL");
     }
+}
+
+#[test]
+fn a_refusal_is_counted_by_the_bounds_that_refused_it() {
+    let (a, b) = (
+        Bounds::new(Limits::default()),
+        Bounds::new(Limits::default()),
+    );
+    let e = a.limits.id("id", &"x".repeat(a.limits.max_id_len + 1));
+    let status = a.refuse(&e.expect_err("too long"));
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    a.count(Refusal::Cap);
+    assert_eq!(a.refusals().count_of(Refusal::Oversized), 1);
+    assert_eq!(a.refusals().count_of(Refusal::Cap), 1);
+    assert_eq!(a.refusals().count_of(Refusal::Rate), 0);
+    assert!(
+        Refusal::ALL
+            .into_iter()
+            .all(|r| b.refusals().count_of(r) == 0),
+        "other bounds counted it"
+    );
 }
 
 #[test]

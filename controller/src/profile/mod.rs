@@ -9,7 +9,7 @@
 //! few runs. Classes never seen get [`Profile::prior`], a conservative guess that learning
 //! replaces.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +24,9 @@ pub const MIN_SAMPLES: u64 = 3;
 
 /// The newest run's weight in its class's profile is at least this (older runs fade).
 pub const MIN_NEW_WEIGHT: f64 = 0.2;
+
+/// Reports [`UsageSeries::recent_mean`] averages over: a minute at the agent's default 5 s.
+pub const RECENT: usize = 12;
 
 /// One report of what a running session used.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -47,6 +50,13 @@ pub struct UsageSeries {
     pub peak_memory_bytes: u64,
     /// Sum of the ioctl rates (for the mean).
     ioctl_rate_sum: f64,
+    /// The utilization of the newest [`RECENT`] samples, oldest first (series stored before
+    /// it was kept: empty).
+    #[serde(default)]
+    recent: VecDeque<f64>,
+    /// The newest sample, its utilization clamped (`None`: none reported yet).
+    #[serde(default)]
+    pub last: Option<UsageSample>,
 }
 
 impl Default for UsageSeries {
@@ -56,6 +66,8 @@ impl Default for UsageSeries {
             samples: 0,
             peak_memory_bytes: 0,
             ioctl_rate_sum: 0.0,
+            recent: VecDeque::with_capacity(RECENT),
+            last: None,
         }
     }
 }
@@ -80,6 +92,22 @@ impl UsageSeries {
         if sample.ioctls_per_sec.is_finite() && sample.ioctls_per_sec >= 0.0 {
             self.ioctl_rate_sum += sample.ioctls_per_sec;
         }
+        if self.recent.len() == RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(u);
+        self.last = Some(UsageSample {
+            utilization: u,
+            ..sample
+        });
+    }
+
+    /// Mean utilization over the newest samples (at most [`RECENT`]) and how many it covers;
+    /// `None` before any.
+    #[must_use]
+    pub fn recent_mean(&self) -> Option<(f64, usize)> {
+        let n = self.recent.len();
+        (n > 0).then(|| (self.recent.iter().sum::<f64>() / n as f64, n))
     }
 
     /// The 5th, 15th, …, 95th percentiles of the samples (all zero without samples).

@@ -101,3 +101,27 @@ fn too_short_a_run_teaches_nothing() {
     assert!(book.learn("c", &series(&[0.5; 2]), 0).is_none());
     assert!(book.get("c").is_none());
 }
+
+#[test]
+fn the_recent_mean_covers_the_newest_samples_and_the_last_is_kept() {
+    let empty = UsageSeries::default();
+    assert_eq!(empty.recent_mean(), None);
+    assert_eq!(empty.last, None);
+    // 0.00, 0.05, …, 0.95: the window holds the newest 12 (0.40 through 0.95).
+    let values: Vec<f64> = (0..20).map(|i| f64::from(i) / 20.0).collect();
+    let s = series(&values);
+    let (mean, n) = s.recent_mean().expect("samples");
+    assert_eq!(n, RECENT);
+    let expected = values[values.len() - RECENT..].iter().sum::<f64>() / RECENT as f64;
+    assert!((mean - expected).abs() < 1e-12, "{mean} vs {expected}");
+    let last = s.last.expect("a last sample");
+    assert_eq!(last.utilization, 0.95);
+    assert_eq!(last.memory_bytes, 950);
+    // A series stored before the window was kept still reads (empty window, no last).
+    let mut old = serde_json::to_value(UsageSeries::default()).expect("serializes");
+    let fields = old.as_object_mut().expect("an object");
+    fields.remove("recent");
+    fields.remove("last");
+    let old: UsageSeries = serde_json::from_value(old).expect("reads");
+    assert_eq!(old.recent_mean(), None);
+}

@@ -28,8 +28,13 @@ impl Scheduler {
             sessions,
             profiles,
             revisions,
+            quotas,
         } = stored;
         let mut s = Self::new(config);
+        // Queues an admin set at run time win over the config file's (docs/teams.md).
+        if let Some(quotas) = quotas {
+            s.config.quotas = quotas;
+        }
         s.revisions = revisions;
         s.registry = registry;
         s.profiles = ProfileBook::new(profiles);

@@ -23,6 +23,7 @@ mod queue;
 pub mod quotas;
 mod reclaim;
 mod retention;
+mod team_queues;
 mod tracker;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,6 +33,7 @@ use serde::{Deserialize, Serialize};
 pub use fit::NodeFit;
 pub use observed::{ObserveError, Observed};
 pub use retention::Retention;
+pub use team_queues::{QueueError, QueueSpec, QueueView};
 pub(crate) use tracker::ConcurrencyTracker;
 
 use crate::{
@@ -257,6 +259,8 @@ pub struct Changes {
     /// Sessions whose usage series grew: written, but neither announced to watchers nor
     /// flushed at once (the store's own flush follows within half a second).
     pub usage: BTreeSet<String>,
+    /// The team queues changed (an admin set or removed one).
+    pub quotas: bool,
 }
 
 /// The cluster state and the scheduling pass.

@@ -289,6 +289,7 @@ fn a_restarted_controller_gets_observed_sessions_back_from_the_agent() {
         sessions: s.sessions().values().cloned().collect(),
         profiles: Vec::new(),
         revisions: crate::store::RevisionMark::default(),
+        quotas: None,
     };
     let json = serde_json::to_vec(&stored.sessions).unwrap();
     let sessions: Vec<Session> = serde_json::from_slice(&json).unwrap();

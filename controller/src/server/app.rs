@@ -9,6 +9,7 @@ use tokio::sync::watch;
 
 use crate::{
     controller::{Controller, Timing},
+    limits::Bounds,
     scheduler::{Scheduler, SchedulerConfig},
     store::{Store, StoreSpec},
 };
@@ -107,12 +108,15 @@ async fn run(config: RunConfig, stop: impl Future<Output = ()>) -> Result<(), Se
             let _ = stopped.wait_for(|stop| *stop).await;
         }
     };
+    // One set of bounds for every part that refuses: the gRPC services and their connection
+    // caps, the webhook and the extender; the metrics read what it counted.
+    let bounds = Bounds::new(limits);
     let tasks = match kube {
-        Some(kube) => kube.spawn(&controller, &stopped),
+        Some(kube) => kube.spawn(&controller, &bounds, &stopped),
         None => Vec::new(),
     };
     // Metrics are an extra: a bad endpoint is reported, never fatal.
-    let _metrics = match crate::metrics::start(&controller, &exporters) {
+    let _metrics = match crate::metrics::start(&controller, &bounds, &exporters) {
         Ok(metrics) => metrics,
         Err(e) => {
             tracing::warn!("metrics off: {e}");
@@ -123,7 +127,7 @@ async fn run(config: RunConfig, stop: impl Future<Output = ()>) -> Result<(), Se
         controller,
         listen,
         security,
-        limits,
+        bounds,
         election,
         stopped(),
     ));

@@ -34,6 +34,8 @@ pub struct FileConfig {
     pub otlp_endpoint: Option<String>,
     /// Address to serve Prometheus' text format on (`GET /metrics`); unset: off.
     pub prometheus_listen: Option<SocketAddr>,
+    /// Serve the Prometheus endpoint beyond loopback (as `--prometheus-insecure`).
+    pub prometheus_insecure: Option<bool>,
     /// The serving certificate (PEM); with the key and client CA, the port speaks TLS.
     pub tls_cert: Option<PathBuf>,
     /// The serving certificate's private key (PEM).
@@ -201,8 +203,19 @@ pub(super) struct RunArgs {
     insecure: bool,
     /// Serve the metrics in Prometheus' text format at `GET /metrics` on this address (plain
     /// HTTP; overrides the config file's `prometheus_listen`; off by default).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, env = "GPUWARDEN_PROMETHEUS_LISTEN", value_name = "ADDR")]
     prometheus_listen: Option<SocketAddr>,
+    /// Serve --prometheus-listen on a non-loopback address (it has no authentication: anyone
+    /// who reaches it reads every session's names and usage); refused without this or
+    /// --insecure. Only the metrics: the gRPC port keeps its TLS.
+    #[arg(
+        long,
+        env = "GPUWARDEN_PROMETHEUS_INSECURE",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    prometheus_insecure: Option<bool>,
     /// Boxed: the flags of the Kubernetes side would make every `Command` as large.
     #[command(flatten)]
     kube: Box<KubeArgs>,
@@ -279,6 +292,14 @@ impl RunArgs {
             }
             _ => {}
         }
+        let prometheus = self.prometheus_listen.or(file.prometheus_listen);
+        if let Some(addr) = prometheus {
+            // `--insecure` already allows plain text beyond loopback; the narrower flag allows
+            // only the metrics, for a controller whose gRPC port speaks TLS.
+            let allowed =
+                insecure || self.prometheus_insecure.or(file.prometheus_insecure) == Some(true);
+            gpuwarden_runtime::prometheus::check_exposure(addr, allowed)?;
+        }
         let mut timing = Timing::default();
         if let Some(secs) = file.heartbeat_timeout_secs {
             timing.heartbeat_timeout = Duration::from_secs(secs);
@@ -311,7 +332,7 @@ impl RunArgs {
                     .filter(|e| !e.is_empty())
                     .or_else(crate::metrics::endpoint_from_env),
                 interval: None,
-                prometheus: self.prometheus_listen.or(file.prometheus_listen),
+                prometheus,
             },
             kube: *self.kube,
         })

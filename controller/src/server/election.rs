@@ -12,6 +12,7 @@ use std::{
 
 use crate::{
     controller::{Controller, Role, Timing},
+    limits::Bounds,
     scheduler::{Scheduler, SchedulerConfig},
     store::{EtcdKv, Kv, Replica, Snapshot, Store, StoreSpec},
 };
@@ -60,8 +61,9 @@ pub async fn open_standby(
 }
 
 /// Binds a loopback port and serves, in a task of the current runtime, a controller campaigning
-/// on the etcd store `spec` with a lease of `ttl` and advertising that port, until `shutdown`;
-/// its address. Tests and benchmarks run several controllers in one process this way.
+/// on the etcd store `spec` with a lease of `ttl`, held to `bounds` and advertising that port,
+/// until `shutdown`; its address. Tests and benchmarks run several controllers in one process
+/// this way.
 ///
 /// # Errors
 /// The port can't be bound, or the store can't be reached.
@@ -70,6 +72,7 @@ pub async fn spawn_elected(
     config: SchedulerConfig,
     timing: Timing,
     ttl: Duration,
+    bounds: Arc<Bounds>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<SocketAddr, ServeError> {
     let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
@@ -78,10 +81,11 @@ pub async fn spawn_elected(
         .map_err(|source| ServeError::Bind { addr: any, source })?;
     let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
     let (controller, election) = open_standby(spec, config, timing, addr.to_string(), ttl).await?;
-    tokio::spawn(grpc::serve_with(
+    tokio::spawn(grpc::serve_bounded(
         controller,
         listener,
         Transport::PlainText,
+        bounds,
         Some(election),
         shutdown,
     ));

@@ -97,4 +97,7 @@ pub enum ServeError {
         /// What would be exposed.
         what: &'static str,
     },
+    /// The Prometheus endpoint would serve beyond loopback without `--prometheus-insecure`.
+    #[error(transparent)]
+    PrometheusExposed(#[from] gpuwarden_runtime::prometheus::ExposedError),
 }

@@ -4,8 +4,10 @@
 //! campaign run beside it and are stopped and joined with it.
 //!
 //! [`serve_bounded`] is the server; the others only fill in its arguments: [`serve`] binds an
-//! address first, [`serve_with`] takes the default [`Limits`], [`serve_on`] plain text too
-//! (tests and benchmarks serve on a listener they bound to port 0).
+//! address first, [`serve_with`] takes bounds of its own with the default [`Limits`],
+//! [`serve_on`] plain text too (tests and benchmarks serve on a listener they bound to port 0).
+//! The [`Bounds`] a server is given hold its services, its connection caps, and the counters of
+//! what they refused, which the metrics read.
 
 use std::{
     future::Future,
@@ -32,7 +34,7 @@ use super::{
     security::{self, Security, Transport},
 };
 
-/// Serves `controller` on `addr`, held to `limits`, until `shutdown` completes.
+/// Serves `controller` on `addr`, held to `bounds`, until `shutdown` completes.
 ///
 /// # Errors
 /// The listener or the server fails.
@@ -40,14 +42,14 @@ pub async fn serve(
     controller: Arc<Controller>,
     addr: SocketAddr,
     security: impl Into<Security>,
-    limits: Limits,
+    bounds: Arc<Bounds>,
     election: Option<Election>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| ServeError::Bind { addr, source })?;
-    serve_bounded(controller, listener, security, limits, election, shutdown).await
+    serve_bounded(controller, listener, security, bounds, election, shutdown).await
 }
 
 /// Serves plain text on an already-bound listener (tests bind port 0).
@@ -64,7 +66,7 @@ pub async fn serve_on(
 
 /// Serves on an already-bound listener, over `security`'s transport (a [`Transport`] alone
 /// takes no tokens); with an `election`, as a standby that campaigns and leads when it wins
-/// (see [`Election`]). Held to the default [`Limits`].
+/// (see [`Election`]). Held to bounds of its own with the default [`Limits`].
 ///
 /// # Errors
 /// The server fails.
@@ -79,14 +81,14 @@ pub async fn serve_with(
         controller,
         listener,
         security,
-        Limits::default(),
+        Bounds::new(Limits::default()),
         election,
         shutdown,
     )
     .await
 }
 
-/// [`serve_with`], held to `limits`.
+/// [`serve_with`], held to `bounds` (which count what the server refuses).
 ///
 /// # Errors
 /// The server fails.
@@ -94,7 +96,7 @@ pub async fn serve_bounded(
     controller: Arc<Controller>,
     listener: tokio::net::TcpListener,
     security: impl Into<Security>,
-    limits: Limits,
+    bounds: Arc<Bounds>,
     election: Option<Election>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
@@ -112,7 +114,7 @@ pub async fn serve_bounded(
     });
     let clients = security.clients();
     warn_about_clients(&clients, &security.transport);
-    let router = router(&controller, health, clients, Bounds::new(limits))?;
+    let router = router(&controller, health, clients, Arc::clone(&bounds))?;
     let background = tokio::spawn(Arc::clone(&controller).run_background());
     let serve_error = |source| ServeError::Serve { addr, source };
     let result = match security.transport {
@@ -136,6 +138,7 @@ pub async fn serve_bounded(
                     crate::auth::tls::incoming_plain(
                         listener,
                         Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+                        bounds,
                     ),
                     shutdown,
                 )
@@ -153,6 +156,7 @@ pub async fn serve_bounded(
                             MAX_HANDSHAKES,
                             MAX_CONNECTIONS,
                             MAX_ANONYMOUS_CONNECTIONS,
+                            bounds,
                         ),
                     ),
                     shutdown,

@@ -15,6 +15,7 @@ use crate::{
         serve::{Hooks, ServingCert, serve_extender, serve_webhook},
         templates::Remembered,
     },
+    limits::Bounds,
 };
 
 use super::ServeError;
@@ -146,10 +147,11 @@ impl ClaimTemplates for NoApiServer {
 
 impl KubeListeners {
     /// Serves them in tasks of the current runtime until `shutdown` (each listener gets its own
-    /// copy of it); the tasks, named, for the app to join.
+    /// copy of it), counting what they refuse in `bounds`; the tasks, named, for the app to join.
     pub(super) fn spawn<F>(
         self,
         controller: &Arc<Controller>,
+        bounds: &Arc<Bounds>,
         shutdown: impl Fn() -> F,
     ) -> Vec<(&'static str, JoinHandle<()>)>
     where
@@ -158,6 +160,7 @@ impl KubeListeners {
         let hooks = Arc::new(Hooks {
             controller: Arc::clone(controller),
             templates: self.templates,
+            bounds: Arc::clone(bounds),
         });
         let mut tasks = Vec::new();
         if let Some((listener, cert)) = self.webhook {

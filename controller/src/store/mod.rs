@@ -31,7 +31,10 @@ pub use self::{
     sled::SledKv,
     spec::{DEFAULT_ETCD_PREFIX, StoreSpec},
 };
-use crate::{node::Node, profile::Profile, session::Session, slots::SlotTypeRegistry};
+use crate::{
+    node::Node, profile::Profile, scheduler::quotas::QuotaConfig, session::Session,
+    slots::SlotTypeRegistry,
+};
 
 /// The on-disk format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -44,6 +47,9 @@ const SESSIONS: &str = "sessions/";
 const POLICIES: &str = "policies/";
 const PROFILES: &str = "profiles/";
 const SLOT_TYPES: &str = "slot_types/";
+/// The team queues as an admin last set them (docs/teams.md): one record, so that removing the
+/// last queue is kept too, and its presence says the config file's queues no longer apply.
+const QUOTAS_KEY: &str = "policies/quotas";
 
 /// Errors of the store. They carry their cause as text, so that one failed group commit can
 /// answer every caller in it.
@@ -215,6 +221,14 @@ impl Write {
         Self::record(REVISIONS_KEY.to_owned(), mark)
     }
 
+    /// Writes the team queues (every queue and member at once).
+    ///
+    /// # Errors
+    /// They can't be encoded.
+    pub fn quotas(quotas: &QuotaConfig) -> Result<Self, StoreError> {
+        Self::record(QUOTAS_KEY.to_owned(), quotas)
+    }
+
     /// Writes a policy document.
     ///
     /// # Errors
@@ -334,6 +348,8 @@ pub struct Snapshot {
     pub profiles: Vec<Profile>,
     /// The session revisions' mark (each session carries its own revision too).
     pub revisions: RevisionMark,
+    /// The team queues as an admin last set them; `None`: never set, the config file's apply.
+    pub quotas: Option<QuotaConfig>,
 }
 
 impl Snapshot {
@@ -363,6 +379,8 @@ impl Snapshot {
                 snapshot.profiles.push(decode(key, &value)?);
             } else if key == REVISIONS_KEY {
                 snapshot.revisions = decode(key, &value)?;
+            } else if key == QUOTAS_KEY {
+                snapshot.quotas = Some(decode(key, &value)?);
             }
         }
         Ok(snapshot)
@@ -505,8 +523,10 @@ impl Store {
         for prefix in [SLOT_TYPES, NODES, SESSIONS, PROFILES] {
             records.extend(self.kv.list(prefix).await?);
         }
-        if let Some(mark) = self.kv.get(REVISIONS_KEY).await? {
-            records.push((REVISIONS_KEY.to_owned(), mark));
+        for key in [REVISIONS_KEY, QUOTAS_KEY] {
+            if let Some(value) = self.kv.get(key).await? {
+                records.push((key.to_owned(), value));
+            }
         }
         Snapshot::from_records(records)
     }

@@ -285,6 +285,32 @@ async fn a_sled_store_copies_into_etcd() {
 }
 
 #[test]
+fn team_queues_read_back_as_stored_and_none_when_never_set() {
+    let never = Snapshot::from_records(Vec::new()).unwrap();
+    assert_eq!(never.quotas, None, "the config file's queues apply");
+    let mut quotas = QuotaConfig::default();
+    quotas.queues.insert(
+        "team-a".into(),
+        crate::scheduler::quotas::QueueQuota {
+            guaranteed: ResourceSlot::parse_any(&["cuda.shares=4.5"]).unwrap(),
+            limit: None,
+        },
+    );
+    quotas.members.insert("alice".into(), "team-a".into());
+    let Write::Put { key, value } = Write::quotas(&quotas).unwrap() else {
+        panic!("a put");
+    };
+    let back = Snapshot::from_records([(key.clone(), value)]).unwrap();
+    assert_eq!(back.quotas, Some(quotas));
+    // Every queue removed is kept as such: an empty record, not none.
+    let Write::Put { value, .. } = Write::quotas(&QuotaConfig::default()).unwrap() else {
+        panic!("a put");
+    };
+    let back = Snapshot::from_records([(key, value)]).unwrap();
+    assert_eq!(back.quotas, Some(QuotaConfig::default()));
+}
+
+#[test]
 fn store_specs_parse_and_bad_ones_say_what_is_wrong() {
     assert_eq!(
         "sled:/var/lib/gw".parse::<StoreSpec>().unwrap(),

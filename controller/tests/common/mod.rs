@@ -10,12 +10,13 @@ use std::{
     net::{SocketAddr, TcpListener, TcpStream},
     path::Path,
     process::{Child, Command, Stdio},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use gpuwarden_controller::{
     api::Timing,
-    limits::Limits,
+    limits::Bounds,
     scheduler::SchedulerConfig,
     server::{self, Security},
 };
@@ -23,11 +24,12 @@ use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerService
 use tonic::transport::Channel;
 
 /// A controller in this process with its sled store in `dir`, served over `security` and held
-/// to `limits` on a loopback port, until the test's runtime ends; its address.
+/// to `bounds` (which count what it refuses) on a loopback port, until the test's runtime ends;
+/// its address.
 pub async fn serve_in_process(
     dir: &Path,
     security: impl Into<Security> + Send + 'static,
-    limits: Limits,
+    bounds: Arc<Bounds>,
 ) -> SocketAddr {
     let controller = server::open(
         &server::sled_in(dir),
@@ -44,7 +46,7 @@ pub async fn serve_in_process(
         controller,
         listener,
         security,
-        limits,
+        bounds,
         None,
         std::future::pending::<()>(),
     ));

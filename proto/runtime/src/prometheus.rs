@@ -7,6 +7,10 @@
 //! `target_info`. Each scrape reads the instruments afresh (their callbacks run then, off the
 //! async threads); nothing is cached between scrapes. Off by default: a binary serves it only
 //! when given an address (`--prometheus-listen` / `prometheus_listen`).
+//!
+//! The endpoint has no authentication, so [`check_exposure`] refuses an address beyond loopback
+//! unless the operator says so ([`ALLOW_REMOTE_FLAG`]): what it serves names every container,
+//! pod and session on the machine, and their usage.
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -35,6 +39,36 @@ pub struct ListenError {
     /// Why.
     #[source]
     pub source: std::io::Error,
+}
+
+/// The flag (and, with `-` as `_` and without the dashes, the config key) that lets the endpoint
+/// serve beyond loopback.
+pub const ALLOW_REMOTE_FLAG: &str = "--prometheus-insecure";
+
+/// The endpoint would serve beyond loopback, and nobody allowed it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "refusing to serve Prometheus metrics on {addr}: the endpoint has no authentication, and \
+     anyone who reaches {addr} reads every workload's names and GPU usage; listen on a loopback \
+     address (127.0.0.1), or pass {ALLOW_REMOTE_FLAG} (config key `prometheus_insecure = true`) \
+     to serve it beyond loopback, behind a firewall or NetworkPolicy"
+)]
+pub struct ExposedError {
+    /// The address asked for.
+    pub addr: SocketAddr,
+}
+
+/// Refuses `addr` beyond loopback unless `allow_remote` (the operator passed
+/// [`ALLOW_REMOTE_FLAG`] or an equivalent); a wildcard address counts as beyond loopback.
+///
+/// # Errors
+/// [`ExposedError`] naming the address and the flag.
+pub fn check_exposure(addr: SocketAddr, allow_remote: bool) -> Result<(), ExposedError> {
+    if allow_remote || addr.ip().is_loopback() {
+        Ok(())
+    } else {
+        Err(ExposedError { addr })
+    }
 }
 
 /// A running endpoint; dropping it stops serving.
@@ -167,6 +201,7 @@ mod tests {
     use opentelemetry::KeyValue;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+    use super::{ALLOW_REMOTE_FLAG, SocketAddr, check_exposure};
     use crate::otlp::{Exporters, Pipeline};
 
     /// `GET path` over plain HTTP/1.1, the whole answer (status line, headers, body).
@@ -302,6 +337,22 @@ mod tests {
             served.is_ok(),
             "no scrape served once the held connections went"
         );
+    }
+
+    #[test]
+    fn only_loopback_is_served_unless_allowed() {
+        for addr in ["127.0.0.1:9464", "127.0.0.53:1", "[::1]:9464"] {
+            let addr: SocketAddr = addr.parse().expect("an address");
+            check_exposure(addr, false).expect("loopback is served");
+        }
+        for addr in ["0.0.0.0:9464", "10.1.2.3:9464", "[::]:9464"] {
+            let addr: SocketAddr = addr.parse().expect("an address");
+            let err = check_exposure(addr, false).expect_err("refused beyond loopback");
+            let message = err.to_string();
+            assert!(message.contains(&addr.to_string()), "{message}");
+            assert!(message.contains(ALLOW_REMOTE_FLAG), "{message}");
+            check_exposure(addr, true).expect("served when allowed");
+        }
     }
 
     #[test]

@@ -55,13 +55,17 @@ pub enum Action {
     Preempt,
     /// The preempted workload is gone and its quota released: the controller ends the session.
     Preempted,
+    /// The GPU time a container got stayed off its entitlement for the agent's share-watch
+    /// window: under half its share while it runs, or over a hard share (docs/metrics.md,
+    /// "Achieved against entitled"). Reported, not acted on.
+    ShareDeviation,
     /// An action this build doesn't know (from a newer agent), kept as sent.
     Other(String),
 }
 
 impl Action {
     /// Every known action, in the order above.
-    pub const KNOWN: [Self; 13] = [
+    pub const KNOWN: [Self; 14] = [
         Self::Deny,
         Self::Kill,
         Self::Stop,
@@ -75,6 +79,7 @@ impl Action {
         Self::Refused,
         Self::Preempt,
         Self::Preempted,
+        Self::ShareDeviation,
     ];
 
     /// Its name on the wire and in tables.
@@ -94,6 +99,7 @@ impl Action {
             Self::Refused => "refused",
             Self::Preempt => "preempt",
             Self::Preempted => "preempted",
+            Self::ShareDeviation => "share_deviation",
             Self::Other(name) => name,
         }
     }

@@ -34,6 +34,7 @@ use tempfile::TempDir;
 
 pub mod cluster;
 pub mod otlp;
+pub mod rig;
 
 /// Makes [`container_id`]s unique within this run.
 static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -273,6 +274,13 @@ pub fn ioctls(c: &Container, name: &str, class: &str) -> u64 {
 /// GPU memory on device `name`.
 pub fn memory(c: &Container, name: &str) -> u64 {
     device(c, name).map_or(0, |d| d.memory_bytes)
+}
+
+/// GPU memory charged to the container's quota, over its devices.
+pub fn used(c: &Container) -> u64 {
+    c.quota
+        .as_ref()
+        .map_or(0, |q| q.devices.iter().map(|d| d.used_bytes).sum())
 }
 
 /// A `gpu-client` process, optionally inside a cgroup, driven line by line.

@@ -616,3 +616,33 @@ fn a_session_with_nothing_bound_is_preempted_at_once() {
         .preempt("unknown", Duration::from_secs(30), "yields");
     assert_eq!(r.actions(), ["preempted"]);
 }
+
+#[test]
+fn a_share_deviation_goes_up_and_into_the_history_and_touches_nothing() {
+    let mut r = rig(Duration::from_mins(1));
+    r.fake.cgroups.mkdir("/cg/job");
+    r.fake.cgroups.put(4242, "/job");
+    r.enforcer.apply(spec("s-1", "/job", MemoryPolicy::Stop));
+    r.actions();
+    r.enforcer.share_deviation(
+        "s-1",
+        "/job".into(),
+        "below_entitled: achieved 0.100 of entitled 0.500 compute share for 300s".into(),
+    );
+    let sent: Vec<pb::EnforcementEvent> = std::iter::from_fn(|| r.upward.try_recv().ok()).collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].action, "share_deviation");
+    assert_eq!(sent[0].session_id, "s-1");
+    assert_eq!(sent[0].container, "/job");
+    assert!(sent[0].reason.starts_with("below_entitled"), "{sent:?}");
+    let history = r.enforcer.standing().history;
+    assert_eq!(
+        history.last().map(|h| h.action.as_str()),
+        Some("share_deviation")
+    );
+    assert!(r.fake.signals.sent.lock().unwrap().is_empty());
+    // A session this node no longer holds: nothing.
+    r.enforcer
+        .share_deviation("gone", "/other".into(), "below_entitled".into());
+    assert!(r.actions().is_empty());
+}

@@ -51,7 +51,7 @@ use std::{
 };
 
 use self::control::{Cgroups, Controller};
-pub use self::usage::{CpuTimeUsage, Usage, UsageSource, sampled};
+pub use self::usage::{CpuTimeUsage, Usage, UsageSource, sampled, usage_for};
 
 pub use gpuwarden_types::policy::ComputePolicy;
 

@@ -8,6 +8,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::devices::GpuBackend;
+
 /// A cgroup's cumulative busy time on one GPU, complete up to `until`.
 ///
 /// A signal that is sampled (NVML) knows a cgroup's use only up to its newest sample, not up to
@@ -37,6 +39,17 @@ pub trait UsageSource: Send {
     /// The signal can't be read; [`io::ErrorKind::NotFound`] when the cgroup is gone (the
     /// throttle then drops it).
     fn busy(&mut self, gpu: u32, cgroup_dir: &Path) -> io::Result<Usage>;
+}
+
+/// The usage signal for `backend`'s GPUs, a source of its own for each reader (sources keep
+/// per-reader state): the driver's samples apportioned by process activity where the backend has
+/// them (NVML), the CPU-time stand-in otherwise (mock devices).
+#[must_use]
+pub fn usage_for(backend: &dyn GpuBackend, cgroup_root: &Path) -> Box<dyn UsageSource> {
+    match backend.sample_driver(cgroup_root) {
+        Some(driver) => Box::new(sampled::SampledSource::new(driver)),
+        None => Box::new(CpuTimeUsage),
+    }
 }
 
 /// A stand-in usage signal for testing the mechanism: the cgroup's CPU time (`usage_usec` in

@@ -5,8 +5,10 @@
 //! The throttle's achieved figure covers about one throttle period and is noisy, so each
 //! container's is smoothed (exponentially, over about 20 observations) and a flag is raised only
 //! once the smoothed figure has been out of bounds for a whole window (5 minutes by default). A
-//! raised flag is an event in the agent's log and the `gpuwarden.container.compute.deviation`
-//! metric; it clears as soon as the figure is back in bounds. Prometheus' alerts
+//! raised flag is an event in the agent's log, the `gpuwarden.container.compute.deviation`
+//! metric and, for a container of a session, a `share_deviation` enforcement event sent to the
+//! controller (what [`ShareWatch::observe`] returns); it clears as soon as the figure is back in
+//! bounds. Prometheus' alerts
 //! (`deploy/observability/alerts.yaml`) apply the same bounds to the exported figures.
 
 use std::{
@@ -61,6 +63,37 @@ pub fn deviation(achieved: f64, entitled: f64, policy: &str) -> Option<Deviation
     }
 }
 
+/// A flag raised by [`ShareWatch::observe`] on a session's container: one enforcement event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Raised {
+    /// The session whose quota the container is under.
+    pub session_id: String,
+    /// The container's cgroup, relative to the cgroup root.
+    pub cgroup_path: String,
+    /// Which way it is off.
+    pub deviation: Deviation,
+    /// Its smoothed achieved share.
+    pub achieved: f64,
+    /// Its entitled share (the largest over its GPUs).
+    pub entitled: f64,
+    /// How long it has been off.
+    pub lasted: Duration,
+}
+
+impl Raised {
+    /// The event's reason, in words.
+    #[must_use]
+    pub fn reason(&self) -> String {
+        format!(
+            "{}: achieved {:.3} of entitled {:.3} compute share for {:?}",
+            self.deviation.as_str(),
+            self.achieved,
+            self.entitled,
+            self.lasted
+        )
+    }
+}
+
 #[derive(Debug)]
 struct Watched {
     smoothed: f64,
@@ -94,8 +127,10 @@ impl ShareWatch {
     }
 
     /// Takes in one snapshot's figures at `now` and marks each flagged container's
-    /// `enforcement.deviation`; logs a flag when raised and when it clears.
-    pub fn observe(&mut self, snapshot: &mut Snapshot, now: Instant) {
+    /// `enforcement.deviation`; logs a flag when raised and when it clears. Returns the flags
+    /// raised now on containers of a session (each raised once until it clears).
+    pub fn observe(&mut self, snapshot: &mut Snapshot, now: Instant) -> Vec<Raised> {
+        let mut raised = Vec::new();
         let mut seen = Vec::new();
         for c in &mut snapshot.containers {
             let Some((achieved, entitled, policy)) = figures(c) else {
@@ -141,6 +176,16 @@ impl ShareWatch {
                         "compute share out of its entitlement for {:?}",
                         self.window
                     );
+                    if let Some(session_id) = &c.session_id {
+                        raised.push(Raised {
+                            session_id: session_id.clone(),
+                            cgroup_path: c.cgroup_path.clone(),
+                            deviation: d,
+                            achieved: w.smoothed,
+                            entitled,
+                            lasted: now.saturating_duration_since(since),
+                        });
+                    }
                 }
                 if let Some(e) = c.enforcement.as_mut() {
                     e.deviation = Some(d.as_str().to_owned());
@@ -148,6 +193,7 @@ impl ShareWatch {
             }
         }
         self.watched.retain(|path, _| seen.contains(path));
+        raised
     }
 }
 
@@ -288,6 +334,47 @@ mod tests {
                 s.containers[0].enforcement.as_ref().unwrap().deviation,
                 None
             );
+        }
+    }
+
+    #[test]
+    fn a_raised_flag_is_one_event_for_its_session_until_it_clears() {
+        let t0 = Instant::now();
+        let mut watch = ShareWatch::new(Duration::from_secs(30));
+        let feed = |watch: &mut ShareWatch, from: u64, secs: u64, achieved: f64| {
+            let mut events = Vec::new();
+            for i in from..from + secs {
+                let mut s = snapshot(achieved, 0.5, "hard");
+                s.containers[0].session_id = Some("s-1".into());
+                events.extend(watch.observe(&mut s, t0 + Duration::from_secs(i)));
+            }
+            events
+        };
+        // Starved for 90 s: one event, once the window has passed, however long it lasts.
+        let events = feed(&mut watch, 0, 90, 0.1);
+        assert_eq!(events.len(), 1, "{events:?}");
+        let e = &events[0];
+        assert_eq!(e.session_id, "s-1");
+        assert_eq!(e.cgroup_path, "/w");
+        assert_eq!(e.deviation, Deviation::Below);
+        assert!((e.entitled - 0.5).abs() < 1e-12, "{e:?}");
+        assert!(e.achieved < 0.25, "{e:?}");
+        assert!(e.lasted >= Duration::from_secs(30), "{e:?}");
+        assert!(
+            e.reason().starts_with("below_entitled: achieved 0."),
+            "{}",
+            e.reason()
+        );
+        // Back within bounds, then starved again: a second event.
+        assert!(feed(&mut watch, 90, 120, 0.5).is_empty());
+        let again = feed(&mut watch, 210, 120, 0.1);
+        assert_eq!(again.len(), 1, "{again:?}");
+        // A container of no session is flagged in the metrics only.
+        let mut alone = ShareWatch::new(Duration::from_secs(30));
+        for i in 0..90 {
+            let raised =
+                alone.observe(&mut snapshot(0.1, 0.5, "hard"), t0 + Duration::from_secs(i));
+            assert!(raised.is_empty(), "{raised:?}");
         }
     }
 

@@ -1,0 +1,170 @@
+//! Team queues over gRPC (docs/teams.md): `ListQueues` and `GetQueue` for any client,
+//! `SetQueue` and `DeleteQueue` for admins only. A change is stored before the answer, and the
+//! next scheduling pass holds sessions to it.
+//!
+//! The service trait's methods ([`super::SchedulerApi`]) call these.
+
+use gpuwarden_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use super::{SchedulerApi, convert};
+use crate::{
+    auth::clients::Caller,
+    controller::store_status,
+    limits::LimitError,
+    scheduler::{QueueError, QueueSpec, QueueView, quotas::QueueQuota},
+    slots::ResourceSlot,
+};
+
+/// How a refused queue change is answered.
+fn queue_status(e: &QueueError) -> Status {
+    if e.is_not_found() {
+        Status::not_found(e.to_string())
+    } else {
+        Status::invalid_argument(e.to_string())
+    }
+}
+
+/// A queue as `caller` sees it: a user sees itself among the members, and no one else.
+fn queue_to_pb(view: QueueView, caller: &Caller) -> pb::Queue {
+    let QueueView {
+        name,
+        quota,
+        members,
+        held,
+        borrowed,
+    } = view;
+    pb::Queue {
+        name,
+        guaranteed: Some(convert::slots_to_pb(&quota.guaranteed)),
+        limit: quota.limit.as_ref().map(convert::slots_to_pb),
+        members: members.into_iter().filter(|m| caller.may_see(m)).collect(),
+        held: Some(convert::slots_to_pb(&held)),
+        borrowed: Some(convert::slots_to_pb(&borrowed)),
+    }
+}
+
+/// `field`'s slots, refusing a zero: dropped as "absent", it would silently mean "no cap" in a
+/// limit and nothing at all in a guarantee.
+fn slots(field: &str, slots: Option<&pb::ResourceSlot>) -> Result<ResourceSlot, Status> {
+    let parsed = convert::slots_from_pb(slots)
+        .map_err(|s| Status::invalid_argument(format!("{field}: {}", s.message())))?;
+    if let Some(zero) = slots
+        .into_iter()
+        .flat_map(|s| s.values.keys())
+        .find(|k| parsed.get(k).is_zero())
+    {
+        return Err(Status::invalid_argument(format!(
+            "{field}[{zero}]: zero; leave the slot out instead (in a limit, a slot left out is \
+             not capped)"
+        )));
+    }
+    Ok(parsed)
+}
+
+/// The queue a `SetQueue` asks for, its lengths held to the controller's bounds.
+fn spec_from_pb(api: &SchedulerApi, queue: Option<pb::Queue>) -> Result<QueueSpec, Status> {
+    let bounds = &api.bounds;
+    let limits = &bounds.limits;
+    let q = queue.ok_or_else(|| Status::invalid_argument("queue: missing"))?;
+    bounds.counted(limits.name("queue.name", &q.name))?;
+    bounds.counted(limits.slots("queue.guaranteed", q.guaranteed.as_ref()))?;
+    bounds.counted(limits.slots("queue.limit", q.limit.as_ref()))?;
+    if q.members.len() > limits.max_list_len {
+        return Err(bounds.refuse(&LimitError::TooMany {
+            field: "queue.members".to_owned(),
+            count: q.members.len(),
+            max: limits.max_list_len,
+            key: "max_list_len",
+        }));
+    }
+    for member in &q.members {
+        bounds.counted(limits.owner("queue.members", member))?;
+    }
+    Ok(QueueSpec {
+        quota: QueueQuota {
+            guaranteed: slots("guaranteed", q.guaranteed.as_ref())?,
+            limit: q
+                .limit
+                .as_ref()
+                .map(|l| slots("limit", Some(l)))
+                .transpose()?,
+        },
+        name: q.name,
+        members: q.members,
+    })
+}
+
+pub(super) fn list(
+    api: &SchedulerApi,
+    request: &Request<pb::ListQueuesRequest>,
+) -> Result<Response<pb::ListQueuesResponse>, Status> {
+    let caller = api.caller(request)?;
+    let queues = api.controller.read(crate::scheduler::Scheduler::queues);
+    Ok(Response::new(pb::ListQueuesResponse {
+        queues: queues
+            .into_iter()
+            .map(|q| queue_to_pb(q, &caller))
+            .collect(),
+    }))
+}
+
+pub(super) fn get(
+    api: &SchedulerApi,
+    request: Request<pb::GetQueueRequest>,
+) -> Result<Response<pb::Queue>, Status> {
+    let caller = api.caller(&request)?;
+    let name = request.into_inner().name;
+    api.bounds.counted(api.bounds.limits.name("name", &name))?;
+    api.controller
+        .read(|s| s.queue_view(&name))
+        .map(|q| Response::new(queue_to_pb(q, &caller)))
+        .ok_or_else(|| Status::not_found(format!("no queue {name:?}")))
+}
+
+pub(super) async fn set(
+    api: &SchedulerApi,
+    request: Request<pb::SetQueueRequest>,
+) -> Result<Response<pb::Queue>, Status> {
+    let caller = api.caller(&request)?;
+    let queue = request.into_inner().queue;
+    if let Some(q) = &queue {
+        api.bounds
+            .counted(api.bounds.limits.name("queue.name", &q.name))?;
+    }
+    caller.must_be_admin(|| {
+        format!(
+            "set queue {:?}",
+            queue.as_ref().map(|q| q.name.as_str()).unwrap_or_default()
+        )
+    })?;
+    let spec = spec_from_pb(api, queue)?;
+    let view = api
+        .controller
+        .apply(|s| s.set_queue(spec))
+        .await
+        .map_err(|e| store_status(&e))?
+        .map_err(|e| queue_status(&e))?;
+    tracing::info!(queue = %view.name, admin = %caller.name, "queue set");
+    api.controller.kick();
+    Ok(Response::new(queue_to_pb(view, &caller)))
+}
+
+pub(super) async fn delete(
+    api: &SchedulerApi,
+    request: Request<pb::DeleteQueueRequest>,
+) -> Result<Response<pb::Queue>, Status> {
+    let caller = api.caller(&request)?;
+    let name = request.into_inner().name;
+    api.bounds.counted(api.bounds.limits.name("name", &name))?;
+    caller.must_be_admin(|| format!("delete queue {name:?}"))?;
+    let view = api
+        .controller
+        .apply(|s| s.delete_queue(&name))
+        .await
+        .map_err(|e| store_status(&e))?
+        .map_err(|e| queue_status(&e))?;
+    tracing::info!(queue = %view.name, admin = %caller.name, "queue removed");
+    api.controller.kick();
+    Ok(Response::new(queue_to_pb(view, &caller)))
+}

@@ -1,0 +1,236 @@
+//! A gpuwarden controller in the test's process, on a runtime of its own ([`TestController`]):
+//! on sled in a state directory, or campaigning on an etcd store, served in plain text on a
+//! loopback port. Stopped gracefully when dropped, or killed ([`TestController::kill`]): its
+//! runtime dropped with every task mid-flight, as abrupt as a crash (an elected one's lease then
+//! lapses).
+//!
+//! The CLI's tests and the end-to-end tests share it; the controller's own tests cannot (it
+//! would make a second copy of the controller crate), and serve in process themselves.
+#![expect(
+    clippy::unwrap_used,
+    clippy::missing_panics_doc,
+    reason = "a test helper: a failed start should fail the test where it happened"
+)]
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use gpuwarden_controller::{
+    api::Timing,
+    limits::{Bounds, Limits},
+    scheduler::SchedulerConfig,
+    server,
+    store::StoreSpec,
+};
+use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use tonic::transport::Channel;
+
+/// Short heartbeats and scheduling passes, so tests wait milliseconds rather than seconds; a
+/// node is lost after `heartbeat_timeout` of silence.
+#[must_use]
+pub fn fast_timing(heartbeat_timeout: Duration) -> Timing {
+    Timing {
+        heartbeat_interval: Duration::from_millis(200),
+        heartbeat_timeout,
+        pass_interval: Duration::from_millis(50),
+    }
+}
+
+/// A controller on its own runtime: dropping that runtime is as abrupt as killing the process.
+pub struct TestController {
+    /// Where it serves plain text (a loopback port).
+    pub addr: SocketAddr,
+    /// Its state directory (empty for one on etcd).
+    pub state_dir: PathBuf,
+    /// Its bounds, which count what it refuses (the metrics it exports read them).
+    pub bounds: Arc<Bounds>,
+    stop: Option<std::sync::mpsc::Sender<bool>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestController {
+    /// A controller on sled in `state_dir`, scheduling with `config` and `timing`.
+    #[must_use = "dropping it stops it"]
+    pub fn start(state_dir: &Path, config: SchedulerConfig, timing: Timing) -> Self {
+        Self::start_with_metrics(state_dir, config, timing, None)
+    }
+
+    /// [`Self::start`], exporting OTLP metrics to `otlp` every 300 ms when given.
+    #[must_use = "dropping it stops it"]
+    pub fn start_with_metrics(
+        state_dir: &Path,
+        config: SchedulerConfig,
+        timing: Timing,
+        otlp: Option<String>,
+    ) -> Self {
+        Self::start_with_exporters(
+            state_dir,
+            config,
+            timing,
+            gpuwarden_runtime::otlp::Exporters {
+                otlp,
+                interval: Some(Duration::from_millis(300)),
+                prometheus: None,
+            },
+        )
+    }
+
+    /// [`Self::start`], with its metrics going to `exporters`.
+    #[must_use = "dropping it stops it"]
+    pub fn start_with_exporters(
+        state_dir: &Path,
+        config: SchedulerConfig,
+        timing: Timing,
+        exporters: gpuwarden_runtime::otlp::Exporters,
+    ) -> Self {
+        let dir = state_dir.to_owned();
+        Self::on_own_runtime(state_dir.to_owned(), move |rt, bounds, shutdown| {
+            rt.block_on(async {
+                let controller = server::open(&server::sled_in(&dir), config, timing)
+                    .await
+                    .unwrap();
+                let metrics =
+                    gpuwarden_controller::metrics::start(&controller, &bounds, &exporters).unwrap();
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let addr = listener.local_addr().unwrap();
+                tokio::spawn(server::serve_bounded(
+                    controller,
+                    listener,
+                    server::Transport::PlainText,
+                    bounds,
+                    None,
+                    async {
+                        let _ = shutdown.await;
+                    },
+                ));
+                // The metrics' callbacks hold the controller (and its store): kept until the
+                // controller stops, let go of before its runtime.
+                (addr, metrics)
+            })
+        })
+    }
+
+    /// A controller on the etcd store `store`, campaigning with a lease of `ttl`: a standby
+    /// until it wins. Killed, its lease's keep-alive stops with everything else.
+    #[must_use = "dropping it stops it"]
+    pub fn start_elected(store: &StoreSpec, timing: Timing, ttl: Duration) -> Self {
+        let store = store.clone();
+        Self::on_own_runtime(PathBuf::new(), move |rt, bounds, shutdown| {
+            let addr = rt
+                .block_on(server::spawn_elected(
+                    &store,
+                    SchedulerConfig::default(),
+                    timing,
+                    ttl,
+                    bounds,
+                    async {
+                        let _ = shutdown.await;
+                    },
+                ))
+                .unwrap();
+            (addr, ())
+        })
+    }
+
+    /// Runs `start` on a runtime of its own in a thread of its own, with the bounds the
+    /// controller is to be held to; what it returns besides the address is kept until the
+    /// controller stops. Stopping gracefully lets the server shut down first; killing drops the
+    /// runtime with every task mid-flight.
+    fn on_own_runtime<G>(
+        state_dir: PathBuf,
+        start: impl FnOnce(
+            &tokio::runtime::Runtime,
+            Arc<Bounds>,
+            tokio::sync::oneshot::Receiver<()>,
+        ) -> (SocketAddr, G)
+        + Send
+        + 'static,
+    ) -> Self {
+        let bounds = Bounds::new(Limits::default());
+        let held = Arc::clone(&bounds);
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<bool>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+            let (addr, kept) = start(&rt, held, shutdown_rx);
+            addr_tx.send(addr).unwrap();
+            if stopped.recv().unwrap_or(false) {
+                let _ = shutdown_tx.send(());
+                rt.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
+            }
+            drop(kept);
+            // Dropping the runtime drops every task, its store handle with them.
+            rt.shutdown_background();
+        });
+        Self {
+            addr: addr_rx.recv().unwrap(),
+            state_dir,
+            bounds,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// Whether it answers as the leader.
+    pub async fn leads(&self) -> bool {
+        let Ok(channel) = tonic::transport::Endpoint::from_shared(self.url())
+            .unwrap()
+            .connect()
+            .await
+        else {
+            return false;
+        };
+        SchedulerServiceClient::new(channel)
+            .list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .is_ok()
+    }
+
+    /// Its URL.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A scheduler client connected to it.
+    pub async fn client(&self) -> SchedulerServiceClient<Channel> {
+        let channel = tonic::transport::Endpoint::from_shared(self.url())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        SchedulerServiceClient::new(channel)
+    }
+
+    /// Stops abruptly: no graceful shutdown, tasks dropped mid-flight.
+    pub fn kill(mut self) {
+        self.halt(false);
+    }
+
+    fn halt(&mut self, graceful: bool) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(graceful);
+        }
+        if let Some(t) = self.thread.take() {
+            // A panic there was already reported by its thread.
+            let _ = t.join();
+        }
+        // The store's lock is released once its last handle drops; give the OS a moment.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Drop for TestController {
+    fn drop(&mut self) {
+        self.halt(true);
+    }
+}
