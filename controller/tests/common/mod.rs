@@ -7,7 +7,8 @@
 )]
 
 use std::{
-    net::{SocketAddr, TcpListener, TcpStream},
+    io::{BufRead as _, BufReader},
+    net::SocketAddr,
     path::Path,
     process::{Child, Command, Stdio},
     sync::Arc,
@@ -63,25 +64,40 @@ pub struct ControllerProcess {
 
 impl ControllerProcess {
     /// Starts it on `store` with `extra` arguments, and waits until it listens.
+    ///
+    /// It binds port 0 and says where in its log: a port picked here and handed over could be
+    /// taken by another test's controller in between, and then this one would fail to bind
+    /// while the other answered in its place.
     pub fn start(store: &str, extra: &[&str]) -> Self {
         let dir = gpuwarden_test_support::scratch("ctl");
-        let addr = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port");
-        let child = Command::new(env!("CARGO_BIN_EXE_gpuwarden-controller"))
-            .args(["run", "--listen", &addr.to_string(), "--store", store])
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwarden-controller"))
+            .args(["run", "--listen", "127.0.0.1:0", "--store", store])
             .args(extra)
             .arg("--state-dir")
             .arg(dir.path())
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("starts");
-        let started = Instant::now();
-        while TcpStream::connect(addr).is_err() {
-            assert!(started.elapsed() < Duration::from_secs(20), "not listening");
-            std::thread::sleep(Duration::from_millis(25));
-        }
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (said, heard) = std::sync::mpsc::channel();
+        // Reads the log to its end, so the controller never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut said = Some(said);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(addr) = listening_on(&line)
+                    && let Some(said) = said.take()
+                {
+                    let _ = said.send(addr);
+                }
+            }
+        });
+        let addr = heard
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the controller logs where it listens within a minute");
         Self {
             child,
             addr,
@@ -125,10 +141,19 @@ impl ControllerProcess {
     }
 
     /// Waits until it answers as the leader (on etcd, once it has won the election); how long.
+    /// A refused connection counts as not serving yet: a restarted controller may still be
+    /// opening its store behind the port.
     pub async fn until_serving(&self, within: Duration) -> Duration {
         let started = Instant::now();
         loop {
-            if self.names().await.is_ok() {
+            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+                .expect("a URL");
+            if let Ok(channel) = endpoint.connect().await
+                && SchedulerServiceClient::new(channel)
+                    .list_sessions(pb::ListSessionsRequest::default())
+                    .await
+                    .is_ok()
+            {
                 return started.elapsed();
             }
             assert!(
@@ -155,6 +180,15 @@ impl Drop for ControllerProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The address in a controller's "controller listening … addr=…" log line.
+fn listening_on(line: &str) -> Option<SocketAddr> {
+    if !line.contains("controller listening") {
+        return None;
+    }
+    let (_, rest) = line.split_once("addr=")?;
+    rest.split_whitespace().next()?.parse().ok()
 }
 
 /// A session of one CPU named `name`, owned by alice.
