@@ -96,7 +96,7 @@ impl ControllerProcess {
             }
         });
         let addr = heard
-            .recv_timeout(Duration::from_secs(60))
+            .recv_timeout(Duration::from_mins(1))
             .expect("the controller logs where it listens within a minute");
         Self {
             child,
