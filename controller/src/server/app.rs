@@ -90,10 +90,18 @@ async fn run(config: RunConfig, stop: impl Future<Output = ()>) -> Result<(), Se
         kube,
     } = config;
     tracing::info!(placement = %scheduler.strategy, "default placement mode");
-    // Bound before the store is opened: a port in use stops the start at once.
+    // Bound before the store is opened: a port in use stops the start at once, and the
+    // address a standby advertises is the one bound (`--listen` with port 0 included).
     let kube = kube.bind().await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: listen,
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(ServeError::LocalAddr)?;
     let (controller, election) = if matches!(store, StoreSpec::Etcd { .. }) {
-        let advertise = advertise.unwrap_or_else(|| config::advertised(listen));
+        let advertise = advertise.unwrap_or_else(|| config::advertised(bound));
         let (controller, election) =
             election::open_standby(&store, scheduler, timing, advertise, lease_ttl).await?;
         (controller, Some(election))
@@ -123,9 +131,9 @@ async fn run(config: RunConfig, stop: impl Future<Output = ()>) -> Result<(), Se
             None
         }
     };
-    let mut grpc_task = tokio::spawn(grpc::serve(
+    let mut grpc_task = tokio::spawn(grpc::serve_bounded(
         controller,
-        listen,
+        listener,
         security,
         bounds,
         election,
