@@ -265,11 +265,12 @@ pub fn start(
         .with_description("1 while this controller leads, 0 while it stands by")
         .with_callback(move |o| o.observe(u64::from(role.is_leader()), &[]))
         .build();
+    let served = Arc::clone(bounds);
     meter
         .u64_observable_gauge("gpuwarden.controller.insecure")
         .with_unit("1")
         .with_description("1 while this controller serves plain text beyond loopback (--insecure)")
-        .with_callback(|o| o.observe(u64::from(crate::server::serving_insecure()), &[]))
+        .with_callback(move |o| o.observe(u64::from(served.serving_insecure()), &[]))
         .build();
     let role = controller.role().clone();
     meter

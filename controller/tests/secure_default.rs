@@ -196,15 +196,18 @@ async fn the_library_refuses_plain_text_beyond_loopback_too_and_flags_insecure()
         matches!(refused, Err(ServeError::PlainTextExposed { .. })),
         "{refused:?}"
     );
-    assert!(!server::serving_insecure());
+    let bounds =
+        gpuwarden_controller::limits::Bounds::new(gpuwarden_controller::limits::Limits::default());
+    assert!(!bounds.serving_insecure());
     let listener = tokio::net::TcpListener::bind("0.0.0.0:0")
         .await
         .expect("binds");
     let port = listener.local_addr().expect("bound").port();
-    tokio::spawn(server::serve_with(
+    tokio::spawn(server::serve_bounded(
         controller,
         listener,
         Transport::Insecure,
+        Arc::clone(&bounds),
         None,
         std::future::pending(),
     ));
@@ -214,7 +217,7 @@ async fn the_library_refuses_plain_text_beyond_loopback_too_and_flags_insecure()
         .await
         .expect("served with --insecure");
     // What the gpuwarden.controller.insecure gauge reports.
-    assert!(server::serving_insecure());
+    assert!(bounds.serving_insecure());
 }
 
 // ---- §2: certs mint never replaces the CA ------------------------------------------------------

@@ -1,10 +1,14 @@
 //! [`Bounds`]: what a server's parts share at run time: the limits, the open Watch streams per
-//! caller ([`WatchGuard`]), each client's token bucket, and the counters of what was refused.
+//! caller ([`WatchGuard`]), each client's token bucket, the counters of what was refused, and
+//! whether plain text is served beyond loopback.
 
 use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use tonic::Status;
@@ -23,6 +27,8 @@ pub struct Bounds {
     watches: Mutex<(HashMap<String, usize>, usize)>,
     /// Each client's calls.
     pub(super) clients: Mutex<HashMap<String, Bucket>>,
+    /// Set once the server behind these bounds serves plain text beyond loopback (`--insecure`).
+    insecure: AtomicBool,
 }
 
 /// Clients whose buckets are kept before full ones (idle clients) are forgotten. Callers are
@@ -39,7 +45,20 @@ impl Bounds {
             refusals: Refusals::default(),
             watches: Mutex::default(),
             clients: Mutex::default(),
+            insecure: AtomicBool::new(false),
         })
+    }
+
+    /// Whether the server behind these bounds serves plain text on an address other machines
+    /// reach (`--insecure`): the `gpuwarden.controller.insecure` gauge.
+    #[must_use]
+    pub fn serving_insecure(&self) -> bool {
+        self.insecure.load(Ordering::Relaxed)
+    }
+
+    /// Marks the server behind these bounds as serving plain text beyond loopback.
+    pub fn mark_serving_insecure(&self) {
+        self.insecure.store(true, Ordering::Relaxed);
     }
 
     /// What these bounds refused or dropped, by reason.

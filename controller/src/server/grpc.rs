@@ -31,7 +31,7 @@ use crate::{
 use super::{
     ServeError,
     election::{self, Election},
-    security::{self, Security, Transport},
+    security::{Security, Transport},
 };
 
 /// Serves `controller` on `addr`, held to `bounds`, until `shutdown` completes.
@@ -120,7 +120,7 @@ pub async fn serve_bounded(
     let result = match security.transport {
         Transport::PlainText | Transport::Insecure => {
             if matches!(security.transport, Transport::Insecure) && !addr.ip().is_loopback() {
-                security::mark_serving_insecure();
+                bounds.mark_serving_insecure();
                 // Every start, not once per process: this is the line an operator must see.
                 tracing::warn!(
                     %addr,

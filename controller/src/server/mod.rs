@@ -35,7 +35,7 @@ pub use grpc::{
     serve_bounded, serve_on, serve_with,
 };
 pub use kube::KubeSetupError;
-pub use security::{Security, Transport, serving_insecure};
+pub use security::{Security, Transport};
 
 use commands::{Cli, Command};
 

@@ -2,14 +2,7 @@
 //! and how clients of the scheduler service authenticate (docs/architecture.md, "Nobody is
 //! trusted by default").
 
-use std::{
-    net::SocketAddr,
-    path::PathBuf,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
 use crate::auth::{
     clients::ClientAuth,
@@ -31,21 +24,6 @@ pub enum Transport {
     Insecure,
     /// TLS with this configuration; agents must present a node certificate.
     Tls(Arc<ReloadingConfig>),
-}
-
-/// Whether this process serves plain text beyond loopback (`--insecure` on a non-loopback
-/// address), for the `gpuwarden.controller.insecure` gauge.
-static SERVING_INSECURE: AtomicBool = AtomicBool::new(false);
-
-/// Whether this process serves plain text on an address other machines reach (`--insecure`).
-#[must_use]
-pub fn serving_insecure() -> bool {
-    SERVING_INSECURE.load(Ordering::Relaxed)
-}
-
-/// Marks this process as serving plain text beyond loopback.
-pub(super) fn mark_serving_insecure() {
-    SERVING_INSECURE.store(true, Ordering::Relaxed);
 }
 
 impl Transport {
