@@ -28,10 +28,8 @@ use gpuwarden_controller::{
     slots::ResourceSlot,
 };
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_controller::{TestController, fast_timing};
-use gpuwarden_test_support::{TestCgroup, require_root, scratch};
-use tempfile::TempDir;
-use util::{Driver, TestAgent, container_id};
+use gpuwarden_test_support::{TestCgroup, require_root};
+use util::{container_id, rig::Rig};
 
 /// Between SIGTERM and the kill.
 const GRACE: Duration = Duration::from_secs(3);
@@ -93,100 +91,60 @@ fn assert_not_overcommitted(sessions: &[pb::Session]) {
     }
 }
 
-/// A controller with team quotas, the fake driver, and an agent on two mock GPUs registered.
-struct Rig {
-    /// Dropped before the controller, so the agent stops first.
-    agent: TestAgent,
-    ctl: TestController,
-    rt: tokio::runtime::Runtime,
-    _driver: Driver,
-    /// The controller's and the agent's state.
-    state: [TempDir; 2],
+/// The enforcement tests' rig with team quotas: team `lab` is guaranteed both GPUs; any other
+/// owner has no queue, so it only borrows.
+fn start() -> Rig {
+    let quotas = QuotaConfig {
+        queues: [(
+            "lab".to_owned(),
+            QueueQuota {
+                guaranteed: ResourceSlot::parse_any(&["cuda.shares=2"]).unwrap(),
+                limit: None,
+            },
+        )]
+        .into(),
+        members: BTreeMap::new(),
+    };
+    let config = SchedulerConfig {
+        quotas,
+        preemption_grace_ms: u32::try_from(GRACE.as_millis()).unwrap(),
+        ..SchedulerConfig::default()
+    };
+    Rig::start_with("preempt", config, Duration::from_mins(1))
 }
 
-impl Rig {
-    /// Team `lab` is guaranteed both GPUs; any other owner has no queue: it only borrows.
-    fn start() -> Self {
-        let driver = Driver::mount("preempt");
-        let state = [scratch("ctl"), scratch("agent")];
-        let quotas = QuotaConfig {
-            queues: [(
-                "lab".to_owned(),
-                QueueQuota {
-                    guaranteed: ResourceSlot::parse_any(&["cuda.shares=2"]).unwrap(),
-                    limit: None,
-                },
-            )]
-            .into(),
-            members: BTreeMap::new(),
-        };
-        let config = SchedulerConfig {
-            quotas,
-            preemption_grace_ms: u32::try_from(GRACE.as_millis()).unwrap(),
-            ..SchedulerConfig::default()
-        };
-        let ctl =
-            TestController::start(state[0].path(), config, fast_timing(Duration::from_secs(5)));
-        let cfg = util::mock_gpu_config(&driver, ctl.url(), state[1].path());
-        let agent = TestAgent::start_with(cfg);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let rig = Self {
-            agent,
-            ctl,
-            rt,
-            _driver: driver,
-            state,
-        };
-        util::wait_for("the node to register", || {
-            rig.rt.block_on(async {
-                let mut c = rig.ctl.client().await;
-                c.list_nodes(pb::ListNodesRequest {})
-                    .await
-                    .is_ok_and(|n| n.into_inner().nodes.len() == 1)
-            })
-        });
-        rig
-    }
-
-    fn list(&self) -> Vec<pb::Session> {
-        self.rt.block_on(async {
-            let mut c = self.ctl.client().await;
-            c.list_sessions(pb::ListSessionsRequest::default())
-                .await
-                .unwrap()
-                .into_inner()
-                .sessions
-        })
-    }
-
-    fn get(&self, id: &str) -> pb::Session {
-        self.list().into_iter().find(|s| s.id == id).unwrap()
-    }
-
-    /// Creates a session of `owner` for `shares` on the node, bound to `target`; its id.
-    fn create(&self, owner: &str, shares: &str, target: Option<&TestCgroup>) -> String {
-        self.rt.block_on(async {
-            let mut c = self.ctl.client().await;
-            c.create_session(pb::CreateSessionRequest {
-                requested: Some(gpuwarden_controller::api::convert::slots_to_pb(
-                    &ResourceSlot::parse_any(&[&format!("cuda.shares={shares}")]).unwrap(),
-                )),
-                owner: owner.into(),
-                node_id: "test-node".into(),
-                target: target.map(|cg| pb::Target {
-                    kind: Some(pb::target::Kind::CgroupPath(cg.path.clone())),
-                }),
-                ..Default::default()
-            })
+/// Every session the controller has.
+fn list(rig: &Rig) -> Vec<pb::Session> {
+    rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.list_sessions(pb::ListSessionsRequest::default())
             .await
             .unwrap()
             .into_inner()
-            .id
+            .sessions
+    })
+}
+
+/// Creates a session of `owner` for `shares` on the node, bound to `target`; its id. (The rig's
+/// own `create` makes every session `t`'s: here the owner decides the queue.)
+fn create(rig: &Rig, owner: &str, shares: &str, target: Option<&TestCgroup>) -> String {
+    let slots = ResourceSlot::parse_any(&[&format!("cuda.shares={shares}")]).unwrap();
+    rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.create_session(pb::CreateSessionRequest {
+            requested: Some(gpuwarden_controller::api::convert::slots_to_pb(&slots)),
+            owner: owner.into(),
+            node_id: "test-node".into(),
+            target: target.map(|cg| pb::Target {
+                kind: Some(pb::target::Kind::CgroupPath(cg.path.clone())),
+            }),
+            ..Default::default()
         })
-    }
+        .await
+        .unwrap()
+        .into_inner()
+        .id
+    })
 }
 
 fn container_cgroup(seed: &str) -> TestCgroup {
@@ -200,7 +158,7 @@ fn container_cgroup(seed: &str) -> TestCgroup {
 #[ignore = "needs root"]
 fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
     require_root();
-    let rig = Rig::start();
+    let rig = start();
     // `burst` borrows the whole node: two sessions, each a workload in its own cgroup.
     let polite = container_cgroup("polite");
     let stubborn = container_cgroup("stubborn");
@@ -210,22 +168,22 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
         &format!("echo term > {}; exit 0", marker.display()),
     );
     let mut stubborn_child = Workload::start(&stubborn, "");
-    let b1 = rig.create("burst", "1", Some(&polite));
-    let b2 = rig.create("burst", "1", Some(&stubborn));
+    let b1 = create(&rig, "burst", "1", Some(&polite));
+    let b2 = create(&rig, "burst", "1", Some(&stubborn));
     for id in [&b1, &b2] {
-        util::wait_binding(&rig.agent, id, "bound");
+        util::wait_binding(rig.agent(), id, "bound");
     }
     util::wait_for("the borrowers to run", || {
-        rig.list()
+        list(&rig)
             .iter()
             .all(|s| s.state == pb::SessionState::Running as i32)
     });
 
     // `lab` asks for the whole node, within its guarantee.
     let asked = Instant::now();
-    let a1 = rig.create("lab", "2", None);
+    let a1 = create(&rig, "lab", "2", None);
     util::wait_for("the lender to run", || {
-        let sessions = rig.list();
+        let sessions = list(&rig);
         assert_not_overcommitted(&sessions);
         sessions
             .iter()
@@ -259,5 +217,5 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
     // The lender holds both GPUs now, and no one else does.
     let lab = rig.get(&a1);
     assert_eq!(lab.devices.len(), 2, "{lab:?}");
-    assert_not_overcommitted(&rig.list());
+    assert_not_overcommitted(&list(&rig));
 }

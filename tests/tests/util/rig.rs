@@ -38,13 +38,16 @@ impl Rig {
 
     /// [`Self::start`], with the agent waiting `binding_timeout` for a quota's workload.
     pub fn start_with_binding_timeout(tag: &str, binding_timeout: Duration) -> Self {
+        Self::start_with(tag, SchedulerConfig::default(), binding_timeout)
+    }
+
+    /// [`Self::start`], the controller scheduling with `config` and the agent waiting
+    /// `binding_timeout` for a quota's workload.
+    pub fn start_with(tag: &str, config: SchedulerConfig, binding_timeout: Duration) -> Self {
         let driver = Driver::mount(tag);
         let state = [scratch("ctl"), scratch("agent")];
-        let ctl = TestController::start(
-            state[0].path(),
-            SchedulerConfig::default(),
-            fast_timing(Duration::from_secs(5)),
-        );
+        let ctl =
+            TestController::start(state[0].path(), config, fast_timing(Duration::from_secs(5)));
         let mut cfg = super::mock_gpu_config(&driver, ctl.url(), state[1].path());
         let mock = cfg.mock_devices.clone().unwrap();
         cfg.binding_timeout = binding_timeout;
