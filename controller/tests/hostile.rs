@@ -906,3 +906,75 @@ async fn a_user_cannot_tell_another_owners_session_from_none() {
     assert_ne!(still.state, pb::SessionState::Terminated as i32);
     still_healthy(&target, &[theirs.id]).await;
 }
+
+/// The queue calls added for team quotas: a user can neither set nor remove a queue, an
+/// oversized queue is refused naming the field and counted, and nothing refused is kept.
+#[tokio::test]
+async fn a_user_cannot_change_team_queues_and_an_oversized_queue_is_refused_and_counted() {
+    let limits = Limits::default();
+    let max_list = limits.max_list_len;
+    let target = Target::start(limits).await;
+    let queue = |name: &str, members: Vec<String>| pb::SetQueueRequest {
+        queue: Some(pb::Queue {
+            name: name.into(),
+            guaranteed: Some(pb::ResourceSlot {
+                values: [("cpu".to_owned(), "1".to_owned())].into(),
+            }),
+            members,
+            ..Default::default()
+        }),
+    };
+    let mut mallory = target.user("mallory").await;
+    refused(
+        mallory
+            .set_queue(queue("mine", vec!["mallory".into()]))
+            .await,
+        Code::PermissionDenied,
+        &["mallory", "only an admin"],
+    );
+    let mut admin = target.scheduler();
+    admin
+        .set_queue(queue("lab", vec!["alice".into()]))
+        .await
+        .expect("the admin sets a queue");
+    refused(
+        mallory
+            .delete_queue(pb::DeleteQueueRequest { name: "lab".into() })
+            .await,
+        Code::PermissionDenied,
+        &["mallory", "only an admin"],
+    );
+    let oversized_before = target.count_of(Refusal::Oversized);
+    let members: Vec<String> = (0..=max_list).map(|i| format!("u{i}")).collect();
+    refused(
+        admin.set_queue(queue("huge", members)).await,
+        Code::InvalidArgument,
+        &["queue.members"],
+    );
+    assert_eq!(target.count_of(Refusal::Oversized), oversized_before + 1);
+    // What was refused is not there; what the admin set still is, as it was.
+    refused(
+        mallory
+            .get_queue(pb::GetQueueRequest {
+                name: "huge".into(),
+            })
+            .await,
+        Code::NotFound,
+        &["huge"],
+    );
+    refused(
+        admin
+            .get_queue(pb::GetQueueRequest {
+                name: "mine".into(),
+            })
+            .await,
+        Code::NotFound,
+        &["mine"],
+    );
+    let lab = admin
+        .get_queue(pb::GetQueueRequest { name: "lab".into() })
+        .await
+        .expect("the admin's queue is kept")
+        .into_inner();
+    assert_eq!(lab.members, ["alice"]);
+}
