@@ -60,6 +60,23 @@ fn ids(victims: &[Victim]) -> Vec<&str> {
     victims.iter().map(|v| v.id.as_str()).collect()
 }
 
+/// [`choose_victims`] for a session of queue `a` at `priority` asking for `shares`, among
+/// `running`, on a cluster that is full: room is what the victims free.
+fn victims_for(
+    quotas: &QuotaConfig,
+    priority: i32,
+    shares: &str,
+    running: &[Candidate],
+) -> Option<Vec<Victim>> {
+    let request = slots(&format!("cuda.shares={shares}"));
+    let requester = Requester {
+        queue: Some("a"),
+        priority,
+        request: &request,
+    };
+    choose_victims(quotas, &held_by(running), requester, running, frees(shares))
+}
+
 #[test]
 fn standing_is_exact_in_fractions() {
     let q = quota("cuda.shares=0.3", Some("cuda.shares=0.5"));
@@ -131,19 +148,7 @@ fn a_queue_within_its_guarantee_reclaims_from_borrowers_lowest_priority_then_new
         session("b-newest", Some("b"), 0, 4, "1"),
         session("b-mid", Some("b"), 1, 5, "2"),
     ];
-    let request = slots("cuda.shares=2");
-    let victims = choose_victims(
-        &quotas,
-        &held_by(&running),
-        Requester {
-            queue: Some("a"),
-            priority: 0,
-            request: &request,
-        },
-        &running,
-        frees("2"),
-    )
-    .expect("room can be made");
+    let victims = victims_for(&quotas, 0, "2", &running).expect("room can be made");
     assert_eq!(ids(&victims), ["b-newest", "b-new"]);
     assert!(victims.iter().all(|v| v.cause == Cause::Reclaim));
 }
@@ -158,28 +163,8 @@ fn reclaim_stops_at_the_lenders_guarantee() {
     let running: Vec<Candidate> = (0..4)
         .map(|i| session(&format!("b{i}"), Some("b"), 0, i, "1"))
         .collect();
-    let request = slots("cuda.shares=3");
-    let requester = Requester {
-        queue: Some("a"),
-        priority: 0,
-        request: &request,
-    };
-    assert_eq!(
-        choose_victims(&quotas, &held_by(&running), requester, &running, frees("3")),
-        None
-    );
-    let two = slots("cuda.shares=2");
-    let victims = choose_victims(
-        &quotas,
-        &held_by(&running),
-        Requester {
-            request: &two,
-            ..requester
-        },
-        &running,
-        frees("2"),
-    )
-    .expect("the borrowed two");
+    assert_eq!(victims_for(&quotas, 0, "3", &running), None);
+    let victims = victims_for(&quotas, 0, "2", &running).expect("the borrowed two");
     assert_eq!(ids(&victims), ["b3", "b2"]);
 }
 
@@ -196,19 +181,8 @@ fn a_borrowing_requester_preempts_only_lower_priority_in_its_own_queue() {
         session("nobody", None, 0, 4, "1"),
     ];
     // a already holds 2 > its guarantee of 1: this request borrows, so it reclaims nothing.
-    let request = slots("cuda.shares=1");
-    let victims = choose_victims(
-        &quotas,
-        &held_by(&running),
-        Requester {
-            queue: Some("a"),
-            priority: 3,
-            request: &request,
-        },
-        &running,
-        frees("1"),
-    )
-    .expect("the lower-priority one of its own");
+    let victims =
+        victims_for(&quotas, 3, "1", &running).expect("the lower-priority one of its own");
     assert_eq!(ids(&victims), ["a-low"]);
     assert_eq!(victims[0].cause, Cause::Priority);
 }
@@ -219,19 +193,7 @@ fn sessions_without_a_quota_and_borrowers_yield_but_opted_out_ones_never() {
     let mut kept = session("kept", None, -10, 9, "2");
     kept.preemptible = false;
     let running = vec![kept, session("free-rider", None, 0, 1, "2")];
-    let request = slots("cuda.shares=2");
-    let victims = choose_victims(
-        &quotas,
-        &held_by(&running),
-        Requester {
-            queue: Some("a"),
-            priority: 0,
-            request: &request,
-        },
-        &running,
-        frees("2"),
-    )
-    .expect("the free rider");
+    let victims = victims_for(&quotas, 0, "2", &running).expect("the free rider");
     assert_eq!(ids(&victims), ["free-rider"]);
 }
 
@@ -244,19 +206,7 @@ fn no_more_is_preempted_than_needed() {
         session("small", None, 0, 1, "1"),
         session("big", None, 1, 2, "4"),
     ];
-    let request = slots("cuda.shares=4");
-    let victims = choose_victims(
-        &quotas,
-        &held_by(&running),
-        Requester {
-            queue: Some("a"),
-            priority: 0,
-            request: &request,
-        },
-        &running,
-        frees("4"),
-    )
-    .expect("room");
+    let victims = victims_for(&quotas, 0, "4", &running).expect("room");
     assert_eq!(ids(&victims), ["big"]);
 }
 
