@@ -22,13 +22,15 @@ impl Scheduler {
         &mut self,
         observe: &mut dyn FnMut(std::time::Duration, bool),
     ) -> Vec<Command> {
-        let order = self.queue_order();
         let governed = !self.config.quotas.queues.is_empty();
+        // What each team queue holds, read once: it orders the queue and, kept up to date as
+        // sessions are placed, holds each queue to its limit.
         let mut held = if governed {
             self.queue_holdings()
         } else {
             std::collections::BTreeMap::new()
         };
+        let order = self.queue_order(&held);
         let mut commands = Vec::new();
         for id in order {
             let started = std::time::Instant::now();

@@ -20,9 +20,14 @@ impl Scheduler {
         ));
     }
 
-    /// Pending sessions in the order the policy tries them; drops queue entries of sessions that
-    /// left Pending (placed, ended) since the last pass.
-    pub(super) fn queue_order(&mut self) -> Vec<String> {
+    /// Pending sessions in the order the policy tries them, those within their team queue's
+    /// guarantee first when queues are configured (`held`: what each queue holds, from
+    /// [`Self::queue_holdings`]); drops queue entries of sessions that left Pending (placed,
+    /// ended) since the last pass.
+    pub(super) fn queue_order(
+        &mut self,
+        held: &BTreeMap<Option<String>, ResourceSlot>,
+    ) -> Vec<String> {
         let sessions = &self.sessions;
         self.pending.retain(|(_, _, id)| {
             sessions
@@ -49,15 +54,13 @@ impl Scheduler {
         if !self.config.quotas.queues.is_empty() {
             // Sessions within their queue's guarantee go before any that would borrow; the
             // policy's order holds within each group (a stable sort).
-            let held = self.queue_holdings();
             let quotas = &self.config.quotas;
-            pending.sort_by_key(|s| {
+            let nothing = ResourceSlot::new();
+            // Each session's standing once, not once per comparison.
+            pending.sort_by_cached_key(|s| {
                 let queue = quotas.queue_of(&s.owner);
-                let held = held
-                    .get(&queue.map(str::to_owned))
-                    .cloned()
-                    .unwrap_or_default();
-                quotas.standing(queue, &held, &s.requested) != Standing::WithinGuarantee
+                let held = held.get(&queue.map(str::to_owned)).unwrap_or(&nothing);
+                quotas.standing(queue, held, &s.requested) != Standing::WithinGuarantee
             });
         }
         pending.into_iter().map(|s| s.id.clone()).collect()
