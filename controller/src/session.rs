@@ -89,6 +89,96 @@ pub struct Session {
     /// gone): the reason it will end with, naming whom it yields to and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempting: Option<String>,
+    /// The gang it belongs to (records from before gangs: none): placed all at once with the
+    /// gang's other members or not at all (docs/teams.md, "Gangs").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<Gang>,
+}
+
+/// A gang (issue 24 §3): sessions of one owner that are placed all at once or not at all. The
+/// name is scoped to the owner: two owners' gangs of one name are two gangs.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Gang {
+    /// Its name within its owner.
+    pub name: String,
+    /// How many members it has.
+    pub size: u32,
+}
+
+/// Why a gang is refused at creation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GangError {
+    /// The name is empty, too long, or has characters other than letters, digits, `-`, `_`
+    /// and `.` (or starts with other than a letter or digit).
+    #[error(
+        "gang.name {0:?}: 1 to {max} letters, digits, '-', '_' or '.', starting with a letter or digit",
+        max = Gang::MAX_NAME_LEN
+    )]
+    Name(String),
+    /// Fewer than two members.
+    #[error("gang.size {0}: a gang has at least 2 members")]
+    TooSmall(u32),
+    /// More members than the bound.
+    #[error("gang.size {size}: more than the limit of {max} members")]
+    TooLarge {
+        /// The size asked for.
+        size: u32,
+        /// The bound.
+        max: u32,
+    },
+    /// Another size than the gang's live members name.
+    #[error("gang.size {size}: gang {name:?} already has members of size {existing}")]
+    SizeMismatch {
+        /// The gang.
+        name: String,
+        /// The size asked for.
+        size: u32,
+        /// The size its members name.
+        existing: u32,
+    },
+    /// The gang already has all its members.
+    #[error("gang {name:?} already has all its {size} members")]
+    Full {
+        /// The gang.
+        name: String,
+        /// Its size.
+        size: u32,
+    },
+}
+
+impl Gang {
+    /// The longest gang name.
+    pub const MAX_NAME_LEN: usize = 63;
+    /// The largest gang the scheduler accepts, whatever the limits (the API also bounds it by
+    /// `limits.max_sessions_per_owner`, as a larger gang could never be complete).
+    pub const MAX_SIZE: u32 = 1024;
+
+    /// Checks the name's form and the size's bounds.
+    ///
+    /// # Errors
+    /// The name is malformed, or the size below 2 or above [`Self::MAX_SIZE`].
+    pub fn validate(&self) -> Result<(), GangError> {
+        let well_formed = !self.name.is_empty()
+            && self.name.len() <= Self::MAX_NAME_LEN
+            && self.name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !well_formed {
+            return Err(GangError::Name(self.name.clone()));
+        }
+        if self.size < 2 {
+            return Err(GangError::TooSmall(self.size));
+        }
+        if self.size > Self::MAX_SIZE {
+            return Err(GangError::TooLarge {
+                size: self.size,
+                max: Self::MAX_SIZE,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Who placed a session.
@@ -195,6 +285,7 @@ mod tests {
             revision: 0,
             no_preempt: false,
             preempting: None,
+            gang: None,
         };
         for at_ms in 0..40 {
             s.record_event(EnforcementEvent {

@@ -18,7 +18,8 @@
 //!   of each GPU, averaged over its GPUs), `entitled_memory_bytes`, `samples` (usage reports
 //!   received), `achieved` (null when no usage was reported yet, else `mean` and
 //!   `window_samples`: the GPU time share over the newest reports, `last`, `last_memory_bytes`,
-//!   `peak_memory_bytes`); see docs/metrics.md, "Achieved against entitled");
+//!   `peak_memory_bytes`); see docs/metrics.md, "Achieved against entitled"), `gang` (null
+//!   unless a member of one: `name`, `size`; see docs/teams.md, "Gangs");
 //! - profile: `class`, `runs`, `samples`, `deciles` (utilization at the 5th … 95th
 //!   percentiles), `mean`, `peak_memory_bytes`, `mean_ioctls_per_sec`, `updated_at_ms`;
 //! - node: `id`, `hostname`, `state`, `capacity`, `allocated`, `devices` (`index`, `uuid`,
@@ -64,6 +65,15 @@ pub struct Session {
     revision: u64,
     /// Its entitled share next to what its agent measured it getting.
     share: Option<Share>,
+    /// The gang it belongs to.
+    gang: Option<Gang>,
+}
+
+/// A session's gang.
+#[derive(Debug, Serialize)]
+pub struct Gang {
+    name: String,
+    size: u32,
 }
 
 /// A session's entitled share and the achieved one.
@@ -281,6 +291,10 @@ impl From<&pb::Session> for Session {
             }),
             revision: s.revision,
             share: s.share.as_ref().map(Share::from),
+            gang: s.gang.as_ref().map(|g| Gang {
+                name: g.name.clone(),
+                size: g.size,
+            }),
         }
     }
 }

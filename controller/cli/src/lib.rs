@@ -176,6 +176,29 @@ impl PolicyArgs {
     }
 }
 
+/// The gang a session joins (`session create`, `run`): its members are placed all at once or
+/// not at all (docs/teams.md, "Gangs").
+#[derive(clap::Args)]
+pub struct GangArgs {
+    /// Join this gang (of the session's owner): placed only together with all its members.
+    #[arg(long, value_name = "NAME", requires = "gang_size")]
+    gang: Option<String>,
+    /// How many sessions the gang has (2 or more; every member names the same size).
+    #[arg(long, value_name = "N", requires = "gang")]
+    gang_size: Option<u32>,
+}
+
+impl GangArgs {
+    /// The gang the flags name, if any.
+    #[must_use]
+    pub fn to_pb(&self) -> Option<pb::Gang> {
+        Some(pb::Gang {
+            name: self.gang.clone()?,
+            size: self.gang_size?,
+        })
+    }
+}
+
 /// The workload a quota binds to (`session create`); at most one.
 #[derive(clap::Args)]
 struct TargetArgs {
@@ -208,6 +231,10 @@ impl TargetArgs {
 }
 
 #[derive(Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a command line, parsed once: boxing `create`'s flags buys nothing"
+)]
 enum SessionCommand {
     /// Ask for resources, e.g. `-r cpu=1 -r mem=2g -r cuda.shares=0.2`.
     Create {
@@ -240,6 +267,8 @@ enum SessionCommand {
         /// Never preempted; admitted only within its queue's guarantee (docs/quotas.md).
         #[arg(long)]
         no_preempt: bool,
+        #[command(flatten)]
+        gang: GangArgs,
     },
     /// List sessions.
     Ls {
@@ -501,6 +530,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             class,
             placement,
             no_preempt,
+            gang,
             ..
         }) => {
             let s = client
@@ -516,6 +546,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     placement: convert::placement_to_pb(placement),
                     unconfined_target: target.unconfined,
                     no_preempt,
+                    gang: gang.to_pb(),
                 })
                 .await?
                 .into_inner();

@@ -43,6 +43,9 @@ pub fn sessions(list: &[pb::Session]) -> String {
         if let Some(k) = &s.kubernetes {
             let _ = write!(out, "  {}", claim(k));
         }
+        if let Some(g) = &s.gang {
+            let _ = write!(out, "  {}", gang(g));
+        }
         out.push('\n');
     }
     out
@@ -55,6 +58,11 @@ fn origin(s: &pb::Session) -> &str {
     } else {
         &s.origin
     }
+}
+
+/// A gang in words: `gang train (4 members)`.
+fn gang(g: &pb::Gang) -> String {
+    format!("gang {} ({} members)", g.name, g.size)
 }
 
 /// A Kubernetes claim and its pod in words: `claim ml/half pod train-0`.
@@ -85,6 +93,9 @@ pub fn session(s: &pb::Session) -> String {
         );
     }
     let _ = writeln!(out, "requested: {}", slots(s.requested.as_ref()));
+    if let Some(g) = &s.gang {
+        let _ = writeln!(out, "gang:      {} ({} members)", g.name, g.size);
+    }
     let _ = writeln!(out, "class:     {}", s.class);
     if let Some(e) = &s.explanation {
         let _ = writeln!(out, "placement: {}", e.mode);

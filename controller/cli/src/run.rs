@@ -69,6 +69,8 @@ pub struct RunArgs {
     /// Never preempted; admitted only within its queue's guarantee (docs/quotas.md).
     #[arg(long)]
     no_preempt: bool,
+    #[command(flatten)]
+    gang: crate::GangArgs,
     /// Seconds to wait for the session to run before giving up.
     #[arg(long, default_value_t = 120, value_name = "SECS")]
     start_timeout: u64,
@@ -125,6 +127,7 @@ pub async fn run(controller: &ControllerArgs, args: RunArgs) -> Result<ExitCode,
             placement: String::new(),
             unconfined_target: false,
             no_preempt: args.no_preempt,
+            gang: args.gang.to_pb(),
         })
         .await?
         .into_inner();

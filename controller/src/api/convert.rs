@@ -17,7 +17,7 @@ use crate::{
     placement::Explanation,
     profile::{Profile, UsageSample},
     scheduler::{NewSession, Observed},
-    session::{KubernetesClaim, QuotaPolicy, Session, TargetScope},
+    session::{Gang, KubernetesClaim, QuotaPolicy, Session, TargetScope},
     slots::{ResourceSlot, SlotName},
 };
 
@@ -57,7 +57,26 @@ pub fn new_session_from_pb(
         class: r.class,
         placement,
         no_preempt: r.no_preempt,
+        gang: r.gang.map(gang_from_pb),
     })
+}
+
+/// A gang's message to the gang (checked when the session is created).
+#[must_use]
+pub fn gang_from_pb(g: pb::Gang) -> Gang {
+    Gang {
+        name: g.name,
+        size: g.size,
+    }
+}
+
+/// A gang to its message.
+#[must_use]
+pub fn gang_to_pb(g: &Gang) -> pb::Gang {
+    pb::Gang {
+        name: g.name.clone(),
+        size: g.size,
+    }
 }
 
 /// What an agent registers, checked.
@@ -281,6 +300,7 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
         kubernetes: s.origin.claim().map(claim_to_pb),
         revision: s.revision,
         no_preempt: s.no_preempt,
+        gang: s.gang.as_ref().map(gang_to_pb),
         share: Some(share_to_pb(s)),
     }
 }

@@ -54,9 +54,10 @@ impl SchedulerApi {
 
 fn request_status(e: &RequestError) -> Status {
     match e {
-        RequestError::Gpu(_) | RequestError::Empty | RequestError::Target(_) => {
-            Status::invalid_argument(e.to_string())
-        }
+        RequestError::Gpu(_)
+        | RequestError::Empty
+        | RequestError::Target(_)
+        | RequestError::Gang(_) => Status::invalid_argument(e.to_string()),
         RequestError::UnknownSlot { .. }
         | RequestError::Oversized { .. }
         | RequestError::UnknownNode(_) => Status::failed_precondition(e.to_string()),

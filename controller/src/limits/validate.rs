@@ -123,6 +123,19 @@ impl Limits {
         if let Some(t) = &r.target {
             self.target("target", t)?;
         }
+        if let Some(gang) = &r.gang {
+            self.name("gang.name", &gang.name)?;
+            // A gang larger than an owner may have sessions could never be complete.
+            let max = u64::try_from(self.max_sessions_per_owner).unwrap_or(u64::MAX);
+            if u64::from(gang.size) > max {
+                return Err(LimitError::TooLarge {
+                    field: "gang.size".to_owned(),
+                    value: u64::from(gang.size),
+                    max,
+                    key: "max_sessions_per_owner",
+                });
+            }
+        }
         Ok(())
     }
 

@@ -57,6 +57,7 @@ impl Scheduler {
             if !session.state.is_final() && session.origin == Origin::Controller {
                 s.live.started(&session.owner);
             }
+            s.join_gang(&session);
             s.sessions.insert(session.id.clone(), session);
         }
         s
@@ -287,8 +288,12 @@ impl Scheduler {
                 largest,
             });
         }
+        if let Some(gang) = &new.gang {
+            self.check_gang(&new.owner, gang)?;
+        }
         let id = new.id.clone();
         let session = self.new_session(new, Origin::Controller);
+        self.join_gang(&session);
         self.queue(&session);
         self.live.started(&session.owner);
         self.sessions.insert(id.clone(), session.clone());
@@ -312,6 +317,7 @@ impl Scheduler {
             class,
             placement,
             no_preempt,
+            gang,
         } = new;
         let now = now_ms();
         let name = if name.is_empty() { id.clone() } else { name };
@@ -350,6 +356,7 @@ impl Scheduler {
             events: Vec::new(),
             no_preempt,
             preempting: None,
+            gang,
         };
         self.next_seq += 1;
         session

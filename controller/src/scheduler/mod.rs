@@ -16,6 +16,7 @@
 //! The `interference-aware` scorer lives with the placement modes ([`crate::placement`]).
 
 mod fit;
+mod gang;
 mod lifecycle;
 mod observed;
 mod pass;
@@ -41,7 +42,10 @@ use crate::{
     node::Node,
     placement::{ExcessCache, Placement, Scorer, ScoringConfig},
     profile::ProfileBook,
-    session::{QuotaPolicy, Session, SessionState, Target, TargetError, TargetScope, now_ms},
+    session::{
+        Gang, GangError, QuotaPolicy, Session, SessionState, Target, TargetError, TargetScope,
+        now_ms,
+    },
     slots::{RegistryError, ResourceSlot, SlotLimits, SlotTypeRegistry},
     store::RevisionMark,
 };
@@ -162,6 +166,9 @@ pub enum RequestError {
     /// The target is malformed.
     #[error(transparent)]
     Target(#[from] TargetError),
+    /// The gang is malformed, or disagrees with its members.
+    #[error(transparent)]
+    Gang(#[from] GangError),
 }
 
 /// A session to queue: what [`Scheduler::create`] takes.
@@ -191,6 +198,8 @@ pub struct NewSession {
     pub placement: Option<Placement>,
     /// Never preempted; admitted only within its queue's guarantee.
     pub no_preempt: bool,
+    /// The gang it belongs to: placed with its other members all at once or not at all.
+    pub gang: Option<Gang>,
 }
 
 /// A node refused at registration.
@@ -290,6 +299,8 @@ pub struct Scheduler {
     live: Live,
     /// The session revisions' mark as restored (the controller numbers changes).
     revisions: RevisionMark,
+    /// Each gang's members by owner and name, ended ones included until they are forgotten.
+    gangs: BTreeMap<gang::GangKey, BTreeSet<String>>,
 }
 
 /// Counts of sessions not yet ended.
@@ -429,3 +440,6 @@ mod observed_tests;
 
 #[cfg(test)]
 mod reclaim_tests;
+
+#[cfg(test)]
+mod gang_tests;

@@ -158,6 +158,7 @@ impl Scheduler {
                 placement: None,
                 // Kubernetes' to end: never a candidate anyway (only the controller's are).
                 no_preempt: false,
+                gang: None,
             };
             let mut session = self.new_session(new, Origin::Dra(claim));
             session.state = SessionState::Running;

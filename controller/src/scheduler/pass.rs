@@ -1,7 +1,7 @@
 //! The scheduling pass: each pending session in queue order through its team queue's limit and
 //! the per-owner predicates, then filter, score and bind.
 
-use super::{Command, QueuePolicy, Scheduler, quotas::Standing, set_state};
+use super::{Command, QueuePolicy, Scheduler, gang::GangState, quotas::Standing, set_state};
 use crate::{
     allocator::{GpuRequest, Strategy},
     node::{Node, NodeState},
@@ -9,6 +9,16 @@ use crate::{
     session::SessionState,
     slots::ResourceSlot,
 };
+
+/// What the predicates and placement made of one session.
+pub(super) enum Verdict {
+    /// Placed: the command for its agent.
+    Placed(Command),
+    /// A team-queue or per-owner predicate keeps it waiting.
+    Refused(String),
+    /// No node fits it now (reclaim may make room).
+    NoRoom(String),
+}
 
 impl Scheduler {
     /// One scheduling pass: places as many pending sessions as fit. Returns the commands.
@@ -32,92 +42,170 @@ impl Scheduler {
         };
         let order = self.queue_order(&held);
         let mut commands = Vec::new();
+        let mut tried = super::gang::Tried::new();
         for id in order {
             let started = std::time::Instant::now();
             let Some(session) = self.sessions.get(&id) else {
                 continue;
             };
-            let owner = session.owner.clone();
-            let limits = self
-                .config
-                .limits
-                .get(&owner)
-                .unwrap_or(&self.config.default_limits)
-                .clone();
-            let mut placed = false;
-            let mut reason = String::new();
-            let queue = governed
-                .then(|| self.config.quotas.queue_of(&owner).map(str::to_owned))
-                .flatten();
-            let past_limit = governed
-                .then(|| {
-                    let queue_held = held.get(&queue).cloned().unwrap_or_default();
-                    self.past_queue_limit(queue.as_deref(), &queue_held, &session.requested)
-                })
-                .flatten();
-            let unpreemptible_borrower = governed
-                && session.no_preempt
-                && self.config.quotas.standing(
-                    queue.as_deref(),
-                    &held.get(&queue).cloned().unwrap_or_default(),
-                    &session.requested,
-                ) != Standing::WithinGuarantee;
-            if let Some(why) = past_limit {
-                reason = why;
-            } else if unpreemptible_borrower {
-                reason = format!(
-                    "no-preempt: admitted only within queue {}'s guarantee",
-                    queue.as_deref().unwrap_or("-")
-                );
-            } else if !self.tracker.admits(&owner, &id, limits.max_concurrent) {
-                reason = format!(
-                    "owner {owner} is at its limit of {} concurrent sessions",
-                    limits.max_concurrent.unwrap_or(0)
-                );
-            } else if !self.within_slot_limit(&owner, &session.requested, limits.max_slots.as_ref())
-            {
-                reason = format!("owner {owner} would exceed its slot limit");
-            } else {
-                match self.place(&id) {
-                    Ok(command) => {
-                        if governed && let Command::Allocate { slots, .. } = &command {
-                            let entry = held.entry(queue).or_default();
-                            *entry = entry.checked_add(slots).unwrap_or_else(|| entry.clone());
+            // The members of one gang are tried where its first pending member stands.
+            let (placed, reason, members) = if let Some(gang) = session.gang.clone() {
+                let owner = session.owner.clone();
+                if session.state != SessionState::Pending
+                    || !tried.insert((owner.clone(), gang.name.clone()))
+                {
+                    continue;
+                }
+                match self.gang_state(&owner, &gang) {
+                    GangState::Incomplete { present, pending } => {
+                        // Not ready to run: it waits without holding the queue up.
+                        let why = format!("gang {} {present}/{} members", gang.name, gang.size);
+                        for member in &pending {
+                            self.set_reason(member, &why);
                         }
-                        commands.push(command);
-                        placed = true;
+                        observe(started.elapsed(), false);
+                        continue;
                     }
-                    Err(why) => {
-                        reason = why;
-                        // Reclaim by preemption only where quotas are configured: without
-                        // them nothing changes.
-                        if governed
-                            && let Some(reclaim) = self.reclaim(&id, queue.as_deref(), &held)
-                        {
-                            commands.extend(reclaim.commands);
-                            reason = reclaim.reason;
+                    GangState::Ready(members) => {
+                        match self.try_gang(&members, governed, &mut held) {
+                            Ok(placed) => {
+                                commands.extend(placed);
+                                (true, String::new(), members)
+                            }
+                            Err(why) => {
+                                let why = format!(
+                                    "gang {} ({} members) does not fit at once: {why}",
+                                    gang.name, gang.size
+                                );
+                                (false, why, members)
+                            }
                         }
                     }
                 }
-            }
+            } else {
+                let queue = self.queue_key(governed, &session.owner);
+                let (placed, reason) =
+                    match self.try_session(&id, queue.as_deref(), governed, &held) {
+                        Verdict::Placed(command) => {
+                            if governed && let Command::Allocate { slots, .. } = &command {
+                                let entry = held.entry(queue).or_default();
+                                *entry = entry.checked_add(slots).unwrap_or_else(|| entry.clone());
+                            }
+                            commands.push(command);
+                            (true, String::new())
+                        }
+                        Verdict::Refused(why) => (false, why),
+                        Verdict::NoRoom(why) => {
+                            // Reclaim by preemption only where quotas are configured: without
+                            // them nothing changes.
+                            match governed
+                                .then(|| self.reclaim(&id, queue.as_deref(), &held))
+                                .flatten()
+                            {
+                                Some(reclaim) => {
+                                    commands.extend(reclaim.commands);
+                                    (false, reclaim.reason)
+                                }
+                                None => (false, why),
+                            }
+                        }
+                    };
+                (placed, reason, vec![id])
+            };
             observe(started.elapsed(), placed);
             if !placed {
-                let skip_after = self.config.skip_after;
-                let fifo = self.config.queue == QueuePolicy::Fifo;
-                if let Some(s) = self.sessions.get_mut(&id) {
-                    s.failed_passes += 1;
-                    if s.reason != reason {
-                        s.reason = reason;
-                        self.changes.sessions.insert(id.clone());
+                // A gang fails as one session: every member counts the pass, and the most any
+                // of them failed decides whether it still holds the queue.
+                let mut failed = 0;
+                for member in &members {
+                    if let Some(s) = self.sessions.get_mut(member) {
+                        s.failed_passes += 1;
+                        failed = failed.max(s.failed_passes);
                     }
-                    // FIFO: the head blocks later sessions until it has failed `skip_after` passes.
-                    if fifo && s.failed_passes <= skip_after {
-                        break;
-                    }
+                    self.set_reason(member, &reason);
+                }
+                // FIFO: the head blocks later sessions until it has failed `skip_after` passes.
+                if self.config.queue == QueuePolicy::Fifo
+                    && !members.is_empty()
+                    && failed <= self.config.skip_after
+                {
+                    break;
                 }
             }
         }
         commands
+    }
+
+    /// Sets a waiting session's reason, recording the change only when it differs.
+    fn set_reason(&mut self, id: &str, reason: &str) {
+        if let Some(s) = self.sessions.get_mut(id)
+            && s.reason != reason
+        {
+            reason.clone_into(&mut s.reason);
+            self.changes.sessions.insert(id.to_owned());
+        }
+    }
+
+    /// The team queue `owner`'s sessions count against, when queues govern.
+    pub(super) fn queue_key(&self, governed: bool, owner: &str) -> Option<String> {
+        governed
+            .then(|| self.config.quotas.queue_of(owner).map(str::to_owned))
+            .flatten()
+    }
+
+    /// Session `id` through its team queue's limit and the per-owner predicates, then filter,
+    /// score and bind (`queue`: its team queue; `held`: what each queue holds).
+    pub(super) fn try_session(
+        &mut self,
+        id: &str,
+        queue: Option<&str>,
+        governed: bool,
+        held: &std::collections::BTreeMap<Option<String>, ResourceSlot>,
+    ) -> Verdict {
+        let Some(session) = self.sessions.get(id) else {
+            return Verdict::Refused("gone".to_owned());
+        };
+        let owner = session.owner.clone();
+        let limits = self
+            .config
+            .limits
+            .get(&owner)
+            .unwrap_or(&self.config.default_limits);
+        let queue_held = || {
+            held.get(&queue.map(str::to_owned))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let past_limit = governed
+            .then(|| self.past_queue_limit(queue, &queue_held(), &session.requested))
+            .flatten();
+        let unpreemptible_borrower = governed
+            && session.no_preempt
+            && self
+                .config
+                .quotas
+                .standing(queue, &queue_held(), &session.requested)
+                != Standing::WithinGuarantee;
+        if let Some(why) = past_limit {
+            Verdict::Refused(why)
+        } else if unpreemptible_borrower {
+            Verdict::Refused(format!(
+                "no-preempt: admitted only within queue {}'s guarantee",
+                queue.unwrap_or("-")
+            ))
+        } else if !self.tracker.admits(&owner, id, limits.max_concurrent) {
+            Verdict::Refused(format!(
+                "owner {owner} is at its limit of {} concurrent sessions",
+                limits.max_concurrent.unwrap_or(0)
+            ))
+        } else if !self.within_slot_limit(&owner, &session.requested, limits.max_slots.as_ref()) {
+            Verdict::Refused(format!("owner {owner} would exceed its slot limit"))
+        } else {
+            match self.place(id) {
+                Ok(command) => Verdict::Placed(command),
+                Err(why) => Verdict::NoRoom(why),
+            }
+        }
     }
 
     /// Why a session of `queue` asking for `requested` waits while the queue holds `held`, if

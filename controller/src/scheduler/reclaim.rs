@@ -18,6 +18,9 @@ use crate::{
     slots::ResourceSlot,
 };
 
+/// Each candidate's sessions (id, node, request): itself, or a gang's live members.
+type Units = BTreeMap<String, Vec<(String, String, ResourceSlot)>>;
+
 /// What a reclaim decided for a waiting session.
 pub(super) struct Reclaim {
     /// Preemptions to send.
@@ -81,43 +84,87 @@ impl Scheduler {
             });
         }
         let quotas = &self.config.quotas;
-        let candidates: Vec<Candidate> = self
-            .sessions
-            .values()
-            .filter(|s| {
-                s.state == SessionState::Running
-                    && s.origin == Origin::Controller
-                    && s.preempting.is_none()
-                    && s.id != id
-            })
-            .map(|s| Candidate {
-                id: s.id.clone(),
-                queue: quotas.queue_of(&s.owner).map(str::to_owned),
-                priority: s.priority,
-                seq: s.seq,
-                requested: s.requested.clone(),
-                preemptible: !s.no_preempt,
-            })
-            .collect();
-        let node_of: BTreeMap<&str, &str> = self
-            .sessions
-            .values()
-            .filter_map(|s| Some((s.id.as_str(), s.node.as_deref()?)))
-            .collect();
+        // A running gang is one candidate (issue 24 §3): preempting one member preempts all.
+        let (candidates, units) = self.reclaim_candidates(id);
         let asker = Requester {
             queue,
             priority,
             request: &request,
         };
-        let victims =
-            choose_victims(quotas, held, asker, &candidates, |chosen| {
-                let mut freed = in_flight_freed.clone();
-                freed.extend(chosen.iter().filter_map(|c| {
-                    Some((c.id.as_str(), *node_of.get(c.id.as_str())?, &c.requested))
-                }));
-                fits_freeing(&freed)
-            })?;
+        let victims = choose_victims(quotas, held, asker, &candidates, |chosen| {
+            let mut freed = in_flight_freed.clone();
+            freed.extend(chosen.iter().flat_map(|c| {
+                units
+                    .get(c.id.as_str())
+                    .into_iter()
+                    .flatten()
+                    .map(|(sid, node, requested)| (sid.as_str(), node.as_str(), requested))
+            }));
+            fits_freeing(&freed)
+        })?;
+        let victims: Vec<Victim> = victims
+            .into_iter()
+            .flat_map(|v| {
+                let members = units.get(v.id.as_str()).cloned().unwrap_or_default();
+                members.into_iter().map(move |(sid, _, _)| Victim {
+                    id: sid,
+                    cause: v.cause,
+                })
+            })
+            .collect();
         Some(self.preempt_victims(id, queue, &victims))
+    }
+
+    /// The running sessions reclaim may preempt for `waiter`, and for each candidate the
+    /// sessions (id, node, request) preempting it ends: itself, or for a gang every live member,
+    /// the gang standing as one candidate (its members' requests summed, preemptible only if all
+    /// are). A gang with a member not running (or already being preempted) is no candidate.
+    fn reclaim_candidates(&self, waiter: &str) -> (Vec<Candidate>, Units) {
+        let quotas = &self.config.quotas;
+        let eligible = |s: &crate::session::Session| {
+            s.state == SessionState::Running
+                && s.origin == Origin::Controller
+                && s.preempting.is_none()
+                && s.id != waiter
+        };
+        let mut candidates = Vec::new();
+        let mut units = Units::new();
+        let mut gangs = std::collections::BTreeSet::new();
+        for s in self.sessions.values().filter(|s| eligible(s)) {
+            let members: Vec<&crate::session::Session> = match &s.gang {
+                None => vec![s],
+                Some(g) if gangs.insert((s.owner.clone(), g.name.clone())) => {
+                    self.live_members(&s.owner, &g.name)
+                }
+                Some(_) => continue,
+            };
+            if !members.iter().all(|m| eligible(m)) {
+                continue;
+            }
+            let requested = members.iter().fold(ResourceSlot::new(), |acc, m| {
+                acc.checked_add(&m.requested).unwrap_or(acc)
+            });
+            candidates.push(Candidate {
+                id: s.id.clone(),
+                queue: quotas.queue_of(&s.owner).map(str::to_owned),
+                priority: members
+                    .iter()
+                    .map(|m| m.priority)
+                    .max()
+                    .unwrap_or(s.priority),
+                seq: members.iter().map(|m| m.seq).max().unwrap_or(s.seq),
+                requested,
+                preemptible: members.iter().all(|m| !m.no_preempt),
+            });
+            units.insert(
+                s.id.clone(),
+                members
+                    .iter()
+                    .filter_map(|m| Some((m.id.clone(), m.node.clone()?, m.requested.clone())))
+                    .collect(),
+            );
+        }
+        (candidates, units)
     }
 
     /// Marks `victims` preempting for waiting session `waiter` and makes their commands.

@@ -51,7 +51,9 @@ impl Scheduler {
             .map(|(_, (_, id))| id)
             .collect();
         for id in &forget {
-            self.sessions.remove(id);
+            if let Some(s) = self.sessions.remove(id) {
+                self.leave_gang(&s);
+            }
             self.changes.sessions.insert(id.clone());
         }
         forget.len()

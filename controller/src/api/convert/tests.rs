@@ -146,6 +146,7 @@ prop_compose! {
             policy: policy.map(|(memory, compute)| pb::QuotaPolicy { memory, compute }),
             unconfined_target,
             no_preempt: false,
+            gang: None,
         }
     }
 }

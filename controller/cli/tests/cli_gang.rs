@@ -1,0 +1,156 @@
+//! Gangs through the `gpuwarden` CLI (docs/teams.md, "Gangs"): a real controller on loopback
+//! gRPC and a fake agent with two GPUs that acks every allocation. A member waits, saying how
+//! many of its gang exist, until the last one is created; then all run, and `session show` and
+//! `session ls` name the gang. Malformed gang flags are refused.
+
+mod common;
+
+use std::{process::Command, time::Duration};
+
+use gpuwarden_proto::v1 as pb;
+use tokio_stream::StreamExt;
+
+const NODE: &str = "node-gang";
+
+async fn fake_agent(url: String) {
+    let (tx, mut inbound) = gpuwarden_test_support::node::connect(
+        &url,
+        pb::NodeInfo {
+            slot_types: gpuwarden_test_support::node::gpu_slot_types(),
+            devices: (0..2)
+                .map(|i| pb::Device {
+                    uuid: format!("GPU-fake-{i}"),
+                    model: "Fake".into(),
+                    memory_bytes: 16 << 30,
+                    sm_count: 132,
+                    index: i,
+                    device_node: format!("/dev/nvidia{i}"),
+                    ..Default::default()
+                })
+                .collect(),
+            agent_version: "test".into(),
+            ..gpuwarden_test_support::node::bare(NODE)
+        },
+    )
+    .await;
+    while let Some(Ok(message)) = inbound.next().await {
+        let Some(pb::controller_message::Msg::Allocate(a)) = message.msg else {
+            continue;
+        };
+        let _ = tx
+            .send(pb::AgentMessage {
+                msg: Some(pb::agent_message::Msg::Ack(pb::AllocationAck {
+                    session_id: a.session_id.clone(),
+                })),
+            })
+            .await;
+    }
+}
+
+fn gpuwarden(url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(args)
+        .env("GPUWARDEN_CONTROLLER", url)
+        .output()
+        .expect("gpuwarden runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json(url: &str, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let (code, out, err) = gpuwarden(url, &all);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
+/// Creates a member of gang `pair` (of 2), a whole GPU; returns its id.
+fn member(url: &str) -> String {
+    let created = json(
+        url,
+        &[
+            "session",
+            "create",
+            "-r",
+            "cuda.shares=1",
+            "--gang",
+            "pair",
+            "--gang-size",
+            "2",
+        ],
+    );
+    assert_eq!(created["gang"]["name"], "pair", "{created}");
+    assert_eq!(created["gang"]["size"], 2, "{created}");
+    created["id"].as_str().expect("an id").to_owned()
+}
+
+fn state(url: &str, id: &str) -> serde_json::Value {
+    json(url, &["session", "show", id])
+}
+
+#[test]
+fn members_wait_for_their_gang_then_run_together_and_show_it() {
+    let scratch = gpuwarden_test_support::scratch("gang");
+    let (rt, url) = common::start_controller(scratch.path());
+    rt.spawn(fake_agent(url.clone()));
+    for _ in 0..100 {
+        if json(&url, &["node", "ls"]).to_string().contains(NODE) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Flags that don't make a gang: a usage error, or the controller's refusal naming the field.
+    let (code, _, err) = gpuwarden(
+        &url,
+        &["session", "create", "-r", "cuda.shares=1", "--gang", "g"],
+    );
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = gpuwarden(
+        &url,
+        &[
+            "session",
+            "create",
+            "-r",
+            "cuda.shares=1",
+            "--gang",
+            "g",
+            "--gang-size",
+            "1",
+        ],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("gang.size"), "{err}");
+
+    let first = member(&url);
+    // Several passes go by: the lone member stays pending and says why.
+    std::thread::sleep(Duration::from_millis(500));
+    let shown = state(&url, &first);
+    assert_eq!(shown["state"], "pending", "{shown}");
+    assert_eq!(shown["reason"], "gang pair 1/2 members", "{shown}");
+    let (code, out, err) = gpuwarden(&url, &["session", "show", &first]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("gang:      pair (2 members)"), "{out}");
+
+    let second = member(&url);
+    for _ in 0..100 {
+        if [&first, &second]
+            .iter()
+            .all(|id| state(&url, id)["state"] == "running")
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for id in [&first, &second] {
+        assert_eq!(state(&url, id)["state"], "running", "{id}");
+    }
+    let (code, out, err) = gpuwarden(&url, &["session", "ls"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.matches("gang pair (2 members)").count(), 2, "{out}");
+    drop(rt);
+}
