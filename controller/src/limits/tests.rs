@@ -172,3 +172,29 @@ fn limits_parse_from_toml_with_defaults() {
     assert_eq!(l.max_watches, Limits::default().max_watches);
     assert!(toml::from_str::<Limits>("max_everything = 1").is_err());
 }
+
+#[test]
+fn a_gang_is_bounded_by_the_sessions_an_owner_may_have() {
+    let limits = Limits {
+        max_sessions_per_owner: 8,
+        ..Limits::default()
+    };
+    let request = |name: &str, size| pb::CreateSessionRequest {
+        gang: Some(pb::Gang {
+            name: name.into(),
+            size,
+        }),
+        ..Default::default()
+    };
+    assert!(limits.create(&request("train", 8)).is_ok());
+    let e = limits.create(&request("train", 9)).expect_err("refused");
+    assert!(
+        matches!(&e, LimitError::TooLarge { field, key: "max_sessions_per_owner", .. } if field == "gang.size"),
+        "{e}"
+    );
+    assert_eq!(e.to_status().code(), tonic::Code::InvalidArgument);
+    let e = limits
+        .create(&request(&"g".repeat(limits.max_name_len + 1), 2))
+        .expect_err("refused");
+    assert!(e.to_string().starts_with("gang.name"), "{e}");
+}

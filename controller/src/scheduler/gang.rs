@@ -10,14 +10,29 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Command, Scheduler};
+use super::{
+    Command, Scheduler,
+    pass::Verdict,
+    quotas::{Requester, Victim, choose_victims},
+    reclaim::Reclaim,
+};
 use crate::{
+    allocator::{GpuRequest, Strategy},
+    node::{Node, NodeState},
     session::{Gang, GangError, Session, SessionState},
     slots::ResourceSlot,
 };
 
 /// A gang's key: its owner, then its name.
 pub(super) type GangKey = (String, String);
+
+/// Why a gang's members were not placed.
+pub(super) struct GangWait {
+    /// The first member's reason.
+    pub why: String,
+    /// It was room (not a team-queue or owner limit) that lacked: reclaim may make some.
+    pub no_room: bool,
+}
 
 /// What a pass found of a gang.
 pub(super) enum GangState {
@@ -111,6 +126,53 @@ impl Scheduler {
         }
     }
 
+    /// A pass's turn for `owner`'s gang `gang`: `None` while it is incomplete (its pending
+    /// members then say how many exist); otherwise whether it was placed, why not, and its
+    /// pending members. A gang that does not fit for want of room reclaims as one session would.
+    pub(super) fn pass_gang(
+        &mut self,
+        owner: &str,
+        gang: &Gang,
+        governed: bool,
+        held: &mut BTreeMap<Option<String>, ResourceSlot>,
+        commands: &mut Vec<Command>,
+    ) -> Option<(bool, String, Vec<String>)> {
+        let members = match self.gang_state(owner, gang) {
+            GangState::Incomplete { present, pending } => {
+                let why = format!("gang {} {present}/{} members", gang.name, gang.size);
+                for member in &pending {
+                    self.set_reason(member, &why);
+                }
+                return None;
+            }
+            GangState::Ready(members) => members,
+        };
+        match self.try_gang(&members, governed, held) {
+            Ok(placed) => {
+                commands.extend(placed);
+                Some((true, String::new(), members))
+            }
+            Err(wait) => {
+                let mut why = wait.why;
+                // As for a single session: reclaim only where quotas are configured, and only
+                // for room (not past a limit).
+                let queue = self.queue_key(governed, owner);
+                if governed
+                    && wait.no_room
+                    && let Some(reclaim) = self.reclaim_gang(&members, queue.as_deref(), held)
+                {
+                    commands.extend(reclaim.commands);
+                    why = reclaim.reason;
+                }
+                let why = format!(
+                    "gang {} ({} members) does not fit at once: {why}",
+                    gang.name, gang.size
+                );
+                Some((false, why, members))
+            }
+        }
+    }
+
     /// Places every one of `members` or none: each goes through the predicates and placement
     /// a single session does ([`Self::try_session`]), seeing what the ones before took; at the
     /// first that fails, what the others reserved is released and their records (and `held`,
@@ -120,7 +182,7 @@ impl Scheduler {
         members: &[String],
         governed: bool,
         held: &mut BTreeMap<Option<String>, ResourceSlot>,
-    ) -> Result<Vec<Command>, String> {
+    ) -> Result<Vec<Command>, GangWait> {
         let saved_held = held.clone();
         let saved_changes = (self.changes.sessions.clone(), self.changes.nodes.clone());
         let mut placed: Vec<Session> = Vec::new();
@@ -130,8 +192,8 @@ impl Scheduler {
                 continue;
             };
             let queue = self.queue_key(governed, &before.owner);
-            match self.try_session(id, queue.as_deref(), governed, held) {
-                super::pass::Verdict::Placed(command) => {
+            let (why, no_room) = match self.try_session(id, queue.as_deref(), governed, held) {
+                Verdict::Placed(command) => {
                     if governed {
                         let entry = held.entry(queue).or_default();
                         *entry = entry
@@ -140,18 +202,136 @@ impl Scheduler {
                     }
                     commands.push(command);
                     placed.push(before);
+                    continue;
                 }
-                super::pass::Verdict::Refused(why) | super::pass::Verdict::NoRoom(why) => {
-                    for before in placed.into_iter().rev() {
-                        self.unplace(before);
-                    }
-                    *held = saved_held;
-                    (self.changes.sessions, self.changes.nodes) = saved_changes;
-                    return Err(why);
-                }
+                Verdict::Refused(why) => (why, false),
+                Verdict::NoRoom(why) => (why, true),
+            };
+            for before in placed.into_iter().rev() {
+                self.unplace(before);
             }
+            *held = saved_held;
+            (self.changes.sessions, self.changes.nodes) = saved_changes;
+            return Err(GangWait { why, no_room });
         }
         Ok(commands)
+    }
+
+    /// Preempts what the pending `members` of a gang of `queue` need to be placed together, if
+    /// a set of allowed victims makes room for all of them at once (the gang asks as one
+    /// session: its members' requests summed, their highest priority); `None` when none does.
+    /// As for a single session, sessions already being preempted count as freed, and while
+    /// their release makes room nothing more is preempted.
+    pub(super) fn reclaim_gang(
+        &mut self,
+        members: &[String],
+        queue: Option<&str>,
+        held: &BTreeMap<Option<String>, ResourceSlot>,
+    ) -> Option<Reclaim> {
+        let waiting: Vec<&Session> = members
+            .iter()
+            .filter_map(|id| self.sessions.get(id))
+            .collect();
+        let first = waiting.first()?.id.clone();
+        let request = waiting.iter().fold(ResourceSlot::new(), |acc, m| {
+            acc.checked_add(&m.requested).unwrap_or(acc)
+        });
+        let priority = waiting.iter().map(|m| m.priority).max()?;
+        let in_flight: Vec<(String, String, ResourceSlot)> = self
+            .sessions
+            .values()
+            .filter(|s| s.preempting.is_some() && s.state.holds_resources())
+            .filter_map(|s| Some((s.id.clone(), s.node.clone()?, s.requested.clone())))
+            .collect();
+        let in_flight_freed: Vec<(&str, &str, &ResourceSlot)> = in_flight
+            .iter()
+            .map(|(s, n, r)| (s.as_str(), n.as_str(), r))
+            .collect();
+        if !in_flight.is_empty() && self.all_fit_freeing(&waiting, &in_flight_freed) {
+            let names: Vec<&str> = in_flight.iter().map(|(s, _, _)| s.as_str()).collect();
+            return Some(Reclaim {
+                commands: Vec::new(),
+                reason: format!(
+                    "waits for preempted sessions to release their resources: {}",
+                    names.join(", ")
+                ),
+            });
+        }
+        let (candidates, units) = self.reclaim_candidates(&first);
+        let asker = Requester {
+            queue,
+            priority,
+            request: &request,
+        };
+        let victims = choose_victims(&self.config.quotas, held, asker, &candidates, |chosen| {
+            let mut freed = in_flight_freed.clone();
+            freed.extend(chosen.iter().flat_map(|c| {
+                units
+                    .get(c.id.as_str())
+                    .into_iter()
+                    .flatten()
+                    .map(|(sid, node, requested)| (sid.as_str(), node.as_str(), requested))
+            }));
+            self.all_fit_freeing(&waiting, &freed)
+        })?;
+        let victims: Vec<Victim> = victims
+            .into_iter()
+            .flat_map(|v| {
+                let members = units.get(v.id.as_str()).cloned().unwrap_or_default();
+                members.into_iter().map(move |(sid, _, _)| Victim {
+                    id: sid,
+                    cause: v.cause,
+                })
+            })
+            .collect();
+        Some(self.preempt_victims(&first, queue, &victims))
+    }
+
+    /// Whether every one of `members` fits at once, each after the ones before it, with the
+    /// sessions `freed` (id, node, request) released: a scratch copy of the nodes they touch,
+    /// members tried on the fullest ready node first, as binpack places them.
+    fn all_fit_freeing(&self, members: &[&Session], freed: &[(&str, &str, &ResourceSlot)]) -> bool {
+        let mut scratch: BTreeMap<&str, Node> = BTreeMap::new();
+        for &(sid, nid, requested) in freed {
+            let Some(node) = self.nodes.get(nid) else {
+                continue;
+            };
+            let n = scratch.entry(nid).or_insert_with(|| node.clone());
+            n.allocator.release(sid);
+            n.unreserve(requested);
+        }
+        for m in members {
+            let Ok(gpu) = GpuRequest::from_slots(&m.requested) else {
+                return false;
+            };
+            let non_gpu = Node::non_gpu(&m.requested);
+            let fits = |n: &Node| {
+                (non_gpu.is_zero() || n.non_gpu_fits(&non_gpu)) && n.allocator.can_fit(&gpu)
+            };
+            let chosen = self.by_free.iter().map(|(_, id)| id.as_str()).find(|nid| {
+                let Some(node) = self.nodes.get(*nid) else {
+                    return false;
+                };
+                node.state == NodeState::Ready
+                    && m.pinned_node.as_deref().is_none_or(|p| p == *nid)
+                    && fits(scratch.get(nid).unwrap_or(node))
+            });
+            let Some(nid) = chosen else {
+                return false;
+            };
+            let Some(node) = self.nodes.get(nid) else {
+                return false;
+            };
+            let n = scratch.entry(nid).or_insert_with(|| node.clone());
+            let Ok(plan) = n.allocator.plan(&gpu, Strategy::Binpack) else {
+                return false;
+            };
+            if n.allocator.allocate_planned(&m.id, plan).is_err() {
+                return false;
+            }
+            n.reserve(&m.requested);
+        }
+        true
     }
 
     /// Undoes a placement made in this pass: releases what the session reserved on its node

@@ -354,3 +354,62 @@ fn a_running_gang_is_preempted_as_a_unit() {
     assert_eq!(pass(&mut s), ["a1"]);
     assert_eq!(allocated(&s, "n1"), "1");
 }
+
+#[test]
+fn a_waiting_gang_within_its_guarantee_reclaims_room_for_all_its_members() {
+    let quotas = QuotaConfig {
+        queues: [(
+            "a".to_owned(),
+            QueueQuota {
+                guaranteed: slots(&["cuda.shares=2"]),
+                limit: None,
+            },
+        )]
+        .into(),
+        members: BTreeMap::new(),
+    };
+    let mut s = Scheduler::new(SchedulerConfig {
+        quotas,
+        ..SchedulerConfig::default()
+    });
+    s.register(report("n1", 2, &[]), &[]).unwrap();
+    // `burst` has no queue: it borrows the whole node.
+    for id in ["b1", "b2"] {
+        member(&mut s, id, "burst", &["cuda.shares=1"], None).unwrap();
+    }
+    assert_eq!(pass(&mut s), ["b1", "b2"]);
+    // Team a's gang is within its guarantee: one GPU freed would do for a single member, the
+    // gang needs both.
+    members(&mut s, "a", "pair", 2, &["a1", "a2"]);
+    let preempts = |s: &mut Scheduler| {
+        let mut ids: Vec<String> = s
+            .pass()
+            .into_iter()
+            .filter_map(|c| match c {
+                Command::Preempt { session, .. } => Some(session),
+                Command::Allocate { .. } => panic!("nothing is placed before the room is free"),
+                Command::Release { .. } => None,
+            })
+            .collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(preempts(&mut s), ["b1", "b2"]);
+    assert!(
+        reason(&s, "a1").contains("waits for preempted"),
+        "{}",
+        reason(&s, "a1")
+    );
+    // While the victims are on their way out, nothing more is preempted or placed.
+    assert!(preempts(&mut s).is_empty());
+    assert_eq!(allocated(&s, "n1"), "2");
+    for id in ["b1", "b2"] {
+        let event = EnforcementEvent {
+            action: Action::Preempted,
+            ..EnforcementEvent::default()
+        };
+        assert!(s.record_event("n1", id, event));
+    }
+    assert_eq!(pass(&mut s), ["a1", "a2"]);
+    assert_eq!(allocated(&s, "n1"), "2");
+}

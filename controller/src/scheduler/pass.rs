@@ -1,7 +1,7 @@
 //! The scheduling pass: each pending session in queue order through its team queue's limit and
 //! the per-owner predicates, then filter, score and bind.
 
-use super::{Command, QueuePolicy, Scheduler, gang::GangState, quotas::Standing, set_state};
+use super::{Command, QueuePolicy, Scheduler, quotas::Standing, set_state};
 use crate::{
     allocator::{GpuRequest, Strategy},
     node::{Node, NodeState},
@@ -56,32 +56,14 @@ impl Scheduler {
                 {
                     continue;
                 }
-                match self.gang_state(&owner, &gang) {
-                    GangState::Incomplete { present, pending } => {
-                        // Not ready to run: it waits without holding the queue up.
-                        let why = format!("gang {} {present}/{} members", gang.name, gang.size);
-                        for member in &pending {
-                            self.set_reason(member, &why);
-                        }
-                        observe(started.elapsed(), false);
-                        continue;
-                    }
-                    GangState::Ready(members) => {
-                        match self.try_gang(&members, governed, &mut held) {
-                            Ok(placed) => {
-                                commands.extend(placed);
-                                (true, String::new(), members)
-                            }
-                            Err(why) => {
-                                let why = format!(
-                                    "gang {} ({} members) does not fit at once: {why}",
-                                    gang.name, gang.size
-                                );
-                                (false, why, members)
-                            }
-                        }
-                    }
-                }
+                let Some(outcome) =
+                    self.pass_gang(&owner, &gang, governed, &mut held, &mut commands)
+                else {
+                    // Incomplete: not ready to run, it waits without holding the queue up.
+                    observe(started.elapsed(), false);
+                    continue;
+                };
+                outcome
             } else {
                 let queue = self.queue_key(governed, &session.owner);
                 let (placed, reason) =
@@ -137,7 +119,7 @@ impl Scheduler {
     }
 
     /// Sets a waiting session's reason, recording the change only when it differs.
-    fn set_reason(&mut self, id: &str, reason: &str) {
+    pub(super) fn set_reason(&mut self, id: &str, reason: &str) {
         if let Some(s) = self.sessions.get_mut(id)
             && s.reason != reason
         {

@@ -19,7 +19,7 @@ use crate::{
 };
 
 /// Each candidate's sessions (id, node, request): itself, or a gang's live members.
-type Units = BTreeMap<String, Vec<(String, String, ResourceSlot)>>;
+pub(super) type Units = BTreeMap<String, Vec<(String, String, ResourceSlot)>>;
 
 /// What a reclaim decided for a waiting session.
 pub(super) struct Reclaim {
@@ -119,7 +119,7 @@ impl Scheduler {
     /// sessions (id, node, request) preempting it ends: itself, or for a gang every live member,
     /// the gang standing as one candidate (its members' requests summed, preemptible only if all
     /// are). A gang with a member not running (or already being preempted) is no candidate.
-    fn reclaim_candidates(&self, waiter: &str) -> (Vec<Candidate>, Units) {
+    pub(super) fn reclaim_candidates(&self, waiter: &str) -> (Vec<Candidate>, Units) {
         let quotas = &self.config.quotas;
         let eligible = |s: &crate::session::Session| {
             s.state == SessionState::Running
@@ -168,7 +168,7 @@ impl Scheduler {
     }
 
     /// Marks `victims` preempting for waiting session `waiter` and makes their commands.
-    fn preempt_victims(
+    pub(super) fn preempt_victims(
         &mut self,
         waiter: &str,
         queue: Option<&str>,
