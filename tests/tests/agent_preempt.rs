@@ -226,6 +226,19 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
     // The lender holds both GPUs now, and no one else does.
     let lab = rig.get(&a1);
     assert_eq!(lab.devices.len(), 2, "{lab:?}");
+    // Its decisions say whom it preempted, and that it then waited for them.
+    let kinds: Vec<&str> = lab.decisions.iter().map(|d| d.kind.as_str()).collect();
+    assert_eq!(kinds, ["preempted", "waited"], "{:?}", lab.decisions);
+    for id in [&b1, &b2] {
+        assert!(lab.decisions[0].detail.contains(id.as_str()));
+        let yielded = &rig.get(id).decisions;
+        assert!(
+            yielded
+                .iter()
+                .any(|d| d.kind == "yielded" && d.detail.contains(&a1)),
+            "{yielded:?}"
+        );
+    }
     assert_not_overcommitted(&list(&rig));
 }
 

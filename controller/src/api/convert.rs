@@ -281,6 +281,15 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
         kubernetes: s.origin.claim().map(claim_to_pb),
         revision: s.revision,
         no_preempt: s.no_preempt,
+        decisions: s
+            .decisions
+            .iter()
+            .map(|d| pb::SchedulingDecision {
+                at_ms: d.at_ms,
+                kind: d.kind.as_str().to_owned(),
+                detail: d.detail.clone(),
+            })
+            .collect(),
         share: Some(share_to_pb(s)),
     }
 }

@@ -350,6 +350,7 @@ impl Scheduler {
             events: Vec::new(),
             no_preempt,
             preempting: None,
+            decisions: Vec::new(),
         };
         self.next_seq += 1;
         session

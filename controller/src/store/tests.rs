@@ -43,6 +43,7 @@ fn session(id: &str) -> Session {
         revision: 0,
         no_preempt: false,
         preempting: None,
+        decisions: Vec::new(),
     }
 }
 
