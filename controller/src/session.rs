@@ -89,6 +89,10 @@ pub struct Session {
     /// gone): the reason it will end with, naming whom it yields to and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempting: Option<String>,
+    /// The scheduler's decisions about it, newest last (at most [`MAX_DECISIONS`]): why it
+    /// waited, whom it preempted, whom it yielded to (`session show --explain`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<Decision>,
     /// The gang it belongs to (records from before gangs: none): placed all at once with the
     /// gang's other members or not at all (docs/teams.md, "Gangs").
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -181,6 +185,41 @@ impl Gang {
     }
 }
 
+/// A scheduling decision about a session, kept with it so that it can be explained later.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// When, ms since the epoch.
+    pub at_ms: i64,
+    /// What was decided.
+    pub kind: DecisionKind,
+    /// Why, in words: the reason it waited for, whom it preempted and for what.
+    pub detail: String,
+}
+
+/// What a [`Decision`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionKind {
+    /// It was placed after waiting: the detail is how long, and the last reason it waited.
+    Waited,
+    /// Others were preempted to make room for it: the detail names them and the rule.
+    Preempted,
+    /// It was preempted for another: the detail names that one and the rule.
+    Yielded,
+}
+
+impl DecisionKind {
+    /// Its name on the wire and in JSON: `waited`, `preempted` or `yielded`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Waited => "waited",
+            Self::Preempted => "preempted",
+            Self::Yielded => "yielded",
+        }
+    }
+}
+
 /// Who placed a session.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -241,7 +280,34 @@ impl KubernetesClaim {
 /// How many enforcement events a session keeps (the newest).
 pub const MAX_EVENTS: usize = 32;
 
+/// How many scheduling decisions a session keeps (the newest).
+pub const MAX_DECISIONS: usize = 16;
+
 impl Session {
+    /// Records a scheduling decision made now, keeping the newest [`MAX_DECISIONS`].
+    pub fn record_decision(&mut self, kind: DecisionKind, detail: String) {
+        self.decisions.push(Decision {
+            at_ms: now_ms(),
+            kind,
+            detail,
+        });
+        if self.decisions.len() > MAX_DECISIONS {
+            let extra = self.decisions.len() - MAX_DECISIONS;
+            self.decisions.drain(..extra);
+        }
+    }
+
+    /// Records, as it is placed, that it waited and the last reason why (nothing when it was
+    /// placed in the pass after it was created, with no reason to wait).
+    pub fn record_wait(&mut self) {
+        if self.reason.is_empty() {
+            return;
+        }
+        let waited_ms = now_ms().saturating_sub(self.created_at_ms).max(0);
+        let detail = format!("{waited_ms} ms; the last reason: {}", self.reason);
+        self.record_decision(DecisionKind::Waited, detail);
+    }
+
     /// Records an event, keeping the newest [`MAX_EVENTS`], newest last.
     pub fn record_event(&mut self, event: EnforcementEvent) {
         self.events.push(event);
@@ -286,6 +352,7 @@ mod tests {
             no_preempt: false,
             preempting: None,
             gang: None,
+            decisions: Vec::new(),
         };
         for at_ms in 0..40 {
             s.record_event(EnforcementEvent {

@@ -27,6 +27,18 @@ fn a_bad_scoring_config_stops_the_controller_naming_the_key() {
             "[limits]: concurrency_per_connection = 0",
         ),
         ("[limits]\nmax_everything = 1\n", "max_everything"),
+        (
+            "[scheduler.quotas.queues.Team_A]\nguaranteed = { \"cuda.shares\" = \"1\" }\n",
+            "[scheduler.quotas]: name \"Team_A\"",
+        ),
+        (
+            "[scheduler.quotas.queues.lab]\nguaranteed = { \"cuda.shares\" = \"4\" }\nlimit = { \"cuda.shares\" = \"2\" }\n",
+            "[scheduler.quotas]: guaranteed[cuda.shares]: 4 is above the limit of 2",
+        ),
+        (
+            "[scheduler.quotas.members]\nalice = \"lba\"\n",
+            "[scheduler.quotas]: members: \"alice\" is put in queue \"lba\"",
+        ),
     ] {
         let file = dir.join("controller.toml");
         std::fs::write(&file, toml).expect("written");

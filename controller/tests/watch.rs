@@ -478,3 +478,86 @@ async fn pages_hold_every_session_once_while_sessions_come_and_go() {
         .expect_err("refused");
     assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
 }
+
+/// `CreateSession` answers with the revision of the creation: each create's is above the one
+/// before, and a watch from it (as `gpuwarden run` watches its session) delivers the session's
+/// next change, its placement, and nothing from before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_a_creates_revision_sees_its_next_change() {
+    let scratch = gpuwarden_test_support::scratch("watch-create");
+    let addr = serve(scratch.path()).await;
+    let mut client = client(addr).await;
+    let first = client
+        .create_session(common::request("first"))
+        .await
+        .expect("created")
+        .into_inner();
+    // The node has room for one: the first runs, the second waits.
+    wait_for_state(&mut client, &first.id, pb::SessionState::Scheduled).await;
+    let second = client
+        .create_session(common::request("second"))
+        .await
+        .expect("created")
+        .into_inner();
+    assert!(first.revision > 0, "{first:?}");
+    assert!(
+        second.revision > first.revision,
+        "{first:?} then {second:?}"
+    );
+    assert_eq!(second.state, pb::SessionState::Pending as i32);
+
+    let mut watch = client
+        .watch_sessions(pb::WatchSessionsRequest {
+            since_revision: second.revision,
+        })
+        .await
+        .expect("watches")
+        .into_inner();
+    // Room for the second: the first ends.
+    client
+        .terminate_session(pb::TerminateSessionRequest {
+            id: first.id.clone(),
+        })
+        .await
+        .expect("ended");
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|s: &pb::Session| s.id == second.id && s.state != pb::SessionState::Pending as i32)
+    {
+        let next = tokio::time::timeout(QUIET, watch.next())
+            .await
+            .expect("a change within the quiet period")
+            .expect("the stream goes on")
+            .expect("a session");
+        assert!(next.revision > second.revision, "{next:?}");
+        seen.push(next);
+    }
+    assert!(
+        !seen
+            .iter()
+            .any(|s| s.id == second.id && s.revision == second.revision),
+        "the creation itself is not delivered again: {seen:?}"
+    );
+}
+
+/// Polls until session `id` is in `state`.
+async fn wait_for_state(
+    client: &mut SchedulerServiceClient<Channel>,
+    id: &str,
+    state: pb::SessionState,
+) {
+    gpuwarden_test_support::wait::until_async(
+        &format!("{id} to be {state:?}"),
+        gpuwarden_test_support::wait::PATIENCE,
+        || {
+            let (mut c, id) = (client.clone(), id.to_owned());
+            async move {
+                c.get_session(pb::GetSessionRequest { id })
+                    .await
+                    .is_ok_and(|s| s.into_inner().state >= state as i32)
+            }
+        },
+    )
+    .await;
+}

@@ -20,6 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use gpuwarden_controller::store::StoreSpec;
 use gpuwarden_controller::{
     scheduler::{
         SchedulerConfig,
@@ -28,8 +29,12 @@ use gpuwarden_controller::{
     slots::ResourceSlot,
 };
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_support::{TestCgroup, require_root};
-use util::{container_id, rig::Rig};
+use gpuwarden_test_controller::TestController;
+use gpuwarden_test_support::{Etcd, TestCgroup, require_root, scratch, wait::PATIENCE};
+use util::{
+    container_id,
+    rig::{self, Rig},
+};
 
 /// Between SIGTERM and the kill.
 const GRACE: Duration = Duration::from_secs(3);
@@ -91,9 +96,14 @@ fn assert_not_overcommitted(sessions: &[pb::Session]) {
     }
 }
 
-/// The enforcement tests' rig with team quotas: team `lab` is guaranteed both GPUs; any other
-/// owner has no queue, so it only borrows.
+/// The enforcement tests' rig with team quotas ([`config`]).
 fn start() -> Rig {
+    Rig::start_with("preempt", config(), Duration::from_mins(1))
+}
+
+/// Team quotas: team `lab` is guaranteed both GPUs; any other owner has no queue, so it only
+/// borrows. Preempted workloads get [`GRACE`].
+fn config() -> SchedulerConfig {
     let quotas = QuotaConfig {
         queues: [(
             "lab".to_owned(),
@@ -105,12 +115,11 @@ fn start() -> Rig {
         .into(),
         members: BTreeMap::new(),
     };
-    let config = SchedulerConfig {
+    SchedulerConfig {
         quotas,
         preemption_grace_ms: u32::try_from(GRACE.as_millis()).unwrap(),
         ..SchedulerConfig::default()
-    };
-    Rig::start_with("preempt", config, Duration::from_mins(1))
+    }
 }
 
 /// Every session the controller has.
@@ -217,5 +226,115 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
     // The lender holds both GPUs now, and no one else does.
     let lab = rig.get(&a1);
     assert_eq!(lab.devices.len(), 2, "{lab:?}");
+    // Its decisions say whom it preempted, and that it then waited for them.
+    let kinds: Vec<&str> = lab.decisions.iter().map(|d| d.kind.as_str()).collect();
+    assert_eq!(kinds, ["preempted", "waited"], "{:?}", lab.decisions);
+    for id in [&b1, &b2] {
+        assert!(lab.decisions[0].detail.contains(id.as_str()));
+        let yielded = &rig.get(id).decisions;
+        assert!(
+            yielded
+                .iter()
+                .any(|d| d.kind == "yielded" && d.detail.contains(&a1)),
+            "{yielded:?}"
+        );
+    }
     assert_not_overcommitted(&list(&rig));
+}
+
+/// `burst` borrows the whole node with one session whose workload ignores SIGTERM, and `lab`
+/// asks for it: returns the workload, the borrower's id and the lender's, once the agent has
+/// signalled the workload (the preemption is under way: decided, stored, acted on, not ended).
+fn preemption_under_way(rig: &Rig, seed: &str) -> (Workload, TestCgroup, String, String) {
+    let cg = container_cgroup(seed);
+    let workload = Workload::start(&cg, "");
+    let borrower = create(rig, "burst", "2", Some(&cg));
+    util::wait_binding(rig.agent(), &borrower, "bound");
+    rig.wait_for("the borrower to run", |r| {
+        r.get(&borrower).state == pb::SessionState::Running as i32
+    });
+    let lender = create(rig, "lab", "2", None);
+    rig.wait_for("the agent to signal the borrower's workload", |r| {
+        r.get(&borrower)
+            .events
+            .iter()
+            .any(|e| e.action == "preempt")
+    });
+    (workload, cg, borrower, lender)
+}
+
+/// After a controller went away mid-preemption: the borrower ends PREEMPTED naming the lender,
+/// which runs on both GPUs, and no device is over-committed on the way.
+fn assert_the_preemption_completes(rig: &Rig, borrower: &str, lender: &str) {
+    rig.wait_for("the lender to run", |r| {
+        let sessions = list(r);
+        assert_not_overcommitted(&sessions);
+        sessions
+            .iter()
+            .any(|s| s.id == lender && s.state == pb::SessionState::Running as i32)
+    });
+    let s = rig.get(borrower);
+    assert_eq!(s.state, pb::SessionState::Preempted as i32, "{s:?}");
+    assert!(s.reason.contains(lender), "{}", s.reason);
+    assert!(s.reason.contains("reclaims its guarantee"), "{}", s.reason);
+    assert_eq!(rig.get(lender).devices.len(), 2);
+    assert_not_overcommitted(&list(rig));
+}
+
+/// The controller (on sled) is killed once the agent has signalled a preempted workload, and
+/// started again on its store only after the agent killed the workload at the deadline: the
+/// agent's `preempted` report went to no one, yet nothing decided is lost. The restarted
+/// controller still has the borrower being preempted and the lender waiting; the agent's
+/// registration no longer lists the borrower, which ends PREEMPTED, and the lender runs.
+#[test]
+#[ignore = "needs root"]
+fn a_controller_killed_mid_preemption_finishes_it_after_a_restart() {
+    require_root();
+    let mut rig = start();
+    let (mut workload, _cg, borrower, lender) = preemption_under_way(&rig, "restart");
+    let (addr, dir) = (rig.ctl.addr, rig.state[0].path().to_owned());
+    rig.ctl.crash();
+    // While no controller runs, the agent ends the workload at the deadline.
+    let status = workload.wait();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+
+    rig.ctl = TestController::start_on(&dir, config(), rig::timing(), addr);
+    assert_the_preemption_completes(&rig, &borrower, &lender);
+}
+
+/// Two controllers on a real etcd; the leader is killed once the agent has signalled a
+/// preempted workload. The standby takes over with the same decisions: the agent follows it,
+/// the preemption completes there (the workload killed at its deadline) and the lender runs.
+#[test]
+#[ignore = "needs root"]
+fn a_failover_mid_preemption_completes_it_on_the_new_leader() {
+    require_root();
+    let etcd = Etcd::start();
+    let store: StoreSpec = etcd.store_url("preempt").parse().unwrap();
+    let ttl = Duration::from_secs(2);
+    let first = TestController::start_elected_with(&store, config(), rig::timing(), ttl);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    gpuwarden_test_support::wait::until("the first controller to lead", PATIENCE, || {
+        rt.block_on(first.leads())
+    });
+    let standby = TestController::start_elected_with(&store, config(), rig::timing(), ttl);
+    // The standby first in the agent's list: it is told where the leader is.
+    let urls = format!("{},{}", standby.url(), first.url());
+    let mut rig = Rig::around(
+        "preempt-ha",
+        first,
+        &urls,
+        [scratch("ctl"), scratch("agent")],
+        Duration::from_mins(1),
+    );
+    let (mut workload, _cg, borrower, lender) = preemption_under_way(&rig, "failover");
+
+    std::mem::replace(&mut rig.ctl, standby).kill();
+    rig.wait_for("the standby to lead", |r| r.rt.block_on(r.ctl.leads()));
+    assert_the_preemption_completes(&rig, &borrower, &lender);
+    let status = workload.wait();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
 }

@@ -18,7 +18,9 @@
 //!   of each GPU, averaged over its GPUs), `entitled_memory_bytes`, `samples` (usage reports
 //!   received), `achieved` (null when no usage was reported yet, else `mean` and
 //!   `window_samples`: the GPU time share over the newest reports, `last`, `last_memory_bytes`,
-//!   `peak_memory_bytes`); see docs/metrics.md, "Achieved against entitled"), `gang` (null
+//!   `peak_memory_bytes`); see docs/metrics.md, "Achieved against entitled"), `decisions`
+//!   (the scheduler's, newest last, at most 16: `at_ms`, `kind` (`waited`, `preempted` or
+//!   `yielded`), `detail`), `gang` (null
 //!   unless a member of one: `name`, `size`; see docs/teams.md, "Gangs");
 //! - profile: `class`, `runs`, `samples`, `deciles` (utilization at the 5th … 95th
 //!   percentiles), `mean`, `peak_memory_bytes`, `mean_ioctls_per_sec`, `updated_at_ms`;
@@ -65,6 +67,8 @@ pub struct Session {
     revision: u64,
     /// Its entitled share next to what its agent measured it getting.
     share: Option<Share>,
+    /// Why it waited, whom it preempted, whom it yielded to.
+    decisions: Vec<Decision>,
     /// The gang it belongs to.
     gang: Option<Gang>,
 }
@@ -74,6 +78,14 @@ pub struct Session {
 pub struct Gang {
     name: String,
     size: u32,
+}
+
+/// A scheduling decision about a session.
+#[derive(Debug, Serialize)]
+pub struct Decision {
+    at_ms: i64,
+    kind: String,
+    detail: String,
 }
 
 /// A session's entitled share and the achieved one.
@@ -291,6 +303,15 @@ impl From<&pb::Session> for Session {
             }),
             revision: s.revision,
             share: s.share.as_ref().map(Share::from),
+            decisions: s
+                .decisions
+                .iter()
+                .map(|d| Decision {
+                    at_ms: d.at_ms,
+                    kind: d.kind.clone(),
+                    detail: d.detail.clone(),
+                })
+                .collect(),
             gang: s.gang.as_ref().map(|g| Gang {
                 name: g.name.clone(),
                 size: g.size,

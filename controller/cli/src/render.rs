@@ -182,11 +182,14 @@ fn share_lines(out: &mut String, share: &pb::SessionShare) {
 /// Why a session went where it went: each candidate with its terms, best first.
 #[must_use]
 pub fn explanation(s: &pb::Session) -> String {
+    let mut out = decisions(s);
     let Some(e) = &s.explanation else {
-        return format!("session {} is not placed yet: {}\n", s.id, s.reason);
+        let _ = writeln!(out, "session {} is not placed yet: {}", s.id, s.reason);
+        return out;
     };
-    let mut out = format!(
-        "placement: {} ({} candidate{} scored; lower totals win)\n",
+    let _ = writeln!(
+        out,
+        "placement: {} ({} candidate{} scored; lower totals win)",
         e.mode,
         e.considered,
         if e.considered == 1 { "" } else { "s" }
@@ -230,6 +233,19 @@ pub fn explanation(s: &pb::Session) -> String {
             );
         }
         out.push('\n');
+    }
+    out
+}
+
+/// The scheduler's decisions about `s`, oldest first, one line each (nothing when none).
+fn decisions(s: &pb::Session) -> String {
+    let mut out = String::new();
+    if s.decisions.is_empty() {
+        return out;
+    }
+    out.push_str("decisions:\n");
+    for d in &s.decisions {
+        let _ = writeln!(out, "  {:<15} {:<9} {}", d.at_ms, d.kind, d.detail);
     }
     out
 }
@@ -539,6 +555,44 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn explain_lists_the_decisions_before_the_placement() {
+        let decision = |at_ms, kind: &str, detail: &str| pb::SchedulingDecision {
+            at_ms,
+            kind: kind.into(),
+            detail: detail.into(),
+        };
+        let s = pb::Session {
+            id: "s-1".into(),
+            reason: "waits for preempted sessions to release their resources: s-0".into(),
+            decisions: vec![decision(
+                1_000,
+                "preempted",
+                "s-0 on n1 (queue a reclaims its guarantee from queue b)",
+            )],
+            ..Default::default()
+        };
+        let text = explanation(&s);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "decisions:", "{text}");
+        assert!(
+            lines[1].contains("1000")
+                && lines[1].contains("preempted")
+                && lines[1].contains("s-0 on n1"),
+            "{text}"
+        );
+        assert_eq!(
+            lines[2],
+            "session s-1 is not placed yet: waits for preempted sessions to release their resources: s-0"
+        );
+        // Nothing decided yet: only the wait.
+        let quiet = pb::Session {
+            decisions: Vec::new(),
+            ..s
+        };
+        assert!(explanation(&quiet).starts_with("session s-1 is not placed yet"));
     }
 
     #[test]

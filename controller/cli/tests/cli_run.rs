@@ -8,6 +8,7 @@
 mod common;
 
 use std::{
+    collections::BTreeMap,
     io::{BufRead, BufReader, Write},
     os::unix::net::UnixListener,
     path::{Path, PathBuf},
@@ -16,6 +17,14 @@ use std::{
     time::Duration,
 };
 
+use gpuwarden_controller::{
+    scheduler::{
+        SchedulerConfig,
+        quotas::{QueueQuota, QuotaConfig},
+    },
+    server,
+    slots::ResourceSlot,
+};
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_support::{
     TestCgroup,
@@ -56,8 +65,10 @@ fn fake_agent_socket(path: &Path, cgroup_dir: PathBuf) {
     });
 }
 
-/// Registers one GPU, acks every `Allocate` (kept in `seen`) and reports one event for it.
-async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>) {
+/// Registers one GPU, acks every `Allocate` (kept in `seen`) and reports one event for it. A
+/// `Preempt` it answers as the agent does a workload that ends on SIGTERM: SIGTERM to every
+/// process of `cgroup` (where the agent socket puts each session), then `preempted`.
+async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>, cgroup: PathBuf) {
     let kind = |k: pb::SlotKind| i32::from(k);
     let (tx, mut inbound) = gpuwarden_test_support::node::connect(
         &url,
@@ -114,13 +125,26 @@ async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>) {
             }
         }
     });
+    let send = |msg| tx.send(pb::AgentMessage { msg: Some(msg) });
     while let Some(Ok(message)) = inbound.next().await {
-        let Some(pb::controller_message::Msg::Allocate(a)) = message.msg else {
-            continue;
+        let a = match message.msg {
+            Some(pb::controller_message::Msg::Allocate(a)) => a,
+            Some(pb::controller_message::Msg::Preempt(p)) => {
+                terminate_all(&cgroup).await;
+                let _ = send(pb::agent_message::Msg::Event(pb::EnforcementEvent {
+                    session_id: p.session_id,
+                    action: "preempted".into(),
+                    reason: format!("preempted ({}): the workload ended", p.reason),
+                    container: "managed".into(),
+                    ..Default::default()
+                }))
+                .await;
+                continue;
+            }
+            _ => continue,
         };
         let session_id = a.session_id.clone();
         seen.lock().expect("not poisoned").push(a);
-        let send = |msg| tx.send(pb::AgentMessage { msg: Some(msg) });
         let _ = send(pb::agent_message::Msg::Ack(pb::AllocationAck {
             session_id: session_id.clone(),
         }))
@@ -138,6 +162,24 @@ async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>) {
             at_ms: 1_700_000_000_000,
         }))
         .await;
+    }
+}
+
+/// SIGTERM to every process in `cgroup`, then waits until none is left.
+async fn terminate_all(cgroup: &Path) {
+    let procs = || {
+        std::fs::read_to_string(cgroup.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse::<i32>().ok())
+            .collect::<Vec<_>>()
+    };
+    for pid in procs() {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    while !procs().is_empty() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -165,7 +207,11 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
 
     let (rt, url) = common::start_controller(scratch);
     let seen = Arc::new(Mutex::new(Vec::new()));
-    rt.spawn(fake_agent(url.clone(), Arc::clone(&seen)));
+    rt.spawn(fake_agent(
+        url.clone(),
+        Arc::clone(&seen),
+        cgroup.dir.clone(),
+    ));
     // Registered once the node is listed.
     wait::until("the fake agent to register", PATIENCE, || {
         let listed = gpuwarden(&url, &["--json", "node", "ls"]);
@@ -298,6 +344,93 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
     for s in sessions {
         assert_eq!(s["state"], "terminated", "{s}");
     }
+
+    rt.shutdown_background();
+    drop(cgroup);
+}
+
+/// A `run` of a team that borrows the only GPU, and the team guaranteed it asks: the controller
+/// preempts the run's session, its command gets SIGTERM, and `run` says so on stderr, naming
+/// whom it yielded to, and exits 75 (`PREEMPTED_EXIT`) rather than the command's own status;
+/// the session ends `preempted` and the lender's runs.
+#[test]
+#[ignore = "needs root"]
+fn a_preempted_run_says_so_and_exits_75() {
+    gpuwarden_test_support::require_root();
+    let cgroup = TestCgroup::create(&format!("gpuwarden-test-preempt-{}", std::process::id()));
+    let scratch = gpuwarden_test_support::scratch("preempt");
+    let scratch = scratch.path();
+    let socket = scratch.join("agent.sock");
+    fake_agent_socket(&socket, cgroup.dir.clone());
+    let lab = QueueQuota {
+        guaranteed: ResourceSlot::parse_any(&["cuda.shares=1"]).expect("a slot"),
+        limit: None,
+    };
+    let config = SchedulerConfig {
+        quotas: QuotaConfig {
+            queues: [("lab".to_owned(), lab)].into(),
+            members: BTreeMap::new(),
+        },
+        preemption_grace_ms: 5_000,
+        ..SchedulerConfig::default()
+    };
+    let (rt, url) =
+        common::start_controller_scheduling(scratch, server::Transport::PlainText.into(), config);
+    rt.spawn(fake_agent(
+        url.clone(),
+        Arc::new(Mutex::new(Vec::new())),
+        cgroup.dir.clone(),
+    ));
+    wait::until("the fake agent to register", PATIENCE, || {
+        let listed = gpuwarden(&url, &["--json", "node", "ls"]);
+        String::from_utf8_lossy(&listed.stdout).contains(NODE)
+    });
+
+    let socket_arg = socket.to_string_lossy().into_owned();
+    let borrower = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["run", "--owner", "burst", "-r", "cuda.shares=1"])
+        .args(["--agent-socket", &socket_arg, "--", "sleep", "300"])
+        .env("GPUWARDEN_CONTROLLER", &url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gpuwarden starts");
+    wait::until("gpuwarden run to start sleep", PATIENCE, || {
+        runs_child(borrower.id(), "sleep")
+    });
+    let created = gpuwarden(
+        &url,
+        &[
+            "--json",
+            "session",
+            "create",
+            "--owner",
+            "lab",
+            "-r",
+            "cuda.shares=1",
+        ],
+    );
+    assert!(created.status.success(), "{created:?}");
+    let lender: serde_json::Value = serde_json::from_slice(&created.stdout).expect("JSON");
+    let lender = lender["id"].as_str().expect("an id").to_owned();
+
+    let out = borrower.wait_with_output().expect("waited");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "stderr: {stderr}");
+    // (That it is being preempted is said as well when the command outlives the moment.)
+    assert!(stderr.contains("was preempted"), "{stderr}");
+    assert!(
+        stderr.contains(&lender),
+        "names whom it yielded to: {stderr}"
+    );
+    wait::until("the lender to run", PATIENCE, || {
+        let shown = gpuwarden(&url, &["--json", "session", "show", &lender]);
+        serde_json::from_slice::<serde_json::Value>(&shown.stdout)
+            .is_ok_and(|s| s["state"] == "running")
+    });
+    let listed = gpuwarden(&url, &["--json", "session", "ls", "--owner", "burst"]);
+    let sessions: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON");
+    assert_eq!(sessions[0]["state"], "preempted", "{sessions}");
 
     rt.shutdown_background();
     drop(cgroup);

@@ -301,6 +301,15 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
         revision: s.revision,
         no_preempt: s.no_preempt,
         gang: s.gang.as_ref().map(gang_to_pb),
+        decisions: s
+            .decisions
+            .iter()
+            .map(|d| pb::SchedulingDecision {
+                at_ms: d.at_ms,
+                kind: d.kind.as_str().to_owned(),
+                detail: d.detail.clone(),
+            })
+            .collect(),
         share: Some(share_to_pb(s)),
     }
 }

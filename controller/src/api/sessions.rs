@@ -141,19 +141,25 @@ impl SchedulerService for SchedulerApi {
             new.policy,
             unconfined,
         )?;
-        let created = self
+        let (created, pending) = self
             .controller
-            .apply(|s| {
+            .change(|s| {
                 // Under the scheduler's lock, so a storm of creates stops at exactly the cap.
                 let (mine, total) = s.live_sessions(&new.owner);
                 self.bounds
                     .counted(limits.admit_session(&new.owner, mine, total))?;
                 s.create(new).map_err(|e| request_status(&e))
             })
-            .await
-            .map_err(|e| store_status(&e))??;
+            .map_err(|e| store_status(&e))?;
+        let created = created?;
+        // As stored, with the revision of its creation: a watch from it misses nothing after.
+        let answer = pending
+            .announced(&created.id)
+            .cloned()
+            .unwrap_or_else(|| convert::session_to_pb(&created));
+        pending.durable().await.map_err(|e| store_status(&e))?;
         self.controller.kick();
-        Ok(Response::new(convert::session_to_pb(&created)))
+        Ok(Response::new(answer))
     }
 
     async fn get_session(

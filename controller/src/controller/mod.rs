@@ -95,9 +95,20 @@ pub fn store_status(e: &StoreError) -> Status {
 pub struct Pending {
     deposed: Arc<Notify>,
     submitted: Submitted,
+    /// The sessions as this change left them, revisions stamped: what watchers will hear.
+    announced: Vec<Arc<pb::Session>>,
 }
 
 impl Pending {
+    /// Session `id` as this change left it (with the revision of the change), if it changed.
+    #[must_use]
+    pub fn announced(&self, id: &str) -> Option<&pb::Session> {
+        self.announced
+            .iter()
+            .map(AsRef::as_ref)
+            .find(|s| s.id == id)
+    }
+
     /// Waits until the change is durable (and announced to watchers). A commit that finds this
     /// controller deposed tells [`Controller::deposed`].
     ///
@@ -184,7 +195,7 @@ impl Controller {
         &self,
         f: impl FnOnce(&mut Scheduler) -> R,
     ) -> Result<(R, Pending), StoreError> {
-        let (result, submitted) = {
+        let (result, submitted, announced) = {
             let mut scheduler = lock(&self.scheduler);
             let result = f(&mut scheduler);
             let changes = scheduler.take_changes();
@@ -238,16 +249,22 @@ impl Controller {
                 }
             }
             let log = Arc::clone(&self.log);
+            let announced = announce.clone();
             let after: AfterCommit = Box::new(move || log.publish(announce, &removed, compacted));
             // Submitted under the scheduler's lock: the store sees changes in the order they
             // were made, and watchers hear of them in that order.
-            (result, lock(&self.store).submit(writes, Some(after)))
+            (
+                result,
+                lock(&self.store).submit(writes, Some(after)),
+                announced,
+            )
         };
         Ok((
             result,
             Pending {
                 deposed: Arc::clone(&self.deposed),
                 submitted,
+                announced,
             },
         ))
     }

@@ -357,6 +357,7 @@ impl Scheduler {
             no_preempt,
             preempting: None,
             gang,
+            decisions: Vec::new(),
         };
         self.next_seq += 1;
         session

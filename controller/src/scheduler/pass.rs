@@ -310,6 +310,7 @@ impl Scheduler {
             s.node = Some(node_id.clone());
             s.allocation = allocation.clone();
             s.explanation = Some(explanation);
+            s.record_wait();
             set_state(s, SessionState::Scheduled, "");
             self.changes.sessions.insert(id.to_owned());
         }

@@ -14,7 +14,7 @@ use super::{
 use crate::{
     allocator::GpuRequest,
     node::{Node, NodeState},
-    session::{Origin, SessionState},
+    session::{DecisionKind, Origin, SessionState},
     slots::ResourceSlot,
 };
 
@@ -178,6 +178,7 @@ impl Scheduler {
         let waiter_priority = self.sessions.get(waiter).map_or(0, |s| s.priority);
         let mut commands = Vec::new();
         let mut names = Vec::new();
+        let mut preempted = Vec::new();
         for victim in victims {
             let victim_queue = self
                 .sessions
@@ -189,29 +190,38 @@ impl Scheduler {
             let Some(node) = s.node.clone() else {
                 continue;
             };
-            let why = match victim.cause {
+            let rule = match victim.cause {
                 Cause::Reclaim => format!(
-                    "preempted for {waiter}: queue {} reclaims its guarantee from queue {}, which borrowed past its own",
+                    "queue {} reclaims its guarantee from queue {}, which borrowed past its own",
                     queue.unwrap_or("-"),
                     victim_queue.as_deref().unwrap_or("-"),
                 ),
                 Cause::Priority => format!(
-                    "preempted for {waiter}: priority {waiter_priority} over {} in queue {}",
+                    "priority {waiter_priority} over {} in queue {}",
                     s.priority,
                     queue.unwrap_or("-"),
                 ),
             };
+            let why = format!("preempted for {waiter}: {rule}");
             s.reason = format!("being preempted ({grace_ms} ms grace): {why}");
             s.preempting = Some(why.clone());
             s.updated_at_ms = crate::session::now_ms();
+            s.record_decision(DecisionKind::Yielded, why.clone());
             self.changes.sessions.insert(victim.id.clone());
             names.push(victim.id.clone());
+            preempted.push(format!("{} on {node} ({rule})", victim.id));
             commands.push(Command::Preempt {
                 node,
                 session: victim.id.clone(),
                 grace_ms,
                 reason: why,
             });
+        }
+        if let Some(w) = self.sessions.get_mut(waiter)
+            && !preempted.is_empty()
+        {
+            w.record_decision(DecisionKind::Preempted, preempted.join("; "));
+            self.changes.sessions.insert(waiter.to_owned());
         }
         Reclaim {
             commands,

@@ -6,7 +6,7 @@ use super::{
     tests::report,
     *,
 };
-use crate::session::{Action, EnforcementEvent};
+use crate::session::{Action, DecisionKind, EnforcementEvent};
 
 fn slots(tokens: &[&str]) -> ResourceSlot {
     ResourceSlot::parse_any(tokens).unwrap()
@@ -207,4 +207,43 @@ fn without_quotas_nothing_is_preempted() {
     create(&mut s, "high", "u", 9, false);
     assert!(pass(&mut s).is_empty());
     assert_eq!(state(&s, "high"), SessionState::Pending);
+}
+
+#[test]
+fn the_decisions_say_why_it_waited_whom_it_preempted_and_for_whom_one_yielded() {
+    let mut s = cluster();
+    create(&mut s, "b1", "b", 0, false);
+    create(&mut s, "b2", "b", 0, false);
+    pass(&mut s);
+    // Placed in the first pass, with nothing to wait for: no decision to explain.
+    assert!(s.sessions()["b1"].decisions.is_empty());
+    create(&mut s, "a1", "a", 0, false);
+    pass(&mut s);
+    let kinds = |s: &Scheduler, id: &str| -> Vec<DecisionKind> {
+        s.sessions()[id].decisions.iter().map(|d| d.kind).collect()
+    };
+    assert_eq!(kinds(&s, "a1"), [DecisionKind::Preempted]);
+    let detail = &s.sessions()["a1"].decisions[0].detail;
+    assert!(
+        detail.contains("b2 on n1")
+            && detail.contains("queue a reclaims its guarantee from queue b"),
+        "{detail}"
+    );
+    assert_eq!(kinds(&s, "b2"), [DecisionKind::Yielded]);
+    let detail = &s.sessions()["b2"].decisions[0].detail;
+    assert!(detail.starts_with("preempted for a1: queue a"), "{detail}");
+    assert!(kinds(&s, "b1").is_empty(), "only the victim yields");
+
+    preempted(&mut s, "n1", "b2");
+    pass(&mut s);
+    assert_eq!(state(&s, "a1"), SessionState::Running);
+    assert_eq!(
+        kinds(&s, "a1"),
+        [DecisionKind::Preempted, DecisionKind::Waited]
+    );
+    let detail = &s.sessions()["a1"].decisions[1].detail;
+    assert!(
+        detail.contains("waits for preempted sessions to release their resources: b2"),
+        "{detail}"
+    );
 }

@@ -107,6 +107,14 @@ pub enum QueueError {
         /// Its queue.
         other: String,
     },
+    /// A member of a queue that is not defined (a config file's `members`).
+    #[error("members: {member:?} is put in queue {queue:?}, which is not defined under queues")]
+    MemberOfNoQueue {
+        /// The member.
+        member: String,
+        /// The queue it names.
+        queue: String,
+    },
     /// No such queue.
     #[error("no queue {0:?}")]
     NotFound(String),
@@ -173,6 +181,29 @@ fn check_slots(
     Ok(())
 }
 
+/// A queue's name is a DNS label and its guarantee is within its limit in every slot.
+fn check_quota(name: &str, quota: &QueueQuota) -> Result<(), QueueError> {
+    if !gpuwarden_types::dns::is_dns_label(name) {
+        return Err(QueueError::BadName {
+            name: name.to_owned(),
+        });
+    }
+    let Some(limit) = &quota.limit else {
+        return Ok(());
+    };
+    for (slot, guaranteed) in quota.guaranteed.iter() {
+        let cap = limit.get(slot.as_str());
+        if !cap.is_zero() && guaranteed > cap {
+            return Err(QueueError::AboveLimit {
+                slot: slot.to_string(),
+                guaranteed: crate::slots::format_value(slot.as_str(), guaranteed),
+                limit: crate::slots::format_value(slot.as_str(), cap),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl QuotaConfig {
     /// Checks `spec` against the slots `registry` knows and the other queues' members.
     ///
@@ -183,25 +214,11 @@ impl QuotaConfig {
         spec: &QueueSpec,
         registry: &SlotTypeRegistry,
     ) -> Result<(), QueueError> {
-        if !gpuwarden_types::dns::is_dns_label(&spec.name) {
-            return Err(QueueError::BadName {
-                name: spec.name.clone(),
-            });
-        }
         check_slots(registry, "guaranteed", &spec.quota.guaranteed)?;
         if let Some(limit) = &spec.quota.limit {
             check_slots(registry, "limit", limit)?;
-            for (slot, guaranteed) in spec.quota.guaranteed.iter() {
-                let cap = limit.get(slot.as_str());
-                if !cap.is_zero() && guaranteed > cap {
-                    return Err(QueueError::AboveLimit {
-                        slot: slot.to_string(),
-                        guaranteed: crate::slots::format_value(slot.as_str(), guaranteed),
-                        limit: crate::slots::format_value(slot.as_str(), cap),
-                    });
-                }
-            }
         }
+        check_quota(&spec.name, &spec.quota)?;
         let mut seen = std::collections::BTreeSet::new();
         for member in &spec.members {
             check_name(member).map_err(|reason| QueueError::BadMember {
@@ -219,6 +236,31 @@ impl QuotaConfig {
                 return Err(QueueError::MemberElsewhere {
                     member: member.clone(),
                     other: other.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the queues a config file gives, before the controller starts with them: names,
+    /// guarantees within limits, members that are owner names in queues that exist. Slots are
+    /// not checked against the registry: agents declare theirs after the start.
+    ///
+    /// # Errors
+    /// The first thing wrong, naming the queue or member.
+    pub fn validate(&self) -> Result<(), QueueError> {
+        for (name, quota) in &self.queues {
+            check_quota(name, quota)?;
+        }
+        for (member, queue) in &self.members {
+            check_name(member).map_err(|reason| QueueError::BadMember {
+                member: member.clone(),
+                reason,
+            })?;
+            if !self.queues.contains_key(queue) {
+                return Err(QueueError::MemberOfNoQueue {
+                    member: member.clone(),
+                    queue: queue.clone(),
                 });
             }
         }

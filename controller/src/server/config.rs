@@ -90,6 +90,10 @@ impl FileConfig {
                 .scoring
                 .validate()
                 .map_err(|e| invalid(format!("[scheduler.scoring]: {e}")))?;
+            scheduler
+                .quotas
+                .validate()
+                .map_err(|e| invalid(format!("[scheduler.quotas]: {e}")))?;
         }
         Ok(config)
     }

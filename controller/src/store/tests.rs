@@ -44,6 +44,7 @@ fn session(id: &str) -> Session {
         no_preempt: false,
         preempting: None,
         gang: None,
+        decisions: Vec::new(),
     }
 }
 

@@ -87,6 +87,34 @@ impl TestController {
         timing: Timing,
         exporters: gpuwarden_runtime::otlp::Exporters,
     ) -> Self {
+        Self::serve_on(state_dir, config, timing, exporters, local_port())
+    }
+
+    /// A controller on sled in `state_dir` serving on `addr`: started again where one that was
+    /// killed served ([`Self::addr`]), so that agents given its URL find it again by themselves.
+    #[must_use = "dropping it stops it"]
+    pub fn start_on(
+        state_dir: &Path,
+        config: SchedulerConfig,
+        timing: Timing,
+        addr: SocketAddr,
+    ) -> Self {
+        Self::serve_on(
+            state_dir,
+            config,
+            timing,
+            gpuwarden_runtime::otlp::Exporters::default(),
+            addr,
+        )
+    }
+
+    fn serve_on(
+        state_dir: &Path,
+        config: SchedulerConfig,
+        timing: Timing,
+        exporters: gpuwarden_runtime::otlp::Exporters,
+        addr: SocketAddr,
+    ) -> Self {
         let dir = state_dir.to_owned();
         Self::on_own_runtime(state_dir.to_owned(), move |rt, bounds, shutdown| {
             rt.block_on(async {
@@ -95,7 +123,7 @@ impl TestController {
                     .unwrap();
                 let metrics =
                     gpuwarden_controller::metrics::start(&controller, &bounds, &exporters).unwrap();
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
                 let addr = listener.local_addr().unwrap();
                 tokio::spawn(server::serve_bounded(
                     controller,
@@ -118,12 +146,23 @@ impl TestController {
     /// until it wins. Killed, its lease's keep-alive stops with everything else.
     #[must_use = "dropping it stops it"]
     pub fn start_elected(store: &StoreSpec, timing: Timing, ttl: Duration) -> Self {
+        Self::start_elected_with(store, SchedulerConfig::default(), timing, ttl)
+    }
+
+    /// [`Self::start_elected`], scheduling with `config` once it leads.
+    #[must_use = "dropping it stops it"]
+    pub fn start_elected_with(
+        store: &StoreSpec,
+        config: SchedulerConfig,
+        timing: Timing,
+        ttl: Duration,
+    ) -> Self {
         let store = store.clone();
         Self::on_own_runtime(PathBuf::new(), move |rt, bounds, shutdown| {
             let addr = rt
                 .block_on(server::spawn_elected(
                     &store,
-                    SchedulerConfig::default(),
+                    config,
                     timing,
                     ttl,
                     bounds,
@@ -213,6 +252,12 @@ impl TestController {
 
     /// Stops abruptly: no graceful shutdown, tasks dropped mid-flight.
     pub fn kill(mut self) {
+        self.crash();
+    }
+
+    /// [`Self::kill`], in place: for a test that starts another where it was
+    /// ([`Self::start_on`]) and drops this one then.
+    pub fn crash(&mut self) {
         self.halt(false);
     }
 
@@ -227,6 +272,11 @@ impl TestController {
         // The store's lock is released once its last handle drops; give the OS a moment.
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Any free loopback port.
+fn local_port() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
 impl Drop for TestController {

@@ -44,11 +44,24 @@ impl Rig {
     /// [`Self::start`], the controller scheduling with `config` and the agent waiting
     /// `binding_timeout` for a quota's workload.
     pub fn start_with(tag: &str, config: SchedulerConfig, binding_timeout: Duration) -> Self {
-        let driver = Driver::mount(tag);
         let state = [scratch("ctl"), scratch("agent")];
-        let ctl =
-            TestController::start(state[0].path(), config, fast_timing(Duration::from_secs(5)));
-        let mut cfg = super::mock_gpu_config(&driver, ctl.url(), state[1].path());
+        let ctl = TestController::start(state[0].path(), config, timing());
+        let url = ctl.url();
+        Self::around(tag, ctl, &url, state, binding_timeout)
+    }
+
+    /// Mounts the driver as `tag` and starts an agent given the controllers `urls` (a comma
+    /// list: a standby's among them), `ctl` being one of them; waits until the node is
+    /// registered. `state` holds the controller's state (if it keeps any there) and the agent's.
+    pub fn around(
+        tag: &str,
+        ctl: TestController,
+        urls: &str,
+        state: [TempDir; 2],
+        binding_timeout: Duration,
+    ) -> Self {
+        let driver = Driver::mount(tag);
+        let mut cfg = super::mock_gpu_config(&driver, urls.to_owned(), state[1].path());
         let mock = cfg.mock_devices.clone().unwrap();
         cfg.binding_timeout = binding_timeout;
         let agent = TestAgent::start_with(cfg);
@@ -146,6 +159,11 @@ impl Rig {
             .container(&cg.path)
             .unwrap_or_else(|| panic!("{} not in the snapshot", cg.path))
     }
+}
+
+/// The rig controller's heartbeats and passes: a node is lost after 5 s of silence.
+pub fn timing() -> gpuwarden_controller::api::Timing {
+    fast_timing(Duration::from_secs(5))
 }
 
 /// A request for a session of `slots` (`name=value`) for `target`, with the memory policy

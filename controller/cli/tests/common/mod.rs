@@ -20,6 +20,15 @@ pub fn start_controller_with(
     scratch: &Path,
     security: server::Security,
 ) -> (tokio::runtime::Runtime, String) {
+    start_controller_scheduling(scratch, security, SchedulerConfig::default())
+}
+
+/// [`start_controller_with`], scheduling with `config` (team quotas, a preemption grace).
+pub fn start_controller_scheduling(
+    scratch: &Path,
+    security: server::Security,
+    config: SchedulerConfig,
+) -> (tokio::runtime::Runtime, String) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -28,7 +37,7 @@ pub fn start_controller_with(
     let controller = rt
         .block_on(server::open(
             &server::sled_in(&scratch.join("controller")),
-            SchedulerConfig::default(),
+            config,
             Timing::default(),
         ))
         .expect("controller opens");
