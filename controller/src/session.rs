@@ -70,8 +70,9 @@ pub struct Session {
     /// Why it went where it went (set once placed).
     #[serde(default)]
     pub explanation: Option<Explanation>,
-    /// What its agent measured while it ran.
-    #[serde(default)]
+    /// What its agent measured while it ran. Not stored until there is a sample: a record is
+    /// encoded at every change of its session, and an empty histogram is most of one.
+    #[serde(default, skip_serializing_if = "UsageSeries::is_empty")]
     pub usage: UsageSeries,
     /// Who placed it: a client through the controller, or Kubernetes (records from before
     /// origins: the controller).
@@ -322,9 +323,8 @@ impl Session {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_session_keeps_its_newest_events_newest_last() {
-        let mut s = Session {
+    fn session() -> Session {
+        Session {
             id: "s".into(),
             name: "s".into(),
             owner: "u".into(),
@@ -353,7 +353,12 @@ mod tests {
             preempting: None,
             gang: None,
             decisions: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_session_keeps_its_newest_events_newest_last() {
+        let mut s = session();
         for at_ms in 0..40 {
             s.record_event(EnforcementEvent {
                 action: Action::Deny,
@@ -364,5 +369,23 @@ mod tests {
         assert_eq!(s.events.len(), MAX_EVENTS);
         assert_eq!(s.events.first().map(|e| e.at_ms), Some(8));
         assert_eq!(s.events.last().map(|e| e.at_ms), Some(39));
+    }
+
+    /// A record is encoded at every change of its session: one without usage samples leaves the
+    /// empty histogram out, and reads back the same; one with a sample keeps it.
+    #[test]
+    fn usage_is_stored_only_once_sampled() {
+        let mut s = session();
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(!text.contains("usage"), "{text}");
+        assert_eq!(serde_json::from_str::<Session>(&text).unwrap(), s);
+        s.usage.record(crate::profile::UsageSample {
+            utilization: 0.5,
+            memory_bytes: 1 << 20,
+            ioctls_per_sec: 3.0,
+        });
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(text.contains("\"usage\""), "{text}");
+        assert_eq!(serde_json::from_str::<Session>(&text).unwrap(), s);
     }
 }

@@ -61,18 +61,26 @@ pub struct UsageSeries {
 
 impl Default for UsageSeries {
     fn default() -> Self {
+        // Allocated at the first sample: most sessions are made, placed and stored many
+        // times before one comes.
         Self {
-            bins: vec![0; BINS],
+            bins: Vec::new(),
             samples: 0,
             peak_memory_bytes: 0,
             ioctl_rate_sum: 0.0,
-            recent: VecDeque::with_capacity(RECENT),
+            recent: VecDeque::new(),
             last: None,
         }
     }
 }
 
 impl UsageSeries {
+    /// Whether no sample was recorded (it says nothing, and need not be stored).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.samples == 0 && self.last.is_none() && self.peak_memory_bytes == 0
+    }
+
     /// Adds a sample; utilization outside 0..=1 (or not a number) is clamped.
     pub fn record(&mut self, sample: UsageSample) {
         let u = clamp_unit(sample.utilization);
