@@ -6,7 +6,9 @@
 //! after another through the same predicates and placement as a single session, each seeing the
 //! capacity the ones before took, and if any does not fit every reservation made for the others
 //! is undone before anyone else is tried. No partial gang ever holds a device, and a gang that
-//! does not fit counts as one failed session for the head-of-line rule (`skip_after`).
+//! does not fit counts as one failed session for the head-of-line rule (`skip_after`). Where
+//! queues are configured, a gang short of room reclaims as one session asking for the sum of its
+//! members, and a running gang is one candidate for others' reclaim (`reclaim.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -12,7 +12,8 @@
 //!
 //! The parts: the lifecycle (nodes come and go; sessions are created, acknowledged, refused and
 //! ended), the sessions observed but not placed (Kubernetes claims prepared by a node's agent),
-//! the queue (FIFO or DRF order, per-owner limits) and the pass (filter, score, bind).
+//! the queue (FIFO or DRF order, per-owner limits), the pass (filter, score, bind) and gangs
+//! (sessions placed all at once or not at all).
 //! The `interference-aware` scorer lives with the placement modes ([`crate::placement`]).
 
 mod fit;
