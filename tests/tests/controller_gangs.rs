@@ -98,6 +98,15 @@ async fn some_passes() {
     tokio::time::sleep(Duration::from_millis(600)).await;
 }
 
+/// Waits until session `id`'s reason holds `words`.
+async fn wait_reason(c: &Client, id: &str, words: &str) {
+    eventually(&format!("session {id} to say {words:?}"), || {
+        let (mut c, id, words) = (c.clone(), id.to_owned(), words.to_owned());
+        async move { get(&mut c, &id).await.reason.contains(&words) }
+    })
+    .await;
+}
+
 /// The sessions the agents hold.
 fn held(nodes: &[&TestNode]) -> BTreeSet<String> {
     nodes.iter().flat_map(|n| n.held()).collect()
@@ -128,6 +137,7 @@ async fn a_gang_runs_all_at_once_or_not_at_all() {
     for _ in 0..2 {
         train.push(member(&mut c, "u", "1", "train", 3).await.unwrap().id);
     }
+    wait_reason(&c, &train[1], "gang train 2/3 members").await;
     some_passes().await;
     for id in &train {
         let s = get(&mut c, id).await;
@@ -172,6 +182,7 @@ async fn a_gang_runs_all_at_once_or_not_at_all() {
         member(&mut c, "v", "1", "train", 2).await.unwrap().id,
         member(&mut c, "v", "1", "train", 2).await.unwrap().id,
     ];
+    wait_reason(&c, &pair[1], "does not fit at once").await;
     some_passes().await;
     for id in &pair {
         let s = get(&mut c, id).await;
@@ -226,7 +237,7 @@ async fn a_gangs_members_survive_a_controller_restart() {
     let mut c = ctl.client().await;
     wait_nodes(&c, 1).await;
     let first = member(&mut c, "u", "0.5", "pair", 2).await.unwrap().id;
-    some_passes().await;
+    wait_reason(&c, &first, "gang pair 1/2 members").await;
     assert_eq!(state_of(&mut c, &first).await, SessionState::Pending);
     ctl.kill();
     drop(c);
@@ -239,6 +250,7 @@ async fn a_gangs_members_survive_a_controller_restart() {
     // The restarted controller knows the gang: its size is checked, and it still waits.
     let err = member(&mut c, "u", "0.5", "pair", 3).await.unwrap_err();
     assert!(err.message().contains("gang.size"), "{err:?}");
+    wait_reason(&c, &first, "gang pair 1/2 members").await;
     some_passes().await;
     let s = get(&mut c, &first).await;
     assert_eq!(s.state, SessionState::Pending as i32, "{s:?}");

@@ -127,7 +127,13 @@ fn members_wait_for_their_gang_then_run_together_and_show_it() {
     assert!(err.contains("gang.size"), "{err}");
 
     let first = member(&url);
-    // Several passes go by: the lone member stays pending and says why.
+    // The lone member stays pending and says why, pass after pass.
+    for _ in 0..100 {
+        if state(&url, &first)["reason"] == "gang pair 1/2 members" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     std::thread::sleep(Duration::from_millis(500));
     let shown = state(&url, &first);
     assert_eq!(shown["state"], "pending", "{shown}");
