@@ -978,3 +978,73 @@ async fn a_user_cannot_change_team_queues_and_an_oversized_queue_is_refused_and_
         .into_inner();
     assert_eq!(lab.members, ["alice"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_gangs_are_refused_naming_the_field_and_nothing_is_kept() {
+    let target = Target::start(Limits::default()).await;
+    let mut client = target.scheduler();
+    let oversized = target.count_of(Refusal::Oversized);
+    let gang = |name: &str, size| pb::CreateSessionRequest {
+        gang: Some(pb::Gang {
+            name: name.into(),
+            size,
+        }),
+        ..request(&[("cuda.shares", "0.5")])
+    };
+    refused(
+        client.create_session(gang(&"g".repeat(1 << 20), 2)).await,
+        Code::InvalidArgument,
+        &["gang.name: 1048576 bytes", "limits.max_name_len"],
+    );
+    refused(
+        client.create_session(gang("g", u32::MAX)).await,
+        Code::InvalidArgument,
+        &["gang.size: 4294967295", "limits.max_sessions_per_owner"],
+    );
+    assert_eq!(target.count_of(Refusal::Oversized), oversized + 2);
+    for (name, size, words) in [
+        ("g", 0, "gang.size 0"),
+        ("", 2, "gang.name"),
+        ("../etc", 2, "gang.name"),
+    ] {
+        refused(
+            client.create_session(gang(name, size)).await,
+            Code::InvalidArgument,
+            &[words],
+        );
+    }
+    // A member past the gang's size, or naming another size, is refused too.
+    let first = client
+        .create_session(gang("pair", 2))
+        .await
+        .expect("a member")
+        .into_inner();
+    assert_eq!(
+        first.gang,
+        Some(pb::Gang {
+            name: "pair".into(),
+            size: 2
+        })
+    );
+    refused(
+        client.create_session(gang("pair", 3)).await,
+        Code::InvalidArgument,
+        &["gang.size 3", "\"pair\""],
+    );
+    client
+        .create_session(gang("pair", 2))
+        .await
+        .expect("the second member");
+    refused(
+        client.create_session(gang("pair", 2)).await,
+        Code::InvalidArgument,
+        &["\"pair\"", "all its 2 members"],
+    );
+    let kept = client
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .expect("lists")
+        .into_inner()
+        .sessions;
+    assert_eq!(kept.len(), 2, "only the two members: {kept:?}");
+}
