@@ -2,7 +2,9 @@
 //! mock GPUs (two each). A gang's members wait until the last one is created, then all run at
 //! once; a gang that does not fit holds nothing, even where some of its members would fit; a
 //! member ending leaves the others running; the gang's membership survives a controller
-//! restart. No device is ever over-committed, and the agents hold exactly what runs.
+//! restart. With team quotas, a running gang is preempted whole, and a waiting gang within its
+//! guarantee takes back room for all its members at once. No device is ever over-committed, and
+//! the agents hold exactly what runs.
 
 #![expect(
     clippy::unwrap_used,
@@ -13,7 +15,13 @@ mod util;
 
 use std::{collections::BTreeSet, time::Duration};
 
-use gpuwarden_controller::{scheduler::SchedulerConfig, slots::ResourceSlot};
+use gpuwarden_controller::{
+    scheduler::{
+        SchedulerConfig,
+        quotas::{QueueQuota, QuotaConfig},
+    },
+    slots::ResourceSlot,
+};
 use gpuwarden_proto::v1::{
     self as pb, SessionState, scheduler_service_client::SchedulerServiceClient,
 };
@@ -23,6 +31,50 @@ use tonic::transport::Channel;
 use util::cluster::{TestBackend, TestNode, eventually, state_of, wait_nodes, wait_state};
 
 type Client = SchedulerServiceClient<Channel>;
+
+/// Creates a session of `owner` asking for `shares` of GPU, not in a gang.
+async fn single(c: &mut Client, owner: &str, shares: &str) -> String {
+    let requested = ResourceSlot::parse_any(&[&format!("cuda.shares={shares}")]).unwrap();
+    c.create_session(pb::CreateSessionRequest {
+        requested: Some(gpuwarden_controller::api::convert::slots_to_pb(&requested)),
+        owner: owner.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .id
+}
+
+/// A controller whose team `lab` is guaranteed two GPUs' shares (any other owner only borrows),
+/// and one agent link on two mock GPUs (it has nothing to signal: a preemption releases at once).
+async fn with_quotas(tag: &str) -> (tempfile::TempDir, TestController, TestNode, Client) {
+    let state = scratch(tag);
+    let quotas = QuotaConfig {
+        queues: [(
+            "lab".to_owned(),
+            QueueQuota {
+                guaranteed: ResourceSlot::parse_any(&["cuda.shares=2"]).unwrap(),
+                limit: None,
+            },
+        )]
+        .into(),
+        members: std::collections::BTreeMap::new(),
+    };
+    let config = SchedulerConfig {
+        quotas,
+        ..SchedulerConfig::default()
+    };
+    let ctl = TestController::start(
+        state.path(),
+        config,
+        fast_timing(Duration::from_millis(1500)),
+    );
+    let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
+    let c = ctl.client().await;
+    wait_nodes(&c, 1).await;
+    (state, ctl, node, c)
+}
 
 /// Creates a session of `owner` asking for `shares` of GPU, a member of gang `name` of `size`.
 async fn member(
@@ -260,5 +312,78 @@ async fn a_gangs_members_survive_a_controller_restart() {
         wait_state(&c, id, SessionState::Running).await;
     }
     assert_not_overcommitted(&mut c).await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_gang_is_preempted_whole() {
+    let (_state, _ctl, node, mut c) = with_quotas("gang-victim").await;
+    // `burst` borrows both GPUs with a gang of two.
+    let pair = [
+        member(&mut c, "burst", "1", "pair", 2).await.unwrap().id,
+        member(&mut c, "burst", "1", "pair", 2).await.unwrap().id,
+    ];
+    for id in &pair {
+        wait_state(&c, id, SessionState::Running).await;
+    }
+    // `lab` asks for one GPU within its guarantee: one member's would do, the gang yields whole.
+    let lab = single(&mut c, "lab", "1").await;
+    wait_state(&c, &lab, SessionState::Running).await;
+    for id in &pair {
+        let s = get(&mut c, id).await;
+        assert_eq!(s.state, SessionState::Preempted as i32, "{s:?}");
+        assert!(s.reason.contains(&lab), "{}", s.reason);
+    }
+    assert_eq!(
+        assert_not_overcommitted(&mut c)
+            .await
+            .get("cuda.shares")
+            .to_string(),
+        "1"
+    );
+    eventually("the agent holds only lab's session", || {
+        let held = node.held();
+        let lab = lab.clone();
+        async move { held == [lab] }
+    })
+    .await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_gang_reclaims_room_for_all_its_members() {
+    let (_state, _ctl, node, mut c) = with_quotas("gang-reclaim").await;
+    let burst = [
+        single(&mut c, "burst", "1").await,
+        single(&mut c, "burst", "1").await,
+    ];
+    for id in &burst {
+        wait_state(&c, id, SessionState::Running).await;
+    }
+    // `lab`'s gang is within its guarantee: room for both members is taken back, then both run.
+    let pair = [
+        member(&mut c, "lab", "1", "pair", 2).await.unwrap().id,
+        member(&mut c, "lab", "1", "pair", 2).await.unwrap().id,
+    ];
+    for id in &pair {
+        wait_state(&c, id, SessionState::Running).await;
+    }
+    for id in &burst {
+        assert_eq!(state_of(&mut c, id).await, SessionState::Preempted);
+    }
+    assert_eq!(
+        assert_not_overcommitted(&mut c)
+            .await
+            .get("cuda.shares")
+            .to_string(),
+        "2"
+    );
+    let expected: BTreeSet<String> = pair.iter().cloned().collect();
+    eventually("the agent holds the gang", || {
+        let held: BTreeSet<String> = node.held().into_iter().collect();
+        let expected = expected.clone();
+        async move { held == expected }
+    })
+    .await;
     node.stop().await;
 }
