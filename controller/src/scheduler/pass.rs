@@ -31,6 +31,7 @@ impl Scheduler {
             std::collections::BTreeMap::new()
         };
         let order = self.queue_order(&held);
+        let mut reclaimable = None;
         let mut commands = Vec::new();
         for id in order {
             let started = std::time::Instant::now();
@@ -92,7 +93,8 @@ impl Scheduler {
                         // Reclaim by preemption only where quotas are configured: without
                         // them nothing changes.
                         if governed
-                            && let Some(reclaim) = self.reclaim(&id, queue.as_deref(), &held)
+                            && let Some(reclaim) =
+                                self.reclaim(&id, queue.as_deref(), &held, &mut reclaimable)
                         {
                             commands.extend(reclaim.commands);
                             reason = reclaim.reason;

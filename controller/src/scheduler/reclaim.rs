@@ -26,27 +26,68 @@ pub(super) struct Reclaim {
     pub reason: String,
 }
 
+/// The sessions a pass's reclaims may free: gathered once, on the pass's first reclaim, and kept
+/// up to date as it preempts. Nothing else changes them during a pass (placing only schedules
+/// sessions, and only an agent's answer makes one run or end), so a pass looks at every session
+/// once rather than once per waiting session.
+#[derive(Debug, Default)]
+pub(super) struct Reclaimable {
+    /// Sessions being preempted that still hold resources: (id, node, requested).
+    in_flight: Vec<(String, String, ResourceSlot)>,
+    /// Running sessions that may yield.
+    candidates: Vec<Candidate>,
+    /// Each candidate's node.
+    node_of: BTreeMap<String, String>,
+}
+
 impl Scheduler {
+    /// What reclaim may free now.
+    fn reclaimable(&self) -> Reclaimable {
+        let quotas = &self.config.quotas;
+        let mut known = Reclaimable::default();
+        for s in self.sessions.values() {
+            let Some(node) = &s.node else { continue };
+            if s.preempting.is_some() {
+                if s.state.holds_resources() {
+                    known
+                        .in_flight
+                        .push((s.id.clone(), node.clone(), s.requested.clone()));
+                }
+            } else if s.state == SessionState::Running && s.origin == Origin::Controller {
+                known.candidates.push(Candidate {
+                    id: s.id.clone(),
+                    queue: quotas.queue_of(&s.owner).map(str::to_owned),
+                    priority: s.priority,
+                    seq: s.seq,
+                    requested: s.requested.clone(),
+                    preemptible: !s.no_preempt,
+                });
+                known.node_of.insert(s.id.clone(), node.clone());
+            }
+        }
+        known
+    }
+
     /// Preempts what session `id` (of `queue`) needs, if a set of allowed victims makes room;
     /// `None` when none does. Sessions already being preempted count as freed: while their
-    /// release makes room, nothing more is preempted.
+    /// release makes room, nothing more is preempted. `known` is what the pass's reclaims may
+    /// free (`None` before its first reclaim).
     pub(super) fn reclaim(
         &mut self,
         id: &str,
         queue: Option<&str>,
         held: &BTreeMap<Option<String>, ResourceSlot>,
+        known: &mut Option<Reclaimable>,
     ) -> Option<Reclaim> {
+        let known = known.get_or_insert_with(|| self.reclaimable());
+        if known.in_flight.is_empty() && known.candidates.is_empty() {
+            return None;
+        }
         let session = self.sessions.get(id)?;
         let gpu = GpuRequest::from_slots(&session.requested).ok()?;
         let non_gpu = Node::non_gpu(&session.requested);
         let pinned = session.pinned_node.clone();
         let (priority, request) = (session.priority, session.requested.clone());
-        let in_flight: Vec<(String, String, ResourceSlot)> = self
-            .sessions
-            .values()
-            .filter(|s| s.preempting.is_some() && s.state.holds_resources())
-            .filter_map(|s| Some((s.id.clone(), s.node.clone()?, s.requested.clone())))
-            .collect();
         // Would the request fit on some node with `freed` (id, node, requested) released?
         let fits_freeing = |freed: &[(&str, &str, &ResourceSlot)]| {
             self.nodes.iter().any(|(nid, n)| {
@@ -66,12 +107,13 @@ impl Scheduler {
                 (non_gpu.is_zero() || n.non_gpu_fits(&non_gpu)) && n.allocator.can_fit(&gpu)
             })
         };
-        let in_flight_freed: Vec<(&str, &str, &ResourceSlot)> = in_flight
+        let in_flight_freed: Vec<(&str, &str, &ResourceSlot)> = known
+            .in_flight
             .iter()
             .map(|(s, n, r)| (s.as_str(), n.as_str(), r))
             .collect();
-        if !in_flight.is_empty() && fits_freeing(&in_flight_freed) {
-            let names: Vec<&str> = in_flight.iter().map(|(s, _, _)| s.as_str()).collect();
+        if !in_flight_freed.is_empty() && fits_freeing(&in_flight_freed) {
+            let names: Vec<&str> = known.in_flight.iter().map(|(s, _, _)| s.as_str()).collect();
             return Some(Reclaim {
                 commands: Vec::new(),
                 reason: format!(
@@ -80,44 +122,44 @@ impl Scheduler {
                 ),
             });
         }
-        let quotas = &self.config.quotas;
-        let candidates: Vec<Candidate> = self
-            .sessions
-            .values()
-            .filter(|s| {
-                s.state == SessionState::Running
-                    && s.origin == Origin::Controller
-                    && s.preempting.is_none()
-                    && s.id != id
-            })
-            .map(|s| Candidate {
-                id: s.id.clone(),
-                queue: quotas.queue_of(&s.owner).map(str::to_owned),
-                priority: s.priority,
-                seq: s.seq,
-                requested: s.requested.clone(),
-                preemptible: !s.no_preempt,
-            })
-            .collect();
-        let node_of: BTreeMap<&str, &str> = self
-            .sessions
-            .values()
-            .filter_map(|s| Some((s.id.as_str(), s.node.as_deref()?)))
-            .collect();
         let asker = Requester {
             queue,
             priority,
             request: &request,
         };
-        let victims =
-            choose_victims(quotas, held, asker, &candidates, |chosen| {
+        let node_of = &known.node_of;
+        let victims = choose_victims(
+            &self.config.quotas,
+            held,
+            asker,
+            &known.candidates,
+            |chosen| {
                 let mut freed = in_flight_freed.clone();
                 freed.extend(chosen.iter().filter_map(|c| {
-                    Some((c.id.as_str(), *node_of.get(c.id.as_str())?, &c.requested))
+                    Some((c.id.as_str(), node_of.get(&c.id)?.as_str(), &c.requested))
                 }));
                 fits_freeing(&freed)
-            })?;
-        Some(self.preempt_victims(id, queue, &victims))
+            },
+        )?;
+        let reclaim = self.preempt_victims(id, queue, &victims);
+        // The victims are in flight now, no longer candidates.
+        for command in &reclaim.commands {
+            let Command::Preempt { node, session, .. } = command else {
+                continue;
+            };
+            if let Some(at) = known.candidates.iter().position(|c| c.id == *session) {
+                let c = known.candidates.remove(at);
+                known.node_of.remove(session);
+                // In id order, as the sessions are: the reason lists them so.
+                let slot = known
+                    .in_flight
+                    .partition_point(|(s, _, _)| s.as_str() < session.as_str());
+                known
+                    .in_flight
+                    .insert(slot, (session.clone(), node.clone(), c.requested));
+            }
+        }
+        Some(reclaim)
     }
 
     /// Marks `victims` preempting for waiting session `waiter` and makes their commands.
