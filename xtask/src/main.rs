@@ -42,7 +42,8 @@ enum Job {
     /// Set up, then check formatting, lints and run every test (needs root for the eBPF tests).
     Test,
     /// Replay a job trace under binpack, spread and interference-aware placement and print
-    /// the table (the bundled trace unless --trace or --seed is given).
+    /// the table (the bundled trace unless --trace or --seed is given); with --teams, teams
+    /// sharing the cluster without queues and with team queues and reclaim.
     Sim {
         /// Arguments passed to `gpuwarden-sim` (--trace FILE, --seed N, --json, …).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]

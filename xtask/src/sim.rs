@@ -1,14 +1,15 @@
 //! `cargo xtask sim [--trace FILE] [--seed N] [--json] [ARGS…]`: replays a job trace against the
 //! controller's scheduler under every placement mode (the `gpuwarden-sim` binary, in release).
 //! Without `--trace`, or a flag that shapes a generated trace (`--seed`, `--jobs`, `--load`,
-//! `--fractional-training`, `--sweep-…`, `--generate`), it replays the bundled trace,
-//! `controller/sim/trace.jsonl`.
+//! `--fractional-training`, `--sweep-…`, `--generate`, `--teams`), it replays the bundled trace,
+//! `controller/sim/trace.jsonl`. `--teams` replays a generated trace of teams sharing the
+//! cluster, without queues and with team queues and reclaim.
 
 /// The bundled trace, relative to the workspace root.
 const BUNDLED: &str = "controller/sim/trace.jsonl";
 
 /// Flags that pick or shape the trace: the bundled one would override them.
-const TRACE_FLAGS: [&str; 7] = [
+const TRACE_FLAGS: [&str; 8] = [
     "--trace",
     "--seed",
     "--jobs",
@@ -16,6 +17,7 @@ const TRACE_FLAGS: [&str; 7] = [
     "--fractional-training",
     "--sweep",
     "--generate",
+    "--teams",
 ];
 
 /// Runs the simulator with `args` (passed through).

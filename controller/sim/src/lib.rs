@@ -8,7 +8,9 @@
 //! - [`run`]: the replay of one mode, with a fresh scheduler that learns profiles only from
 //!   what the simulated agents report;
 //! - [`report`]: completion times, queueing, utilization, fragmentation and SLO misses per
-//!   mode, as a table of ratios against `binpack` or as JSON.
+//!   mode, as a table of ratios against `binpack` or as JSON;
+//! - [`teams`]: teams sharing a cluster — a trace of teams with guarantees and bursts, replayed
+//!   without queues and with team queues and reclaim (`cargo xtask sim --teams`).
 //!
 //! `cargo xtask sim` runs it on the bundled trace (`controller/sim/trace.jsonl`); see
 //! `docs/simulation.md`. A crate of its own on top of the controller library, with the
@@ -32,6 +34,7 @@ pub mod cluster;
 pub mod report;
 pub mod rng;
 pub mod run;
+pub mod teams;
 pub mod trace;
 
 pub use report::{ModeReport, Report};

@@ -7,6 +7,7 @@
 //! gpuwarden-sim --seed 7 --json                        # a generated trace, JSON out
 //! gpuwarden-sim --generate 2000 --seed 1 > trace.jsonl # write a trace
 //! gpuwarden-sim --sweep-fractional-training 0.15,0.5,0.8,1.0  # one line per generated trace
+//! gpuwarden-sim --teams --seed 1                       # teams sharing the cluster, with and without queues
 //! ```
 
 use std::{fs::File, io::BufReader, path::PathBuf, process::ExitCode};
@@ -17,10 +18,12 @@ use gpuwarden_controller::placement::ScoringConfig;
 use gpuwarden_sim::{
     self as sim, SimConfig,
     cluster::ClusterShape,
+    teams::{self, TeamGenConfig},
     trace::{self, GenConfig},
 };
 
-/// Replays a GPU job trace under binpack, spread and interference-aware placement.
+/// Replays a GPU job trace under binpack, spread and interference-aware placement, or (--teams)
+/// teams sharing the cluster without and with team queues and reclaim.
 #[derive(Parser)]
 #[command(name = "gpuwarden-sim", version, about)]
 struct Cli {
@@ -49,6 +52,15 @@ struct Cli {
     /// for each: the bound, interference-aware against binpack and spread.
     #[arg(long, value_name = "F,F,…", value_delimiter = ',', conflicts_with_all = ["trace", "generate"])]
     sweep_fractional_training: Vec<f64>,
+    /// Teams sharing the cluster: generate a trace of teams with guarantees and bursts (from
+    /// --seed) and replay it without queues and with team queues and reclaim; print per team
+    /// the time-to-start against its guarantee and its share of GPU-hours, and for the cluster
+    /// utilization and preemptions.
+    #[arg(long, conflicts_with_all = ["trace", "generate", "sweep_fractional_training"])]
+    teams: bool,
+    /// Hours of arrivals of the --teams trace.
+    #[arg(long, default_value_t = TeamGenConfig::default().hours, requires = "teams")]
+    hours: f64,
     /// Simulated nodes.
     #[arg(long, default_value_t = 8)]
     nodes: u32,
@@ -126,6 +138,26 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         scoring,
         ..SimConfig::default()
     };
+    if cli.teams {
+        anyhow::ensure!(
+            cli.hours.is_finite() && cli.hours > 0.0,
+            "--hours must be a number > 0"
+        );
+        let trace = teams::generate(
+            &TeamGenConfig {
+                gpus: cluster.gpus(),
+                hours: cli.hours,
+            },
+            cli.seed,
+        );
+        let report = teams::evaluate(&trace, &config, cli.seed)?;
+        if cli.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", report.table());
+        }
+        return Ok(());
+    }
     if !cli.sweep_fractional_training.is_empty() {
         let mut rows = Vec::new();
         for &f in &cli.sweep_fractional_training {

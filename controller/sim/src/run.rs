@@ -41,6 +41,18 @@ pub enum SimError {
         /// Jobs not finished.
         left: usize,
     },
+    /// A team trace's jobs still waiting or running long after the last arrival.
+    #[error(
+        "the {sharing} run of the team trace is stuck at {at_secs} s with {left} jobs unfinished"
+    )]
+    SharingStuck {
+        /// How the cluster was shared.
+        sharing: crate::teams::Sharing,
+        /// Virtual time.
+        at_secs: f64,
+        /// Jobs not finished.
+        left: usize,
+    },
 }
 
 /// What happened to one job.

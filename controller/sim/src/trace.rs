@@ -9,7 +9,9 @@
 //!
 //! `arrival` is seconds from the start of the trace, `slots` the request as `gpuwarden session
 //! create -r` takes it, `class` the workload class its profile is learned under, and `work`
-//! the seconds it runs when alone on its devices. Blank lines are skipped.
+//! the seconds it runs when alone on its devices. Blank lines are skipped. A trace of teams
+//! sharing a cluster ([`crate::teams`]) adds `"owner"`, the owner whose sessions a team's queue
+//! counts (absent: every job is the one owner `sim`'s).
 
 use std::{collections::BTreeSet, fmt::Write as _, io::BufRead};
 
@@ -33,6 +35,10 @@ pub struct Job {
     pub class: String,
     /// Seconds it runs when alone.
     pub work: f64,
+    /// Whose session it is (`None`: the one owner of a trace without teams). Left out of the
+    /// JSON when absent, so traces without teams read and write as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl Job {
@@ -262,6 +268,7 @@ pub fn generate(config: &GenConfig, seed: u64) -> Vec<Job> {
                 slots: vec![slot],
                 class,
                 work,
+                owner: None,
             };
             t += rng.exp(1.0 / rate);
             job

@@ -15,8 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{
     Command, Scheduler,
     pass::Verdict,
-    quotas::{Requester, Victim, choose_victims},
-    reclaim::Reclaim,
+    quotas::{Requester, choose_victims},
+    reclaim::{Reclaim, Reclaimable},
 };
 use crate::{
     allocator::{GpuRequest, Strategy},
@@ -136,7 +136,10 @@ impl Scheduler {
         owner: &str,
         gang: &Gang,
         governed: bool,
-        held: &mut BTreeMap<Option<String>, ResourceSlot>,
+        (held, known): (
+            &mut BTreeMap<Option<String>, ResourceSlot>,
+            &mut Option<Reclaimable>,
+        ),
         commands: &mut Vec<Command>,
     ) -> Option<(bool, String, Vec<String>)> {
         let members = match self.gang_state(owner, gang) {
@@ -161,7 +164,8 @@ impl Scheduler {
                 let queue = self.queue_key(governed, owner);
                 if governed
                     && wait.no_room
-                    && let Some(reclaim) = self.reclaim_gang(&members, queue.as_deref(), held)
+                    && let Some(reclaim) =
+                        self.reclaim_gang(&members, queue.as_deref(), held, known)
                 {
                     commands.extend(reclaim.commands);
                     why = reclaim.reason;
@@ -229,7 +233,12 @@ impl Scheduler {
         members: &[String],
         queue: Option<&str>,
         held: &BTreeMap<Option<String>, ResourceSlot>,
+        known: &mut Option<Reclaimable>,
     ) -> Option<Reclaim> {
+        let known = known.get_or_insert_with(|| self.reclaimable());
+        if known.in_flight.is_empty() && known.candidates.is_empty() {
+            return None;
+        }
         let waiting: Vec<&Session> = members
             .iter()
             .filter_map(|id| self.sessions.get(id))
@@ -239,18 +248,13 @@ impl Scheduler {
             acc.checked_add(&m.requested).unwrap_or(acc)
         });
         let priority = waiting.iter().map(|m| m.priority).max()?;
-        let in_flight: Vec<(String, String, ResourceSlot)> = self
-            .sessions
-            .values()
-            .filter(|s| s.preempting.is_some() && s.state.holds_resources())
-            .filter_map(|s| Some((s.id.clone(), s.node.clone()?, s.requested.clone())))
-            .collect();
-        let in_flight_freed: Vec<(&str, &str, &ResourceSlot)> = in_flight
+        let in_flight_freed: Vec<(&str, &str, &ResourceSlot)> = known
+            .in_flight
             .iter()
             .map(|(s, n, r)| (s.as_str(), n.as_str(), r))
             .collect();
-        if !in_flight.is_empty() && self.all_fit_freeing(&waiting, &in_flight_freed) {
-            let names: Vec<&str> = in_flight.iter().map(|(s, _, _)| s.as_str()).collect();
+        if !in_flight_freed.is_empty() && self.all_fit_freeing(&waiting, &in_flight_freed) {
+            let names: Vec<&str> = known.in_flight.iter().map(|(s, _, _)| s.as_str()).collect();
             return Some(Reclaim {
                 commands: Vec::new(),
                 reason: format!(
@@ -259,34 +263,33 @@ impl Scheduler {
                 ),
             });
         }
-        let (candidates, units) = self.reclaim_candidates(&first);
         let asker = Requester {
             queue,
             priority,
             request: &request,
         };
-        let victims = choose_victims(&self.config.quotas, held, asker, &candidates, |chosen| {
-            let mut freed = in_flight_freed.clone();
-            freed.extend(chosen.iter().flat_map(|c| {
-                units
-                    .get(c.id.as_str())
-                    .into_iter()
-                    .flatten()
-                    .map(|(sid, node, requested)| (sid.as_str(), node.as_str(), requested))
-            }));
-            self.all_fit_freeing(&waiting, &freed)
-        })?;
-        let victims: Vec<Victim> = victims
-            .into_iter()
-            .flat_map(|v| {
-                let members = units.get(v.id.as_str()).cloned().unwrap_or_default();
-                members.into_iter().map(move |(sid, _, _)| Victim {
-                    id: sid,
-                    cause: v.cause,
-                })
-            })
-            .collect();
-        Some(self.preempt_victims(&first, queue, &victims))
+        let units = &known.units;
+        let victims = choose_victims(
+            &self.config.quotas,
+            held,
+            asker,
+            &known.candidates,
+            |chosen| {
+                let mut freed = in_flight_freed.clone();
+                freed.extend(chosen.iter().flat_map(|c| {
+                    units
+                        .get(&c.id)
+                        .into_iter()
+                        .flatten()
+                        .map(|(sid, node, requested)| (sid.as_str(), node.as_str(), requested))
+                }));
+                self.all_fit_freeing(&waiting, &freed)
+            },
+        )?;
+        let victims = Self::unit_victims(known, victims);
+        let reclaim = self.preempt_victims(&first, queue, &victims);
+        self.now_in_flight(known, &reclaim.commands);
+        Some(reclaim)
     }
 
     /// Whether every one of `members` fits at once, each after the ones before it, with the

@@ -41,6 +41,7 @@ impl Scheduler {
             std::collections::BTreeMap::new()
         };
         let order = self.queue_order(&held);
+        let mut reclaimable = None;
         let mut commands = Vec::new();
         let mut tried = super::gang::Tried::new();
         for id in order {
@@ -56,9 +57,13 @@ impl Scheduler {
                 {
                     continue;
                 }
-                let Some(outcome) =
-                    self.pass_gang(&owner, &gang, governed, &mut held, &mut commands)
-                else {
+                let Some(outcome) = self.pass_gang(
+                    &owner,
+                    &gang,
+                    governed,
+                    (&mut held, &mut reclaimable),
+                    &mut commands,
+                ) else {
                     // Incomplete: not ready to run, it waits without holding the queue up.
                     observe(started.elapsed(), false);
                     continue;
@@ -81,7 +86,9 @@ impl Scheduler {
                             // Reclaim by preemption only where quotas are configured: without
                             // them nothing changes.
                             match governed
-                                .then(|| self.reclaim(&id, queue.as_deref(), &held))
+                                .then(|| {
+                                    self.reclaim(&id, queue.as_deref(), &held, &mut reclaimable)
+                                })
                                 .flatten()
                             {
                                 Some(reclaim) => {

@@ -14,12 +14,9 @@ use super::{
 use crate::{
     allocator::GpuRequest,
     node::{Node, NodeState},
-    session::{DecisionKind, Origin, SessionState},
+    session::{DecisionKind, Origin, Session, SessionState},
     slots::ResourceSlot,
 };
-
-/// Each candidate's sessions (id, node, request): itself, or a gang's live members.
-pub(super) type Units = BTreeMap<String, Vec<(String, String, ResourceSlot)>>;
 
 /// What a reclaim decided for a waiting session.
 pub(super) struct Reclaim {
@@ -29,27 +26,133 @@ pub(super) struct Reclaim {
     pub reason: String,
 }
 
+/// Each candidate's sessions (id, node, request): itself, or a gang's live members.
+pub(super) type Units = BTreeMap<String, Vec<(String, String, ResourceSlot)>>;
+
+/// The sessions a pass's reclaims may free: gathered once, on the pass's first reclaim, and kept
+/// up to date as it preempts. Nothing else changes them during a pass (placing only schedules
+/// sessions, and only an agent's answer makes one run or end), so a pass looks at every session
+/// once rather than once per waiting session.
+#[derive(Debug, Default)]
+pub(super) struct Reclaimable {
+    /// Sessions being preempted that still hold resources: (id, node, requested).
+    pub(super) in_flight: Vec<(String, String, ResourceSlot)>,
+    /// Running sessions that may yield; a running gang is one candidate (issue 24 §3), named
+    /// by its first member, its members' requests summed.
+    pub(super) candidates: Vec<Candidate>,
+    /// Each candidate's sessions, which preempting it ends.
+    pub(super) units: Units,
+}
+
 impl Scheduler {
+    /// What reclaim may free now.
+    pub(super) fn reclaimable(&self) -> Reclaimable {
+        let quotas = &self.config.quotas;
+        let mut known = Reclaimable::default();
+        let mut gangs = std::collections::BTreeSet::new();
+        for s in self.sessions.values() {
+            let Some(node) = &s.node else { continue };
+            if s.preempting.is_some() {
+                if s.state.holds_resources() {
+                    known
+                        .in_flight
+                        .push((s.id.clone(), node.clone(), s.requested.clone()));
+                }
+            } else if may_yield(s) {
+                let members: Vec<&Session> = match &s.gang {
+                    None => vec![s],
+                    // A gang yields whole: preempting one member preempts all, so that no
+                    // partial gang keeps GPUs. One with a member not running is no candidate.
+                    Some(g) if gangs.insert((s.owner.clone(), g.name.clone())) => {
+                        let members = self.live_members(&s.owner, &g.name);
+                        if !members.iter().all(|m| may_yield(m) && m.node.is_some()) {
+                            continue;
+                        }
+                        members
+                    }
+                    Some(_) => continue,
+                };
+                let requested = members.iter().fold(ResourceSlot::new(), |acc, m| {
+                    acc.checked_add(&m.requested).unwrap_or(acc)
+                });
+                known.candidates.push(Candidate {
+                    id: s.id.clone(),
+                    queue: quotas.queue_of(&s.owner).map(str::to_owned),
+                    priority: members
+                        .iter()
+                        .map(|m| m.priority)
+                        .max()
+                        .unwrap_or(s.priority),
+                    seq: members.iter().map(|m| m.seq).max().unwrap_or(s.seq),
+                    requested,
+                    preemptible: members.iter().all(|m| !m.no_preempt),
+                });
+                let unit = members
+                    .iter()
+                    .filter_map(|m| Some((m.id.clone(), m.node.clone()?, m.requested.clone())))
+                    .collect();
+                known.units.insert(s.id.clone(), unit);
+            }
+        }
+        known
+    }
+
+    /// The sessions `victims` (candidates) stand for: each one's unit, a gang's every member.
+    pub(super) fn unit_victims(known: &Reclaimable, victims: Vec<Victim>) -> Vec<Victim> {
+        victims
+            .into_iter()
+            .flat_map(|v| {
+                let members = known.units.get(&v.id).cloned().unwrap_or_default();
+                members
+                    .into_iter()
+                    .map(move |(id, _, _)| Victim { id, cause: v.cause })
+            })
+            .collect()
+    }
+
+    /// The sessions `commands` preempt are in flight now, their candidates no longer ones.
+    pub(super) fn now_in_flight(&self, known: &mut Reclaimable, commands: &[Command]) {
+        for command in commands {
+            let Command::Preempt { node, session, .. } = command else {
+                continue;
+            };
+            if let Some(at) = known.candidates.iter().position(|c| c.id == *session) {
+                known.candidates.remove(at);
+                known.units.remove(session);
+            }
+            let Some(requested) = self.sessions.get(session).map(|s| s.requested.clone()) else {
+                continue;
+            };
+            // In id order, as the sessions are: the reason lists them so.
+            let slot = known
+                .in_flight
+                .partition_point(|(s, _, _)| s.as_str() < session.as_str());
+            known
+                .in_flight
+                .insert(slot, (session.clone(), node.clone(), requested));
+        }
+    }
+
     /// Preempts what session `id` (of `queue`) needs, if a set of allowed victims makes room;
     /// `None` when none does. Sessions already being preempted count as freed: while their
-    /// release makes room, nothing more is preempted.
+    /// release makes room, nothing more is preempted. `known` is what the pass's reclaims may
+    /// free (`None` before its first reclaim).
     pub(super) fn reclaim(
         &mut self,
         id: &str,
         queue: Option<&str>,
         held: &BTreeMap<Option<String>, ResourceSlot>,
+        known: &mut Option<Reclaimable>,
     ) -> Option<Reclaim> {
+        let known = known.get_or_insert_with(|| self.reclaimable());
+        if known.in_flight.is_empty() && known.candidates.is_empty() {
+            return None;
+        }
         let session = self.sessions.get(id)?;
         let gpu = GpuRequest::from_slots(&session.requested).ok()?;
         let non_gpu = Node::non_gpu(&session.requested);
         let pinned = session.pinned_node.clone();
         let (priority, request) = (session.priority, session.requested.clone());
-        let in_flight: Vec<(String, String, ResourceSlot)> = self
-            .sessions
-            .values()
-            .filter(|s| s.preempting.is_some() && s.state.holds_resources())
-            .filter_map(|s| Some((s.id.clone(), s.node.clone()?, s.requested.clone())))
-            .collect();
         // Would the request fit on some node with `freed` (id, node, requested) released?
         let fits_freeing = |freed: &[(&str, &str, &ResourceSlot)]| {
             self.nodes.iter().any(|(nid, n)| {
@@ -69,12 +172,13 @@ impl Scheduler {
                 (non_gpu.is_zero() || n.non_gpu_fits(&non_gpu)) && n.allocator.can_fit(&gpu)
             })
         };
-        let in_flight_freed: Vec<(&str, &str, &ResourceSlot)> = in_flight
+        let in_flight_freed: Vec<(&str, &str, &ResourceSlot)> = known
+            .in_flight
             .iter()
             .map(|(s, n, r)| (s.as_str(), n.as_str(), r))
             .collect();
-        if !in_flight.is_empty() && fits_freeing(&in_flight_freed) {
-            let names: Vec<&str> = in_flight.iter().map(|(s, _, _)| s.as_str()).collect();
+        if !in_flight_freed.is_empty() && fits_freeing(&in_flight_freed) {
+            let names: Vec<&str> = known.in_flight.iter().map(|(s, _, _)| s.as_str()).collect();
             return Some(Reclaim {
                 commands: Vec::new(),
                 reason: format!(
@@ -83,88 +187,33 @@ impl Scheduler {
                 ),
             });
         }
-        let quotas = &self.config.quotas;
-        // A running gang is one candidate (issue 24 §3): preempting one member preempts all.
-        let (candidates, units) = self.reclaim_candidates(id);
         let asker = Requester {
             queue,
             priority,
             request: &request,
         };
-        let victims = choose_victims(quotas, held, asker, &candidates, |chosen| {
-            let mut freed = in_flight_freed.clone();
-            freed.extend(chosen.iter().flat_map(|c| {
-                units
-                    .get(c.id.as_str())
-                    .into_iter()
-                    .flatten()
-                    .map(|(sid, node, requested)| (sid.as_str(), node.as_str(), requested))
-            }));
-            fits_freeing(&freed)
-        })?;
-        let victims: Vec<Victim> = victims
-            .into_iter()
-            .flat_map(|v| {
-                let members = units.get(v.id.as_str()).cloned().unwrap_or_default();
-                members.into_iter().map(move |(sid, _, _)| Victim {
-                    id: sid,
-                    cause: v.cause,
-                })
-            })
-            .collect();
-        Some(self.preempt_victims(id, queue, &victims))
-    }
-
-    /// The running sessions reclaim may preempt for `waiter`, and for each candidate the
-    /// sessions (id, node, request) preempting it ends: itself, or for a gang every live member,
-    /// the gang standing as one candidate (its members' requests summed, preemptible only if all
-    /// are). A gang with a member not running (or already being preempted) is no candidate.
-    pub(super) fn reclaim_candidates(&self, waiter: &str) -> (Vec<Candidate>, Units) {
-        let quotas = &self.config.quotas;
-        let eligible = |s: &crate::session::Session| {
-            s.state == SessionState::Running
-                && s.origin == Origin::Controller
-                && s.preempting.is_none()
-                && s.id != waiter
-        };
-        let mut candidates = Vec::new();
-        let mut units = Units::new();
-        let mut gangs = std::collections::BTreeSet::new();
-        for s in self.sessions.values().filter(|s| eligible(s)) {
-            let members: Vec<&crate::session::Session> = match &s.gang {
-                None => vec![s],
-                Some(g) if gangs.insert((s.owner.clone(), g.name.clone())) => {
-                    self.live_members(&s.owner, &g.name)
-                }
-                Some(_) => continue,
-            };
-            if !members.iter().all(|m| eligible(m)) {
-                continue;
-            }
-            let requested = members.iter().fold(ResourceSlot::new(), |acc, m| {
-                acc.checked_add(&m.requested).unwrap_or(acc)
-            });
-            candidates.push(Candidate {
-                id: s.id.clone(),
-                queue: quotas.queue_of(&s.owner).map(str::to_owned),
-                priority: members
-                    .iter()
-                    .map(|m| m.priority)
-                    .max()
-                    .unwrap_or(s.priority),
-                seq: members.iter().map(|m| m.seq).max().unwrap_or(s.seq),
-                requested,
-                preemptible: members.iter().all(|m| !m.no_preempt),
-            });
-            units.insert(
-                s.id.clone(),
-                members
-                    .iter()
-                    .filter_map(|m| Some((m.id.clone(), m.node.clone()?, m.requested.clone())))
-                    .collect(),
-            );
-        }
-        (candidates, units)
+        let units = &known.units;
+        let victims = choose_victims(
+            &self.config.quotas,
+            held,
+            asker,
+            &known.candidates,
+            |chosen| {
+                let mut freed = in_flight_freed.clone();
+                freed.extend(chosen.iter().flat_map(|c| {
+                    units
+                        .get(&c.id)
+                        .into_iter()
+                        .flatten()
+                        .map(|(sid, node, requested)| (sid.as_str(), node.as_str(), requested))
+                }));
+                fits_freeing(&freed)
+            },
+        )?;
+        let victims = Self::unit_victims(known, victims);
+        let reclaim = self.preempt_victims(id, queue, &victims);
+        self.now_in_flight(known, &reclaim.commands);
+        Some(reclaim)
     }
 
     /// Marks `victims` preempting for waiting session `waiter` and makes their commands.
@@ -249,4 +298,9 @@ impl Scheduler {
         self.finish(session, SessionState::Preempted, &reason);
         true
     }
+}
+
+/// Whether `s` may be preempted now: running, placed by the controller, not already yielding.
+fn may_yield(s: &Session) -> bool {
+    s.state == SessionState::Running && s.origin == Origin::Controller && s.preempting.is_none()
 }

@@ -247,3 +247,25 @@ fn the_decisions_say_why_it_waited_whom_it_preempted_and_for_whom_one_yielded() 
         "{detail}"
     );
 }
+
+#[test]
+fn two_waiters_in_one_pass_preempt_once_and_the_second_waits_for_that_victim() {
+    // Every waiting session is tried in the same pass (none blocks the queue), so the second
+    // reclaim of the pass sees the first one's victim as being preempted already.
+    let mut config = cluster().config().clone();
+    config.skip_after = 0;
+    let mut s = Scheduler::new(config);
+    s.register(report("n1", 2, &[]), &[]).unwrap();
+    create(&mut s, "b1", "b", 0, false);
+    create(&mut s, "b2", "b", 0, false);
+    pass(&mut s);
+    create(&mut s, "a1", "a", 0, false);
+    create(&mut s, "a2", "a", 0, false);
+    assert_eq!(pass(&mut s), [("n1".to_owned(), "b2".to_owned())]);
+    let reason = &s.sessions()["a2"].reason;
+    assert!(
+        reason.contains("waits for preempted sessions") && reason.contains("b2"),
+        "{reason}"
+    );
+    not_overcommitted(&s);
+}
