@@ -22,7 +22,7 @@ use gpuwarden_agent_common::{
 };
 
 use crate::{
-    arg, atomic, config, current,
+    arg, atomic, conf, current,
     events::{count, emit},
     fds,
     maps::{GPU_FDS, IOCTL_COUNTS, IOCTLS_IN_FLIGHT, OBJECT_DEVICES, PENDING_IOCTL, PROCS},
@@ -35,7 +35,7 @@ use gpuwarden_agent_common::maps::stat;
 pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
     let (tgid, pid_tgid) = current();
     let fd = arg(&ctx, 0) as u32;
-    let (node, file) = if config().ioctl_match == ioctl_match::FILE && config().files.valid != 0 {
+    let (node, file) = if conf!(ioctl_match) == ioctl_match::FILE && conf!(files.valid) != 0 {
         // The fd's own file says whether it is a GPU node, however the fd was obtained.
         let Some((file, node)) = fds::gpu_file(fd) else {
             return 0;
