@@ -19,10 +19,12 @@
 //! fastest batch, the estimate least disturbed by other work on the machine (the costs measured
 //! are deterministic; noise only ever adds).
 //!
-//! The agent runs twice in the same run: first with the baseline `ioctl` match (the (process, fd)
-//! table alone, as before GPU files were told at the ioctl; `GPUWARDEN_BENCH_IOCTL_MATCH=fd-table`),
-//! then as shipped (the fd's own file read at every ioctl), so the last column compares the two
-//! on the same machine in the same minute.
+//! The agent runs three times in the same run: first with the baseline `ioctl` match (the
+//! (process, fd) table alone, as before GPU files were told at the ioctl;
+//! `GPUWARDEN_BENCH_IOCTL_MATCH=fd-table`), then telling the file at every ioctl with a
+//! `bpf_probe_read_kernel` call per hop of the walk to it (`file-probe-read`, the first build
+//! that told the file), then as shipped (the same walk as typed loads), so the last table
+//! compares the three on the same machine in the same minute.
 
 use std::{
     ffi::CString,
@@ -100,7 +102,65 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
     let params = AllocCall::new();
     let (null_fd, gpu_fd) = (null.as_raw_fd(), gpu.as_raw_fd());
     let params_ptr = &raw const params.nvos21 as usize;
-    let cases = [
+    let cases = cases(null_fd, gpu_fd, params_ptr);
+
+    let without = time_all(&cases, iterations, rounds);
+    let url = format!("http://{}", controller_addr());
+    let mut controller = start_controller(&bin, dir)?;
+    let time_with = |mode| {
+        start_agent(&agent_bin, dir, &gpu_node, &url, Some(mode)).map(|mut agent| {
+            let times = time_all(&cases, iterations, rounds);
+            stop(&mut agent);
+            times
+        })
+    };
+    let baselines =
+        time_with("fd-table").and_then(|fd_table| Ok((fd_table, time_with("file-probe-read")?)));
+    let (baseline, probe_read) = match baselines {
+        Ok(times) => times,
+        Err(e) => {
+            stop(&mut controller);
+            return Err(e);
+        }
+    };
+    let mut agent = match start_agent(&agent_bin, dir, &gpu_node, &url, None) {
+        Ok(agent) => agent,
+        Err(e) => {
+            stop(&mut controller);
+            return Err(e);
+        }
+    };
+    let with = time_all(&cases, iterations, rounds);
+    let bound = measure_bound(&bin, dir, &url, &*cases[1].call, iterations, rounds);
+    let counted = decoded_count(&agent_bin, &dir.join("agent.sock"));
+    stop(&mut agent);
+    stop(&mut controller);
+    drop(scratch);
+    let counted = counted?;
+    let bound = bound?;
+    let expected = iterations * rounds as u64;
+    if counted < expected {
+        bail!(
+            "the agent counted {counted} rm_alloc ioctls on the GPU fd, expected at least {expected}: the GPU case did not take the decoded path"
+        );
+    }
+
+    println!(
+        "\ncargo xtask bench ebpf — {iterations} calls × {rounds} batches per case, fastest batch, pinned to CPU 0"
+    );
+    print_rows(&cases, &without, &with, bound);
+    print_baseline(&cases, &without, [&baseline, &probe_read, &with]);
+    println!(
+        "(the quota check adds {:+.0} ns to a decoded GPU ioctl; the agent counted {counted} decoded rm_alloc ioctls on the GPU fd)",
+        bound - with[1]
+    );
+    Ok(())
+}
+
+/// The cases timed: ioctls on `null_fd` and `gpu_fd` with the `RM_ALLOC` params at
+/// `params_ptr`, a syscall the agent doesn't hook, and an open.
+fn cases(null_fd: i32, gpu_fd: i32, params_ptr: usize) -> [Case; 4] {
+    [
         Case {
             name: "ioctl, non-GPU fd (/dev/null)",
             floor: FLOOR_NON_GPU_IOCTL,
@@ -139,55 +199,7 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
                 }
             }),
         },
-    ];
-
-    let without = time_all(&cases, iterations, rounds);
-    let url = format!("http://{}", controller_addr());
-    let mut controller = start_controller(&bin, dir)?;
-    let baseline = start_agent(&agent_bin, dir, &gpu_node, &url, true).map(|mut agent| {
-        let times = time_all(&cases, iterations, rounds);
-        stop(&mut agent);
-        times
-    });
-    let baseline = match baseline {
-        Ok(times) => times,
-        Err(e) => {
-            stop(&mut controller);
-            return Err(e);
-        }
-    };
-    let mut agent = match start_agent(&agent_bin, dir, &gpu_node, &url, false) {
-        Ok(agent) => agent,
-        Err(e) => {
-            stop(&mut controller);
-            return Err(e);
-        }
-    };
-    let with = time_all(&cases, iterations, rounds);
-    let bound = measure_bound(&bin, dir, &url, &*cases[1].call, iterations, rounds);
-    let counted = decoded_count(&agent_bin, &dir.join("agent.sock"));
-    stop(&mut agent);
-    stop(&mut controller);
-    drop(scratch);
-    let counted = counted?;
-    let bound = bound?;
-    let expected = iterations * rounds as u64;
-    if counted < expected {
-        bail!(
-            "the agent counted {counted} rm_alloc ioctls on the GPU fd, expected at least {expected}: the GPU case did not take the decoded path"
-        );
-    }
-
-    println!(
-        "\ncargo xtask bench ebpf — {iterations} calls × {rounds} batches per case, fastest batch, pinned to CPU 0"
-    );
-    print_rows(&cases, &without, &with, bound);
-    print_baseline(&cases, &without, &baseline, &with);
-    println!(
-        "(the quota check adds {:+.0} ns to a decoded GPU ioctl; the agent counted {counted} decoded rm_alloc ioctls on the GPU fd)",
-        bound - with[1]
-    );
-    Ok(())
+    ]
 }
 
 /// The table's header and rows: each case without and with the agent, then the GPU-fd case from
@@ -224,19 +236,24 @@ fn print_rows(cases: &[Case], without: &[f64], with: &[f64], bound: f64) {
     );
 }
 
-/// The agent as shipped against the baseline `ioctl` match, case by case.
-fn print_baseline(cases: &[Case], without: &[f64], baseline: &[f64], with: &[f64]) {
+/// The agent as shipped against the baseline `ioctl` matches, case by case: `times` are the fd
+/// table's, the file told with a helper call per hop, and the file told with typed loads.
+fn print_baseline(cases: &[Case], without: &[f64], times: [&[f64]; 3]) {
+    let [fd_table, probe_read, now] = times;
     println!(
-        "\n| case | baseline agent, fd table (ns) | agent, file at the ioctl (ns) | added: baseline → now (ns) | now / baseline |"
+        "\n| case | fd table (ns) | file, helper reads (ns) | file, typed loads (ns) | added: fd table / helper reads / typed (ns) | typed / fd table | typed / helper reads |"
     );
-    println!("|---|---:|---:|---:|---:|");
-    for (((case, w), b), a) in cases.iter().zip(without).zip(baseline).zip(with) {
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (i, case) in cases.iter().enumerate() {
+        let (w, b, p, a) = (without[i], fd_table[i], probe_read[i], now[i]);
         println!(
-            "| {} | {b:.0} | {a:.0} | {:+.0} → {:+.0} | {:.2}× |",
+            "| {} | {b:.0} | {p:.0} | {a:.0} | {:+.0} / {:+.0} / {:+.0} | {:.2}× | {:.2}× |",
             case.name,
             b - w,
+            p - w,
             a - w,
-            a / b
+            a / b,
+            a / p
         );
     }
 }
@@ -356,18 +373,19 @@ fn fastest_ns(call: &dyn Fn(), iterations: u64, rounds: usize) -> f64 {
     batches[0]
 }
 
-/// Starts the agent; `baseline`: with the `ioctl` match of before (the fd table alone).
+/// Starts the agent; `baseline`: with one of the `ioctl` matches of before
+/// (`GPUWARDEN_BENCH_IOCTL_MATCH`).
 fn start_agent(
     bin: &Path,
     dir: &Path,
     gpu_node: &Path,
     controller: &str,
-    baseline: bool,
+    baseline: Option<&str>,
 ) -> anyhow::Result<Child> {
     let socket = dir.join("agent.sock");
     let mut command = Command::new(bin);
-    if baseline {
-        command.env("GPUWARDEN_BENCH_IOCTL_MATCH", "fd-table");
+    if let Some(mode) = baseline {
+        command.env("GPUWARDEN_BENCH_IOCTL_MATCH", mode);
     }
     let mut child = command
         .arg("run")
