@@ -33,32 +33,35 @@ use gpuwarden_agent_common::maps::stat;
 
 #[tracepoint]
 pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
-    let (tgid, pid_tgid) = current();
     let fd = arg(&ctx, 0) as u32;
-    let (node, file) = if conf!(ioctl_match) == ioctl_match::FILE && conf!(files.valid) != 0 {
-        // The fd's own file says whether it is a GPU node, however the fd was obtained.
-        let Some((file, node)) = fds::gpu_file(fd) else {
-            return 0;
-        };
-        fds::learn(&ctx, tgid, fd, node, file);
-        (node, file)
-    } else {
-        let key = FdKey { tgid, fd };
-        // SAFETY: the value is copied out at once.
-        let Some(mut info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
-            return 0;
-        };
-        if info.file == 0
-            && let Some(file) = fds::file_of_fd(key.fd)
-        {
-            // An fd seeded from /proc: its file is learned on its first ioctl, once.
-            info.file = file;
-            if GPU_FDS.insert(&key, &info, 0).is_ok() {
-                memory::file_ref(file);
+    let (tgid, pid_tgid, node, file) =
+        if conf!(ioctl_match) == ioctl_match::FILE && conf!(files.valid) != 0 {
+            // The fd's own file says whether it is a GPU node, however the fd was obtained; every
+            // other file's ioctl returns here, before any helper call but the task's.
+            let Some((file, node)) = fds::gpu_file(fd) else {
+                return 0;
+            };
+            let (tgid, pid_tgid) = current();
+            fds::learn(&ctx, tgid, fd, node, file);
+            (tgid, pid_tgid, node, file)
+        } else {
+            let (tgid, pid_tgid) = current();
+            let key = FdKey { tgid, fd };
+            // SAFETY: the value is copied out at once.
+            let Some(mut info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
+                return 0;
+            };
+            if info.file == 0
+                && let Some(file) = fds::file_of_fd(key.fd)
+            {
+                // An fd seeded from /proc: its file is learned on its first ioctl, once.
+                info.file = file;
+                if GPU_FDS.insert(&key, &info, 0).is_ok() {
+                    memory::file_ref(file);
+                }
             }
-        }
-        (info.node, info.file)
-    };
+            (tgid, pid_tgid, info.node, info.file)
+        };
     count(stat::GPU_IOCTLS);
     let cmd = arg(&ctx, 1) as u32;
     let params = arg(&ctx, 2);
