@@ -11,6 +11,9 @@
 //! - `openat` + `close` of a regular file: every open on the node pays the look-up of the opened
 //!   file in the task's fd table and of its device number (or, with the fake driver's nodes,
 //!   inode) among the GPU nodes;
+//! - an `ioctl` on `/dev/null` with a terminal's command (`TCGETS`), as most ioctls on a node
+//!   are: no NVIDIA escape has its number, so the programs stop before looking at the fd (the
+//!   first case keeps `RM_ALLOC`'s command, the worst a non-GPU ioctl can be);
 //! - the GPU-fd ioctl again from a cgroup with a quota (a session of the controller bound to a
 //!   cgroup this process moves into), so the decode also pays the quota check: the look-ups of
 //!   the cgroup's quota that every allocating ioctl of a bound workload makes.
@@ -158,8 +161,9 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
 }
 
 /// The cases timed: ioctls on `null_fd` and `gpu_fd` with the `RM_ALLOC` params at
-/// `params_ptr`, a syscall the agent doesn't hook, and an open.
-fn cases(null_fd: i32, gpu_fd: i32, params_ptr: usize) -> [Case; 4] {
+/// `params_ptr`, a syscall the agent doesn't hook, an open, and an ioctl on `null_fd` with a
+/// command the NVIDIA driver has no escape for.
+fn cases(null_fd: i32, gpu_fd: i32, params_ptr: usize) -> [Case; 5] {
     [
         Case {
             name: "ioctl, non-GPU fd (/dev/null)",
@@ -197,6 +201,16 @@ fn cases(null_fd: i32, gpu_fd: i32, params_ptr: usize) -> [Case; 4] {
                 if fd >= 0 {
                     libc::close(fd);
                 }
+            }),
+        },
+        Case {
+            name: "ioctl, non-GPU fd, another driver's command (TCGETS)",
+            floor: FLOOR_NON_GPU_IOCTL,
+            // SAFETY: a valid fd and a writable buffer the size of a `termios`; /dev/null
+            // answers `ENOTTY`.
+            call: Box::new(move || unsafe {
+                let mut termios: libc::termios = std::mem::zeroed();
+                libc::ioctl(null_fd, libc::TCGETS, &raw mut termios);
             }),
         },
     ]
