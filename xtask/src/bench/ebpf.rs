@@ -26,8 +26,11 @@
 //! (process, fd) table alone, as before GPU files were told at the ioctl;
 //! `GPUWARDEN_BENCH_IOCTL_MATCH=fd-table`), then telling the file at every ioctl with a
 //! `bpf_probe_read_kernel` call per hop of the walk to it (`file-probe-read`, the first build
-//! that told the file), then as shipped (the same walk as typed loads), so the last table
-//! compares the three on the same machine in the same minute.
+//! that told the file), then as shipped (the same walk as typed loads), so the second table
+//! compares the three on the same machine in the same minute. The third gives, for the same
+//! three, the time the `ioctl` programs themselves took per call, from the kernel's BPF
+//! statistics (`BPF_ENABLE_STATS`, on only for that pass): what the builds differ in, without
+//! the rest of the syscall and far less of the machine's noise.
 
 use std::{
     ffi::CString,
@@ -113,8 +116,9 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
     let time_with = |mode| {
         start_agent(&agent_bin, dir, &gpu_node, &url, Some(mode)).map(|mut agent| {
             let times = time_all(&cases, iterations, rounds);
+            let program = program_ns(&cases, iterations);
             stop(&mut agent);
-            times
+            (times, program)
         })
     };
     let baselines =
@@ -134,6 +138,7 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
         }
     };
     let with = time_all(&cases, iterations, rounds);
+    let with_program = program_ns(&cases, iterations);
     let bound = measure_bound(&bin, dir, &url, &*cases[1].call, iterations, rounds);
     let counted = decoded_count(&agent_bin, &dir.join("agent.sock"));
     stop(&mut agent);
@@ -152,7 +157,8 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
         "\ncargo xtask bench ebpf — {iterations} calls × {rounds} batches per case, fastest batch, pinned to CPU 0"
     );
     print_rows(&cases, &without, &with, bound);
-    print_baseline(&cases, &without, [&baseline, &probe_read, &with]);
+    print_baseline(&cases, &without, [&baseline.0, &probe_read.0, &with]);
+    print_program(&cases, [&baseline.1, &probe_read.1, &with_program]);
     println!(
         "(the quota check adds {:+.0} ns to a decoded GPU ioctl; the agent counted {counted} decoded rm_alloc ioctls on the GPU fd)",
         bound - with[1]
@@ -270,6 +276,64 @@ fn print_baseline(cases: &[Case], without: &[f64], times: [&[f64]; 3]) {
             a / p
         );
     }
+}
+
+/// The time the `ioctl` programs take per call, from the kernel's own statistics: the same three
+/// builds, without the noise of the rest of the syscall (rows only for the cases that run them).
+fn print_program(cases: &[Case], times: [&[Option<f64>]; 3]) {
+    println!(
+        "\n| case | ioctl programs per call: fd table (ns) | file, helper reads (ns) | file, typed loads (ns) | typed / fd table |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for (i, case) in cases.iter().enumerate() {
+        let [Some(b), Some(p), Some(a)] = times.map(|t| t.get(i).copied().flatten()) else {
+            continue;
+        };
+        println!(
+            "| {} | {b:.0} | {p:.0} | {a:.0} | {:.2}× |",
+            case.name,
+            a / b
+        );
+    }
+}
+
+/// The programs whose time [`program_ns`] reads.
+const IOCTL_PROGRAMS: [&str; 2] = ["sys_enter_ioctl", "sys_exit_ioctl"];
+
+/// Run time (ns) and runs of the `ioctl` programs loaded now (0 while statistics are off).
+fn ioctl_program_stats() -> (u64, u64) {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| p.name_as_str().is_some_and(|n| IOCTL_PROGRAMS.contains(&n)))
+        .fold((0, 0), |(time, runs), p| {
+            let ns = u64::try_from(p.run_time().as_nanos()).unwrap_or(u64::MAX);
+            (time + ns, runs + p.run_count())
+        })
+}
+
+/// For each case, the time the `ioctl` programs took per call over `iterations` calls, with the
+/// kernel's BPF run-time statistics on (only for this pass: they add two clock reads to every
+/// program run); `None` for a case that doesn't run them, or where statistics can't be enabled.
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "ns per call, printed to the ns: an f64 holds the totals closely enough"
+)]
+fn program_ns(cases: &[Case], iterations: u64) -> Vec<Option<f64>> {
+    let Ok(_stats) = aya::sys::enable_stats(aya::sys::Stats::RunTime) else {
+        return vec![None; cases.len()];
+    };
+    cases
+        .iter()
+        .map(|case| {
+            let (time, runs) = ioctl_program_stats();
+            for _ in 0..iterations {
+                (case.call)();
+            }
+            let (time_after, runs_after) = ioctl_program_stats();
+            (runs_after.saturating_sub(runs) >= iterations)
+                .then(|| time_after.saturating_sub(time) as f64 / iterations as f64)
+        })
+        .collect()
 }
 
 /// The controller's address for this run (a port of its own, so a running controller is left
