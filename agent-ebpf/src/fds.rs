@@ -381,10 +381,12 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo, log: boo
         return;
     };
     if !budget::take(cgroup, table::FDS) {
+        memory::file_untracked(info.file);
         return;
     }
     if GPU_FDS.insert(&FdKey { tgid, fd }, &info, 0).is_err() {
         budget::give(cgroup, table::FDS);
+        memory::file_untracked(info.file);
         count(stat::FD_TABLE_FULL);
         if log {
             warn!(
