@@ -26,7 +26,7 @@ use gpuwarden_agent_common::{
 };
 
 use crate::{
-    arg, budget, config, current,
+    arg, btf_walk, budget, conf, config, current,
     events::{count, emit},
     maps::{GPU_FDS, GPU_FILES, GPU_MAJORS, GPU_PATHS, PENDING_DUP, PENDING_OPEN, PROCS, SETTINGS},
     memory, ret,
@@ -77,7 +77,7 @@ pub fn sys_exit_openat2(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn open_enter(_ctx: &TracePointContext, filename: u64) {
     // Matched by the opened file at exit where the kernel's offsets are known.
-    if config().files.valid != 0 {
+    if conf!(files.valid) != 0 {
         return;
     }
     let mut key = PathKey {
@@ -98,7 +98,7 @@ fn open_enter(_ctx: &TracePointContext, filename: u64) {
 fn open_exit(ctx: &TracePointContext) {
     let (tgid, pid_tgid) = current();
     let fd = ret(ctx);
-    if config().files.valid != 0 {
+    if conf!(files.valid) != 0 {
         if fd < 0 {
             return;
         }
@@ -135,16 +135,20 @@ fn kernel<T>(addr: u64) -> Option<T> {
 /// The `struct file` behind the current task's `fd` (`current->files->fdt->fd[fd]`).
 #[inline(always)]
 pub fn file_of_fd(fd: u32) -> Option<u64> {
-    let o = config().files;
-    if o.valid == 0 {
+    if conf!(files.valid) == 0 {
         return None;
     }
+    if conf!(files.slot_type) != 0 {
+        // Direct loads: what every ioctl on the node pays, so the cheapest the kernel allows.
+        return btf_walk::file_of_fd(fd);
+    }
+    let o = config().files;
     // SAFETY: a plain helper call.
     let task = unsafe { bpf_get_current_task() };
     let files: u64 = kernel(task + u64::from(o.task_files))?;
-    // Every ioctl on the node takes this path, so it saves reads where the layout allows: the
-    // `fdt` pointer is followed by the embedded table (`max_fds`, then `fd`), which it points
-    // at until the process outgrows 64 fds — one read gives all three.
+    // Without typed loads, it saves reads where the layout allows: the `fdt` pointer is followed
+    // by the embedded table (`max_fds`, then `fd`), which it points at until the process
+    // outgrows 64 fds — one read gives all three.
     let (max_fds, array) =
         if o.files_fdtab == o.files_fdt + 8 && o.fdt_max_fds == 0 && o.fdt_fd == 8 {
             let [fdt, max_fds, array]: [u64; 3] = kernel(files + u64::from(o.files_fdt))?;
@@ -192,13 +196,18 @@ pub fn learn(ctx: &TracePointContext, tgid: u32, fd: u32, node: GpuNode, file: u
     track(ctx, tgid, fd, FdInfo { node, file }, false);
 }
 
-/// The GPU node `file` is, from its inode: a device file by its device number, anything else
-/// (only when the agent watches such nodes) by its file system and inode number.
+/// The GPU node `file` (from [`file_of_fd`]) is, from its inode: a device file by its device
+/// number, anything else (only when the agent watches such nodes) by its file system and inode
+/// number.
 #[inline(always)]
 pub fn node_of_file(file: u64) -> Option<GpuNode> {
-    let o = config().files;
-    let inode: u64 = kernel(file + u64::from(o.file_inode))?;
-    let rdev: u32 = kernel(inode + u64::from(o.inode_rdev))?;
+    let typed = conf!(files.slot_type) != 0;
+    let (inode, rdev) = if typed {
+        btf_walk::inode_of(file)
+    } else {
+        let inode: u64 = kernel(file + u64::from(conf!(files.file_inode)))?;
+        (inode, kernel(inode + u64::from(conf!(files.inode_rdev)))?)
+    };
     let key = if rdev != 0 {
         // Most device files on the node are not of a GPU driver's major: one array read says so,
         // before any hash look-up.
@@ -213,12 +222,16 @@ pub fn node_of_file(file: u64) -> Option<GpuNode> {
             ino: 0,
         }
     } else if SETTINGS.get(setting::MATCH_INODES).copied() == Some(1) {
-        let sb: u64 = kernel(inode + u64::from(o.inode_sb))?;
-        FileId {
-            dev: kernel(sb + u64::from(o.sb_dev))?,
-            _pad: 0,
-            ino: kernel(inode + u64::from(o.inode_ino))?,
-        }
+        let (dev, ino) = if typed {
+            btf_walk::inode_id(inode)
+        } else {
+            let sb: u64 = kernel(inode + u64::from(conf!(files.inode_sb)))?;
+            (
+                kernel(sb + u64::from(conf!(files.sb_dev)))?,
+                kernel(inode + u64::from(conf!(files.inode_ino)))?,
+            )
+        };
+        FileId { dev, _pad: 0, ino }
     } else {
         return None;
     };
@@ -368,10 +381,12 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo, log: boo
         return;
     };
     if !budget::take(cgroup, table::FDS) {
+        memory::file_untracked(info.file);
         return;
     }
     if GPU_FDS.insert(&FdKey { tgid, fd }, &info, 0).is_err() {
         budget::give(cgroup, table::FDS);
+        memory::file_untracked(info.file);
         count(stat::FD_TABLE_FULL);
         if log {
             warn!(

@@ -2,9 +2,11 @@
 //!
 //! Enter counts the ioctl and, for the escapes that create or free objects, records what the exit
 //! needs; exit reads the driver's answer (the ioctl's return and the params' `status`) and charges
-//! or releases memory only on success. Any other fd costs one map lookup at enter and one array
-//! read at exit. The decoding itself is [`gpuwarden_agent_common::decode`], shared with user
-//! space, where it is fuzzed on byte buffers; here it reads user memory through [`User`].
+//! or releases memory only on success. An ioctl on any other file costs a test of its command
+//! number (most other drivers' commands stop there) and the walk to the fd's file at enter
+//! ([`crate::btf_walk`]), and one array read at exit. The decoding itself is
+//! [`gpuwarden_agent_common::decode`], shared with user space, where it is fuzzed on byte
+//! buffers; here it reads user memory through [`User`].
 
 use aya_ebpf::{
     helpers::{bpf_get_current_cgroup_id, bpf_probe_read_user},
@@ -18,11 +20,11 @@ use gpuwarden_agent_common::{
     maps::{
         DEVICE_UNKNOWN, FdKey, HandleKey, IoctlKey, ObjectInfo, family, memory_kind, node_kind,
     },
-    nvidia::esc,
+    nvidia::{esc, may_be_driver_ioctl},
 };
 
 use crate::{
-    arg, atomic, config, current,
+    arg, atomic, conf, current,
     events::{count, emit},
     fds,
     maps::{GPU_FDS, IOCTL_COUNTS, IOCTLS_IN_FLIGHT, OBJECT_DEVICES, PENDING_IOCTL, PROCS},
@@ -33,32 +35,40 @@ use gpuwarden_agent_common::maps::stat;
 
 #[tracepoint]
 pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
-    let (tgid, pid_tgid) = current();
     let fd = arg(&ctx, 0) as u32;
-    let (node, file) = if config().ioctl_match == ioctl_match::FILE && config().files.valid != 0 {
-        // The fd's own file says whether it is a GPU node, however the fd was obtained.
-        let Some((file, node)) = fds::gpu_file(fd) else {
-            return 0;
-        };
-        fds::learn(&ctx, tgid, fd, node, file);
-        (node, file)
-    } else {
-        let key = FdKey { tgid, fd };
-        // SAFETY: the value is copied out at once.
-        let Some(mut info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
-            return 0;
-        };
-        if info.file == 0
-            && let Some(file) = fds::file_of_fd(key.fd)
-        {
-            // An fd seeded from /proc: its file is learned on its first ioctl, once.
-            info.file = file;
-            if GPU_FDS.insert(&key, &info, 0).is_ok() {
-                memory::file_ref(file);
+    let (tgid, pid_tgid, node, file) =
+        if conf!(ioctl_match) == ioctl_match::FILE && conf!(files.valid) != 0 {
+            // A command the driver can't act on is no GPU ioctl, whatever the fd: most other
+            // drivers' ioctls stop here, before the walk.
+            if !may_be_driver_ioctl(arg(&ctx, 1) as u32) {
+                return 0;
             }
-        }
-        (info.node, info.file)
-    };
+            // The fd's own file says whether it is a GPU node, however the fd was obtained; every
+            // other file's ioctl returns here, before any helper call but the task's.
+            let Some((file, node)) = fds::gpu_file(fd) else {
+                return 0;
+            };
+            let (tgid, pid_tgid) = current();
+            fds::learn(&ctx, tgid, fd, node, file);
+            (tgid, pid_tgid, node, file)
+        } else {
+            let (tgid, pid_tgid) = current();
+            let key = FdKey { tgid, fd };
+            // SAFETY: the value is copied out at once.
+            let Some(mut info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
+                return 0;
+            };
+            if info.file == 0
+                && let Some(file) = fds::file_of_fd(key.fd)
+            {
+                // An fd seeded from /proc: its file is learned on its first ioctl, once.
+                info.file = file;
+                if GPU_FDS.insert(&key, &info, 0).is_ok() {
+                    memory::file_ref(file);
+                }
+            }
+            (tgid, pid_tgid, info.node, info.file)
+        };
     count(stat::GPU_IOCTLS);
     let cmd = arg(&ctx, 1) as u32;
     let params = arg(&ctx, 2);

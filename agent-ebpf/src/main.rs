@@ -11,6 +11,7 @@
 //! - [`budget`]: per-cgroup budgets of the tables a container can grow;
 //! - [`quota`]: GPU-memory limits at the allocating ioctl, GPU-node access of bound cgroups;
 //! - [`uvm`]: managed memory, by the length of each `mmap` of the UVM node;
+//! - [`btf_walk`]: the task → fd → file → inode walk as direct loads the verifier types;
 //! - [`atomic`]: the atomic add every counter uses;
 //! - [`events`]: the ring buffer to user space and the statistics counters;
 //! - [`driver_probe`]: empty driver hooks, loaded only to learn whether the kernel allows them.
@@ -20,6 +21,7 @@
 #![feature(asm_experimental_arch)]
 
 mod atomic;
+mod btf_walk;
 mod budget;
 mod driver_probe;
 mod events;
@@ -37,6 +39,18 @@ use gpuwarden_agent_common::config::Config;
 /// Load-time settings, written by the agent before loading (see `config::CONFIG_SYMBOL`).
 #[unsafe(no_mangle)]
 static GPUWARDEN_CONFIG: Config = Config::DEFAULT;
+
+/// Reads one load-time setting, `conf!(files.valid)`: a volatile read of that field alone, so the
+/// compiler can't fold the defaults and the hot paths pay one load rather than a copy of the
+/// whole [`Config`]. The verifier knows the value (the settings are read-only data, frozen at
+/// load), so it prunes the paths the settings turn off.
+macro_rules! conf {
+    ($($field:tt)+) => {
+        // SAFETY: a plain read of a static the loader patched before the program ran.
+        unsafe { core::ptr::read_volatile(&raw const $crate::GPUWARDEN_CONFIG.$($field)+) }
+    };
+}
+pub(crate) use conf;
 
 /// Reads the load-time settings. The volatile read keeps the compiler from folding the defaults.
 #[inline(always)]

@@ -111,6 +111,21 @@ pub fn file_ref(file: u64) {
     let _ = FILES.insert(&file, &first, 0);
 }
 
+/// An fd of open file `file` was refused an entry in the fd table: from now on the last tracked
+/// fd's close can't tell that the file closed (see `FileRefs::untracked`). A file with no
+/// tracked fd has no entry to mark, and none is made for it (a container past its budget must
+/// not fill the file table either): it releases nothing at a close anyway.
+#[inline(always)]
+pub fn file_untracked(file: u64) {
+    if file == 0 {
+        return;
+    }
+    if let Some(refs) = FILES.get_ptr_mut(&file) {
+        // SAFETY: a live map value.
+        unsafe { (*refs).untracked = 1 };
+    }
+}
+
 /// One tracked fd less refers to open file `file`; at none, the file is closed and the driver
 /// has freed the clients made through it with everything they held: release them.
 #[inline(always)]
@@ -119,14 +134,24 @@ pub fn file_unref(tgid: u32, file: u64) {
         return;
     };
     // SAFETY: a live map value.
-    let (left, count, clients) = unsafe {
+    let (left, count, clients, untracked) = unsafe {
         (*refs).refs = (*refs).refs.saturating_sub(1);
-        ((*refs).refs, (*refs).count, (*refs).clients)
+        (
+            (*refs).refs,
+            (*refs).count,
+            (*refs).clients,
+            (*refs).untracked,
+        )
     };
     if left != 0 {
         return;
     }
     let _ = FILES.remove(&file);
+    if untracked != 0 {
+        // An fd the table refused may still hold the file, and the driver frees its clients only
+        // at the file's last close: keep them counted (their process's end releases them).
+        return;
+    }
     let mut closing = Closing {
         tgid,
         count,

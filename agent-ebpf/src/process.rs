@@ -65,10 +65,12 @@ extern "C" fn copy_fd(index: u64, ctx: *mut c_void) -> i64 {
         };
         if !budget::take(copy.cgroup, table::FDS) {
             // Past the budget: the child's ioctls on it are still told by their file.
+            memory::file_untracked(info.file);
             return 0;
         }
         if GPU_FDS.insert(&child, &info, 0).is_err() {
             budget::give(copy.cgroup, table::FDS);
+            memory::file_untracked(info.file);
             count(stat::FD_TABLE_FULL);
         } else if info.file != 0 {
             memory::file_ref(info.file);

@@ -204,6 +204,54 @@ fn seventy_thousand_dups_in_one_container_leave_the_next_counted() {
     }
 }
 
+/// A container at its fd budget dups a GPU fd it allocated through: the dup is refused an entry
+/// in the fd table, so closing the tracked fd is not the file's last close. The driver keeps the
+/// client (and its memory) while the dup holds the file, and so does the count: the bytes stay
+/// charged, and an allocation through the dup that crosses the quota is acted on
+/// (docs/accounting.md, "Releases the kernel side cannot see").
+#[test]
+#[ignore = "needs root"]
+fn closing_the_tracked_fd_of_a_file_an_untracked_dup_holds_keeps_its_memory_counted() {
+    require_root();
+    let rig = Rig::start("evuntracked");
+    let cg = rig.limited("evuntracked");
+    let mut a = rig.spawn(&cg);
+    let tracked = a.value("open nvidiactl", "fd");
+    a.ok(&format!("use-ctl {tracked}"));
+    let h = a.value("client", "client");
+    let dev = a.value(&format!("device {h:#x} 0"), "handle");
+    a.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
+    assert_eq!(used(&rig.entry(&cg)), 4 * MIB);
+    // Another file of the node takes the rest of the container's fd budget.
+    let budget = rig
+        .entry(&cg)
+        .tables
+        .iter()
+        .find(|t| t.table == "fds")
+        .unwrap()
+        .budget;
+    let filler = a.value("open nvidiactl", "fd");
+    a.ok(&format!("dup-many {filler} {budget}"));
+    let untracked = a.value(&format!("dup {tracked}"), "fd");
+    let fds = rig.entry(&cg);
+    let fds = fds.tables.iter().find(|t| t.table == "fds").unwrap();
+    assert_eq!(fds.used, fds.budget, "{fds:?}");
+    a.ok(&format!("close {tracked}"));
+    assert_eq!(
+        used(&rig.entry(&cg)),
+        4 * MIB,
+        "the file is still open through the dup: its client's memory stays counted"
+    );
+    a.ok(&format!("use-ctl {untracked}"));
+    a.send_only(&format!("alloc {h:#x} {dev:#x} 16m"));
+    let status = a.wait_within(Duration::from_secs(20));
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "4 + 16 MiB > 16 MiB through the dup is acted on: {status:?}"
+    );
+}
+
 /// The helpers the scenarios use: a datagram socket carries an fd between two processes, and
 /// `pidfd_getfd` copies one, outside any agent (so a failure above is the agent's).
 #[test]

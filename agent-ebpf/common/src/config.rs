@@ -70,6 +70,12 @@ pub struct FileOffsets {
     pub inode_ino: u32,
     /// `super_block.s_dev`.
     pub sb_dev: u32,
+    /// BTF id of `struct kiocb` (whose first member is a `struct file *`), or 0. Non-zero: the
+    /// programs walk from the task to the file with direct loads the verifier types from the
+    /// kernel's BTF (one instruction each, fault-safe), casting the fd table's slot to it with
+    /// the `bpf_rdonly_cast` kfunc (see [`kfunc`]); zero: with a `bpf_probe_read_kernel` call per
+    /// hop.
+    pub slot_type: u32,
     /// 1 when the offsets were found; the programs then match GPU nodes by the opened file's
     /// device number, else by path.
     pub valid: u32,
@@ -88,8 +94,28 @@ impl FileOffsets {
         inode_sb: 0,
         inode_ino: 0,
         sb_dev: 0,
+        slot_type: 0,
         valid: 0,
     };
+}
+
+/// The kernel functions (kfuncs) the programs call. A Rust eBPF program can't name one (no
+/// `__ksym` externs), so each call is emitted as a raw instruction whose immediate is a
+/// placeholder, and the agent writes the function's BTF id over it before loading.
+pub mod kfunc {
+    /// Placeholder immediate of the call to `bpf_rdonly_cast`.
+    pub const RDONLY_CAST_PLACEHOLDER: u32 = 0x7ead_beef;
+
+    /// The instruction `call kfunc imm`: `BPF_JMP | BPF_CALL` with `src_reg =
+    /// BPF_PSEUDO_KFUNC_CALL` (2), as the 8 bytes read little-endian.
+    #[must_use]
+    pub const fn call(imm: u32) -> u64 {
+        ((imm as u64) << 32) | 0x2085
+    }
+
+    /// `r0 = 0`: what replaces a kfunc call the kernel lacks (the call is then on a path the
+    /// load-time settings turn off, but the verifier resolves every call before pruning).
+    pub const ZERO_R0: u64 = 0xb7;
 }
 
 impl Config {

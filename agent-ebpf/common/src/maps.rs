@@ -133,6 +133,10 @@ pub struct FileRefs {
     pub count: u32,
     /// Client handles made through the file (the first [`FILE_CLIENTS`]).
     pub clients: [u32; FILE_CLIENTS],
+    /// 1 once an fd of the file was refused an entry in the fd table (its container past its fd
+    /// budget, or the table full): the file may outlive its tracked fds, so the last of them
+    /// releases nothing and its clients stay counted until their process ends.
+    pub untracked: u32,
 }
 
 /// Clients remembered per open file (more are released when their process ends).

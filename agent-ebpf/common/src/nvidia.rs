@@ -28,6 +28,25 @@ pub const fn ioctl_size(cmd: u32) -> u32 {
     (cmd >> 16) & 0x3fff
 }
 
+/// Whether the NVIDIA driver may act on an ioctl with command `cmd` on any of the nodes gpuwarden
+/// watches: the cheap test `ioctl` enter makes before it looks at the fd's file, so most other
+/// drivers' ioctls (a terminal's `TCGETS`, `FIONREAD`, a socket's `SIOC*`) cost nothing more.
+///
+/// It must never say no to a command the driver acts on: the RM nodes dispatch on the escape
+/// number alone (the type byte and direction are ignored, the size is checked per escape), so
+/// every command whose number lies in the escapes' ranges passes, with room for escapes added
+/// later — `NV_ESC_RM_*` from 0x27 to 0x5f (0x20–0x7f passes), `NV_ESC_*` from 200 (0xc8–0xff
+/// passes), and number 0 (`nvidia-modeset`'s one command, counted as today); the UVM nodes
+/// match the whole command, a plain number below 0x100 or `UVM_INITIALIZE`/`UVM_DEINITIALIZE`.
+#[must_use]
+pub const fn may_be_driver_ioctl(cmd: u32) -> bool {
+    if cmd < 0x100 || cmd >> 8 == uvm::INITIALIZE >> 8 {
+        return true;
+    }
+    let nr = ioctl_nr(cmd);
+    nr == 0 || (nr >= 0x20 && nr <= 0x7f) || nr >= 0xc8
+}
+
 /// Resource-manager escape numbers (`NV_ESC_*`).
 pub mod esc {
     /// `NV_ESC_RM_ALLOC_MEMORY` (`nvos02_with_fd`, 56 bytes).
@@ -481,4 +500,36 @@ pub mod devnum {
     pub const CTL_MINOR: u32 = 255;
     /// Minor number of `/dev/nvidia-modeset`.
     pub const MODESET_MINOR: u32 = 254;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_escape_passes_the_command_filter_whatever_its_type_direction_and_size() {
+        for nr in (0..=0xff).filter(|nr| esc::name(*nr).is_some()) {
+            for ty in 0..=0xff {
+                for (dir, size) in [(0, 0), (1, 4), (2, 16), (3, 32), (3, 0x3fff)] {
+                    let cmd = (dir << 30) | (size << 16) | (ty << 8) | nr;
+                    assert!(may_be_driver_ioctl(cmd), "escape {nr:#x} as {cmd:#x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_uvm_command_passes_the_command_filter() {
+        for cmd in (0..0x100).chain([uvm::INITIALIZE, uvm::DEINITIALIZE]) {
+            assert!(may_be_driver_ioctl(cmd), "{cmd:#x}");
+        }
+    }
+
+    #[test]
+    fn other_drivers_common_commands_do_not_pass() {
+        // TCGETS, TCSETS, TIOCGWINSZ, FIONREAD, SIOCGIFCONF (SIOCGIFINDEX, 0x8933, does pass).
+        for cmd in [0x5401, 0x5402, 0x5413, 0x541b, 0x8912] {
+            assert!(!may_be_driver_ioctl(cmd), "{cmd:#x}");
+        }
+    }
 }

@@ -40,6 +40,7 @@ mod kind {
     pub const STRUCT: u32 = 4;
     pub const UNION: u32 = 5;
     pub const ENUM: u32 = 6;
+    pub const FUNC: u32 = 12;
     pub const FUNC_PROTO: u32 = 13;
     pub const VAR: u32 = 14;
     pub const DATASEC: u32 = 15;
@@ -232,9 +233,57 @@ impl Btf {
             inode_sb: self.member_offset("inode", "i_sb")?,
             inode_ino: self.member_offset("inode", "i_ino")?,
             sb_dev: self.member_offset("super_block", "s_dev")?,
+            // Set once the kernel is seen to verify the typed walk (`Self::typed_walk`).
+            slot_type: 0,
             valid: 1,
         })
     }
+
+    /// What the typed walk needs (`agent-ebpf/src/btf_walk.rs`): the `bpf_rdonly_cast` kfunc and
+    /// a struct whose first member is a `struct file *` (`kiocb.ki_filp`) to cast the fd table's
+    /// slot to.
+    ///
+    /// # Errors
+    /// The kernel has no such kfunc, or `kiocb` isn't laid out so.
+    pub fn typed_walk(&self) -> Result<TypedWalk, BtfError> {
+        let rdonly_cast = self
+            .func_id(RDONLY_CAST)
+            .ok_or_else(|| BtfError::Missing(format!("kfunc {RDONLY_CAST}")))?;
+        if self.member_offset("kiocb", "ki_filp")? != 0 {
+            return Err(BtfError::Missing(
+                "kiocb.ki_filp as its first member".to_owned(),
+            ));
+        }
+        let slot_type = *self
+            .structs
+            .get("kiocb")
+            .ok_or_else(|| BtfError::Missing("struct kiocb".to_owned()))?;
+        Ok(TypedWalk {
+            rdonly_cast,
+            slot_type,
+        })
+    }
+
+    /// The id of the function (`BTF_KIND_FUNC`) named `name`.
+    fn func_id(&self, name: &str) -> Option<u32> {
+        let at = self
+            .types
+            .iter()
+            .position(|t| t.kind == kind::FUNC && self.string(t.name) == name)?;
+        u32::try_from(at + 1).ok()
+    }
+}
+
+/// The kfunc that types the fd table's slot.
+const RDONLY_CAST: &str = "bpf_rdonly_cast";
+
+/// BTF ids the typed walk needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TypedWalk {
+    /// The `bpf_rdonly_cast` kfunc, written into the programs' calls to it.
+    pub rdonly_cast: u32,
+    /// `struct kiocb`, the cast's target (`FileOffsets::slot_type`).
+    pub slot_type: u32,
 }
 
 #[cfg(test)]

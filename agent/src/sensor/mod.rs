@@ -12,6 +12,7 @@
 //! - `events`: the ring buffer of events; `device_program`: device access per cgroup.
 
 pub mod btf;
+pub mod btf_walk;
 mod counters;
 mod device_program;
 pub(crate) mod events;
@@ -280,11 +281,13 @@ impl Sensor {
         raise_memlock_limit();
         let tracefs = tracefs::ensure_mounted()?;
         let probe = probe::probe(Path::new("/sys"));
-        let files = file_offsets();
+        let (ioctl_match, typed) = ioctl_match_from_env();
+        let (files, rdonly_cast) = file_offsets(typed);
+        let object = btf_walk::patch(OBJECT, rdonly_cast).0;
         let config = Config {
             alloc_event_min_bytes,
             files,
-            ioctl_match: ioctl_match_from_env(),
+            ioctl_match,
             ..tracefs::config_offsets(&tracefs)
         };
         let (pins, adopted) = match pin_dir {
@@ -304,7 +307,7 @@ impl Sensor {
             loader.map_pin_path(name, path.as_path());
         }
         let mut ebpf = loader
-            .load(OBJECT)
+            .load(&object)
             .map_err(|e| SensorError::Load(Box::new(e)))?;
         let mut hooks = attach_tracepoints(&mut ebpf, &tracefs, pins.as_ref(), files.valid != 0)?;
         let device_program = load_device_program(&mut ebpf);
@@ -619,35 +622,76 @@ fn settings(ebpf: &mut Ebpf, tier: MemoryTier) -> Result<Array<MapData, u32>, Se
 }
 
 /// The kernel offsets that find an fd's file, or none (matching by path) where the kernel's BTF
-/// lacks them.
-fn file_offsets() -> FileOffsets {
-    match btf::Btf::from_path(Path::new(BTF_PATH)).and_then(|b| b.file_offsets()) {
+/// lacks them; with `typed`, and where this kernel verifies it, the typed walk too, and the
+/// `bpf_rdonly_cast` kfunc's id for [`btf_walk::patch`].
+fn file_offsets(typed: bool) -> (FileOffsets, Option<u32>) {
+    let btf = match btf::Btf::from_path(Path::new(BTF_PATH)) {
+        Ok(btf) => btf,
+        Err(e) => {
+            tracing::warn!(
+                "GPU nodes are matched by path only (symlinks, relative and long paths are missed): {e}"
+            );
+            return (FileOffsets::NONE, None);
+        }
+    };
+    let mut files = match btf.file_offsets() {
         Ok(files) => files,
         Err(e) => {
             tracing::warn!(
                 "GPU nodes are matched by path only (symlinks, relative and long paths are missed): {e}"
             );
-            FileOffsets::NONE
+            return (FileOffsets::NONE, None);
+        }
+    };
+    if !typed {
+        return (files, None);
+    }
+    let walk = btf.typed_walk().and_then(|walk| {
+        btf_walk::verifies(&files, walk)
+            .map(|()| walk)
+            .map_err(|e| btf::BtfError::Missing(format!("a verifier that accepts it ({e})")))
+    });
+    match walk {
+        Ok(walk) => {
+            tracing::info!(
+                "the fd's file is read at each ioctl with typed loads (one instruction a hop)"
+            );
+            files.slot_type = walk.slot_type;
+            (files, Some(walk.rdonly_cast))
+        }
+        Err(e) => {
+            tracing::warn!(
+                "the fd's file is read with a helper call per hop (typed loads unavailable): {e}"
+            );
+            (files, None)
         }
     }
 }
 
 /// Names the baseline `ioctl` match for `cargo xtask bench ebpf`, which times today's programs
-/// against the match they replaced in one run: `fd-table` is the (process, fd) table alone,
-/// which misses fds obtained other than through `openat` — never for production.
+/// against the matches they replaced in one run: `fd-table` is the (process, fd) table alone,
+/// which misses fds obtained other than through `openat` — never for production;
+/// `file-probe-read` tells the file at every ioctl as today, but reads the fd's file with a
+/// `bpf_probe_read_kernel` call per hop, as before the typed walk.
 pub const IOCTL_MATCH_ENV: &str = "GPUWARDEN_BENCH_IOCTL_MATCH";
 
-/// How `ioctl` enter tells a GPU fd: by its file, unless [`IOCTL_MATCH_ENV`] asks for the
-/// baseline.
-fn ioctl_match_from_env() -> u32 {
+/// How `ioctl` enter tells a GPU fd, and whether the walk to the fd's file may be typed: by its
+/// file, typed, unless [`IOCTL_MATCH_ENV`] asks for a baseline.
+fn ioctl_match_from_env() -> (u32, bool) {
     match std::env::var(IOCTL_MATCH_ENV).as_deref() {
         Ok("fd-table") => {
             tracing::warn!(
                 "{IOCTL_MATCH_ENV}=fd-table: GPU fds are told by the fd table alone (the benchmark's baseline); fds obtained without openat are not counted"
             );
-            ioctl_match::FD_TABLE
+            (ioctl_match::FD_TABLE, false)
         }
-        _ => ioctl_match::FILE,
+        Ok("file-probe-read") => {
+            tracing::warn!(
+                "{IOCTL_MATCH_ENV}=file-probe-read: the fd's file is read with a helper call per hop (the benchmark's baseline)"
+            );
+            (ioctl_match::FILE, false)
+        }
+        _ => (ioctl_match::FILE, true),
     }
 }
 

@@ -148,22 +148,17 @@ impl SchedulerService for SchedulerApi {
                 let (mine, total) = s.live_sessions(&new.owner);
                 self.bounds
                     .counted(limits.admit_session(&new.owner, mine, total))?;
-                let created = s.create(new).map_err(|e| request_status(&e))?;
-                Ok::<_, Status>((created, s.pass_if_alone()))
+                s.create(new).map_err(|e| request_status(&e))
             })
             .map_err(|e| store_status(&e))?;
-        let (created, placed) = created?;
+        let created = created?;
         // As stored, with the revision of its creation: a watch from it misses nothing after.
         let answer = pending
             .announced(&created.id)
             .cloned()
             .unwrap_or_else(|| convert::session_to_pb(&created));
         pending.durable().await.map_err(|e| store_status(&e))?;
-        if placed.is_empty() {
-            self.controller.kick();
-        } else {
-            self.controller.dispatch(placed);
-        }
+        self.controller.kick();
         Ok(Response::new(answer))
     }
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Command, QueuePolicy, Scheduler, quotas::Standing};
+use super::{QueuePolicy, Scheduler, quotas::Standing};
 use crate::{
     node::NodeState,
     session::{Session, SessionState},
@@ -11,18 +11,6 @@ use crate::{
 };
 
 impl Scheduler {
-    /// Places what was just created at once, when the next pass would do exactly that and no
-    /// more: nothing else waits (so it is the head of the queue), FIFO, and no team queues (whose
-    /// holdings and reclaim a pass must weigh). The placement then goes in the create's own change:
-    /// a commit to wait for, a record write and a watch message fewer; otherwise the pass that
-    /// follows places it, as before.
-    pub fn pass_if_alone(&mut self) -> Vec<Command> {
-        let alone = self.pending.len() == 1
-            && self.config.queue == QueuePolicy::Fifo
-            && self.config.quotas.queues.is_empty();
-        if alone { self.pass() } else { Vec::new() }
-    }
-
     /// Puts `session` (just made Pending) in the queue.
     pub(super) fn queue(&mut self, session: &Session) {
         self.pending.insert((

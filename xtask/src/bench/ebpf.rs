@@ -11,6 +11,9 @@
 //! - `openat` + `close` of a regular file: every open on the node pays the look-up of the opened
 //!   file in the task's fd table and of its device number (or, with the fake driver's nodes,
 //!   inode) among the GPU nodes;
+//! - an `ioctl` on `/dev/null` with a terminal's command (`TCGETS`), as most ioctls on a node
+//!   are: no NVIDIA escape has its number, so the programs stop before looking at the fd (the
+//!   first case keeps `RM_ALLOC`'s command, the worst a non-GPU ioctl can be);
 //! - the GPU-fd ioctl again from a cgroup with a quota (a session of the controller bound to a
 //!   cgroup this process moves into), so the decode also pays the quota check: the look-ups of
 //!   the cgroup's quota that every allocating ioctl of a bound workload makes.
@@ -19,10 +22,15 @@
 //! fastest batch, the estimate least disturbed by other work on the machine (the costs measured
 //! are deterministic; noise only ever adds).
 //!
-//! The agent runs twice in the same run: first with the baseline `ioctl` match (the (process, fd)
-//! table alone, as before GPU files were told at the ioctl; `GPUWARDEN_BENCH_IOCTL_MATCH=fd-table`),
-//! then as shipped (the fd's own file read at every ioctl), so the last column compares the two
-//! on the same machine in the same minute.
+//! The agent runs three times in the same run: first with the baseline `ioctl` match (the
+//! (process, fd) table alone, as before GPU files were told at the ioctl;
+//! `GPUWARDEN_BENCH_IOCTL_MATCH=fd-table`), then telling the file at every ioctl with a
+//! `bpf_probe_read_kernel` call per hop of the walk to it (`file-probe-read`, the first build
+//! that told the file), then as shipped (the same walk as typed loads), so the second table
+//! compares the three on the same machine in the same minute. The third gives, for the same
+//! three, the time the `ioctl` programs themselves took per call, from the kernel's BPF
+//! statistics (`BPF_ENABLE_STATS`, on only for that pass): what the builds differ in, without
+//! the rest of the syscall and far less of the machine's noise.
 
 use std::{
     ffi::CString,
@@ -100,7 +108,69 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
     let params = AllocCall::new();
     let (null_fd, gpu_fd) = (null.as_raw_fd(), gpu.as_raw_fd());
     let params_ptr = &raw const params.nvos21 as usize;
-    let cases = [
+    let cases = cases(null_fd, gpu_fd, params_ptr);
+
+    let without = time_all(&cases, iterations, rounds);
+    let url = format!("http://{}", controller_addr());
+    let mut controller = start_controller(&bin, dir)?;
+    let time_with = |mode| {
+        start_agent(&agent_bin, dir, &gpu_node, &url, Some(mode)).map(|mut agent| {
+            let times = time_all(&cases, iterations, rounds);
+            let program = program_ns(&cases, iterations);
+            stop(&mut agent);
+            (times, program)
+        })
+    };
+    let baselines =
+        time_with("fd-table").and_then(|fd_table| Ok((fd_table, time_with("file-probe-read")?)));
+    let (baseline, probe_read) = match baselines {
+        Ok(times) => times,
+        Err(e) => {
+            stop(&mut controller);
+            return Err(e);
+        }
+    };
+    let mut agent = match start_agent(&agent_bin, dir, &gpu_node, &url, None) {
+        Ok(agent) => agent,
+        Err(e) => {
+            stop(&mut controller);
+            return Err(e);
+        }
+    };
+    let with = time_all(&cases, iterations, rounds);
+    let with_program = program_ns(&cases, iterations);
+    let bound = measure_bound(&bin, dir, &url, &*cases[1].call, iterations, rounds);
+    let counted = decoded_count(&agent_bin, &dir.join("agent.sock"));
+    stop(&mut agent);
+    stop(&mut controller);
+    drop(scratch);
+    let counted = counted?;
+    let bound = bound?;
+    let expected = iterations * rounds as u64;
+    if counted < expected {
+        bail!(
+            "the agent counted {counted} rm_alloc ioctls on the GPU fd, expected at least {expected}: the GPU case did not take the decoded path"
+        );
+    }
+
+    println!(
+        "\ncargo xtask bench ebpf — {iterations} calls × {rounds} batches per case, fastest batch, pinned to CPU 0"
+    );
+    print_rows(&cases, &without, &with, bound);
+    print_baseline(&cases, &without, [&baseline.0, &probe_read.0, &with]);
+    print_program(&cases, [&baseline.1, &probe_read.1, &with_program]);
+    println!(
+        "(the quota check adds {:+.0} ns to a decoded GPU ioctl; the agent counted {counted} decoded rm_alloc ioctls on the GPU fd)",
+        bound - with[1]
+    );
+    Ok(())
+}
+
+/// The cases timed: ioctls on `null_fd` and `gpu_fd` with the `RM_ALLOC` params at
+/// `params_ptr`, a syscall the agent doesn't hook, an open, and an ioctl on `null_fd` with a
+/// command the NVIDIA driver has no escape for.
+fn cases(null_fd: i32, gpu_fd: i32, params_ptr: usize) -> [Case; 5] {
+    [
         Case {
             name: "ioctl, non-GPU fd (/dev/null)",
             floor: FLOOR_NON_GPU_IOCTL,
@@ -139,55 +209,17 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
                 }
             }),
         },
-    ];
-
-    let without = time_all(&cases, iterations, rounds);
-    let url = format!("http://{}", controller_addr());
-    let mut controller = start_controller(&bin, dir)?;
-    let baseline = start_agent(&agent_bin, dir, &gpu_node, &url, true).map(|mut agent| {
-        let times = time_all(&cases, iterations, rounds);
-        stop(&mut agent);
-        times
-    });
-    let baseline = match baseline {
-        Ok(times) => times,
-        Err(e) => {
-            stop(&mut controller);
-            return Err(e);
-        }
-    };
-    let mut agent = match start_agent(&agent_bin, dir, &gpu_node, &url, false) {
-        Ok(agent) => agent,
-        Err(e) => {
-            stop(&mut controller);
-            return Err(e);
-        }
-    };
-    let with = time_all(&cases, iterations, rounds);
-    let bound = measure_bound(&bin, dir, &url, &*cases[1].call, iterations, rounds);
-    let counted = decoded_count(&agent_bin, &dir.join("agent.sock"));
-    stop(&mut agent);
-    stop(&mut controller);
-    drop(scratch);
-    let counted = counted?;
-    let bound = bound?;
-    let expected = iterations * rounds as u64;
-    if counted < expected {
-        bail!(
-            "the agent counted {counted} rm_alloc ioctls on the GPU fd, expected at least {expected}: the GPU case did not take the decoded path"
-        );
-    }
-
-    println!(
-        "\ncargo xtask bench ebpf — {iterations} calls × {rounds} batches per case, fastest batch, pinned to CPU 0"
-    );
-    print_rows(&cases, &without, &with, bound);
-    print_baseline(&cases, &without, &baseline, &with);
-    println!(
-        "(the quota check adds {:+.0} ns to a decoded GPU ioctl; the agent counted {counted} decoded rm_alloc ioctls on the GPU fd)",
-        bound - with[1]
-    );
-    Ok(())
+        Case {
+            name: "ioctl, non-GPU fd, another driver's command (TCGETS)",
+            floor: FLOOR_NON_GPU_IOCTL,
+            // SAFETY: a valid fd and a writable buffer the size of a `termios`; /dev/null
+            // answers `ENOTTY`.
+            call: Box::new(move || unsafe {
+                let mut termios: libc::termios = std::mem::zeroed();
+                libc::ioctl(null_fd, libc::TCGETS, &raw mut termios);
+            }),
+        },
+    ]
 }
 
 /// The table's header and rows: each case without and with the agent, then the GPU-fd case from
@@ -224,21 +256,84 @@ fn print_rows(cases: &[Case], without: &[f64], with: &[f64], bound: f64) {
     );
 }
 
-/// The agent as shipped against the baseline `ioctl` match, case by case.
-fn print_baseline(cases: &[Case], without: &[f64], baseline: &[f64], with: &[f64]) {
+/// The agent as shipped against the baseline `ioctl` matches, case by case: `times` are the fd
+/// table's, the file told with a helper call per hop, and the file told with typed loads.
+fn print_baseline(cases: &[Case], without: &[f64], times: [&[f64]; 3]) {
+    let [fd_table, probe_read, now] = times;
     println!(
-        "\n| case | baseline agent, fd table (ns) | agent, file at the ioctl (ns) | added: baseline → now (ns) | now / baseline |"
+        "\n| case | fd table (ns) | file, helper reads (ns) | file, typed loads (ns) | added: fd table / helper reads / typed (ns) | typed / fd table | typed / helper reads |"
     );
-    println!("|---|---:|---:|---:|---:|");
-    for (((case, w), b), a) in cases.iter().zip(without).zip(baseline).zip(with) {
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (i, case) in cases.iter().enumerate() {
+        let (w, b, p, a) = (without[i], fd_table[i], probe_read[i], now[i]);
         println!(
-            "| {} | {b:.0} | {a:.0} | {:+.0} → {:+.0} | {:.2}× |",
+            "| {} | {b:.0} | {p:.0} | {a:.0} | {:+.0} / {:+.0} / {:+.0} | {:.2}× | {:.2}× |",
             case.name,
             b - w,
+            p - w,
             a - w,
+            a / b,
+            a / p
+        );
+    }
+}
+
+/// The time the `ioctl` programs take per call, from the kernel's own statistics: the same three
+/// builds, without the noise of the rest of the syscall (rows only for the cases that run them).
+fn print_program(cases: &[Case], times: [&[Option<f64>]; 3]) {
+    println!(
+        "\n| case | ioctl programs per call: fd table (ns) | file, helper reads (ns) | file, typed loads (ns) | typed / fd table |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for (i, case) in cases.iter().enumerate() {
+        let [Some(b), Some(p), Some(a)] = times.map(|t| t.get(i).copied().flatten()) else {
+            continue;
+        };
+        println!(
+            "| {} | {b:.0} | {p:.0} | {a:.0} | {:.2}× |",
+            case.name,
             a / b
         );
     }
+}
+
+/// The programs whose time [`program_ns`] reads.
+const IOCTL_PROGRAMS: [&str; 2] = ["sys_enter_ioctl", "sys_exit_ioctl"];
+
+/// Run time (ns) and runs of the `ioctl` programs loaded now (0 while statistics are off).
+fn ioctl_program_stats() -> (u64, u64) {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| p.name_as_str().is_some_and(|n| IOCTL_PROGRAMS.contains(&n)))
+        .fold((0, 0), |(time, runs), p| {
+            let ns = u64::try_from(p.run_time().as_nanos()).unwrap_or(u64::MAX);
+            (time + ns, runs + p.run_count())
+        })
+}
+
+/// For each case, the time the `ioctl` programs took per call over `iterations` calls, with the
+/// kernel's BPF run-time statistics on (only for this pass: they add two clock reads to every
+/// program run); `None` for a case that doesn't run them, or where statistics can't be enabled.
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "ns per call, printed to the ns: an f64 holds the totals closely enough"
+)]
+fn program_ns(cases: &[Case], iterations: u64) -> Vec<Option<f64>> {
+    let Ok(_stats) = aya::sys::enable_stats(aya::sys::Stats::RunTime) else {
+        return vec![None; cases.len()];
+    };
+    cases
+        .iter()
+        .map(|case| {
+            let (time, runs) = ioctl_program_stats();
+            for _ in 0..iterations {
+                (case.call)();
+            }
+            let (time_after, runs_after) = ioctl_program_stats();
+            (runs_after.saturating_sub(runs) >= iterations)
+                .then(|| time_after.saturating_sub(time) as f64 / iterations as f64)
+        })
+        .collect()
 }
 
 /// The controller's address for this run (a port of its own, so a running controller is left
@@ -282,7 +377,8 @@ fn measure_bound(
         status(
             Command::new(bin.join("gpuwarden"))
                 .args(["--controller", url, "session", "create"])
-                .args(["-r", "cuda.mem=64g", "--cgroup", &name])
+                // Not a workload's cgroup: the bench, an admin, says so.
+                .args(["-r", "cuda.mem=64g", "--cgroup", &name, "--unconfined"])
                 .args(["--node", BENCH_NODE])
                 .stdout(Stdio::null()),
         )?;
@@ -356,18 +452,19 @@ fn fastest_ns(call: &dyn Fn(), iterations: u64, rounds: usize) -> f64 {
     batches[0]
 }
 
-/// Starts the agent; `baseline`: with the `ioctl` match of before (the fd table alone).
+/// Starts the agent; `baseline`: with one of the `ioctl` matches of before
+/// (`GPUWARDEN_BENCH_IOCTL_MATCH`).
 fn start_agent(
     bin: &Path,
     dir: &Path,
     gpu_node: &Path,
     controller: &str,
-    baseline: bool,
+    baseline: Option<&str>,
 ) -> anyhow::Result<Child> {
     let socket = dir.join("agent.sock");
     let mut command = Command::new(bin);
-    if baseline {
-        command.env("GPUWARDEN_BENCH_IOCTL_MATCH", "fd-table");
+    if let Some(mode) = baseline {
+        command.env("GPUWARDEN_BENCH_IOCTL_MATCH", mode);
     }
     let mut child = command
         .arg("run")
