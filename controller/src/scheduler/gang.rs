@@ -15,8 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{
     Command, Scheduler,
     pass::Verdict,
-    quotas::{Requester, choose_victims},
-    reclaim::{Reclaim, Reclaimable},
+    quotas::Requester,
+    reclaim::{Reclaim, Reclaimable, plan},
 };
 use crate::{
     allocator::{GpuRequest, Strategy},
@@ -248,48 +248,15 @@ impl Scheduler {
             acc.checked_add(&m.requested).unwrap_or(acc)
         });
         let priority = waiting.iter().map(|m| m.priority).max()?;
-        let in_flight_freed: Vec<(&str, &str, &ResourceSlot)> = known
-            .in_flight
-            .iter()
-            .map(|(s, n, r)| (s.as_str(), n.as_str(), r))
-            .collect();
-        if !in_flight_freed.is_empty() && self.all_fit_freeing(&waiting, &in_flight_freed) {
-            let names: Vec<&str> = known.in_flight.iter().map(|(s, _, _)| s.as_str()).collect();
-            return Some(Reclaim {
-                commands: Vec::new(),
-                reason: format!(
-                    "waits for preempted sessions to release their resources: {}",
-                    names.join(", ")
-                ),
-            });
-        }
         let asker = Requester {
             queue,
             priority,
             request: &request,
         };
-        let units = &known.units;
-        let victims = choose_victims(
-            &self.config.quotas,
-            held,
-            asker,
-            &known.candidates,
-            |chosen| {
-                let mut freed = in_flight_freed.clone();
-                freed.extend(chosen.iter().flat_map(|c| {
-                    units
-                        .get(&c.id)
-                        .into_iter()
-                        .flatten()
-                        .map(|(sid, node, requested)| (sid.as_str(), node.as_str(), requested))
-                }));
-                self.all_fit_freeing(&waiting, &freed)
-            },
-        )?;
-        let victims = Self::unit_victims(known, victims);
-        let reclaim = self.preempt_victims(&first, queue, &victims);
-        self.now_in_flight(known, &reclaim.commands);
-        Some(reclaim)
+        let plan = plan(&self.config.quotas, known, held, asker, |freed| {
+            self.all_fit_freeing(&waiting, freed)
+        })?;
+        Some(self.carry_out(known, &first, queue, plan))
     }
 
     /// Whether every one of `members` fits at once, each after the ones before it, with the

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use super::{
     Command, Scheduler,
-    quotas::{Candidate, Cause, Requester, Victim, choose_victims},
+    quotas::{Candidate, Cause, QuotaConfig, Requester, Victim, choose_victims},
 };
 use crate::{
     allocator::GpuRequest,
@@ -42,6 +42,55 @@ pub(super) struct Reclaimable {
     pub(super) candidates: Vec<Candidate>,
     /// Each candidate's sessions, which preempting it ends.
     pub(super) units: Units,
+}
+
+/// What a waiting session (or gang) does about the room it lacks.
+pub(super) enum Plan {
+    /// The sessions already being preempted make room once released: wait for them.
+    Wait(Reclaim),
+    /// Preempt these candidates (a gang's stands for all its members).
+    Preempt(Vec<Victim>),
+}
+
+/// Decides for `asker`, given what reclaim may free: `fits(freed)` says whether it would fit with
+/// the sessions `freed` (id, node, request) released. Sessions already in flight count as freed:
+/// while their release makes room, nothing more is preempted. `None`: no allowed set of victims
+/// makes room.
+pub(super) fn plan(
+    quotas: &QuotaConfig,
+    known: &Reclaimable,
+    held: &BTreeMap<Option<String>, ResourceSlot>,
+    asker: Requester<'_>,
+    fits: impl Fn(&[(&str, &str, &ResourceSlot)]) -> bool,
+) -> Option<Plan> {
+    let in_flight: Vec<(&str, &str, &ResourceSlot)> = known
+        .in_flight
+        .iter()
+        .map(|(s, n, r)| (s.as_str(), n.as_str(), r))
+        .collect();
+    if !in_flight.is_empty() && fits(&in_flight) {
+        let names: Vec<&str> = in_flight.iter().map(|(s, _, _)| *s).collect();
+        return Some(Plan::Wait(Reclaim {
+            commands: Vec::new(),
+            reason: format!(
+                "waits for preempted sessions to release their resources: {}",
+                names.join(", ")
+            ),
+        }));
+    }
+    let victims = choose_victims(quotas, held, asker, &known.candidates, |chosen| {
+        let mut freed = in_flight.clone();
+        freed.extend(chosen.iter().flat_map(|c| {
+            known
+                .units
+                .get(&c.id)
+                .into_iter()
+                .flatten()
+                .map(|(sid, node, requested)| (sid.as_str(), node.as_str(), requested))
+        }));
+        fits(&freed)
+    })?;
+    Some(Plan::Preempt(victims))
 }
 
 impl Scheduler {
@@ -172,48 +221,33 @@ impl Scheduler {
                 (non_gpu.is_zero() || n.non_gpu_fits(&non_gpu)) && n.allocator.can_fit(&gpu)
             })
         };
-        let in_flight_freed: Vec<(&str, &str, &ResourceSlot)> = known
-            .in_flight
-            .iter()
-            .map(|(s, n, r)| (s.as_str(), n.as_str(), r))
-            .collect();
-        if !in_flight_freed.is_empty() && fits_freeing(&in_flight_freed) {
-            let names: Vec<&str> = known.in_flight.iter().map(|(s, _, _)| s.as_str()).collect();
-            return Some(Reclaim {
-                commands: Vec::new(),
-                reason: format!(
-                    "waits for preempted sessions to release their resources: {}",
-                    names.join(", ")
-                ),
-            });
-        }
         let asker = Requester {
             queue,
             priority,
             request: &request,
         };
-        let units = &known.units;
-        let victims = choose_victims(
-            &self.config.quotas,
-            held,
-            asker,
-            &known.candidates,
-            |chosen| {
-                let mut freed = in_flight_freed.clone();
-                freed.extend(chosen.iter().flat_map(|c| {
-                    units
-                        .get(&c.id)
-                        .into_iter()
-                        .flatten()
-                        .map(|(sid, node, requested)| (sid.as_str(), node.as_str(), requested))
-                }));
-                fits_freeing(&freed)
-            },
-        )?;
-        let victims = Self::unit_victims(known, victims);
-        let reclaim = self.preempt_victims(id, queue, &victims);
-        self.now_in_flight(known, &reclaim.commands);
-        Some(reclaim)
+        let plan = plan(&self.config.quotas, known, held, asker, fits_freeing)?;
+        Some(self.carry_out(known, id, queue, plan))
+    }
+
+    /// Carries `plan` out for waiting session `waiter` (of `queue`): marks the victims (every
+    /// member of a gang chosen) preempting, and keeps `known` up to date with them.
+    pub(super) fn carry_out(
+        &mut self,
+        known: &mut Reclaimable,
+        waiter: &str,
+        queue: Option<&str>,
+        plan: Plan,
+    ) -> Reclaim {
+        match plan {
+            Plan::Wait(reclaim) => reclaim,
+            Plan::Preempt(victims) => {
+                let victims = Self::unit_victims(known, victims);
+                let reclaim = self.preempt_victims(waiter, queue, &victims);
+                self.now_in_flight(known, &reclaim.commands);
+                reclaim
+            }
+        }
     }
 
     /// Marks `victims` preempting for waiting session `waiter` and makes their commands.
