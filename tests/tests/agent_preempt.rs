@@ -20,14 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpuwarden_controller::store::StoreSpec;
-use gpuwarden_controller::{
-    scheduler::{
-        SchedulerConfig,
-        quotas::{QueueQuota, QuotaConfig},
-    },
-    slots::ResourceSlot,
-};
+use gpuwarden_controller::{scheduler::SchedulerConfig, slots::ResourceSlot, store::StoreSpec};
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_controller::TestController;
 use gpuwarden_test_support::{Etcd, TestCgroup, require_root, scratch, wait::PATIENCE};
@@ -104,19 +97,8 @@ fn start() -> Rig {
 /// Team quotas: team `lab` is guaranteed both GPUs; any other owner has no queue, so it only
 /// borrows. Preempted workloads get [`GRACE`].
 fn config() -> SchedulerConfig {
-    let quotas = QuotaConfig {
-        queues: [(
-            "lab".to_owned(),
-            QueueQuota {
-                guaranteed: ResourceSlot::parse_any(&["cuda.shares=2"]).unwrap(),
-                limit: None,
-            },
-        )]
-        .into(),
-        members: BTreeMap::new(),
-    };
     SchedulerConfig {
-        quotas,
+        quotas: util::cluster::one_team("lab", "2"),
         preemption_grace_ms: u32::try_from(GRACE.as_millis()).unwrap(),
         ..SchedulerConfig::default()
     }

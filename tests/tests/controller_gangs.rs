@@ -15,13 +15,7 @@ mod util;
 
 use std::{collections::BTreeSet, time::Duration};
 
-use gpuwarden_controller::{
-    scheduler::{
-        SchedulerConfig,
-        quotas::{QueueQuota, QuotaConfig},
-    },
-    slots::ResourceSlot,
-};
+use gpuwarden_controller::{scheduler::SchedulerConfig, slots::ResourceSlot};
 use gpuwarden_proto::v1::{
     self as pb, SessionState, scheduler_service_client::SchedulerServiceClient,
 };
@@ -50,19 +44,8 @@ async fn single(c: &mut Client, owner: &str, shares: &str) -> String {
 /// and one agent link on two mock GPUs (it has nothing to signal: a preemption releases at once).
 async fn with_quotas(tag: &str) -> (tempfile::TempDir, TestController, TestNode, Client) {
     let state = scratch(tag);
-    let quotas = QuotaConfig {
-        queues: [(
-            "lab".to_owned(),
-            QueueQuota {
-                guaranteed: ResourceSlot::parse_any(&["cuda.shares=2"]).unwrap(),
-                limit: None,
-            },
-        )]
-        .into(),
-        members: std::collections::BTreeMap::new(),
-    };
     let config = SchedulerConfig {
-        quotas,
+        quotas: util::cluster::one_team("lab", "2"),
         ..SchedulerConfig::default()
     };
     let ctl = TestController::start(

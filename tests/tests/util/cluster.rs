@@ -225,3 +225,20 @@ pub async fn alloc_map(client: &mut SchedulerServiceClient<Channel>, node: &str)
 pub fn no_holdings() -> SharedHoldings {
     Arc::new(std::sync::Mutex::new(Holdings::default()))
 }
+
+/// Team quotas with one queue, `queue`, guaranteed `shares` GPUs' worth of `cuda.shares`: its
+/// owner asks within its guarantee; any other owner has no queue, so it only borrows.
+pub fn one_team(queue: &str, shares: &str) -> gpuwarden_controller::scheduler::quotas::QuotaConfig {
+    use gpuwarden_controller::{scheduler::quotas::QueueQuota, slots::ResourceSlot};
+    gpuwarden_controller::scheduler::quotas::QuotaConfig {
+        queues: [(
+            queue.to_owned(),
+            QueueQuota {
+                guaranteed: ResourceSlot::parse_any(&[&format!("cuda.shares={shares}")]).unwrap(),
+                limit: None,
+            },
+        )]
+        .into(),
+        members: std::collections::BTreeMap::new(),
+    }
+}
