@@ -90,6 +90,10 @@ pub struct Session {
     /// gone): the reason it will end with, naming whom it yields to and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempting: Option<String>,
+    /// While it is being preempted: the waiting session its release is for (a gang's first
+    /// member for a gang), so that another waiting session does not count on that room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_for: Option<String>,
     /// The scheduler's decisions about it, newest last (at most [`MAX_DECISIONS`]): why it
     /// waited, whom it preempted, whom it yielded to (`session show --explain`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -351,6 +355,7 @@ mod tests {
             revision: 0,
             no_preempt: false,
             preempting: None,
+            preempted_for: None,
             gang: None,
             decisions: Vec::new(),
         }

@@ -253,9 +253,19 @@ impl Scheduler {
             priority,
             request: &request,
         };
-        let plan = plan(&self.config.quotas, known, held, asker, |freed| {
-            self.all_fit_freeing(&waiting, freed)
-        })?;
+        let waits = |w: &str| {
+            self.sessions
+                .get(w)
+                .is_some_and(|s| s.state == SessionState::Pending)
+        };
+        let plan = plan(
+            &self.config.quotas,
+            known,
+            held,
+            (&first, asker),
+            waits,
+            |freed| self.all_fit_freeing(&waiting, freed),
+        )?;
         Some(self.carry_out(known, &first, queue, plan))
     }
 

@@ -164,6 +164,7 @@ impl Scheduler {
                     });
                 }
             } else if let Some(reason) = session.preempting.take() {
+                session.preempted_for = None;
                 // Its agent let go of it: the preemption finished while the report was lost.
                 set_state(session, SessionState::Preempted, &reason);
                 self.tracker.remove(&session.owner, &sid);
@@ -356,6 +357,7 @@ impl Scheduler {
             events: Vec::new(),
             no_preempt,
             preempting: None,
+            preempted_for: None,
             gang,
             decisions: Vec::new(),
         };

@@ -42,6 +42,31 @@ pub(super) struct Reclaimable {
     pub(super) candidates: Vec<Candidate>,
     /// Each candidate's sessions, which preempting it ends.
     pub(super) units: Units,
+    /// Which waiting session each session in flight is being preempted for (none: stored
+    /// before that was kept, and free for any).
+    pub(super) earmarked: BTreeMap<String, String>,
+}
+
+impl Reclaimable {
+    /// The sessions in flight whose release `waiter` may count on: those preempted for it, for
+    /// a session that no longer waits (`waits` says which still do), or for none recorded.
+    /// Room on its way to another waiting session is that session's: counting it for a second
+    /// one would leave the second waiting a whole grace period for room it never gets.
+    fn freed_for(
+        &self,
+        waiter: &str,
+        waits: impl Fn(&str) -> bool,
+    ) -> Vec<(&str, &str, &ResourceSlot)> {
+        self.in_flight
+            .iter()
+            .filter(|(victim, _, _)| {
+                self.earmarked
+                    .get(victim)
+                    .is_none_or(|w| w == waiter || !waits(w))
+            })
+            .map(|(s, n, r)| (s.as_str(), n.as_str(), r))
+            .collect()
+    }
 }
 
 /// What a waiting session (or gang) does about the room it lacks.
@@ -60,14 +85,11 @@ pub(super) fn plan(
     quotas: &QuotaConfig,
     known: &Reclaimable,
     held: &BTreeMap<Option<String>, ResourceSlot>,
-    asker: Requester<'_>,
+    (waiter, asker): (&str, Requester<'_>),
+    waits: impl Fn(&str) -> bool,
     fits: impl Fn(&[(&str, &str, &ResourceSlot)]) -> bool,
 ) -> Option<Plan> {
-    let in_flight: Vec<(&str, &str, &ResourceSlot)> = known
-        .in_flight
-        .iter()
-        .map(|(s, n, r)| (s.as_str(), n.as_str(), r))
-        .collect();
+    let in_flight = known.freed_for(waiter, waits);
     if !in_flight.is_empty() && fits(&in_flight) {
         let names: Vec<&str> = in_flight.iter().map(|(s, _, _)| *s).collect();
         return Some(Plan::Wait(Reclaim {
@@ -106,6 +128,9 @@ impl Scheduler {
                     known
                         .in_flight
                         .push((s.id.clone(), node.clone(), s.requested.clone()));
+                    if let Some(waiter) = &s.preempted_for {
+                        known.earmarked.insert(s.id.clone(), waiter.clone());
+                    }
                 }
             } else if may_yield(s) {
                 let members: Vec<&Session> = match &s.gang {
@@ -169,9 +194,13 @@ impl Scheduler {
                 known.candidates.remove(at);
                 known.units.remove(session);
             }
-            let Some(requested) = self.sessions.get(session).map(|s| s.requested.clone()) else {
+            let Some(victim) = self.sessions.get(session) else {
                 continue;
             };
+            let requested = victim.requested.clone();
+            if let Some(waiter) = &victim.preempted_for {
+                known.earmarked.insert(session.clone(), waiter.clone());
+            }
             // In id order, as the sessions are: the reason lists them so.
             let slot = known
                 .in_flight
@@ -226,8 +255,23 @@ impl Scheduler {
             priority,
             request: &request,
         };
-        let plan = plan(&self.config.quotas, known, held, asker, fits_freeing)?;
+        let waits = |w: &str| self.waits(w);
+        let plan = plan(
+            &self.config.quotas,
+            known,
+            held,
+            (id, asker),
+            waits,
+            fits_freeing,
+        )?;
         Some(self.carry_out(known, id, queue, plan))
+    }
+
+    /// Whether session `id` still waits to be placed.
+    fn waits(&self, id: &str) -> bool {
+        self.sessions
+            .get(id)
+            .is_some_and(|s| s.state == SessionState::Pending)
     }
 
     /// Carries `plan` out for waiting session `waiter` (of `queue`): marks the victims (every
@@ -288,6 +332,7 @@ impl Scheduler {
             let why = format!("preempted for {waiter}: {rule}");
             s.reason = format!("being preempted ({grace_ms} ms grace): {why}");
             s.preempting = Some(why.clone());
+            s.preempted_for = Some(waiter.to_owned());
             s.updated_at_ms = crate::session::now_ms();
             s.record_decision(DecisionKind::Yielded, why.clone());
             self.changes.sessions.insert(victim.id.clone());
@@ -325,6 +370,7 @@ impl Scheduler {
         if s.node.as_deref() != Some(node) || !s.state.holds_resources() {
             return false;
         }
+        s.preempted_for = None;
         let reason = s
             .preempting
             .take()

@@ -43,6 +43,7 @@ fn session(id: &str) -> Session {
         revision: 0,
         no_preempt: false,
         preempting: None,
+        preempted_for: None,
         gang: None,
         decisions: Vec::new(),
     }
