@@ -15,22 +15,7 @@ const NODE: &str = "node-gang";
 async fn fake_agent(url: String) {
     let (tx, mut inbound) = gpuwarden_test_support::node::connect(
         &url,
-        pb::NodeInfo {
-            slot_types: gpuwarden_test_support::node::gpu_slot_types(),
-            devices: (0..2)
-                .map(|i| pb::Device {
-                    uuid: format!("GPU-fake-{i}"),
-                    model: "Fake".into(),
-                    memory_bytes: 16 << 30,
-                    sm_count: 132,
-                    index: i,
-                    device_node: format!("/dev/nvidia{i}"),
-                    ..Default::default()
-                })
-                .collect(),
-            agent_version: "test".into(),
-            ..gpuwarden_test_support::node::bare(NODE)
-        },
+        gpuwarden_test_support::node::with_fake_gpus(NODE, 2),
     )
     .await;
     while let Some(Ok(message)) = inbound.next().await {

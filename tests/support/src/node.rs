@@ -61,6 +61,29 @@ pub fn with_two_gpus(id: &str) -> pb::NodeInfo {
     }
 }
 
+/// A node named `id` as an agent on `n` 16 GiB GPUs registers it (`GPU-fake-0`, …, with a
+/// model, SM count and device node), with the GPU slot types: what a fake agent in a CLI test
+/// presents.
+#[must_use]
+pub fn with_fake_gpus(id: &str, n: u32) -> pb::NodeInfo {
+    pb::NodeInfo {
+        slot_types: gpu_slot_types(),
+        devices: (0..n)
+            .map(|i| pb::Device {
+                uuid: format!("GPU-fake-{i}"),
+                model: "Fake".into(),
+                memory_bytes: 16 << 30,
+                sm_count: 132,
+                index: i,
+                device_node: format!("/dev/nvidia{i}"),
+                ..Default::default()
+            })
+            .collect(),
+        agent_version: "test".into(),
+        ..bare(id)
+    }
+}
+
 /// Registers `info` with the controller at `url` (`http://…`), as an agent would.
 ///
 /// # Panics
