@@ -5,7 +5,9 @@
 
 mod common;
 
-use std::{process::Command, time::Duration};
+use common::{gpuwarden, json};
+
+use std::time::Duration;
 
 use gpuwarden_proto::v1 as pb;
 use tokio_stream::StreamExt;
@@ -41,27 +43,6 @@ async fn fake_agent(url: String) {
             .await;
         }
     }
-}
-
-fn gpuwarden(url: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
-        .args(args)
-        .env("GPUWARDEN_CONTROLLER", url)
-        .output()
-        .expect("gpuwarden runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn json(url: &str, args: &[&str]) -> serde_json::Value {
-    let mut all = vec!["--json"];
-    all.extend_from_slice(args);
-    let (code, out, err) = gpuwarden(url, &all);
-    assert_eq!(code, 0, "{args:?}: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
 }
 
 /// Creates a session and waits until it runs (and its usage reports are in).

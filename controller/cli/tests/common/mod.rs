@@ -59,3 +59,26 @@ pub fn start_controller_scheduling(
     ));
     (rt, url)
 }
+
+/// Runs the `gpuwarden` CLI against the controller at `url`: its exit code, stdout and stderr.
+pub fn gpuwarden(url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(args)
+        .env("GPUWARDEN_CONTROLLER", url)
+        .output()
+        .expect("gpuwarden runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// [`gpuwarden`] with `--json`, which must succeed: the document it printed.
+pub fn json(url: &str, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let (code, out, err) = gpuwarden(url, &all);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
