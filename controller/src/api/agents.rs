@@ -211,7 +211,7 @@ type Settling = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
 /// Applies one message of `node`'s stream to the scheduler, queueing what it changed; what it
 /// drops is counted in `bounds`.
 fn change(
-    controller: &Controller,
+    controller: &Arc<Controller>,
     bounds: &Bounds,
     node: &str,
     message: Option<Msg>,
@@ -224,9 +224,21 @@ fn change(
         Some(Msg::Ack(a)) => controller.change(|s| s.ack(node, &a.session_id))?.1,
         Some(Msg::Nack(n)) => {
             tracing::warn!(%node, session = %n.session_id, reason = %n.reason, "agent refused an allocation: {}", n.message);
-            controller
-                .change(|s| s.nack(node, &n.session_id, &n.reason, &n.message))?
-                .1
+            let (releases, pending) =
+                controller.change(|s| s.nack(node, &n.session_id, &n.reason, &n.message))?;
+            if releases.is_empty() {
+                pending
+            } else {
+                // Its gang failed with it: the other members' nodes let go once that is stored.
+                let controller = Arc::clone(controller);
+                tokio::spawn(async move {
+                    match pending.durable().await {
+                        Ok(()) => controller.dispatch(releases),
+                        Err(e) => tracing::error!("persisting a failed gang: {e}"),
+                    }
+                });
+                return Ok(None);
+            }
         }
         Some(Msg::Event(e)) => {
             let event = convert::event_from_pb(&e);

@@ -413,3 +413,65 @@ fn a_waiting_gang_within_its_guarantee_reclaims_room_for_all_its_members() {
     assert_eq!(pass(&mut s), ["a1", "a2"]);
     assert_eq!(allocated(&s, "n1"), "2");
 }
+
+#[test]
+fn a_member_refused_by_its_node_before_it_ran_fails_its_whole_gang() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 2, &[]), &[]).unwrap();
+    s.register(report("n2", 2, &[]), &[]).unwrap();
+    members(&mut s, "u", "train", 3, &["g1", "g2", "g3"]);
+    // Placed, not yet acknowledged: g1 runs, g3's node refuses it.
+    let placed: Vec<(String, String)> = s
+        .pass()
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Allocate { node, session, .. } => Some((node, session)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(placed.len(), 3, "{placed:?}");
+    let node_of = |id: &str| placed.iter().find(|(_, s)| s == id).unwrap().0.clone();
+    s.ack(&node_of("g1"), "g1");
+    let releases = s.nack(&node_of("g3"), "g3", "InvalidQuota", "no such cgroup");
+    assert_eq!(state(&s, "g3"), SessionState::Failed);
+    for id in ["g1", "g2"] {
+        assert_eq!(state(&s, id), SessionState::Failed);
+        assert!(
+            reason(&s, id).contains("gang train could not start whole")
+                && reason(&s, id).contains("g3")
+                && reason(&s, id).contains("no such cgroup"),
+            "{}",
+            reason(&s, id)
+        );
+    }
+    let mut told: Vec<(String, String)> = releases
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Release { node, session } => Some((node, session)),
+            _ => None,
+        })
+        .collect();
+    told.sort();
+    let mut expected = vec![
+        (node_of("g1"), "g1".to_owned()),
+        (node_of("g2"), "g2".to_owned()),
+    ];
+    expected.sort();
+    assert_eq!(told, expected);
+    // Nothing of the gang is held any more.
+    assert_eq!(allocated(&s, "n1"), "0");
+    assert_eq!(allocated(&s, "n2"), "0");
+}
+
+#[test]
+fn a_member_refused_after_its_gang_ran_fails_alone() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 2, &[]), &[]).unwrap();
+    members(&mut s, "u", "pair", 2, &["p1", "p2"]);
+    assert_eq!(pass(&mut s), ["p1", "p2"]);
+    // Both ran: a later refusal (say, after its agent restarted) ends only that member.
+    let releases = s.nack("n1", "p2", "InvalidQuota", "");
+    assert!(releases.is_empty());
+    assert_eq!(state(&s, "p2"), SessionState::Failed);
+    assert_eq!(state(&s, "p1"), SessionState::Running);
+}

@@ -442,22 +442,29 @@ impl Scheduler {
         true
     }
 
-    /// The agent on `node` refused `session`: release and fail it with the agent's reason.
-    pub fn nack(&mut self, node: &str, session: &str, reason: &str, message: &str) {
+    /// The agent on `node` refused `session`: release and fail it with the agent's reason. A
+    /// member of a gang refused before it ever ran takes its gang down with it (all or nothing
+    /// at the start too, as Kueue evicts a workload whose pods do not all start): the other
+    /// members that hold resources fail as well, and the returned releases are for their nodes,
+    /// to be sent once the failures are stored.
+    #[must_use = "the gang's other members must be released on their nodes"]
+    pub fn nack(&mut self, node: &str, session: &str, reason: &str, message: &str) -> Vec<Command> {
         let Some(s) = self.sessions.get_mut(session) else {
-            return;
+            return Vec::new();
         };
         if s.node.as_deref() != Some(node)
             || !s.state.holds_resources()
             || s.origin != Origin::Controller
         {
-            return;
+            return Vec::new();
         }
         let text = if message.is_empty() {
             reason.to_owned()
         } else {
             format!("{reason}: {message}")
         };
+        let never_ran = s.state == SessionState::Scheduled;
+        let gang = s.gang.clone().map(|g| (s.owner.clone(), g.name));
         set_state(s, SessionState::Failed, &text);
         let (owner, requested) = (s.owner.clone(), s.requested.clone());
         self.tracker.remove(&owner, session);
@@ -469,5 +476,24 @@ impl Scheduler {
             self.changes.nodes.insert(node.to_owned());
             self.reindex(node);
         }
+        let Some((owner, name)) = gang.filter(|_| never_ran) else {
+            return Vec::new();
+        };
+        let mates: Vec<String> = self
+            .live_members(&owner, &name)
+            .iter()
+            .filter(|m| m.id != session && m.state.holds_resources())
+            .map(|m| m.id.clone())
+            .collect();
+        let why = format!(
+            "gang {name} could not start whole: member {session} was refused by its node ({text})"
+        );
+        mates
+            .into_iter()
+            .filter_map(|id| {
+                let node = self.finish(&id, SessionState::Failed, &why)?;
+                Some(Command::Release { node, session: id })
+            })
+            .collect()
     }
 }

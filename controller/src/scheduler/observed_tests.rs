@@ -219,7 +219,7 @@ fn clients_cannot_end_an_observed_session_nor_agents_take_a_placed_one() {
     assert_eq!(s.sessions()["k8s-uid-a"].state, SessionState::Running);
     assert_eq!(allocated(&s, 2), "0.5");
     // An agent's nack doesn't fail it either.
-    s.nack("n1", "k8s-uid-a", "InvalidQuota", "no");
+    let _ = s.nack("n1", "k8s-uid-a", "InvalidQuota", "no");
     assert_eq!(s.sessions()["k8s-uid-a"].state, SessionState::Running);
 
     s.create(NewSession {

@@ -199,7 +199,7 @@ fn nacks_release_and_fail_with_the_agent_reason() {
     s.register(report("n1", 1, &[]), &[]).unwrap();
     create(&mut s, "a", "u", &["cuda.shares=0.5"]).unwrap();
     s.pass();
-    s.nack("n1", "a", "UnsupportedResource", "cuda.shares unknown here");
+    let _ = s.nack("n1", "a", "UnsupportedResource", "cuda.shares unknown here");
     let a = &s.sessions()["a"];
     assert_eq!(a.state, SessionState::Failed);
     assert_eq!(a.reason, "UnsupportedResource: cuda.shares unknown here");
@@ -367,7 +367,7 @@ fn sessions_not_yet_ended_are_counted_as_they_start_and_end() {
     // Ended by request, refused by its agent: both leave the count; doing it twice changes nothing.
     s.terminate("a");
     s.terminate("a");
-    s.nack("n1", "c", "InvalidQuota", "");
+    let _ = s.nack("n1", "c", "InvalidQuota", "");
     assert_eq!(s.live_sessions("alice"), (1, 1));
     assert_eq!(s.live_sessions("bob"), (0, 1));
     // A restart counts what the store holds.
