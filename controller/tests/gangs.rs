@@ -1,0 +1,133 @@
+//! A gang whose member is refused at the start, over real gRPC on loopback: two fake agents of
+//! one GPU each, one acknowledging every allocation and one refusing every allocation (`Nack`).
+//! A gang of two whole GPUs is placed across both; the refusal fails the whole gang, and the
+//! node that accepted its member is told to let it go.
+
+mod common;
+
+use std::time::Duration;
+
+use gpuwarden_controller::{
+    limits::{Bounds, Limits},
+    server::Transport,
+};
+use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use tokio_stream::StreamExt as _;
+
+/// Runs a fake agent of one GPU named `node`: answers each allocation with an ack, or with a
+/// refusal when `refuse`; every message from the controller goes to `seen`.
+async fn agent(
+    url: String,
+    node: &'static str,
+    refuse: bool,
+    seen: tokio::sync::mpsc::Sender<pb::ControllerMessage>,
+) {
+    let (tx, mut inbound) = gpuwarden_test_support::node::connect(
+        &url,
+        gpuwarden_test_support::node::with_fake_gpus(node, 1),
+    )
+    .await;
+    while let Some(Ok(message)) = inbound.next().await {
+        if let Some(pb::controller_message::Msg::Allocate(a)) = &message.msg {
+            let answer = if refuse {
+                pb::agent_message::Msg::Nack(pb::AllocationNack {
+                    session_id: a.session_id.clone(),
+                    reason: "InvalidQuota".into(),
+                    message: "no such cgroup".into(),
+                })
+            } else {
+                pb::agent_message::Msg::Ack(pb::AllocationAck {
+                    session_id: a.session_id.clone(),
+                })
+            };
+            let _ = tx.send(pb::AgentMessage { msg: Some(answer) }).await;
+        }
+        let _ = seen.send(message).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_refused_at_the_start_fails_its_gang_and_the_other_node_lets_go() {
+    let scratch = gpuwarden_test_support::scratch("gang-refused");
+    let addr = common::serve_in_process(
+        scratch.path(),
+        Transport::PlainText,
+        Bounds::new(Limits::default()),
+    )
+    .await;
+    let url = format!("http://{addr}");
+    let (accepted_tx, mut accepted) = tokio::sync::mpsc::channel(16);
+    let (refused_tx, _refused) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(agent(url.clone(), "n-ok", false, accepted_tx));
+    tokio::spawn(agent(url.clone(), "n-no", true, refused_tx));
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connects");
+    let mut client = SchedulerServiceClient::new(channel);
+    gpuwarden_test_support::wait::until_async(
+        "both nodes to register",
+        gpuwarden_test_support::wait::PATIENCE,
+        || {
+            let mut c = client.clone();
+            async move {
+                c.list_nodes(pb::ListNodesRequest {})
+                    .await
+                    .is_ok_and(|r| r.into_inner().nodes.len() == 2)
+            }
+        },
+    )
+    .await;
+
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let s = client
+            .create_session(pb::CreateSessionRequest {
+                requested: Some(pb::ResourceSlot {
+                    values: [("cuda.shares".to_owned(), "1".to_owned())].into(),
+                }),
+                gang: Some(pb::Gang {
+                    name: "pair".into(),
+                    size: 2,
+                }),
+                ..Default::default()
+            })
+            .await
+            .expect("created")
+            .into_inner();
+        ids.push(s.id);
+    }
+
+    // The accepting node is sent its member, then told to let it go.
+    let mut allocated = None;
+    let released = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(message) = accepted.recv().await {
+            match message.msg {
+                Some(pb::controller_message::Msg::Allocate(a)) => allocated = Some(a.session_id),
+                Some(pb::controller_message::Msg::Release(r)) => return r.session_id,
+                _ => {}
+            }
+        }
+        String::new()
+    })
+    .await
+    .expect("a release within 20 s");
+    assert_eq!(Some(&released), allocated.as_ref());
+    for id in &ids {
+        let s = client
+            .get_session(pb::GetSessionRequest { id: id.clone() })
+            .await
+            .expect("shown")
+            .into_inner();
+        assert_eq!(s.state, pb::SessionState::Failed as i32, "{s:?}");
+        if *id == released {
+            assert!(
+                s.reason.contains("gang pair could not start whole")
+                    && s.reason.contains("no such cgroup"),
+                "{}",
+                s.reason
+            );
+        }
+    }
+}
