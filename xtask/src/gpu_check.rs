@@ -539,8 +539,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Err(e) => sink.fill_missing(None, &format!("not reached: {e:#}")),
         Ok(rig) => run_sections(&sink, &Arc::new(rig), &opts, args),
     }
+    watchdog.disarm();
     procs::kill_all();
-    drop(watchdog);
     sink.finish();
     for p in procs::live() {
         eprintln!("gpu-check: still registered after cleanup: {p}");

@@ -238,12 +238,42 @@ pub fn run_section<F>(
     );
 }
 
+/// The whole run's deadline, armed by [`watchdog`].
+pub struct Watchdog {
+    /// Dropped to wake the watchdog's thread early.
+    _cancel: mpsc::Sender<()>,
+    /// Whether it fired (`Some(true)`) or was disarmed (`Some(false)`): decided once, under the
+    /// lock, so the run ends one way only.
+    state: Arc<Mutex<Option<bool>>>,
+}
+
+impl Watchdog {
+    /// Disarms it as the run ends on its own. If it fired first, it is ending the process
+    /// (the table, then status 3): this thread waits for that rather than exit another way.
+    pub fn disarm(self) {
+        let fired = {
+            let mut state = self.state.locked();
+            *state.get_or_insert(false)
+        };
+        if fired {
+            loop {
+                std::thread::park();
+            }
+        }
+    }
+}
+
 /// Holds the whole run to `deadline`: when it passes, fills in every missing row, prints the
-/// table, kills every child and exits with status 3. Cancelled by dropping the returned sender.
-pub fn watchdog(sink: Arc<Sink>, deadline: Duration) -> mpsc::Sender<()> {
+/// table, kills every child and exits with status 3, unless the run was disarmed first
+/// ([`Watchdog::disarm`]).
+pub fn watchdog(sink: Arc<Sink>, deadline: Duration) -> Watchdog {
     let (tx, rx) = mpsc::channel::<()>();
+    let state = Arc::new(Mutex::new(None));
+    let decided = Arc::clone(&state);
     std::thread::spawn(move || {
-        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(deadline) {
+        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(deadline)
+            && *decided.locked().get_or_insert(true)
+        {
             let why = format!(
                 "not reached: the whole run's deadline of {} s passed",
                 deadline.as_secs()
@@ -257,5 +287,5 @@ pub fn watchdog(sink: Arc<Sink>, deadline: Duration) -> mpsc::Sender<()> {
             std::process::exit(3);
         }
     });
-    tx
+    Watchdog { _cancel: tx, state }
 }
