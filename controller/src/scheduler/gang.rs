@@ -253,11 +253,7 @@ impl Scheduler {
             priority,
             request: &request,
         };
-        let waits = |w: &str| {
-            self.sessions
-                .get(w)
-                .is_some_and(|s| s.state == SessionState::Pending)
-        };
+        let waits = |w: &str| self.waits(w);
         let plan = plan(
             &self.config.quotas,
             known,

@@ -268,7 +268,7 @@ impl Scheduler {
     }
 
     /// Whether session `id` still waits to be placed.
-    fn waits(&self, id: &str) -> bool {
+    pub(super) fn waits(&self, id: &str) -> bool {
         self.sessions
             .get(id)
             .is_some_and(|s| s.state == SessionState::Pending)
