@@ -63,12 +63,7 @@ fn members_wait_for_their_gang_then_run_together_and_show_it() {
     let scratch = gpuwarden_test_support::scratch("gang");
     let (rt, url) = common::start_controller(scratch.path());
     rt.spawn(fake_agent(url.clone()));
-    for _ in 0..100 {
-        if json(&url, &["node", "ls"]).to_string().contains(NODE) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_for_node(&url, NODE);
 
     // Flags that don't make a gang: a usage error, or the controller's refusal naming the field.
     let (code, _, err) = gpuwarden(

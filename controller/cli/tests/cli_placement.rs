@@ -68,12 +68,7 @@ fn a_learned_busy_class_is_kept_apart_and_the_choice_explained() {
     let scratch = gpuwarden_test_support::scratch("placement");
     let (rt, url) = common::start_controller(scratch.path());
     rt.spawn(fake_agent(url.clone()));
-    for _ in 0..100 {
-        if json(&url, &["node", "ls"]).to_string().contains(NODE) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_for_node(&url, NODE);
 
     // Nothing learned yet: asking for a class names it.
     let (code, _, err) = gpuwarden(&url, &["profile", "show", "busy"]);

@@ -212,11 +212,7 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
         Arc::clone(&seen),
         cgroup.dir.clone(),
     ));
-    // Registered once the node is listed.
-    wait::until("the fake agent to register", PATIENCE, || {
-        let listed = gpuwarden(&url, &["--json", "node", "ls"]);
-        String::from_utf8_lossy(&listed.stdout).contains(NODE)
-    });
+    common::wait_for_node(&url, NODE);
 
     let socket_arg = socket.to_string_lossy().into_owned();
     let out = gpuwarden(
@@ -381,10 +377,7 @@ fn a_preempted_run_says_so_and_exits_75() {
         Arc::new(Mutex::new(Vec::new())),
         cgroup.dir.clone(),
     ));
-    wait::until("the fake agent to register", PATIENCE, || {
-        let listed = gpuwarden(&url, &["--json", "node", "ls"]);
-        String::from_utf8_lossy(&listed.stdout).contains(NODE)
-    });
+    common::wait_for_node(&url, NODE);
 
     let socket_arg = socket.to_string_lossy().into_owned();
     let borrower = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))

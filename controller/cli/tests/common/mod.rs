@@ -82,3 +82,12 @@ pub fn json(url: &str, args: &[&str]) -> serde_json::Value {
     assert_eq!(code, 0, "{args:?}: {err}");
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
 }
+
+/// Waits until the controller at `url` lists node `node` (its fake agent registered).
+pub fn wait_for_node(url: &str, node: &str) {
+    gpuwarden_test_support::wait::until(
+        &format!("node {node} to register"),
+        gpuwarden_test_support::wait::PATIENCE,
+        || gpuwarden(url, &["--json", "node", "ls"]).1.contains(node),
+    );
+}
