@@ -251,6 +251,11 @@ async fn accept_held(
                 continue;
             }
         };
+        // gRPC answers in small frames (headers, a message, trailers): with Nagle's algorithm
+        // on, a frame waits for the ACK of the one before, which the client may delay 40 ms.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%addr, "TCP_NODELAY: {e}");
+        }
         if let Ok(permit) = Arc::clone(permits).try_acquire_owned() {
             return Some((tcp, addr, permit));
         }

@@ -2,11 +2,14 @@
 //! the store is flushed (or sent one etcd transaction) per group, not per change, and each caller
 //! is answered when its own change is durable.
 //!
-//! There is no committer task. The first waiter that finds no commit under way takes the lane and
-//! commits everything queued, its own change and the others'; the others find their answer when
-//! they get the lane. The commit itself runs in a task of its own that holds the lane, so a
-//! caller that goes away (a client that hangs up) cannot cut a group off half-way, and groups are
-//! committed in the order their changes were submitted.
+//! The first waiter that finds no committer running starts one: a task that commits what is
+//! queued, then what was queued meanwhile, until the queue is empty, and answers each change as
+//! its group lands. Waiters only wait for their own answer; they never queue behind one another
+//! (when each had to take a lane in turn to learn its change had landed, a group's 64 waiters
+//! woke one after another, and that, not the flush, set the latency of a create). The committer
+//! is a task of its own, so a caller that goes away (a client that hangs up) cannot cut a group
+//! off half-way, and one committer at a time commits groups in the order their changes were
+//! submitted.
 
 use gpuwarden_runtime::sync::Lock as _;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,6 +39,8 @@ struct Queue {
     retry_after: Vec<AfterCommit>,
     commits: u64,
     changes: u64,
+    /// A committer task runs (see [`Group::start_committer`]).
+    committing: bool,
 }
 
 /// The answer to a change, once there is one. A commit task that ended without answering (it
@@ -51,10 +56,9 @@ fn answered(rx: &mut oneshot::Receiver<Result<(), StoreError>>) -> Option<Result
     }
 }
 
-/// The queue and the lane of one store.
+/// The queue of one store.
 pub(super) struct Group {
     queue: Mutex<Queue>,
-    lane: Arc<tokio::sync::Mutex<()>>,
     /// Changes per commit at most: unbounded, or 1 to measure what grouping saves.
     most: usize,
     /// What every commit is guarded on, for a leader.
@@ -65,7 +69,6 @@ impl Group {
     pub(super) fn new(most: usize, fence: Option<Fence>) -> Self {
         Self {
             queue: Mutex::new(Queue::default()),
-            lane: Arc::new(tokio::sync::Mutex::new(())),
             most: most.max(1),
             fence,
         }
@@ -96,41 +99,47 @@ impl Group {
         (q.commits, q.changes)
     }
 
-    /// Waits until the change behind `rx` is durable, committing the queue if nobody is.
+    /// Waits until the change behind `rx` is durable, starting the committer if none runs.
     pub(super) async fn wait(
         self: &Arc<Self>,
         kv: &Arc<Kv>,
         mut rx: oneshot::Receiver<Result<(), StoreError>>,
     ) -> Result<(), StoreError> {
-        loop {
-            if let Some(result) = answered(&mut rx) {
-                return result;
-            }
-            let lane = Arc::clone(&self.lane).lock_owned().await;
-            // Whoever held the lane before may have committed this change already; if not, it
-            // is still queued, and this caller commits the queue (up to `most` changes of it).
-            if let Some(result) = answered(&mut rx) {
-                return result;
-            }
-            let (entries, retry) = {
-                let mut q = self.queue();
-                let take = q.entries.len().min(self.most);
-                let entries: Vec<Entry> = q.entries.drain(..take).collect();
-                let retry = (
-                    std::mem::take(&mut q.retry),
-                    std::mem::take(&mut q.retry_after),
-                );
-                (entries, retry)
-            };
-            let group = Arc::clone(self);
-            let kv = Arc::clone(kv);
-            let commit = tokio::spawn(async move {
-                let _lane = lane;
-                group.commit(&kv, entries, retry).await;
-            });
-            // Its answer is in `rx` now, or this change was beyond `most`: take the lane again.
-            let _ = commit.await;
+        if let Some(result) = answered(&mut rx) {
+            return result;
         }
+        self.start_committer(kv);
+        rx.await.unwrap_or_else(|_| {
+            Err(StoreError::Commit {
+                reason: "the commit carrying this change ended without an answer".to_owned(),
+            })
+        })
+    }
+
+    /// Starts the committer unless one runs. It commits group after group while changes are
+    /// queued, so a waiter is answered by the commit that carries its change and never queues
+    /// behind the other waiters.
+    fn start_committer(self: &Arc<Self>, kv: &Arc<Kv>) {
+        {
+            let mut q = self.queue();
+            if q.committing || q.entries.is_empty() {
+                return;
+            }
+            q.committing = true;
+        }
+        let group = Arc::clone(self);
+        let kv = Arc::clone(kv);
+        tokio::spawn(async move {
+            // Clears `committing` however the task ends (a panicking commit included), so the
+            // next waiter starts another.
+            let running = Committing {
+                group: &group,
+                stopped: std::cell::Cell::new(false),
+            };
+            while let Some(batch) = running.next_batch() {
+                group.commit(&kv, batch.0, batch.1).await;
+            }
+        });
     }
 
     async fn commit(
@@ -189,6 +198,44 @@ impl Group {
                 after();
             }
             let _ = entry.done.send(result.clone());
+        }
+    }
+}
+
+/// The committer's hold on its group: takes the next batch, and stops the committer (under the
+/// same lock a waiter checks) once none is queued or the task ends.
+struct Committing<'a> {
+    group: &'a Group,
+    /// `next_batch` found the queue empty and stopped the committer under the lock: another may
+    /// run by now, and dropping this must not touch its flag.
+    stopped: std::cell::Cell<bool>,
+}
+
+/// A batch to commit: the queued changes, and a failed commit's writes to write with them.
+type Batch = (Vec<Entry>, (Vec<Write>, Vec<AfterCommit>));
+
+impl Committing<'_> {
+    fn next_batch(&self) -> Option<Batch> {
+        let mut q = self.group.queue();
+        if q.entries.is_empty() {
+            q.committing = false;
+            self.stopped.set(true);
+            return None;
+        }
+        let take = q.entries.len().min(self.group.most);
+        let entries: Vec<Entry> = q.entries.drain(..take).collect();
+        let retry = (
+            std::mem::take(&mut q.retry),
+            std::mem::take(&mut q.retry_after),
+        );
+        Some((entries, retry))
+    }
+}
+
+impl Drop for Committing<'_> {
+    fn drop(&mut self) {
+        if !self.stopped.get() {
+            self.group.queue().committing = false;
         }
     }
 }
