@@ -32,6 +32,11 @@ use gpuwarden_test_support::{Etcd, scratch};
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
+/// The allocator the controller binary runs with (`controller/src/bin/gpuwarden-controller.rs`);
+/// the fake agents, clients and watcher in this process share it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const NODES: usize = 1_000;
 const GPUS: u32 = 8;
 const SESSIONS: usize = 5_000;
@@ -505,7 +510,7 @@ fn main() {
         print(
             &sled_small,
             base.as_ref(),
-            Some((5_000.0, Some(Duration::from_millis(100)))),
+            Some((5_000.0, Some(Duration::from_millis(50)))),
         );
         let base = if baselines {
             let base = run(open(etcd_spec("base")).await, "etcd", false, BASE).await;
