@@ -41,8 +41,13 @@ const NODES: usize = 1_000;
 const GPUS: u32 = 8;
 const SESSIONS: usize = 5_000;
 const CLIENTS: usize = 64;
-/// HTTP/2 connections the fake agents share, as a fleet's would be spread over the controller.
+/// HTTP/2 connections the fake agents share at least, as a fleet's would be spread over the
+/// controller.
 const AGENT_CONNECTIONS: usize = 8;
+/// Fake agents per shared connection at most: half the streams the server holds open on one
+/// connection, as a stream past that waits for ever in the client's stack (10,000 agents on 8
+/// connections hung the scale row).
+const AGENTS_PER_CONNECTION: usize = server::MAX_STREAMS_PER_CONNECTION as usize / 2;
 
 /// How big a run is.
 #[derive(Clone, Copy)]
@@ -230,11 +235,12 @@ async fn run(store: Store, label: &'static str, grouped: bool, size: Size) -> Ro
     ));
 
     let mut channels = Vec::new();
-    for _ in 0..AGENT_CONNECTIONS {
+    let shared = AGENT_CONNECTIONS.max(nodes.div_ceil(AGENTS_PER_CONNECTION));
+    for _ in 0..shared {
         channels.push(connect(&url).await);
     }
     let agents: Vec<_> = (0..nodes)
-        .map(|i| tokio::spawn(agent(channels[i % AGENT_CONNECTIONS].clone(), node_info(i))))
+        .map(|i| tokio::spawn(agent(channels[i % shared].clone(), node_info(i))))
         .collect();
     for a in agents {
         a.await.expect("agent up");
