@@ -7,7 +7,8 @@
 //! rounds). Then the scale rows: the same at 10,000 nodes and 50,000 sessions (or the size
 //! `GPUWARDEN_BENCH_SCALE=NODESxSESSIONS` names), with group commit, on sled and etcd, beside
 //! the 1,000-node row as ratios; each row says how many sessions' RUNNING the watcher never saw
-//! (must be 0), the heartbeats ingested, and the bench process's peak RSS (controller, fake
+//! (must be 0), the scheduling passes that had sessions to try (how many, their mean time beside
+//! the 1,000-node row's, the longest), the heartbeats ingested, and the bench process's peak RSS (controller, fake
 //! agents and clients together) per node and per session.
 
 use gpuwarden_runtime::sync::Lock as _;
@@ -71,6 +72,8 @@ struct Row {
     missed: usize,
     /// Heartbeats the controller ingested.
     heartbeats: u64,
+    /// Scheduling passes that had a session to try: how many, their total time, the longest.
+    passes: (u64, Duration, Duration),
     /// Creating every session until the last RUNNING, in seconds.
     took: f64,
     /// This process's resident memory before the run, and with everything of it still up.
@@ -328,6 +331,7 @@ async fn run(store: Store, label: &'static str, grouped: bool, size: Size) -> Ro
         running: l.len(),
         missed: sessions - l.len(),
         heartbeats: controller.heartbeats_received(),
+        passes: controller.pass_times(),
         took: elapsed.as_secs_f64(),
         rss_before,
         rss: rss_now,
@@ -455,13 +459,19 @@ fn scale() -> Size {
     }
 }
 
+/// A row's mean scheduling pass, in seconds.
+fn mean_pass(row: &Row) -> f64 {
+    let (count, total, _) = row.passes;
+    total.as_secs_f64() / count.max(1) as f64
+}
+
 /// A scale row beside the 1,000-node row of the same store: how each cost grows.
 fn print_scale(row: &Row, small: &Row) {
     let rss = row.rss;
     let grew = row.rss.saturating_sub(row.rss_before);
     let ratio = |a: f64, b: f64| a / b.max(1e-9);
     println!(
-        "| {} | {} × {} | {}/{} | {} | {:.0} ({:.2}×) | {:.1} ms ({:.2}×) | {:.1} ms ({:.2}×) | {:.1} s ({:.2}×) | {} | {} MiB | {} B | {} B |",
+        "| {} | {} × {} | {}/{} | {} | {:.0} ({:.2}×) | {:.1} ms ({:.2}×) | {:.1} ms ({:.2}×) | {:.1} s ({:.2}×) | {} | {:.2} ms ({:.2}×) | {:.1} ms | {} | {} MiB | {} B | {} B |",
         row.store,
         row.size.nodes,
         row.size.sessions,
@@ -476,6 +486,10 @@ fn print_scale(row: &Row, small: &Row) {
         ratio(row.p99.as_secs_f64(), small.p99.as_secs_f64()),
         row.took,
         ratio(row.took, small.took),
+        row.passes.0,
+        mean_pass(row) * 1e3,
+        ratio(mean_pass(row), mean_pass(small)),
+        row.passes.2.as_secs_f64() * 1e3,
         row.heartbeats,
         rss >> 20,
         grew / row.size.nodes.max(1) as u64,
@@ -530,9 +544,9 @@ fn main() {
 
         let size = scale();
         println!(
-            "\n| scale (group commit) | nodes × sessions | running | watcher missed | sessions/s (vs {NODES} nodes) | p50 | p99 | create → last RUNNING | heartbeats | RSS at the end | grown per node | grown per session |"
+            "\n| scale (group commit) | nodes × sessions | running | watcher missed | sessions/s (vs {NODES} nodes) | p50 | p99 | create → last RUNNING | passes | mean pass | longest pass | heartbeats | RSS at the end | grown per node | grown per session |"
         );
-        println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for (label, small) in [("sled", &sled_small), ("etcd", &etcd_small)] {
             let store = match label {
                 "sled" => open(sled("scale")).await,

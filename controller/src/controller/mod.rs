@@ -75,6 +75,7 @@ pub struct Controller {
     kick: Notify,
     next_id: AtomicU64,
     heartbeats: AtomicU64,
+    passes: PassTimes,
     timing: Timing,
     /// Where scheduling decisions' latency goes, once metrics are on.
     decisions: std::sync::OnceLock<opentelemetry::metrics::Histogram<f64>>,
@@ -88,6 +89,24 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[must_use]
 pub fn store_status(e: &StoreError) -> Status {
     Status::unavailable(format!("the controller's store failed: {e}"))
+}
+
+/// How long the scheduling passes that had a session to try took (for benchmarks; metrics have
+/// each decision's time).
+#[derive(Default)]
+struct PassTimes {
+    count: AtomicU64,
+    total_ns: AtomicU64,
+    longest_ns: AtomicU64,
+}
+
+impl PassTimes {
+    fn record(&self, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.total_ns.fetch_add(ns, Ordering::Relaxed);
+        self.longest_ns.fetch_max(ns, Ordering::Relaxed);
+    }
 }
 
 /// A change queued for commit by [`Controller::change`].
@@ -147,6 +166,7 @@ impl Controller {
             kick: Notify::new(),
             next_id: AtomicU64::new(0),
             heartbeats: AtomicU64::new(0),
+            passes: PassTimes::default(),
             timing,
             decisions: std::sync::OnceLock::new(),
         })
@@ -343,6 +363,17 @@ impl Controller {
         self.heartbeats.load(Ordering::Relaxed)
     }
 
+    /// Scheduling passes since start that had a session to try, their total time and the longest.
+    #[must_use]
+    pub fn pass_times(&self) -> (u64, Duration, Duration) {
+        let nanos = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
+        (
+            self.passes.count.load(Ordering::Relaxed),
+            nanos(&self.passes.total_ns),
+            nanos(&self.passes.longest_ns),
+        )
+    }
+
     pub(crate) fn count_heartbeat(&self) {
         self.heartbeats.fetch_add(1, Ordering::Relaxed);
     }
@@ -440,15 +471,23 @@ impl Controller {
                 continue;
             }
             let decisions = self.decisions.get();
+            let passes = &self.passes;
             let pass = |s: &mut Scheduler| {
-                s.pass_observed(&mut |took, placed| {
+                let started = std::time::Instant::now();
+                let mut decided = false;
+                let commands = s.pass_observed(&mut |took, placed| {
+                    decided = true;
                     if let Some(h) = decisions {
                         h.record(
                             took.as_secs_f64(),
                             &[opentelemetry::KeyValue::new("gpuwarden.placed", placed)],
                         );
                     }
-                })
+                });
+                if decided {
+                    passes.record(started.elapsed());
+                }
+                commands
             };
             match self.apply(pass).await {
                 Ok(commands) => self.dispatch(commands),
