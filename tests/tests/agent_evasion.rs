@@ -310,3 +310,130 @@ fn a_bound_container_at_its_client_budget_has_its_allocations_acted_on() {
     let status = a.wait_within(Duration::from_secs(20));
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
 }
+
+/// A process of the bound container `cg` that allocates 4 MiB through a control fd it opened,
+/// and the client and device handles it allocated on.
+fn allocating_sender(rig: &Rig, cg: &TestCgroup) -> (Client, u64, u64, u64) {
+    let mut sender = rig.spawn(cg);
+    let sent = sender.value("open nvidiactl", "fd");
+    sender.ok(&format!("use-ctl {sent}"));
+    let h = sender.value("client", "client");
+    let dev = sender.value(&format!("device {h:#x} 0"), "handle");
+    sender.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
+    let c = rig.entry(cg);
+    assert_eq!((memory(&c, "nvidia0"), used(&c)), (4 * MIB, 4 * MIB));
+    (sender, sent, h, dev)
+}
+
+/// The container's memory on GPU 0 and its quota's used bytes.
+fn charged(rig: &Rig, cg: &TestCgroup) -> (u64, u64) {
+    let c = rig.entry(cg);
+    (memory(&c, "nvidia0"), used(&c))
+}
+
+/// A process allocates 4 MiB in its bound container, sends its control fd to a process of
+/// another container, which issues an ioctl on it, and exits: the file lives on in the
+/// receiver, and so does the driver's client with the 4 MiB, so the sender's container stays
+/// charged (else it could allocate its whole limit again, over memory the driver still holds).
+/// The receiver's exit closes the file: the container is charged nothing.
+#[test]
+#[ignore = "needs root"]
+fn memory_on_a_file_sent_away_stays_charged_until_the_receiver_exits() {
+    require_root();
+    let rig = Rig::start("evorphan");
+    let cg = rig.limited("evorphan");
+    let receiver_cg = docker("evorphan-receiver");
+    let mut receiver = rig.spawn(&receiver_cg);
+    let dir = scratch("evorphan-sock");
+    let path = dir.path().join("fds.sock");
+    let socket = receiver.value(&format!("fd-socket {}", path.display()), "fd");
+    let (mut sender, sent, h, _) = allocating_sender(&rig, &cg);
+    sender.ok(&format!("send-fd {} {sent}", path.display()));
+    let fd = receiver.value(&format!("recv-fd {socket}"), "fd");
+    receiver.ok(&format!("use-ctl {fd}"));
+    receiver.ok(&format!("gpu-ids {h:#x}"));
+    sender.exit();
+    assert_eq!(
+        charged(&rig, &cg),
+        (4 * MIB, 4 * MIB),
+        "the driver still holds the 4 MiB through the receiver's fd"
+    );
+    // So the container can't allocate its whole limit again.
+    let mut again = rig.spawn(&cg);
+    let h2 = again.value("client", "client");
+    let dev2 = again.value(&format!("device {h2:#x} 0"), "handle");
+    again.send_only(&format!("alloc {h2:#x} {dev2:#x} 16m"));
+    let status = again.wait_within(Duration::from_secs(20));
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "4 + 16 MiB > 16 MiB is acted on: {status:?}"
+    );
+    receiver.exit();
+    assert_eq!(
+        charged(&rig, &cg),
+        (0, 0),
+        "the file closed with the receiver"
+    );
+}
+
+/// As above, but the receiver issues no ioctl on the fd before the sender exits (the fd is
+/// in no table then, only in the kernel's count of the file): the 4 MiB stay charged; the
+/// receiver's first ioctl on it makes its fd tracked, and its close releases them.
+#[test]
+#[ignore = "needs root"]
+fn memory_on_a_file_sent_away_before_any_ioctl_stays_charged_until_its_close() {
+    require_root();
+    let rig = Rig::start("evorphan2");
+    let cg = rig.limited("evorphan2");
+    let receiver_cg = docker("evorphan2-receiver");
+    let mut receiver = rig.spawn(&receiver_cg);
+    let dir = scratch("evorphan2-sock");
+    let path = dir.path().join("fds.sock");
+    let socket = receiver.value(&format!("fd-socket {}", path.display()), "fd");
+    let (mut sender, sent, h, _) = allocating_sender(&rig, &cg);
+    sender.ok(&format!("send-fd {} {sent}", path.display()));
+    sender.exit();
+    assert_eq!(
+        charged(&rig, &cg),
+        (4 * MIB, 4 * MIB),
+        "the fd in flight holds the file, and the driver the 4 MiB"
+    );
+    let fd = receiver.value(&format!("recv-fd {socket}"), "fd");
+    assert_eq!(charged(&rig, &cg), (4 * MIB, 4 * MIB));
+    receiver.ok(&format!("use-ctl {fd}"));
+    receiver.ok(&format!("gpu-ids {h:#x}"));
+    receiver.ok(&format!("close {fd}"));
+    assert_eq!(charged(&rig, &cg), (0, 0), "the file's last close");
+    receiver.exit();
+}
+
+/// A forked child allocates 4 MiB on its parent's client and exits while the parent holds the
+/// file: the driver keeps the child's allocation with the client, and so does the count, until
+/// the parent's exit closes the file.
+#[test]
+#[ignore = "needs root"]
+fn a_childs_memory_on_its_parents_client_stays_charged_until_the_file_closes() {
+    require_root();
+    let rig = Rig::start("evorphanfork");
+    let cg = rig.limited("evorphanfork");
+    let mut parent = rig.spawn(&cg);
+    let h = parent.value("client", "client");
+    let dev = parent.value(&format!("device {h:#x} 0"), "handle");
+    parent.ok("fork");
+    let reply = parent.ok(&format!("child alloc {h:#x} {dev:#x} 4m"));
+    assert!(reply.starts_with("child: ok"), "{reply}");
+    assert_eq!(charged(&rig, &cg), (4 * MIB, 4 * MIB));
+    parent.ok("child exit");
+    assert_eq!(
+        charged(&rig, &cg),
+        (4 * MIB, 4 * MIB),
+        "the parent's file holds the client, and the driver the child's 4 MiB"
+    );
+    parent.exit();
+    assert_eq!(
+        charged(&rig, &cg),
+        (0, 0),
+        "the file closed with the parent"
+    );
+}

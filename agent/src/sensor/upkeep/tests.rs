@@ -64,6 +64,8 @@ fn proc_info(cgroup: u64, generation: u64) -> ProcInfo {
         vidmem: [0; MEMORY_SLOTS],
         sysmem: 0,
         managed: 0,
+        outlived: 0,
+        _pad: 0,
     }
 }
 
@@ -135,7 +137,7 @@ fn garbage_of_processes_that_died_unseen_and_of_removed_cgroups_is_collected() {
     // Client 1 belongs to the live process, client 2 to the dead one.
     let client = |tgid: u32| ClientInfo {
         tgid,
-        _pad: 0,
+        orphans: 0,
         generation: 7,
         proc_generation: u64::from(tgid),
         cgroup: h.live_id,
@@ -474,7 +476,7 @@ fn a_client_of_a_process_registered_during_the_pass_is_kept() {
     // Pid 10 is alive but not in the process table (yet, as far as the pass read it).
     let info = ClientInfo {
         tgid: 10,
-        _pad: 0,
+        orphans: 0,
         generation: 7,
         proc_generation: 3,
         cgroup: h.live_id,
