@@ -219,6 +219,14 @@ pub fn file_unref(tgid: u32, file: u64, closed: bool) -> bool {
         None => {}
     }
     let _ = FILES.remove(&file);
+    close_file(tgid, file, count, clients);
+    false
+}
+
+/// Open file `file` (its entry gone) closed, as `tgid` saw it (0: the sweep): releases the first
+/// `count` of `clients`, which the driver freed with it.
+#[inline(always)]
+fn close_file(tgid: u32, file: u64, count: u32, clients: [u32; FILE_CLIENTS]) {
     let mut closing = Closing {
         tgid,
         count,
@@ -235,7 +243,42 @@ pub fn file_unref(tgid: u32, file: u64, closed: bool) -> bool {
             0,
         );
     }
-    false
+}
+
+/// Releases the files kept past their last tracked fd (`FileRefs::held`) that the kernel has
+/// since released (the holder the table didn't follow closed them, or the mappings of an ended
+/// process went), with the clients the driver freed with them. Run by the agent's upkeep
+/// ([`crate::sweep::sweep_files`]).
+#[inline(always)]
+pub fn sweep_files() {
+    // SAFETY: as in `free`.
+    unsafe {
+        bpf_for_each_map_elem(
+            (&raw const FILES).cast_mut().cast(),
+            close_if_released as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        );
+    }
+}
+
+/// `bpf_for_each_map_elem` body over `FILES`: closes a kept file the kernel released.
+#[inline(never)]
+extern "C" fn close_if_released(
+    _map: *mut c_void,
+    key: *const u64,
+    value: *const FileRefs,
+    _ctx: *mut c_void,
+) -> i64 {
+    // SAFETY: the helper passes a live key and value.
+    let (file, refs) = unsafe { (*key, *value) };
+    if refs.refs != 0 || refs.held == 0 || kernel_refs(file) != Some(0) {
+        return 0;
+    }
+    if FILES.remove(&file).is_ok() {
+        close_file(0, file, refs.count, refs.clients);
+    }
+    0
 }
 
 /// Context of [`free_file_client`]: the clients of a file closed by `tgid`.

@@ -437,3 +437,50 @@ fn a_childs_memory_on_its_parents_client_stays_charged_until_the_file_closes() {
         "the file closed with the parent"
     );
 }
+
+/// Waits (the agent's upkeep sweeps every 100 ms here) until the container `cg` is charged
+/// nothing.
+fn wait_uncharged(rig: &Rig, cg: &TestCgroup, what: &str) {
+    rig.wait_for(what, |r| charged(r, cg) == (0, 0));
+}
+
+/// As above, but the receiver closes the fd without ever issuing an ioctl on it: no tracked fd
+/// says the file closed, so the agent's upkeep sweep reads the kernel's count of the file and
+/// releases the 4 MiB once the file is gone.
+#[test]
+#[ignore = "needs root"]
+fn memory_on_a_file_sent_away_is_released_when_its_untracked_holder_closes_it() {
+    require_root();
+    let rig = Rig::start("evorphan3");
+    let cg = rig.limited("evorphan3");
+    let receiver_cg = docker("evorphan3-receiver");
+    let mut receiver = rig.spawn(&receiver_cg);
+    let dir = scratch("evorphan3-sock");
+    let path = dir.path().join("fds.sock");
+    let socket = receiver.value(&format!("fd-socket {}", path.display()), "fd");
+    let (mut sender, sent, _, _) = allocating_sender(&rig, &cg);
+    sender.ok(&format!("send-fd {} {sent}", path.display()));
+    sender.exit();
+    let fd = receiver.value(&format!("recv-fd {socket}"), "fd");
+    // Several sweeps pass while the receiver holds the file.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(charged(&rig, &cg), (4 * MIB, 4 * MIB));
+    receiver.ok(&format!("close {fd}"));
+    wait_uncharged(&rig, &cg, "the sweep to release the closed file's 4 MiB");
+    receiver.exit();
+}
+
+/// A process that maps its control file (as libcuda maps memory through the nodes) and exits:
+/// from kernel 6.16 on, the exit tracepoint runs while the mapping still holds the file, so it
+/// looks held elsewhere; the sweep finds it released once the process is gone.
+#[test]
+#[ignore = "needs root"]
+fn memory_of_a_process_that_mapped_its_file_is_released_after_its_exit() {
+    require_root();
+    let rig = Rig::start("evorphanmap");
+    let cg = rig.limited("evorphanmap");
+    let (mut a, fd, _, _) = allocating_sender(&rig, &cg);
+    a.ok(&format!("map {fd} 4096"));
+    a.exit();
+    wait_uncharged(&rig, &cg, "the exited process's 4 MiB to be released");
+}

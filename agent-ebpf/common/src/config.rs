@@ -173,3 +173,23 @@ impl Default for Config {
 }
 
 pod!(Config, FileOffsets);
+
+#[cfg(test)]
+mod tests {
+    use super::file_refs::{ABSENT, COUNT, FILE_REF, RELEASED, references};
+
+    /// `file_ref_t` keeps references less one, and the zone from `FILE_REF_RELEASED` up (released,
+    /// dead, `FILE_REF_NOREF`) holds none (`include/linux/file_ref.h`, `file_ref_read`).
+    #[test]
+    fn the_kernels_file_counts_read_as_references() {
+        assert_eq!(references(FILE_REF, 0), Some(1));
+        assert_eq!(references(FILE_REF, 2), Some(3));
+        assert_eq!(references(FILE_REF, RELEASED), Some(0));
+        assert_eq!(references(FILE_REF, 0xe000_0000_0000_0000), Some(0));
+        assert_eq!(references(FILE_REF, u64::MAX), Some(0));
+        assert_eq!(references(COUNT, 2), Some(2));
+        assert_eq!(references(COUNT, 0), Some(0));
+        assert_eq!(references(COUNT, u64::MAX), Some(0));
+        assert_eq!(references(ABSENT, 5), None);
+    }
+}

@@ -307,6 +307,13 @@ pub enum Command {
         /// The fd to copy.
         fd: FdRef,
     },
+    /// `map <fd> <length>`.
+    Map {
+        /// The fd.
+        fd: FdRef,
+        /// Bytes.
+        length: u64,
+    },
     /// `close <fd>`.
     Close {
         /// The fd.
@@ -511,6 +518,10 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
         "close" => Command::Close {
             fd: fd_ref(args.word(0, "fd")?)?,
         },
+        "map" => Command::Map {
+            fd: fd_ref(args.word(0, "fd")?)?,
+            length: args.size(1, "length")?,
+        },
         "close-range" => Command::CloseRange {
             first: args.u32(0, "first fd")?,
             last: args.u32(1, "last fd")?,
@@ -592,6 +603,7 @@ const COMMANDS: &[&str] = &[
     "dup-many",
     "dup",
     "close",
+    "map",
     "close-range",
     "use-ctl",
     "dup-to",
@@ -617,6 +629,7 @@ fn arity(command: &Command) -> usize {
         | Command::Subdevice { .. }
         | Command::IoctlRaw { .. }
         | Command::CloseRange { .. }
+        | Command::Map { .. }
         | Command::Open { .. }
         | Command::SendFd { .. }
         | Command::GetFd { .. }
@@ -1167,6 +1180,13 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
                 .and_then(|fd| client.close(fd))
                 .map(|()| ok()),
         ),
+        Command::Map { fd, length } => match resolve(client, *fd) {
+            Ok(fd) => match client.map_fd(fd, *length) {
+                Ok(addr) => format!("ok addr={addr:#x}"),
+                Err(e) => errno_reply(&e),
+            },
+            Err(e) => client_reply(Err(e)),
+        },
         Command::CloseRange { first, last } => match client.close_range(*first, *last) {
             Ok(()) => ok(),
             Err(e) => errno_reply(&e),

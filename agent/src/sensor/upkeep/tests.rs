@@ -517,3 +517,63 @@ fn a_client_of_a_process_registered_during_the_pass_is_kept() {
     assert!(fakes.clients.at(&1).is_none());
     assert!(fakes.allocations.at(&key).is_none());
 }
+
+/// A file the programs kept past its last tracked fd (someone they don't follow holds it) stays
+/// while it lists clients, and so do the clients holding allocations of ended processes
+/// (orphans) and those allocations: the driver keeps them with the file. A client of an ended
+/// process without orphans, and a kept file without clients, go as before.
+#[test]
+fn orphans_and_the_file_that_keeps_them_are_not_garbage() {
+    let mut h = host();
+    let fakes = Fakes::default();
+    let mut maps = fakes.maps();
+    let mut idle = Idle::default();
+    let ended = u32::MAX - 1;
+    let mut kept = FileRefs {
+        count: 1,
+        held: 1,
+        ..FileRefs::default()
+    };
+    kept.clients[0] = 5;
+    let empty = FileRefs {
+        held: 1,
+        ..FileRefs::default()
+    };
+    for (file, refs) in [(0xaa, kept), (0xbb, empty), (0xcc, FileRefs::default())] {
+        maps.files.insert(file, refs).unwrap();
+    }
+    let client = |orphans: u32| ClientInfo {
+        tgid: ended,
+        orphans,
+        generation: 7,
+        proc_generation: 1,
+        cgroup: h.live_id,
+        vidmem: [0; MEMORY_SLOTS],
+        sysmem: 0,
+        file: 0xaa,
+    };
+    maps.clients.insert(5, client(1)).unwrap();
+    maps.clients.insert(6, client(0)).unwrap();
+    let orphan = HandleKey {
+        client: 5,
+        handle: 9,
+    };
+    let allocation = Allocation {
+        client_generation: 7,
+        bytes: 4 << 20,
+        ..Allocation::default()
+    };
+    maps.allocations.insert(orphan, allocation).unwrap();
+    collect_garbage(
+        &mut maps,
+        &mut h.attributor,
+        &mut idle,
+        Path::new("/proc"),
+        Instant::now(),
+    );
+    assert!(fakes.files.at(&0xaa).is_some(), "the kept file");
+    assert!(fakes.files.at(&0xbb).is_none() && fakes.files.at(&0xcc).is_none());
+    assert!(fakes.clients.at(&5).is_some(), "the client with an orphan");
+    assert!(fakes.clients.at(&6).is_none(), "an ended process's client");
+    assert!(fakes.allocations.at(&orphan).is_some(), "the orphan");
+}
