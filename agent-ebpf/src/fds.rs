@@ -6,7 +6,8 @@
 //! agent configured. Copied by `dup`/`dup2`/`dup3`/`fcntl(F_DUPFD*)`, removed by `close` and
 //! `close_range`. A new fd number that is not a GPU node clears any stale entry left under that
 //! number. Each entry holds a reference on its open file: the last one gone releases the clients
-//! made through that file.
+//! made through that file, unless the kernel's own count of the file says someone the table
+//! doesn't follow holds it too (`memory::note_holders`, `memory::file_unref`).
 
 use aya_ebpf::{
     helpers::{
@@ -243,8 +244,13 @@ pub fn node_of_file(file: u64) -> Option<GpuNode> {
 pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
     let (tgid, _) = current();
     let fd = arg(&ctx, 0) as u32;
+    // Every close on the node comes here: one look-up tells the GPU fds.
+    // SAFETY: the value is copied out at once.
+    let Some(info) = (unsafe { GPU_FDS.get(&FdKey { tgid, fd }) }).copied() else {
+        return 0;
+    };
     // Before the close, while the fd still holds its file: whether anyone else does.
-    note_holders(tgid, fd);
+    memory::note_holders(info.file);
     forget_in(tgid, fd, 0, false);
     0
 }

@@ -820,8 +820,9 @@ fn orphan(tgid: u32, key: HandleKey) {
     }
 }
 
-/// Releases everything a process held (it exited, or exec'd and so closed its GPU fds), and
-/// reports it as `event` (`PROCESS_EXIT` or `EXEC`).
+/// Releases what a process still holds (it exited, or exec'd and so closed its GPU fds; its
+/// orphans left its totals before, `orphan_held`), and reports it as `event` (`PROCESS_EXIT` or
+/// `EXEC`).
 #[inline(always)]
 pub fn release_process(tgid: u32, event: u32) -> Option<ProcInfo> {
     // SAFETY: the value is copied out at once.

@@ -1,5 +1,6 @@
 //! Process lifetime: a forked child inherits its parent's GPU fds; exec and exit release what
-//! the process held.
+//! the process held, but for its allocations on clients whose open file lives on (orphans, see
+//! `memory::orphan_held`).
 //!
 //! `sched_process_fork` can't tell a new process from a new thread, so the clone flags are
 //! recorded at `clone`/`clone3` entry (only for processes that hold GPU fds). The tracepoint runs

@@ -123,7 +123,8 @@ pub struct FdInfo {
 }
 
 /// Clients made through one open GPU file, and how many tracked fds refer to it: when the last
-/// goes, the driver frees those clients with everything they hold.
+/// goes and nobody else holds the file, the driver frees those clients with everything they hold
+/// (held elsewhere, the entry stays with `refs` 0, see `held`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FileRefs {
@@ -134,8 +135,9 @@ pub struct FileRefs {
     /// Client handles made through the file (the first [`FILE_CLIENTS`]).
     pub clients: [u32; FILE_CLIENTS],
     /// 1 once an fd of the file was refused an entry in the fd table (its container past its fd
-    /// budget, or the table full): the file may outlive its tracked fds, so the last of them
-    /// releases nothing and its clients stay counted until their process ends.
+    /// budget, or the table full): the file may outlive its tracked fds. Decides only where the
+    /// kernel's count of the file can't be read (`FileOffsets::file_refs_kind` absent): the last
+    /// tracked fd then releases nothing and the clients stay counted until their process ends.
     pub untracked: u32,
     /// 1 when, at the last decision (a `close`, `close_range`, exit or exec of a tracked fd),
     /// the kernel counted more references to the file than tracked fds: someone the table
