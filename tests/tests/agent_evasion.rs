@@ -484,3 +484,35 @@ fn memory_of_a_process_that_mapped_its_file_is_released_after_its_exit() {
     a.exit();
     wait_uncharged(&rig, &cg, "the exited process's 4 MiB to be released");
 }
+
+/// A process allocates 4 MiB, forks a child (which inherits its fds) and is killed while the
+/// child lives: the child holds the file, and the driver the 4 MiB, so the container stays
+/// charged until the child ends too.
+#[test]
+#[ignore = "needs root"]
+fn memory_of_a_parent_whose_forked_child_holds_the_file_stays_charged_until_the_child_ends() {
+    require_root();
+    let rig = Rig::start("evorphanparent");
+    let cg = rig.limited("evorphanparent");
+    let (mut parent, _, _, _) = allocating_sender(&rig, &cg);
+    let child = i32::try_from(parent.value("fork", "pid")).unwrap();
+    // The child sleeps (its answer goes nowhere): it outlives its parent, holding every fd.
+    parent.send_only("child sleep 600000");
+    rig.wait_for("the child to sleep", |_| {
+        std::fs::read_to_string(format!("/proc/{child}/syscall"))
+            .is_ok_and(|s| s.starts_with("230 ") || s.starts_with("35 "))
+    });
+    let pid = i32::try_from(parent.pid).unwrap();
+    // SAFETY: signals a process this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let status = parent.wait_within(Duration::from_secs(20));
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    assert_eq!(
+        charged(&rig, &cg),
+        (4 * MIB, 4 * MIB),
+        "the child holds the file, and the driver the parent's 4 MiB"
+    );
+    // SAFETY: signals the child of the process this test started.
+    assert_eq!(unsafe { libc::kill(child, libc::SIGKILL) }, 0);
+    wait_uncharged(&rig, &cg, "the child's end to close the file");
+}
