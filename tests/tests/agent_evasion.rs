@@ -516,3 +516,37 @@ fn memory_of_a_parent_whose_forked_child_holds_the_file_stays_charged_until_the_
     assert_eq!(unsafe { libc::kill(child, libc::SIGKILL) }, 0);
     wait_uncharged(&rig, &cg, "the child's end to close the file");
 }
+
+/// The sender closes its fd once sent, before the receiver issued any ioctl on its copy: its
+/// tracked fd was the file's last, but the kernel still counts the receiver's, so the 4 MiB
+/// stay charged, through the sender's exit too, until the receiver closes the file.
+#[test]
+#[ignore = "needs root"]
+fn memory_on_a_file_sent_away_and_closed_stays_charged_until_the_receiver_closes_it() {
+    require_root();
+    let rig = Rig::start("evorphanclose");
+    let cg = rig.limited("evorphanclose");
+    let receiver_cg = docker("evorphanclose-receiver");
+    let mut receiver = rig.spawn(&receiver_cg);
+    let dir = scratch("evorphanclose-sock");
+    let path = dir.path().join("fds.sock");
+    let socket = receiver.value(&format!("fd-socket {}", path.display()), "fd");
+    let (mut sender, sent, _, _) = allocating_sender(&rig, &cg);
+    sender.ok(&format!("send-fd {} {sent}", path.display()));
+    let fd = receiver.value(&format!("recv-fd {socket}"), "fd");
+    sender.ok(&format!("close {sent}"));
+    assert_eq!(
+        charged(&rig, &cg),
+        (4 * MIB, 4 * MIB),
+        "the receiver holds the file"
+    );
+    sender.exit();
+    assert_eq!(
+        charged(&rig, &cg),
+        (4 * MIB, 4 * MIB),
+        "after the sender's exit"
+    );
+    receiver.ok(&format!("close {fd}"));
+    wait_uncharged(&rig, &cg, "the receiver's close to release the 4 MiB");
+    receiver.exit();
+}
