@@ -358,6 +358,7 @@ fn memory_on_a_file_sent_away_stays_charged_until_the_receiver_exits() {
         (4 * MIB, 4 * MIB),
         "the driver still holds the 4 MiB through the receiver's fd"
     );
+    assert_eq!(rig.agent().snapshot().stats.orphaned_allocations, 1);
     // So the container can't allocate its whole limit again.
     let mut again = rig.spawn(&cg);
     let h2 = again.value("client", "client");
@@ -375,6 +376,7 @@ fn memory_on_a_file_sent_away_stays_charged_until_the_receiver_exits() {
         (0, 0),
         "the file closed with the receiver"
     );
+    assert_eq!(rig.agent().snapshot().stats.orphaned_allocations, 0);
 }
 
 /// As above, but the receiver issues no ioctl on the fd before the sender exits (the fd is
