@@ -26,7 +26,7 @@ use gpuwarden_agent_common::{
 };
 
 use crate::{
-    atomic::atomic_add,
+    atomic::{atomic_add, atomic_add32},
     budget, conf, config,
     events::{count, emit},
     maps::{ALLOCATIONS, CGROUP_MEMORY, CLIENTS, FILES, OBJECT_DEVICES, PROCS, SCRATCH_CLIENT},
@@ -524,7 +524,8 @@ fn free_allocation(tgid: u32, key: HandleKey) {
             if (*client_info).generation != allocation.client_generation {
                 return;
             }
-            (*client_info).orphans = (*client_info).orphans.saturating_sub(1);
+            // Atomic: another process's end may orphan on the same client meanwhile.
+            atomic_add32(&raw mut (*client_info).orphans, 1u32.wrapping_neg());
         }
         release_orphan(&allocation, tgid, client, object);
         return;
@@ -816,7 +817,7 @@ fn orphan(tgid: u32, key: HandleKey) {
         }
         (*allocation).tgid = 0;
         (*allocation).proc_generation = 0;
-        (*client_info).orphans += 1;
+        atomic_add32(&raw mut (*client_info).orphans, 1);
     }
 }
 
