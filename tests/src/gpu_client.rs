@@ -56,6 +56,7 @@
 //! | `kill-child` | `ok`: SIGKILL, then reaped |
 //! | `sleep <ms>` | `ok` |
 //! | `pid` | `ok pid=<n>` |
+//! | `exec` | none from this image: the process execs a fresh `gpu-client` with the same arguments (the fds it held close, being close-on-exec), which prints `ready pid=<n>` |
 //! | `exit` | none: exits 0 without freeing anything (the kernel closes the fds) |
 //!
 //! An fd is `ctl`, `uvm`, `gpu` (the node opened at start) or a number from `open`/`dup`. An RM

@@ -552,3 +552,54 @@ fn memory_on_a_file_sent_away_and_closed_stays_charged_until_the_receiver_closes
     wait_uncharged(&rig, &cg, "the receiver's close to release the 4 MiB");
     receiver.exit();
 }
+
+/// An exec closes the process's GPU fds (close-on-exec): the file it held alone closes, and the
+/// driver frees its memory.
+#[test]
+#[ignore = "needs root"]
+fn an_exec_releases_what_the_process_held_alone() {
+    require_root();
+    let rig = Rig::start("evexec");
+    let cg = rig.limited("evexec");
+    let (mut a, _, _, _) = allocating_sender(&rig, &cg);
+    a.send_only("exec");
+    let ready = a.reply();
+    assert!(ready.starts_with("ready pid="), "{ready}");
+    assert_eq!(charged(&rig, &cg), (0, 0));
+    a.exit();
+}
+
+/// A process sends its control fd away, then execs: its own fds close, but the file lives on in
+/// the receiver, and the driver's 4 MiB with it, until the receiver ends.
+#[test]
+#[ignore = "needs root"]
+fn memory_on_a_file_sent_away_stays_charged_through_the_senders_exec() {
+    require_root();
+    let rig = Rig::start("evorphanexec");
+    let cg = rig.limited("evorphanexec");
+    let receiver_cg = docker("evorphanexec-receiver");
+    let mut receiver = rig.spawn(&receiver_cg);
+    let dir = scratch("evorphanexec-sock");
+    let path = dir.path().join("fds.sock");
+    let socket = receiver.value(&format!("fd-socket {}", path.display()), "fd");
+    let (mut sender, sent, h, _) = allocating_sender(&rig, &cg);
+    sender.ok(&format!("send-fd {} {sent}", path.display()));
+    let fd = receiver.value(&format!("recv-fd {socket}"), "fd");
+    receiver.ok(&format!("use-ctl {fd}"));
+    receiver.ok(&format!("gpu-ids {h:#x}"));
+    sender.send_only("exec");
+    let ready = sender.reply();
+    assert!(ready.starts_with("ready pid="), "{ready}");
+    assert_eq!(
+        charged(&rig, &cg),
+        (4 * MIB, 4 * MIB),
+        "the receiver holds the file, and the driver the 4 MiB"
+    );
+    receiver.exit();
+    assert_eq!(
+        charged(&rig, &cg),
+        (0, 0),
+        "the file closed with the receiver"
+    );
+    sender.exit();
+}

@@ -362,6 +362,8 @@ pub enum Command {
     },
     /// `pid`.
     Pid,
+    /// `exec`.
+    Exec,
     /// `exit`.
     Exit,
 }
@@ -568,6 +570,7 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
             ms: args.number(0, "milliseconds")?,
         },
         "pid" => Command::Pid,
+        "exec" => Command::Exec,
         "exit" => Command::Exit,
         other => {
             return Err(ParseError::UnknownCommand {
@@ -615,6 +618,7 @@ const COMMANDS: &[&str] = &[
     "kill-child",
     "sleep",
     "pid",
+    "exec",
     "exit",
 ];
 
@@ -657,6 +661,7 @@ fn process_level(command: &Command) -> Option<&'static str> {
         Command::Child(_) => Some("child"),
         Command::WaitChild => Some("wait-child"),
         Command::KillChild => Some("kill-child"),
+        Command::Exec => Some("exec"),
         Command::Exit => Some("exit"),
         _ => None,
     }
@@ -836,6 +841,7 @@ impl Session {
             Command::WaitChild => self.wait_child(),
             Command::KillChild => self.kill_child(),
             Command::Exit => "err exit is handled by serve".to_owned(),
+            Command::Exec => exec_self(),
             other => execute(&mut self.client, other),
         }
     }
@@ -1216,12 +1222,23 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
         | Command::Child(_)
         | Command::WaitChild
         | Command::KillChild
+        | Command::Exec
         | Command::Exit => "err only a session runs process commands".to_owned(),
     }
 }
 
 /// Large enough for any `_IOC` size (14 bits) and any UVM params struct.
 const RAW_BUFFER: usize = 16 << 10;
+
+/// Replaces the process with a fresh `gpu-client` of the same arguments (its fds, opened
+/// close-on-exec as libcuda opens them, close); returns only the error if the exec failed.
+fn exec_self() -> String {
+    use std::os::unix::process::CommandExt as _;
+    let e = std::process::Command::new("/proc/self/exe")
+        .args(std::env::args_os().skip(1))
+        .exec();
+    errno_reply(&e)
+}
 
 fn ok() -> String {
     "ok".to_owned()
