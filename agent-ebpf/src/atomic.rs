@@ -19,3 +19,20 @@ pub unsafe fn atomic_add(p: *mut u64, value: u64) {
         );
     }
 }
+
+/// [`atomic_add`] on a 4-byte value (`lock *(u32 *)(dst + off) += src`).
+///
+/// # Safety
+/// `p` must point to a live, 4-byte aligned map value.
+#[inline(always)]
+pub unsafe fn atomic_add32(p: *mut u32, value: u32) {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        core::arch::asm!(
+            "lock *(u32 *)({p} + 0) += {v}",
+            p = in(reg) p,
+            v = in(reg) value,
+            options(nostack),
+        );
+    }
+}

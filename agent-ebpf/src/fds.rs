@@ -6,7 +6,8 @@
 //! agent configured. Copied by `dup`/`dup2`/`dup3`/`fcntl(F_DUPFD*)`, removed by `close` and
 //! `close_range`. A new fd number that is not a GPU node clears any stale entry left under that
 //! number. Each entry holds a reference on its open file: the last one gone releases the clients
-//! made through that file.
+//! made through that file, unless the kernel's own count of the file says someone the table
+//! doesn't follow holds it too (`memory::note_holders`, `memory::file_unref`).
 
 use aya_ebpf::{
     helpers::{
@@ -242,8 +243,25 @@ pub fn node_of_file(file: u64) -> Option<GpuNode> {
 #[tracepoint]
 pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
     let (tgid, _) = current();
-    forget(tgid, arg(&ctx, 0) as u32);
+    let fd = arg(&ctx, 0) as u32;
+    // Every close on the node comes here: one look-up tells the GPU fds.
+    // SAFETY: the value is copied out at once.
+    let Some(info) = (unsafe { GPU_FDS.get(&FdKey { tgid, fd }) }).copied() else {
+        return 0;
+    };
+    // Before the close, while the fd still holds its file: whether anyone else does.
+    memory::note_holders(info.file);
+    forget_in(tgid, fd, 0, false);
     0
+}
+
+/// [`memory::note_holders`] for the file of tracked fd `fd` of `tgid`, before the fd goes.
+#[inline(always)]
+pub fn note_holders(tgid: u32, fd: u32) {
+    // SAFETY: the value is copied out at once.
+    if let Some(info) = unsafe { GPU_FDS.get(&FdKey { tgid, fd }) }.copied() {
+        memory::note_holders(info.file);
+    }
 }
 
 #[tracepoint]
@@ -330,32 +348,39 @@ fn dup_exit(ctx: &TracePointContext) {
     }
 }
 
-/// Removes (tgid, fd) from the table; the last tracked fd of an open GPU file releases the
-/// clients made through it, as the driver frees them.
+/// Removes (tgid, fd), an fd the kernel has already closed, from the table; the last tracked fd
+/// of an open GPU file releases the clients made through it, as the driver frees them.
 #[inline(always)]
 pub fn forget(tgid: u32, fd: u32) {
-    forget_in(tgid, fd, 0);
+    forget_in(tgid, fd, 0, true);
 }
 
 /// [`forget`], giving the fd's budget entry back to `cgroup` (0: the process's cgroup, looked
-/// up; a process already released gives `cgroup` explicitly).
+/// up; a process already released gives `cgroup` explicitly). `closed`: the kernel closed the fd
+/// already; else [`note_holders`] ran before (see `memory::file_unref`).
 #[inline(always)]
-pub fn forget_in(tgid: u32, fd: u32, cgroup: u64) {
+pub fn forget_in(tgid: u32, fd: u32, cgroup: u64, closed: bool) {
     let key = FdKey { tgid, fd };
     // SAFETY: the value is copied out at once.
     let Some(info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
         return;
     };
     let _ = GPU_FDS.remove(&key);
+    let proc = PROCS.get_ptr_mut(&tgid);
     let cgroup = if cgroup != 0 {
         cgroup
     } else {
-        // SAFETY: the value is copied out at once.
-        unsafe { PROCS.get(&tgid) }.map_or(0, |p| p.cgroup)
+        // SAFETY: a live map value.
+        proc.map_or(0, |p| unsafe { (*p).cgroup })
     };
     budget::give(cgroup, table::FDS);
-    if info.file != 0 {
-        memory::file_unref(tgid, info.file);
+    if info.file != 0
+        && memory::file_unref(tgid, info.file, closed)
+        && let Some(p) = proc
+    {
+        // The file lives on, maybe with clients this process allocated on: its end looks.
+        // SAFETY: a live map value.
+        unsafe { (*p).outlived = 1 };
     }
 }
 
@@ -434,6 +459,8 @@ fn register(tgid: u32, fd: u32, node: GpuNode) -> Option<u64> {
         vidmem: [0; MEMORY_SLOTS],
         sysmem: 0,
         managed: 0,
+        outlived: 0,
+        _pad: 0,
     };
     match PROCS.insert(&tgid, &info, BPF_NOEXIST) {
         Ok(()) => {}

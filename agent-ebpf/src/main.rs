@@ -10,6 +10,7 @@
 //! - [`process`]: fork (copy the fd table), exec and exit (release what the process held);
 //! - [`budget`]: per-cgroup budgets of the tables a container can grow;
 //! - [`quota`]: GPU-memory limits at the allocating ioctl, GPU-node access of bound cgroups;
+//! - [`sweep`]: files kept for a holder the table doesn't follow, released once the kernel has;
 //! - [`uvm`]: managed memory, by the length of each `mmap` of the UVM node;
 //! - [`btf_walk`]: the task → fd → file → inode walk as direct loads the verifier types;
 //! - [`atomic`]: the atomic add every counter uses;
@@ -31,6 +32,7 @@ mod maps;
 mod memory;
 mod process;
 mod quota;
+mod sweep;
 mod uvm;
 
 use aya_ebpf::{EbpfContext as _, helpers::bpf_get_current_pid_tgid, programs::TracePointContext};

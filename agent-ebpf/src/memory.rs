@@ -5,11 +5,18 @@
 //! all three; freeing the client or ending the process subtracts their totals at once, since the
 //! driver frees everything under them without a per-object `RM_FREE`. Generation stamps let a
 //! later free of a stale entry (its client or process already gone) be told apart and ignored.
+//!
+//! The driver frees memory when it is freed, when its client is, or when the open file the
+//! client was made through is released; a process's end is no driver event. So an allocation of
+//! a process that ends while its client's file lives on (sent to another process, inherited by a
+//! child) becomes an orphan: it leaves its process's totals but stays charged to its cgroup,
+//! until it is freed or the file closes (see `orphan_held`).
 
 use core::ffi::c_void;
 
-use aya_ebpf::helpers::{bpf_for_each_map_elem, bpf_ktime_get_ns, bpf_loop};
+use aya_ebpf::helpers::{bpf_for_each_map_elem, bpf_ktime_get_ns, bpf_loop, bpf_probe_read_kernel};
 use gpuwarden_agent_common::{
+    config::file_refs,
     event::{Event, decode_error, kind},
     maps::{
         Allocation, CgroupDeviceKey, DEVICE_UNKNOWN, FILE_CLIENTS, FileRefs, HandleKey, MAX_GPUS,
@@ -19,8 +26,8 @@ use gpuwarden_agent_common::{
 };
 
 use crate::{
-    atomic::atomic_add,
-    budget, config,
+    atomic::{atomic_add, atomic_add32},
+    budget, conf, config,
     events::{count, emit},
     maps::{ALLOCATIONS, CGROUP_MEMORY, CLIENTS, FILES, OBJECT_DEVICES, PROCS, SCRATCH_CLIENT},
 };
@@ -65,7 +72,7 @@ pub fn new_client(tgid: u32, client: u32, file: u64) {
     // SAFETY: live map values; the scratch slot is this CPU's, with preemption off.
     unsafe {
         (*info).tgid = tgid;
-        (*info)._pad = 0;
+        (*info).orphans = 0;
         (*info).generation = bpf_ktime_get_ns();
         (*info).proc_generation = (*proc).generation;
         (*info).cgroup = (*proc).cgroup;
@@ -126,32 +133,100 @@ pub fn file_untracked(file: u64) {
     }
 }
 
-/// One tracked fd less refers to open file `file`; at none, the file is closed and the driver
-/// has freed the clients made through it with everything they held: release them.
+/// The references the kernel holds on open file `file` now (fds of any process, fds in flight
+/// in a socket, mappings, calls in progress), where its offsets tell.
 #[inline(always)]
-pub fn file_unref(tgid: u32, file: u64) {
+fn kernel_refs(file: u64) -> Option<u64> {
+    let kind = conf!(files.file_refs_kind);
+    if kind == file_refs::ABSENT {
+        return None;
+    }
+    let at = file + u64::from(conf!(files.file_refs));
+    // SAFETY: the helper faults safely on bad kernel pointers.
+    let raw: u64 = unsafe { bpf_probe_read_kernel(at as *const u64) }.ok()?;
+    file_refs::references(kind, raw)
+}
+
+/// Before tracked fds of `file` go while they still hold it (at `close` entry, and for every fd
+/// first at `close_range` and exit): notes whether someone the table doesn't follow holds the
+/// file too (`FileRefs::held`), so the last tracked fd's release keeps its clients counted.
+#[inline(always)]
+pub fn note_holders(file: u64) {
+    if file == 0 {
+        return;
+    }
     let Some(refs) = FILES.get_ptr_mut(&file) else {
         return;
     };
+    let Some(kernel) = kernel_refs(file) else {
+        return;
+    };
     // SAFETY: a live map value.
-    let (left, count, clients, untracked) = unsafe {
+    unsafe { (*refs).held = u32::from(kernel > u64::from((*refs).refs)) };
+}
+
+/// One tracked fd less refers to open file `file`; at none, the file is closed and the driver
+/// has freed the clients made through it with everything they held: release them. `closed`: the
+/// kernel has already closed the fd (exec, `dup2` over it, a reused number), so the file's own
+/// count tells whether anyone still holds it; else [`note_holders`] measured it before.
+/// Returns whether the file's entry lives on (its clients with it).
+#[inline(always)]
+pub fn file_unref(tgid: u32, file: u64, closed: bool) -> bool {
+    let Some(refs) = FILES.get_ptr_mut(&file) else {
+        return false;
+    };
+    // SAFETY: a live map value.
+    let (left, count, clients, untracked, noted) = unsafe {
         (*refs).refs = (*refs).refs.saturating_sub(1);
         (
             (*refs).refs,
             (*refs).count,
             (*refs).clients,
             (*refs).untracked,
+            (*refs).held,
         )
     };
     if left != 0 {
-        return;
+        return true;
+    }
+    let held = if conf!(files.file_refs_kind) == file_refs::ABSENT {
+        None
+    } else if closed {
+        kernel_refs(file).map(|k| k > 0)
+    } else {
+        Some(noted != 0)
+    };
+    match held {
+        // Someone the table doesn't follow holds the file, and the driver its clients: the
+        // entry stays (no tracked fd) for their orphans, until a tracked fd of it decides again.
+        Some(true) if count != 0 => {
+            // SAFETY: a live map value.
+            unsafe { (*refs).held = 1 };
+            return true;
+        }
+        Some(true) => {
+            let _ = FILES.remove(&file);
+            return false;
+        }
+        Some(false) => {}
+        // Without the kernel's count: an fd the table refused may still hold the file, and the
+        // driver frees its clients only at the file's last close: keep them counted (their
+        // process's end releases them).
+        None if untracked != 0 => {
+            let _ = FILES.remove(&file);
+            return false;
+        }
+        None => {}
     }
     let _ = FILES.remove(&file);
-    if untracked != 0 {
-        // An fd the table refused may still hold the file, and the driver frees its clients only
-        // at the file's last close: keep them counted (their process's end releases them).
-        return;
-    }
+    close_file(tgid, file, count, clients);
+    false
+}
+
+/// Open file `file` (its entry gone) closed, as `tgid` saw it (0: the sweep): releases the first
+/// `count` of `clients`, which the driver freed with it.
+#[inline(always)]
+fn close_file(tgid: u32, file: u64, count: u32, clients: [u32; FILE_CLIENTS]) {
     let mut closing = Closing {
         tgid,
         count,
@@ -168,6 +243,42 @@ pub fn file_unref(tgid: u32, file: u64) {
             0,
         );
     }
+}
+
+/// Releases the files kept past their last tracked fd (`FileRefs::held`) that the kernel has
+/// since released (the holder the table didn't follow closed them, or the mappings of an ended
+/// process went), with the clients the driver freed with them. Run by the agent's upkeep
+/// ([`crate::sweep::sweep_files`]).
+#[inline(always)]
+pub fn sweep_files() {
+    // SAFETY: as in `free`.
+    unsafe {
+        bpf_for_each_map_elem(
+            (&raw const FILES).cast_mut().cast(),
+            close_if_released as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        );
+    }
+}
+
+/// `bpf_for_each_map_elem` body over `FILES`: closes a kept file the kernel released.
+#[inline(never)]
+extern "C" fn close_if_released(
+    _map: *mut c_void,
+    key: *const u64,
+    value: *const FileRefs,
+    _ctx: *mut c_void,
+) -> i64 {
+    // SAFETY: the helper passes a live key and value.
+    let (file, refs) = unsafe { (*key, *value) };
+    if refs.refs != 0 || refs.held == 0 || kernel_refs(file) != Some(0) {
+        return 0;
+    }
+    if FILES.remove(&file).is_ok() {
+        close_file(0, file, refs.count, refs.clients);
+    }
+    0
 }
 
 /// Context of [`free_file_client`]: the clients of a file closed by `tgid`.
@@ -405,6 +516,20 @@ fn free_allocation(tgid: u32, key: HandleKey) {
     let Some(client_info) = CLIENTS.get_ptr_mut(&client) else {
         return;
     };
+    if allocation.tgid == 0 {
+        // An orphan: its process ended, the file held it; released with its client if that
+        // went first.
+        // SAFETY: a live map value.
+        unsafe {
+            if (*client_info).generation != allocation.client_generation {
+                return;
+            }
+            // Atomic: another process's end may orphan on the same client meanwhile.
+            atomic_add32(&raw mut (*client_info).orphans, 1u32.wrapping_neg());
+        }
+        release_orphan(&allocation, tgid, client, object);
+        return;
+    }
     let Some(proc) = PROCS.get_ptr_mut(&allocation.tgid) else {
         return;
     };
@@ -449,6 +574,61 @@ fn free_allocation(tgid: u32, key: HandleKey) {
     });
 }
 
+/// Subtracts orphan `allocation` (`handle` of `client`, its entry gone) from its cgroup, and
+/// reports it freed by `tgid` (0: with its client or file).
+#[inline(always)]
+fn release_orphan(allocation: &Allocation, tgid: u32, client: u32, handle: u32) {
+    add_cgroup(
+        allocation.cgroup,
+        allocation.device,
+        allocation.kind,
+        allocation.bytes.wrapping_neg(),
+    );
+    emit(Event {
+        kind: kind::FREE,
+        tgid,
+        cgroup: allocation.cgroup,
+        device: allocation.device,
+        bytes: allocation.bytes,
+        client,
+        handle,
+        ..Event::default()
+    });
+}
+
+/// What [`free_orphan_of`] looks for: orphans of `client` at `generation`, `left` of them.
+#[repr(C)]
+struct Orphans {
+    client: u32,
+    left: u32,
+    generation: u64,
+}
+
+/// `bpf_for_each_map_elem` body over `ALLOCATIONS`: releases an orphan of the freed client.
+#[inline(never)]
+extern "C" fn free_orphan_of(
+    _map: *mut c_void,
+    key: *const HandleKey,
+    value: *const Allocation,
+    ctx: *mut c_void,
+) -> i64 {
+    // SAFETY: the helper passes a live key, value and the context given to it.
+    let (key, value, orphans) = unsafe { (*key, *value, &mut *ctx.cast::<Orphans>()) };
+    if key.client != orphans.client
+        || value.tgid != 0
+        || value.client_generation != orphans.generation
+    {
+        return 0;
+    }
+    if ALLOCATIONS.remove(&key).is_ok() {
+        budget::give(value.cgroup, table::ALLOCATIONS);
+        release_orphan(&value, 0, key.client, key.handle);
+    }
+    orphans.left = orphans.left.saturating_sub(1);
+    // Stop once every orphan is found.
+    i64::from(orphans.left == 0)
+}
+
 /// Releases everything a client held.
 #[inline(always)]
 fn free_client(tgid: u32, client: u32) {
@@ -464,6 +644,23 @@ fn free_client(tgid: u32, client: u32) {
     };
     if CLIENTS.remove(&client).is_ok() {
         budget::give(info.cgroup, table::CLIENTS);
+    }
+    if info.orphans != 0 {
+        // The driver frees the allocations of ended processes with the client too.
+        let mut orphans = Orphans {
+            client,
+            left: info.orphans,
+            generation: info.generation,
+        };
+        // SAFETY: as in `free`.
+        unsafe {
+            bpf_for_each_map_elem(
+                (&raw const ALLOCATIONS).cast_mut().cast(),
+                free_orphan_of as *mut c_void,
+                (&raw mut orphans).cast(),
+                0,
+            );
+        }
     }
     let Some(proc) = PROCS.get_ptr_mut(&info.tgid) else {
         return;
@@ -508,8 +705,125 @@ fn free_client(tgid: u32, client: u32) {
     });
 }
 
-/// Releases everything a process held (it exited, or exec'd and so closed its GPU fds), and
-/// reports it as `event` (`PROCESS_EXIT` or `EXEC`).
+/// The process that ends, whose allocations [`orphan_if_held`] looks at.
+#[repr(C)]
+struct Ending {
+    tgid: u32,
+    _pad: u32,
+    generation: u64,
+}
+
+/// Before process `tgid` is released (it exits or exec'd, its fds forgotten): where it dropped
+/// a tracked fd of a file that lived on (`ProcInfo::outlived`), its allocations on clients that
+/// such a file still holds become orphans — out of the process's totals, still charged to its
+/// cgroup — released when they are freed, or their client or file is. Clients past the file's
+/// list (`FILE_CLIENTS`), or made through a file not known, go with the process as before.
+#[inline(always)]
+pub fn orphan_held(tgid: u32) {
+    // SAFETY: the value is copied out at once.
+    let Some(info) = (unsafe { PROCS.get(&tgid) }).copied() else {
+        return;
+    };
+    if info.outlived == 0 || (info.sysmem == 0 && info.vidmem.iter().all(|b| *b == 0)) {
+        return;
+    }
+    let mut ending = Ending {
+        tgid,
+        _pad: 0,
+        generation: info.generation,
+    };
+    // SAFETY: as in `free`.
+    unsafe {
+        bpf_for_each_map_elem(
+            (&raw const ALLOCATIONS).cast_mut().cast(),
+            orphan_if_held as *mut c_void,
+            (&raw mut ending).cast(),
+            0,
+        );
+    }
+}
+
+/// `bpf_for_each_map_elem` body over `ALLOCATIONS`: makes an allocation of the ending process an
+/// orphan if its client's file lives on and lists the client.
+#[inline(never)]
+extern "C" fn orphan_if_held(
+    _map: *mut c_void,
+    key: *const HandleKey,
+    value: *const Allocation,
+    ctx: *mut c_void,
+) -> i64 {
+    // SAFETY: the helper passes a live key, value and the context given to it.
+    let (key, ending) = unsafe { (*key, &*ctx.cast::<Ending>()) };
+    // SAFETY: as above.
+    let (tgid, proc_generation) = unsafe { ((*value).tgid, (*value).proc_generation) };
+    if tgid != ending.tgid || proc_generation != ending.generation {
+        return 0;
+    }
+    orphan(ending.tgid, key);
+    0
+}
+
+/// Makes allocation `key` of process `tgid` an orphan if its client's file lives on.
+#[inline(always)]
+fn orphan(tgid: u32, key: HandleKey) {
+    let (Some(client_info), Some(allocation), Some(proc)) = (
+        CLIENTS.get_ptr_mut(&key.client),
+        ALLOCATIONS.get_ptr_mut(&key),
+        PROCS.get_ptr_mut(&tgid),
+    ) else {
+        return;
+    };
+    // SAFETY: live map values.
+    let (generation, file, creator) = unsafe {
+        (
+            (*client_info).generation,
+            (*client_info).file,
+            (*client_info).tgid,
+        )
+    };
+    // SAFETY: a live map value.
+    let allocation_value = unsafe { *allocation };
+    if generation != allocation_value.client_generation || file == 0 {
+        return;
+    }
+    // SAFETY: a live map value, read at once.
+    let Some(refs) = (unsafe { FILES.get(&file) }) else {
+        return;
+    };
+    // The file's close releases only the clients it lists.
+    let mut listed = false;
+    for index in 0..FILE_CLIENTS {
+        if (index as u32) < refs.count && refs.clients[index] == key.client {
+            listed = true;
+        }
+    }
+    if !listed {
+        return;
+    }
+    let minus = allocation_value.bytes.wrapping_neg();
+    // SAFETY: live map values; the index is in bounds.
+    unsafe {
+        if allocation_value.kind == memory_kind::VIDEO {
+            let index = memory_slot(allocation_value.device);
+            atomic_add(&raw mut (*proc).vidmem[index], minus);
+            if creator == tgid {
+                atomic_add(&raw mut (*client_info).vidmem[index], minus);
+            }
+        } else {
+            atomic_add(&raw mut (*proc).sysmem, minus);
+            if creator == tgid {
+                atomic_add(&raw mut (*client_info).sysmem, minus);
+            }
+        }
+        (*allocation).tgid = 0;
+        (*allocation).proc_generation = 0;
+        atomic_add32(&raw mut (*client_info).orphans, 1);
+    }
+}
+
+/// Releases what a process still holds (it exited, or exec'd and so closed its GPU fds; its
+/// orphans left its totals before, `orphan_held`), and reports it as `event` (`PROCESS_EXIT` or
+/// `EXEC`).
 #[inline(always)]
 pub fn release_process(tgid: u32, event: u32) -> Option<ProcInfo> {
     // SAFETY: the value is copied out at once.

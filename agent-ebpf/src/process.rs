@@ -1,5 +1,6 @@
 //! Process lifetime: a forked child inherits its parent's GPU fds; exec and exit release what
-//! the process held.
+//! the process held, but for its allocations on clients whose open file lives on (orphans, see
+//! `memory::orphan_held`).
 //!
 //! `sched_process_fork` can't tell a new process from a new thread, so the clone flags are
 //! recorded at `clone`/`clone3` entry (only for processes that hold GPU fds). The tracepoint runs
@@ -79,7 +80,18 @@ extern "C" fn copy_fd(index: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
-/// bpf_loop body: removes fd `first + index` of the process (it exited, or closed a range).
+/// bpf_loop body: notes who else holds the file of fd `first + index` of the process, before
+/// any of the fds goes (a process may hold several fds of one file).
+#[inline(never)]
+extern "C" fn note_fd_holders(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the context its caller gave it.
+    let range = unsafe { &*ctx.cast::<FdRange>() };
+    fds::note_holders(range.tgid, range.first.wrapping_add(index as u32));
+    0
+}
+
+/// bpf_loop body: removes fd `first + index` of the process (it exited, or closed a range),
+/// after [`note_fd_holders`] went over the range.
 #[inline(never)]
 extern "C" fn forget_fd(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes back the context its caller gave it.
@@ -88,8 +100,30 @@ extern "C" fn forget_fd(index: u64, ctx: *mut c_void) -> i64 {
         range.tgid,
         range.first.wrapping_add(index as u32),
         range.cgroup,
+        false,
     );
     0
+}
+
+/// Goes over fds `range` of a process that still holds them: notes who else holds their files,
+/// then forgets them.
+#[inline(always)]
+fn forget_range(range: &mut FdRange, count: u32) {
+    // SAFETY: as in `sched_process_fork`.
+    unsafe {
+        bpf_loop(
+            count,
+            note_fd_holders as *mut c_void,
+            core::ptr::from_mut(range).cast(),
+            0,
+        );
+        bpf_loop(
+            count,
+            forget_fd as *mut c_void,
+            core::ptr::from_mut(range).cast(),
+            0,
+        );
+    }
 }
 
 /// bpf_loop body: after an exec, removes fd `index` if the kernel closed it (close-on-exec).
@@ -109,7 +143,11 @@ extern "C" fn forget_if_closed(index: u64, ctx: *mut c_void) -> i64 {
         return 0;
     };
     if info.file == 0 || fds::file_of_fd(fd) != Some(info.file) {
-        fds::forget_in(range.tgid, fd, range.cgroup);
+        fds::forget_in(range.tgid, fd, range.cgroup, true);
+    } else if let Some(p) = PROCS.get_ptr_mut(&range.tgid) {
+        // The fd survived exec, and with it its file and the clients made through it.
+        // SAFETY: a live map value.
+        unsafe { (*p).outlived = 1 };
     }
     0
 }
@@ -197,6 +235,8 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         vidmem: [0; MEMORY_SLOTS],
         sysmem: 0,
         managed: 0,
+        outlived: 0,
+        _pad: 0,
     };
     if PROCS.insert(&child, &info, 0).is_err() {
         budget::give(cgroup, table::PROCS);
@@ -242,49 +282,54 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     if !group_dead {
         return 0;
     }
-    if let Some(info) = memory::release_process(tgid, kind::PROCESS_EXIT) {
-        let mut range = FdRange {
-            tgid,
-            first: 0,
-            cgroup: info.cgroup,
-        };
-        // SAFETY: as in `sched_process_fork`.
-        unsafe {
-            bpf_loop(
-                fd_span(info.max_fd),
-                forget_fd as *mut c_void,
-                (&raw mut range).cast(),
-                0,
-            );
-        }
-    }
+    // SAFETY: the value is copied out at once.
+    let Some((cgroup, max_fd)) = (unsafe { PROCS.get(&tgid) }).map(|p| (p.cgroup, p.max_fd)) else {
+        return 0;
+    };
+    // The process still holds its fds here (they close after the tracepoint): the files that
+    // outlive them, and the clients the driver keeps with them, are told first, and its
+    // allocations on those clients left charged to its cgroup; the rest goes with it.
+    let mut range = FdRange {
+        tgid,
+        first: 0,
+        cgroup,
+    };
+    forget_range(&mut range, fd_span(max_fd));
+    memory::orphan_held(tgid);
+    memory::release_process(tgid, kind::PROCESS_EXIT);
     0
 }
 
 #[tracepoint]
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let (tgid, _) = current();
-    // The driver frees a client when its fd closes, and GPU fds are close-on-exec: what the
-    // process held is gone. The fds the kernel closed leave the table; those that survived
-    // exec stay (the agent re-checks them where the kernel's offsets are unknown).
-    if let Some(info) = memory::release_process(tgid, kind::EXEC) {
-        if config().files.valid != 0 {
-            let mut range = FdRange {
-                tgid,
-                first: 0,
-                cgroup: info.cgroup,
-            };
-            // SAFETY: as in `sched_process_fork`.
-            unsafe {
-                bpf_loop(
-                    fd_span(info.max_fd),
-                    forget_if_closed as *mut c_void,
-                    (&raw mut range).cast(),
-                    0,
-                );
-            }
+    // The driver frees a client when its file closes, and GPU fds are close-on-exec. The fds
+    // the kernel closed leave the table (each file's own count, read now, tells whether it
+    // closed); those that survived exec stay (the agent re-checks them where the kernel's
+    // offsets are unknown). The process's allocations on clients of files that live on stay
+    // charged to its cgroup; the rest of what it held goes.
+    // SAFETY: the value is copied out at once.
+    let Some((cgroup, max_fd)) = (unsafe { PROCS.get(&tgid) }).map(|p| (p.cgroup, p.max_fd)) else {
+        return 0;
+    };
+    if config().files.valid != 0 {
+        let mut range = FdRange {
+            tgid,
+            first: 0,
+            cgroup,
+        };
+        // SAFETY: as in `sched_process_fork`.
+        unsafe {
+            bpf_loop(
+                fd_span(max_fd),
+                forget_if_closed as *mut c_void,
+                (&raw mut range).cast(),
+                0,
+            );
         }
+        memory::orphan_held(tgid);
     }
+    memory::release_process(tgid, kind::EXEC);
     0
 }
 
@@ -311,14 +356,6 @@ pub fn sys_enter_close_range(ctx: TracePointContext) -> u32 {
         first,
         cgroup: 0,
     };
-    // SAFETY: as in `sched_process_fork`.
-    unsafe {
-        bpf_loop(
-            fd_span(last - first),
-            forget_fd as *mut c_void,
-            (&raw mut range).cast(),
-            0,
-        );
-    }
+    forget_range(&mut range, fd_span(last - first));
     0
 }

@@ -44,6 +44,7 @@
 //! | `dup-many <fd> <count>` | `ok first=<n> last=<n>`: `count` copies, left open, not held (fd limits raised as needed) |
 //! | `dup [<fd>]` | `ok fd=<n>`: the copy takes over the fd's role, so after `dup` (of `ctl`) RM calls go through the copy |
 //! | `close <fd>` | `ok` |
+//! | `map <fd> <length>` | `ok addr=0x…`: a shared mapping of the fd, left in place (as libcuda maps memory through a node) |
 //! | `close-range <first> <last>` | `ok`: `close_range(2)` of every fd in the range |
 //! | `use-ctl <fd>` | `ok`: RM calls go through `fd` (a node opened with `open`) from now on |
 //! | `dup-to <fd> <min>` | `ok fd=<n>`: `F_DUPFD_CLOEXEC` at or above `min` (the fd limit raised if needed); the copy takes over the fd's role |
@@ -55,6 +56,7 @@
 //! | `kill-child` | `ok`: SIGKILL, then reaped |
 //! | `sleep <ms>` | `ok` |
 //! | `pid` | `ok pid=<n>` |
+//! | `exec` | none from this image: the process execs a fresh `gpu-client` with the same arguments (the fds it held close, being close-on-exec), which prints `ready pid=<n>` |
 //! | `exit` | none: exits 0 without freeing anything (the kernel closes the fds) |
 //!
 //! An fd is `ctl`, `uvm`, `gpu` (the node opened at start) or a number from `open`/`dup`. An RM
@@ -1000,6 +1002,31 @@ impl GpuClient {
             // SAFETY: the reservation made above.
             unsafe { libc::munmap(base, len) };
             return Err(e);
+        }
+        Ok(addr as u64)
+    }
+
+    /// Maps `length` bytes of `fd` shared, as libcuda maps memory through a GPU node; the
+    /// mapping holds the file open until it is unmapped. Returns the address.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn map_fd(&self, fd: RawFd, length: u64) -> io::Result<u64> {
+        let len =
+            usize::try_from(length).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: a fresh mapping wherever the kernel puts it; nothing else uses it.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
         }
         Ok(addr as u64)
     }

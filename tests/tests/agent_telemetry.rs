@@ -222,12 +222,20 @@ fn dup_threads_and_fork_are_attributed() {
     assert_eq!(c.pids, pids);
     assert_eq!(ioctls(&c, "nvidiactl", "rm_alloc"), 5);
 
-    // The child's exit releases what it allocated, not the parent's.
+    // The child's exit frees nothing in the driver: its allocation is on the parent's client,
+    // which lives with the parent's file, so it stays counted (docs/accounting.md, "Releases").
     p.ok("child exit");
     let c = agent.container(&cg.path).unwrap();
-    assert_eq!(memory(&c, "nvidia0"), 6 * MIB);
+    assert_eq!(memory(&c, "nvidia0"), 14 * MIB);
+    assert_eq!(driver.fake.ledger()[0], 14 * MIB, "the driver's figure");
     assert_eq!(c.pids, vec![p.pid]);
     p.exit();
+    let c = agent.container(&cg.path).unwrap();
+    assert_eq!(
+        memory(&c, "nvidia0"),
+        0,
+        "the parent's exit closes the file"
+    );
 }
 
 /// One agent per node: a second one on the same state directory refuses to start, saying why.

@@ -76,6 +76,12 @@ pub struct FileOffsets {
     /// the `bpf_rdonly_cast` kfunc (see [`kfunc`]); zero: with a `bpf_probe_read_kernel` call per
     /// hop.
     pub slot_type: u32,
+    /// Offset of the open file's reference count (`file.f_ref`, or `file.f_count` before 6.13),
+    /// read where the programs decide whether a file outlives the fds they track.
+    pub file_refs: u32,
+    /// How [`Self::file_refs`] counts (one of [`file_refs`]); [`file_refs::ABSENT`] where the
+    /// kernel has neither member.
+    pub file_refs_kind: u32,
     /// 1 when the offsets were found; the programs then match GPU nodes by the opened file's
     /// device number, else by path.
     pub valid: u32,
@@ -95,8 +101,35 @@ impl FileOffsets {
         inode_ino: 0,
         sb_dev: 0,
         slot_type: 0,
+        file_refs: 0,
+        file_refs_kind: file_refs::ABSENT,
         valid: 0,
     };
+}
+
+/// How a kernel counts the references to an open file ([`FileOffsets::file_refs_kind`]).
+pub mod file_refs {
+    /// Not known: the programs can't tell whether a file outlives the fds they track.
+    pub const ABSENT: u32 = 0;
+    /// `file_ref_t f_ref` (6.13 and later, `include/linux/file_ref.h`): a live file's `refcnt`
+    /// is its references less one; from [`RELEASED`] up the file is released (dead).
+    pub const FILE_REF: u32 = 1;
+    /// `atomic_long_t f_count`: the references themselves.
+    pub const COUNT: u32 = 2;
+    /// `FILE_REF_RELEASED` (64-bit): a `refcnt` at or above it counts no reference.
+    pub const RELEASED: u64 = 0xc000_0000_0000_0000;
+
+    /// The references a raw counter of `kind` holds (`file_ref_read`), or `None` for
+    /// [`ABSENT`].
+    #[must_use]
+    pub const fn references(kind: u32, raw: u64) -> Option<u64> {
+        match kind {
+            FILE_REF => Some(if raw >= RELEASED { 0 } else { raw + 1 }),
+            // A negative count is no reference.
+            COUNT => Some(if raw.cast_signed() < 0 { 0 } else { raw }),
+            _ => None,
+        }
+    }
 }
 
 /// The kernel functions (kfuncs) the programs call. A Rust eBPF program can't name one (no
@@ -140,3 +173,23 @@ impl Default for Config {
 }
 
 pod!(Config, FileOffsets);
+
+#[cfg(test)]
+mod tests {
+    use super::file_refs::{ABSENT, COUNT, FILE_REF, RELEASED, references};
+
+    /// `file_ref_t` keeps references less one, and the zone from `FILE_REF_RELEASED` up (released,
+    /// dead, `FILE_REF_NOREF`) holds none (`include/linux/file_ref.h`, `file_ref_read`).
+    #[test]
+    fn the_kernels_file_counts_read_as_references() {
+        assert_eq!(references(FILE_REF, 0), Some(1));
+        assert_eq!(references(FILE_REF, 2), Some(3));
+        assert_eq!(references(FILE_REF, RELEASED), Some(0));
+        assert_eq!(references(FILE_REF, 0xe000_0000_0000_0000), Some(0));
+        assert_eq!(references(FILE_REF, u64::MAX), Some(0));
+        assert_eq!(references(COUNT, 2), Some(2));
+        assert_eq!(references(COUNT, 0), Some(0));
+        assert_eq!(references(COUNT, u64::MAX), Some(0));
+        assert_eq!(references(ABSENT, 5), None);
+    }
+}

@@ -123,7 +123,8 @@ pub struct FdInfo {
 }
 
 /// Clients made through one open GPU file, and how many tracked fds refer to it: when the last
-/// goes, the driver frees those clients with everything they hold.
+/// goes and nobody else holds the file, the driver frees those clients with everything they hold
+/// (held elsewhere, the entry stays with `refs` 0, see `held`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FileRefs {
@@ -134,9 +135,25 @@ pub struct FileRefs {
     /// Client handles made through the file (the first [`FILE_CLIENTS`]).
     pub clients: [u32; FILE_CLIENTS],
     /// 1 once an fd of the file was refused an entry in the fd table (its container past its fd
-    /// budget, or the table full): the file may outlive its tracked fds, so the last of them
-    /// releases nothing and its clients stay counted until their process ends.
+    /// budget, or the table full): the file may outlive its tracked fds. Decides only where the
+    /// kernel's count of the file can't be read (`FileOffsets::file_refs_kind` absent): the last
+    /// tracked fd then releases nothing and the clients stay counted until their process ends.
     pub untracked: u32,
+    /// 1 when, at the last decision (a `close`, `close_range`, exit or exec of a tracked fd),
+    /// the kernel counted more references to the file than tracked fds: someone the table
+    /// doesn't follow holds it (an fd not yet used for an ioctl, one in flight in a socket, a
+    /// mapping). The last tracked fd's close then keeps the entry (with `refs` 0), so the
+    /// clients' memory stays counted until the file is seen to close.
+    pub held: u32,
+}
+
+impl FileRefs {
+    /// Whether `client` is one of the clients the file's close releases.
+    #[must_use]
+    pub fn lists(&self, client: u32) -> bool {
+        let count = (self.count as usize).min(FILE_CLIENTS);
+        self.clients[..count].contains(&client)
+    }
 }
 
 /// Clients remembered per open file (more are released when their process ends).
@@ -253,6 +270,11 @@ pub struct ProcInfo {
     pub sysmem: u64,
     /// Managed (UVM) bytes mapped.
     pub managed: u64,
+    /// 1 once a file it dropped a tracked fd of lived on (another fd, a mapping or a socket
+    /// holds it): its end then looks for allocations to leave charged with the file (orphans).
+    pub outlived: u32,
+    /// Zero.
+    pub _pad: u32,
 }
 
 /// An RM client (root handle) that allocated memory.
@@ -261,8 +283,10 @@ pub struct ProcInfo {
 pub struct ClientInfo {
     /// The process that created it.
     pub tgid: u32,
-    /// Zero.
-    pub _pad: u32,
+    /// Allocations of processes that ended while the client's open file lived on ("orphans",
+    /// marked `tgid` 0 in `ALLOCATIONS`): the driver still holds them, so they stay charged to
+    /// their cgroup until they are freed, or the client is.
+    pub orphans: u32,
     /// Generation stamp of the client.
     pub generation: u64,
     /// Generation stamp of its process.
@@ -291,7 +315,8 @@ pub struct HandleKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Allocation {
-    /// Process that allocated it.
+    /// Process that allocated it; 0 once that process ended while the client's open file
+    /// lived on (an orphan, counted in `ClientInfo::orphans`, `proc_generation` 0 too).
     pub tgid: u32,
     /// GPU index.
     pub device: u32,

@@ -267,6 +267,10 @@ pub struct Stats {
     /// Table entries refused because their container held its budget.
     #[serde(default)]
     pub budget_refused: u64,
+    /// Allocations of processes that ended while the open file of their client lived on
+    /// ("orphans", docs/accounting.md "Releases"): still charged to their container.
+    #[serde(default)]
+    pub orphaned_allocations: u64,
     /// Whether the stream to the controller is up; `null` when the node runs on its own.
     #[serde(default)]
     pub controller_connected: Option<bool>,

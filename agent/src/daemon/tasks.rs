@@ -41,6 +41,10 @@ pub(super) async fn dispatch_events(
     }
 }
 
+/// How often the GPU files the programs kept for a holder they don't follow are swept (the
+/// garbage collection sweeps too): the longest a released file's memory stays counted.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Keeps the maps tidy and the published snapshot fresh: rescans the GPU device nodes (and
 /// cross-checks NVML's memory counts), collects garbage, publishes for metrics.
 pub(super) async fn upkeep(
@@ -56,6 +60,9 @@ pub(super) async fn upkeep(
     let mut publish = tokio::time::interval(Duration::from_secs(1));
     let mut rescan = tokio::time::interval(config.rescan_interval);
     let mut gc = tokio::time::interval(config.gc_interval);
+    // Files kept past their last tracked fd (a process's own mappings hold them at its exit
+    // tracepoint from kernel 6.16 on) count their memory until a sweep sees them released.
+    let mut sweep = tokio::time::interval(SWEEP_INTERVAL.min(config.gc_interval));
     let mut share_watch = metrics::share_watch::ShareWatch::default();
     loop {
         tokio::select! {
@@ -82,6 +89,11 @@ pub(super) async fn upkeep(
             }
             _ = gc.tick() => {
                 if telemetry.collect_garbage().await.is_err() {
+                    return;
+                }
+            }
+            _ = sweep.tick() => {
+                if telemetry.sweep_files().await.is_err() {
                     return;
                 }
             }

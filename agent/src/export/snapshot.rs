@@ -36,6 +36,7 @@ pub(crate) fn build(
         tracked_fds: counters.tracked_fds,
         tracked_processes: counters.tracked_processes,
         tracked_allocations: counters.tracked_allocations,
+        orphaned_allocations: counters.orphaned_allocations,
         budget_refused: counters.stat(stat::BUDGET_REFUSED),
         // Filled in by the daemon, which keeps those counters.
         usage_reports: 0,

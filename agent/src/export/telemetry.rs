@@ -133,8 +133,17 @@ impl Telemetry {
         );
     }
 
+    /// Releases the GPU files the programs kept for a holder they don't follow that the kernel
+    /// has since released (`Sensor::sweep_files`).
+    pub(crate) fn sweep_files(&self) {
+        self.sensor.sweep_files();
+    }
+
     /// Removes what the kernel can't see go away.
     pub(crate) fn collect_garbage(&mut self) {
+        // First the files the kernel released that the programs kept for a holder they don't
+        // follow: their clients go, so the pass below sees them gone.
+        self.sensor.sweep_files();
         let g = upkeep::collect_garbage(
             self.sensor.maps_mut(),
             &mut self.attributor,
@@ -205,6 +214,10 @@ impl State for Telemetry {
                 self.collect_garbage();
                 let _ = reply.send(());
             }
+            Request::SweepFiles(reply) => {
+                self.sweep_files();
+                let _ = reply.send(());
+            }
             // The task loop handles these itself.
             Request::Settled(_) | Request::Stop => {}
         }
@@ -220,6 +233,7 @@ enum Request {
     Counters(oneshot::Sender<Counters>),
     Rescan(oneshot::Sender<()>),
     CollectGarbage(oneshot::Sender<()>),
+    SweepFiles(oneshot::Sender<()>),
     Settled(oneshot::Sender<()>),
     Stop,
 }
@@ -281,6 +295,11 @@ impl TelemetryHandle {
     /// Collects the maps' garbage; returns once done.
     pub(crate) async fn collect_garbage(&self) -> Result<(), Stopped> {
         self.ask(Request::CollectGarbage).await
+    }
+
+    /// Sweeps the GPU files kept for a holder the programs don't follow; returns once done.
+    pub(crate) async fn sweep_files(&self) -> Result<(), Stopped> {
+        self.ask(Request::SweepFiles).await
     }
 
     /// Returns once every event handed over before is handled.

@@ -9,7 +9,7 @@
 
 use std::{collections::HashMap, path::Path};
 
-use gpuwarden_agent_common::config::FileOffsets;
+use gpuwarden_agent_common::config::{FileOffsets, file_refs};
 
 /// Why the offsets could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -222,6 +222,7 @@ impl Btf {
     /// # Errors
     /// A struct or member is missing.
     pub fn file_offsets(&self) -> Result<FileOffsets, BtfError> {
+        let (file_refs, file_refs_kind) = self.file_refs();
         Ok(FileOffsets {
             task_files: self.member_offset("task_struct", "files")?,
             files_fdt: self.member_offset("files_struct", "fdt")?,
@@ -235,8 +236,22 @@ impl Btf {
             sb_dev: self.member_offset("super_block", "s_dev")?,
             // Set once the kernel is seen to verify the typed walk (`Self::typed_walk`).
             slot_type: 0,
+            file_refs,
+            file_refs_kind,
             valid: 1,
         })
+    }
+
+    /// Where the open file's reference count is, and how it counts: `f_ref` (a `file_ref_t`,
+    /// 6.13 and later), else `f_count` (an `atomic_long_t`); `(0, ABSENT)` where neither is.
+    fn file_refs(&self) -> (u32, u32) {
+        if let Ok(at) = self.member_offset("file", "f_ref") {
+            (at, file_refs::FILE_REF)
+        } else if let Ok(at) = self.member_offset("file", "f_count") {
+            (at, file_refs::COUNT)
+        } else {
+            (0, file_refs::ABSENT)
+        }
     }
 
     /// What the typed walk needs (`agent-ebpf/src/btf_walk.rs`): the `bpf_rdonly_cast` kfunc and

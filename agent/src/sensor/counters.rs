@@ -58,6 +58,8 @@ pub(crate) struct Counters {
     pub tracked_processes: u64,
     /// Entries in the allocation table.
     pub tracked_allocations: u64,
+    /// Allocations of ended processes that their client's open file still holds (orphans).
+    pub orphaned_allocations: u64,
 }
 
 impl Counters {
@@ -132,6 +134,12 @@ pub(crate) fn read(maps: &TelemetryMaps) -> Counters {
         tracked_fds: maps.gpu_fds.keys().len() as u64,
         tracked_processes: procs.len() as u64,
         tracked_allocations: maps.allocations.keys().len() as u64,
+        orphaned_allocations: maps
+            .clients
+            .entries()
+            .iter()
+            .map(|(_, c)| u64::from(c.orphans))
+            .sum(),
     }
 }
 

@@ -29,7 +29,8 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{Array, HashMap, Map, MapData, MapError, RingBuf},
     programs::{
-        CgroupDevice, FEntry, KProbe, Lsm, ProgramError, ProgramFd, TracePoint, links::FdLink,
+        CgroupDevice, FEntry, KProbe, Lsm, ProgramError, ProgramFd, RawTracePoint,
+        RawTracePointRunOptions, TestRun as _, TracePoint, links::FdLink,
     },
 };
 use gpuwarden_agent_common::{
@@ -270,13 +271,22 @@ pub struct Sensor {
     gpu_majors: Array<MapData, u64>,
     /// GPU nodes are matched by the opened file.
     by_file: bool,
+    /// The sweep of files kept for holders the programs don't follow is loaded.
+    sweep: bool,
 }
+
+/// The program [`Sensor::sweep_files`] runs.
+const SWEEP_PROGRAM: &str = "sweep_files";
 
 impl Sensor {
     /// Probes the kernel, loads the programs with `alloc_event_min_bytes`, and attaches them.
     ///
     /// # Errors
     /// Any step that fails, naming the program or map.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the load's steps one after another, each a call already"
+    )]
     pub fn load(alloc_event_min_bytes: u64, pin_dir: Option<&Path>) -> Result<Self, SensorError> {
         raise_memlock_limit();
         let tracefs = tracefs::ensure_mounted()?;
@@ -319,6 +329,7 @@ impl Sensor {
             });
         }
         let memory_tier = choose_memory_tier(attach_lsm(&mut ebpf, pins.as_ref()));
+        let sweep = load_sweep(&mut ebpf);
         if memory_tier.0 == MemoryTier::LsmDeny {
             hooks.push(Hook {
                 program: LSM_PROGRAM.to_owned(),
@@ -378,7 +389,29 @@ impl Sensor {
             settings,
             gpu_majors,
             by_file: files.valid != 0,
+            sweep,
         })
+    }
+
+    /// Releases the open files the programs kept past their last tracked fd, for a holder they
+    /// don't follow, that the kernel has since released, with the clients (and memory) the
+    /// driver freed with them (`agent-ebpf/src/sweep.rs`).
+    pub(crate) fn sweep_files(&self) {
+        if !self.sweep {
+            return;
+        }
+        let ran = self
+            .ebpf
+            .program(SWEEP_PROGRAM)
+            .ok_or(ProgramError::NotLoaded)
+            .and_then(<&RawTracePoint>::try_from)
+            .and_then(|p| p.test_run(RawTracePointRunOptions::new()));
+        if let Err(e) = ran {
+            tracing::debug!(
+                "the sweep of kept GPU files did not run: {}",
+                error_chain(&e)
+            );
+        }
     }
 
     /// Whether GPU nodes are matched by the opened file (else by path).
@@ -725,6 +758,27 @@ fn load_device_program(ebpf: &mut Ebpf) -> Option<ProgramFd> {
                 "device access can't be enforced: the cgroup_device program did not load: {e}"
             );
             None
+        }
+    }
+}
+
+/// Loads the sweep (run, never attached); `false` (logged) where the kernel refuses it: files
+/// kept for a holder the programs don't follow then stay counted until a tracked fd of theirs
+/// closes.
+fn load_sweep(ebpf: &mut Ebpf) -> bool {
+    let loaded = ebpf
+        .program_mut(SWEEP_PROGRAM)
+        .ok_or(ProgramError::NotLoaded)
+        .and_then(<&mut RawTracePoint>::try_from)
+        .and_then(RawTracePoint::load);
+    match loaded {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(
+                "GPU files kept for a holder the programs don't follow are not swept: {}",
+                error_chain(&e)
+            );
+            false
         }
     }
 }

@@ -12,8 +12,8 @@ use std::{
 };
 
 use gpuwarden_agent_common::maps::{
-    CgroupDeviceKey, FdInfo, FdKey, FileId, GpuNode, IoctlKey, MEMORY_SLOTS, PATH_LEN, PathKey,
-    ProcInfo, kernel_dev, node_kind, table,
+    CgroupDeviceKey, ClientInfo, FdInfo, FdKey, FileId, FileRefs, GpuNode, IoctlKey, MEMORY_SLOTS,
+    PATH_LEN, PathKey, ProcInfo, kernel_dev, node_kind, table,
 };
 
 use super::maps::{MapError, TelemetryMaps};
@@ -222,6 +222,8 @@ pub(crate) fn seed(
                 vidmem: [0; MEMORY_SLOTS],
                 sysmem: 0,
                 managed: 0,
+                outlived: 0,
+                _pad: 0,
             };
             // Only where absent: the programs may have registered it meanwhile.
             if maps.procs.insert_new(tgid, info).is_ok() {
@@ -326,18 +328,9 @@ pub(crate) fn collect_garbage(
     // programs add during this pass is never judged against a read that predates its owner.
     let allocations = maps.allocations.entries();
     let objects = maps.object_devices.keys();
-    let files = maps.files.keys();
+    let files: HashMap<u64, FileRefs> = maps.files.entries().into_iter().collect();
     let clients = maps.clients.entries();
-    // A client is live while its creator is: the process read above with the same generation,
-    // or one registered since (not read above) that is alive.
-    let live_clients: HashMap<u32, u64> = clients
-        .iter()
-        .filter(|(_, c)| match procs.get(&c.tgid) {
-            Some(p) => p.generation == c.proc_generation,
-            None => alive(proc_root, c.tgid),
-        })
-        .map(|(h, c)| (*h, c.generation))
-        .collect();
+    let live_clients = live_clients(&clients, &procs, &files, proc_root);
     for (handle, client) in &clients {
         if !live_clients.contains_key(handle) && maps.clients.remove(handle).is_ok() {
             garbage.handles += 1;
@@ -358,14 +351,19 @@ pub(crate) fn collect_garbage(
         .collect();
     garbage.handles += remove_all(&stale_objects, |k| maps.object_devices.remove(k));
     // Open files no tracked fd refers to any more (their fds went unseen: exec, or past the
-    // fds the programs walk).
+    // fds the programs walk), unless the programs kept one that someone they don't follow
+    // holds (`FileRefs::held`), for the clients it keeps.
     let open: HashSet<u64> = maps
         .gpu_fds
         .entries()
         .into_iter()
         .map(|(_, info)| info.file)
         .collect();
-    let stale_files: Vec<u64> = files.into_iter().filter(|f| !open.contains(f)).collect();
+    let stale_files: Vec<u64> = files
+        .iter()
+        .filter(|(f, refs)| !open.contains(f) && (refs.held == 0 || refs.count == 0))
+        .map(|(f, _)| *f)
+        .collect();
     garbage.handles += remove_all(&stale_files, |k| maps.files.remove(k));
     // Mappings of processes that are gone (their bytes went with the process).
     let stale_mappings: Vec<_> = maps
@@ -397,6 +395,29 @@ pub(crate) fn collect_garbage(
     garbage.cgroups += age_out_idle(maps, &with_procs, idle, now);
     release_tables(maps, &released, &mut gone);
     garbage
+}
+
+/// The clients that are live, with their generations: a client is live while its creator is
+/// (the process read in `procs` with the same generation, or one registered since, not read
+/// there, that is alive), or while its open file is, when it holds allocations of ended
+/// processes (orphans: the file keeps them).
+fn live_clients(
+    clients: &[(u32, ClientInfo)],
+    procs: &HashMap<u32, ProcInfo>,
+    files: &HashMap<u64, FileRefs>,
+    proc_root: &Path,
+) -> HashMap<u32, u64> {
+    clients
+        .iter()
+        .filter(|(h, c)| {
+            let creator = match procs.get(&c.tgid) {
+                Some(p) => p.generation == c.proc_generation,
+                None => alive(proc_root, c.tgid),
+            };
+            creator || (c.orphans != 0 && files.get(&c.file).is_some_and(|f| f.lists(*h)))
+        })
+        .map(|(h, c)| (*h, c.generation))
+        .collect()
 }
 
 /// Adds the entries this pass removed, by cgroup, to what the agent released of each cgroup's

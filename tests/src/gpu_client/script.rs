@@ -307,6 +307,13 @@ pub enum Command {
         /// The fd to copy.
         fd: FdRef,
     },
+    /// `map <fd> <length>`.
+    Map {
+        /// The fd.
+        fd: FdRef,
+        /// Bytes.
+        length: u64,
+    },
     /// `close <fd>`.
     Close {
         /// The fd.
@@ -355,6 +362,8 @@ pub enum Command {
     },
     /// `pid`.
     Pid,
+    /// `exec`.
+    Exec,
     /// `exit`.
     Exit,
 }
@@ -511,6 +520,10 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
         "close" => Command::Close {
             fd: fd_ref(args.word(0, "fd")?)?,
         },
+        "map" => Command::Map {
+            fd: fd_ref(args.word(0, "fd")?)?,
+            length: args.size(1, "length")?,
+        },
         "close-range" => Command::CloseRange {
             first: args.u32(0, "first fd")?,
             last: args.u32(1, "last fd")?,
@@ -557,6 +570,7 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
             ms: args.number(0, "milliseconds")?,
         },
         "pid" => Command::Pid,
+        "exec" => Command::Exec,
         "exit" => Command::Exit,
         other => {
             return Err(ParseError::UnknownCommand {
@@ -592,6 +606,7 @@ const COMMANDS: &[&str] = &[
     "dup-many",
     "dup",
     "close",
+    "map",
     "close-range",
     "use-ctl",
     "dup-to",
@@ -603,6 +618,7 @@ const COMMANDS: &[&str] = &[
     "kill-child",
     "sleep",
     "pid",
+    "exec",
     "exit",
 ];
 
@@ -617,6 +633,7 @@ fn arity(command: &Command) -> usize {
         | Command::Subdevice { .. }
         | Command::IoctlRaw { .. }
         | Command::CloseRange { .. }
+        | Command::Map { .. }
         | Command::Open { .. }
         | Command::SendFd { .. }
         | Command::GetFd { .. }
@@ -644,6 +661,7 @@ fn process_level(command: &Command) -> Option<&'static str> {
         Command::Child(_) => Some("child"),
         Command::WaitChild => Some("wait-child"),
         Command::KillChild => Some("kill-child"),
+        Command::Exec => Some("exec"),
         Command::Exit => Some("exit"),
         _ => None,
     }
@@ -823,6 +841,7 @@ impl Session {
             Command::WaitChild => self.wait_child(),
             Command::KillChild => self.kill_child(),
             Command::Exit => "err exit is handled by serve".to_owned(),
+            Command::Exec => exec_self(),
             other => execute(&mut self.client, other),
         }
     }
@@ -1167,6 +1186,13 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
                 .and_then(|fd| client.close(fd))
                 .map(|()| ok()),
         ),
+        Command::Map { fd, length } => match resolve(client, *fd) {
+            Ok(fd) => match client.map_fd(fd, *length) {
+                Ok(addr) => format!("ok addr={addr:#x}"),
+                Err(e) => errno_reply(&e),
+            },
+            Err(e) => client_reply(Err(e)),
+        },
         Command::CloseRange { first, last } => match client.close_range(*first, *last) {
             Ok(()) => ok(),
             Err(e) => errno_reply(&e),
@@ -1196,12 +1222,23 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
         | Command::Child(_)
         | Command::WaitChild
         | Command::KillChild
+        | Command::Exec
         | Command::Exit => "err only a session runs process commands".to_owned(),
     }
 }
 
 /// Large enough for any `_IOC` size (14 bits) and any UVM params struct.
 const RAW_BUFFER: usize = 16 << 10;
+
+/// Replaces the process with a fresh `gpu-client` of the same arguments (its fds, opened
+/// close-on-exec as libcuda opens them, close); returns only the error if the exec failed.
+fn exec_self() -> String {
+    use std::os::unix::process::CommandExt as _;
+    let e = std::process::Command::new("/proc/self/exe")
+        .args(std::env::args_os().skip(1))
+        .exec();
+    errno_reply(&e)
+}
 
 fn ok() -> String {
     "ok".to_owned()

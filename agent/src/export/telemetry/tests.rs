@@ -36,7 +36,9 @@ impl State for Fake {
             Request::Snapshot { reply, .. } => {
                 let _ = reply.send(Snapshot::default());
             }
-            Request::Rescan(reply) | Request::CollectGarbage(reply) => {
+            Request::Rescan(reply)
+            | Request::CollectGarbage(reply)
+            | Request::SweepFiles(reply) => {
                 let _ = reply.send(());
             }
             Request::Settled(_) | Request::Stop => unreachable!("handled by the task"),

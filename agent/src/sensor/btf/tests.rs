@@ -116,4 +116,10 @@ fn the_running_kernel_has_the_file_offsets() {
     assert_ne!(offsets.fdt_max_fds, offsets.fdt_fd);
     assert_ne!(offsets.inode_rdev, offsets.inode_ino);
     assert!(offsets.task_files > 0 && offsets.task_files < 16 << 10);
+    assert_ne!(
+        offsets.file_refs_kind,
+        gpuwarden_agent_common::config::file_refs::ABSENT,
+        "the open file's reference count (f_ref or f_count) is found"
+    );
+    assert_ne!(offsets.file_refs, offsets.file_inode);
 }

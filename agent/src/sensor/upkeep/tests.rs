@@ -64,6 +64,8 @@ fn proc_info(cgroup: u64, generation: u64) -> ProcInfo {
         vidmem: [0; MEMORY_SLOTS],
         sysmem: 0,
         managed: 0,
+        outlived: 0,
+        _pad: 0,
     }
 }
 
@@ -135,7 +137,7 @@ fn garbage_of_processes_that_died_unseen_and_of_removed_cgroups_is_collected() {
     // Client 1 belongs to the live process, client 2 to the dead one.
     let client = |tgid: u32| ClientInfo {
         tgid,
-        _pad: 0,
+        orphans: 0,
         generation: 7,
         proc_generation: u64::from(tgid),
         cgroup: h.live_id,
@@ -474,7 +476,7 @@ fn a_client_of_a_process_registered_during_the_pass_is_kept() {
     // Pid 10 is alive but not in the process table (yet, as far as the pass read it).
     let info = ClientInfo {
         tgid: 10,
-        _pad: 0,
+        orphans: 0,
         generation: 7,
         proc_generation: 3,
         cgroup: h.live_id,
@@ -514,4 +516,64 @@ fn a_client_of_a_process_registered_during_the_pass_is_kept() {
     );
     assert!(fakes.clients.at(&1).is_none());
     assert!(fakes.allocations.at(&key).is_none());
+}
+
+/// A file the programs kept past its last tracked fd (someone they don't follow holds it) stays
+/// while it lists clients, and so do the clients holding allocations of ended processes
+/// (orphans) and those allocations: the driver keeps them with the file. A client of an ended
+/// process without orphans, and a kept file without clients, go as before.
+#[test]
+fn orphans_and_the_file_that_keeps_them_are_not_garbage() {
+    let mut h = host();
+    let fakes = Fakes::default();
+    let mut maps = fakes.maps();
+    let mut idle = Idle::default();
+    let ended = u32::MAX - 1;
+    let mut kept = FileRefs {
+        count: 1,
+        held: 1,
+        ..FileRefs::default()
+    };
+    kept.clients[0] = 5;
+    let empty = FileRefs {
+        held: 1,
+        ..FileRefs::default()
+    };
+    for (file, refs) in [(0xaa, kept), (0xbb, empty), (0xcc, FileRefs::default())] {
+        maps.files.insert(file, refs).unwrap();
+    }
+    let client = |orphans: u32| ClientInfo {
+        tgid: ended,
+        orphans,
+        generation: 7,
+        proc_generation: 1,
+        cgroup: h.live_id,
+        vidmem: [0; MEMORY_SLOTS],
+        sysmem: 0,
+        file: 0xaa,
+    };
+    maps.clients.insert(5, client(1)).unwrap();
+    maps.clients.insert(6, client(0)).unwrap();
+    let orphan = HandleKey {
+        client: 5,
+        handle: 9,
+    };
+    let allocation = Allocation {
+        client_generation: 7,
+        bytes: 4 << 20,
+        ..Allocation::default()
+    };
+    maps.allocations.insert(orphan, allocation).unwrap();
+    collect_garbage(
+        &mut maps,
+        &mut h.attributor,
+        &mut idle,
+        Path::new("/proc"),
+        Instant::now(),
+    );
+    assert!(fakes.files.at(&0xaa).is_some(), "the kept file");
+    assert!(fakes.files.at(&0xbb).is_none() && fakes.files.at(&0xcc).is_none());
+    assert!(fakes.clients.at(&5).is_some(), "the client with an orphan");
+    assert!(fakes.clients.at(&6).is_none(), "an ended process's client");
+    assert!(fakes.allocations.at(&orphan).is_some(), "the orphan");
 }
