@@ -331,6 +331,60 @@ fn charged(rig: &Rig, cg: &TestCgroup) -> (u64, u64) {
     (memory(&c, "nvidia0"), used(&c))
 }
 
+/// A sender in the bound container `cg` that allocated 4 MiB through its control fd (see
+/// [`allocating_sender`]), a receiver in another container, and the Unix socket the receiver
+/// listens on for that fd.
+fn handoff(rig: &Rig, cg: &TestCgroup, seed: &str) -> (Client, Client, Handoff) {
+    let receiver_cg = docker(&format!("{seed}-receiver"));
+    let mut receiver = rig.spawn(&receiver_cg);
+    let dir = scratch(&format!("{seed}-sock"));
+    let path = dir.path().join("fds.sock");
+    let socket = receiver.value(&format!("fd-socket {}", path.display()), "fd");
+    let (sender, sent, client, _) = allocating_sender(rig, cg);
+    let handoff = Handoff {
+        _receiver_cg: receiver_cg,
+        _dir: dir,
+        path,
+        socket,
+        sent,
+        client,
+    };
+    (sender, receiver, handoff)
+}
+
+/// The socket a [`handoff`]'s fd travels over, and what the sender made.
+struct Handoff {
+    /// Kept for the test's length: dropping a cgroup removes it.
+    _receiver_cg: TestCgroup,
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    /// The receiver's end.
+    socket: u64,
+    /// The sender's control fd.
+    sent: u64,
+    /// The client the sender allocated on.
+    client: u64,
+}
+
+impl Handoff {
+    /// The sender sends its control fd (`SCM_RIGHTS`).
+    fn send(&self, sender: &mut Client) {
+        sender.ok(&format!("send-fd {} {}", self.path.display(), self.sent));
+    }
+
+    /// The receiver takes it: its fd, on which it has issued no ioctl yet.
+    fn receive(&self, receiver: &mut Client) -> u64 {
+        receiver.value(&format!("recv-fd {}", self.socket), "fd")
+    }
+
+    /// The receiver issues an RM call through fd `fd` on the sender's client: from then on the
+    /// fd is in the agent's table.
+    fn use_in(&self, receiver: &mut Client, fd: u64) {
+        receiver.ok(&format!("use-ctl {fd}"));
+        receiver.ok(&format!("gpu-ids {:#x}", self.client));
+    }
+}
+
 /// A process allocates 4 MiB in its bound container, sends its control fd to a process of
 /// another container, which issues an ioctl on it, and exits: the file lives on in the
 /// receiver, and so does the driver's client with the 4 MiB, so the sender's container stays
@@ -342,16 +396,10 @@ fn memory_on_a_file_sent_away_stays_charged_until_the_receiver_exits() {
     require_root();
     let rig = Rig::start("evorphan");
     let cg = rig.limited("evorphan");
-    let receiver_cg = docker("evorphan-receiver");
-    let mut receiver = rig.spawn(&receiver_cg);
-    let dir = scratch("evorphan-sock");
-    let path = dir.path().join("fds.sock");
-    let socket = receiver.value(&format!("fd-socket {}", path.display()), "fd");
-    let (mut sender, sent, h, _) = allocating_sender(&rig, &cg);
-    sender.ok(&format!("send-fd {} {sent}", path.display()));
-    let fd = receiver.value(&format!("recv-fd {socket}"), "fd");
-    receiver.ok(&format!("use-ctl {fd}"));
-    receiver.ok(&format!("gpu-ids {h:#x}"));
+    let (mut sender, mut receiver, handoff) = handoff(&rig, &cg, "evorphan");
+    handoff.send(&mut sender);
+    let fd = handoff.receive(&mut receiver);
+    handoff.use_in(&mut receiver, fd);
     sender.exit();
     assert_eq!(
         charged(&rig, &cg),
@@ -388,23 +436,17 @@ fn memory_on_a_file_sent_away_before_any_ioctl_stays_charged_until_its_close() {
     require_root();
     let rig = Rig::start("evorphan2");
     let cg = rig.limited("evorphan2");
-    let receiver_cg = docker("evorphan2-receiver");
-    let mut receiver = rig.spawn(&receiver_cg);
-    let dir = scratch("evorphan2-sock");
-    let path = dir.path().join("fds.sock");
-    let socket = receiver.value(&format!("fd-socket {}", path.display()), "fd");
-    let (mut sender, sent, h, _) = allocating_sender(&rig, &cg);
-    sender.ok(&format!("send-fd {} {sent}", path.display()));
+    let (mut sender, mut receiver, handoff) = handoff(&rig, &cg, "evorphan2");
+    handoff.send(&mut sender);
     sender.exit();
     assert_eq!(
         charged(&rig, &cg),
         (4 * MIB, 4 * MIB),
         "the fd in flight holds the file, and the driver the 4 MiB"
     );
-    let fd = receiver.value(&format!("recv-fd {socket}"), "fd");
+    let fd = handoff.receive(&mut receiver);
     assert_eq!(charged(&rig, &cg), (4 * MIB, 4 * MIB));
-    receiver.ok(&format!("use-ctl {fd}"));
-    receiver.ok(&format!("gpu-ids {h:#x}"));
+    handoff.use_in(&mut receiver, fd);
     receiver.ok(&format!("close {fd}"));
     assert_eq!(charged(&rig, &cg), (0, 0), "the file's last close");
     receiver.exit();
@@ -455,15 +497,10 @@ fn memory_on_a_file_sent_away_is_released_when_its_untracked_holder_closes_it() 
     require_root();
     let rig = Rig::start("evorphan3");
     let cg = rig.limited("evorphan3");
-    let receiver_cg = docker("evorphan3-receiver");
-    let mut receiver = rig.spawn(&receiver_cg);
-    let dir = scratch("evorphan3-sock");
-    let path = dir.path().join("fds.sock");
-    let socket = receiver.value(&format!("fd-socket {}", path.display()), "fd");
-    let (mut sender, sent, _, _) = allocating_sender(&rig, &cg);
-    sender.ok(&format!("send-fd {} {sent}", path.display()));
+    let (mut sender, mut receiver, handoff) = handoff(&rig, &cg, "evorphan3");
+    handoff.send(&mut sender);
     sender.exit();
-    let fd = receiver.value(&format!("recv-fd {socket}"), "fd");
+    let fd = handoff.receive(&mut receiver);
     // Several sweeps pass while the receiver holds the file.
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(charged(&rig, &cg), (4 * MIB, 4 * MIB));
@@ -528,15 +565,10 @@ fn memory_on_a_file_sent_away_and_closed_stays_charged_until_the_receiver_closes
     require_root();
     let rig = Rig::start("evorphanclose");
     let cg = rig.limited("evorphanclose");
-    let receiver_cg = docker("evorphanclose-receiver");
-    let mut receiver = rig.spawn(&receiver_cg);
-    let dir = scratch("evorphanclose-sock");
-    let path = dir.path().join("fds.sock");
-    let socket = receiver.value(&format!("fd-socket {}", path.display()), "fd");
-    let (mut sender, sent, _, _) = allocating_sender(&rig, &cg);
-    sender.ok(&format!("send-fd {} {sent}", path.display()));
-    let fd = receiver.value(&format!("recv-fd {socket}"), "fd");
-    sender.ok(&format!("close {sent}"));
+    let (mut sender, mut receiver, handoff) = handoff(&rig, &cg, "evorphanclose");
+    handoff.send(&mut sender);
+    let fd = handoff.receive(&mut receiver);
+    sender.ok(&format!("close {}", handoff.sent));
     assert_eq!(
         charged(&rig, &cg),
         (4 * MIB, 4 * MIB),
@@ -577,16 +609,10 @@ fn memory_on_a_file_sent_away_stays_charged_through_the_senders_exec() {
     require_root();
     let rig = Rig::start("evorphanexec");
     let cg = rig.limited("evorphanexec");
-    let receiver_cg = docker("evorphanexec-receiver");
-    let mut receiver = rig.spawn(&receiver_cg);
-    let dir = scratch("evorphanexec-sock");
-    let path = dir.path().join("fds.sock");
-    let socket = receiver.value(&format!("fd-socket {}", path.display()), "fd");
-    let (mut sender, sent, h, _) = allocating_sender(&rig, &cg);
-    sender.ok(&format!("send-fd {} {sent}", path.display()));
-    let fd = receiver.value(&format!("recv-fd {socket}"), "fd");
-    receiver.ok(&format!("use-ctl {fd}"));
-    receiver.ok(&format!("gpu-ids {h:#x}"));
+    let (mut sender, mut receiver, handoff) = handoff(&rig, &cg, "evorphanexec");
+    handoff.send(&mut sender);
+    let fd = handoff.receive(&mut receiver);
+    handoff.use_in(&mut receiver, fd);
     sender.send_only("exec");
     let ready = sender.reply();
     assert!(ready.starts_with("ready pid="), "{ready}");
