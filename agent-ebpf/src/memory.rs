@@ -19,8 +19,9 @@ use gpuwarden_agent_common::{
     config::file_refs,
     event::{Event, decode_error, kind},
     maps::{
-        Allocation, CgroupDeviceKey, DEVICE_UNKNOWN, FILE_CLIENTS, FileRefs, HandleKey, MAX_GPUS,
-        MEMORY_SLOTS, ObjectInfo, ProcInfo, memory_kind, memory_slot, slot_device, stat, table,
+        Allocation, CgroupDeviceKey, ClientInfo, DEVICE_UNKNOWN, FILE_CLIENTS, FileRefs, HandleKey,
+        MAX_GPUS, MEMORY_SLOTS, ObjectInfo, ProcInfo, memory_kind, memory_slot, slot_device, stat,
+        table,
     },
     nvidia::esc,
 };
@@ -394,21 +395,16 @@ pub fn charge(tgid: u32, client: u32, handle: u32, what: Charge) {
     // A client's totals hold only its creator's bytes: another process's (a forked child's)
     // are released with that process, and must not be released twice with the client.
     let on_client = creator == tgid;
-    // SAFETY: live map values; the index is in bounds.
+    // SAFETY: live map values.
     unsafe {
-        if memory == memory_kind::VIDEO {
-            let index = memory_slot(device);
-            atomic_add(&raw mut (*proc).vidmem[index], bytes);
-            if on_client {
-                atomic_add(&raw mut (*client_info).vidmem[index], bytes);
-            }
-        } else {
-            atomic_add(&raw mut (*proc).sysmem, bytes);
-            if on_client {
-                atomic_add(&raw mut (*client_info).sysmem, bytes);
-            }
-        }
-    }
+        add_totals(
+            proc,
+            on_client.then_some(client_info),
+            memory,
+            device,
+            bytes,
+        )
+    };
     add_cgroup(cgroup, device, memory, bytes);
     if bytes >= config().alloc_event_min_bytes {
         emit(Event {
@@ -421,6 +417,37 @@ pub fn charge(tgid: u32, client: u32, handle: u32, what: Charge) {
             handle,
             ..Event::default()
         });
+    }
+}
+
+/// Adds `delta` (two's complement for a decrease) of `kind` memory on `device` to a process's
+/// totals, and to its client's where the process created the client (a client's totals hold
+/// only its creator's bytes).
+///
+/// # Safety
+/// `proc` and `client` point at live map values.
+#[inline(always)]
+unsafe fn add_totals(
+    proc: *mut ProcInfo,
+    client: Option<*mut ClientInfo>,
+    kind: u32,
+    device: u32,
+    delta: u64,
+) {
+    // SAFETY: the caller's; the index is in bounds.
+    unsafe {
+        if kind == memory_kind::VIDEO {
+            let index = memory_slot(device);
+            atomic_add(&raw mut (*proc).vidmem[index], delta);
+            if let Some(client) = client {
+                atomic_add(&raw mut (*client).vidmem[index], delta);
+            }
+        } else {
+            atomic_add(&raw mut (*proc).sysmem, delta);
+            if let Some(client) = client {
+                atomic_add(&raw mut (*client).sysmem, delta);
+            }
+        }
     }
 }
 
@@ -546,20 +573,15 @@ fn free_allocation(tgid: u32, key: HandleKey) {
         return;
     }
     let minus = allocation.bytes.wrapping_neg();
-    // SAFETY: live map values; the index is in bounds.
+    // SAFETY: live map values.
     unsafe {
-        if allocation.kind == memory_kind::VIDEO {
-            let index = memory_slot(allocation.device);
-            atomic_add(&raw mut (*proc).vidmem[index], minus);
-            if on_client {
-                atomic_add(&raw mut (*client_info).vidmem[index], minus);
-            }
-        } else {
-            atomic_add(&raw mut (*proc).sysmem, minus);
-            if on_client {
-                atomic_add(&raw mut (*client_info).sysmem, minus);
-            }
-        }
+        add_totals(
+            proc,
+            on_client.then_some(client_info),
+            allocation.kind,
+            allocation.device,
+            minus,
+        );
     }
     add_cgroup(allocation.cgroup, allocation.device, allocation.kind, minus);
     emit(Event {
@@ -801,20 +823,15 @@ fn orphan(tgid: u32, key: HandleKey) {
         return;
     }
     let minus = allocation_value.bytes.wrapping_neg();
-    // SAFETY: live map values; the index is in bounds.
+    // SAFETY: live map values.
     unsafe {
-        if allocation_value.kind == memory_kind::VIDEO {
-            let index = memory_slot(allocation_value.device);
-            atomic_add(&raw mut (*proc).vidmem[index], minus);
-            if creator == tgid {
-                atomic_add(&raw mut (*client_info).vidmem[index], minus);
-            }
-        } else {
-            atomic_add(&raw mut (*proc).sysmem, minus);
-            if creator == tgid {
-                atomic_add(&raw mut (*client_info).sysmem, minus);
-            }
-        }
+        add_totals(
+            proc,
+            (creator == tgid).then_some(client_info),
+            allocation_value.kind,
+            allocation_value.device,
+            minus,
+        );
         (*allocation).tgid = 0;
         (*allocation).proc_generation = 0;
         atomic_add32(&raw mut (*client_info).orphans, 1);
