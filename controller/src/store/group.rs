@@ -132,9 +132,9 @@ impl Group {
         tokio::spawn(async move {
             // Clears `committing` however the task ends (a panicking commit included), so the
             // next waiter starts another.
-            let running = Committing {
+            let mut running = Committing {
                 group: &group,
-                stopped: std::cell::Cell::new(false),
+                stopped: false,
             };
             while let Some(batch) = running.next_batch() {
                 group.commit(&kv, batch.0, batch.1).await;
@@ -208,18 +208,18 @@ struct Committing<'a> {
     group: &'a Group,
     /// `next_batch` found the queue empty and stopped the committer under the lock: another may
     /// run by now, and dropping this must not touch its flag.
-    stopped: std::cell::Cell<bool>,
+    stopped: bool,
 }
 
 /// A batch to commit: the queued changes, and a failed commit's writes to write with them.
 type Batch = (Vec<Entry>, (Vec<Write>, Vec<AfterCommit>));
 
 impl Committing<'_> {
-    fn next_batch(&self) -> Option<Batch> {
+    fn next_batch(&mut self) -> Option<Batch> {
         let mut q = self.group.queue();
         if q.entries.is_empty() {
             q.committing = false;
-            self.stopped.set(true);
+            self.stopped = true;
             return None;
         }
         let take = q.entries.len().min(self.group.most);
@@ -234,7 +234,7 @@ impl Committing<'_> {
 
 impl Drop for Committing<'_> {
     fn drop(&mut self) {
-        if !self.stopped.get() {
+        if !self.stopped {
             self.group.queue().committing = false;
         }
     }
