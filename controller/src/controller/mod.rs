@@ -458,11 +458,20 @@ impl Controller {
                 }
                 _ = liveness.tick(), if self.role.is_leader() => {
                     let timeout = i64::try_from(self.timing.heartbeat_timeout.as_millis()).unwrap_or(i64::MAX);
-                    match self.apply(|s| s.expire(now_ms(), timeout)).await {
-                        Ok(lost) => for node in lost {
-                            tracing::warn!(%node, "node lost: no heartbeat for {:?}", self.timing.heartbeat_timeout);
-                            lock(&self.agents).remove(&node);
-                        },
+                    let expire = |s: &mut Scheduler| {
+                        let now = now_ms();
+                        let lost = s.expire(now, timeout);
+                        let gangs = i64::from(s.config().gang_start_timeout_ms);
+                        (lost, s.expire_gangs(now, gangs))
+                    };
+                    match self.apply(expire).await {
+                        Ok((lost, releases)) => {
+                            for node in lost {
+                                tracing::warn!(%node, "node lost: no heartbeat for {:?}", self.timing.heartbeat_timeout);
+                                lock(&self.agents).remove(&node);
+                            }
+                            self.dispatch(releases);
+                        }
                         Err(e) => tracing::error!("persisting node loss: {e}"),
                     }
                 }

@@ -87,6 +87,46 @@ impl Scheduler {
         members
     }
 
+    /// Fails, whole, each gang placed longer than `timeout_ms` before `now_ms` with a member
+    /// its node has not yet acknowledged (Kueue's `waitForPodsReady`): a node that never answers
+    /// for one member would otherwise hold every member's devices for ever. A gang all of whose
+    /// members ran is never expired. The returned releases are for the members' nodes, to be
+    /// sent once the failures are stored. A `timeout_ms` of 0 expires nothing.
+    #[must_use = "the gang's members must be released on their nodes"]
+    pub fn expire_gangs(&mut self, now_ms: i64, timeout_ms: i64) -> Vec<Command> {
+        if timeout_ms <= 0 {
+            return Vec::new();
+        }
+        // One unacknowledged member past the timeout per gang names it.
+        let stuck: Vec<(String, Vec<String>)> = self
+            .gangs
+            .keys()
+            .filter_map(|(owner, name)| {
+                let members = self.live_members(owner, name);
+                let late = members.iter().find(|m| {
+                    m.state == SessionState::Scheduled && now_ms - m.updated_at_ms > timeout_ms
+                })?;
+                let why = format!(
+                    "gang {name} did not start whole within {} s: member {} was not acknowledged \
+                     by its node {}",
+                    timeout_ms / 1000,
+                    late.id,
+                    late.node.as_deref().unwrap_or("?"),
+                );
+                Some((why, members.iter().map(|m| m.id.clone()).collect()))
+            })
+            .collect();
+        let mut releases = Vec::new();
+        for (why, ids) in stuck {
+            for id in ids {
+                if let Some(node) = self.finish(&id, SessionState::Failed, &why) {
+                    releases.push(Command::Release { node, session: id });
+                }
+            }
+        }
+        releases
+    }
+
     /// Whether `owner` may add a member of `gang`: it is well formed, names the size its live
     /// members name, and the gang is not full.
     pub(super) fn check_gang(&self, owner: &str, gang: &Gang) -> Result<(), GangError> {

@@ -475,3 +475,82 @@ fn a_member_refused_after_its_gang_ran_fails_alone() {
     assert_eq!(state(&s, "p2"), SessionState::Failed);
     assert_eq!(state(&s, "p1"), SessionState::Running);
 }
+
+#[test]
+fn a_gang_whose_node_never_answers_for_a_member_fails_whole_after_the_start_timeout() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        gang_start_timeout_ms: 60_000,
+        ..SchedulerConfig::default()
+    });
+    s.register(report("n1", 2, &[]), &[]).unwrap();
+    s.register(report("n2", 2, &[]), &[]).unwrap();
+    members(&mut s, "u", "train", 3, &["g1", "g2", "g3"]);
+    let placed: Vec<(String, String)> = s
+        .pass()
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Allocate { node, session, .. } => Some((node, session)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(placed.len(), 3, "{placed:?}");
+    let node_of = |id: &str| placed.iter().find(|(_, s)| s == id).unwrap().0.clone();
+    // Two members start; g3's node says nothing.
+    s.ack(&node_of("g1"), "g1");
+    s.ack(&node_of("g2"), "g2");
+    let placed_at = s.sessions()["g3"].updated_at_ms;
+    assert!(s.expire_gangs(placed_at + 59_000, 60_000).is_empty());
+    assert_eq!(state(&s, "g1"), SessionState::Running);
+    let releases = s.expire_gangs(placed_at + 61_000, 60_000);
+    for id in ["g1", "g2", "g3"] {
+        assert_eq!(state(&s, id), SessionState::Failed, "{id}");
+        assert!(
+            reason(&s, id).contains("gang train did not start whole within 60 s")
+                && reason(&s, id).contains("member g3 was not acknowledged"),
+            "{}",
+            reason(&s, id)
+        );
+    }
+    let mut told: Vec<(String, String)> = releases
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Release { node, session } => Some((node, session)),
+            _ => None,
+        })
+        .collect();
+    told.sort();
+    let mut expected: Vec<(String, String)> = ["g1", "g2", "g3"]
+        .iter()
+        .map(|id| (node_of(id), (*id).to_owned()))
+        .collect();
+    expected.sort();
+    assert_eq!(told, expected);
+    assert_eq!(allocated(&s, "n1"), "0");
+    assert_eq!(allocated(&s, "n2"), "0");
+    // Expired once: nothing more to release.
+    assert!(s.expire_gangs(placed_at + 120_000, 60_000).is_empty());
+}
+
+#[test]
+fn a_gang_that_started_whole_and_a_timeout_of_zero_are_never_expired() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 4, &[]), &[]).unwrap();
+    members(&mut s, "u", "pair", 2, &["p1", "p2"]);
+    members(&mut s, "u", "slow", 2, &["q1", "q2"]);
+    let placed = s.pass();
+    assert_eq!(placed.len(), 4, "{placed:?}");
+    s.ack("n1", "p1");
+    s.ack("n1", "p2");
+    let later = s.sessions()["q1"].updated_at_ms + 3_600_000;
+    assert!(s.expire_gangs(later, 0).is_empty());
+    assert_eq!(state(&s, "q1"), SessionState::Scheduled);
+    let releases = s.expire_gangs(later, 60_000);
+    assert_eq!(
+        releases.len(),
+        2,
+        "only the gang that never started: {releases:?}"
+    );
+    assert_eq!(state(&s, "p1"), SessionState::Running);
+    assert_eq!(state(&s, "p2"), SessionState::Running);
+    assert_eq!(state(&s, "q2"), SessionState::Failed);
+}

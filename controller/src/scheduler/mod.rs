@@ -97,6 +97,9 @@ pub struct SchedulerConfig {
     pub quotas: quotas::QuotaConfig,
     /// Milliseconds a preempted workload has between SIGTERM and its kill (30 000).
     pub preemption_grace_ms: u32,
+    /// Milliseconds a placed gang may wait for its nodes to acknowledge every member before it
+    /// fails whole and its devices are released (300 000; 0: never).
+    pub gang_start_timeout_ms: u32,
     /// How long ended sessions are kept.
     pub retention: Retention,
     /// Workload classes whose usage profile every owner shares. Any other class a user's
@@ -130,6 +133,7 @@ impl Default for SchedulerConfig {
             limits: BTreeMap::new(),
             quotas: quotas::QuotaConfig::default(),
             preemption_grace_ms: 30_000,
+            gang_start_timeout_ms: 300_000,
             retention: Retention::default(),
             shared_classes: Vec::new(),
         }
