@@ -67,6 +67,30 @@ fn pass(s: &mut Scheduler) -> Vec<String> {
 }
 
 /// GPU shares allocated on `node`, over all its devices.
+/// The (node, session) of each `Allocate` among `commands`.
+fn allocations(commands: Vec<Command>) -> Vec<(String, String)> {
+    commands
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Allocate { node, session, .. } => Some((node, session)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The (node, session) of each `Release` among `commands`, sorted.
+fn released(commands: Vec<Command>) -> Vec<(String, String)> {
+    let mut told: Vec<(String, String)> = commands
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Release { node, session } => Some((node, session)),
+            _ => None,
+        })
+        .collect();
+    told.sort();
+    told
+}
+
 fn allocated(s: &Scheduler, node: &str) -> String {
     let total = s.nodes()[node]
         .allocator
@@ -421,14 +445,7 @@ fn a_member_refused_by_its_node_before_it_ran_fails_its_whole_gang() {
     s.register(report("n2", 2, &[]), &[]).unwrap();
     members(&mut s, "u", "train", 3, &["g1", "g2", "g3"]);
     // Placed, not yet acknowledged: g1 runs, g3's node refuses it.
-    let placed: Vec<(String, String)> = s
-        .pass()
-        .into_iter()
-        .filter_map(|c| match c {
-            Command::Allocate { node, session, .. } => Some((node, session)),
-            _ => None,
-        })
-        .collect();
+    let placed = allocations(s.pass());
     assert_eq!(placed.len(), 3, "{placed:?}");
     let node_of = |id: &str| placed.iter().find(|(_, s)| s == id).unwrap().0.clone();
     s.ack(&node_of("g1"), "g1");
@@ -444,14 +461,7 @@ fn a_member_refused_by_its_node_before_it_ran_fails_its_whole_gang() {
             reason(&s, id)
         );
     }
-    let mut told: Vec<(String, String)> = releases
-        .into_iter()
-        .filter_map(|c| match c {
-            Command::Release { node, session } => Some((node, session)),
-            _ => None,
-        })
-        .collect();
-    told.sort();
+    let told = released(releases);
     let mut expected = vec![
         (node_of("g1"), "g1".to_owned()),
         (node_of("g2"), "g2".to_owned()),
@@ -485,14 +495,7 @@ fn a_gang_whose_node_never_answers_for_a_member_fails_whole_after_the_start_time
     s.register(report("n1", 2, &[]), &[]).unwrap();
     s.register(report("n2", 2, &[]), &[]).unwrap();
     members(&mut s, "u", "train", 3, &["g1", "g2", "g3"]);
-    let placed: Vec<(String, String)> = s
-        .pass()
-        .into_iter()
-        .filter_map(|c| match c {
-            Command::Allocate { node, session, .. } => Some((node, session)),
-            _ => None,
-        })
-        .collect();
+    let placed = allocations(s.pass());
     assert_eq!(placed.len(), 3, "{placed:?}");
     let node_of = |id: &str| placed.iter().find(|(_, s)| s == id).unwrap().0.clone();
     // Two members start; g3's node says nothing.
@@ -511,14 +514,7 @@ fn a_gang_whose_node_never_answers_for_a_member_fails_whole_after_the_start_time
             reason(&s, id)
         );
     }
-    let mut told: Vec<(String, String)> = releases
-        .into_iter()
-        .filter_map(|c| match c {
-            Command::Release { node, session } => Some((node, session)),
-            _ => None,
-        })
-        .collect();
-    told.sort();
+    let told = released(releases);
     let mut expected: Vec<(String, String)> = ["g1", "g2", "g3"]
         .iter()
         .map(|id| (node_of(id), (*id).to_owned()))
