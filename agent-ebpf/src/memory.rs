@@ -466,15 +466,10 @@ pub fn free(tgid: u32, client: u32, object: u32) {
         // A device or subdevice goes with everything under it.
         let _ = OBJECT_DEVICES.remove(&key);
         let mut under = Under { client, object };
+        for_each_allocation(free_if_under, &mut under);
         // SAFETY: the callback and its context match the helper's contract; the map argument
         // is the map's definition, which the loader turns into the map.
         unsafe {
-            bpf_for_each_map_elem(
-                (&raw const ALLOCATIONS).cast_mut().cast(),
-                free_if_under as *mut c_void,
-                (&raw mut under).cast(),
-                0,
-            );
             bpf_for_each_map_elem(
                 (&raw const OBJECT_DEVICES).cast_mut().cast(),
                 forget_if_under as *mut c_void,
@@ -485,6 +480,25 @@ pub fn free(tgid: u32, client: u32, object: u32) {
         return;
     }
     free_allocation(tgid, key);
+}
+
+/// A `bpf_for_each_map_elem` body over `ALLOCATIONS`.
+type AllocationBody =
+    extern "C" fn(*mut c_void, *const HandleKey, *const Allocation, *mut c_void) -> i64;
+
+/// Calls `body` on every entry of `ALLOCATIONS`, with `ctx` as its context.
+#[inline(always)]
+fn for_each_allocation<C>(body: AllocationBody, ctx: &mut C) {
+    // SAFETY: `body` has the helper's callback signature for this map, and `ctx` outlives the
+    // call; the map argument is the map's definition, which the loader turns into the map.
+    unsafe {
+        bpf_for_each_map_elem(
+            (&raw const ALLOCATIONS).cast_mut().cast(),
+            body as *mut c_void,
+            core::ptr::from_mut(ctx).cast(),
+            0,
+        );
+    }
 }
 
 /// What [`free_if_under`] and [`forget_if_under`] look for: objects of `client` under `object`.
@@ -674,15 +688,7 @@ fn free_client(tgid: u32, client: u32) {
             left: info.orphans,
             generation: info.generation,
         };
-        // SAFETY: as in `free`.
-        unsafe {
-            bpf_for_each_map_elem(
-                (&raw const ALLOCATIONS).cast_mut().cast(),
-                free_orphan_of as *mut c_void,
-                (&raw mut orphans).cast(),
-                0,
-            );
-        }
+        for_each_allocation(free_orphan_of, &mut orphans);
     }
     let Some(proc) = PROCS.get_ptr_mut(&info.tgid) else {
         return;
@@ -754,15 +760,7 @@ pub fn orphan_held(tgid: u32) {
         _pad: 0,
         generation: info.generation,
     };
-    // SAFETY: as in `free`.
-    unsafe {
-        bpf_for_each_map_elem(
-            (&raw const ALLOCATIONS).cast_mut().cast(),
-            orphan_if_held as *mut c_void,
-            (&raw mut ending).cast(),
-            0,
-        );
-    }
+    for_each_allocation(orphan_if_held, &mut ending);
 }
 
 /// `bpf_for_each_map_elem` body over `ALLOCATIONS`: makes an allocation of the ending process an
