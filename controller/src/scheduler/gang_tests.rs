@@ -91,6 +91,26 @@ fn released(commands: Vec<Command>) -> Vec<(String, String)> {
     told
 }
 
+/// `u`'s gang `train` of three one-GPU members (`g1`..`g3`) placed over two nodes of two GPUs,
+/// not yet acknowledged; where each went.
+fn gang_of_three_placed(config: SchedulerConfig) -> (Scheduler, Vec<(String, String)>) {
+    let mut s = Scheduler::new(config);
+    s.register(report("n1", 2, &[]), &[]).unwrap();
+    s.register(report("n2", 2, &[]), &[]).unwrap();
+    members(&mut s, "u", "train", 3, &["g1", "g2", "g3"]);
+    let placed = allocations(s.pass());
+    assert_eq!(placed.len(), 3, "{placed:?}");
+    (s, placed)
+}
+
+/// The node `placed` put session `id` on.
+fn node_of(placed: &[(String, String)], id: &str) -> String {
+    let Some((node, _)) = placed.iter().find(|(_, s)| s == id) else {
+        panic!("{id} was not placed: {placed:?}");
+    };
+    node.clone()
+}
+
 fn allocated(s: &Scheduler, node: &str) -> String {
     let total = s.nodes()[node]
         .allocator
@@ -440,14 +460,9 @@ fn a_waiting_gang_within_its_guarantee_reclaims_room_for_all_its_members() {
 
 #[test]
 fn a_member_refused_by_its_node_before_it_ran_fails_its_whole_gang() {
-    let mut s = Scheduler::new(SchedulerConfig::default());
-    s.register(report("n1", 2, &[]), &[]).unwrap();
-    s.register(report("n2", 2, &[]), &[]).unwrap();
-    members(&mut s, "u", "train", 3, &["g1", "g2", "g3"]);
+    let (mut s, placed) = gang_of_three_placed(SchedulerConfig::default());
+    let node_of = |id: &str| node_of(&placed, id);
     // Placed, not yet acknowledged: g1 runs, g3's node refuses it.
-    let placed = allocations(s.pass());
-    assert_eq!(placed.len(), 3, "{placed:?}");
-    let node_of = |id: &str| placed.iter().find(|(_, s)| s == id).unwrap().0.clone();
     s.ack(&node_of("g1"), "g1");
     let releases = s.nack(&node_of("g3"), "g3", "InvalidQuota", "no such cgroup");
     assert_eq!(state(&s, "g3"), SessionState::Failed);
@@ -488,16 +503,11 @@ fn a_member_refused_after_its_gang_ran_fails_alone() {
 
 #[test]
 fn a_gang_whose_node_never_answers_for_a_member_fails_whole_after_the_start_timeout() {
-    let mut s = Scheduler::new(SchedulerConfig {
+    let (mut s, placed) = gang_of_three_placed(SchedulerConfig {
         gang_start_timeout_ms: 60_000,
         ..SchedulerConfig::default()
     });
-    s.register(report("n1", 2, &[]), &[]).unwrap();
-    s.register(report("n2", 2, &[]), &[]).unwrap();
-    members(&mut s, "u", "train", 3, &["g1", "g2", "g3"]);
-    let placed = allocations(s.pass());
-    assert_eq!(placed.len(), 3, "{placed:?}");
-    let node_of = |id: &str| placed.iter().find(|(_, s)| s == id).unwrap().0.clone();
+    let node_of = |id: &str| node_of(&placed, id);
     // Two members start; g3's node says nothing.
     s.ack(&node_of("g1"), "g1");
     s.ack(&node_of("g2"), "g2");
