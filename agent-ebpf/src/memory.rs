@@ -568,7 +568,7 @@ fn free_allocation(tgid: u32, key: HandleKey) {
             // Atomic: another process's end may orphan on the same client meanwhile.
             atomic_add32(&raw mut (*client_info).orphans, 1u32.wrapping_neg());
         }
-        release_orphan(&allocation, tgid, client, object);
+        uncharge(&allocation, tgid, client, object);
         return;
     }
     let Some(proc) = PROCS.get_ptr_mut(&allocation.tgid) else {
@@ -597,23 +597,13 @@ fn free_allocation(tgid: u32, key: HandleKey) {
             minus,
         );
     }
-    add_cgroup(allocation.cgroup, allocation.device, allocation.kind, minus);
-    emit(Event {
-        kind: kind::FREE,
-        tgid,
-        cgroup: allocation.cgroup,
-        device: allocation.device,
-        bytes: allocation.bytes,
-        client,
-        handle: object,
-        ..Event::default()
-    });
+    uncharge(&allocation, tgid, client, object);
 }
 
-/// Subtracts orphan `allocation` (`handle` of `client`, its entry gone) from its cgroup, and
-/// reports it freed by `tgid` (0: with its client or file).
+/// Subtracts `allocation` (`handle` of `client`, its entry gone) from its cgroup, and reports it
+/// freed by `tgid` (0: an orphan, with its client or file).
 #[inline(always)]
-fn release_orphan(allocation: &Allocation, tgid: u32, client: u32, handle: u32) {
+fn uncharge(allocation: &Allocation, tgid: u32, client: u32, handle: u32) {
     add_cgroup(
         allocation.cgroup,
         allocation.device,
@@ -658,7 +648,7 @@ extern "C" fn free_orphan_of(
     }
     if ALLOCATIONS.remove(&key).is_ok() {
         budget::give(value.cgroup, table::ALLOCATIONS);
-        release_orphan(&value, 0, key.client, key.handle);
+        uncharge(&value, 0, key.client, key.handle);
     }
     orphans.left = orphans.left.saturating_sub(1);
     // Stop once every orphan is found.
