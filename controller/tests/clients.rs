@@ -180,24 +180,12 @@ async fn counted_past(reason: DenialReason, before: u64) -> bool {
 /// Registers node-1 with two GPUs; the future that then holds its stream and acks every
 /// allocation.
 async fn fake_agent(channel: Channel) -> impl Future<Output = ()> {
-    let (tx, mut inbound) = gpuwarden_test_support::node::connect_with(
+    let (tx, inbound) = gpuwarden_test_support::node::connect_with(
         AgentServiceClient::new(channel),
         gpuwarden_test_support::node::with_two_gpus("node-1"),
     )
     .await;
-    async move {
-        while let Some(Ok(message)) = inbound.next().await {
-            if let Some(pb::controller_message::Msg::Allocate(a)) = message.msg {
-                let _ = tx
-                    .send(pb::AgentMessage {
-                        msg: Some(pb::agent_message::Msg::Ack(pb::AllocationAck {
-                            session_id: a.session_id,
-                        })),
-                    })
-                    .await;
-            }
-        }
-    }
+    gpuwarden_test_support::node::acknowledge_all(tx, inbound, |_| {})
 }
 
 /// The session ids the allocation map shows `token`'s caller, once `expected` many are there.

@@ -9,29 +9,15 @@ use common::{gpuwarden, json};
 
 use std::time::Duration;
 
-use gpuwarden_proto::v1 as pb;
-use tokio_stream::StreamExt;
-
 const NODE: &str = "node-gang";
 
 async fn fake_agent(url: String) {
-    let (tx, mut inbound) = gpuwarden_test_support::node::connect(
+    let (tx, inbound) = gpuwarden_test_support::node::connect(
         &url,
         gpuwarden_test_support::node::with_fake_gpus(NODE, 2),
     )
     .await;
-    while let Some(Ok(message)) = inbound.next().await {
-        let Some(pb::controller_message::Msg::Allocate(a)) = message.msg else {
-            continue;
-        };
-        let _ = tx
-            .send(pb::AgentMessage {
-                msg: Some(pb::agent_message::Msg::Ack(pb::AllocationAck {
-                    session_id: a.session_id.clone(),
-                })),
-            })
-            .await;
-    }
+    gpuwarden_test_support::node::acknowledge_all(tx, inbound, |_| {}).await;
 }
 
 /// Creates a member of gang `pair` (of 2), a whole GPU; returns its id.

@@ -10,7 +10,6 @@ mod common;
 use std::{process::Command, sync::mpsc};
 
 use gpuwarden_proto::v1 as pb;
-use tokio_stream::StreamExt;
 
 const NODE: &str = "node-share";
 /// Reports the controller's mean covers (`profile::RECENT`).
@@ -22,24 +21,18 @@ async fn agent(
     url: String,
     allocated: mpsc::Sender<String>,
 ) -> tokio::sync::mpsc::Sender<pb::AgentMessage> {
-    let (tx, mut inbound) = gpuwarden_test_support::node::connect(
+    let (tx, inbound) = gpuwarden_test_support::node::connect(
         &url,
         gpuwarden_test_support::node::with_fake_gpus(NODE, 2),
     )
     .await;
-    let acks = tx.clone();
-    tokio::spawn(async move {
-        while let Some(Ok(message)) = inbound.next().await {
-            let Some(pb::controller_message::Msg::Allocate(a)) = message.msg else {
-                continue;
-            };
-            let ack = pb::agent_message::Msg::Ack(pb::AllocationAck {
-                session_id: a.session_id.clone(),
-            });
-            let _ = acks.send(pb::AgentMessage { msg: Some(ack) }).await;
-            let _ = allocated.send(a.session_id);
-        }
-    });
+    tokio::spawn(gpuwarden_test_support::node::acknowledge_all(
+        tx.clone(),
+        inbound,
+        move |a| {
+            let _ = allocated.send(a.session_id.clone());
+        },
+    ));
     tx
 }
 

@@ -144,6 +144,28 @@ pub async fn connect_with(
     (tx, inbound)
 }
 
+/// Plays an agent that starts everything it is given: acknowledges every `Allocate` on
+/// `inbound` through `tx`, then tells `allocated` of it, until the stream ends.
+pub async fn acknowledge_all(
+    tx: tokio::sync::mpsc::Sender<pb::AgentMessage>,
+    mut inbound: tonic::Streaming<pb::ControllerMessage>,
+    mut allocated: impl FnMut(&pb::Allocate),
+) {
+    use tokio_stream::StreamExt as _;
+    while let Some(Ok(message)) = inbound.next().await {
+        let Some(pb::controller_message::Msg::Allocate(a)) = message.msg else {
+            continue;
+        };
+        let ack = pb::agent_message::Msg::Ack(pb::AllocationAck {
+            session_id: a.session_id.clone(),
+        });
+        if tx.send(pb::AgentMessage { msg: Some(ack) }).await.is_err() {
+            break;
+        }
+        allocated(&a);
+    }
+}
+
 async fn agent_client(url: &str) -> AgentServiceClient<tonic::transport::Channel> {
     let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
         .expect("a URL")
