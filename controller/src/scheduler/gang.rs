@@ -16,7 +16,7 @@ use super::{
     Command, Scheduler,
     pass::Verdict,
     quotas::Requester,
-    reclaim::{Reclaim, Reclaimable, plan},
+    reclaim::{Reclaim, Reclaimable},
 };
 use crate::{
     allocator::{GpuRequest, Strategy},
@@ -47,6 +47,13 @@ pub(super) enum GangState {
     },
     /// All members exist; these are pending, in arrival order.
     Ready(Vec<String>),
+}
+
+/// What `members` ask for together: a gang asks, and yields, as one session.
+pub(super) fn summed(members: &[&Session]) -> ResourceSlot {
+    members.iter().fold(ResourceSlot::new(), |acc, m| {
+        acc.checked_add(&m.requested).unwrap_or(acc)
+    })
 }
 
 impl Scheduler {
@@ -284,24 +291,16 @@ impl Scheduler {
             .filter_map(|id| self.sessions.get(id))
             .collect();
         let first = waiting.first()?.id.clone();
-        let request = waiting.iter().fold(ResourceSlot::new(), |acc, m| {
-            acc.checked_add(&m.requested).unwrap_or(acc)
-        });
+        let request = summed(&waiting);
         let priority = waiting.iter().map(|m| m.priority).max()?;
         let asker = Requester {
             queue,
             priority,
             request: &request,
         };
-        let waits = |w: &str| self.waits(w);
-        let plan = plan(
-            &self.config.quotas,
-            known,
-            held,
-            (&first, asker),
-            waits,
-            |freed| self.all_fit_freeing(&waiting, freed),
-        )?;
+        let plan = self.plan_for(known, held, (&first, asker), |freed| {
+            self.all_fit_freeing(&waiting, freed)
+        })?;
         Some(self.carry_out(known, &first, queue, plan))
     }
 

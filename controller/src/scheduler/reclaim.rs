@@ -146,9 +146,7 @@ impl Scheduler {
                     }
                     Some(_) => continue,
                 };
-                let requested = members.iter().fold(ResourceSlot::new(), |acc, m| {
-                    acc.checked_add(&m.requested).unwrap_or(acc)
-                });
+                let requested = super::gang::summed(&members);
                 known.candidates.push(Candidate {
                     id: s.id.clone(),
                     queue: quotas.queue_of(&s.owner).map(str::to_owned),
@@ -255,15 +253,7 @@ impl Scheduler {
             priority,
             request: &request,
         };
-        let waits = |w: &str| self.waits(w);
-        let plan = plan(
-            &self.config.quotas,
-            known,
-            held,
-            (id, asker),
-            waits,
-            fits_freeing,
-        )?;
+        let plan = self.plan_for(known, held, (id, asker), fits_freeing)?;
         Some(self.carry_out(known, id, queue, plan))
     }
 
@@ -272,6 +262,25 @@ impl Scheduler {
         self.sessions
             .get(id)
             .is_some_and(|s| s.state == SessionState::Pending)
+    }
+
+    /// [`plan`] for `waiter` under this scheduler's team queues, counting as freed for it the
+    /// in-flight victims earmarked for it or for a session that no longer waits.
+    pub(super) fn plan_for(
+        &self,
+        known: &Reclaimable,
+        held: &BTreeMap<Option<String>, ResourceSlot>,
+        asking: (&str, Requester<'_>),
+        fits: impl Fn(&[(&str, &str, &ResourceSlot)]) -> bool,
+    ) -> Option<Plan> {
+        plan(
+            &self.config.quotas,
+            known,
+            held,
+            asking,
+            |w| self.waits(w),
+            fits,
+        )
     }
 
     /// Carries `plan` out for waiting session `waiter` (of `queue`): marks the victims (every
