@@ -22,7 +22,9 @@ use gpuwarden_proto::v1::{
 use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::scratch;
 use tonic::transport::Channel;
-use util::cluster::{TestBackend, TestNode, eventually, state_of, wait_nodes, wait_state};
+use util::cluster::{
+    TestBackend, TestNode, assert_not_overcommitted, eventually, state_of, wait_nodes, wait_state,
+};
 
 type Client = SchedulerServiceClient<Channel>;
 
@@ -97,35 +99,11 @@ async fn list(c: &mut Client) -> Vec<pb::Session> {
         .sessions
 }
 
-/// Asserts no device holds more than a whole GPU's shares, from the sessions that hold
-/// resources; returns the shares allocated in all.
-async fn assert_not_overcommitted(c: &mut Client) -> ResourceSlot {
-    let mut per_device: std::collections::BTreeMap<String, ResourceSlot> =
-        std::collections::BTreeMap::new();
-    for s in list(c).await {
-        let holds =
-            s.state == SessionState::Scheduled as i32 || s.state == SessionState::Running as i32;
-        if !holds {
-            continue;
-        }
-        for d in &s.devices {
-            let shares = ResourceSlot::parse_any(&[&format!("cuda.shares={}", d.shares)]).unwrap();
-            let entry = per_device
-                .entry(format!("{}/{}", s.node_id, d.uuid))
-                .or_default();
-            *entry = entry.checked_add(&shares).unwrap();
-        }
-    }
-    let whole = ResourceSlot::parse_any(&["cuda.shares=1"]).unwrap();
-    let mut total = ResourceSlot::new();
-    for (device, held) in per_device {
-        assert!(
-            held.fits_in(&whole),
-            "device {device} over-committed: {held}"
-        );
-        total = total.checked_add(&held).unwrap();
-    }
-    total
+/// Asserts no device holds more than a whole GPU's shares; the shares held in all.
+async fn shares_held(c: &mut Client) -> String {
+    assert_not_overcommitted(&list(c).await)
+        .get("cuda.shares")
+        .to_string()
 }
 
 /// Lets the controller run several passes (it runs one every 50 ms here).
@@ -204,13 +182,7 @@ async fn a_gang_runs_all_at_once_or_not_at_all() {
         async move { a.into_iter().chain(b).collect::<BTreeSet<_>>() == expected }
     })
     .await;
-    assert_eq!(
-        assert_not_overcommitted(&mut c)
-            .await
-            .get("cuda.shares")
-            .to_string(),
-        "3"
-    );
+    assert_eq!(shares_held(&mut c).await, "3");
 
     // One GPU is left: a gang of two whole GPUs holds nothing, though one member would fit.
     let pair = [
@@ -224,13 +196,7 @@ async fn a_gang_runs_all_at_once_or_not_at_all() {
         assert_eq!(s.state, SessionState::Pending as i32, "{s:?}");
         assert!(s.reason.contains("does not fit at once"), "{}", s.reason);
     }
-    assert_eq!(
-        assert_not_overcommitted(&mut c)
-            .await
-            .get("cuda.shares")
-            .to_string(),
-        "3"
-    );
+    assert_eq!(shares_held(&mut c).await, "3");
     assert_eq!(held(&[&n1, &n2]), expected);
 
     // A member of a placed gang ends: the others keep running, and the room it frees lets the
@@ -246,13 +212,7 @@ async fn a_gang_runs_all_at_once_or_not_at_all() {
     for id in &train[1..] {
         assert_eq!(state_of(&mut c, id).await, SessionState::Running);
     }
-    assert_eq!(
-        assert_not_overcommitted(&mut c)
-            .await
-            .get("cuda.shares")
-            .to_string(),
-        "4"
-    );
+    assert_eq!(shares_held(&mut c).await, "4");
     n1.stop().await;
     n2.stop().await;
 }
@@ -294,7 +254,7 @@ async fn a_gangs_members_survive_a_controller_restart() {
     for id in [&first, &second] {
         wait_state(&c, id, SessionState::Running).await;
     }
-    assert_not_overcommitted(&mut c).await;
+    shares_held(&mut c).await;
     node.stop().await;
 }
 
@@ -317,13 +277,7 @@ async fn a_running_gang_is_preempted_whole() {
         assert_eq!(s.state, SessionState::Preempted as i32, "{s:?}");
         assert!(s.reason.contains(&lab), "{}", s.reason);
     }
-    assert_eq!(
-        assert_not_overcommitted(&mut c)
-            .await
-            .get("cuda.shares")
-            .to_string(),
-        "1"
-    );
+    assert_eq!(shares_held(&mut c).await, "1");
     eventually("the agent holds only lab's session", || {
         let held = node.held();
         let lab = lab.clone();
@@ -354,13 +308,7 @@ async fn a_waiting_gang_reclaims_room_for_all_its_members() {
     for id in &burst {
         assert_eq!(state_of(&mut c, id).await, SessionState::Preempted);
     }
-    assert_eq!(
-        assert_not_overcommitted(&mut c)
-            .await
-            .get("cuda.shares")
-            .to_string(),
-        "2"
-    );
+    assert_eq!(shares_held(&mut c).await, "2");
     let expected: BTreeSet<String> = pair.iter().cloned().collect();
     eventually("the agent holds the gang", || {
         let held: BTreeSet<String> = node.held().into_iter().collect();

@@ -242,3 +242,38 @@ pub fn one_team(queue: &str, shares: &str) -> gpuwarden_controller::scheduler::q
         members: std::collections::BTreeMap::new(),
     }
 }
+
+/// The shares the sessions that hold resources hold in all; panics where one device (a node's
+/// GPU) holds more than a whole GPU's.
+pub fn assert_not_overcommitted(
+    sessions: &[gpuwarden_proto::v1::Session],
+) -> gpuwarden_controller::slots::ResourceSlot {
+    use gpuwarden_controller::slots::ResourceSlot;
+    use gpuwarden_proto::v1::SessionState;
+    let mut per_device: std::collections::BTreeMap<String, ResourceSlot> =
+        std::collections::BTreeMap::new();
+    for s in sessions {
+        let holds =
+            s.state == SessionState::Scheduled as i32 || s.state == SessionState::Running as i32;
+        if !holds {
+            continue;
+        }
+        for d in &s.devices {
+            let shares = ResourceSlot::parse_any(&[&format!("cuda.shares={}", d.shares)]).unwrap();
+            let entry = per_device
+                .entry(format!("{}/{}", s.node_id, d.uuid))
+                .or_default();
+            *entry = entry.checked_add(&shares).unwrap();
+        }
+    }
+    let whole = ResourceSlot::parse_any(&["cuda.shares=1"]).unwrap();
+    let mut total = ResourceSlot::new();
+    for (device, held) in per_device {
+        assert!(
+            held.fits_in(&whole),
+            "device {device} over-committed: {held}"
+        );
+        total = total.checked_add(&held).unwrap();
+    }
+    total
+}
