@@ -15,7 +15,7 @@
 use std::{fs, os::unix::fs::MetadataExt, time::Duration};
 
 use gpuwarden_agent::enforcement::throttle::{
-    self, ComputePolicy, CpuTimeUsage, Member, ThrottleConfig,
+    self, ComputePolicy, CpuTimeUsage, Member, Signal, ThrottleConfig,
 };
 use gpuwarden_test_support::{
     TestCgroup, is_root,
@@ -41,7 +41,7 @@ fn main() -> anyhow::Result<()> {
 
     let config = ThrottleConfig::default();
     let before = rates(&[&spinner], BASELINE)[0];
-    let throttle = throttle::spawn(config, Box::new(CpuTimeUsage))?;
+    let throttle = throttle::spawn(config, Signal::PerCgroup(Box::new(CpuTimeUsage)))?;
     let key = fs::metadata(&cgroup.dir)?.ino();
     let mut achieved = Vec::new();
     for target in TARGETS {

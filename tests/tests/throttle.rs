@@ -24,7 +24,7 @@ use std::{
 };
 
 use gpuwarden_agent::enforcement::throttle::{
-    self, ComputePolicy, CpuTimeUsage, Member, ThrottleConfig, ThrottleHandle,
+    self, ComputePolicy, CpuTimeUsage, Member, Signal, ThrottleConfig, ThrottleHandle,
 };
 use gpuwarden_test_support::{
     require_root,
@@ -136,7 +136,11 @@ impl Drop for SpinCgroup {
 }
 
 fn start_throttle() -> ThrottleHandle {
-    throttle::spawn(ThrottleConfig::default(), Box::new(CpuTimeUsage)).expect("throttle loop")
+    throttle::spawn(
+        ThrottleConfig::default(),
+        Signal::PerCgroup(Box::new(CpuTimeUsage)),
+    )
+    .expect("throttle loop")
 }
 
 /// Stops the loop and waits for it (it thaws what it froze).

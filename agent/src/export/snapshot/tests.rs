@@ -51,6 +51,8 @@ fn throttled(running_fraction: f64) -> ThrottleStats {
         throttled: Duration::from_millis(1500),
         frozen: true,
         running_fraction,
+        gpu_time: Duration::from_millis(2500),
+        balance: Some(-0.02),
     }
 }
 
