@@ -255,6 +255,7 @@ struct Published {
 pub struct ThrottleHandle {
     commands: mpsc::Sender<Command>,
     stats: StatsMap,
+    mode: ThrottleMode,
 }
 
 impl ThrottleHandle {
@@ -306,6 +307,15 @@ impl ThrottleHandle {
         self.stats.locked().cgroups.get(&key).copied()
     }
 
+    /// How the loop holds shares.
+    #[must_use]
+    pub fn mode(&self) -> &'static str {
+        match self.mode {
+            ThrottleMode::Slots => "slots",
+            ThrottleMode::Buckets => "buckets",
+        }
+    }
+
     /// How each GPU's signal has behaved, as of the last tick (slots only: the bucket mode's
     /// signal keeps its figures to itself).
     #[must_use]
@@ -354,9 +364,15 @@ pub fn spawn(config: ThrottleConfig, signal: Signal) -> Result<ThrottleHandle, T
     }
     let (commands, rx) = mpsc::channel();
     let stats = StatsMap::default();
-    let engine = match signal {
-        Signal::Device(_) => Engine::Slots(Scheduler::new(config.slots)),
-        Signal::PerCgroup(_) => Engine::Buckets(Controller::new(config.period)),
+    let (engine, mode) = match signal {
+        Signal::Device(_) => (
+            Engine::Slots(Scheduler::new(config.slots)),
+            ThrottleMode::Slots,
+        ),
+        Signal::PerCgroup(_) => (
+            Engine::Buckets(Controller::new(config.period)),
+            ThrottleMode::Buckets,
+        ),
     };
     let looped = Loop {
         engine,
@@ -367,7 +383,11 @@ pub fn spawn(config: ThrottleConfig, signal: Signal) -> Result<ThrottleHandle, T
         .name("gpuwarden-throttle".into())
         .spawn(move || looped.run(&rx, config.tick))
         .map_err(ThrottleError::Spawn)?;
-    Ok(ThrottleHandle { commands, stats })
+    Ok(ThrottleHandle {
+        commands,
+        stats,
+        mode,
+    })
 }
 
 /// What decides: slots or buckets.
