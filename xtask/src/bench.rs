@@ -56,10 +56,13 @@ pub fn run(which: &Which) -> anyhow::Result<()> {
             "--bench",
             "throttle",
         ])),
+        // The rig is behind the agent's `bench` feature, out of the shipped binary.
         Which::Telemetry => crate::status(crate::cargo().args([
             "bench",
             "-p",
             "gpuwarden-agent",
+            "--features",
+            "bench",
             "--bench",
             "telemetry",
         ])),
