@@ -158,8 +158,9 @@ struct Gpu {
 
 impl Gpu {
     /// Splits a span's busy time among the held slots it overlaps, in proportion to the overlap
-    /// and at most the overlap each (a slot that lines up with the signal's spans, a guard's gap
-    /// on either side, gets its span whole); what no held slot can take is unattributed.
+    /// (a slot that lines up with the signal's spans, a guard's gap on either side, gets its span
+    /// whole); where the span also covers slots no one held, each takes at most its overlap and
+    /// what is left is unattributed.
     fn attribute(&mut self, start: Instant, end: Instant, busy: Duration) {
         let span = end.saturating_duration_since(start);
         if span.is_zero() {
@@ -181,8 +182,13 @@ impl Gpu {
         let total: Duration = held.iter().map(|(_, ov)| *ov).sum();
         let mut given = Duration::ZERO;
         let mut parts: BTreeMap<u64, Duration> = BTreeMap::new();
+        // Where held slots cover the whole span, all its busy time is theirs (a signal that
+        // accounts late, as the kernel's CPU time does by up to a scheduler tick, may show more
+        // than the span); where they don't, each takes at most its overlap.
+        let whole = total >= span;
         for (i, ov) in held {
-            let part = busy.mul_f64(ov.as_secs_f64() / total.as_secs_f64()).min(ov);
+            let part = busy.mul_f64(ov.as_secs_f64() / total.as_secs_f64());
+            let part = if whole { part } else { part.min(ov) };
             let w = &mut self.windows[i];
             w.measured += part;
             given += part;

@@ -49,7 +49,8 @@ pub struct BusyInterval {
     pub start: Instant,
     /// Where it ends (after `start`).
     pub end: Instant,
-    /// Busy time within it (at most `end − start`).
+    /// Busy time within it (at most `end − start` from a GPU; the CPU-time stand-in may show a
+    /// little more or less, as the kernel accounts it late).
     pub busy: Duration,
 }
 
@@ -202,10 +203,12 @@ impl DeviceSignal for CpuTimeSignal {
         if let (Some(start), Some(span)) = (state.last, span)
             && !span.is_zero()
         {
+            // Not capped at the span: the kernel accounts a running task's time at its scheduler
+            // ticks, so one read may show a little more than the span and the next less.
             reading.intervals.push(BusyInterval {
                 start,
                 end: now,
-                busy: busy.min(span),
+                busy,
             });
             state.health.samples += 1;
         }
