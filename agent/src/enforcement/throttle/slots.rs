@@ -11,9 +11,11 @@
 //!   submitted after the process is frozen). A holder that keeps the next slot is not frozen.
 //! - **A ledger, not gains.** Per cgroup and GPU, `entitled × elapsed − used`: a slot is charged
 //!   its whole length when it starts (the signal trails by a sample period or more), and the
-//!   difference to the measured busy time is settled once the signal has covered the slot. The
-//!   next slot goes to the cgroup furthest behind (stride scheduling) among those that are owed
-//!   time. Credit is capped at one slot, so idle time banks no burst; debt at ten.
+//!   difference to the measured busy time is settled once the signal has covered the slot. Among
+//!   the cgroups owed time, the next slot goes to the one with the least virtual time (charged
+//!   time over share: stride scheduling), so a GPU that delivers less than the shares add up to
+//!   shortens each in proportion. Credit is capped at one slot, so idle time banks no burst;
+//!   debt at ten.
 //! - **Policies.** `hard` leaves a slot idle when nobody is owed one; `work-conserving` passes it
 //!   to a cgroup that is not owed, uncharged.
 //! - **Idle cgroups cost nothing.** A cgroup whose slot showed it (almost) idle is left thawed
@@ -93,6 +95,10 @@ struct Account {
     gpu_time: Duration,
     /// Its recent fraction of the GPU's time (an exponential average over about a second).
     recent: f64,
+    /// Its virtual time: charged GPU time over its share, in seconds. Among cgroups that are
+    /// owed time the one with the least goes first, so a GPU that delivers less than the shares
+    /// add up to (switches, a guard) shortens each in proportion to its share.
+    pass: f64,
 }
 
 impl Account {
@@ -105,7 +111,14 @@ impl Account {
             active: true,
             gpu_time: Duration::ZERO,
             recent: 0.0,
+            pass: 0.0,
         }
+    }
+
+    /// Moves its virtual time by `ns` of charged GPU time (negative: a charge taken back).
+    fn advance(&mut self, ns: i64) {
+        let share = f64::from(self.share_ppm.max(1)) / 1e6;
+        self.pass += seconds(ns) / share;
     }
 
     fn of_share(&self, d: Duration) -> i64 {
@@ -206,6 +219,16 @@ impl Gpu {
         self.covered = Some(self.covered.map_or(end, |c| c.max(end)));
     }
 
+    /// The least virtual time among its active cgroups (0 with none).
+    fn least_pass(&self) -> f64 {
+        self.accounts
+            .values()
+            .filter(|a| a.active)
+            .map(|a| a.pass)
+            .reduce(f64::min)
+            .unwrap_or(0.0)
+    }
+
     /// Settles the slots the signal has covered (or given up on): the ledger is corrected from
     /// the estimate to what was measured, and a holder that hardly used its slot turns idle.
     fn settle(&mut self, now: Instant, slot: Duration) {
@@ -225,6 +248,7 @@ impl Gpu {
                 let back = i64::try_from(w.estimate.as_nanos()).unwrap_or(i64::MAX)
                     - i64::try_from(w.measured.as_nanos()).unwrap_or(i64::MAX);
                 account.balance = account.balance.saturating_add(back);
+                account.advance(-back);
                 account.clamp(slot);
             }
             let length = end.saturating_duration_since(w.start);
@@ -286,6 +310,18 @@ impl Scheduler {
                 a.policy = member.policy;
             })
             .or_insert_with(|| Account::new(member));
+        // A newcomer starts level with the others, not behind them by all they have run.
+        let gpu_state = self.gpus.entry(gpu).or_default();
+        let floor = gpu_state
+            .accounts
+            .iter()
+            .filter(|(k, a)| **k != key && a.active)
+            .map(|(_, a)| a.pass)
+            .reduce(f64::min)
+            .unwrap_or(0.0);
+        if let Some(account) = gpu_state.accounts.get_mut(&key) {
+            account.pass = account.pass.max(floor);
+        }
     }
 
     /// Holds cgroup `key` frozen whatever its slots, or lets them decide again.
@@ -409,15 +445,18 @@ impl Scheduler {
             for interval in &reading.intervals {
                 state.attribute(interval.start, interval.end, interval.busy);
             }
+            let floor = state.least_pass();
             for (key, active) in keys.iter().zip(&reading.active) {
                 if let Some(account) = state.accounts.get_mut(key)
                     && *active
                     && !account.active
                 {
-                    // Back from idle: it rejoins the slots with an empty ledger.
+                    // Back from idle: it rejoins the slots with an empty ledger, level with the
+                    // others (idle time is not a claim on their slots).
                     account.active = true;
                     account.balance = 0;
                     account.accrued_to = Some(now);
+                    account.pass = account.pass.max(floor);
                 }
             }
             if rhythm.is_none() {
@@ -479,42 +518,60 @@ impl Scheduler {
         }
     }
 
-    /// The next slot's holders: the cgroups furthest behind that are owed time, each on all its
-    /// GPUs; then, on GPUs left free, work-conserving cgroups uncharged.
+    /// The next slot's holders: among the cgroups owed time, the one with the least virtual time
+    /// first, each on all its GPUs; then, on GPUs left free, work-conserving cgroups uncharged.
     fn choose(&self) -> BTreeMap<u32, (u64, bool)> {
-        // A cgroup's standing is its least-owed GPU's balance: `hard` exceeds on none.
-        let mut standing: BTreeMap<u64, (i64, Vec<u32>, bool)> = BTreeMap::new();
+        // Per cgroup: its least-owed GPU's balance (`hard` exceeds on none), its most-served
+        // GPU's virtual time, its GPUs, and whether it is work-conserving on all of them.
+        struct Standing {
+            balance: i64,
+            pass: f64,
+            gpus: Vec<u32>,
+            work_conserving: bool,
+            active: bool,
+        }
+        let mut standing: BTreeMap<u64, Standing> = BTreeMap::new();
         for (&gpu, state) in &self.gpus {
             for (&key, account) in &state.accounts {
-                let entry = standing.entry(key).or_insert((i64::MAX, Vec::new(), true));
-                entry.0 = entry.0.min(if account.active {
-                    account.balance
-                } else {
-                    i64::MIN
+                let entry = standing.entry(key).or_insert(Standing {
+                    balance: i64::MAX,
+                    pass: f64::MIN,
+                    gpus: Vec::new(),
+                    work_conserving: true,
+                    active: true,
                 });
-                entry.1.push(gpu);
-                entry.2 &= account.policy == ComputePolicy::WorkConserving;
+                entry.balance = entry.balance.min(account.balance);
+                entry.pass = entry.pass.max(account.pass);
+                entry.gpus.push(gpu);
+                entry.work_conserving &= account.policy == ComputePolicy::WorkConserving;
+                entry.active &= account.active;
             }
         }
-        let mut order: Vec<(u64, i64, Vec<u32>, bool)> = standing
+        let mut order: Vec<(u64, Standing)> = standing
             .into_iter()
-            .filter(|(key, (balance, _, _))| {
-                *balance > i64::MIN && self.cgroups.get(key).is_some_and(|c| !c.held)
-            })
-            .map(|(key, (balance, gpus, wc))| (key, balance, gpus, wc))
+            .filter(|(key, s)| s.active && self.cgroups.get(key).is_some_and(|c| !c.held))
             .collect();
-        order.sort_by_key(|(key, balance, _, _)| (std::cmp::Reverse(*balance), *key));
+        order.sort_by(|(ka, a), (kb, b)| {
+            a.pass
+                .total_cmp(&b.pass)
+                .then(b.balance.cmp(&a.balance))
+                .then(ka.cmp(kb))
+        });
         let mut chosen: BTreeMap<u32, (u64, bool)> = BTreeMap::new();
         for charged in [true, false] {
-            for (key, balance, gpus, wc) in &order {
-                let eligible = if charged { *balance > 0 } else { *wc };
+            for (key, s) in &order {
+                let eligible = if charged {
+                    s.balance > 0
+                } else {
+                    s.work_conserving
+                };
                 if !eligible
-                    || gpus.iter().any(|g| chosen.contains_key(g))
+                    || s.gpus.iter().any(|g| chosen.contains_key(g))
                     || chosen.values().any(|(k, _)| k == key)
                 {
                     continue;
                 }
-                for gpu in gpus {
+                for gpu in &s.gpus {
                     chosen.insert(*gpu, (*key, charged));
                 }
             }
@@ -543,9 +600,9 @@ impl Scheduler {
             };
             if charged && let Some(account) = holder.and_then(|k| state.accounts.get_mut(&k)) {
                 account.accrue(now, slot);
-                account.balance = account
-                    .balance
-                    .saturating_sub(i64::try_from(slot.as_nanos()).unwrap_or(i64::MAX));
+                let charge = i64::try_from(slot.as_nanos()).unwrap_or(i64::MAX);
+                account.balance = account.balance.saturating_sub(charge);
+                account.advance(charge);
             }
             state.windows.push_back(Window {
                 start: at,

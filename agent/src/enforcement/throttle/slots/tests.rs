@@ -246,3 +246,20 @@ fn held_and_removed_cgroups() {
     assert!(!fake.cgroups[Path::new("/a")].frozen, "thawed when removed");
     assert!(s.stats(now).next().is_none());
 }
+
+#[test]
+fn a_gpu_that_delivers_less_shortens_each_share_in_proportion() {
+    // Each workload gets only 90 % of the GPU while it holds it (another load beside it): the
+    // shares add up to more than the GPU gives, and each loses a tenth of its own.
+    let mut s = Scheduler::new(config());
+    let mut fake = Fake::default();
+    fake.add("/a", 0.9);
+    fake.add("/b", 0.9);
+    s.set(0, 1, &member("/a", 0.3, ComputePolicy::Hard));
+    s.set(0, 2, &member("/b", 0.7, ComputePolicy::Hard));
+    run(&mut s, &mut fake, Duration::from_secs(2));
+    let got = run(&mut s, &mut fake, Duration::from_secs(20));
+    let (a, b) = (got[Path::new("/a")], got[Path::new("/b")]);
+    assert!((a / b - 0.3 / 0.7).abs() < 0.03, "{a} : {b}");
+    assert!(a + b > 0.87, "{a} + {b}");
+}
