@@ -185,7 +185,7 @@ def nvml(args):
                                                              "nvml.py"), "summary", args[1]])
     gpu = {"index": 0, "name": "Dry Run GPU", "uuid": "GPU-dry", "total": TOTAL,
            "used": 0, "sm_clock_mhz": 1980, "power_mw": 300000, "throttle_reasons": 0,
-           "processes": {}}
+           "processes": {}, "mig": {"current": 0, "pending": 0, "instances": []}}
     for p in procs():
         gpu["processes"][str(p["pid"])] = p["bytes"]
         gpu["used"] += p["bytes"]

@@ -107,6 +107,27 @@ def with_ctypes():
     return {"ok": True, "driver": driver, "gpus": gpus, "via": "ctypes"}
 
 
+def mig(pynvml, h, text):
+    """The GPU's MIG mode and instances, read only (nothing here changes them)."""
+    try:
+        current, pending = pynvml.nvmlDeviceGetMigMode(h)
+    except Exception:  # no MIG on this GPU or driver
+        return None
+    instances = []
+    if current == 1:
+        try:
+            count = pynvml.nvmlDeviceGetMaxMigDeviceCount(h)
+        except Exception:
+            count = 0
+        for i in range(count):
+            try:
+                m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+            except Exception:  # an empty slot
+                continue
+            instances.append(f"{text(pynvml.nvmlDeviceGetName(m))} {text(pynvml.nvmlDeviceGetUUID(m))}")
+    return {"current": current, "pending": pending, "instances": instances}
+
+
 def main():
     try:
         import pynvml
@@ -157,6 +178,7 @@ def main():
             "power_mw": maybe(pynvml.nvmlDeviceGetPowerUsage, h),
             "throttle_reasons": maybe(reasons, h) if reasons else None,
             "processes": procs,
+            "mig": mig(pynvml, h, text),
         })
     pynvml.nvmlShutdown()
     print(json.dumps(out))

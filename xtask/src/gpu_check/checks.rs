@@ -63,6 +63,7 @@ pub fn plan() -> Vec<(String, Vec<String>)> {
                 "agent's GPUs come from NVML",
                 "hook tier and memory tier",
                 "driver memory tier (dmem) available",
+                "MIG mode (read only)",
             ]),
         ),
         (
@@ -76,11 +77,17 @@ pub fn plan() -> Vec<(String, Vec<String>)> {
                 "a second process on the same GPU",
                 "agent started after the workload: bytes since",
                 "late workload in a cgroup of its own",
+                "a process holding 1 GiB exits: released",
             ]),
         ),
         (
             "limit".into(),
-            s(&["kill at 2 GiB", "stop at 2 GiB", "report past 2 GiB"]),
+            s(&[
+                "kill at 2 GiB",
+                "stop at 2 GiB",
+                "stop at 2 GiB: NVML while held",
+                "report past 2 GiB",
+            ]),
         ),
         ("hooks".into(), s(&["probe-hooks ran"])),
         (
@@ -274,6 +281,32 @@ pub fn setup(rig: &Rig, s: &Section) {
         )
         .note(note),
     );
+    mig_row(rig, s);
+}
+
+/// The GPU's MIG mode and instances, read only (gpu-check never changes them).
+fn mig_row(rig: &Rig, s: &Section) {
+    let check = "MIG mode (read only)";
+    sub(s, check, || {
+        let nvml = rig.nvml()?;
+        let g = nvml.gpus.first().context("NVML lists no GPU")?;
+        let said = match g.mig_mode {
+            None => "no MIG on this GPU or driver".to_owned(),
+            Some((0, pending)) => format!("disabled (pending {pending})"),
+            Some((_, pending)) => format!(
+                "enabled (pending {pending}), {} instances",
+                g.mig_instances.len()
+            ),
+        };
+        Ok(row(
+            s,
+            check,
+            said,
+            "read only: never changed here",
+            Verdict::Info,
+        )
+        .note(g.mig_instances.join("; ")))
+    });
 }
 
 fn verdict(ok: bool) -> Verdict {
@@ -353,7 +386,89 @@ pub fn memory(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<()> {
         w.go();
     }
     w.finish(Duration::from_secs(30));
-    late_agent(rig, s, o)
+    late_agent(rig, s, o)?;
+    let check = "a process holding 1 GiB exits: released";
+    sub(s, check, || release(rig, s, check));
+    Ok(())
+}
+
+/// The slowest release held to: the agent's sweep runs every second, so a file the process's own
+/// mapping held at its exit is let go within about one.
+const RELEASE_WITHIN: Duration = Duration::from_secs(2);
+
+/// A process holding 1 GiB exits: how long until its container reads 0, and how many allocations
+/// the agent kept as orphans meanwhile (libcuda maps its files, so an exit on 6.16+ kernels may
+/// wait for the sweep).
+fn release(rig: &Rig, s: &Section, check: &str) -> anyhow::Result<Row> {
+    let cgroup = LateCgroup::named("release")?;
+    let mut w = rig.workload(s, "release", &[], None, Some(&cgroup.0), &["hold", "1024"])?;
+    let hold = w.expect("the hold", STEP)?;
+    let snapshot = rig.snapshot()?;
+    let path = container_path(&snapshot, hold.pid)
+        .context("the agent shows no container for the holder")?;
+    let before_exit = container_video(&snapshot, &path);
+    let start = Instant::now();
+    w.go();
+    let (mut orphans, mut released) = (0, None);
+    while start.elapsed() < RELEASE_WITHIN * 3 {
+        let snapshot = rig.snapshot()?;
+        orphans = orphans.max(
+            snapshot["stats"]["orphaned_allocations"]
+                .as_u64()
+                .unwrap_or(0),
+        );
+        if container_video(&snapshot, &path) == 0 {
+            released = Some(start.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    w.finish(Duration::from_secs(30));
+    drop(cgroup);
+    Ok(row(
+        s,
+        check,
+        released.map_or_else(
+            || format!("still counted after {:?}", RELEASE_WITHIN * 3),
+            |t| format!("0 after {} ms; orphans up to {orphans}", t.as_millis()),
+        ),
+        format!("0 within {} ms", RELEASE_WITHIN.as_millis()),
+        verdict(released.is_some_and(|t| t <= RELEASE_WITHIN)),
+    )
+    .note(format!(
+        "held {} KiB before the exit; {path}",
+        before_exit / 1024
+    )))
+}
+
+/// The cgroup path of the container a pid is in.
+fn container_path(snapshot: &Value, pid: u32) -> Option<String> {
+    snapshot["containers"].as_array()?.iter().find(|c| {
+        c["pids"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p.as_u64() == Some(u64::from(pid))))
+    })?["cgroup_path"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// The video bytes the container at `path` holds (0 when it is not listed).
+fn container_video(snapshot: &Value, path: &str) -> u64 {
+    snapshot["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["cgroup_path"].as_str() == Some(path)))
+        .and_then(|c| c["devices"].as_array())
+        .map_or(0, |ds| {
+            ds.iter()
+                .filter(|d| {
+                    d["device"]
+                        .as_str()
+                        .and_then(|n| n.strip_prefix("nvidia"))
+                        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+                })
+                .filter_map(|d| d["memory_bytes"].as_u64())
+                .sum()
+        })
 }
 
 /// An agent started after the workload made its context counts what comes after; the
@@ -418,9 +533,13 @@ struct LateCgroup(PathBuf);
 
 impl LateCgroup {
     fn make() -> anyhow::Result<Self> {
+        Self::named("late")
+    }
+
+    fn named(tag: &str) -> anyhow::Result<Self> {
         let mounts = std::fs::read_to_string("/proc/self/mounts")?;
         let root = cgroup2_root(&mounts).context("no cgroup v2 hierarchy mounted")?;
-        let dir = root.join(format!("gpu-check-late-{}", std::process::id()));
+        let dir = root.join(format!("gpu-check-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         Ok(Self(dir))
     }
@@ -556,6 +675,7 @@ fn limit_stop(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<Row> {
         }
         stopped = pid.is_some_and(|p| process_state(p) == Some('T'));
     }
+    s.row(held_row(rig, s, pid.filter(|_| stopped)));
     if let Some(p) = pid.filter(|_| stopped) {
         // Only a pid the workload printed, checked to be ours by `signal`.
         let _ = procs::signal(i64::from(p), libc::SIGKILL, "the stopped workload");
@@ -572,6 +692,30 @@ fn limit_stop(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<Row> {
         "stopped",
         verdict(stopped),
     ))
+}
+
+/// While a `stop`ped process is held: did the allocation that crossed reach the driver? (The
+/// signal is sent at the ioctl's entry and takes effect on its return to user space.)
+fn held_row(rig: &Rig, s: &Section, stopped: Option<u32>) -> Row {
+    let check = "stop at 2 GiB: NVML while held";
+    let Some(pid) = stopped else {
+        return failed(s, check, &anyhow::anyhow!("the workload was not stopped"));
+    };
+    match rig.nvml().and_then(|n| n.process_bytes(pid)) {
+        Ok(bytes) => row(
+            s,
+            check,
+            format!("NVML {} KiB", bytes / 1024),
+            format!("the limit {} KiB", LIMIT / 1024),
+            Verdict::Info,
+        )
+        .note(if bytes > LIMIT {
+            "above the limit: the crossing allocation reached the driver before the stop"
+        } else {
+            "within the limit: the crossing allocation did not reach the driver"
+        }),
+        Err(e) => failed(s, check, &e),
+    }
 }
 
 /// report: the process goes on past the limit; the agent reports the crossing.

@@ -146,6 +146,10 @@ pub struct NvmlGpu {
     pub throttle_reasons: Option<u64>,
     /// Per process: its bytes, `None` when NVML has no figure.
     pub processes: BTreeMap<u32, Option<u64>>,
+    /// MIG mode (current, pending: 1 enabled, 0 disabled); `None` where NVML has no MIG.
+    pub mig_mode: Option<(u64, u64)>,
+    /// The MIG instances (their names and UUIDs), read only.
+    pub mig_instances: Vec<String>,
 }
 
 /// NVML's document (`nvml.py`).
@@ -182,6 +186,17 @@ impl Nvml {
                     .map(|m| {
                         m.iter()
                             .filter_map(|(k, v)| Some((k.parse().ok()?, v.as_u64())))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                mig_mode: g["mig"]["current"]
+                    .as_u64()
+                    .zip(g["mig"]["pending"].as_u64()),
+                mig_instances: g["mig"]["instances"]
+                    .as_array()
+                    .map(|v| {
+                        v.iter()
+                            .filter_map(|i| i.as_str().map(str::to_owned))
                             .collect()
                     })
                     .unwrap_or_default(),
