@@ -29,25 +29,18 @@ use gpuwarden_agent::enforcement::throttle::{
 };
 use gpuwarden_test_support::{
     require_root,
-    spinner::{Rate, Spinner, rates, spin_if_asked},
+    spinner::{Rate, Spinner, rates},
     wait::{self, PATIENCE},
 };
 
-/// Allowed error, in points of the share. Generous: this checks that the throttle holds a
-/// spinner near its share on a two-CPU machine that other builds share; how closely it does is
-/// measured by `cargo xtask bench throttle` (±5 points on a quiet machine).
-const TOLERANCE: f64 = 0.15;
+/// Allowed error, in points of the share. The judge is each spinner's own threads' CPU time
+/// (from `/proc`, apart from the cgroup's `cpu.stat` the stand-in signal reads); the slot mode's
+/// ledger makes up what other load on the machine takes from a thawed spinner, and a machine too
+/// busy to tell is refused by [`assert_near`]'s unthrottled check rather than passed.
+const TOLERANCE: f64 = 0.05;
 
 /// One test at a time: each runs up to two spinners on a two-CPU machine.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Not a test: the body of a spinner process, which is this binary run again (see
-/// [`SpinCgroup::spin`] and [`gpuwarden_test_support::spinner`]). Without it, it returns at once.
-#[test]
-#[ignore = "the body of the spinner processes the other tests start"]
-fn spinner_process() {
-    spin_if_asked();
-}
 
 /// A cgroup v2 directory for one test with the spinners started in it; they are killed and the
 /// directory removed on drop.
@@ -94,14 +87,10 @@ impl SpinCgroup {
 
     /// Starts a spinner inside this cgroup; returns its index.
     fn spin(&mut self) -> usize {
-        self.spinners.push(Spinner::start(
+        self.spinners.push(Spinner::start_program(
+            Path::new(env!("CARGO_BIN_EXE_spinner")),
             self.dir(),
-            &[
-                "--exact",
-                "spinner_process",
-                "--ignored",
-                "--test-threads=1",
-            ],
+            &[],
         ));
         self.spinners.len() - 1
     }

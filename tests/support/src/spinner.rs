@@ -165,13 +165,23 @@ impl Spinner {
     /// The spinner can't be started, or never spins.
     #[must_use]
     pub fn start(cgroup: &Path, args: &[&str]) -> Self {
+        Self::start_program(&std::env::current_exe().expect("this binary"), cgroup, args)
+    }
+
+    /// Starts `program` with `args` as a spinner inside the cgroup directory `cgroup`: a binary
+    /// whose `main` calls [`spin_if_asked`] first (the tests' `spinner`).
+    ///
+    /// # Panics
+    /// The spinner can't be started, or never spins.
+    #[must_use]
+    pub fn start_program(program: &Path, cgroup: &Path, args: &[&str]) -> Self {
         let scratch = scratch("spin");
         let counter_path = scratch.path().join("counter");
         fs::write(&counter_path, [0u8; 16]).expect("the counter file");
         let counter = Counter::map(&counter_path);
         let procs =
             gpuwarden_runtime::cgroup::procs_file(cgroup).expect("a cgroup path without NUL");
-        let mut command = Command::new(std::env::current_exe().expect("this binary"));
+        let mut command = Command::new(program);
         command
             .args(args)
             .env(SPINNER_ENV, &counter_path)
