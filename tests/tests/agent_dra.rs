@@ -48,6 +48,7 @@ use util::{
 const DRIVER: &str = "gpu.gpuwarden.io";
 const NODE: &str = "test-node";
 const MIB: u64 = 1 << 20;
+const NODE_UID: &str = "5e0f2a7c-9b1d-4e3f-8a6b-7c8d9e0f1a2b";
 
 /// A ResourceClaim as `GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`
 /// returns it once kube-scheduler allocated it (consumable capacity: `consumedCapacity`,
@@ -63,7 +64,7 @@ fn claim(name: &str, uid: &str, pool: &str, device: &str, pod: &str, memory_poli
         "spec": {"devices": {
             "requests": [{"name": "gpu", "exactly": {
                 "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
-                "capacity": {"requests": {"shares": "500m", "memory": "256Mi"}},
+                "capacity": {"requests": {"milli": "500", "memory": "256Mi"}},
             }}],
             "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
                 "apiVersion": "gpu.gpuwarden.io/v1alpha1", "kind": "GpuConfig",
@@ -75,7 +76,8 @@ fn claim(name: &str, uid: &str, pool: &str, device: &str, pod: &str, memory_poli
                 "devices": {
                     "results": [{
                         "request": "gpu", "driver": DRIVER, "pool": pool, "device": device,
-                        "consumedCapacity": {"shares": "500m", "memory": "256Mi"},
+                        // As the oracle of tests/k8s_capacity.rs charges it on the slice.
+                        "consumedCapacity": {"milli": "500", "memory": "256Mi"},
                         "shareID": "9d0c6f1e-3b7a-4f2e-8c5d-1a2b3c4d5e6f",
                     }],
                     "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {
@@ -186,6 +188,7 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
         .build()
         .unwrap();
     let api = FakeApi::start(&rt);
+    api.put_node(NODE, NODE_UID);
     let schema = Schema::load();
     let root = scratch("dra");
     let dev = root.path().join("dev");
@@ -266,14 +269,71 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
         assert_eq!(d["attributes"]["numaNode"]["int"], i % 2);
         assert_eq!(d["attributes"]["mig"]["bool"], false);
         assert_eq!(d["allowMultipleAllocations"], true);
-        assert_eq!(d["capacity"]["shares"]["value"], "1");
+        // Whole units, which kube-scheduler's allocator charges exactly (tests/k8s_capacity.rs).
+        assert_eq!(d["capacity"]["milli"]["value"], "1000");
         assert_eq!(
-            d["capacity"]["shares"]["requestPolicy"]["validRange"]["step"],
-            "1u"
+            d["capacity"]["milli"]["requestPolicy"]["validRange"],
+            json!({"min": "1", "max": "1000", "step": "1"})
         );
         // The mock file's `16G` is 16 GiB.
-        assert_eq!(d["capacity"]["memory"]["value"], (16u64 << 30).to_string());
+        assert_eq!(d["capacity"]["memory"]["value"], "16Gi");
+        assert_eq!(
+            d["capacity"]["memory"]["requestPolicy"]["validRange"]["step"],
+            "1Mi"
+        );
     }
+    // Owned by its Node, so a deleted Node's slice is collected with it.
+    assert_eq!(
+        slice["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE_UID,
+                "controller": true}])
+    );
+
+    // The kubelet restarts: it deletes its node's slices; the agent puts it back within a tick.
+    let writes = slice_writes(&api).len();
+    assert_eq!(api.kubelet_starts(NODE), 1);
+    wait_for("the slice made again", || {
+        api.slices().contains_key(&format!("{NODE}-{DRIVER}"))
+    });
+    let again = slice_writes(&api).pop().unwrap();
+    assert_eq!(slice_writes(&api).len(), writes + 1);
+    assert_eq!(again["spec"]["devices"], slice["spec"]["devices"]);
+    assert_eq!(again["spec"]["pool"]["generation"], 2, "a generation up");
+    // Left alone, it is checked at each tick and not written again.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(slice_writes(&api).len(), writes + 1);
+
+    // An API server with DRAConsumableCapacity off keeps the slice without
+    // allowMultipleAllocations: the agent notices (and logs it loudly) rather than writing the
+    // slice again at every tick; with the gate back on, the next restart's slice is whole again.
+    api.set_gate_off(true);
+    assert_eq!(api.kubelet_starts(NODE), 1);
+    wait_for("the slice made again, gate off", || {
+        api.slices().contains_key(&format!("{NODE}-{DRIVER}"))
+    });
+    let stored = &api.slices()[&format!("{NODE}-{DRIVER}")];
+    assert!(
+        stored["spec"]["devices"][0]
+            .get("allowMultipleAllocations")
+            .is_none()
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        slice_writes(&api).len(),
+        writes + 2,
+        "kept as the API server holds it"
+    );
+    api.set_gate_off(false);
+    assert_eq!(api.kubelet_starts(NODE), 1);
+    wait_for("the slice made again, gate on", || {
+        api.slices().contains_key(&format!("{NODE}-{DRIVER}"))
+    });
+    let stored = &api.slices()[&format!("{NODE}-{DRIVER}")];
+    assert_eq!(
+        stored["spec"]["devices"][0]["allowMultipleAllocations"],
+        true
+    );
+    assert_eq!(stored["spec"]["pool"]["generation"], 4);
     assert!(
         api.seen()
             .iter()
@@ -344,7 +404,8 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     let spec: Value = serde_json::from_slice(&std::fs::read(&spec_path).unwrap()).unwrap();
     assert_eq!(
         spec,
-        json!({"cdiVersion": "1.1.0", "kind": "gpu.gpuwarden.io/gpu", "devices": [{
+        // 0.5.0: the lowest version with `hostPath` (and names starting with a digit).
+        json!({"cdiVersion": "0.5.0", "kind": "gpu.gpuwarden.io/gpu", "devices": [{
             "name": half.1,
             "containerEdits": {"deviceNodes": [
                 {"path": "/dev/nvidia0", "hostPath": nodes[0].display().to_string()},
@@ -463,11 +524,14 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
 
     // A GPU lost (its device node gone): the slice is written again without it.
     std::fs::remove_file(&nodes[1]).unwrap();
-    wait_for("the slice without gpu-1", || slice_writes(&api).len() >= 2);
+    let before_loss = slice_writes(&api).len();
+    wait_for("the slice without gpu-1", || {
+        slice_writes(&api).len() > before_loss
+    });
     let slice = slice_writes(&api).pop().unwrap();
     let errors = schema.check("io.k8s.api.resource.v1.ResourceSlice", &slice);
     assert!(errors.is_empty(), "{errors:#?}");
-    assert_eq!(slice["spec"]["pool"]["generation"], 2);
+    assert_eq!(slice["spec"]["pool"]["generation"], 5);
     let names: Vec<&str> = slice["spec"]["devices"]
         .as_array()
         .unwrap()

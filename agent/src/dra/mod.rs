@@ -222,8 +222,11 @@ impl Plugin {
     }
 }
 
-/// Publishes the node's ResourceSlice, again whenever the usable GPUs change; failures are
-/// retried.
+/// Keeps the node's ResourceSlice published: checked at every tick and made again when it is
+/// gone (the kubelet deletes its node's slices when it starts, and a driver's ~30 s after the
+/// driver's plugin connection dropped), replaced when it differs, owned by the Node once the Node
+/// could be read. Says loudly when the API server dropped `allowMultipleAllocations` (the
+/// `DRAConsumableCapacity` gate is off). Failures are retried at the next tick.
 async fn publish_slices(
     config: DraConfig,
     node: String,
@@ -238,23 +241,62 @@ async fn publish_slices(
             return;
         }
     };
-    let mut published: Option<Vec<serde_json::Value>> = None;
+    let mut owner: Option<serde_json::Value> = None;
+    let mut owner_warned = false;
+    let mut generation = 0;
+    let mut published_once = false;
+    let mut gate_off = false;
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        let devices = slice::devices(&offered, driver_version.as_deref());
-        if published.as_ref() == Some(&devices) {
-            continue;
+        if owner.is_none() {
+            match slice::node_owner(&api, &node).await {
+                Ok(o) => owner = Some(o),
+                Err(e) if !owner_warned => {
+                    owner_warned = true;
+                    tracing::warn!(
+                        "{DRIVER_NAME}: cannot read Node {node} ({e}); the ResourceSlice is \
+                         published without an owner, so it outlives a deleted Node (grant the \
+                         agent `nodes get`)"
+                    );
+                }
+                Err(_) => {}
+            }
         }
-        match slice::publish(&api, &node, &devices).await {
-            Ok(generation) => {
-                tracing::info!(
-                    devices = devices.len(),
-                    generation,
-                    "{DRIVER_NAME}: ResourceSlice published"
-                );
-                published = Some(devices);
+        let devices = slice::devices(&offered, driver_version.as_deref());
+        match slice::publish(&api, &node, &devices, owner.as_ref(), generation).await {
+            Ok(done) => {
+                generation = done.generation;
+                match done.action {
+                    slice::Action::Created if published_once => tracing::warn!(
+                        devices = devices.len(),
+                        generation,
+                        "{DRIVER_NAME}: the ResourceSlice was gone (deleted by the kubelet at its \
+                         start, or by hand); made again"
+                    ),
+                    slice::Action::Created | slice::Action::Replaced => tracing::info!(
+                        devices = devices.len(),
+                        generation,
+                        "{DRIVER_NAME}: ResourceSlice published"
+                    ),
+                    slice::Action::Kept | slice::Action::Deleted => {}
+                }
+                published_once = true;
+                if done.gate_off && !gate_off {
+                    tracing::error!(
+                        "{DRIVER_NAME}: the API server dropped allowMultipleAllocations from the \
+                         ResourceSlice: the DRAConsumableCapacity feature gate is off in \
+                         kube-apiserver. Every claim will get a WHOLE GPU until it is on in \
+                         kube-apiserver, kube-scheduler and the kubelet (alpha in 1.34 and 1.35, \
+                         on by default from 1.36; docs/kubernetes.md)"
+                    );
+                } else if !done.gate_off && gate_off {
+                    tracing::info!(
+                        "{DRIVER_NAME}: the ResourceSlice keeps allowMultipleAllocations again"
+                    );
+                }
+                gate_off = done.gate_off;
             }
             Err(e) => tracing::warn!("{DRIVER_NAME}: publishing the ResourceSlice: {e}; retrying"),
         }

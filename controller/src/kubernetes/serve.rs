@@ -87,6 +87,10 @@ pub struct Hooks {
     pub templates: Arc<dyn ClaimTemplates>,
     /// The server's bounds: connections and bodies refused at a cap are counted there.
     pub bounds: Arc<limits::Bounds>,
+    /// Leave `gpuwarden.io/gpu-milli` on the pods the webhook mutates, for kube-scheduler's
+    /// extender `managedResources` (`ignoredByScheduler: true`) to call the extender for them
+    /// only ([`admission::Marker`]).
+    pub marker: admission::Marker,
 }
 
 /// What one listener's connections share: the connection cap and the body budget.
@@ -441,8 +445,9 @@ async fn handle(
             let bounds = hooks.controller.read(|s| Bounds {
                 quantum: s.share_quantum(),
                 largest_device_memory: s.largest_device_memory(),
+                smallest_device_memory: s.smallest_kubernetes_device_memory(),
             });
-            match admission::review(&body, &bounds, hooks.templates.as_ref()).await {
+            match admission::review(&body, &bounds, hooks.templates.as_ref(), hooks.marker).await {
                 Ok((answer, outcome)) => {
                     tracing::debug!(?outcome, "admission review");
                     json_answer(&answer)

@@ -94,6 +94,28 @@ impl Scheduler {
             .max()
     }
 
+    /// The least memory one GPU offered to Kubernetes has, else one GPU of any kind (agents from
+    /// before `kubernetes_devices`), `None` while no agent reported a GPU: what the admission
+    /// webhook sizes an ask of compute only (or memory only) by.
+    #[must_use]
+    pub fn smallest_kubernetes_device_memory(&self) -> Option<u64> {
+        let smallest = |kubernetes: bool| {
+            self.nodes
+                .values()
+                .flat_map(|n| {
+                    if kubernetes {
+                        n.report.kubernetes_devices.iter()
+                    } else {
+                        n.report.devices.iter()
+                    }
+                })
+                .map(|d| d.memory_bytes)
+                .filter(|m| *m > 0)
+                .min()
+        };
+        smallest(true).or_else(|| smallest(false))
+    }
+
     /// The share quantum requests must be whole multiples of.
     #[must_use]
     pub fn share_quantum(&self) -> SlotValue {

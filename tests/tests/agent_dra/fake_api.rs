@@ -30,6 +30,11 @@ struct State {
     claims: BTreeMap<String, Value>,
     pods: BTreeMap<String, Value>,
     slices: BTreeMap<String, Value>,
+    nodes: BTreeMap<String, Value>,
+    /// Plays kube-apiserver with the `DRAConsumableCapacity` gate off: slices are stored without
+    /// `allowMultipleAllocations` and the capacities' `requestPolicy`, as
+    /// `pkg/registry/resource/resourceslice/strategy.go` (`dropDisabledFields`) drops them.
+    gate_off: bool,
     seen: Vec<Seen>,
     next_version: u64,
 }
@@ -44,6 +49,29 @@ pub struct FakeApi {
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/";
 const PODS: &str = "/api/v1/namespaces/";
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+const NODES: &str = "/api/v1/nodes/";
+
+/// What kube-apiserver keeps of a slice with `DRAConsumableCapacity` off.
+fn drop_consumable_capacity(slice: &mut Value) {
+    for device in slice["spec"]["devices"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        if let Some(d) = device.as_object_mut() {
+            d.remove("allowMultipleAllocations");
+        }
+        for capacity in device["capacity"]
+            .as_object_mut()
+            .into_iter()
+            .flat_map(|c| c.values_mut())
+        {
+            if let Some(c) = capacity.as_object_mut() {
+                c.remove("requestPolicy");
+            }
+        }
+    }
+}
 
 impl FakeApi {
     /// Serves on a free loopback port of `rt`.
@@ -93,6 +121,30 @@ impl FakeApi {
             pod["metadata"]["name"].as_str().unwrap()
         );
         self.state.lock().unwrap().pods.insert(key, pod);
+    }
+
+    /// Serves the Node `name` with `uid`.
+    pub fn put_node(&self, name: &str, uid: &str) {
+        self.state.lock().unwrap().nodes.insert(
+            name.to_owned(),
+            json!({"apiVersion": "v1", "kind": "Node",
+                   "metadata": {"name": name, "uid": uid, "resourceVersion": "1"}}),
+        );
+    }
+
+    /// What the kubelet does when it starts (`pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go`
+    /// wipes the node's slices): deletes every ResourceSlice of `node`; how many there were.
+    pub fn kubelet_starts(&self, node: &str) -> usize {
+        let mut s = self.state.lock().unwrap();
+        let before = s.slices.len();
+        s.slices
+            .retain(|_, slice| slice["spec"]["nodeName"] != json!(node));
+        before - s.slices.len()
+    }
+
+    /// Turns the `DRAConsumableCapacity` gate off (or on) for what is written from now on.
+    pub fn set_gate_off(&self, off: bool) {
+        self.state.lock().unwrap().gate_off = off;
     }
 
     /// Every request so far.
@@ -173,7 +225,20 @@ async fn answer(
             },
             _ => status(405, "MethodNotAllowed", "not served by the fake"),
         }
+    } else if let Some(name) = path.strip_prefix(NODES) {
+        match (method.as_str(), s.nodes.get(name)) {
+            ("GET", Some(node)) => reply(200, node),
+            ("GET", None) => status(404, "NotFound", &format!("nodes \"{name}\" not found")),
+            _ => status(405, "MethodNotAllowed", "not served by the fake"),
+        }
     } else if let Some(rest) = path.strip_prefix(SLICES) {
+        let gate_off = s.gate_off;
+        let body = body.map(|mut slice| {
+            if gate_off {
+                drop_consumable_capacity(&mut slice);
+            }
+            slice
+        });
         let name = rest.trim_start_matches('/');
         s.next_version += 1;
         let version = s.next_version.to_string();
