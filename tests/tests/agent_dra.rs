@@ -522,24 +522,50 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     assert_eq!(re.claims[half.1], answer.claims[half.1]);
     assert_eq!(gets(&api), before + 1);
 
-    // A GPU lost (its device node gone): the slice is written again without it.
+    // A GPU lost (its device node gone): tainted, so no new claim is allocated it.
     std::fs::remove_file(&nodes[1]).unwrap();
     let before_loss = slice_writes(&api).len();
-    wait_for("the slice without gpu-1", || {
+    wait_for("the slice with gpu-1 tainted", || {
         slice_writes(&api).len() > before_loss
     });
     let slice = slice_writes(&api).pop().unwrap();
     let errors = schema.check("io.k8s.api.resource.v1.ResourceSlice", &slice);
     assert!(errors.is_empty(), "{errors:#?}");
     assert_eq!(slice["spec"]["pool"]["generation"], 5);
-    let names: Vec<&str> = slice["spec"]["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["gpu-0"]);
-    assert!(api.slices()[&format!("{NODE}-{DRIVER}")]["metadata"]["resourceVersion"].is_string());
+    let names = |slice: &Value| -> Vec<String> {
+        slice["spec"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names(&slice), ["gpu-0", "gpu-1"]);
+    assert!(slice["spec"]["devices"][0].get("taints").is_none());
+    assert_eq!(
+        slice["spec"]["devices"][1]["taints"],
+        json!([{"key": "gpu.gpuwarden.io/unhealthy", "value": "device-node-missing",
+                "effect": "NoSchedule"}])
+    );
+    // The API server adds the taint's timeAdded: still the same slice, not written again.
+    let key = format!("{NODE}-{DRIVER}");
+    api.edit_slice(&key, |s| {
+        s["spec"]["devices"][1]["taints"][0]["timeAdded"] = json!("2026-01-01T00:00:00Z");
+    });
+    let writes = slice_writes(&api).len();
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(slice_writes(&api).len(), writes);
+    // An API server without DRADeviceTaints drops taints, which would show gpu-1 healthy: the
+    // agent leaves it out instead.
+    api.set_taints_off(true);
+    assert_eq!(api.kubelet_starts(NODE), 1);
+    wait_for("the slice without gpu-1", || {
+        api.slices()
+            .get(&key)
+            .is_some_and(|s| names(s) == ["gpu-0"])
+    });
+    assert_eq!(api.slices()[&key]["spec"]["pool"]["generation"], 7);
+    assert!(api.slices()[&key]["metadata"]["resourceVersion"].is_string());
 
     agent.stop().unwrap();
     // Stopped: the sockets are gone, so the kubelet unregisters the plugin.

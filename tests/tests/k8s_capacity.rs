@@ -210,3 +210,27 @@ fn with_the_gate_off_a_claim_holds_the_gpu_whole() {
     assert_eq!(enforced(&first, &g), ("1".to_owned(), 80 * GIB));
     assert!(pool.allocate(Some(&requests(&half))).is_none());
 }
+
+#[test]
+fn the_claim_agent_dra_prepares_is_what_the_scheduler_charges() {
+    // tests/agent_dra.rs serves a claim asking {milli: 500, memory: 256Mi} of a mock 16 GiB GPU,
+    // allocated with consumedCapacity {milli: 500, memory: 256Mi}: what the oracle charges.
+    let g = gpu(16 * GIB);
+    let mut pool = Pool::new(&[slice::device(&g, None)], true);
+    let a = pool
+        .allocate(Some(&json!({"milli": "500", "memory": "256Mi"})))
+        .expect("fits");
+    assert_eq!(
+        a.consumed_capacity(),
+        json!({"milli": "500", "memory": "256Mi"})
+    );
+    // Below the minimum: the minimum; between steps: up to the next whole MiB.
+    let b = pool
+        .allocate(Some(&json!({"milli": "1", "memory": "1000000"})))
+        .expect("fits");
+    assert_eq!(b.consumed_capacity()["memory"], "1Mi");
+    let c = pool
+        .allocate(Some(&json!({"milli": "1", "memory": "1500000"})))
+        .expect("fits");
+    assert_eq!(c.consumed_capacity()["memory"], "2Mi");
+}

@@ -246,6 +246,8 @@ async fn publish_slices(
     let mut generation = 0;
     let mut published_once = false;
     let mut gate_off = false;
+    // Set once the API server is seen dropping taints: unusable GPUs are left out instead.
+    let mut drop_unhealthy = false;
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -264,7 +266,7 @@ async fn publish_slices(
                 Err(_) => {}
             }
         }
-        let devices = slice::devices(&offered, driver_version.as_deref());
+        let devices = slice::devices(&offered, driver_version.as_deref(), drop_unhealthy);
         match slice::publish(&api, &node, &devices, owner.as_ref(), generation).await {
             Ok(done) => {
                 generation = done.generation;
@@ -297,6 +299,14 @@ async fn publish_slices(
                     );
                 }
                 gate_off = done.gate_off;
+                if done.taints_dropped && !drop_unhealthy {
+                    drop_unhealthy = true;
+                    tracing::warn!(
+                        "{DRIVER_NAME}: the API server dropped the device taints (DRADeviceTaints \
+                         is off in kube-apiserver; on by default from 1.36): an unusable GPU \
+                         leaves the ResourceSlice instead of being tainted"
+                    );
+                }
             }
             Err(e) => tracing::warn!("{DRIVER_NAME}: publishing the ResourceSlice: {e}; retrying"),
         }

@@ -14,8 +14,9 @@
 //! here: the webhook names both (docs/kubernetes.md), and so should hand-written claims.
 //!
 //! Published when the agent starts, and checked again at every tick: made again when the kubelet
-//! (or anyone) deleted it, put back when it was changed, and replaced when the set of usable GPUs
-//! changes (a device node lost or back); the pool's generation goes up with each change.
+//! (or anyone) deleted it, put back when it was changed, and replaced when a GPU turns unusable
+//! (its device node lost: tainted `NoSchedule`, or left out where the API server drops taints)
+//! or usable again; the pool's generation goes up with each change.
 
 use std::path::Path;
 
@@ -132,13 +133,38 @@ pub fn binary_quantity(bytes: u64) -> String {
     format!("{n}{}", ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"][unit])
 }
 
-/// The devices of the slice: the offered GPUs whose device node is there.
+/// The taint key of a GPU the agent finds unusable (its device node gone).
+pub const UNHEALTHY_TAINT: &str = "gpu.gpuwarden.io/unhealthy";
+
+/// The taint on an unusable GPU: no new claim is allocated it (`NoSchedule`); pods already
+/// using it are left to their owners.
 #[must_use]
-pub fn devices(offered: &[GpuDevice], driver_version: Option<&str>) -> Vec<Value> {
+pub fn unhealthy_taint() -> Value {
+    json!({ "key": UNHEALTHY_TAINT, "value": "device-node-missing", "effect": "NoSchedule" })
+}
+
+/// The devices of the slice: the offered GPUs, those whose device node is gone tainted
+/// ([`unhealthy_taint`]) — or left out when `drop_unhealthy` (an API server that drops taints,
+/// the `DRADeviceTaints` gate off, would publish them as healthy).
+#[must_use]
+pub fn devices(
+    offered: &[GpuDevice],
+    driver_version: Option<&str>,
+    drop_unhealthy: bool,
+) -> Vec<Value> {
     offered
         .iter()
-        .filter(|g| Path::new(&g.device_node).exists())
-        .map(|g| device(g, driver_version))
+        .filter_map(|g| {
+            let healthy = Path::new(&g.device_node).exists();
+            let mut d = device(g, driver_version);
+            if !healthy {
+                if drop_unhealthy {
+                    return None;
+                }
+                d["taints"] = json!([unhealthy_taint()]);
+            }
+            Some(d)
+        })
         .collect()
 }
 
@@ -197,6 +223,41 @@ pub fn object(
             "devices": devices,
         },
     })
+}
+
+/// The devices of a slice the API server returned, without what it adds itself (a taint's
+/// `timeAdded`), for comparing with what is published.
+#[must_use]
+pub fn as_published(devices: &Value) -> Value {
+    let mut devices = devices.clone();
+    for taint in devices
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.get_mut("taints").and_then(Value::as_array_mut))
+        .flatten()
+    {
+        if let Some(t) = taint.as_object_mut() {
+            t.remove("timeAdded");
+        }
+    }
+    devices
+}
+
+/// Whether a slice the API server returned lost the taints written (the `DRADeviceTaints` gate
+/// off in kube-apiserver): a tainted GPU would then look healthy.
+#[must_use]
+pub fn lost_taints(written: &[Value], returned: &Value) -> bool {
+    let tainted = |d: &Value| {
+        d.get("taints")
+            .and_then(Value::as_array)
+            .is_some_and(|t| !t.is_empty())
+    };
+    written.iter().any(tainted)
+        && !returned
+            .pointer("/spec/devices")
+            .and_then(Value::as_array)
+            .is_some_and(|ds| ds.iter().any(tainted))
 }
 
 /// Whether two JSON values are the same, a quantity equal to its other spellings (`1000` and
@@ -281,6 +342,8 @@ pub struct Published {
     /// The API server dropped `allowMultipleAllocations` (the `DRAConsumableCapacity` gate is
     /// off in kube-apiserver).
     pub gate_off: bool,
+    /// The API server dropped the devices' taints (the `DRADeviceTaints` gate is off).
+    pub taints_dropped: bool,
 }
 
 /// Makes the API server's slice for `node` hold `devices`, owned by `owner` (the Node) when
@@ -307,6 +370,7 @@ pub async fn publish(
         action,
         generation,
         gate_off,
+        taints_dropped: false,
     };
     if devices.is_empty() {
         if existing.is_some() {
@@ -324,15 +388,21 @@ pub async fn publish(
             let body = object(node, generation, devices, None, owner);
             let answer = api.request(http::Method::POST, SLICES, Some(&body)).await?;
             let made: Value = apiserver::json(&answer, "POST", SLICES)?;
-            let gate_off = lost_consumable_capacity(devices, &made);
-            Ok(done(Action::Created, generation, gate_off))
+            Ok(Published {
+                taints_dropped: lost_taints(devices, &made),
+                ..done(
+                    Action::Created,
+                    generation,
+                    lost_consumable_capacity(devices, &made),
+                )
+            })
         }
         Some(old) => {
             let generation = old["spec"]["pool"]["generation"]
                 .as_i64()
                 .unwrap_or(0)
                 .max(last_generation);
-            let old_devices = &old["spec"]["devices"];
+            let old_devices = &as_published(&old["spec"]["devices"]);
             let gate_off = same(
                 old_devices,
                 &Value::Array(without_consumable_capacity(devices)),
@@ -352,8 +422,14 @@ pub async fn publish(
             let body = object(node, generation + 1, devices, rv, owner);
             let answer = api.request(http::Method::PUT, &path, Some(&body)).await?;
             let replaced: Value = apiserver::json(&answer, "PUT", &path)?;
-            let gate_off = lost_consumable_capacity(devices, &replaced);
-            Ok(done(Action::Replaced, generation + 1, gate_off))
+            Ok(Published {
+                taints_dropped: lost_taints(devices, &replaced),
+                ..done(
+                    Action::Replaced,
+                    generation + 1,
+                    lost_consumable_capacity(devices, &replaced),
+                )
+            })
         }
     }
 }

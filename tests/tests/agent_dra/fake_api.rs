@@ -35,6 +35,8 @@ struct State {
     /// `allowMultipleAllocations` and the capacities' `requestPolicy`, as
     /// `pkg/registry/resource/resourceslice/strategy.go` (`dropDisabledFields`) drops them.
     gate_off: bool,
+    /// Plays kube-apiserver with `DRADeviceTaints` off: devices are stored without `taints`.
+    taints_off: bool,
     seen: Vec<Seen>,
     next_version: u64,
 }
@@ -51,13 +53,21 @@ const PODS: &str = "/api/v1/namespaces/";
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 const NODES: &str = "/api/v1/nodes/";
 
-/// What kube-apiserver keeps of a slice with `DRAConsumableCapacity` off.
-fn drop_consumable_capacity(slice: &mut Value) {
+/// What kube-apiserver keeps of a slice: with `DRAConsumableCapacity` off, no
+/// `allowMultipleAllocations` nor `requestPolicy`; with `DRADeviceTaints` off, no `taints`
+/// (`pkg/registry/resource/resourceslice/strategy.go`, `dropDisabledFields`).
+fn as_stored(mut slice: Value, gate_off: bool, taints_off: bool) -> Value {
     for device in slice["spec"]["devices"]
         .as_array_mut()
         .into_iter()
         .flatten()
     {
+        if taints_off && let Some(d) = device.as_object_mut() {
+            d.remove("taints");
+        }
+        if !gate_off {
+            continue;
+        }
         if let Some(d) = device.as_object_mut() {
             d.remove("allowMultipleAllocations");
         }
@@ -71,6 +81,7 @@ fn drop_consumable_capacity(slice: &mut Value) {
             }
         }
     }
+    slice
 }
 
 impl FakeApi {
@@ -145,6 +156,17 @@ impl FakeApi {
     /// Turns the `DRAConsumableCapacity` gate off (or on) for what is written from now on.
     pub fn set_gate_off(&self, off: bool) {
         self.state.lock().unwrap().gate_off = off;
+    }
+
+    /// Turns the `DRADeviceTaints` gate off (or on) for what is written from now on.
+    pub fn set_taints_off(&self, off: bool) {
+        self.state.lock().unwrap().taints_off = off;
+    }
+
+    /// Changes the slice `name` in place, as the API server or someone else might.
+    pub fn edit_slice(&self, name: &str, change: impl FnOnce(&mut Value)) {
+        let mut s = self.state.lock().unwrap();
+        change(s.slices.get_mut(name).unwrap());
     }
 
     /// Every request so far.
@@ -232,13 +254,8 @@ async fn answer(
             _ => status(405, "MethodNotAllowed", "not served by the fake"),
         }
     } else if let Some(rest) = path.strip_prefix(SLICES) {
-        let gate_off = s.gate_off;
-        let body = body.map(|mut slice| {
-            if gate_off {
-                drop_consumable_capacity(&mut slice);
-            }
-            slice
-        });
+        let (gate_off, taints_off) = (s.gate_off, s.taints_off);
+        let body = body.map(|slice| as_stored(slice, gate_off, taints_off));
         let name = rest.trim_start_matches('/');
         s.next_version += 1;
         let version = s.next_version.to_string();
