@@ -206,6 +206,7 @@ impl Plugin {
             self.offered.clone(),
             self.driver_version.clone(),
             every,
+            Arc::clone(&self.registration),
         );
         tokio::select! {
             () = server::serve(
@@ -222,17 +223,19 @@ impl Plugin {
     }
 }
 
-/// Keeps the node's ResourceSlice published: checked at every tick and made again when it is
-/// gone (the kubelet deletes its node's slices when it starts, and a driver's ~30 s after the
-/// driver's plugin connection dropped), replaced when it differs, owned by the Node once the Node
-/// could be read. Says loudly when the API server dropped `allowMultipleAllocations` (the
-/// `DRAConsumableCapacity` gate is off). Failures are retried at the next tick.
+/// Keeps the node's ResourceSlice published: checked at every tick, and at once when the
+/// kubelet (re)registers the plugin, and made again when it is gone (the kubelet deletes its
+/// node's slices when it starts, and a driver's ~30 s after the driver's plugin connection
+/// dropped), replaced when it differs, owned by the Node once the Node could be read. Says loudly
+/// when the API server dropped `allowMultipleAllocations` (the `DRAConsumableCapacity` gate is
+/// off). Failures are retried at the next tick.
 async fn publish_slices(
     config: DraConfig,
     node: String,
     offered: Vec<GpuDevice>,
     driver_version: Option<String>,
     every: Duration,
+    registration: server::RegistrationSeen,
 ) {
     let api = match apiserver::ApiServer::new(&config.api) {
         Ok(api) => api,
@@ -251,7 +254,12 @@ async fn publish_slices(
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticker.tick().await;
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = registration.changed() => {
+                tracing::debug!("{DRIVER_NAME}: the kubelet registered the plugin; checking the slice");
+            }
+        }
         if owner.is_none() {
             match slice::node_owner(&api, &node).await {
                 Ok(o) => owner = Some(o),

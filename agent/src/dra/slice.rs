@@ -361,7 +361,15 @@ pub async fn publish(
     last_generation: i64,
 ) -> Result<Published, ApiError> {
     let path = format!("{SLICES}/{}", slice_name(node));
-    let current = api.request(http::Method::GET, &path, None).await?;
+    // `resourceVersion=0`: served from the API server's watch cache, so a check at every tick
+    // of every node costs it little; a read a moment stale is corrected at the next tick.
+    let current = api
+        .request(
+            http::Method::GET,
+            &format!("{path}?resourceVersion=0"),
+            None,
+        )
+        .await?;
     let existing: Option<Value> = match current.status {
         404 => None,
         _ => Some(apiserver::json(&current, "GET", &path)?),
@@ -387,6 +395,10 @@ pub async fn publish(
             let generation = last_generation + 1;
             let body = object(node, generation, devices, None, owner);
             let answer = api.request(http::Method::POST, SLICES, Some(&body)).await?;
+            if answer.status == 409 {
+                // Made already, and the cached read was behind: looked at again next tick.
+                return Ok(done(Action::Kept, last_generation, false));
+            }
             let made: Value = apiserver::json(&answer, "POST", SLICES)?;
             Ok(Published {
                 taints_dropped: lost_taints(devices, &made),
