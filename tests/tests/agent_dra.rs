@@ -17,6 +17,8 @@
 mod fake_api;
 #[path = "agent_dra/fake_kubelet.rs"]
 mod fake_kubelet;
+#[path = "agent_dra/schema.rs"]
+mod schema;
 mod util;
 
 use std::{
@@ -27,7 +29,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fake_api::{FakeApi, Schema};
+use fake_api::FakeApi;
 use fake_kubelet::{
     discover, notify, prepare_v1, prepare_v1beta1, unprepare_v1, unprepare_v1beta1,
 };
@@ -39,6 +41,7 @@ use gpuwarden_agent_api::{client, snapshot::Snapshot};
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
+use schema::Schema;
 use serde_json::{Value, json};
 use util::{
     Client, Driver, TestAgent, cluster::eventually, container_id, mknod, open_in, pin_dir, pod_uid,

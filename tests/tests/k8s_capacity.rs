@@ -8,6 +8,8 @@
 
 #[path = "k8s_capacity/allocator.rs"]
 mod allocator;
+#[path = "agent_dra/schema.rs"]
+mod schema;
 
 use allocator::{Allocated, Pool};
 use gpuwarden_agent::{
@@ -16,6 +18,7 @@ use gpuwarden_agent::{
 };
 use gpuwarden_controller::kubernetes::pod::{ClaimAsk, GpuAsk};
 use gpuwarden_types::{policy::QuotaPolicy, slot::SlotValue};
+use schema::Schema;
 use serde_json::{Value, json};
 
 const GIB: u64 = 1 << 30;
@@ -233,4 +236,33 @@ fn the_claim_agent_dra_prepares_is_what_the_scheduler_charges() {
         .allocate(Some(&json!({"milli": "1", "memory": "1500000"})))
         .expect("fits");
     assert_eq!(c.consumed_capacity()["memory"], "2Mi");
+}
+
+#[test]
+fn the_slice_and_the_webhooks_templates_are_valid_for_the_api() {
+    let schema = Schema::load();
+    let g = gpu(80 * GIB);
+    let slice = slice::object("node-a", 1, &[slice::device(&g, None)], None, None);
+    let errors = schema.check("io.k8s.api.resource.v1.ResourceSlice", &slice);
+    assert!(errors.is_empty(), "{errors:#?}");
+    for ask in [
+        webhook(Some(500), Some(8 * GIB), 80 * GIB),
+        webhook(Some(250), None, 80 * GIB),
+        webhook(None, Some(GIB), 80 * GIB),
+    ] {
+        // The fixture has the claim's spec (the template's `spec.spec`), not the template.
+        let spec = ask.template("ml")["spec"]["spec"].clone();
+        let errors = schema.check("io.k8s.api.resource.v1.ResourceClaimSpec", &spec);
+        assert!(errors.is_empty(), "{errors:#?}\n{spec:#}");
+    }
+    // The check can fail: a request's capacity in the wrong place.
+    let mut wrong =
+        webhook(Some(500), Some(8 * GIB), 80 * GIB).template("ml")["spec"]["spec"].clone();
+    wrong["devices"]["requests"][0]["capacity"] = json!({"milli": "500"});
+    assert_eq!(
+        schema
+            .check("io.k8s.api.resource.v1.ResourceClaimSpec", &wrong)
+            .len(),
+        1
+    );
 }
