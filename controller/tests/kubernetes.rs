@@ -598,6 +598,38 @@ async fn with_the_extender_marker_gpu_milli_stays_for_managed_resources() {
 }
 
 #[tokio::test]
+async fn the_gpus_offered_to_kubernetes_size_and_bound_the_ask() {
+    let c = cluster(None).await;
+    // A node whose one 16 GiB GPU is offered to Kubernetes: from now on the webhook goes by the
+    // Kubernetes GPUs (the 80 and 40 GiB ones are the controller's).
+    c.controller
+        .apply(|s| {
+            let mut report = NodeReport::with_gpus("k8s", 1, 16 * GIB, 1);
+            report.kubernetes_devices = std::mem::take(&mut report.devices);
+            s.register(report, &[]).expect("registers");
+        })
+        .await
+        .expect("persists");
+    let response = admit(&c, &pod_review(&pod(Some("0.25"), None))).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(
+        decoded_patch(&response)
+            .to_string()
+            .contains("gpuwarden-250m-4gi"),
+        "a quarter of 16 GiB"
+    );
+    let response = admit(&c, &pod_review(&pod(None, Some("32Gi")))).await;
+    assert_eq!(response["allowed"], false);
+    assert!(
+        response["status"]["message"]
+            .as_str()
+            .expect("a message")
+            .contains("the largest: 17179869184 bytes"),
+        "{response}"
+    );
+}
+
+#[tokio::test]
 async fn existing_claims_and_annotations_are_appended_to() {
     let c = cluster(None).await;
     let mut original = pod(Some("0.25"), None);

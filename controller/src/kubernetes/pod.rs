@@ -427,7 +427,8 @@ fn memory_label(bytes: u64) -> String {
 pub struct Bounds {
     /// Shares must be whole multiples of this.
     pub quantum: SlotValue,
-    /// The most memory one known device has (`None`: no GPU known yet, so memory isn't checked).
+    /// The most memory one GPU offered to Kubernetes (else one known GPU) has (`None`: no GPU
+    /// known yet, so memory isn't checked).
     pub largest_device_memory: Option<u64>,
     /// The least memory one GPU offered to Kubernetes has (else one known GPU): what an ask naming
     /// only compute or only memory is sized by ([`GpuAsk::sized`]).

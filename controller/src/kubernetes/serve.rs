@@ -442,10 +442,15 @@ async fn handle(
     };
     match path.as_str() {
         "/mutate" => {
-            let bounds = hooks.controller.read(|s| Bounds {
-                quantum: s.share_quantum(),
-                largest_device_memory: s.largest_device_memory(),
-                smallest_device_memory: s.smallest_kubernetes_device_memory(),
+            // The GPUs offered to Kubernetes bound what a pod may ask (all GPUs, for agents
+            // that report none apart).
+            let bounds = hooks.controller.read(|s| {
+                let memory = s.kubernetes_device_memory();
+                Bounds {
+                    quantum: s.share_quantum(),
+                    largest_device_memory: memory.map(|(_, most)| most),
+                    smallest_device_memory: memory.map(|(least, _)| least),
+                }
             });
             match admission::review(&body, &bounds, hooks.templates.as_ref(), hooks.marker).await {
                 Ok((answer, outcome)) => {

@@ -94,12 +94,13 @@ impl Scheduler {
             .max()
     }
 
-    /// The least memory one GPU offered to Kubernetes has, else one GPU of any kind (agents from
-    /// before `kubernetes_devices`), `None` while no agent reported a GPU: what the admission
-    /// webhook sizes an ask of compute only (or memory only) by.
+    /// The least and the most memory one GPU offered to Kubernetes has, else one GPU of any
+    /// kind (agents from before `kubernetes_devices`), `None` while no agent reported a GPU:
+    /// what the admission webhook sizes an ask of compute only (or memory only) by, and the
+    /// most memory a pod may ask.
     #[must_use]
-    pub fn smallest_kubernetes_device_memory(&self) -> Option<u64> {
-        let smallest = |kubernetes: bool| {
+    pub fn kubernetes_device_memory(&self) -> Option<(u64, u64)> {
+        let range = |kubernetes: bool| {
             self.nodes
                 .values()
                 .flat_map(|n| {
@@ -111,9 +112,11 @@ impl Scheduler {
                 })
                 .map(|d| d.memory_bytes)
                 .filter(|m| *m > 0)
-                .min()
+                .fold(None, |acc: Option<(u64, u64)>, m| {
+                    Some(acc.map_or((m, m), |(lo, hi)| (lo.min(m), hi.max(m))))
+                })
         };
-        smallest(true).or_else(|| smallest(false))
+        range(true).or_else(|| range(false))
     }
 
     /// The share quantum requests must be whole multiples of.
