@@ -288,6 +288,17 @@ pub struct Plan {
     pub devices: Vec<PlannedDevice>,
 }
 
+impl Plan {
+    /// Whether kube-scheduler allocated a device of this node whole: no `shareID`, which it
+    /// gives every allocation of a shared device. The slice publishes every GPU shared, so the
+    /// allocator ran with the `DRAConsumableCapacity` gate off (in kube-scheduler; off in
+    /// kube-apiserver the slice itself shows it), and the claim holds the GPU alone.
+    #[must_use]
+    pub fn held_whole(&self) -> bool {
+        self.devices.iter().any(|d| d.share_id.is_none())
+    }
+}
+
 /// The session id a claim's quota runs under.
 #[must_use]
 pub fn session_id(claim_uid: &str) -> String {

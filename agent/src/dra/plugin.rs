@@ -162,6 +162,14 @@ impl Driver {
             self.config.policy,
         )
         .map_err(|e| e.to_string())?;
+        if plan.held_whole() {
+            tracing::error!(
+                claim = %format!("{}/{}", claim.namespace, claim.name),
+                "{DRIVER_NAME}: kube-scheduler allocated this claim a whole GPU (no shareID): the \
+                 DRAConsumableCapacity feature gate is off in kube-scheduler; every claim gets a \
+                 whole GPU until it is on there, in kube-apiserver and in the kubelet"
+            );
+        }
         // Administrative access: the device nodes and no quota (an empty one would bind the
         // pod to no GPU at all).
         let quota = if plan.allocate.devices.is_empty() {

@@ -342,3 +342,33 @@ fn admin_access_gets_the_device_without_a_quota_and_is_not_mixed_with_ordinary_a
     .unwrap_err();
     assert_eq!(e, ClaimError::MixedAdminAccess("ml/admin".into()));
 }
+
+#[test]
+fn a_result_without_share_id_is_a_gpu_held_whole() {
+    let all = gpus();
+    let shared = claim(
+        "n",
+        "gpu-0",
+        serde_json::json!({"milli": "500", "memory": "8Gi"}),
+        serde_json::json!([]),
+    );
+    let p = plan(&shared, UID, "n", &all, &all, QuotaPolicy::default()).unwrap();
+    assert!(!p.held_whole());
+    // As kube-scheduler allocates with DRAConsumableCapacity off: no consumedCapacity, no
+    // shareID.
+    let mut whole = claim("n", "gpu-0", serde_json::Value::Null, serde_json::json!([]));
+    whole
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap()
+        .results[0]
+        .share_id = None;
+    let p = plan(&whole, UID, "n", &all, &all, QuotaPolicy::default()).unwrap();
+    assert!(p.held_whole());
+}
