@@ -445,3 +445,81 @@ pub async fn publish(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(memory_bytes: u64) -> GpuDevice {
+        GpuDevice {
+            uuid: "GPU-0".into(),
+            model: "Mock".into(),
+            memory_bytes,
+            numa_node: 0,
+            sm_count: 0,
+            is_mig: false,
+            index: 0,
+            device_node: "/dev/gpuwarden-test-no-such-node".into(),
+        }
+    }
+
+    #[test]
+    fn memory_is_published_in_whole_mib_as_the_api_server_writes_it() {
+        assert_eq!(binary_quantity(80 << 30), "80Gi");
+        assert_eq!(binary_quantity(15_258 << 20), "15258Mi");
+        assert_eq!(binary_quantity(1000), "1000");
+        let c = capacity(&gpu(16_000_000_000));
+        assert_eq!(c[MEMORY]["value"], "15258Mi");
+        assert_eq!(c[MEMORY]["requestPolicy"]["validRange"]["max"], "15258Mi");
+        assert_eq!(c[MILLI]["value"], "1000");
+    }
+
+    #[test]
+    fn quantities_compare_by_value_and_server_fields_are_no_difference() {
+        assert!(same(&json!({"v": "1k"}), &json!({"v": "1000"})));
+        assert!(same(&json!(["85899345920"]), &json!(["80Gi"])));
+        assert!(!same(&json!({"v": "1k"}), &json!({"v": "1001"})));
+        assert!(!same(&json!({"v": "gpu-0"}), &json!({"v": "gpu-1"})));
+        assert!(!same(&json!({"a": "1"}), &json!({"a": "1", "b": "2"})));
+        let published = json!([{"name": "gpu-1", "taints": [unhealthy_taint()]}]);
+        let mut returned = published.clone();
+        returned[0]["taints"][0]["timeAdded"] = json!("2026-01-01T00:00:00Z");
+        assert!(!same(&returned, &published));
+        assert!(same(&as_published(&returned), &published));
+    }
+
+    #[test]
+    fn an_unusable_gpu_is_tainted_or_left_out() {
+        let lost = gpu(1 << 30);
+        let tainted = devices(std::slice::from_ref(&lost), None, false);
+        assert_eq!(tainted[0]["taints"], json!([unhealthy_taint()]));
+        assert!(devices(std::slice::from_ref(&lost), None, true).is_empty());
+        let returned = json!({"spec": {"devices": [device(&lost, None)]}});
+        assert!(lost_taints(&tainted, &returned));
+        assert!(!lost_taints(
+            &tainted,
+            &json!({"spec": {"devices": tainted}})
+        ));
+    }
+
+    #[test]
+    fn a_slice_without_the_gate_is_recognised() {
+        let written = vec![device(&gpu(1 << 30), None)];
+        let stripped = without_consumable_capacity(&written);
+        assert!(stripped[0].get("allowMultipleAllocations").is_none());
+        assert!(
+            stripped[0]["capacity"][MILLI]
+                .get("requestPolicy")
+                .is_none()
+        );
+        assert!(stripped[0]["capacity"][MILLI].get("value").is_some());
+        assert!(lost_consumable_capacity(
+            &written,
+            &json!({"spec": {"devices": stripped}})
+        ));
+        assert!(!lost_consumable_capacity(
+            &written,
+            &json!({"spec": {"devices": written}})
+        ));
+    }
+}
