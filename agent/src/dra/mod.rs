@@ -293,7 +293,8 @@ async fn publish_slices(
                     slice::Action::Kept | slice::Action::Deleted => {}
                 }
                 published_once = true;
-                if done.gate_off && !gate_off {
+                let now_off = done.gate_off.unwrap_or(gate_off);
+                if now_off && !gate_off {
                     tracing::error!(
                         "{DRIVER_NAME}: the API server dropped allowMultipleAllocations from the \
                          ResourceSlice: the DRAConsumableCapacity feature gate is off in \
@@ -301,12 +302,12 @@ async fn publish_slices(
                          kube-apiserver, kube-scheduler and the kubelet (alpha in 1.34 and 1.35, \
                          on by default from 1.36; docs/kubernetes.md)"
                     );
-                } else if !done.gate_off && gate_off {
+                } else if !now_off && gate_off {
                     tracing::info!(
                         "{DRIVER_NAME}: the ResourceSlice keeps allowMultipleAllocations again"
                     );
                 }
-                gate_off = done.gate_off;
+                gate_off = now_off;
                 if done.taints_dropped && !drop_unhealthy {
                     drop_unhealthy = true;
                     tracing::warn!(

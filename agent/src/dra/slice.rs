@@ -339,9 +339,9 @@ pub struct Published {
     pub action: Action,
     /// The pool's generation now (0 when deleted).
     pub generation: i64,
-    /// The API server dropped `allowMultipleAllocations` (the `DRAConsumableCapacity` gate is
-    /// off in kube-apiserver).
-    pub gate_off: bool,
+    /// Whether the API server dropped `allowMultipleAllocations` (the `DRAConsumableCapacity`
+    /// gate is off in kube-apiserver); `None` when the slice wasn't seen this time.
+    pub gate_off: Option<bool>,
     /// The API server dropped the devices' taints (the `DRADeviceTaints` gate is off).
     pub taints_dropped: bool,
 }
@@ -377,7 +377,7 @@ pub async fn publish(
     let done = |action, generation, gate_off| Published {
         action,
         generation,
-        gate_off,
+        gate_off: Some(gate_off),
         taints_dropped: false,
     };
     if devices.is_empty() {
@@ -397,7 +397,10 @@ pub async fn publish(
             let answer = api.request(http::Method::POST, SLICES, Some(&body)).await?;
             if answer.status == 409 {
                 // Made already, and the cached read was behind: looked at again next tick.
-                return Ok(done(Action::Kept, last_generation, false));
+                return Ok(Published {
+                    gate_off: None,
+                    ..done(Action::Kept, last_generation, false)
+                });
             }
             let made: Value = apiserver::json(&answer, "POST", SLICES)?;
             Ok(Published {
