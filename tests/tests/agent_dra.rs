@@ -576,6 +576,56 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     assert!(!endpoint.exists());
 }
 
+/// The agent watches its slice: one deleted while the agent's tick is far away (ten minutes)
+/// and no kubelet registers is back at once, through the watch alone.
+#[test]
+#[ignore = "needs root"]
+fn a_deleted_slice_is_back_through_the_watch_before_the_tick() {
+    require_root();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let api = FakeApi::start(&rt);
+    api.put_node(NODE, NODE_UID);
+    let root = scratch("dra-watch");
+    let dev = root.path().join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    let nodes = vec![dev.join("nvidia0")];
+    std::fs::write(&nodes[0], "").unwrap();
+    let dirs = KubeletDirs::new(root.path());
+    let state = scratch("dra-watch-agent");
+    let mut cfg = util::config(&[format!("{}/nvidia*", dev.display())], state.path());
+    cfg.mock_devices = Some(mock_file(root.path(), &nodes));
+    cfg.rescan_interval = Duration::from_mins(10);
+    cfg.dra = Some(DraConfig {
+        gpus: GpuSelection::Indexes(vec![0]),
+        plugins_registry_dir: dirs.registry.clone(),
+        plugins_dir: dirs.plugins.clone(),
+        cdi_dir: dirs.cdi.clone(),
+        policy: gpuwarden_agent::enforcement::quota::QuotaPolicy::default(),
+        api: ApiServerConfig {
+            url: api.url(),
+            token_file: Some(dirs.token.clone()),
+            ca_file: None,
+        },
+    });
+    let agent = TestAgent::start_with(cfg);
+    let key = format!("{NODE}-{DRIVER}");
+    wait_for("the slice", || api.slices().contains_key(&key));
+    wait_for("the watch", || api.slice_watches() == 1);
+    assert_eq!(api.kubelet_starts(NODE), 1);
+    let deleted = Instant::now();
+    wait_for("the slice made again", || api.slices().contains_key(&key));
+    assert!(
+        deleted.elapsed() < Duration::from_mins(1),
+        "long before the tick"
+    );
+    assert_eq!(api.slices()[&key]["spec"]["pool"]["generation"], 2);
+    agent.stop().unwrap();
+}
+
 /// Session `id` as the controller lists it, once it does.
 async fn observed_session(controller: &TestController, id: &str) -> pb::Session {
     let mut client = controller.client().await;

@@ -223,8 +223,48 @@ impl Plugin {
     }
 }
 
-/// Keeps the node's ResourceSlice published: checked at every tick, and at once when the
-/// kubelet (re)registers the plugin, and made again when it is gone (the kubelet deletes its
+/// Watches the node's slice, each event into `changes` (so a slice deleted by the kubelet, or
+/// anyone, is made again at once); a watch the API server ends or refuses is opened again after
+/// `every`. Never returns.
+async fn watch_slice(
+    config: &DraConfig,
+    node: &str,
+    every: Duration,
+    changes: mpsc::Sender<serde_json::Value>,
+) {
+    // The publisher reports a bad API setting; the watch then never starts.
+    let Ok(api) = apiserver::ApiServer::new(&config.api) else {
+        return std::future::pending().await;
+    };
+    let path = slice::watch_path(node);
+    let mut warned = false;
+    loop {
+        match api.watch(&path, &changes).await {
+            Ok(answer) if answer.is_success() => {}
+            Ok(answer) if !warned => {
+                warned = true;
+                tracing::warn!(
+                    "{DRIVER_NAME}: cannot watch the ResourceSlice (HTTP {}: {}); it is checked \
+                     at every tick only",
+                    answer.status,
+                    answer.message()
+                );
+            }
+            Err(e) if !warned => {
+                warned = true;
+                tracing::warn!(
+                    "{DRIVER_NAME}: watching the ResourceSlice: {e}; it is checked at every tick \
+                     until the watch is back"
+                );
+            }
+            Ok(_) | Err(_) => {}
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Keeps the node's ResourceSlice published: checked at every tick, at once when the kubelet
+/// (re)registers the plugin or the slice changes (a watch), and made again when it is gone (the kubelet deletes its
 /// node's slices when it starts, and a driver's ~30 s after the driver's plugin connection
 /// dropped), replaced when it differs, owned by the Node once the Node could be read. Says loudly
 /// when the API server dropped `allowMultipleAllocations` (the `DRAConsumableCapacity` gate is
@@ -253,12 +293,19 @@ async fn publish_slices(
     let mut drop_unhealthy = false;
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (watch_events, mut slice_events) = mpsc::channel(16);
+    let watcher = watch_slice(&config, &node, every, watch_events);
+    tokio::pin!(watcher);
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
             () = registration.changed() => {
                 tracing::debug!("{DRIVER_NAME}: the kubelet registered the plugin; checking the slice");
             }
+            Some(event) = slice_events.recv() => {
+                tracing::debug!(event = %event["type"], "{DRIVER_NAME}: the slice changed; checking it");
+            }
+            () = &mut watcher => {}
         }
         if owner.is_none() {
             match slice::node_owner(&api, &node).await {

@@ -168,6 +168,15 @@ pub fn devices(
         .collect()
 }
 
+/// The watch on the slice of `node` (its name as field selector).
+#[must_use]
+pub fn watch_path(node: &str) -> String {
+    format!(
+        "{SLICES}?watch=true&fieldSelector=metadata.name%3D{}",
+        slice_name(node)
+    )
+}
+
 /// The Node's API path.
 fn node_path(node: &str) -> String {
     format!("/api/v1/nodes/{node}")

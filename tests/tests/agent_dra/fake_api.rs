@@ -10,10 +10,16 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use http_body_util::{BodyExt, Full};
-use hyper::{Request, Response, body::Bytes, service::service_fn};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::{
+    Request, Response,
+    body::{Bytes, Frame},
+    service::service_fn,
+};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_stream::{StreamExt as _, wrappers::UnboundedReceiverStream};
 
 /// One request as the fake saw it.
 #[derive(Debug, Clone)]
@@ -36,6 +42,8 @@ struct State {
     gate_off: bool,
     /// Plays kube-apiserver with `DRADeviceTaints` off: devices are stored without `taints`.
     taints_off: bool,
+    /// Open watches on ResourceSlices: each gets every slice event, one JSON line each.
+    watchers: Vec<mpsc::UnboundedSender<Bytes>>,
     seen: Vec<Seen>,
     next_version: u64,
 }
@@ -99,7 +107,7 @@ impl FakeApi {
                 };
                 let state = Arc::clone(&shared);
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| answer(Arc::clone(&state), req));
+                    let service = service_fn(move |req| serve(Arc::clone(&state), req));
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(tcp), service)
                         .await;
@@ -146,10 +154,24 @@ impl FakeApi {
     /// wipes the node's slices): deletes every ResourceSlice of `node`; how many there were.
     pub fn kubelet_starts(&self, node: &str) -> usize {
         let mut s = self.state.lock().unwrap();
-        let before = s.slices.len();
-        s.slices
-            .retain(|_, slice| slice["spec"]["nodeName"] != json!(node));
-        before - s.slices.len()
+        let gone: Vec<String> = s
+            .slices
+            .iter()
+            .filter(|(_, slice)| slice["spec"]["nodeName"] == json!(node))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &gone {
+            let slice = s.slices.remove(name).unwrap();
+            s.event("DELETED", &slice);
+        }
+        gone.len()
+    }
+
+    /// The number of watches on ResourceSlices open now.
+    pub fn slice_watches(&self) -> usize {
+        let mut s = self.state.lock().unwrap();
+        s.watchers.retain(|w| !w.is_closed());
+        s.watchers.len()
     }
 
     /// Turns the `DRAConsumableCapacity` gate off (or on) for what is written from now on.
@@ -166,6 +188,8 @@ impl FakeApi {
     pub fn edit_slice(&self, name: &str, change: impl FnOnce(&mut Value)) {
         let mut s = self.state.lock().unwrap();
         change(s.slices.get_mut(name).unwrap());
+        let slice = s.slices[name].clone();
+        s.event("MODIFIED", &slice);
     }
 
     /// Every request so far.
@@ -176,6 +200,14 @@ impl FakeApi {
     /// The ResourceSlices held, by name.
     pub fn slices(&self) -> BTreeMap<String, Value> {
         self.state.lock().unwrap().slices.clone()
+    }
+}
+
+impl State {
+    /// Sends a watch event (`ADDED`, `MODIFIED`, `DELETED`) of `slice` to every open watch.
+    fn event(&mut self, kind: &str, slice: &Value) {
+        let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": slice})));
+        self.watchers.retain(|w| w.send(line.clone()).is_ok());
     }
 }
 
@@ -200,6 +232,38 @@ fn status(code: u16, reason: &str, message: &str) -> Response<Full<Bytes>> {
         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": message, "reason": reason, "code": code}),
     )
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// A watch on ResourceSlices (`?watch=true`, as `GET …/resourceslices?watch=true&fieldSelector=…`
+/// opens one): the slices there now as `ADDED`, then each change, one JSON event a line, as
+/// long as the client reads; any other request as [`answer`] answers it.
+async fn serve(
+    state: Arc<Mutex<State>>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let watch = req.method() == hyper::Method::GET
+        && req.uri().path() == SLICES
+        && req.uri().query().is_some_and(|q| q.contains("watch=true"));
+    if !watch {
+        return answer(state, req).await.map(|r| r.map(BodyExt::boxed));
+    }
+    let (sender, receiver) = mpsc::unbounded_channel();
+    {
+        let mut s = state.lock().unwrap();
+        for slice in s.slices.values() {
+            let line = format!("{}\n", json!({"type": "ADDED", "object": slice}));
+            sender.send(Bytes::from(line)).unwrap();
+        }
+        s.watchers.push(sender);
+    }
+    let stream = UnboundedReceiverStream::new(receiver).map(|b| Ok(Frame::data(b)));
+    Ok(Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .body(StreamBody::new(stream).boxed())
+        .unwrap())
 }
 
 async fn answer(
@@ -271,6 +335,7 @@ async fn answer(
                 if let std::collections::btree_map::Entry::Vacant(entry) = s.slices.entry(name) {
                     slice["metadata"]["resourceVersion"] = json!(version);
                     entry.insert(slice.clone());
+                    s.event("ADDED", &slice);
                     reply(201, &slice)
                 } else {
                     status(409, "AlreadyExists", "already exists")
@@ -288,11 +353,15 @@ async fn answer(
                 } else {
                     slice["metadata"]["resourceVersion"] = json!(version);
                     s.slices.insert(name.to_owned(), slice.clone());
+                    s.event("MODIFIED", &slice);
                     reply(200, &slice)
                 }
             }
             ("DELETE", name, _) if !name.is_empty() => match s.slices.remove(name) {
-                Some(slice) => reply(200, &slice),
+                Some(slice) => {
+                    s.event("DELETED", &slice);
+                    reply(200, &slice)
+                }
                 None => status(404, "NotFound", "not found"),
             },
             _ => status(405, "MethodNotAllowed", "not served by the fake"),
