@@ -20,6 +20,7 @@ use gpuwarden_controller::{
     api::{Controller, Timing},
     auth::{mint, tls::ServerTlsFiles},
     kubernetes::{
+        admission::Marker,
         apiserver::ApiServer,
         serve::{Hooks, ServingCert, serve_extender, serve_webhook},
     },
@@ -193,6 +194,12 @@ struct Cluster {
 /// idle 80 GiB GPU), `full` (one 40 GiB GPU, 0.9 of it taken); the webhook on HTTPS with
 /// minted certificates, the extender on plain HTTP, templates made through the fake API server.
 async fn cluster(refuse: Option<(u16, &'static str)>) -> Cluster {
+    cluster_marking(refuse, Marker::None).await
+}
+
+/// [`cluster`] with the webhook leaving `marker` on mutated pods.
+#[expect(clippy::too_many_lines, reason = "one cluster, set up in order")]
+async fn cluster_marking(refuse: Option<(u16, &'static str)>, marker: Marker) -> Cluster {
     let dir = gpuwarden_test_support::scratch("kubernetes");
     mint::mint_into(
         dir.path(),
@@ -268,6 +275,7 @@ async fn cluster(refuse: Option<(u16, &'static str)>) -> Cluster {
         controller: Arc::clone(&controller),
         templates: Arc::new(templates),
         bounds: Bounds::new(Limits::default()),
+        marker,
     });
     let cert = Arc::new(ServingCert::load(tls.cert.clone(), tls.key.clone()).expect("loads"));
     let webhook_listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
@@ -450,7 +458,7 @@ async fn a_pod_asking_half_a_gpu_and_8gi_is_turned_into_a_claim() {
         "claims": [{"name": "gpuwarden-gpu"}]
     });
     expected["spec"]["resourceClaims"] =
-        json!([{"name": "gpuwarden-gpu", "resourceClaimTemplateName": "gpuwarden-0.5-8gi"}]);
+        json!([{"name": "gpuwarden-gpu", "resourceClaimTemplateName": "gpuwarden-500m-8gi"}]);
     expected["metadata"]["annotations"] = json!({
         "gpuwarden.io/gpu-shares": "0.5",
         "gpuwarden.io/gpu-memory": (8 * GIB).to_string()
@@ -476,7 +484,7 @@ async fn a_pod_asking_half_a_gpu_and_8gi_is_turned_into_a_claim() {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",
             "metadata": {
-                "name": "gpuwarden-0.5-8gi",
+                "name": "gpuwarden-500m-8gi",
                 "namespace": "ml",
                 "labels": {"app.kubernetes.io/managed-by": "gpuwarden"}
             },
@@ -484,7 +492,7 @@ async fn a_pod_asking_half_a_gpu_and_8gi_is_turned_into_a_claim() {
                 "name": "gpu",
                 "exactly": {
                     "deviceClassName": "gpu.gpuwarden.io",
-                    "capacity": {"requests": {"shares": "0.5", "memory": "8Gi"}}
+                    "capacity": {"requests": {"milli": "500", "memory": "8Gi"}}
                 }
             }]}}}
         })
@@ -503,11 +511,121 @@ async fn a_pod_asking_half_a_gpu_and_8gi_is_turned_into_a_claim() {
     )
     .await;
     assert_eq!(dry["allowed"], true);
-    assert!(decoded_patch(&dry).to_string().contains("gpuwarden-0.25"));
+    // Compute only: memory in proportion to the smallest GPU known (40 GiB, node `full`).
+    assert!(
+        decoded_patch(&dry)
+            .to_string()
+            .contains("gpuwarden-250m-10gi")
+    );
     assert_eq!(
         c.api_calls.lock().expect("lock").len(),
         2,
         "nothing made on a dry run"
+    );
+}
+
+/// [`pod`] asking `gpuwarden.io/gpu-milli: <milli>` and 8 GiB, limit and request alike (what
+/// the API server requires of an extended resource in any workload's pod template).
+fn milli_pod(milli: &str) -> Value {
+    let mut p = pod(None, Some("8Gi"));
+    let resources = &mut p["spec"]["containers"][0]["resources"];
+    resources["limits"]["gpuwarden.io/gpu-milli"] = json!(milli);
+    resources["requests"]["gpuwarden.io/gpu-milli"] = json!(milli);
+    resources["requests"]["gpuwarden.io/gpu-memory"] = json!("8Gi");
+    p
+}
+
+#[tokio::test]
+async fn a_pod_asking_500_milli_gets_the_same_claim_as_half() {
+    let c = cluster(None).await;
+    let original = milli_pod("500");
+    let response = admit(&c, &pod_review(&original)).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let mut mutated = original.clone();
+    apply_patch(&mut mutated, &decoded_patch(&response));
+    assert_eq!(
+        mutated["spec"]["containers"][0]["resources"],
+        json!({
+            "limits": {"cpu": "2", "memory": "4Gi"},
+            "requests": {"cpu": "2", "memory": "4Gi"},
+            "claims": [{"name": "gpuwarden-gpu"}]
+        }),
+        "limits and requests of both names removed"
+    );
+    assert_eq!(
+        mutated["spec"]["resourceClaims"],
+        json!([{"name": "gpuwarden-gpu", "resourceClaimTemplateName": "gpuwarden-500m-8gi"}])
+    );
+    let half = admit(&c, &pod_review(&pod(Some("0.5"), Some("8Gi")))).await;
+    assert_eq!(
+        mutated["metadata"]["annotations"],
+        json!({"gpuwarden.io/gpu-shares": "0.5", "gpuwarden.io/gpu-memory": (8 * GIB).to_string()})
+    );
+    assert!(
+        decoded_patch(&half)
+            .to_string()
+            .contains("gpuwarden-500m-8gi")
+    );
+}
+
+#[tokio::test]
+async fn with_the_extender_marker_gpu_milli_stays_for_managed_resources() {
+    let c = cluster_marking(None, Marker::ExtenderMarker).await;
+    for (original, milli) in [
+        (pod(Some("0.25"), Some("8Gi")), "250"),
+        (milli_pod("500"), "500"),
+    ] {
+        let response = admit(&c, &pod_review(&original)).await;
+        assert_eq!(response["allowed"], true, "{response}");
+        let mut mutated = original.clone();
+        apply_patch(&mut mutated, &decoded_patch(&response));
+        // A whole number as limit and request: valid in any pod (extended resources must be
+        // integers, the request equal to the limit), and what `managedResources` matches.
+        assert_eq!(
+            mutated["spec"]["containers"][0]["resources"],
+            json!({
+                "limits": {"cpu": "2", "memory": "4Gi", "gpuwarden.io/gpu-milli": milli},
+                "requests": {"cpu": "2", "memory": "4Gi", "gpuwarden.io/gpu-milli": milli},
+                "claims": [{"name": "gpuwarden-gpu"}]
+            })
+        );
+        assert_eq!(
+            mutated["spec"]["containers"][1]["resources"],
+            json!({}),
+            "the sidecar asks nothing and gets no marker"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_gpus_offered_to_kubernetes_size_and_bound_the_ask() {
+    let c = cluster(None).await;
+    // A node whose one 16 GiB GPU is offered to Kubernetes: from now on the webhook goes by the
+    // Kubernetes GPUs (the 80 and 40 GiB ones are the controller's).
+    c.controller
+        .apply(|s| {
+            let mut report = NodeReport::with_gpus("k8s", 1, 16 * GIB, 1);
+            report.kubernetes_devices = std::mem::take(&mut report.devices);
+            s.register(report, &[]).expect("registers");
+        })
+        .await
+        .expect("persists");
+    let response = admit(&c, &pod_review(&pod(Some("0.25"), None))).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(
+        decoded_patch(&response)
+            .to_string()
+            .contains("gpuwarden-250m-4gi"),
+        "a quarter of 16 GiB"
+    );
+    let response = admit(&c, &pod_review(&pod(None, Some("32Gi")))).await;
+    assert_eq!(response["allowed"], false);
+    assert!(
+        response["status"]["message"]
+            .as_str()
+            .expect("a message")
+            .contains("the largest: 17179869184 bytes"),
+        "{response}"
     );
 }
 
@@ -525,7 +643,7 @@ async fn existing_claims_and_annotations_are_appended_to() {
     assert_eq!(
         mutated["spec"]["resourceClaims"],
         json!([{"name": "scratch", "resourceClaimName": "nvme"},
-               {"name": "gpuwarden-gpu", "resourceClaimTemplateName": "gpuwarden-0.25"}])
+               {"name": "gpuwarden-gpu", "resourceClaimTemplateName": "gpuwarden-250m-10gi"}])
     );
     assert_eq!(
         mutated["spec"]["containers"][0]["resources"]["claims"],
@@ -533,7 +651,8 @@ async fn existing_claims_and_annotations_are_appended_to() {
     );
     assert_eq!(
         mutated["metadata"]["annotations"],
-        json!({"team": "vision", "gpuwarden.io/gpu-shares": "0.25"})
+        json!({"team": "vision", "gpuwarden.io/gpu-shares": "0.25",
+               "gpuwarden.io/gpu-memory": (10 * GIB).to_string()})
     );
 }
 
@@ -546,7 +665,16 @@ async fn refusals_say_why_and_make_nothing() {
     let mut taken = pod(Some("0.5"), None);
     taken["spec"]["resourceClaims"] =
         json!([{"name": "gpuwarden-gpu", "resourceClaimName": "mine"}]);
-    let cases: [(Value, &str); 9] = [
+    let mut both = pod(Some("0.5"), None);
+    both["spec"]["containers"][0]["resources"]["limits"]["gpuwarden.io/gpu-milli"] = json!("500");
+    let cases: [(Value, &str); 13] = [
+        (milli_pod("1500"), "is more than one GPU"),
+        (milli_pod("2500m"), "is not a whole number of thousandths"),
+        (
+            pod(Some("0.0005"), None),
+            "is finer than a thousandth of a GPU",
+        ),
+        (both, "not both"),
         (pod(Some("1500m"), None), "is more than one GPU"),
         (pod(Some("2"), Some("8Gi")), "is more than one GPU"),
         (pod(Some("0"), None), "must be above 0"),
@@ -600,19 +728,14 @@ async fn pods_without_the_limits_and_other_operations_are_untouched() {
 #[tokio::test]
 async fn non_pods_and_malformed_reviews_are_clear_errors() {
     let c = cluster(None).await;
-    let deployment =
-        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}});
-    let response = admit(
-        &c,
-        &review_of("apps", "Deployment", "deployments", &deployment, false),
-    )
-    .await;
+    let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}});
+    let response = admit(&c, &review_of("", "Service", "services", &service, false)).await;
     assert_eq!(response["allowed"], false);
     assert!(
         response["status"]["message"]
             .as_str()
             .expect("a message")
-            .contains("only mutates Pods (got apps/v1/Deployment)"),
+            .contains("only mutates Pods (got v1/Service)"),
         "{response}"
     );
     for (body, why) in [
@@ -630,6 +753,76 @@ async fn non_pods_and_malformed_reviews_are_clear_errors() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
+/// A workload of `kind` whose pod template is [`pod`]'s spec with `limits` on `train`.
+fn workload(group: &str, kind: &str, limits: &Value) -> Value {
+    let mut spec = pod(None, None)["spec"].clone();
+    spec["containers"][0]["resources"]["limits"] = limits.clone();
+    let template = json!({"metadata": {"labels": {"app": "trainer"}}, "spec": spec});
+    let body = if kind == "CronJob" {
+        json!({"schedule": "0 * * * *", "jobTemplate": {"spec": {"template": template}}})
+    } else {
+        json!({"selector": {"matchLabels": {"app": "trainer"}}, "template": template})
+    };
+    json!({"apiVersion": format!("{group}/v1"), "kind": kind,
+           "metadata": {"name": "trainer", "namespace": "ml"}, "spec": body})
+}
+
+#[tokio::test]
+async fn a_fraction_in_a_workload_is_refused_saying_what_to_write() {
+    let c = cluster(None).await;
+    for (group, kind, resource) in [
+        ("apps", "Deployment", "deployments"),
+        ("apps", "StatefulSet", "statefulsets"),
+        ("batch", "Job", "jobs"),
+        ("batch", "CronJob", "cronjobs"),
+    ] {
+        // The API server would refuse `500m` next ("must be an integer"); the webhook runs
+        // first (mutating admission precedes validation) and says what to write.
+        let half = workload(group, kind, &json!({"gpuwarden.io/gpu-shares": "500m"}));
+        let response = admit(&c, &review_of(group, kind, resource, &half, false)).await;
+        assert_eq!(response["allowed"], false, "{kind}: {response}");
+        let message = response["status"]["message"].as_str().expect("a message");
+        assert!(
+            message.contains(&format!("this {kind}'s pod template"))
+                && message.contains("write gpuwarden.io/gpu-milli: 500 instead"),
+            "{message}"
+        );
+        // Whole numbers pass untouched: the Pods it makes are mutated one by one.
+        let whole = workload(
+            group,
+            kind,
+            &json!({"gpuwarden.io/gpu-milli": 500, "gpuwarden.io/gpu-memory": "8Gi"}),
+        );
+        let response = admit(&c, &review_of(group, kind, resource, &whole, false)).await;
+        assert_eq!(response["allowed"], true, "{kind}: {response}");
+        assert!(response.get("patch").is_none());
+    }
+    let fractional_memory = workload(
+        "apps",
+        "Deployment",
+        &json!({"gpuwarden.io/gpu-memory": "1.5"}),
+    );
+    let response = admit(
+        &c,
+        &review_of(
+            "apps",
+            "Deployment",
+            "deployments",
+            &fractional_memory,
+            false,
+        ),
+    )
+    .await;
+    assert!(
+        response["status"]["message"]
+            .as_str()
+            .expect("a message")
+            .contains("give a whole number of bytes"),
+        "{response}"
+    );
+    assert!(c.api_calls.lock().expect("lock").is_empty(), "nothing made");
+}
+
 #[tokio::test]
 async fn an_api_server_refusal_refuses_the_pod_with_its_message() {
     let c = cluster(Some((403, "resourceclaimtemplates.resource.k8s.io is forbidden: User \"system:serviceaccount:gpuwarden:gpuwarden-controller\" cannot create resource"))).await;
@@ -637,7 +830,7 @@ async fn an_api_server_refusal_refuses_the_pod_with_its_message() {
     assert_eq!(response["allowed"], false);
     let message = response["status"]["message"].as_str().expect("a message");
     assert!(
-        message.contains("could not make ResourceClaimTemplate ml/gpuwarden-0.5-8gi"),
+        message.contains("could not make ResourceClaimTemplate ml/gpuwarden-500m-8gi"),
         "{message}"
     );
     assert!(
@@ -662,7 +855,7 @@ fn admitted_pod(class: Option<&str>) -> Value {
         p["metadata"]["labels"]["gpuwarden.io/class"] = json!(class);
     }
     p["spec"]["resourceClaims"] =
-        json!([{"name": "gpuwarden-gpu", "resourceClaimTemplateName": "gpuwarden-0.5"}]);
+        json!([{"name": "gpuwarden-gpu", "resourceClaimTemplateName": "gpuwarden-500m-20gi"}]);
     p
 }
 

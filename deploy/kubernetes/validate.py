@@ -31,6 +31,11 @@ schemas:
   GPUWARDEN_PROMETHEUS_INSECURE=true, `prometheus_insecure = true`), else it refuses to start,
   and must declare the port, so that a NetworkPolicy is required in front of it. Kinds from outside Kubernetes (cert-manager's) are checked against vendored
   schemas above; a kind with neither a bundled nor a vendored schema fails, by name.
+- the workloads shown in docs/kubernetes.md (every `yaml` block whose kind is a Pod or a
+  workload) pass the schemas and the API server's container resource rules (check_resources:
+  extended resources are whole numbers, a request equals its limit, no request without one);
+  the rule is first shown refusing `gpuwarden.io/gpu-shares: "0.5"` in a Deployment, so it can
+  fail.
 
 Usage: validate.py [DIR]   (default: the directory of this script)
 Exits 1 naming file, document and error when anything fails; the last line is always
@@ -529,6 +534,117 @@ def check_secure(name: str, objects: list[dict]) -> list[str]:
     return errors
 
 
+# Transcribed from kubernetes/kubernetes, pkg/apis/core/validation/validation.go
+# (ValidateResourceRequirements, ValidateResourceQuantityValue, ValidateNonnegativeQuantity) and
+# pkg/apis/core/helper/helpers.go (IsNativeResource, IsExtendedResourceName,
+# IsIntegerResourceName, IsOvercommitAllowed, IsHugePageResourceName); the same from release-1.26
+# through release-1.36.
+def parse_quantity(value) -> "Fraction | None":
+    """A resource.Quantity's value, exactly (decimal and binary SI, exponents); None if malformed."""
+    import re
+    from fractions import Fraction
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        return Fraction(str(value))
+    m = re.fullmatch(r"([+-]?)(\d+\.?\d*|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?\d+|n|u|m|k|M|G|T|P|E|)",
+                     str(value))
+    if not m:
+        return None
+    sign, number, suffix = m.groups()
+    v = Fraction(number)
+    binary = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+    decimal = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+    if suffix in binary:
+        v *= 2 ** binary[suffix]
+    elif suffix in decimal:
+        v *= Fraction(10) ** decimal[suffix]
+    else:
+        v *= Fraction(10) ** int(suffix[1:])
+    return -v if sign == "-" else v
+
+
+def is_native_resource(name: str) -> bool:
+    # IsNativeResource: no domain prefix, or one in kubernetes.io.
+    return "/" not in name or "kubernetes.io/" in name
+
+
+def is_extended_resource(name: str) -> bool:
+    # IsExtendedResourceName: not native and not "requests."-prefixed (a quota name).
+    return not is_native_resource(name) and not name.startswith("requests.")
+
+
+def check_resources(where: str, spec: dict) -> list[str]:
+    """What the API server refuses in a pod spec's container resources."""
+    import math
+    errors = []
+    containers = (spec.get("containers") or []) + (spec.get("initContainers") or [])
+    for c in containers:
+        resources = c.get("resources") or {}
+        limits = resources.get("limits") or {}
+        requests = resources.get("requests") or {}
+        at = f"{where}: container {c.get('name')!r}"
+        for kind, values in (("limits", limits), ("requests", requests)):
+            for name, value in values.items():
+                q = parse_quantity(value)
+                if q is None:
+                    errors.append(f"{at}: {kind}[{name}]: {value!r} is no quantity")
+                    continue
+                if q < 0:
+                    errors.append(f"{at}: {kind}[{name}]: must be greater than or equal to 0")
+                # IsIntegerResourceName → `value.MilliValue()%1000 != 0` (MilliValue rounds up).
+                if is_extended_resource(name) and math.ceil(q * 1000) % 1000 != 0:
+                    errors.append(f"{at}: {kind}[{name}]: Invalid value: {value!r}: must be an integer")
+        for name, value in requests.items():
+            overcommit = is_native_resource(name) and not name.startswith("hugepages-")
+            if name in limits:
+                if (not overcommit and parse_quantity(value) != parse_quantity(limits[name])):
+                    errors.append(f"{at}: requests[{name}]: must be equal to {name} limit")
+            elif not overcommit:
+                errors.append(f"{at}: limits: Limit must be set for non overcommitable resources")
+    return errors
+
+
+def check_docs(root: Path) -> list[str]:
+    """The Pods and workloads docs/kubernetes.md shows: schemas, and the resource rules."""
+    import re
+    doc_path = root.parent.parent / "docs" / "kubernetes.md"
+    if not doc_path.is_file():
+        return []
+    # The rule can fail: it refuses the older fractional limit in a Deployment.
+    refused = check_resources("self-test", {"containers": [{"name": "c", "resources": {
+        "limits": {"gpuwarden.io/gpu-shares": "0.5"}}}]})
+    failures = [] if refused else ["FAIL docs: the resource rule accepted gpu-shares 0.5"]
+    kinds = {"Pod"} | set(POD_TEMPLATE_KINDS)
+    blocks = re.findall(r"^```yaml\n(.*?)^```", doc_path.read_text(), re.S | re.M)
+    checked = 0
+    for i, block in enumerate(blocks):
+        try:
+            data = yaml.safe_load(block)
+        except yaml.YAMLError as e:
+            failures.append(f"FAIL docs/kubernetes.md yaml block {i + 1}: not YAML: {e}")
+            continue
+        if not isinstance(data, dict) or data.get("kind") not in kinds:
+            continue
+        where = f"docs/kubernetes.md yaml block {i + 1} ({data['kind']})"
+        spec = data.get("spec") or {}
+        if data["kind"] == "CronJob":
+            spec = ((spec.get("jobTemplate") or {}).get("spec") or {})
+        if data["kind"] != "Pod":
+            spec = ((spec.get("template") or {}).get("spec") or {})
+        for version in VERSIONS[-1:]:
+            try:
+                kubernetes_validate.validate(data, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                failures.append(f"FAIL {where}: Kubernetes {version}: {e.message}")
+        failures += [f"FAIL {e}" for e in check_resources(where, spec)]
+        checked += 1
+    print(f"validate: {checked} workloads of docs/kubernetes.md checked against the resource rules")
+    return failures
+
+
 def check_overlays(root: Path) -> list[str]:
     """Renders every kustomization under root and checks it; one line per breach."""
     failures = []
@@ -556,7 +672,7 @@ def main() -> int:
             check_schema(doc, root)
         check_embedded(doc)
     failed = [d for d in docs if d.errors]
-    overlay_failures = check_overlays(root)
+    overlay_failures = check_overlays(root) + check_docs(root)
     for doc in docs:
         if doc.errors:
             for error in doc.errors:

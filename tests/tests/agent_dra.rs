@@ -17,6 +17,8 @@
 mod fake_api;
 #[path = "agent_dra/fake_kubelet.rs"]
 mod fake_kubelet;
+#[path = "agent_dra/schema.rs"]
+mod schema;
 mod util;
 
 use std::{
@@ -27,7 +29,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fake_api::{FakeApi, Schema};
+use fake_api::FakeApi;
 use fake_kubelet::{
     discover, notify, prepare_v1, prepare_v1beta1, unprepare_v1, unprepare_v1beta1,
 };
@@ -39,6 +41,7 @@ use gpuwarden_agent_api::{client, snapshot::Snapshot};
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
+use schema::Schema;
 use serde_json::{Value, json};
 use util::{
     Client, Driver, TestAgent, cluster::eventually, container_id, mknod, open_in, pin_dir, pod_uid,
@@ -48,6 +51,7 @@ use util::{
 const DRIVER: &str = "gpu.gpuwarden.io";
 const NODE: &str = "test-node";
 const MIB: u64 = 1 << 20;
+const NODE_UID: &str = "5e0f2a7c-9b1d-4e3f-8a6b-7c8d9e0f1a2b";
 
 /// A ResourceClaim as `GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`
 /// returns it once kube-scheduler allocated it (consumable capacity: `consumedCapacity`,
@@ -63,7 +67,7 @@ fn claim(name: &str, uid: &str, pool: &str, device: &str, pod: &str, memory_poli
         "spec": {"devices": {
             "requests": [{"name": "gpu", "exactly": {
                 "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
-                "capacity": {"requests": {"shares": "500m", "memory": "256Mi"}},
+                "capacity": {"requests": {"milli": "500", "memory": "256Mi"}},
             }}],
             "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
                 "apiVersion": "gpu.gpuwarden.io/v1alpha1", "kind": "GpuConfig",
@@ -75,7 +79,8 @@ fn claim(name: &str, uid: &str, pool: &str, device: &str, pod: &str, memory_poli
                 "devices": {
                     "results": [{
                         "request": "gpu", "driver": DRIVER, "pool": pool, "device": device,
-                        "consumedCapacity": {"shares": "500m", "memory": "256Mi"},
+                        // As the oracle of tests/k8s_capacity.rs charges it on the slice.
+                        "consumedCapacity": {"milli": "500", "memory": "256Mi"},
                         "shareID": "9d0c6f1e-3b7a-4f2e-8c5d-1a2b3c4d5e6f",
                     }],
                     "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {
@@ -186,6 +191,7 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
         .build()
         .unwrap();
     let api = FakeApi::start(&rt);
+    api.put_node(NODE, NODE_UID);
     let schema = Schema::load();
     let root = scratch("dra");
     let dev = root.path().join("dev");
@@ -266,14 +272,71 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
         assert_eq!(d["attributes"]["numaNode"]["int"], i % 2);
         assert_eq!(d["attributes"]["mig"]["bool"], false);
         assert_eq!(d["allowMultipleAllocations"], true);
-        assert_eq!(d["capacity"]["shares"]["value"], "1");
+        // Whole units, which kube-scheduler's allocator charges exactly (tests/k8s_capacity.rs).
+        assert_eq!(d["capacity"]["milli"]["value"], "1000");
         assert_eq!(
-            d["capacity"]["shares"]["requestPolicy"]["validRange"]["step"],
-            "1u"
+            d["capacity"]["milli"]["requestPolicy"]["validRange"],
+            json!({"min": "1", "max": "1000", "step": "1"})
         );
         // The mock file's `16G` is 16 GiB.
-        assert_eq!(d["capacity"]["memory"]["value"], (16u64 << 30).to_string());
+        assert_eq!(d["capacity"]["memory"]["value"], "16Gi");
+        assert_eq!(
+            d["capacity"]["memory"]["requestPolicy"]["validRange"]["step"],
+            "1Mi"
+        );
     }
+    // Owned by its Node, so a deleted Node's slice is collected with it.
+    assert_eq!(
+        slice["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE_UID,
+                "controller": true}])
+    );
+
+    // The kubelet restarts: it deletes its node's slices; the agent puts it back within a tick.
+    let writes = slice_writes(&api).len();
+    assert_eq!(api.kubelet_starts(NODE), 1);
+    wait_for("the slice made again", || {
+        api.slices().contains_key(&format!("{NODE}-{DRIVER}"))
+    });
+    let again = slice_writes(&api).pop().unwrap();
+    assert_eq!(slice_writes(&api).len(), writes + 1);
+    assert_eq!(again["spec"]["devices"], slice["spec"]["devices"]);
+    assert_eq!(again["spec"]["pool"]["generation"], 2, "a generation up");
+    // Left alone, it is checked at each tick and not written again.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(slice_writes(&api).len(), writes + 1);
+
+    // An API server with DRAConsumableCapacity off keeps the slice without
+    // allowMultipleAllocations: the agent notices (and logs it loudly) rather than writing the
+    // slice again at every tick; with the gate back on, the next restart's slice is whole again.
+    api.set_gate_off(true);
+    assert_eq!(api.kubelet_starts(NODE), 1);
+    wait_for("the slice made again, gate off", || {
+        api.slices().contains_key(&format!("{NODE}-{DRIVER}"))
+    });
+    let stored = &api.slices()[&format!("{NODE}-{DRIVER}")];
+    assert!(
+        stored["spec"]["devices"][0]
+            .get("allowMultipleAllocations")
+            .is_none()
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        slice_writes(&api).len(),
+        writes + 2,
+        "kept as the API server holds it"
+    );
+    api.set_gate_off(false);
+    assert_eq!(api.kubelet_starts(NODE), 1);
+    wait_for("the slice made again, gate on", || {
+        api.slices().contains_key(&format!("{NODE}-{DRIVER}"))
+    });
+    let stored = &api.slices()[&format!("{NODE}-{DRIVER}")];
+    assert_eq!(
+        stored["spec"]["devices"][0]["allowMultipleAllocations"],
+        true
+    );
+    assert_eq!(stored["spec"]["pool"]["generation"], 4);
     assert!(
         api.seen()
             .iter()
@@ -344,7 +407,8 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     let spec: Value = serde_json::from_slice(&std::fs::read(&spec_path).unwrap()).unwrap();
     assert_eq!(
         spec,
-        json!({"cdiVersion": "1.1.0", "kind": "gpu.gpuwarden.io/gpu", "devices": [{
+        // 0.5.0: the lowest version with `hostPath` (and names starting with a digit).
+        json!({"cdiVersion": "0.5.0", "kind": "gpu.gpuwarden.io/gpu", "devices": [{
             "name": half.1,
             "containerEdits": {"deviceNodes": [
                 {"path": "/dev/nvidia0", "hostPath": nodes[0].display().to_string()},
@@ -461,26 +525,105 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     assert_eq!(re.claims[half.1], answer.claims[half.1]);
     assert_eq!(gets(&api), before + 1);
 
-    // A GPU lost (its device node gone): the slice is written again without it.
+    // A GPU lost (its device node gone): tainted, so no new claim is allocated it.
     std::fs::remove_file(&nodes[1]).unwrap();
-    wait_for("the slice without gpu-1", || slice_writes(&api).len() >= 2);
+    let before_loss = slice_writes(&api).len();
+    wait_for("the slice with gpu-1 tainted", || {
+        slice_writes(&api).len() > before_loss
+    });
     let slice = slice_writes(&api).pop().unwrap();
     let errors = schema.check("io.k8s.api.resource.v1.ResourceSlice", &slice);
     assert!(errors.is_empty(), "{errors:#?}");
-    assert_eq!(slice["spec"]["pool"]["generation"], 2);
-    let names: Vec<&str> = slice["spec"]["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["gpu-0"]);
-    assert!(api.slices()[&format!("{NODE}-{DRIVER}")]["metadata"]["resourceVersion"].is_string());
+    assert_eq!(slice["spec"]["pool"]["generation"], 5);
+    let names = |slice: &Value| -> Vec<String> {
+        slice["spec"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names(&slice), ["gpu-0", "gpu-1"]);
+    assert!(slice["spec"]["devices"][0].get("taints").is_none());
+    assert_eq!(
+        slice["spec"]["devices"][1]["taints"],
+        json!([{"key": "gpu.gpuwarden.io/unhealthy", "value": "device-node-missing",
+                "effect": "NoSchedule"}])
+    );
+    // The API server adds the taint's timeAdded: still the same slice, not written again.
+    let key = format!("{NODE}-{DRIVER}");
+    api.edit_slice(&key, |s| {
+        s["spec"]["devices"][1]["taints"][0]["timeAdded"] = json!("2026-01-01T00:00:00Z");
+    });
+    let writes = slice_writes(&api).len();
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(slice_writes(&api).len(), writes);
+    // An API server without DRADeviceTaints drops taints, which would show gpu-1 healthy: the
+    // agent leaves it out instead.
+    api.set_taints_off(true);
+    assert_eq!(api.kubelet_starts(NODE), 1);
+    wait_for("the slice without gpu-1", || {
+        api.slices()
+            .get(&key)
+            .is_some_and(|s| names(s) == ["gpu-0"])
+    });
+    assert_eq!(api.slices()[&key]["spec"]["pool"]["generation"], 7);
+    assert!(api.slices()[&key]["metadata"]["resourceVersion"].is_string());
 
     agent.stop().unwrap();
     // Stopped: the sockets are gone, so the kubelet unregisters the plugin.
     assert!(!reg_socket.exists());
     assert!(!endpoint.exists());
+}
+
+/// The agent watches its slice: one deleted while the agent's tick is far away (ten minutes)
+/// and no kubelet registers is back at once, through the watch alone.
+#[test]
+#[ignore = "needs root"]
+fn a_deleted_slice_is_back_through_the_watch_before_the_tick() {
+    require_root();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let api = FakeApi::start(&rt);
+    api.put_node(NODE, NODE_UID);
+    let root = scratch("dra-watch");
+    let dev = root.path().join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    let nodes = vec![dev.join("nvidia0")];
+    std::fs::write(&nodes[0], "").unwrap();
+    let dirs = KubeletDirs::new(root.path());
+    let state = scratch("dra-watch-agent");
+    let mut cfg = util::config(&[format!("{}/nvidia*", dev.display())], state.path());
+    cfg.mock_devices = Some(mock_file(root.path(), &nodes));
+    cfg.rescan_interval = Duration::from_mins(10);
+    cfg.dra = Some(DraConfig {
+        gpus: GpuSelection::Indexes(vec![0]),
+        plugins_registry_dir: dirs.registry.clone(),
+        plugins_dir: dirs.plugins.clone(),
+        cdi_dir: dirs.cdi.clone(),
+        policy: gpuwarden_agent::enforcement::quota::QuotaPolicy::default(),
+        api: ApiServerConfig {
+            url: api.url(),
+            token_file: Some(dirs.token.clone()),
+            ca_file: None,
+        },
+    });
+    let agent = TestAgent::start_with(cfg);
+    let key = format!("{NODE}-{DRIVER}");
+    wait_for("the slice", || api.slices().contains_key(&key));
+    wait_for("the watch", || api.slice_watches() == 1);
+    assert_eq!(api.kubelet_starts(NODE), 1);
+    let deleted = Instant::now();
+    wait_for("the slice made again", || api.slices().contains_key(&key));
+    assert!(
+        deleted.elapsed() < Duration::from_mins(1),
+        "long before the tick"
+    );
+    assert_eq!(api.slices()[&key]["spec"]["pool"]["generation"], 2);
+    agent.stop().unwrap();
 }
 
 /// Session `id` as the controller lists it, once it does.

@@ -1,9 +1,9 @@
-//! The few API-server calls the DRA plugin makes: GET a ResourceClaim, and GET/POST/PUT/DELETE
-//! the node's ResourceSlice, over the HTTPS client every gpuwarden binary shares with
+//! The few API-server calls the DRA plugin makes: GET a ResourceClaim, GET/POST/PUT/DELETE the
+//! node's ResourceSlice and a watch on it, over the HTTPS client every gpuwarden binary shares with
 //! Kubernetes ([`gpuwarden_kube`]: one connection per request, TLS with ring, the
 //! bearer token read at each request so rotated service-account tokens are picked up).
 //!
-//! Why not the `kube` crate: these five calls need no watch, no informer and no generated types
+//! Why not the `kube` crate: these calls need one watch, no informer and no generated types
 //! beyond the fields read and written here; `kube` + `k8s-openapi` would add minutes of build to
 //! every agent build on small CI machines.
 
@@ -98,5 +98,18 @@ impl ApiServer {
         body: Option<&serde_json::Value>,
     ) -> Result<Answer, ApiError> {
         Ok(self.0.request(method, path, body).await?)
+    }
+
+    /// Watches `path` (a `?watch=true` URL), each event into `events`, until the server ends
+    /// the watch; the answer's status (and body, when it is not 200).
+    ///
+    /// # Errors
+    /// No answer, or a broken stream.
+    pub async fn watch(
+        &self,
+        path: &str,
+        events: &tokio::sync::mpsc::Sender<serde_json::Value>,
+    ) -> Result<Answer, ApiError> {
+        Ok(self.0.watch(path, events).await?)
     }
 }

@@ -1,6 +1,10 @@
-//! CDI specs (Container Device Interface, spec version 1.1.0): the device nodes a prepared claim
-//! gives its containers, which the container runtime injects. Nothing else is injected: no
-//! library, no environment, no hook — enforcement is in the kernel, not in the workload.
+//! CDI specs (Container Device Interface): the device nodes a prepared claim gives its
+//! containers, which the container runtime injects. Nothing else is injected: no library, no
+//! environment, no hook — enforcement is in the kernel, not in the workload.
+//!
+//! Each spec says the lowest `cdiVersion` that carries what it holds ([`required_version`]): a
+//! runtime refuses a spec whose version its CDI library does not know, and containerd 1.7's
+//! library knows versions up to 0.5.0 only.
 
 use std::{
     io,
@@ -15,8 +19,43 @@ use crate::devices::GpuDevice;
 /// The CDI kind of the devices this driver describes (`vendor/class`).
 pub const CDI_KIND: &str = "gpu.gpuwarden.io/gpu";
 
-/// The CDI spec version written.
-pub const CDI_VERSION: &str = "1.1.0";
+/// The oldest CDI spec version (`vEarliest`), enough for plain device nodes.
+pub const CDI_EARLIEST: &str = "0.3.0";
+
+/// The version that added a device node's `hostPath` and device names starting with a digit.
+pub const CDI_HOST_PATH: &str = "0.5.0";
+
+/// The lowest CDI spec version that carries `spec` as this driver writes it (a kind, devices
+/// with names and `deviceNodes`), by the rules of the CDI library itself
+/// (cncf-tags/container-device-interface `specs-go/version.go`, v1.1.0, `requiresV050` and
+/// the rest): `hostPath` on a device node or a device name starting with a digit (a claim UID
+/// may) needs 0.5.0; a dot in the kind's class, or annotations, 0.6.0 — which this driver never
+/// writes; nothing else here needs more than 0.3.0.
+#[must_use]
+pub fn required_version(spec: &serde_json::Value) -> &'static str {
+    let devices = spec["devices"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let digit_name = devices.iter().any(|d| {
+        d["name"]
+            .as_str()
+            .and_then(|n| n.bytes().next())
+            .is_some_and(|b| b.is_ascii_digit())
+    });
+    let host_path = devices
+        .iter()
+        .map(|d| &d["containerEdits"])
+        .chain(std::iter::once(&spec["containerEdits"]))
+        .filter_map(|e| e["deviceNodes"].as_array())
+        .flatten()
+        .any(|n| n["hostPath"].as_str().is_some_and(|p| !p.is_empty()));
+    if digit_name || host_path {
+        CDI_HOST_PATH
+    } else {
+        CDI_EARLIEST
+    }
+}
 
 /// The NVIDIA control nodes a CUDA process opens besides its GPUs; those present beside the
 /// GPU's node are listed.
@@ -72,14 +111,16 @@ pub fn spec(claim_uid: &str, gpus: &[&GpuDevice]) -> serde_json::Value {
             }
         })
         .collect();
-    json!({
-        "cdiVersion": CDI_VERSION,
+    let mut spec = json!({
+        "cdiVersion": CDI_EARLIEST,
         "kind": CDI_KIND,
         "devices": [{
             "name": claim_uid,
             "containerEdits": { "deviceNodes": device_nodes },
         }],
-    })
+    });
+    spec["cdiVersion"] = json!(required_version(&spec));
+    spec
 }
 
 /// Writes `spec` for `claim_uid` into `dir` (made if missing), atomically.
@@ -106,5 +147,54 @@ pub fn remove(dir: &Path, claim_uid: &str) -> io::Result<()> {
     match std::fs::remove_file(spec_path(dir, claim_uid)) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn gpu(node: &str) -> GpuDevice {
+        GpuDevice {
+            uuid: "GPU-0".into(),
+            model: "Mock".into(),
+            memory_bytes: 1 << 30,
+            numa_node: 0,
+            sm_count: 0,
+            is_mig: false,
+            index: 0,
+            device_node: node.into(),
+        }
+    }
+
+    #[test]
+    fn the_spec_says_the_lowest_version_that_carries_it() {
+        // Device nodes in /dev, a name starting with a letter: the earliest version.
+        let at_dev = gpu("/dev/gpuwarden-test-no-such-node");
+        let s = spec("a1b2c3d4-0000-4000-8000-000000000001", &[&at_dev]);
+        assert_eq!(s["cdiVersion"], "0.3.0");
+        // A claim UID starting with a digit: 0.5.0 (`requiresV050`).
+        let s = spec("0f9e8d7c-6b5a-4948-8372-615243342516", &[&at_dev]);
+        assert_eq!(s["cdiVersion"], "0.5.0");
+        // A node outside /dev is mapped with hostPath: 0.5.0.
+        let s = spec(
+            "a1b2c3d4-0000-4000-8000-000000000001",
+            &[&gpu("/tmp/nvidia0")],
+        );
+        assert_eq!(
+            s["devices"][0]["containerEdits"]["deviceNodes"][0],
+            json!({"path": "/dev/nvidia0", "hostPath": "/tmp/nvidia0"})
+        );
+        assert_eq!(s["cdiVersion"], "0.5.0");
+        assert_eq!(
+            required_version(
+                &json!({"containerEdits": {"deviceNodes": [{"path": "/dev/x",
+                "hostPath": "/y"}]}})
+            ),
+            "0.5.0",
+            "edits at the spec's level count too"
+        );
     }
 }

@@ -18,7 +18,10 @@ use gpuwarden_types::{
 
 use gpuwarden_types::quantity::Quantity;
 
-use super::{DRIVER_NAME, device_name};
+use super::{
+    DRIVER_NAME, device_name,
+    slice::{MEMORY, MILLI, MILLI_PER_GPU},
+};
 #[cfg(test)]
 use crate::enforcement::quota::QuotaSpec;
 use crate::{devices::GpuDevice, enforcement::quota::PPM};
@@ -101,6 +104,10 @@ pub struct DeviceResult {
     /// The share's id on a shared device.
     #[serde(default, rename = "shareID")]
     pub share_id: Option<String>,
+    /// Administrative access (monitoring, management): the device without its ordinary claims'
+    /// limits, in a namespace an admin labelled `resource.kubernetes.io/admin-access: "true"`.
+    #[serde(default)]
+    pub admin_access: Option<bool>,
 }
 
 /// One configuration entry.
@@ -206,7 +213,7 @@ pub enum ClaimError {
     Capacity {
         /// Device.
         device: String,
-        /// `shares` or `memory`.
+        /// `milli`, `shares` or `memory`.
         capacity: &'static str,
         /// What is wrong.
         why: String,
@@ -228,6 +235,12 @@ pub enum ClaimError {
     /// No pod reserves the claim.
     #[error("ResourceClaim {0} is reserved for no pod")]
     NoPod(String),
+    /// A claim mixing administrative and ordinary access on this node: one quota binds one pod,
+    /// and it can't both limit and not limit it.
+    #[error(
+        "ResourceClaim {0} mixes adminAccess and ordinary requests on this node; ask for them in two claims"
+    )]
+    MixedAdminAccess(String),
     /// Several pods share the claim.
     #[error(
         "ResourceClaim {claim} is reserved for {pods} pods; {DRIVER_NAME} enforces a claim for one pod"
@@ -268,10 +281,22 @@ pub struct Plan {
     pub pod_uid: String,
     /// The pod's name, for logs.
     pub pod_name: String,
-    /// The allocation, as the controller would send it (session `k8s-<claim uid>`).
+    /// The allocation, as the controller would send it (session `k8s-<claim uid>`); no devices
+    /// for administrative access (nothing to enforce).
     pub allocate: pb::Allocate,
     /// The devices, for the kubelet's answer.
     pub devices: Vec<PlannedDevice>,
+}
+
+impl Plan {
+    /// Whether kube-scheduler allocated a device of this node whole: no `shareID`, which it
+    /// gives every allocation of a shared device. The slice publishes every GPU shared, so the
+    /// allocator ran with the `DRAConsumableCapacity` gate off (in kube-scheduler; off in
+    /// kube-apiserver the slice itself shows it), and the claim holds the GPU alone.
+    #[must_use]
+    pub fn held_whole(&self) -> bool {
+        self.devices.iter().any(|d| d.share_id.is_none())
+    }
 }
 
 /// The session id a claim's quota runs under.
@@ -318,21 +343,7 @@ pub fn plan(
             pool: pool.to_owned(),
         });
     }
-    let pods: Vec<&Consumer> = status
-        .reserved_for
-        .iter()
-        .filter(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or("").is_empty())
-        .collect();
-    let pod = match pods.as_slice() {
-        [] => return Err(ClaimError::NoPod(id)),
-        [pod] => *pod,
-        more => {
-            return Err(ClaimError::SharedClaim {
-                claim: id,
-                pods: more.len(),
-            });
-        }
-    };
+    let pod = reserving_pod(&status.reserved_for, &id)?;
     // Pods from the API always have dashed UUIDs (a static pod's bare hash never reserves a
     // claim: static pods can't reference API objects).
     let target = Target::PodUid(pod.uid.clone());
@@ -350,6 +361,12 @@ pub fn plan(
     let mut configs: Vec<&DeviceConfig> = devices.config.iter().collect();
     // The claim's own configuration wins over its class's.
     configs.sort_by_key(|c| c.source == "FromClaim");
+    // Administrative access ignores the device's ordinary claims and their limits (the
+    // `adminAccess` field's API doc): the pod gets the device nodes and no quota.
+    let admin = ours.iter().filter(|r| r.admin_access == Some(true)).count();
+    if admin > 0 && admin < ours.len() {
+        return Err(ClaimError::MixedAdminAccess(id));
+    }
     for r in &ours {
         let gpu = offered.iter().find(|g| device_name(g) == r.device);
         let Some(gpu) = gpu else {
@@ -359,11 +376,13 @@ pub fn plan(
                 ClaimError::NoSuchDevice(r.device.clone())
             });
         };
-        let (shares, memory) = consumed(r, gpu)?;
-        let entry = per_gpu.entry(gpu.index).or_insert((0, 0, gpu.uuid.clone()));
-        entry.0 += shares;
-        entry.1 += memory;
         policy = configured(&configs, r, policy)?;
+        if admin == 0 {
+            let (shares, memory) = consumed(r, gpu)?;
+            let entry = per_gpu.entry(gpu.index).or_insert((0, 0, gpu.uuid.clone()));
+            entry.0 += shares;
+            entry.1 += memory;
+        }
         planned.push(PlannedDevice {
             request: r.request.clone(),
             pool: r.pool.clone(),
@@ -397,6 +416,22 @@ pub fn plan(
     })
 }
 
+/// The one pod of `reserved_for` the claim `id` is reserved for.
+fn reserving_pod<'a>(reserved_for: &'a [Consumer], id: &str) -> Result<&'a Consumer, ClaimError> {
+    let pods: Vec<&Consumer> = reserved_for
+        .iter()
+        .filter(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or("").is_empty())
+        .collect();
+    match pods.as_slice() {
+        [] => Err(ClaimError::NoPod(id.to_owned())),
+        [pod] => Ok(*pod),
+        more => Err(ClaimError::SharedClaim {
+            claim: id.to_owned(),
+            pods: more.len(),
+        }),
+    }
+}
+
 /// The share (ppm) and memory (bytes; 0: the share's fraction of the device) `r` consumes of
 /// `gpu`. No consumed capacity at all is the whole device (an exclusive allocation).
 fn consumed(r: &DeviceResult, gpu: &GpuDevice) -> Result<(u64, u64), ClaimError> {
@@ -420,14 +455,27 @@ fn consumed(r: &DeviceResult, gpu: &GpuDevice) -> Result<(u64, u64), ClaimError>
             })
             .transpose()
     };
-    let shares = read("shares", Quantity::micros_u64)?.unwrap_or(u64::from(PPM));
-    let memory =
-        read("memory", Quantity::whole_ceil)?.unwrap_or(if consumed.contains_key("shares") {
-            0
-        } else {
-            gpu.memory_bytes
-        });
-    Ok((shares, memory))
+    // `milli` is what the slice publishes (whole thousandths, which the scheduler charges
+    // exactly); `shares` (a fraction of 1) is read from allocations made on an older slice.
+    let milli = read(MILLI, Quantity::whole)?;
+    if let Some(m) = milli
+        && m > MILLI_PER_GPU
+    {
+        return Err(capacity_err(
+            MILLI,
+            format!("{m} is more than the {MILLI_PER_GPU} a GPU has"),
+        ));
+    }
+    let shares = match milli {
+        Some(m) => Some(m * (u64::from(PPM) / MILLI_PER_GPU)),
+        None => read("shares", Quantity::micros_u64)?,
+    };
+    let memory = read(MEMORY, Quantity::whole_ceil)?.unwrap_or(if shares.is_some() {
+        0
+    } else {
+        gpu.memory_bytes
+    });
+    Ok((shares.unwrap_or(u64::from(PPM)), memory))
 }
 
 /// `policy` with what this driver's opaque configs for `r`'s request say, in order.

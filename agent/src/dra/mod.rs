@@ -206,6 +206,7 @@ impl Plugin {
             self.offered.clone(),
             self.driver_version.clone(),
             every,
+            Arc::clone(&self.registration),
         );
         tokio::select! {
             () = server::serve(
@@ -222,14 +223,59 @@ impl Plugin {
     }
 }
 
-/// Publishes the node's ResourceSlice, again whenever the usable GPUs change; failures are
-/// retried.
+/// Watches the node's slice, each event into `changes` (so a slice deleted by the kubelet, or
+/// anyone, is made again at once); a watch the API server ends or refuses is opened again after
+/// `every`. Never returns.
+async fn watch_slice(
+    config: &DraConfig,
+    node: &str,
+    every: Duration,
+    changes: mpsc::Sender<serde_json::Value>,
+) {
+    // The publisher reports a bad API setting; the watch then never starts.
+    let Ok(api) = apiserver::ApiServer::new(&config.api) else {
+        return std::future::pending().await;
+    };
+    let path = slice::watch_path(node);
+    let mut warned = false;
+    loop {
+        match api.watch(&path, &changes).await {
+            Ok(answer) if answer.is_success() => {}
+            Ok(answer) if !warned => {
+                warned = true;
+                tracing::warn!(
+                    "{DRIVER_NAME}: cannot watch the ResourceSlice (HTTP {}: {}); it is checked \
+                     at every tick only",
+                    answer.status,
+                    answer.message()
+                );
+            }
+            Err(e) if !warned => {
+                warned = true;
+                tracing::warn!(
+                    "{DRIVER_NAME}: watching the ResourceSlice: {e}; it is checked at every tick \
+                     until the watch is back"
+                );
+            }
+            Ok(_) | Err(_) => {}
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Keeps the node's ResourceSlice published: checked at every tick, at once when the kubelet
+/// (re)registers the plugin or the slice changes (a watch), and made again when it is gone (the kubelet deletes its
+/// node's slices when it starts, and a driver's ~30 s after the driver's plugin connection
+/// dropped), replaced when it differs, owned by the Node once the Node could be read. Says loudly
+/// when the API server dropped `allowMultipleAllocations` (the `DRAConsumableCapacity` gate is
+/// off). Failures are retried at the next tick.
 async fn publish_slices(
     config: DraConfig,
     node: String,
     offered: Vec<GpuDevice>,
     driver_version: Option<String>,
     every: Duration,
+    registration: server::RegistrationSeen,
 ) {
     let api = match apiserver::ApiServer::new(&config.api) {
         Ok(api) => api,
@@ -238,23 +284,85 @@ async fn publish_slices(
             return;
         }
     };
-    let mut published: Option<Vec<serde_json::Value>> = None;
+    let mut owner: Option<serde_json::Value> = None;
+    let mut owner_warned = false;
+    let mut generation = 0;
+    let mut published_once = false;
+    let mut gate_off = false;
+    // Set once the API server is seen dropping taints: unusable GPUs are left out instead.
+    let mut drop_unhealthy = false;
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (watch_events, mut slice_events) = mpsc::channel(16);
+    let watcher = watch_slice(&config, &node, every, watch_events);
+    tokio::pin!(watcher);
     loop {
-        ticker.tick().await;
-        let devices = slice::devices(&offered, driver_version.as_deref());
-        if published.as_ref() == Some(&devices) {
-            continue;
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = registration.changed() => {
+                tracing::debug!("{DRIVER_NAME}: the kubelet registered the plugin; checking the slice");
+            }
+            Some(event) = slice_events.recv() => {
+                tracing::debug!(event = %event["type"], "{DRIVER_NAME}: the slice changed; checking it");
+            }
+            () = &mut watcher => {}
         }
-        match slice::publish(&api, &node, &devices).await {
-            Ok(generation) => {
-                tracing::info!(
-                    devices = devices.len(),
-                    generation,
-                    "{DRIVER_NAME}: ResourceSlice published"
-                );
-                published = Some(devices);
+        if owner.is_none() {
+            match slice::node_owner(&api, &node).await {
+                Ok(o) => owner = Some(o),
+                Err(e) if !owner_warned => {
+                    owner_warned = true;
+                    tracing::warn!(
+                        "{DRIVER_NAME}: cannot read Node {node} ({e}); the ResourceSlice is \
+                         published without an owner, so it outlives a deleted Node (grant the \
+                         agent `nodes get`)"
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+        let devices = slice::devices(&offered, driver_version.as_deref(), drop_unhealthy);
+        match slice::publish(&api, &node, &devices, owner.as_ref(), generation).await {
+            Ok(done) => {
+                generation = done.generation;
+                match done.action {
+                    slice::Action::Created if published_once => tracing::warn!(
+                        devices = devices.len(),
+                        generation,
+                        "{DRIVER_NAME}: the ResourceSlice was gone (deleted by the kubelet at its \
+                         start, or by hand); made again"
+                    ),
+                    slice::Action::Created | slice::Action::Replaced => tracing::info!(
+                        devices = devices.len(),
+                        generation,
+                        "{DRIVER_NAME}: ResourceSlice published"
+                    ),
+                    slice::Action::Kept | slice::Action::Deleted => {}
+                }
+                published_once = true;
+                let now_off = done.gate_off.unwrap_or(gate_off);
+                if now_off && !gate_off {
+                    tracing::error!(
+                        "{DRIVER_NAME}: the API server dropped allowMultipleAllocations from the \
+                         ResourceSlice: the DRAConsumableCapacity feature gate is off in \
+                         kube-apiserver. Every claim will get a WHOLE GPU until it is on in \
+                         kube-apiserver, kube-scheduler and the kubelet (alpha in 1.34 and 1.35, \
+                         on by default from 1.36; docs/kubernetes.md)"
+                    );
+                } else if !now_off && gate_off {
+                    tracing::info!(
+                        "{DRIVER_NAME}: the ResourceSlice keeps allowMultipleAllocations again"
+                    );
+                }
+                gate_off = now_off;
+                if done.taints_dropped && !drop_unhealthy {
+                    drop_unhealthy = true;
+                    tracing::warn!(
+                        "{DRIVER_NAME}: the API server dropped the device taints (DRADeviceTaints \
+                         is off in kube-apiserver; on by default from 1.36): an unusable GPU \
+                         leaves the ResourceSlice instead of being tainted"
+                    );
+                }
             }
             Err(e) => tracing::warn!("{DRIVER_NAME}: publishing the ResourceSlice: {e}; retrying"),
         }

@@ -162,8 +162,22 @@ impl Driver {
             self.config.policy,
         )
         .map_err(|e| e.to_string())?;
-        let quota = QuotaSpec::from_allocate(&plan.allocate, &self.offered)
-            .map_err(|e| format!("ResourceClaim {}/{}: {e}", claim.namespace, claim.name))?;
+        if plan.held_whole() {
+            tracing::error!(
+                claim = %format!("{}/{}", claim.namespace, claim.name),
+                "{DRIVER_NAME}: kube-scheduler allocated this claim a whole GPU (no shareID): the \
+                 DRAConsumableCapacity feature gate is off in kube-scheduler; every claim gets a \
+                 whole GPU until it is on there, in kube-apiserver and in the kubelet"
+            );
+        }
+        // Administrative access: the device nodes and no quota (an empty one would bind the
+        // pod to no GPU at all).
+        let quota = if plan.allocate.devices.is_empty() {
+            None
+        } else {
+            QuotaSpec::from_allocate(&plan.allocate, &self.offered)
+                .map_err(|e| format!("ResourceClaim {}/{}: {e}", claim.namespace, claim.name))?
+        };
         let class = self
             .pod_class(&claim.namespace, &plan.pod_name, &plan.pod_uid)
             .await;
@@ -254,6 +268,8 @@ impl Driver {
     }
 
     fn write_cdi(&self, record: &Prepared) -> Result<(), String> {
+        // The devices the claim was allocated (administrative access has them without a
+        // quota); a record from before it kept them only in its quota.
         let indexes: Vec<u32> = record
             .quota
             .as_ref()
@@ -262,7 +278,13 @@ impl Driver {
         let gpus: Vec<&GpuDevice> = self
             .offered
             .iter()
-            .filter(|g| indexes.contains(&g.index))
+            .filter(|g| {
+                indexes.contains(&g.index)
+                    || record
+                        .devices
+                        .iter()
+                        .any(|d| d.device == super::device_name(g))
+            })
             .collect();
         cdi::write(
             &self.config.cdi_dir,

@@ -20,8 +20,35 @@ use super::{
     store::Prepared,
 };
 
-/// The registration status the kubelet last sent.
-pub type RegistrationSeen = Arc<Mutex<Option<reg::RegistrationStatus>>>;
+/// The registration status the kubelet last sent, and a wake-up for whoever waits on the next.
+#[derive(Debug, Default)]
+pub struct Registered {
+    status: Mutex<Option<reg::RegistrationStatus>>,
+    changed: tokio::sync::Notify,
+}
+
+impl Registered {
+    /// The status the kubelet last sent.
+    #[must_use]
+    pub fn status(&self) -> Option<reg::RegistrationStatus> {
+        self.status.locked().clone()
+    }
+
+    /// Keeps `status` and wakes the waiter (a wake-up sent while nobody waits is kept).
+    fn set(&self, status: reg::RegistrationStatus) {
+        *self.status.locked() = Some(status);
+        self.changed.notify_one();
+    }
+
+    /// Returns once the kubelet sends a status: it (re)registered the plugin — after a kubelet
+    /// restart, which deleted the node's ResourceSlices.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+}
+
+/// The registration as the plugin and the slice publisher share it.
+pub type RegistrationSeen = Arc<Registered>;
 
 /// `pluginregistration.Registration`.
 struct Registration {
@@ -56,7 +83,7 @@ impl reg::registration_server::Registration for Registration {
                 status.error
             );
         }
-        *self.seen.locked() = Some(status);
+        self.seen.set(status);
         Ok(Response::new(reg::RegistrationStatusResponse {}))
     }
 }

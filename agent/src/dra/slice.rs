@@ -1,12 +1,28 @@
 //! The node's ResourceSlice (`resource.k8s.io/v1`): one pool named for the node, one device per
 //! GPU offered to Kubernetes, each shared (`allowMultipleAllocations`) with consumable capacity
-//! `shares` (1 per GPU, in steps of the agent's quantum, a millionth) and `memory` (bytes).
-//! Published when the agent starts and again whenever the set of usable GPUs changes (a device
-//! node lost or back); the pool's generation goes up with each change.
+//! `milli` (thousandths of the GPU's compute, 1000 per GPU, steps of 1) and `memory` (the GPU's
+//! memory in whole MiB, steps of 1 MiB).
+//!
+//! Why whole units: kube-scheduler's allocator rounds a request inside a `validRange` with
+//! integer arithmetic on `Quantity.Value()` (`k8s.io/dynamic-resource-allocation`,
+//! `structured/internal/experimental/consumable_capacity.go`, `roundUpRange`, v0.34–v0.36), which
+//! rounds up to a whole unit: a capacity of `1` in steps of `1u` charges `0.5` as `1`. In
+//! thousandths every request is a whole number and is charged exactly (docs/kubernetes.md,
+//! "Capacities the scheduler computes exactly").
+//!
+//! A capacity a claim does not name is charged at its `requestPolicy.default`, the whole device
+//! here: the webhook names both (docs/kubernetes.md), and so should hand-written claims.
+//!
+//! Published when the agent starts, and checked again at every tick: made again when the kubelet
+//! (or anyone) deleted it, put back when it was changed, and replaced when a GPU turns unusable
+//! (its device node lost: tainted `NoSchedule`, or left out where the API server drops taints)
+//! or usable again; the pool's generation goes up with each change.
 
 use std::path::Path;
 
 use serde_json::{Value, json};
+
+use gpuwarden_types::quantity::Quantity;
 
 use super::{
     DRIVER_NAME,
@@ -18,9 +34,17 @@ use crate::devices::GpuDevice;
 /// The API path of ResourceSlices.
 pub const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 
-/// The smallest share step a claim can ask: a millionth, the agent's quantum
-/// (`enforcement::quota::PPM`) and the controller's slot scale.
-pub const SHARE_STEP: &str = "1u";
+/// The capacity of a GPU's compute, in thousandths.
+pub const MILLI: &str = "milli";
+
+/// The capacity of a GPU's memory.
+pub const MEMORY: &str = "memory";
+
+/// Thousandths of compute one GPU has.
+pub const MILLI_PER_GPU: u64 = 1000;
+
+/// Bytes in the memory capacity's unit and step.
+pub const MIB: u64 = 1 << 20;
 
 /// The smallest GPU memory step a claim can ask.
 pub const MEMORY_STEP: &str = "1Mi";
@@ -64,33 +88,121 @@ pub fn device(gpu: &GpuDevice, driver_version: Option<&str>) -> Value {
         "name": device_name(gpu),
         "attributes": attributes,
         "allowMultipleAllocations": true,
-        "capacity": {
-            "shares": {
-                "value": "1",
-                "requestPolicy": {
-                    "default": "1",
-                    "validRange": { "min": SHARE_STEP, "max": "1", "step": SHARE_STEP },
-                },
+        "capacity": capacity(gpu),
+    })
+}
+
+/// A GPU's consumable capacity: `milli` (1000) and `memory` (whole MiB, the odd bytes past the
+/// last MiB left out), each in steps of one unit, a claim naming neither charged the whole GPU.
+#[must_use]
+pub fn capacity(gpu: &GpuDevice) -> Value {
+    let whole = MILLI_PER_GPU.to_string();
+    let memory = binary_quantity(gpu.memory_bytes / MIB * MIB);
+    json!({
+        MILLI: {
+            "value": whole,
+            "requestPolicy": {
+                "default": whole,
+                "validRange": { "min": "1", "max": whole, "step": "1" },
             },
-            "memory": {
-                "value": gpu.memory_bytes.to_string(),
-                "requestPolicy": {
-                    "default": gpu.memory_bytes.to_string(),
-                    "validRange": { "min": MEMORY_STEP, "step": MEMORY_STEP },
-                },
+        },
+        MEMORY: {
+            "value": memory,
+            "requestPolicy": {
+                "default": memory,
+                "validRange": { "min": MEMORY_STEP, "max": memory, "step": MEMORY_STEP },
             },
         },
     })
 }
 
-/// The devices of the slice: the offered GPUs whose device node is there.
+/// `bytes` in the largest binary unit that divides it (`80Gi`, `15258Mi`): the form the API
+/// server gives a quantity back in (`Quantity.String()`, binary SI), so what is read back
+/// looks like what was written.
 #[must_use]
-pub fn devices(offered: &[GpuDevice], driver_version: Option<&str>) -> Vec<Value> {
+pub fn binary_quantity(bytes: u64) -> String {
+    if bytes < 1024 {
+        return bytes.to_string();
+    }
+    let mut n = bytes;
+    let mut unit = 0;
+    while n.is_multiple_of(1024) && unit < 6 {
+        n /= 1024;
+        unit += 1;
+    }
+    format!("{n}{}", ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"][unit])
+}
+
+/// The taint key of a GPU the agent finds unusable (its device node gone).
+pub const UNHEALTHY_TAINT: &str = "gpu.gpuwarden.io/unhealthy";
+
+/// The taint on an unusable GPU: no new claim is allocated it (`NoSchedule`); pods already
+/// using it are left to their owners.
+#[must_use]
+pub fn unhealthy_taint() -> Value {
+    json!({ "key": UNHEALTHY_TAINT, "value": "device-node-missing", "effect": "NoSchedule" })
+}
+
+/// The devices of the slice: the offered GPUs, those whose device node is gone tainted
+/// ([`unhealthy_taint`]) — or left out when `drop_unhealthy` (an API server that drops taints,
+/// the `DRADeviceTaints` gate off, would publish them as healthy).
+#[must_use]
+pub fn devices(
+    offered: &[GpuDevice],
+    driver_version: Option<&str>,
+    drop_unhealthy: bool,
+) -> Vec<Value> {
     offered
         .iter()
-        .filter(|g| Path::new(&g.device_node).exists())
-        .map(|g| device(g, driver_version))
+        .filter_map(|g| {
+            let healthy = Path::new(&g.device_node).exists();
+            let mut d = device(g, driver_version);
+            if !healthy {
+                if drop_unhealthy {
+                    return None;
+                }
+                d["taints"] = json!([unhealthy_taint()]);
+            }
+            Some(d)
+        })
         .collect()
+}
+
+/// The watch on the slice of `node` (its name as field selector).
+#[must_use]
+pub fn watch_path(node: &str) -> String {
+    format!(
+        "{SLICES}?watch=true&fieldSelector=metadata.name%3D{}",
+        slice_name(node)
+    )
+}
+
+/// The Node's API path.
+fn node_path(node: &str) -> String {
+    format!("/api/v1/nodes/{node}")
+}
+
+/// The owner reference to `node` (`v1` Node, its UID read from the API server), as the upstream
+/// `resourceslice` controller sets it: the slice of a deleted Node is then collected with it.
+///
+/// # Errors
+/// The Node can't be read (no RBAC for `nodes get`, or no such Node).
+pub async fn node_owner(api: &ApiServer, node: &str) -> Result<Value, ApiError> {
+    let path = node_path(node);
+    let answer = api.request(http::Method::GET, &path, None).await?;
+    let object: Value = apiserver::json(&answer, "GET", &path)?;
+    let uid = object
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| ApiError::Body(format!("{path}: no metadata.uid")))?;
+    Ok(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": node,
+        "uid": uid,
+        "controller": true,
+    }))
 }
 
 /// The whole object.
@@ -100,10 +212,14 @@ pub fn object(
     generation: i64,
     devices: &[Value],
     resource_version: Option<&str>,
+    owner: Option<&Value>,
 ) -> Value {
     let mut metadata = json!({ "name": slice_name(node) });
     if let Some(rv) = resource_version {
         metadata["resourceVersion"] = json!(rv);
+    }
+    if let Some(owner) = owner {
+        metadata["ownerReferences"] = json!([owner]);
     }
     json!({
         "apiVersion": "resource.k8s.io/v1",
@@ -118,18 +234,160 @@ pub fn object(
     })
 }
 
-/// Makes the API server's slice for `node` hold `devices`: created when missing, replaced (with
-/// the pool's generation one up) when different, deleted when no device is offered. Returns the
-/// generation published (0: deleted or nothing to do).
+/// The devices of a slice the API server returned, without what it adds itself (a taint's
+/// `timeAdded`), for comparing with what is published.
+#[must_use]
+pub fn as_published(devices: &Value) -> Value {
+    let mut devices = devices.clone();
+    for taint in devices
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.get_mut("taints").and_then(Value::as_array_mut))
+        .flatten()
+    {
+        if let Some(t) = taint.as_object_mut() {
+            t.remove("timeAdded");
+        }
+    }
+    devices
+}
+
+/// Whether a slice the API server returned lost the taints written (the `DRADeviceTaints` gate
+/// off in kube-apiserver): a tainted GPU would then look healthy.
+#[must_use]
+pub fn lost_taints(written: &[Value], returned: &Value) -> bool {
+    let tainted = |d: &Value| {
+        d.get("taints")
+            .and_then(Value::as_array)
+            .is_some_and(|t| !t.is_empty())
+    };
+    written.iter().any(tainted)
+        && !returned
+            .pointer("/spec/devices")
+            .and_then(Value::as_array)
+            .is_some_and(|ds| ds.iter().any(tainted))
+}
+
+/// Whether two JSON values are the same, a quantity equal to its other spellings (`1000` and
+/// `1k`, `85899345920` and `80Gi`): the API server gives quantities back in its canonical form.
+#[must_use]
+pub fn same(left: &Value, right: &Value) -> bool {
+    match (left, right) {
+        (Value::String(l), Value::String(r)) => {
+            l == r || matches!((Quantity::parse(l), Quantity::parse(r)), (Ok(p), Ok(q)) if p == q)
+        }
+        (Value::Array(l), Value::Array(r)) => {
+            l.len() == r.len() && l.iter().zip(r).all(|(p, q)| same(p, q))
+        }
+        (Value::Object(l), Value::Object(r)) => {
+            l.len() == r.len() && l.iter().all(|(k, v)| r.get(k).is_some_and(|w| same(v, w)))
+        }
+        _ => left == right,
+    }
+}
+
+/// `devices` as an API server with the `DRAConsumableCapacity` gate off keeps them: without
+/// `allowMultipleAllocations` and the capacities' `requestPolicy`
+/// (`pkg/registry/resource/resourceslice/strategy.go`, `dropDisabledFields`).
+#[must_use]
+pub fn without_consumable_capacity(devices: &[Value]) -> Vec<Value> {
+    devices
+        .iter()
+        .map(|d| {
+            let mut d = d.clone();
+            if let Some(o) = d.as_object_mut() {
+                o.remove("allowMultipleAllocations");
+            }
+            if let Some(capacity) = d.get_mut("capacity").and_then(Value::as_object_mut) {
+                for c in capacity.values_mut() {
+                    if let Some(o) = c.as_object_mut() {
+                        o.remove("requestPolicy");
+                    }
+                }
+            }
+            d
+        })
+        .collect()
+}
+
+/// Whether a slice the API server returned lost the consumable-capacity fields we wrote (the
+/// `DRAConsumableCapacity` gate is off in kube-apiserver): every claim then gets a whole GPU.
+#[must_use]
+pub fn lost_consumable_capacity(written: &[Value], returned: &Value) -> bool {
+    let shared_written = written
+        .iter()
+        .any(|d| d["allowMultipleAllocations"] == Value::Bool(true));
+    let shared_returned = returned
+        .pointer("/spec/devices")
+        .and_then(Value::as_array)
+        .is_some_and(|ds| {
+            ds.iter()
+                .any(|d| d["allowMultipleAllocations"] == Value::Bool(true))
+        });
+    shared_written && !shared_returned
+}
+
+/// What [`publish`] did to the slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// It was missing (never made, or deleted — as the kubelet does at its start) and was made.
+    Created,
+    /// It differed (GPUs changed, or edited by someone else) and was replaced.
+    Replaced,
+    /// It was as it should be.
+    Kept,
+    /// No GPU is offered: it was deleted, or was not there.
+    Deleted,
+}
+
+/// What the API server holds after [`publish`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    /// What was done.
+    pub action: Action,
+    /// The pool's generation now (0 when deleted).
+    pub generation: i64,
+    /// Whether the API server dropped `allowMultipleAllocations` (the `DRAConsumableCapacity`
+    /// gate is off in kube-apiserver); `None` when the slice wasn't seen this time.
+    pub gate_off: Option<bool>,
+    /// The API server dropped the devices' taints (the `DRADeviceTaints` gate is off).
+    pub taints_dropped: bool,
+}
+
+/// Makes the API server's slice for `node` hold `devices`, owned by `owner` (the Node) when
+/// given: created when missing (with a generation above `last_generation`), replaced (with the
+/// pool's generation one up) when different, deleted when no device is offered. Called at every
+/// tick, so a slice the kubelet deleted at its start is back within a tick.
 ///
 /// # Errors
 /// The API server refused or could not be reached.
-pub async fn publish(api: &ApiServer, node: &str, devices: &[Value]) -> Result<i64, ApiError> {
+pub async fn publish(
+    api: &ApiServer,
+    node: &str,
+    devices: &[Value],
+    owner: Option<&Value>,
+    last_generation: i64,
+) -> Result<Published, ApiError> {
     let path = format!("{SLICES}/{}", slice_name(node));
-    let current = api.request(http::Method::GET, &path, None).await?;
+    // `resourceVersion=0`: served from the API server's watch cache, so a check at every tick
+    // of every node costs it little; a read a moment stale is corrected at the next tick.
+    let current = api
+        .request(
+            http::Method::GET,
+            &format!("{path}?resourceVersion=0"),
+            None,
+        )
+        .await?;
     let existing: Option<Value> = match current.status {
         404 => None,
         _ => Some(apiserver::json(&current, "GET", &path)?),
+    };
+    let done = |action, generation, gate_off| Published {
+        action,
+        generation,
+        gate_off: Some(gate_off),
+        taints_dropped: false,
     };
     if devices.is_empty() {
         if existing.is_some() {
@@ -138,27 +396,142 @@ pub async fn publish(api: &ApiServer, node: &str, devices: &[Value]) -> Result<i
                 return Err(ApiError::status(&answer, "DELETE", &path));
             }
         }
-        return Ok(0);
+        return Ok(done(Action::Deleted, 0, false));
     }
+    let desired = Value::Array(devices.to_vec());
     match existing {
         None => {
-            let body = object(node, 1, devices, None);
+            let generation = last_generation + 1;
+            let body = object(node, generation, devices, None, owner);
             let answer = api.request(http::Method::POST, SLICES, Some(&body)).await?;
-            apiserver::json::<Value>(&answer, "POST", SLICES)?;
-            Ok(1)
+            if answer.status == 409 {
+                // Made already, and the cached read was behind: looked at again next tick.
+                return Ok(Published {
+                    gate_off: None,
+                    ..done(Action::Kept, last_generation, false)
+                });
+            }
+            let made: Value = apiserver::json(&answer, "POST", SLICES)?;
+            Ok(Published {
+                taints_dropped: lost_taints(devices, &made),
+                ..done(
+                    Action::Created,
+                    generation,
+                    lost_consumable_capacity(devices, &made),
+                )
+            })
         }
         Some(old) => {
-            let generation = old["spec"]["pool"]["generation"].as_i64().unwrap_or(0);
-            let same = old["spec"]["devices"] == Value::Array(devices.to_vec())
-                && old["spec"]["nodeName"] == json!(node);
-            if same {
-                return Ok(generation);
+            let generation = old["spec"]["pool"]["generation"]
+                .as_i64()
+                .unwrap_or(0)
+                .max(last_generation);
+            let old_devices = &as_published(&old["spec"]["devices"]);
+            let gate_off = same(
+                old_devices,
+                &Value::Array(without_consumable_capacity(devices)),
+            );
+            let has_owner_ref = owner.is_none_or(|o| {
+                old.pointer("/metadata/ownerReferences")
+                    .and_then(Value::as_array)
+                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == o["uid"]))
+            });
+            if (same(old_devices, &desired) || gate_off)
+                && old["spec"]["nodeName"] == json!(node)
+                && has_owner_ref
+            {
+                return Ok(done(Action::Kept, generation, gate_off));
             }
             let rv = old["metadata"]["resourceVersion"].as_str();
-            let body = object(node, generation + 1, devices, rv);
+            let body = object(node, generation + 1, devices, rv, owner);
             let answer = api.request(http::Method::PUT, &path, Some(&body)).await?;
-            apiserver::json::<Value>(&answer, "PUT", &path)?;
-            Ok(generation + 1)
+            let replaced: Value = apiserver::json(&answer, "PUT", &path)?;
+            Ok(Published {
+                taints_dropped: lost_taints(devices, &replaced),
+                ..done(
+                    Action::Replaced,
+                    generation + 1,
+                    lost_consumable_capacity(devices, &replaced),
+                )
+            })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(memory_bytes: u64) -> GpuDevice {
+        GpuDevice {
+            uuid: "GPU-0".into(),
+            model: "Mock".into(),
+            memory_bytes,
+            numa_node: 0,
+            sm_count: 0,
+            is_mig: false,
+            index: 0,
+            device_node: "/dev/gpuwarden-test-no-such-node".into(),
+        }
+    }
+
+    #[test]
+    fn memory_is_published_in_whole_mib_as_the_api_server_writes_it() {
+        assert_eq!(binary_quantity(80 << 30), "80Gi");
+        assert_eq!(binary_quantity(15_258 << 20), "15258Mi");
+        assert_eq!(binary_quantity(1000), "1000");
+        let c = capacity(&gpu(16_000_000_000));
+        assert_eq!(c[MEMORY]["value"], "15258Mi");
+        assert_eq!(c[MEMORY]["requestPolicy"]["validRange"]["max"], "15258Mi");
+        assert_eq!(c[MILLI]["value"], "1000");
+    }
+
+    #[test]
+    fn quantities_compare_by_value_and_server_fields_are_no_difference() {
+        assert!(same(&json!({"v": "1k"}), &json!({"v": "1000"})));
+        assert!(same(&json!(["85899345920"]), &json!(["80Gi"])));
+        assert!(!same(&json!({"v": "1k"}), &json!({"v": "1001"})));
+        assert!(!same(&json!({"v": "gpu-0"}), &json!({"v": "gpu-1"})));
+        assert!(!same(&json!({"a": "1"}), &json!({"a": "1", "b": "2"})));
+        let published = json!([{"name": "gpu-1", "taints": [unhealthy_taint()]}]);
+        let mut returned = published.clone();
+        returned[0]["taints"][0]["timeAdded"] = json!("2026-01-01T00:00:00Z");
+        assert!(!same(&returned, &published));
+        assert!(same(&as_published(&returned), &published));
+    }
+
+    #[test]
+    fn an_unusable_gpu_is_tainted_or_left_out() {
+        let lost = gpu(1 << 30);
+        let tainted = devices(std::slice::from_ref(&lost), None, false);
+        assert_eq!(tainted[0]["taints"], json!([unhealthy_taint()]));
+        assert!(devices(std::slice::from_ref(&lost), None, true).is_empty());
+        let returned = json!({"spec": {"devices": [device(&lost, None)]}});
+        assert!(lost_taints(&tainted, &returned));
+        assert!(!lost_taints(
+            &tainted,
+            &json!({"spec": {"devices": tainted}})
+        ));
+    }
+
+    #[test]
+    fn a_slice_without_the_gate_is_recognised() {
+        let written = vec![device(&gpu(1 << 30), None)];
+        let stripped = without_consumable_capacity(&written);
+        assert!(stripped[0].get("allowMultipleAllocations").is_none());
+        assert!(
+            stripped[0]["capacity"][MILLI]
+                .get("requestPolicy")
+                .is_none()
+        );
+        assert!(stripped[0]["capacity"][MILLI].get("value").is_some());
+        assert!(lost_consumable_capacity(
+            &written,
+            &json!({"spec": {"devices": stripped}})
+        ));
+        assert!(!lost_consumable_capacity(
+            &written,
+            &json!({"spec": {"devices": written}})
+        ));
     }
 }

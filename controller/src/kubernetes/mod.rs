@@ -1,8 +1,9 @@
 //! Kubernetes: plain pod specs turned into DRA claims, and the controller's placement score in
 //! kube-scheduler (docs/architecture.md, "Kubernetes asks through DRA; the agent enforces").
 //!
-//! - [`pod`]: what a pod asks (`gpuwarden.io/gpu-shares`, `gpuwarden.io/gpu-memory`), checked,
-//!   the `ResourceClaimTemplate` asking the same, and the pod's workload class;
+//! - [`pod`]: what a pod asks (`gpuwarden.io/gpu-milli` or `gpu-shares`,
+//!   `gpuwarden.io/gpu-memory`), checked, the `ResourceClaimTemplate` asking the same in the
+//!   slice's whole units, and the pod's workload class;
 //! - [`admission`]: the mutating admission webhook (`AdmissionReview` v1 → `JSONPatch`);
 //! - [`apiserver`]: the small API-server client that makes claim templates (a trait, so tests
 //!   and other deployments put their own behind it);

@@ -1,7 +1,16 @@
-//! What a pod asks of gpuwarden: the `gpuwarden.io/gpu-shares` and `gpuwarden.io/gpu-memory`
-//! limits of its containers (or, once the webhook turned them into a claim, the annotations it
-//! left), checked; the `ResourceClaimTemplate` that asks the same through DRA; and the workload
-//! class its profile is filed under.
+//! What a pod asks of gpuwarden: the `gpuwarden.io/gpu-milli` (or the older
+//! `gpuwarden.io/gpu-shares`) and `gpuwarden.io/gpu-memory` limits of its containers (or, once
+//! the webhook turned them into a claim, the annotations it left), checked; the
+//! `ResourceClaimTemplate` that asks the same through DRA, naming both capacities in the whole
+//! units the slice publishes; and the workload class its profile is filed under.
+//!
+//! Why whole numbers: the API server requires an extended resource (any `domain/name` outside
+//! `kubernetes.io`) to be an integer, with its request equal to its limit
+//! (`pkg/apis/core/validation/validation.go`, `ValidateResourceQuantityValue` and
+//! `ValidateResourceRequirements`), and checks a workload's pod template (Deployment, Job,
+//! `StatefulSet`) when the workload is created, before any pod webhook runs. `gpu-milli: 500` passes there;
+//! `gpu-shares: "0.5"` passes only in a bare Pod, whose limits the webhook removes before
+//! validation.
 //!
 //! Pods are read as the API server sends them (JSON, `k8s.io/api/core/v1` field names), through
 //! `serde_json::Value`: only the few fields used here are looked at, so a pod with fields this
@@ -14,10 +23,20 @@ use serde_json::{Value, json};
 
 use crate::{allocator::GpuRequest, slots::SlotValue};
 
-/// The container limit that asks for a fraction of one GPU (`"0.5"`, `500m`).
+/// The container limit that asks for thousandths of one GPU (`500`): a whole number, so any
+/// workload's pod template passes the API server's validation.
+pub const MILLI_RESOURCE: &str = "gpuwarden.io/gpu-milli";
+/// The older container limit that asks for a fraction of one GPU (`"0.5"`, `500m`): read in a
+/// bare Pod (the webhook removes it before validation), refused by the API server in a
+/// workload's pod template unless it is whole.
 pub const SHARES_RESOURCE: &str = "gpuwarden.io/gpu-shares";
-/// The container limit that asks for GPU memory (`8Gi`).
+/// The container limit that asks for GPU memory (`8Gi`; a whole number of bytes).
 pub const MEMORY_RESOURCE: &str = "gpuwarden.io/gpu-memory";
+/// Thousandths of compute in one GPU: the unit of [`MILLI_RESOURCE`] and of the slice's
+/// `milli` capacity.
+pub const MILLI_PER_GPU: u64 = 1000;
+/// Bytes in a MiB: the unit of the slice's `memory` capacity.
+pub const MIB: u64 = 1 << 20;
 pub use gpuwarden_types::workload::{CLASS_LABEL, workload_class};
 /// The name of the claim the webhook adds to a pod (`spec.resourceClaims[].name`).
 pub const CLAIM_NAME: &str = "gpuwarden-gpu";
@@ -91,17 +110,19 @@ pub enum AskError {
     },
     /// More than one device holds.
     #[error(
-        "container {container:?}: {SHARES_RESOURCE} = {value} is more than one GPU; a claim gets a share of one device (at most 1), ask for whole GPUs through a ResourceClaim of your own"
+        "container {container:?}: {resource} = {value} is more than one GPU; a claim gets a share of one device (at most {MILLI_RESOURCE}: 1000), ask for whole GPUs through a ResourceClaim of your own"
     )]
     ShareAboveOne {
         /// The container.
         container: String,
-        /// The value.
-        value: SlotValue,
+        /// The resource name.
+        resource: &'static str,
+        /// The value as read.
+        value: String,
     },
     /// Not a whole number of quanta.
     #[error(
-        "container {container:?}: {SHARES_RESOURCE} = {value} is not a multiple of the share quantum {quantum}"
+        "container {container:?}: a share of {value} GPU is not a multiple of the share quantum {quantum}"
     )]
     NotQuantum {
         /// The container.
@@ -162,6 +183,60 @@ pub enum AskError {
     /// The pod already has a claim of the name the webhook uses.
     #[error("the pod already has a resource claim named {CLAIM_NAME:?}")]
     ClaimNameTaken,
+    /// `gpu-milli` that is not a whole number of thousandths.
+    #[error(
+        "container {container:?}: {MILLI_RESOURCE} = {value} is not a whole number of thousandths of a GPU (e.g. 500 for half)"
+    )]
+    MilliNotWhole {
+        /// The container.
+        container: String,
+        /// The value as read.
+        value: String,
+    },
+    /// Both `gpu-milli` and `gpu-shares` in one container.
+    #[error(
+        "container {container:?}: give {MILLI_RESOURCE} or {SHARES_RESOURCE}, not both ({MILLI_RESOURCE} is the one every workload kind accepts)"
+    )]
+    BothShareNames {
+        /// The container.
+        container: String,
+    },
+    /// A share finer than the slice's thousandths.
+    #[error(
+        "container {container:?}: {SHARES_RESOURCE} = {value} is finer than a thousandth of a GPU; write {MILLI_RESOURCE} with a whole number instead"
+    )]
+    FinerThanMilli {
+        /// The container.
+        container: String,
+        /// The value.
+        value: SlotValue,
+    },
+    /// A fraction in a workload's pod template, which the API server refuses there.
+    #[error(
+        "container {container:?} of this {kind}'s pod template: {resource} = {value} is not a whole number, and Kubernetes requires extended resources in a workload's pod template to be whole numbers (gpuwarden's webhook rewrites a fraction only in a bare Pod); {instead}"
+    )]
+    FractionInWorkload {
+        /// The workload's kind.
+        kind: String,
+        /// The container.
+        container: String,
+        /// The resource name.
+        resource: &'static str,
+        /// The value as read.
+        value: String,
+        /// What to write instead.
+        instead: String,
+    },
+    /// One of compute or memory asked, and no GPU known to size the other by.
+    #[error(
+        "the pod asks for {named} only, and gpuwarden knows no GPU yet to size its {missing} by; give both {MILLI_RESOURCE} and {MEMORY_RESOURCE}"
+    )]
+    NothingToSizeBy {
+        /// What was asked.
+        named: &'static str,
+        /// What is missing.
+        missing: &'static str,
+    },
 }
 
 impl fmt::Display for GpuAsk {
@@ -189,33 +264,83 @@ impl GpuAsk {
         self.shares.is_none() && self.memory_bytes.is_none()
     }
 
+    /// The ask in the slice's whole units, both capacities named, so that kube-scheduler charges
+    /// exactly what the agent enforces: thousandths of compute (shares × 1000) and whole MiB of
+    /// memory (rounded up, as the scheduler's `1Mi` step would). The one not asked is sized in
+    /// proportion to `device_memory` (the smallest GPU offered to Kubernetes), rounded down, so
+    /// that asks in proportion that add up to a GPU fit it: `gpu-milli: 500` alone on 80 GiB GPUs
+    /// is 500 and 40960 MiB.
+    ///
+    /// # Errors
+    /// [`AskError::NothingToSizeBy`] when one is missing and no GPU is known;
+    /// [`AskError::FinerThanMilli`] for a share finer than a thousandth.
+    pub fn sized(&self, device_memory: Option<u64>) -> Result<ClaimAsk, AskError> {
+        let milli = self
+            .shares
+            .map(|s| {
+                let per_milli = SlotValue::ONE.micros() / u128::from(MILLI_PER_GPU);
+                if s.micros() % per_milli == 0 {
+                    u64::try_from(s.micros() / per_milli).map_err(|_| ())
+                } else {
+                    Err(())
+                }
+                .map_err(|()| AskError::FinerThanMilli {
+                    container: "(the pod)".into(),
+                    value: s,
+                })
+            })
+            .transpose()?;
+        let memory_mib = self.memory_bytes.map(|b| b.div_ceil(MIB));
+        let device_mib = device_memory.map(|b| b / MIB).filter(|m| *m > 0);
+        let (milli, memory_mib) = match (milli, memory_mib, device_mib) {
+            (Some(m), Some(b), _) => (m, b),
+            (Some(m), None, Some(d)) => (m, (m * d / MILLI_PER_GPU).max(1)),
+            (None, Some(b), Some(d)) => ((b * MILLI_PER_GPU / d).clamp(1, MILLI_PER_GPU), b),
+            (Some(_), None, None) => {
+                return Err(AskError::NothingToSizeBy {
+                    named: "compute",
+                    missing: "memory",
+                });
+            }
+            (None, _, None) | (None, None, _) => {
+                return Err(AskError::NothingToSizeBy {
+                    named: "memory",
+                    missing: "compute",
+                });
+            }
+        };
+        Ok(ClaimAsk { milli, memory_mib })
+    }
+}
+
+/// An ask as the claim names it: both capacities, in the slice's whole units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimAsk {
+    /// Thousandths of one GPU's compute (1–1000).
+    pub milli: u64,
+    /// Whole MiB of its memory.
+    pub memory_mib: u64,
+}
+
+impl ClaimAsk {
     /// The name of the `ResourceClaimTemplate` asking for this, the same for every pod that asks
-    /// the same: `gpuwarden-0.5-8gi`, `gpuwarden-0.25`, `gpuwarden-mem-512mi`. A DNS subdomain.
+    /// the same: `gpuwarden-500m-8gi`, `gpuwarden-250m-10000mi`. A DNS subdomain.
     #[must_use]
     pub fn template_name(&self) -> String {
-        let mut name = String::from("gpuwarden-");
-        match self.shares {
-            Some(s) => name.push_str(&s.to_string()),
-            None => name.push_str("mem"),
-        }
-        if let Some(m) = self.memory_bytes {
-            name.push('-');
-            name.push_str(&memory_label(m));
-        }
-        name
+        format!(
+            "gpuwarden-{}m-{}",
+            self.milli,
+            memory_label(self.memory_mib * MIB)
+        )
     }
 
-    /// The device request's capacity: `{shares: "0.5", memory: "8Gi"}` (quantity strings).
+    /// The device request's capacity: `{milli: "500", memory: "8Gi"}` (quantity strings).
     #[must_use]
     pub fn capacity_requests(&self) -> Value {
-        let mut requests = serde_json::Map::new();
-        if let Some(s) = self.shares {
-            requests.insert("shares".into(), Value::String(s.to_string()));
-        }
-        if let Some(m) = self.memory_bytes {
-            requests.insert("memory".into(), Value::String(memory_quantity(m)));
-        }
-        Value::Object(requests)
+        json!({
+            "milli": self.milli.to_string(),
+            "memory": memory_quantity(self.memory_mib * MIB),
+        })
     }
 
     /// The `ResourceClaimTemplate` (`resource.k8s.io/v1`) for `namespace` asking for this: one
@@ -247,15 +372,27 @@ impl GpuAsk {
         })
     }
 
+    /// The ask as the controller reads it: shares as an exact decimal, memory in bytes.
+    #[must_use]
+    pub fn to_ask(&self) -> GpuAsk {
+        GpuAsk {
+            shares: Some(SlotValue::from_micros(
+                u128::from(self.milli) * (SlotValue::ONE.micros() / u128::from(MILLI_PER_GPU)),
+            )),
+            memory_bytes: Some(self.memory_mib * MIB),
+        }
+    }
+
     /// The annotations the webhook leaves on the pod, so that the scheduler extender knows the
     /// ask once the limits are gone (exact decimals: shares, bytes).
     #[must_use]
     pub fn annotations(&self) -> Vec<(&'static str, String)> {
+        let ask = self.to_ask();
         let mut out = Vec::new();
-        if let Some(s) = self.shares {
+        if let Some(s) = ask.shares {
             out.push((SHARES_RESOURCE, s.to_string()));
         }
-        if let Some(m) = self.memory_bytes {
+        if let Some(m) = ask.memory_bytes {
             out.push((MEMORY_RESOURCE, m.to_string()));
         }
         out
@@ -290,8 +427,12 @@ fn memory_label(bytes: u64) -> String {
 pub struct Bounds {
     /// Shares must be whole multiples of this.
     pub quantum: SlotValue,
-    /// The most memory one known device has (`None`: no GPU known yet, so memory isn't checked).
+    /// The most memory one GPU offered to Kubernetes (else one known GPU) has (`None`: no GPU
+    /// known yet, so memory isn't checked).
     pub largest_device_memory: Option<u64>,
+    /// The least memory one GPU offered to Kubernetes has (else one known GPU): what an ask naming
+    /// only compute or only memory is sized by ([`GpuAsk::sized`]).
+    pub smallest_device_memory: Option<u64>,
 }
 
 /// A quantity as the API server sends it: a string (canonical form, `500m`), or a number in
@@ -374,26 +515,61 @@ fn container_ask(
 ) -> Result<Option<(GpuAsk, Found)>, AskError> {
     let mut ask = GpuAsk::default();
     let mut found = Vec::new();
-    if let Some((text, maps)) = container_value(container, name, SHARES_RESOURCE)? {
+    let milli = container_value(container, name, MILLI_RESOURCE)?;
+    let shares = container_value(container, name, SHARES_RESOURCE)?;
+    if milli.is_some() && shares.is_some() {
+        return Err(AskError::BothShareNames {
+            container: name.to_owned(),
+        });
+    }
+    if let Some((text, maps)) = milli {
+        let q = positive(name, MILLI_RESOURCE, &text)?;
+        let m = q.whole().ok_or_else(|| AskError::MilliNotWhole {
+            container: name.to_owned(),
+            value: text.clone(),
+        })?;
+        if m > MILLI_PER_GPU {
+            return Err(AskError::ShareAboveOne {
+                container: name.to_owned(),
+                resource: MILLI_RESOURCE,
+                value: text,
+            });
+        }
+        ask.shares = Some(SlotValue::from_micros(
+            u128::from(m) * (SlotValue::ONE.micros() / u128::from(MILLI_PER_GPU)),
+        ));
+        found.extend(maps.into_iter().map(|m| (m, MILLI_RESOURCE)));
+    }
+    if let Some((text, maps)) = shares {
         let q = positive(name, SHARES_RESOURCE, &text)?;
         let shares = SlotValue::from_micros(q.micros());
         if shares > SlotValue::ONE {
             return Err(AskError::ShareAboveOne {
                 container: name.to_owned(),
-                value: shares,
+                resource: SHARES_RESOURCE,
+                value: text,
             });
         }
-        if let Some(b) = bounds
-            && !shares.is_multiple_of(b.quantum)
-        {
-            return Err(AskError::NotQuantum {
+        if !shares.is_multiple_of(SlotValue::from_micros(
+            SlotValue::ONE.micros() / u128::from(MILLI_PER_GPU),
+        )) {
+            return Err(AskError::FinerThanMilli {
                 container: name.to_owned(),
                 value: shares,
-                quantum: b.quantum,
             });
         }
         ask.shares = Some(shares);
         found.extend(maps.into_iter().map(|m| (m, SHARES_RESOURCE)));
+    }
+    if let Some(b) = bounds
+        && let Some(shares) = ask.shares
+        && !shares.is_multiple_of(b.quantum)
+    {
+        return Err(AskError::NotQuantum {
+            container: name.to_owned(),
+            value: shares,
+            quantum: b.quantum,
+        });
     }
     if let Some((text, maps)) = container_value(container, name, MEMORY_RESOURCE)? {
         let q = positive(name, MEMORY_RESOURCE, &text)?;
@@ -496,6 +672,74 @@ pub fn read_ask(pod: &Value) -> Result<Option<GpuAsk>, AskError> {
     Ok(Some(ask))
 }
 
+/// The workload kinds whose pod template the webhook checks: (API group, kind, pointer to the
+/// template's pod spec).
+pub const WORKLOADS: [(&str, &str, &str); 6] = [
+    ("apps", "Deployment", "/spec/template/spec"),
+    ("apps", "StatefulSet", "/spec/template/spec"),
+    ("apps", "DaemonSet", "/spec/template/spec"),
+    ("apps", "ReplicaSet", "/spec/template/spec"),
+    ("batch", "Job", "/spec/template/spec"),
+    ("batch", "CronJob", "/spec/jobTemplate/spec/template/spec"),
+];
+
+/// What the API server will refuse of gpuwarden's limits in a workload's pod template
+/// `spec` (kind `kind`): a value that is no whole number (extended resources must be integers,
+/// `pkg/apis/core/validation/validation.go`, `ValidateResourceQuantityValue`), refused here
+/// first with what to write instead — the API server's own words (`must be an integer`) don't
+/// say that `gpuwarden.io/gpu-shares: 0.5` is `gpuwarden.io/gpu-milli: 500`.
+///
+/// # Errors
+/// [`AskError::FractionInWorkload`] for the first such value.
+pub fn check_workload_template(kind: &str, spec: &Value) -> Result<(), AskError> {
+    for list in CONTAINER_LISTS {
+        for container in spec
+            .get(list)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let name = container.get("name").and_then(Value::as_str).unwrap_or("");
+            for resource in [SHARES_RESOURCE, MILLI_RESOURCE, MEMORY_RESOURCE] {
+                for map in ["limits", "requests"] {
+                    let Some(text) = container
+                        .pointer(&format!("/resources/{map}"))
+                        .and_then(|m| m.get(resource))
+                        .and_then(quantity_text)
+                    else {
+                        continue;
+                    };
+                    let Ok(q) = Quantity::parse(&text) else {
+                        continue;
+                    };
+                    if q.whole().is_some() || q.is_negative() {
+                        continue;
+                    }
+                    let per_milli = SlotValue::ONE.micros() / u128::from(MILLI_PER_GPU);
+                    let instead = match resource {
+                        SHARES_RESOURCE if q.micros() % per_milli == 0 => {
+                            format!("write {MILLI_RESOURCE}: {} instead", q.micros() / per_milli)
+                        }
+                        SHARES_RESOURCE => format!(
+                            "write {MILLI_RESOURCE} (thousandths of a GPU, a whole number) instead"
+                        ),
+                        MILLI_RESOURCE => "give whole thousandths".to_owned(),
+                        _ => "give a whole number of bytes (8Gi, 512Mi)".to_owned(),
+                    };
+                    return Err(AskError::FractionInWorkload {
+                        kind: kind.to_owned(),
+                        container: name.to_owned(),
+                        resource,
+                        value: text,
+                        instead,
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A JSON Pointer from its reference tokens, escaped (`~` → `~0`, `/` → `~1`).
 #[must_use]
 pub fn json_pointer(tokens: &[&str]) -> String {
@@ -520,28 +764,67 @@ mod tests {
     }
 
     #[test]
-    fn template_names_are_dns_subdomains_and_unique_per_ask() {
+    fn asks_are_sized_in_whole_units_and_named_for_them() {
         let ask = |s: Option<&str>, m: Option<u64>| GpuAsk {
             shares: s.map(|s| s.parse().expect("a value")),
             memory_bytes: m,
         };
+        let gpu = Some(80 << 30);
+        let sized = |s, m| ask(s, m).sized(gpu).expect("sized");
         assert_eq!(
-            ask(Some("0.5"), Some(8 << 30)).template_name(),
-            "gpuwarden-0.5-8gi"
-        );
-        assert_eq!(ask(Some("0.25"), None).template_name(), "gpuwarden-0.25");
-        assert_eq!(
-            ask(None, Some(512 << 20)).template_name(),
-            "gpuwarden-mem-512mi"
-        );
-        assert_eq!(
-            ask(Some("1"), Some(1000)).template_name(),
-            "gpuwarden-1-1000"
+            sized(Some("0.5"), Some(8 << 30)),
+            ClaimAsk {
+                milli: 500,
+                memory_mib: 8192
+            }
         );
         assert_eq!(
-            ask(Some("0.5"), Some(8 << 30)).capacity_requests(),
-            json!({"shares": "0.5", "memory": "8Gi"})
+            sized(Some("0.5"), Some(8 << 30)).template_name(),
+            "gpuwarden-500m-8gi"
         );
+        assert_eq!(
+            sized(Some("0.5"), Some(8 << 30)).capacity_requests(),
+            json!({"milli": "500", "memory": "8Gi"})
+        );
+        // One of the two: the other in proportion to the GPU, rounded down.
+        assert_eq!(
+            sized(Some("0.25"), None).template_name(),
+            "gpuwarden-250m-20gi"
+        );
+        assert_eq!(
+            sized(None, Some(512 << 20)),
+            ClaimAsk {
+                milli: 6,
+                memory_mib: 512
+            }
+        );
+        // A memory ask below a thousandth of the GPU still asks one thousandth.
+        assert_eq!(sized(None, Some(1 << 20)).milli, 1);
+        // Bytes that are no whole MiB are rounded up, as the scheduler's 1Mi step would.
+        assert_eq!(
+            sized(Some("1"), Some(1000)).template_name(),
+            "gpuwarden-1000m-1mi"
+        );
+        assert_eq!(
+            sized(Some("0.5"), None).annotations(),
+            vec![
+                (SHARES_RESOURCE, "0.5".to_owned()),
+                (MEMORY_RESOURCE, (40u64 << 30).to_string())
+            ]
+        );
+        // Nothing to size by.
+        assert_eq!(
+            ask(Some("0.5"), None).sized(None),
+            Err(AskError::NothingToSizeBy {
+                named: "compute",
+                missing: "memory"
+            })
+        );
+        assert!(ask(Some("0.5"), Some(1 << 30)).sized(None).is_ok());
+        assert!(matches!(
+            ask(Some("0.0005"), Some(1 << 30)).sized(gpu),
+            Err(AskError::FinerThanMilli { .. })
+        ));
     }
 
     #[test]

@@ -87,6 +87,10 @@ pub struct Hooks {
     pub templates: Arc<dyn ClaimTemplates>,
     /// The server's bounds: connections and bodies refused at a cap are counted there.
     pub bounds: Arc<limits::Bounds>,
+    /// Leave `gpuwarden.io/gpu-milli` on the pods the webhook mutates, for kube-scheduler's
+    /// extender `managedResources` (`ignoredByScheduler: true`) to call the extender for them
+    /// only ([`admission::Marker`]).
+    pub marker: admission::Marker,
 }
 
 /// What one listener's connections share: the connection cap and the body budget.
@@ -438,11 +442,17 @@ async fn handle(
     };
     match path.as_str() {
         "/mutate" => {
-            let bounds = hooks.controller.read(|s| Bounds {
-                quantum: s.share_quantum(),
-                largest_device_memory: s.largest_device_memory(),
+            // The GPUs offered to Kubernetes bound what a pod may ask (all GPUs, for agents
+            // that report none apart).
+            let bounds = hooks.controller.read(|s| {
+                let memory = s.kubernetes_device_memory();
+                Bounds {
+                    quantum: s.share_quantum(),
+                    largest_device_memory: memory.map(|(_, most)| most),
+                    smallest_device_memory: memory.map(|(least, _)| least),
+                }
             });
-            match admission::review(&body, &bounds, hooks.templates.as_ref()).await {
+            match admission::review(&body, &bounds, hooks.templates.as_ref(), hooks.marker).await {
                 Ok((answer, outcome)) => {
                     tracing::debug!(?outcome, "admission review");
                     json_answer(&answer)

@@ -94,6 +94,31 @@ impl Scheduler {
             .max()
     }
 
+    /// The least and the most memory one GPU offered to Kubernetes has, else one GPU of any
+    /// kind (agents from before `kubernetes_devices`), `None` while no agent reported a GPU:
+    /// what the admission webhook sizes an ask of compute only (or memory only) by, and the
+    /// most memory a pod may ask.
+    #[must_use]
+    pub fn kubernetes_device_memory(&self) -> Option<(u64, u64)> {
+        let range = |kubernetes: bool| {
+            self.nodes
+                .values()
+                .flat_map(|n| {
+                    if kubernetes {
+                        n.report.kubernetes_devices.iter()
+                    } else {
+                        n.report.devices.iter()
+                    }
+                })
+                .map(|d| d.memory_bytes)
+                .filter(|m| *m > 0)
+                .fold(None, |acc: Option<(u64, u64)>, m| {
+                    Some(acc.map_or((m, m), |(lo, hi)| (lo.min(m), hi.max(m))))
+                })
+        };
+        range(true).or_else(|| range(false))
+    }
+
     /// The share quantum requests must be whole multiples of.
     #[must_use]
     pub fn share_quantum(&self) -> SlotValue {

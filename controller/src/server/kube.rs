@@ -11,6 +11,7 @@ use crate::{
     auth::tls::TlsSetupError,
     controller::Controller,
     kubernetes::{
+        admission::Marker,
         apiserver::{ApiError, ApiServer, BoxFuture, ClaimTemplates, Ensured},
         serve::{Hooks, ServingCert, serve_extender, serve_webhook},
         templates::Remembered,
@@ -54,6 +55,12 @@ pub(super) struct KubeArgs {
     /// it, anyone who reaches the port can send reviews (warned at start).
     #[arg(long, value_name = "FILE", requires = "webhook_listen")]
     pub webhook_client_ca: Option<PathBuf>,
+    /// Leave `gpuwarden.io/gpu-milli` (a whole number) on the pods the webhook mutates, so that
+    /// kube-scheduler calls the extender for those pods only: needs the extender configured with
+    /// `managedResources: [{name: gpuwarden.io/gpu-milli, ignoredByScheduler: true}]`
+    /// (`deploy/kubernetes/dra/scheduler.yaml`), else marked pods never schedule.
+    #[arg(long)]
+    pub webhook_extender_marker: bool,
     /// Serve the scheduler extender alone over plain HTTP here (for a kube-scheduler without a
     /// TLS config for extenders).
     #[arg(long, value_name = "ADDR")]
@@ -75,6 +82,7 @@ pub(super) struct KubeListeners {
     webhook: Option<(TcpListener, Arc<ServingCert>)>,
     extender: Option<TcpListener>,
     templates: Arc<dyn ClaimTemplates>,
+    marker: Marker,
 }
 
 /// Binds `addr`.
@@ -128,6 +136,11 @@ impl KubeArgs {
             webhook,
             extender,
             templates,
+            marker: if self.webhook_extender_marker {
+                Marker::ExtenderMarker
+            } else {
+                Marker::None
+            },
         }))
     }
 }
@@ -161,6 +174,7 @@ impl KubeListeners {
             controller: Arc::clone(controller),
             templates: self.templates,
             bounds: Arc::clone(bounds),
+            marker: self.marker,
         });
         let mut tasks = Vec::new();
         if let Some((listener, cert)) = self.webhook {

@@ -1,8 +1,9 @@
 //! HTTPS to Kubernetes: the API server (the agent's DRA plugin, the controller's webhook) and the
 //! kubelet (the agent's pod names), one client for all three.
 //!
-//! One request per connection (a few requests a minute, at most a few per pod start): no pool,
-//! no watch. HTTP/1.1 with hyper, TLS with rustls and ring, verified against a CA file (or, for
+//! One request per connection (a few requests a minute, at most a few per pod start): no pool;
+//! a watch ([`KubeClient::watch`]) holds its own connection for as long as the server streams.
+//! HTTP/1.1 with hyper, TLS with rustls and ring, verified against a CA file (or, for
 //! kubelets with self-signed certificates and only when asked, not verified). The bearer token
 //! is read from its file at every request, so rotated service-account tokens are picked up.
 //! Answers are read up to a bound and within a time limit.
@@ -330,12 +331,125 @@ impl KubeClient {
             })?
     }
 
+    /// Watches `path` (a `?watch=true` URL): each event the server streams (one JSON object a
+    /// line) is sent to `events`, until the server ends the watch or `events` is closed. The
+    /// connection and the answer's head come within the time limit; the stream has none. A
+    /// status other than 200 is returned with its body, as [`Self::request`] would.
+    ///
+    /// # Errors
+    /// No answer, a broken stream, a line past the body bound or not JSON.
+    pub async fn watch(
+        &self,
+        path: &str,
+        events: &tokio::sync::mpsc::Sender<serde_json::Value>,
+    ) -> Result<Answer, KubeError> {
+        let peer = self.peer;
+        let (response, driver) =
+            tokio::time::timeout(self.timeout, self.open(http::Method::GET, path, None))
+                .await
+                .map_err(|_| KubeError::Timeout {
+                    peer,
+                    after: self.timeout,
+                })??;
+        let result = self.stream_lines(response, events).await;
+        driver.abort();
+        result
+    }
+
+    /// The lines of a watch `response`, as JSON, into `events`.
+    async fn stream_lines(
+        &self,
+        response: http::Response<hyper::body::Incoming>,
+        events: &tokio::sync::mpsc::Sender<serde_json::Value>,
+    ) -> Result<Answer, KubeError> {
+        let peer = self.peer;
+        let body_err = |reason: String| KubeError::Body { peer, reason };
+        let status = response.status().as_u16();
+        let mut body = response.into_body();
+        if status != 200 {
+            let body = Limited::new(body, self.max_body)
+                .collect()
+                .await
+                .map_err(|e| body_err(e.to_string()))?
+                .to_bytes();
+            return Ok(Answer { status, body });
+        }
+        let mut line: Vec<u8> = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|source| KubeError::Http { peer, source })?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            for chunk in data.split_inclusive(|b| *b == b'\n') {
+                line.extend_from_slice(chunk);
+                if line.len() > self.max_body {
+                    return Err(body_err(format!(
+                        "a watch event past {} bytes",
+                        self.max_body
+                    )));
+                }
+                if line.last() != Some(&b'\n') {
+                    continue;
+                }
+                let text = std::mem::take(&mut line);
+                if text.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let event = serde_json::from_slice(&text)
+                    .map_err(|e| body_err(format!("a watch event: {e}")))?;
+                if events.send(event).await.is_err() {
+                    return Ok(Answer {
+                        status,
+                        body: Bytes::new(),
+                    });
+                }
+            }
+        }
+        Ok(Answer {
+            status,
+            body: Bytes::new(),
+        })
+    }
+
     async fn send(
         &self,
         method: http::Method,
         path: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<Answer, KubeError> {
+        let peer = self.peer;
+        let (response, driver) = self.open(method, path, body).await?;
+        let status = response.status().as_u16();
+        let read = Limited::new(response.into_body(), self.max_body)
+            .collect()
+            .await
+            .map(http_body_util::Collected::to_bytes)
+            .map_err(|e| KubeError::Body {
+                peer,
+                reason: e.to_string(),
+            });
+        // The connection is driven by its own task; it ends with the exchange (one request).
+        driver.abort();
+        Ok(Answer {
+            status,
+            body: read?,
+        })
+    }
+
+    /// Connects, sends `method path` and returns the answer's head with its body still to read,
+    /// and the task driving the connection (to abort once the body is read).
+    async fn open(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<
+        (
+            http::Response<hyper::body::Incoming>,
+            tokio::task::JoinHandle<()>,
+        ),
+        KubeError,
+    > {
         let peer = self.peer;
         let body_err = |reason: String| KubeError::Body { peer, reason };
         let authority = self
@@ -392,12 +506,18 @@ impl KubeClient {
         }
     }
 
-    /// Sends `request` over `io` and reads the whole answer.
+    /// Sends `request` over `io`: the answer's head, and the task driving the connection.
     async fn exchange<S>(
         &self,
         io: S,
         request: http::Request<Full<Bytes>>,
-    ) -> Result<Answer, KubeError>
+    ) -> Result<
+        (
+            http::Response<hyper::body::Incoming>,
+            tokio::task::JoinHandle<()>,
+        ),
+        KubeError,
+    >
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -405,27 +525,16 @@ impl KubeClient {
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
             .map_err(|source| KubeError::Http { peer, source })?;
-        // The connection is driven by its own task; it ends with the exchange (one request).
-        let driver = tokio::spawn(connection);
-        let result = async {
-            let response = sender
-                .send_request(request)
-                .await
-                .map_err(|source| KubeError::Http { peer, source })?;
-            let status = response.status().as_u16();
-            let body = Limited::new(response.into_body(), self.max_body)
-                .collect()
-                .await
-                .map(http_body_util::Collected::to_bytes)
-                .map_err(|e| KubeError::Body {
-                    peer,
-                    reason: e.to_string(),
-                })?;
-            Ok(Answer { status, body })
+        let driver = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        match sender.send_request(request).await {
+            Ok(response) => Ok((response, driver)),
+            Err(source) => {
+                driver.abort();
+                Err(KubeError::Http { peer, source })
+            }
         }
-        .await;
-        driver.abort();
-        result
     }
 }
 

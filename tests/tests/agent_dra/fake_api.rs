@@ -1,8 +1,7 @@
 //! A fake Kubernetes API server on loopback (hyper, plain HTTP): it serves ResourceClaims as the
-//! `resource.k8s.io/v1` API returns them, and Pods (`v1`), and keeps the ResourceSlices written
-//! to it, recording
-//! every request; and a validator of objects against the published JSON schema of the API
-//! (`tests/fixtures/k8s-schema`, strict: no property the API doesn't define).
+//! `resource.k8s.io/v1` API returns them, Pods and Nodes (`v1`), and keeps the ResourceSlices
+//! written to it (as an API server with the DRA gates on or off stores them), recording every
+//! request.
 
 use std::{
     collections::BTreeMap,
@@ -11,10 +10,16 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use http_body_util::{BodyExt, Full};
-use hyper::{Request, Response, body::Bytes, service::service_fn};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::{
+    Request, Response,
+    body::{Bytes, Frame},
+    service::service_fn,
+};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_stream::{StreamExt as _, wrappers::UnboundedReceiverStream};
 
 /// One request as the fake saw it.
 #[derive(Debug, Clone)]
@@ -30,6 +35,15 @@ struct State {
     claims: BTreeMap<String, Value>,
     pods: BTreeMap<String, Value>,
     slices: BTreeMap<String, Value>,
+    nodes: BTreeMap<String, Value>,
+    /// Plays kube-apiserver with the `DRAConsumableCapacity` gate off: slices are stored without
+    /// `allowMultipleAllocations` and the capacities' `requestPolicy`, as
+    /// `pkg/registry/resource/resourceslice/strategy.go` (`dropDisabledFields`) drops them.
+    gate_off: bool,
+    /// Plays kube-apiserver with `DRADeviceTaints` off: devices are stored without `taints`.
+    taints_off: bool,
+    /// Open watches on ResourceSlices: each gets every slice event, one JSON line each.
+    watchers: Vec<mpsc::UnboundedSender<Bytes>>,
     seen: Vec<Seen>,
     next_version: u64,
 }
@@ -44,6 +58,38 @@ pub struct FakeApi {
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/";
 const PODS: &str = "/api/v1/namespaces/";
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+const NODES: &str = "/api/v1/nodes/";
+
+/// What kube-apiserver keeps of a slice: with `DRAConsumableCapacity` off, no
+/// `allowMultipleAllocations` nor `requestPolicy`; with `DRADeviceTaints` off, no `taints`
+/// (`pkg/registry/resource/resourceslice/strategy.go`, `dropDisabledFields`).
+fn as_stored(mut slice: Value, gate_off: bool, taints_off: bool) -> Value {
+    for device in slice["spec"]["devices"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        if taints_off && let Some(d) = device.as_object_mut() {
+            d.remove("taints");
+        }
+        if !gate_off {
+            continue;
+        }
+        if let Some(d) = device.as_object_mut() {
+            d.remove("allowMultipleAllocations");
+        }
+        for capacity in device["capacity"]
+            .as_object_mut()
+            .into_iter()
+            .flat_map(|c| c.values_mut())
+        {
+            if let Some(c) = capacity.as_object_mut() {
+                c.remove("requestPolicy");
+            }
+        }
+    }
+    slice
+}
 
 impl FakeApi {
     /// Serves on a free loopback port of `rt`.
@@ -61,7 +107,7 @@ impl FakeApi {
                 };
                 let state = Arc::clone(&shared);
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| answer(Arc::clone(&state), req));
+                    let service = service_fn(move |req| serve(Arc::clone(&state), req));
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(tcp), service)
                         .await;
@@ -95,6 +141,57 @@ impl FakeApi {
         self.state.lock().unwrap().pods.insert(key, pod);
     }
 
+    /// Serves the Node `name` with `uid`.
+    pub fn put_node(&self, name: &str, uid: &str) {
+        self.state.lock().unwrap().nodes.insert(
+            name.to_owned(),
+            json!({"apiVersion": "v1", "kind": "Node",
+                   "metadata": {"name": name, "uid": uid, "resourceVersion": "1"}}),
+        );
+    }
+
+    /// What the kubelet does when it starts (`pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go`
+    /// wipes the node's slices): deletes every ResourceSlice of `node`; how many there were.
+    pub fn kubelet_starts(&self, node: &str) -> usize {
+        let mut s = self.state.lock().unwrap();
+        let gone: Vec<String> = s
+            .slices
+            .iter()
+            .filter(|(_, slice)| slice["spec"]["nodeName"] == json!(node))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &gone {
+            let slice = s.slices.remove(name).unwrap();
+            s.event("DELETED", &slice);
+        }
+        gone.len()
+    }
+
+    /// The number of watches on ResourceSlices open now.
+    pub fn slice_watches(&self) -> usize {
+        let mut s = self.state.lock().unwrap();
+        s.watchers.retain(|w| !w.is_closed());
+        s.watchers.len()
+    }
+
+    /// Turns the `DRAConsumableCapacity` gate off (or on) for what is written from now on.
+    pub fn set_gate_off(&self, off: bool) {
+        self.state.lock().unwrap().gate_off = off;
+    }
+
+    /// Turns the `DRADeviceTaints` gate off (or on) for what is written from now on.
+    pub fn set_taints_off(&self, off: bool) {
+        self.state.lock().unwrap().taints_off = off;
+    }
+
+    /// Changes the slice `name` in place, as the API server or someone else might.
+    pub fn edit_slice(&self, name: &str, change: impl FnOnce(&mut Value)) {
+        let mut s = self.state.lock().unwrap();
+        change(s.slices.get_mut(name).unwrap());
+        let slice = s.slices[name].clone();
+        s.event("MODIFIED", &slice);
+    }
+
     /// Every request so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.state.lock().unwrap().seen.clone()
@@ -103,6 +200,14 @@ impl FakeApi {
     /// The ResourceSlices held, by name.
     pub fn slices(&self) -> BTreeMap<String, Value> {
         self.state.lock().unwrap().slices.clone()
+    }
+}
+
+impl State {
+    /// Sends a watch event (`ADDED`, `MODIFIED`, `DELETED`) of `slice` to every open watch.
+    fn event(&mut self, kind: &str, slice: &Value) {
+        let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": slice})));
+        self.watchers.retain(|w| w.send(line.clone()).is_ok());
     }
 }
 
@@ -127,6 +232,38 @@ fn status(code: u16, reason: &str, message: &str) -> Response<Full<Bytes>> {
         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": message, "reason": reason, "code": code}),
     )
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// A watch on ResourceSlices (`?watch=true`, as `GET …/resourceslices?watch=true&fieldSelector=…`
+/// opens one): the slices there now as `ADDED`, then each change, one JSON event a line, as
+/// long as the client reads; any other request as [`answer`] answers it.
+async fn serve(
+    state: Arc<Mutex<State>>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let watch = req.method() == hyper::Method::GET
+        && req.uri().path() == SLICES
+        && req.uri().query().is_some_and(|q| q.contains("watch=true"));
+    if !watch {
+        return answer(state, req).await.map(|r| r.map(BodyExt::boxed));
+    }
+    let (sender, receiver) = mpsc::unbounded_channel();
+    {
+        let mut s = state.lock().unwrap();
+        for slice in s.slices.values() {
+            let line = format!("{}\n", json!({"type": "ADDED", "object": slice}));
+            sender.send(Bytes::from(line)).unwrap();
+        }
+        s.watchers.push(sender);
+    }
+    let stream = UnboundedReceiverStream::new(receiver).map(|b| Ok(Frame::data(b)));
+    Ok(Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .body(StreamBody::new(stream).boxed())
+        .unwrap())
 }
 
 async fn answer(
@@ -173,7 +310,15 @@ async fn answer(
             },
             _ => status(405, "MethodNotAllowed", "not served by the fake"),
         }
+    } else if let Some(name) = path.strip_prefix(NODES) {
+        match (method.as_str(), s.nodes.get(name)) {
+            ("GET", Some(node)) => reply(200, node),
+            ("GET", None) => status(404, "NotFound", &format!("nodes \"{name}\" not found")),
+            _ => status(405, "MethodNotAllowed", "not served by the fake"),
+        }
     } else if let Some(rest) = path.strip_prefix(SLICES) {
+        let (gate_off, taints_off) = (s.gate_off, s.taints_off);
+        let body = body.map(|slice| as_stored(slice, gate_off, taints_off));
         let name = rest.trim_start_matches('/');
         s.next_version += 1;
         let version = s.next_version.to_string();
@@ -190,6 +335,7 @@ async fn answer(
                 if let std::collections::btree_map::Entry::Vacant(entry) = s.slices.entry(name) {
                     slice["metadata"]["resourceVersion"] = json!(version);
                     entry.insert(slice.clone());
+                    s.event("ADDED", &slice);
                     reply(201, &slice)
                 } else {
                     status(409, "AlreadyExists", "already exists")
@@ -207,11 +353,15 @@ async fn answer(
                 } else {
                     slice["metadata"]["resourceVersion"] = json!(version);
                     s.slices.insert(name.to_owned(), slice.clone());
+                    s.event("MODIFIED", &slice);
                     reply(200, &slice)
                 }
             }
             ("DELETE", name, _) if !name.is_empty() => match s.slices.remove(name) {
-                Some(slice) => reply(200, &slice),
+                Some(slice) => {
+                    s.event("DELETED", &slice);
+                    reply(200, &slice)
+                }
                 None => status(404, "NotFound", "not found"),
             },
             _ => status(405, "MethodNotAllowed", "not served by the fake"),
@@ -220,113 +370,4 @@ async fn answer(
         status(404, "NotFound", "not served by the fake")
     };
     Ok(response)
-}
-
-/// The API's published JSON schema (strict variant), for the `resource.k8s.io/v1` types.
-pub struct Schema {
-    defs: Value,
-}
-
-impl Schema {
-    pub fn load() -> Self {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/fixtures/k8s-schema/resource.k8s.io-v1.strict.json"
-        );
-        let all: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        Self {
-            defs: all["$defs"].clone(),
-        }
-    }
-
-    /// What in `value` the schema of `type_name` (e.g. `io.k8s.api.resource.v1.ResourceSlice`)
-    /// refuses, each with its JSON path; empty: valid.
-    pub fn check(&self, type_name: &str, value: &Value) -> Vec<String> {
-        let mut errors = Vec::new();
-        let schema = self.defs[type_name].clone();
-        assert!(schema.is_object(), "no schema {type_name}");
-        self.walk(&schema, value, "$", &mut errors);
-        errors
-    }
-
-    fn walk(&self, schema: &Value, value: &Value, at: &str, errors: &mut Vec<String>) {
-        if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
-            let name = r.rsplit('/').next().unwrap();
-            let target = &self.defs[name];
-            assert!(target.is_object(), "unresolved {r}");
-            self.walk(target, value, at, errors);
-        }
-        if let Some(one_of) = schema.get("oneOf").and_then(Value::as_array) {
-            let matching = one_of
-                .iter()
-                .filter(|s| {
-                    let mut e = Vec::new();
-                    self.walk(s, value, at, &mut e);
-                    e.is_empty()
-                })
-                .count();
-            if matching != 1 {
-                errors.push(format!("{at}: matches {matching} of oneOf"));
-            }
-        }
-        if let Some(types) = schema.get("type") {
-            let types: Vec<&str> = match types {
-                Value::String(t) => vec![t.as_str()],
-                Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
-                _ => vec![],
-            };
-            let ok = types.iter().any(|t| match *t {
-                "object" => value.is_object(),
-                "array" => value.is_array(),
-                "string" => value.is_string(),
-                "integer" => value.is_i64() || value.is_u64(),
-                "number" => value.is_number(),
-                "boolean" => value.is_boolean(),
-                "null" => value.is_null(),
-                _ => false,
-            });
-            if !ok {
-                errors.push(format!("{at}: {value} is not {types:?}"));
-                return;
-            }
-        }
-        if let Some(values) = schema.get("enum").and_then(Value::as_array)
-            && !value.is_null()
-            && !values.contains(value)
-        {
-            errors.push(format!("{at}: {value} not in {values:?}"));
-        }
-        if let Some(object) = value.as_object() {
-            let properties = schema.get("properties").and_then(Value::as_object);
-            for required in schema
-                .get("required")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-            {
-                if !object.contains_key(required) {
-                    errors.push(format!("{at}: required {required} missing"));
-                }
-            }
-            for (key, v) in object {
-                let path = format!("{at}.{key}");
-                match properties.and_then(|p| p.get(key)) {
-                    Some(s) => self.walk(s, v, &path, errors),
-                    None => match schema.get("additionalProperties") {
-                        Some(Value::Bool(false)) => {
-                            errors.push(format!("{path}: not a property of the API"));
-                        }
-                        Some(s) if s.is_object() => self.walk(s, v, &path, errors),
-                        _ => {}
-                    },
-                }
-            }
-        }
-        if let (Some(items), Some(array)) = (schema.get("items"), value.as_array()) {
-            for (i, v) in array.iter().enumerate() {
-                self.walk(items, v, &format!("{at}[{i}]"), errors);
-            }
-        }
-    }
 }

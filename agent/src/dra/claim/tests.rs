@@ -119,6 +119,41 @@ fn shares_alone_limit_memory_to_that_fraction_and_nothing_consumed_is_the_whole_
 }
 
 #[test]
+fn milli_is_read_in_thousandths_and_an_older_shares_result_still_reads() {
+    let all = gpus();
+    let enforced = |consumed: serde_json::Value| {
+        let c = claim("n", "gpu-0", consumed, serde_json::json!([]));
+        plan(&c, UID, "n", &all, &all, QuotaPolicy::default()).map(|p| {
+            let spec = QuotaSpec::from_allocate(&p.allocate, &all)
+                .unwrap()
+                .unwrap();
+            (spec.devices[0].shares_ppm, spec.devices[0].memory_bytes)
+        })
+    };
+    assert_eq!(
+        enforced(serde_json::json!({"milli": "250", "memory": "4Gi"})),
+        Ok((250_000, 4 << 30))
+    );
+    assert_eq!(
+        enforced(serde_json::json!({"milli": "1000", "memory": "16Gi"})),
+        Ok((PPM, 16 << 30))
+    );
+    // Allocated on the slice published before `milli`.
+    assert_eq!(
+        enforced(serde_json::json!({"shares": "500m", "memory": "1Gi"})),
+        Ok((500_000, 1 << 30))
+    );
+    for (bad, why) in [
+        (serde_json::json!({"milli": "1001"}), "more than the 1000"),
+        (serde_json::json!({"milli": "2500m"}), "consumed milli"),
+        (serde_json::json!({"milli": "-1"}), "consumed milli"),
+    ] {
+        let e = enforced(bad).unwrap_err().to_string();
+        assert!(e.contains(why), "{e}");
+    }
+}
+
+#[test]
 #[expect(clippy::too_many_lines, reason = "one table of refusals")]
 fn claims_this_node_cannot_serve_are_refused_with_the_reason() {
     let all = gpus();
@@ -255,4 +290,85 @@ fn a_class_may_allow_report_and_then_a_claim_may_pick_it() {
         .unwrap()
         .unwrap();
     assert_eq!(spec.memory_policy.as_str(), "report");
+}
+
+#[test]
+fn admin_access_gets_the_device_without_a_quota_and_is_not_mixed_with_ordinary_access() {
+    let all = gpus();
+    let result = |device: &str, admin: bool| {
+        serde_json::json!({"request": "gpu", "driver": DRIVER_NAME, "pool": "n", "device": device,
+                           "adminAccess": admin})
+    };
+    let with_results = |results: serde_json::Value| -> ResourceClaim {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "admin", "namespace": "ml", "uid": UID},
+            "status": {
+                "allocation": {"devices": {"results": results}},
+                "reservedFor": [{"resource": "pods", "name": "monitor-0", "uid": POD}],
+            },
+        }))
+        .unwrap()
+    };
+    let p = plan(
+        &with_results(serde_json::json!([
+            result("gpu-0", true),
+            result("gpu-1", true)
+        ])),
+        UID,
+        "n",
+        &all,
+        &all,
+        QuotaPolicy::default(),
+    )
+    .unwrap();
+    assert!(p.allocate.devices.is_empty(), "nothing to enforce");
+    let devices: Vec<&str> = p.devices.iter().map(|d| d.device.as_str()).collect();
+    assert_eq!(
+        devices,
+        ["gpu-0", "gpu-1"],
+        "the devices still go to the pod"
+    );
+    let e = plan(
+        &with_results(serde_json::json!([
+            result("gpu-0", true),
+            result("gpu-1", false)
+        ])),
+        UID,
+        "n",
+        &all,
+        &all,
+        QuotaPolicy::default(),
+    )
+    .unwrap_err();
+    assert_eq!(e, ClaimError::MixedAdminAccess("ml/admin".into()));
+}
+
+#[test]
+fn a_result_without_share_id_is_a_gpu_held_whole() {
+    let all = gpus();
+    let shared = claim(
+        "n",
+        "gpu-0",
+        serde_json::json!({"milli": "500", "memory": "8Gi"}),
+        serde_json::json!([]),
+    );
+    let p = plan(&shared, UID, "n", &all, &all, QuotaPolicy::default()).unwrap();
+    assert!(!p.held_whole());
+    // As kube-scheduler allocates with DRAConsumableCapacity off: no consumedCapacity, no
+    // shareID.
+    let mut whole = claim("n", "gpu-0", serde_json::Value::Null, serde_json::json!([]));
+    whole
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap()
+        .results[0]
+        .share_id = None;
+    let p = plan(&whole, UID, "n", &all, &all, QuotaPolicy::default()).unwrap();
+    assert!(p.held_whole());
 }
