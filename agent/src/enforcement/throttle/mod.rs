@@ -1,19 +1,22 @@
-//! Compute share: a loop that keeps each bound cgroup's running fraction of a GPU at its share by
-//! freezing and thawing it (cgroup v2 `cgroup.freeze`) in short periods.
+//! Compute share: a loop that keeps each bound cgroup to its share of a GPU by freezing and
+//! thawing it (cgroup v2 `cgroup.freeze`).
 //!
-//! Every tick (a tenth of a period by default) the loop reads each member's cumulative busy time
-//! from a [`UsageSource`] and runs a token bucket per member (see `control.rs`): a member that
-//! used more than its share is frozen until it has earned the difference back. A cgroup bound on
-//! several GPUs is frozen when any of its GPUs' buckets wants it frozen.
+//! Two modes, set by the [`Signal`] the loop is given (`throttle_mode` in the agent's file):
+//! - **slots** (the default, `slots.rs`): each GPU's time is cut into slots aligned to the
+//!   driver's samples, one holder per GPU per slot, the others frozen; a ledger per cgroup gives
+//!   the next slot to whoever is owed it. The signal is the GPU's own busy time
+//!   ([`DeviceSignal`]: NVML's device samples, [`device`]).
+//! - **buckets** (`control.rs`): every tick each member's cumulative busy time
+//!   ([`UsageSource`]: NVML's device time apportioned by per-process samples, [`sampled`]) feeds a
+//!   token bucket, and a member that used more than its share is frozen until it has earned the
+//!   difference back.
 //!
 //! Policies ([`ComputePolicy`]): `hard` never lets a member above its share; `work-conserving`
-//! lets it use capacity the other members of its GPU leave idle, and holds it to its share as
-//! soon as they contend.
+//! lets it use capacity the others leave idle, and holds it to its share as soon as they contend.
 //!
-//! The usage signal on real GPUs is NVML's device utilization apportioned among the processes
-//! active in each sample period ([`sampled`], `docs/throttle.md`). With mock devices it is
-//! [`CpuTimeUsage`], the cgroup's CPU time, one CPU counted as one GPU: **a stand-in for testing
-//! the mechanism**, which says nothing about any GPU.
+//! With mock devices both signals are the cgroups' CPU time ([`CpuTimeSignal`],
+//! [`CpuTimeUsage`]), one CPU counted as one GPU: **a stand-in for testing the mechanism**, which
+//! says nothing about any GPU (`docs/throttle.md`).
 //!
 //! Configuration flows down through the [`ThrottleHandle`] (a channel); statistics flow up
 //! through a map the loop rewrites every tick. The loop thaws everything it froze when it stops,
@@ -22,9 +25,12 @@
 //! # Example
 //! ```no_run
 //! # async fn example() -> Result<(), gpuwarden_agent::enforcement::throttle::ThrottleError> {
-//! use gpuwarden_agent::enforcement::throttle::{self, ComputePolicy, CpuTimeUsage, Member, ThrottleConfig};
+//! use gpuwarden_agent::enforcement::throttle::{
+//!     self, ComputePolicy, CpuTimeSignal, Member, Signal, ThrottleConfig,
+//! };
 //!
-//! let throttle = throttle::spawn(ThrottleConfig::default(), Box::new(CpuTimeUsage))?;
+//! let signal = Signal::Device(Box::new(CpuTimeSignal::default()));
+//! let throttle = throttle::spawn(ThrottleConfig::default(), signal)?;
 //! throttle.set(0, 4242, Member {
 //!     cgroup_dir: "/sys/fs/cgroup/unified/job".into(),
 //!     share_ppm: 300_000, // 0.3 of GPU 0
@@ -381,10 +387,7 @@ pub fn spawn(config: ThrottleConfig, signal: Signal) -> Result<ThrottleHandle, T
     };
     std::thread::Builder::new()
         .name("gpuwarden-throttle".into())
-        .spawn(move || {
-            raise_priority();
-            looped.run(&rx, config.tick);
-        })
+        .spawn(move || looped.run(&rx, config.tick))
         .map_err(ThrottleError::Spawn)?;
     Ok(ThrottleHandle {
         commands,
@@ -448,26 +451,6 @@ impl Engine {
             Self::Slots(s) => s.stats(now).collect(),
             Self::Buckets(c) => c.stats(now).collect(),
         }
-    }
-}
-
-/// The throttle thread's nice value: its wake-ups are the slots' boundaries, and on a busy node
-/// a thread at the default priority can wake milliseconds late behind the very work it holds
-/// (a GPU left idle at each switch). Best effort: without the privilege it runs as it is.
-const THROTTLE_NICE: libc::c_int = -10;
-
-/// Gives the calling thread [`THROTTLE_NICE`] (a thread's own nice value on Linux).
-fn raise_priority() {
-    // SAFETY: plain syscalls on the calling thread; no memory is passed.
-    let failed = unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid.cast_unsigned(), THROTTLE_NICE) != 0
-    };
-    if failed {
-        tracing::debug!(
-            "throttle: could not raise the thread's priority: {}",
-            io::Error::last_os_error()
-        );
     }
 }
 

@@ -18,9 +18,10 @@
 //!   debt at ten.
 //! - **Policies.** `hard` leaves a slot idle when nobody is owed one; `work-conserving` passes it
 //!   to a cgroup that is not owed, uncharged.
-//! - **Idle cgroups cost nothing.** A cgroup whose slot showed it (almost) idle is left thawed
-//!   and given no slots until its processes show activity again (the signal's per-process
-//!   samples, or its own CPU time), when it rejoins with an empty ledger.
+//! - **Idle cgroups cost nothing.** A cgroup starts idle, and one whose slot showed it (almost)
+//!   idle turns idle again: it is left thawed and given no slots until its processes show
+//!   activity (the signal's per-process samples, or its own CPU time), when it joins with an
+//!   empty ledger.
 //! - **Several GPUs.** One slot clock for the node: a cgroup bound on several GPUs holds slots on
 //!   all of them at once, or none.
 //!
@@ -108,7 +109,9 @@ impl Account {
             policy: member.policy,
             balance: 0,
             accrued_to: None,
-            active: true,
+            // Until its processes show activity: a cgroup that never touches its GPU is never
+            // frozen (nor left frozen by an agent killed meanwhile).
+            active: false,
             gpu_time: Duration::ZERO,
             recent: 0.0,
             pass: 0.0,

@@ -382,10 +382,11 @@ fn the_loops_own_figure_agrees_with_the_model_within_two_points() {
 #[test]
 fn work_judges_a_tenant_alone_high_where_time_does_not() {
     // Why gpu-check judges time, not matmul counts: a GPU held partly idle clocks up, so a
-    // tenant at 0.3 does more than 0.3 of the work it does alone at full duty.
+    // tenant at 0.3 does more than 0.3 of the work it does alone at full duty (2 points more,
+    // at least, on this model).
     let got = run_mode(&[0.3], Mode::Slots, SimConfig::h200(), ComputePolicy::Hard);
     assert!((got.time[0] - 0.3).abs() <= 0.02, "{got:?}");
-    assert!(got.work[0] > 0.33, "{got:?}");
+    assert!(got.work[0] > got.time[0] + 0.02, "{got:?}");
 }
 
 #[test]

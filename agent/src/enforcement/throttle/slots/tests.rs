@@ -263,3 +263,22 @@ fn a_gpu_that_delivers_less_shortens_each_share_in_proportion() {
     assert!((a / b - 0.3 / 0.7).abs() < 0.03, "{a} : {b}");
     assert!(a + b > 0.87, "{a} + {b}");
 }
+
+#[test]
+fn a_held_cgroup_stays_frozen_whatever_its_slots() {
+    for demand in [0.0, 1.0] {
+        let mut s = Scheduler::new(config());
+        let mut fake = Fake::default();
+        fake.add("/a", demand);
+        fake.add("/b", 1.0);
+        s.set(0, 1, &member("/a", 0.5, ComputePolicy::Hard));
+        s.set(0, 2, &member("/b", 0.5, ComputePolicy::Hard));
+        run(&mut s, &mut fake, Duration::from_secs(1));
+        let now = fake.last.unwrap();
+        s.hold(1, Path::new("/a"), true, now, &mut fake);
+        for _ in 0..2000 {
+            run(&mut s, &mut fake, TICK);
+            assert!(fake.cgroups[Path::new("/a")].frozen, "demand {demand}");
+        }
+    }
+}
