@@ -183,7 +183,7 @@ pub async fn run_until(
         telemetry: telemetry.clone(),
         enforcer: enforcer.clone(),
         backend: Arc::clone(&backend),
-        pods,
+        pods: pods.clone(),
         node: config.node_name.clone(),
         indexes: backend.devices().iter().map(|d| d.index).collect(),
         usage_counters: Arc::clone(&usage_counters),
@@ -220,6 +220,7 @@ pub async fn run_until(
             quotas: quota_tx,
             events: upward_rx,
             observed: dra.as_ref().map(|p| Arc::clone(&p.observed)),
+            pods,
         },
     );
 
@@ -261,6 +262,7 @@ struct LinkWiring {
     quotas: mpsc::UnboundedSender<QuotaCommand>,
     events: mpsc::Receiver<pb::EnforcementEvent>,
     observed: Option<Arc<Observed>>,
+    pods: PodNames,
 }
 
 /// Starts the controller link and the usage reports, where a controller is configured.
@@ -297,6 +299,7 @@ fn spawn_link(tasks: &mut JoinSet<()>, config: &AgentConfig, w: LinkWiring) {
             usage: usage_rx,
             usage_counters: w.usage_counters,
             observed: w.observed,
+            pods: Box::new(w.pods),
         }),
         std::future::pending(),
     ));

@@ -385,7 +385,15 @@ impl Enforcer {
     /// Binds what is pending, follows bound cgroups (new children, removal), expires what
     /// waited too long.
     pub(crate) fn reconcile(&mut self) {
-        let sessions: Vec<String> = self.bindings.keys().cloned().collect();
+        // Admins' (and DRA claims') quotas bind first: where one overlaps a user's that has not
+        // bound yet, the admin's wins and the user's is refused at its binding.
+        let mut sessions: Vec<(bool, String)> = self
+            .bindings
+            .iter()
+            .map(|(s, b)| (!b.spec.scope.admin, s.clone()))
+            .collect();
+        sessions.sort();
+        let sessions = sessions.into_iter().map(|(_, s)| s);
         for session in sessions {
             self.reconcile_one(&session);
         }
@@ -548,7 +556,13 @@ impl Enforcer {
                                 b.state = BindState::Refused;
                             }
                             let reason = format!("not bound: {refusal}");
-                            tracing::warn!(session, "{reason}");
+                            // The reason goes to the session's owner; the log also names
+                            // the other session, for the operator.
+                            if let super::confinement::Refusal::Overlap { other, .. } = &refusal {
+                                tracing::warn!(session, other, "{reason}");
+                            } else {
+                                tracing::warn!(session, "{reason}");
+                            }
                             self.record(session, "refused", reason, path, 0, None, (0, 0, 0));
                         }
                     }
