@@ -1,9 +1,21 @@
-//! One agent per node: an exclusive `flock` on `<state dir>/agent.lock`.
+//! The agent's state directory: private, and one agent per node.
+//!
+//! The directory holds every owner, target and pod UID the node enforces (the sled store), so
+//! it is the agent's alone: made 0700 and everything in it 0700 (folders) or 0600 (files) at
+//! each start, whatever the umask made them (issue 33: under umask 022 `store/` was 0755 and
+//! its `db` 0644, readable by any local user, undoing the 0600 socket). A directory another
+//! user owns is refused: that user could swap what is in it. Then an exclusive `flock` on
+//! `<state dir>/agent.lock` keeps a second agent out.
 
 use std::{
     fs::File,
     io::{Read, Seek, Write},
-    os::fd::AsRawFd,
+    os::{
+        fd::AsRawFd,
+        unix::fs::{
+            DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
+        },
+    },
     path::{Path, PathBuf},
 };
 
@@ -20,6 +32,19 @@ pub enum LockError {
         pid: String,
         /// The lock file.
         path: PathBuf,
+    },
+    /// The state directory belongs to another user.
+    #[error(
+        "state directory {path} belongs to uid {owner}, not to the agent's uid {agent}: \
+         another user could change what the agent stores; give the agent a directory of its own"
+    )]
+    ForeignOwner {
+        /// The directory.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// The agent's effective uid.
+        agent: u32,
     },
     /// The lock file can't be opened or written.
     #[error("cannot use lock file {path}: {source}")]
@@ -39,22 +64,23 @@ pub struct InstanceLock {
 }
 
 impl InstanceLock {
-    /// Takes the lock in `state_dir`, creating the directory.
+    /// Makes `state_dir` private ([`make_private`]) and takes the lock in it.
     ///
     /// # Errors
-    /// Another agent holds it, or the file can't be used.
+    /// Another agent holds it, the directory belongs to another user, or a file can't be used.
     pub fn acquire(state_dir: &Path) -> Result<Self, LockError> {
+        make_private(state_dir)?;
         let path = state_dir.join("agent.lock");
         let io = |source| LockError::Io {
             path: path.clone(),
             source,
         };
-        std::fs::create_dir_all(state_dir).map_err(io)?;
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(&path)
             .map_err(io)?;
         // SAFETY: a plain syscall on an fd we own.
@@ -77,9 +103,107 @@ impl InstanceLock {
     }
 }
 
+/// Creates `state_dir` (0700) when it is not there, refuses one another user owns, and takes
+/// group and other permissions off it and everything below it (links are not followed;
+/// sockets keep theirs: the agent sets its socket's mode itself). Returns how many entries had
+/// to be fixed, which is logged.
+///
+/// # Errors
+/// The directory belongs to another user, or can't be read or changed.
+pub fn make_private(state_dir: &Path) -> Result<usize, LockError> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| LockError::Io { path, source }
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state_dir)
+        .map_err(io(state_dir))?;
+    let meta = std::fs::metadata(state_dir).map_err(io(state_dir))?;
+    // SAFETY: a plain syscall without arguments.
+    let agent = unsafe { libc::geteuid() };
+    if meta.uid() != agent {
+        return Err(LockError::ForeignOwner {
+            path: state_dir.to_owned(),
+            owner: meta.uid(),
+            agent,
+        });
+    }
+    let mut fixed = 0;
+    let mut todo = vec![state_dir.to_owned()];
+    while let Some(path) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&path).map_err(io(&path))?;
+        let kind = meta.file_type();
+        let mode = meta.permissions().mode() & 0o7777;
+        if kind.is_dir() {
+            for entry in std::fs::read_dir(&path).map_err(io(&path))? {
+                todo.push(entry.map_err(io(&path))?.path());
+            }
+        } else if !kind.is_file() {
+            // Links, sockets, fifos: nothing of the store's.
+            continue;
+        }
+        if mode & 0o077 != 0 {
+            let private = std::fs::Permissions::from_mode(mode & 0o700);
+            std::fs::set_permissions(&path, private).map_err(io(&path))?;
+            fixed += 1;
+        }
+    }
+    if fixed > 0 {
+        tracing::warn!(
+            dir = %state_dir.display(),
+            fixed,
+            "the state directory was readable by others: made private (0700 folders, 0600 files)"
+        );
+    }
+    Ok(fixed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_state_directory_and_what_it_holds_are_made_private() {
+        let scratch = gpuwarden_test_support::scratch("private");
+        let dir = scratch.path().join("state");
+        let store = dir.join("store");
+        std::fs::create_dir_all(store.join("blobs")).unwrap();
+        std::fs::write(store.join("db"), "x").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.join("link")).unwrap();
+        for (path, mode) in [(&dir, 0o755), (&store, 0o775), (&store.join("db"), 0o644)] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let passwd = mode(Path::new("/etc/passwd"));
+        let lock = InstanceLock::acquire(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&store), 0o700);
+        assert_eq!(mode(&store.join("blobs")), 0o700);
+        assert_eq!(mode(&store.join("db")), 0o600);
+        assert_eq!(mode(&dir.join("agent.lock")), 0o600);
+        // A link is not followed.
+        assert_eq!(mode(Path::new("/etc/passwd")), passwd);
+        drop(lock);
+        // Private already: nothing to fix.
+        assert_eq!(make_private(&dir).unwrap(), 0);
+    }
+
+    #[test]
+    #[ignore = "needs root"]
+    fn a_state_directory_of_another_user_is_refused() {
+        gpuwarden_test_support::require_root();
+        let scratch = gpuwarden_test_support::scratch("foreign");
+        let dir = scratch.path().join("state");
+        std::fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::chown(&dir, Some(65_534), None).unwrap();
+        let err = InstanceLock::acquire(&dir).unwrap_err();
+        assert!(
+            matches!(err, LockError::ForeignOwner { owner: 65_534, .. }),
+            "{err}"
+        );
+    }
 
     #[test]
     fn second_holder_is_refused_with_the_first_pid() {

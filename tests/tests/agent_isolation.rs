@@ -240,3 +240,37 @@ fn a_user_naming_another_tenants_pod_first_locks_nobody_out() {
     assert_eq!(bound, [admins.id.as_str()]);
     drop(cg);
 }
+
+/// Issue 33, attack 5: under umask 022 the agent's `--state-dir` held `store/` at 0755 and its
+/// `db` at 0644: any local user read every owner, target and pod UID the node enforces. Now the
+/// agent makes the directory and everything in it private at start (0700 folders, 0600 files),
+/// what an earlier agent left there included.
+#[test]
+#[ignore = "needs root"]
+fn the_agents_state_is_private() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    require_root();
+    let state = scratch("isostate");
+    let dir = state.path().join("state");
+    // What an earlier agent left, under umask 022.
+    std::fs::create_dir_all(dir.join("store")).unwrap();
+    std::fs::write(dir.join("store/left-behind"), "owners, targets").unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    for (path, m) in [
+        (dir.clone(), 0o755),
+        (dir.join("store"), 0o755),
+        (dir.join("store/left-behind"), 0o644),
+    ] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m)).unwrap();
+    }
+    let driver = Driver::mount("isostate");
+    let cfg = util::config(&[driver.glob()], &dir);
+    let agent = TestAgent::start_with(cfg);
+    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(&dir.join("store")), 0o700);
+    assert_eq!(mode(&dir.join("store/left-behind")), 0o600);
+    // sled's own files, made after the check at start, are fixed too.
+    assert_eq!(mode(&dir.join("store/db")), 0o600);
+    drop(agent);
+}
