@@ -16,8 +16,11 @@ use gpuwarden_controller::{
     limits::{Bounds, Limits},
     server::{Security, Transport},
 };
-use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
-use tonic::{Code, transport::Channel};
+use gpuwarden_proto::v1::{
+    self as pb, agent_service_client::AgentServiceClient,
+    scheduler_service_client::SchedulerServiceClient,
+};
+use tonic::{Code, Request, transport::Channel};
 
 /// A controller on plain-text loopback with `tokens` (and `grants`), served over `transport`.
 async fn serve(dir: &Path, transport: Transport, tokens: &Path, grants: Option<&Path>) -> String {
@@ -40,6 +43,23 @@ async fn channel(url: &str) -> Channel {
         .connect()
         .await
         .expect("connects")
+}
+
+fn bearer<T>(message: T, token: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("ASCII"),
+    );
+    request
+}
+
+/// Lists sessions with `token`: the code it gets (`Ok` when served).
+async fn list_with(url: &str, token: &str) -> Code {
+    let mut c = SchedulerServiceClient::new(channel(url).await);
+    c.list_sessions(bearer(pb::ListSessionsRequest::default(), token))
+        .await
+        .map_or_else(|s| s.code(), |_| Code::Ok)
 }
 
 /// Issue 33, attack 2: with `--token-file` on plain-text loopback, clients needed tokens but a
@@ -77,4 +97,80 @@ async fn a_process_without_credentials_is_no_node_while_clients_need_tokens() {
         .register(gpuwarden_test_support::node::with_two_gpus("node-1"))
         .await
         .expect("--insecure takes a plain-text node");
+}
+
+/// Issue 33, attack 3: deleting the token file left every token working, and an edit that
+/// removed a token but broke the TOML elsewhere kept the old set. Now a deleted file revokes
+/// every token, an unusable edit keeps only the tokens whose entry it still holds, and each is
+/// counted (`gpuwarden.controller.config.unusable`). The grant file fails closed the same way:
+/// a user whose grant is gone (file deleted, or an unusable edit) binds only its own cgroups.
+#[tokio::test]
+async fn token_and_grant_files_fail_closed() {
+    use gpuwarden_controller::auth::followed::{self, ConfigFile};
+
+    let dir = gpuwarden_test_support::scratch("iso-files");
+    let file = dir.path().join("tokens.toml");
+    let alice = tokens::add(&file, "alice", ClientRole::User).expect("alice's token");
+    let ops = tokens::add(&file, "ops", ClientRole::Admin).expect("ops's token");
+    let grants = dir.path().join("grants.toml");
+    let granted = "[[grants]]\nowner = \"alice\"\ncgroup_prefixes = [\"/tenants/alice.slice\"]\n";
+    std::fs::write(&grants, granted).expect("grants written");
+    let url = serve(dir.path(), Transport::PlainText, &file, Some(&grants)).await;
+    assert_eq!(list_with(&url, &alice).await, Code::Ok);
+    assert_eq!(list_with(&url, &ops).await, Code::Ok);
+
+    // The grant lets alice name her slice.
+    let in_slice = || pb::CreateSessionRequest {
+        requested: Some(pb::ResourceSlot {
+            values: [("cpu".to_owned(), "1".to_owned())].into(),
+        }),
+        target: Some(pb::Target {
+            kind: Some(pb::target::Kind::CgroupPath(
+                "/tenants/alice.slice/job".into(),
+            )),
+        }),
+        ..Default::default()
+    };
+    let create = |token: String| {
+        let url = url.clone();
+        async move {
+            let mut c = SchedulerServiceClient::new(channel(&url).await);
+            c.create_session(bearer(in_slice(), &token))
+                .await
+                .map_or_else(|s| s.code(), |_| Code::Ok)
+        }
+    };
+    assert_ne!(create(alice.clone()).await, Code::PermissionDenied);
+
+    // An edit that removes alice's entry and leaves a typo elsewhere: alice is revoked, ops
+    // (still written there) keeps working, and the failure is counted.
+    let unusable = followed::unusable(ConfigFile::Tokens);
+    let text = std::fs::read_to_string(&file).expect("read");
+    let ops_only: String = text
+        .split("\n[[tokens]]")
+        .filter(|entry| !entry.contains(&tokens::hash_hex(&alice)))
+        .collect::<Vec<_>>()
+        .join("\n[[tokens]]");
+    std::fs::write(&file, format!("{ops_only}\n[[tokens]\n")).expect("a broken edit");
+    assert_eq!(list_with(&url, &alice).await, Code::Unauthenticated);
+    assert_eq!(list_with(&url, &ops).await, Code::Ok);
+    assert!(followed::unusable(ConfigFile::Tokens) > unusable);
+
+    // Deleted: no token works.
+    std::fs::remove_file(&file).expect("deleted");
+    assert_eq!(list_with(&url, &ops).await, Code::Unauthenticated);
+    // Written again: the tokens in it work again.
+    std::fs::write(&file, text).expect("restored");
+    assert_eq!(list_with(&url, &alice).await, Code::Ok);
+
+    // The grant file deleted: alice's slice is no longer hers.
+    let unusable = followed::unusable(ConfigFile::Grants);
+    std::fs::remove_file(&grants).expect("deleted");
+    assert_eq!(create(alice.clone()).await, Code::PermissionDenied);
+    assert!(followed::unusable(ConfigFile::Grants) > unusable);
+    // Back, then broken by a typo: nothing is granted while it can't be read.
+    std::fs::write(&grants, granted).expect("restored");
+    assert_ne!(create(alice.clone()).await, Code::PermissionDenied);
+    std::fs::write(&grants, format!("{granted}[[grants]\n")).expect("a broken edit");
+    assert_eq!(create(alice.clone()).await, Code::PermissionDenied);
 }

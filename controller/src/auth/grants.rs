@@ -13,7 +13,9 @@
 //! A user also picks only the memory policies its grant allows: `kill` and `stop` unless the
 //! grant names others, so no tenant turns its limit into a mere `report` on a shared GPU.
 //!
-//! Grants live in a TOML file, followed as it changes like the token file:
+//! Grants live in a TOML file, followed as it changes like the token file, and failing closed
+//! the same way: a missing file, or a version that can't be used, grants nothing (logged and
+//! counted) until a good version is written:
 //!
 //! ```toml
 //! [[grants]]
@@ -36,7 +38,7 @@ use gpuwarden_types::{
 use serde::Deserialize;
 
 use super::{
-    followed::Followed,
+    followed::{ConfigFile, Followed},
     principal::{Caller, check_name},
 };
 
@@ -210,10 +212,11 @@ impl GrantFile {
     /// # Errors
     /// The file can't be read or parsed.
     pub fn load(path: &Path) -> Result<Self, GrantFileError> {
-        Followed::load(path, "grant file", read).map(|f| Self(Some(f)))
+        Followed::load(path, ConfigFile::Grants, read, |_, _| Grants::default())
+            .map(|f| Self(Some(f)))
     }
 
-    /// The grants now.
+    /// The grants now: none while the file is gone or its new version can't be used.
     #[must_use]
     pub fn current(&self) -> Arc<Grants> {
         self.0
