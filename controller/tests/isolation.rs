@@ -174,3 +174,62 @@ async fn token_and_grant_files_fail_closed() {
     std::fs::write(&grants, format!("{granted}[[grants]\n")).expect("a broken edit");
     assert_eq!(create(alice.clone()).await, Code::PermissionDenied);
 }
+
+/// Issue 33, attack 6: `certs mint` wrote `.<name>.tmp` without `O_EXCL`/`O_NOFOLLOW`, so a
+/// local user who made that name first (here a link to a file of its own) got the CA's private
+/// key. Now the temporary names are random and made new, never through a link; and a folder
+/// others may write into is refused before anything is written.
+#[test]
+fn certs_mint_cannot_be_raced_in_a_shared_folder() {
+    use std::{
+        os::unix::fs::{PermissionsExt as _, symlink},
+        process::Command,
+    };
+
+    let scratch = gpuwarden_test_support::scratch("iso-mint");
+    let mint = |out: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_gpuwarden-controller"))
+            .args(["certs", "mint", "--nodes", "node-1", "--out"])
+            .arg(out)
+            .output()
+            .expect("runs")
+    };
+    // The attacker's file, and links at the names main's `certs mint` wrote through.
+    let stolen = scratch.path().join("stolen");
+    std::fs::write(&stolen, "").expect("written");
+    let out = scratch.path().join("certs");
+    std::fs::create_dir(&out).expect("made");
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    for name in ["ca.key", "server.key", "node-1.key"] {
+        symlink(&stolen, out.join(format!(".{name}.tmp"))).expect("planted");
+    }
+    let done = mint(&out);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&stolen).expect("read"),
+        "",
+        "a key went through the planted link"
+    );
+    let key = std::fs::symlink_metadata(out.join("ca.key")).expect("the CA key");
+    assert!(key.file_type().is_file());
+    assert_eq!(key.permissions().mode() & 0o777, 0o600);
+
+    // A folder its group or everyone may write into is refused, and nothing is written there.
+    for mode in [0o770, 0o777, 0o1777] {
+        let shared = scratch.path().join(format!("shared-{mode:o}"));
+        std::fs::create_dir(&shared).expect("made");
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        let refused = mint(&shared);
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "minted into mode {mode:o}");
+        assert!(
+            err.contains("writable by its group or by everyone"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_dir(&shared).expect("listed").count(), 0);
+    }
+}
