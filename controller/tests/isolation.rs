@@ -233,3 +233,47 @@ fn certs_mint_cannot_be_raced_in_a_shared_folder() {
         assert_eq!(std::fs::read_dir(&shared).expect("listed").count(), 0);
     }
 }
+
+/// Issue 33, attack 7: session ids were `s-<ms hex><counter>`, so another user of a node's
+/// agent socket could tell the id of the next `gpuwarden run` session and claim its cgroup
+/// first. Now each id carries 64 random bits: two sessions created one after the other differ
+/// in at least 16 hex digits beyond what they share (on main, in at most the 15 the time and
+/// the counter take).
+#[tokio::test]
+async fn session_ids_cannot_be_guessed_from_the_last_one() {
+    let dir = gpuwarden_test_support::scratch("iso-ids");
+    let addr = common::serve_in_process(
+        &dir.path().join("state"),
+        Transport::PlainText,
+        Bounds::new(Limits::default()),
+    )
+    .await;
+    let url = format!("http://{addr}");
+    // A node brings the `cpu` slot the sessions ask for.
+    gpuwarden_test_support::node::register(&url, gpuwarden_test_support::node::with_cpus("n1", 64))
+        .await;
+    let mut c = SchedulerServiceClient::new(channel(&url).await);
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        let s = c
+            .create_session(common::request("guess"))
+            .await
+            .expect("created")
+            .into_inner();
+        ids.push(s.id);
+    }
+    for pair in ids.windows(2) {
+        let shared = pair[0]
+            .bytes()
+            .zip(pair[1].bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        let unknown = pair[1].len() - shared;
+        assert!(
+            unknown >= 16,
+            "{} follows {} with only {unknown} new digits",
+            pair[1],
+            pair[0]
+        );
+    }
+}
