@@ -277,3 +277,102 @@ async fn session_ids_cannot_be_guessed_from_the_last_one() {
         );
     }
 }
+
+/// Issue 33, attack 8: removing a grant did not touch the sessions created under it; they kept
+/// their quotas (and bound again after a restart). Now a new version of the grant file is
+/// checked against every session users created: one no longer granted fails, saying why, and
+/// its node is told to release it.
+#[tokio::test]
+async fn a_withdrawn_grant_ends_the_sessions_it_allowed() {
+    use tokio_stream::StreamExt as _;
+
+    let dir = gpuwarden_test_support::scratch("iso-revoke");
+    let file = dir.path().join("tokens.toml");
+    let alice = tokens::add(&file, "alice", ClientRole::User).expect("alice's token");
+    let grants = dir.path().join("grants.toml");
+    std::fs::write(
+        &grants,
+        "[[grants]]\nowner = \"alice\"\ncgroup_prefixes = [\"/tenants/alice.slice\"]\n",
+    )
+    .expect("grants written");
+    // A plain-text node beside tokens: the test's --insecure.
+    let url = serve(dir.path(), Transport::Insecure, &file, Some(&grants)).await;
+    let (tx, mut inbound) = gpuwarden_test_support::node::connect(
+        &url,
+        gpuwarden_test_support::node::with_cpus("node-1", 8),
+    )
+    .await;
+    let (released_tx, mut released) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = inbound.next().await {
+            match message.msg {
+                Some(pb::controller_message::Msg::Allocate(a)) => {
+                    let ack = pb::agent_message::Msg::Ack(pb::AllocationAck {
+                        session_id: a.session_id,
+                    });
+                    let _ = tx.send(pb::AgentMessage { msg: Some(ack) }).await;
+                }
+                Some(pb::controller_message::Msg::Release(r)) => {
+                    let _ = released_tx.send(r.session_id);
+                }
+                _ => {}
+            }
+        }
+    });
+    let mut c = SchedulerServiceClient::new(channel(&url).await);
+    let request = pb::CreateSessionRequest {
+        requested: Some(pb::ResourceSlot {
+            values: [("cpu".to_owned(), "1".to_owned())].into(),
+        }),
+        target: Some(pb::Target {
+            kind: Some(pb::target::Kind::CgroupPath(
+                "/tenants/alice.slice/job".into(),
+            )),
+        }),
+        ..Default::default()
+    };
+    let session = c
+        .create_session(bearer(request, &alice))
+        .await
+        .expect("granted")
+        .into_inner();
+    let state = |c: &mut SchedulerServiceClient<Channel>| {
+        let mut c = c.clone();
+        let (id, token) = (session.id.clone(), alice.clone());
+        async move {
+            c.get_session(bearer(pb::GetSessionRequest { id }, &token))
+                .await
+                .expect("her session")
+                .into_inner()
+        }
+    };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while state(&mut c).await.state != pb::SessionState::Running as i32 {
+        assert!(tokio::time::Instant::now() < deadline, "never ran");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    // The admin takes alice's slice away.
+    std::fs::write(&grants, "").expect("grant withdrawn");
+    let ended = loop {
+        let s = state(&mut c).await;
+        if s.state == pb::SessionState::Failed as i32 {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline + std::time::Duration::from_secs(10),
+            "still {:?} after its grant was withdrawn",
+            s.state
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(
+        ended.reason.contains("grant was withdrawn") && ended.reason.contains("alice.slice"),
+        "{}",
+        ended.reason
+    );
+    let released = tokio::time::timeout(std::time::Duration::from_secs(10), released.recv())
+        .await
+        .expect("a release within 10 s");
+    assert_eq!(released.as_deref(), Some(session.id.as_str()));
+}

@@ -39,7 +39,7 @@ use serde::Deserialize;
 
 use super::{
     followed::{ConfigFile, Followed},
-    principal::{Caller, check_name},
+    principal::{Caller, ClientRole, Credential, check_name},
 };
 
 /// The memory policies a user may pick when its grant names none.
@@ -306,6 +306,30 @@ pub fn authorize(
             detail,
         })?;
     Ok(scope)
+}
+
+/// Whether a session of `owner` for `target` with `policy`, authorized under `scope`, still
+/// stands under `grants` (re-checked when the grant file changes: a removed grant ends what it
+/// let a user create). An admin's session always does.
+///
+/// # Errors
+/// What the grants no longer allow, as [`authorize`] would refuse it now.
+pub fn still_granted(
+    owner: &str,
+    scope: &TargetScope,
+    target: &Target,
+    policy: &QuotaPolicy,
+    grants: &Grants,
+) -> Result<(), TargetDenied> {
+    if scope.admin {
+        return Ok(());
+    }
+    let caller = Caller {
+        name: owner.to_owned(),
+        role: ClientRole::User,
+        credential: Credential::Open,
+    };
+    authorize(&caller, owner, target, *policy, false, grants).map(|_| ())
 }
 
 #[cfg(test)]

@@ -413,6 +413,25 @@ impl Scheduler {
         Some(node)
     }
 
+    /// Fails every session the controller placed that `check` no longer allows (its owner's
+    /// grant was withdrawn), with `check`'s reason; returns the releases for their nodes.
+    #[must_use = "the failed sessions must be released on their nodes"]
+    pub fn fail_ungranted(&mut self, check: impl Fn(&Session) -> Option<String>) -> Vec<Command> {
+        let failing: Vec<(String, String)> = self
+            .sessions
+            .values()
+            .filter(|s| !s.state.is_final() && s.origin == Origin::Controller)
+            .filter_map(|s| check(s).map(|why| (s.id.clone(), why)))
+            .collect();
+        failing
+            .into_iter()
+            .filter_map(|(id, why)| {
+                let node = self.finish(&id, SessionState::Failed, &why)?;
+                Some(Command::Release { node, session: id })
+            })
+            .collect()
+    }
+
     /// The agent on `node` holds `session`.
     pub fn ack(&mut self, node: &str, session: &str) {
         if let Some(s) = self.sessions.get_mut(session)
