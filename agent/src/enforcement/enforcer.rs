@@ -28,7 +28,7 @@ pub use gpuwarden_agent_api::Record;
 use super::{
     cgroup_tree::CgroupTree,
     confinement::{Rules, Verdict},
-    kernel::Kernel,
+    kernel::{Kernel, Pinned},
     quota::{MemoryPolicy, QuotaSpec, Target},
     throttle::{self, ThrottleHandle, ThrottleStats},
 };
@@ -986,11 +986,17 @@ impl Enforcer {
         self.cross_checked = over;
     }
 
-    /// Sends `signal` (SIGCONT or SIGKILL) to a process of a bound workload, by request.
+    /// Sends `signal` (SIGCONT or SIGKILL) to a process of a bound workload, by request,
+    /// through the pidfd that pinned it before its owner was checked.
     ///
     /// # Errors
-    /// The process is in no bound workload, or can't be signalled.
-    pub(crate) fn signal(&mut self, pid: u32, resume: bool) -> Result<String, ControlError> {
+    /// The process is in no bound workload, or can't be signalled (it ended meanwhile).
+    pub(crate) fn signal(
+        &mut self,
+        process: &Pinned,
+        resume: bool,
+    ) -> Result<String, ControlError> {
+        let pid = process.pid();
         let cgroup = self
             .tree
             .cgroup_id_of_pid(pid)
@@ -1009,7 +1015,7 @@ impl Enforcer {
         }
         self.kernel
             .signals
-            .send(pid, signal)
+            .send_pinned(process, signal)
             .map_err(|source| ControlError::Signal { pid, source })?;
         if let Some(b) = self.bindings.get_mut(&session) {
             b.stopped.remove(&pid);

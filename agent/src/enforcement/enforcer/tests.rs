@@ -274,13 +274,16 @@ fn the_nvml_cross_check_acts_once_per_crossing_by_policy() {
     assert_eq!(r.fake.signals.sent.lock().unwrap().len(), 2);
 
     // Resume by request: only processes of a bound workload.
-    assert_eq!(r.enforcer.signal(4242, true).unwrap(), "s-1");
+    assert_eq!(
+        r.enforcer.signal(&Pinned::unpinned(4242), true).unwrap(),
+        "s-1"
+    );
     assert_eq!(
         r.fake.signals.sent.lock().unwrap().last(),
         Some(&(4242, libc::SIGCONT))
     );
     assert!(matches!(
-        r.enforcer.signal(1, false),
+        r.enforcer.signal(&Pinned::unpinned(1), false),
         Err(ControlError::NotBound(1))
     ));
 }

@@ -37,6 +37,13 @@ impl Answer for Fake {
             Request::Snapshot => Response::Error("the fake has no snapshot".into()),
         }
     }
+
+    async fn signal(&self, process: Pinned, _resume: bool) -> Response {
+        Response::Signalled(Signalled {
+            pid: process.pid(),
+            session_id: "s-1".into(),
+        })
+    }
 }
 
 /// `nobody` and its group on Debian; a second uid that is not root and not nobody.
