@@ -4,20 +4,17 @@
 //! it is the agent's alone: made 0700 and everything in it 0700 (folders) or 0600 (files) at
 //! each start, whatever the umask made them (issue 33: under umask 022 `store/` was 0755 and
 //! its `db` 0644, readable by any local user, undoing the 0600 socket). A directory another
-//! user owns is refused: that user could swap what is in it. Then an exclusive `flock` on
-//! `<state dir>/agent.lock` keeps a second agent out.
+//! user owns is refused: that user could swap what is in it (`gpuwarden_runtime::private`).
+//! Then an exclusive `flock` on `<state dir>/agent.lock` keeps a second agent out.
 
 use std::{
     fs::File,
     io::{Read, Seek, Write},
-    os::{
-        fd::AsRawFd,
-        unix::fs::{
-            DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
-        },
-    },
+    os::{fd::AsRawFd, unix::fs::OpenOptionsExt as _},
     path::{Path, PathBuf},
 };
+
+pub use gpuwarden_runtime::private::{PrivateDirError, make_private};
 
 /// Errors taking the lock.
 #[derive(Debug, thiserror::Error)]
@@ -33,19 +30,10 @@ pub enum LockError {
         /// The lock file.
         path: PathBuf,
     },
-    /// The state directory belongs to another user.
-    #[error(
-        "state directory {path} belongs to uid {owner}, not to the agent's uid {agent}: \
-         another user could change what the agent stores; give the agent a directory of its own"
-    )]
-    ForeignOwner {
-        /// The directory.
-        path: PathBuf,
-        /// Its owner.
-        owner: u32,
-        /// The agent's effective uid.
-        agent: u32,
-    },
+    /// The state directory can't be made private (another user owns it, or it can't be
+    /// changed).
+    #[error(transparent)]
+    Private(#[from] PrivateDirError),
     /// The lock file can't be opened or written.
     #[error("cannot use lock file {path}: {source}")]
     Io {
@@ -103,65 +91,10 @@ impl InstanceLock {
     }
 }
 
-/// Creates `state_dir` (0700) when it is not there, refuses one another user owns, and takes
-/// group and other permissions off it and everything below it (links are not followed;
-/// sockets keep theirs: the agent sets its socket's mode itself). Returns how many entries had
-/// to be fixed, which is logged.
-///
-/// # Errors
-/// The directory belongs to another user, or can't be read or changed.
-pub fn make_private(state_dir: &Path) -> Result<usize, LockError> {
-    let io = |path: &Path| {
-        let path = path.to_owned();
-        move |source| LockError::Io { path, source }
-    };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(state_dir)
-        .map_err(io(state_dir))?;
-    let meta = std::fs::metadata(state_dir).map_err(io(state_dir))?;
-    // SAFETY: a plain syscall without arguments.
-    let agent = unsafe { libc::geteuid() };
-    if meta.uid() != agent {
-        return Err(LockError::ForeignOwner {
-            path: state_dir.to_owned(),
-            owner: meta.uid(),
-            agent,
-        });
-    }
-    let mut fixed = 0;
-    let mut todo = vec![state_dir.to_owned()];
-    while let Some(path) = todo.pop() {
-        let meta = std::fs::symlink_metadata(&path).map_err(io(&path))?;
-        let kind = meta.file_type();
-        let mode = meta.permissions().mode() & 0o7777;
-        if kind.is_dir() {
-            for entry in std::fs::read_dir(&path).map_err(io(&path))? {
-                todo.push(entry.map_err(io(&path))?.path());
-            }
-        } else if !kind.is_file() {
-            // Links, sockets, fifos: nothing of the store's.
-            continue;
-        }
-        if mode & 0o077 != 0 {
-            let private = std::fs::Permissions::from_mode(mode & 0o700);
-            std::fs::set_permissions(&path, private).map_err(io(&path))?;
-            fixed += 1;
-        }
-    }
-    if fixed > 0 {
-        tracing::warn!(
-            dir = %state_dir.display(),
-            fixed,
-            "the state directory was readable by others: made private (0700 folders, 0600 files)"
-        );
-    }
-    Ok(fixed)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
     use super::*;
 
     #[test]
@@ -200,7 +133,10 @@ mod tests {
         std::os::unix::fs::chown(&dir, Some(65_534), None).unwrap();
         let err = InstanceLock::acquire(&dir).unwrap_err();
         assert!(
-            matches!(err, LockError::ForeignOwner { owner: 65_534, .. }),
+            matches!(
+                err,
+                LockError::Private(PrivateDirError::ForeignOwner { owner: 65_534, .. })
+            ),
             "{err}"
         );
     }

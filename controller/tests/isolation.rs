@@ -376,3 +376,29 @@ async fn a_withdrawn_grant_ends_the_sessions_it_allowed() {
         .expect("a release within 10 s");
     assert_eq!(released.as_deref(), Some(session.id.as_str()));
 }
+
+/// Issue 33, attack 5 (the controller's side): its sled store, which holds every owner,
+/// target and pod UID, was made under the umask (0755 folders, 0644 files). Now the store's
+/// folder is 0700 and its files 0600 once the controller runs, what an earlier controller left
+/// there included.
+#[test]
+fn the_controllers_store_is_private() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let scratch = gpuwarden_test_support::scratch("iso-store");
+    let store = scratch.path().join("store");
+    std::fs::create_dir_all(&store).expect("made");
+    std::fs::write(store.join("left-behind"), "owners, targets").expect("written");
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(
+        store.join("left-behind"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .expect("chmod");
+    let ctl = common::ControllerProcess::start(&format!("sled:{}", store.display()), &[]);
+    let mode = |p: &Path| std::fs::metadata(p).expect("there").permissions().mode() & 0o777;
+    assert_eq!(mode(&store), 0o700);
+    assert_eq!(mode(&store.join("left-behind")), 0o600);
+    assert_eq!(mode(&store.join("db")), 0o600, "sled's own file");
+    drop(ctl);
+}

@@ -121,7 +121,7 @@ pub async fn run_until(
     // Quotas and what the node holds live in the store; they are enforced again at once.
     let holdings = Holdings::open(&config.state_dir.join("store"))?;
     // What sled just made under the umask is the agent's alone too.
-    crate::lock::make_private(&config.state_dir)?;
+    crate::lock::make_private(&config.state_dir).map_err(LockError::from)?;
     // NVML's device utilization apportioned by process activity on real GPUs; the CPU-time
     // stand-in with mock devices.
     let usage = throttle::usage_for(backend.as_ref(), attributor.root());

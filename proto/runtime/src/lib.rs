@@ -11,6 +11,7 @@
 //!   [`prometheus`], the scrape endpoint;
 //! - [`cgroup`]: moving a child into a cgroup v2 between `fork` and `exec`;
 //! - [`mountinfo`]: where a file system (the cgroup v2 hierarchy) is mounted;
+//! - [`private`]: state directories only their owner can read;
 //! - [`tls`]: PEM certificates and keys, and a client's TLS to the controller;
 //! - [`sync`]: a lock that outlives a panicking holder.
 //!
@@ -21,6 +22,7 @@ pub mod cgroup;
 pub mod logging;
 pub mod mountinfo;
 pub mod otlp;
+pub mod private;
 pub mod prometheus;
 pub mod sync;
 pub mod tls;
