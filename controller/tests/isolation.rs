@@ -402,3 +402,50 @@ fn the_controllers_store_is_private() {
     assert_eq!(mode(&store.join("db")), 0o600, "sled's own file");
     drop(ctl);
 }
+
+/// Issue 33, attack 7 (second half): a `gpuwarden run` session's cgroup went to whichever uid
+/// asked the agent first. Now the uid `gpuwarden run` says it runs as travels with the session
+/// to its node's allocation, where the agent gives the cgroup to that uid alone
+/// (`agent/src/export/server.rs`); here, the controller's part: the allocation carries it.
+#[tokio::test]
+async fn a_run_sessions_uid_reaches_its_allocation() {
+    use tokio_stream::StreamExt as _;
+
+    let dir = gpuwarden_test_support::scratch("iso-run-uid");
+    let addr = common::serve_in_process(
+        &dir.path().join("state"),
+        Transport::PlainText,
+        Bounds::new(Limits::default()),
+    )
+    .await;
+    let url = format!("http://{addr}");
+    let (_tx, mut inbound) = gpuwarden_test_support::node::connect(
+        &url,
+        gpuwarden_test_support::node::with_cpus("node-1", 8),
+    )
+    .await;
+    let mut c = SchedulerServiceClient::new(channel(&url).await);
+    let mut request = common::request("run");
+    request.node_id = "node-1".into();
+    request.target = Some(pb::Target {
+        kind: Some(pb::target::Kind::Managed(true)),
+    });
+    request.run_caller = Some(pb::RunCaller { uid: 4242 });
+    let session = c
+        .create_session(request)
+        .await
+        .expect("created")
+        .into_inner();
+    let allocate = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Some(Ok(message)) = inbound.next().await {
+            if let Some(pb::controller_message::Msg::Allocate(a)) = message.msg {
+                return a;
+            }
+        }
+        panic!("the stream ended without an allocation");
+    })
+    .await
+    .expect("an allocation within 10 s");
+    assert_eq!(allocate.session_id, session.id);
+    assert_eq!(allocate.run_caller.map(|c| c.uid), Some(4242));
+}

@@ -17,7 +17,7 @@ use crate::{
     config::AgentConfig,
     control::{
         LinkChannels, LinkConfig, Observed, UsageCounters,
-        holdings::{Holdings, HoldingsError},
+        holdings::{Holdings, HoldingsError, SharedHoldings},
         link::{self, LinkError},
         usage_report::Reporter,
     },
@@ -177,6 +177,8 @@ pub async fn run_until(
         quota_rx,
     );
 
+    // Shared from here on: the link holds and lets go, the socket reads whose `run` each is.
+    let holdings = Arc::new(std::sync::Mutex::new(holdings));
     let (telemetry, telemetry_task) = start::telemetry(sensor, attributor, &config);
     let usage_counters = Arc::default();
     let published = metrics::Published::default();
@@ -189,6 +191,7 @@ pub async fn run_until(
         node: config.node_name.clone(),
         indexes: backend.devices().iter().map(|d| d.index).collect(),
         usage_counters: Arc::clone(&usage_counters),
+        holdings: Arc::clone(&holdings),
     });
 
     let mut tasks = JoinSet::new();
@@ -255,7 +258,7 @@ pub async fn run_until(
 /// What the controller link is wired to.
 struct LinkWiring {
     hooks: Vec<String>,
-    holdings: Holdings,
+    holdings: SharedHoldings,
     backend: Arc<dyn GpuBackend>,
     telemetry: TelemetryHandle,
     enforcer: EnforcerHandle,
@@ -294,7 +297,7 @@ fn spawn_link(tasks: &mut JoinSet<()>, config: &AgentConfig, w: LinkWiring) {
     tasks.spawn(link::run(
         link,
         w.backend,
-        Arc::new(std::sync::Mutex::new(w.holdings)),
+        w.holdings,
         Some(LinkChannels {
             quotas: w.quotas,
             events: w.events,

@@ -70,6 +70,17 @@ pub(crate) enum Refusal {
         /// The caller's uid.
         caller: u32,
     },
+    /// The session was created by another user's `gpuwarden run`.
+    #[error(
+        "refused: session {session:?} belongs to another user's `gpuwarden run`, not to uid \
+         {caller}"
+    )]
+    NotRunCaller {
+        /// The session.
+        session: String,
+        /// The caller's uid.
+        caller: u32,
+    },
     /// The session's cgroup belongs to another user's `gpuwarden run`.
     #[error(
         "refused: session {session:?} is claimed by uid {owner} (its `gpuwarden run`), not by \
@@ -123,6 +134,28 @@ pub(crate) fn may_signal(caller: Option<Caller>, pid: u32) -> Result<Pinned, Ref
     // Still there: the number named the pinned process while its owner was read.
     process.signal(0).map_err(|_| Refusal::NoProcess { pid })?;
     Ok(process)
+}
+
+/// Whether `caller` may have the cgroup of `session`, whose allocation names `run_uid` as the
+/// uid of the `gpuwarden run` that created it: root, or that uid (issue 33: another user of the
+/// socket could claim it first).
+///
+/// # Errors
+/// Another uid, or the caller is unknown.
+pub(crate) fn is_run_caller(
+    caller: Option<Caller>,
+    session: &str,
+    run_uid: Option<u32>,
+) -> Result<(), Refusal> {
+    let caller = caller.ok_or(Refusal::UnknownCaller)?;
+    match run_uid {
+        _ if caller.is_root() => Ok(()),
+        Some(uid) if uid == caller.uid => Ok(()),
+        _ => Err(Refusal::NotRunCaller {
+            session: session.to_owned(),
+            caller: caller.uid,
+        }),
+    }
 }
 
 /// Which uid's `gpuwarden run` each session belongs to.

@@ -27,6 +27,8 @@ pub(crate) trait Answer: Send + Sync + 'static {
     fn answer(&self, request: Request) -> impl Future<Output = Response> + Send;
     /// The response to an allowed `resume` (or `kill`) of the pinned `process`.
     fn signal(&self, process: Pinned, resume: bool) -> impl Future<Output = Response> + Send;
+    /// The uid of the `gpuwarden run` that created `session`, where its allocation says.
+    fn run_uid(&self, session: &str) -> Option<u32>;
 }
 
 /// Binds the socket at `path`, readable and writable by root only, or also by `group` (mode
@@ -181,6 +183,13 @@ async fn checked<A: Answer>(
             }
             Err(refusal) => refused(refusal),
         },
+        // The uid its allocation names, where it names one: no first come, first served.
+        Request::SessionCgroup { session_id } if agent.run_uid(session_id).is_some() => {
+            match access::is_run_caller(caller, session_id, agent.run_uid(session_id)) {
+                Ok(()) => agent.answer(request).await,
+                Err(refusal) => refused(refusal),
+            }
+        }
         Request::SessionCgroup { session_id } => match claims.take(caller, session_id) {
             Ok(claim) => {
                 let session = session_id.clone();
@@ -220,6 +229,13 @@ impl Answer for Sources {
                 "process {pid}: a signal goes through its owner's check"
             )),
         }
+    }
+
+    fn run_uid(&self, session: &str) -> Option<u32> {
+        crate::control::holdings::lock(&self.holdings)
+            .get(session)
+            .and_then(|a| a.run_caller.as_ref())
+            .map(|c| c.uid)
     }
 
     async fn signal(&self, process: Pinned, resume: bool) -> Response {

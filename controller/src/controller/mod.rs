@@ -406,6 +406,7 @@ impl Controller {
                     target,
                     policy,
                     scope,
+                    run_uid,
                 } => (
                     node,
                     pb::controller_message::Msg::Allocate(pb::Allocate {
@@ -415,6 +416,7 @@ impl Controller {
                         target: convert::target_to_pb(&target),
                         policy: Some(convert::policy_to_pb(policy)),
                         scope: Some(convert::scope_to_pb(&scope)),
+                        run_caller: run_uid.map(|uid| pb::RunCaller { uid }),
                     }),
                 ),
                 Command::Release { node, session } => (

@@ -161,6 +161,7 @@ impl Scheduler {
                         target: session.target.clone(),
                         policy: session.policy,
                         scope: session.scope.clone(),
+                        run_uid: session.run_uid,
                     });
                 }
             } else if let Some(reason) = session.preempting.take() {
@@ -319,6 +320,7 @@ impl Scheduler {
             placement,
             no_preempt,
             gang,
+            run_uid,
         } = new;
         let now = now_ms();
         let name = if name.is_empty() { id.clone() } else { name };
@@ -359,6 +361,7 @@ impl Scheduler {
             preempting: None,
             preempted_for: None,
             gang,
+            run_uid,
             decisions: Vec::new(),
         };
         self.next_seq += 1;
