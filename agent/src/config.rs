@@ -138,9 +138,19 @@ layered! {
         /// (bpffs; `""` in the file pins nothing) [default: /sys/fs/bpf/gpuwarden].
         #[arg(long)]
         pub bpf_pin_dir: Option<PathBuf>,
-        /// Milliseconds per compute-share throttle period.
+        /// Milliseconds per compute-share throttle period (`buckets` mode).
         #[arg(skip)]
         pub throttle_period_ms: Option<u64>,
+        /// How compute shares are held: `slots` (exclusive slots on the GPU's own busy time,
+        /// the default) or `buckets` (token buckets on per-process samples).
+        #[arg(skip)]
+        pub throttle_mode: Option<crate::enforcement::throttle::ThrottleMode>,
+        /// Milliseconds per slot where the signal has no rhythm of its own (`slots` mode).
+        #[arg(skip)]
+        pub throttle_slot_ms: Option<u64>,
+        /// Milliseconds a slot's holder is frozen before another's slot starts (`slots` mode).
+        #[arg(skip)]
+        pub throttle_guard_ms: Option<u64>,
         /// Seconds a quota waits for its workload's cgroup before it expires.
         #[arg(skip)]
         pub binding_timeout_secs: Option<u64>,
@@ -236,8 +246,10 @@ pub struct AgentConfig {
     /// Where programs, links and maps are pinned; `None` pins nothing (enforcement ends with
     /// the agent).
     pub bpf_pin_dir: Option<PathBuf>,
-    /// Compute-share throttle period.
-    pub throttle_period: Duration,
+    /// How the compute-share throttle runs (mode, period, slots).
+    pub throttle: crate::enforcement::throttle::ThrottleConfig,
+    /// How compute shares are held.
+    pub throttle_mode: crate::enforcement::throttle::ThrottleMode,
     /// How long a quota waits for its workload's cgroup before it expires.
     pub binding_timeout: Duration,
     /// OTLP/gRPC endpoint for metrics; `None`: off.
@@ -306,9 +318,16 @@ impl AgentConfig {
                     .unwrap_or_else(|| PathBuf::from(crate::sensor::pins::DEFAULT_PIN_DIR)),
             )
             .filter(|p| !p.as_os_str().is_empty()),
-            throttle_period: Duration::from_millis(
-                s.throttle_period_ms.unwrap_or(100).clamp(10, 10_000),
-            ),
+            throttle: crate::enforcement::throttle::ThrottleConfig {
+                slots: crate::enforcement::throttle::SlotConfig {
+                    slot: Duration::from_millis(s.throttle_slot_ms.unwrap_or(120).clamp(20, 2_000)),
+                    guard: Duration::from_millis(s.throttle_guard_ms.unwrap_or(3).clamp(0, 50)),
+                },
+                ..crate::enforcement::throttle::ThrottleConfig::with_period(Duration::from_millis(
+                    s.throttle_period_ms.unwrap_or(100).clamp(10, 10_000),
+                ))
+            },
+            throttle_mode: s.throttle_mode.unwrap_or_default(),
             binding_timeout: Duration::from_secs(s.binding_timeout_secs.unwrap_or(300).max(1)),
             otlp_endpoint: crate::export::metrics::MetricsConfig::endpoint(s.otlp_endpoint),
             metric_interval: None,

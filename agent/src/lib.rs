@@ -26,6 +26,7 @@
 #![deny(missing_docs)]
 
 pub mod attribution;
+#[cfg(feature = "bench")]
 #[doc(hidden)]
 pub mod bench;
 pub mod cli;

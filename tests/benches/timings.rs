@@ -21,7 +21,7 @@ use std::{
 };
 
 use gpuwarden_agent::enforcement::throttle::{
-    self, ComputePolicy, CpuTimeUsage, Member, ThrottleConfig, ThrottleHandle,
+    self, ComputePolicy, CpuTimeUsage, Member, Signal, ThrottleConfig, ThrottleHandle,
 };
 use gpuwarden_controller::{api::Timing, store::StoreSpec};
 use gpuwarden_test_controller::TestController;
@@ -103,7 +103,11 @@ fn member(cgroup: &TestCgroup, share: f64, policy: ComputePolicy) -> Member {
 }
 
 fn start_throttle() -> ThrottleHandle {
-    throttle::spawn(ThrottleConfig::default(), Box::new(CpuTimeUsage)).expect("throttle loop")
+    throttle::spawn(
+        ThrottleConfig::default(),
+        Signal::PerCgroup(Box::new(CpuTimeUsage)),
+    )
+    .expect("throttle loop")
 }
 
 fn throttle_timings() {

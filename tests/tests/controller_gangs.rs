@@ -106,10 +106,8 @@ async fn shares_held(c: &mut Client) -> String {
         .to_string()
 }
 
-/// Lets the controller run several passes (it runs one every 50 ms here).
-async fn some_passes() {
-    tokio::time::sleep(Duration::from_millis(600)).await;
-}
+/// Scheduling passes a waiting gang must outlast: each tries it again.
+const PASSES: u64 = 10;
 
 /// Waits until session `id`'s reason holds `words`.
 async fn wait_reason(c: &Client, id: &str, words: &str) {
@@ -151,7 +149,7 @@ async fn a_gang_runs_all_at_once_or_not_at_all() {
         train.push(member(&mut c, "u", "1", "train", 3).await.unwrap().id);
     }
     wait_reason(&c, &train[1], "gang train 2/3 members").await;
-    some_passes().await;
+    ctl.passes(PASSES).await;
     for id in &train {
         let s = get(&mut c, id).await;
         assert_eq!(s.state, SessionState::Pending as i32, "{s:?}");
@@ -190,7 +188,7 @@ async fn a_gang_runs_all_at_once_or_not_at_all() {
         member(&mut c, "v", "1", "train", 2).await.unwrap().id,
     ];
     wait_reason(&c, &pair[1], "does not fit at once").await;
-    some_passes().await;
+    ctl.passes(PASSES).await;
     for id in &pair {
         let s = get(&mut c, id).await;
         assert_eq!(s.state, SessionState::Pending as i32, "{s:?}");
@@ -246,7 +244,7 @@ async fn a_gangs_members_survive_a_controller_restart() {
     let err = member(&mut c, "u", "0.5", "pair", 3).await.unwrap_err();
     assert!(err.message().contains("gang.size"), "{err:?}");
     wait_reason(&c, &first, "gang pair 1/2 members").await;
-    some_passes().await;
+    ctl.passes(PASSES).await;
     let s = get(&mut c, &first).await;
     assert_eq!(s.state, SessionState::Pending as i32, "{s:?}");
     assert_eq!(s.reason, "gang pair 1/2 members");

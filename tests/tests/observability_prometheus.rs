@@ -473,6 +473,12 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
         "gpuwarden_container_throttled_seconds_total{session_selector}"
     ));
     assert!(throttled >= 0.0);
+    // The GPU time counter, whose rate() is the achieved share over any window: the sleeping
+    // client used next to none of it.
+    let (_, gpu_time) = prometheus.one(&format!(
+        "gpuwarden_container_gpu_time_seconds_total{session_selector}"
+    ));
+    assert!((0.0..5.0).contains(&gpu_time), "{gpu_time}");
     // Counters end in _total, with the snapshot's figures.
     let rm_alloc = container
         .devices

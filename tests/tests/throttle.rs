@@ -24,7 +24,8 @@ use std::{
 };
 
 use gpuwarden_agent::enforcement::throttle::{
-    self, ComputePolicy, CpuTimeUsage, Member, ThrottleConfig, ThrottleHandle,
+    self, ComputePolicy, CpuTimeSignal, CpuTimeUsage, Member, Signal, ThrottleConfig,
+    ThrottleHandle,
 };
 use gpuwarden_test_support::{
     require_root,
@@ -135,8 +136,15 @@ impl Drop for SpinCgroup {
     }
 }
 
+/// The throttle as the agent runs it with mock devices: exclusive slots on the CPU-time
+/// stand-in (`GPUWARDEN_TEST_THROTTLE=buckets`: the bucket mode).
 fn start_throttle() -> ThrottleHandle {
-    throttle::spawn(ThrottleConfig::default(), Box::new(CpuTimeUsage)).expect("throttle loop")
+    let signal = if std::env::var("GPUWARDEN_TEST_THROTTLE").as_deref() == Ok("buckets") {
+        Signal::PerCgroup(Box::new(CpuTimeUsage))
+    } else {
+        Signal::Device(Box::new(CpuTimeSignal::default()))
+    };
+    throttle::spawn(ThrottleConfig::default(), signal).expect("throttle loop")
 }
 
 /// Stops the loop and waits for it (it thaws what it froze).

@@ -114,18 +114,28 @@ def agent(args):
         ops = read_json(os.path.join(STATE, "ops.json"), 0)
         for p in procs():
             counted = max(0, p["bytes"] - baseline.get(str(p["pid"]), 0))
-            containers.append({
+            container = {
                 "cgroup_path": f"/dry/{p['pid']}", "pids": [p["pid"]],
                 "devices": [{"device": "nvidia0", "ioctls": {}, "memory_bytes": counted}],
                 "managed_memory_bytes": p.get("managed", 0),
                 "events": [e for e in events if e["pid"] == p["pid"]],
-            })
+            }
+            if "share" in p:
+                ran_ms = (time.monotonic() - p["started"]) * 1000
+                container["enforcement"] = {
+                    "gpu_time_ms": int(p["share"] * ran_ms),
+                    "throttled_ms": int((1 - p["share"]) * ran_ms)}
+            containers.append(container)
         print(json.dumps({
             "node": "gpu-check", "tier": "syscall_tracepoint",
             "memory_tier": "tracepoint_signal", "memory_tier_reason": "dry run",
             "containers": containers,
             "stats": {"gpu_ioctls": ops, "events_received": ops},
             "gpus": [{"device": "nvidia0", "utilization": 0.0, "source": "nvml"}],
+            "throttle_mode": "slots",
+            "throttle_signals": [{"device": "nvidia0", "period_us": 166667, "jitter_us": 0,
+                                  "samples": 0, "late_samples": 0, "gaps": 0,
+                                  "unattributed_ms": 0}],
         }))
         return 0
     if cmd == "probe-hooks":
@@ -156,7 +166,23 @@ def cli(args):
     return 128 - code if code < 0 else code
 
 
-def nvml(_args):
+def nvml(args):
+    if args and args[0] == "record":
+        # A made-up stream in the real recorder's shape: a sample every 1/6 s.
+        seconds, path = float(args[1]), args[2]
+        with open(path, "w") as out:
+            start = int(time.time() * 1e6)
+            for i in range(int(seconds * 6) + 1):
+                ts = start + i * 166_667
+                out.write(json.dumps({"kind": "device", "gpu": 0, "ts_us": ts, "util": 50,
+                                      "read_us": ts + 20_000, "mono_us": ts}) + "\n")
+                out.write(json.dumps({"kind": "process", "gpu": 0, "ts_us": ts + 5_000,
+                                      "pid": 1, "sm": 50, "read_us": ts + 20_000,
+                                      "mono_us": ts}) + "\n")
+        return 0
+    if args and args[0] == "summary":
+        return subprocess.call([sys.executable, os.path.join(os.path.dirname(__file__),
+                                                             "nvml.py"), "summary", args[1]])
     gpu = {"index": 0, "name": "Dry Run GPU", "uuid": "GPU-dry", "total": TOTAL,
            "used": 0, "sm_clock_mhz": 1980, "power_mw": 300000, "throttle_reasons": 0,
            "processes": {}}
@@ -336,11 +362,16 @@ def workload(args):
                 break
     elif mode == "matmul":
         seconds = float(rest[0])
+        if not w.gpu:
+            # What the stand-in agent reports of it: GPU time at its share from now on.
+            w.state.update(share=float(os.environ.get("GPUCHECK_DRY_SHARE", "1")),
+                           started=time.monotonic())
+            w.save()
         w.report("step", "started")
         if w.gpu:
             busy = spin(seconds)
         else:
-            busy = float(os.environ.get("GPUCHECK_DRY_SHARE", "1"))
+            busy = w.state["share"]
             time.sleep(seconds)
         w.report("result", "matmul", rate=100.0 * busy, seconds=seconds, gpu_s=seconds * busy,
                  busy=busy, batch_busy=busy)

@@ -10,6 +10,18 @@ missing, the same calls through ctypes on the driver's own libnvidia-ml.so.1. Pr
 
 or {"ok": false, "error": "..."} (exit 0 either way, so the caller can say why a figure is missing).
 A figure NVML can't give is null, never 0.
+
+  nvml.py record SECONDS PATH   the raw streams the compute-share throttle reads, as NVML gives
+                                them, one JSON object a line into PATH, until SECONDS pass or it
+                                is killed: every device utilization sample and process
+                                utilization sample (with NVML's own timestamps), the SM clock
+                                every 100 ms and GPM's graphics activity every 200 ms where the
+                                GPU has GPM. Each line carries the host's real-time and monotonic
+                                clocks at the read (`read_us`, `mono_us`). The file is a fixture
+                                for the throttle's GPU model.
+  nvml.py summary PATH          what a recording shows: the device sample period (median gap)
+                                and jitter, where process samples fall after the device sample
+                                before them, how late samples are read, and whether GPM works.
 """
 
 import json
@@ -150,5 +162,140 @@ def main():
     print(json.dumps(out))
 
 
+def now_us():
+    import time
+    return time.clock_gettime_ns(time.CLOCK_REALTIME) // 1000, time.monotonic_ns() // 1000
+
+
+def record(seconds, path):
+    """The raw streams into `path` (see the module's doc)."""
+    import time
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception as e:  # no pynvml, no driver
+        with open(path, "w") as out:
+            out.write(json.dumps({"kind": "error", "error": f"NVML: {e}"}) + "\n")
+        return 0
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    last_dev = [0] * len(handles)
+    last_proc = [0] * len(handles)
+    gpm = [None] * len(handles)
+    for i, h in enumerate(handles):
+        try:
+            support = pynvml.nvmlGpmQueryDeviceSupport(h)
+            if support.isSupportedDevice:
+                sample = pynvml.nvmlGpmSampleAlloc()
+                pynvml.nvmlGpmSampleGet(h, sample)
+                gpm[i] = sample
+        except Exception:
+            gpm[i] = None
+    start = time.monotonic()
+    next_clock, next_gpm = start, start + 0.2
+    with open(path, "w") as out:
+        def line(**fields):
+            read, mono = now_us()
+            fields.update(read_us=read, mono_us=mono)
+            out.write(json.dumps(fields) + "\n")
+
+        line(kind="start", gpus=len(handles), gpm=[g is not None for g in gpm])
+        while time.monotonic() - start < seconds:
+            now = time.monotonic()
+            for i, h in enumerate(handles):
+                try:
+                    _, samples = pynvml.nvmlDeviceGetSamples(
+                        h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, last_dev[i])
+                    for smp in samples:
+                        last_dev[i] = max(last_dev[i], smp.timeStamp)
+                        line(kind="device", gpu=i, ts_us=smp.timeStamp,
+                             util=smp.sampleValue.uiVal)
+                except pynvml.NVMLError as e:
+                    if "Not Found" not in str(e):
+                        line(kind="device_error", gpu=i, error=str(e))
+                try:
+                    for p in pynvml.nvmlDeviceGetProcessUtilization(h, last_proc[i]):
+                        last_proc[i] = max(last_proc[i], p.timeStamp)
+                        line(kind="process", gpu=i, ts_us=p.timeStamp, pid=p.pid, sm=p.smUtil)
+                except pynvml.NVMLError as e:
+                    if "Not Found" not in str(e):
+                        line(kind="process_error", gpu=i, error=str(e))
+                if now >= next_clock:
+                    try:
+                        line(kind="clock", gpu=i,
+                             sm_mhz=pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+                    except pynvml.NVMLError:
+                        pass
+                if now >= next_gpm and gpm[i] is not None:
+                    try:
+                        sample = pynvml.nvmlGpmSampleAlloc()
+                        pynvml.nvmlGpmSampleGet(h, sample)
+                        get = pynvml.c_nvmlGpmMetricsGet_t()
+                        get.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+                        get.numMetrics = 1
+                        get.sample1 = gpm[i]
+                        get.sample2 = sample
+                        get.metrics[0].metricId = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+                        pynvml.nvmlGpmMetricsGet(get)
+                        line(kind="gpm", gpu=i, graphics_util=get.metrics[0].value)
+                        pynvml.nvmlGpmSampleFree(gpm[i])
+                        gpm[i] = sample
+                    except Exception as e:
+                        line(kind="gpm_error", gpu=i, error=str(e))
+                        gpm[i] = None
+            if now >= next_clock:
+                next_clock = now + 0.1
+            if now >= next_gpm:
+                next_gpm = now + 0.2
+            out.flush()
+            time.sleep(0.02)
+    pynvml.nvmlShutdown()
+    return 0
+
+
+def summary(path):
+    """What a recording shows (see the module's doc), as one JSON object."""
+    device, process, late, gpm, errors = [], [], [], [], []
+    with open(path) as f:
+        for text in f:
+            try:
+                r = json.loads(text)
+            except ValueError:
+                continue
+            kind = r.get("kind")
+            if kind == "device" and r.get("gpu") == 0:
+                device.append(r["ts_us"])
+                late.append(r["read_us"] - r["ts_us"])
+            elif kind == "process" and r.get("gpu") == 0:
+                process.append(r["ts_us"])
+            elif kind == "gpm":
+                gpm.append(r["graphics_util"])
+            elif kind and kind.endswith("error"):
+                errors.append(r.get("error"))
+    device.sort()
+    gaps = sorted(b - a for a, b in zip(device, device[1:]) if b > a)
+    median = lambda v: v[len(v) // 2] if v else None  # noqa: E731
+    period = median(gaps)
+    jitter = max((abs(g - period) for g in gaps if g < 2 * period), default=None) if period else None
+    offsets = []
+    for ts in process:
+        before = [d for d in device if d <= ts]
+        if before:
+            offsets.append(ts - before[-1])
+    offsets.sort()
+    print(json.dumps({
+        "device_samples": len(device), "process_samples": len(process),
+        "period_us": period, "jitter_us": jitter,
+        "process_offset_us": {"min": offsets[0], "median": median(offsets), "max": offsets[-1]}
+        if offsets else None,
+        "read_lag_us": median(sorted(late)), "gpm_samples": len(gpm),
+        "errors": sorted(set(e for e in errors if e))[:5],
+    }))
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "record":
+        sys.exit(record(float(sys.argv[2]), sys.argv[3]))
+    if len(sys.argv) > 1 and sys.argv[1] == "summary":
+        sys.exit(summary(sys.argv[2]))
     sys.exit(main())

@@ -24,8 +24,9 @@ pub enum Which {
     /// 8 GPUs, 5,000 sessions), on sled and on a real etcd, with group commit and with one
     /// change per commit as the baseline.
     E2e,
-    /// How closely the compute-share throttle holds a CPU spinner to shares 0.1, 0.3, 0.5 and
-    /// 0.9 (CPU time standing in for GPU usage); needs root.
+    /// How closely the compute-share throttle (slots and buckets) holds CPU spinners to shares
+    /// alone and in pairs (CPU time standing in for GPU usage), judged by the time each spinner
+    /// saw itself run by its own clock; needs root.
     Throttle,
     /// Snapshot latency (p50, p99) while the agent's telemetry is flooded with exec events,
     /// shared through one mutex as before and as a task behind a handle as now; needs root.
@@ -55,10 +56,13 @@ pub fn run(which: &Which) -> anyhow::Result<()> {
             "--bench",
             "throttle",
         ])),
+        // The rig is behind the agent's `bench` feature, out of the shipped binary.
         Which::Telemetry => crate::status(crate::cargo().args([
             "bench",
             "-p",
             "gpuwarden-agent",
+            "--features",
+            "bench",
             "--bench",
             "telemetry",
         ])),

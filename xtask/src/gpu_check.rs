@@ -36,8 +36,8 @@ use anyhow::{Context as _, bail};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
-/// How far a throttled rate may be from its share, in points of the unthrottled rate.
-const SHARE_TOLERANCE: f64 = 0.05;
+/// How far a tenant's GPU time (or work) may be from its share, in points of the unthrottled run's.
+const SHARE_TOLERANCE: f64 = 0.02;
 /// The shares the throttle is checked at.
 const SHARES: [f64; 4] = [0.1, 0.3, 0.5, 0.9];
 /// PyTorch, installed into the check's own environment when no Python here has it (never
@@ -260,7 +260,7 @@ pub fn render(title: &str, rows: &[Row]) -> String {
     out
 }
 
-/// Whether a measured fraction of the unthrottled rate is within ± 5 points of `share`.
+/// Whether a measured fraction of the unthrottled figure is within ± 2 points of `share`.
 #[must_use]
 pub fn share_verdict(share: f64, measured: f64) -> Verdict {
     if (measured - share).abs() <= SHARE_TOLERANCE {
@@ -270,8 +270,8 @@ pub fn share_verdict(share: f64, measured: f64) -> Verdict {
     }
 }
 
-/// A throttle row: the measured fraction of the unthrottled rate, its error in points, and the
-/// target ± 5.
+/// A throttle row: the measured fraction of the unthrottled figure, its error in points, and the
+/// target ± 2.
 #[must_use]
 pub fn share_row(check: String, share: f64, measured: f64) -> Row {
     Row::new(
@@ -316,7 +316,7 @@ pub fn memory_row(section: &str, check: &str, agent: u64, nvml: u64) -> Row {
 #[derive(clap::Args)]
 pub struct Args {
     /// Seconds each throttled matmul run lasts.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 20.0)]
     seconds: f64,
     /// The Python with PyTorch to use (default: one that has it, or a venv made for it).
     #[arg(long, env = "GPUCHECK_PYTHON")]

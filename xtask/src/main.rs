@@ -125,18 +125,34 @@ fn status(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Builds the agent, controller and CLI binaries in release; returns the folder that holds them.
+/// Builds the agent, controller and CLI binaries in release, as shipped; returns the folder that
+/// holds them.
 fn build_release_binaries() -> anyhow::Result<PathBuf> {
-    status(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "gpuwarden-agent",
-        "-p",
-        "gpuwarden-controller",
-        "-p",
-        "gpuwarden-cli",
-    ]))?;
+    build_release(&[])
+}
+
+/// [`build_release_binaries`] with the agent's `bench` feature (the baseline `ioctl` matches
+/// `cargo xtask bench ebpf` times). The next [`build_release_binaries`] puts the shipped agent
+/// back in the folder.
+fn build_bench_binaries() -> anyhow::Result<PathBuf> {
+    build_release(&["--features", "gpuwarden-agent/bench"])
+}
+
+fn build_release(extra: &[&str]) -> anyhow::Result<PathBuf> {
+    status(
+        cargo()
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "gpuwarden-agent",
+                "-p",
+                "gpuwarden-controller",
+                "-p",
+                "gpuwarden-cli",
+            ])
+            .args(extra),
+    )?;
     Ok(target_dir().join("release"))
 }
 

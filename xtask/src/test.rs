@@ -15,6 +15,19 @@ pub fn run() -> anyhow::Result<()> {
     }
     status(cargo().args(["fmt", "--all", "--check"]))?;
     status(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    // The agent's bench-only code (its `bench` feature, out of the shipped binary) and the bench
+    // that needs it.
+    status(cargo().args([
+        "clippy",
+        "-p",
+        "gpuwarden-agent",
+        "--all-targets",
+        "--features",
+        "bench",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     status(
         Command::new(setup::validator_python())
             .arg(workspace().join("deploy/kubernetes/validate.py")),

@@ -13,8 +13,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// The rows a run plans: 5 setup, 8 memory, 3 limit, 14 throttle, 3 cost, 1 hooks.
-const PLANNED: usize = 34;
+/// The rows a run plans: 5 setup, 8 memory, 3 limit, 16 throttle, 3 cost, 1 hooks.
+const PLANNED: usize = 36;
 
 fn dry_run(marker: &str, results: &Path, faults: &str, extra: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_xtask"));

@@ -31,6 +31,6 @@ pub use protocol::{
 };
 pub use snapshot::{
     Accuracy, BindingView, Candidate, Container, DeviceQuotaView, DeviceUsage, EnforcementView,
-    GpuHealthView, GpuView, Hook, KubeletStatus, QuotaView, Record, Snapshot, Stats, TableBudget,
-    Tier,
+    GpuHealthView, GpuView, Hook, KubeletStatus, QuotaView, Record, SignalView, Snapshot, Stats,
+    TableBudget, Tier,
 };

@@ -42,6 +42,12 @@ pub struct Snapshot {
     /// Which memory figures are exact and which are bounds, and why (docs/accounting.md).
     #[serde(default)]
     pub accuracy: Vec<Accuracy>,
+    /// How the compute-share throttle holds shares (`slots`, `buckets`).
+    #[serde(default)]
+    pub throttle_mode: Option<String>,
+    /// Each GPU's compute-share signal, as the throttle sees it (the slot mode).
+    #[serde(default)]
+    pub throttle_signals: Vec<SignalView>,
 }
 
 /// How exact one figure of the snapshot is.
@@ -158,9 +164,36 @@ pub struct EnforcementView {
     /// its entitlement for the agent's window (5 minutes); `null` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deviation: Option<String>,
+    /// GPU time the throttle measured for it so far, summed over its GPUs (a counter: `rate()`
+    /// of it is its achieved share over any window). 0 from older agents.
+    #[serde(default)]
+    pub gpu_time_ms: u64,
+    /// Its ledger in the slot mode: entitled minus used GPU time, the least over its GPUs
+    /// (positive: time it is owed). `null` in the bucket mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger_ms: Option<i64>,
 }
 
 impl Eq for EnforcementView {}
+
+/// How one GPU's compute-share signal has behaved (the slot mode's: the driver's samples).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalView {
+    /// The GPU's device name (`nvidia0`).
+    pub device: String,
+    /// The usual span between two samples, µs (median of the recent ones); `null` until known.
+    pub period_us: Option<u64>,
+    /// How far recent spans strayed from it, µs (the largest recent deviation).
+    pub jitter_us: Option<u64>,
+    /// Spans closed so far.
+    pub samples: u64,
+    /// Samples that came for time already closed (late or duplicate).
+    pub late_samples: u64,
+    /// Spans of lost samples (longer than twice the period).
+    pub gaps: u64,
+    /// GPU busy time that fell in no one's slot, ms.
+    pub unattributed_ms: u64,
+}
 
 /// GPU activity of one cgroup (a container, a pod, a systemd unit or the host).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -122,18 +122,23 @@ pub async fn run_until(
     let holdings = Holdings::open(&config.state_dir.join("store"))?;
     // What sled just made under the umask is the agent's alone too.
     crate::lock::make_private(&config.state_dir).map_err(LockError::from)?;
-    // NVML's device utilization apportioned by process activity on real GPUs; the CPU-time
-    // stand-in with mock devices.
-    let usage = throttle::usage_for(backend.as_ref(), attributor.root());
+    // The GPU's own busy time (NVML's device samples) for exclusive slots, or each cgroup's
+    // (apportioned by process activity) for buckets; the CPU-time stand-ins with mock devices.
+    let signal = match config.throttle_mode {
+        throttle::ThrottleMode::Slots => throttle::Signal::Device(throttle::device_signal_for(
+            backend.as_ref(),
+            attributor.root(),
+        )),
+        throttle::ThrottleMode::Buckets => {
+            throttle::Signal::PerCgroup(throttle::usage_for(backend.as_ref(), attributor.root()))
+        }
+    };
     // The usage reports measure with a source of their own (sources keep per-reader state).
     let usage_reports = config
         .usage_report_interval
         .filter(|_| config.controller.is_some())
         .map(|interval| (interval, start::reporter(backend.as_ref(), &attributor)));
-    let throttle = throttle::spawn(
-        throttle::ThrottleConfig::with_period(config.throttle_period),
-        usage,
-    )?;
+    let throttle = throttle::spawn(config.throttle, signal)?;
     let (upward_tx, upward_rx) = mpsc::channel(UPWARD_BUFFER);
     let (quota_tx, quota_rx) = mpsc::unbounded_channel();
     // The DRA plugin, where enabled: its sockets bound and the claims it prepared before a

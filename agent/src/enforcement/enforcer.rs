@@ -155,6 +155,10 @@ pub(crate) struct Standing {
     pub history: Vec<Record>,
     /// Events a workload caused that were counted but not sent one by one.
     pub suppressed_events: u64,
+    /// How the compute-share throttle holds shares (`slots`, `buckets`), where it runs.
+    pub throttle_mode: Option<&'static str>,
+    /// How each GPU's compute-share signal has behaved (the slot mode).
+    pub signals: Vec<(u32, throttle::SignalHealth)>,
 }
 
 /// The event sent up to the controller for `record`.
@@ -279,6 +283,12 @@ impl Enforcer {
             bindings,
             history: self.history.iter().cloned().collect(),
             suppressed_events: self.limiter.suppressed_total,
+            throttle_mode: self.throttle.as_ref().map(ThrottleHandle::mode),
+            signals: self
+                .throttle
+                .as_ref()
+                .map(ThrottleHandle::signals)
+                .unwrap_or_default(),
         }
     }
 

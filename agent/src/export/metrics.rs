@@ -28,7 +28,7 @@ use std::{
 use gpuwarden_runtime::otlp::{Exporters, Pipeline, PipelineError};
 use opentelemetry::{KeyValue, metrics::Meter};
 
-use gpuwarden_agent_api::Snapshot;
+use gpuwarden_agent_api::{SignalView, Snapshot};
 
 use crate::devices::{GpuDevice, health::HealthState};
 
@@ -150,6 +150,42 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "s",
         "container attributes",
         "time kept frozen by the compute-share throttle",
+    ),
+    (
+        "gpuwarden.container.gpu.time",
+        "s",
+        "container attributes",
+        "GPU time the compute-share throttle measured for it (rate() is its achieved share)",
+    ),
+    (
+        "gpuwarden.container.gpu.ledger",
+        "s",
+        "container attributes",
+        "entitled minus used GPU time in the slot mode (positive: owed to it)",
+    ),
+    (
+        "gpuwarden.gpu.signal.period",
+        "s",
+        "gpuwarden.device",
+        "the compute-share signal's sample period (median of the recent ones)",
+    ),
+    (
+        "gpuwarden.gpu.signal.jitter",
+        "s",
+        "gpuwarden.device",
+        "how far recent sample periods strayed from the median",
+    ),
+    (
+        "gpuwarden.gpu.signal.late_samples",
+        "{sample}",
+        "gpuwarden.device",
+        "samples that came for time already closed",
+    ),
+    (
+        "gpuwarden.gpu.signal.unattributed",
+        "s",
+        "gpuwarden.device",
+        "GPU busy time that fell in no one's slot",
     ),
     (
         "gpuwarden.agent.controller.connected",
@@ -654,6 +690,90 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
                     for c in &s.containers {
                         if let Some(e) = &c.enforcement {
                             o.observe(e.throttled_ms as f64 / 1000.0, &container_attributes(c));
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let published = Arc::clone(published);
+        meter
+            .f64_observable_counter("gpuwarden.container.gpu.time")
+            .with_unit("s")
+            .with_description(
+                "GPU time the compute-share throttle measured for it (rate() is its achieved share)",
+            )
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in &s.containers {
+                        if let Some(e) = &c.enforcement {
+                            o.observe(e.gpu_time_ms as f64 / 1000.0, &container_attributes(c));
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    {
+        let published = Arc::clone(published);
+        meter
+            .f64_observable_gauge("gpuwarden.container.gpu.ledger")
+            .with_unit("s")
+            .with_description(
+                "Entitled minus used GPU time in the slot mode (positive: owed to it)",
+            )
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for c in &s.containers {
+                        if let Some(ms) = c.enforcement.as_ref().and_then(|e| e.ledger_ms) {
+                            o.observe(ms as f64 / 1000.0, &container_attributes(c));
+                        }
+                    }
+                });
+            })
+            .build();
+    }
+    for (name, unit, description, pick) in [
+        (
+            "gpuwarden.gpu.signal.period",
+            "s",
+            "The compute-share signal's sample period (median of the recent ones)",
+            (|v: &SignalView| v.period_us.map(|us| us as f64 / 1e6))
+                as fn(&SignalView) -> Option<f64>,
+        ),
+        (
+            "gpuwarden.gpu.signal.jitter",
+            "s",
+            "How far recent sample periods strayed from the median",
+            |v| v.jitter_us.map(|us| us as f64 / 1e6),
+        ),
+        (
+            "gpuwarden.gpu.signal.unattributed",
+            "s",
+            "GPU busy time that fell in no one's slot",
+            |v| Some(v.unattributed_ms as f64 / 1000.0),
+        ),
+        (
+            "gpuwarden.gpu.signal.late_samples",
+            "{sample}",
+            "Samples that came for time already closed",
+            |v| Some(v.late_samples as f64),
+        ),
+    ] {
+        let published = Arc::clone(published);
+        meter
+            .f64_observable_gauge(name)
+            .with_unit(unit)
+            .with_description(description)
+            .with_callback(move |o| {
+                with_snapshot(&published, |s| {
+                    for v in &s.throttle_signals {
+                        if let Some(value) = pick(v) {
+                            o.observe(
+                                value,
+                                &[KeyValue::new("gpuwarden.device", v.device.clone())],
+                            );
                         }
                     }
                 });

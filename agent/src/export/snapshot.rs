@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use gpuwarden_agent_api::{
     Accuracy, BindingView, Container, DeviceQuotaView, DeviceUsage, EnforcementView, GpuHealthView,
-    GpuView, QuotaView, Snapshot, Stats, TableBudget,
+    GpuView, QuotaView, SignalView, Snapshot, Stats, TableBudget,
 };
 use gpuwarden_agent_common::maps::{MAX_GPUS, stat, table};
 
@@ -89,7 +89,25 @@ pub(crate) fn build(
         gpus: Vec::new(),
         kubelet: None,
         accuracy: accuracy(),
+        throttle_mode: standing.throttle_mode.map(str::to_owned),
+        throttle_signals: standing
+            .signals
+            .iter()
+            .map(|(gpu, h)| SignalView {
+                device: device_name(*gpu),
+                period_us: h.period.map(micros),
+                jitter_us: h.jitter.map(micros),
+                samples: h.samples,
+                late_samples: h.late_samples,
+                gaps: h.gaps,
+                unattributed_ms: u64::try_from(h.unattributed.as_millis()).unwrap_or(u64::MAX),
+            })
+            .collect(),
     }
+}
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Which figures are exact and which are bounds (docs/accounting.md says the same at length).
@@ -275,6 +293,17 @@ fn add_quota(c: &mut Container, standing: &Standing, tier: &str) {
         achieved: b.throttle.map(|t| t.running_fraction),
         // Set by the metrics' share watch, which sees the snapshots over time.
         deviation: None,
+        gpu_time_ms: b.throttle.map_or(0, |t| {
+            u64::try_from(t.gpu_time.as_millis()).unwrap_or(u64::MAX)
+        }),
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "a ledger of seconds, in ms"
+        )]
+        ledger_ms: b
+            .throttle
+            .and_then(|t| t.balance)
+            .map(|s| (s * 1000.0).round() as i64),
     });
     c.events = standing
         .history

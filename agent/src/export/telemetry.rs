@@ -234,6 +234,13 @@ enum Request {
     Rescan(oneshot::Sender<()>),
     CollectGarbage(oneshot::Sender<()>),
     SweepFiles(oneshot::Sender<()>),
+    #[cfg_attr(
+        not(any(test, feature = "bench")),
+        expect(
+            dead_code,
+            reason = "asked for only by the tests and the bench (the `bench` feature)"
+        )
+    )]
     Settled(oneshot::Sender<()>),
     Stop,
 }
@@ -302,7 +309,8 @@ impl TelemetryHandle {
         self.ask(Request::SweepFiles).await
     }
 
-    /// Returns once every event handed over before is handled.
+    /// Returns once every event handed over before is handled (for the tests and the bench).
+    #[cfg(any(test, feature = "bench"))]
     pub(crate) async fn settled(&self) -> Result<(), Stopped> {
         self.ask(Request::Settled).await
     }

@@ -705,11 +705,21 @@ fn file_offsets(typed: bool) -> (FileOffsets, Option<u32>) {
 /// against the matches they replaced in one run: `fd-table` is the (process, fd) table alone,
 /// which misses fds obtained other than through `openat` — never for production;
 /// `file-probe-read` tells the file at every ioctl as today, but reads the fd's file with a
-/// `bpf_probe_read_kernel` call per hop, as before the typed walk.
+/// `bpf_probe_read_kernel` call per hop, as before the typed walk. Read only in a build with the
+/// `bench` feature, which the benchmark enables; the shipped agent ignores it.
+#[cfg(feature = "bench")]
 pub const IOCTL_MATCH_ENV: &str = "GPUWARDEN_BENCH_IOCTL_MATCH";
 
 /// How `ioctl` enter tells a GPU fd, and whether the walk to the fd's file may be typed: by its
+/// file, typed (a build without the `bench` feature has no other way).
+#[cfg(not(feature = "bench"))]
+fn ioctl_match_from_env() -> (u32, bool) {
+    (ioctl_match::FILE, true)
+}
+
+/// How `ioctl` enter tells a GPU fd, and whether the walk to the fd's file may be typed: by its
 /// file, typed, unless [`IOCTL_MATCH_ENV`] asks for a baseline.
+#[cfg(feature = "bench")]
 fn ioctl_match_from_env() -> (u32, bool) {
     match std::env::var(IOCTL_MATCH_ENV).as_deref() {
         Ok("fd-table") => {

@@ -23,11 +23,11 @@ pub mod wire;
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
+use gpuwarden_host::tls::ClientTls;
 use gpuwarden_proto::{
     follow::Controllers,
     v1::{self as pb, scheduler_service_client::SchedulerServiceClient},
 };
-use gpuwarden_runtime::tls::ClientTls;
 use tonic::{
     metadata::{Ascii, MetadataValue},
     service::{Interceptor, interceptor::InterceptedService},

@@ -376,7 +376,7 @@ fn spawn_in(
 ) -> std::io::Result<tokio::process::Child> {
     let mut command = tokio::process::Command::new(program);
     command.args(args);
-    gpuwarden_runtime::cgroup::spawn_inside(command.as_std_mut(), cgroup)?;
+    gpuwarden_host::cgroup::spawn_inside(command.as_std_mut(), cgroup)?;
     command.spawn()
 }
 

@@ -47,7 +47,7 @@ fn state(url: &str, id: &str) -> serde_json::Value {
 #[test]
 fn members_wait_for_their_gang_then_run_together_and_show_it() {
     let scratch = gpuwarden_test_support::scratch("gang");
-    let (rt, url) = common::start_controller(scratch.path());
+    let (rt, url, controller) = common::start_controller_held(scratch.path());
     rt.spawn(fake_agent(url.clone()));
     common::wait_for_node(&url, NODE);
 
@@ -81,7 +81,7 @@ fn members_wait_for_their_gang_then_run_together_and_show_it() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(Duration::from_millis(500));
+    common::wait_passes(&controller, 3);
     let shown = state(&url, &first);
     assert_eq!(shown["state"], "pending", "{shown}");
     assert_eq!(shown["reason"], "gang pair 1/2 members", "{shown}");

@@ -15,12 +15,13 @@
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
-    sync::Arc,
-    time::Duration,
+    sync::{Arc, Weak},
+    time::{Duration, Instant},
 };
 
 use gpuwarden_controller::{
     api::Timing,
+    controller::Controller,
     limits::{Bounds, Limits},
     scheduler::SchedulerConfig,
     server,
@@ -48,6 +49,9 @@ pub struct TestController {
     pub state_dir: PathBuf,
     /// Its bounds, which count what it refuses (the metrics it exports read them).
     pub bounds: Arc<Bounds>,
+    /// The controller while its runtime runs it (held weakly: the runtime owns it, and its
+    /// store must close when the runtime goes); none for an elected one.
+    controller: Weak<Controller>,
     stop: Option<std::sync::mpsc::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -150,6 +154,7 @@ impl TestController {
                 let controller = server::open(&server::sled_in(&dir), config, timing)
                     .await
                     .unwrap();
+                let held = Arc::downgrade(&controller);
                 let metrics =
                     gpuwarden_controller::metrics::start(&controller, &bounds, &exporters).unwrap();
                 let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
@@ -166,7 +171,7 @@ impl TestController {
                 ));
                 // The metrics' callbacks hold the controller (and its store): kept until the
                 // controller stops, let go of before its runtime.
-                (addr, metrics)
+                (addr, held, metrics)
             })
         })
     }
@@ -200,13 +205,13 @@ impl TestController {
                     },
                 ))
                 .unwrap();
-            (addr, ())
+            (addr, Weak::new(), ())
         })
     }
 
     /// Runs `start` on a runtime of its own in a thread of its own, with the bounds the
-    /// controller is to be held to; what it returns besides the address is kept until the
-    /// controller stops. Stopping gracefully lets the server shut down first; killing drops the
+    /// controller is to be held to; it returns the address, the controller (weakly, if it has
+    /// one at hand) and what is kept until the controller stops. Stopping gracefully lets the server shut down first; killing drops the
     /// runtime with every task mid-flight.
     fn on_own_runtime<G>(
         state_dir: PathBuf,
@@ -214,13 +219,13 @@ impl TestController {
             &tokio::runtime::Runtime,
             Arc<Bounds>,
             tokio::sync::oneshot::Receiver<()>,
-        ) -> (SocketAddr, G)
+        ) -> (SocketAddr, Weak<Controller>, G)
         + Send
         + 'static,
     ) -> Self {
         let bounds = Bounds::new(Limits::default());
         let held = Arc::clone(&bounds);
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = std::sync::mpsc::channel::<bool>();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -229,8 +234,8 @@ impl TestController {
                 .build()
                 .unwrap();
             let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
-            let (addr, kept) = start(&rt, held, shutdown_rx);
-            addr_tx.send(addr).unwrap();
+            let (addr, controller, kept) = start(&rt, held, shutdown_rx);
+            started_tx.send((addr, controller)).unwrap();
             if stopped.recv().unwrap_or(false) {
                 let _ = shutdown_tx.send(());
                 rt.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
@@ -239,10 +244,12 @@ impl TestController {
             // Dropping the runtime drops every task, its store handle with them.
             rt.shutdown_background();
         });
+        let (addr, controller) = started_rx.recv().unwrap();
         Self {
-            addr: addr_rx.recv().unwrap(),
+            addr,
             state_dir,
             bounds,
+            controller,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -261,6 +268,31 @@ impl TestController {
             .list_sessions(pb::ListSessionsRequest::default())
             .await
             .is_ok()
+    }
+
+    /// Waits until the controller has run `n` more scheduling passes that had a session to try
+    /// (every pass tries each pending session), so a test checks that a state lasts over passes
+    /// rather than over a guessed time. Only a controller started on sled is held for this.
+    ///
+    /// # Panics
+    /// The controller was elected, or stopped, or did not run `n` passes in 30 s.
+    pub async fn passes(&self, n: u64) {
+        let count = || {
+            self.controller
+                .upgrade()
+                .expect("a running controller started on sled")
+                .pass_times()
+                .0
+        };
+        let target = count() + n;
+        let started = Instant::now();
+        while count() < target {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the controller did not run {n} scheduling passes in 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Its URL.

@@ -3,7 +3,11 @@
 //!
 //! A spinner is the calling binary run again with [`SPINNER_ENV`] set: that binary calls
 //! [`spin_if_asked`] first (a bench's `main`, or an ignored test the spinner runs by name),
-//! which then never returns. It counts its iterations in a file mapped by both processes.
+//! which then never returns. It counts its iterations in a file mapped by both processes, and the
+//! time it saw itself run: it reads the monotonic clock every few microseconds and counts each
+//! step between two reads shorter than [`GAP`]; a longer one is time it was not running (frozen,
+//! or waiting for a CPU). That is an account of its running time apart from the kernel's CPU-time
+//! accounting the throttle's stand-in signal reads.
 
 use std::{
     ffi::CStr,
@@ -20,6 +24,9 @@ use crate::scratch;
 /// Set in a spinner process: the file its counter lives in.
 pub const SPINNER_ENV: &str = "GPUWARDEN_TEST_SPINNER";
 
+/// A step between two clock reads longer than this is time the spinner did not run.
+pub const GAP: Duration = Duration::from_micros(100);
+
 /// The spinners' nice value (see [`start_in`]).
 const SPINNER_NICE: libc::c_int = -10;
 const SPINNER_NICE_TEXT: &[u8] = b"-10";
@@ -34,16 +41,38 @@ pub fn spin_if_asked() {
         return;
     };
     let counter = Counter::map(Path::new(&path));
+    let gap = u64::try_from(GAP.as_nanos()).unwrap_or(u64::MAX);
     let mut n: u64 = 0;
+    let mut ran: u64 = 0;
+    let mut last = monotonic_ns();
     loop {
         n = std::hint::black_box(n) + 1;
         if n.trailing_zeros() >= 12 {
+            let now = monotonic_ns();
+            let step = now.saturating_sub(last);
+            if step < gap {
+                ran += step;
+            }
+            last = now;
             counter.get().store(n, Ordering::Relaxed);
+            counter.ran().store(ran, Ordering::Relaxed);
         }
     }
 }
 
-/// A `u64` shared between a spinner and the test through a mapped file.
+/// `CLOCK_MONOTONIC` in nanoseconds.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// Two `u64`s shared between a spinner and the test through a mapped file: iterations, and the
+/// nanoseconds it saw itself run.
 struct Counter {
     ptr: *mut libc::c_void,
 }
@@ -55,12 +84,12 @@ impl Counter {
             .write(true)
             .open(path)
             .expect("counter file");
-        // SAFETY: maps 8 bytes of a file we just opened (it is 8 bytes long); the mapping
+        // SAFETY: maps 16 bytes of a file we just opened (it is 16 bytes long); the mapping
         // outlives the file descriptor, and `Drop` unmaps it.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                8,
+                16,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 std::os::fd::AsRawFd::as_raw_fd(&file),
@@ -72,15 +101,20 @@ impl Counter {
     }
 
     fn get(&self) -> &AtomicU64 {
-        // SAFETY: a page-aligned, shared mapping of at least 8 bytes, alive as long as `self`.
+        // SAFETY: a page-aligned, shared mapping of at least 16 bytes, alive as long as `self`.
         unsafe { AtomicU64::from_ptr(self.ptr.cast()) }
+    }
+
+    fn ran(&self) -> &AtomicU64 {
+        // SAFETY: as `get`; the second, 8-byte-aligned word of the mapping.
+        unsafe { AtomicU64::from_ptr(self.ptr.cast::<u64>().add(1)) }
     }
 }
 
 impl Drop for Counter {
     fn drop(&mut self) {
         // SAFETY: unmaps what `map` mapped.
-        unsafe { libc::munmap(self.ptr, 8) };
+        unsafe { libc::munmap(self.ptr, 16) };
     }
 }
 
@@ -133,7 +167,7 @@ impl Spinner {
     pub fn start(cgroup: &Path, args: &[&str]) -> Self {
         let scratch = scratch("spin");
         let counter_path = scratch.path().join("counter");
-        fs::write(&counter_path, [0u8; 8]).expect("the counter file");
+        fs::write(&counter_path, [0u8; 16]).expect("the counter file");
         let counter = Counter::map(&counter_path);
         let procs =
             gpuwarden_runtime::cgroup::procs_file(cgroup).expect("a cgroup path without NUL");
@@ -166,6 +200,12 @@ impl Spinner {
         self.counter.get().load(Ordering::Relaxed)
     }
 
+    /// Nanoseconds it saw itself run (see the module's doc).
+    #[must_use]
+    pub fn ran_ns(&self) -> u64 {
+        self.counter.ran().load(Ordering::Relaxed)
+    }
+
     /// Its process id.
     #[must_use]
     pub fn pid(&self) -> u32 {
@@ -185,8 +225,10 @@ impl Drop for Spinner {
 pub struct Rate {
     /// Iterations per second.
     pub iterations: f64,
-    /// Fraction of the window it ran on a CPU.
+    /// Fraction of the window it ran on a CPU (the kernel's account of its threads).
     pub cpu: f64,
+    /// Fraction of the window it saw itself run (its own clock: see the module's doc).
+    pub observed: f64,
 }
 
 impl Rate {
@@ -229,9 +271,9 @@ fn cpu_ns(pid: u32) -> u64 {
     reason = "counts and nanoseconds of seconds-long windows are far below 2^52"
 )]
 pub fn rates(spinners: &[&Spinner], window: Duration) -> Vec<Rate> {
-    let before: Vec<(u64, u64)> = spinners
+    let before: Vec<(u64, u64, u64)> = spinners
         .iter()
-        .map(|s| (s.count(), cpu_ns(s.pid())))
+        .map(|s| (s.count(), cpu_ns(s.pid()), s.ran_ns()))
         .collect();
     let start = Instant::now();
     std::thread::sleep(window);
@@ -239,9 +281,10 @@ pub fn rates(spinners: &[&Spinner], window: Duration) -> Vec<Rate> {
     spinners
         .iter()
         .zip(before)
-        .map(|(s, (count, cpu))| Rate {
+        .map(|(s, (count, cpu, ran))| Rate {
             iterations: (s.count() - count) as f64 / elapsed.as_secs_f64(),
             cpu: (cpu_ns(s.pid()) - cpu) as f64 / elapsed.as_nanos() as f64,
+            observed: s.ran_ns().saturating_sub(ran) as f64 / elapsed.as_nanos() as f64,
         })
         .collect()
 }

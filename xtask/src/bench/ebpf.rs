@@ -90,7 +90,9 @@ pub fn run(iterations: u64, rounds: usize) -> anyhow::Result<()> {
     if !crate::is_root() {
         bail!("the benchmark attaches eBPF programs: run as root");
     }
-    let bin = crate::build_release_binaries()?;
+    // The baselines are chosen by `GPUWARDEN_BENCH_IOCTL_MATCH`, which only an agent built with
+    // its `bench` feature reads.
+    let bin = crate::build_bench_binaries()?;
     let agent_bin = bin.join("gpuwarden-agent");
     // Under /tmp rather than $TMPDIR: the programs match device paths shorter than 64 bytes.
     // Removed when dropped, on every way out of this function.

@@ -4,7 +4,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
@@ -15,7 +15,7 @@ use super::{
     process_state, procs, report_events,
     rig::{Polled, Rig},
     runner::Section,
-    share_row,
+    share_row, share_verdict,
 };
 
 const GIB: u64 = 1 << 30;
@@ -52,6 +52,8 @@ pub fn plan() -> Vec<(String, Vec<String>)> {
         ));
     }
     throttle.push("matmul alone after (baseline drift)".to_owned());
+    throttle.push("the agent's GPU time against the judge".to_owned());
+    throttle.push("compute-share signal: NVML's streams and the agent's view".to_owned());
     vec![
         (
             "setup".into(),
@@ -602,37 +604,67 @@ fn limit_report(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<Row> {
     ))
 }
 
-/// One matmul run's result and the GPU's conditions halfway through.
+/// One matmul run's result, the agent's account of it and the GPU's conditions halfway through.
 ///
-/// A tenant's share is judged by `rate`, the matmuls it completed per second over the rate it
-/// has alone: the work it got. The GPU-time figures beside it both overcount on a real GPU (H200,
-/// driver 580): `busy` times each kernel between its own CUDA events, which also counts the time
-/// a kernel waits behind the other tenant's context; `batch_busy` times whole batches, which also
-/// counts the GPU idling inside a batch while the throttle holds the process between two
-/// launches (a tenant at 0.1 did 12 % of the work and was "busy" 51.6 % that way). The rate's
-/// own bias, a held GPU clocking up (1,980 against 1,470 MHz at the power cap), is in the notes.
+/// The judge is the GPU's time, not the work: `busy` times each kernel between its own CUDA
+/// events over the run's wall time. Alone, nothing else runs, so that is the tenant's GPU time
+/// whatever the clock (a GPU held partly idle clocks up: 1,980 against 1,470 MHz at the H200's
+/// power cap, so a tenant at 0.3 does 34 % of the work it does at full duty). In pairs under
+/// exclusive slots the two never run at once, so kernel time is still the tenant's own (under
+/// buckets a kernel also waits behind the other context, and kernel time overcounts), and the
+/// GPU stays busy, so the rate is fair too: pairs are held to both. `batch_busy` (whole batches
+/// of ten) also counts the GPU idling inside a batch while the process is frozen; it stays in the
+/// notes.
 struct Matmul {
     rate: f64,
     busy: f64,
     batch_busy: f64,
+    /// The agent's measured GPU time over the run, per wall second (from its snapshots).
+    agent: Option<f64>,
+    /// Time the throttle kept it frozen, per wall second.
+    throttled: Option<f64>,
+    /// The wall time the agent's account covers, seconds.
+    window: f64,
     conditions: String,
 }
 
 impl Matmul {
-    /// This run's rate as a share of `before`'s.
-    fn share(&self, before: &Matmul) -> f64 {
+    /// This run's rate as a share of `before`'s: the work it got.
+    fn rate_share(&self, before: &Matmul) -> f64 {
         self.rate / before.rate
     }
 
-    /// What the notes of a share row say beside the judged rate.
+    /// This run's kernel-timed GPU time as a share of `before`'s: the time it got.
+    fn time_share(&self, before: &Matmul) -> f64 {
+        self.busy / before.busy
+    }
+
+    /// What the notes of a share row say beside the judged figures.
     fn note(&self, before: &Matmul) -> String {
+        let pct =
+            |v: Option<f64>| v.map_or_else(|| "?".to_owned(), |v| format!("{:.1} %", v * 100.0));
         format!(
-            "kernel-timed {:.1} %, batch-timed {:.1} %; {}",
-            self.busy / before.busy * 100.0,
+            "work (rate) {:.1} %, kernel time {:.1} %, batch-timed {:.1} %; agent's GPU time {}, \
+             frozen {}; {}",
+            self.rate_share(before) * 100.0,
+            self.time_share(before) * 100.0,
             self.batch_busy / before.batch_busy * 100.0,
+            pct(self.agent.map(|a| a / before.busy)),
+            pct(self.throttled),
             self.conditions
         )
     }
+}
+
+/// A container's `gpu_time_ms` and `throttled_ms` in a snapshot, by one of its pids.
+fn gpu_time(snapshot: &Value, pid: u32) -> Option<(f64, f64)> {
+    let c = snapshot["containers"].as_array()?.iter().find(|c| {
+        c["pids"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p.as_u64() == Some(u64::from(pid))))
+    })?;
+    let e = &c["enforcement"];
+    Some((e["gpu_time_ms"].as_f64()?, e["throttled_ms"].as_f64()?))
 }
 
 /// Runs matmul workloads with these resources at once; their results.
@@ -647,32 +679,92 @@ fn matmuls(
     for (i, r) in sessions.iter().enumerate() {
         ws.push(rig.workload(s, &format!("matmul-{i}"), r, None, None, &["matmul", &secs])?);
     }
+    let mut pids = Vec::new();
     for w in &mut ws {
-        w.expect("started", STEP)?;
+        pids.push(w.expect("started", STEP)?.pid);
     }
+    // The agent's account, from just after the start to a second before the end. Each instant is
+    // taken as its snapshot returns, so the call's own latency cancels out.
+    let first = rig.snapshot().map(|v| (Instant::now(), v));
+    let start = first.as_ref().map_or_else(|_| Instant::now(), |f| f.0);
     std::thread::sleep(Duration::from_secs_f64(o.seconds / 2.0));
     let conditions = rig
         .nvml()
         .map_or_else(|e| format!("{e:#}"), |n| n.conditions());
+    // Halfway, in a short rehearsal: the workload must still run.
+    let end = start + Duration::from_secs_f64((o.seconds - 1.0).max(o.seconds / 2.0));
+    std::thread::sleep(end.saturating_duration_since(Instant::now()));
+    let last = rig.snapshot().map(|v| (Instant::now(), v));
+    let window = match (&first, &last) {
+        (Ok((t0, _)), Ok((t1, _))) => t1.duration_since(*t0).as_secs_f64(),
+        _ => 0.0,
+    };
+    let account = |pid: u32| -> Result<(f64, f64), String> {
+        let (t0, s0) = first
+            .as_ref()
+            .map_err(|e| format!("first snapshot: {e:#}"))?;
+        let (t1, s1) = last.as_ref().map_err(|e| format!("last snapshot: {e:#}"))?;
+        let wall = t1.duration_since(*t0).as_secs_f64();
+        let (a, b) = gpu_time(s0, pid)
+            .zip(gpu_time(s1, pid))
+            .ok_or_else(|| format!("no container with pid {pid} and a compute share"))?;
+        Ok(((b.0 - a.0) / 1e3 / wall, (b.1 - a.1) / 1e3 / wall))
+    };
     let limit = Duration::from_secs_f64(o.seconds) + STEP;
     let mut out = Vec::new();
-    for w in &mut ws {
+    for (w, pid) in ws.iter_mut().zip(pids) {
         let r = w.expect("the rate", limit)?;
         w.finish(Duration::from_secs(30));
+        let agent = account(pid);
+        let conditions = match &agent {
+            Ok(_) => conditions.clone(),
+            Err(why) => format!("{conditions}; the agent's account: {why}"),
+        };
         out.push(Matmul {
             rate: r.number("rate").context("no rate")?,
             busy: r.number("busy").context("no busy")?,
             batch_busy: r.number("batch_busy").context("no batch_busy")?,
-            conditions: conditions.clone(),
+            agent: agent.as_ref().ok().map(|a| a.0),
+            throttled: agent.as_ref().ok().map(|a| a.1),
+            window,
+            conditions,
         });
     }
     Ok(out)
 }
 
+/// A tenant's row: alone, judged by its GPU time; in a pair, by its GPU time and its work.
+fn tenant_row(check: String, share: f64, m: &Matmul, before: &Matmul, pair: bool) -> Row {
+    let time = m.time_share(before);
+    let mut r = share_row(check, share, time);
+    if pair {
+        let rate = m.rate_share(before);
+        let both = share_verdict(share, time) == Verdict::Pass
+            && share_verdict(share, rate) == Verdict::Pass;
+        r = Row::new(
+            "throttle",
+            r.check.clone(),
+            format!(
+                "time {:.1} % ({:+.1}), work {:.1} % ({:+.1})",
+                time * 100.0,
+                (time - share) * 100.0,
+                rate * 100.0,
+                (rate - share) * 100.0
+            ),
+            r.reference.clone(),
+            verdict(both),
+        );
+    }
+    r.note(m.note(before))
+}
+
 /// The throttle at each share, one tenant and two sharing the GPU, held to the GPU time the
-/// workload gets alone (measured before and after).
+/// workload gets alone (measured before and after); NVML's raw streams recorded meanwhile into
+/// `nvml-stream.jsonl` (a fixture for the throttle's GPU model) and summed up in the last row.
 pub fn throttle(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<()> {
     ensure_agent(rig)?;
+    let stream = rig.out.join("nvml-stream.jsonl");
+    let recorder = rig.record_nvml(s, o.seconds * 12.0 + 120.0, &stream);
     s.doing("the baseline before");
     let before = matmuls(rig, s, o, &[vec![]])?.remove(0);
     s.row(
@@ -689,12 +781,14 @@ pub fn throttle(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<()> {
         )
         .note(before.conditions.clone()),
     );
+    let mut accounts: Vec<Account> = Vec::new();
     for share in SHARES {
         let other = 1.0 - share;
         let check = format!("one tenant at {share}");
         sub(s, &check, || {
             let m = matmuls(rig, s, o, &[vec![format!("cuda.shares={share}")]])?.remove(0);
-            Ok(share_row(check.clone(), share, m.share(&before)).note(m.note(&before)))
+            accounts.push(Account::of(&check, &m, &before));
+            Ok(tenant_row(check.clone(), share, &m, &before, false))
         });
         let first = format!("two tenants {share} + {other:.1}: the first ({share})");
         let second = format!("two tenants {share} + {other:.1}: the second ({other:.1})");
@@ -711,7 +805,8 @@ pub fn throttle(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<()> {
             Ok(ms) => {
                 for ((check, target), m) in [(&first, share), (&second, other)].into_iter().zip(ms)
                 {
-                    s.row(share_row(check.clone(), target, m.share(&before)).note(m.note(&before)));
+                    accounts.push(Account::of(check, &m, &before));
+                    s.row(tenant_row(check.clone(), target, &m, &before, true));
                 }
             }
             Err(e) => {
@@ -723,7 +818,7 @@ pub fn throttle(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<()> {
     let check = "matmul alone after (baseline drift)";
     sub(s, check, || {
         let after = matmuls(rig, s, o, &[vec![]])?.remove(0);
-        let drift = after.share(&before) - 1.0;
+        let drift = after.rate_share(&before) - 1.0;
         Ok(row(
             s,
             check,
@@ -738,7 +833,120 @@ pub fn throttle(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<()> {
         )
         .note(after.conditions))
     });
+    agent_row(s, &accounts);
+    drop(recorder);
+    signal_row(rig, s, &stream);
     Ok(())
+}
+
+/// One tenant's GPU time by the judge and by the agent (both over the unthrottled run's).
+struct Account {
+    check: String,
+    judge: f64,
+    agent: Option<f64>,
+    /// The seconds the agent's figure covers.
+    window: f64,
+}
+
+impl Account {
+    fn of(check: &str, m: &Matmul, before: &Matmul) -> Self {
+        Self {
+            check: check.to_owned(),
+            judge: m.time_share(before),
+            agent: m.agent.map(|a| a / before.busy),
+            window: m.window,
+        }
+    }
+}
+
+/// The shortest window over which the agent's figure is held to 2 points: many sample periods
+/// (1/6 s on an H200), and much longer than the snapshot call.
+const AGENT_WINDOW: f64 = 5.0;
+
+/// The agent's GPU time for each tenant against the judge's.
+fn agent_row(s: &Section, accounts: &[Account]) {
+    let check = "the agent's GPU time against the judge";
+    sub(s, check, || {
+        let misses: Vec<f64> = accounts
+            .iter()
+            .filter_map(|a| a.agent.map(|agent| (agent - a.judge).abs()))
+            .collect();
+        let worst = misses.iter().copied().fold(0.0, f64::max);
+        let all = misses.len() == accounts.len() && !accounts.is_empty();
+        let shortest = accounts
+            .iter()
+            .map(|a| a.window)
+            .fold(f64::INFINITY, f64::min);
+        let verdict = if shortest < AGENT_WINDOW {
+            // A rehearsal's sub-second rows: too short to hold a sampled figure to 2 points.
+            Verdict::Info
+        } else {
+            verdict(all && worst <= 0.02)
+        };
+        Ok(row(
+            s,
+            check,
+            format!(
+                "worst {:.1} points over {} of {} tenants",
+                worst * 100.0,
+                misses.len(),
+                accounts.len()
+            ),
+            format!("every tenant within 2 points (windows of {AGENT_WINDOW} s or more)"),
+            verdict,
+        )
+        .note(
+            accounts
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{}: judge {:.1} %, agent {} over {:.1} s",
+                        a.check,
+                        a.judge * 100.0,
+                        a.agent
+                            .map_or_else(|| "?".to_owned(), |v| format!("{:.1} %", v * 100.0)),
+                        a.window
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        ))
+    });
+}
+
+/// What the recording of NVML's streams shows, beside the agent's own view of its signal.
+fn signal_row(rig: &Rig, s: &Section, stream: &Path) {
+    let check = "compute-share signal: NVML's streams and the agent's view";
+    sub(s, check, || {
+        let summary = rig.nvml_summary(stream)?;
+        let agent = rig.snapshot()?;
+        let view = agent["throttle_signals"]
+            .get(0)
+            .cloned()
+            .unwrap_or(Value::Null);
+        let period = summary["period_us"].as_u64();
+        Ok(row(
+            s,
+            check,
+            format!(
+                "period {} µs, jitter {} µs, process samples {} µs after the device's; agent: \
+                 mode {}, period {} µs, late {}, unattributed {} ms",
+                summary["period_us"],
+                summary["jitter_us"],
+                summary["process_offset_us"]["median"],
+                agent["throttle_mode"],
+                view["period_us"],
+                view["late_samples"],
+                view["unattributed_ms"],
+            ),
+            "a sample period seen",
+            verdict(period.is_some()),
+        )
+        .note(format!(
+            "recording: {}; summary {summary}",
+            stream.display()
+        )))
+    });
 }
 
 /// The median and the spread (min–max) of `v`.

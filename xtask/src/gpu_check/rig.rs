@@ -464,6 +464,40 @@ impl Rig {
         Nvml::parse(&out)
     }
 
+    /// Starts recording NVML's raw streams (`nvml.py record`) into `path` for `seconds` at most;
+    /// the recording ends when the guard is dropped.
+    ///
+    /// # Errors
+    /// The recorder can't be started.
+    pub fn record_nvml(
+        &self,
+        section: &Section,
+        seconds: f64,
+        path: &Path,
+    ) -> anyhow::Result<Guard> {
+        let mut cmd = self.kit.nvml(&self.dry_state());
+        cmd.arg("record").arg(format!("{seconds}")).arg(path);
+        let log = self.out.join(format!("{}-nvml-record.log", section.name()));
+        section.log(log.clone());
+        Guard::spawn(cmd, "nvml recorder", &log, false, false)
+    }
+
+    /// What a recording of NVML's streams shows (`nvml.py summary`), as its JSON document.
+    ///
+    /// # Errors
+    /// The summary can't be made or read.
+    pub fn nvml_summary(&self, path: &Path) -> anyhow::Result<Value> {
+        let mut cmd = self.kit.nvml(&self.dry_state());
+        cmd.arg("summary").arg(path);
+        let out = capture(
+            cmd,
+            "nvml summary",
+            &self.out.join("nvml.log"),
+            Duration::from_mins(1),
+        )?;
+        serde_json::from_slice(&out).context("nvml.py summary printed no JSON")
+    }
+
     /// Starts the workload with `args`: in a session with `resources` (and `policy`) through
     /// `gpuwarden run`, or, with no resources, in the cgroup `cgroup` when given.
     ///

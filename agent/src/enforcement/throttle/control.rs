@@ -18,11 +18,14 @@
 use std::{
     collections::{BTreeMap, HashMap},
     io,
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant},
 };
 
-use super::{ComputePolicy, Member, ThrottleStats, Usage};
+use super::{
+    ComputePolicy, Member, ThrottleStats, Usage,
+    freezer::{Cgroup, Freezer, is_gone},
+};
 
 /// A `work-conserving` member counts the others on its GPU as idle while each uses less than
 /// this fraction of its own share.
@@ -34,17 +37,9 @@ const MAX_DEBT_PERIODS: u32 = 10;
 const PPM: i128 = 1_000_000;
 
 /// The kernel side of the throttle, faked in tests.
-pub(crate) trait Cgroups {
+pub(crate) trait Cgroups: Freezer {
     /// Cumulative busy time of the cgroup at `dir` on `gpu`, and up to when it is complete.
     fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Usage>;
-    /// Freezes (`true`) or thaws the cgroup at `dir`.
-    fn set_frozen(&mut self, dir: &Path, frozen: bool) -> io::Result<()>;
-}
-
-/// Whether an error means the cgroup no longer exists.
-pub(crate) fn is_gone(err: &io::Error) -> bool {
-    // ENODEV: a file of a cgroup that was removed while we held it open.
-    err.kind() == io::ErrorKind::NotFound || err.raw_os_error() == Some(libc::ENODEV)
 }
 
 /// One cgroup on one GPU.
@@ -62,6 +57,8 @@ struct Bucket {
     lag: Duration,
     /// This GPU's loop wants the cgroup frozen.
     wants_frozen: bool,
+    /// Busy time the readings showed, from the first.
+    gpu_time: Duration,
 }
 
 impl Bucket {
@@ -74,6 +71,7 @@ impl Bucket {
             recent: 0.0,
             lag: Duration::ZERO,
             wants_frozen: false,
+            gpu_time: Duration::ZERO,
         }
     }
 
@@ -110,6 +108,7 @@ impl Bucket {
             let elapsed = until.saturating_duration_since(at);
             // A counter that went backwards (a re-created cgroup) counts as no use.
             let used = busy.saturating_sub(before);
+            self.gpu_time += used;
             let used_ns = i64::try_from(used.as_nanos()).unwrap_or(i64::MAX);
             let debt_cap = -(i64::try_from((period * MAX_DEBT_PERIODS).as_nanos()).unwrap_or(0));
             self.credit = self
@@ -146,64 +145,6 @@ impl Bucket {
     }
 }
 
-/// One cgroup, whatever its GPUs.
-#[derive(Debug)]
-struct Cgroup {
-    dir: PathBuf,
-    /// What we last wrote to `cgroup.freeze`; `None` until the first write, so the first tick
-    /// writes whatever it decides (thawing a cgroup a dead agent left frozen).
-    frozen: Option<bool>,
-    frozen_since: Option<Instant>,
-    throttled: Duration,
-    /// A warning about an error other than "gone" was logged (once is enough).
-    warned: bool,
-    /// Held frozen whatever its buckets say: its workload was stopped by its memory policy, and
-    /// only the agent resumes it (a `kill -CONT` from inside must not).
-    held: bool,
-}
-
-impl Cgroup {
-    fn warn_once(&mut self, what: &str, err: &io::Error) {
-        if !self.warned {
-            self.warned = true;
-            tracing::warn!(cgroup = %self.dir.display(), "throttle: {what}: {err}");
-        }
-    }
-
-    /// Writes `frozen` if it differs from what we last wrote. `Err` only when the cgroup is gone.
-    fn apply(&mut self, now: Instant, frozen: bool, sys: &mut dyn Cgroups) -> Result<(), Gone> {
-        if self.frozen == Some(frozen) {
-            return Ok(());
-        }
-        match sys.set_frozen(&self.dir, frozen) {
-            Ok(()) => {
-                if frozen {
-                    self.frozen_since = Some(now);
-                } else if let Some(since) = self.frozen_since.take() {
-                    self.throttled += now.saturating_duration_since(since);
-                }
-                self.frozen = Some(frozen);
-                Ok(())
-            }
-            Err(e) if is_gone(&e) => Err(Gone),
-            Err(e) => {
-                self.warn_once(if frozen { "freezing" } else { "thawing" }, &e);
-                Ok(())
-            }
-        }
-    }
-
-    fn throttled(&self, now: Instant) -> Duration {
-        self.throttled
-            + self
-                .frozen_since
-                .map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
-    }
-}
-
-/// The cgroup disappeared.
-struct Gone;
-
 /// Every member of every GPU and what the throttle has done to them.
 #[derive(Debug)]
 pub(crate) struct Controller {
@@ -224,14 +165,10 @@ impl Controller {
 
     /// Adds `key` to `gpu`, or updates its share and policy there (keeping its credit).
     pub(crate) fn set(&mut self, gpu: u32, key: u64, member: &Member) {
-        let cgroup = self.cgroups.entry(key).or_insert_with(|| Cgroup {
-            dir: member.cgroup_dir.clone(),
-            frozen: None,
-            frozen_since: None,
-            throttled: Duration::ZERO,
-            warned: false,
-            held: false,
-        });
+        let cgroup = self
+            .cgroups
+            .entry(key)
+            .or_insert_with(|| Cgroup::new(member.cgroup_dir.clone()));
         if cgroup.dir != member.cgroup_dir {
             // Moved: whatever we wrote went to the old directory.
             cgroup.dir.clone_from(&member.cgroup_dir);
@@ -261,14 +198,10 @@ impl Controller {
         now: Instant,
         sys: &mut dyn Cgroups,
     ) {
-        let cgroup = self.cgroups.entry(key).or_insert_with(|| Cgroup {
-            dir: dir.to_owned(),
-            frozen: None,
-            frozen_since: None,
-            throttled: Duration::ZERO,
-            warned: false,
-            held: false,
-        });
+        let cgroup = self
+            .cgroups
+            .entry(key)
+            .or_insert_with(|| Cgroup::new(dir.to_owned()));
         cgroup.held = held;
         // At once, not at the next tick: a stopped workload must not run meanwhile.
         let wants = held
@@ -367,6 +300,13 @@ impl Controller {
                 throttled: cgroup.throttled(now),
                 frozen: cgroup.frozen == Some(true),
                 running_fraction,
+                gpu_time: self
+                    .gpus
+                    .values()
+                    .filter_map(|members| members.get(&key))
+                    .map(|b| b.gpu_time)
+                    .sum(),
+                balance: None,
             };
             (key, stats)
         })

@@ -28,9 +28,11 @@ use std::{
 };
 
 use super::{
-    Usage, UsageSource,
+    DeviceReading, DeviceSignal, Usage, UsageSource,
     control::Cgroups,
+    freezer::Freezer,
     sampled::{DeviceSample, DriverError, ProcessSample, SampleDriver},
+    slots::SlotKernel,
 };
 
 /// How the simulated GPU and its driver behave.
@@ -48,6 +50,15 @@ pub(crate) struct SimConfig {
     pub process_offset_us: u64,
     /// Whether the driver keeps device utilization samples.
     pub device_samples: bool,
+    /// Process samples are taken on a rhythm of their own, this long after each device sample,
+    /// each over the span since the previous process sample (not the device sample's span):
+    /// what a driver that samples processes separately gives. `None`: over the device's span.
+    pub process_window_lag_us: Option<u64>,
+    /// With `process_window_lag_us`: the n-th process's samples come `n ×` this later still.
+    pub process_stagger_us: u64,
+    /// The SM clock's rise when the GPU is partly idle, as a fraction of the clock at full duty
+    /// (an H200 at its power cap: 1,470 MHz busy, 1,980 MHz held partly idle, 0.35).
+    pub boost: f64,
 }
 
 impl Default for SimConfig {
@@ -59,6 +70,31 @@ impl Default for SimConfig {
             publish_delay_us: 0,
             process_offset_us: 0,
             device_samples: true,
+            process_window_lag_us: None,
+            process_stagger_us: 0,
+            boost: 0.0,
+        }
+    }
+}
+
+impl SimConfig {
+    /// The H200 of `docs/gpu-check.md` as far as its figures tell (until a recording of its raw
+    /// streams replaces this): a sixth of a second between samples with 2 ms of jitter, process
+    /// samples on a rhythm of their own a quarter period after the device's, 2 ms of work
+    /// queued, and the clock rising 35 % when the GPU is held partly idle (1,980 against
+    /// 1,470 MHz). The quarter period is the calibration: it is what makes the bucket mode's
+    /// pairs miss by as much as they did there (up to 12.6 points).
+    pub(crate) fn h200() -> Self {
+        Self {
+            period_us: 166_667,
+            jitter_us: 2_000,
+            depth_us: 2_000.0,
+            publish_delay_us: 5_000,
+            process_offset_us: 0,
+            device_samples: true,
+            process_window_lag_us: Some(41_667),
+            process_stagger_us: 0,
+            boost: 0.35,
         }
     }
 }
@@ -76,6 +112,15 @@ struct SimProcess {
     queue_us: f64,
     busy_us: f64,
     busy_in_period_us: f64,
+    /// Busy since its last process sample (with `process_window_lag_us`).
+    busy_in_window_us: f64,
+    /// Work done: GPU time scaled by the clock it ran at (what a matmul count measures).
+    work: f64,
+    /// Never submits work.
+    idle: bool,
+    /// Own-rhythm sampling: when its next process sample is due, and when its last one was.
+    next_sample_us: Option<u64>,
+    last_sample_us: u64,
 }
 
 /// The simulated GPU, its processes and its driver's sample buffers.
@@ -91,6 +136,8 @@ pub(crate) struct SimGpu {
     processes: Vec<SimProcess>,
     device: VecDeque<DeviceSample>,
     process: VecDeque<ProcessSample>,
+    /// The GPU's recent duty (an average over about 50 ms), which sets its clock.
+    duty: f64,
 }
 
 impl SimGpu {
@@ -107,6 +154,7 @@ impl SimGpu {
             processes: Vec::new(),
             device: VecDeque::new(),
             process: VecDeque::new(),
+            duty: 1.0,
         }
     }
 
@@ -119,7 +167,29 @@ impl SimGpu {
             queue_us: 0.0,
             busy_us: 0.0,
             busy_in_period_us: 0.0,
+            busy_in_window_us: 0.0,
+            work: 0.0,
+            idle: false,
+            next_sample_us: None,
+            last_sample_us: 0,
         });
+    }
+
+    /// Adds a process that never submits work, in cgroup `dir`.
+    pub(crate) fn add_idle(&mut self, pid: u32, dir: &str) {
+        self.add(pid, dir);
+        if let Some(p) = self.processes.last_mut() {
+            p.idle = true;
+        }
+    }
+
+    /// The work the processes of `dir` have done, in µs of GPU time at the full-duty clock.
+    pub(crate) fn work(&self, dir: &str) -> f64 {
+        self.processes
+            .iter()
+            .filter(|p| p.dir == Path::new(dir))
+            .map(|p| p.work)
+            .sum()
     }
 
     /// The GPU time the processes of `dir` have had.
@@ -149,12 +219,14 @@ impl SimGpu {
     pub(crate) fn step(&mut self, dt_us: u64) {
         let dt = dt_us as f64;
         for p in &mut self.processes {
-            if !p.frozen {
+            if !p.frozen && !p.idle {
                 // A thawed process keeps its queue full.
                 p.queue_us = self.config.depth_us;
             }
         }
         let ready = self.processes.iter().filter(|p| p.queue_us > 0.0).count();
+        let clock = 1.0 + self.config.boost * (1.0 - self.duty);
+        let mut busy = 0.0;
         if ready > 0 {
             let slice = dt / ready as f64;
             for p in self.processes.iter_mut().filter(|p| p.queue_us > 0.0) {
@@ -162,12 +234,45 @@ impl SimGpu {
                 p.queue_us -= ran;
                 p.busy_us += ran;
                 p.busy_in_period_us += ran;
-                self.any_busy_in_period_us += ran;
+                p.busy_in_window_us += ran;
+                p.work += ran * clock;
+                busy += ran;
             }
+            self.any_busy_in_period_us += busy;
         }
+        let alpha = 1.0 - (-dt / 50_000.0).exp();
+        self.duty += alpha * (busy / dt - self.duty);
         self.t_us += dt_us;
         if self.t_us >= self.next_sample_us {
             self.sample();
+        }
+        self.sample_processes();
+    }
+
+    /// The driver's process samples on their own rhythm: each over the span since the last.
+    fn sample_processes(&mut self) {
+        let ts = EPOCH_US + self.t_us;
+        let t = self.t_us;
+        for p in &mut self.processes {
+            if p.next_sample_us.is_none_or(|at| t < at) {
+                continue;
+            }
+            p.next_sample_us = None;
+            let length = (t - p.last_sample_us) as f64;
+            if p.busy_in_window_us > 0.0 && length > 0.0 {
+                self.process.push_back(ProcessSample {
+                    pid: p.pid,
+                    timestamp_us: ts,
+                    sm_util_percent: (100.0 * p.busy_in_window_us / length)
+                        .round()
+                        .clamp(0.0, 100.0) as u32,
+                });
+            }
+            p.busy_in_window_us = 0.0;
+            p.last_sample_us = t;
+        }
+        while self.process.len() > BUFFER * 4 {
+            self.process.pop_front();
         }
     }
 
@@ -182,8 +287,9 @@ impl SimGpu {
                 util_percent: percent(self.any_busy_in_period_us),
             });
         }
+        let own_rhythm = self.config.process_window_lag_us;
         for p in &mut self.processes {
-            if p.busy_in_period_us > 0.0 {
+            if own_rhythm.is_none() && p.busy_in_period_us > 0.0 {
                 self.process.push_back(ProcessSample {
                     pid: p.pid,
                     timestamp_us: ts + self.config.process_offset_us,
@@ -191,6 +297,13 @@ impl SimGpu {
                 });
             }
             p.busy_in_period_us = 0.0;
+        }
+        if let Some(lag) = own_rhythm {
+            // Each process's samples keep a phase of their own (set by its context's creation).
+            for (i, p) in self.processes.iter_mut().enumerate() {
+                p.next_sample_us =
+                    Some(self.t_us + lag + i as u64 * self.config.process_stagger_us);
+            }
         }
         while self.device.len() > BUFFER {
             self.device.pop_front();
@@ -359,7 +472,15 @@ impl<S: UsageSource + ?Sized> Cgroups for SimCgroups<Box<S>> {
     fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Usage> {
         self.source.busy(gpu, dir)
     }
+}
 
+impl<S: DeviceSignal + ?Sized> SlotKernel for SimCgroups<Box<S>> {
+    fn read(&mut self, gpu: u32, cgroups: &[&Path]) -> io::Result<DeviceReading> {
+        self.source.read(gpu, cgroups)
+    }
+}
+
+impl<S: ?Sized> Freezer for SimCgroups<Box<S>> {
     fn set_frozen(&mut self, dir: &Path, frozen: bool) -> io::Result<()> {
         let mut gpu = self.sim.gpu();
         let mut found = false;

@@ -37,8 +37,10 @@
 //! ```
 
 mod control;
+mod freezer;
 #[cfg(test)]
 mod gpu_sim;
+mod slots;
 mod usage;
 
 use gpuwarden_runtime::sync::Lock as _;
@@ -50,8 +52,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use self::control::{Cgroups, Controller};
-pub use self::usage::{CpuTimeUsage, Usage, UsageSource, sampled, usage_for};
+pub use self::slots::SlotConfig;
+pub use self::usage::{
+    BusyInterval, CpuTimeSignal, CpuTimeUsage, DeviceReading, DeviceSignal, SignalHealth, Usage,
+    UsageSource, device, device_signal_for, sampled, usage_for,
+};
+use self::{
+    control::{Cgroups, Controller},
+    freezer::Freezer,
+    slots::{Scheduler, SlotKernel},
+};
 
 pub use gpuwarden_types::policy::ComputePolicy;
 
@@ -75,16 +85,24 @@ pub struct ThrottleStats {
     pub frozen: bool,
     /// Its recent measured running fraction (over about one period; the largest of its GPUs).
     pub running_fraction: f64,
+    /// GPU time measured for it so far, summed over its GPUs (a counter: one GPU busy for one
+    /// second is one second).
+    pub gpu_time: Duration,
+    /// Its ledger, entitled minus used, in seconds (the least of its GPUs'; positive is time it
+    /// is owed); `None` where the mode keeps none.
+    pub balance: Option<f64>,
 }
 
 /// How the loop runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ThrottleConfig {
-    /// One freeze/thaw cycle of a member that is always busy; also the most credit idle time
-    /// banks (`share × period`).
+    /// Buckets: one freeze/thaw cycle of a member that is always busy; also the most credit idle
+    /// time banks (`share × period`).
     pub period: Duration,
     /// How often usage is measured and decisions are made.
     pub tick: Duration,
+    /// Slots: how they are cut.
+    pub slots: SlotConfig,
 }
 
 impl ThrottleConfig {
@@ -94,15 +112,38 @@ impl ThrottleConfig {
         Self {
             period,
             tick: period / 10,
+            slots: SlotConfig::default(),
         }
     }
 }
 
 impl Default for ThrottleConfig {
-    /// 100 ms periods, measured every 10 ms.
+    /// 100 ms periods, measured every 10 ms; 120 ms slots with a 3 ms guard.
     fn default() -> Self {
         Self::with_period(Duration::from_millis(100))
     }
+}
+
+/// What the throttle measures, which also says how it holds shares.
+pub enum Signal {
+    /// The GPU's own busy time: **exclusive slots** (`slots.rs`), one holder per GPU at a time,
+    /// each slot's busy time its holder's. The default.
+    Device(Box<dyn DeviceSignal>),
+    /// Each cgroup's busy time (apportioned by per-process samples on a real GPU): **token
+    /// buckets** (`control.rs`), every member thawed and frozen on its own. Kept for comparison
+    /// and for GPUs where slots can't work (`throttle_mode = "buckets"`).
+    PerCgroup(Box<dyn UsageSource>),
+}
+
+/// The throttle's way of holding shares (`throttle_mode` in the agent's configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ThrottleMode {
+    /// Exclusive slots on the GPU's own busy time ([`Signal::Device`]).
+    #[default]
+    Slots,
+    /// Token buckets on per-cgroup busy time ([`Signal::PerCgroup`]).
+    Buckets,
 }
 
 /// Errors of the throttle's API.
@@ -151,7 +192,7 @@ pub enum ThrottleError {
 /// The directory exists but its `cgroup.freeze` can't be written.
 pub fn thaw(cgroup_dir: &Path) -> io::Result<()> {
     match write_freeze(cgroup_dir, false) {
-        Err(e) if control::is_gone(&e) && !cgroup_dir.exists() => Ok(()),
+        Err(e) if freezer::is_gone(&e) && !cgroup_dir.exists() => Ok(()),
         other => other,
     }
 }
@@ -163,16 +204,30 @@ fn write_freeze(cgroup_dir: &Path, frozen: bool) -> io::Result<()> {
     )
 }
 
-/// The real kernel: usage from a [`UsageSource`], freezing through `cgroup.freeze`.
+/// The real kernel: the signal, and freezing through `cgroup.freeze`.
 struct Kernel {
-    usage: Box<dyn UsageSource>,
+    signal: Signal,
 }
 
 impl Cgroups for Kernel {
     fn busy(&mut self, gpu: u32, dir: &Path) -> io::Result<Usage> {
-        self.usage.busy(gpu, dir)
+        match &mut self.signal {
+            Signal::PerCgroup(usage) => usage.busy(gpu, dir),
+            Signal::Device(_) => Err(io::ErrorKind::Unsupported.into()),
+        }
     }
+}
 
+impl SlotKernel for Kernel {
+    fn read(&mut self, gpu: u32, cgroups: &[&Path]) -> io::Result<DeviceReading> {
+        match &mut self.signal {
+            Signal::Device(signal) => signal.read(gpu, cgroups),
+            Signal::PerCgroup(_) => Err(io::ErrorKind::Unsupported.into()),
+        }
+    }
+}
+
+impl Freezer for Kernel {
     fn set_frozen(&mut self, dir: &Path, frozen: bool) -> io::Result<()> {
         write_freeze(dir, frozen)
     }
@@ -185,7 +240,14 @@ enum Command {
     Shutdown(tokio::sync::oneshot::Sender<()>),
 }
 
-type StatsMap = Arc<Mutex<HashMap<u64, ThrottleStats>>>;
+type StatsMap = Arc<Mutex<Published>>;
+
+/// What the loop publishes every tick.
+#[derive(Debug, Default)]
+struct Published {
+    cgroups: HashMap<u64, ThrottleStats>,
+    signals: HashMap<u32, SignalHealth>,
+}
 
 /// Controls the throttle loop started by [`spawn`]. Clones control the same loop; when the last
 /// one is dropped the loop thaws everything and stops, as after [`ThrottleHandle::shutdown`].
@@ -193,6 +255,7 @@ type StatsMap = Arc<Mutex<HashMap<u64, ThrottleStats>>>;
 pub struct ThrottleHandle {
     commands: mpsc::Sender<Command>,
     stats: StatsMap,
+    mode: ThrottleMode,
 }
 
 impl ThrottleHandle {
@@ -241,7 +304,31 @@ impl ThrottleHandle {
     /// member (yet: a member shows up at the first tick after [`ThrottleHandle::set`]).
     #[must_use]
     pub fn stats(&self, key: u64) -> Option<ThrottleStats> {
-        self.stats.locked().get(&key).copied()
+        self.stats.locked().cgroups.get(&key).copied()
+    }
+
+    /// How the loop holds shares.
+    #[must_use]
+    pub fn mode(&self) -> &'static str {
+        match self.mode {
+            ThrottleMode::Slots => "slots",
+            ThrottleMode::Buckets => "buckets",
+        }
+    }
+
+    /// How each GPU's signal has behaved, as of the last tick (slots only: the bucket mode's
+    /// signal keeps its figures to itself).
+    #[must_use]
+    pub fn signals(&self) -> Vec<(u32, SignalHealth)> {
+        let mut signals: Vec<_> = self
+            .stats
+            .locked()
+            .signals
+            .iter()
+            .map(|(g, h)| (*g, *h))
+            .collect();
+        signals.sort_by_key(|(g, _)| *g);
+        signals
     }
 
     /// Stops the loop, thawing everything it froze, and waits for it.
@@ -260,7 +347,7 @@ impl ThrottleHandle {
     }
 }
 
-/// Starts the throttle loop.
+/// Starts the throttle loop, holding shares the way `signal` allows (see [`Signal`]).
 ///
 /// The loop is a dedicated thread, not a tokio task: it does blocking cgroupfs I/O every tick,
 /// and its timing (what every share is measured against) must not depend on how busy the async
@@ -268,10 +355,7 @@ impl ThrottleHandle {
 ///
 /// # Errors
 /// The configuration is invalid, or the thread can't be started.
-pub fn spawn(
-    config: ThrottleConfig,
-    usage: Box<dyn UsageSource>,
-) -> Result<ThrottleHandle, ThrottleError> {
+pub fn spawn(config: ThrottleConfig, signal: Signal) -> Result<ThrottleHandle, ThrottleError> {
     if config.tick.is_zero() || config.tick > config.period {
         return Err(ThrottleError::InvalidConfig {
             period: config.period,
@@ -280,40 +364,116 @@ pub fn spawn(
     }
     let (commands, rx) = mpsc::channel();
     let stats = StatsMap::default();
+    let (engine, mode) = match signal {
+        Signal::Device(_) => (
+            Engine::Slots(Scheduler::new(config.slots)),
+            ThrottleMode::Slots,
+        ),
+        Signal::PerCgroup(_) => (
+            Engine::Buckets(Controller::new(config.period)),
+            ThrottleMode::Buckets,
+        ),
+    };
     let looped = Loop {
-        controller: Controller::new(config.period),
-        kernel: Kernel { usage },
+        engine,
+        kernel: Kernel { signal },
         stats: Arc::clone(&stats),
     };
     std::thread::Builder::new()
         .name("gpuwarden-throttle".into())
         .spawn(move || looped.run(&rx, config.tick))
         .map_err(ThrottleError::Spawn)?;
-    Ok(ThrottleHandle { commands, stats })
+    Ok(ThrottleHandle {
+        commands,
+        stats,
+        mode,
+    })
+}
+
+/// What decides: slots or buckets.
+enum Engine {
+    Slots(Scheduler),
+    Buckets(Controller),
+}
+
+impl Engine {
+    fn set(&mut self, gpu: u32, key: u64, member: &Member) {
+        match self {
+            Self::Slots(s) => s.set(gpu, key, member),
+            Self::Buckets(c) => c.set(gpu, key, member),
+        }
+    }
+
+    fn hold(&mut self, key: u64, dir: &Path, held: bool, now: Instant, kernel: &mut Kernel) {
+        match self {
+            Self::Slots(s) => s.hold(key, dir, held, now, kernel),
+            Self::Buckets(c) => c.hold(key, dir, held, now, kernel),
+        }
+    }
+
+    fn remove(&mut self, key: u64, now: Instant, kernel: &mut Kernel) {
+        match self {
+            Self::Slots(s) => s.remove(key, now, kernel),
+            Self::Buckets(c) => c.remove(key, now, kernel),
+        }
+    }
+
+    fn tick(&mut self, now: Instant, kernel: &mut Kernel) {
+        match self {
+            Self::Slots(s) => s.tick(now, kernel),
+            Self::Buckets(c) => c.tick(now, kernel),
+        }
+    }
+
+    fn thaw_all(&mut self, now: Instant, kernel: &mut Kernel) {
+        match self {
+            Self::Slots(s) => s.thaw_all(now, kernel),
+            Self::Buckets(c) => c.thaw_all(now, kernel),
+        }
+    }
+
+    /// A moment between ticks the engine must act at (a slot's guard or end).
+    fn next_event(&self) -> Option<Instant> {
+        match self {
+            Self::Slots(s) => s.next_event(),
+            Self::Buckets(_) => None,
+        }
+    }
+
+    fn stats(&self, now: Instant) -> Vec<(u64, ThrottleStats)> {
+        match self {
+            Self::Slots(s) => s.stats(now).collect(),
+            Self::Buckets(c) => c.stats(now).collect(),
+        }
+    }
 }
 
 /// The loop's state. Dropping it thaws every member, however the loop ends (a panic included).
 struct Loop {
-    controller: Controller,
+    engine: Engine,
     kernel: Kernel,
     stats: StatsMap,
 }
 
 impl Loop {
     fn run(mut self, rx: &mpsc::Receiver<Command>, tick: Duration) {
-        let mut next = Instant::now() + tick;
+        let mut next_tick = Instant::now() + tick;
+        let mut last = Instant::now();
         loop {
+            // A slot's guard or end falls between ticks: wake for it too (once: an event the
+            // engine did not move on waits for the next regular tick).
+            let event = self.engine.next_event().filter(|at| *at > last);
+            let due = event.map_or(next_tick, |at| at.min(next_tick));
             let now = Instant::now();
-            if now < next {
-                match rx.recv_timeout(next - now) {
-                    Ok(Command::Set { gpu, key, member }) => self.controller.set(gpu, key, &member),
+            if now < due {
+                match rx.recv_timeout(due - now) {
+                    Ok(Command::Set { gpu, key, member }) => self.engine.set(gpu, key, &member),
                     Ok(Command::Hold { key, dir, held }) => {
-                        self.controller
+                        self.engine
                             .hold(key, &dir, held, Instant::now(), &mut self.kernel);
                     }
                     Ok(Command::Remove { key }) => {
-                        self.controller
-                            .remove(key, Instant::now(), &mut self.kernel);
+                        self.engine.remove(key, Instant::now(), &mut self.kernel);
                     }
                     Ok(Command::Shutdown(done)) => {
                         drop(self); // thaws
@@ -325,27 +485,45 @@ impl Loop {
                 }
                 continue;
             }
-            self.controller.tick(now, &mut self.kernel);
+            self.engine.tick(now, &mut self.kernel);
             self.publish(now);
-            next += tick;
-            if next <= now {
-                // Fell behind (a stalled machine): don't try to catch up in a burst.
-                next = now + tick;
+            last = now;
+            if now >= next_tick {
+                next_tick += tick;
+                if next_tick <= now {
+                    // Fell behind (a stalled machine): don't try to catch up in a burst.
+                    next_tick = now + tick;
+                }
             }
         }
     }
 
     fn publish(&self, now: Instant) {
+        let cgroups = self.engine.stats(now);
+        let signals: Vec<(u32, SignalHealth)> = match (&self.kernel.signal, &self.engine) {
+            (Signal::Device(signal), Engine::Slots(scheduler)) => scheduler
+                .unattributed()
+                .filter_map(|(gpu, unattributed)| {
+                    signal.health(gpu).map(|mut h| {
+                        h.unattributed = unattributed;
+                        (gpu, h)
+                    })
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         let mut stats = self.stats.locked();
-        stats.clear();
-        stats.extend(self.controller.stats(now));
+        stats.cgroups.clear();
+        stats.cgroups.extend(cgroups);
+        stats.signals.clear();
+        stats.signals.extend(signals);
     }
 }
 
 impl Drop for Loop {
     fn drop(&mut self) {
         let now = Instant::now();
-        self.controller.thaw_all(now, &mut self.kernel);
+        self.engine.thaw_all(now, &mut self.kernel);
         self.publish(now);
     }
 }

@@ -5,12 +5,17 @@ fn bad_config_and_members_are_refused() {
     let bad = ThrottleConfig {
         period: Duration::from_millis(10),
         tick: Duration::from_millis(20),
+        slots: SlotConfig::default(),
     };
     assert!(matches!(
-        spawn(bad, Box::new(CpuTimeUsage)),
+        spawn(bad, Signal::PerCgroup(Box::new(CpuTimeUsage))),
         Err(ThrottleError::InvalidConfig { .. })
     ));
-    let throttle = spawn(ThrottleConfig::default(), Box::new(CpuTimeUsage)).unwrap();
+    let throttle = spawn(
+        ThrottleConfig::default(),
+        Signal::PerCgroup(Box::new(CpuTimeUsage)),
+    )
+    .unwrap();
     let member = |dir: &str, share_ppm| Member {
         cgroup_dir: dir.into(),
         share_ppm,
@@ -32,7 +37,11 @@ fn bad_config_and_members_are_refused() {
 
 #[tokio::test]
 async fn a_vanished_directory_does_not_stop_the_loop() {
-    let throttle = spawn(ThrottleConfig::default(), Box::new(CpuTimeUsage)).unwrap();
+    let throttle = spawn(
+        ThrottleConfig::default(),
+        Signal::PerCgroup(Box::new(CpuTimeUsage)),
+    )
+    .unwrap();
     throttle
         .set(
             0,

@@ -1,5 +1,6 @@
 //! Where the throttle's usage signal comes from.
 
+pub mod device;
 pub mod sampled;
 
 use std::{
@@ -41,6 +42,79 @@ pub trait UsageSource: Send {
     fn busy(&mut self, gpu: u32, cgroup_dir: &Path) -> io::Result<Usage>;
 }
 
+/// A span of one GPU's time and how much of it the GPU was busy, whoever ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BusyInterval {
+    /// Where the span starts.
+    pub start: Instant,
+    /// Where it ends (after `start`).
+    pub end: Instant,
+    /// Busy time within it (at most `end − start`).
+    pub busy: Duration,
+}
+
+/// What a [`DeviceSignal`] read of one GPU brings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceReading {
+    /// Spans of the GPU's time closed since the last read, oldest first, not overlapping.
+    pub intervals: Vec<BusyInterval>,
+    /// For each cgroup the read was asked about, in order: whether its processes showed GPU
+    /// activity in those spans (per-process samples, or the cgroup's own CPU time).
+    pub active: Vec<bool>,
+    /// Indices of the cgroups asked about that no longer exist.
+    pub gone: Vec<usize>,
+    /// When the signal is expected to close its next span (the driver's sample phase), where the
+    /// signal has a rhythm of its own; `None` where the reader sets it (GPM, CPU time).
+    pub next_close: Option<Instant>,
+    /// The signal's usual span (the driver's sample period), once known.
+    pub period: Option<Duration>,
+}
+
+/// How a GPU's signal has behaved: what the loop sees, exported for operators.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SignalHealth {
+    /// The usual span between two samples (median of the recent ones).
+    pub period: Option<Duration>,
+    /// How far recent spans stray from `period` (the largest recent deviation).
+    pub jitter: Option<Duration>,
+    /// Samples read: device spans closed so far.
+    pub samples: u64,
+    /// Samples that arrived for time already closed (late or duplicate).
+    pub late_samples: u64,
+    /// Spans longer than twice the period (samples lost), counted once each.
+    pub gaps: u64,
+    /// GPU busy time that fell in no one's slot (filled in by the throttle).
+    pub unattributed: Duration,
+}
+
+/// The GPU's own busy time, whoever ran: the signal of the exclusive-slot throttle, which knows
+/// who held each slot and so needs no per-process split.
+///
+/// On real GPUs it is NVML's device utilization samples (with process samples only to tell which
+/// cgroups are active); [`CpuTimeSignal`] stands in for it with mock devices.
+pub trait DeviceSignal: Send {
+    /// Spans of `gpu`'s busy time closed since the last read, and which of `cgroups` (cgroup v2
+    /// directories) were active in them.
+    ///
+    /// # Errors
+    /// The signal can't be read at all (a cgroup that is gone is reported in
+    /// [`DeviceReading::gone`], not as an error).
+    fn read(&mut self, gpu: u32, cgroups: &[&Path]) -> io::Result<DeviceReading>;
+
+    /// How `gpu`'s signal has behaved so far; `None` before its first read.
+    fn health(&self, gpu: u32) -> Option<SignalHealth>;
+}
+
+/// The slot throttle's signal for `backend`'s GPUs: the driver's device samples where the backend
+/// has them (NVML), the CPU-time stand-in otherwise (mock devices).
+#[must_use]
+pub fn device_signal_for(backend: &dyn GpuBackend, cgroup_root: &Path) -> Box<dyn DeviceSignal> {
+    match backend.sample_driver(cgroup_root) {
+        Some(driver) => Box::new(device::SampledDevice::new(driver)),
+        None => Box::new(CpuTimeSignal::default()),
+    }
+}
+
 /// The usage signal for `backend`'s GPUs, a source of its own for each reader (sources keep
 /// per-reader state): the driver's samples apportioned by process activity where the backend has
 /// them (NVML), the CPU-time stand-in otherwise (mock devices).
@@ -74,6 +148,73 @@ impl UsageSource for CpuTimeUsage {
                 )
             })?;
         Ok(Usage { busy, until })
+    }
+}
+
+/// The device signal's stand-in with mock devices: a GPU's busy time is the CPU time of the
+/// cgroups asked about (`usage_usec` in their `cpu.stat`), one CPU counted as one GPU, in spans
+/// from one read to the next. Like [`CpuTimeUsage`], it tests the mechanism and says nothing about
+/// a real GPU.
+#[derive(Debug, Default)]
+pub struct CpuTimeSignal {
+    gpus: std::collections::HashMap<u32, CpuGpu>,
+}
+
+#[derive(Debug, Default)]
+struct CpuGpu {
+    last: Option<Instant>,
+    usage: std::collections::HashMap<std::path::PathBuf, Duration>,
+    health: SignalHealth,
+}
+
+/// A cgroup counts as active when it ran at least this fraction of a span.
+const CPU_ACTIVE_FRACTION: f64 = 0.01;
+
+impl DeviceSignal for CpuTimeSignal {
+    fn read(&mut self, gpu: u32, cgroups: &[&Path]) -> io::Result<DeviceReading> {
+        let state = self.gpus.entry(gpu).or_default();
+        let now = Instant::now();
+        let mut reading = DeviceReading {
+            active: vec![false; cgroups.len()],
+            ..DeviceReading::default()
+        };
+        let mut busy = Duration::ZERO;
+        let mut seen = std::collections::HashMap::new();
+        let span = state.last.map(|last| now.saturating_duration_since(last));
+        for (i, dir) in cgroups.iter().enumerate() {
+            let usage = match CpuTimeUsage.busy(gpu, dir) {
+                Ok(u) => u.busy,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    reading.gone.push(i);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let before = state.usage.get(*dir).copied();
+            seen.insert(dir.to_path_buf(), usage);
+            if let (Some(before), Some(span)) = (before, span) {
+                let used = usage.saturating_sub(before);
+                busy += used;
+                reading.active[i] = used.as_secs_f64() >= CPU_ACTIVE_FRACTION * span.as_secs_f64();
+            }
+        }
+        state.usage = seen;
+        if let (Some(start), Some(span)) = (state.last, span)
+            && !span.is_zero()
+        {
+            reading.intervals.push(BusyInterval {
+                start,
+                end: now,
+                busy: busy.min(span),
+            });
+            state.health.samples += 1;
+        }
+        state.last = Some(now);
+        Ok(reading)
+    }
+
+    fn health(&self, gpu: u32) -> Option<SignalHealth> {
+        self.gpus.get(&gpu).map(|g| g.health)
     }
 }
 

@@ -236,6 +236,8 @@ mod tests {
                     frozen: false,
                     achieved: Some(achieved),
                     deviation: None,
+                    gpu_time_ms: 0,
+                    ledger_ms: None,
                 }),
                 ..Container::default()
             }],

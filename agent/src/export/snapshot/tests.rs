@@ -51,6 +51,8 @@ fn throttled(running_fraction: f64) -> ThrottleStats {
         throttled: Duration::from_millis(1500),
         frozen: true,
         running_fraction,
+        gpu_time: Duration::from_millis(2500),
+        balance: Some(-0.02),
     }
 }
 
@@ -101,6 +103,7 @@ fn without_nvml_a_gpu_is_as_busy_as_its_throttled_members_clamped_to_one() {
         bindings: vec![a, b, memory_only],
         history: vec![],
         suppressed_events: 0,
+        ..Standing::default()
     };
     let gpus = gpu_utilization(&[0, 1, 2], None, &standing);
     let busy: Vec<_> = gpus.iter().map(|g| g.utilization).collect();
@@ -127,6 +130,7 @@ fn a_member_cgroup_carries_its_quota_enforcement_and_only_its_sessions_events() 
             record("s1", "bound"),
         ],
         suppressed_events: 0,
+        ..Standing::default()
     };
     let workload = parse_cgroup_path("/system.slice/job.service");
     let totals = CgroupCounters {
@@ -158,6 +162,8 @@ fn a_member_cgroup_carries_its_quota_enforcement_and_only_its_sessions_events() 
     assert_eq!(enforcement.tier, "tracepoint");
     assert_eq!((enforcement.actions, enforcement.denied_opens), (3, 2));
     assert_eq!(enforcement.throttled_ms, 1500);
+    assert_eq!(enforcement.gpu_time_ms, 2500);
+    assert_eq!(enforcement.ledger_ms, Some(-20));
     assert!(enforcement.frozen);
     let actions: Vec<_> = c.events.iter().map(|e| e.action.as_str()).collect();
     assert_eq!(actions, ["stop", "bound"]);
@@ -169,6 +175,7 @@ fn a_cgroup_outside_every_binding_has_no_quota_and_a_vanished_one_says_so() {
         bindings: vec![binding("s1", &[(0, 500_000, GIB)], 42)],
         history: vec![record("s1", "stop")],
         suppressed_events: 0,
+        ..Standing::default()
     };
     let mut c = container(99, None, CgroupCounters::default());
     add_quota(&mut c, &standing, "tracepoint");

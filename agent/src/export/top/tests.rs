@@ -66,6 +66,8 @@ fn renders_one_row_per_device_with_totals() {
                 frozen: false,
                 achieved: Some(0.31),
                 deviation: None,
+                gpu_time_ms: 0,
+                ledger_ms: None,
             }),
             xid_errors: BTreeMap::new(),
             events: vec![],
@@ -95,6 +97,8 @@ fn renders_one_row_per_device_with_totals() {
         gpus: vec![],
         kubelet: None,
         accuracy: vec![],
+        throttle_mode: None,
+        throttle_signals: vec![],
     };
     let table = render(&snapshot);
     let lines: Vec<&str> = table.lines().collect();

@@ -4,9 +4,11 @@
     reason = "each test binary includes this module and uses a different part of it"
 )]
 
-use std::path::Path;
+use std::{path::Path, sync::Weak};
 
-use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig, server};
+use gpuwarden_controller::{
+    api::Timing, controller::Controller, scheduler::SchedulerConfig, server,
+};
 
 /// Starts a controller with its store under `scratch` on a runtime of its own; returns the
 /// runtime (dropping it stops the controller) and the controller's URL.
@@ -29,6 +31,46 @@ pub fn start_controller_scheduling(
     security: server::Security,
     config: SchedulerConfig,
 ) -> (tokio::runtime::Runtime, String) {
+    let (rt, url, _) = start(scratch, security, config);
+    (rt, url)
+}
+
+/// [`start_controller`], with the controller itself, held weakly (the runtime owns it), for
+/// [`wait_passes`].
+pub fn start_controller_held(
+    scratch: &Path,
+) -> (tokio::runtime::Runtime, String, Weak<Controller>) {
+    start(
+        scratch,
+        server::Transport::PlainText.into(),
+        SchedulerConfig::default(),
+    )
+}
+
+/// Waits until `controller` has run `n` more scheduling passes that had a session to try (every
+/// pass tries each pending session): a state that lasts over them lasted over passes, not over
+/// a guessed time.
+pub fn wait_passes(controller: &Weak<Controller>, n: u64) {
+    let count = || {
+        controller
+            .upgrade()
+            .expect("the controller runs")
+            .pass_times()
+            .0
+    };
+    let target = count() + n;
+    gpuwarden_test_support::wait::until(
+        &format!("{n} scheduling passes"),
+        gpuwarden_test_support::wait::PATIENCE,
+        || count() >= target,
+    );
+}
+
+fn start(
+    scratch: &Path,
+    security: server::Security,
+    config: SchedulerConfig,
+) -> (tokio::runtime::Runtime, String, Weak<Controller>) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -50,6 +92,7 @@ pub fn start_controller_scheduling(
         "http"
     };
     let url = format!("{scheme}://{}", listener.local_addr().expect("bound"));
+    let held = std::sync::Arc::downgrade(&controller);
     rt.spawn(server::serve_with(
         controller,
         listener,
@@ -57,7 +100,7 @@ pub fn start_controller_scheduling(
         None,
         std::future::pending::<()>(),
     ));
-    (rt, url)
+    (rt, url, held)
 }
 
 /// Runs the `gpuwarden` CLI against the controller at `url`: its exit code, stdout and stderr.

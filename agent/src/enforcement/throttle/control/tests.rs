@@ -4,6 +4,8 @@
     reason = "Shares written as fractions in [0, 1]"
 )]
 
+use std::path::PathBuf;
+
 use super::*;
 
 const TICK: Duration = Duration::from_millis(10);
@@ -65,7 +67,9 @@ impl Cgroups for Fake {
             }),
         }
     }
+}
 
+impl Freezer for Fake {
     fn set_frozen(&mut self, dir: &Path, frozen: bool) -> io::Result<()> {
         let c = self.cgroups.get_mut(dir).ok_or(io::ErrorKind::NotFound)?;
         c.frozen = frozen;

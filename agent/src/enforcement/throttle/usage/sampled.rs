@@ -484,7 +484,7 @@ impl<D: SampleDriver> UsageSource for SampledSource<D> {
 
 /// Device samples made from process samples, for GPUs without device utilization samples: one
 /// per timestamp, busy the sum of its processes' SM utilization (at most 100 %).
-fn device_from_processes(processes: &[ProcessSample]) -> Vec<DeviceSample> {
+pub(crate) fn device_from_processes(processes: &[ProcessSample]) -> Vec<DeviceSample> {
     let mut by_ts: BTreeMap<u64, u32> = BTreeMap::new();
     for p in processes {
         let util = by_ts.entry(p.timestamp_us).or_default();

@@ -1,0 +1,635 @@
+//! Exclusive slots: each GPU's time is cut into slots, and in each slot at most one bound cgroup
+//! per GPU is thawed. The GPU's own busy time in a slot then belongs to that slot's holder, so
+//! nothing is apportioned by per-process samples.
+//!
+//! - **Boundaries** fall where the signal closes its spans: with NVML's device samples, a guard's
+//!   half after each predicted sample, so that a sample's span holds one slot's work; with a
+//!   signal the agent reads when it likes (GPM, the CPU-time stand-in), every
+//!   [`SlotConfig::slot`].
+//! - **Guard.** A holder whose next slot is another's is frozen [`SlotConfig::guard`] before its
+//!   slot ends, so that the work it queued drains inside its own slot (a GPU runs what was
+//!   submitted after the process is frozen). A holder that keeps the next slot is not frozen.
+//! - **A ledger, not gains.** Per cgroup and GPU, `entitled × elapsed − used`: a slot is charged
+//!   its whole length when it starts (the signal trails by a sample period or more), and the
+//!   difference to the measured busy time is settled once the signal has covered the slot. The
+//!   next slot goes to the cgroup furthest behind (stride scheduling) among those that are owed
+//!   time. Credit is capped at one slot, so idle time banks no burst; debt at ten.
+//! - **Policies.** `hard` leaves a slot idle when nobody is owed one; `work-conserving` passes it
+//!   to a cgroup that is not owed, uncharged.
+//! - **Idle cgroups cost nothing.** A cgroup whose slot showed it (almost) idle is left thawed
+//!   and given no slots until its processes show activity again (the signal's per-process
+//!   samples, or its own CPU time), when it rejoins with an empty ledger.
+//! - **Several GPUs.** One slot clock for the node: a cgroup bound on several GPUs holds slots on
+//!   all of them at once, or none.
+//!
+//! Pure like `control.rs`: time is passed in, the signal and the freezer come through
+//! [`SlotKernel`], so tests drive it on a model GPU in simulated time.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
+    io,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use super::{
+    ComputePolicy, DeviceReading, Member, ThrottleStats,
+    freezer::{Cgroup, Freezer},
+};
+
+/// The kernel side of the slot throttle: the GPU's busy time and the cgroups' freezers.
+pub(crate) trait SlotKernel: Freezer {
+    /// See [`super::DeviceSignal::read`].
+    fn read(&mut self, gpu: u32, cgroups: &[&Path]) -> io::Result<DeviceReading>;
+}
+
+/// How slots are cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotConfig {
+    /// A slot's length where the signal has no rhythm of its own; where it has one, a slot is
+    /// the whole number of its periods nearest this.
+    pub slot: Duration,
+    /// How long before its slot ends a holder whose next slot is another's is frozen.
+    pub guard: Duration,
+}
+
+impl Default for SlotConfig {
+    /// 120 ms slots, a 3 ms guard (2.5 % of a slot at a switch).
+    fn default() -> Self {
+        Self {
+            slot: Duration::from_millis(120),
+            guard: Duration::from_millis(3),
+        }
+    }
+}
+
+/// A holder whose slot showed less than this fraction of it busy is idle.
+const IDLE_FRACTION: f64 = 0.05;
+
+/// Credit is capped at this many slots, debt at [`MAX_DEBT_SLOTS`].
+const MAX_CREDIT_SLOTS: u32 = 1;
+const MAX_DEBT_SLOTS: u32 = 10;
+
+/// A slot the signal has not covered this long after it ended is settled with what was measured.
+const SETTLE_AFTER: Duration = Duration::from_secs(1);
+
+/// The shortest slot, whatever the signal's period.
+const MIN_SLOT: Duration = Duration::from_millis(20);
+
+const PPM: i128 = 1_000_000;
+
+/// One cgroup's ledger on one GPU.
+#[derive(Debug)]
+struct Account {
+    share_ppm: u32,
+    policy: ComputePolicy,
+    /// Entitled minus used, in nanoseconds; positive is time owed to the cgroup.
+    balance: i64,
+    /// Entitlement counted up to here.
+    accrued_to: Option<Instant>,
+    /// Takes part in the slots; an idle cgroup is left thawed instead.
+    active: bool,
+    /// Busy time measured in its slots (charged or not).
+    gpu_time: Duration,
+    /// Its recent fraction of the GPU's time (an exponential average over about a second).
+    recent: f64,
+}
+
+impl Account {
+    fn new(member: &Member) -> Self {
+        Self {
+            share_ppm: member.share_ppm,
+            policy: member.policy,
+            balance: 0,
+            accrued_to: None,
+            active: true,
+            gpu_time: Duration::ZERO,
+            recent: 0.0,
+        }
+    }
+
+    fn of_share(&self, d: Duration) -> i64 {
+        let ns =
+            i128::try_from(d.as_nanos()).unwrap_or(i128::MAX) * i128::from(self.share_ppm) / PPM;
+        i64::try_from(ns).unwrap_or(i64::MAX)
+    }
+
+    fn accrue(&mut self, now: Instant, slot: Duration) {
+        if let Some(from) = self.accrued_to {
+            let earned = self.of_share(now.saturating_duration_since(from));
+            self.balance = self.balance.saturating_add(earned);
+        }
+        self.accrued_to = Some(now);
+        self.clamp(slot);
+    }
+
+    fn clamp(&mut self, slot: Duration) {
+        let ns = |n: u32| i64::try_from((slot * n).as_nanos()).unwrap_or(i64::MAX);
+        self.balance = self
+            .balance
+            .clamp(-ns(MAX_DEBT_SLOTS), ns(MAX_CREDIT_SLOTS));
+    }
+}
+
+/// Who held one GPU from `start` to `end`, and what the signal measured of it.
+#[derive(Debug)]
+struct Window {
+    start: Instant,
+    /// `None` while it lasts.
+    end: Option<Instant>,
+    holder: Option<u64>,
+    /// Charged to the holder's ledger (not a work-conserving gift).
+    charged: bool,
+    /// What was charged when it started.
+    estimate: Duration,
+    measured: Duration,
+}
+
+/// One GPU: its members' ledgers and the slots not yet settled.
+#[derive(Debug, Default)]
+struct Gpu {
+    accounts: BTreeMap<u64, Account>,
+    windows: VecDeque<Window>,
+    /// The signal has closed the GPU's time up to here.
+    covered: Option<Instant>,
+    /// Busy time in no one's slot (before the first slot, in idle slots, past a slot's settling).
+    unattributed: Duration,
+}
+
+impl Gpu {
+    /// Splits a span's busy time among the held slots it overlaps, in proportion to the overlap
+    /// and at most the overlap each (a slot that lines up with the signal's spans, a guard's gap
+    /// on either side, gets its span whole); what no held slot can take is unattributed.
+    fn attribute(&mut self, start: Instant, end: Instant, busy: Duration) {
+        let span = end.saturating_duration_since(start);
+        if span.is_zero() {
+            return;
+        }
+        let overlap = |w: &Window| {
+            let from = w.start.max(start);
+            let to = w.end.map_or(end, |e| e.min(end));
+            to.saturating_duration_since(from)
+        };
+        let held: Vec<(usize, Duration)> = self
+            .windows
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.holder.is_some_and(|h| self.accounts.contains_key(&h)))
+            .map(|(i, w)| (i, overlap(w)))
+            .filter(|(_, ov)| !ov.is_zero())
+            .collect();
+        let total: Duration = held.iter().map(|(_, ov)| *ov).sum();
+        let mut given = Duration::ZERO;
+        let mut parts: BTreeMap<u64, Duration> = BTreeMap::new();
+        for (i, ov) in held {
+            let part = busy.mul_f64(ov.as_secs_f64() / total.as_secs_f64()).min(ov);
+            let w = &mut self.windows[i];
+            w.measured += part;
+            given += part;
+            if let Some(holder) = w.holder {
+                *parts.entry(holder).or_default() += part;
+            }
+        }
+        let alpha = 1.0 - (-span.as_secs_f64()).exp();
+        for (key, account) in &mut self.accounts {
+            let part = parts.get(key).copied().unwrap_or_default();
+            account.gpu_time += part;
+            account.recent += alpha * (part.as_secs_f64() / span.as_secs_f64() - account.recent);
+        }
+        self.unattributed += busy.saturating_sub(given);
+        self.covered = Some(self.covered.map_or(end, |c| c.max(end)));
+    }
+
+    /// Settles the slots the signal has covered (or given up on): the ledger is corrected from
+    /// the estimate to what was measured, and a holder that hardly used its slot turns idle.
+    fn settle(&mut self, now: Instant, slot: Duration) {
+        while let Some(w) = self.windows.front() {
+            let Some(end) = w.end else { break };
+            let covered = self.covered.is_some_and(|c| c >= end);
+            if !covered && now.saturating_duration_since(end) < SETTLE_AFTER {
+                break;
+            }
+            let Some(w) = self.windows.pop_front() else {
+                break;
+            };
+            let Some(account) = w.holder.and_then(|h| self.accounts.get_mut(&h)) else {
+                continue;
+            };
+            if w.charged {
+                let back = i64::try_from(w.estimate.as_nanos()).unwrap_or(i64::MAX)
+                    - i64::try_from(w.measured.as_nanos()).unwrap_or(i64::MAX);
+                account.balance = account.balance.saturating_add(back);
+                account.clamp(slot);
+            }
+            let length = end.saturating_duration_since(w.start);
+            if w.measured.as_secs_f64() < IDLE_FRACTION * length.as_secs_f64() {
+                account.active = false;
+                account.balance = account.balance.min(0);
+            }
+        }
+    }
+}
+
+/// Every bound cgroup, its GPUs' slots and what the throttle has done to it.
+#[derive(Debug)]
+pub(crate) struct Scheduler {
+    config: SlotConfig,
+    gpus: BTreeMap<u32, Gpu>,
+    cgroups: HashMap<u64, Cgroup>,
+    /// When the current slot ends; `None` before the first.
+    slot_end: Option<Instant>,
+    /// The current slot's holders, charged or not.
+    holders: BTreeSet<u64>,
+    /// The next slot's holders (GPU → holder, charged), once decided at the guard.
+    next: Option<BTreeMap<u32, (u64, bool)>>,
+    /// The signal's rhythm (next close, period) from the first GPU that has one.
+    rhythm: Option<(Instant, Duration)>,
+}
+
+impl Scheduler {
+    pub(crate) fn new(config: SlotConfig) -> Self {
+        Self {
+            config,
+            gpus: BTreeMap::new(),
+            cgroups: HashMap::new(),
+            slot_end: None,
+            holders: BTreeSet::new(),
+            next: None,
+            rhythm: None,
+        }
+    }
+
+    /// Adds `key` to `gpu`, or updates its share and policy there (keeping its ledger).
+    pub(crate) fn set(&mut self, gpu: u32, key: u64, member: &Member) {
+        let cgroup = self
+            .cgroups
+            .entry(key)
+            .or_insert_with(|| Cgroup::new(member.cgroup_dir.clone()));
+        if cgroup.dir != member.cgroup_dir {
+            cgroup.dir.clone_from(&member.cgroup_dir);
+            cgroup.frozen = None;
+            cgroup.warned = false;
+        }
+        self.gpus
+            .entry(gpu)
+            .or_default()
+            .accounts
+            .entry(key)
+            .and_modify(|a| {
+                a.share_ppm = member.share_ppm;
+                a.policy = member.policy;
+            })
+            .or_insert_with(|| Account::new(member));
+    }
+
+    /// Holds cgroup `key` frozen whatever its slots, or lets them decide again.
+    pub(crate) fn hold(
+        &mut self,
+        key: u64,
+        dir: &Path,
+        held: bool,
+        now: Instant,
+        sys: &mut dyn Freezer,
+    ) {
+        let cgroup = self
+            .cgroups
+            .entry(key)
+            .or_insert_with(|| Cgroup::new(dir.to_owned()));
+        cgroup.held = held;
+        let frozen = held || self.wants_frozen(key, now);
+        if let Some(cgroup) = self.cgroups.get_mut(&key)
+            && cgroup.apply(now, frozen, sys).is_err()
+        {
+            self.cgroups.remove(&key);
+            self.forget(key);
+        }
+    }
+
+    /// Drops `key` from every GPU and thaws it.
+    pub(crate) fn remove(&mut self, key: u64, now: Instant, sys: &mut dyn Freezer) {
+        self.forget(key);
+        if let Some(mut cgroup) = self.cgroups.remove(&key) {
+            cgroup.frozen = None;
+            let _ = cgroup.apply(now, false, sys);
+        }
+    }
+
+    /// Thaws every cgroup (on shutdown).
+    pub(crate) fn thaw_all(&mut self, now: Instant, sys: &mut dyn Freezer) {
+        for cgroup in self.cgroups.values_mut() {
+            if cgroup.frozen != Some(false) {
+                cgroup.frozen = None;
+                let _ = cgroup.apply(now, false, sys);
+            }
+        }
+    }
+
+    fn forget(&mut self, key: u64) {
+        for gpu in self.gpus.values_mut() {
+            gpu.accounts.remove(&key);
+        }
+        self.gpus
+            .retain(|_, gpu| !gpu.accounts.is_empty() || !gpu.windows.is_empty());
+        self.holders.remove(&key);
+        if let Some(next) = &mut self.next {
+            next.retain(|_, (holder, _)| *holder != key);
+        }
+    }
+
+    /// When the loop must act next (the guard, or the slot's end), beyond its regular ticks.
+    pub(crate) fn next_event(&self) -> Option<Instant> {
+        let end = self.slot_end?;
+        Some(if self.next.is_none() {
+            end.checked_sub(self.config.guard).unwrap_or(end)
+        } else {
+            end
+        })
+    }
+
+    /// Reads the signal, settles the ledger, moves to the next slot when one is due, and
+    /// freezes or thaws each cgroup accordingly.
+    pub(crate) fn tick(&mut self, now: Instant, sys: &mut dyn SlotKernel) {
+        let gone = self.measure(now, sys);
+        for key in gone {
+            if let Some(cgroup) = self.cgroups.remove(&key) {
+                tracing::debug!(cgroup = %cgroup.dir.display(), key, "throttle: cgroup is gone; dropped");
+            }
+            self.forget(key);
+        }
+        let slot = self.slot_length();
+        for gpu in self.gpus.values_mut() {
+            for account in gpu.accounts.values_mut() {
+                account.accrue(now, slot);
+            }
+            gpu.settle(now, slot);
+        }
+        match self.slot_end {
+            None => self.start_slot(now),
+            Some(end) => {
+                if self.next.is_none() && now + self.config.guard >= end {
+                    self.next = Some(self.choose());
+                }
+                if now >= end {
+                    self.start_slot(now);
+                }
+            }
+        }
+        self.apply_all(now, sys);
+    }
+
+    /// Reads every GPU's signal into its slots; returns the cgroups that are gone.
+    fn measure(&mut self, now: Instant, sys: &mut dyn SlotKernel) -> Vec<u64> {
+        let mut gone = Vec::new();
+        let mut rhythm = None;
+        for (&gpu, state) in &mut self.gpus {
+            let keys: Vec<u64> = state.accounts.keys().copied().collect();
+            let dirs: Vec<&Path> = keys
+                .iter()
+                .filter_map(|k| self.cgroups.get(k).map(|c| c.dir.as_path()))
+                .collect();
+            if dirs.len() != keys.len() {
+                continue;
+            }
+            let reading = match sys.read(gpu, &dirs) {
+                Ok(reading) => reading,
+                Err(e) => {
+                    if let Some(cgroup) = keys.first().and_then(|k| self.cgroups.get_mut(k)) {
+                        cgroup.warn_once("reading the GPU's busy time", &e);
+                    }
+                    continue;
+                }
+            };
+            gone.extend(reading.gone.iter().filter_map(|&i| keys.get(i)));
+            for interval in &reading.intervals {
+                state.attribute(interval.start, interval.end, interval.busy);
+            }
+            for (key, active) in keys.iter().zip(&reading.active) {
+                if let Some(account) = state.accounts.get_mut(key)
+                    && *active
+                    && !account.active
+                {
+                    // Back from idle: it rejoins the slots with an empty ledger.
+                    account.active = true;
+                    account.balance = 0;
+                    account.accrued_to = Some(now);
+                }
+            }
+            if rhythm.is_none() {
+                rhythm = reading.next_close.zip(reading.period);
+            }
+        }
+        if rhythm.is_some() {
+            self.rhythm = rhythm;
+        }
+        gone
+    }
+
+    /// The signal's rhythm, where slots follow it: a period not much longer than a slot (a
+    /// slower signal would make slots too coarse for small shares; slots then split its spans by
+    /// overlap).
+    fn aligned_rhythm(&self) -> Option<(Instant, Duration)> {
+        self.rhythm.filter(|(_, p)| {
+            !p.is_zero() && p.as_secs_f64() <= 1.5 * self.config.slot.as_secs_f64()
+        })
+    }
+
+    /// A slot's length: the whole number of the signal's periods nearest the configured slot,
+    /// or the configured slot.
+    fn slot_length(&self) -> Duration {
+        match self.aligned_rhythm() {
+            Some((_, period)) => {
+                let n = (self.config.slot.as_secs_f64() / period.as_secs_f64())
+                    .round()
+                    .max(1.0);
+                period.mul_f64(n).max(MIN_SLOT)
+            }
+            None => self.config.slot,
+        }
+    }
+
+    /// Where the slot starting at `start` ends: a guard's half after the signal's close nearest
+    /// a slot's length from `start`, or a slot's length from `start`.
+    fn slot_end_after(&self, start: Instant) -> Instant {
+        let slot = self.slot_length();
+        let Some((close, period)) = self.aligned_rhythm() else {
+            return start + slot;
+        };
+        let half = self.config.guard / 2;
+        let target = start + slot;
+        // Closes are `close + n × period` (n may be negative when the reading is old).
+        let offset = target.saturating_duration_since(close).as_secs_f64()
+            - close.saturating_duration_since(target).as_secs_f64();
+        let n = (offset / period.as_secs_f64()).round();
+        let nearest = if n >= 0.0 {
+            close + period.mul_f64(n)
+        } else {
+            close.checked_sub(period.mul_f64(-n)).unwrap_or(close)
+        };
+        let end = nearest + half;
+        if end <= start + MIN_SLOT {
+            end + period
+        } else {
+            end
+        }
+    }
+
+    /// The next slot's holders: the cgroups furthest behind that are owed time, each on all its
+    /// GPUs; then, on GPUs left free, work-conserving cgroups uncharged.
+    fn choose(&self) -> BTreeMap<u32, (u64, bool)> {
+        // A cgroup's standing is its least-owed GPU's balance: `hard` exceeds on none.
+        let mut standing: BTreeMap<u64, (i64, Vec<u32>, bool)> = BTreeMap::new();
+        for (&gpu, state) in &self.gpus {
+            for (&key, account) in &state.accounts {
+                let entry = standing.entry(key).or_insert((i64::MAX, Vec::new(), true));
+                entry.0 = entry.0.min(if account.active {
+                    account.balance
+                } else {
+                    i64::MIN
+                });
+                entry.1.push(gpu);
+                entry.2 &= account.policy == ComputePolicy::WorkConserving;
+            }
+        }
+        let mut order: Vec<(u64, i64, Vec<u32>, bool)> = standing
+            .into_iter()
+            .filter(|(key, (balance, _, _))| {
+                *balance > i64::MIN && self.cgroups.get(key).is_some_and(|c| !c.held)
+            })
+            .map(|(key, (balance, gpus, wc))| (key, balance, gpus, wc))
+            .collect();
+        order.sort_by_key(|(key, balance, _, _)| (std::cmp::Reverse(*balance), *key));
+        let mut chosen: BTreeMap<u32, (u64, bool)> = BTreeMap::new();
+        for charged in [true, false] {
+            for (key, balance, gpus, wc) in &order {
+                let eligible = if charged { *balance > 0 } else { *wc };
+                if !eligible
+                    || gpus.iter().any(|g| chosen.contains_key(g))
+                    || chosen.values().any(|(k, _)| k == key)
+                {
+                    continue;
+                }
+                for gpu in gpus {
+                    chosen.insert(*gpu, (*key, charged));
+                }
+            }
+        }
+        chosen
+    }
+
+    /// Ends the current slot and starts the next at `now` (deciding it now if the guard did not).
+    fn start_slot(&mut self, now: Instant) {
+        let at = now;
+        let next = match self.next.take() {
+            Some(next) => next,
+            None => self.choose(),
+        };
+        let end = self.slot_end_after(at);
+        let slot = end.saturating_duration_since(at);
+        for (&gpu, state) in &mut self.gpus {
+            if let Some(w) = state.windows.back_mut()
+                && w.end.is_none()
+            {
+                w.end = Some(at);
+            }
+            let (holder, charged) = match next.get(&gpu) {
+                Some(&(key, charged)) => (Some(key), charged),
+                None => (None, false),
+            };
+            if charged && let Some(account) = holder.and_then(|k| state.accounts.get_mut(&k)) {
+                account.accrue(now, slot);
+                account.balance = account
+                    .balance
+                    .saturating_sub(i64::try_from(slot.as_nanos()).unwrap_or(i64::MAX));
+            }
+            state.windows.push_back(Window {
+                start: at,
+                end: None,
+                holder,
+                charged,
+                estimate: if charged { slot } else { Duration::ZERO },
+                measured: Duration::ZERO,
+            });
+        }
+        self.holders = next.values().map(|(k, _)| *k).collect();
+        self.slot_end = Some(end);
+    }
+
+    /// Whether cgroup `key` should be frozen now.
+    fn wants_frozen(&self, key: u64, now: Instant) -> bool {
+        let mut member = false;
+        let mut active = false;
+        for gpu in self.gpus.values() {
+            if let Some(account) = gpu.accounts.get(&key) {
+                member = true;
+                active |= account.active;
+            }
+        }
+        if !member || !active {
+            // Not regulated, or idle on every GPU: idle costs the others nothing thawed.
+            return false;
+        }
+        if !self.holders.contains(&key) {
+            return true;
+        }
+        // A holder whose next slot is another's stops at the guard.
+        match (&self.next, self.slot_end) {
+            (Some(next), Some(end)) => {
+                now + self.config.guard >= end && !next.values().any(|(k, _)| *k == key)
+            }
+            _ => false,
+        }
+    }
+
+    fn apply_all(&mut self, now: Instant, sys: &mut dyn Freezer) {
+        let keys: Vec<u64> = self.cgroups.keys().copied().collect();
+        let mut gone = Vec::new();
+        for key in keys {
+            let frozen = self.wants_frozen(key, now);
+            if let Some(cgroup) = self.cgroups.get_mut(&key) {
+                let frozen = frozen || cgroup.held;
+                if cgroup.apply(now, frozen, sys).is_err() {
+                    gone.push(key);
+                }
+            }
+        }
+        for key in gone {
+            self.cgroups.remove(&key);
+            self.forget(key);
+        }
+    }
+
+    /// What the throttle knows of each cgroup, at `now`.
+    pub(crate) fn stats(&self, now: Instant) -> impl Iterator<Item = (u64, ThrottleStats)> + '_ {
+        self.cgroups.iter().map(move |(&key, cgroup)| {
+            let accounts: Vec<&Account> = self
+                .gpus
+                .values()
+                .filter_map(|gpu| gpu.accounts.get(&key))
+                .collect();
+            let stats = ThrottleStats {
+                throttled: cgroup.throttled(now),
+                frozen: cgroup.frozen == Some(true),
+                running_fraction: accounts.iter().map(|a| a.recent).fold(0.0, f64::max),
+                gpu_time: accounts.iter().map(|a| a.gpu_time).sum(),
+                balance: accounts.iter().map(|a| a.balance).min().map(seconds),
+            };
+            (key, stats)
+        })
+    }
+
+    /// Busy time of each GPU that fell in no one's slot.
+    pub(crate) fn unattributed(&self) -> impl Iterator<Item = (u32, Duration)> + '_ {
+        self.gpus
+            .iter()
+            .map(|(&gpu, state)| (gpu, state.unattributed))
+    }
+}
+
+/// `ns` nanoseconds as signed seconds.
+fn seconds(ns: i64) -> f64 {
+    let magnitude = Duration::from_nanos(ns.unsigned_abs()).as_secs_f64();
+    if ns < 0 { -magnitude } else { magnitude }
+}
+
+#[cfg(test)]
+mod tests;

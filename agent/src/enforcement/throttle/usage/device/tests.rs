@@ -1,0 +1,116 @@
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use super::*;
+use crate::devices::samples::{DeviceSample, ProcessSample};
+
+const T0: u64 = 1_750_000_000_000_000;
+
+/// A driver that returns what the test gives it, NVML-style: samples newer than "last seen".
+struct Script {
+    base: Instant,
+    now_us: u64,
+    device: Vec<DeviceSample>,
+    process: Vec<ProcessSample>,
+}
+
+impl SampleDriver for Script {
+    fn device_samples(&mut self, _: u32, last: u64) -> Result<Vec<DeviceSample>, DriverError> {
+        Ok(self
+            .device
+            .iter()
+            .filter(|s| s.timestamp_us > last)
+            .copied()
+            .collect())
+    }
+    fn process_samples(&mut self, _: u32, last: u64) -> Result<Vec<ProcessSample>, DriverError> {
+        Ok(self
+            .process
+            .iter()
+            .filter(|s| s.timestamp_us > last)
+            .copied()
+            .collect())
+    }
+    fn now(&self) -> (Instant, u64) {
+        (
+            self.base + Duration::from_micros(self.now_us - T0),
+            self.now_us,
+        )
+    }
+    fn cgroup_of(&self, pid: u32) -> Option<PathBuf> {
+        Some(PathBuf::from(format!("/pods/p{pid}/c")))
+    }
+    fn cgroup_exists(&self, dir: &Path) -> bool {
+        dir != Path::new("/gone")
+    }
+}
+
+fn sample(ms: u64, util: u32) -> DeviceSample {
+    DeviceSample {
+        timestamp_us: T0 + ms * 1000,
+        util_percent: util,
+    }
+}
+
+#[test]
+fn device_samples_close_spans_of_busy_time_and_give_the_phase() {
+    let mut driver = Script {
+        base: Instant::now(),
+        now_us: T0 + 1_000_000,
+        device: (0..8).map(|i| sample(i * 166, 50)).collect(),
+        process: vec![ProcessSample {
+            pid: 7,
+            timestamp_us: T0 + 900_000,
+            sm_util_percent: 40,
+        }],
+    };
+    driver.device.push(sample(4 * 166, 100)); // a duplicate: late
+    let base = driver.base;
+    let mut signal = SampledDevice::new(driver);
+    let dirs = [
+        Path::new("/pods/p7"),
+        Path::new("/pods/p8"),
+        Path::new("/gone"),
+    ];
+    let reading = signal.read(0, &dirs).unwrap();
+    assert_eq!(
+        reading.intervals.len(),
+        7,
+        "the first sample only marks the start"
+    );
+    let first = reading.intervals[0];
+    assert_eq!(first.start, base);
+    assert_eq!(first.end, base + Duration::from_millis(166));
+    assert_eq!(first.busy, Duration::from_millis(83));
+    assert_eq!(reading.active, vec![true, false, false]);
+    assert_eq!(reading.gone, vec![2]);
+    assert_eq!(reading.period, Some(Duration::from_millis(166)));
+    assert_eq!(
+        reading.next_close,
+        Some(base + Duration::from_millis(7 * 166 + 166))
+    );
+    let health = signal.health(0).unwrap();
+    assert_eq!(health.samples, 7);
+    assert_eq!(health.jitter, Some(Duration::ZERO));
+}
+
+#[test]
+fn a_gap_of_lost_samples_covers_one_period_at_most() {
+    let mut device: Vec<DeviceSample> = (0..5).map(|i| sample(i * 100, 100)).collect();
+    device.push(sample(1400, 100)); // 1 s of samples lost
+    let mut signal = SampledDevice::new(Script {
+        base: Instant::now(),
+        now_us: T0 + 2_000_000,
+        device,
+        process: Vec::new(),
+    });
+    let reading = signal.read(0, &[]).unwrap();
+    let last = reading.intervals.last().unwrap();
+    assert_eq!(
+        last.end.duration_since(last.start),
+        Duration::from_millis(200)
+    );
+    assert_eq!(signal.health(0).unwrap().gaps, 1);
+}
