@@ -16,7 +16,10 @@ use gpuwarden_runtime::otlp::{Exporters, Pipeline, PipelineError};
 use opentelemetry::KeyValue;
 
 use crate::{
-    auth::denials::{self, DenialReason},
+    auth::{
+        denials::{self, DenialReason},
+        followed::{self, ConfigFile},
+    },
     controller::Controller,
     limits::{Bounds, Refusal},
     node::NodeState,
@@ -112,6 +115,12 @@ pub const INSTRUMENTS: &[Instrument] = &[
         "{request}",
         "gpuwarden.auth.reason",
         "agent and client calls and TLS handshakes refused for their identity or permissions",
+    ),
+    (
+        "gpuwarden.controller.config.unusable",
+        "{version}",
+        "gpuwarden.config.file",
+        "versions of the token or grant file that changed and could not be used (a parse error, a deleted file): what they granted is withdrawn (token_file, grant_file)",
     ),
     (
         "gpuwarden.limits.refused",
@@ -425,6 +434,19 @@ pub fn start(
                 o.observe(
                     denials::count_of(reason),
                     &[KeyValue::new("gpuwarden.auth.reason", reason.as_str())],
+                );
+            }
+        })
+        .build();
+    meter
+        .u64_observable_counter("gpuwarden.controller.config.unusable")
+        .with_unit("{version}")
+        .with_description("Versions of the token or grant file that changed and could not be used")
+        .with_callback(|o| {
+            for file in ConfigFile::ALL {
+                o.observe(
+                    followed::unusable(file),
+                    &[KeyValue::new("gpuwarden.config.file", file.as_str())],
                 );
             }
         })

@@ -58,6 +58,10 @@ pub struct Session {
     /// authentication alone let them be created).
     #[serde(default = "TargetScope::legacy")]
     pub scope: TargetScope,
+    /// The local uid of the `gpuwarden run` that created it, if it said: the agent gives the
+    /// session's cgroup to that uid only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_uid: Option<u32>,
     /// The latest enforcement events its node reported, newest last (at most [`MAX_EVENTS`]).
     #[serde(default)]
     pub events: Vec<EnforcementEvent>,
@@ -357,6 +361,7 @@ mod tests {
             preempting: None,
             preempted_for: None,
             gang: None,
+            run_uid: None,
             decisions: Vec::new(),
         }
     }

@@ -63,7 +63,8 @@ impl Served {
                 ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("TLS files load"),
             ))
         } else {
-            Transport::PlainText
+            // A plain-text node beside tokens only because the test says --insecure.
+            Transport::Insecure
         };
         let security = Security {
             transport,

@@ -2,26 +2,13 @@
 //! cgroup made under the kubepods layout; the agent's snapshot and its OTLP metrics carry the
 //! pod's name and namespace. A kubelet that isn't there leaves them absent and the agent healthy.
 
-// Test helpers fail loudly on anything unexpected.
-#![expect(
-    clippy::unwrap_used,
-    reason = "a test's helpers unwrap: a failure there is the test failing"
-)]
-
 mod util;
 
-use std::{
-    io::{BufRead, BufReader, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
-};
+use std::{net::TcpListener, time::Duration};
 
 use gpuwarden_agent::attribution::kubelet::KubeletConfig;
-use gpuwarden_test_support::{TestCgroup, require_root, scratch};
+use gpuwarden_test_support::{require_root, scratch};
+use util::kubelet::{FakeKubelet, pod_cgroup, pod_list};
 use util::otlp::{TestReceiver, has, points};
 use util::{Client, Driver, TestAgent, config, container_id, memory, pod_uid, wait_for};
 
@@ -33,108 +20,6 @@ uuid = "GPU-kubelet-0"
 model_name = "Mock H100"
 memory_size = "16G"
 "#;
-
-/// A fake kubelet: answers every request with the current pod list, recording each request's
-/// head. Stopped when dropped.
-struct FakeKubelet {
-    addr: SocketAddr,
-    body: Arc<Mutex<String>>,
-    requests: Arc<Mutex<Vec<String>>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl FakeKubelet {
-    fn start(body: String) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let body = Arc::new(Mutex::new(body));
-        let thread = std::thread::spawn({
-            let (requests, stop, body) =
-                (Arc::clone(&requests), Arc::clone(&stop), Arc::clone(&body));
-            move || {
-                for stream in listener.incoming() {
-                    if stop.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    let Ok(stream) = stream else { continue };
-                    let head = read_head(&stream);
-                    requests.lock().unwrap().push(head);
-                    let body = body.lock().unwrap().clone();
-                    let response = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = (&stream).write_all(response.as_bytes());
-                }
-            }
-        });
-        Self {
-            addr,
-            body,
-            requests,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}/pods", self.addr)
-    }
-
-    /// Serves `body` from now on.
-    fn serve(&self, body: String) {
-        *self.body.lock().unwrap() = body;
-    }
-
-    fn requests(&self) -> Vec<String> {
-        self.requests.lock().unwrap().clone()
-    }
-}
-
-impl Drop for FakeKubelet {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect(self.addr);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn read_head(stream: &TcpStream) -> String {
-    let mut reader = BufReader::new(stream);
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => break,
-            Ok(_) if line == "\r\n" => break,
-            Ok(_) => head.push_str(&line),
-        }
-    }
-    head
-}
-
-fn pod_list(uid: &str, name: &str, namespace: &str) -> String {
-    format!(
-        r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{}},"items":[
-            {{"metadata":{{"name":"other","namespace":"kube-system","uid":"00000000-0000-0000-0000-000000000000"}},"spec":{{}},"status":{{"phase":"Running"}}}},
-            {{"metadata":{{"name":"{name}","namespace":"{namespace}","uid":"{uid}","labels":{{"app":"train"}}}},"spec":{{"containers":[{{"name":"main","image":"x"}}]}},"status":{{"phase":"Running"}}}}
-        ]}}"#
-    )
-}
-
-/// A container cgroup of a pod, in the systemd driver's kubepods layout (containerd).
-fn pod_cgroup(uid: &str, id: &str) -> TestCgroup {
-    TestCgroup::create(&format!(
-        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope",
-        uid.replace('-', "_")
-    ))
-}
 
 /// The pod's name and namespace reach the snapshot and the OTLP data, asked for with the
 /// service account's bearer token; a pod that the last list lacked is asked for again at once

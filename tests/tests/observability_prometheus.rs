@@ -630,7 +630,7 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
     // rest stay quiet.
     let rules = std::fs::read_to_string(observability("alerts.yaml")).unwrap();
     let alerts = alert_expressions(&rules);
-    assert_eq!(alerts.len(), 9, "{alerts:?}");
+    assert_eq!(alerts.len(), 10, "{alerts:?}");
     let firing_now = ["GpuwardenGpuUnhealthy", "GpuwardenGpuXid"];
     for (alert, expr) in &alerts {
         for name in metric_names(expr) {

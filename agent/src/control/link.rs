@@ -42,6 +42,9 @@ pub struct LinkChannels {
     /// The GPUs offered to Kubernetes and the claims prepared on them, where the node is a DRA
     /// driver: reported at registration and as they change.
     pub observed: Option<Arc<Observed>>,
+    /// Where pods' namespaces are known (the kubelet): a user's pod target is authorized by it
+    /// when its allocation arrives ([`confinement::authorize_at_arrival`]).
+    pub pods: Box<dyn confinement::PodNamespaces + Sync>,
 }
 
 /// What goes up the stream besides heartbeats and answers.
@@ -569,6 +572,9 @@ fn accept(
         Err(e) => return nack(a.session_id, "InvalidQuota", e.to_string()),
     };
     if let Some(spec) = &spec {
+        // Without enforcement (no channels) nothing binds: no pod is known either.
+        let pods: &dyn confinement::PodNamespaces =
+            channels.map_or(&confinement::NoPods, |c| c.pods.as_ref());
         let held: Vec<QuotaSpec> = {
             let h = lock(holdings);
             h.sessions()
@@ -579,12 +585,22 @@ fn accept(
                         .ok()
                         .flatten()
                 })
+                .filter(|other| confinement::counts_at_arrival(spec, other, pods))
                 .collect()
         };
-        if let Err(e) =
+        let checked = confinement::authorize_at_arrival(spec, pods).and_then(|()| {
             confinement::check_allocation(spec, &held, confinement::own_cgroup().as_deref())
-        {
-            tracing::warn!(session = %a.session_id, target = %spec.target, "allocation refused: {e}");
+        });
+        if let Err(e) = checked {
+            // The log names the other session; the answer, which its owner reads, does not.
+            if let confinement::Refusal::Overlap {
+                other, other_path, ..
+            } = &e
+            {
+                tracing::warn!(session = %a.session_id, target = %spec.target, %other, %other_path, "allocation refused: {e}");
+            } else {
+                tracing::warn!(session = %a.session_id, target = %spec.target, "allocation refused: {e}");
+            }
             return nack(a.session_id, "InvalidQuota", e.to_string());
         }
     }

@@ -17,7 +17,7 @@ use crate::{
     config::AgentConfig,
     control::{
         LinkChannels, LinkConfig, Observed, UsageCounters,
-        holdings::{Holdings, HoldingsError},
+        holdings::{Holdings, HoldingsError, SharedHoldings},
         link::{self, LinkError},
         usage_report::Reporter,
     },
@@ -120,6 +120,8 @@ pub async fn run_until(
 
     // Quotas and what the node holds live in the store; they are enforced again at once.
     let holdings = Holdings::open(&config.state_dir.join("store"))?;
+    // What sled just made under the umask is the agent's alone too.
+    crate::lock::make_private(&config.state_dir).map_err(LockError::from)?;
     // The GPU's own busy time (NVML's device samples) for exclusive slots, or each cgroup's
     // (apportioned by process activity) for buckets; the CPU-time stand-ins with mock devices.
     let signal = match config.throttle_mode {
@@ -180,6 +182,8 @@ pub async fn run_until(
         quota_rx,
     );
 
+    // Shared from here on: the link holds and lets go, the socket reads whose `run` each is.
+    let holdings = Arc::new(std::sync::Mutex::new(holdings));
     let (telemetry, telemetry_task) = start::telemetry(sensor, attributor, &config);
     let usage_counters = Arc::default();
     let published = metrics::Published::default();
@@ -188,10 +192,11 @@ pub async fn run_until(
         telemetry: telemetry.clone(),
         enforcer: enforcer.clone(),
         backend: Arc::clone(&backend),
-        pods,
+        pods: pods.clone(),
         node: config.node_name.clone(),
         indexes: backend.devices().iter().map(|d| d.index).collect(),
         usage_counters: Arc::clone(&usage_counters),
+        holdings: Arc::clone(&holdings),
     });
 
     let mut tasks = JoinSet::new();
@@ -225,6 +230,7 @@ pub async fn run_until(
             quotas: quota_tx,
             events: upward_rx,
             observed: dra.as_ref().map(|p| Arc::clone(&p.observed)),
+            pods,
         },
     );
 
@@ -257,7 +263,7 @@ pub async fn run_until(
 /// What the controller link is wired to.
 struct LinkWiring {
     hooks: Vec<String>,
-    holdings: Holdings,
+    holdings: SharedHoldings,
     backend: Arc<dyn GpuBackend>,
     telemetry: TelemetryHandle,
     enforcer: EnforcerHandle,
@@ -266,6 +272,7 @@ struct LinkWiring {
     quotas: mpsc::UnboundedSender<QuotaCommand>,
     events: mpsc::Receiver<pb::EnforcementEvent>,
     observed: Option<Arc<Observed>>,
+    pods: PodNames,
 }
 
 /// Starts the controller link and the usage reports, where a controller is configured.
@@ -295,13 +302,14 @@ fn spawn_link(tasks: &mut JoinSet<()>, config: &AgentConfig, w: LinkWiring) {
     tasks.spawn(link::run(
         link,
         w.backend,
-        Arc::new(std::sync::Mutex::new(w.holdings)),
+        w.holdings,
         Some(LinkChannels {
             quotas: w.quotas,
             events: w.events,
             usage: usage_rx,
             usage_counters: w.usage_counters,
             observed: w.observed,
+            pods: Box::new(w.pods),
         }),
         std::future::pending(),
     ));

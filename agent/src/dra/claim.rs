@@ -407,6 +407,8 @@ pub fn plan(
         policy: Some(convert::policy_to_pb(policy)),
         // Kubernetes authorized the claim for its pod: the agent binds it as an admin's.
         scope: Some(convert::scope_to_pb(&TargetScope::admin(false))),
+        // A pod's, not a `gpuwarden run`'s.
+        run_caller: None,
     };
     Ok(Plan {
         pod_uid: pod.uid.clone(),

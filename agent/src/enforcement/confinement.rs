@@ -66,16 +66,18 @@ pub enum Refusal {
         /// Relative cgroup path.
         path: String,
     },
-    /// Above or below (or the same as) what another session binds.
+    /// Above or below (or the same as) what another session binds. The message names nothing
+    /// of the other session (its id, its target): that may be another owner's; the agent's log
+    /// has both.
     #[error(
-        "{path} overlaps {other_path}, which session {other} binds: a process would have two quotas"
+        "{path} overlaps a workload another session holds a quota on: a process would have two quotas"
     )]
     Overlap {
         /// What this quota would bind.
         path: String,
-        /// The other session.
+        /// The other session (for the agent's log only).
         other: String,
-        /// What it binds.
+        /// What it binds (for the agent's log only).
         other_path: String,
     },
     /// Outside the scope the controller authorized.
@@ -89,15 +91,13 @@ pub enum Refusal {
         /// Its cgroup.
         path: String,
     },
-    /// A user's pod in a namespace it was not granted.
-    #[error(
-        "pod {pod} is in namespace {namespace:?}, not one granted to the session's owner ({granted})"
-    )]
+    /// A user's pod in a namespace it was not granted. The message names only what the user
+    /// named itself and what it was granted: never the pod's name or namespace, which may be
+    /// another tenant's.
+    #[error("{target} is not in a namespace granted to the session's owner ({granted})")]
     Namespace {
-        /// `namespace/name (uid)`.
-        pod: String,
-        /// The pod's namespace.
-        namespace: String,
+        /// The target, as the session names it.
+        target: String,
         /// The granted ones.
         granted: String,
     },
@@ -294,7 +294,8 @@ impl std::fmt::Debug for Rules {
 }
 
 /// No kubelet: every pod is [`PodLookup::NoKubelet`].
-struct NoPods;
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoPods;
 
 impl PodNamespaces for NoPods {
     fn lookup(&self, _: &str) -> PodLookup {
@@ -327,7 +328,9 @@ impl Rules {
     }
 
     /// Whether `spec` may bind at the cgroup `path` (relative to the root), given the cgroups
-    /// `bound` by other sessions as (session, path).
+    /// `bound` by other sessions as (session, path). A user's pod is authorized (its namespace
+    /// known and granted) before overlap is judged, so a refusal never tells a user about a
+    /// workload it may not act on.
     pub fn check_bind<'a>(
         &self,
         spec: &QuotaSpec,
@@ -336,6 +339,9 @@ impl Rules {
     ) -> Verdict {
         if let Err(r) = check_cgroup(path, &spec.scope, self.agent.as_deref()) {
             return Verdict::Refuse(r);
+        }
+        if let Some(verdict) = self.authorize_pod(spec, path) {
+            return verdict;
         }
         for (other, other_path) in bound {
             if other != spec.session_id
@@ -348,31 +354,87 @@ impl Rules {
                 });
             }
         }
+        Verdict::Bind
+    }
+
+    /// For a user's pod or container target found at `path`: `None` when its pod is in a
+    /// granted namespace, else what to do (wait for the kubelet, or refuse).
+    fn authorize_pod(&self, spec: &QuotaSpec, path: &str) -> Option<Verdict> {
         if spec.scope.admin || !matches!(spec.target, Target::PodUid(_) | Target::ContainerId(_)) {
-            return Verdict::Bind;
+            return None;
         }
         let Some(uid) = parse_cgroup_path(path).pod_uid else {
-            return Verdict::Refuse(Refusal::NotInPod {
+            return Some(Verdict::Refuse(Refusal::NotInPod {
                 target: spec.target.to_string(),
                 path: path.to_owned(),
-            });
+            }));
         };
         match self.pods.lookup(&uid) {
-            PodLookup::Known { namespace, .. } if spec.scope.admits_namespace(&namespace) => {
-                Verdict::Bind
-            }
-            PodLookup::Known { namespace, name } => Verdict::Refuse(Refusal::Namespace {
-                pod: format!("{namespace}/{name} ({uid})"),
-                namespace,
-                granted: spec.scope.namespaces.join(", "),
-            }),
-            PodLookup::Unknown => Verdict::Wait(format!(
-                "waiting for the kubelet to report pod {uid}, to check its namespace"
-            )),
-            PodLookup::NoKubelet => Verdict::Refuse(Refusal::NoKubelet {
+            PodLookup::Known { namespace, .. } if spec.scope.admits_namespace(&namespace) => None,
+            PodLookup::Known { .. } => Some(Verdict::Refuse(Refusal::Namespace {
                 target: spec.target.to_string(),
-            }),
+                granted: spec.scope.namespaces.join(", "),
+            })),
+            PodLookup::Unknown => Some(Verdict::Wait(format!(
+                "waiting for the kubelet to report pod {uid}, to check its namespace"
+            ))),
+            PodLookup::NoKubelet => Some(Verdict::Refuse(Refusal::NoKubelet {
+                target: spec.target.to_string(),
+            })),
         }
+    }
+}
+
+/// Authorizes a user's pod target when its allocation arrives, before it holds anything: a pod
+/// the kubelet reports outside the owner's namespaces, or a node without a kubelet, refuses it
+/// at once. A pod the kubelet does not know yet is held, and authorized at binding; until then
+/// it counts for no one's overlap ([`counts_at_arrival`]).
+///
+/// # Errors
+/// [`Refusal::Namespace`] or [`Refusal::NoKubelet`].
+pub fn authorize_at_arrival(spec: &QuotaSpec, pods: &dyn PodNamespaces) -> Result<(), Refusal> {
+    let Target::PodUid(uid) = &spec.target else {
+        return Ok(());
+    };
+    if spec.scope.admin {
+        return Ok(());
+    }
+    match pods.lookup(uid) {
+        PodLookup::Known { namespace, .. } if !spec.scope.admits_namespace(&namespace) => {
+            Err(Refusal::Namespace {
+                target: spec.target.to_string(),
+                granted: spec.scope.namespaces.join(", "),
+            })
+        }
+        PodLookup::NoKubelet => Err(Refusal::NoKubelet {
+            target: spec.target.to_string(),
+        }),
+        PodLookup::Known { .. } | PodLookup::Unknown => Ok(()),
+    }
+}
+
+/// Whether the held quota `other` stands in the way of `new` when `new` arrives (the squatting
+/// of issue 33: a user naming another tenant's pod first must not lock its owner, an admin or a
+/// DRA claim out). An admin's holding always counts. A user's counts only once it is
+/// authorized: a cgroup path or a managed cgroup (the controller checked its prefix), or a pod
+/// the kubelet reports in a namespace granted to it; a container's namespace is only known at
+/// binding. An admin's new quota is never held back by a user's: binding judges it against what
+/// is bound.
+#[must_use]
+pub fn counts_at_arrival(new: &QuotaSpec, other: &QuotaSpec, pods: &dyn PodNamespaces) -> bool {
+    if other.scope.admin {
+        return true;
+    }
+    if new.scope.admin {
+        return false;
+    }
+    match &other.target {
+        Target::PodUid(uid) => matches!(
+            pods.lookup(uid),
+            PodLookup::Known { namespace, .. } if other.scope.admits_namespace(&namespace)
+        ),
+        Target::ContainerId(_) => false,
+        _ => true,
     }
 }
 

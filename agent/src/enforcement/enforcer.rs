@@ -28,7 +28,7 @@ pub use gpuwarden_agent_api::Record;
 use super::{
     cgroup_tree::CgroupTree,
     confinement::{Rules, Verdict},
-    kernel::Kernel,
+    kernel::{Kernel, Pinned},
     quota::{MemoryPolicy, QuotaSpec, Target},
     throttle::{self, ThrottleHandle, ThrottleStats},
 };
@@ -395,7 +395,15 @@ impl Enforcer {
     /// Binds what is pending, follows bound cgroups (new children, removal), expires what
     /// waited too long.
     pub(crate) fn reconcile(&mut self) {
-        let sessions: Vec<String> = self.bindings.keys().cloned().collect();
+        // Admins' (and DRA claims') quotas bind first: where one overlaps a user's that has not
+        // bound yet, the admin's wins and the user's is refused at its binding.
+        let mut sessions: Vec<(bool, String)> = self
+            .bindings
+            .iter()
+            .map(|(s, b)| (!b.spec.scope.admin, s.clone()))
+            .collect();
+        sessions.sort();
+        let sessions = sessions.into_iter().map(|(_, s)| s);
         for session in sessions {
             self.reconcile_one(&session);
         }
@@ -558,7 +566,13 @@ impl Enforcer {
                                 b.state = BindState::Refused;
                             }
                             let reason = format!("not bound: {refusal}");
-                            tracing::warn!(session, "{reason}");
+                            // The reason goes to the session's owner; the log also names
+                            // the other session, for the operator.
+                            if let super::confinement::Refusal::Overlap { other, .. } = &refusal {
+                                tracing::warn!(session, other, "{reason}");
+                            } else {
+                                tracing::warn!(session, "{reason}");
+                            }
                             self.record(session, "refused", reason, path, 0, None, (0, 0, 0));
                         }
                     }
@@ -982,11 +996,17 @@ impl Enforcer {
         self.cross_checked = over;
     }
 
-    /// Sends `signal` (SIGCONT or SIGKILL) to a process of a bound workload, by request.
+    /// Sends `signal` (SIGCONT or SIGKILL) to a process of a bound workload, by request,
+    /// through the pidfd that pinned it before its owner was checked.
     ///
     /// # Errors
-    /// The process is in no bound workload, or can't be signalled.
-    pub(crate) fn signal(&mut self, pid: u32, resume: bool) -> Result<String, ControlError> {
+    /// The process is in no bound workload, or can't be signalled (it ended meanwhile).
+    pub(crate) fn signal(
+        &mut self,
+        process: &Pinned,
+        resume: bool,
+    ) -> Result<String, ControlError> {
+        let pid = process.pid();
         let cgroup = self
             .tree
             .cgroup_id_of_pid(pid)
@@ -1005,7 +1025,7 @@ impl Enforcer {
         }
         self.kernel
             .signals
-            .send(pid, signal)
+            .send_pinned(process, signal)
             .map_err(|source| ControlError::Signal { pid, source })?;
         if let Some(b) = self.bindings.get_mut(&session) {
             b.stopped.remove(&pid);

@@ -156,6 +156,10 @@ impl Signals for FakeSignals {
         Ok(())
     }
 
+    fn send_pinned(&self, process: &super::kernel::Pinned, signal: i32) -> io::Result<()> {
+        self.send(process.pid(), signal)
+    }
+
     fn is_stopped(&self, pid: u32) -> Option<bool> {
         Some(!self.running.lock().unwrap().contains(&pid))
     }

@@ -5,7 +5,12 @@
 //!
 //! [`Enforcer`]: super::Enforcer
 
-use std::{collections::BTreeSet, io, path::Path};
+use std::{
+    collections::BTreeSet,
+    io,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::Path,
+};
 
 use super::dmem::DmemError;
 use crate::sensor::DeviceProgram;
@@ -38,6 +43,70 @@ impl DeviceAccess for DeviceProgram {
     }
 }
 
+/// A process pinned by a pidfd opened before anything was checked about it (issue 33: `kill`
+/// and `resume` checked a pid's owner, then signalled the number, which by then could name
+/// another process). A signal through it reaches that process or none: once it has ended, the
+/// pidfd answers `ESRCH`, whoever took its number since.
+#[derive(Debug)]
+pub(crate) struct Pinned {
+    pid: u32,
+    fd: Option<OwnedFd>,
+}
+
+impl Pinned {
+    /// Pins process `pid` (`pidfd_open(2)`).
+    ///
+    /// # Errors
+    /// No such process.
+    pub(crate) fn open(pid: u32) -> io::Result<Self> {
+        let raw = i32::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+        // SAFETY: a plain syscall; the fd it returns is new and ours.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, raw, 0) };
+        let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: pidfd_open returned a new fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Self { pid, fd: Some(fd) })
+    }
+
+    /// A process known by its number only, for the in-memory fakes.
+    #[cfg(test)]
+    pub(crate) fn unpinned(pid: u32) -> Self {
+        Self { pid, fd: None }
+    }
+
+    /// Its number, as it was when pinned.
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Sends `signal` through the pidfd (0: only whether the pinned process is still there).
+    ///
+    /// # Errors
+    /// It has ended (`ESRCH`), or may not be signalled.
+    pub(crate) fn signal(&self, signal: i32) -> io::Result<()> {
+        let Some(fd) = &self.fd else {
+            return ProcessSignals.send(self.pid, signal);
+        };
+        // SAFETY: a plain syscall on an fd we own, with no siginfo.
+        let sent = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0u32,
+            )
+        };
+        if sent != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
 /// Signals to processes.
 pub(crate) trait Signals: Send {
     /// Sends `signal` to process `pid`.
@@ -45,6 +114,13 @@ pub(crate) trait Signals: Send {
     /// # Errors
     /// No such process, or not allowed.
     fn send(&self, pid: u32, signal: i32) -> io::Result<()>;
+    /// Sends `signal` to the pinned `process` (by request: `kill`, `resume`).
+    ///
+    /// # Errors
+    /// It has ended, or may not be signalled.
+    fn send_pinned(&self, process: &Pinned, signal: i32) -> io::Result<()> {
+        process.signal(signal)
+    }
     /// Whether process `pid` is stopped (`T` in its stat); `None` once it is gone.
     fn is_stopped(&self, pid: u32) -> Option<bool>;
 }

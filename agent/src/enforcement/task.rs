@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     enforcer::{ControlError, Enforcer, Standing},
+    kernel::Pinned,
     quota::QuotaSpec,
 };
 use crate::{devices::ProcessMemory, sensor::MemoryTier};
@@ -47,7 +48,7 @@ enum Message {
         reason: String,
     },
     Signal {
-        pid: u32,
+        process: Pinned,
         resume: bool,
         reply: oneshot::Sender<Result<String, ControlError>>,
     },
@@ -89,14 +90,18 @@ impl EnforcerHandle {
         });
     }
 
-    /// Resumes (SIGCONT) or kills (SIGKILL) a process of a bound workload.
+    /// Resumes (SIGCONT) or kills (SIGKILL) a pinned process of a bound workload.
     pub(crate) async fn signal(
         &self,
-        pid: u32,
+        process: Pinned,
         resume: bool,
     ) -> Result<Result<String, ControlError>, Stopped> {
-        self.ask(|reply| Message::Signal { pid, resume, reply })
-            .await
+        self.ask(|reply| Message::Signal {
+            process,
+            resume,
+            reply,
+        })
+        .await
     }
 
     /// A session's cgroup directory and whether its quota is bound there.
@@ -173,8 +178,12 @@ fn handle(enforcer: &mut Enforcer, message: Message, tier: MemoryTier) {
             cgroup_path,
             reason,
         } => enforcer.share_deviation(&session, cgroup_path, reason),
-        Message::Signal { pid, resume, reply } => {
-            let _ = reply.send(enforcer.signal(pid, resume));
+        Message::Signal {
+            process,
+            resume,
+            reply,
+        } => {
+            let _ = reply.send(enforcer.signal(&process, resume));
         }
         Message::SessionCgroup { session, reply } => {
             let _ = reply.send(enforcer.session_cgroup(&session));

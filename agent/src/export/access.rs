@@ -6,12 +6,15 @@
 //! them at `connect` (`SO_PEERCRED`):
 //!
 //! - `resume` and `kill`: root, or a caller whose uid is the process's real or saved uid — the
-//!   rule `kill(2)` itself applies to an unprivileged sender;
+//!   rule `kill(2)` itself applies to an unprivileged sender. The process is pinned by a pidfd
+//!   before its owner is read, and signalled through it, so the process checked is the process
+//!   signalled (never one that took its number meanwhile);
 //! - `session_cgroup`: root, or the session's own `gpuwarden run`, which the agent knows as the
 //!   uid that first asked for that session's cgroup: the first non-root caller claims the
 //!   session for its uid, and other non-root uids are refused from then on. The claims live in
 //!   memory, so they are lost when the agent restarts.
 
+use crate::enforcement::kernel::Pinned;
 use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::{HashMap, hash_map::Entry},
@@ -67,6 +70,17 @@ pub(crate) enum Refusal {
         /// The caller's uid.
         caller: u32,
     },
+    /// The session was created by another user's `gpuwarden run`.
+    #[error(
+        "refused: session {session:?} belongs to another user's `gpuwarden run`, not to uid \
+         {caller}"
+    )]
+    NotRunCaller {
+        /// The session.
+        session: String,
+        /// The caller's uid.
+        caller: u32,
+    },
     /// The session's cgroup belongs to another user's `gpuwarden run`.
     #[error(
         "refused: session {session:?} is claimed by uid {owner} (its `gpuwarden run`), not by \
@@ -98,24 +112,49 @@ fn process_uids(pid: u32) -> Option<(u32, u32)> {
     }
 }
 
-/// Whether `caller` may have the agent signal process `pid`.
+/// Process `pid`, pinned, if `caller` may have the agent signal it: the pidfd is opened first,
+/// the owner read from `/proc/<pid>` next, and the pinned process found still there last, so
+/// the owner read is the pinned process's.
 ///
 /// # Errors
 /// The caller is neither root nor the process's owner, or the process can't be read.
-pub(crate) fn may_signal(caller: Option<Caller>, pid: u32) -> Result<(), Refusal> {
+pub(crate) fn may_signal(caller: Option<Caller>, pid: u32) -> Result<Pinned, Refusal> {
     let caller = caller.ok_or(Refusal::UnknownCaller)?;
-    if caller.is_root() {
-        return Ok(());
+    let process = Pinned::open(pid).map_err(|_| Refusal::NoProcess { pid })?;
+    if !caller.is_root() {
+        let (real, saved) = process_uids(pid).ok_or(Refusal::NoProcess { pid })?;
+        if caller.uid != real && caller.uid != saved {
+            return Err(Refusal::NotOwner {
+                pid,
+                owner: real,
+                caller: caller.uid,
+            });
+        }
     }
-    let (real, saved) = process_uids(pid).ok_or(Refusal::NoProcess { pid })?;
-    if caller.uid == real || caller.uid == saved {
-        Ok(())
-    } else {
-        Err(Refusal::NotOwner {
-            pid,
-            owner: real,
+    // Still there: the number named the pinned process while its owner was read.
+    process.signal(0).map_err(|_| Refusal::NoProcess { pid })?;
+    Ok(process)
+}
+
+/// Whether `caller` may have the cgroup of `session`, whose allocation names `run_uid` as the
+/// uid of the `gpuwarden run` that created it: root, or that uid (issue 33: another user of the
+/// socket could claim it first).
+///
+/// # Errors
+/// Another uid, or the caller is unknown.
+pub(crate) fn is_run_caller(
+    caller: Option<Caller>,
+    session: &str,
+    run_uid: Option<u32>,
+) -> Result<(), Refusal> {
+    let caller = caller.ok_or(Refusal::UnknownCaller)?;
+    match run_uid {
+        _ if caller.is_root() => Ok(()),
+        Some(uid) if uid == caller.uid => Ok(()),
+        _ => Err(Refusal::NotRunCaller {
+            session: session.to_owned(),
             caller: caller.uid,
-        })
+        }),
     }
 }
 
@@ -213,11 +252,11 @@ mod tests {
         let me = std::process::id();
         // SAFETY: getuid can't fail.
         let my_uid = unsafe { libc::getuid() };
-        assert_eq!(may_signal(uid(0), me), Ok(()));
-        assert_eq!(may_signal(uid(my_uid), me), Ok(()));
+        assert_eq!(may_signal(uid(0), me).map(|p| p.pid()), Ok(me));
+        assert_eq!(may_signal(uid(my_uid), me).map(|p| p.pid()), Ok(me));
         let other = my_uid.wrapping_add(4242);
         assert_eq!(
-            may_signal(uid(other), me),
+            may_signal(uid(other), me).map(|p| p.pid()),
             Err(Refusal::NotOwner {
                 pid: me,
                 owner: my_uid,
@@ -226,10 +265,55 @@ mod tests {
         );
         // Pid 2^31 - 1 is never a process here.
         assert_eq!(
-            may_signal(uid(other), 2_147_483_647),
+            may_signal(uid(other), 2_147_483_647).map(|p| p.pid()),
             Err(Refusal::NoProcess { pid: 2_147_483_647 })
         );
-        assert_eq!(may_signal(None, me), Err(Refusal::UnknownCaller));
+        assert_eq!(
+            may_signal(None, me).map(|p| p.pid()),
+            Err(Refusal::UnknownCaller)
+        );
+    }
+
+    /// Issue 33, attack 9: `kill`/`resume` checked a pid's owner and then signalled the number,
+    /// which by then could name another process (pid reuse). The process is now pinned by a
+    /// pidfd before the check and signalled through it: once it has ended, a signal reaches
+    /// nobody, though another process holds its number. (On main the signal after the check
+    /// was `kill(pid)`, which would have killed that other process.)
+    #[test]
+    #[ignore = "needs root"]
+    fn a_signal_reaches_the_checked_process_or_none() {
+        use std::process::{Child, Command};
+
+        gpuwarden_test_support::require_root();
+        let sleeper = || Command::new("sleep").arg("60").spawn().unwrap();
+        let mut checked = sleeper();
+        let pid = checked.id();
+        let pinned = may_signal(uid(0), pid).unwrap();
+        checked.kill().unwrap();
+        checked.wait().unwrap();
+        // Another process takes the number: the next fork gets ns_last_pid + 1 (retried, as
+        // other processes on the machine fork too).
+        let mut taker: Option<Child> = None;
+        for _ in 0..200 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
+            let mut child = sleeper();
+            if child.id() == pid {
+                taker = Some(child);
+                break;
+            }
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        let mut taker = taker.expect("no process took the number in 200 tries");
+        let err = pinned.signal(libc::SIGKILL).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ESRCH), "{err}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            taker.try_wait().unwrap().is_none(),
+            "the process that took the number was signalled"
+        );
+        taker.kill().unwrap();
+        taker.wait().unwrap();
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub(crate) struct Sources {
     pub indexes: Vec<u32>,
     /// Usage reports sent and dropped.
     pub usage_counters: Arc<UsageCounters>,
+    /// What the node holds for the controller: whose `gpuwarden run` a session is.
+    pub holdings: crate::control::holdings::SharedHoldings,
 }
 
 impl Sources {

@@ -18,12 +18,17 @@ use super::{
     Sources,
     access::{self, Caller, Claim, Claims},
 };
+use crate::enforcement::kernel::Pinned;
 
 /// What answers the socket's requests once they are allowed: the agent's [`Sources`], or a
 /// fake in tests.
 pub(crate) trait Answer: Send + Sync + 'static {
-    /// The response to an allowed `request`.
+    /// The response to an allowed `request` (`resume` and `kill` go to [`Self::signal`]).
     fn answer(&self, request: Request) -> impl Future<Output = Response> + Send;
+    /// The response to an allowed `resume` (or `kill`) of the pinned `process`.
+    fn signal(&self, process: Pinned, resume: bool) -> impl Future<Output = Response> + Send;
+    /// The uid of the `gpuwarden run` that created `session`, where its allocation says.
+    fn run_uid(&self, session: &str) -> Option<u32>;
 }
 
 /// Binds the socket at `path`, readable and writable by root only, or also by `group` (mode
@@ -172,9 +177,19 @@ async fn checked<A: Answer>(
         // Whoever the socket's mode lets in may read these.
         Request::Snapshot | Request::Node => agent.answer(request).await,
         Request::Resume { pid } | Request::Kill { pid } => match access::may_signal(caller, *pid) {
-            Ok(()) => agent.answer(request).await,
+            Ok(process) => {
+                let resume = matches!(request, Request::Resume { .. });
+                agent.signal(process, resume).await
+            }
             Err(refusal) => refused(refusal),
         },
+        // The uid its allocation names, where it names one: no first come, first served.
+        Request::SessionCgroup { session_id } if agent.run_uid(session_id).is_some() => {
+            match access::is_run_caller(caller, session_id, agent.run_uid(session_id)) {
+                Ok(()) => agent.answer(request).await,
+                Err(refusal) => refused(refusal),
+            }
+        }
         Request::SessionCgroup { session_id } => match claims.take(caller, session_id) {
             Ok(claim) => {
                 let session = session_id.clone();
@@ -209,14 +224,26 @@ impl Answer for Sources {
                     Err(e) => stopped(e),
                 }
             }
-            Request::Resume { pid } | Request::Kill { pid } => {
-                let resume = matches!(request, Request::Resume { .. });
-                match self.enforcer.signal(pid, resume).await {
-                    Ok(Ok(session_id)) => Response::Signalled(Signalled { pid, session_id }),
-                    Ok(Err(e)) => Response::Error(e.to_string()),
-                    Err(e) => stopped(e),
-                }
-            }
+            // Only through the ownership check, which pins the process ([`checked`]).
+            Request::Resume { pid } | Request::Kill { pid } => Response::Error(format!(
+                "process {pid}: a signal goes through its owner's check"
+            )),
+        }
+    }
+
+    fn run_uid(&self, session: &str) -> Option<u32> {
+        crate::control::holdings::lock(&self.holdings)
+            .get(session)
+            .and_then(|a| a.run_caller.as_ref())
+            .map(|c| c.uid)
+    }
+
+    async fn signal(&self, process: Pinned, resume: bool) -> Response {
+        let pid = process.pid();
+        match self.enforcer.signal(process, resume).await {
+            Ok(Ok(session_id)) => Response::Signalled(Signalled { pid, session_id }),
+            Ok(Err(e)) => Response::Error(e.to_string()),
+            Err(e) => Response::Error(e.to_string()),
         }
     }
 }

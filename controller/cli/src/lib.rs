@@ -547,6 +547,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     unconfined_target: target.unconfined,
                     no_preempt,
                     gang: gang.to_pb(),
+                    // `session create` runs nothing here: no local user to name.
+                    run_caller: None,
                 })
                 .await?
                 .into_inner();

@@ -128,6 +128,11 @@ pub async fn run(controller: &ControllerArgs, args: RunArgs) -> Result<ExitCode,
             unconfined_target: false,
             no_preempt: args.no_preempt,
             gang: args.gang.to_pb(),
+            // This process's uid: the agent gives the session's cgroup to it alone.
+            // SAFETY: getuid can't fail.
+            run_caller: Some(pb::RunCaller {
+                uid: unsafe { libc::getuid() },
+            }),
         })
         .await?
         .into_inner();

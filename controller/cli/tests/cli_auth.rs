@@ -22,12 +22,12 @@ fn start(scratch: &Path, token_file: &Path) -> (tokio::runtime::Runtime, String)
     let (rt, url) = common::start_controller_with(
         scratch,
         Security {
-            transport: Transport::PlainText,
+            // Plain-text agents beside tokens only because the test says --insecure.
+            transport: Transport::Insecure,
             tokens: Some(Arc::new(TokenFile::load(token_file).expect("tokens load"))),
             grants: Arc::default(),
         },
     );
-    // The agent's service stays open to any node over plain text; only clients need tokens.
     let (tx, inbound) = rt.block_on(gpuwarden_test_support::node::connect(
         &url,
         pb::NodeInfo {

@@ -56,7 +56,8 @@ fn an_admin_sets_queues_and_everyone_sees_them_exactly() {
     let (rt, url) = common::start_controller_with(
         dir,
         Security {
-            transport: Transport::PlainText,
+            // Plain-text agents beside tokens only because the test says --insecure.
+            transport: Transport::Insecure,
             tokens: Some(Arc::new(TokenFile::load(&token_file).expect("tokens load"))),
             grants: Arc::default(),
         },

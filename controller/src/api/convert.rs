@@ -58,6 +58,7 @@ pub fn new_session_from_pb(
         placement,
         no_preempt: r.no_preempt,
         gang: r.gang.map(gang_from_pb),
+        run_uid: r.run_caller.map(|c| c.uid),
     })
 }
 

@@ -129,7 +129,11 @@ impl SchedulerService for SchedulerApi {
         self.bounds.counted(limits.create(&r))?;
         let owner = caller.owner_for_create(std::mem::take(&mut r.owner))?;
         let unconfined = r.unconfined_target;
-        let mut new = convert::new_session_from_pb(self.controller.new_session_id(), owner, r)?;
+        let id = self
+            .controller
+            .new_session_id()
+            .ok_or_else(|| Status::unavailable("the system's random source failed; retry"))?;
+        let mut new = convert::new_session_from_pb(id, owner, r)?;
         // Checked before authorizing, so a malformed target is named as such.
         new.target
             .validate(new.pinned_node.as_deref())

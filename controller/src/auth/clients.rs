@@ -194,6 +194,8 @@ pub struct ClientAuth {
     tokens: Option<Arc<TokenFile>>,
     certificates: bool,
     grants: Arc<GrantFile>,
+    /// Plain-text agents are taken though clients authenticate (`--insecure`).
+    insecure_agents: bool,
 }
 
 impl ClientAuth {
@@ -204,6 +206,7 @@ impl ClientAuth {
             tokens: None,
             certificates: false,
             grants: Arc::new(GrantFile::none()),
+            insecure_agents: false,
         }
     }
 
@@ -215,7 +218,24 @@ impl ClientAuth {
             tokens,
             certificates,
             grants: Arc::new(GrantFile::none()),
+            insecure_agents: false,
         }
+    }
+
+    /// The same, taking agents over plain text even though clients authenticate: only when
+    /// the operator said `--insecure`.
+    #[must_use]
+    pub fn with_insecure_agents(mut self, insecure: bool) -> Self {
+        self.insecure_agents = insecure;
+        self
+    }
+
+    /// Whether an agent may call over plain text: when the controller is open (nobody
+    /// authenticates) or the operator said `--insecure`. Otherwise an agent authenticates by
+    /// its node certificate, as clients do by theirs or a token.
+    #[must_use]
+    pub fn admits_plain_text_agents(&self) -> bool {
+        self.is_open() || self.insecure_agents
     }
 
     /// The same, with users' targets granted by `grants` ([`super::grants`]).

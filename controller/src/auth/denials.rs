@@ -36,11 +36,13 @@ pub enum DenialReason {
     TargetNotGranted,
     /// A user calling what only an admin may (changing team queues).
     AdminOnly,
+    /// An agent call over plain text while clients must authenticate, without `--insecure`.
+    PlainTextAgent,
 }
 
 impl DenialReason {
     /// Every reason, in the order of the counters.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::NoClientCertificate,
         Self::NoNodeIdentity,
         Self::NodeMismatch,
@@ -52,6 +54,7 @@ impl DenialReason {
         Self::OtherOwner,
         Self::TargetNotGranted,
         Self::AdminOnly,
+        Self::PlainTextAgent,
     ];
 
     /// The value of the `gpuwarden.auth.reason` attribute.
@@ -69,6 +72,7 @@ impl DenialReason {
             Self::OtherOwner => "other_owner",
             Self::TargetNotGranted => "target_not_granted",
             Self::AdminOnly => "admin_only",
+            Self::PlainTextAgent => "plain_text_agent",
         }
     }
 

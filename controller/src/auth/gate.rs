@@ -8,7 +8,8 @@
 //!   unless the controller is open (no token file, no TLS: the local one-command run).
 //! - `gpuwarden.v1.AgentService/*`: over TLS the peer must present a certificate naming one
 //!   node ([`Peer::of`]); which node it may speak for is checked by the handler, which reads the
-//!   claim from the message.
+//!   claim from the message. Over plain text an agent is taken only while clients are too (the
+//!   controller is open) or with `--insecure` ([`Peer::admitted`]).
 //! - Health and reflection stay open (load balancers and `grpcurl` probe them); their messages
 //!   are held to a few KiB instead (see `crate::server`'s gRPC server).
 //!
@@ -70,7 +71,7 @@ impl Screen for AuthGate {
         if scheduler {
             self.clients.caller(&probe).err()
         } else {
-            Peer::of(&probe).err()
+            Peer::admitted(&probe, self.clients.admits_plain_text_agents()).err()
         }
     }
 }

@@ -13,7 +13,9 @@
 //! A user also picks only the memory policies its grant allows: `kill` and `stop` unless the
 //! grant names others, so no tenant turns its limit into a mere `report` on a shared GPU.
 //!
-//! Grants live in a TOML file, followed as it changes like the token file:
+//! Grants live in a TOML file, followed as it changes like the token file, and failing closed
+//! the same way: a missing file, or a version that can't be used, grants nothing (logged and
+//! counted) until a good version is written:
 //!
 //! ```toml
 //! [[grants]]
@@ -36,8 +38,8 @@ use gpuwarden_types::{
 use serde::Deserialize;
 
 use super::{
-    followed::Followed,
-    principal::{Caller, check_name},
+    followed::{ConfigFile, Followed},
+    principal::{Caller, ClientRole, Credential, check_name},
 };
 
 /// The memory policies a user may pick when its grant names none.
@@ -210,10 +212,11 @@ impl GrantFile {
     /// # Errors
     /// The file can't be read or parsed.
     pub fn load(path: &Path) -> Result<Self, GrantFileError> {
-        Followed::load(path, "grant file", read).map(|f| Self(Some(f)))
+        Followed::load(path, ConfigFile::Grants, read, |_, _| Grants::default())
+            .map(|f| Self(Some(f)))
     }
 
-    /// The grants now.
+    /// The grants now: none while the file is gone or its new version can't be used.
     #[must_use]
     pub fn current(&self) -> Arc<Grants> {
         self.0
@@ -303,6 +306,30 @@ pub fn authorize(
             detail,
         })?;
     Ok(scope)
+}
+
+/// Whether a session of `owner` for `target` with `policy`, authorized under `scope`, still
+/// stands under `grants` (re-checked when the grant file changes: a removed grant ends what it
+/// let a user create). An admin's session always does.
+///
+/// # Errors
+/// What the grants no longer allow, as [`authorize`] would refuse it now.
+pub fn still_granted(
+    owner: &str,
+    scope: &TargetScope,
+    target: &Target,
+    policy: &QuotaPolicy,
+    grants: &Grants,
+) -> Result<(), TargetDenied> {
+    if scope.admin {
+        return Ok(());
+    }
+    let caller = Caller {
+        name: owner.to_owned(),
+        role: ClientRole::User,
+        credential: Credential::Open,
+    };
+    authorize(&caller, owner, target, *policy, false, grants).map(|_| ())
 }
 
 #[cfg(test)]

@@ -53,6 +53,13 @@ pub enum IdentityError {
         /// The other `spiffe://gpuwarden/…` URIs it carries.
         others: Vec<String>,
     },
+    /// A plain-text agent call while clients must authenticate (a token file) and the operator
+    /// did not say `--insecure`: nothing would prove which node it is.
+    #[error(
+        "agents must authenticate when clients do: serve TLS and give agents their node \
+         certificates, or start the controller with --insecure to take plain-text agents"
+    )]
+    PlainTextAgent,
     /// The certificate names another node than the one the request speaks for.
     #[error("the client certificate is for node {certified:?}, not for node {claimed:?}")]
     Mismatch {
@@ -74,6 +81,7 @@ impl IdentityError {
             | Self::AmbiguousNodes { .. }
             | Self::MixedRoles { .. } => DenialReason::NoNodeIdentity,
             Self::Mismatch { .. } => DenialReason::NodeMismatch,
+            Self::PlainTextAgent => DenialReason::PlainTextAgent,
         }
     }
 
@@ -155,6 +163,27 @@ impl Peer {
         };
         node.map(|node| Self::Node { node, addr })
             .map_err(|e| refuse(&e, addr))
+    }
+
+    /// The peer of `request` when plain-text agents are admitted only if `plain_text` (the
+    /// controller is open, or the operator said `--insecure`): an agent must authenticate
+    /// whenever clients do (issue 33: a process on loopback registered as a node and received
+    /// every tenant's allocations for it).
+    ///
+    /// # Errors
+    /// As [`Self::of`]; and `UNAUTHENTICATED` (logged and counted) for a plain-text peer when
+    /// not `plain_text`.
+    pub fn admitted<T>(request: &Request<T>, plain_text: bool) -> Result<Self, Status> {
+        match Self::of(request)? {
+            Self::PlainText if !plain_text => {
+                let addr = request
+                    .extensions()
+                    .get::<TcpConnectInfo>()
+                    .and_then(TcpConnectInfo::remote_addr);
+                Err(refuse(&IdentityError::PlainTextAgent, addr))
+            }
+            peer => Ok(peer),
+        }
     }
 
     /// Whether this peer may speak for `claimed`.

@@ -10,8 +10,9 @@
 //! written readable by the owner only. Larger clusters use their own PKI (cert-manager).
 
 use std::{
+    fmt::Write as _,
     io::Write as _,
-    os::unix::fs::OpenOptionsExt as _,
+    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
 };
 
@@ -63,6 +64,21 @@ pub enum MintError {
         /// The file that is there.
         present: PathBuf,
     },
+    /// The output folder is writable by others than its owner: one of them could plant or swap
+    /// files there (a key among them).
+    #[error(
+        "{path} is writable by its group or by everyone (mode {mode:o}): keys are not minted \
+         where others may create files; use a folder only its owner can write (chmod go-w)"
+    )]
+    SharedFolder {
+        /// The folder.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The system's random source failed (naming a temporary file).
+    #[error("cannot draw a random name for a temporary file")]
+    Random,
     /// rcgen refused (a server name that is neither a DNS name nor an IP address …).
     #[error("minting the {what}: {source}")]
     Rcgen {
@@ -369,10 +385,7 @@ pub fn mint_into(
 /// The CA in `out` (reused when `ca.pem` and `ca.key` are there, else minted for ten times
 /// `days` and written), and whether it was reused.
 fn ca_in(out: &Path, days: u32, written: &mut Vec<PathBuf>) -> Result<(Ca, bool), MintError> {
-    std::fs::create_dir_all(out).map_err(|source| MintError::Io {
-        path: out.to_owned(),
-        source,
-    })?;
+    private_folder(out)?;
     let (ca_cert, ca_key) = (out.join(CA_CERT), out.join(CA_KEY));
     match (ca_cert.exists(), ca_key.exists()) {
         (true, true) => return Ok((Ca::reuse(read(&ca_cert)?, &read(&ca_key)?)?, true)),
@@ -425,6 +438,28 @@ pub fn mint_clients_into(
     Ok(MintedFiles { reused_ca, written })
 }
 
+/// Makes `out` (owner only) when it is not there, and refuses one that others may write into:
+/// there they could plant a file or a link where a key is about to be written (issue 33).
+fn private_folder(out: &Path) -> Result<(), MintError> {
+    let io = |source| MintError::Io {
+        path: out.to_owned(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(out)
+        .map_err(io)?;
+    let mode = std::fs::metadata(out).map_err(io)?.permissions().mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(MintError::SharedFolder {
+            path: out.to_owned(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
 fn read(path: &Path) -> Result<String, MintError> {
     std::fs::read_to_string(path).map_err(|source| MintError::Io {
         path: path.to_owned(),
@@ -433,8 +468,12 @@ fn read(path: &Path) -> Result<String, MintError> {
 }
 
 /// Writes through a temporary file and a rename, so a reader never sees half a file; owner
-/// read/write only (keys among them).
+/// read/write only (keys among them). The temporary file has a random name and is created
+/// new (`O_EXCL`), never through a link (`O_NOFOLLOW`), and its mode is set on the open file
+/// (`fchmod`), whatever the umask: nobody can have made it first and kept a handle on the key.
 fn write(path: &Path, contents: &str, written: &mut Vec<PathBuf>) -> Result<(), MintError> {
+    use ring::rand::SecureRandom as _;
+
     let io = |source| MintError::Io {
         path: path.to_owned(),
         source,
@@ -443,17 +482,31 @@ fn write(path: &Path, contents: &str, written: &mut Vec<PathBuf>) -> Result<(), 
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let mut random = [0u8; 8];
+    ring::rand::SystemRandom::new()
+        .fill(&mut random)
+        .map_err(|_| MintError::Random)?;
+    let suffix = random.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    });
+    let tmp = path.with_file_name(format!(".{name}.{suffix}.tmp"));
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .mode(0o600)
         .open(&tmp)
         .map_err(io)?;
-    file.write_all(contents.as_bytes()).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
+    let written_out = file
+        .set_permissions(std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| file.write_all(contents.as_bytes()))
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written_out {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
     written.push(path.to_owned());
     Ok(())
 }

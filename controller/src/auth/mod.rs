@@ -20,7 +20,7 @@
 
 pub mod clients;
 pub mod denials;
-pub(crate) mod followed;
+pub mod followed;
 pub mod gate;
 pub mod grants;
 pub mod identity;

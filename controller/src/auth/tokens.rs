@@ -16,8 +16,10 @@
 //! `printf %s "$TOKEN" | sha256sum` gives the hash. Removing an entry revokes its token.
 //!
 //! Like the TLS files, the file is followed (`followed`): looked at on each call and
-//! parsed again when it changed; a version that can't be parsed (half written, a typo) is logged
-//! and the last good one stays, so a bad edit never locks everyone out.
+//! parsed again when it changed. It fails closed: a deleted file revokes every token, and a
+//! version that can't be parsed (half written, a typo) keeps only the tokens of the last good
+//! version whose hash is still written in it, so an edit that removes a token revokes it
+//! whatever else is wrong with the file; the failure is logged and counted.
 
 use std::{
     collections::HashMap,
@@ -31,7 +33,7 @@ use std::{
 use serde::Deserialize;
 
 use super::{
-    followed::Followed,
+    followed::{ConfigFile, Followed},
     principal::{ClientRole, check_name},
 };
 
@@ -180,7 +182,7 @@ impl TokenFile {
     /// # Errors
     /// The file can't be read or parsed.
     pub fn load(path: &Path) -> Result<Self, TokenError> {
-        Followed::load(path, "token file", read).map(Self)
+        Followed::load(path, ConfigFile::Tokens, read, salvage).map(Self)
     }
 
     /// The file.
@@ -189,8 +191,8 @@ impl TokenFile {
         self.0.path()
     }
 
-    /// The tokens now: read again first when the file changed, the last good ones when that
-    /// fails.
+    /// The tokens now: read again first when the file changed; when that fails, those of the
+    /// last good version whose hash the new text still holds (none when the file is gone).
     pub fn current(&self) -> Arc<Tokens> {
         self.0.current()
     }
@@ -210,6 +212,29 @@ fn read(path: &Path) -> Result<Tokens, TokenError> {
     Tokens::parse(&text, path)
 }
 
+/// The tokens of `last` whose hash `text` (an unusable new version) still holds: a removed
+/// entry is revoked even when the edit broke the file elsewhere; no text, no tokens.
+fn salvage(last: &Tokens, text: Option<&str>) -> Tokens {
+    let Some(text) = text else {
+        return Tokens::default();
+    };
+    let text = text.to_ascii_lowercase();
+    let by_hash = last
+        .by_hash
+        .iter()
+        .filter(|(hash, _)| text.contains(&hex(hash.as_slice())))
+        .map(|(hash, entry)| (*hash, entry.clone()))
+        .collect();
+    Tokens { by_hash }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
 fn sha256(token: &str) -> [u8; 32] {
     let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
     let mut out = [0; 32];
@@ -220,12 +245,7 @@ fn sha256(token: &str) -> [u8; 32] {
 /// The SHA-256 of `token`, lowercase hex, as the file holds it.
 #[must_use]
 pub fn hash_hex(token: &str) -> String {
-    sha256(token)
-        .iter()
-        .fold(String::with_capacity(64), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    hex(&sha256(token))
 }
 
 fn parse_hash(hex: &str) -> Option<[u8; 32]> {
@@ -405,15 +425,32 @@ mod tests {
         assert_eq!(file.lookup(&ops).map(|e| e.role), Some(ClientRole::Admin));
         assert!(file.lookup(&alice).is_some());
 
-        // A broken version keeps the last good tokens.
-        std::fs::write(&path, "[[tokens]\n").unwrap();
+        // A broken version keeps only the tokens whose hash it still holds: alice's entry is
+        // gone, ops's is there beside a typo.
+        let before = crate::auth::followed::unusable(ConfigFile::Tokens);
+        std::fs::write(
+            &path,
+            format!(
+                "[[tokens]\nsha256 = \"{}\"\nowner = \"ops\"\nrole = \"admin\"\n[[tokens]\n",
+                hash_hex(&ops)
+            ),
+        )
+        .unwrap();
         assert!(file.lookup(&ops).is_some());
+        assert!(file.lookup(&alice).is_none());
+        assert!(crate::auth::followed::unusable(ConfigFile::Tokens) > before);
         assert!(matches!(
             add(&path, "bob", ClientRole::User),
             Err(TokenError::Parse { .. })
         ));
         // Emptied: every token is revoked.
         std::fs::write(&path, "").unwrap();
+        assert!(file.lookup(&ops).is_none());
+        // Deleted: every token is revoked too, and stays so.
+        let ops = add(&path, "ops", ClientRole::Admin).unwrap();
+        assert!(file.lookup(&ops).is_some());
+        std::fs::remove_file(&path).unwrap();
+        assert!(file.lookup(&ops).is_none());
         assert!(file.lookup(&ops).is_none());
 
         assert!(matches!(

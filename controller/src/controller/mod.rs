@@ -336,10 +336,21 @@ impl Controller {
         f(&lock(&self.scheduler))
     }
 
-    /// A new session id.
-    pub fn new_session_id(&self) -> String {
+    /// A new session id: the time and a counter (so ids sort by creation), then 64 random
+    /// bits, so nobody can guess the id of a session about to be created (issue 33: another
+    /// user of the agent's socket claimed a `gpuwarden run` session's cgroup before its owner).
+    /// `None` when the system's random source fails.
+    pub fn new_session_id(&self) -> Option<String> {
+        use ring::rand::SecureRandom as _;
+        let mut random = [0u8; 8];
+        ring::rand::SystemRandom::new().fill(&mut random).ok()?;
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        format!("s-{:x}{:04x}", now_ms(), n & 0xffff)
+        Some(format!(
+            "s-{:x}{:04x}{:016x}",
+            now_ms(),
+            n & 0xffff,
+            u64::from_be_bytes(random)
+        ))
     }
 
     /// The timing of the agent protocol.
@@ -395,6 +406,7 @@ impl Controller {
                     target,
                     policy,
                     scope,
+                    run_uid,
                 } => (
                     node,
                     pb::controller_message::Msg::Allocate(pb::Allocate {
@@ -404,6 +416,7 @@ impl Controller {
                         target: convert::target_to_pb(&target),
                         policy: Some(convert::policy_to_pb(policy)),
                         scope: Some(convert::scope_to_pb(&scope)),
+                        run_caller: run_uid.map(|uid| pb::RunCaller { uid }),
                     }),
                 ),
                 Command::Release { node, session } => (

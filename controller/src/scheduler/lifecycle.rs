@@ -161,6 +161,7 @@ impl Scheduler {
                         target: session.target.clone(),
                         policy: session.policy,
                         scope: session.scope.clone(),
+                        run_uid: session.run_uid,
                     });
                 }
             } else if let Some(reason) = session.preempting.take() {
@@ -319,6 +320,7 @@ impl Scheduler {
             placement,
             no_preempt,
             gang,
+            run_uid,
         } = new;
         let now = now_ms();
         let name = if name.is_empty() { id.clone() } else { name };
@@ -359,6 +361,7 @@ impl Scheduler {
             preempting: None,
             preempted_for: None,
             gang,
+            run_uid,
             decisions: Vec::new(),
         };
         self.next_seq += 1;
@@ -411,6 +414,25 @@ impl Scheduler {
             self.reindex(&node);
         }
         Some(node)
+    }
+
+    /// Fails every session the controller placed that `check` no longer allows (its owner's
+    /// grant was withdrawn), with `check`'s reason; returns the releases for their nodes.
+    #[must_use = "the failed sessions must be released on their nodes"]
+    pub fn fail_ungranted(&mut self, check: impl Fn(&Session) -> Option<String>) -> Vec<Command> {
+        let failing: Vec<(String, String)> = self
+            .sessions
+            .values()
+            .filter(|s| !s.state.is_final() && s.origin == Origin::Controller)
+            .filter_map(|s| check(s).map(|why| (s.id.clone(), why)))
+            .collect();
+        failing
+            .into_iter()
+            .filter_map(|(id, why)| {
+                let node = self.finish(&id, SessionState::Failed, &why)?;
+                Some(Command::Release { node, session: id })
+            })
+            .collect()
     }
 
     /// The agent on `node` holds `session`.

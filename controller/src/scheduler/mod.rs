@@ -205,6 +205,8 @@ pub struct NewSession {
     pub no_preempt: bool,
     /// The gang it belongs to: placed with its other members all at once or not at all.
     pub gang: Option<Gang>,
+    /// The local uid of the `gpuwarden run` that created it, if it said.
+    pub run_uid: Option<u32>,
 }
 
 /// A node refused at registration.
@@ -237,6 +239,8 @@ pub enum Command {
         policy: QuotaPolicy,
         /// What the target was authorized under.
         scope: TargetScope,
+        /// The uid of the `gpuwarden run` that created it, if it said.
+        run_uid: Option<u32>,
     },
     /// Release what `session` holds.
     Release {

@@ -159,6 +159,7 @@ impl Scheduler {
                 // Kubernetes' to end: never a candidate anyway (only the controller's are).
                 no_preempt: false,
                 gang: None,
+                run_uid: None,
             };
             let mut session = self.new_session(new, Origin::Dra(claim));
             session.state = SessionState::Running;

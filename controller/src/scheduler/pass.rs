@@ -299,10 +299,11 @@ impl Scheduler {
         };
         let requested = session.requested.clone();
         let owner = session.owner.clone();
-        let (target, policy, scope) = (
+        let (target, policy, scope, run_uid) = (
             session.target.clone(),
             session.policy,
             session.scope.clone(),
+            session.run_uid,
         );
         let node = self.nodes.get_mut(&node_id).ok_or("node vanished")?;
         let allocation = node
@@ -329,6 +330,7 @@ impl Scheduler {
             target,
             policy,
             scope,
+            run_uid,
         })
     }
 }

@@ -106,7 +106,16 @@ async fn run(config: RunConfig, stop: impl Future<Output = ()>) -> Result<(), Se
             election::open_standby(&store, scheduler, timing, advertise, lease_ttl).await?;
         (controller, Some(election))
     } else {
-        (open(&store, scheduler, timing).await?, None)
+        // What the controller stores (owners, targets, pod UIDs) is its own: the folder is
+        // made 0700 before sled writes in it, and what sled made under the umask 0600 after.
+        let private = |store: &StoreSpec| match store {
+            StoreSpec::Sled(dir) => gpuwarden_runtime::private::make_private(dir).map(|_| ()),
+            StoreSpec::Etcd { .. } => Ok(()),
+        };
+        private(&store)?;
+        let controller = open(&store, scheduler, timing).await?;
+        private(&store)?;
+        (controller, None)
     };
     // One stop for every task, set once.
     let (stopping, stopped) = watch::channel(false);

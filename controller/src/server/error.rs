@@ -16,6 +16,9 @@ pub enum ServeError {
     /// The store can't be used.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The sled store's directory can't be made private (another user owns it).
+    #[error(transparent)]
+    PrivateState(#[from] gpuwarden_runtime::private::PrivateDirError),
     /// The config file can't be used.
     #[error("config file {path}: {reason}")]
     Config {

@@ -23,9 +23,15 @@ use gpuwarden_proto::v1::{
 
 use crate::{
     api::{AgentApi, SchedulerApi, StandbyGate},
-    auth::{clients::ClientAuth, gate::AuthGate, tls::ConnectionCaps},
+    auth::{
+        clients::ClientAuth,
+        gate::AuthGate,
+        grants::{self, GrantFile, Grants},
+        tls::ConnectionCaps,
+    },
     controller::Controller,
     limits::{Bounds, Limits},
+    session::Session,
 };
 
 use super::{
@@ -116,6 +122,10 @@ pub async fn serve_bounded(
     warn_about_clients(&clients, &security.transport);
     let router = router(&controller, health, clients, Arc::clone(&bounds))?;
     let background = tokio::spawn(Arc::clone(&controller).run_background());
+    let grant_watch = tokio::spawn(watch_grants(
+        Arc::clone(&controller),
+        Arc::clone(&security.grants),
+    ));
     let serve_error = |source| ServeError::Serve { addr, source };
     let result = match security.transport {
         Transport::PlainText | Transport::Insecure => {
@@ -165,14 +175,66 @@ pub async fn serve_bounded(
                 .map_err(serve_error)
         }
     };
-    // Both run until stopped: stopped and joined here, so none outlives the server.
+    // They run until stopped: stopped and joined here, so none outlives the server.
     background.abort();
     let _ = background.await;
+    grant_watch.abort();
+    let _ = grant_watch.await;
     if let Some(elections) = elections {
         elections.abort();
         let _ = elections.await;
     }
     result
+}
+
+/// How often the grant file is looked at for a change that withdraws a grant.
+const GRANT_CHECK: Duration = Duration::from_secs(1);
+
+/// Re-checks the sessions users created against the grant file, at start (a controller
+/// restarted after a grant was withdrawn) and whenever a new version is in force: a session its
+/// owner's grants no longer allow fails, saying why, and is released on its node (issue 33: a
+/// removed grant left the sessions made under it bound, even after a restart).
+async fn watch_grants(controller: Arc<Controller>, grants: Arc<GrantFile>) {
+    let mut checked: Option<Arc<Grants>> = None;
+    let mut tick = tokio::time::interval(GRANT_CHECK);
+    loop {
+        tick.tick().await;
+        // Only a leader changes sessions; a standby checks once it leads.
+        if !controller.role().is_leader() {
+            checked = None;
+            continue;
+        }
+        let now = grants.current();
+        if checked.as_ref().is_some_and(|c| Arc::ptr_eq(c, &now)) {
+            continue;
+        }
+        let check = |s: &Session| {
+            grants::still_granted(&s.owner, &s.scope, &s.target, &s.policy, &now)
+                .err()
+                .map(|e| format!("its owner's grant was withdrawn: {e}"))
+        };
+        let withdrawn = controller.read(|s| {
+            s.sessions()
+                .values()
+                .any(|x| !x.state.is_final() && check(x).is_some())
+        });
+        if !withdrawn {
+            checked = Some(now);
+            continue;
+        }
+        match controller.apply(|s| s.fail_ungranted(check)).await {
+            Ok(releases) => {
+                tracing::warn!(
+                    sessions = releases.len(),
+                    "a grant was withdrawn: the sessions it allowed failed"
+                );
+                controller.dispatch(releases);
+                controller.kick();
+                checked = Some(now);
+            }
+            Err(e) => tracing::warn!("sessions no longer granted are not failed yet: {e}"),
+        }
+    }
 }
 
 /// Warns once per process about client authentication that protects little.

@@ -118,5 +118,6 @@ impl Security {
             matches!(self.transport, Transport::Tls(_)),
         )
         .with_grants(Arc::clone(&self.grants))
+        .with_insecure_agents(matches!(self.transport, Transport::Insecure))
     }
 }

@@ -45,6 +45,7 @@ fn session(id: &str) -> Session {
         preempting: None,
         preempted_for: None,
         gang: None,
+        run_uid: None,
         decisions: Vec::new(),
     }
 }

@@ -7,7 +7,8 @@
 //! - [`shutdown`]: a future that completes on SIGINT or SIGTERM;
 //! - [`logging`]: `tracing` to standard error, filtered by `RUST_LOG`;
 //! - [`otlp`]: the metrics pipeline: OTLP/gRPC to an OpenTelemetry collector, and
-//!   [`prometheus`], the scrape endpoint.
+//!   [`prometheus`], the scrape endpoint;
+//! - [`private`]: state directories only their owner can read.
 //!
 //! What every process needs from its host without telemetry (cgroups, the mount table, TLS
 //! files, a lock that outlives a panic) is the crate `gpuwarden-host`, which the `gpuwarden` CLI
@@ -18,6 +19,7 @@
 
 pub mod logging;
 pub mod otlp;
+pub mod private;
 pub mod prometheus;
 
 pub use gpuwarden_host::{cgroup, mountinfo, sync, tls};

@@ -91,7 +91,34 @@ impl TestController {
         timing: Timing,
         exporters: gpuwarden_runtime::otlp::Exporters,
     ) -> Self {
-        Self::serve_on(state_dir, config, timing, exporters, local_port())
+        Self::serve_on(
+            state_dir,
+            config,
+            timing,
+            exporters,
+            local_port(),
+            server::Transport::PlainText.into(),
+        )
+    }
+
+    /// [`Self::start`], authenticating clients as `security` says (a token file, grants): a
+    /// controller whose users are tenants. Its port is plain-text loopback, so `security`'s
+    /// transport must be `Insecure` for agents to register beside a token file.
+    #[must_use = "dropping it stops it"]
+    pub fn start_secured(
+        state_dir: &Path,
+        config: SchedulerConfig,
+        timing: Timing,
+        security: server::Security,
+    ) -> Self {
+        Self::serve_on(
+            state_dir,
+            config,
+            timing,
+            gpuwarden_runtime::otlp::Exporters::default(),
+            local_port(),
+            security,
+        )
     }
 
     /// A controller on sled in `state_dir` serving on `addr`: started again where one that was
@@ -109,6 +136,7 @@ impl TestController {
             timing,
             gpuwarden_runtime::otlp::Exporters::default(),
             addr,
+            server::Transport::PlainText.into(),
         )
     }
 
@@ -118,6 +146,7 @@ impl TestController {
         timing: Timing,
         exporters: gpuwarden_runtime::otlp::Exporters,
         addr: SocketAddr,
+        security: server::Security,
     ) -> Self {
         let dir = state_dir.to_owned();
         Self::on_own_runtime(state_dir.to_owned(), move |rt, bounds, shutdown| {
@@ -133,7 +162,7 @@ impl TestController {
                 tokio::spawn(server::serve_bounded(
                     controller,
                     listener,
-                    server::Transport::PlainText,
+                    security,
                     bounds,
                     None,
                     async {

@@ -33,6 +33,7 @@ use gpuwarden_tests::fake_driver::{FakeConfig, FakeDriver};
 use tempfile::TempDir;
 
 pub mod cluster;
+pub mod kubelet;
 pub mod otlp;
 pub mod rig;
 

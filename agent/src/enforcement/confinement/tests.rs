@@ -186,3 +186,125 @@ fn a_users_container_outside_any_pod_is_refused_at_binding() {
     let admins = quota("s", pod.target.clone(), TargetScope::admin(false));
     assert_eq!(rules.check_bind(&admins, POD, []), Verdict::Bind);
 }
+
+const MINE: &str = "123e4567-e89b-12d3-a456-426614174000";
+const THEIRS_UID: &str = "223e4567-e89b-12d3-a456-426614174000";
+const LATER: &str = "323e4567-e89b-12d3-a456-426614174000";
+
+/// A kubelet that knows two pods: `mine` in team-a, `theirs` in team-b.
+struct TwoPods;
+
+impl PodNamespaces for TwoPods {
+    fn lookup(&self, uid: &str) -> PodLookup {
+        let known = |namespace: &str, name: &str| PodLookup::Known {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        match uid {
+            MINE => known("team-a", "train-0"),
+            THEIRS_UID => known("team-b", "victim"),
+            _ => PodLookup::Unknown,
+        }
+    }
+}
+
+fn alice(session: &str, target: Target) -> QuotaSpec {
+    quota(
+        session,
+        target,
+        TargetScope {
+            namespaces: vec!["team-a".into()],
+            ..TargetScope::default()
+        },
+    )
+}
+
+#[test]
+fn a_users_pod_outside_its_namespaces_is_refused_on_arrival_naming_nothing_of_it() {
+    let err = authorize_at_arrival(&alice("s", Target::PodUid(THEIRS_UID.into())), &TwoPods)
+        .expect_err("another namespace's pod");
+    let text = err.to_string();
+    assert!(matches!(err, Refusal::Namespace { .. }), "{text}");
+    assert!(
+        text.contains(THEIRS_UID) && text.contains("team-a"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("team-b") && !text.contains("victim"),
+        "{text}"
+    );
+    assert_eq!(
+        authorize_at_arrival(&alice("s", Target::PodUid(MINE.into())), &TwoPods),
+        Ok(())
+    );
+    // Not known yet: held, authorized at binding.
+    assert_eq!(
+        authorize_at_arrival(&alice("s", Target::PodUid(LATER.into())), &TwoPods),
+        Ok(())
+    );
+    // No kubelet: nothing could ever authorize it.
+    assert!(matches!(
+        authorize_at_arrival(&alice("s", Target::PodUid(MINE.into())), &NoPods),
+        Err(Refusal::NoKubelet { .. })
+    ));
+    // An admin's pod needs no namespace.
+    let admins = quota(
+        "s",
+        Target::PodUid(THEIRS_UID.into()),
+        TargetScope::admin(false),
+    );
+    assert_eq!(authorize_at_arrival(&admins, &NoPods), Ok(()));
+}
+
+#[test]
+fn a_users_unauthorized_holding_stands_in_nobodys_way() {
+    let admins = |uid: &str| quota("adm", Target::PodUid(uid.into()), TargetScope::admin(false));
+    let pending = alice("squat", Target::PodUid(LATER.into()));
+    let authorized = alice("own", Target::PodUid(MINE.into()));
+    let container = alice("c", Target::ContainerId("0123".into()));
+    // The squatter's pod is not known to be alice's: it counts for nobody.
+    assert!(!counts_at_arrival(&admins(LATER), &pending, &TwoPods));
+    assert!(!counts_at_arrival(
+        &alice("x", Target::PodUid(LATER.into())),
+        &pending,
+        &TwoPods
+    ));
+    assert!(!counts_at_arrival(
+        &alice("x", container.target.clone()),
+        &container,
+        &TwoPods
+    ));
+    // Alice's own pod counts for another user's quota, never for an admin's.
+    assert!(counts_at_arrival(
+        &alice("x", Target::PodUid(MINE.into())),
+        &authorized,
+        &TwoPods
+    ));
+    assert!(!counts_at_arrival(&admins(MINE), &authorized, &TwoPods));
+    // An admin's holding counts for everyone.
+    assert!(counts_at_arrival(&pending, &admins(LATER), &TwoPods));
+    assert!(counts_at_arrival(&admins(LATER), &admins(LATER), &TwoPods));
+}
+
+#[test]
+fn a_users_pod_is_authorized_before_overlap_is_judged_at_binding() {
+    const THEIRS: &str = "/kubepods.slice/kubepods-pod223e4567_e89b_12d3_a456_426614174000.slice";
+    let rules = Rules::new(None, Box::new(TwoPods));
+    let spec = alice("s", Target::PodUid(THEIRS_UID.into()));
+    // Another session is bound there: the refusal is about the namespace, not the other.
+    let Verdict::Refuse(r) = rules.check_bind(&spec, THEIRS, [("s-other", THEIRS)]) else {
+        panic!("bound in another namespace");
+    };
+    assert!(matches!(r, Refusal::Namespace { .. }), "{r}");
+    // An overlap names neither the other session nor its cgroup.
+    let admins = quota(
+        "s",
+        Target::PodUid(THEIRS_UID.into()),
+        TargetScope::admin(false),
+    );
+    let Verdict::Refuse(r) = rules.check_bind(&admins, THEIRS, [("s-other", THEIRS)]) else {
+        panic!("bound over another session");
+    };
+    assert!(matches!(r, Refusal::Overlap { .. }), "{r}");
+    assert!(!r.to_string().contains("s-other"), "{r}");
+}

@@ -274,13 +274,16 @@ fn the_nvml_cross_check_acts_once_per_crossing_by_policy() {
     assert_eq!(r.fake.signals.sent.lock().unwrap().len(), 2);
 
     // Resume by request: only processes of a bound workload.
-    assert_eq!(r.enforcer.signal(4242, true).unwrap(), "s-1");
+    assert_eq!(
+        r.enforcer.signal(&Pinned::unpinned(4242), true).unwrap(),
+        "s-1"
+    );
     assert_eq!(
         r.fake.signals.sent.lock().unwrap().last(),
         Some(&(4242, libc::SIGCONT))
     );
     assert!(matches!(
-        r.enforcer.signal(1, false),
+        r.enforcer.signal(&Pinned::unpinned(1), false),
         Err(ControlError::NotBound(1))
     ));
 }
@@ -340,8 +343,11 @@ fn a_quota_never_binds_the_root_a_system_slice_or_a_cgroup_another_session_binds
     r.enforcer.apply(spec("again", pod, MemoryPolicy::Kill));
     assert_eq!(r.state("again"), Some(BindState::Refused));
     let last = r.enforcer.standing().history.last().cloned().unwrap();
+    // It says why without naming the other session (whose owner may be another tenant).
     assert!(
-        last.reason.contains("which session pod binds"),
+        last.reason
+            .contains("overlaps a workload another session holds a quota on")
+            && !last.reason.contains("session pod"),
         "{}",
         last.reason
     );
@@ -408,8 +414,14 @@ fn a_users_pod_binds_only_in_a_granted_namespace() {
         .apply(alice("theirs", "223e4567-e89b-12d3-a456-426614174000"));
     assert_eq!(r.state("theirs"), Some(BindState::Refused));
     let last = r.enforcer.standing().history.last().cloned().unwrap();
+    // It names what alice named and was granted, nothing of the other tenant's pod.
     assert!(
-        last.reason.contains("team-b/victim") && last.reason.contains("team-a"),
+        last.reason.contains("223e4567") && last.reason.contains("team-a"),
+        "{}",
+        last.reason
+    );
+    assert!(
+        !last.reason.contains("team-b") && !last.reason.contains("victim"),
         "{}",
         last.reason
     );

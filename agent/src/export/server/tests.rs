@@ -21,7 +21,9 @@ impl Answer for Fake {
                 pid,
                 session_id: "s-1".into(),
             }),
-            Request::SessionCgroup { session_id } if session_id == "s-1" => {
+            Request::SessionCgroup { session_id }
+                if session_id == "s-1" || session_id == "s-run" =>
+            {
                 Response::SessionCgroup(SessionCgroup {
                     session_id,
                     cgroup_dir: "/sys/fs/cgroup/gpuwarden/s-1".into(),
@@ -36,6 +38,18 @@ impl Answer for Fake {
             }),
             Request::Snapshot => Response::Error("the fake has no snapshot".into()),
         }
+    }
+
+    fn run_uid(&self, session: &str) -> Option<u32> {
+        // `s-run` is a `gpuwarden run` of nobody's.
+        (session == "s-run").then_some(NOBODY)
+    }
+
+    async fn signal(&self, process: Pinned, _resume: bool) -> Response {
+        Response::Signalled(Signalled {
+            pid: process.pid(),
+            session_id: "s-1".into(),
+        })
     }
 }
 
@@ -199,6 +213,22 @@ async fn callers_signal_only_their_own_processes_and_claim_sessions() {
     assert!(answer.contains("no quota for session"), "{answer}");
     let answer = ask_as(OTHER, NOBODY, &socket, &unknown).await;
     assert!(answer.contains("no quota for session"), "{answer}");
+
+    // A session whose allocation names its `gpuwarden run`'s uid goes to that uid alone, however
+    // early another asks (issue 33, attack 7: on main the first uid to ask claimed it).
+    let run = Request::SessionCgroup {
+        session_id: "s-run".into(),
+    };
+    let answer = ask_as(OTHER, NOBODY, &socket, &run).await;
+    assert!(
+        answer.contains("refused") && answer.contains("another user's `gpuwarden run`"),
+        "{answer}"
+    );
+    let answer = ask_as(NOBODY, NOBODY, &socket, &run).await;
+    assert!(answer.contains("\"session_cgroup\""), "{answer}");
+    client::session_cgroup(&socket, "s-run")
+        .await
+        .expect("root is never refused");
 
     // Outside the group, the socket's mode keeps a caller out before any request.
     let answer = ask_as(OTHER, OTHER, &socket, &Request::Node).await;

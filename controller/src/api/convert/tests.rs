@@ -147,6 +147,7 @@ prop_compose! {
             unconfined_target,
             no_preempt: false,
             gang: None,
+            run_caller: None,
         }
     }
 }
