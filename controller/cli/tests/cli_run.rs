@@ -429,6 +429,193 @@ fn a_preempted_run_says_so_and_exits_75() {
     drop(cgroup);
 }
 
+/// A controller whose one GPU a running session holds whole, its fake agent, and a fake agent
+/// socket: a `run` or `session create` asking for any share of a GPU waits there for good.
+fn a_full_node() -> (tokio::runtime::Runtime, String, impl Sized, String) {
+    let scratch = gpuwarden_test_support::scratch("full");
+    let socket = scratch.path().join("agent.sock");
+    fake_agent_socket(&socket, scratch.path().to_owned());
+    let (rt, url) = common::start_controller(scratch.path());
+    rt.spawn(fake_agent(
+        url.clone(),
+        Arc::new(Mutex::new(Vec::new())),
+        scratch.path().to_owned(),
+    ));
+    common::wait_for_node(&url, NODE);
+    let holder = common::json(&url, &["session", "create", "-r", "cuda.shares=1"]);
+    let holder = holder["id"].as_str().expect("an id").to_owned();
+    wait::until("the first session to run", PATIENCE, || {
+        common::json(&url, &["session", "show", &holder])["state"] == "running"
+    });
+    let socket = socket.to_string_lossy().into_owned();
+    (rt, url, scratch, socket)
+}
+
+/// `gpuwarden` with `args`, its stderr read line by line as it comes (each line with the time
+/// it came, counted from the start) into the returned channel.
+fn spawn_watched(
+    url: &str,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::sync::mpsc::Receiver<(Duration, String)>,
+) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(args)
+        .env("GPUWARDEN_CONTROLLER", url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gpuwarden starts");
+    let stderr = child.stderr.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let started = std::time::Instant::now();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if tx.send((started.elapsed(), line)).is_err() {
+                return;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// The sessions of the controller at `url` in `state`.
+fn sessions_in(url: &str, state: &str) -> Vec<serde_json::Value> {
+    let all = common::json(url, &["session", "ls"]);
+    all.as_array()
+        .expect("a list")
+        .iter()
+        .filter(|s| s["state"] == state)
+        .cloned()
+        .collect()
+}
+
+/// The first stderr line naming the controller's reason: it must come within `within` of the
+/// start, and name the reason `session show` gives.
+fn reason_said(
+    url: &str,
+    lines: &std::sync::mpsc::Receiver<(Duration, String)>,
+    within: Duration,
+) -> (String, String) {
+    let deadline = std::time::Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok((at, line)) = lines.recv_timeout(left) else {
+            panic!("no reason on stderr within {within:?}; it said: {seen:?}");
+        };
+        seen.push(line.clone());
+        let pending = sessions_in(url, "pending");
+        let [waiting] = pending.as_slice() else {
+            continue;
+        };
+        let reason = waiting["reason"].as_str().unwrap_or_default().to_owned();
+        if !reason.is_empty() && line.contains(&reason) {
+            assert!(at <= within, "said after {at:?}: {line}");
+            let id = waiting["id"].as_str().expect("an id").to_owned();
+            assert!(line.contains(&id), "names the session: {line}");
+            return (id, reason);
+        }
+    }
+}
+
+/// A `run` that can't be placed says why on stderr, in the controller's words, within seconds;
+/// at `--timeout` it exits 124 naming the reason, and its session is gone.
+#[test]
+fn a_waiting_run_says_why_and_its_timeout_ends_the_session() {
+    let (rt, url, _scratch, socket) = a_full_node();
+    let (child, lines) = spawn_watched(
+        &url,
+        &[
+            "run",
+            "-r",
+            "cuda.shares=0.5",
+            "--timeout",
+            "6",
+            "--agent-socket",
+            &socket,
+            "--",
+            "true",
+        ],
+    );
+    let (id, reason) = reason_said(&url, &lines, Duration::from_secs(4));
+    let out = child.wait_with_output().expect("waited");
+    let rest: Vec<String> = lines.try_iter().map(|(_, l)| l).collect();
+    assert_eq!(out.status.code(), Some(124), "{rest:?}");
+    let last = rest.last().cloned().unwrap_or_default();
+    assert!(
+        last.contains("did not start within 6s") && last.contains(&reason),
+        "the timeout names the reason: {rest:?}"
+    );
+    assert_eq!(
+        common::json(&url, &["session", "show", &id])["state"],
+        "terminated"
+    );
+    rt.shutdown_background();
+}
+
+/// Ctrl-C while `run` waits ends the session it created (and exits 130, as SIGINT does).
+#[test]
+fn ctrl_c_while_run_waits_ends_its_session() {
+    let (rt, url, _scratch, socket) = a_full_node();
+    let (child, lines) = spawn_watched(
+        &url,
+        &[
+            "run",
+            "-r",
+            "cuda.shares=0.5",
+            "--timeout",
+            "60",
+            "--agent-socket",
+            &socket,
+            "--",
+            "true",
+        ],
+    );
+    let (id, _) = reason_said(&url, &lines, Duration::from_secs(4));
+    let pid = i32::try_from(child.id()).expect("a pid");
+    // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let out = child.wait_with_output().expect("waited");
+    assert_eq!(out.status.code(), Some(128 + 2));
+    assert_eq!(
+        common::json(&url, &["session", "show", &id])["state"],
+        "terminated"
+    );
+    rt.shutdown_background();
+}
+
+/// `session create --wait` says what it waits for the same way; its `--timeout` exits 124
+/// naming the reason and leaves the session queued (it was asked for, not run).
+#[test]
+fn create_wait_says_why_and_times_out_leaving_the_session() {
+    let (rt, url, _scratch, _socket) = a_full_node();
+    let (child, lines) = spawn_watched(
+        &url,
+        &[
+            "session",
+            "create",
+            "-r",
+            "cuda.shares=0.5",
+            "--wait",
+            "--timeout",
+            "3",
+        ],
+    );
+    let (id, reason) = reason_said(&url, &lines, Duration::from_secs(3));
+    let out = child.wait_with_output().expect("waited");
+    let rest: Vec<String> = lines.try_iter().map(|(_, l)| l).collect();
+    assert_eq!(out.status.code(), Some(124), "{rest:?}");
+    assert!(rest.last().is_some_and(|l| l.contains(&reason)), "{rest:?}");
+    assert_eq!(
+        common::json(&url, &["session", "show", &id])["state"],
+        "pending"
+    );
+    rt.shutdown_background();
+}
+
 #[test]
 fn run_with_an_agent_but_no_controller_exits_1_naming_the_controller() {
     let scratch = gpuwarden_test_support::scratch("noctl");
