@@ -9,8 +9,7 @@ mod common;
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader, Write},
-    os::unix::net::UnixListener,
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::Command,
     sync::{Arc, Mutex},
@@ -33,37 +32,6 @@ use gpuwarden_test_support::{
 use tokio_stream::StreamExt;
 
 const NODE: &str = "node-run";
-
-/// Answers the agent socket's two requests; the first cgroup answer is "not bound yet".
-fn fake_agent_socket(path: &Path, cgroup_dir: PathBuf) {
-    let listener = UnixListener::bind(path).expect("binds the agent socket");
-    std::thread::spawn(move || {
-        let mut asked = 0;
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            let mut reader = BufReader::new(&stream);
-            let mut line = String::new();
-            if reader.read_line(&mut line).is_err() {
-                continue;
-            }
-            let request: serde_json::Value =
-                serde_json::from_str(&line).unwrap_or(serde_json::Value::Null);
-            let answer = match request["request"].as_str() {
-                Some("node") => serde_json::json!({"node": {"name": NODE}}),
-                Some("session_cgroup") => {
-                    asked += 1;
-                    serde_json::json!({"session_cgroup": {
-                        "session_id": request["session_id"],
-                        "cgroup_dir": cgroup_dir,
-                        "bound": asked > 1,
-                    }})
-                }
-                _ => serde_json::json!({"error": format!("unknown request {line:?}")}),
-            };
-            let _ = writeln!(&stream, "{answer}");
-        }
-    });
-}
 
 /// Registers one GPU, acks every `Allocate` (kept in `seen`) and reports one event for it. A
 /// `Preempt` it answers as the agent does a workload that ends on SIGTERM: SIGTERM to every
@@ -203,7 +171,7 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
     let scratch = gpuwarden_test_support::scratch("run");
     let scratch = scratch.path();
     let socket = scratch.join("agent.sock");
-    fake_agent_socket(&socket, cgroup.dir.clone());
+    common::fake_agent_socket(&socket, NODE, cgroup.dir.clone());
 
     let (rt, url) = common::start_controller(scratch);
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -357,7 +325,7 @@ fn a_preempted_run_says_so_and_exits_75() {
     let scratch = gpuwarden_test_support::scratch("preempt");
     let scratch = scratch.path();
     let socket = scratch.join("agent.sock");
-    fake_agent_socket(&socket, cgroup.dir.clone());
+    common::fake_agent_socket(&socket, NODE, cgroup.dir.clone());
     let lab = QueueQuota {
         guaranteed: ResourceSlot::parse_any(&["cuda.shares=1"]).expect("a slot"),
         limit: None,
@@ -434,7 +402,7 @@ fn a_preempted_run_says_so_and_exits_75() {
 fn a_full_node() -> (tokio::runtime::Runtime, String, impl Sized, String) {
     let scratch = gpuwarden_test_support::scratch("full");
     let socket = scratch.path().join("agent.sock");
-    fake_agent_socket(&socket, scratch.path().to_owned());
+    common::fake_agent_socket(&socket, NODE, scratch.path().to_owned());
     let (rt, url) = common::start_controller(scratch.path());
     rt.spawn(fake_agent(
         url.clone(),
@@ -620,7 +588,7 @@ fn create_wait_says_why_and_times_out_leaving_the_session() {
 fn run_with_an_agent_but_no_controller_exits_1_naming_the_controller() {
     let scratch = gpuwarden_test_support::scratch("noctl");
     let socket = scratch.path().join("agent.sock");
-    fake_agent_socket(&socket, scratch.path().to_owned());
+    common::fake_agent_socket(&socket, NODE, scratch.path().to_owned());
     let out = gpuwarden(
         "http://127.0.0.1:9",
         &[
