@@ -12,6 +12,7 @@ use std::{
 };
 
 use gpuwarden_proto::v1 as pb;
+use gpuwarden_types::units::fit;
 use tokio::time::Instant;
 
 use super::{CliError, Client, ControllerArgs, follow, wire};
@@ -53,8 +54,10 @@ struct Progress {
     started: Instant,
     /// The last `(state, reason)` said, so each change is said once.
     said: Option<(i32, String)>,
-    /// What the status line says after its spinner and time.
-    line: String,
+    /// What the session waits for: `pending: no node fits cuda.shares=0.5`.
+    why: String,
+    /// The session.
+    id: String,
     frame: usize,
     /// Whether a status line is on the terminal now (to clear it when the wait ends).
     drawn: bool,
@@ -66,7 +69,8 @@ impl Progress {
             style,
             started: Instant::now(),
             said: None,
-            line: String::new(),
+            why: String::new(),
+            id: String::new(),
             frame: 0,
             drawn: false,
         }
@@ -82,11 +86,13 @@ impl Progress {
         let now = (s.state, s.reason.clone());
         if self.said.as_ref() != Some(&now) {
             self.said = Some(now);
-            self.line = waiting_for(s);
+            self.why = waiting_for(s);
+            self.id.clone_from(&s.id);
             if self.style == Style::Lines {
                 eprintln!(
-                    "gpuwarden: {} ({} waited)",
-                    self.line,
+                    "gpuwarden: session {} {} ({} waited)",
+                    self.id,
+                    self.why,
                     elapsed(self.started.elapsed())
                 );
             }
@@ -98,15 +104,23 @@ impl Progress {
     }
 
     fn draw(&mut self) {
-        let mut err = std::io::stderr().lock();
-        // Carriage return and erase-line: the line is rewritten where it stands.
-        let _ = write!(
-            err,
-            "\r\x1b[2K{} {} {}",
+        // The reason first: a narrow terminal cuts the id rather than the reason.
+        let line = format!(
+            "{} {} {} (session {})",
             SPINNER[self.frame],
             elapsed(self.started.elapsed()),
-            self.line
+            self.why,
+            self.id
         );
+        // A line wider than the terminal would wrap, and erasing the line would leave the
+        // rows above it behind.
+        let line = match terminal_width() {
+            Some(width) => fit(&line, width.saturating_sub(1)),
+            None => line,
+        };
+        let mut err = std::io::stderr().lock();
+        // Carriage return and erase-line: the line is rewritten where it stands.
+        let _ = write!(err, "\r\x1b[2K{line}");
         let _ = err.flush();
         self.drawn = true;
     }
@@ -123,7 +137,16 @@ impl Drop for Progress {
     }
 }
 
-/// What a session not yet running waits for, in words.
+/// The width of the terminal on stderr, in columns (`None`: not a terminal, or it won't say).
+fn terminal_width() -> Option<usize> {
+    // SAFETY: `winsize` is plain data, for which all zeroes is a valid value.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes one `winsize` through the pointer, which points at one.
+    let got = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &raw mut size) };
+    (got == 0 && size.ws_col > 0).then_some(usize::from(size.ws_col))
+}
+
+/// What a session not yet running waits for, in words: its state and why.
 fn waiting_for(s: &pb::Session) -> String {
     let state = wire::state(s.state);
     let why = match (
@@ -134,7 +157,7 @@ fn waiting_for(s: &pb::Session) -> String {
         (true, true) => format!("placed on {}, waiting for its agent", s.node_id),
         (true, false) => "waiting for the scheduler".to_owned(),
     };
-    format!("session {} {state}: {why}", s.id)
+    format!("{state}: {why}")
 }
 
 /// A time waited as people read it: `7s`, `2m05s`.
@@ -252,11 +275,11 @@ mod tests {
     fn the_wait_is_said_in_the_controllers_words() {
         assert_eq!(
             waiting_for(&pending("no node fits cuda.shares=0.5")),
-            "session s-1 pending: no node fits cuda.shares=0.5"
+            "pending: no node fits cuda.shares=0.5"
         );
         assert_eq!(
             waiting_for(&pending("")),
-            "session s-1 pending: waiting for the scheduler"
+            "pending: waiting for the scheduler"
         );
         let placed = pb::Session {
             state: pb::SessionState::Scheduled as i32,
@@ -265,7 +288,7 @@ mod tests {
         };
         assert_eq!(
             waiting_for(&placed),
-            "session s-1 scheduled: placed on n1, waiting for its agent"
+            "scheduled: placed on n1, waiting for its agent"
         );
     }
 
