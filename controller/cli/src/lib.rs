@@ -586,14 +586,28 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 .await?
                 .into_inner();
             if wait {
-                s = waiting::wait_running(
+                let id = s.id.clone();
+                let waited = waiting::wait_running(
                     &cli.controller,
                     &mut client,
-                    &s.id,
+                    &id,
                     std::time::Duration::from_secs(timeout),
                     waiting::Style::detect(cli.json),
-                )
-                .await?;
+                );
+                // Ctrl-C stops the wait, not the session: say where it was left (once the wait,
+                // and the status line it draws, is gone).
+                let waited = tokio::select! {
+                    s = waited => Some(s),
+                    _ = tokio::signal::ctrl_c() => None,
+                };
+                let Some(waited) = waited else {
+                    eprintln!(
+                        "gpuwarden: stopped waiting; session {id} stays queued \
+                         (end it with `gpuwarden session rm {id}`)"
+                    );
+                    return Ok(ExitCode::from(130));
+                };
+                s = waited?;
             }
             if cli.json {
                 print_json(&json::Session::from(&s));

@@ -41,6 +41,8 @@ const PREEMPTED_WAIT: Duration = Duration::from_secs(15);
 const POLL: Duration = Duration::from_millis(100);
 /// How long the agent may take to make and bind the session's cgroup once the session runs.
 const CGROUP_WAIT: Duration = Duration::from_secs(10);
+/// How long binding the cgroup goes unsaid (it usually takes a moment).
+const CGROUP_QUIET: Duration = Duration::from_secs(1);
 
 /// `gpuwarden run` arguments.
 #[derive(clap::Args)]
@@ -287,9 +289,12 @@ fn signal_code(sig: i32) -> ExitCode {
     ExitCode::from(u8::try_from(128 + sig).unwrap_or(u8::MAX))
 }
 
-/// Asks the agent for the session's cgroup until it is bound.
+/// Asks the agent for the session's cgroup until it is bound; says so on stderr once that
+/// takes longer than [`CGROUP_QUIET`].
 async fn wait_cgroup(socket: &Path, id: &str) -> Result<PathBuf, CliError> {
-    let deadline = Instant::now() + CGROUP_WAIT;
+    let started = Instant::now();
+    let deadline = started + CGROUP_WAIT;
+    let mut said = false;
     loop {
         // The agent may answer "unknown session" in the moment between its ack and its books.
         let last = match client::session_cgroup(socket, id).await {
@@ -312,6 +317,13 @@ async fn wait_cgroup(socket: &Path, id: &str) -> Result<PathBuf, CliError> {
                 "the agent at {} did not bind a cgroup for session {id} within {CGROUP_WAIT:?}: {last}",
                 socket.display()
             )));
+        }
+        if !said && started.elapsed() >= CGROUP_QUIET {
+            said = true;
+            eprintln!(
+                "gpuwarden: session {id} runs; waiting for the agent at {} to bind its cgroup ({last})",
+                socket.display()
+            );
         }
         tokio::time::sleep(POLL).await;
     }

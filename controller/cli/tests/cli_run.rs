@@ -584,6 +584,67 @@ fn create_wait_says_why_and_times_out_leaving_the_session() {
     rt.shutdown_background();
 }
 
+/// Ctrl-C stops `session create --wait` but not the session: it stays queued, and stderr says
+/// how to end it.
+#[test]
+fn ctrl_c_stops_create_wait_and_leaves_the_session() {
+    let (rt, url, _scratch, _socket) = a_full_node();
+    let (child, lines) = spawn_watched(
+        &url,
+        &["session", "create", "-r", "cuda.shares=0.5", "--wait"],
+    );
+    let (id, _) = reason_said(&url, &lines, Duration::from_secs(4));
+    let pid = i32::try_from(child.id()).expect("a pid");
+    // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let out = child.wait_with_output().expect("waited");
+    let rest: Vec<String> = lines.iter().map(|(_, l)| l).collect();
+    assert_eq!(out.status.code(), Some(128 + 2), "{rest:?}");
+    assert!(
+        rest.iter()
+            .any(|l| l.contains(&format!("gpuwarden session rm {id}"))),
+        "{rest:?}"
+    );
+    assert_eq!(
+        common::json(&url, &["session", "show", &id])["state"],
+        "pending"
+    );
+    rt.shutdown_background();
+}
+
+/// On a terminal (script(1) gives `run` one) the wait is a single status line redrawn in place
+/// with the reason, cleared before the timeout's message: no line per redraw.
+#[test]
+fn on_a_terminal_the_wait_is_one_status_line() {
+    let (rt, url, _scratch, socket) = a_full_node();
+    let command = format!(
+        "stty cols 200; GPUWARDEN_CONTROLLER={url} {} run -r cuda.shares=0.5 --timeout 3 \
+         --agent-socket {socket} -- true",
+        env!("CARGO_BIN_EXE_gpuwarden")
+    );
+    let out = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .output()
+        .expect("script(1) runs");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(124), "{shown:?}");
+    let redraw = "\r\x1b[2K";
+    let draws: Vec<&str> = shown.split(redraw).skip(1).collect();
+    assert!(draws.len() > 3, "redrawn as it waits: {shown:?}");
+    let (last, status) = draws.split_last().expect("drawn");
+    assert!(
+        status
+            .iter()
+            .all(|d| d.contains("pending: no node fits cuda.shares=0.5") && !d.contains('\n')),
+        "every redraw one line, with the reason: {shown:?}"
+    );
+    assert!(
+        last.starts_with("gpuwarden: session") && last.contains("did not start within 3s"),
+        "the status line is cleared before the timeout is said: {shown:?}"
+    );
+    rt.shutdown_background();
+}
+
 #[test]
 fn run_with_an_agent_but_no_controller_exits_1_naming_the_controller() {
     let scratch = gpuwarden_test_support::scratch("noctl");
