@@ -190,7 +190,7 @@ pub async fn wait_running(
         .get_session(pb::GetSessionRequest { id: id.to_owned() })
         .await?
         .into_inner();
-    let mut follower = follow::Follower::new(controller, client.clone(), revision);
+    let mut watch = Watch::start(controller.clone(), client.clone(), revision);
     let mut progress = Progress::new(style);
     let mut tick = tokio::time::interval(TICK);
     let mut poll = tokio::time::interval(POLL);
@@ -208,19 +208,21 @@ pub async fn wait_running(
                     reason: s.reason,
                 });
             }
-            next = follower.next() => {
+            next = watch.changes.recv() => {
                 // Another session's change, or an older state of this one, says nothing new.
+                let Some(next) = next else {
+                    return Err(CliError::Run("the session watch ended".to_owned()));
+                };
                 let next = next?;
                 if next.id == id && next.revision >= s.revision {
                     s = next;
                 }
             }
             _ = poll.tick() => {
-                // A read that fails is left to the watch, which reconnects.
-                if let Ok(now) = client
-                    .get_session(pb::GetSessionRequest { id: id.to_owned() })
-                    .await
-                {
+                // A read that fails is left to the watch, which reconnects; one that hangs
+                // doesn't outlast the deadline.
+                let read = client.get_session(pb::GetSessionRequest { id: id.to_owned() });
+                if let Ok(Ok(now)) = tokio::time::timeout_at(deadline, read).await {
                     let now = now.into_inner();
                     if now.revision >= s.revision {
                         s = now;
@@ -230,6 +232,37 @@ pub async fn wait_running(
             // The status line's spinner and seconds; a wait outlasting GRACE.
             _ = tick.tick() => {}
         }
+    }
+}
+
+/// The sessions' changes after a revision, followed on a task of its own (stopped when this is
+/// dropped): the wait's timers then never cancel a watch half-opened or a reconnection
+/// half-way through its back-off.
+struct Watch {
+    changes: tokio::sync::mpsc::Receiver<Result<pb::Session, CliError>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Watch {
+    fn start(controller: ControllerArgs, client: Client, revision: u64) -> Self {
+        let (tx, changes) = tokio::sync::mpsc::channel(16);
+        let task = tokio::spawn(async move {
+            let mut follower = follow::Follower::new(&controller, client, revision);
+            loop {
+                let next = follower.next().await;
+                let failed = next.is_err();
+                if tx.send(next).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Self { changes, task }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
