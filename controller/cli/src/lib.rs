@@ -18,6 +18,7 @@ pub mod json;
 pub mod queue;
 pub mod render;
 pub mod run;
+pub mod waiting;
 pub mod wire;
 
 use std::{path::PathBuf, process::ExitCode};
@@ -236,7 +237,8 @@ impl TargetArgs {
     reason = "a command line, parsed once: boxing `create`'s flags buys nothing"
 )]
 enum SessionCommand {
-    /// Ask for resources, e.g. `-r cpu=1 -r mem=2g -r cuda.shares=0.2`.
+    /// Ask for resources, e.g. `-r cpu=1 -r mem=2g -r cuda.shares=0.2`; prints the session's
+    /// id.
     Create {
         /// A resource, name=value (repeat).
         #[arg(short = 'r', long = "resource", required = true)]
@@ -269,6 +271,14 @@ enum SessionCommand {
         no_preempt: bool,
         #[command(flatten)]
         gang: GangArgs,
+        /// Wait until the session runs, saying on stderr what it waits for (the controller's
+        /// reason, again whenever it changes); then print it. Ctrl-C or `--timeout` stop the
+        /// wait and leave the session as it is (end it with `session rm`).
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: seconds to wait; after, exit 124 naming the last reason.
+        #[arg(long, default_value_t = 120, value_name = "SECS", requires = "wait")]
+        timeout: u64,
     },
     /// List sessions.
     Ls {
@@ -350,7 +360,26 @@ pub enum CliError {
     /// `gpuwarden run` could not get its session running (exit 1).
     #[error("{0}")]
     Run(String),
+    /// A session did not start within `--timeout` (exit [`TIMEOUT_EXIT`]).
+    #[error(
+        "session {id} did not start within {waited} (still {state}{}); see --timeout",
+        if reason.is_empty() { String::new() } else { format!(": {reason}") }
+    )]
+    TimedOut {
+        /// The session.
+        id: String,
+        /// How long it was waited for, in words.
+        waited: String,
+        /// Its state at the end.
+        state: String,
+        /// Its last reason (empty: none given).
+        reason: String,
+    },
 }
+
+/// The exit code of a wait that ran out of `--timeout` (`run`, `session create --wait`): 124,
+/// as `timeout(1)` exits when its time runs out.
+pub const TIMEOUT_EXIT: u8 = 124;
 
 impl CliError {
     /// The process exit code.
@@ -358,6 +387,7 @@ impl CliError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
             Self::Input(_) => ExitCode::from(2),
+            Self::TimedOut { .. } => ExitCode::from(TIMEOUT_EXIT),
             Self::Server { .. } | Self::Unreachable { .. } | Self::Agent(_) | Self::Run(_) => {
                 ExitCode::from(1)
             }
@@ -375,8 +405,9 @@ impl From<tonic::Status> for CliError {
 }
 
 /// The whole `gpuwarden` binary: parses the command line, runs it on its own runtime, and
-/// returns the exit code (0; 1 for server, agent or run failures; 2 for bad input; the
-/// command's own for `run`, or [`run::PREEMPTED_EXIT`] when its session was preempted).
+/// returns the exit code (0; 1 for server, agent or run failures; 2 for bad input;
+/// [`TIMEOUT_EXIT`] when a session did not start within `--timeout`; the command's own for
+/// `run`, or [`run::PREEMPTED_EXIT`] when its session was preempted).
 #[must_use]
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -495,7 +526,9 @@ fn print_json<T: serde::Serialize>(value: &T) {
 #[expect(clippy::too_many_lines, reason = "one match arm per subcommand")]
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let command = match cli.command {
-        Command::Run(args) => return run::run(&cli.controller, args).await,
+        Command::Run(args) => {
+            return run::run(&cli.controller, args, waiting::Style::detect(cli.json)).await;
+        }
         other => other,
     };
     // Parse before connecting, so bad input is exit 2 even with no controller.
@@ -531,9 +564,11 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             placement,
             no_preempt,
             gang,
+            wait,
+            timeout,
             ..
         }) => {
-            let s = client
+            let mut s = client
                 .create_session(pb::CreateSessionRequest {
                     requested: Some(convert::slots_to_pb(&requested.unwrap_or_default())),
                     owner,
@@ -552,6 +587,30 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 })
                 .await?
                 .into_inner();
+            if wait {
+                let id = s.id.clone();
+                let waited = waiting::wait_running(
+                    &cli.controller,
+                    &mut client,
+                    &id,
+                    std::time::Duration::from_secs(timeout),
+                    waiting::Style::detect(cli.json),
+                );
+                // Ctrl-C stops the wait, not the session: say where it was left (once the wait,
+                // and the status line it draws, is gone).
+                let waited = tokio::select! {
+                    s = waited => Some(s),
+                    _ = tokio::signal::ctrl_c() => None,
+                };
+                let Some(waited) = waited else {
+                    eprintln!(
+                        "gpuwarden: stopped waiting; session {id} stays queued \
+                         (end it with `gpuwarden session rm {id}`)"
+                    );
+                    return Ok(ExitCode::from(130));
+                };
+                s = waited?;
+            }
             if cli.json {
                 print_json(&json::Session::from(&s));
             } else {

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use gpuwarden_proto::{convert, v1 as pb};
 use gpuwarden_types::{
-    slot::{SlotKind, names},
+    slot::{SlotKind, SlotValue, format_value, names},
     units::{fit, human_bytes},
 };
 
@@ -18,37 +18,115 @@ fn slots(s: Option<&pb::ResourceSlot>) -> String {
     pairs.join(",")
 }
 
-/// Sessions as a table. A session Kubernetes placed (origin `dra`) names its claim and pod after
-/// what it holds.
-#[must_use]
-pub fn sessions(list: &[pb::Session]) -> String {
-    let mut out = format!(
-        "{:<18} {:<12} {:<10} {:<11} {:<14} {:<10} {}\n",
-        "ID", "NAME", "OWNER", "STATE", "NODE", "ORIGIN", "REQUESTED"
-    );
-    // Long names, owners and nodes are cut to their column (`session show` and `--json` have
-    // them whole), so every row keeps the header's columns.
-    for s in list {
-        let _ = write!(
-            out,
-            "{:<18} {:<12} {:<10} {:<11} {:<14} {:<10} {}",
-            fit(&s.id, 18),
-            fit(&s.name, 12),
-            fit(&s.owner, 10),
-            state(s.state),
-            fit(&s.node_id, 14),
-            origin(s),
-            slots(s.requested.as_ref())
-        );
-        if let Some(k) = &s.kubernetes {
-            let _ = write!(out, "  {}", claim(k));
+/// A request as typed: `cuda.mem=4g,cuda.shares=0.5` (byte slots in their shortest exact
+/// spelling, which `-r` takes back), sorted by name.
+fn typed(s: Option<&pb::ResourceSlot>) -> String {
+    let mut pairs: Vec<(&String, String)> = s
+        .map(|s| {
+            s.values
+                .iter()
+                .map(|(k, v)| {
+                    let v = v
+                        .parse::<SlotValue>()
+                        .map_or_else(|_| v.clone(), |value| format_value(k, value));
+                    (k, v)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    pairs.sort();
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Columns padded to their widest cell (counted in characters), two spaces apart; the last
+/// column is not padded. Cells a table must keep usable (ids) are given whole, so the width
+/// follows them.
+fn columns(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
         }
-        if let Some(g) = &s.gang {
-            let _ = write!(out, "  {}", gang(g));
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|&h| h.to_owned()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let last = row.len().saturating_sub(1);
+        let mut line = String::new();
+        for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
+            if i == last {
+                line.push_str(cell);
+            } else {
+                let pad = w.saturating_sub(cell.chars().count());
+                line.push_str(cell);
+                line.extend(std::iter::repeat_n(' ', pad + 2));
+            }
         }
+        out.push_str(line.trim_end());
         out.push('\n');
     }
     out
+}
+
+/// The widest a session's name or owner is shown in a table (`session show` and `--json` have
+/// them whole): long names are cut to it so a row keeps to one line.
+const NAME_WIDTH: usize = 20;
+
+/// A session's name for a table: `-` when none was given (the controller then names it by its
+/// id, which the ID column already shows).
+fn name(s: &pb::Session) -> String {
+    if s.name.is_empty() || s.name == s.id {
+        "-".to_owned()
+    } else {
+        fit(&s.name, NAME_WIDTH)
+    }
+}
+
+/// Sessions as a table. Ids and nodes are whole, so any can be pasted into the next command;
+/// names and owners are cut to [`NAME_WIDTH`]. The ORIGIN column is there only when a session
+/// Kubernetes placed (origin `dra`) is listed, and such a session names its claim and pod after
+/// what it holds.
+#[must_use]
+pub fn sessions(list: &[pb::Session]) -> String {
+    let observed = list.iter().any(|s| origin(s) != "controller");
+    let mut header = vec!["ID", "NAME", "OWNER", "STATE", "NODE"];
+    if observed {
+        header.push("ORIGIN");
+    }
+    header.push("REQUESTED");
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|s| {
+            let mut row = vec![
+                s.id.clone(),
+                name(s),
+                fit(&s.owner, NAME_WIDTH),
+                state(s.state).to_owned(),
+                if s.node_id.is_empty() {
+                    "-".to_owned()
+                } else {
+                    s.node_id.clone()
+                },
+            ];
+            if observed {
+                row.push(origin(s).to_owned());
+            }
+            let mut requested = typed(s.requested.as_ref());
+            if let Some(k) = &s.kubernetes {
+                let _ = write!(requested, "  {}", claim(k));
+            }
+            if let Some(g) = &s.gang {
+                let _ = write!(requested, "  {}", gang(g));
+            }
+            row.push(requested);
+            row
+        })
+        .collect();
+    columns(&header, &rows)
 }
 
 /// Who placed a session: `controller` (also from controllers before origins) or `dra`.
@@ -304,12 +382,16 @@ pub fn target(t: Option<&pb::Target>) -> String {
 }
 
 /// Nodes as a table: GPU shares and GPU memory as allocated/capacity, then the other slots
-/// the same way, bytes in binary units.
+/// the same way, bytes in binary units. Node ids are whole (`node show` takes them back).
 #[must_use]
 pub fn nodes(list: &[pb::Node]) -> String {
+    let width = list
+        .iter()
+        .filter_map(|n| n.info.as_ref())
+        .map(|i| i.node_id.chars().count())
+        .fold(16, usize::max);
     let mut out = format!(
-        "{:<16} {:<7} {:>4} {:<11} {:<21} {}
-",
+        "{:<width$} {:<7} {:>4} {:<11} {:<21} {}\n",
         "NODE", "STATE", "GPUS", "SHARES", "GPU MEMORY", "OTHER (ALLOCATED/CAPACITY)"
     );
     for n in list {
@@ -322,8 +404,8 @@ pub fn nodes(list: &[pb::Node]) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<16} {:<7} {:>4} {:<11} {:<21} {}",
-            fit(&info.node_id, 16),
+            "{:<width$} {:<7} {:>4} {:<11} {:<21} {}",
+            info.node_id,
             node_state(n.state),
             info.devices.len(),
             usage.pair(names::CUDA_SHARES),

@@ -2,7 +2,8 @@
 //!
 //! The steps: ask the local agent for its node, create a session pinned there with a managed
 //! target, wait until it runs (watching from the revision the sessions were at once it was
-//! created, so no change of it is missed, across controller restarts and leader changes), ask
+//! created, so no change of it is missed, across controller restarts and leader changes, and
+//! saying on stderr what it waits for: [`crate::waiting`]), ask
 //! the agent for the session's cgroup, start the command inside it, wait for it, end the session,
 //! and exit with the command's status (128 + signal when a signal killed it; 127 when it could not
 //! be found, 126 when it could not be started).
@@ -23,7 +24,10 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use gpuwarden_agent_api::{ClientError, client};
 
-use super::{CliError, Client, ControllerArgs, PolicyArgs, connect, follow};
+use super::{
+    CliError, Client, ControllerArgs, PolicyArgs, connect, follow,
+    waiting::{Style, wait_running},
+};
 use gpuwarden_proto::convert;
 use gpuwarden_types::{slot::ResourceSlot, target::Target};
 
@@ -37,6 +41,8 @@ const PREEMPTED_WAIT: Duration = Duration::from_secs(15);
 const POLL: Duration = Duration::from_millis(100);
 /// How long the agent may take to make and bind the session's cgroup once the session runs.
 const CGROUP_WAIT: Duration = Duration::from_secs(10);
+/// How long binding the cgroup goes unsaid (it usually takes a moment).
+const CGROUP_QUIET: Duration = Duration::from_secs(1);
 
 /// `gpuwarden run` arguments.
 #[derive(clap::Args)]
@@ -71,9 +77,16 @@ pub struct RunArgs {
     no_preempt: bool,
     #[command(flatten)]
     gang: crate::GangArgs,
-    /// Seconds to wait for the session to run before giving up.
-    #[arg(long, default_value_t = 120, value_name = "SECS")]
-    start_timeout: u64,
+    /// Seconds to wait for the session to run. Until then `run` says on stderr what it waits
+    /// for (the controller's reason, again whenever it changes); after, it ends the session and
+    /// exits 124, naming the last reason. Ctrl-C while waiting ends the session too (exit 130).
+    #[arg(
+        long,
+        alias = "start-timeout",
+        default_value_t = 120,
+        value_name = "SECS"
+    )]
+    timeout: u64,
     /// Say on stderr what happens before the command starts.
     #[arg(short, long)]
     verbose: bool,
@@ -101,7 +114,11 @@ impl From<CliError> for Interrupted {
 /// # Errors
 /// Bad input; an unreachable or refusing agent or controller; a session that fails or doesn't
 /// start in time.
-pub async fn run(controller: &ControllerArgs, args: RunArgs) -> Result<ExitCode, CliError> {
+pub async fn run(
+    controller: &ControllerArgs,
+    args: RunArgs,
+    style: Style,
+) -> Result<ExitCode, CliError> {
     // Bad input first, so it is exit 2 with no agent or controller around.
     let requested =
         ResourceSlot::parse_any(&args.resources).map_err(|e| CliError::Input(e.to_string()))?;
@@ -146,7 +163,8 @@ pub async fn run(controller: &ControllerArgs, args: RunArgs) -> Result<ExitCode,
             controller,
             &mut client,
             &id,
-            Duration::from_secs(args.start_timeout),
+            Duration::from_secs(args.timeout),
+            style,
         )
         .await?;
         let cgroup = wait_cgroup(&args.agent_socket, &id).await?;
@@ -165,7 +183,12 @@ pub async fn run(controller: &ControllerArgs, args: RunArgs) -> Result<ExitCode,
         Err(why) => {
             end_session(&mut client, &id).await;
             return match why {
-                Interrupted::Signal(sig) => Ok(signal_code(sig)),
+                Interrupted::Signal(sig) => {
+                    eprintln!(
+                        "gpuwarden: interrupted before the command started: session {id} ended"
+                    );
+                    Ok(signal_code(sig))
+                }
                 Interrupted::Error(e) => Err(e),
             };
         }
@@ -271,75 +294,12 @@ fn signal_code(sig: i32) -> ExitCode {
     ExitCode::from(u8::try_from(128 + sig).unwrap_or(u8::MAX))
 }
 
-/// Waits until the session runs: its state now, then every change of it after the revision the
-/// sessions were at when it was read (the session was created, and stored, before).
-async fn wait_running(
-    controller: &ControllerArgs,
-    client: &mut Client,
-    id: &str,
-    timeout: Duration,
-) -> Result<(), CliError> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let revision = follow::revision_now(client).await?;
-    let mut s = client
-        .get_session(pb::GetSessionRequest { id: id.to_owned() })
-        .await?
-        .into_inner();
-    let mut follower = follow::Follower::new(controller, client.clone(), revision);
-    loop {
-        if started(id, &s)? {
-            return Ok(());
-        }
-        // Another session's change, or an older state of this one, says nothing new.
-        loop {
-            let Ok(next) = tokio::time::timeout_at(deadline, follower.next()).await else {
-                let state = super::wire::state(s.state);
-                let why = if s.reason.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", s.reason)
-                };
-                return Err(CliError::Run(format!(
-                    "session {id} did not start within {timeout:?} (still {state}{why}); see --start-timeout"
-                )));
-            };
-            let next = next?;
-            if next.id == id && next.revision >= s.revision {
-                s = next;
-                break;
-            }
-        }
-    }
-}
-
-/// Whether session `s` runs (`false`: not yet); an error once it can no longer.
-fn started(id: &str, s: &pb::Session) -> Result<bool, CliError> {
-    match pb::SessionState::try_from(s.state).unwrap_or(pb::SessionState::Unspecified) {
-        pb::SessionState::Running => Ok(true),
-        pb::SessionState::Pending | pb::SessionState::Scheduled | pb::SessionState::Unspecified => {
-            Ok(false)
-        }
-        pb::SessionState::Failed => {
-            Err(CliError::Run(format!("session {id} failed: {}", s.reason)))
-        }
-        pb::SessionState::Terminating
-        | pb::SessionState::Terminated
-        | pb::SessionState::Lost
-        | pb::SessionState::Preempted => Err(CliError::Run(format!(
-            "session {id} ended before it ran ({}){}",
-            super::wire::state(s.state),
-            if s.reason.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", s.reason)
-            }
-        ))),
-    }
-}
-
-/// Asks the agent for the session's cgroup until it is bound.
+/// Asks the agent for the session's cgroup until it is bound; says so on stderr once that
+/// takes longer than [`CGROUP_QUIET`].
 async fn wait_cgroup(socket: &Path, id: &str) -> Result<PathBuf, CliError> {
-    let deadline = Instant::now() + CGROUP_WAIT;
+    let started = Instant::now();
+    let deadline = started + CGROUP_WAIT;
+    let mut said = false;
     loop {
         // The agent may answer "unknown session" in the moment between its ack and its books.
         let last = match client::session_cgroup(socket, id).await {
@@ -362,6 +322,13 @@ async fn wait_cgroup(socket: &Path, id: &str) -> Result<PathBuf, CliError> {
                 "the agent at {} did not bind a cgroup for session {id} within {CGROUP_WAIT:?}: {last}",
                 socket.display()
             )));
+        }
+        if !said && started.elapsed() >= CGROUP_QUIET {
+            said = true;
+            eprintln!(
+                "gpuwarden: session {id} runs; waiting for the agent at {} to bind its cgroup ({last})",
+                socket.display()
+            );
         }
         tokio::time::sleep(POLL).await;
     }

@@ -9,8 +9,7 @@ mod common;
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader, Write},
-    os::unix::net::UnixListener,
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::Command,
     sync::{Arc, Mutex},
@@ -33,37 +32,6 @@ use gpuwarden_test_support::{
 use tokio_stream::StreamExt;
 
 const NODE: &str = "node-run";
-
-/// Answers the agent socket's two requests; the first cgroup answer is "not bound yet".
-fn fake_agent_socket(path: &Path, cgroup_dir: PathBuf) {
-    let listener = UnixListener::bind(path).expect("binds the agent socket");
-    std::thread::spawn(move || {
-        let mut asked = 0;
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            let mut reader = BufReader::new(&stream);
-            let mut line = String::new();
-            if reader.read_line(&mut line).is_err() {
-                continue;
-            }
-            let request: serde_json::Value =
-                serde_json::from_str(&line).unwrap_or(serde_json::Value::Null);
-            let answer = match request["request"].as_str() {
-                Some("node") => serde_json::json!({"node": {"name": NODE}}),
-                Some("session_cgroup") => {
-                    asked += 1;
-                    serde_json::json!({"session_cgroup": {
-                        "session_id": request["session_id"],
-                        "cgroup_dir": cgroup_dir,
-                        "bound": asked > 1,
-                    }})
-                }
-                _ => serde_json::json!({"error": format!("unknown request {line:?}")}),
-            };
-            let _ = writeln!(&stream, "{answer}");
-        }
-    });
-}
 
 /// Registers one GPU, acks every `Allocate` (kept in `seen`) and reports one event for it. A
 /// `Preempt` it answers as the agent does a workload that ends on SIGTERM: SIGTERM to every
@@ -203,7 +171,7 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
     let scratch = gpuwarden_test_support::scratch("run");
     let scratch = scratch.path();
     let socket = scratch.join("agent.sock");
-    fake_agent_socket(&socket, cgroup.dir.clone());
+    common::fake_agent_socket(&socket, NODE, cgroup.dir.clone());
 
     let (rt, url) = common::start_controller(scratch);
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -357,7 +325,7 @@ fn a_preempted_run_says_so_and_exits_75() {
     let scratch = gpuwarden_test_support::scratch("preempt");
     let scratch = scratch.path();
     let socket = scratch.join("agent.sock");
-    fake_agent_socket(&socket, cgroup.dir.clone());
+    common::fake_agent_socket(&socket, NODE, cgroup.dir.clone());
     let lab = QueueQuota {
         guaranteed: ResourceSlot::parse_any(&["cuda.shares=1"]).expect("a slot"),
         limit: None,
@@ -429,11 +397,259 @@ fn a_preempted_run_says_so_and_exits_75() {
     drop(cgroup);
 }
 
+/// A controller whose one GPU a running session holds whole, its fake agent, and a fake agent
+/// socket: a `run` or `session create` asking for any share of a GPU waits there for good.
+fn a_full_node() -> (tokio::runtime::Runtime, String, impl Sized, String) {
+    let scratch = gpuwarden_test_support::scratch("full");
+    let socket = scratch.path().join("agent.sock");
+    common::fake_agent_socket(&socket, NODE, scratch.path().to_owned());
+    let (rt, url) = common::start_controller(scratch.path());
+    rt.spawn(fake_agent(
+        url.clone(),
+        Arc::new(Mutex::new(Vec::new())),
+        scratch.path().to_owned(),
+    ));
+    common::wait_for_node(&url, NODE);
+    let holder = common::json(&url, &["session", "create", "-r", "cuda.shares=1"]);
+    let holder = holder["id"].as_str().expect("an id").to_owned();
+    wait::until("the first session to run", PATIENCE, || {
+        common::json(&url, &["session", "show", &holder])["state"] == "running"
+    });
+    let socket = socket.to_string_lossy().into_owned();
+    (rt, url, scratch, socket)
+}
+
+/// `gpuwarden` with `args`, its stderr read line by line as it comes (each line with the time
+/// it came, counted from the start) into the returned channel.
+fn spawn_watched(
+    url: &str,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::sync::mpsc::Receiver<(Duration, String)>,
+) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(args)
+        .env("GPUWARDEN_CONTROLLER", url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gpuwarden starts");
+    let stderr = child.stderr.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let started = std::time::Instant::now();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if tx.send((started.elapsed(), line)).is_err() {
+                return;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// The sessions of the controller at `url` in `state`.
+fn sessions_in(url: &str, state: &str) -> Vec<serde_json::Value> {
+    let all = common::json(url, &["session", "ls"]);
+    all.as_array()
+        .expect("a list")
+        .iter()
+        .filter(|s| s["state"] == state)
+        .cloned()
+        .collect()
+}
+
+/// The first stderr line naming the controller's reason: it must come within `within` of the
+/// start, and name the reason `session show` gives.
+fn reason_said(
+    url: &str,
+    lines: &std::sync::mpsc::Receiver<(Duration, String)>,
+    within: Duration,
+) -> (String, String) {
+    let deadline = std::time::Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok((at, line)) = lines.recv_timeout(left) else {
+            panic!("no reason on stderr within {within:?}; it said: {seen:?}");
+        };
+        seen.push(line.clone());
+        let pending = sessions_in(url, "pending");
+        let [waiting] = pending.as_slice() else {
+            continue;
+        };
+        let reason = waiting["reason"].as_str().unwrap_or_default().to_owned();
+        if !reason.is_empty() && line.contains(&reason) {
+            assert!(at <= within, "said after {at:?}: {line}");
+            let id = waiting["id"].as_str().expect("an id").to_owned();
+            assert!(line.contains(&id), "names the session: {line}");
+            return (id, reason);
+        }
+    }
+}
+
+/// A `run` that can't be placed says why on stderr, in the controller's words, within seconds;
+/// at `--timeout` it exits 124 naming the reason, and its session is gone.
+#[test]
+fn a_waiting_run_says_why_and_its_timeout_ends_the_session() {
+    let (rt, url, _scratch, socket) = a_full_node();
+    let (child, lines) = spawn_watched(
+        &url,
+        &[
+            "run",
+            "-r",
+            "cuda.shares=0.5",
+            "--timeout",
+            "6",
+            "--agent-socket",
+            &socket,
+            "--",
+            "true",
+        ],
+    );
+    let (id, reason) = reason_said(&url, &lines, Duration::from_secs(4));
+    let out = child.wait_with_output().expect("waited");
+    let rest: Vec<String> = lines.try_iter().map(|(_, l)| l).collect();
+    assert_eq!(out.status.code(), Some(124), "{rest:?}");
+    let last = rest.last().cloned().unwrap_or_default();
+    assert!(
+        last.contains("did not start within 6s") && last.contains(&reason),
+        "the timeout names the reason: {rest:?}"
+    );
+    assert_eq!(
+        common::json(&url, &["session", "show", &id])["state"],
+        "terminated"
+    );
+    rt.shutdown_background();
+}
+
+/// Ctrl-C while `run` waits ends the session it created (and exits 130, as SIGINT does).
+#[test]
+fn ctrl_c_while_run_waits_ends_its_session() {
+    let (rt, url, _scratch, socket) = a_full_node();
+    let (child, lines) = spawn_watched(
+        &url,
+        &[
+            "run",
+            "-r",
+            "cuda.shares=0.5",
+            "--timeout",
+            "60",
+            "--agent-socket",
+            &socket,
+            "--",
+            "true",
+        ],
+    );
+    let (id, _) = reason_said(&url, &lines, Duration::from_secs(4));
+    let pid = i32::try_from(child.id()).expect("a pid");
+    // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let out = child.wait_with_output().expect("waited");
+    assert_eq!(out.status.code(), Some(128 + 2));
+    assert_eq!(
+        common::json(&url, &["session", "show", &id])["state"],
+        "terminated"
+    );
+    rt.shutdown_background();
+}
+
+/// `session create --wait` says what it waits for the same way; its `--timeout` exits 124
+/// naming the reason and leaves the session queued (it was asked for, not run).
+#[test]
+fn create_wait_says_why_and_times_out_leaving_the_session() {
+    let (rt, url, _scratch, _socket) = a_full_node();
+    let (child, lines) = spawn_watched(
+        &url,
+        &[
+            "session",
+            "create",
+            "-r",
+            "cuda.shares=0.5",
+            "--wait",
+            "--timeout",
+            "3",
+        ],
+    );
+    let (id, reason) = reason_said(&url, &lines, Duration::from_secs(3));
+    let out = child.wait_with_output().expect("waited");
+    let rest: Vec<String> = lines.try_iter().map(|(_, l)| l).collect();
+    assert_eq!(out.status.code(), Some(124), "{rest:?}");
+    assert!(rest.last().is_some_and(|l| l.contains(&reason)), "{rest:?}");
+    assert_eq!(
+        common::json(&url, &["session", "show", &id])["state"],
+        "pending"
+    );
+    rt.shutdown_background();
+}
+
+/// Ctrl-C stops `session create --wait` but not the session: it stays queued, and stderr says
+/// how to end it.
+#[test]
+fn ctrl_c_stops_create_wait_and_leaves_the_session() {
+    let (rt, url, _scratch, _socket) = a_full_node();
+    let (child, lines) = spawn_watched(
+        &url,
+        &["session", "create", "-r", "cuda.shares=0.5", "--wait"],
+    );
+    let (id, _) = reason_said(&url, &lines, Duration::from_secs(4));
+    let pid = i32::try_from(child.id()).expect("a pid");
+    // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let out = child.wait_with_output().expect("waited");
+    let rest: Vec<String> = lines.iter().map(|(_, l)| l).collect();
+    assert_eq!(out.status.code(), Some(128 + 2), "{rest:?}");
+    assert!(
+        rest.iter()
+            .any(|l| l.contains(&format!("gpuwarden session rm {id}"))),
+        "{rest:?}"
+    );
+    assert_eq!(
+        common::json(&url, &["session", "show", &id])["state"],
+        "pending"
+    );
+    rt.shutdown_background();
+}
+
+/// On a terminal (script(1) gives `run` one) the wait is a single status line redrawn in place
+/// with the reason, cleared before the timeout's message: no line per redraw.
+#[test]
+fn on_a_terminal_the_wait_is_one_status_line() {
+    let (rt, url, _scratch, socket) = a_full_node();
+    let command = format!(
+        "stty cols 200; GPUWARDEN_CONTROLLER={url} {} run -r cuda.shares=0.5 --timeout 3 \
+         --agent-socket {socket} -- true",
+        env!("CARGO_BIN_EXE_gpuwarden")
+    );
+    let out = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .output()
+        .expect("script(1) runs");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(124), "{shown:?}");
+    let redraw = "\r\x1b[2K";
+    let draws: Vec<&str> = shown.split(redraw).skip(1).collect();
+    assert!(draws.len() > 3, "redrawn as it waits: {shown:?}");
+    let (last, status) = draws.split_last().expect("drawn");
+    assert!(
+        status
+            .iter()
+            .all(|d| d.contains("pending: no node fits cuda.shares=0.5") && !d.contains('\n')),
+        "every redraw one line, with the reason: {shown:?}"
+    );
+    assert!(
+        last.starts_with("gpuwarden: session") && last.contains("did not start within 3s"),
+        "the status line is cleared before the timeout is said: {shown:?}"
+    );
+    rt.shutdown_background();
+}
+
 #[test]
 fn run_with_an_agent_but_no_controller_exits_1_naming_the_controller() {
     let scratch = gpuwarden_test_support::scratch("noctl");
     let socket = scratch.path().join("agent.sock");
-    fake_agent_socket(&socket, scratch.path().to_owned());
+    common::fake_agent_socket(&socket, NODE, scratch.path().to_owned());
     let out = gpuwarden(
         "http://127.0.0.1:9",
         &[

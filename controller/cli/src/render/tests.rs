@@ -190,7 +190,62 @@ fn a_long_session_name_keeps_the_columns() {
     let owner_at = |line: &str| line.find("alice").map(|at| line[..at].chars().count());
     assert_eq!(owner_at(lines[1]), owner_at(lines[2]), "{table}");
     assert_eq!(lines[0].find("OWNER"), owner_at(lines[1]), "{table}");
-    assert!(lines[2].contains("a-training-…"), "{table}");
+    assert!(lines[2].contains("a-training-job-with…"), "{table}");
+}
+
+/// What `session ls` shows most: sessions with no name, a managed `run`'s slots, a hostname.
+/// Each row starts with the whole id, NAME is `-` (the controller names such a session by its
+/// id, which the row already starts with), and every line fits 100 columns.
+#[test]
+fn the_common_session_table_reads_at_a_glance() {
+    let session = |id: &str, requested: &[(&str, &str)]| pb::Session {
+        id: id.into(),
+        // As the controller stores a session created without a name.
+        name: id.into(),
+        owner: "default".into(),
+        node_id: "build-worker-03".into(),
+        state: pb::SessionState::Terminated.into(),
+        requested: Some(pb::ResourceSlot {
+            values: requested
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }),
+        ..Default::default()
+    };
+    let ids = ["s-19ac9f3d1e20001", "s-19ac9f3d1e2000a"];
+    let table = sessions(&[
+        session(ids[0], &[("cuda.shares", "0.2")]),
+        session(
+            ids[1],
+            &[
+                ("cuda.mem", "4294967296"),
+                ("cuda.shares", "0.5"),
+                ("cpu", "1"),
+            ],
+        ),
+    ]);
+    for line in table.lines() {
+        assert!(line.chars().count() <= 100, "{} wide: {line}", line.len());
+    }
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0][..2], ["ID", "NAME"], "{table}");
+    for (row, id) in rows[1..].iter().zip(ids) {
+        assert_eq!(row[..3], [id, "-", "default"], "{table}");
+    }
+    assert!(
+        !table.contains("ORIGIN"),
+        "all placed by the controller: {table}"
+    );
+    assert!(!table.contains('…'), "nothing cut: {table}");
+    // Requests as `-r` takes them back.
+    assert!(
+        rows[2].last() == Some(&"cpu=1,cuda.mem=4g,cuda.shares=0.5"),
+        "{table}"
+    );
 }
 
 #[test]

@@ -4,7 +4,12 @@
     reason = "each test binary includes this module and uses a different part of it"
 )]
 
-use std::{path::Path, sync::Weak};
+use std::{
+    io::{BufRead, BufReader, Write},
+    os::unix::net::UnixListener,
+    path::{Path, PathBuf},
+    sync::Weak,
+};
 
 use gpuwarden_controller::{
     api::Timing, controller::Controller, scheduler::SchedulerConfig, server,
@@ -133,4 +138,37 @@ pub fn wait_for_node(url: &str, node: &str) {
         gpuwarden_test_support::wait::PATIENCE,
         || gpuwarden(url, &["--json", "node", "ls"]).1.contains(node),
     );
+}
+
+/// Plays the node agent's local socket for `gpuwarden run` on `node`: answers its two requests,
+/// handing out `cgroup_dir` for every session; the first cgroup answer is "not bound yet".
+pub fn fake_agent_socket(path: &Path, node: &str, cgroup_dir: PathBuf) {
+    let node = node.to_owned();
+    let listener = UnixListener::bind(path).expect("binds the agent socket");
+    std::thread::spawn(move || {
+        let mut asked = 0;
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let mut reader = BufReader::new(&stream);
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            let request: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or(serde_json::Value::Null);
+            let answer = match request["request"].as_str() {
+                Some("node") => serde_json::json!({"node": {"name": node}}),
+                Some("session_cgroup") => {
+                    asked += 1;
+                    serde_json::json!({"session_cgroup": {
+                        "session_id": request["session_id"],
+                        "cgroup_dir": cgroup_dir,
+                        "bound": asked > 1,
+                    }})
+                }
+                _ => serde_json::json!({"error": format!("unknown request {line:?}")}),
+            };
+            let _ = writeln!(&stream, "{answer}");
+        }
+    });
 }
