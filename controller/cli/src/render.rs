@@ -87,13 +87,25 @@ fn name(s: &pb::Session) -> String {
 }
 
 /// Sessions as a table. Ids and nodes are whole, so any can be pasted into the next command;
-/// names and owners are cut to [`NAME_WIDTH`]. The ORIGIN column is there only when a session
-/// Kubernetes placed (origin `dra`) is listed, and such a session names its claim and pod after
-/// what it holds.
+/// names and owners are cut to [`NAME_WIDTH`]. The OWNER column is there only when sessions of
+/// more than one owner are listed (a user sees only their own; an admin sees everyone's), as
+/// `kubectl` shows NAMESPACE only across namespaces. The ORIGIN column is there only when a
+/// session Kubernetes placed (origin `dra`) is listed, and such a session names its claim and pod
+/// after what it holds.
 #[must_use]
 pub fn sessions(list: &[pb::Session]) -> String {
     let observed = list.iter().any(|s| origin(s) != "controller");
-    let mut header = vec!["ID", "NAME", "OWNER", "STATE", "NODE"];
+    let owners = list
+        .iter()
+        .map(|s| s.owner.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        > 1;
+    let mut header = vec!["ID", "NAME"];
+    if owners {
+        header.push("OWNER");
+    }
+    header.extend(["STATE", "NODE"]);
     if observed {
         header.push("ORIGIN");
     }
@@ -101,17 +113,16 @@ pub fn sessions(list: &[pb::Session]) -> String {
     let rows: Vec<Vec<String>> = list
         .iter()
         .map(|s| {
-            let mut row = vec![
-                s.id.clone(),
-                name(s),
-                fit(&s.owner, NAME_WIDTH),
-                state(s.state).to_owned(),
-                if s.node_id.is_empty() {
-                    "-".to_owned()
-                } else {
-                    s.node_id.clone()
-                },
-            ];
+            let mut row = vec![s.id.clone(), name(s)];
+            if owners {
+                row.push(fit(&s.owner, NAME_WIDTH));
+            }
+            row.push(state(s.state).to_owned());
+            row.push(if s.node_id.is_empty() {
+                "-".to_owned()
+            } else {
+                s.node_id.clone()
+            });
             if observed {
                 row.push(origin(s).to_owned());
             }

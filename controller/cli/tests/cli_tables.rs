@@ -57,18 +57,14 @@ fn session_and_node_tables_give_whole_ids_the_next_command_takes() {
     );
 
     let rows = table(&url, &["session", "ls"]);
-    assert_eq!(
-        rows[0][..5],
-        ["ID", "NAME", "OWNER", "STATE", "NODE"],
-        "{rows:?}"
-    );
+    assert_eq!(rows[0][..4], ["ID", "NAME", "STATE", "NODE"], "{rows:?}");
     assert_eq!(rows.len(), 3, "{rows:?}");
     for row in &rows[1..] {
         let (code, _, err) = gpuwarden(&url, &["session", "show", &row[0]]);
         assert_eq!(code, 0, "`session show {}`: {err}", row[0]);
         let name = if row[0] == unnamed { "-" } else { "train" };
         assert_eq!(row[1], name, "{rows:?}");
-        assert_eq!(row[4], NODE, "{rows:?}");
+        assert_eq!(row[3], NODE, "{rows:?}");
     }
     let unnamed_row = rows.iter().find(|r| r[0] == unnamed).expect("listed");
     assert_eq!(

@@ -73,7 +73,6 @@ pub struct Controller {
     /// watch.
     log: Arc<SessionLog>,
     kick: Notify,
-    next_id: AtomicU64,
     heartbeats: AtomicU64,
     passes: PassTimes,
     timing: Timing,
@@ -164,7 +163,6 @@ impl Controller {
             outbox: Mutex::new(HashMap::new()),
             log,
             kick: Notify::new(),
-            next_id: AtomicU64::new(0),
             heartbeats: AtomicU64::new(0),
             passes: PassTimes::default(),
             timing,
@@ -336,19 +334,19 @@ impl Controller {
         f(&lock(&self.scheduler))
     }
 
-    /// A new session id: the time and a counter (so ids sort by creation), then 64 random
-    /// bits, so nobody can guess the id of a session about to be created (issue 33: another
-    /// user of the agent's socket claimed a `gpuwarden run` session's cgroup before its owner).
-    /// `None` when the system's random source fails.
+    /// A new session id: the time in ms (so ids sort by creation, to the millisecond), then 64
+    /// random bits, so nobody can guess the id of a session about to be created (issue 33:
+    /// another user of the agent's socket claimed a `gpuwarden run` session's cgroup before its
+    /// owner) and two made in one millisecond differ. No counter: it would add four columns to
+    /// every table for what the random bits already give. `None` when the system's random
+    /// source fails.
     pub fn new_session_id(&self) -> Option<String> {
         use ring::rand::SecureRandom as _;
         let mut random = [0u8; 8];
         ring::rand::SystemRandom::new().fill(&mut random).ok()?;
-        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         Some(format!(
-            "s-{:x}{:04x}{:016x}",
+            "s-{:x}{:016x}",
             now_ms(),
-            n & 0xffff,
             u64::from_be_bytes(random)
         ))
     }

@@ -173,17 +173,19 @@ fn nodes_show_gpu_slots_allocated_of_capacity_in_binary_units() {
 
 #[test]
 fn a_long_session_name_keeps_the_columns() {
-    let session = |name: &str| pb::Session {
+    let session = |name: &str, owner: &str| pb::Session {
         id: "s-0123456789abcdef".into(),
         name: name.into(),
-        owner: "alice".into(),
+        owner: owner.into(),
         node_id: "n1".into(),
         state: pb::SessionState::Running.into(),
         ..Default::default()
     };
+    // Two owners: the OWNER column is shown.
     let table = sessions(&[
-        session("short"),
-        session("a-training-job-with-a-very-long-name"),
+        session("short", "alice"),
+        session("a-training-job-with-a-very-long-name", "alice"),
+        session("other", "bob"),
     ]);
     let lines: Vec<&str> = table.lines().collect();
     // Columns are counted in characters: `…` is one column and three bytes.
@@ -228,13 +230,17 @@ fn the_common_session_table_reads_at_a_glance() {
     for line in table.lines() {
         assert!(line.chars().count() <= 100, "{} wide: {line}", line.len());
     }
+    assert!(
+        !table.contains("OWNER"),
+        "one owner: no OWNER column\n{table}"
+    );
     let rows: Vec<Vec<&str>> = table
         .lines()
         .map(|l| l.split_whitespace().collect())
         .collect();
     assert_eq!(rows[0][..2], ["ID", "NAME"], "{table}");
     for (row, id) in rows[1..].iter().zip(ids) {
-        assert_eq!(row[..3], [id, "-", "default"], "{table}");
+        assert_eq!(row[..3], [id, "-", "terminated"], "{table}");
     }
     assert!(
         !table.contains("ORIGIN"),
