@@ -24,7 +24,7 @@ use std::{
 
 use super::{
     ComputePolicy, Member, ThrottleStats, Usage,
-    freezer::{Cgroup, Freezer, is_gone},
+    freezer::{self, Cgroup, Freezer, is_gone},
 };
 
 /// A `work-conserving` member counts the others on its GPU as idle while each uses less than
@@ -165,16 +165,7 @@ impl Controller {
 
     /// Adds `key` to `gpu`, or updates its share and policy there (keeping its credit).
     pub(crate) fn set(&mut self, gpu: u32, key: u64, member: &Member) {
-        let cgroup = self
-            .cgroups
-            .entry(key)
-            .or_insert_with(|| Cgroup::new(member.cgroup_dir.clone()));
-        if cgroup.dir != member.cgroup_dir {
-            // Moved: whatever we wrote went to the old directory.
-            cgroup.dir.clone_from(&member.cgroup_dir);
-            cgroup.frozen = None;
-            cgroup.warned = false;
-        }
+        freezer::member(&mut self.cgroups, key, &member.cgroup_dir);
         let period = self.period;
         self.gpus
             .entry(gpu)
@@ -219,21 +210,12 @@ impl Controller {
     /// Drops `key` from every GPU and thaws it.
     pub(crate) fn remove(&mut self, key: u64, now: Instant, sys: &mut dyn Cgroups) {
         self.forget(key);
-        if let Some(mut cgroup) = self.cgroups.remove(&key) {
-            cgroup.frozen = None; // thaw even if we think it's thawed
-            // A cgroup that's gone needs no thawing.
-            let _ = cgroup.apply(now, false, sys);
-        }
+        freezer::release(&mut self.cgroups, key, now, sys);
     }
 
     /// Thaws every cgroup (on shutdown).
     pub(crate) fn thaw_all(&mut self, now: Instant, sys: &mut dyn Cgroups) {
-        for cgroup in self.cgroups.values_mut() {
-            if cgroup.frozen != Some(false) {
-                cgroup.frozen = None;
-                let _ = cgroup.apply(now, false, sys);
-            }
-        }
+        freezer::thaw_all(&mut self.cgroups, now, sys);
     }
 
     fn forget(&mut self, key: u64) {

@@ -2,6 +2,7 @@
 //! throttle mode does to the cgroups it regulates, whatever decides when.
 
 use std::{
+    collections::HashMap,
     io,
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -93,3 +94,40 @@ impl Cgroup {
 
 /// The cgroup disappeared.
 pub(crate) struct Gone;
+
+/// Every cgroup a throttle mode regulates, by key: what both modes do to the set, whatever
+/// decides when each is frozen.
+pub(crate) type CgroupSet = HashMap<u64, Cgroup>;
+
+/// The cgroup `key` at `dir`, added if new; one that moved forgets what was written to its old
+/// directory, so the next decision is written again.
+pub(crate) fn member<'a>(cgroups: &'a mut CgroupSet, key: u64, dir: &Path) -> &'a mut Cgroup {
+    let cgroup = cgroups
+        .entry(key)
+        .or_insert_with(|| Cgroup::new(dir.to_owned()));
+    if cgroup.dir != dir {
+        dir.clone_into(&mut cgroup.dir);
+        cgroup.frozen = None;
+        cgroup.warned = false;
+    }
+    cgroup
+}
+
+/// Drops `key` and thaws it, even if it is thought thawed (a cgroup that is gone needs no
+/// thawing).
+pub(crate) fn release(cgroups: &mut CgroupSet, key: u64, now: Instant, sys: &mut dyn Freezer) {
+    if let Some(mut cgroup) = cgroups.remove(&key) {
+        cgroup.frozen = None;
+        let _ = cgroup.apply(now, false, sys);
+    }
+}
+
+/// Thaws every cgroup not known to be thawed (on shutdown).
+pub(crate) fn thaw_all(cgroups: &mut CgroupSet, now: Instant, sys: &mut dyn Freezer) {
+    for cgroup in cgroups.values_mut() {
+        if cgroup.frozen != Some(false) {
+            cgroup.frozen = None;
+            let _ = cgroup.apply(now, false, sys);
+        }
+    }
+}

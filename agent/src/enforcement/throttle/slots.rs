@@ -37,7 +37,7 @@ use std::{
 
 use super::{
     ComputePolicy, DeviceReading, Member, ThrottleStats,
-    freezer::{Cgroup, Freezer},
+    freezer::{self, Cgroup, Freezer},
 };
 
 /// The kernel side of the slot throttle: the GPU's busy time and the cgroups' freezers.
@@ -294,15 +294,7 @@ impl Scheduler {
 
     /// Adds `key` to `gpu`, or updates its share and policy there (keeping its ledger).
     pub(crate) fn set(&mut self, gpu: u32, key: u64, member: &Member) {
-        let cgroup = self
-            .cgroups
-            .entry(key)
-            .or_insert_with(|| Cgroup::new(member.cgroup_dir.clone()));
-        if cgroup.dir != member.cgroup_dir {
-            cgroup.dir.clone_from(&member.cgroup_dir);
-            cgroup.frozen = None;
-            cgroup.warned = false;
-        }
+        freezer::member(&mut self.cgroups, key, &member.cgroup_dir);
         self.gpus
             .entry(gpu)
             .or_default()
@@ -353,20 +345,12 @@ impl Scheduler {
     /// Drops `key` from every GPU and thaws it.
     pub(crate) fn remove(&mut self, key: u64, now: Instant, sys: &mut dyn Freezer) {
         self.forget(key);
-        if let Some(mut cgroup) = self.cgroups.remove(&key) {
-            cgroup.frozen = None;
-            let _ = cgroup.apply(now, false, sys);
-        }
+        freezer::release(&mut self.cgroups, key, now, sys);
     }
 
     /// Thaws every cgroup (on shutdown).
     pub(crate) fn thaw_all(&mut self, now: Instant, sys: &mut dyn Freezer) {
-        for cgroup in self.cgroups.values_mut() {
-            if cgroup.frozen != Some(false) {
-                cgroup.frozen = None;
-                let _ = cgroup.apply(now, false, sys);
-            }
-        }
+        freezer::thaw_all(&mut self.cgroups, now, sys);
     }
 
     fn forget(&mut self, key: u64) {
