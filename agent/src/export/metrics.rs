@@ -679,36 +679,30 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
             })
             .build();
     }
-    {
+    // Times the snapshot keeps in ms, exported in seconds as counters.
+    let times: [(&'static str, &'static str, Pick); 2] = [
+        (
+            "gpuwarden.container.throttled",
+            "Time kept frozen by the compute-share throttle",
+            |e| e.throttled_ms,
+        ),
+        (
+            "gpuwarden.container.gpu.time",
+            "GPU time the compute-share throttle measured for it (rate() is its achieved share)",
+            |e| e.gpu_time_ms,
+        ),
+    ];
+    for (name, description, pick) in times {
         let published = Arc::clone(published);
         meter
-            .f64_observable_counter("gpuwarden.container.throttled")
+            .f64_observable_counter(name)
             .with_unit("s")
-            .with_description("Time kept frozen by the compute-share throttle")
+            .with_description(description)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for c in &s.containers {
                         if let Some(e) = &c.enforcement {
-                            o.observe(e.throttled_ms as f64 / 1000.0, &container_attributes(c));
-                        }
-                    }
-                });
-            })
-            .build();
-    }
-    {
-        let published = Arc::clone(published);
-        meter
-            .f64_observable_counter("gpuwarden.container.gpu.time")
-            .with_unit("s")
-            .with_description(
-                "GPU time the compute-share throttle measured for it (rate() is its achieved share)",
-            )
-            .with_callback(move |o| {
-                with_snapshot(&published, |s| {
-                    for c in &s.containers {
-                        if let Some(e) = &c.enforcement {
-                            o.observe(e.gpu_time_ms as f64 / 1000.0, &container_attributes(c));
+                            o.observe(pick(e) as f64 / 1000.0, &container_attributes(c));
                         }
                     }
                 });
