@@ -19,12 +19,13 @@ use gpuwarden_agent_common::{
     event::{Event, decode_error, kind},
     maps::{
         DEVICE_UNKNOWN, FdKey, HandleKey, IoctlKey, ObjectInfo, family, memory_kind, node_kind,
+        table,
     },
     nvidia::{esc, may_be_driver_ioctl},
 };
 
 use crate::{
-    arg, atomic, conf, current,
+    arg, atomic, budget, conf, current,
     events::{count, emit},
     fds,
     maps::{GPU_FDS, IOCTL_COUNTS, IOCTLS_IN_FLIGHT, OBJECT_DEVICES, PENDING_IOCTL, PROCS},
@@ -158,22 +159,19 @@ fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
                 client: call.client,
                 handle,
             };
-            let info = ObjectInfo {
-                gpu: call.value,
-                device: handle,
-            };
-            let _ = OBJECT_DEVICES.insert(&key, &info, 0);
+            remember_object(tgid, &key, call.value, handle);
         }
         op::SUBDEVICE => {
             let key = HandleKey {
                 client: call.client,
                 handle,
             };
-            let info = ObjectInfo {
-                gpu: object_device(call.client, call.parent),
-                device: call.parent,
-            };
-            let _ = OBJECT_DEVICES.insert(&key, &info, 0);
+            remember_object(
+                tgid,
+                &key,
+                object_device(call.client, call.parent),
+                call.parent,
+            );
         }
         op::VIDMEM | op::SYSMEM => {
             // The driver writes back the size it really allocated.
@@ -236,13 +234,43 @@ fn resolve_device(tgid: u32, cgroup: u64, call: &Call, learn: bool) -> u32 {
             client: call.client,
             handle: call.parent,
         };
-        let info = ObjectInfo {
-            gpu: device,
-            device: call.parent,
-        };
-        let _ = OBJECT_DEVICES.insert(&key, &info, 0);
+        remember_object(tgid, &key, device, call.parent);
     }
     device
+}
+
+/// Records that object `key` is (or is under) device object `device` on GPU `gpu`. A new entry
+/// is charged to the cgroup `tgid`'s process is charged to, within its budget of device
+/// objects (past it the object stays unknown: `budget::exhausted` then has the cgroup's
+/// allocations acted on); an entry already there is updated and stays charged where it was.
+#[inline(always)]
+fn remember_object(tgid: u32, key: &HandleKey, gpu: u32, device: u32) {
+    if let Some(known) = OBJECT_DEVICES.get_ptr_mut(key) {
+        // SAFETY: a live map value.
+        unsafe {
+            (*known).gpu = gpu;
+            (*known).device = device;
+        }
+        return;
+    }
+    let cgroup = PROCS.get_ptr(&tgid).map_or_else(
+        // SAFETY: a plain helper call.
+        || unsafe { bpf_get_current_cgroup_id() },
+        // SAFETY: a live map value; its cgroup never changes after insert.
+        |p| unsafe { (*p).cgroup },
+    );
+    if !budget::take(cgroup, table::OBJECTS) {
+        return;
+    }
+    let info = ObjectInfo {
+        gpu,
+        device,
+        cgroup,
+    };
+    if OBJECT_DEVICES.insert(key, &info, 0).is_err() {
+        budget::give(cgroup, table::OBJECTS);
+        count(stat::HANDLE_TABLE_FULL);
+    }
 }
 
 /// The GPU a device or subdevice object belongs to.

@@ -18,6 +18,7 @@
 //! |---|---|
 //! | `client` | `ok client=0x…` (`NV01_ROOT_CLIENT`) |
 //! | `device <client> <id>` | `ok handle=0x…` (`NV01_DEVICE_0`, `deviceId` = id) |
+//! | `device-many <client> <id> <count>` | `ok made=<count> last=0x…`: `count` device objects on GPU `id` (the first failure answers its error and `made=<n>`) |
 //! | `subdevice <client> <device>` | `ok handle=0x…` (`NV20_SUBDEVICE_0`) |
 //! | `alloc <client> <parent> <size> [nvos21\|nvos64] [v120\|v128] [xfer]` | `ok handle=0x… size=<bytes the driver wrote back>` (video memory; default `nvos21 v128`, `xfer` wraps it in `IOCTL_XFER_CMD`) |
 //! | `sysmem <client> <parent> <size>` | `ok handle=0x…` (`NV01_MEMORY_SYSTEM`) |
@@ -34,6 +35,7 @@
 //! | `uvm map <base> <length> <client> <memory>` | `ok` (`UVM_MAP_EXTERNAL_ALLOCATION`) |
 //! | `uvm free <base> [<length>]` | `ok` (`UVM_FREE`) |
 //! | `uvm mmap <length>` | `ok addr=0x…`: managed memory as `cudaMallocManaged` maps it (an anonymous reservation, then the UVM fd mapped over it) |
+//! | `uvm mmap-many <count> <length>` | `ok made=<count>`: `count` managed mappings as `uvm mmap` makes them, left in place (the first failure answers its error and `made=<n>`) |
 //! | `uvm munmap <addr> <length>` | `ok` |
 //! | `uvm <number>` | `ok ret=<n>` (that command with 16 KiB of zeroes) |
 //! | `open <path> [openat\|open\|creat\|uring]` | `ok fd=<n>`: holds the file open; a bare name is a file in `DIR`; the word picks the call ([`obtain::OpenHow`]: default `openat`) |

@@ -1,8 +1,9 @@
 //! GPU-memory limits that nothing inside a container evades, on the real kernel with the fake
 //! driver: a GPU fd obtained without `openat` (the raw `open` and `creat` system calls, `io_uring`,
 //! `SCM_RIGHTS`, `pidfd_getfd`) is counted and limited like any other, and a container that
-//! fills the agent's tables (70,000 dups of one fd) leaves no other container uncounted
-//! (docs/accounting.md, "Which files are GPU nodes" and "Budgets").
+//! fills the agent's tables (70,000 dups of one fd; 70,000 device objects and managed mappings)
+//! leaves no other container uncounted (docs/accounting.md, "Which files are GPU nodes" and
+//! "Budgets").
 //!
 //! Every scenario ends the same way: the process allocates through the fd it obtained, the
 //! bytes are charged to its own container and quota, and the allocation that would cross the
@@ -204,6 +205,68 @@ fn seventy_thousand_dups_in_one_container_leave_the_next_counted() {
     }
 }
 
+/// One container makes 70,000 device objects and 70,000 managed mappings, more than the kernel's
+/// tables of either hold (65,536 each): it holds its budget of each and no more, its mappings
+/// past the budget are still counted (until its processes end), and a second container's
+/// device objects and managed memory are still told: its allocation on GPU 1 is counted on
+/// GPU 1, and its mapping is counted.
+#[test]
+#[ignore = "needs root"]
+fn a_container_filling_the_object_and_mapping_tables_leaves_the_next_counted() {
+    require_root();
+    let rig = Rig::start("evobjects");
+    let flood_cg = docker("evobjects-flood");
+    let mut first = rig.spawn(&flood_cg);
+    let flood_client = first.value("client", "client");
+    let many = format!("device-many {flood_client:#x} 0 70000");
+    assert_eq!(first.value(&many, "made"), 70_000);
+    first.ok("uvm init");
+    // Two processes: a process holds at most `vm.max_map_count` (65,530) mappings.
+    let mut second = rig.spawn(&flood_cg);
+    for process in [&mut first, &mut second] {
+        assert_eq!(process.value("uvm mmap-many 35000 4k", "made"), 35_000);
+    }
+    let flood = rig.entry(&flood_cg);
+    let table = |name: &str| {
+        flood
+            .tables
+            .iter()
+            .find(|t| t.table == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} table in {:?}", flood.tables))
+    };
+    for name in ["device_objects", "managed_mappings"] {
+        let t = table(name);
+        assert!(t.budget < 65_536 / 2, "{t:?}");
+        assert_eq!(t.used, t.budget, "{t:?}");
+        assert_eq!(t.used + t.refused, 70_000, "{t:?}");
+    }
+    assert_eq!(
+        flood.managed_memory_bytes,
+        70_000 * 4096,
+        "mappings refused an entry are still counted"
+    );
+
+    let cg = docker("evobjects-next");
+    let mut next = rig.spawn(&cg);
+    // Two GPU nodes held and no quota: only the device object tells which GPU it allocates on.
+    next.value("open nvidia1", "fd");
+    let client = next.value("client", "client");
+    let dev = next.value(&format!("device {client:#x} 1"), "handle");
+    next.ok(&format!("alloc {client:#x} {dev:#x} 4m"));
+    next.ok("uvm init");
+    next.value("uvm mmap 8m", "addr");
+    let c = rig.entry(&cg);
+    assert_eq!(memory(&c, "nvidia1"), 4 * MIB, "{c:?}");
+    assert_eq!(c.managed_memory_bytes, 8 * MIB, "{c:?}");
+    for t in &c.tables {
+        assert_eq!(t.refused, 0, "{t:?}");
+    }
+    first.exit();
+    second.exit();
+    next.exit();
+}
+
 /// A container at its fd budget dups a GPU fd it allocated through: the dup is refused an entry
 /// in the fd table, so closing the tracked fd is not the file's last close. The driver keeps the
 /// client (and its memory) while the dup holds the file, and so does the count: the bytes stay
@@ -306,6 +369,41 @@ fn a_bound_container_at_its_client_budget_has_its_allocations_acted_on() {
     assert_eq!((clients.used, clients.refused), (budget, 1), "{clients:?}");
     assert_eq!(used(&c), 2 * MIB, "nothing else allocated");
     // 2 + 2 MiB is well under the 16 MiB limit.
+    a.send_only(&format!("alloc {h:#x} {dev:#x} 2m"));
+    let status = a.wait_within(Duration::from_secs(20));
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+}
+
+/// A bound container at its budget of device objects is acted on like one at its client budget:
+/// a device object it makes past the budget is on no GPU the agent knows, so its allocations
+/// could be counted on none.
+#[test]
+#[ignore = "needs root"]
+fn a_bound_container_at_its_device_object_budget_has_its_allocations_acted_on() {
+    require_root();
+    let rig = Rig::start("evobjbudget");
+    let cg = rig.limited("evobjbudget");
+    let mut a = rig.spawn(&cg);
+    let h = a.value("client", "client");
+    let dev = a.value(&format!("device {h:#x} 0"), "handle");
+    a.ok(&format!("alloc {h:#x} {dev:#x} 2m"));
+    let budget = rig
+        .entry(&cg)
+        .tables
+        .iter()
+        .find(|t| t.table == "device_objects")
+        .unwrap()
+        .budget;
+    // The first device object is one; the last of these is past the budget.
+    a.value(&format!("device-many {h:#x} 0 {budget}"), "made");
+    let c = rig.entry(&cg);
+    let objects = c
+        .tables
+        .iter()
+        .find(|t| t.table == "device_objects")
+        .unwrap();
+    assert_eq!((objects.used, objects.refused), (budget, 1), "{objects:?}");
+    assert_eq!(used(&c), 2 * MIB, "nothing else allocated");
     a.send_only(&format!("alloc {h:#x} {dev:#x} 2m"));
     let status = a.wait_within(Duration::from_secs(20));
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");

@@ -117,6 +117,13 @@ pub enum UvmCommand {
         /// Length.
         length: u64,
     },
+    /// `count` managed mappings of `length` each, left in place.
+    MmapMany {
+        /// How many.
+        count: u32,
+        /// Length of each.
+        length: u64,
+    },
     /// `munmap`.
     Munmap {
         /// Start.
@@ -161,6 +168,15 @@ pub enum Command {
         client: u32,
         /// `deviceId`.
         id: u32,
+    },
+    /// `device-many <client> <id> <count>`: `count` device objects on one GPU.
+    DeviceMany {
+        /// `hRoot`.
+        client: u32,
+        /// `deviceId`.
+        id: u32,
+        /// How many.
+        count: u32,
     },
     /// `subdevice <client> <device>`.
     Subdevice {
@@ -391,6 +407,11 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
             client: args.u32(0, "client")?,
             id: args.u32(1, "device id")?,
         },
+        "device-many" => Command::DeviceMany {
+            client: args.u32(0, "client")?,
+            id: args.u32(1, "device id")?,
+            count: args.u32(2, "count")?,
+        },
         "subdevice" => Command::Subdevice {
             client: args.u32(0, "client")?,
             device: args.u32(1, "device")?,
@@ -586,6 +607,7 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
 const COMMANDS: &[&str] = &[
     "client",
     "device",
+    "device-many",
     "subdevice",
     "alloc",
     "sysmem",
@@ -640,6 +662,7 @@ fn arity(command: &Command) -> usize {
         | Command::DupMany { .. }
         | Command::DupTo { .. } => 2,
         Command::Sysmem { .. }
+        | Command::DeviceMany { .. }
         | Command::Virtual { .. }
         | Command::Control { .. }
         | Command::VidHeapFree { .. } => 3,
@@ -706,6 +729,13 @@ fn parse_uvm(args: &Args<'_>) -> Result<Command, ParseError> {
                 length: tail.size(0, "length")?,
             },
             1,
+        ),
+        "mmap-many" => (
+            UvmCommand::MmapMany {
+                count: tail.u32(0, "count")?,
+                length: tail.size(1, "length")?,
+            },
+            2,
         ),
         "munmap" => (
             UvmCommand::Munmap {
@@ -1003,6 +1033,22 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
     match command {
         Command::Client => rm_reply(client.alloc_client().map(|h| format!("ok client={h:#x}"))),
         Command::Device { client: c, id } => rm_reply(client.alloc_device(*c, *id).map(handle)),
+        Command::DeviceMany {
+            client: c,
+            id,
+            count,
+        } => {
+            let mut made = 0u32;
+            let mut last = 0;
+            while made < *count {
+                match client.alloc_device(*c, *id) {
+                    Ok(h) => last = h,
+                    Err(e) => return format!("{} made={made}", rm_reply(Err(e))),
+                }
+                made += 1;
+            }
+            format!("ok made={made} last={last:#x}")
+        }
         Command::Subdevice { client: c, device } => {
             rm_reply(client.alloc_subdevice(*c, *device).map(handle))
         }
@@ -1134,6 +1180,16 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
                 .uvm_mmap(length)
                 .map(|addr| format!("ok addr={addr:#x}"))
                 .map_err(|source| RmError::Ioctl { cmd: 0, source }),
+            UvmCommand::MmapMany { count, length } => {
+                let mut made = 0u32;
+                while made < count {
+                    if let Err(e) = client.uvm_mmap(length) {
+                        return format!("{} made={made}", errno_reply(&e));
+                    }
+                    made += 1;
+                }
+                Ok(format!("ok made={made}"))
+            }
             UvmCommand::Munmap { addr, length } => client
                 .munmap(addr, length)
                 .map(|()| ok())
