@@ -423,10 +423,11 @@ fn enforcement_outlives_a_killed_agent() {
     let _ = session;
 }
 
-/// An agent process, killed with SIGKILL when dropped (a failing test leaves none behind).
-struct AgentProcess(Child);
+/// A child process (an agent, a spinner), killed with SIGKILL when dropped (a failing test
+/// leaves none behind).
+struct KilledOnDrop(Child);
 
-impl AgentProcess {
+impl KilledOnDrop {
     /// `kill -9`, and reap it.
     fn kill9(&mut self) {
         let _ = self.0.kill();
@@ -434,14 +435,14 @@ impl AgentProcess {
     }
 }
 
-impl Drop for AgentProcess {
+impl Drop for KilledOnDrop {
     fn drop(&mut self) {
         self.kill9();
     }
 }
 
 /// The agent as its own process (so it can be `kill -9`ed), with its state in `state`.
-fn agent_process(rig: &Rig, state: &Path) -> AgentProcess {
+fn agent_process(rig: &Rig, state: &Path) -> KilledOnDrop {
     let child = Command::new(env!("CARGO_BIN_EXE_agent-under-test"))
         .args(["run", "--node-name", "test-node", "--gpu-devices"])
         .arg(rig.driver.glob())
@@ -459,7 +460,7 @@ fn agent_process(rig: &Rig, state: &Path) -> AgentProcess {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    AgentProcess(child)
+    KilledOnDrop(child)
 }
 
 /// A restarted agent that no longer holds a session (its store was lost) removes the pinned
@@ -500,6 +501,66 @@ fn a_restarted_agent_removes_enforcement_it_no_longer_holds() {
     let (h, dev) = gpu0(&mut a);
     a.ok(&format!("alloc {h:#x} {dev:#x} 32m"));
     a.exit();
+    agent.kill9();
+    let _ = std::fs::remove_dir_all(&pins);
+}
+
+/// An agent killed while its throttle held a tenant frozen, and restarted without its store,
+/// thaws the tenant: the throttle marked the cgroup before freezing it, and the new agent finds
+/// the mark. Without it nothing would: the store that listed the binding is gone.
+#[test]
+#[ignore = "needs root"]
+fn a_tenant_frozen_by_a_killed_agent_is_thawed_by_the_next_one_without_its_store() {
+    require_root();
+    let mut rig = Rig::start("qfrz");
+    drop(rig.agent.take());
+    let scratch = scratch("agents");
+    let state = scratch.path();
+    let pins = pin_dir(state);
+    let socket = state.join("agent.sock");
+    let snapshot = |rig: &Rig| rig.rt.block_on(client::snapshot(&socket));
+    let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("f")));
+    let frozen =
+        || std::fs::read_to_string(cg.dir.join("cgroup.freeze")).is_ok_and(|s| s.trim() == "1");
+    // Killed however the test ends (a frozen spinner left behind would hold the harness's
+    // output open).
+    let _spinner = KilledOnDrop(
+        Command::new("sh")
+            .args([
+                "-c",
+                &format!("echo $$ > {} && while :; do :; done", cg.procs().display()),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut agent = agent_process(&rig, state);
+    rig.wait_for("the agent to answer", |r| snapshot(r).is_ok());
+    rig.session(&["cuda.shares=0.1"], cgroup_target(&cg), "");
+    // Held to 0.1, the busy tenant is frozen most of the time: kill the agent in such a moment
+    // (it may thaw between the look and the kill; then try again).
+    let mut killed_frozen = false;
+    for _ in 0..20 {
+        rig.wait_for("the throttle to freeze the tenant", |_| frozen());
+        agent.kill9();
+        if frozen() {
+            killed_frozen = true;
+            break;
+        }
+        agent = agent_process(&rig, state);
+        rig.wait_for("the agent to answer again", |r| snapshot(r).is_ok());
+    }
+    assert!(
+        killed_frozen,
+        "never killed the agent while the tenant was frozen"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(frozen(), "nothing but an agent thaws it");
+    std::fs::remove_dir_all(state.join("store")).unwrap();
+    let mut agent = agent_process(&rig, state);
+    rig.wait_for("the restarted agent to answer", |r| snapshot(r).is_ok());
+    rig.wait_for("the tenant to be thawed", |_| !frozen());
     agent.kill9();
     let _ = std::fs::remove_dir_all(&pins);
 }

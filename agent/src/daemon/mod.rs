@@ -138,7 +138,7 @@ pub async fn run_until(
         .usage_report_interval
         .filter(|_| config.controller.is_some())
         .map(|interval| (interval, start::reporter(backend.as_ref(), &attributor)));
-    let throttle = throttle::spawn(config.throttle, signal)?;
+    let throttle = throttle::spawn(config.throttle, signal, &config.instance())?;
     let (upward_tx, upward_rx) = mpsc::channel(UPWARD_BUFFER);
     let (quota_tx, quota_rx) = mpsc::unbounded_channel();
     // The DRA plugin, where enabled: its sockets bound and the claims it prepared before a
