@@ -10,26 +10,32 @@ fn gpu_names_give_their_index() {
 #[test]
 fn the_docs_list_every_instrument() {
     let docs = include_str!("../../../../docs/metrics.md");
-    for (name, unit, attributes, meaning) in INSTRUMENTS {
-        let attributes = if attributes.is_empty() {
-            "—"
-        } else {
-            attributes
-        };
-        let row = format!("| `{name}` | {unit} | {attributes} | {meaning} |");
-        assert!(docs.contains(&row), "docs/metrics.md lacks the row\n{row}");
-    }
-    let section = docs
-        .split("## Agent metrics")
-        .nth(1)
-        .and_then(|rest| rest.split("## ").next())
-        .unwrap_or_default();
-    let rows = section.lines().filter(|l| l.starts_with("| `")).count();
-    assert_eq!(
-        rows,
-        INSTRUMENTS.len(),
-        "docs/metrics.md lists metrics the agent lacks"
+    let problems = gpuwarden_runtime::instrument::undocumented(
+        docs,
+        "## Agent metrics",
+        "## ",
+        instruments::ALL,
     );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// What `register` builds is the table, each once: a metric built but not declared (and so not
+/// documented) fails here.
+#[test]
+fn every_instrument_is_registered_once_and_only_those() {
+    let meter = opentelemetry::global::meter("test");
+    let mut registry = Registry::new(&meter);
+    register(&mut registry, Vec::new(), &Published::default());
+    let mut registered = registry.registered().to_vec();
+    // The pipeline builds this one.
+    registered.push(gpuwarden_runtime::otlp::EXPORTS_FAILED.name);
+    let mut declared: Vec<&str> = instruments::ALL.iter().map(|i| i.name).collect();
+    registered.sort_unstable();
+    declared.sort_unstable();
+    let unique = registered.len();
+    registered.dedup();
+    assert_eq!(registered.len(), unique, "an instrument registered twice");
+    assert_eq!(registered, declared);
 }
 
 #[test]
