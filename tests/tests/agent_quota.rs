@@ -12,12 +12,15 @@ mod util;
 
 use std::{
     os::unix::process::ExitStatusExt as _,
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::Duration,
 };
 
-use gpuwarden_agent_api::{Request, Response, Signalled, client, snapshot::Container};
+use gpuwarden_agent_api::{
+    Request, Response, Signalled, client,
+    snapshot::{Container, Snapshot},
+};
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use util::{
@@ -353,17 +356,9 @@ fn the_agent_refuses_the_root_overlaps_and_slices_without_an_admins_word() {
 )]
 fn enforcement_outlives_a_killed_agent() {
     require_root();
-    let mut rig = Rig::start("qrst");
-    // This test runs the agent as its own process, so it can be killed for real.
-    drop(rig.agent.take());
-    let scratch = scratch("agentp");
-    let state = scratch.path();
-    let pins = pin_dir(state);
-    let spawn_agent = |rig: &Rig| agent_process(rig, state);
-    let socket = state.join("agent.sock");
-    let snapshot = |rig: &Rig| rig.rt.block_on(client::snapshot(&socket));
-    let mut agent = spawn_agent(&rig);
-    rig.wait_for("the agent to answer", |r| snapshot(r).is_ok());
+    let own = OwnAgent::start("qrst");
+    let (rig, snapshot) = (&own.rig, || own.snapshot());
+    let mut agent = own.spawn_agent();
 
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("r")));
     let session = rig.session(
@@ -371,8 +366,8 @@ fn enforcement_outlives_a_killed_agent() {
         cgroup_target(&cg),
         "kill",
     );
-    rig.wait_for("the quota to bind", |r| {
-        snapshot(r).is_ok_and(|s| s.bindings.iter().any(|b| b.state == "bound"))
+    rig.wait_for("the quota to bind", |_| {
+        snapshot().is_ok_and(|s| s.bindings.iter().any(|b| b.state == "bound"))
     });
     let mut a = Client::spawn(&rig.driver.dir, Some(&cg));
     let (h, dev) = gpu0(&mut a);
@@ -387,16 +382,15 @@ fn enforcement_outlives_a_killed_agent() {
     let killed = a.pid;
     assert_eq!(a.wait().signal(), Some(libc::SIGKILL));
 
-    let mut agent = spawn_agent(&rig);
-    rig.wait_for("the restarted agent to answer", |r| snapshot(r).is_ok());
-    rig.wait_for("the restarted agent to show the quota", |r| {
-        snapshot(r).is_ok_and(|s| {
+    let mut agent = own.spawn_agent();
+    rig.wait_for("the restarted agent to show the quota", |_| {
+        snapshot().is_ok_and(|s| {
             s.containers
                 .iter()
                 .any(|c| c.cgroup_path == cg.path && c.quota.is_some())
         })
     });
-    let s = snapshot(&rig).unwrap();
+    let s = snapshot().unwrap();
     let c = s
         .containers
         .iter()
@@ -419,7 +413,6 @@ fn enforcement_outlives_a_killed_agent() {
     );
     b.exit();
     agent.kill9();
-    let _ = std::fs::remove_dir_all(&pins);
     let _ = session;
 }
 
@@ -463,38 +456,77 @@ fn agent_process(rig: &Rig, state: &Path) -> KilledOnDrop {
     KilledOnDrop(child)
 }
 
+/// A rig whose agent runs as its own process, so it can be `kill -9`ed for real, with its state
+/// (store and pins) in a scratch folder that outlives each agent.
+struct OwnAgent {
+    rig: Rig,
+    state: tempfile::TempDir,
+}
+
+impl OwnAgent {
+    fn start(tag: &str) -> Self {
+        let mut rig = Rig::start(tag);
+        drop(rig.agent.take());
+        Self {
+            rig,
+            state: scratch("agents"),
+        }
+    }
+
+    fn state(&self) -> &Path {
+        self.state.path()
+    }
+
+    fn pins(&self) -> PathBuf {
+        pin_dir(self.state())
+    }
+
+    fn snapshot(&self) -> Result<Snapshot, gpuwarden_agent_api::ClientError> {
+        self.rig
+            .rt
+            .block_on(client::snapshot(&self.state().join("agent.sock")))
+    }
+
+    /// Starts an agent on the state and waits until it answers.
+    fn spawn_agent(&self) -> KilledOnDrop {
+        let agent = agent_process(&self.rig, self.state());
+        self.rig
+            .wait_for("the agent to answer", |_| self.snapshot().is_ok());
+        agent
+    }
+}
+
+impl Drop for OwnAgent {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.pins());
+    }
+}
+
 /// A restarted agent that no longer holds a session (its store was lost) removes the pinned
 /// enforcement it finds for it, instead of leaving the workload limited by nobody's quota.
 #[test]
 #[ignore = "needs root"]
 fn a_restarted_agent_removes_enforcement_it_no_longer_holds() {
     require_root();
-    let mut rig = Rig::start("qswp");
-    drop(rig.agent.take());
-    let scratch = scratch("agents");
-    let state = scratch.path();
-    let pins = pin_dir(state);
-    let socket = state.join("agent.sock");
-    let snapshot = |rig: &Rig| rig.rt.block_on(client::snapshot(&socket));
-    let device_links = || std::fs::read_dir(pins.join("devices")).map_or(0, Iterator::count);
-    let mut agent = agent_process(&rig, state);
-    rig.wait_for("the agent to answer", |r| snapshot(r).is_ok());
+    let own = OwnAgent::start("qswp");
+    let (rig, snapshot) = (&own.rig, || own.snapshot());
+    let device_links = || std::fs::read_dir(own.pins().join("devices")).map_or(0, Iterator::count);
+    let mut agent = own.spawn_agent();
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("w")));
     rig.session(
         &["cuda.shares=0.5", "cuda.mem=16m"],
         cgroup_target(&cg),
         "kill",
     );
-    rig.wait_for("the quota to bind", |r| {
-        snapshot(r).is_ok_and(|s| s.bindings.iter().any(|b| b.state == "bound"))
+    rig.wait_for("the quota to bind", |_| {
+        snapshot().is_ok_and(|s| s.bindings.iter().any(|b| b.state == "bound"))
     });
     assert_eq!(device_links(), 1);
 
     agent.kill9();
-    std::fs::remove_dir_all(state.join("store")).unwrap();
-    let mut agent = agent_process(&rig, state);
-    rig.wait_for("the restarted agent to answer", |r| snapshot(r).is_ok());
-    assert!(snapshot(&rig).unwrap().bindings.is_empty());
+    std::fs::remove_dir_all(own.state().join("store")).unwrap();
+    let mut agent = own.spawn_agent();
+    assert!(snapshot().unwrap().bindings.is_empty());
     assert_eq!(device_links(), 0, "the stale device link was kept");
     // Past the old limit, and nothing acts.
     let mut a = Client::spawn(&rig.driver.dir, Some(&cg));
@@ -502,7 +534,6 @@ fn a_restarted_agent_removes_enforcement_it_no_longer_holds() {
     a.ok(&format!("alloc {h:#x} {dev:#x} 32m"));
     a.exit();
     agent.kill9();
-    let _ = std::fs::remove_dir_all(&pins);
 }
 
 /// An agent killed while its throttle held a tenant frozen, and restarted without its store,
@@ -512,13 +543,8 @@ fn a_restarted_agent_removes_enforcement_it_no_longer_holds() {
 #[ignore = "needs root"]
 fn a_tenant_frozen_by_a_killed_agent_is_thawed_by_the_next_one_without_its_store() {
     require_root();
-    let mut rig = Rig::start("qfrz");
-    drop(rig.agent.take());
-    let scratch = scratch("agents");
-    let state = scratch.path();
-    let pins = pin_dir(state);
-    let socket = state.join("agent.sock");
-    let snapshot = |rig: &Rig| rig.rt.block_on(client::snapshot(&socket));
+    let own = OwnAgent::start("qfrz");
+    let rig = &own.rig;
     let cg = TestCgroup::create(&format!("/system.slice/docker-{}.scope", container_id("f")));
     let frozen =
         || std::fs::read_to_string(cg.dir.join("cgroup.freeze")).is_ok_and(|s| s.trim() == "1");
@@ -535,8 +561,7 @@ fn a_tenant_frozen_by_a_killed_agent_is_thawed_by_the_next_one_without_its_store
             .spawn()
             .unwrap(),
     );
-    let mut agent = agent_process(&rig, state);
-    rig.wait_for("the agent to answer", |r| snapshot(r).is_ok());
+    let mut agent = own.spawn_agent();
     rig.session(&["cuda.shares=0.1"], cgroup_target(&cg), "");
     // Held to 0.1, the busy tenant is frozen most of the time: kill the agent in such a moment
     // (it may thaw between the look and the kill; then try again).
@@ -548,8 +573,7 @@ fn a_tenant_frozen_by_a_killed_agent_is_thawed_by_the_next_one_without_its_store
             killed_frozen = true;
             break;
         }
-        agent = agent_process(&rig, state);
-        rig.wait_for("the agent to answer again", |r| snapshot(r).is_ok());
+        agent = own.spawn_agent();
     }
     assert!(
         killed_frozen,
@@ -557,12 +581,9 @@ fn a_tenant_frozen_by_a_killed_agent_is_thawed_by_the_next_one_without_its_store
     );
     std::thread::sleep(Duration::from_millis(300));
     assert!(frozen(), "nothing but an agent thaws it");
-    std::fs::remove_dir_all(state.join("store")).unwrap();
-    let mut agent = agent_process(&rig, state);
-    rig.wait_for("the restarted agent to answer", |r| snapshot(r).is_ok());
+    std::fs::remove_dir_all(own.state().join("store")).unwrap();
+    let _agent = own.spawn_agent();
     rig.wait_for("the tenant to be thawed", |_| !frozen());
-    agent.kill9();
-    let _ = std::fs::remove_dir_all(&pins);
 }
 
 /// `gpuwarden run` creates a session pinned to this node, runs the command in the session's

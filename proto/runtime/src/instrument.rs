@@ -124,6 +124,28 @@ impl<'m> Registry<'m> {
     }
 }
 
+/// What differs between the instruments `registered` and those `declared`: names registered
+/// twice, registered undeclared, or declared unregistered. Empty when each declared one was
+/// registered once.
+#[must_use]
+pub fn unregistered(registered: &[&str], declared: &[Instrument]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (i, name) in registered.iter().enumerate() {
+        if registered[..i].contains(name) {
+            problems.push(format!("{name} is registered twice"));
+        }
+        if !declared.iter().any(|d| d.name == *name) {
+            problems.push(format!("{name} is registered but not declared"));
+        }
+    }
+    for d in declared {
+        if !registered.contains(&d.name) {
+            problems.push(format!("{} is declared but not registered", d.name));
+        }
+    }
+    problems
+}
+
 /// What is wrong between `instruments` and the table of `docs` that starts at the heading
 /// `section` and ends before the first line starting with `end`: rows missing from the docs,
 /// and how many rows the docs list beyond them. Empty when they agree.
@@ -178,6 +200,13 @@ mod tests {
         let extra = "## M\n| `a.b` | By | — | what a is |\n| `c` | 1 | — | c |\n## N\n";
         assert_eq!(undocumented(extra, "## M", "## ", &[A]).len(), 1);
         assert_eq!(undocumented("## M\n## N\n", "## M", "## ", &[A]).len(), 2);
+    }
+
+    #[test]
+    fn registrations_are_held_to_the_declarations() {
+        assert!(unregistered(&["a.b"], &[A]).is_empty());
+        assert_eq!(unregistered(&["a.b", "a.b"], &[A]).len(), 1);
+        assert_eq!(unregistered(&["c"], &[A]).len(), 2);
     }
 
     #[test]
