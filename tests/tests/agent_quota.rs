@@ -248,7 +248,10 @@ fn only_the_allocated_gpu_node_opens() {
     rig.wait_for("the quota to be released", |r| {
         r.agent().snapshot().bindings.is_empty()
     });
-    assert_eq!(open(&format!("nvidia{other}")), libc::ENXIO);
+    // The binding leaves the snapshot a moment before the device program is detached.
+    rig.wait_for("the other GPU node to open again", |_| {
+        open(&format!("nvidia{other}")) == libc::ENXIO
+    });
 }
 
 /// A quota whose cgroup never appears expires with an event the controller sees; quotas the
@@ -721,6 +724,10 @@ fn a_quota_binds_when_its_container_appears_and_lets_go_when_it_goes() {
     a.ok(&format!("alloc {h:#x} {dev:#x} 6m"));
     // Over the limit, reported only: the allocation goes through.
     a.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
+    // The event comes through the ring buffer, after the ioctl returned.
+    rig.wait_for("the report event", |r| {
+        r.entry(&cg).events.iter().any(|e| e.action == "report")
+    });
     let c = rig.entry(&cg);
     assert_eq!(used(&c), 10 * MIB);
     let report = c.events.iter().find(|e| e.action == "report").unwrap();
