@@ -109,6 +109,9 @@ impl<'a> Follower<'a> {
                     .client
                     .watch_sessions(pb::WatchSessionsRequest {
                         since_revision: self.revision,
+                        // Said outright: the revision is a listing's or a session's, and a
+                        // watch after it must send everything newer, 0 included.
+                        start: pb::WatchStart::AfterRevision.into(),
                     })
                     .await;
                 match opened {

@@ -15,7 +15,7 @@ use crate::{
     auth::clients::{Caller, ClientAuth},
     controller::{
         Controller, store_status,
-        watch::{self, WatchError},
+        watch::{self, Start, WatchError},
     },
     limits::Bounds,
     scheduler::RequestError,
@@ -71,6 +71,22 @@ fn watch_status(e: &WatchError) -> Status {
             Status::out_of_range(e.to_string())
         }
         WatchError::TermEnded { .. } => Status::unavailable(e.to_string()),
+    }
+}
+
+/// Where a watch asked to start.
+fn watch_start(r: &pb::WatchSessionsRequest) -> Result<Start, Status> {
+    let since = r.since_revision;
+    match pb::WatchStart::try_from(r.start) {
+        Ok(pb::WatchStart::Unspecified | pb::WatchStart::Now) if since == 0 => Ok(Start::Now),
+        Ok(pb::WatchStart::Unspecified | pb::WatchStart::AfterRevision) => Ok(Start::After(since)),
+        Ok(pb::WatchStart::Now) => Err(Status::invalid_argument(format!(
+            "since_revision {since} with start WATCH_START_NOW: give one or the other"
+        ))),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "start: {} is not a WatchStart",
+            r.start
+        ))),
     }
 }
 
@@ -173,9 +189,13 @@ impl SchedulerService for SchedulerApi {
         let caller = self.caller(&request)?;
         let id = request.into_inner().id;
         self.bounds.counted(self.bounds.limits.id("id", &id))?;
+        // From the stored state, as List and Watch answer: never a change a failover could
+        // still lose (a session being created is not found until its creation is stored).
         let session = self
             .controller
-            .read(|s| s.sessions().get(&id).map(convert::session_to_pb));
+            .session_log()
+            .get(&id)
+            .map(|s| pb::Session::clone(&s));
         caller.may_act_on_session(session.as_ref().map(|s| s.owner.as_str()), &id, "see")?;
         session
             .map(Response::new)
@@ -227,9 +247,9 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<Self::WatchSessionsStream>, Status> {
         let caller = self.caller(&request)?;
         let counted_as = self.counted_as(&caller, &request);
-        let since = request.into_inner().since_revision;
+        let start = watch_start(request.get_ref())?;
         let log = Arc::clone(self.controller.session_log());
-        let start = log.start(since).map_err(|e| watch_status(&e))?;
+        let start = log.start(start).map_err(|e| watch_status(&e))?;
         // The stream's task owns the guard: its place is freed when the client goes away.
         let guard = self.bounds.counted(self.bounds.open_watch(&counted_as))?;
         let role = self.controller.role().clone();

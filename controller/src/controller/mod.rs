@@ -175,7 +175,7 @@ impl Controller {
     #[must_use]
     pub fn subscribe(&self) -> mpsc::Receiver<Result<pb::Session, Status>> {
         let log = Arc::clone(&self.log);
-        let start = log.start(0).unwrap_or((log.revision(), 0));
+        let start = log.start(watch::Start::Now).unwrap_or((log.revision(), 0));
         watch::stream(
             log,
             start,
