@@ -106,6 +106,11 @@ pub struct Session {
     /// gang's other members or not at all (docs/teams.md, "Gangs").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang: Option<Gang>,
+    /// The request id it was created with, if any: a create retried with it answers this
+    /// session (`scheduler::requests`). Kept on the record so a restart or a new leader still
+    /// recognises the retry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
 
 /// A gang (issue 24 §3): sessions of one owner that are placed all at once or not at all. The
@@ -343,6 +348,7 @@ mod tests {
             node: None,
             allocation: Allocation::default(),
             reason: String::new(),
+            request_id: None,
             seq: 0,
             failed_passes: 0,
             created_at_ms: 0,

@@ -584,6 +584,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     gang: gang.to_pb(),
                     // `session create` runs nothing here: no local user to name.
                     run_caller: None,
+                    // One try, never retried: nothing to recognise a retry by.
+                    request_id: String::new(),
                 })
                 .await?
                 .into_inner();

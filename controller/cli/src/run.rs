@@ -150,6 +150,8 @@ pub async fn run(
             run_caller: Some(pb::RunCaller {
                 uid: unsafe { libc::getuid() },
             }),
+            // One try, never retried: nothing to recognise a retry by.
+            request_id: String::new(),
         })
         .await?
         .into_inner();

@@ -312,6 +312,7 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
             })
             .collect(),
         share: Some(share_to_pb(s)),
+        request_id: s.request_id.clone().unwrap_or_default(),
     }
 }
 

@@ -18,7 +18,8 @@ use crate::{
         watch::{self, Start, WatchError},
     },
     limits::Bounds,
-    scheduler::RequestError,
+    scheduler::{Created, RequestError},
+    session::now_ms,
 };
 
 /// The client-facing service: the controller, how its callers authenticate, and the bounds
@@ -145,6 +146,7 @@ impl SchedulerService for SchedulerApi {
         self.bounds.counted(limits.create(&r))?;
         let owner = caller.owner_for_create(std::mem::take(&mut r.owner))?;
         let unconfined = r.unconfined_target;
+        let request_id = Some(std::mem::take(&mut r.request_id)).filter(|r| !r.is_empty());
         let id = self
             .controller
             .new_session_id()
@@ -161,23 +163,40 @@ impl SchedulerService for SchedulerApi {
             new.policy,
             unconfined,
         )?;
+        let log = self.controller.session_log();
         let (created, pending) = self
             .controller
             .change(|s| {
+                // A retry is looked for first, under the scheduler's lock, so that two tries
+                // racing make one session, and a retry is not refused for the cap its first try
+                // counts against.
+                if let Some(first) = request_id
+                    .as_deref()
+                    .and_then(|r| s.retried(&new.owner, r, now_ms()))
+                {
+                    let first = first.clone();
+                    // Not stored yet (its commit failed, or is under way): written again, so
+                    // that this answer, too, waits until it is.
+                    if log.get(&first.id).is_none() {
+                        s.rewrite(&first.id);
+                    }
+                    return Ok(Created::Retried(first));
+                }
                 // Under the scheduler's lock, so a storm of creates stops at exactly the cap.
                 let (mine, total) = s.live_sessions(&new.owner);
                 self.bounds
                     .counted(limits.admit_session(&new.owner, mine, total))?;
-                s.create(new).map_err(|e| request_status(&e))
+                s.create_once(new, request_id, now_ms())
+                    .map_err(|e| request_status(&e))
             })
             .map_err(|e| store_status(&e))?;
-        let created = created?;
+        let (Created::New(created) | Created::Retried(created)) = created?;
         // As stored, with the revision of its creation: a watch from it misses nothing after.
-        let answer = pending
-            .announced(&created.id)
-            .cloned()
-            .unwrap_or_else(|| convert::session_to_pb(&created));
+        let announced = pending.announced(&created.id).cloned();
         pending.durable().await.map_err(|e| store_status(&e))?;
+        let answer = announced
+            .or_else(|| log.get(&created.id).map(|s| pb::Session::clone(&s)))
+            .unwrap_or_else(|| convert::session_to_pb(&created));
         self.controller.kick();
         Ok(Response::new(answer))
     }

@@ -18,6 +18,7 @@ use crate::{
 fn session(id: &str) -> Session {
     Session {
         id: id.into(),
+        request_id: None,
         name: id.into(),
         owner: "u".into(),
         priority: 0,

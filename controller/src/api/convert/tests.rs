@@ -148,6 +148,7 @@ prop_compose! {
             no_preempt: false,
             gang: None,
             run_caller: None,
+            request_id: String::new(),
         }
     }
 }

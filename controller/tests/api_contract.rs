@@ -1,0 +1,156 @@
+//! The client contract of issue 40 (docs/api.md), over real gRPC on loopback: a
+//! `CreateSession` retried with its request id makes one session, in one controller, across a
+//! crash and restart on sled, and across a failover on a real etcd.
+
+mod common;
+
+use common::ControllerProcess as Member;
+use std::time::Duration;
+
+use gpuwarden_controller::{
+    limits::{Bounds, Limits},
+    server::Transport,
+};
+use gpuwarden_proto::v1 as pb;
+
+/// A session of one CPU named `name` made under `request_id`.
+fn retryable(name: &str, request_id: &str) -> pb::CreateSessionRequest {
+    pb::CreateSessionRequest {
+        request_id: request_id.into(),
+        ..common::request(name)
+    }
+}
+
+/// The ids of every session `member` lists.
+async fn ids(
+    client: &mut pb::scheduler_service_client::SchedulerServiceClient<tonic::transport::Channel>,
+) -> Vec<String> {
+    client
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .expect("lists")
+        .into_inner()
+        .sessions
+        .into_iter()
+        .map(|s| s.id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_retried_with_its_request_id_makes_one_session() {
+    let scratch = gpuwarden_test_support::scratch("contract-retry");
+    let addr = common::serve_in_process(
+        scratch.path(),
+        Transport::PlainText,
+        Bounds::new(Limits::default()),
+    )
+    .await;
+    gpuwarden_test_support::node::register(
+        &format!("http://{addr}"),
+        gpuwarden_test_support::node::with_cpus("n1", 8),
+    )
+    .await;
+    let mut client = pb::scheduler_service_client::SchedulerServiceClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("a URL")
+            .connect()
+            .await
+            .expect("connects"),
+    );
+    let first = client
+        .create_session(retryable("a", "req-1"))
+        .await
+        .expect("created")
+        .into_inner();
+    assert_eq!(first.request_id, "req-1");
+    // Retries, concurrent ones included, answer the first session.
+    let mut tries = Vec::new();
+    for _ in 0..8 {
+        let mut client = client.clone();
+        tries.push(tokio::spawn(async move {
+            client
+                .create_session(retryable("a", "req-1"))
+                .await
+                .expect("answered")
+                .into_inner()
+                .id
+        }));
+    }
+    for t in tries {
+        assert_eq!(t.await.expect("joined"), first.id);
+    }
+    // Another request id, or none, makes another session.
+    let other = client
+        .create_session(retryable("a", "req-2"))
+        .await
+        .expect("created")
+        .into_inner();
+    assert_ne!(other.id, first.id);
+    let plain = client
+        .create_session(common::request("a"))
+        .await
+        .expect("created")
+        .into_inner();
+    assert_ne!(plain.id, first.id);
+    assert_eq!(ids(&mut client).await.len(), 3);
+    // A request id over the id limit is refused, not cut.
+    let long = client
+        .create_session(retryable("a", &"x".repeat(10_000)))
+        .await
+        .expect_err("too long");
+    assert_eq!(long.code(), tonic::Code::InvalidArgument);
+}
+
+/// Creates under one request id on `first`, replaces it with `replace`, retries there: one
+/// session.
+async fn retried_across(first: Member, replace: impl AsyncFnOnce(Member) -> Member) {
+    first.register_node().await;
+    let made = first
+        .client()
+        .await
+        .create_session(retryable("across", "req-across"))
+        .await
+        .expect("created")
+        .into_inner();
+    let next = replace(first).await;
+    let mut client = next.client().await;
+    let retried = client
+        .create_session(retryable("across", "req-across"))
+        .await
+        .expect("the retry is answered")
+        .into_inner();
+    assert_eq!(retried.id, made.id, "the retry answers the first session");
+    assert_eq!(ids(&mut client).await, [made.id]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_retried_across_a_sled_restart_makes_one_session() {
+    let scratch = gpuwarden_test_support::scratch("contract-restart");
+    let store = format!("sled:{}", scratch.path().join("store").display());
+    let first = Member::start(&store, &[]);
+    first.until_serving(Duration::from_secs(10)).await;
+    retried_across(first, async |first| {
+        // A crash, not a clean stop.
+        drop(first);
+        let next = Member::start(&store, &[]);
+        next.until_serving(Duration::from_secs(10)).await;
+        next
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_retried_across_a_failover_on_etcd_makes_one_session() {
+    let etcd = gpuwarden_test_support::Etcd::start();
+    let store = etcd.store_url("contract-failover");
+    let elected = |store: &str| Member::start(store, &["--lease-ttl-secs", "2"]);
+    let first = elected(&store);
+    first.until_serving(Duration::from_secs(10)).await;
+    let standby = elected(&store);
+    retried_across(first, async |first| {
+        drop(first);
+        standby.until_serving(Duration::from_secs(15)).await;
+        standby
+    })
+    .await;
+}
