@@ -1,6 +1,7 @@
 //! The client contract of issue 40 (docs/api.md), over real gRPC on loopback: a
 //! `CreateSession` retried with its request id makes one session, in one controller, across a
-//! crash and restart on sled, and across a failover on a real etcd.
+//! crash and restart on sled, and across a failover on a real etcd; each refusal says why in
+//! its details (a reason code, a retry hint where retrying helps, the leader a standby names).
 
 mod common;
 
@@ -11,7 +12,8 @@ use gpuwarden_controller::{
     limits::{Bounds, Limits},
     server::Transport,
 };
-use gpuwarden_proto::v1 as pb;
+use gpuwarden_proto::{details, v1 as pb};
+use tonic::Code;
 
 /// A session of one CPU named `name` made under `request_id`.
 fn retryable(name: &str, request_id: &str) -> pb::CreateSessionRequest {
@@ -147,10 +149,161 @@ async fn a_create_retried_across_a_failover_on_etcd_makes_one_session() {
     let first = elected(&store);
     first.until_serving(Duration::from_secs(10)).await;
     let standby = elected(&store);
+    // The standby names the leader in a typed detail, having done nothing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let refused = standby
+            .client()
+            .await
+            .create_session(retryable("across", "req-across"))
+            .await
+            .expect_err("a standby creates nothing");
+        assert_eq!(refused.code(), Code::Unavailable);
+        assert_eq!(details::reason(&refused).as_deref(), Some("NOT_LEADER"));
+        let named = details::not_leader(&refused)
+            .expect("a NotLeader detail")
+            .leader;
+        if named == first.addr.to_string() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the standby never named the leader (last: {named:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     retried_across(first, async |first| {
         drop(first);
         standby.until_serving(Duration::from_secs(15)).await;
         standby
     })
     .await;
+}
+
+/// A controller in this process held to `limits`, with a node of 8 CPUs; a client of it.
+async fn limited(
+    dir: &std::path::Path,
+    limits: Limits,
+) -> pb::scheduler_service_client::SchedulerServiceClient<tonic::transport::Channel> {
+    let addr = common::serve_in_process(dir, Transport::PlainText, Bounds::new(limits)).await;
+    gpuwarden_test_support::node::register(
+        &format!("http://{addr}"),
+        gpuwarden_test_support::node::with_cpus("n1", 8),
+    )
+    .await;
+    pb::scheduler_service_client::SchedulerServiceClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("a URL")
+            .connect()
+            .await
+            .expect("connects"),
+    )
+}
+
+/// Its code, reason and retry hint.
+fn why(status: &tonic::Status) -> (Code, Option<String>, Option<Duration>) {
+    (
+        status.code(),
+        details::reason(status),
+        details::retry_delay(status),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_refusal_names_its_reason_and_only_a_rate_says_when_to_retry() {
+    let scratch = gpuwarden_test_support::scratch("contract-errors");
+    let mut client = limited(
+        scratch.path(),
+        Limits {
+            max_sessions_per_owner: 1,
+            ..Limits::default()
+        },
+    )
+    .await;
+    // Three FAILED_PRECONDITIONs told apart.
+    let ask = |slots: &[(&str, &str)], node: &str| {
+        let mut r = common::request("x");
+        r.requested = Some(pb::ResourceSlot {
+            values: slots
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        });
+        r.node_id = node.into();
+        let mut client = client.clone();
+        async move { client.create_session(r).await.expect_err("refused") }
+    };
+    for (refused, reason) in [
+        (ask(&[("fpga", "1")], "").await, "UNKNOWN_SLOT"),
+        (ask(&[("cpu", "1000")], "").await, "LARGER_THAN_ANY_NODE"),
+        (ask(&[("cpu", "1")], "nowhere").await, "UNKNOWN_NODE"),
+    ] {
+        assert_eq!(
+            why(&refused),
+            (Code::FailedPrecondition, Some(reason.into()), None),
+            "{refused:?}"
+        );
+    }
+    client
+        .create_session(common::request("first"))
+        .await
+        .expect("created");
+    // The cap: RESOURCE_EXHAUSTED, and no retry hint (retrying won't help until one ends).
+    let cap = client
+        .create_session(common::request("second"))
+        .await
+        .expect_err("over the cap");
+    assert_eq!(
+        why(&cap),
+        (Code::ResourceExhausted, Some("CAP".into()), None)
+    );
+    let oversized = client
+        .create_session(retryable("x", &"x".repeat(10_000)))
+        .await
+        .expect_err("too long");
+    assert_eq!(
+        why(&oversized),
+        (Code::InvalidArgument, Some("OVERSIZED".into()), None)
+    );
+    let missing = client
+        .get_session(pb::GetSessionRequest { id: "none".into() })
+        .await
+        .expect_err("no such session");
+    assert_eq!(
+        why(&missing),
+        (Code::NotFound, Some("SESSION_NOT_FOUND".into()), None)
+    );
+
+    // A rate: RESOURCE_EXHAUSTED with a hint, one call's worth of the rate.
+    let scratch = gpuwarden_test_support::scratch("contract-rate");
+    let mut client = limited(
+        scratch.path(),
+        Limits {
+            client_requests_per_sec: 4,
+            client_request_burst: 1,
+            ..Limits::default()
+        },
+    )
+    .await;
+    let mut refused = None;
+    for _ in 0..10 {
+        if let Err(e) = client.list_nodes(pb::ListNodesRequest::default()).await {
+            refused = Some(e);
+            break;
+        }
+    }
+    let refused = refused.expect("ten calls at once exceed 4/s with bursts of 1");
+    assert_eq!(
+        why(&refused),
+        (
+            Code::ResourceExhausted,
+            Some("RATE".into()),
+            Some(Duration::from_millis(250))
+        )
+    );
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    client
+        .list_nodes(pb::ListNodesRequest::default())
+        .await
+        .expect("answered after the hinted delay");
 }

@@ -338,13 +338,21 @@ pub enum CliError {
     /// Bad input (exit 2).
     #[error("{0}")]
     Input(String),
-    /// The controller answered with an error (exit 1).
-    #[error("controller error: {code:?}: {message}")]
+    /// The controller answered with an error (exit 1, whatever the reason).
+    #[error(
+        "controller error: {code:?}: {message}{}{}",
+        reason.as_ref().map(|r| format!(" (reason {r})")).unwrap_or_default(),
+        retry_after.map(|d| format!(" (retry after {d:?})")).unwrap_or_default()
+    )]
     Server {
         /// gRPC code.
         code: tonic::Code,
         /// Its reason.
         message: String,
+        /// The stable reason code of its `ErrorInfo` detail (docs/api.md, "Errors"), if any.
+        reason: Option<String>,
+        /// When retrying can succeed, as its `RetryInfo` detail says.
+        retry_after: Option<std::time::Duration>,
     },
     /// The controller can't be reached (exit 1).
     #[error("cannot reach the controller at {url}: {reason}")]
@@ -400,6 +408,8 @@ impl From<tonic::Status> for CliError {
         Self::Server {
             code: s.code(),
             message: s.message().to_owned(),
+            reason: gpuwarden_proto::details::reason(&s),
+            retry_after: gpuwarden_proto::details::retry_delay(&s),
         }
     }
 }

@@ -6,9 +6,10 @@
 
 use std::{pin::Pin, sync::Arc};
 
+use gpuwarden_proto::details::Details;
 use gpuwarden_proto::v1::{self as pb, scheduler_service_server::SchedulerService};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
 use super::{convert, queues};
 use crate::{
@@ -53,26 +54,61 @@ impl SchedulerApi {
     }
 }
 
+/// A request the scheduler refused: the codes as before, told apart by their `ErrorInfo`
+/// reason (docs/api.md, "Errors").
 fn request_status(e: &RequestError) -> Status {
+    let message = e.to_string();
     match e {
-        RequestError::Gpu(_)
-        | RequestError::Empty
-        | RequestError::Target(_)
-        | RequestError::Gang(_) => Status::invalid_argument(e.to_string()),
-        RequestError::UnknownSlot { .. }
-        | RequestError::Oversized { .. }
-        | RequestError::UnknownNode(_) => Status::failed_precondition(e.to_string()),
+        RequestError::Gpu(_) => Details::new("INVALID_GPU_REQUEST")
+            .field("requested", &message)
+            .status(Code::InvalidArgument, message),
+        RequestError::Empty => Details::new("EMPTY_REQUEST")
+            .field("requested", &message)
+            .status(Code::InvalidArgument, message),
+        RequestError::Target(_) => target_status(message),
+        RequestError::Gang(_) => Details::new("INVALID_GANG")
+            .field("gang", &message)
+            .status(Code::InvalidArgument, message),
+        RequestError::UnknownSlot { slot, .. } => Details::new("UNKNOWN_SLOT")
+            .meta("slot", slot.as_str())
+            .status(Code::FailedPrecondition, message),
+        RequestError::Oversized { .. } => {
+            Details::new("LARGER_THAN_ANY_NODE").status(Code::FailedPrecondition, message)
+        }
+        RequestError::UnknownNode(node) => Details::new("UNKNOWN_NODE")
+            .meta("node", node.as_str())
+            .status(Code::FailedPrecondition, message),
     }
+}
+
+/// A target that is malformed for its kind or node.
+fn target_status(message: String) -> Status {
+    Details::new("INVALID_TARGET")
+        .field("target", &message)
+        .status(Code::InvalidArgument, message)
 }
 
 /// How a watch that cannot go on ends.
 fn watch_status(e: &WatchError) -> Status {
+    let message = e.to_string();
     match e {
-        WatchError::TooOld { .. } | WatchError::TooNew { .. } => {
-            Status::out_of_range(e.to_string())
-        }
-        WatchError::TermEnded { .. } => Status::unavailable(e.to_string()),
+        WatchError::TooOld { compacted, .. } => Details::new("REVISION_COMPACTED")
+            .meta("compacted", compacted.to_string())
+            .status(Code::OutOfRange, message),
+        WatchError::TooNew { latest, .. } => Details::new("REVISION_AHEAD")
+            .meta("latest", latest.to_string())
+            .status(Code::OutOfRange, message),
+        WatchError::TermEnded { resume } => Details::new("TERM_ENDED")
+            .meta("resume", resume.to_string())
+            .status(Code::Unavailable, message),
     }
+}
+
+/// No session `id` (or none the caller may see).
+fn no_session(id: &str) -> Status {
+    Details::new("SESSION_NOT_FOUND")
+        .meta("id", id)
+        .status(Code::NotFound, format!("no session {id:?}"))
 }
 
 /// Where a watch asked to start.
@@ -155,7 +191,7 @@ impl SchedulerService for SchedulerApi {
         // Checked before authorizing, so a malformed target is named as such.
         new.target
             .validate(new.pinned_node.as_deref())
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            .map_err(|e| target_status(e.to_string()))?;
         new.scope = self.clients.authorize_target(
             &caller,
             &new.owner,
@@ -216,9 +252,7 @@ impl SchedulerService for SchedulerApi {
             .get(&id)
             .map(|s| pb::Session::clone(&s));
         caller.may_act_on_session(session.as_ref().map(|s| s.owner.as_str()), &id, "see")?;
-        session
-            .map(Response::new)
-            .ok_or_else(|| Status::not_found(format!("no session {id:?}")))
+        session.map(Response::new).ok_or_else(|| no_session(&id))
     }
 
     async fn list_sessions(
@@ -279,12 +313,7 @@ impl SchedulerService for SchedulerApi {
             move |e| match e {
                 WatchError::TermEnded { .. } if !role.is_leader() => {
                     // The standby's answer, naming the leader to follow.
-                    let refusal = role.refusal();
-                    Status::with_metadata(
-                        refusal.code(),
-                        format!("{}; {e}", refusal.message()),
-                        refusal.metadata().clone(),
-                    )
+                    role.refusal_after(Some(&e.to_string()))
                 }
                 e => watch_status(&e),
             },
@@ -311,11 +340,18 @@ impl SchedulerService for SchedulerApi {
         if let Some(claim) = found.as_ref().and_then(|(_, origin)| origin.claim()) {
             // Kubernetes placed it; ending it here would lift a quota the pod still runs
             // under, and the kubelet would never hear of it.
-            return Err(Status::failed_precondition(format!(
-                "session {id} is owned by Kubernetes claim {}/{} (pod {}); delete the pod or \
-                 the claim",
-                claim.namespace, claim.claim_name, claim.pod_name
-            )));
+            return Err(Details::new("OWNED_BY_KUBERNETES")
+                .meta("namespace", claim.namespace.as_str())
+                .meta("claim", claim.claim_name.as_str())
+                .meta("pod", claim.pod_name.as_str())
+                .status(
+                    Code::FailedPrecondition,
+                    format!(
+                        "session {id} is owned by Kubernetes claim {}/{} (pod {}); delete the \
+                         pod or the claim",
+                        claim.namespace, claim.claim_name, claim.pod_name
+                    ),
+                ));
         }
         let (command, session) = self
             .controller
@@ -325,7 +361,7 @@ impl SchedulerService for SchedulerApi {
             })
             .await
             .map_err(|e| store_status(&e))?;
-        let session = session.ok_or_else(|| Status::not_found(format!("no session {id:?}")))?;
+        let session = session.ok_or_else(|| no_session(&id))?;
         self.controller.dispatch(command.into_iter().collect());
         self.controller.kick();
         Ok(Response::new(session))
