@@ -95,6 +95,42 @@ async fn a_create_retried_with_its_request_id_makes_one_session() {
         .into_inner();
     assert_ne!(plain.id, first.id);
     assert_eq!(ids(&mut client).await.len(), 3);
+    // Ending is safe to retry, and a listing filters by state.
+    for _ in 0..2 {
+        let ended = client
+            .terminate_session(pb::TerminateSessionRequest {
+                id: plain.id.clone(),
+            })
+            .await
+            .expect("ended")
+            .into_inner();
+        assert_eq!(ended.state(), pb::SessionState::Terminated);
+    }
+    let only = |states: &[pb::SessionState]| pb::ListSessionsRequest {
+        states: states.iter().map(|s| i32::from(*s)).collect(),
+        ..Default::default()
+    };
+    let terminated = client
+        .list_sessions(only(&[pb::SessionState::Terminated]))
+        .await
+        .expect("lists")
+        .into_inner()
+        .sessions;
+    assert_eq!(
+        terminated.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        [plain.id.as_str()]
+    );
+    let live = client
+        .list_sessions(only(&[
+            pb::SessionState::Pending,
+            pb::SessionState::Scheduled,
+            pb::SessionState::Running,
+        ]))
+        .await
+        .expect("lists")
+        .into_inner()
+        .sessions;
+    assert_eq!(live.len(), 2);
     // A request id over the id limit is refused, not cut.
     let long = client
         .create_session(retryable("a", &"x".repeat(10_000)))
@@ -306,4 +342,102 @@ async fn each_refusal_names_its_reason_and_only_a_rate_says_when_to_retry() {
         .list_nodes(pb::ListNodesRequest::default())
         .await
         .expect("answered after the hinted delay");
+}
+
+/// Nodes the paging test registers.
+const NODES: usize = 10_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_hold_every_node_of_ten_thousand_exactly_once_while_nodes_join() {
+    let scratch = gpuwarden_test_support::scratch("contract-pages");
+    let addr = common::serve_in_process(
+        scratch.path(),
+        Transport::PlainText,
+        Bounds::new(Limits {
+            client_requests_per_sec: 100_000,
+            client_request_burst: 100_000,
+            ..Limits::default()
+        }),
+    )
+    .await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connects");
+    let agents = pb::agent_service_client::AgentServiceClient::new(channel.clone());
+    let register = |ids: Vec<String>| {
+        let agents = agents.clone();
+        async move {
+            let mut tasks = Vec::new();
+            for chunk in ids.chunks(ids.len().div_ceil(16).max(1)) {
+                let mut agents = agents.clone();
+                let chunk = chunk.to_vec();
+                tasks.push(tokio::spawn(async move {
+                    for id in chunk {
+                        agents
+                            .register(gpuwarden_test_support::node::with_cpus(&id, 1))
+                            .await
+                            .expect("registers");
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.expect("joined");
+            }
+        }
+    };
+    let first: Vec<String> = (0..NODES).map(|i| format!("node-{i:05}")).collect();
+    register(first.clone()).await;
+
+    let mut client = pb::scheduler_service_client::SchedulerServiceClient::new(channel);
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    let mut page_token = String::new();
+    let mut pages = 0;
+    let (mut late, mut early) = (Vec::new(), Vec::new());
+    loop {
+        let page = client
+            .list_nodes(pb::ListNodesRequest {
+                page_size: 700,
+                page_token,
+            })
+            .await
+            .expect("lists")
+            .into_inner();
+        assert!(page.nodes.len() <= 700);
+        for n in page.nodes {
+            *seen
+                .entry(n.info.expect("a node says who it is").node_id)
+                .or_default() += 1;
+        }
+        pages += 1;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+        // Nodes that join between pages, before and after the cursor, move nothing.
+        late.push(format!("node-{:05}-late", pages * 700));
+        early.push(format!("node-{pages:05}-early"));
+        register(vec![
+            late[late.len() - 1].clone(),
+            early[early.len() - 1].clone(),
+        ])
+        .await;
+    }
+    for id in first.iter().chain(&late) {
+        assert_eq!(seen.get(id), Some(&1), "{id} on one page");
+    }
+    // Those that joined behind the cursor are on no page of this listing.
+    for id in &early {
+        assert_eq!(seen.get(id), None, "{id} joined before the cursor");
+    }
+    assert_eq!(pages, (NODES + late.len()).div_ceil(700));
+    assert!(seen.values().all(|n| *n == 1), "no node is on two pages");
+    // No size: everything at once, as before pages.
+    let all = client
+        .list_nodes(pb::ListNodesRequest::default())
+        .await
+        .expect("lists")
+        .into_inner();
+    assert!(all.nodes.len() >= NODES && all.next_page_token.is_empty());
 }

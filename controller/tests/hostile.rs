@@ -528,7 +528,7 @@ async fn nodes_claiming_absurd_hardware_or_unknown_enums_are_refused() {
     // None of them registered anything.
     let nodes: Vec<String> = target
         .scheduler()
-        .list_nodes(pb::ListNodesRequest {})
+        .list_nodes(pb::ListNodesRequest::default())
         .await
         .expect("lists")
         .into_inner()

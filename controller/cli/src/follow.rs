@@ -34,6 +34,7 @@ pub async fn list_all(client: &mut Client, owner: &str) -> Result<(Vec<pb::Sessi
                 owner: owner.to_owned(),
                 page_size: 0,
                 page_token,
+                states: Vec::new(),
             })
             .await?
             .into_inner();

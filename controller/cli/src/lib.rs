@@ -686,7 +686,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Node(NodeCommand::Ls) => {
             let nodes = client
-                .list_nodes(pb::ListNodesRequest {})
+                .list_nodes(pb::ListNodesRequest::default())
                 .await?
                 .into_inner()
                 .nodes;
@@ -704,7 +704,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 .await?
                 .into_inner();
             let map = client
-                .get_allocation_map(pb::GetAllocationMapRequest { node_id: node })
+                .get_allocation_map(pb::GetAllocationMapRequest {
+                    node_id: node,
+                    ..Default::default()
+                })
                 .await?
                 .into_inner();
             let devices = map
@@ -733,7 +736,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Profile(ProfileCommand::Ls) => {
             let profiles = client
-                .list_profiles(pb::ListProfilesRequest {})
+                .list_profiles(pb::ListProfilesRequest::default())
                 .await?
                 .into_inner()
                 .profiles;

@@ -106,7 +106,7 @@ pub async fn run(
     match command {
         QueueCommand::Ls => {
             let queues = client
-                .list_queues(pb::ListQueuesRequest {})
+                .list_queues(pb::ListQueuesRequest::default())
                 .await?
                 .into_inner()
                 .queues;

@@ -100,12 +100,20 @@ pub(super) fn list(
     request: &Request<pb::ListQueuesRequest>,
 ) -> Result<Response<pb::ListQueuesResponse>, Status> {
     let caller = api.caller(request)?;
-    let queues = api.controller.read(crate::scheduler::Scheduler::queues);
-    Ok(Response::new(pb::ListQueuesResponse {
-        queues: queues
+    let r = request.get_ref();
+    let pager = api.pager("queues", &r.page_token, r.page_size)?;
+    let mut queues = api.controller.read(crate::scheduler::Scheduler::queues);
+    // In name order, whatever order the scheduler keeps them in: pages follow names.
+    queues.sort_by(|a, b| a.name.cmp(&b.name));
+    let (queues, next_page_token) = pager.page(
+        queues
             .into_iter()
-            .map(|q| queue_to_pb(q, &caller))
-            .collect(),
+            .filter(|q| pager.admits(&q.name))
+            .map(|q| (q.name.clone(), queue_to_pb(q, &caller))),
+    );
+    Ok(Response::new(pb::ListQueuesResponse {
+        queues,
+        next_page_token,
     }))
 }
 

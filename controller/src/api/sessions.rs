@@ -11,7 +11,7 @@ use gpuwarden_proto::v1::{self as pb, scheduler_service_server::SchedulerService
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Code, Request, Response, Status};
 
-use super::{convert, queues};
+use super::{convert, pages::Pager, queues};
 use crate::{
     auth::clients::{Caller, ClientAuth},
     controller::{
@@ -36,6 +36,23 @@ pub struct SchedulerApi {
 }
 
 impl SchedulerApi {
+    /// The page of list `list` a request asks for.
+    pub(super) fn pager(
+        &self,
+        list: &'static str,
+        page_token: &str,
+        page_size: u32,
+    ) -> Result<Pager, Status> {
+        let limits = &self.bounds.limits;
+        Pager::new(
+            list,
+            page_token,
+            page_size,
+            limits.max_page_size,
+            limits.max_id_len,
+        )
+    }
+
     /// Who sent `request`, once it is known and within its rate.
     pub(super) fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
         let caller = self.clients.caller(request)?;
@@ -264,6 +281,18 @@ impl SchedulerService for SchedulerApi {
         let limits = &self.bounds.limits;
         self.bounds.counted(limits.owner("owner", &r.owner))?;
         let owner = caller.owner_filter(r.owner)?;
+        let states = r.states.clone();
+        if let Some(bad) = states
+            .iter()
+            .find(|s| pb::SessionState::try_from(**s).is_err())
+        {
+            return Err(Details::new("INVALID_STATE")
+                .field("states", format!("{bad} is not a SessionState"))
+                .status(
+                    Code::InvalidArgument,
+                    format!("states: {bad} is not a SessionState"),
+                ));
+        }
         let token = PageToken::parse(&r.page_token, limits.max_id_len)?;
         let size = match usize::try_from(r.page_size) {
             Ok(0) | Err(_) => limits.max_page_size,
@@ -273,7 +302,10 @@ impl SchedulerService for SchedulerApi {
         // Room for the answer's other fields within the message limit.
         let budget = limits.max_message_bytes.saturating_sub(4 << 10);
         let page = self.controller.session_log().page(
-            |x| owner.is_empty() || x.owner == owner,
+            |x| {
+                (owner.is_empty() || x.owner == owner)
+                    && (states.is_empty() || states.contains(&x.state))
+            },
             token.as_ref().map(|t| &t.after),
             size,
             budget,
@@ -373,10 +405,20 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
         // Any client sees every node: a node message names no session.
         self.caller(&request)?;
-        let nodes = self
-            .controller
-            .read(|s| s.nodes().values().map(convert::node_to_pb).collect());
-        Ok(Response::new(pb::ListNodesResponse { nodes }))
+        let r = request.into_inner();
+        let pager = self.pager("nodes", &r.page_token, r.page_size)?;
+        let (nodes, next_page_token) = self.controller.read(|s| {
+            pager.page(
+                s.nodes()
+                    .iter()
+                    .filter(|(id, _)| pager.admits(id))
+                    .map(|(id, n)| (id.clone(), convert::node_to_pb(n))),
+            )
+        });
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes,
+            next_page_token,
+        }))
     }
 
     async fn get_node(
@@ -397,47 +439,60 @@ impl SchedulerService for SchedulerApi {
         request: Request<pb::GetAllocationMapRequest>,
     ) -> Result<Response<pb::GetAllocationMapResponse>, Status> {
         let caller = self.caller(&request)?;
-        let id = request.into_inner().node_id;
+        let r = request.into_inner();
+        let id = r.node_id;
         self.bounds.counted(self.bounds.limits.id("node_id", &id))?;
-        let nodes: Vec<pb::NodeAllocationMap> = self.controller.read(|s| {
-            s.nodes()
-                .iter()
-                .filter(|(nid, _)| id.is_empty() || **nid == id)
-                .map(|(nid, n)| pb::NodeAllocationMap {
-                    node_id: nid.clone(),
-                    devices: n
-                        .allocator
-                        .devices()
-                        .iter()
-                        .map(|d| pb::DeviceAllocation {
-                            uuid: d.spec.uuid.clone(),
-                            index: d.spec.index,
-                            capacity_shares: d.capacity.to_string(),
-                            allocated_shares: d.allocated.to_string(),
-                            memory_bytes: d.spec.memory_bytes,
-                            allocated_memory_bytes: d.allocated_memory,
-                            kubernetes: d.kubernetes,
-                            // A user sees the shares others hold, not their session ids.
-                            sessions: d
-                                .sessions
-                                .iter()
-                                .filter(|sid| {
-                                    caller.is_admin()
-                                        || s.sessions()
-                                            .get(*sid)
-                                            .is_some_and(|x| caller.may_see(&x.owner))
-                                })
-                                .cloned()
-                                .collect(),
-                        })
-                        .collect(),
-                })
-                .collect()
+        let pager = self.pager("allocation_map", &r.page_token, r.page_size)?;
+        let (nodes, next_page_token) = self.controller.read(|s| {
+            pager.page(
+                s.nodes()
+                    .iter()
+                    .filter(|(nid, _)| (id.is_empty() || **nid == id) && pager.admits(nid))
+                    .map(|(nid, n)| {
+                        (
+                            nid.clone(),
+                            pb::NodeAllocationMap {
+                                node_id: nid.clone(),
+                                devices: n
+                                    .allocator
+                                    .devices()
+                                    .iter()
+                                    .map(|d| pb::DeviceAllocation {
+                                        uuid: d.spec.uuid.clone(),
+                                        index: d.spec.index,
+                                        capacity_shares: d.capacity.to_string(),
+                                        allocated_shares: d.allocated.to_string(),
+                                        memory_bytes: d.spec.memory_bytes,
+                                        allocated_memory_bytes: d.allocated_memory,
+                                        kubernetes: d.kubernetes,
+                                        // A user sees the shares others hold, not their session ids.
+                                        sessions: d
+                                            .sessions
+                                            .iter()
+                                            .filter(|sid| {
+                                                caller.is_admin()
+                                                    || s.sessions()
+                                                        .get(*sid)
+                                                        .is_some_and(|x| caller.may_see(&x.owner))
+                                            })
+                                            .cloned()
+                                            .collect(),
+                                    })
+                                    .collect(),
+                            },
+                        )
+                    }),
+            )
         });
-        if !id.is_empty() && nodes.is_empty() {
-            return Err(Status::not_found(format!("no node {id:?}")));
+        if !id.is_empty() && nodes.is_empty() && pager.after().is_none() {
+            return Err(Details::new("NODE_NOT_FOUND")
+                .meta("node", id.as_str())
+                .status(Code::NotFound, format!("no node {id:?}")));
         }
-        Ok(Response::new(pb::GetAllocationMapResponse { nodes }))
+        Ok(Response::new(pb::GetAllocationMapResponse {
+            nodes,
+            next_page_token,
+        }))
     }
 
     async fn list_slot_types(
@@ -462,10 +517,20 @@ impl SchedulerService for SchedulerApi {
         request: Request<pb::ListProfilesRequest>,
     ) -> Result<Response<pb::ListProfilesResponse>, Status> {
         self.caller(&request)?;
-        let profiles = self
-            .controller
-            .read(|s| s.profiles().iter().map(convert::profile_to_pb).collect());
-        Ok(Response::new(pb::ListProfilesResponse { profiles }))
+        let r = request.into_inner();
+        let pager = self.pager("profiles", &r.page_token, r.page_size)?;
+        let (profiles, next_page_token) = self.controller.read(|s| {
+            pager.page(
+                s.profiles()
+                    .iter()
+                    .filter(|p| pager.admits(&p.class))
+                    .map(|p| (p.class.clone(), convert::profile_to_pb(p))),
+            )
+        });
+        Ok(Response::new(pb::ListProfilesResponse {
+            profiles,
+            next_page_token,
+        }))
     }
 
     async fn get_profile(
