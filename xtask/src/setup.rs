@@ -9,7 +9,8 @@
 //! - runc and containerd, which run real containers in `tests/tests/runtime_container.rs`;
 //! - `protoc` with the well-known types, for the `etcd-client` crate's build script;
 //! - a Python environment (`target/py`) with `kubernetes-validate`, which checks the Kubernetes
-//!   manifests offline against the bundled OpenAPI schemas (`deploy/kubernetes/validate.py`).
+//!   manifests offline against the bundled OpenAPI schemas (`deploy/kubernetes/validate.py`);
+//! - `buf` from npm (`target/buf`), which lints the protos and checks them against `main`'s.
 
 use std::{
     path::{Path, PathBuf},
@@ -45,6 +46,9 @@ const RUNTIME_PACKAGES: &[&str] = &["runc", "containerd"];
 /// Debian packages the `etcd-client` crate's build script needs: `protoc` and the well-known
 /// types it imports (gpuwarden's own protos compile with protox and need neither).
 const PROTOC_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev"];
+
+/// Debian packages that install `buf` from the npm registry (issue 40).
+const NPM_PACKAGES: &[&str] = &["npm"];
 
 /// Debian packages for the manifest validator's virtual environment.
 const PYTHON_PACKAGES: &[&str] = &["python3", "python3-venv"];
@@ -87,6 +91,9 @@ pub fn run() -> anyhow::Result<()> {
     if !on_path("protoc") || !Path::new("/usr/include/google/protobuf/descriptor.proto").exists() {
         packages.extend(PROTOC_PACKAGES);
     }
+    if !on_path("npm") {
+        packages.extend(NPM_PACKAGES);
+    }
     let validator_ready = succeeds(Command::new(validator_python()).args(["-c", VALIDATOR_CHECK]));
     if !validator_ready && !succeeds(Command::new("python3").args(["-c", "import ensurepip, venv"]))
     {
@@ -103,6 +110,7 @@ pub fn run() -> anyhow::Result<()> {
     } else {
         install_validator()?;
     }
+    crate::buf::install()?;
     if find_linker().is_none() {
         println!("setup: building bpf-linker against LLVM 22 (about a minute)");
         status(
