@@ -4,8 +4,8 @@
 //!
 //! The service trait's methods ([`super::SchedulerApi`]) call these.
 
-use gpuwarden_proto::v1 as pb;
-use tonic::{Request, Response, Status};
+use gpuwarden_proto::{details::Details, v1 as pb};
+use tonic::{Code, Request, Response, Status};
 
 use super::{SchedulerApi, convert};
 use crate::{
@@ -19,9 +19,11 @@ use crate::{
 /// How a refused queue change is answered.
 fn queue_status(e: &QueueError) -> Status {
     if e.is_not_found() {
-        Status::not_found(e.to_string())
+        Details::new("QUEUE_NOT_FOUND").status(Code::NotFound, e.to_string())
     } else {
-        Status::invalid_argument(e.to_string())
+        Details::new("INVALID_QUEUE")
+            .field("queue", e.to_string())
+            .status(Code::InvalidArgument, e.to_string())
     }
 }
 
@@ -127,7 +129,11 @@ pub(super) fn get(
     api.controller
         .read(|s| s.queue_view(&name))
         .map(|q| Response::new(queue_to_pb(q, &caller)))
-        .ok_or_else(|| Status::not_found(format!("no queue {name:?}")))
+        .ok_or_else(|| {
+            Details::new("QUEUE_NOT_FOUND")
+                .meta("queue", name.as_str())
+                .status(Code::NotFound, format!("no queue {name:?}"))
+        })
 }
 
 pub(super) async fn set(

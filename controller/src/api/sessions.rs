@@ -165,7 +165,14 @@ impl PageToken {
         if given.is_empty() {
             return Ok(None);
         }
-        let bad = || Status::invalid_argument("page_token: not a token this controller gave");
+        let bad = || {
+            Details::new("INVALID_PAGE_TOKEN")
+                .field("page_token", "not a token this controller gave")
+                .status(
+                    Code::InvalidArgument,
+                    "page_token: not a token this controller gave",
+                )
+        };
         // revision, time, id and two colons.
         if given.len() > (max_id_len + 48) * 4 / 3 + 4 {
             return Err(bad());
@@ -431,7 +438,11 @@ impl SchedulerService for SchedulerApi {
         self.controller
             .read(|s| s.nodes().get(&id).map(convert::node_to_pb))
             .map(Response::new)
-            .ok_or_else(|| Status::not_found(format!("no node {id:?}")))
+            .ok_or_else(|| {
+                Details::new("NODE_NOT_FOUND")
+                    .meta("node", id.as_str())
+                    .status(Code::NotFound, format!("no node {id:?}"))
+            })
     }
 
     async fn get_allocation_map(
@@ -550,9 +561,14 @@ impl SchedulerService for SchedulerApi {
             .read(|s| s.profiles().get(&class).map(convert::profile_to_pb))
             .map(Response::new)
             .ok_or_else(|| {
-                Status::not_found(format!(
-                    "no profile for class {class:?}: no session of it has finished yet"
-                ))
+                Details::new("PROFILE_NOT_FOUND")
+                    .meta("class", class.as_str())
+                    .status(
+                        Code::NotFound,
+                        format!(
+                            "no profile for class {class:?}: no session of it has finished yet"
+                        ),
+                    )
             })
     }
 
