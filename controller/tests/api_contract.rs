@@ -441,3 +441,76 @@ async fn pages_hold_every_node_of_ten_thousand_exactly_once_while_nodes_join() {
         .into_inner();
     assert!(all.nodes.len() >= NODES && all.next_page_token.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_change_from_a_stale_read_is_aborted() {
+    let scratch = gpuwarden_test_support::scratch("contract-etag");
+    let mut client = limited(scratch.path(), Limits::default()).await;
+    let set = |cpus: &str, etag: &str| pb::SetQueueRequest {
+        queue: Some(pb::Queue {
+            name: "team-a".into(),
+            guaranteed: Some(pb::ResourceSlot {
+                values: [("cpu".to_owned(), cpus.to_owned())].into(),
+            }),
+            members: vec!["alice".into()],
+            etag: etag.into(),
+            ..Default::default()
+        }),
+    };
+    let first = client
+        .set_queue(set("1", ""))
+        .await
+        .expect("set")
+        .into_inner();
+    assert!(!first.etag.is_empty());
+    // Two admins read the same queue; the first to write wins, the second is told.
+    let read = client
+        .get_queue(pb::GetQueueRequest {
+            name: "team-a".into(),
+        })
+        .await
+        .expect("read")
+        .into_inner();
+    assert_eq!(read.etag, first.etag);
+    let won = client
+        .set_queue(set("2", &read.etag))
+        .await
+        .expect("the etag matches")
+        .into_inner();
+    assert_ne!(won.etag, read.etag);
+    let lost = client
+        .set_queue(set("3", &read.etag))
+        .await
+        .expect_err("a stale etag");
+    assert_eq!(
+        why(&lost),
+        (Code::Aborted, Some("ETAG_MISMATCH".into()), None)
+    );
+    let stale_delete = client
+        .delete_queue(pb::DeleteQueueRequest {
+            name: "team-a".into(),
+            etag: read.etag.clone(),
+        })
+        .await
+        .expect_err("a stale etag");
+    assert_eq!(stale_delete.code(), Code::Aborted);
+    let kept = client
+        .get_queue(pb::GetQueueRequest {
+            name: "team-a".into(),
+        })
+        .await
+        .expect("still there")
+        .into_inner();
+    assert_eq!(
+        kept.guaranteed.expect("a guarantee").values["cpu"],
+        "2",
+        "the aborted change did nothing"
+    );
+    client
+        .delete_queue(pb::DeleteQueueRequest {
+            name: "team-a".into(),
+            etag: won.etag,
+        })
+        .await
+        .expect("the current etag deletes");
+}

@@ -126,6 +126,7 @@ async fn an_admin_sets_a_queue_and_a_user_cannot() {
         .delete_queue(as_token(
             pb::DeleteQueueRequest {
                 name: "team-a".into(),
+                ..Default::default()
             },
             &alice,
         ))
@@ -136,6 +137,7 @@ async fn an_admin_sets_a_queue_and_a_user_cannot() {
         .delete_queue(as_token(
             pb::DeleteQueueRequest {
                 name: "team-a".into(),
+                ..Default::default()
             },
             &admin,
         ))
@@ -334,6 +336,7 @@ carol = "from-file"
     .expect("sets");
     c.delete_queue(pb::DeleteQueueRequest {
         name: "from-file".into(),
+        ..Default::default()
     })
     .await
     .expect("removes");

@@ -134,7 +134,10 @@ pub async fn run(
         }
         QueueCommand::Rm { name } => {
             let q = client
-                .delete_queue(pb::DeleteQueueRequest { name })
+                .delete_queue(pb::DeleteQueueRequest {
+                    name,
+                    ..Default::default()
+                })
                 .await?
                 .into_inner();
             if as_json {

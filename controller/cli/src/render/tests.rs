@@ -335,6 +335,7 @@ fn a_queue_shows_exact_values_with_units_for_bytes() {
         members: vec!["alice".into(), "bob".into()],
         held: wire(&[("cuda.shares", "0.3")]),
         borrowed: wire(&[]),
+        etag: String::new(),
     };
     let shown = queue(&q);
     assert_eq!(
