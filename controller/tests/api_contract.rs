@@ -514,3 +514,71 @@ async fn a_queue_change_from_a_stale_read_is_aborted() {
         .await
         .expect("the current etag deletes");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtered_watch_is_sent_bookmarks_past_changes_it_does_not_see() {
+    use pb::session_event::Event;
+    use tokio_stream::StreamExt as _;
+
+    let scratch = gpuwarden_test_support::scratch("contract-bookmarks");
+    let mut client = limited(scratch.path(), Limits::default()).await;
+    let listed = client
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .expect("lists")
+        .into_inner();
+    let mut events = client
+        .watch_session_events(pb::WatchSessionEventsRequest {
+            since_revision: listed.revision,
+            start: pb::WatchStart::AfterRevision.into(),
+            owner: "alice".into(),
+        })
+        .await
+        .expect("watches")
+        .into_inner();
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(10), events.next())
+            .await
+            .expect("an event within 10 s")
+            .expect("the watch goes on")
+            .expect("an event")
+            .event
+            .expect("a session or a bookmark")
+    };
+    // Caught up at once: the listing's revision.
+    assert_eq!(
+        next().await,
+        Event::Bookmark(pb::WatchBookmark {
+            revision: listed.revision
+        })
+    );
+    // Bob's session is not for this watcher: a bookmark past it instead.
+    let bobs = client
+        .create_session(pb::CreateSessionRequest {
+            owner: "bob".into(),
+            ..common::request("bobs")
+        })
+        .await
+        .expect("created")
+        .into_inner();
+    match next().await {
+        Event::Bookmark(b) => assert!(b.revision >= bobs.revision, "{b:?} before {bobs:?}"),
+        Event::Session(s) => panic!("a session of {} sent to alice's watch", s.owner),
+    }
+    let alices = client
+        .create_session(common::request("alices"))
+        .await
+        .expect("created")
+        .into_inner();
+    loop {
+        match next().await {
+            Event::Bookmark(_) => {}
+            Event::Session(s) => {
+                assert_eq!(s.owner, "alice");
+                if s.id == alices.id {
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -361,6 +361,42 @@ impl SchedulerService for SchedulerApi {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
+    type WatchSessionEventsStream =
+        Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
+
+    async fn watch_session_events(
+        &self,
+        request: Request<pb::WatchSessionEventsRequest>,
+    ) -> Result<Response<Self::WatchSessionEventsStream>, Status> {
+        let caller = self.caller(&request)?;
+        let counted_as = self.counted_as(&caller, &request);
+        let r = request.into_inner();
+        self.bounds
+            .counted(self.bounds.limits.owner("owner", &r.owner))?;
+        let owner = caller.owner_filter(r.owner.clone())?;
+        let start = watch_start(&pb::WatchSessionsRequest {
+            since_revision: r.since_revision,
+            start: r.start,
+        })?;
+        let log = Arc::clone(self.controller.session_log());
+        let start = log.start(start).map_err(|e| watch_status(&e))?;
+        let guard = self.bounds.counted(self.bounds.open_watch(&counted_as))?;
+        let role = self.controller.role().clone();
+        let rx = watch::events(
+            log,
+            start,
+            move |s| caller.may_see(&s.owner) && (owner.is_empty() || s.owner == owner),
+            move |e| match e {
+                WatchError::TermEnded { .. } if !role.is_leader() => {
+                    role.refusal_after(Some(&e.to_string()))
+                }
+                e => watch_status(&e),
+            },
+            guard,
+        );
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
     async fn terminate_session(
         &self,
         request: Request<pb::TerminateSessionRequest>,

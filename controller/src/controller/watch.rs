@@ -403,6 +403,68 @@ pub fn stream<H: Send + 'static>(
     rx
 }
 
+/// [`stream`] as `WatchSessionEvents` sends it: sessions, and bookmarks. A bookmark goes out
+/// when the watch first catches up with the log (the replay is over), and whenever it catches
+/// up again with its cursor past the last revision it sent (changes `see` held back moved it), so
+/// a watcher that sees few of the changes still learns a recent revision to resume from.
+pub fn events<H: Send + 'static>(
+    log: Arc<SessionLog>,
+    (mut cursor, term): (u64, u64),
+    see: impl Fn(&pb::Session) -> bool + Send + 'static,
+    ended: impl Fn(WatchError) -> Status + Send + 'static,
+    hold: H,
+) -> mpsc::Receiver<Result<pb::SessionEvent, Status>> {
+    use pb::session_event::Event;
+    let (tx, rx) = mpsc::channel(32);
+    tokio::spawn(async move {
+        let _hold = hold;
+        // The last revision the watcher was told of; `None` before the first catch-up.
+        let mut told: Option<u64> = None;
+        loop {
+            let seen = log.published();
+            let batch = match log.after(cursor, term, BATCH) {
+                Ok(batch) => batch,
+                Err(e) => {
+                    let _ = tx.send(Err(ended(e))).await;
+                    return;
+                }
+            };
+            if batch.is_empty() {
+                if told.is_none_or(|t| t < cursor) {
+                    told = Some(cursor);
+                    let bookmark = Event::Bookmark(pb::WatchBookmark { revision: cursor });
+                    let event = pb::SessionEvent {
+                        event: Some(bookmark),
+                    };
+                    if tx.send(Ok(event)).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    () = log.changed(seen) => continue,
+                    () = tx.closed() => return,
+                }
+            }
+            for s in batch {
+                cursor = s.revision;
+                if !see(&s) {
+                    continue;
+                }
+                if told.is_some() {
+                    told = Some(cursor);
+                }
+                let event = pb::SessionEvent {
+                    event: Some(Event::Session(pb::Session::clone(&s))),
+                };
+                if tx.send(Ok(event)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
