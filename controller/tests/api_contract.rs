@@ -582,3 +582,50 @@ async fn a_filtered_watch_is_sent_bookmarks_past_changes_it_does_not_see() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_sets_travel_as_enums_beside_their_strings() {
+    let scratch = gpuwarden_test_support::scratch("contract-enums");
+    let mut client = limited(scratch.path(), Limits::default()).await;
+    let spread = client
+        .create_session(pb::CreateSessionRequest {
+            placement_mode: pb::PlacementMode::Spread.into(),
+            ..common::request("spread")
+        })
+        .await
+        .expect("created")
+        .into_inner();
+    assert_eq!(
+        (
+            spread.placement.as_str(),
+            spread.placement_mode(),
+            spread.origin.as_str(),
+            spread.origin_kind()
+        ),
+        (
+            "spread",
+            pb::PlacementMode::Spread,
+            "controller",
+            pb::SessionOrigin::Controller
+        )
+    );
+    let disagreeing = client
+        .create_session(pb::CreateSessionRequest {
+            placement: "binpack".into(),
+            placement_mode: pb::PlacementMode::Spread.into(),
+            ..common::request("both")
+        })
+        .await
+        .expect_err("two modes");
+    assert_eq!(disagreeing.code(), Code::InvalidArgument);
+    // The string alone, as older clients send it, fills the enum in the answer.
+    let named = client
+        .create_session(pb::CreateSessionRequest {
+            placement: "binpack".into(),
+            ..common::request("named")
+        })
+        .await
+        .expect("created")
+        .into_inner();
+    assert_eq!(named.placement_mode(), pb::PlacementMode::Binpack);
+}

@@ -596,6 +596,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     run_caller: None,
                     // One try, never retried: nothing to recognise a retry by.
                     request_id: String::new(),
+                    // The string above says it, for controllers from before the enum.
+                    placement_mode: 0,
                 })
                 .await?
                 .into_inner();

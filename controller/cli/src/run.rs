@@ -152,6 +152,7 @@ pub async fn run(
             }),
             // One try, never retried: nothing to recognise a retry by.
             request_id: String::new(),
+            placement_mode: 0,
         })
         .await?
         .into_inner();

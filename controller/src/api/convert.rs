@@ -5,8 +5,8 @@
 
 pub use gpuwarden_proto::convert::{
     event_from_pb, event_to_pb, kind_from_pb, kind_to_pb, node_state_to_pb, placement_from_pb,
-    placement_to_pb, policy_to_pb, scope_to_pb, slots_to_pb, state_to_pb, target_from_pb,
-    target_to_pb,
+    placement_mode_to_pb, placement_request_from_pb, placement_to_pb, policy_to_pb, scope_to_pb,
+    slots_to_pb, state_to_pb, target_from_pb, target_to_pb,
 };
 use gpuwarden_proto::v1 as pb;
 use tonic::Status;
@@ -17,7 +17,7 @@ use crate::{
     placement::Explanation,
     profile::{Profile, UsageSample},
     scheduler::{NewSession, Observed},
-    session::{Gang, KubernetesClaim, QuotaPolicy, Session, TargetScope},
+    session::{DecisionKind, Gang, KubernetesClaim, Origin, QuotaPolicy, Session, TargetScope},
     slots::{ResourceSlot, SlotName},
 };
 
@@ -41,8 +41,8 @@ pub fn new_session_from_pb(
     owner: String,
     r: pb::CreateSessionRequest,
 ) -> Result<NewSession, Status> {
-    let placement =
-        placement_from_pb(&r.placement).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let placement = placement_request_from_pb(&r.placement, r.placement_mode)
+        .map_err(Status::invalid_argument)?;
     Ok(NewSession {
         id,
         name: r.name,
@@ -308,11 +308,23 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
             .map(|d| pb::SchedulingDecision {
                 at_ms: d.at_ms,
                 kind: d.kind.as_str().to_owned(),
+                decision_kind: match d.kind {
+                    DecisionKind::Waited => pb::DecisionKind::Waited,
+                    DecisionKind::Preempted => pb::DecisionKind::Preempted,
+                    DecisionKind::Yielded => pb::DecisionKind::Yielded,
+                }
+                .into(),
                 detail: d.detail.clone(),
             })
             .collect(),
         share: Some(share_to_pb(s)),
         request_id: s.request_id.clone().unwrap_or_default(),
+        placement_mode: placement_mode_to_pb(s.placement).into(),
+        origin_kind: match s.origin {
+            Origin::Controller => pb::SessionOrigin::Controller,
+            Origin::Dra(_) => pb::SessionOrigin::Dra,
+        }
+        .into(),
     }
 }
 
@@ -345,6 +357,7 @@ fn share_to_pb(s: &Session) -> pb::SessionShare {
 pub fn explanation_to_pb(e: &Explanation) -> pb::PlacementExplanation {
     pb::PlacementExplanation {
         mode: e.mode.to_string(),
+        placement_mode: placement_mode_to_pb(Some(e.mode)).into(),
         candidates: e
             .candidates
             .iter()

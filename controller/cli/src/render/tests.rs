@@ -45,6 +45,7 @@ fn explain_lists_the_decisions_before_the_placement() {
         at_ms,
         kind: kind.into(),
         detail: detail.into(),
+        decision_kind: 0,
     };
     let s = pb::Session {
         id: "s-1".into(),

@@ -149,6 +149,7 @@ prop_compose! {
             gang: None,
             run_caller: None,
             request_id: String::new(),
+            placement_mode: 0,
         }
     }
 }
