@@ -629,3 +629,86 @@ async fn closed_sets_travel_as_enums_beside_their_strings() {
         .into_inner();
     assert_eq!(named.placement_mode(), pb::PlacementMode::Binpack);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditions_say_why_a_session_waits_and_when_it_was_placed() {
+    let scratch = gpuwarden_test_support::scratch("contract-conditions");
+    let mut client = limited(scratch.path(), Limits::default()).await;
+    let eight = |name: &str| pb::CreateSessionRequest {
+        requested: Some(pb::ResourceSlot {
+            values: [("cpu".to_owned(), "8".to_owned())].into(),
+        }),
+        ..common::request(name)
+    };
+    let first = client
+        .create_session(eight("first"))
+        .await
+        .expect("created")
+        .into_inner();
+    let second = client
+        .create_session(eight("second"))
+        .await
+        .expect("created")
+        .into_inner();
+    let member = client
+        .create_session(pb::CreateSessionRequest {
+            gang: Some(pb::Gang {
+                name: "g".into(),
+                size: 3,
+            }),
+            ..common::request("member")
+        })
+        .await
+        .expect("created")
+        .into_inner();
+    // (status, reason) of each session's Scheduled condition, once the passes have run.
+    let scheduled = |s: &pb::Session| {
+        s.conditions
+            .iter()
+            .find(|c| c.r#type == "Scheduled")
+            .map(|c| (c.status(), c.reason.clone(), c.last_transition_ms))
+    };
+    let want = [
+        (&first.id, pb::ConditionStatus::True, "Placed"),
+        (&second.id, pb::ConditionStatus::False, "WaitingForCapacity"),
+        (&member.id, pb::ConditionStatus::False, "GangIncomplete"),
+    ];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut got = Vec::new();
+        for (id, _, _) in &want {
+            let s = client
+                .get_session(pb::GetSessionRequest { id: (*id).clone() })
+                .await
+                .expect("found")
+                .into_inner();
+            got.push((scheduled(&s), s));
+        }
+        let matches = want.iter().zip(&got).all(|((_, status, reason), (c, _))| {
+            c.as_ref()
+                .is_some_and(|(st, r, _)| st == status && r == reason)
+        });
+        if matches {
+            // Placed: the time it was placed; waiting: False since it was created.
+            let (placed, _) = &got[0];
+            let placed_at = placed.as_ref().expect("a condition").2;
+            assert!(placed_at >= first.created_at_ms, "placed at {placed_at}");
+            let (waiting, s) = &got[1];
+            assert_eq!(waiting.as_ref().expect("a condition").2, s.created_at_ms);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "conditions: {:?}",
+            got.iter().map(|(c, _)| c).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Ended: no Scheduled condition any more.
+    let ended = client
+        .terminate_session(pb::TerminateSessionRequest { id: first.id })
+        .await
+        .expect("ended")
+        .into_inner();
+    assert!(scheduled(&ended).is_none(), "{:?}", ended.conditions);
+}

@@ -341,6 +341,8 @@ impl Scheduler {
             origin,
             revision: 0,
             request_id: None,
+            wait: None,
+            placed_at_ms: None,
             name,
             id,
             owner,
