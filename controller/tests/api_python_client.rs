@@ -89,6 +89,7 @@ async fn python_list_then_watch_on_an_empty_store_sees_every_create() {
     let (addr, _dir) = serve("py-watch", Limits::default(), 1).await;
     let said = client(&["watch", &addr]).await;
     assert!(said.contains("saw all 3 creates"), "{said}");
+    assert!(said.contains("1 Placed, 2 WaitingForCapacity"), "{said}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,13 +6,15 @@ non-zero, saying why, when the controller breaks the contract.
     api_client.py STUBS create ADDR REQUEST_ID     prints the id of the session made
     api_client.py STUBS retry ADDR REQUEST_ID ID   the retry answers ID; one session listed
     api_client.py STUBS errors CAP_ADDR RATE_ADDR  reason codes and retry hints from details
-    api_client.py STUBS watch ADDR                 list-then-watch on an empty store
+    api_client.py STUBS watch ADDR                 list-then-watch on an empty store, then
+                                                   the waiting sessions' conditions
     api_client.py STUBS pages ADDR N               pages of ListNodes hold node-00000.. once
 """
 
 import os
 import sys
 import threading
+import time
 
 
 def stubs(out, proto_root):
@@ -171,6 +173,26 @@ def main():
         if not made <= seen:
             fail(f"listed at {listed.revision}; saw {len(seen & made)} of 3")
         print(f"listed at revision {listed.revision}; the watch from it saw all 3 creates")
+        # Room for one: one placed, two waiting for capacity, as their conditions say.
+        deadline = time.monotonic() + 10
+        while True:
+            reasons = []
+            for id_ in sorted(made):
+                s = stub.GetSession(pb.GetSessionRequest(id=id_))
+                cond = [c for c in s.conditions if c.type == "Scheduled"]
+                if cond:
+                    reasons.append((pb.ConditionStatus.Name(cond[0].status), cond[0].reason))
+            want = [
+                ("CONDITION_STATUS_FALSE", "WaitingForCapacity"),
+                ("CONDITION_STATUS_FALSE", "WaitingForCapacity"),
+                ("CONDITION_STATUS_TRUE", "Placed"),
+            ]
+            if sorted(reasons) == want:
+                print("conditions: 1 Placed, 2 WaitingForCapacity")
+                break
+            if time.monotonic() > deadline:
+                fail(f"Scheduled conditions {reasons}")
+            time.sleep(0.1)
     elif command == "pages":
         addr, n = args
         stub = client(addr)
