@@ -654,6 +654,7 @@ async fn allocation_map(controller: &TestController) -> Vec<pb::DeviceAllocation
         .await
         .get_allocation_map(pb::GetAllocationMapRequest {
             node_id: NODE.into(),
+            ..Default::default()
         })
         .await
         .unwrap()

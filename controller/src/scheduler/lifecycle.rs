@@ -58,6 +58,7 @@ impl Scheduler {
                 s.live.started(&session.owner);
             }
             s.join_gang(&session);
+            s.index_request(&session);
             s.sessions.insert(session.id.clone(), session);
         }
         s
@@ -339,6 +340,9 @@ impl Scheduler {
             usage: crate::profile::UsageSeries::default(),
             origin,
             revision: 0,
+            request_id: None,
+            wait: None,
+            placed_at_ms: None,
             name,
             id,
             owner,

@@ -80,7 +80,7 @@ impl Rig {
         rig.wait_for("the node to register", |r| {
             r.rt.block_on(async {
                 let mut c = r.client().await;
-                c.list_nodes(pb::ListNodesRequest {})
+                c.list_nodes(pb::ListNodesRequest::default())
                     .await
                     .is_ok_and(|n| n.into_inner().nodes.len() == 1)
             })

@@ -148,6 +148,8 @@ prop_compose! {
             no_preempt: false,
             gang: None,
             run_caller: None,
+            request_id: String::new(),
+            placement_mode: 0,
         }
     }
 }
