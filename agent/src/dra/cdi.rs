@@ -158,6 +158,7 @@ mod tests {
 
     fn gpu(node: &str) -> GpuDevice {
         GpuDevice {
+            mig: None,
             uuid: "GPU-0".into(),
             model: "Mock".into(),
             memory_bytes: 1 << 30,

@@ -464,6 +464,7 @@ mod tests {
 
     fn gpu(memory_bytes: u64) -> GpuDevice {
         GpuDevice {
+            mig: None,
             uuid: "GPU-0".into(),
             model: "Mock".into(),
             memory_bytes,
