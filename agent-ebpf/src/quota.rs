@@ -113,7 +113,7 @@ pub fn check_alloc(
     // SAFETY: a live map value; indexes are in bounds.
     let (used, limit, policy) = unsafe {
         if (device as usize) < MAX_GPUS {
-            let index = device as usize & (MAX_GPUS - 1);
+            let index = gpu_index(device);
             (
                 (*quota).used[index],
                 (*quota).limit[index],
@@ -266,4 +266,20 @@ pub fn gpu_file_ioctl(ctx: LsmContext) -> i32 {
     }
     let _ = DENY.remove(&pid_tgid);
     -ENOMEM
+}
+
+/// `device` (below [`MAX_GPUS`]) as an index of the per-GPU arrays, masked in the register the
+/// access uses: the compiler drops a mask it proves redundant and may test a copy of the
+/// register it then indexes with, which the verifier can't follow (a GPU resolved through a MIG
+/// subscription reaches here by such a path).
+#[inline(always)]
+fn gpu_index(device: u32) -> usize {
+    const _: () = assert!(MAX_GPUS == 16, "the mask below is MAX_GPUS - 1");
+    let mut index = u64::from(device);
+    // SAFETY: an AND on a register; no memory is touched.
+    unsafe {
+        core::arch::asm!("{i} &= 15", i = inout(reg) index, options(pure, nomem, nostack));
+    }
+    // Again in Rust, so the compiler knows the bound too (else it adds a panicking check).
+    index as usize & (MAX_GPUS - 1)
 }

@@ -18,6 +18,7 @@ mod device_program;
 pub(crate) mod events;
 pub mod gpu_nodes;
 pub(crate) mod maps;
+pub mod mig;
 pub mod pins;
 pub mod probe;
 pub mod tracefs;
@@ -198,6 +199,8 @@ const MAPS: &[&str] = &[
     "CGROUP_TABLES",
     "CGROUP_TABLES_RELEASED",
     "GPU_MAJORS",
+    "MIG_INSTANCES",
+    "CLIENT_PARTITIONS",
     "AYA_LOGS",
 ];
 
@@ -412,6 +415,42 @@ impl Sensor {
                 error_chain(&e)
             );
         }
+    }
+
+    /// Tells the programs which device index each MIG GPU instance among `devices` is counted
+    /// as (replacing what an earlier agent wrote).
+    ///
+    /// # Errors
+    /// The map is missing or can't be written.
+    pub fn set_mig_instances(
+        &mut self,
+        devices: &[crate::devices::GpuDevice],
+    ) -> Result<(), SensorError> {
+        const NAME: &str = "MIG_INSTANCES";
+        gpu_nodes::name_instances(devices);
+        let map = self
+            .ebpf
+            .map_mut(NAME)
+            .ok_or(SensorError::MissingMap { name: NAME })?;
+        let mut map: HashMap<&mut MapData, gpuwarden_agent_common::mig::MigKey, u32> =
+            HashMap::try_from(map).map_err(|source| SensorError::Map { name: NAME, source })?;
+        let (entries, left_out) = mig::entries(devices);
+        let stale: Vec<_> = map.keys().filter_map(Result::ok).collect();
+        for key in stale {
+            let _ = map.remove(&key);
+        }
+        for (key, index) in entries {
+            map.insert(key, index, 0)
+                .map_err(|source| SensorError::Map { name: NAME, source })?;
+        }
+        if !left_out.is_empty() {
+            tracing::warn!(
+                instances = %left_out.join(", "),
+                "MIG instances numbered past the programs' {} GPUs: their memory counts as their parent GPU's",
+                gpuwarden_agent_common::maps::MAX_GPUS
+            );
+        }
+        Ok(())
     }
 
     /// Whether GPU nodes are matched by the opened file (else by path).
