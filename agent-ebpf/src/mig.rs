@@ -4,11 +4,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap},
+    maps::{Array, HashMap, LruHashMap},
 };
 use gpuwarden_agent_common::{
     maps::{DEVICE_UNKNOWN, HandleKey, MAX_GPUS},
-    mig::{MAX_INSTANCES, MigKey, Partition},
+    mig::{CapKey, MAX_CAP_GRANTS, MAX_INSTANCES, MigKey, Partition},
 };
 
 use crate::maps::{CLIENTS, OBJECT_DEVICES};
@@ -22,6 +22,33 @@ pub static MIG_INSTANCES: HashMap<MigKey, u32> = HashMap::with_max_entries(MAX_I
 /// oldest such go first.
 #[map(name = "CLIENT_PARTITIONS")]
 pub static CLIENT_PARTITIONS: LruHashMap<u32, Partition> = LruHashMap::with_max_entries(16_384, 0);
+
+/// The major of the capability nodes (`nvidia-caps` in `/proc/devices`), written by the agent;
+/// 0: none known, and capability nodes are left to the other device programs.
+#[map(name = "MIG_CAPS_MAJOR")]
+pub static MIG_CAPS_MAJOR: Array<u32> = Array::with_max_entries(1, 0);
+
+/// The capability nodes each bound cgroup's quota may open, written by the agent.
+#[map(name = "CAP_ACCESS")]
+pub static CAP_ACCESS: HashMap<CapKey, u32> = HashMap::with_max_entries(MAX_CAP_GRANTS, 0);
+
+/// The capability nodes' major, 0 when none is known.
+#[inline(always)]
+pub fn caps_major() -> u32 {
+    MIG_CAPS_MAJOR.get(0).copied().unwrap_or(0)
+}
+
+/// Whether quota `quota`'s cgroups may open capability node `minor`.
+#[inline(always)]
+pub fn cap_allowed(quota: u64, minor: u32) -> bool {
+    let key = CapKey {
+        quota,
+        minor,
+        _pad: 0,
+    };
+    // SAFETY: only whether an entry exists is read.
+    unsafe { CAP_ACCESS.get(&key) }.is_some()
+}
 
 /// `client` subscribed, through its subdevice `subdevice`, to GPU instance `gpu_instance`:
 /// remembers the instance's device index for its video memory, where the agent listed the

@@ -1,17 +1,37 @@
 //! MIG instances as devices (issue 37, docs/mig.md), on the real kernel with the fake driver:
 //! two containers on two GPU instances of one GPU, each charged exactly what the driver's own
-//! ledger says it charged to that instance. (Its own test binary: instance names are the
-//! agent's process-wide state.)
+//! ledger says it charged to that instance. (Its own test binary, its tests one at a time:
+//! instance names are the agent's process-wide state.)
+
+// Test helpers fail loudly on anything unexpected.
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
 
 mod util;
 
 use std::{collections::BTreeMap, path::Path};
 
+use std::os::unix::process::ExitStatusExt as _;
+
+use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
-use gpuwarden_tests::fake_driver::{FakeConfig, FakeDriver, FakeInstance, gi_cap_minor};
-use util::{Client, TestAgent, config, container_id, memory};
+use gpuwarden_tests::fake_driver::{
+    FakeConfig, FakeDriver, FakeInstance, ci_cap_minor, gi_cap_minor,
+};
+use util::{Client, Driver, TestAgent, config, container_id, memory, mknod, open_in, rig::Rig};
 
 const MIB: u64 = 1 << 20;
+
+/// Held by each test: the agents of two tests at once would name instances for each other.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 const GIB: u64 = 1 << 30;
 
 /// GPU 1 in MIG mode with GPU instances 9 and 10 (one compute instance each).
@@ -64,12 +84,15 @@ fn docker(seed: &str) -> TestCgroup {
     ))
 }
 
-/// A client on GPU 1 subscribed to GPU instance `gi` through its capability node (a file named
+/// A client on the instance's GPU subscribed to it through its capability node (a file named
 /// `nvidia-cap<minor>` under `caps`): returns (client, device) handles.
 fn on_instance(c: &mut Client, caps: &Path, instance: &FakeInstance) -> (u64, u64) {
-    c.ok("open nvidia1");
+    let gpu = instance.gpu;
+    if gpu != 0 {
+        c.ok(&format!("open nvidia{gpu}"));
+    }
     let h = c.value("client", "client");
-    let dev = c.value(&format!("device {h:#x} 1"), "handle");
+    let dev = c.value(&format!("device {h:#x} {gpu}"), "handle");
     let sub = c.value(&format!("subdevice {h:#x} {dev:#x}"), "handle");
     let cap = caps.join(format!("nvidia-cap{}", gi_cap_minor(instance)));
     let fd = c.value(&format!("open {}", cap.display()), "fd");
@@ -85,6 +108,7 @@ fn on_instance(c: &mut Client, caps: &Path, instance: &FakeInstance) -> (u64, u6
 #[ignore = "needs root"]
 fn two_containers_on_two_instances_of_one_gpu_are_each_charged_to_theirs() {
     require_root();
+    let _one = one_at_a_time();
     let dir = scratch("mig");
     let mig = instances();
     let fake = FakeDriver::mount(
@@ -162,4 +186,146 @@ fn two_containers_on_two_instances_of_one_gpu_are_each_charged_to_theirs() {
             "the processes' exits release their instances' bytes"
         );
     }
+}
+
+/// A character-device major no driver of this machine has (the "local/experimental" range):
+/// nodes made with it open with `ENXIO` unless the device program refuses them first.
+fn free_major() -> u32 {
+    let devices = std::fs::read_to_string("/proc/devices").unwrap();
+    let taken: Vec<u32> = devices
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    (240..=254).find(|m| !taken.contains(m)).unwrap()
+}
+
+/// A quota on one instance of a GPU in MIG mode opens that instance's capability nodes and its
+/// parent's node, not the other instance's (`EPERM`); its memory limit is the instance's and
+/// is acted on.
+#[test]
+#[ignore = "needs root"]
+#[expect(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
+fn a_quota_on_an_instance_opens_only_its_capability_nodes_and_limits_its_memory() {
+    require_root();
+    let _one = one_at_a_time();
+    let major = free_major();
+    // GPU 0 in MIG mode: instances 9 and 10, the only devices the controller sees.
+    let mig: Vec<FakeInstance> = instances()
+        .into_iter()
+        .map(|i| FakeInstance { gpu: 0, ..i })
+        .collect();
+    let driver = Driver::mount_with(
+        "migq",
+        &FakeConfig {
+            gpu_memory: vec![GIB],
+            mig: mig.clone(),
+        },
+    );
+    let minors = driver.scratch().join("mig-minors");
+    std::fs::write(&minors, driver.fake.mig_minors()).unwrap();
+    let mock = format!(
+        r#"
+mig_minors = "{}"
+mig_caps_major = {major}
+
+[[devices]]
+uuid = "GPU-parent"
+model_name = "Fake H200"
+memory_size = "1G"
+[[devices.instances]]
+uuid = "MIG-nine"
+profile = "1g.18gb"
+gpu_instance = 9
+memory_size = "256M"
+[[devices.instances]]
+uuid = "MIG-ten"
+profile = "2g.35gb"
+gpu_instance = 10
+memory_size = "512M"
+"#,
+        minors.display()
+    );
+    let rig = Rig::start_on(driver, &mock);
+    // The capability nodes as character devices, and as files a client can hold open.
+    let nodes = scratch("mig-nodes");
+    let files = scratch("mig-caps");
+    for i in &mig {
+        for minor in [gi_cap_minor(i), ci_cap_minor(i, 0)] {
+            mknod(
+                &nodes.path().join(format!("nvidia-cap{minor}")),
+                major,
+                minor,
+            );
+        }
+        let name = format!("nvidia-cap{}", gi_cap_minor(i));
+        std::fs::write(files.path().join(name), "").unwrap();
+    }
+    for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
+        mknod(&nodes.path().join(name), 195, minor);
+    }
+
+    let cg = docker("migq");
+    let session = rig.session(
+        &["cuda.shares=1", "cuda.mem=16m"],
+        pb::target::Kind::CgroupPath(cg.path.clone()),
+        "kill",
+    );
+    rig.wait_binding(&session.id, "bound");
+    // The controller chose one of the two instances (device indexes 1 and 2).
+    let index = session.devices[0].index;
+    let (mine, other) = match index {
+        1 => (&mig[0], &mig[1]),
+        2 => (&mig[1], &mig[0]),
+        i => panic!("the session is on device {i}, no instance"),
+    };
+    let open = |name: String| open_in(&cg, &nodes.path().join(name));
+    assert_eq!(
+        open(format!("nvidia-cap{}", gi_cap_minor(mine))),
+        libc::ENXIO
+    );
+    assert_eq!(
+        open(format!("nvidia-cap{}", ci_cap_minor(mine, 0))),
+        libc::ENXIO
+    );
+    assert_eq!(
+        open(format!("nvidia-cap{}", gi_cap_minor(other))),
+        libc::EPERM
+    );
+    assert_eq!(
+        open(format!("nvidia-cap{}", ci_cap_minor(other, 0))),
+        libc::EPERM
+    );
+    // The parent's node opens (its minor, not the instance's index), the other GPU node not.
+    assert_eq!(open("nvidia0".into()), libc::ENXIO);
+    assert_eq!(open("nvidiactl".into()), libc::ENXIO);
+    assert_eq!(open("nvidia1".into()), libc::EPERM);
+    // Outside the bound cgroup nothing changes.
+    let outside = std::fs::File::open(
+        nodes
+            .path()
+            .join(format!("nvidia-cap{}", gi_cap_minor(other))),
+    );
+    assert_eq!(outside.unwrap_err().raw_os_error(), Some(libc::ENXIO));
+
+    // The memory limit is the instance's: 12 MiB fits, 8 more does not.
+    let mut a = Client::spawn(&rig.driver.dir, Some(&cg));
+    let (h, dev) = on_instance(&mut a, files.path(), mine);
+    a.ok(&format!("alloc {h:#x} {dev:#x} 12m"));
+    let c = rig.entry(&cg);
+    let name = format!("nvidia0/gi{}", mine.gpu_instance);
+    assert_eq!(memory(&c, &name), 12 * MIB);
+    assert_eq!(
+        rig.driver.fake.instance_ledger()[&(0, mine.gpu_instance)],
+        12 * MIB
+    );
+    a.send_only(&format!("alloc {h:#x} {dev:#x} 8m"));
+    let status = a.wait();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    rig.wait_for("the kill to be recorded", |r| {
+        r.agent().container(&cg.path).is_some_and(|c| {
+            c.events
+                .iter()
+                .any(|e| e.action == "kill" && e.device == Some(index))
+        })
+    });
 }

@@ -27,8 +27,24 @@ pub struct Partition {
     pub client_generation: u64,
 }
 
+/// A capability node a bound cgroup may open: the key of `CAP_ACCESS`, written by the agent
+/// for each quota on a MIG instance (its GPU and compute instance's `nvidia-cap<minor>`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash, PartialOrd, Ord)]
+pub struct CapKey {
+    /// The quota's key (its bound cgroup's id).
+    pub quota: u64,
+    /// The capability node's minor.
+    pub minor: u32,
+    /// Padding (zero).
+    pub _pad: u32,
+}
+
+/// Entries of `CAP_ACCESS`: two capability nodes for each of the quotas a node holds.
+pub const MAX_CAP_GRANTS: u32 = 2 * crate::maps::MAX_QUOTAS;
+
 /// Entries of `MIG_INSTANCES`: seven instances on each of the 16 GPUs the programs count
 /// (`maps::MAX_GPUS`).
 pub const MAX_INSTANCES: u32 = 7 * 16;
 
-pod!(MigKey, Partition);
+pod!(MigKey, Partition, CapKey);

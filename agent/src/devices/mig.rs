@@ -147,6 +147,19 @@ impl MigMinors {
     }
 }
 
+/// The capability nodes' major in the text of `/proc/devices` (its `nvidia-caps` line among
+/// the character devices).
+#[must_use]
+pub fn caps_major(proc_devices: &str) -> Option<u32> {
+    proc_devices
+        .lines()
+        .take_while(|l| !l.starts_with("Block devices"))
+        .find_map(|l| {
+            let (major, name) = l.trim().split_once(' ')?;
+            (name.trim() == "nvidia-caps").then(|| major.parse().ok())?
+        })
+}
+
 /// The profile in an NVML MIG device name (`NVIDIA H200 MIG 1g.18gb` → `1g.18gb`, and
 /// `… MIG 1g.18gb+me` keeps its `+me`); `None` when the name has none.
 #[must_use]
@@ -262,6 +275,14 @@ mod tests {
                 .len(),
             0
         );
+    }
+
+    #[test]
+    fn the_caps_major_is_read_from_proc_devices() {
+        let text = "Character devices:\n  1 mem\n195 nvidia\n234 nvidia-caps\n\nBlock devices:\n 7 nvidia-caps\n";
+        assert_eq!(caps_major(text), Some(234));
+        assert_eq!(caps_major("Character devices:\n195 nvidia\n"), None);
+        assert_eq!(caps_major("Block devices:\n 7 nvidia-caps\n"), None);
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //!
 //! ```toml
 //! mig_minors = "/proc/driver/nvidia-caps/mig-minors"  # optional, top level: capability minors
+//! mig_caps_major = 234                                # optional: the capability nodes' major
 //!
 //! [[devices]]
 //! uuid = "GPU-00000000-0000-0000-0000-000000000001"
@@ -107,6 +108,8 @@ pub enum MockError {
 struct File {
     /// The capability minors (`mig-minors`), relative to the file's directory.
     mig_minors: Option<PathBuf>,
+    /// The capability nodes' major.
+    mig_caps_major: Option<u32>,
     #[serde(default)]
     devices: Vec<Entry>,
 }
@@ -225,6 +228,7 @@ pub fn parse_size(text: &str) -> Option<u64> {
 #[derive(Debug)]
 pub struct MockBackend {
     devices: Vec<GpuDevice>,
+    caps_major: Option<u32>,
     /// The file entry each device's health is read from (an instance shares its parent's).
     entry_of: Vec<usize>,
     /// The file, read again for health; `None` when parsed from text.
@@ -270,6 +274,7 @@ impl MockBackend {
         let (devices, entry_of) = devices_of(file.devices, &minors, path)?;
         Ok(Self {
             devices,
+            caps_major: file.mig_caps_major,
             entry_of,
             path: None,
             health: Mutex::new(health),
@@ -298,6 +303,10 @@ impl GpuBackend for MockBackend {
 
     fn devices(&self) -> &[GpuDevice] {
         &self.devices
+    }
+
+    fn caps_major(&self) -> Option<u32> {
+        self.caps_major
     }
 
     fn health(&self) -> Vec<GpuHealth> {

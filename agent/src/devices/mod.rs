@@ -109,6 +109,13 @@ pub trait GpuBackend: Send + Sync {
         Vec::new()
     }
 
+    /// The major of the MIG capability nodes (`/dev/nvidia-caps/nvidia-cap<N>`), where the node
+    /// has them: the device-access program then lets a quota on an instance open only that
+    /// instance's.
+    fn caps_major(&self) -> Option<u32> {
+        None
+    }
+
     /// The slot types the backend provides.
     fn slot_types(&self) -> Vec<(String, SlotKind)> {
         if self.devices().is_empty() {

@@ -260,6 +260,10 @@ impl GpuBackend for NvmlBackend {
         &self.devices
     }
 
+    fn caps_major(&self) -> Option<u32> {
+        mig::caps_major(&std::fs::read_to_string("/proc/devices").ok()?)
+    }
+
     fn driver_version(&self) -> Option<String> {
         self.nvml.sys_driver_version().ok()
     }

@@ -201,6 +201,8 @@ const MAPS: &[&str] = &[
     "GPU_MAJORS",
     "MIG_INSTANCES",
     "CLIENT_PARTITIONS",
+    "MIG_CAPS_MAJOR",
+    "CAP_ACCESS",
     "AYA_LOGS",
 ];
 
@@ -378,12 +380,16 @@ impl Sensor {
             )?,
         };
         let settings = settings(&mut ebpf, memory_tier.0)?;
+        let cap_access = Some(take(&mut ebpf, "CAP_ACCESS")?);
         let gpu_majors: Array<MapData, u64> = take(&mut ebpf, "GPU_MAJORS")?;
         let events = Some(take(&mut ebpf, "EVENTS")?);
         Ok(Self {
             ebpf,
             maps,
-            enforcement: Some((quota_maps, DeviceProgram::new(device_program, pins))),
+            enforcement: Some((
+                quota_maps,
+                DeviceProgram::new(device_program, pins, cap_access),
+            )),
             events,
             probe,
             hooks,
@@ -418,16 +424,35 @@ impl Sensor {
     }
 
     /// Tells the programs which device index each MIG GPU instance among `devices` is counted
-    /// as (replacing what an earlier agent wrote).
+    /// as (replacing what an earlier agent wrote), and the capability nodes' major.
     ///
     /// # Errors
     /// The map is missing or can't be written.
     pub fn set_mig_instances(
         &mut self,
         devices: &[crate::devices::GpuDevice],
+        caps_major: Option<u32>,
     ) -> Result<(), SensorError> {
         const NAME: &str = "MIG_INSTANCES";
         gpu_nodes::name_instances(devices);
+        // The capability nodes' major: 0 leaves them to the other device programs.
+        let major = self
+            .ebpf
+            .map_mut("MIG_CAPS_MAJOR")
+            .ok_or(SensorError::MissingMap {
+                name: "MIG_CAPS_MAJOR",
+            })?;
+        let mut major: Array<&mut MapData, u32> =
+            Array::try_from(major).map_err(|source| SensorError::Map {
+                name: "MIG_CAPS_MAJOR",
+                source,
+            })?;
+        major
+            .set(0, caps_major.unwrap_or(0), 0)
+            .map_err(|source| SensorError::Map {
+                name: "MIG_CAPS_MAJOR",
+                source,
+            })?;
         let map = self
             .ebpf
             .map_mut(NAME)
