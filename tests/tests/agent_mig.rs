@@ -246,6 +246,18 @@ memory_size = "512M"
         minors.display()
     );
     let rig = Rig::start_on(driver, &mock);
+    // The agent declared its profiles: the controller knows them as slot types.
+    let types = rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.list_slot_types(pb::ListSlotTypesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .slot_types
+    });
+    for name in ["cuda.mig.1g.18gb", "cuda.mig.2g.35gb"] {
+        assert!(types.iter().any(|t| t.name == name), "{name} in {types:?}");
+    }
     // The capability nodes as character devices, and as files a client can hold open.
     let nodes = scratch("mig-nodes");
     let files = scratch("mig-caps");

@@ -245,6 +245,27 @@ pub fn instance_device(
     }
 }
 
+/// The prefix of the slot types MIG profiles are offered as (`cuda.mig.1g.18gb`).
+pub const SLOT_PREFIX: &str = "cuda.mig.";
+
+/// The slot type of `profile`: `cuda.mig.<profile>`, a `+` (an attribute such as `+me`) written
+/// `_`, as slot names take no `+` (`1g.10gb+me` → `cuda.mig.1g.10gb_me`).
+#[must_use]
+pub fn slot_name(profile: &str) -> String {
+    format!("{SLOT_PREFIX}{}", profile.replace('+', "_"))
+}
+
+/// Each MIG profile among `devices` as a slot type, with how many instances of it there are
+/// (exact decimal strings, as capacities travel), sorted by name.
+#[must_use]
+pub fn slot_capacity(devices: &[GpuDevice]) -> Vec<(String, String)> {
+    let mut count: BTreeMap<String, u64> = BTreeMap::new();
+    for m in devices.iter().filter_map(|d| d.mig.as_ref()) {
+        *count.entry(slot_name(&m.profile)).or_default() += 1;
+    }
+    count.into_iter().map(|(n, c)| (n, c.to_string())).collect()
+}
+
 /// The first device index free for instances: one past every physical GPU's minor.
 #[must_use]
 pub fn first_instance_index(physical: impl IntoIterator<Item = u32>) -> u32 {
@@ -304,6 +325,46 @@ mod tests {
         assert!(is_profile("7g.141gb") && is_profile("1g.18gb-me"));
         assert!(!is_profile("g.18gb") && !is_profile("1g.gb") && !is_profile("1g.18GB"));
         assert!(!is_profile("1g.18gb+M3"));
+    }
+
+    #[test]
+    fn each_profile_is_a_slot_type_counting_its_instances() {
+        let instance = |profile: &str| GpuDevice {
+            uuid: "MIG-x".into(),
+            model: "M".into(),
+            memory_bytes: 1,
+            numa_node: 0,
+            sm_count: 0,
+            is_mig: true,
+            index: 2,
+            device_node: "/dev/nvidia1".into(),
+            mig: Some(MigInstance {
+                parent_index: 1,
+                parent_uuid: "GPU-p".into(),
+                gpu_instance: 1,
+                compute_instance: 0,
+                profile: profile.into(),
+                gi_cap_minor: None,
+                ci_cap_minor: None,
+            }),
+        };
+        let devices = [
+            instance("1g.18gb"),
+            instance("3g.71gb"),
+            instance("1g.18gb"),
+            instance("1g.18gb+me"),
+        ];
+        assert_eq!(
+            slot_capacity(&devices),
+            [
+                ("cuda.mig.1g.18gb".to_owned(), "2".to_owned()),
+                ("cuda.mig.1g.18gb_me".to_owned(), "1".to_owned()),
+                ("cuda.mig.3g.71gb".to_owned(), "1".to_owned()),
+            ]
+        );
+        for (name, _) in slot_capacity(&devices) {
+            assert!(gpuwarden_types::slot::SlotName::is_valid(&name), "{name}");
+        }
     }
 
     #[test]

@@ -117,6 +117,8 @@ pub trait GpuBackend: Send + Sync {
     }
 
     /// The slot types the backend provides.
+    /// Each MIG profile among the devices is a slot type of its own (`cuda.mig.1g.18gb`, see
+    /// [`mig::slot_name`]), which the controller merges into the types it knows.
     fn slot_types(&self) -> Vec<(String, SlotKind)> {
         if self.devices().is_empty() {
             return Vec::new();
@@ -124,6 +126,11 @@ pub trait GpuBackend: Send + Sync {
         gpuwarden_types::slot::names::GPU_SLOTS
             .iter()
             .map(|&(name, kind)| (name.to_owned(), kind))
+            .chain(
+                mig::slot_capacity(self.devices())
+                    .into_iter()
+                    .map(|(name, _)| (name, SlotKind::Count)),
+            )
             .collect()
     }
 }
