@@ -340,4 +340,21 @@ memory_size = "512M"
                 .any(|e| e.action == "kill" && e.device == Some(index))
         })
     });
+
+    // A request for the other instance's profile is placed on that instance, and bound.
+    let (other_slot, other_index) = if other.gpu_instance == 9 {
+        ("cuda.mig.1g.18gb=1", 1)
+    } else {
+        ("cuda.mig.2g.35gb=1", 2)
+    };
+    let cg2 = docker("migq2");
+    let placed = rig.session(
+        &[other_slot],
+        pb::target::Kind::CgroupPath(cg2.path.clone()),
+        "kill",
+    );
+    assert_eq!(placed.devices.len(), 1);
+    assert_eq!(placed.devices[0].index, other_index);
+    assert!(placed.devices[0].exclusive);
+    rig.wait_binding(&placed.id, "bound");
 }

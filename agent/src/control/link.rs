@@ -186,7 +186,8 @@ pub fn check_allocation(
             message: format!("this node has no slot type {}", unknown.join(", ")),
         });
     }
-    // A MIG profile is held on an instance: counted without one, it would be held nowhere.
+    // A MIG profile is held on an instance: counted without one (a controller that doesn't
+    // know profiles), it would be held nowhere.
     let unplaced: Vec<&str> = allocate
         .slots
         .iter()
@@ -201,8 +202,8 @@ pub fn check_allocation(
         session_id: allocate.session_id.clone(),
         reason: "UnsupportedResource".to_owned(),
         message: format!(
-            "{} names no MIG instance: this controller does not place profiles on instances yet \
-             (ask for cuda.device or cuda.shares on the instance's node instead)",
+            "{} names no MIG instance to hold it on (a controller places a profile on an \
+             instance of it)",
             unplaced.join(", ")
         ),
     })

@@ -164,8 +164,7 @@ pub fn caps_major(proc_devices: &str) -> Option<u32> {
 /// `… MIG 1g.18gb+me` keeps its `+me`); `None` when the name has none.
 #[must_use]
 pub fn profile_from_name(name: &str) -> Option<String> {
-    let (_, profile) = name.rsplit_once(" MIG ")?;
-    let profile = profile.trim();
+    let profile = gpuwarden_types::slot::names::mig_profile_in_model(name)?;
     is_profile(profile).then(|| profile.to_owned())
 }
 
@@ -245,15 +244,7 @@ pub fn instance_device(
     }
 }
 
-/// The prefix of the slot types MIG profiles are offered as (`cuda.mig.1g.18gb`).
-pub const SLOT_PREFIX: &str = "cuda.mig.";
-
-/// The slot type of `profile`: `cuda.mig.<profile>`, a `+` (an attribute such as `+me`) written
-/// `_`, as slot names take no `+` (`1g.10gb+me` → `cuda.mig.1g.10gb_me`).
-#[must_use]
-pub fn slot_name(profile: &str) -> String {
-    format!("{SLOT_PREFIX}{}", profile.replace('+', "_"))
-}
+pub use gpuwarden_types::slot::names::{CUDA_MIG_PREFIX as SLOT_PREFIX, mig_slot as slot_name};
 
 /// Each MIG profile among `devices` as a slot type, with how many instances of it there are
 /// (exact decimal strings, as capacities travel), sorted by name.
