@@ -29,7 +29,7 @@ use crate::{
     events::{count, emit},
     fds,
     maps::{GPU_FDS, IOCTL_COUNTS, IOCTLS_IN_FLIGHT, OBJECT_DEVICES, PENDING_IOCTL, PROCS},
-    memory, quota, ret,
+    memory, mig, quota, ret,
 };
 use aya_log_ebpf::warn;
 use gpuwarden_agent_common::maps::stat;
@@ -94,7 +94,7 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
             // Size and GPU are read only for a cgroup with a quota.
             let what = || {
                 let requested = call.size(&User)?;
-                Some((resolve_device(tgid, cgroup, &call, false), requested))
+                Some((vidmem_device(tgid, cgroup, &call, false), requested))
             };
             quota::check_alloc(&ctx, tgid, cgroup, what, u64::from(cmd), arg(&ctx, 2));
         }
@@ -136,7 +136,13 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> u32 {
         return 0;
     }
     match call.op {
-        op::FREE => memory::free(tgid, call.client, call.object),
+        op::FREE => {
+            if call.object == call.client {
+                mig::forget(call.client);
+            }
+            memory::free(tgid, call.client, call.object);
+        }
+        op::PARTITION => mig::subscribed(call.client, call.parent, call.value),
         op::CLIENT | op::DEVICE | op::SUBDEVICE | op::VIDMEM | op::SYSMEM => {
             let Some(handle) = call.new_handle(&User) else {
                 decode_failed(&ctx, tgid, 0, unreadable_result());
@@ -183,7 +189,7 @@ fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
             // SAFETY: a plain helper call.
             let cgroup = unsafe { bpf_get_current_cgroup_id() };
             let (device, kind) = if call.op == op::VIDMEM {
-                (resolve_device(tgid, cgroup, call, true), memory_kind::VIDEO)
+                (vidmem_device(tgid, cgroup, call, true), memory_kind::VIDEO)
             } else {
                 (DEVICE_UNKNOWN, memory_kind::SYSTEM)
             };
@@ -205,6 +211,20 @@ fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
         }
         _ => {}
     }
+}
+
+/// The device video memory allocated under `call.parent` is counted as: its GPU
+/// ([`resolve_device`]), or the MIG instance the client subscribed to on it.
+#[inline(always)]
+fn vidmem_device(tgid: u32, cgroup: u64, call: &Call, learn: bool) -> u32 {
+    let gpu = resolve_device(tgid, cgroup, call, learn);
+    let parent = HandleKey {
+        client: call.client,
+        handle: call.parent,
+    };
+    // SAFETY: the value is copied out at once.
+    let device_handle = unsafe { OBJECT_DEVICES.get(&parent) }.map_or(call.parent, |o| o.device);
+    mig::device_of(call.client, device_handle, gpu)
 }
 
 /// The GPU an allocation under `call.parent` is on: the parent's, when the agent saw it made;

@@ -20,6 +20,8 @@
 //! | `device <client> <id>` | `ok handle=0x…` (`NV01_DEVICE_0`, `deviceId` = id) |
 //! | `device-many <client> <id> <count>` | `ok made=<count> last=0x…`: `count` device objects on GPU `id` (the first failure answers its error and `made=<n>`) |
 //! | `subdevice <client> <device>` | `ok handle=0x…` (`NV20_SUBDEVICE_0`) |
+//! | `partition <client> <subdevice> <gpu-instance> <cap-fd>` | `ok handle=0x…` (`AMPERE_SMC_PARTITION_REF`: subscribes to a MIG GPU instance, `capDescriptor` = the fd of its capability node from `open`) |
+//! | `exec-partition <client> <partition> <compute-instance>` | `ok handle=0x…` (`AMPERE_SMC_EXEC_PARTITION_REF`) |
 //! | `alloc <client> <parent> <size> [nvos21\|nvos64] [v120\|v128] [xfer]` | `ok handle=0x… size=<bytes the driver wrote back>` (video memory; default `nvos21 v128`, `xfer` wraps it in `IOCTL_XFER_CMD`) |
 //! | `sysmem <client> <parent> <size>` | `ok handle=0x…` (`NV01_MEMORY_SYSTEM`) |
 //! | `allocmem <client> <parent> <handle> <size> [system\|osdesc\|local]` | `ok handle=0x… limit=0x…` (`RM_ALLOC_MEMORY` on the GPU node: `NV01_MEMORY_SYSTEM`, `NV01_MEMORY_SYSTEM_OS_DESCRIPTOR` over a buffer of the client's, or a `NV01_MEMORY_LOCAL_USER` framebuffer view) |
@@ -79,7 +81,7 @@ use std::{
 
 use crate::abi::nvidia::{
     class, device_alloc, esc, ioctl_cmd, memory_alloc, nvos00, nvos02, nvos21, nvos32, nvos54,
-    nvos64, status, uvm, xfer,
+    nvos64, smc_exec_partition, smc_partition, status, uvm, xfer,
 };
 
 pub use self::scripted::{ScriptError, ScriptedClient};
@@ -641,6 +643,54 @@ impl GpuClient {
         // NV2080_ALLOC_PARAMETERS: subDeviceId.
         let mut params = [0u8; 4];
         self.alloc_simple(client, device, class::SUBDEVICE_0, &mut params)
+    }
+
+    /// Subscribes `client` to MIG GPU instance `gpu_instance` through `subdevice`
+    /// (`AMPERE_SMC_PARTITION_REF`, its `capDescriptor` the fd `cap_fd` of the instance's
+    /// capability node, as the user-mode shim fills it); returns the partition's handle.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn alloc_partition(
+        &self,
+        client: u32,
+        subdevice: u32,
+        gpu_instance: u32,
+        cap_fd: RawFd,
+    ) -> Result<u32, RmError> {
+        let mut params = [0u8; smc_partition::SIZE as usize];
+        set_u64(
+            &mut params,
+            smc_partition::CAP_DESCRIPTOR,
+            u64::try_from(cap_fd).unwrap_or(u64::MAX),
+        );
+        set_u32(&mut params, smc_partition::SWIZZ_ID, gpu_instance);
+        self.alloc_simple(client, subdevice, class::SMC_PARTITION_REF, &mut params)
+    }
+
+    /// Subscribes to compute instance `compute_instance` under partition `partition`
+    /// (`AMPERE_SMC_EXEC_PARTITION_REF`); returns its handle.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn alloc_exec_partition(
+        &self,
+        client: u32,
+        partition: u32,
+        compute_instance: u32,
+    ) -> Result<u32, RmError> {
+        let mut params = [0u8; smc_exec_partition::SIZE as usize];
+        set_u32(
+            &mut params,
+            smc_exec_partition::EXEC_PARTITION_ID,
+            compute_instance,
+        );
+        self.alloc_simple(
+            client,
+            partition,
+            class::SMC_EXEC_PARTITION_REF,
+            &mut params,
+        )
     }
 
     fn memory(

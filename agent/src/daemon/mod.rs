@@ -111,6 +111,10 @@ pub async fn run_until(
     start::log_sensor(&mut sensor, &config);
     let backend: Arc<dyn GpuBackend> =
         Arc::from(devices::discover(config.mock_devices.as_deref())?);
+    // Memory a client allocates on a MIG instance it subscribed to is counted as the instance.
+    if let Err(e) = sensor.set_mig_instances(backend.devices(), backend.caps_major()) {
+        tracing::warn!("MIG instances not told apart (their memory counts as their GPU's): {e}");
+    }
     let hooks = sensor
         .hooks()
         .iter()

@@ -31,7 +31,10 @@ use opentelemetry::KeyValue;
 
 use gpuwarden_agent_api::{SignalView, Snapshot};
 
-use crate::devices::{GpuDevice, health::HealthState};
+use crate::{
+    devices::{GpuDevice, health::HealthState},
+    sensor::gpu_nodes::device_name,
+};
 
 /// The latest snapshot, published by the daemon and read at each export.
 pub type Published = Arc<Mutex<Option<Snapshot>>>;
@@ -148,6 +151,14 @@ impl Gpu {
         if let Some(driver) = driver {
             attributes.push(KeyValue::new("hw.driver_version", driver.to_owned()));
         }
+        // A MIG instance: its profile and its parent GPU (docs/mig.md).
+        if let Some(m) = &device.mig {
+            attributes.push(KeyValue::new(
+                "gpuwarden.gpu.mig.profile",
+                m.profile.clone(),
+            ));
+            attributes.push(KeyValue::new("hw.parent", m.parent_uuid.clone()));
+        }
         Self { device, attributes }
     }
 
@@ -158,9 +169,14 @@ impl Gpu {
         attrs
     }
 
+    /// The name the snapshot reports it under (`nvidia0`, a MIG instance `nvidia1/gi9`).
+    fn name(&self) -> String {
+        device_name(self.device.index)
+    }
+
     /// Its health in the snapshot, if known.
     fn health<'a>(&self, s: &'a Snapshot) -> Option<&'a gpuwarden_agent_api::GpuHealthView> {
-        let name = format!("nvidia{}", self.device.index);
+        let name = self.name();
         s.gpus
             .iter()
             .find(|g| g.device == name)
@@ -168,9 +184,12 @@ impl Gpu {
     }
 }
 
-/// The index of a GPU device name (`nvidia3` → 3).
-fn gpu_index(device: &str) -> Option<u32> {
-    device.strip_prefix("nvidia")?.parse().ok()
+/// The index of the GPU (or MIG instance) the snapshot names `device` (`nvidia3` → 3,
+/// `nvidia1/gi9` → the instance's index), among `gpus`.
+fn gpu_index(gpus: &[Gpu], device: &str) -> Option<u32> {
+    gpus.iter()
+        .find(|g| g.name() == device)
+        .map(|g| g.device.index)
 }
 
 /// Runs `f` on the published snapshot, if there is one.
@@ -212,15 +231,15 @@ fn container_gpus(s: &Snapshot, gpus: &[Gpu]) -> Vec<ContainerGpu> {
             .devices
             .iter()
             .filter(|d| d.memory_bytes > 0)
-            .filter_map(|d| gpu_index(&d.device))
+            .filter_map(|d| gpu_index(gpus, &d.device))
             .collect();
         if let Some(q) = &c.quota {
-            indexes.extend(q.devices.iter().filter_map(|d| gpu_index(&d.device)));
+            indexes.extend(q.devices.iter().filter_map(|d| gpu_index(gpus, &d.device)));
         }
         indexes.sort_unstable();
         indexes.dedup();
         for index in indexes {
-            let name = format!("nvidia{index}");
+            let name = device_name(index);
             let used = c
                 .devices
                 .iter()
@@ -269,7 +288,7 @@ fn register(registry: &mut Registry<'_>, gpus: Vec<Gpu>, published: &Published) 
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for gpu in gpus.iter() {
-                        let name = format!("nvidia{}", gpu.device.index);
+                        let name = gpu.name();
                         let used: u64 = s
                             .containers
                             .iter()
@@ -290,7 +309,7 @@ fn register(registry: &mut Registry<'_>, gpus: Vec<Gpu>, published: &Published) 
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for gpu in gpus.iter() {
-                        let name = format!("nvidia{}", gpu.device.index);
+                        let name = gpu.name();
                         // A GPU whose utilization can't be read is left out, not reported 0.
                         let Some((value, source)) = s
                             .gpus
@@ -694,7 +713,7 @@ fn register_health(registry: &mut Registry<'_>, gpus: &Arc<Vec<Gpu>>, published:
                 with_snapshot(&published, |s| {
                     for c in &s.containers {
                         for (device, n) in &c.xid_errors {
-                            let Some(index) = gpu_index(device) else {
+                            let Some(index) = gpu_index(&gpus, device) else {
                                 continue;
                             };
                             let mut attrs = container_attributes(c);

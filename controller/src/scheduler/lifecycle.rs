@@ -118,6 +118,7 @@ impl Scheduler {
         }
         let id = report.node_id.clone();
         let mut allocator = NodeAllocator::new(report.devices.clone(), self.config.allocator)
+            .with_profiles(&crate::node::mig_profiles(&report))
             .with_kubernetes(report.kubernetes_devices.clone());
         let mut held = Vec::new();
         let running: BTreeSet<&str> = running.iter().map(String::as_str).collect();

@@ -185,6 +185,26 @@ pub enum Command {
         /// The device.
         device: u32,
     },
+    /// `partition <client> <subdevice> <gpu-instance> <cap-fd>`.
+    Partition {
+        /// `hRoot`.
+        client: u32,
+        /// The subdevice.
+        subdevice: u32,
+        /// `swizzId`.
+        gpu_instance: u32,
+        /// `capDescriptor`.
+        cap: FdRef,
+    },
+    /// `exec-partition <client> <partition> <compute-instance>`.
+    ExecPartition {
+        /// `hRoot`.
+        client: u32,
+        /// The partition reference.
+        partition: u32,
+        /// `execPartitionId`.
+        compute_instance: u32,
+    },
     /// `alloc <client> <parent> <size> [nvos21|nvos64] [v120|v128] [xfer]`.
     Alloc {
         /// `hRoot`.
@@ -416,6 +436,17 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
             client: args.u32(0, "client")?,
             device: args.u32(1, "device")?,
         },
+        "partition" => Command::Partition {
+            client: args.u32(0, "client")?,
+            subdevice: args.u32(1, "subdevice")?,
+            gpu_instance: args.u32(2, "gpu instance")?,
+            cap: fd_ref(args.word(3, "cap fd")?)?,
+        },
+        "exec-partition" => Command::ExecPartition {
+            client: args.u32(0, "client")?,
+            partition: args.u32(1, "partition")?,
+            compute_instance: args.u32(2, "compute instance")?,
+        },
         "alloc" => {
             let (mut form, mut layout, mut via) = Default::default();
             for &word in args.words.iter().skip(3) {
@@ -609,6 +640,8 @@ const COMMANDS: &[&str] = &[
     "device",
     "device-many",
     "subdevice",
+    "partition",
+    "exec-partition",
     "alloc",
     "sysmem",
     "allocmem",
@@ -661,8 +694,10 @@ fn arity(command: &Command) -> usize {
         | Command::GetFd { .. }
         | Command::DupMany { .. }
         | Command::DupTo { .. } => 2,
+        Command::Partition { .. } => 4,
         Command::Sysmem { .. }
         | Command::DeviceMany { .. }
+        | Command::ExecPartition { .. }
         | Command::Virtual { .. }
         | Command::Control { .. }
         | Command::VidHeapFree { .. } => 3,
@@ -1052,6 +1087,28 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
         Command::Subdevice { client: c, device } => {
             rm_reply(client.alloc_subdevice(*c, *device).map(handle))
         }
+        Command::Partition {
+            client: c,
+            subdevice,
+            gpu_instance,
+            cap,
+        } => match resolve(client, *cap) {
+            Ok(fd) => rm_reply(
+                client
+                    .alloc_partition(*c, *subdevice, *gpu_instance, fd)
+                    .map(handle),
+            ),
+            Err(e) => format!("err {e}"),
+        },
+        Command::ExecPartition {
+            client: c,
+            partition,
+            compute_instance,
+        } => rm_reply(
+            client
+                .alloc_exec_partition(*c, *partition, *compute_instance)
+                .map(handle),
+        ),
         Command::Alloc {
             client: c,
             parent,

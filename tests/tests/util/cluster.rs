@@ -28,6 +28,7 @@ impl TestBackend {
         Self {
             devices: (0..n)
                 .map(|i| GpuDevice {
+                    mig: None,
                     uuid: format!("GPU-test-{i}"),
                     model: "Mock".into(),
                     memory_bytes: 16 << 30,

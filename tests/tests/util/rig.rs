@@ -60,9 +60,30 @@ impl Rig {
         state: [TempDir; 2],
         binding_timeout: Duration,
     ) -> Self {
-        let driver = Driver::mount(tag);
+        Self::around_on(Driver::mount(tag), None, ctl, urls, state, binding_timeout)
+    }
+
+    /// [`Self::start`] on `driver`, the agent given the mock device list `mock` (TOML).
+    pub fn start_on(driver: Driver, mock: &str) -> Self {
+        let state = [scratch("ctl"), scratch("agent")];
+        let ctl = TestController::start(state[0].path(), SchedulerConfig::default(), timing());
+        let url = ctl.url();
+        Self::around_on(driver, Some(mock), ctl, &url, state, Duration::from_mins(1))
+    }
+
+    fn around_on(
+        driver: Driver,
+        mock_text: Option<&str>,
+        ctl: TestController,
+        urls: &str,
+        state: [TempDir; 2],
+        binding_timeout: Duration,
+    ) -> Self {
         let mut cfg = super::mock_gpu_config(&driver, urls.to_owned(), state[1].path());
         let mock = cfg.mock_devices.clone().unwrap();
+        if let Some(text) = mock_text {
+            std::fs::write(&mock, text).unwrap();
+        }
         cfg.binding_timeout = binding_timeout;
         let agent = TestAgent::start_with(cfg);
         let rt = tokio::runtime::Builder::new_current_thread()

@@ -1,10 +1,51 @@
 use super::*;
 
 #[test]
-fn gpu_names_give_their_index() {
-    assert_eq!(gpu_index("nvidia3"), Some(3));
-    assert_eq!(gpu_index("nvidiactl"), None);
-    assert_eq!(gpu_index("nvidia-uvm"), None);
+fn gpu_names_give_their_index_and_an_instance_its_attributes() {
+    let gpu = |index, mig: Option<crate::devices::mig::MigInstance>| GpuDevice {
+        uuid: format!("GPU-{index}"),
+        model: "M".into(),
+        memory_bytes: 1,
+        numa_node: 0,
+        sm_count: 0,
+        is_mig: mig.is_some(),
+        index,
+        device_node: "/dev/nvidia1".into(),
+        mig,
+    };
+    // Index 15: no other test of this process names it.
+    let instance = gpu(
+        15,
+        Some(crate::devices::mig::MigInstance {
+            parent_index: 1,
+            parent_uuid: "GPU-parent".into(),
+            gpu_instance: 9,
+            compute_instance: 0,
+            profile: "1g.18gb".into(),
+            gi_cap_minor: None,
+            ci_cap_minor: None,
+        }),
+    );
+    crate::sensor::gpu_nodes::name_instances(std::slice::from_ref(&instance));
+    let gpus = [Gpu::new(gpu(3, None), None), Gpu::new(instance, None)];
+    assert_eq!(gpu_index(&gpus, "nvidia3"), Some(3));
+    assert_eq!(gpu_index(&gpus, "nvidia1/gi9"), Some(15));
+    assert_eq!(gpu_index(&gpus, "nvidia15"), None);
+    assert_eq!(gpu_index(&gpus, "nvidiactl"), None);
+    assert_eq!(gpu_index(&gpus, "nvidia-uvm"), None);
+    let attrs = &gpus[1].attributes;
+    let value = |key: &str| {
+        attrs
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+    };
+    assert_eq!(
+        value("gpuwarden.gpu.mig.profile").as_deref(),
+        Some("1g.18gb")
+    );
+    assert_eq!(value("hw.parent").as_deref(), Some("GPU-parent"));
+    assert_eq!(Gpu::new(gpu(3, None), None).attributes.len(), 5);
 }
 
 #[test]

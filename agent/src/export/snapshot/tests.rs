@@ -32,6 +32,7 @@ fn binding(session: &str, devices: &[(u32, u32, u64)], member: u64) -> BindingRe
                     index,
                     shares_ppm,
                     memory_bytes,
+                    mig: None,
                 })
                 .collect(),
         },
