@@ -185,11 +185,17 @@ impl Gpu {
 }
 
 /// The index of the GPU (or MIG instance) the snapshot names `device` (`nvidia3` → 3,
-/// `nvidia1/gi9` → the instance's index), among `gpus`.
+/// `nvidia1/gi9` → the instance's index), among `gpus`; a GPU node the device list lacks (no
+/// NVML, no mock list) by its number.
 fn gpu_index(gpus: &[Gpu], device: &str) -> Option<u32> {
     gpus.iter()
         .find(|g| g.name() == device)
         .map(|g| g.device.index)
+        .or_else(|| {
+            let index: u32 = device.strip_prefix("nvidia")?.parse().ok()?;
+            // An index the list has is named as the list says (`nvidia15` is not instance 15).
+            (!gpus.iter().any(|g| g.device.index == index)).then_some(index)
+        })
 }
 
 /// Runs `f` on the published snapshot, if there is one.

@@ -389,7 +389,7 @@ fn conditions(s: &Session) -> Vec<pb::SessionCondition> {
 }
 
 /// A session's entitled share (from its allocation) next to what its agent reported it got.
-fn share_to_pb(s: &Session) -> pb::SessionShare {
+pub(crate) fn share_to_pb(s: &Session) -> pb::SessionShare {
     let parts = &s.allocation.parts;
     // The agent's utilization is each GPU's fraction averaged over the session's GPUs: the
     // entitlement is averaged the same way so the two compare.

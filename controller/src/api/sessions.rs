@@ -270,12 +270,21 @@ impl SchedulerService for SchedulerApi {
         self.bounds.counted(self.bounds.limits.id("id", &id))?;
         // From the stored state, as List and Watch answer: never a change a failover could
         // still lose (a session being created is not found until its creation is stored).
-        let session = self
+        let mut session = self
             .controller
             .session_log()
             .get(&id)
             .map(|s| pb::Session::clone(&s));
         caller.may_act_on_session(session.as_ref().map(|s| s.owner.as_str()), &id, "see")?;
+        // But its share is what its node measured last, not state: usage reports are not
+        // stored with the session, so the stored copy's would be as old as its last change.
+        if let Some(session) = &mut session
+            && let Some(share) = self
+                .controller
+                .read(|s| s.sessions().get(&id).map(convert::share_to_pb))
+        {
+            session.share = Some(share);
+        }
         session.map(Response::new).ok_or_else(|| no_session(&id))
     }
 

@@ -33,6 +33,8 @@ fn gpu_names_give_their_index_and_an_instance_its_attributes() {
     assert_eq!(gpu_index(&gpus, "nvidia15"), None);
     assert_eq!(gpu_index(&gpus, "nvidiactl"), None);
     assert_eq!(gpu_index(&gpus, "nvidia-uvm"), None);
+    // A node the device list lacks (no NVML, no mock list) still counts by its number.
+    assert_eq!(gpu_index(&gpus, "nvidia40"), Some(40));
     let attrs = &gpus[1].attributes;
     let value = |key: &str| {
         attrs
