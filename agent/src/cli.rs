@@ -60,6 +60,26 @@ enum Command {
         #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
     },
+    /// Suspend a session's workload: its GPU memory to host memory, its cgroup frozen (as a
+    /// preemption in mode `suspend`; where the driver refuses, it is preempted the kill way).
+    /// The outcome shows in the snapshot's events.
+    Suspend {
+        /// The session.
+        #[arg(long)]
+        session: String,
+        /// Local socket path.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Resume a suspended session.
+    ResumeSuspended {
+        /// The session.
+        #[arg(long)]
+        session: String,
+        /// Local socket path.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
     /// Remove the pinned programs and maps: ends all enforcement on this node (uninstall).
     Unpin {
         /// The pin directory.
@@ -195,6 +215,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Resume { pid, socket } => signal(&socket, Request::Resume { pid }).await?,
         Command::Kill { pid, socket } => signal(&socket, Request::Kill { pid }).await?,
+        Command::Suspend { session, socket } => {
+            let request = Request::Suspend {
+                session_id: session,
+            };
+            let a = api::client::suspend(&socket, &request).await?;
+            println!("suspending session {}: see its events", a.session_id);
+        }
+        Command::ResumeSuspended { session, socket } => {
+            let request = Request::ResumeSuspended {
+                session_id: session,
+            };
+            let a = api::client::suspend(&socket, &request).await?;
+            println!("resuming session {}: see its events", a.session_id);
+        }
         Command::ProbeHooks { json } => {
             let trials = crate::sensor::try_driver_hooks();
             if json {

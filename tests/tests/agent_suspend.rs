@@ -2,7 +2,9 @@
 //! kernel with the fake driver: the agent's checkpoint helper drives the stand-in
 //! `libcuda.so.1` (tests/fixtures/fake-libcuda), whose calls make a fake CUDA process free its
 //! video memory into a host file and allocate it back. The fake driver's own ledger and the
-//! process's checksum of its data are the independent accounts.
+//! process's checksum of its data are the independent accounts; the agent's eBPF accounting is
+//! what is judged. The agent-level tests start suspensions through the agent's socket, which
+//! takes the same path as a preemption in mode `suspend` from the controller.
 
 #![expect(
     clippy::unwrap_used,
@@ -11,12 +13,19 @@
 
 mod util;
 
-use std::time::Duration;
+use std::{os::unix::process::ExitStatusExt as _, time::Duration};
 
-use gpuwarden_agent::checkpoint::{Action, CheckpointError, CuResult, ProcessState};
-use gpuwarden_test_support::require_root;
+use gpuwarden_agent::{
+    checkpoint::{Action, CheckpointError, CuResult, ProcessState},
+    enforcement::SuspendConfig,
+};
+use gpuwarden_agent_api::{Request, client};
+use gpuwarden_controller::scheduler::SchedulerConfig;
+use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_support::{TestCgroup, require_root};
 use util::{
-    Driver,
+    Driver, container_id,
+    rig::Rig,
     suspend::{CudaProcess, FakeLibcuda},
 };
 
@@ -116,4 +125,178 @@ fn a_refusal_comes_back_typed_with_the_driver_code() {
         .block_on(missing.act(p.pid, Action::Lock, STEP))
         .unwrap_err();
     assert!(matches!(err, CheckpointError::Helper { .. }), "{err}");
+}
+
+/// A rig whose agent suspends through `libcuda`.
+fn suspend_rig(tag: &str, libcuda: &FakeLibcuda) -> Rig {
+    let helper = libcuda.helper();
+    Rig::start_with_agent(
+        tag,
+        SchedulerConfig::default(),
+        Duration::from_mins(1),
+        |cfg| {
+            cfg.suspend = Some(SuspendConfig {
+                helper,
+                step_timeout: STEP,
+            });
+        },
+    )
+}
+
+fn docker(seed: &str) -> TestCgroup {
+    TestCgroup::create(&format!(
+        "/system.slice/docker-{}.scope",
+        container_id(seed)
+    ))
+}
+
+/// A session of one whole GPU bound to `cg`; its id and its GPU's index.
+fn bound_session(rig: &Rig, cg: &TestCgroup) -> (String, u32) {
+    let s = rig.session(
+        &["cuda.shares=1"],
+        pb::target::Kind::CgroupPath(cg.path.clone()),
+        "report",
+    );
+    rig.wait_binding(&s.id, "bound");
+    (s.id.clone(), s.devices[0].index)
+}
+
+fn ask(rig: &Rig, request: &Request) {
+    rig.rt
+        .block_on(client::suspend(&rig.agent().socket, request))
+        .unwrap();
+}
+
+/// Waits until the controller has `session`'s event `action` (sent up by the agent); its
+/// reason.
+fn wait_event(rig: &Rig, session: &str, action: &str) -> String {
+    let mut reason = String::new();
+    rig.wait_for(&format!("event {action} of {session}"), |r| {
+        match r.get(session).events.iter().find(|e| e.action == action) {
+            Some(e) => {
+                reason.clone_from(&e.reason);
+                true
+            }
+            None => false,
+        }
+    });
+    reason
+}
+
+/// GPU memory the agent's eBPF accounting charges to `cg`'s quota.
+fn charged(rig: &Rig, cg: &TestCgroup) -> u64 {
+    rig.agent()
+        .container(&cg.path)
+        .map_or(0, |c| util::used(&c))
+}
+
+fn frozen(cg: &TestCgroup) -> bool {
+    std::fs::read_to_string(cg.dir.join("cgroup.events"))
+        .unwrap()
+        .contains("frozen 1")
+}
+
+/// A bound workload is suspended: the driver's ledger and the agent's count of its quota go to
+/// 0 while its process lives on, frozen, with its data in a host file; another process can
+/// take that GPU memory meanwhile. Resumed, the same bytes are counted again and its data is
+/// unchanged.
+#[test]
+#[ignore = "needs root"]
+fn a_suspended_workload_releases_its_gpu_memory_and_gets_it_back() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    let rig = suspend_rig("suspend", &libcuda);
+    let cg = docker("suspend");
+    let (session, gpu) = bound_session(&rig, &cg);
+    let gpu_at = usize::try_from(gpu).unwrap();
+    let mut p = CudaProcess::spawn(&rig.driver.dir, &libcuda, gpu, &["64m", "30m"], Some(&cg));
+    assert_eq!(rig.driver.fake.ledger()[gpu_at], 94 * MIB);
+    util::wait_for("the quota to count the workload", || {
+        charged(&rig, &cg) == 94 * MIB
+    });
+
+    ask(
+        &rig,
+        &Request::Suspend {
+            session_id: session.clone(),
+        },
+    );
+    let why = wait_event(&rig, &session, "suspended");
+    assert!(why.contains("1 processes checkpointed"), "{why}");
+    assert_eq!(rig.driver.fake.ledger(), vec![0, 0]);
+    util::wait_for("the quota to count nothing", || charged(&rig, &cg) == 0);
+    assert!(p.alive() && frozen(&cg));
+    assert_eq!(
+        std::fs::metadata(libcuda.image(p.pid)).unwrap().len(),
+        2 * MIB
+    );
+    // The memory is free for someone else: another process takes and gives back 94 MiB.
+    let other = CudaProcess::spawn(&rig.driver.dir, &libcuda, gpu, &["94m"], None);
+    assert_eq!(rig.driver.fake.ledger()[gpu_at], 94 * MIB);
+    drop(other);
+    rig.driver
+        .fake
+        .wait_for_ledger(&[0, 0], STEP)
+        .expect("the other process's memory released");
+
+    ask(
+        &rig,
+        &Request::ResumeSuspended {
+            session_id: session.clone(),
+        },
+    );
+    let why = wait_event(&rig, &session, "resumed");
+    assert!(why.contains("1 processes restored"), "{why}");
+    assert_eq!(rig.driver.fake.ledger()[gpu_at], 94 * MIB);
+    util::wait_for("the quota to count the workload again", || {
+        charged(&rig, &cg) == 94 * MIB
+    });
+    assert!(!frozen(&cg));
+    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+    let actions: Vec<String> = rig
+        .get(&session)
+        .events
+        .into_iter()
+        .map(|e| e.action)
+        .filter(|a| a != "bound")
+        .collect();
+    assert_eq!(actions, ["suspend", "suspended", "resuming", "resumed"]);
+}
+
+/// A workload the driver will not checkpoint falls back to the kill path: the event names the
+/// driver's code, the workload gets SIGTERM and its memory goes with it; nothing stays frozen.
+#[test]
+#[ignore = "needs root"]
+fn a_refused_suspension_falls_back_to_the_kill_path() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    let rig = suspend_rig("suspend-refused", &libcuda);
+    let cg = docker("suspend-refused");
+    let (session, gpu) = bound_session(&rig, &cg);
+    let mut p = CudaProcess::spawn(&rig.driver.dir, &libcuda, gpu, &["16m"], Some(&cg));
+    libcuda.refuse(p.pid);
+    util::wait_for("the quota to count the workload", || {
+        charged(&rig, &cg) == 16 * MIB
+    });
+
+    ask(
+        &rig,
+        &Request::Suspend {
+            session_id: session.clone(),
+        },
+    );
+    let why = wait_event(&rig, &session, "suspend_refused");
+    assert!(why.contains("CUDA_ERROR_NOT_SUPPORTED (801)"), "{why}");
+    assert!(why.contains(&p.pid.to_string()), "{why}");
+    let why = wait_event(&rig, &session, "preempt");
+    assert!(why.contains("suspend refused"), "{why}");
+    let status = p.wait();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    assert!(!frozen(&cg));
+    wait_event(&rig, &session, "preempted");
+    rig.driver
+        .fake
+        .wait_for_ledger(&[0, 0], STEP)
+        .expect("the killed workload's memory released");
+    assert!(!libcuda.image(p.pid).exists(), "nothing was checkpointed");
 }

@@ -26,7 +26,7 @@ use super::{
 };
 use crate::{
     devices::GpuBackend,
-    enforcement::{QuotaCommand, confinement, quota::QuotaSpec},
+    enforcement::{PreemptMode, QuotaCommand, confinement, quota::QuotaSpec},
 };
 
 /// The channels between the link and the rest of the agent.
@@ -489,6 +489,14 @@ fn answer(
             None
         }
         Some(Msg::Preempt(p)) => preempt(holdings, channels, p),
+        Some(Msg::Resume(r)) => {
+            if confinement::check_session_id(&r.session_id).is_ok()
+                && let Some(c) = channels
+            {
+                let _ = c.quotas.send(QuotaCommand::Resume(r.session_id));
+            }
+            None
+        }
         Some(Msg::Release(r)) => {
             release_held(holdings, &r.session_id);
             if let Some(c) = channels {
@@ -521,6 +529,7 @@ fn preempt(
             session: p.session_id.clone(),
             grace: Duration::from_millis(u64::from(p.grace_ms)),
             reason: p.reason.clone(),
+            mode: PreemptMode::from_word(&p.mode),
         };
         if c.quotas.send(command).is_ok() {
             return None;

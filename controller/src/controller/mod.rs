@@ -434,6 +434,7 @@ impl Controller {
                         session_id: session,
                         grace_ms,
                         reason,
+                        ..pb::Preempt::default()
                     }),
                 ),
             };
