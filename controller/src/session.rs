@@ -106,6 +106,62 @@ pub struct Session {
     /// gang's other members or not at all (docs/teams.md, "Gangs").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang: Option<Gang>,
+    /// How it yields when preempted, where it said (`None`: its queue's mode, else kill).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<PreemptionMode>,
+    /// Where it waits to resume, while [`SessionState::Suspended`] (issue 38): its GPU memory is
+    /// in that node's host memory, so it resumes there, on the GPUs it left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<Home>,
+}
+
+/// How a preempted session yields its resources (docs/suspend.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreemptionMode {
+    /// `SIGTERM`, the grace period, `cgroup.kill`: its work since its last checkpoint is lost.
+    #[default]
+    Kill,
+    /// Its GPU memory to its node's host memory and its workload frozen; resumed there when
+    /// room returns. Where the driver refuses, its agent takes the kill path.
+    Suspend,
+}
+
+impl PreemptionMode {
+    /// Its name on the wire: `kill` or `suspend`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Kill => "kill",
+            Self::Suspend => "suspend",
+        }
+    }
+}
+
+impl std::str::FromStr for PreemptionMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "kill" => Ok(Self::Kill),
+            "suspend" => Ok(Self::Suspend),
+            other => Err(format!("preemption {other:?}: \"kill\" or \"suspend\"")),
+        }
+    }
+}
+
+/// Where a suspended session resumes: the node and GPUs it left (its agent restores its GPU
+/// memory there).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Home {
+    /// Its node.
+    pub node: String,
+    /// What it held there.
+    pub allocation: Allocation,
+    /// When it was suspended, ms since the epoch.
+    pub since_ms: i64,
+    /// The session it yielded to.
+    pub yielded_to: String,
 }
 
 /// A gang (issue 24 §3): sessions of one owner that are placed all at once or not at all. The
@@ -215,16 +271,23 @@ pub enum DecisionKind {
     Preempted,
     /// It was preempted for another: the detail names that one and the rule.
     Yielded,
+    /// It was suspended (preempted in mode `suspend`): the detail says where it waits.
+    Suspended,
+    /// It was resumed where it was suspended: the detail says after how long.
+    Resumed,
 }
 
 impl DecisionKind {
-    /// Its name on the wire and in JSON: `waited`, `preempted` or `yielded`.
+    /// Its name on the wire and in JSON: `waited`, `preempted`, `yielded`, `suspended` or
+    /// `resumed`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Waited => "waited",
             Self::Preempted => "preempted",
             Self::Yielded => "yielded",
+            Self::Suspended => "suspended",
+            Self::Resumed => "resumed",
         }
     }
 }
@@ -361,6 +424,8 @@ mod tests {
             preempting: None,
             preempted_for: None,
             gang: None,
+            preemption: None,
+            home: None,
             run_uid: None,
             decisions: Vec::new(),
         }

@@ -300,3 +300,158 @@ fn a_refused_suspension_falls_back_to_the_kill_path() {
         .expect("the killed workload's memory released");
     assert!(!libcuda.image(p.pid).exists(), "nothing was checkpointed");
 }
+
+/// Team quotas: `lab` is guaranteed both GPUs; `burst` has no queue and only borrows.
+fn reclaim_config() -> SchedulerConfig {
+    SchedulerConfig {
+        quotas: util::cluster::one_team("lab", "2"),
+        preemption_grace_ms: 3_000,
+        ..SchedulerConfig::default()
+    }
+}
+
+/// Creates a session of `owner` for `shares` on the node, bound to `target`, preempted in
+/// mode `preemption`; its id.
+fn create(
+    rig: &Rig,
+    owner: &str,
+    shares: &str,
+    target: Option<&TestCgroup>,
+    preemption: &str,
+) -> String {
+    let slots =
+        gpuwarden_controller::slots::ResourceSlot::parse_any(&[&format!("cuda.shares={shares}")])
+            .unwrap();
+    rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.create_session(pb::CreateSessionRequest {
+            requested: Some(gpuwarden_controller::api::convert::slots_to_pb(&slots)),
+            owner: owner.into(),
+            node_id: "test-node".into(),
+            target: target.map(|cg| pb::Target {
+                kind: Some(pb::target::Kind::CgroupPath(cg.path.clone())),
+            }),
+            preemption: preemption.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .id
+    })
+}
+
+fn state_of(rig: &Rig, id: &str) -> i32 {
+    rig.get(id).state
+}
+
+/// The whole story through the controller: a borrower asking to be suspended holds the node;
+/// the lender reclaims it. The borrower is suspended (its GPU memory to 0 in the driver's
+/// ledger and in the agent's count, its process frozen), the lender runs on its GPUs; the
+/// controller restarts meanwhile and keeps the borrower suspended (its agent is not told to let
+/// go); the lender ends, the borrower is resumed on its GPUs with its bytes counted again and
+/// its data unchanged, and `session show`'s decisions say what happened.
+#[test]
+#[ignore = "needs root"]
+fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    let helper = libcuda.helper();
+    let mut rig = Rig::start_with_agent(
+        "reclaim-suspend",
+        reclaim_config(),
+        Duration::from_mins(1),
+        |cfg| {
+            cfg.suspend = Some(SuspendConfig {
+                helper,
+                step_timeout: STEP,
+            });
+        },
+    );
+    let cg = docker("reclaim-suspend");
+    let borrower = create(&rig, "burst", "2", Some(&cg), "suspend");
+    rig.wait_binding(&borrower, "bound");
+    rig.wait_for("the borrower to run", |r| {
+        state_of(r, &borrower) == pb::SessionState::Running as i32
+    });
+    let mut p = CudaProcess::spawn(&rig.driver.dir, &libcuda, 0, &["64m"], Some(&cg));
+    util::wait_for("the quota to count the workload", || {
+        charged(&rig, &cg) == 64 * MIB
+    });
+
+    let lender = create(&rig, "lab", "2", None, "");
+    rig.wait_for("the lender to run", |r| {
+        let sessions = r.rt.block_on(async {
+            let mut c = r.client().await;
+            c.list_sessions(pb::ListSessionsRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .sessions
+        });
+        util::cluster::assert_not_overcommitted(&sessions);
+        state_of(r, &lender) == pb::SessionState::Running as i32
+    });
+    let b = rig.get(&borrower);
+    assert_eq!(b.state, pb::SessionState::Suspended as i32, "{b:?}");
+    assert!(
+        b.reason.contains("waits to resume on test-node"),
+        "{}",
+        b.reason
+    );
+    assert_eq!(rig.driver.fake.ledger(), vec![0, 0]);
+    util::wait_for("the quota to count nothing", || charged(&rig, &cg) == 0);
+    assert!(p.alive() && frozen(&cg));
+
+    // The controller restarts while the borrower is suspended: it stays so, and its agent
+    // keeps it (a release would kill it).
+    let (addr, dir) = (rig.ctl.addr, rig.state[0].path().to_owned());
+    rig.ctl.crash();
+    rig.ctl = gpuwarden_test_controller::TestController::start_on(
+        &dir,
+        reclaim_config(),
+        util::rig::timing(),
+        addr,
+    );
+    rig.wait_for("the node to register again", |r| {
+        r.rt.block_on(async {
+            let mut c = r.client().await;
+            c.list_nodes(pb::ListNodesRequest {}).await.is_ok_and(|n| {
+                n.into_inner()
+                    .nodes
+                    .iter()
+                    .any(|n| n.state == pb::NodeState::Ready as i32)
+            })
+        })
+    });
+    assert_eq!(
+        state_of(&rig, &borrower),
+        pb::SessionState::Suspended as i32
+    );
+    assert!(p.alive() && frozen(&cg));
+
+    // The lender ends: the borrower resumes on its GPUs.
+    rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.terminate_session(pb::TerminateSessionRequest { id: lender.clone() })
+            .await
+            .unwrap();
+    });
+    wait_event(&rig, &borrower, "resumed");
+    assert_eq!(state_of(&rig, &borrower), pb::SessionState::Running as i32);
+    assert_eq!(rig.driver.fake.ledger(), vec![64 * MIB, 0]);
+    util::wait_for("the quota to count the workload again", || {
+        charged(&rig, &cg) == 64 * MIB
+    });
+    assert!(!frozen(&cg));
+    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+    let b = rig.get(&borrower);
+    let kinds: Vec<&str> = b.decisions.iter().map(|d| d.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["yielded", "suspended", "resumed"],
+        "{:?}",
+        b.decisions
+    );
+    assert!(b.decisions[2].detail.contains(&lender), "{:?}", b.decisions);
+}

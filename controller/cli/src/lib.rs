@@ -581,6 +581,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     placement: convert::placement_to_pb(placement),
                     unconfined_target: target.unconfined,
                     no_preempt,
+                    preemption: String::new(),
                     gang: gang.to_pb(),
                     // `session create` runs nothing here: no local user to name.
                     run_caller: None,

@@ -57,6 +57,13 @@ pub fn new_session_from_pb(
         class: r.class,
         placement,
         no_preempt: r.no_preempt,
+        preemption: match r.preemption.as_str() {
+            "" => None,
+            word => Some(
+                word.parse::<crate::session::PreemptionMode>()
+                    .map_err(Status::invalid_argument)?,
+            ),
+        },
         gang: r.gang.map(gang_from_pb),
         run_uid: r.run_caller.map(|c| c.uid),
     })

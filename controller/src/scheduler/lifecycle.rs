@@ -142,15 +142,20 @@ impl Scheduler {
                 if session.state == SessionState::Lost {
                     set_state(session, SessionState::Running, "");
                 }
-                if let Some(reason) = &session.preempting {
+                if let Some(reason) = session.preempting.clone() {
                     // A preemption its agent may not have finished (or seen): asked again.
+                    let mode = self.preemption_mode(&self.sessions[&sid]);
                     commands.push(Command::Preempt {
                         node: id.clone(),
                         session: sid.clone(),
                         grace_ms: self.config.preemption_grace_ms,
-                        reason: reason.clone(),
+                        reason,
+                        mode,
                     });
                 }
+                let Some(session) = self.sessions.get_mut(&sid) else {
+                    continue;
+                };
                 if session.state == SessionState::Scheduled {
                     // The agent may never have seen it: send it again.
                     commands.push(Command::Allocate {
@@ -183,10 +188,12 @@ impl Scheduler {
         }
         // Sessions the agent holds that the controller ended: tell it to let go.
         for sid in &running {
-            let known = self
-                .sessions
-                .get(*sid)
-                .is_some_and(|s| s.node.as_deref() == Some(&id) && s.state.holds_resources());
+            let known = self.sessions.get(*sid).is_some_and(|s| {
+                (s.node.as_deref() == Some(&id) && s.state.holds_resources())
+                    // Suspended: its agent holds it frozen until it is resumed.
+                    || (s.state == SessionState::Suspended
+                        && s.home.as_ref().is_some_and(|h| h.node == id))
+            });
             if !known {
                 commands.push(Command::Release {
                     node: id.clone(),
@@ -235,10 +242,30 @@ impl Scheduler {
                 self.changes.nodes.insert(id.clone());
             }
         }
+        let mut failed = Vec::new();
         for s in self.sessions.values_mut() {
             if s.node.as_ref().is_some_and(|n| lost.contains(n)) && s.state.holds_resources() {
                 set_state(s, SessionState::Lost, "node stopped sending heartbeats");
                 self.changes.sessions.insert(s.id.clone());
+            }
+            if s.state == SessionState::Suspended
+                && let Some(home) = s.home.as_ref().filter(|h| lost.contains(&h.node))
+            {
+                // Its GPU memory was in that node's host memory: nothing is left to resume.
+                let why = format!(
+                    "its node {} stopped sending heartbeats while it was suspended: its GPU \
+                     memory was in that node's host memory",
+                    home.node
+                );
+                set_state(s, SessionState::Failed, &why);
+                failed.push((s.id.clone(), s.owner.clone()));
+                self.changes.sessions.insert(s.id.clone());
+            }
+        }
+        for (id, owner) in failed {
+            self.live.ended(&owner);
+            if let Some(s) = self.sessions.get_mut(&id) {
+                s.home = None;
             }
         }
         lost
@@ -319,6 +346,7 @@ impl Scheduler {
             class,
             placement,
             no_preempt,
+            preemption,
             gang,
             run_uid,
         } = new;
@@ -363,6 +391,8 @@ impl Scheduler {
             gang,
             run_uid,
             decisions: Vec::new(),
+            preemption,
+            home: None,
         };
         self.next_seq += 1;
         session
@@ -455,11 +485,16 @@ impl Scheduler {
         if s.node.as_deref() != Some(node) {
             return false;
         }
-        let preempted = event.action == Action::Preempted;
+        let action = event.action.clone();
         s.record_event(event);
         self.changes.sessions.insert(session.to_owned());
-        if preempted {
-            self.preempted(node, session);
+        match action {
+            Action::Preempted => {
+                self.preempted(node, session);
+            }
+            Action::Suspended => self.suspended(node, session),
+            Action::Resumed => self.resumed(node, session),
+            _ => {}
         }
         true
     }

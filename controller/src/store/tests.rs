@@ -45,6 +45,8 @@ fn session(id: &str) -> Session {
         preempting: None,
         preempted_for: None,
         gang: None,
+        preemption: None,
+        home: None,
         run_uid: None,
         decisions: Vec::new(),
     }

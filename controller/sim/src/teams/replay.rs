@@ -366,7 +366,7 @@ pub fn replay(
                         }
                     }
                 }
-                Command::Release { .. } => {}
+                Command::Release { .. } | Command::Resume { .. } => {}
             }
         }
         if t >= window.0 && t < window.1 {
