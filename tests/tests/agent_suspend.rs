@@ -455,3 +455,59 @@ fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
     );
     assert!(b.decisions[2].detail.contains(&lender), "{:?}", b.decisions);
 }
+
+/// The agent restarts while a session is suspended: it remembers no suspension (and thaws the
+/// cgroup, as it does at every start), yet the controller's `Resume` brings the workload back:
+/// the new agent asks the driver what each process is and restores and unlocks accordingly.
+#[test]
+#[ignore = "needs root"]
+fn a_suspension_survives_an_agent_restart() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    let helper = libcuda.helper();
+    let suspend = SuspendConfig {
+        helper,
+        step_timeout: STEP,
+    };
+    let mut rig = Rig::start_with_agent(
+        "restart-suspend",
+        reclaim_config(),
+        Duration::from_mins(1),
+        |cfg| cfg.suspend = Some(suspend.clone()),
+    );
+    let cg = docker("restart-suspend");
+    let borrower = create(&rig, "burst", "2", Some(&cg), "suspend");
+    rig.wait_binding(&borrower, "bound");
+    rig.wait_for("the borrower to run", |r| {
+        state_of(r, &borrower) == pb::SessionState::Running as i32
+    });
+    let mut p = CudaProcess::spawn(&rig.driver.dir, &libcuda, 1, &["32m"], Some(&cg));
+    let lender = create(&rig, "lab", "2", None, "");
+    rig.wait_for("the borrower to be suspended", |r| {
+        state_of(r, &borrower) == pb::SessionState::Suspended as i32
+    });
+    assert_eq!(rig.driver.fake.ledger(), vec![0, 0]);
+
+    rig.agent.take().unwrap().stop().unwrap();
+    let mut cfg = util::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
+    cfg.binding_timeout = Duration::from_mins(1);
+    cfg.suspend = Some(suspend);
+    rig.agent = Some(util::TestAgent::start_with(cfg));
+    rig.wait_binding(&borrower, "bound");
+    assert!(p.alive());
+    assert_eq!(rig.driver.fake.ledger(), vec![0, 0], "still on the host");
+
+    rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.terminate_session(pb::TerminateSessionRequest { id: lender.clone() })
+            .await
+            .unwrap();
+    });
+    let why = wait_event(&rig, &borrower, "resumed");
+    assert!(why.contains("1 processes restored"), "{why}");
+    assert_eq!(rig.driver.fake.ledger(), vec![0, 32 * MIB]);
+    util::wait_for("the quota to count the workload again", || {
+        charged(&rig, &cg) == 32 * MIB
+    });
+    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+}

@@ -592,6 +592,25 @@ impl Enforcer {
     /// suspension or resumption of it is still under way).
     pub(crate) fn begin_resume(&mut self, session: &str) -> Option<CheckpointJob> {
         let config = self.suspend.clone()?;
+        if !self.suspensions.contains_key(session)
+            && let Some(dir) = self.bound_dir(session)
+        {
+            // Suspended by an agent before a restart: nothing remembered, so its processes with a
+            // GPU context are resumed for what the driver says they are.
+            let pids = self.tree.procs_below(&dir);
+            let gpu = suspend::with_gpu_context(std::path::Path::new("/proc"), &pids);
+            self.suspensions.insert(
+                session.to_owned(),
+                Suspension {
+                    dir,
+                    pids: gpu,
+                    since: Instant::now(),
+                    reason: "suspended before this agent started".to_owned(),
+                    grace: Duration::ZERO,
+                    done: true,
+                },
+            );
+        }
         let s = self.suspensions.get_mut(session).filter(|s| s.done)?;
         s.done = false;
         let job = CheckpointJob {

@@ -173,8 +173,10 @@ async fn undo(c: &impl Checkpointer, checkpointed: &[u32], locked: &[u32], step:
     }
 }
 
-/// Thaws `dir`, then restores and unlocks each of `pids` (each call within `step`); how long
-/// it took. Stops at the first failure: that process's GPU state may be lost.
+/// Thaws `dir`, then restores each of `pids` the driver has checkpointed and unlocks each it
+/// has locked (each call within `step`); how long it took. A process the driver says runs is
+/// left alone, and one whose state it does not tell is restored and unlocked. Stops at the
+/// first failure: that process's GPU state may be lost.
 pub(crate) async fn resume(
     c: &impl Checkpointer,
     dir: &Path,
@@ -185,12 +187,24 @@ pub(crate) async fn resume(
     if let Err(e) = freeze(dir, false) {
         tracing::warn!(dir = %dir.display(), "not thawed before the restore: {e}");
     }
-    for action in [Action::Restore, Action::Unlock] {
-        for &pid in pids {
-            c.act(pid, action, step)
-                .await
-                .map_err(|source| Refusal { pid, source })?;
+    let refused = |pid| move |source| Refusal { pid, source };
+    let mut locked = Vec::new();
+    for &pid in pids {
+        match c.act(pid, Action::GetState, step).await {
+            Ok(Some(ProcessState::Running)) => {}
+            Ok(Some(ProcessState::Locked)) => locked.push(pid),
+            _ => {
+                c.act(pid, Action::Restore, step)
+                    .await
+                    .map_err(refused(pid))?;
+                locked.push(pid);
+            }
         }
+    }
+    for pid in locked {
+        c.act(pid, Action::Unlock, step)
+            .await
+            .map_err(refused(pid))?;
     }
     Ok(start.elapsed())
 }
@@ -219,11 +233,13 @@ mod tests {
     use super::*;
     use crate::checkpoint::CuResult;
 
-    /// Records each call; refuses `refuse` = (pid, action) with `CUDA_ERROR_NOT_SUPPORTED`.
+    /// Records each call; refuses `refuse` = (pid, action) with `CUDA_ERROR_NOT_SUPPORTED`;
+    /// answers `GetState` from `states` (none: not told).
     #[derive(Default)]
     struct Fake {
         calls: Mutex<Vec<(u32, Action)>>,
         refuse: Option<(u32, Action)>,
+        states: std::collections::BTreeMap<u32, ProcessState>,
     }
 
     impl Checkpointer for Fake {
@@ -235,8 +251,13 @@ mod tests {
         ) -> impl Future<Output = Result<Option<ProcessState>, CheckpointError>> + Send {
             self.calls.lock().unwrap().push((pid, action));
             let refused = self.refuse == Some((pid, action));
+            let state = (action == Action::GetState)
+                .then(|| self.states.get(&pid).copied())
+                .flatten();
             async move {
-                if refused {
+                if state.is_some() {
+                    Ok(state)
+                } else if refused {
                     Err(CheckpointError::Driver {
                         function: action.function(),
                         pid,
@@ -276,8 +297,41 @@ mod tests {
         assert_eq!(
             *fake.calls.lock().unwrap(),
             [
+                (7, Action::GetState),
                 (7, Action::Restore),
+                (8, Action::GetState),
                 (8, Action::Restore),
+                (7, Action::Unlock),
+                (8, Action::Unlock)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_resume_restores_only_what_the_driver_holds_checkpointed() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Fake {
+            states: [
+                (7, ProcessState::Checkpointed),
+                (8, ProcessState::Locked),
+                (9, ProcessState::Running),
+            ]
+            .into(),
+            ..Fake::default()
+        };
+        resume(&fake, dir.path(), &[7, 8, 9], STEP).await.unwrap();
+        let acted: Vec<(u32, Action)> = fake
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .copied()
+            .filter(|&(_, a)| a != Action::GetState)
+            .collect();
+        assert_eq!(
+            acted,
+            [
+                (7, Action::Restore),
                 (7, Action::Unlock),
                 (8, Action::Unlock)
             ]

@@ -727,7 +727,19 @@ fn a_suspension_is_reported_then_resumed_once() {
     r.enforcer.end_resume("s", Ok(Duration::from_millis(3)));
     assert_eq!(r.actions(), ["resuming", "resumed"]);
     assert_eq!(r.state("s"), Some(BindState::Bound));
-    assert!(r.enforcer.begin_resume("s").is_none(), "not suspended now");
+}
+
+#[test]
+fn a_resume_the_agent_does_not_remember_asks_the_driver() {
+    // Suspended by an earlier agent: this one has no record, and resumes what is bound.
+    let mut r = suspendable_rig();
+    let job = r.enforcer.begin_resume("s").expect("a resumption");
+    assert_eq!(job.dir, PathBuf::from("/cg/job"));
+    assert_eq!(r.actions(), ["resuming"]);
+    r.enforcer.end_resume("s", Ok(Duration::from_millis(3)));
+    assert_eq!(r.actions(), ["resumed"]);
+    // Nothing bound: nothing to resume.
+    assert!(r.enforcer.begin_resume("unknown").is_none());
 }
 
 #[test]
