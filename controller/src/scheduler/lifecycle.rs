@@ -418,6 +418,13 @@ impl Scheduler {
     pub(super) fn finish(&mut self, id: &str, state: SessionState, reason: &str) -> Option<String> {
         let session = self.sessions.get_mut(id)?;
         let held = session.state.holds_resources();
+        // Suspended: it holds nothing on the books, but its agent holds it frozen at home; that
+        // node is told to let go (which ends the workload) like any other.
+        let home = session
+            .home
+            .take()
+            .filter(|_| session.state == SessionState::Suspended)
+            .map(|h| h.node);
         if session.state == SessionState::Running
             && self
                 .profiles
@@ -436,8 +443,8 @@ impl Scheduler {
         let node = session.node.clone();
         let requested = session.requested.clone();
         self.tracker.remove(&owner, id);
-        let node = node.filter(|_| held)?;
-        if let Some(n) = self.nodes.get_mut(&node) {
+        let node = node.filter(|_| held).or(home)?;
+        if held && let Some(n) = self.nodes.get_mut(&node) {
             n.allocator.release(id);
             n.unreserve(&requested);
             self.changes.nodes.insert(node.clone());

@@ -459,3 +459,39 @@ fn a_home_survives_the_stored_record() {
     assert_eq!(back, b2);
     assert_eq!(back.state, SessionState::Suspended);
 }
+
+/// A suspended session ended by its owner: its home node is told to let go (its agent ends the
+/// frozen workload), and nothing it no longer held is given back twice.
+#[test]
+fn ending_a_suspended_session_releases_it_at_home() {
+    let mut s = suspending_cluster();
+    create(&mut s, "b1", "b", 0, false);
+    create(&mut s, "b2", "b", 0, false);
+    assert!(pass(&mut s).is_empty());
+    create(&mut s, "a1", "a", 0, false);
+    let _ = s.pass();
+    event(&mut s, "b2", Action::Suspended);
+    assert!(pass(&mut s).is_empty());
+    assert_eq!(state(&s, "a1"), SessionState::Running);
+    let before: Vec<_> = s.nodes()["n1"]
+        .allocator
+        .devices()
+        .iter()
+        .map(|d| d.allocated)
+        .collect();
+    let command = s.terminate("b2");
+    assert!(
+        matches!(&command, Some(Command::Release { node, session }) if node == "n1" && session == "b2"),
+        "{command:?}"
+    );
+    assert_eq!(state(&s, "b2"), SessionState::Terminated);
+    assert!(s.sessions()["b2"].home.is_none());
+    let after: Vec<_> = s.nodes()["n1"]
+        .allocator
+        .devices()
+        .iter()
+        .map(|d| d.allocated)
+        .collect();
+    assert_eq!(before, after);
+    assert!(pass(&mut s).is_empty(), "nothing to resume now");
+}
