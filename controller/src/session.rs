@@ -162,6 +162,9 @@ pub struct Home {
     pub since_ms: i64,
     /// The session it yielded to.
     pub yielded_to: String,
+    /// Bytes of its GPU memory now in its node's host memory, as its agent counted them.
+    #[serde(default)]
+    pub host_bytes: u64,
 }
 
 /// A gang (issue 24 §3): sessions of one owner that are placed all at once or not at all. The

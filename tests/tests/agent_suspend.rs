@@ -402,6 +402,10 @@ fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
     assert_eq!(rig.driver.fake.ledger(), vec![0, 0]);
     util::wait_for("the quota to count nothing", || charged(&rig, &cg) == 0);
     assert!(p.alive() && frozen(&cg));
+    // The agent said how much went to the host: the 64 MiB its quota counted, which the
+    // controller books as the node's host memory while the borrower is suspended.
+    let suspended = b.events.iter().find(|e| e.action == "suspended").unwrap();
+    assert_eq!(suspended.used_bytes, 64 * MIB);
 
     // The controller restarts while the borrower is suspended: it stays so, and its agent
     // keeps it (a release would kill it).

@@ -522,6 +522,13 @@ impl Enforcer {
         };
         let pids = self.tree.procs_below(&dir);
         let gpu = suspend::with_gpu_context(std::path::Path::new("/proc"), &pids);
+        // What goes to host memory: the GPU memory its quota counts now.
+        let held = self
+            .bindings
+            .get(session)
+            .and_then(|b| b.key)
+            .and_then(|k| self.kernel.maps.quotas.get(&k))
+            .map_or(0, |q| q.used.iter().sum::<u64>());
         let rel = self.tree.relative(&dir);
         let why = format!(
             "suspending ({reason}): {} of {} processes hold a GPU context; their GPU memory \
@@ -539,6 +546,7 @@ impl Enforcer {
                 reason: reason.to_owned(),
                 grace,
                 done: false,
+                held,
             },
         );
         Some(CheckpointJob {
@@ -569,8 +577,10 @@ impl Enforcer {
                     done.pids.len(),
                     done.took.as_millis()
                 );
+                let held = s.held;
                 self.hold_frozen(session, true);
-                self.record(session, "suspended", why, rel, 0, None, (0, 0, 0));
+                // `used_bytes`: the GPU memory now in host memory (the controller books it).
+                self.record(session, "suspended", why, rel, 0, None, (0, held, 0));
             }
             Err(refusal) => {
                 let Some(s) = self.suspensions.remove(session) else {
@@ -608,6 +618,7 @@ impl Enforcer {
                     reason: "suspended before this agent started".to_owned(),
                     grace: Duration::ZERO,
                     done: true,
+                    held: 0,
                 },
             );
         }

@@ -224,6 +224,8 @@ pub(crate) struct Suspension {
     pub grace: Duration,
     /// Done: checkpointed and frozen.
     pub done: bool,
+    /// GPU memory its quota counted when the suspension began: what goes to host memory.
+    pub held: u64,
 }
 
 #[cfg(test)]

@@ -205,6 +205,7 @@ impl Scheduler {
         for requested in &held {
             node.reserve(requested);
         }
+        self.book_suspended(&id, &mut node);
         self.nodes.insert(id.clone(), node);
         self.reindex(&id);
         let refused = self.reconcile_observed(&id, observed);
@@ -423,8 +424,7 @@ impl Scheduler {
         let home = session
             .home
             .take()
-            .filter(|_| session.state == SessionState::Suspended)
-            .map(|h| h.node);
+            .filter(|_| session.state == SessionState::Suspended);
         if session.state == SessionState::Running
             && self
                 .profiles
@@ -443,7 +443,13 @@ impl Scheduler {
         let node = session.node.clone();
         let requested = session.requested.clone();
         self.tracker.remove(&owner, id);
-        let node = node.filter(|_| held).or(home)?;
+        if let Some(h) = &home
+            && let Some(n) = self.nodes.get_mut(&h.node)
+        {
+            n.unreserve(&super::reclaim::host_footprint(h));
+            self.changes.nodes.insert(h.node.clone());
+        }
+        let node = node.filter(|_| held).or(home.map(|h| h.node))?;
         if held && let Some(n) = self.nodes.get_mut(&node) {
             n.allocator.release(id);
             n.unreserve(&requested);
@@ -492,14 +498,14 @@ impl Scheduler {
         if s.node.as_deref() != Some(node) {
             return false;
         }
-        let action = event.action.clone();
+        let (action, used_bytes) = (event.action.clone(), event.used_bytes);
         s.record_event(event);
         self.changes.sessions.insert(session.to_owned());
         match action {
             Action::Preempted => {
                 self.preempted(node, session);
             }
-            Action::Suspended => self.suspended(node, session),
+            Action::Suspended => self.suspended(node, session, used_bytes),
             Action::Resumed => self.resumed(node, session),
             _ => {}
         }

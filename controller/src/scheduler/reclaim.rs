@@ -418,7 +418,7 @@ impl Scheduler {
     /// The agent on `node` suspended `session` (issue 38): it holds no GPU from now on; it
     /// keeps a home (its node and the GPUs it left) where it is resumed when room returns
     /// ([`Self::resume_suspended`]).
-    pub(super) fn suspended(&mut self, node: &str, session: &str) {
+    pub(super) fn suspended(&mut self, node: &str, session: &str, host_bytes: u64) {
         let Some(s) = self.sessions.get_mut(session) else {
             return;
         };
@@ -434,7 +434,9 @@ impl Scheduler {
             allocation: s.allocation.clone(),
             since_ms: now_ms(),
             yielded_to,
+            host_bytes,
         };
+        let footprint = host_footprint(&home);
         let devices: Vec<String> = home
             .allocation
             .parts
@@ -456,8 +458,22 @@ impl Scheduler {
         if let Some(n) = self.nodes.get_mut(node) {
             n.allocator.release(session);
             n.unreserve(&requested);
+            // Its GPU memory now lives in the node's host memory.
+            n.reserve(&footprint);
             self.changes.nodes.insert(node.to_owned());
             self.reindex(node);
+        }
+    }
+
+    /// Books on `node` (`id`, at its registration) the host memory of the sessions suspended
+    /// at home there.
+    pub(super) fn book_suspended(&self, id: &str, node: &mut Node) {
+        for s in self.sessions.values() {
+            if s.state == SessionState::Suspended
+                && let Some(h) = s.home.as_ref().filter(|h| h.node == id)
+            {
+                node.reserve(&host_footprint(h));
+            }
         }
     }
 
@@ -495,6 +511,7 @@ impl Scheduler {
                 continue;
             }
             n.allocator.restore(&id, home.allocation.clone());
+            n.unreserve(&host_footprint(&home));
             n.reserve(&s.requested);
             self.changes.nodes.insert(home.node.clone());
             self.reindex(&home.node);
@@ -544,6 +561,17 @@ impl Scheduler {
         s.updated_at_ms = now_ms();
         self.changes.sessions.insert(session.to_owned());
     }
+}
+
+/// The host memory a suspended session's GPU memory takes on its node (issue 38): what its
+/// agent counted, at least the GPU memory it was allocated; booked as the node's `mem` while it
+/// is suspended.
+pub(super) fn host_footprint(home: &Home) -> ResourceSlot {
+    let bytes = home.host_bytes.max(home.allocation.memory_bytes());
+    ResourceSlot::new().with(
+        crate::slots::names::MEM,
+        crate::slots::SlotValue::from_int(bytes),
+    )
 }
 
 /// Whether the GPUs `home` left on `n` have room for it again (shares and memory, none held

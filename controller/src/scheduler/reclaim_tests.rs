@@ -302,8 +302,16 @@ fn suspending_cluster() -> Scheduler {
     s
 }
 
+/// Bytes the agent says a suspended session's GPU memory takes on the host.
+const HOST_BYTES: u64 = 3 << 30;
+
 fn event(s: &mut Scheduler, id: &str, action: Action) {
     let event = EnforcementEvent {
+        used_bytes: if action == Action::Suspended {
+            HOST_BYTES
+        } else {
+            0
+        },
         action,
         ..EnforcementEvent::default()
     };
@@ -340,6 +348,10 @@ fn a_suspended_borrower_waits_at_home_and_resumes_when_room_returns() {
     let home = b2.home.clone().unwrap();
     assert_eq!((home.node.as_str(), &home.allocation), ("n1", &b2_gpu));
     assert_eq!(home.yielded_to, "a1");
+    // Its GPU memory is in the node's host memory now, and booked there.
+    assert_eq!(home.host_bytes, HOST_BYTES);
+    let mem = |s: &Scheduler| s.nodes()["n1"].allocated.get("mem").to_u64();
+    assert_eq!(mem(&s), Some(HOST_BYTES));
     assert!(b2.reason.contains("waits to resume on n1"), "{}", b2.reason);
     // a1 takes the room; b2 is not resumed meanwhile (no room, then none left).
     assert!(pass(&mut s).is_empty());
@@ -362,6 +374,7 @@ fn a_suspended_borrower_waits_at_home_and_resumes_when_room_returns() {
     assert_eq!(b2.state, SessionState::Running);
     assert_eq!(b2.allocation, b2_gpu);
     assert!(b2.reason.contains("resuming on n1"), "{}", b2.reason);
+    assert_eq!(mem(&s), Some(0), "back on the GPU");
     not_overcommitted(&s);
     event(&mut s, "b2", Action::Resumed);
     let b2 = &s.sessions()["b2"];
@@ -436,6 +449,11 @@ fn a_suspended_session_is_kept_at_registration_and_fails_with_its_node() {
         "{commands:?}"
     );
     assert_eq!(state(&s, "b2"), SessionState::Suspended);
+    // The registration books its host memory again.
+    assert_eq!(
+        s.nodes()["n1"].allocated.get("mem").to_u64(),
+        Some(HOST_BYTES)
+    );
     let lost = s.expire(now_ms() + 3_600_000, 1_000);
     assert_eq!(lost, ["n1"]);
     let b2 = &s.sessions()["b2"];
@@ -493,5 +511,6 @@ fn ending_a_suspended_session_releases_it_at_home() {
         .map(|d| d.allocated)
         .collect();
     assert_eq!(before, after);
+    assert_eq!(s.nodes()["n1"].allocated.get("mem").to_u64(), Some(0));
     assert!(pass(&mut s).is_empty(), "nothing to resume now");
 }
