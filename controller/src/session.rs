@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 pub use gpuwarden_types::{
     event::{Action, EnforcementEvent},
     now_ms,
-    policy::{ComputePolicy, MemoryPolicy, PolicyError, QuotaPolicy},
+    policy::{ComputePolicy, MemoryPolicy, PolicyError, PreemptionMode, QuotaPolicy},
     state::SessionState,
     target::{Target, TargetError, TargetScope},
 };
@@ -113,41 +113,6 @@ pub struct Session {
     /// in that node's host memory, so it resumes there, on the GPUs it left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home: Option<Home>,
-}
-
-/// How a preempted session yields its resources (docs/suspend.md).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PreemptionMode {
-    /// `SIGTERM`, the grace period, `cgroup.kill`: its work since its last checkpoint is lost.
-    #[default]
-    Kill,
-    /// Its GPU memory to its node's host memory and its workload frozen; resumed there when
-    /// room returns. Where the driver refuses, its agent takes the kill path.
-    Suspend,
-}
-
-impl PreemptionMode {
-    /// Its name on the wire: `kill` or `suspend`.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Kill => "kill",
-            Self::Suspend => "suspend",
-        }
-    }
-}
-
-impl std::str::FromStr for PreemptionMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "kill" => Ok(Self::Kill),
-            "suspend" => Ok(Self::Suspend),
-            other => Err(format!("preemption {other:?}: \"kill\" or \"suspend\"")),
-        }
-    }
 }
 
 /// Where a suspended session resumes: the node and GPUs it left (its agent restores its GPU

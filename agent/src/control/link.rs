@@ -26,7 +26,7 @@ use super::{
 };
 use crate::{
     devices::GpuBackend,
-    enforcement::{PreemptMode, QuotaCommand, confinement, quota::QuotaSpec},
+    enforcement::{PreemptionMode, QuotaCommand, confinement, quota::QuotaSpec},
 };
 
 /// The channels between the link and the rest of the agent.
@@ -529,7 +529,7 @@ fn preempt(
             session: p.session_id.clone(),
             grace: Duration::from_millis(u64::from(p.grace_ms)),
             reason: p.reason.clone(),
-            mode: PreemptMode::from_word(&p.mode),
+            mode: PreemptionMode::from_wire(&p.mode),
         };
         if c.quotas.send(command).is_ok() {
             return None;

@@ -27,6 +27,6 @@ pub mod throttle;
 pub use cgroup_tree::{BindError, MANAGED_PARENT};
 pub use enforcer::Record;
 pub(crate) use enforcer::{BindState, BindingReport, Enforcer, Standing};
-pub use suspend::{PreemptMode, SuspendConfig};
+pub use suspend::{PreemptionMode, SuspendConfig};
 pub(crate) use task::EnforcerHandle;
 pub use task::QuotaCommand;

@@ -17,29 +17,7 @@ use std::{
 
 use crate::checkpoint::{Action, CheckpointError, ProcessState, helper::Helper};
 
-/// How a preemption ends a session's hold on its GPUs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum PreemptMode {
-    /// `SIGTERM`, the grace period, `cgroup.kill` (the default).
-    #[default]
-    Kill,
-    /// GPU memory to host memory, the cgroup frozen; resumed later. Falls back to
-    /// [`Self::Kill`] where the driver refuses.
-    Suspend,
-}
-
-impl PreemptMode {
-    /// The mode a wire word names: `suspend`, else kill (empty, `kill`, or a word this agent
-    /// does not know: the safe default).
-    #[must_use]
-    pub fn from_word(word: &str) -> Self {
-        if word == "suspend" {
-            Self::Suspend
-        } else {
-            Self::Kill
-        }
-    }
-}
+pub use gpuwarden_types::policy::PreemptionMode;
 
 /// How the agent suspends workloads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -370,9 +348,12 @@ mod tests {
 
     #[test]
     fn only_the_words_suspend_and_kill_mean_anything() {
-        assert_eq!(PreemptMode::from_word("suspend"), PreemptMode::Suspend);
+        assert_eq!(
+            PreemptionMode::from_wire("suspend"),
+            PreemptionMode::Suspend
+        );
         for word in ["", "kill", "Suspend", "hibernate"] {
-            assert_eq!(PreemptMode::from_word(word), PreemptMode::Kill);
+            assert_eq!(PreemptionMode::from_wire(word), PreemptionMode::Kill);
         }
     }
 

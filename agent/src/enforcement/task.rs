@@ -12,7 +12,7 @@ use super::{
     enforcer::{CheckpointJob, ControlError, Enforcer, Standing},
     kernel::Pinned,
     quota::QuotaSpec,
-    suspend::{self, PreemptMode, Refusal, Suspended},
+    suspend::{self, PreemptionMode, Refusal, Suspended},
 };
 use crate::{devices::ProcessMemory, sensor::MemoryTier};
 
@@ -40,7 +40,7 @@ pub enum QuotaCommand {
         /// Who it yields to and why.
         reason: String,
         /// Kill or suspend.
-        mode: PreemptMode,
+        mode: PreemptionMode,
     },
     /// Resume a suspended session: thaw, restore and unlock its processes.
     Resume(String),
@@ -144,7 +144,7 @@ impl EnforcerHandle {
                 reason: "suspended through the agent's socket".to_owned(),
                 session,
                 grace: Duration::from_secs(30),
-                mode: PreemptMode::Suspend,
+                mode: PreemptionMode::Suspend,
             }
         };
         self.tx.send(Message::Command(command)).map_err(|_| Stopped)
@@ -220,13 +220,13 @@ fn command_enforcer(
             session,
             grace,
             reason,
-            mode: PreemptMode::Kill,
+            mode: PreemptionMode::Kill,
         } => enforcer.preempt(&session, grace, &reason),
         QuotaCommand::Preempt {
             session,
             grace,
             reason,
-            mode: PreemptMode::Suspend,
+            mode: PreemptionMode::Suspend,
         } => {
             if let Some(job) = enforcer.begin_suspend(&session, grace, &reason) {
                 run_job(job, own, false);
