@@ -1,5 +1,6 @@
 //! Per-cgroup budgets of the tables a container can grow (fds, processes, clients,
-//! allocations), so no container fills a table every other container relies on.
+//! allocations, device objects, managed mappings), so no container fills a table every other
+//! container relies on.
 //!
 //! An entry is charged to the cgroup its process is charged to; past the cgroup's budget
 //! (`Config::budgets`) the entry is refused and counted, with one event the first time. What a
@@ -27,9 +28,9 @@ use crate::{
 #[inline(always)]
 fn released(cgroup: u64, which: usize) -> u64 {
     // SAFETY: the value is copied out at once.
-    unsafe { CGROUP_TABLES_RELEASED.get(&cgroup) }.map_or(0, |r: &TableReleased| {
-        r.released[which & (table::COUNT - 1)]
-    })
+    unsafe { CGROUP_TABLES_RELEASED.get(&cgroup) }
+        .and_then(|r: &TableReleased| r.released.get(which).copied())
+        .unwrap_or(0)
 }
 
 /// Entries `cgroup` holds in `which`, given its counts at `entry`.
@@ -38,8 +39,9 @@ fn released(cgroup: u64, which: usize) -> u64 {
 /// `entry` must point to a live `CGROUP_TABLES` value.
 #[inline(always)]
 unsafe fn held(entry: *const TableUse, cgroup: u64, which: usize) -> u64 {
-    // SAFETY: guaranteed by the caller; the index is in bounds.
-    unsafe { (*entry).used[which & (table::COUNT - 1)] }.saturating_sub(released(cgroup, which))
+    // SAFETY: guaranteed by the caller.
+    let used = unsafe { (*entry).used.get(which).copied() }.unwrap_or(0);
+    used.saturating_sub(released(cgroup, which))
 }
 
 /// Takes one entry of `table` for `cgroup`; false (counted, reported the first time) when the
@@ -47,7 +49,10 @@ unsafe fn held(entry: *const TableUse, cgroup: u64, which: usize) -> u64 {
 /// tables it would guard are bounded by the budgets of the cgroups it holds.
 #[inline(always)]
 pub fn take(cgroup: u64, which: usize) -> bool {
-    let which = which & (table::COUNT - 1);
+    // Callers pass a `table` constant; the check lets the verifier see every index in bounds.
+    if which >= table::COUNT {
+        return true;
+    }
     let budget = u64::from(config().budgets[which]);
     let entry = match CGROUP_TABLES.get_ptr_mut(&cgroup) {
         Some(p) => p,
@@ -85,7 +90,9 @@ pub fn take(cgroup: u64, which: usize) -> bool {
 /// Gives back one entry of `table` for `cgroup`.
 #[inline(always)]
 pub fn give(cgroup: u64, which: usize) {
-    let which = which & (table::COUNT - 1);
+    if which >= table::COUNT {
+        return;
+    }
     if let Some(entry) = CGROUP_TABLES.get_ptr_mut(&cgroup) {
         // SAFETY: a live map value; the index is in bounds. An entry the programs never
         // counted (seeded by the agent from /proc) may take it to zero: never wrap.
@@ -97,9 +104,10 @@ pub fn give(cgroup: u64, which: usize) {
     }
 }
 
-/// Whether `cgroup` is at its budget of processes, clients or allocations: the allocation about
-/// to be made (or its process's or client's entry) would be refused and its bytes could go
-/// uncounted, so a bound cgroup's allocation is acted on by its policy instead.
+/// Whether `cgroup` is at its budget of processes, clients, allocations or device objects: the
+/// allocation about to be made (or its process's or client's entry) would be refused and its
+/// bytes could go uncounted, or be counted on no GPU (its device object unknown), so a bound
+/// cgroup's allocation is acted on by its policy instead.
 #[inline(always)]
 pub fn exhausted(cgroup: u64) -> bool {
     let budgets = config().budgets;
@@ -109,6 +117,7 @@ pub fn exhausted(cgroup: u64) -> bool {
             held(entry, cgroup, table::PROCS) >= u64::from(budgets[table::PROCS])
                 || held(entry, cgroup, table::CLIENTS) >= u64::from(budgets[table::CLIENTS])
                 || held(entry, cgroup, table::ALLOCATIONS) >= u64::from(budgets[table::ALLOCATIONS])
+                || held(entry, cgroup, table::OBJECTS) >= u64::from(budgets[table::OBJECTS])
         }
     })
 }

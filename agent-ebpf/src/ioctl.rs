@@ -19,16 +19,17 @@ use gpuwarden_agent_common::{
     event::{Event, decode_error, kind},
     maps::{
         DEVICE_UNKNOWN, FdKey, HandleKey, IoctlKey, ObjectInfo, family, memory_kind, node_kind,
+        table,
     },
     nvidia::{esc, may_be_driver_ioctl},
 };
 
 use crate::{
-    arg, atomic, conf, current,
+    arg, atomic, budget, conf, current,
     events::{count, emit},
     fds,
     maps::{GPU_FDS, IOCTL_COUNTS, IOCTLS_IN_FLIGHT, OBJECT_DEVICES, PENDING_IOCTL, PROCS},
-    memory, quota, ret,
+    memory, mig, quota, ret,
 };
 use aya_log_ebpf::warn;
 use gpuwarden_agent_common::maps::stat;
@@ -93,7 +94,7 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
             // Size and GPU are read only for a cgroup with a quota.
             let what = || {
                 let requested = call.size(&User)?;
-                Some((resolve_device(tgid, cgroup, &call, false), requested))
+                Some((vidmem_device(tgid, cgroup, &call, false), requested))
             };
             quota::check_alloc(&ctx, tgid, cgroup, what, u64::from(cmd), arg(&ctx, 2));
         }
@@ -135,7 +136,13 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> u32 {
         return 0;
     }
     match call.op {
-        op::FREE => memory::free(tgid, call.client, call.object),
+        op::FREE => {
+            if call.object == call.client {
+                mig::forget(call.client);
+            }
+            memory::free(tgid, call.client, call.object);
+        }
+        op::PARTITION => mig::subscribed(call.client, call.parent, call.value),
         op::CLIENT | op::DEVICE | op::SUBDEVICE | op::VIDMEM | op::SYSMEM => {
             let Some(handle) = call.new_handle(&User) else {
                 decode_failed(&ctx, tgid, 0, unreadable_result());
@@ -158,22 +165,19 @@ fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
                 client: call.client,
                 handle,
             };
-            let info = ObjectInfo {
-                gpu: call.value,
-                device: handle,
-            };
-            let _ = OBJECT_DEVICES.insert(&key, &info, 0);
+            remember_object(tgid, &key, call.value, handle);
         }
         op::SUBDEVICE => {
             let key = HandleKey {
                 client: call.client,
                 handle,
             };
-            let info = ObjectInfo {
-                gpu: object_device(call.client, call.parent),
-                device: call.parent,
-            };
-            let _ = OBJECT_DEVICES.insert(&key, &info, 0);
+            remember_object(
+                tgid,
+                &key,
+                object_device(call.client, call.parent),
+                call.parent,
+            );
         }
         op::VIDMEM | op::SYSMEM => {
             // The driver writes back the size it really allocated.
@@ -185,7 +189,7 @@ fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
             // SAFETY: a plain helper call.
             let cgroup = unsafe { bpf_get_current_cgroup_id() };
             let (device, kind) = if call.op == op::VIDMEM {
-                (resolve_device(tgid, cgroup, call, true), memory_kind::VIDEO)
+                (vidmem_device(tgid, cgroup, call, true), memory_kind::VIDEO)
             } else {
                 (DEVICE_UNKNOWN, memory_kind::SYSTEM)
             };
@@ -207,6 +211,20 @@ fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
         }
         _ => {}
     }
+}
+
+/// The device video memory allocated under `call.parent` is counted as: its GPU
+/// ([`resolve_device`]), or the MIG instance the client subscribed to on it.
+#[inline(always)]
+fn vidmem_device(tgid: u32, cgroup: u64, call: &Call, learn: bool) -> u32 {
+    let gpu = resolve_device(tgid, cgroup, call, learn);
+    let parent = HandleKey {
+        client: call.client,
+        handle: call.parent,
+    };
+    // SAFETY: the value is copied out at once.
+    let device_handle = unsafe { OBJECT_DEVICES.get(&parent) }.map_or(call.parent, |o| o.device);
+    mig::device_of(call.client, device_handle, gpu)
 }
 
 /// The GPU an allocation under `call.parent` is on: the parent's, when the agent saw it made;
@@ -236,13 +254,43 @@ fn resolve_device(tgid: u32, cgroup: u64, call: &Call, learn: bool) -> u32 {
             client: call.client,
             handle: call.parent,
         };
-        let info = ObjectInfo {
-            gpu: device,
-            device: call.parent,
-        };
-        let _ = OBJECT_DEVICES.insert(&key, &info, 0);
+        remember_object(tgid, &key, device, call.parent);
     }
     device
+}
+
+/// Records that object `key` is (or is under) device object `device` on GPU `gpu`. A new entry
+/// is charged to the cgroup `tgid`'s process is charged to, within its budget of device
+/// objects (past it the object stays unknown: `budget::exhausted` then has the cgroup's
+/// allocations acted on); an entry already there is updated and stays charged where it was.
+#[inline(always)]
+fn remember_object(tgid: u32, key: &HandleKey, gpu: u32, device: u32) {
+    if let Some(known) = OBJECT_DEVICES.get_ptr_mut(key) {
+        // SAFETY: a live map value.
+        unsafe {
+            (*known).gpu = gpu;
+            (*known).device = device;
+        }
+        return;
+    }
+    let cgroup = PROCS.get_ptr(&tgid).map_or_else(
+        // SAFETY: a plain helper call.
+        || unsafe { bpf_get_current_cgroup_id() },
+        // SAFETY: a live map value; its cgroup never changes after insert.
+        |p| unsafe { (*p).cgroup },
+    );
+    if !budget::take(cgroup, table::OBJECTS) {
+        return;
+    }
+    let info = ObjectInfo {
+        gpu,
+        device,
+        cgroup,
+    };
+    if OBJECT_DEVICES.insert(key, &info, 0).is_err() {
+        budget::give(cgroup, table::OBJECTS);
+        count(stat::HANDLE_TABLE_FULL);
+    }
 }
 
 /// The GPU a device or subdevice object belongs to.

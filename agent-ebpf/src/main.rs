@@ -7,6 +7,7 @@
 //! - [`fds`]: the GPU fd table (`openat`, `openat2`, `dup*`, `fcntl(F_DUPFD*)`, `close`);
 //! - [`ioctl`]: `ioctl` enter/exit on tracked fds, NVIDIA escape decoding;
 //! - [`memory`]: charging and releasing GPU memory by allocation, client and process;
+//! - [`mig`]: MIG instances, by each client's subscription to a GPU instance;
 //! - [`process`]: fork (copy the fd table), exec and exit (release what the process held);
 //! - [`budget`]: per-cgroup budgets of the tables a container can grow;
 //! - [`quota`]: GPU-memory limits at the allocating ioctl, GPU-node access of bound cgroups;
@@ -30,6 +31,7 @@ mod fds;
 mod ioctl;
 mod maps;
 mod memory;
+mod mig;
 mod process;
 mod quota;
 mod sweep;

@@ -56,7 +56,7 @@ pub static ALLOCATIONS: HashMap<HandleKey, Allocation> =
 /// GPU index of device and subdevice objects by (client, handle).
 #[map(name = "OBJECT_DEVICES")]
 pub static OBJECT_DEVICES: HashMap<HandleKey, ObjectInfo> =
-    HashMap::with_max_entries(65_536, NO_PREALLOC);
+    HashMap::with_max_entries(table::CAPACITY[table::OBJECTS], NO_PREALLOC);
 
 /// Video memory bytes by (cgroup, GPU).
 #[map(name = "CGROUP_MEMORY")]
@@ -104,7 +104,7 @@ pub static MMAPS_IN_FLIGHT: Array<u64> = Array::with_max_entries(1, 0);
 /// Managed-memory mappings of the UVM node, by (tgid, address).
 #[map(name = "UVM_MAPPINGS")]
 pub static UVM_MAPPINGS: HashMap<MappingKey, Mapping> =
-    HashMap::with_max_entries(65_536, NO_PREALLOC);
+    HashMap::with_max_entries(table::CAPACITY[table::MAPPINGS], NO_PREALLOC);
 
 /// Clone flags of a GPU process's `clone*` in flight, by pid_tgid.
 #[map(name = "PENDING_CLONE")]

@@ -462,9 +462,12 @@ pub fn free(tgid: u32, client: u32, object: u32) {
         client,
         handle: object,
     };
-    if OBJECT_DEVICES.get_ptr(&key).is_some() {
+    // SAFETY: the value is copied out at once.
+    if let Some(info) = unsafe { OBJECT_DEVICES.get(&key) }.copied() {
         // A device or subdevice goes with everything under it.
-        let _ = OBJECT_DEVICES.remove(&key);
+        if OBJECT_DEVICES.remove(&key).is_ok() {
+            budget::give(info.cgroup, table::OBJECTS);
+        }
         let mut under = Under { client, object };
         for_each_allocation(free_if_under, &mut under);
         // SAFETY: the callback and its context match the helper's contract; the map argument
@@ -537,7 +540,10 @@ extern "C" fn forget_if_under(
     // SAFETY: as above.
     let (key, value, under) = unsafe { (*key, &*value, &*ctx.cast::<Under>()) };
     if key.client == under.client && value.device == under.object {
-        let _ = OBJECT_DEVICES.remove(&key);
+        let cgroup = value.cgroup;
+        if OBJECT_DEVICES.remove(&key).is_ok() {
+            budget::give(cgroup, table::OBJECTS);
+        }
     }
     0
 }

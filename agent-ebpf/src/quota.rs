@@ -17,8 +17,8 @@ use aya_log_ebpf::warn;
 use gpuwarden_agent_common::{
     event::{Event, action, kind},
     maps::{
-        DEVICE_MODESET, Deny, MAX_GPUS, NO_LIMIT, NVIDIA_MAJOR, UNKNOWN_SLOT, enforce_mode,
-        memory_policy, memory_slot, quota_flags, stat,
+        DEVICE_MODESET, DEVICE_UNKNOWN, Deny, MAX_GPUS, NO_LIMIT, NVIDIA_MAJOR, UNKNOWN_SLOT,
+        enforce_mode, memory_policy, memory_slot, quota_flags, stat,
     },
 };
 
@@ -113,7 +113,7 @@ pub fn check_alloc(
     // SAFETY: a live map value; indexes are in bounds.
     let (used, limit, policy) = unsafe {
         if (device as usize) < MAX_GPUS {
-            let index = device as usize & (MAX_GPUS - 1);
+            let index = gpu_index(device);
             (
                 (*quota).used[index],
                 (*quota).limit[index],
@@ -202,7 +202,10 @@ pub fn gpu_devices(ctx: DeviceContext) -> i32 {
             (*ctx.device).minor,
         )
     };
-    if major != NVIDIA_MAJOR || minor >= DEVICE_MODESET {
+    // A MIG capability node (`nvidia-cap<minor>`) is opened only as its quota lists it.
+    let caps = crate::mig::caps_major();
+    let is_cap = caps != 0 && major == caps;
+    if !is_cap && (major != NVIDIA_MAJOR || minor >= DEVICE_MODESET) {
         return 1;
     }
     // Making the node is not using it: a runtime that creates every GPU node its spec lists
@@ -220,8 +223,12 @@ pub fn gpu_devices(ctx: DeviceContext) -> i32 {
     {
         // SAFETY: a live map value.
         let (flags, devices) = unsafe { ((*quota).flags, (*quota).devices) };
-        let listed =
-            flags & quota_flags::DEVICES == 0 || (minor < 64 && devices & (1u64 << minor) != 0);
+        let listed = flags & quota_flags::DEVICES == 0
+            || if is_cap {
+                crate::mig::cap_allowed(slot, minor)
+            } else {
+                minor < 64 && devices & (1u64 << minor) != 0
+            };
         // A cgroup at its fd budget opens no more GPU nodes.
         if listed && !at_budget {
             return 1;
@@ -235,7 +242,8 @@ pub fn gpu_devices(ctx: DeviceContext) -> i32 {
         kind: kind::DEVICE_DENIED,
         tgid,
         cgroup,
-        device: minor,
+        // A capability node is no GPU: reported as device unknown.
+        device: if is_cap { DEVICE_UNKNOWN } else { minor },
         // 2: at its fd budget; 1: bound to a quota that lacks the GPU; 0: not mapped yet.
         code: if at_budget {
             2
@@ -266,4 +274,20 @@ pub fn gpu_file_ioctl(ctx: LsmContext) -> i32 {
     }
     let _ = DENY.remove(&pid_tgid);
     -ENOMEM
+}
+
+/// `device` (below [`MAX_GPUS`]) as an index of the per-GPU arrays, masked in the register the
+/// access uses: the compiler drops a mask it proves redundant and may test a copy of the
+/// register it then indexes with, which the verifier can't follow (a GPU resolved through a MIG
+/// subscription reaches here by such a path).
+#[inline(always)]
+fn gpu_index(device: u32) -> usize {
+    const _: () = assert!(MAX_GPUS == 16, "the mask below is MAX_GPUS - 1");
+    let mut index = u64::from(device);
+    // SAFETY: an AND on a register; no memory is touched.
+    unsafe {
+        core::arch::asm!("{i} &= 15", i = inout(reg) index, options(pure, nomem, nostack));
+    }
+    // Again in Rust, so the compiler knows the bound too (else it adds a panicking check).
+    index as usize & (MAX_GPUS - 1)
 }

@@ -1,5 +1,6 @@
 //! Managed (UVM) memory: the length of each `mmap` of the UVM node, charged to the process and
-//! its cgroup until the mapping is unmapped from its start, or the process ends.
+//! its cgroup until the mapping is unmapped from its start, or the process ends (a mapping the
+//! table had no entry for: only when the process ends).
 //!
 //! `cudaMallocManaged` memory is backed by `nvidia-uvm` and made by mapping its node; no RM
 //! ioctl carries its size. The length mapped is what the process may place on a GPU, not what
@@ -8,13 +9,14 @@
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use gpuwarden_agent_common::maps::{
-    DEVICE_UNKNOWN, DEVICE_UVM, FdKey, Mapping, MappingKey, memory_kind, node_kind,
+    DEVICE_UNKNOWN, DEVICE_UVM, FdKey, Mapping, MappingKey, memory_kind, node_kind, stat, table,
 };
 
 use crate::{
     arg,
     atomic::atomic_add,
-    current,
+    budget, current,
+    events::count,
     maps::{GPU_FDS, MMAPS_IN_FLIGHT, PENDING_MMAP, PROCS, UVM_MAPPINGS},
     memory::add_cgroup,
     ret,
@@ -88,8 +90,12 @@ pub fn sys_exit_mmap(ctx: TracePointContext) -> u32 {
     };
     // A mapping that replaces one at the same address (MAP_FIXED) releases the old one first.
     unmap(tgid, addr as u64);
-    if UVM_MAPPINGS.insert(&key, &mapping, 0).is_err() {
-        return 0;
+    // A mapping refused an entry (its cgroup at its budget of mappings, or the table full) is
+    // still charged: its bytes then stay counted until its process ends, when the process's
+    // managed total is released whole. Counting too long is safe; not counting is not.
+    if budget::take(cgroup, table::MAPPINGS) && UVM_MAPPINGS.insert(&key, &mapping, 0).is_err() {
+        budget::give(cgroup, table::MAPPINGS);
+        count(stat::HANDLE_TABLE_FULL);
     }
     // SAFETY: a live map value.
     unsafe { atomic_add(&raw mut (*proc).managed, bytes) };
@@ -116,7 +122,9 @@ fn unmap(tgid: u32, addr: u64) {
     let Some(mapping) = (unsafe { UVM_MAPPINGS.get(&key) }).copied() else {
         return;
     };
-    let _ = UVM_MAPPINGS.remove(&key);
+    if UVM_MAPPINGS.remove(&key).is_ok() {
+        budget::give(mapping.cgroup, table::MAPPINGS);
+    }
     let Some(proc) = PROCS.get_ptr_mut(&tgid) else {
         return;
     };

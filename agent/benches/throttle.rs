@@ -49,7 +49,7 @@ struct Row {
 
 /// Runs `shares` (one spinner each) under `mode`, one row per case.
 fn measure(mode: ThrottleMode, cases: &[&[f64]]) -> anyhow::Result<Vec<Row>> {
-    let throttle = throttle::spawn(ThrottleConfig::default(), signal(mode))?;
+    let throttle = throttle::spawn(ThrottleConfig::default(), signal(mode), "gpuwarden-bench")?;
     let mut rows = Vec::new();
     for shares in cases {
         // Declared first, dropped last: the spinners are killed before their cgroups go.

@@ -368,6 +368,15 @@ impl AgentConfig {
             dra: crate::dra::DraConfig::resolve(s.dra, |k| std::env::var(k).ok())?,
         })
     }
+
+    /// What names this agent across restarts, as its pinned kernel state does: its pin folder
+    /// (`gpuwarden` when it pins nothing). The throttle marks what it freezes with it.
+    #[must_use]
+    pub fn instance(&self) -> String {
+        self.bpf_pin_dir
+            .as_deref()
+            .map_or_else(|| "gpuwarden".to_owned(), |p| p.display().to_string())
+    }
 }
 
 /// The usage report interval for a setting in milliseconds: the default when unset, none for 0,

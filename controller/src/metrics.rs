@@ -12,7 +12,10 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use gpuwarden_runtime::otlp::{Exporters, Pipeline, PipelineError};
+use gpuwarden_runtime::{
+    instrument::Registry,
+    otlp::{Exporters, Pipeline, PipelineError},
+};
 use opentelemetry::KeyValue;
 
 use crate::{
@@ -27,114 +30,161 @@ use crate::{
     session::SessionState,
 };
 
-/// One instrument: (name, unit, attributes, meaning).
-pub type Instrument = (&'static str, &'static str, &'static str, &'static str);
+/// Every instrument the controller exports, each declared once: [`start`] builds them from these
+/// constants (the pipeline builds `gpuwarden.telemetry.exports.failed`, declared with it), and
+/// docs/metrics.md's "Controller metrics" table is checked against [`instruments::ALL`].
+pub mod instruments {
+    use gpuwarden_runtime::instrument::Instrument;
 
-/// Every instrument the controller exports, as documented in docs/metrics.md.
-pub const INSTRUMENTS: &[Instrument] = &[
-    (
-        "gpuwarden.controller.leader",
-        "{leader}",
-        "—",
-        "1 while this controller leads, 0 while it stands by (always 1 on sled)",
-    ),
-    (
-        "gpuwarden.controller.insecure",
-        "1",
-        "—",
-        "1 while this controller serves plain text beyond loopback (`--insecure`), else 0",
-    ),
-    (
-        "gpuwarden.controller.terms",
-        "{term}",
-        "—",
-        "times this controller took office",
-    ),
-    (
-        "gpuwarden.scheduler.queue.length",
-        "{session}",
-        "—",
-        "sessions waiting to be placed",
-    ),
-    (
-        "gpuwarden.scheduler.decision.duration",
-        "s",
-        "gpuwarden.placed",
-        "time to decide one pending session in a scheduling pass",
-    ),
-    (
-        "gpuwarden.sessions",
-        "{session}",
-        "gpuwarden.session.state, gpuwarden.session.origin",
-        "sessions by state and origin (`controller`, or `dra` for Kubernetes claims the agents prepared)",
-    ),
-    (
-        "gpuwarden.session.start.duration",
-        "s",
-        "gpuwarden.session.origin",
-        "time from a session's creation to RUNNING (its agent confirmed the quota), recorded as this controller hears of it",
-    ),
-    (
-        "gpuwarden.session.compute.entitled",
-        "1",
-        "gpuwarden.session.id, gpuwarden.session.class, gpuwarden.node, gpuwarden.compute.policy",
-        "a running session's compute share per GPU (its shares over its GPUs)",
-    ),
-    (
-        "gpuwarden.session.compute.achieved",
-        "1",
-        "gpuwarden.session.id, gpuwarden.session.class, gpuwarden.node, gpuwarden.compute.policy",
-        "a running session's GPU time per wall second per GPU, the mean of its agent's usage reports so far (from the second report on)",
-    ),
-    (
-        "gpuwarden.nodes",
-        "{node}",
-        "gpuwarden.node.state",
-        "nodes by state",
-    ),
-    (
-        "gpuwarden.slot.capacity",
-        "{slot}",
-        "gpuwarden.slot",
-        "capacity of the ready nodes per slot type (bytes for byte slots)",
-    ),
-    (
-        "gpuwarden.slot.allocated",
-        "{slot}",
-        "gpuwarden.slot",
-        "what sessions hold per slot type on the ready nodes",
-    ),
-    (
-        "gpuwarden.gpu.shares.fragmented",
-        "{gpu}",
-        "—",
-        "free shares on partly used GPUs: capacity no 1.0-share request could use",
-    ),
-    (
-        "gpuwarden.auth.denied",
-        "{request}",
-        "gpuwarden.auth.reason",
-        "agent and client calls and TLS handshakes refused for their identity or permissions",
-    ),
-    (
-        "gpuwarden.controller.config.unusable",
-        "{version}",
-        "gpuwarden.config.file",
-        "versions of the token or grant file that changed and could not be used (a parse error, a deleted file): what they granted is withdrawn (token_file, grant_file)",
-    ),
-    (
-        "gpuwarden.limits.refused",
-        "{request}",
-        "gpuwarden.limits.reason",
-        "requests and agent messages refused or dropped for a bound (oversized, out_of_range, cap, flood, rate, foreign_session, flood_dropped)",
-    ),
-    (
-        "gpuwarden.telemetry.exports.failed",
-        "{export}",
-        "—",
-        "metric exports the collector did not take (dropped)",
-    ),
-];
+    /// `gpuwarden.controller.leader`.
+    pub const CONTROLLER_LEADER: Instrument = Instrument {
+        name: "gpuwarden.controller.leader",
+        unit: "{leader}",
+        attributes: "",
+        meaning: "1 while this controller leads, 0 while it stands by (always 1 on sled)",
+    };
+
+    /// `gpuwarden.controller.insecure`.
+    pub const CONTROLLER_INSECURE: Instrument = Instrument {
+        name: "gpuwarden.controller.insecure",
+        unit: "1",
+        attributes: "",
+        meaning: "1 while this controller serves plain text beyond loopback (`--insecure`), else 0",
+    };
+
+    /// `gpuwarden.controller.terms`.
+    pub const CONTROLLER_TERMS: Instrument = Instrument {
+        name: "gpuwarden.controller.terms",
+        unit: "{term}",
+        attributes: "",
+        meaning: "times this controller took office",
+    };
+
+    /// `gpuwarden.scheduler.queue.length`.
+    pub const SCHEDULER_QUEUE_LENGTH: Instrument = Instrument {
+        name: "gpuwarden.scheduler.queue.length",
+        unit: "{session}",
+        attributes: "",
+        meaning: "sessions waiting to be placed",
+    };
+
+    /// `gpuwarden.scheduler.decision.duration`.
+    pub const SCHEDULER_DECISION_DURATION: Instrument = Instrument {
+        name: "gpuwarden.scheduler.decision.duration",
+        unit: "s",
+        attributes: "gpuwarden.placed",
+        meaning: "time to decide one pending session in a scheduling pass",
+    };
+
+    /// `gpuwarden.sessions`.
+    pub const SESSIONS: Instrument = Instrument {
+        name: "gpuwarden.sessions",
+        unit: "{session}",
+        attributes: "gpuwarden.session.state, gpuwarden.session.origin",
+        meaning: "sessions by state and origin (`controller`, or `dra` for Kubernetes claims the agents prepared)",
+    };
+
+    /// `gpuwarden.session.start.duration`.
+    pub const SESSION_START_DURATION: Instrument = Instrument {
+        name: "gpuwarden.session.start.duration",
+        unit: "s",
+        attributes: "gpuwarden.session.origin",
+        meaning: "time from a session's creation to RUNNING (its agent confirmed the quota), recorded as this controller hears of it",
+    };
+
+    /// `gpuwarden.session.compute.entitled`.
+    pub const SESSION_COMPUTE_ENTITLED: Instrument = Instrument {
+        name: "gpuwarden.session.compute.entitled",
+        unit: "1",
+        attributes: "gpuwarden.session.id, gpuwarden.session.class, gpuwarden.node, gpuwarden.compute.policy",
+        meaning: "a running session's compute share per GPU (its shares over its GPUs)",
+    };
+
+    /// `gpuwarden.session.compute.achieved`.
+    pub const SESSION_COMPUTE_ACHIEVED: Instrument = Instrument {
+        name: "gpuwarden.session.compute.achieved",
+        unit: "1",
+        attributes: "gpuwarden.session.id, gpuwarden.session.class, gpuwarden.node, gpuwarden.compute.policy",
+        meaning: "a running session's GPU time per wall second per GPU, the mean of its agent's usage reports so far (from the second report on)",
+    };
+
+    /// `gpuwarden.nodes`.
+    pub const NODES: Instrument = Instrument {
+        name: "gpuwarden.nodes",
+        unit: "{node}",
+        attributes: "gpuwarden.node.state",
+        meaning: "nodes by state",
+    };
+
+    /// `gpuwarden.slot.capacity`.
+    pub const SLOT_CAPACITY: Instrument = Instrument {
+        name: "gpuwarden.slot.capacity",
+        unit: "{slot}",
+        attributes: "gpuwarden.slot",
+        meaning: "capacity of the ready nodes per slot type (bytes for byte slots)",
+    };
+
+    /// `gpuwarden.slot.allocated`.
+    pub const SLOT_ALLOCATED: Instrument = Instrument {
+        name: "gpuwarden.slot.allocated",
+        unit: "{slot}",
+        attributes: "gpuwarden.slot",
+        meaning: "what sessions hold per slot type on the ready nodes",
+    };
+
+    /// `gpuwarden.gpu.shares.fragmented`.
+    pub const GPU_SHARES_FRAGMENTED: Instrument = Instrument {
+        name: "gpuwarden.gpu.shares.fragmented",
+        unit: "{gpu}",
+        attributes: "",
+        meaning: "free shares on partly used GPUs: capacity no 1.0-share request could use",
+    };
+
+    /// `gpuwarden.auth.denied`.
+    pub const AUTH_DENIED: Instrument = Instrument {
+        name: "gpuwarden.auth.denied",
+        unit: "{request}",
+        attributes: "gpuwarden.auth.reason",
+        meaning: "agent and client calls and TLS handshakes refused for their identity or permissions",
+    };
+
+    /// `gpuwarden.controller.config.unusable`.
+    pub const CONTROLLER_CONFIG_UNUSABLE: Instrument = Instrument {
+        name: "gpuwarden.controller.config.unusable",
+        unit: "{version}",
+        attributes: "gpuwarden.config.file",
+        meaning: "versions of the token or grant file that changed and could not be used (a parse error, a deleted file): what they granted is withdrawn (token_file, grant_file)",
+    };
+
+    /// `gpuwarden.limits.refused`.
+    pub const LIMITS_REFUSED: Instrument = Instrument {
+        name: "gpuwarden.limits.refused",
+        unit: "{request}",
+        attributes: "gpuwarden.limits.reason",
+        meaning: "requests and agent messages refused or dropped for a bound (oversized, out_of_range, cap, flood, rate, foreign_session, flood_dropped)",
+    };
+
+    /// Every instrument, in the docs' order.
+    pub const ALL: &[Instrument] = &[
+        CONTROLLER_LEADER,
+        CONTROLLER_INSECURE,
+        CONTROLLER_TERMS,
+        SCHEDULER_QUEUE_LENGTH,
+        SCHEDULER_DECISION_DURATION,
+        SESSIONS,
+        SESSION_START_DURATION,
+        SESSION_COMPUTE_ENTITLED,
+        SESSION_COMPUTE_ACHIEVED,
+        NODES,
+        SLOT_CAPACITY,
+        SLOT_ALLOCATED,
+        GPU_SHARES_FRAGMENTED,
+        AUTH_DENIED,
+        CONTROLLER_CONFIG_UNUSABLE,
+        LIMITS_REFUSED,
+        gpuwarden_runtime::otlp::EXPORTS_FAILED,
+    ];
+}
 
 /// The endpoint from the standard variables.
 pub use gpuwarden_runtime::otlp::endpoint_from_env;
@@ -242,10 +292,6 @@ fn record_start_latency(
 ///
 /// # Errors
 /// The exporter can't be built, or the Prometheus address can't be bound.
-#[expect(
-    clippy::too_many_lines,
-    reason = "one instrument after another, a few lines each"
-)]
 pub fn start(
     controller: &Arc<Controller>,
     bounds: &Arc<Bounds>,
@@ -256,43 +302,48 @@ pub fn start(
         tracing::info!("metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT and no prometheus_listen");
         return Ok(None);
     };
-    let meter = pipeline.meter();
+    register(&mut Registry::new(pipeline.meter()), controller, bounds);
+    if let Some(endpoint) = &exporters.otlp {
+        tracing::info!(%endpoint, "exporting OTLP metrics");
+    }
+    if let Some(addr) = pipeline.prometheus_addr() {
+        tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+    }
+    Ok(Some(pipeline))
+}
+
+/// Builds every instrument but the pipeline's own on `registry`.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one instrument after another, a few lines each"
+)]
+fn register(registry: &mut Registry<'_>, controller: &Arc<Controller>, bounds: &Arc<Bounds>) {
     controller.set_decision_histogram(
-        meter
-            .f64_histogram("gpuwarden.scheduler.decision.duration")
-            .with_unit("s")
-            .with_description("Time to decide one pending session in a scheduling pass")
+        registry
+            .f64_histogram(&instruments::SCHEDULER_DECISION_DURATION)
             .with_boundaries(vec![
                 1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1,
             ])
             .build(),
     );
     let role = controller.role().clone();
-    meter
-        .u64_observable_gauge("gpuwarden.controller.leader")
-        .with_unit("{leader}")
-        .with_description("1 while this controller leads, 0 while it stands by")
+    registry
+        .u64_gauge(&instruments::CONTROLLER_LEADER)
         .with_callback(move |o| o.observe(u64::from(role.is_leader()), &[]))
         .build();
     let served = Arc::clone(bounds);
-    meter
-        .u64_observable_gauge("gpuwarden.controller.insecure")
-        .with_unit("1")
-        .with_description("1 while this controller serves plain text beyond loopback (--insecure)")
+    registry
+        .u64_gauge(&instruments::CONTROLLER_INSECURE)
         .with_callback(move |o| o.observe(u64::from(served.serving_insecure()), &[]))
         .build();
     let role = controller.role().clone();
-    meter
-        .u64_observable_counter("gpuwarden.controller.terms")
-        .with_unit("{term}")
-        .with_description("Times this controller took office (leadership changes it won)")
+    registry
+        .u64_counter(&instruments::CONTROLLER_TERMS)
         .with_callback(move |o| o.observe(role.terms(), &[]))
         .build();
     let c = Arc::clone(controller);
-    meter
-        .u64_observable_gauge("gpuwarden.scheduler.queue.length")
-        .with_unit("{session}")
-        .with_description("Sessions waiting to be placed")
+    registry
+        .u64_gauge(&instruments::SCHEDULER_QUEUE_LENGTH)
         .with_callback(move |o| {
             let n = c.read(|s| {
                 s.sessions()
@@ -304,10 +355,8 @@ pub fn start(
         })
         .build();
     let c = Arc::clone(controller);
-    meter
-        .u64_observable_gauge("gpuwarden.sessions")
-        .with_unit("{session}")
-        .with_description("Sessions by state and origin")
+    registry
+        .u64_gauge(&instruments::SESSIONS)
         .with_callback(move |o| {
             let by_state = c.read(|s| {
                 let mut by: BTreeMap<(&'static str, &'static str), u64> = BTreeMap::new();
@@ -329,32 +378,20 @@ pub fn start(
         .build();
     record_start_latency(
         controller,
-        meter
-            .f64_histogram("gpuwarden.session.start.duration")
-            .with_unit("s")
-            .with_description("Time from a session's creation to RUNNING")
+        registry
+            .f64_histogram(&instruments::SESSION_START_DURATION)
             .with_boundaries(vec![
                 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
             ])
             .build(),
     );
-    for (name, description, entitled) in [
-        (
-            "gpuwarden.session.compute.entitled",
-            "A running session's compute share per GPU",
-            true,
-        ),
-        (
-            "gpuwarden.session.compute.achieved",
-            "A running session's GPU time per wall second per GPU, the mean of its usage reports",
-            false,
-        ),
+    for (instrument, entitled) in [
+        (&instruments::SESSION_COMPUTE_ENTITLED, true),
+        (&instruments::SESSION_COMPUTE_ACHIEVED, false),
     ] {
         let c = Arc::clone(controller);
-        meter
-            .f64_observable_gauge(name)
-            .with_unit("1")
-            .with_description(description)
+        registry
+            .f64_gauge(instrument)
             .with_callback(move |o| {
                 for (attrs, share, achieved) in c.read(compute_shares) {
                     match (entitled, achieved) {
@@ -367,10 +404,8 @@ pub fn start(
             .build();
     }
     let c = Arc::clone(controller);
-    meter
-        .u64_observable_gauge("gpuwarden.nodes")
-        .with_unit("{node}")
-        .with_description("Nodes by state")
+    registry
+        .u64_gauge(&instruments::NODES)
         .with_callback(move |o| {
             let (ready, lost) = c.read(|s| {
                 let ready = s
@@ -390,24 +425,14 @@ pub fn start(
             );
         })
         .build();
-    for (name, description, pick) in [
-        (
-            "gpuwarden.slot.capacity",
-            "Capacity of the ready nodes per slot type",
-            true,
-        ),
-        (
-            "gpuwarden.slot.allocated",
-            "What sessions hold per slot type on the ready nodes",
-            false,
-        ),
+    // Their unit is not "1": Prometheus would read that as a ratio (`_ratio`).
+    for (instrument, pick) in [
+        (&instruments::SLOT_CAPACITY, true),
+        (&instruments::SLOT_ALLOCATED, false),
     ] {
         let c = Arc::clone(controller);
-        meter
-            .f64_observable_gauge(name)
-            // Not "1": Prometheus would read that as a ratio (`_ratio`).
-            .with_unit("{slot}")
-            .with_description(description)
+        registry
+            .f64_gauge(instrument)
             .with_callback(move |o| {
                 let (capacity, allocated) = c.read(slot_totals);
                 for (slot, v) in if pick { capacity } else { allocated } {
@@ -417,18 +442,12 @@ pub fn start(
             .build();
     }
     let c = Arc::clone(controller);
-    meter
-        .f64_observable_gauge("gpuwarden.gpu.shares.fragmented")
-        .with_unit("{gpu}")
-        .with_description("Free shares on partly used GPUs")
+    registry
+        .f64_gauge(&instruments::GPU_SHARES_FRAGMENTED)
         .with_callback(move |o| o.observe(c.read(fragmented_shares), &[]))
         .build();
-    meter
-        .u64_observable_counter("gpuwarden.auth.denied")
-        .with_unit("{request}")
-        .with_description(
-            "Agent and client calls and TLS handshakes refused for their identity or permissions",
-        )
+    registry
+        .u64_counter(&instruments::AUTH_DENIED)
         .with_callback(|o| {
             for reason in DenialReason::ALL {
                 o.observe(
@@ -438,10 +457,8 @@ pub fn start(
             }
         })
         .build();
-    meter
-        .u64_observable_counter("gpuwarden.controller.config.unusable")
-        .with_unit("{version}")
-        .with_description("Versions of the token or grant file that changed and could not be used")
+    registry
+        .u64_counter(&instruments::CONTROLLER_CONFIG_UNUSABLE)
         .with_callback(|o| {
             for file in ConfigFile::ALL {
                 o.observe(
@@ -451,10 +468,8 @@ pub fn start(
             }
         })
         .build();
-    meter
-        .u64_observable_counter("gpuwarden.limits.refused")
-        .with_unit("{request}")
-        .with_description("Requests and agent messages refused or dropped for a bound")
+    registry
+        .u64_counter(&instruments::LIMITS_REFUSED)
         .with_callback({
             let bounds = Arc::clone(bounds);
             move |o| {
@@ -467,13 +482,6 @@ pub fn start(
             }
         })
         .build();
-    if let Some(endpoint) = &exporters.otlp {
-        tracing::info!(%endpoint, "exporting OTLP metrics");
-    }
-    if let Some(addr) = pipeline.prometheus_addr() {
-        tracing::info!(%addr, "serving Prometheus metrics at /metrics");
-    }
-    Ok(Some(pipeline))
 }
 
 #[cfg(test)]
@@ -483,20 +491,32 @@ mod tests {
     #[test]
     fn the_docs_list_every_instrument() {
         let docs = include_str!("../../docs/metrics.md");
-        for (name, unit, attributes, meaning) in INSTRUMENTS {
-            let row = format!("| `{name}` | {unit} | {attributes} | {meaning} |");
-            assert!(docs.contains(&row), "docs/metrics.md lacks the row\n{row}");
-        }
-        let section = docs
-            .split("## Controller metrics")
-            .nth(1)
-            .and_then(|rest| rest.split("Both tables").next())
-            .unwrap_or_default();
-        let rows = section.lines().filter(|l| l.starts_with("| `")).count();
-        assert_eq!(
-            rows,
-            INSTRUMENTS.len(),
-            "docs/metrics.md lists metrics the controller lacks"
+        let problems = gpuwarden_runtime::instrument::undocumented(
+            docs,
+            "## Controller metrics",
+            "Each metric is declared once",
+            instruments::ALL,
         );
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+
+    /// What `register` builds is the table, each once (the pipeline builds the last one).
+    #[tokio::test]
+    async fn every_instrument_is_registered_once_and_only_those() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = crate::store::StoreSpec::Sled(dir.path().join("store"));
+        let config = crate::scheduler::SchedulerConfig::default();
+        let controller = crate::server::open(&spec, config, crate::controller::Timing::default())
+            .await
+            .unwrap();
+        let bounds = Bounds::new(crate::limits::Limits::default());
+        let meter = opentelemetry::global::meter("test");
+        let mut registry = Registry::new(&meter);
+        register(&mut registry, &controller, &bounds);
+        let mut registered = registry.registered().to_vec();
+        // The pipeline builds this one.
+        registered.push(gpuwarden_runtime::otlp::EXPORTS_FAILED.name);
+        let problems = gpuwarden_runtime::instrument::unregistered(&registered, instruments::ALL);
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
     }
 }

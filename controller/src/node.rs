@@ -76,6 +76,23 @@ impl NodeReport {
     }
 }
 
+/// The MIG profile slot (`cuda.mig.1g.18gb`) of each device of `report` that is an instance,
+/// by device index: read from the model its agent reports (`… MIG 1g.18gb`, as NVML names
+/// instances).
+#[must_use]
+pub fn mig_profiles(report: &NodeReport) -> std::collections::BTreeMap<u32, String> {
+    report
+        .devices
+        .iter()
+        .zip(&report.device_models)
+        .filter(|(_, (_, is_mig))| *is_mig)
+        .filter_map(|(d, (model, _))| {
+            let profile = names::mig_profile_in_model(model)?;
+            Some((d.index, names::mig_slot(profile)))
+        })
+        .collect()
+}
+
 /// A node in the controller.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {

@@ -113,6 +113,18 @@ pub struct Session {
     /// in that node's host memory, so it resumes there, on the GPUs it left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home: Option<Home>,
+    /// The request id it was created with, if any: a create retried with it answers this
+    /// session (`scheduler::requests`). Kept on the record so a restart or a new leader still
+    /// recognises the retry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// Why it waits, while pending and tried at least once (issue 40): its `Scheduled`
+    /// condition's reason. `reason` says the same in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<WaitKind>,
+    /// When the scheduler placed it (records from before: unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placed_at_ms: Option<i64>,
 }
 
 /// Where a suspended session resumes: the node and GPUs it left (its agent restores its GPU
@@ -130,6 +142,32 @@ pub struct Home {
     /// Bytes of its GPU memory now in its node's host memory, as its agent counted them.
     #[serde(default)]
     pub host_bytes: u64,
+}
+
+/// Why a pending session waits, as a client's condition names it (docs/api.md, "Conditions").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitKind {
+    /// No node has room for it now.
+    Capacity,
+    /// A team queue's limit or a per-owner predicate holds it back.
+    QueueLimit,
+    /// Its gang has fewer members than its size.
+    GangIncomplete,
+    /// Sessions were preempted for it; it waits until they release.
+    Preemption,
+}
+
+impl WaitKind {
+    /// The stable CamelCase reason of its `Scheduled` condition.
+    #[must_use]
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Capacity => "WaitingForCapacity",
+            Self::QueueLimit => "QueueLimit",
+            Self::GangIncomplete => "GangIncomplete",
+            Self::Preemption => "WaitingForPreemption",
+        }
+    }
 }
 
 /// A gang (issue 24 §3): sessions of one owner that are placed all at once or not at all. The
@@ -374,6 +412,9 @@ mod tests {
             node: None,
             allocation: Allocation::default(),
             reason: String::new(),
+            request_id: None,
+            wait: None,
+            placed_at_ms: None,
             seq: 0,
             failed_passes: 0,
             created_at_ms: 0,

@@ -120,7 +120,7 @@ async fn gang_fails_and_the_accepting_node_lets_go(url: &str, other: Answer) -> 
         || {
             let mut c = client.clone();
             async move {
-                c.list_nodes(pb::ListNodesRequest {})
+                c.list_nodes(pb::ListNodesRequest::default())
                     .await
                     .is_ok_and(|r| r.into_inner().nodes.len() == 2)
             }

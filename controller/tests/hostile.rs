@@ -528,7 +528,7 @@ async fn nodes_claiming_absurd_hardware_or_unknown_enums_are_refused() {
     // None of them registered anything.
     let nodes: Vec<String> = target
         .scheduler()
-        .list_nodes(pb::ListNodesRequest {})
+        .list_nodes(pb::ListNodesRequest::default())
         .await
         .expect("lists")
         .into_inner()
@@ -939,7 +939,10 @@ async fn a_user_cannot_change_team_queues_and_an_oversized_queue_is_refused_and_
         .expect("the admin sets a queue");
     refused(
         mallory
-            .delete_queue(pb::DeleteQueueRequest { name: "lab".into() })
+            .delete_queue(pb::DeleteQueueRequest {
+                name: "lab".into(),
+                ..Default::default()
+            })
             .await,
         Code::PermissionDenied,
         &["mallory", "only an admin"],

@@ -211,6 +211,7 @@ async fn map(
     let map = client
         .get_allocation_map(pb::GetAllocationMapRequest {
             node_id: NODE.into(),
+            ..Default::default()
         })
         .await
         .expect("a map")

@@ -126,6 +126,7 @@ async fn an_admin_sets_a_queue_and_a_user_cannot() {
         .delete_queue(as_token(
             pb::DeleteQueueRequest {
                 name: "team-a".into(),
+                ..Default::default()
             },
             &alice,
         ))
@@ -136,6 +137,7 @@ async fn an_admin_sets_a_queue_and_a_user_cannot() {
         .delete_queue(as_token(
             pb::DeleteQueueRequest {
                 name: "team-a".into(),
+                ..Default::default()
             },
             &admin,
         ))
@@ -144,7 +146,7 @@ async fn an_admin_sets_a_queue_and_a_user_cannot() {
         .into_inner();
     assert_eq!(gone.name, "team-a");
     let listed = c
-        .list_queues(as_token(pb::ListQueuesRequest {}, &admin))
+        .list_queues(as_token(pb::ListQueuesRequest::default(), &admin))
         .await
         .expect("lists")
         .into_inner();
@@ -320,7 +322,7 @@ carol = "from-file"
         r.queues.into_iter().map(|q| q.name).collect()
     };
     let listed = c
-        .list_queues(pb::ListQueuesRequest {})
+        .list_queues(pb::ListQueuesRequest::default())
         .await
         .expect("lists");
     assert_eq!(names(listed.into_inner()), ["from-file"], "{store}");
@@ -334,6 +336,7 @@ carol = "from-file"
     .expect("sets");
     c.delete_queue(pb::DeleteQueueRequest {
         name: "from-file".into(),
+        ..Default::default()
     })
     .await
     .expect("removes");
@@ -343,7 +346,7 @@ carol = "from-file"
     controller.until_serving(SERVING).await;
     let mut c = controller.client().await;
     let listed = c
-        .list_queues(pb::ListQueuesRequest {})
+        .list_queues(pb::ListQueuesRequest::default())
         .await
         .expect("lists")
         .into_inner();

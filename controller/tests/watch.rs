@@ -315,6 +315,7 @@ async fn resumed_watch_misses_nothing(first: Member, replace: impl AsyncFnOnce(M
         .await
         .watch_sessions(pb::WatchSessionsRequest {
             since_revision: listed,
+            ..Default::default()
         })
         .await
         .expect("watches")
@@ -337,6 +338,7 @@ async fn resumed_watch_misses_nothing(first: Member, replace: impl AsyncFnOnce(M
         .await
         .watch_sessions(pb::WatchSessionsRequest {
             since_revision: resume_from,
+            ..Default::default()
         })
         .await
         .expect("resumes")
@@ -509,6 +511,7 @@ async fn a_watch_from_a_creates_revision_sees_its_next_change() {
     let mut watch = client
         .watch_sessions(pb::WatchSessionsRequest {
             since_revision: second.revision,
+            ..Default::default()
         })
         .await
         .expect("watches")
@@ -560,4 +563,83 @@ async fn wait_for_state(
         },
     )
     .await;
+}
+
+/// Issue 40 item 4: a client that lists an empty store (revision 0) and then watches from the
+/// listing's revision must see every session created in between, as it does on a store that
+/// already holds sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_then_watch_on_an_empty_store_sees_every_create_made_in_between() {
+    let scratch = gpuwarden_test_support::scratch("watch-empty");
+    let addr = serve(scratch.path()).await;
+    let mut client = client(addr).await;
+    let (listed, revision) = list_all(&mut client).await;
+    assert!(listed.is_empty(), "a fresh store lists nothing");
+
+    let mut made = Vec::new();
+    for i in 0..3 {
+        let s = client
+            .create_session(common::request(&format!("between-{i}")))
+            .await
+            .expect("created")
+            .into_inner();
+        made.push(s.id);
+    }
+    let mut stream = client
+        .watch_sessions(pb::WatchSessionsRequest {
+            since_revision: revision,
+            ..Default::default()
+        })
+        .await
+        .expect("watches")
+        .into_inner();
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < made.len() {
+        match tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
+            Ok(Some(Ok(s))) => {
+                seen.insert(s.id);
+            }
+            other => panic!(
+                "listed at revision {revision}, the watch from it delivered {} of the {} \
+                 sessions created in between, then {other:?}",
+                seen.len(),
+                made.len()
+            ),
+        }
+    }
+    for id in &made {
+        assert!(
+            seen.contains(id),
+            "{id} created after the listing was not delivered"
+        );
+    }
+
+    // Said explicitly: after revision 0 is everything the controller holds; "now" with a
+    // revision is a contradiction.
+    let mut all = client
+        .watch_sessions(pb::WatchSessionsRequest {
+            since_revision: 0,
+            start: pb::WatchStart::AfterRevision.into(),
+        })
+        .await
+        .expect("watches")
+        .into_inner();
+    let mut replayed = std::collections::BTreeSet::new();
+    while replayed.len() < made.len() {
+        let s = tokio::time::timeout(Duration::from_secs(5), all.next())
+            .await
+            .expect("the watch from 0 replays every session")
+            .expect("open")
+            .expect("a session");
+        replayed.insert(s.id);
+    }
+    assert_eq!(replayed, seen);
+    let refused = client
+        .watch_sessions(pb::WatchSessionsRequest {
+            since_revision: revision,
+            start: pb::WatchStart::Now.into(),
+        })
+        .await
+        .expect_err("a revision with WATCH_START_NOW is refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
 }

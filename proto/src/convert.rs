@@ -226,6 +226,43 @@ pub fn placement_to_pb(mode: Option<Placement>) -> String {
     mode.map(|p| p.to_string()).unwrap_or_default()
 }
 
+/// A placement mode as the `PlacementMode` enum carries it (none: unspecified).
+#[must_use]
+pub fn placement_mode_to_pb(mode: Option<Placement>) -> pb::PlacementMode {
+    match mode {
+        None => pb::PlacementMode::Unspecified,
+        Some(Placement::Binpack) => pb::PlacementMode::Binpack,
+        Some(Placement::Spread) => pb::PlacementMode::Spread,
+        Some(Placement::InterferenceAware) => pb::PlacementMode::InterferenceAware,
+    }
+}
+
+/// The mode a request asks for, by its `placement` string and its `placement_mode` enum:
+/// either may be given, and both must then agree.
+///
+/// # Errors
+/// A name that is no mode, an enum value that is none, or the two naming different modes.
+pub fn placement_request_from_pb(mode: &str, enumerated: i32) -> Result<Option<Placement>, String> {
+    let named = placement_from_pb(mode).map_err(|e| e.to_string())?;
+    let numbered = match pb::PlacementMode::try_from(enumerated) {
+        Ok(pb::PlacementMode::Unspecified) => None,
+        Ok(pb::PlacementMode::Binpack) => Some(Placement::Binpack),
+        Ok(pb::PlacementMode::Spread) => Some(Placement::Spread),
+        Ok(pb::PlacementMode::InterferenceAware) => Some(Placement::InterferenceAware),
+        Err(_) => {
+            return Err(format!(
+                "placement_mode: {enumerated} is not a PlacementMode"
+            ));
+        }
+    };
+    match (named, numbered) {
+        (Some(a), Some(b)) if a != b => Err(format!(
+            "placement {a} and placement_mode {b} disagree; give one"
+        )),
+        (a, b) => Ok(a.or(b)),
+    }
+}
+
 /// An `EnforcementEvent` message to an event (its session id is kept apart).
 #[must_use]
 pub fn event_from_pb(e: &pb::EnforcementEvent) -> EnforcementEvent {

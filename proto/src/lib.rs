@@ -12,9 +12,11 @@
 //! `.proto` files vendored from kubernetes/kubelet (`vendor/kubelet/README.md`).
 //!
 //! [`convert`] maps the messages to and from the shared domain types (`gpuwarden-types`);
-//! [`follow`] is how agents and clients find the leader among several controllers.
+//! [`follow`] is how agents and clients find the leader among several controllers; [`details`]
+//! builds and reads the machine-readable details of refusals (`google.rpc.Status`).
 
 pub mod convert;
+pub mod details;
 pub mod follow;
 
 /// The `gpuwarden.v1` package.

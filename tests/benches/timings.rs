@@ -106,6 +106,7 @@ fn start_throttle() -> ThrottleHandle {
     throttle::spawn(
         ThrottleConfig::default(),
         Signal::PerCgroup(Box::new(CpuTimeUsage)),
+        "gpuwarden-bench",
     )
     .expect("throttle loop")
 }

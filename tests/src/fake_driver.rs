@@ -57,6 +57,7 @@ mod uvm;
 use std::{
     collections::BTreeMap,
     ffi::CString,
+    fmt::Write as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -119,6 +120,8 @@ pub struct LedgerTimeout {
 pub struct FakeConfig {
     /// Video memory of each GPU, in bytes; its length is the number of GPUs.
     pub gpu_memory: Vec<u64>,
+    /// MIG GPU instances: a GPU with any is in MIG mode.
+    pub mig: Vec<FakeInstance>,
 }
 
 impl FakeConfig {
@@ -127,8 +130,48 @@ impl FakeConfig {
     pub fn uniform(gpus: usize, bytes: u64) -> Self {
         Self {
             gpu_memory: vec![bytes; gpus],
+            mig: Vec::new(),
         }
     }
+}
+
+/// A MIG GPU instance of a fake GPU (docs/mig.md).
+///
+/// On a GPU in MIG mode a client allocates video memory only once subscribed to a GPU instance
+/// (`AMPERE_SMC_PARTITION_REF` under its subdevice, with the instance's `swizzId` and, as
+/// `capDescriptor`, an fd of a file named `nvidia-cap<minor>` for the instance's minor in
+/// [`FakeDriver::mig_minors`]); its memory is then charged to the instance, up to the
+/// instance's size (the fake's codes: `NV_ERR_INSUFFICIENT_PERMISSIONS` without a subscription
+/// or with the wrong capability, `NV_ERR_NO_MEMORY` past the instance).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeInstance {
+    /// The GPU (`nvidia<gpu>`).
+    pub gpu: usize,
+    /// The GPU instance id (`swizzId`).
+    pub gpu_instance: u32,
+    /// Its compute instance ids (`execPartitionId`s an `AMPERE_SMC_EXEC_PARTITION_REF` names).
+    pub compute_instances: Vec<u32>,
+    /// Its video memory, bytes.
+    pub memory: u64,
+}
+
+/// The capability minor of a GPU instance's `access` node, as the fake numbers them: 15 GPU
+/// instances per GPU and 9 minors per GPU instance (its own, then 8 compute instances'), after
+/// `config` (1) and `monitor` (2).
+#[must_use]
+pub fn gi_cap_minor(i: &FakeInstance) -> u32 {
+    let gpu = u32::try_from(i.gpu).unwrap_or(u32::MAX);
+    3u32.saturating_add(
+        gpu.saturating_mul(15)
+            .saturating_add(i.gpu_instance)
+            .saturating_mul(9),
+    )
+}
+
+/// The capability minor of compute instance `ci` of GPU instance `i` (see [`gi_cap_minor`]).
+#[must_use]
+pub fn ci_cap_minor(i: &FakeInstance, ci: u32) -> u32 {
+    gi_cap_minor(i).saturating_add(1).saturating_add(ci)
 }
 
 impl Default for FakeConfig {
@@ -142,6 +185,7 @@ impl Default for FakeConfig {
 pub struct FakeDriver {
     dir: PathBuf,
     gpus: usize,
+    mig: Vec<FakeInstance>,
     shared: Arc<Mutex<Shared>>,
     session: Option<fuser::BackgroundSession>,
 }
@@ -169,7 +213,9 @@ impl FakeDriver {
             path: dir.to_owned(),
             source,
         })?;
-        let shared = Arc::new(Mutex::new(Shared::new(Rm::new(&config.gpu_memory))));
+        let shared = Arc::new(Mutex::new(Shared::new(
+            Rm::new(&config.gpu_memory).with_instances(&config.mig),
+        )));
         let fs = FakeFs {
             shared: Arc::clone(&shared),
             gpus,
@@ -188,6 +234,7 @@ impl FakeDriver {
         Ok(Self {
             dir: dir.to_owned(),
             gpus,
+            mig: config.mig.clone(),
             shared,
             session: Some(session),
         })
@@ -224,6 +271,31 @@ impl FakeDriver {
     #[must_use]
     pub fn ledger(&self) -> Vec<u64> {
         lock(&self.shared).rm.used()
+    }
+
+    /// Video memory held right now by each MIG GPU instance, by (GPU, GPU instance id): the
+    /// driver's own account of what it charged to each.
+    #[must_use]
+    pub fn instance_ledger(&self) -> BTreeMap<(usize, u32), u64> {
+        lock(&self.shared).rm.instance_used()
+    }
+
+    /// The text of `/proc/driver/nvidia-caps/mig-minors` for this driver's instances.
+    #[must_use]
+    pub fn mig_minors(&self) -> String {
+        let mut text = String::from("config 1\nmonitor 2\n");
+        for i in &self.mig {
+            let (gpu, gi) = (i.gpu, i.gpu_instance);
+            let _ = writeln!(text, "gpu{gpu}/gi{gi}/access {}", gi_cap_minor(i));
+            for &ci in &i.compute_instances {
+                let _ = writeln!(
+                    text,
+                    "gpu{gpu}/gi{gi}/ci{ci}/access {}",
+                    ci_cap_minor(i, ci)
+                );
+            }
+        }
+        text
     }
 
     /// Host memory held right now for the GPUs (system memory objects and user memory pinned

@@ -18,7 +18,10 @@
 //! |---|---|
 //! | `client` | `ok client=0x…` (`NV01_ROOT_CLIENT`) |
 //! | `device <client> <id>` | `ok handle=0x…` (`NV01_DEVICE_0`, `deviceId` = id) |
+//! | `device-many <client> <id> <count>` | `ok made=<count> last=0x…`: `count` device objects on GPU `id` (the first failure answers its error and `made=<n>`) |
 //! | `subdevice <client> <device>` | `ok handle=0x…` (`NV20_SUBDEVICE_0`) |
+//! | `partition <client> <subdevice> <gpu-instance> <cap-fd>` | `ok handle=0x…` (`AMPERE_SMC_PARTITION_REF`: subscribes to a MIG GPU instance, `capDescriptor` = the fd of its capability node from `open`) |
+//! | `exec-partition <client> <partition> <compute-instance>` | `ok handle=0x…` (`AMPERE_SMC_EXEC_PARTITION_REF`) |
 //! | `alloc <client> <parent> <size> [nvos21\|nvos64] [v120\|v128] [xfer]` | `ok handle=0x… size=<bytes the driver wrote back>` (video memory; default `nvos21 v128`, `xfer` wraps it in `IOCTL_XFER_CMD`) |
 //! | `sysmem <client> <parent> <size>` | `ok handle=0x…` (`NV01_MEMORY_SYSTEM`) |
 //! | `allocmem <client> <parent> <handle> <size> [system\|osdesc\|local]` | `ok handle=0x… limit=0x…` (`RM_ALLOC_MEMORY` on the GPU node: `NV01_MEMORY_SYSTEM`, `NV01_MEMORY_SYSTEM_OS_DESCRIPTOR` over a buffer of the client's, or a `NV01_MEMORY_LOCAL_USER` framebuffer view) |
@@ -34,6 +37,7 @@
 //! | `uvm map <base> <length> <client> <memory>` | `ok` (`UVM_MAP_EXTERNAL_ALLOCATION`) |
 //! | `uvm free <base> [<length>]` | `ok` (`UVM_FREE`) |
 //! | `uvm mmap <length>` | `ok addr=0x…`: managed memory as `cudaMallocManaged` maps it (an anonymous reservation, then the UVM fd mapped over it) |
+//! | `uvm mmap-many <count> <length>` | `ok made=<count>`: `count` managed mappings as `uvm mmap` makes them, left in place (the first failure answers its error and `made=<n>`) |
 //! | `uvm munmap <addr> <length>` | `ok` |
 //! | `uvm <number>` | `ok ret=<n>` (that command with 16 KiB of zeroes) |
 //! | `open <path> [openat\|open\|creat\|uring]` | `ok fd=<n>`: holds the file open; a bare name is a file in `DIR`; the word picks the call ([`obtain::OpenHow`]: default `openat`) |
@@ -77,7 +81,7 @@ use std::{
 
 use crate::abi::nvidia::{
     class, device_alloc, esc, ioctl_cmd, memory_alloc, nvos00, nvos02, nvos21, nvos32, nvos54,
-    nvos64, status, uvm, xfer,
+    nvos64, smc_exec_partition, smc_partition, status, uvm, xfer,
 };
 
 pub use self::scripted::{ScriptError, ScriptedClient};
@@ -639,6 +643,54 @@ impl GpuClient {
         // NV2080_ALLOC_PARAMETERS: subDeviceId.
         let mut params = [0u8; 4];
         self.alloc_simple(client, device, class::SUBDEVICE_0, &mut params)
+    }
+
+    /// Subscribes `client` to MIG GPU instance `gpu_instance` through `subdevice`
+    /// (`AMPERE_SMC_PARTITION_REF`, its `capDescriptor` the fd `cap_fd` of the instance's
+    /// capability node, as the user-mode shim fills it); returns the partition's handle.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn alloc_partition(
+        &self,
+        client: u32,
+        subdevice: u32,
+        gpu_instance: u32,
+        cap_fd: RawFd,
+    ) -> Result<u32, RmError> {
+        let mut params = [0u8; smc_partition::SIZE as usize];
+        set_u64(
+            &mut params,
+            smc_partition::CAP_DESCRIPTOR,
+            u64::try_from(cap_fd).unwrap_or(u64::MAX),
+        );
+        set_u32(&mut params, smc_partition::SWIZZ_ID, gpu_instance);
+        self.alloc_simple(client, subdevice, class::SMC_PARTITION_REF, &mut params)
+    }
+
+    /// Subscribes to compute instance `compute_instance` under partition `partition`
+    /// (`AMPERE_SMC_EXEC_PARTITION_REF`); returns its handle.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn alloc_exec_partition(
+        &self,
+        client: u32,
+        partition: u32,
+        compute_instance: u32,
+    ) -> Result<u32, RmError> {
+        let mut params = [0u8; smc_exec_partition::SIZE as usize];
+        set_u32(
+            &mut params,
+            smc_exec_partition::EXEC_PARTITION_ID,
+            compute_instance,
+        );
+        self.alloc_simple(
+            client,
+            partition,
+            class::SMC_EXEC_PARTITION_REF,
+            &mut params,
+        )
     }
 
     fn memory(

@@ -25,6 +25,12 @@ macro_rules! both {
 
 /// What the headers say: name → value.
 fn from_headers() -> BTreeMap<String, u64> {
+    run_layout("tests/abi/nvidia_layout.c")
+}
+
+/// Compiles and runs the layout program `source` (relative to the crate) against the vendored
+/// headers: name → value.
+fn run_layout(source: &str) -> BTreeMap<String, u64> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let vendor = root.join("vendor/open-gpu-kernel-modules");
     let dir = tempfile::tempdir().expect("a scratch dir");
@@ -37,7 +43,7 @@ fn from_headers() -> BTreeMap<String, u64> {
         .arg(vendor.join("src/common/sdk/nvidia/inc"))
         .arg("-I")
         .arg(vendor.join("src/nvidia/arch/nvalloc/unix/include"))
-        .arg(root.join("tests/abi/nvidia_layout.c"))
+        .arg(root.join(source))
         .arg("-o")
         .arg(&exe)
         .output()
@@ -226,6 +232,14 @@ fn both_tables_match_nvidias_headers_field_by_field() {
     // What only the test side describes (the agent never decodes it): held to the headers too,
     // with the product's column left out.
     let test_only: Vec<(&str, u64)> = vec![
+        (
+            "status.INSUFFICIENT_PERMISSIONS",
+            u64::from(test_side::status::INSUFFICIENT_PERMISSIONS),
+        ),
+        (
+            "status.INVALID_STATE",
+            u64::from(test_side::status::INVALID_STATE),
+        ),
         (
             "ctrl.GPU_GET_ATTACHED_IDS",
             u64::from(abi::ctrl::GPU_GET_ATTACHED_IDS),

@@ -654,6 +654,7 @@ async fn allocation_map(controller: &TestController) -> Vec<pb::DeviceAllocation
         .await
         .get_allocation_map(pb::GetAllocationMapRequest {
             node_id: NODE.into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -849,4 +850,33 @@ api_token_file = "{token}"
     c.exit();
     agent.kill9();
     let _ = std::fs::remove_dir_all(&pins);
+}
+
+/// A MIG instance's device entry (its profile, parent and ids as attributes) is one the API
+/// accepts, by its published schema.
+#[test]
+fn a_mig_instance_device_passes_the_api_schema() {
+    let instance = gpuwarden_agent::devices::GpuDevice {
+        uuid: "MIG-6a4c2f9e-0000-4000-8000-000000000011".into(),
+        model: "NVIDIA H200 MIG 1g.18gb".into(),
+        memory_bytes: 16 << 30,
+        numa_node: 0,
+        sm_count: 16,
+        is_mig: true,
+        index: 2,
+        device_node: "/dev/nvidia1".into(),
+        mig: Some(gpuwarden_agent::devices::mig::MigInstance {
+            parent_index: 1,
+            parent_uuid: "GPU-6a4c2f9e-0000-4000-8000-000000000001".into(),
+            gpu_instance: 13,
+            compute_instance: 0,
+            profile: "1g.18gb".into(),
+            gi_cap_minor: Some(120),
+            ci_cap_minor: Some(121),
+        }),
+    };
+    let device = gpuwarden_agent::dra::slice::device(&instance, Some("580.159"));
+    assert_eq!(device["attributes"]["migProfile"]["string"], "1g.18gb");
+    let errors = Schema::load().check("io.k8s.api.resource.v1.Device", &device);
+    assert!(errors.is_empty(), "{errors:#?}");
 }

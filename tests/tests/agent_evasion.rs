@@ -1,8 +1,9 @@
 //! GPU-memory limits that nothing inside a container evades, on the real kernel with the fake
 //! driver: a GPU fd obtained without `openat` (the raw `open` and `creat` system calls, `io_uring`,
 //! `SCM_RIGHTS`, `pidfd_getfd`) is counted and limited like any other, and a container that
-//! fills the agent's tables (70,000 dups of one fd) leaves no other container uncounted
-//! (docs/accounting.md, "Which files are GPU nodes" and "Budgets").
+//! fills the agent's tables (70,000 dups of one fd; 70,000 device objects and managed mappings)
+//! leaves no other container uncounted (docs/accounting.md, "Which files are GPU nodes" and
+//! "Budgets").
 //!
 //! Every scenario ends the same way: the process allocates through the fd it obtained, the
 //! bytes are charged to its own container and quota, and the allocation that would cross the
@@ -12,6 +13,7 @@ mod util;
 
 use std::{os::unix::process::ExitStatusExt as _, path::Path, time::Duration};
 
+use gpuwarden_agent_api::snapshot::{Container, TableBudget};
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use util::{
@@ -188,7 +190,7 @@ fn seventy_thousand_dups_in_one_container_leave_the_next_counted() {
     // is in its snapshot entry (dups of an fd it was refused are not tried: they are told at
     // their ioctl like any fd).
     let flood = rig.entry(&flood_cg);
-    let fds = flood.tables.iter().find(|t| t.table == "fds").unwrap();
+    let fds = table_of(&flood, "fds");
     assert!(fds.budget < 70_000, "{fds:?}");
     assert_eq!(fds.used, fds.budget, "{fds:?}");
     assert!(fds.refused > 17_500 - fds.budget, "{fds:?}");
@@ -197,11 +199,65 @@ fn seventy_thousand_dups_in_one_container_leave_the_next_counted() {
     let b = rig.spawn(&cg);
     allocates_counted_and_limited(&rig, &cg, b, "ctl");
     let c = rig.entry(&cg);
-    let mine = c.tables.iter().find(|t| t.table == "fds").unwrap();
+    let mine = table_of(&c, "fds");
     assert_eq!(mine.refused, 0, "{mine:?}");
     for f in flooders {
         f.exit();
     }
+}
+
+/// One container makes 70,000 device objects and 70,000 managed mappings, more than the kernel's
+/// tables of either hold (65,536 each): it holds its budget of each and no more, its mappings
+/// past the budget are still counted (until its processes end), and a second container's
+/// device objects and managed memory are still told: its allocation on GPU 1 is counted on
+/// GPU 1, and its mapping is counted.
+#[test]
+#[ignore = "needs root"]
+fn a_container_filling_the_object_and_mapping_tables_leaves_the_next_counted() {
+    require_root();
+    let rig = Rig::start("evobjects");
+    let flood_cg = docker("evobjects-flood");
+    let mut first = rig.spawn(&flood_cg);
+    let flood_client = first.value("client", "client");
+    let many = format!("device-many {flood_client:#x} 0 70000");
+    assert_eq!(first.value(&many, "made"), 70_000);
+    first.ok("uvm init");
+    // Two processes: a process holds at most `vm.max_map_count` (65,530) mappings.
+    let mut second = rig.spawn(&flood_cg);
+    for process in [&mut first, &mut second] {
+        assert_eq!(process.value("uvm mmap-many 35000 4k", "made"), 35_000);
+    }
+    let flood = rig.entry(&flood_cg);
+    for name in ["device_objects", "managed_mappings"] {
+        let t = table_of(&flood, name);
+        assert!(t.budget < 65_536 / 2, "{t:?}");
+        assert_eq!(t.used, t.budget, "{t:?}");
+        assert_eq!(t.used + t.refused, 70_000, "{t:?}");
+    }
+    assert_eq!(
+        flood.managed_memory_bytes,
+        70_000 * 4096,
+        "mappings refused an entry are still counted"
+    );
+
+    let cg = docker("evobjects-next");
+    let mut next = rig.spawn(&cg);
+    // Two GPU nodes held and no quota: only the device object tells which GPU it allocates on.
+    next.value("open nvidia1", "fd");
+    let client = next.value("client", "client");
+    let dev = next.value(&format!("device {client:#x} 1"), "handle");
+    next.ok(&format!("alloc {client:#x} {dev:#x} 4m"));
+    next.ok("uvm init");
+    next.value("uvm mmap 8m", "addr");
+    let c = rig.entry(&cg);
+    assert_eq!(memory(&c, "nvidia1"), 4 * MIB, "{c:?}");
+    assert_eq!(c.managed_memory_bytes, 8 * MIB, "{c:?}");
+    for t in &c.tables {
+        assert_eq!(t.refused, 0, "{t:?}");
+    }
+    first.exit();
+    second.exit();
+    next.exit();
 }
 
 /// A container at its fd budget dups a GPU fd it allocated through: the dup is refused an entry
@@ -223,18 +279,12 @@ fn closing_the_tracked_fd_of_a_file_an_untracked_dup_holds_keeps_its_memory_coun
     a.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
     assert_eq!(used(&rig.entry(&cg)), 4 * MIB);
     // Another file of the node takes the rest of the container's fd budget.
-    let budget = rig
-        .entry(&cg)
-        .tables
-        .iter()
-        .find(|t| t.table == "fds")
-        .unwrap()
-        .budget;
+    let budget = table_of(&rig.entry(&cg), "fds").budget;
     let filler = a.value("open nvidiactl", "fd");
     a.ok(&format!("dup-many {filler} {budget}"));
     let untracked = a.value(&format!("dup {tracked}"), "fd");
     let fds = rig.entry(&cg);
-    let fds = fds.tables.iter().find(|t| t.table == "fds").unwrap();
+    let fds = table_of(&fds, "fds");
     assert_eq!(fds.used, fds.budget, "{fds:?}");
     a.ok(&format!("close {tracked}"));
     assert_eq!(
@@ -283,32 +333,55 @@ fn the_ways_of_obtaining_an_fd_work_here() {
 #[test]
 #[ignore = "needs root"]
 fn a_bound_container_at_its_client_budget_has_its_allocations_acted_on() {
+    // The first client is one; the last of these is past the budget.
+    at_its_budget_it_is_acted_on("evbudget", "clients", |a, _, budget| {
+        for _ in 0..budget {
+            a.value("client", "client");
+        }
+    });
+}
+
+/// A bound container at its budget of device objects is acted on like one at its client budget:
+/// a device object it makes past the budget is on no GPU the agent knows, so its allocations
+/// could be counted on none.
+#[test]
+#[ignore = "needs root"]
+fn a_bound_container_at_its_device_object_budget_has_its_allocations_acted_on() {
+    // The first device object is one; the last of these is past the budget.
+    at_its_budget_it_is_acted_on("evobjbudget", "device_objects", |a, h, budget| {
+        a.value(&format!("device-many {h:#x} 0 {budget}"), "made");
+    });
+}
+
+/// A bound container allocates 2 MiB, then `fill` (given its client and its budget of `table`)
+/// takes its budget there and one more entry: that one is refused, and the next 2 MiB, well
+/// under its 16 MiB limit, gets it killed.
+fn at_its_budget_it_is_acted_on(tag: &str, table: &str, fill: impl FnOnce(&mut Client, u64, u64)) {
     require_root();
-    let rig = Rig::start("evbudget");
-    let cg = rig.limited("evbudget");
+    let rig = Rig::start(tag);
+    let cg = rig.limited(tag);
     let mut a = rig.spawn(&cg);
     let h = a.value("client", "client");
     let dev = a.value(&format!("device {h:#x} 0"), "handle");
     a.ok(&format!("alloc {h:#x} {dev:#x} 2m"));
-    let budget = rig
-        .entry(&cg)
-        .tables
-        .iter()
-        .find(|t| t.table == "clients")
-        .unwrap()
-        .budget;
-    // The first client is one; the next one past the budget is refused.
-    for _ in 0..budget {
-        a.value("client", "client");
-    }
+    let budget = table_of(&rig.entry(&cg), table).budget;
+    fill(&mut a, h, budget);
     let c = rig.entry(&cg);
-    let clients = c.tables.iter().find(|t| t.table == "clients").unwrap();
-    assert_eq!((clients.used, clients.refused), (budget, 1), "{clients:?}");
+    let t = table_of(&c, table);
+    assert_eq!((t.used, t.refused), (budget, 1), "{t:?}");
     assert_eq!(used(&c), 2 * MIB, "nothing else allocated");
-    // 2 + 2 MiB is well under the 16 MiB limit.
     a.send_only(&format!("alloc {h:#x} {dev:#x} 2m"));
     let status = a.wait_within(Duration::from_secs(20));
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+}
+
+/// The container's entry for kernel table `name`.
+fn table_of(c: &Container, name: &str) -> TableBudget {
+    c.tables
+        .iter()
+        .find(|t| t.table == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {name} table in {:?}", c.tables))
 }
 
 /// A process of the bound container `cg` that allocates 4 MiB through a control fd it opened,

@@ -92,7 +92,7 @@ impl Tenants {
         wait_for("the node to register", || {
             t.rt.block_on(async {
                 let mut c = t.client().await;
-                c.list_nodes(t.as_ops(pb::ListNodesRequest {}))
+                c.list_nodes(t.as_ops(pb::ListNodesRequest::default()))
                     .await
                     .is_ok_and(|n| n.into_inner().nodes.len() == 1)
             })

@@ -420,12 +420,14 @@ fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
     rig.wait_for("the node to register again", |r| {
         r.rt.block_on(async {
             let mut c = r.client().await;
-            c.list_nodes(pb::ListNodesRequest {}).await.is_ok_and(|n| {
-                n.into_inner()
-                    .nodes
-                    .iter()
-                    .any(|n| n.state == pb::NodeState::Ready as i32)
-            })
+            c.list_nodes(pb::ListNodesRequest::default())
+                .await
+                .is_ok_and(|n| {
+                    n.into_inner()
+                        .nodes
+                        .iter()
+                        .any(|n| n.state == pb::NodeState::Ready as i32)
+                })
         })
     });
     assert_eq!(

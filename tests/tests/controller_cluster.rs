@@ -262,6 +262,7 @@ async fn controller_restart_keeps_sessions_and_allocations() {
         async move {
             c.get_allocation_map(pb::GetAllocationMapRequest {
                 node_id: "n1".into(),
+                ..Default::default()
             })
             .await
             .is_ok_and(|m| {

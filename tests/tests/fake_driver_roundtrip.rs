@@ -250,6 +250,7 @@ fn memory_is_per_gpu_and_configurable() {
     require_root();
     let m = Mounted::new(&FakeConfig {
         gpu_memory: vec![64 * MIB, 8 * MIB, GIB],
+        mig: Vec::new(),
     });
     assert_eq!(m.driver.gpus(), 3);
     let names: Vec<_> = m

@@ -28,6 +28,7 @@ const CLAIM: &str = "0f9e8d7c-6b5a-4948-8372-615243342516";
 
 fn gpu(memory_bytes: u64) -> GpuDevice {
     GpuDevice {
+        mig: None,
         uuid: "GPU-0".into(),
         model: "Mock H100".into(),
         memory_bytes,

@@ -133,7 +133,7 @@ fn start_throttle() -> ThrottleHandle {
     } else {
         Signal::Device(Box::new(CpuTimeSignal::default()))
     };
-    throttle::spawn(ThrottleConfig::default(), signal).expect("throttle loop")
+    throttle::spawn(ThrottleConfig::default(), signal, "gpuwarden-test").expect("throttle loop")
 }
 
 /// Stops the loop and waits for it (it thaws what it froze).

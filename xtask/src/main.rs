@@ -1,6 +1,7 @@
 //! `cargo xtask`: gpuwarden's development tasks, one module per job.
 
 mod bench;
+mod buf;
 mod build_ebpf;
 mod gpu_check;
 mod run;
@@ -41,6 +42,9 @@ enum Job {
     },
     /// Set up, then check formatting, lints and run every test (needs root for the eBPF tests).
     Test,
+    /// Lint the protos with buf and check them against `main`'s (installs buf if missing; part
+    /// of `test`).
+    Buf,
     /// Replay a job trace under binpack, spread and interference-aware placement and print
     /// the table (the bundled trace unless --trace or --seed is given); with --teams, teams
     /// sharing the cluster without queues and with team queues and reclaim.
@@ -68,6 +72,7 @@ fn main() -> ExitCode {
         Job::BuildEbpf => build_ebpf::run().map(|_| ()),
         Job::Run { tls, args } => run::run(tls, &args),
         Job::Test => test::run(),
+        Job::Buf => buf::install().and_then(|()| buf::check()),
         Job::Bench { which } => bench::run(&which),
         Job::Sim { args } => sim::run(&args),
         Job::GpuCheck(args) => gpu_check::run(&args),

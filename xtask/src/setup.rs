@@ -9,7 +9,11 @@
 //! - runc and containerd, which run real containers in `tests/tests/runtime_container.rs`;
 //! - `protoc` with the well-known types, for the `etcd-client` crate's build script;
 //! - a Python environment (`target/py`) with `kubernetes-validate`, which checks the Kubernetes
-//!   manifests offline against the bundled OpenAPI schemas (`deploy/kubernetes/validate.py`).
+//!   manifests offline against the bundled OpenAPI schemas (`deploy/kubernetes/validate.py`);
+//! - `buf` from npm (`target/buf`), which lints the protos and checks them against `main`'s;
+//! - a Python environment (`target/py-api`) with grpcio, grpcio-tools and grpcio-status: the
+//!   independent client `controller/tests/api_python_client.rs` holds the API to its contract
+//!   with.
 
 use std::{
     path::{Path, PathBuf},
@@ -46,6 +50,9 @@ const RUNTIME_PACKAGES: &[&str] = &["runc", "containerd"];
 /// types it imports (gpuwarden's own protos compile with protox and need neither).
 const PROTOC_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev"];
 
+/// Debian packages that install `buf` from the npm registry (issue 40).
+const NPM_PACKAGES: &[&str] = &["npm"];
+
 /// Debian packages for the manifest validator's virtual environment.
 const PYTHON_PACKAGES: &[&str] = &["python3", "python3-venv"];
 
@@ -55,6 +62,18 @@ const VALIDATOR_REQUIREMENTS: &[&str] = &["kubernetes-validate==1.37.0", "pyyaml
 /// Exits 0 when the validator's environment has the pinned packages.
 const VALIDATOR_CHECK: &str = "import importlib.metadata as m, sys; \
     sys.exit(m.version('kubernetes-validate') != '1.37.0' or m.version('pyyaml') != '6.0.3')";
+
+/// What the independent API client imports, pinned (grpcio-status brings the googleapis
+/// `google.rpc` messages; grpcio-tools generates the stubs at test time).
+const API_CLIENT_REQUIREMENTS: &[&str] = &[
+    "grpcio==1.85.1",
+    "grpcio-tools==1.85.1",
+    "grpcio-status==1.85.1",
+];
+
+/// Exits 0 when the API client's environment has the pinned packages.
+const API_CLIENT_CHECK: &str = "import importlib.metadata as m, sys; \
+    sys.exit(any(m.version(p) != '1.85.1' for p in ('grpcio', 'grpcio-tools', 'grpcio-status')))";
 
 /// Installs what is missing.
 pub fn run() -> anyhow::Result<()> {
@@ -87,6 +106,9 @@ pub fn run() -> anyhow::Result<()> {
     if !on_path("protoc") || !Path::new("/usr/include/google/protobuf/descriptor.proto").exists() {
         packages.extend(PROTOC_PACKAGES);
     }
+    if !on_path("npm") {
+        packages.extend(NPM_PACKAGES);
+    }
     let validator_ready = succeeds(Command::new(validator_python()).args(["-c", VALIDATOR_CHECK]));
     if !validator_ready && !succeeds(Command::new("python3").args(["-c", "import ensurepip, venv"]))
     {
@@ -95,6 +117,7 @@ pub fn run() -> anyhow::Result<()> {
     if !packages.is_empty() {
         apt_install(&packages)?;
     }
+    install_api_client()?;
     if validator_ready {
         println!(
             "setup: manifest validator ready ({})",
@@ -103,6 +126,7 @@ pub fn run() -> anyhow::Result<()> {
     } else {
         install_validator()?;
     }
+    crate::buf::install()?;
     if find_linker().is_none() {
         println!("setup: building bpf-linker against LLVM 22 (about a minute)");
         status(
@@ -150,6 +174,27 @@ fn install_validator() -> anyhow::Result<()> {
         Command::new(env.join("bin").join("pip"))
             .args(["install", "--quiet", "--disable-pip-version-check"])
             .args(VALIDATOR_REQUIREMENTS),
+    )
+}
+
+/// Makes `target/py-api` with the pinned API client packages, unless it has them.
+fn install_api_client() -> anyhow::Result<()> {
+    let env = crate::target_dir().join("py-api");
+    let python = env.join("bin").join("python");
+    if succeeds(Command::new(&python).args(["-c", API_CLIENT_CHECK])) {
+        println!("setup: API client packages ready ({})", env.display());
+        return Ok(());
+    }
+    println!("setup: installing grpcio into {}", env.display());
+    status(
+        Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&env),
+    )?;
+    status(
+        Command::new(env.join("bin").join("pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .args(API_CLIENT_REQUIREMENTS),
     )
 }
 

@@ -1,5 +1,5 @@
-//! `cargo xtask test`: what CI runs. Setup, formatting, lints, the Kubernetes manifests (validated
-//! offline against the OpenAPI schemas), then every test.
+//! `cargo xtask test`: what CI runs. Setup, formatting, lints (Rust, and `buf` on the protos),
+//! the Kubernetes manifests (validated offline against the OpenAPI schemas), then every test.
 
 use std::process::Command;
 
@@ -28,6 +28,8 @@ pub fn run() -> anyhow::Result<()> {
         "-D",
         "warnings",
     ]))?;
+    // The API's protos: lint, and nothing that breaks `main`'s v1.
+    crate::buf::check()?;
     status(
         Command::new(setup::validator_python())
             .arg(workspace().join("deploy/kubernetes/validate.py")),

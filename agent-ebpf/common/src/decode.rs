@@ -42,7 +42,7 @@ use crate::{
     event::decode_error,
     nvidia::{
         class, esc, ioctl_nr, ioctl_size, memory_alloc, nvos00, nvos02, nvos21, nvos32, nvos64,
-        xfer,
+        smc_partition, xfer,
     },
 };
 
@@ -186,6 +186,9 @@ pub mod op {
     pub const FREE: u32 = 5;
     /// Allocates host memory for the GPU under `parent`; `size_at` points at its size.
     pub const SYSMEM: u32 = 6;
+    /// Subscribes the client to MIG GPU instance `value` (the `swizzId`) of the GPU of subdevice
+    /// `parent` (`AMPERE_SMC_PARTITION_REF`): its video memory on that GPU is the instance's.
+    pub const PARTITION: u32 = 7;
 }
 
 /// Bits of [`Call::flags`].
@@ -305,6 +308,16 @@ fn alloc<M: UserMemory>(mem: &M, escape: Escape) -> Result<Option<Call>, DecodeE
                 .ok_or(fail(decode_error::READ_ALLOC_PARAMS, 0))?;
         }
         class::SUBDEVICE_0 => call.op = op::SUBDEVICE,
+        class::SMC_PARTITION_REF => {
+            call.op = op::PARTITION;
+            call.value = mem
+                .u32_at(alloc_params.wrapping_add(smc_partition::SWIZZ_ID as u64))
+                .ok_or(fail(decode_error::READ_ALLOC_PARAMS, 0))?;
+            // A profiling session of the whole device is no instance's.
+            if call.value == smc_partition::DEVICE_PROFILING_SWIZZID {
+                return Ok(None);
+            }
+        }
         class::MEMORY_LOCAL_USER | class::MEMORY_SYSTEM => {
             // NVOS21 carries paramsSize in the head already read; NVOS64 past it.
             let params_size = if size == nvos21::SIZE {

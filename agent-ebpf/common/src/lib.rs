@@ -26,6 +26,7 @@ pub mod config;
 pub mod decode;
 pub mod event;
 pub mod maps;
+pub mod mig;
 pub mod nvidia;
 
 /// Implements `aya::Pod` for plain `#[repr(C)]` types when built for user space.

@@ -167,6 +167,8 @@ pub struct ObjectInfo {
     pub gpu: u32,
     /// The device object it is (itself) or is under (a subdevice's parent).
     pub device: u32,
+    /// The cgroup the entry is charged to (its budget of [`table::OBJECTS`]).
+    pub cgroup: u64,
 }
 
 /// Indexes of the `SETTINGS` array.
@@ -429,12 +431,23 @@ pub mod table {
     pub const CLIENTS: usize = 2;
     /// The allocation table (`ALLOCATIONS`).
     pub const ALLOCATIONS: usize = 3;
+    /// The table of device and subdevice objects and the GPU each is on (`OBJECT_DEVICES`).
+    pub const OBJECTS: usize = 4;
+    /// The table of managed-memory mappings (`UVM_MAPPINGS`).
+    pub const MAPPINGS: usize = 5;
     /// Number of tables.
-    pub const COUNT: usize = 4;
+    pub const COUNT: usize = 6;
     /// Their names, by index, as the snapshot and metrics report them.
-    pub const NAMES: [&str; COUNT] = ["fds", "processes", "clients", "allocations"];
+    pub const NAMES: [&str; COUNT] = [
+        "fds",
+        "processes",
+        "clients",
+        "allocations",
+        "device_objects",
+        "managed_mappings",
+    ];
     /// Capacity of each table (the map sizes).
-    pub const CAPACITY: [u32; COUNT] = [65_536, 32_768, 32_768, 262_144];
+    pub const CAPACITY: [u32; COUNT] = [65_536, 32_768, 32_768, 262_144, 65_536, 65_536];
     /// The default per-cgroup budget: an eighth of each table, so one container never holds
     /// more than that, and eight at their budget still leave the tables unfilled.
     pub const DEFAULT_BUDGET: [u32; COUNT] = [
@@ -442,6 +455,8 @@ pub mod table {
         CAPACITY[PROCS] / 8,
         CAPACITY[CLIENTS] / 8,
         CAPACITY[ALLOCATIONS] / 8,
+        CAPACITY[OBJECTS] / 8,
+        CAPACITY[MAPPINGS] / 8,
     ];
 }
 

@@ -376,6 +376,31 @@ pub mod subdevice_alloc {
     pub const SUBDEVICE_ID: usize = 0;
 }
 
+/// `NVC637_ALLOCATION_PARAMETERS` (`class/clc637.h`): subscribing a client to a MIG GPU
+/// instance, under its subdevice.
+pub mod smc_partition {
+    /// Size of the params.
+    pub const SIZE: u32 = 16;
+    /// `capDescriptor` (u64): the fd of the instance's capability node, filled by the user-mode
+    /// shim.
+    pub const CAP_DESCRIPTOR: usize = 0;
+    /// `swizzId`: the GPU instance id.
+    pub const SWIZZ_ID: usize = 8;
+    /// `NVC637_DEVICE_PROFILING_SWIZZID`: device-level profiling, no instance.
+    pub const DEVICE_PROFILING_SWIZZID: u32 = 0xffff_fffe;
+}
+
+/// `NVC638_ALLOCATION_PARAMETERS` (`class/clc638.h`): subscribing to a compute instance, under
+/// an `AMPERE_SMC_PARTITION_REF`.
+pub mod smc_exec_partition {
+    /// Size of the params.
+    pub const SIZE: u32 = 16;
+    /// `capDescriptor` (u64).
+    pub const CAP_DESCRIPTOR: usize = 0;
+    /// `execPartitionId`: the compute instance id.
+    pub const EXEC_PARTITION_ID: usize = 8;
+}
+
 /// Object classes (`hClass` of `RM_ALLOC`).
 pub mod class {
     /// `NV01_MEMORY_SYSTEM`: host memory mapped for the GPU.
@@ -398,6 +423,10 @@ pub mod class {
     pub const SUBDEVICE_0: u32 = 0x2080;
     /// `NV50_MEMORY_VIRTUAL`: a virtual-address reservation when its flags say so.
     pub const NV50_MEMORY_VIRTUAL: u32 = 0x50a0;
+    /// `AMPERE_SMC_PARTITION_REF`: a client's subscription to a MIG GPU instance.
+    pub const SMC_PARTITION_REF: u32 = 0xc637;
+    /// `AMPERE_SMC_EXEC_PARTITION_REF`: its subscription to a compute instance in it.
+    pub const SMC_EXEC_PARTITION_REF: u32 = 0xc638;
 
     /// Whether `class` creates a client.
     #[must_use]

@@ -253,7 +253,7 @@ pub struct Container {
 /// A container's entries in one kernel table, its budget there, and what it was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableBudget {
-    /// `fds`, `processes`, `clients` or `allocations`.
+    /// `fds`, `processes`, `clients`, `allocations`, `device_objects` or `managed_mappings`.
     pub table: String,
     /// Entries it holds.
     pub used: u64,

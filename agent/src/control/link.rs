@@ -121,6 +121,9 @@ pub fn node_info(
     ]
     .into();
     capacity.extend(backend.extra_capacity());
+    // How many instances of each MIG profile the node offers (its GPU slots follow from the
+    // devices; a profile is counted here, where the controller keeps the other slots).
+    capacity.extend(crate::devices::mig::slot_capacity(backend.devices()));
     pb::NodeInfo {
         node_id: config.node_id.clone(),
         hostname: config.hostname.clone(),
@@ -176,10 +179,33 @@ pub fn check_allocation(
         })
         .map(|(name, _)| name.as_str())
         .collect();
-    (!unknown.is_empty()).then(|| pb::AllocationNack {
+    if !unknown.is_empty() {
+        return Some(pb::AllocationNack {
+            session_id: allocate.session_id.clone(),
+            reason: "UnsupportedResource".to_owned(),
+            message: format!("this node has no slot type {}", unknown.join(", ")),
+        });
+    }
+    // A MIG profile is held on an instance: counted without one (a controller that doesn't
+    // know profiles), it would be held nowhere.
+    let unplaced: Vec<&str> = allocate
+        .slots
+        .iter()
+        .flat_map(|s| &s.values)
+        .filter(|(name, value)| {
+            name.starts_with(crate::devices::mig::SLOT_PREFIX)
+                && !value.chars().all(|c| c == '0' || c == '.')
+        })
+        .map(|(name, _)| name.as_str())
+        .collect();
+    (!unplaced.is_empty() && allocate.devices.is_empty()).then(|| pb::AllocationNack {
         session_id: allocate.session_id.clone(),
         reason: "UnsupportedResource".to_owned(),
-        message: format!("this node has no slot type {}", unknown.join(", ")),
+        message: format!(
+            "{} names no MIG instance to hold it on (a controller places a profile on an \
+             instance of it)",
+            unplaced.join(", ")
+        ),
     })
 }
 

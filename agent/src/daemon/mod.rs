@@ -111,6 +111,10 @@ pub async fn run_until(
     start::log_sensor(&mut sensor, &config);
     let backend: Arc<dyn GpuBackend> =
         Arc::from(devices::discover(config.mock_devices.as_deref())?);
+    // Memory a client allocates on a MIG instance it subscribed to is counted as the instance.
+    if let Err(e) = sensor.set_mig_instances(backend.devices(), backend.caps_major()) {
+        tracing::warn!("MIG instances not told apart (their memory counts as their GPU's): {e}");
+    }
     let hooks = sensor
         .hooks()
         .iter()
@@ -138,7 +142,7 @@ pub async fn run_until(
         .usage_report_interval
         .filter(|_| config.controller.is_some())
         .map(|interval| (interval, start::reporter(backend.as_ref(), &attributor)));
-    let throttle = throttle::spawn(config.throttle, signal)?;
+    let throttle = throttle::spawn(config.throttle, signal, &config.instance())?;
     let (upward_tx, upward_rx) = mpsc::channel(UPWARD_BUFFER);
     let (quota_tx, quota_rx) = mpsc::unbounded_channel();
     // The DRA plugin, where enabled: its sockets bound and the claims it prepared before a

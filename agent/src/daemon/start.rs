@@ -106,6 +106,13 @@ pub(super) fn enforcement(
         }
     }
     let held_count = held.len();
+    let thawed = crate::enforcement::throttle::thaw_marked(attributor.root(), &config.instance());
+    if thawed > 0 {
+        tracing::warn!(
+            thawed,
+            "thawed cgroups a stopped agent's throttle left frozen"
+        );
+    }
     enforcer.thaw_targets(&held);
     for spec in held {
         enforcer.apply(spec);

@@ -19,6 +19,26 @@
 //! ecc_uncorrected = 1
 //! xid = [{ code = 79, pid = 4242 }, { code = 13 }]   # pid: attributed to its cgroup
 //! ```
+//!
+//! A GPU in MIG mode lists its instances (and is then not offered whole; its instances take
+//! device indexes after every GPU's, in file order, and share its health):
+//!
+//! ```toml
+//! mig_minors = "/proc/driver/nvidia-caps/mig-minors"  # optional, top level: capability minors
+//! mig_caps_major = 234                                # optional: the capability nodes' major
+//!
+//! [[devices]]
+//! uuid = "GPU-00000000-0000-0000-0000-000000000001"
+//! model_name = "Mock H200"
+//! memory_size = "141G"
+//! [[devices.instances]]
+//! uuid = "MIG-00000000-0000-0000-0000-000000000011"
+//! profile = "1g.18gb"
+//! gpu_instance = 9                                   # the partition's swizzId
+//! compute_instance = 0                               # default 0
+//! memory_size = "16G"
+//! sm_count = 16
+//! ```
 
 use gpuwarden_runtime::sync::Lock as _;
 use std::{
@@ -33,6 +53,7 @@ use serde::Deserialize;
 use super::{
     GpuBackend, GpuDevice,
     health::{self, GpuHealth, HealthState, Xid},
+    mig::{self, MigInstance, MigMinors},
 };
 
 /// Errors reading a mock device file.
@@ -68,13 +89,42 @@ pub enum MockError {
         /// The value.
         value: String,
     },
+    /// A MIG instance is malformed.
+    #[error("mock device file {path}: device {index}: MIG instance {instance}: {why}")]
+    Instance {
+        /// The file.
+        path: PathBuf,
+        /// Device position.
+        index: usize,
+        /// Instance position.
+        instance: usize,
+        /// What is wrong.
+        why: String,
+    },
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
+    /// The capability minors (`mig-minors`), relative to the file's directory.
+    mig_minors: Option<PathBuf>,
+    /// The capability nodes' major.
+    mig_caps_major: Option<u32>,
     #[serde(default)]
     devices: Vec<Entry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InstanceEntry {
+    uuid: String,
+    profile: String,
+    gpu_instance: u32,
+    #[serde(default)]
+    compute_instance: u32,
+    memory_size: MemorySize,
+    #[serde(default, alias = "subproc_count")]
+    sm_count: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -101,6 +151,9 @@ struct Entry {
     ecc_uncorrected: Option<u64>,
     #[serde(default)]
     xid: Vec<XidEntry>,
+    /// MIG instances: the GPU is in MIG mode and offered as these.
+    #[serde(default, alias = "mig_instances")]
+    instances: Vec<InstanceEntry>,
 }
 
 impl Entry {
@@ -143,6 +196,22 @@ enum MemorySize {
     Text(String),
 }
 
+impl MemorySize {
+    fn bytes(&self) -> Option<u64> {
+        match self {
+            Self::Bytes(b) => Some(*b),
+            Self::Text(t) => parse_size(t),
+        }
+    }
+
+    fn text(&self) -> String {
+        match self {
+            Self::Bytes(b) => b.to_string(),
+            Self::Text(t) => t.clone(),
+        }
+    }
+}
+
 fn default_model() -> String {
     "Mock GPU".to_owned()
 }
@@ -159,6 +228,9 @@ pub fn parse_size(text: &str) -> Option<u64> {
 #[derive(Debug)]
 pub struct MockBackend {
     devices: Vec<GpuDevice>,
+    caps_major: Option<u32>,
+    /// The file entry each device's health is read from (an instance shares its parent's).
+    entry_of: Vec<usize>,
     /// The file, read again for health; `None` when parsed from text.
     path: Option<PathBuf>,
     /// The health figures last read.
@@ -193,40 +265,17 @@ impl MockBackend {
             source: Box::new(source),
         })?;
         let health = file.devices.iter().map(Entry::health).collect();
-        let devices = file
-            .devices
-            .into_iter()
-            .enumerate()
-            .map(|(i, e)| {
-                let memory_bytes = match &e.memory_size {
-                    MemorySize::Bytes(b) => Some(*b),
-                    MemorySize::Text(t) => parse_size(t),
-                }
-                .ok_or_else(|| MockError::MemorySize {
-                    path: path.to_owned(),
-                    index: i,
-                    value: match &e.memory_size {
-                        MemorySize::Bytes(b) => b.to_string(),
-                        MemorySize::Text(t) => t.clone(),
-                    },
-                })?;
-                let index = u32::try_from(i).unwrap_or(u32::MAX);
-                Ok(GpuDevice {
-                    uuid: e.uuid,
-                    model: e.model_name,
-                    memory_bytes,
-                    numa_node: e.numa_node,
-                    sm_count: e.sm_count,
-                    is_mig: e.is_mig_device,
-                    index,
-                    device_node: e
-                        .device_node
-                        .unwrap_or_else(|| format!("/dev/nvidia{index}")),
-                })
-            })
-            .collect::<Result<_, MockError>>()?;
+        let minors = file
+            .mig_minors
+            .as_ref()
+            .map_or_else(MigMinors::default, |m| {
+                MigMinors::read(&path.parent().unwrap_or(Path::new(".")).join(m))
+            });
+        let (devices, entry_of) = devices_of(file.devices, &minors, path)?;
         Ok(Self {
             devices,
+            caps_major: file.mig_caps_major,
+            entry_of,
             path: None,
             health: Mutex::new(health),
             xid_cgroups: Mutex::new(HashMap::new()),
@@ -256,12 +305,17 @@ impl GpuBackend for MockBackend {
         &self.devices
     }
 
+    fn caps_major(&self) -> Option<u32> {
+        self.caps_major
+    }
+
     fn health(&self) -> Vec<GpuHealth> {
         let entries = self.read_health();
         let mut cgroups = self.xid_cgroups.locked();
         self.devices
             .iter()
-            .zip(entries)
+            .zip(&self.entry_of)
+            .filter_map(|(d, &i)| Some((d, entries.get(i)?.clone())))
             .map(|(d, e)| GpuHealth {
                 index: d.index,
                 state: e
@@ -292,6 +346,98 @@ impl GpuBackend for MockBackend {
             })
             .collect()
     }
+}
+
+/// The devices a file's entries offer, and the entry of each: whole GPUs first (index = the
+/// entry's position), then the instances of GPUs in MIG mode (indexes after every GPU's).
+fn devices_of(
+    entries: Vec<Entry>,
+    minors: &MigMinors,
+    path: &Path,
+) -> Result<(Vec<GpuDevice>, Vec<usize>), MockError> {
+    let mut whole = Vec::new();
+    let mut instances = Vec::new();
+    let count = u32::try_from(entries.len()).unwrap_or(u32::MAX);
+    let mut next = mig::first_instance_index(0..count);
+    for (i, e) in entries.into_iter().enumerate() {
+        let memory_bytes = e.memory_size.bytes().ok_or_else(|| MockError::MemorySize {
+            path: path.to_owned(),
+            index: i,
+            value: e.memory_size.text(),
+        })?;
+        let index = u32::try_from(i).unwrap_or(u32::MAX);
+        let device_node = e
+            .device_node
+            .unwrap_or_else(|| format!("/dev/nvidia{index}"));
+        if e.instances.is_empty() {
+            whole.push((
+                GpuDevice {
+                    uuid: e.uuid,
+                    model: e.model_name,
+                    memory_bytes,
+                    numa_node: e.numa_node,
+                    sm_count: e.sm_count,
+                    is_mig: e.is_mig_device,
+                    index,
+                    device_node,
+                    mig: None,
+                },
+                i,
+            ));
+            continue;
+        }
+        for (k, inst) in e.instances.into_iter().enumerate() {
+            let bad = |why: String| MockError::Instance {
+                path: path.to_owned(),
+                index: i,
+                instance: k,
+                why,
+            };
+            let bytes = inst
+                .memory_size
+                .bytes()
+                .ok_or_else(|| bad(format!("invalid memory_size {:?}", inst.memory_size.text())))?;
+            if !mig::is_profile(&inst.profile) {
+                return Err(bad(format!(
+                    "profile {:?} is not of the form 1g.18gb",
+                    inst.profile
+                )));
+            }
+            if bytes > memory_bytes {
+                return Err(bad(format!(
+                    "{bytes} bytes exceed its GPU's {memory_bytes}"
+                )));
+            }
+            instances.push((
+                GpuDevice {
+                    uuid: inst.uuid,
+                    model: format!("{} MIG {}", e.model_name, inst.profile),
+                    memory_bytes: bytes,
+                    numa_node: e.numa_node,
+                    sm_count: inst.sm_count,
+                    is_mig: true,
+                    index: next,
+                    device_node: device_node.clone(),
+                    mig: Some(MigInstance {
+                        parent_index: index,
+                        parent_uuid: e.uuid.clone(),
+                        gpu_instance: inst.gpu_instance,
+                        compute_instance: inst.compute_instance,
+                        profile: inst.profile,
+                        gi_cap_minor: minors.gpu_instance(index, inst.gpu_instance),
+                        ci_cap_minor: minors.compute_instance(
+                            index,
+                            inst.gpu_instance,
+                            inst.compute_instance,
+                        ),
+                    }),
+                },
+                i,
+            ));
+            next = next.saturating_add(1);
+        }
+    }
+    Ok(whole.into_iter().chain(instances).unzip())
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! slots it knows.
 
 pub mod health;
+pub mod mig;
 pub mod mock;
 pub mod nvml;
 pub mod samples;
@@ -16,7 +17,10 @@ use serde::Serialize;
 
 use self::samples::SampleDriver;
 
-/// A GPU (or MIG instance).
+/// A GPU (or MIG instance): what the node offers as one device.
+///
+/// A GPU in MIG mode is not one: its instances are, each with `mig` set and an index of its own
+/// (after every physical GPU's minor); their `device_node` is the parent's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GpuDevice {
     /// UUID.
@@ -35,6 +39,17 @@ pub struct GpuDevice {
     pub index: u32,
     /// The device node the eBPF side watches.
     pub device_node: String,
+    /// Where the device is a MIG instance: its place on its parent GPU.
+    pub mig: Option<mig::MigInstance>,
+}
+
+impl GpuDevice {
+    /// The minor of the `/dev/nvidia<N>` node a process opens to use the device: its own index,
+    /// or a MIG instance's parent's.
+    #[must_use]
+    pub fn node_minor(&self) -> u32 {
+        self.mig.as_ref().map_or(self.index, |m| m.parent_index)
+    }
 }
 
 /// GPU memory one process holds on one GPU.
@@ -94,7 +109,16 @@ pub trait GpuBackend: Send + Sync {
         Vec::new()
     }
 
+    /// The major of the MIG capability nodes (`/dev/nvidia-caps/nvidia-cap<N>`), where the node
+    /// has them: the device-access program then lets a quota on an instance open only that
+    /// instance's.
+    fn caps_major(&self) -> Option<u32> {
+        None
+    }
+
     /// The slot types the backend provides.
+    /// Each MIG profile among the devices is a slot type of its own (`cuda.mig.1g.18gb`, see
+    /// [`mig::slot_name`]), which the controller merges into the types it knows.
     fn slot_types(&self) -> Vec<(String, SlotKind)> {
         if self.devices().is_empty() {
             return Vec::new();
@@ -102,6 +126,11 @@ pub trait GpuBackend: Send + Sync {
         gpuwarden_types::slot::names::GPU_SLOTS
             .iter()
             .map(|&(name, kind)| (name.to_owned(), kind))
+            .chain(
+                mig::slot_capacity(self.devices())
+                    .into_iter()
+                    .map(|(name, _)| (name, SlotKind::Count)),
+            )
             .collect()
     }
 }

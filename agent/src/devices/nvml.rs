@@ -27,7 +27,72 @@ use super::samples::{DeviceSample, DriverError, ProcessSample, SampleDriver};
 use super::{
     GpuBackend, GpuDevice, ProcessMemory,
     health::{self, GpuHealth, HealthState, Xid},
+    mig,
 };
+
+/// `NVML_DEVICE_MIG_ENABLE`: the current MIG mode of a GPU in MIG mode.
+const MIG_ENABLED: u32 = 1;
+
+/// The MIG devices (compute instances) of a GPU in MIG mode, as NVML lists them; a slot NVML
+/// finds empty, or an instance it can't read, is left out (logged).
+fn mig_instances(nvml: &Nvml, parent: &nvml_wrapper::Device<'_>) -> Vec<mig::Found> {
+    let slots = parent.mig_device_count().unwrap_or(0);
+    (0..slots)
+        .filter_map(|slot| {
+            let d = match parent.mig_device_by_index(slot) {
+                Ok(d) => d,
+                Err(NvmlError::NotFound) => return None,
+                Err(e) => {
+                    tracing::warn!(slot, "MIG device not read: {e}");
+                    return None;
+                }
+            };
+            let read = || -> Result<mig::Found, NvmlError> {
+                let attributes = d.attributes().ok();
+                Ok(mig::Found {
+                    uuid: d.uuid()?,
+                    name: d.name().unwrap_or_default(),
+                    memory_bytes: d.memory_info()?.total,
+                    sm_count: attributes.as_ref().map_or(0, |a| a.multiprocessor_count),
+                    gpu_instance: instance_id(nvml, &d, InstanceLevel::Gpu)?,
+                    compute_instance: instance_id(nvml, &d, InstanceLevel::Compute)?,
+                    slices: attributes.map_or(0, |a| a.gpu_instance_slice_count),
+                })
+            };
+            read()
+                .inspect_err(|e| tracing::warn!(slot, "MIG device not read: {e}"))
+                .ok()
+        })
+        .collect()
+}
+
+/// Which id of a MIG device to read.
+#[derive(Debug, Clone, Copy)]
+enum InstanceLevel {
+    Gpu,
+    Compute,
+}
+
+/// A MIG device's GPU or compute instance id: calls nvml-wrapper does not wrap, made on its
+/// library directly.
+fn instance_id(
+    nvml: &Nvml,
+    d: &nvml_wrapper::Device<'_>,
+    level: InstanceLevel,
+) -> Result<u32, NvmlError> {
+    let lib = nvml.lib();
+    let mut id: std::ffi::c_uint = 0;
+    // SAFETY: the handle is a live MIG device handle of this NVML; `id` is a valid out pointer.
+    let status = unsafe {
+        let handle = d.handle();
+        match level {
+            InstanceLevel::Gpu => lib.nvmlDeviceGetGpuInstanceId(handle, &raw mut id),
+            InstanceLevel::Compute => lib.nvmlDeviceGetComputeInstanceId(handle, &raw mut id),
+        }
+    };
+    nvml_wrapper::error::nvml_try(status)?;
+    Ok(id)
+}
 
 /// GPUs NVML lists.
 pub struct NvmlBackend {
@@ -55,13 +120,12 @@ impl NvmlBackend {
     pub fn probe() -> Result<Self, NvmlError> {
         let nvml = Nvml::init()?;
         let count = nvml.device_count()?;
-        let mut devices = Vec::new();
-        let mut nvml_index = HashMap::new();
+        let mut physical = Vec::new();
         for i in 0..count {
             let d = nvml.device_by_index(i)?;
             let index = d.minor_number().unwrap_or(i);
-            nvml_index.insert(index, i);
-            devices.push(GpuDevice {
+            let mig_mode = d.mig_mode().is_ok_and(|m| m.current == MIG_ENABLED);
+            let device = GpuDevice {
                 uuid: d.uuid()?,
                 model: d.name().unwrap_or_else(|_| "NVIDIA GPU".to_owned()),
                 memory_bytes: d.memory_info()?.total,
@@ -70,12 +134,33 @@ impl NvmlBackend {
                     .ok()
                     .and_then(|n| i32::try_from(n).ok())
                     .unwrap_or(-1),
-                sm_count: 0,
+                sm_count: d.attributes().map_or(0, |a| a.multiprocessor_count),
                 is_mig: false,
                 index,
                 device_node: format!("/dev/nvidia{index}"),
-            });
+                mig: None,
+            };
+            physical.push((i, device, mig_mode));
         }
+        // A GPU in MIG mode is offered as its instances, numbered after every GPU's minor.
+        let minors = mig::MigMinors::read(Path::new(mig::MIG_MINORS));
+        let mut next = mig::first_instance_index(physical.iter().map(|(_, d, _)| d.index));
+        let mut devices = Vec::new();
+        let mut instances = Vec::new();
+        let mut nvml_index = HashMap::new();
+        for (i, device, mig_mode) in physical {
+            if !mig_mode {
+                nvml_index.insert(device.index, i);
+                devices.push(device);
+                continue;
+            }
+            let parent = nvml.device_by_index(i)?;
+            for found in mig_instances(&nvml, &parent) {
+                instances.push(mig::instance_device(&device, found, next, &minors));
+                next = next.saturating_add(1);
+            }
+        }
+        devices.extend(instances);
         let backend = Self {
             devices,
             nvml_index,
@@ -173,6 +258,10 @@ impl GpuBackend for NvmlBackend {
 
     fn devices(&self) -> &[GpuDevice] {
         &self.devices
+    }
+
+    fn caps_major(&self) -> Option<u32> {
+        mig::caps_major(&std::fs::read_to_string("/proc/devices").ok()?)
     }
 
     fn driver_version(&self) -> Option<String> {

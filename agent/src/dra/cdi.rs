@@ -96,7 +96,14 @@ pub fn spec(claim_uid: &str, gpus: &[&GpuDevice]) -> serde_json::Value {
             }
         }
     }
-    let device_nodes: Vec<serde_json::Value> = nodes
+    // A MIG instance is used through its capability nodes too, at the same path in the
+    // container (`/dev/nvidia-caps/nvidia-cap<N>`, where the driver's tools look for them).
+    let caps: Vec<PathBuf> = gpus
+        .iter()
+        .filter_map(|g| g.mig.as_ref())
+        .flat_map(|m| m.cap_nodes(Path::new(crate::devices::mig::CAPS_DIR)))
+        .collect();
+    let mut device_nodes: Vec<serde_json::Value> = nodes
         .iter()
         .map(|host| {
             let name = host.file_name().map_or_else(
@@ -111,6 +118,10 @@ pub fn spec(claim_uid: &str, gpus: &[&GpuDevice]) -> serde_json::Value {
             }
         })
         .collect();
+    device_nodes.extend(
+        caps.iter()
+            .map(|c| json!({ "path": c.display().to_string() })),
+    );
     let mut spec = json!({
         "cdiVersion": CDI_EARLIEST,
         "kind": CDI_KIND,
@@ -158,6 +169,7 @@ mod tests {
 
     fn gpu(node: &str) -> GpuDevice {
         GpuDevice {
+            mig: None,
             uuid: "GPU-0".into(),
             model: "Mock".into(),
             memory_bytes: 1 << 30,
@@ -167,6 +179,37 @@ mod tests {
             index: 0,
             device_node: node.into(),
         }
+    }
+
+    #[test]
+    fn a_mig_instance_brings_its_parent_and_its_capability_nodes() {
+        let mut instance = gpu("/dev/nvidia1");
+        instance.mig = Some(crate::devices::mig::MigInstance {
+            parent_index: 1,
+            parent_uuid: "GPU-p".into(),
+            gpu_instance: 9,
+            compute_instance: 0,
+            profile: "1g.18gb".into(),
+            gi_cap_minor: Some(84),
+            ci_cap_minor: Some(85),
+        });
+        let s = spec("a1b2c3d4-0000-4000-8000-000000000001", &[&instance]);
+        let nodes: Vec<&str> = s["devices"][0]["containerEdits"]["deviceNodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n["path"].as_str())
+            .collect();
+        assert!(nodes.contains(&"/dev/nvidia1"), "{nodes:?}");
+        assert!(
+            nodes.contains(&"/dev/nvidia-caps/nvidia-cap84"),
+            "{nodes:?}"
+        );
+        assert!(
+            nodes.contains(&"/dev/nvidia-caps/nvidia-cap85"),
+            "{nodes:?}"
+        );
+        assert_eq!(s["cdiVersion"], "0.3.0");
     }
 
     #[test]

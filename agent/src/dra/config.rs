@@ -272,6 +272,7 @@ mod tests {
         .unwrap()
         .unwrap();
         let gpu = |index: u32, uuid: &str| GpuDevice {
+            mig: None,
             uuid: uuid.into(),
             model: String::new(),
             memory_bytes: 0,

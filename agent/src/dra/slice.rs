@@ -84,6 +84,14 @@ pub fn device(gpu: &GpuDevice, driver_version: Option<&str>) -> Value {
     if let Some(v) = driver_version.and_then(semver) {
         attributes["driverVersion"] = json!({ "version": v });
     }
+    // A MIG instance says which, and of what (docs/mig.md).
+    if let Some(m) = &gpu.mig {
+        attributes["migProfile"] = json!({ "string": m.profile });
+        attributes["parentUUID"] = json!({ "string": m.parent_uuid });
+        attributes["gpuInstance"] = json!({ "int": m.gpu_instance });
+        attributes["computeInstance"] = json!({ "int": m.compute_instance });
+        attributes["multiprocessors"] = json!({ "int": gpu.sm_count });
+    }
     json!({
         "name": device_name(gpu),
         "attributes": attributes,
@@ -464,6 +472,7 @@ mod tests {
 
     fn gpu(memory_bytes: u64) -> GpuDevice {
         GpuDevice {
+            mig: None,
             uuid: "GPU-0".into(),
             model: "Mock".into(),
             memory_bytes,
@@ -473,6 +482,42 @@ mod tests {
             index: 0,
             device_node: "/dev/gpuwarden-test-no-such-node".into(),
         }
+    }
+
+    #[test]
+    fn a_mig_instance_says_its_profile_parent_and_ids() {
+        let mut instance = gpu(16 << 30);
+        instance.is_mig = true;
+        instance.index = 2;
+        instance.sm_count = 16;
+        instance.mig = Some(crate::devices::mig::MigInstance {
+            parent_index: 1,
+            parent_uuid: "GPU-p".into(),
+            gpu_instance: 9,
+            compute_instance: 0,
+            profile: "1g.18gb".into(),
+            gi_cap_minor: Some(84),
+            ci_cap_minor: Some(85),
+        });
+        let d = device(&instance, None);
+        assert_eq!(d["name"], "gpu-2");
+        let a = &d["attributes"];
+        assert_eq!(a["mig"], json!({ "bool": true }));
+        assert_eq!(a["migProfile"], json!({ "string": "1g.18gb" }));
+        assert_eq!(a["parentUUID"], json!({ "string": "GPU-p" }));
+        assert_eq!(a["gpuInstance"], json!({ "int": 9 }));
+        assert_eq!(a["computeInstance"], json!({ "int": 0 }));
+        assert_eq!(a["multiprocessors"], json!({ "int": 16 }));
+        // Attribute names are C identifiers of at most 32 characters (DRA's rule).
+        for name in a.as_object().unwrap().keys() {
+            assert!(name.len() <= 32 && name.chars().all(|c| c.is_ascii_alphanumeric()));
+        }
+        // A whole GPU carries none of them.
+        assert!(
+            device(&gpu(1 << 30), None)["attributes"]
+                .get("migProfile")
+                .is_none()
+        );
     }
 
     #[test]

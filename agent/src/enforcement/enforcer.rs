@@ -919,7 +919,8 @@ impl Enforcer {
         };
         for d in &b.spec.devices {
             quota.limit[d.index as usize % MAX_GPUS] = d.memory_bytes;
-            quota.devices |= 1u64 << (d.index % 64);
+            // A MIG instance is opened by its parent's node (and its capability nodes).
+            quota.devices |= 1u64 << (d.node_minor() % 64);
         }
         // A restarted agent finds the quota in the pinned map: keep what the kernel counted.
         // (A fresh one starts at zero; mapping its cgroups adds what they hold.)
@@ -932,6 +933,14 @@ impl Enforcer {
             tracing::error!(session, "cannot write the quota: {e}");
             return;
         }
+        let caps: Vec<u32> = b
+            .spec
+            .devices
+            .iter()
+            .filter_map(|d| d.mig.as_ref())
+            .flat_map(|m| m.cap_minors.iter().copied())
+            .collect();
+        self.kernel.devices.allow_caps(key, &caps);
         self.kernel.devices.attach(key, &dir);
         let driver_limited = set_driver_limits(&mut self.kernel, session, &dir, &b.spec);
         let rel = self.tree.relative(&dir);

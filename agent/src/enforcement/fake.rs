@@ -122,6 +122,8 @@ impl CgroupFs for FakeCgroups {
 pub(crate) struct FakeDevices {
     /// Keys with a link now.
     pub attached: Arc<Mutex<BTreeSet<u64>>>,
+    /// The capability minors each key may open.
+    pub caps: Arc<Mutex<std::collections::BTreeMap<u64, Vec<u32>>>>,
 }
 
 impl DeviceAccess for FakeDevices {
@@ -129,8 +131,13 @@ impl DeviceAccess for FakeDevices {
         self.attached.lock().unwrap().insert(key);
     }
 
+    fn allow_caps(&mut self, key: u64, minors: &[u32]) {
+        self.caps.lock().unwrap().insert(key, minors.to_vec());
+    }
+
     fn detach(&mut self, key: u64) {
         self.attached.lock().unwrap().remove(&key);
+        self.caps.lock().unwrap().remove(&key);
     }
 
     fn sweep(&mut self, owned: &BTreeSet<u64>) -> usize {

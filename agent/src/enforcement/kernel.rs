@@ -22,6 +22,9 @@ pub(crate) trait DeviceAccess: Send {
     /// Lets the cgroup at `dir`, bound under quota `key`, open only its GPUs. Failures are
     /// logged: memory and compute are still enforced without it.
     fn attach(&mut self, key: u64, dir: &Path);
+    /// Lets quota `key`'s cgroups open the MIG capability nodes `minors` (and no other), before
+    /// [`Self::attach`]; none: no capability node at all.
+    fn allow_caps(&mut self, key: u64, minors: &[u32]);
     /// Lets go of quota `key`'s cgroup.
     fn detach(&mut self, key: u64);
     /// Removes what an earlier agent left attached for keys not in `owned`; returns how many.
@@ -32,6 +35,10 @@ pub(crate) trait DeviceAccess: Send {
 impl DeviceAccess for DeviceProgram {
     fn attach(&mut self, key: u64, dir: &Path) {
         DeviceProgram::attach(self, key, dir);
+    }
+
+    fn allow_caps(&mut self, key: u64, minors: &[u32]) {
+        DeviceProgram::allow_caps(self, key, minors);
     }
 
     fn detach(&mut self, key: u64) {

@@ -97,13 +97,34 @@ pub enum QuotaError {
 /// One GPU's part of a quota.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceQuota {
-    /// GPU index (`nvidiaN`).
+    /// GPU index (`nvidiaN`), or a MIG instance's device index.
     pub index: u32,
     /// Compute share in parts per million of the device; 0 for a memory-only part (not
     /// throttled).
     pub shares_ppm: u32,
     /// GPU-memory limit in bytes.
     pub memory_bytes: u64,
+    /// On a MIG instance: the nodes it is opened by (quotas held from before MIG: none).
+    #[serde(default)]
+    pub mig: Option<MigAccess>,
+}
+
+impl DeviceQuota {
+    /// The minor of the `/dev/nvidia<N>` node the part's processes open.
+    #[must_use]
+    pub fn node_minor(&self) -> u32 {
+        self.mig.as_ref().map_or(self.index, |m| m.node_minor)
+    }
+}
+
+/// The nodes a process on a MIG instance opens (docs/mig.md): its parent GPU's, and the GPU and
+/// compute instance's capability nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigAccess {
+    /// The parent GPU's `/dev/nvidia<N>` minor.
+    pub node_minor: u32,
+    /// Minors of the capability nodes (`nvidia-cap<N>`) it may open.
+    pub cap_minors: Vec<u32>,
 }
 
 /// A quota the node enforces for one session.
@@ -174,6 +195,13 @@ impl QuotaSpec {
                 index,
                 shares_ppm,
                 memory_bytes,
+                mig: gpu.mig.as_ref().map(|m| MigAccess {
+                    node_minor: m.parent_index,
+                    cap_minors: [m.gi_cap_minor, m.ci_cap_minor]
+                        .into_iter()
+                        .flatten()
+                        .collect(),
+                }),
             });
         }
         let target = convert::target_from_pb(allocate.target.as_ref());

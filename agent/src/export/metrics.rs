@@ -15,8 +15,8 @@
 //! Names follow the OpenTelemetry semantic conventions where they exist (`hw.gpu.*`, `hw.status`,
 //! `hw.errors`, `hw.power`, `hw.energy` with `hw.id`, `hw.name`, `hw.model`, `hw.vendor`,
 //! `hw.driver_version`; `container.id`, `k8s.pod.uid`, `k8s.pod.name`, `k8s.namespace.name`),
-//! with a `gpuwarden.` prefix for the rest; no pid or handle attributes. The [`INSTRUMENTS`] table
-//! is the reference docs/metrics.md's table is checked against.
+//! with a `gpuwarden.` prefix for the rest; no pid or handle attributes. Each instrument is declared
+//! once, in [`instruments`]; docs/metrics.md's table is checked against it.
 
 use gpuwarden_runtime::sync::Lock as _;
 use std::{
@@ -25,205 +25,16 @@ use std::{
     time::Duration,
 };
 
+use gpuwarden_runtime::instrument::{Instrument, Registry};
 use gpuwarden_runtime::otlp::{Exporters, Pipeline, PipelineError};
-use opentelemetry::{KeyValue, metrics::Meter};
+use opentelemetry::KeyValue;
 
 use gpuwarden_agent_api::{SignalView, Snapshot};
 
-use crate::devices::{GpuDevice, health::HealthState};
-
-/// One instrument the agent exports: (name, unit, attributes, meaning).
-pub type Instrument = (&'static str, &'static str, &'static str, &'static str);
-
-/// Every instrument, as documented in docs/metrics.md.
-pub const INSTRUMENTS: &[Instrument] = &[
-    (
-        "hw.gpu.memory.limit",
-        "By",
-        "GPU attributes",
-        "memory of each GPU",
-    ),
-    (
-        "hw.gpu.memory.usage",
-        "By",
-        "GPU attributes",
-        "GPU memory held by the processes the agent sees, per GPU",
-    ),
-    (
-        "hw.gpu.memory.utilization",
-        "1",
-        "GPU attributes",
-        "fraction of the time each GPU's memory was read or written (NVML; mock devices: `memory_utilization`)",
-    ),
-    (
-        "hw.status",
-        "1",
-        "GPU attributes, hw.type, hw.state",
-        "1 for each GPU's state (`ok`, `degraded`: uncorrected ECC errors or an XID since start, `failed`: out of NVML's reach), 0 for the other two",
-    ),
-    (
-        "hw.errors",
-        "{error}",
-        "GPU attributes, hw.type, error.type",
-        "errors per GPU by type: `xid` (since the agent started), `ecc_corrected`, `ecc_uncorrected` (the driver's aggregate counts)",
-    ),
-    (
-        "hw.power",
-        "W",
-        "GPU attributes",
-        "power each GPU draws now",
-    ),
-    (
-        "hw.energy",
-        "J",
-        "GPU attributes",
-        "energy each GPU used since the driver loaded",
-    ),
-    (
-        "hw.gpu.utilization",
-        "1",
-        "GPU attributes, gpuwarden.utilization.source",
-        "fraction of the time each GPU was busy: NVML's GPU utilization (`nvml`); with mock devices the throttle's stand-in (`throttle_stand_in`: measured running fraction of the cgroups with a compute share of the GPU, summed, at most 1; CPU time, not a GPU figure)",
-    ),
-    (
-        "gpuwarden.container.gpu.memory.usage",
-        "By",
-        "container attributes, hw.id, gpuwarden.gpu.index",
-        "GPU memory a container holds on each GPU (0 for a GPU it holds a quota on and does not use)",
-    ),
-    (
-        "gpuwarden.container.gpu.memory.limit",
-        "By",
-        "container attributes, hw.id, gpuwarden.gpu.index",
-        "a container's GPU-memory limit on each GPU of its quota",
-    ),
-    (
-        "gpuwarden.container.compute.share",
-        "1",
-        "container attributes, hw.id, gpuwarden.gpu.index",
-        "a container's compute share of each GPU of its quota",
-    ),
-    (
-        "gpuwarden.container.compute.entitled",
-        "1",
-        "container attributes, gpuwarden.compute.policy",
-        "a container's compute share, the largest over the GPUs of its quota (what `achieved` is measured against)",
-    ),
-    (
-        "gpuwarden.container.compute.achieved",
-        "1",
-        "container attributes, gpuwarden.compute.policy",
-        "the GPU time a container with a compute share got recently, per wall second (over about one throttle period, the largest over its GPUs): the throttle's usage signal (NVML's device utilization apportioned among processes; with mock devices the cgroup's CPU time)",
-    ),
-    (
-        "gpuwarden.container.compute.deviation",
-        "{flag}",
-        "container attributes, gpuwarden.compute.policy, gpuwarden.share.deviation",
-        "1 while a container's smoothed achieved share has been `below_entitled` (it runs, yet gets under half its share) or `above_hard_share` (over 1.2 × its hard share + 0.05) for 5 minutes, else 0; each raised flag is also a warning in the agent's log and, for a session's container, a `share_deviation` event to the controller",
-    ),
-    (
-        "gpuwarden.container.gpu.errors",
-        "{error}",
-        "container attributes, hw.id, gpuwarden.gpu.index, error.type",
-        "XID errors attributed to a container (the GPU's only process when the error came was its own)",
-    ),
-    (
-        "gpuwarden.container.ioctls",
-        "{ioctl}",
-        "container attributes, gpuwarden.device, gpuwarden.ioctl.class",
-        "GPU ioctls by device node and class",
-    ),
-    (
-        "gpuwarden.container.enforcement.actions",
-        "{action}",
-        "container attributes",
-        "over-limit allocations acted on",
-    ),
-    (
-        "gpuwarden.container.enforcement.denied_opens",
-        "{open}",
-        "container attributes",
-        "opens of GPU nodes refused",
-    ),
-    (
-        "gpuwarden.container.throttled",
-        "s",
-        "container attributes",
-        "time kept frozen by the compute-share throttle",
-    ),
-    (
-        "gpuwarden.container.gpu.time",
-        "s",
-        "container attributes",
-        "GPU time the compute-share throttle measured for it (rate() is its achieved share)",
-    ),
-    (
-        "gpuwarden.container.gpu.ledger",
-        "s",
-        "container attributes",
-        "entitled minus used GPU time in the slot mode (positive: owed to it)",
-    ),
-    (
-        "gpuwarden.gpu.signal.period",
-        "s",
-        "gpuwarden.device",
-        "the compute-share signal's sample period (median of the recent ones)",
-    ),
-    (
-        "gpuwarden.gpu.signal.jitter",
-        "s",
-        "gpuwarden.device",
-        "how far recent sample periods strayed from the median",
-    ),
-    (
-        "gpuwarden.gpu.signal.late_samples",
-        "{sample}",
-        "gpuwarden.device",
-        "samples that came for time already closed",
-    ),
-    (
-        "gpuwarden.gpu.signal.unattributed",
-        "s",
-        "gpuwarden.device",
-        "GPU busy time that fell in no one's slot",
-    ),
-    (
-        "gpuwarden.agent.controller.connected",
-        "{link}",
-        "",
-        "1 while the stream to the controller is up, 0 while it is down (absent when the node runs on its own)",
-    ),
-    (
-        "gpuwarden.agent.ringbuf.drops",
-        "{event}",
-        "",
-        "kernel events dropped because the ring buffer was full",
-    ),
-    (
-        "gpuwarden.agent.map.entries",
-        "{entry}",
-        "gpuwarden.map",
-        "entries in the fd, process and allocation tables",
-    ),
-    (
-        "gpuwarden.agent.hook.tier",
-        "{tier}",
-        "gpuwarden.tier, gpuwarden.memory_tier",
-        "1 for the hook tier and memory-enforcement tier in use",
-    ),
-    (
-        "gpuwarden.agent.kubelet.requests",
-        "{request}",
-        "gpuwarden.result",
-        "requests for the kubelet's pod list (pod names) by result: ok, unreachable, timeout, tls, unauthorized, forbidden, http_error, malformed, token, config",
-    ),
-    (
-        "gpuwarden.telemetry.exports.failed",
-        "{export}",
-        "",
-        "metric exports the collector did not take (dropped)",
-    ),
-];
+use crate::{
+    devices::{GpuDevice, health::HealthState},
+    sensor::gpu_nodes::device_name,
+};
 
 /// The latest snapshot, published by the daemon and read at each export.
 pub type Published = Arc<Mutex<Option<Snapshot>>>;
@@ -288,7 +99,7 @@ pub fn start(
         .into_iter()
         .map(|d| Gpu::new(d, config.driver_version.as_deref()))
         .collect();
-    register(pipeline.meter(), gpus, published);
+    register(&mut Registry::new(pipeline.meter()), gpus, published);
     if let Some(endpoint) = &config.endpoint {
         tracing::info!(%endpoint, "exporting OTLP metrics");
     }
@@ -340,6 +151,14 @@ impl Gpu {
         if let Some(driver) = driver {
             attributes.push(KeyValue::new("hw.driver_version", driver.to_owned()));
         }
+        // A MIG instance: its profile and its parent GPU (docs/mig.md).
+        if let Some(m) = &device.mig {
+            attributes.push(KeyValue::new(
+                "gpuwarden.gpu.mig.profile",
+                m.profile.clone(),
+            ));
+            attributes.push(KeyValue::new("hw.parent", m.parent_uuid.clone()));
+        }
         Self { device, attributes }
     }
 
@@ -350,9 +169,14 @@ impl Gpu {
         attrs
     }
 
+    /// The name the snapshot reports it under (`nvidia0`, a MIG instance `nvidia1/gi9`).
+    fn name(&self) -> String {
+        device_name(self.device.index)
+    }
+
     /// Its health in the snapshot, if known.
     fn health<'a>(&self, s: &'a Snapshot) -> Option<&'a gpuwarden_agent_api::GpuHealthView> {
-        let name = format!("nvidia{}", self.device.index);
+        let name = self.name();
         s.gpus
             .iter()
             .find(|g| g.device == name)
@@ -360,9 +184,12 @@ impl Gpu {
     }
 }
 
-/// The index of a GPU device name (`nvidia3` → 3).
-fn gpu_index(device: &str) -> Option<u32> {
-    device.strip_prefix("nvidia")?.parse().ok()
+/// The index of the GPU (or MIG instance) the snapshot names `device` (`nvidia3` → 3,
+/// `nvidia1/gi9` → the instance's index), among `gpus`.
+fn gpu_index(gpus: &[Gpu], device: &str) -> Option<u32> {
+    gpus.iter()
+        .find(|g| g.name() == device)
+        .map(|g| g.device.index)
 }
 
 /// Runs `f` on the published snapshot, if there is one.
@@ -404,15 +231,15 @@ fn container_gpus(s: &Snapshot, gpus: &[Gpu]) -> Vec<ContainerGpu> {
             .devices
             .iter()
             .filter(|d| d.memory_bytes > 0)
-            .filter_map(|d| gpu_index(&d.device))
+            .filter_map(|d| gpu_index(gpus, &d.device))
             .collect();
         if let Some(q) = &c.quota {
-            indexes.extend(q.devices.iter().filter_map(|d| gpu_index(&d.device)));
+            indexes.extend(q.devices.iter().filter_map(|d| gpu_index(gpus, &d.device)));
         }
         indexes.sort_unstable();
         indexes.dedup();
         for index in indexes {
-            let name = format!("nvidia{index}");
+            let name = device_name(index);
             let used = c
                 .devices
                 .iter()
@@ -439,16 +266,14 @@ fn container_gpus(s: &Snapshot, gpus: &[Gpu]) -> Vec<ContainerGpu> {
     clippy::too_many_lines,
     reason = "One instrument after another, a few lines each: split, they read worse"
 )]
-fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
+fn register(registry: &mut Registry<'_>, gpus: Vec<Gpu>, published: &Published) {
     type Pick = fn(&gpuwarden_agent_api::EnforcementView) -> u64;
     let gpus = Arc::new(gpus);
     // The instruments live as long as the provider that holds their callbacks.
     {
         let gpus = Arc::clone(&gpus);
-        meter
-            .u64_observable_gauge("hw.gpu.memory.limit")
-            .with_unit("By")
-            .with_description("Memory of each GPU")
+        registry
+            .u64_gauge(&instruments::HW_GPU_MEMORY_LIMIT)
             .with_callback(move |o| {
                 for gpu in gpus.iter() {
                     o.observe(gpu.device.memory_bytes, &gpu.attributes);
@@ -458,14 +283,12 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     }
     {
         let (gpus, published) = (Arc::clone(&gpus), Arc::clone(published));
-        meter
-            .u64_observable_gauge("hw.gpu.memory.usage")
-            .with_unit("By")
-            .with_description("GPU memory held by the processes the agent sees")
+        registry
+            .u64_gauge(&instruments::HW_GPU_MEMORY_USAGE)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for gpu in gpus.iter() {
-                        let name = format!("nvidia{}", gpu.device.index);
+                        let name = gpu.name();
                         let used: u64 = s
                             .containers
                             .iter()
@@ -481,14 +304,12 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     }
     {
         let (gpus, published) = (Arc::clone(&gpus), Arc::clone(published));
-        meter
-            .f64_observable_gauge("hw.gpu.utilization")
-            .with_unit("1")
-            .with_description("Fraction of the time each GPU was busy")
+        registry
+            .f64_gauge(&instruments::HW_GPU_UTILIZATION)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for gpu in gpus.iter() {
-                        let name = format!("nvidia{}", gpu.device.index);
+                        let name = gpu.name();
                         // A GPU whose utilization can't be read is left out, not reported 0.
                         let Some((value, source)) = s
                             .gpus
@@ -507,13 +328,11 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
             })
             .build();
     }
-    register_health(meter, &gpus, published);
+    register_health(registry, &gpus, published);
     {
         let (gpus, published) = (Arc::clone(&gpus), Arc::clone(published));
-        meter
-            .u64_observable_gauge("gpuwarden.container.gpu.memory.usage")
-            .with_unit("By")
-            .with_description("GPU memory a container holds on each GPU")
+        registry
+            .u64_gauge(&instruments::CONTAINER_GPU_MEMORY_USAGE)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for c in container_gpus(s, &gpus) {
@@ -525,10 +344,8 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     }
     {
         let (gpus, published) = (Arc::clone(&gpus), Arc::clone(published));
-        meter
-            .u64_observable_gauge("gpuwarden.container.gpu.memory.limit")
-            .with_unit("By")
-            .with_description("A container's GPU-memory limit on each GPU of its quota")
+        registry
+            .u64_gauge(&instruments::CONTAINER_GPU_MEMORY_LIMIT)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for c in container_gpus(s, &gpus) {
@@ -542,10 +359,8 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     }
     {
         let (gpus, published) = (Arc::clone(&gpus), Arc::clone(published));
-        meter
-            .f64_observable_gauge("gpuwarden.container.compute.share")
-            .with_unit("1")
-            .with_description("A container's compute share of each GPU of its quota")
+        registry
+            .f64_gauge(&instruments::CONTAINER_COMPUTE_SHARE)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for c in container_gpus(s, &gpus) {
@@ -557,23 +372,13 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
             })
             .build();
     }
-    for (name, description, entitled) in [
-        (
-            "gpuwarden.container.compute.entitled",
-            "A container's compute share, the largest over the GPUs of its quota",
-            true,
-        ),
-        (
-            "gpuwarden.container.compute.achieved",
-            "The GPU time a container with a compute share got recently, per wall second",
-            false,
-        ),
+    for (instrument, entitled) in [
+        (&instruments::CONTAINER_COMPUTE_ENTITLED, true),
+        (&instruments::CONTAINER_COMPUTE_ACHIEVED, false),
     ] {
         let published = Arc::clone(published);
-        meter
-            .f64_observable_gauge(name)
-            .with_unit("1")
-            .with_description(description)
+        registry
+            .f64_gauge(instrument)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for c in &s.containers {
@@ -587,12 +392,8 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     }
     {
         let published = Arc::clone(published);
-        meter
-            .u64_observable_gauge("gpuwarden.container.compute.deviation")
-            .with_unit("{flag}")
-            .with_description(
-                "1 while a container's achieved share has been far from its entitlement for 5 minutes",
-            )
+        registry
+            .u64_gauge(&instruments::CONTAINER_COMPUTE_DEVIATION)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for c in &s.containers {
@@ -612,10 +413,8 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     }
     {
         let published = Arc::clone(published);
-        meter
-            .u64_observable_gauge("gpuwarden.agent.controller.connected")
-            .with_unit("{link}")
-            .with_description("1 while the stream to the controller is up, 0 while it is down")
+        registry
+            .u64_gauge(&instruments::AGENT_CONTROLLER_CONNECTED)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     if let Some(up) = s.stats.controller_connected {
@@ -627,10 +426,8 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     }
     {
         let published = Arc::clone(published);
-        meter
-            .u64_observable_counter("gpuwarden.container.ioctls")
-            .with_unit("{ioctl}")
-            .with_description("GPU ioctls by device node and class")
+        registry
+            .u64_counter(&instruments::CONTAINER_IOCTLS)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for c in &s.containers {
@@ -648,26 +445,16 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
             })
             .build();
     }
-    let enforcement: [(&'static str, &'static str, &'static str, Pick); 2] = [
-        (
-            "gpuwarden.container.enforcement.actions",
-            "{action}",
-            "Over-limit allocations acted on",
-            |e| e.actions,
-        ),
-        (
-            "gpuwarden.container.enforcement.denied_opens",
-            "{open}",
-            "Opens of GPU nodes refused",
-            |e| e.denied_opens,
-        ),
+    let enforcement: [(&Instrument, Pick); 2] = [
+        (&instruments::CONTAINER_ENFORCEMENT_ACTIONS, |e| e.actions),
+        (&instruments::CONTAINER_ENFORCEMENT_DENIED_OPENS, |e| {
+            e.denied_opens
+        }),
     ];
-    for (name, unit, description, pick) in enforcement {
+    for (instrument, pick) in enforcement {
         let published = Arc::clone(published);
-        meter
-            .u64_observable_counter(name)
-            .with_unit(unit)
-            .with_description(description)
+        registry
+            .u64_counter(instrument)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for c in &s.containers {
@@ -680,24 +467,14 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
             .build();
     }
     // Times the snapshot keeps in ms, exported in seconds as counters.
-    let times: [(&'static str, &'static str, Pick); 2] = [
-        (
-            "gpuwarden.container.throttled",
-            "Time kept frozen by the compute-share throttle",
-            |e| e.throttled_ms,
-        ),
-        (
-            "gpuwarden.container.gpu.time",
-            "GPU time the compute-share throttle measured for it (rate() is its achieved share)",
-            |e| e.gpu_time_ms,
-        ),
+    let times: [(&Instrument, Pick); 2] = [
+        (&instruments::CONTAINER_THROTTLED, |e| e.throttled_ms),
+        (&instruments::CONTAINER_GPU_TIME, |e| e.gpu_time_ms),
     ];
-    for (name, description, pick) in times {
+    for (instrument, pick) in times {
         let published = Arc::clone(published);
-        meter
-            .f64_observable_counter(name)
-            .with_unit("s")
-            .with_description(description)
+        registry
+            .f64_counter(instrument)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for c in &s.containers {
@@ -711,12 +488,8 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     }
     {
         let published = Arc::clone(published);
-        meter
-            .f64_observable_gauge("gpuwarden.container.gpu.ledger")
-            .with_unit("s")
-            .with_description(
-                "Entitled minus used GPU time in the slot mode (positive: owed to it)",
-            )
+        registry
+            .f64_gauge(&instruments::CONTAINER_GPU_LEDGER)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for c in &s.containers {
@@ -728,38 +501,25 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
             })
             .build();
     }
-    for (name, unit, description, pick) in [
+    for (instrument, pick) in [
         (
-            "gpuwarden.gpu.signal.period",
-            "s",
-            "The compute-share signal's sample period (median of the recent ones)",
+            &instruments::GPU_SIGNAL_PERIOD,
             (|v: &SignalView| v.period_us.map(|us| us as f64 / 1e6))
                 as fn(&SignalView) -> Option<f64>,
         ),
-        (
-            "gpuwarden.gpu.signal.jitter",
-            "s",
-            "How far recent sample periods strayed from the median",
-            |v| v.jitter_us.map(|us| us as f64 / 1e6),
-        ),
-        (
-            "gpuwarden.gpu.signal.unattributed",
-            "s",
-            "GPU busy time that fell in no one's slot",
-            |v| Some(v.unattributed_ms as f64 / 1000.0),
-        ),
-        (
-            "gpuwarden.gpu.signal.late_samples",
-            "{sample}",
-            "Samples that came for time already closed",
-            |v| Some(v.late_samples as f64),
-        ),
+        (&instruments::GPU_SIGNAL_JITTER, |v| {
+            v.jitter_us.map(|us| us as f64 / 1e6)
+        }),
+        (&instruments::GPU_SIGNAL_UNATTRIBUTED, |v| {
+            Some(v.unattributed_ms as f64 / 1000.0)
+        }),
+        (&instruments::GPU_SIGNAL_LATE_SAMPLES, |v| {
+            Some(v.late_samples as f64)
+        }),
     ] {
         let published = Arc::clone(published);
-        meter
-            .f64_observable_gauge(name)
-            .with_unit(unit)
-            .with_description(description)
+        registry
+            .f64_gauge(instrument)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for v in &s.throttle_signals {
@@ -776,10 +536,8 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     }
     {
         let published = Arc::clone(published);
-        meter
-            .u64_observable_counter("gpuwarden.agent.ringbuf.drops")
-            .with_unit("{event}")
-            .with_description("Kernel events dropped because the ring buffer was full")
+        registry
+            .u64_counter(&instruments::AGENT_RINGBUF_DROPS)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| o.observe(s.stats.ringbuf_drops, &[]));
             })
@@ -787,10 +545,8 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     }
     {
         let published = Arc::clone(published);
-        meter
-            .u64_observable_gauge("gpuwarden.agent.map.entries")
-            .with_unit("{entry}")
-            .with_description("Entries in the fd, process and allocation tables")
+        registry
+            .u64_gauge(&instruments::AGENT_MAP_ENTRIES)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for (map, n) in [
@@ -806,12 +562,8 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     }
     {
         let published = Arc::clone(published);
-        meter
-            .u64_observable_counter("gpuwarden.container.table.refused")
-            .with_unit("{entry}")
-            .with_description(
-                "Kernel-table entries refused because the container held its budget there",
-            )
+        registry
+            .u64_counter(&instruments::CONTAINER_TABLE_REFUSED)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for c in &s.containers {
@@ -827,10 +579,8 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     }
     {
         let published = Arc::clone(published);
-        meter
-            .u64_observable_counter("gpuwarden.agent.kubelet.requests")
-            .with_unit("{request}")
-            .with_description("Requests for the kubelet's pod list by result")
+        registry
+            .u64_counter(&instruments::AGENT_KUBELET_REQUESTS)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for (result, n) in s.kubelet.iter().flat_map(|k| &k.requests) {
@@ -842,11 +592,9 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     }
     {
         let published = Arc::clone(published);
-        meter
-            .u64_observable_gauge("gpuwarden.agent.hook.tier")
+        registry
             // Not "1": Prometheus would read that as a ratio (`_ratio`).
-            .with_unit("{tier}")
-            .with_description("1 for the hook tier and memory-enforcement tier in use")
+            .u64_gauge(&instruments::AGENT_HOOK_TIER)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     o.observe(
@@ -875,25 +623,18 @@ fn register(meter: &Meter, gpus: Vec<Gpu>, published: &Published) {
     clippy::too_many_lines,
     reason = "One instrument after another, as in `register`"
 )]
-fn register_health(meter: &Meter, gpus: &Arc<Vec<Gpu>>, published: &Published) {
+fn register_health(registry: &mut Registry<'_>, gpus: &Arc<Vec<Gpu>>, published: &Published) {
     type Pick = fn(&gpuwarden_agent_api::GpuHealthView) -> Option<f64>;
-    let gauges: [(&'static str, &'static str, &'static str, Pick); 2] = [
-        (
-            "hw.gpu.memory.utilization",
-            "1",
-            "Fraction of the time each GPU's memory was read or written",
-            |h| h.memory_utilization,
-        ),
-        ("hw.power", "W", "Power each GPU draws now", |h| {
-            h.power_watts
+    let gauges: [(&Instrument, Pick); 2] = [
+        (&instruments::HW_GPU_MEMORY_UTILIZATION, |h| {
+            h.memory_utilization
         }),
+        (&instruments::HW_POWER, |h| h.power_watts),
     ];
-    for (name, unit, description, pick) in gauges {
+    for (instrument, pick) in gauges {
         let (gpus, published) = (Arc::clone(gpus), Arc::clone(published));
-        meter
-            .f64_observable_gauge(name)
-            .with_unit(unit)
-            .with_description(description)
+        registry
+            .f64_gauge(instrument)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for gpu in gpus.iter() {
@@ -907,10 +648,8 @@ fn register_health(meter: &Meter, gpus: &Arc<Vec<Gpu>>, published: &Published) {
     }
     {
         let (gpus, published) = (Arc::clone(gpus), Arc::clone(published));
-        meter
-            .f64_observable_counter("hw.energy")
-            .with_unit("J")
-            .with_description("Energy each GPU used since the driver loaded")
+        registry
+            .f64_counter(&instruments::HW_ENERGY)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for gpu in gpus.iter() {
@@ -924,10 +663,8 @@ fn register_health(meter: &Meter, gpus: &Arc<Vec<Gpu>>, published: &Published) {
     }
     {
         let (gpus, published) = (Arc::clone(gpus), Arc::clone(published));
-        meter
-            .u64_observable_gauge("hw.status")
-            .with_unit("1")
-            .with_description("1 for each GPU's state, 0 for the other states")
+        registry
+            .u64_gauge(&instruments::HW_STATUS)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for gpu in gpus.iter() {
@@ -948,10 +685,8 @@ fn register_health(meter: &Meter, gpus: &Arc<Vec<Gpu>>, published: &Published) {
     }
     {
         let (gpus, published) = (Arc::clone(gpus), Arc::clone(published));
-        meter
-            .u64_observable_counter("hw.errors")
-            .with_unit("{error}")
-            .with_description("Errors per GPU by type")
+        registry
+            .u64_counter(&instruments::HW_ERRORS)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for gpu in gpus.iter() {
@@ -972,15 +707,13 @@ fn register_health(meter: &Meter, gpus: &Arc<Vec<Gpu>>, published: &Published) {
     }
     {
         let (gpus, published) = (Arc::clone(gpus), Arc::clone(published));
-        meter
-            .u64_observable_counter("gpuwarden.container.gpu.errors")
-            .with_unit("{error}")
-            .with_description("XID errors attributed to a container")
+        registry
+            .u64_counter(&instruments::CONTAINER_GPU_ERRORS)
             .with_callback(move |o| {
                 with_snapshot(&published, |s| {
                     for c in &s.containers {
                         for (device, n) in &c.xid_errors {
-                            let Some(index) = gpu_index(device) else {
+                            let Some(index) = gpu_index(&gpus, device) else {
                                 continue;
                             };
                             let mut attrs = container_attributes(c);
@@ -998,6 +731,7 @@ fn register_health(meter: &Meter, gpus: &Arc<Vec<Gpu>>, published: &Published) {
     }
 }
 
+pub mod instruments;
 pub mod share_watch;
 
 #[cfg(test)]

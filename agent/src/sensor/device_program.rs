@@ -7,7 +7,11 @@ use std::{
     path::Path,
 };
 
-use aya::programs::ProgramFd;
+use aya::{
+    maps::{HashMap as BpfMap, MapData},
+    programs::ProgramFd,
+};
+use gpuwarden_agent_common::mig::CapKey;
 
 use super::pins::{self, Pins};
 
@@ -17,14 +21,43 @@ pub(crate) struct DeviceProgram {
     program: Option<ProgramFd>,
     pins: Option<Pins>,
     owned: HashMap<u64, OwnedFd>,
+    /// The MIG capability nodes each quota may open (`CAP_ACCESS`).
+    caps: Option<BpfMap<MapData, CapKey, u32>>,
 }
 
 impl DeviceProgram {
-    pub(crate) fn new(program: Option<ProgramFd>, pins: Option<Pins>) -> Self {
+    pub(crate) fn new(
+        program: Option<ProgramFd>,
+        pins: Option<Pins>,
+        caps: Option<BpfMap<MapData, CapKey, u32>>,
+    ) -> Self {
         Self {
             program,
             pins,
             owned: HashMap::new(),
+            caps,
+        }
+    }
+
+    /// Lets quota `key`'s cgroups open exactly the capability nodes `minors` (replacing what it
+    /// was let open before).
+    pub(crate) fn allow_caps(&mut self, key: u64, minors: &[u32]) {
+        let Some(caps) = self.caps.as_mut() else {
+            if !minors.is_empty() {
+                tracing::warn!(key, "MIG capability nodes not enforced: no CAP_ACCESS map");
+            }
+            return;
+        };
+        remove_caps(caps, |quota| quota == key);
+        for &minor in minors {
+            let entry = CapKey {
+                quota: key,
+                minor,
+                _pad: 0,
+            };
+            if let Err(e) = caps.insert(entry, 1, 0) {
+                tracing::warn!(key, minor, "MIG capability node not granted: {e}");
+            }
         }
     }
 
@@ -69,6 +102,9 @@ impl DeviceProgram {
     /// Lets go of quota `key`'s cgroup (and its pin).
     pub(crate) fn detach(&mut self, key: u64) {
         self.owned.remove(&key);
+        if let Some(caps) = self.caps.as_mut() {
+            remove_caps(caps, |quota| quota == key);
+        }
         if let Some(pins) = &self.pins {
             let path = pins.device_link(key);
             if let Err(e) = std::fs::remove_file(&path)
@@ -81,6 +117,9 @@ impl DeviceProgram {
 
     /// Removes the pinned links of keys not in `owned`; returns how many.
     pub(crate) fn sweep(&mut self, owned: &BTreeSet<u64>) -> usize {
+        if let Some(caps) = self.caps.as_mut() {
+            remove_caps(caps, |quota| !owned.contains(&quota));
+        }
         let Some(pins) = &self.pins else {
             return 0;
         };
@@ -97,5 +136,17 @@ impl DeviceProgram {
             }
         }
         removed
+    }
+}
+
+/// Removes the capability grants of the quotas `doomed` picks.
+fn remove_caps(caps: &mut BpfMap<MapData, CapKey, u32>, doomed: impl Fn(u64) -> bool) {
+    let gone: Vec<CapKey> = caps
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| doomed(k.quota))
+        .collect();
+    for k in gone {
+        let _ = caps.remove(&k);
     }
 }

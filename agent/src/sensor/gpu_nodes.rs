@@ -137,9 +137,41 @@ pub fn classify(path: &Path) -> Option<GpuNode> {
     }
 }
 
+/// The names of the device indexes that are MIG instances (`nvidia1/gi9`), set once the devices
+/// are known ([`name_instances`]); other indexes are GPUs and named by their node.
+static INSTANCE_NAMES: std::sync::RwLock<BTreeMap<u32, String>> =
+    std::sync::RwLock::new(BTreeMap::new());
+
+/// Names each MIG instance's device index after its parent's node and GPU instance
+/// (`nvidia1/gi9`, as `mig-minors` names it `gpu1/gi9`), replacing earlier names: the memory the
+/// programs count as an instance is reported under that name.
+pub fn name_instances(devices: &[crate::devices::GpuDevice]) {
+    let names = devices
+        .iter()
+        .filter_map(|d| {
+            let m = d.mig.as_ref()?;
+            Some((
+                d.index,
+                format!("nvidia{}/gi{}", m.parent_index, m.gpu_instance),
+            ))
+        })
+        .collect();
+    match INSTANCE_NAMES.write() {
+        Ok(mut n) => *n = names,
+        Err(poisoned) => *poisoned.into_inner() = names,
+    }
+}
+
 /// The name a device id is reported under.
 #[must_use]
 pub fn device_name(device: u32) -> String {
+    let instance = match INSTANCE_NAMES.read() {
+        Ok(n) => n.get(&device).cloned(),
+        Err(poisoned) => poisoned.into_inner().get(&device).cloned(),
+    };
+    if let Some(name) = instance {
+        return name;
+    }
     match device {
         DEVICE_CTL => "nvidiactl".to_owned(),
         DEVICE_MODESET => "nvidia-modeset".to_owned(),

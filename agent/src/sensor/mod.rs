@@ -18,6 +18,7 @@ mod device_program;
 pub(crate) mod events;
 pub mod gpu_nodes;
 pub(crate) mod maps;
+pub mod mig;
 pub mod pins;
 pub mod probe;
 pub mod tracefs;
@@ -198,6 +199,10 @@ const MAPS: &[&str] = &[
     "CGROUP_TABLES",
     "CGROUP_TABLES_RELEASED",
     "GPU_MAJORS",
+    "MIG_INSTANCES",
+    "CLIENT_PARTITIONS",
+    "MIG_CAPS_MAJOR",
+    "CAP_ACCESS",
     "AYA_LOGS",
 ];
 
@@ -375,12 +380,16 @@ impl Sensor {
             )?,
         };
         let settings = settings(&mut ebpf, memory_tier.0)?;
+        let cap_access = Some(take(&mut ebpf, "CAP_ACCESS")?);
         let gpu_majors: Array<MapData, u64> = take(&mut ebpf, "GPU_MAJORS")?;
         let events = Some(take(&mut ebpf, "EVENTS")?);
         Ok(Self {
             ebpf,
             maps,
-            enforcement: Some((quota_maps, DeviceProgram::new(device_program, pins))),
+            enforcement: Some((
+                quota_maps,
+                DeviceProgram::new(device_program, pins, cap_access),
+            )),
             events,
             probe,
             hooks,
@@ -412,6 +421,61 @@ impl Sensor {
                 error_chain(&e)
             );
         }
+    }
+
+    /// Tells the programs which device index each MIG GPU instance among `devices` is counted
+    /// as (replacing what an earlier agent wrote), and the capability nodes' major.
+    ///
+    /// # Errors
+    /// The map is missing or can't be written.
+    pub fn set_mig_instances(
+        &mut self,
+        devices: &[crate::devices::GpuDevice],
+        caps_major: Option<u32>,
+    ) -> Result<(), SensorError> {
+        const NAME: &str = "MIG_INSTANCES";
+        gpu_nodes::name_instances(devices);
+        // The capability nodes' major: 0 leaves them to the other device programs.
+        let major = self
+            .ebpf
+            .map_mut("MIG_CAPS_MAJOR")
+            .ok_or(SensorError::MissingMap {
+                name: "MIG_CAPS_MAJOR",
+            })?;
+        let mut major: Array<&mut MapData, u32> =
+            Array::try_from(major).map_err(|source| SensorError::Map {
+                name: "MIG_CAPS_MAJOR",
+                source,
+            })?;
+        major
+            .set(0, caps_major.unwrap_or(0), 0)
+            .map_err(|source| SensorError::Map {
+                name: "MIG_CAPS_MAJOR",
+                source,
+            })?;
+        let map = self
+            .ebpf
+            .map_mut(NAME)
+            .ok_or(SensorError::MissingMap { name: NAME })?;
+        let mut map: HashMap<&mut MapData, gpuwarden_agent_common::mig::MigKey, u32> =
+            HashMap::try_from(map).map_err(|source| SensorError::Map { name: NAME, source })?;
+        let (entries, left_out) = mig::entries(devices);
+        let stale: Vec<_> = map.keys().filter_map(Result::ok).collect();
+        for key in stale {
+            let _ = map.remove(&key);
+        }
+        for (key, index) in entries {
+            map.insert(key, index, 0)
+                .map_err(|source| SensorError::Map { name: NAME, source })?;
+        }
+        if !left_out.is_empty() {
+            tracing::warn!(
+                instances = %left_out.join(", "),
+                "MIG instances numbered past the programs' {} GPUs: their memory counts as their parent GPU's",
+                gpuwarden_agent_common::maps::MAX_GPUS
+            );
+        }
+        Ok(())
     }
 
     /// Whether GPU nodes are matched by the opened file (else by path).

@@ -327,7 +327,7 @@ pub(crate) fn collect_garbage(
     // object before its client, a file before the fds that refer to it), so an entry the
     // programs add during this pass is never judged against a read that predates its owner.
     let allocations = maps.allocations.entries();
-    let objects = maps.object_devices.keys();
+    let objects = maps.object_devices.entries();
     let files: HashMap<u64, FileRefs> = maps.files.entries().into_iter().collect();
     let clients = maps.clients.entries();
     let live_clients = live_clients(&clients, &procs, &files, proc_root);
@@ -345,11 +345,12 @@ pub(crate) fn collect_garbage(
             release(allocation.cgroup, table::ALLOCATIONS);
         }
     }
-    let stale_objects: Vec<_> = objects
-        .into_iter()
-        .filter(|k| !live_clients.contains_key(&k.client))
-        .collect();
-    garbage.handles += remove_all(&stale_objects, |k| maps.object_devices.remove(k));
+    for (key, object) in &objects {
+        if !live_clients.contains_key(&key.client) && maps.object_devices.remove(key).is_ok() {
+            garbage.handles += 1;
+            release(object.cgroup, table::OBJECTS);
+        }
+    }
     // Open files no tracked fd refers to any more (their fds went unseen: exec, or past the
     // fds the programs walk), unless the programs kept one that someone they don't follow
     // holds (`FileRefs::held`), for the clients it keeps.
@@ -366,13 +367,15 @@ pub(crate) fn collect_garbage(
         .collect();
     garbage.handles += remove_all(&stale_files, |k| maps.files.remove(k));
     // Mappings of processes that are gone (their bytes went with the process).
-    let stale_mappings: Vec<_> = maps
-        .mappings
-        .keys()
-        .into_iter()
-        .filter(|k| procs.get(&k.tgid).is_none_or(|_| !alive(proc_root, k.tgid)))
-        .collect();
-    garbage.handles += remove_all(&stale_mappings, |k| maps.mappings.remove(k));
+    for (key, mapping) in maps.mappings.entries() {
+        let gone = procs
+            .get(&key.tgid)
+            .is_none_or(|_| !alive(proc_root, key.tgid));
+        if gone && maps.mappings.remove(&key).is_ok() {
+            garbage.handles += 1;
+            release(mapping.cgroup, table::MAPPINGS);
+        }
+    }
 
     cgroups.forget_dead();
     let with_procs: HashSet<u64> = maps.procs.entries().iter().map(|(_, p)| p.cgroup).collect();

@@ -3,6 +3,11 @@
 //! leads now) the follower connects again — to whichever controller leads — and resumes from the
 //! last revision it received; when the controller says that revision can no longer be served, it
 //! lists again and goes on from the new listing. Nothing that changed is missed.
+//!
+//! It watches with `WatchSessionEvents`, whose bookmarks move its revision past changes it is not
+//! shown (other owners' sessions), so that a resumed watch starts from a recent revision rather
+//! than one the forgetting of ended sessions made too old; a controller from before them answers
+//! `UNIMPLEMENTED`, and the follower then watches with `WatchSessions` as before.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -34,6 +39,7 @@ pub async fn list_all(client: &mut Client, owner: &str) -> Result<(Vec<pb::Sessi
                 owner: owner.to_owned(),
                 page_size: 0,
                 page_token,
+                states: Vec::new(),
             })
             .await?
             .into_inner();
@@ -60,11 +66,50 @@ pub async fn revision_now(client: &mut Client) -> Result<u64, Status> {
         .revision)
 }
 
+/// An open watch: with bookmarks, or of bare sessions from an older controller.
+enum Stream {
+    Events(Streaming<pb::SessionEvent>),
+    Sessions(Streaming<pb::Session>),
+}
+
+/// What a watch sent next.
+enum Next {
+    Session(Box<pb::Session>),
+    Bookmark(u64),
+}
+
+impl Stream {
+    async fn next(&mut self) -> Option<Result<Next, Status>> {
+        use pb::session_event::Event;
+        match self {
+            Self::Sessions(s) => s
+                .next()
+                .await
+                .map(|r| r.map(|s| Next::Session(Box::new(s)))),
+            Self::Events(s) => loop {
+                match s.next().await? {
+                    Ok(pb::SessionEvent {
+                        event: Some(Event::Session(session)),
+                    }) => return Some(Ok(Next::Session(Box::new(session)))),
+                    Ok(pb::SessionEvent {
+                        event: Some(Event::Bookmark(b)),
+                    }) => return Some(Ok(Next::Bookmark(b.revision))),
+                    // An event of a kind added later: nothing to act on.
+                    Ok(pb::SessionEvent { event: None }) => {}
+                    Err(status) => return Some(Err(status)),
+                }
+            },
+        }
+    }
+}
+
 /// A watch that survives controller restarts and leader changes.
 pub struct Follower<'a> {
     controller: &'a ControllerArgs,
     client: Client,
-    stream: Option<Streaming<pb::Session>>,
+    stream: Option<Stream>,
+    /// The controller has no `WatchSessionEvents` (from before issue 40).
+    plain: bool,
     /// The last revision handed out.
     revision: u64,
     /// Sessions a new listing found changed, to hand out before the watch goes on.
@@ -82,6 +127,7 @@ impl<'a> Follower<'a> {
             controller,
             client,
             stream: None,
+            plain: false,
             revision,
             listed: VecDeque::new(),
             ahead: HashMap::new(),
@@ -105,14 +151,34 @@ impl<'a> Follower<'a> {
                 return Ok(s);
             }
             if self.stream.is_none() {
-                let opened = self
-                    .client
-                    .watch_sessions(pb::WatchSessionsRequest {
-                        since_revision: self.revision,
-                    })
-                    .await;
+                // Said outright: the revision is a listing's, a session's or a bookmark's, and
+                // a watch after it must send everything newer, 0 included.
+                let start = pb::WatchStart::AfterRevision.into();
+                let opened = if self.plain {
+                    self.client
+                        .watch_sessions(pb::WatchSessionsRequest {
+                            since_revision: self.revision,
+                            start,
+                        })
+                        .await
+                        .map(|s| Stream::Sessions(s.into_inner()))
+                } else {
+                    self.client
+                        .watch_session_events(pb::WatchSessionEventsRequest {
+                            since_revision: self.revision,
+                            start,
+                            owner: String::new(),
+                        })
+                        .await
+                        .map(|s| Stream::Events(s.into_inner()))
+                };
                 match opened {
-                    Ok(stream) => self.stream = Some(stream.into_inner()),
+                    Ok(stream) => self.stream = Some(stream),
+                    // A controller from before bookmarks.
+                    Err(status) if status.code() == Code::Unimplemented && !self.plain => {
+                        self.plain = true;
+                        continue;
+                    }
                     Err(status) => {
                         self.recover(&status).await?;
                         continue;
@@ -123,13 +189,16 @@ impl<'a> Follower<'a> {
                 continue;
             };
             match stream.next().await {
-                Some(Ok(s)) => {
+                Some(Ok(Next::Bookmark(revision))) => {
+                    self.revision = self.revision.max(revision);
+                }
+                Some(Ok(Next::Session(s))) => {
                     self.revision = self.revision.max(s.revision);
                     if self.ahead.get(&s.id).is_some_and(|r| *r >= s.revision) {
                         continue;
                     }
                     self.ahead.remove(&s.id);
-                    return Ok(s);
+                    return Ok(*s);
                 }
                 Some(Err(status)) => {
                     self.stream = None;

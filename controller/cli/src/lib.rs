@@ -343,13 +343,21 @@ pub enum CliError {
     /// Bad input (exit 2).
     #[error("{0}")]
     Input(String),
-    /// The controller answered with an error (exit 1).
-    #[error("controller error: {code:?}: {message}")]
+    /// The controller answered with an error (exit 1, whatever the reason).
+    #[error(
+        "controller error: {code:?}: {message}{}{}",
+        reason.as_ref().map(|r| format!(" (reason {r})")).unwrap_or_default(),
+        retry_after.map(|d| format!(" (retry after {d:?})")).unwrap_or_default()
+    )]
     Server {
         /// gRPC code.
         code: tonic::Code,
         /// Its reason.
         message: String,
+        /// The stable reason code of its `ErrorInfo` detail (docs/api.md, "Errors"), if any.
+        reason: Option<String>,
+        /// When retrying can succeed, as its `RetryInfo` detail says.
+        retry_after: Option<std::time::Duration>,
     },
     /// The controller can't be reached (exit 1).
     #[error("cannot reach the controller at {url}: {reason}")]
@@ -405,6 +413,8 @@ impl From<tonic::Status> for CliError {
         Self::Server {
             code: s.code(),
             message: s.message().to_owned(),
+            reason: gpuwarden_proto::details::reason(&s),
+            retry_after: gpuwarden_proto::details::retry_delay(&s),
         }
     }
 }
@@ -591,6 +601,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     gang: gang.to_pb(),
                     // `session create` runs nothing here: no local user to name.
                     run_caller: None,
+                    // One try, never retried: nothing to recognise a retry by.
+                    request_id: String::new(),
+                    // The string above says it, for controllers from before the enum.
+                    placement_mode: 0,
                 })
                 .await?
                 .into_inner();
@@ -681,7 +695,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Node(NodeCommand::Ls) => {
             let nodes = client
-                .list_nodes(pb::ListNodesRequest {})
+                .list_nodes(pb::ListNodesRequest::default())
                 .await?
                 .into_inner()
                 .nodes;
@@ -699,7 +713,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 .await?
                 .into_inner();
             let map = client
-                .get_allocation_map(pb::GetAllocationMapRequest { node_id: node })
+                .get_allocation_map(pb::GetAllocationMapRequest {
+                    node_id: node,
+                    ..Default::default()
+                })
                 .await?
                 .into_inner();
             let devices = map
@@ -728,7 +745,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Profile(ProfileCommand::Ls) => {
             let profiles = client
-                .list_profiles(pb::ListProfilesRequest {})
+                .list_profiles(pb::ListProfilesRequest::default())
                 .await?
                 .into_inner()
                 .profiles;

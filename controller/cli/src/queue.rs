@@ -106,7 +106,7 @@ pub async fn run(
     match command {
         QueueCommand::Ls => {
             let queues = client
-                .list_queues(pb::ListQueuesRequest {})
+                .list_queues(pb::ListQueuesRequest::default())
                 .await?
                 .into_inner()
                 .queues;
@@ -134,7 +134,10 @@ pub async fn run(
         }
         QueueCommand::Rm { name } => {
             let q = client
-                .delete_queue(pb::DeleteQueueRequest { name })
+                .delete_queue(pb::DeleteQueueRequest {
+                    name,
+                    ..Default::default()
+                })
                 .await?
                 .into_inner();
             if as_json {

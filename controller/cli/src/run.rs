@@ -151,6 +151,9 @@ pub async fn run(
             run_caller: Some(pb::RunCaller {
                 uid: unsafe { libc::getuid() },
             }),
+            // One try, never retried: nothing to recognise a retry by.
+            request_id: String::new(),
+            placement_mode: 0,
         })
         .await?
         .into_inner();

@@ -91,11 +91,14 @@ fn an_admin_sets_queues_and_everyone_sees_them_exactly() {
     assert!(shown.contains("limit:      cuda.shares=6.25\n"), "{shown}");
     assert!(shown.contains("members:    alice, bob\n"), "{shown}");
 
-    // A user may not set one (exit 1, the reason named), but reads them.
+    // A user may not set one (exit 1, the reason named, with its code from the details), but
+    // reads them.
     let (code, _, err) = gpuwarden(&url, &alice, &["queue", "set", "mine"]);
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.contains("PermissionDenied") && err.contains("only an admin"),
+        err.contains("PermissionDenied")
+            && err.contains("only an admin")
+            && err.contains("(reason ADMIN_ONLY)"),
         "{err}"
     );
     let table = ok(&url, &alice, &["queue", "ls"]);

@@ -237,10 +237,11 @@ impl NodeAllocator {
             });
         }
         // (idle devices in the set, memory of the first n of them)
+        let profile = request.profile.as_deref();
         let measure = |numa: Option<i32>| {
             let mut idle = 0usize;
             let mut memory = 0u64;
-            for d in self.idle_devices(numa) {
+            for d in self.idle_devices(numa, profile) {
                 if idle < n {
                     memory = memory.saturating_add(d.spec.memory_bytes);
                 }
@@ -264,7 +265,16 @@ impl NodeAllocator {
                 });
             }
         }
-        let (_, memory) = measure(None);
+        let (idle, memory) = measure(None);
+        if let Some(profile) = profile
+            && idle < n
+        {
+            return Err(AllocError::NotEnoughInstances {
+                profile: profile.to_owned(),
+                requested: request.devices,
+                idle,
+            });
+        }
         if memory < request.memory_bytes {
             return Err(AllocError::WholeDevicesLackMemory {
                 memory_bytes: request.memory_bytes,
@@ -275,10 +285,18 @@ impl NodeAllocator {
         Ok(Choice::Whole { n, numa: None })
     }
 
-    pub(super) fn idle_devices(&self, numa: Option<i32>) -> impl Iterator<Item = &DeviceState> {
-        self.devices
-            .iter()
-            .filter(move |d| d.is_idle() && numa.is_none_or(|n| d.spec.numa_node == n))
+    /// The idle devices within `numa` (any when `None`), only instances of `profile` when one
+    /// is given.
+    pub(super) fn idle_devices<'a>(
+        &'a self,
+        numa: Option<i32>,
+        profile: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a DeviceState> {
+        self.devices.iter().filter(move |d| {
+            d.is_idle()
+                && numa.is_none_or(|n| d.spec.numa_node == n)
+                && profile.is_none_or(|p| d.profile.as_deref() == Some(p))
+        })
     }
 
     /// The parts of a decision.
@@ -306,7 +324,7 @@ impl NodeAllocator {
                 out
             }
             Choice::Whole { n, numa } => self
-                .idle_devices(numa)
+                .idle_devices(numa, request.profile.as_deref())
                 .take(n)
                 .map(|d| part(d, d.capacity, d.spec.memory_bytes, true))
                 .collect(),

@@ -1,17 +1,19 @@
-//! The GPU part of a request (`cuda.shares`, `cuda.device`, `cuda.mem`) and why one is
-//! malformed, apart from whether it fits.
+//! The GPU part of a request (`cuda.shares`, `cuda.device`, `cuda.mem`, a MIG profile
+//! `cuda.mig.<profile>`) and why one is malformed, apart from whether it fits.
 
 use crate::slots::{ResourceSlot, SlotValue, names};
 
 /// The GPU part of a request.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GpuRequest {
     /// Fractional shares (`cuda.shares`).
     pub shares: SlotValue,
-    /// Whole exclusive devices (`cuda.device`).
+    /// Whole exclusive devices (`cuda.device`, or instances of [`Self::profile`]).
     pub devices: u32,
     /// GPU memory (`cuda.mem`).
     pub memory_bytes: u64,
+    /// The MIG profile slot (`cuda.mig.1g.18gb`) the whole devices must be instances of.
+    pub profile: Option<String>,
 }
 
 /// Why the GPU part of a request is malformed, whatever the node: the caller's mistake
@@ -21,6 +23,14 @@ pub enum GpuRequestError {
     /// `cuda.device` and `cuda.shares` together.
     #[error("cuda.device and cuda.shares can't be combined in one request")]
     DeviceAndShares,
+    /// A MIG profile with another GPU slot, or two profiles.
+    #[error("{profile} can't be combined with {other} in one request")]
+    ProfileAndOther {
+        /// The profile slot.
+        profile: String,
+        /// The other GPU slot.
+        other: String,
+    },
     /// A slot that takes whole numbers got a fraction.
     #[error("{slot}={value} is not a whole number")]
     NotWhole {
@@ -55,6 +65,7 @@ impl GpuRequest {
             shares,
             devices: 0,
             memory_bytes: 0,
+            profile: None,
         }
     }
 
@@ -65,12 +76,22 @@ impl GpuRequest {
             shares: SlotValue::ZERO,
             devices,
             memory_bytes: 0,
+            profile: None,
+        }
+    }
+
+    /// `count` instances of MIG profile slot `profile` (`cuda.mig.1g.18gb`), each held whole.
+    #[must_use]
+    pub fn profile(profile: &str, count: u32) -> Self {
+        Self {
+            profile: Some(profile.to_owned()),
+            ..Self::devices(count)
         }
     }
 
     /// The same request with `memory_bytes` of GPU memory.
     #[must_use]
-    pub const fn with_memory(self, memory_bytes: u64) -> Self {
+    pub fn with_memory(self, memory_bytes: u64) -> Self {
         Self {
             memory_bytes,
             ..self
@@ -97,7 +118,7 @@ impl GpuRequest {
                 .to_u64()
                 .ok_or(GpuRequestError::OutOfRange { slot, value })
         };
-        Ok(Self {
+        let mut request = Self {
             shares,
             devices: u32::try_from(whole(names::CUDA_DEVICE, devices)?).map_err(|_| {
                 GpuRequestError::OutOfRange {
@@ -106,7 +127,41 @@ impl GpuRequest {
                 }
             })?,
             memory_bytes: whole(names::CUDA_MEM, mem)?,
-        })
+            profile: None,
+        };
+        // A MIG profile: that many instances of it, whole, and nothing else of the GPU slots.
+        for (name, value) in slots.iter() {
+            if value.is_zero() || !name.as_str().starts_with(names::CUDA_MIG_PREFIX) {
+                continue;
+            }
+            let other = if let Some(p) = &request.profile {
+                Some(p.clone())
+            } else if !shares.is_zero() {
+                Some(names::CUDA_SHARES.to_owned())
+            } else if !devices.is_zero() {
+                Some(names::CUDA_DEVICE.to_owned())
+            } else {
+                None
+            };
+            if let Some(other) = other {
+                return Err(GpuRequestError::ProfileAndOther {
+                    profile: name.to_string(),
+                    other,
+                });
+            }
+            let slot = mig_slot_name(name.as_str());
+            let count = whole(slot, value)?;
+            request.devices =
+                u32::try_from(count).map_err(|_| GpuRequestError::OutOfRange { slot, value })?;
+            request.profile = Some(name.to_string());
+        }
+        Ok(request)
+    }
+
+    /// Whether it asks for instances of a MIG profile.
+    #[must_use]
+    pub fn is_profile(&self) -> bool {
+        self.profile.is_some()
     }
 
     /// Whether it asks for no GPU at all.
@@ -130,4 +185,9 @@ impl GpuRequest {
             })
         }
     }
+}
+
+/// The name errors give a profile slot (their slot names are `&'static str`).
+fn mig_slot_name(_name: &str) -> &'static str {
+    "cuda.mig.<profile>"
 }

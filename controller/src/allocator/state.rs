@@ -42,6 +42,16 @@ pub enum AllocError {
         /// All devices.
         devices: usize,
     },
+    /// Fewer idle instances of a MIG profile than asked.
+    #[error("{profile}={requested}: {idle} of the node's instances of that profile are idle")]
+    NotEnoughInstances {
+        /// The profile slot.
+        profile: String,
+        /// Instances asked.
+        requested: u32,
+        /// Idle instances of it.
+        idle: usize,
+    },
     /// Whole devices are idle, but their memory is less than asked.
     #[error(
         "cuda.mem={memory_bytes} exceeds the {available} bytes of {devices} idle whole device(s)"
@@ -106,6 +116,10 @@ pub struct DeviceState {
     /// agent prepared (observed sessions), and the controller hands none of it out.
     #[serde(default)]
     pub kubernetes: bool,
+    /// The MIG profile slot of an instance (`cuda.mig.1g.18gb`): what requests for that
+    /// profile are placed on.
+    #[serde(default)]
+    pub profile: Option<String>,
 }
 
 impl DeviceState {
@@ -250,6 +264,7 @@ impl NodeAllocator {
                 sessions: BTreeSet::new(),
                 exclusive_owner: None,
                 kubernetes: false,
+                profile: None,
             })
             .collect();
         Persisted {
@@ -258,6 +273,16 @@ impl NodeAllocator {
             held: BTreeMap::new(),
         }
         .into()
+    }
+
+    /// Marks the devices that are MIG instances with their profile slot (`cuda.mig.1g.18gb`),
+    /// by device index: requests for a profile go to idle instances of it.
+    #[must_use]
+    pub fn with_profiles(mut self, profiles: &BTreeMap<u32, String>) -> Self {
+        for d in &mut self.devices {
+            d.profile = profiles.get(&d.spec.index).cloned();
+        }
+        self
     }
 
     /// Adds the GPUs the node offers to Kubernetes: shown in the allocation map with the claims
@@ -278,6 +303,7 @@ impl NodeAllocator {
                 sessions: BTreeSet::new(),
                 exclusive_owner: None,
                 kubernetes: true,
+                profile: None,
             });
         }
         self.refresh();
@@ -433,7 +459,8 @@ impl NodeAllocator {
             if !request.shares.is_zero() || request.devices as usize > self.free.idle {
                 return false;
             }
-            if request.memory_bytes == 0 {
+            // A profile counts only its own idle instances: the choice below does.
+            if request.memory_bytes == 0 && !request.is_profile() {
                 return true;
             }
         } else {

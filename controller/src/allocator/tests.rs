@@ -1,6 +1,8 @@
 use proptest::{prelude::*, strategy::Strategy as Gen};
 
 use super::{Strategy, *};
+use std::collections::BTreeSet;
+
 use crate::slots::{ResourceSlot, SlotValue};
 
 fn v(s: &str) -> SlotValue {
@@ -53,6 +55,92 @@ fn preload(a: &mut NodeAllocator, held: &[&str]) {
         };
         a.restore(&format!("pre-{i}"), Allocation { parts: vec![part] });
     }
+}
+
+/// GPU 0 whole; instances 2 and 3 of profile 1g.18gb and 4 of 3g.71gb (GPU 1 in MIG mode).
+fn mig_node() -> NodeAllocator {
+    let profiles: std::collections::BTreeMap<u32, String> = [
+        (2, "cuda.mig.1g.18gb"),
+        (3, "cuda.mig.1g.18gb"),
+        (4, "cuda.mig.3g.71gb"),
+    ]
+    .into_iter()
+    .map(|(i, p)| (i, p.to_owned()))
+    .collect();
+    NodeAllocator::new(
+        [0, 2, 3, 4].into_iter().map(|i| spec(i, 0)).collect(),
+        AllocatorConfig::default(),
+    )
+    .with_profiles(&profiles)
+}
+
+#[test]
+fn a_profile_request_holds_idle_instances_of_that_profile_whole() {
+    let mut a = mig_node();
+    let one = GpuRequest::profile("cuda.mig.1g.18gb", 1);
+    assert!(a.can_fit(&one));
+    let first = a.allocate("m1", &one, Strategy::Binpack).unwrap();
+    assert_eq!(first.parts.len(), 1);
+    assert!(first.parts[0].exclusive);
+    assert!([2, 3].contains(&first.parts[0].index), "{first:?}");
+    let second = a.allocate("m2", &one, Strategy::Spread).unwrap();
+    assert_eq!(
+        indices(&first)
+            .into_iter()
+            .chain(indices(&second))
+            .collect::<BTreeSet<_>>(),
+        BTreeSet::from([2, 3])
+    );
+    // No idle 1g instance is left, though a whole GPU and a 3g instance are.
+    assert!(!a.can_fit(&one));
+    assert!(matches!(
+        a.allocate("m3", &one, Strategy::Binpack),
+        Err(AllocError::NotEnoughInstances { idle: 0, .. })
+    ));
+    let big = GpuRequest::profile("cuda.mig.3g.71gb", 1);
+    assert_eq!(
+        indices(&a.allocate("m4", &big, Strategy::Binpack).unwrap()),
+        [4]
+    );
+    // Fractions and whole devices still land where there is room: GPU 0 only now.
+    assert_eq!(
+        indices(&a.allocate("s", &shares("0.5"), Strategy::Binpack).unwrap()),
+        [0]
+    );
+    assert!(!a.can_fit(&GpuRequest::devices(1)));
+    a.release("m1");
+    assert!(a.can_fit(&one));
+    // Two instances of it can't be had now: one is idle.
+    assert!(!a.can_fit(&GpuRequest::profile("cuda.mig.1g.18gb", 2)));
+}
+
+#[test]
+fn a_profile_is_read_from_its_slot_and_combines_with_no_other_gpu_slot() {
+    let slots = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .fold(ResourceSlot::new(), |r, (k, val)| r.with(k, v(val)))
+    };
+    let r = GpuRequest::from_slots(&slots(&[("cuda.mig.1g.18gb", "2"), ("cpu", "1")])).unwrap();
+    assert_eq!(
+        (r.devices, r.profile.as_deref()),
+        (2, Some("cuda.mig.1g.18gb"))
+    );
+    for other in [
+        ("cuda.shares", "0.5"),
+        ("cuda.device", "1"),
+        ("cuda.mig.3g.71gb", "1"),
+    ] {
+        let err = GpuRequest::from_slots(&slots(&[("cuda.mig.1g.18gb", "1"), other]));
+        assert!(
+            matches!(err, Err(GpuRequestError::ProfileAndOther { .. })),
+            "{other:?}: {err:?}"
+        );
+    }
+    assert!(matches!(
+        GpuRequest::from_slots(&slots(&[("cuda.mig.1g.18gb", "0.5")])),
+        Err(GpuRequestError::NotWhole { .. })
+    ));
 }
 
 #[test]
@@ -181,6 +269,7 @@ fn devices_and_shares_together_are_an_error() {
         shares: v("0.5"),
         devices: 1,
         memory_bytes: 0,
+        profile: None,
     };
     assert_eq!(
         a.allocate("s", &request, Strategy::Binpack),
@@ -455,6 +544,7 @@ fn request() -> impl Gen<Value = GpuRequest> {
             shares: SlotValue::from_micros(hundredths * 10_000),
             devices: 0,
             memory_bytes: memory,
+            profile: None,
         }),
         1 => (1u32..4, memory.clone()).prop_map(|(n, memory)| GpuRequest::devices(n).with_memory(memory)),
         1 => (1u64..(8 << 30)).prop_map(|memory| GpuRequest::default().with_memory(memory)),

@@ -5,8 +5,8 @@
 
 pub use gpuwarden_proto::convert::{
     event_from_pb, event_to_pb, kind_from_pb, kind_to_pb, node_state_to_pb, placement_from_pb,
-    placement_to_pb, policy_to_pb, scope_to_pb, slots_to_pb, state_to_pb, target_from_pb,
-    target_to_pb,
+    placement_mode_to_pb, placement_request_from_pb, placement_to_pb, policy_to_pb, scope_to_pb,
+    slots_to_pb, state_to_pb, target_from_pb, target_to_pb,
 };
 use gpuwarden_proto::v1 as pb;
 use tonic::Status;
@@ -17,7 +17,10 @@ use crate::{
     placement::Explanation,
     profile::{Profile, UsageSample},
     scheduler::{NewSession, Observed},
-    session::{Gang, KubernetesClaim, QuotaPolicy, Session, TargetScope},
+    session::{
+        DecisionKind, Gang, KubernetesClaim, Origin, QuotaPolicy, Session, SessionState,
+        TargetScope, WaitKind,
+    },
     slots::{ResourceSlot, SlotName},
 };
 
@@ -41,8 +44,8 @@ pub fn new_session_from_pb(
     owner: String,
     r: pb::CreateSessionRequest,
 ) -> Result<NewSession, Status> {
-    let placement =
-        placement_from_pb(&r.placement).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let placement = placement_request_from_pb(&r.placement, r.placement_mode)
+        .map_err(Status::invalid_argument)?;
     Ok(NewSession {
         id,
         name: r.name,
@@ -315,11 +318,83 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
             .map(|d| pb::SchedulingDecision {
                 at_ms: d.at_ms,
                 kind: d.kind.as_str().to_owned(),
+                decision_kind: match d.kind {
+                    DecisionKind::Waited => pb::DecisionKind::Waited,
+                    DecisionKind::Preempted => pb::DecisionKind::Preempted,
+                    DecisionKind::Yielded => pb::DecisionKind::Yielded,
+                    DecisionKind::Suspended => pb::DecisionKind::Suspended,
+                    DecisionKind::Resumed => pb::DecisionKind::Resumed,
+                }
+                .into(),
                 detail: d.detail.clone(),
             })
             .collect(),
         share: Some(share_to_pb(s)),
+        request_id: s.request_id.clone().unwrap_or_default(),
+        placement_mode: placement_mode_to_pb(s.placement).into(),
+        conditions: conditions(s),
+        origin_kind: match s.origin {
+            Origin::Controller => pb::SessionOrigin::Controller,
+            Origin::Dra(_) => pb::SessionOrigin::Dra,
+        }
+        .into(),
     }
+}
+
+/// A session's conditions (docs/api.md, "Conditions"): `Scheduled` while it waits or holds a
+/// place (none once it ended), and `Preempting` while it yields.
+fn conditions(s: &Session) -> Vec<pb::SessionCondition> {
+    let condition =
+        |kind: &str, status: pb::ConditionStatus, reason: &str, message, at| pb::SessionCondition {
+            r#type: kind.to_owned(),
+            status: status.into(),
+            reason: reason.to_owned(),
+            message,
+            last_transition_ms: at,
+        };
+    let mut all = Vec::new();
+    match s.state {
+        // False since it was created: its status has not changed, only why it waits.
+        SessionState::Pending => all.push(condition(
+            "Scheduled",
+            pb::ConditionStatus::False,
+            s.wait.map_or("NotTriedYet", WaitKind::reason),
+            s.reason.clone(),
+            s.created_at_ms,
+        )),
+        SessionState::Scheduled | SessionState::Running | SessionState::Lost => {
+            all.push(condition(
+                "Scheduled",
+                pb::ConditionStatus::True,
+                "Placed",
+                format!("on node {}", s.node.as_deref().unwrap_or("-")),
+                // Observed sessions were placed by Kubernetes as they were created; records from
+                // before placements were timed say when they last changed.
+                s.placed_at_ms.unwrap_or(if s.origin == Origin::Controller {
+                    s.updated_at_ms
+                } else {
+                    s.created_at_ms
+                }),
+            ));
+        }
+        _ => {}
+    }
+    if let Some(why) = &s.preempting {
+        let since = s
+            .decisions
+            .iter()
+            .rev()
+            .find(|d| d.kind == DecisionKind::Yielded)
+            .map_or(s.updated_at_ms, |d| d.at_ms);
+        all.push(condition(
+            "Preempting",
+            pb::ConditionStatus::True,
+            "Preempting",
+            why.clone(),
+            since,
+        ));
+    }
+    all
 }
 
 /// A session's entitled share (from its allocation) next to what its agent reported it got.
@@ -351,6 +426,7 @@ fn share_to_pb(s: &Session) -> pb::SessionShare {
 pub fn explanation_to_pb(e: &Explanation) -> pb::PlacementExplanation {
     pb::PlacementExplanation {
         mode: e.mode.to_string(),
+        placement_mode: placement_mode_to_pb(Some(e.mode)).into(),
         candidates: e
             .candidates
             .iter()

@@ -6,6 +6,7 @@
 
 mod agents;
 pub mod convert;
+mod pages;
 mod queues;
 pub mod role;
 mod sessions;

@@ -4,8 +4,8 @@
 //!
 //! The service trait's methods ([`super::SchedulerApi`]) call these.
 
-use gpuwarden_proto::v1 as pb;
-use tonic::{Request, Response, Status};
+use gpuwarden_proto::{details::Details, v1 as pb};
+use tonic::{Code, Request, Response, Status};
 
 use super::{SchedulerApi, convert};
 use crate::{
@@ -19,14 +19,50 @@ use crate::{
 /// How a refused queue change is answered.
 fn queue_status(e: &QueueError) -> Status {
     if e.is_not_found() {
-        Status::not_found(e.to_string())
+        Details::new("QUEUE_NOT_FOUND").status(Code::NotFound, e.to_string())
     } else {
-        Status::invalid_argument(e.to_string())
+        Details::new("INVALID_QUEUE")
+            .field("queue", e.to_string())
+            .status(Code::InvalidArgument, e.to_string())
     }
+}
+
+/// A queue's etag (AIP-154): a digest of what an admin sets (its guarantee, limit and
+/// members), not of what it holds, so that usage moving does not fail a `SetQueue`.
+fn etag(view: &QueueView) -> String {
+    // Slots serialize as sorted maps, and members are kept sorted: the same queue, the same
+    // bytes, on every controller.
+    let spec = serde_json::to_vec(&(&view.name, &view.quota, &view.members)).unwrap_or_default();
+    let digest = ring::digest::digest(&ring::digest::SHA256, &spec);
+    base64::Engine::encode(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        &digest.as_ref()[..12],
+    )
+}
+
+/// Refuses a change sent with `given` (non-empty) when the queue's etag is not that.
+fn check_etag(current: Option<&QueueView>, given: &str) -> Result<(), Status> {
+    if given.is_empty() {
+        return Ok(());
+    }
+    let now = current.map(etag);
+    if now.as_deref() == Some(given) {
+        return Ok(());
+    }
+    let message = match &now {
+        Some(now) => format!(
+            "the queue changed since it was read (etag {given:?}, now {now:?}); read it again"
+        ),
+        None => format!("the queue no longer exists (etag {given:?}); read it again"),
+    };
+    Err(Details::new("ETAG_MISMATCH")
+        .meta("etag", now.unwrap_or_default())
+        .status(Code::Aborted, message))
 }
 
 /// A queue as `caller` sees it: a user sees itself among the members, and no one else.
 fn queue_to_pb(view: QueueView, caller: &Caller) -> pb::Queue {
+    let etag = etag(&view);
     let QueueView {
         name,
         quota,
@@ -41,6 +77,7 @@ fn queue_to_pb(view: QueueView, caller: &Caller) -> pb::Queue {
         members: members.into_iter().filter(|m| caller.may_see(m)).collect(),
         held: Some(convert::slots_to_pb(&held)),
         borrowed: Some(convert::slots_to_pb(&borrowed)),
+        etag,
     }
 }
 
@@ -100,12 +137,20 @@ pub(super) fn list(
     request: &Request<pb::ListQueuesRequest>,
 ) -> Result<Response<pb::ListQueuesResponse>, Status> {
     let caller = api.caller(request)?;
-    let queues = api.controller.read(crate::scheduler::Scheduler::queues);
-    Ok(Response::new(pb::ListQueuesResponse {
-        queues: queues
+    let r = request.get_ref();
+    let pager = api.pager("queues", &r.page_token, r.page_size)?;
+    let mut queues = api.controller.read(crate::scheduler::Scheduler::queues);
+    // In name order, whatever order the scheduler keeps them in: pages follow names.
+    queues.sort_by(|a, b| a.name.cmp(&b.name));
+    let (queues, next_page_token) = pager.page(
+        queues
             .into_iter()
-            .map(|q| queue_to_pb(q, &caller))
-            .collect(),
+            .filter(|q| pager.admits(&q.name))
+            .map(|q| (q.name.clone(), queue_to_pb(q, &caller))),
+    );
+    Ok(Response::new(pb::ListQueuesResponse {
+        queues,
+        next_page_token,
     }))
 }
 
@@ -119,7 +164,11 @@ pub(super) fn get(
     api.controller
         .read(|s| s.queue_view(&name))
         .map(|q| Response::new(queue_to_pb(q, &caller)))
-        .ok_or_else(|| Status::not_found(format!("no queue {name:?}")))
+        .ok_or_else(|| {
+            Details::new("QUEUE_NOT_FOUND")
+                .meta("queue", name.as_str())
+                .status(Code::NotFound, format!("no queue {name:?}"))
+        })
 }
 
 pub(super) async fn set(
@@ -138,13 +187,17 @@ pub(super) async fn set(
             queue.as_ref().map(|q| q.name.as_str()).unwrap_or_default()
         )
     })?;
+    let given = queue.as_ref().map(|q| q.etag.clone()).unwrap_or_default();
     let spec = spec_from_pb(api, queue)?;
+    // Checked and set under one lock: no change slips in between.
     let view = api
         .controller
-        .apply(|s| s.set_queue(spec))
+        .apply(|s| {
+            check_etag(s.queue_view(&spec.name).as_ref(), &given)?;
+            s.set_queue(spec).map_err(|e| queue_status(&e))
+        })
         .await
-        .map_err(|e| store_status(&e))?
-        .map_err(|e| queue_status(&e))?;
+        .map_err(|e| store_status(&e))??;
     tracing::info!(queue = %view.name, admin = %caller.name, "queue set");
     api.controller.kick();
     Ok(Response::new(queue_to_pb(view, &caller)))
@@ -155,15 +208,21 @@ pub(super) async fn delete(
     request: Request<pb::DeleteQueueRequest>,
 ) -> Result<Response<pb::Queue>, Status> {
     let caller = api.caller(&request)?;
-    let name = request.into_inner().name;
+    let pb::DeleteQueueRequest { name, etag: given } = request.into_inner();
     api.bounds.counted(api.bounds.limits.name("name", &name))?;
     caller.must_be_admin(|| format!("delete queue {name:?}"))?;
     let view = api
         .controller
-        .apply(|s| s.delete_queue(&name))
+        .apply(|s| {
+            let current = s.queue_view(&name);
+            // A queue gone is NOT_FOUND, whatever the etag: deleting twice answers as before.
+            if current.is_some() {
+                check_etag(current.as_ref(), &given)?;
+            }
+            s.delete_queue(&name).map_err(|e| queue_status(&e))
+        })
         .await
-        .map_err(|e| store_status(&e))?
-        .map_err(|e| queue_status(&e))?;
+        .map_err(|e| store_status(&e))??;
     tracing::info!(queue = %view.name, admin = %caller.name, "queue removed");
     api.controller.kick();
     Ok(Response::new(queue_to_pb(view, &caller)))

@@ -6,19 +6,21 @@
 
 use std::{pin::Pin, sync::Arc};
 
+use gpuwarden_proto::details::Details;
 use gpuwarden_proto::v1::{self as pb, scheduler_service_server::SchedulerService};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
-use super::{convert, queues};
+use super::{convert, pages::Pager, queues};
 use crate::{
     auth::clients::{Caller, ClientAuth},
     controller::{
         Controller, store_status,
-        watch::{self, WatchError},
+        watch::{self, Start, WatchError},
     },
     limits::Bounds,
-    scheduler::RequestError,
+    scheduler::{Created, RequestError},
+    session::now_ms,
 };
 
 /// The client-facing service: the controller, how its callers authenticate, and the bounds
@@ -34,6 +36,23 @@ pub struct SchedulerApi {
 }
 
 impl SchedulerApi {
+    /// The page of list `list` a request asks for.
+    pub(super) fn pager(
+        &self,
+        list: &'static str,
+        page_token: &str,
+        page_size: u32,
+    ) -> Result<Pager, Status> {
+        let limits = &self.bounds.limits;
+        Pager::new(
+            list,
+            page_token,
+            page_size,
+            limits.max_page_size,
+            limits.max_id_len,
+        )
+    }
+
     /// Who sent `request`, once it is known and within its rate.
     pub(super) fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
         let caller = self.clients.caller(request)?;
@@ -52,25 +71,76 @@ impl SchedulerApi {
     }
 }
 
+/// A request the scheduler refused: the codes as before, told apart by their `ErrorInfo`
+/// reason (docs/api.md, "Errors").
 fn request_status(e: &RequestError) -> Status {
+    let message = e.to_string();
     match e {
-        RequestError::Gpu(_)
-        | RequestError::Empty
-        | RequestError::Target(_)
-        | RequestError::Gang(_) => Status::invalid_argument(e.to_string()),
-        RequestError::UnknownSlot { .. }
-        | RequestError::Oversized { .. }
-        | RequestError::UnknownNode(_) => Status::failed_precondition(e.to_string()),
+        RequestError::Gpu(_) => Details::new("INVALID_GPU_REQUEST")
+            .field("requested", &message)
+            .status(Code::InvalidArgument, message),
+        RequestError::Empty => Details::new("EMPTY_REQUEST")
+            .field("requested", &message)
+            .status(Code::InvalidArgument, message),
+        RequestError::Target(_) => target_status(message),
+        RequestError::Gang(_) => Details::new("INVALID_GANG")
+            .field("gang", &message)
+            .status(Code::InvalidArgument, message),
+        RequestError::UnknownSlot { slot, .. } => Details::new("UNKNOWN_SLOT")
+            .meta("slot", slot.as_str())
+            .status(Code::FailedPrecondition, message),
+        RequestError::Oversized { .. } => {
+            Details::new("LARGER_THAN_ANY_NODE").status(Code::FailedPrecondition, message)
+        }
+        RequestError::UnknownNode(node) => Details::new("UNKNOWN_NODE")
+            .meta("node", node.as_str())
+            .status(Code::FailedPrecondition, message),
     }
+}
+
+/// A target that is malformed for its kind or node.
+fn target_status(message: String) -> Status {
+    Details::new("INVALID_TARGET")
+        .field("target", &message)
+        .status(Code::InvalidArgument, message)
 }
 
 /// How a watch that cannot go on ends.
 fn watch_status(e: &WatchError) -> Status {
+    let message = e.to_string();
     match e {
-        WatchError::TooOld { .. } | WatchError::TooNew { .. } => {
-            Status::out_of_range(e.to_string())
-        }
-        WatchError::TermEnded { .. } => Status::unavailable(e.to_string()),
+        WatchError::TooOld { compacted, .. } => Details::new("REVISION_COMPACTED")
+            .meta("compacted", compacted.to_string())
+            .status(Code::OutOfRange, message),
+        WatchError::TooNew { latest, .. } => Details::new("REVISION_AHEAD")
+            .meta("latest", latest.to_string())
+            .status(Code::OutOfRange, message),
+        WatchError::TermEnded { resume } => Details::new("TERM_ENDED")
+            .meta("resume", resume.to_string())
+            .status(Code::Unavailable, message),
+    }
+}
+
+/// No session `id` (or none the caller may see).
+fn no_session(id: &str) -> Status {
+    Details::new("SESSION_NOT_FOUND")
+        .meta("id", id)
+        .status(Code::NotFound, format!("no session {id:?}"))
+}
+
+/// Where a watch asked to start.
+fn watch_start(r: &pb::WatchSessionsRequest) -> Result<Start, Status> {
+    let since = r.since_revision;
+    match pb::WatchStart::try_from(r.start) {
+        Ok(pb::WatchStart::Unspecified | pb::WatchStart::Now) if since == 0 => Ok(Start::Now),
+        Ok(pb::WatchStart::Unspecified | pb::WatchStart::AfterRevision) => Ok(Start::After(since)),
+        Ok(pb::WatchStart::Now) => Err(Status::invalid_argument(format!(
+            "since_revision {since} with start WATCH_START_NOW: give one or the other"
+        ))),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "start: {} is not a WatchStart",
+            r.start
+        ))),
     }
 }
 
@@ -95,7 +165,14 @@ impl PageToken {
         if given.is_empty() {
             return Ok(None);
         }
-        let bad = || Status::invalid_argument("page_token: not a token this controller gave");
+        let bad = || {
+            Details::new("INVALID_PAGE_TOKEN")
+                .field("page_token", "not a token this controller gave")
+                .status(
+                    Code::InvalidArgument,
+                    "page_token: not a token this controller gave",
+                )
+        };
         // revision, time, id and two colons.
         if given.len() > (max_id_len + 48) * 4 / 3 + 4 {
             return Err(bad());
@@ -129,6 +206,7 @@ impl SchedulerService for SchedulerApi {
         self.bounds.counted(limits.create(&r))?;
         let owner = caller.owner_for_create(std::mem::take(&mut r.owner))?;
         let unconfined = r.unconfined_target;
+        let request_id = Some(std::mem::take(&mut r.request_id)).filter(|r| !r.is_empty());
         let id = self
             .controller
             .new_session_id()
@@ -137,7 +215,7 @@ impl SchedulerService for SchedulerApi {
         // Checked before authorizing, so a malformed target is named as such.
         new.target
             .validate(new.pinned_node.as_deref())
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            .map_err(|e| target_status(e.to_string()))?;
         new.scope = self.clients.authorize_target(
             &caller,
             &new.owner,
@@ -145,23 +223,40 @@ impl SchedulerService for SchedulerApi {
             new.policy,
             unconfined,
         )?;
+        let log = self.controller.session_log();
         let (created, pending) = self
             .controller
             .change(|s| {
+                // A retry is looked for first, under the scheduler's lock, so that two tries
+                // racing make one session, and a retry is not refused for the cap its first try
+                // counts against.
+                if let Some(first) = request_id
+                    .as_deref()
+                    .and_then(|r| s.retried(&new.owner, r, now_ms()))
+                {
+                    let first = first.clone();
+                    // Not stored yet (its commit failed, or is under way): written again, so
+                    // that this answer, too, waits until it is.
+                    if log.get(&first.id).is_none() {
+                        s.rewrite(&first.id);
+                    }
+                    return Ok(Created::Retried(first));
+                }
                 // Under the scheduler's lock, so a storm of creates stops at exactly the cap.
                 let (mine, total) = s.live_sessions(&new.owner);
                 self.bounds
                     .counted(limits.admit_session(&new.owner, mine, total))?;
-                s.create(new).map_err(|e| request_status(&e))
+                s.create_once(new, request_id, now_ms())
+                    .map_err(|e| request_status(&e))
             })
             .map_err(|e| store_status(&e))?;
-        let created = created?;
+        let (Created::New(created) | Created::Retried(created)) = created?;
         // As stored, with the revision of its creation: a watch from it misses nothing after.
-        let answer = pending
-            .announced(&created.id)
-            .cloned()
-            .unwrap_or_else(|| convert::session_to_pb(&created));
+        let announced = pending.announced(&created.id).cloned();
         pending.durable().await.map_err(|e| store_status(&e))?;
+        let answer = announced
+            .or_else(|| log.get(&created.id).map(|s| pb::Session::clone(&s)))
+            .unwrap_or_else(|| convert::session_to_pb(&created));
         self.controller.kick();
         Ok(Response::new(answer))
     }
@@ -173,13 +268,15 @@ impl SchedulerService for SchedulerApi {
         let caller = self.caller(&request)?;
         let id = request.into_inner().id;
         self.bounds.counted(self.bounds.limits.id("id", &id))?;
+        // From the stored state, as List and Watch answer: never a change a failover could
+        // still lose (a session being created is not found until its creation is stored).
         let session = self
             .controller
-            .read(|s| s.sessions().get(&id).map(convert::session_to_pb));
+            .session_log()
+            .get(&id)
+            .map(|s| pb::Session::clone(&s));
         caller.may_act_on_session(session.as_ref().map(|s| s.owner.as_str()), &id, "see")?;
-        session
-            .map(Response::new)
-            .ok_or_else(|| Status::not_found(format!("no session {id:?}")))
+        session.map(Response::new).ok_or_else(|| no_session(&id))
     }
 
     async fn list_sessions(
@@ -191,6 +288,18 @@ impl SchedulerService for SchedulerApi {
         let limits = &self.bounds.limits;
         self.bounds.counted(limits.owner("owner", &r.owner))?;
         let owner = caller.owner_filter(r.owner)?;
+        let states = r.states.clone();
+        if let Some(bad) = states
+            .iter()
+            .find(|s| pb::SessionState::try_from(**s).is_err())
+        {
+            return Err(Details::new("INVALID_STATE")
+                .field("states", format!("{bad} is not a SessionState"))
+                .status(
+                    Code::InvalidArgument,
+                    format!("states: {bad} is not a SessionState"),
+                ));
+        }
         let token = PageToken::parse(&r.page_token, limits.max_id_len)?;
         let size = match usize::try_from(r.page_size) {
             Ok(0) | Err(_) => limits.max_page_size,
@@ -200,7 +309,10 @@ impl SchedulerService for SchedulerApi {
         // Room for the answer's other fields within the message limit.
         let budget = limits.max_message_bytes.saturating_sub(4 << 10);
         let page = self.controller.session_log().page(
-            |x| owner.is_empty() || x.owner == owner,
+            |x| {
+                (owner.is_empty() || x.owner == owner)
+                    && (states.is_empty() || states.contains(&x.state))
+            },
             token.as_ref().map(|t| &t.after),
             size,
             budget,
@@ -227,9 +339,9 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<Self::WatchSessionsStream>, Status> {
         let caller = self.caller(&request)?;
         let counted_as = self.counted_as(&caller, &request);
-        let since = request.into_inner().since_revision;
+        let start = watch_start(request.get_ref())?;
         let log = Arc::clone(self.controller.session_log());
-        let start = log.start(since).map_err(|e| watch_status(&e))?;
+        let start = log.start(start).map_err(|e| watch_status(&e))?;
         // The stream's task owns the guard: its place is freed when the client goes away.
         let guard = self.bounds.counted(self.bounds.open_watch(&counted_as))?;
         let role = self.controller.role().clone();
@@ -240,12 +352,43 @@ impl SchedulerService for SchedulerApi {
             move |e| match e {
                 WatchError::TermEnded { .. } if !role.is_leader() => {
                     // The standby's answer, naming the leader to follow.
-                    let refusal = role.refusal();
-                    Status::with_metadata(
-                        refusal.code(),
-                        format!("{}; {e}", refusal.message()),
-                        refusal.metadata().clone(),
-                    )
+                    role.refusal_after(Some(&e.to_string()))
+                }
+                e => watch_status(&e),
+            },
+            guard,
+        );
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type WatchSessionEventsStream =
+        Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
+
+    async fn watch_session_events(
+        &self,
+        request: Request<pb::WatchSessionEventsRequest>,
+    ) -> Result<Response<Self::WatchSessionEventsStream>, Status> {
+        let caller = self.caller(&request)?;
+        let counted_as = self.counted_as(&caller, &request);
+        let r = request.into_inner();
+        self.bounds
+            .counted(self.bounds.limits.owner("owner", &r.owner))?;
+        let owner = caller.owner_filter(r.owner.clone())?;
+        let start = watch_start(&pb::WatchSessionsRequest {
+            since_revision: r.since_revision,
+            start: r.start,
+        })?;
+        let log = Arc::clone(self.controller.session_log());
+        let start = log.start(start).map_err(|e| watch_status(&e))?;
+        let guard = self.bounds.counted(self.bounds.open_watch(&counted_as))?;
+        let role = self.controller.role().clone();
+        let rx = watch::events(
+            log,
+            start,
+            move |s| caller.may_see(&s.owner) && (owner.is_empty() || s.owner == owner),
+            move |e| match e {
+                WatchError::TermEnded { .. } if !role.is_leader() => {
+                    role.refusal_after(Some(&e.to_string()))
                 }
                 e => watch_status(&e),
             },
@@ -272,11 +415,18 @@ impl SchedulerService for SchedulerApi {
         if let Some(claim) = found.as_ref().and_then(|(_, origin)| origin.claim()) {
             // Kubernetes placed it; ending it here would lift a quota the pod still runs
             // under, and the kubelet would never hear of it.
-            return Err(Status::failed_precondition(format!(
-                "session {id} is owned by Kubernetes claim {}/{} (pod {}); delete the pod or \
-                 the claim",
-                claim.namespace, claim.claim_name, claim.pod_name
-            )));
+            return Err(Details::new("OWNED_BY_KUBERNETES")
+                .meta("namespace", claim.namespace.as_str())
+                .meta("claim", claim.claim_name.as_str())
+                .meta("pod", claim.pod_name.as_str())
+                .status(
+                    Code::FailedPrecondition,
+                    format!(
+                        "session {id} is owned by Kubernetes claim {}/{} (pod {}); delete the \
+                         pod or the claim",
+                        claim.namespace, claim.claim_name, claim.pod_name
+                    ),
+                ));
         }
         let (command, session) = self
             .controller
@@ -286,7 +436,7 @@ impl SchedulerService for SchedulerApi {
             })
             .await
             .map_err(|e| store_status(&e))?;
-        let session = session.ok_or_else(|| Status::not_found(format!("no session {id:?}")))?;
+        let session = session.ok_or_else(|| no_session(&id))?;
         self.controller.dispatch(command.into_iter().collect());
         self.controller.kick();
         Ok(Response::new(session))
@@ -298,10 +448,20 @@ impl SchedulerService for SchedulerApi {
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
         // Any client sees every node: a node message names no session.
         self.caller(&request)?;
-        let nodes = self
-            .controller
-            .read(|s| s.nodes().values().map(convert::node_to_pb).collect());
-        Ok(Response::new(pb::ListNodesResponse { nodes }))
+        let r = request.into_inner();
+        let pager = self.pager("nodes", &r.page_token, r.page_size)?;
+        let (nodes, next_page_token) = self.controller.read(|s| {
+            pager.page(
+                s.nodes()
+                    .iter()
+                    .filter(|(id, _)| pager.admits(id))
+                    .map(|(id, n)| (id.clone(), convert::node_to_pb(n))),
+            )
+        });
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes,
+            next_page_token,
+        }))
     }
 
     async fn get_node(
@@ -314,7 +474,11 @@ impl SchedulerService for SchedulerApi {
         self.controller
             .read(|s| s.nodes().get(&id).map(convert::node_to_pb))
             .map(Response::new)
-            .ok_or_else(|| Status::not_found(format!("no node {id:?}")))
+            .ok_or_else(|| {
+                Details::new("NODE_NOT_FOUND")
+                    .meta("node", id.as_str())
+                    .status(Code::NotFound, format!("no node {id:?}"))
+            })
     }
 
     async fn get_allocation_map(
@@ -322,47 +486,60 @@ impl SchedulerService for SchedulerApi {
         request: Request<pb::GetAllocationMapRequest>,
     ) -> Result<Response<pb::GetAllocationMapResponse>, Status> {
         let caller = self.caller(&request)?;
-        let id = request.into_inner().node_id;
+        let r = request.into_inner();
+        let id = r.node_id;
         self.bounds.counted(self.bounds.limits.id("node_id", &id))?;
-        let nodes: Vec<pb::NodeAllocationMap> = self.controller.read(|s| {
-            s.nodes()
-                .iter()
-                .filter(|(nid, _)| id.is_empty() || **nid == id)
-                .map(|(nid, n)| pb::NodeAllocationMap {
-                    node_id: nid.clone(),
-                    devices: n
-                        .allocator
-                        .devices()
-                        .iter()
-                        .map(|d| pb::DeviceAllocation {
-                            uuid: d.spec.uuid.clone(),
-                            index: d.spec.index,
-                            capacity_shares: d.capacity.to_string(),
-                            allocated_shares: d.allocated.to_string(),
-                            memory_bytes: d.spec.memory_bytes,
-                            allocated_memory_bytes: d.allocated_memory,
-                            kubernetes: d.kubernetes,
-                            // A user sees the shares others hold, not their session ids.
-                            sessions: d
-                                .sessions
-                                .iter()
-                                .filter(|sid| {
-                                    caller.is_admin()
-                                        || s.sessions()
-                                            .get(*sid)
-                                            .is_some_and(|x| caller.may_see(&x.owner))
-                                })
-                                .cloned()
-                                .collect(),
-                        })
-                        .collect(),
-                })
-                .collect()
+        let pager = self.pager("allocation_map", &r.page_token, r.page_size)?;
+        let (nodes, next_page_token) = self.controller.read(|s| {
+            pager.page(
+                s.nodes()
+                    .iter()
+                    .filter(|(nid, _)| (id.is_empty() || **nid == id) && pager.admits(nid))
+                    .map(|(nid, n)| {
+                        (
+                            nid.clone(),
+                            pb::NodeAllocationMap {
+                                node_id: nid.clone(),
+                                devices: n
+                                    .allocator
+                                    .devices()
+                                    .iter()
+                                    .map(|d| pb::DeviceAllocation {
+                                        uuid: d.spec.uuid.clone(),
+                                        index: d.spec.index,
+                                        capacity_shares: d.capacity.to_string(),
+                                        allocated_shares: d.allocated.to_string(),
+                                        memory_bytes: d.spec.memory_bytes,
+                                        allocated_memory_bytes: d.allocated_memory,
+                                        kubernetes: d.kubernetes,
+                                        // A user sees the shares others hold, not their session ids.
+                                        sessions: d
+                                            .sessions
+                                            .iter()
+                                            .filter(|sid| {
+                                                caller.is_admin()
+                                                    || s.sessions()
+                                                        .get(*sid)
+                                                        .is_some_and(|x| caller.may_see(&x.owner))
+                                            })
+                                            .cloned()
+                                            .collect(),
+                                    })
+                                    .collect(),
+                            },
+                        )
+                    }),
+            )
         });
-        if !id.is_empty() && nodes.is_empty() {
-            return Err(Status::not_found(format!("no node {id:?}")));
+        if !id.is_empty() && nodes.is_empty() && pager.after().is_none() {
+            return Err(Details::new("NODE_NOT_FOUND")
+                .meta("node", id.as_str())
+                .status(Code::NotFound, format!("no node {id:?}")));
         }
-        Ok(Response::new(pb::GetAllocationMapResponse { nodes }))
+        Ok(Response::new(pb::GetAllocationMapResponse {
+            nodes,
+            next_page_token,
+        }))
     }
 
     async fn list_slot_types(
@@ -387,10 +564,20 @@ impl SchedulerService for SchedulerApi {
         request: Request<pb::ListProfilesRequest>,
     ) -> Result<Response<pb::ListProfilesResponse>, Status> {
         self.caller(&request)?;
-        let profiles = self
-            .controller
-            .read(|s| s.profiles().iter().map(convert::profile_to_pb).collect());
-        Ok(Response::new(pb::ListProfilesResponse { profiles }))
+        let r = request.into_inner();
+        let pager = self.pager("profiles", &r.page_token, r.page_size)?;
+        let (profiles, next_page_token) = self.controller.read(|s| {
+            pager.page(
+                s.profiles()
+                    .iter()
+                    .filter(|p| pager.admits(&p.class))
+                    .map(|p| (p.class.clone(), convert::profile_to_pb(p))),
+            )
+        });
+        Ok(Response::new(pb::ListProfilesResponse {
+            profiles,
+            next_page_token,
+        }))
     }
 
     async fn get_profile(
@@ -410,9 +597,14 @@ impl SchedulerService for SchedulerApi {
             .read(|s| s.profiles().get(&class).map(convert::profile_to_pb))
             .map(Response::new)
             .ok_or_else(|| {
-                Status::not_found(format!(
-                    "no profile for class {class:?}: no session of it has finished yet"
-                ))
+                Details::new("PROFILE_NOT_FOUND")
+                    .meta("class", class.as_str())
+                    .status(
+                        Code::NotFound,
+                        format!(
+                            "no profile for class {class:?}: no session of it has finished yet"
+                        ),
+                    )
             })
     }
 

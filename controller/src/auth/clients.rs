@@ -135,13 +135,16 @@ impl ClientError {
     /// allowed (`PERMISSION_DENIED`).
     #[must_use]
     pub fn to_status(&self) -> Status {
-        match self {
+        let code = match self {
             Self::NodeCertificate { .. }
             | Self::OtherOwner { .. }
             | Self::NotYours { .. }
-            | Self::AdminOnly { .. } => Status::permission_denied(self.to_string()),
-            _ => Status::unauthenticated(self.to_string()),
-        }
+            | Self::AdminOnly { .. } => tonic::Code::PermissionDenied,
+            _ => tonic::Code::Unauthenticated,
+        };
+        // The reason it is counted under, in capitals (docs/api.md, "Errors").
+        gpuwarden_proto::details::Details::new(&self.reason().as_str().to_ascii_uppercase())
+            .status(code, self.to_string())
     }
 }
 
@@ -401,7 +404,11 @@ impl Caller {
     ) -> Result<(), Status> {
         match owner {
             Some(owner) if self.may_see(owner) => Ok(()),
-            None if self.is_admin() => Err(Status::not_found(format!("no session {id:?}"))),
+            None if self.is_admin() => {
+                Err(gpuwarden_proto::details::Details::new("SESSION_NOT_FOUND")
+                    .meta("id", id)
+                    .status(tonic::Code::NotFound, format!("no session {id:?}")))
+            }
             _ => Err(refuse(
                 &ClientError::NotYours {
                     caller: self.name.clone(),

@@ -89,10 +89,12 @@ impl IdentityError {
     /// not allowed (`PERMISSION_DENIED`).
     #[must_use]
     pub fn to_status(&self) -> Status {
-        match self {
-            Self::Mismatch { .. } => Status::permission_denied(self.to_string()),
-            _ => Status::unauthenticated(self.to_string()),
-        }
+        let code = match self {
+            Self::Mismatch { .. } => tonic::Code::PermissionDenied,
+            _ => tonic::Code::Unauthenticated,
+        };
+        gpuwarden_proto::details::Details::new(&self.reason().as_str().to_ascii_uppercase())
+            .status(code, self.to_string())
     }
 }
 

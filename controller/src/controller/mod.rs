@@ -87,7 +87,17 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A store failure as the gRPC status a client sees.
 #[must_use]
 pub fn store_status(e: &StoreError) -> Status {
-    Status::unavailable(format!("the controller's store failed: {e}"))
+    let message = format!("the controller's store failed: {e}");
+    match e {
+        // Nothing of it landed, and another controller leads: ask that one.
+        StoreError::Deposed { .. } => gpuwarden_proto::details::Details::new("DEPOSED")
+            .status(tonic::Code::Unavailable, message),
+        // The change may be made in memory and written with the next commit: a retry is safe
+        // only where the call is (a create with a request id), and soon can succeed.
+        _ => gpuwarden_proto::details::Details::new("STORE_UNAVAILABLE")
+            .retry_after(Duration::from_secs(1))
+            .status(tonic::Code::Unavailable, message),
+    }
 }
 
 /// How long the scheduling passes that had a session to try took (for benchmarks; metrics have
@@ -175,7 +185,7 @@ impl Controller {
     #[must_use]
     pub fn subscribe(&self) -> mpsc::Receiver<Result<pb::Session, Status>> {
         let log = Arc::clone(&self.log);
-        let start = log.start(0).unwrap_or((log.revision(), 0));
+        let start = log.start(watch::Start::Now).unwrap_or((log.revision(), 0));
         watch::stream(
             log,
             start,

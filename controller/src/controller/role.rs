@@ -11,8 +11,11 @@ use std::sync::{
     atomic::{AtomicBool, AtomicU64, Ordering},
 };
 
-use gpuwarden_proto::follow::LEADER_METADATA;
-use tonic::{Status, metadata::MetadataValue};
+use gpuwarden_proto::{details::Details, follow::LEADER_METADATA};
+use tonic::{
+    Code, Status,
+    metadata::{MetadataMap, MetadataValue},
+};
 
 /// This controller's role, shared by the services, the background loop and the election.
 #[derive(Debug, Clone, Default)]
@@ -72,18 +75,36 @@ impl Role {
         *self.0.leader.locked() = leader;
     }
 
-    /// What a standby answers: `UNAVAILABLE`, naming the leader where it is known.
+    /// What a standby answers: `UNAVAILABLE`, naming the leader where it is known (in a
+    /// [`gpuwarden_proto::v1::NotLeader`] detail and in the `gpuwarden-leader` metadata).
     #[must_use]
     pub fn refusal(&self) -> Status {
+        self.refusal_after(None)
+    }
+
+    /// [`Role::refusal`], its message followed by `then` (what ended, for a watch).
+    #[must_use]
+    pub fn refusal_after(&self, then: Option<&str>) -> Status {
         let leader = self.known_leader();
-        let message = match &leader {
+        let mut message = match &leader {
             Some(addr) => format!("this controller is a standby; the leader is at {addr}"),
             None => "this controller is a standby and no leader is known yet; retry".to_owned(),
         };
-        let mut status = Status::unavailable(message);
-        if let Some(value) = leader.and_then(|a| MetadataValue::try_from(a).ok()) {
-            status.metadata_mut().insert(LEADER_METADATA, value);
+        if let Some(then) = then {
+            message = format!("{message}; {then}");
         }
-        status
+        // The typed detail for clients that read details; the metadata for those that don't.
+        let mut metadata = MetadataMap::new();
+        if let Some(value) = leader
+            .as_deref()
+            .and_then(|a| MetadataValue::try_from(a).ok())
+        {
+            metadata.insert(LEADER_METADATA, value);
+        }
+        let leader = leader.unwrap_or_default();
+        Details::new("NOT_LEADER")
+            .meta("leader", leader.as_str())
+            .leader(leader)
+            .status_with(Code::Unavailable, message, metadata)
     }
 }

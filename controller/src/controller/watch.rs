@@ -32,6 +32,21 @@ use crate::{api::convert, session::Session, store::RevisionMark};
 /// Sessions sent to a watcher per look at the log (the lock is not held while sending).
 const BATCH: usize = 256;
 
+/// The revision of a store in which nothing was ever numbered. Not 0: `since_revision` 0 has
+/// long meant "from now" to `WatchSessions`, so a listing that answered 0 on an empty store led
+/// a client that lists, then watches from the listing's revision, to miss every session created
+/// in between (issue 40; `controller/tests/watch.rs` shows it). No session is stamped with it.
+pub const GENESIS: u64 = 1;
+
+/// Where a watch starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// After this revision: every session whose latest change is newer is sent first.
+    After(u64),
+    /// From the latest revision stored now: only changes from now on.
+    Now,
+}
+
 /// Why a watch cannot go on from where it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WatchError {
@@ -153,7 +168,7 @@ impl SessionLog {
         *log = Log {
             term,
             compacted: mark.compacted,
-            revision: mark.last.max(mark.compacted),
+            revision: mark.last.max(mark.compacted).max(GENESIS),
             ..Log::default()
         };
         for s in sessions {
@@ -225,15 +240,25 @@ impl SessionLog {
         lock(&self.log).revision
     }
 
-    /// Where a watch from `since` starts (0: now), and the term it belongs to.
+    /// Session `id` in its latest stored state: what a listing or a watch would show, never a
+    /// change a failover could still lose.
+    #[must_use]
+    pub fn get(&self, id: &str) -> Option<Arc<pb::Session>> {
+        let log = lock(&self.log);
+        let revision = log.revision_of.get(id)?;
+        log.by_revision.get(&(*revision, id.to_owned())).cloned()
+    }
+
+    /// Where a watch from `start` starts, and the term it belongs to.
     ///
     /// # Errors
-    /// `since` is older than what can be replayed, or newer than any revision handed out.
-    pub fn start(&self, since: u64) -> Result<(u64, u64), WatchError> {
+    /// The revision is older than what can be replayed, or newer than any handed out.
+    pub fn start(&self, start: Start) -> Result<(u64, u64), WatchError> {
         let log = lock(&self.log);
-        if since == 0 {
-            return Ok((log.revision, log.term));
-        }
+        let since = match start {
+            Start::Now => return Ok((log.revision, log.term)),
+            Start::After(since) => since,
+        };
         if since < log.compacted {
             return Err(WatchError::TooOld {
                 since,
@@ -378,6 +403,68 @@ pub fn stream<H: Send + 'static>(
     rx
 }
 
+/// [`stream`] as `WatchSessionEvents` sends it: sessions, and bookmarks. A bookmark goes out
+/// when the watch first catches up with the log (the replay is over), and whenever it catches
+/// up again with its cursor past the last revision it sent (changes `see` held back moved it), so
+/// a watcher that sees few of the changes still learns a recent revision to resume from.
+pub fn events<H: Send + 'static>(
+    log: Arc<SessionLog>,
+    (mut cursor, term): (u64, u64),
+    see: impl Fn(&pb::Session) -> bool + Send + 'static,
+    ended: impl Fn(WatchError) -> Status + Send + 'static,
+    hold: H,
+) -> mpsc::Receiver<Result<pb::SessionEvent, Status>> {
+    use pb::session_event::Event;
+    let (tx, rx) = mpsc::channel(32);
+    tokio::spawn(async move {
+        let _hold = hold;
+        // The last revision the watcher was told of; `None` before the first catch-up.
+        let mut told: Option<u64> = None;
+        loop {
+            let seen = log.published();
+            let batch = match log.after(cursor, term, BATCH) {
+                Ok(batch) => batch,
+                Err(e) => {
+                    let _ = tx.send(Err(ended(e))).await;
+                    return;
+                }
+            };
+            if batch.is_empty() {
+                if told.is_none_or(|t| t < cursor) {
+                    told = Some(cursor);
+                    let bookmark = Event::Bookmark(pb::WatchBookmark { revision: cursor });
+                    let event = pb::SessionEvent {
+                        event: Some(bookmark),
+                    };
+                    if tx.send(Ok(event)).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    () = log.changed(seen) => continue,
+                    () = tx.closed() => return,
+                }
+            }
+            for s in batch {
+                cursor = s.revision;
+                if !see(&s) {
+                    continue;
+                }
+                if told.is_some() {
+                    told = Some(cursor);
+                }
+                let event = pb::SessionEvent {
+                    event: Some(Event::Session(pb::Session::clone(&s))),
+                };
+                if tx.send(Ok(event)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,7 +486,7 @@ mod tests {
     fn a_cursor_gets_the_latest_state_of_each_session_changed_after_it_in_revision_order() {
         let log = SessionLog::new();
         log.reset([], RevisionMark::default());
-        let (_, term) = log.start(0).unwrap();
+        let (_, term) = log.start(Start::Now).unwrap();
         log.publish(vec![s("a", 1, 1), s("b", 2, 2), s("c", 3, 3)], &[], 0);
         log.publish(vec![s("a", 4, 1), s("b", 5, 2)], &[], 0);
         log.publish(vec![s("a", 6, 1)], &[], 0);
@@ -416,38 +503,60 @@ mod tests {
     fn a_forgotten_session_makes_older_cursors_too_old() {
         let log = SessionLog::new();
         log.reset([], RevisionMark::default());
-        let (_, term) = log.start(0).unwrap();
-        for r in 1..=3 {
+        let (_, term) = log.start(Start::Now).unwrap();
+        // The first revision handed out follows the empty store's.
+        for r in 2..=4 {
             assert_eq!(log.next_revision(), r);
         }
-        log.publish(vec![s("a", 1, 1), s("b", 2, 2), s("c", 3, 3)], &[], 0);
+        log.publish(vec![s("a", 2, 1), s("b", 3, 2), s("c", 4, 3)], &[], 0);
         let mark = log.forget(&["b".to_owned()]);
         assert_eq!(
             mark,
             RevisionMark {
-                last: 3,
-                compacted: 2
+                last: 4,
+                compacted: 3
             }
         );
         log.publish(vec![], &["b".to_owned()], mark.compacted);
         assert_eq!(
-            log.after(1, term, 10),
+            log.after(2, term, 10),
             Err(WatchError::TooOld {
-                since: 1,
-                compacted: 2
+                since: 2,
+                compacted: 3
             })
         );
-        assert_eq!(ids(&log.after(2, term, 10).unwrap()), [("c", 3)]);
-        assert!(matches!(log.start(1), Err(WatchError::TooOld { .. })));
-        assert!(matches!(log.start(4), Err(WatchError::TooNew { .. })));
-        assert_eq!(log.start(3), Ok((3, term)));
+        assert_eq!(ids(&log.after(3, term, 10).unwrap()), [("c", 4)]);
+        assert!(matches!(
+            log.start(Start::After(2)),
+            Err(WatchError::TooOld { .. })
+        ));
+        assert!(matches!(
+            log.start(Start::After(5)),
+            Err(WatchError::TooNew { .. })
+        ));
+        assert_eq!(log.start(Start::After(4)), Ok((4, term)));
+        assert_eq!(log.start(Start::Now), Ok((4, term)));
+    }
+
+    #[test]
+    fn an_empty_store_is_at_the_genesis_revision_and_a_watch_after_it_gets_every_create() {
+        let log = SessionLog::new();
+        log.reset([], RevisionMark::default());
+        // What a listing of the empty store answers: never 0, which means "now" to a watch.
+        assert_eq!(log.revision(), GENESIS);
+        let (cursor, term) = log.start(Start::After(log.revision())).unwrap();
+        let r = log.next_revision();
+        log.publish(vec![s("a", r, 1)], &[], 0);
+        assert_eq!(ids(&log.after(cursor, term, 10).unwrap()), [("a", 2)]);
+        assert_eq!(log.get("a").map(|s| s.revision), Some(2));
+        assert!(log.get("b").is_none());
     }
 
     #[test]
     fn a_new_term_goes_on_past_every_stored_revision_and_ends_old_cursors() {
         let log = SessionLog::new();
         log.reset([], RevisionMark::default());
-        let (_, old) = log.start(0).unwrap();
+        let (_, old) = log.start(Start::Now).unwrap();
         log.reset(
             [],
             RevisionMark {

@@ -3,7 +3,10 @@
 //! rate). It is counted where it is answered, by the bounds that refused it
 //! ([`super::Bounds::refuse`]).
 
-use tonic::Status;
+use std::time::Duration;
+
+use gpuwarden_proto::details::Details;
+use tonic::{Code, Status};
 
 use super::refusals::Refusal;
 
@@ -106,14 +109,42 @@ impl LimitError {
     }
 
     /// The gRPC status a caller gets: `INVALID_ARGUMENT` for a value, `RESOURCE_EXHAUSTED` for
-    /// a cap or a rate.
+    /// a cap or a rate, with details (docs/api.md, "Errors"): an `ErrorInfo` whose reason is the
+    /// [`Refusal`] it is counted under in capitals (`OVERSIZED`, `CAP`, `RATE` ...), the field
+    /// as a `BadRequest` violation, a cap or rate as a `QuotaFailure`, and a `RetryInfo` for a
+    /// rate only: a cap reached stays reached until sessions end.
     #[must_use]
     pub fn to_status(&self) -> Status {
+        let message = self.to_string();
+        let details = Details::new(&self.reason().as_str().to_ascii_uppercase());
         match self {
-            Self::Exhausted { .. } | Self::Flood { .. } | Self::Rate { .. } => {
-                Status::resource_exhausted(self.to_string())
-            }
-            _ => Status::invalid_argument(self.to_string()),
+            Self::TooLong { field, key, .. }
+            | Self::TooMany { field, key, .. }
+            | Self::TooLarge { field, key, .. } => details
+                .meta("field", field.as_str())
+                .meta("limit", format!("limits.{key}"))
+                .field(field, &message)
+                .status(Code::InvalidArgument, message),
+            Self::NotFinite { field, .. } => details
+                .meta("field", field.as_str())
+                .field(field, &message)
+                .status(Code::InvalidArgument, message),
+            Self::Exhausted { what, key, .. } => details
+                .meta("limit", format!("limits.{key}"))
+                .quota(what.as_str(), &message)
+                .status(Code::ResourceExhausted, message),
+            Self::Flood { node, .. } => details
+                .meta("node", node.as_str())
+                .quota(format!("node:{node}/messages"), &message)
+                .status(Code::ResourceExhausted, message),
+            Self::Rate { caller, rate, .. } => details
+                .meta("caller", caller.as_str())
+                .quota(format!("caller:{caller}/calls"), &message)
+                // One call's worth of the rate: the bucket holds a call again by then.
+                .retry_after(Duration::from_nanos(
+                    1_000_000_000 / u64::from((*rate).max(1)),
+                ))
+                .status(Code::ResourceExhausted, message),
         }
     }
 }

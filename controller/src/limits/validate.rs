@@ -115,6 +115,7 @@ impl Limits {
         self.id("node_id", &r.node_id)?;
         self.name("class", &r.class)?;
         self.name("placement", &r.placement)?;
+        self.id("request_id", &r.request_id)?;
         self.slots("requested", r.requested.as_ref())?;
         if let Some(policy) = &r.policy {
             self.name("policy.memory", &policy.memory)?;

@@ -21,7 +21,7 @@ use super::{
 use crate::{
     allocator::{GpuRequest, Strategy},
     node::{Node, NodeState},
-    session::{Gang, GangError, Session, SessionState},
+    session::{Gang, GangError, Session, SessionState, WaitKind},
     slots::ResourceSlot,
 };
 
@@ -188,12 +188,12 @@ impl Scheduler {
             &mut Option<Reclaimable>,
         ),
         commands: &mut Vec<Command>,
-    ) -> Option<(bool, String, Vec<String>)> {
+    ) -> Option<(bool, String, WaitKind, Vec<String>)> {
         let members = match self.gang_state(owner, gang) {
             GangState::Incomplete { present, pending } => {
                 let why = format!("gang {} {present}/{} members", gang.name, gang.size);
                 for member in &pending {
-                    self.set_reason(member, &why);
+                    self.set_reason(member, &why, WaitKind::GangIncomplete);
                 }
                 return None;
             }
@@ -202,10 +202,15 @@ impl Scheduler {
         match self.try_gang(&members, governed, held) {
             Ok(placed) => {
                 commands.extend(placed);
-                Some((true, String::new(), members))
+                Some((true, String::new(), WaitKind::Capacity, members))
             }
             Err(wait) => {
                 let mut why = wait.why;
+                let mut kind = if wait.no_room {
+                    WaitKind::Capacity
+                } else {
+                    WaitKind::QueueLimit
+                };
                 // As for a single session: reclaim only where quotas are configured, and only
                 // for room (not past a limit).
                 let queue = self.queue_key(governed, owner);
@@ -216,12 +221,13 @@ impl Scheduler {
                 {
                     commands.extend(reclaim.commands);
                     why = reclaim.reason;
+                    kind = WaitKind::Preemption;
                 }
                 let why = format!(
                     "gang {} ({} members) does not fit at once: {why}",
                     gang.name, gang.size
                 );
-                Some((false, why, members))
+                Some((false, why, kind, members))
             }
         }
     }

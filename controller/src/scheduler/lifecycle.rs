@@ -58,6 +58,7 @@ impl Scheduler {
                 s.live.started(&session.owner);
             }
             s.join_gang(&session);
+            s.index_request(&session);
             s.sessions.insert(session.id.clone(), session);
         }
         s
@@ -93,6 +94,26 @@ impl Scheduler {
             .map(|(commands, _)| commands)
     }
 
+    /// The sessions node `id`'s agent holds (`running`) that the controller ended: it is told
+    /// to let go of each.
+    fn releases(&self, id: &str, running: &BTreeSet<&str>) -> Vec<Command> {
+        running
+            .iter()
+            .filter(|sid| {
+                !self.sessions.get(**sid).is_some_and(|s| {
+                    (s.node.as_deref() == Some(id) && s.state.holds_resources())
+                        // Suspended: its agent holds it frozen until it is resumed.
+                        || (s.state == SessionState::Suspended
+                            && s.home.as_ref().is_some_and(|h| h.node == id))
+                })
+            })
+            .map(|sid| Command::Release {
+                node: id.to_owned(),
+                session: (*sid).to_owned(),
+            })
+            .collect()
+    }
+
     /// [`Self::register`] for a node whose agent also holds `observed` sessions (Kubernetes
     /// claims it prepared): they are rebuilt from that list, and those of the node it no longer
     /// lists end. Returns the commands to send it and the observed sessions refused.
@@ -117,6 +138,7 @@ impl Scheduler {
         }
         let id = report.node_id.clone();
         let mut allocator = NodeAllocator::new(report.devices.clone(), self.config.allocator)
+            .with_profiles(&crate::node::mig_profiles(&report))
             .with_kubernetes(report.kubernetes_devices.clone());
         let mut held = Vec::new();
         let running: BTreeSet<&str> = running.iter().map(String::as_str).collect();
@@ -186,21 +208,7 @@ impl Scheduler {
             }
             self.changes.sessions.insert(sid);
         }
-        // Sessions the agent holds that the controller ended: tell it to let go.
-        for sid in &running {
-            let known = self.sessions.get(*sid).is_some_and(|s| {
-                (s.node.as_deref() == Some(&id) && s.state.holds_resources())
-                    // Suspended: its agent holds it frozen until it is resumed.
-                    || (s.state == SessionState::Suspended
-                        && s.home.as_ref().is_some_and(|h| h.node == id))
-            });
-            if !known {
-                commands.push(Command::Release {
-                    node: id.clone(),
-                    session: (*sid).to_owned(),
-                });
-            }
-        }
+        commands.extend(self.releases(&id, &running));
         let mut node = Node::new(report, allocator, ResourceSlot::new(), now_ms());
         for requested in &held {
             node.reserve(requested);
@@ -368,6 +376,9 @@ impl Scheduler {
             usage: crate::profile::UsageSeries::default(),
             origin,
             revision: 0,
+            request_id: None,
+            wait: None,
+            placed_at_ms: None,
             name,
             id,
             owner,

@@ -24,6 +24,7 @@ mod pass;
 mod queue;
 pub mod quotas;
 mod reclaim;
+mod requests;
 mod retention;
 mod team_queues;
 mod tracker;
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 pub use fit::NodeFit;
 pub use observed::{ObserveError, Observed};
+pub use requests::{Created, REQUEST_WINDOW_MS};
 pub use retention::Retention;
 pub use team_queues::{QueueError, QueueSpec, QueueView};
 pub(crate) use tracker::ConcurrencyTracker;
@@ -326,6 +328,8 @@ pub struct Scheduler {
     revisions: RevisionMark,
     /// Each gang's members by owner and name, ended ones included until they are forgotten.
     gangs: BTreeMap<gang::GangKey, BTreeSet<String>>,
+    /// Sessions by (owner, request id), for creates retried (`requests`).
+    requests: std::collections::HashMap<(String, String), String>,
 }
 
 /// Counts of sessions not yet ended.

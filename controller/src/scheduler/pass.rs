@@ -6,7 +6,7 @@ use crate::{
     allocator::{GpuRequest, Strategy},
     node::{Node, NodeState},
     placement::Placement,
-    session::SessionState,
+    session::{SessionState, WaitKind},
     slots::ResourceSlot,
 };
 
@@ -50,7 +50,7 @@ impl Scheduler {
                 continue;
             };
             // The members of one gang are tried where its first pending member stands.
-            let (placed, reason, members) = if let Some(gang) = session.gang.clone() {
+            let (placed, reason, kind, members) = if let Some(gang) = session.gang.clone() {
                 let owner = session.owner.clone();
                 if session.state != SessionState::Pending
                     || !tried.insert((owner.clone(), gang.name.clone()))
@@ -71,7 +71,7 @@ impl Scheduler {
                 outcome
             } else {
                 let queue = self.queue_key(governed, &session.owner);
-                let (placed, reason) =
+                let (placed, reason, kind) =
                     match self.try_session(&id, queue.as_deref(), governed, &held) {
                         Verdict::Placed(command) => {
                             if governed && let Command::Allocate { slots, .. } = &command {
@@ -79,9 +79,9 @@ impl Scheduler {
                                 *entry = entry.checked_add(slots).unwrap_or_else(|| entry.clone());
                             }
                             commands.push(command);
-                            (true, String::new())
+                            (true, String::new(), WaitKind::Capacity)
                         }
-                        Verdict::Refused(why) => (false, why),
+                        Verdict::Refused(why) => (false, why, WaitKind::QueueLimit),
                         Verdict::NoRoom(why) => {
                             // Reclaim by preemption only where quotas are configured: without
                             // them nothing changes.
@@ -93,13 +93,13 @@ impl Scheduler {
                             {
                                 Some(reclaim) => {
                                     commands.extend(reclaim.commands);
-                                    (false, reclaim.reason)
+                                    (false, reclaim.reason, WaitKind::Preemption)
                                 }
-                                None => (false, why),
+                                None => (false, why, WaitKind::Capacity),
                             }
                         }
                     };
-                (placed, reason, vec![id])
+                (placed, reason, kind, vec![id])
             };
             observe(started.elapsed(), placed);
             if !placed {
@@ -111,7 +111,7 @@ impl Scheduler {
                         s.failed_passes += 1;
                         failed = failed.max(s.failed_passes);
                     }
-                    self.set_reason(member, &reason);
+                    self.set_reason(member, &reason, kind);
                 }
                 // FIFO: the head blocks later sessions until it has failed `skip_after` passes.
                 if self.config.queue == QueuePolicy::Fifo
@@ -128,12 +128,14 @@ impl Scheduler {
         commands
     }
 
-    /// Sets a waiting session's reason, recording the change only when it differs.
-    pub(super) fn set_reason(&mut self, id: &str, reason: &str) {
+    /// Sets a waiting session's reason and why it waits, recording the change only when
+    /// either differs.
+    pub(super) fn set_reason(&mut self, id: &str, reason: &str, kind: WaitKind) {
         if let Some(s) = self.sessions.get_mut(id)
-            && s.reason != reason
+            && (s.reason != reason || s.wait != Some(kind))
         {
             reason.clone_into(&mut s.reason);
+            s.wait = Some(kind);
             self.changes.sessions.insert(id.to_owned());
         }
     }
@@ -322,6 +324,8 @@ impl Scheduler {
             s.allocation = allocation.clone();
             s.explanation = Some(explanation);
             s.record_wait();
+            s.wait = None;
+            s.placed_at_ms = Some(crate::session::now_ms());
             set_state(s, SessionState::Scheduled, "");
             self.changes.sessions.insert(id.to_owned());
         }

@@ -53,6 +53,7 @@ impl Scheduler {
         for id in &forget {
             if let Some(s) = self.sessions.remove(id) {
                 self.leave_gang(&s);
+                self.forget_request(&s);
             }
             self.changes.sessions.insert(id.clone());
         }

@@ -18,6 +18,9 @@ use crate::{
 fn session(id: &str) -> Session {
     Session {
         id: id.into(),
+        request_id: None,
+        wait: None,
+        placed_at_ms: None,
         name: id.into(),
         owner: "u".into(),
         priority: 0,

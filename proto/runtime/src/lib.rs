@@ -7,7 +7,7 @@
 //! - [`shutdown`]: a future that completes on SIGINT or SIGTERM;
 //! - [`logging`]: `tracing` to standard error, filtered by `RUST_LOG`;
 //! - [`otlp`]: the metrics pipeline: OTLP/gRPC to an OpenTelemetry collector, and
-//!   [`prometheus`], the scrape endpoint;
+//!   [`prometheus`], the scrape endpoint; [`instrument`]: each metric declared once;
 //! - [`private`]: state directories only their owner can read.
 //!
 //! What every process needs from its host without telemetry (cgroups, the mount table, TLS
@@ -17,6 +17,7 @@
 //! HTTPS to Kubernetes is a crate of its own beside this one, `gpuwarden-kube`.
 #![deny(missing_docs)]
 
+pub mod instrument;
 pub mod logging;
 pub mod otlp;
 pub mod private;

@@ -29,6 +29,15 @@ use opentelemetry_sdk::{
     },
 };
 
+/// Metric exports the collector did not take: both daemons' pipelines have it while OTLP is on,
+/// and both list it among their instruments.
+pub const EXPORTS_FAILED: crate::instrument::Instrument = crate::instrument::Instrument {
+    name: "gpuwarden.telemetry.exports.failed",
+    unit: "{export}",
+    attributes: "",
+    meaning: "metric exports the collector did not take (dropped)",
+};
+
 /// Longest one export may take before it is given up (and counted as failed).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -154,10 +163,8 @@ impl Pipeline {
         let provider = provider.build();
         let meter = provider.meter(service);
         if exporters.otlp.is_some() {
-            meter
-                .u64_observable_counter("gpuwarden.telemetry.exports.failed")
-                .with_unit("{export}")
-                .with_description("Metric exports the collector did not take (dropped)")
+            crate::instrument::Registry::new(&meter)
+                .u64_counter(&EXPORTS_FAILED)
                 .with_callback(move |o| o.observe(failed.load(Ordering::Relaxed), &[]))
                 .build();
         }

@@ -364,6 +364,30 @@ pub mod subdevice_alloc {
     pub const SUBDEVICE_ID: usize = 0;
 }
 
+/// `NVC637_ALLOCATION_PARAMETERS` (`class/clc637.h`): a client's subscription to a MIG GPU
+/// instance, under its subdevice.
+pub mod smc_partition {
+    /// `sizeof`.
+    pub const SIZE: u32 = 16;
+    /// `capDescriptor` (`NvU64`, 8-aligned): an fd of the instance's capability node.
+    pub const CAP_DESCRIPTOR: usize = 0;
+    /// `swizzId` (`NvU32`): the GPU instance id.
+    pub const SWIZZ_ID: usize = 8;
+    /// `NVC637_DEVICE_PROFILING_SWIZZID`.
+    pub const DEVICE_PROFILING_SWIZZID: u32 = 0xffff_fffe;
+}
+
+/// `NVC638_ALLOCATION_PARAMETERS` (`class/clc638.h`): a subscription to a compute instance,
+/// under an `AMPERE_SMC_PARTITION_REF`.
+pub mod smc_exec_partition {
+    /// `sizeof`.
+    pub const SIZE: u32 = 16;
+    /// `capDescriptor` (`NvU64`).
+    pub const CAP_DESCRIPTOR: usize = 0;
+    /// `execPartitionId` (`NvU32`): the compute instance id.
+    pub const EXEC_PARTITION_ID: usize = 8;
+}
+
 /// Object classes (`hClass`), from `nvos.h` and `class/cl*.h`.
 pub mod class {
     /// `NV01_ROOT`.
@@ -386,6 +410,10 @@ pub mod class {
     pub const SUBDEVICE_0: u32 = 0x2080;
     /// `NV50_MEMORY_VIRTUAL`.
     pub const NV50_MEMORY_VIRTUAL: u32 = 0x50a0;
+    /// `AMPERE_SMC_PARTITION_REF` (`class/clc637.h`).
+    pub const SMC_PARTITION_REF: u32 = 0xc637;
+    /// `AMPERE_SMC_EXEC_PARTITION_REF` (`class/clc638.h`).
+    pub const SMC_EXEC_PARTITION_REF: u32 = 0xc638;
 
     /// Whether `class` makes a client (`NV01_ROOT`, `NV01_ROOT_NON_PRIV`, `NV01_ROOT_CLIENT`).
     #[must_use]
@@ -418,6 +446,10 @@ pub mod status {
     pub const INVALID_FLAGS: u32 = 0x29;
     /// `NV_ERR_NOT_SUPPORTED`.
     pub const NOT_SUPPORTED: u32 = 0x56;
+    /// `NV_ERR_INSUFFICIENT_PERMISSIONS`.
+    pub const INSUFFICIENT_PERMISSIONS: u32 = 0x1b;
+    /// `NV_ERR_INVALID_STATE`.
+    pub const INVALID_STATE: u32 = 0x40;
 }
 
 /// `/dev/nvidia-uvm` commands (`nvidia-uvm/uvm_ioctl.h`, `uvm_linux_ioctl.h`): plain numbers,

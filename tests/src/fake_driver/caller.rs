@@ -18,6 +18,9 @@ pub(crate) trait CallerMemory {
     fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>, Fault>;
     /// Writes `data` at `addr`.
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), Fault>;
+    /// The file the caller's descriptor `fd` refers to (a MIG subscription's `capDescriptor`);
+    /// `None` when it has no such descriptor.
+    fn fd_path(&self, fd: u64) -> Option<std::path::PathBuf>;
 }
 
 /// A thread blocked in `ioctl(2)` on one of the driver's files (FUSE reports the thread id).
@@ -73,9 +76,18 @@ impl CallerMemory for Process {
             Err(Fault)
         }
     }
+
+    fn fd_path(&self, fd: u64) -> Option<std::path::PathBuf> {
+        self.fd_target(fd)
+    }
 }
 
 impl Process {
+    /// The file behind the thread's descriptor `fd`.
+    fn fd_target(self, fd: u64) -> Option<std::path::PathBuf> {
+        std::fs::read_link(format!("/proc/{}/fd/{fd}", self.tid)).ok()
+    }
+
     /// The pointer argument of the `ioctl(fd, cmd, arg)` the thread is blocked in.
     pub(crate) fn ioctl_arg(self, cmd: u32) -> Option<u64> {
         let line = std::fs::read_to_string(format!("/proc/{}/syscall", self.tid)).ok()?;

@@ -7,7 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::abi::nvidia::{
-    class, esc, memory_alloc, nvos00, nvos02, nvos21, nvos32, nvos54, nvos64, status, xfer,
+    class, esc, memory_alloc, nvos00, nvos02, nvos21, nvos32, nvos54, nvos64, smc_exec_partition,
+    smc_partition, status, xfer,
 };
 
 use super::caller::CallerMemory;
@@ -55,6 +56,9 @@ struct Object {
     bytes: u64,
     /// `bytes` are host memory (system memory for the GPU, or user memory pinned for it).
     host: bool,
+    /// The MIG GPU instance: the one a partition reference subscribes to, or the one video
+    /// memory is charged to.
+    instance: Option<u32>,
 }
 
 impl Object {
@@ -96,6 +100,13 @@ struct Gpu {
     used: u64,
 }
 
+/// A MIG GPU instance, and the video memory charged to it.
+#[derive(Debug, Clone)]
+struct Instance {
+    spec: super::FakeInstance,
+    used: u64,
+}
+
 /// Which struct an `RM_ALLOC` carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AllocForm {
@@ -107,6 +118,8 @@ enum AllocForm {
 #[derive(Debug)]
 pub(crate) struct Rm {
     gpus: Vec<Gpu>,
+    /// MIG GPU instances: a GPU with any is in MIG mode.
+    instances: Vec<Instance>,
     /// Host memory held for the GPUs (system memory objects and pinned user memory).
     sysmem: u64,
     clients: BTreeMap<u32, Client>,
@@ -122,11 +135,129 @@ impl Rm {
                 .iter()
                 .map(|&capacity| Gpu { capacity, used: 0 })
                 .collect(),
+            instances: Vec::new(),
             sysmem: 0,
             clients: BTreeMap::new(),
             last_client: CLIENT_HANDLE_BASE,
             last_object: OBJECT_HANDLE_BASE,
         }
+    }
+
+    /// The same driver with these MIG GPU instances (their GPUs in MIG mode).
+    pub(crate) fn with_instances(mut self, instances: &[super::FakeInstance]) -> Self {
+        self.instances = instances
+            .iter()
+            .map(|spec| Instance {
+                spec: spec.clone(),
+                used: 0,
+            })
+            .collect();
+        self
+    }
+
+    /// Video memory held per MIG GPU instance, by (GPU, GPU instance id).
+    pub(crate) fn instance_used(&self) -> BTreeMap<(usize, u32), u64> {
+        self.instances
+            .iter()
+            .map(|i| ((i.spec.gpu, i.spec.gpu_instance), i.used))
+            .collect()
+    }
+
+    fn instance_mut(&mut self, gpu: usize, gi: u32) -> Option<&mut Instance> {
+        self.instances
+            .iter_mut()
+            .find(|i| i.spec.gpu == gpu && i.spec.gpu_instance == gi)
+    }
+
+    fn in_mig_mode(&self, gpu: usize) -> bool {
+        self.instances.iter().any(|i| i.spec.gpu == gpu)
+    }
+
+    /// Where `bytes` of video memory `client` allocates on `gpu` go: on a GPU in MIG mode, the
+    /// GPU instance the client subscribed to (refused without one, or past the instance's
+    /// memory); checked against the GPU's capacity too. Charges nothing.
+    fn place_vidmem(&self, client: u32, gpu: usize, bytes: u64) -> Result<Option<u32>, u32> {
+        let g = self.gpus[gpu];
+        if g.used.checked_add(bytes).is_none_or(|u| u > g.capacity) {
+            return Err(status::NO_MEMORY);
+        }
+        if !self.in_mig_mode(gpu) {
+            return Ok(None);
+        }
+        // The fake's choice of code: a client on a GPU in MIG mode must subscribe first.
+        let gi = self
+            .clients
+            .get(&client)
+            .and_then(|c| {
+                c.objects
+                    .values()
+                    .find(|o| o.class == class::SMC_PARTITION_REF && o.gpu == Some(gpu))
+            })
+            .and_then(|o| o.instance)
+            .ok_or(status::INSUFFICIENT_PERMISSIONS)?;
+        let i = self
+            .instances
+            .iter()
+            .find(|i| i.spec.gpu == gpu && i.spec.gpu_instance == gi)
+            .ok_or(status::INVALID_STATE)?;
+        if i.used.checked_add(bytes).is_none_or(|u| u > i.spec.memory) {
+            return Err(status::NO_MEMORY);
+        }
+        Ok(Some(gi))
+    }
+
+    /// Charges video memory placed by [`Self::place_vidmem`].
+    fn charge_vidmem(&mut self, gpu: usize, instance: Option<u32>, bytes: u64) {
+        self.gpus[gpu].used += bytes;
+        if let Some(i) = instance.and_then(|gi| self.instance_mut(gpu, gi)) {
+            i.used += bytes;
+        }
+    }
+
+    /// `AMPERE_SMC_PARTITION_REF` under subdevice `parent` on `gpu`: the GPU instance its
+    /// `swizzId` names, when the caller's `capDescriptor` is an open file of that instance's
+    /// capability node (`nvidia-cap<minor>`, minor as [`super::FakeDriver::mig_minors`] lists
+    /// it) and the client has no subscription on the GPU yet.
+    fn subscribe(
+        &self,
+        mem: &dyn CallerMemory,
+        r: &AllocRequest,
+        client: &Client,
+        gpu: usize,
+    ) -> Result<u32, u32> {
+        if r.params_size != smc_partition::SIZE {
+            return Err(status::INVALID_ARGUMENT);
+        }
+        let raw = mem
+            .read(r.params, smc_partition::SIZE as usize)
+            .map_err(|_| status::INVALID_ARGUMENT)?;
+        let fd = u64_at(&raw, smc_partition::CAP_DESCRIPTOR);
+        let gi = u32_at(&raw, smc_partition::SWIZZ_ID);
+        if !self.in_mig_mode(gpu) {
+            return Err(status::INVALID_STATE);
+        }
+        let instance = self
+            .instances
+            .iter()
+            .find(|i| i.spec.gpu == gpu && i.spec.gpu_instance == gi)
+            .ok_or(status::INVALID_ARGUMENT)?;
+        let wanted = format!("nvidia-cap{}", super::gi_cap_minor(&instance.spec));
+        let opened = mem.fd_path(fd);
+        if opened
+            .as_deref()
+            .and_then(std::path::Path::file_name)
+            .is_none_or(|n| n != wanted.as_str())
+        {
+            return Err(status::INSUFFICIENT_PERMISSIONS);
+        }
+        if client
+            .objects
+            .values()
+            .any(|o| o.class == class::SMC_PARTITION_REF && o.gpu == Some(gpu))
+        {
+            return Err(status::INVALID_STATE);
+        }
+        Ok(gi)
     }
 
     /// Video memory held per GPU.
@@ -309,7 +440,37 @@ impl Rm {
         };
         let handle = client.new_handle(r.client, r.handle, self.last_object)?;
         let mut host = false;
+        let mut instance = None;
         let (gpu, bytes) = match r.class {
+            class::SMC_PARTITION_REF => match parent {
+                Some(p) if p.class == class::SUBDEVICE_0 => {
+                    let gpu = p.gpu.ok_or(status::INVALID_OBJECT_PARENT)?;
+                    instance = Some(self.subscribe(mem, r, client, gpu)?);
+                    (Some(gpu), 0)
+                }
+                _ => return Err(status::INVALID_OBJECT_PARENT),
+            },
+            class::SMC_EXEC_PARTITION_REF => match parent {
+                Some(p) if p.class == class::SMC_PARTITION_REF => {
+                    if r.params_size != smc_exec_partition::SIZE {
+                        return Err(status::INVALID_ARGUMENT);
+                    }
+                    let raw = mem
+                        .read(r.params, smc_exec_partition::SIZE as usize)
+                        .map_err(|_| status::INVALID_ARGUMENT)?;
+                    let ci = u32_at(&raw, smc_exec_partition::EXEC_PARTITION_ID);
+                    let known = self.instances.iter().any(|i| {
+                        Some(i.spec.gpu) == p.gpu
+                            && Some(i.spec.gpu_instance) == p.instance
+                            && i.spec.compute_instances.contains(&ci)
+                    });
+                    if !known {
+                        return Err(status::INVALID_ARGUMENT);
+                    }
+                    (p.gpu, 0)
+                }
+                _ => return Err(status::INVALID_OBJECT_PARENT),
+            },
             class::DEVICE_0 => {
                 if parent.is_some() {
                     return Err(status::INVALID_OBJECT_PARENT);
@@ -348,10 +509,7 @@ impl Rm {
                     .div_ceil(VIDMEM_PAGE)
                     .checked_mul(VIDMEM_PAGE)
                     .ok_or(status::NO_MEMORY)?;
-                let g = self.gpus[gpu];
-                if g.used.checked_add(rounded).is_none_or(|u| u > g.capacity) {
-                    return Err(status::NO_MEMORY);
-                }
+                instance = self.place_vidmem(r.client, gpu, rounded)?;
                 // Write back the size allocated, as the driver does, before charging it.
                 mem.write(size_at, &rounded.to_le_bytes())
                     .map_err(|_| status::INVALID_ARGUMENT)?;
@@ -384,7 +542,7 @@ impl Rm {
             // Host memory has no capacity here, but it can't exceed the address space.
             self.sysmem = self.sysmem.checked_add(bytes).ok_or(status::NO_MEMORY)?;
         } else if let Some(g) = gpu.filter(|_| bytes > 0) {
-            self.gpus[g].used += bytes;
+            self.charge_vidmem(g, instance, bytes);
         }
         if r.handle == 0 {
             self.last_object = handle;
@@ -398,6 +556,7 @@ impl Rm {
                     gpu,
                     bytes,
                     host,
+                    instance,
                 },
             );
         }
@@ -460,8 +619,17 @@ impl Rm {
     fn uncharge(&mut self, o: &Object) {
         if o.host {
             self.sysmem = self.sysmem.saturating_sub(o.bytes);
-        } else if let Some(g) = o.gpu.and_then(|g| self.gpus.get_mut(g)) {
+            return;
+        }
+        if let Some(g) = o.gpu.and_then(|g| self.gpus.get_mut(g)) {
             g.used = g.used.saturating_sub(o.bytes);
+        }
+        // A partition reference's `instance` is its subscription, which holds no memory.
+        if o.bytes > 0
+            && let (Some(gpu), Some(gi)) = (o.gpu, o.instance)
+            && let Some(i) = self.instance_mut(gpu, gi)
+        {
+            i.used = i.used.saturating_sub(o.bytes);
         }
     }
 
@@ -486,16 +654,11 @@ impl Rm {
         if requested == 0 {
             self.last_object = handle;
         }
+        let mut instance = None;
         if !host && bytes > 0 {
             let g = gpu.ok_or(status::INVALID_OBJECT_PARENT)?;
-            let used = self.gpus[g].used;
-            if used
-                .checked_add(bytes)
-                .is_none_or(|u| u > self.gpus[g].capacity)
-            {
-                return Err(status::NO_MEMORY);
-            }
-            self.gpus[g].used += bytes;
+            instance = self.place_vidmem(client, g, bytes)?;
+            self.charge_vidmem(g, instance, bytes);
         } else if host {
             self.sysmem = self.sysmem.checked_add(bytes).ok_or(status::NO_MEMORY)?;
         }
@@ -508,6 +671,7 @@ impl Rm {
                     gpu,
                     bytes,
                     host,
+                    instance,
                 },
             );
         }

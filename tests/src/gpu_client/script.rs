@@ -117,6 +117,13 @@ pub enum UvmCommand {
         /// Length.
         length: u64,
     },
+    /// `count` managed mappings of `length` each, left in place.
+    MmapMany {
+        /// How many.
+        count: u32,
+        /// Length of each.
+        length: u64,
+    },
     /// `munmap`.
     Munmap {
         /// Start.
@@ -162,12 +169,41 @@ pub enum Command {
         /// `deviceId`.
         id: u32,
     },
+    /// `device-many <client> <id> <count>`: `count` device objects on one GPU.
+    DeviceMany {
+        /// `hRoot`.
+        client: u32,
+        /// `deviceId`.
+        id: u32,
+        /// How many.
+        count: u32,
+    },
     /// `subdevice <client> <device>`.
     Subdevice {
         /// `hRoot`.
         client: u32,
         /// The device.
         device: u32,
+    },
+    /// `partition <client> <subdevice> <gpu-instance> <cap-fd>`.
+    Partition {
+        /// `hRoot`.
+        client: u32,
+        /// The subdevice.
+        subdevice: u32,
+        /// `swizzId`.
+        gpu_instance: u32,
+        /// `capDescriptor`.
+        cap: FdRef,
+    },
+    /// `exec-partition <client> <partition> <compute-instance>`.
+    ExecPartition {
+        /// `hRoot`.
+        client: u32,
+        /// The partition reference.
+        partition: u32,
+        /// `execPartitionId`.
+        compute_instance: u32,
     },
     /// `alloc <client> <parent> <size> [nvos21|nvos64] [v120|v128] [xfer]`.
     Alloc {
@@ -391,9 +427,25 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
             client: args.u32(0, "client")?,
             id: args.u32(1, "device id")?,
         },
+        "device-many" => Command::DeviceMany {
+            client: args.u32(0, "client")?,
+            id: args.u32(1, "device id")?,
+            count: args.u32(2, "count")?,
+        },
         "subdevice" => Command::Subdevice {
             client: args.u32(0, "client")?,
             device: args.u32(1, "device")?,
+        },
+        "partition" => Command::Partition {
+            client: args.u32(0, "client")?,
+            subdevice: args.u32(1, "subdevice")?,
+            gpu_instance: args.u32(2, "gpu instance")?,
+            cap: fd_ref(args.word(3, "cap fd")?)?,
+        },
+        "exec-partition" => Command::ExecPartition {
+            client: args.u32(0, "client")?,
+            partition: args.u32(1, "partition")?,
+            compute_instance: args.u32(2, "compute instance")?,
         },
         "alloc" => {
             let (mut form, mut layout, mut via) = Default::default();
@@ -586,7 +638,10 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
 const COMMANDS: &[&str] = &[
     "client",
     "device",
+    "device-many",
     "subdevice",
+    "partition",
+    "exec-partition",
     "alloc",
     "sysmem",
     "allocmem",
@@ -639,7 +694,10 @@ fn arity(command: &Command) -> usize {
         | Command::GetFd { .. }
         | Command::DupMany { .. }
         | Command::DupTo { .. } => 2,
+        Command::Partition { .. } => 4,
         Command::Sysmem { .. }
+        | Command::DeviceMany { .. }
+        | Command::ExecPartition { .. }
         | Command::Virtual { .. }
         | Command::Control { .. }
         | Command::VidHeapFree { .. } => 3,
@@ -706,6 +764,13 @@ fn parse_uvm(args: &Args<'_>) -> Result<Command, ParseError> {
                 length: tail.size(0, "length")?,
             },
             1,
+        ),
+        "mmap-many" => (
+            UvmCommand::MmapMany {
+                count: tail.u32(0, "count")?,
+                length: tail.size(1, "length")?,
+            },
+            2,
         ),
         "munmap" => (
             UvmCommand::Munmap {
@@ -1003,9 +1068,47 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
     match command {
         Command::Client => rm_reply(client.alloc_client().map(|h| format!("ok client={h:#x}"))),
         Command::Device { client: c, id } => rm_reply(client.alloc_device(*c, *id).map(handle)),
+        Command::DeviceMany {
+            client: c,
+            id,
+            count,
+        } => {
+            let mut made = 0u32;
+            let mut last = 0;
+            while made < *count {
+                match client.alloc_device(*c, *id) {
+                    Ok(h) => last = h,
+                    Err(e) => return format!("{} made={made}", rm_reply(Err(e))),
+                }
+                made += 1;
+            }
+            format!("ok made={made} last={last:#x}")
+        }
         Command::Subdevice { client: c, device } => {
             rm_reply(client.alloc_subdevice(*c, *device).map(handle))
         }
+        Command::Partition {
+            client: c,
+            subdevice,
+            gpu_instance,
+            cap,
+        } => match resolve(client, *cap) {
+            Ok(fd) => rm_reply(
+                client
+                    .alloc_partition(*c, *subdevice, *gpu_instance, fd)
+                    .map(handle),
+            ),
+            Err(e) => format!("err {e}"),
+        },
+        Command::ExecPartition {
+            client: c,
+            partition,
+            compute_instance,
+        } => rm_reply(
+            client
+                .alloc_exec_partition(*c, *partition, *compute_instance)
+                .map(handle),
+        ),
         Command::Alloc {
             client: c,
             parent,
@@ -1134,6 +1237,16 @@ pub fn execute(client: &mut GpuClient, command: &Command) -> String {
                 .uvm_mmap(length)
                 .map(|addr| format!("ok addr={addr:#x}"))
                 .map_err(|source| RmError::Ioctl { cmd: 0, source }),
+            UvmCommand::MmapMany { count, length } => {
+                let mut made = 0u32;
+                while made < count {
+                    if let Err(e) = client.uvm_mmap(length) {
+                        return format!("{} made={made}", errno_reply(&e));
+                    }
+                    made += 1;
+                }
+                Ok(format!("ok made={made}"))
+            }
             UvmCommand::Munmap { addr, length } => client
                 .munmap(addr, length)
                 .map(|()| ok())

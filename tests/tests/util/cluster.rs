@@ -28,6 +28,7 @@ impl TestBackend {
         Self {
             devices: (0..n)
                 .map(|i| GpuDevice {
+                    mig: None,
                     uuid: format!("GPU-test-{i}"),
                     model: "Mock".into(),
                     memory_bytes: 16 << 30,
@@ -155,7 +156,7 @@ pub async fn wait_nodes(client: &SchedulerServiceClient<Channel>, n: usize) {
     eventually(&format!("{n} nodes to register"), || {
         let mut c = client.clone();
         async move {
-            c.list_nodes(pb::ListNodesRequest {})
+            c.list_nodes(pb::ListNodesRequest::default())
                 .await
                 .is_ok_and(|r| r.into_inner().nodes.len() == n)
         }
@@ -210,6 +211,7 @@ pub async fn alloc_map(client: &mut SchedulerServiceClient<Channel>, node: &str)
     let map = client
         .get_allocation_map(pb::GetAllocationMapRequest {
             node_id: node.into(),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -85,10 +85,20 @@ pub struct Driver {
 
 impl Driver {
     pub fn mount(tag: &str) -> Self {
+        Self::mount_with(tag, &FakeConfig::default())
+    }
+
+    /// [`Self::mount`] with `config` (MIG instances, other GPU sizes).
+    pub fn mount_with(tag: &str, config: &FakeConfig) -> Self {
         let scratch = scratch(tag);
         let dir = scratch.path().join("dev");
-        let fake = FakeDriver::mount(&dir, &FakeConfig::default()).unwrap();
+        let fake = FakeDriver::mount(&dir, config).unwrap();
         Self { fake, dir, scratch }
+    }
+
+    /// The scratch directory the mount point is in (for files beside it).
+    pub fn scratch(&self) -> &Path {
+        self.scratch.path()
     }
 
     /// The glob the agent watches for this driver.

@@ -84,8 +84,39 @@ impl Rig {
         agent: impl FnOnce(&mut AgentConfig),
     ) -> Self {
         let driver = Driver::mount(tag);
+        Self::around_on(driver, None, ctl, urls, state, binding_timeout, agent)
+    }
+
+    /// [`Self::start`] on `driver`, the agent given the mock device list `mock` (TOML).
+    pub fn start_on(driver: Driver, mock: &str) -> Self {
+        let state = [scratch("ctl"), scratch("agent")];
+        let ctl = TestController::start(state[0].path(), SchedulerConfig::default(), timing());
+        let url = ctl.url();
+        Self::around_on(
+            driver,
+            Some(mock),
+            ctl,
+            &url,
+            state,
+            Duration::from_mins(1),
+            |_| {},
+        )
+    }
+
+    fn around_on(
+        driver: Driver,
+        mock_text: Option<&str>,
+        ctl: TestController,
+        urls: &str,
+        state: [TempDir; 2],
+        binding_timeout: Duration,
+        agent: impl FnOnce(&mut AgentConfig),
+    ) -> Self {
         let mut cfg = super::mock_gpu_config(&driver, urls.to_owned(), state[1].path());
         let mock = cfg.mock_devices.clone().unwrap();
+        if let Some(text) = mock_text {
+            std::fs::write(&mock, text).unwrap();
+        }
         cfg.binding_timeout = binding_timeout;
         agent(&mut cfg);
         let agent = TestAgent::start_with(cfg);
@@ -104,7 +135,7 @@ impl Rig {
         rig.wait_for("the node to register", |r| {
             r.rt.block_on(async {
                 let mut c = r.client().await;
-                c.list_nodes(pb::ListNodesRequest {})
+                c.list_nodes(pb::ListNodesRequest::default())
                     .await
                     .is_ok_and(|n| n.into_inner().nodes.len() == 1)
             })

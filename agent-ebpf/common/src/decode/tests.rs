@@ -8,7 +8,7 @@ use std::{vec, vec::Vec};
 use proptest::prelude::*;
 
 use super::*;
-use crate::nvidia::{ioctl_cmd, ioctl_nr, nvos02};
+use crate::nvidia::{ioctl_cmd, ioctl_nr, nvos02, smc_partition};
 
 /// A process's memory: a few buffers at chosen addresses; anything else is unmapped.
 #[derive(Debug, Clone, Default)]
@@ -119,6 +119,45 @@ fn host_placement_virtual_ranges_and_other_classes() {
     assert_eq!(decode(&mem, escape), Ok(None));
     let (mem, escape) = rm_alloc(nvos21::SIZE, 0xc86f, &[]);
     assert_eq!(decode(&mem, escape), Ok(None), "a channel holds no memory");
+}
+
+#[test]
+fn a_partition_subscription_names_its_gpu_instance() {
+    let swizz = |id: u32| {
+        params(
+            smc_partition::SIZE,
+            &[(smc_partition::SWIZZ_ID, u64::from(id), 4)],
+        )
+    };
+    for size in [nvos21::SIZE, nvos64::SIZE] {
+        let (mem, escape) = rm_alloc(size, class::SMC_PARTITION_REF, &swizz(9));
+        let call = decode(&mem, escape).unwrap().unwrap();
+        assert_eq!(
+            (call.op, call.value, call.client, call.parent),
+            (op::PARTITION, 9, 0xc1d0_0001, 0xcaf0_0001)
+        );
+        assert_eq!(call.handle_offset, 8);
+    }
+    let (mem, escape) = rm_alloc(
+        nvos21::SIZE,
+        class::SMC_PARTITION_REF,
+        &swizz(smc_partition::DEVICE_PROFILING_SWIZZID),
+    );
+    assert_eq!(
+        decode(&mem, escape),
+        Ok(None),
+        "device profiling is no instance"
+    );
+    // Params that can't be read.
+    let (mut mem, escape) = rm_alloc(nvos21::SIZE, class::SMC_PARTITION_REF, &[0; 4]);
+    mem.regions.retain(|(base, _)| *base != ALLOC_PARAMS);
+    assert_eq!(
+        decode(&mem, escape).unwrap_err().reason,
+        decode_error::READ_ALLOC_PARAMS
+    );
+    // The compute-instance subscription creates nothing counted.
+    let (mem, escape) = rm_alloc(nvos21::SIZE, class::SMC_EXEC_PARTITION_REF, &[0; 16]);
+    assert_eq!(decode(&mem, escape), Ok(None));
 }
 
 #[test]
@@ -259,6 +298,7 @@ fn memories() -> impl Strategy<Value = Memory> {
             class::ROOT_CLIENT,
             class::DEVICE_0,
             class::SUBDEVICE_0,
+            class::SMC_PARTITION_REF,
             class::MEMORY_LOCAL_USER,
             class::MEMORY_SYSTEM,
             class::MEMORY_SYSTEM_OS_DESCRIPTOR,
@@ -321,6 +361,7 @@ fn aimed() -> impl Strategy<Value = (Memory, u32, u64)> {
         class::ROOT_CLIENT,
         class::DEVICE_0,
         class::SUBDEVICE_0,
+        class::SMC_PARTITION_REF,
         class::MEMORY_LOCAL_USER,
         class::MEMORY_SYSTEM,
         class::MEMORY_SYSTEM_OS_DESCRIPTOR,
@@ -423,7 +464,7 @@ proptest! {
                 prop_assert_eq!(Some(call.size_at), alloc_params.map(|a| a.wrapping_add(memory_alloc::SIZE_FIELD as u64)));
             }
             op::VIDMEM | op::SYSMEM => prop_assert!(inside(call.params, escape.size, call.size_at, 8)),
-            op::CLIENT | op::DEVICE | op::SUBDEVICE | op::FREE => {}
+            op::CLIENT | op::DEVICE | op::SUBDEVICE | op::FREE | op::PARTITION => {}
             other => prop_assert!(false, "unknown op {}", other),
         }
         // What the exit reads never panics either.

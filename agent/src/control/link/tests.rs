@@ -198,3 +198,58 @@ fn a_preemption_without_enforcement_lets_go_at_once_and_says_preempted() {
     );
     assert!(reply.is_none());
 }
+
+#[test]
+fn each_mig_profile_registers_as_a_slot_type_with_its_instance_count() {
+    let (config, _holdings, _dir) = link_to("http://127.0.0.1:1");
+    let backend = crate::devices::mock::MockBackend::from_toml(
+        include_str!("../../../../deploy/mock-devices-mig.toml"),
+        std::path::Path::new("mock-devices-mig.toml"),
+    )
+    .unwrap();
+    let info = node_info(&config, &backend, vec![], None);
+    let types: Vec<&str> = info.slot_types.iter().map(|t| t.name.as_str()).collect();
+    for name in [
+        "cuda.shares",
+        "cuda.mig.1g.18gb",
+        "cuda.mig.2g.35gb",
+        "cuda.mig.3g.71gb",
+    ] {
+        assert!(types.contains(&name), "{name} in {types:?}");
+    }
+    let capacity = info.capacity.unwrap().values;
+    assert_eq!(capacity["cuda.mig.1g.18gb"], "2");
+    assert_eq!(capacity["cuda.mig.3g.71gb"], "1");
+    // The whole GPU and the four instances are the devices; the parent is not one.
+    assert_eq!(info.devices.len(), 5);
+    assert!(
+        info.devices
+            .iter()
+            .all(|d| d.uuid != "GPU-6a4c2f9e-0000-4000-8000-000000000001")
+    );
+    // An allocation naming a profile is one of this node's slots.
+    let known = known_slots(&config, &backend);
+    let alloc = pb::Allocate {
+        session_id: "s".into(),
+        slots: Some(pb::ResourceSlot {
+            values: [("cuda.mig.1g.18gb".to_owned(), "1".to_owned())].into(),
+        }),
+        ..Default::default()
+    };
+    // Named without an instance to hold it on, it is refused rather than held nowhere.
+    let nack = check_allocation(&known, &alloc).unwrap();
+    assert_eq!(nack.reason, "UnsupportedResource");
+    assert!(
+        nack.message.contains("cuda.mig.1g.18gb"),
+        "{}",
+        nack.message
+    );
+    let placed = pb::Allocate {
+        devices: vec![pb::DeviceShare {
+            index: 2,
+            ..Default::default()
+        }],
+        ..alloc
+    };
+    assert!(check_allocation(&known, &placed).is_none());
+}

@@ -105,3 +105,144 @@ fn health_comes_from_the_file_and_is_read_again() {
     std::fs::write(&path, "not toml [").unwrap();
     assert_eq!(b.health()[0].state, HealthState::Degraded);
 }
+
+#[test]
+fn a_gpu_in_mig_mode_is_offered_as_its_instances() {
+    let dir = gpuwarden_test_support::scratch("mock-mig");
+    std::fs::write(
+        dir.path().join("mig-minors"),
+        "config 1\nmonitor 2\ngpu1/gi9/access 84\ngpu1/gi9/ci0/access 85\n\
+         gpu1/gi10/access 93\ngpu1/gi10/ci0/access 94\n",
+    )
+    .unwrap();
+    let path = dir.path().join("mock.toml");
+    std::fs::write(
+        &path,
+        r#"
+        mig_minors = "mig-minors"
+
+        [[devices]]
+        uuid = "GPU-whole"
+        model_name = "Mock H200"
+        memory_size = "141G"
+        sm_count = 132
+
+        [[devices]]
+        uuid = "GPU-parent"
+        model_name = "Mock H200"
+        memory_size = "141G"
+        sm_count = 132
+        health = "degraded"
+        [[devices.instances]]
+        uuid = "MIG-a"
+        profile = "1g.18gb"
+        gpu_instance = 9
+        memory_size = "16G"
+        sm_count = 16
+        [[devices.instances]]
+        uuid = "MIG-b"
+        profile = "3g.71gb"
+        gpu_instance = 10
+        compute_instance = 0
+        memory_size = "70G"
+        sm_count = 60
+        "#,
+    )
+    .unwrap();
+    let b = MockBackend::from_file(&path).unwrap();
+    let d = b.devices();
+    let summary: Vec<(&str, u32, u32, bool)> = d
+        .iter()
+        .map(|d| (d.uuid.as_str(), d.index, d.node_minor(), d.is_mig))
+        .collect();
+    // The parent (index 1) is not offered; its instances take 2 and 3 and open nvidia1.
+    assert_eq!(
+        summary,
+        [
+            ("GPU-whole", 0, 0, false),
+            ("MIG-a", 2, 1, true),
+            ("MIG-b", 3, 1, true)
+        ]
+    );
+    let a = d[1].mig.as_ref().unwrap();
+    assert_eq!(
+        (a.parent_uuid.as_str(), a.gpu_instance, a.compute_instance),
+        ("GPU-parent", 9, 0)
+    );
+    assert_eq!((a.gi_cap_minor, a.ci_cap_minor), (Some(84), Some(85)));
+    assert_eq!(d[2].mig.as_ref().unwrap().ci_cap_minor, Some(94));
+    assert_eq!((d[1].memory_bytes, d[1].sm_count), (16 << 30, 16));
+    assert_eq!(d[1].model, "Mock H200 MIG 1g.18gb");
+    assert_eq!(d[2].device_node, "/dev/nvidia1");
+    // Instances share their parent's health.
+    let h: Vec<(u32, HealthState)> = b.health().iter().map(|h| (h.index, h.state)).collect();
+    assert_eq!(
+        h,
+        [
+            (0, HealthState::Ok),
+            (2, HealthState::Degraded),
+            (3, HealthState::Degraded)
+        ]
+    );
+}
+
+#[test]
+fn malformed_instances_say_which() {
+    let base = "[[devices]]\nuuid = \"GPU-p\"\nmemory_size = \"80G\"\n[[devices.instances]]\nuuid = \"MIG-x\"\ngpu_instance = 1\n";
+    let err = MockBackend::from_toml(
+        &format!("{base}profile = \"big\"\nmemory_size = \"10G\"\n"),
+        Path::new("m.toml"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("MIG instance 0") && err.contains("\"big\""),
+        "{err}"
+    );
+    let err = MockBackend::from_toml(
+        &format!("{base}profile = \"1g.10gb\"\nmemory_size = \"81G\"\n"),
+        Path::new("m.toml"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("exceed"), "{err}");
+    // No minors file: the instance is still a device, its capability minors unknown.
+    let b = MockBackend::from_toml(
+        &format!("{base}profile = \"1g.10gb\"\nmemory_size = \"10G\"\n"),
+        Path::new("m.toml"),
+    )
+    .unwrap();
+    let m = b.devices()[0].mig.as_ref().unwrap();
+    assert_eq!((m.gi_cap_minor, m.ci_cap_minor), (None, None));
+}
+
+#[test]
+fn the_shipped_files_parse() {
+    let old = MockBackend::from_toml(
+        include_str!("../../../../deploy/mock-devices.toml"),
+        Path::new("mock-devices.toml"),
+    )
+    .unwrap();
+    assert_eq!(old.devices().len(), 2);
+    assert!(old.devices().iter().all(|d| d.mig.is_none()));
+    let mig = MockBackend::from_toml(
+        include_str!("../../../../deploy/mock-devices-mig.toml"),
+        Path::new("mock-devices-mig.toml"),
+    )
+    .unwrap();
+    let profiles: Vec<Option<&str>> = mig
+        .devices()
+        .iter()
+        .map(|d| d.mig.as_ref().map(|m| m.profile.as_str()))
+        .collect();
+    assert_eq!(
+        profiles,
+        [
+            None,
+            Some("1g.18gb"),
+            Some("1g.18gb"),
+            Some("2g.35gb"),
+            Some("3g.71gb")
+        ]
+    );
+}

@@ -6,6 +6,7 @@ const UID: &str = "0f9e8d7c-6b5a-4948-8372-615243342516";
 fn gpus() -> Vec<GpuDevice> {
     (0..3)
         .map(|index| GpuDevice {
+            mig: None,
             uuid: format!("GPU-{index}"),
             model: "Mock".into(),
             memory_bytes: 16 << 30,

@@ -45,6 +45,7 @@ fn spec(session: &str, path: &str, policy: MemoryPolicy) -> QuotaSpec {
             index: 0,
             shares_ppm: 500_000,
             memory_bytes: 2 * GIB,
+            mig: None,
         }],
     }
 }
@@ -491,6 +492,7 @@ fn the_drivers_own_limit_is_set_on_bind_and_lifted_on_release() {
         index: 1,
         shares_ppm: 500_000,
         memory_bytes: 0,
+        mig: None,
     });
     enforcer.apply(quota);
     let dir = PathBuf::from("/cg/job");
@@ -794,4 +796,31 @@ fn a_session_released_while_suspended_is_killed() {
         [PathBuf::from("/cg/job")]
     );
     assert_eq!(r.state("s"), None);
+}
+
+#[test]
+fn a_quota_on_a_mig_instance_opens_its_parent_and_its_capability_nodes_only() {
+    let mut r = rig(Duration::from_mins(1));
+    let job = r.fake.cgroups.mkdir("/cg/job");
+    let mut quota = spec("s-1", "/job", MemoryPolicy::Kill);
+    // Instance index 3 of GPU 1, with capability nodes 84 and 85.
+    quota.devices = vec![DeviceQuota {
+        index: 3,
+        shares_ppm: 1_000_000,
+        memory_bytes: GIB,
+        mig: Some(crate::enforcement::quota::MigAccess {
+            node_minor: 1,
+            cap_minors: vec![84, 85],
+        }),
+    }];
+    r.enforcer.apply(quota);
+    let kernel = r.fake.quotas.at(&job).unwrap();
+    assert_eq!(kernel.devices, 1 << 1, "the parent's node, not nvidia3");
+    assert_eq!(kernel.limit[3], GIB, "the limit is the instance's");
+    assert_eq!(
+        r.fake.devices.caps.lock().unwrap().get(&job),
+        Some(&vec![84, 85])
+    );
+    r.enforcer.release("s-1");
+    assert!(r.fake.devices.caps.lock().unwrap().is_empty());
 }

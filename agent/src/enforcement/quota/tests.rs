@@ -3,6 +3,7 @@ use super::*;
 fn gpus() -> Vec<GpuDevice> {
     (0..2)
         .map(|i| GpuDevice {
+            mig: None,
             uuid: format!("GPU-{i}"),
             model: "Mock".into(),
             memory_bytes: 16 << 30,

@@ -30,7 +30,7 @@
 //! };
 //!
 //! let signal = Signal::Device(Box::new(CpuTimeSignal::default()));
-//! let throttle = throttle::spawn(ThrottleConfig::default(), signal)?;
+//! let throttle = throttle::spawn(ThrottleConfig::default(), signal, "/sys/fs/bpf/gpuwarden")?;
 //! throttle.set(0, 4242, Member {
 //!     cgroup_dir: "/sys/fs/cgroup/unified/job".into(),
 //!     share_ppm: 300_000, // 0.3 of GPU 0
@@ -52,7 +52,9 @@ mod usage;
 use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::HashMap,
+    ffi::{CStr, CString},
     io,
+    os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
@@ -203,6 +205,96 @@ pub fn thaw(cgroup_dir: &Path) -> io::Result<()> {
     }
 }
 
+/// The extended attribute on each cgroup the throttle may freeze; its value names the agent
+/// instance (its pin folder), so an agent thaws only what one of its own left. `trusted.*`: only
+/// a process with `CAP_SYS_ADMIN` sets or removes one, so no tenant forges or hides it.
+const FREEZE_MARK: &CStr = c"trusted.gpuwarden.throttle";
+
+/// Thaws every cgroup under `root` that carries the throttle's mark of `owner` (as given to
+/// [`spawn`]), and takes the mark off: what a killed agent left frozen, found without its
+/// store. Returns how many it thawed.
+///
+/// Meant for agent start, before the throttle takes any member: the store's thaw
+/// ([`thaw`] on every persisted binding) misses an agent restarted without its store.
+pub fn thaw_marked(root: &Path, owner: &str) -> usize {
+    let mut thawed = 0;
+    let mut dirs = vec![root.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            // `file_type` does not follow links: the walk stays inside the tree.
+            dirs.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+        if dir == root || !has_mark(&dir, owner) {
+            continue;
+        }
+        match thaw(&dir) {
+            Ok(()) => {
+                thawed += 1;
+                if let Err(e) = set_mark(&dir, None) {
+                    tracing::debug!(dir = %dir.display(), "mark not removed: {e}");
+                }
+            }
+            Err(e) => tracing::warn!(dir = %dir.display(), "left frozen by a dead agent: {e}"),
+        }
+    }
+    thawed
+}
+
+fn c_path(dir: &Path) -> io::Result<CString> {
+    CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+fn has_mark(dir: &Path, owner: &str) -> bool {
+    let Ok(path) = c_path(dir) else {
+        return false;
+    };
+    let mut value = [0u8; 256];
+    // SAFETY: valid C strings and a buffer of the size given.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            FREEZE_MARK.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    usize::try_from(n).is_ok_and(|n| value.get(..n) == Some(owner.as_bytes()))
+}
+
+/// Sets the mark with `owner` as its value, or removes it (`None`).
+fn set_mark(dir: &Path, owner: Option<&str>) -> io::Result<()> {
+    let path = c_path(dir)?;
+    // SAFETY: valid C strings, and a value of the length given.
+    let rc = unsafe {
+        match owner {
+            Some(owner) => libc::setxattr(
+                path.as_ptr(),
+                FREEZE_MARK.as_ptr(),
+                owner.as_ptr().cast(),
+                owner.len(),
+                0,
+            ),
+            None => libc::removexattr(path.as_ptr(), FREEZE_MARK.as_ptr()),
+        }
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    // Already off.
+    if owner.is_none() && e.raw_os_error() == Some(libc::ENODATA) {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
 fn write_freeze(cgroup_dir: &Path, frozen: bool) -> io::Result<()> {
     std::fs::write(
         cgroup_dir.join("cgroup.freeze"),
@@ -213,6 +305,8 @@ fn write_freeze(cgroup_dir: &Path, frozen: bool) -> io::Result<()> {
 /// The real kernel: the signal, and freezing through `cgroup.freeze`.
 struct Kernel {
     signal: Signal,
+    /// The value of the marks it sets ([`thaw_marked`]).
+    owner: String,
 }
 
 impl Cgroups for Kernel {
@@ -236,6 +330,10 @@ impl SlotKernel for Kernel {
 impl Freezer for Kernel {
     fn set_frozen(&mut self, dir: &Path, frozen: bool) -> io::Result<()> {
         write_freeze(dir, frozen)
+    }
+
+    fn mark(&mut self, dir: &Path, marked: bool) -> io::Result<()> {
+        set_mark(dir, marked.then_some(self.owner.as_str()))
     }
 }
 
@@ -353,7 +451,9 @@ impl ThrottleHandle {
     }
 }
 
-/// Starts the throttle loop, holding shares the way `signal` allows (see [`Signal`]).
+/// Starts the throttle loop, holding shares the way `signal` allows (see [`Signal`]). Each
+/// cgroup it freezes is marked as `owner`'s first (see [`thaw_marked`]): the agent passes its pin
+/// folder, what names it across restarts.
 ///
 /// The loop is a dedicated thread, not a tokio task: it does blocking cgroupfs I/O every tick,
 /// and its timing (what every share is measured against) must not depend on how busy the async
@@ -361,7 +461,11 @@ impl ThrottleHandle {
 ///
 /// # Errors
 /// The configuration is invalid, or the thread can't be started.
-pub fn spawn(config: ThrottleConfig, signal: Signal) -> Result<ThrottleHandle, ThrottleError> {
+pub fn spawn(
+    config: ThrottleConfig,
+    signal: Signal,
+    owner: &str,
+) -> Result<ThrottleHandle, ThrottleError> {
     if config.tick.is_zero() || config.tick > config.period {
         return Err(ThrottleError::InvalidConfig {
             period: config.period,
@@ -382,7 +486,10 @@ pub fn spawn(config: ThrottleConfig, signal: Signal) -> Result<ThrottleHandle, T
     };
     let looped = Loop {
         engine,
-        kernel: Kernel { signal },
+        kernel: Kernel {
+            signal,
+            owner: owner.to_owned(),
+        },
         stats: Arc::clone(&stats),
     };
     std::thread::Builder::new()

@@ -8,12 +8,13 @@ fn bad_config_and_members_are_refused() {
         slots: SlotConfig::default(),
     };
     assert!(matches!(
-        spawn(bad, Signal::PerCgroup(Box::new(CpuTimeUsage))),
+        spawn(bad, Signal::PerCgroup(Box::new(CpuTimeUsage)), "test"),
         Err(ThrottleError::InvalidConfig { .. })
     ));
     let throttle = spawn(
         ThrottleConfig::default(),
         Signal::PerCgroup(Box::new(CpuTimeUsage)),
+        "test",
     )
     .unwrap();
     let member = |dir: &str, share_ppm| Member {
@@ -40,6 +41,7 @@ async fn a_vanished_directory_does_not_stop_the_loop() {
     let throttle = spawn(
         ThrottleConfig::default(),
         Signal::PerCgroup(Box::new(CpuTimeUsage)),
+        "test",
     )
     .unwrap();
     throttle

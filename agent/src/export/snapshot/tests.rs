@@ -32,6 +32,7 @@ fn binding(session: &str, devices: &[(u32, u32, u64)], member: u64) -> BindingRe
                     index,
                     shares_ppm,
                     memory_bytes,
+                    mig: None,
                 })
                 .collect(),
         },
@@ -139,8 +140,8 @@ fn a_member_cgroup_carries_its_quota_enforcement_and_only_its_sessions_events() 
         system_bytes: 3,
         managed_bytes: 5,
         tables: gpuwarden_agent_common::maps::TableUse {
-            used: [4, 1, 2, 3],
-            refused: [0, 0, 1, 0],
+            used: [4, 1, 2, 3, 7, 8],
+            refused: [0, 0, 1, 0, 0, 2],
         },
     };
     let mut c = container(42, Some(&workload), totals);
@@ -148,6 +149,15 @@ fn a_member_cgroup_carries_its_quota_enforcement_and_only_its_sessions_events() 
     let clients = c.tables.iter().find(|t| t.table == "clients").unwrap();
     assert_eq!((clients.used, clients.refused), (2, 1));
     assert_eq!(clients.budget, 32_768 / 8);
+    let mappings = c
+        .tables
+        .iter()
+        .find(|t| t.table == "managed_mappings")
+        .unwrap();
+    assert_eq!(
+        (mappings.used, mappings.refused, mappings.budget),
+        (8, 2, 65_536 / 8)
+    );
     add_quota(&mut c, &standing, "tracepoint");
 
     assert_eq!(c.cgroup_path, "/system.slice/job.service");

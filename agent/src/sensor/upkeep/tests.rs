@@ -14,7 +14,8 @@ fn path_keys_are_nul_padded_and_bounded() {
 use std::os::unix::fs::MetadataExt as _;
 
 use gpuwarden_agent_common::maps::{
-    Allocation, ClientInfo, FileRefs, HandleKey, ObjectInfo, TableReleased, TableUse,
+    Allocation, ClientInfo, FileRefs, HandleKey, Mapping, MappingKey, ObjectInfo, TableReleased,
+    TableUse,
 };
 
 use crate::{attribution::Attributor, sensor::maps::fake::FakeMap};
@@ -24,6 +25,7 @@ use crate::{attribution::Attributor, sensor::maps::fake::FakeMap};
 struct Fakes {
     gpu_fds: FakeMap<FdKey, FdInfo>,
     files: FakeMap<u64, FileRefs>,
+    mappings: FakeMap<MappingKey, Mapping>,
     procs: FakeMap<u32, ProcInfo>,
     clients: FakeMap<u32, ClientInfo>,
     allocations: FakeMap<HandleKey, Allocation>,
@@ -41,7 +43,7 @@ impl Fakes {
             gpu_files: FakeMap::default().boxed(),
             gpu_fds: self.gpu_fds.boxed(),
             files: self.files.boxed(),
-            mappings: FakeMap::default().boxed(),
+            mappings: self.mappings.boxed(),
             procs: self.procs.boxed(),
             clients: self.clients.boxed(),
             allocations: self.allocations.boxed(),
@@ -426,19 +428,43 @@ fn entries_removed_here_are_released_from_their_cgroups_budgets() {
                 },
             );
         }
+        // A device object of a client that is gone, and a mapping of the dead process.
+        fakes.object_devices.0.lock().unwrap().insert(
+            HandleKey {
+                client: 5,
+                handle: 6,
+            },
+            ObjectInfo {
+                gpu: 0,
+                device: 6,
+                cgroup: cg,
+            },
+        );
+        fakes.mappings.0.lock().unwrap().insert(
+            MappingKey {
+                tgid: dead,
+                _pad: 0,
+                addr: 0x1000,
+            },
+            Mapping {
+                bytes: 4096,
+                cgroup: cg,
+                proc_generation: 2,
+            },
+        );
         let mut tables = fakes.cgroup_tables.0.lock().unwrap();
         tables.insert(
             cg,
             TableUse {
-                used: [3, 2, 0, 0],
-                refused: [0; 4],
+                used: [3, 2, 0, 0, 1, 1],
+                refused: [0; 6],
             },
         );
         tables.insert(gone, TableUse::default());
         fakes.cgroup_tables_released.0.lock().unwrap().insert(
             cg,
             TableReleased {
-                released: [1, 0, 0, 0],
+                released: [1, 0, 0, 0, 0, 0],
             },
         );
     }
@@ -454,13 +480,14 @@ fn entries_removed_here_are_released_from_their_cgroups_budgets() {
     assert_eq!(
         fakes.cgroup_tables_released.at(&cg),
         Some(TableReleased {
-            released: [3, 1, 0, 0],
+            released: [3, 1, 0, 0, 1, 1],
         }),
-        "the dead process's two fds and its entry, added to the earlier one"
+        "the dead process's two fds, its entry and its mapping, and the gone client's device \
+         object, added to the earlier one"
     );
     assert_eq!(
         fakes.cgroup_tables.at(&cg).map(|t| t.used),
-        Some([3, 2, 0, 0]),
+        Some([3, 2, 0, 0, 1, 1]),
         "the programs' own counts are left alone"
     );
     assert_eq!(fakes.cgroup_tables.at(&gone), None);

@@ -45,6 +45,7 @@ fn explain_lists_the_decisions_before_the_placement() {
         at_ms,
         kind: kind.into(),
         detail: detail.into(),
+        decision_kind: 0,
     };
     let s = pb::Session {
         id: "s-1".into(),
@@ -335,6 +336,7 @@ fn a_queue_shows_exact_values_with_units_for_bytes() {
         members: vec!["alice".into(), "bob".into()],
         held: wire(&[("cuda.shares", "0.3")]),
         borrowed: wire(&[]),
+        etag: String::new(),
     };
     let shown = queue(&q);
     assert_eq!(

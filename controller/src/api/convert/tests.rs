@@ -149,6 +149,8 @@ prop_compose! {
             preemption: String::new(),
             gang: None,
             run_caller: None,
+            request_id: String::new(),
+            placement_mode: 0,
         }
     }
 }

@@ -61,6 +61,25 @@ pub mod names {
     pub const CUDA_MEM: &str = "cuda.mem";
     /// The prefix every GPU slot shares.
     pub const CUDA_PREFIX: &str = "cuda.";
+    /// The prefix of MIG profile slots (`cuda.mig.1g.18gb`: one instance of that profile, held
+    /// whole; docs/mig.md).
+    pub const CUDA_MIG_PREFIX: &str = "cuda.mig.";
+
+    /// The MIG profile a device's model names (`NVIDIA H200 MIG 1g.18gb` → `1g.18gb`: how NVML
+    /// names MIG devices, and the agent its instances).
+    #[must_use]
+    pub fn mig_profile_in_model(model: &str) -> Option<&str> {
+        let (_, profile) = model.rsplit_once(" MIG ")?;
+        let profile = profile.trim();
+        (!profile.is_empty()).then_some(profile)
+    }
+
+    /// The slot of MIG profile `profile` (`1g.18gb` → `cuda.mig.1g.18gb`; a `+`, which slot
+    /// names don't take, is written `_`: `1g.10gb+me` → `cuda.mig.1g.10gb_me`).
+    #[must_use]
+    pub fn mig_slot(profile: &str) -> String {
+        format!("{CUDA_MIG_PREFIX}{}", profile.replace('+', "_"))
+    }
 
     /// The slot types every node with NVIDIA GPUs declares, with their kinds.
     pub const GPU_SLOTS: [(&str, super::SlotKind); 3] = [

@@ -11,6 +11,8 @@ const MIB: u64 = 1 << 20;
 #[derive(Default)]
 pub(super) struct FakeMemory {
     regions: RefCell<HashMap<u64, Vec<u8>>>,
+    /// The caller's descriptors.
+    pub(super) fds: RefCell<HashMap<u64, std::path::PathBuf>>,
 }
 
 impl FakeMemory {
@@ -32,6 +34,10 @@ impl FakeMemory {
 }
 
 impl CallerMemory for FakeMemory {
+    fn fd_path(&self, fd: u64) -> Option<std::path::PathBuf> {
+        self.fds.borrow().get(&fd).cloned()
+    }
+
     fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>, Fault> {
         let (base, off) = self.locate(addr, len).ok_or(Fault)?;
         Ok(self.regions.borrow()[&base][off..off + len].to_vec())
@@ -574,4 +580,119 @@ fn vid_heap_control_allocates_by_location_and_frees() {
     );
     assert_eq!(h.rm.used(), vec![0]);
     assert_eq!(heap(&mut h, 5, 0, 0, 0, 0).0, status::NOT_SUPPORTED);
+}
+
+/// A subscription (`AMPERE_SMC_PARTITION_REF`) of `client` under `subdevice` to GPU instance
+/// `gi`, presenting descriptor `fd`.
+fn subscribe(h: &mut Harness, client: u32, subdevice: u32, gi: u32, fd: u64) -> (u32, u32) {
+    let mut p = vec![0u8; smc_partition::SIZE as usize];
+    set_u64(&mut p, smc_partition::CAP_DESCRIPTOR, fd);
+    set_u32(&mut p, smc_partition::SWIZZ_ID, gi);
+    let addr = h.buffer(p);
+    h.alloc(
+        AllocForm::Nvos64,
+        client,
+        subdevice,
+        class::SMC_PARTITION_REF,
+        Some(addr),
+        smc_partition::SIZE,
+    )
+}
+
+#[test]
+fn a_gpu_in_mig_mode_charges_each_client_to_the_instance_it_subscribed_to() {
+    let instance = |gpu_instance, memory| crate::fake_driver::FakeInstance {
+        gpu: 1,
+        gpu_instance,
+        compute_instances: vec![0],
+        memory,
+    };
+    let (nine, ten) = (instance(9, 16 * MIB), instance(10, 32 * MIB));
+    let mut h = Harness::new(&[64 * MIB, 64 * MIB]);
+    h.rm = Rm::new(&[64 * MIB, 64 * MIB]).with_instances(&[nine.clone(), ten.clone()]);
+    let cap = |i: &crate::fake_driver::FakeInstance| {
+        std::path::PathBuf::from(format!(
+            "/dev/nvidia-caps/nvidia-cap{}",
+            crate::fake_driver::gi_cap_minor(i)
+        ))
+    };
+    h.mem.fds.borrow_mut().insert(5, cap(&nine));
+    h.mem.fds.borrow_mut().insert(6, cap(&ten));
+
+    let c = h.client();
+    let (dev, _) = h.device(c, 1);
+    let (sub, s) = h.alloc(AllocForm::Nvos21, c, dev, class::SUBDEVICE_0, None, 0);
+    assert_eq!(s, status::OK);
+    // Not subscribed yet: no memory on a GPU in MIG mode.
+    let (_, s, _) = h.vidmem(AllocForm::Nvos64, c, dev, 4 * MIB, memory_alloc::SIZE);
+    assert_eq!(s, status::INSUFFICIENT_PERMISSIONS);
+    // The other instance's capability, an instance that isn't there, a device as parent.
+    assert_eq!(
+        subscribe(&mut h, c, sub, 9, 6).1,
+        status::INSUFFICIENT_PERMISSIONS
+    );
+    assert_eq!(
+        subscribe(&mut h, c, sub, 9, 7).1,
+        status::INSUFFICIENT_PERMISSIONS
+    );
+    assert_eq!(subscribe(&mut h, c, sub, 11, 5).1, status::INVALID_ARGUMENT);
+    assert_eq!(
+        subscribe(&mut h, c, dev, 9, 5).1,
+        status::INVALID_OBJECT_PARENT
+    );
+    let (partition, s) = subscribe(&mut h, c, sub, 9, 5);
+    assert_eq!(s, status::OK);
+    assert_eq!(
+        subscribe(&mut h, c, sub, 10, 6).1,
+        status::INVALID_STATE,
+        "one per GPU"
+    );
+
+    let (m1, s, _) = h.vidmem(AllocForm::Nvos64, c, dev, 4 * MIB, memory_alloc::SIZE);
+    assert_eq!(s, status::OK);
+    // Past the instance's 16 MiB, though the GPU has room.
+    let (_, s, _) = h.vidmem(AllocForm::Nvos64, c, dev, 14 * MIB, memory_alloc::SIZE);
+    assert_eq!(s, status::NO_MEMORY);
+    let other = h.client();
+    let (dev_d, _) = h.device(other, 1);
+    let (sub_d, _) = h.alloc(AllocForm::Nvos21, other, dev_d, class::SUBDEVICE_0, None, 0);
+    assert_eq!(subscribe(&mut h, other, sub_d, 10, 6).1, status::OK);
+    h.vidmem(AllocForm::Nvos64, other, dev_d, 6 * MIB, memory_alloc::SIZE);
+    assert_eq!(
+        h.rm.instance_used(),
+        BTreeMap::from([((1, 9), 4 * MIB), ((1, 10), 6 * MIB)])
+    );
+    assert_eq!(h.rm.used(), [0, 10 * MIB]);
+
+    // A compute instance the GPU instance has, and one it doesn't.
+    let mut p = vec![0u8; smc_exec_partition::SIZE as usize];
+    set_u32(&mut p, smc_exec_partition::EXEC_PARTITION_ID, 0);
+    let addr = h.buffer(p.clone());
+    let exec = |h: &mut Harness, addr| {
+        h.alloc(
+            AllocForm::Nvos21,
+            c,
+            partition,
+            class::SMC_EXEC_PARTITION_REF,
+            Some(addr),
+            smc_exec_partition::SIZE,
+        )
+        .1
+    };
+    assert_eq!(exec(&mut h, addr), status::OK);
+    set_u32(&mut p, smc_exec_partition::EXEC_PARTITION_ID, 3);
+    let addr = h.buffer(p);
+    assert_eq!(exec(&mut h, addr), status::INVALID_ARGUMENT);
+
+    // Freed (an object, then a whole client): each instance's ledger goes down with the GPU's.
+    assert_eq!(h.free(c, dev, m1), status::OK);
+    assert_eq!(h.free(c, sub, partition), status::OK);
+    assert_eq!(h.rm.instance_used()[&(1, 9)], 0);
+    assert_eq!(h.free(other, other, other), status::OK);
+    assert_eq!(h.rm.instance_used()[&(1, 10)], 0);
+    assert_eq!(h.rm.used(), [0, 0]);
+    // A GPU not in MIG mode takes no subscription.
+    let (dev0, _) = h.device(c, 0);
+    let (sub0, _) = h.alloc(AllocForm::Nvos21, c, dev0, class::SUBDEVICE_0, None, 0);
+    assert_eq!(subscribe(&mut h, c, sub0, 9, 5).1, status::INVALID_STATE);
 }

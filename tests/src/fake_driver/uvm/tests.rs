@@ -6,6 +6,10 @@ use crate::fake_driver::caller::Fault;
 struct Buffer(RefCell<Vec<u8>>);
 
 impl CallerMemory for Buffer {
+    fn fd_path(&self, _fd: u64) -> Option<std::path::PathBuf> {
+        None
+    }
+
     fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>, Fault> {
         let a = usize::try_from(addr).map_err(|_| Fault)?;
         self.0

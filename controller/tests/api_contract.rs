@@ -1,0 +1,714 @@
+//! The client contract of issue 40 (docs/api.md), over real gRPC on loopback: a
+//! `CreateSession` retried with its request id makes one session, in one controller, across a
+//! crash and restart on sled, and across a failover on a real etcd; each refusal says why in
+//! its details (a reason code, a retry hint where retrying helps, the leader a standby names).
+
+mod common;
+
+use common::ControllerProcess as Member;
+use std::time::Duration;
+
+use gpuwarden_controller::{
+    limits::{Bounds, Limits},
+    server::Transport,
+};
+use gpuwarden_proto::{details, v1 as pb};
+use tonic::Code;
+
+/// A session of one CPU named `name` made under `request_id`.
+fn retryable(name: &str, request_id: &str) -> pb::CreateSessionRequest {
+    pb::CreateSessionRequest {
+        request_id: request_id.into(),
+        ..common::request(name)
+    }
+}
+
+/// The ids of every session `member` lists.
+async fn ids(
+    client: &mut pb::scheduler_service_client::SchedulerServiceClient<tonic::transport::Channel>,
+) -> Vec<String> {
+    client
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .expect("lists")
+        .into_inner()
+        .sessions
+        .into_iter()
+        .map(|s| s.id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_retried_with_its_request_id_makes_one_session() {
+    let scratch = gpuwarden_test_support::scratch("contract-retry");
+    let addr = common::serve_in_process(
+        scratch.path(),
+        Transport::PlainText,
+        Bounds::new(Limits::default()),
+    )
+    .await;
+    gpuwarden_test_support::node::register(
+        &format!("http://{addr}"),
+        gpuwarden_test_support::node::with_cpus("n1", 8),
+    )
+    .await;
+    let mut client = pb::scheduler_service_client::SchedulerServiceClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("a URL")
+            .connect()
+            .await
+            .expect("connects"),
+    );
+    let first = client
+        .create_session(retryable("a", "req-1"))
+        .await
+        .expect("created")
+        .into_inner();
+    assert_eq!(first.request_id, "req-1");
+    // Retries, concurrent ones included, answer the first session.
+    let mut tries = Vec::new();
+    for _ in 0..8 {
+        let mut client = client.clone();
+        tries.push(tokio::spawn(async move {
+            client
+                .create_session(retryable("a", "req-1"))
+                .await
+                .expect("answered")
+                .into_inner()
+                .id
+        }));
+    }
+    for t in tries {
+        assert_eq!(t.await.expect("joined"), first.id);
+    }
+    // Another request id, or none, makes another session.
+    let other = client
+        .create_session(retryable("a", "req-2"))
+        .await
+        .expect("created")
+        .into_inner();
+    assert_ne!(other.id, first.id);
+    let plain = client
+        .create_session(common::request("a"))
+        .await
+        .expect("created")
+        .into_inner();
+    assert_ne!(plain.id, first.id);
+    assert_eq!(ids(&mut client).await.len(), 3);
+    // Ending is safe to retry, and a listing filters by state.
+    for _ in 0..2 {
+        let ended = client
+            .terminate_session(pb::TerminateSessionRequest {
+                id: plain.id.clone(),
+            })
+            .await
+            .expect("ended")
+            .into_inner();
+        assert_eq!(ended.state(), pb::SessionState::Terminated);
+    }
+    let only = |states: &[pb::SessionState]| pb::ListSessionsRequest {
+        states: states.iter().map(|s| i32::from(*s)).collect(),
+        ..Default::default()
+    };
+    let terminated = client
+        .list_sessions(only(&[pb::SessionState::Terminated]))
+        .await
+        .expect("lists")
+        .into_inner()
+        .sessions;
+    assert_eq!(
+        terminated.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        [plain.id.as_str()]
+    );
+    let live = client
+        .list_sessions(only(&[
+            pb::SessionState::Pending,
+            pb::SessionState::Scheduled,
+            pb::SessionState::Running,
+        ]))
+        .await
+        .expect("lists")
+        .into_inner()
+        .sessions;
+    assert_eq!(live.len(), 2);
+    // A request id over the id limit is refused, not cut.
+    let long = client
+        .create_session(retryable("a", &"x".repeat(10_000)))
+        .await
+        .expect_err("too long");
+    assert_eq!(long.code(), tonic::Code::InvalidArgument);
+}
+
+/// Creates under one request id on `first`, replaces it with `replace`, retries there: one
+/// session.
+async fn retried_across(first: Member, replace: impl AsyncFnOnce(Member) -> Member) {
+    first.register_node().await;
+    let made = first
+        .client()
+        .await
+        .create_session(retryable("across", "req-across"))
+        .await
+        .expect("created")
+        .into_inner();
+    let next = replace(first).await;
+    let mut client = next.client().await;
+    let retried = client
+        .create_session(retryable("across", "req-across"))
+        .await
+        .expect("the retry is answered")
+        .into_inner();
+    assert_eq!(retried.id, made.id, "the retry answers the first session");
+    assert_eq!(ids(&mut client).await, [made.id]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_retried_across_a_sled_restart_makes_one_session() {
+    let scratch = gpuwarden_test_support::scratch("contract-restart");
+    let store = format!("sled:{}", scratch.path().join("store").display());
+    let first = Member::start(&store, &[]);
+    first.until_serving(Duration::from_secs(10)).await;
+    retried_across(first, async |first| {
+        // A crash, not a clean stop.
+        drop(first);
+        let next = Member::start(&store, &[]);
+        next.until_serving(Duration::from_secs(10)).await;
+        next
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_retried_across_a_failover_on_etcd_makes_one_session() {
+    let etcd = gpuwarden_test_support::Etcd::start();
+    let store = etcd.store_url("contract-failover");
+    let elected = |store: &str| Member::start(store, &["--lease-ttl-secs", "2"]);
+    let first = elected(&store);
+    first.until_serving(Duration::from_secs(10)).await;
+    let standby = elected(&store);
+    // The standby names the leader in a typed detail, having done nothing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let refused = standby
+            .client()
+            .await
+            .create_session(retryable("across", "req-across"))
+            .await
+            .expect_err("a standby creates nothing");
+        assert_eq!(refused.code(), Code::Unavailable);
+        assert_eq!(details::reason(&refused).as_deref(), Some("NOT_LEADER"));
+        let named = details::not_leader(&refused)
+            .expect("a NotLeader detail")
+            .leader;
+        if named == first.addr.to_string() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the standby never named the leader (last: {named:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    retried_across(first, async |first| {
+        drop(first);
+        standby.until_serving(Duration::from_secs(15)).await;
+        standby
+    })
+    .await;
+}
+
+/// A controller in this process held to `limits`, with a node of 8 CPUs; a client of it.
+async fn limited(
+    dir: &std::path::Path,
+    limits: Limits,
+) -> pb::scheduler_service_client::SchedulerServiceClient<tonic::transport::Channel> {
+    let addr = common::serve_in_process(dir, Transport::PlainText, Bounds::new(limits)).await;
+    gpuwarden_test_support::node::register(
+        &format!("http://{addr}"),
+        gpuwarden_test_support::node::with_cpus("n1", 8),
+    )
+    .await;
+    pb::scheduler_service_client::SchedulerServiceClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("a URL")
+            .connect()
+            .await
+            .expect("connects"),
+    )
+}
+
+/// Its code, reason and retry hint.
+fn why(status: &tonic::Status) -> (Code, Option<String>, Option<Duration>) {
+    (
+        status.code(),
+        details::reason(status),
+        details::retry_delay(status),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_refusal_names_its_reason_and_only_a_rate_says_when_to_retry() {
+    let scratch = gpuwarden_test_support::scratch("contract-errors");
+    let mut client = limited(
+        scratch.path(),
+        Limits {
+            max_sessions_per_owner: 1,
+            ..Limits::default()
+        },
+    )
+    .await;
+    // Three FAILED_PRECONDITIONs told apart.
+    let ask = |slots: &[(&str, &str)], node: &str| {
+        let mut r = common::request("x");
+        r.requested = Some(pb::ResourceSlot {
+            values: slots
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        });
+        r.node_id = node.into();
+        let mut client = client.clone();
+        async move { client.create_session(r).await.expect_err("refused") }
+    };
+    for (refused, reason) in [
+        (ask(&[("fpga", "1")], "").await, "UNKNOWN_SLOT"),
+        (ask(&[("cpu", "1000")], "").await, "LARGER_THAN_ANY_NODE"),
+        (ask(&[("cpu", "1")], "nowhere").await, "UNKNOWN_NODE"),
+    ] {
+        assert_eq!(
+            why(&refused),
+            (Code::FailedPrecondition, Some(reason.into()), None),
+            "{refused:?}"
+        );
+    }
+    client
+        .create_session(common::request("first"))
+        .await
+        .expect("created");
+    // The cap: RESOURCE_EXHAUSTED, and no retry hint (retrying won't help until one ends).
+    let cap = client
+        .create_session(common::request("second"))
+        .await
+        .expect_err("over the cap");
+    assert_eq!(
+        why(&cap),
+        (Code::ResourceExhausted, Some("CAP".into()), None)
+    );
+    let oversized = client
+        .create_session(retryable("x", &"x".repeat(10_000)))
+        .await
+        .expect_err("too long");
+    assert_eq!(
+        why(&oversized),
+        (Code::InvalidArgument, Some("OVERSIZED".into()), None)
+    );
+    let missing = client
+        .get_session(pb::GetSessionRequest { id: "none".into() })
+        .await
+        .expect_err("no such session");
+    assert_eq!(
+        why(&missing),
+        (Code::NotFound, Some("SESSION_NOT_FOUND".into()), None)
+    );
+
+    // A rate: RESOURCE_EXHAUSTED with a hint, one call's worth of the rate.
+    let scratch = gpuwarden_test_support::scratch("contract-rate");
+    let mut client = limited(
+        scratch.path(),
+        Limits {
+            client_requests_per_sec: 4,
+            client_request_burst: 1,
+            ..Limits::default()
+        },
+    )
+    .await;
+    let mut refused = None;
+    for _ in 0..10 {
+        if let Err(e) = client.list_nodes(pb::ListNodesRequest::default()).await {
+            refused = Some(e);
+            break;
+        }
+    }
+    let refused = refused.expect("ten calls at once exceed 4/s with bursts of 1");
+    assert_eq!(
+        why(&refused),
+        (
+            Code::ResourceExhausted,
+            Some("RATE".into()),
+            Some(Duration::from_millis(250))
+        )
+    );
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    client
+        .list_nodes(pb::ListNodesRequest::default())
+        .await
+        .expect("answered after the hinted delay");
+}
+
+/// Nodes the paging test registers.
+const NODES: usize = 10_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_hold_every_node_of_ten_thousand_exactly_once_while_nodes_join() {
+    let scratch = gpuwarden_test_support::scratch("contract-pages");
+    let addr = common::serve_in_process(
+        scratch.path(),
+        Transport::PlainText,
+        Bounds::new(Limits {
+            client_requests_per_sec: 100_000,
+            client_request_burst: 100_000,
+            ..Limits::default()
+        }),
+    )
+    .await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connects");
+    let agents = pb::agent_service_client::AgentServiceClient::new(channel.clone());
+    let register = |ids: Vec<String>| {
+        let agents = agents.clone();
+        async move {
+            let mut tasks = Vec::new();
+            for chunk in ids.chunks(ids.len().div_ceil(16).max(1)) {
+                let mut agents = agents.clone();
+                let chunk = chunk.to_vec();
+                tasks.push(tokio::spawn(async move {
+                    for id in chunk {
+                        agents
+                            .register(gpuwarden_test_support::node::with_cpus(&id, 1))
+                            .await
+                            .expect("registers");
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.expect("joined");
+            }
+        }
+    };
+    let first: Vec<String> = (0..NODES).map(|i| format!("node-{i:05}")).collect();
+    register(first.clone()).await;
+
+    let mut client = pb::scheduler_service_client::SchedulerServiceClient::new(channel);
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    let mut page_token = String::new();
+    let mut pages = 0;
+    let (mut late, mut early) = (Vec::new(), Vec::new());
+    loop {
+        let page = client
+            .list_nodes(pb::ListNodesRequest {
+                page_size: 700,
+                page_token,
+            })
+            .await
+            .expect("lists")
+            .into_inner();
+        assert!(page.nodes.len() <= 700);
+        for n in page.nodes {
+            *seen
+                .entry(n.info.expect("a node says who it is").node_id)
+                .or_default() += 1;
+        }
+        pages += 1;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+        // Nodes that join between pages, before and after the cursor, move nothing.
+        late.push(format!("node-{:05}-late", pages * 700));
+        early.push(format!("node-{pages:05}-early"));
+        register(vec![
+            late[late.len() - 1].clone(),
+            early[early.len() - 1].clone(),
+        ])
+        .await;
+    }
+    for id in first.iter().chain(&late) {
+        assert_eq!(seen.get(id), Some(&1), "{id} on one page");
+    }
+    // Those that joined behind the cursor are on no page of this listing.
+    for id in &early {
+        assert_eq!(seen.get(id), None, "{id} joined before the cursor");
+    }
+    assert_eq!(pages, (NODES + late.len()).div_ceil(700));
+    assert!(seen.values().all(|n| *n == 1), "no node is on two pages");
+    // No size: everything at once, as before pages.
+    let all = client
+        .list_nodes(pb::ListNodesRequest::default())
+        .await
+        .expect("lists")
+        .into_inner();
+    assert!(all.nodes.len() >= NODES && all.next_page_token.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_change_from_a_stale_read_is_aborted() {
+    let scratch = gpuwarden_test_support::scratch("contract-etag");
+    let mut client = limited(scratch.path(), Limits::default()).await;
+    let set = |cpus: &str, etag: &str| pb::SetQueueRequest {
+        queue: Some(pb::Queue {
+            name: "team-a".into(),
+            guaranteed: Some(pb::ResourceSlot {
+                values: [("cpu".to_owned(), cpus.to_owned())].into(),
+            }),
+            members: vec!["alice".into()],
+            etag: etag.into(),
+            ..Default::default()
+        }),
+    };
+    let first = client
+        .set_queue(set("1", ""))
+        .await
+        .expect("set")
+        .into_inner();
+    assert!(!first.etag.is_empty());
+    // Two admins read the same queue; the first to write wins, the second is told.
+    let read = client
+        .get_queue(pb::GetQueueRequest {
+            name: "team-a".into(),
+        })
+        .await
+        .expect("read")
+        .into_inner();
+    assert_eq!(read.etag, first.etag);
+    let won = client
+        .set_queue(set("2", &read.etag))
+        .await
+        .expect("the etag matches")
+        .into_inner();
+    assert_ne!(won.etag, read.etag);
+    let lost = client
+        .set_queue(set("3", &read.etag))
+        .await
+        .expect_err("a stale etag");
+    assert_eq!(
+        why(&lost),
+        (Code::Aborted, Some("ETAG_MISMATCH".into()), None)
+    );
+    let stale_delete = client
+        .delete_queue(pb::DeleteQueueRequest {
+            name: "team-a".into(),
+            etag: read.etag.clone(),
+        })
+        .await
+        .expect_err("a stale etag");
+    assert_eq!(stale_delete.code(), Code::Aborted);
+    let kept = client
+        .get_queue(pb::GetQueueRequest {
+            name: "team-a".into(),
+        })
+        .await
+        .expect("still there")
+        .into_inner();
+    assert_eq!(
+        kept.guaranteed.expect("a guarantee").values["cpu"],
+        "2",
+        "the aborted change did nothing"
+    );
+    client
+        .delete_queue(pb::DeleteQueueRequest {
+            name: "team-a".into(),
+            etag: won.etag,
+        })
+        .await
+        .expect("the current etag deletes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtered_watch_is_sent_bookmarks_past_changes_it_does_not_see() {
+    use pb::session_event::Event;
+    use tokio_stream::StreamExt as _;
+
+    let scratch = gpuwarden_test_support::scratch("contract-bookmarks");
+    let mut client = limited(scratch.path(), Limits::default()).await;
+    let listed = client
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .expect("lists")
+        .into_inner();
+    let mut events = client
+        .watch_session_events(pb::WatchSessionEventsRequest {
+            since_revision: listed.revision,
+            start: pb::WatchStart::AfterRevision.into(),
+            owner: "alice".into(),
+        })
+        .await
+        .expect("watches")
+        .into_inner();
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(10), events.next())
+            .await
+            .expect("an event within 10 s")
+            .expect("the watch goes on")
+            .expect("an event")
+            .event
+            .expect("a session or a bookmark")
+    };
+    // Caught up at once: the listing's revision.
+    assert_eq!(
+        next().await,
+        Event::Bookmark(pb::WatchBookmark {
+            revision: listed.revision
+        })
+    );
+    // Bob's session is not for this watcher: a bookmark past it instead.
+    let bobs = client
+        .create_session(pb::CreateSessionRequest {
+            owner: "bob".into(),
+            ..common::request("bobs")
+        })
+        .await
+        .expect("created")
+        .into_inner();
+    match next().await {
+        Event::Bookmark(b) => assert!(b.revision >= bobs.revision, "{b:?} before {bobs:?}"),
+        Event::Session(s) => panic!("a session of {} sent to alice's watch", s.owner),
+    }
+    let alices = client
+        .create_session(common::request("alices"))
+        .await
+        .expect("created")
+        .into_inner();
+    loop {
+        match next().await {
+            Event::Bookmark(_) => {}
+            Event::Session(s) => {
+                assert_eq!(s.owner, "alice");
+                if s.id == alices.id {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_sets_travel_as_enums_beside_their_strings() {
+    let scratch = gpuwarden_test_support::scratch("contract-enums");
+    let mut client = limited(scratch.path(), Limits::default()).await;
+    let spread = client
+        .create_session(pb::CreateSessionRequest {
+            placement_mode: pb::PlacementMode::Spread.into(),
+            ..common::request("spread")
+        })
+        .await
+        .expect("created")
+        .into_inner();
+    assert_eq!(
+        (
+            spread.placement.as_str(),
+            spread.placement_mode(),
+            spread.origin.as_str(),
+            spread.origin_kind()
+        ),
+        (
+            "spread",
+            pb::PlacementMode::Spread,
+            "controller",
+            pb::SessionOrigin::Controller
+        )
+    );
+    let disagreeing = client
+        .create_session(pb::CreateSessionRequest {
+            placement: "binpack".into(),
+            placement_mode: pb::PlacementMode::Spread.into(),
+            ..common::request("both")
+        })
+        .await
+        .expect_err("two modes");
+    assert_eq!(disagreeing.code(), Code::InvalidArgument);
+    // The string alone, as older clients send it, fills the enum in the answer.
+    let named = client
+        .create_session(pb::CreateSessionRequest {
+            placement: "binpack".into(),
+            ..common::request("named")
+        })
+        .await
+        .expect("created")
+        .into_inner();
+    assert_eq!(named.placement_mode(), pb::PlacementMode::Binpack);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditions_say_why_a_session_waits_and_when_it_was_placed() {
+    let scratch = gpuwarden_test_support::scratch("contract-conditions");
+    let mut client = limited(scratch.path(), Limits::default()).await;
+    let eight = |name: &str| pb::CreateSessionRequest {
+        requested: Some(pb::ResourceSlot {
+            values: [("cpu".to_owned(), "8".to_owned())].into(),
+        }),
+        ..common::request(name)
+    };
+    let first = client
+        .create_session(eight("first"))
+        .await
+        .expect("created")
+        .into_inner();
+    let second = client
+        .create_session(eight("second"))
+        .await
+        .expect("created")
+        .into_inner();
+    let member = client
+        .create_session(pb::CreateSessionRequest {
+            gang: Some(pb::Gang {
+                name: "g".into(),
+                size: 3,
+            }),
+            ..common::request("member")
+        })
+        .await
+        .expect("created")
+        .into_inner();
+    // (status, reason) of each session's Scheduled condition, once the passes have run.
+    let scheduled = |s: &pb::Session| {
+        s.conditions
+            .iter()
+            .find(|c| c.r#type == "Scheduled")
+            .map(|c| (c.status(), c.reason.clone(), c.last_transition_ms))
+    };
+    let want = [
+        (&first.id, pb::ConditionStatus::True, "Placed"),
+        (&second.id, pb::ConditionStatus::False, "WaitingForCapacity"),
+        (&member.id, pb::ConditionStatus::False, "GangIncomplete"),
+    ];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut got = Vec::new();
+        for (id, _, _) in &want {
+            let s = client
+                .get_session(pb::GetSessionRequest { id: (*id).clone() })
+                .await
+                .expect("found")
+                .into_inner();
+            got.push((scheduled(&s), s));
+        }
+        let matches = want.iter().zip(&got).all(|((_, status, reason), (c, _))| {
+            c.as_ref()
+                .is_some_and(|(st, r, _)| st == status && r == reason)
+        });
+        if matches {
+            // Placed: the time it was placed; waiting: False since it was created.
+            let (placed, _) = &got[0];
+            let placed_at = placed.as_ref().expect("a condition").2;
+            assert!(placed_at >= first.created_at_ms, "placed at {placed_at}");
+            let (waiting, s) = &got[1];
+            assert_eq!(waiting.as_ref().expect("a condition").2, s.created_at_ms);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "conditions: {:?}",
+            got.iter().map(|(c, _)| c).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Ended: no Scheduled condition any more.
+    let ended = client
+        .terminate_session(pb::TerminateSessionRequest { id: first.id })
+        .await
+        .expect("ended")
+        .into_inner();
+    assert!(scheduled(&ended).is_none(), "{:?}", ended.conditions);
+}

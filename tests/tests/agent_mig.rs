@@ -1,0 +1,360 @@
+//! MIG instances as devices (issue 37, docs/mig.md), on the real kernel with the fake driver:
+//! two containers on two GPU instances of one GPU, each charged exactly what the driver's own
+//! ledger says it charged to that instance. (Its own test binary, its tests one at a time:
+//! instance names are the agent's process-wide state.)
+
+// Test helpers fail loudly on anything unexpected.
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
+
+mod util;
+
+use std::{collections::BTreeMap, path::Path};
+
+use std::os::unix::process::ExitStatusExt as _;
+
+use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_support::{TestCgroup, require_root, scratch};
+use gpuwarden_tests::fake_driver::{
+    FakeConfig, FakeDriver, FakeInstance, ci_cap_minor, gi_cap_minor,
+};
+use util::{Client, Driver, TestAgent, config, container_id, memory, mknod, open_in, rig::Rig};
+
+const MIB: u64 = 1 << 20;
+
+/// Held by each test: the agents of two tests at once would name instances for each other.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+const GIB: u64 = 1 << 30;
+
+/// GPU 1 in MIG mode with GPU instances 9 and 10 (one compute instance each).
+fn instances() -> Vec<FakeInstance> {
+    [(9, 256 * MIB), (10, 512 * MIB)]
+        .into_iter()
+        .map(|(gpu_instance, memory)| FakeInstance {
+            gpu: 1,
+            gpu_instance,
+            compute_instances: vec![0],
+            memory,
+        })
+        .collect()
+}
+
+/// The mock devices the agent is given for that driver: GPU 0 whole, GPU 1 as its instances.
+fn mock_devices(minors: &Path) -> String {
+    format!(
+        r#"
+mig_minors = "{}"
+
+[[devices]]
+uuid = "GPU-whole"
+model_name = "Fake H200"
+memory_size = "1G"
+
+[[devices]]
+uuid = "GPU-parent"
+model_name = "Fake H200"
+memory_size = "1G"
+[[devices.instances]]
+uuid = "MIG-nine"
+profile = "1g.18gb"
+gpu_instance = 9
+memory_size = "256M"
+[[devices.instances]]
+uuid = "MIG-ten"
+profile = "2g.35gb"
+gpu_instance = 10
+memory_size = "512M"
+"#,
+        minors.display()
+    )
+}
+
+fn docker(seed: &str) -> TestCgroup {
+    TestCgroup::create(&format!(
+        "/system.slice/docker-{}.scope",
+        container_id(seed)
+    ))
+}
+
+/// A client on the instance's GPU subscribed to it through its capability node (a file named
+/// `nvidia-cap<minor>` under `caps`): returns (client, device) handles.
+fn on_instance(c: &mut Client, caps: &Path, instance: &FakeInstance) -> (u64, u64) {
+    let gpu = instance.gpu;
+    if gpu != 0 {
+        c.ok(&format!("open nvidia{gpu}"));
+    }
+    let h = c.value("client", "client");
+    let dev = c.value(&format!("device {h:#x} {gpu}"), "handle");
+    let sub = c.value(&format!("subdevice {h:#x} {dev:#x}"), "handle");
+    let cap = caps.join(format!("nvidia-cap{}", gi_cap_minor(instance)));
+    let fd = c.value(&format!("open {}", cap.display()), "fd");
+    let partition = c.value(
+        &format!("partition {h:#x} {sub:#x} {} {fd}", instance.gpu_instance),
+        "handle",
+    );
+    c.ok(&format!("exec-partition {h:#x} {partition:#x} 0"));
+    (h, dev)
+}
+
+#[test]
+#[ignore = "needs root"]
+fn two_containers_on_two_instances_of_one_gpu_are_each_charged_to_theirs() {
+    require_root();
+    let _one = one_at_a_time();
+    let dir = scratch("mig");
+    let mig = instances();
+    let fake = FakeDriver::mount(
+        &dir.path().join("dev"),
+        &FakeConfig {
+            gpu_memory: vec![GIB, GIB],
+            mig: mig.clone(),
+        },
+    )
+    .unwrap();
+    let minors = dir.path().join("mig-minors");
+    std::fs::write(&minors, fake.mig_minors()).unwrap();
+    let caps = dir.path().join("nvidia-caps");
+    std::fs::create_dir(&caps).unwrap();
+    for i in &mig {
+        std::fs::write(caps.join(format!("nvidia-cap{}", gi_cap_minor(i))), "").unwrap();
+    }
+    let mock = dir.path().join("mock.toml");
+    std::fs::write(&mock, mock_devices(&minors)).unwrap();
+    let state = scratch("mig-agent");
+    let mut cfg = config(&[format!("{}/nvidia*", fake.dir().display())], state.path());
+    cfg.mock_devices = Some(mock);
+    let agent = TestAgent::start_with(cfg);
+
+    let (cg_a, cg_b) = (docker("mig-a"), docker("mig-b"));
+    let mut a = Client::spawn(fake.dir(), Some(&cg_a));
+    let mut b = Client::spawn(fake.dir(), Some(&cg_b));
+    let (client_nine, dev_nine) = on_instance(&mut a, &caps, &mig[0]);
+    let (client_ten, dev_ten) = on_instance(&mut b, &caps, &mig[1]);
+    let first = a.value(
+        &format!("alloc {client_nine:#x} {dev_nine:#x} 6m"),
+        "handle",
+    );
+    a.ok(&format!("alloc {client_nine:#x} {dev_nine:#x} 3m nvos64"));
+    b.ok(&format!("alloc {client_ten:#x} {dev_ten:#x} 20m"));
+    b.ok(&format!("vidheap {client_ten:#x} {dev_ten:#x} 7m"));
+
+    // The driver's own account: 6 + 4 (3 rounded to 2 MiB pages) on instance 9, 20 + 8 on 10.
+    let ledger = fake.instance_ledger();
+    assert_eq!(
+        ledger,
+        BTreeMap::from([((1, 9), 10 * MIB), ((1, 10), 28 * MIB)])
+    );
+    let check = |agent: &TestAgent, ledger: &BTreeMap<(usize, u32), u64>| {
+        let ca = agent.container(&cg_a.path).unwrap();
+        let cb = agent.container(&cg_b.path).unwrap();
+        assert_eq!(memory(&ca, "nvidia1/gi9"), ledger[&(1, 9)], "{ca:?}");
+        assert_eq!(memory(&cb, "nvidia1/gi10"), ledger[&(1, 10)], "{cb:?}");
+        // Nothing on the other instance, on the parent as a whole, or unattributed.
+        for (c, other) in [(&ca, "nvidia1/gi10"), (&cb, "nvidia1/gi9")] {
+            assert_eq!(memory(c, other), 0);
+            assert_eq!(memory(c, "nvidia1"), 0);
+            assert_eq!(memory(c, "unknown"), 0);
+        }
+    };
+    check(&agent, &ledger);
+    assert_eq!(agent.snapshot().stats.decode_errors, 0);
+
+    // A free comes off the instance it was charged to.
+    a.ok(&format!("free {client_nine:#x} {dev_nine:#x} {first:#x}"));
+    let ledger = fake.instance_ledger();
+    assert_eq!(ledger[&(1, 9)], 4 * MIB);
+    check(&agent, &ledger);
+
+    a.exit();
+    b.exit();
+    assert!(fake.wait_until(std::time::Duration::from_secs(10), |f| {
+        f.instance_ledger().values().all(|&b| b == 0)
+    }));
+    for cg in [&cg_a, &cg_b] {
+        let c = agent.container(&cg.path);
+        let held: u64 = c.map_or(0, |c| c.devices.iter().map(|d| d.memory_bytes).sum());
+        assert_eq!(
+            held, 0,
+            "the processes' exits release their instances' bytes"
+        );
+    }
+}
+
+/// A character-device major no driver of this machine has (the "local/experimental" range):
+/// nodes made with it open with `ENXIO` unless the device program refuses them first.
+fn free_major() -> u32 {
+    let devices = std::fs::read_to_string("/proc/devices").unwrap();
+    let taken: Vec<u32> = devices
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    (240..=254).find(|m| !taken.contains(m)).unwrap()
+}
+
+/// A quota on one instance of a GPU in MIG mode opens that instance's capability nodes and its
+/// parent's node, not the other instance's (`EPERM`); its memory limit is the instance's and
+/// is acted on.
+#[test]
+#[ignore = "needs root"]
+#[expect(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
+fn a_quota_on_an_instance_opens_only_its_capability_nodes_and_limits_its_memory() {
+    require_root();
+    let _one = one_at_a_time();
+    let major = free_major();
+    // GPU 0 in MIG mode: instances 9 and 10, the only devices the controller sees.
+    let mig: Vec<FakeInstance> = instances()
+        .into_iter()
+        .map(|i| FakeInstance { gpu: 0, ..i })
+        .collect();
+    let driver = Driver::mount_with(
+        "migq",
+        &FakeConfig {
+            gpu_memory: vec![GIB],
+            mig: mig.clone(),
+        },
+    );
+    let minors = driver.scratch().join("mig-minors");
+    std::fs::write(&minors, driver.fake.mig_minors()).unwrap();
+    let mock = format!(
+        r#"
+mig_minors = "{}"
+mig_caps_major = {major}
+
+[[devices]]
+uuid = "GPU-parent"
+model_name = "Fake H200"
+memory_size = "1G"
+[[devices.instances]]
+uuid = "MIG-nine"
+profile = "1g.18gb"
+gpu_instance = 9
+memory_size = "256M"
+[[devices.instances]]
+uuid = "MIG-ten"
+profile = "2g.35gb"
+gpu_instance = 10
+memory_size = "512M"
+"#,
+        minors.display()
+    );
+    let rig = Rig::start_on(driver, &mock);
+    // The agent declared its profiles: the controller knows them as slot types.
+    let types = rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.list_slot_types(pb::ListSlotTypesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .slot_types
+    });
+    for name in ["cuda.mig.1g.18gb", "cuda.mig.2g.35gb"] {
+        assert!(types.iter().any(|t| t.name == name), "{name} in {types:?}");
+    }
+    // The capability nodes as character devices, and as files a client can hold open.
+    let nodes = scratch("mig-nodes");
+    let files = scratch("mig-caps");
+    for i in &mig {
+        for minor in [gi_cap_minor(i), ci_cap_minor(i, 0)] {
+            mknod(
+                &nodes.path().join(format!("nvidia-cap{minor}")),
+                major,
+                minor,
+            );
+        }
+        let name = format!("nvidia-cap{}", gi_cap_minor(i));
+        std::fs::write(files.path().join(name), "").unwrap();
+    }
+    for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
+        mknod(&nodes.path().join(name), 195, minor);
+    }
+
+    let cg = docker("migq");
+    let session = rig.session(
+        &["cuda.shares=1", "cuda.mem=16m"],
+        pb::target::Kind::CgroupPath(cg.path.clone()),
+        "kill",
+    );
+    rig.wait_binding(&session.id, "bound");
+    // The controller chose one of the two instances (device indexes 1 and 2).
+    let index = session.devices[0].index;
+    let (mine, other) = match index {
+        1 => (&mig[0], &mig[1]),
+        2 => (&mig[1], &mig[0]),
+        i => panic!("the session is on device {i}, no instance"),
+    };
+    let open = |name: String| open_in(&cg, &nodes.path().join(name));
+    assert_eq!(
+        open(format!("nvidia-cap{}", gi_cap_minor(mine))),
+        libc::ENXIO
+    );
+    assert_eq!(
+        open(format!("nvidia-cap{}", ci_cap_minor(mine, 0))),
+        libc::ENXIO
+    );
+    assert_eq!(
+        open(format!("nvidia-cap{}", gi_cap_minor(other))),
+        libc::EPERM
+    );
+    assert_eq!(
+        open(format!("nvidia-cap{}", ci_cap_minor(other, 0))),
+        libc::EPERM
+    );
+    // The parent's node opens (its minor, not the instance's index), the other GPU node not.
+    assert_eq!(open("nvidia0".into()), libc::ENXIO);
+    assert_eq!(open("nvidiactl".into()), libc::ENXIO);
+    assert_eq!(open("nvidia1".into()), libc::EPERM);
+    // Outside the bound cgroup nothing changes.
+    let outside = std::fs::File::open(
+        nodes
+            .path()
+            .join(format!("nvidia-cap{}", gi_cap_minor(other))),
+    );
+    assert_eq!(outside.unwrap_err().raw_os_error(), Some(libc::ENXIO));
+
+    // The memory limit is the instance's: 12 MiB fits, 8 more does not.
+    let mut a = Client::spawn(&rig.driver.dir, Some(&cg));
+    let (h, dev) = on_instance(&mut a, files.path(), mine);
+    a.ok(&format!("alloc {h:#x} {dev:#x} 12m"));
+    let c = rig.entry(&cg);
+    let name = format!("nvidia0/gi{}", mine.gpu_instance);
+    assert_eq!(memory(&c, &name), 12 * MIB);
+    assert_eq!(
+        rig.driver.fake.instance_ledger()[&(0, mine.gpu_instance)],
+        12 * MIB
+    );
+    a.send_only(&format!("alloc {h:#x} {dev:#x} 8m"));
+    let status = a.wait();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    rig.wait_for("the kill to be recorded", |r| {
+        r.agent().container(&cg.path).is_some_and(|c| {
+            c.events
+                .iter()
+                .any(|e| e.action == "kill" && e.device == Some(index))
+        })
+    });
+
+    // A request for the other instance's profile is placed on that instance, and bound.
+    let (other_slot, other_index) = if other.gpu_instance == 9 {
+        ("cuda.mig.1g.18gb=1", 1)
+    } else {
+        ("cuda.mig.2g.35gb=1", 2)
+    };
+    let cg2 = docker("migq2");
+    let placed = rig.session(
+        &[other_slot],
+        pb::target::Kind::CgroupPath(cg2.path.clone()),
+        "kill",
+    );
+    assert_eq!(placed.devices.len(), 1);
+    assert_eq!(placed.devices[0].index, other_index);
+    assert!(placed.devices[0].exclusive);
+    rig.wait_binding(&placed.id, "bound");
+}
