@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::{
     api::{self, DEFAULT_SOCKET, Request},
+    checkpoint,
     config::{AgentConfig, Settings},
     daemon,
     export::top,
@@ -59,6 +60,26 @@ enum Command {
         #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
     },
+    /// Suspend a session's workload: its GPU memory to host memory, its cgroup frozen (as a
+    /// preemption in mode `suspend`; where the driver refuses, it is preempted the kill way).
+    /// The outcome shows in the snapshot's events.
+    Suspend {
+        /// The session.
+        #[arg(long)]
+        session: String,
+        /// Local socket path.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Resume a suspended session.
+    ResumeSuspended {
+        /// The session.
+        #[arg(long)]
+        session: String,
+        /// Local socket path.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
     /// Remove the pinned programs and maps: ends all enforcement on this node (uninstall).
     Unpin {
         /// The pin directory.
@@ -71,6 +92,23 @@ enum Command {
         /// Print JSON instead of lines.
         #[arg(long)]
         json: bool,
+    },
+    /// One CUDA checkpoint call on a process (the helper the agent runs to suspend a workload;
+    /// it loads libcuda, which the agent itself never does). Prints one JSON line; exits 0 when
+    /// the call succeeded, 3 when the driver refused it, 1 when it could not be made.
+    Checkpoint {
+        /// The target process.
+        #[arg(long)]
+        pid: u32,
+        /// The call.
+        #[arg(long, value_enum)]
+        action: checkpoint::Action,
+        /// Bounds a lock in the driver (0: no bound).
+        #[arg(long, default_value_t = 0)]
+        timeout_ms: u32,
+        /// The driver library to load.
+        #[arg(long, default_value = checkpoint::driver::LIBCUDA)]
+        library: PathBuf,
     },
     /// Print one snapshot of GPU use per container.
     Snapshot {
@@ -98,6 +136,17 @@ enum Command {
 /// Runs the command line (the whole of `gpuwarden-agent`'s `main`).
 #[must_use]
 pub fn main() -> ExitCode {
+    // The checkpoint helper is synchronous and short-lived: no runtime, no logging set-up.
+    let cli = Cli::parse();
+    if let Command::Checkpoint {
+        pid,
+        action,
+        timeout_ms,
+        library,
+    } = &cli.command
+    {
+        return checkpoint_helper(&library.clone(), *pid, *action, *timeout_ms);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -105,12 +154,30 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(main_async())
+    runtime.block_on(main_async(cli))
 }
 
-async fn main_async() -> ExitCode {
+fn checkpoint_helper(
+    library: &std::path::Path,
+    pid: u32,
+    action: checkpoint::Action,
+    timeout_ms: u32,
+) -> ExitCode {
+    let answer = checkpoint::driver::answer(library, pid, action, timeout_ms);
+    match serde_json::to_string(&answer) {
+        Ok(line) => println!("{line}"),
+        Err(e) => eprintln!("gpuwarden-agent: {e}"),
+    }
+    match answer {
+        checkpoint::Answer::Ok { .. } => ExitCode::SUCCESS,
+        checkpoint::Answer::Refused { .. } => ExitCode::from(3),
+        checkpoint::Answer::Error { .. } => ExitCode::FAILURE,
+    }
+}
+
+async fn main_async(cli: Cli) -> ExitCode {
     gpuwarden_runtime::logging::init("info");
-    match run(Cli::parse()).await {
+    match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpuwarden-agent: {e:#}");
@@ -133,6 +200,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let config = AgentConfig::load(config.as_deref(), flags)?;
             daemon::run(config).await?;
         }
+        // Answered in `main`, before any runtime starts.
+        Command::Checkpoint { .. } => anyhow::bail!("checkpoint runs without the runtime"),
         Command::Snapshot { json, socket } => {
             let snapshot = api::snapshot(&socket).await?;
             if json {
@@ -146,6 +215,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Resume { pid, socket } => signal(&socket, Request::Resume { pid }).await?,
         Command::Kill { pid, socket } => signal(&socket, Request::Kill { pid }).await?,
+        Command::Suspend { session, socket } => {
+            let request = Request::Suspend {
+                session_id: session,
+            };
+            let a = api::client::suspend(&socket, &request).await?;
+            println!("suspending session {}: see its events", a.session_id);
+        }
+        Command::ResumeSuspended { session, socket } => {
+            let request = Request::ResumeSuspended {
+                session_id: session,
+            };
+            let a = api::client::suspend(&socket, &request).await?;
+            println!("resuming session {}: see its events", a.session_id);
+        }
         Command::ProbeHooks { json } => {
             let trials = crate::sensor::try_driver_hooks();
             if json {

@@ -154,6 +154,17 @@ layered! {
         /// Seconds a quota waits for its workload's cgroup before it expires.
         #[arg(skip)]
         pub binding_timeout_secs: Option<u64>,
+        /// The checkpoint helper a suspension runs (issue 38) [default: this binary]; an empty
+        /// path turns suspension off (a preemption in mode `suspend` then kills).
+        #[arg(skip)]
+        pub checkpoint_helper: Option<PathBuf>,
+        /// The driver library the checkpoint helper loads [default: libcuda.so.1].
+        #[arg(skip)]
+        pub checkpoint_library: Option<PathBuf>,
+        /// Milliseconds each checkpoint call of one process may take (lock, checkpoint,
+        /// restore, unlock) [default: 120000].
+        #[arg(skip)]
+        pub checkpoint_step_timeout_ms: Option<u64>,
         /// OTLP/gRPC endpoint for metrics (else `OTEL_EXPORTER_OTLP_ENDPOINT`; neither: off).
         #[arg(skip)]
         pub otlp_endpoint: Option<String>,
@@ -252,6 +263,8 @@ pub struct AgentConfig {
     pub throttle_mode: crate::enforcement::throttle::ThrottleMode,
     /// How long a quota waits for its workload's cgroup before it expires.
     pub binding_timeout: Duration,
+    /// How workloads are suspended (issue 38); `None`: not at all.
+    pub suspend: Option<crate::enforcement::SuspendConfig>,
     /// OTLP/gRPC endpoint for metrics; `None`: off.
     pub otlp_endpoint: Option<String>,
     /// Metric export interval; `None` leaves it to `OTEL_METRIC_EXPORT_INTERVAL`.
@@ -329,6 +342,19 @@ impl AgentConfig {
             },
             throttle_mode: s.throttle_mode.unwrap_or_default(),
             binding_timeout: Duration::from_secs(s.binding_timeout_secs.unwrap_or(300).max(1)),
+            suspend: s
+                .checkpoint_helper
+                .or_else(|| std::env::current_exe().ok())
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(|program| crate::enforcement::SuspendConfig {
+                    helper: crate::checkpoint::helper::Helper {
+                        program,
+                        library: s.checkpoint_library,
+                    },
+                    step_timeout: Duration::from_millis(
+                        s.checkpoint_step_timeout_ms.unwrap_or(120_000).max(1),
+                    ),
+                }),
             otlp_endpoint: crate::export::metrics::MetricsConfig::endpoint(s.otlp_endpoint),
             metric_interval: None,
             prometheus_listen: s.prometheus_listen,

@@ -29,6 +29,7 @@ pub mod attribution;
 #[cfg(feature = "bench")]
 #[doc(hidden)]
 pub mod bench;
+pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod control;

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 pub use gpuwarden_types::{
     event::{Action, EnforcementEvent},
     now_ms,
-    policy::{ComputePolicy, MemoryPolicy, PolicyError, QuotaPolicy},
+    policy::{ComputePolicy, MemoryPolicy, PolicyError, PreemptionMode, QuotaPolicy},
     state::SessionState,
     target::{Target, TargetError, TargetScope},
 };
@@ -106,6 +106,13 @@ pub struct Session {
     /// gang's other members or not at all (docs/teams.md, "Gangs").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang: Option<Gang>,
+    /// How it yields when preempted, where it said (`None`: its queue's mode, else kill).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<PreemptionMode>,
+    /// Where it waits to resume, while [`SessionState::Suspended`] (issue 38): its GPU memory is
+    /// in that node's host memory, so it resumes there, on the GPUs it left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<Home>,
     /// The request id it was created with, if any: a create retried with it answers this
     /// session (`scheduler::requests`). Kept on the record so a restart or a new leader still
     /// recognises the retry.
@@ -118,6 +125,23 @@ pub struct Session {
     /// When the scheduler placed it (records from before: unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placed_at_ms: Option<i64>,
+}
+
+/// Where a suspended session resumes: the node and GPUs it left (its agent restores its GPU
+/// memory there).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Home {
+    /// Its node.
+    pub node: String,
+    /// What it held there.
+    pub allocation: Allocation,
+    /// When it was suspended, ms since the epoch.
+    pub since_ms: i64,
+    /// The session it yielded to.
+    pub yielded_to: String,
+    /// Bytes of its GPU memory now in its node's host memory, as its agent counted them.
+    #[serde(default)]
+    pub host_bytes: u64,
 }
 
 /// Why a pending session waits, as a client's condition names it (docs/api.md, "Conditions").
@@ -253,16 +277,23 @@ pub enum DecisionKind {
     Preempted,
     /// It was preempted for another: the detail names that one and the rule.
     Yielded,
+    /// It was suspended (preempted in mode `suspend`): the detail says where it waits.
+    Suspended,
+    /// It was resumed where it was suspended: the detail says after how long.
+    Resumed,
 }
 
 impl DecisionKind {
-    /// Its name on the wire and in JSON: `waited`, `preempted` or `yielded`.
+    /// Its name on the wire and in JSON: `waited`, `preempted`, `yielded`, `suspended` or
+    /// `resumed`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Waited => "waited",
             Self::Preempted => "preempted",
             Self::Yielded => "yielded",
+            Self::Suspended => "suspended",
+            Self::Resumed => "resumed",
         }
     }
 }
@@ -402,6 +433,8 @@ mod tests {
             preempting: None,
             preempted_for: None,
             gang: None,
+            preemption: None,
+            home: None,
             run_uid: None,
             decisions: Vec::new(),
         }

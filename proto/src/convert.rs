@@ -47,6 +47,7 @@ pub fn state_to_pb(state: SessionState) -> pb::SessionState {
         SessionState::Failed => pb::SessionState::Failed,
         SessionState::Lost => pb::SessionState::Lost,
         SessionState::Preempted => pb::SessionState::Preempted,
+        SessionState::Suspended => pb::SessionState::Suspended,
     }
 }
 
@@ -62,6 +63,7 @@ pub fn state_from_pb(state: i32) -> Option<SessionState> {
         pb::SessionState::Failed => Some(SessionState::Failed),
         pb::SessionState::Lost => Some(SessionState::Lost),
         pb::SessionState::Preempted => Some(SessionState::Preempted),
+        pb::SessionState::Suspended => Some(SessionState::Suspended),
         pb::SessionState::Unspecified => None,
     }
 }

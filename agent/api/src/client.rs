@@ -11,7 +11,7 @@ use tokio::{
 };
 
 use crate::{
-    protocol::{Request, Response, SessionCgroup, Signalled},
+    protocol::{Accepted, Request, Response, SessionCgroup, Signalled},
     snapshot::Snapshot,
 };
 
@@ -174,6 +174,17 @@ pub async fn signal(socket: &Path, request: &Request) -> Result<Signalled, Clien
     match ask(socket, request).await? {
         Response::Signalled(s) => Ok(s),
         other => Err(unexpected(socket, &other, "a signal")),
+    }
+}
+
+/// Asks for a suspension or resumption ([`Request::Suspend`], [`Request::ResumeSuspended`]).
+///
+/// # Errors
+/// See [`ClientError`].
+pub async fn suspend(socket: &Path, request: &Request) -> Result<Accepted, ClientError> {
+    match ask(socket, request).await? {
+        Response::Accepted(a) => Ok(a),
+        other => Err(unexpected(socket, &other, "a suspension")),
     }
 }
 

@@ -27,7 +27,7 @@ pub mod snapshot;
 
 pub use client::{ClientError, ask, call, snapshot};
 pub use protocol::{
-    DEFAULT_SOCKET, NodeName, Request, Response, SessionCgroup, Signalled, parse_request,
+    Accepted, DEFAULT_SOCKET, NodeName, Request, Response, SessionCgroup, Signalled, parse_request,
 };
 pub use snapshot::{
     Accuracy, BindingView, Candidate, Container, DeviceQuotaView, DeviceUsage, EnforcementView,

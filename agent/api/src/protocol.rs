@@ -7,13 +7,16 @@
 //!   (`bound` is false until the agent has made the cgroup and bound the quota to it);
 //! - `{"request":"resume","pid":N}` and `{"request":"kill","pid":N}` →
 //!   `{"signalled":{"pid":N,"session_id":"<id>"}}`;
+//! - `{"request":"suspend","session_id":"<id>"}` and
+//!   `{"request":"resume_suspended","session_id":"<id>"}` → `{"accepted":{"session_id":"<id>"}}`:
+//!   the suspension (issue 38) or resumption is under way; its end shows in the events;
 //! - any failure → `{"error":"<message>"}`; a request the caller may not make is refused the
 //!   same way, the message starting `refused:` and naming the reason.
 //!
 //! Who may ask what: anyone the socket file's mode lets in (root, or the agent's
 //! `socket_group`) reads `snapshot` and `node`; `resume` and `kill` need root or the process's
 //! owner; `session_cgroup` needs root or the uid that first asked for that session's cgroup (its
-//! `gpuwarden run`). The agent takes the caller's uid from the kernel (`SO_PEERCRED`).
+//! `gpuwarden run`); `suspend` and `resume_suspended` need root. The agent takes the caller's uid from the kernel (`SO_PEERCRED`).
 
 use std::path::PathBuf;
 
@@ -47,6 +50,17 @@ pub enum Request {
         /// The process.
         pid: u32,
     },
+    /// Suspend a session's workload to host memory, as a preemption in mode `suspend` does
+    /// (where the driver refuses, it is preempted the kill way).
+    Suspend {
+        /// The session.
+        session_id: String,
+    },
+    /// Resume a suspended session.
+    ResumeSuspended {
+        /// The session.
+        session_id: String,
+    },
 }
 
 /// A response line.
@@ -61,6 +75,8 @@ pub enum Response {
     SessionCgroup(SessionCgroup),
     /// Answers [`Request::Resume`] and [`Request::Kill`].
     Signalled(Signalled),
+    /// Answers [`Request::Suspend`] and [`Request::ResumeSuspended`].
+    Accepted(Accepted),
     /// The request failed.
     Error(String),
 }
@@ -81,6 +97,13 @@ pub struct SessionCgroup {
     pub cgroup_dir: PathBuf,
     /// Whether the agent has made it and bound the quota to it.
     pub bound: bool,
+}
+
+/// A suspension or resumption under way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accepted {
+    /// The session.
+    pub session_id: String,
 }
 
 /// A signal the agent sent.

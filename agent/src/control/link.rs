@@ -26,7 +26,7 @@ use super::{
 };
 use crate::{
     devices::GpuBackend,
-    enforcement::{QuotaCommand, confinement, quota::QuotaSpec},
+    enforcement::{PreemptionMode, QuotaCommand, confinement, quota::QuotaSpec},
 };
 
 /// The channels between the link and the rest of the agent.
@@ -515,6 +515,14 @@ fn answer(
             None
         }
         Some(Msg::Preempt(p)) => preempt(holdings, channels, p),
+        Some(Msg::Resume(r)) => {
+            if confinement::check_session_id(&r.session_id).is_ok()
+                && let Some(c) = channels
+            {
+                let _ = c.quotas.send(QuotaCommand::Resume(r.session_id));
+            }
+            None
+        }
         Some(Msg::Release(r)) => {
             release_held(holdings, &r.session_id);
             if let Some(c) = channels {
@@ -547,6 +555,7 @@ fn preempt(
             session: p.session_id.clone(),
             grace: Duration::from_millis(u64::from(p.grace_ms)),
             reason: p.reason.clone(),
+            mode: PreemptionMode::from_wire(&p.mode),
         };
         if c.quotas.send(command).is_ok() {
             return None;

@@ -92,7 +92,8 @@ pub(super) fn enforcement(
         config.binding_timeout,
         Some(throttle),
     )
-    .with_rules(Rules::new(own_cgroup(), Box::new(pods)));
+    .with_rules(Rules::new(own_cgroup(), Box::new(pods)))
+    .with_suspend(config.suspend.clone());
     let mut held = dra_held;
     for session in holdings.sessions() {
         let Some(allocate) = holdings.get(&session) else {

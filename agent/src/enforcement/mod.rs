@@ -9,7 +9,8 @@
 //!   `task`: the enforcer as a task behind a handle;
 //! - `kernel`: the narrow traits the enforcer talks to (quota maps, device access, signals,
 //!   the driver's own limit); [`dmem`]: that limit through the kernel's `dmem` controller;
-//! - [`throttle`]: compute share, by freezing and thawing cgroups in short periods.
+//! - [`throttle`]: compute share, by freezing and thawing cgroups in short periods;
+//! - `suspend`: a preempted workload's GPU memory to host memory and back (issue 38).
 
 pub(crate) mod cgroup_tree;
 pub mod confinement;
@@ -19,11 +20,13 @@ pub(crate) mod enforcer;
 pub(crate) mod fake;
 pub(crate) mod kernel;
 pub mod quota;
+pub mod suspend;
 pub(crate) mod task;
 pub mod throttle;
 
 pub use cgroup_tree::{BindError, MANAGED_PARENT};
 pub use enforcer::Record;
 pub(crate) use enforcer::{BindState, BindingReport, Enforcer, Standing};
+pub use suspend::{PreemptionMode, SuspendConfig};
 pub(crate) use task::EnforcerHandle;
 pub use task::QuotaCommand;

@@ -9,9 +9,10 @@ use gpuwarden_agent_common::event::Event;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    enforcer::{ControlError, Enforcer, Standing},
+    enforcer::{CheckpointJob, ControlError, Enforcer, Standing},
     kernel::Pinned,
     quota::QuotaSpec,
+    suspend::{self, PreemptionMode, Refusal, Suspended},
 };
 use crate::{devices::ProcessMemory, sensor::MemoryTier};
 
@@ -28,7 +29,9 @@ pub enum QuotaCommand {
     /// Stop enforcing the session's quota.
     Release(String),
     /// End the session's workload (`SIGTERM`, killed after `grace`), then release its quota
-    /// and report `preempted` ([`Enforcer::preempt`]).
+    /// and report `preempted` ([`Enforcer::preempt`]); or, in mode `suspend`, move its GPU
+    /// memory to host memory and freeze it, falling back to the kill where the driver refuses
+    /// ([`Enforcer::begin_suspend`]).
     Preempt {
         /// The session.
         session: String,
@@ -36,7 +39,11 @@ pub enum QuotaCommand {
         grace: Duration,
         /// Who it yields to and why.
         reason: String,
+        /// Kill or suspend.
+        mode: PreemptionMode,
     },
+    /// Resume a suspended session: thaw, restore and unlock its processes.
+    Resume(String),
 }
 
 enum Message {
@@ -57,6 +64,20 @@ enum Message {
         reply: oneshot::Sender<Result<(PathBuf, bool), ControlError>>,
     },
     Standing(oneshot::Sender<(Standing, u64)>),
+    /// A command from the local socket, as the controller link would send it.
+    Command(QuotaCommand),
+}
+
+/// The end of a suspension or resumption run off the enforcer ([`run_job`]).
+enum JobDone {
+    Suspended {
+        session: String,
+        result: Result<Suspended, Refusal>,
+    },
+    Resumed {
+        session: String,
+        result: Result<Duration, Refusal>,
+    },
 }
 
 /// The enforcer task went away (the agent is stopping).
@@ -113,6 +134,22 @@ impl EnforcerHandle {
             .await
     }
 
+    /// Suspends (or, `resume`, resumes) `session` on a local request, as a preemption in mode
+    /// `suspend` would: the outcome shows in the events.
+    pub(crate) fn suspend(&self, session: String, resume: bool) -> Result<(), Stopped> {
+        let command = if resume {
+            QuotaCommand::Resume(session)
+        } else {
+            QuotaCommand::Preempt {
+                reason: "suspended through the agent's socket".to_owned(),
+                session,
+                grace: Duration::from_secs(30),
+                mode: PreemptionMode::Suspend,
+            }
+        };
+        self.tx.send(Message::Command(command)).map_err(|_| Stopped)
+    }
+
     /// The bindings and recent actions, and how many events the controller link dropped.
     pub(crate) async fn standing(&self) -> Result<(Standing, u64), Stopped> {
         self.ask(Message::Standing).await
@@ -148,29 +185,89 @@ async fn run(
     let mut reconcile = tokio::time::interval(RECONCILE_EVERY);
     reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut quotas_open = true;
+    let (own, mut jobs) = mpsc::unbounded_channel();
     loop {
         // Biased: a quota the link passed down is in place before any later request is answered.
         tokio::select! {
             biased;
             command = quotas.recv(), if quotas_open => match command {
-                Some(QuotaCommand::Apply(spec)) => enforcer.apply(spec),
-                Some(QuotaCommand::Release(session)) => enforcer.release(&session),
-                Some(QuotaCommand::Preempt { session, grace, reason }) => {
-                    enforcer.preempt(&session, grace, &reason);
-                }
+                Some(command) => command_enforcer(&mut enforcer, command, &own),
                 None => quotas_open = false,
             },
             message = messages.recv() => match message {
+                Some(Message::Command(command)) => command_enforcer(&mut enforcer, command, &own),
                 Some(message) => handle(&mut enforcer, message, tier),
                 None => return,
+            },
+            Some(done) = jobs.recv() => match done {
+                JobDone::Suspended { session, result } => enforcer.end_suspend(&session, result),
+                JobDone::Resumed { session, result } => enforcer.end_resume(&session, result),
             },
             _ = reconcile.tick() => enforcer.reconcile(),
         }
     }
 }
 
+fn command_enforcer(
+    enforcer: &mut Enforcer,
+    command: QuotaCommand,
+    own: &mpsc::UnboundedSender<JobDone>,
+) {
+    match command {
+        QuotaCommand::Apply(spec) => enforcer.apply(spec),
+        QuotaCommand::Release(session) => enforcer.release(&session),
+        QuotaCommand::Preempt {
+            session,
+            grace,
+            reason,
+            mode: PreemptionMode::Kill,
+        } => enforcer.preempt(&session, grace, &reason),
+        QuotaCommand::Preempt {
+            session,
+            grace,
+            reason,
+            mode: PreemptionMode::Suspend,
+        } => {
+            if let Some(job) = enforcer.begin_suspend(&session, grace, &reason) {
+                run_job(job, own, false);
+            }
+        }
+        QuotaCommand::Resume(session) => {
+            if let Some(job) = enforcer.begin_resume(&session) {
+                run_job(job, own, true);
+            }
+        }
+    }
+}
+
+/// Runs a suspension (or resumption) off the enforcer: each driver call is a helper process
+/// that may take seconds. Its end comes back as a message; every call is bounded by the job's
+/// step timeout, so the task ends.
+fn run_job(job: CheckpointJob, own: &mpsc::UnboundedSender<JobDone>, resume: bool) {
+    let own = own.clone();
+    tokio::spawn(async move {
+        let CheckpointJob {
+            session,
+            dir,
+            pids,
+            helper,
+            step,
+        } = job;
+        let message = if resume {
+            let result = suspend::resume(&helper, &dir, &pids, step).await;
+            JobDone::Resumed { session, result }
+        } else {
+            let result = suspend::suspend(&helper, &dir, &pids, step).await;
+            JobDone::Suspended { session, result }
+        };
+        let _ = own.send(message);
+    });
+}
+
 fn handle(enforcer: &mut Enforcer, message: Message, tier: MemoryTier) {
     match message {
+        // Taken in `run`, which has the job channel.
+        Message::Command(_) => {}
         Message::KernelEvent(event) => enforcer.on_kernel_event(&event, tier),
         Message::CrossCheck(samples) => enforcer.cross_check(&samples),
         Message::ShareDeviation {

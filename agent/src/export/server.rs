@@ -8,7 +8,9 @@ use std::{
     sync::Arc,
 };
 
-use gpuwarden_agent_api::{NodeName, Request, Response, SessionCgroup, Signalled, parse_request};
+use gpuwarden_agent_api::{
+    Accepted, NodeName, Request, Response, SessionCgroup, Signalled, parse_request,
+};
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
@@ -176,6 +178,18 @@ async fn checked<A: Answer>(
     match &request {
         // Whoever the socket's mode lets in may read these.
         Request::Snapshot | Request::Node => agent.answer(request).await,
+        // Only root suspends a session: it stops whoever's workload it names.
+        Request::Suspend { .. } | Request::ResumeSuspended { .. } => {
+            if caller.is_some_and(|c| c.uid == 0) {
+                agent.answer(request).await
+            } else {
+                tracing::warn!(
+                    uid = caller.map(|c| c.uid),
+                    "socket request {request:?} refused"
+                );
+                Response::Error("refused: suspending or resuming a session needs root".to_owned())
+            }
+        }
         Request::Resume { pid } | Request::Kill { pid } => match access::may_signal(caller, *pid) {
             Ok(process) => {
                 let resume = matches!(request, Request::Resume { .. });
@@ -208,6 +222,7 @@ async fn checked<A: Answer>(
 impl Answer for Sources {
     async fn answer(&self, request: Request) -> Response {
         let stopped = |e: crate::enforcement::task::Stopped| Response::Error(e.to_string());
+        let resume = matches!(request, Request::ResumeSuspended { .. });
         match request {
             Request::Snapshot => Response::Snapshot(Box::new(self.snapshot().await)),
             Request::Node => Response::Node(NodeName {
@@ -220,6 +235,16 @@ impl Answer for Sources {
                         cgroup_dir,
                         bound,
                     }),
+                    Ok(Err(e)) => Response::Error(e.to_string()),
+                    Err(e) => stopped(e),
+                }
+            }
+            Request::Suspend { session_id } | Request::ResumeSuspended { session_id } => {
+                match self.enforcer.session_cgroup(session_id.clone()).await {
+                    Ok(Ok(_)) => match self.enforcer.suspend(session_id.clone(), resume) {
+                        Ok(()) => Response::Accepted(Accepted { session_id }),
+                        Err(e) => stopped(e),
+                    },
                     Ok(Err(e)) => Response::Error(e.to_string()),
                     Err(e) => stopped(e),
                 }

@@ -269,6 +269,11 @@ enum SessionCommand {
         /// Never preempted; admitted only within its queue's guarantee (docs/quotas.md).
         #[arg(long)]
         no_preempt: bool,
+        /// How it yields when preempted: `kill`, or `suspend` (its GPU memory to its node's
+        /// host memory, resumed there when room returns; docs/suspend.md). Default: its
+        /// queue's mode, else kill.
+        #[arg(long, value_name = "MODE", value_parser = ["kill", "suspend"])]
+        preemption: Option<String>,
         #[command(flatten)]
         gang: GangArgs,
         /// Wait until the session runs, saying on stderr what it waits for (the controller's
@@ -573,6 +578,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             class,
             placement,
             no_preempt,
+            preemption,
             gang,
             wait,
             timeout,
@@ -591,6 +597,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     placement: convert::placement_to_pb(placement),
                     unconfined_target: target.unconfined,
                     no_preempt,
+                    preemption: preemption.unwrap_or_default(),
                     gang: gang.to_pb(),
                     // `session create` runs nothing here: no local user to name.
                     run_caller: None,

@@ -144,6 +144,7 @@ pub async fn run(
             placement: String::new(),
             unconfined_target: false,
             no_preempt: args.no_preempt,
+            preemption: String::new(),
             gang: args.gang.to_pb(),
             // This process's uid: the agent gives the session's cgroup to it alone.
             // SAFETY: getuid can't fail.

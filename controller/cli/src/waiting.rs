@@ -270,9 +270,11 @@ impl Drop for Watch {
 fn started(id: &str, s: &pb::Session) -> Result<bool, CliError> {
     match pb::SessionState::try_from(s.state).unwrap_or(pb::SessionState::Unspecified) {
         pb::SessionState::Running => Ok(true),
-        pb::SessionState::Pending | pb::SessionState::Scheduled | pb::SessionState::Unspecified => {
-            Ok(false)
-        }
+        // Suspended: it waits to resume where it ran (issue 38).
+        pb::SessionState::Pending
+        | pb::SessionState::Scheduled
+        | pb::SessionState::Suspended
+        | pb::SessionState::Unspecified => Ok(false),
         pb::SessionState::Failed => {
             Err(CliError::Run(format!("session {id} failed: {}", s.reason)))
         }

@@ -60,6 +60,13 @@ pub fn new_session_from_pb(
         class: r.class,
         placement,
         no_preempt: r.no_preempt,
+        preemption: match r.preemption.as_str() {
+            "" => None,
+            word => Some(
+                word.parse::<crate::session::PreemptionMode>()
+                    .map_err(Status::invalid_argument)?,
+            ),
+        },
         gang: r.gang.map(gang_from_pb),
         run_uid: r.run_caller.map(|c| c.uid),
     })
@@ -315,6 +322,8 @@ pub fn session_to_pb(s: &Session) -> pb::Session {
                     DecisionKind::Waited => pb::DecisionKind::Waited,
                     DecisionKind::Preempted => pb::DecisionKind::Preempted,
                     DecisionKind::Yielded => pb::DecisionKind::Yielded,
+                    DecisionKind::Suspended => pb::DecisionKind::Suspended,
+                    DecisionKind::Resumed => pb::DecisionKind::Resumed,
                 }
                 .into(),
                 detail: d.detail.clone(),

@@ -438,12 +438,20 @@ impl Controller {
                     session,
                     grace_ms,
                     reason,
+                    mode,
                 } => (
                     node,
                     pb::controller_message::Msg::Preempt(pb::Preempt {
                         session_id: session,
                         grace_ms,
                         reason,
+                        mode: mode.as_str().to_owned(),
+                    }),
+                ),
+                Command::Resume { node, session } => (
+                    node,
+                    pb::controller_message::Msg::Resume(pb::Resume {
+                        session_id: session,
                     }),
                 ),
             };

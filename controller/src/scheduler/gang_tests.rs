@@ -432,7 +432,7 @@ fn a_waiting_gang_within_its_guarantee_reclaims_room_for_all_its_members() {
             .filter_map(|c| match c {
                 Command::Preempt { session, .. } => Some(session),
                 Command::Allocate { .. } => panic!("nothing is placed before the room is free"),
-                Command::Release { .. } => None,
+                Command::Release { .. } | Command::Resume { .. } => None,
             })
             .collect();
         ids.sort();

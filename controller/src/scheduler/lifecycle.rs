@@ -94,6 +94,26 @@ impl Scheduler {
             .map(|(commands, _)| commands)
     }
 
+    /// The sessions node `id`'s agent holds (`running`) that the controller ended: it is told
+    /// to let go of each.
+    fn releases(&self, id: &str, running: &BTreeSet<&str>) -> Vec<Command> {
+        running
+            .iter()
+            .filter(|sid| {
+                !self.sessions.get(**sid).is_some_and(|s| {
+                    (s.node.as_deref() == Some(id) && s.state.holds_resources())
+                        // Suspended: its agent holds it frozen until it is resumed.
+                        || (s.state == SessionState::Suspended
+                            && s.home.as_ref().is_some_and(|h| h.node == id))
+                })
+            })
+            .map(|sid| Command::Release {
+                node: id.to_owned(),
+                session: (*sid).to_owned(),
+            })
+            .collect()
+    }
+
     /// [`Self::register`] for a node whose agent also holds `observed` sessions (Kubernetes
     /// claims it prepared): they are rebuilt from that list, and those of the node it no longer
     /// lists end. Returns the commands to send it and the observed sessions refused.
@@ -144,15 +164,20 @@ impl Scheduler {
                 if session.state == SessionState::Lost {
                     set_state(session, SessionState::Running, "");
                 }
-                if let Some(reason) = &session.preempting {
+                if let Some(reason) = session.preempting.clone() {
                     // A preemption its agent may not have finished (or seen): asked again.
+                    let mode = self.preemption_mode(&self.sessions[&sid]);
                     commands.push(Command::Preempt {
                         node: id.clone(),
                         session: sid.clone(),
                         grace_ms: self.config.preemption_grace_ms,
-                        reason: reason.clone(),
+                        reason,
+                        mode,
                     });
                 }
+                let Some(session) = self.sessions.get_mut(&sid) else {
+                    continue;
+                };
                 if session.state == SessionState::Scheduled {
                     // The agent may never have seen it: send it again.
                     commands.push(Command::Allocate {
@@ -183,23 +208,12 @@ impl Scheduler {
             }
             self.changes.sessions.insert(sid);
         }
-        // Sessions the agent holds that the controller ended: tell it to let go.
-        for sid in &running {
-            let known = self
-                .sessions
-                .get(*sid)
-                .is_some_and(|s| s.node.as_deref() == Some(&id) && s.state.holds_resources());
-            if !known {
-                commands.push(Command::Release {
-                    node: id.clone(),
-                    session: (*sid).to_owned(),
-                });
-            }
-        }
+        commands.extend(self.releases(&id, &running));
         let mut node = Node::new(report, allocator, ResourceSlot::new(), now_ms());
         for requested in &held {
             node.reserve(requested);
         }
+        self.book_suspended(&id, &mut node);
         self.nodes.insert(id.clone(), node);
         self.reindex(&id);
         let refused = self.reconcile_observed(&id, observed);
@@ -237,10 +251,30 @@ impl Scheduler {
                 self.changes.nodes.insert(id.clone());
             }
         }
+        let mut failed = Vec::new();
         for s in self.sessions.values_mut() {
             if s.node.as_ref().is_some_and(|n| lost.contains(n)) && s.state.holds_resources() {
                 set_state(s, SessionState::Lost, "node stopped sending heartbeats");
                 self.changes.sessions.insert(s.id.clone());
+            }
+            if s.state == SessionState::Suspended
+                && let Some(home) = s.home.as_ref().filter(|h| lost.contains(&h.node))
+            {
+                // Its GPU memory was in that node's host memory: nothing is left to resume.
+                let why = format!(
+                    "its node {} stopped sending heartbeats while it was suspended: its GPU \
+                     memory was in that node's host memory",
+                    home.node
+                );
+                set_state(s, SessionState::Failed, &why);
+                failed.push((s.id.clone(), s.owner.clone()));
+                self.changes.sessions.insert(s.id.clone());
+            }
+        }
+        for (id, owner) in failed {
+            self.live.ended(&owner);
+            if let Some(s) = self.sessions.get_mut(&id) {
+                s.home = None;
             }
         }
         lost
@@ -321,6 +355,7 @@ impl Scheduler {
             class,
             placement,
             no_preempt,
+            preemption,
             gang,
             run_uid,
         } = new;
@@ -368,6 +403,8 @@ impl Scheduler {
             gang,
             run_uid,
             decisions: Vec::new(),
+            preemption,
+            home: None,
         };
         self.next_seq += 1;
         session
@@ -393,6 +430,12 @@ impl Scheduler {
     pub(super) fn finish(&mut self, id: &str, state: SessionState, reason: &str) -> Option<String> {
         let session = self.sessions.get_mut(id)?;
         let held = session.state.holds_resources();
+        // Suspended: it holds nothing on the books, but its agent holds it frozen at home; that
+        // node is told to let go (which ends the workload) like any other.
+        let home = session
+            .home
+            .take()
+            .filter(|_| session.state == SessionState::Suspended);
         if session.state == SessionState::Running
             && self
                 .profiles
@@ -411,8 +454,14 @@ impl Scheduler {
         let node = session.node.clone();
         let requested = session.requested.clone();
         self.tracker.remove(&owner, id);
-        let node = node.filter(|_| held)?;
-        if let Some(n) = self.nodes.get_mut(&node) {
+        if let Some(h) = &home
+            && let Some(n) = self.nodes.get_mut(&h.node)
+        {
+            n.unreserve(&super::reclaim::host_footprint(h));
+            self.changes.nodes.insert(h.node.clone());
+        }
+        let node = node.filter(|_| held).or(home.map(|h| h.node))?;
+        if held && let Some(n) = self.nodes.get_mut(&node) {
             n.allocator.release(id);
             n.unreserve(&requested);
             self.changes.nodes.insert(node.clone());
@@ -460,11 +509,16 @@ impl Scheduler {
         if s.node.as_deref() != Some(node) {
             return false;
         }
-        let preempted = event.action == Action::Preempted;
+        let (action, used_bytes) = (event.action.clone(), event.used_bytes);
         s.record_event(event);
         self.changes.sessions.insert(session.to_owned());
-        if preempted {
-            self.preempted(node, session);
+        match action {
+            Action::Preempted => {
+                self.preempted(node, session);
+            }
+            Action::Suspended => self.suspended(node, session, used_bytes),
+            Action::Resumed => self.resumed(node, session),
+            _ => {}
         }
         true
     }

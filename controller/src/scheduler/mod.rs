@@ -46,8 +46,8 @@ use crate::{
     placement::{ExcessCache, Placement, Scorer, ScoringConfig},
     profile::ProfileBook,
     session::{
-        Gang, GangError, QuotaPolicy, Session, SessionState, Target, TargetError, TargetScope,
-        now_ms,
+        Gang, GangError, PreemptionMode, QuotaPolicy, Session, SessionState, Target, TargetError,
+        TargetScope, now_ms,
     },
     slots::{RegistryError, ResourceSlot, SlotLimits, SlotTypeRegistry},
     store::RevisionMark,
@@ -99,6 +99,9 @@ pub struct SchedulerConfig {
     pub quotas: quotas::QuotaConfig,
     /// Milliseconds a preempted workload has between SIGTERM and its kill (30 000).
     pub preemption_grace_ms: u32,
+    /// Team queues whose sessions are suspended rather than killed when preempted (issue 38,
+    /// docs/suspend.md), unless a session says otherwise. Empty: every queue kills.
+    pub suspend_queues: BTreeSet<String>,
     /// Milliseconds a placed gang may wait for its nodes to acknowledge every member before it
     /// fails whole and its devices are released (300 000; 0: never).
     pub gang_start_timeout_ms: u32,
@@ -135,6 +138,7 @@ impl Default for SchedulerConfig {
             limits: BTreeMap::new(),
             quotas: quotas::QuotaConfig::default(),
             preemption_grace_ms: 30_000,
+            suspend_queues: BTreeSet::new(),
             gang_start_timeout_ms: 300_000,
             retention: Retention::default(),
             shared_classes: Vec::new(),
@@ -205,6 +209,8 @@ pub struct NewSession {
     pub placement: Option<Placement>,
     /// Never preempted; admitted only within its queue's guarantee.
     pub no_preempt: bool,
+    /// How it yields when preempted (`None`: its queue's mode, else kill).
+    pub preemption: Option<PreemptionMode>,
     /// The gang it belongs to: placed with its other members all at once or not at all.
     pub gang: Option<Gang>,
     /// The local uid of the `gpuwarden run` that created it, if it said.
@@ -252,7 +258,8 @@ pub enum Command {
         session: String,
     },
     /// End `session`'s workload (SIGTERM, killed after `grace_ms`) and release it; the agent
-    /// reports `preempted` when it is done.
+    /// reports `preempted` when it is done. In mode `suspend` the agent suspends it instead and
+    /// reports `suspended` (or `suspend_refused`, then the kill path).
     Preempt {
         /// Node.
         node: String,
@@ -262,6 +269,15 @@ pub enum Command {
         grace_ms: u32,
         /// Whom it yields to and why.
         reason: String,
+        /// Kill or suspend.
+        mode: PreemptionMode,
+    },
+    /// Resume suspended `session` where it was suspended; the agent reports `resumed`.
+    Resume {
+        /// Node.
+        node: String,
+        /// Session.
+        session: String,
     },
 }
 

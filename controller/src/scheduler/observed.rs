@@ -158,6 +158,7 @@ impl Scheduler {
                 placement: None,
                 // Kubernetes' to end: never a candidate anyway (only the controller's are).
                 no_preempt: false,
+                preemption: None,
                 gang: None,
                 run_uid: None,
             };

@@ -122,6 +122,9 @@ impl Scheduler {
                 }
             }
         }
+        // Suspended sessions resume where room is left after the waiting ones had their turn
+        // (issue 38): a victim resumed first would only be reclaimed again.
+        commands.extend(self.resume_suspended());
         commands
     }
 

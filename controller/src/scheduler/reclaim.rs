@@ -10,11 +10,12 @@ use std::collections::BTreeMap;
 use super::{
     Command, Scheduler,
     quotas::{Candidate, Cause, QuotaConfig, Requester, Victim, choose_victims},
+    set_state,
 };
 use crate::{
     allocator::GpuRequest,
     node::{Node, NodeState},
-    session::{DecisionKind, Origin, Session, SessionState},
+    session::{DecisionKind, Home, Origin, PreemptionMode, Session, SessionState, now_ms},
     slots::ResourceSlot,
 };
 
@@ -320,6 +321,10 @@ impl Scheduler {
                 .sessions
                 .get(&victim.id)
                 .and_then(|s| self.config.quotas.queue_of(&s.owner).map(str::to_owned));
+            let mode = self
+                .sessions
+                .get(&victim.id)
+                .map_or(PreemptionMode::Kill, |s| self.preemption_mode(s));
             let Some(s) = self.sessions.get_mut(&victim.id) else {
                 continue;
             };
@@ -339,7 +344,10 @@ impl Scheduler {
                 ),
             };
             let why = format!("preempted for {waiter}: {rule}");
-            s.reason = format!("being preempted ({grace_ms} ms grace): {why}");
+            s.reason = match mode {
+                PreemptionMode::Kill => format!("being preempted ({grace_ms} ms grace): {why}"),
+                PreemptionMode::Suspend => format!("being suspended: {why}"),
+            };
             s.preempting = Some(why.clone());
             s.preempted_for = Some(waiter.to_owned());
             s.updated_at_ms = crate::session::now_ms();
@@ -352,6 +360,7 @@ impl Scheduler {
                 session: victim.id.clone(),
                 grace_ms,
                 reason: why,
+                mode,
             });
         }
         if let Some(w) = self.sessions.get_mut(waiter)
@@ -387,6 +396,199 @@ impl Scheduler {
         self.finish(session, SessionState::Preempted, &reason);
         true
     }
+}
+
+impl Scheduler {
+    /// How `s` yields when preempted: as it said, else as its queue does, else kill.
+    pub(super) fn preemption_mode(&self, s: &Session) -> PreemptionMode {
+        s.preemption.unwrap_or_else(|| {
+            if self
+                .config
+                .quotas
+                .queue_of(&s.owner)
+                .is_some_and(|q| self.config.suspend_queues.contains(q))
+            {
+                PreemptionMode::Suspend
+            } else {
+                PreemptionMode::Kill
+            }
+        })
+    }
+
+    /// The agent on `node` suspended `session` (issue 38): it holds no GPU from now on; it
+    /// keeps a home (its node and the GPUs it left) where it is resumed when room returns
+    /// ([`Self::resume_suspended`]).
+    pub(super) fn suspended(&mut self, node: &str, session: &str, host_bytes: u64) {
+        let Some(s) = self.sessions.get_mut(session) else {
+            return;
+        };
+        // Only a suspension this controller asked for frees the session's resources: one an
+        // operator made on the node through the agent's socket keeps them booked.
+        if s.node.as_deref() != Some(node) || !s.state.holds_resources() || s.preempting.is_none() {
+            return;
+        }
+        let yielded_to = s.preempted_for.take().unwrap_or_default();
+        let why = s.preempting.take().unwrap_or_default();
+        let home = Home {
+            node: node.to_owned(),
+            allocation: s.allocation.clone(),
+            since_ms: now_ms(),
+            yielded_to,
+            host_bytes,
+        };
+        let footprint = host_footprint(&home);
+        let devices: Vec<String> = home
+            .allocation
+            .parts
+            .iter()
+            .map(|p| p.index.to_string())
+            .collect();
+        let reason = format!(
+            "suspended ({why}); waits to resume on {node}, GPUs {}",
+            devices.join(",")
+        );
+        s.record_decision(DecisionKind::Suspended, reason.clone());
+        set_state(s, SessionState::Suspended, &reason);
+        s.home = Some(home);
+        s.node = None;
+        let (owner, requested) = (s.owner.clone(), s.requested.clone());
+        // It holds nothing while suspended: the concurrency caps count it again on resume.
+        self.tracker.remove(&owner, session);
+        self.changes.sessions.insert(session.to_owned());
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.allocator.release(session);
+            n.unreserve(&requested);
+            // Its GPU memory now lives in the node's host memory.
+            n.reserve(&footprint);
+            self.changes.nodes.insert(node.to_owned());
+            self.reindex(node);
+        }
+    }
+
+    /// Books on `node` (`id`, at its registration) the host memory of the sessions suspended
+    /// at home there.
+    pub(super) fn book_suspended(&self, id: &str, node: &mut Node) {
+        for s in self.sessions.values() {
+            if s.state == SessionState::Suspended
+                && let Some(h) = s.home.as_ref().filter(|h| h.node == id)
+            {
+                node.reserve(&host_footprint(h));
+            }
+        }
+    }
+
+    /// Resumes each suspended session whose GPUs on its node are free enough again, once the
+    /// session it yielded to no longer waits: they are booked for it as they were, and its agent
+    /// is told to resume it. Runs at the end of a pass.
+    pub(super) fn resume_suspended(&mut self) -> Vec<Command> {
+        let mut waiting: Vec<(u64, String)> = self
+            .sessions
+            .values()
+            .filter(|s| s.state == SessionState::Suspended && s.home.is_some())
+            .map(|s| (s.seq, s.id.clone()))
+            .collect();
+        waiting.sort();
+        let mut commands = Vec::new();
+        for (_, id) in waiting {
+            let Some(s) = self.sessions.get(&id) else {
+                continue;
+            };
+            let Some(home) = s.home.clone() else { continue };
+            let lender_waits = self
+                .sessions
+                .get(&home.yielded_to)
+                .is_some_and(|w| w.state == SessionState::Pending);
+            if lender_waits {
+                continue;
+            }
+            let Some(s) = self.sessions.get(&id) else {
+                continue;
+            };
+            let Some(n) = self.nodes.get_mut(&home.node) else {
+                continue;
+            };
+            if n.state != NodeState::Ready || !home_fits(n, &home) {
+                continue;
+            }
+            n.allocator.restore(&id, home.allocation.clone());
+            n.unreserve(&host_footprint(&home));
+            n.reserve(&s.requested);
+            self.changes.nodes.insert(home.node.clone());
+            self.reindex(&home.node);
+            let Some(s) = self.sessions.get_mut(&id) else {
+                continue;
+            };
+            let away = (now_ms() - home.since_ms).max(0) / 1000;
+            s.node = Some(home.node.clone());
+            s.allocation = home.allocation.clone();
+            set_state(
+                s,
+                SessionState::Running,
+                &format!("resuming on {} after {away} s suspended", home.node),
+            );
+            let owner = s.owner.clone();
+            self.tracker.add(&owner, &id);
+            self.changes.sessions.insert(id.clone());
+            commands.push(Command::Resume {
+                node: home.node,
+                session: id,
+            });
+        }
+        commands
+    }
+
+    /// The agent on `node` resumed `session`: the story is told in its decisions.
+    pub(super) fn resumed(&mut self, node: &str, session: &str) {
+        let Some(s) = self.sessions.get_mut(session) else {
+            return;
+        };
+        let Some(home) = s.home.take() else { return };
+        if s.node.as_deref() != Some(node) {
+            s.home = Some(home);
+            return;
+        }
+        let away = (now_ms() - home.since_ms).max(0) / 1000;
+        let whom = if home.yielded_to.is_empty() {
+            String::new()
+        } else {
+            format!(" for {}", home.yielded_to)
+        };
+        s.record_decision(
+            DecisionKind::Resumed,
+            format!("resumed on {node} after {away} s suspended{whom}"),
+        );
+        s.reason = String::new();
+        s.updated_at_ms = now_ms();
+        self.changes.sessions.insert(session.to_owned());
+    }
+}
+
+/// The host memory a suspended session's GPU memory takes on its node (issue 38): what its
+/// agent counted, at least the GPU memory it was allocated; booked as the node's `mem` while it
+/// is suspended.
+pub(super) fn host_footprint(home: &Home) -> ResourceSlot {
+    let bytes = home.host_bytes.max(home.allocation.memory_bytes());
+    ResourceSlot::new().with(
+        crate::slots::names::MEM,
+        crate::slots::SlotValue::from_int(bytes),
+    )
+}
+
+/// Whether the GPUs `home` left on `n` have room for it again (shares and memory, none held
+/// whole by another).
+fn home_fits(n: &Node, home: &Home) -> bool {
+    home.allocation.parts.iter().all(|part| {
+        n.allocator
+            .devices()
+            .iter()
+            .find(|d| d.spec.index == part.index)
+            .is_some_and(|d| {
+                !d.kubernetes
+                    && d.exclusive_owner.is_none()
+                    && d.allocated.saturating_add(part.shares) <= d.capacity
+                    && d.allocated_memory.saturating_add(part.memory_bytes) <= d.spec.memory_bytes
+            })
+    })
 }
 
 /// Whether `s` may be preempted now: running, placed by the controller, not already yielding.

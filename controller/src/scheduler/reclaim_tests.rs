@@ -62,7 +62,7 @@ fn pass(s: &mut Scheduler) -> Vec<(String, String)> {
         match c {
             Command::Allocate { node, session, .. } => s.ack(&node, &session),
             Command::Preempt { node, session, .. } => preempts.push((node, session)),
-            Command::Release { .. } => {}
+            Command::Release { .. } | Command::Resume { .. } => {}
         }
     }
     preempts
@@ -293,4 +293,224 @@ fn two_waiters_in_one_pass_each_preempt_for_themselves() {
     assert_eq!(state(&s, "a1"), SessionState::Running);
     assert_eq!(state(&s, "a2"), SessionState::Running);
     not_overcommitted(&s);
+}
+
+/// [`cluster`], team b's sessions suspended rather than killed when preempted.
+fn suspending_cluster() -> Scheduler {
+    let mut s = cluster();
+    s.config.suspend_queues.insert("b".to_owned());
+    s
+}
+
+/// Bytes the agent says a suspended session's GPU memory takes on the host.
+const HOST_BYTES: u64 = 3 << 30;
+
+fn event(s: &mut Scheduler, id: &str, action: Action) {
+    let event = EnforcementEvent {
+        used_bytes: if action == Action::Suspended {
+            HOST_BYTES
+        } else {
+            0
+        },
+        action,
+        ..EnforcementEvent::default()
+    };
+    assert!(s.record_event("n1", id, event));
+}
+
+/// b borrows the node; a reclaims its guarantee. In queue b's mode `suspend`, b2 is asked to
+/// suspend, holds its GPU until its agent reports it suspended, then holds nothing and waits
+/// with a home; a1 runs on that GPU; when a1 ends, b2 is resumed on the GPU it left.
+#[test]
+fn a_suspended_borrower_waits_at_home_and_resumes_when_room_returns() {
+    let mut s = suspending_cluster();
+    create(&mut s, "b1", "b", 0, false);
+    create(&mut s, "b2", "b", 0, false);
+    assert!(pass(&mut s).is_empty());
+    let b2_gpu = s.sessions()["b2"].allocation.clone();
+    create(&mut s, "a1", "a", 0, false);
+    let commands = s.pass();
+    assert!(
+        matches!(
+            commands.as_slice(),
+            [Command::Preempt { session, mode: PreemptionMode::Suspend, .. }] if session == "b2"
+        ),
+        "{commands:?}"
+    );
+    assert!(s.sessions()["b2"].reason.contains("being suspended"));
+    // Until its agent reports it suspended, b2 holds its GPU and a1 waits.
+    assert!(pass(&mut s).is_empty());
+    assert_eq!(state(&s, "a1"), SessionState::Pending);
+    event(&mut s, "b2", Action::Suspended);
+    let b2 = &s.sessions()["b2"];
+    assert_eq!(b2.state, SessionState::Suspended);
+    assert_eq!(b2.node, None);
+    let home = b2.home.clone().unwrap();
+    assert_eq!((home.node.as_str(), &home.allocation), ("n1", &b2_gpu));
+    assert_eq!(home.yielded_to, "a1");
+    // Its GPU memory is in the node's host memory now, and booked there.
+    assert_eq!(home.host_bytes, HOST_BYTES);
+    let mem = |s: &Scheduler| s.nodes()["n1"].allocated.get("mem").to_u64();
+    assert_eq!(mem(&s), Some(HOST_BYTES));
+    assert!(b2.reason.contains("waits to resume on n1"), "{}", b2.reason);
+    // a1 takes the room; b2 is not resumed meanwhile (no room, then none left).
+    assert!(pass(&mut s).is_empty());
+    assert_eq!(state(&s, "a1"), SessionState::Running);
+    assert_eq!(state(&s, "b2"), SessionState::Suspended);
+    assert!(pass(&mut s).is_empty());
+    not_overcommitted(&s);
+
+    // a1 ends: b2 resumes on the GPU it left.
+    assert!(s.terminate("a1").is_some());
+    let commands = s.pass();
+    assert!(
+        matches!(
+            commands.as_slice(),
+            [Command::Resume { node, session }] if node == "n1" && session == "b2"
+        ),
+        "{commands:?}"
+    );
+    let b2 = &s.sessions()["b2"];
+    assert_eq!(b2.state, SessionState::Running);
+    assert_eq!(b2.allocation, b2_gpu);
+    assert!(b2.reason.contains("resuming on n1"), "{}", b2.reason);
+    assert_eq!(mem(&s), Some(0), "back on the GPU");
+    not_overcommitted(&s);
+    event(&mut s, "b2", Action::Resumed);
+    let b2 = &s.sessions()["b2"];
+    let kinds: Vec<DecisionKind> = b2.decisions.iter().map(|d| d.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            DecisionKind::Yielded,
+            DecisionKind::Suspended,
+            DecisionKind::Resumed
+        ]
+    );
+    assert!(
+        b2.decisions[2].detail.contains("for a1"),
+        "{:?}",
+        b2.decisions
+    );
+    assert!(b2.home.is_none() && b2.reason.is_empty());
+    // A suspension the controller did not ask for (an operator's, on the node) frees nothing.
+    event(&mut s, "b1", Action::Suspended);
+    assert_eq!(state(&s, "b1"), SessionState::Running);
+    assert!(pass(&mut s).is_empty());
+}
+
+/// A session that says `kill` is killed even in a suspending queue.
+#[test]
+fn a_session_s_own_mode_wins_over_its_queue_s() {
+    let mut s = suspending_cluster();
+    create(&mut s, "b1", "b", 0, false);
+    s.create(NewSession {
+        id: "b2".into(),
+        owner: "b".into(),
+        requested: slots(&["cuda.shares=1"]),
+        preemption: Some(PreemptionMode::Kill),
+        ..NewSession::default()
+    })
+    .unwrap();
+    assert!(pass(&mut s).is_empty());
+    create(&mut s, "a1", "a", 0, false);
+    let commands = s.pass();
+    assert!(
+        matches!(
+            commands.as_slice(),
+            [Command::Preempt { session, mode: PreemptionMode::Kill, .. }] if session == "b2"
+        ),
+        "{commands:?}"
+    );
+}
+
+/// Suspended, its agent re-registers holding it (frozen): no release for it. Then its node
+/// goes silent: nothing is left to resume, and it fails saying why.
+#[test]
+fn a_suspended_session_is_kept_at_registration_and_fails_with_its_node() {
+    let mut s = suspending_cluster();
+    create(&mut s, "b1", "b", 0, false);
+    create(&mut s, "b2", "b", 0, false);
+    assert!(pass(&mut s).is_empty());
+    create(&mut s, "a1", "a", 0, false);
+    let _ = s.pass();
+    event(&mut s, "b2", Action::Suspended);
+    assert!(pass(&mut s).is_empty());
+    let commands = s
+        .register(
+            report("n1", 2, &[]),
+            &["a1".into(), "b1".into(), "b2".into()],
+        )
+        .unwrap();
+    assert!(
+        !commands
+            .iter()
+            .any(|c| matches!(c, Command::Release { session, .. } if session == "b2")),
+        "{commands:?}"
+    );
+    assert_eq!(state(&s, "b2"), SessionState::Suspended);
+    // The registration books its host memory again.
+    assert_eq!(
+        s.nodes()["n1"].allocated.get("mem").to_u64(),
+        Some(HOST_BYTES)
+    );
+    let lost = s.expire(now_ms() + 3_600_000, 1_000);
+    assert_eq!(lost, ["n1"]);
+    let b2 = &s.sessions()["b2"];
+    assert_eq!(b2.state, SessionState::Failed);
+    assert!(b2.reason.contains("host memory"), "{}", b2.reason);
+}
+
+/// What a suspended session keeps survives the store's encoding (a controller restart).
+#[test]
+fn a_home_survives_the_stored_record() {
+    let mut s = suspending_cluster();
+    create(&mut s, "b1", "b", 0, false);
+    create(&mut s, "b2", "b", 0, false);
+    assert!(pass(&mut s).is_empty());
+    create(&mut s, "a1", "a", 0, false);
+    let _ = s.pass();
+    event(&mut s, "b2", Action::Suspended);
+    let b2 = s.sessions()["b2"].clone();
+    let stored = serde_json::to_string(&b2).unwrap();
+    let back: Session = serde_json::from_str(&stored).unwrap();
+    assert_eq!(back, b2);
+    assert_eq!(back.state, SessionState::Suspended);
+}
+
+/// A suspended session ended by its owner: its home node is told to let go (its agent ends the
+/// frozen workload), and nothing it no longer held is given back twice.
+#[test]
+fn ending_a_suspended_session_releases_it_at_home() {
+    let mut s = suspending_cluster();
+    create(&mut s, "b1", "b", 0, false);
+    create(&mut s, "b2", "b", 0, false);
+    assert!(pass(&mut s).is_empty());
+    create(&mut s, "a1", "a", 0, false);
+    let _ = s.pass();
+    event(&mut s, "b2", Action::Suspended);
+    assert!(pass(&mut s).is_empty());
+    assert_eq!(state(&s, "a1"), SessionState::Running);
+    let before: Vec<_> = s.nodes()["n1"]
+        .allocator
+        .devices()
+        .iter()
+        .map(|d| d.allocated)
+        .collect();
+    let command = s.terminate("b2");
+    assert!(
+        matches!(&command, Some(Command::Release { node, session }) if node == "n1" && session == "b2"),
+        "{command:?}"
+    );
+    assert_eq!(state(&s, "b2"), SessionState::Terminated);
+    assert!(s.sessions()["b2"].home.is_none());
+    let after: Vec<_> = s.nodes()["n1"]
+        .allocator
+        .devices()
+        .iter()
+        .map(|d| d.allocated)
+        .collect();
+    assert_eq!(before, after);
+    assert_eq!(s.nodes()["n1"].allocated.get("mem").to_u64(), Some(0));
+    assert!(pass(&mut s).is_empty(), "nothing to resume now");
 }

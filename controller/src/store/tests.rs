@@ -48,6 +48,8 @@ fn session(id: &str) -> Session {
         preempting: None,
         preempted_for: None,
         gang: None,
+        preemption: None,
+        home: None,
         run_uid: None,
         decisions: Vec::new(),
     }

@@ -59,13 +59,26 @@ pub enum Action {
     /// window: under half its share while it runs, or over a hard share (docs/metrics.md,
     /// "Achieved against entitled"). Reported, not acted on.
     ShareDeviation,
+    /// Issue 38: a preempted workload is being suspended (its GPU memory to host memory).
+    Suspend,
+    /// It is suspended: checkpointed, its GPU memory released, its cgroup frozen.
+    Suspended,
+    /// The driver refused to suspend it: it is preempted the kill way instead (the reason
+    /// names the driver's code).
+    SuspendRefused,
+    /// A suspended workload is being resumed.
+    Resuming,
+    /// It is resumed: its GPU memory restored, its processes unlocked, its cgroup thawed.
+    Resumed,
+    /// The restore failed: its GPU state is lost and it is ended the kill way.
+    ResumeFailed,
     /// An action this build doesn't know (from a newer agent), kept as sent.
     Other(String),
 }
 
 impl Action {
     /// Every known action, in the order above.
-    pub const KNOWN: [Self; 14] = [
+    pub const KNOWN: [Self; 20] = [
         Self::Deny,
         Self::Kill,
         Self::Stop,
@@ -80,6 +93,12 @@ impl Action {
         Self::Preempt,
         Self::Preempted,
         Self::ShareDeviation,
+        Self::Suspend,
+        Self::Suspended,
+        Self::SuspendRefused,
+        Self::Resuming,
+        Self::Resumed,
+        Self::ResumeFailed,
     ];
 
     /// Its name on the wire and in tables.
@@ -100,6 +119,12 @@ impl Action {
             Self::Preempt => "preempt",
             Self::Preempted => "preempted",
             Self::ShareDeviation => "share_deviation",
+            Self::Suspend => "suspend",
+            Self::Suspended => "suspended",
+            Self::SuspendRefused => "suspend_refused",
+            Self::Resuming => "resuming",
+            Self::Resumed => "resumed",
+            Self::ResumeFailed => "resume_failed",
             Self::Other(name) => name,
         }
     }

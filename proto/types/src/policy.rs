@@ -215,3 +215,50 @@ mod tests {
         assert_eq!(json, r#"{"memory":"report","compute":"work-conserving"}"#);
     }
 }
+
+/// How a preempted session yields its resources (issue 38, docs/suspend.md): the controller
+/// decides it, the agent carries it out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreemptionMode {
+    /// `SIGTERM`, the grace period, `cgroup.kill`: its work since its last checkpoint is lost.
+    #[default]
+    Kill,
+    /// Its GPU memory to its node's host memory and its workload frozen; resumed there when
+    /// room returns. Where the driver refuses, its agent takes the kill path.
+    Suspend,
+}
+
+impl PreemptionMode {
+    /// Its name on the wire: `kill` or `suspend`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Kill => "kill",
+            Self::Suspend => "suspend",
+        }
+    }
+
+    /// The mode a controller's message names: `suspend`, else kill (empty, `kill`, or a word
+    /// this build does not know: the safe default).
+    #[must_use]
+    pub fn from_wire(word: &str) -> Self {
+        if word == "suspend" {
+            Self::Suspend
+        } else {
+            Self::Kill
+        }
+    }
+}
+
+impl std::str::FromStr for PreemptionMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "kill" => Ok(Self::Kill),
+            "suspend" => Ok(Self::Suspend),
+            other => Err(format!("preemption {other:?}: \"kill\" or \"suspend\"")),
+        }
+    }
+}

@@ -22,11 +22,14 @@ pub enum SessionState {
     Lost,
     /// Ended by preemption: its resources went to another session (the reason names it).
     Preempted,
+    /// Preempted in mode `suspend` (issue 38): its GPU memory is in its node's host memory and
+    /// its workload frozen; it holds no GPU and waits to be resumed on its node.
+    Suspended,
 }
 
 impl SessionState {
     /// Every state, in the order of a session's life.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Pending,
         Self::Scheduled,
         Self::Running,
@@ -35,6 +38,7 @@ impl SessionState {
         Self::Failed,
         Self::Lost,
         Self::Preempted,
+        Self::Suspended,
     ];
 
     /// Stable lowercase name.
@@ -49,6 +53,7 @@ impl SessionState {
             Self::Failed => "failed",
             Self::Lost => "lost",
             Self::Preempted => "preempted",
+            Self::Suspended => "suspended",
         }
     }
 

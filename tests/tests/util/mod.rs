@@ -36,6 +36,7 @@ pub mod cluster;
 pub mod kubelet;
 pub mod otlp;
 pub mod rig;
+pub mod suspend;
 
 /// Makes [`container_id`]s unique within this run.
 static NEXT: AtomicU32 = AtomicU32::new(0);

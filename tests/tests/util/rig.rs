@@ -5,6 +5,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
+use gpuwarden_agent::config::AgentConfig;
 use gpuwarden_agent_api::snapshot::{Container, Snapshot};
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
@@ -44,10 +45,20 @@ impl Rig {
     /// [`Self::start`], the controller scheduling with `config` and the agent waiting
     /// `binding_timeout` for a quota's workload.
     pub fn start_with(tag: &str, config: SchedulerConfig, binding_timeout: Duration) -> Self {
+        Self::start_with_agent(tag, config, binding_timeout, |_| {})
+    }
+
+    /// [`Self::start_with`], the agent's config changed by `agent` first.
+    pub fn start_with_agent(
+        tag: &str,
+        config: SchedulerConfig,
+        binding_timeout: Duration,
+        agent: impl FnOnce(&mut AgentConfig),
+    ) -> Self {
         let state = [scratch("ctl"), scratch("agent")];
         let ctl = TestController::start(state[0].path(), config, timing());
         let url = ctl.url();
-        Self::around(tag, ctl, &url, state, binding_timeout)
+        Self::around_with(tag, ctl, &url, state, binding_timeout, agent)
     }
 
     /// Mounts the driver as `tag` and starts an agent given the controllers `urls` (a comma
@@ -60,7 +71,20 @@ impl Rig {
         state: [TempDir; 2],
         binding_timeout: Duration,
     ) -> Self {
-        Self::around_on(Driver::mount(tag), None, ctl, urls, state, binding_timeout)
+        Self::around_with(tag, ctl, urls, state, binding_timeout, |_| {})
+    }
+
+    /// [`Self::around`], the agent's config changed by `agent` first.
+    pub fn around_with(
+        tag: &str,
+        ctl: TestController,
+        urls: &str,
+        state: [TempDir; 2],
+        binding_timeout: Duration,
+        agent: impl FnOnce(&mut AgentConfig),
+    ) -> Self {
+        let driver = Driver::mount(tag);
+        Self::around_on(driver, None, ctl, urls, state, binding_timeout, agent)
     }
 
     /// [`Self::start`] on `driver`, the agent given the mock device list `mock` (TOML).
@@ -68,7 +92,15 @@ impl Rig {
         let state = [scratch("ctl"), scratch("agent")];
         let ctl = TestController::start(state[0].path(), SchedulerConfig::default(), timing());
         let url = ctl.url();
-        Self::around_on(driver, Some(mock), ctl, &url, state, Duration::from_mins(1))
+        Self::around_on(
+            driver,
+            Some(mock),
+            ctl,
+            &url,
+            state,
+            Duration::from_mins(1),
+            |_| {},
+        )
     }
 
     fn around_on(
@@ -78,6 +110,7 @@ impl Rig {
         urls: &str,
         state: [TempDir; 2],
         binding_timeout: Duration,
+        agent: impl FnOnce(&mut AgentConfig),
     ) -> Self {
         let mut cfg = super::mock_gpu_config(&driver, urls.to_owned(), state[1].path());
         let mock = cfg.mock_devices.clone().unwrap();
@@ -85,6 +118,7 @@ impl Rig {
             std::fs::write(&mock, text).unwrap();
         }
         cfg.binding_timeout = binding_timeout;
+        agent(&mut cfg);
         let agent = TestAgent::start_with(cfg);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -174,6 +174,7 @@ fn a_preemption_without_enforcement_lets_go_at_once_and_says_preempted() {
             session_id: "s-1".into(),
             grace_ms: 30_000,
             reason: "for s-2".into(),
+            mode: "suspend".into(),
         })),
     );
     let Some(pb::agent_message::Msg::Event(event)) = reply else {

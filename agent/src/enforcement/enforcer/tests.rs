@@ -661,6 +661,143 @@ fn a_share_deviation_goes_up_and_into_the_history_and_touches_nothing() {
     assert!(r.actions().is_empty());
 }
 
+/// [`preemptible_rig`] with a checkpoint helper configured (never run: the tests play its
+/// outcomes).
+fn suspendable_rig() -> Rig {
+    let mut r = preemptible_rig();
+    let enforcer = std::mem::replace(
+        &mut r.enforcer,
+        Enforcer::new(
+            r.fake.kernel(),
+            CgroupTree::new(ROOT.into(), Box::new(r.fake.cgroups.clone())),
+            mpsc::channel(1).0,
+            Duration::from_mins(1),
+            None,
+        ),
+    );
+    r.enforcer = enforcer.with_suspend(Some(crate::enforcement::SuspendConfig {
+        helper: crate::checkpoint::helper::Helper {
+            program: "/nonexistent/helper".into(),
+            library: None,
+        },
+        step_timeout: Duration::from_secs(1),
+    }));
+    r
+}
+
+#[test]
+fn without_a_helper_a_suspension_is_a_kill() {
+    let mut r = preemptible_rig();
+    assert!(
+        r.enforcer
+            .begin_suspend("s", Duration::from_secs(30), "for t")
+            .is_none()
+    );
+    assert_eq!(r.actions(), ["preempt"]);
+    let sent = r.fake.signals.sent.lock().unwrap().clone();
+    assert!(sent.iter().all(|&(_, sig)| sig == libc::SIGTERM) && sent.len() == 2);
+}
+
+#[test]
+fn a_suspension_is_reported_then_resumed_once() {
+    let mut r = suspendable_rig();
+    let job = r
+        .enforcer
+        .begin_suspend("s", Duration::from_secs(30), "for t")
+        .expect("a job");
+    assert_eq!(job.dir, PathBuf::from("/cg/job"));
+    assert_eq!(r.actions(), ["suspend"]);
+    // Under way: neither a second suspension nor a resumption starts.
+    assert!(
+        r.enforcer
+            .begin_suspend("s", Duration::ZERO, "again")
+            .is_none()
+    );
+    assert!(r.enforcer.begin_resume("s").is_none());
+    r.enforcer.end_suspend(
+        "s",
+        Ok(super::suspend::Suspended {
+            pids: vec![41],
+            took: Duration::from_millis(5),
+        }),
+    );
+    assert_eq!(r.actions(), ["suspended"]);
+    assert!(r.fake.signals.sent.lock().unwrap().is_empty(), "no signal");
+    let job = r.enforcer.begin_resume("s").expect("a resumption");
+    assert_eq!(job.pids, [41]);
+    assert!(r.enforcer.begin_resume("s").is_none(), "one at a time");
+    r.enforcer.end_resume("s", Ok(Duration::from_millis(3)));
+    assert_eq!(r.actions(), ["resuming", "resumed"]);
+    assert_eq!(r.state("s"), Some(BindState::Bound));
+}
+
+#[test]
+fn a_resume_the_agent_does_not_remember_asks_the_driver() {
+    // Suspended by an earlier agent: this one has no record, and resumes what is bound.
+    let mut r = suspendable_rig();
+    let job = r.enforcer.begin_resume("s").expect("a resumption");
+    assert_eq!(job.dir, PathBuf::from("/cg/job"));
+    assert_eq!(r.actions(), ["resuming"]);
+    r.enforcer.end_resume("s", Ok(Duration::from_millis(3)));
+    assert_eq!(r.actions(), ["resumed"]);
+    // Nothing bound: nothing to resume.
+    assert!(r.enforcer.begin_resume("unknown").is_none());
+}
+
+#[test]
+fn a_refused_suspension_takes_the_kill_path_and_says_why() {
+    let mut r = suspendable_rig();
+    r.enforcer
+        .begin_suspend("s", Duration::from_secs(30), "for t")
+        .expect("a job");
+    r.actions();
+    r.enforcer.end_suspend(
+        "s",
+        Err(super::suspend::Refusal {
+            pid: 41,
+            source: crate::checkpoint::CheckpointError::Driver {
+                function: "cuCheckpointProcessCheckpoint",
+                pid: 41,
+                code: crate::checkpoint::CuResult::NOT_SUPPORTED,
+            },
+        }),
+    );
+    assert_eq!(r.actions(), ["suspend_refused", "preempt"]);
+    let sent = r.fake.signals.sent.lock().unwrap().clone();
+    assert!(sent.iter().all(|&(_, sig)| sig == libc::SIGTERM) && sent.len() == 2);
+    let history = r.enforcer.standing().history;
+    let refused = history
+        .iter()
+        .find(|h| h.action.as_str() == "suspend_refused")
+        .unwrap();
+    assert!(
+        refused.reason.contains("CUDA_ERROR_NOT_SUPPORTED (801)"),
+        "{}",
+        refused.reason
+    );
+}
+
+#[test]
+fn a_session_released_while_suspended_is_killed() {
+    let mut r = suspendable_rig();
+    r.enforcer
+        .begin_suspend("s", Duration::from_secs(30), "for t")
+        .expect("a job");
+    r.enforcer.end_suspend(
+        "s",
+        Ok(super::suspend::Suspended {
+            pids: vec![41],
+            took: Duration::ZERO,
+        }),
+    );
+    r.enforcer.release("s");
+    assert_eq!(
+        *r.fake.cgroups.killed.lock().unwrap(),
+        [PathBuf::from("/cg/job")]
+    );
+    assert_eq!(r.state("s"), None);
+}
+
 #[test]
 fn a_quota_on_a_mig_instance_opens_its_parent_and_its_capability_nodes_only() {
     let mut r = rig(Duration::from_mins(1));

@@ -37,6 +37,9 @@ impl Answer for Fake {
                 name: "node-fake".into(),
             }),
             Request::Snapshot => Response::Error("the fake has no snapshot".into()),
+            Request::Suspend { session_id } | Request::ResumeSuspended { session_id } => {
+                Response::Accepted(gpuwarden_agent_api::Accepted { session_id })
+            }
         }
     }
 
@@ -272,4 +275,38 @@ async fn a_request_line_past_the_limit_is_refused_and_the_connection_closed() {
     assert_eq!(after, None, "the connection stays open");
     drop(writer);
     agent.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root"]
+async fn only_root_suspends_or_resumes_a_session() {
+    gpuwarden_test_support::require_root();
+    let scratch = gpuwarden_test_support::scratch("sock-suspend");
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let socket = scratch.path().join("agent.sock");
+    let listener = bind(&socket, Some(NOBODY)).expect("binds");
+    let server = tokio::spawn({
+        let socket = socket.clone();
+        async move { serve(listener, Arc::new(Fake), &socket).await }
+    });
+    for request in [
+        Request::Suspend {
+            session_id: "s-1".into(),
+        },
+        Request::ResumeSuspended {
+            session_id: "s-1".into(),
+        },
+    ] {
+        let answer = ask_as(NOBODY, NOBODY, &socket, &request).await;
+        assert!(
+            answer.contains("refused") && answer.contains("root"),
+            "{answer}"
+        );
+        let done = client::suspend(&socket, &request)
+            .await
+            .expect("root may suspend");
+        assert_eq!(done.session_id, "s-1");
+    }
+    server.abort();
 }

@@ -9,6 +9,13 @@
 //! of that run counts as lost, and the job is requeued as a new session of the same owner that
 //! runs again from the start (as Kueue requeues an evicted workload; no checkpoints).
 //!
+//! Under [`Sharing::QueuesWithSuspend`] (issue 38, docs/suspend.md) the same `Preempt` suspends
+//! instead: the workload stops [`SUSPEND_SECS`] after the decision (its GPU memory copied to the
+//! host), the work it did is kept, and the requeued session runs only what is left, plus
+//! [`RESUME_SECS`] to copy the memory back. The GPU-time lost is those two copies. What this
+//! leaves out: a real resume needs a GPU of the same model on the same node (here the requeued
+//! session goes wherever it fits), and the suspended workload's host memory.
+//!
 //! Each tick: runs that end by now end (finished: terminated; preempted: reported, and the job
 //! requeued), jobs that have arrived are created, a pass runs. Nothing reads the wall clock.
 
@@ -34,18 +41,34 @@ pub enum Sharing {
     NoQueues,
     /// The trace's team queues, with reclaim by preemption.
     QueuesWithReclaim,
+    /// The same queues, reclaim suspending the victims instead of killing them (issue 38).
+    QueuesWithSuspend,
 }
 
 impl Sharing {
-    /// Both, in the order the table shows them.
-    pub const ALL: [Self; 2] = [Self::NoQueues, Self::QueuesWithReclaim];
+    /// All three, in the order the table shows them.
+    pub const ALL: [Self; 3] = [
+        Self::NoQueues,
+        Self::QueuesWithReclaim,
+        Self::QueuesWithSuspend,
+    ];
 }
+
+/// Seconds from a suspension's decision to the workload's stop: its GPU memory copied to the
+/// host. An assumption, not a measurement: a user report of ~15 s per GPU to checkpoint an
+/// 80 GB H100 (NVIDIA/cuda-checkpoint issue 29); `cargo xtask gpu-check` measures ours.
+pub const SUSPEND_SECS: f64 = 15.0;
+
+/// Seconds a resumed workload spends copying its memory back before it runs again (the same
+/// assumption).
+pub const RESUME_SECS: f64 = 15.0;
 
 impl std::fmt::Display for Sharing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::NoQueues => "no queues",
             Self::QueuesWithReclaim => "queues + reclaim",
+            Self::QueuesWithSuspend => "queues + suspend",
         })
     }
 }
@@ -57,8 +80,11 @@ pub struct JobRun {
     pub start: f64,
     /// End, s: its work done, or stopped at the end of its grace period.
     pub end: f64,
-    /// Whether it was preempted (its GPU-time lost).
+    /// Whether it was preempted.
     pub preempted: bool,
+    /// Seconds of it whose GPU-time was lost: all of a killed run; a suspended run's copy to
+    /// the host and its resumption's copy back.
+    pub lost_secs: f64,
 }
 
 /// What happened to one job of the trace.
@@ -89,13 +115,12 @@ impl JobOutcome {
             .fold(0.0, |a, r| a + self.gpus * (r.end - r.start))
     }
 
-    /// GPU-seconds its preempted runs held (lost).
+    /// GPU-seconds its preemptions lost.
     #[must_use]
     pub fn lost_gpu_seconds(&self) -> f64 {
         self.runs
             .iter()
-            .filter(|r| r.preempted)
-            .fold(0.0, |a, r| a + self.gpus * (r.end - r.start))
+            .fold(0.0, |a, r| a + self.gpus * r.lost_secs)
     }
 }
 
@@ -130,6 +155,8 @@ struct Live {
     done: f64,
     /// When it stops, once preempted.
     stop: Option<f64>,
+    /// When it was told to suspend (`QueuesWithSuspend`).
+    suspended_at: Option<f64>,
 }
 
 /// GPUs a job holds while it runs.
@@ -152,8 +179,11 @@ pub fn replay(
     let jobs = &trace.jobs;
     let quotas = match sharing {
         Sharing::NoQueues => QuotaConfig::default(),
-        Sharing::QueuesWithReclaim => trace.quotas.clone(),
+        Sharing::QueuesWithReclaim | Sharing::QueuesWithSuspend => trace.quotas.clone(),
     };
+    let suspends = sharing == Sharing::QueuesWithSuspend;
+    // Work each job has left to run (a suspended job keeps what it did).
+    let mut work_left: Vec<f64> = jobs.iter().map(|j| j.work).collect();
     let mut sched = Scheduler::new(SchedulerConfig {
         strategy: Placement::Binpack,
         quotas,
@@ -236,6 +266,7 @@ pub fn replay(
                         start: l.start,
                         end: l.done,
                         preempted: false,
+                        lost_secs: 0.0,
                     });
                     outcome.finish = Some(l.done);
                     run.makespan = run.makespan.max(l.done);
@@ -245,13 +276,25 @@ pub fn replay(
                     sched.terminate(&id);
                 }
                 Some(stop) => {
+                    // Suspended: the work until the suspension is kept; lost are the copy to
+                    // the host now and the copy back that its resumption runs first. Killed:
+                    // all of it, and the job starts over.
+                    let lost_secs = if let Some(at) = l.suspended_at {
+                        let kept = (at - l.start).max(0.0);
+                        work_left[l.index] = (work_left[l.index] - kept).max(0.0) + RESUME_SECS;
+                        (stop - at) + RESUME_SECS
+                    } else {
+                        work_left[l.index] = jobs[l.index].work;
+                        stop - l.start
+                    };
                     outcome.runs.push(JobRun {
                         start: l.start,
                         end: stop,
                         preempted: true,
+                        lost_secs,
                     });
                     run.preemptions += 1;
-                    run.lost_gpu_seconds += outcome.gpus * (stop - l.start);
+                    run.lost_gpu_seconds += outcome.gpus * lost_secs;
                     let event = EnforcementEvent {
                         action: Action::Preempted,
                         reason: "stopped at the end of its grace period".into(),
@@ -305,8 +348,9 @@ pub fn replay(
                             index,
                             node,
                             start: t,
-                            done: t + jobs[index].work,
+                            done: t + work_left[index],
                             stop: None,
+                            suspended_at: None,
                         },
                     );
                 }
@@ -314,10 +358,15 @@ pub fn replay(
                     session, grace_ms, ..
                 } => {
                     if let Some(l) = live.get_mut(&session) {
-                        l.stop.get_or_insert(t + f64::from(grace_ms) / 1000.0);
+                        if suspends {
+                            l.stop.get_or_insert(t + SUSPEND_SECS);
+                            l.suspended_at.get_or_insert(t);
+                        } else {
+                            l.stop.get_or_insert(t + f64::from(grace_ms) / 1000.0);
+                        }
                     }
                 }
-                Command::Release { .. } => {}
+                Command::Release { .. } | Command::Resume { .. } => {}
             }
         }
         if t >= window.0 && t < window.1 {

@@ -241,13 +241,15 @@ impl TeamReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{} jobs of {} teams, {} nodes × {} GPUs, trace seed {}, binpack; preempted runs stop after a {} s grace period and run again from the start",
+            "{} jobs of {} teams, {} nodes × {} GPUs, trace seed {}, binpack; preempted runs stop after a {} s grace period and run again from the start (queues + suspend: they stop {} s after the decision, keep their work, and resume with {} s more to run)",
             self.jobs,
             self.teams.len() / Sharing::ALL.len().max(1),
             self.cluster.0,
             self.cluster.1,
             self.seed,
             self.grace_secs,
+            super::replay::SUSPEND_SECS,
+            super::replay::RESUME_SECS,
         );
         let _ = writeln!(out);
         let _ = writeln!(out, "```toml");

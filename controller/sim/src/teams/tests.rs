@@ -125,6 +125,42 @@ fn within_guarantee_jobs_start_no_later_with_queues_and_borrowers_are_preempted(
     assert!((b.lost_gpu_hours - 1290.0 / 3600.0).abs() < 1e-9);
 }
 
+/// The same trace with reclaim suspending: the victims stop after the copy to the host, not a
+/// grace period, keep the work they did, and lose only the two copies (15 s each per GPU).
+#[test]
+fn suspending_the_borrowers_loses_only_the_copies() {
+    let trace = borrower_holds_the_cluster();
+    let config = config(1);
+    let kill = replay(&trace, Sharing::QueuesWithReclaim, &config).unwrap();
+    let suspend = replay(&trace, Sharing::QueuesWithSuspend, &config).unwrap();
+    assert_eq!(suspend.preemptions, 2);
+    assert!(
+        (suspend.lost_gpu_seconds - 2.0 * (SUSPEND_SECS + RESUME_SECS)).abs() < 1e-9,
+        "{suspend:?}"
+    );
+    assert!((kill.lost_gpu_seconds - 1290.0).abs() < 1e-9);
+    for id in ["a1", "a2"] {
+        let start = suspend.outcomes[index(&trace, id)].first_start.unwrap();
+        assert!(start <= 600.0 + 2.0 * SUSPEND_SECS + 10.0, "{id}: {start}");
+    }
+    // b8 was suspended at 600 (stopped at 615) and resumes once a's jobs end, with what it had
+    // left plus the copy back to run.
+    let b8 = &suspend.outcomes[index(&trace, "b8")];
+    assert_eq!(b8.runs.len(), 2, "{b8:?}");
+    assert!((b8.runs[0].end - 615.0).abs() < 1e-9, "{b8:?}");
+    let resumed = b8.runs[1].end - b8.runs[1].start;
+    assert!(
+        (resumed - (36_000.0 - 600.0 + RESUME_SECS)).abs() < 1e-9,
+        "{b8:?}"
+    );
+    let kill_b8 = &kill.outcomes[index(&trace, "b8")];
+    assert!(b8.finish.unwrap() < kill_b8.finish.unwrap());
+    let report = TeamReport::new(&trace, &[kill, suspend], (1, 8), 0, 30.0);
+    let b = report.team("b", Sharing::QueuesWithSuspend).unwrap();
+    assert_eq!(b.preempted, 2);
+    assert!((b.lost_gpu_hours - 60.0 / 3600.0).abs() < 1e-9);
+}
+
 #[test]
 fn no_preemption_while_every_team_stays_within_its_guarantee() {
     let mut trace = borrower_holds_the_cluster();

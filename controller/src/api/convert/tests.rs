@@ -146,6 +146,7 @@ prop_compose! {
             policy: policy.map(|(memory, compute)| pb::QuotaPolicy { memory, compute }),
             unconfined_target,
             no_preempt: false,
+            preemption: String::new(),
             gang: None,
             run_caller: None,
             request_id: String::new(),

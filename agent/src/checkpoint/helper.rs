@@ -1,0 +1,77 @@
+//! The agent's side: each checkpoint call as a run of the helper process
+//! (`gpuwarden-agent checkpoint …`), killed if it outlives its timeout.
+
+use std::{path::PathBuf, process::Stdio, time::Duration};
+
+use super::{Action, Answer, CheckpointError, CuResult, ProcessState};
+
+/// How the agent reaches the driver's checkpoint calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Helper {
+    /// The helper's program: the agent's own binary (`checkpoint` is one of its subcommands).
+    pub program: PathBuf,
+    /// The library the helper loads (default: `libcuda.so.1`, wherever the loader finds it).
+    pub library: Option<PathBuf>,
+}
+
+impl Helper {
+    /// Makes `action` on `pid` in a helper process, within `timeout` (the driver also bounds a
+    /// lock by it); the process's state after it, where the driver told.
+    ///
+    /// # Errors
+    /// The driver refused ([`CheckpointError::Driver`], with its code), the helper failed, or
+    /// the call outlived `timeout` (the helper is killed).
+    pub async fn act(
+        &self,
+        pid: u32,
+        action: Action,
+        timeout: Duration,
+    ) -> Result<Option<ProcessState>, CheckpointError> {
+        let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+        let mut command = tokio::process::Command::new(&self.program);
+        command
+            .args(["checkpoint", "--pid", &pid.to_string(), "--action"])
+            .arg(action.word())
+            .args(["--timeout-ms", &timeout_ms.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(library) = &self.library {
+            command.arg("--library").arg(library);
+        }
+        let helper_error = |reason: String| CheckpointError::Helper {
+            program: self.program.display().to_string(),
+            reason,
+        };
+        let child = command.spawn().map_err(|e| helper_error(e.to_string()))?;
+        let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
+            Ok(output) => output.map_err(|e| helper_error(e.to_string()))?,
+            // Dropping the wait kills the helper (`kill_on_drop`).
+            Err(_) => {
+                return Err(CheckpointError::Timeout {
+                    action: action.function(),
+                    pid,
+                    timeout,
+                });
+            }
+        };
+        let line = String::from_utf8_lossy(&output.stdout);
+        let answer: Answer = serde_json::from_str(line.trim()).map_err(|e| {
+            helper_error(format!(
+                "unreadable answer {:?} ({e}; exit {})",
+                line.trim(),
+                output.status
+            ))
+        })?;
+        match answer {
+            Answer::Ok { state } => Ok(state),
+            Answer::Refused { code, .. } => Err(CheckpointError::Driver {
+                function: action.function(),
+                pid,
+                code: CuResult(code),
+            }),
+            Answer::Error { reason } => Err(helper_error(reason)),
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! Suspending a workload instead of killing it (issue 38, docs/suspend.md): each process of
+//! its cgroup that holds a GPU context is locked and checkpointed through the driver (its GPU
+//! memory copied to host memory and released on the GPU), then the cgroup is frozen; resuming
+//! thaws the cgroup, restores and unlocks each. Every driver call runs in the checkpoint
+//! helper process under a timeout ([`crate::checkpoint`]).
+//!
+//! The freeze comes after the checkpoint, not before: the driver does the copy on a thread
+//! inside the target process (docs/suspend.md, "Order"), which a frozen cgroup would stop.
+//! A refusal part-way is undone (restored, unlocked) so the caller can fall back to the kill
+//! path with the workload as it was.
+
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use crate::checkpoint::{Action, CheckpointError, ProcessState, helper::Helper};
+
+pub use gpuwarden_types::policy::PreemptionMode;
+
+/// How the agent suspends workloads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SuspendConfig {
+    /// The checkpoint helper.
+    pub helper: Helper,
+    /// The limit on each driver call (lock, checkpoint, restore, unlock of one process).
+    pub step_timeout: Duration,
+}
+
+/// Makes checkpoint calls on processes (the helper; a fake in unit tests).
+pub(crate) trait Checkpointer: Send + Sync {
+    fn act(
+        &self,
+        pid: u32,
+        action: Action,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Option<ProcessState>, CheckpointError>> + Send;
+}
+
+impl Checkpointer for Helper {
+    fn act(
+        &self,
+        pid: u32,
+        action: Action,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Option<ProcessState>, CheckpointError>> + Send {
+        Helper::act(self, pid, action, timeout)
+    }
+}
+
+/// A workload suspended: which processes were checkpointed, how long it took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Suspended {
+    /// The processes checkpointed, in order.
+    pub pids: Vec<u32>,
+    /// Lock, checkpoint and freeze together.
+    pub took: Duration,
+}
+
+/// Why a suspension did not happen (the workload was put back as it was, where it could be).
+#[derive(Debug, thiserror::Error)]
+#[error("process {pid}: {source}")]
+pub(crate) struct Refusal {
+    /// The process the driver refused.
+    pub pid: u32,
+    /// What it answered.
+    #[source]
+    pub source: CheckpointError,
+}
+
+/// The processes among `pids` that hold a GPU context: those with the driver's control node
+/// (`nvidiactl`, the fake driver's file of that name in tests) open, as every CUDA process
+/// does. A process that has gone is left out.
+pub(crate) fn with_gpu_context(proc_root: &Path, pids: &[u32]) -> Vec<u32> {
+    pids.iter()
+        .copied()
+        .filter(|pid| {
+            std::fs::read_dir(proc_root.join(pid.to_string()).join("fd")).is_ok_and(|fds| {
+                fds.flatten().any(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|target| target.file_name().is_some_and(|n| n == "nvidiactl"))
+                })
+            })
+        })
+        .collect()
+}
+
+/// Writes `cgroup.freeze` of `dir`.
+fn freeze(dir: &Path, frozen: bool) -> std::io::Result<()> {
+    std::fs::write(dir.join("cgroup.freeze"), if frozen { "1" } else { "0" })
+}
+
+/// Locks and checkpoints each of `pids` (each call within `step`), then freezes `dir`. A
+/// refusal undoes what was done: the checkpointed are restored, the locked unlocked.
+pub(crate) async fn suspend(
+    c: &impl Checkpointer,
+    dir: &Path,
+    pids: &[u32],
+    step: Duration,
+) -> Result<Suspended, Refusal> {
+    let start = Instant::now();
+    let mut locked = Vec::new();
+    let mut checkpointed = Vec::new();
+    let mut failed = None;
+    for &pid in pids {
+        match c.act(pid, Action::Lock, step).await {
+            Ok(_) => locked.push(pid),
+            Err(source) => {
+                failed = Some(Refusal { pid, source });
+                break;
+            }
+        }
+    }
+    if failed.is_none() {
+        for &pid in pids {
+            match c.act(pid, Action::Checkpoint, step).await {
+                Ok(_) => checkpointed.push(pid),
+                Err(source) => {
+                    failed = Some(Refusal { pid, source });
+                    break;
+                }
+            }
+        }
+    }
+    if let Some(refusal) = failed {
+        undo(c, &checkpointed, &locked, step).await;
+        return Err(refusal);
+    }
+    if let Err(e) = freeze(dir, true) {
+        // The GPU memory is on the host and the processes' CUDA calls are blocked: the
+        // suspension holds without the freeze, only their CPU side keeps running.
+        tracing::warn!(dir = %dir.display(), "suspended but not frozen: {e}");
+    }
+    Ok(Suspended {
+        pids: pids.to_vec(),
+        took: start.elapsed(),
+    })
+}
+
+async fn undo(c: &impl Checkpointer, checkpointed: &[u32], locked: &[u32], step: Duration) {
+    for &pid in checkpointed {
+        if let Err(e) = c.act(pid, Action::Restore, step).await {
+            tracing::warn!(pid, "not restored after a refused suspension: {e}");
+        }
+    }
+    for &pid in locked {
+        if let Err(e) = c.act(pid, Action::Unlock, step).await {
+            tracing::warn!(pid, "not unlocked after a refused suspension: {e}");
+        }
+    }
+}
+
+/// Thaws `dir`, then restores each of `pids` the driver has checkpointed and unlocks each it
+/// has locked (each call within `step`); how long it took. A process the driver says runs is
+/// left alone, and one whose state it does not tell is restored and unlocked. Stops at the
+/// first failure: that process's GPU state may be lost.
+pub(crate) async fn resume(
+    c: &impl Checkpointer,
+    dir: &Path,
+    pids: &[u32],
+    step: Duration,
+) -> Result<Duration, Refusal> {
+    let start = Instant::now();
+    if let Err(e) = freeze(dir, false) {
+        tracing::warn!(dir = %dir.display(), "not thawed before the restore: {e}");
+    }
+    let refused = |pid| move |source| Refusal { pid, source };
+    let mut locked = Vec::new();
+    for &pid in pids {
+        match c.act(pid, Action::GetState, step).await {
+            Ok(Some(ProcessState::Running)) => {}
+            Ok(Some(ProcessState::Locked)) => locked.push(pid),
+            _ => {
+                c.act(pid, Action::Restore, step)
+                    .await
+                    .map_err(refused(pid))?;
+                locked.push(pid);
+            }
+        }
+    }
+    for pid in locked {
+        c.act(pid, Action::Unlock, step)
+            .await
+            .map_err(refused(pid))?;
+    }
+    Ok(start.elapsed())
+}
+
+/// A suspension under way or in place, as the enforcer keeps it.
+#[derive(Debug, Clone)]
+pub(crate) struct Suspension {
+    /// The cgroup frozen.
+    pub dir: PathBuf,
+    /// The processes checkpointed (empty while under way).
+    pub pids: Vec<u32>,
+    /// Since when (the start of the suspension).
+    pub since: Instant,
+    /// Why (whom it yields to).
+    pub reason: String,
+    /// The grace a fall-back kill gets.
+    pub grace: Duration,
+    /// Done: checkpointed and frozen.
+    pub done: bool,
+    /// GPU memory its quota counted when the suspension began: what goes to host memory.
+    pub held: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::checkpoint::CuResult;
+
+    /// Records each call; refuses `refuse` = (pid, action) with `CUDA_ERROR_NOT_SUPPORTED`;
+    /// answers `GetState` from `states` (none: not told).
+    #[derive(Default)]
+    struct Fake {
+        calls: Mutex<Vec<(u32, Action)>>,
+        refuse: Option<(u32, Action)>,
+        states: std::collections::BTreeMap<u32, ProcessState>,
+    }
+
+    impl Checkpointer for Fake {
+        fn act(
+            &self,
+            pid: u32,
+            action: Action,
+            _: Duration,
+        ) -> impl Future<Output = Result<Option<ProcessState>, CheckpointError>> + Send {
+            self.calls.lock().unwrap().push((pid, action));
+            let refused = self.refuse == Some((pid, action));
+            let state = (action == Action::GetState)
+                .then(|| self.states.get(&pid).copied())
+                .flatten();
+            async move {
+                if state.is_some() {
+                    Ok(state)
+                } else if refused {
+                    Err(CheckpointError::Driver {
+                        function: action.function(),
+                        pid,
+                        code: CuResult::NOT_SUPPORTED,
+                    })
+                } else {
+                    Ok(None)
+                }
+            }
+        }
+    }
+
+    const STEP: Duration = Duration::from_secs(1);
+
+    #[tokio::test]
+    async fn a_suspension_locks_all_then_checkpoints_all_then_freezes() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Fake::default();
+        let done = suspend(&fake, dir.path(), &[7, 8], STEP).await.unwrap();
+        assert_eq!(done.pids, [7, 8]);
+        assert_eq!(
+            *fake.calls.lock().unwrap(),
+            [
+                (7, Action::Lock),
+                (8, Action::Lock),
+                (7, Action::Checkpoint),
+                (8, Action::Checkpoint)
+            ]
+        );
+        let frozen = std::fs::read_to_string(dir.path().join("cgroup.freeze")).unwrap();
+        assert_eq!(frozen, "1");
+
+        fake.calls.lock().unwrap().clear();
+        resume(&fake, dir.path(), &[7, 8], STEP).await.unwrap();
+        let frozen = std::fs::read_to_string(dir.path().join("cgroup.freeze")).unwrap();
+        assert_eq!(frozen, "0", "thawed before the restore");
+        assert_eq!(
+            *fake.calls.lock().unwrap(),
+            [
+                (7, Action::GetState),
+                (7, Action::Restore),
+                (8, Action::GetState),
+                (8, Action::Restore),
+                (7, Action::Unlock),
+                (8, Action::Unlock)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_resume_restores_only_what_the_driver_holds_checkpointed() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Fake {
+            states: [
+                (7, ProcessState::Checkpointed),
+                (8, ProcessState::Locked),
+                (9, ProcessState::Running),
+            ]
+            .into(),
+            ..Fake::default()
+        };
+        resume(&fake, dir.path(), &[7, 8, 9], STEP).await.unwrap();
+        let acted: Vec<(u32, Action)> = fake
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .copied()
+            .filter(|&(_, a)| a != Action::GetState)
+            .collect();
+        assert_eq!(
+            acted,
+            [
+                (7, Action::Restore),
+                (7, Action::Unlock),
+                (8, Action::Unlock)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_undone_and_nothing_is_frozen() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Fake {
+            refuse: Some((8, Action::Checkpoint)),
+            ..Fake::default()
+        };
+        let refusal = suspend(&fake, dir.path(), &[7, 8], STEP).await.unwrap_err();
+        assert_eq!(refusal.pid, 8);
+        assert_eq!(refusal.source.code(), Some(CuResult::NOT_SUPPORTED));
+        assert!(
+            refusal
+                .to_string()
+                .contains("CUDA_ERROR_NOT_SUPPORTED (801)")
+        );
+        let calls = fake.calls.lock().unwrap().clone();
+        assert_eq!(
+            calls[4..],
+            [
+                (7, Action::Restore),
+                (7, Action::Unlock),
+                (8, Action::Unlock)
+            ],
+            "{calls:?}"
+        );
+        assert!(!dir.path().join("cgroup.freeze").exists());
+    }
+
+    #[test]
+    fn only_the_words_suspend_and_kill_mean_anything() {
+        assert_eq!(
+            PreemptionMode::from_wire("suspend"),
+            PreemptionMode::Suspend
+        );
+        for word in ["", "kill", "Suspend", "hibernate"] {
+            assert_eq!(PreemptionMode::from_wire(word), PreemptionMode::Kill);
+        }
+    }
+
+    #[test]
+    fn a_process_with_the_control_node_open_has_a_gpu_context() {
+        let root = tempfile::tempdir().unwrap();
+        let fds = root.path().join("41/fd");
+        std::fs::create_dir_all(&fds).unwrap();
+        std::os::unix::fs::symlink("/dev/nvidiactl", fds.join("3")).unwrap();
+        std::fs::create_dir_all(root.path().join("42/fd")).unwrap();
+        std::os::unix::fs::symlink("/dev/null", root.path().join("42/fd/0")).unwrap();
+        assert_eq!(with_gpu_context(root.path(), &[41, 42, 43]), [41]);
+    }
+}

@@ -1,0 +1,519 @@
+//! Suspending a workload's GPU memory to the host and resuming it (issue 38), on the real
+//! kernel with the fake driver: the agent's checkpoint helper drives the stand-in
+//! `libcuda.so.1` (tests/fixtures/fake-libcuda), whose calls make a fake CUDA process free its
+//! video memory into a host file and allocate it back. The fake driver's own ledger and the
+//! process's checksum of its data are the independent accounts; the agent's eBPF accounting is
+//! what is judged. The agent-level tests start suspensions through the agent's socket, which
+//! takes the same path as a preemption in mode `suspend` from the controller.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
+
+mod util;
+
+use std::{os::unix::process::ExitStatusExt as _, time::Duration};
+
+use gpuwarden_agent::{
+    checkpoint::{Action, CheckpointError, CuResult, ProcessState},
+    enforcement::SuspendConfig,
+};
+use gpuwarden_agent_api::{Request, client};
+use gpuwarden_controller::scheduler::SchedulerConfig;
+use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_support::{TestCgroup, require_root};
+use util::{
+    Driver, container_id,
+    rig::Rig,
+    suspend::{CudaProcess, FakeLibcuda},
+};
+
+const MIB: u64 = 1 << 20;
+const STEP: Duration = Duration::from_secs(10);
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Lock, checkpoint, restore, unlock through the helper: the driver's ledger for the GPU goes
+/// to 0 while the process is checkpointed and back to what it held after, its data reaches a
+/// host file and returns unchanged (the process's own checksum), and each call reports the
+/// state the driver moved the process to.
+#[test]
+#[ignore = "needs root"]
+fn the_helper_moves_a_process_gpu_memory_to_the_host_and_back() {
+    require_root();
+    let driver = Driver::mount("ckpt");
+    let libcuda = FakeLibcuda::build();
+    let helper = libcuda.helper();
+    let mut p = CudaProcess::spawn(&driver.dir, &libcuda, 0, &["64m", "30m"], None);
+    assert_eq!(driver.fake.ledger(), vec![94 * MIB, 0]);
+    let (rt, pid) = (rt(), p.pid);
+    let act = |action| rt.block_on(helper.act(pid, action, STEP));
+
+    assert_eq!(act(Action::Lock).unwrap(), Some(ProcessState::Locked));
+    assert_eq!(
+        act(Action::Checkpoint).unwrap(),
+        Some(ProcessState::Checkpointed)
+    );
+    driver
+        .fake
+        .wait_for_ledger(&[0, 0], STEP)
+        .expect("checkpointed: nothing left on the GPU");
+    // The first MiB of each allocation is what the fake models; it is on the host now.
+    let image = std::fs::metadata(libcuda.image(pid)).unwrap().len();
+    assert_eq!(image, 2 * MIB);
+
+    assert_eq!(act(Action::Restore).unwrap(), Some(ProcessState::Locked));
+    assert_eq!(driver.fake.ledger(), vec![94 * MIB, 0]);
+    assert_eq!(act(Action::Unlock).unwrap(), Some(ProcessState::Running));
+    assert_eq!(p.checksum_now(), p.checksum, "the data came back unchanged");
+    assert!(!libcuda.image(pid).exists());
+
+    // Out of order: the driver's ILLEGAL_STATE, typed, with its code.
+    let err = act(Action::Unlock).unwrap_err();
+    assert_eq!(err.code(), Some(CuResult(401)), "{err}");
+}
+
+/// A process the driver will not checkpoint: the helper reports `CUDA_ERROR_NOT_SUPPORTED`
+/// with the function that refused; nothing moved, and unlocking returns it to running.
+#[test]
+#[ignore = "needs root"]
+fn a_refusal_comes_back_typed_with_the_driver_code() {
+    require_root();
+    let driver = Driver::mount("ckpt-refuse");
+    let libcuda = FakeLibcuda::build();
+    let helper = libcuda.helper();
+    let mut p = CudaProcess::spawn(&driver.dir, &libcuda, 1, &["8m"], None);
+    libcuda.refuse(p.pid);
+    let (rt, pid) = (rt(), p.pid);
+    let act = |action| rt.block_on(helper.act(pid, action, STEP));
+    act(Action::Lock).unwrap();
+    let err = act(Action::Checkpoint).unwrap_err();
+    match &err {
+        CheckpointError::Driver {
+            function,
+            pid,
+            code,
+        } => {
+            assert_eq!(*function, "cuCheckpointProcessCheckpoint");
+            assert_eq!(*pid, p.pid);
+            assert_eq!(*code, CuResult::NOT_SUPPORTED);
+        }
+        other => panic!("{other}"),
+    }
+    assert!(
+        err.to_string().contains("CUDA_ERROR_NOT_SUPPORTED (801)"),
+        "{err}"
+    );
+    assert_eq!(driver.fake.ledger(), vec![0, 8 * MIB]);
+    act(Action::Unlock).unwrap();
+    assert_eq!(p.checksum_now(), p.checksum);
+
+    // A pid that is no CUDA process, and a library that is not there.
+    let err = rt
+        .block_on(helper.act(std::process::id(), Action::GetState, STEP))
+        .unwrap_err();
+    assert_eq!(err.code(), Some(CuResult(1)), "{err}");
+    let mut missing = helper.clone();
+    missing.library = Some(libcuda.dir.path().join("nope.so"));
+    let err = rt
+        .block_on(missing.act(p.pid, Action::Lock, STEP))
+        .unwrap_err();
+    assert!(matches!(err, CheckpointError::Helper { .. }), "{err}");
+}
+
+/// A rig whose agent suspends through `libcuda`.
+fn suspend_rig(tag: &str, libcuda: &FakeLibcuda) -> Rig {
+    let helper = libcuda.helper();
+    Rig::start_with_agent(
+        tag,
+        SchedulerConfig::default(),
+        Duration::from_mins(1),
+        |cfg| {
+            cfg.suspend = Some(SuspendConfig {
+                helper,
+                step_timeout: STEP,
+            });
+        },
+    )
+}
+
+fn docker(seed: &str) -> TestCgroup {
+    TestCgroup::create(&format!(
+        "/system.slice/docker-{}.scope",
+        container_id(seed)
+    ))
+}
+
+/// A session of one whole GPU bound to `cg`; its id and its GPU's index.
+fn bound_session(rig: &Rig, cg: &TestCgroup) -> (String, u32) {
+    let s = rig.session(
+        &["cuda.shares=1"],
+        pb::target::Kind::CgroupPath(cg.path.clone()),
+        "report",
+    );
+    rig.wait_binding(&s.id, "bound");
+    (s.id.clone(), s.devices[0].index)
+}
+
+fn ask(rig: &Rig, request: &Request) {
+    rig.rt
+        .block_on(client::suspend(&rig.agent().socket, request))
+        .unwrap();
+}
+
+/// Waits until the controller has `session`'s event `action` (sent up by the agent); its
+/// reason.
+fn wait_event(rig: &Rig, session: &str, action: &str) -> String {
+    let mut reason = String::new();
+    rig.wait_for(&format!("event {action} of {session}"), |r| {
+        match r.get(session).events.iter().find(|e| e.action == action) {
+            Some(e) => {
+                reason.clone_from(&e.reason);
+                true
+            }
+            None => false,
+        }
+    });
+    reason
+}
+
+/// GPU memory the agent's eBPF accounting charges to `cg`'s quota.
+fn charged(rig: &Rig, cg: &TestCgroup) -> u64 {
+    rig.agent()
+        .container(&cg.path)
+        .map_or(0, |c| util::used(&c))
+}
+
+fn frozen(cg: &TestCgroup) -> bool {
+    std::fs::read_to_string(cg.dir.join("cgroup.events"))
+        .unwrap()
+        .contains("frozen 1")
+}
+
+/// A bound workload is suspended: the driver's ledger and the agent's count of its quota go to
+/// 0 while its process lives on, frozen, with its data in a host file; another process can
+/// take that GPU memory meanwhile. Resumed, the same bytes are counted again and its data is
+/// unchanged.
+#[test]
+#[ignore = "needs root"]
+fn a_suspended_workload_releases_its_gpu_memory_and_gets_it_back() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    let rig = suspend_rig("suspend", &libcuda);
+    let cg = docker("suspend");
+    let (session, gpu) = bound_session(&rig, &cg);
+    let gpu_at = usize::try_from(gpu).unwrap();
+    let mut p = CudaProcess::spawn(&rig.driver.dir, &libcuda, gpu, &["64m", "30m"], Some(&cg));
+    assert_eq!(rig.driver.fake.ledger()[gpu_at], 94 * MIB);
+    util::wait_for("the quota to count the workload", || {
+        charged(&rig, &cg) == 94 * MIB
+    });
+
+    ask(
+        &rig,
+        &Request::Suspend {
+            session_id: session.clone(),
+        },
+    );
+    let why = wait_event(&rig, &session, "suspended");
+    assert!(why.contains("1 processes checkpointed"), "{why}");
+    assert_eq!(rig.driver.fake.ledger(), vec![0, 0]);
+    util::wait_for("the quota to count nothing", || charged(&rig, &cg) == 0);
+    assert!(p.alive() && frozen(&cg));
+    assert_eq!(
+        std::fs::metadata(libcuda.image(p.pid)).unwrap().len(),
+        2 * MIB
+    );
+    // The memory is free for someone else: another process takes and gives back 94 MiB.
+    let other = CudaProcess::spawn(&rig.driver.dir, &libcuda, gpu, &["94m"], None);
+    assert_eq!(rig.driver.fake.ledger()[gpu_at], 94 * MIB);
+    drop(other);
+    rig.driver
+        .fake
+        .wait_for_ledger(&[0, 0], STEP)
+        .expect("the other process's memory released");
+
+    ask(
+        &rig,
+        &Request::ResumeSuspended {
+            session_id: session.clone(),
+        },
+    );
+    let why = wait_event(&rig, &session, "resumed");
+    assert!(why.contains("1 processes restored"), "{why}");
+    assert_eq!(rig.driver.fake.ledger()[gpu_at], 94 * MIB);
+    util::wait_for("the quota to count the workload again", || {
+        charged(&rig, &cg) == 94 * MIB
+    });
+    assert!(!frozen(&cg));
+    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+    let actions: Vec<String> = rig
+        .get(&session)
+        .events
+        .into_iter()
+        .map(|e| e.action)
+        .filter(|a| a != "bound")
+        .collect();
+    assert_eq!(actions, ["suspend", "suspended", "resuming", "resumed"]);
+}
+
+/// A workload the driver will not checkpoint falls back to the kill path: the event names the
+/// driver's code, the workload gets SIGTERM and its memory goes with it; nothing stays frozen.
+#[test]
+#[ignore = "needs root"]
+fn a_refused_suspension_falls_back_to_the_kill_path() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    let rig = suspend_rig("suspend-refused", &libcuda);
+    let cg = docker("suspend-refused");
+    let (session, gpu) = bound_session(&rig, &cg);
+    let mut p = CudaProcess::spawn(&rig.driver.dir, &libcuda, gpu, &["16m"], Some(&cg));
+    libcuda.refuse(p.pid);
+    util::wait_for("the quota to count the workload", || {
+        charged(&rig, &cg) == 16 * MIB
+    });
+
+    ask(
+        &rig,
+        &Request::Suspend {
+            session_id: session.clone(),
+        },
+    );
+    let why = wait_event(&rig, &session, "suspend_refused");
+    assert!(why.contains("CUDA_ERROR_NOT_SUPPORTED (801)"), "{why}");
+    assert!(why.contains(&p.pid.to_string()), "{why}");
+    let why = wait_event(&rig, &session, "preempt");
+    assert!(why.contains("suspend refused"), "{why}");
+    let status = p.wait();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    assert!(!frozen(&cg));
+    wait_event(&rig, &session, "preempted");
+    rig.driver
+        .fake
+        .wait_for_ledger(&[0, 0], STEP)
+        .expect("the killed workload's memory released");
+    assert!(!libcuda.image(p.pid).exists(), "nothing was checkpointed");
+}
+
+/// Team quotas: `lab` is guaranteed both GPUs; `burst` has no queue and only borrows.
+fn reclaim_config() -> SchedulerConfig {
+    SchedulerConfig {
+        quotas: util::cluster::one_team("lab", "2"),
+        preemption_grace_ms: 3_000,
+        ..SchedulerConfig::default()
+    }
+}
+
+/// Creates a session of `owner` for `shares` on the node, bound to `target`, preempted in
+/// mode `preemption`; its id.
+fn create(
+    rig: &Rig,
+    owner: &str,
+    shares: &str,
+    target: Option<&TestCgroup>,
+    preemption: &str,
+) -> String {
+    let slots =
+        gpuwarden_controller::slots::ResourceSlot::parse_any(&[&format!("cuda.shares={shares}")])
+            .unwrap();
+    rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.create_session(pb::CreateSessionRequest {
+            requested: Some(gpuwarden_controller::api::convert::slots_to_pb(&slots)),
+            owner: owner.into(),
+            node_id: "test-node".into(),
+            target: target.map(|cg| pb::Target {
+                kind: Some(pb::target::Kind::CgroupPath(cg.path.clone())),
+            }),
+            preemption: preemption.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .id
+    })
+}
+
+fn state_of(rig: &Rig, id: &str) -> i32 {
+    rig.get(id).state
+}
+
+/// The whole story through the controller: a borrower asking to be suspended holds the node;
+/// the lender reclaims it. The borrower is suspended (its GPU memory to 0 in the driver's
+/// ledger and in the agent's count, its process frozen), the lender runs on its GPUs; the
+/// controller restarts meanwhile and keeps the borrower suspended (its agent is not told to let
+/// go); the lender ends, the borrower is resumed on its GPUs with its bytes counted again and
+/// its data unchanged, and `session show`'s decisions say what happened.
+#[test]
+#[ignore = "needs root"]
+fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    let helper = libcuda.helper();
+    let mut rig = Rig::start_with_agent(
+        "reclaim-suspend",
+        reclaim_config(),
+        Duration::from_mins(1),
+        |cfg| {
+            cfg.suspend = Some(SuspendConfig {
+                helper,
+                step_timeout: STEP,
+            });
+        },
+    );
+    let cg = docker("reclaim-suspend");
+    let borrower = create(&rig, "burst", "2", Some(&cg), "suspend");
+    rig.wait_binding(&borrower, "bound");
+    rig.wait_for("the borrower to run", |r| {
+        state_of(r, &borrower) == pb::SessionState::Running as i32
+    });
+    let mut p = CudaProcess::spawn(&rig.driver.dir, &libcuda, 0, &["64m"], Some(&cg));
+    util::wait_for("the quota to count the workload", || {
+        charged(&rig, &cg) == 64 * MIB
+    });
+
+    let lender = create(&rig, "lab", "2", None, "");
+    rig.wait_for("the lender to run", |r| {
+        let sessions = r.rt.block_on(async {
+            let mut c = r.client().await;
+            c.list_sessions(pb::ListSessionsRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .sessions
+        });
+        util::cluster::assert_not_overcommitted(&sessions);
+        state_of(r, &lender) == pb::SessionState::Running as i32
+    });
+    let b = rig.get(&borrower);
+    assert_eq!(b.state, pb::SessionState::Suspended as i32, "{b:?}");
+    assert!(
+        b.reason.contains("waits to resume on test-node"),
+        "{}",
+        b.reason
+    );
+    assert_eq!(rig.driver.fake.ledger(), vec![0, 0]);
+    util::wait_for("the quota to count nothing", || charged(&rig, &cg) == 0);
+    assert!(p.alive() && frozen(&cg));
+    // The agent said how much went to the host: the 64 MiB its quota counted, which the
+    // controller books as the node's host memory while the borrower is suspended.
+    let suspended = b.events.iter().find(|e| e.action == "suspended").unwrap();
+    assert_eq!(suspended.used_bytes, 64 * MIB);
+
+    // The controller restarts while the borrower is suspended: it stays so, and its agent
+    // keeps it (a release would kill it).
+    let (addr, dir) = (rig.ctl.addr, rig.state[0].path().to_owned());
+    rig.ctl.crash();
+    rig.ctl = gpuwarden_test_controller::TestController::start_on(
+        &dir,
+        reclaim_config(),
+        util::rig::timing(),
+        addr,
+    );
+    rig.wait_for("the node to register again", |r| {
+        r.rt.block_on(async {
+            let mut c = r.client().await;
+            c.list_nodes(pb::ListNodesRequest::default())
+                .await
+                .is_ok_and(|n| {
+                    n.into_inner()
+                        .nodes
+                        .iter()
+                        .any(|n| n.state == pb::NodeState::Ready as i32)
+                })
+        })
+    });
+    assert_eq!(
+        state_of(&rig, &borrower),
+        pb::SessionState::Suspended as i32
+    );
+    assert!(p.alive() && frozen(&cg));
+
+    // The lender ends: the borrower resumes on its GPUs.
+    rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.terminate_session(pb::TerminateSessionRequest { id: lender.clone() })
+            .await
+            .unwrap();
+    });
+    wait_event(&rig, &borrower, "resumed");
+    assert_eq!(state_of(&rig, &borrower), pb::SessionState::Running as i32);
+    assert_eq!(rig.driver.fake.ledger(), vec![64 * MIB, 0]);
+    util::wait_for("the quota to count the workload again", || {
+        charged(&rig, &cg) == 64 * MIB
+    });
+    assert!(!frozen(&cg));
+    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+    let b = rig.get(&borrower);
+    let kinds: Vec<&str> = b.decisions.iter().map(|d| d.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["yielded", "suspended", "resumed"],
+        "{:?}",
+        b.decisions
+    );
+    assert!(b.decisions[2].detail.contains(&lender), "{:?}", b.decisions);
+}
+
+/// The agent restarts while a session is suspended: it remembers no suspension (and thaws the
+/// cgroup, as it does at every start), yet the controller's `Resume` brings the workload back:
+/// the new agent asks the driver what each process is and restores and unlocks accordingly.
+#[test]
+#[ignore = "needs root"]
+fn a_suspension_survives_an_agent_restart() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    let helper = libcuda.helper();
+    let suspend = SuspendConfig {
+        helper,
+        step_timeout: STEP,
+    };
+    let mut rig = Rig::start_with_agent(
+        "restart-suspend",
+        reclaim_config(),
+        Duration::from_mins(1),
+        |cfg| cfg.suspend = Some(suspend.clone()),
+    );
+    let cg = docker("restart-suspend");
+    let borrower = create(&rig, "burst", "2", Some(&cg), "suspend");
+    rig.wait_binding(&borrower, "bound");
+    rig.wait_for("the borrower to run", |r| {
+        state_of(r, &borrower) == pb::SessionState::Running as i32
+    });
+    let mut p = CudaProcess::spawn(&rig.driver.dir, &libcuda, 1, &["32m"], Some(&cg));
+    let lender = create(&rig, "lab", "2", None, "");
+    rig.wait_for("the borrower to be suspended", |r| {
+        state_of(r, &borrower) == pb::SessionState::Suspended as i32
+    });
+    assert_eq!(rig.driver.fake.ledger(), vec![0, 0]);
+
+    rig.agent.take().unwrap().stop().unwrap();
+    let mut cfg = util::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
+    cfg.binding_timeout = Duration::from_mins(1);
+    cfg.suspend = Some(suspend);
+    rig.agent = Some(util::TestAgent::start_with(cfg));
+    rig.wait_binding(&borrower, "bound");
+    assert!(p.alive());
+    assert_eq!(rig.driver.fake.ledger(), vec![0, 0], "still on the host");
+
+    rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.terminate_session(pb::TerminateSessionRequest { id: lender.clone() })
+            .await
+            .unwrap();
+    });
+    let why = wait_event(&rig, &borrower, "resumed");
+    assert!(why.contains("1 processes restored"), "{why}");
+    assert_eq!(rig.driver.fake.ledger(), vec![0, 32 * MIB]);
+    util::wait_for("the quota to count the workload again", || {
+        charged(&rig, &cg) == 32 * MIB
+    });
+    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+}
