@@ -4,12 +4,19 @@ use gpuwarden_agent_common::maps::{CgroupDeviceKey, quota_flags};
 use gpuwarden_types::target::TargetScope;
 
 use super::*;
-use crate::enforcement::{
-    cgroup_tree::CgroupTree,
-    confinement::{PodLookup, PodNamespaces},
-    fake::FakeKernel,
-    quota::{ComputePolicy, DeviceQuota},
+use crate::{
+    devices::ProcessMemory,
+    enforcement::{
+        cgroup_tree::CgroupTree,
+        confinement::{PodLookup, PodNamespaces},
+        fake::FakeKernel,
+        kernel::Pinned,
+        quota::{ComputePolicy, DeviceQuota, MemoryPolicy},
+        suspend::{Refusal, Suspended},
+    },
+    sensor::MemoryTier,
 };
+use gpuwarden_agent_common::event::{Event, action, kind};
 
 const GIB: u64 = 1 << 30;
 const ROOT: &str = "/cg";
@@ -716,7 +723,7 @@ fn a_suspension_is_reported_then_resumed_once() {
     assert!(r.enforcer.begin_resume("s").is_none());
     r.enforcer.end_suspend(
         "s",
-        Ok(super::suspend::Suspended {
+        Ok(Suspended {
             pids: vec![41],
             took: Duration::from_millis(5),
         }),
@@ -753,7 +760,7 @@ fn a_refused_suspension_takes_the_kill_path_and_says_why() {
     r.actions();
     r.enforcer.end_suspend(
         "s",
-        Err(super::suspend::Refusal {
+        Err(Refusal {
             pid: 41,
             source: crate::checkpoint::CheckpointError::Driver {
                 function: "cuCheckpointProcessCheckpoint",
@@ -785,7 +792,7 @@ fn a_session_released_while_suspended_is_killed() {
         .expect("a job");
     r.enforcer.end_suspend(
         "s",
-        Ok(super::suspend::Suspended {
+        Ok(Suspended {
             pids: vec![41],
             took: Duration::ZERO,
         }),
