@@ -22,8 +22,6 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::kernel::DriverLimits;
-
 /// Why the driver tier could not act.
 #[derive(Debug, thiserror::Error)]
 pub enum DmemError {
@@ -181,6 +179,25 @@ fn update(dir: &Path, changes: &[(&str, Limit)]) -> Result<(), DmemError> {
         })
         .collect();
     write_line(&path, &text.join("\n"))
+}
+
+/// The driver's own per-cgroup GPU-memory limit, the strongest memory tier where the node has
+/// it (`dmem.max` of NVIDIA's regions), as the enforcer's kernel seam sees it: [`DmemTree`] on
+/// a host, a fake in tests.
+pub(crate) trait DriverLimits: Send {
+    /// Sets the hard limit of each `(GPU index, bytes)` on the cgroup at `dir`; returns the GPUs
+    /// it set (those the driver has a region for).
+    ///
+    /// # Errors
+    /// A cgroup file can't be written.
+    fn set(&mut self, dir: &Path, limits: &[(u32, u64)]) -> Result<Vec<u32>, DmemError>;
+    /// Lifts the limits of `gpus` on the cgroup at `dir`.
+    ///
+    /// # Errors
+    /// A cgroup file can't be written.
+    fn lift(&mut self, dir: &Path, gpus: &[u32]) -> Result<(), DmemError>;
+    /// The tier's name in snapshots (`driver_dmem`).
+    fn tier(&self) -> &'static str;
 }
 
 impl DriverLimits for DmemTree {

@@ -12,7 +12,7 @@ use std::{
     path::Path,
 };
 
-use super::dmem::DmemError;
+pub(crate) use super::dmem::DriverLimits;
 use crate::sensor::DeviceProgram;
 /// The maps enforcement writes (the sensor loads them; enforcement only uses them).
 pub(crate) use crate::sensor::maps::QuotaMaps;
@@ -130,24 +130,6 @@ pub(crate) trait Signals: Send {
     }
     /// Whether process `pid` is stopped (`T` in its stat); `None` once it is gone.
     fn is_stopped(&self, pid: u32) -> Option<bool>;
-}
-
-/// The driver's own per-cgroup GPU-memory limit, the strongest memory tier where the node has
-/// it (`dmem.max` of NVIDIA's regions; [`super::dmem`]).
-pub(crate) trait DriverLimits: Send {
-    /// Sets the hard limit of each `(GPU index, bytes)` on the cgroup at `dir`; returns the GPUs
-    /// it set (those the driver has a region for).
-    ///
-    /// # Errors
-    /// A cgroup file can't be written.
-    fn set(&mut self, dir: &Path, limits: &[(u32, u64)]) -> Result<Vec<u32>, DmemError>;
-    /// Lifts the limits of `gpus` on the cgroup at `dir`.
-    ///
-    /// # Errors
-    /// A cgroup file can't be written.
-    fn lift(&mut self, dir: &Path, gpus: &[u32]) -> Result<(), DmemError>;
-    /// The tier's name in snapshots (`driver_dmem`).
-    fn tier(&self) -> &'static str;
 }
 
 /// Everything in the kernel the enforcer touches besides the cgroup tree.

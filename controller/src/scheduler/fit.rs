@@ -7,12 +7,13 @@
 
 use std::collections::BTreeMap;
 
-use super::Scheduler;
+use super::{Command, Scheduler};
 use crate::{
     allocator::GpuRequest,
     node::{Node, NodeState},
     placement::{Candidate, ExcessCache, Scorer},
-    slots::SlotValue,
+    session::Session,
+    slots::{ResourceSlot, SlotValue},
 };
 
 /// How one node answers a request.
@@ -124,4 +125,21 @@ impl Scheduler {
     pub fn share_quantum(&self) -> SlotValue {
         self.config.allocator.effective_quantum()
     }
+}
+
+/// What the predicates and placement made of one session.
+pub(super) enum Verdict {
+    /// Placed: the command for its agent.
+    Placed(Command),
+    /// A team-queue or per-owner predicate keeps it waiting.
+    Refused(String),
+    /// No node fits it now (reclaim may make room).
+    NoRoom(String),
+}
+
+/// What `members` ask for together: a gang asks, and yields, as one session.
+pub(super) fn summed(members: &[&Session]) -> ResourceSlot {
+    members.iter().fold(ResourceSlot::new(), |acc, m| {
+        acc.checked_add(&m.requested).unwrap_or(acc)
+    })
 }

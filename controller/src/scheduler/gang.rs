@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
     Command, Scheduler,
-    pass::Verdict,
+    fit::{Verdict, summed},
     quotas::Requester,
     reclaim::{Reclaim, Reclaimable},
 };
@@ -47,13 +47,6 @@ pub(super) enum GangState {
     },
     /// All members exist; these are pending, in arrival order.
     Ready(Vec<String>),
-}
-
-/// What `members` ask for together: a gang asks, and yields, as one session.
-pub(super) fn summed(members: &[&Session]) -> ResourceSlot {
-    members.iter().fold(ResourceSlot::new(), |acc, m| {
-        acc.checked_add(&m.requested).unwrap_or(acc)
-    })
 }
 
 impl Scheduler {

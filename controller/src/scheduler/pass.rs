@@ -1,7 +1,7 @@
 //! The scheduling pass: each pending session in queue order through its team queue's limit and
 //! the per-owner predicates, then filter, score and bind.
 
-use super::{Command, QueuePolicy, Scheduler, quotas::Standing, set_state};
+use super::{Command, QueuePolicy, Scheduler, fit::Verdict, quotas::Standing, set_state};
 use crate::{
     allocator::{GpuRequest, Strategy},
     node::{Node, NodeState},
@@ -9,16 +9,6 @@ use crate::{
     session::{SessionState, WaitKind},
     slots::ResourceSlot,
 };
-
-/// What the predicates and placement made of one session.
-pub(super) enum Verdict {
-    /// Placed: the command for its agent.
-    Placed(Command),
-    /// A team-queue or per-owner predicate keeps it waiting.
-    Refused(String),
-    /// No node fits it now (reclaim may make room).
-    NoRoom(String),
-}
 
 impl Scheduler {
     /// One scheduling pass: places as many pending sessions as fit. Returns the commands.

@@ -147,7 +147,7 @@ impl Scheduler {
                     }
                     Some(_) => continue,
                 };
-                let requested = super::gang::summed(&members);
+                let requested = super::fit::summed(&members);
                 known.candidates.push(Candidate {
                     id: s.id.clone(),
                     queue: quotas.queue_of(&s.owner).map(str::to_owned),

@@ -3,7 +3,14 @@
 //! election, the webhook, the extender, the metrics — and joins them all: one stop (SIGINT,
 //! SIGTERM, or the gRPC server ending) reaches each, and none is left running.
 
-use std::{future::Future, path::Path, process::ExitCode, sync::Arc};
+use std::{
+    future::Future,
+    net::{Ipv4Addr, SocketAddr},
+    path::Path,
+    process::ExitCode,
+    sync::Arc,
+    time::Duration,
+};
 
 use tokio::sync::watch;
 
@@ -41,10 +48,10 @@ pub async fn open(
     Ok(Controller::new(scheduler, store, timing))
 }
 
-/// The store of a state directory: sled in its `store/` folder.
+/// The store of a state directory: sled in its `store/` folder ([`StoreSpec::sled_in`]).
 #[must_use]
 pub fn sled_in(state_dir: &Path) -> StoreSpec {
-    StoreSpec::Sled(state_dir.join("store"))
+    StoreSpec::sled_in(state_dir)
 }
 
 /// `run`: serves until SIGINT or SIGTERM on a runtime of its own. Exits 2 for a bad
@@ -172,4 +179,37 @@ fn joined(
     ended: Result<Result<(), ServeError>, tokio::task::JoinError>,
 ) -> Result<(), ServeError> {
     ended.map_err(|source| ServeError::Task { task, source })?
+}
+
+/// Binds a loopback port and serves, in a task of the current runtime, a controller campaigning
+/// on the etcd store `spec` with a lease of `ttl`, held to `bounds` and advertising that port,
+/// until `shutdown`; its address. Tests and benchmarks run several controllers in one process
+/// this way.
+///
+/// # Errors
+/// The port can't be bound, or the store can't be reached.
+pub async fn spawn_elected(
+    spec: &StoreSpec,
+    config: SchedulerConfig,
+    timing: Timing,
+    ttl: Duration,
+    bounds: Arc<Bounds>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<SocketAddr, ServeError> {
+    let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let listener = tokio::net::TcpListener::bind(any)
+        .await
+        .map_err(|source| ServeError::Bind { addr: any, source })?;
+    let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
+    let (controller, election) =
+        election::open_standby(spec, config, timing, addr.to_string(), ttl).await?;
+    tokio::spawn(grpc::serve_bounded(
+        controller,
+        listener,
+        super::security::Transport::PlainText,
+        bounds,
+        Some(election),
+        shutdown,
+    ));
+    Ok(addr)
 }

@@ -311,7 +311,7 @@ impl RunArgs {
         let store = self
             .store
             .or(file.store.clone())
-            .unwrap_or_else(|| super::app::sled_in(&self.state_dir));
+            .unwrap_or_else(|| StoreSpec::sled_in(&self.state_dir));
         let store = self.etcd_tls.over(file.etcd_tls()).apply(store);
         let mut scheduler = file.scheduler.unwrap_or_default();
         if let Some(mode) = self.placement {

@@ -3,21 +3,19 @@
 //! campaign, office, fence) that makes this controller lead while it holds office and stand by
 //! otherwise.
 
-use std::{
-    future::Future,
-    net::{Ipv4Addr, SocketAddr},
-    sync::Arc,
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use crate::{
     controller::{Controller, Role, Timing},
-    limits::Bounds,
     scheduler::{Scheduler, SchedulerConfig},
     store::{EtcdKv, Kv, Replica, Snapshot, Store, StoreSpec},
 };
 
-use super::{ServeError, grpc, security::Transport};
+use super::ServeError;
+use crate::api::{AgentApi, SchedulerApi};
+use gpuwarden_proto::v1::{
+    agent_service_server::AgentServiceServer, scheduler_service_server::SchedulerServiceServer,
+};
 
 /// The election name controllers sharing a store campaign on.
 pub const ELECTION: &str = "controller";
@@ -58,38 +56,6 @@ pub async fn open_standby(
     tracing::info!(store = %spec, ttl = ?ttl, "standby: campaigning for leadership");
     let controller = Controller::with_role(Scheduler::new(config), store, timing, Role::standby());
     Ok((controller, election))
-}
-
-/// Binds a loopback port and serves, in a task of the current runtime, a controller campaigning
-/// on the etcd store `spec` with a lease of `ttl`, held to `bounds` and advertising that port,
-/// until `shutdown`; its address. Tests and benchmarks run several controllers in one process
-/// this way.
-///
-/// # Errors
-/// The port can't be bound, or the store can't be reached.
-pub async fn spawn_elected(
-    spec: &StoreSpec,
-    config: SchedulerConfig,
-    timing: Timing,
-    ttl: Duration,
-    bounds: Arc<Bounds>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<SocketAddr, ServeError> {
-    let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let listener = tokio::net::TcpListener::bind(any)
-        .await
-        .map_err(|source| ServeError::Bind { addr: any, source })?;
-    let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
-    let (controller, election) = open_standby(spec, config, timing, addr.to_string(), ttl).await?;
-    tokio::spawn(grpc::serve_bounded(
-        controller,
-        listener,
-        Transport::PlainText,
-        bounds,
-        Some(election),
-        shutdown,
-    ));
-    Ok(addr)
 }
 
 /// Campaigns, leads while the office holds, steps down when it lapses or a commit is refused,
@@ -179,7 +145,7 @@ pub(super) async fn hold_elections(
             "leading: took office at {advertise}"
         );
         controller.take_office(store, stored);
-        grpc::set_health(&health, true).await;
+        set_health(&health, true).await;
         loop {
             tokio::select! {
                 () = controller.deposed() => {
@@ -195,7 +161,28 @@ pub(super) async fn hold_elections(
             }
         }
         controller.step_down(None);
-        grpc::set_health(&health, false).await;
+        set_health(&health, false).await;
         drop(office);
     }
+}
+
+/// Marks the services serving or not, as this controller leads or stands by.
+pub(super) async fn set_health(reporter: &tonic_health::server::HealthReporter, leading: bool) {
+    let status = if leading {
+        tonic_health::ServingStatus::Serving
+    } else {
+        tonic_health::ServingStatus::NotServing
+    };
+    reporter
+        .set_service_status(
+            <SchedulerServiceServer<SchedulerApi> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+    reporter
+        .set_service_status(
+            <AgentServiceServer<AgentApi> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
 }

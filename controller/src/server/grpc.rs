@@ -110,7 +110,7 @@ pub async fn serve_bounded(
     let security = security.into();
     security.transport.check_exposure(addr)?;
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    set_health(&health_reporter, controller.role().is_leader()).await;
+    election::set_health(&health_reporter, controller.role().is_leader()).await;
     let elections = election.map(|election| {
         tokio::spawn(election::hold_elections(
             Arc::clone(&controller),
@@ -339,25 +339,4 @@ fn router(
             .max_decoding_message_size(size)
             .max_encoding_message_size(size),
         ))
-}
-
-/// Marks the services serving or not, as this controller leads or stands by.
-pub(super) async fn set_health(reporter: &tonic_health::server::HealthReporter, leading: bool) {
-    let status = if leading {
-        tonic_health::ServingStatus::Serving
-    } else {
-        tonic_health::ServingStatus::NotServing
-    };
-    reporter
-        .set_service_status(
-            <SchedulerServiceServer<SchedulerApi> as tonic::server::NamedService>::NAME,
-            status,
-        )
-        .await;
-    reporter
-        .set_service_status(
-            <AgentServiceServer<AgentApi> as tonic::server::NamedService>::NAME,
-            status,
-        )
-        .await;
 }

@@ -26,9 +26,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-pub use app::{open, sled_in};
+pub use app::{open, sled_in, spawn_elected};
 pub use config::FileConfig;
-pub use election::{ELECTION, Election, open_standby, spawn_elected};
+pub use election::{ELECTION, Election, open_standby};
 pub use error::ServeError;
 pub use grpc::{
     MAX_ANONYMOUS_CONNECTIONS, MAX_CONNECTIONS, MAX_HANDSHAKES, MAX_STREAMS_PER_CONNECTION, serve,

@@ -24,6 +24,14 @@ pub enum StoreSpec {
     },
 }
 
+impl StoreSpec {
+    /// The store of a state directory: sled in its `store/` folder.
+    #[must_use]
+    pub fn sled_in(state_dir: &std::path::Path) -> Self {
+        Self::Sled(state_dir.join("store"))
+    }
+}
+
 /// The prefix of an etcd store whose URL names none.
 pub const DEFAULT_ETCD_PREFIX: &str = "gpuwarden/";
 
