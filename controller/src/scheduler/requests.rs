@@ -139,9 +139,11 @@ mod tests {
             s.create_once(new("c", "v"), Some("r1".into()), t + 1),
             Ok(Created::New(_))
         ));
-        // Past the window the id is free again.
+        // Past the window the id is free again: the window runs from the session's creation,
+        // which may be a millisecond after `t`.
+        let past = first.created_at_ms + REQUEST_WINDOW_MS;
         assert!(matches!(
-            s.create_once(new("d", "u"), Some("r1".into()), t + REQUEST_WINDOW_MS),
+            s.create_once(new("d", "u"), Some("r1".into()), past),
             Ok(Created::New(_))
         ));
         // No request id: every create makes a session.
