@@ -4,8 +4,6 @@
 //! it ([`Instrument::row`], [`undocumented`]). A test of each daemon then holds its table, what
 //! it registers and the docs together.
 
-use std::borrow::Cow;
-
 use opentelemetry::metrics::{
     AsyncInstrumentBuilder, Histogram, HistogramBuilder, Meter, ObservableCounter, ObservableGauge,
 };
@@ -61,21 +59,16 @@ impl<'m> Registry<'m> {
         &self.registered
     }
 
-    fn note(&mut self, i: &Instrument) -> (Cow<'static, str>, Cow<'static, str>) {
-        self.registered.push(i.name);
-        (Cow::Borrowed(i.unit), Cow::Borrowed(i.meaning))
-    }
-
     /// An observable `u64` gauge.
     pub fn u64_gauge(
         &mut self,
         i: &Instrument,
     ) -> AsyncInstrumentBuilder<'m, ObservableGauge<u64>, u64> {
-        let (unit, description) = self.note(i);
+        self.registered.push(i.name);
         self.meter
             .u64_observable_gauge(i.name)
-            .with_unit(unit)
-            .with_description(description)
+            .with_unit(i.unit)
+            .with_description(i.meaning)
     }
 
     /// An observable `f64` gauge.
@@ -83,11 +76,11 @@ impl<'m> Registry<'m> {
         &mut self,
         i: &Instrument,
     ) -> AsyncInstrumentBuilder<'m, ObservableGauge<f64>, f64> {
-        let (unit, description) = self.note(i);
+        self.registered.push(i.name);
         self.meter
             .f64_observable_gauge(i.name)
-            .with_unit(unit)
-            .with_description(description)
+            .with_unit(i.unit)
+            .with_description(i.meaning)
     }
 
     /// An observable `u64` counter.
@@ -95,11 +88,11 @@ impl<'m> Registry<'m> {
         &mut self,
         i: &Instrument,
     ) -> AsyncInstrumentBuilder<'m, ObservableCounter<u64>, u64> {
-        let (unit, description) = self.note(i);
+        self.registered.push(i.name);
         self.meter
             .u64_observable_counter(i.name)
-            .with_unit(unit)
-            .with_description(description)
+            .with_unit(i.unit)
+            .with_description(i.meaning)
     }
 
     /// An observable `f64` counter.
@@ -107,20 +100,20 @@ impl<'m> Registry<'m> {
         &mut self,
         i: &Instrument,
     ) -> AsyncInstrumentBuilder<'m, ObservableCounter<f64>, f64> {
-        let (unit, description) = self.note(i);
+        self.registered.push(i.name);
         self.meter
             .f64_observable_counter(i.name)
-            .with_unit(unit)
-            .with_description(description)
+            .with_unit(i.unit)
+            .with_description(i.meaning)
     }
 
     /// An `f64` histogram.
     pub fn f64_histogram(&mut self, i: &Instrument) -> HistogramBuilder<'m, Histogram<f64>> {
-        let (unit, description) = self.note(i);
+        self.registered.push(i.name);
         self.meter
             .f64_histogram(i.name)
-            .with_unit(unit)
-            .with_description(description)
+            .with_unit(i.unit)
+            .with_description(i.meaning)
     }
 }
 
