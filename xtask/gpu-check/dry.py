@@ -9,6 +9,12 @@ One script plays every program the check starts, chosen by its first argument:
                                           SIGTERM, removes S
   gpuwarden-agent snapshot --json --socket S   the snapshot document, from the state folder
   gpuwarden-agent probe-hooks --json      one refused hook
+  gpuwarden-agent suspend|resume-suspended --session ID --socket S   a request the stand-in
+                                          agent acts on a moment later, as the real one does:
+                                          the session's processes stopped (SIGSTOP) with their
+                                          bytes gone from NVML and the snapshot, or back; its
+                                          events in the snapshot and its log
+  gpuwarden-agent checkpoint --pid P --action get-state   the helper's JSON line
   gpuwarden ... run -r R... [--memory-policy P] -- CMD...   runs CMD as its child with the
                                           session's limit and policy in its environment
   nvml                                    nvml.py's document, from the state folder
@@ -23,11 +29,14 @@ The state folder is $GPUCHECK_DRY_STATE: one `proc-PID.json` per workload proces
 holds), the agent's baseline, and the report events. $GPUCHECK_DRY_FAULTS injects faults, a
 comma-separated list of `hang:KEY` (sleep forever instead of printing that record) and
 `exit:KEY` (exit 1 instead), KEY being `MODE.STEP` or `MODE-POLICY.STEP` (`steps.tensors`,
-`grow-report.grow`).
+`grow-report.grow`, `suspend.checked`); `refuse:suspend` and `refuse:resume` make the stand-in
+agent's driver refuse that direction with CUDA_ERROR_NOT_SUPPORTED (801), and the agent end the
+workload the kill way, as the real one does.
 """
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -103,7 +112,9 @@ def agent(args):
 
         signal.signal(signal.SIGTERM, stop)
         print(f"dry agent: up on {sock}", flush=True)
-        wait_forever()
+        while True:
+            serve_requests()
+            time.sleep(0.05)
     if cmd == "snapshot":
         if not os.path.exists(opt(args, "--socket", "")):
             print("dry agent: no agent on that socket", file=sys.stderr)
@@ -118,8 +129,11 @@ def agent(args):
                 "cgroup_path": f"/dry/{p['pid']}", "pids": [p["pid"]],
                 "devices": [{"device": "nvidia0", "ioctls": {}, "memory_bytes": counted}],
                 "managed_memory_bytes": p.get("managed", 0),
-                "events": [e for e in events if e["pid"] == p["pid"]],
+                "events": [e for e in events if e["pid"] == p["pid"]
+                           or ("session" in p and e.get("session") == p["session"])],
             }
+            if "session" in p:
+                container["session_id"] = p["session"]
             if "share" in p:
                 ran_ms = (time.monotonic() - p["started"]) * 1000
                 container["enforcement"] = {
@@ -137,6 +151,25 @@ def agent(args):
                                   "samples": 0, "late_samples": 0, "gaps": 0,
                                   "unattributed_ms": 0}],
         }))
+        return 0
+    if cmd in ("suspend", "resume-suspended"):
+        if not os.path.exists(opt(args, "--socket", "")):
+            print("dry agent: no agent on that socket", file=sys.stderr)
+            return 1
+        session = opt(args, "--session")
+        write_json(os.path.join(STATE, f"request-{time.monotonic_ns()}.json"),
+                   {"verb": cmd, "session": session})
+        print(f"{'suspending' if cmd == 'suspend' else 'resuming'} session {session}: see its "
+              "events")
+        return 0
+    if cmd == "checkpoint":
+        pid = int(opt(args, "--pid"))
+        p = read_json(os.path.join(STATE, f"proc-{pid}.json"), None)
+        if p is None:
+            print(json.dumps({"result": "error", "reason": f"dry run: no CUDA process {pid}"}))
+            return 1
+        state = "checkpointed" if p.get("suspended") else "running"
+        print(json.dumps({"result": "ok", "state": state}))
         return 0
     if cmd == "probe-hooks":
         print(json.dumps([{"hook": "driver_kprobe", "target": "nvidia_unlocked_ioctl",
@@ -161,6 +194,7 @@ def cli(args):
             if key == "cuda.shares":
                 env["GPUCHECK_DRY_SHARE"] = value
     env["GPUCHECK_DRY_POLICY"] = opt(head, "--memory-policy", "kill")
+    env["GPUCHECK_DRY_SESSION"] = f"dry-session-{os.getpid()}"
     child = subprocess.Popen(command, env=env)
     code = child.wait()
     return 128 - code if code < 0 else code
@@ -187,6 +221,9 @@ def nvml(args):
            "used": 0, "sm_clock_mhz": 1980, "power_mw": 300000, "throttle_reasons": 0,
            "processes": {}, "mig": {"current": 0, "pending": 0, "instances": []}}
     for p in procs():
+        if p.get("suspended"):
+            # A checkpointed process holds no context: NVML lists it no more.
+            continue
         gpu["processes"][str(p["pid"])] = p["bytes"]
         gpu["used"] += p["bytes"]
     print(json.dumps({"ok": True, "driver": "dry", "gpus": [gpu]}))
@@ -252,6 +289,8 @@ class Workload:
         self.gpu = FakeGpu(os.environ["GPUCHECK_DRY_GPU_CLIENT"], fake) if fake else None
         self.pid = self.gpu.pid if self.gpu else os.getpid()
         self.state = {"pid": self.pid, "bytes": 0, "managed": 0}
+        if os.environ.get("GPUCHECK_DRY_SESSION"):
+            self.state["session"] = os.environ["GPUCHECK_DRY_SESSION"]
         self.handles = []
         self.save()
 
@@ -306,6 +345,101 @@ class Workload:
     def step(self, name, **fields):
         self.report("step", name, **fields)
         return sys.stdin.readline() != ""
+
+
+def log_event(session, action, reason, **fields):
+    """An event of the stand-in agent: into the snapshot's history and, as the real agent
+    logs each, onto its log (its stdout)."""
+    events = read_json(os.path.join(STATE, "events.json"), [])
+    events.append(dict(action=action, pid=0, session=session, reason=reason,
+                       at_ms=int(time.time() * 1000), **fields))
+    write_json(os.path.join(STATE, "events.json"), events)
+    print(f" INFO gpuwarden_agent::enforcement::enforcer::events: {reason} "
+          f"session=\"{session}\" action=\"{action}\" pid=0", flush=True)
+
+
+def serve_requests():
+    """Acts on the suspend and resume requests waiting in the state folder, oldest first."""
+    faults = set(filter(None, os.environ.get("GPUCHECK_DRY_FAULTS", "").split(",")))
+    for name in sorted(os.listdir(STATE)):
+        if not (name.startswith("request-") and name.endswith(".json")):
+            continue
+        path = os.path.join(STATE, name)
+        req = read_json(path, None)
+        os.unlink(path)
+        if req is None:
+            continue
+        session = req["session"]
+        held = [p for p in procs() if p.get("session") == session]
+        pids = [p["pid"] for p in held]
+        start = time.monotonic()
+        if req["verb"] == "suspend":
+            log_event(session, "suspend", f"suspending (suspended through the agent's socket): "
+                      f"{len(pids)} of {len(pids)} processes hold a GPU context")
+            time.sleep(0.2)  # the copy to host memory
+            if "refuse:suspend" in faults or not pids:
+                pid = pids[0] if pids else 0
+                why = (f"process {pid}: cuCheckpointProcessCheckpoint on process {pid}: "
+                       "CUDA_ERROR_NOT_SUPPORTED (801)")
+                log_event(session, "suspend_refused",
+                          f"not suspended ({why}): preempted the kill way instead")
+                log_event(session, "preempt", f"preempted (suspended through the agent's socket; "
+                          f"suspend refused: {why}): SIGTERM to {len(pids)} processes")
+                for p in pids:
+                    os.kill(p, signal.SIGTERM)
+                continue
+            moved = 0
+            for p in held:
+                p.update(held=p["bytes"], bytes=0, suspended=True)
+                moved += p["held"]
+                write_json(os.path.join(STATE, f"proc-{p['pid']}.json"), p)
+                os.kill(p["pid"], signal.SIGSTOP)
+            took = int((time.monotonic() - start) * 1000)
+            log_event(session, "suspended", f"suspended (suspended through the agent's socket): "
+                      f"{len(pids)} processes checkpointed to host memory and the cgroup frozen "
+                      f"in {took} ms; their GPU memory is released", used_bytes=moved)
+        else:
+            held = [p for p in held if p.get("suspended")]
+            log_event(session, "resuming", f"resuming after 1 s: {len(held)} processes back to "
+                      "the GPU")
+            time.sleep(0.2)  # the copy back
+            if "refuse:resume" in faults or not held:
+                why = "cuCheckpointProcessRestore: CUDA_ERROR_NOT_SUPPORTED (801)"
+                log_event(session, "resume_failed", f"not resumed ({why}): its GPU state is lost")
+                for p in held:
+                    os.kill(p["pid"], signal.SIGKILL)
+                continue
+            for p in held:
+                p.update(bytes=p.pop("held"), suspended=False)
+                write_json(os.path.join(STATE, f"proc-{p['pid']}.json"), p)
+                os.kill(p["pid"], signal.SIGCONT)
+            took = int((time.monotonic() - start) * 1000)
+            log_event(session, "resumed", f"resumed after 1 s suspended (suspended through the "
+                      f"agent's socket): {len(held)} processes restored and unlocked in {took} ms")
+
+
+def suspend_workload(w, mib):
+    """suspend.py's records: a filled tensor, then a check on each line of input."""
+    w.alloc(500 * MIB)
+    w.alloc(mib * MIB)
+    checksum = f"{mib:08x}" * 4
+    w.report("step", "filled", bytes=mib * MIB, checksum=checksum, fill_s=0.01, checksum_s=0.01,
+             libcuda="dry run: none", torch_reserved=mib * MIB, cuda_free=TOTAL - mib * MIB,
+             cuda_total=TOTAL)
+    beats, last, gap = 0, time.monotonic(), 0.0
+    while True:
+        ready, _, _ = select.select([sys.stdin], [], [], 0.05)
+        if ready:
+            if sys.stdin.readline() == "":
+                return
+            w.report("step", "checked", bytes=mib * MIB, checksum=checksum, checksum_s=0.01,
+                     heartbeats=beats, longest_gap_s=max(gap, time.monotonic() - last),
+                     torch_reserved=mib * MIB, cuda_free=TOTAL - mib * MIB, cuda_total=TOTAL)
+            continue
+        now = time.monotonic()
+        gap, last, beats = max(gap, now - last), now, beats + 1
+        if beats % 5 == 0:
+            print(f"heartbeat {beats}", flush=True)
 
 
 def spin(seconds):
@@ -393,6 +527,8 @@ def workload(args):
             write_json(total, read_json(total, 0) + 2 * pairs)
             step_s, pair_s = 0.001, 0.00005
         w.report("result", "cost", step_s=step_s, pair_s=pair_s, steps=steps, pairs=pairs)
+    elif mode == "suspend":
+        suspend_workload(w, int(rest[0]))
     else:
         w.report("error", f"unknown mode {mode}")
         return 2

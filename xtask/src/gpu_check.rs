@@ -3,7 +3,8 @@
 //! caching allocator's `empty_cache`, `cudaMallocManaged`, a second process, an agent started
 //! after the workload), the memory limit's kill / stop / report, the compute-share throttle at
 //! 0.1, 0.3, 0.5 and 0.9 for one tenant and two, the cost the agent adds, whether driver hooks
-//! load, and whether the driver's own per-cgroup memory tier exists on the machine. What each
+//! load, whether the driver's own per-cgroup memory tier exists on the machine, and a PyTorch
+//! workload suspended to host memory and resumed with its data intact (issue 38). What each
 //! row checks: `docs/gpu-check.md`.
 //!
 //! GPU machines are lent rarely and briefly, so the run is built not to waste one: each row is
@@ -342,8 +343,8 @@ pub struct Args {
     /// Seconds the whole run may take; past it, what exists is printed and every child killed.
     #[arg(long, default_value_t = 540)]
     deadline: u64,
-    /// Run only these sections (comma-separated: memory, limit, hooks, cost, throttle); setup
-    /// always runs. Default: all, in that order.
+    /// Run only these sections (comma-separated: memory, limit, hooks, cost, suspend,
+    /// throttle); setup always runs. Default: all, in that order.
     #[arg(long, value_delimiter = ',')]
     sections: Vec<String>,
     /// Seconds every section may take (default: each section's own).
@@ -357,7 +358,7 @@ pub struct Args {
 /// The binaries a kit holds, beside `xtask` itself.
 const KIT_BINARIES: [&str; 3] = ["gpuwarden", "gpuwarden-agent", "gpuwarden-controller"];
 /// The scripts a kit holds (from `xtask/gpu-check/`).
-const KIT_SCRIPTS: [&str; 3] = ["workload.py", "nvml.py", "dry.py"];
+const KIT_SCRIPTS: [&str; 4] = ["workload.py", "suspend.py", "nvml.py", "dry.py"];
 
 /// The folder of the scripts in the source tree.
 fn scripts() -> PathBuf {
@@ -480,6 +481,8 @@ fn deadline(args: &Args, name: &str) -> Duration {
         "limit" => 150,
         "hooks" => 60,
         "cost" => 240,
+        // 4 GiB out and back takes seconds each way; the rest is PyTorch's start.
+        "suspend" => 120,
         _ => throttle,
     };
     Duration::from_secs(args.section_deadline.unwrap_or(own))
@@ -560,7 +563,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 /// The sections, in order, each under its deadline.
 fn run_sections(sink: &Arc<runner::Sink>, rig: &Arc<rig::Rig>, opts: &checks::Opts, args: &Args) {
     type Body = fn(&rig::Rig, &runner::Section, &checks::Opts) -> anyhow::Result<()>;
-    let sections: [(&str, Body); 6] = [
+    let sections: [(&str, Body); 7] = [
         ("setup", |r, s, _| {
             checks::setup(r, s);
             Ok(())
@@ -572,6 +575,7 @@ fn run_sections(sink: &Arc<runner::Sink>, rig: &Arc<rig::Rig>, opts: &checks::Op
             Ok(())
         }),
         ("cost", checks::cost),
+        ("suspend", checks::suspend::section),
         // Last: the longest, so a run cut short by its deadline loses the least.
         ("throttle", checks::throttle),
     ];

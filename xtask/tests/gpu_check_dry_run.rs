@@ -1,6 +1,7 @@
 //! `cargo xtask gpu-check --dry-run` end to end: the real sequencing, deadlines, cleanup and
 //! table, with `dry.py` standing in for the binaries, the GPU and NVML. Faults are injected
-//! through `GPUCHECK_DRY_FAULTS`: a workload that hangs, one that exits before its first record.
+//! through `GPUCHECK_DRY_FAULTS`: a workload that hangs, one that exits before its first record,
+//! one that exits when asked for its checksum after a resume, a driver that refuses to suspend.
 //!
 //! xtask runs in a process group of its own, so a `kill(0, …)` it sent would kill itself and
 //! show as a signal in its exit status. Every process it started carries a marker in its
@@ -13,8 +14,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// The rows a run plans: 6 setup, 9 memory, 4 limit, 16 throttle, 3 cost, 1 hooks.
-const PLANNED: usize = 39;
+/// The rows a run plans: 6 setup, 9 memory, 4 limit, 1 hooks, 3 cost, 7 suspend, 16 throttle.
+const PLANNED: usize = 46;
 
 fn dry_run(marker: &str, results: &Path, faults: &str, extra: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_xtask"));
@@ -92,7 +93,7 @@ fn a_hang_and_an_early_exit_each_cost_their_rows_only_and_nothing_is_left_runnin
     let out = dry_run(
         &marker,
         results.path(),
-        "hang:steps.tensors,exit:grow-report.grow",
+        "hang:steps.tensors,exit:grow-report.grow,exit:suspend.checked",
         &["--section-deadline", "25"],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -141,6 +142,25 @@ fn a_hang_and_an_early_exit_each_cost_their_rows_only_and_nothing_is_left_runnin
     );
     assert_eq!(row(&rows, "probe-hooks ran").2, "pass");
 
+    // The suspend workload exits when asked for its checksum after the resume: the rows up to
+    // the resume passed, the two after it say why they have no figure.
+    for check in [
+        "suspend: agent suspended the session",
+        "suspend: NVML while suspended",
+        "suspend: process frozen",
+    ] {
+        assert_eq!(row(&rows, check).2, "pass", "{check}: {rows:#?}");
+    }
+    assert_eq!(row(&rows, "resume: time and rate").2, "info");
+    for check in ["resume: data intact", "resume: agent's accounting"] {
+        let r = row(&rows, check);
+        assert_eq!(r.2, "FAIL", "{r:?}");
+        assert!(
+            r.3.contains("ended before its checksum after the resume"),
+            "{r:?}"
+        );
+    }
+
     // Each row was appended to the results file as it was made, and logs were kept.
     let folder = std::fs::read_dir(results.path())
         .unwrap()
@@ -173,6 +193,54 @@ fn without_faults_every_row_is_made_and_passes() {
     let rows = table(&out);
     assert_eq!(rows.len(), PLANNED + 1, "{rows:#?}");
     assert!(rows.iter().all(|r| r.2 != "FAIL"), "{rows:#?}");
+    assert!(
+        leftovers(&marker).is_empty(),
+        "left running: {:?}",
+        leftovers(&marker)
+    );
+}
+
+/// The driver refuses the checkpoint: the agent ends the workload the kill way, its events leave
+/// the snapshot with it, and every suspend row says so with the driver's code, found in the
+/// agent's log where the snapshot no longer has it.
+#[test]
+#[ignore = "needs root (the late workload's cgroup)"]
+fn a_refused_suspension_fails_its_rows_with_the_drivers_code() {
+    let results = tempfile::tempdir().unwrap();
+    let marker = marker("refused");
+    let out = dry_run(
+        &marker,
+        results.path(),
+        "refuse:suspend",
+        &["--sections", "suspend"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "failed checks: {stderr}");
+    let rows = table(&out);
+    assert_eq!(rows.len(), 6 + 7, "setup and suspend only: {rows:#?}");
+    assert_eq!(
+        row(
+            &rows,
+            "driver's checkpoint state, without the agent (get-state)"
+        )
+        .2,
+        "info"
+    );
+    for check in [
+        "suspend: agent suspended the session",
+        "suspend: NVML while suspended",
+        "suspend: process frozen",
+        "resume: time and rate",
+        "resume: data intact",
+        "resume: agent's accounting",
+    ] {
+        let r = row(&rows, check);
+        assert_eq!(r.2, "FAIL", "{r:?}");
+        assert!(
+            r.3.contains("suspend_refused") && r.3.contains("CUDA_ERROR_NOT_SUPPORTED (801)"),
+            "{r:?}"
+        );
+    }
     assert!(
         leftovers(&marker).is_empty(),
         "left running: {:?}",

@@ -18,6 +18,10 @@ use super::{
     share_row, share_verdict,
 };
 
+pub mod suspend;
+
+use suspend::{ACCOUNTING, DRIVER_STATE, FROZEN, INTACT, NVML_SUSPENDED, RATE, SUSPENDED};
+
 const GIB: u64 = 1 << 30;
 /// How long one workload step may take to print its record.
 const STEP: Duration = Duration::from_mins(1);
@@ -96,6 +100,18 @@ pub fn plan() -> Vec<(String, Vec<String>)> {
                 "training step of a small MLP",
                 "cudaMalloc + cudaFree of 2 MiB",
                 "agent counters rose during the runs with it",
+            ]),
+        ),
+        (
+            "suspend".into(),
+            s(&[
+                DRIVER_STATE,
+                SUSPENDED,
+                NVML_SUSPENDED,
+                FROZEN,
+                RATE,
+                INTACT,
+                ACCOUNTING,
             ]),
         ),
         ("throttle".into(), throttle),

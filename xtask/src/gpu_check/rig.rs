@@ -95,6 +95,20 @@ impl Kit {
         }
     }
 
+    /// The suspend section's workload (`suspend.py`; `dry.py workload suspend` in a dry run).
+    fn suspend_argv(&self) -> Vec<OsString> {
+        if self.dry {
+            let mut argv = self.workload_argv();
+            argv.push("suspend".into());
+            argv
+        } else {
+            vec![
+                self.python.clone().into(),
+                self.scripts.join("suspend.py").into(),
+            ]
+        }
+    }
+
     fn nvml(&self, state: &Path) -> Command {
         let mut c = Command::new(&self.python);
         if self.dry {
@@ -113,6 +127,23 @@ impl Kit {
 /// # Errors
 /// It can't start, takes longer than `limit` (it is killed), or exits non-zero.
 pub fn capture(cmd: Command, label: &str, log: &Path, limit: Duration) -> anyhow::Result<Vec<u8>> {
+    let (status, out) = run_to_end(cmd, label, log, limit)?;
+    if !status.success() {
+        bail!("{label} failed ({status}); {}", tail(log, 3));
+    }
+    Ok(out)
+}
+
+/// Runs `cmd` to its end within `limit`; its exit status and stdout, whatever the status.
+///
+/// # Errors
+/// It can't start, or takes longer than `limit` (it is killed).
+pub fn run_to_end(
+    cmd: Command,
+    label: &str,
+    log: &Path,
+    limit: Duration,
+) -> anyhow::Result<(ExitStatus, Vec<u8>)> {
     let mut g = Guard::spawn(cmd, label, log, true, false)?;
     let mut out = g.take_stdout().context("no stdout")?;
     let reader = std::thread::spawn(move || {
@@ -124,11 +155,7 @@ pub fn capture(cmd: Command, label: &str, log: &Path, limit: Duration) -> anyhow
         g.kill();
         bail!("{label} took longer than {} s", limit.as_secs());
     };
-    let buf = reader.join().unwrap_or_default();
-    if !status.success() {
-        bail!("{label} failed ({status}); {}", tail(log, 3));
-    }
-    Ok(buf)
+    Ok((status, reader.join().unwrap_or_default()))
 }
 
 /// One GPU as NVML sees it; a figure NVML can't give is `None`.
@@ -465,6 +492,50 @@ impl Rig {
         serde_json::from_slice(&out).context("probe-hooks printed no JSON")
     }
 
+    /// `gpuwarden-agent VERB --session SESSION` on the agent's socket (`suspend`,
+    /// `resume-suspended`): what it printed. The agent answers at once and acts after; the
+    /// outcome shows in the session's events.
+    ///
+    /// # Errors
+    /// The agent refused the request, or no agent answers within 30 s.
+    pub fn agent_request(&self, verb: &str, session: &str) -> anyhow::Result<String> {
+        let mut cmd = self.kit.tool("gpuwarden-agent", &self.dry_state());
+        cmd.args([verb, "--session", session, "--socket"])
+            .arg(self.socket());
+        let out = capture(
+            cmd,
+            verb,
+            &self.out.join("agent-requests.log"),
+            Duration::from_secs(30),
+        )?;
+        Ok(String::from_utf8_lossy(&out).trim().to_owned())
+    }
+
+    /// One call of the agent's checkpoint helper, as the agent makes it but without the agent
+    /// (`gpuwarden-agent checkpoint --pid PID --action ACTION`): its exit status and the line
+    /// it printed, whatever the status (3: the driver refused, 1: the call could not be made).
+    ///
+    /// # Errors
+    /// It can't be started or takes longer than 60 s.
+    pub fn checkpoint_call(&self, pid: u32, action: &str) -> anyhow::Result<(ExitStatus, String)> {
+        let mut cmd = self.kit.tool("gpuwarden-agent", &self.dry_state());
+        cmd.args(["checkpoint", "--pid", &pid.to_string(), "--action", action]);
+        let (status, out) = run_to_end(
+            cmd,
+            "checkpoint helper",
+            &self.out.join("checkpoint-helper.log"),
+            Duration::from_mins(1),
+        )?;
+        Ok((status, String::from_utf8_lossy(&out).trim().to_owned()))
+    }
+
+    /// The current agent's log.
+    #[must_use]
+    pub fn agent_log(&self) -> Option<PathBuf> {
+        let n = self.runs.load(Ordering::SeqCst);
+        (n > 0).then(|| self.out.join(format!("agent-{n}.log")))
+    }
+
     /// NVML now.
     ///
     /// # Errors
@@ -528,6 +599,36 @@ impl Rig {
         args: &[&str],
     ) -> anyhow::Result<Workload> {
         let program = self.kit.workload_argv();
+        self.start_workload(&program, section, label, resources, policy, cgroup, args)
+    }
+
+    /// Starts the suspend section's workload (`suspend.py`) with `args`, in a session with
+    /// `resources` through `gpuwarden run`.
+    ///
+    /// # Errors
+    /// It can't be started.
+    pub fn suspend_workload(
+        &self,
+        section: &Section,
+        label: &str,
+        resources: &[String],
+        args: &[&str],
+    ) -> anyhow::Result<Workload> {
+        let program = self.kit.suspend_argv();
+        self.start_workload(&program, section, label, resources, None, None, args)
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "the two callers above name them")]
+    fn start_workload(
+        &self,
+        program: &[OsString],
+        section: &Section,
+        label: &str,
+        resources: &[String],
+        policy: Option<&str>,
+        cgroup: Option<&Path>,
+        args: &[&str],
+    ) -> anyhow::Result<Workload> {
         let mut cmd = if resources.is_empty() {
             if let Some(cg) = cgroup {
                 // The shell joins the cgroup, then becomes the workload: nothing runs outside it.
@@ -535,7 +636,7 @@ impl Rig {
                 c.arg("-c")
                     .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
                     .arg(cg)
-                    .args(&program);
+                    .args(program);
                 c
             } else {
                 let mut c = Command::new(&program[0]);
@@ -553,7 +654,7 @@ impl Rig {
             if let Some(p) = policy {
                 c.args(["--memory-policy", p]);
             }
-            c.arg("--").args(&program);
+            c.arg("--").args(program);
             c
         };
         cmd.args(args).env("GPUCHECK_DRY_STATE", self.dry_state());

@@ -489,7 +489,9 @@ fn the_plan_runs_the_longest_section_last_and_sections_can_be_picked() {
     let names: Vec<String> = checks::plan().into_iter().map(|(s, _)| s).collect();
     assert_eq!(
         names,
-        ["setup", "memory", "limit", "hooks", "cost", "throttle"]
+        [
+            "setup", "memory", "limit", "hooks", "cost", "suspend", "throttle"
+        ]
     );
     let mut args = Args {
         seconds: 10.0,

@@ -1,0 +1,607 @@
+//! The suspend section (issue 38, docs/suspend.md): a PyTorch workload holding 4 GiB of
+//! seeded data in a session of its own is suspended through the agent's local command, held to
+//! NVML (its GPU memory released) and to the kernel (its cgroup frozen), resumed, and its data
+//! checked against the checksum it printed before; the agent's count after the resume is held
+//! to NVML's to the byte. The driver's own answer for the process, asked without the agent,
+//! comes first. Where the driver refuses, the agent falls back to the kill path and the rows say
+//! so with the driver's code.
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+
+use super::{
+    GIB, STEP, agent_bytes, cgroup2_root, ensure_agent, held, held_to_nvml, row, session_gib,
+    settle, sub, verdict,
+};
+use crate::gpu_check::{
+    MIB, Record, Row, Verdict, container_bytes, process_state,
+    rig::{Nvml, Rig},
+    runner::{Section, tail},
+};
+
+/// The checkpoint helper's answer for the workload, asked before the agent acts.
+pub const DRIVER_STATE: &str = "driver's checkpoint state, without the agent (get-state)";
+/// The agent's `suspended` event for the session.
+pub const SUSPENDED: &str = "suspend: agent suspended the session";
+/// NVML's bytes for the suspended process.
+pub const NVML_SUSPENDED: &str = "suspend: NVML while suspended";
+/// The suspended process's cgroup frozen.
+pub const FROZEN: &str = "suspend: process frozen";
+/// How long each direction took, and the rate.
+pub const RATE: &str = "resume: time and rate";
+/// The workload's checksum after the resume against before.
+pub const INTACT: &str = "resume: data intact";
+/// The agent's count after the resume against NVML's.
+pub const ACCOUNTING: &str = "resume: agent's accounting";
+
+/// What the workload fills and checks (one tensor).
+const TENSOR_MIB: u64 = 4096;
+/// How long a suspension or a resumption may take to show in the agent's events (each
+/// direction: 4 GiB takes a few seconds; the agent bounds each driver call by 120 s).
+const SWITCH: Duration = Duration::from_mins(1);
+/// NVML's bytes for a suspended process are held below this: a CUDA context alone is about
+/// 612 MiB on an H200, so less means the 4 GiB tensor left the GPU; a checkpoint should leave 0.
+const SUSPENDED_MAX: u64 = GIB;
+
+/// A suspension or resumption as the agent's events tell it.
+#[derive(Debug)]
+struct Switch {
+    /// From the request to the snapshot that showed the event.
+    took: Duration,
+    /// What the agent says it took (the event's reason: "… in N ms …").
+    agent_ms: Option<u64>,
+    /// The event.
+    event: Value,
+    /// The session's events seen, in order (their actions).
+    actions: Vec<String>,
+}
+
+/// The suspend section: the driver's answer, then suspend, NVML and the freezer, then resume,
+/// the data and the agent's count.
+///
+/// # Errors
+/// A step the rest depends on failed (the rows not made say so).
+pub fn section(rig: &Rig, s: &Section, o: &super::Opts) -> anyhow::Result<()> {
+    ensure_agent(rig)?;
+    let total = rig
+        .nvml()?
+        .gpus
+        .first()
+        .and_then(|g| g.total)
+        .context("NVML gives no total memory to size the session by")?;
+    // Memory only, with room to spare: no compute share, so the throttle never holds it.
+    let gib = session_gib(total).max(TENSOR_MIB * MIB / GIB + 2);
+    let mem = vec![format!("cuda.mem={gib}g")];
+    s.doing("the suspend workload filling its 4 GiB");
+    let mut w = rig.suspend_workload(s, "suspend", &mem, &[&TENSOR_MIB.to_string()])?;
+    let filled = w.expect("its filled tensor", STEP)?;
+    if filled.name != "filled" {
+        bail!("the workload printed {} where filled was due", filled.name);
+    }
+    let pid = filled.pid;
+    let checksum = filled.fields["checksum"]
+        .as_str()
+        .context("the filled record has no checksum")?
+        .to_owned();
+    settle(o);
+    sub(s, DRIVER_STATE, || driver_state(rig, s, &filled));
+
+    s.doing("reading the session and its bytes before the suspension");
+    let snapshot = rig.snapshot()?;
+    let session = session_of(&snapshot, pid)
+        .with_context(|| format!("the agent shows no session holding pid {pid}"))?;
+    let agent_before = container_bytes(&snapshot, pid).map(|b| b.0);
+    let nvml_before = rig.nvml().and_then(|n| n.process_bytes(pid));
+    let before = format!(
+        "before: agent {}, NVML {}",
+        kib(agent_before.ok_or("no container")),
+        kib(nvml_before.as_ref().copied().map_err(|e| format!("{e:#}")))
+    );
+
+    s.doing(format!("suspending session {session}"));
+    let start = Instant::now();
+    rig.agent_request("suspend", &session)?;
+    let suspended = match await_event(rig, &session, "suspended", &["suspend_refused"], start) {
+        Ok(sw) => sw,
+        Err(e) => {
+            s.row(
+                row(
+                    s,
+                    SUSPENDED,
+                    "not suspended",
+                    "a `suspended` event",
+                    Verdict::Fail,
+                )
+                .note(format!("{e:#}; {before}")),
+            );
+            return Err(e.context("not suspended"));
+        }
+    };
+    s.row(suspended_row(s, &suspended, &before));
+    settle(o);
+    sub(s, NVML_SUSPENDED, || {
+        nvml_suspended(rig, s, pid, nvml_before.as_ref().ok().copied())
+    });
+    sub(s, FROZEN, || frozen(s, pid, o));
+
+    s.doing(format!("resuming session {session}"));
+    let start = Instant::now();
+    rig.agent_request("resume-suspended", &session)?;
+    let resumed =
+        await_event(rig, &session, "resumed", &["resume_failed"], start).context("not resumed")?;
+    s.row(rate_row(
+        s,
+        &suspended,
+        &resumed,
+        nvml_before.as_ref().ok().copied(),
+        held(&filled),
+    ));
+
+    s.doing("waiting for the workload's checksum after the resume");
+    w.go();
+    let checked = w.expect("its checksum after the resume", STEP)?;
+    if checked.name != "checked" {
+        bail!(
+            "the workload printed {} where checked was due",
+            checked.name
+        );
+    }
+    sub(s, INTACT, || intact(s, &checksum, &filled, &checked));
+    settle(o);
+    sub(s, ACCOUNTING, || {
+        let r = held_to_nvml(rig, s, ACCOUNTING, &checked)?;
+        let note = format!("{}; {before}", r.note);
+        Ok(r.note(note))
+    });
+    w.finish(Duration::from_secs(30));
+    Ok(())
+}
+
+/// The suspension's row: how long it took, the events, the figures before.
+fn suspended_row(s: &Section, suspended: &Switch, before: &str) -> Row {
+    row(
+        s,
+        SUSPENDED,
+        format!(
+            "suspended in {:.1} s (the agent: {})",
+            suspended.took.as_secs_f64(),
+            suspended
+                .agent_ms
+                .map_or_else(|| "?".to_owned(), |ms| format!("{ms} ms"))
+        ),
+        "a `suspended` event",
+        Verdict::Pass,
+    )
+    .note(format!(
+        "events {}; {before}; the event's used_bytes {} KiB; {}",
+        suspended.actions.join(", "),
+        suspended.event["used_bytes"].as_u64().unwrap_or(0) / 1024,
+        suspended.event["reason"].as_str().unwrap_or_default()
+    ))
+}
+
+/// KiB of a figure, or why it is missing.
+fn kib(bytes: Result<u64, impl std::fmt::Display>) -> String {
+    bytes.map_or_else(|e| format!("? ({e})"), |b| format!("{} KiB", b / 1024))
+}
+
+/// `gpuwarden-agent checkpoint --pid PID --action get-state`, as the agent would run it but
+/// without the agent: whether the helper loads the driver library and the driver answers for
+/// this process at all, before anything depends on it.
+fn driver_state(rig: &Rig, s: &Section, filled: &Record) -> anyhow::Result<Row> {
+    let (status, line) = rig.checkpoint_call(filled.pid, "get-state")?;
+    let libcuda = filled.fields["libcuda"].as_str().unwrap_or("?");
+    let answer: Value = serde_json::from_str(&line).with_context(|| {
+        format!(
+            "the helper printed no JSON ({status}): {line:?}; {}",
+            tail(&rig.out.join("checkpoint-helper.log"), 3)
+        )
+    })?;
+    let ok = answer["result"] == "ok";
+    Ok(row(
+        s,
+        DRIVER_STATE,
+        if ok {
+            format!("state {}", answer["state"].as_str().unwrap_or("?"))
+        } else {
+            line.clone()
+        },
+        "an answer from the driver (`running` expected)",
+        if ok { Verdict::Info } else { Verdict::Fail },
+    )
+    .note(format!("{line} ({status}); the workload maps {libcuda}")))
+}
+
+/// The session of the container holding `pid`, in a snapshot.
+#[must_use]
+pub fn session_of(snapshot: &Value, pid: u32) -> Option<String> {
+    snapshot["containers"].as_array()?.iter().find(|c| {
+        c["pids"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p.as_u64() == Some(u64::from(pid))))
+    })?["session_id"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// The events of `session` in a snapshot (from each container mapped under it, once each).
+#[must_use]
+pub fn session_events(snapshot: &Value, session: &str) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    for c in snapshot["containers"].as_array().into_iter().flatten() {
+        if c["session_id"].as_str() != Some(session) {
+            continue;
+        }
+        for e in c["events"].as_array().into_iter().flatten() {
+            if !out.contains(e) {
+                out.push(e.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The milliseconds an event's reason says an action took ("… frozen in 1234 ms; …").
+#[must_use]
+pub fn took_ms(reason: &str) -> Option<u64> {
+    reason.split(" in ").skip(1).find_map(|rest| {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let after = &rest[digits.len()..];
+        (!digits.is_empty() && after.starts_with(" ms"))
+            .then(|| digits.parse().ok())
+            .flatten()
+    })
+}
+
+/// Text without the terminal's colour sequences (`ESC [ … letter`), as a log may hold them.
+#[must_use]
+pub fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The last line of an agent's log recording one of `actions` for `session`, colours removed:
+/// the events of a session the agent has just ended the kill way leave its snapshot with it.
+#[must_use]
+pub fn logged_event(log: &str, session: &str, actions: &[&str]) -> Option<String> {
+    log.lines()
+        .rev()
+        .map(plain)
+        .find(|l| l.contains(session) && actions.iter().any(|a| l.contains(a)))
+        .map(|l| l.trim().to_owned())
+}
+
+/// Waits for the agent's `want` event for `session` (a snapshot every 100 ms), from `start`;
+/// one of `failures` (in the snapshot, or in the agent's log once the session has left the
+/// snapshot) ends the wait with its reason, the driver's code in it.
+fn await_event(
+    rig: &Rig,
+    session: &str,
+    want: &str,
+    failures: &[&str],
+    start: Instant,
+) -> anyhow::Result<Switch> {
+    let mut actions: Vec<String> = Vec::new();
+    let mut last_error = String::new();
+    let seen = |actions: &[String]| {
+        if actions.is_empty() {
+            "none".to_owned()
+        } else {
+            actions.join(", ")
+        }
+    };
+    loop {
+        match rig.snapshot() {
+            Ok(snapshot) => {
+                let events = session_events(&snapshot, session);
+                if !events.is_empty() {
+                    actions = events
+                        .iter()
+                        .map(|e| e["action"].as_str().unwrap_or("?").to_owned())
+                        .collect();
+                }
+                if let Some(e) = events.iter().find(|e| e["action"] == want) {
+                    return Ok(Switch {
+                        took: start.elapsed(),
+                        agent_ms: took_ms(e["reason"].as_str().unwrap_or_default()),
+                        event: e.clone(),
+                        actions,
+                    });
+                }
+                let failure = events
+                    .iter()
+                    .find(|e| failures.iter().any(|f| e["action"].as_str() == Some(*f)));
+                if let Some(e) = failure {
+                    bail!(
+                        "{}: {} (events {})",
+                        e["action"].as_str().unwrap_or("?"),
+                        e["reason"].as_str().unwrap_or("no reason given"),
+                        seen(&actions)
+                    );
+                }
+            }
+            Err(e) => last_error = format!("; the last snapshot: {e:#}"),
+        }
+        let log = rig
+            .agent_log()
+            .and_then(|p| std::fs::read_to_string(p).ok());
+        if let Some(line) = log.and_then(|l| logged_event(&l, session, failures)) {
+            bail!("the agent's log: {line} (events seen {})", seen(&actions));
+        }
+        if start.elapsed() > SWITCH {
+            bail!(
+                "no {want} event within {} s (events seen {}){last_error}",
+                SWITCH.as_secs(),
+                seen(&actions)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// NVML's bytes for the suspended process: none listed, or less than a context.
+fn nvml_suspended(rig: &Rig, s: &Section, pid: u32, before: Option<u64>) -> anyhow::Result<Row> {
+    let nvml = rig.nvml()?;
+    let (bytes, said) = suspended_bytes(&nvml, pid)?;
+    let agent = agent_bytes(rig, pid).map(|b| b.0);
+    Ok(row(
+        s,
+        NVML_SUSPENDED,
+        said,
+        format!(
+            "< {} KiB (less than a CUDA context; before: {})",
+            SUSPENDED_MAX / 1024,
+            before.map_or_else(|| "?".to_owned(), |b| format!("{} KiB", b / 1024))
+        ),
+        verdict(bytes < SUSPENDED_MAX),
+    )
+    .note(format!(
+        "the agent's count meanwhile: {}",
+        kib(agent.map_err(|e| format!("{e:#}")))
+    )))
+}
+
+/// NVML's bytes for `pid` and how to say them: a process NVML no longer lists holds nothing.
+///
+/// # Errors
+/// NVML lists it without a figure.
+pub fn suspended_bytes(nvml: &Nvml, pid: u32) -> anyhow::Result<(u64, String)> {
+    if !nvml.gpus.iter().any(|g| g.processes.contains_key(&pid)) {
+        return Ok((0, format!("NVML lists no process {pid} (0 KiB)")));
+    }
+    let bytes = nvml.process_bytes(pid)?;
+    Ok((bytes, format!("NVML {} KiB", bytes / 1024)))
+}
+
+/// The cgroup v2 directory of `pid`.
+fn cgroup_dir(pid: u32) -> anyhow::Result<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .with_context(|| format!("process {pid} is gone"))?;
+    let path = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .with_context(|| format!("process {pid} is in no cgroup v2"))?;
+    let mounts = std::fs::read_to_string("/proc/self/mounts")?;
+    let root = cgroup2_root(&mounts).context("no cgroup v2 hierarchy mounted")?;
+    Ok(root.join(path.trim_start_matches('/')))
+}
+
+/// `frozen` of a `cgroup.events` file's text.
+#[must_use]
+pub fn events_frozen(text: &str) -> Option<bool> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("frozen "))
+        .map(|v| v.trim() == "1")
+}
+
+/// The CPU time (user + system clock ticks, all threads) of `pid`.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
+    // After the name: state is field 3, utime 14 and stime 15.
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// The suspended process: its cgroup says frozen (or it is stopped), and it uses no CPU.
+fn frozen(s: &Section, pid: u32, o: &super::Opts) -> anyhow::Result<Row> {
+    let dir = cgroup_dir(pid)?;
+    // The root cgroup has no `cgroup.events` (a stand-in workload may run there).
+    let events = std::fs::read_to_string(dir.join("cgroup.events"));
+    let frozen = events.as_deref().ok().and_then(events_frozen);
+    let state = process_state(pid).context("the process is gone")?;
+    let window = if o.dry {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_secs(1)
+    };
+    let ticks = cpu_ticks(pid);
+    std::thread::sleep(window);
+    let ran = ticks
+        .zip(cpu_ticks(pid))
+        .map_or_else(|| "?".to_owned(), |(a, b)| format!("+{}", b - a));
+    Ok(row(
+        s,
+        FROZEN,
+        format!(
+            "cgroup.events frozen {}, state {}",
+            frozen.map_or("?", |f| if f { "1" } else { "0" }),
+            state
+        ),
+        "frozen 1 (or stopped, T)",
+        verdict(frozen == Some(true) || state == 'T'),
+    )
+    .note(format!(
+        "CPU ticks over {} ms: {ran}; {}/cgroup.events{}",
+        window.as_millis(),
+        dir.display(),
+        events
+            .err()
+            .map_or_else(String::new, |e| format!(" unreadable: {e}"))
+    )))
+}
+
+/// Seconds and GiB/s each way, from the agent's own figure where its event gave one.
+fn rate_row(
+    s: &Section,
+    suspended: &Switch,
+    resumed: &Switch,
+    nvml_before: Option<u64>,
+    tensor: u64,
+) -> Row {
+    let (bytes, what) = nvml_before.map_or((tensor, "the tensor's bytes"), |b| {
+        (b, "NVML's bytes for the process before")
+    });
+    #[expect(clippy::cast_precision_loss, reason = "bytes to GiB")]
+    let gib = bytes as f64 / GIB as f64;
+    #[expect(clippy::cast_precision_loss, reason = "milliseconds")]
+    let secs = |sw: &Switch| {
+        sw.agent_ms
+            .map_or_else(|| sw.took.as_secs_f64(), |ms| ms as f64 / 1e3)
+    };
+    let way = |sw: &Switch| {
+        let t = secs(sw);
+        if t > 0.0 {
+            format!("{t:.2} s ({:.2} GiB/s)", gib / t)
+        } else {
+            format!("{t:.2} s")
+        }
+    };
+    let ms = |sw: &Switch| {
+        sw.agent_ms
+            .map_or_else(|| "?".to_owned(), |ms| format!("{ms} ms"))
+    };
+    row(
+        s,
+        RATE,
+        format!("suspend {}, resume {}", way(suspended), way(resumed)),
+        format!("{gib:.2} GiB ({what})"),
+        Verdict::Info,
+    )
+    .note(format!(
+        "the agent's own: lock + checkpoint + freeze {}, thaw + restore + unlock {}; from the \
+         command to the event in a snapshot {:.2} s and {:.2} s; resumed: {}",
+        ms(suspended),
+        ms(resumed),
+        suspended.took.as_secs_f64(),
+        resumed.took.as_secs_f64(),
+        resumed.event["reason"].as_str().unwrap_or_default()
+    ))
+}
+
+/// The checksum after the resume against the one before.
+fn intact(s: &Section, before: &str, filled: &Record, checked: &Record) -> anyhow::Result<Row> {
+    let after = checked.fields["checksum"]
+        .as_str()
+        .context("the checked record has no checksum")?;
+    let reserved = |r: &Record| kib(r.fields["torch_reserved"].as_u64().ok_or("no figure"));
+    Ok(row(
+        s,
+        INTACT,
+        format!("checksum {after}"),
+        format!("before: {before}"),
+        verdict(after == before),
+    )
+    .note(format!(
+        "{} MiB of seeded int64 data; the workload stood still {:.1} s at most ({} heartbeats); \
+         PyTorch reserved {} before, {} after; checksum took {:.2} s",
+        held(checked) / MIB,
+        checked.number("longest_gap_s").unwrap_or(f64::NAN),
+        checked.number("heartbeats").unwrap_or(f64::NAN),
+        reserved(filled),
+        reserved(checked),
+        checked.number("checksum_s").unwrap_or(f64::NAN)
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_time_an_event_says_it_took() {
+        assert_eq!(
+            took_ms(
+                "suspended (suspended through the agent's socket): 1 processes checkpointed to \
+                 host memory and the cgroup frozen in 2345 ms; their GPU memory is released"
+            ),
+            Some(2345)
+        );
+        assert_eq!(
+            took_ms(
+                "resumed after 3 s suspended (x in y): 1 processes restored and unlocked in 812 ms"
+            ),
+            Some(812)
+        );
+        assert_eq!(took_ms("killed in 30000ms"), None);
+        assert_eq!(took_ms("nothing"), None);
+    }
+
+    #[test]
+    fn finds_a_sessions_events_and_a_refusal_in_the_log() {
+        let snapshot = serde_json::json!({"containers": [
+            {"pids": [7], "session_id": "s1", "events": [{"action": "suspend"}]},
+            {"pids": [8], "session_id": "s1", "events": [{"action": "suspend"},
+                                                         {"action": "suspended"}]},
+            {"pids": [9], "session_id": "s2", "events": [{"action": "bound"}]},
+            {"pids": [10]}
+        ]});
+        assert_eq!(session_of(&snapshot, 8).as_deref(), Some("s1"));
+        assert_eq!(session_of(&snapshot, 10), None);
+        assert_eq!(session_of(&snapshot, 11), None);
+        let events = session_events(&snapshot, "s1");
+        let actions: Vec<&str> = events
+            .iter()
+            .map(|e| e["action"].as_str().unwrap())
+            .collect();
+        assert_eq!(actions, ["suspend", "suspended"]);
+
+        let log = "INFO x: suspending session=\"s1\" action=\"suspend\"\n\
+                   \u{1b}[32m INFO\u{1b}[0m events: not suspended (process 7: \
+                   CUDA_ERROR_NOT_SUPPORTED (801)) \u{1b}[3msession\u{1b}[0m\u{1b}[2m=\u{1b}[0m\"s1\" \
+                   action=\"suspend_refused\"\n";
+        let line = logged_event(log, "s1", &["suspend_refused"]).unwrap();
+        assert!(line.starts_with("INFO events: not suspended"), "{line}");
+        assert!(
+            line.contains("(801)") && line.contains("session=\"s1\""),
+            "{line}"
+        );
+        assert_eq!(logged_event(log, "s2", &["suspend_refused"]), None);
+    }
+
+    #[test]
+    fn a_process_nvml_no_longer_lists_holds_nothing() {
+        let nvml = Nvml {
+            driver: None,
+            gpus: vec![crate::gpu_check::rig::NvmlGpu {
+                processes: [(7, Some(4096)), (8, None)].into(),
+                ..Default::default()
+            }],
+        };
+        assert_eq!(suspended_bytes(&nvml, 9).unwrap().0, 0);
+        assert_eq!(suspended_bytes(&nvml, 7).unwrap().0, 4096);
+        assert!(
+            suspended_bytes(&nvml, 8).is_err(),
+            "listed without a figure"
+        );
+        assert_eq!(events_frozen("populated 1\nfrozen 1\n"), Some(true));
+        assert_eq!(events_frozen("populated 1\nfrozen 0\n"), Some(false));
+        assert_eq!(events_frozen("populated 1\n"), None);
+    }
+}
