@@ -151,6 +151,10 @@ layered! {
         /// Milliseconds a slot's holder is frozen before another's slot starts (`slots` mode).
         #[arg(skip)]
         pub throttle_guard_ms: Option<u64>,
+        /// What a slot costs its holder (`slots` mode): `held` (its whole length, the default)
+        /// or `busy` (the GPU's busy time measured in it).
+        #[arg(skip)]
+        pub throttle_charge: Option<crate::enforcement::throttle::Charge>,
         /// Seconds a quota waits for its workload's cgroup before it expires.
         #[arg(skip)]
         pub binding_timeout_secs: Option<u64>,
@@ -335,6 +339,7 @@ impl AgentConfig {
                 slots: crate::enforcement::throttle::SlotConfig {
                     slot: Duration::from_millis(s.throttle_slot_ms.unwrap_or(120).clamp(20, 2_000)),
                     guard: Duration::from_millis(s.throttle_guard_ms.unwrap_or(3).clamp(0, 50)),
+                    charge: s.throttle_charge.unwrap_or_default(),
                 },
                 ..crate::enforcement::throttle::ThrottleConfig::with_period(Duration::from_millis(
                     s.throttle_period_ms.unwrap_or(100).clamp(10, 10_000),

@@ -149,7 +149,8 @@ def agent(args):
             "throttle_mode": "slots",
             "throttle_signals": [{"device": "nvidia0", "period_us": 166667, "jitter_us": 0,
                                   "samples": 0, "late_samples": 0, "gaps": 0,
-                                  "unattributed_ms": 0}],
+                                  "unattributed_ms": 0, "read_mean_us": 900,
+                                  "read_max_us": 2400}],
         }))
         return 0
     if cmd in ("suspend", "resume-suspended"):

@@ -22,6 +22,9 @@ A figure NVML can't give is null, never 0.
   nvml.py summary PATH          what a recording shows: the device sample period (median gap)
                                 and jitter, where process samples fall after the device sample
                                 before them, how late samples are read, and whether GPM works.
+  nvml.py periods PATH          the gaps between a recording's device samples (GPU 0), µs, one a
+                                line, in order: what the throttle's GPU model replays
+                                (agent/src/enforcement/throttle/gpu_sim/).
 """
 
 import json
@@ -315,9 +318,28 @@ def summary(path):
     return 0
 
 
+def periods(path):
+    """The gaps between a recording's device samples of GPU 0, µs, one a line (module doc)."""
+    device = []
+    with open(path) as f:
+        for text in f:
+            try:
+                r = json.loads(text)
+            except ValueError:
+                continue
+            if r.get("kind") == "device" and r.get("gpu") == 0:
+                device.append(r["ts_us"])
+    device = sorted(set(device))
+    for a, b in zip(device, device[1:]):
+        print(b - a)
+    return 0
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "record":
         sys.exit(record(float(sys.argv[2]), sys.argv[3]))
     if len(sys.argv) > 1 and sys.argv[1] == "summary":
         sys.exit(summary(sys.argv[2]))
+    if len(sys.argv) > 1 and sys.argv[1] == "periods":
+        sys.exit(periods(sys.argv[2]))
     sys.exit(main())

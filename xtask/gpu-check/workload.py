@@ -12,8 +12,9 @@ Modes:
   grow MIB       allocate MIB-sized tensors one by one, each after a go-ahead, until stopped,
                  killed or refused (an out-of-memory error is reported as an `oom` step)
   matmul SECS    fp16 matmuls in a loop for SECS seconds: a `started` step, then the rate and
-                 the GPU time the tenant got (each kernel between its own CUDA events; the
-                 batch's events, which also count idling inside a held batch, beside it)
+                 the GPU time the tenant got (each kernel between its own CUDA events, less
+                 the freezes some spans hold: see `kernel_time`; the raw sum and the batch's
+                 events, which also count idling inside a held batch, beside it)
   cost STEPS PAIRS   warmed up: a small MLP's training steps (mean time per step), then
                  cudaMalloc + cudaFree of 2 MiB PAIRS times (mean time per pair)
 
@@ -148,7 +149,8 @@ def matmul(seconds):
     # The batch's pair alone also counts the GPU idling inside the batch while the throttle
     # holds the process between two launches, which is not GPU time the tenant got.
     kernels = [(timed(), timed()) for _ in range(10)]
-    done, gpu_ms, kernel_ms, start = 0, 0.0, 0.0, time.monotonic()
+    done, gpu_ms, start = 0, 0.0, time.monotonic()
+    spans = []
     while time.monotonic() - start < seconds:
         begin, end = timed(), timed()
         begin.record()
@@ -159,12 +161,35 @@ def matmul(seconds):
         end.record()
         end.synchronize()
         gpu_ms += begin.elapsed_time(end)
-        kernel_ms += sum(k_begin.elapsed_time(k_end) for k_begin, k_end in kernels)
+        spans.extend(k_begin.elapsed_time(k_end) for k_begin, k_end in kernels)
         done += len(kernels)
     elapsed = time.monotonic() - start
+    kernel_ms, gaps, raw_ms = kernel_time(spans)
     report(event="result", name="matmul", rate=done / elapsed, seconds=elapsed,
            gpu_s=kernel_ms / 1e3, busy=kernel_ms / 1e3 / elapsed,
+           raw_busy=raw_ms / 1e3 / elapsed, gaps=gaps, kernel_median_ms=median(spans),
            batch_busy=gpu_ms / 1e3 / elapsed)
+
+
+def median(values):
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0.0
+
+
+def kernel_time(spans, over=4.0):
+    """The GPU time of kernels timed between their own events, less the idle some spans hold.
+
+    A span runs from its start event to its end event, as the GPU reached them. When the
+    process is frozen after queueing the start event and before queueing the kernel or the end
+    event, the GPU reaches the start event, drains and idles until the process is thawed: that
+    span holds the freeze (tens to thousands of ms) beside one kernel (a fraction of a ms), and
+    the same matmul cannot take several times its median on any clock (1,470 to 1,980 MHz). Such
+    a span counts as the median kernel. Returns (kernel ms, spans so counted, raw ms).
+    """
+    mid = median(spans)
+    raw = sum(spans)
+    gaps = [d for d in spans if d > over * mid]
+    return raw - sum(gaps) + len(gaps) * mid, len(gaps), raw
 
 
 def cost(steps, pairs):

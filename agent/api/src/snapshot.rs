@@ -193,6 +193,12 @@ pub struct SignalView {
     pub gaps: u64,
     /// GPU busy time that fell in no one's slot, ms.
     pub unattributed_ms: u64,
+    /// The slowest read of the signal (one NVML call per GPU and tick), µs.
+    #[serde(default)]
+    pub read_max_us: u64,
+    /// The mean read of the signal, µs.
+    #[serde(default)]
+    pub read_mean_us: u64,
 }
 
 /// GPU activity of one cgroup (a container, a pod, a systemd unit or the host).

@@ -271,3 +271,16 @@ fn the_prometheus_endpoint_beyond_loopback_is_refused_unless_allowed() {
     .unwrap();
     beyond("prometheus_listen = \"[::1]:9464\"\n", None).unwrap();
 }
+
+#[test]
+fn slots_are_charged_as_held_unless_the_file_says_busy() {
+    use crate::enforcement::throttle::Charge;
+    let default = AgentConfig::load(None, Overrides::default()).unwrap();
+    assert_eq!(default.throttle.slots.charge, Charge::Held);
+    let (_dir, path) = write("charge", "throttle_charge = \"busy\"\n");
+    let busy = AgentConfig::load(Some(&path), Overrides::default()).unwrap();
+    assert_eq!(busy.throttle.slots.charge, Charge::Busy);
+    let (_dir, path) = write("charge-bad", "throttle_charge = \"used\"\n");
+    let err = AgentConfig::load(Some(&path), Overrides::default()).unwrap_err();
+    assert!(format!("{err:#}").contains("throttle_charge"), "{err:#}");
+}

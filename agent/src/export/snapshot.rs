@@ -101,6 +101,8 @@ pub(crate) fn build(
                 late_samples: h.late_samples,
                 gaps: h.gaps,
                 unattributed_ms: u64::try_from(h.unattributed.as_millis()).unwrap_or(u64::MAX),
+                read_max_us: micros(h.read_max),
+                read_mean_us: micros(h.read_mean),
             })
             .collect(),
     }

@@ -772,13 +772,23 @@ fn limit_report(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<Row> {
 /// power cap, so a tenant at 0.3 does 34 % of the work it does at full duty). In pairs under
 /// exclusive slots the two never run at once, so kernel time is still the tenant's own (under
 /// buckets a kernel also waits behind the other context, and kernel time overcounts), and the
-/// GPU stays busy, so the rate is fair too: pairs are held to both. `batch_busy` (whole batches
-/// of ten) also counts the GPU idling inside a batch while the process is frozen; it stays in the
-/// notes.
+/// GPU stays busy, so the rate is fair too: pairs are held to both.
+///
+/// A span whose process was frozen between queueing its start event and its end event also
+/// holds the GPU's idling until the thaw (the first H200 run of the slots: 31 % for a tenant at
+/// 0.1 that did 11.7 % of the work, with 2,000 kernels per second between freezes of a second):
+/// the workload counts such a span, several times the median, as the median kernel, and
+/// reports the raw sum (`raw_busy`) and how many it so counted (`gaps`) beside it, in the notes.
+/// `batch_busy` (whole batches of ten) also counts the GPU idling inside a batch; it stays in the
+/// notes too.
 struct Matmul {
     rate: f64,
     busy: f64,
     batch_busy: f64,
+    /// The kernel spans' plain sum per wall second, freezes included (absent in a rehearsal).
+    raw_busy: Option<f64>,
+    /// How many spans held a freeze.
+    gaps: Option<f64>,
     /// The agent's measured GPU time over the run, per wall second (from its snapshots).
     agent: Option<f64>,
     /// Time the throttle kept it frozen, per wall second.
@@ -803,9 +813,19 @@ impl Matmul {
     fn note(&self, before: &Matmul) -> String {
         let pct =
             |v: Option<f64>| v.map_or_else(|| "?".to_owned(), |v| format!("{:.1} %", v * 100.0));
+        let raw = self
+            .raw_busy
+            .zip(before.raw_busy)
+            .map_or_else(String::new, |(r, b)| {
+                format!(
+                    ", raw spans {:.1} % ({} held a freeze)",
+                    r / b * 100.0,
+                    self.gaps.unwrap_or_default()
+                )
+            });
         format!(
-            "work (rate) {:.1} %, kernel time {:.1} %, batch-timed {:.1} %; agent's GPU time {}, \
-             frozen {}; {}",
+            "work (rate) {:.1} %, kernel time {:.1} %{raw}, batch-timed {:.1} %; agent's GPU \
+             time {}, frozen {}; {}",
             self.rate_share(before) * 100.0,
             self.time_share(before) * 100.0,
             self.batch_busy / before.batch_busy * 100.0,
@@ -884,6 +904,8 @@ fn matmuls(
             rate: r.number("rate").context("no rate")?,
             busy: r.number("busy").context("no busy")?,
             batch_busy: r.number("batch_busy").context("no batch_busy")?,
+            raw_busy: r.number("raw_busy"),
+            gaps: r.number("gaps"),
             agent: agent.as_ref().ok().map(|a| a.0),
             throttled: agent.as_ref().ok().map(|a| a.1),
             window,
@@ -1090,7 +1112,7 @@ fn signal_row(rig: &Rig, s: &Section, stream: &Path) {
             check,
             format!(
                 "period {} µs, jitter {} µs, process samples {} µs after the device's; agent: \
-                 mode {}, period {} µs, late {}, unattributed {} ms",
+                 mode {}, period {} µs, late {}, unattributed {} ms, reads {} µs (slowest {} µs)",
                 summary["period_us"],
                 summary["jitter_us"],
                 summary["process_offset_us"]["median"],
@@ -1098,6 +1120,8 @@ fn signal_row(rig: &Rig, s: &Section, stream: &Path) {
                 view["period_us"],
                 view["late_samples"],
                 view["unattributed_ms"],
+                view["read_mean_us"],
+                view["read_max_us"],
             ),
             "a sample period seen",
             verdict(period.is_some()),

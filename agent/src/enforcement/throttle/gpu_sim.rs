@@ -6,8 +6,8 @@
 //! between the processes with queued work (processor sharing), and keeps running what is queued
 //! after a freeze, as a real GPU drains its queue.
 //!
-//! The driver's sampling, as NVML documents it: every sample period (1/6 s here, with a little
-//! jitter) one device sample — the percent of the period during which any kernel ran — and one
+//! The driver's sampling, as NVML documents it: every sample period (replayed from an H200's
+//! recording, or a fixed period with a little jitter) one device sample — the percent of the period during which any kernel ran — and one
 //! process sample for each process that had non-zero utilization in that period (its SM
 //! utilization percent), all stamped with the CPU's real time in µs; queries return the samples
 //! newer than a "last seen" timestamp, none being `NotFound` (an empty list here).
@@ -42,8 +42,15 @@ pub(crate) struct SimConfig {
     pub period_us: u64,
     /// Each period is longer or shorter by up to this (pseudo-random).
     pub jitter_us: u64,
+    /// The gaps between a real driver's samples, replayed in order (round and round) instead of
+    /// `period_us` and `jitter_us`.
+    pub periods_us: Option<&'static [u64]>,
     /// GPU work a thawed process keeps queued.
     pub depth_us: f64,
+    /// With a gap: a thawed process queues `depth_us` at once, waits for it to drain, and
+    /// queues the next batch this long after (a loop that synchronizes: the GPU idles in
+    /// between). Zero: it keeps its queue full.
+    pub host_gap_us: u64,
     /// Samples become visible to queries this long after their timestamp.
     pub publish_delay_us: u64,
     /// Process samples are stamped this long after the device sample of the same period.
@@ -66,7 +73,9 @@ impl Default for SimConfig {
         Self {
             period_us: 166_667,
             jitter_us: 2_000,
+            periods_us: None,
             depth_us: 2_000.0,
+            host_gap_us: 0,
             publish_delay_us: 0,
             process_offset_us: 0,
             device_samples: true,
@@ -78,25 +87,57 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
-    /// The H200 of `docs/gpu-check.md` as far as its figures tell (until a recording of its raw
-    /// streams replaces this): a sixth of a second between samples with 2 ms of jitter, process
-    /// samples on a rhythm of their own a quarter period after the device's, 2 ms of work
-    /// queued, and the clock rising 35 % when the GPU is held partly idle (1,980 against
-    /// 1,470 MHz). The quarter period is the calibration: it is what makes the bucket mode's
-    /// pairs miss by as much as they did there (up to 12.6 points).
+    /// The H200 as gpu-check recorded its NVML streams (2026-11-28, driver 580.159.04,
+    /// `xtask/gpu-check/recordings/`): the gaps between its device samples replayed in order
+    /// (median 199,992 µs, ± 3 ms around it mostly, 191–209 ms at the extremes), samples read
+    /// 15 ms after their timestamps, process samples stamped with the device sample of their
+    /// period; batches of 3 ms of work 0.1 ms apart (96.8 % busy at full duty: the recorded
+    /// matmul loop kept it 96.7 % busy alone), and the clock rising 35 % when the GPU is held
+    /// partly idle (1,980 against 1,470 MHz at its power cap).
     pub(crate) fn h200() -> Self {
         Self {
-            period_us: 166_667,
-            jitter_us: 2_000,
-            depth_us: 2_000.0,
-            publish_delay_us: 5_000,
+            period_us: 200_000,
+            jitter_us: 0,
+            periods_us: Some(h200_periods()),
+            depth_us: 3_000.0,
+            host_gap_us: 100,
+            publish_delay_us: 15_000,
             process_offset_us: 0,
             device_samples: true,
-            process_window_lag_us: Some(41_667),
+            process_window_lag_us: None,
             process_stagger_us: 0,
             boost: 0.35,
         }
     }
+
+    /// The model the bucket mode was calibrated on before the recording (from the figures of
+    /// `docs/gpu-check.md` alone): a sixth of a second between samples with 2 ms of jitter, and
+    /// process samples on a rhythm of their own a quarter period after the device's, which
+    /// makes the bucket mode's pairs miss by as much as they did on the H200 (up to 12.6
+    /// points).
+    pub(crate) fn h200_as_first_read() -> Self {
+        Self {
+            period_us: 166_667,
+            jitter_us: 2_000,
+            periods_us: None,
+            depth_us: 2_000.0,
+            host_gap_us: 0,
+            publish_delay_us: 5_000,
+            process_window_lag_us: Some(41_667),
+            ..Self::h200()
+        }
+    }
+}
+
+/// The gaps between the recorded H200's device samples, µs (`nvml.py periods` of the recording).
+fn h200_periods() -> &'static [u64] {
+    static PERIODS: std::sync::LazyLock<Vec<u64>> = std::sync::LazyLock::new(|| {
+        include_str!("gpu_sim/h200-periods.txt")
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    });
+    &PERIODS
 }
 
 /// NVML's timestamps are the CPU's real time: somewhere in 2025.
@@ -118,6 +159,8 @@ struct SimProcess {
     work: f64,
     /// Never submits work.
     idle: bool,
+    /// Host time since its last batch drained (with a host gap).
+    waited_us: u64,
     /// Own-rhythm sampling: when its next process sample is due, and when its last one was.
     next_sample_us: Option<u64>,
     last_sample_us: u64,
@@ -138,6 +181,8 @@ pub(crate) struct SimGpu {
     process: VecDeque<ProcessSample>,
     /// The GPU's recent duty (an average over about 50 ms), which sets its clock.
     duty: f64,
+    /// Samples taken (the next replayed period's index).
+    samples: usize,
 }
 
 impl SimGpu {
@@ -155,6 +200,7 @@ impl SimGpu {
             device: VecDeque::new(),
             process: VecDeque::new(),
             duty: 1.0,
+            samples: 0,
         }
     }
 
@@ -170,6 +216,7 @@ impl SimGpu {
             busy_in_window_us: 0.0,
             work: 0.0,
             idle: false,
+            waited_us: 0,
             next_sample_us: None,
             last_sample_us: 0,
         });
@@ -218,10 +265,22 @@ impl SimGpu {
     /// Runs the GPU for `dt_us`.
     pub(crate) fn step(&mut self, dt_us: u64) {
         let dt = dt_us as f64;
+        let gap = self.config.host_gap_us;
         for p in &mut self.processes {
-            if !p.frozen && !p.idle {
+            if p.frozen || p.idle {
+                continue;
+            }
+            if gap == 0 {
                 // A thawed process keeps its queue full.
                 p.queue_us = self.config.depth_us;
+            } else if p.queue_us <= 0.0 {
+                // Its host waits out the gap after a batch drains, then queues the next.
+                if p.waited_us >= gap {
+                    p.queue_us = self.config.depth_us;
+                    p.waited_us = 0;
+                } else {
+                    p.waited_us += dt_us;
+                }
             }
         }
         let ready = self.processes.iter().filter(|p| p.queue_us > 0.0).count();
@@ -313,6 +372,11 @@ impl SimGpu {
         }
         self.any_busy_in_period_us = 0.0;
         self.period_start_us = self.t_us;
+        if let Some(periods) = self.config.periods_us.filter(|p| !p.is_empty()) {
+            self.next_sample_us = self.t_us + periods[self.samples % periods.len()];
+            self.samples += 1;
+            return;
+        }
         let jitter = self.config.jitter_us;
         let offset = if jitter == 0 {
             0

@@ -60,7 +60,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use self::slots::SlotConfig;
+pub use self::slots::{Charge, SlotConfig};
 pub use self::usage::{
     BusyInterval, CpuTimeSignal, CpuTimeUsage, DeviceReading, DeviceSignal, SignalHealth, Usage,
     UsageSource, device, device_signal_for, sampled, usage_for,
@@ -307,6 +307,8 @@ struct Kernel {
     signal: Signal,
     /// The value of the marks it sets ([`thaw_marked`]).
     owner: String,
+    /// Per GPU: how long its signal's reads took (the slowest, the sum, how many).
+    reads: HashMap<u32, (Duration, Duration, u32)>,
 }
 
 impl Cgroups for Kernel {
@@ -321,7 +323,16 @@ impl Cgroups for Kernel {
 impl SlotKernel for Kernel {
     fn read(&mut self, gpu: u32, cgroups: &[&Path]) -> io::Result<DeviceReading> {
         match &mut self.signal {
-            Signal::Device(signal) => signal.read(gpu, cgroups),
+            Signal::Device(signal) => {
+                let started = Instant::now();
+                let reading = signal.read(gpu, cgroups);
+                let took = started.elapsed();
+                let (max, sum, n) = self.reads.entry(gpu).or_default();
+                *max = (*max).max(took);
+                *sum = sum.saturating_add(took);
+                *n = n.saturating_add(1);
+                reading
+            }
             Signal::PerCgroup(_) => Err(io::ErrorKind::Unsupported.into()),
         }
     }
@@ -489,6 +500,7 @@ pub fn spawn(
         kernel: Kernel {
             signal,
             owner: owner.to_owned(),
+            reads: HashMap::new(),
         },
         stats: Arc::clone(&stats),
     };
@@ -619,6 +631,10 @@ impl Loop {
                 .filter_map(|(gpu, unattributed)| {
                     signal.health(gpu).map(|mut h| {
                         h.unattributed = unattributed;
+                        if let Some(&(max, sum, n)) = self.kernel.reads.get(&gpu) {
+                            h.read_max = max;
+                            h.read_mean = sum / n.max(1);
+                        }
                         (gpu, h)
                     })
                 })

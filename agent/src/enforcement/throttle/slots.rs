@@ -10,7 +10,8 @@
 //!   slot ends, so that the work it queued drains inside its own slot (a GPU runs what was
 //!   submitted after the process is frozen). A holder that keeps the next slot is not frozen.
 //! - **A ledger, not gains.** Per cgroup and GPU, `entitled × elapsed − used`: a slot is charged
-//!   its whole length when it starts (the signal trails by a sample period or more), and the
+//!   its whole length when it starts ([`Charge::Held`], the default: a share is that share of the
+//!   GPU's time, so a tenant gets that share of what it does alone); with [`Charge::Busy`] the
 //!   difference to the measured busy time is settled once the signal has covered the slot. Among
 //!   the cgroups owed time, the next slot goes to the one with the least virtual time (charged
 //!   time over share: stride scheduling), so a GPU that delivers less than the shares add up to
@@ -54,16 +55,36 @@ pub struct SlotConfig {
     pub slot: Duration,
     /// How long before its slot ends a holder whose next slot is another's is frozen.
     pub guard: Duration,
+    /// What a slot costs its holder.
+    pub charge: Charge,
 }
 
 impl Default for SlotConfig {
-    /// 120 ms slots, a 3 ms guard (2.5 % of a slot at a switch).
+    /// 120 ms slots, a 3 ms guard (2.5 % of a slot at a switch), charged as held.
     fn default() -> Self {
         Self {
             slot: Duration::from_millis(120),
             guard: Duration::from_millis(3),
+            charge: Charge::Held,
         }
     }
+}
+
+/// What a slot costs its holder's ledger (`throttle_charge` in the agent's configuration).
+///
+/// A workload rarely keeps a GPU busy all the time it holds it: the H200's matmul loop, which
+/// synchronizes every ten kernels, kept it 96.7 % busy alone. Charged by busy time, a tenant at
+/// 0.9 was given slots until it had been busy 0.9 of the time, 93 % of the time it had alone
+/// (gpu-check, 2026-11-28); charged by the slots it holds, it gets 0.9 of the GPU's time and so
+/// 0.9 of what it does alone, the way a time-sliced vGPU's fixed share does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Charge {
+    /// A slot's whole length, used or not.
+    #[default]
+    Held,
+    /// The GPU's busy time the signal measured in the slot (the first slots' way).
+    Busy,
 }
 
 /// A holder whose slot showed less than this fraction of it busy is idle.
@@ -75,6 +96,9 @@ const MAX_DEBT_SLOTS: u32 = 10;
 
 /// A slot the signal has not covered this long after it ended is settled with what was measured.
 const SETTLE_AFTER: Duration = Duration::from_secs(1);
+
+/// Slots follow the signal's rhythm where its period is at most this many slots.
+const ALIGN_UP_TO: f64 = 2.0;
 
 /// The shortest slot, whatever the signal's period.
 const MIN_SLOT: Duration = Duration::from_millis(20);
@@ -234,7 +258,7 @@ impl Gpu {
 
     /// Settles the slots the signal has covered (or given up on): the ledger is corrected from
     /// the estimate to what was measured, and a holder that hardly used its slot turns idle.
-    fn settle(&mut self, now: Instant, slot: Duration) {
+    fn settle(&mut self, now: Instant, slot: Duration, charge: Charge) {
         while let Some(w) = self.windows.front() {
             let Some(end) = w.end else { break };
             let covered = self.covered.is_some_and(|c| c >= end);
@@ -247,7 +271,7 @@ impl Gpu {
             let Some(account) = w.holder.and_then(|h| self.accounts.get_mut(&h)) else {
                 continue;
             };
-            if w.charged {
+            if w.charged && charge == Charge::Busy {
                 let back = i64::try_from(w.estimate.as_nanos()).unwrap_or(i64::MAX)
                     - i64::try_from(w.measured.as_nanos()).unwrap_or(i64::MAX);
                 account.balance = account.balance.saturating_add(back);
@@ -378,6 +402,11 @@ impl Scheduler {
     /// Reads the signal, settles the ledger, moves to the next slot when one is due, and
     /// freezes or thaws each cgroup accordingly.
     pub(crate) fn tick(&mut self, now: Instant, sys: &mut dyn SlotKernel) {
+        // A guard or a slot's end that is due acts before the signal is read: a read can take
+        // milliseconds (NVML's), and a switch that waited for it would leave the GPU idle.
+        if self.slot_end.is_some() && self.advance(now) {
+            self.apply_all(now, sys);
+        }
         let gone = self.measure(now, sys);
         for key in gone {
             if let Some(cgroup) = self.cgroups.remove(&key) {
@@ -390,20 +419,33 @@ impl Scheduler {
             for account in gpu.accounts.values_mut() {
                 account.accrue(now, slot);
             }
-            gpu.settle(now, slot);
+            gpu.settle(now, slot, self.config.charge);
         }
+        self.advance(now);
+        self.apply_all(now, sys);
+    }
+
+    /// Chooses the next slot's holders at the guard, and starts the next slot at the current
+    /// one's end (or the first one); whether anything moved.
+    fn advance(&mut self, now: Instant) -> bool {
         match self.slot_end {
-            None => self.start_slot(now),
+            None => {
+                self.start_slot(now);
+                true
+            }
             Some(end) => {
+                let mut moved = false;
                 if self.next.is_none() && now + self.config.guard >= end {
                     self.next = Some(self.choose());
+                    moved = true;
                 }
                 if now >= end {
                     self.start_slot(now);
+                    moved = true;
                 }
+                moved
             }
         }
-        self.apply_all(now, sys);
     }
 
     /// Reads every GPU's signal into its slots; returns the cgroups that are gone.
@@ -456,12 +498,13 @@ impl Scheduler {
         gone
     }
 
-    /// The signal's rhythm, where slots follow it: a period not much longer than a slot (a
-    /// slower signal would make slots too coarse for small shares; slots then split its spans by
-    /// overlap).
+    /// The signal's rhythm, where slots follow it: a period at most twice a slot (a slower
+    /// signal would make slots too coarse for small shares; slots then split its spans by
+    /// overlap, which charges a slot for its neighbours' work). The H200's samples come every
+    /// 200 ms (recorded by gpu-check), so its slots are one period each.
     fn aligned_rhythm(&self) -> Option<(Instant, Duration)> {
         self.rhythm.filter(|(_, p)| {
-            !p.is_zero() && p.as_secs_f64() <= 1.5 * self.config.slot.as_secs_f64()
+            !p.is_zero() && p.as_secs_f64() <= ALIGN_UP_TO * self.config.slot.as_secs_f64()
         })
     }
 

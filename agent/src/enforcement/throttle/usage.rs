@@ -86,6 +86,11 @@ pub struct SignalHealth {
     pub gaps: u64,
     /// GPU busy time that fell in no one's slot (filled in by the throttle).
     pub unattributed: Duration,
+    /// The slowest read of the signal so far (filled in by the throttle): a slot's switch
+    /// waits for the read before it.
+    pub read_max: Duration,
+    /// The mean read of the signal (filled in by the throttle).
+    pub read_mean: Duration,
 }
 
 /// The GPU's own busy time, whoever ran: the signal of the exclusive-slot throttle, which knows

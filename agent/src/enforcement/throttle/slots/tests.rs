@@ -126,6 +126,7 @@ fn config() -> SlotConfig {
     SlotConfig {
         slot: Duration::from_millis(100),
         guard: Duration::from_millis(2),
+        charge: Charge::Held,
     }
 }
 
