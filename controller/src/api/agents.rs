@@ -186,7 +186,7 @@ impl AgentService for AgentApi {
                 let quiet = matches!(message.msg, Some(Msg::Heartbeat(_) | Msg::Usage(_)));
                 match change(&controller, &bounds, &node, message.msg) {
                     // Not awaited here: the next message is applied while this one commits.
-                    Ok(Some(pending)) => unsettled = Some(Box::pin(pending.durable())),
+                    Ok(Some(pending)) => settle_later(&mut unsettled, pending),
                     Ok(None) => {}
                     Err(e) => tracing::error!(%node, "persisting an agent message: {e}"),
                 }
@@ -207,6 +207,17 @@ impl AgentService for AgentApi {
 
 /// A change's wait for durability, held while the stream reads on.
 type Settling = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+
+/// Holds `pending` as the stream's newest unsettled change. Only a change with writes takes the
+/// older one's place: a commit starts when a `durable` is polled, and it carries every change
+/// queued before it. An empty change (a heartbeat) that took the place of an ack not yet polled
+/// left the ack's writes queued with nothing to start their commit, and its session `Scheduled`
+/// until some other change came.
+fn settle_later(unsettled: &mut Option<Settling>, pending: Pending) {
+    if pending.awaits_commit() || unsettled.is_none() {
+        *unsettled = Some(Box::pin(pending.durable()));
+    }
+}
 
 /// Applies one message of `node`'s stream to the scheduler, queueing what it changed; what it
 /// drops is counted in `bounds`.

@@ -128,6 +128,12 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// Whether it waits for a commit (false: it changed nothing that is stored).
+    #[must_use]
+    pub fn awaits_commit(&self) -> bool {
+        self.submitted.awaits_commit()
+    }
+
     /// Session `id` as this change left it (with the revision of the change), if it changed.
     #[must_use]
     pub fn announced(&self, id: &str) -> Option<&pb::Session> {
@@ -370,10 +376,13 @@ impl Controller {
     /// Opens `node`'s stream: the messages kept for it go into `tx` first, then `tx` is where
     /// later ones go.
     pub(crate) fn attach_agent(&self, node: &str, tx: AgentTx) {
+        // Under the agents' lock, as `dispatch` decides under it: a command dispatched while the
+        // agent attaches is either in the outbox drained here or sent on `tx`, never left behind.
+        let mut agents = lock(&self.agents);
         for message in lock(&self.outbox).remove(node).unwrap_or_default() {
             let _ = tx.try_send(Ok(message));
         }
-        lock(&self.agents).insert(node.to_owned(), tx);
+        agents.insert(node.to_owned(), tx);
     }
 
     /// Heartbeats received since start.
@@ -456,8 +465,10 @@ impl Controller {
                 ),
             };
             let message = pb::ControllerMessage { msg: Some(message) };
-            let tx = lock(&self.agents).get(&node).cloned();
-            let undelivered = match tx {
+            // The agents' lock is held until the message is sent or in the outbox (see
+            // `attach_agent`).
+            let agents = lock(&self.agents);
+            let undelivered = match agents.get(&node) {
                 Some(tx) => tx.try_send(Ok(message)).err().map(|e| match e {
                     mpsc::error::TrySendError::Full(m) | mpsc::error::TrySendError::Closed(m) => m,
                 }),
@@ -466,6 +477,7 @@ impl Controller {
             if let Some(Ok(message)) = undelivered {
                 lock(&self.outbox).entry(node).or_default().push(message);
             }
+            drop(agents);
         }
     }
 

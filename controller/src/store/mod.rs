@@ -395,6 +395,12 @@ pub struct Submitted {
 }
 
 impl Submitted {
+    /// Whether it waits for a commit (false: it had nothing to write, and is durable already).
+    #[must_use]
+    pub fn awaits_commit(&self) -> bool {
+        self.rx.is_some()
+    }
+
     /// Waits until the change is durable (committing it, and everything queued with it, if no
     /// commit is under way).
     ///
