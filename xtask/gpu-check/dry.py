@@ -29,7 +29,7 @@ The state folder is $GPUCHECK_DRY_STATE: one `proc-PID.json` per workload proces
 holds), the agent's baseline, and the report events. $GPUCHECK_DRY_FAULTS injects faults, a
 comma-separated list of `hang:KEY` (sleep forever instead of printing that record) and
 `exit:KEY` (exit 1 instead), KEY being `MODE.STEP` or `MODE-POLICY.STEP` (`steps.tensors`,
-`grow-report.grow`, `suspend.checked`); `refuse:suspend` and `refuse:resume` make the stand-in
+`grow-report.grow`, `suspend.checked`, `fill.fill`); `refuse:suspend` and `refuse:resume` make the stand-in
 agent's driver refuse that direction with CUDA_ERROR_NOT_SUPPORTED (801), and the agent end the
 workload the kill way, as the real one does.
 """
@@ -474,6 +474,12 @@ def workload(args):
         w.alloc(500 * MIB)
         w.alloc(int(rest[0]) * MIB)
         w.step("hold", bytes=int(rest[0]) * MIB)
+    elif mode == "fill":
+        # A context, then the tensor, written and read back.
+        w.alloc(500 * MIB)
+        w.alloc(int(rest[0]) * MIB)
+        w.step("fill", bytes=int(rest[0]) * MIB, verified=True, fill_s=0.01,
+               torch_reserved=int(rest[0]) * MIB, cuda_free=TOTAL - w.state["bytes"])
     elif mode == "grow":
         w.alloc(500 * MIB)
         size, tensors = int(rest[0]) * MIB, 0

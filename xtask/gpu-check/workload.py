@@ -9,6 +9,8 @@ Modes:
   steps          the allocation steps: CUDA context, plain tensors, the caching allocator's
                  empty_cache, cudaMallocManaged touched on the GPU (ctypes into libcudart)
   hold MIB       a second process: allocate MIB of tensors, report, wait, exit
+  fill MIB       a process that reuses freed memory: allocate MIB (one tensor), write every
+                 byte and read it all back (its sum), report, wait, exit
   grow MIB       allocate MIB-sized tensors one by one, each after a go-ahead, until stopped,
                  killed or refused (an out-of-memory error is reported as an `oom` step)
   matmul SECS    fp16 matmuls in a loop for SECS seconds: a `started` step, then the rate and
@@ -115,6 +117,25 @@ def hold(mib):
     held = torch.empty(mib * MIB, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
     report(event="step", name="hold", bytes=held.numel())
+    wait()
+
+
+def fill(mib):
+    torch = torch_cuda()
+    held = torch.empty(mib * MIB, dtype=torch.uint8, device="cuda")
+    start = time.monotonic()
+    held.fill_(0xA5)
+    # Read back as int64 words (no second tensor of its size): their sum wraps the same on any
+    # order of the reduction.
+    words = held.view(torch.int64)
+    word = int.from_bytes(b"\xa5" * 8, "little", signed=True)
+    got = int(words.sum().item()) & ((1 << 64) - 1)
+    torch.cuda.synchronize()
+    free, _ = torch.cuda.mem_get_info()
+    report(event="step", name="fill", bytes=held.numel(),
+           verified=got == (words.numel() * word) & ((1 << 64) - 1),
+           fill_s=time.monotonic() - start, torch_reserved=torch.cuda.memory_reserved(),
+           cuda_free=free)
     wait()
 
 
@@ -232,6 +253,7 @@ def main():
     modes = {
         "steps": lambda: steps(),
         "hold": lambda: hold(int(args[0])),
+        "fill": lambda: fill(int(args[0])),
         "grow": lambda: grow(int(args[0])),
         "matmul": lambda: matmul(float(args[0])),
         "cost": lambda: cost(int(args[0]), int(args[1])),

@@ -1,7 +1,8 @@
 //! `cargo xtask gpu-check --dry-run` end to end: the real sequencing, deadlines, cleanup and
 //! table, with `dry.py` standing in for the binaries, the GPU and NVML. Faults are injected
 //! through `GPUCHECK_DRY_FAULTS`: a workload that hangs, one that exits before its first record,
-//! one that exits when asked for its checksum after a resume, a driver that refuses to suspend.
+//! one that exits when asked for its checksum after a resume, another process that exits before
+//! its record while a workload is suspended, a driver that refuses to suspend.
 //!
 //! xtask runs in a process group of its own, so a `kill(0, …)` it sent would kill itself and
 //! show as a signal in its exit status. Every process it started carries a marker in its
@@ -14,8 +15,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// The rows a run plans: 6 setup, 9 memory, 4 limit, 1 hooks, 3 cost, 7 suspend, 16 throttle.
-const PLANNED: usize = 46;
+/// The rows a run plans: 6 setup, 9 memory, 4 limit, 1 hooks, 3 cost, 8 suspend, 16 throttle.
+const PLANNED: usize = 47;
+/// The suspend section's row for another process taking the freed memory meanwhile.
+const OTHER: &str = "suspend: another process allocates meanwhile";
 
 fn dry_run(marker: &str, results: &Path, faults: &str, extra: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_xtask"));
@@ -93,7 +96,7 @@ fn a_hang_and_an_early_exit_each_cost_their_rows_only_and_nothing_is_left_runnin
     let out = dry_run(
         &marker,
         results.path(),
-        "hang:steps.tensors,exit:grow-report.grow,exit:suspend.checked",
+        "hang:steps.tensors,exit:grow-report.grow,exit:suspend.checked,exit:fill.fill",
         &["--section-deadline", "25"],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -142,8 +145,10 @@ fn a_hang_and_an_early_exit_each_cost_their_rows_only_and_nothing_is_left_runnin
     );
     assert_eq!(row(&rows, "probe-hooks ran").2, "pass");
 
-    // The suspend workload exits when asked for its checksum after the resume: the rows up to
-    // the resume passed, the two after it say why they have no figure.
+    // The other process exits before its record while the workload is suspended: its row says
+    // so, and the resume still comes. The suspend workload exits when asked for its checksum
+    // after the resume: the rows up to the resume passed, the two after it say why they have no
+    // figure.
     for check in [
         "suspend: agent suspended the session",
         "suspend: NVML while suspended",
@@ -151,6 +156,12 @@ fn a_hang_and_an_early_exit_each_cost_their_rows_only_and_nothing_is_left_runnin
     ] {
         assert_eq!(row(&rows, check).2, "pass", "{check}: {rows:#?}");
     }
+    let other = row(&rows, OTHER);
+    assert_eq!(other.2, "FAIL", "{other:?}");
+    assert!(
+        other.3.contains("other ended before its filled tensor"),
+        "{other:?}"
+    );
     assert_eq!(row(&rows, "resume: time and rate").2, "info");
     for check in ["resume: data intact", "resume: agent's accounting"] {
         let r = row(&rows, check);
@@ -193,6 +204,19 @@ fn without_faults_every_row_is_made_and_passes() {
     let rows = table(&out);
     assert_eq!(rows.len(), PLANNED + 1, "{rows:#?}");
     assert!(rows.iter().all(|r| r.2 != "FAIL"), "{rows:#?}");
+    // The other process filled what the suspended workload freed (its 500 MiB context and
+    // 4096 MiB tensor), counted exactly, and NVML let it go after its exit.
+    let other = row(&rows, OTHER);
+    assert_eq!(other.2, "pass", "{other:?}");
+    assert!(
+        other
+            .3
+            .contains("4596 MiB written and read back (the same)"),
+        "{other:?}"
+    );
+    assert!(other.3.contains("difference +0 KiB"), "{other:?}");
+    assert!(other.3.contains("NVML lists no process"), "{other:?}");
+    assert!(other.3.contains("NVML listed it no more"), "{other:?}");
     assert!(
         leftovers(&marker).is_empty(),
         "left running: {:?}",
@@ -217,7 +241,7 @@ fn a_refused_suspension_fails_its_rows_with_the_drivers_code() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "failed checks: {stderr}");
     let rows = table(&out);
-    assert_eq!(rows.len(), 6 + 7, "setup and suspend only: {rows:#?}");
+    assert_eq!(rows.len(), 6 + 8, "setup and suspend only: {rows:#?}");
     assert_eq!(
         row(
             &rows,
@@ -230,6 +254,7 @@ fn a_refused_suspension_fails_its_rows_with_the_drivers_code() {
         "suspend: agent suspended the session",
         "suspend: NVML while suspended",
         "suspend: process frozen",
+        OTHER,
         "resume: time and rate",
         "resume: data intact",
         "resume: agent's accounting",

@@ -20,7 +20,7 @@ use super::{
 
 pub mod suspend;
 
-use suspend::{ACCOUNTING, DRIVER_STATE, FROZEN, INTACT, NVML_SUSPENDED, RATE, SUSPENDED};
+use suspend::{ACCOUNTING, DRIVER_STATE, FROZEN, INTACT, NVML_SUSPENDED, OTHER, RATE, SUSPENDED};
 
 const GIB: u64 = 1 << 30;
 /// How long one workload step may take to print its record.
@@ -109,6 +109,7 @@ pub fn plan() -> Vec<(String, Vec<String>)> {
                 SUSPENDED,
                 NVML_SUSPENDED,
                 FROZEN,
+                OTHER,
                 RATE,
                 INTACT,
                 ACCOUNTING,

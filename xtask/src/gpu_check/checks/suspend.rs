@@ -1,7 +1,8 @@
 //! The suspend section (issue 38, docs/suspend.md): a PyTorch workload holding 4 GiB of
 //! seeded data in a session of its own is suspended through the agent's local command, held to
-//! NVML (its GPU memory released) and to the kernel (its cgroup frozen), resumed, and its data
-//! checked against the checksum it printed before; the agent's count after the resume is held
+//! NVML (its GPU memory released) and to the kernel (its cgroup frozen); meanwhile another
+//! process, in a session of its own, fills as much memory as the workload freed and exits; the
+//! workload is resumed, and its data checked against the checksum it printed before; the agent's count after the resume is held
 //! to NVML's to the byte. The driver's own answer for the process, asked without the agent,
 //! comes first. Where the driver refuses, the agent falls back to the kill path and the rows say
 //! so with the driver's code.
@@ -19,7 +20,7 @@ use super::{
     settle, sub, verdict,
 };
 use crate::gpu_check::{
-    MIB, Record, Row, Verdict, container_bytes, process_state,
+    MIB, Record, Row, Verdict, container_bytes, kib_diff, process_state,
     rig::{Nvml, Rig},
     runner::{Section, tail},
 };
@@ -32,6 +33,8 @@ pub const SUSPENDED: &str = "suspend: agent suspended the session";
 pub const NVML_SUSPENDED: &str = "suspend: NVML while suspended";
 /// The suspended process's cgroup frozen.
 pub const FROZEN: &str = "suspend: process frozen";
+/// Another process takes the freed memory while the workload is suspended, then exits.
+pub const OTHER: &str = "suspend: another process allocates meanwhile";
 /// How long each direction took, and the rate.
 pub const RATE: &str = "resume: time and rate";
 /// The workload's checksum after the resume against before.
@@ -47,6 +50,13 @@ const SWITCH: Duration = Duration::from_mins(1);
 /// NVML's bytes for a suspended process are held below this: a CUDA context alone is about
 /// 612 MiB on an H200, so less means the 4 GiB tensor left the GPU; a checkpoint should leave 0.
 const SUSPENDED_MAX: u64 = GIB;
+/// How long the other process may take to start PyTorch and fill its memory: bounded well below
+/// the section's deadline, so the resume still has its time when it hangs.
+const OTHER_STEP: Duration = Duration::from_secs(45);
+/// How long the other process may take to exit once its input ends (then it is killed).
+const OTHER_EXIT: Duration = Duration::from_secs(15);
+/// How long NVML is read, after the other process's exit, for it to leave NVML's list.
+const OTHER_GONE: Duration = Duration::from_secs(10);
 
 /// A suspension or resumption as the agent's events tell it.
 #[derive(Debug)]
@@ -61,8 +71,9 @@ struct Switch {
     actions: Vec<String>,
 }
 
-/// The suspend section: the driver's answer, then suspend, NVML and the freezer, then resume,
-/// the data and the agent's count.
+/// The suspend section: the driver's answer, then suspend, NVML and the freezer, another
+/// process taking the freed memory and giving it back, then resume, the data and the agent's
+/// count.
 ///
 /// # Errors
 /// A step the rest depends on failed (the rows not made say so).
@@ -128,6 +139,9 @@ pub fn section(rig: &Rig, s: &Section, o: &super::Opts) -> anyhow::Result<()> {
         nvml_suspended(rig, s, pid, nvml_before.as_ref().ok().copied())
     });
     sub(s, FROZEN, || frozen(s, pid, o));
+    sub(s, OTHER, || {
+        other_allocates(rig, s, o, &mem, pid, &nvml_before)
+    });
 
     s.doing(format!("resuming session {session}"));
     let start = Instant::now();
@@ -457,6 +471,131 @@ fn frozen(s: &Section, pid: u32, o: &super::Opts) -> anyhow::Result<Row> {
     )))
 }
 
+/// While the workload is suspended, another process in a session of its own (`workload.py fill
+/// MIB`) fills as much as the workload's NVML bytes before the suspension, rounded up to whole
+/// MiB, and reads it back; its NVML bytes are held to that amount and the agent's count for its
+/// container to NVML's exactly. Then its input ends, it exits, and NVML is read until it lists
+/// the process no more.
+fn other_allocates(
+    rig: &Rig,
+    s: &Section,
+    o: &super::Opts,
+    mem: &[String],
+    suspended: u32,
+    freed: &anyhow::Result<u64>,
+) -> anyhow::Result<Row> {
+    let freed = *freed.as_ref().map_err(|e| {
+        anyhow::anyhow!(
+            "NVML gave no bytes for the workload before the suspension, so how much it freed is \
+             unknown: {e:#}"
+        )
+    })?;
+    let mib = freed.div_ceil(MIB);
+    s.doing(format!(
+        "another process filling {mib} MiB while the workload is suspended"
+    ));
+    let mut w = rig.workload(s, "other", mem, None, None, &["fill", &mib.to_string()])?;
+    let filled = w.expect("its filled tensor", OTHER_STEP)?;
+    if filled.name != "fill" {
+        bail!(
+            "the other process printed {} where fill was due",
+            filled.name
+        );
+    }
+    settle(o);
+    let nvml = rig.nvml();
+    let agent = agent_bytes(rig, filled.pid).map(|b| b.0);
+    let meanwhile = nvml
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("{e:#}"))
+        .and_then(|n| suspended_bytes(n, suspended))
+        .map_or_else(|e| format!("? ({e:#})"), |(_, said)| said);
+    let held_nvml = nvml.and_then(|n| n.process_bytes(filled.pid));
+
+    s.doing("the other process exiting, and NVML letting it go");
+    let start = Instant::now();
+    let status = w.finish(OTHER_EXIT);
+    let exited = start.elapsed();
+    let gone = nvml_gone(rig, filled.pid, start);
+
+    let nvml = held_nvml.context("its NVML bytes while it held")?;
+    let agent = agent.context("the agent's count for its container while it held")?;
+    let tensor = held(&filled);
+    let verified = filled.fields["verified"].as_bool() == Some(true);
+    let exit = status.map_or_else(
+        || {
+            format!(
+                "killed: still running {} s after its input ended",
+                OTHER_EXIT.as_secs()
+            )
+        },
+        |st| {
+            format!(
+                "exited ({st}) {} ms after its input ended",
+                exited.as_millis()
+            )
+        },
+    );
+    let gone = gone.map_or_else(
+        || {
+            format!(
+                "NVML still listed it {} s after its exit",
+                OTHER_GONE.as_secs()
+            )
+        },
+        |t| {
+            format!(
+                "NVML listed it no more {} ms after its input ended",
+                t.as_millis()
+            )
+        },
+    );
+    let free = filled
+        .number("cuda_free")
+        .map_or_else(|| "?".to_owned(), |b| format!("{:.0} MiB", b / 1_048_576.0));
+    Ok(row(
+        s,
+        OTHER,
+        format!("NVML {} KiB, the agent {} KiB", nvml / 1024, agent / 1024),
+        format!(
+            "≥ {} KiB (what the suspended workload freed), the agent = NVML",
+            freed / 1024
+        ),
+        verdict(reused(freed, tensor, nvml, agent) && verified),
+    )
+    .note(format!(
+        "{} MiB written and read back ({}); {}; the suspended workload meanwhile: {meanwhile}; \
+         CUDA's free memory as it held: {free}; {exit}; {gone}",
+        tensor / MIB,
+        if verified { "the same" } else { "NOT the same" },
+        kib_diff(agent, nvml)
+    )))
+}
+
+/// Whether the other process took at least what the suspended workload freed (its tensor and
+/// NVML's bytes for it) and the agent counted NVML's bytes exactly.
+#[must_use]
+pub fn reused(freed: u64, tensor: u64, nvml: u64, agent: u64) -> bool {
+    tensor >= freed && nvml >= freed && agent == nvml
+}
+
+/// How long after `start` NVML lists `pid` no more (read every 100 ms, for [`OTHER_GONE`] at
+/// most); `None` when it still does.
+fn nvml_gone(rig: &Rig, pid: u32, start: Instant) -> Option<Duration> {
+    let until = Instant::now() + OTHER_GONE;
+    loop {
+        if let Ok(n) = rig.nvml()
+            && !n.gpus.iter().any(|g| g.processes.contains_key(&pid))
+        {
+            return Some(start.elapsed());
+        }
+        if Instant::now() > until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Seconds and GiB/s each way, from the agent's own figure where its event gave one.
 fn rate_row(
     s: &Section,
@@ -583,6 +722,22 @@ mod tests {
             "{line}"
         );
         assert_eq!(logged_event(log, "s2", &["suspend_refused"]), None);
+    }
+
+    #[test]
+    fn the_other_process_must_take_what_was_freed_and_be_counted_exactly() {
+        // 4.6 GiB freed (not a whole MiB), filled rounded up, beside a 500 MiB context.
+        let freed: u64 = 4_820_992 * 1024 + 512;
+        let tensor = freed.div_ceil(MIB) * MIB;
+        let nvml = tensor + 500 * MIB;
+        assert!(reused(freed, tensor, nvml, nvml));
+        assert!(!reused(freed, tensor, nvml, nvml - 4096), "the agent short");
+        assert!(!reused(freed, tensor, nvml, nvml + 4096), "the agent over");
+        assert!(!reused(freed, tensor - MIB, nvml, nvml), "a smaller tensor");
+        assert!(
+            !reused(freed, tensor, freed - 1, freed - 1),
+            "NVML below what was freed"
+        );
     }
 
     #[test]
