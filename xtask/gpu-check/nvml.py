@@ -277,25 +277,30 @@ def record(seconds, path):
     return 0
 
 
-def summary(path):
-    """What a recording shows (see the module's doc), as one JSON object."""
-    device, process, late, gpm, errors = [], [], [], [], []
+def records(path):
+    """A recording's records, one dict each; a line that is not JSON (a cut write) is skipped."""
     with open(path) as f:
         for text in f:
             try:
-                r = json.loads(text)
+                yield json.loads(text)
             except ValueError:
                 continue
-            kind = r.get("kind")
-            if kind == "device" and r.get("gpu") == 0:
-                device.append(r["ts_us"])
-                late.append(r["read_us"] - r["ts_us"])
-            elif kind == "process" and r.get("gpu") == 0:
-                process.append(r["ts_us"])
-            elif kind == "gpm":
-                gpm.append(r["graphics_util"])
-            elif kind and kind.endswith("error"):
-                errors.append(r.get("error"))
+
+
+def summary(path):
+    """What a recording shows (see the module's doc), as one JSON object."""
+    device, process, late, gpm, errors = [], [], [], [], []
+    for r in records(path):
+        kind = r.get("kind")
+        if kind == "device" and r.get("gpu") == 0:
+            device.append(r["ts_us"])
+            late.append(r["read_us"] - r["ts_us"])
+        elif kind == "process" and r.get("gpu") == 0:
+            process.append(r["ts_us"])
+        elif kind == "gpm":
+            gpm.append(r["graphics_util"])
+        elif kind and kind.endswith("error"):
+            errors.append(r.get("error"))
     device.sort()
     gaps = sorted(b - a for a, b in zip(device, device[1:]) if b > a)
     median = lambda v: v[len(v) // 2] if v else None  # noqa: E731
@@ -320,16 +325,8 @@ def summary(path):
 
 def periods(path):
     """The gaps between a recording's device samples of GPU 0, µs, one a line (module doc)."""
-    device = []
-    with open(path) as f:
-        for text in f:
-            try:
-                r = json.loads(text)
-            except ValueError:
-                continue
-            if r.get("kind") == "device" and r.get("gpu") == 0:
-                device.append(r["ts_us"])
-    device = sorted(set(device))
+    device = sorted(set(r["ts_us"] for r in records(path)
+                        if r.get("kind") == "device" and r.get("gpu") == 0))
     for a, b in zip(device, device[1:]):
         print(b - a)
     return 0
