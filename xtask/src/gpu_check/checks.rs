@@ -1043,7 +1043,7 @@ impl Account {
 }
 
 /// The shortest window over which the agent's figure is held to 2 points: many sample periods
-/// (1/6 s on an H200), and much longer than the snapshot call.
+/// (200 ms on an H200), and much longer than the snapshot call.
 const AGENT_WINDOW: f64 = 5.0;
 
 /// The agent's GPU time for each tenant against the judge's.
