@@ -2,10 +2,10 @@
 //! carries a certificate minted for the test (an admin's for the scheduler service, each node's
 //! own for the agent service). Oversized strings and maps, messages over the size limit, unknown
 //! enum values, NaN and negative usage, create storms, thousands of Watch streams, nodes claiming
-//! absurd hardware, floods on an agent stream, a client past its rate. Each is refused with the
-//! code and the field or limit named; afterwards the controller still answers and every
-//! acknowledged session is still there. (Wrong, missing and borrowed certificates are
-//! `tls.rs`'s; tokens and users `clients.rs`'s.)
+//! absurd hardware, floods on an agent stream, a client past its rate, a user watching another
+//! owner's session events. Each is refused with the code and the field or limit named;
+//! afterwards the controller still answers and every acknowledged session is still there.
+//! (Wrong, missing and borrowed certificates are `tls.rs`'s; tokens and users `clients.rs`'s.)
 
 mod common;
 
@@ -905,6 +905,117 @@ async fn a_user_cannot_tell_another_owners_session_from_none() {
         .into_inner();
     assert_ne!(still.state, pb::SessionState::Terminated as i32);
     still_healthy(&target, &[theirs.id]).await;
+}
+
+/// The events `watch` sends until every id in `want` came and it has passed revision `past`
+/// (a session or bookmark at or after it: every change up to it was sent or was not for this
+/// watcher). Bounded: 20 s in all.
+async fn watched_until(
+    watch: &mut tonic::Streaming<pb::SessionEvent>,
+    want: &[&str],
+    past: u64,
+) -> Vec<pb::Session> {
+    use pb::session_event::Event;
+    let mut sent = Vec::new();
+    let mut reached = 0;
+    let read = async {
+        while !(reached >= past
+            && want
+                .iter()
+                .all(|id| sent.iter().any(|s: &pb::Session| s.id == *id)))
+        {
+            let event = watch
+                .next()
+                .await
+                .expect("the watch goes on")
+                .expect("an event")
+                .event
+                .expect("a session or a bookmark");
+            match event {
+                Event::Session(s) => {
+                    reached = reached.max(s.revision);
+                    sent.push(s);
+                }
+                Event::Bookmark(b) => reached = reached.max(b.revision),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .unwrap_or_else(|_| panic!("{want:?} and revision {past} within 20 s"));
+    sent
+}
+
+/// Issue 40's `WatchSessionEvents` with an `owner` filter, judged by what each session is: a
+/// user naming another owner is refused with the owner named and counted; a user naming no
+/// owner is sent only its own sessions, those from before the watch and those created during
+/// it, never the other owner's; an admin naming a user is sent that user's and no one else's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_of_session_events_sends_no_other_owners_sessions() {
+    let target = Target::start(Limits::default()).await;
+    let mut alice = target.user("alice").await;
+    let mut mallory = target.user("mallory").await;
+    let create = async |client: &mut SchedulerServiceClient<Channel>, owner: &str| {
+        let created = client
+            .create_session(request(&[("cuda.shares", "0.1")]))
+            .await
+            .expect("a user creates its own")
+            .into_inner();
+        assert_eq!(created.owner, owner);
+        created
+    };
+    let a1 = create(&mut alice, "alice").await;
+    let m1 = create(&mut mallory, "mallory").await;
+    let from_zero = |owner: &str| pb::WatchSessionEventsRequest {
+        since_revision: 0,
+        start: pb::WatchStart::AfterRevision.into(),
+        owner: owner.into(),
+    };
+
+    // Naming another owner is refused, as ListSessions is: not silently narrowed.
+    let before = denials::count_of(DenialReason::OtherOwner);
+    refused(
+        mallory.watch_session_events(from_zero("alice")).await,
+        Code::PermissionDenied,
+        &["\"mallory\"", "only its own sessions", "\"alice\""],
+    );
+    assert!(denials::count_of(DenialReason::OtherOwner) > before);
+
+    // No owner named: mallory's own, from the replay and live, and none of alice's.
+    let mut watch = mallory
+        .watch_session_events(from_zero(""))
+        .await
+        .expect("a user watches its own")
+        .into_inner();
+    let a2 = create(&mut alice, "alice").await;
+    let m2 = create(&mut mallory, "mallory").await;
+    let a3 = create(&mut alice, "alice").await;
+    let sent = watched_until(&mut watch, &[&m1.id, &m2.id], a3.revision).await;
+    let alices = [&a1.id, &a2.id, &a3.id];
+    for s in &sent {
+        assert_eq!(s.owner, "mallory", "{} sent to mallory's watch", s.id);
+        assert!(!alices.contains(&&s.id), "alice's {} sent to mallory", s.id);
+    }
+    drop(watch);
+
+    // An admin naming alice: all of alice's, before and during the watch, and none of mallory's.
+    let mut admin = target.scheduler();
+    let mut watch = admin
+        .watch_session_events(from_zero("alice"))
+        .await
+        .expect("an admin watches any owner")
+        .into_inner();
+    let m3 = create(&mut mallory, "mallory").await;
+    let a4 = create(&mut alice, "alice").await;
+    let m4 = create(&mut mallory, "mallory").await;
+    let sent = watched_until(&mut watch, &[&a1.id, &a2.id, &a3.id, &a4.id], m4.revision).await;
+    let mallorys = [&m1.id, &m2.id, &m3.id, &m4.id];
+    for s in &sent {
+        assert_eq!(s.owner, "alice", "{} sent to a watch of alice's", s.id);
+        assert!(!mallorys.contains(&&s.id), "mallory's {} sent", s.id);
+    }
+    drop(watch);
+    still_healthy(&target, &[a4.id, m4.id]).await;
 }
 
 /// The queue calls added for team quotas: a user can neither set nor remove a queue, an
