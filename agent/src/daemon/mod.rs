@@ -115,6 +115,8 @@ pub async fn run_until(
     if let Err(e) = sensor.set_mig_instances(backend.devices(), backend.caps_major()) {
         tracing::warn!("MIG instances not told apart (their memory counts as their GPU's): {e}");
     }
+    // What the agent reports names a MIG instance's index after the instance.
+    let names = sensor.device_names().clone();
     let hooks = sensor
         .hooks()
         .iter()
@@ -199,6 +201,7 @@ pub async fn run_until(
         pods: pods.clone(),
         node: config.node_name.clone(),
         indexes: backend.devices().iter().map(|d| d.index).collect(),
+        names: names.clone(),
         usage_counters: Arc::clone(&usage_counters),
         holdings: Arc::clone(&holdings),
     });
@@ -210,6 +213,7 @@ pub async fn run_until(
             ring,
             telemetry.clone(),
             enforcer.clone(),
+            names,
         ));
     }
     tasks.spawn(tasks::upkeep(

@@ -14,20 +14,25 @@ use crate::{
     devices::GpuBackend,
     enforcement::EnforcerHandle,
     export::{Sources, TelemetryHandle, metrics},
-    sensor::events::{self, EventRing},
+    sensor::{
+        events::{self, EventRing},
+        gpu_nodes::DeviceNames,
+    },
 };
 
 /// Reads the kernel's events and hands each to the stage it concerns: an exec re-reads the
 /// process's fds (telemetry), an over-limit allocation or a refused open goes to enforcement.
+/// Each is logged with its device named as `names` says.
 pub(super) async fn dispatch_events(
     mut ring: EventRing,
     telemetry: TelemetryHandle,
     enforcer: EnforcerHandle,
+    names: DeviceNames,
 ) {
     while let Some(batch) = events::next_batch(&mut ring).await {
         let mut execs = Vec::new();
         for e in &batch {
-            events::log(e);
+            events::log(e, &names);
             match e.kind {
                 // The process lives on: telemetry keeps the GPU fds that survived the exec.
                 kind::EXEC => execs.push(e.tgid),

@@ -33,7 +33,7 @@ use gpuwarden_agent_api::{SignalView, Snapshot};
 
 use crate::{
     devices::{GpuDevice, health::HealthState},
-    sensor::gpu_nodes::device_name,
+    sensor::gpu_nodes::{gpu_name, node_name},
 };
 
 /// The latest snapshot, published by the daemon and read at each export.
@@ -171,7 +171,7 @@ impl Gpu {
 
     /// The name the snapshot reports it under (`nvidia0`, a MIG instance `nvidia1/gi9`).
     fn name(&self) -> String {
-        device_name(self.device.index)
+        gpu_name(&self.device)
     }
 
     /// Its health in the snapshot, if known.
@@ -245,7 +245,11 @@ fn container_gpus(s: &Snapshot, gpus: &[Gpu]) -> Vec<ContainerGpu> {
         indexes.sort_unstable();
         indexes.dedup();
         for index in indexes {
-            let name = device_name(index);
+            // A GPU the list lacks is named by its node.
+            let name = gpus
+                .iter()
+                .find(|g| g.device.index == index)
+                .map_or_else(|| node_name(index), Gpu::name);
             let used = c
                 .devices
                 .iter()

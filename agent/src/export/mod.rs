@@ -22,7 +22,7 @@ use gpuwarden_agent_api::Snapshot;
 
 use crate::{
     attribution::kubelet::PodNames, control::UsageCounters, devices::GpuBackend,
-    enforcement::EnforcerHandle,
+    enforcement::EnforcerHandle, sensor::gpu_nodes::DeviceNames,
 };
 pub(crate) use telemetry::{Telemetry, TelemetryHandle};
 
@@ -40,6 +40,8 @@ pub(crate) struct Sources {
     pub node: String,
     /// The GPUs' indexes.
     pub indexes: Vec<u32>,
+    /// The names the GPUs' indexes are reported under.
+    pub names: DeviceNames,
     /// Usage reports sent and dropped.
     pub usage_counters: Arc<UsageCounters>,
     /// What the node holds for the controller: whose `gpuwarden run` a session is.
@@ -53,14 +55,15 @@ impl Sources {
     pub(crate) async fn snapshot(&self) -> Snapshot {
         let (standing, _) = self.enforcer.standing().await.unwrap_or_default();
         let measured = self.backend.utilization();
-        let gpus = snapshot::gpu_utilization(&self.indexes, measured.as_ref(), &standing);
+        let gpus =
+            snapshot::gpu_utilization(&self.indexes, &self.names, measured.as_ref(), &standing);
         let mut snapshot = self
             .telemetry
             .snapshot(standing, self.node.clone())
             .await
             .unwrap_or_default();
         snapshot.gpus = gpus;
-        snapshot::add_health(&mut snapshot, &self.backend.health());
+        snapshot::add_health(&mut snapshot, &self.backend.health(), &self.names);
         (
             snapshot.stats.usage_reports,
             snapshot.stats.usage_reports_dropped,

@@ -13,7 +13,7 @@ use crate::{
     attribution::{Attributor, Workload, kubelet::PodNames},
     devices::health::GpuHealth,
     enforcement::{BindingReport, Standing, quota::PPM},
-    sensor::{CgroupCounters, Counters, Sensor, gpu_nodes::device_name},
+    sensor::{CgroupCounters, Counters, Sensor, gpu_nodes::DeviceNames},
 };
 
 /// Builds the snapshot from the sensor's counters and enforcement's standing.
@@ -52,12 +52,13 @@ pub(crate) fn build(
         }
     }
     let tier = sensor.memory_tier().0.as_str();
+    let names = sensor.device_names();
     let mut containers: Vec<Container> = cgroups
         .into_iter()
         .map(|(id, totals)| {
             let workload = attributor.resolve(id);
-            let mut c = container(id, workload.as_deref(), totals);
-            add_quota(&mut c, standing, tier);
+            let mut c = container(id, workload.as_deref(), totals, names);
+            add_quota(&mut c, standing, tier, names);
             c
         })
         .collect();
@@ -83,7 +84,7 @@ pub(crate) fn build(
                     .and_then(|v| v.as_str().map(str::to_owned))
                     .unwrap_or_default(),
                 cgroup_path: b.cgroup_path.clone(),
-                quota: quota_view(b),
+                quota: quota_view(b, names),
             })
             .collect(),
         gpus: Vec::new(),
@@ -94,7 +95,7 @@ pub(crate) fn build(
             .signals
             .iter()
             .map(|(gpu, h)| SignalView {
-                device: device_name(*gpu),
+                device: names.name(*gpu),
                 period_us: h.period.map(micros),
                 jitter_us: h.jitter.map(micros),
                 samples: h.samples,
@@ -160,9 +161,11 @@ fn accuracy() -> Vec<Accuracy> {
 
 /// Each GPU's utilization: `measured` where the backend reads one (NVML), else the throttle's
 /// stand-in — the measured running fraction of every cgroup with a compute share of the GPU,
-/// summed and clamped to 1 (with mock devices that is CPU time, not a GPU figure).
+/// summed and clamped to 1 (with mock devices that is CPU time, not a GPU figure). Each is
+/// named as `names` says.
 pub(crate) fn gpu_utilization(
     indexes: &[u32],
+    names: &DeviceNames,
     measured: Option<&BTreeMap<u32, f64>>,
     standing: &Standing,
 ) -> Vec<GpuView> {
@@ -171,7 +174,7 @@ pub(crate) fn gpu_utilization(
         .map(|&index| {
             if let Some(measured) = measured {
                 GpuView {
-                    device: device_name(index),
+                    device: names.name(index),
                     utilization: measured.get(&index).copied(),
                     source: "nvml".to_owned(),
                     health: None,
@@ -190,7 +193,7 @@ pub(crate) fn gpu_utilization(
                     .map(|s| s.running_fraction)
                     .sum();
                 GpuView {
-                    device: device_name(index),
+                    device: names.name(index),
                     utilization: Some(busy.clamp(0.0, 1.0)),
                     source: "throttle_stand_in".to_owned(),
                     health: None,
@@ -201,10 +204,10 @@ pub(crate) fn gpu_utilization(
 }
 
 /// Fills each GPU's health, and counts each attributed XID error on the container whose cgroup
-/// it names.
-pub(crate) fn add_health(snapshot: &mut Snapshot, health: &[GpuHealth]) {
+/// it names (the GPUs found by the names `names` gives them).
+pub(crate) fn add_health(snapshot: &mut Snapshot, health: &[GpuHealth], names: &DeviceNames) {
     for h in health {
-        let device = device_name(h.index);
+        let device = names.name(h.index);
         let mut errors = BTreeMap::new();
         errors.insert("xid".to_owned(), h.xids.len() as u64);
         if let Some(n) = h.ecc_corrected {
@@ -252,7 +255,7 @@ pub(crate) fn annotate_pods(snapshot: &mut Snapshot, pods: &PodNames) {
 }
 
 /// The quota of a binding, with what the kernel side counts against it.
-fn quota_view(b: &BindingReport) -> QuotaView {
+fn quota_view(b: &BindingReport, names: &DeviceNames) -> QuotaView {
     QuotaView {
         memory_bytes: b.spec.memory_bytes(),
         shares: b.spec.shares(),
@@ -263,7 +266,7 @@ fn quota_view(b: &BindingReport) -> QuotaView {
             .devices
             .iter()
             .map(|d| DeviceQuotaView {
-                device: device_name(d.index),
+                device: names.name(d.index),
                 memory_bytes: d.memory_bytes,
                 used_bytes: b.kernel.map_or(0, |q| q.used[d.index as usize % MAX_GPUS]),
                 shares: f64::from(d.shares_ppm) / f64::from(PPM),
@@ -273,7 +276,7 @@ fn quota_view(b: &BindingReport) -> QuotaView {
 }
 
 /// Fills a container's quota, enforcement and events from the binding it is mapped under.
-fn add_quota(c: &mut Container, standing: &Standing, tier: &str) {
+fn add_quota(c: &mut Container, standing: &Standing, tier: &str, names: &DeviceNames) {
     let Some(b) = standing
         .bindings
         .iter()
@@ -282,7 +285,7 @@ fn add_quota(c: &mut Container, standing: &Standing, tier: &str) {
         return;
     };
     c.session_id = Some(b.session_id.clone());
-    c.quota = Some(quota_view(b));
+    c.quota = Some(quota_view(b, names));
     c.enforcement = Some(EnforcementView {
         // The driver's own limit, where it holds this workload's, is the tier that refuses.
         tier: b.driver_tier.unwrap_or(tier).to_owned(),
@@ -320,12 +323,17 @@ fn sensor_budgets() -> [u32; table::COUNT] {
     gpuwarden_agent_common::config::Config::DEFAULT.budgets
 }
 
-fn container(id: u64, workload: Option<&Workload>, totals: CgroupCounters) -> Container {
+fn container(
+    id: u64,
+    workload: Option<&Workload>,
+    totals: CgroupCounters,
+    names: &DeviceNames,
+) -> Container {
     let devices = totals
         .devices
         .into_iter()
         .map(|(device, (ioctls, memory_bytes))| DeviceUsage {
-            device: device_name(device),
+            device: names.name(device),
             ioctls,
             memory_bytes,
         })

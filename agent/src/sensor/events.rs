@@ -5,7 +5,7 @@ use aya::maps::{MapData, RingBuf};
 use gpuwarden_agent_common::event::{Event, decode_error, kind};
 use tokio::io::unix::AsyncFd;
 
-use super::{KernelLogger, gpu_nodes::device_name};
+use super::{KernelLogger, gpu_nodes::DeviceNames};
 
 /// The ring buffer, registered with the async runtime.
 pub(crate) type EventRing = AsyncFd<RingBuf<MapData>>;
@@ -60,10 +60,10 @@ pub(crate) fn decode_error_reason(code: u32) -> &'static str {
 }
 
 /// Logs an event at the level its kind deserves (enforcement events are logged where they are
-/// tied to their session).
-pub(crate) fn log(e: &Event) {
+/// tied to their session), its device named as `names` says.
+pub(crate) fn log(e: &Event, names: &DeviceNames) {
     let comm = comm(e);
-    let device = device_name(e.device);
+    let device = names.name(e.device);
     match e.kind {
         kind::NEW_PROCESS => {
             tracing::info!(tgid = e.tgid, %comm, cgroup = e.cgroup, %device, "new GPU process");

@@ -137,41 +137,58 @@ pub fn classify(path: &Path) -> Option<GpuNode> {
     }
 }
 
-/// The names of the device indexes that are MIG instances (`nvidia1/gi9`), set once the devices
-/// are known ([`name_instances`]); other indexes are GPUs and named by their node.
-static INSTANCE_NAMES: std::sync::RwLock<BTreeMap<u32, String>> =
-    std::sync::RwLock::new(BTreeMap::new());
+/// The names device ids are reported under: a MIG instance's device index after its parent's
+/// node and GPU instance (`nvidia1/gi9`, as `mig-minors` names it `gpu1/gi9`), every other id by
+/// its node ([`node_name`]). Built from the device list ([`DeviceNames::new`]) and handed to
+/// whatever reports a device; cheap to clone. The default names no instance.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DeviceNames {
+    /// The names of the device indexes that are MIG instances.
+    instances: std::sync::Arc<BTreeMap<u32, String>>,
+}
 
-/// Names each MIG instance's device index after its parent's node and GPU instance
-/// (`nvidia1/gi9`, as `mig-minors` names it `gpu1/gi9`), replacing earlier names: the memory the
-/// programs count as an instance is reported under that name.
-pub fn name_instances(devices: &[crate::devices::GpuDevice]) {
-    let names = devices
-        .iter()
-        .filter_map(|d| {
-            let m = d.mig.as_ref()?;
-            Some((
-                d.index,
-                format!("nvidia{}/gi{}", m.parent_index, m.gpu_instance),
-            ))
-        })
-        .collect();
-    match INSTANCE_NAMES.write() {
-        Ok(mut n) => *n = names,
-        Err(poisoned) => *poisoned.into_inner() = names,
+impl DeviceNames {
+    /// The names of `devices`' MIG instances (the memory the programs count as an instance is
+    /// reported under its name).
+    #[must_use]
+    pub fn new(devices: &[crate::devices::GpuDevice]) -> Self {
+        Self {
+            instances: std::sync::Arc::new(
+                devices
+                    .iter()
+                    .filter_map(|d| Some((d.index, instance_name(d)?)))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The name device id `device` is reported under.
+    #[must_use]
+    pub fn name(&self, device: u32) -> String {
+        self.instances
+            .get(&device)
+            .cloned()
+            .unwrap_or_else(|| node_name(device))
     }
 }
 
-/// The name a device id is reported under.
+/// The name `device` is reported under: a MIG instance's after its parent's node and GPU
+/// instance (`nvidia1/gi9`), a GPU's by its node (`nvidia0`).
 #[must_use]
-pub fn device_name(device: u32) -> String {
-    let instance = match INSTANCE_NAMES.read() {
-        Ok(n) => n.get(&device).cloned(),
-        Err(poisoned) => poisoned.into_inner().get(&device).cloned(),
-    };
-    if let Some(name) = instance {
-        return name;
-    }
+pub fn gpu_name(device: &crate::devices::GpuDevice) -> String {
+    instance_name(device).unwrap_or_else(|| node_name(device.index))
+}
+
+/// A MIG instance's name (`nvidia1/gi9`); `None` for a GPU.
+fn instance_name(device: &crate::devices::GpuDevice) -> Option<String> {
+    let m = device.mig.as_ref()?;
+    Some(format!("nvidia{}/gi{}", m.parent_index, m.gpu_instance))
+}
+
+/// The name of the node device id `device` stands for (`nvidia0`, `nvidiactl`, `unknown`): what
+/// it is reported under unless it is a MIG instance's index ([`DeviceNames`]).
+#[must_use]
+pub fn node_name(device: u32) -> String {
     match device {
         DEVICE_CTL => "nvidiactl".to_owned(),
         DEVICE_MODESET => "nvidia-modeset".to_owned(),

@@ -291,6 +291,9 @@ pub struct Sensor {
     by_file: bool,
     /// The sweep of files kept for holders the programs don't follow is loaded.
     sweep: bool,
+    /// The names its device ids are reported under, from the devices last given to
+    /// [`Sensor::set_mig_instances`].
+    names: gpu_nodes::DeviceNames,
 }
 
 /// The program [`Sensor::sweep_files`] runs.
@@ -412,6 +415,7 @@ impl Sensor {
             gpu_majors,
             by_file: files.valid != 0,
             sweep,
+            names: gpu_nodes::DeviceNames::default(),
         })
     }
 
@@ -437,7 +441,8 @@ impl Sensor {
     }
 
     /// Tells the programs which device index each MIG GPU instance among `devices` is counted
-    /// as (replacing what an earlier agent wrote), and the capability nodes' major.
+    /// as (replacing what an earlier agent wrote), and the capability nodes' major; names the
+    /// instances' indexes after them ([`Sensor::device_names`]) even where the maps fail.
     ///
     /// # Errors
     /// The map is missing or can't be written.
@@ -447,7 +452,7 @@ impl Sensor {
         caps_major: Option<u32>,
     ) -> Result<(), SensorError> {
         const NAME: &str = "MIG_INSTANCES";
-        gpu_nodes::name_instances(devices);
+        self.names = gpu_nodes::DeviceNames::new(devices);
         // The capability nodes' major: 0 leaves them to the other device programs.
         let major = self
             .ebpf
@@ -489,6 +494,13 @@ impl Sensor {
             );
         }
         Ok(())
+    }
+
+    /// The names its device ids are reported under (a MIG instance's once
+    /// [`Sensor::set_mig_instances`] was told of it).
+    #[must_use]
+    pub fn device_names(&self) -> &gpu_nodes::DeviceNames {
+        &self.names
     }
 
     /// Whether GPU nodes are matched by the opened file (else by path).

@@ -13,7 +13,6 @@ fn gpu_names_give_their_index_and_an_instance_its_attributes() {
         device_node: "/dev/nvidia1".into(),
         mig,
     };
-    // Index 15: no other test of this process names it.
     let instance = gpu(
         15,
         Some(crate::devices::mig::MigInstance {
@@ -26,7 +25,6 @@ fn gpu_names_give_their_index_and_an_instance_its_attributes() {
             ci_cap_minor: None,
         }),
     );
-    crate::sensor::gpu_nodes::name_instances(std::slice::from_ref(&instance));
     let gpus = [Gpu::new(gpu(3, None), None), Gpu::new(instance, None)];
     assert_eq!(gpu_index(&gpus, "nvidia3"), Some(3));
     assert_eq!(gpu_index(&gpus, "nvidia1/gi9"), Some(15));

@@ -75,7 +75,12 @@ fn record(session: &str, action: &str) -> Record {
 #[test]
 fn measured_utilization_is_reported_as_nvml_and_a_missing_gpu_as_unknown() {
     let measured = BTreeMap::from([(0, 0.25)]);
-    let gpus = gpu_utilization(&[0, 1], Some(&measured), &Standing::default());
+    let gpus = gpu_utilization(
+        &[0, 1],
+        &DeviceNames::default(),
+        Some(&measured),
+        &Standing::default(),
+    );
     assert_eq!(gpus.len(), 2);
     assert_eq!(
         (
@@ -106,7 +111,7 @@ fn without_nvml_a_gpu_is_as_busy_as_its_throttled_members_clamped_to_one() {
         suppressed_events: 0,
         ..Standing::default()
     };
-    let gpus = gpu_utilization(&[0, 1, 2], None, &standing);
+    let gpus = gpu_utilization(&[0, 1, 2], &DeviceNames::default(), None, &standing);
     let busy: Vec<_> = gpus.iter().map(|g| g.utilization).collect();
     assert_eq!(busy, [Some(1.0), Some(0.75), Some(0.0)]);
     assert!(gpus.iter().all(|g| g.source == "throttle_stand_in"));
@@ -144,7 +149,7 @@ fn a_member_cgroup_carries_its_quota_enforcement_and_only_its_sessions_events() 
             refused: [0, 0, 1, 0, 0, 2],
         },
     };
-    let mut c = container(42, Some(&workload), totals);
+    let mut c = container(42, Some(&workload), totals, &DeviceNames::default());
     assert_eq!((c.system_memory_bytes, c.managed_memory_bytes), (3, 5));
     let clients = c.tables.iter().find(|t| t.table == "clients").unwrap();
     assert_eq!((clients.used, clients.refused), (2, 1));
@@ -158,7 +163,7 @@ fn a_member_cgroup_carries_its_quota_enforcement_and_only_its_sessions_events() 
         (mappings.used, mappings.refused, mappings.budget),
         (8, 2, 65_536 / 8)
     );
-    add_quota(&mut c, &standing, "tracepoint");
+    add_quota(&mut c, &standing, "tracepoint", &DeviceNames::default());
 
     assert_eq!(c.cgroup_path, "/system.slice/job.service");
     assert_eq!(c.devices[0].device, "nvidia1");
@@ -187,10 +192,54 @@ fn a_cgroup_outside_every_binding_has_no_quota_and_a_vanished_one_says_so() {
         suppressed_events: 0,
         ..Standing::default()
     };
-    let mut c = container(99, None, CgroupCounters::default());
-    add_quota(&mut c, &standing, "tracepoint");
+    let mut c = container(99, None, CgroupCounters::default(), &DeviceNames::default());
+    add_quota(&mut c, &standing, "tracepoint", &DeviceNames::default());
     assert_eq!(c.runtime, "unknown");
     assert_eq!(c.cgroup_path, "<cgroup 99 not found>");
     assert!(c.session_id.is_none() && c.quota.is_none() && c.enforcement.is_none());
     assert!(c.events.is_empty());
+}
+
+/// A MIG instance's index: the GPU the list gives under the name `names` gives it.
+fn instance(index: u32, gpu_instance: u32) -> crate::devices::GpuDevice {
+    crate::devices::GpuDevice {
+        uuid: format!("MIG-{index}"),
+        model: "M".into(),
+        memory_bytes: 1,
+        numa_node: 0,
+        sm_count: 0,
+        is_mig: true,
+        index,
+        device_node: "/dev/nvidia1".into(),
+        mig: Some(crate::devices::mig::MigInstance {
+            parent_index: 1,
+            parent_uuid: "GPU-p".into(),
+            gpu_instance,
+            compute_instance: 0,
+            profile: "1g.18gb".into(),
+            gi_cap_minor: None,
+            ci_cap_minor: None,
+        }),
+    }
+}
+
+#[test]
+fn a_mig_instance_is_reported_under_the_name_it_is_given() {
+    let names = DeviceNames::new(&[instance(5, 9)]);
+    let gpus = gpu_utilization(&[0, 5], &names, None, &Standing::default());
+    let devices: Vec<_> = gpus.iter().map(|g| g.device.as_str()).collect();
+    assert_eq!(devices, ["nvidia0", "nvidia1/gi9"]);
+
+    let standing = Standing {
+        bindings: vec![binding("s1", &[(5, 0, GIB)], 42)],
+        ..Standing::default()
+    };
+    let totals = CgroupCounters {
+        devices: BTreeMap::from([(5, (BTreeMap::new(), GIB))]),
+        ..CgroupCounters::default()
+    };
+    let mut c = container(42, None, totals, &names);
+    add_quota(&mut c, &standing, "tracepoint", &names);
+    assert_eq!(c.devices[0].device, "nvidia1/gi9");
+    assert_eq!(c.quota.unwrap().devices[0].device, "nvidia1/gi9");
 }

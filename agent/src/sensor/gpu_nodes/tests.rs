@@ -37,10 +37,10 @@ fn names_round_trip_through_classify() {
         DEVICE_UVM,
         DEVICE_UVM_TOOLS,
     ] {
-        let path = PathBuf::from("/dev").join(device_name(device));
+        let path = PathBuf::from("/dev").join(node_name(device));
         assert_eq!(classify(&path).map(|n| n.device), Some(device), "{device}");
     }
-    assert_eq!(device_name(DEVICE_UNKNOWN), "unknown");
+    assert_eq!(node_name(DEVICE_UNKNOWN), "unknown");
 }
 
 #[test]
@@ -76,4 +76,38 @@ fn expands_existing_paths_and_skips_foreign_names() {
     assert!(devices.contains(&0) && devices.contains(&1), "{devices:?}");
     assert!(devices.contains(&DEVICE_CTL) && devices.contains(&DEVICE_UVM));
     assert_eq!(expansion.skipped.len(), 1, "{:?}", expansion.skipped);
+}
+
+#[test]
+fn mig_instances_are_named_after_their_parent_and_gpu_instance() {
+    let device = |index, gpu_instance: Option<u32>| crate::devices::GpuDevice {
+        uuid: format!("GPU-{index}"),
+        model: "M".into(),
+        memory_bytes: 1,
+        numa_node: 0,
+        sm_count: 0,
+        is_mig: gpu_instance.is_some(),
+        index,
+        device_node: "/dev/nvidia1".into(),
+        mig: gpu_instance.map(|gi| crate::devices::mig::MigInstance {
+            parent_index: 1,
+            parent_uuid: "GPU-1".into(),
+            gpu_instance: gi,
+            compute_instance: 0,
+            profile: "1g.18gb".into(),
+            gi_cap_minor: None,
+            ci_cap_minor: None,
+        }),
+    };
+    let devices = [device(1, None), device(15, Some(9)), device(16, Some(10))];
+    let names = DeviceNames::new(&devices);
+    assert_eq!(names.name(1), "nvidia1");
+    assert_eq!(names.name(15), "nvidia1/gi9");
+    assert_eq!(names.name(16), "nvidia1/gi10");
+    // Ids the list lacks, and every id without a list, are named by their node.
+    assert_eq!(names.name(2), "nvidia2");
+    assert_eq!(names.name(DEVICE_UVM), "nvidia-uvm");
+    assert_eq!(DeviceNames::default().name(15), "nvidia15");
+    let one_by_one: Vec<_> = devices.iter().map(gpu_name).collect();
+    assert_eq!(one_by_one, ["nvidia1", "nvidia1/gi9", "nvidia1/gi10"]);
 }
