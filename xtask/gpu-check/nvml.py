@@ -19,9 +19,12 @@ A figure NVML can't give is null, never 0.
                                 GPU has GPM. Each line carries the host's real-time and monotonic
                                 clocks at the read (`read_us`, `mono_us`). The file is a fixture
                                 for the throttle's GPU model.
-  nvml.py summary PATH          what a recording shows: the device sample period (median gap)
-                                and jitter, where process samples fall after the device sample
-                                before them, how late samples are read, and whether GPM works.
+  nvml.py summary PATH          what a recording shows: the device sample period (median gap),
+                                its jitter (the largest stray of a gap within half a period of
+                                it), lost samples (gaps of 1.5 periods or more) and short gaps
+                                (under half a period), where process samples fall after the
+                                device sample before them, how late samples are read, and
+                                whether GPM works.
   nvml.py periods PATH          the gaps between a recording's device samples (GPU 0), µs, one a
                                 line, in order: what the throttle's GPU model replays
                                 (agent/src/enforcement/throttle/gpu_sim/).
@@ -305,7 +308,12 @@ def summary(path):
     gaps = sorted(b - a for a, b in zip(device, device[1:]) if b > a)
     median = lambda v: v[len(v) // 2] if v else None  # noqa: E731
     period = median(gaps)
-    jitter = max((abs(g - period) for g in gaps if g < 2 * period), default=None) if period else None
+    # A gap of 1.5 periods or more is a lost sample, one under half a period a sample out of
+    # step (the H200 once published two 354 µs apart): neither is jitter, each is counted.
+    usual = [g for g in gaps if 0.5 * period <= g < 1.5 * period] if period else []
+    jitter = max((abs(g - period) for g in usual), default=None) if period else None
+    lost = sum(1 for g in gaps if g >= 1.5 * period) if period else None
+    short = sum(1 for g in gaps if g < 0.5 * period) if period else None
     offsets = []
     for ts in process:
         before = [d for d in device if d <= ts]
@@ -314,7 +322,8 @@ def summary(path):
     offsets.sort()
     print(json.dumps({
         "device_samples": len(device), "process_samples": len(process),
-        "period_us": period, "jitter_us": jitter,
+        "period_us": period, "jitter_us": jitter, "lost_samples": lost,
+        "short_gaps": short,
         "process_offset_us": {"min": offsets[0], "median": median(offsets), "max": offsets[-1]}
         if offsets else None,
         "read_lag_us": median(sorted(late)), "gpm_samples": len(gpm),
