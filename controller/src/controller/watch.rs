@@ -364,43 +364,18 @@ impl Default for SessionLog {
     }
 }
 
-/// A watch's stream: a task sends what `see` lets through, from `cursor` in `term`, into a small
-/// channel; the client's reading paces it. `hold` (the watch's place in the caps) lives as long
-/// as the task. `ended` says what a watch whose term ended is told.
+/// A watch's stream (`WatchSessions`): a task sends what `see` lets through, from `start` (the
+/// cursor and term [`SessionLog::start`] gave), into a small channel; the client's reading paces
+/// it. `hold` (the watch's place in the caps) lives as long as the task. `ended` says what a watch
+/// whose term ended is told.
 pub fn stream<H: Send + 'static>(
     log: Arc<SessionLog>,
-    (mut cursor, term): (u64, u64),
+    start: (u64, u64),
     see: impl Fn(&pb::Session) -> bool + Send + 'static,
     ended: impl Fn(WatchError) -> Status + Send + 'static,
     hold: H,
 ) -> mpsc::Receiver<Result<pb::Session, Status>> {
-    let (tx, rx) = mpsc::channel(32);
-    tokio::spawn(async move {
-        let _hold = hold;
-        loop {
-            let seen = log.published();
-            let batch = match log.after(cursor, term, BATCH) {
-                Ok(batch) => batch,
-                Err(e) => {
-                    let _ = tx.send(Err(ended(e))).await;
-                    return;
-                }
-            };
-            if batch.is_empty() {
-                tokio::select! {
-                    () = log.changed(seen) => continue,
-                    () = tx.closed() => return,
-                }
-            }
-            for s in batch {
-                cursor = s.revision;
-                if see(&s) && tx.send(Ok(pb::Session::clone(&s))).await.is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    rx
+    follow(log, start, see, ended, hold, |s| s, None)
 }
 
 /// [`stream`] as `WatchSessionEvents` sends it: sessions, and bookmarks. A bookmark goes out
@@ -409,16 +384,46 @@ pub fn stream<H: Send + 'static>(
 /// a watcher that sees few of the changes still learns a recent revision to resume from.
 pub fn events<H: Send + 'static>(
     log: Arc<SessionLog>,
-    (mut cursor, term): (u64, u64),
+    start: (u64, u64),
     see: impl Fn(&pb::Session) -> bool + Send + 'static,
     ended: impl Fn(WatchError) -> Status + Send + 'static,
     hold: H,
 ) -> mpsc::Receiver<Result<pb::SessionEvent, Status>> {
     use pb::session_event::Event;
+    follow(
+        log,
+        start,
+        see,
+        ended,
+        hold,
+        |s| pb::SessionEvent {
+            event: Some(Event::Session(s)),
+        },
+        Some(|revision| pb::SessionEvent {
+            event: Some(Event::Bookmark(pb::WatchBookmark { revision })),
+        }),
+    )
+}
+
+/// The loop behind [`stream`] and [`events`]: replays and then follows the log from `cursor` in
+/// `term`, sending each session `see` lets through as `session` makes it and, when `bookmark` is
+/// given, a bookmark as [`events`] says. The first error (the term ended, the cursor fell behind
+/// what can be replayed) is sent through `ended` and ends the watch, as does the client going
+/// away.
+fn follow<T: Send + 'static, H: Send + 'static>(
+    log: Arc<SessionLog>,
+    (mut cursor, term): (u64, u64),
+    see: impl Fn(&pb::Session) -> bool + Send + 'static,
+    ended: impl Fn(WatchError) -> Status + Send + 'static,
+    hold: H,
+    session: fn(pb::Session) -> T,
+    bookmark: Option<fn(u64) -> T>,
+) -> mpsc::Receiver<Result<T, Status>> {
     let (tx, rx) = mpsc::channel(32);
     tokio::spawn(async move {
         let _hold = hold;
-        // The last revision the watcher was told of; `None` before the first catch-up.
+        // The last revision the watcher was told of; `None` before the first catch-up, and
+        // always without bookmarks (only a bookmark makes it `Some`).
         let mut told: Option<u64> = None;
         loop {
             let seen = log.published();
@@ -430,13 +435,11 @@ pub fn events<H: Send + 'static>(
                 }
             };
             if batch.is_empty() {
-                if told.is_none_or(|t| t < cursor) {
+                if let Some(bookmark) = bookmark
+                    && told.is_none_or(|t| t < cursor)
+                {
                     told = Some(cursor);
-                    let bookmark = Event::Bookmark(pb::WatchBookmark { revision: cursor });
-                    let event = pb::SessionEvent {
-                        event: Some(bookmark),
-                    };
-                    if tx.send(Ok(event)).await.is_err() {
+                    if tx.send(Ok(bookmark(cursor))).await.is_err() {
                         return;
                     }
                 }
@@ -453,10 +456,7 @@ pub fn events<H: Send + 'static>(
                 if told.is_some() {
                     told = Some(cursor);
                 }
-                let event = pb::SessionEvent {
-                    event: Some(Event::Session(pb::Session::clone(&s))),
-                };
-                if tx.send(Ok(event)).await.is_err() {
+                if tx.send(Ok(session(pb::Session::clone(&s)))).await.is_err() {
                     return;
                 }
             }
