@@ -266,6 +266,36 @@ pub fn first_instance_index(physical: impl IntoIterator<Item = u32>) -> u32 {
         .map_or(0, |m| m.saturating_add(1))
 }
 
+/// A MIG instance of GPU 1 (`/dev/nvidia1`, `GPU-p`) for tests: minor `index`, in GPU instance
+/// `gpu_instance` and compute instance `compute_instance`, of `profile`.
+#[cfg(test)]
+pub(crate) fn test_instance(
+    index: u32,
+    gpu_instance: u32,
+    compute_instance: u32,
+    profile: &str,
+) -> GpuDevice {
+    GpuDevice {
+        uuid: format!("MIG-{index}"),
+        model: "M".into(),
+        memory_bytes: 1,
+        numa_node: 0,
+        sm_count: 0,
+        is_mig: true,
+        index,
+        device_node: "/dev/nvidia1".into(),
+        mig: Some(MigInstance {
+            parent_index: 1,
+            parent_uuid: "GPU-p".into(),
+            gpu_instance,
+            compute_instance,
+            profile: profile.into(),
+            gi_cap_minor: None,
+            ci_cap_minor: None,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,25 +350,7 @@ mod tests {
 
     #[test]
     fn each_profile_is_a_slot_type_counting_its_instances() {
-        let instance = |profile: &str| GpuDevice {
-            uuid: "MIG-x".into(),
-            model: "M".into(),
-            memory_bytes: 1,
-            numa_node: 0,
-            sm_count: 0,
-            is_mig: true,
-            index: 2,
-            device_node: "/dev/nvidia1".into(),
-            mig: Some(MigInstance {
-                parent_index: 1,
-                parent_uuid: "GPU-p".into(),
-                gpu_instance: 1,
-                compute_instance: 0,
-                profile: profile.into(),
-                gi_cap_minor: None,
-                ci_cap_minor: None,
-            }),
-        };
+        let instance = |profile: &str| test_instance(2, 1, 0, profile);
         let devices = [
             instance("1g.18gb"),
             instance("3g.71gb"),

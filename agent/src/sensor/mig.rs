@@ -34,28 +34,9 @@ pub fn entries(devices: &[GpuDevice]) -> (Vec<(MigKey, u32)>, Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::mig::MigInstance;
 
     fn instance(index: u32, gi: u32, ci: u32) -> GpuDevice {
-        GpuDevice {
-            uuid: format!("MIG-{index}"),
-            model: "M".into(),
-            memory_bytes: 1,
-            numa_node: 0,
-            sm_count: 0,
-            is_mig: true,
-            index,
-            device_node: "/dev/nvidia1".into(),
-            mig: Some(MigInstance {
-                parent_index: 1,
-                parent_uuid: "GPU-p".into(),
-                gpu_instance: gi,
-                compute_instance: ci,
-                profile: "1g.18gb".into(),
-                gi_cap_minor: None,
-                ci_cap_minor: None,
-            }),
-        }
+        crate::devices::mig::test_instance(index, gi, ci, "1g.18gb")
     }
 
     #[test]

@@ -202,25 +202,7 @@ fn a_cgroup_outside_every_binding_has_no_quota_and_a_vanished_one_says_so() {
 
 /// A MIG instance's index: the GPU the list gives under the name `names` gives it.
 fn instance(index: u32, gpu_instance: u32) -> crate::devices::GpuDevice {
-    crate::devices::GpuDevice {
-        uuid: format!("MIG-{index}"),
-        model: "M".into(),
-        memory_bytes: 1,
-        numa_node: 0,
-        sm_count: 0,
-        is_mig: true,
-        index,
-        device_node: "/dev/nvidia1".into(),
-        mig: Some(crate::devices::mig::MigInstance {
-            parent_index: 1,
-            parent_uuid: "GPU-p".into(),
-            gpu_instance,
-            compute_instance: 0,
-            profile: "1g.18gb".into(),
-            gi_cap_minor: None,
-            ci_cap_minor: None,
-        }),
-    }
+    crate::devices::mig::test_instance(index, gpu_instance, 0, "1g.18gb")
 }
 
 #[test]
