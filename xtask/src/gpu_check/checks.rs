@@ -343,16 +343,23 @@ fn held_to_nvml(rig: &Rig, s: &Section, check: &str, r: &Record) -> anyhow::Resu
     Ok(memory_row(s.name(), check, video, nvml))
 }
 
+/// The first GPU's total memory as NVML gives it: what the sections size their sessions by.
+///
+/// # Errors
+/// NVML can't be read or gives no total.
+pub(crate) fn gpu_total(rig: &Rig) -> anyhow::Result<u64> {
+    rig.nvml()?
+        .gpus
+        .first()
+        .and_then(|g| g.total)
+        .context("NVML gives no total memory to size the sessions by")
+}
+
 /// The allocation steps, a second process, and an agent started after its workload, each held
 /// to NVML's per-process figure.
 pub fn memory(rig: &Rig, s: &Section, o: &Opts) -> anyhow::Result<()> {
     ensure_agent(rig)?;
-    let total = rig
-        .nvml()?
-        .gpus
-        .first()
-        .and_then(|g| g.total)
-        .context("NVML gives no total memory to size the sessions by")?;
+    let total = gpu_total(rig)?;
     let mem = vec![format!("cuda.mem={}g", session_gib(total))];
     s.doing("the steps workload's start");
     let mut w = rig.workload(s, "steps", &mem, None, None, &["steps"])?;

@@ -16,8 +16,8 @@ use anyhow::{Context as _, bail};
 use serde_json::Value;
 
 use super::{
-    GIB, STEP, agent_bytes, cgroup2_root, ensure_agent, held, held_to_nvml, row, session_gib,
-    settle, sub, verdict,
+    GIB, STEP, agent_bytes, cgroup2_root, ensure_agent, gpu_total, held, held_to_nvml, row,
+    session_gib, settle, sub, verdict,
 };
 use crate::gpu_check::{
     MIB, Record, Row, Verdict, container_bytes, kib_diff, process_state,
@@ -79,12 +79,7 @@ struct Switch {
 /// A step the rest depends on failed (the rows not made say so).
 pub fn section(rig: &Rig, s: &Section, o: &super::Opts) -> anyhow::Result<()> {
     ensure_agent(rig)?;
-    let total = rig
-        .nvml()?
-        .gpus
-        .first()
-        .and_then(|g| g.total)
-        .context("NVML gives no total memory to size the session by")?;
+    let total = gpu_total(rig)?;
     // Memory only, with room to spare: no compute share, so the throttle never holds it.
     let gib = session_gib(total).max(TENSOR_MIB * MIB / GIB + 2);
     let mem = vec![format!("cuda.mem={gib}g")];
