@@ -29,9 +29,9 @@ pub enum QuotaCommand {
     /// Stop enforcing the session's quota.
     Release(String),
     /// End the session's workload (`SIGTERM`, killed after `grace`), then release its quota
-    /// and report `preempted` ([`Enforcer::preempt`]); or, in mode `suspend`, move its GPU
+    /// and report `preempted` (`Enforcer::preempt`); or, in mode `suspend`, move its GPU
     /// memory to host memory and freeze it, falling back to the kill where the driver refuses
-    /// ([`Enforcer::begin_suspend`]).
+    /// (`Enforcer::begin_suspend`).
     Preempt {
         /// The session.
         session: String,

@@ -1,10 +1,10 @@
 //! A configuration file followed as it changes: looked at on each use (one `stat`) and parsed
 //! again when it changed. The token file and the grant file are read this way; the TLS files
-//! (here and the webhook's) are told changed by the same [`Stamp`].
+//! (here and the webhook's) are told changed by the same `Stamp`.
 //!
 //! They grant access, so they fail closed (issue 33: a deleted token file left every token
 //! working): a file that is gone grants nothing, and a version that can't be used keeps only
-//! what its [`Salvage`] finds of the last good version still in the new text (for tokens, the
+//! what its `Salvage` finds of the last good version still in the new text (for tokens, the
 //! hashes still written in it; for grants, nothing). Each unusable version is logged and
 //! counted ([`unusable`], exported as `gpuwarden.controller.config.unusable`), which an alert
 //! watches.

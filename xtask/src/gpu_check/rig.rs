@@ -2,7 +2,7 @@
 //!
 //! A [`Kit`] names the programs: the release binaries and the scripts beside them, or, for a
 //! dry run, `dry.py` standing in for all of them. Every program runs through a
-//! [`Guard`](super::procs::Guard), logs into the results folder, and every wait has a limit.
+//! [`Guard`], logs into the results folder, and every wait has a limit.
 
 use gpuwarden_runtime::sync::Lock as _;
 use std::{

@@ -19,18 +19,18 @@ pub(in crate::server) enum CertsCommand {
         /// Directory to write into.
         #[arg(long)]
         out: PathBuf,
-        /// Node ids, comma-separated: one client certificate each (<node>.pem, <node>.key).
+        /// Node ids, comma-separated: one client certificate each (NODE.pem, NODE.key).
         #[arg(long, value_delimiter = ',')]
         nodes: Vec<String>,
         /// Names the controller is reached by (DNS names or IP addresses), comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
         server_names: Vec<String>,
         /// Scheduler users, comma-separated: one client certificate each naming
-        /// <spiffe://gpuwarden/user>/<name> (user-<name>.pem, user-<name>.key).
+        /// spiffe://gpuwarden/user/NAME (user-NAME.pem, user-NAME.key).
         #[arg(long, value_delimiter = ',')]
         users: Vec<String>,
         /// Scheduler admins, comma-separated: one client certificate each naming
-        /// <spiffe://gpuwarden/admin>/<name> (admin-<name>.pem, admin-<name>.key).
+        /// spiffe://gpuwarden/admin/NAME (admin-NAME.pem, admin-NAME.key).
         #[arg(long, value_delimiter = ',')]
         admins: Vec<String>,
         /// Days the server and node certificates are valid (a new CA: ten times as long).
