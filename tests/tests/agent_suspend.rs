@@ -531,15 +531,10 @@ fn move_rig(tag: &str, libcuda: &FakeLibcuda) -> Rig {
     let helper = libcuda.helper();
     std::fs::write(libcuda.dir.path().join("gpus"), UUIDS.join("\n") + "\n").unwrap();
     Rig::start_with_agent(tag, reclaim_config(), Duration::from_mins(1), |cfg| {
-        let mock: String = UUIDS
-            .iter()
-            .map(|u| {
-                format!(
-                    "[[devices]]\nuuid = \"{u}\"\nmodel_name = \"Mock\"\nmemory_size = \"16G\"\n"
-                )
-            })
-            .collect();
-        std::fs::write(cfg.mock_devices.as_ref().unwrap(), mock).unwrap();
+        let mock = UUIDS.map(|u| {
+            format!("[[devices]]\nuuid = \"{u}\"\nmodel_name = \"Mock\"\nmemory_size = \"16G\"\n")
+        });
+        std::fs::write(cfg.mock_devices.as_ref().unwrap(), mock.concat()).unwrap();
         cfg.suspend = Some(SuspendConfig {
             helper,
             step_timeout: STEP,
