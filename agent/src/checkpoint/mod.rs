@@ -63,7 +63,7 @@ impl Action {
 
 /// The first driver version (`cuDriverGetVersion`, CUDA 13.0, driver 580) whose restore takes
 /// GPU pairs: older drivers restore a process only onto the GPUs it left
-/// (/work/shared/facts: `CUcheckpointGpuPair` arrived with CUDA 13.0).
+/// (`CUcheckpointGpuPair` arrived with CUDA 13.0, as the CUDA bindings gate it).
 pub const GPU_PAIRS_SINCE: i32 = 13_000;
 
 /// One GPU of a checkpointed process and the GPU it is restored onto
