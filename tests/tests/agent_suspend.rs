@@ -531,15 +531,21 @@ fn move_rig(tag: &str, libcuda: &FakeLibcuda) -> Rig {
     let helper = libcuda.helper();
     std::fs::write(libcuda.dir.path().join("gpus"), UUIDS.join("\n") + "\n").unwrap();
     Rig::start_with_agent(tag, reclaim_config(), Duration::from_mins(1), |cfg| {
-        let mock = UUIDS.map(|u| {
-            format!("[[devices]]\nuuid = \"{u}\"\nmodel_name = \"Mock\"\nmemory_size = \"16G\"\n")
-        });
-        std::fs::write(cfg.mock_devices.as_ref().unwrap(), mock.concat()).unwrap();
+        std::fs::write(cfg.mock_devices.as_ref().unwrap(), uuid_mock()).unwrap();
         cfg.suspend = Some(SuspendConfig {
             helper,
             step_timeout: STEP,
         });
     })
+}
+
+/// The agent's mock device list for [`UUIDS`].
+fn uuid_mock() -> String {
+    UUIDS
+        .map(|u| {
+            format!("[[devices]]\nuuid = \"{u}\"\nmodel_name = \"Mock\"\nmemory_size = \"16G\"\n")
+        })
+        .concat()
 }
 
 /// What the agent's eBPF accounting charges `cg`'s quota on GPU `gpu`.
@@ -617,12 +623,13 @@ fn gpu_nodes() -> tempfile::TempDir {
 /// helper passes (old UUID → new UUID); the fake driver's own ledger has its 64 MiB on the new
 /// GPU and nothing on the old, the agent's eBPF accounting charges them to the new GPU, the
 /// cgroup may open the new GPU's node and no longer the old one's, and its data is unchanged.
+/// A restarted agent holds it on the new GPU too (what it stored once it resumed).
 #[test]
 #[ignore = "needs root"]
 fn a_suspended_session_resumes_on_another_gpu_of_the_same_model() {
     require_root();
     let libcuda = FakeLibcuda::build();
-    let rig = move_rig("suspend-move", &libcuda);
+    let mut rig = move_rig("suspend-move", &libcuda);
     let cg = docker("suspend-move");
     let nodes = gpu_nodes();
     let (borrower, x, lender, home, other, mut p) =
@@ -667,6 +674,20 @@ fn a_suspended_session_resumes_on_another_gpu_of_the_same_model() {
         "{}",
         resumed.detail
     );
+
+    // The agent restarts (its kernel state pinned, as a restart of the daemon leaves it): from
+    // its store it binds the session's quota on the new GPU again.
+    rig.agent.take().unwrap().stop_keeping_pins().unwrap();
+    let mut cfg = util::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
+    std::fs::write(cfg.mock_devices.as_ref().unwrap(), uuid_mock()).unwrap();
+    cfg.binding_timeout = Duration::from_mins(1);
+    rig.agent = Some(util::TestAgent::start_with(cfg));
+    rig.wait_binding(&borrower, "bound");
+    util::wait_for("the restarted agent to count it on the new GPU", || {
+        charged_on(&rig, &cg, other) == 64 * MIB
+    });
+    assert_eq!(open(other), libc::ENXIO);
+    assert_eq!(open(home), libc::EPERM);
 }
 
 /// The same with a driver older than CUDA 13.0 (the stand-in reports 12.8): its restore takes
