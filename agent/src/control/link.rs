@@ -522,13 +522,21 @@ fn answer(
         }
         Some(Msg::Preempt(p)) => preempt(holdings, channels, p),
         Some(Msg::Resume(r)) => {
-            if confinement::check_session_id(&r.session_id).is_ok()
-                && let Some(c) = channels
-                && let Some(command) = resume_command(backend, holdings, r)
-            {
-                let _ = c.quotas.send(command);
+            let c = channels.filter(|_| confinement::check_session_id(&r.session_id).is_ok())?;
+            let session_id = r.session_id.clone();
+            match resume_command(backend, holdings, r) {
+                Ok(command) => {
+                    let _ = c.quotas.send(command);
+                    None
+                }
+                // Said to the controller, which suspends it again for the GPUs it left.
+                Err(why) => Some(pb::agent_message::Msg::Event(pb::EnforcementEvent {
+                    session_id,
+                    action: "resume_refused".to_owned(),
+                    reason: format!("not resumed on the GPUs named ({why}); still suspended"),
+                    ..pb::EnforcementEvent::default()
+                })),
             }
-            None
         }
         Some(Msg::Release(r)) => {
             release_held(holdings, &r.session_id);
@@ -544,13 +552,16 @@ fn answer(
 /// What a `Resume` asks of enforcement: a plain resumption where it names no GPUs or the ones
 /// the session holds, else a resumption onto the GPUs it names (issue 38), each in place of the
 /// held one at its position: the quota there and the GPU pairs, old → new, by this node's
-/// UUIDs for the indexes. `None` (logged) where it names GPUs that cannot be: the session
-/// stays suspended.
+/// UUIDs for the indexes.
+///
+/// # Errors
+/// Why not, where it names GPUs that cannot take the session's place (another model, not a
+/// whole GPU here, another count): it stays suspended.
 fn resume_command(
     backend: &dyn GpuBackend,
     holdings: &SharedHoldings,
     r: pb::Resume,
-) -> Option<QuotaCommand> {
+) -> Result<QuotaCommand, String> {
     let held = lock(holdings).get(&r.session_id).cloned();
     let same = |held: &pb::Allocate| {
         held.devices
@@ -560,11 +571,11 @@ fn resume_command(
     };
     let held = match held {
         Some(held) if !r.devices.is_empty() && !same(&held) => held,
-        _ => return Some(QuotaCommand::Resume(r.session_id)),
+        _ => return Ok(QuotaCommand::Resume(r.session_id)),
     };
     let refuse = |why: String| {
-        tracing::warn!(session = %r.session_id, "resumption onto other GPUs ignored: {why}");
-        None
+        tracing::warn!(session = %r.session_id, "resumption onto other GPUs refused: {why}");
+        Err(why)
     };
     if held.devices.len() != r.devices.len() {
         return refuse(format!(
@@ -603,7 +614,7 @@ fn resume_command(
         Err(e) => return refuse(e.to_string()),
     };
     lock(holdings).propose_move(moved);
-    Some(QuotaCommand::ResumeOnto {
+    Ok(QuotaCommand::ResumeOnto {
         session: r.session_id,
         moving: Move { spec, pairs },
     })

@@ -303,12 +303,13 @@ memory_size = "16G"
             },
         )
     };
-    let plain = Some(QuotaCommand::Resume("s".into()));
+    let plain = Ok(QuotaCommand::Resume("s".into()));
     assert_eq!(resume(vec![]), plain, "none named: where it was");
     assert_eq!(resume(vec![share(0)]), plain, "the GPU it holds");
-    assert_eq!(resume(vec![share(2)]), None, "another model");
-    assert_eq!(resume(vec![share(0), share(1)]), None, "two for one");
-    let Some(QuotaCommand::ResumeOnto { session, moving }) = resume(vec![share(1)]) else {
+    let other_model = resume(vec![share(2)]).unwrap_err();
+    assert!(other_model.contains("Mock A100"), "{other_model}");
+    assert!(resume(vec![share(0), share(1)]).is_err(), "two for one");
+    let Ok(QuotaCommand::ResumeOnto { session, moving }) = resume(vec![share(1)]) else {
         panic!("no move");
     };
     assert_eq!(session, "s");
@@ -326,7 +327,7 @@ memory_size = "16G"
     lock(&holdings).settle_move("s", true).unwrap();
     assert_eq!(held(&holdings), 1);
     // A refused move leaves what was held.
-    resume(vec![share(0)]);
+    resume(vec![share(0)]).unwrap();
     lock(&holdings).settle_move("s", false).unwrap();
     assert_eq!(held(&holdings), 1);
 }
