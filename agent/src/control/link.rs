@@ -601,10 +601,12 @@ fn resume_command(
                 o.index, o.model, n.index, n.model
             ));
         }
-        pairs.push(GpuPair {
-            old: o.uuid.clone(),
-            new: n.uuid.clone(),
-        });
+        // The driver takes UUIDs as bytes: one that is not in NVML's form (a mock GPU's made-up
+        // name) fails here, before anything moves, rather than at the restore.
+        let pair: GpuPair = format!("{}={}", o.uuid, n.uuid)
+            .parse()
+            .map_err(|e: crate::checkpoint::CheckpointError| e.to_string())?;
+        pairs.push(pair);
     }
     let mut moved = held;
     moved.devices = r.devices;

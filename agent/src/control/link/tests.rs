@@ -326,6 +326,22 @@ memory_size = "16G"
     assert_eq!(held(&holdings), 0, "not held before it resumed");
     lock(&holdings).settle_move("s", true).unwrap();
     assert_eq!(held(&holdings), 1);
+    // GPUs whose UUIDs are no driver's (mock names) cannot be paired: refused before any move.
+    let named = crate::devices::mock::MockBackend::from_toml(
+        &GPUS.replace("6a4c2f9e-0000-4000-8000-0000000000b", "made-up-"),
+        std::path::Path::new("named.toml"),
+    )
+    .unwrap();
+    let why = resume_command(
+        &named,
+        &holdings,
+        pb::Resume {
+            session_id: "s".into(),
+            devices: vec![share(0)],
+        },
+    )
+    .unwrap_err();
+    assert!(why.contains("is not a GPU UUID"), "{why}");
     // A refused move leaves what was held.
     resume(vec![share(0)]).unwrap();
     lock(&holdings).settle_move("s", false).unwrap();
