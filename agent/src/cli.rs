@@ -109,6 +109,10 @@ enum Command {
         /// The driver library to load.
         #[arg(long, default_value = checkpoint::driver::LIBCUDA)]
         library: PathBuf,
+        /// For a restore onto other GPUs: `OLD=NEW`, GPU UUIDs, one per GPU the process left
+        /// (the driver's `CUcheckpointGpuPair`, CUDA 13.0 and later).
+        #[arg(long = "gpu-pair")]
+        gpu_pairs: Vec<checkpoint::GpuPair>,
     },
     /// Print one snapshot of GPU use per container.
     Snapshot {
@@ -143,9 +147,10 @@ pub fn main() -> ExitCode {
         action,
         timeout_ms,
         library,
+        gpu_pairs,
     } = &cli.command
     {
-        return checkpoint_helper(&library.clone(), *pid, *action, *timeout_ms);
+        return checkpoint_helper(&library.clone(), *pid, *action, *timeout_ms, gpu_pairs);
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -162,15 +167,18 @@ fn checkpoint_helper(
     pid: u32,
     action: checkpoint::Action,
     timeout_ms: u32,
+    gpu_pairs: &[checkpoint::GpuPair],
 ) -> ExitCode {
-    let answer = checkpoint::driver::answer(library, pid, action, timeout_ms);
+    let answer = checkpoint::driver::answer(library, pid, action, timeout_ms, gpu_pairs);
     match serde_json::to_string(&answer) {
         Ok(line) => println!("{line}"),
         Err(e) => eprintln!("gpuwarden-agent: {e}"),
     }
     match answer {
         checkpoint::Answer::Ok { .. } => ExitCode::SUCCESS,
-        checkpoint::Answer::Refused { .. } => ExitCode::from(3),
+        checkpoint::Answer::Refused { .. } | checkpoint::Answer::NoGpuPairs { .. } => {
+            ExitCode::from(3)
+        }
         checkpoint::Answer::Error { .. } => ExitCode::FAILURE,
     }
 }

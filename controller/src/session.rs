@@ -142,6 +142,10 @@ pub struct Home {
     /// Bytes of its GPU memory now in its node's host memory, as its agent counted them.
     #[serde(default)]
     pub host_bytes: u64,
+    /// Only the GPUs it left will do: its agent refused to restore it onto others (a driver
+    /// whose restore takes no GPU pairs).
+    #[serde(default)]
+    pub home_only: bool,
 }
 
 /// Why a pending session waits, as a client's condition names it (docs/api.md, "Conditions").
@@ -279,7 +283,8 @@ pub enum DecisionKind {
     Yielded,
     /// It was suspended (preempted in mode `suspend`): the detail says where it waits.
     Suspended,
-    /// It was resumed where it was suspended: the detail says after how long.
+    /// It was resumed on its node: the detail says on which GPUs (those it left, or others of
+    /// the same model) and after how long.
     Resumed,
 }
 

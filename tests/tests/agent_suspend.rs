@@ -517,3 +517,224 @@ fn a_suspension_survives_an_agent_restart() {
     });
     assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
 }
+
+/// Two GPUs of one model with UUIDs in NVML's form (the driver's GPU pairs carry them as
+/// bytes), for the agent's mock device list and the stand-in driver's own list of its GPUs.
+const UUIDS: [&str; 2] = [
+    "GPU-6a4c2f9e-0000-4000-8000-0000000000a0",
+    "GPU-6a4c2f9e-0000-4000-8000-0000000000a1",
+];
+
+/// A rig for resuming onto another GPU: [`reclaim_config`], the agent suspending through
+/// `libcuda` and its two mock GPUs named by [`UUIDS`], which the stand-in driver knows too.
+fn move_rig(tag: &str, libcuda: &FakeLibcuda) -> Rig {
+    let helper = libcuda.helper();
+    std::fs::write(libcuda.dir.path().join("gpus"), UUIDS.join("\n") + "\n").unwrap();
+    Rig::start_with_agent(tag, reclaim_config(), Duration::from_mins(1), |cfg| {
+        std::fs::write(cfg.mock_devices.as_ref().unwrap(), uuid_mock()).unwrap();
+        cfg.suspend = Some(SuspendConfig {
+            helper,
+            step_timeout: STEP,
+        });
+    })
+}
+
+/// The agent's mock device list for [`UUIDS`].
+fn uuid_mock() -> String {
+    UUIDS
+        .map(|u| {
+            format!("[[devices]]\nuuid = \"{u}\"\nmodel_name = \"Mock\"\nmemory_size = \"16G\"\n")
+        })
+        .concat()
+}
+
+/// What the agent's eBPF accounting charges `cg`'s quota on GPU `gpu`.
+fn charged_on(rig: &Rig, cg: &TestCgroup, gpu: u32) -> u64 {
+    let name = format!("nvidia{gpu}");
+    rig.agent()
+        .container(&cg.path)
+        .and_then(|c| c.quota)
+        .and_then(|q| q.devices.into_iter().find(|d| d.device == name))
+        .map_or(0, |d| d.used_bytes)
+}
+
+/// A borrower `B` (mode suspend, bound to `cg`, one GPU) holds 64 MiB on its GPU through a
+/// fake CUDA process; a lab session `X` holds the other GPU; a second lab session `L` reclaims,
+/// so `B` is suspended and `L` runs on the GPU `B` left. Returns (B, X, L, the GPU B left, the
+/// other GPU, B's process), `B` suspended.
+fn suspended_beside_a_busy_home(
+    rig: &Rig,
+    libcuda: &FakeLibcuda,
+    cg: &TestCgroup,
+    nodes: &std::path::Path,
+) -> (String, String, String, u32, u32, CudaProcess) {
+    let borrower = create(rig, "burst", "1", Some(cg), "suspend");
+    rig.wait_binding(&borrower, "bound");
+    rig.wait_for("the borrower to run", |r| {
+        state_of(r, &borrower) == pb::SessionState::Running as i32
+    });
+    let home = rig.get(&borrower).devices[0].index;
+    let other = 1 - home;
+    let x = create(rig, "lab", "1", None, "");
+    rig.wait_for("the lab's first session to run", |r| {
+        state_of(r, &x) == pb::SessionState::Running as i32
+    });
+    assert_eq!(rig.get(&x).devices[0].index, other);
+    let p = CudaProcess::spawn(&rig.driver.dir, libcuda, home, &["64m"], Some(cg));
+    util::wait_for("the quota to count the workload", || {
+        charged_on(rig, cg, home) == 64 * MIB
+    });
+    // The device rules before: its GPU opens, the other does not.
+    let open = |gpu: u32| util::open_in(cg, &nodes.join(format!("nvidia{gpu}")));
+    assert_eq!(open(home), libc::ENXIO);
+    assert_eq!(open(other), libc::EPERM);
+
+    let lender = create(rig, "lab", "1", None, "");
+    rig.wait_for("the lender to run", |r| {
+        state_of(r, &lender) == pb::SessionState::Running as i32
+    });
+    assert_eq!(rig.get(&lender).devices[0].index, home);
+    assert_eq!(state_of(rig, &borrower), pb::SessionState::Suspended as i32);
+    assert_eq!(rig.driver.fake.ledger(), vec![0, 0]);
+    (borrower, x, lender, home, other, p)
+}
+
+fn terminate(rig: &Rig, id: &str) {
+    rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.terminate_session(pb::TerminateSessionRequest { id: id.to_owned() })
+            .await
+            .unwrap();
+    });
+}
+
+/// GPU nodes made with the NVIDIA major (`nvidia0`, `nvidia1`), judged by the cgroup device
+/// program without a driver behind them.
+fn gpu_nodes() -> tempfile::TempDir {
+    let dir = gpuwarden_test_support::scratch("nodes");
+    for minor in 0..2 {
+        util::mknod(&dir.path().join(format!("nvidia{minor}")), 195, minor);
+    }
+    dir
+}
+
+/// Issue 38: a session suspended on one GPU resumes on the other GPU of the same model while
+/// the one it left is busy. The stand-in driver restores it there through the GPU pairs the
+/// helper passes (old UUID → new UUID); the fake driver's own ledger has its 64 MiB on the new
+/// GPU and nothing on the old, the agent's eBPF accounting charges them to the new GPU, the
+/// cgroup may open the new GPU's node and no longer the old one's, and its data is unchanged.
+/// A restarted agent holds it on the new GPU too (what it stored once it resumed).
+#[test]
+#[ignore = "needs root"]
+fn a_suspended_session_resumes_on_another_gpu_of_the_same_model() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    let mut rig = move_rig("suspend-move", &libcuda);
+    let cg = docker("suspend-move");
+    let nodes = gpu_nodes();
+    let (borrower, x, lender, home, other, mut p) =
+        suspended_beside_a_busy_home(&rig, &libcuda, &cg, nodes.path());
+    assert!(p.alive() && frozen(&cg));
+
+    // The lab's first session ends: the GPU the borrower left is still the lender's, the other
+    // is free.
+    terminate(&rig, &x);
+    let why = wait_event(&rig, &borrower, "resumed");
+    assert!(why.contains("1 processes restored"), "{why}");
+    let resuming = wait_event(&rig, &borrower, "resuming");
+    let other_uuid = UUIDS[usize::try_from(other).unwrap()];
+    assert!(resuming.contains(other_uuid), "{resuming}");
+    let b = rig.get(&borrower);
+    assert_eq!(b.state, pb::SessionState::Running as i32);
+    assert_eq!(b.devices[0].index, other);
+    assert_eq!(rig.get(&lender).devices[0].index, home);
+
+    // The driver's own account: the bytes on the new GPU, none on the old.
+    let mut expected = vec![0; 2];
+    expected[usize::try_from(other).unwrap()] = 64 * MIB;
+    assert_eq!(rig.driver.fake.ledger(), expected);
+    // The agent's: charged on the new GPU.
+    util::wait_for("the quota to count the workload on the new GPU", || {
+        charged_on(&rig, &cg, other) == 64 * MIB
+    });
+    assert_eq!(charged_on(&rig, &cg, home), 0);
+    assert_eq!(charged(&rig, &cg), 64 * MIB);
+    assert!(!frozen(&cg));
+    // The device rules moved with it.
+    let open = |gpu: u32| util::open_in(&cg, &nodes.path().join(format!("nvidia{gpu}")));
+    assert_eq!(open(other), libc::ENXIO);
+    assert_eq!(open(home), libc::EPERM);
+    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+    let resumed = b.decisions.last().unwrap();
+    assert_eq!(resumed.kind, "resumed");
+    assert!(
+        resumed.detail.contains(&format!(
+            "GPUs {other} of the same model (suspended on GPUs {home})"
+        )),
+        "{}",
+        resumed.detail
+    );
+
+    // The agent restarts (its kernel state pinned, as a restart of the daemon leaves it): from
+    // its store it binds the session's quota on the new GPU again.
+    rig.agent.take().unwrap().stop_keeping_pins().unwrap();
+    let mut cfg = util::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
+    std::fs::write(cfg.mock_devices.as_ref().unwrap(), uuid_mock()).unwrap();
+    cfg.binding_timeout = Duration::from_mins(1);
+    rig.agent = Some(util::TestAgent::start_with(cfg));
+    rig.wait_binding(&borrower, "bound");
+    util::wait_for("the restarted agent to count it on the new GPU", || {
+        charged_on(&rig, &cg, other) == 64 * MIB
+    });
+    assert_eq!(open(other), libc::ENXIO);
+    assert_eq!(open(home), libc::EPERM);
+}
+
+/// The same with a driver older than CUDA 13.0 (the stand-in reports 12.8): its restore takes
+/// no GPU pairs, so the agent refuses the move before anything moves (`resume_refused`); the
+/// session stays suspended with its bytes on the host, and resumes on the GPU it left when
+/// the lender ends.
+#[test]
+#[ignore = "needs root"]
+fn an_older_driver_keeps_a_suspended_session_for_the_gpu_it_left() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    std::fs::write(libcuda.dir.path().join("driver-version"), "12080\n").unwrap();
+    let rig = move_rig("suspend-old-driver", &libcuda);
+    let cg = docker("suspend-old-driver");
+    let nodes = gpu_nodes();
+    let (borrower, x, lender, home, _, mut p) =
+        suspended_beside_a_busy_home(&rig, &libcuda, &cg, nodes.path());
+
+    terminate(&rig, &x);
+    let why = wait_event(&rig, &borrower, "resume_refused");
+    assert!(why.contains("cannot restore onto other GPUs"), "{why}");
+    assert!(why.contains("12080"), "{why}");
+    rig.wait_for("the borrower to be suspended again", |r| {
+        state_of(r, &borrower) == pb::SessionState::Suspended as i32
+    });
+    assert_eq!(rig.driver.fake.ledger(), vec![0, 0], "still on the host");
+    assert_eq!(charged(&rig, &cg), 0);
+    assert!(p.alive() && frozen(&cg));
+    assert!(
+        !rig.get(&borrower)
+            .events
+            .iter()
+            .any(|e| e.action == "resuming")
+    );
+
+    terminate(&rig, &lender);
+    wait_event(&rig, &borrower, "resumed");
+    let mut expected = vec![0; 2];
+    expected[usize::try_from(home).unwrap()] = 64 * MIB;
+    assert_eq!(rig.driver.fake.ledger(), expected);
+    util::wait_for("the quota to count the workload at home", || {
+        charged_on(&rig, &cg, home) == 64 * MIB
+    });
+    assert_eq!(rig.get(&borrower).devices[0].index, home);
+    assert_eq!(
+        util::open_in(&cg, &nodes.path().join(format!("nvidia{home}"))),
+        libc::ENXIO
+    );
+    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+}

@@ -3,7 +3,7 @@
 
 use std::{path::PathBuf, process::Stdio, time::Duration};
 
-use super::{Action, Answer, CheckpointError, CuResult, ProcessState};
+use super::{Action, Answer, CheckpointError, CuResult, GpuPair, ProcessState};
 
 /// How the agent reaches the driver's checkpoint calls.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +27,49 @@ impl Helper {
         action: Action,
         timeout: Duration,
     ) -> Result<Option<ProcessState>, CheckpointError> {
+        self.run(pid, action, timeout, &[])
+            .await
+            .map(|(state, _)| state)
+    }
+
+    /// Restores `pid` onto other GPUs, each of `pairs` naming a GPU it left and the one it
+    /// takes instead; the helper refuses ([`CheckpointError::NoGpuPairs`]) where the driver
+    /// is older than the pairs.
+    ///
+    /// # Errors
+    /// As [`Self::act`], and [`CheckpointError::NoGpuPairs`].
+    pub async fn restore_onto(
+        &self,
+        pid: u32,
+        pairs: &[GpuPair],
+        timeout: Duration,
+    ) -> Result<Option<ProcessState>, CheckpointError> {
+        self.run(pid, Action::Restore, timeout, pairs)
+            .await
+            .map(|(state, _)| state)
+    }
+
+    /// The driver's CUDA version (`cuDriverGetVersion`), asked in a helper process.
+    ///
+    /// # Errors
+    /// As [`Self::act`]; a helper that answers no version is a helper error.
+    pub async fn driver_version(&self, timeout: Duration) -> Result<i32, CheckpointError> {
+        match self.run(0, Action::DriverVersion, timeout, &[]).await? {
+            (_, Some(version)) => Ok(version),
+            (_, None) => Err(CheckpointError::Helper {
+                program: self.program.display().to_string(),
+                reason: "no driver version in the answer".to_owned(),
+            }),
+        }
+    }
+
+    async fn run(
+        &self,
+        pid: u32,
+        action: Action,
+        timeout: Duration,
+        pairs: &[GpuPair],
+    ) -> Result<(Option<ProcessState>, Option<i32>), CheckpointError> {
         let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
         let mut command = tokio::process::Command::new(&self.program);
         command
@@ -39,6 +82,9 @@ impl Helper {
             .kill_on_drop(true);
         if let Some(library) = &self.library {
             command.arg("--library").arg(library);
+        }
+        for pair in pairs {
+            command.arg("--gpu-pair").arg(pair.word());
         }
         let helper_error = |reason: String| CheckpointError::Helper {
             program: self.program.display().to_string(),
@@ -65,7 +111,13 @@ impl Helper {
             ))
         })?;
         match answer {
-            Answer::Ok { state } => Ok(state),
+            Answer::Ok {
+                state,
+                driver_version,
+            } => Ok((state, driver_version)),
+            Answer::NoGpuPairs { driver_version } => {
+                Err(CheckpointError::NoGpuPairs { driver_version })
+            }
             Answer::Refused { code, .. } => Err(CheckpointError::Driver {
                 function: action.function(),
                 pid,

@@ -29,6 +29,8 @@ pub enum Action {
     Unlock,
     /// `cuCheckpointProcessGetState`: where it stands.
     GetState,
+    /// `cuDriverGetVersion`: the driver's CUDA version (`13000` for 13.0); no process.
+    DriverVersion,
 }
 
 impl Action {
@@ -41,6 +43,7 @@ impl Action {
             Self::Restore => "cuCheckpointProcessRestore",
             Self::Unlock => "cuCheckpointProcessUnlock",
             Self::GetState => "cuCheckpointProcessGetState",
+            Self::DriverVersion => "cuDriverGetVersion",
         }
     }
 
@@ -53,8 +56,72 @@ impl Action {
             Self::Restore => "restore",
             Self::Unlock => "unlock",
             Self::GetState => "get-state",
+            Self::DriverVersion => "driver-version",
         }
     }
+}
+
+/// The first driver version (`cuDriverGetVersion`, CUDA 13.0, driver 580) whose restore takes
+/// GPU pairs: older drivers restore a process only onto the GPUs it left
+/// (`CUcheckpointGpuPair` arrived with CUDA 13.0, as the CUDA bindings gate it).
+pub const GPU_PAIRS_SINCE: i32 = 13_000;
+
+/// One GPU of a checkpointed process and the GPU it is restored onto
+/// (`CUcheckpointGpuPair { CUuuid oldUuid; CUuuid newUuid; }`), by their UUIDs as NVML and
+/// `nvidia-smi` print them (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuPair {
+    /// The GPU the process left.
+    pub old: String,
+    /// The GPU it goes to.
+    pub new: String,
+}
+
+impl GpuPair {
+    /// The pair as the helper's command line takes it: `OLD=NEW`.
+    #[must_use]
+    pub fn word(&self) -> String {
+        format!("{}={}", self.old, self.new)
+    }
+}
+
+impl std::str::FromStr for GpuPair {
+    type Err = CheckpointError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (old, new) = text.split_once('=').ok_or_else(|| CheckpointError::Uuid {
+            uuid: text.to_owned(),
+        })?;
+        uuid_bytes(old)?;
+        uuid_bytes(new)?;
+        Ok(Self {
+            old: old.to_owned(),
+            new: new.to_owned(),
+        })
+    }
+}
+
+/// The 16 bytes of a GPU's UUID (`CUuuid`) from its printed form,
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (the `GPU-` prefix optional).
+///
+/// # Errors
+/// Not 32 hex digits in the 8-4-4-4-12 groups.
+pub fn uuid_bytes(uuid: &str) -> Result<[u8; 16], CheckpointError> {
+    let bad = || CheckpointError::Uuid {
+        uuid: uuid.to_owned(),
+    };
+    let hex = uuid.strip_prefix("GPU-").unwrap_or(uuid);
+    let groups: Vec<&str> = hex.split('-').collect();
+    if groups.iter().map(|g| g.len()).collect::<Vec<_>>() != [8, 4, 4, 4, 12] {
+        return Err(bad());
+    }
+    let digits: Vec<u8> = groups.concat().into_bytes();
+    let mut out = [0u8; 16];
+    for (byte, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
+        let text = std::str::from_utf8(pair).map_err(|_| bad())?;
+        *byte = u8::from_str_radix(text, 16).map_err(|_| bad())?;
+    }
+    Ok(out)
 }
 
 /// A process's checkpoint state (`CUprocessState`).
@@ -157,6 +224,22 @@ pub enum CheckpointError {
         /// What went wrong.
         reason: String,
     },
+    /// Asked to restore onto other GPUs, the driver is older than the GPU pairs
+    /// ([`GPU_PAIRS_SINCE`]): the process can only return to the GPUs it left.
+    #[error(
+        "the driver (CUDA version {driver_version}) cannot restore onto other GPUs: that needs \
+         {GPU_PAIRS_SINCE} (CUDA 13.0, driver 580) or later"
+    )]
+    NoGpuPairs {
+        /// What `cuDriverGetVersion` answered.
+        driver_version: i32,
+    },
+    /// A GPU UUID that is not one (`GPU-` and 32 hex digits in 8-4-4-4-12 groups).
+    #[error("{uuid:?} is not a GPU UUID")]
+    Uuid {
+        /// The text.
+        uuid: String,
+    },
     /// The helper did not answer in time (it was killed).
     #[error("{action} on process {pid} did not finish within {} ms", timeout.as_millis())]
     Timeout {
@@ -188,6 +271,9 @@ pub enum Answer {
     Ok {
         /// The process's state, from `cuCheckpointProcessGetState`.
         state: Option<ProcessState>,
+        /// The driver's version, for `driver-version`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        driver_version: Option<i32>,
     },
     /// The driver refused.
     Refused {
@@ -195,6 +281,11 @@ pub enum Answer {
         function: String,
         /// Its `CUresult`.
         code: i32,
+    },
+    /// Asked to restore onto other GPUs, the driver is too old for it.
+    NoGpuPairs {
+        /// What `cuDriverGetVersion` answered.
+        driver_version: i32,
     },
     /// The call could not be made (library, symbol).
     Error {

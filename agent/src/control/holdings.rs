@@ -44,6 +44,9 @@ pub enum HoldingsError {
 #[derive(Debug, Default)]
 pub struct Holdings {
     sessions: BTreeMap<String, pb::Allocate>,
+    /// Allocations on other GPUs that suspended sessions are resuming onto (issue 38): held in
+    /// place of the old ones once the resumption succeeds ([`Self::settle_move`]).
+    moves: BTreeMap<String, pb::Allocate>,
     tree: Option<sled::Tree>,
     db: Option<sled::Db>,
 }
@@ -72,6 +75,7 @@ impl Holdings {
         }
         Ok(Self {
             sessions,
+            moves: BTreeMap::new(),
             tree: Some(tree),
             db: Some(db),
         })
@@ -111,12 +115,30 @@ impl Holdings {
         Ok(())
     }
 
+    /// Notes that `allocate`'s session is resuming onto its GPUs, other than those it holds:
+    /// held only once it has ([`Self::settle_move`]), so that a refused move leaves the old ones.
+    pub fn propose_move(&mut self, allocate: pb::Allocate) {
+        self.moves.insert(allocate.session_id.clone(), allocate);
+    }
+
+    /// The move of `session` ended: held if it `resumed`, forgotten otherwise.
+    ///
+    /// # Errors
+    /// The write failed.
+    pub fn settle_move(&mut self, session: &str, resumed: bool) -> Result<(), HoldingsError> {
+        match self.moves.remove(session) {
+            Some(allocate) if resumed && self.sessions.contains_key(session) => self.hold(allocate),
+            _ => Ok(()),
+        }
+    }
+
     /// Lets go of `session`.
     ///
     /// # Errors
     /// The write failed; it is forgotten in memory all the same (the controller ended it).
     pub fn release(&mut self, session: &str) -> Result<(), HoldingsError> {
         self.sessions.remove(session);
+        self.moves.remove(session);
         if let Some(tree) = &self.tree {
             tree.remove(session.as_bytes())?;
             tree.flush()?;

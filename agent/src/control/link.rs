@@ -25,8 +25,9 @@ use super::{
     usage_report::UsageCounters,
 };
 use crate::{
+    checkpoint::GpuPair,
     devices::GpuBackend,
-    enforcement::{PreemptionMode, QuotaCommand, confinement, quota::QuotaSpec},
+    enforcement::{PreemptionMode, QuotaCommand, confinement, quota::QuotaSpec, suspend::Move},
 };
 
 /// The channels between the link and the rest of the agent.
@@ -453,6 +454,11 @@ async fn connect_once(
         tokio::select! {
             upward = upward => match upward {
                 Upward::Event(event) => {
+                    if matches!(event.action.as_str(), "resumed" | "resume_refused" | "resume_failed")
+                        && let Err(e) = lock(holdings).settle_move(&event.session_id, event.action == "resumed")
+                    {
+                        tracing::error!(session = %event.session_id, "holding the GPUs it resumed on: {e}");
+                    }
                     if event.action == "preempted" {
                         // The workload is gone and its quota released: the hold goes too, so
                         // the node's next registration no longer lists the session.
@@ -516,12 +522,21 @@ fn answer(
         }
         Some(Msg::Preempt(p)) => preempt(holdings, channels, p),
         Some(Msg::Resume(r)) => {
-            if confinement::check_session_id(&r.session_id).is_ok()
-                && let Some(c) = channels
-            {
-                let _ = c.quotas.send(QuotaCommand::Resume(r.session_id));
+            let c = channels.filter(|_| confinement::check_session_id(&r.session_id).is_ok())?;
+            let session_id = r.session_id.clone();
+            match resume_command(backend, holdings, r) {
+                Ok(command) => {
+                    let _ = c.quotas.send(command);
+                    None
+                }
+                // Said to the controller, which suspends it again for the GPUs it left.
+                Err(why) => Some(pb::agent_message::Msg::Event(pb::EnforcementEvent {
+                    session_id,
+                    action: "resume_refused".to_owned(),
+                    reason: format!("not resumed on the GPUs named ({why}); still suspended"),
+                    ..pb::EnforcementEvent::default()
+                })),
             }
-            None
         }
         Some(Msg::Release(r)) => {
             release_held(holdings, &r.session_id);
@@ -532,6 +547,79 @@ fn answer(
         }
         None => None,
     }
+}
+
+/// What a `Resume` asks of enforcement: a plain resumption where it names no GPUs or the ones
+/// the session holds, else a resumption onto the GPUs it names (issue 38), each in place of the
+/// held one at its position: the quota there and the GPU pairs, old → new, by this node's
+/// UUIDs for the indexes.
+///
+/// # Errors
+/// Why not, where it names GPUs that cannot take the session's place (another model, not a
+/// whole GPU here, another count): it stays suspended.
+fn resume_command(
+    backend: &dyn GpuBackend,
+    holdings: &SharedHoldings,
+    r: pb::Resume,
+) -> Result<QuotaCommand, String> {
+    let held = lock(holdings).get(&r.session_id).cloned();
+    let same = |held: &pb::Allocate| {
+        held.devices
+            .iter()
+            .map(|d| d.index)
+            .eq(r.devices.iter().map(|d| d.index))
+    };
+    let held = match held {
+        Some(held) if !r.devices.is_empty() && !same(&held) => held,
+        _ => return Ok(QuotaCommand::Resume(r.session_id)),
+    };
+    let refuse = |why: String| {
+        tracing::warn!(session = %r.session_id, "resumption onto other GPUs refused: {why}");
+        Err(why)
+    };
+    if held.devices.len() != r.devices.len() {
+        return refuse(format!(
+            "{} GPUs named for {} held",
+            r.devices.len(),
+            held.devices.len()
+        ));
+    }
+    let devices = backend.devices();
+    let gpu = |index: u32| devices.iter().find(|d| d.index == index && !d.is_mig);
+    let mut pairs = Vec::new();
+    for (old, new) in held.devices.iter().zip(&r.devices) {
+        let (Some(o), Some(n)) = (gpu(old.index), gpu(new.index)) else {
+            return refuse(format!(
+                "GPU {} or {} is not a whole GPU here",
+                old.index, new.index
+            ));
+        };
+        // The driver restores only onto the same chip (NVIDIA's documentation).
+        if o.model != n.model {
+            return refuse(format!(
+                "GPU {} is a {}, GPU {} a {}",
+                o.index, o.model, n.index, n.model
+            ));
+        }
+        // The driver takes UUIDs as bytes: one that is not in NVML's form (a mock GPU's made-up
+        // name) fails here, before anything moves, rather than at the restore.
+        let pair: GpuPair = format!("{}={}", o.uuid, n.uuid)
+            .parse()
+            .map_err(|e: crate::checkpoint::CheckpointError| e.to_string())?;
+        pairs.push(pair);
+    }
+    let mut moved = held;
+    moved.devices = r.devices;
+    let spec = match QuotaSpec::from_allocate(&moved, devices) {
+        Ok(Some(spec)) => spec,
+        Ok(None) => return refuse("nothing enforced for it".to_owned()),
+        Err(e) => return refuse(e.to_string()),
+    };
+    lock(holdings).propose_move(moved);
+    Ok(QuotaCommand::ResumeOnto {
+        session: r.session_id,
+        moving: Move { spec, pairs },
+    })
 }
 
 /// Lets go of `session`'s allocation on disk.

@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::checkpoint::{Action, CheckpointError, ProcessState, helper::Helper};
+use crate::checkpoint::{Action, CheckpointError, GpuPair, ProcessState, helper::Helper};
 
 pub use gpuwarden_types::policy::PreemptionMode;
 
@@ -36,6 +36,20 @@ pub(crate) trait Checkpointer: Send + Sync {
         action: Action,
         timeout: Duration,
     ) -> impl Future<Output = Result<Option<ProcessState>, CheckpointError>> + Send;
+
+    /// Restores `pid` onto other GPUs (`pairs`: old → new).
+    fn restore_onto(
+        &self,
+        pid: u32,
+        pairs: &[GpuPair],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Option<ProcessState>, CheckpointError>> + Send;
+
+    /// The driver's CUDA version.
+    fn driver_version(
+        &self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<i32, CheckpointError>> + Send;
 }
 
 impl Checkpointer for Helper {
@@ -47,6 +61,39 @@ impl Checkpointer for Helper {
     ) -> impl Future<Output = Result<Option<ProcessState>, CheckpointError>> + Send {
         Helper::act(self, pid, action, timeout)
     }
+
+    fn restore_onto(
+        &self,
+        pid: u32,
+        pairs: &[GpuPair],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Option<ProcessState>, CheckpointError>> + Send {
+        Helper::restore_onto(self, pid, pairs, timeout)
+    }
+
+    fn driver_version(
+        &self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<i32, CheckpointError>> + Send {
+        Helper::driver_version(self, timeout)
+    }
+}
+
+/// Whether the driver can restore onto other GPUs ([`crate::checkpoint::GPU_PAIRS_SINCE`]):
+/// asked before anything of a move to other GPUs is done, so that a refusal leaves the
+/// suspension as it was.
+///
+/// # Errors
+/// The driver is too old ([`CheckpointError::NoGpuPairs`]), or could not be asked.
+pub(crate) async fn check_gpu_pairs(
+    c: &impl Checkpointer,
+    step: Duration,
+) -> Result<i32, CheckpointError> {
+    let driver_version = c.driver_version(step).await?;
+    if driver_version < crate::checkpoint::GPU_PAIRS_SINCE {
+        return Err(CheckpointError::NoGpuPairs { driver_version });
+    }
+    Ok(driver_version)
 }
 
 /// A workload suspended: which processes were checkpointed, how long it took.
@@ -151,14 +198,16 @@ async fn undo(c: &impl Checkpointer, checkpointed: &[u32], locked: &[u32], step:
     }
 }
 
-/// Thaws `dir`, then restores each of `pids` the driver has checkpointed and unlocks each it
-/// has locked (each call within `step`); how long it took. A process the driver says runs is
-/// left alone, and one whose state it does not tell is restored and unlocked. Stops at the
-/// first failure: that process's GPU state may be lost.
+/// Thaws `dir`, then restores each of `pids` the driver has checkpointed (onto other GPUs
+/// where `pairs` name them: old → new) and unlocks each it has locked (each call within
+/// `step`); how long it took. A process the driver says runs is left alone, and one whose
+/// state it does not tell is restored and unlocked. Stops at the first failure: that process's
+/// GPU state may be lost.
 pub(crate) async fn resume(
     c: &impl Checkpointer,
     dir: &Path,
     pids: &[u32],
+    pairs: &[GpuPair],
     step: Duration,
 ) -> Result<Duration, Refusal> {
     let start = Instant::now();
@@ -172,9 +221,12 @@ pub(crate) async fn resume(
             Ok(Some(ProcessState::Running)) => {}
             Ok(Some(ProcessState::Locked)) => locked.push(pid),
             _ => {
-                c.act(pid, Action::Restore, step)
-                    .await
-                    .map_err(refused(pid))?;
+                if pairs.is_empty() {
+                    c.act(pid, Action::Restore, step).await
+                } else {
+                    c.restore_onto(pid, pairs, step).await
+                }
+                .map_err(refused(pid))?;
                 locked.push(pid);
             }
         }
@@ -204,6 +256,19 @@ pub(crate) struct Suspension {
     pub done: bool,
     /// GPU memory its quota counted when the suspension began: what goes to host memory.
     pub held: u64,
+    /// A move to other GPUs asked for and waiting for the driver's word that it can
+    /// ([`check_gpu_pairs`]); taken when the resumption starts.
+    pub moving: Option<Move>,
+}
+
+/// Where a suspended session resumes when not on the GPUs it left: its quota on the new GPUs,
+/// and the pairs the restore passes the driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Move {
+    /// The session's quota with the new GPUs in place of the old.
+    pub spec: crate::enforcement::quota::QuotaSpec,
+    /// Each GPU left (UUID) and the one taking its place.
+    pub pairs: Vec<GpuPair>,
 }
 
 #[cfg(test)]
@@ -220,6 +285,10 @@ mod tests {
         calls: Mutex<Vec<(u32, Action)>>,
         refuse: Option<(u32, Action)>,
         states: std::collections::BTreeMap<u32, ProcessState>,
+        /// Restores onto other GPUs, with their pairs.
+        onto: Mutex<Vec<(u32, Vec<GpuPair>)>>,
+        /// What `cuDriverGetVersion` answers.
+        version: i32,
     }
 
     impl Checkpointer for Fake {
@@ -248,6 +317,24 @@ mod tests {
                 }
             }
         }
+
+        fn restore_onto(
+            &self,
+            pid: u32,
+            pairs: &[GpuPair],
+            timeout: Duration,
+        ) -> impl Future<Output = Result<Option<ProcessState>, CheckpointError>> + Send {
+            self.onto.lock().unwrap().push((pid, pairs.to_vec()));
+            self.act(pid, Action::Restore, timeout)
+        }
+
+        fn driver_version(
+            &self,
+            _: Duration,
+        ) -> impl Future<Output = Result<i32, CheckpointError>> + Send {
+            let version = self.version;
+            async move { Ok(version) }
+        }
     }
 
     const STEP: Duration = Duration::from_secs(1);
@@ -271,7 +358,7 @@ mod tests {
         assert_eq!(frozen, "1");
 
         fake.calls.lock().unwrap().clear();
-        resume(&fake, dir.path(), &[7, 8], STEP).await.unwrap();
+        resume(&fake, dir.path(), &[7, 8], &[], STEP).await.unwrap();
         let frozen = std::fs::read_to_string(dir.path().join("cgroup.freeze")).unwrap();
         assert_eq!(frozen, "0", "thawed before the restore");
         assert_eq!(
@@ -299,7 +386,9 @@ mod tests {
             .into(),
             ..Fake::default()
         };
-        resume(&fake, dir.path(), &[7, 8, 9], STEP).await.unwrap();
+        resume(&fake, dir.path(), &[7, 8, 9], &[], STEP)
+            .await
+            .unwrap();
         let acted: Vec<(u32, Action)> = fake
             .calls
             .lock()
@@ -344,6 +433,65 @@ mod tests {
             "{calls:?}"
         );
         assert!(!dir.path().join("cgroup.freeze").exists());
+    }
+
+    #[tokio::test]
+    async fn a_resume_onto_other_gpus_passes_the_pairs_to_each_restore() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Fake {
+            states: [(8, ProcessState::Running)].into(),
+            ..Fake::default()
+        };
+        let pairs = vec![GpuPair {
+            old: "GPU-00000000-0000-0000-0000-000000000000".into(),
+            new: "GPU-00000000-0000-0000-0000-000000000001".into(),
+        }];
+        resume(&fake, dir.path(), &[7, 8], &pairs, STEP)
+            .await
+            .unwrap();
+        // 8 runs: nothing to restore; 7 is restored onto the new GPU, with the pairs.
+        assert_eq!(*fake.onto.lock().unwrap(), [(7, pairs)]);
+    }
+
+    #[tokio::test]
+    async fn only_a_driver_from_13000_may_restore_onto_other_gpus() {
+        let old = Fake {
+            version: 12_080,
+            ..Fake::default()
+        };
+        let err = check_gpu_pairs(&old, STEP).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CheckpointError::NoGpuPairs {
+                    driver_version: 12_080
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("cannot restore onto other GPUs"));
+        let new = Fake {
+            version: 13_000,
+            ..Fake::default()
+        };
+        assert_eq!(check_gpu_pairs(&new, STEP).await.unwrap(), 13_000);
+    }
+
+    #[test]
+    fn gpu_uuids_read_as_the_driver_takes_them() {
+        let bytes =
+            crate::checkpoint::uuid_bytes("GPU-6a4c2f9e-0000-4000-8000-0000000000ff").unwrap();
+        assert_eq!(bytes[..4], [0x6a, 0x4c, 0x2f, 0x9e]);
+        assert_eq!(bytes[15], 0xff);
+        for bad in ["GPU-test-0", "GPU-6a4c2f9e-0000-4000-8000-00000000zzzz", ""] {
+            assert!(crate::checkpoint::uuid_bytes(bad).is_err(), "{bad}");
+        }
+        let pair: GpuPair =
+            "GPU-6a4c2f9e-0000-4000-8000-000000000000=GPU-6a4c2f9e-0000-4000-8000-000000000001"
+                .parse()
+                .unwrap();
+        assert!(pair.new.ends_with('1'));
+        assert!("GPU-test-0=GPU-test-1".parse::<GpuPair>().is_err());
     }
 
     #[test]

@@ -12,8 +12,9 @@ use super::{
     enforcer::{CheckpointJob, ControlError, Enforcer, Standing},
     kernel::Pinned,
     quota::QuotaSpec,
-    suspend::{self, PreemptionMode, Refusal, Suspended},
+    suspend::{self, Move, PreemptionMode, Refusal, Suspended},
 };
+use crate::checkpoint::CheckpointError;
 use crate::{devices::ProcessMemory, sensor::MemoryTier};
 
 /// How often pending quotas look for their cgroup and bound ones for new children.
@@ -44,6 +45,15 @@ pub enum QuotaCommand {
     },
     /// Resume a suspended session: thaw, restore and unlock its processes.
     Resume(String),
+    /// Resume a suspended session on other GPUs of its node: where the driver's restore takes
+    /// GPU pairs, the quota moves to them and the processes are restored there; otherwise the
+    /// session stays suspended (`resume_refused`).
+    ResumeOnto {
+        /// The session.
+        session: String,
+        /// Its quota on the new GPUs and the GPU pairs.
+        moving: Move,
+    },
 }
 
 enum Message {
@@ -77,6 +87,11 @@ enum JobDone {
     Resumed {
         session: String,
         result: Result<Duration, Refusal>,
+    },
+    /// The driver's version, asked before a resumption onto other GPUs.
+    MoveChecked {
+        session: String,
+        result: Result<i32, CheckpointError>,
     },
 }
 
@@ -202,6 +217,11 @@ async fn run(
             Some(done) = jobs.recv() => match done {
                 JobDone::Suspended { session, result } => enforcer.end_suspend(&session, result),
                 JobDone::Resumed { session, result } => enforcer.end_resume(&session, result),
+                JobDone::MoveChecked { session, result } => {
+                    if let Some(job) = enforcer.end_move_check(&session, result) {
+                        run_job(job, &own, true);
+                    }
+                }
             },
             _ = reconcile.tick() => enforcer.reconcile(),
         }
@@ -237,6 +257,18 @@ fn command_enforcer(
                 run_job(job, own, true);
             }
         }
+        QuotaCommand::ResumeOnto { session, moving } => {
+            if let Some(check) = enforcer.begin_move(&session, moving) {
+                let own = own.clone();
+                tokio::spawn(async move {
+                    let result = suspend::check_gpu_pairs(&check.helper, check.step).await;
+                    let _ = own.send(JobDone::MoveChecked {
+                        session: check.session,
+                        result,
+                    });
+                });
+            }
+        }
     }
 }
 
@@ -252,9 +284,10 @@ fn run_job(job: CheckpointJob, own: &mpsc::UnboundedSender<JobDone>, resume: boo
             pids,
             helper,
             step,
+            pairs,
         } = job;
         let message = if resume {
-            let result = suspend::resume(&helper, &dir, &pids, step).await;
+            let result = suspend::resume(&helper, &dir, &pids, &pairs, step).await;
             JobDone::Resumed { session, result }
         } else {
             let result = suspend::suspend(&helper, &dir, &pids, step).await;

@@ -457,10 +457,15 @@ impl Controller {
                         mode: mode.as_str().to_owned(),
                     }),
                 ),
-                Command::Resume { node, session } => (
+                Command::Resume {
+                    node,
+                    session,
+                    onto,
+                } => (
                     node,
                     pb::controller_message::Msg::Resume(pb::Resume {
                         session_id: session,
+                        devices: onto.as_ref().map(convert::parts_to_pb).unwrap_or_default(),
                     }),
                 ),
             };

@@ -518,6 +518,7 @@ impl Scheduler {
             }
             Action::Suspended => self.suspended(node, session, used_bytes),
             Action::Resumed => self.resumed(node, session),
+            Action::ResumeRefused => self.resume_refused(node, session),
             _ => {}
         }
         true

@@ -272,12 +272,16 @@ pub enum Command {
         /// Kill or suspend.
         mode: PreemptionMode,
     },
-    /// Resume suspended `session` where it was suspended; the agent reports `resumed`.
+    /// Resume suspended `session` on its node; the agent reports `resumed` (or, asked for
+    /// other GPUs its driver cannot restore onto, `resume_refused`).
     Resume {
         /// Node.
         node: String,
         /// Session.
         session: String,
+        /// Where it resumes when not on the GPUs it left: other GPUs of the same model, each
+        /// part in place of the home part at its position. `None`: the GPUs it left.
+        onto: Option<Allocation>,
     },
 }
 

@@ -13,10 +13,10 @@ use super::{
     set_state,
 };
 use crate::{
-    allocator::GpuRequest,
+    allocator::{Allocation, DevicePart, DeviceState, GpuRequest},
     node::{Node, NodeState},
     session::{DecisionKind, Home, Origin, PreemptionMode, Session, SessionState, now_ms},
-    slots::ResourceSlot,
+    slots::{ResourceSlot, SlotValue},
 };
 
 /// What a reclaim decided for a waiting session.
@@ -435,6 +435,7 @@ impl Scheduler {
             since_ms: now_ms(),
             yielded_to,
             host_bytes,
+            home_only: false,
         };
         let footprint = host_footprint(&home);
         let devices: Vec<String> = home
@@ -477,9 +478,11 @@ impl Scheduler {
         }
     }
 
-    /// Resumes each suspended session whose GPUs on its node are free enough again, once the
-    /// session it yielded to no longer waits: they are booked for it as they were, and its agent
-    /// is told to resume it. Runs at the end of a pass.
+    /// Resumes each suspended session that has room on its node again, once the session it
+    /// yielded to no longer waits: on the GPUs it left where they have room, else (issue 38) on
+    /// other GPUs of the same model there ([`resume_onto`]), unless its agent refused that
+    /// before. They are booked for it and its agent is told to resume it there. Runs at the end
+    /// of a pass.
     pub(super) fn resume_suspended(&mut self) -> Vec<Command> {
         let mut waiting: Vec<(u64, String)> = self
             .sessions
@@ -507,10 +510,20 @@ impl Scheduler {
             let Some(n) = self.nodes.get_mut(&home.node) else {
                 continue;
             };
-            if n.state != NodeState::Ready || !home_fits(n, &home) {
+            if n.state != NodeState::Ready {
                 continue;
             }
-            n.allocator.restore(&id, home.allocation.clone());
+            let (allocation, onto) = if home_fits(n, &home) {
+                (home.allocation.clone(), None)
+            } else if let Some(other) = (!home.home_only)
+                .then(|| resume_onto(n, &home.allocation))
+                .flatten()
+            {
+                (other.clone(), Some(other))
+            } else {
+                continue;
+            };
+            n.allocator.restore(&id, allocation.clone());
             n.unreserve(&host_footprint(&home));
             n.reserve(&s.requested);
             self.changes.nodes.insert(home.node.clone());
@@ -519,12 +532,20 @@ impl Scheduler {
                 continue;
             };
             let away = (now_ms() - home.since_ms).max(0) / 1000;
+            let gpus = match &onto {
+                Some(other) => format!(
+                    ", GPUs {} (suspended on {})",
+                    indexes(other),
+                    indexes(&home.allocation)
+                ),
+                None => format!(", GPUs {}", indexes(&allocation)),
+            };
             s.node = Some(home.node.clone());
-            s.allocation = home.allocation.clone();
+            s.allocation = allocation;
             set_state(
                 s,
                 SessionState::Running,
-                &format!("resuming on {} after {away} s suspended", home.node),
+                &format!("resuming on {}{gpus} after {away} s suspended", home.node),
             );
             let owner = s.owner.clone();
             self.tracker.add(&owner, &id);
@@ -532,6 +553,7 @@ impl Scheduler {
             commands.push(Command::Resume {
                 node: home.node,
                 session: id,
+                onto,
             });
         }
         commands
@@ -553,14 +575,111 @@ impl Scheduler {
         } else {
             format!(" for {}", home.yielded_to)
         };
+        let (now, left) = (indexes(&s.allocation), indexes(&home.allocation));
+        let gpus = if now == left {
+            format!("GPUs {now}")
+        } else {
+            format!("GPUs {now} of the same model (suspended on GPUs {left})")
+        };
         s.record_decision(
             DecisionKind::Resumed,
-            format!("resumed on {node} after {away} s suspended{whom}"),
+            format!("resumed on {node}, {gpus}, after {away} s suspended{whom}"),
         );
         s.reason = String::new();
         s.updated_at_ms = now_ms();
         self.changes.sessions.insert(session.to_owned());
     }
+
+    /// The agent on `node` refused to resume `session` on the other GPUs it was booked on (its
+    /// driver cannot restore onto other GPUs): nothing moved there, so it is suspended again
+    /// at home, its GPUs freed, and from now on waits for the GPUs it left.
+    pub(super) fn resume_refused(&mut self, node: &str, session: &str) {
+        let Some(s) = self.sessions.get_mut(session) else {
+            return;
+        };
+        if s.node.as_deref() != Some(node) || s.state != SessionState::Running {
+            return;
+        }
+        let Some(home) = s.home.as_mut() else { return };
+        home.home_only = true;
+        let home = home.clone();
+        let reason = format!(
+            "suspended; its node cannot restore it onto other GPUs: waits to resume on {node}, \
+             GPUs {}",
+            indexes(&home.allocation)
+        );
+        set_state(s, SessionState::Suspended, &reason);
+        s.node = None;
+        let (owner, requested) = (s.owner.clone(), s.requested.clone());
+        self.tracker.remove(&owner, session);
+        self.changes.sessions.insert(session.to_owned());
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.allocator.release(session);
+            n.unreserve(&requested);
+            n.reserve(&host_footprint(&home));
+            self.changes.nodes.insert(node.to_owned());
+            self.reindex(node);
+        }
+    }
+}
+
+/// The GPU indexes of `allocation`, comma-separated.
+fn indexes(allocation: &Allocation) -> String {
+    allocation
+        .parts
+        .iter()
+        .map(|p| p.index.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The model of GPU `index` on `n` as its agent reported it; `None` for a MIG instance (the
+/// driver checkpoints none) or where the agent reported no model.
+fn model_of(n: &Node, index: u32) -> Option<&str> {
+    let at = n.report.devices.iter().position(|d| d.index == index)?;
+    match n.report.device_models.get(at) {
+        Some((model, false)) if !model.is_empty() => Some(model),
+        _ => None,
+    }
+}
+
+/// Other GPUs of `n` for a suspended session's `home` allocation (issue 38): for each part, in
+/// order, a GPU of the same model as the one it left with room for the part, not taken by
+/// another of its parts; the GPU it left where it has room. `None` where a part finds none
+/// (the driver restores only onto the same chip type with enough memory).
+fn resume_onto(n: &Node, home: &Allocation) -> Option<Allocation> {
+    let devices = n.allocator.devices();
+    let mut taken: Vec<u32> = Vec::new();
+    let mut parts = Vec::new();
+    for part in &home.parts {
+        let model = model_of(n, part.index)?;
+        let candidates = devices.iter().filter(|d| {
+            !taken.contains(&d.spec.index)
+                && model_of(n, d.spec.index) == Some(model)
+                && part_fits(d, part)
+        });
+        let chosen = candidates
+            .clone()
+            .find(|d| d.spec.index == part.index)
+            .or_else(|| candidates.min_by_key(|d| d.spec.index))?;
+        taken.push(chosen.spec.index);
+        parts.push(DevicePart {
+            index: chosen.spec.index,
+            uuid: chosen.spec.uuid.clone(),
+            ..part.clone()
+        });
+    }
+    Some(Allocation { parts })
+}
+
+/// Whether `part` has room on `d`: shares and memory, none held whole by another, and for a
+/// part that holds its GPU whole, nothing else there.
+fn part_fits(d: &DeviceState, part: &DevicePart) -> bool {
+    !d.kubernetes
+        && d.exclusive_owner.is_none()
+        && (!part.exclusive || (d.allocated == SlotValue::ZERO && d.allocated_memory == 0))
+        && d.allocated.saturating_add(part.shares) <= d.capacity
+        && d.allocated_memory.saturating_add(part.memory_bytes) <= d.spec.memory_bytes
 }
 
 /// The host memory a suspended session's GPU memory takes on its node (issue 38): what its
@@ -582,12 +701,7 @@ fn home_fits(n: &Node, home: &Home) -> bool {
             .devices()
             .iter()
             .find(|d| d.spec.index == part.index)
-            .is_some_and(|d| {
-                !d.kubernetes
-                    && d.exclusive_owner.is_none()
-                    && d.allocated.saturating_add(part.shares) <= d.capacity
-                    && d.allocated_memory.saturating_add(part.memory_bytes) <= d.spec.memory_bytes
-            })
+            .is_some_and(|d| part_fits(d, part))
     })
 }
 

@@ -366,7 +366,7 @@ fn a_suspended_borrower_waits_at_home_and_resumes_when_room_returns() {
     assert!(
         matches!(
             commands.as_slice(),
-            [Command::Resume { node, session }] if node == "n1" && session == "b2"
+            [Command::Resume { node, session, onto: None }] if node == "n1" && session == "b2"
         ),
         "{commands:?}"
     );
@@ -397,6 +397,127 @@ fn a_suspended_borrower_waits_at_home_and_resumes_when_room_returns() {
     event(&mut s, "b1", Action::Suspended);
     assert_eq!(state(&s, "b1"), SessionState::Running);
     assert!(pass(&mut s).is_empty());
+}
+
+/// [`suspending_cluster`] on a node whose two GPUs are of the models `models`.
+fn suspending_cluster_of(models: [&str; 2]) -> Scheduler {
+    let mut s = suspending_cluster();
+    let mut node = report("n1", 2, &[]);
+    node.device_models = models.iter().map(|m| ((*m).to_owned(), false)).collect();
+    s.register(node, &[]).unwrap();
+    s
+}
+
+/// b1 and b2 borrow both GPUs; a1 reclaims and b2 is suspended, a1 taking its GPU; then b1
+/// ends, so the GPU b2 left is busy and the other free. The GPU b2 left and the other one.
+fn suspended_with_its_home_busy(s: &mut Scheduler) -> (u32, u32) {
+    create(s, "b1", "b", 0, false);
+    create(s, "b2", "b", 0, false);
+    assert!(pass(s).is_empty());
+    let home = s.sessions()["b2"].allocation.parts[0].index;
+    create(s, "a1", "a", 0, false);
+    assert_eq!(pass(s), [("n1".to_owned(), "b2".to_owned())]);
+    event(s, "b2", Action::Suspended);
+    assert!(pass(s).is_empty());
+    assert_eq!(state(s, "a1"), SessionState::Running);
+    assert_eq!(s.sessions()["a1"].allocation.parts[0].index, home);
+    s.terminate("b1").unwrap();
+    (home, 1 - home)
+}
+
+/// Issue 38: the GPU a suspended session left is busy and another GPU of the same model on its
+/// node is free: it resumes there, the `Resume` naming that GPU, and its decisions say where.
+#[test]
+fn a_suspended_session_resumes_on_another_gpu_of_the_same_model() {
+    let mut s = suspending_cluster_of(["Mock H100", "Mock H100"]);
+    let (home, other) = suspended_with_its_home_busy(&mut s);
+    let commands = s.pass();
+    let [
+        Command::Resume {
+            node,
+            session,
+            onto: Some(onto),
+        },
+    ] = commands.as_slice()
+    else {
+        panic!("{commands:?}");
+    };
+    assert_eq!((node.as_str(), session.as_str()), ("n1", "b2"));
+    let uuid = s.nodes()["n1"].report.devices[other as usize].uuid.clone();
+    assert_eq!(onto.parts.len(), 1);
+    assert_eq!((onto.parts[0].index, &onto.parts[0].uuid), (other, &uuid));
+    let b2 = &s.sessions()["b2"];
+    assert_eq!(b2.state, SessionState::Running);
+    assert_eq!(&b2.allocation, onto);
+    assert!(
+        b2.reason
+            .contains(&format!("GPUs {other} (suspended on {home})")),
+        "{}",
+        b2.reason
+    );
+    not_overcommitted(&s);
+    // Booked on the other GPU, not on the one a1 holds.
+    let devices = s.nodes()["n1"].allocator.devices();
+    assert!(devices[other as usize].sessions.contains("b2"));
+    assert!(!devices[home as usize].sessions.contains("b2"));
+    event(&mut s, "b2", Action::Resumed);
+    let b2 = &s.sessions()["b2"];
+    let resumed = b2.decisions.last().unwrap();
+    assert_eq!(resumed.kind, DecisionKind::Resumed);
+    assert!(
+        resumed.detail.contains(&format!(
+            "GPUs {other} of the same model (suspended on GPUs {home})"
+        )),
+        "{}",
+        resumed.detail
+    );
+}
+
+/// The free GPU is of another model: the session stays suspended until the GPU it left has
+/// room, and then resumes there.
+#[test]
+fn a_gpu_of_another_model_does_not_take_a_suspended_session() {
+    let mut s = suspending_cluster_of(["Mock H100", "Mock A100"]);
+    suspended_with_its_home_busy(&mut s);
+    assert!(s.pass().is_empty());
+    assert_eq!(state(&s, "b2"), SessionState::Suspended);
+    s.terminate("a1").unwrap();
+    let commands = s.pass();
+    assert!(
+        matches!(commands.as_slice(), [Command::Resume { onto: None, .. }]),
+        "{commands:?}"
+    );
+}
+
+/// Its agent refuses the move (a driver whose restore takes no GPU pairs): it is suspended
+/// again, the other GPU freed, and it waits for the GPU it left, resuming there.
+#[test]
+fn a_refused_move_leaves_the_session_waiting_for_the_gpu_it_left() {
+    let mut s = suspending_cluster_of(["Mock H100", "Mock H100"]);
+    let (home, other) = suspended_with_its_home_busy(&mut s);
+    assert!(matches!(
+        s.pass().as_slice(),
+        [Command::Resume { onto: Some(_), .. }]
+    ));
+    event(&mut s, "b2", Action::ResumeRefused);
+    let b2 = &s.sessions()["b2"];
+    assert_eq!(b2.state, SessionState::Suspended);
+    assert!(b2.home.as_ref().unwrap().home_only);
+    assert!(b2.reason.contains(&format!("GPUs {home}")), "{}", b2.reason);
+    assert!(
+        s.nodes()["n1"].allocator.devices()[other as usize]
+            .sessions
+            .is_empty()
+    );
+    assert!(s.pass().is_empty(), "the other GPU does not take it again");
+    assert_eq!(state(&s, "b2"), SessionState::Suspended);
+    s.terminate("a1").unwrap();
+    let commands = s.pass();
+    assert!(
+        matches!(commands.as_slice(), [Command::Resume { onto: None, .. }]),
+        "{commands:?}"
+    );
+    assert_eq!(s.sessions()["b2"].allocation.parts[0].index, home);
 }
 
 /// A session that says `kill` is killed even in a suspending queue.

@@ -72,13 +72,16 @@ pub enum Action {
     Resumed,
     /// The restore failed: its GPU state is lost and it is ended the kill way.
     ResumeFailed,
+    /// A resumption onto other GPUs was not made (the driver's restore takes no GPU pairs
+    /// before CUDA 13.0): nothing moved and the workload stays suspended where it was.
+    ResumeRefused,
     /// An action this build doesn't know (from a newer agent), kept as sent.
     Other(String),
 }
 
 impl Action {
     /// Every known action, in the order above.
-    pub const KNOWN: [Self; 20] = [
+    pub const KNOWN: [Self; 21] = [
         Self::Deny,
         Self::Kill,
         Self::Stop,
@@ -99,6 +102,7 @@ impl Action {
         Self::Resuming,
         Self::Resumed,
         Self::ResumeFailed,
+        Self::ResumeRefused,
     ];
 
     /// Its name on the wire and in tables.
@@ -125,6 +129,7 @@ impl Action {
             Self::Resuming => "resuming",
             Self::Resumed => "resumed",
             Self::ResumeFailed => "resume_failed",
+            Self::ResumeRefused => "resume_refused",
             Self::Other(name) => name,
         }
     }

@@ -7,7 +7,9 @@
 //! libcuda does inside a real process: `lock` blocks its CUDA calls, `checkpoint` copies the
 //! data to the host file `DIR/<pid>.img` and frees every allocation (`RM_FREE`, so the agent's
 //! eBPF accounting sees the bytes go), `restore` allocates them again and reads the data back,
-//! `unlock` lets CUDA calls run.
+//! `unlock` lets CUDA calls run. `restore OLD:NEW…` (GPU indexes, the stand-in's reading of the
+//! driver's GPU pairs) allocates them on GPU `NEW` instead, through that GPU's node, when the
+//! process was on `OLD`; pairs that leave its GPU out are refused (`CUDA_ERROR_INVALID_VALUE`).
 //!
 //! It prints `ready pid=<pid> checksum=<hex>` and answers stdin lines: `checksum` (a CUDA call:
 //! waits while locked) → `ok checksum=<hex>`; `exit` ends it.
@@ -27,6 +29,8 @@ use gpuwarden_tests::gpu_client::{Form, GpuClient, ParamsLayout};
 /// modelled: a host file of the full size would only cost the test's disk).
 const CONTENT: u64 = 1 << 20;
 
+/// `CUDA_ERROR_INVALID_VALUE`: GPU pairs that do not cover the process's GPU.
+const INVALID_VALUE: u32 = 1;
 /// `CUDA_ERROR_ILLEGAL_STATE`: a call out of order.
 const ILLEGAL_STATE: u32 = 401;
 /// `CUDA_ERROR_UNKNOWN`.
@@ -58,6 +62,10 @@ struct Allocation {
 
 struct Process {
     gpu: GpuClient,
+    /// The fake driver's directory, where another GPU's node is opened on a move.
+    dev: PathBuf,
+    /// The GPU its memory is on.
+    index: u32,
     client: u32,
     device: u32,
     allocations: Vec<Allocation>,
@@ -89,6 +97,16 @@ impl Process {
             }
             a.data = Vec::new();
         }
+        Ok(())
+    }
+
+    /// Moves the process to GPU `to` (its memory is on the host now): that GPU's node opened,
+    /// a client and device on it, the old GPU's files closed.
+    fn move_to(&mut self, to: u32) -> Result<(), String> {
+        let gpu = GpuClient::open_on(&self.dev, to).map_err(|e| e.to_string())?;
+        let client = gpu.alloc_client().map_err(|e| e.to_string())?;
+        let device = gpu.alloc_device(client, to).map_err(|e| e.to_string())?;
+        (self.gpu, self.client, self.device, self.index) = (gpu, client, device, to);
         Ok(())
     }
 
@@ -133,10 +151,34 @@ fn serve_one(shared: &Shared, request: &str) -> String {
             .checkpoint()
             .map(|()| State::Checkpointed)
             .map_err(|e| (UNKNOWN, e)),
-        ("restore", State::Checkpointed) => p
-            .restore()
+        ("restore", State::Checkpointed) => {
+            let pairs: Option<Vec<(u32, u32)>> = request
+                .split_whitespace()
+                .skip(1)
+                .map(|pair| {
+                    let (old, new) = pair.split_once(':')?;
+                    Some((old.parse().ok()?, new.parse().ok()?))
+                })
+                .collect();
+            let to = match pairs {
+                None => Err((INVALID_VALUE, format!("unreadable pairs in {request:?}"))),
+                Some(pairs) if pairs.is_empty() => Ok(p.index),
+                Some(pairs) => pairs
+                    .iter()
+                    .find(|(old, _)| *old == p.index)
+                    .map(|&(_, new)| new)
+                    .ok_or((INVALID_VALUE, format!("no pair covers GPU {}", p.index))),
+            };
+            to.and_then(|to| {
+                if to == p.index {
+                    Ok(())
+                } else {
+                    p.move_to(to).map_err(|e| (UNKNOWN, e))
+                }
+            })
+            .and_then(|()| p.restore().map_err(|e| (UNKNOWN, e)))
             .map(|()| State::Locked)
-            .map_err(|e| (UNKNOWN, e)),
+        }
         ("unlock", State::Locked) => Ok(State::Running),
         _ => Err((ILLEGAL_STATE, format!("{request} while {}", p.state.word()))),
     };
@@ -210,6 +252,8 @@ fn start() -> Result<Shared, String> {
     let shared: Shared = Arc::new((
         Mutex::new(Process {
             gpu,
+            dev,
+            index: gpu_index,
             client,
             device,
             allocations,

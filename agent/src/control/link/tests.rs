@@ -253,3 +253,97 @@ fn each_mig_profile_registers_as_a_slot_type_with_its_instance_count() {
     };
     assert!(check_allocation(&known, &placed).is_none());
 }
+
+/// Issue 38: a `Resume` naming other GPUs becomes a move only onto whole GPUs of the same model,
+/// its pairs by this node's own UUIDs (not the ones the controller sent), and the allocation on
+/// the new GPUs is held only once the session resumed.
+#[test]
+fn a_resume_onto_other_gpus_pairs_this_node_s_uuids_for_the_same_model_only() {
+    const GPUS: &str = r#"
+[[devices]]
+uuid = "GPU-6a4c2f9e-0000-4000-8000-0000000000b0"
+model_name = "Mock H100"
+memory_size = "16G"
+[[devices]]
+uuid = "GPU-6a4c2f9e-0000-4000-8000-0000000000b1"
+model_name = "Mock H100"
+memory_size = "16G"
+[[devices]]
+uuid = "GPU-6a4c2f9e-0000-4000-8000-0000000000b2"
+model_name = "Mock A100"
+memory_size = "16G"
+"#;
+    let (_config, holdings, _dir) = link_to("http://127.0.0.1:1");
+    let backend =
+        crate::devices::mock::MockBackend::from_toml(GPUS, std::path::Path::new("gpus.toml"))
+            .unwrap();
+    let share = |index| pb::DeviceShare {
+        index,
+        uuid: "whatever the controller says".into(),
+        shares: "1".into(),
+        ..Default::default()
+    };
+    lock(&holdings)
+        .hold(pb::Allocate {
+            session_id: "s".into(),
+            devices: vec![share(0)],
+            target: Some(pb::Target {
+                kind: Some(pb::target::Kind::CgroupPath("/job".into())),
+            }),
+            ..Default::default()
+        })
+        .unwrap();
+    let resume = |devices| {
+        resume_command(
+            &backend,
+            &holdings,
+            pb::Resume {
+                session_id: "s".into(),
+                devices,
+            },
+        )
+    };
+    let plain = Ok(QuotaCommand::Resume("s".into()));
+    assert_eq!(resume(vec![]), plain, "none named: where it was");
+    assert_eq!(resume(vec![share(0)]), plain, "the GPU it holds");
+    let other_model = resume(vec![share(2)]).unwrap_err();
+    assert!(other_model.contains("Mock A100"), "{other_model}");
+    assert!(resume(vec![share(0), share(1)]).is_err(), "two for one");
+    let Ok(QuotaCommand::ResumeOnto { session, moving }) = resume(vec![share(1)]) else {
+        panic!("no move");
+    };
+    assert_eq!(session, "s");
+    assert_eq!(
+        moving.pairs,
+        [GpuPair {
+            old: "GPU-6a4c2f9e-0000-4000-8000-0000000000b0".into(),
+            new: "GPU-6a4c2f9e-0000-4000-8000-0000000000b1".into(),
+        }]
+    );
+    let indexes: Vec<u32> = moving.spec.devices.iter().map(|d| d.index).collect();
+    assert_eq!(indexes, [1]);
+    let held = |h: &SharedHoldings| lock(h).get("s").unwrap().devices[0].index;
+    assert_eq!(held(&holdings), 0, "not held before it resumed");
+    lock(&holdings).settle_move("s", true).unwrap();
+    assert_eq!(held(&holdings), 1);
+    // GPUs whose UUIDs are no driver's (mock names) cannot be paired: refused before any move.
+    let named = crate::devices::mock::MockBackend::from_toml(
+        &GPUS.replace("6a4c2f9e-0000-4000-8000-0000000000b", "made-up-"),
+        std::path::Path::new("named.toml"),
+    )
+    .unwrap();
+    let why = resume_command(
+        &named,
+        &holdings,
+        pb::Resume {
+            session_id: "s".into(),
+            devices: vec![share(0)],
+        },
+    )
+    .unwrap_err();
+    assert!(why.contains("is not a GPU UUID"), "{why}");
+    // A refused move leaves what was held.
+    resume(vec![share(0)]).unwrap();
+    lock(&holdings).settle_move("s", false).unwrap();
+    assert_eq!(held(&holdings), 1);
+}

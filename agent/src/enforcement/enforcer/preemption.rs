@@ -8,8 +8,8 @@ use std::{
 
 use super::Enforcer;
 use crate::{
-    checkpoint::helper::Helper,
-    enforcement::suspend::{self, Refusal, Suspended, Suspension},
+    checkpoint::{CheckpointError, GpuPair, helper::Helper},
+    enforcement::suspend::{self, Move, Refusal, Suspended, Suspension},
 };
 
 /// A suspension or resumption for the enforcer's task to run off the enforcer (each driver
@@ -25,6 +25,19 @@ pub(crate) struct CheckpointJob {
     /// The helper.
     pub helper: Helper,
     /// The limit on each call.
+    pub step: Duration,
+    /// For a resumption onto other GPUs: each GPU left and the one taking its place.
+    pub pairs: Vec<GpuPair>,
+}
+
+/// The driver asked whether it can restore onto other GPUs, before a move ([`Enforcer::begin_move`]).
+#[derive(Debug, Clone)]
+pub(crate) struct MoveCheck {
+    /// The session.
+    pub session: String,
+    /// The helper.
+    pub helper: Helper,
+    /// The limit on the call.
     pub step: Duration,
 }
 
@@ -133,6 +146,7 @@ impl Enforcer {
                 grace,
                 done: false,
                 held,
+                moving: None,
             },
         );
         Some(CheckpointJob {
@@ -141,6 +155,7 @@ impl Enforcer {
             pids: gpu,
             helper: config.helper,
             step: config.step_timeout,
+            pairs: Vec::new(),
         })
     }
 
@@ -187,8 +202,16 @@ impl Enforcer {
     /// restore and unlock ([`suspend::resume`]). `None` where it is not suspended (or a
     /// suspension or resumption of it is still under way).
     pub(crate) fn begin_resume(&mut self, session: &str) -> Option<CheckpointJob> {
-        let config = self.suspend.clone()?;
-        if !self.suspensions.contains_key(session)
+        self.remember_suspension(session);
+        self.start_resume(session, Vec::new())
+    }
+
+    /// A suspension of `session` from before this agent started, taken up where its cgroup is
+    /// bound: nothing remembered, so its processes with a GPU context are resumed for what the
+    /// driver says they are.
+    fn remember_suspension(&mut self, session: &str) {
+        if self.suspend.is_some()
+            && !self.suspensions.contains_key(session)
             && let Some(dir) = self.bound_dir(session)
         {
             // Suspended by an agent before a restart: nothing remembered, so its processes with a
@@ -205,27 +228,99 @@ impl Enforcer {
                     grace: Duration::ZERO,
                     done: true,
                     held: 0,
+                    moving: None,
                 },
             );
         }
-        let s = self.suspensions.get_mut(session).filter(|s| s.done)?;
+    }
+
+    /// Starts resuming suspended `session` onto the GPUs of `pairs` (none: the GPUs it left).
+    fn start_resume(&mut self, session: &str, pairs: Vec<GpuPair>) -> Option<CheckpointJob> {
+        let config = self.suspend.clone()?;
+        // Not while a move's driver check is out: that one starts it.
+        let s = self
+            .suspensions
+            .get_mut(session)
+            .filter(|s| s.done && s.moving.is_none())?;
         s.done = false;
+        let onto = if pairs.is_empty() {
+            "the GPU".to_owned()
+        } else {
+            let new: Vec<&str> = pairs.iter().map(|p| p.new.as_str()).collect();
+            format!("other GPUs ({})", new.join(", "))
+        };
+        let why = format!(
+            "resuming after {} s: {} processes back to {onto}",
+            s.since.elapsed().as_secs(),
+            s.pids.len()
+        );
         let job = CheckpointJob {
             session: session.to_owned(),
             dir: s.dir.clone(),
             pids: s.pids.clone(),
             helper: config.helper,
             step: config.step_timeout,
+            pairs,
         };
-        let why = format!(
-            "resuming after {} s: {} processes back to the GPU",
-            s.since.elapsed().as_secs(),
-            s.pids.len()
-        );
         let rel = self.tree.relative(&job.dir);
         self.hold_frozen(session, false);
         self.record(session, "resuming", why, rel, 0, None, (0, 0, 0));
         Some(job)
+    }
+
+    /// Starts resuming suspended `session` onto other GPUs (`moving`: its quota there and the
+    /// GPU pairs): first the driver is asked whether its restore takes GPU pairs
+    /// ([`suspend::check_gpu_pairs`]), before anything moves. `None` where it is not
+    /// suspended, or a suspension, resumption or move of it is under way.
+    pub(crate) fn begin_move(&mut self, session: &str, moving: Move) -> Option<MoveCheck> {
+        self.remember_suspension(session);
+        let config = self.suspend.clone()?;
+        let s = self
+            .suspensions
+            .get_mut(session)
+            .filter(|s| s.done && s.moving.is_none())?;
+        s.moving = Some(moving);
+        Some(MoveCheck {
+            session: session.to_owned(),
+            helper: config.helper,
+            step: config.step_timeout,
+        })
+    }
+
+    /// The driver's answer for a move [`Self::begin_move`] started: where it can restore onto
+    /// other GPUs, the quota moves to them (device rules, memory limits, accounting) and the
+    /// resumption starts with the pairs; where it cannot, `resume_refused` says why and the
+    /// session stays suspended where it was, nothing moved.
+    pub(crate) fn end_move_check(
+        &mut self,
+        session: &str,
+        checked: Result<i32, CheckpointError>,
+    ) -> Option<CheckpointJob> {
+        let s = self.suspensions.get_mut(session)?;
+        let moving = s.moving.take()?;
+        let rel = self.tree.relative(&s.dir);
+        let new: Vec<String> = moving
+            .spec
+            .devices
+            .iter()
+            .map(|d| d.index.to_string())
+            .collect();
+        match checked {
+            Ok(_) => {
+                // The quota on the new GPUs before anything runs: the restore opens their nodes
+                // from inside the cgroup and allocates there.
+                self.apply(moving.spec);
+                self.start_resume(session, moving.pairs)
+            }
+            Err(e) => {
+                let why = format!(
+                    "not resumed on GPUs {} ({e}); still suspended where it was",
+                    new.join(",")
+                );
+                self.record(session, "resume_refused", why, rel, 0, None, (0, 0, 0));
+                None
+            }
+        }
     }
 
     /// The end of a resumption: `resumed`, or the restore failed, the workload's GPU state is

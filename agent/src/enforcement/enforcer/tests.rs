@@ -831,3 +831,65 @@ fn a_quota_on_a_mig_instance_opens_its_parent_and_its_capability_nodes_only() {
     r.enforcer.release("s-1");
     assert!(r.fake.devices.caps.lock().unwrap().is_empty());
 }
+
+/// Issue 38: a suspended session asked to resume on another GPU. Nothing moves until the
+/// driver's version is known: an older driver leaves the quota on the GPU it left
+/// (`resume_refused`), still suspended; a driver with GPU pairs gets the quota moved to the new
+/// GPU (its device rule and limit there) before the resumption starts, with the pairs.
+#[test]
+fn a_move_to_another_gpu_waits_for_the_driver_then_moves_the_quota() {
+    use crate::{
+        checkpoint::{CheckpointError, GpuPair},
+        enforcement::suspend::Move,
+    };
+    let mut r = suspendable_rig();
+    r.enforcer
+        .begin_suspend("s", Duration::from_secs(30), "for t")
+        .expect("a job");
+    r.enforcer.end_suspend(
+        "s",
+        Ok(Suspended {
+            pids: vec![41],
+            took: Duration::from_millis(5),
+        }),
+    );
+    r.actions();
+    let mut moved = spec("s", "/job", MemoryPolicy::Kill);
+    moved.devices[0].index = 1;
+    let pairs = vec![GpuPair {
+        old: "GPU-00000000-0000-0000-0000-000000000000".into(),
+        new: "GPU-00000000-0000-0000-0000-000000000001".into(),
+    }];
+    let moving = Move {
+        spec: moved,
+        pairs: pairs.clone(),
+    };
+    let job = r.fake.cgroups.mkdir("/cg/job");
+    let devices_now = |r: &Rig| r.fake.quotas.at(&job).expect("a quota").devices;
+
+    r.enforcer
+        .begin_move("s", moving.clone())
+        .expect("a driver check");
+    // Under way: neither a plain resumption nor a second move starts.
+    assert!(r.enforcer.begin_resume("s").is_none());
+    assert!(r.enforcer.begin_move("s", moving.clone()).is_none());
+    let old = CheckpointError::NoGpuPairs {
+        driver_version: 12_080,
+    };
+    assert!(r.enforcer.end_move_check("s", Err(old)).is_none());
+    assert_eq!(r.actions(), ["resume_refused"]);
+    assert_eq!(devices_now(&r), 1, "the quota stays on GPU 0");
+
+    r.enforcer.begin_move("s", moving).expect("a driver check");
+    let resumption = r
+        .enforcer
+        .end_move_check("s", Ok(13_000))
+        .expect("a resumption");
+    assert_eq!(resumption.pairs, pairs);
+    assert_eq!(devices_now(&r), 1 << 1, "the quota is on GPU 1 now");
+    // Its limit there; GPU 0 is outside the quota's devices (the bit above), whatever its slot.
+    assert_eq!(r.fake.quotas.at(&job).unwrap().limit[1], 2 * GIB);
+    assert_eq!(r.actions(), ["unbound", "bound", "resuming"]);
+    r.enforcer.end_resume("s", Ok(Duration::from_millis(3)));
+    assert_eq!(r.actions(), ["resumed"]);
+}
