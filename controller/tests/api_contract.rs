@@ -532,6 +532,7 @@ async fn a_filtered_watch_is_sent_bookmarks_past_changes_it_does_not_see() {
             since_revision: listed.revision,
             start: pb::WatchStart::AfterRevision.into(),
             owner: "alice".into(),
+            ..Default::default()
         })
         .await
         .expect("watches")

@@ -234,7 +234,13 @@ pub fn session(s: &pb::Session) -> String {
                 e.at_ms,
                 e.action,
                 e.pid,
-                format!("GPU{}", e.device),
+                // `device_index` tells no GPU from GPU 0; a controller from before it sends
+                // only `device`, where 0 may be either.
+                match (e.device_index, e.device) {
+                    (Some(d), _) => format!("GPU{d}"),
+                    (None, 0) => "-".to_owned(),
+                    (None, d) => format!("GPU{d}"),
+                },
                 e.container,
                 reason
             );

@@ -109,6 +109,17 @@ async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>, cgroup: Pa
                 .await;
                 continue;
             }
+            Some(pb::controller_message::Msg::Release(r)) => {
+                // As the agent confirms a release (issue 40): the session ends TERMINATED.
+                let _ = send(pb::agent_message::Msg::Event(pb::EnforcementEvent {
+                    session_id: r.session_id,
+                    action: "released".into(),
+                    reason: "released: its quota is no longer enforced".into(),
+                    ..Default::default()
+                }))
+                .await;
+                continue;
+            }
             _ => continue,
         };
         let session_id = a.session_id.clone();
@@ -128,6 +139,7 @@ async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>, cgroup: Pa
             used_bytes: 5 << 30,
             limit_bytes: 4 << 30,
             at_ms: 1_700_000_000_000,
+            device_index: Some(0),
         }))
         .await;
     }
@@ -228,6 +240,9 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
         Some(pb::QuotaPolicy {
             memory: "report".into(),
             compute: "work-conserving".into(),
+            // The controller fills the enums beside the strings (issue 40).
+            memory_policy: pb::MemoryPolicy::Report.into(),
+            compute_policy: pb::ComputePolicy::WorkConserving.into(),
         })
     );
 

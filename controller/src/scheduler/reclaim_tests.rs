@@ -361,7 +361,7 @@ fn a_suspended_borrower_waits_at_home_and_resumes_when_room_returns() {
     not_overcommitted(&s);
 
     // a1 ends: b2 resumes on the GPU it left.
-    assert!(s.terminate("a1").is_some());
+    assert!(s.terminate_released("a1").is_some());
     let commands = s.pass();
     assert!(
         matches!(
@@ -497,7 +497,7 @@ fn ending_a_suspended_session_releases_it_at_home() {
         .iter()
         .map(|d| d.allocated)
         .collect();
-    let command = s.terminate("b2");
+    let command = s.terminate_released("b2");
     assert!(
         matches!(&command, Some(Command::Release { node, session }) if node == "n1" && session == "b2"),
         "{command:?}"

@@ -72,13 +72,16 @@ pub enum Action {
     Resumed,
     /// The restore failed: its GPU state is lost and it is ended the kill way.
     ResumeFailed,
+    /// Issue 40: the agent let go of the session on the controller's `Release` (its hold and
+    /// quota are gone): a terminating session's end is confirmed.
+    Released,
     /// An action this build doesn't know (from a newer agent), kept as sent.
     Other(String),
 }
 
 impl Action {
     /// Every known action, in the order above.
-    pub const KNOWN: [Self; 20] = [
+    pub const KNOWN: [Self; 21] = [
         Self::Deny,
         Self::Kill,
         Self::Stop,
@@ -99,6 +102,7 @@ impl Action {
         Self::Resuming,
         Self::Resumed,
         Self::ResumeFailed,
+        Self::Released,
     ];
 
     /// Its name on the wire and in tables.
@@ -125,6 +129,7 @@ impl Action {
             Self::Resuming => "resuming",
             Self::Resumed => "resumed",
             Self::ResumeFailed => "resume_failed",
+            Self::Released => "released",
             Self::Other(name) => name,
         }
     }
@@ -218,8 +223,10 @@ pub struct EnforcementEvent {
     pub container: String,
     /// The process concerned, if any (0: none).
     pub pid: u32,
-    /// GPU index (nvidiaN), when one is concerned.
-    pub device: u32,
+    /// GPU index (nvidiaN) when one is concerned, `None` when none is (the wire's
+    /// `device_index`; stored records from before issue 40 read their `device` number back,
+    /// 0 as GPU 0).
+    pub device: Option<u32>,
     /// Bytes the process asked for.
     pub requested_bytes: u64,
     /// Bytes the session used.
