@@ -517,6 +517,13 @@ impl Scheduler {
             (Some(node), SessionState::Scheduled | SessionState::Running) if node_up => {
                 let node = node.clone();
                 let s = self.sessions.get_mut(id)?;
+                // It stops running now: what it used teaches its class now, as at its end.
+                if s.state == SessionState::Running
+                    && self.profiles.learn(&s.class, &s.usage, now_ms()).is_some()
+                {
+                    self.changes.profiles.insert(s.class.clone());
+                    self.excess.clear();
+                }
                 set_state(
                     s,
                     SessionState::Terminating,
@@ -592,14 +599,12 @@ impl Scheduler {
             .home
             .take()
             .filter(|_| session.state == SessionState::Suspended);
-        // A terminating session ran until it was told to end: what it used still teaches.
-        if matches!(
-            session.state,
-            SessionState::Running | SessionState::Terminating
-        ) && self
-            .profiles
-            .learn(&session.class, &session.usage, now_ms())
-            .is_some()
+        // A terminating session taught its class as it stopped running (`terminate_with`).
+        if session.state == SessionState::Running
+            && self
+                .profiles
+                .learn(&session.class, &session.usage, now_ms())
+                .is_some()
         {
             self.changes.profiles.insert(session.class.clone());
             self.excess.clear();
