@@ -260,10 +260,15 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
         serde_json::json!({"memory": "report", "compute": "work-conserving"})
     );
     let events = json["events"].as_array().expect("an events list");
-    assert_eq!(events.len(), 1, "{json}");
+    // The workload's event, then its agent's confirmation of the release (issue 40).
+    assert_eq!(events.len(), 2, "{json}");
     assert_eq!(events[0]["action"], "report");
     assert_eq!(events[0]["pid"], 4242);
     assert_eq!(events[0]["limit_bytes"], 4u64 << 30);
+    // GPU 0 is told apart from no GPU.
+    assert_eq!(events[0]["device"], 0, "{json}");
+    assert_eq!(events[1]["action"], "released");
+    assert_eq!(events[1]["device"], serde_json::Value::Null, "{json}");
 
     let human = gpuwarden(&url, &["session", "show", &allocate.session_id]);
     let human = String::from_utf8_lossy(&human.stdout);

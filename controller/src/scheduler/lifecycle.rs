@@ -611,6 +611,11 @@ impl Scheduler {
         }
         set_state(session, state, reason);
         session.releasing_since_ms = None;
+        if state.is_final() {
+            // Ended: no longer being preempted either (a terminating one may have been).
+            session.preempting = None;
+            session.preempted_for = None;
+        }
         if session.origin == Origin::Controller {
             self.live.ended(&session.owner);
         }
