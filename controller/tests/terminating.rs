@@ -12,7 +12,9 @@ use gpuwarden_controller::{
     limits::{Bounds, Limits},
     server::Transport,
 };
-use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use gpuwarden_proto::v1::{
+    self as pb, scheduler_service_client::SchedulerServiceClient, session_event::Event,
+};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt as _;
 use tonic::transport::Channel;
@@ -80,13 +82,13 @@ async fn agent(
                 }
             }
             Some(session_id) = confirm.recv(), if on_release == OnRelease::ConfirmWhenTold => {
-                let released = pb::agent_message::Msg::Event(pb::EnforcementEvent {
+                let confirmation = pb::agent_message::Msg::Event(pb::EnforcementEvent {
                     session_id,
                     action: "released".into(),
                     reason: "released: its quota is no longer enforced".into(),
                     ..Default::default()
                 });
-                let _ = tx.send(pb::AgentMessage { msg: Some(released) }).await;
+                let _ = tx.send(pb::AgentMessage { msg: Some(confirmation) }).await;
             }
         }
     }
@@ -137,6 +139,19 @@ async fn until_state(client: &SchedulerServiceClient<Channel>, id: &str, state: 
         },
     )
     .await;
+}
+
+/// The sessions the allocation map shows on the GPUs.
+async fn booked(client: &mut SchedulerServiceClient<Channel>) -> Vec<String> {
+    client
+        .get_allocation_map(pb::GetAllocationMapRequest::default())
+        .await
+        .expect("mapped")
+        .into_inner()
+        .nodes
+        .into_iter()
+        .flat_map(|n| n.devices.into_iter().flat_map(|d| d.sessions))
+        .collect()
 }
 
 /// Waits until the controller lists one node.
@@ -231,17 +246,7 @@ async fn terminating_is_watched_before_terminated_and_the_gpu_stays_booked_until
         .into_inner();
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(get(&mut c, &b.id).await.state(), pb::SessionState::Pending);
-    let map = c
-        .get_allocation_map(pb::GetAllocationMapRequest::default())
-        .await
-        .expect("mapped")
-        .into_inner();
-    let sessions: Vec<&String> = map
-        .nodes
-        .iter()
-        .flat_map(|n| n.devices.iter().flat_map(|d| d.sessions.iter()))
-        .collect();
-    assert_eq!(sessions, [&a.id], "{map:?}");
+    assert_eq!(booked(&mut c).await, std::slice::from_ref(&a.id));
 
     // The watcher has seen a TERMINATING, and nothing ended yet.
     let first = tokio::time::timeout(Duration::from_secs(20), watch.next())
@@ -380,7 +385,6 @@ async fn a_watch_filtered_by_state_sends_only_those_and_bookmarks_past_the_rest(
             .event
             .expect("a session or a bookmark")
     };
-    use pb::session_event::Event;
     // The first bookmark: the watch is caught up.
     assert!(matches!(next().await, Event::Bookmark(_)));
 

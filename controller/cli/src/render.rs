@@ -236,11 +236,9 @@ pub fn session(s: &pb::Session) -> String {
                 e.pid,
                 // `device_index` tells no GPU from GPU 0; a controller from before it sends
                 // only `device`, where 0 may be either.
-                match (e.device_index, e.device) {
-                    (Some(d), _) => format!("GPU{d}"),
-                    (None, 0) => "-".to_owned(),
-                    (None, d) => format!("GPU{d}"),
-                },
+                e.device_index
+                    .or((e.device != 0).then_some(e.device))
+                    .map_or_else(|| "-".to_owned(), |d| format!("GPU{d}")),
                 e.container,
                 reason
             );

@@ -33,6 +33,16 @@ use tokio_stream::StreamExt;
 
 const NODE: &str = "node-run";
 
+/// The agent's confirmation of a release (issue 40): the session ends TERMINATED.
+fn released(session_id: String) -> pb::agent_message::Msg {
+    pb::agent_message::Msg::Event(pb::EnforcementEvent {
+        session_id,
+        action: "released".into(),
+        reason: "released: its quota is no longer enforced".into(),
+        ..Default::default()
+    })
+}
+
 /// Registers one GPU, acks every `Allocate` (kept in `seen`) and reports one event for it. A
 /// `Preempt` it answers as the agent does a workload that ends on SIGTERM: SIGTERM to every
 /// process of `cgroup` (where the agent socket puts each session), then `preempted`.
@@ -110,14 +120,7 @@ async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>, cgroup: Pa
                 continue;
             }
             Some(pb::controller_message::Msg::Release(r)) => {
-                // As the agent confirms a release (issue 40): the session ends TERMINATED.
-                let _ = send(pb::agent_message::Msg::Event(pb::EnforcementEvent {
-                    session_id: r.session_id,
-                    action: "released".into(),
-                    reason: "released: its quota is no longer enforced".into(),
-                    ..Default::default()
-                }))
-                .await;
+                let _ = send(released(r.session_id)).await;
                 continue;
             }
             _ => continue,
@@ -128,21 +131,25 @@ async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>, cgroup: Pa
             session_id: session_id.clone(),
         }))
         .await;
-        let _ = send(pb::agent_message::Msg::Event(pb::EnforcementEvent {
-            session_id,
-            action: "report".into(),
-            reason: "over its GPU-memory limit".into(),
-            container: "managed".into(),
-            pid: 4242,
-            device: 0,
-            requested_bytes: 1 << 30,
-            used_bytes: 5 << 30,
-            limit_bytes: 4 << 30,
-            at_ms: 1_700_000_000_000,
-            device_index: Some(0),
-        }))
-        .await;
+        let _ = send(over_its_limit(session_id)).await;
     }
+}
+
+/// The one event the fake agent reports for a session: over its limit on GPU 0.
+fn over_its_limit(session_id: String) -> pb::agent_message::Msg {
+    pb::agent_message::Msg::Event(pb::EnforcementEvent {
+        session_id,
+        action: "report".into(),
+        reason: "over its GPU-memory limit".into(),
+        container: "managed".into(),
+        pid: 4242,
+        device: 0,
+        requested_bytes: 1 << 30,
+        used_bytes: 5 << 30,
+        limit_bytes: 4 << 30,
+        at_ms: 1_700_000_000_000,
+        device_index: Some(0),
+    })
 }
 
 /// SIGTERM to every process in `cgroup`, then waits until none is left.

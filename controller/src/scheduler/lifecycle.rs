@@ -159,26 +159,12 @@ impl Scheduler {
                 continue;
             };
             if session.state == SessionState::Terminating {
-                if running.contains(sid.as_str()) {
-                    // Still held there: booked until the agent confirms; told again.
+                let still_held = running.contains(sid.as_str());
+                if still_held {
                     allocator.restore(&sid, session.allocation.clone());
                     held.push(session.requested.clone());
-                    commands.push(Command::Release {
-                        node: id.clone(),
-                        session: sid.clone(),
-                    });
-                } else {
-                    // Its agent let go of it (the confirmation may have been lost with the
-                    // stream). Nothing is booked on the new allocator: ended without `finish`.
-                    session.releasing_since_ms = None;
-                    set_state(
-                        session,
-                        SessionState::Terminated,
-                        &format!("terminated by request: node {id} came back without it"),
-                    );
-                    self.tracker.remove(&session.owner, &sid);
-                    self.live.ended(&session.owner);
                 }
+                commands.extend(self.terminating_registered(&id, &sid, still_held));
             } else if running.contains(sid.as_str()) || session.state == SessionState::Scheduled {
                 allocator.restore(&sid, session.allocation.clone());
                 held.push(session.requested.clone());
@@ -240,6 +226,33 @@ impl Scheduler {
         let refused = self.reconcile_observed(&id, observed);
         self.changes.nodes.insert(id);
         Ok((commands, refused))
+    }
+
+    /// Terminating session `sid` as node `node` (re)registers: still held there, booked (by the
+    /// caller) and its node told again; not, its agent let go of it (the confirmation may have
+    /// been lost with the stream) and it ends, with nothing booked on the new allocator.
+    fn terminating_registered(
+        &mut self,
+        node: &str,
+        sid: &str,
+        still_held: bool,
+    ) -> Option<Command> {
+        if still_held {
+            return Some(Command::Release {
+                node: node.to_owned(),
+                session: sid.to_owned(),
+            });
+        }
+        let session = self.sessions.get_mut(sid)?;
+        session.releasing_since_ms = None;
+        set_state(
+            session,
+            SessionState::Terminated,
+            &format!("terminated by request: node {node} came back without it"),
+        );
+        self.tracker.remove(&session.owner, sid);
+        self.live.ended(&session.owner);
+        None
     }
 
     /// Records a heartbeat; a Lost node comes back.
