@@ -734,3 +734,45 @@ fn a_terminating_session_ends_when_its_node_is_lost_or_comes_back_without_it() {
     );
     assert_eq!(booked(&s, "n1"), ["0"]);
 }
+
+#[test]
+fn a_terminating_session_still_counts_against_its_owners_limit() {
+    let mut config = SchedulerConfig::default();
+    config.default_limits.max_concurrent = Some(1);
+    let mut s = Scheduler::new(config);
+    s.register(report("n1", 2, &[]), &[]).unwrap();
+    create(&mut s, "a", "alice", &["cuda.shares=0.5"]).unwrap();
+    s.pass();
+    s.ack("n1", "a");
+    create(&mut s, "b", "alice", &["cuda.shares=0.5"]).unwrap();
+    s.terminate("a");
+    // Room on the node, but alice's one session is not confirmed gone yet.
+    s.pass();
+    assert_eq!(state(&s, "b"), SessionState::Pending);
+    assert!(s.record_event("n1", "a", released()));
+    s.pass();
+    assert_eq!(state(&s, "b"), SessionState::Scheduled);
+}
+
+#[test]
+fn a_refusal_of_a_terminating_sessions_allocation_confirms_its_release() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    create(&mut s, "a", "u", &["cuda.shares=1"]).unwrap();
+    s.pass();
+    // Ended before its node answered the allocation.
+    assert_eq!(state(&s, "a"), SessionState::Scheduled);
+    s.terminate("a");
+    assert_eq!(state(&s, "a"), SessionState::Terminating);
+    assert!(
+        s.nack("n1", "a", "InvalidQuota", "no such cgroup")
+            .is_empty()
+    );
+    assert_eq!(state(&s, "a"), SessionState::Terminated);
+    let reason = &s.sessions()["a"].reason;
+    assert!(
+        reason.contains("refused it (InvalidQuota: no such cgroup)"),
+        "{reason}"
+    );
+    assert_eq!(booked(&s, "n1"), ["0"]);
+}
