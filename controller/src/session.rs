@@ -125,6 +125,9 @@ pub struct Session {
     /// When the scheduler placed it (records from before: unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placed_at_ms: Option<i64>,
+    /// While [`SessionState::Terminating`]: when its node was told to release it (issue 40).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub releasing_since_ms: Option<i64>,
 }
 
 /// Where a suspended session resumes: the node and GPUs it left (its agent restores its GPU
@@ -420,6 +423,7 @@ mod tests {
             request_id: None,
             wait: None,
             placed_at_ms: None,
+            releasing_since_ms: None,
             seq: 0,
             failed_passes: 0,
             created_at_ms: 0,

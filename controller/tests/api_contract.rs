@@ -532,6 +532,7 @@ async fn a_filtered_watch_is_sent_bookmarks_past_changes_it_does_not_see() {
             since_revision: listed.revision,
             start: pb::WatchStart::AfterRevision.into(),
             owner: "alice".into(),
+            ..Default::default()
         })
         .await
         .expect("watches")
@@ -628,6 +629,112 @@ async fn closed_sets_travel_as_enums_beside_their_strings() {
         .expect("created")
         .into_inner();
     assert_eq!(named.placement_mode(), pb::PlacementMode::Binpack);
+}
+
+/// Issue 40: the memory and compute policies as enums beside their deprecated strings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_travel_as_enums_beside_their_strings() {
+    let scratch = gpuwarden_test_support::scratch("contract-policies");
+    let mut client = limited(scratch.path(), Limits::default()).await;
+    let with = |name: &str, policy: pb::QuotaPolicy| pb::CreateSessionRequest {
+        policy: Some(policy),
+        ..common::request(name)
+    };
+    // The enums alone: the answer fills the strings too.
+    let numbered = client
+        .create_session(with(
+            "numbered",
+            pb::QuotaPolicy {
+                memory_policy: pb::MemoryPolicy::Stop.into(),
+                compute_policy: pb::ComputePolicy::WorkConserving.into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("created")
+        .into_inner()
+        .policy
+        .expect("a policy");
+    assert_eq!(
+        (
+            numbered.memory.as_str(),
+            numbered.memory_policy(),
+            numbered.compute.as_str(),
+            numbered.compute_policy()
+        ),
+        (
+            "stop",
+            pb::MemoryPolicy::Stop,
+            "work-conserving",
+            pb::ComputePolicy::WorkConserving
+        )
+    );
+    // The strings alone, as older clients send them: the answer fills the enums.
+    let named = client
+        .create_session(with(
+            "named",
+            pb::QuotaPolicy {
+                memory: "report".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("created")
+        .into_inner()
+        .policy
+        .expect("a policy");
+    assert_eq!(
+        (named.memory_policy(), named.compute_policy()),
+        (pb::MemoryPolicy::Report, pb::ComputePolicy::Hard)
+    );
+    // Both, agreeing: accepted; disagreeing: refused, naming the field.
+    client
+        .create_session(with(
+            "both",
+            pb::QuotaPolicy {
+                memory: "stop".into(),
+                memory_policy: pb::MemoryPolicy::Stop.into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("agreeing halves are accepted");
+    for (policy, field) in [
+        (
+            pb::QuotaPolicy {
+                memory: "stop".into(),
+                memory_policy: pb::MemoryPolicy::Kill.into(),
+                ..Default::default()
+            },
+            "policy.memory",
+        ),
+        (
+            pb::QuotaPolicy {
+                compute: "hard".into(),
+                compute_policy: pb::ComputePolicy::WorkConserving.into(),
+                ..Default::default()
+            },
+            "policy.compute",
+        ),
+        (
+            pb::QuotaPolicy {
+                memory_policy: 42,
+                ..Default::default()
+            },
+            "policy.memory_policy",
+        ),
+    ] {
+        let refused = client
+            .create_session(with("bad", policy))
+            .await
+            .expect_err("refused");
+        assert_eq!(
+            (refused.code(), details::reason(&refused).as_deref()),
+            (Code::InvalidArgument, Some("INVALID_POLICY")),
+            "{refused:?}"
+        );
+        assert_eq!(details::bad_fields(&refused), [field], "{refused:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -791,6 +791,7 @@ async fn a_user_binds_sessions_only_to_what_it_was_granted() {
                     policy: Some(pb::QuotaPolicy {
                         memory: "kill".into(),
                         compute: String::new(),
+                        ..Default::default()
                     }),
                     ..targeted(kind)
                 })
@@ -816,6 +817,7 @@ async fn a_user_binds_sessions_only_to_what_it_was_granted() {
                 policy: Some(pb::QuotaPolicy {
                     memory: "report".into(),
                     compute: String::new(),
+                    ..Default::default()
                 }),
                 node_id: "node-0".into(),
                 ..targeted(Kind::Managed(true))
@@ -970,6 +972,7 @@ async fn a_watch_of_session_events_sends_no_other_owners_sessions() {
         since_revision: 0,
         start: pb::WatchStart::AfterRevision.into(),
         owner: owner.into(),
+        ..Default::default()
     };
 
     // Naming another owner is refused, as ListSessions is: not silently narrowed.

@@ -112,6 +112,7 @@ fn claim(name: &str, shares: &str) -> pb::ObservedSession {
         policy: Some(pb::QuotaPolicy {
             memory: "kill".into(),
             compute: "hard".into(),
+            ..Default::default()
         }),
         claim: Some(pb::KubernetesClaim {
             namespace: "ml".into(),

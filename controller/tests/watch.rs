@@ -620,6 +620,7 @@ async fn list_then_watch_on_an_empty_store_sees_every_create_made_in_between() {
         .watch_sessions(pb::WatchSessionsRequest {
             since_revision: 0,
             start: pb::WatchStart::AfterRevision.into(),
+            ..Default::default()
         })
         .await
         .expect("watches")
@@ -638,6 +639,7 @@ async fn list_then_watch_on_an_empty_store_sees_every_create_made_in_between() {
         .watch_sessions(pb::WatchSessionsRequest {
             since_revision: revision,
             start: pb::WatchStart::Now.into(),
+            ..Default::default()
         })
         .await
         .expect_err("a revision with WATCH_START_NOW is refused");

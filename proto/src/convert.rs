@@ -6,7 +6,7 @@
 use gpuwarden_types::{
     event::EnforcementEvent,
     placement::{Placement, UnknownPlacement},
-    policy::{PolicyError, QuotaPolicy},
+    policy::{ComputePolicy, MemoryPolicy, PolicyError, QuotaPolicy},
     slot::{InvalidSlotName, ResourceSlot, SlotKind, SlotName, SlotValue, ValueError},
     state::{NodeState, SessionState},
     target::{Target, TargetScope},
@@ -142,23 +142,137 @@ pub fn scope_to_pb(scope: &TargetScope) -> pb::TargetScope {
     }
 }
 
-/// A `QuotaPolicy` message to a policy; an absent message or an empty name is the default.
-///
-/// # Errors
-/// The [`PolicyError`] naming the unknown policy and the accepted ones.
-pub fn policy_from_pb(policy: Option<&pb::QuotaPolicy>) -> Result<QuotaPolicy, PolicyError> {
-    policy.map_or_else(
-        || Ok(QuotaPolicy::default()),
-        |p| QuotaPolicy::parse(&p.memory, &p.compute),
-    )
+/// Why a `QuotaPolicy` message names no policy: each names the field to blame (a client's
+/// `BadRequest` field violation).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyFieldError {
+    /// A string that is no policy.
+    #[error(transparent)]
+    Unknown(#[from] PolicyError),
+    /// An enum number that is no policy (from a newer peer, or made up).
+    #[error("policy.{field}: {value} is not a {enum_name}")]
+    UnknownNumber {
+        /// `memory_policy` or `compute_policy`.
+        field: &'static str,
+        /// The number sent.
+        value: i32,
+        /// `MemoryPolicy` or `ComputePolicy`.
+        enum_name: &'static str,
+    },
+    /// The string and the enum name different policies.
+    #[error(
+        "policy.{field} {named:?} and policy.{field}_policy {numbered:?} disagree; give one \
+         (the enum; the string is deprecated)"
+    )]
+    Disagree {
+        /// `memory` or `compute`: the string field (its enum is `<field>_policy`).
+        field: &'static str,
+        /// What the string says.
+        named: String,
+        /// What the enum says, as its string would.
+        numbered: String,
+    },
 }
 
-/// A policy to its message, every field filled in.
+impl PolicyFieldError {
+    /// The field of `QuotaPolicy` it blames (`memory`, `compute_policy`, ...).
+    #[must_use]
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::Unknown(e) => e.what,
+            Self::UnknownNumber { field, .. } | Self::Disagree { field, .. } => field,
+        }
+    }
+}
+
+/// A memory policy as its enum carries it.
+#[must_use]
+pub fn memory_policy_to_pb(policy: MemoryPolicy) -> pb::MemoryPolicy {
+    match policy {
+        MemoryPolicy::Kill => pb::MemoryPolicy::Kill,
+        MemoryPolicy::Stop => pb::MemoryPolicy::Stop,
+        MemoryPolicy::Report => pb::MemoryPolicy::Report,
+    }
+}
+
+/// A compute policy as its enum carries it.
+#[must_use]
+pub fn compute_policy_to_pb(policy: ComputePolicy) -> pb::ComputePolicy {
+    match policy {
+        ComputePolicy::Hard => pb::ComputePolicy::Hard,
+        ComputePolicy::WorkConserving => pb::ComputePolicy::WorkConserving,
+    }
+}
+
+/// One half of a policy from its deprecated string and its enum: either may be given (an
+/// empty string, an unspecified enum: not given); both given must agree; neither: `None`.
+fn one_policy<T: Copy + PartialEq + std::fmt::Display + std::str::FromStr<Err = PolicyError>>(
+    field: &'static str,
+    named: &str,
+    numbered: Result<Option<T>, PolicyFieldError>,
+) -> Result<Option<T>, PolicyFieldError> {
+    let numbered = numbered?;
+    let named = if named.is_empty() {
+        None
+    } else {
+        Some(named.parse::<T>()?)
+    };
+    match (named, numbered) {
+        (Some(a), Some(b)) if a != b => Err(PolicyFieldError::Disagree {
+            field,
+            named: a.to_string(),
+            numbered: b.to_string(),
+        }),
+        (a, b) => Ok(b.or(a)),
+    }
+}
+
+/// A `QuotaPolicy` message to a policy, from its enums (issue 40) or its deprecated strings,
+/// as [`one_policy`] reads each half; an absent message, or a half given neither way, is the
+/// default.
+///
+/// # Errors
+/// The [`PolicyFieldError`] naming the field: an unknown name or number, or a string and an
+/// enum that disagree.
+pub fn policy_from_pb(policy: Option<&pb::QuotaPolicy>) -> Result<QuotaPolicy, PolicyFieldError> {
+    let Some(p) = policy else {
+        return Ok(QuotaPolicy::default());
+    };
+    let memory = match pb::MemoryPolicy::try_from(p.memory_policy) {
+        Ok(pb::MemoryPolicy::Unspecified) => Ok(None),
+        Ok(pb::MemoryPolicy::Kill) => Ok(Some(MemoryPolicy::Kill)),
+        Ok(pb::MemoryPolicy::Stop) => Ok(Some(MemoryPolicy::Stop)),
+        Ok(pb::MemoryPolicy::Report) => Ok(Some(MemoryPolicy::Report)),
+        Err(_) => Err(PolicyFieldError::UnknownNumber {
+            field: "memory_policy",
+            value: p.memory_policy,
+            enum_name: "MemoryPolicy",
+        }),
+    };
+    let compute = match pb::ComputePolicy::try_from(p.compute_policy) {
+        Ok(pb::ComputePolicy::Unspecified) => Ok(None),
+        Ok(pb::ComputePolicy::Hard) => Ok(Some(ComputePolicy::Hard)),
+        Ok(pb::ComputePolicy::WorkConserving) => Ok(Some(ComputePolicy::WorkConserving)),
+        Err(_) => Err(PolicyFieldError::UnknownNumber {
+            field: "compute_policy",
+            value: p.compute_policy,
+            enum_name: "ComputePolicy",
+        }),
+    };
+    Ok(QuotaPolicy {
+        memory: one_policy("memory", &p.memory, memory)?.unwrap_or_default(),
+        compute: one_policy("compute", &p.compute, compute)?.unwrap_or_default(),
+    })
+}
+
+/// A policy to its message, every field filled in: the deprecated strings and the enums.
 #[must_use]
 pub fn policy_to_pb(policy: QuotaPolicy) -> pb::QuotaPolicy {
     pb::QuotaPolicy {
         memory: policy.memory.as_str().to_owned(),
         compute: policy.compute.as_str().to_owned(),
+        memory_policy: memory_policy_to_pb(policy.memory).into(),
+        compute_policy: compute_policy_to_pb(policy.compute).into(),
     }
 }
 
@@ -271,7 +385,9 @@ pub fn event_from_pb(e: &pb::EnforcementEvent) -> EnforcementEvent {
         reason: e.reason.clone(),
         container: e.container.clone(),
         pid: e.pid,
-        device: e.device,
+        // An agent from before issue 40 says no GPU and GPU 0 alike with 0: only a nonzero
+        // `device` names one for sure.
+        device: e.device_index.or((e.device != 0).then_some(e.device)),
         requested_bytes: e.requested_bytes,
         used_bytes: e.used_bytes,
         limit_bytes: e.limit_bytes,
@@ -288,18 +404,18 @@ pub fn event_to_pb(session_id: &str, e: &EnforcementEvent) -> pb::EnforcementEve
         reason: e.reason.clone(),
         container: e.container.clone(),
         pid: e.pid,
-        device: e.device,
+        // Both: `device` for v1 readers (0 when none), `device_index` telling none apart.
+        device: e.device.unwrap_or_default(),
         requested_bytes: e.requested_bytes,
         used_bytes: e.used_bytes,
         limit_bytes: e.limit_bytes,
         at_ms: e.at_ms,
+        device_index: e.device,
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use gpuwarden_types::policy::{ComputePolicy, MemoryPolicy};
-
     use super::*;
 
     #[test]
@@ -361,9 +477,63 @@ mod tests {
         let bad = pb::QuotaPolicy {
             memory: "evict".into(),
             compute: String::new(),
+            ..Default::default()
         };
         let err = policy_from_pb(Some(&bad)).expect_err("unknown");
         assert!(err.to_string().contains("evict"), "{err}");
+        assert_eq!(err.field(), "memory");
+    }
+
+    #[test]
+    fn policies_are_read_from_their_enums_or_strings_and_both_must_agree() {
+        let wire = |memory: &str, memory_policy, compute: &str, compute_policy| pb::QuotaPolicy {
+            memory: memory.into(),
+            compute: compute.into(),
+            memory_policy,
+            compute_policy,
+        };
+        let stop = i32::from(pb::MemoryPolicy::Stop);
+        let conserving = i32::from(pb::ComputePolicy::WorkConserving);
+        let wanted = QuotaPolicy {
+            memory: MemoryPolicy::Stop,
+            compute: ComputePolicy::WorkConserving,
+        };
+        // The enums alone, the strings alone, both agreeing: one policy.
+        for given in [
+            wire("", stop, "", conserving),
+            wire("stop", 0, "work-conserving", 0),
+            wire("stop", stop, "work-conserving", conserving),
+            wire("stop", 0, "", conserving),
+        ] {
+            assert_eq!(policy_from_pb(Some(&given)), Ok(wanted), "{given:?}");
+        }
+        // Nothing given: the defaults.
+        assert_eq!(
+            policy_from_pb(Some(&wire("", 0, "", 0))),
+            Ok(QuotaPolicy::default())
+        );
+        // Disagreeing halves and unknown numbers name their field.
+        let kill = i32::from(pb::MemoryPolicy::Kill);
+        let hard = i32::from(pb::ComputePolicy::Hard);
+        for (given, field) in [
+            (wire("stop", kill, "", 0), "memory"),
+            (wire("", 0, "work-conserving", hard), "compute"),
+            (wire("", 9, "", 0), "memory_policy"),
+            (wire("", 0, "", -1), "compute_policy"),
+        ] {
+            let err = policy_from_pb(Some(&given)).expect_err("refused");
+            assert_eq!(err.field(), field, "{err}");
+        }
+        // Answers carry both, and they agree.
+        let both = policy_to_pb(wanted);
+        assert_eq!(
+            (both.memory.as_str(), both.memory_policy()),
+            ("stop", pb::MemoryPolicy::Stop)
+        );
+        assert_eq!(
+            (both.compute.as_str(), both.compute_policy()),
+            ("work-conserving", pb::ComputePolicy::WorkConserving)
+        );
     }
 
     #[test]
@@ -395,6 +565,26 @@ mod tests {
             assert_eq!(wire.session_id, "s");
             assert_eq!(event_from_pb(&wire), event);
         }
+        // No GPU and GPU 0 are told apart on the wire (issue 40); `device` stays 0 for both.
+        for device in [None, Some(0), Some(3)] {
+            let event = EnforcementEvent {
+                device,
+                ..EnforcementEvent::default()
+            };
+            let wire = event_to_pb("s", &event);
+            assert_eq!(
+                (wire.device, wire.device_index),
+                (device.unwrap_or(0), device)
+            );
+            assert_eq!(event_from_pb(&wire).device, device);
+        }
+        // An agent from before: only a nonzero `device` names a GPU for sure.
+        let old = |device| pb::EnforcementEvent {
+            device,
+            ..pb::EnforcementEvent::default()
+        };
+        assert_eq!(event_from_pb(&old(2)).device, Some(2));
+        assert_eq!(event_from_pb(&old(0)).device, None);
         for mode in Placement::ALL {
             assert_eq!(
                 placement_from_pb(&placement_to_pb(Some(mode))),

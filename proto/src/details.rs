@@ -207,6 +207,14 @@ pub fn retry_delay(status: &Status) -> Option<Duration> {
     ))
 }
 
+/// The fields a refusal's `BadRequest` blames, in order.
+#[must_use]
+pub fn bad_fields(status: &Status) -> Vec<String> {
+    find::<rpc::BadRequest>(status, "google.rpc.BadRequest")
+        .map(|b| b.field_violations.into_iter().map(|v| v.field).collect())
+        .unwrap_or_default()
+}
+
 /// The standby's answer: where the leader is (empty: none known yet).
 #[must_use]
 pub fn not_leader(status: &Status) -> Option<pb::NotLeader> {

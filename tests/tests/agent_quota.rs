@@ -288,6 +288,7 @@ fn a_quota_without_its_cgroup_expires_and_bad_quotas_are_refused() {
             policy: Some(pb::QuotaPolicy {
                 memory: "freeze".into(),
                 compute: String::new(),
+                ..Default::default()
             }),
             ..Default::default()
         })

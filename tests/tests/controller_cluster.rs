@@ -5,6 +5,8 @@ mod util;
 
 use std::{sync::atomic::Ordering, time::Duration};
 
+use tokio_stream::StreamExt as _;
+
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, SessionState};
 use gpuwarden_test_controller::{TestController, fast_timing};
@@ -43,17 +45,51 @@ async fn backend_ai_case_over_grpc() {
     expected.sort();
     assert_eq!(held, expected);
 
-    // Terminating releases on both sides.
-    c.terminate_session(pb::TerminateSessionRequest { id: a.id.clone() })
+    // Terminating releases on both sides: TERMINATING until the agent confirms (issue 40),
+    // which a watcher sees before TERMINATED.
+    let mut watch = c
+        .watch_sessions(pb::WatchSessionsRequest {
+            start: pb::WatchStart::Now.into(),
+            ..Default::default()
+        })
         .await
-        .unwrap();
+        .unwrap()
+        .into_inner();
+    let ended = c
+        .terminate_session(pb::TerminateSessionRequest { id: a.id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ended.state(), SessionState::Terminating, "{ended:?}");
+    let mut seen = Vec::new();
+    while seen.last() != Some(&SessionState::Terminated) {
+        let s = tokio::time::timeout(Duration::from_secs(20), watch.next())
+            .await
+            .expect("a change within 20 s")
+            .expect("open")
+            .expect("a session");
+        if s.id == a.id {
+            seen.push(s.state());
+        }
+    }
+    assert_eq!(
+        seen,
+        [SessionState::Terminating, SessionState::Terminated],
+        "as the watcher saw {}",
+        a.id
+    );
+    let a_now = c
+        .get_session(pb::GetSessionRequest { id: a.id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        a_now.reason.contains("node n1 released it"),
+        "{}",
+        a_now.reason
+    );
     assert_eq!(alloc_map(&mut c, "n1").await, ["0.6", "0.6"]);
-    eventually("the agent lets go", || {
-        let held = node.held();
-        let id = a.id.clone();
-        async move { !held.contains(&id) }
-    })
-    .await;
+    assert!(!node.held().contains(&a.id));
     node.stop().await;
 }
 

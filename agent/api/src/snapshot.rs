@@ -415,7 +415,7 @@ pub struct Record {
 }
 
 impl Record {
-    /// The event it records (its session kept apart; no GPU is GPU 0, as on the wire).
+    /// The event it records (its session kept apart).
     #[must_use]
     pub fn event(&self) -> EnforcementEvent {
         EnforcementEvent {
@@ -423,7 +423,7 @@ impl Record {
             reason: self.reason.clone(),
             container: self.cgroup_path.clone(),
             pid: self.pid,
-            device: self.device.unwrap_or_default(),
+            device: self.device,
             requested_bytes: self.requested_bytes,
             used_bytes: self.used_bytes,
             limit_bytes: self.limit_bytes,

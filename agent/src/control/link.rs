@@ -540,10 +540,22 @@ fn answer(
         }
         Some(Msg::Release(r)) => {
             release_held(holdings, &r.session_id);
-            if let Some(c) = channels {
-                let _ = c.quotas.send(QuotaCommand::Release(r.session_id));
+            if let Some(c) = channels
+                && c.quotas
+                    .send(QuotaCommand::Release(r.session_id.clone()))
+                    .is_ok()
+            {
+                // Enforcement reports `released` once the quota is gone.
+                return None;
             }
-            None
+            // Nothing enforced here: the hold was all there was, and it is gone. The
+            // controller keeps a terminating session booked until it hears this (issue 40).
+            Some(pb::agent_message::Msg::Event(pb::EnforcementEvent {
+                session_id: r.session_id,
+                action: "released".to_owned(),
+                reason: "released: nothing enforced here; its hold is gone".to_owned(),
+                ..pb::EnforcementEvent::default()
+            }))
         }
         None => None,
     }

@@ -261,6 +261,27 @@ impl Enforcer {
         self.reconcile_one(&session);
     }
 
+    /// [`Self::release`] on a `Release` (from the controller, the DRA plugin or the socket),
+    /// then reports `released` (issue 40): the controller holds a terminating session's
+    /// resources booked until it hears it, so it is reported even when nothing was bound here.
+    pub(crate) fn release_on_request(&mut self, session: &str) {
+        let why = if self.bindings.contains_key(session) {
+            "released: its quota is no longer enforced"
+        } else {
+            "released: no quota of it was held here"
+        };
+        self.release(session);
+        self.record(
+            session,
+            "released",
+            why.to_owned(),
+            String::new(),
+            0,
+            None,
+            (0, 0, 0),
+        );
+    }
+
     /// Stops enforcing the session's quota.
     pub(crate) fn release(&mut self, session: &str) {
         if !self.bindings.contains_key(session) {

@@ -39,6 +39,10 @@ pub enum QuotaError {
     /// A memory or compute policy nobody knows.
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    /// A policy message naming none (an unknown name or number, or a string and an enum that
+    /// disagree).
+    #[error(transparent)]
+    WirePolicy(#[from] convert::PolicyFieldError),
     /// A share that is not a decimal number.
     #[error("GPU {index}: share {value:?} is not a decimal number")]
     Share {

@@ -235,7 +235,7 @@ fn command_enforcer(
 ) {
     match command {
         QuotaCommand::Apply(spec) => enforcer.apply(spec),
-        QuotaCommand::Release(session) => enforcer.release(&session),
+        QuotaCommand::Release(session) => enforcer.release_on_request(&session),
         QuotaCommand::Preempt {
             session,
             grace,
@@ -337,7 +337,7 @@ mod tests {
     async fn commands_and_requests_reach_the_enforcer_task() {
         let fake = FakeKernel::default();
         fake.cgroups.mkdir("/cg/job");
-        let (up, _up_rx) = mpsc::channel(8);
+        let (up, mut up_rx) = mpsc::channel(8);
         let tree = CgroupTree::new("/cg".into(), Box::new(fake.cgroups.clone()));
         let enforcer = Enforcer::new(fake.kernel(), tree, up, Duration::from_mins(1), None);
         let (quota_tx, quota_rx) = mpsc::unbounded_channel();
@@ -359,6 +359,30 @@ mod tests {
         assert_eq!((standing.bindings.len(), dropped), (1, 0));
         quota_tx.send(QuotaCommand::Release("s".into())).unwrap();
         assert!(handle.session_cgroup("s".into()).await.unwrap().is_err());
+        // A Release is confirmed upward once the quota is gone (issue 40): the controller
+        // waits for it to end a terminating session. So is one of a session not held.
+        quota_tx
+            .send(QuotaCommand::Release("never-held".into()))
+            .unwrap();
+        let _ = handle.standing().await.unwrap();
+        let mut sent = Vec::new();
+        while let Ok(e) = up_rx.try_recv() {
+            sent.push((e.session_id, e.action, e.device_index));
+        }
+        let released: Vec<&str> = sent
+            .iter()
+            .filter(|(_, action, _)| action == "released")
+            .map(|(session, _, _)| session.as_str())
+            .collect();
+        assert_eq!(released, ["s", "never-held"], "{sent:?}");
+        let unbound = sent.iter().position(|(_, a, _)| a == "unbound");
+        let first_release = sent.iter().position(|(_, a, _)| a == "released");
+        assert!(unbound < first_release, "{sent:?}");
+        // A release concerns no one GPU.
+        assert!(
+            sent.iter().all(|(_, _, device)| device.is_none()),
+            "{sent:?}"
+        );
         drop(handle);
         task.await.unwrap();
     }

@@ -159,6 +159,7 @@ impl<'a> Follower<'a> {
                         .watch_sessions(pb::WatchSessionsRequest {
                             since_revision: self.revision,
                             start,
+                            ..Default::default()
                         })
                         .await
                         .map(|s| Stream::Sessions(s.into_inner()))
@@ -168,6 +169,7 @@ impl<'a> Follower<'a> {
                             since_revision: self.revision,
                             start,
                             owner: String::new(),
+                            ..Default::default()
                         })
                         .await
                         .map(|s| Stream::Events(s.into_inner()))

@@ -6,8 +6,8 @@
 //!   else `kind`: `container_id`, `pod_uid`, `cgroup_path` or `managed`, and `value`: the id,
 //!   UID or path, null for `managed`), `policy` (`memory`: `kill`, `stop` or `report`;
 //!   `compute`: `hard` or `work-conserving`), `events` (the newest enforcement events, newest
-//!   last, at most 32: `action`, `reason`, `container`, `pid`, `device`, `requested_bytes`,
-//!   `used_bytes`, `limit_bytes`, `at_ms`), `class` (its workload class), `placement` (the
+//!   last, at most 32: `action`, `reason`, `container`, `pid`, `device` (null: none),
+//!   `requested_bytes`, `used_bytes`, `limit_bytes`, `at_ms`), `class` (its workload class), `placement` (the
 //!   mode it asked for, null for the controller's), `explanation` (null until placed, else
 //!   `mode`, `considered`, `candidates`: `node`, `devices`, `total`, `chosen`, `over_cap`,
 //!   `predicted_utilization`, `terms` (`name`, `value`, `weight`, `contribution`)), `origin`

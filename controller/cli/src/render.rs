@@ -234,7 +234,11 @@ pub fn session(s: &pb::Session) -> String {
                 e.at_ms,
                 e.action,
                 e.pid,
-                format!("GPU{}", e.device),
+                // `device_index` tells no GPU from GPU 0; a controller from before it sends
+                // only `device`, where 0 may be either.
+                e.device_index
+                    .or((e.device != 0).then_some(e.device))
+                    .map_or_else(|| "-".to_owned(), |d| format!("GPU{d}")),
                 e.container,
                 reason
             );

@@ -385,16 +385,43 @@ async fn supervise(
     }
 }
 
-/// Ends the session; a failure is reported, not fatal (the command's status still wins).
+/// How long `run` waits, after the command, for the session's node to confirm the release.
+const RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// Ends the session; a failure is reported, not fatal (the command's status still wins). A
+/// session that answers TERMINATING (issue 40) is waited for, a while, until its node has
+/// confirmed the release, so that what follows `run` finds its resources free.
 async fn end_session(client: &mut Client, id: &str) {
-    if let Err(e) = client
+    let mut state = match client
         .terminate_session(pb::TerminateSessionRequest { id: id.to_owned() })
         .await
     {
+        Ok(s) => s.into_inner().state(),
+        Err(e) => {
+            eprintln!(
+                "gpuwarden: could not end session {id}: {:?}: {} (end it with `gpuwarden session rm {id}`)",
+                e.code(),
+                e.message()
+            );
+            return;
+        }
+    };
+    let deadline = Instant::now() + RELEASE_WAIT;
+    while state == pb::SessionState::Terminating && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        match client
+            .get_session(pb::GetSessionRequest { id: id.to_owned() })
+            .await
+        {
+            Ok(s) => state = s.into_inner().state(),
+            // Ended and told; what the controller says next is not this command's concern.
+            Err(_) => return,
+        }
+    }
+    if state == pb::SessionState::Terminating {
         eprintln!(
-            "gpuwarden: could not end session {id}: {:?}: {} (end it with `gpuwarden session rm {id}`)",
-            e.code(),
-            e.message()
+            "gpuwarden: session {id} is still terminating: its node has not confirmed the \
+             release within {RELEASE_WAIT:?}"
         );
     }
 }

@@ -23,10 +23,21 @@ async fn fake_agent(url: String) {
     )
     .await;
     while let Some(Ok(message)) = inbound.next().await {
-        let Some(pb::controller_message::Msg::Allocate(a)) = message.msg else {
-            continue;
-        };
         let send = |msg| tx.send(pb::AgentMessage { msg: Some(msg) });
+        let a = match message.msg {
+            Some(pb::controller_message::Msg::Allocate(a)) => a,
+            Some(pb::controller_message::Msg::Release(r)) => {
+                // As the agent confirms a release (issue 40): the session ends TERMINATED.
+                let _ = send(pb::agent_message::Msg::Event(pb::EnforcementEvent {
+                    session_id: r.session_id,
+                    action: "released".into(),
+                    ..Default::default()
+                }))
+                .await;
+                continue;
+            }
+            _ => continue,
+        };
         let _ = send(pb::agent_message::Msg::Ack(pb::AllocationAck {
             session_id: a.session_id.clone(),
         }))
@@ -84,6 +95,14 @@ fn a_learned_busy_class_is_kept_apart_and_the_choice_explained() {
     assert_eq!(first["class"], "busy");
     let (code, _, err) = gpuwarden(&url, &["session", "rm", id]);
     assert_eq!(code, 0, "{err}");
+    // Its GPU share is free once the agent confirms the release (issue 40).
+    for _ in 0..100 {
+        if json(&url, &["session", "show", id])["state"] == "terminated" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(json(&url, &["session", "show", id])["state"], "terminated");
     let profiles = json(&url, &["profile", "ls"]);
     let busy = &profiles[0];
     assert_eq!(busy["class"], "busy", "{profiles}");

@@ -33,6 +33,16 @@ use tokio_stream::StreamExt;
 
 const NODE: &str = "node-run";
 
+/// The agent's confirmation of a release (issue 40): the session ends TERMINATED.
+fn released(session_id: String) -> pb::agent_message::Msg {
+    pb::agent_message::Msg::Event(pb::EnforcementEvent {
+        session_id,
+        action: "released".into(),
+        reason: "released: its quota is no longer enforced".into(),
+        ..Default::default()
+    })
+}
+
 /// Registers one GPU, acks every `Allocate` (kept in `seen`) and reports one event for it. A
 /// `Preempt` it answers as the agent does a workload that ends on SIGTERM: SIGTERM to every
 /// process of `cgroup` (where the agent socket puts each session), then `preempted`.
@@ -109,6 +119,10 @@ async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>, cgroup: Pa
                 .await;
                 continue;
             }
+            Some(pb::controller_message::Msg::Release(r)) => {
+                let _ = send(released(r.session_id)).await;
+                continue;
+            }
             _ => continue,
         };
         let session_id = a.session_id.clone();
@@ -117,20 +131,25 @@ async fn fake_agent(url: String, seen: Arc<Mutex<Vec<pb::Allocate>>>, cgroup: Pa
             session_id: session_id.clone(),
         }))
         .await;
-        let _ = send(pb::agent_message::Msg::Event(pb::EnforcementEvent {
-            session_id,
-            action: "report".into(),
-            reason: "over its GPU-memory limit".into(),
-            container: "managed".into(),
-            pid: 4242,
-            device: 0,
-            requested_bytes: 1 << 30,
-            used_bytes: 5 << 30,
-            limit_bytes: 4 << 30,
-            at_ms: 1_700_000_000_000,
-        }))
-        .await;
+        let _ = send(over_its_limit(session_id)).await;
     }
+}
+
+/// The one event the fake agent reports for a session: over its limit on GPU 0.
+fn over_its_limit(session_id: String) -> pb::agent_message::Msg {
+    pb::agent_message::Msg::Event(pb::EnforcementEvent {
+        session_id,
+        action: "report".into(),
+        reason: "over its GPU-memory limit".into(),
+        container: "managed".into(),
+        pid: 4242,
+        device: 0,
+        requested_bytes: 1 << 30,
+        used_bytes: 5 << 30,
+        limit_bytes: 4 << 30,
+        at_ms: 1_700_000_000_000,
+        device_index: Some(0),
+    })
 }
 
 /// SIGTERM to every process in `cgroup`, then waits until none is left.
@@ -228,6 +247,9 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
         Some(pb::QuotaPolicy {
             memory: "report".into(),
             compute: "work-conserving".into(),
+            // The controller fills the enums beside the strings (issue 40).
+            memory_policy: pb::MemoryPolicy::Report.into(),
+            compute_policy: pb::ComputePolicy::WorkConserving.into(),
         })
     );
 
@@ -245,10 +267,15 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
         serde_json::json!({"memory": "report", "compute": "work-conserving"})
     );
     let events = json["events"].as_array().expect("an events list");
-    assert_eq!(events.len(), 1, "{json}");
+    // The workload's event, then its agent's confirmation of the release (issue 40).
+    assert_eq!(events.len(), 2, "{json}");
     assert_eq!(events[0]["action"], "report");
     assert_eq!(events[0]["pid"], 4242);
     assert_eq!(events[0]["limit_bytes"], 4u64 << 30);
+    // GPU 0 is told apart from no GPU.
+    assert_eq!(events[0]["device"], 0, "{json}");
+    assert_eq!(events[1]["action"], "released");
+    assert_eq!(events[1]["device"], serde_json::Value::Null, "{json}");
 
     let human = gpuwarden(&url, &["session", "show", &allocate.session_id]);
     let human = String::from_utf8_lossy(&human.stdout);

@@ -276,7 +276,7 @@ pub fn run(
         }
         for id in finished {
             live.remove(&id);
-            sched.terminate(&id);
+            sched.terminate_released(&id);
         }
         if next == jobs.len() && live.is_empty() && waiting == 0 {
             break;

@@ -362,7 +362,10 @@ fn conditions(s: &Session) -> Vec<pb::SessionCondition> {
             s.reason.clone(),
             s.created_at_ms,
         )),
-        SessionState::Scheduled | SessionState::Running | SessionState::Lost => {
+        SessionState::Scheduled
+        | SessionState::Running
+        | SessionState::Lost
+        | SessionState::Terminating => {
             all.push(condition(
                 "Scheduled",
                 pb::ConditionStatus::True,
@@ -378,6 +381,16 @@ fn conditions(s: &Session) -> Vec<pb::SessionCondition> {
             ));
         }
         _ => {}
+    }
+    if s.state == SessionState::Terminating {
+        // Its place stays booked until its node confirms the release (issue 40).
+        all.push(condition(
+            "Releasing",
+            pb::ConditionStatus::True,
+            "WaitingForNode",
+            s.reason.clone(),
+            s.releasing_since_ms.unwrap_or(s.updated_at_ms),
+        ));
     }
     if let Some(why) = &s.preempting {
         let since = s
@@ -478,13 +491,19 @@ pub fn profile_to_pb(p: &Profile) -> pb::Profile {
     }
 }
 
-/// A `QuotaPolicy` message to a policy; an absent message or empty name is the default.
+/// A `QuotaPolicy` message to a policy, from its enums or its deprecated strings; an absent
+/// message, or a half given neither way, is the default.
 ///
 /// # Errors
-/// `InvalidArgument` naming the unknown policy and the accepted ones.
+/// `InvalidArgument` (reason `INVALID_POLICY`, a `BadRequest` violation of the field) naming
+/// the unknown policy and the accepted ones, or the string and enum that disagree.
 pub fn policy_from_pb(policy: Option<&pb::QuotaPolicy>) -> Result<QuotaPolicy, Status> {
-    gpuwarden_proto::convert::policy_from_pb(policy)
-        .map_err(|e| Status::invalid_argument(e.to_string()))
+    gpuwarden_proto::convert::policy_from_pb(policy).map_err(|e| {
+        let message = e.to_string();
+        gpuwarden_proto::details::Details::new("INVALID_POLICY")
+            .field(&format!("policy.{}", e.field()), &message)
+            .status(tonic::Code::InvalidArgument, message)
+    })
 }
 
 #[cfg(test)]

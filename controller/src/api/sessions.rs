@@ -16,7 +16,7 @@ use crate::{
     auth::clients::{Caller, ClientAuth},
     controller::{
         Controller, store_status,
-        watch::{self, Start, WatchError},
+        watch::{self, Start, StateFilter, WatchError},
     },
     limits::Bounds,
     scheduler::{Created, RequestError},
@@ -129,6 +129,28 @@ fn no_session(id: &str) -> Status {
 }
 
 /// Where a watch asked to start.
+/// A state filter's states are all `SessionState`s.
+fn check_states(states: &[i32]) -> Result<(), Status> {
+    match states
+        .iter()
+        .find(|s| pb::SessionState::try_from(**s).is_err())
+    {
+        Some(bad) => Err(Details::new("INVALID_STATE")
+            .field("states", format!("{bad} is not a SessionState"))
+            .status(
+                Code::InvalidArgument,
+                format!("states: {bad} is not a SessionState"),
+            )),
+        None => Ok(()),
+    }
+}
+
+/// A watch's state filter, once its states are checked.
+fn state_filter(states: &[i32]) -> Result<StateFilter, Status> {
+    check_states(states)?;
+    Ok(StateFilter::new(states))
+}
+
 fn watch_start(r: &pb::WatchSessionsRequest) -> Result<Start, Status> {
     let since = r.since_revision;
     match pb::WatchStart::try_from(r.start) {
@@ -298,17 +320,7 @@ impl SchedulerService for SchedulerApi {
         self.bounds.counted(limits.owner("owner", &r.owner))?;
         let owner = caller.owner_filter(r.owner)?;
         let states = r.states.clone();
-        if let Some(bad) = states
-            .iter()
-            .find(|s| pb::SessionState::try_from(**s).is_err())
-        {
-            return Err(Details::new("INVALID_STATE")
-                .field("states", format!("{bad} is not a SessionState"))
-                .status(
-                    Code::InvalidArgument,
-                    format!("states: {bad} is not a SessionState"),
-                ));
-        }
+        check_states(&states)?;
         let token = PageToken::parse(&r.page_token, limits.max_id_len)?;
         let size = match usize::try_from(r.page_size) {
             Ok(0) | Err(_) => limits.max_page_size,
@@ -349,6 +361,7 @@ impl SchedulerService for SchedulerApi {
         let caller = self.caller(&request)?;
         let counted_as = self.counted_as(&caller, &request);
         let start = watch_start(request.get_ref())?;
+        let mut states = state_filter(&request.get_ref().states)?;
         let log = Arc::clone(self.controller.session_log());
         let start = log.start(start).map_err(|e| watch_status(&e))?;
         // The stream's task owns the guard: its place is freed when the client goes away.
@@ -357,7 +370,7 @@ impl SchedulerService for SchedulerApi {
         let rx = watch::stream(
             log,
             start,
-            move |s| caller.may_see(&s.owner),
+            move |s| caller.may_see(&s.owner) && states.admits(s),
             move |e| match e {
                 WatchError::TermEnded { .. } if !role.is_leader() => {
                     // The standby's answer, naming the leader to follow.
@@ -386,7 +399,9 @@ impl SchedulerService for SchedulerApi {
         let start = watch_start(&pb::WatchSessionsRequest {
             since_revision: r.since_revision,
             start: r.start,
+            states: Vec::new(),
         })?;
+        let mut states = state_filter(&r.states)?;
         let log = Arc::clone(self.controller.session_log());
         let start = log.start(start).map_err(|e| watch_status(&e))?;
         let guard = self.bounds.counted(self.bounds.open_watch(&counted_as))?;
@@ -394,7 +409,11 @@ impl SchedulerService for SchedulerApi {
         let rx = watch::events(
             log,
             start,
-            move |s| caller.may_see(&s.owner) && (owner.is_empty() || s.owner == owner),
+            move |s| {
+                caller.may_see(&s.owner)
+                    && (owner.is_empty() || s.owner == owner)
+                    && states.admits(s)
+            },
             move |e| match e {
                 WatchError::TermEnded { .. } if !role.is_leader() => {
                     role.refusal_after(Some(&e.to_string()))
@@ -437,10 +456,12 @@ impl SchedulerService for SchedulerApi {
                     ),
                 ));
         }
+        let controller = Arc::clone(&self.controller);
         let (command, session) = self
             .controller
             .apply(|s| {
-                let command = s.terminate(&id);
+                // Waited on only where an agent can confirm the release (issue 40).
+                let command = s.terminate_with(&id, |node| controller.agent_connected(node));
                 (command, s.sessions().get(&id).map(convert::session_to_pb))
             })
             .await

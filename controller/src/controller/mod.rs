@@ -385,6 +385,15 @@ impl Controller {
         agents.insert(node.to_owned(), tx);
     }
 
+    /// Whether `node`'s agent has its stream open now: one that can be told to release a
+    /// session and confirm it (issue 40).
+    #[must_use]
+    pub fn agent_connected(&self, node: &str) -> bool {
+        lock(&self.agents)
+            .get(node)
+            .is_some_and(|tx| !tx.is_closed())
+    }
+
     /// Heartbeats received since start.
     #[must_use]
     pub fn heartbeats_received(&self) -> u64 {
@@ -508,7 +517,11 @@ impl Controller {
                         let now = now_ms();
                         let lost = s.expire(now, timeout);
                         let gangs = i64::from(s.config().gang_start_timeout_ms);
-                        (lost, s.expire_gangs(now, gangs))
+                        let mut releases = s.expire_gangs(now, gangs);
+                        // Terminating sessions whose release was never confirmed (issue 40).
+                        let unconfirmed = i64::from(s.config().release_timeout_ms);
+                        releases.extend(s.expire_releases(now, unconfirmed));
+                        (lost, releases)
                     };
                     match self.apply(expire).await {
                         Ok((lost, releases)) => {

@@ -364,6 +364,51 @@ impl Default for SessionLog {
     }
 }
 
+/// A watch's state filter (`states` of `WatchSessionsRequest` and
+/// `WatchSessionEventsRequest`, issue 40): it lets through sessions in one of its states (all,
+/// when it has none), and a session it let through once more when it leaves them, so that the
+/// watcher learns it left. It remembers the sessions it let through that may still leave: not
+/// those in a final state, which never changes again.
+#[derive(Debug, Clone, Default)]
+pub struct StateFilter {
+    states: BTreeSet<i32>,
+    sent: BTreeSet<String>,
+}
+
+impl StateFilter {
+    /// A filter of these states (`pb::SessionState` numbers); none: every session.
+    #[must_use]
+    pub fn new(states: &[i32]) -> Self {
+        Self {
+            states: states.iter().copied().collect(),
+            sent: BTreeSet::new(),
+        }
+    }
+
+    /// Whether `s`, in its latest state, goes to the watcher.
+    pub fn admits(&mut self, s: &pb::Session) -> bool {
+        if self.states.is_empty() {
+            return true;
+        }
+        if self.states.contains(&s.state) {
+            let ended = matches!(
+                s.state(),
+                pb::SessionState::Terminated
+                    | pb::SessionState::Failed
+                    | pb::SessionState::Preempted
+            );
+            if ended {
+                self.sent.remove(&s.id);
+            } else {
+                self.sent.insert(s.id.clone());
+            }
+            return true;
+        }
+        // It left the states asked for: sent once more, in its new state.
+        self.sent.remove(&s.id)
+    }
+}
+
 /// A watch's stream (`WatchSessions`): a task sends what `see` lets through, from `start` (the
 /// cursor and term [`SessionLog::start`] gave), into a small channel; the client's reading paces
 /// it. `hold` (the watch's place in the caps) lives as long as the task. `ended` says what a watch
@@ -371,7 +416,7 @@ impl Default for SessionLog {
 pub fn stream<H: Send + 'static>(
     log: Arc<SessionLog>,
     start: (u64, u64),
-    see: impl Fn(&pb::Session) -> bool + Send + 'static,
+    see: impl FnMut(&pb::Session) -> bool + Send + 'static,
     ended: impl Fn(WatchError) -> Status + Send + 'static,
     hold: H,
 ) -> mpsc::Receiver<Result<pb::Session, Status>> {
@@ -385,7 +430,7 @@ pub fn stream<H: Send + 'static>(
 pub fn events<H: Send + 'static>(
     log: Arc<SessionLog>,
     start: (u64, u64),
-    see: impl Fn(&pb::Session) -> bool + Send + 'static,
+    see: impl FnMut(&pb::Session) -> bool + Send + 'static,
     ended: impl Fn(WatchError) -> Status + Send + 'static,
     hold: H,
 ) -> mpsc::Receiver<Result<pb::SessionEvent, Status>> {
@@ -413,7 +458,7 @@ pub fn events<H: Send + 'static>(
 fn follow<T: Send + 'static, H: Send + 'static>(
     log: Arc<SessionLog>,
     (mut cursor, term): (u64, u64),
-    see: impl Fn(&pb::Session) -> bool + Send + 'static,
+    mut see: impl FnMut(&pb::Session) -> bool + Send + 'static,
     ended: impl Fn(WatchError) -> Status + Send + 'static,
     hold: H,
     session: fn(pb::Session) -> T,

@@ -181,7 +181,7 @@ fn members_wait_until_all_exist_without_holding_up_the_queue() {
     assert!(pass(&mut s).is_empty());
     assert!(reason(&s, "g4").contains("does not fit at once"));
     assert_eq!(allocated(&s, "n1"), "0.5");
-    s.terminate("solo");
+    s.terminate_released("solo");
     assert_eq!(pass(&mut s), ["g1", "g2", "g3", "g4"]);
     assert_eq!(allocated(&s, "n1"), "4");
 }
@@ -212,8 +212,8 @@ fn a_gang_that_does_not_fit_holds_the_queue_for_skip_after_passes_then_lets_smal
     assert_eq!(s.sessions()["p1"].failed_passes, 3);
     assert_eq!(allocated(&s, "n1"), "1.5");
     // Once there is room for both members, both go together.
-    s.terminate("hold");
-    s.terminate("small");
+    s.terminate_released("hold");
+    s.terminate_released("small");
     assert_eq!(pass(&mut s), ["p1", "p2"]);
 }
 
@@ -294,8 +294,8 @@ fn gang_requests_are_checked_at_creation() {
     ));
     assert!(!s.sessions().contains_key("x") && !s.sessions().contains_key("a3"));
     // Once its members ended, the name may be used again, with another size.
-    s.terminate("a1");
-    s.terminate("a2");
+    s.terminate_released("a1");
+    s.terminate_released("a2");
     create(&mut s, "c1", "u", "g", 3).unwrap();
 }
 
@@ -304,7 +304,7 @@ fn deleting_a_pending_member_makes_the_rest_wait() {
     let mut s = Scheduler::new(SchedulerConfig::default());
     s.register(report("n1", 4, &[]), &[]).unwrap();
     members(&mut s, "u", "train", 3, &["g1", "g2", "g3"]);
-    s.terminate("g2");
+    s.terminate_released("g2");
     assert!(pass(&mut s).is_empty());
     assert_eq!(reason(&s, "g1"), "gang train 2/3 members");
     assert_eq!(allocated(&s, "n1"), "0");

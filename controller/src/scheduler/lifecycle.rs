@@ -158,7 +158,14 @@ impl Scheduler {
             let Some(session) = self.sessions.get_mut(&sid) else {
                 continue;
             };
-            if running.contains(sid.as_str()) || session.state == SessionState::Scheduled {
+            if session.state == SessionState::Terminating {
+                let still_held = running.contains(sid.as_str());
+                if still_held {
+                    allocator.restore(&sid, session.allocation.clone());
+                    held.push(session.requested.clone());
+                }
+                commands.extend(self.terminating_registered(&id, &sid, still_held));
+            } else if running.contains(sid.as_str()) || session.state == SessionState::Scheduled {
                 allocator.restore(&sid, session.allocation.clone());
                 held.push(session.requested.clone());
                 if session.state == SessionState::Lost {
@@ -221,6 +228,33 @@ impl Scheduler {
         Ok((commands, refused))
     }
 
+    /// Terminating session `sid` as node `node` (re)registers: still held there, booked (by the
+    /// caller) and its node told again; not, its agent let go of it (the confirmation may have
+    /// been lost with the stream) and it ends, with nothing booked on the new allocator.
+    fn terminating_registered(
+        &mut self,
+        node: &str,
+        sid: &str,
+        still_held: bool,
+    ) -> Option<Command> {
+        if still_held {
+            return Some(Command::Release {
+                node: node.to_owned(),
+                session: sid.to_owned(),
+            });
+        }
+        let session = self.sessions.get_mut(sid)?;
+        session.releasing_since_ms = None;
+        set_state(
+            session,
+            SessionState::Terminated,
+            &format!("terminated by request: node {node} came back without it"),
+        );
+        self.tracker.remove(&session.owner, sid);
+        self.live.ended(&session.owner);
+        None
+    }
+
     /// Records a heartbeat; a Lost node comes back.
     pub fn heartbeat(&mut self, node: &str) {
         if let Some(n) = self.nodes.get_mut(node) {
@@ -252,10 +286,16 @@ impl Scheduler {
             }
         }
         let mut failed = Vec::new();
+        let mut unconfirmed = Vec::new();
         for s in self.sessions.values_mut() {
             if s.node.as_ref().is_some_and(|n| lost.contains(n)) && s.state.holds_resources() {
-                set_state(s, SessionState::Lost, "node stopped sending heartbeats");
-                self.changes.sessions.insert(s.id.clone());
+                if s.state == SessionState::Terminating {
+                    // Nobody is left to confirm its release: it ends now (finished below).
+                    unconfirmed.push(s.id.clone());
+                } else {
+                    set_state(s, SessionState::Lost, "node stopped sending heartbeats");
+                    self.changes.sessions.insert(s.id.clone());
+                }
             }
             if s.state == SessionState::Suspended
                 && let Some(home) = s.home.as_ref().filter(|h| lost.contains(&h.node))
@@ -277,7 +317,46 @@ impl Scheduler {
                 s.home = None;
             }
         }
+        for id in unconfirmed {
+            let node = self.sessions[&id].node.clone().unwrap_or_default();
+            let why = format!(
+                "terminated by request: node {node} stopped sending heartbeats before it \
+                 confirmed the release"
+            );
+            self.finish(&id, SessionState::Terminated, &why);
+        }
         lost
+    }
+
+    /// Ends, unconfirmed, each session [`SessionState::Terminating`] for longer than
+    /// `timeout_ms` before `now_ms`: its agent never said it let go (an agent from before
+    /// issue 40 never does). What it held is freed; the returned releases tell its node again,
+    /// to be sent once the ends are stored. A `timeout_ms` of 0 ends nothing.
+    #[must_use = "the sessions' nodes must be told again to release them"]
+    pub fn expire_releases(&mut self, now_ms: i64, timeout_ms: i64) -> Vec<Command> {
+        if timeout_ms <= 0 {
+            return Vec::new();
+        }
+        let late: Vec<String> = self
+            .sessions
+            .values()
+            .filter(|s| {
+                s.state == SessionState::Terminating
+                    && now_ms - s.releasing_since_ms.unwrap_or(s.updated_at_ms) > timeout_ms
+            })
+            .map(|s| s.id.clone())
+            .collect();
+        late.into_iter()
+            .filter_map(|id| {
+                let node = self.sessions[&id].node.clone().unwrap_or_default();
+                let why = format!(
+                    "terminated by request: node {node} did not confirm the release within \
+                     {timeout_ms} ms; what it held was freed unconfirmed"
+                );
+                let node = self.finish(&id, SessionState::Terminated, &why)?;
+                Some(Command::Release { node, session: id })
+            })
+            .collect()
     }
 
     /// Queues a new session.
@@ -379,6 +458,7 @@ impl Scheduler {
             request_id: None,
             wait: None,
             placed_at_ms: None,
+            releasing_since_ms: None,
             name,
             id,
             owner,
@@ -410,19 +490,115 @@ impl Scheduler {
         session
     }
 
-    /// Ends a session, releasing what it holds. Returns the command for its agent, if any. A
-    /// session Kubernetes placed ([`Origin::Dra`]) is not the controller's to end: nothing
-    /// changes (the API refuses before).
+    /// Ends a session at a client's request. Returns the command for its agent, if any.
+    ///
+    /// A session placed on a node that is up becomes [`SessionState::Terminating`]: its agent
+    /// is told to release it, and what it holds stays booked until the agent confirms
+    /// ([`Self::record_event`], `released`), its node is lost, or
+    /// [`Self::expire_releases`]. Any other ends [`SessionState::Terminated`] at once, its
+    /// reason saying why nothing was waited for. A session already terminating or ended, and
+    /// one Kubernetes placed ([`Origin::Dra`], not the controller's to end; the API refuses
+    /// before), change nothing.
     pub fn terminate(&mut self, id: &str) -> Option<Command> {
+        self.terminate_with(id, |_| true)
+    }
+
+    /// [`Self::terminate`], where only a node for which `agent_live` holds (its agent's stream
+    /// is open) is waited on: a session on any other ends at once, as on a lost node.
+    pub fn terminate_with(
+        &mut self,
+        id: &str,
+        agent_live: impl Fn(&str) -> bool,
+    ) -> Option<Command> {
         let session = self.sessions.get(id)?;
-        if session.state.is_final() || session.origin != Origin::Controller {
+        if session.state.is_final()
+            || session.state == SessionState::Terminating
+            || session.origin != Origin::Controller
+        {
             return None;
         }
-        let node = self.finish(id, SessionState::Terminated, "terminated by request")?;
+        let placed_on = session
+            .node
+            .clone()
+            .filter(|_| session.state.holds_resources());
+        let node_up = placed_on
+            .as_ref()
+            .and_then(|n| self.nodes.get(n))
+            .is_some_and(|n| n.state == NodeState::Ready)
+            && placed_on.as_deref().is_some_and(agent_live);
+        let why = match (&placed_on, session.state) {
+            (Some(node), SessionState::Scheduled | SessionState::Running) if node_up => {
+                let node = node.clone();
+                let s = self.sessions.get_mut(id)?;
+                // It stops running now: what it used teaches its class now, as at its end.
+                if s.state == SessionState::Running
+                    && self.profiles.learn(&s.class, &s.usage, now_ms()).is_some()
+                {
+                    self.changes.profiles.insert(s.class.clone());
+                    self.excess.clear();
+                }
+                set_state(
+                    s,
+                    SessionState::Terminating,
+                    &format!(
+                        "terminated by request: waiting for node {node} to confirm the release"
+                    ),
+                );
+                s.releasing_since_ms = Some(s.updated_at_ms);
+                self.changes.sessions.insert(id.to_owned());
+                return Some(Command::Release {
+                    node,
+                    session: id.to_owned(),
+                });
+            }
+            (Some(node), _)
+                if self
+                    .nodes
+                    .get(node)
+                    .is_some_and(|n| n.state == NodeState::Ready) =>
+            {
+                format!(
+                    "terminated by request: the agent of its node {node} is not connected, so no \
+                     release could be confirmed (it is told when it connects)"
+                )
+            }
+            (Some(node), _) => format!(
+                "terminated by request: its node {node} is lost, so no release could be confirmed"
+            ),
+            (None, SessionState::Suspended) => {
+                "terminated by request: its node was told to end its suspended workload".to_owned()
+            }
+            (None, _) => "terminated by request: it held no place".to_owned(),
+        };
+        let node = self.finish(id, SessionState::Terminated, &why)?;
         Some(Command::Release {
             node,
             session: id.to_owned(),
         })
+    }
+
+    /// [`Self::terminate`], its release taken as confirmed at once: for a caller that plays
+    /// the agents itself (the simulator, tests), where nothing would ever confirm it.
+    pub fn terminate_released(&mut self, id: &str) -> Option<Command> {
+        let command = self.terminate(id)?;
+        if let Command::Release { node, session } = &command {
+            self.released(node, session, "released it");
+        }
+        Some(command)
+    }
+
+    /// The agent on `node` confirmed it let go of `session` (issue 40): a terminating session
+    /// ends, what it held is freed. Returns whether it ended.
+    fn released(&mut self, node: &str, session: &str, how: &str) -> bool {
+        let Some(s) = self.sessions.get(session) else {
+            return false;
+        };
+        if s.state != SessionState::Terminating || s.node.as_deref() != Some(node) {
+            return false;
+        }
+        let why = format!("terminated by request: node {node} {how}");
+        self.finish(session, SessionState::Terminated, &why)
+            .is_some()
     }
 
     /// Ends session `id` in `state`: what it used teaches its class (once it ran long enough
@@ -436,6 +612,7 @@ impl Scheduler {
             .home
             .take()
             .filter(|_| session.state == SessionState::Suspended);
+        // A terminating session taught its class as it stopped running (`terminate_with`).
         if session.state == SessionState::Running
             && self
                 .profiles
@@ -446,6 +623,12 @@ impl Scheduler {
             self.excess.clear();
         }
         set_state(session, state, reason);
+        session.releasing_since_ms = None;
+        if state.is_final() {
+            // Ended: no longer being preempted either (a terminating one may have been).
+            session.preempting = None;
+            session.preempted_for = None;
+        }
         if session.origin == Origin::Controller {
             self.live.ended(&session.owner);
         }
@@ -510,8 +693,28 @@ impl Scheduler {
             return false;
         }
         let (action, used_bytes) = (event.action.clone(), event.used_bytes);
+        let terminating = s.state == SessionState::Terminating;
         s.record_event(event);
         self.changes.sessions.insert(session.to_owned());
+        if terminating {
+            // Only the end of its workload matters now: the client asked it to end, so a
+            // preemption that finished first ends it as terminated too, and a suspension is
+            // not kept (the Release that follows ends the suspended workload).
+            match action {
+                Action::Released => {
+                    self.released(node, session, "released it");
+                }
+                Action::Preempted => {
+                    self.released(
+                        node,
+                        session,
+                        "ended its workload (preempted) and released it",
+                    );
+                }
+                _ => {}
+            }
+            return true;
+        }
         match action {
             Action::Preempted => {
                 self.preempted(node, session);
@@ -545,6 +748,15 @@ impl Scheduler {
         } else {
             format!("{reason}: {message}")
         };
+        if s.state == SessionState::Terminating {
+            // Refused before it was released: the agent holds nothing of it.
+            self.released(
+                node,
+                session,
+                &format!("refused it ({text}), so held nothing"),
+            );
+            return Vec::new();
+        }
         let never_ran = s.state == SessionState::Scheduled;
         let gang = s.gang.clone().map(|g| (s.owner.clone(), g.name));
         set_state(s, SessionState::Failed, &text);

@@ -107,6 +107,10 @@ pub struct SchedulerConfig {
     pub gang_start_timeout_ms: u32,
     /// How long ended sessions are kept.
     pub retention: Retention,
+    /// Milliseconds a terminating session waits for its node's agent to confirm the release
+    /// before it ends unconfirmed (60 000; docs/api.md, "Terminating"). Its resources stay
+    /// booked until then.
+    pub release_timeout_ms: u32,
     /// Workload classes whose usage profile every owner shares. Any other class a user's
     /// session names (or a pod's label) is filed under its owner (`alice/train`), so no tenant
     /// teaches the placement of another's work; an admin's sessions file classes as named.
@@ -141,6 +145,7 @@ impl Default for SchedulerConfig {
             suspend_queues: BTreeSet::new(),
             gang_start_timeout_ms: 300_000,
             retention: Retention::default(),
+            release_timeout_ms: 60_000,
             shared_classes: Vec::new(),
         }
     }

@@ -51,7 +51,7 @@ fn teach(s: &mut Scheduler, class: &str, u: f64) {
             }
         ));
     }
-    s.terminate(&id);
+    s.terminate_released(&id);
 }
 
 fn devices(s: &Session) -> Vec<u32> {
@@ -81,7 +81,7 @@ fn a_finished_run_teaches_its_class_and_is_persisted() {
     // Samples are written with the session, without announcing it as changed.
     let changes = s.take_changes();
     assert!(changes.usage.contains("a") && !changes.sessions.contains("a"));
-    s.terminate("a");
+    s.terminate_released("a");
     // A user's class is filed within its owner: no tenant teaches another's placements.
     assert!(
         s.take_changes().profiles.contains("u/train"),
@@ -103,7 +103,7 @@ fn a_finished_run_teaches_its_class_and_is_persisted() {
             },
         );
     }
-    s.terminate("b");
+    s.terminate_released("b");
     let p = s.profiles().get("u/train").expect("learned");
     assert_eq!(p.runs, 2);
     assert!((p.mean() - 0.3).abs() < 1e-9, "{p:?}");

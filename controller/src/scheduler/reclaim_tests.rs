@@ -361,7 +361,7 @@ fn a_suspended_borrower_waits_at_home_and_resumes_when_room_returns() {
     not_overcommitted(&s);
 
     // a1 ends: b2 resumes on the GPU it left.
-    assert!(s.terminate("a1").is_some());
+    assert!(s.terminate_released("a1").is_some());
     let commands = s.pass();
     assert!(
         matches!(
@@ -618,7 +618,7 @@ fn ending_a_suspended_session_releases_it_at_home() {
         .iter()
         .map(|d| d.allocated)
         .collect();
-    let command = s.terminate("b2");
+    let command = s.terminate_released("b2");
     assert!(
         matches!(&command, Some(Command::Release { node, session }) if node == "n1" && session == "b2"),
         "{command:?}"
@@ -634,4 +634,36 @@ fn ending_a_suspended_session_releases_it_at_home() {
     assert_eq!(before, after);
     assert_eq!(s.nodes()["n1"].allocated.get("mem").to_u64(), Some(0));
     assert!(pass(&mut s).is_empty(), "nothing to resume now");
+}
+
+/// Issue 40: a victim ended by its owner while it is being preempted is TERMINATING, still
+/// holding its GPU (and still counted as freeing it for the waiter, so nothing more is
+/// preempted); its workload's end ends it TERMINATED, no longer preempting, and the waiter runs.
+#[test]
+fn a_victim_terminated_mid_preemption_ends_terminated_when_its_workload_is_gone() {
+    let mut s = cluster();
+    create(&mut s, "b1", "b", 0, false);
+    create(&mut s, "b2", "b", 0, false);
+    assert!(pass(&mut s).is_empty());
+    create(&mut s, "a1", "a", 0, false);
+    assert_eq!(pass(&mut s), [("n1".to_owned(), "b2".to_owned())]);
+
+    assert!(s.terminate("b2").is_some());
+    assert_eq!(state(&s, "b2"), SessionState::Terminating);
+    assert!(pass(&mut s).is_empty(), "nothing more is preempted");
+    assert_eq!(state(&s, "a1"), SessionState::Pending);
+    not_overcommitted(&s);
+
+    preempted(&mut s, "n1", "b2");
+    assert_eq!(state(&s, "b2"), SessionState::Terminated);
+    let b2 = &s.sessions()["b2"];
+    assert!(b2.reason.contains("terminated by request"), "{}", b2.reason);
+    assert_eq!(
+        (b2.preempting.as_deref(), b2.preempted_for.as_deref()),
+        (None, None)
+    );
+    assert!(pass(&mut s).is_empty());
+    assert_eq!(state(&s, "a1"), SessionState::Running);
+    assert_eq!(state(&s, "b1"), SessionState::Running);
+    not_overcommitted(&s);
 }

@@ -89,7 +89,7 @@ mod tests {
             ..NewSession::default()
         })
         .expect("created");
-        s.terminate(id);
+        s.terminate_released(id);
         s.sessions.get_mut(id).expect("kept").updated_at_ms = at_ms;
     }
 

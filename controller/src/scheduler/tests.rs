@@ -116,7 +116,7 @@ fn concurrency_limits_hold_across_retried_passes() {
         s.sessions()["b"].reason
     );
     assert_eq!(state(&s, "c"), SessionState::Scheduled);
-    s.terminate("a");
+    s.terminate_released("a");
     s.pass();
     assert_eq!(state(&s, "b"), SessionState::Scheduled);
 }
@@ -365,8 +365,8 @@ fn sessions_not_yet_ended_are_counted_as_they_start_and_end() {
     assert_eq!(s.live_sessions("alice"), (2, 3));
     s.pass();
     // Ended by request, refused by its agent: both leave the count; doing it twice changes nothing.
-    s.terminate("a");
-    s.terminate("a");
+    s.terminate_released("a");
+    s.terminate_released("a");
     let _ = s.nack("n1", "c", "InvalidQuota", "");
     assert_eq!(s.live_sessions("alice"), (1, 1));
     assert_eq!(s.live_sessions("bob"), (0, 1));
@@ -557,7 +557,7 @@ fn a_mixed_fleet_places_whole_fractional_and_mig_requests_without_overcommit() {
         let ending: Vec<String> = running.iter().step_by(2).cloned().collect();
         running.retain(|r| !ending.contains(r));
         for id in ending {
-            s.terminate(&id);
+            s.terminate_released(&id);
         }
     }
     // 25 with this seedless mix; fewer would mean profiles went unplaced.
@@ -569,4 +569,210 @@ fn a_mixed_fleet_places_whole_fractional_and_mig_requests_without_overcommit() {
             .iter()
             .any(|(n, _)| n.as_str().starts_with("cuda.mig."))
     }));
+}
+
+/// What its agent sends when it let go of a session (issue 40).
+fn released() -> EnforcementEvent {
+    EnforcementEvent {
+        action: "released".into(),
+        reason: "released: its quota is no longer enforced".into(),
+        ..EnforcementEvent::default()
+    }
+}
+
+/// The shares booked on each GPU of `node`.
+fn booked(s: &Scheduler, node: &str) -> Vec<String> {
+    s.nodes()[node]
+        .allocator
+        .devices()
+        .iter()
+        .map(|d| d.allocated.to_string())
+        .collect()
+}
+
+/// One whole GPU on `n1`, held by running session `a`.
+fn one_gpu_held_by_a() -> Scheduler {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    create(&mut s, "a", "u", &["cuda.shares=1"]).unwrap();
+    s.pass();
+    s.ack("n1", "a");
+    assert_eq!(state(&s, "a"), SessionState::Running);
+    s
+}
+
+#[test]
+fn a_terminating_session_keeps_its_place_booked_until_its_agent_confirms() {
+    let mut s = one_gpu_held_by_a();
+    let command = s.terminate("a");
+    assert!(
+        matches!(&command, Some(Command::Release { node, session }) if node == "n1" && session == "a"),
+        "{command:?}"
+    );
+    assert_eq!(state(&s, "a"), SessionState::Terminating);
+    assert!(s.sessions()["a"].releasing_since_ms.is_some());
+    // Terminating again answers as it is and sends nothing more.
+    assert!(s.terminate("a").is_none());
+    assert_eq!(state(&s, "a"), SessionState::Terminating);
+
+    // The GPU is still booked: a session that needs it waits.
+    create(&mut s, "b", "u", &["cuda.shares=1"]).unwrap();
+    s.pass();
+    assert_eq!(state(&s, "b"), SessionState::Pending);
+    assert_eq!(booked(&s, "n1"), ["1"]);
+
+    // A confirmation from another node, or another event, ends nothing.
+    assert!(!s.record_event("n2", "a", released()));
+    s.record_event(
+        "n1",
+        "a",
+        EnforcementEvent {
+            action: "unbound".into(),
+            ..EnforcementEvent::default()
+        },
+    );
+    assert_eq!(state(&s, "a"), SessionState::Terminating);
+
+    // Its agent confirms: it ends, and the GPU goes to the waiting session.
+    assert!(s.record_event("n1", "a", released()));
+    assert_eq!(state(&s, "a"), SessionState::Terminated);
+    assert!(
+        s.sessions()["a"].reason.contains("node n1 released it"),
+        "{}",
+        s.sessions()["a"].reason
+    );
+    assert_eq!(s.sessions()["a"].releasing_since_ms, None);
+    assert_eq!(booked(&s, "n1"), ["0"]);
+    s.pass();
+    assert_eq!(state(&s, "b"), SessionState::Scheduled);
+}
+
+#[test]
+fn terminate_ends_at_once_what_holds_no_place_or_sits_on_a_lost_node() {
+    let mut s = one_gpu_held_by_a();
+    // Pending: nothing to release.
+    create(&mut s, "p", "u", &["cuda.shares=1"]).unwrap();
+    assert!(s.terminate("p").is_none());
+    assert_eq!(state(&s, "p"), SessionState::Terminated);
+    assert!(s.sessions()["p"].reason.contains("held no place"));
+
+    // Its node went silent: nobody is there to confirm.
+    s.expire(now_ms() + 60_000, 10_000);
+    assert_eq!(state(&s, "a"), SessionState::Lost);
+    s.terminate("a");
+    assert_eq!(state(&s, "a"), SessionState::Terminated);
+    assert!(
+        s.sessions()["a"].reason.contains("is lost"),
+        "{}",
+        s.sessions()["a"].reason
+    );
+}
+
+#[test]
+fn a_release_never_confirmed_ends_after_the_timeout_with_its_reason() {
+    let mut s = one_gpu_held_by_a();
+    s.terminate("a");
+    let since = s.sessions()["a"].releasing_since_ms.expect("set");
+    // Within the timeout: still booked.
+    assert!(s.expire_releases(since + 4_000, 5_000).is_empty());
+    assert_eq!(state(&s, "a"), SessionState::Terminating);
+    assert_eq!(booked(&s, "n1"), ["1"]);
+    // Past it: ended unconfirmed, freed, and its node told again.
+    let again = s.expire_releases(since + 6_000, 5_000);
+    assert!(
+        matches!(again.as_slice(), [Command::Release { node, session }] if node == "n1" && session == "a"),
+        "{again:?}"
+    );
+    assert_eq!(state(&s, "a"), SessionState::Terminated);
+    let reason = &s.sessions()["a"].reason;
+    assert!(
+        reason.contains("did not confirm the release within 5000 ms"),
+        "{reason}"
+    );
+    assert_eq!(booked(&s, "n1"), ["0"]);
+    // A timeout of 0 ends nothing.
+    let mut s = one_gpu_held_by_a();
+    s.terminate("a");
+    assert!(s.expire_releases(i64::MAX, 0).is_empty());
+    assert_eq!(state(&s, "a"), SessionState::Terminating);
+}
+
+#[test]
+fn a_terminating_session_ends_when_its_node_is_lost_or_comes_back_without_it() {
+    // Lost while terminating.
+    let mut s = one_gpu_held_by_a();
+    s.terminate("a");
+    s.expire(now_ms() + 60_000, 10_000);
+    assert_eq!(state(&s, "a"), SessionState::Terminated);
+    assert!(
+        s.sessions()["a"]
+            .reason
+            .contains("stopped sending heartbeats"),
+        "{}",
+        s.sessions()["a"].reason
+    );
+
+    // Re-registered still holding it: booked, and told again.
+    let mut s = one_gpu_held_by_a();
+    s.terminate("a");
+    let commands = s.register(report("n1", 1, &[]), &["a".into()]).unwrap();
+    assert!(
+        commands
+            .iter()
+            .any(|c| matches!(c, Command::Release { session, .. } if session == "a")),
+        "{commands:?}"
+    );
+    assert_eq!(state(&s, "a"), SessionState::Terminating);
+    assert_eq!(booked(&s, "n1"), ["1"]);
+    // Re-registered without it: its agent let go.
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    assert_eq!(state(&s, "a"), SessionState::Terminated);
+    assert!(
+        s.sessions()["a"].reason.contains("came back without it"),
+        "{}",
+        s.sessions()["a"].reason
+    );
+    assert_eq!(booked(&s, "n1"), ["0"]);
+}
+
+#[test]
+fn a_terminating_session_still_counts_against_its_owners_limit() {
+    let mut config = SchedulerConfig::default();
+    config.default_limits.max_concurrent = Some(1);
+    let mut s = Scheduler::new(config);
+    s.register(report("n1", 2, &[]), &[]).unwrap();
+    create(&mut s, "a", "alice", &["cuda.shares=0.5"]).unwrap();
+    s.pass();
+    s.ack("n1", "a");
+    create(&mut s, "b", "alice", &["cuda.shares=0.5"]).unwrap();
+    s.terminate("a");
+    // Room on the node, but alice's one session is not confirmed gone yet.
+    s.pass();
+    assert_eq!(state(&s, "b"), SessionState::Pending);
+    assert!(s.record_event("n1", "a", released()));
+    s.pass();
+    assert_eq!(state(&s, "b"), SessionState::Scheduled);
+}
+
+#[test]
+fn a_refusal_of_a_terminating_sessions_allocation_confirms_its_release() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report("n1", 1, &[]), &[]).unwrap();
+    create(&mut s, "a", "u", &["cuda.shares=1"]).unwrap();
+    s.pass();
+    // Ended before its node answered the allocation.
+    assert_eq!(state(&s, "a"), SessionState::Scheduled);
+    s.terminate("a");
+    assert_eq!(state(&s, "a"), SessionState::Terminating);
+    assert!(
+        s.nack("n1", "a", "InvalidQuota", "no such cgroup")
+            .is_empty()
+    );
+    assert_eq!(state(&s, "a"), SessionState::Terminated);
+    let reason = &s.sessions()["a"].reason;
+    assert!(
+        reason.contains("refused it (InvalidQuota: no such cgroup)"),
+        "{reason}"
+    );
+    assert_eq!(booked(&s, "n1"), ["0"]);
 }

@@ -21,6 +21,7 @@ fn session(id: &str) -> Session {
         request_id: None,
         wait: None,
         placed_at_ms: None,
+        releasing_since_ms: None,
         name: id.into(),
         owner: "u".into(),
         priority: 0,

@@ -75,13 +75,16 @@ pub enum Action {
     /// A resumption onto other GPUs was not made (the driver's restore takes no GPU pairs
     /// before CUDA 13.0): nothing moved and the workload stays suspended where it was.
     ResumeRefused,
+    /// Issue 40: the agent let go of the session on the controller's `Release` (its hold and
+    /// quota are gone): a terminating session's end is confirmed.
+    Released,
     /// An action this build doesn't know (from a newer agent), kept as sent.
     Other(String),
 }
 
 impl Action {
     /// Every known action, in the order above.
-    pub const KNOWN: [Self; 21] = [
+    pub const KNOWN: [Self; 22] = [
         Self::Deny,
         Self::Kill,
         Self::Stop,
@@ -103,6 +106,7 @@ impl Action {
         Self::Resumed,
         Self::ResumeFailed,
         Self::ResumeRefused,
+        Self::Released,
     ];
 
     /// Its name on the wire and in tables.
@@ -130,6 +134,7 @@ impl Action {
             Self::Resumed => "resumed",
             Self::ResumeFailed => "resume_failed",
             Self::ResumeRefused => "resume_refused",
+            Self::Released => "released",
             Self::Other(name) => name,
         }
     }
@@ -223,8 +228,10 @@ pub struct EnforcementEvent {
     pub container: String,
     /// The process concerned, if any (0: none).
     pub pid: u32,
-    /// GPU index (nvidiaN), when one is concerned.
-    pub device: u32,
+    /// GPU index (nvidiaN) when one is concerned, `None` when none is (the wire's
+    /// `device_index`; stored records from before issue 40 read their `device` number back,
+    /// 0 as GPU 0).
+    pub device: Option<u32>,
     /// Bytes the process asked for.
     pub requested_bytes: u64,
     /// Bytes the session used.

@@ -12,7 +12,8 @@ pub enum SessionState {
     Scheduled,
     /// The agent holds its allocation.
     Running,
-    /// Being released.
+    /// Ended by a client; its node's agent was told to release it and has not confirmed yet.
+    /// It still holds (books) what it was placed on.
     Terminating,
     /// Ended.
     Terminated,
@@ -57,10 +58,14 @@ impl SessionState {
         }
     }
 
-    /// Whether the session holds (or is about to hold) resources.
+    /// Whether the session holds (or is about to hold, or has not yet been confirmed to have
+    /// let go of) resources.
     #[must_use]
     pub const fn holds_resources(self) -> bool {
-        matches!(self, Self::Scheduled | Self::Running | Self::Lost)
+        matches!(
+            self,
+            Self::Scheduled | Self::Running | Self::Lost | Self::Terminating
+        )
     }
 
     /// Whether the session is over.
@@ -106,6 +111,9 @@ mod tests {
             "\"lost\""
         );
         assert!(SessionState::Lost.holds_resources());
+        // Booked until its agent confirms the release (issue 40).
+        assert!(SessionState::Terminating.holds_resources());
+        assert!(!SessionState::Terminating.is_final());
         assert!(!SessionState::Failed.holds_resources());
         assert!(SessionState::Terminated.is_final());
     }

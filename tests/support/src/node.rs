@@ -145,7 +145,8 @@ pub async fn connect_with(
 }
 
 /// Plays an agent that starts everything it is given: acknowledges every `Allocate` on
-/// `inbound` through `tx`, then tells `allocated` of it, until the stream ends.
+/// `inbound` through `tx`, then tells `allocated` of it, and confirms every `Release` (the
+/// `released` event of issue 40), until the stream ends.
 pub async fn acknowledge_all(
     tx: tokio::sync::mpsc::Sender<pb::AgentMessage>,
     mut inbound: tonic::Streaming<pb::ControllerMessage>,
@@ -153,8 +154,26 @@ pub async fn acknowledge_all(
 ) {
     use tokio_stream::StreamExt as _;
     while let Some(Ok(message)) = inbound.next().await {
-        let Some(pb::controller_message::Msg::Allocate(a)) = message.msg else {
-            continue;
+        let a = match message.msg {
+            Some(pb::controller_message::Msg::Allocate(a)) => a,
+            Some(pb::controller_message::Msg::Release(r)) => {
+                let released = pb::agent_message::Msg::Event(pb::EnforcementEvent {
+                    session_id: r.session_id,
+                    action: "released".into(),
+                    ..Default::default()
+                });
+                if tx
+                    .send(pb::AgentMessage {
+                        msg: Some(released),
+                    })
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                continue;
+            }
+            _ => continue,
         };
         let ack = pb::agent_message::Msg::Ack(pb::AllocationAck {
             session_id: a.session_id.clone(),

@@ -235,6 +235,7 @@ pub fn session_request(
         policy: Some(pb::QuotaPolicy {
             memory: memory.into(),
             compute: String::new(),
+            ..Default::default()
         }),
         ..Default::default()
     }

@@ -34,6 +34,7 @@ fn allocate(parts: &[(u32, &str, u64)], memory: &str, compute: &str) -> pb::Allo
         policy: Some(pb::QuotaPolicy {
             memory: memory.into(),
             compute: compute.into(),
+            ..Default::default()
         }),
         ..Default::default()
     }

@@ -88,6 +88,7 @@ fn a_session_shows_its_target_policy_and_events() {
         policy: Some(pb::QuotaPolicy {
             memory: "stop".into(),
             compute: "hard".into(),
+            ..Default::default()
         }),
         events: vec![pb::EnforcementEvent {
             action: "stop".into(),

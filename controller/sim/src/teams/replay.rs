@@ -273,7 +273,7 @@ pub fn replay(
                     if let Some(team) = team_of[l.index] {
                         *outstanding.entry(team).or_default() -= outcome.gpus;
                     }
-                    sched.terminate(&id);
+                    sched.terminate_released(&id);
                 }
                 Some(stop) => {
                     // Suspended: the work until the suspension is kept; lost are the copy to

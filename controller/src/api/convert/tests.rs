@@ -35,6 +35,7 @@ fn targets_and_policies_round_trip_and_bad_policies_are_invalid_arguments() {
     let bad = policy_from_pb(Some(&pb::QuotaPolicy {
         memory: "evict".into(),
         compute: String::new(),
+        ..Default::default()
     }))
     .unwrap_err();
     assert_eq!(bad.code(), tonic::Code::InvalidArgument);
@@ -143,7 +144,7 @@ prop_compose! {
             placement,
             priority,
             target,
-            policy: policy.map(|(memory, compute)| pb::QuotaPolicy { memory, compute }),
+            policy: policy.map(|(memory, compute)| pb::QuotaPolicy { memory, compute, ..Default::default() }),
             unconfined_target,
             no_preempt: false,
             preemption: String::new(),
