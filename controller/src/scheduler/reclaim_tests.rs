@@ -421,7 +421,7 @@ fn suspended_with_its_home_busy(s: &mut Scheduler) -> (u32, u32) {
     assert!(pass(s).is_empty());
     assert_eq!(state(s, "a1"), SessionState::Running);
     assert_eq!(s.sessions()["a1"].allocation.parts[0].index, home);
-    s.terminate("b1").unwrap();
+    s.terminate_released("b1").unwrap();
     (home, 1 - home)
 }
 
@@ -481,7 +481,7 @@ fn a_gpu_of_another_model_does_not_take_a_suspended_session() {
     suspended_with_its_home_busy(&mut s);
     assert!(s.pass().is_empty());
     assert_eq!(state(&s, "b2"), SessionState::Suspended);
-    s.terminate("a1").unwrap();
+    s.terminate_released("a1").unwrap();
     let commands = s.pass();
     assert!(
         matches!(commands.as_slice(), [Command::Resume { onto: None, .. }]),
@@ -511,7 +511,7 @@ fn a_refused_move_leaves_the_session_waiting_for_the_gpu_it_left() {
     );
     assert!(s.pass().is_empty(), "the other GPU does not take it again");
     assert_eq!(state(&s, "b2"), SessionState::Suspended);
-    s.terminate("a1").unwrap();
+    s.terminate_released("a1").unwrap();
     let commands = s.pass();
     assert!(
         matches!(commands.as_slice(), [Command::Resume { onto: None, .. }]),
