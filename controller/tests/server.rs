@@ -141,3 +141,67 @@ fn help_says_what_the_controller_is() {
     assert!(first.contains("cluster controller"), "{help}");
     assert!(!first.contains("CLI"), "{help}");
 }
+
+/// The lifecycle's build step: a port in use stops `App::build` with an error naming it,
+/// before the store is touched.
+#[tokio::test]
+async fn a_taken_port_stops_the_build_naming_it_before_the_store_opens() {
+    let scratch = gpuwarden_test_support::scratch("build");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+    let addr = taken.local_addr().expect("bound");
+    let state = scratch.path().join("state");
+    let built = server::App::build(server::RunConfig::new(addr, server::sled_in(&state))).await;
+    let Err(e) = built else {
+        panic!("built on a taken port");
+    };
+    assert!(
+        matches!(&e, server::ServeError::Bind { addr: a, .. } if *a == addr),
+        "{e}"
+    );
+    assert!(e.to_string().contains(&addr.to_string()), "{e}");
+    assert!(
+        !state.exists(),
+        "the store was touched before the port was bound"
+    );
+}
+
+/// The lifecycle's shutdown step joins every task: once `Running::shutdown` returns, nothing
+/// holds the controller, so its sled store (which one process at a time may open) opens again
+/// at once, and the port it served no longer answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shut_down_controller_has_let_go_of_its_store_and_port() {
+    let scratch = gpuwarden_test_support::scratch("lifecycle");
+    let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let config = || server::RunConfig::new(any, server::sled_in(scratch.path()));
+    let running = server::App::build(config()).await.expect("builds").spawn();
+    let url = format!("http://{}", running.addr());
+    {
+        let channel = tonic::transport::Endpoint::from_shared(url.clone())
+            .expect("a URL")
+            .connect()
+            .await
+            .expect("it serves");
+        tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await
+            .expect("it answers");
+    }
+    // While it runs, its store can't be opened a second time.
+    assert!(
+        matches!(
+            server::App::build(config()).await,
+            Err(server::ServeError::Store(_))
+        ),
+        "a second controller opened the store of a running one"
+    );
+    running.shutdown().await.expect("shuts down cleanly");
+    let again = server::App::build(config())
+        .await
+        .expect("the store is free once shutdown returns");
+    let refused = tonic::transport::Endpoint::from_shared(url)
+        .expect("a URL")
+        .connect()
+        .await;
+    assert!(refused.is_err(), "the old port still answers");
+    again.spawn().shutdown().await.expect("shuts down cleanly");
+}
