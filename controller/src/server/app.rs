@@ -227,8 +227,9 @@ impl App {
     }
 }
 
-/// A spawned controller: its tasks, in start order, and the one stop they share.
-#[must_use = "dropping it leaves the tasks running; shut it down"]
+/// A spawned controller: its tasks, in start order, and the one stop they share. Dropped, it
+/// lets go of that stop, which the tasks take as one, unjoined: shut it down instead.
+#[must_use = "dropping it stops the tasks without joining them; shut it down"]
 pub struct Running {
     addr: SocketAddr,
     stop: Stop,
