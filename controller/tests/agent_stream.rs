@@ -46,11 +46,9 @@ async fn acks_sent_together_share_commits_and_all_reach_running() {
         .await
         .expect("binds");
     let url = format!("http://{}", listener.local_addr().expect("bound"));
-    tokio::spawn(server::serve_on(
-        Arc::clone(&controller),
-        listener,
-        std::future::pending(),
-    ));
+    tokio::spawn(
+        server::GrpcServer::new(Arc::clone(&controller), listener).serve(std::future::pending()),
+    );
     let channel = tonic::transport::Endpoint::from_shared(url)
         .expect("a URL")
         .connect()

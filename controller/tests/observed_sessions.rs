@@ -55,11 +55,9 @@ impl Incarnation {
                 .await
                 .expect("binds");
             let addr = listener.local_addr().expect("bound");
-            tokio::spawn(server::serve_on(
-                controller,
-                listener,
-                std::future::pending(),
-            ));
+            tokio::spawn(
+                server::GrpcServer::new(controller, listener).serve(std::future::pending()),
+            );
             addr
         });
         Self {

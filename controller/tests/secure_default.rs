@@ -184,13 +184,11 @@ async fn the_library_refuses_plain_text_beyond_loopback_too_and_flags_insecure()
     let listener = tokio::net::TcpListener::bind("0.0.0.0:0")
         .await
         .expect("binds");
-    let refused = Box::pin(server::serve_with(
-        Arc::clone(&controller),
-        listener,
-        Transport::PlainText,
-        None,
-        std::future::ready(()),
-    ))
+    let refused = Box::pin(
+        server::GrpcServer::new(Arc::clone(&controller), listener)
+            .security(Transport::PlainText)
+            .serve(std::future::ready(())),
+    )
     .await;
     assert!(
         matches!(refused, Err(ServeError::PlainTextExposed { .. })),
@@ -203,14 +201,12 @@ async fn the_library_refuses_plain_text_beyond_loopback_too_and_flags_insecure()
         .await
         .expect("binds");
     let port = listener.local_addr().expect("bound").port();
-    tokio::spawn(server::serve_bounded(
-        controller,
-        listener,
-        Transport::Insecure,
-        Arc::clone(&bounds),
-        None,
-        std::future::pending(),
-    ));
+    tokio::spawn(
+        server::GrpcServer::new(controller, listener)
+            .security(Transport::Insecure)
+            .bounds(Arc::clone(&bounds))
+            .serve(std::future::pending()),
+    );
     let channel = connect(&format!("http://127.0.0.1:{port}"), &ClientTls::default()).await;
     SchedulerServiceClient::new(channel)
         .list_nodes(pb::ListNodesRequest::default())

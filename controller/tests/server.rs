@@ -141,3 +141,82 @@ fn help_says_what_the_controller_is() {
     assert!(first.contains("cluster controller"), "{help}");
     assert!(!first.contains("CLI"), "{help}");
 }
+
+/// The lifecycle's build step: a port in use stops `App::build` with an error naming it,
+/// before the store is touched.
+#[tokio::test]
+async fn a_taken_port_stops_the_build_naming_it_before_the_store_opens() {
+    let scratch = gpuwarden_test_support::scratch("build");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+    let addr = taken.local_addr().expect("bound");
+    let state = scratch.path().join("state");
+    let built = server::App::build(server::RunConfig::new(addr, server::sled_in(&state))).await;
+    let Err(e) = built else {
+        panic!("built on a taken port");
+    };
+    assert!(
+        matches!(&e, server::ServeError::Bind { addr: a, .. } if *a == addr),
+        "{e}"
+    );
+    assert!(e.to_string().contains(&addr.to_string()), "{e}");
+    assert!(
+        !state.exists(),
+        "the store was touched before the port was bound"
+    );
+}
+
+/// The lifecycle's shutdown step stops every task: once `Running::shutdown` returns, the
+/// background loop and the server no longer hold the controller, so its sled store (which one
+/// process at a time may open) opens again and the port it served closes. Both within a moment
+/// rather than at once: a commit already in flight and the listener's acceptor finish on their
+/// own after the server returns. A task left running (the background loop holds the controller
+/// for as long as it runs) would keep the store locked for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shut_down_controller_lets_go_of_its_store_and_port() {
+    let scratch = gpuwarden_test_support::scratch("lifecycle");
+    let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let config = || server::RunConfig::new(any, server::sled_in(scratch.path()));
+    let running = server::App::build(config()).await.expect("builds").spawn();
+    let url = format!("http://{}", running.addr());
+    let connect = || async {
+        tonic::transport::Endpoint::from_shared(url.clone())
+            .expect("a URL")
+            .connect()
+            .await
+    };
+    {
+        let channel = connect().await.expect("it serves");
+        tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await
+            .expect("it answers");
+    }
+    // While it runs, its store can't be opened a second time.
+    assert!(
+        matches!(
+            server::App::build(config()).await,
+            Err(server::ServeError::Store(_))
+        ),
+        "a second controller opened the store of a running one"
+    );
+    running.shutdown().await.expect("shuts down cleanly");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let again = loop {
+        match server::App::build(config()).await {
+            Ok(app) => break app,
+            Err(e) => assert!(
+                std::time::Instant::now() < deadline,
+                "the store is still held 5 s after shutdown: {e}"
+            ),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    while connect().await.is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old port still answers 5 s after shutdown"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    again.spawn().shutdown().await.expect("shuts down cleanly");
+}

@@ -23,7 +23,7 @@ use std::{
 use gpuwarden_agent::enforcement::throttle::{
     self, ComputePolicy, CpuTimeUsage, Member, Signal, ThrottleConfig, ThrottleHandle,
 };
-use gpuwarden_controller::{api::Timing, store::StoreSpec};
+use gpuwarden_controller::store::StoreSpec;
 use gpuwarden_test_controller::TestController;
 use gpuwarden_test_support::{
     Etcd, TestCgroup, is_root,
@@ -188,11 +188,11 @@ fn takeover_timings() {
             .store_url(&format!("takeover-{round}"))
             .parse()
             .expect("a store spec");
-        let leader = TestController::start_elected(&store, Timing::default(), TTL);
+        let leader = TestController::elected(&store, TTL).start();
         rt.block_on(wait::until_async("the first to lead", PATIENCE, || {
             leader.leads()
         }));
-        let standby = TestController::start_elected(&store, Timing::default(), TTL);
+        let standby = TestController::elected(&store, TTL).start();
         // Let the standby campaign before the leader goes.
         std::thread::sleep(Duration::from_millis(500));
         let killed = Instant::now();

@@ -203,11 +203,9 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     let dirs = KubeletDirs::new(root.path());
     let state = scratch("dra-agent");
     let controller_state = scratch("dra-controller");
-    let controller = TestController::start(
-        controller_state.path(),
-        gpuwarden_controller::scheduler::SchedulerConfig::default(),
-        fast_timing(Duration::from_secs(5)),
-    );
+    let controller = TestController::builder(controller_state.path())
+        .timing(fast_timing(Duration::from_secs(5)))
+        .start();
     let mut cfg = util::config(&[format!("{}/nvidia*", dev.display())], state.path());
     cfg.controller = Some(controller.url());
     cfg.mock_devices = Some(mock_file(root.path(), &nodes));

@@ -16,7 +16,6 @@ use std::{sync::Arc, time::Duration};
 use gpuwarden_agent::attribution::kubelet::KubeletConfig;
 use gpuwarden_controller::{
     auth::{clients::ClientRole, grants::GrantFile, tokens, tokens::TokenFile},
-    scheduler::SchedulerConfig,
     server::{Security, Transport},
 };
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
@@ -55,12 +54,10 @@ impl Tenants {
             tokens: Some(Arc::new(TokenFile::load(&file).unwrap())),
             grants: Arc::new(GrantFile::load(&grants).unwrap()),
         };
-        let ctl = TestController::start_secured(
-            state[0].path(),
-            SchedulerConfig::default(),
-            fast_timing(Duration::from_secs(5)),
-            security,
-        );
+        let ctl = TestController::builder(state[0].path())
+            .timing(fast_timing(Duration::from_secs(5)))
+            .security(security)
+            .start();
         // At first the kubelet lists another pod only.
         let kubelet = FakeKubelet::start(pod_list(
             "11111111-1111-1111-1111-111111111111",

@@ -176,7 +176,7 @@ fn agent_metrics_match_the_snapshot_and_survive_the_receiver_going_away() {
     reason = "one end-to-end scenario, read top to bottom"
 )]
 fn controller_metrics_match_its_api() {
-    use gpuwarden_controller::{api::Timing, scheduler::SchedulerConfig};
+    use gpuwarden_controller::api::Timing;
     use gpuwarden_test_controller::TestController;
     use util::cluster::{TestBackend, TestNode, create, wait_nodes, wait_state};
 
@@ -187,12 +187,10 @@ fn controller_metrics_match_its_api() {
         pass_interval: Duration::from_millis(50),
     };
     let state = scratch("ctlm");
-    let ctl = TestController::start_with_metrics(
-        state.path(),
-        SchedulerConfig::default(),
-        timing,
-        Some(format!("http://{}", receiver.addr)),
-    );
+    let ctl = TestController::builder(state.path())
+        .timing(timing)
+        .otlp(format!("http://{}", receiver.addr))
+        .start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -255,7 +255,11 @@ fn a_controller_killed_mid_preemption_finishes_it_after_a_restart() {
     let status = workload.wait();
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
 
-    rig.ctl = TestController::start_on(&dir, config(), rig::timing(), addr);
+    rig.ctl = TestController::builder(&dir)
+        .config(config())
+        .timing(rig::timing())
+        .addr(addr)
+        .start();
     assert_the_preemption_completes(&rig, &borrower, &lender);
 }
 
@@ -269,7 +273,10 @@ fn a_failover_mid_preemption_completes_it_on_the_new_leader() {
     let etcd = Etcd::start();
     let store: StoreSpec = etcd.store_url("preempt").parse().unwrap();
     let ttl = Duration::from_secs(2);
-    let first = TestController::start_elected_with(&store, config(), rig::timing(), ttl);
+    let first = TestController::elected(&store, ttl)
+        .config(config())
+        .timing(rig::timing())
+        .start();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -277,7 +284,10 @@ fn a_failover_mid_preemption_completes_it_on_the_new_leader() {
     gpuwarden_test_support::wait::until("the first controller to lead", PATIENCE, || {
         rt.block_on(first.leads())
     });
-    let standby = TestController::start_elected_with(&store, config(), rig::timing(), ttl);
+    let standby = TestController::elected(&store, ttl)
+        .config(config())
+        .timing(rig::timing())
+        .start();
     // The standby first in the agent's list: it is told where the leader is.
     let urls = format!("{},{}", standby.url(), first.url());
     let mut rig = Rig::around(

@@ -411,12 +411,11 @@ fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
     // keeps it (a release would kill it).
     let (addr, dir) = (rig.ctl.addr, rig.state[0].path().to_owned());
     rig.ctl.crash();
-    rig.ctl = gpuwarden_test_controller::TestController::start_on(
-        &dir,
-        reclaim_config(),
-        util::rig::timing(),
-        addr,
-    );
+    rig.ctl = gpuwarden_test_controller::TestController::builder(&dir)
+        .config(reclaim_config())
+        .timing(util::rig::timing())
+        .addr(addr)
+        .start();
     rig.wait_for("the node to register again", |r| {
         r.rt.block_on(async {
             let mut c = r.client().await;

@@ -18,11 +18,9 @@ use util::cluster::{
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_ai_case_over_grpc() {
     let state = scratch("ctl");
-    let ctl = TestController::start(
-        state.path(),
-        SchedulerConfig::default(),
-        fast_timing(Duration::from_millis(1500)),
-    );
+    let ctl = TestController::builder(state.path())
+        .timing(fast_timing(Duration::from_millis(1500)))
+        .start();
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let mut c = ctl.client().await;
     wait_nodes(&c, 1).await;
@@ -96,11 +94,9 @@ async fn backend_ai_case_over_grpc() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_fleet_merges_slot_types_and_unknown_slots_are_nacked() {
     let state = scratch("mix");
-    let ctl = TestController::start(
-        state.path(),
-        SchedulerConfig::default(),
-        fast_timing(Duration::from_millis(1500)),
-    );
+    let ctl = TestController::builder(state.path())
+        .timing(fast_timing(Duration::from_millis(1500)))
+        .start();
     let mut accel = TestBackend::gpus(1);
     accel.extra = Some(("mock.accel", "4"));
     let plain = TestNode::start(&ctl.url(), "plain", TestBackend::gpus(1));
@@ -148,11 +144,9 @@ async fn mixed_fleet_merges_slot_types_and_unknown_slots_are_nacked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_are_rejected_with_reasons() {
     let state = scratch("bad");
-    let ctl = TestController::start(
-        state.path(),
-        SchedulerConfig::default(),
-        fast_timing(Duration::from_millis(1500)),
-    );
+    let ctl = TestController::builder(state.path())
+        .timing(fast_timing(Duration::from_millis(1500)))
+        .start();
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let mut c = ctl.client().await;
     wait_nodes(&c, 1).await;
@@ -220,11 +214,10 @@ async fn concurrency_limits_count_sessions_not_passes() {
     config.default_limits.max_concurrent = Some(1);
     config.skip_after = 0;
     let state = scratch("lim");
-    let ctl = TestController::start(
-        state.path(),
-        config,
-        fast_timing(Duration::from_millis(1500)),
-    );
+    let ctl = TestController::builder(state.path())
+        .config(config)
+        .timing(fast_timing(Duration::from_millis(1500)))
+        .start();
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let mut c = ctl.client().await;
     wait_nodes(&c, 1).await;
@@ -258,11 +251,9 @@ async fn concurrency_limits_count_sessions_not_passes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_restart_keeps_sessions_and_allocations() {
     let dir = scratch("restart");
-    let ctl = TestController::start(
-        dir.path(),
-        SchedulerConfig::default(),
-        fast_timing(Duration::from_millis(1500)),
-    );
+    let ctl = TestController::builder(dir.path())
+        .timing(fast_timing(Duration::from_millis(1500)))
+        .start();
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let mut c = ctl.client().await;
     wait_nodes(&c, 1).await;
@@ -273,11 +264,9 @@ async fn controller_restart_keeps_sessions_and_allocations() {
     ctl.kill();
     drop(c);
 
-    let ctl = TestController::start(
-        dir.path(),
-        SchedulerConfig::default(),
-        fast_timing(Duration::from_millis(1500)),
-    );
+    let ctl = TestController::builder(dir.path())
+        .timing(fast_timing(Duration::from_millis(1500)))
+        .start();
     let (holdings, backend) = node.stop().await;
     let mut c = ctl.client().await;
     let sessions = c
@@ -323,11 +312,9 @@ async fn controller_restart_keeps_sessions_and_allocations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_loss_and_return() {
     let state = scratch("loss");
-    let ctl = TestController::start(
-        state.path(),
-        SchedulerConfig::default(),
-        fast_timing(Duration::from_millis(1500)),
-    );
+    let ctl = TestController::builder(state.path())
+        .timing(fast_timing(Duration::from_millis(1500)))
+        .start();
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(1));
     let mut c = ctl.client().await;
     wait_nodes(&c, 1).await;

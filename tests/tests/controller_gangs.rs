@@ -50,11 +50,10 @@ async fn with_quotas(tag: &str) -> (tempfile::TempDir, TestController, TestNode,
         quotas: util::cluster::one_team("lab", "2"),
         ..SchedulerConfig::default()
     };
-    let ctl = TestController::start(
-        state.path(),
-        config,
-        fast_timing(Duration::from_millis(1500)),
-    );
+    let ctl = TestController::builder(state.path())
+        .config(config)
+        .timing(fast_timing(Duration::from_millis(1500)))
+        .start();
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let c = ctl.client().await;
     wait_nodes(&c, 1).await;
@@ -126,11 +125,9 @@ fn held(nodes: &[&TestNode]) -> BTreeSet<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gang_runs_all_at_once_or_not_at_all() {
     let state = scratch("gangs");
-    let ctl = TestController::start(
-        state.path(),
-        SchedulerConfig::default(),
-        fast_timing(Duration::from_millis(1500)),
-    );
+    let ctl = TestController::builder(state.path())
+        .timing(fast_timing(Duration::from_millis(1500)))
+        .start();
     let n1 = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));
     let n2 = TestNode::start(&ctl.url(), "n2", TestBackend::gpus(2));
     let mut c = ctl.client().await;
@@ -219,11 +216,9 @@ async fn a_gang_runs_all_at_once_or_not_at_all() {
 async fn a_gangs_members_survive_a_controller_restart() {
     let dir = scratch("gang-restart");
     let start = || {
-        TestController::start(
-            dir.path(),
-            SchedulerConfig::default(),
-            fast_timing(Duration::from_millis(1500)),
-        )
+        TestController::builder(dir.path())
+            .timing(fast_timing(Duration::from_millis(1500)))
+            .start()
     };
     let ctl = start();
     let node = TestNode::start(&ctl.url(), "n1", TestBackend::gpus(2));

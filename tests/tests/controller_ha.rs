@@ -22,9 +22,9 @@ async fn an_agent_follows_the_leader_through_a_failover_and_keeps_what_it_holds(
     let etcd = Etcd::start();
     let store: StoreSpec = etcd.store_url("ha").parse().unwrap();
     let timing = fast_timing(Duration::from_secs(30));
-    let a = TestController::start_elected(&store, timing, TTL);
+    let a = TestController::elected(&store, TTL).timing(timing).start();
     eventually("the first controller to lead", || a.leads()).await;
-    let b = TestController::start_elected(&store, timing, TTL);
+    let b = TestController::elected(&store, TTL).timing(timing).start();
 
     // The standby comes first in the agent's list: it is told where the leader is.
     let node = TestNode::start(

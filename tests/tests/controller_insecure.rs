@@ -56,14 +56,12 @@ fn insecure_serving_is_exported_as_a_metric() {
     wait_for("the gauge at 0 before serving", || value() == Some(0.0));
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
-        tokio::spawn(server::serve_bounded(
-            std::sync::Arc::clone(&controller),
-            listener,
-            server::Transport::Insecure,
-            bounds,
-            None,
-            std::future::pending(),
-        ));
+        tokio::spawn(
+            server::GrpcServer::new(std::sync::Arc::clone(&controller), listener)
+                .security(server::Transport::Insecure)
+                .bounds(bounds)
+                .serve(std::future::pending()),
+        );
     });
     wait_for("the gauge at 1 while serving --insecure", || {
         value() == Some(1.0)

@@ -41,13 +41,11 @@ async fn start_controller(dir: &Path) -> String {
         .await
         .expect("binds");
     let url = format!("https://{}", listener.local_addr().expect("bound"));
-    tokio::spawn(server::serve_with(
-        controller,
-        listener,
-        Transport::Tls(Arc::new(tls)),
-        None,
-        std::future::pending::<()>(),
-    ));
+    tokio::spawn(
+        server::GrpcServer::new(controller, listener)
+            .security(Transport::Tls(Arc::new(tls)))
+            .serve(std::future::pending::<()>()),
+    );
     url
 }
 

@@ -30,7 +30,6 @@ use std::{
     time::Duration,
 };
 
-use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_runtime::otlp::Exporters;
 use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{require_root, scratch, wait::until as wait_for};
@@ -274,15 +273,13 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
     let driver = Driver::mount("obs");
     let ctl_dir = scratch("ctl");
     let ctl_metrics = free_port();
-    let ctl = TestController::start_with_exporters(
-        ctl_dir.path(),
-        SchedulerConfig::default(),
-        fast_timing(Duration::from_secs(5)),
-        Exporters {
+    let ctl = TestController::builder(ctl_dir.path())
+        .timing(fast_timing(Duration::from_secs(5)))
+        .exporters(Exporters {
             prometheus: Some(ctl_metrics),
             ..Exporters::default()
-        },
-    );
+        })
+        .start();
     let agent_dir = scratch("agent");
     let agent_metrics = free_port();
     let mut cfg = util::mock_gpu_config(&driver, ctl.url(), agent_dir.path());

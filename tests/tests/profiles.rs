@@ -20,7 +20,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{require_root, scratch, wait::until as wait_for};
 use tempfile::TempDir;
@@ -63,11 +62,9 @@ impl Rig {
     fn start() -> Self {
         let driver = Driver::mount("prof");
         let ctl_dir = scratch("ctl");
-        let ctl = TestController::start(
-            ctl_dir.path(),
-            SchedulerConfig::default(),
-            fast_timing(Duration::from_secs(5)),
-        );
+        let ctl = TestController::builder(ctl_dir.path())
+            .timing(fast_timing(Duration::from_secs(5)))
+            .start();
         let agent_dir = scratch("agent");
         let mut cfg = util::mock_gpu_config(&driver, ctl.url(), agent_dir.path());
         cfg.usage_report_interval = Some(REPORT_INTERVAL);
@@ -93,11 +90,11 @@ impl Rig {
     /// Stops the controller and starts it again on the same store.
     fn restart_controller(&mut self) {
         drop(self.ctl.take());
-        self.ctl = Some(TestController::start(
-            self.ctl_dir.path(),
-            SchedulerConfig::default(),
-            fast_timing(Duration::from_secs(5)),
-        ));
+        self.ctl = Some(
+            TestController::builder(self.ctl_dir.path())
+                .timing(fast_timing(Duration::from_secs(5)))
+                .start(),
+        );
     }
 
     /// `gpuwarden --json ARGS`, parsed; the error output when it fails.

@@ -150,6 +150,25 @@ pub(super) fn metrics(
     }
 }
 
+/// The compute-share throttle's thread, measuring with the GPU's own busy time (NVML's device
+/// samples) for exclusive slots, or each cgroup's (apportioned by process activity) for
+/// buckets; the CPU-time stand-ins with mock devices.
+pub(super) fn throttle(
+    config: &AgentConfig,
+    backend: &dyn GpuBackend,
+    attributor: &Attributor,
+) -> Result<ThrottleHandle, throttle::ThrottleError> {
+    let signal = match config.throttle_mode {
+        throttle::ThrottleMode::Slots => {
+            throttle::Signal::Device(throttle::device_signal_for(backend, attributor.root()))
+        }
+        throttle::ThrottleMode::Buckets => {
+            throttle::Signal::PerCgroup(throttle::usage_for(backend, attributor.root()))
+        }
+    };
+    throttle::spawn(config.throttle, signal, &config.instance())
+}
+
 /// The usage reporter, measuring with a usage source of its own (sources keep per-reader state):
 /// NVML's device utilization apportioned by process activity on real GPUs, the CPU-time
 /// stand-in with mock devices.

@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use gpuwarden_controller::{api::Timing, store::StoreSpec};
+use gpuwarden_controller::store::StoreSpec;
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_controller::TestController;
 use gpuwarden_test_support::{
@@ -25,7 +25,7 @@ const TTL: Duration = Duration::from_secs(2);
 /// it at once, open streams and all, as a crash would (its lease then lapses).
 fn start_elected(store: &str) -> TestController {
     let spec: StoreSpec = store.parse().expect("a store spec");
-    TestController::start_elected(&spec, Timing::default(), TTL)
+    TestController::elected(&spec, TTL).start()
 }
 
 /// Waits until `controller` leads: the CLI's `slot ls` through it succeeds.

@@ -22,7 +22,7 @@ use gpuwarden_controller::{
     api::{Controller, Timing},
     limits::{Bounds, Limits},
     scheduler::{Scheduler, SchedulerConfig},
-    server::{self, Transport},
+    server,
     store::{Store, StoreSpec},
 };
 use gpuwarden_proto::v1::{
@@ -228,14 +228,11 @@ async fn run(store: Store, label: &'static str, grouped: bool, size: Size) -> Ro
         client_request_burst: 1_000_000,
         ..Limits::default()
     };
-    let server = tokio::spawn(server::serve_bounded(
-        Arc::clone(&controller),
-        listener,
-        Transport::PlainText,
-        Bounds::new(limits),
-        None,
-        std::future::pending(),
-    ));
+    let server = tokio::spawn(
+        server::GrpcServer::new(Arc::clone(&controller), listener)
+            .bounds(Bounds::new(limits))
+            .serve(std::future::pending()),
+    );
 
     let mut channels = Vec::new();
     let shared = AGENT_CONNECTIONS.max(nodes.div_ceil(AGENTS_PER_CONNECTION));
@@ -384,17 +381,17 @@ fn elected(store: &StoreSpec) -> (tokio::runtime::Runtime, String) {
         .enable_all()
         .build()
         .expect("runtime");
-    let addr = rt
-        .block_on(server::spawn_elected(
-            store,
-            SchedulerConfig::default(),
-            Timing::default(),
-            TTL,
-            Bounds::new(Limits::default()),
-            std::future::pending(),
-        ))
+    let mut config = server::RunConfig::new(
+        std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        store.clone(),
+    );
+    config.lease_ttl = TTL;
+    let running = rt
+        .block_on(async { server::App::build(config).await.map(server::App::spawn) })
         .expect("serves");
-    let url = format!("http://{addr}");
+    let url = format!("http://{}", running.addr());
+    // Runs until the runtime is dropped.
+    rt.spawn(running.run_until(std::future::pending()));
     (rt, url)
 }
 

@@ -178,10 +178,6 @@ fn decisions(nodes: usize, mode: Placement, quotas: Option<QuotaConfig>) -> Row 
     }
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "the benchmark's run reads as one piece"
-)]
 async fn heartbeats(agents: usize, seconds: u64) -> (f64, u64) {
     let dir = std::env::temp_dir().join(format!("gpuwarden-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -204,14 +200,11 @@ async fn heartbeats(agents: usize, seconds: u64) -> (f64, u64) {
         agent_message_burst: u32::MAX,
         ..Limits::default()
     };
-    tokio::spawn(server::serve_bounded(
-        Arc::clone(&controller),
-        listener,
-        server::Transport::PlainText,
-        Bounds::new(limits),
-        None,
-        std::future::pending(),
-    ));
+    tokio::spawn(
+        server::GrpcServer::new(Arc::clone(&controller), listener)
+            .bounds(Bounds::new(limits))
+            .serve(std::future::pending()),
+    );
     let url = format!("http://{addr}");
     // A few connections carry all streams, as a real fleet's HTTP/2 multiplexing would per agent.
     let mut channels = Vec::new();

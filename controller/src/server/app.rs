@@ -1,18 +1,17 @@
-//! `gpuwarden-controller run`: the app. It opens the store (or campaigns on it), binds every
-//! port, starts every task — the gRPC server with the controller's background loop and
-//! election, the webhook, the extender, the metrics — and joins them all: one stop (SIGINT,
-//! SIGTERM, or the gRPC server ending) reaches each, and none is left running.
+//! `gpuwarden-controller run`: the app, in the lifecycle both daemons share
+//! (docs/architecture.md, "Lifecycle"): a [`RunConfig`] is built into an [`App`] (every port
+//! bound, the store opened or a campaign on it readied), the app is spawned into [`Running`]
+//! tasks — the webhook, the extender, the metrics, the gRPC server with the controller's
+//! background loop and election — and shutting down stops and joins them in reverse start order:
+//! one stop (SIGINT, SIGTERM, or the gRPC server ending) reaches each, and none is left running.
 
-use std::{
-    future::Future,
-    net::{Ipv4Addr, SocketAddr},
-    path::Path,
-    process::ExitCode,
-    sync::Arc,
-    time::Duration,
+use std::{future::Future, net::SocketAddr, path::Path, process::ExitCode, sync::Arc};
+
+use gpuwarden_runtime::{
+    lifecycle::{Stop, Tasks},
+    otlp::Exporters,
 };
-
-use tokio::sync::watch;
+use tokio::net::TcpListener;
 
 use crate::{
     controller::{Controller, Timing},
@@ -24,7 +23,10 @@ use crate::{
 use super::{
     ServeError,
     config::{self, RunArgs, RunConfig},
-    election, grpc,
+    election::{self, Election},
+    grpc::GrpcServer,
+    kube::KubeListeners,
+    security::Security,
 };
 
 /// Opens the store `spec` names, rebuilds the state from it, and returns the controller.
@@ -68,7 +70,7 @@ pub(super) fn main(args: RunArgs) -> ExitCode {
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)
-        .and_then(|runtime| runtime.block_on(run(config, gpuwarden_runtime::shutdown())));
+        .and_then(|runtime| runtime.block_on(run_until(config, gpuwarden_runtime::shutdown())));
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -78,138 +80,189 @@ pub(super) fn main(args: RunArgs) -> ExitCode {
     }
 }
 
-/// Starts every task of the controller `config` describes, runs them until `stop` completes or
-/// the gRPC server ends, then stops and joins them all.
+/// The whole lifecycle: builds the controller `config` describes, spawns it, and runs it until
+/// `stop` completes or the gRPC server ends, then shuts it down.
 ///
 /// # Errors
-/// A port can't be bound, the store can't be used, or a task failed.
-async fn run(config: RunConfig, stop: impl Future<Output = ()>) -> Result<(), ServeError> {
-    let RunConfig {
-        listen,
-        store,
-        advertise,
-        lease_ttl,
-        security,
-        limits,
-        scheduler,
-        timing,
-        exporters,
-        kube,
-    } = config;
-    tracing::info!(placement = %scheduler.strategy, "default placement mode");
-    // Bound before the store is opened: a port in use stops the start at once, and the
-    // address a standby advertises is the one bound (`--listen` with port 0 included).
-    let kube = kube.bind().await?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: listen,
-            source,
-        })?;
-    let bound = listener.local_addr().map_err(ServeError::LocalAddr)?;
-    let (controller, election) = if matches!(store, StoreSpec::Etcd { .. }) {
-        let advertise = advertise.unwrap_or_else(|| config::advertised(bound));
-        let (controller, election) =
-            election::open_standby(&store, scheduler, timing, advertise, lease_ttl).await?;
-        (controller, Some(election))
-    } else {
-        // What the controller stores (owners, targets, pod UIDs) is its own: the folder is
-        // made 0700 before sled writes in it, and what sled made under the umask 0600 after.
-        let private = |store: &StoreSpec| match store {
-            StoreSpec::Sled(dir) => gpuwarden_runtime::private::make_private(dir).map(|_| ()),
-            StoreSpec::Etcd { .. } => Ok(()),
-        };
-        private(&store)?;
-        let controller = open(&store, scheduler, timing).await?;
-        private(&store)?;
-        (controller, None)
-    };
-    // One stop for every task, set once.
-    let (stopping, stopped) = watch::channel(false);
-    let stopped = move || {
-        let mut stopped = stopped.clone();
-        async move {
-            let _ = stopped.wait_for(|stop| *stop).await;
-        }
-    };
-    // One set of bounds for every part that refuses: the gRPC services and their connection
-    // caps, the webhook and the extender; the metrics read what it counted.
-    let bounds = Bounds::new(limits);
-    let tasks = match kube {
-        Some(kube) => kube.spawn(&controller, &bounds, &stopped),
-        None => Vec::new(),
-    };
-    // Metrics are an extra: a bad endpoint is reported, never fatal.
-    let _metrics = match crate::metrics::start(&controller, &bounds, &exporters) {
-        Ok(metrics) => metrics,
-        Err(e) => {
-            tracing::warn!("metrics off: {e}");
-            None
-        }
-    };
-    let mut grpc_task = tokio::spawn(grpc::serve_bounded(
-        controller,
-        listener,
-        security,
-        bounds,
-        election,
-        stopped(),
-    ));
-    let served = tokio::select! {
-        () = stop => {
-            let _ = stopping.send(true);
-            joined("gRPC server", (&mut grpc_task).await)
-        }
-        served = &mut grpc_task => joined("gRPC server", served),
-    };
-    let _ = stopping.send(true);
-    let mut result = served;
-    for (task, handle) in tasks {
-        let ended = handle
-            .await
-            .map_err(|source| ServeError::Task { task, source });
-        result = result.and(ended);
-    }
-    result
-}
-
-/// What a joined task returned, or why it did not return.
-fn joined(
-    task: &'static str,
-    ended: Result<Result<(), ServeError>, tokio::task::JoinError>,
+/// Building failed (see [`App::build`]), or a task failed.
+pub async fn run_until(
+    config: RunConfig,
+    stop: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    ended.map_err(|source| ServeError::Task { task, source })?
+    App::build(config).await?.spawn().run_until(stop).await
 }
 
-/// Binds a loopback port and serves, in a task of the current runtime, a controller campaigning
-/// on the etcd store `spec` with a lease of `ttl`, held to `bounds` and advertising that port,
-/// until `shutdown`; its address. Tests and benchmarks run several controllers in one process
-/// this way.
-///
-/// # Errors
-/// The port can't be bound, or the store can't be reached.
-pub async fn spawn_elected(
-    spec: &StoreSpec,
-    config: SchedulerConfig,
-    timing: Timing,
-    ttl: Duration,
+/// A controller built from its [`RunConfig`]: every port bound and the store opened (or, on
+/// etcd, a standby ready to campaign); nothing runs until [`App::spawn`].
+#[must_use = "an app does nothing until spawned"]
+pub struct App {
+    controller: Arc<Controller>,
+    election: Option<Election>,
+    listener: TcpListener,
+    addr: SocketAddr,
+    kube: Option<KubeListeners>,
+    security: Security,
     bounds: Arc<Bounds>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<SocketAddr, ServeError> {
-    let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let listener = tokio::net::TcpListener::bind(any)
-        .await
-        .map_err(|source| ServeError::Bind { addr: any, source })?;
-    let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
-    let (controller, election) =
-        election::open_standby(spec, config, timing, addr.to_string(), ttl).await?;
-    tokio::spawn(grpc::serve_bounded(
-        controller,
-        listener,
-        super::security::Transport::PlainText,
-        bounds,
-        Some(election),
-        shutdown,
-    ));
-    Ok(addr)
+    exporters: Exporters,
+}
+
+impl App {
+    /// Binds the Kubernetes ports and the gRPC port, then opens the store: made private and
+    /// restored on sled, a standby campaigning on etcd (advertising the bound address unless
+    /// `advertise` says otherwise).
+    ///
+    /// # Errors
+    /// [`ServeError::Kubernetes`] or [`ServeError::Bind`] naming the port, [`ServeError::Store`]
+    /// or [`ServeError::PrivateState`] for the store, [`ServeError::NotEtcd`].
+    pub async fn build(config: RunConfig) -> Result<Self, ServeError> {
+        let RunConfig {
+            listen,
+            store,
+            advertise,
+            lease_ttl,
+            security,
+            limits,
+            scheduler,
+            timing,
+            exporters,
+            kube,
+        } = config;
+        tracing::info!(placement = %scheduler.strategy, "default placement mode");
+        // Bound before the store is opened: a port in use stops the start at once, and the
+        // address a standby advertises is the one bound (`--listen` with port 0 included).
+        let kube = kube.bind().await?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| ServeError::Bind {
+                addr: listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
+        let (controller, election) = if matches!(store, StoreSpec::Etcd { .. }) {
+            let advertise = advertise.unwrap_or_else(|| config::advertised(addr));
+            let (controller, election) =
+                election::open_standby(&store, scheduler, timing, advertise, lease_ttl).await?;
+            (controller, Some(election))
+        } else {
+            // What the controller stores (owners, targets, pod UIDs) is its own: the folder is
+            // made 0700 before sled writes in it, and what sled made under the umask 0600 after.
+            let private = |store: &StoreSpec| match store {
+                StoreSpec::Sled(dir) => gpuwarden_runtime::private::make_private(dir).map(|_| ()),
+                StoreSpec::Etcd { .. } => Ok(()),
+            };
+            private(&store)?;
+            let controller = open(&store, scheduler, timing).await?;
+            private(&store)?;
+            (controller, None)
+        };
+        Ok(Self {
+            controller,
+            election,
+            listener,
+            addr,
+            kube,
+            security,
+            // One set of bounds for every part that refuses: the gRPC services and their
+            // connection caps, the webhook and the extender; the metrics read what it counted.
+            bounds: Bounds::new(limits),
+            exporters,
+        })
+    }
+
+    /// Where the gRPC port is bound.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The controller it serves.
+    #[must_use]
+    pub fn controller(&self) -> &Arc<Controller> {
+        &self.controller
+    }
+
+    /// The bounds every part is held to, which count what they refuse.
+    #[must_use]
+    pub fn bounds(&self) -> &Arc<Bounds> {
+        &self.bounds
+    }
+
+    /// Starts every task on the current runtime, in this order: the webhook and the extender,
+    /// the metrics, the gRPC server (with the controller's background loop and its campaign).
+    /// A gRPC server that ends by itself stops the others.
+    pub fn spawn(self) -> Running {
+        let stop = Stop::default();
+        let mut tasks = Tasks::default();
+        if let Some(kube) = self.kube {
+            kube.spawn(&self.controller, &self.bounds, &stop, &mut tasks);
+        }
+        // Metrics are an extra: a bad endpoint is reported, never fatal.
+        match crate::metrics::start(&self.controller, &self.bounds, &self.exporters) {
+            // The pipeline's callbacks hold the controller: let go of with the tasks.
+            Ok(Some(metrics)) => tasks.stop_by("metrics", move || async move {
+                drop(metrics);
+                Ok(())
+            }),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("metrics off: {e}"),
+        }
+        let grpc_server = GrpcServer::new(self.controller, self.listener)
+            .security(self.security)
+            .bounds(self.bounds)
+            .election(self.election);
+        let stopped = stop.stopped();
+        let ended = stop.clone();
+        let grpc = tokio::spawn(async move {
+            let result = Box::pin(grpc_server.serve(stopped)).await;
+            ended.stop();
+            result
+        });
+        let told = stop.clone();
+        tasks.stop_with("gRPC server", grpc, move || told.stop());
+        Running {
+            addr: self.addr,
+            stop,
+            tasks,
+        }
+    }
+}
+
+/// A spawned controller: its tasks, in start order, and the one stop they share. Dropped, it
+/// lets go of that stop, which the tasks take as one, unjoined: shut it down instead.
+#[must_use = "dropping it stops the tasks without joining them; shut it down"]
+pub struct Running {
+    addr: SocketAddr,
+    stop: Stop,
+    tasks: Tasks<ServeError>,
+}
+
+impl Running {
+    /// Where the gRPC port is bound.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Runs until `stop` completes or the gRPC server ends by itself, then shuts down.
+    ///
+    /// # Errors
+    /// See [`Running::shutdown`].
+    pub async fn run_until(self, stop: impl Future<Output = ()>) -> Result<(), ServeError> {
+        tokio::select! {
+            () = stop => {}
+            () = self.stop.stopped() => {}
+        }
+        self.shutdown().await
+    }
+
+    /// Stops every task and joins them, the last started first: the gRPC server (which drains
+    /// its connections and joins the background loop and the campaign), the metrics, the
+    /// extender, the webhook.
+    ///
+    /// # Errors
+    /// The gRPC server failed, or a task panicked.
+    pub async fn shutdown(self) -> Result<(), ServeError> {
+        self.stop.stop();
+        self.tasks.shutdown().await
+    }
 }

@@ -169,7 +169,7 @@ pub(super) struct RunArgs {
     advertise: Option<String>,
     /// With an etcd store: seconds a leader may go without renewing its lease before a
     /// standby takes over (at least 2: etcd raises shorter ones).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
+    #[arg(long, default_value_t = DEFAULT_LEASE_TTL_SECS, value_parser = clap::value_parser!(u64).range(2..))]
     lease_ttl_secs: u64,
     #[command(flatten)]
     etcd_tls: EtcdTlsArgs,
@@ -226,8 +226,9 @@ pub(super) struct RunArgs {
 }
 
 /// What `run` runs with: the flags over the file over the defaults, every file it names loaded
-/// and every refusal made, before anything is opened.
-pub(super) struct RunConfig {
+/// and every refusal made, before anything is opened. Built into an [`super::App`]; tests and
+/// benchmarks make one with [`RunConfig::new`] and change only the fields they need.
+pub struct RunConfig {
     /// The gRPC port's address.
     pub listen: SocketAddr,
     /// The store, with its TLS to etcd.
@@ -249,6 +250,30 @@ pub(super) struct RunConfig {
     pub exporters: Exporters,
     /// The webhook and the extender.
     pub kube: KubeArgs,
+}
+
+/// `--lease-ttl-secs` when not given.
+const DEFAULT_LEASE_TTL_SECS: u64 = 2;
+
+impl RunConfig {
+    /// A controller serving plain text on `listen` (port 0: any free one) with its state in
+    /// `store`, every other setting as `run` has it with no other flag and no file (metrics
+    /// off, a lease of 2 s on etcd, no webhook or extender).
+    #[must_use]
+    pub fn new(listen: SocketAddr, store: StoreSpec) -> Self {
+        Self {
+            listen,
+            store,
+            advertise: None,
+            lease_ttl: Duration::from_secs(DEFAULT_LEASE_TTL_SECS),
+            security: Transport::PlainText.into(),
+            limits: Limits::default(),
+            scheduler: SchedulerConfig::default(),
+            timing: Timing::default(),
+            exporters: Exporters::default(),
+            kube: KubeArgs::default(),
+        }
+    }
 }
 
 impl RunArgs {

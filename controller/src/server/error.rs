@@ -73,14 +73,8 @@ pub enum ServeError {
     #[error("cannot start the async runtime: {0}")]
     Runtime(#[source] io::Error),
     /// A task of the controller panicked or was cancelled.
-    #[error("the {task} task ended abnormally: {source}")]
-    Task {
-        /// Which task.
-        task: &'static str,
-        /// Why.
-        #[source]
-        source: tokio::task::JoinError,
-    },
+    #[error(transparent)]
+    Task(#[from] gpuwarden_runtime::lifecycle::TaskError),
     /// Only some of the TLS files are given.
     #[error("TLS needs a certificate, its key and a client CA; missing: {missing}")]
     IncompleteTls {

@@ -3,11 +3,10 @@
 //! stream and message bounded. The controller's background loop and, with an [`Election`], its
 //! campaign run beside it and are stopped and joined with it.
 //!
-//! [`serve_bounded`] is the server; the others only fill in its arguments: [`serve`] binds an
-//! address first, [`serve_with`] takes bounds of its own with the default [`Limits`],
-//! [`serve_on`] plain text too (tests and benchmarks serve on a listener they bound to port 0).
-//! The [`Bounds`] a server is given hold its services, its connection caps, and the counters of
-//! what they refused, which the metrics read.
+//! [`GrpcServer`] is the server, a builder: it takes the controller and a bound listener, and
+//! every other setting has a default a caller changes only where it needs to (the [`Security`],
+//! the [`Bounds`], an [`Election`]). The [`Bounds`] a server is given hold its services, its
+//! connection caps, and the counters of what they refused, which the metrics read.
 
 use std::{
     future::Future,
@@ -15,6 +14,8 @@ use std::{
     sync::{Arc, Once},
     time::Duration,
 };
+
+use gpuwarden_runtime::lifecycle::Tasks;
 
 use gpuwarden_proto::v1::{
     FILE_DESCRIPTOR_SET, agent_service_server::AgentServiceServer,
@@ -40,96 +41,114 @@ use super::{
     security::{Security, Transport},
 };
 
-/// Serves `controller` on `addr`, held to `bounds`, until `shutdown` completes.
-///
-/// # Errors
-/// The listener or the server fails.
-pub async fn serve(
-    controller: Arc<Controller>,
-    addr: SocketAddr,
-    security: impl Into<Security>,
-    bounds: Arc<Bounds>,
-    election: Option<Election>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ServeError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })?;
-    serve_bounded(controller, listener, security, bounds, election, shutdown).await
-}
-
-/// Serves plain text on an already-bound listener (tests bind port 0).
-///
-/// # Errors
-/// The server fails.
-pub async fn serve_on(
+/// The gRPC server of one controller: built with [`GrpcServer::new`], adjusted with its
+/// setters, run with [`GrpcServer::serve`]. Unless told otherwise it speaks plain text with no
+/// token file, holds clients to the default [`Limits`], and leads at once (no election).
+#[must_use = "a server does nothing until it serves"]
+pub struct GrpcServer {
     controller: Arc<Controller>,
     listener: tokio::net::TcpListener,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ServeError> {
-    serve_with(controller, listener, Transport::PlainText, None, shutdown).await
+    security: Security,
+    bounds: Option<Arc<Bounds>>,
+    election: Option<Election>,
 }
 
-/// Serves on an already-bound listener, over `security`'s transport (a [`Transport`] alone
-/// takes no tokens); with an `election`, as a standby that campaigns and leads when it wins
-/// (see [`Election`]). Held to bounds of its own with the default [`Limits`].
-///
-/// # Errors
-/// The server fails.
-pub async fn serve_with(
-    controller: Arc<Controller>,
-    listener: tokio::net::TcpListener,
-    security: impl Into<Security>,
-    election: Option<Election>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ServeError> {
-    serve_bounded(
-        controller,
-        listener,
-        security,
-        Bounds::new(Limits::default()),
-        election,
-        shutdown,
-    )
-    .await
-}
+impl GrpcServer {
+    /// Serves `controller` on `listener` (bound already: tests and benchmarks bind port 0, the
+    /// app binds before it opens the store).
+    pub fn new(controller: Arc<Controller>, listener: tokio::net::TcpListener) -> Self {
+        Self {
+            controller,
+            listener,
+            security: Transport::PlainText.into(),
+            bounds: None,
+            election: None,
+        }
+    }
 
-/// [`serve_with`], held to `bounds` (which count what the server refuses).
-///
-/// # Errors
-/// The server fails.
-pub async fn serve_bounded(
-    controller: Arc<Controller>,
-    listener: tokio::net::TcpListener,
-    security: impl Into<Security>,
-    bounds: Arc<Bounds>,
-    election: Option<Election>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ServeError> {
-    let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
-    let security = security.into();
-    security.transport.check_exposure(addr)?;
-    let (health_reporter, health) = tonic_health::server::health_reporter();
-    election::set_health(&health_reporter, controller.role().is_leader()).await;
-    let elections = election.map(|election| {
-        tokio::spawn(election::hold_elections(
-            Arc::clone(&controller),
+    /// How the port speaks and clients authenticate (a [`Transport`] alone takes no tokens).
+    pub fn security(mut self, security: impl Into<Security>) -> Self {
+        self.security = security.into();
+        self
+    }
+
+    /// The bounds clients and agents are held to, which count what the server refuses (default:
+    /// bounds of its own with the default [`Limits`]).
+    pub fn bounds(mut self, bounds: Arc<Bounds>) -> Self {
+        self.bounds = Some(bounds);
+        self
+    }
+
+    /// With an election, the server is a standby that campaigns and leads when it wins (see
+    /// [`Election`]); without, the controller leads as it is.
+    pub fn election(mut self, election: impl Into<Option<Election>>) -> Self {
+        self.election = election.into();
+        self
+    }
+
+    /// Serves until `shutdown` completes, with the controller's background loop, the grant
+    /// watch and the campaign (if any) beside it; they are stopped and joined before it returns.
+    ///
+    /// # Errors
+    /// The listener's address is unknown, plain text would be exposed, or the server fails.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+        let Self {
+            controller,
+            listener,
+            security,
+            bounds,
             election,
-            health_reporter.clone(),
-        ))
-    });
-    let clients = security.clients();
-    warn_about_clients(&clients, &security.transport);
-    let router = router(&controller, health, clients, Arc::clone(&bounds))?;
-    let background = tokio::spawn(Arc::clone(&controller).run_background());
-    let grant_watch = tokio::spawn(watch_grants(
-        Arc::clone(&controller),
-        Arc::clone(&security.grants),
-    ));
+        } = self;
+        let bounds = bounds.unwrap_or_else(|| Bounds::new(Limits::default()));
+        let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
+        security.transport.check_exposure(addr)?;
+        let (health_reporter, health) = tonic_health::server::health_reporter();
+        election::set_health(&health_reporter, controller.role().is_leader()).await;
+        let clients = security.clients();
+        warn_about_clients(&clients, &security.transport);
+        let router = router(&controller, health, clients, Arc::clone(&bounds))?;
+        // They run until stopped: stopped and joined here, so none outlives the server.
+        let mut beside = Tasks::<ServeError>::default();
+        beside.abort(
+            "background",
+            tokio::spawn(Arc::clone(&controller).run_background()),
+        );
+        beside.abort(
+            "grant watch",
+            tokio::spawn(watch_grants(
+                Arc::clone(&controller),
+                Arc::clone(&security.grants),
+            )),
+        );
+        if let Some(election) = election {
+            beside.abort(
+                "election",
+                tokio::spawn(election::hold_elections(
+                    Arc::clone(&controller),
+                    election,
+                    health_reporter.clone(),
+                )),
+            );
+        }
+        let served =
+            serve_router(router, listener, addr, security.transport, bounds, shutdown).await;
+        served.and(beside.shutdown().await)
+    }
+}
+
+/// Serves `router` on `listener` over `transport` until `shutdown`.
+async fn serve_router(
+    router: tonic::transport::server::Router<Layers>,
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    transport: Transport,
+    bounds: Arc<Bounds>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     let serve_error = |source| ServeError::Serve { addr, source };
-    let result = match security.transport {
+    match transport {
         Transport::PlainText | Transport::Insecure => {
-            if matches!(security.transport, Transport::Insecure) && !addr.ip().is_loopback() {
+            if matches!(transport, Transport::Insecure) && !addr.ip().is_loopback() {
                 bounds.mark_serving_insecure();
                 // Every start, not once per process: this is the line an operator must see.
                 tracing::warn!(
@@ -174,17 +193,7 @@ pub async fn serve_bounded(
                 .await
                 .map_err(serve_error)
         }
-    };
-    // They run until stopped: stopped and joined here, so none outlives the server.
-    background.abort();
-    let _ = background.await;
-    grant_watch.abort();
-    let _ = grant_watch.await;
-    if let Some(elections) = elections {
-        elections.abort();
-        let _ = elections.await;
     }
-    result
 }
 
 /// How often the grant file is looked at for a change that withdraws a grant.

@@ -3,9 +3,10 @@
 //! is given. Bound before the store is opened, so a port in use stops the start; served as
 //! tasks the app joins ([`super::app`]).
 
-use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
-use tokio::{net::TcpListener, task::JoinHandle};
+use gpuwarden_runtime::lifecycle::{Stop, Tasks};
+use tokio::net::TcpListener;
 
 use crate::{
     auth::tls::TlsSetupError,
@@ -38,7 +39,7 @@ pub enum KubeSetupError {
 /// The Kubernetes side: the admission webhook and the scheduler extender (both off unless a
 /// listen address is given).
 #[derive(clap::Args, Debug, Default, Clone)]
-pub(super) struct KubeArgs {
+pub struct KubeArgs {
     /// Serve the mutating admission webhook (`POST /mutate`) and the scheduler extender
     /// (`/extender/filter`, `/extender/prioritize`) over HTTPS here; needs --webhook-cert and
     /// --webhook-key.
@@ -159,39 +160,35 @@ impl ClaimTemplates for NoApiServer {
 }
 
 impl KubeListeners {
-    /// Serves them in tasks of the current runtime until `shutdown` (each listener gets its own
-    /// copy of it), counting what they refuse in `bounds`; the tasks, named, for the app to join.
-    pub(super) fn spawn<F>(
+    /// Serves them in tasks of the current runtime until `stop`, counting what they refuse in
+    /// `bounds`; each task joins `tasks`, for the app to stop and join.
+    pub(super) fn spawn(
         self,
         controller: &Arc<Controller>,
         bounds: &Arc<Bounds>,
-        shutdown: impl Fn() -> F,
-    ) -> Vec<(&'static str, JoinHandle<()>)>
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
+        stop: &Stop,
+        tasks: &mut Tasks<ServeError>,
+    ) {
         let hooks = Arc::new(Hooks {
             controller: Arc::clone(controller),
             templates: self.templates,
             bounds: Arc::clone(bounds),
             marker: self.marker,
         });
-        let mut tasks = Vec::new();
         if let Some((listener, cert)) = self.webhook {
             let task = tokio::spawn(serve_webhook(
                 listener,
                 cert,
                 Arc::clone(&hooks),
-                shutdown(),
+                stop.stopped(),
             ));
-            tasks.push(("webhook", task));
+            let told = stop.clone();
+            tasks.stop_with("webhook", task, move || told.stop());
         }
         if let Some(listener) = self.extender {
-            tasks.push((
-                "extender",
-                tokio::spawn(serve_extender(listener, hooks, shutdown())),
-            ));
+            let task = tokio::spawn(serve_extender(listener, hooks, stop.stopped()));
+            let told = stop.clone();
+            tasks.stop_with("extender", task, move || told.stop());
         }
-        tasks
     }
 }

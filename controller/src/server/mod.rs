@@ -1,10 +1,12 @@
 //! The `gpuwarden-controller` binary, in parts:
 //!
-//! - `config`: `run`'s flags layered over its TOML file ([`FileConfig`]), loaded and checked
-//!   before anything is opened;
-//! - `app`: `run` itself, which opens the store, starts every task and joins them all;
-//! - `grpc`: the gRPC server ([`serve`] and its variants, for tests and benchmarks that serve on
-//!   a listener of their own), over a [`Transport`] with clients authenticated as [`Security`]
+//! - `config`: `run`'s flags layered over its TOML file ([`FileConfig`]) into a [`RunConfig`],
+//!   loaded and checked before anything is opened;
+//! - `app`: `run` itself, in the lifecycle both daemons share (docs/architecture.md,
+//!   "Lifecycle"): [`RunConfig`] → [`App::build`] (ports bound, store opened) → [`App::spawn`]
+//!   → [`Running`] → [`Running::shutdown`] (tasks joined in reverse start order);
+//! - `grpc`: the gRPC server, a builder ([`GrpcServer`]; tests and benchmarks serve a controller
+//!   of their own with it), over a [`Transport`] with clients authenticated as [`Security`]
 //!   says;
 //! - `election`: leader election among controllers sharing an etcd store ([`Election`]);
 //! - `kube`: the admission webhook and the scheduler extender;
@@ -26,15 +28,15 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-pub use app::{open, sled_in, spawn_elected};
-pub use config::FileConfig;
+pub use app::{App, Running, open, run_until, sled_in};
+pub use config::{FileConfig, RunConfig};
 pub use election::{ELECTION, Election, open_standby};
 pub use error::ServeError;
 pub use grpc::{
-    MAX_ANONYMOUS_CONNECTIONS, MAX_CONNECTIONS, MAX_HANDSHAKES, MAX_STREAMS_PER_CONNECTION, serve,
-    serve_bounded, serve_on, serve_with,
+    GrpcServer, MAX_ANONYMOUS_CONNECTIONS, MAX_CONNECTIONS, MAX_HANDSHAKES,
+    MAX_STREAMS_PER_CONNECTION,
 };
-pub use kube::KubeSetupError;
+pub use kube::{KubeArgs, KubeSetupError};
 pub use security::{Security, Transport};
 
 use commands::{Cli, Command};

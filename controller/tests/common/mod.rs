@@ -43,14 +43,12 @@ pub async fn serve_in_process(
         .await
         .expect("binds");
     let addr = listener.local_addr().expect("bound");
-    tokio::spawn(server::serve_bounded(
-        controller,
-        listener,
-        security,
-        bounds,
-        None,
-        std::future::pending::<()>(),
-    ));
+    tokio::spawn(
+        server::GrpcServer::new(controller, listener)
+            .security(security)
+            .bounds(bounds)
+            .serve(std::future::pending::<()>()),
+    );
     addr
 }
 

@@ -8,7 +8,9 @@
 //! - [`logging`]: `tracing` to standard error, filtered by `RUST_LOG`;
 //! - [`otlp`]: the metrics pipeline: OTLP/gRPC to an OpenTelemetry collector, and
 //!   [`prometheus`], the scrape endpoint; [`instrument`]: each metric declared once;
-//! - [`private`]: state directories only their owner can read.
+//! - [`private`]: state directories only their owner can read;
+//! - [`lifecycle`]: build, spawn, shut down: the tasks a daemon started, stopped and joined in
+//!   reverse start order.
 //!
 //! What every process needs from its host without telemetry (cgroups, the mount table, TLS
 //! files, a lock that outlives a panic) is the crate `gpuwarden-host`, which the `gpuwarden` CLI
@@ -18,6 +20,7 @@
 #![deny(missing_docs)]
 
 pub mod instrument;
+pub mod lifecycle;
 pub mod logging;
 pub mod otlp;
 pub mod private;

@@ -1,4 +1,5 @@
-//! A gpuwarden controller in the test's process, on a runtime of its own ([`TestController`]):
+//! A gpuwarden controller in the test's process, on a runtime of its own ([`TestController`]),
+//! started through the controller's own lifecycle by one builder ([`TestControllerBuilder`]):
 //! on sled in a state directory, or campaigning on an etcd store, served in plain text on a
 //! loopback port. Stopped gracefully when dropped, or killed ([`TestController::kill`]): its
 //! runtime dropped with every task mid-flight, as abrupt as a crash (an elected one's lease then
@@ -20,14 +21,11 @@ use std::{
 };
 
 use gpuwarden_controller::{
-    api::Timing,
-    controller::Controller,
-    limits::{Bounds, Limits},
-    scheduler::SchedulerConfig,
-    server,
+    api::Timing, controller::Controller, limits::Bounds, scheduler::SchedulerConfig, server,
     store::StoreSpec,
 };
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use gpuwarden_runtime::otlp::Exporters;
 use tonic::transport::Channel;
 
 /// Short heartbeats and scheduling passes, so tests wait milliseconds rather than seconds; a
@@ -41,6 +39,9 @@ pub fn fast_timing(heartbeat_timeout: Duration) -> Timing {
     }
 }
 
+/// How long a controller dropped gracefully has to shut down before its runtime is dropped.
+const GRACE: Duration = Duration::from_millis(100);
+
 /// A controller on its own runtime: dropping that runtime is as abrupt as killing the process.
 pub struct TestController {
     /// Where it serves plain text (a loopback port).
@@ -50,181 +51,121 @@ pub struct TestController {
     /// Its bounds, which count what it refuses (the metrics it exports read them).
     pub bounds: Arc<Bounds>,
     /// The controller while its runtime runs it (held weakly: the runtime owns it, and its
-    /// store must close when the runtime goes); none for an elected one.
+    /// store must close when the runtime goes).
     controller: Weak<Controller>,
     stop: Option<std::sync::mpsc::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl TestController {
-    /// A controller on sled in `state_dir`, scheduling with `config` and `timing`.
-    #[must_use = "dropping it stops it"]
-    pub fn start(state_dir: &Path, config: SchedulerConfig, timing: Timing) -> Self {
-        Self::start_with_metrics(state_dir, config, timing, None)
+/// How a [`TestController`] is to run: built by [`TestController::builder`] (sled in a state
+/// directory) or [`TestController::elected`] (campaigning on etcd), changed by its setters, run
+/// by [`TestControllerBuilder::start`]. Unless told otherwise it schedules with the default
+/// [`SchedulerConfig`] and [`Timing`], serves plain text on any free loopback port with no token
+/// file, and exports no metrics.
+#[must_use = "a builder does nothing until started"]
+pub struct TestControllerBuilder {
+    state_dir: PathBuf,
+    store: StoreSpec,
+    lease_ttl: Option<Duration>,
+    config: SchedulerConfig,
+    timing: Timing,
+    security: server::Security,
+    exporters: Exporters,
+    addr: SocketAddr,
+}
+
+impl TestControllerBuilder {
+    /// Schedules with `config`.
+    pub fn config(mut self, config: SchedulerConfig) -> Self {
+        self.config = config;
+        self
     }
 
-    /// [`Self::start`], exporting OTLP metrics to `otlp` every 300 ms when given.
-    #[must_use = "dropping it stops it"]
-    pub fn start_with_metrics(
-        state_dir: &Path,
-        config: SchedulerConfig,
-        timing: Timing,
-        otlp: Option<String>,
-    ) -> Self {
-        Self::start_with_exporters(
-            state_dir,
-            config,
-            timing,
-            gpuwarden_runtime::otlp::Exporters {
-                otlp,
-                interval: Some(Duration::from_millis(300)),
-                prometheus: None,
-            },
-        )
+    /// Runs the agent protocol with `timing` (see [`fast_timing`]).
+    pub fn timing(mut self, timing: Timing) -> Self {
+        self.timing = timing;
+        self
     }
 
-    /// [`Self::start`], with its metrics going to `exporters`.
-    #[must_use = "dropping it stops it"]
-    pub fn start_with_exporters(
-        state_dir: &Path,
-        config: SchedulerConfig,
-        timing: Timing,
-        exporters: gpuwarden_runtime::otlp::Exporters,
-    ) -> Self {
-        Self::serve_on(
-            state_dir,
-            config,
-            timing,
-            exporters,
-            local_port(),
-            server::Transport::PlainText.into(),
-        )
+    /// Authenticates clients as `security` says (a token file, grants): a controller whose users
+    /// are tenants. Its port is plain-text loopback, so `security`'s transport must be
+    /// `Insecure` for agents to register beside a token file.
+    pub fn security(mut self, security: impl Into<server::Security>) -> Self {
+        self.security = security.into();
+        self
     }
 
-    /// [`Self::start`], authenticating clients as `security` says (a token file, grants): a
-    /// controller whose users are tenants. Its port is plain-text loopback, so `security`'s
-    /// transport must be `Insecure` for agents to register beside a token file.
-    #[must_use = "dropping it stops it"]
-    pub fn start_secured(
-        state_dir: &Path,
-        config: SchedulerConfig,
-        timing: Timing,
-        security: server::Security,
-    ) -> Self {
-        Self::serve_on(
-            state_dir,
-            config,
-            timing,
-            gpuwarden_runtime::otlp::Exporters::default(),
-            local_port(),
-            security,
-        )
+    /// Sends its metrics to `exporters`.
+    pub fn exporters(mut self, exporters: Exporters) -> Self {
+        self.exporters = exporters;
+        self
     }
 
-    /// A controller on sled in `state_dir` serving on `addr`: started again where one that was
-    /// killed served ([`Self::addr`]), so that agents given its URL find it again by themselves.
-    #[must_use = "dropping it stops it"]
-    pub fn start_on(
-        state_dir: &Path,
-        config: SchedulerConfig,
-        timing: Timing,
-        addr: SocketAddr,
-    ) -> Self {
-        Self::serve_on(
-            state_dir,
-            config,
-            timing,
-            gpuwarden_runtime::otlp::Exporters::default(),
-            addr,
-            server::Transport::PlainText.into(),
-        )
-    }
-
-    fn serve_on(
-        state_dir: &Path,
-        config: SchedulerConfig,
-        timing: Timing,
-        exporters: gpuwarden_runtime::otlp::Exporters,
-        addr: SocketAddr,
-        security: server::Security,
-    ) -> Self {
-        let dir = state_dir.to_owned();
-        Self::on_own_runtime(state_dir.to_owned(), move |rt, bounds, shutdown| {
-            rt.block_on(async {
-                let controller = server::open(&server::sled_in(&dir), config, timing)
-                    .await
-                    .unwrap();
-                let held = Arc::downgrade(&controller);
-                let metrics =
-                    gpuwarden_controller::metrics::start(&controller, &bounds, &exporters).unwrap();
-                let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-                let addr = listener.local_addr().unwrap();
-                tokio::spawn(server::serve_bounded(
-                    controller,
-                    listener,
-                    security,
-                    bounds,
-                    None,
-                    async {
-                        let _ = shutdown.await;
-                    },
-                ));
-                // The metrics' callbacks hold the controller (and its store): kept until the
-                // controller stops, let go of before its runtime.
-                (addr, held, metrics)
-            })
+    /// Exports OTLP metrics to `endpoint` every 300 ms.
+    pub fn otlp(self, endpoint: impl Into<String>) -> Self {
+        self.exporters(Exporters {
+            otlp: Some(endpoint.into()),
+            interval: Some(Duration::from_millis(300)),
+            prometheus: None,
         })
+    }
+
+    /// Serves on `addr`: started again where one that was killed served
+    /// ([`TestController::addr`]), so that agents given its URL find it again by themselves.
+    pub fn addr(mut self, addr: SocketAddr) -> Self {
+        self.addr = addr;
+        self
+    }
+
+    /// Starts it, through the controller's own lifecycle (`App::build`, then `App::spawn`), on a
+    /// runtime of its own in a thread of its own.
+    ///
+    /// # Panics
+    /// It can't be built (a port in use, a store that can't be opened).
+    #[must_use = "dropping it stops it"]
+    pub fn start(self) -> TestController {
+        let mut config = server::RunConfig::new(self.addr, self.store);
+        config.scheduler = self.config;
+        config.timing = self.timing;
+        config.security = self.security;
+        config.exporters = self.exporters;
+        if let Some(ttl) = self.lease_ttl {
+            config.lease_ttl = ttl;
+        }
+        TestController::on_own_runtime(self.state_dir, config)
+    }
+}
+
+impl TestController {
+    /// A controller on sled in `state_dir`.
+    pub fn builder(state_dir: &Path) -> TestControllerBuilder {
+        TestControllerBuilder {
+            state_dir: state_dir.to_owned(),
+            store: server::sled_in(state_dir),
+            lease_ttl: None,
+            config: SchedulerConfig::default(),
+            timing: Timing::default(),
+            security: server::Transport::PlainText.into(),
+            exporters: Exporters::default(),
+            addr: local_port(),
+        }
     }
 
     /// A controller on the etcd store `store`, campaigning with a lease of `ttl`: a standby
     /// until it wins. Killed, its lease's keep-alive stops with everything else.
-    #[must_use = "dropping it stops it"]
-    pub fn start_elected(store: &StoreSpec, timing: Timing, ttl: Duration) -> Self {
-        Self::start_elected_with(store, SchedulerConfig::default(), timing, ttl)
+    pub fn elected(store: &StoreSpec, ttl: Duration) -> TestControllerBuilder {
+        TestControllerBuilder {
+            state_dir: PathBuf::new(),
+            store: store.clone(),
+            lease_ttl: Some(ttl),
+            ..Self::builder(Path::new(""))
+        }
     }
 
-    /// [`Self::start_elected`], scheduling with `config` once it leads.
-    #[must_use = "dropping it stops it"]
-    pub fn start_elected_with(
-        store: &StoreSpec,
-        config: SchedulerConfig,
-        timing: Timing,
-        ttl: Duration,
-    ) -> Self {
-        let store = store.clone();
-        Self::on_own_runtime(PathBuf::new(), move |rt, bounds, shutdown| {
-            let addr = rt
-                .block_on(server::spawn_elected(
-                    &store,
-                    config,
-                    timing,
-                    ttl,
-                    bounds,
-                    async {
-                        let _ = shutdown.await;
-                    },
-                ))
-                .unwrap();
-            (addr, Weak::new(), ())
-        })
-    }
-
-    /// Runs `start` on a runtime of its own in a thread of its own, with the bounds the
-    /// controller is to be held to; it returns the address, the controller (weakly, if it has
-    /// one at hand) and what is kept until the controller stops. Stopping gracefully lets the server shut down first; killing drops the
+    /// Builds and spawns the controller `config` describes on a runtime of its own in a thread
+    /// of its own. Stopping gracefully shuts it down (for at most [`GRACE`]); killing drops the
     /// runtime with every task mid-flight.
-    fn on_own_runtime<G>(
-        state_dir: PathBuf,
-        start: impl FnOnce(
-            &tokio::runtime::Runtime,
-            Arc<Bounds>,
-            tokio::sync::oneshot::Receiver<()>,
-        ) -> (SocketAddr, Weak<Controller>, G)
-        + Send
-        + 'static,
-    ) -> Self {
-        let bounds = Bounds::new(Limits::default());
-        let held = Arc::clone(&bounds);
+    fn on_own_runtime(state_dir: PathBuf, config: server::RunConfig) -> Self {
         let (started_tx, started_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = std::sync::mpsc::channel::<bool>();
         let thread = std::thread::spawn(move || {
@@ -233,18 +174,31 @@ impl TestController {
                 .enable_all()
                 .build()
                 .unwrap();
-            let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
-            let (addr, controller, kept) = start(&rt, held, shutdown_rx);
-            started_tx.send((addr, controller)).unwrap();
+            let running = rt.block_on(async {
+                let app = server::App::build(config).await.unwrap();
+                started_tx
+                    .send((
+                        app.addr(),
+                        Arc::clone(app.bounds()),
+                        Arc::downgrade(app.controller()),
+                    ))
+                    .unwrap();
+                app.spawn()
+            });
             if stopped.recv().unwrap_or(false) {
-                let _ = shutdown_tx.send(());
-                rt.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
+                rt.block_on(async {
+                    let _ = tokio::time::timeout(GRACE, running.shutdown()).await;
+                });
+            } else {
+                // Every task dropped mid-flight, its store handle with them; the stop they
+                // share is let go of only after, so none of them sees it.
+                rt.shutdown_background();
+                drop(running);
+                return;
             }
-            drop(kept);
-            // Dropping the runtime drops every task, its store handle with them.
             rt.shutdown_background();
         });
-        let (addr, controller) = started_rx.recv().unwrap();
+        let (addr, bounds, controller) = started_rx.recv().unwrap();
         Self {
             addr,
             state_dir,
@@ -272,15 +226,15 @@ impl TestController {
 
     /// Waits until the controller has run `n` more scheduling passes that had a session to try
     /// (every pass tries each pending session), so a test checks that a state lasts over passes
-    /// rather than over a guessed time. Only a controller started on sled is held for this.
+    /// rather than over a guessed time.
     ///
     /// # Panics
-    /// The controller was elected, or stopped, or did not run `n` passes in 30 s.
+    /// The controller stopped, or did not run `n` passes in 30 s.
     pub async fn passes(&self, n: u64) {
         let count = || {
             self.controller
                 .upgrade()
-                .expect("a running controller started on sled")
+                .expect("a running controller")
                 .pass_times()
                 .0
         };
@@ -317,7 +271,7 @@ impl TestController {
     }
 
     /// [`Self::kill`], in place: for a test that starts another where it was
-    /// ([`Self::start_on`]) and drops this one then.
+    /// ([`TestControllerBuilder::addr`]) and drops this one then.
     pub fn crash(&mut self) {
         self.halt(false);
     }

@@ -56,7 +56,10 @@ impl Rig {
         agent: impl FnOnce(&mut AgentConfig),
     ) -> Self {
         let state = [scratch("ctl"), scratch("agent")];
-        let ctl = TestController::start(state[0].path(), config, timing());
+        let ctl = TestController::builder(state[0].path())
+            .config(config)
+            .timing(timing())
+            .start();
         let url = ctl.url();
         Self::around_with(tag, ctl, &url, state, binding_timeout, agent)
     }
@@ -90,7 +93,9 @@ impl Rig {
     /// [`Self::start`] on `driver`, the agent given the mock device list `mock` (TOML).
     pub fn start_on(driver: Driver, mock: &str) -> Self {
         let state = [scratch("ctl"), scratch("agent")];
-        let ctl = TestController::start(state[0].path(), SchedulerConfig::default(), timing());
+        let ctl = TestController::builder(state[0].path())
+            .timing(timing())
+            .start();
         let url = ctl.url();
         Self::around_on(
             driver,

@@ -98,13 +98,11 @@ fn start(
     };
     let url = format!("{scheme}://{}", listener.local_addr().expect("bound"));
     let held = std::sync::Arc::downgrade(&controller);
-    rt.spawn(server::serve_with(
-        controller,
-        listener,
-        security,
-        None,
-        std::future::pending::<()>(),
-    ));
+    rt.spawn(
+        server::GrpcServer::new(controller, listener)
+            .security(security)
+            .serve(std::future::pending::<()>()),
+    );
     (rt, url, held)
 }
 
