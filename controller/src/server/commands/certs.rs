@@ -26,11 +26,11 @@ pub(in crate::server) enum CertsCommand {
         #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
         server_names: Vec<String>,
         /// Scheduler users, comma-separated: one client certificate each naming
-        /// spiffe://gpuwarden/user/NAME (user-NAME.pem, user-NAME.key).
+        /// <spiffe://gpuwarden/user/NAME> (user-NAME.pem, user-NAME.key).
         #[arg(long, value_delimiter = ',')]
         users: Vec<String>,
         /// Scheduler admins, comma-separated: one client certificate each naming
-        /// spiffe://gpuwarden/admin/NAME (admin-NAME.pem, admin-NAME.key).
+        /// <spiffe://gpuwarden/admin/NAME> (admin-NAME.pem, admin-NAME.key).
         #[arg(long, value_delimiter = ',')]
         admins: Vec<String>,
         /// Days the server and node certificates are valid (a new CA: ten times as long).
