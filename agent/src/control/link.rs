@@ -70,6 +70,9 @@ pub struct LinkConfig {
     pub hostname: String,
     /// eBPF hooks in use, reported at registration.
     pub hooks: Vec<String>,
+    /// The GPUs (UUIDs) whose MIG layout gpuwarden may change: their layouts are reported at
+    /// registration (issue 37 §3).
+    pub mig_reconfigurable: Vec<String>,
 }
 
 /// Host CPUs and memory.
@@ -123,7 +126,21 @@ pub fn node_info(
     capacity.extend(backend.extra_capacity());
     // How many instances of each MIG profile the node offers (its GPU slots follow from the
     // devices; a profile is counted here, where the controller keeps the other slots).
-    capacity.extend(crate::devices::mig::slot_capacity(backend.devices()));
+    capacity.extend(crate::devices::mig::slot_capacity(&backend.devices()));
+    // The GPUs the operator lets gpuwarden cut (issue 37 §3): each profile they can make is a
+    // slot type the node declares, even with no instance of it yet.
+    let mig_layouts =
+        crate::devices::ondemand::Reconfigurer::new(config.mig_reconfigurable.iter().cloned())
+            .layouts(backend);
+    for p in mig_layouts.iter().flat_map(|l| &l.profiles) {
+        let name = crate::devices::mig::slot_name(&p.profile);
+        if !slot_types.iter().any(|t| t.name == name) {
+            slot_types.push(pb::SlotType {
+                name,
+                kind: pb::SlotKind::Count.into(),
+            });
+        }
+    }
     pb::NodeInfo {
         node_id: config.node_id.clone(),
         hostname: config.hostname.clone(),
@@ -137,6 +154,34 @@ pub fn node_info(
             .map(|o| o.kubernetes_devices().to_vec())
             .unwrap_or_default(),
         observed_sessions: observed.map(Observed::registration).unwrap_or_default(),
+        mig_layouts: mig_layouts.iter().map(layout_to_pb).collect(),
+    }
+}
+
+/// A reconfigurable GPU's layout as the registration reports it.
+fn layout_to_pb(l: &crate::devices::ondemand::LayoutReport) -> pb::MigLayout {
+    pb::MigLayout {
+        gpu_uuid: l.gpu_uuid.clone(),
+        gpu_index: l.gpu_index,
+        slices: l.slices,
+        occupied: l
+            .occupied
+            .iter()
+            .map(|p| pb::MigPlacement {
+                start: p.start,
+                size: p.size,
+            })
+            .collect(),
+        profiles: l
+            .profiles
+            .iter()
+            .map(|p| pb::MigProfilePlacements {
+                profile: p.profile.clone(),
+                size: p.size,
+                starts: p.starts.clone(),
+                free: p.free.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -602,7 +647,7 @@ fn accept(
         let id = a.session_id.chars().take(80).collect();
         return nack(id, "InvalidQuota", e.to_string());
     }
-    let spec = match QuotaSpec::from_allocate(&a, backend.devices()) {
+    let spec = match QuotaSpec::from_allocate(&a, &backend.devices()) {
         Ok(spec) => spec,
         Err(e) => return nack(a.session_id, "InvalidQuota", e.to_string()),
     };
@@ -616,7 +661,7 @@ fn accept(
                 .iter()
                 .filter_map(|s| h.get(s))
                 .filter_map(|other| {
-                    QuotaSpec::from_allocate(other, backend.devices())
+                    QuotaSpec::from_allocate(other, &backend.devices())
                         .ok()
                         .flatten()
                 })

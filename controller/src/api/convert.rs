@@ -231,6 +231,7 @@ pub fn report_to_pb(report: &NodeReport) -> pb::NodeInfo {
             &report.kubernetes_device_models,
         ),
         observed_sessions: vec![],
+        mig_layouts: vec![],
     }
 }
 

@@ -209,6 +209,7 @@ prop_compose! {
             running_sessions,
             kubernetes_devices,
             observed_sessions: vec![],
+            mig_layouts: vec![],
         }
     }
 }
