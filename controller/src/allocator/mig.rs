@@ -13,9 +13,8 @@
 //! whole), then to the lower GPU index, then to the higher start.
 //!
 //! On an empty H100 a `1g.10gb` thus goes to slice 6, not 0: at 0 it would leave no room for
-//! the `4g.40gb`, whose only start is 0. This is the choice NVIDIA's driver itself makes for a
-//! first `1g` created without a placement (it lands at the top, GPU instance 13), though no
-//! NVIDIA document states a rule.
+//! the `4g.40gb`, whose only start is 0. (No NVIDIA document found states a rule of its own;
+//! docs/mig.md says what was checked.)
 //!
 //! The count of instances side by side is exact for these layouts: every placement of one
 //! profile has the same size, so taking the free placements lowest start first fits the most.
