@@ -463,6 +463,21 @@ impl Controller {
                         session_id: session,
                     }),
                 ),
+                Command::MakeMigInstance {
+                    node,
+                    session,
+                    gpu_uuid,
+                    profile,
+                    start,
+                } => (
+                    node,
+                    pb::controller_message::Msg::MakeMigInstance(pb::MakeMigInstance {
+                        session_id: session,
+                        gpu_uuid,
+                        profile,
+                        start,
+                    }),
+                ),
             };
             let message = pb::ControllerMessage { msg: Some(message) };
             // The agents' lock is held until the message is sent or in the outbox (see
