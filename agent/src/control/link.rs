@@ -359,6 +359,9 @@ pub async fn run(
         }
     };
     let mut backoff = Backoff::default();
+    // Held across connections: the instances made here are remembered while the agent runs.
+    let reconfigurer =
+        crate::devices::ondemand::Reconfigurer::new(config.mig_reconfigurable.iter().cloned());
     let counters = channels.as_ref().map(|c| Arc::clone(&c.usage_counters));
     let set_connected = |up| {
         if let Some(c) = &counters {
@@ -374,13 +377,18 @@ pub async fn run(
             backend.as_ref(),
             &holdings,
             channels.as_mut(),
+            &reconfigurer,
         );
         tokio::select! {
             () = &mut shutdown => return,
             result = session => {
                 set_connected(false);
                 match result {
-                    Ok(()) => {
+                    Ok(Ended::LayoutChanged) => {
+                        tracing::info!(controller = %url, "MIG layout changed; registering again");
+                        backoff.reset();
+                    }
+                    Ok(Ended::Closed) => {
                         // A controller that steps down closes the streams: asked again, it names the
                         // leader.
                         tracing::warn!(controller = %url, "controller closed the stream; reconnecting");
@@ -439,6 +447,16 @@ impl Backoff {
     }
 }
 
+/// Why a stream ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The controller closed it.
+    Closed,
+    /// The agent made or destroyed a MIG instance: it registers again, so the controller sees
+    /// its devices and layouts as they are now (issue 37 §3).
+    LayoutChanged,
+}
+
 /// One registration and stream, until the stream ends.
 async fn connect_once(
     url: &str,
@@ -446,7 +464,8 @@ async fn connect_once(
     backend: &dyn GpuBackend,
     holdings: &SharedHoldings,
     mut channels: Option<&mut LinkChannels>,
-) -> Result<(), LinkError> {
+    reconfigurer: &crate::devices::ondemand::Reconfigurer,
+) -> Result<Ended, LinkError> {
     // Built at each connection, so rotated certificate files are read again.
     let channel = endpoint(url, &config.tls)?
         .connect_timeout(Duration::from_secs(2))
@@ -526,13 +545,30 @@ async fn connect_once(
             _ = ticker.tick() => {
                 tx.send(heartbeat(seq)).await.map_err(|_| LinkError::Closed)?;
                 seq += 1;
+                // Instances made here and let go, one busy at the last try included.
+                if mig::destroy_idle(reconfigurer, backend, holdings) {
+                    return Ok(Ended::LayoutChanged);
+                }
             }
             message = inbound.next() => {
-                let Some(message) = message else { return Ok(()) };
+                let Some(message) = message else { return Ok(Ended::Closed) };
                 let message = message.map_err(LinkError::Stream)?;
+                if let Some(Msg::MakeMigInstance(order)) = &message.msg {
+                    match mig::make(reconfigurer, backend, order) {
+                        Ok(()) => return Ok(Ended::LayoutChanged),
+                        Err(nack) => {
+                            tx.send(pb::AgentMessage { msg: Some(nack) }).await.map_err(|_| LinkError::Closed)?;
+                            continue;
+                        }
+                    }
+                }
+                let released = matches!(message.msg, Some(Msg::Release(_)));
                 let reply = answer(config, backend, holdings, channels.as_deref(), message.msg);
                 if let Some(msg) = reply {
                     tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|_| LinkError::Closed)?;
+                }
+                if released && mig::destroy_idle(reconfigurer, backend, holdings) {
+                    return Ok(Ended::LayoutChanged);
                 }
             }
         }
@@ -568,6 +604,8 @@ fn answer(
             }
             None
         }
+        // Made by the stream itself (it registers again after).
+        Some(Msg::MakeMigInstance(_)) => None,
         Some(Msg::Release(r)) => {
             release_held(holdings, &r.session_id);
             if let Some(c) = channels {
@@ -694,6 +732,8 @@ fn accept(
     }
     pb::agent_message::Msg::Ack(pb::AllocationAck { session_id })
 }
+
+mod mig;
 
 #[cfg(test)]
 mod tests;

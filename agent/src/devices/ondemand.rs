@@ -8,7 +8,10 @@
 //! an instance it did not make, or a GPU with a process on it: each of those is refused with
 //! the reason.
 
-use std::collections::BTreeSet;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, Instant},
+};
 
 use gpuwarden_runtime::sync::Lock as _;
 
@@ -136,7 +139,14 @@ pub enum MigChangeError {
 #[derive(Debug, Default)]
 pub struct Reconfigurer {
     allowed: BTreeSet<String>,
-    made: std::sync::Mutex<BTreeSet<String>>,
+    made: std::sync::Mutex<BTreeMap<String, Made>>,
+}
+
+/// An instance gpuwarden made: when, and whether a session has held it since.
+#[derive(Debug, Clone, Copy)]
+struct Made {
+    at: Instant,
+    held: bool,
 }
 
 impl Reconfigurer {
@@ -189,7 +199,13 @@ impl Reconfigurer {
         }
         check_idle(backend, busy, gpu)?;
         let device = backend.create_instance(gpu, profile, start)?;
-        self.made.locked().insert(device.uuid.clone());
+        self.made.locked().insert(
+            device.uuid.clone(),
+            Made {
+                at: Instant::now(),
+                held: false,
+            },
+        );
         tracing::info!(%gpu, profile, start, instance = %device.uuid, index = device.index, "MIG instance created");
         Ok(device)
     }
@@ -205,7 +221,7 @@ impl Reconfigurer {
         busy: &BTreeSet<u32>,
         uuid: &str,
     ) -> Result<bool, MigChangeError> {
-        if !self.made.locked().contains(uuid) {
+        if !self.made.locked().contains_key(uuid) {
             return Ok(false);
         }
         let devices = backend.devices();
@@ -227,7 +243,25 @@ impl Reconfigurer {
     /// Whether gpuwarden made the instance `uuid`.
     #[must_use]
     pub fn made(&self, uuid: &str) -> bool {
-        self.made.locked().contains(uuid)
+        self.made.locked().contains_key(uuid)
+    }
+
+    /// The instances made here that are due to be destroyed, `held` being the devices the
+    /// node's sessions hold now: those a session held and let go, and those no session took
+    /// within `grace` of their making (the session they were made for went elsewhere or
+    /// ended). An instance made moments ago stays for the session it was made for.
+    #[must_use]
+    pub fn idle(&self, held: &BTreeSet<String>, grace: Duration) -> Vec<String> {
+        let mut made = self.made.locked();
+        let mut out = Vec::new();
+        for (uuid, m) in made.iter_mut() {
+            if held.contains(uuid) {
+                m.held = true;
+            } else if m.held || m.at.elapsed() >= grace {
+                out.push(uuid.clone());
+            }
+        }
+        out
     }
 }
 

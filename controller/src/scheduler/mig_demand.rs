@@ -13,7 +13,7 @@
 //! Bookings are kept in memory only: a controller that restarts forgets them, and an instance
 //! made meanwhile is found in its node's report like any other.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::{Command, Scheduler};
 use crate::{
@@ -43,8 +43,8 @@ pub struct MigBooking {
 pub(super) struct MigDemand {
     /// By session.
     booked: BTreeMap<String, MigBooking>,
-    /// Nodes that refused to make an instance for a session, by session.
-    refused: BTreeMap<String, BTreeSet<String>>,
+    /// Nodes that refused to make an instance for a session, by session, with what they said.
+    refused: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// `layouts` with the slices of `booked` held too, so that no two sessions are given the same
@@ -132,7 +132,7 @@ impl Scheduler {
             if n.state != NodeState::Ready
                 || n.report.mig_layouts.is_empty()
                 || session.pinned_node.as_ref().is_some_and(|p| p != nid)
-                || refused.is_some_and(|r| r.contains(nid))
+                || refused.is_some_and(|r| r.contains_key(nid))
                 || !(non_gpu.is_zero() || n.non_gpu_fits(&non_gpu))
             {
                 continue;
@@ -153,7 +153,14 @@ impl Scheduler {
                 break;
             }
         }
-        let (node, placement) = chosen?;
+        let Some((node, placement)) = chosen else {
+            // Still waiting: the refusal stays its reason until something else can be done.
+            let (node, said) = refused?.iter().next_back()?;
+            return Some((
+                None,
+                format!("node {node} refused to make a MIG instance for it: {said}"),
+            ));
+        };
         let reason = format!(
             "node {node} is making a {} instance for it on GPU {} (memory slices {}-{})",
             placement.profile,
@@ -226,7 +233,7 @@ impl Scheduler {
             .refused
             .entry(session.to_owned())
             .or_default()
-            .insert(node.to_owned());
+            .insert(node.to_owned(), message.to_owned());
         let why = format!("node {node} refused to make a MIG instance for it: {message}");
         tracing::warn!(session, node, "{why}");
         if let Some(s) = self.sessions.get_mut(session) {

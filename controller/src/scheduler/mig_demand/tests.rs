@@ -190,6 +190,11 @@ fn a_refusal_frees_the_slices_and_the_session_waits_with_the_reason() {
     // That node is not asked again for it; another session may have the slices.
     assert!(passes(&mut s, 5).is_empty());
     assert_eq!(s.sessions()["a"].state, SessionState::Pending);
+    let reason = &s.sessions()["a"].reason;
+    assert!(
+        reason.contains("a process is on GPU-R"),
+        "the reason stays: {reason}"
+    );
     create(&mut s, "b", &["cuda.mig.4g.40gb=1"]);
     let again = passes(&mut s, 5);
     assert_eq!(again.len(), 1);
