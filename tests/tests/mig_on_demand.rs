@@ -3,6 +3,12 @@
 //! refuses what the driver refuses. What changed is read from the mock's own layout and device
 //! list, not from the controller's bookkeeping.
 
+// Test helpers fail loudly on anything unexpected.
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
+
 mod util;
 
 use std::{path::Path, sync::Arc, time::Duration};
@@ -108,7 +114,7 @@ async fn a_profile_request_makes_an_instance_binds_to_it_and_terminate_destroys_
     let ctl = TestController::start(
         state.path(),
         SchedulerConfig::default(),
-        fast_timing(Duration::from_millis(3000)),
+        fast_timing(Duration::from_secs(3)),
     );
     let backend = Arc::new(MockBackend::from_toml(DEVICES, Path::new("mock.toml")).unwrap());
     let untouched = layout(&backend, "GPU-2");
@@ -166,7 +172,7 @@ async fn a_profile_request_makes_an_instance_binds_to_it_and_terminate_destroys_
     c.terminate_session(pb::TerminateSessionRequest { id: s.id.clone() })
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
         backend.devices().iter().any(|d| d.uuid == uuid),
         "destroyed with a process in it"
@@ -216,9 +222,14 @@ async fn a_profile_request_makes_an_instance_binds_to_it_and_terminate_destroys_
             let s = session(&mut c, &id).await;
             s.state == SessionState::Pending as i32
                 && s.reason.contains("refused to make a MIG instance")
+                && s.reason.contains("the driver refused")
         }
     })
     .await;
+    // Nothing was made: GPU-1 holds what the operator and the out-of-band calls put there.
+    let gpu1 = layout(&backend, "GPU-1");
+    assert_eq!(gpu1.len(), 3, "{gpu1:?}");
+    assert!(gpu1.iter().all(|i| i.0 != "1g.18gb"), "{gpu1:?}");
     let _ = stop.send(());
     let _ = task.await;
 }

@@ -458,6 +458,10 @@ enum Ended {
 }
 
 /// One registration and stream, until the stream ends.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one select loop over the stream's sources, each arm short"
+)]
 async fn connect_once(
     url: &str,
     config: &LinkConfig,
@@ -554,13 +558,11 @@ async fn connect_once(
                 let Some(message) = message else { return Ok(Ended::Closed) };
                 let message = message.map_err(LinkError::Stream)?;
                 if let Some(Msg::MakeMigInstance(order)) = &message.msg {
-                    match mig::make(reconfigurer, backend, order) {
-                        Ok(()) => return Ok(Ended::LayoutChanged),
-                        Err(nack) => {
-                            tx.send(pb::AgentMessage { msg: Some(nack) }).await.map_err(|_| LinkError::Closed)?;
-                            continue;
-                        }
-                    }
+                    let Some(nack) = mig::make(reconfigurer, backend, order) else {
+                        return Ok(Ended::LayoutChanged);
+                    };
+                    tx.send(pb::AgentMessage { msg: Some(nack) }).await.map_err(|_| LinkError::Closed)?;
+                    continue;
                 }
                 let released = matches!(message.msg, Some(Msg::Release(_)));
                 let reply = answer(config, backend, holdings, channels.as_deref(), message.msg);
@@ -604,8 +606,6 @@ fn answer(
             }
             None
         }
-        // Made by the stream itself (it registers again after).
-        Some(Msg::MakeMigInstance(_)) => None,
         Some(Msg::Release(r)) => {
             release_held(holdings, &r.session_id);
             if let Some(c) = channels {
@@ -613,7 +613,8 @@ fn answer(
             }
             None
         }
-        None => None,
+        // An instance to make is the stream's own (it registers again after).
+        Some(Msg::MakeMigInstance(_)) | None => None,
     }
 }
 

@@ -424,6 +424,33 @@ mod tests {
     }
 
     #[test]
+    fn an_instance_is_due_once_let_go_or_never_taken() {
+        let b = MockBackend::from_toml(FILE, Path::new("m.toml")).unwrap();
+        let r = Reconfigurer::new(["GPU-1".to_owned()]);
+        let idle = BTreeSet::new();
+        let taken = r.create(&b, &idle, "GPU-1", "2g.35gb", 0).unwrap();
+        let waiting = r.create(&b, &idle, "GPU-1", "1g.18gb", 2).unwrap();
+        let hour = Duration::from_hours(1);
+        // Just made, no session on either yet: both stay for the session they were made for.
+        assert!(r.idle(&BTreeSet::new(), hour).is_empty());
+        // One held: it stays while held.
+        let held = BTreeSet::from([taken.uuid.clone()]);
+        assert!(r.idle(&held, hour).is_empty());
+        // Let go: due; the one never taken is not, within its grace.
+        assert_eq!(
+            r.idle(&BTreeSet::new(), hour),
+            std::slice::from_ref(&taken.uuid)
+        );
+        // Past its grace, the one never taken is due too; the operator's never is.
+        let mut due = r.idle(&BTreeSet::new(), Duration::ZERO);
+        due.sort();
+        let mut both = vec![taken.uuid, waiting.uuid];
+        both.sort();
+        assert_eq!(due, both);
+        assert!(!due.contains(&"MIG-ops".to_owned()));
+    }
+
+    #[test]
     fn a_backend_without_layouts_changes_nothing() {
         let r = Reconfigurer::new(["GPU-1".to_owned()]);
         assert!(r.layouts(&NoGpus).is_empty());

@@ -225,7 +225,7 @@ impl Scheduler {
         reason: &str,
         message: &str,
     ) -> bool {
-        if reason != REFUSED || !self.mig.booked.get(session).is_some_and(|b| b.node == node) {
+        if reason != REFUSED || self.mig.booked.get(session).is_none_or(|b| b.node != node) {
             return false;
         }
         self.mig.booked.remove(session);

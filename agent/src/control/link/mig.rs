@@ -12,29 +12,29 @@ use crate::devices::{GpuBackend, ondemand::Reconfigurer};
 
 /// How long an instance made for a session waits for a session to hold it before it is
 /// destroyed (the session ended, or went elsewhere, meanwhile).
-pub(super) const UNCLAIMED_GRACE: Duration = Duration::from_secs(120);
+pub(super) const UNCLAIMED_GRACE: Duration = Duration::from_mins(2);
 
 /// The reason of the nack that refuses an order to make an instance (the controller's
 /// `scheduler::mig_demand::REFUSED`).
 pub(super) const REFUSED: &str = "MigInstanceRefused";
 
-/// Makes the instance `order` asks for; the nack to send when it can't (a GPU not listed, a
-/// process on it, the driver's refusal).
+/// Makes the instance `order` asks for; `None` when made, else the nack to send (a GPU not
+/// listed, a process on it, the driver's refusal).
 pub(super) fn make(
     reconfigurer: &Reconfigurer,
     backend: &dyn GpuBackend,
     order: &pb::MakeMigInstance,
-) -> Result<(), pb::agent_message::Msg> {
+) -> Option<pb::agent_message::Msg> {
     // The link sees no processes itself: the backend's count (the driver's) is the check.
     let seen = BTreeSet::new();
     match reconfigurer.create(backend, &seen, &order.gpu_uuid, &order.profile, order.start) {
         Ok(device) => {
             tracing::info!(session = %order.session_id, instance = %device.uuid, index = device.index, "MIG instance made; registering again");
-            Ok(())
+            None
         }
         Err(e) => {
             tracing::warn!(session = %order.session_id, gpu = %order.gpu_uuid, profile = %order.profile, start = order.start, "MIG instance refused: {e}");
-            Err(pb::agent_message::Msg::Nack(pb::AllocationNack {
+            Some(pb::agent_message::Msg::Nack(pb::AllocationNack {
                 session_id: order.session_id.clone(),
                 reason: REFUSED.to_owned(),
                 message: e.to_string(),

@@ -70,7 +70,8 @@ async fn an_unreachable_controller_is_retried_until_shutdown() {
     let url = format!("http://127.0.0.1:{port}");
     let (config, holdings, _dir) = link_to(&url);
     let backend: Arc<dyn GpuBackend> = Arc::new(NoGpus);
-    let err = connect_once(&url, &config, backend.as_ref(), &holdings, None)
+    let none = crate::devices::ondemand::Reconfigurer::default();
+    let err = connect_once(&url, &config, backend.as_ref(), &holdings, None, &none)
         .await
         .unwrap_err();
     assert!(matches!(err, LinkError::Connect(_)), "{err}");
