@@ -104,13 +104,23 @@ impl Scheduler {
     /// when one is already asked for it, only the reason. `None`: not such a request, or no
     /// node can make one.
     pub(super) fn mig_on_demand(&mut self, id: &str) -> Option<(Option<Command>, String)> {
-        self.mig_prune();
         let session = self.sessions.get(id)?;
         let gpu = GpuRequest::from_slots(&session.requested).ok()?;
         let slot = gpu.profile.clone()?;
         if gpu.devices != 1 {
             return None;
         }
+        self.mig_prune();
+        // A node that went away with the order: asked elsewhere (or again once it is back).
+        let gone = |node: &str| {
+            self.nodes
+                .get(node)
+                .is_none_or(|n| n.state != NodeState::Ready)
+        };
+        if self.mig.booked.get(id).is_some_and(|b| gone(&b.node)) {
+            self.mig.booked.remove(id);
+        }
+        let session = self.sessions.get(id)?;
         if let Some(b) = self.mig.booked.get(id) {
             let p = &b.placement;
             return Some((

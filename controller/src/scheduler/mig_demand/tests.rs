@@ -46,10 +46,15 @@ fn h100(occupied: &[(u32, u32)]) -> MigGpuLayout {
 /// Node `n1`: GPU 0 whole, GPU 1 a reconfigurable H100 in MIG mode with `instances` (device
 /// index, profile, start, size) on it, each a device of its own.
 fn report(instances: &[(u32, &str, u32, u32)]) -> NodeReport {
+    report_on("n1", instances)
+}
+
+/// [`report`] for node `id`.
+fn report_on(id: &str, instances: &[(u32, &str, u32, u32)]) -> NodeReport {
     let mut node = NodeReport {
         capacity: ResourceSlot::parse_any(&["cpu=8", "mem=32g"]).unwrap(),
         agent_version: "test".into(),
-        ..NodeReport::with_gpus("n1", 1, 80 << 30, 1)
+        ..NodeReport::with_gpus(id, 1, 80 << 30, 1)
     };
     node.device_models = vec![("NVIDIA H100".into(), false)];
     for &(index, profile, _, _) in instances {
@@ -236,4 +241,34 @@ fn bookings_never_overlap_while_instances_are_being_made() {
     let taken: u32 = held.iter().map(|h| h.1).sum();
     assert!(taken <= 7, "{held:?}");
     assert!(!held.is_empty());
+}
+
+#[test]
+fn an_order_to_a_node_that_went_away_is_given_to_another() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report_on("n1", &[]), &[]).unwrap();
+    create(&mut s, "a", &["cuda.mig.3g.40gb=1"]);
+    let first: Vec<String> = s
+        .pass()
+        .iter()
+        .filter_map(|c| match c {
+            Command::MakeMigInstance { node, .. } => Some(node.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(first, ["n1"]);
+    // n1 stops sending heartbeats; n2 comes.
+    let lost = s.expire(crate::session::now_ms() + 60_000, 1_000);
+    assert_eq!(lost, ["n1"]);
+    s.register(report_on("n2", &[]), &[]).unwrap();
+    let mut asked = Vec::new();
+    for _ in 0..5 {
+        for c in s.pass() {
+            if let Command::MakeMigInstance { node, session, .. } = c {
+                asked.push((node, session));
+            }
+        }
+    }
+    assert_eq!(asked, [("n2".to_owned(), "a".to_owned())]);
+    assert_eq!(s.mig_bookings()["a"].node, "n2");
 }
