@@ -253,7 +253,31 @@ pub fn report_to_pb(report: &NodeReport) -> pb::NodeInfo {
             &report.kubernetes_device_models,
         ),
         observed_sessions: vec![],
-        mig_layouts: vec![],
+        mig_layouts: report.mig_layouts.iter().map(mig_layout_to_pb).collect(),
+    }
+}
+
+/// A reconfigurable GPU's layout, as the node listing shows it (issue 37 §3).
+fn mig_layout_to_pb(l: &crate::allocator::mig::MigGpuLayout) -> pb::MigLayout {
+    pb::MigLayout {
+        gpu_uuid: l.gpu_uuid.clone(),
+        gpu_index: l.gpu_index,
+        slices: l.slices,
+        occupied: l
+            .occupied
+            .iter()
+            .map(|&(start, size)| pb::MigPlacement { start, size })
+            .collect(),
+        profiles: l
+            .profiles
+            .iter()
+            .map(|p| pb::MigProfilePlacements {
+                profile: p.profile.clone(),
+                size: p.size,
+                starts: p.starts.clone(),
+                free: p.free.clone(),
+            })
+            .collect(),
     }
 }
 
