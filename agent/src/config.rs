@@ -134,6 +134,10 @@ layered! {
         /// Mock GPU device list (TOML) instead of NVML, for machines without NVIDIA GPUs.
         #[arg(long)]
         pub mock_devices: Option<PathBuf>,
+        /// UUIDs of the GPUs whose MIG layout gpuwarden may change (make instances on demand,
+        /// destroy them once empty), comma-separated; none by default (docs/mig.md).
+        #[arg(long, value_delimiter = ',')]
+        pub mig_reconfigurable: Option<Vec<String>>,
         /// Where programs, links and maps are pinned so enforcement outlives the agent
         /// (bpffs; `""` in the file pins nothing) [default: /sys/fs/bpf/gpuwarden].
         #[arg(long)]
@@ -258,6 +262,8 @@ pub struct AgentConfig {
     pub controller_tls: ClientTls,
     /// Mock GPU device list.
     pub mock_devices: Option<PathBuf>,
+    /// The GPUs (UUIDs) whose MIG layout gpuwarden may change; empty: none.
+    pub mig_reconfigurable: Vec<String>,
     /// Where programs, links and maps are pinned; `None` pins nothing (enforcement ends with
     /// the agent).
     pub bpf_pin_dir: Option<PathBuf>,
@@ -330,6 +336,13 @@ impl AgentConfig {
                 key: s.tls_key,
             },
             mock_devices: s.mock_devices,
+            mig_reconfigurable: s
+                .mig_reconfigurable
+                .unwrap_or_default()
+                .into_iter()
+                .map(|u| u.trim().to_owned())
+                .filter(|u| !u.is_empty())
+                .collect(),
             bpf_pin_dir: Some(
                 s.bpf_pin_dir
                     .unwrap_or_else(|| PathBuf::from(crate::sensor::pins::DEFAULT_PIN_DIR)),

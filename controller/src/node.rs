@@ -34,6 +34,10 @@ pub struct NodeReport {
     /// Their models and MIG flags, in the same order (for display).
     #[serde(default)]
     pub kubernetes_device_models: Vec<(String, bool)>,
+    /// The GPUs whose MIG layout the operator lets gpuwarden change, as the agent last reported
+    /// them (issue 37 §3): where an instance may still be made.
+    #[serde(default)]
+    pub mig_layouts: Vec<crate::allocator::mig::MigGpuLayout>,
 }
 
 impl NodeReport {
@@ -72,6 +76,7 @@ impl NodeReport {
             agent_version: String::new(),
             kubernetes_devices: vec![],
             kubernetes_device_models: vec![],
+            mig_layouts: vec![],
         }
     }
 }

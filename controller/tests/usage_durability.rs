@@ -34,6 +34,7 @@ fn node() -> NodeReport {
         agent_version: "test".into(),
         kubernetes_devices: vec![],
         kubernetes_device_models: vec![],
+        mig_layouts: vec![],
     }
 }
 

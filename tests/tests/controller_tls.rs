@@ -61,6 +61,7 @@ fn link(url: &str, certs: &Path, node: &str) -> tokio::task::JoinHandle<()> {
         node_id: node.to_owned(),
         hostname: node.to_owned(),
         hooks: vec![],
+        mig_reconfigurable: vec![],
     };
     let backend: Arc<dyn GpuBackend> = Arc::new(NoGpus);
     tokio::spawn(controller_link::run(

@@ -284,3 +284,24 @@ fn slots_are_charged_as_held_unless_the_file_says_busy() {
     let err = AgentConfig::load(Some(&path), Overrides::default()).unwrap_err();
     assert!(format!("{err:#}").contains("throttle_charge"), "{err:#}");
 }
+
+#[test]
+fn no_gpu_is_reconfigurable_unless_listed() {
+    let none = AgentConfig::load(None, Overrides::default()).unwrap();
+    assert!(none.mig_reconfigurable.is_empty());
+    let (_dir, path) = write(
+        "mig",
+        "mig_reconfigurable = [\"GPU-a\", \" GPU-b \", \"\"]\n",
+    );
+    let from_file = AgentConfig::load(Some(&path), Overrides::default()).unwrap();
+    assert_eq!(from_file.mig_reconfigurable, ["GPU-a", "GPU-b"]);
+    let flag = AgentConfig::load(
+        Some(&path),
+        Overrides {
+            mig_reconfigurable: Some(vec!["GPU-c".into()]),
+            ..Overrides::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(flag.mig_reconfigurable, ["GPU-c"]);
+}

@@ -71,6 +71,9 @@ pub struct LinkConfig {
     pub hostname: String,
     /// eBPF hooks in use, reported at registration.
     pub hooks: Vec<String>,
+    /// The GPUs (UUIDs) whose MIG layout gpuwarden may change: their layouts are reported at
+    /// registration (issue 37 §3).
+    pub mig_reconfigurable: Vec<String>,
 }
 
 /// Host CPUs and memory.
@@ -124,7 +127,21 @@ pub fn node_info(
     capacity.extend(backend.extra_capacity());
     // How many instances of each MIG profile the node offers (its GPU slots follow from the
     // devices; a profile is counted here, where the controller keeps the other slots).
-    capacity.extend(crate::devices::mig::slot_capacity(backend.devices()));
+    capacity.extend(crate::devices::mig::slot_capacity(&backend.devices()));
+    // The GPUs the operator lets gpuwarden cut (issue 37 §3): each profile they can make is a
+    // slot type the node declares, even with no instance of it yet.
+    let mig_layouts =
+        crate::devices::ondemand::Reconfigurer::new(config.mig_reconfigurable.iter().cloned())
+            .layouts(backend);
+    for p in mig_layouts.iter().flat_map(|l| &l.profiles) {
+        let name = crate::devices::mig::slot_name(&p.profile);
+        if !slot_types.iter().any(|t| t.name == name) {
+            slot_types.push(pb::SlotType {
+                name,
+                kind: pb::SlotKind::Count.into(),
+            });
+        }
+    }
     pb::NodeInfo {
         node_id: config.node_id.clone(),
         hostname: config.hostname.clone(),
@@ -138,6 +155,34 @@ pub fn node_info(
             .map(|o| o.kubernetes_devices().to_vec())
             .unwrap_or_default(),
         observed_sessions: observed.map(Observed::registration).unwrap_or_default(),
+        mig_layouts: mig_layouts.iter().map(layout_to_pb).collect(),
+    }
+}
+
+/// A reconfigurable GPU's layout as the registration reports it.
+fn layout_to_pb(l: &crate::devices::ondemand::LayoutReport) -> pb::MigLayout {
+    pb::MigLayout {
+        gpu_uuid: l.gpu_uuid.clone(),
+        gpu_index: l.gpu_index,
+        slices: l.slices,
+        occupied: l
+            .occupied
+            .iter()
+            .map(|p| pb::MigPlacement {
+                start: p.start,
+                size: p.size,
+            })
+            .collect(),
+        profiles: l
+            .profiles
+            .iter()
+            .map(|p| pb::MigProfilePlacements {
+                profile: p.profile.clone(),
+                size: p.size,
+                starts: p.starts.clone(),
+                free: p.free.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -315,6 +360,9 @@ pub async fn run(
         }
     };
     let mut backoff = Backoff::default();
+    // Held across connections: the instances made here are remembered while the agent runs.
+    let reconfigurer =
+        crate::devices::ondemand::Reconfigurer::new(config.mig_reconfigurable.iter().cloned());
     let counters = channels.as_ref().map(|c| Arc::clone(&c.usage_counters));
     let set_connected = |up| {
         if let Some(c) = &counters {
@@ -330,13 +378,18 @@ pub async fn run(
             backend.as_ref(),
             &holdings,
             channels.as_mut(),
+            &reconfigurer,
         );
         tokio::select! {
             () = &mut shutdown => return,
             result = session => {
                 set_connected(false);
                 match result {
-                    Ok(()) => {
+                    Ok(Ended::LayoutChanged) => {
+                        tracing::info!(controller = %url, "MIG layout changed; registering again");
+                        backoff.reset();
+                    }
+                    Ok(Ended::Closed) => {
                         // A controller that steps down closes the streams: asked again, it names the
                         // leader.
                         tracing::warn!(controller = %url, "controller closed the stream; reconnecting");
@@ -395,14 +448,29 @@ impl Backoff {
     }
 }
 
+/// Why a stream ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The controller closed it.
+    Closed,
+    /// The agent made or destroyed a MIG instance: it registers again, so the controller sees
+    /// its devices and layouts as they are now (issue 37 §3).
+    LayoutChanged,
+}
+
 /// One registration and stream, until the stream ends.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one select loop over the stream's sources, each arm short"
+)]
 async fn connect_once(
     url: &str,
     config: &LinkConfig,
     backend: &dyn GpuBackend,
     holdings: &SharedHoldings,
     mut channels: Option<&mut LinkChannels>,
-) -> Result<(), LinkError> {
+    reconfigurer: &crate::devices::ondemand::Reconfigurer,
+) -> Result<Ended, LinkError> {
     // Built at each connection, so rotated certificate files are read again.
     let channel = endpoint(url, &config.tls)?
         .connect_timeout(Duration::from_secs(2))
@@ -487,13 +555,28 @@ async fn connect_once(
             _ = ticker.tick() => {
                 tx.send(heartbeat(seq)).await.map_err(|_| LinkError::Closed)?;
                 seq += 1;
+                // Instances made here and let go, one busy at the last try included.
+                if mig::destroy_idle(reconfigurer, backend, holdings) {
+                    return Ok(Ended::LayoutChanged);
+                }
             }
             message = inbound.next() => {
-                let Some(message) = message else { return Ok(()) };
+                let Some(message) = message else { return Ok(Ended::Closed) };
                 let message = message.map_err(LinkError::Stream)?;
+                if let Some(Msg::MakeMigInstance(order)) = &message.msg {
+                    let Some(nack) = mig::make(reconfigurer, backend, order) else {
+                        return Ok(Ended::LayoutChanged);
+                    };
+                    tx.send(pb::AgentMessage { msg: Some(nack) }).await.map_err(|_| LinkError::Closed)?;
+                    continue;
+                }
+                let released = matches!(message.msg, Some(Msg::Release(_)));
                 let reply = answer(config, backend, holdings, channels.as_deref(), message.msg);
                 if let Some(msg) = reply {
                     tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|_| LinkError::Closed)?;
+                }
+                if released && mig::destroy_idle(reconfigurer, backend, holdings) {
+                    return Ok(Ended::LayoutChanged);
                 }
             }
         }
@@ -557,7 +640,8 @@ fn answer(
                 ..pb::EnforcementEvent::default()
             }))
         }
-        None => None,
+        // An instance to make is the stream's own (it registers again after).
+        Some(Msg::MakeMigInstance(_)) | None => None,
     }
 }
 
@@ -702,7 +786,7 @@ fn accept(
         let id = a.session_id.chars().take(80).collect();
         return nack(id, "InvalidQuota", e.to_string());
     }
-    let spec = match QuotaSpec::from_allocate(&a, backend.devices()) {
+    let spec = match QuotaSpec::from_allocate(&a, &backend.devices()) {
         Ok(spec) => spec,
         Err(e) => return nack(a.session_id, "InvalidQuota", e.to_string()),
     };
@@ -716,7 +800,7 @@ fn accept(
                 .iter()
                 .filter_map(|s| h.get(s))
                 .filter_map(|other| {
-                    QuotaSpec::from_allocate(other, backend.devices())
+                    QuotaSpec::from_allocate(other, &backend.devices())
                         .ok()
                         .flatten()
                 })
@@ -749,6 +833,8 @@ fn accept(
     }
     pb::agent_message::Msg::Ack(pb::AllocationAck { session_id })
 }
+
+mod mig;
 
 #[cfg(test)]
 mod tests;

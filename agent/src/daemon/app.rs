@@ -86,7 +86,7 @@ impl App {
             Arc::from(devices::discover(config.mock_devices.as_deref())?);
         // Memory a client allocates on a MIG instance it subscribed to is counted as the
         // instance.
-        if let Err(e) = sensor.set_mig_instances(backend.devices(), backend.caps_major()) {
+        if let Err(e) = sensor.set_mig_instances(&backend.devices(), backend.caps_major()) {
             tracing::warn!(
                 "MIG instances not told apart (their memory counts as their GPU's): {e}"
             );
@@ -374,6 +374,7 @@ fn spawn_link(tasks: &mut Tasks<RunError>, config: &AgentConfig, w: LinkWiring) 
         node_id: config.node_name.clone(),
         hostname: config.node_name.clone(),
         hooks: w.hooks,
+        mig_reconfigurable: config.mig_reconfigurable.clone(),
     };
     let (usage_tx, usage_rx) = mpsc::channel(USAGE_BUFFER);
     if let Some((interval, reporter)) = w.usage_reports {

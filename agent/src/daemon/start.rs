@@ -99,7 +99,7 @@ pub(super) fn enforcement(
         let Some(allocate) = holdings.get(&session) else {
             continue;
         };
-        match QuotaSpec::from_allocate(allocate, backend.devices()) {
+        match QuotaSpec::from_allocate(allocate, &backend.devices()) {
             Ok(Some(spec)) => held.push(spec),
             Ok(None) => {}
             Err(e) => tracing::warn!(session, "held quota no longer enforceable: {e}"),
@@ -141,7 +141,7 @@ pub(super) fn metrics(
         node: config.node_name.clone(),
         driver_version: backend.driver_version(),
     };
-    match metrics::start(&metrics_config, backend.devices().to_vec(), published) {
+    match metrics::start(&metrics_config, backend.devices(), published) {
         Ok(metrics) => metrics,
         Err(e) => {
             tracing::warn!("metrics off: {e}");

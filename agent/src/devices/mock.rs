@@ -39,6 +39,11 @@
 //! memory_size = "16G"
 //! sm_count = 16
 //! ```
+//!
+//! An H100 or H200 whose layout may change (issue 37 §3) sets `mig_enabled = true` (in MIG
+//! mode even with no instance) and gives each instance its `placement_start` (its first memory
+//! slice); its layout is then kept by a fake of NVML's MIG calls ([`fake_mig`]) that refuses
+//! what the driver refuses, and [`GpuBackend::create_instance`] / `destroy_instance` change it.
 
 use gpuwarden_runtime::sync::Lock as _;
 use std::{
@@ -54,7 +59,13 @@ use super::{
     GpuBackend, GpuDevice,
     health::{self, GpuHealth, HealthState, Xid},
     mig::{self, MigInstance, MigMinors},
+    ondemand::MigChangeError,
+    placement::{self, Layout},
 };
+
+pub mod fake_mig;
+
+use fake_mig::FakeMigGpu;
 
 /// Errors reading a mock device file.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +136,8 @@ struct InstanceEntry {
     memory_size: MemorySize,
     #[serde(default, alias = "subproc_count")]
     sm_count: u32,
+    /// Its first memory slice, on a GPU whose layout the fake MIG layer keeps.
+    placement_start: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -154,6 +167,9 @@ struct Entry {
     /// MIG instances: the GPU is in MIG mode and offered as these.
     #[serde(default, alias = "mig_instances")]
     instances: Vec<InstanceEntry>,
+    /// In MIG mode with a layout the fake MIG layer keeps (even with no instance).
+    #[serde(default)]
+    mig_enabled: bool,
 }
 
 impl Entry {
@@ -227,10 +243,10 @@ pub fn parse_size(text: &str) -> Option<u64> {
 /// Mock GPUs.
 #[derive(Debug)]
 pub struct MockBackend {
-    devices: Vec<GpuDevice>,
+    /// The devices and the file entry each one's health is read from (an instance shares its
+    /// parent's), with the GPUs whose MIG layout the fake keeps: all changed together.
+    state: Mutex<State>,
     caps_major: Option<u32>,
-    /// The file entry each device's health is read from (an instance shares its parent's).
-    entry_of: Vec<usize>,
     /// The file, read again for health; `None` when parsed from text.
     path: Option<PathBuf>,
     /// The health figures last read.
@@ -271,11 +287,10 @@ impl MockBackend {
             .map_or_else(MigMinors::default, |m| {
                 MigMinors::read(&path.parent().unwrap_or(Path::new(".")).join(m))
             });
-        let (devices, entry_of) = devices_of(file.devices, &minors, path)?;
+        let state = devices_of(file.devices, &minors, path)?;
         Ok(Self {
-            devices,
+            state: Mutex::new(state),
             caps_major: file.mig_caps_major,
-            entry_of,
             path: None,
             health: Mutex::new(health),
             xid_cgroups: Mutex::new(HashMap::new()),
@@ -301,8 +316,30 @@ impl GpuBackend for MockBackend {
         "mock"
     }
 
-    fn devices(&self) -> &[GpuDevice] {
-        &self.devices
+    fn devices(&self) -> Vec<GpuDevice> {
+        self.state.locked().devices.clone()
+    }
+
+    fn mig_layouts(&self) -> Vec<(String, u32, Layout)> {
+        self.state
+            .locked()
+            .fakes
+            .iter()
+            .map(|f| (f.uuid.clone(), f.index, f.gpu.layout()))
+            .collect()
+    }
+
+    fn create_instance(
+        &self,
+        gpu: &str,
+        profile: &str,
+        start: u32,
+    ) -> Result<GpuDevice, MigChangeError> {
+        self.state.locked().create(gpu, profile, start)
+    }
+
+    fn destroy_instance(&self, uuid: &str) -> Result<(), MigChangeError> {
+        self.state.locked().destroy(uuid)
     }
 
     fn caps_major(&self) -> Option<u32> {
@@ -312,9 +349,11 @@ impl GpuBackend for MockBackend {
     fn health(&self) -> Vec<GpuHealth> {
         let entries = self.read_health();
         let mut cgroups = self.xid_cgroups.locked();
-        self.devices
+        let state = self.state.locked();
+        state
+            .devices
             .iter()
-            .zip(&self.entry_of)
+            .zip(&state.entry_of)
             .filter_map(|(d, &i)| Some((d, entries.get(i)?.clone())))
             .map(|(d, e)| GpuHealth {
                 index: d.index,
@@ -348,15 +387,231 @@ impl GpuBackend for MockBackend {
     }
 }
 
+/// A GPU whose MIG layout the fake keeps, and what its new instances take from it.
+#[derive(Debug)]
+struct FakeParent {
+    uuid: String,
+    index: u32,
+    /// Its file entry (its instances share its health).
+    entry: usize,
+    model_name: String,
+    numa_node: i32,
+    device_node: String,
+    gpu: FakeMigGpu,
+    /// Instances made so far (for their UUIDs).
+    made: u32,
+}
+
+/// The devices, the file entry of each, and the GPUs whose layout the fake keeps.
+#[derive(Debug, Default)]
+struct State {
+    devices: Vec<GpuDevice>,
+    entry_of: Vec<usize>,
+    fakes: Vec<FakeParent>,
+}
+
+impl State {
+    /// A GPU instance and its compute instance on `gpu`; the new device, numbered after every
+    /// device there is.
+    fn create(
+        &mut self,
+        gpu: &str,
+        profile: &str,
+        start: u32,
+    ) -> Result<GpuDevice, MigChangeError> {
+        let next = self
+            .devices
+            .iter()
+            .map(|d| d.index)
+            .chain(self.fakes.iter().map(|f| f.index))
+            .max()
+            .map_or(0, |m| m.saturating_add(1));
+        let parent = self
+            .fakes
+            .iter_mut()
+            .find(|f| f.uuid == gpu)
+            .ok_or_else(|| MigChangeError::UnknownGpu {
+                gpu: gpu.to_owned(),
+            })?;
+        let refused = |e: fake_mig::FakeMigError| MigChangeError::Refused {
+            gpu: gpu.to_owned(),
+            reason: e.to_string(),
+        };
+        let p =
+            parent
+                .gpu
+                .model()
+                .profile(profile)
+                .ok_or_else(|| MigChangeError::UnknownProfile {
+                    gpu: gpu.to_owned(),
+                    profile: profile.to_owned(),
+                })?;
+        let placement = placement::Placement {
+            start,
+            size: p.size,
+        };
+        let gi = parent
+            .gpu
+            .create_gpu_instance_with_placement(p.id, placement)
+            .map_err(refused)?;
+        let ci = match parent.gpu.create_compute_instance(gi) {
+            Ok(ci) => ci,
+            Err(e) => {
+                let _ = parent.gpu.destroy_gpu_instance(gi);
+                return Err(refused(e));
+            }
+        };
+        parent.made = parent.made.saturating_add(1);
+        let device = GpuDevice {
+            uuid: format!(
+                "MIG-{}-gi{gi}-{}",
+                parent.uuid.trim_start_matches("GPU-"),
+                parent.made
+            ),
+            model: format!("{} MIG {}", parent.model_name, p.name),
+            memory_bytes: p.memory_mib << 20,
+            numa_node: parent.numa_node,
+            sm_count: p.sm_count,
+            is_mig: true,
+            index: next,
+            device_node: parent.device_node.clone(),
+            // The mock has no capability minors for instances it makes.
+            mig: Some(MigInstance {
+                parent_index: parent.index,
+                parent_uuid: parent.uuid.clone(),
+                gpu_instance: gi,
+                compute_instance: ci,
+                profile: p.name.to_owned(),
+                gi_cap_minor: None,
+                ci_cap_minor: None,
+            }),
+        };
+        self.devices.push(device.clone());
+        self.entry_of.push(parent.entry);
+        Ok(device)
+    }
+
+    /// Destroys instance `uuid`: its compute instance, then its GPU instance.
+    fn destroy(&mut self, uuid: &str) -> Result<(), MigChangeError> {
+        let (pos, m) = self
+            .devices
+            .iter()
+            .enumerate()
+            .find_map(|(i, d)| Some((i, d.mig.clone()?)).filter(|_| d.uuid == uuid))
+            .ok_or_else(|| MigChangeError::NoInstance {
+                uuid: uuid.to_owned(),
+            })?;
+        let parent = self
+            .fakes
+            .iter_mut()
+            .find(|f| f.uuid == m.parent_uuid)
+            .ok_or_else(|| MigChangeError::UnknownGpu {
+                gpu: m.parent_uuid.clone(),
+            })?;
+        let refused = |e: fake_mig::FakeMigError| MigChangeError::Refused {
+            gpu: m.parent_uuid.clone(),
+            reason: e.to_string(),
+        };
+        parent
+            .gpu
+            .destroy_compute_instance(m.gpu_instance)
+            .map_err(refused)?;
+        parent
+            .gpu
+            .destroy_gpu_instance(m.gpu_instance)
+            .map_err(refused)?;
+        self.devices.remove(pos);
+        self.entry_of.remove(pos);
+        Ok(())
+    }
+}
+
+impl MockBackend {
+    /// Marks `count` processes running in the instance `uuid` on a GPU the fake keeps (the
+    /// mock has no real processes): the fake then refuses to destroy it, as the driver would.
+    ///
+    /// # Errors
+    /// No such instance on such a GPU.
+    pub fn set_instance_processes(&self, uuid: &str, count: u32) -> Result<(), MigChangeError> {
+        let mut state = self.state.locked();
+        let m = state
+            .devices
+            .iter()
+            .find(|d| d.uuid == uuid)
+            .and_then(|d| d.mig.clone())
+            .ok_or_else(|| MigChangeError::NoInstance {
+                uuid: uuid.to_owned(),
+            })?;
+        state
+            .fakes
+            .iter_mut()
+            .find(|f| f.uuid == m.parent_uuid)
+            .ok_or(MigChangeError::UnknownGpu { gpu: m.parent_uuid })?
+            .gpu
+            .set_processes(m.gpu_instance, count)
+            .map_err(|e| MigChangeError::NoInstance {
+                uuid: format!("{uuid} ({e})"),
+            })
+    }
+}
+
+/// The fake MIG layer of a file entry, where it asks for one (`mig_enabled`, or an instance
+/// with a `placement_start`): the model's placements must be known.
+fn fake_layer(
+    mig_enabled: bool,
+    instances: &[InstanceEntry],
+    model_name: &str,
+    (i, path): (usize, &Path),
+) -> Result<Option<FakeMigGpu>, MockError> {
+    if !mig_enabled && instances.iter().all(|x| x.placement_start.is_none()) {
+        return Ok(None);
+    }
+    let model = placement::model_of(model_name).ok_or_else(|| MockError::Instance {
+        path: path.to_owned(),
+        index: i,
+        instance: 0,
+        why: format!("model {model_name:?} has no known MIG placements (H100, H200)"),
+    })?;
+    Ok(Some(FakeMigGpu::new(model)))
+}
+
+/// An instance entry's memory, checked: a profile's form, within its GPU's memory, and, on a
+/// GPU whose layout the fake keeps, a placement the rules allow (then held there).
+fn check_instance(
+    inst: &InstanceEntry,
+    gpu_bytes: u64,
+    fake: Option<&mut FakeMigGpu>,
+) -> Result<u64, String> {
+    let bytes = inst
+        .memory_size
+        .bytes()
+        .ok_or_else(|| format!("invalid memory_size {:?}", inst.memory_size.text()))?;
+    if !mig::is_profile(&inst.profile) {
+        return Err(format!(
+            "profile {:?} is not of the form 1g.18gb",
+            inst.profile
+        ));
+    }
+    if bytes > gpu_bytes {
+        return Err(format!("{bytes} bytes exceed its GPU's {gpu_bytes}"));
+    }
+    if let Some(fake) = fake {
+        let start = inst
+            .placement_start
+            .ok_or("a GPU with mig_enabled needs each instance's placement_start")?;
+        fake.insert_existing(inst.gpu_instance, &inst.profile, start)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(bytes)
+}
+
 /// The devices a file's entries offer, and the entry of each: whole GPUs first (index = the
-/// entry's position), then the instances of GPUs in MIG mode (indexes after every GPU's).
-fn devices_of(
-    entries: Vec<Entry>,
-    minors: &MigMinors,
-    path: &Path,
-) -> Result<(Vec<GpuDevice>, Vec<usize>), MockError> {
+/// entry's position), then the instances of GPUs in MIG mode (indexes after every GPU's); and
+/// the GPUs whose layout the fake keeps.
+fn devices_of(entries: Vec<Entry>, minors: &MigMinors, path: &Path) -> Result<State, MockError> {
     let mut whole = Vec::new();
     let mut instances = Vec::new();
+    let mut fakes = Vec::new();
     let count = u32::try_from(entries.len()).unwrap_or(u32::MAX);
     let mut next = mig::first_instance_index(0..count);
     for (i, e) in entries.into_iter().enumerate() {
@@ -369,7 +624,7 @@ fn devices_of(
         let device_node = e
             .device_node
             .unwrap_or_else(|| format!("/dev/nvidia{index}"));
-        if e.instances.is_empty() {
+        if e.instances.is_empty() && !e.mig_enabled {
             whole.push((
                 GpuDevice {
                     uuid: e.uuid,
@@ -386,6 +641,7 @@ fn devices_of(
             ));
             continue;
         }
+        let mut fake = fake_layer(e.mig_enabled, &e.instances, &e.model_name, (i, path))?;
         for (k, inst) in e.instances.into_iter().enumerate() {
             let bad = |why: String| MockError::Instance {
                 path: path.to_owned(),
@@ -393,21 +649,7 @@ fn devices_of(
                 instance: k,
                 why,
             };
-            let bytes = inst
-                .memory_size
-                .bytes()
-                .ok_or_else(|| bad(format!("invalid memory_size {:?}", inst.memory_size.text())))?;
-            if !mig::is_profile(&inst.profile) {
-                return Err(bad(format!(
-                    "profile {:?} is not of the form 1g.18gb",
-                    inst.profile
-                )));
-            }
-            if bytes > memory_bytes {
-                return Err(bad(format!(
-                    "{bytes} bytes exceed its GPU's {memory_bytes}"
-                )));
-            }
+            let bytes = check_instance(&inst, memory_bytes, fake.as_mut()).map_err(bad)?;
             instances.push((
                 GpuDevice {
                     uuid: inst.uuid,
@@ -436,8 +678,25 @@ fn devices_of(
             ));
             next = next.saturating_add(1);
         }
+        if let Some(gpu) = fake {
+            fakes.push(FakeParent {
+                uuid: e.uuid,
+                index,
+                entry: i,
+                model_name: e.model_name,
+                numa_node: e.numa_node,
+                device_node,
+                gpu,
+                made: 0,
+            });
+        }
     }
-    Ok(whole.into_iter().chain(instances).unzip())
+    let (devices, entry_of) = whole.into_iter().chain(instances).unzip();
+    Ok(State {
+        devices,
+        entry_of,
+        fakes,
+    })
 }
 
 #[cfg(test)]

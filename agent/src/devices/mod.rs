@@ -9,6 +9,8 @@ pub mod health;
 pub mod mig;
 pub mod mock;
 pub mod nvml;
+pub mod ondemand;
+pub mod placement;
 pub mod samples;
 
 use std::path::Path;
@@ -70,7 +72,7 @@ pub trait GpuBackend: Send + Sync {
     /// Backend name for logs (`nvml`, `mock`, `none`).
     fn name(&self) -> &'static str;
     /// The devices.
-    fn devices(&self) -> &[GpuDevice];
+    fn devices(&self) -> Vec<GpuDevice>;
     /// GPU memory each process holds, as the driver's management library counts it (NVML);
     /// empty where the backend can't tell (mock devices).
     fn process_memory(&self) -> Vec<ProcessMemory> {
@@ -116,6 +118,41 @@ pub trait GpuBackend: Send + Sync {
         None
     }
 
+    /// Each GPU in MIG mode whose layout the backend can read and change: its UUID, its index
+    /// and its instances' placements (issue 37 §3). None by default: NVML's path is not built
+    /// (docs/mig.md, "Not built yet").
+    fn mig_layouts(&self) -> Vec<(String, u32, placement::Layout)> {
+        Vec::new()
+    }
+
+    /// Creates a GPU instance of `profile` at memory slice `start` of GPU `gpu` (a UUID) and a
+    /// compute instance of the whole of it; the new device, listed by [`Self::devices`] from
+    /// then on. Callers go through [`ondemand::Reconfigurer`], which checks the operator's
+    /// list and that no process is on the GPU.
+    ///
+    /// # Errors
+    /// The backend can't, or the driver refuses (a placement taken or not allowed).
+    fn create_instance(
+        &self,
+        _gpu: &str,
+        _profile: &str,
+        _start: u32,
+    ) -> Result<GpuDevice, ondemand::MigChangeError> {
+        Err(ondemand::MigChangeError::Unsupported {
+            backend: self.name(),
+        })
+    }
+
+    /// Destroys the MIG instance `uuid` (its compute instance, then its GPU instance).
+    ///
+    /// # Errors
+    /// The backend can't, or the driver refuses (a process in it).
+    fn destroy_instance(&self, _uuid: &str) -> Result<(), ondemand::MigChangeError> {
+        Err(ondemand::MigChangeError::Unsupported {
+            backend: self.name(),
+        })
+    }
+
     /// The slot types the backend provides.
     /// Each MIG profile among the devices is a slot type of its own (`cuda.mig.1g.18gb`, see
     /// [`mig::slot_name`]), which the controller merges into the types it knows.
@@ -127,7 +164,7 @@ pub trait GpuBackend: Send + Sync {
             .iter()
             .map(|&(name, kind)| (name.to_owned(), kind))
             .chain(
-                mig::slot_capacity(self.devices())
+                mig::slot_capacity(&self.devices())
                     .into_iter()
                     .map(|(name, _)| (name, SlotKind::Count)),
             )
@@ -144,8 +181,8 @@ impl GpuBackend for NoGpus {
         "none"
     }
 
-    fn devices(&self) -> &[GpuDevice] {
-        &[]
+    fn devices(&self) -> Vec<GpuDevice> {
+        Vec::new()
     }
 }
 

@@ -256,8 +256,8 @@ impl GpuBackend for NvmlBackend {
         "nvml"
     }
 
-    fn devices(&self) -> &[GpuDevice] {
-        &self.devices
+    fn devices(&self) -> Vec<GpuDevice> {
+        self.devices.clone()
     }
 
     fn caps_major(&self) -> Option<u32> {

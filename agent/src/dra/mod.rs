@@ -95,8 +95,8 @@ impl GpuBackend for Subset {
         self.inner.name()
     }
 
-    fn devices(&self) -> &[GpuDevice] {
-        &self.devices
+    fn devices(&self) -> Vec<GpuDevice> {
+        self.devices.clone()
     }
 
     fn process_memory(&self) -> Vec<crate::devices::ProcessMemory> {
@@ -168,7 +168,7 @@ impl Plugin {
             config.clone(),
             node.clone(),
             offered.clone(),
-            backend.devices().to_vec(),
+            backend.devices(),
             api,
             store,
             quotas,

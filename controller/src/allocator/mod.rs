@@ -62,6 +62,7 @@
 //! devices; and the node's state ([`NodeAllocator`], [`AllocError`] when a request doesn't fit).
 
 mod choose;
+pub mod mig;
 mod request;
 mod split;
 mod state;

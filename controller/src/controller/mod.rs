@@ -477,6 +477,21 @@ impl Controller {
                         devices: onto.as_ref().map(convert::parts_to_pb).unwrap_or_default(),
                     }),
                 ),
+                Command::MakeMigInstance {
+                    node,
+                    session,
+                    gpu_uuid,
+                    profile,
+                    start,
+                } => (
+                    node,
+                    pb::controller_message::Msg::MakeMigInstance(pb::MakeMigInstance {
+                        session_id: session,
+                        gpu_uuid,
+                        profile,
+                        start,
+                    }),
+                ),
             };
             let message = pb::ControllerMessage { msg: Some(message) };
             // The agents' lock is held until the message is sent or in the outbox (see

@@ -198,3 +198,39 @@ fn a_gang_is_bounded_by_the_sessions_an_owner_may_have() {
         .expect_err("refused");
     assert!(e.to_string().starts_with("gang.name"), "{e}");
 }
+
+#[test]
+fn a_registrations_mig_layouts_are_bounded() {
+    let limits = Limits::default();
+    let layout = |profiles: usize, free: usize| pb::MigLayout {
+        gpu_uuid: "GPU-1".into(),
+        slices: 8,
+        profiles: vec![
+            pb::MigProfilePlacements {
+                profile: "1g.18gb".into(),
+                free: vec![0; free],
+                ..Default::default()
+            };
+            profiles
+        ],
+        ..Default::default()
+    };
+    let node = |layouts: Vec<pb::MigLayout>| pb::NodeInfo {
+        node_id: "n1".into(),
+        mig_layouts: layouts,
+        ..Default::default()
+    };
+    assert_eq!(limits.node(&node(vec![layout(7, 7)])), Ok(()));
+    let e = limits
+        .node(&node(vec![layout(1, limits.max_list_len + 1)]))
+        .expect_err("refused");
+    assert!(
+        e.to_string()
+            .starts_with("mig_layouts[0].profiles[0].free:"),
+        "{e}"
+    );
+    let e = limits
+        .node(&node(vec![layout(1, 1); limits.max_devices_per_node + 1]))
+        .expect_err("refused");
+    assert!(e.to_string().starts_with("mig_layouts:"), "{e}");
+}

@@ -199,7 +199,32 @@ impl Limits {
         for h in &info.hooks {
             self.name("hooks", h)?;
         }
+        // Issue 37 §3: one layout per GPU at most, each list within the list bound.
+        many(
+            "mig_layouts",
+            info.mig_layouts.len(),
+            self.max_devices_per_node,
+            "max_devices_per_node",
+        )?;
+        for (i, l) in info.mig_layouts.iter().enumerate() {
+            self.mig_layout(&format!("mig_layouts[{i}]"), l)?;
+        }
         self.running("running_sessions", &info.running_sessions)
+    }
+
+    /// One reconfigurable GPU's layout: its UUID, and lists within the list bound.
+    fn mig_layout(&self, field: &str, l: &pb::MigLayout) -> Result<(), LimitError> {
+        self.id(&format!("{field}.gpu_uuid"), &l.gpu_uuid)?;
+        let list = |name: &str, n: usize| many(name, n, self.max_list_len, "max_list_len");
+        list(&format!("{field}.occupied"), l.occupied.len())?;
+        list(&format!("{field}.profiles"), l.profiles.len())?;
+        for (k, p) in l.profiles.iter().enumerate() {
+            let at = format!("{field}.profiles[{k}]");
+            self.name(&format!("{at}.profile"), &p.profile)?;
+            list(&format!("{at}.starts"), p.starts.len())?;
+            list(&format!("{at}.free"), p.free.len())?;
+        }
+        Ok(())
     }
 
     /// Whether one more session of `owner` fits, given `mine` of its sessions and `total` in all

@@ -432,7 +432,9 @@ fn a_waiting_gang_within_its_guarantee_reclaims_room_for_all_its_members() {
             .filter_map(|c| match c {
                 Command::Preempt { session, .. } => Some(session),
                 Command::Allocate { .. } => panic!("nothing is placed before the room is free"),
-                Command::Release { .. } | Command::Resume { .. } => None,
+                Command::Release { .. }
+                | Command::Resume { .. }
+                | Command::MakeMigInstance { .. } => None,
             })
             .collect();
         ids.sort();

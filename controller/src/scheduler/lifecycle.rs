@@ -224,6 +224,7 @@ impl Scheduler {
         self.nodes.insert(id.clone(), node);
         self.reindex(&id);
         let refused = self.reconcile_observed(&id, observed);
+        commands.extend(self.mig_registered(&id));
         self.changes.nodes.insert(id);
         Ok((commands, refused))
     }
@@ -389,10 +390,9 @@ impl Scheduler {
             return Err(RequestError::UnknownNode(node.clone()));
         }
         if !self.nodes.is_empty()
-            && !self
-                .nodes
-                .values()
-                .any(|n| requested.fits_in(&n.capacity()))
+            && !self.nodes.values().any(|n| {
+                requested.fits_in(&n.capacity()) || super::mig_demand::could_make(n, requested)
+            })
         {
             let largest = self
                 .nodes
@@ -734,6 +734,10 @@ impl Scheduler {
     /// to be sent once the failures are stored.
     #[must_use = "the gang's other members must be released on their nodes"]
     pub fn nack(&mut self, node: &str, session: &str, reason: &str, message: &str) -> Vec<Command> {
+        // A MIG instance it would not make: the session still waits (issue 37 §3).
+        if self.mig_refused(node, session, reason, message) {
+            return Vec::new();
+        }
         let Some(s) = self.sessions.get_mut(session) else {
             return Vec::new();
         };

@@ -19,6 +19,7 @@
 mod fit;
 mod gang;
 mod lifecycle;
+pub mod mig_demand;
 mod observed;
 mod pass;
 mod queue;
@@ -288,6 +289,20 @@ pub enum Command {
         /// part in place of the home part at its position. `None`: the GPUs it left.
         onto: Option<Allocation>,
     },
+    /// Make a MIG instance of `profile` at memory slice `start` of GPU `gpu_uuid` for waiting
+    /// `session` (issue 37 §3, [`mig_demand`]); the agent registers again once it is made.
+    MakeMigInstance {
+        /// Node.
+        node: String,
+        /// Session.
+        session: String,
+        /// The GPU.
+        gpu_uuid: String,
+        /// The profile (`1g.18gb`).
+        profile: String,
+        /// The first memory slice.
+        start: u32,
+    },
 }
 
 /// Ids of records changed since the last [`Scheduler::take_changes`].
@@ -339,6 +354,8 @@ pub struct Scheduler {
     gangs: BTreeMap<gang::GangKey, BTreeSet<String>>,
     /// Sessions by (owner, request id), for creates retried (`requests`).
     requests: std::collections::HashMap<(String, String), String>,
+    /// MIG instances asked of agents for waiting sessions (issue 37 §3).
+    mig: mig_demand::MigDemand,
 }
 
 /// Counts of sessions not yet ended.

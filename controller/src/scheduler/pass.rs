@@ -73,19 +73,26 @@ impl Scheduler {
                         }
                         Verdict::Refused(why) => (false, why, WaitKind::QueueLimit),
                         Verdict::NoRoom(why) => {
-                            // Reclaim by preemption only where quotas are configured: without
-                            // them nothing changes.
-                            match governed
-                                .then(|| {
-                                    self.reclaim(&id, queue.as_deref(), &held, &mut reclaimable)
-                                })
-                                .flatten()
-                            {
-                                Some(reclaim) => {
-                                    commands.extend(reclaim.commands);
-                                    (false, reclaim.reason, WaitKind::Preemption)
+                            // A MIG profile may have an instance made for it (issue 37 §3)
+                            // before anything is reclaimed for it.
+                            if let Some((command, reason)) = self.mig_on_demand(&id) {
+                                commands.extend(command);
+                                (false, reason, WaitKind::Capacity)
+                            } else {
+                                // Reclaim by preemption only where quotas are configured: without
+                                // them nothing changes.
+                                match governed
+                                    .then(|| {
+                                        self.reclaim(&id, queue.as_deref(), &held, &mut reclaimable)
+                                    })
+                                    .flatten()
+                                {
+                                    Some(reclaim) => {
+                                        commands.extend(reclaim.commands);
+                                        (false, reclaim.reason, WaitKind::Preemption)
+                                    }
+                                    None => (false, why, WaitKind::Capacity),
                                 }
-                                None => (false, why, WaitKind::Capacity),
                             }
                         }
                     };

@@ -62,7 +62,7 @@ fn pass(s: &mut Scheduler) -> Vec<(String, String)> {
         match c {
             Command::Allocate { node, session, .. } => s.ack(&node, &session),
             Command::Preempt { node, session, .. } => preempts.push((node, session)),
-            Command::Release { .. } | Command::Resume { .. } => {}
+            Command::Release { .. } | Command::Resume { .. } | Command::MakeMigInstance { .. } => {}
         }
     }
     preempts

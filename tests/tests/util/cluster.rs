@@ -50,8 +50,8 @@ impl GpuBackend for TestBackend {
         "test"
     }
 
-    fn devices(&self) -> &[GpuDevice] {
-        &self.devices
+    fn devices(&self) -> Vec<GpuDevice> {
+        self.devices.clone()
     }
 
     fn extra_capacity(&self) -> Vec<(String, String)> {
@@ -106,6 +106,7 @@ impl TestNode {
             node_id: node.to_owned(),
             hostname: node.to_owned(),
             hooks: vec!["tracepoint:syscalls/sys_enter_ioctl".into()],
+            mig_reconfigurable: vec![],
         };
         let dyn_backend: Arc<dyn GpuBackend> = backend.clone();
         let task = tokio::spawn(controller_link::run(

@@ -42,6 +42,7 @@ fn link_to(url: &str) -> (LinkConfig, SharedHoldings, tempfile::TempDir) {
         node_id: "n".into(),
         hostname: "n".into(),
         hooks: vec![],
+        mig_reconfigurable: vec![],
     };
     (config, Arc::new(std::sync::Mutex::new(holdings)), dir)
 }
@@ -69,7 +70,8 @@ async fn an_unreachable_controller_is_retried_until_shutdown() {
     let url = format!("http://127.0.0.1:{port}");
     let (config, holdings, _dir) = link_to(&url);
     let backend: Arc<dyn GpuBackend> = Arc::new(NoGpus);
-    let err = connect_once(&url, &config, backend.as_ref(), &holdings, None)
+    let none = crate::devices::ondemand::Reconfigurer::default();
+    let err = connect_once(&url, &config, backend.as_ref(), &holdings, None, &none)
         .await
         .unwrap_err();
     assert!(matches!(err, LinkError::Connect(_)), "{err}");
@@ -346,4 +348,55 @@ memory_size = "16G"
     resume(vec![share(0)]).unwrap();
     lock(&holdings).settle_move("s", false).unwrap();
     assert_eq!(held(&holdings), 1);
+}
+
+#[test]
+fn only_the_listed_gpus_report_their_mig_layout() {
+    let (mut config, _holdings, _dir) = link_to("http://127.0.0.1:1");
+    // Two H200s in MIG mode, each with a 3g.71gb at slices 0-3.
+    let gpu = |n: u32| {
+        format!(
+            "[[devices]]\nuuid = \"GPU-{n}\"\nmodel_name = \"Mock H200\"\nmemory_size = \"141G\"\n\
+             mig_enabled = true\n[[devices.instances]]\nuuid = \"MIG-{n}\"\nprofile = \"3g.71gb\"\n\
+             gpu_instance = 1\nplacement_start = 0\nmemory_size = \"70G\"\n"
+        )
+    };
+    let backend = crate::devices::mock::MockBackend::from_toml(
+        &(gpu(0) + &gpu(1)),
+        std::path::Path::new("m.toml"),
+    )
+    .unwrap();
+    // By default none.
+    let info = node_info(&config, &backend, vec![], None);
+    assert!(info.mig_layouts.is_empty());
+    assert!(info.slot_types.iter().all(|t| t.name != "cuda.mig.1g.18gb"));
+    config.mig_reconfigurable = vec!["GPU-1".into()];
+    let info = node_info(&config, &backend, vec![], None);
+    assert_eq!(info.mig_layouts.len(), 1);
+    let l = &info.mig_layouts[0];
+    assert_eq!(
+        (l.gpu_uuid.as_str(), l.gpu_index, l.slices),
+        ("GPU-1", 1, 8)
+    );
+    assert_eq!(l.occupied, [pb::MigPlacement { start: 0, size: 4 }]);
+    let free = |name: &str| {
+        l.profiles
+            .iter()
+            .find(|p| p.profile == name)
+            .map(|p| p.free.clone())
+            .unwrap()
+    };
+    assert_eq!(free("3g.71gb"), [4]);
+    assert_eq!(free("1g.18gb"), [4, 5, 6]);
+    assert!(free("4g.71gb").is_empty());
+    // Every profile it could make is a slot type of the node, with no instance yet.
+    let types: Vec<&str> = info.slot_types.iter().map(|t| t.name.as_str()).collect();
+    assert!(types.contains(&"cuda.mig.1g.18gb") && types.contains(&"cuda.mig.7g.141gb"));
+    assert!(
+        !info
+            .capacity
+            .unwrap()
+            .values
+            .contains_key("cuda.mig.1g.18gb")
+    );
 }

@@ -212,7 +212,7 @@ fn malformed_instances_say_which() {
         Path::new("m.toml"),
     )
     .unwrap();
-    let m = b.devices()[0].mig.as_ref().unwrap();
+    let m = b.devices()[0].mig.clone().unwrap();
     assert_eq!((m.gi_cap_minor, m.ci_cap_minor), (None, None));
 }
 
@@ -230,8 +230,8 @@ fn the_shipped_files_parse() {
         Path::new("mock-devices-mig.toml"),
     )
     .unwrap();
-    let profiles: Vec<Option<&str>> = mig
-        .devices()
+    let devices = mig.devices();
+    let profiles: Vec<Option<&str>> = devices
         .iter()
         .map(|d| d.mig.as_ref().map(|m| m.profile.as_str()))
         .collect();

@@ -366,7 +366,9 @@ pub fn replay(
                         }
                     }
                 }
-                Command::Release { .. } | Command::Resume { .. } => {}
+                Command::Release { .. }
+                | Command::Resume { .. }
+                | Command::MakeMigInstance { .. } => {}
             }
         }
         if t >= window.0 && t < window.1 {

@@ -44,6 +44,31 @@ fn targets_and_policies_round_trip_and_bad_policies_are_invalid_arguments() {
 
 /// Text a client might send: what users type, edge cases of the fixed point and of lengths,
 /// and arbitrary unicode.
+#[test]
+fn a_registrations_mig_layouts_are_kept_and_listed_as_sent() {
+    let layout = pb::MigLayout {
+        gpu_uuid: "GPU-1".into(),
+        gpu_index: 1,
+        slices: 8,
+        occupied: vec![pb::MigPlacement { start: 4, size: 4 }],
+        profiles: vec![pb::MigProfilePlacements {
+            profile: "2g.35gb".into(),
+            size: 2,
+            starts: vec![0, 2, 4],
+            free: vec![0, 2],
+        }],
+    };
+    let info = pb::NodeInfo {
+        node_id: "n1".into(),
+        mig_layouts: vec![layout.clone()],
+        ..pb::NodeInfo::default()
+    };
+    let report = report_from_pb(&info).unwrap();
+    assert_eq!(report.mig_layouts.len(), 1);
+    assert_eq!(report.mig_layouts[0].occupied, [(4, 4)]);
+    assert_eq!(report_to_pb(&report).mig_layouts, [layout]);
+}
+
 fn text() -> impl Strategy<Value = String> {
     prop_oneof![
         prop::sample::select(vec![
@@ -210,6 +235,7 @@ prop_compose! {
             running_sessions,
             kubernetes_devices,
             observed_sessions: vec![],
+            mig_layouts: vec![],
         }
     }
 }

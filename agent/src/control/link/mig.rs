@@ -1,0 +1,71 @@
+//! The link's part in MIG instances made on demand (issue 37 §3, docs/mig.md "Instances made
+//! on demand"): make the instance the controller asks for, destroy those made here once no
+//! session holds them. Either change is reported by registering again, the registration
+//! listing the node's devices and layouts as they are now.
+
+use std::{collections::BTreeSet, time::Duration};
+
+use gpuwarden_proto::v1 as pb;
+
+use super::super::holdings::{SharedHoldings, lock};
+use crate::devices::{GpuBackend, ondemand::Reconfigurer};
+
+/// How long an instance made for a session waits for a session to hold it before it is
+/// destroyed (the session ended, or went elsewhere, meanwhile).
+pub(super) const UNCLAIMED_GRACE: Duration = Duration::from_mins(2);
+
+/// The reason of the nack that refuses an order to make an instance (the controller's
+/// `scheduler::mig_demand::REFUSED`).
+pub(super) const REFUSED: &str = "MigInstanceRefused";
+
+/// Makes the instance `order` asks for; `None` when made, else the nack to send (a GPU not
+/// listed, a process on it, the driver's refusal).
+pub(super) fn make(
+    reconfigurer: &Reconfigurer,
+    backend: &dyn GpuBackend,
+    order: &pb::MakeMigInstance,
+) -> Option<pb::agent_message::Msg> {
+    // The link sees no processes itself: the backend's count (the driver's) is the check.
+    let seen = BTreeSet::new();
+    match reconfigurer.create(backend, &seen, &order.gpu_uuid, &order.profile, order.start) {
+        Ok(device) => {
+            tracing::info!(session = %order.session_id, instance = %device.uuid, index = device.index, "MIG instance made; registering again");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(session = %order.session_id, gpu = %order.gpu_uuid, profile = %order.profile, start = order.start, "MIG instance refused: {e}");
+            Some(pb::agent_message::Msg::Nack(pb::AllocationNack {
+                session_id: order.session_id.clone(),
+                reason: REFUSED.to_owned(),
+                message: e.to_string(),
+            }))
+        }
+    }
+}
+
+/// Destroys the instances made here that no held session names any more (retried at each
+/// heartbeat while one is busy); whether any was destroyed.
+pub(super) fn destroy_idle(
+    reconfigurer: &Reconfigurer,
+    backend: &dyn GpuBackend,
+    holdings: &SharedHoldings,
+) -> bool {
+    let held: BTreeSet<String> = {
+        let h = lock(holdings);
+        h.sessions()
+            .iter()
+            .filter_map(|s| h.get(s))
+            .flat_map(|a| a.devices.iter().map(|d| d.uuid.clone()))
+            .collect()
+    };
+    let mut changed = false;
+    for uuid in reconfigurer.idle(&held, UNCLAIMED_GRACE) {
+        match reconfigurer.release(backend, &BTreeSet::new(), &uuid) {
+            Ok(destroyed) => changed |= destroyed,
+            Err(e) => {
+                tracing::warn!(instance = %uuid, "MIG instance not destroyed yet, tried again later: {e}");
+            }
+        }
+    }
+    changed
+}

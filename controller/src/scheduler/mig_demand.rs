@@ -1,0 +1,276 @@
+//! MIG instances made on demand (issue 37 §3, docs/mig.md "Instances made on demand"): a
+//! session asking for a MIG profile that no idle instance satisfies has one made for it on a
+//! GPU its node's operator made reconfigurable.
+//!
+//! The pass finds no room for the session; the controller then chooses a placement on one of
+//! the node's reconfigurable GPUs ([`choose_placement`]), books its slices for the session, and
+//! orders the node's agent to make the instance ([`Command::MakeMigInstance`]). The session
+//! keeps waiting. The agent registers again once the instance is made, its report listing it;
+//! the booking goes and the next pass places the session on the instance like on any other.
+//! An agent that refuses (an `AllocationNack` with reason [`REFUSED`]) frees the booking, and
+//! that node is not asked again for that session; its reason says why.
+//!
+//! Bookings are kept in memory only: a controller that restarts forgets them, and an instance
+//! made meanwhile is found in its node's report like any other.
+
+use std::collections::BTreeMap;
+
+use super::{Command, Scheduler};
+use crate::{
+    allocator::{
+        GpuRequest,
+        mig::{MigGpuLayout, MigPlacement, choose_placement},
+    },
+    node::{Node, NodeState},
+    session::SessionState,
+    slots::{ResourceSlot, names},
+};
+
+/// The reason an agent's `AllocationNack` gives when it refuses to make an instance.
+pub const REFUSED: &str = "MigInstanceRefused";
+
+/// An instance asked of a node for a waiting session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigBooking {
+    /// The node asked.
+    pub node: String,
+    /// Where the instance goes.
+    pub placement: MigPlacement,
+}
+
+/// The bookings, and the nodes that refused.
+#[derive(Debug, Clone, Default)]
+pub(super) struct MigDemand {
+    /// By session.
+    booked: BTreeMap<String, MigBooking>,
+    /// Nodes that refused to make an instance for a session, by session, with what they said.
+    refused: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// `layouts` with the slices of `booked` held too, so that no two sessions are given the same
+/// slices while their instances are being made.
+fn less_booked<'a>(
+    layouts: &[MigGpuLayout],
+    booked: impl Iterator<Item = &'a MigPlacement>,
+) -> Vec<MigGpuLayout> {
+    let mut out = layouts.to_vec();
+    for b in booked {
+        if let Some(l) = out.iter_mut().find(|l| l.gpu_uuid == b.gpu_uuid)
+            && !l.occupied.contains(&(b.start, b.size))
+        {
+            l.occupied.push((b.start, b.size));
+        }
+    }
+    // What the agent called free is checked against the bookings too.
+    for l in &mut out {
+        let held = l.occupied.clone();
+        for p in &mut l.profiles {
+            let size = p.size;
+            p.free
+                .retain(|&s| !held.iter().any(|&(hs, hz)| s < hs + hz && hs < s + size));
+        }
+    }
+    out
+}
+
+/// The profile (`1g.18gb`) of layout profile names whose slot is `slot` (`cuda.mig.1g.18gb`).
+fn profile_of_slot(layouts: &[MigGpuLayout], slot: &str) -> Option<String> {
+    layouts
+        .iter()
+        .flat_map(|l| &l.profiles)
+        .find(|p| names::mig_slot(&p.profile) == slot)
+        .map(|p| p.profile.clone())
+}
+
+/// Whether `node` could make an instance for `requested` (a single instance of one profile
+/// its reconfigurable GPUs can hold, with the rest of the request within its capacity):
+/// such a request is not too large for the cluster even with no instance of it yet.
+#[must_use]
+pub fn could_make(node: &Node, requested: &ResourceSlot) -> bool {
+    let Ok(gpu) = GpuRequest::from_slots(requested) else {
+        return false;
+    };
+    let Some(slot) = gpu.profile.as_deref() else {
+        return false;
+    };
+    gpu.devices == 1
+        && profile_of_slot(&node.report.mig_layouts, slot).is_some()
+        && Node::non_gpu(requested).fits_in(&node.report.capacity)
+}
+
+impl Scheduler {
+    /// For pending session `id`, which found no room: when it asks for one instance of a MIG
+    /// profile, the order to make one on a reconfigurable GPU (with its reason to wait), or,
+    /// when one is already asked for it, only the reason. `None`: not such a request, or no
+    /// node can make one.
+    pub(super) fn mig_on_demand(&mut self, id: &str) -> Option<(Option<Command>, String)> {
+        let session = self.sessions.get(id)?;
+        let gpu = GpuRequest::from_slots(&session.requested).ok()?;
+        let slot = gpu.profile.clone()?;
+        if gpu.devices != 1 {
+            return None;
+        }
+        self.mig_prune();
+        // A node that went away with the order: asked elsewhere (or again once it is back).
+        let gone = |node: &str| {
+            self.nodes
+                .get(node)
+                .is_none_or(|n| n.state != NodeState::Ready)
+        };
+        if self.mig.booked.get(id).is_some_and(|b| gone(&b.node)) {
+            self.mig.booked.remove(id);
+        }
+        let session = self.sessions.get(id)?;
+        if let Some(b) = self.mig.booked.get(id) {
+            let p = &b.placement;
+            return Some((
+                None,
+                format!(
+                    "waiting for node {} to make a {} instance on GPU {} (memory slices {}-{})",
+                    b.node,
+                    p.profile,
+                    p.gpu_index,
+                    p.start,
+                    p.start + p.size - 1
+                ),
+            ));
+        }
+        let non_gpu = Node::non_gpu(&session.requested);
+        let refused = self.mig.refused.get(id);
+        let mut chosen = None;
+        for (nid, n) in &self.nodes {
+            if n.state != NodeState::Ready
+                || n.report.mig_layouts.is_empty()
+                || session.pinned_node.as_ref().is_some_and(|p| p != nid)
+                || refused.is_some_and(|r| r.contains_key(nid))
+                || !(non_gpu.is_zero() || n.non_gpu_fits(&non_gpu))
+            {
+                continue;
+            }
+            let Some(profile) = profile_of_slot(&n.report.mig_layouts, &slot) else {
+                continue;
+            };
+            let layouts = less_booked(
+                &n.report.mig_layouts,
+                self.mig
+                    .booked
+                    .values()
+                    .filter(|b| b.node == *nid)
+                    .map(|b| &b.placement),
+            );
+            if let Some(placement) = choose_placement(&layouts, &profile) {
+                chosen = Some((nid.clone(), placement));
+                break;
+            }
+        }
+        let Some((node, placement)) = chosen else {
+            // Still waiting: the refusal stays its reason until something else can be done.
+            let (node, said) = refused?.iter().next_back()?;
+            return Some((
+                None,
+                format!("node {node} refused to make a MIG instance for it: {said}"),
+            ));
+        };
+        let reason = format!(
+            "node {node} is making a {} instance for it on GPU {} (memory slices {}-{})",
+            placement.profile,
+            placement.gpu_index,
+            placement.start,
+            placement.start + placement.size - 1
+        );
+        let command = Command::MakeMigInstance {
+            node: node.clone(),
+            session: id.to_owned(),
+            gpu_uuid: placement.gpu_uuid.clone(),
+            profile: placement.profile.clone(),
+            start: placement.start,
+        };
+        tracing::info!(session = id, %node, gpu = %placement.gpu_uuid, profile = %placement.profile, start = placement.start, "asking for a MIG instance");
+        self.mig
+            .booked
+            .insert(id.to_owned(), MigBooking { node, placement });
+        Some((Some(command), reason))
+    }
+
+    /// Node `node` registered: bookings whose instance its report now holds go (the session is
+    /// placed on it as on any instance); those of sessions no longer waiting go; the others on
+    /// it are asked again (the order may have been lost with the stream).
+    pub(super) fn mig_registered(&mut self, node: &str) -> Vec<Command> {
+        self.mig_prune();
+        let Some(n) = self.nodes.get(node) else {
+            return Vec::new();
+        };
+        let layouts = n.report.mig_layouts.clone();
+        let mut again = Vec::new();
+        self.mig.booked.retain(|session, b| {
+            if b.node != node {
+                return true;
+            }
+            let p = &b.placement;
+            let made = layouts
+                .iter()
+                .any(|l| l.gpu_uuid == p.gpu_uuid && l.occupied.contains(&(p.start, p.size)));
+            let listed = layouts.iter().any(|l| l.gpu_uuid == p.gpu_uuid);
+            if !made && listed {
+                again.push(Command::MakeMigInstance {
+                    node: node.to_owned(),
+                    session: session.clone(),
+                    gpu_uuid: p.gpu_uuid.clone(),
+                    profile: p.profile.clone(),
+                    start: p.start,
+                });
+            }
+            !made && listed
+        });
+        again
+    }
+
+    /// Node `node` refused to make the instance for `session` (`reason` [`REFUSED`]): the
+    /// booking goes, the node is not asked again for it, and its reason says why. Whether the
+    /// refusal was one of these.
+    pub(super) fn mig_refused(
+        &mut self,
+        node: &str,
+        session: &str,
+        reason: &str,
+        message: &str,
+    ) -> bool {
+        if reason != REFUSED || self.mig.booked.get(session).is_none_or(|b| b.node != node) {
+            return false;
+        }
+        self.mig.booked.remove(session);
+        self.mig
+            .refused
+            .entry(session.to_owned())
+            .or_default()
+            .insert(node.to_owned(), message.to_owned());
+        let why = format!("node {node} refused to make a MIG instance for it: {message}");
+        tracing::warn!(session, node, "{why}");
+        if let Some(s) = self.sessions.get_mut(session) {
+            s.reason = why;
+            self.changes.sessions.insert(session.to_owned());
+        }
+        true
+    }
+
+    /// Drops the bookings and refusals of sessions no longer waiting.
+    fn mig_prune(&mut self) {
+        let sessions = &self.sessions;
+        let waiting = |id: &String| {
+            sessions
+                .get(id)
+                .is_some_and(|s| s.state == SessionState::Pending)
+        };
+        self.mig.booked.retain(|id, _| waiting(id));
+        self.mig.refused.retain(|id, _| waiting(id));
+    }
+
+    /// The instances asked for and not yet reported made, by session.
+    #[must_use]
+    pub fn mig_bookings(&self) -> BTreeMap<String, MigBooking> {
+        self.mig.booked.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests;

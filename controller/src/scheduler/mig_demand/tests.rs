@@ -1,0 +1,274 @@
+use super::*;
+use crate::{
+    allocator::{DeviceSpec, mig::MigProfilePlacements},
+    node::NodeReport,
+    scheduler::{NewSession, SchedulerConfig},
+    slots::{SlotKind, SlotName},
+};
+
+/// An H100's profiles as `nvidia-smi mig -lgipp` lists them (docs/mig.md): name, slices,
+/// starts. Written out here, apart from the agent's table.
+const H100: &[(&str, u32, &[u32])] = &[
+    ("7g.80gb", 8, &[0]),
+    ("4g.40gb", 4, &[0]),
+    ("3g.40gb", 4, &[0, 4]),
+    ("2g.20gb", 2, &[0, 2, 4]),
+    ("1g.10gb", 1, &[0, 1, 2, 3, 4, 5, 6]),
+];
+
+/// A reconfigurable H100 `GPU-R` at index 1 holding `occupied`, as its agent reports it.
+fn h100(occupied: &[(u32, u32)]) -> MigGpuLayout {
+    MigGpuLayout {
+        gpu_uuid: "GPU-R".into(),
+        gpu_index: 1,
+        slices: 8,
+        occupied: occupied.to_vec(),
+        profiles: H100
+            .iter()
+            .map(|&(profile, size, starts)| MigProfilePlacements {
+                profile: profile.into(),
+                size,
+                starts: starts.to_vec(),
+                free: starts
+                    .iter()
+                    .copied()
+                    .filter(|&s| {
+                        !occupied
+                            .iter()
+                            .any(|&(os, oz)| s < os + oz && os < s + size)
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+/// Node `n1`: GPU 0 whole, GPU 1 a reconfigurable H100 in MIG mode with `instances` (device
+/// index, profile, start, size) on it, each a device of its own.
+fn report(instances: &[(u32, &str, u32, u32)]) -> NodeReport {
+    report_on("n1", instances)
+}
+
+/// [`report`] for node `id`.
+fn report_on(id: &str, instances: &[(u32, &str, u32, u32)]) -> NodeReport {
+    let mut node = NodeReport {
+        capacity: ResourceSlot::parse_any(&["cpu=8", "mem=32g"]).unwrap(),
+        agent_version: "test".into(),
+        ..NodeReport::with_gpus(id, 1, 80 << 30, 1)
+    };
+    node.device_models = vec![("NVIDIA H100".into(), false)];
+    for &(index, profile, _, _) in instances {
+        node.devices.push(DeviceSpec {
+            uuid: format!("MIG-{index}"),
+            index,
+            memory_bytes: 10 << 30,
+            sm_count: 16,
+            numa_node: 0,
+        });
+        node.device_models
+            .push((format!("NVIDIA H100 MIG {profile}"), true));
+    }
+    for &(profile, _, _) in H100 {
+        let slot = names::mig_slot(profile);
+        node.slot_types
+            .push((SlotName::new(&slot).unwrap(), SlotKind::Count));
+        let count = instances.iter().filter(|i| i.1 == profile).count();
+        node.capacity.set(
+            SlotName::new(&slot).unwrap(),
+            crate::slots::SlotValue::from_int(u64::try_from(count).unwrap()),
+        );
+    }
+    let occupied: Vec<(u32, u32)> = instances.iter().map(|i| (i.2, i.3)).collect();
+    node.mig_layouts = vec![h100(&occupied)];
+    node
+}
+
+fn create(s: &mut Scheduler, id: &str, tokens: &[&str]) {
+    s.create(NewSession {
+        id: id.into(),
+        owner: id.into(),
+        requested: ResourceSlot::parse_any(tokens).unwrap(),
+        ..NewSession::default()
+    })
+    .unwrap();
+}
+
+fn makes(commands: &[Command]) -> Vec<(String, String, String, u32)> {
+    commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::MakeMigInstance {
+                session,
+                gpu_uuid,
+                profile,
+                start,
+                ..
+            } => Some((session.clone(), gpu_uuid.clone(), profile.clone(), *start)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The orders of `n` passes (FIFO: a waiting head holds the queue for a few passes).
+fn passes(s: &mut Scheduler, n: usize) -> Vec<(String, String, String, u32)> {
+    (0..n).flat_map(|_| makes(&s.pass())).collect()
+}
+
+fn overlaps(a: (u32, u32), b: (u32, u32)) -> bool {
+    a.0 < b.0 + b.1 && b.0 < a.0 + a.1
+}
+
+#[test]
+fn a_profile_with_no_idle_instance_has_one_made_then_is_placed_on_it() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report(&[]), &[]).unwrap();
+    // No 2g.20gb exists on the node: the request is still admitted, the node can make one.
+    create(&mut s, "a", &["cuda.mig.2g.20gb=1"]);
+    create(&mut s, "b", &["cuda.mig.2g.20gb=1"]);
+    let first = passes(&mut s, 5);
+    assert_eq!(first.len(), 2, "{first:?}");
+    let size = 2;
+    let (a, b) = (&first[0], &first[1]);
+    assert_eq!(
+        (a.0.as_str(), a.1.as_str(), a.2.as_str()),
+        ("a", "GPU-R", "2g.20gb")
+    );
+    assert_eq!(b.0, "b");
+    // Each start one the profile may take, and the two never share a slice.
+    for m in &first {
+        assert!([0, 2, 4].contains(&m.3), "{m:?}");
+    }
+    assert!(!overlaps((a.3, size), (b.3, size)), "{first:?}");
+    for id in ["a", "b"] {
+        assert_eq!(s.sessions()[id].state, SessionState::Pending);
+        let reason = &s.sessions()[id].reason;
+        assert!(
+            reason.contains("n1") && reason.contains("2g.20gb instance"),
+            "{reason}"
+        );
+    }
+    // Asked once: later passes wait without asking again.
+    assert!(passes(&mut s, 5).is_empty());
+    assert!(s.sessions()["a"].reason.contains("waiting for node n1"));
+
+    // The agent made a's instance (device 2) and registers again: a is placed on it.
+    s.register(report(&[(2, "2g.20gb", a.3, size)]), &[])
+        .unwrap();
+    assert!(!s.mig_bookings().contains_key("a"));
+    assert!(
+        s.mig_bookings().contains_key("b"),
+        "b's instance is not made yet"
+    );
+    s.pass();
+    let placed = &s.sessions()["a"];
+    assert_eq!(placed.state, SessionState::Scheduled);
+    assert_eq!(
+        placed
+            .allocation
+            .parts
+            .iter()
+            .map(|p| p.index)
+            .collect::<Vec<_>>(),
+        vec![2]
+    );
+}
+
+#[test]
+fn a_refusal_frees_the_slices_and_the_session_waits_with_the_reason() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report(&[]), &[]).unwrap();
+    create(&mut s, "a", &["cuda.mig.4g.40gb=1"]);
+    let made = makes(&s.pass());
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0].3, 0, "the 4g.40gb's only start");
+    // A refusal for another reason, or from another node, is not this one.
+    assert!(s.nack("n2", "a", REFUSED, "busy").is_empty());
+    assert!(s.mig_bookings().contains_key("a"));
+    assert!(
+        s.nack("n1", "a", REFUSED, "a process is on GPU-R")
+            .is_empty()
+    );
+    assert!(s.mig_bookings().is_empty());
+    let a = &s.sessions()["a"];
+    assert_eq!(a.state, SessionState::Pending);
+    assert!(a.reason.contains("a process is on GPU-R"), "{}", a.reason);
+    // That node is not asked again for it; another session may have the slices.
+    assert!(passes(&mut s, 5).is_empty());
+    assert_eq!(s.sessions()["a"].state, SessionState::Pending);
+    let reason = &s.sessions()["a"].reason;
+    assert!(
+        reason.contains("a process is on GPU-R"),
+        "the reason stays: {reason}"
+    );
+    create(&mut s, "b", &["cuda.mig.4g.40gb=1"]);
+    let again = passes(&mut s, 5);
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].0.as_str(), again[0].3), ("b", 0));
+}
+
+#[test]
+fn an_order_not_yet_answered_is_sent_again_when_the_node_registers() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report(&[]), &[]).unwrap();
+    create(&mut s, "a", &["cuda.mig.1g.10gb=1"]);
+    let made = makes(&s.pass());
+    assert_eq!(made.len(), 1);
+    let again = makes(&s.register(report(&[]), &[]).unwrap());
+    assert_eq!(again, made);
+}
+
+#[test]
+fn bookings_never_overlap_while_instances_are_being_made() {
+    // Seven 1g requests and one 2g on one H100: every order given takes its own slices.
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report(&[]), &[]).unwrap();
+    for i in 0..7 {
+        create(&mut s, &format!("s{i}"), &["cuda.mig.1g.10gb=1"]);
+    }
+    create(&mut s, "big", &["cuda.mig.2g.20gb=1"]);
+    let mut held: Vec<(u32, u32)> = Vec::new();
+    for _ in 0..3 {
+        for m in passes(&mut s, 10) {
+            let size = if m.2 == "2g.20gb" { 2 } else { 1 };
+            assert!(
+                !held.iter().any(|&h| overlaps(h, (m.3, size))),
+                "{m:?} over {held:?}"
+            );
+            held.push((m.3, size));
+        }
+    }
+    // 7 slices can hold at most 7 slices' worth: what was asked fits in them.
+    let taken: u32 = held.iter().map(|h| h.1).sum();
+    assert!(taken <= 7, "{held:?}");
+    assert!(!held.is_empty());
+}
+
+#[test]
+fn an_order_to_a_node_that_went_away_is_given_to_another() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report_on("n1", &[]), &[]).unwrap();
+    create(&mut s, "a", &["cuda.mig.3g.40gb=1"]);
+    let first: Vec<String> = s
+        .pass()
+        .iter()
+        .filter_map(|c| match c {
+            Command::MakeMigInstance { node, .. } => Some(node.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(first, ["n1"]);
+    // n1 stops sending heartbeats; n2 comes.
+    let lost = s.expire(crate::session::now_ms() + 60_000, 1_000);
+    assert_eq!(lost, ["n1"]);
+    s.register(report_on("n2", &[]), &[]).unwrap();
+    let mut asked = Vec::new();
+    for _ in 0..5 {
+        for c in s.pass() {
+            if let Command::MakeMigInstance { node, session, .. } = c {
+                asked.push((node, session));
+            }
+        }
+    }
+    assert_eq!(asked, [("n2".to_owned(), "a".to_owned())]);
+    assert_eq!(s.mig_bookings()["a"].node, "n2");
+}
