@@ -89,12 +89,27 @@ impl DenialReason {
 type PerReason = [AtomicU64; DenialReason::ALL.len()];
 
 /// A server's refusals for identity by reason, and the state of their rate-limited log lines.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Denials {
     denied: PerReason,
     /// Per reason: the second of the last refusal logged, and the refusals not logged since.
     logged_at: PerReason,
     held_back: PerReason,
+}
+
+/// The reasons counted so far and their counts (a [`crate::auth::clients::Caller`] carries its
+/// server's counters: its debug output names these, not three arrays of 12).
+impl std::fmt::Debug for Denials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(
+                DenialReason::ALL
+                    .iter()
+                    .map(|&r| (r.as_str(), self.count_of(r)))
+                    .filter(|&(_, n)| n > 0),
+            )
+            .finish()
+    }
 }
 
 impl Denials {
@@ -178,5 +193,6 @@ mod tests {
         assert_eq!(mine.count_of(DenialReason::BadToken), 0);
         assert_eq!(other.count_of(DenialReason::OtherOwner), 0);
         assert_eq!(other.count_of(DenialReason::BadToken), 1);
+        assert_eq!(format!("{mine:?}"), r#"{"other_owner": 3}"#);
     }
 }
