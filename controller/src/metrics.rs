@@ -6,9 +6,10 @@
 //! read the scheduler at export time on the SDK's own thread; decision latency is recorded as
 //! each scheduling pass decides. Failed exports are counted
 //! (`gpuwarden.telemetry.exports.failed`), the controller never waits for the collector.
-//! Refusals for identity (`gpuwarden.auth.denied`) are counted from the start, metrics on or
-//! off, and read at export time; so are refusals for a bound (`gpuwarden.limits.refused`), by
-//! the [`Bounds`] the server was given.
+//! Refusals for identity (`gpuwarden.auth.denied`) and for a bound (`gpuwarden.limits.refused`)
+//! are counted from the start, metrics on or off, by the [`Bounds`] the server was given, and
+//! read at export time; so are the unusable versions of the files it follows
+//! (`gpuwarden.controller.config.unusable`), by each [`FollowedFiles`] file.
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -19,10 +20,7 @@ use gpuwarden_runtime::{
 use opentelemetry::KeyValue;
 
 use crate::{
-    auth::{
-        denials::{self, DenialReason},
-        followed::{self, ConfigFile},
-    },
+    auth::{denials::DenialReason, followed::ConfigFile, grants::GrantFile, tokens::TokenFile},
     controller::Controller,
     limits::{Bounds, Refusal},
     node::NodeState,
@@ -286,15 +284,37 @@ fn record_start_latency(
     });
 }
 
-/// Starts exporting the controller's metrics, with the refusals counted by its `bounds`, to
-/// `exporters`, or returns `None` (saying so) when it names none. Must run inside a tokio
-/// runtime (the gRPC channel and the listener live there).
+/// The configuration files a server follows, each counting its own unusable versions.
+#[derive(Clone, Default)]
+pub struct FollowedFiles {
+    /// The token file, if any.
+    pub tokens: Option<Arc<TokenFile>>,
+    /// The grant file (without one, nothing to count).
+    pub grants: Arc<GrantFile>,
+}
+
+impl FollowedFiles {
+    /// Versions of `file` that changed and could not be used; 0 for a file not followed.
+    #[must_use]
+    pub fn unusable(&self, file: ConfigFile) -> u64 {
+        match file {
+            ConfigFile::Tokens => self.tokens.as_ref().map_or(0, |t| t.unusable()),
+            ConfigFile::Grants => self.grants.unusable(),
+        }
+    }
+}
+
+/// Starts exporting the controller's metrics, with the refusals counted by its `bounds` and
+/// the unusable versions counted by its `files`, to `exporters`, or returns `None` (saying so)
+/// when it names none. Must run inside a tokio runtime (the gRPC channel and the listener live
+/// there).
 ///
 /// # Errors
 /// The exporter can't be built, or the Prometheus address can't be bound.
 pub fn start(
     controller: &Arc<Controller>,
     bounds: &Arc<Bounds>,
+    files: &FollowedFiles,
     exporters: &Exporters,
 ) -> Result<Option<Pipeline>, PipelineError> {
     let Some(pipeline) = Pipeline::start(exporters, "gpuwarden-controller", Vec::new(), &[])?
@@ -302,7 +322,12 @@ pub fn start(
         tracing::info!("metrics off: no OTEL_EXPORTER_OTLP_ENDPOINT and no prometheus_listen");
         return Ok(None);
     };
-    register(&mut Registry::new(pipeline.meter()), controller, bounds);
+    register(
+        &mut Registry::new(pipeline.meter()),
+        controller,
+        bounds,
+        files,
+    );
     if let Some(endpoint) = &exporters.otlp {
         tracing::info!(%endpoint, "exporting OTLP metrics");
     }
@@ -317,7 +342,12 @@ pub fn start(
     clippy::too_many_lines,
     reason = "one instrument after another, a few lines each"
 )]
-fn register(registry: &mut Registry<'_>, controller: &Arc<Controller>, bounds: &Arc<Bounds>) {
+fn register(
+    registry: &mut Registry<'_>,
+    controller: &Arc<Controller>,
+    bounds: &Arc<Bounds>,
+    files: &FollowedFiles,
+) {
     controller.set_decision_histogram(
         registry
             .f64_histogram(&instruments::SCHEDULER_DECISION_DURATION)
@@ -448,23 +478,29 @@ fn register(registry: &mut Registry<'_>, controller: &Arc<Controller>, bounds: &
         .build();
     registry
         .u64_counter(&instruments::AUTH_DENIED)
-        .with_callback(|o| {
-            for reason in DenialReason::ALL {
-                o.observe(
-                    denials::count_of(reason),
-                    &[KeyValue::new("gpuwarden.auth.reason", reason.as_str())],
-                );
+        .with_callback({
+            let denials = Arc::clone(bounds.denials());
+            move |o| {
+                for reason in DenialReason::ALL {
+                    o.observe(
+                        denials.count_of(reason),
+                        &[KeyValue::new("gpuwarden.auth.reason", reason.as_str())],
+                    );
+                }
             }
         })
         .build();
     registry
         .u64_counter(&instruments::CONTROLLER_CONFIG_UNUSABLE)
-        .with_callback(|o| {
-            for file in ConfigFile::ALL {
-                o.observe(
-                    followed::unusable(file),
-                    &[KeyValue::new("gpuwarden.config.file", file.as_str())],
-                );
+        .with_callback({
+            let files = files.clone();
+            move |o| {
+                for file in ConfigFile::ALL {
+                    o.observe(
+                        files.unusable(file),
+                        &[KeyValue::new("gpuwarden.config.file", file.as_str())],
+                    );
+                }
             }
         })
         .build();
@@ -512,7 +548,12 @@ mod tests {
         let bounds = Bounds::new(crate::limits::Limits::default());
         let meter = opentelemetry::global::meter("test");
         let mut registry = Registry::new(&meter);
-        register(&mut registry, &controller, &bounds);
+        register(
+            &mut registry,
+            &controller,
+            &bounds,
+            &FollowedFiles::default(),
+        );
         let mut registered = registry.registered().to_vec();
         // The pipeline builds this one.
         registered.push(gpuwarden_runtime::otlp::EXPORTS_FAILED.name);

@@ -12,7 +12,7 @@ use gpuwarden_controller::{
     api::convert,
     auth::{
         clients::ClientRole,
-        denials::{self, DenialReason},
+        denials::DenialReason,
         mint,
         tls::{ReloadingConfig, ServerTlsFiles},
         tokens::{self, TokenFile},
@@ -37,6 +37,8 @@ struct Served {
     alice: String,
     bob: String,
     ops: String,
+    /// The server's bounds, which count whom it refused.
+    bounds: Arc<Bounds>,
 }
 
 impl Served {
@@ -71,12 +73,10 @@ impl Served {
             tokens: Some(Arc::new(TokenFile::load(&token_file).expect("tokens load"))),
             grants: Arc::default(),
         };
-        let addr = common::serve_in_process(
-            &dir.path().join("state"),
-            security,
-            Bounds::new(Limits::default()),
-        )
-        .await;
+        let bounds = Bounds::new(Limits::default());
+        let addr =
+            common::serve_in_process(&dir.path().join("state"), security, Arc::clone(&bounds))
+                .await;
         let scheme = if tls { "https" } else { "http" };
         let url = format!("{scheme}://{addr}");
         let served = Self {
@@ -86,6 +86,7 @@ impl Served {
             alice,
             bob,
             ops,
+            bounds,
         };
         // A node, so sessions asking for GPU shares are accepted and placed.
         let agent = if tls {
@@ -166,11 +167,11 @@ fn assert_status(status: &tonic::Status, code: Code, words: &str) {
     );
 }
 
-/// Waits (bounded) until the counter for `reason` passes `before`.
-async fn counted_past(reason: DenialReason, before: u64) -> bool {
+/// Waits (bounded) until the server's counter for `reason` passes `before`.
+async fn counted_past(bounds: &Bounds, reason: DenialReason, before: u64) -> bool {
     let started = std::time::Instant::now();
     while started.elapsed() < gpuwarden_test_support::wait::PATIENCE {
-        if denials::count_of(reason) > before {
+        if bounds.denials().count_of(reason) > before {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -246,13 +247,13 @@ async fn a_user_token_acts_only_on_its_own_sessions_and_an_admin_on_all() {
         .into_inner();
     assert_eq!(b1.owner, "bob");
 
-    let before = denials::count_of(DenialReason::OtherOwner);
+    let before = served.bounds.denials().count_of(DenialReason::OtherOwner);
     let status = client
         .create_session(bearer(create("bob"), alice))
         .await
         .expect_err("alice can't create for bob");
     assert_status(&status, Code::PermissionDenied, "\"bob\"");
-    assert!(counted_past(DenialReason::OtherOwner, before).await);
+    assert!(counted_past(&served.bounds, DenialReason::OtherOwner, before).await);
 
     // Alice lists and sees only hers; asking for bob's is refused.
     let mine = client
@@ -402,13 +403,16 @@ async fn calls_without_a_valid_token_are_unauthenticated() {
     let served = Served::start(false).await;
     let mut client = served.client(&ClientTls::default()).await;
 
-    let before = denials::count_of(DenialReason::NoCredentials);
+    let before = served
+        .bounds
+        .denials()
+        .count_of(DenialReason::NoCredentials);
     let status = client
         .list_sessions(list(""))
         .await
         .expect_err("no token, no sessions");
     assert_status(&status, Code::Unauthenticated, "no credentials");
-    assert!(counted_past(DenialReason::NoCredentials, before).await);
+    assert!(counted_past(&served.bounds, DenialReason::NoCredentials, before).await);
     let status = client
         .create_session(create(""))
         .await
@@ -420,7 +424,7 @@ async fn calls_without_a_valid_token_are_unauthenticated() {
         .expect_err("no token, no nodes");
     assert_eq!(status.code(), Code::Unauthenticated);
 
-    let before = denials::count_of(DenialReason::BadToken);
+    let before = served.bounds.denials().count_of(DenialReason::BadToken);
     let status = client
         .list_sessions(bearer(list(""), "gwt_not-a-token"))
         .await
@@ -430,7 +434,7 @@ async fn calls_without_a_valid_token_are_unauthenticated() {
         Code::Unauthenticated,
         "unknown or revoked bearer token",
     );
-    assert!(counted_past(DenialReason::BadToken, before).await);
+    assert!(counted_past(&served.bounds, DenialReason::BadToken, before).await);
 
     let mut basic = Request::new(list(""));
     basic.metadata_mut().insert(
@@ -546,14 +550,14 @@ async fn client_certificates_act_as_their_user_or_admin_over_tls() {
         .await
         .expect_err("no credentials over TLS");
     assert_status(&status, Code::Unauthenticated, "no credentials");
-    let before = denials::count_of(DenialReason::NodeAsClient);
+    let before = served.bounds.denials().count_of(DenialReason::NodeAsClient);
     let mut node = served.client(&served.tls(Some("node-1"))).await;
     let status = node
         .list_sessions(list(""))
         .await
         .expect_err("a node is no client");
     assert_status(&status, Code::PermissionDenied, "can't act as a client");
-    assert!(counted_past(DenialReason::NodeAsClient, before).await);
+    assert!(counted_past(&served.bounds, DenialReason::NodeAsClient, before).await);
 }
 
 #[test]

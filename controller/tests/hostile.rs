@@ -14,7 +14,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use gpuwarden_controller::{
     auth::{
         clients::ClientRole,
-        denials::{self, DenialReason},
+        denials::DenialReason,
         grants::GrantFile,
         mint,
         tls::{ReloadingConfig, ServerTlsFiles},
@@ -768,7 +768,8 @@ fn targeted(kind: pb::target::Kind) -> pb::CreateSessionRequest {
 async fn a_user_binds_sessions_only_to_what_it_was_granted() {
     use pb::target::Kind;
     let target = Target::start(Limits::default()).await;
-    let before = denials::count_of(DenialReason::TargetNotGranted);
+    let denials = target.bounds.denials();
+    assert_eq!(denials.count_of(DenialReason::TargetNotGranted), 0);
     let mut mallory = target.user("mallory").await;
     let pod = "123e4567-e89b-12d3-a456-426614174000";
     let container = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -826,7 +827,7 @@ async fn a_user_binds_sessions_only_to_what_it_was_granted() {
         Code::PermissionDenied,
         &["memory policy report", "kill, stop"],
     );
-    assert!(denials::count_of(DenialReason::TargetNotGranted) >= before + 7);
+    assert!(denials.count_of(DenialReason::TargetNotGranted) >= 7);
 
     // alice inside her grants is served; a step outside is not.
     let mut alice = target.user("alice").await;
@@ -976,13 +977,16 @@ async fn a_watch_of_session_events_sends_no_other_owners_sessions() {
     };
 
     // Naming another owner is refused, as ListSessions is: not silently narrowed.
-    let before = denials::count_of(DenialReason::OtherOwner);
+    let before = target.bounds.denials().count_of(DenialReason::OtherOwner);
     refused(
         mallory.watch_session_events(from_zero("alice")).await,
         Code::PermissionDenied,
         &["\"mallory\"", "only its own sessions", "\"alice\""],
     );
-    assert!(denials::count_of(DenialReason::OtherOwner) > before);
+    assert_eq!(
+        target.bounds.denials().count_of(DenialReason::OtherOwner),
+        before + 1
+    );
 
     // No owner named: mallory's own, from the replay and live, and none of alice's.
     let mut watch = mallory

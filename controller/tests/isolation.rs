@@ -9,7 +9,7 @@ use std::{path::Path, sync::Arc};
 use gpuwarden_controller::{
     auth::{
         clients::ClientRole,
-        denials::{self, DenialReason},
+        denials::DenialReason,
         grants::GrantFile,
         tokens::{self, TokenFile},
     },
@@ -22,19 +22,35 @@ use gpuwarden_proto::v1::{
 };
 use tonic::{Code, Request, transport::Channel};
 
+/// A controller served in this process, and what counts its refusals.
+struct Served {
+    url: String,
+    /// Its bounds: whom it refused.
+    bounds: Arc<Bounds>,
+    /// Its token file and grant file: their unusable versions.
+    tokens: Arc<TokenFile>,
+    grants: Arc<GrantFile>,
+}
+
 /// A controller on plain-text loopback with `tokens` (and `grants`), served over `transport`.
-async fn serve(dir: &Path, transport: Transport, tokens: &Path, grants: Option<&Path>) -> String {
+async fn serve(dir: &Path, transport: Transport, tokens: &Path, grants: Option<&Path>) -> Served {
+    let tokens = Arc::new(TokenFile::load(tokens).expect("tokens load"));
+    let grants = Arc::new(grants.map_or_else(GrantFile::none, |g| {
+        GrantFile::load(g).expect("grants load")
+    }));
     let security = Security {
         transport,
-        tokens: Some(Arc::new(TokenFile::load(tokens).expect("tokens load"))),
-        grants: Arc::new(grants.map_or_else(GrantFile::none, |g| {
-            GrantFile::load(g).expect("grants load")
-        })),
+        tokens: Some(Arc::clone(&tokens)),
+        grants: Arc::clone(&grants),
     };
-    let addr =
-        common::serve_in_process(&dir.join("state"), security, Bounds::new(Limits::default()))
-            .await;
-    format!("http://{addr}")
+    let bounds = Bounds::new(Limits::default());
+    let addr = common::serve_in_process(&dir.join("state"), security, Arc::clone(&bounds)).await;
+    Served {
+        url: format!("http://{addr}"),
+        bounds,
+        tokens,
+        grants,
+    }
 }
 
 async fn channel(url: &str) -> Channel {
@@ -72,8 +88,9 @@ async fn a_process_without_credentials_is_no_node_while_clients_need_tokens() {
     let dir = gpuwarden_test_support::scratch("iso-agents");
     let file = dir.path().join("tokens.toml");
     tokens::add(&file, "alice", ClientRole::User).expect("a token");
-    let url = serve(dir.path(), Transport::PlainText, &file, None).await;
-    let before = denials::count_of(DenialReason::PlainTextAgent);
+    let served = serve(dir.path(), Transport::PlainText, &file, None).await;
+    let url = served.url;
+    let denials = served.bounds.denials();
     let mut agent = AgentServiceClient::new(channel(&url).await);
     let err = agent
         .register(gpuwarden_test_support::node::with_two_gpus("node-1"))
@@ -81,7 +98,7 @@ async fn a_process_without_credentials_is_no_node_while_clients_need_tokens() {
         .expect_err("an unauthenticated node registered");
     assert_eq!(err.code(), Code::Unauthenticated, "{}", err.message());
     assert!(err.message().contains("--insecure"), "{}", err.message());
-    assert!(denials::count_of(DenialReason::PlainTextAgent) > before);
+    assert_eq!(denials.count_of(DenialReason::PlainTextAgent), 1);
     // The stream is refused the same way, before its first message is read.
     let (_tx, rx) = tokio::sync::mpsc::channel::<pb::AgentMessage>(1);
     let err = agent
@@ -89,14 +106,22 @@ async fn a_process_without_credentials_is_no_node_while_clients_need_tokens() {
         .await
         .expect_err("an unauthenticated stream opened");
     assert_eq!(err.code(), Code::Unauthenticated, "{}", err.message());
+    assert_eq!(denials.count_of(DenialReason::PlainTextAgent), 2);
 
     // With --insecure the operator takes plain-text agents beside tokens.
     let insecure = gpuwarden_test_support::scratch("iso-agents-insecure");
-    let url = serve(insecure.path(), Transport::Insecure, &file, None).await;
-    AgentServiceClient::new(channel(&url).await)
+    let served = serve(insecure.path(), Transport::Insecure, &file, None).await;
+    AgentServiceClient::new(channel(&served.url).await)
         .register(gpuwarden_test_support::node::with_two_gpus("node-1"))
         .await
         .expect("--insecure takes a plain-text node");
+    assert_eq!(
+        served
+            .bounds
+            .denials()
+            .count_of(DenialReason::PlainTextAgent),
+        0
+    );
 }
 
 /// Issue 33, attack 3: deleting the token file left every token working, and an edit that
@@ -106,8 +131,6 @@ async fn a_process_without_credentials_is_no_node_while_clients_need_tokens() {
 /// a user whose grant is gone (file deleted, or an unusable edit) binds only its own cgroups.
 #[tokio::test]
 async fn token_and_grant_files_fail_closed() {
-    use gpuwarden_controller::auth::followed::{self, ConfigFile};
-
     let dir = gpuwarden_test_support::scratch("iso-files");
     let file = dir.path().join("tokens.toml");
     let alice = tokens::add(&file, "alice", ClientRole::User).expect("alice's token");
@@ -115,7 +138,8 @@ async fn token_and_grant_files_fail_closed() {
     let grants = dir.path().join("grants.toml");
     let granted = "[[grants]]\nowner = \"alice\"\ncgroup_prefixes = [\"/tenants/alice.slice\"]\n";
     std::fs::write(&grants, granted).expect("grants written");
-    let url = serve(dir.path(), Transport::PlainText, &file, Some(&grants)).await;
+    let served = serve(dir.path(), Transport::PlainText, &file, Some(&grants)).await;
+    let url = served.url.clone();
     assert_eq!(list_with(&url, &alice).await, Code::Ok);
     assert_eq!(list_with(&url, &ops).await, Code::Ok);
 
@@ -144,7 +168,7 @@ async fn token_and_grant_files_fail_closed() {
 
     // An edit that removes alice's entry and leaves a typo elsewhere: alice is revoked, ops
     // (still written there) keeps working, and the failure is counted.
-    let unusable = followed::unusable(ConfigFile::Tokens);
+    assert_eq!(served.tokens.unusable(), 0);
     let text = std::fs::read_to_string(&file).expect("read");
     let ops_only: String = text
         .split("\n[[tokens]]")
@@ -154,25 +178,29 @@ async fn token_and_grant_files_fail_closed() {
     std::fs::write(&file, format!("{ops_only}\n[[tokens]\n")).expect("a broken edit");
     assert_eq!(list_with(&url, &alice).await, Code::Unauthenticated);
     assert_eq!(list_with(&url, &ops).await, Code::Ok);
-    assert!(followed::unusable(ConfigFile::Tokens) > unusable);
+    assert_eq!(served.tokens.unusable(), 1);
 
-    // Deleted: no token works.
+    // Deleted: no token works (counted too).
     std::fs::remove_file(&file).expect("deleted");
     assert_eq!(list_with(&url, &ops).await, Code::Unauthenticated);
+    assert_eq!(served.tokens.unusable(), 2);
     // Written again: the tokens in it work again.
     std::fs::write(&file, text).expect("restored");
     assert_eq!(list_with(&url, &alice).await, Code::Ok);
 
     // The grant file deleted: alice's slice is no longer hers.
-    let unusable = followed::unusable(ConfigFile::Grants);
+    assert_eq!(served.grants.unusable(), 0);
     std::fs::remove_file(&grants).expect("deleted");
     assert_eq!(create(alice.clone()).await, Code::PermissionDenied);
-    assert!(followed::unusable(ConfigFile::Grants) > unusable);
+    assert_eq!(served.grants.unusable(), 1);
     // Back, then broken by a typo: nothing is granted while it can't be read.
     std::fs::write(&grants, granted).expect("restored");
     assert_ne!(create(alice.clone()).await, Code::PermissionDenied);
     std::fs::write(&grants, format!("{granted}[[grants]\n")).expect("a broken edit");
     assert_eq!(create(alice.clone()).await, Code::PermissionDenied);
+    assert_eq!(served.grants.unusable(), 2);
+    // Nothing of this is the token file's.
+    assert_eq!(served.tokens.unusable(), 2);
 }
 
 /// Issue 33, attack 6: `certs mint` wrote `.<name>.tmp` without `O_EXCL`/`O_NOFOLLOW`, so a
@@ -296,7 +324,9 @@ async fn a_withdrawn_grant_ends_the_sessions_it_allowed() {
     )
     .expect("grants written");
     // A plain-text node beside tokens: the test's --insecure.
-    let url = serve(dir.path(), Transport::Insecure, &file, Some(&grants)).await;
+    let url = serve(dir.path(), Transport::Insecure, &file, Some(&grants))
+        .await
+        .url;
     let (tx, mut inbound) = gpuwarden_test_support::node::connect(
         &url,
         gpuwarden_test_support::node::with_cpus("node-1", 8),

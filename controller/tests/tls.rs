@@ -11,12 +11,12 @@ use std::{path::Path, process::Command, sync::Arc, time::Duration};
 use gpuwarden_controller::{
     auth::{
         clients::ClientRole,
-        denials::{self, DenialReason},
+        denials::DenialReason,
         mint::{self, Ca},
         tls::{ReloadingConfig, ServerTlsFiles},
     },
     limits::{Bounds, Limits},
-    server::Transport,
+    server::{self, Transport},
 };
 use gpuwarden_proto::v1::{
     self as pb, agent_service_client::AgentServiceClient,
@@ -30,6 +30,8 @@ use tonic::{Code, transport::Channel};
 struct TlsController {
     dir: tempfile::TempDir,
     url: String,
+    /// Its bounds, which count whom it refused.
+    bounds: Arc<Bounds>,
 }
 
 impl TlsController {
@@ -51,14 +53,15 @@ impl TlsController {
         .expect("minted the admin");
         let certs = dir.path().join("certs");
         let tls = ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("TLS files load");
+        let bounds = Bounds::new(Limits::default());
         let addr = common::serve_in_process(
             &dir.path().join("state"),
             Transport::Tls(Arc::new(tls)),
-            Bounds::new(Limits::default()),
+            Arc::clone(&bounds),
         )
         .await;
         let url = format!("https://{addr}");
-        Self { dir, url }
+        Self { dir, url, bounds }
     }
 
     fn certs(&self) -> std::path::PathBuf {
@@ -121,11 +124,11 @@ fn heartbeat(node: &str) -> pb::AgentMessage {
     }
 }
 
-/// Waits (bounded) until the counter for `reason` passes `before`; the server counts in its
-/// own task, after the client has seen the refusal.
-async fn counted_past(reason: DenialReason, before: u64) -> bool {
+/// Waits (bounded) until the counter of `bounds` for `reason` passes `before`; the server
+/// counts in its own task, after the client has seen the refusal.
+async fn counted_past(bounds: &Bounds, reason: DenialReason, before: u64) -> bool {
     for _ in 0..50 {
-        if denials::count_of(reason) > before {
+        if bounds.denials().count_of(reason) > before {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -174,7 +177,6 @@ async fn a_node_with_its_certificate_registers_and_heartbeats() {
 #[tokio::test]
 async fn an_agent_without_a_client_certificate_is_unauthenticated() {
     let controller = TlsController::start(&["node-1"]).await;
-    let before = denials::count_of(DenialReason::NoClientCertificate);
     let mut agent = controller.agent(&controller.ca_only()).await;
     let status = agent
         .register(node_info("node-1"))
@@ -191,28 +193,38 @@ async fn an_agent_without_a_client_certificate_is_unauthenticated() {
         .await
         .expect_err("no certificate, no stream");
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
-    assert!(denials::count_of(DenialReason::NoClientCertificate) >= before + 2);
+    // Both refused at the gate, each counted once by this server.
+    let denials = controller.bounds.denials();
+    assert_eq!(denials.count_of(DenialReason::NoClientCertificate), 2);
 }
 
-#[tokio::test]
-async fn a_certificate_from_another_ca_is_refused_in_the_handshake() {
-    let controller = TlsController::start(&["node-1"]).await;
-    // A CA of the attacker's own, with a certificate that names node-1 the right way.
-    let rogue_dir = controller.dir.path().join("rogue");
+/// A TLS setup presenting a certificate that names node-1 the right way, signed by a CA of
+/// the attacker's own (written under `dir`), trusting the controller's CA in `certs`.
+fn rogue_node(dir: &Path, certs: &Path) -> ClientTls {
+    let rogue_dir = dir.join("rogue");
     std::fs::create_dir_all(&rogue_dir).expect("made");
     let rogue = Ca::new(1).expect("a CA").node("node-1", 1).expect("minted");
     std::fs::write(rogue_dir.join("node-1.pem"), &rogue.cert_pem).expect("written");
     std::fs::write(rogue_dir.join("node-1.key"), &rogue.key_pem).expect("written");
-    let tls = ClientTls {
-        ca: Some(controller.certs().join(mint::CA_CERT)),
+    ClientTls {
+        ca: Some(certs.join(mint::CA_CERT)),
         cert: Some(rogue_dir.join("node-1.pem")),
         key: Some(rogue_dir.join("node-1.key")),
-    };
+    }
+}
 
-    let before = denials::count_of(DenialReason::BadClientCertificate);
-    // TLS 1.3 lets the client finish before the server checks its certificate, so the refusal
-    // shows either when connecting or on the first call.
-    let refused = match controller.channel(&tls).await {
+/// Tries to register at `url` over `tls`, which must fail; what the client saw. TLS 1.3 lets
+/// the client finish before the server checks its certificate, so the refusal shows either
+/// when connecting or on the first call.
+async fn refused_registration(url: &str, tls: &ClientTls) -> String {
+    let endpoint = tls
+        .apply(
+            tonic::transport::Endpoint::from_shared(url.to_owned())
+                .expect("a URL")
+                .connect_timeout(Duration::from_secs(5)),
+        )
+        .expect("TLS settings");
+    match endpoint.connect().await {
         Err(e) => format!("{e:?}"),
         Ok(channel) => {
             let status = AgentServiceClient::new(channel)
@@ -222,17 +234,111 @@ async fn a_certificate_from_another_ca_is_refused_in_the_handshake() {
             assert_ne!(status.code(), Code::Ok);
             format!("{status:?}")
         }
-    };
+    }
+}
+
+#[tokio::test]
+async fn a_certificate_from_another_ca_is_refused_in_the_handshake() {
+    let controller = TlsController::start(&["node-1"]).await;
+    let tls = rogue_node(controller.dir.path(), &controller.certs());
+    let refused = refused_registration(&controller.url, &tls).await;
     assert!(
-        counted_past(DenialReason::BadClientCertificate, before).await,
+        counted_past(&controller.bounds, DenialReason::BadClientCertificate, 0).await,
         "the controller did not count the refused handshake ({refused})"
     );
+}
+
+/// `GET /metrics` on `addr`: the whole answer, or `None` while nothing answers.
+async fn scrape(addr: std::net::SocketAddr) -> Option<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_string(&mut answer))
+        .await
+        .ok()?
+        .ok()?;
+    Some(answer)
+}
+
+/// The value of the sample of `gpuwarden.auth.denied` for `reason` in Prometheus' text.
+fn exported_denials(text: &str, reason: DenialReason) -> Option<f64> {
+    let label = format!("gpuwarden_auth_reason=\"{}\"", reason.as_str());
+    text.lines()
+        .filter(|l| l.starts_with("gpuwarden_auth_denied_total{") && l.contains(&label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// End to end through the controller's own lifecycle (`App::build`, `App::spawn`): a handshake
+/// refused for its certificate is counted by the server that refused it and exported, at that
+/// count, as `gpuwarden.auth.denied` on its Prometheus endpoint; no other reason is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_handshake_is_exported_as_auth_denied() {
+    let dir = gpuwarden_test_support::scratch("tls-metrics");
+    let certs = dir.path().join("certs");
+    mint::mint_into(&certs, &["node-1".to_owned()], &["127.0.0.1".to_owned()], 1).expect("minted");
+    let tls = ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("TLS files load");
+    let prometheus = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let mut config = server::RunConfig::new(
+        "127.0.0.1:0".parse().expect("an address"),
+        server::sled_in(&dir.path().join("state")),
+    );
+    config.security = Transport::Tls(Arc::new(tls)).into();
+    config.exporters = gpuwarden_runtime::otlp::Exporters {
+        prometheus: Some(prometheus),
+        ..Default::default()
+    };
+    let app = server::App::build(config).await.expect("builds");
+    let bounds = Arc::clone(app.bounds());
+    let url = format!("https://{}", app.addr());
+    let running = app.spawn();
+
+    let refused = refused_registration(&url, &rogue_node(dir.path(), &certs)).await;
+    assert!(
+        counted_past(&bounds, DenialReason::BadClientCertificate, 0).await,
+        "the controller did not count the refused handshake ({refused})"
+    );
+    let counted = bounds
+        .denials()
+        .count_of(DenialReason::BadClientCertificate);
+    let started = std::time::Instant::now();
+    let text = loop {
+        let text = scrape(prometheus).await.unwrap_or_default();
+        if exported_denials(&text, DenialReason::BadClientCertificate).is_some() {
+            break text;
+        }
+        assert!(
+            started.elapsed() < gpuwarden_test_support::wait::PATIENCE,
+            "no gpuwarden.auth.denied sample on {prometheus}: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    #[expect(clippy::cast_precision_loss, reason = "a handful of refusals")]
+    let counted = counted as f64;
+    assert_eq!(
+        exported_denials(&text, DenialReason::BadClientCertificate),
+        Some(counted),
+        "{text}"
+    );
+    for other in DenialReason::ALL {
+        if other != DenialReason::BadClientCertificate {
+            assert_eq!(
+                exported_denials(&text, other),
+                Some(0.0),
+                "{other:?}: {text}"
+            );
+        }
+    }
+    running.shutdown().await.expect("shuts down");
 }
 
 #[tokio::test]
 async fn a_node_speaking_for_another_is_permission_denied_naming_both() {
     let controller = TlsController::start(&["node-1", "node-2"]).await;
-    let before = denials::count_of(DenialReason::NodeMismatch);
     let mut agent = controller.agent(&controller.as_node("node-1")).await;
     let status = agent
         .register(node_info("node-2"))
@@ -254,7 +360,9 @@ async fn a_node_speaking_for_another_is_permission_denied_naming_both() {
         .await
         .expect_err("node-1 must not heartbeat for node-2");
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
-    assert!(denials::count_of(DenialReason::NodeMismatch) >= before + 2);
+    // Each refused by its handler, counted once by this server.
+    let denials = controller.bounds.denials();
+    assert_eq!(denials.count_of(DenialReason::NodeMismatch), 2);
 }
 
 /// The certificate the controller serves to a new connection.

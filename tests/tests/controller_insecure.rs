@@ -44,6 +44,7 @@ fn insecure_serving_is_exported_as_a_metric() {
         let metrics = gpuwarden_controller::metrics::start(
             &controller,
             &bounds,
+            &gpuwarden_controller::metrics::FollowedFiles::default(),
             &gpuwarden_runtime::otlp::Exporters {
                 otlp: Some(format!("http://{}", receiver.addr)),
                 interval: Some(Duration::from_millis(300)),

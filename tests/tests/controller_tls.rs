@@ -14,17 +14,20 @@ use gpuwarden_controller::{
     api::Timing,
     auth::{
         clients::ClientRole,
-        denials::{self, DenialReason},
+        denials::DenialReason,
         mint,
         tls::{ReloadingConfig, ServerTlsFiles},
     },
+    limits::{Bounds, Limits},
     scheduler::SchedulerConfig,
     server::{self, Transport},
 };
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
 use gpuwarden_runtime::tls::ClientTls;
 
-async fn start_controller(dir: &Path) -> String {
+/// A controller serving mutual TLS with certificates minted under `dir`: its URL, and its
+/// bounds (which count whom it refused).
+async fn start_controller(dir: &Path) -> (String, Arc<Bounds>) {
     let certs = dir.join("certs");
     mint::mint_into(&certs, &["node-1".to_owned()], &["127.0.0.1".to_owned()], 1).expect("minted");
     mint::mint_clients_into(&certs, &[("ops".to_owned(), ClientRole::Admin)], 1)
@@ -41,12 +44,14 @@ async fn start_controller(dir: &Path) -> String {
         .await
         .expect("binds");
     let url = format!("https://{}", listener.local_addr().expect("bound"));
+    let bounds = Bounds::new(Limits::default());
     tokio::spawn(
         server::GrpcServer::new(controller, listener)
             .security(Transport::Tls(Arc::new(tls)))
+            .bounds(Arc::clone(&bounds))
             .serve(std::future::pending::<()>()),
     );
-    url
+    (url, bounds)
 }
 
 /// The link of an agent named `node` presenting node-1's certificate.
@@ -100,11 +105,10 @@ async fn node_ids(url: &str, ca: &Path) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_registers_over_mutual_tls_only_as_its_own_node() {
     let dir = gpuwarden_test_support::scratch("link-tls");
-    let url = start_controller(dir.path()).await;
+    let (url, bounds) = start_controller(dir.path()).await;
     let certs = dir.path().join("certs");
     let ca = certs.join(mint::CA_CERT);
 
-    let before = denials::count_of(DenialReason::NodeMismatch);
     let impostor = link(&url, &certs, "node-2");
     let honest = link(&url, &certs, "node-1");
     let deadline = tokio::time::Instant::now() + gpuwarden_test_support::wait::PATIENCE;
@@ -117,7 +121,7 @@ async fn an_agent_registers_over_mutual_tls_only_as_its_own_node() {
     }
     // The impostor keeps trying (a refusal is not fatal: its certificate may be rotated), and
     // is refused and counted every time.
-    while denials::count_of(DenialReason::NodeMismatch) < before + 2 {
+    while bounds.denials().count_of(DenialReason::NodeMismatch) < 2 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "node-1's certificate speaking as node-2 was not refused"

@@ -34,10 +34,10 @@ impl AgentService for AgentApi {
         &self,
         request: Request<pb::NodeInfo>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
-        let peer = Peer::of(&request)?;
+        let peer = Peer::of(&request, self.bounds.denials())?;
         let info = request.into_inner();
         self.bounds.counted(self.bounds.limits.node(&info))?;
-        peer.speaks_for(&info.node_id)?;
+        peer.speaks_for(&info.node_id, self.bounds.denials())?;
         let report = convert::report_from_pb(&info)?;
         let node_id = report.node_id.clone();
         // A malformed observed session is left out, not the node: its agent would only retry.
@@ -88,7 +88,7 @@ impl AgentService for AgentApi {
         &self,
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        let peer = Peer::of(&request)?;
+        let peer = Peer::of(&request, self.bounds.denials())?;
         let mut inbound = request.into_inner();
         // The first message names the node.
         let first = inbound.next().await.ok_or_else(|| {
@@ -103,7 +103,7 @@ impl AgentService for AgentApi {
         };
         let node = hb.node_id;
         // Later messages on the stream are this node's, whatever they name.
-        peer.speaks_for(&node)?;
+        peer.speaks_for(&node, self.bounds.denials())?;
         if !self.controller.read(|s| s.nodes().contains_key(&node)) {
             return Err(Status::failed_precondition(format!(
                 "node {node:?} is not registered; call Register first"

@@ -32,7 +32,7 @@ pub use super::principal::{
     ADMIN_URI_PREFIX, Caller, ClientRole, Credential, USER_URI_PREFIX, UnknownRole, check_name,
 };
 use super::{
-    denials::{self, DenialReason},
+    denials::{DenialReason, Denials},
     grants::{self, GrantFile},
     principal::NODE_URI_PREFIX,
     tokens::TokenFile,
@@ -148,11 +148,9 @@ impl ClientError {
     }
 }
 
-/// Logs and counts a refusal; the status to answer with.
-fn refuse(error: &ClientError, who: &str) -> Status {
-    let reason = error.reason();
-    denials::count(reason);
-    denials::log(reason, who, error);
+/// Counts and logs a refusal in `denials`; the status to answer with.
+fn refuse(denials: &Denials, error: &ClientError, who: &str) -> Status {
+    denials.refuse(error.reason(), who, error);
     error.to_status()
 }
 
@@ -199,6 +197,8 @@ pub struct ClientAuth {
     grants: Arc<GrantFile>,
     /// Plain-text agents are taken though clients authenticate (`--insecure`).
     insecure_agents: bool,
+    /// Where refusals are counted; each caller it names carries it.
+    denials: Arc<Denials>,
 }
 
 impl ClientAuth {
@@ -210,6 +210,7 @@ impl ClientAuth {
             certificates: false,
             grants: Arc::new(GrantFile::none()),
             insecure_agents: false,
+            denials: Arc::default(),
         }
     }
 
@@ -222,6 +223,7 @@ impl ClientAuth {
             certificates,
             grants: Arc::new(GrantFile::none()),
             insecure_agents: false,
+            denials: Arc::default(),
         }
     }
 
@@ -239,6 +241,20 @@ impl ClientAuth {
     #[must_use]
     pub fn admits_plain_text_agents(&self) -> bool {
         self.is_open() || self.insecure_agents
+    }
+
+    /// The same, counting its refusals (and its callers') in `denials`, the server's (by
+    /// default, counters of its own).
+    #[must_use]
+    pub fn with_denials(mut self, denials: Arc<Denials>) -> Self {
+        self.denials = denials;
+        self
+    }
+
+    /// Where its refusals are counted.
+    #[must_use]
+    pub fn denials(&self) -> &Arc<Denials> {
+        &self.denials
     }
 
     /// The same, with users' targets granted by `grants` ([`super::grants`]).
@@ -269,9 +285,8 @@ impl ClientAuth {
             &self.grants.current(),
         )
         .map_err(|e| {
-            let reason = DenialReason::TargetNotGranted;
-            denials::count(reason);
-            denials::log(reason, &caller.name, &e);
+            self.denials
+                .refuse(DenialReason::TargetNotGranted, &caller.name, &e);
             Status::permission_denied(e.to_string())
         })
     }
@@ -300,12 +315,14 @@ impl ClientAuth {
                 name: OPEN_CALLER.to_owned(),
                 role: ClientRole::Admin,
                 credential: Credential::Open,
+                denials: Arc::clone(&self.denials),
             });
         }
         let peer = request
             .remote_addr()
             .map_or_else(|| "unknown".to_owned(), |a: SocketAddr| a.to_string());
-        self.identify(request).map_err(|e| refuse(&e, &peer))
+        self.identify(request)
+            .map_err(|e| refuse(&self.denials, &e, &peer))
     }
 
     fn identify<T>(&self, request: &Request<T>) -> Result<Caller, ClientError> {
@@ -321,6 +338,7 @@ impl ClientAuth {
                 name: entry.owner,
                 role: entry.role,
                 credential: Credential::Token,
+                denials: Arc::clone(&self.denials),
             });
         }
         let leaf = request
@@ -336,6 +354,7 @@ impl ClientAuth {
             name,
             role,
             credential: Credential::Certificate,
+            denials: Arc::clone(&self.denials),
         })
     }
 }
@@ -347,10 +366,12 @@ fn bearer(value: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-/// What a caller may do with whose sessions: the refusals are counted ([`super::denials`]).
+/// What a caller may do with whose sessions: the refusals are counted in the caller's
+/// [`Denials`], the server's.
 impl Caller {
     fn other_owner(&self, owner: &str, action: &'static str) -> Status {
         refuse(
+            &self.denials,
             &ClientError::OtherOwner {
                 caller: self.name.clone(),
                 owner: owner.to_owned(),
@@ -410,6 +431,7 @@ impl Caller {
                     .status(tonic::Code::NotFound, format!("no session {id:?}")))
             }
             _ => Err(refuse(
+                &self.denials,
                 &ClientError::NotYours {
                     caller: self.name.clone(),
                     id: id.to_owned(),
@@ -429,6 +451,7 @@ impl Caller {
             Ok(())
         } else {
             Err(refuse(
+                &self.denials,
                 &ClientError::AdminOnly {
                     caller: self.name.clone(),
                     action: action(),
@@ -460,6 +483,7 @@ mod tests {
             name: name.to_owned(),
             role: ClientRole::User,
             credential: Credential::Token,
+            denials: Arc::default(),
         }
     }
 
@@ -514,16 +538,18 @@ mod tests {
         let alice = user("alice");
         assert_eq!(alice.owner_for_create(String::new()).unwrap(), "alice");
         assert_eq!(alice.owner_for_create("alice".into()).unwrap(), "alice");
-        let before = denials::count_of(DenialReason::OtherOwner);
         let status = alice.owner_for_create("bob".into()).unwrap_err();
         assert_eq!(status.code(), tonic::Code::PermissionDenied);
         assert!(status.message().contains("\"bob\""), "{}", status.message());
-        assert!(denials::count_of(DenialReason::OtherOwner) > before);
+        assert_eq!(alice.denials.count_of(DenialReason::OtherOwner), 1);
 
         assert_eq!(alice.owner_filter(String::new()).unwrap(), "alice");
         assert!(alice.owner_filter("bob".into()).is_err());
         assert!(alice.may_act_on("alice", "end").is_ok());
         assert!(alice.may_act_on("bob", "end").is_err());
+        // Each refusal counted once, under its reason; the ones allowed not at all.
+        assert_eq!(alice.denials.count_of(DenialReason::OtherOwner), 3);
+        assert_eq!(alice.denials.count_of(DenialReason::AdminOnly), 0);
     }
 
     #[test]
@@ -549,6 +575,7 @@ mod tests {
     fn certificates_only_refuse_a_call_without_credentials_or_with_a_token() {
         let auth = ClientAuth::new(None, true);
         let status = auth.caller(&Request::new(())).unwrap_err();
+        assert_eq!(auth.denials().count_of(DenialReason::NoCredentials), 1);
         assert_eq!(status.code(), tonic::Code::Unauthenticated);
         assert!(
             status.message().contains("no credentials"),
@@ -565,6 +592,7 @@ mod tests {
             "{}",
             status.message()
         );
+        assert_eq!(auth.denials().count_of(DenialReason::BadToken), 1);
     }
 
     #[test]

@@ -6,8 +6,8 @@
 //! working): a file that is gone grants nothing, and a version that can't be used keeps only
 //! what its `Salvage` finds of the last good version still in the new text (for tokens, the
 //! hashes still written in it; for grants, nothing). Each unusable version is logged and
-//! counted ([`unusable`], exported as `gpuwarden.controller.config.unusable`), which an alert
-//! watches.
+//! counted by the file that followed it (`TokenFile::unusable`, `GrantFile::unusable`,
+//! exported as `gpuwarden.controller.config.unusable`), which an alert watches.
 
 use gpuwarden_runtime::sync::Lock as _;
 use std::{
@@ -49,16 +49,6 @@ impl ConfigFile {
             Self::Grants => "grant file",
         }
     }
-}
-
-static UNUSABLE: [AtomicU64; ConfigFile::ALL.len()] =
-    [const { AtomicU64::new(0) }; ConfigFile::ALL.len()];
-
-/// Versions of `file` that changed and could not be used (a parse error, a missing file),
-/// since the process started.
-#[must_use]
-pub fn unusable(file: ConfigFile) -> u64 {
-    UNUSABLE[file as usize].load(Ordering::Relaxed)
 }
 
 /// What is kept of the last good version when the file changed and the new one can't be used:
@@ -103,6 +93,8 @@ pub(crate) struct Followed<T, E> {
     read: Reader<T, E>,
     salvage: Salvage<T>,
     loaded: Mutex<Loaded<T>>,
+    /// Versions that changed and could not be used.
+    unusable: AtomicU64,
 }
 
 impl<T, E: Display> Followed<T, E> {
@@ -127,12 +119,19 @@ impl<T, E: Display> Followed<T, E> {
                 stamp,
                 value: Arc::new(value),
             }),
+            unusable: AtomicU64::new(0),
         })
     }
 
     /// The file.
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Versions of the file that changed and could not be used (a parse error, a missing
+    /// file) since it was loaded.
+    pub(crate) fn unusable(&self) -> u64 {
+        self.unusable.load(Ordering::Relaxed)
     }
 
     /// The current version: read again first when the file changed; when that fails, what the
@@ -150,7 +149,7 @@ impl<T, E: Display> Followed<T, E> {
                 Err(e) => {
                     let text = std::fs::read_to_string(&self.path).ok();
                     loaded.value = Arc::new((self.salvage)(&loaded.value, text.as_deref()));
-                    UNUSABLE[self.what as usize].fetch_add(1, Ordering::Relaxed);
+                    self.unusable.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(
                         file = %self.path.display(),
                         "{what} changed and can't be used; keeping only what the new version still holds: {e}"

@@ -71,7 +71,12 @@ impl Screen for AuthGate {
         if scheduler {
             self.clients.caller(&probe).err()
         } else {
-            Peer::admitted(&probe, self.clients.admits_plain_text_agents()).err()
+            Peer::admitted(
+                &probe,
+                self.clients.admits_plain_text_agents(),
+                self.clients.denials(),
+            )
+            .err()
         }
     }
 }

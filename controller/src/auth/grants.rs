@@ -216,6 +216,13 @@ impl GrantFile {
             .map(|f| Self(Some(f)))
     }
 
+    /// Versions of the file that changed and could not be used since it was loaded; 0 without
+    /// a file (`gpuwarden.controller.config.unusable{gpuwarden.config.file="grant_file"}`).
+    #[must_use]
+    pub fn unusable(&self) -> u64 {
+        self.0.as_ref().map_or(0, Followed::unusable)
+    }
+
     /// The grants now: none while the file is gone or its new version can't be used.
     #[must_use]
     pub fn current(&self) -> Arc<Grants> {
@@ -328,6 +335,8 @@ pub fn still_granted(
         name: owner.to_owned(),
         role: ClientRole::User,
         credential: Credential::Open,
+        // Nothing is refused to a caller here: only the grants are asked.
+        denials: Arc::default(),
     };
     authorize(&caller, owner, target, *policy, false, grants).map(|_| ())
 }

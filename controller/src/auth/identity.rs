@@ -18,7 +18,7 @@ use tonic::{
 
 pub use super::principal::{NODE_URI_PREFIX, node_uri};
 use super::{
-    denials::{self, DenialReason},
+    denials::{DenialReason, Denials},
     principal::IDENTITY_URI_PREFIX,
 };
 
@@ -149,9 +149,9 @@ impl Peer {
     /// The peer of `request`, from its connection.
     ///
     /// # Errors
-    /// `UNAUTHENTICATED` (logged and counted) for a TLS connection without a client
-    /// certificate or whose certificate names no single node.
-    pub fn of<T>(request: &Request<T>) -> Result<Self, Status> {
+    /// `UNAUTHENTICATED` (logged and counted in `denials`) for a TLS connection without a
+    /// client certificate or whose certificate names no single node.
+    pub fn of<T>(request: &Request<T>, denials: &Denials) -> Result<Self, Status> {
         let Some(tls) = request.extensions().get::<TlsConnectInfo<TcpConnectInfo>>() else {
             return Ok(Self::PlainText);
         };
@@ -164,7 +164,7 @@ impl Peer {
                 .and_then(|leaf| node_of_certificate(leaf)),
         };
         node.map(|node| Self::Node { node, addr })
-            .map_err(|e| refuse(&e, addr))
+            .map_err(|e| refuse(denials, &e, addr))
     }
 
     /// The peer of `request` when plain-text agents are admitted only if `plain_text` (the
@@ -173,16 +173,20 @@ impl Peer {
     /// every tenant's allocations for it).
     ///
     /// # Errors
-    /// As [`Self::of`]; and `UNAUTHENTICATED` (logged and counted) for a plain-text peer when
-    /// not `plain_text`.
-    pub fn admitted<T>(request: &Request<T>, plain_text: bool) -> Result<Self, Status> {
-        match Self::of(request)? {
+    /// As [`Self::of`]; and `UNAUTHENTICATED` (logged and counted in `denials`) for a
+    /// plain-text peer when not `plain_text`.
+    pub fn admitted<T>(
+        request: &Request<T>,
+        plain_text: bool,
+        denials: &Denials,
+    ) -> Result<Self, Status> {
+        match Self::of(request, denials)? {
             Self::PlainText if !plain_text => {
                 let addr = request
                     .extensions()
                     .get::<TcpConnectInfo>()
                     .and_then(TcpConnectInfo::remote_addr);
-                Err(refuse(&IdentityError::PlainTextAgent, addr))
+                Err(refuse(denials, &IdentityError::PlainTextAgent, addr))
             }
             peer => Ok(peer),
         }
@@ -191,13 +195,14 @@ impl Peer {
     /// Whether this peer may speak for `claimed`.
     ///
     /// # Errors
-    /// `PERMISSION_DENIED` (logged and counted), naming both nodes, when the certificate names
-    /// another node.
-    pub fn speaks_for(&self, claimed: &str) -> Result<(), Status> {
+    /// `PERMISSION_DENIED` (logged and counted in `denials`), naming both nodes, when the
+    /// certificate names another node.
+    pub fn speaks_for(&self, claimed: &str, denials: &Denials) -> Result<(), Status> {
         match self {
             Self::PlainText => Ok(()),
             Self::Node { node, .. } if node == claimed => Ok(()),
             Self::Node { node, addr } => Err(refuse(
+                denials,
                 &IdentityError::Mismatch {
                     certified: node.clone(),
                     claimed: claimed.to_owned(),
@@ -208,12 +213,10 @@ impl Peer {
     }
 }
 
-/// Logs and counts a refusal; the status to answer with.
-fn refuse(error: &IdentityError, addr: Option<SocketAddr>) -> Status {
-    let reason = error.reason();
-    denials::count(reason);
+/// Counts and logs a refusal in `denials`; the status to answer with.
+fn refuse(denials: &Denials, error: &IdentityError, addr: Option<SocketAddr>) -> Status {
     let peer = addr.map_or_else(|| "unknown".to_owned(), |a| a.to_string());
-    denials::log(reason, &peer, error);
+    denials.refuse(error.reason(), &peer, error);
     error.to_status()
 }
 
@@ -287,22 +290,29 @@ mod tests {
             node: "node-1".to_owned(),
             addr: None,
         };
-        assert!(peer.speaks_for("node-1").is_ok());
-        let before = denials::count_of(DenialReason::NodeMismatch);
-        let status = peer.speaks_for("node-2").unwrap_err();
+        let denials = Denials::default();
+        assert!(peer.speaks_for("node-1", &denials).is_ok());
+        assert_eq!(denials.count_of(DenialReason::NodeMismatch), 0);
+        let status = peer.speaks_for("node-2", &denials).unwrap_err();
         assert_eq!(status.code(), tonic::Code::PermissionDenied);
         assert!(
             status.message().contains("\"node-1\"") && status.message().contains("\"node-2\""),
             "{}",
             status.message()
         );
-        assert!(denials::count_of(DenialReason::NodeMismatch) > before);
+        assert_eq!(denials.count_of(DenialReason::NodeMismatch), 1);
     }
 
     #[test]
     fn plain_text_takes_any_claim() {
         let request = Request::new(());
-        assert_eq!(Peer::of(&request).unwrap(), Peer::PlainText);
-        assert!(Peer::PlainText.speaks_for("anyone").is_ok());
+        let denials = Denials::default();
+        assert_eq!(Peer::of(&request, &denials).unwrap(), Peer::PlainText);
+        assert!(Peer::PlainText.speaks_for("anyone", &denials).is_ok());
+        assert!(
+            DenialReason::ALL
+                .iter()
+                .all(|&reason| denials.count_of(reason) == 0)
+        );
     }
 }

@@ -14,12 +14,13 @@
 //!   cgroups and what an admin granted it (cgroup prefixes, Kubernetes namespaces);
 //! - `followed`: a configuration file re-read when it changes (tokens, grants), and the stamp
 //!   that tells a file changed;
-//! - [`denials`]: refusals counted by reason (`gpuwarden.auth.denied`);
+//! - [`denials`]: refusals counted by reason (`gpuwarden.auth.denied`), in the server's
+//!   [`crate::limits::Bounds`] (the module lives there, below this one);
 //! - [`gate`]: the gRPC layer that authenticates callers before their messages are read;
 //! - [`mint`]: a CA, a serving certificate and node and client certificates without OpenSSL.
 
 pub mod clients;
-pub mod denials;
+pub use crate::limits::denials;
 pub mod followed;
 pub mod gate;
 pub mod grants;

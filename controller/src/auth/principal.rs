@@ -4,9 +4,11 @@
 //! ([`super::identity`], [`super::clients`]), mint ([`super::mint`]), read tokens
 //! ([`super::tokens`]) and grant ([`super::grants`]) all import it, and it imports none of them.
 
-use std::{fmt, str::FromStr};
+use std::{fmt, str::FromStr, sync::Arc};
 
 use serde::{Deserialize, Serialize};
+
+use crate::limits::Denials;
 
 /// The prefix every gpuwarden identity URI shares (nodes, users, admins).
 pub const IDENTITY_URI_PREFIX: &str = "spiffe://gpuwarden/";
@@ -110,7 +112,7 @@ pub enum Credential {
 }
 
 /// Who is calling, and in what role (what it may do is [`super::clients`]' to say).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Caller {
     /// The name: the owner a user acts as.
     pub name: String,
@@ -118,6 +120,8 @@ pub struct Caller {
     pub role: ClientRole,
     /// How it proved it.
     pub credential: Credential,
+    /// Where what it is refused is counted: the server's (see [`crate::limits::Bounds`]).
+    pub denials: Arc<Denials>,
 }
 
 impl Caller {

@@ -38,10 +38,7 @@ use tonic::transport::server::Connected;
 
 use crate::limits::{Bounds, Refusal};
 
-use super::{
-    denials::{self, DenialReason},
-    followed::Stamp,
-};
+use super::{denials::DenialReason, followed::Stamp};
 
 /// Longest a client may take to finish its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -374,7 +371,7 @@ pub fn incoming(
                             }))
                             .await;
                     }
-                    Ok(Err(e)) => handshake_failed(addr, &e),
+                    Ok(Err(e)) => handshake_failed(&caps.bounds, addr, &e),
                     Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
                 }
             });
@@ -383,15 +380,15 @@ pub fn incoming(
     ReceiverStream::new(rx)
 }
 
-fn handshake_failed(addr: SocketAddr, e: &io::Error) {
+/// Logs a failed handshake; one refused for its client certificate is counted in `bounds`.
+fn handshake_failed(bounds: &Bounds, addr: SocketAddr, e: &io::Error) {
     let rustls_error = e
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>());
     if let Some(rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented) =
         rustls_error
     {
-        denials::count(DenialReason::BadClientCertificate);
-        denials::log(
+        bounds.denials().refuse(
             DenialReason::BadClientCertificate,
             &addr.to_string(),
             &format_args!("TLS handshake refused: {e}"),

@@ -197,6 +197,13 @@ impl TokenFile {
         self.0.current()
     }
 
+    /// Versions of the file that changed and could not be used since it was loaded
+    /// (`gpuwarden.controller.config.unusable{gpuwarden.config.file="token_file"}`).
+    #[must_use]
+    pub fn unusable(&self) -> u64 {
+        self.0.unusable()
+    }
+
     /// Who `token` stands for in the current file.
     #[must_use]
     pub fn lookup(&self, token: &str) -> Option<TokenEntry> {
@@ -427,7 +434,7 @@ mod tests {
 
         // A broken version keeps only the tokens whose hash it still holds: alice's entry is
         // gone, ops's is there beside a typo.
-        let before = crate::auth::followed::unusable(ConfigFile::Tokens);
+        assert_eq!(file.unusable(), 0);
         std::fs::write(
             &path,
             format!(
@@ -438,7 +445,7 @@ mod tests {
         .unwrap();
         assert!(file.lookup(&ops).is_some());
         assert!(file.lookup(&alice).is_none());
-        assert!(crate::auth::followed::unusable(ConfigFile::Tokens) > before);
+        assert_eq!(file.unusable(), 1, "the broken version is counted once");
         assert!(matches!(
             add(&path, "bob", ClientRole::User),
             Err(TokenError::Parse { .. })
@@ -449,9 +456,11 @@ mod tests {
         // Deleted: every token is revoked too, and stays so.
         let ops = add(&path, "ops", ClientRole::Admin).unwrap();
         assert!(file.lookup(&ops).is_some());
+        assert_eq!(file.unusable(), 1, "an empty file is a usable one");
         std::fs::remove_file(&path).unwrap();
         assert!(file.lookup(&ops).is_none());
         assert!(file.lookup(&ops).is_none());
+        assert_eq!(file.unusable(), 2, "the deletion is counted once");
 
         assert!(matches!(
             add(&path, "../x", ClientRole::User),

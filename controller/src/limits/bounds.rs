@@ -1,6 +1,6 @@
 //! [`Bounds`]: what a server's parts share at run time: the limits, the open Watch streams per
-//! caller ([`WatchGuard`]), each client's token bucket, the counters of what was refused, and
-//! whether plain text is served beyond loopback.
+//! caller ([`WatchGuard`]), each client's token bucket, the counters of what was refused and of
+//! who was refused for identity, and whether plain text is served beyond loopback.
 
 use gpuwarden_runtime::sync::Lock as _;
 use std::{
@@ -13,7 +13,7 @@ use std::{
 
 use tonic::Status;
 
-use super::{Bucket, LimitError, Limits, Refusal, Refusals};
+use super::{Bucket, Denials, LimitError, Limits, Refusal, Refusals};
 
 /// What a server's parts share at run time: the limits, the open Watch streams, and the
 /// counters of what was refused.
@@ -23,6 +23,8 @@ pub struct Bounds {
     pub limits: Limits,
     /// What was refused or dropped, by reason.
     refusals: Refusals,
+    /// Who was refused for identity, by reason (shared with each [`crate::auth::clients::Caller`]).
+    denials: Arc<Denials>,
     /// Open Watch streams per caller, and in total.
     watches: Mutex<(HashMap<String, usize>, usize)>,
     /// Each client's calls.
@@ -43,6 +45,7 @@ impl Bounds {
         Arc::new(Self {
             limits,
             refusals: Refusals::default(),
+            denials: Arc::default(),
             watches: Mutex::default(),
             clients: Mutex::default(),
             insecure: AtomicBool::new(false),
@@ -65,6 +68,13 @@ impl Bounds {
     #[must_use]
     pub fn refusals(&self) -> &Refusals {
         &self.refusals
+    }
+
+    /// Who these bounds' server refused for identity, by reason: counted by the TLS listener,
+    /// the identity checks and the client authorizer, read by the metrics.
+    #[must_use]
+    pub fn denials(&self) -> &Arc<Denials> {
+        &self.denials
     }
 
     /// Counts one refusal or drop that is not a [`LimitError`] (a connection over a cap, an

@@ -3,8 +3,10 @@
 //! [`Limits`] holds every bound with its default; the controller's config file overrides any of
 //! them in a `[limits]` table (keys as the field names). [`Bounds`] is what a server's parts
 //! share at run time: the limits, the open Watch streams per caller, a token bucket ([`Bucket`])
-//! per client, and the counters of what was refused ([`Refusals`]). The app makes one and hands
-//! it to the gRPC services, the connection caps, the webhook and extender, and the metrics.
+//! per client, and the counters of what was refused ([`Refusals`]) and of who was refused for
+//! identity ([`Denials`]). The app makes one and hands it to the gRPC services (with their
+//! identity checks and client authorizer), the connection caps and TLS listener, the webhook and
+//! extender, and the metrics.
 //!
 //! Refusals follow one rule: a malformed or oversized value is `INVALID_ARGUMENT` naming the
 //! field and the limit's key; a cap or a rate is `RESOURCE_EXHAUSTED` naming the limit's key.
@@ -15,6 +17,7 @@
 mod bounds;
 mod bucket;
 mod config;
+pub mod denials;
 mod error;
 mod refusals;
 #[cfg(test)]
@@ -24,5 +27,6 @@ mod validate;
 pub use bounds::{Bounds, WatchGuard};
 pub use bucket::Bucket;
 pub use config::Limits;
+pub use denials::{DenialReason, Denials};
 pub use error::LimitError;
 pub use refusals::{Refusal, Refusals};

@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use crate::{
     controller::{Controller, Timing},
     limits::Bounds,
+    metrics::FollowedFiles,
     scheduler::{Scheduler, SchedulerConfig},
     store::{Store, StoreSpec},
 };
@@ -197,7 +198,11 @@ impl App {
             kube.spawn(&self.controller, &self.bounds, &stop, &mut tasks);
         }
         // Metrics are an extra: a bad endpoint is reported, never fatal.
-        match crate::metrics::start(&self.controller, &self.bounds, &self.exporters) {
+        let files = FollowedFiles {
+            tokens: self.security.tokens.clone(),
+            grants: Arc::clone(&self.security.grants),
+        };
+        match crate::metrics::start(&self.controller, &self.bounds, &files, &self.exporters) {
             // The pipeline's callbacks hold the controller: let go of with the tasks.
             Ok(Some(metrics)) => tasks.stop_by("metrics", move || async move {
                 drop(metrics);

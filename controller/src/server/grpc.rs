@@ -104,7 +104,7 @@ impl GrpcServer {
         security.transport.check_exposure(addr)?;
         let (health_reporter, health) = tonic_health::server::health_reporter();
         election::set_health(&health_reporter, controller.role().is_leader()).await;
-        let clients = security.clients();
+        let clients = security.clients(bounds.denials());
         warn_about_clients(&clients, &security.transport);
         let router = router(&controller, health, clients, Arc::clone(&bounds))?;
         // They run until stopped: stopped and joined here, so none outlives the server.

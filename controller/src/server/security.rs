@@ -4,11 +4,14 @@
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
-use crate::auth::{
-    clients::ClientAuth,
-    grants::GrantFile,
-    tls::{ReloadingConfig, ServerTlsFiles},
-    tokens::TokenFile,
+use crate::{
+    auth::{
+        clients::ClientAuth,
+        grants::GrantFile,
+        tls::{ReloadingConfig, ServerTlsFiles},
+        tokens::TokenFile,
+    },
+    limits::Denials,
 };
 
 use super::ServeError;
@@ -110,14 +113,16 @@ impl From<Transport> for Security {
 }
 
 impl Security {
-    /// How clients of the scheduler service authenticate.
+    /// How clients of the scheduler service authenticate, their refusals counted in
+    /// `denials` (the server's bounds').
     #[must_use]
-    pub fn clients(&self) -> ClientAuth {
+    pub fn clients(&self, denials: &Arc<Denials>) -> ClientAuth {
         ClientAuth::new(
             self.tokens.clone(),
             matches!(self.transport, Transport::Tls(_)),
         )
         .with_grants(Arc::clone(&self.grants))
         .with_insecure_agents(matches!(self.transport, Transport::Insecure))
+        .with_denials(Arc::clone(denials))
     }
 }

@@ -13,6 +13,7 @@ fn caller(name: &str, role: ClientRole) -> Caller {
         name: name.to_owned(),
         role,
         credential: Credential::Token,
+        denials: std::sync::Arc::default(),
     }
 }
 
