@@ -689,6 +689,83 @@ fn a_suspended_session_resumes_on_another_gpu_of_the_same_model() {
     assert_eq!(open(home), libc::EPERM);
 }
 
+/// Issue 38: the agent stops in the middle of a move to the other GPU (the stand-in driver
+/// holds the move's version check until the agent is gone), after the controller booked that
+/// GPU. The next run of the agent holds the GPU the session left (its store) and says so:
+/// `resume_refused`; the controller frees the other GPU and suspends the session again, its
+/// bytes still on the host. When the lender ends, it resumes on the GPU it left, its data
+/// unchanged: the two sides agree again.
+#[test]
+#[ignore = "needs root"]
+fn an_agent_restart_in_the_middle_of_a_move_leaves_the_session_where_it_was() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    let mut rig = move_rig("suspend-cut-move", &libcuda);
+    let cg = docker("suspend-cut-move");
+    let nodes = gpu_nodes();
+    let (borrower, x, lender, home, other, mut p) =
+        suspended_beside_a_busy_home(&rig, &libcuda, &cg, nodes.path());
+
+    let pause = libcuda.dir.path().join("pause-version");
+    std::fs::write(&pause, "").unwrap();
+    terminate(&rig, &x);
+    util::wait_for("the move's version check to be under way", || {
+        libcuda.dir.path().join("version-paused").exists()
+    });
+    let b = rig.get(&borrower);
+    assert_eq!(b.state, pb::SessionState::Running as i32);
+    assert_eq!(
+        b.devices[0].index, other,
+        "the controller booked the other GPU"
+    );
+
+    rig.agent.take().unwrap().stop_keeping_pins().unwrap();
+    std::fs::remove_file(&pause).unwrap();
+    let mut cfg = util::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
+    std::fs::write(cfg.mock_devices.as_ref().unwrap(), uuid_mock()).unwrap();
+    cfg.binding_timeout = Duration::from_mins(1);
+    cfg.suspend = Some(SuspendConfig {
+        helper: libcuda.helper(),
+        step_timeout: STEP,
+    });
+    rig.agent = Some(util::TestAgent::start_with(cfg));
+
+    let why = wait_event(&rig, &borrower, "resume_refused");
+    assert!(why.contains("restarted during the move"), "{why}");
+    assert!(
+        why.contains(&format!("not resumed on GPUs {other}"))
+            && why.contains(&format!("holding GPUs {home}")),
+        "{why}"
+    );
+    rig.wait_for("the borrower to be suspended again", |r| {
+        state_of(r, &borrower) == pb::SessionState::Suspended as i32
+    });
+    assert_eq!(rig.driver.fake.ledger(), vec![0, 0], "still on the host");
+    assert!(p.alive());
+    assert!(
+        !rig.get(&borrower)
+            .events
+            .iter()
+            .any(|e| e.action == "resuming"),
+        "nothing was restored"
+    );
+
+    terminate(&rig, &lender);
+    wait_event(&rig, &borrower, "resumed");
+    let mut expected = vec![0; 2];
+    expected[usize::try_from(home).unwrap()] = 64 * MIB;
+    assert_eq!(rig.driver.fake.ledger(), expected);
+    util::wait_for("the quota to count the workload at home", || {
+        charged_on(&rig, &cg, home) == 64 * MIB
+    });
+    assert_eq!(charged_on(&rig, &cg, other), 0);
+    assert_eq!(rig.get(&borrower).devices[0].index, home);
+    let open = |gpu: u32| util::open_in(&cg, &nodes.path().join(format!("nvidia{gpu}")));
+    assert_eq!(open(home), libc::ENXIO);
+    assert_eq!(open(other), libc::EPERM);
+    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+}
+
 /// The same with a driver older than CUDA 13.0 (the stand-in reports 12.8): its restore takes
 /// no GPU pairs, so the agent refuses the move before anything moves (`resume_refused`); the
 /// session stays suspended with its bytes on the host, and resumes on the GPU it left when

@@ -14,7 +14,10 @@ One script plays every program the check starts, chosen by its first argument:
                                           the session's processes stopped (SIGSTOP) with their
                                           bytes gone from NVML and the snapshot, or back; its
                                           events in the snapshot and its log
-  gpuwarden-agent checkpoint --pid P --action get-state   the helper's JSON line
+  gpuwarden-agent checkpoint --pid P --action A [--gpu-pair OLD=NEW]   the helper's JSON line:
+                                          get-state, driver-version (13000), and lock,
+                                          checkpoint, restore, unlock moving the process's
+                                          bytes out of NVML and the snapshot and back
   gpuwarden ... run -r R... [--memory-policy P] -- CMD...   runs CMD as its child with the
                                           session's limit and policy in its environment
   nvml                                    nvml.py's document, from the state folder
@@ -31,7 +34,8 @@ comma-separated list of `hang:KEY` (sleep forever instead of printing that recor
 `exit:KEY` (exit 1 instead), KEY being `MODE.STEP` or `MODE-POLICY.STEP` (`steps.tensors`,
 `grow-report.grow`, `suspend.checked`, `fill.fill`); `refuse:suspend` and `refuse:resume` make the stand-in
 agent's driver refuse that direction with CUDA_ERROR_NOT_SUPPORTED (801), and the agent end the
-workload the kill way, as the real one does.
+workload the kill way, as the real one does; `refuse:pairs` makes the helper's driver refuse a
+restore with GPU pairs with CUDA_ERROR_INVALID_VALUE (1).
 """
 
 import json
@@ -45,6 +49,7 @@ import time
 MIB = 1 << 20
 GIB = 1 << 30
 TOTAL = 80 * GIB
+UUID = "GPU-d7d7d7d7-0000-4000-8000-000000000038"
 STATE = os.environ.get("GPUCHECK_DRY_STATE", "/tmp/gpucheck-dry")
 
 
@@ -164,20 +169,61 @@ def agent(args):
               "events")
         return 0
     if cmd == "checkpoint":
-        pid = int(opt(args, "--pid"))
-        p = read_json(os.path.join(STATE, f"proc-{pid}.json"), None)
-        if p is None:
-            print(json.dumps({"result": "error", "reason": f"dry run: no CUDA process {pid}"}))
-            return 1
-        state = "checkpointed" if p.get("suspended") else "running"
-        print(json.dumps({"result": "ok", "state": state}))
-        return 0
+        return checkpoint(args)
     if cmd == "probe-hooks":
         print(json.dumps([{"hook": "driver_kprobe", "target": "nvidia_unlocked_ioctl",
                            "loaded": False, "detail": "dry run: no driver"}]))
         return 0
     print(f"dry agent: unknown command {cmd}", file=sys.stderr)
     return 2
+
+
+# The checkpoint helper's calls and the state each moves a process from and to, as the driver's
+# CUprocessState does; a call in another state is CUDA_ERROR_ILLEGAL_STATE (401).
+MOVES = {"lock": ("running", "locked"), "checkpoint": ("locked", "checkpointed"),
+         "restore": ("checkpointed", "locked"), "unlock": ("locked", "running")}
+
+
+def checkpoint(args):
+    """The helper's JSON line for one call. A checkpoint takes the process's bytes out of NVML
+    and the snapshot, a restore brings them back; a restore's `--gpu-pair OLD=NEW` must name the
+    stand-in GPU's UUID on both sides, or the driver refuses with CUDA_ERROR_INVALID_VALUE (1),
+    as it does for every pair with `refuse:pairs`."""
+    faults = set(filter(None, os.environ.get("GPUCHECK_DRY_FAULTS", "").split(",")))
+    action = opt(args, "--action")
+
+    def refused(function, code):
+        print(json.dumps({"result": "refused", "function": function, "code": code},
+                         separators=(",", ":")))
+        return 3
+
+    if action == "driver-version":
+        print(json.dumps({"result": "ok", "state": None, "driver_version": 13000},
+                         separators=(",", ":")))
+        return 0
+    pid = int(opt(args, "--pid"))
+    path = os.path.join(STATE, f"proc-{pid}.json")
+    p = read_json(path, None)
+    if p is None:
+        print(json.dumps({"result": "error", "reason": f"dry run: no CUDA process {pid}"}))
+        return 1
+    state = p.get("cp") or ("checkpointed" if p.get("suspended") else "running")
+    function = f"cuCheckpointProcess{action.capitalize()}" if action in MOVES else ""
+    if action in MOVES:
+        want, to = MOVES[action]
+        if state != want:
+            return refused(function, 401)
+        pairs = [args[i + 1] for i, a in enumerate(args) if a == "--gpu-pair"]
+        if pairs and ("refuse:pairs" in faults or pairs != [f"{UUID}={UUID}"]):
+            return refused(function, 1)
+        if action == "checkpoint":
+            p.update(held=p["bytes"], bytes=0, suspended=True)
+        if action == "restore":
+            p.update(bytes=p.pop("held"), suspended=False)
+        state = p["cp"] = to
+        write_json(path, p)
+    print(json.dumps({"result": "ok", "state": state}, separators=(",", ":")))
+    return 0
 
 
 def cli(args):
@@ -218,7 +264,7 @@ def nvml(args):
     if args and args[0] == "summary":
         return subprocess.call([sys.executable, os.path.join(os.path.dirname(__file__),
                                                              "nvml.py"), "summary", args[1]])
-    gpu = {"index": 0, "name": "Dry Run GPU", "uuid": "GPU-dry", "total": TOTAL,
+    gpu = {"index": 0, "name": "Dry Run GPU", "uuid": UUID, "total": TOTAL,
            "used": 0, "sm_clock_mhz": 1980, "power_mw": 300000, "throttle_reasons": 0,
            "processes": {}, "mig": {"current": 0, "pending": 0, "instances": []}}
     for p in procs():

@@ -2,7 +2,8 @@
 //! table, with `dry.py` standing in for the binaries, the GPU and NVML. Faults are injected
 //! through `GPUCHECK_DRY_FAULTS`: a workload that hangs, one that exits before its first record,
 //! one that exits when asked for its checksum after a resume, another process that exits before
-//! its record while a workload is suspended, a driver that refuses to suspend.
+//! its record while a workload is suspended, a driver that refuses to suspend, a driver that
+//! refuses a restore with GPU pairs.
 //!
 //! xtask runs in a process group of its own, so a `kill(0, …)` it sent would kill itself and
 //! show as a signal in its exit status. Every process it started carries a marker in its
@@ -15,10 +16,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// The rows a run plans: 6 setup, 9 memory, 4 limit, 1 hooks, 3 cost, 8 suspend, 16 throttle.
-const PLANNED: usize = 47;
+/// The rows a run plans: 6 setup, 9 memory, 4 limit, 1 hooks, 3 cost, 12 suspend, 16 throttle.
+const PLANNED: usize = 51;
 /// The suspend section's row for another process taking the freed memory meanwhile.
 const OTHER: &str = "suspend: another process allocates meanwhile";
+/// The suspend section's rows for a restore with the GPU paired to itself.
+const PAIR_VERSION: &str = "GPU pair: the driver's CUDA version (driver-version)";
+const PAIR_RESTORED: &str = "GPU pair: restored onto its own GPU (--gpu-pair), NVML";
+const PAIR_INTACT: &str = "GPU pair: data intact";
+const PAIR_ACCOUNTING: &str = "GPU pair: agent's accounting";
 
 fn dry_run(marker: &str, results: &Path, faults: &str, extra: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_xtask"));
@@ -163,7 +169,14 @@ fn a_hang_and_an_early_exit_each_cost_their_rows_only_and_nothing_is_left_runnin
         "{other:?}"
     );
     assert_eq!(row(&rows, "resume: time and rate").2, "info");
-    for check in ["resume: data intact", "resume: agent's accounting"] {
+    for check in [
+        "resume: data intact",
+        "resume: agent's accounting",
+        PAIR_VERSION,
+        PAIR_RESTORED,
+        PAIR_INTACT,
+        PAIR_ACCOUNTING,
+    ] {
         let r = row(&rows, check);
         assert_eq!(r.2, "FAIL", "{r:?}");
         assert!(
@@ -217,6 +230,19 @@ fn without_faults_every_row_is_made_and_passes() {
     assert!(other.3.contains("difference +0 KiB"), "{other:?}");
     assert!(other.3.contains("NVML lists no process"), "{other:?}");
     assert!(other.3.contains("NVML listed it no more"), "{other:?}");
+    // The helper checkpointed the workload and restored it with its GPU paired to itself: its
+    // bytes left NVML and came back, its data and the agent's count with them.
+    for check in [PAIR_VERSION, PAIR_RESTORED, PAIR_INTACT, PAIR_ACCOUNTING] {
+        assert_eq!(row(&rows, check).2, "pass", "{check}: {rows:#?}");
+    }
+    let paired = row(&rows, PAIR_RESTORED);
+    assert!(
+        paired
+            .3
+            .contains("--gpu-pair GPU-d7d7d7d7-0000-4000-8000-000000000038=GPU-d7d7d7d7"),
+        "{paired:?}"
+    );
+    assert!(paired.1.contains("--gpu-pair"), "{paired:?}");
     assert!(
         leftovers(&marker).is_empty(),
         "left running: {:?}",
@@ -241,7 +267,7 @@ fn a_refused_suspension_fails_its_rows_with_the_drivers_code() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "failed checks: {stderr}");
     let rows = table(&out);
-    assert_eq!(rows.len(), 6 + 8, "setup and suspend only: {rows:#?}");
+    assert_eq!(rows.len(), 6 + 12, "setup and suspend only: {rows:#?}");
     assert_eq!(
         row(
             &rows,
@@ -258,6 +284,10 @@ fn a_refused_suspension_fails_its_rows_with_the_drivers_code() {
         "resume: time and rate",
         "resume: data intact",
         "resume: agent's accounting",
+        PAIR_VERSION,
+        PAIR_RESTORED,
+        PAIR_INTACT,
+        PAIR_ACCOUNTING,
     ] {
         let r = row(&rows, check);
         assert_eq!(r.2, "FAIL", "{r:?}");
@@ -265,6 +295,61 @@ fn a_refused_suspension_fails_its_rows_with_the_drivers_code() {
             r.3.contains("suspend_refused") && r.3.contains("CUDA_ERROR_NOT_SUPPORTED (801)"),
             "{r:?}"
         );
+    }
+    assert!(
+        leftovers(&marker).is_empty(),
+        "left running: {:?}",
+        leftovers(&marker)
+    );
+}
+
+/// The driver refuses the restore with the GPU paired to itself: that row fails with the
+/// driver's function and code, the workload is brought back by a plain restore so it can end,
+/// and the two rows after it say they were not reached for that reason; the agent's own
+/// suspension and resumption before it still pass.
+#[test]
+#[ignore = "needs root (the late workload's cgroup)"]
+fn a_driver_refusing_the_gpu_pair_fails_its_row_saying_so() {
+    let results = tempfile::tempdir().unwrap();
+    let marker = marker("pairs");
+    let out = dry_run(
+        &marker,
+        results.path(),
+        "refuse:pairs",
+        &["--sections", "suspend"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "failed checks: {stderr}");
+    let rows = table(&out);
+    assert_eq!(rows.len(), 6 + 12, "setup and suspend only: {rows:#?}");
+    for check in [
+        "suspend: agent suspended the session",
+        "resume: data intact",
+        "resume: agent's accounting",
+        PAIR_VERSION,
+    ] {
+        assert_eq!(row(&rows, check).2, "pass", "{check}: {rows:#?}");
+    }
+    let refused = row(&rows, PAIR_RESTORED);
+    assert_eq!(refused.2, "FAIL", "{refused:?}");
+    assert!(
+        refused
+            .3
+            .contains("the driver refused the restore with --gpu-pair")
+            && refused.3.contains("cuCheckpointProcessRestore")
+            && refused.3.contains("\"code\":1"),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .3
+            .contains("plain restore and unlock brought it back"),
+        "{refused:?}"
+    );
+    for check in [PAIR_INTACT, PAIR_ACCOUNTING] {
+        let r = row(&rows, check);
+        assert_eq!(r.2, "FAIL", "{r:?}");
+        assert!(r.3.contains("not restored with the GPU pair"), "{r:?}");
     }
     assert!(
         leftovers(&marker).is_empty(),

@@ -13,6 +13,9 @@ use gpuwarden_proto::v1 as pb;
 use prost::Message as _;
 
 const TREE: &str = "holdings";
+/// Moves onto other GPUs under way (issue 38), kept so that an agent that restarts in the
+/// middle of one knows, and says so to the controller, which booked the new GPUs.
+const MOVES_TREE: &str = "moves";
 
 /// Errors of the holdings store.
 #[derive(Debug, thiserror::Error)]
@@ -47,7 +50,10 @@ pub struct Holdings {
     /// Allocations on other GPUs that suspended sessions are resuming onto (issue 38): held in
     /// place of the old ones once the resumption succeeds ([`Self::settle_move`]).
     moves: BTreeMap<String, pb::Allocate>,
+    /// Moves a previous run of the agent began and never settled: found on disk at open.
+    interrupted: BTreeMap<String, pb::Allocate>,
     tree: Option<sled::Tree>,
+    moves_tree: Option<sled::Tree>,
     db: Option<sled::Db>,
 }
 
@@ -62,21 +68,13 @@ impl Holdings {
             source,
         })?;
         let tree = db.open_tree(TREE)?;
-        let mut sessions = BTreeMap::new();
-        for item in &tree {
-            let (k, v) = item?;
-            let session = String::from_utf8_lossy(&k).into_owned();
-            let allocate =
-                pb::Allocate::decode(v.as_ref()).map_err(|source| HoldingsError::Corrupt {
-                    session: session.clone(),
-                    source,
-                })?;
-            sessions.insert(session, allocate);
-        }
+        let moves_tree = db.open_tree(MOVES_TREE)?;
         Ok(Self {
-            sessions,
+            sessions: load(&tree)?,
             moves: BTreeMap::new(),
+            interrupted: load(&moves_tree)?,
             tree: Some(tree),
+            moves_tree: Some(moves_tree),
             db: Some(db),
         })
     }
@@ -117,8 +115,18 @@ impl Holdings {
 
     /// Notes that `allocate`'s session is resuming onto its GPUs, other than those it holds:
     /// held only once it has ([`Self::settle_move`]), so that a refused move leaves the old ones.
-    pub fn propose_move(&mut self, allocate: pb::Allocate) {
+    /// The move is written down first, so that a restart in its middle is known
+    /// ([`Self::interrupted`]).
+    ///
+    /// # Errors
+    /// The write failed: the move must not start.
+    pub fn propose_move(&mut self, allocate: pb::Allocate) -> Result<(), HoldingsError> {
+        if let Some(tree) = &self.moves_tree {
+            tree.insert(allocate.session_id.as_bytes(), allocate.encode_to_vec())?;
+            tree.flush()?;
+        }
         self.moves.insert(allocate.session_id.clone(), allocate);
+        Ok(())
     }
 
     /// The move of `session` ended: held if it `resumed`, forgotten otherwise.
@@ -126,10 +134,40 @@ impl Holdings {
     /// # Errors
     /// The write failed.
     pub fn settle_move(&mut self, session: &str, resumed: bool) -> Result<(), HoldingsError> {
-        match self.moves.remove(session) {
-            Some(allocate) if resumed && self.sessions.contains_key(session) => self.hold(allocate),
-            _ => Ok(()),
+        let moved = self.moves.remove(session);
+        if let Some(allocate) = moved
+            && resumed
+            && self.sessions.contains_key(session)
+        {
+            self.hold(allocate)?;
         }
+        self.forget_move(session)
+    }
+
+    /// Moves onto other GPUs that an earlier run of the agent began and did not settle (it
+    /// stopped between the controller's `Resume` and its answer), with the allocation each was
+    /// going to, for sessions still held.
+    #[must_use]
+    pub fn interrupted(&self) -> Vec<pb::Allocate> {
+        self.interrupted
+            .values()
+            .filter(|a| self.sessions.contains_key(&a.session_id))
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets the move of `session` on disk (and an interrupted one in memory).
+    ///
+    /// # Errors
+    /// The write failed.
+    pub fn forget_move(&mut self, session: &str) -> Result<(), HoldingsError> {
+        self.interrupted.remove(session);
+        if let Some(tree) = &self.moves_tree
+            && tree.remove(session.as_bytes())?.is_some()
+        {
+            tree.flush()?;
+        }
+        Ok(())
     }
 
     /// Lets go of `session`.
@@ -143,8 +181,24 @@ impl Holdings {
             tree.remove(session.as_bytes())?;
             tree.flush()?;
         }
-        Ok(())
+        self.forget_move(session)
     }
+}
+
+/// The allocations of a tree, by session.
+fn load(tree: &sled::Tree) -> Result<BTreeMap<String, pb::Allocate>, HoldingsError> {
+    let mut out = BTreeMap::new();
+    for item in tree {
+        let (k, v) = item?;
+        let session = String::from_utf8_lossy(&k).into_owned();
+        let allocate =
+            pb::Allocate::decode(v.as_ref()).map_err(|source| HoldingsError::Corrupt {
+                session: session.clone(),
+                source,
+            })?;
+        out.insert(session, allocate);
+    }
+    Ok(out)
 }
 
 /// Holdings shared between the link and the local interface.
@@ -178,5 +232,55 @@ mod tests {
         assert_eq!(h.sessions(), vec!["s2".to_owned()]);
         assert!(h.get("s2").is_some());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn on(session: &str, index: u32) -> pb::Allocate {
+        pb::Allocate {
+            session_id: session.into(),
+            devices: vec![pb::DeviceShare {
+                index,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// A move begun and not settled is found by the next run, which still holds the old GPUs;
+    /// a settled one (either way) and a released session's are not.
+    #[test]
+    fn a_move_cut_short_by_a_restart_is_found_by_the_next_run() {
+        let scratch = gpuwarden_test_support::scratch("holdings-moves");
+        let dir = scratch.path().join("store");
+        {
+            let mut h = Holdings::open(&dir).unwrap();
+            for id in ["cut", "done", "refused", "gone"] {
+                h.hold(on(id, 0)).unwrap();
+                h.propose_move(on(id, 1)).unwrap();
+            }
+            h.settle_move("done", true).unwrap();
+            h.settle_move("refused", false).unwrap();
+            h.release("gone").unwrap();
+            assert!(
+                h.interrupted().is_empty(),
+                "this run's own moves are not interrupted"
+            );
+        }
+        let mut h = Holdings::open(&dir).unwrap();
+        let cut = h.interrupted();
+        assert_eq!(cut.len(), 1, "{cut:?}");
+        assert_eq!(
+            (cut[0].session_id.as_str(), cut[0].devices[0].index),
+            ("cut", 1)
+        );
+        assert_eq!(
+            h.get("cut").unwrap().devices[0].index,
+            0,
+            "the old GPU is held"
+        );
+        assert_eq!(h.get("done").unwrap().devices[0].index, 1);
+        assert_eq!(h.get("refused").unwrap().devices[0].index, 0);
+        h.forget_move("cut").unwrap();
+        drop(h);
+        assert!(Holdings::open(&dir).unwrap().interrupted().is_empty());
     }
 }

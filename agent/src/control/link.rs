@@ -505,6 +505,7 @@ async fn connect_once(
     if let Some(c) = channels.as_deref() {
         c.usage_counters.set_connected(true);
     }
+    report_interrupted(holdings, &tx).await?;
     let mut ticker = tokio::time::interval(interval);
     let mut seq = 1;
     loop {
@@ -711,11 +712,64 @@ fn resume_command(
         Ok(None) => return refuse("nothing enforced for it".to_owned()),
         Err(e) => return refuse(e.to_string()),
     };
-    lock(holdings).propose_move(moved);
+    if let Err(e) = lock(holdings).propose_move(moved) {
+        return refuse(format!("the move could not be recorded: {e}"));
+    }
     Ok(QuotaCommand::ResumeOnto {
         session: r.session_id,
         moving: Move { spec, pairs },
     })
+}
+
+/// Sends [`interrupted_moves`] up, forgetting each once sent.
+async fn report_interrupted(
+    holdings: &SharedHoldings,
+    tx: &mpsc::Sender<pb::AgentMessage>,
+) -> Result<(), LinkError> {
+    for event in interrupted_moves(holdings) {
+        let session = event.session_id.clone();
+        let msg = pb::agent_message::Msg::Event(event);
+        tx.send(pb::AgentMessage { msg: Some(msg) })
+            .await
+            .map_err(|_| LinkError::Closed)?;
+        if let Err(e) = lock(holdings).forget_move(&session) {
+            tracing::error!(session, "forgetting the interrupted move: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// `resume_refused` for each move onto other GPUs that an earlier run of this agent began and
+/// did not settle (issue 38): the controller booked the new GPUs, this run holds the old ones
+/// and re-applied their quota, and the processes are as the cut-short move left them, at the
+/// latest checkpointed and locked before the restore. The controller frees the new GPUs and
+/// suspends the session again; its next `Resume` restores it on the GPUs it holds.
+fn interrupted_moves(holdings: &SharedHoldings) -> Vec<pb::EnforcementEvent> {
+    let h = lock(holdings);
+    h.interrupted()
+        .into_iter()
+        .map(|to| {
+            let gpus = |a: &pb::Allocate| {
+                a.devices
+                    .iter()
+                    .map(|d| d.index.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            let held = h.get(&to.session_id).map(gpus).unwrap_or_default();
+            tracing::warn!(session = %to.session_id, "a move to GPUs {} was cut short by a restart", gpus(&to));
+            pb::EnforcementEvent {
+                session_id: to.session_id.clone(),
+                action: "resume_refused".to_owned(),
+                reason: format!(
+                    "not resumed on GPUs {}: the agent restarted during the move; still \
+                     suspended, holding GPUs {held}",
+                    gpus(&to)
+                ),
+                ..pb::EnforcementEvent::default()
+            }
+        })
+        .collect()
 }
 
 /// Lets go of `session`'s allocation on disk.

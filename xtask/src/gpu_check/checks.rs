@@ -20,7 +20,10 @@ use super::{
 
 pub mod suspend;
 
-use suspend::{ACCOUNTING, DRIVER_STATE, FROZEN, INTACT, NVML_SUSPENDED, OTHER, RATE, SUSPENDED};
+use suspend::{
+    ACCOUNTING, DRIVER_STATE, FROZEN, INTACT, NVML_SUSPENDED, OTHER, PAIR_ACCOUNTING, PAIR_INTACT,
+    PAIR_RESTORED, PAIR_VERSION, RATE, SUSPENDED,
+};
 
 const GIB: u64 = 1 << 30;
 /// How long one workload step may take to print its record.
@@ -113,6 +116,10 @@ pub fn plan() -> Vec<(String, Vec<String>)> {
                 RATE,
                 INTACT,
                 ACCOUNTING,
+                PAIR_VERSION,
+                PAIR_RESTORED,
+                PAIR_INTACT,
+                PAIR_ACCOUNTING,
             ]),
         ),
         ("throttle".into(), throttle),

@@ -163,6 +163,8 @@ pub fn run_to_end(
 pub struct NvmlGpu {
     /// Its name.
     pub name: Option<String>,
+    /// Its UUID as NVML prints it (`GPU-…`).
+    pub uuid: Option<String>,
     /// Total memory in bytes.
     pub total: Option<u64>,
     /// SM clock, MHz.
@@ -204,6 +206,7 @@ impl Nvml {
             .iter()
             .map(|g| NvmlGpu {
                 name: g["name"].as_str().map(str::to_owned),
+                uuid: g["uuid"].as_str().map(str::to_owned),
                 total: g["total"].as_u64(),
                 sm_clock_mhz: g["sm_clock_mhz"].as_u64(),
                 power_mw: g["power_mw"].as_u64(),
@@ -512,14 +515,21 @@ impl Rig {
     }
 
     /// One call of the agent's checkpoint helper, as the agent makes it but without the agent
-    /// (`gpuwarden-agent checkpoint --pid PID --action ACTION`): its exit status and the line
-    /// it printed, whatever the status (3: the driver refused, 1: the call could not be made).
+    /// (`gpuwarden-agent checkpoint --pid PID --action ACTION EXTRA…`, e.g. `--gpu-pair OLD=NEW`):
+    /// its exit status and the line it printed, whatever the status (3: the driver refused, 1:
+    /// the call could not be made).
     ///
     /// # Errors
     /// It can't be started or takes longer than 60 s.
-    pub fn checkpoint_call(&self, pid: u32, action: &str) -> anyhow::Result<(ExitStatus, String)> {
+    pub fn checkpoint_call(
+        &self,
+        pid: u32,
+        action: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<(ExitStatus, String)> {
         let mut cmd = self.kit.tool("gpuwarden-agent", &self.dry_state());
-        cmd.args(["checkpoint", "--pid", &pid.to_string(), "--action", action]);
+        cmd.args(["checkpoint", "--pid", &pid.to_string(), "--action", action])
+            .args(extra);
         let (status, out) = run_to_end(
             cmd,
             "checkpoint helper",

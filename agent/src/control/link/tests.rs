@@ -400,3 +400,83 @@ fn only_the_listed_gpus_report_their_mig_layout() {
             .contains_key("cuda.mig.1g.18gb")
     );
 }
+
+/// Issue 38: the agent stops between a `Resume` onto other GPUs and its answer. The next run
+/// holds the old GPUs (its store) and tells the controller, which booked the new ones, that the
+/// move did not happen: `resume_refused`, naming both; a move this run settles is not told.
+#[test]
+fn a_move_cut_short_by_a_restart_is_refused_to_the_controller_by_the_next_run() {
+    const GPUS: &str = r#"
+[[devices]]
+uuid = "GPU-6a4c2f9e-0000-4000-8000-0000000000c0"
+model_name = "Mock H100"
+memory_size = "16G"
+[[devices]]
+uuid = "GPU-6a4c2f9e-0000-4000-8000-0000000000c1"
+model_name = "Mock H100"
+memory_size = "16G"
+"#;
+    let backend =
+        crate::devices::mock::MockBackend::from_toml(GPUS, std::path::Path::new("gpus.toml"))
+            .unwrap();
+    let scratch = gpuwarden_test_support::scratch("link-moves");
+    let store = scratch.path().join("store");
+    let share = |index| pb::DeviceShare {
+        index,
+        shares: "1".into(),
+        ..Default::default()
+    };
+    let open =
+        || -> SharedHoldings { Arc::new(std::sync::Mutex::new(Holdings::open(&store).unwrap())) };
+    let resume_onto_1 = |holdings: &SharedHoldings, session: &str| {
+        let command = resume_command(
+            &backend,
+            holdings,
+            pb::Resume {
+                session_id: session.into(),
+                devices: vec![share(1)],
+            },
+        );
+        assert!(
+            matches!(command, Ok(QuotaCommand::ResumeOnto { .. })),
+            "{command:?}"
+        );
+    };
+    {
+        let holdings = open();
+        for session in ["cut", "done"] {
+            lock(&holdings)
+                .hold(pb::Allocate {
+                    session_id: session.into(),
+                    devices: vec![share(0)],
+                    target: Some(pb::Target {
+                        kind: Some(pb::target::Kind::CgroupPath(format!("/{session}"))),
+                    }),
+                    ..Default::default()
+                })
+                .unwrap();
+            resume_onto_1(&holdings, session);
+        }
+        lock(&holdings).settle_move("done", true).unwrap();
+        assert!(
+            interrupted_moves(&holdings).is_empty(),
+            "nothing cut short yet"
+        );
+    }
+    let holdings = open();
+    let told = interrupted_moves(&holdings);
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(
+        (told[0].session_id.as_str(), told[0].action.as_str()),
+        ("cut", "resume_refused")
+    );
+    assert!(
+        told[0].reason.contains("not resumed on GPUs 1")
+            && told[0].reason.contains("restarted during the move")
+            && told[0].reason.contains("holding GPUs 0"),
+        "{}",
+        told[0].reason
+    );
+    assert_eq!(lock(&holdings).get("cut").unwrap().devices[0].index, 0);
+    assert_eq!(lock(&holdings).get("done").unwrap().devices[0].index, 1);
+}

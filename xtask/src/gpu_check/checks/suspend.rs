@@ -6,6 +6,10 @@
 //! to NVML's to the byte. The driver's own answer for the process, asked without the agent,
 //! comes first. Where the driver refuses, the agent falls back to the kill path and the rows say
 //! so with the driver's code.
+//!
+//! Then the driver's side of a move to other GPUs, on one GPU: the helper's `driver-version`,
+//! and the workload checkpointed by the helper and restored with its GPU paired to itself
+//! (`--gpu-pair U=U`), held to NVML, its checksum and the agent's count.
 
 use std::{
     path::PathBuf,
@@ -41,6 +45,14 @@ pub const RATE: &str = "resume: time and rate";
 pub const INTACT: &str = "resume: data intact";
 /// The agent's count after the resume against NVML's.
 pub const ACCOUNTING: &str = "resume: agent's accounting";
+/// The helper's `driver-version`: whether the driver's restore takes GPU pairs.
+pub const PAIR_VERSION: &str = "GPU pair: the driver's CUDA version (driver-version)";
+/// The workload checkpointed by the helper and restored with its GPU paired to itself.
+pub const PAIR_RESTORED: &str = "GPU pair: restored onto its own GPU (--gpu-pair), NVML";
+/// The workload's checksum after the paired restore against the one it printed first.
+pub const PAIR_INTACT: &str = "GPU pair: data intact";
+/// The agent's count after the paired restore against NVML's.
+pub const PAIR_ACCOUNTING: &str = "GPU pair: agent's accounting";
 
 /// What the workload fills and checks (one tensor).
 const TENSOR_MIB: u64 = 4096;
@@ -57,6 +69,11 @@ const OTHER_STEP: Duration = Duration::from_secs(45);
 const OTHER_EXIT: Duration = Duration::from_secs(15);
 /// How long NVML is read, after the other process's exit, for it to leave NVML's list.
 const OTHER_GONE: Duration = Duration::from_secs(10);
+/// The first `cuDriverGetVersion` whose `CUcheckpointRestoreArgs` carries GPU pairs: CUDA 13.0
+/// (driver 580), as NVIDIA's CUDA 13.0 release notes and cuda.h date `CUcheckpointGpuPair`.
+const PAIRS_SINCE: i64 = 13_000;
+/// The lock's bound in the driver for the pair check, as the agent's default step bound.
+const LOCK_TIMEOUT_MS: &str = "60000";
 
 /// A suspension or resumption as the agent's events tell it.
 #[derive(Debug)]
@@ -160,15 +177,215 @@ pub fn section(rig: &Rig, s: &Section, o: &super::Opts) -> anyhow::Result<()> {
             checked.name
         );
     }
-    sub(s, INTACT, || intact(s, &checksum, &filled, &checked));
+    sub(s, INTACT, || {
+        intact(s, INTACT, &checksum, &filled, &checked)
+    });
     settle(o);
     sub(s, ACCOUNTING, || {
         let r = held_to_nvml(rig, s, ACCOUNTING, &checked)?;
         let note = format!("{}; {before}", r.note);
         Ok(r.note(note))
     });
-    w.finish(Duration::from_secs(30));
+    let paired = paired(rig, s, o, &mut w, &checksum, &filled);
+    // A workload left locked or checkpointed by a failed pair check cannot exit by itself.
+    w.finish(Duration::from_secs(if paired.is_ok() { 30 } else { 5 }));
+    paired
+}
+
+/// The driver's side of a move to other GPUs, on one GPU: the helper's `driver-version`, then
+/// the workload (running again after the agent's resume) locked and checkpointed by the helper
+/// and restored with its GPU paired to itself (`--gpu-pair U=U`, CUDA 13.0's restore
+/// arguments), and unlocked. Held to NVML (its memory left and came back), to its checksum and
+/// to the agent's count. Nothing here changes a GPU setting.
+fn paired(
+    rig: &Rig,
+    s: &Section,
+    o: &super::Opts,
+    w: &mut crate::gpu_check::rig::Workload,
+    checksum: &str,
+    filled: &Record,
+) -> anyhow::Result<()> {
+    s.doing("asking the driver its version through the helper");
+    let version = driver_version(rig);
+    s.row(version_row(rig, s, &version));
+    let (cuda, _) = version.map_err(|e| e.context("GPU pairs not tried"))?;
+    if cuda < PAIRS_SINCE {
+        bail!("GPU pairs not tried: the driver's CUDA version {cuda} is below {PAIRS_SINCE}");
+    }
+
+    let tensor = held(filled);
+    match restore_paired(rig, s, o, filled.pid, tensor) {
+        Ok(restored) => s.row(restored),
+        Err(e) => {
+            s.row(
+                row(
+                    s,
+                    PAIR_RESTORED,
+                    "not restored with the GPU pair",
+                    "the driver takes the pair",
+                    Verdict::Fail,
+                )
+                .note(format!("{e:#}")),
+            );
+            return Err(e.context("not restored with the GPU pair"));
+        }
+    }
+
+    s.doing("waiting for the workload's checksum after the paired restore");
+    w.go();
+    let checked = w.expect("its checksum after the paired restore", STEP)?;
+    if checked.name != "checked" {
+        bail!(
+            "the workload printed {} where checked was due",
+            checked.name
+        );
+    }
+    sub(s, PAIR_INTACT, || {
+        intact(s, PAIR_INTACT, checksum, filled, &checked)
+    });
+    settle(o);
+    sub(s, PAIR_ACCOUNTING, || {
+        held_to_nvml(rig, s, PAIR_ACCOUNTING, &checked)
+    });
     Ok(())
+}
+
+/// `gpuwarden-agent checkpoint --action driver-version` (no process): the version and the
+/// helper's line.
+fn driver_version(rig: &Rig) -> anyhow::Result<(i64, String)> {
+    let (status, line) = rig.checkpoint_call(0, "driver-version", &[])?;
+    let answer: Value = serde_json::from_str(&line).with_context(|| {
+        format!(
+            "the helper printed no JSON ({status}): {line:?}; {}",
+            tail(&rig.out.join("checkpoint-helper.log"), 3)
+        )
+    })?;
+    match answer["driver_version"].as_i64() {
+        Some(v) if answer["result"] == "ok" && status.success() => Ok((v, line)),
+        _ => bail!("the helper gave no driver version ({status}): {line}"),
+    }
+}
+
+/// The version's row: a version from [`PAIRS_SINCE`] on passes; NVML's driver in the notes.
+fn version_row(rig: &Rig, s: &Section, version: &anyhow::Result<(i64, String)>) -> Row {
+    let nvml_driver = rig
+        .nvml()
+        .ok()
+        .and_then(|n| n.driver)
+        .unwrap_or_else(|| "?".to_owned());
+    let reference = format!("≥ {PAIRS_SINCE} (CUDA 13.0: restore takes GPU pairs)");
+    match version {
+        Ok((v, line)) => row(
+            s,
+            PAIR_VERSION,
+            format!("CUDA {v}"),
+            reference,
+            verdict(*v >= PAIRS_SINCE),
+        )
+        .note(format!("{line}; NVML's driver {nvml_driver}")),
+        Err(e) => row(s, PAIR_VERSION, "no version", reference, Verdict::Fail)
+            .note(format!("{e:#}; NVML's driver {nvml_driver}")),
+    }
+}
+
+/// One helper call on `pid` that must answer `ok`; what it said (and how long it took) goes
+/// into `said`.
+fn helper_ok(
+    rig: &Rig,
+    pid: u32,
+    action: &str,
+    extra: &[&str],
+    said: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let (status, line) = rig.checkpoint_call(pid, action, extra)?;
+    said.push(format!(
+        "{action}: {line} ({:.2} s)",
+        start.elapsed().as_secs_f64()
+    ));
+    let answer: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+    if answer["result"] != "ok" || !status.success() {
+        bail!("{action} answered {line} ({status})");
+    }
+    Ok(())
+}
+
+/// Lock, checkpoint, restore with the GPU the process is on paired to itself, unlock; NVML
+/// read while checkpointed and after. A refused pair restore is answered with a plain restore
+/// and unlock (so the workload can end), and the error says both.
+fn restore_paired(
+    rig: &Rig,
+    s: &Section,
+    o: &super::Opts,
+    pid: u32,
+    tensor: u64,
+) -> anyhow::Result<Row> {
+    let nvml = rig.nvml()?;
+    let before = nvml.process_bytes(pid)?;
+    let uuid = nvml
+        .gpus
+        .iter()
+        .find(|g| g.processes.contains_key(&pid))
+        .and_then(|g| g.uuid.clone())
+        .with_context(|| format!("NVML gives no UUID for the GPU of process {pid}"))?;
+    let pair = format!("{uuid}={uuid}");
+    let mut said = Vec::new();
+    s.doing("locking and checkpointing the workload through the helper");
+    helper_ok(
+        rig,
+        pid,
+        "lock",
+        &["--timeout-ms", LOCK_TIMEOUT_MS],
+        &mut said,
+    )?;
+    if let Err(e) = helper_ok(rig, pid, "checkpoint", &[], &mut said) {
+        let _ = helper_ok(rig, pid, "unlock", &[], &mut said);
+        bail!("{e:#}; {}", said.join("; "));
+    }
+    settle(o);
+    let checkpointed = rig.nvml().and_then(|n| suspended_bytes(&n, pid));
+    s.doing(format!("restoring the workload with --gpu-pair {pair}"));
+    if let Err(e) = helper_ok(rig, pid, "restore", &["--gpu-pair", &pair], &mut said) {
+        // Bring it back where it was, without pairs, so it can end.
+        let back = helper_ok(rig, pid, "restore", &[], &mut said)
+            .and_then(|()| helper_ok(rig, pid, "unlock", &[], &mut said));
+        bail!(
+            "the driver refused the restore with --gpu-pair {pair}: {e:#}; then a plain restore \
+             and unlock {}; {}",
+            back.map_or_else(
+                |e| format!("failed: {e:#}"),
+                |()| "brought it back".to_owned()
+            ),
+            said.join("; ")
+        );
+    }
+    helper_ok(rig, pid, "unlock", &[], &mut said)
+        .with_context(|| format!("restored with the pair, then: {}", said.join("; ")))?;
+    settle(o);
+    let after = rig.nvml()?.process_bytes(pid)?;
+    let (away, away_said) = checkpointed.as_ref().map_or_else(
+        |e| (None, format!("? ({e:#})")),
+        |(b, t)| (Some(*b), t.clone()),
+    );
+    Ok(row(
+        s,
+        PAIR_RESTORED,
+        format!(
+            "NVML {} KiB after; while checkpointed: {away_said}",
+            after / 1024
+        ),
+        format!(
+            "≥ {} KiB after (the tensor), < {} KiB while checkpointed",
+            tensor / 1024,
+            SUSPENDED_MAX / 1024
+        ),
+        verdict(after >= tensor && away.is_some_and(|b| b < SUSPENDED_MAX)),
+    )
+    .note(format!(
+        "--gpu-pair {pair}; NVML before {} KiB; {}",
+        before / 1024,
+        said.join("; ")
+    )))
 }
 
 /// The suspension's row: how long it took, the events, the figures before.
@@ -203,7 +420,7 @@ fn kib(bytes: Result<u64, impl std::fmt::Display>) -> String {
 /// without the agent: whether the helper loads the driver library and the driver answers for
 /// this process at all, before anything depends on it.
 fn driver_state(rig: &Rig, s: &Section, filled: &Record) -> anyhow::Result<Row> {
-    let (status, line) = rig.checkpoint_call(filled.pid, "get-state")?;
+    let (status, line) = rig.checkpoint_call(filled.pid, "get-state", &[])?;
     let libcuda = filled.fields["libcuda"].as_str().unwrap_or("?");
     let answer: Value = serde_json::from_str(&line).with_context(|| {
         format!(
@@ -640,14 +857,20 @@ fn rate_row(
 }
 
 /// The checksum after the resume against the one before.
-fn intact(s: &Section, before: &str, filled: &Record, checked: &Record) -> anyhow::Result<Row> {
+fn intact(
+    s: &Section,
+    check: &str,
+    before: &str,
+    filled: &Record,
+    checked: &Record,
+) -> anyhow::Result<Row> {
     let after = checked.fields["checksum"]
         .as_str()
         .context("the checked record has no checksum")?;
     let reserved = |r: &Record| kib(r.fields["torch_reserved"].as_u64().ok_or("no figure"));
     Ok(row(
         s,
-        INTACT,
+        check,
         format!("checksum {after}"),
         format!("before: {before}"),
         verdict(after == before),
