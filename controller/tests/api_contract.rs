@@ -442,6 +442,148 @@ async fn pages_hold_every_node_of_ten_thousand_exactly_once_while_nodes_join() {
     assert!(all.nodes.len() >= NODES && all.next_page_token.is_empty());
 }
 
+/// How many times each name is on a page, and how many pages there were.
+type Paged = (std::collections::BTreeMap<String, usize>, usize);
+
+/// Pages `list` (a page of at most `size` from a token: its names and the next token) to its end.
+async fn page_through<F, Fut>(size: u32, mut list: F) -> Paged
+where
+    F: FnMut(u32, String) -> Fut,
+    Fut: std::future::Future<Output = (Vec<String>, String)>,
+{
+    let (mut seen, mut pages, mut token) = (std::collections::BTreeMap::new(), 0, String::new());
+    loop {
+        let (names, next) = list(size, token).await;
+        assert!(names.len() <= size as usize, "{names:?}");
+        for n in names {
+            *seen.entry(n).or_default() += 1;
+        }
+        pages += 1;
+        if next.is_empty() {
+            return (seen, pages);
+        }
+        token = next;
+    }
+}
+
+/// A client of the controller at `url`, once it has set a queue of each of `names`.
+async fn admin_sets_queues(
+    url: String,
+    names: &[String],
+) -> pb::scheduler_service_client::SchedulerServiceClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connects");
+    let client = pb::scheduler_service_client::SchedulerServiceClient::new(channel);
+    for (i, name) in names.iter().enumerate() {
+        client
+            .clone()
+            .set_queue(pb::SetQueueRequest {
+                queue: Some(pb::Queue {
+                    name: name.clone(),
+                    members: vec![format!("user-{i}")],
+                    ..Default::default()
+                }),
+            })
+            .await
+            .expect("set");
+    }
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_and_the_allocation_map_page_each_entry_once() {
+    const MANY: usize = 23;
+    let scratch = gpuwarden_test_support::scratch("contract-other-pages");
+    let addr = common::serve_in_process(
+        scratch.path(),
+        Transport::PlainText,
+        Bounds::new(Limits::default()),
+    )
+    .await;
+    let url = format!("http://{addr}");
+    let nodes: Vec<String> = (0..MANY).map(|i| format!("node-{i:02}")).collect();
+    let queues: Vec<String> = (0..MANY).map(|i| format!("team-{i:02}")).collect();
+    for id in &nodes {
+        gpuwarden_test_support::node::register(
+            &url,
+            gpuwarden_test_support::node::with_cpus(id, 1),
+        )
+        .await;
+    }
+    let client = admin_sets_queues(url, &queues).await;
+    let list_queues = |page_size, page_token| {
+        let mut c = client.clone();
+        async move {
+            let page = c
+                .list_queues(pb::ListQueuesRequest {
+                    page_size,
+                    page_token,
+                })
+                .await
+                .expect("lists")
+                .into_inner();
+            let names = page.queues.into_iter().map(|q| q.name).collect();
+            (names, page.next_page_token)
+        }
+    };
+    let allocation_map = |page_size, page_token| {
+        let mut c = client.clone();
+        async move {
+            let page = c
+                .get_allocation_map(pb::GetAllocationMapRequest {
+                    page_size,
+                    page_token,
+                    ..Default::default()
+                })
+                .await
+                .expect("maps")
+                .into_inner();
+            let names = page.nodes.into_iter().map(|n| n.node_id).collect();
+            (names, page.next_page_token)
+        }
+    };
+    for (what, want, (seen, pages)) in [
+        ("queues", &queues, page_through(5, list_queues).await),
+        ("nodes", &nodes, page_through(5, allocation_map).await),
+    ] {
+        let once: Vec<&String> = seen
+            .iter()
+            .filter(|(_, n)| **n == 1)
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(once, want.iter().collect::<Vec<_>>(), "{what}: {seen:?}");
+        assert_eq!(seen.len(), want.len(), "{what}: {seen:?}");
+        assert_eq!(pages, MANY.div_ceil(5), "{what}");
+    }
+    // No size: everything on one page, as before pages.
+    let (all, next) = list_queues(0, String::new()).await;
+    assert_eq!((all.len(), next.as_str()), (MANY, ""));
+    let (all, next) = allocation_map(0, String::new()).await;
+    assert_eq!((all.len(), next.as_str()), (MANY, ""));
+    // A token belongs to its list.
+    let (_, queue_token) = list_queues(5, String::new()).await;
+    let refused = client
+        .clone()
+        .get_allocation_map(pb::GetAllocationMapRequest {
+            page_size: 5,
+            page_token: queue_token,
+            ..Default::default()
+        })
+        .await
+        .expect_err("another list's token");
+    assert_eq!(
+        why(&refused),
+        (
+            Code::InvalidArgument,
+            Some("INVALID_PAGE_TOKEN".into()),
+            None
+        )
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_change_from_a_stale_read_is_aborted() {
     let scratch = gpuwarden_test_support::scratch("contract-etag");

@@ -115,6 +115,12 @@ fn whole_gpu(name: &str) -> pb::CreateSessionRequest {
     }
 }
 
+/// The enum of each `released` event of `session`.
+fn released_kinds(session: &pb::Session) -> Vec<pb::EnforcementAction> {
+    let released = session.events.iter().filter(|e| e.action == "released");
+    released.map(pb::EnforcementEvent::action_kind).collect()
+}
+
 async fn get(client: &mut SchedulerServiceClient<Channel>, id: &str) -> pb::Session {
     client
         .get_session(pb::GetSessionRequest { id: id.into() })
@@ -279,6 +285,8 @@ async fn terminating_is_watched_before_terminated_and_the_gpu_stays_booked_until
     );
     assert!(last.revision > first.revision);
     assert!(!last.conditions.iter().any(|c| c.r#type == "Releasing"));
+    // Confirmed by the string alone, as by an agent from before the enum: answered with both.
+    assert_eq!(released_kinds(&last), [pb::EnforcementAction::Released]);
     until_state(&c, &b.id, pb::SessionState::Running).await;
 }
 

@@ -4,7 +4,7 @@
 //! explanations, profiles — stay in the controller, `api::convert`.)
 
 use gpuwarden_types::{
-    event::EnforcementEvent,
+    event::{Action, EnforcementEvent},
     placement::{Placement, UnknownPlacement},
     policy::{ComputePolicy, MemoryPolicy, PolicyError, QuotaPolicy},
     slot::{InvalidSlotName, ResourceSlot, SlotKind, SlotName, SlotValue, ValueError},
@@ -377,11 +377,57 @@ pub fn placement_request_from_pb(mode: &str, enumerated: i32) -> Result<Option<P
     }
 }
 
+/// An action's enum on the wire (issue 40): `Unspecified` for one this proto does not number
+/// ([`Action::Other`]), whose name only `EnforcementEvent.action` carries.
+#[must_use]
+pub const fn action_to_pb(action: &Action) -> pb::EnforcementAction {
+    use pb::EnforcementAction as A;
+    match action {
+        Action::Deny => A::Deny,
+        Action::Kill => A::Kill,
+        Action::Stop => A::Stop,
+        Action::Report => A::Report,
+        Action::DeviceDenied => A::DeviceDenied,
+        Action::Hold => A::Hold,
+        Action::Resume => A::Resume,
+        Action::Bound => A::Bound,
+        Action::Unbound => A::Unbound,
+        Action::Expired => A::Expired,
+        Action::Refused => A::Refused,
+        Action::Preempt => A::Preempt,
+        Action::Preempted => A::Preempted,
+        Action::ShareDeviation => A::ShareDeviation,
+        Action::Suspend => A::Suspend,
+        Action::Suspended => A::Suspended,
+        Action::SuspendRefused => A::SuspendRefused,
+        Action::Resuming => A::Resuming,
+        Action::Resumed => A::Resumed,
+        Action::ResumeFailed => A::ResumeFailed,
+        Action::ResumeRefused => A::ResumeRefused,
+        Action::Released => A::Released,
+        Action::Other(_) => A::Unspecified,
+    }
+}
+
+/// The action an event message says: its `action_kind` where that is one this build numbers,
+/// else its `action` string (an older sender fills only the string; a newer one's new action
+/// is `Unspecified` beside its name), kept as sent when no known action has that name.
+#[must_use]
+pub fn action_from_pb(e: &pb::EnforcementEvent) -> Action {
+    match pb::EnforcementAction::try_from(e.action_kind) {
+        Ok(kind) if kind != pb::EnforcementAction::Unspecified => Action::KNOWN
+            .into_iter()
+            .find(|a| action_to_pb(a) == kind)
+            .unwrap_or_else(|| e.action.as_str().into()),
+        _ => e.action.as_str().into(),
+    }
+}
+
 /// An `EnforcementEvent` message to an event (its session id is kept apart).
 #[must_use]
 pub fn event_from_pb(e: &pb::EnforcementEvent) -> EnforcementEvent {
     EnforcementEvent {
-        action: e.action.as_str().into(),
+        action: action_from_pb(e),
         reason: e.reason.clone(),
         container: e.container.clone(),
         pid: e.pid,
@@ -411,6 +457,7 @@ pub fn event_to_pb(session_id: &str, e: &EnforcementEvent) -> pb::EnforcementEve
         limit_bytes: e.limit_bytes,
         at_ms: e.at_ms,
         device_index: e.device,
+        action_kind: action_to_pb(&e.action).into(),
     }
 }
 
@@ -553,7 +600,7 @@ mod tests {
             bad("cpu", "1.5x"),
             "slot \"cpu\": \"1.5x\" is not a decimal number"
         );
-        for action in gpuwarden_types::event::Action::KNOWN {
+        for action in Action::KNOWN {
             let event = EnforcementEvent {
                 action,
                 reason: "r".into(),
@@ -593,5 +640,63 @@ mod tests {
         }
         assert_eq!(placement_from_pb(""), Ok(None));
         assert!(placement_from_pb("fastest").is_err());
+    }
+
+    #[test]
+    fn every_action_has_its_enum_named_as_its_string_and_newer_ones_keep_their_name() {
+        // Both ways: each known action has a value named as its string, and each value but
+        // UNSPECIFIED is some known action's.
+        let mut numbered = std::collections::BTreeSet::new();
+        for action in Action::KNOWN {
+            let kind = action_to_pb(&action);
+            assert_eq!(
+                kind.as_str_name(),
+                format!("ENFORCEMENT_ACTION_{}", action.as_str().to_uppercase())
+            );
+            assert!(numbered.insert(kind), "{kind:?} twice");
+            let wire = event_to_pb(
+                "s",
+                &EnforcementEvent {
+                    action: action.clone(),
+                    ..EnforcementEvent::default()
+                },
+            );
+            assert_eq!(
+                (wire.action.as_str(), wire.action_kind),
+                (action.as_str(), i32::from(kind))
+            );
+        }
+        let values: Vec<_> = (1..=1000)
+            .filter_map(|n| pb::EnforcementAction::try_from(n).ok())
+            .collect();
+        assert_eq!(values.len(), numbered.len(), "{values:?}");
+        // An action this proto does not number: UNSPECIFIED, the string says what.
+        let newer = event_to_pb(
+            "s",
+            &EnforcementEvent {
+                action: Action::Other("throttle".into()),
+                ..EnforcementEvent::default()
+            },
+        );
+        assert_eq!((newer.action.as_str(), newer.action_kind), ("throttle", 0));
+        assert_eq!(
+            event_from_pb(&newer).action,
+            Action::Other("throttle".into())
+        );
+        // An agent from before the enum fills only the string; a sender filling only the
+        // enum is read by it.
+        let only = |action: &str, kind: pb::EnforcementAction| pb::EnforcementEvent {
+            action: action.into(),
+            action_kind: kind.into(),
+            ..pb::EnforcementEvent::default()
+        };
+        assert_eq!(
+            action_from_pb(&only("released", pb::EnforcementAction::Unspecified)),
+            Action::Released
+        );
+        assert_eq!(
+            action_from_pb(&only("", pb::EnforcementAction::SuspendRefused)),
+            Action::SuspendRefused
+        );
     }
 }

@@ -617,6 +617,7 @@ fn answer(
                 Err(why) => Some(pb::agent_message::Msg::Event(pb::EnforcementEvent {
                     session_id,
                     action: "resume_refused".to_owned(),
+                    action_kind: pb::EnforcementAction::ResumeRefused.into(),
                     reason: format!("not resumed on the GPUs named ({why}); still suspended"),
                     ..pb::EnforcementEvent::default()
                 })),
@@ -637,6 +638,7 @@ fn answer(
             Some(pb::agent_message::Msg::Event(pb::EnforcementEvent {
                 session_id: r.session_id,
                 action: "released".to_owned(),
+                action_kind: pb::EnforcementAction::Released.into(),
                 reason: "released: nothing enforced here; its hold is gone".to_owned(),
                 ..pb::EnforcementEvent::default()
             }))
@@ -803,6 +805,7 @@ fn preempt(
     Some(pb::agent_message::Msg::Event(pb::EnforcementEvent {
         session_id: p.session_id,
         action: "preempted".to_owned(),
+        action_kind: pb::EnforcementAction::Preempted.into(),
         reason: format!("preempted ({}): nothing enforced here; released", p.reason),
         ..pb::EnforcementEvent::default()
     }))

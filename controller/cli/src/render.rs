@@ -232,7 +232,9 @@ pub fn session(s: &pb::Session) -> String {
                 out,
                 "  {:<15} {:<13} {:>8} {:<6} {:<24} {}",
                 e.at_ms,
-                e.action,
+                // The enum where the sender filled it; the string for an action newer than
+                // this build, or from an agent or controller from before the enum.
+                convert::action_from_pb(e),
                 e.pid,
                 // `device_index` tells no GPU from GPU 0; a controller from before it sends
                 // only `device`, where 0 may be either.

@@ -1,12 +1,15 @@
 //! The CLI given several controllers sharing a real etcd: whichever it asks first, a dead one or
 //! a standby, it ends up asking the leader; `session watch` follows the leader through a
-//! failover and misses no change.
+//! failover and misses no change; and given a controller from before `WatchSessionEvents`, it
+//! falls back to `WatchSessions` and still misses no change.
 
 use std::{
     collections::BTreeMap,
+    convert::Infallible,
     io::BufRead as _,
     process::{Command, Stdio},
     sync::{Arc, Mutex},
+    task::{Context, Poll},
     time::Duration,
 };
 
@@ -16,6 +19,13 @@ use gpuwarden_test_controller::TestController;
 use gpuwarden_test_support::{
     Etcd, node,
     wait::{self, PATIENCE},
+};
+use tonic::{
+    Status,
+    body::Body,
+    codegen::{BoxFuture, Service, http},
+    server::NamedService,
+    transport::Channel,
 };
 
 /// The lease of the controllers here: a killed leader's office lapses this long after.
@@ -214,4 +224,180 @@ fn session_watch_follows_the_leader_through_a_failover_and_misses_no_change() {
     }
     let _ = watch.kill();
     let _ = watch.wait();
+}
+
+/// The `SchedulerService` of a controller from before issue 40, as the wire shows it: every
+/// call passed to a real controller except `WatchSessionEvents`, answered `UNIMPLEMENTED` as
+/// tonic's generated router answers a method its proto does not have. Records the methods
+/// asked, in order.
+#[derive(Clone)]
+struct BeforeEvents {
+    upstream: Channel,
+    asked: Arc<Mutex<Vec<String>>>,
+}
+
+impl NamedService for BeforeEvents {
+    const NAME: &'static str = "gpuwarden.v1.SchedulerService";
+}
+
+impl Service<http::Request<Body>> for BeforeEvents {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let method = request
+            .uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        self.asked
+            .lock()
+            .expect("not poisoned")
+            .push(method.clone());
+        let mut upstream = self.upstream.clone();
+        Box::pin(async move {
+            if method == "WatchSessionEvents" {
+                return Ok(Status::unimplemented("").into_http());
+            }
+            let answer = match std::future::poll_fn(|cx| upstream.poll_ready(cx)).await {
+                Ok(()) => upstream.call(request).await,
+                Err(e) => Err(e),
+            };
+            Ok(answer.unwrap_or_else(|e| Status::unavailable(e.to_string()).into_http()))
+        })
+    }
+}
+
+/// Serves [`BeforeEvents`] in front of the controller at `url` on `rt`: its URL, and the methods
+/// it was asked.
+fn serve_before_events(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+) -> (String, Arc<Mutex<Vec<String>>>) {
+    let asked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let older = rt.block_on(async {
+        let upstream = tonic::transport::Endpoint::from_shared(url.to_owned())
+            .expect("a URL")
+            .connect()
+            .await
+            .expect("connects");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let addr = listener.local_addr().expect("an address");
+        let service = BeforeEvents {
+            upstream,
+            asked: Arc::clone(&asked),
+        };
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        format!("http://{addr}")
+    });
+    (older, asked)
+}
+
+#[test]
+fn session_watch_falls_back_to_watch_sessions_on_a_controller_without_events() {
+    let dir = gpuwarden_test_support::scratch("cli-watch-older");
+    let controller = TestController::builder(dir.path()).start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    register(&rt, &controller.url());
+    let (older, asked) = serve_before_events(&rt, &controller.url());
+    // The CLI as its user runs it, against the older controller only.
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+        .args(["--controller", &older, "--json", "session", "watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("watches");
+    let seen: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let lines = watch.stdout.take().expect("stdout");
+    let into = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(lines).lines() {
+            let Ok(line) = line else { return };
+            let s: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
+            let id = s["id"].as_str().expect("an id").to_owned();
+            let revision = s["revision"].as_u64().expect("a revision");
+            let mut seen = into.lock().expect("not poisoned");
+            let latest = seen.entry(id).or_default();
+            *latest = (*latest).max(revision);
+        }
+    });
+    // Until the follower has asked for a watch, so that the creates below come after its
+    // listing and only the watch can show them.
+    wait::until("the follower to watch", PATIENCE, || {
+        asked
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .any(|m| m == "WatchSessions")
+    });
+    let made: Vec<String> = (0..4)
+        .map(|i| {
+            gpuwarden(
+                &older,
+                &[
+                    "session",
+                    "create",
+                    "-r",
+                    "cpu=1",
+                    "--name",
+                    &format!("o-{i}"),
+                ],
+            )
+            .trim()
+            .to_owned()
+        })
+        .collect();
+    gpuwarden(&older, &["session", "rm", &made[0]]);
+    let mut truth = BTreeMap::new();
+    wait::until(
+        "the watch to show the latest state of every session",
+        Duration::from_mins(1),
+        || {
+            truth = listed(&controller.url());
+            let seen = seen.lock().expect("not poisoned");
+            truth
+                .iter()
+                .all(|(id, (r, _))| seen.get(id).is_some_and(|s| s >= r))
+        },
+    );
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert_eq!(truth.len(), made.len(), "{truth:?}");
+    let asked = asked.lock().expect("not poisoned").clone();
+    let watches: Vec<&String> = asked.iter().filter(|m| m.starts_with("Watch")).collect();
+    // Asked for events once, refused, and never again: it watched sessions from then on.
+    assert_eq!(
+        watches.first().map(|m| m.as_str()),
+        Some("WatchSessionEvents"),
+        "{asked:?}"
+    );
+    assert_eq!(
+        watches
+            .iter()
+            .filter(|m| **m == "WatchSessionEvents")
+            .count(),
+        1,
+        "{asked:?}"
+    );
+    assert!(
+        watches[1..].iter().all(|m| *m == "WatchSessions"),
+        "{asked:?}"
+    );
 }

@@ -253,14 +253,16 @@ fn change(
         }
         Some(Msg::Event(e)) => {
             let event = convert::event_from_pb(&e);
+            // Its enum where the agent filled it, else its name (issue 40).
+            let action = event.action.clone();
             let (recorded, pending) =
                 controller.change(|s| s.record_event(node, &e.session_id, event))?;
             if recorded {
-                tracing::info!(%node, session = %e.session_id, action = %e.action, container = %e.container, pid = e.pid, device = e.device, "enforcement: {}", e.reason);
+                tracing::info!(%node, session = %e.session_id, %action, container = %e.container, pid = e.pid, device = e.device, "enforcement: {}", e.reason);
             } else {
                 bounds.count(Refusal::ForeignSession);
                 // A session ended and forgotten, or a confused agent: not worth an error.
-                tracing::warn!(%node, session = %e.session_id, action = %e.action, "enforcement event for a session not on this node, dropped: {}", e.reason);
+                tracing::warn!(%node, session = %e.session_id, %action, "enforcement event for a session not on this node, dropped: {}", e.reason);
             }
             pending
         }

@@ -667,3 +667,49 @@ fn a_victim_terminated_mid_preemption_ends_terminated_when_its_workload_is_gone(
     assert_eq!(state(&s, "b1"), SessionState::Running);
     not_overcommitted(&s);
 }
+
+/// Docs/api.md, "Conditions": a victim keeps running through its grace period, `RUNNING` with a
+/// `Preempting` condition naming whom it yields to, and its waiter says it waits for it; once
+/// its workload is gone it ends `PREEMPTED` with neither.
+#[test]
+fn a_victim_runs_with_a_preempting_condition_until_its_workload_is_gone() {
+    use crate::api::convert::session_to_pb;
+    use gpuwarden_proto::v1 as pb;
+    let condition = |s: &Scheduler, id: &str, kind: &str| {
+        session_to_pb(&s.sessions()[id])
+            .conditions
+            .into_iter()
+            .find(|c| c.r#type == kind)
+            .map(|c| (c.status(), c.reason, c.message))
+    };
+    let mut s = cluster();
+    create(&mut s, "b1", "b", 0, false);
+    create(&mut s, "b2", "b", 0, false);
+    assert!(pass(&mut s).is_empty());
+    assert_eq!(condition(&s, "b2", "Preempting"), None);
+    create(&mut s, "a1", "a", 0, false);
+    assert_eq!(pass(&mut s), [("n1".to_owned(), "b2".to_owned())]);
+    let victim = session_to_pb(&s.sessions()["b2"]);
+    assert_eq!(victim.state(), pb::SessionState::Running);
+    let (status, reason, message) =
+        condition(&s, "b2", "Preempting").expect("a Preempting condition");
+    assert_eq!(
+        (status, reason.as_str()),
+        (pb::ConditionStatus::True, "Preempting")
+    );
+    assert!(message.contains("a1"), "{message}");
+    let (status, reason, _) = condition(&s, "b2", "Scheduled").expect("still placed");
+    assert_eq!(
+        (status, reason.as_str()),
+        (pb::ConditionStatus::True, "Placed")
+    );
+    let (status, reason, _) = condition(&s, "a1", "Scheduled").expect("waiting");
+    assert_eq!(
+        (status, reason.as_str()),
+        (pb::ConditionStatus::False, "WaitingForPreemption")
+    );
+    preempted(&mut s, "n1", "b2");
+    assert_eq!(state(&s, "b2"), SessionState::Preempted);
+    assert_eq!(condition(&s, "b2", "Preempting"), None);
+    assert_eq!(condition(&s, "b2", "Scheduled"), None);
+}

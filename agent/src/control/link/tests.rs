@@ -160,6 +160,36 @@ async fn the_link_stops_at_once_on_a_missing_certificate() {
 }
 
 #[test]
+fn a_release_without_enforcement_lets_go_at_once_and_says_released() {
+    let (config, holdings, _dir) = link_to("http://127.0.0.1:1");
+    let held = pb::Allocate {
+        session_id: "s-1".into(),
+        ..pb::Allocate::default()
+    };
+    lock(&holdings).hold(held).unwrap();
+    let release = pb::Release {
+        session_id: "s-1".into(),
+    };
+    let reply = answer(
+        &config,
+        &NoGpus,
+        &holdings,
+        None,
+        Some(Msg::Release(release)),
+    );
+    let Some(pb::agent_message::Msg::Event(event)) = reply else {
+        panic!("{reply:?}");
+    };
+    // Both names of the action: the string for controllers from before the enum.
+    assert_eq!(
+        (event.session_id.as_str(), event.action.as_str()),
+        ("s-1", "released")
+    );
+    assert_eq!(event.action_kind(), pb::EnforcementAction::Released);
+    assert!(lock(&holdings).sessions().is_empty());
+}
+
+#[test]
 fn a_preemption_without_enforcement_lets_go_at_once_and_says_preempted() {
     let (config, holdings, _dir) = link_to("http://127.0.0.1:1");
     let held = pb::Allocate {
@@ -186,6 +216,7 @@ fn a_preemption_without_enforcement_lets_go_at_once_and_says_preempted() {
         (event.session_id.as_str(), event.action.as_str()),
         ("s-1", "preempted")
     );
+    assert_eq!(event.action_kind(), pb::EnforcementAction::Preempted);
     assert!(lock(&holdings).sessions().is_empty());
     // A malformed id is ignored.
     let reply = answer(

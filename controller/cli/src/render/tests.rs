@@ -116,6 +116,42 @@ fn a_session_shows_its_target_policy_and_events() {
     }
 }
 
+#[test]
+fn an_event_shows_its_action_enum_and_a_newer_action_by_its_name() {
+    let shown = |action: &str, kind: pb::EnforcementAction| {
+        let s = pb::Session {
+            events: vec![pb::EnforcementEvent {
+                action: action.into(),
+                action_kind: kind.into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = session(&s);
+        text.lines()
+            .last()
+            .unwrap_or_default()
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    // A sender that fills only the enum, and one that fills only the string.
+    assert_eq!(
+        shown("", pb::EnforcementAction::SuspendRefused),
+        "suspend_refused"
+    );
+    assert_eq!(
+        shown("released", pb::EnforcementAction::Unspecified),
+        "released"
+    );
+    // An action this build does not number: its name as sent.
+    assert_eq!(
+        shown("throttle", pb::EnforcementAction::Unspecified),
+        "throttle"
+    );
+}
+
 fn node_with_a_session() -> pb::Node {
     let slot = |pairs: &[(&str, &str)]| pb::ResourceSlot {
         values: pairs
