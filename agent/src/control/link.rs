@@ -709,7 +709,7 @@ fn resume_command(
     }
     let mut moved = held;
     moved.devices = r.devices;
-    let spec = match QuotaSpec::from_allocate(&moved, devices) {
+    let spec = match QuotaSpec::from_allocate(&moved, &devices) {
         Ok(Some(spec)) => spec,
         Ok(None) => return refuse("nothing enforced for it".to_owned()),
         Err(e) => return refuse(e.to_string()),
