@@ -46,6 +46,10 @@ pub struct LinkChannels {
     /// Where pods' namespaces are known (the kubelet): a user's pod target is authorized by it
     /// when its allocation arrives ([`confinement::authorize_at_arrival`]).
     pub pods: Box<dyn confinement::PodNamespaces + Sync>,
+    /// Told each time the link made or destroyed a MIG instance, so whoever owns the programs'
+    /// instance table writes the device list again (the message carries nothing: the receiver
+    /// reads the list from its backend, which sees every GPU, not only the link's).
+    pub devices_changed: mpsc::UnboundedSender<()>,
 }
 
 /// What goes up the stream besides heartbeats and answers.
@@ -387,6 +391,10 @@ pub async fn run(
                 match result {
                     Ok(Ended::LayoutChanged) => {
                         tracing::info!(controller = %url, "MIG layout changed; registering again");
+                        if let Some(c) = &channels {
+                            // Nobody listening (the agent stopping) is no error.
+                            let _ = c.devices_changed.send(());
+                        }
                         backoff.reset();
                     }
                     Ok(Ended::Closed) => {
@@ -709,7 +717,7 @@ fn resume_command(
     }
     let mut moved = held;
     moved.devices = r.devices;
-    let spec = match QuotaSpec::from_allocate(&moved, devices) {
+    let spec = match QuotaSpec::from_allocate(&moved, &devices) {
         Ok(Some(spec)) => spec,
         Ok(None) => return refuse("nothing enforced for it".to_owned()),
         Err(e) => return refuse(e.to_string()),
