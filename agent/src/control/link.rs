@@ -537,6 +537,7 @@ async fn connect_once(
                         tracing::error!(session = %event.session_id, "holding the GPUs it resumed on: {e}");
                     }
                     if event.action == "preempted" {
+                        mig::note_held(reconfigurer, holdings);
                         // The workload is gone and its quota released: the hold goes too, so
                         // the node's next registration no longer lists the session.
                         release_held(holdings, &event.session_id);
@@ -580,6 +581,9 @@ async fn connect_once(
                     continue;
                 }
                 let released = matches!(message.msg, Some(Msg::Release(_)));
+                if released {
+                    mig::note_held(reconfigurer, holdings);
+                }
                 let reply = answer(config, backend, holdings, channels.as_deref(), message.msg);
                 if let Some(msg) = reply {
                     tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|_| LinkError::Closed)?;
