@@ -20,7 +20,9 @@ use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use gpuwarden_tests::fake_driver::{
     FakeConfig, FakeDriver, FakeInstance, ci_cap_minor, gi_cap_minor,
 };
-use util::{Client, Driver, TestAgent, config, container_id, memory, mknod, open_in, rig::Rig};
+use util::{
+    Client, Driver, TestAgent, config, container_id, memory, mknod, open_in, rig::Rig, used,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -357,4 +359,149 @@ memory_size = "512M"
     assert_eq!(placed.devices[0].index, other_index);
     assert!(placed.devices[0].exclusive);
     rig.wait_binding(&placed.id, "bound");
+}
+
+/// The GPU instance of a MIG device the mock made, read from its UUID (the mock names a made
+/// instance `MIG-<parent>-gi<gpu instance>-<n>`).
+fn made_gpu_instance(uuid: &str) -> u32 {
+    uuid.split("-gi")
+        .nth(1)
+        .and_then(|rest| rest.split('-').next())
+        .and_then(|gi| gi.parse().ok())
+        .unwrap_or_else(|| panic!("{uuid} names no GPU instance"))
+}
+
+/// An instance the agent makes on the controller's order is written to the programs' table:
+/// memory a process of the session allocates on it is counted as the instance (and against the
+/// session's quota on it), not as its parent GPU; once the instance is destroyed, memory
+/// charged to that GPU instance counts as the parent's again.
+#[test]
+#[ignore = "needs root"]
+#[expect(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
+fn memory_on_an_instance_made_on_order_is_counted_as_the_instance() {
+    require_root();
+    let _one = one_at_a_time();
+    // The driver lists GPU instances 1-7 of GPU 0 (as the real one lists every instance a GPU
+    // could hold); the agent is told of none: GPU 0 is in MIG mode with no instance, and given
+    // to gpuwarden to cut.
+    let possible: Vec<FakeInstance> = (1..=7)
+        .map(|gpu_instance| FakeInstance {
+            gpu: 0,
+            gpu_instance,
+            compute_instances: vec![0],
+            memory: 64 * MIB,
+        })
+        .collect();
+    let driver = Driver::mount_with(
+        "migmade",
+        &FakeConfig {
+            gpu_memory: vec![GIB],
+            mig: possible.clone(),
+        },
+    );
+    let minors = driver.scratch().join("mig-minors");
+    std::fs::write(&minors, driver.fake.mig_minors()).unwrap();
+    let mock = format!(
+        r#"
+mig_minors = "{}"
+
+[[devices]]
+uuid = "GPU-parent"
+model_name = "Fake H200"
+memory_size = "1G"
+mig_enabled = true
+"#,
+        minors.display()
+    );
+    let rig = Rig::start_on_with(driver, &mock, |cfg| {
+        cfg.mig_reconfigurable = vec!["GPU-parent".into()];
+    });
+
+    // No instance exists: one is made for the session, which is bound to it.
+    let cg = docker("migmade");
+    let session = rig.session(
+        &["cuda.mig.1g.18gb=1"],
+        pb::target::Kind::CgroupPath(cg.path.clone()),
+        "kill",
+    );
+    rig.wait_binding(&session.id, "bound");
+    assert_eq!(session.devices.len(), 1, "{session:?}");
+    let uuid = session.devices[0].uuid.clone();
+    let gi = made_gpu_instance(&uuid);
+    let instance = possible
+        .iter()
+        .find(|i| i.gpu_instance == gi)
+        .unwrap_or_else(|| panic!("GPU instance {gi} is none the driver lists"));
+    let caps = scratch("migmade-caps");
+    std::fs::write(
+        caps.path()
+            .join(format!("nvidia-cap{}", gi_cap_minor(instance))),
+        "",
+    )
+    .unwrap();
+
+    // A process of the session subscribes to the instance and allocates on it.
+    let mut a = Client::spawn(&rig.driver.dir, Some(&cg));
+    let (h, dev) = on_instance(&mut a, caps.path(), instance);
+    a.ok(&format!("alloc {h:#x} {dev:#x} 6m"));
+    a.ok(&format!("vidheap {h:#x} {dev:#x} 3m"));
+    // Judged by the driver's own account of what it charged to that GPU instance.
+    let charged = rig.driver.fake.instance_ledger()[&(0, gi)];
+    assert!(charged >= 9 * MIB, "{charged}");
+    let name = format!("nvidia0/gi{gi}");
+    let c = rig.entry(&cg);
+    assert_eq!(memory(&c, &name), charged, "{c:?}");
+    assert_eq!(memory(&c, "nvidia0"), 0, "{c:?}");
+    assert_eq!(memory(&c, "unknown"), 0, "{c:?}");
+    // The session's quota, on the instance, sees it.
+    assert_eq!(used(&c), charged, "{c:?}");
+    a.exit();
+    assert!(
+        rig.driver
+            .fake
+            .wait_until(std::time::Duration::from_secs(10), |f| {
+                f.instance_ledger().values().all(|&b| b == 0)
+            })
+    );
+
+    // The session ends: the instance is destroyed, and the agent registers without it.
+    rig.rt.block_on(async {
+        rig.client()
+            .await
+            .terminate_session(pb::TerminateSessionRequest {
+                id: session.id.clone(),
+            })
+            .await
+            .unwrap();
+    });
+    rig.wait_for("the made instance to be destroyed", |r| {
+        r.rt.block_on(async {
+            let mut c = r.client().await;
+            let nodes = c
+                .list_nodes(pb::ListNodesRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .nodes;
+            nodes.len() == 1
+                && nodes[0]
+                    .info
+                    .as_ref()
+                    .is_some_and(|i| i.devices.iter().all(|d| d.uuid != uuid))
+        })
+    });
+    // The table is written by the agent's own task right after the destruction, before it
+    // registers again; a moment's margin for that task to run.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    // The driver still takes the subscription (the fake does not forget instances): the
+    // agent's table no longer names that GPU instance, so its memory is the parent's.
+    let cg2 = docker("migmade2");
+    let mut b = Client::spawn(&rig.driver.dir, Some(&cg2));
+    let (h, dev) = on_instance(&mut b, caps.path(), instance);
+    b.ok(&format!("alloc {h:#x} {dev:#x} 4m"));
+    let charged = rig.driver.fake.instance_ledger()[&(0, gi)];
+    let c = rig.entry(&cg2);
+    assert_eq!(memory(&c, "nvidia0"), charged, "{c:?}");
+    assert_eq!(memory(&c, &name), 0, "{c:?}");
+    b.exit();
 }

@@ -111,11 +111,10 @@ async fn session(
 #[expect(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
 async fn a_profile_request_makes_an_instance_binds_to_it_and_terminate_destroys_it() {
     let state = scratch("mig-ondemand");
-    let ctl = TestController::start(
-        state.path(),
-        SchedulerConfig::default(),
-        fast_timing(Duration::from_secs(3)),
-    );
+    let ctl = TestController::builder(state.path())
+        .config(SchedulerConfig::default())
+        .timing(fast_timing(Duration::from_secs(3)))
+        .start();
     let backend = Arc::new(MockBackend::from_toml(DEVICES, Path::new("mock.toml")).unwrap());
     let untouched = layout(&backend, "GPU-2");
     assert!(untouched.is_empty());

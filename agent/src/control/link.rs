@@ -46,6 +46,10 @@ pub struct LinkChannels {
     /// Where pods' namespaces are known (the kubelet): a user's pod target is authorized by it
     /// when its allocation arrives ([`confinement::authorize_at_arrival`]).
     pub pods: Box<dyn confinement::PodNamespaces + Sync>,
+    /// Told each time the link made or destroyed a MIG instance, so whoever owns the programs'
+    /// instance table writes the device list again (the message carries nothing: the receiver
+    /// reads the list from its backend, which sees every GPU, not only the link's).
+    pub devices_changed: mpsc::UnboundedSender<()>,
 }
 
 /// What goes up the stream besides heartbeats and answers.
@@ -387,6 +391,10 @@ pub async fn run(
                 match result {
                     Ok(Ended::LayoutChanged) => {
                         tracing::info!(controller = %url, "MIG layout changed; registering again");
+                        if let Some(c) = &channels {
+                            // Nobody listening (the agent stopping) is no error.
+                            let _ = c.devices_changed.send(());
+                        }
                         backoff.reset();
                     }
                     Ok(Ended::Closed) => {
@@ -529,6 +537,7 @@ async fn connect_once(
                         tracing::error!(session = %event.session_id, "holding the GPUs it resumed on: {e}");
                     }
                     if event.action == "preempted" {
+                        mig::note_held(reconfigurer, holdings);
                         // The workload is gone and its quota released: the hold goes too, so
                         // the node's next registration no longer lists the session.
                         release_held(holdings, &event.session_id);
@@ -572,6 +581,9 @@ async fn connect_once(
                     continue;
                 }
                 let released = matches!(message.msg, Some(Msg::Release(_)));
+                if released {
+                    mig::note_held(reconfigurer, holdings);
+                }
                 let reply = answer(config, backend, holdings, channels.as_deref(), message.msg);
                 if let Some(msg) = reply {
                     tx.send(pb::AgentMessage { msg: Some(msg) }).await.map_err(|_| LinkError::Closed)?;

@@ -221,13 +221,14 @@ impl App {
             backend: Arc::clone(&backend),
             pods: pods.clone(),
             node: config.node_name.clone(),
-            indexes: backend.devices().iter().map(|d| d.index).collect(),
-            names: names.clone(),
             usage_counters: Arc::clone(&usage_counters),
             holdings: Arc::clone(&holdings),
         });
+        let (devices_changed, names_rx) =
+            spawn_device_list(&mut tasks, telemetry.clone(), Arc::clone(&backend), names);
         if let Some(ring) = events {
-            let dispatch = tasks::dispatch_events(ring, telemetry.clone(), enforcer.clone(), names);
+            let dispatch =
+                tasks::dispatch_events(ring, telemetry.clone(), enforcer.clone(), names_rx);
             tasks.abort("event dispatch", tokio::spawn(dispatch));
         }
         let upkeep = tasks::upkeep(
@@ -254,6 +255,7 @@ impl App {
                 events: upward_rx,
                 observed: dra.as_ref().map(|p| Arc::clone(&p.observed)),
                 pods,
+                devices_changed,
             },
         );
         if let Some(plugin) = dra {
@@ -296,6 +298,25 @@ impl Running {
         drop(lock);
         stopped
     }
+}
+
+/// Starts the task that writes the device list to the programs' MIG instance table again
+/// whenever the link made or destroyed an instance (through telemetry, which owns the sensor);
+/// returns where the link tells it, and the names the event log reads, as they now stand.
+fn spawn_device_list(
+    tasks: &mut Tasks<RunError>,
+    telemetry: TelemetryHandle,
+    backend: Arc<dyn GpuBackend>,
+    names: DeviceNames,
+) -> (
+    mpsc::UnboundedSender<()>,
+    tokio::sync::watch::Receiver<DeviceNames>,
+) {
+    let (devices_changed, changes) = mpsc::unbounded_channel();
+    let (names_tx, names_rx) = tokio::sync::watch::channel(names);
+    let follow = tasks::follow_devices(changes, telemetry, backend, names_tx);
+    tasks.abort("device list", tokio::spawn(follow));
+    (devices_changed, names_rx)
 }
 
 /// Starts the metrics pipeline (OTLP and/or the Prometheus endpoint) reading `published`;
@@ -360,6 +381,7 @@ struct LinkWiring {
     events: mpsc::Receiver<pb::EnforcementEvent>,
     observed: Option<Arc<Observed>>,
     pods: PodNames,
+    devices_changed: mpsc::UnboundedSender<()>,
 }
 
 /// Starts the usage reports and the controller link, where a controller is configured.
@@ -399,6 +421,7 @@ fn spawn_link(tasks: &mut Tasks<RunError>, config: &AgentConfig, w: LinkWiring) 
             usage_counters: w.usage_counters,
             observed: w.observed,
             pods: Box::new(w.pods),
+            devices_changed: w.devices_changed,
         }),
         std::future::pending(),
     );

@@ -27,10 +27,11 @@ pub(super) async fn dispatch_events(
     mut ring: EventRing,
     telemetry: TelemetryHandle,
     enforcer: EnforcerHandle,
-    names: DeviceNames,
+    names: tokio::sync::watch::Receiver<DeviceNames>,
 ) {
     while let Some(batch) = events::next_batch(&mut ring).await {
         let mut execs = Vec::new();
+        let names = names.borrow().clone();
         for e in &batch {
             events::log(e, &names);
             match e.kind {
@@ -43,6 +44,28 @@ pub(super) async fn dispatch_events(
         if telemetry.events(batch.len() as u64, execs).await.is_err() {
             return;
         }
+    }
+}
+
+/// Writes the device list to the programs' MIG instance table again each time the link says it
+/// changed (an instance made or destroyed), through the telemetry task that owns the sensor,
+/// and passes on the names the instances are reported under. Changes told while one is being
+/// written are written once.
+pub(super) async fn follow_devices(
+    mut changes: tokio::sync::mpsc::UnboundedReceiver<()>,
+    telemetry: TelemetryHandle,
+    backend: Arc<dyn GpuBackend>,
+    names: tokio::sync::watch::Sender<DeviceNames>,
+) {
+    while changes.recv().await.is_some() {
+        while changes.try_recv().is_ok() {}
+        let Ok(now) = telemetry
+            .set_devices(backend.devices(), backend.caps_major())
+            .await
+        else {
+            return;
+        };
+        names.send_replace(now);
     }
 }
 

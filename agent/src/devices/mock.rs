@@ -408,6 +408,9 @@ struct State {
     devices: Vec<GpuDevice>,
     entry_of: Vec<usize>,
     fakes: Vec<FakeParent>,
+    /// The capability minors the file's `mig_minors` lists, read once as the driver's list is
+    /// (it names every instance a GPU could hold): an instance made later finds its own there.
+    minors: MigMinors,
 }
 
 impl State {
@@ -475,15 +478,14 @@ impl State {
             is_mig: true,
             index: next,
             device_node: parent.device_node.clone(),
-            // The mock has no capability minors for instances it makes.
             mig: Some(MigInstance {
                 parent_index: parent.index,
                 parent_uuid: parent.uuid.clone(),
                 gpu_instance: gi,
                 compute_instance: ci,
                 profile: p.name.to_owned(),
-                gi_cap_minor: None,
-                ci_cap_minor: None,
+                gi_cap_minor: self.minors.gpu_instance(parent.index, gi),
+                ci_cap_minor: self.minors.compute_instance(parent.index, gi, ci),
             }),
         };
         self.devices.push(device.clone());
@@ -696,6 +698,7 @@ fn devices_of(entries: Vec<Entry>, minors: &MigMinors, path: &Path) -> Result<St
         devices,
         entry_of,
         fakes,
+        minors: minors.clone(),
     })
 }
 

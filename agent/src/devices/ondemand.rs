@@ -246,6 +246,17 @@ impl Reconfigurer {
         self.made.locked().contains_key(uuid)
     }
 
+    /// Notes that the instances made here among `held` are held by a session now, so they are
+    /// due as soon as it lets go ([`Reconfigurer::idle`]) even where no check saw them held
+    /// before (a session let go between two heartbeats).
+    pub fn mark_held(&self, held: &BTreeSet<String>) {
+        for (uuid, m) in self.made.locked().iter_mut() {
+            if held.contains(uuid) {
+                m.held = true;
+            }
+        }
+    }
+
     /// The instances made here that are due to be destroyed, `held` being the devices the
     /// node's sessions hold now: those a session held and let go, and those no session took
     /// within `grace` of their making (the session they were made for went elsewhere or
@@ -441,6 +452,13 @@ mod tests {
             r.idle(&BTreeSet::new(), hour),
             std::slice::from_ref(&taken.uuid)
         );
+        // Marked held, then let go: due at once, though no check saw it held.
+        r.mark_held(&BTreeSet::from([waiting.uuid.clone()]));
+        let mut due = r.idle(&BTreeSet::new(), hour);
+        due.sort();
+        let mut both = vec![taken.uuid.clone(), waiting.uuid.clone()];
+        both.sort();
+        assert_eq!(due, both);
         // Past its grace, the one never taken is due too; the operator's never is.
         let mut due = r.idle(&BTreeSet::new(), Duration::ZERO);
         due.sort();

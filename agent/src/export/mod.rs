@@ -38,10 +38,6 @@ pub(crate) struct Sources {
     pub pods: PodNames,
     /// The node's name.
     pub node: String,
-    /// The GPUs' indexes.
-    pub indexes: Vec<u32>,
-    /// The names the GPUs' indexes are reported under.
-    pub names: DeviceNames,
     /// Usage reports sent and dropped.
     pub usage_counters: Arc<UsageCounters>,
     /// What the node holds for the controller: whose `gpuwarden run` a session is.
@@ -55,15 +51,18 @@ impl Sources {
     pub(crate) async fn snapshot(&self) -> Snapshot {
         let (standing, _) = self.enforcer.standing().await.unwrap_or_default();
         let measured = self.backend.utilization();
-        let gpus =
-            snapshot::gpu_utilization(&self.indexes, &self.names, measured.as_ref(), &standing);
+        // Read at each snapshot: the link may have made or destroyed a MIG instance since.
+        let devices = self.backend.devices();
+        let indexes: Vec<u32> = devices.iter().map(|d| d.index).collect();
+        let names = DeviceNames::new(&devices);
+        let gpus = snapshot::gpu_utilization(&indexes, &names, measured.as_ref(), &standing);
         let mut snapshot = self
             .telemetry
             .snapshot(standing, self.node.clone())
             .await
             .unwrap_or_default();
         snapshot.gpus = gpus;
-        snapshot::add_health(&mut snapshot, &self.backend.health(), &self.names);
+        snapshot::add_health(&mut snapshot, &self.backend.health(), &names);
         (
             snapshot.stats.usage_reports,
             snapshot.stats.usage_reports_dropped,

@@ -23,7 +23,7 @@ use crate::{
     enforcement::Standing,
     sensor::{
         Counters, Sensor,
-        gpu_nodes::GpuNodeGlobs,
+        gpu_nodes::{DeviceNames, GpuNodeGlobs},
         upkeep::{self, Idle},
     },
 };
@@ -133,6 +133,22 @@ impl Telemetry {
         );
     }
 
+    /// Writes `devices`' MIG instances to the programs' table (see
+    /// [`Sensor::set_mig_instances`]); the names their indexes are reported under, which follow
+    /// the list even where the table can't be written.
+    pub(crate) fn set_devices(
+        &mut self,
+        devices: &[crate::devices::GpuDevice],
+        caps_major: Option<u32>,
+    ) -> DeviceNames {
+        if let Err(e) = self.sensor.set_mig_instances(devices, caps_major) {
+            tracing::warn!(
+                "MIG instances not told apart (their memory counts as their GPU's): {e}"
+            );
+        }
+        self.sensor.device_names().clone()
+    }
+
     /// Releases the GPU files the programs kept for a holder they don't follow that the kernel
     /// has since released (`Sensor::sweep_files`).
     pub(crate) fn sweep_files(&self) {
@@ -218,6 +234,13 @@ impl State for Telemetry {
                 self.sweep_files();
                 let _ = reply.send(());
             }
+            Request::SetDevices {
+                devices,
+                caps_major,
+                reply,
+            } => {
+                let _ = reply.send(self.set_devices(&devices, caps_major));
+            }
             // The task loop handles these itself.
             Request::Settled(_) | Request::Stop => {}
         }
@@ -234,6 +257,11 @@ enum Request {
     Rescan(oneshot::Sender<()>),
     CollectGarbage(oneshot::Sender<()>),
     SweepFiles(oneshot::Sender<()>),
+    SetDevices {
+        devices: Vec<crate::devices::GpuDevice>,
+        caps_major: Option<u32>,
+        reply: oneshot::Sender<DeviceNames>,
+    },
     #[cfg_attr(
         not(any(test, feature = "bench")),
         expect(
@@ -307,6 +335,22 @@ impl TelemetryHandle {
     /// Sweeps the GPU files kept for a holder the programs don't follow; returns once done.
     pub(crate) async fn sweep_files(&self) -> Result<(), Stopped> {
         self.ask(Request::SweepFiles).await
+    }
+
+    /// Tells the programs which device index each MIG instance among `devices` is counted as
+    /// (the list as it is now, after an instance was made or destroyed); returns the names the
+    /// indexes are reported under from now on.
+    pub(crate) async fn set_devices(
+        &self,
+        devices: Vec<crate::devices::GpuDevice>,
+        caps_major: Option<u32>,
+    ) -> Result<DeviceNames, Stopped> {
+        self.ask(|reply| Request::SetDevices {
+            devices,
+            caps_major,
+            reply,
+        })
+        .await
     }
 
     /// Returns once every event handed over before is handled (for the tests and the bench).

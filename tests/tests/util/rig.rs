@@ -92,6 +92,11 @@ impl Rig {
 
     /// [`Self::start`] on `driver`, the agent given the mock device list `mock` (TOML).
     pub fn start_on(driver: Driver, mock: &str) -> Self {
+        Self::start_on_with(driver, mock, |_| {})
+    }
+
+    /// [`Self::start_on`], the agent's config changed by `agent` first.
+    pub fn start_on_with(driver: Driver, mock: &str, agent: impl FnOnce(&mut AgentConfig)) -> Self {
         let state = [scratch("ctl"), scratch("agent")];
         let ctl = TestController::builder(state[0].path())
             .timing(timing())
@@ -104,7 +109,7 @@ impl Rig {
             &url,
             state,
             Duration::from_mins(1),
-            |_| {},
+            agent,
         )
     }
 

@@ -50,14 +50,7 @@ pub(super) fn destroy_idle(
     backend: &dyn GpuBackend,
     holdings: &SharedHoldings,
 ) -> bool {
-    let held: BTreeSet<String> = {
-        let h = lock(holdings);
-        h.sessions()
-            .iter()
-            .filter_map(|s| h.get(s))
-            .flat_map(|a| a.devices.iter().map(|d| d.uuid.clone()))
-            .collect()
-    };
+    let held = held_devices(holdings);
     let mut changed = false;
     for uuid in reconfigurer.idle(&held, UNCLAIMED_GRACE) {
         match reconfigurer.release(backend, &BTreeSet::new(), &uuid) {
@@ -68,4 +61,20 @@ pub(super) fn destroy_idle(
         }
     }
     changed
+}
+
+/// Notes the instances made here that a session holds now, before a hold is let go: the
+/// instance is then destroyed once let go even if no heartbeat saw it held (a short session).
+pub(super) fn note_held(reconfigurer: &Reconfigurer, holdings: &SharedHoldings) {
+    reconfigurer.mark_held(&held_devices(holdings));
+}
+
+/// The UUIDs of the devices the node's sessions hold.
+fn held_devices(holdings: &SharedHoldings) -> BTreeSet<String> {
+    let h = lock(holdings);
+    h.sessions()
+        .iter()
+        .filter_map(|s| h.get(s))
+        .flat_map(|a| a.devices.iter().map(|d| d.uuid.clone()))
+        .collect()
 }

@@ -246,3 +246,53 @@ fn the_shipped_files_parse() {
         ]
     );
 }
+
+#[test]
+fn an_instance_made_later_finds_its_capability_minors_in_the_file() {
+    let dir = gpuwarden_test_support::scratch("mock-mig-made");
+    // The file lists GPU instances 1-3 of GPU 0 (as the driver lists every one a GPU could
+    // hold), each with compute instance 0: minors 100 + 10·gi and 101 + 10·gi.
+    let minors: String = std::iter::once("config 1\nmonitor 2\n".to_owned())
+        .chain((1..=3).map(|gi| {
+            format!(
+                "gpu0/gi{gi}/access {}\ngpu0/gi{gi}/ci0/access {}\n",
+                100 + 10 * gi,
+                101 + 10 * gi
+            )
+        }))
+        .collect();
+    std::fs::write(dir.path().join("mig-minors"), minors).unwrap();
+    let path = dir.path().join("mock.toml");
+    std::fs::write(
+        &path,
+        r#"
+        mig_minors = "mig-minors"
+
+        [[devices]]
+        uuid = "GPU-parent"
+        model_name = "Mock H200"
+        memory_size = "141G"
+        mig_enabled = true
+        "#,
+    )
+    .unwrap();
+    let b = MockBackend::from_file(&path).unwrap();
+    let made = b.create_instance("GPU-parent", "1g.18gb", 6).unwrap();
+    let m = made.mig.as_ref().unwrap();
+    assert!((1..=3).contains(&m.gpu_instance), "{m:?}");
+    assert_eq!(m.compute_instance, 0);
+    assert_eq!(
+        (m.gi_cap_minor, m.ci_cap_minor),
+        (
+            Some(100 + 10 * m.gpu_instance),
+            Some(101 + 10 * m.gpu_instance)
+        )
+    );
+    // The device list holds it so (what the quotas' device access reads).
+    let listed = b
+        .devices()
+        .into_iter()
+        .find(|d| d.uuid == made.uuid)
+        .unwrap();
+    assert_eq!(listed.mig, made.mig);
+}

@@ -41,6 +41,9 @@ impl State for Fake {
             | Request::SweepFiles(reply) => {
                 let _ = reply.send(());
             }
+            Request::SetDevices { reply, .. } => {
+                let _ = reply.send(DeviceNames::default());
+            }
             Request::Settled(_) | Request::Stop => unreachable!("handled by the task"),
         }
     }
