@@ -961,3 +961,279 @@ async fn conditions_say_why_a_session_waits_and_when_it_was_placed() {
         .into_inner();
     assert!(scheduled(&ended).is_none(), "{:?}", ended.conditions);
 }
+
+/// `controller` served in this process on a loopback port, in plain text, held to limits that
+/// let a test call as fast as it likes; a channel to it.
+async fn serve_controller(
+    controller: std::sync::Arc<gpuwarden_controller::api::Controller>,
+) -> tonic::transport::Channel {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let addr = listener.local_addr().expect("bound");
+    tokio::spawn(
+        gpuwarden_controller::server::GrpcServer::new(controller, listener)
+            .bounds(Bounds::new(Limits {
+                client_requests_per_sec: 100_000,
+                client_request_burst: 100_000,
+                ..Limits::default()
+            }))
+            .serve(std::future::pending::<()>()),
+    );
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connects")
+}
+
+/// Issue 40: `GetSession` answers from the stored state, as `ListSessions` and watches do.
+/// A change whose commit failed stays in memory (its writes go with the next commit), but no
+/// client is shown it until it is stored: a failover before then would lose it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_session_shows_the_stored_state_not_a_change_whose_commit_failed() {
+    let mut etcd = gpuwarden_test_support::Etcd::start();
+    let spec = etcd
+        .store_url("contract-get-stored")
+        .parse()
+        .expect("a store spec");
+    // Leading from the start, with no election: etcd going away fails commits but deposes
+    // nobody, so the controller goes on answering.
+    let controller = gpuwarden_controller::server::open(
+        &spec,
+        gpuwarden_controller::scheduler::SchedulerConfig::default(),
+        gpuwarden_controller::api::Timing::default(),
+    )
+    .await
+    .expect("opens");
+    let channel = serve_controller(controller).await;
+    // A node of one CPU, held by another session: this one stays pending, and ending it needs
+    // no agent.
+    pb::agent_service_client::AgentServiceClient::new(channel.clone())
+        .register(gpuwarden_test_support::node::with_cpus("n1", 1))
+        .await
+        .expect("registers");
+    let mut client = pb::scheduler_service_client::SchedulerServiceClient::new(channel);
+    let holder = client
+        .create_session(common::request("holder"))
+        .await
+        .expect("created")
+        .into_inner();
+    gpuwarden_test_support::wait::until_async(
+        "the holder to be placed",
+        gpuwarden_test_support::wait::PATIENCE,
+        || {
+            let (mut client, id) = (client.clone(), holder.id.clone());
+            async move {
+                client
+                    .get_session(pb::GetSessionRequest { id })
+                    .await
+                    .is_ok_and(|s| s.into_inner().state() == pb::SessionState::Scheduled)
+            }
+        },
+    )
+    .await;
+    let made = client
+        .create_session(common::request("kept"))
+        .await
+        .expect("created")
+        .into_inner();
+    let get = |mut client: pb::scheduler_service_client::SchedulerServiceClient<_>| {
+        let id = made.id.clone();
+        async move {
+            client
+                .get_session(pb::GetSessionRequest { id })
+                .await
+                .expect("found")
+                .into_inner()
+        }
+    };
+    let before = get(client.clone()).await;
+    assert_eq!(before.state(), pb::SessionState::Pending, "{before:?}");
+
+    etcd.kill();
+    let refused = client
+        .terminate_session(pb::TerminateSessionRequest {
+            id: made.id.clone(),
+        })
+        .await
+        .expect_err("its commit fails while etcd is away");
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    // In memory it has ended; stored, it is still pending, and that is what every read shows.
+    // (Its revision may have moved since `before`: a pass stored why it waits.)
+    let now = get(client.clone()).await;
+    assert_eq!(now.state(), pb::SessionState::Pending, "{now:?}");
+    let listed = client
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .expect("lists")
+        .into_inner()
+        .sessions
+        .into_iter()
+        .find(|s| s.id == made.id)
+        .expect("listed");
+    assert_eq!(
+        (listed.state, listed.revision),
+        (now.state, now.revision),
+        "GetSession and ListSessions agree"
+    );
+
+    // Once etcd is back, the next commit carries the failed change's writes, and then it shows.
+    etcd.resume();
+    gpuwarden_test_support::wait::until_async(
+        "a create to be stored again",
+        gpuwarden_test_support::wait::PATIENCE,
+        || {
+            let mut client = client.clone();
+            async move { client.create_session(common::request("next")).await.is_ok() }
+        },
+    )
+    .await;
+    let after = get(client.clone()).await;
+    assert_eq!(after.state(), pb::SessionState::Terminated, "{after:?}");
+    assert!(after.revision > before.revision, "{after:?}");
+}
+
+/// Makes the controller learn a profile of `class` as an ended session's usage teaches it:
+/// a session of it is placed on a node of one GPU, runs, reports [`MIN_SAMPLES`] samples and
+/// ends (its release confirmed at once, as a test playing the agent does), all in one change.
+///
+/// [`MIN_SAMPLES`]: gpuwarden_controller::profile::MIN_SAMPLES
+async fn learn(controller: &gpuwarden_controller::api::Controller, class: &str) {
+    use gpuwarden_controller::{
+        allocator::DeviceSpec,
+        node::NodeReport,
+        profile::{MIN_SAMPLES, UsageSample},
+        scheduler::NewSession,
+        slots::{ResourceSlot, SlotKind, SlotName},
+    };
+    let node = NodeReport {
+        node_id: "n1".into(),
+        hostname: "n1".into(),
+        slot_types: vec![(
+            SlotName::new("cuda.shares").expect("a slot name"),
+            SlotKind::Count,
+        )],
+        capacity: ResourceSlot::new(),
+        devices: vec![DeviceSpec {
+            uuid: "GPU-0".into(),
+            index: 0,
+            memory_bytes: 16 << 30,
+            sm_count: 132,
+            numa_node: 0,
+        }],
+        device_models: vec![],
+        hooks: vec![],
+        agent_version: "test".into(),
+        kubernetes_devices: vec![],
+        kubernetes_device_models: vec![],
+        mig_layouts: vec![],
+    };
+    let id = format!("run-{class}");
+    let learned = controller
+        .apply(|s| {
+            s.register(node, &[]).expect("registers");
+            s.create(NewSession {
+                id: id.clone(),
+                class: class.into(),
+                requested: ResourceSlot::parse_any(&["cuda.shares=0.5"]).expect("valid"),
+                ..NewSession::default()
+            })
+            .expect("created");
+            s.pass();
+            s.ack("n1", &id);
+            for _ in 0..MIN_SAMPLES {
+                assert!(
+                    s.record_usage("n1", &id, UsageSample::default()),
+                    "{id} runs"
+                );
+            }
+            s.terminate_released(&id);
+            s.profiles().get(class).is_some()
+        })
+        .await
+        .expect("stored");
+    assert!(learned, "a profile of {class}");
+}
+
+/// Issue 40: `ListProfiles` pages hold every learned profile exactly once, while profiles go on
+/// being learned between pages: one learned after the cursor is on a later page, one behind it
+/// on none, and one learned again is not listed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profile_pages_hold_each_profile_once_while_profiles_are_learned() {
+    const PROFILES: usize = 40;
+    const SIZE: u32 = 6;
+    let scratch = gpuwarden_test_support::scratch("contract-profiles");
+    let controller = gpuwarden_controller::server::open(
+        &gpuwarden_controller::server::sled_in(scratch.path()),
+        gpuwarden_controller::scheduler::SchedulerConfig::default(),
+        gpuwarden_controller::api::Timing::default(),
+    )
+    .await
+    .expect("opens");
+    let first: Vec<String> = (0..PROFILES).map(|i| format!("m-{i:03}")).collect();
+    for class in &first {
+        learn(&controller, class).await;
+    }
+    let mut client = pb::scheduler_service_client::SchedulerServiceClient::new(
+        serve_controller(std::sync::Arc::clone(&controller)).await,
+    );
+
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    let (mut page_token, mut pages) = (String::new(), 0);
+    let (mut late, mut early) = (Vec::new(), Vec::new());
+    loop {
+        let page = client
+            .list_profiles(pb::ListProfilesRequest {
+                page_size: SIZE,
+                page_token,
+            })
+            .await
+            .expect("lists")
+            .into_inner();
+        assert!(page.profiles.len() <= SIZE as usize, "{page:?}");
+        for p in page.profiles {
+            *seen.entry(p.class).or_default() += 1;
+        }
+        pages += 1;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        // Each page moves the cursor on: a listing that does not ends here, not never.
+        assert!(pages <= PROFILES, "{pages} pages and no end: {seen:?}");
+        page_token = page.next_page_token;
+        // Between pages: a class sorting after every other, one sorting before every other,
+        // and the first class learned again (behind the cursor now, its profile changed).
+        late.push(format!("z-{pages:03}"));
+        early.push(format!("a-{pages:03}"));
+        for class in [&late[late.len() - 1], &early[early.len() - 1], &first[0]] {
+            learn(&controller, class).await;
+        }
+    }
+    for class in first.iter().chain(&late) {
+        assert_eq!(seen.get(class), Some(&1), "{class} on one page");
+    }
+    for class in &early {
+        assert_eq!(
+            seen.get(class),
+            None,
+            "{class} was learned behind the cursor"
+        );
+    }
+    assert!(
+        seen.values().all(|n| *n == 1),
+        "none on two pages: {seen:?}"
+    );
+    assert!(
+        pages >= PROFILES.div_ceil(SIZE as usize),
+        "{pages} pages of {SIZE} for {PROFILES} and more"
+    );
+    // No size: every profile at once, the ones learned meanwhile included.
+    let all = client
+        .list_profiles(pb::ListProfilesRequest::default())
+        .await
+        .expect("lists")
+        .into_inner();
+    assert_eq!(all.profiles.len(), PROFILES + late.len() + early.len());
+    assert!(all.next_page_token.is_empty());
+}
