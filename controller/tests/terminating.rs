@@ -415,12 +415,7 @@ async fn a_watch_filtered_by_state_sends_only_those_and_bookmarks_past_the_rest(
     until_state(&c, &hog.id, pb::SessionState::Running).await;
     // Only the running one comes (bookmarks aside): a watch that ignored the filter would
     // send the pending ones, and the hog's PENDING and SCHEDULED, first.
-    let running = loop {
-        match next().await {
-            Event::Bookmark(_) => {}
-            Event::Session(s) => break s,
-        }
-    };
+    let running = next_session(&mut next).await;
     assert_eq!(
         (running.id.as_str(), running.state()),
         (hog.id.as_str(), pb::SessionState::Running)
@@ -437,12 +432,7 @@ async fn a_watch_filtered_by_state_sends_only_those_and_bookmarks_past_the_rest(
     c.terminate_session(pb::TerminateSessionRequest { id: hog.id.clone() })
         .await
         .expect("ended");
-    let left = loop {
-        match next().await {
-            Event::Bookmark(_) => {}
-            Event::Session(s) => break s,
-        }
-    };
+    let left = next_session(&mut next).await;
     assert_eq!(
         (left.id.as_str(), left.state()),
         (hog.id.as_str(), pb::SessionState::Terminating)
@@ -461,6 +451,15 @@ async fn a_watch_filtered_by_state_sends_only_those_and_bookmarks_past_the_rest(
             Event::Bookmark(b) if b.revision >= w2_revision => break,
             Event::Bookmark(_) => {}
             Event::Session(s) => panic!("{} ({:?}) sent to a RUNNING watch", s.id, s.state()),
+        }
+    }
+}
+
+/// The next session a watch sends, past any bookmarks.
+async fn next_session(next: &mut impl AsyncFnMut() -> Event) -> pb::Session {
+    loop {
+        if let Event::Session(s) = next().await {
+            return s;
         }
     }
 }
