@@ -25,30 +25,7 @@ use util::cluster::{create, eventually, no_holdings, wait_nodes, wait_state};
 
 /// GPU-0 whole; GPU-1, an H200 in MIG mode with the operator's `3g.71gb` at slices 4-7, given
 /// to gpuwarden; GPU-2, an H200 in MIG mode with no instance, not given.
-const DEVICES: &str = r#"
-    [[devices]]
-    uuid = "GPU-0"
-    model_name = "Mock H200"
-    memory_size = "141G"
-
-    [[devices]]
-    uuid = "GPU-1"
-    model_name = "Mock H200"
-    memory_size = "141G"
-    mig_enabled = true
-    [[devices.instances]]
-    uuid = "MIG-ops"
-    profile = "3g.71gb"
-    gpu_instance = 2
-    placement_start = 4
-    memory_size = "70G"
-
-    [[devices]]
-    uuid = "GPU-2"
-    model_name = "Mock H200"
-    memory_size = "141G"
-    mig_enabled = true
-"#;
+const DEVICES: &str = include_str!("../../deploy/mock-devices-mig-on-demand.toml");
 
 /// GPU `gpu`'s instances as the mock's MIG layer holds them: (profile, start, size).
 fn layout(backend: &MockBackend, gpu: &str) -> Vec<(String, u32, u32)> {

@@ -319,30 +319,7 @@ mod tests {
 
     /// A whole GPU; GPU-1, an H200 in MIG mode with the operator's 3g.71gb at slices 4-7;
     /// GPU-2, an H200 in MIG mode with no instance.
-    const FILE: &str = r#"
-        [[devices]]
-        uuid = "GPU-0"
-        model_name = "Mock H200"
-        memory_size = "141G"
-
-        [[devices]]
-        uuid = "GPU-1"
-        model_name = "Mock H200"
-        memory_size = "141G"
-        mig_enabled = true
-        [[devices.instances]]
-        uuid = "MIG-ops"
-        profile = "3g.71gb"
-        gpu_instance = 2
-        placement_start = 4
-        memory_size = "70G"
-
-        [[devices]]
-        uuid = "GPU-2"
-        model_name = "Mock H200"
-        memory_size = "141G"
-        mig_enabled = true
-    "#;
+    const FILE: &str = include_str!("../../../deploy/mock-devices-mig-on-demand.toml");
 
     fn free(reports: &[LayoutReport], gpu: &str, profile: &str) -> Vec<u32> {
         reports
