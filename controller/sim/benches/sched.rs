@@ -5,7 +5,8 @@
 //! Baseline in the same run: the time to merely walk the queue in order (sort and read each
 //! pending session), so the table shows what deciding adds over touching each session. The row
 //! with team quotas on (50 queues, each with a guarantee and a limit) is also read against
-//! binpack's row of the same run: within 2× (≥ 0.5× its decisions/s).
+//! binpack's row of the same run: within 2× (≥ 0.5× its decisions/s), and so is the row on a
+//! fleet with half its GPUs in MIG mode (issue 37: 30% of the requests ask for a MIG profile).
 
 use std::{
     sync::Arc,
@@ -13,6 +14,7 @@ use std::{
 };
 
 use gpuwarden_controller::{
+    allocator::DeviceSpec,
     api::{Controller, Timing},
     limits::{Bounds, Limits},
     node::NodeReport,
@@ -22,7 +24,7 @@ use gpuwarden_controller::{
         quotas::{QueueQuota, QuotaConfig},
     },
     server,
-    slots::ResourceSlot,
+    slots::{ResourceSlot, SlotKind, SlotName, SlotValue},
     store::{Store, StoreSpec},
 };
 use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
@@ -71,6 +73,62 @@ fn request(rng: &mut Rng) -> ResourceSlot {
     ResourceSlot::parse_any(&["cpu=1", "mem=4g", gpu.as_str()]).expect("valid")
 }
 
+/// MIG profiles of the mixed fleet's instances: (slot, memory, count per MIG GPU), an H200's
+/// "balanced" layout (2 × 1g.18gb, 2g.35gb, 3g.71gb).
+const MIG_LAYOUT: [(&str, u64, u32); 3] = [
+    ("1g.18gb", 18 << 30, 2),
+    ("2g.35gb", 35 << 30, 1),
+    ("3g.71gb", 71 << 30, 1),
+];
+
+/// A node of the mixed fleet: GPUs 0–3 whole, GPUs 4–7 in MIG mode, offered as their instances
+/// (the parent of instances is not offered whole), each profile a slot type with its count.
+fn mig_report(id: usize) -> NodeReport {
+    let mut node = NodeReport::with_gpus(&format!("node-{id:05}"), GPUS / 2, 141 << 30, 4);
+    node.capacity = ResourceSlot::parse_any(&["cpu=64", "mem=512g"]).expect("valid");
+    node.agent_version = "bench".into();
+    node.device_models = vec![("NVIDIA H200".to_owned(), false); node.devices.len()];
+    let mut index = GPUS / 2;
+    for _gpu in GPUS / 2..GPUS {
+        for (profile, memory_bytes, count) in MIG_LAYOUT {
+            for _ in 0..count {
+                node.devices.push(DeviceSpec {
+                    uuid: format!("{}-MIG-{index}", node.node_id),
+                    index,
+                    memory_bytes,
+                    sm_count: 16,
+                    numa_node: 0,
+                });
+                node.device_models
+                    .push((format!("NVIDIA H200 MIG {profile}"), true));
+                index += 1;
+            }
+        }
+    }
+    for (profile, _, count) in MIG_LAYOUT {
+        let slot = SlotName::new(&format!("cuda.mig.{profile}")).expect("a slot name");
+        node.slot_types.push((slot.clone(), SlotKind::Count));
+        node.capacity
+            .set(slot, SlotValue::from_int(u64::from(count * GPUS / 2)));
+    }
+    node
+}
+
+/// The mixed fleet's mix: 30% one MIG instance (half 1g, a quarter each 2g and 3g), the rest as
+/// [`request`].
+fn mig_request(rng: &mut Rng) -> ResourceSlot {
+    if rng.below(10) < 3 {
+        let profile = match rng.below(4) {
+            0 | 1 => "1g.18gb",
+            2 => "2g.35gb",
+            _ => "3g.71gb",
+        };
+        let gpu = format!("cuda.mig.{profile}=1");
+        return ResourceSlot::parse_any(&["cpu=1", "mem=4g", gpu.as_str()]).expect("valid");
+    }
+    request(rng)
+}
+
 /// 50 queues over 1,000 × 8 GPUs, owners spread round-robin (4 each). Guarantees of 100 to 180
 /// shares (7,000 in all, of 8,000) and 25 to 45 whole devices, limits 1.5× those: with the
 /// sessions' ~10,000 shares asked, queues borrow, and the smaller ones reach their limit.
@@ -113,9 +171,11 @@ struct Row {
     p99: Duration,
 }
 
-fn decisions(nodes: usize, mode: Placement, quotas: Option<QuotaConfig>) -> Row {
+fn decisions(nodes: usize, mode: Placement, quotas: Option<QuotaConfig>, mig: bool) -> Row {
     let label = if quotas.is_some() {
         format!("{mode} + quotas ({QUEUES} queues)")
+    } else if mig {
+        format!("{mode}, half the GPUs in MIG mode")
     } else {
         mode.to_string()
     };
@@ -129,14 +189,19 @@ fn decisions(nodes: usize, mode: Placement, quotas: Option<QuotaConfig>) -> Row 
     };
     let mut s = Scheduler::new(config);
     for i in 0..nodes {
-        s.register(report(i), &[]).expect("registers");
+        let node = if mig { mig_report(i) } else { report(i) };
+        s.register(node, &[]).expect("registers");
     }
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for i in 0..SESSIONS {
         s.create(NewSession {
             id: format!("s{i:05}"),
             owner: format!("owner{}", i % owners),
-            requested: request(&mut rng),
+            requested: if mig {
+                mig_request(&mut rng)
+            } else {
+                request(&mut rng)
+            },
             ..NewSession::default()
         })
         .expect("valid request");
@@ -294,14 +359,15 @@ fn main() {
     // The quota row runs right after binpack's on the same nodes and sessions, and is read
     // against it.
     let mut binpack = None;
-    for (mode, nodes, quotas, floor) in [
-        (Placement::Binpack, 1_000, None, 5_000.0),
-        (Placement::Binpack, 1_000, Some(quotas()), 5_000.0),
-        (Placement::Binpack, 5_000, None, 1_000.0),
-        (Placement::InterferenceAware, 1_000, None, 1_000.0),
+    for (mode, nodes, quotas, mig, floor) in [
+        (Placement::Binpack, 1_000, None, false, 5_000.0),
+        (Placement::Binpack, 1_000, Some(quotas()), false, 5_000.0),
+        (Placement::Binpack, 1_000, None, true, 5_000.0),
+        (Placement::Binpack, 5_000, None, false, 1_000.0),
+        (Placement::InterferenceAware, 1_000, None, false, 1_000.0),
     ] {
-        let governed = quotas.is_some();
-        let r = decisions(nodes, mode, quotas);
+        let governed = quotas.is_some() || mig;
+        let r = decisions(nodes, mode, quotas, mig);
         let mut verdict = if r.per_second >= floor {
             format!("≥ {floor:.0}/s within")
         } else {
