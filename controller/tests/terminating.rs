@@ -94,6 +94,43 @@ async fn agent(
     }
 }
 
+/// The test's ends of a fake agent's channels: the releases it was sent, and the confirmations
+/// to make.
+struct FakeAgent {
+    releases: mpsc::Receiver<String>,
+    confirm: mpsc::Sender<String>,
+}
+
+/// A fake agent for node `n1` behaving as `on_release`, and a client that has seen the node.
+async fn with_agent(
+    url: &str,
+    on_release: OnRelease,
+) -> (SchedulerServiceClient<Channel>, FakeAgent) {
+    let (releases_tx, releases) = mpsc::channel(8);
+    let (confirm, confirm_rx) = mpsc::channel(8);
+    tokio::spawn(agent(
+        url.to_owned(),
+        "n1",
+        on_release,
+        releases_tx,
+        confirm_rx,
+    ));
+    let c = client(url).await;
+    until_node(&c).await;
+    (c, FakeAgent { releases, confirm })
+}
+
+/// A whole-GPU session named `name`, once it runs.
+async fn running(c: &mut SchedulerServiceClient<Channel>, name: &str) -> pb::Session {
+    let s = c
+        .create_session(whole_gpu(name))
+        .await
+        .expect("created")
+        .into_inner();
+    until_state(c, &s.id, pb::SessionState::Running).await;
+    s
+}
+
 async fn client(url: &str) -> SchedulerServiceClient<Channel> {
     SchedulerServiceClient::new(
         tonic::transport::Endpoint::from_shared(url.to_owned())
@@ -187,23 +224,8 @@ async fn terminating_is_watched_before_terminated_and_the_gpu_stays_booked_until
     )
     .await;
     let url = format!("http://{addr}");
-    let (releases_tx, mut releases) = mpsc::channel(8);
-    let (confirm, confirm_rx) = mpsc::channel(8);
-    tokio::spawn(agent(
-        url.clone(),
-        "n1",
-        OnRelease::ConfirmWhenTold,
-        releases_tx,
-        confirm_rx,
-    ));
-    let mut c = client(&url).await;
-    until_node(&c).await;
-    let a = c
-        .create_session(whole_gpu("a"))
-        .await
-        .expect("created")
-        .into_inner();
-    until_state(&c, &a.id, pb::SessionState::Running).await;
+    let (mut c, mut n1) = with_agent(&url, OnRelease::ConfirmWhenTold).await;
+    let a = running(&mut c, "a").await;
 
     // A watcher from now on.
     let mut watch = c
@@ -239,7 +261,7 @@ async fn terminating_is_watched_before_terminated_and_the_gpu_stays_booked_until
     assert_eq!(again.state(), pb::SessionState::Terminating);
 
     // The agent is told once the end is stored.
-    let told = tokio::time::timeout(Duration::from_secs(20), releases.recv())
+    let told = tokio::time::timeout(Duration::from_secs(20), n1.releases.recv())
         .await
         .expect("a Release within 20 s");
     assert_eq!(told.as_deref(), Some(a.id.as_str()));
@@ -266,7 +288,7 @@ async fn terminating_is_watched_before_terminated_and_the_gpu_stays_booked_until
     );
 
     // The agent confirms: TERMINATED follows, and the GPU goes to the waiting session.
-    confirm.send(a.id.clone()).await.expect("agent alive");
+    n1.confirm.send(a.id.clone()).await.expect("agent alive");
     let last = loop {
         let s = tokio::time::timeout(Duration::from_secs(20), watch.next())
             .await
@@ -302,30 +324,15 @@ async fn a_release_never_confirmed_ends_after_the_timeout_with_its_reason() {
         common::ControllerProcess::start(&store, &["--config", &config.to_string_lossy()]);
     controller.until_serving(Duration::from_secs(30)).await;
     let url = format!("http://{}", controller.addr);
-    let (releases_tx, mut releases) = mpsc::channel(8);
-    let (_confirm, confirm_rx) = mpsc::channel(8);
-    tokio::spawn(agent(
-        url.clone(),
-        "n1",
-        OnRelease::Never,
-        releases_tx,
-        confirm_rx,
-    ));
-    let mut c = client(&url).await;
-    until_node(&c).await;
-    let a = c
-        .create_session(whole_gpu("a"))
-        .await
-        .expect("created")
-        .into_inner();
-    until_state(&c, &a.id, pb::SessionState::Running).await;
+    let (mut c, mut n1) = with_agent(&url, OnRelease::Never).await;
+    let a = running(&mut c, "a").await;
     let ended = c
         .terminate_session(pb::TerminateSessionRequest { id: a.id.clone() })
         .await
         .expect("ended")
         .into_inner();
     assert_eq!(ended.state(), pb::SessionState::Terminating);
-    let told = tokio::time::timeout(Duration::from_secs(20), releases.recv())
+    let told = tokio::time::timeout(Duration::from_secs(20), n1.releases.recv())
         .await
         .expect("a Release within 20 s");
     assert_eq!(told.as_deref(), Some(a.id.as_str()));
@@ -339,7 +346,7 @@ async fn a_release_never_confirmed_ends_after_the_timeout_with_its_reason() {
         a.reason
     );
     // Its node is told again as it is given up on.
-    let again = tokio::time::timeout(Duration::from_secs(20), releases.recv())
+    let again = tokio::time::timeout(Duration::from_secs(20), n1.releases.recv())
         .await
         .expect("a second Release within 20 s");
     assert_eq!(again.as_deref(), Some(a.id.as_str()));
@@ -364,17 +371,7 @@ async fn a_watch_filtered_by_state_sends_only_those_and_bookmarks_past_the_rest(
     )
     .await;
     let url = format!("http://{addr}");
-    let (releases_tx, _releases) = mpsc::channel(8);
-    let (_confirm, confirm_rx) = mpsc::channel(8);
-    tokio::spawn(agent(
-        url.clone(),
-        "n1",
-        OnRelease::Never,
-        releases_tx,
-        confirm_rx,
-    ));
-    let mut c = client(&url).await;
-    until_node(&c).await;
+    let (mut c, _n1) = with_agent(&url, OnRelease::Never).await;
     let mut watch = c
         .watch_session_events(pb::WatchSessionEventsRequest {
             start: pb::WatchStart::Now.into(),
