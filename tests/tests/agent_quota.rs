@@ -144,6 +144,13 @@ fn the_stop_policy_stops_and_a_request_resumes() {
         std::fs::read_to_string(cg.dir.join("cgroup.events"))
             .is_ok_and(|e| e.lines().any(|l| l == "frozen 1"))
     };
+    // Frozen by the agent's hold, not by the throttle's off-time (the share is 0.5): the hold
+    // comes on the reconcile tick after every stopped process has stopped.
+    rig.wait_for("the agent to hold the stop", |r| {
+        r.agent()
+            .container(&cg.path)
+            .is_some_and(|c| c.events.iter().any(|e| e.action == "hold"))
+    });
     rig.wait_for("the container's cgroup to be frozen", |_| frozen(&cg));
     // SAFETY: a signal to the test's own child, by its pid.
     assert_eq!(unsafe { libc::kill(a.pid.cast_signed(), libc::SIGCONT) }, 0);
