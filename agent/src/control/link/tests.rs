@@ -1,4 +1,11 @@
-use super::*;
+use std::collections::BTreeSet;
+
+use super::{
+    allocation::known_slots,
+    commands::{interrupted_moves, resume_command},
+    *,
+};
+use crate::checkpoint::GpuPair;
 use crate::{control::holdings::Holdings, devices::NoGpus};
 
 #[test]
