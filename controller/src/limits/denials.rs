@@ -113,7 +113,7 @@ impl std::fmt::Debug for Denials {
 }
 
 impl Denials {
-    /// Counts one refusal of `who` for `reason` and logs it (see [`Self::log`]).
+    /// Counts one refusal of `who` for `reason` and logs it, at most once a second per reason.
     pub fn refuse(&self, reason: DenialReason, who: &str, error: &dyn Display) {
         self.denied[reason.index()].fetch_add(1, Ordering::Relaxed);
         self.log(reason, who, error);

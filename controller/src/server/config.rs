@@ -159,8 +159,9 @@ pub(super) struct RunArgs {
     /// otherwise.
     #[arg(long, default_value = "/var/lib/gpuwarden/controller")]
     state_dir: PathBuf,
-    /// Where the state lives: sled:PATH, or etcd://HOST:PORT[,HOST:PORT…][/PREFIX] for a
-    /// store shared by several controllers (overrides the config file's `store`).
+    /// Where the state lives: sled:PATH, or etcd://HOST:PORT,HOST:PORT…/PREFIX (one endpoint
+    /// or more; the prefix optional) for a store shared by several controllers (overrides the
+    /// config file's `store`).
     #[arg(long, value_name = "SPEC")]
     store: Option<StoreSpec>,
     /// With an etcd store: the address agents and clients reach this controller at, which
@@ -233,8 +234,8 @@ pub struct RunConfig {
     pub listen: SocketAddr,
     /// The store, with its TLS to etcd.
     pub store: StoreSpec,
-    /// With an etcd store: the address standbys tell agents and clients (`None`: see
-    /// [`advertised`]).
+    /// With an etcd store: the address standbys tell agents and clients (`None`: the listen
+    /// address, or this host's name with its port where that is a wildcard).
     pub advertise: Option<String>,
     /// With an etcd store: the leadership lease.
     pub lease_ttl: Duration,

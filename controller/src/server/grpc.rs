@@ -8,12 +8,7 @@
 //! the [`Bounds`], an [`Election`]). The [`Bounds`] a server is given hold its services, its
 //! connection caps, and the counters of what they refused, which the metrics read.
 
-use std::{
-    future::Future,
-    net::SocketAddr,
-    sync::{Arc, Once},
-    time::Duration,
-};
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use gpuwarden_runtime::lifecycle::Tasks;
 
@@ -156,10 +151,7 @@ async fn serve_router(
                     "--insecure: serving plain text beyond loopback; anyone who reaches this port can act as any node and read every token (gpuwarden.controller.insecure = 1)"
                 );
             } else {
-                static WARNED: Once = Once::new();
-                WARNED.call_once(|| {
-                    tracing::warn!("serving plain text: any client can act as any node");
-                });
+                tracing::warn!("serving plain text: any client can act as any node");
             }
             tracing::info!(%addr, "controller listening (plain text)");
             router
@@ -246,22 +238,17 @@ async fn watch_grants(controller: Arc<Controller>, grants: Arc<GrantFile>) {
     }
 }
 
-/// Warns once per process about client authentication that protects little.
+/// Warns, at each start of a server, about client authentication that protects little (a
+/// daemon starts one; a test process may start many, each saying it).
 fn warn_about_clients(clients: &ClientAuth, transport: &Transport) {
-    static OPEN: Once = Once::new();
-    static CLEAR_TOKENS: Once = Once::new();
     if clients.is_open() {
-        OPEN.call_once(|| {
-            tracing::warn!(
-                "no --token-file and no TLS: every client acts as an admin and may see and end every session"
-            );
-        });
+        tracing::warn!(
+            "no --token-file and no TLS: every client acts as an admin and may see and end every session"
+        );
     } else if clients.takes_tokens() && transport.is_plain_text() {
-        CLEAR_TOKENS.call_once(|| {
-            tracing::warn!(
-                "bearer tokens over plain text: anyone on the network path can read and reuse them; serve TLS"
-            );
-        });
+        tracing::warn!(
+            "bearer tokens over plain text: anyone on the network path can read and reuse them; serve TLS"
+        );
     }
 }
 
