@@ -724,14 +724,7 @@ fn an_agent_restart_in_the_middle_of_a_move_leaves_the_session_where_it_was() {
 
     rig.agent.take().unwrap().stop_keeping_pins().unwrap();
     std::fs::remove_file(&pause).unwrap();
-    let mut cfg = util::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
-    std::fs::write(cfg.mock_devices.as_ref().unwrap(), uuid_mock()).unwrap();
-    cfg.binding_timeout = Duration::from_mins(1);
-    cfg.suspend = Some(SuspendConfig {
-        helper: libcuda.helper(),
-        step_timeout: STEP,
-    });
-    rig.agent = Some(util::TestAgent::start_with(cfg));
+    restart_agent(&mut rig, &libcuda);
 
     let why = wait_event(&rig, &borrower, "resume_refused");
     assert!(why.contains("restarted during the move"), "{why}");
@@ -767,6 +760,79 @@ fn an_agent_restart_in_the_middle_of_a_move_leaves_the_session_where_it_was() {
     assert_eq!(open(home), libc::ENXIO);
     assert_eq!(open(other), libc::EPERM);
     assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+}
+
+/// Starts the agent again on `rig`'s state (its kernel state pinned by the one stopped), the
+/// stand-in libcuda as its checkpoint helper's driver.
+fn restart_agent(rig: &mut Rig, libcuda: &FakeLibcuda) {
+    let mut cfg = util::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
+    std::fs::write(cfg.mock_devices.as_ref().unwrap(), uuid_mock()).unwrap();
+    cfg.binding_timeout = Duration::from_mins(1);
+    cfg.suspend = Some(SuspendConfig {
+        helper: libcuda.helper(),
+        step_timeout: STEP,
+    });
+    rig.agent = Some(util::TestAgent::start_with(cfg));
+}
+
+/// Issue 38: the agent stops later in a move, after the restore onto the other GPU ran and
+/// before the process was unlocked (the stand-in holds the unlock until the agent is gone,
+/// which kills its helper). The memory is on the new GPU already: the next run of the agent
+/// asks the driver, finds the process restored, and completes the move rather than refusing
+/// it (which would leave the process on a GPU neither side books). The driver's ledger, the
+/// device rules, the agent's count and the controller's booking all name the new GPU.
+#[test]
+#[ignore = "needs root"]
+fn an_agent_restart_after_the_restore_completes_the_move() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    let mut rig = move_rig("suspend-late-cut", &libcuda);
+    let cg = docker("suspend-late-cut");
+    let nodes = gpu_nodes();
+    let (borrower, x, lender, home, other, mut p) =
+        suspended_beside_a_busy_home(&rig, &libcuda, &cg, nodes.path());
+
+    let pause = libcuda.dir.path().join("pause-unlock");
+    std::fs::write(&pause, "").unwrap();
+    terminate(&rig, &x);
+    util::wait_for("the move's unlock to be under way", || {
+        libcuda.dir.path().join("unlock-paused").exists()
+    });
+    let mut expected = vec![0; 2];
+    expected[usize::try_from(other).unwrap()] = 64 * MIB;
+    assert_eq!(
+        rig.driver.fake.ledger(),
+        expected,
+        "restored on the new GPU"
+    );
+
+    rig.agent.take().unwrap().stop_keeping_pins().unwrap();
+    std::fs::remove_file(&pause).unwrap();
+    restart_agent(&mut rig, &libcuda);
+
+    let why = wait_event(&rig, &borrower, "resumed");
+    assert!(
+        why.contains("cut short by an agent restart, completed"),
+        "{why}"
+    );
+    let b = rig.get(&borrower);
+    assert_eq!(b.state, pb::SessionState::Running as i32);
+    assert_eq!(b.devices[0].index, other);
+    assert!(
+        !b.events.iter().any(|e| e.action == "resume_refused"),
+        "the move was not refused"
+    );
+    assert_eq!(rig.driver.fake.ledger(), expected);
+    util::wait_for("the quota to count the workload on the new GPU", || {
+        charged_on(&rig, &cg, other) == 64 * MIB
+    });
+    assert_eq!(charged_on(&rig, &cg, home), 0);
+    util::wait_for("the workload to run again", || !frozen(&cg));
+    let open = |gpu: u32| util::open_in(&cg, &nodes.path().join(format!("nvidia{gpu}")));
+    assert_eq!(open(other), libc::ENXIO);
+    assert_eq!(open(home), libc::EPERM);
+    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+    assert_eq!(rig.get(&lender).devices[0].index, home);
 }
 
 /// The same with a driver older than CUDA 13.0 (the stand-in reports 12.8): its restore takes

@@ -156,6 +156,14 @@ impl Holdings {
             .collect()
     }
 
+    /// Takes up the interrupted move of `session` as this run's own: no longer listed by
+    /// [`Self::interrupted`], kept on disk until it settles ([`Self::settle_move`]).
+    pub fn take_up_move(&mut self, session: &str) {
+        if let Some(allocate) = self.interrupted.remove(session) {
+            self.moves.insert(session.to_owned(), allocate);
+        }
+    }
+
     /// Forgets the move of `session` on disk (and an interrupted one in memory).
     ///
     /// # Errors

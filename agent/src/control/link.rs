@@ -31,7 +31,7 @@ mod endpoint;
 mod mig;
 mod registration;
 
-use commands::{answer, release_held, report_interrupted};
+use commands::{answer, release_held, take_up_interrupted};
 
 pub use allocation::check_allocation;
 pub use endpoint::{LinkError, check_controllers, check_url, endpoint};
@@ -254,7 +254,7 @@ async fn connect_once(
     if let Some(c) = channels.as_deref() {
         c.usage_counters.set_connected(true);
     }
-    report_interrupted(holdings, &tx).await?;
+    take_up_interrupted(backend, holdings, channels.as_deref(), &tx).await?;
     let mut ticker = tokio::time::interval(interval);
     let mut seq = 1;
     loop {

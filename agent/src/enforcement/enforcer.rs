@@ -365,6 +365,13 @@ impl Enforcer {
     }
 
     /// The cgroup `session`'s quota is bound at, if it is bound.
+    /// Whether `session`'s quota is here and still looks for its cgroup.
+    pub(crate) fn awaits_binding(&self, session: &str) -> bool {
+        self.bindings
+            .get(session)
+            .is_some_and(|b| b.state == BindState::Pending)
+    }
+
     fn bound_dir(&self, session: &str) -> Option<PathBuf> {
         self.bindings
             .get(session)

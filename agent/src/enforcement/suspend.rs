@@ -239,6 +239,30 @@ pub(crate) async fn resume(
     Ok(start.elapsed())
 }
 
+/// Whether the driver tells of any of `pids` that it is no longer checkpointed (locked,
+/// running, failed or busy): a restore of it ran, in part at least. Asked after an agent restart, of a
+/// move the earlier run did not settle.
+///
+/// # Errors
+/// The driver could not be asked about a process.
+pub(crate) async fn restored_any(
+    c: &impl Checkpointer,
+    pids: &[u32],
+    step: Duration,
+) -> Result<bool, Refusal> {
+    for &pid in pids {
+        let state = c
+            .act(pid, Action::GetState, step)
+            .await
+            .map_err(|source| Refusal { pid, source })?;
+        // A state the driver does not tell counts as checkpointed, as in [`resume`].
+        if state.is_some_and(|s| s != ProcessState::Checkpointed) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// A suspension under way or in place, as the enforcer keeps it.
 #[derive(Debug, Clone)]
 pub(crate) struct Suspension {
@@ -372,6 +396,47 @@ mod tests {
                 (8, Action::Unlock)
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_move_began_where_the_driver_holds_any_process_no_longer_checkpointed() {
+        let with = |states: &[(u32, ProcessState)]| Fake {
+            states: states.iter().copied().collect(),
+            ..Fake::default()
+        };
+        let checkpointed = with(&[
+            (7, ProcessState::Checkpointed),
+            (8, ProcessState::Checkpointed),
+        ]);
+        assert!(!restored_any(&checkpointed, &[7, 8], STEP).await.unwrap());
+        // A state the driver does not tell (pid 9) says nothing moved.
+        assert!(!restored_any(&checkpointed, &[7, 9], STEP).await.unwrap());
+        for moved in [
+            ProcessState::Locked,
+            ProcessState::Running,
+            ProcessState::Failed,
+        ] {
+            let fake = with(&[(7, ProcessState::Checkpointed), (8, moved)]);
+            assert!(
+                restored_any(&fake, &[7, 8], STEP).await.unwrap(),
+                "{moved:?}"
+            );
+        }
+        // Only the driver was asked: nothing restored, unlocked or checkpointed.
+        assert!(
+            checkpointed
+                .calls
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|&(_, a)| a == Action::GetState)
+        );
+        let refusing = Fake {
+            refuse: Some((8, Action::GetState)),
+            ..with(&[(7, ProcessState::Checkpointed)])
+        };
+        let err = restored_any(&refusing, &[7, 8], STEP).await.unwrap_err();
+        assert_eq!(err.pid, 8);
     }
 
     #[tokio::test]

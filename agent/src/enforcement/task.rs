@@ -54,6 +54,30 @@ pub enum QuotaCommand {
         /// Its quota on the new GPUs and the GPU pairs.
         moving: Move,
     },
+    /// Take up a move onto other GPUs that an earlier run of the agent began and did not
+    /// settle: completed where the driver restored any process of it already, otherwise
+    /// refused with `refusal` (`Enforcer::end_take_up`).
+    TakeUpMove {
+        /// The session.
+        session: String,
+        /// Its quota on the new GPUs and the GPU pairs.
+        moving: Move,
+        /// The `resume_refused` reason where nothing moved.
+        refusal: String,
+    },
+}
+
+impl QuotaCommand {
+    /// The suspended session a resumption command is for: one that waits while the session's
+    /// quota looks for its cgroup (after an agent restart), rather than being dropped.
+    fn resumes(&self) -> Option<&str> {
+        match self {
+            Self::Resume(session)
+            | Self::ResumeOnto { session, .. }
+            | Self::TakeUpMove { session, .. } => Some(session),
+            Self::Apply(_) | Self::Release(_) | Self::Preempt { .. } => None,
+        }
+    }
 }
 
 enum Message {
@@ -92,6 +116,13 @@ enum JobDone {
     MoveChecked {
         session: String,
         result: Result<i32, CheckpointError>,
+    },
+    /// The driver's account of a move taken up after a restart: whether any process of it
+    /// was restored.
+    TakenUp {
+        session: String,
+        result: Result<bool, Refusal>,
+        refusal: String,
     },
 }
 
@@ -201,16 +232,21 @@ async fn run(
     reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut quotas_open = true;
     let (own, mut jobs) = mpsc::unbounded_channel();
+    // Resumptions of sessions whose quota is still looking for its cgroup, tried again after
+    // each reconcile.
+    let mut waiting: Vec<QuotaCommand> = Vec::new();
     loop {
         // Biased: a quota the link passed down is in place before any later request is answered.
         tokio::select! {
             biased;
             command = quotas.recv(), if quotas_open => match command {
-                Some(command) => command_enforcer(&mut enforcer, command, &own),
+                Some(command) => command_or_wait(&mut enforcer, command, &own, &mut waiting),
                 None => quotas_open = false,
             },
             message = messages.recv() => match message {
-                Some(Message::Command(command)) => command_enforcer(&mut enforcer, command, &own),
+                Some(Message::Command(command)) => {
+                    command_or_wait(&mut enforcer, command, &own, &mut waiting);
+                }
                 Some(message) => handle(&mut enforcer, message, tier),
                 None => return,
             },
@@ -222,10 +258,40 @@ async fn run(
                         run_job(job, &own, true);
                     }
                 }
+                JobDone::TakenUp { session, result, refusal } => {
+                    if let Some(job) = enforcer.end_take_up(&session, result, &refusal) {
+                        run_job(job, &own, true);
+                    }
+                }
             },
-            _ = reconcile.tick() => enforcer.reconcile(),
+            _ = reconcile.tick() => {
+                enforcer.reconcile();
+                for command in std::mem::take(&mut waiting) {
+                    command_or_wait(&mut enforcer, command, &own, &mut waiting);
+                }
+            }
         }
     }
+}
+
+/// [`command_enforcer`], or kept in `waiting` where it resumes a session whose quota waits
+/// for its cgroup (an agent restarted: the quota binds again at a reconcile, and until then
+/// nothing of the session is known to be suspended). Passed on once the quota no longer waits:
+/// bound, or expired or released (then it finds nothing suspended, as without the wait).
+fn command_or_wait(
+    enforcer: &mut Enforcer,
+    command: QuotaCommand,
+    own: &mpsc::UnboundedSender<JobDone>,
+    waiting: &mut Vec<QuotaCommand>,
+) {
+    if let Some(session) = command.resumes()
+        && enforcer.awaits_binding(session)
+    {
+        tracing::debug!(session, "resumption waits for the quota to bind");
+        waiting.push(command);
+        return;
+    }
+    command_enforcer(enforcer, command, own);
 }
 
 fn command_enforcer(
@@ -256,6 +322,26 @@ fn command_enforcer(
             if let Some(job) = enforcer.begin_resume(&session) {
                 run_job(job, own, true);
             }
+        }
+        QuotaCommand::TakeUpMove {
+            session,
+            moving,
+            refusal,
+        } => {
+            let Some(job) = enforcer.begin_take_up(&session, moving) else {
+                let why = format!("{refusal} (not suspended here)");
+                enforcer.refuse_resume(&session, &why);
+                return;
+            };
+            let own = own.clone();
+            tokio::spawn(async move {
+                let result = suspend::restored_any(&job.helper, &job.pids, job.step).await;
+                let _ = own.send(JobDone::TakenUp {
+                    session: job.session,
+                    result,
+                    refusal,
+                });
+            });
         }
         QuotaCommand::ResumeOnto { session, moving } => {
             if let Some(check) = enforcer.begin_move(&session, moving) {

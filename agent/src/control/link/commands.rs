@@ -153,30 +153,58 @@ pub(super) fn resume_command(
     })
 }
 
-/// Sends [`interrupted_moves`] up, forgetting each once sent.
-pub(super) async fn report_interrupted(
+/// Takes up each move onto other GPUs that an earlier run of this agent began and did not
+/// settle (issue 38): the controller booked the new GPUs and waits for the answer, this run
+/// holds the old ones and re-applied their quota. Enforcement asks the driver where the
+/// processes are and completes the move where the earlier run restored any (`resumed`), or
+/// refuses it where nothing moved (`resume_refused`: the controller frees the new GPUs and
+/// suspends the session again; its next `Resume` restores it on the GPUs it holds). Without
+/// enforcement, or where the move can't be rebuilt, it is refused here.
+pub(super) async fn take_up_interrupted(
+    backend: &dyn GpuBackend,
     holdings: &SharedHoldings,
+    channels: Option<&LinkChannels>,
     tx: &mpsc::Sender<pb::AgentMessage>,
 ) -> Result<(), LinkError> {
-    for event in interrupted_moves(holdings) {
-        let session = event.session_id.clone();
-        let msg = pb::agent_message::Msg::Event(event);
+    for (to, refusal) in interrupted_moves(holdings) {
+        let session = refusal.session_id.clone();
+        if let Some(c) = channels {
+            lock(holdings).take_up_move(&session);
+            let resume = pb::Resume {
+                session_id: session.clone(),
+                devices: to.devices,
+            };
+            if let Ok(QuotaCommand::ResumeOnto { session, moving }) =
+                resume_command(backend, holdings, resume)
+            {
+                let command = QuotaCommand::TakeUpMove {
+                    session,
+                    moving,
+                    refusal: refusal.reason.clone(),
+                };
+                if c.quotas.send(command).is_ok() {
+                    continue;
+                }
+            }
+        }
+        let msg = pb::agent_message::Msg::Event(refusal);
         tx.send(pb::AgentMessage { msg: Some(msg) })
             .await
             .map_err(|_| LinkError::Closed)?;
-        if let Err(e) = lock(holdings).forget_move(&session) {
+        if let Err(e) = lock(holdings).settle_move(&session, false) {
             tracing::error!(session, "forgetting the interrupted move: {e}");
         }
     }
     Ok(())
 }
 
-/// `resume_refused` for each move onto other GPUs that an earlier run of this agent began and
-/// did not settle (issue 38): the controller booked the new GPUs, this run holds the old ones
-/// and re-applied their quota, and the processes are as the cut-short move left them, at the
-/// latest checkpointed and locked before the restore. The controller frees the new GPUs and
-/// suspends the session again; its next `Resume` restores it on the GPUs it holds.
-pub(super) fn interrupted_moves(holdings: &SharedHoldings) -> Vec<pb::EnforcementEvent> {
+/// Each move onto other GPUs that an earlier run of this agent began and did not settle, with
+/// the allocation it was going to and the `resume_refused` that says nothing moved: the
+/// processes are as the cut-short move left them, checkpointed, or restored onto the new GPUs
+/// in part or whole where the restore had begun.
+pub(super) fn interrupted_moves(
+    holdings: &SharedHoldings,
+) -> Vec<(pb::Allocate, pb::EnforcementEvent)> {
     let h = lock(holdings);
     h.interrupted()
         .into_iter()
@@ -190,16 +218,18 @@ pub(super) fn interrupted_moves(holdings: &SharedHoldings) -> Vec<pb::Enforcemen
             };
             let held = h.get(&to.session_id).map(gpus).unwrap_or_default();
             tracing::warn!(session = %to.session_id, "a move to GPUs {} was cut short by a restart", gpus(&to));
-            pb::EnforcementEvent {
+            let refusal = pb::EnforcementEvent {
                 session_id: to.session_id.clone(),
                 action: "resume_refused".to_owned(),
+                action_kind: pb::EnforcementAction::ResumeRefused.into(),
                 reason: format!(
                     "not resumed on GPUs {}: the agent restarted during the move; still \
                      suspended, holding GPUs {held}",
                     gpus(&to)
                 ),
                 ..pb::EnforcementEvent::default()
-            }
+            };
+            (to, refusal)
         })
         .collect()
 }

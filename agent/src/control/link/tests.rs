@@ -504,17 +504,24 @@ memory_size = "16G"
     let holdings = open();
     let told = interrupted_moves(&holdings);
     assert_eq!(told.len(), 1, "{told:?}");
+    let (to, refusal) = &told[0];
+    assert_eq!(to.devices[0].index, 1, "the allocation it was going to");
     assert_eq!(
-        (told[0].session_id.as_str(), told[0].action.as_str()),
+        (refusal.session_id.as_str(), refusal.action.as_str()),
         ("cut", "resume_refused")
     );
     assert!(
-        told[0].reason.contains("not resumed on GPUs 1")
-            && told[0].reason.contains("restarted during the move")
-            && told[0].reason.contains("holding GPUs 0"),
+        refusal.reason.contains("not resumed on GPUs 1")
+            && refusal.reason.contains("restarted during the move")
+            && refusal.reason.contains("holding GPUs 0"),
         "{}",
-        told[0].reason
+        refusal.reason
     );
     assert_eq!(lock(&holdings).get("cut").unwrap().devices[0].index, 0);
+    // Taken up by this run: no longer listed, and settled as any move of its own.
+    lock(&holdings).take_up_move("cut");
+    assert!(interrupted_moves(&holdings).is_empty());
+    lock(&holdings).settle_move("cut", true).unwrap();
+    assert_eq!(lock(&holdings).get("cut").unwrap().devices[0].index, 1);
     assert_eq!(lock(&holdings).get("done").unwrap().devices[0].index, 1);
 }

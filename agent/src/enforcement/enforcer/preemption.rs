@@ -323,6 +323,92 @@ impl Enforcer {
         }
     }
 
+    /// Takes up a move onto other GPUs that an earlier run of this agent began and did not
+    /// settle (it stopped between the controller's `Resume` and its answer): the driver is
+    /// asked each process's state ([`suspend::restored_any`]) before anything else is done.
+    /// `None` where the session is not suspended here (or something of it is under way).
+    pub(crate) fn begin_take_up(&mut self, session: &str, moving: Move) -> Option<CheckpointJob> {
+        self.remember_suspension(session);
+        let config = self.suspend.clone()?;
+        let s = self
+            .suspensions
+            .get_mut(session)
+            .filter(|s| s.done && s.moving.is_none())?;
+        let job = CheckpointJob {
+            session: session.to_owned(),
+            dir: s.dir.clone(),
+            pids: s.pids.clone(),
+            helper: config.helper,
+            step: config.step_timeout,
+            pairs: moving.pairs.clone(),
+        };
+        s.moving = Some(moving);
+        Some(job)
+    }
+
+    /// Says `resume_refused` for `session` with `why`: a resumption that can't start here (a
+    /// move taken up after a restart whose session is not suspended here), so the controller,
+    /// which booked GPUs for it, does not wait for an answer that never comes.
+    pub(crate) fn refuse_resume(&mut self, session: &str, why: &str) {
+        let rel = self
+            .bound_dir(session)
+            .map(|d| self.tree.relative(&d))
+            .unwrap_or_default();
+        self.record(
+            session,
+            "resume_refused",
+            why.to_owned(),
+            rel,
+            0,
+            None,
+            (0, 0, 0),
+        );
+    }
+
+    /// The driver's account of a move taken up ([`Self::begin_take_up`]). Where the earlier
+    /// run restored any process (it is locked or running on the new GPUs: the GPU memory
+    /// moved), the move is completed: the quota moves to the new GPUs and the resumption
+    /// restores the rest onto them and unlocks all. Where every process is still checkpointed,
+    /// or the driver could not be asked, nothing moved: `resume_refused` with `refusal`, and
+    /// the session stays suspended on the GPUs it held.
+    pub(crate) fn end_take_up(
+        &mut self,
+        session: &str,
+        restored: Result<bool, Refusal>,
+        refusal: &str,
+    ) -> Option<CheckpointJob> {
+        let s = self.suspensions.get_mut(session)?;
+        let moving = s.moving.take()?;
+        let rel = self.tree.relative(&s.dir);
+        match restored {
+            Ok(true) => {
+                s.reason = format!(
+                    "a move to other GPUs cut short by an agent restart, completed; {}",
+                    s.reason
+                );
+                self.apply(moving.spec);
+                self.start_resume(session, moving.pairs)
+            }
+            Ok(false) => {
+                self.record(
+                    session,
+                    "resume_refused",
+                    refusal.to_owned(),
+                    rel,
+                    0,
+                    None,
+                    (0, 0, 0),
+                );
+                None
+            }
+            Err(e) => {
+                let why = format!("{refusal} (the driver's state of its processes: {e})");
+                self.record(session, "resume_refused", why, rel, 0, None, (0, 0, 0));
+                None
+            }
+        }
+    }
+
     /// The end of a resumption: `resumed`, or the restore failed, the workload's GPU state is
     /// lost, and it is ended the kill way.
     pub(crate) fn end_resume(&mut self, session: &str, result: Result<Duration, Refusal>) {
