@@ -173,6 +173,10 @@ layered! {
         /// restore, unlock) [default: 120000].
         #[arg(skip)]
         pub checkpoint_step_timeout_ms: Option<u64>,
+        /// MiB of host memory a suspension must leave available (`MemAvailable`), else the
+        /// workload is killed instead [default: 1024].
+        #[arg(skip)]
+        pub checkpoint_host_reserve_mib: Option<u64>,
         /// OTLP/gRPC endpoint for metrics (else `OTEL_EXPORTER_OTLP_ENDPOINT`; neither: off).
         #[arg(skip)]
         pub otlp_endpoint: Option<String>,
@@ -371,6 +375,10 @@ impl AgentConfig {
                     },
                     step_timeout: Duration::from_millis(
                         s.checkpoint_step_timeout_ms.unwrap_or(120_000).max(1),
+                    ),
+                    host_reserve: s.checkpoint_host_reserve_mib.map_or(
+                        crate::enforcement::SuspendConfig::DEFAULT_HOST_RESERVE,
+                        |mib| mib.saturating_mul(1 << 20),
                     ),
                 }),
             otlp_endpoint: crate::export::metrics::MetricsConfig::endpoint(s.otlp_endpoint),

@@ -129,6 +129,11 @@ fn a_refusal_comes_back_typed_with_the_driver_code() {
 
 /// A rig whose agent suspends through `libcuda`.
 fn suspend_rig(tag: &str, libcuda: &FakeLibcuda) -> Rig {
+    suspend_rig_leaving(tag, libcuda, SuspendConfig::DEFAULT_HOST_RESERVE)
+}
+
+/// [`suspend_rig`], a suspension leaving `host_reserve` bytes of host memory available.
+fn suspend_rig_leaving(tag: &str, libcuda: &FakeLibcuda, host_reserve: u64) -> Rig {
     let helper = libcuda.helper();
     Rig::start_with_agent(
         tag,
@@ -138,6 +143,7 @@ fn suspend_rig(tag: &str, libcuda: &FakeLibcuda) -> Rig {
             cfg.suspend = Some(SuspendConfig {
                 helper,
                 step_timeout: STEP,
+                host_reserve,
             });
         },
     )
@@ -301,6 +307,48 @@ fn a_refused_suspension_falls_back_to_the_kill_path() {
     assert!(!libcuda.image(p.pid).exists(), "nothing was checkpointed");
 }
 
+/// A workload whose GPU memory the host could not hold while keeping the agent's reserve of
+/// available memory falls back to the kill path before the driver is asked anything: the
+/// event names the host's available memory (the kernel's `MemAvailable`) and the footprint.
+#[test]
+#[ignore = "needs root"]
+fn a_suspension_the_host_cannot_hold_falls_back_to_the_kill_path() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    // A reserve no host has: whatever it has available, the 16 MiB would cut into it.
+    let rig = suspend_rig_leaving("suspend-no-room", &libcuda, 1 << 62);
+    let cg = docker("suspend-no-room");
+    let (session, gpu) = bound_session(&rig, &cg);
+    let mut p = CudaProcess::spawn(&rig.driver.dir, &libcuda, gpu, &["16m"], Some(&cg));
+    util::wait_for("the quota to count the workload", || {
+        charged(&rig, &cg) == 16 * MIB
+    });
+
+    ask(
+        &rig,
+        &Request::Suspend {
+            session_id: session.clone(),
+        },
+    );
+    let why = wait_event(&rig, &session, "preempt");
+    assert!(
+        why.contains("not suspended: the host has") && why.contains("its 16 MiB of GPU memory"),
+        "{why}"
+    );
+    let status = p.wait();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    assert!(!frozen(&cg));
+    wait_event(&rig, &session, "preempted");
+    assert!(!libcuda.image(p.pid).exists(), "nothing was checkpointed");
+    assert!(
+        !rig.get(&session)
+            .events
+            .iter()
+            .any(|e| e.action == "suspend"),
+        "no suspension began"
+    );
+}
+
 /// Team quotas: `lab` is guaranteed both GPUs; `burst` has no queue and only borrows.
 fn reclaim_config() -> SchedulerConfig {
     SchedulerConfig {
@@ -365,6 +413,7 @@ fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
             cfg.suspend = Some(SuspendConfig {
                 helper,
                 step_timeout: STEP,
+                host_reserve: SuspendConfig::DEFAULT_HOST_RESERVE,
             });
         },
     );
@@ -473,6 +522,7 @@ fn a_suspension_survives_an_agent_restart() {
     let suspend = SuspendConfig {
         helper,
         step_timeout: STEP,
+        host_reserve: SuspendConfig::DEFAULT_HOST_RESERVE,
     };
     let mut rig = Rig::start_with_agent(
         "restart-suspend",
@@ -534,6 +584,7 @@ fn move_rig(tag: &str, libcuda: &FakeLibcuda) -> Rig {
         cfg.suspend = Some(SuspendConfig {
             helper,
             step_timeout: STEP,
+            host_reserve: SuspendConfig::DEFAULT_HOST_RESERVE,
         });
     })
 }
@@ -771,6 +822,7 @@ fn restart_agent(rig: &mut Rig, libcuda: &FakeLibcuda) {
     cfg.suspend = Some(SuspendConfig {
         helper: libcuda.helper(),
         step_timeout: STEP,
+        host_reserve: SuspendConfig::DEFAULT_HOST_RESERVE,
     });
     rig.agent = Some(util::TestAgent::start_with(cfg));
 }

@@ -26,6 +26,39 @@ pub struct SuspendConfig {
     pub helper: Helper,
     /// The limit on each driver call (lock, checkpoint, restore, unlock of one process).
     pub step_timeout: Duration,
+    /// Host memory a suspension leaves available ([`host_room`]): where the GPU memory to
+    /// copy out would take the node's `MemAvailable` below it, the workload is killed instead.
+    pub host_reserve: u64,
+}
+
+impl SuspendConfig {
+    /// The host memory a suspension leaves available unless configured: 1 GiB.
+    pub const DEFAULT_HOST_RESERVE: u64 = 1 << 30;
+}
+
+/// Whether the host has room for `footprint` bytes of GPU memory copied out, leaving `reserve`
+/// of `MemAvailable` (read from `meminfo`, the text of `/proc/meminfo`). Unknown where
+/// `meminfo` does not tell (then the suspension goes ahead, as before the check).
+///
+/// # Errors
+/// Why not, naming the three numbers.
+pub(crate) fn host_room(meminfo: &str, footprint: u64, reserve: u64) -> Result<(), String> {
+    let Some(available) = meminfo.lines().find_map(|l| {
+        let kib = l.strip_prefix("MemAvailable:")?.trim().strip_suffix("kB")?;
+        kib.trim().parse::<u64>().ok()?.checked_mul(1024)
+    }) else {
+        return Ok(());
+    };
+    if footprint.saturating_add(reserve) <= available {
+        return Ok(());
+    }
+    Err(format!(
+        "the host has {} MiB available; its {} MiB of GPU memory would leave less than the \
+         {} MiB reserve",
+        available >> 20,
+        footprint.div_ceil(1 << 20),
+        reserve >> 20
+    ))
 }
 
 /// Makes checkpoint calls on processes (the helper; a fake in unit tests).
@@ -396,6 +429,28 @@ mod tests {
                 (8, Action::Unlock)
             ]
         );
+    }
+
+    #[test]
+    fn a_suspension_must_leave_the_reserve_of_host_memory_available() {
+        const MIB: u64 = 1 << 20;
+        let meminfo = "MemTotal:       24000000 kB\nMemFree:         1000000 kB\n\
+                       MemAvailable:    2097152 kB\nBuffers:           1 kB\n";
+        // 2 GiB available: 1 GiB out with a 1 GiB reserve fits exactly, a byte more does not.
+        assert_eq!(host_room(meminfo, 1024 * MIB, 1024 * MIB), Ok(()));
+        let why = host_room(meminfo, 1024 * MIB + 1, 1024 * MIB).unwrap_err();
+        assert!(
+            why.contains("2048 MiB available")
+                && why.contains("1025 MiB of GPU memory")
+                && why.contains("1024 MiB reserve"),
+            "{why}"
+        );
+        // The footprint counts: with none, the same reserve fits.
+        assert_eq!(host_room(meminfo, 0, 2048 * MIB), Ok(()));
+        // No MemAvailable (a kernel before 3.14): not known, not refused.
+        assert_eq!(host_room("MemTotal: 1 kB\n", u64::MAX, u64::MAX), Ok(()));
+        // Sums that would overflow are refused, not wrapped.
+        assert!(host_room(meminfo, u64::MAX, 1).is_err());
     }
 
     #[tokio::test]

@@ -128,6 +128,11 @@ impl Enforcer {
             .and_then(|b| b.key)
             .and_then(|k| self.kernel.maps.quotas.get(&k))
             .map_or(0, |q| q.used.iter().sum::<u64>());
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        if let Err(why) = suspend::host_room(&meminfo, held, config.host_reserve) {
+            self.preempt(session, grace, &format!("{reason}; not suspended: {why}"));
+            return None;
+        }
         let rel = self.tree.relative(&dir);
         let why = format!(
             "suspending ({reason}): {} of {} processes hold a GPU context; their GPU memory \

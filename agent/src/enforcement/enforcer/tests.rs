@@ -688,6 +688,7 @@ fn suspendable_rig() -> Rig {
             library: None,
         },
         step_timeout: Duration::from_secs(1),
+        host_reserve: 0,
     }));
     r
 }
