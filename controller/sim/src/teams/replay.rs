@@ -9,12 +9,14 @@
 //! of that run counts as lost, and the job is requeued as a new session of the same owner that
 //! runs again from the start (as Kueue requeues an evicted workload; no checkpoints).
 //!
-//! Under [`Sharing::QueuesWithSuspend`] (issue 38, docs/suspend.md) the same `Preempt` suspends
-//! instead: the workload stops [`SUSPEND_SECS`] after the decision (its GPU memory copied to the
-//! host), the work it did is kept, and the requeued session runs only what is left, plus
-//! [`RESUME_SECS`] to copy the memory back. The GPU-time lost is those two copies. What this
-//! leaves out: a real resume needs a GPU of the same model on the same node (here the requeued
-//! session goes wherever it fits), and the suspended workload's host memory.
+//! Under [`Sharing::QueuesWithSuspend`] (issue 38, docs/suspend.md) every session asks to be
+//! suspended, and the same `Preempt` suspends instead: the workload stops [`SUSPEND_SECS`] after
+//! the decision (its GPU memory copied to the host) and the agent reports it `suspended`; the
+//! scheduler keeps the session with its home, as the controller does, and its own `Resume`
+//! decides when and where it comes back: on its node, on the GPUs it left or others of the same
+//! model. The resumed session runs only the work left, plus [`RESUME_SECS`] to copy the memory
+//! back. The GPU-time lost is those two copies. What this leaves out: the suspended workload's
+//! host memory beyond the scheduler's booking, and the driver refusing a checkpoint.
 //!
 //! Each tick: runs that end by now end (finished: terminated; preempted: reported, and the job
 //! requeued), jobs that have arrived are created, a pass runs. Nothing reads the wall clock.
@@ -26,7 +28,7 @@ use serde::Serialize;
 use gpuwarden_controller::{
     placement::Placement,
     scheduler::{Command, NewSession, Scheduler, SchedulerConfig, quotas::QuotaConfig},
-    session::{Action, EnforcementEvent},
+    session::{Action, EnforcementEvent, PreemptionMode},
     slots::names,
 };
 
@@ -74,8 +76,10 @@ impl std::fmt::Display for Sharing {
 }
 
 /// One run of a job: from its placement to its end.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobRun {
+    /// The node it ran on.
+    pub node: String,
     /// Placement, s.
     pub start: f64,
     /// End, s: its work done, or stopped at the end of its grace period.
@@ -232,6 +236,9 @@ pub fn replay(
     let mut index_of: BTreeMap<String, usize> = BTreeMap::new();
     let mut attempts: Vec<u32> = vec![0; jobs.len()];
     let mut live: BTreeMap<String, Live> = BTreeMap::new();
+    // Suspended sessions (`QueuesWithSuspend`), each with its node, until the scheduler resumes
+    // them; counted among the waiting.
+    let mut suspended: BTreeMap<String, String> = BTreeMap::new();
     let mut waiting = 0usize;
     let mut next = 0usize;
     let limit = window.1 + jobs.iter().map(|j| j.work).sum::<f64>() + 1e6;
@@ -243,6 +250,7 @@ pub fn replay(
                 owner: job.owner.clone().unwrap_or_else(|| "sim".to_owned()),
                 requested,
                 class: job.class.clone(),
+                preemption: suspends.then_some(PreemptionMode::Suspend),
                 ..NewSession::default()
             })
             .map(|_| ())
@@ -263,6 +271,7 @@ pub fn replay(
             match l.stop.filter(|&stop| stop < l.done) {
                 None => {
                     outcome.runs.push(JobRun {
+                        node: l.node.clone(),
                         start: l.start,
                         end: l.done,
                         preempted: false,
@@ -288,6 +297,7 @@ pub fn replay(
                         stop - l.start
                     };
                     outcome.runs.push(JobRun {
+                        node: l.node.clone(),
                         start: l.start,
                         end: stop,
                         preempted: true,
@@ -295,6 +305,19 @@ pub fn replay(
                     });
                     run.preemptions += 1;
                     run.lost_gpu_seconds += outcome.gpus * lost_secs;
+                    if l.suspended_at.is_some() {
+                        // The same session, suspended with its home until the scheduler
+                        // resumes it.
+                        let event = EnforcementEvent {
+                            action: Action::Suspended,
+                            reason: "suspended: its GPU memory copied to the host".into(),
+                            ..EnforcementEvent::default()
+                        };
+                        sched.record_event(&l.node, &id, event);
+                        suspended.insert(id, l.node);
+                        waiting += 1;
+                        continue;
+                    }
                     let event = EnforcementEvent {
                         action: Action::Preempted,
                         reason: "stopped at the end of its grace period".into(),
@@ -366,9 +389,33 @@ pub fn replay(
                         }
                     }
                 }
-                Command::Release { .. }
-                | Command::Resume { .. }
-                | Command::MakeMigInstance { .. } => {}
+                Command::Resume { node, session, .. } => {
+                    let (Some(home), Some(&index)) =
+                        (suspended.remove(&session), index_of.get(&session))
+                    else {
+                        continue;
+                    };
+                    debug_assert_eq!(home, node, "a suspended session resumes on its node");
+                    waiting = waiting.saturating_sub(1);
+                    let event = EnforcementEvent {
+                        action: Action::Resumed,
+                        reason: "resumed: its GPU memory copied back".into(),
+                        ..EnforcementEvent::default()
+                    };
+                    sched.record_event(&node, &session, event);
+                    live.insert(
+                        session,
+                        Live {
+                            index,
+                            node,
+                            start: t,
+                            done: t + work_left[index],
+                            stop: None,
+                            suspended_at: None,
+                        },
+                    );
+                }
+                Command::Release { .. } | Command::MakeMigInstance { .. } => {}
             }
         }
         if t >= window.0 && t < window.1 {

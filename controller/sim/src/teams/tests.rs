@@ -29,7 +29,15 @@ fn job(id: &str, owner: &str, arrival: f64, shares: &str, work: f64) -> Job {
 /// One node of 8 GPUs; teams a and b guaranteed 4 each. b takes the whole node for ten hours at
 /// t = 0 (borrowing a's 4); a asks for 2 GPUs at t = 600.
 fn borrower_holds_the_cluster() -> TeamTrace {
-    let teams = [
+    TeamTrace {
+        quotas: quotas(&two_teams(), 8),
+        ..borrower_holds_the_cluster_jobs()
+    }
+}
+
+/// Teams a and b, each guaranteed half the cluster.
+fn two_teams() -> [Team; 2] {
+    [
         Team {
             name: "a",
             members: &["alice"],
@@ -50,14 +58,18 @@ fn borrower_holds_the_cluster() -> TeamTrace {
             median_work: 3600.0,
             family: "train",
         },
-    ];
+    ]
+}
+
+/// The jobs of [`borrower_holds_the_cluster`].
+fn borrower_holds_the_cluster_jobs() -> TeamTrace {
     let mut jobs: Vec<Job> = (1..=8)
         .map(|i| job(&format!("b{i}"), "bob", 0.0, "1", 36_000.0))
         .collect();
     jobs.push(job("a1", "alice", 600.0, "1", 3600.0));
     jobs.push(job("a2", "alice", 600.0, "1", 3600.0));
     TeamTrace {
-        quotas: quotas(&teams, 8),
+        quotas: QuotaConfig::default(),
         jobs,
     }
 }
@@ -305,4 +317,38 @@ fn same_seed_same_table_and_lost_gpu_hours_add_up() {
             counts[&(team.name, Sharing::QueuesWithReclaim)]
         );
     }
+}
+
+/// A suspended job comes back on the node it left (the driver restores only onto the same
+/// chip), even when the other node has room first: two nodes of 8 GPUs, b fills both at t = 0
+/// (b1 done at t = 2,000), a asks for one GPU at t = 600 and holds it for 20,000 s. The
+/// borrower suspended for it waits for its node, not for the GPU b1 frees on the other (where
+/// a requeued session, the replay's model before, started at t = 2,000).
+#[test]
+fn a_suspended_job_resumes_on_the_node_it_left() {
+    let mut trace = borrower_holds_the_cluster_jobs();
+    trace.quotas = quotas(&two_teams(), 16);
+    trace.jobs = (1..=16)
+        .map(|i| {
+            let work = if i == 1 { 2_000.0 } else { 36_000.0 };
+            job(&format!("b{i}"), "bob", 0.0, "1", work)
+        })
+        .collect();
+    trace.jobs.push(job("a1", "alice", 600.0, "1", 20_000.0));
+    let run = replay(&trace, Sharing::QueuesWithSuspend, &config(2)).unwrap();
+    assert_eq!(run.preemptions, 1, "{:?}", run.outcomes);
+    let (victim, runs) = run
+        .outcomes
+        .iter()
+        .enumerate()
+        .find_map(|(i, o)| o.runs.first().filter(|r| r.preempted).map(|_| (i, &o.runs)))
+        .unwrap();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(
+        runs[1].node, runs[0].node,
+        "{}: {runs:?}",
+        trace.jobs[victim].id
+    );
+    // It waited for a1 to end on its node; b1 freed a GPU on the other at t = 2,000.
+    assert!(runs[1].start >= 600.0 + 20_000.0, "{runs:?}");
 }
