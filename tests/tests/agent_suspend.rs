@@ -887,6 +887,61 @@ fn an_agent_restart_after_the_restore_completes_the_move() {
     assert_eq!(rig.get(&lender).devices[0].index, home);
 }
 
+/// Issue 38: the controller restarts in the middle of a move (the stand-in holds the move's
+/// version check meanwhile), after it booked the other GPU and sent the `Resume`. The new
+/// controller reads the booking from its store; the agent, which never stopped, finishes the
+/// move and answers `resumed` to it: the session runs on the other GPU in the controller's
+/// books, the driver's ledger and the agent's count, and the lender keeps the GPU it took.
+#[test]
+#[ignore = "needs root"]
+fn a_controller_restart_in_the_middle_of_a_move_keeps_its_booking() {
+    require_root();
+    let libcuda = FakeLibcuda::build();
+    let mut rig = move_rig("suspend-ctl-cut", &libcuda);
+    let cg = docker("suspend-ctl-cut");
+    let nodes = gpu_nodes();
+    let (borrower, x, lender, home, other, mut p) =
+        suspended_beside_a_busy_home(&rig, &libcuda, &cg, nodes.path());
+
+    let pause = libcuda.dir.path().join("pause-version");
+    std::fs::write(&pause, "").unwrap();
+    terminate(&rig, &x);
+    util::wait_for("the move's version check to be under way", || {
+        libcuda.dir.path().join("version-paused").exists()
+    });
+    assert_eq!(rig.get(&borrower).devices[0].index, other);
+
+    let (addr, dir) = (rig.ctl.addr, rig.state[0].path().to_owned());
+    rig.ctl.crash();
+    rig.ctl = gpuwarden_test_controller::TestController::builder(&dir)
+        .config(reclaim_config())
+        .timing(util::rig::timing())
+        .addr(addr)
+        .start();
+    let b = rig.get(&borrower);
+    assert_eq!(
+        (b.state, b.devices[0].index),
+        (pb::SessionState::Running as i32, other),
+        "the booking read back from the store"
+    );
+    std::fs::remove_file(&pause).unwrap();
+
+    let why = wait_event(&rig, &borrower, "resumed");
+    assert!(why.contains("1 processes restored"), "{why}");
+    let b = rig.get(&borrower);
+    assert_eq!(b.state, pb::SessionState::Running as i32);
+    assert_eq!(b.devices[0].index, other);
+    assert_eq!(rig.get(&lender).devices[0].index, home);
+    let mut expected = vec![0; 2];
+    expected[usize::try_from(other).unwrap()] = 64 * MIB;
+    assert_eq!(rig.driver.fake.ledger(), expected);
+    util::wait_for("the quota to count the workload on the new GPU", || {
+        charged_on(&rig, &cg, other) == 64 * MIB
+    });
+    util::wait_for("the workload to run again", || !frozen(&cg));
+    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+}
+
 /// The same with a driver older than CUDA 13.0 (the stand-in reports 12.8): its restore takes
 /// no GPU pairs, so the agent refuses the move before anything moves (`resume_refused`); the
 /// session stays suspended with its bytes on the host, and resumes on the GPU it left when
