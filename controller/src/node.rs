@@ -69,6 +69,7 @@ impl NodeReport {
                     memory_bytes,
                     sm_count: 132,
                     numa_node: i32::try_from(i / gpus_per_numa.max(1)).unwrap_or(0),
+                    parent_uuid: String::new(),
                 })
                 .collect(),
             device_models: vec![],

@@ -1121,6 +1121,7 @@ async fn learn(controller: &gpuwarden_controller::api::Controller, class: &str) 
             memory_bytes: 16 << 30,
             sm_count: 132,
             numa_node: 0,
+            parent_uuid: String::new(),
         }],
         device_models: vec![],
         hooks: vec![],

@@ -28,6 +28,7 @@ fn node() -> NodeReport {
             memory_bytes: 16 << 30,
             sm_count: 132,
             numa_node: 0,
+            parent_uuid: String::new(),
         }],
         device_models: vec![],
         hooks: vec![],

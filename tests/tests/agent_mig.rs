@@ -260,6 +260,27 @@ memory_size = "512M"
     for name in ["cuda.mig.1g.18gb", "cuda.mig.2g.35gb"] {
         assert!(types.iter().any(|t| t.name == name), "{name} in {types:?}");
     }
+    // The allocation map lists the instances under the GPU they are part of, as the device
+    // list above declares them.
+    let map = rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        c.get_allocation_map(pb::GetAllocationMapRequest {
+            node_id: "test-node".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+    });
+    let rows: Vec<(&str, &str)> = map.nodes[0]
+        .devices
+        .iter()
+        .map(|d| (d.uuid.as_str(), d.parent_uuid.as_str()))
+        .collect();
+    assert_eq!(
+        rows,
+        [("MIG-nine", "GPU-parent"), ("MIG-ten", "GPU-parent")]
+    );
     // The capability nodes as character devices, and as files a client can hold open.
     let nodes = scratch("mig-nodes");
     let files = scratch("mig-caps");

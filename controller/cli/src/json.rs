@@ -406,6 +406,9 @@ pub struct DeviceAllocation {
     allocated_memory_bytes: u64,
     sessions: Vec<String>,
     kubernetes: bool,
+    /// For a MIG instance, its GPU's UUID.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    parent_uuid: String,
 }
 
 impl NodeDetail {
@@ -425,6 +428,7 @@ impl NodeDetail {
                     allocated_memory_bytes: d.allocated_memory_bytes,
                     sessions: d.sessions.clone(),
                     kubernetes: d.kubernetes,
+                    parent_uuid: d.parent_uuid.clone(),
                 })
                 .collect(),
         }

@@ -520,7 +520,8 @@ pub fn bar(fraction: f64, width: usize) -> String {
     format!("{}{}", "█".repeat(filled), "░".repeat(width - filled))
 }
 
-/// A node with its GPU allocation map, one bar per GPU: `GPU0 ████████░░ 0.80`.
+/// A node with its GPU allocation map, one bar per GPU: `GPU0 ████████░░ 0.80`. MIG instances
+/// follow, under the GPU they are part of (issue 37).
 #[must_use]
 pub fn node(n: &pb::Node, devices: &[pb::DeviceAllocation]) -> String {
     let info = n.info.clone().unwrap_or_default();
@@ -531,27 +532,42 @@ pub fn node(n: &pb::Node, devices: &[pb::DeviceAllocation]) -> String {
     if !info.hooks.is_empty() {
         let _ = writeln!(out, "hooks:     {}", info.hooks.len());
     }
-    for d in devices {
-        let allocated: f64 = d.allocated_shares.parse().unwrap_or(0.0);
-        let capacity: f64 = d.capacity_shares.parse().unwrap_or(1.0);
-        let fraction = if capacity > 0.0 {
-            allocated / capacity
-        } else {
-            0.0
-        };
-        // A GPU offered to Kubernetes holds claims, never the controller's sessions.
-        let _ = writeln!(
-            out,
-            "GPU{} {} {allocated:.2}  {}/{} GiB  {}{}",
-            d.index,
-            bar(fraction, 10),
-            d.allocated_memory_bytes >> 30,
-            d.memory_bytes >> 30,
-            if d.kubernetes { "[k8s] " } else { "" },
-            d.sessions.join(",")
-        );
+    for d in devices.iter().filter(|d| d.parent_uuid.is_empty()) {
+        let _ = writeln!(out, "{}", device_row(&format!("GPU{}", d.index), d));
+    }
+    let mut parents: Vec<&str> = Vec::new();
+    for d in devices.iter().filter(|d| !d.parent_uuid.is_empty()) {
+        if !parents.contains(&d.parent_uuid.as_str()) {
+            parents.push(&d.parent_uuid);
+        }
+    }
+    for parent in parents {
+        let _ = writeln!(out, "GPU {parent} in MIG mode:");
+        for d in devices.iter().filter(|d| d.parent_uuid == parent) {
+            let _ = writeln!(out, "  {}", device_row(&format!("MIG{}", d.index), d));
+        }
     }
     out
+}
+
+/// One device of the allocation map: its bar, shares, memory and sessions.
+fn device_row(name: &str, d: &pb::DeviceAllocation) -> String {
+    let allocated: f64 = d.allocated_shares.parse().unwrap_or(0.0);
+    let capacity: f64 = d.capacity_shares.parse().unwrap_or(1.0);
+    let fraction = if capacity > 0.0 {
+        allocated / capacity
+    } else {
+        0.0
+    };
+    // A GPU offered to Kubernetes holds claims, never the controller's sessions.
+    format!(
+        "{name} {} {allocated:.2}  {}/{} GiB  {}{}",
+        bar(fraction, 10),
+        d.allocated_memory_bytes >> 30,
+        d.memory_bytes >> 30,
+        if d.kubernetes { "[k8s] " } else { "" },
+        d.sessions.join(",")
+    )
 }
 
 /// Slot types as a table.

@@ -98,6 +98,7 @@ fn mig_report(id: usize) -> NodeReport {
                     memory_bytes,
                     sm_count: 16,
                     numa_node: 0,
+                    parent_uuid: String::new(),
                 });
                 node.device_models
                     .push((format!("NVIDIA H200 MIG {profile}"), true));

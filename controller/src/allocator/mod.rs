@@ -143,6 +143,10 @@ pub struct DeviceSpec {
     pub sm_count: u32,
     /// NUMA node (-1 when unknown).
     pub numa_node: i32,
+    /// For a MIG instance, the UUID of its GPU; empty for a whole GPU (stores from before
+    /// issue 37 read as empty).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub parent_uuid: String,
 }
 
 /// One device's part of an allocation.

@@ -16,6 +16,7 @@ fn spec(index: u32, numa: i32) -> DeviceSpec {
         memory_bytes: 16 << 30,
         sm_count: 132,
         numa_node: numa,
+        parent_uuid: String::new(),
     }
 }
 

@@ -158,6 +158,7 @@ fn device_from_pb(d: &pb::Device) -> DeviceSpec {
         memory_bytes: d.memory_bytes,
         sm_count: d.sm_count,
         numa_node: d.numa_node,
+        parent_uuid: d.parent_uuid.clone(),
     }
 }
 
@@ -176,6 +177,7 @@ fn devices_to_pb(devices: &[DeviceSpec], models: &[(String, bool)]) -> Vec<pb::D
                 is_mig,
                 index: d.index,
                 device_node: format!("/dev/nvidia{}", d.index),
+                parent_uuid: d.parent_uuid.clone(),
             }
         })
         .collect()

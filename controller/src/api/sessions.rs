@@ -542,6 +542,7 @@ impl SchedulerService for SchedulerApi {
                                         memory_bytes: d.spec.memory_bytes,
                                         allocated_memory_bytes: d.allocated_memory,
                                         kubernetes: d.kubernetes,
+                                        parent_uuid: d.spec.parent_uuid.clone(),
                                         // A user sees the shares others hold, not their session ids.
                                         sessions: d
                                             .sessions

@@ -20,6 +20,7 @@ fn dra_node() -> NodeReport {
             memory_bytes: 16 << 30,
             sm_count: 132,
             numa_node: 0,
+            parent_uuid: String::new(),
         })
         .collect();
     node

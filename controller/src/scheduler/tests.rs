@@ -455,6 +455,7 @@ fn mig_report(id: &str) -> NodeReport {
         memory_bytes,
         sm_count: 16,
         numa_node: 0,
+        parent_uuid: String::new(),
     };
     node.devices.extend([
         instance(2, 16 << 30),

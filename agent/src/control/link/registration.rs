@@ -129,5 +129,10 @@ pub fn device_to_pb(d: &crate::devices::GpuDevice) -> pb::Device {
         is_mig: d.is_mig,
         index: d.index,
         device_node: d.device_node.clone(),
+        parent_uuid: d
+            .mig
+            .as_ref()
+            .map(|m| m.parent_uuid.clone())
+            .unwrap_or_default(),
     }
 }

@@ -210,6 +210,45 @@ fn nodes_show_gpu_slots_allocated_of_capacity_in_binary_units() {
 }
 
 #[test]
+fn mig_instances_are_listed_under_their_gpu() {
+    let device = |uuid: &str, index: u32, parent: &str, allocated: &str| pb::DeviceAllocation {
+        uuid: uuid.into(),
+        index,
+        capacity_shares: "1".into(),
+        allocated_shares: allocated.into(),
+        memory_bytes: 20 << 30,
+        parent_uuid: parent.into(),
+        ..Default::default()
+    };
+    let devices = [
+        device("GPU-a", 0, "", "0.5"),
+        device("MIG-x", 8, "GPU-b", "1"),
+        device("GPU-c", 2, "", "0"),
+        device("MIG-y", 9, "GPU-b", "0"),
+    ];
+    let detail = node(&node_with_a_session(), &devices);
+    let lines: Vec<&str> = detail
+        .lines()
+        .skip_while(|l| !l.starts_with("GPU0"))
+        .collect();
+    assert!(
+        lines[0].starts_with("GPU0 ") && lines[0].contains("0.50"),
+        "{detail}"
+    );
+    assert!(lines[1].starts_with("GPU2 "), "{detail}");
+    assert_eq!(lines[2], "GPU GPU-b in MIG mode:", "{detail}");
+    assert!(
+        lines[3].starts_with("  MIG8 ") && lines[3].contains("1.00"),
+        "{detail}"
+    );
+    assert!(
+        lines[4].starts_with("  MIG9 ") && lines[4].contains("0.00"),
+        "{detail}"
+    );
+    assert_eq!(lines.len(), 5, "{detail}");
+}
+
+#[test]
 fn a_long_session_name_keeps_the_columns() {
     let session = |name: &str, owner: &str| pb::Session {
         id: "s-0123456789abcdef".into(),

@@ -191,8 +191,9 @@ prop_compose! {
         is_mig in any::<bool>(),
         index in prop_oneof![0u32..8, any::<u32>()],
         device_node in text(),
+        parent_uuid in mostly(&["", "GPU-0"]),
     ) -> pb::Device {
-        pb::Device { uuid, model, memory_bytes, numa_node, sm_count, is_mig, index, device_node }
+        pb::Device { uuid, model, memory_bytes, numa_node, sm_count, is_mig, index, device_node, parent_uuid }
     }
 }
 

@@ -64,6 +64,7 @@ fn report_on(id: &str, instances: &[(u32, &str, u32, u32)]) -> NodeReport {
             memory_bytes: 10 << 30,
             sm_count: 16,
             numa_node: 0,
+            parent_uuid: String::new(),
         });
         node.device_models
             .push((format!("NVIDIA H100 MIG {profile}"), true));
