@@ -14,6 +14,8 @@
 //! - `plugin`: prepare and unprepare;
 //! - `claim`: a ResourceClaim read, and the quota it asks for;
 //! - `slice`: the node's ResourceSlice, kept in step with its GPUs;
+//! - `partition`: the partition pool of the GPUs whose MIG layout may change (counter sets and
+//!   the placeable profiles consuming them);
 //! - `cdi`: the CDI specs that give containers the device nodes;
 //! - `store`: prepared claims in the agent's sled store;
 //! - `apiserver`: the few API-server calls, over hyper and rustls;
@@ -22,6 +24,7 @@ pub mod apiserver;
 pub mod cdi;
 pub mod claim;
 pub mod config;
+pub mod partition;
 pub mod plugin;
 pub mod server;
 pub mod slice;
