@@ -340,7 +340,9 @@ pub enum Outcome {
     Unsupported(Unsupported),
 }
 
-/// Whether the API server kept the counter sets of a written counter slice.
+/// Whether the API server kept the counters of a written slice: a counter slice its
+/// `sharedCounters`, a device slice every device's `consumesCounters` (both dropped where
+/// `DRAPartitionableDevices` is off, `dropDisabledDRAPartitionableDevicesFields`).
 #[must_use]
 pub fn kept_counters(written: &PartitionSlice, returned: &Value) -> bool {
     match &written.content {
@@ -351,7 +353,17 @@ pub fn kept_counters(written: &PartitionSlice, returned: &Value) -> bool {
                     .and_then(Value::as_array)
                     .is_some_and(|s| !s.is_empty())
         }
-        Content::Devices(_) => true,
+        Content::Devices(devices) => {
+            let returned = returned.pointer("/spec/devices").and_then(Value::as_array);
+            returned.is_some_and(|r| {
+                r.len() == devices.len()
+                    && r.iter().all(|d| {
+                        d["consumesCounters"]
+                            .as_array()
+                            .is_some_and(|c| !c.is_empty())
+                    })
+            })
+        }
     }
 }
 
