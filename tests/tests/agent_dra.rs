@@ -922,12 +922,9 @@ fn the_partition_pool_is_written_whole_and_backs_out_without_the_gate() {
                 index,
                 layout,
             },
-            layout_model(index),
+            format!("model-{index}"),
         )
     };
-    fn layout_model(index: u32) -> String {
-        format!("model-{index}")
-    }
     let publish = |wanted: &[partition::PartitionSlice], last: i64| {
         rt.block_on(partition::publish(&client, NODE, wanted, None, last))
             .unwrap()

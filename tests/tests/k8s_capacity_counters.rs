@@ -84,24 +84,6 @@ fn valid_completions(base: &Layout) -> BTreeSet<Canon> {
 /// each as (profile id, start). Counters only grow as devices are added, so a refused device
 /// refuses every larger set with it: a walk in index order finds them all.
 fn accepted_sets(pool: &Pool, model: &'static GpuModel) -> BTreeSet<Canon> {
-    let Pool::Ready { devices, .. } = pool else {
-        panic!("pool not ready: {pool:?}");
-    };
-    let names: Vec<String> = devices.iter().map(|d| d.name.clone()).collect();
-    let key = |name: &str| -> (u32, u32) {
-        let d = devices.iter().find(|d| d.name == name).unwrap();
-        let profile = model
-            .profile(
-                d.value["attributes"]["migProfile"]["string"]
-                    .as_str()
-                    .unwrap(),
-            )
-            .unwrap();
-        let start = d.value["attributes"]["memorySliceStart"]["int"]
-            .as_u64()
-            .unwrap();
-        (profile.id, u32::try_from(start).unwrap())
-    };
     fn walk(
         a: &mut Allocator<'_>,
         names: &[String],
@@ -120,6 +102,30 @@ fn accepted_sets(pool: &Pool, model: &'static GpuModel) -> BTreeSet<Canon> {
             }
         }
     }
+    let Pool::Ready { devices, .. } = pool else {
+        panic!("pool not ready: {pool:?}");
+    };
+    let names: Vec<String> = devices.iter().map(|d| d.name.clone()).collect();
+    let key = |name: &str| -> (u32, u32) {
+        let d = devices
+            .iter()
+            .find(|d| d.name == name)
+            .expect("a device as published");
+        let profile = model
+            .profile(
+                d.value["attributes"]["migProfile"]["string"]
+                    .as_str()
+                    .expect("a device as published"),
+            )
+            .expect("a device as published");
+        let start = d.value["attributes"]["memorySliceStart"]["int"]
+            .as_u64()
+            .expect("a device as published");
+        (
+            profile.id,
+            u32::try_from(start).expect("a device as published"),
+        )
+    };
     let mut a = Allocator::new(pool, &[], true);
     let mut out = BTreeSet::new();
     walk(&mut a, &names, 0, &key, &mut Canon::new(), &mut out);
@@ -139,7 +145,7 @@ fn small_layouts(model: &'static GpuModel, n: usize) -> Vec<Layout> {
                 .map(|&(id, start)| {
                     *all.iter()
                         .find(|(p, pl)| p.id == id && pl.start == start)
-                        .unwrap()
+                        .expect("a candidate")
                 })
                 .collect(),
         })

@@ -480,7 +480,7 @@ impl Partitions {
                 self.off = Some(why);
             }
             Err(e) => {
-                tracing::warn!("{DRIVER_NAME}: publishing the MIG partition pool: {e}; retrying")
+                tracing::warn!("{DRIVER_NAME}: publishing the MIG partition pool: {e}; retrying");
             }
         }
     }

@@ -381,6 +381,9 @@ fn content_value(part: &PartitionSlice) -> Value {
     }
 }
 
+/// How a slice of the pool is named from the node and its number.
+type SliceName = fn(&str, usize) -> String;
+
 /// Deletes the slices of the partition pool past those wanted: the counter and device slices
 /// numbered from `counters` and `devices` on, until one is missing.
 async fn delete_from(
@@ -389,7 +392,7 @@ async fn delete_from(
     counters: usize,
     devices: usize,
 ) -> Result<(), super::apiserver::ApiError> {
-    let names: [(fn(&str, usize) -> String, usize); 2] =
+    let names: [(SliceName, usize); 2] =
         [(counter_slice_name, counters), (device_slice_name, devices)];
     for (name_of, from) in names {
         for k in from.. {

@@ -387,11 +387,18 @@ async fn answer(
             },
             _ => status(405, "MethodNotAllowed", "not served by the fake"),
         }
-    } else if path == "/version" && method == "GET" {
+    } else {
+        version(&s, &method, &path)
+    };
+    Ok(response)
+}
+
+/// `/version` (its `gitVersion` as set, `v1.36.0` by default); 404 for anything else.
+fn version(s: &State, method: &str, path: &str) -> Response<Full<Bytes>> {
+    if path == "/version" && method == "GET" {
         let git = s.version.clone().unwrap_or_else(|| "v1.36.0".to_owned());
         reply(200, &json!({ "gitVersion": git, "major": "1" }))
     } else {
         status(404, "NotFound", "not served by the fake")
-    };
-    Ok(response)
+    }
 }

@@ -88,7 +88,7 @@ pub fn gather(slices: &[Value], partitionable: bool) -> Pool {
     let count = current[0]["spec"]["pool"]["resourceSliceCount"]
         .as_i64()
         .unwrap_or(0);
-    if i64::try_from(current.len()).unwrap() != count {
+    if i64::try_from(current.len()).expect("few slices") != count {
         return Pool::Incomplete;
     }
     let mut counter_sets = CounterSets::new();
@@ -96,14 +96,17 @@ pub fn gather(slices: &[Value], partitionable: bool) -> Pool {
     for s in &current {
         let shared = s["spec"]["sharedCounters"].as_array();
         if partitionable && shared.is_some_and(|c| !c.is_empty()) {
-            for set in shared.unwrap() {
-                let name = set["name"].as_str().unwrap().to_owned();
+            for set in shared.expect("a well-formed slice") {
+                let name = set["name"]
+                    .as_str()
+                    .expect("a well-formed slice")
+                    .to_owned();
                 if counter_sets.contains_key(&name) {
                     return Pool::Invalid(format!("duplicate counter set name {name}"));
                 }
                 let counters = set["counters"]
                     .as_object()
-                    .unwrap()
+                    .expect("a well-formed slice")
                     .iter()
                     .map(|(k, v)| (k.clone(), micros(v)))
                     .collect();
@@ -114,17 +117,20 @@ pub fn gather(slices: &[Value], partitionable: bool) -> Pool {
         for d in s["spec"]["devices"].as_array().into_iter().flatten() {
             let mut consumes = CounterSets::new();
             for c in d["consumesCounters"].as_array().into_iter().flatten() {
-                let set = c["counterSet"].as_str().unwrap().to_owned();
+                let set = c["counterSet"]
+                    .as_str()
+                    .expect("a well-formed slice")
+                    .to_owned();
                 let counters = c["counters"]
                     .as_object()
-                    .unwrap()
+                    .expect("a well-formed slice")
                     .iter()
                     .map(|(k, v)| (k.clone(), micros(v)))
                     .collect();
                 consumes.insert(set, counters);
             }
             devices.push(Device {
-                name: d["name"].as_str().unwrap().to_owned(),
+                name: d["name"].as_str().expect("a well-formed slice").to_owned(),
                 value: d.clone(),
                 consumes,
             });
@@ -237,7 +243,7 @@ impl<'a> Allocator<'a> {
                 *consumed.entry(name.clone()).or_insert(0) += c;
             }
         }
-        let available = self.available.as_ref().unwrap();
+        let available = self.available.as_ref().expect("computed above");
         for (set, counters) in available {
             let consumed = self.consumed.get(set);
             for (name, have) in counters {
