@@ -1043,3 +1043,83 @@ fn the_partition_pool_is_written_whole_and_backs_out_without_the_gate() {
         "{written:#?}"
     );
 }
+
+/// The agent itself, on mock GPUs (`deploy/mock-devices-mig-on-demand.toml`: GPU-1 an H200 with
+/// the operator's `3g.71gb` at slices 4-7 and listed in `mig_reconfigurable`, GPU-2 an empty
+/// H200 not listed): its plugin publishes the partition pool of GPU-1 alone, the held slices
+/// left out, beside the node's slice.
+#[test]
+#[ignore = "needs root"]
+fn the_agent_publishes_partitions_of_the_reconfigurable_gpu_only() {
+    require_root();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let api = FakeApi::start(&rt);
+    api.put_node(NODE, NODE_UID);
+    let root = scratch("dra-partitions");
+    let dev = root.path().join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    let dirs = KubeletDirs::new(root.path());
+    let state = scratch("dra-partitions-agent");
+    let mut cfg = util::config(&[format!("{}/nvidia*", dev.display())], state.path());
+    cfg.mock_devices = Some(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/mock-devices-mig-on-demand.toml"),
+    );
+    cfg.mig_reconfigurable = vec!["GPU-1".into()];
+    cfg.rescan_interval = Duration::from_millis(200);
+    cfg.dra = Some(DraConfig {
+        gpus: GpuSelection::Keyword("all".into()),
+        plugins_registry_dir: dirs.registry.clone(),
+        plugins_dir: dirs.plugins.clone(),
+        cdi_dir: dirs.cdi.clone(),
+        policy: gpuwarden_agent::enforcement::quota::QuotaPolicy::default(),
+        api: ApiServerConfig {
+            url: api.url(),
+            token_file: Some(dirs.token.clone()),
+            ca_file: None,
+        },
+    });
+    let agent = TestAgent::start_with(cfg);
+    wait_for("the partition pool", || {
+        let s = partition_slices(&api);
+        !s.is_empty() && s.iter().any(|s| s["spec"]["devices"].is_array())
+    });
+    assert!(api.slices().contains_key(&format!("{NODE}-{DRIVER}")));
+    let schema = Schema::load();
+    let stored = partition_slices(&api);
+    for s in &stored {
+        let errors = schema.check("io.k8s.api.resource.v1.ResourceSlice", s);
+        assert!(errors.is_empty(), "{errors:#?}");
+    }
+    let sets: Vec<&Value> = stored
+        .iter()
+        .filter_map(|s| s["spec"]["sharedCounters"].as_array())
+        .flatten()
+        .collect();
+    assert_eq!(sets.len(), 1, "{sets:#?}");
+    let counters = &sets[0]["counters"];
+    for i in 0..8 {
+        let want = if i < 4 { "1" } else { "0" };
+        assert_eq!(
+            counters[format!("memory-slice-{i}")]["value"],
+            want,
+            "slice {i}"
+        );
+    }
+    let devices: Vec<&Value> = stored
+        .iter()
+        .filter_map(|s| s["spec"]["devices"].as_array())
+        .flatten()
+        .collect();
+    assert!(!devices.is_empty());
+    for d in &devices {
+        assert_eq!(d["attributes"]["parentUUID"]["string"], "GPU-1");
+        let start = d["attributes"]["memorySliceStart"]["int"].as_u64().unwrap();
+        let size = d["attributes"]["memorySlices"]["int"].as_u64().unwrap();
+        assert!(start + size <= 4, "{d:#}");
+    }
+    agent.stop().unwrap();
+}
