@@ -408,6 +408,8 @@ struct Partitions {
     version_ok: bool,
     /// Given up until the agent restarts: why.
     off: Option<partition::Unsupported>,
+    /// With no partition wanted: an earlier run's pool has been deleted.
+    cleaned: bool,
 }
 
 impl Partitions {
@@ -417,6 +419,7 @@ impl Partitions {
             generation: 0,
             version_ok: false,
             off: None,
+            cleaned: false,
         }
     }
 
@@ -427,7 +430,18 @@ impl Partitions {
         node: &str,
         owner: Option<&serde_json::Value>,
     ) {
-        if self.wanted.is_empty() || self.off.is_some() {
+        if self.off.is_some() {
+            return;
+        }
+        if self.wanted.is_empty() {
+            // A pool left by an earlier run (a GPU since taken off `mig_reconfigurable`) is
+            // deleted once.
+            if !self.cleaned {
+                match partition::publish(api, node, &[], owner, 0).await {
+                    Ok(_) => self.cleaned = true,
+                    Err(e) => tracing::debug!("{DRIVER_NAME}: clearing a partition pool: {e}"),
+                }
+            }
             return;
         }
         if !self.version_ok {
