@@ -878,3 +878,248 @@ fn a_mig_instance_device_passes_the_api_schema() {
     let errors = Schema::load().check("io.k8s.api.resource.v1.Device", &device);
     assert!(errors.is_empty(), "{errors:#?}");
 }
+
+/// The slices of the node's MIG partition pool the fake API server holds.
+fn partition_slices(api: &FakeApi) -> Vec<Value> {
+    api.slices()
+        .into_values()
+        .filter(|s| s["spec"]["pool"]["name"] == format!("{NODE}/mig"))
+        .collect()
+}
+
+/// The partition pool of reconfigurable GPUs on the API server (docs/mig.md, "DRA"): written
+/// whole at one generation (schema-valid, each slice of the pool there), kept when unchanged,
+/// written again at the next generation when a GPU's layout or the GPUs change (slices no longer
+/// wanted deleted), made again when one is deleted, refused on Kubernetes before 1.35, and
+/// backed out of where the API server drops the counters (`DRAPartitionableDevices` off).
+#[test]
+#[expect(clippy::too_many_lines, reason = "one scenario, step by step")]
+fn the_partition_pool_is_written_whole_and_backs_out_without_the_gate() {
+    use gpuwarden_agent::{
+        devices::placement::{H100_80GB, H200_141GB, Layout},
+        dra::{
+            apiserver::ApiServer,
+            partition::{self, Outcome, PartitionedGpu, Unsupported},
+        },
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let api = FakeApi::start(&rt);
+    let client = ApiServer::new(&ApiServerConfig {
+        url: api.url(),
+        token_file: None,
+        ca_file: None,
+    })
+    .unwrap();
+    let schema = Schema::load();
+    let gpu = |index: u32, layout: Layout| {
+        (
+            PartitionedGpu {
+                uuid: format!("GPU-part-{index}"),
+                index,
+                layout,
+            },
+            format!("model-{index}"),
+        )
+    };
+    let publish = |wanted: &[partition::PartitionSlice], last: i64| {
+        rt.block_on(partition::publish(&client, NODE, wanted, None, last))
+            .unwrap()
+    };
+
+    // The version gate: 1.35 and later.
+    assert_eq!(rt.block_on(partition::supported(&client)).unwrap(), Ok(()));
+    api.set_version("v1.34.3");
+    assert_eq!(
+        rt.block_on(partition::supported(&client)).unwrap(),
+        Err(Unsupported::Version(Some((1, 34))))
+    );
+    api.set_version("v1.35.1");
+
+    // Three empty H200s: one counter slice, devices over two slices (25 each, 64 at most).
+    let three: Vec<_> = (0..3).map(|i| gpu(i, Layout::empty(&H200_141GB))).collect();
+    let wanted = partition::slices(NODE, &three);
+    assert_eq!(
+        publish(&wanted, 0),
+        Outcome::Published {
+            generation: 1,
+            changed: true
+        }
+    );
+    let stored = partition_slices(&api);
+    assert_eq!(stored.len(), wanted.len());
+    let mut devices = 0;
+    for s in &stored {
+        let errors = schema.check("io.k8s.api.resource.v1.ResourceSlice", s);
+        assert!(errors.is_empty(), "{errors:#?}");
+        assert_eq!(
+            s["spec"]["pool"],
+            json!({"name": format!("{NODE}/mig"), "generation": 1, "resourceSliceCount": stored.len()})
+        );
+        assert_eq!(s["spec"]["nodeName"], NODE);
+        devices += s["spec"]["devices"].as_array().map_or(0, Vec::len);
+    }
+    // Counted from the placement table: every start of every profile, on each GPU.
+    let per_gpu: usize = H200_141GB.profiles.iter().map(|p| p.starts.len()).sum();
+    assert_eq!(devices, 3 * per_gpu);
+    // The node's own pool is not touched.
+    assert!(api.slices().keys().all(|k| k.contains("-mig-")));
+
+    // Unchanged: nothing written.
+    let writes = slice_writes(&api).len();
+    assert_eq!(
+        publish(&wanted, 1),
+        Outcome::Published {
+            generation: 1,
+            changed: false
+        }
+    );
+    assert_eq!(slice_writes(&api).len(), writes);
+
+    // A layout changed (a 7g on GPU 2), one GPU fewer: the next generation everywhere, the
+    // slices no longer needed gone.
+    let seven = H200_141GB.profile("7g.141gb").unwrap();
+    let mut full = Layout::empty(&H200_141GB);
+    full.instances.push((seven, seven.placement_at(0).unwrap()));
+    let two = vec![gpu(0, Layout::empty(&H100_80GB)), gpu(2, full)];
+    let smaller = partition::slices(NODE, &two);
+    assert!(smaller.len() < wanted.len());
+    assert_eq!(
+        publish(&smaller, 1),
+        Outcome::Published {
+            generation: 2,
+            changed: true
+        }
+    );
+    let stored = partition_slices(&api);
+    assert_eq!(stored.len(), smaller.len());
+    assert!(stored.iter().all(|s| s["spec"]["pool"]["generation"] == 2
+        && s["spec"]["pool"]["resourceSliceCount"] == smaller.len()));
+    let names: Vec<String> = stored
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .map(|d| d["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(names.iter().all(|n| n.starts_with("gpu-0-")), "{names:?}");
+
+    // A slice deleted by someone: the pool written again.
+    let victim = smaller[0].name.clone();
+    rt.block_on(client.request(
+        hyper::Method::DELETE,
+        &format!("{}/{victim}", gpuwarden_agent::dra::slice::SLICES),
+        None,
+    ))
+    .unwrap();
+    assert_eq!(
+        publish(&smaller, 2),
+        Outcome::Published {
+            generation: 3,
+            changed: true
+        }
+    );
+    assert_eq!(partition_slices(&api).len(), smaller.len());
+
+    // No reconfigurable GPU left: the pool is deleted.
+    publish(&[], 3);
+    assert!(partition_slices(&api).is_empty());
+
+    // The gate off in kube-apiserver: the counters are dropped, nothing stays.
+    api.set_partitions_off(true);
+    let before = slice_writes(&api).len();
+    assert_eq!(
+        publish(&wanted, 3),
+        Outcome::Unsupported(Unsupported::GateOff)
+    );
+    assert!(partition_slices(&api).is_empty());
+    // The counters went first: no device slice was ever written without them.
+    let written: Vec<Value> = slice_writes(&api).split_off(before);
+    assert!(
+        written
+            .iter()
+            .all(|s| s["spec"]["devices"].as_array().is_none_or(Vec::is_empty)),
+        "{written:#?}"
+    );
+}
+
+/// The agent itself, on mock GPUs (`deploy/mock-devices-mig-on-demand.toml`: GPU-1 an H200 with
+/// the operator's `3g.71gb` at slices 4-7 and listed in `mig_reconfigurable`, GPU-2 an empty
+/// H200 not listed): its plugin publishes the partition pool of GPU-1 alone, the held slices
+/// left out, beside the node's slice.
+#[test]
+#[ignore = "needs root"]
+fn the_agent_publishes_partitions_of_the_reconfigurable_gpu_only() {
+    require_root();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let api = FakeApi::start(&rt);
+    api.put_node(NODE, NODE_UID);
+    let root = scratch("dra-partitions");
+    let dev = root.path().join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    let dirs = KubeletDirs::new(root.path());
+    let state = scratch("dra-partitions-agent");
+    let mut cfg = util::config(&[format!("{}/nvidia*", dev.display())], state.path());
+    cfg.mock_devices = Some(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/mock-devices-mig-on-demand.toml"),
+    );
+    cfg.mig_reconfigurable = vec!["GPU-1".into()];
+    cfg.rescan_interval = Duration::from_millis(200);
+    cfg.dra = Some(DraConfig {
+        gpus: GpuSelection::Keyword("all".into()),
+        plugins_registry_dir: dirs.registry.clone(),
+        plugins_dir: dirs.plugins.clone(),
+        cdi_dir: dirs.cdi.clone(),
+        policy: gpuwarden_agent::enforcement::quota::QuotaPolicy::default(),
+        api: ApiServerConfig {
+            url: api.url(),
+            token_file: Some(dirs.token.clone()),
+            ca_file: None,
+        },
+    });
+    let agent = TestAgent::start_with(cfg);
+    wait_for("the partition pool", || {
+        let s = partition_slices(&api);
+        !s.is_empty() && s.iter().any(|s| s["spec"]["devices"].is_array())
+    });
+    assert!(api.slices().contains_key(&format!("{NODE}-{DRIVER}")));
+    let schema = Schema::load();
+    let stored = partition_slices(&api);
+    for s in &stored {
+        let errors = schema.check("io.k8s.api.resource.v1.ResourceSlice", s);
+        assert!(errors.is_empty(), "{errors:#?}");
+    }
+    let sets: Vec<&Value> = stored
+        .iter()
+        .filter_map(|s| s["spec"]["sharedCounters"].as_array())
+        .flatten()
+        .collect();
+    assert_eq!(sets.len(), 1, "{sets:#?}");
+    let counters = &sets[0]["counters"];
+    for i in 0..8 {
+        let want = if i < 4 { "1" } else { "0" };
+        assert_eq!(
+            counters[format!("memory-slice-{i}")]["value"],
+            want,
+            "slice {i}"
+        );
+    }
+    let devices: Vec<&Value> = stored
+        .iter()
+        .filter_map(|s| s["spec"]["devices"].as_array())
+        .flatten()
+        .collect();
+    assert!(!devices.is_empty());
+    for d in &devices {
+        assert_eq!(d["attributes"]["parentUUID"]["string"], "GPU-1");
+        let start = d["attributes"]["memorySliceStart"]["int"].as_u64().unwrap();
+        let size = d["attributes"]["memorySlices"]["int"].as_u64().unwrap();
+        assert!(start + size <= 4, "{d:#}");
+    }
+    agent.stop().unwrap();
+}

@@ -127,6 +127,7 @@ impl App {
                     backend.as_ref(),
                     tree,
                     quotas.0.clone(),
+                    &config.mig_reconfigurable,
                 )?)
             })
             .transpose()?;

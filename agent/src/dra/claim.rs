@@ -202,6 +202,13 @@ pub enum ClaimError {
         /// This node's pool.
         pool: String,
     },
+    /// A MIG partition device (the node's partition pool): instances are not made at
+    /// prepare yet (docs/mig.md, "Not built yet").
+    #[error(
+        "device {0} is a MIG partition: the agent does not make instances for claims yet; ask \
+         for an existing instance or GPU instead"
+    )]
+    Partition(String),
     /// A device name this node doesn't have.
     #[error("device {0}: this node has no such GPU")]
     NoSuchDevice(String),
@@ -332,6 +339,14 @@ pub fn plan(
     let Some(devices) = status.allocation.and_then(|a| a.devices) else {
         return Err(ClaimError::NotAllocated(id));
     };
+    // A partition of this node would be left out below and the claim prepared without it.
+    if let Some(r) = devices
+        .results
+        .iter()
+        .find(|r| r.driver == DRIVER_NAME && r.pool == super::partition::pool_name(pool))
+    {
+        return Err(ClaimError::Partition(r.device.clone()));
+    }
     let ours: Vec<&DeviceResult> = devices
         .results
         .iter()

@@ -184,10 +184,17 @@ impl DraConfig {
     /// Whether `gpu` is offered to Kubernetes (otherwise it is the controller's).
     #[must_use]
     pub fn offers(&self, gpu: &GpuDevice) -> bool {
+        self.offers_gpu(&gpu.uuid, gpu.index)
+    }
+
+    /// Whether the GPU `uuid` at `index` is offered to Kubernetes (a GPU in MIG mode, which is
+    /// no device itself, by its own index and UUID).
+    #[must_use]
+    pub fn offers_gpu(&self, uuid: &str, index: u32) -> bool {
         match &self.gpus {
             GpuSelection::Keyword(_) => true,
-            GpuSelection::Indexes(indexes) => indexes.contains(&gpu.index),
-            GpuSelection::Uuids(uuids) => uuids.iter().any(|u| u.eq_ignore_ascii_case(&gpu.uuid)),
+            GpuSelection::Indexes(indexes) => indexes.contains(&index),
+            GpuSelection::Uuids(uuids) => uuids.iter().any(|u| u.eq_ignore_ascii_case(uuid)),
         }
     }
 

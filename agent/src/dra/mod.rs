@@ -14,6 +14,8 @@
 //! - `plugin`: prepare and unprepare;
 //! - `claim`: a ResourceClaim read, and the quota it asks for;
 //! - `slice`: the node's ResourceSlice, kept in step with its GPUs;
+//! - `partition`: the partition pool of the GPUs whose MIG layout may change (counter sets and
+//!   the placeable profiles consuming them);
 //! - `cdi`: the CDI specs that give containers the device nodes;
 //! - `store`: prepared claims in the agent's sled store;
 //! - `apiserver`: the few API-server calls, over hyper and rustls;
@@ -22,6 +24,7 @@ pub mod apiserver;
 pub mod cdi;
 pub mod claim;
 pub mod config;
+pub mod partition;
 pub mod plugin;
 pub mod server;
 pub mod slice;
@@ -129,6 +132,7 @@ pub struct Plugin {
     config: DraConfig,
     node: String,
     offered: Vec<GpuDevice>,
+    partitioned: Vec<(partition::PartitionedGpu, String)>,
     driver_version: Option<String>,
     listener: tokio::net::UnixListener,
     registration_listener: tokio::net::UnixListener,
@@ -137,7 +141,9 @@ pub struct Plugin {
 }
 
 impl Plugin {
-    /// Sets the plugin up: the API client, the claims kept in `tree`, the two sockets bound.
+    /// Sets the plugin up: the API client, the claims kept in `tree`, the two sockets bound;
+    /// the GPUs of `reconfigurable` (UUIDs, the agent's `mig_reconfigurable`) that are offered
+    /// to Kubernetes and whose layout the backend reads are published as partitions too.
     ///
     /// # Errors
     /// See [`DraError`].
@@ -147,6 +153,7 @@ impl Plugin {
         backend: &dyn GpuBackend,
         tree: Option<sled::Tree>,
         quotas: mpsc::UnboundedSender<QuotaCommand>,
+        reconfigurable: &[String],
     ) -> Result<Self, DraError> {
         let api = apiserver::ApiServer::new(&config.api)?;
         let store = store::ClaimStore::load(tree)?;
@@ -156,6 +163,25 @@ impl Plugin {
             .iter()
             .filter(|g| config.offers(g))
             .cloned()
+            .collect();
+        let partitioned = backend
+            .mig_layouts()
+            .into_iter()
+            .filter(|(uuid, index, _)| {
+                reconfigurable.iter().any(|r| r.eq_ignore_ascii_case(uuid))
+                    && config.offers_gpu(uuid, *index)
+            })
+            .map(|(uuid, index, layout)| {
+                let model = layout.model.name.to_owned();
+                (
+                    partition::PartitionedGpu {
+                        uuid,
+                        index,
+                        layout,
+                    },
+                    model,
+                )
+            })
             .collect();
         let bind = |path: std::path::PathBuf| {
             server::bind(&path).map_err(|source| DraError::Socket { path, source })
@@ -181,6 +207,7 @@ impl Plugin {
             config,
             node,
             offered,
+            partitioned,
             driver_version: backend.driver_version(),
             listener,
             registration_listener,
@@ -204,6 +231,7 @@ impl Plugin {
             self.config.clone(),
             self.node.clone(),
             self.offered.clone(),
+            self.partitioned.clone(),
             self.driver_version.clone(),
             every,
             Arc::clone(&self.registration),
@@ -273,6 +301,7 @@ async fn publish_slices(
     config: DraConfig,
     node: String,
     offered: Vec<GpuDevice>,
+    partitioned: Vec<(partition::PartitionedGpu, String)>,
     driver_version: Option<String>,
     every: Duration,
     registration: server::RegistrationSeen,
@@ -291,6 +320,7 @@ async fn publish_slices(
     let mut gate_off = false;
     // Set once the API server is seen dropping taints: unusable GPUs are left out instead.
     let mut drop_unhealthy = false;
+    let mut partitions = Partitions::new(&node, &partitioned);
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (watch_events, mut slice_events) = mpsc::channel(16);
@@ -365,6 +395,107 @@ async fn publish_slices(
                 }
             }
             Err(e) => tracing::warn!("{DRIVER_NAME}: publishing the ResourceSlice: {e}; retrying"),
+        }
+        partitions.tick(&api, &node, owner.as_ref()).await;
+    }
+}
+
+/// The partition pool's publishing state (docs/mig.md, "DRA").
+struct Partitions {
+    wanted: Vec<partition::PartitionSlice>,
+    generation: i64,
+    /// Checked: the API server's version allows them.
+    version_ok: bool,
+    /// Given up until the agent restarts: why.
+    off: Option<partition::Unsupported>,
+    /// With no partition wanted: an earlier run's pool has been deleted.
+    cleaned: bool,
+}
+
+impl Partitions {
+    fn new(node: &str, gpus: &[(partition::PartitionedGpu, String)]) -> Self {
+        Self {
+            wanted: partition::slices(node, gpus),
+            generation: 0,
+            version_ok: false,
+            off: None,
+            cleaned: false,
+        }
+    }
+
+    /// Publishes the pool when there is one and the cluster takes it; says once why not.
+    async fn tick(
+        &mut self,
+        api: &apiserver::ApiServer,
+        node: &str,
+        owner: Option<&serde_json::Value>,
+    ) {
+        if self.off.is_some() {
+            return;
+        }
+        if self.wanted.is_empty() {
+            // A pool left by an earlier run (a GPU since taken off `mig_reconfigurable`) is
+            // deleted once.
+            if !self.cleaned {
+                match partition::publish(api, node, &[], owner, 0).await {
+                    Ok(_) => self.cleaned = true,
+                    Err(e) => tracing::debug!("{DRIVER_NAME}: clearing a partition pool: {e}"),
+                }
+            }
+            return;
+        }
+        if !self.version_ok {
+            match partition::supported(api).await {
+                Ok(Ok(())) => self.version_ok = true,
+                Ok(Err(why)) => {
+                    tracing::error!(
+                        "{DRIVER_NAME}: no MIG partitions published: the API server is {} \
+                         (partitionable devices with counters in slices of their own need \
+                         Kubernetes 1.35 or later); the existing instances are offered as they are",
+                        match &why {
+                            partition::Unsupported::Version(Some((major, minor))) => {
+                                format!("{major}.{minor}")
+                            }
+                            _ => "of a version not read".to_owned(),
+                        }
+                    );
+                    self.off = Some(why);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "{DRIVER_NAME}: reading the API server's version: {e}; retrying"
+                    );
+                    return;
+                }
+            }
+        }
+        match partition::publish(api, node, &self.wanted, owner, self.generation).await {
+            Ok(partition::Outcome::Published {
+                generation,
+                changed,
+            }) => {
+                self.generation = generation;
+                if changed {
+                    tracing::info!(
+                        slices = self.wanted.len(),
+                        generation,
+                        "{DRIVER_NAME}: MIG partition pool published"
+                    );
+                }
+            }
+            Ok(partition::Outcome::Unsupported(why)) => {
+                tracing::error!(
+                    "{DRIVER_NAME}: the API server dropped sharedCounters from the partition \
+                     pool: the DRAPartitionableDevices feature gate is off in kube-apiserver \
+                     (alpha in 1.35, on by default from 1.36); no MIG partitions are published \
+                     until it is on there and in kube-scheduler and the agent restarts"
+                );
+                self.off = Some(why);
+            }
+            Err(e) => {
+                tracing::warn!("{DRIVER_NAME}: publishing the MIG partition pool: {e}; retrying");
+            }
         }
     }
 }

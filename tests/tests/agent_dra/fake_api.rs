@@ -42,6 +42,12 @@ struct State {
     gate_off: bool,
     /// Plays kube-apiserver with `DRADeviceTaints` off: devices are stored without `taints`.
     taints_off: bool,
+    /// Plays kube-apiserver with `DRAPartitionableDevices` off: slices are stored without
+    /// `sharedCounters` and `perDeviceNodeSelection`, devices without `consumesCounters`
+    /// (`dropDisabledDRAPartitionableDevicesFields`).
+    partitions_off: bool,
+    /// The `/version` answer's `gitVersion` (default `v1.36.0`).
+    version: Option<String>,
     /// Open watches on ResourceSlices: each gets every slice event, one JSON line each.
     watchers: Vec<mpsc::UnboundedSender<Bytes>>,
     seen: Vec<Seen>,
@@ -63,7 +69,11 @@ const NODES: &str = "/api/v1/nodes/";
 /// What kube-apiserver keeps of a slice: with `DRAConsumableCapacity` off, no
 /// `allowMultipleAllocations` nor `requestPolicy`; with `DRADeviceTaints` off, no `taints`
 /// (`pkg/registry/resource/resourceslice/strategy.go`, `dropDisabledFields`).
-fn as_stored(mut slice: Value, gate_off: bool, taints_off: bool) -> Value {
+fn as_stored(mut slice: Value, gate_off: bool, taints_off: bool, partitions_off: bool) -> Value {
+    if partitions_off && let Some(spec) = slice["spec"].as_object_mut() {
+        spec.remove("sharedCounters");
+        spec.remove("perDeviceNodeSelection");
+    }
     for device in slice["spec"]["devices"]
         .as_array_mut()
         .into_iter()
@@ -71,6 +81,9 @@ fn as_stored(mut slice: Value, gate_off: bool, taints_off: bool) -> Value {
     {
         if taints_off && let Some(d) = device.as_object_mut() {
             d.remove("taints");
+        }
+        if partitions_off && let Some(d) = device.as_object_mut() {
+            d.remove("consumesCounters");
         }
         if !gate_off {
             continue;
@@ -180,6 +193,14 @@ impl FakeApi {
     }
 
     /// Turns the `DRADeviceTaints` gate off (or on) for what is written from now on.
+    pub fn set_partitions_off(&self, off: bool) {
+        self.state.lock().unwrap().partitions_off = off;
+    }
+
+    pub fn set_version(&self, git_version: &str) {
+        self.state.lock().unwrap().version = Some(git_version.to_owned());
+    }
+
     pub fn set_taints_off(&self, off: bool) {
         self.state.lock().unwrap().taints_off = off;
     }
@@ -317,8 +338,8 @@ async fn answer(
             _ => status(405, "MethodNotAllowed", "not served by the fake"),
         }
     } else if let Some(rest) = path.strip_prefix(SLICES) {
-        let (gate_off, taints_off) = (s.gate_off, s.taints_off);
-        let body = body.map(|slice| as_stored(slice, gate_off, taints_off));
+        let (gate_off, taints_off, partitions_off) = (s.gate_off, s.taints_off, s.partitions_off);
+        let body = body.map(|slice| as_stored(slice, gate_off, taints_off, partitions_off));
         let name = rest.trim_start_matches('/');
         s.next_version += 1;
         let version = s.next_version.to_string();
@@ -367,7 +388,17 @@ async fn answer(
             _ => status(405, "MethodNotAllowed", "not served by the fake"),
         }
     } else {
-        status(404, "NotFound", "not served by the fake")
+        version(&s, &method, &path)
     };
     Ok(response)
+}
+
+/// `/version` (its `gitVersion` as set, `v1.36.0` by default); 404 for anything else.
+fn version(s: &State, method: &str, path: &str) -> Response<Full<Bytes>> {
+    if path == "/version" && method == "GET" {
+        let git = s.version.clone().unwrap_or_else(|| "v1.36.0".to_owned());
+        reply(200, &json!({ "gitVersion": git, "major": "1" }))
+    } else {
+        status(404, "NotFound", "not served by the fake")
+    }
 }

@@ -175,6 +175,12 @@ fn claims_this_node_cannot_serve_are_refused_with_the_reason() {
             "in pool n",
         ),
         (
+            claim("n/mig", "gpu-0-3g-71gb-at-4", half.clone(), none.clone()),
+            UID,
+            "n",
+            "gpu-0-3g-71gb-at-4 is a MIG partition",
+        ),
+        (
             claim("n", "gpu-7", half.clone(), none.clone()),
             UID,
             "n",
