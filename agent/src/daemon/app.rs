@@ -186,7 +186,7 @@ impl App {
         // A GPU is offered to Kubernetes or to the controller, never to both: the controller
         // link sees only the GPUs not offered to Kubernetes.
         let controller_backend: Arc<dyn GpuBackend> = match &config.dra {
-            Some(d) => Arc::new(dra::Subset::new(Arc::clone(&backend), |g| !d.offers(g))),
+            Some(d) => Arc::new(dra::Subset::not_offered(Arc::clone(&backend), d)),
             None => Arc::clone(&backend),
         };
         // Pod names are an extra: without a kubelet the pods keep their UIDs only (and users'

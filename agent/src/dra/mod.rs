@@ -29,6 +29,9 @@ pub mod plugin;
 pub mod server;
 pub mod slice;
 pub mod store;
+mod subset;
+
+pub use subset::Subset;
 
 use std::{sync::Arc, time::Duration};
 
@@ -70,53 +73,6 @@ pub enum DraError {
     /// The claim store can't be read.
     #[error("DRA plugin: {0}")]
     Store(#[from] store::StoreError),
-}
-
-/// A backend that shows only some of another's GPUs: the controller sees the GPUs not offered
-/// to Kubernetes, so no GPU is offered to both.
-pub struct Subset {
-    inner: Arc<dyn GpuBackend>,
-    devices: Vec<GpuDevice>,
-}
-
-impl Subset {
-    /// The GPUs of `inner` that `keep` keeps.
-    #[must_use]
-    pub fn new(inner: Arc<dyn GpuBackend>, keep: impl Fn(&GpuDevice) -> bool) -> Self {
-        let devices = inner
-            .devices()
-            .iter()
-            .filter(|g| keep(g))
-            .cloned()
-            .collect();
-        Self { inner, devices }
-    }
-}
-
-impl GpuBackend for Subset {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn devices(&self) -> Vec<GpuDevice> {
-        self.devices.clone()
-    }
-
-    fn process_memory(&self) -> Vec<crate::devices::ProcessMemory> {
-        self.inner
-            .process_memory()
-            .into_iter()
-            .filter(|p| self.devices.iter().any(|g| g.index == p.index))
-            .collect()
-    }
-
-    fn extra_capacity(&self) -> Vec<(String, String)> {
-        self.inner.extra_capacity()
-    }
-
-    fn driver_version(&self) -> Option<String> {
-        self.inner.driver_version()
-    }
 }
 
 /// The plugin as the daemon starts it: the claims it held before a restart (their quotas go
