@@ -333,22 +333,18 @@ impl Enforcer {
     /// asked each process's state ([`suspend::restored_any`]) before anything else is done.
     /// `None` where the session is not suspended here (or something of it is under way).
     pub(crate) fn begin_take_up(&mut self, session: &str, moving: Move) -> Option<CheckpointJob> {
-        self.remember_suspension(session);
-        let config = self.suspend.clone()?;
-        let s = self
-            .suspensions
-            .get_mut(session)
-            .filter(|s| s.done && s.moving.is_none())?;
-        let job = CheckpointJob {
-            session: session.to_owned(),
+        let pairs = moving.pairs.clone();
+        // Held as a move is, so nothing else of it starts meanwhile.
+        let check = self.begin_move(session, moving)?;
+        let s = self.suspensions.get(session)?;
+        Some(CheckpointJob {
+            session: check.session,
             dir: s.dir.clone(),
             pids: s.pids.clone(),
-            helper: config.helper,
-            step: config.step_timeout,
-            pairs: moving.pairs.clone(),
-        };
-        s.moving = Some(moving);
-        Some(job)
+            helper: check.helper,
+            step: check.step,
+            pairs,
+        })
     }
 
     /// Says `resume_refused` for `session` with `why`: a resumption that can't start here (a
