@@ -3,9 +3,9 @@
 
 use super::{Command, QueuePolicy, Scheduler, fit::Verdict, quotas::Standing, set_state};
 use crate::{
-    allocator::{GpuRequest, Strategy},
+    allocator::{Allocation, GpuRequest, Strategy},
     node::{Node, NodeState},
-    placement::Placement,
+    placement::{Explanation, Placement},
     session::{SessionState, WaitKind},
     slots::ResourceSlot,
 };
@@ -220,10 +220,6 @@ impl Scheduler {
     }
 
     /// Filter, score and bind one session.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "filter, score and bind read as one piece, each step on the last one's locals"
-    )]
     fn place(&mut self, id: &str) -> Result<Command, String> {
         let session = self.sessions.get(id).ok_or("gone")?;
         let gpu = GpuRequest::from_slots(&session.requested).map_err(|e| e.to_string())?;
@@ -299,6 +295,19 @@ impl Scheduler {
             self.excess = scorer.into_cache();
             (best, planned, explanation)
         };
+        self.bind(id, node_id, planned, explanation)
+    }
+
+    /// Binds session `id` to `node_id` with the allocation `planned` there: books it on the
+    /// node and its owner, and says so in the session; the `Allocate` for the agent.
+    fn bind(
+        &mut self,
+        id: &str,
+        node_id: String,
+        planned: Allocation,
+        explanation: Explanation,
+    ) -> Result<Command, String> {
+        let session = self.sessions.get(id).ok_or("gone")?;
         let requested = session.requested.clone();
         let owner = session.owner.clone();
         let (target, policy, scope, run_uid) = (
