@@ -119,8 +119,9 @@ pub trait GpuBackend: Send + Sync {
     }
 
     /// Each GPU in MIG mode whose layout the backend can read and change: its UUID, its index
-    /// and its instances' placements (issue 37 §3). None by default: NVML's path is not built
-    /// (docs/mig.md, "Not built yet").
+    /// and its instances' placements (issue 37 §3). None by default (mock GPUs without MIG,
+    /// no GPUs); NVML reports the GPUs whose driver's profile table agrees with the placement
+    /// rules ([`nvml::layout::compare`]).
     fn mig_layouts(&self) -> Vec<(String, u32, placement::Layout)> {
         Vec::new()
     }
