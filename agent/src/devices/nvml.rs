@@ -440,6 +440,34 @@ impl GpuBackend for NvmlBackend {
         self.devices.locked().clone()
     }
 
+    fn busy_devices(&self) -> std::collections::BTreeSet<u32> {
+        let mut out: std::collections::BTreeSet<u32> =
+            self.process_memory().iter().map(|p| p.index).collect();
+        // `process_memory` asks whole GPUs only; a GPU in MIG mode lists the processes of all
+        // its instances, each with its GPU instance id (as root).
+        let devices = self.devices();
+        for g in &self.mig_gpus {
+            let listed = self.nvml.device_by_index(g.nvml_index).and_then(|d| {
+                let mut all = d.running_compute_processes()?;
+                all.extend(d.running_graphics_processes()?);
+                Ok(all)
+            });
+            match listed {
+                Ok(processes) => out.extend(
+                    processes
+                        .iter()
+                        .map(|p| layout::busy_index(&devices, &g.parent, p.gpu_instance_id)),
+                ),
+                Err(e) => {
+                    // Not knowing is not idle: the GPU's layout is left as it is.
+                    tracing::warn!(gpu = %g.parent.uuid, "processes on the GPU not listed ({e}): taken as busy");
+                    out.insert(g.parent.index);
+                }
+            }
+        }
+        out
+    }
+
     fn mig_layouts(&self) -> Vec<(String, u32, Layout)> {
         self.mig_gpus
             .iter()

@@ -422,7 +422,7 @@ impl Reconfigurer {
 }
 
 /// Refuses when a process is on GPU `gpu`: on its own index or one of its instances', as the
-/// agent saw it (`busy`) or as the driver counts it ([`GpuBackend::process_memory`]).
+/// agent saw it (`busy`) or as the driver counts it ([`GpuBackend::busy_devices`]).
 fn check_idle(
     backend: &dyn GpuBackend,
     busy: &BTreeSet<u32>,
@@ -436,7 +436,7 @@ fn check_idle(
         .ok_or_else(|| MigChangeError::UnknownGpu {
             gpu: gpu.to_owned(),
         })?;
-    let driver_busy: BTreeSet<u32> = backend.process_memory().iter().map(|p| p.index).collect();
+    let driver_busy = backend.busy_devices();
     let on_gpu = std::iter::once(parent_index)
         .chain(
             backend

@@ -350,6 +350,26 @@ pub fn driver_profile<'a>(
     driver.iter().find(|d| d.info.id == profile.id)
 }
 
+/// The device index a process on GPU `parent` in MIG mode is counted on: the instance of GPU
+/// instance `gpu_instance` among `devices`, or the parent's own index where the driver names no
+/// instance or none of `devices` is it.
+#[must_use]
+pub fn busy_index(
+    devices: &[crate::devices::GpuDevice],
+    parent: &crate::devices::GpuDevice,
+    gpu_instance: Option<u32>,
+) -> u32 {
+    gpu_instance
+        .and_then(|gi| {
+            devices.iter().find(|d| {
+                d.mig
+                    .as_ref()
+                    .is_some_and(|m| m.parent_uuid == parent.uuid && m.gpu_instance == gi)
+            })
+        })
+        .map_or(parent.index, |d| d.index)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -525,6 +545,51 @@ mod tests {
         // Two memory slices, one compute slice.
         assert_eq!(of("1g.20gb"), Some(1));
         assert_eq!(whole_compute_profile(&d[0].info, &cis[1..]), None);
+    }
+
+    #[test]
+    fn a_process_counts_on_its_instance_or_else_on_its_gpu() {
+        use crate::devices::{GpuDevice, mig::MigInstance};
+        let gpu = |uuid: &str, index| GpuDevice {
+            uuid: uuid.into(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+            memory_bytes: 80 << 30,
+            numa_node: 0,
+            sm_count: 132,
+            is_mig: false,
+            index,
+            device_node: format!("/dev/nvidia{index}"),
+            mig: None,
+        };
+        let instance = |parent: &GpuDevice, gi, index| GpuDevice {
+            uuid: format!("MIG-{}-{gi}", parent.uuid),
+            is_mig: true,
+            index,
+            device_node: parent.device_node.clone(),
+            mig: Some(MigInstance {
+                parent_index: parent.index,
+                parent_uuid: parent.uuid.clone(),
+                gpu_instance: gi,
+                compute_instance: 0,
+                profile: "1g.10gb".into(),
+                gi_cap_minor: None,
+                ci_cap_minor: None,
+            }),
+            ..gpu("unused", 0)
+        };
+        let (g0, g1) = (gpu("GPU-0", 0), gpu("GPU-1", 1));
+        // GPU instance 7 on both GPUs: devices 2 (on GPU-0) and 3 (on GPU-1).
+        let devices = [
+            instance(&g0, 7, 2),
+            instance(&g1, 7, 3),
+            instance(&g1, 9, 4),
+        ];
+        assert_eq!(busy_index(&devices, &g1, Some(7)), 3);
+        assert_eq!(busy_index(&devices, &g1, Some(9)), 4);
+        assert_eq!(busy_index(&devices, &g0, Some(7)), 2);
+        // No instance named, or one not among the devices: the GPU itself.
+        assert_eq!(busy_index(&devices, &g1, None), 1);
+        assert_eq!(busy_index(&devices, &g0, Some(9)), 0);
     }
 
     #[test]
