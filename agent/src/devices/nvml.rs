@@ -6,6 +6,8 @@
 //! through the MIG calls nvml-wrapper does not wrap ([`sys`]; docs/mig.md, "Instances made on
 //! demand").
 
+#[cfg(test)]
+mod fake_tests;
 pub mod layout;
 mod sys;
 
@@ -254,7 +256,18 @@ impl NvmlBackend {
     /// # Errors
     /// NVML can't be loaded or initialised.
     pub fn probe() -> Result<Self, NvmlError> {
-        let nvml = Nvml::init()?;
+        Self::probe_library(None)
+    }
+
+    /// As [`Self::probe`], with the NVML library at `path` (`None`: the system's).
+    ///
+    /// # Errors
+    /// NVML can't be loaded or initialised.
+    pub fn probe_library(path: Option<&std::ffi::OsStr>) -> Result<Self, NvmlError> {
+        let nvml = match path {
+            Some(path) => Nvml::builder().lib_path(path).init()?,
+            None => Nvml::init()?,
+        };
         let count = nvml.device_count()?;
         let mut physical = Vec::new();
         for i in 0..count {
