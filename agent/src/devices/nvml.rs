@@ -181,7 +181,18 @@ pub struct MigTable {
 /// # Errors
 /// NVML can't be loaded, initialised, or list its GPUs.
 pub fn mig_tables() -> Result<Vec<MigTable>, NvmlError> {
-    let nvml = Nvml::init()?;
+    mig_tables_of(None)
+}
+
+/// As [`mig_tables`], with the NVML library at `path` (`None`: the system's).
+///
+/// # Errors
+/// NVML can't be loaded, initialised, or list its GPUs.
+pub fn mig_tables_of(path: Option<&std::ffi::OsStr>) -> Result<Vec<MigTable>, NvmlError> {
+    let nvml = match path {
+        Some(path) => Nvml::builder().lib_path(path).init()?,
+        None => Nvml::init()?,
+    };
     let mut out = Vec::new();
     for i in 0..nvml.device_count()? {
         let d = nvml.device_by_index(i)?;

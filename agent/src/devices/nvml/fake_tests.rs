@@ -142,6 +142,22 @@ fn instances_are_made_read_back_and_destroyed_through_the_nvml_calls() {
         b.destroy_instance(&second.uuid),
         Err(MigChangeError::NoInstance { .. })
     ));
+    // `gpuwarden-agent mig-table` (gpu-check's read-only row) on the same library: the GPU in
+    // MIG mode, its seven profiles read, no disagreement with the rules.
+    let tables = super::mig_tables_of(Some(lib.as_os_str())).unwrap();
+    assert_eq!(tables.len(), 1);
+    let t = &tables[0];
+    assert!(t.mig_enabled && t.error.is_none(), "{t:?}");
+    assert_eq!(t.model, Some("H100"));
+    assert_eq!(t.profiles.len(), 7, "{:?}", t.profiles);
+    assert!(
+        t.profiles
+            .contains(&"3g.40gb id 9 x2 {0}:4 {4}:4".to_owned()),
+        "{:?}",
+        t.profiles
+    );
+    assert!(t.disagreements.is_empty(), "{:?}", t.disagreements);
+
     // The stand-in lists no processes (it lacks the call): a GPU whose processes can't be
     // listed is taken as busy, so no layout change would go ahead.
     assert!(b.busy_devices().contains(&0));
