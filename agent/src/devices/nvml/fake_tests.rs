@@ -142,8 +142,17 @@ fn instances_are_made_read_back_and_destroyed_through_the_nvml_calls() {
         b.destroy_instance(&second.uuid),
         Err(MigChangeError::NoInstance { .. })
     ));
-    // `gpuwarden-agent mig-table` (gpu-check's read-only row) on the same library: the GPU in
-    // MIG mode, its seven profiles read, no disagreement with the rules.
+    // The stand-in lists no processes (it lacks the call): a GPU whose processes can't be
+    // listed is taken as busy, so no layout change would go ahead.
+    assert!(b.busy_devices().contains(&0));
+}
+
+#[test]
+fn mig_table_reads_the_drivers_profiles_and_finds_them_as_the_rules() {
+    // `gpuwarden-agent mig-table`, gpu-check's read-only row: the GPU in MIG mode, its seven
+    // profiles read, no disagreement with the rules. A copy of its own (its own state).
+    let scratch = gpuwarden_test_support::scratch("fake-nvml-table");
+    let lib = build_fake(scratch.path());
     let tables = super::mig_tables_of(Some(lib.as_os_str())).unwrap();
     assert_eq!(tables.len(), 1);
     let t = &tables[0];
@@ -157,8 +166,4 @@ fn instances_are_made_read_back_and_destroyed_through_the_nvml_calls() {
         t.profiles
     );
     assert!(t.disagreements.is_empty(), "{:?}", t.disagreements);
-
-    // The stand-in lists no processes (it lacks the call): a GPU whose processes can't be
-    // listed is taken as busy, so no layout change would go ahead.
-    assert!(b.busy_devices().contains(&0));
 }
