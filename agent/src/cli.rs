@@ -93,6 +93,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Read each GPU's MIG profile table from NVML (profiles, possible placements) and compare
+    /// it with the placement rules gpuwarden makes instances by; read only: nothing is created
+    /// or destroyed. Prints JSON (`ok`, `gpus` or `error`); exits 0 even without NVML.
+    MigTable,
     /// One CUDA checkpoint call on a process (the helper the agent runs to suspend a workload;
     /// it loads libcuda, which the agent itself never does). Prints one JSON line; exits 0 when
     /// the call succeeded, 3 when the driver refused it, 1 when it could not be made.
@@ -247,6 +251,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     println!("{:<15} {:<22} {verdict}: {}", t.hook, t.target, t.detail);
                 }
             }
+        }
+        Command::MigTable => {
+            let doc = match crate::devices::nvml::mig_tables() {
+                Ok(gpus) => serde_json::json!({ "ok": true, "gpus": gpus }),
+                Err(e) => serde_json::json!({ "ok": false, "error": format!("NVML: {e}") }),
+            };
+            println!("{}", serde_json::to_string_pretty(&doc)?);
         }
         Command::Unpin { bpf_pin_dir } => {
             pins::remove(&bpf_pin_dir)?;

@@ -170,6 +170,9 @@ def agent(args):
         return 0
     if cmd == "checkpoint":
         return checkpoint(args)
+    if cmd == "mig-table":
+        print(json.dumps({"ok": False, "error": "dry run: no NVML"}))
+        return 0
     if cmd == "probe-hooks":
         print(json.dumps([{"hook": "driver_kprobe", "target": "nvidia_unlocked_ioctl",
                            "loaded": False, "detail": "dry run: no driver"}]))

@@ -109,9 +109,9 @@ pub async fn run(
         }
     };
     let mut backoff = Backoff::default();
-    // Held across connections: the instances made here are remembered while the agent runs.
-    let reconfigurer =
-        crate::devices::ondemand::Reconfigurer::new(config.mig_reconfigurable.iter().cloned());
+    // Held across connections, and kept in the agent's store across restarts: the instances
+    // made here.
+    let reconfigurer = mig::reconfigurer(&config.mig_reconfigurable, backend.as_ref(), &holdings);
     let counters = channels.as_ref().map(|c| Arc::clone(&c.usage_counters));
     let set_connected = |up| {
         if let Some(c) = &counters {

@@ -79,6 +79,14 @@ pub trait GpuBackend: Send + Sync {
         Vec::new()
     }
 
+    /// The device indexes the driver counts a process on: a GPU, a MIG instance, or a GPU in
+    /// MIG mode's own index where the driver names no instance (or can't list them). Checked
+    /// before a MIG layout change ([`ondemand::Reconfigurer`]); by default the indexes of
+    /// [`Self::process_memory`].
+    fn busy_devices(&self) -> std::collections::BTreeSet<u32> {
+        self.process_memory().iter().map(|p| p.index).collect()
+    }
+
     /// Each GPU's utilization (`0..=1`, by index) as the driver measures it; `None` where the
     /// backend can't tell (mock devices), and then the throttle's stand-in is reported instead.
     fn utilization(&self) -> Option<std::collections::BTreeMap<u32, f64>> {
@@ -119,8 +127,9 @@ pub trait GpuBackend: Send + Sync {
     }
 
     /// Each GPU in MIG mode whose layout the backend can read and change: its UUID, its index
-    /// and its instances' placements (issue 37 §3). None by default: NVML's path is not built
-    /// (docs/mig.md, "Not built yet").
+    /// and its instances' placements (issue 37 §3). None by default (mock GPUs without MIG,
+    /// no GPUs); NVML reports the GPUs whose driver's profile table agrees with the placement
+    /// rules ([`nvml::layout::compare`]).
     fn mig_layouts(&self) -> Vec<(String, u32, placement::Layout)> {
         Vec::new()
     }

@@ -1,5 +1,15 @@
 //! Real GPUs through NVML (nvml-wrapper loads `libnvidia-ml.so.1` at run time, so the agent
 //! builds and runs on machines without it).
+//!
+//! On a GPU in MIG mode whose driver's profile table agrees with gpuwarden's placement rules
+//! ([`layout::compare`]), the backend reads the layout and creates and destroys instances
+//! through the MIG calls nvml-wrapper does not wrap ([`sys`]; docs/mig.md, "Instances made on
+//! demand").
+
+#[cfg(test)]
+mod fake_tests;
+pub mod layout;
+mod sys;
 
 use gpuwarden_runtime::sync::Lock as _;
 use std::{
@@ -23,11 +33,14 @@ use nvml_wrapper::{
     error::NvmlError,
 };
 
+use self::layout::{DriverProfile, MigReadError};
 use super::samples::{DeviceSample, DriverError, ProcessSample, SampleDriver};
 use super::{
     GpuBackend, GpuDevice, ProcessMemory,
     health::{self, GpuHealth, HealthState, Xid},
     mig,
+    ondemand::MigChangeError,
+    placement::{self, GpuModel, Layout},
 };
 
 /// `NVML_DEVICE_MIG_ENABLE`: the current MIG mode of a GPU in MIG mode.
@@ -94,9 +107,145 @@ fn instance_id(
     Ok(id)
 }
 
+/// A GPU in MIG mode whose driver's profile table agrees with its model's placement rules:
+/// one whose layout the backend reports and may change.
+struct MigGpu {
+    /// The GPU as it would be offered whole (its instances' parent).
+    parent: GpuDevice,
+    /// NVML's index of it.
+    nvml_index: u32,
+    model: &'static GpuModel,
+    /// Every profile the driver lists (the model's and any others).
+    profiles: Vec<DriverProfile>,
+}
+
+/// The profiles the driver lists for `device`, with their possible placements.
+fn driver_table(
+    nvml: &Nvml,
+    device: &nvml_wrapper::Device<'_>,
+) -> Result<Vec<DriverProfile>, layout::CallError> {
+    let mut out = Vec::new();
+    for index in 0..layout::GI_PROFILE_INDEXES {
+        let Some(info) = sys::gi_profile(nvml, device, index)? else {
+            continue;
+        };
+        let placements = sys::possible_placements(nvml, device, info.id)?;
+        out.push(DriverProfile { info, placements });
+    }
+    Ok(out)
+}
+
+/// The GPU `parent` (NVML index `nvml_index`, named `name`) as a [`MigGpu`], or why its layout
+/// is not gpuwarden's to read and change.
+fn mig_gpu(nvml: &Nvml, parent: &GpuDevice, nvml_index: u32) -> Result<MigGpu, MigReadError> {
+    let model = placement::model_of(&parent.model).ok_or_else(|| MigReadError::UnknownModel {
+        model: parent.model.clone(),
+    })?;
+    let device = nvml.device_by_index(nvml_index)?;
+    let profiles = driver_table(nvml, &device)?;
+    let disagreements = layout::compare(model, &profiles);
+    if !disagreements.is_empty() {
+        return Err(MigReadError::Disagree(disagreements));
+    }
+    Ok(MigGpu {
+        parent: parent.clone(),
+        nvml_index,
+        model,
+        profiles,
+    })
+}
+
+/// One GPU's MIG profile table as the driver lists it, against gpuwarden's placement rules for
+/// its model: what `gpuwarden-agent mig-table` prints (read only: nothing is created or
+/// destroyed, gpu-check's "MIG placements" row).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MigTable {
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// NVML's name for it.
+    pub name: String,
+    /// Whether its current MIG mode is enabled.
+    pub mig_enabled: bool,
+    /// The model whose rules it was compared with (`H100`, `H200`); `None`: none known.
+    pub model: Option<&'static str>,
+    /// The profiles the driver lists: `<name> id <id> ×<instances> <placements>`.
+    pub profiles: Vec<String>,
+    /// Where the driver and the rules disagree (empty: they agree, or nothing was compared).
+    pub disagreements: Vec<String>,
+    /// Why the table could not be read, if it could not.
+    pub error: Option<String>,
+}
+
+/// Each GPU's MIG profile table against gpuwarden's placement rules, read only.
+///
+/// # Errors
+/// NVML can't be loaded, initialised, or list its GPUs.
+pub fn mig_tables() -> Result<Vec<MigTable>, NvmlError> {
+    mig_tables_of(None)
+}
+
+/// As [`mig_tables`], with the NVML library at `path` (`None`: the system's).
+///
+/// # Errors
+/// NVML can't be loaded, initialised, or list its GPUs.
+pub fn mig_tables_of(path: Option<&std::ffi::OsStr>) -> Result<Vec<MigTable>, NvmlError> {
+    let nvml = match path {
+        Some(path) => Nvml::builder().lib_path(path).init()?,
+        None => Nvml::init()?,
+    };
+    let mut out = Vec::new();
+    for i in 0..nvml.device_count()? {
+        let d = nvml.device_by_index(i)?;
+        let name = d.name().unwrap_or_default();
+        let model = placement::model_of(&name);
+        let mut t = MigTable {
+            uuid: d.uuid().unwrap_or_default(),
+            mig_enabled: d.mig_mode().is_ok_and(|m| m.current == MIG_ENABLED),
+            name,
+            model: model.map(|m| m.name),
+            profiles: Vec::new(),
+            disagreements: Vec::new(),
+            error: None,
+        };
+        match driver_table(&nvml, &d) {
+            Ok(profiles) => {
+                t.profiles = profiles
+                    .iter()
+                    .map(|p| {
+                        let at: Vec<String> =
+                            p.placements.iter().map(ToString::to_string).collect();
+                        format!(
+                            "{} id {} x{} {}",
+                            p.name(),
+                            p.info.id,
+                            p.info.instance_count,
+                            at.join(" ")
+                        )
+                    })
+                    .collect();
+                if let (Some(model), false) = (model, profiles.is_empty()) {
+                    t.disagreements = layout::compare(model, &profiles)
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect();
+                }
+            }
+            Err(e) => t.error = Some(e.to_string()),
+        }
+        out.push(t);
+    }
+    Ok(out)
+}
+
 /// GPUs NVML lists.
 pub struct NvmlBackend {
-    devices: Vec<GpuDevice>,
+    /// The devices offered: whole GPUs and MIG instances (made instances join, destroyed
+    /// ones leave).
+    devices: Mutex<Vec<GpuDevice>>,
+    /// The GPUs in MIG mode whose layout may be read and changed.
+    mig_gpus: Vec<MigGpu>,
+    /// The first device index instances take (past every GPU's minor).
+    first_instance: u32,
     /// NVML's index of each GPU, by the GPU's minor number (our index).
     nvml_index: HashMap<u32, u32>,
     nvml: Arc<Nvml>,
@@ -118,7 +267,18 @@ impl NvmlBackend {
     /// # Errors
     /// NVML can't be loaded or initialised.
     pub fn probe() -> Result<Self, NvmlError> {
-        let nvml = Nvml::init()?;
+        Self::probe_library(None)
+    }
+
+    /// As [`Self::probe`], with the NVML library at `path` (`None`: the system's).
+    ///
+    /// # Errors
+    /// NVML can't be loaded or initialised.
+    pub fn probe_library(path: Option<&std::ffi::OsStr>) -> Result<Self, NvmlError> {
+        let nvml = match path {
+            Some(path) => Nvml::builder().lib_path(path).init()?,
+            None => Nvml::init()?,
+        };
         let count = nvml.device_count()?;
         let mut physical = Vec::new();
         for i in 0..count {
@@ -144,10 +304,12 @@ impl NvmlBackend {
         }
         // A GPU in MIG mode is offered as its instances, numbered after every GPU's minor.
         let minors = mig::MigMinors::read(Path::new(mig::MIG_MINORS));
-        let mut next = mig::first_instance_index(physical.iter().map(|(_, d, _)| d.index));
+        let first_instance = mig::first_instance_index(physical.iter().map(|(_, d, _)| d.index));
+        let mut next = first_instance;
         let mut devices = Vec::new();
         let mut instances = Vec::new();
         let mut nvml_index = HashMap::new();
+        let mut mig_gpus = Vec::new();
         for (i, device, mig_mode) in physical {
             if !mig_mode {
                 nvml_index.insert(device.index, i);
@@ -159,10 +321,19 @@ impl NvmlBackend {
                 instances.push(mig::instance_device(&device, found, next, &minors));
                 next = next.saturating_add(1);
             }
+            match mig_gpu(&nvml, &device, i) {
+                Ok(g) => mig_gpus.push(g),
+                Err(e) => tracing::info!(
+                    gpu = %device.uuid,
+                    "MIG layout not changeable by gpuwarden: {e}"
+                ),
+            }
         }
         devices.extend(instances);
         let backend = Self {
-            devices,
+            devices: Mutex::new(devices),
+            mig_gpus,
+            first_instance,
             nvml_index,
             nvml: Arc::new(nvml),
             xids: Arc::default(),
@@ -183,6 +354,7 @@ impl NvmlBackend {
         );
         let by_uuid: HashMap<String, u32> = self
             .devices
+            .locked()
             .iter()
             .map(|d| (d.uuid.clone(), d.index))
             .collect();
@@ -251,13 +423,204 @@ impl NvmlBackend {
     }
 }
 
+impl NvmlBackend {
+    /// The GPU `uuid` among those whose layout may be changed.
+    fn mig_gpu(&self, uuid: &str) -> Result<&MigGpu, MigChangeError> {
+        self.mig_gpus
+            .iter()
+            .find(|g| g.parent.uuid == uuid)
+            .ok_or_else(|| MigChangeError::UnknownGpu {
+                gpu: uuid.to_owned(),
+            })
+    }
+
+    fn parent_handle(&self, g: &MigGpu) -> Result<nvml_wrapper::Device<'_>, MigChangeError> {
+        self.nvml
+            .device_by_index(g.nvml_index)
+            .map_err(|e| MigChangeError::Refused {
+                gpu: g.parent.uuid.clone(),
+                reason: format!("NVML: {e}"),
+            })
+    }
+
+    /// The GPU instances on `g` now, of every profile its driver lists.
+    fn read_layout(&self, g: &MigGpu) -> Result<Layout, MigReadError> {
+        let device = self.nvml.device_by_index(g.nvml_index)?;
+        let mut there = Vec::new();
+        for p in &g.profiles {
+            let found = sys::gpu_instances(&self.nvml, &device, p.info.id, p.info.instance_count)?;
+            there.extend(found.into_iter().map(|(_, gi)| gi));
+        }
+        Ok(layout::layout_of(g.model, &there)?)
+    }
+}
+
 impl GpuBackend for NvmlBackend {
     fn name(&self) -> &'static str {
         "nvml"
     }
 
     fn devices(&self) -> Vec<GpuDevice> {
-        self.devices.clone()
+        self.devices.locked().clone()
+    }
+
+    fn busy_devices(&self) -> std::collections::BTreeSet<u32> {
+        let mut out: std::collections::BTreeSet<u32> =
+            self.process_memory().iter().map(|p| p.index).collect();
+        // `process_memory` asks whole GPUs only; a GPU in MIG mode lists the processes of all
+        // its instances, each with its GPU instance id (as root).
+        let devices = self.devices();
+        for g in &self.mig_gpus {
+            let listed = self.nvml.device_by_index(g.nvml_index).and_then(|d| {
+                let mut all = d.running_compute_processes()?;
+                all.extend(d.running_graphics_processes()?);
+                Ok(all)
+            });
+            match listed {
+                Ok(processes) => out.extend(
+                    processes
+                        .iter()
+                        .map(|p| layout::busy_index(&devices, &g.parent, p.gpu_instance_id)),
+                ),
+                Err(e) => {
+                    // Not knowing is not idle: the GPU's layout is left as it is.
+                    tracing::warn!(gpu = %g.parent.uuid, "processes on the GPU not listed ({e}): taken as busy");
+                    out.insert(g.parent.index);
+                }
+            }
+        }
+        out
+    }
+
+    fn mig_layouts(&self) -> Vec<(String, u32, Layout)> {
+        self.mig_gpus
+            .iter()
+            .filter_map(|g| match self.read_layout(g) {
+                Ok(layout) => Some((g.parent.uuid.clone(), g.parent.index, layout)),
+                Err(e) => {
+                    tracing::warn!(gpu = %g.parent.uuid, "MIG layout not read: {e}");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    fn create_instance(
+        &self,
+        gpu: &str,
+        profile: &str,
+        start: u32,
+    ) -> Result<GpuDevice, MigChangeError> {
+        let g = self.mig_gpu(gpu)?;
+        let unknown = || MigChangeError::UnknownProfile {
+            gpu: gpu.to_owned(),
+            profile: profile.to_owned(),
+        };
+        let p = g.model.profile(profile).ok_or_else(unknown)?;
+        let driver = layout::driver_profile(&g.profiles, p).ok_or_else(unknown)?;
+        // A start the profile may not take is refused here, as the driver would
+        // (`INVALID_ARGUMENT`), naming the starts it may.
+        let at = placement::Layout::empty(g.model);
+        let placement = placement::Placement {
+            start,
+            size: p.size,
+        };
+        if let Some(refusal) = at.refusal(p, placement) {
+            return Err(MigChangeError::Refused {
+                gpu: gpu.to_owned(),
+                reason: refusal.to_string(),
+            });
+        }
+        let device = self.parent_handle(g)?;
+        let nvml = &*self.nvml;
+        let gi =
+            sys::create_gpu_instance(nvml, &device, p.id, placement).map_err(|e| e.refusal(gpu))?;
+        // From here a failure destroys what was made, so nothing is left half made.
+        let undo = |ci: Option<sys::CiHandle>, why: MigChangeError| {
+            if let Some(ci) = ci
+                && let Err(e) = sys::destroy_compute_instance(nvml, ci)
+            {
+                tracing::warn!(%gpu, "compute instance made and not destroyed again: {e}");
+            }
+            if let Err(e) = sys::destroy_gpu_instance(nvml, gi) {
+                tracing::warn!(%gpu, "GPU instance made and not destroyed again: {e}");
+            }
+            why
+        };
+        let mut candidates = Vec::new();
+        for index in 0..layout::CI_PROFILE_INDEXES {
+            match sys::ci_profile(nvml, gi, index) {
+                Ok(Some(c)) => candidates.push(c),
+                Ok(None) => {}
+                Err(e) => return Err(undo(None, e.refusal(gpu))),
+            }
+        }
+        let Some(whole) = layout::whole_compute_profile(&driver.info, &candidates) else {
+            return Err(undo(
+                None,
+                MigChangeError::Refused {
+                    gpu: gpu.to_owned(),
+                    reason: format!(
+                        "the driver lists no compute profile of {} slices for {profile}",
+                        driver.info.slice_count
+                    ),
+                },
+            ));
+        };
+        let ci = sys::create_compute_instance(nvml, gi, whole.id)
+            .map_err(|e| undo(None, e.refusal(gpu)))?;
+        let gi_id = sys::gpu_instance_info(nvml, gi)
+            .map_err(|e| undo(Some(ci), e.refusal(gpu)))?
+            .id;
+        // The new compute instance as NVML lists it: a MIG device of the GPU instance made.
+        let Some(found) = mig_instances(nvml, &device)
+            .into_iter()
+            .find(|f| f.gpu_instance == gi_id)
+        else {
+            return Err(undo(
+                Some(ci),
+                MigChangeError::Refused {
+                    gpu: gpu.to_owned(),
+                    reason: format!("NVML lists no MIG device for GPU instance {gi_id} made"),
+                },
+            ));
+        };
+        let minors = mig::MigMinors::read(Path::new(mig::MIG_MINORS));
+        let mut devices = self.devices.locked();
+        let next = devices
+            .iter()
+            .map(|d| d.index.saturating_add(1))
+            .chain([self.first_instance])
+            .max()
+            .unwrap_or(self.first_instance);
+        let made = mig::instance_device(&g.parent, found, next, &minors);
+        devices.push(made.clone());
+        Ok(made)
+    }
+
+    fn destroy_instance(&self, uuid: &str) -> Result<(), MigChangeError> {
+        let m = self
+            .devices
+            .locked()
+            .iter()
+            .find(|d| d.uuid == uuid)
+            .and_then(|d| d.mig.clone())
+            .ok_or_else(|| MigChangeError::NoInstance {
+                uuid: uuid.to_owned(),
+            })?;
+        let gpu = m.parent_uuid.as_str();
+        let g = self.mig_gpu(gpu)?;
+        let device = self.parent_handle(g)?;
+        let nvml = &*self.nvml;
+        let refused = |e: layout::CallError| e.refusal(gpu);
+        let gi = sys::gpu_instance_by_id(nvml, &device, m.gpu_instance).map_err(refused)?;
+        let ci = sys::compute_instance_by_id(nvml, gi, m.compute_instance).map_err(refused)?;
+        // The driver refuses (`IN_USE`) while a process runs in it.
+        sys::destroy_compute_instance(nvml, ci).map_err(refused)?;
+        // Its compute instance gone, the device is no more, whatever becomes of the GPU
+        // instance.
+        self.devices.locked().retain(|d| d.uuid != uuid);
+        sys::destroy_gpu_instance(nvml, gi).map_err(refused)
     }
 
     fn caps_major(&self) -> Option<u32> {

@@ -7,6 +7,11 @@
 //! destroys it once the session on it is released. It never touches a GPU it was not given,
 //! an instance it did not make, or a GPU with a process on it: each of those is refused with
 //! the reason.
+//!
+//! Which instances it made is kept in the agent's store (a sled tree, [`TREE`], beside the
+//! controller's holdings), so an agent restarted still destroys them once idle; entries whose
+//! instance is gone are dropped when read, and a record that does not decode is reported and
+//! left as it is: its instance is then never taken for one gpuwarden made.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -14,6 +19,7 @@ use std::{
 };
 
 use gpuwarden_runtime::sync::Lock as _;
+use serde::{Deserialize, Serialize};
 
 use super::{
     GpuBackend, GpuDevice,
@@ -135,17 +141,56 @@ pub enum MigChangeError {
     },
 }
 
+/// The sled tree of the instances the agent made, by instance UUID.
+pub const TREE: &str = "mig_made";
+
+/// Errors reading the instances made from the agent's store.
+#[derive(Debug, thiserror::Error)]
+pub enum MadeStoreError {
+    /// The store can't be read.
+    #[error("agent store: MIG instances made: {0}")]
+    Io(#[from] sled::Error),
+    /// A record doesn't decode: its instance is not taken for one gpuwarden made.
+    #[error(
+        "agent store: the record of MIG instance {key} made is corrupt ({source}); it is left \
+         as it is and the instance is not destroyed"
+    )]
+    Corrupt {
+        /// Its key (the instance's UUID, as far as it reads).
+        key: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// The agent's side of on-demand instances: the operator's list, and the instances it made.
 #[derive(Debug, Default)]
 pub struct Reconfigurer {
     allowed: BTreeSet<String>,
     made: std::sync::Mutex<BTreeMap<String, Made>>,
+    /// Where the instances made are kept; `None`: in memory only.
+    tree: Option<sled::Tree>,
 }
 
-/// An instance gpuwarden made: when, and whether a session has held it since.
-#[derive(Debug, Clone, Copy)]
+/// An instance gpuwarden made: when (since this agent started, for one made before), and
+/// whether a session has held it since.
+#[derive(Debug, Clone)]
 struct Made {
     at: Instant,
+    record: MadeRecord,
+}
+
+/// What the store keeps of an instance made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct MadeRecord {
+    /// Its GPU's UUID.
+    gpu: String,
+    /// Its profile.
+    profile: String,
+    /// Its GPU instance id.
+    gpu_instance: u32,
+    /// Whether a session has held it.
     held: bool,
 }
 
@@ -156,6 +201,82 @@ impl Reconfigurer {
         Self {
             allowed: allowed.into_iter().collect(),
             made: std::sync::Mutex::default(),
+            tree: None,
+        }
+    }
+
+    /// As [`Self::new`], keeping the instances made in `tree` and taking back those a previous
+    /// run made: an entry whose instance `backend` no longer lists is dropped; one on a GPU
+    /// not allowed now is left in the store but not destroyed. The records that don't decode
+    /// are returned (each left as it is, its instance not taken for one made here).
+    ///
+    /// # Errors
+    /// The tree can't be read.
+    pub fn open(
+        allowed: impl IntoIterator<Item = String>,
+        tree: sled::Tree,
+        backend: &dyn GpuBackend,
+    ) -> Result<(Self, Vec<MadeStoreError>), MadeStoreError> {
+        let mut this = Self::new(allowed);
+        let devices = backend.devices();
+        let mut problems = Vec::new();
+        let mut made = BTreeMap::new();
+        for item in &tree {
+            let (k, v) = item?;
+            let key = String::from_utf8_lossy(&k).into_owned();
+            let record: MadeRecord = match serde_json::from_slice(&v) {
+                Ok(r) => r,
+                Err(source) => {
+                    problems.push(MadeStoreError::Corrupt { key, source });
+                    continue;
+                }
+            };
+            let there = devices.iter().any(|d| {
+                d.uuid == key && d.mig.as_ref().is_some_and(|m| m.parent_uuid == record.gpu)
+            });
+            if !there {
+                tracing::info!(instance = %key, gpu = %record.gpu, "MIG instance made before is gone; forgotten");
+                tree.remove(&k)?;
+                continue;
+            }
+            if !this.allows(&record.gpu) {
+                tracing::warn!(instance = %key, gpu = %record.gpu, "MIG instance made before on a GPU no longer listed: kept, never destroyed");
+                continue;
+            }
+            made.insert(
+                key,
+                Made {
+                    at: Instant::now(),
+                    record,
+                },
+            );
+        }
+        tree.flush()?;
+        tracing::info!(
+            instances = made.len(),
+            "MIG instances made before taken back"
+        );
+        this.made = std::sync::Mutex::new(made);
+        this.tree = Some(tree);
+        Ok((this, problems))
+    }
+
+    /// Writes or removes the record of `uuid` (`None`: removed); a failure is logged, the
+    /// change kept in memory (the instance is then forgotten at the next restart, never
+    /// destroyed by mistake).
+    fn store(&self, uuid: &str, record: Option<&MadeRecord>) {
+        let Some(tree) = &self.tree else {
+            return;
+        };
+        let written = match record {
+            Some(r) => serde_json::to_vec(r)
+                .map_err(|e| e.to_string())
+                .and_then(|v| tree.insert(uuid, v).map_err(|e| e.to_string())),
+            None => tree.remove(uuid).map_err(|e| e.to_string()),
+        };
+        let flushed = written.and_then(|_| tree.flush().map_err(|e| e.to_string()));
+        if let Err(e) = flushed {
+            tracing::error!(instance = %uuid, "MIG instance made not recorded in the agent store: {e}");
         }
     }
 
@@ -199,19 +320,27 @@ impl Reconfigurer {
         }
         check_idle(backend, busy, gpu)?;
         let device = backend.create_instance(gpu, profile, start)?;
+        let record = MadeRecord {
+            gpu: gpu.to_owned(),
+            profile: profile.to_owned(),
+            gpu_instance: device.mig.as_ref().map_or(0, |m| m.gpu_instance),
+            held: false,
+        };
+        self.store(&device.uuid, Some(&record));
         self.made.locked().insert(
             device.uuid.clone(),
             Made {
                 at: Instant::now(),
-                held: false,
+                record,
             },
         );
         tracing::info!(%gpu, profile, start, instance = %device.uuid, index = device.index, "MIG instance created");
         Ok(device)
     }
 
-    /// Destroys the instance `uuid` if gpuwarden made it and no process is on its GPU;
-    /// `Ok(false)` when it was not made here (the operator's instances stay).
+    /// Destroys the instance `uuid` if gpuwarden made it, its GPU is still listed and no
+    /// process is on it; `Ok(false)` when it was not made here (the operator's instances stay)
+    /// or is gone already (then forgotten).
     ///
     /// # Errors
     /// [`MigChangeError`]: busy, unknown, or refused by the backend.
@@ -221,23 +350,35 @@ impl Reconfigurer {
         busy: &BTreeSet<u32>,
         uuid: &str,
     ) -> Result<bool, MigChangeError> {
-        if !self.made.locked().contains_key(uuid) {
+        let Some(gpu) = self.made.locked().get(uuid).map(|m| m.record.gpu.clone()) else {
             return Ok(false);
-        }
+        };
         let devices = backend.devices();
-        let parent = devices
+        let Some(parent) = devices
             .iter()
             .find(|d| d.uuid == uuid)
             .and_then(|d| d.mig.as_ref())
             .map(|m| m.parent_uuid.clone())
-            .ok_or_else(|| MigChangeError::NoInstance {
-                uuid: uuid.to_owned(),
-            })?;
+        else {
+            // Gone already (destroyed behind the agent's back, or its compute instance gone
+            // with its GPU instance left): nothing to destroy, nothing to remember.
+            self.forget(uuid);
+            tracing::info!(%gpu, instance = %uuid, "MIG instance made here is gone; forgotten");
+            return Ok(false);
+        };
+        if !self.allows(&gpu) || parent != gpu {
+            return Err(MigChangeError::NotAllowed { gpu: parent });
+        }
         check_idle(backend, busy, &parent)?;
         backend.destroy_instance(uuid)?;
-        self.made.locked().remove(uuid);
+        self.forget(uuid);
         tracing::info!(gpu = %parent, instance = %uuid, "MIG instance destroyed");
         Ok(true)
+    }
+
+    fn forget(&self, uuid: &str) {
+        self.made.locked().remove(uuid);
+        self.store(uuid, None);
     }
 
     /// Whether gpuwarden made the instance `uuid`.
@@ -251,8 +392,9 @@ impl Reconfigurer {
     /// before (a session let go between two heartbeats).
     pub fn mark_held(&self, held: &BTreeSet<String>) {
         for (uuid, m) in self.made.locked().iter_mut() {
-            if held.contains(uuid) {
-                m.held = true;
+            if held.contains(uuid) && !m.record.held {
+                m.record.held = true;
+                self.store(uuid, Some(&m.record));
             }
         }
     }
@@ -267,8 +409,11 @@ impl Reconfigurer {
         let mut out = Vec::new();
         for (uuid, m) in made.iter_mut() {
             if held.contains(uuid) {
-                m.held = true;
-            } else if m.held || m.at.elapsed() >= grace {
+                if !m.record.held {
+                    m.record.held = true;
+                    self.store(uuid, Some(&m.record));
+                }
+            } else if m.record.held || m.at.elapsed() >= grace {
                 out.push(uuid.clone());
             }
         }
@@ -277,7 +422,7 @@ impl Reconfigurer {
 }
 
 /// Refuses when a process is on GPU `gpu`: on its own index or one of its instances', as the
-/// agent saw it (`busy`) or as the driver counts it ([`GpuBackend::process_memory`]).
+/// agent saw it (`busy`) or as the driver counts it ([`GpuBackend::busy_devices`]).
 fn check_idle(
     backend: &dyn GpuBackend,
     busy: &BTreeSet<u32>,
@@ -291,7 +436,7 @@ fn check_idle(
         .ok_or_else(|| MigChangeError::UnknownGpu {
             gpu: gpu.to_owned(),
         })?;
-    let driver_busy: BTreeSet<u32> = backend.process_memory().iter().map(|p| p.index).collect();
+    let driver_busy = backend.busy_devices();
     let on_gpu = std::iter::once(parent_index)
         .chain(
             backend
@@ -443,6 +588,149 @@ mod tests {
         both.sort();
         assert_eq!(due, both);
         assert!(!due.contains(&"MIG-ops".to_owned()));
+    }
+
+    /// The agent's store in `dir`, as a restarted agent opens it: the tree of instances made.
+    /// Tried for a few seconds: the previous opening's flusher thread may still hold sled's
+    /// lock for a moment after it was dropped.
+    fn store(dir: &Path) -> (sled::Db, sled::Tree) {
+        let mut tries = 0;
+        let db = loop {
+            match sled::open(dir) {
+                Ok(db) => break db,
+                Err(_) if tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let tree = db.open_tree(TREE).unwrap();
+        (db, tree)
+    }
+
+    fn sorted(mut v: Vec<String>) -> Vec<String> {
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn instances_made_are_taken_back_after_a_restart_and_destroyed_once_idle() {
+        let scratch = gpuwarden_test_support::scratch("mig-made");
+        let dir = scratch.path().join("store");
+        let b = MockBackend::from_toml(FILE, Path::new("m.toml")).unwrap();
+        let allowed = || ["GPU-1".to_owned()];
+        let idle = BTreeSet::new();
+        let hour = Duration::from_hours(1);
+        let (held, waiting, gone) = {
+            let (_db, tree) = store(&dir);
+            let (r, problems) = Reconfigurer::open(allowed(), tree, &b).unwrap();
+            assert!(problems.is_empty());
+            let held = r.create(&b, &idle, "GPU-1", "2g.35gb", 0).unwrap();
+            let waiting = r.create(&b, &idle, "GPU-1", "1g.18gb", 2).unwrap();
+            let gone = r.create(&b, &idle, "GPU-1", "1g.18gb", 3).unwrap();
+            // A session holds one; none holds the others yet.
+            assert!(
+                r.idle(&BTreeSet::from([held.uuid.clone()]), hour)
+                    .is_empty()
+            );
+            (held.uuid, waiting.uuid, gone.uuid)
+        };
+        // Behind the agent's back, while it is down: one of them destroyed.
+        b.destroy_instance(&gone).unwrap();
+
+        // Restarted: the two still there are its own again, the one gone is forgotten.
+        let (_db, tree) = store(&dir);
+        let (r, problems) = Reconfigurer::open(allowed(), tree.clone(), &b).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        assert!(r.made(&held) && r.made(&waiting) && !r.made(&gone));
+        assert!(!tree.contains_key(&gone).unwrap());
+        // The one a session held and no longer does is due at once; the one never held waits
+        // out its grace (counted again from the restart), then is due too.
+        assert_eq!(r.idle(&BTreeSet::new(), hour), std::slice::from_ref(&held));
+        assert_eq!(
+            sorted(r.idle(&BTreeSet::new(), Duration::ZERO)),
+            sorted(vec![held.clone(), waiting.clone()])
+        );
+        // Released once idle: destroyed, and no longer in the store.
+        assert_eq!(r.release(&b, &idle, &held), Ok(true));
+        assert_eq!(r.release(&b, &idle, &waiting), Ok(true));
+        assert!(
+            b.devices()
+                .iter()
+                .all(|d| d.uuid != held && d.uuid != waiting)
+        );
+        assert!(tree.is_empty());
+        // The operator's instance was never among them.
+        assert!(b.devices().iter().any(|d| d.uuid == "MIG-ops"));
+    }
+
+    #[test]
+    fn a_corrupt_record_is_reported_and_makes_nothing_up() {
+        let scratch = gpuwarden_test_support::scratch("mig-made-corrupt");
+        let dir = scratch.path().join("store");
+        let b = MockBackend::from_toml(FILE, Path::new("m.toml")).unwrap();
+        let idle = BTreeSet::new();
+        let made = {
+            let (_db, tree) = store(&dir);
+            let (r, _) = Reconfigurer::open(["GPU-1".to_owned()], tree.clone(), &b).unwrap();
+            let made = r.create(&b, &idle, "GPU-1", "2g.35gb", 0).unwrap();
+            // The operator's instance under a record that does not decode, and the made
+            // one's record cut short.
+            tree.insert("MIG-ops", &b"{\"gpu\": \"GPU-1\", \"prof"[..])
+                .unwrap();
+            let whole = tree.get(&made.uuid).unwrap().unwrap();
+            tree.insert(made.uuid.as_str(), &whole[..whole.len() / 2])
+                .unwrap();
+            made.uuid
+        };
+        let (_db, tree) = store(&dir);
+        let (r, problems) = Reconfigurer::open(["GPU-1".to_owned()], tree.clone(), &b).unwrap();
+        let keys: Vec<String> = problems
+            .iter()
+            .map(|p| match p {
+                MadeStoreError::Corrupt { key, .. } => key.clone(),
+                MadeStoreError::Io(e) => panic!("{e}"),
+            })
+            .collect();
+        assert_eq!(
+            sorted(keys),
+            sorted(vec![made.clone(), "MIG-ops".to_owned()])
+        );
+        assert!(
+            problems[0].to_string().contains("corrupt"),
+            "{}",
+            problems[0]
+        );
+        // Neither is taken for one made here: neither is due nor destroyed, both records stay.
+        assert!(!r.made(&made) && !r.made("MIG-ops"));
+        assert!(r.idle(&BTreeSet::new(), Duration::ZERO).is_empty());
+        assert_eq!(r.release(&b, &idle, "MIG-ops"), Ok(false));
+        assert_eq!(r.release(&b, &idle, &made), Ok(false));
+        assert!(b.devices().iter().any(|d| d.uuid == "MIG-ops"));
+        assert!(b.devices().iter().any(|d| d.uuid == made));
+        assert_eq!(tree.len(), 2);
+    }
+
+    #[test]
+    fn an_instance_made_on_a_gpu_no_longer_listed_is_kept_not_destroyed() {
+        let scratch = gpuwarden_test_support::scratch("mig-made-unlisted");
+        let dir = scratch.path().join("store");
+        let b = MockBackend::from_toml(FILE, Path::new("m.toml")).unwrap();
+        let idle = BTreeSet::new();
+        let made = {
+            let (_db, tree) = store(&dir);
+            let (r, _) = Reconfigurer::open(["GPU-1".to_owned()], tree, &b).unwrap();
+            r.create(&b, &idle, "GPU-1", "2g.35gb", 0).unwrap().uuid
+        };
+        // The operator took GPU-1 off the list before the restart.
+        let (_db, tree) = store(&dir);
+        let (r, _) = Reconfigurer::open(Vec::<String>::new(), tree.clone(), &b).unwrap();
+        assert!(!r.made(&made));
+        assert_eq!(r.release(&b, &idle, &made), Ok(false));
+        assert!(b.devices().iter().any(|d| d.uuid == made));
+        // Its record stays: listed again, it is gpuwarden's to destroy again.
+        assert!(tree.contains_key(&made).unwrap());
     }
 
     #[test]

@@ -71,6 +71,7 @@ pub fn plan() -> Vec<(String, Vec<String>)> {
                 "hook tier and memory tier",
                 "driver memory tier (dmem) available",
                 "MIG mode (read only)",
+                MIG_PLACEMENTS,
             ]),
         ),
         (
@@ -306,6 +307,90 @@ pub fn setup(rig: &Rig, s: &Section) {
         .note(note),
     );
     mig_row(rig, s);
+    mig_placements_row(rig, s);
+}
+
+const MIG_PLACEMENTS: &str = "MIG placements: driver vs rules (read only)";
+
+/// The first GPU's MIG profiles and possible placements as the agent's NVML code reads them
+/// (`gpuwarden-agent mig-table`), against the rules it would make instances by. Read only:
+/// issue 37 §3 (making and destroying instances) never runs in gpu-check.
+fn mig_placements_row(rig: &Rig, s: &Section) {
+    sub(s, MIG_PLACEMENTS, || {
+        let doc = rig.mig_table()?;
+        let (said, verdict, note) = mig_placements_verdict(&doc, rig.kit.dry);
+        Ok(row(
+            s,
+            MIG_PLACEMENTS,
+            said,
+            "NVML's table = the agent's placement rules",
+            verdict,
+        )
+        .note(note))
+    });
+}
+
+/// What the row says of `gpuwarden-agent mig-table`'s document: its figure, verdict and note
+/// (`dry`: no GPU here, so no NVML is a skip, not a failure).
+#[must_use]
+pub fn mig_placements_verdict(doc: &Value, dry: bool) -> (String, Verdict, String) {
+    if doc["ok"] != Value::Bool(true) {
+        let why = doc["error"]
+            .as_str()
+            .unwrap_or("no reason given")
+            .to_owned();
+        return if dry {
+            ("skipped: no GPU".to_owned(), Verdict::Info, why)
+        } else {
+            ("—".to_owned(), Verdict::Fail, why)
+        };
+    }
+    let Some(g) = doc["gpus"].as_array().and_then(|g| g.first()) else {
+        return ("no GPU listed".to_owned(), Verdict::Fail, String::new());
+    };
+    let strings = |key: &str| -> Vec<String> {
+        g[key]
+            .as_array()
+            .map(|v| {
+                v.iter()
+                    .filter_map(|x| x.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (profiles, disagreements) = (strings("profiles"), strings("disagreements"));
+    let name = g["name"].as_str().unwrap_or("the GPU");
+    let mig = g["mig_enabled"].as_bool() == Some(true);
+    // With MIG enabled the table must read; with it disabled the driver lists nothing.
+    let unread = if mig { Verdict::Fail } else { Verdict::Info };
+    if let Some(e) = g["error"].as_str() {
+        ("not read".to_owned(), unread, e.to_owned())
+    } else if profiles.is_empty() {
+        let said = if mig {
+            "MIG enabled, no profile listed"
+        } else {
+            "MIG disabled: the driver lists no profiles, nothing compared"
+        };
+        (said.to_owned(), unread, String::new())
+    } else if g["model"].is_null() {
+        (
+            format!("{} profiles; no rules for {name}", profiles.len()),
+            Verdict::Info,
+            profiles.join("; "),
+        )
+    } else if disagreements.is_empty() {
+        (
+            format!("{} profiles, placements as the rules", profiles.len()),
+            Verdict::Pass,
+            profiles.join("; "),
+        )
+    } else {
+        (
+            format!("{} disagreements", disagreements.len()),
+            Verdict::Fail,
+            disagreements.join("; "),
+        )
+    }
 }
 
 /// The GPU's MIG mode and instances, read only (gpu-check never changes them).

@@ -495,6 +495,23 @@ impl Rig {
         serde_json::from_slice(&out).context("probe-hooks printed no JSON")
     }
 
+    /// `gpuwarden-agent mig-table`: each GPU's MIG profile table from NVML against the agent's
+    /// placement rules (read only).
+    ///
+    /// # Errors
+    /// It fails or prints no JSON.
+    pub fn mig_table(&self) -> anyhow::Result<Value> {
+        let mut cmd = self.kit.tool("gpuwarden-agent", &self.dry_state());
+        cmd.arg("mig-table");
+        let out = capture(
+            cmd,
+            "mig-table",
+            &self.out.join("mig-table.log"),
+            Duration::from_mins(1),
+        )?;
+        serde_json::from_slice(&out).context("mig-table printed no JSON")
+    }
+
     /// `gpuwarden-agent VERB --session SESSION` on the agent's socket (`suspend`,
     /// `resume-suspended`): what it printed. The agent answers at once and acts after; the
     /// outcome shows in the session's events.

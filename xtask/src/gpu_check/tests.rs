@@ -514,3 +514,42 @@ fn the_plan_runs_the_longest_section_last_and_sections_can_be_picked() {
     args.section_deadline = Some(5);
     assert_eq!(deadline(&args, "memory"), Duration::from_secs(5));
 }
+
+#[test]
+fn the_mig_placements_row_skips_without_nvml_only_in_a_dry_run() {
+    let no_nvml = serde_json::json!({"ok": false, "error": "NVML: libnvidia-ml.so.1: not found"});
+    let (said, v, note) = checks::mig_placements_verdict(&no_nvml, true);
+    assert_eq!((said.as_str(), v), ("skipped: no GPU", Verdict::Info));
+    assert!(note.contains("libnvidia-ml"));
+    assert_eq!(
+        checks::mig_placements_verdict(&no_nvml, false).1,
+        Verdict::Fail
+    );
+    let gpu = |mig: bool, model: Option<&str>, profiles: &[&str], disagreements: &[&str]| {
+        serde_json::json!({"ok": true, "gpus": [{
+            "uuid": "GPU-1", "name": "NVIDIA H200", "mig_enabled": mig, "model": model,
+            "profiles": profiles, "disagreements": disagreements, "error": null}]})
+    };
+    // MIG disabled (the lent machines): the driver lists nothing, which is no failure.
+    let (said, v, _) = checks::mig_placements_verdict(&gpu(false, Some("H200"), &[], &[]), false);
+    assert_eq!(v, Verdict::Info, "{said}");
+    assert_eq!(
+        checks::mig_placements_verdict(&gpu(true, Some("H200"), &[], &[]), false).1,
+        Verdict::Fail
+    );
+    let one = ["1g.18gb id 19 x7 {0}:1 {1}:1"];
+    assert_eq!(
+        checks::mig_placements_verdict(&gpu(true, Some("H200"), &one, &[]), false).1,
+        Verdict::Pass
+    );
+    let (said, v, note) = checks::mig_placements_verdict(
+        &gpu(true, Some("H200"), &one, &["profile 9 is 3g.72gb"]),
+        false,
+    );
+    assert_eq!((said.as_str(), v), ("1 disagreements", Verdict::Fail));
+    assert!(note.contains("3g.72gb"));
+    assert_eq!(
+        checks::mig_placements_verdict(&gpu(true, None, &one, &[]), false).1,
+        Verdict::Info
+    );
+}

@@ -8,7 +8,47 @@ use std::{collections::BTreeSet, time::Duration};
 use gpuwarden_proto::v1 as pb;
 
 use super::super::holdings::{SharedHoldings, lock};
-use crate::devices::{GpuBackend, ondemand::Reconfigurer};
+use crate::devices::{
+    GpuBackend,
+    ondemand::{self, Reconfigurer},
+};
+
+/// The link's [`Reconfigurer`] for the GPUs `allowed`: the instances made here kept in the
+/// agent's store beside the holdings, those a previous run made taken back. A store that can't
+/// be read is logged and the instances made are then kept in memory only (those made before are
+/// never destroyed: nothing is taken for made here that the store does not say).
+pub(super) fn reconfigurer(
+    allowed: &[String],
+    backend: &dyn GpuBackend,
+    holdings: &SharedHoldings,
+) -> Reconfigurer {
+    let allowed = allowed.iter().cloned();
+    let tree = match lock(holdings).open_tree(ondemand::TREE) {
+        Ok(Some(tree)) => tree,
+        // Holdings in memory (tests): so are the instances made.
+        Ok(None) => return Reconfigurer::new(allowed),
+        Err(e) => {
+            tracing::error!(
+                "MIG instances made: agent store not opened ({e}); kept in memory only"
+            );
+            return Reconfigurer::new(allowed);
+        }
+    };
+    match Reconfigurer::open(allowed.clone(), tree, backend) {
+        Ok((reconfigurer, problems)) => {
+            for p in problems {
+                tracing::warn!("{p}");
+            }
+            reconfigurer
+        }
+        Err(e) => {
+            tracing::error!(
+                "{e}: instances made before are not destroyed, new ones kept in memory only"
+            );
+            Reconfigurer::new(allowed)
+        }
+    }
+}
 
 /// How long an instance made for a session waits for a session to hold it before it is
 /// destroyed (the session ended, or went elsewhere, meanwhile).
