@@ -77,6 +77,11 @@ impl GpuBackend for Subset {
         self.inner.driver_version()
     }
 
+    fn busy_devices(&self) -> std::collections::BTreeSet<u32> {
+        // A layout change asks of the GPUs kept; the inner backend answers for each index.
+        self.inner.busy_devices()
+    }
+
     fn mig_layouts(&self) -> Vec<(String, u32, Layout)> {
         self.inner
             .mig_layouts()
