@@ -2,11 +2,9 @@
 //! as on sled, a store that can't be reached or named stops it with the reason, and `copy-store`
 //! moves a sled store into etcd.
 
-mod common;
-
 use std::{process::Command, time::Duration};
 
-use common::{ControllerProcess, request};
+use gpuwarden_test_support::controller::{ControllerProcess, request};
 use gpuwarden_test_support::{Etcd, scratch};
 
 const CONTROLLER: &str = env!("CARGO_BIN_EXE_gpuwarden-controller");

@@ -39,7 +39,7 @@ use gpuwarden_agent::dra::{
 };
 use gpuwarden_agent_api::{client, snapshot::Snapshot};
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_controller::{TestController, fast_timing};
+use gpuwarden_test_support::controller::{TestController, fast_timing};
 use gpuwarden_test_support::{TestCgroup, require_root, scratch};
 use schema::Schema;
 use serde_json::{Value, json};

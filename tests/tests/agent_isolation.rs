@@ -19,7 +19,7 @@ use gpuwarden_controller::{
     server::{Security, Transport},
 };
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
-use gpuwarden_test_controller::{TestController, fast_timing};
+use gpuwarden_test_support::controller::{TestController, fast_timing};
 use gpuwarden_test_support::{require_root, scratch};
 use tonic::{Request, transport::Channel};
 use util::kubelet::{FakeKubelet, pod_cgroup, pod_list};

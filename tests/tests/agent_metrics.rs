@@ -177,7 +177,7 @@ fn agent_metrics_match_the_snapshot_and_survive_the_receiver_going_away() {
 )]
 fn controller_metrics_match_its_api() {
     use gpuwarden_controller::api::Timing;
-    use gpuwarden_test_controller::TestController;
+    use gpuwarden_test_support::controller::TestController;
     use util::cluster::{TestBackend, TestNode, create, wait_nodes, wait_state};
 
     let receiver = TestReceiver::start("127.0.0.1:0");

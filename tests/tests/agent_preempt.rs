@@ -21,7 +21,7 @@ use std::{
 
 use gpuwarden_controller::{scheduler::SchedulerConfig, slots::ResourceSlot, store::StoreSpec};
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_controller::TestController;
+use gpuwarden_test_support::controller::TestController;
 use gpuwarden_test_support::{Etcd, TestCgroup, require_root, scratch, wait::PATIENCE};
 use util::{
     cluster::assert_not_overcommitted,

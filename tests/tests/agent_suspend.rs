@@ -411,7 +411,7 @@ fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
     // keeps it (a release would kill it).
     let (addr, dir) = (rig.ctl.addr, rig.state[0].path().to_owned());
     rig.ctl.crash();
-    rig.ctl = gpuwarden_test_controller::TestController::builder(&dir)
+    rig.ctl = gpuwarden_test_support::controller::TestController::builder(&dir)
         .config(reclaim_config())
         .timing(util::rig::timing())
         .addr(addr)

@@ -9,7 +9,7 @@ use tokio_stream::StreamExt as _;
 
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, SessionState};
-use gpuwarden_test_controller::{TestController, fast_timing};
+use gpuwarden_test_support::controller::{TestController, fast_timing};
 use gpuwarden_test_support::scratch;
 use util::cluster::{
     TestBackend, TestNode, alloc_map, create, eventually, state_of, wait_nodes, wait_state,

@@ -19,7 +19,7 @@ use gpuwarden_controller::{scheduler::SchedulerConfig, slots::ResourceSlot};
 use gpuwarden_proto::v1::{
     self as pb, SessionState, scheduler_service_client::SchedulerServiceClient,
 };
-use gpuwarden_test_controller::{TestController, fast_timing};
+use gpuwarden_test_support::controller::{TestController, fast_timing};
 use gpuwarden_test_support::scratch;
 use tonic::transport::Channel;
 use util::cluster::{

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use gpuwarden_controller::store::StoreSpec;
 use gpuwarden_proto::v1::{self as pb, SessionState};
-use gpuwarden_test_controller::{TestController, fast_timing};
+use gpuwarden_test_support::controller::{TestController, fast_timing};
 use gpuwarden_test_support::{
     Etcd,
     wait::{self, PATIENCE},

@@ -19,7 +19,7 @@ use gpuwarden_agent::{
 };
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, SessionState};
-use gpuwarden_test_controller::{TestController, fast_timing};
+use gpuwarden_test_support::controller::{TestController, fast_timing};
 use gpuwarden_test_support::scratch;
 use util::cluster::{create, eventually, no_holdings, wait_nodes, wait_state};
 

@@ -31,7 +31,7 @@ use std::{
 };
 
 use gpuwarden_runtime::otlp::Exporters;
-use gpuwarden_test_controller::{TestController, fast_timing};
+use gpuwarden_test_support::controller::{TestController, fast_timing};
 use gpuwarden_test_support::{require_root, scratch, wait::until as wait_for};
 use serde_json::Value;
 use util::{Driver, TestAgent};

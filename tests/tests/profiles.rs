@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpuwarden_test_controller::{TestController, fast_timing};
+use gpuwarden_test_support::controller::{TestController, fast_timing};
 use gpuwarden_test_support::{require_root, scratch, wait::until as wait_for};
 use tempfile::TempDir;
 use util::{Driver, TestAgent};

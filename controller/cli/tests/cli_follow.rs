@@ -15,7 +15,7 @@ use std::{
 
 use gpuwarden_controller::store::StoreSpec;
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_controller::TestController;
+use gpuwarden_test_support::controller::TestController;
 use gpuwarden_test_support::{
     Etcd, node,
     wait::{self, PATIENCE},

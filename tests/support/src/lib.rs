@@ -30,15 +30,38 @@
 //!
 //! [`node`]: the `NodeInfo` a fake agent registers, and its registration and stream.
 //! [`spinner`]: CPU-spinning processes in a cgroup, for the compute throttle's tests and bench.
+//!
+//! # Binaries
+//!
+//! [`bin`] finds a binary of the package under test, for helpers here that run one
+//! (`CARGO_BIN_EXE_<name>` is set only while compiling that package's tests); [`cli`] runs the
+//! `gpuwarden` CLI as its end-to-end tests do.
+//!
+//! # Harnesses behind features
+//!
+//! The fixtures above link no gpuwarden product crate, so the agent's and the controller's own
+//! unit tests use them without compiling the other daemon. What starts a daemon links it, and
+//! sits behind a feature named after what it starts, which a test crate turns on in its
+//! `[dev-dependencies]`:
+//!
+//! - `controller`: [`controller`], a controller in the test's process or as its binary.
+//!
+//! The controller's own integration tests may turn `controller` on: Cargo lets a package's
+//! dev-dependency depend on that package, and its integration tests link the same
+//! `gpuwarden-controller` this crate does. Its unit tests (`controller/src`) must not use those
+//! modules: they are a second build of the crate, whose types differ from the ones here.
 #![deny(missing_docs)]
 
 mod cgroup;
+pub mod cli;
+#[cfg(feature = "controller")]
+pub mod controller;
 mod etcd;
 pub mod node;
 pub mod spinner;
 pub mod wait;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use cgroup::TestCgroup;
 pub use etcd::{Etcd, EtcdTls};
@@ -86,6 +109,28 @@ pub fn scratch(tag: &str) -> tempfile::TempDir {
         .prefix(&format!("gw-{tag}"))
         .tempdir_in(Path::new("/tmp"))
         .unwrap_or_else(|e| panic!("cannot make a scratch directory under /tmp: {e}"))
+}
+
+/// The binary `name` of the package whose test or bench runs: Cargo builds a package's binaries
+/// before its integration tests and benches, into the directory above theirs (`deps/`).
+///
+/// # Panics
+/// There is no such binary there (the caller is not an integration test or bench of the
+/// package that has it).
+#[must_use]
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("no path to this test: {e}"));
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or_else(|| panic!("{} is not in a target directory", exe.display()));
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "no binary {} (only a package's own tests and benches have its binaries built)",
+        path.display()
+    );
+    path
 }
 
 /// The first line of `binary --help`, which should say what the binary is, and the whole text.

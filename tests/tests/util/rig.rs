@@ -9,7 +9,7 @@ use gpuwarden_agent::config::AgentConfig;
 use gpuwarden_agent_api::snapshot::{Container, Snapshot};
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
-use gpuwarden_test_controller::{TestController, fast_timing};
+use gpuwarden_test_support::controller::{TestController, fast_timing};
 use gpuwarden_test_support::{TestCgroup, scratch};
 use tempfile::TempDir;
 use tonic::transport::Channel;
