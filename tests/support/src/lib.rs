@@ -1,4 +1,5 @@
-//! Fixtures shared by every gpuwarden test crate, one per concept.
+//! The test helpers of gpuwarden, a module per concern: fixtures every test crate shares, and
+//! behind features the harnesses that start a daemon.
 //!
 //! # The root policy
 //!
@@ -31,6 +32,12 @@
 //! [`node`]: the `NodeInfo` a fake agent registers, and its registration and stream.
 //! [`spinner`]: CPU-spinning processes in a cgroup, for the compute throttle's tests and bench.
 //!
+//! # Stand-ins and names
+//!
+//! [`kubelet`]: a fake kubelet serving a pod list, and the kubepods cgroups it names.
+//! [`devnode`]: GPU device nodes with no driver, opened or made from inside a cgroup.
+//! [`ids`]: container ids and pod UIDs unique to a run.
+//!
 //! # Binaries
 //!
 //! [`bin`] finds a binary of the package under test, for helpers here that run one
@@ -44,7 +51,14 @@
 //! sits behind a feature named after what it starts, which a test crate turns on in its
 //! `[dev-dependencies]`:
 //!
-//! - `controller`: [`controller`], a controller in the test's process or as its binary.
+//! - `controller`: module `controller`, a controller in the test's process or as its binary;
+//! - `agent`: module `agent`, the agent in the test's process, and reading its snapshot;
+//! - both: module `cluster`, agent links with mock GPUs registered with a controller;
+//! - `otlp`: module `otlp`, an OTLP/gRPC metrics receiver (links the OpenTelemetry protos).
+//!
+//! What wraps `gpuwarden-tests`' own peers (its fake driver, its `gpu-client` and `cuda-process`
+//! binaries) is in that crate's `harness` module, not here: its `spinner` binary links this
+//! crate, so this crate can't link it back.
 //!
 //! The controller's own integration tests may turn `controller` on: Cargo lets a package's
 //! dev-dependency depend on that package, and its integration tests link the same
@@ -52,12 +66,21 @@
 //! modules: they are a second build of the crate, whose types differ from the ones here.
 #![deny(missing_docs)]
 
+#[cfg(feature = "agent")]
+pub mod agent;
 mod cgroup;
 pub mod cli;
+#[cfg(all(feature = "agent", feature = "controller"))]
+pub mod cluster;
 #[cfg(feature = "controller")]
 pub mod controller;
+pub mod devnode;
 mod etcd;
+pub mod ids;
+pub mod kubelet;
 pub mod node;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 pub mod spinner;
 pub mod wait;
 
