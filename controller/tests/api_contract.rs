@@ -964,7 +964,7 @@ async fn conditions_say_why_a_session_waits_and_when_it_was_placed() {
 /// `controller` served in this process on a loopback port, in plain text, held to limits that
 /// let a test call as fast as it likes; a channel to it.
 async fn serve_controller(
-    controller: std::sync::Arc<gpuwarden_controller::api::Controller>,
+    controller: std::sync::Arc<gpuwarden_controller::api::Hub>,
 ) -> tonic::transport::Channel {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -1098,7 +1098,7 @@ async fn get_session_shows_the_stored_state_not_a_change_whose_commit_failed() {
 /// ends (its release confirmed at once, as a test playing the agent does), all in one change.
 ///
 /// [`MIN_SAMPLES`]: gpuwarden_controller::profile::MIN_SAMPLES
-async fn learn(controller: &gpuwarden_controller::api::Controller, class: &str) {
+async fn learn(controller: &gpuwarden_controller::api::Hub, class: &str) {
     use gpuwarden_controller::{
         allocator::DeviceSpec,
         node::NodeReport,

@@ -29,7 +29,7 @@ use std::{
 
 use gpuwarden_controller::{
     api::Timing,
-    controller::Controller,
+    hub::Hub,
     limits::Bounds,
     scheduler::SchedulerConfig,
     server::{self, Security},
@@ -63,7 +63,7 @@ pub struct TestController {
     pub bounds: Arc<Bounds>,
     /// The controller while its runtime runs it (held weakly: the runtime owns it, and its
     /// store must close when the runtime goes).
-    controller: Weak<Controller>,
+    controller: Weak<Hub>,
     stop: Option<std::sync::mpsc::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -327,7 +327,7 @@ async fn serve(
     security: Security,
     config: SchedulerConfig,
     bounds: Option<Arc<Bounds>>,
-) -> (SocketAddr, Weak<Controller>) {
+) -> (SocketAddr, Weak<Hub>) {
     let controller = server::open(&server::sled_in(dir), config, Timing::default())
         .await
         .expect("opens");
@@ -531,9 +531,7 @@ pub fn start_controller_scheduling(
 /// [`start_controller`], with the controller itself, held weakly (the runtime owns it), for
 /// [`wait_passes`].
 #[must_use]
-pub fn start_controller_held(
-    scratch: &Path,
-) -> (tokio::runtime::Runtime, String, Weak<Controller>) {
+pub fn start_controller_held(scratch: &Path) -> (tokio::runtime::Runtime, String, Weak<Hub>) {
     start(
         scratch,
         server::Transport::PlainText.into(),
@@ -547,7 +545,7 @@ pub fn start_controller_held(
 ///
 /// # Panics
 /// The controller stopped, or did not run `n` passes within [`PATIENCE`](crate::wait::PATIENCE).
-pub fn wait_passes(controller: &Weak<Controller>, n: u64) {
+pub fn wait_passes(controller: &Weak<Hub>, n: u64) {
     let target = passes_run(controller) + n;
     crate::wait::until(
         &format!("{n} scheduling passes"),
@@ -557,7 +555,7 @@ pub fn wait_passes(controller: &Weak<Controller>, n: u64) {
 }
 
 /// How many scheduling passes that had a session to try `controller` has run.
-fn passes_run(controller: &Weak<Controller>) -> u64 {
+fn passes_run(controller: &Weak<Hub>) -> u64 {
     controller
         .upgrade()
         .expect("a running controller")
@@ -571,7 +569,7 @@ fn start(
     scratch: &Path,
     security: Security,
     config: SchedulerConfig,
-) -> (tokio::runtime::Runtime, String, Weak<Controller>) {
+) -> (tokio::runtime::Runtime, String, Weak<Hub>) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
