@@ -3,7 +3,6 @@
 //! crash and restart on sled, and across a failover on a real etcd; each refusal says why in
 //! its details (a reason code, a retry hint where retrying helps, the leader a standby names).
 
-use gpuwarden_test_support::controller::ControllerProcess as Member;
 use std::time::Duration;
 
 use gpuwarden_controller::{
@@ -11,7 +10,7 @@ use gpuwarden_controller::{
     server::Transport,
 };
 use gpuwarden_proto::{details, v1 as pb};
-use gpuwarden_test_support::controller::{request, serve_in_process};
+use gpuwarden_test_support::controller::{ControllerProcess as Member, request, serve_in_process};
 use tonic::Code;
 
 /// A session of one CPU named `name` made under `request_id`.

@@ -5,7 +5,6 @@
 //! each refusal's reason code and retry hint read from the details; list-then-watch on an empty
 //! store sees every create made in between; pages that hold every node of 10,000 exactly once.
 
-use gpuwarden_test_support::controller::ControllerProcess as Member;
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -17,6 +16,7 @@ use gpuwarden_controller::{
     server::Transport,
 };
 use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_support::controller::ControllerProcess as Member;
 
 /// The workspace root.
 fn workspace() -> PathBuf {

@@ -13,9 +13,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpuwarden_test_support::controller::{ControllerProcess as Member, request};
 use gpuwarden_test_support::{
     Etcd,
+    controller::{ControllerProcess as Member, request},
     wait::{self, PATIENCE},
 };
 use tonic::Code;

@@ -13,9 +13,11 @@ use gpuwarden_controller::{
     server::{Security, Transport},
 };
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
-use gpuwarden_test_support::controller::ControllerProcess;
-use gpuwarden_test_support::controller::serve_in_process;
-use gpuwarden_test_support::{Etcd, scratch};
+use gpuwarden_test_support::{
+    Etcd,
+    controller::{ControllerProcess, serve_in_process},
+    scratch,
+};
 use tonic::{Code, Request, transport::Channel};
 
 /// Long enough for a restarted controller to win the election over its dead self's lease.

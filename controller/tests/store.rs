@@ -4,8 +4,11 @@
 
 use std::{process::Command, time::Duration};
 
-use gpuwarden_test_support::controller::{ControllerProcess, request};
-use gpuwarden_test_support::{Etcd, scratch};
+use gpuwarden_test_support::{
+    Etcd,
+    controller::{ControllerProcess, request},
+    scratch,
+};
 
 const CONTROLLER: &str = env!("CARGO_BIN_EXE_gpuwarden-controller");
 /// Long enough for a restarted controller to win the election over its dead self's lease.

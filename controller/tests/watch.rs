@@ -3,7 +3,6 @@
 //! it can) still sees the final state of every session; a watch resumed from the last revision
 //! it read, after a crash and restart on sled or a failover on a real etcd, misses nothing.
 
-use gpuwarden_test_support::controller::ControllerProcess as Member;
 use std::{collections::BTreeMap, time::Duration};
 
 use gpuwarden_controller::{
@@ -11,7 +10,7 @@ use gpuwarden_controller::{
     server::Transport,
 };
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
-use gpuwarden_test_support::controller::{request, serve_in_process};
+use gpuwarden_test_support::controller::{ControllerProcess as Member, request, serve_in_process};
 use tokio_stream::StreamExt as _;
 use tonic::transport::Channel;
 

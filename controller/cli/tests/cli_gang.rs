@@ -3,9 +3,9 @@
 //! many of its gang exist, until the last one is created; then all run, and `session show` and
 //! `session ls` name the gang. Malformed gang flags are refused.
 
-use gpuwarden_test_support::cli::{gpuwarden, json};
-
 use std::time::Duration;
+
+use gpuwarden_test_support::cli::{gpuwarden, json};
 
 const NODE: &str = "node-gang";
 

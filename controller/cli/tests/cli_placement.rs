@@ -3,11 +3,10 @@
 //! utilization for each session). A finished session teaches its class; interference-aware
 //! placement then keeps two busy sessions apart and explains why.
 
-use gpuwarden_test_support::cli::{gpuwarden, json};
-
 use std::time::Duration;
 
 use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_support::cli::{gpuwarden, json};
 use tokio_stream::StreamExt;
 
 const NODE: &str = "node-placement";

@@ -23,9 +23,9 @@ use gpuwarden_controller::{
     slots::ResourceSlot,
 };
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_support::cli::{fake_agent_socket, wait_for_node};
 use gpuwarden_test_support::{
     TestCgroup,
+    cli::{fake_agent_socket, wait_for_node},
     wait::{self, PATIENCE},
 };
 use tokio_stream::StreamExt;
