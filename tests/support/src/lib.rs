@@ -189,4 +189,27 @@ mod tests {
         drop(dir);
         assert!(!path.exists(), "{} was left behind", path.display());
     }
+
+    #[test]
+    fn bin_looks_beside_the_tests_own_directory() {
+        // This crate has no binaries, so the lookup fails; its message names where it looked,
+        // which must be the directory above the test's own `deps/`. (The CLI's and the
+        // controller's tests find their binaries through it.)
+        let exe = std::env::current_exe().expect("this test's path");
+        let deps = exe.parent().expect("deps/");
+        assert_eq!(deps.file_name().and_then(|n| n.to_str()), Some("deps"));
+        let result = std::panic::catch_unwind(|| bin("no-such-binary"));
+        let message = *result
+            .expect_err("there is no such binary")
+            .downcast::<String>()
+            .expect("a formatted message");
+        let expected = deps
+            .parent()
+            .expect("the profile directory")
+            .join("no-such-binary");
+        assert!(
+            message.contains(&expected.display().to_string()),
+            "{message}"
+        );
+    }
 }
