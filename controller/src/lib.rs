@@ -40,7 +40,7 @@ pub mod allocator;
 pub mod api;
 pub mod auth;
 pub mod colocation;
-pub mod controller;
+pub mod hub;
 pub mod kubernetes;
 pub mod limits;
 pub mod metrics;

@@ -21,7 +21,7 @@ use opentelemetry::KeyValue;
 
 use crate::{
     auth::{denials::DenialReason, followed::ConfigFile, grants::GrantFile, tokens::TokenFile},
-    controller::Controller,
+    hub::Hub,
     limits::{Bounds, Refusal},
     node::NodeState,
     scheduler::Scheduler,
@@ -246,10 +246,7 @@ fn compute_shares(s: &Scheduler) -> Vec<(Vec<KeyValue>, f64, Option<f64>)> {
 /// Records, for each session this controller hears turn RUNNING, the time since its creation.
 /// Each session counts once (a running session changes again with its events); the ones that
 /// ended are forgotten.
-fn record_start_latency(
-    controller: &Arc<Controller>,
-    histogram: opentelemetry::metrics::Histogram<f64>,
-) {
+fn record_start_latency(controller: &Arc<Hub>, histogram: opentelemetry::metrics::Histogram<f64>) {
     use gpuwarden_proto::v1::SessionState as Pb;
     let controller = Arc::clone(controller);
     tokio::spawn(async move {
@@ -312,7 +309,7 @@ impl FollowedFiles {
 /// # Errors
 /// The exporter can't be built, or the Prometheus address can't be bound.
 pub fn start(
-    controller: &Arc<Controller>,
+    controller: &Arc<Hub>,
     bounds: &Arc<Bounds>,
     files: &FollowedFiles,
     exporters: &Exporters,
@@ -344,7 +341,7 @@ pub fn start(
 )]
 fn register(
     registry: &mut Registry<'_>,
-    controller: &Arc<Controller>,
+    controller: &Arc<Hub>,
     bounds: &Arc<Bounds>,
     files: &FollowedFiles,
 ) {
@@ -542,7 +539,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let spec = crate::store::StoreSpec::Sled(dir.path().join("store"));
         let config = crate::scheduler::SchedulerConfig::default();
-        let controller = crate::server::open(&spec, config, crate::controller::Timing::default())
+        let controller = crate::server::open(&spec, config, crate::hub::Timing::default())
             .await
             .unwrap();
         let bounds = Bounds::new(crate::limits::Limits::default());

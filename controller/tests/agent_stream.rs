@@ -4,7 +4,7 @@
 use std::{sync::Arc, time::Duration};
 
 use gpuwarden_controller::{
-    api::{Controller, Timing, convert},
+    api::{Hub, Timing, convert},
     node::NodeReport,
     scheduler::{Scheduler, SchedulerConfig},
     server,
@@ -37,7 +37,7 @@ async fn acks_sent_together_share_commits_and_all_reach_running() {
         pass_interval: Duration::from_millis(20),
         ..Timing::default()
     };
-    let controller = Controller::new(
+    let controller = Hub::new(
         Scheduler::new(SchedulerConfig::default()),
         store.clone(),
         timing,

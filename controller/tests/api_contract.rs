@@ -3,9 +3,6 @@
 //! crash and restart on sled, and across a failover on a real etcd; each refusal says why in
 //! its details (a reason code, a retry hint where retrying helps, the leader a standby names).
 
-mod common;
-
-use common::ControllerProcess as Member;
 use std::time::Duration;
 
 use gpuwarden_controller::{
@@ -13,13 +10,14 @@ use gpuwarden_controller::{
     server::Transport,
 };
 use gpuwarden_proto::{details, v1 as pb};
+use gpuwarden_test_support::controller::{ControllerProcess as Member, request, serve_in_process};
 use tonic::Code;
 
 /// A session of one CPU named `name` made under `request_id`.
 fn retryable(name: &str, request_id: &str) -> pb::CreateSessionRequest {
     pb::CreateSessionRequest {
         request_id: request_id.into(),
-        ..common::request(name)
+        ..request(name)
     }
 }
 
@@ -41,7 +39,7 @@ async fn ids(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_retried_with_its_request_id_makes_one_session() {
     let scratch = gpuwarden_test_support::scratch("contract-retry");
-    let addr = common::serve_in_process(
+    let addr = serve_in_process(
         scratch.path(),
         Transport::PlainText,
         Bounds::new(Limits::default()),
@@ -89,7 +87,7 @@ async fn a_create_retried_with_its_request_id_makes_one_session() {
         .into_inner();
     assert_ne!(other.id, first.id);
     let plain = client
-        .create_session(common::request("a"))
+        .create_session(request("a"))
         .await
         .expect("created")
         .into_inner();
@@ -221,7 +219,7 @@ async fn limited(
     dir: &std::path::Path,
     limits: Limits,
 ) -> pb::scheduler_service_client::SchedulerServiceClient<tonic::transport::Channel> {
-    let addr = common::serve_in_process(dir, Transport::PlainText, Bounds::new(limits)).await;
+    let addr = serve_in_process(dir, Transport::PlainText, Bounds::new(limits)).await;
     gpuwarden_test_support::node::register(
         &format!("http://{addr}"),
         gpuwarden_test_support::node::with_cpus("n1", 8),
@@ -258,7 +256,7 @@ async fn each_refusal_names_its_reason_and_only_a_rate_says_when_to_retry() {
     .await;
     // Three FAILED_PRECONDITIONs told apart.
     let ask = |slots: &[(&str, &str)], node: &str| {
-        let mut r = common::request("x");
+        let mut r = request("x");
         r.requested = Some(pb::ResourceSlot {
             values: slots
                 .iter()
@@ -281,12 +279,12 @@ async fn each_refusal_names_its_reason_and_only_a_rate_says_when_to_retry() {
         );
     }
     client
-        .create_session(common::request("first"))
+        .create_session(request("first"))
         .await
         .expect("created");
     // The cap: RESOURCE_EXHAUSTED, and no retry hint (retrying won't help until one ends).
     let cap = client
-        .create_session(common::request("second"))
+        .create_session(request("second"))
         .await
         .expect_err("over the cap");
     assert_eq!(
@@ -350,7 +348,7 @@ const NODES: usize = 10_000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_hold_every_node_of_ten_thousand_exactly_once_while_nodes_join() {
     let scratch = gpuwarden_test_support::scratch("contract-pages");
-    let addr = common::serve_in_process(
+    let addr = serve_in_process(
         scratch.path(),
         Transport::PlainText,
         Bounds::new(Limits {
@@ -497,7 +495,7 @@ async fn admin_sets_queues(
 async fn queues_and_the_allocation_map_page_each_entry_once() {
     const MANY: usize = 23;
     let scratch = gpuwarden_test_support::scratch("contract-other-pages");
-    let addr = common::serve_in_process(
+    let addr = serve_in_process(
         scratch.path(),
         Transport::PlainText,
         Bounds::new(Limits::default()),
@@ -699,7 +697,7 @@ async fn a_filtered_watch_is_sent_bookmarks_past_changes_it_does_not_see() {
     let bobs = client
         .create_session(pb::CreateSessionRequest {
             owner: "bob".into(),
-            ..common::request("bobs")
+            ..request("bobs")
         })
         .await
         .expect("created")
@@ -709,7 +707,7 @@ async fn a_filtered_watch_is_sent_bookmarks_past_changes_it_does_not_see() {
         Event::Session(s) => panic!("a session of {} sent to alice's watch", s.owner),
     }
     let alices = client
-        .create_session(common::request("alices"))
+        .create_session(request("alices"))
         .await
         .expect("created")
         .into_inner();
@@ -733,7 +731,7 @@ async fn closed_sets_travel_as_enums_beside_their_strings() {
     let spread = client
         .create_session(pb::CreateSessionRequest {
             placement_mode: pb::PlacementMode::Spread.into(),
-            ..common::request("spread")
+            ..request("spread")
         })
         .await
         .expect("created")
@@ -756,7 +754,7 @@ async fn closed_sets_travel_as_enums_beside_their_strings() {
         .create_session(pb::CreateSessionRequest {
             placement: "binpack".into(),
             placement_mode: pb::PlacementMode::Spread.into(),
-            ..common::request("both")
+            ..request("both")
         })
         .await
         .expect_err("two modes");
@@ -765,7 +763,7 @@ async fn closed_sets_travel_as_enums_beside_their_strings() {
     let named = client
         .create_session(pb::CreateSessionRequest {
             placement: "binpack".into(),
-            ..common::request("named")
+            ..request("named")
         })
         .await
         .expect("created")
@@ -780,7 +778,7 @@ async fn policies_travel_as_enums_beside_their_strings() {
     let mut client = limited(scratch.path(), Limits::default()).await;
     let with = |name: &str, policy: pb::QuotaPolicy| pb::CreateSessionRequest {
         policy: Some(policy),
-        ..common::request(name)
+        ..request(name)
     };
     // The enums alone: the answer fills the strings too.
     let numbered = client
@@ -887,7 +885,7 @@ async fn conditions_say_why_a_session_waits_and_when_it_was_placed() {
         requested: Some(pb::ResourceSlot {
             values: [("cpu".to_owned(), "8".to_owned())].into(),
         }),
-        ..common::request(name)
+        ..request(name)
     };
     let first = client
         .create_session(eight("first"))
@@ -905,7 +903,7 @@ async fn conditions_say_why_a_session_waits_and_when_it_was_placed() {
                 name: "g".into(),
                 size: 3,
             }),
-            ..common::request("member")
+            ..request("member")
         })
         .await
         .expect("created")
@@ -965,7 +963,7 @@ async fn conditions_say_why_a_session_waits_and_when_it_was_placed() {
 /// `controller` served in this process on a loopback port, in plain text, held to limits that
 /// let a test call as fast as it likes; a channel to it.
 async fn serve_controller(
-    controller: std::sync::Arc<gpuwarden_controller::api::Controller>,
+    controller: std::sync::Arc<gpuwarden_controller::api::Hub>,
 ) -> tonic::transport::Channel {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -1015,7 +1013,7 @@ async fn get_session_shows_the_stored_state_not_a_change_whose_commit_failed() {
         .expect("registers");
     let mut client = pb::scheduler_service_client::SchedulerServiceClient::new(channel);
     let holder = client
-        .create_session(common::request("holder"))
+        .create_session(request("holder"))
         .await
         .expect("created")
         .into_inner();
@@ -1034,7 +1032,7 @@ async fn get_session_shows_the_stored_state_not_a_change_whose_commit_failed() {
     )
     .await;
     let made = client
-        .create_session(common::request("kept"))
+        .create_session(request("kept"))
         .await
         .expect("created")
         .into_inner();
@@ -1085,7 +1083,7 @@ async fn get_session_shows_the_stored_state_not_a_change_whose_commit_failed() {
         gpuwarden_test_support::wait::PATIENCE,
         || {
             let mut client = client.clone();
-            async move { client.create_session(common::request("next")).await.is_ok() }
+            async move { client.create_session(request("next")).await.is_ok() }
         },
     )
     .await;
@@ -1099,7 +1097,7 @@ async fn get_session_shows_the_stored_state_not_a_change_whose_commit_failed() {
 /// ends (its release confirmed at once, as a test playing the agent does), all in one change.
 ///
 /// [`MIN_SAMPLES`]: gpuwarden_controller::profile::MIN_SAMPLES
-async fn learn(controller: &gpuwarden_controller::api::Controller, class: &str) {
+async fn learn(controller: &gpuwarden_controller::api::Hub, class: &str) {
     use gpuwarden_controller::{
         allocator::DeviceSpec,
         node::NodeReport,

@@ -5,9 +5,6 @@
 //! each refusal's reason code and retry hint read from the details; list-then-watch on an empty
 //! store sees every create made in between; pages that hold every node of 10,000 exactly once.
 
-mod common;
-
-use common::ControllerProcess as Member;
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -19,6 +16,7 @@ use gpuwarden_controller::{
     server::Transport,
 };
 use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_support::controller::ControllerProcess as Member;
 
 /// The workspace root.
 fn workspace() -> PathBuf {
@@ -71,8 +69,12 @@ async fn client(args: &[&str]) -> String {
 /// address.
 async fn serve(name: &str, limits: Limits, cpus: u32) -> (String, tempfile::TempDir) {
     let scratch = gpuwarden_test_support::scratch(name);
-    let addr =
-        common::serve_in_process(scratch.path(), Transport::PlainText, Bounds::new(limits)).await;
+    let addr = gpuwarden_test_support::controller::serve_in_process(
+        scratch.path(),
+        Transport::PlainText,
+        Bounds::new(limits),
+    )
+    .await;
     gpuwarden_test_support::node::register(
         &format!("http://{addr}"),
         gpuwarden_test_support::node::with_cpus("n1", cpus),
@@ -176,7 +178,7 @@ async fn python_create_retried_across_a_killed_leader_on_etcd_gives_one_session(
     while standby
         .client()
         .await
-        .create_session(common::request("probe"))
+        .create_session(gpuwarden_test_support::controller::request("probe"))
         .await
         .err()
         .and_then(|e| gpuwarden_proto::details::not_leader(&e))

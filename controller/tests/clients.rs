@@ -4,8 +4,6 @@
 //! admin on all; a call without valid credentials is `UNAUTHENTICATED`; the token file is
 //! followed without a restart.
 
-mod common;
-
 use std::{path::PathBuf, process::Command, sync::Arc, time::Duration};
 
 use gpuwarden_controller::{
@@ -74,9 +72,12 @@ impl Served {
             grants: Arc::default(),
         };
         let bounds = Bounds::new(Limits::default());
-        let addr =
-            common::serve_in_process(&dir.path().join("state"), security, Arc::clone(&bounds))
-                .await;
+        let addr = gpuwarden_test_support::controller::serve_in_process(
+            &dir.path().join("state"),
+            security,
+            Arc::clone(&bounds),
+        )
+        .await;
         let scheme = if tls { "https" } else { "http" };
         let url = format!("{scheme}://{addr}");
         let served = Self {

@@ -5,8 +5,6 @@
 //! The tests wait for each of these with generous deadlines; how soon a standby takes over is a
 //! figure of `cargo xtask bench timings` (printed here too).
 
-mod common;
-
 use std::{
     sync::{
         Arc,
@@ -15,9 +13,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{ControllerProcess as Member, request};
 use gpuwarden_test_support::{
     Etcd,
+    controller::{ControllerProcess as Member, request},
     wait::{self, PATIENCE},
 };
 use tonic::Code;

@@ -4,8 +4,6 @@
 //! silence past `gang_start_timeout_ms`, fails the whole gang, and the node that accepted its
 //! member is told to let it go.
 
-mod common;
-
 use std::time::Duration;
 
 use gpuwarden_controller::{
@@ -62,7 +60,7 @@ async fn agent(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_refused_at_the_start_fails_its_gang_and_the_other_node_lets_go() {
     let scratch = gpuwarden_test_support::scratch("gang-refused");
-    let addr = common::serve_in_process(
+    let addr = gpuwarden_test_support::controller::serve_in_process(
         scratch.path(),
         Transport::PlainText,
         Bounds::new(Limits::default()),
@@ -84,8 +82,10 @@ async fn a_member_its_node_never_answers_for_fails_its_gang_after_the_start_time
     let config = dir.path().join("controller.toml");
     std::fs::write(&config, "[scheduler]\ngang_start_timeout_ms = 1000\n").expect("written");
     let store = format!("sled:{}", dir.path().join("store").display());
-    let controller =
-        common::ControllerProcess::start(&store, &["--config", &config.to_string_lossy()]);
+    let controller = gpuwarden_test_support::controller::ControllerProcess::start(
+        &store,
+        &["--config", &config.to_string_lossy()],
+    );
     controller.until_serving(Duration::from_secs(30)).await;
     let reason = gang_fails_and_the_accepting_node_lets_go(
         &format!("http://{}", controller.addr),

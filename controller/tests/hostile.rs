@@ -7,8 +7,6 @@
 //! afterwards the controller still answers and every acknowledged session is still there.
 //! (Wrong, missing and borrowed certificates are `tls.rs`'s; tokens and users `clients.rs`'s.)
 
-mod common;
-
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use gpuwarden_controller::{
@@ -79,7 +77,12 @@ impl Target {
         };
         let state = dir.path().join("state");
         let bounds = Bounds::new(limits);
-        let addr = common::serve_in_process(&state, security, Arc::clone(&bounds)).await;
+        let addr = gpuwarden_test_support::controller::serve_in_process(
+            &state,
+            security,
+            Arc::clone(&bounds),
+        )
+        .await;
         let url = format!("https://{addr}");
         let admin = channel(&url, &certs, "admin-ops").await;
         let target = Self {

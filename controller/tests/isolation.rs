@@ -2,8 +2,6 @@
 //! local user would try it, over real gRPC on loopback or through the `gpuwarden-controller`
 //! binary, one test per attack. (The agent's side is `tests/tests/agent_isolation.rs`.)
 
-mod common;
-
 use std::{path::Path, sync::Arc};
 
 use gpuwarden_controller::{
@@ -20,6 +18,7 @@ use gpuwarden_proto::v1::{
     self as pb, agent_service_client::AgentServiceClient,
     scheduler_service_client::SchedulerServiceClient,
 };
+use gpuwarden_test_support::controller::serve_in_process;
 use tonic::{Code, Request, transport::Channel};
 
 /// A controller served in this process, and what counts its refusals.
@@ -44,7 +43,7 @@ async fn serve(dir: &Path, transport: Transport, tokens: &Path, grants: Option<&
         grants: Arc::clone(&grants),
     };
     let bounds = Bounds::new(Limits::default());
-    let addr = common::serve_in_process(&dir.join("state"), security, Arc::clone(&bounds)).await;
+    let addr = serve_in_process(&dir.join("state"), security, Arc::clone(&bounds)).await;
     Served {
         url: format!("http://{addr}"),
         bounds,
@@ -270,7 +269,7 @@ fn certs_mint_cannot_be_raced_in_a_shared_folder() {
 #[tokio::test]
 async fn session_ids_cannot_be_guessed_from_the_last_one() {
     let dir = gpuwarden_test_support::scratch("iso-ids");
-    let addr = common::serve_in_process(
+    let addr = serve_in_process(
         &dir.path().join("state"),
         Transport::PlainText,
         Bounds::new(Limits::default()),
@@ -284,7 +283,7 @@ async fn session_ids_cannot_be_guessed_from_the_last_one() {
     let mut ids = Vec::new();
     for _ in 0..20 {
         let s = c
-            .create_session(common::request("guess"))
+            .create_session(gpuwarden_test_support::controller::request("guess"))
             .await
             .expect("created")
             .into_inner();
@@ -425,7 +424,10 @@ fn the_controllers_store_is_private() {
         std::fs::Permissions::from_mode(0o644),
     )
     .expect("chmod");
-    let ctl = common::ControllerProcess::start(&format!("sled:{}", store.display()), &[]);
+    let ctl = gpuwarden_test_support::controller::ControllerProcess::start(
+        &format!("sled:{}", store.display()),
+        &[],
+    );
     let mode = |p: &Path| std::fs::metadata(p).expect("there").permissions().mode() & 0o777;
     assert_eq!(mode(&store), 0o700);
     assert_eq!(mode(&store.join("left-behind")), 0o600);
@@ -442,7 +444,7 @@ async fn a_run_sessions_uid_reaches_its_allocation() {
     use tokio_stream::StreamExt as _;
 
     let dir = gpuwarden_test_support::scratch("iso-run-uid");
-    let addr = common::serve_in_process(
+    let addr = serve_in_process(
         &dir.path().join("state"),
         Transport::PlainText,
         Bounds::new(Limits::default()),
@@ -455,7 +457,7 @@ async fn a_run_sessions_uid_reaches_its_allocation() {
     )
     .await;
     let mut c = SchedulerServiceClient::new(channel(&url).await);
-    let mut request = common::request("run");
+    let mut request = gpuwarden_test_support::controller::request("run");
     request.node_id = "node-1".into();
     request.target = Some(pb::Target {
         kind: Some(pb::target::Kind::Managed(true)),

@@ -17,7 +17,7 @@ use std::{
 use base64::Engine as _;
 use bytes::Bytes;
 use gpuwarden_controller::{
-    api::{Controller, Timing},
+    api::{Hub, Timing},
     auth::{mint, tls::ServerTlsFiles},
     kubernetes::{
         admission::Marker,
@@ -183,7 +183,7 @@ where
 /// Everything a test talks to.
 struct Cluster {
     _dir: tempfile::TempDir,
-    controller: Arc<Controller>,
+    controller: Arc<Hub>,
     ca: std::path::PathBuf,
     webhook: SocketAddr,
     extender: SocketAddr,

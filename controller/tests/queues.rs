@@ -2,11 +2,8 @@
 //! holds the next pass to it; bad input is refused naming the field; a queue set at run time
 //! survives a restart on sled and on etcd, and wins over the config file's.
 
-mod common;
-
 use std::{sync::Arc, time::Duration};
 
-use common::ControllerProcess;
 use gpuwarden_controller::{
     auth::{
         clients::ClientRole,
@@ -16,7 +13,11 @@ use gpuwarden_controller::{
     server::{Security, Transport},
 };
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
-use gpuwarden_test_support::{Etcd, scratch};
+use gpuwarden_test_support::{
+    Etcd,
+    controller::{ControllerProcess, serve_in_process},
+    scratch,
+};
 use tonic::{Code, Request, transport::Channel};
 
 /// Long enough for a restarted controller to win the election over its dead self's lease.
@@ -76,7 +77,7 @@ async fn an_admin_sets_a_queue_and_a_user_cannot() {
     let file = dir.path().join("tokens.toml");
     let admin = tokens::add(&file, "ops", ClientRole::Admin).expect("token");
     let alice = tokens::add(&file, "alice", ClientRole::User).expect("token");
-    let addr = common::serve_in_process(
+    let addr = serve_in_process(
         &dir.path().join("store"),
         Security {
             transport: Transport::PlainText,
@@ -156,7 +157,7 @@ async fn an_admin_sets_a_queue_and_a_user_cannot() {
 #[tokio::test]
 async fn bad_queues_are_invalid_arguments_naming_the_field() {
     let dir = scratch("queues-bad");
-    let addr = common::serve_in_process(
+    let addr = serve_in_process(
         dir.path(),
         Transport::PlainText,
         Bounds::new(Limits::default()),
@@ -237,7 +238,7 @@ async fn until_state(c: &mut SchedulerServiceClient<Channel>, id: &str, want: pb
 #[tokio::test]
 async fn a_set_queue_holds_the_next_pass_to_its_limit() {
     let dir = scratch("queues-pass");
-    let addr = common::serve_in_process(
+    let addr = serve_in_process(
         dir.path(),
         Transport::PlainText,
         Bounds::new(Limits::default()),
@@ -250,7 +251,7 @@ async fn a_set_queue_holds_the_next_pass_to_its_limit() {
     let base = c.clone();
     let create = |name: &str| {
         let mut c = base.clone();
-        let mut r = common::request(name);
+        let mut r = gpuwarden_test_support::controller::request(name);
         r.requested = slots(&[("cpu", "1.5")]);
         async move { c.create_session(r).await.expect("created").into_inner().id }
     };

@@ -5,8 +5,6 @@
 //! webhook's HTTPS listener keeps its memory bounded under parallel 16 MiB bodies (the
 //! controller binary's own `VmHWM`), drops a slow sender, and holds its connection cap.
 
-mod common;
-
 use std::{
     io::Read as _,
     net::{SocketAddr, TcpListener},
@@ -271,7 +269,7 @@ impl Pki {
         mint::mint_clients_into(&certs, &[("alice".to_owned(), ClientRole::User)], 1)
             .expect("minted");
         let tls = ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("loads");
-        let addr = common::serve_in_process(
+        let addr = gpuwarden_test_support::controller::serve_in_process(
             &dir.path().join("state"),
             Transport::Tls(Arc::new(tls)),
             Bounds::new(Limits::default()),

@@ -1,8 +1,6 @@
 //! The controller as operators and stock gRPC tools meet it: the binary's configuration
 //! errors, and server reflection in both versions clients ask for.
 
-mod common;
-
 use std::process::Command;
 
 use gpuwarden_controller::{
@@ -64,7 +62,7 @@ async fn reflection_answers_v1_and_v1alpha_clients() {
     use tonic_reflection::pb::{v1, v1alpha};
 
     let scratch = gpuwarden_test_support::scratch("reflect");
-    let addr = common::serve_in_process(
+    let addr = gpuwarden_test_support::controller::serve_in_process(
         scratch.path(),
         server::Transport::PlainText,
         Bounds::new(Limits::default()),

@@ -2,12 +2,13 @@
 //! as on sled, a store that can't be reached or named stops it with the reason, and `copy-store`
 //! moves a sled store into etcd.
 
-mod common;
-
 use std::{process::Command, time::Duration};
 
-use common::{ControllerProcess, request};
-use gpuwarden_test_support::{Etcd, scratch};
+use gpuwarden_test_support::{
+    Etcd,
+    controller::{ControllerProcess, request},
+    scratch,
+};
 
 const CONTROLLER: &str = env!("CARGO_BIN_EXE_gpuwarden-controller");
 /// Long enough for a restarted controller to win the election over its dead self's lease.

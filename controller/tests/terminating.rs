@@ -4,8 +4,6 @@
 //! agent confirms the release, and a release never confirmed (an agent from before issue 40)
 //! ends after `release_timeout_ms` with a reason saying so. Also the watches' state filter.
 
-mod common;
-
 use std::time::Duration;
 
 use gpuwarden_controller::{
@@ -217,7 +215,7 @@ async fn until_node(client: &SchedulerServiceClient<Channel>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminating_is_watched_before_terminated_and_the_gpu_stays_booked_until_confirmed() {
     let scratch = gpuwarden_test_support::scratch("terminating");
-    let addr = common::serve_in_process(
+    let addr = gpuwarden_test_support::controller::serve_in_process(
         scratch.path(),
         Transport::PlainText,
         Bounds::new(Limits::default()),
@@ -320,8 +318,10 @@ async fn a_release_never_confirmed_ends_after_the_timeout_with_its_reason() {
     let config = dir.path().join("controller.toml");
     std::fs::write(&config, "[scheduler]\nrelease_timeout_ms = 1000\n").expect("written");
     let store = format!("sled:{}", dir.path().join("store").display());
-    let controller =
-        common::ControllerProcess::start(&store, &["--config", &config.to_string_lossy()]);
+    let controller = gpuwarden_test_support::controller::ControllerProcess::start(
+        &store,
+        &["--config", &config.to_string_lossy()],
+    );
     controller.until_serving(Duration::from_secs(30)).await;
     let url = format!("http://{}", controller.addr);
     let (mut c, mut n1) = with_agent(&url, OnRelease::Never).await;
@@ -364,7 +364,7 @@ async fn a_release_never_confirmed_ends_after_the_timeout_with_its_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_filtered_by_state_sends_only_those_and_bookmarks_past_the_rest() {
     let scratch = gpuwarden_test_support::scratch("watch-states");
-    let addr = common::serve_in_process(
+    let addr = gpuwarden_test_support::controller::serve_in_process(
         scratch.path(),
         Transport::PlainText,
         Bounds::new(Limits::default()),

@@ -4,8 +4,6 @@
 //! admin's certificate; see `clients.rs` for the rest); the serving certificate is rotated
 //! without a restart.
 
-mod common;
-
 use std::{path::Path, process::Command, sync::Arc, time::Duration};
 
 use gpuwarden_controller::{
@@ -54,7 +52,7 @@ impl TlsController {
         let certs = dir.path().join("certs");
         let tls = ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("TLS files load");
         let bounds = Bounds::new(Limits::default());
-        let addr = common::serve_in_process(
+        let addr = gpuwarden_test_support::controller::serve_in_process(
             &dir.path().join("state"),
             Transport::Tls(Arc::new(tls)),
             Arc::clone(&bounds),

@@ -3,9 +3,6 @@
 //! it can) still sees the final state of every session; a watch resumed from the last revision
 //! it read, after a crash and restart on sled or a failover on a real etcd, misses nothing.
 
-mod common;
-
-use common::ControllerProcess as Member;
 use std::{collections::BTreeMap, time::Duration};
 
 use gpuwarden_controller::{
@@ -13,6 +10,7 @@ use gpuwarden_controller::{
     server::Transport,
 };
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
+use gpuwarden_test_support::controller::{ControllerProcess as Member, request, serve_in_process};
 use tokio_stream::StreamExt as _;
 use tonic::transport::Channel;
 
@@ -32,7 +30,7 @@ async fn serve(dir: &std::path::Path) -> std::net::SocketAddr {
         client_request_burst: 100_000,
         ..Limits::default()
     };
-    let addr = common::serve_in_process(dir, Transport::PlainText, Bounds::new(limits)).await;
+    let addr = serve_in_process(dir, Transport::PlainText, Bounds::new(limits)).await;
     register(addr, "n1", 1).await;
     addr
 }
@@ -77,7 +75,7 @@ async fn churn(addr: std::net::SocketAddr, n: usize) -> Vec<String> {
             let mut ids = Vec::new();
             for i in (c..n).step_by(CLIENTS) {
                 let s = client
-                    .create_session(common::request(&format!("job-{i}")))
+                    .create_session(request(&format!("job-{i}")))
                     .await
                     .expect("created")
                     .into_inner();
@@ -280,7 +278,7 @@ async fn changes(member: &Member, prefix: &str, create: usize, names: &[String],
     let mut client = member.client().await;
     for i in 0..create {
         client
-            .create_session(common::request(&format!("{prefix}-{i}")))
+            .create_session(request(&format!("{prefix}-{i}")))
             .await
             .expect("created");
     }
@@ -399,14 +397,13 @@ async fn pages_hold_every_session_once_while_sessions_come_and_go() {
         max_page_size: 40,
         ..Limits::default()
     };
-    let addr =
-        common::serve_in_process(scratch.path(), Transport::PlainText, Bounds::new(limits)).await;
+    let addr = serve_in_process(scratch.path(), Transport::PlainText, Bounds::new(limits)).await;
     register(addr, "n1", 1_000).await;
     let mut client = client(addr).await;
     let mut before = Vec::new();
     for i in 0..200 {
         let s = client
-            .create_session(common::request(&format!("old-{i}")))
+            .create_session(request(&format!("old-{i}")))
             .await
             .expect("created")
             .into_inner();
@@ -440,7 +437,7 @@ async fn pages_hold_every_session_once_while_sessions_come_and_go() {
         pages.push(page.sessions);
         // Between pages: sessions come, and some of those already listed or still ahead end.
         client
-            .create_session(common::request(&format!("new-{n}")))
+            .create_session(request(&format!("new-{n}")))
             .await
             .expect("created");
         for id in [&before[n * 7 % 200], &before[(n * 13 + 150) % 200]] {
@@ -490,14 +487,14 @@ async fn a_watch_from_a_creates_revision_sees_its_next_change() {
     let addr = serve(scratch.path()).await;
     let mut client = client(addr).await;
     let first = client
-        .create_session(common::request("first"))
+        .create_session(request("first"))
         .await
         .expect("created")
         .into_inner();
     // The node has room for one: the first runs, the second waits.
     wait_for_state(&mut client, &first.id, pb::SessionState::Scheduled).await;
     let second = client
-        .create_session(common::request("second"))
+        .create_session(request("second"))
         .await
         .expect("created")
         .into_inner();
@@ -579,7 +576,7 @@ async fn list_then_watch_on_an_empty_store_sees_every_create_made_in_between() {
     let mut made = Vec::new();
     for i in 0..3 {
         let s = client
-            .create_session(common::request(&format!("between-{i}")))
+            .create_session(request(&format!("between-{i}")))
             .await
             .expect("created")
             .into_inner();

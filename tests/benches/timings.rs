@@ -24,7 +24,7 @@ use gpuwarden_agent::enforcement::throttle::{
     self, ComputePolicy, CpuTimeUsage, Member, Signal, ThrottleConfig, ThrottleHandle,
 };
 use gpuwarden_controller::store::StoreSpec;
-use gpuwarden_test_controller::TestController;
+use gpuwarden_test_support::controller::TestController;
 use gpuwarden_test_support::{
     Etcd, TestCgroup, is_root,
     spinner::{Spinner, rates, spin_if_asked},

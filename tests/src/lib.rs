@@ -8,7 +8,9 @@
 //!   ledger of the video memory each GPU and client holds (the `fake-nvidia` binary serves one
 //!   by hand);
 //! - [`gpu_client`]: a synthetic GPU client that issues those ioctls, as a library and as the
-//!   line-driven `gpu-client` binary a test steps inside a cgroup.
+//!   line-driven `gpu-client` binary a test steps inside a cgroup;
+//! - [`harness`]: what the end-to-end tests run on, over these peers and the agent and
+//!   controller harnesses of `gpuwarden-test-support`.
 //!
 //! The agent's eBPF programs can't tell these files from the real device nodes: they match the
 //! paths they are told to watch and decode the same bytes. Mounting the driver needs root.
@@ -38,4 +40,5 @@ pub mod abi;
 mod bytes;
 pub mod fake_driver;
 pub mod gpu_client;
+pub mod harness;
 pub mod units;

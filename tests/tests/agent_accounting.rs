@@ -3,13 +3,18 @@
 //! without an `RM_FREE`, device nodes reached by other paths, and managed (UVM) memory.
 //! (docs/accounting.md says which figures are exact and which are bounds.)
 
-mod util;
-
 use std::{path::Path, time::Duration};
 
-use gpuwarden_test_support::{TestCgroup, require_root};
-use gpuwarden_tests::fake_driver::{FakeConfig, FakeDriver};
-use util::{Client, Driver, TestAgent, container_id, memory};
+use gpuwarden_test_support::{
+    TestCgroup,
+    agent::{TestAgent, memory},
+    ids::container_id,
+    require_root,
+};
+use gpuwarden_tests::{
+    fake_driver::{FakeConfig, FakeDriver},
+    harness::{Client, Driver},
+};
 
 const MIB: u64 = 1 << 20;
 /// FUSE reports the last close of a file asynchronously.

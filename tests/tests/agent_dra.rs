@@ -19,7 +19,6 @@ mod fake_api;
 mod fake_kubelet;
 #[path = "agent_dra/schema.rs"]
 mod schema;
-mod util;
 
 use std::{
     fmt::Write as _,
@@ -39,14 +38,18 @@ use gpuwarden_agent::dra::{
 };
 use gpuwarden_agent_api::{client, snapshot::Snapshot};
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_controller::{TestController, fast_timing};
-use gpuwarden_test_support::{TestCgroup, require_root, scratch};
+use gpuwarden_test_support::{
+    TestCgroup,
+    agent::{self, TestAgent, pin_dir},
+    controller::{TestController, fast_timing},
+    devnode::{mknod, open_in},
+    ids::{container_id, pod_uid},
+    require_root, scratch,
+    wait::{eventually, wait_for},
+};
+use gpuwarden_tests::harness::{Client, Driver};
 use schema::Schema;
 use serde_json::{Value, json};
-use util::{
-    Client, Driver, TestAgent, cluster::eventually, container_id, mknod, open_in, pin_dir, pod_uid,
-    wait_for,
-};
 
 const DRIVER: &str = "gpu.gpuwarden.io";
 const NODE: &str = "test-node";
@@ -206,7 +209,7 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     let controller = TestController::builder(controller_state.path())
         .timing(fast_timing(Duration::from_secs(5)))
         .start();
-    let mut cfg = util::config(&[format!("{}/nvidia*", dev.display())], state.path());
+    let mut cfg = agent::config(&[format!("{}/nvidia*", dev.display())], state.path());
     cfg.controller = Some(controller.url());
     cfg.mock_devices = Some(mock_file(root.path(), &nodes));
     cfg.rescan_interval = Duration::from_millis(200);
@@ -594,7 +597,7 @@ fn a_deleted_slice_is_back_through_the_watch_before_the_tick() {
     std::fs::write(&nodes[0], "").unwrap();
     let dirs = KubeletDirs::new(root.path());
     let state = scratch("dra-watch-agent");
-    let mut cfg = util::config(&[format!("{}/nvidia*", dev.display())], state.path());
+    let mut cfg = agent::config(&[format!("{}/nvidia*", dev.display())], state.path());
     cfg.mock_devices = Some(mock_file(root.path(), &nodes));
     cfg.rescan_interval = Duration::from_mins(10);
     cfg.dra = Some(DraConfig {
@@ -1064,7 +1067,7 @@ fn the_agent_publishes_partitions_of_the_reconfigurable_gpu_only() {
     std::fs::create_dir_all(&dev).unwrap();
     let dirs = KubeletDirs::new(root.path());
     let state = scratch("dra-partitions-agent");
-    let mut cfg = util::config(&[format!("{}/nvidia*", dev.display())], state.path());
+    let mut cfg = agent::config(&[format!("{}/nvidia*", dev.display())], state.path());
     cfg.mock_devices = Some(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/mock-devices-mig-on-demand.toml"),
     );

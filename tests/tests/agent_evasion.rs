@@ -9,24 +9,33 @@
 //! bytes are charged to its own container and quota, and the allocation that would cross the
 //! quota's 16 MiB gets it killed.
 
-mod util;
-
 use std::{os::unix::process::ExitStatusExt as _, path::Path, time::Duration};
 
 use gpuwarden_agent_api::snapshot::{Container, TableBudget};
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_support::{TestCgroup, require_root, scratch};
-use util::{
-    Client, Driver, TestAgent, container_id, memory,
+use gpuwarden_test_support::{
+    TestCgroup,
+    agent::{self, TestAgent, memory, used},
+    devnode,
+    ids::container_id,
+    require_root, scratch,
+};
+use gpuwarden_tests::harness::{
+    Client, Driver,
     rig::{Rig, session_request},
-    used,
 };
 
 const MIB: u64 = 1 << 20;
 
 /// What the scenarios add to the rig: a container bound to a quota, and clients in it.
-impl Rig {
+trait Scenarios {
     /// A container bound to a 16 MiB GPU-memory quota with the `kill` policy.
+    fn limited(&self, seed: &str) -> TestCgroup;
+    /// A `gpu-client` on the rig's driver, inside `cg`.
+    fn spawn(&self, cg: &TestCgroup) -> Client;
+}
+
+impl Scenarios for Rig {
     fn limited(&self, seed: &str) -> TestCgroup {
         let cg = docker(seed);
         let session = self.create(session_request(
@@ -98,7 +107,7 @@ fn an_fd_from_the_creat_system_call_is_known_at_its_ioctl() {
     let driver = Driver::mount("evcreat");
     let nodes = scratch("evcreat-nodes");
     let ctl = nodes.path().join("nvidiactl");
-    util::mknod(&ctl, 1, 7);
+    devnode::mknod(&ctl, 1, 7);
     let agent = TestAgent::start(&[driver.glob(), ctl.display().to_string()]);
     let cg = docker("evcreat");
     let mut a = Client::spawn(&driver.dir, Some(&cg));
@@ -106,7 +115,7 @@ fn an_fd_from_the_creat_system_call_is_known_at_its_ioctl() {
     // _IOWR('F', NV_ESC_RM_ALLOC, NVOS21): /dev/full answers ENOTTY, the agent counts it.
     a.ok(&format!("ioctl-raw {fd} 0xc020462b"));
     let c = agent.container(&cg.path).expect("the process is seen");
-    assert_eq!(util::ioctls(&c, "nvidiactl", "rm_alloc"), 1);
+    assert_eq!(agent::ioctls(&c, "nvidiactl", "rm_alloc"), 1);
     a.exit();
 }
 

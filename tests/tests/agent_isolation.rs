@@ -9,8 +9,6 @@
     reason = "a test's helpers unwrap: a failure there is the test failing"
 )]
 
-mod util;
-
 use std::{sync::Arc, time::Duration};
 
 use gpuwarden_agent::attribution::kubelet::KubeletConfig;
@@ -19,11 +17,16 @@ use gpuwarden_controller::{
     server::{Security, Transport},
 };
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
-use gpuwarden_test_controller::{TestController, fast_timing};
-use gpuwarden_test_support::{require_root, scratch};
+use gpuwarden_test_support::{
+    agent::{self, TestAgent, wait_binding},
+    controller::{TestController, fast_timing},
+    ids::{container_id, pod_uid},
+    kubelet::{FakeKubelet, pod_cgroup, pod_list},
+    require_root, scratch,
+    wait::wait_for,
+};
+use gpuwarden_tests::harness::{Driver, mock_gpu_config};
 use tonic::{Request, transport::Channel};
-use util::kubelet::{FakeKubelet, pod_cgroup, pod_list};
-use util::{Driver, TestAgent, container_id, mock_gpu_config, pod_uid, wait_binding, wait_for};
 
 /// alice may bind pods in `team-a`, and nothing else.
 const GRANTS: &str = "[[grants]]\nowner = \"alice\"\nnamespaces = [\"team-a\"]\n";
@@ -262,7 +265,7 @@ fn the_agents_state_is_private() {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m)).unwrap();
     }
     let driver = Driver::mount("isostate");
-    let cfg = util::config(&[driver.glob()], &dir);
+    let cfg = agent::config(&[driver.glob()], &dir);
     let agent = TestAgent::start_with(cfg);
     assert_eq!(mode(&dir), 0o700);
     assert_eq!(mode(&dir.join("store")), 0o700);

@@ -2,15 +2,18 @@
 //! cgroup made under the kubepods layout; the agent's snapshot and its OTLP metrics carry the
 //! pod's name and namespace. A kubelet that isn't there leaves them absent and the agent healthy.
 
-mod util;
-
 use std::{net::TcpListener, time::Duration};
 
 use gpuwarden_agent::attribution::kubelet::KubeletConfig;
-use gpuwarden_test_support::{require_root, scratch};
-use util::kubelet::{FakeKubelet, pod_cgroup, pod_list};
-use util::otlp::{TestReceiver, has, points};
-use util::{Client, Driver, TestAgent, config, container_id, memory, pod_uid, wait_for};
+use gpuwarden_test_support::{
+    agent::{TestAgent, config, memory},
+    ids::{container_id, pod_uid},
+    kubelet::{FakeKubelet, pod_cgroup, pod_list},
+    otlp::{TestReceiver, has, points},
+    require_root, scratch,
+    wait::wait_for,
+};
+use gpuwarden_tests::harness::{Client, Driver};
 
 const MIB: u64 = 1 << 20;
 

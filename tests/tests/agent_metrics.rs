@@ -4,13 +4,17 @@
 
 // Test helpers fail loudly on anything unexpected.
 
-mod util;
-
 use std::time::Duration;
 
-use gpuwarden_test_support::{TestCgroup, require_root, scratch};
-use util::otlp::{TestReceiver, has, points};
-use util::{Client, Driver, TestAgent, config, container_id, ioctls, memory, wait_for};
+use gpuwarden_test_support::{
+    TestCgroup,
+    agent::{TestAgent, config, ioctls, memory},
+    ids::container_id,
+    otlp::{TestReceiver, has, points},
+    require_root, scratch,
+    wait::wait_for,
+};
+use gpuwarden_tests::harness::{Client, Driver};
 
 const MIB: u64 = 1 << 20;
 
@@ -177,8 +181,8 @@ fn agent_metrics_match_the_snapshot_and_survive_the_receiver_going_away() {
 )]
 fn controller_metrics_match_its_api() {
     use gpuwarden_controller::api::Timing;
-    use gpuwarden_test_controller::TestController;
-    use util::cluster::{TestBackend, TestNode, create, wait_nodes, wait_state};
+    use gpuwarden_test_support::cluster::{TestBackend, TestNode, create, wait_nodes, wait_state};
+    use gpuwarden_test_support::controller::TestController;
 
     let receiver = TestReceiver::start("127.0.0.1:0");
     let timing = Timing {

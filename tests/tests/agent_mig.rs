@@ -9,19 +9,21 @@
     reason = "a test's helpers unwrap: a failure there is the test failing"
 )]
 
-mod util;
-
 use std::{collections::BTreeMap, path::Path};
 
 use std::os::unix::process::ExitStatusExt as _;
 
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_support::{TestCgroup, require_root, scratch};
-use gpuwarden_tests::fake_driver::{
-    FakeConfig, FakeDriver, FakeInstance, ci_cap_minor, gi_cap_minor,
+use gpuwarden_test_support::{
+    TestCgroup,
+    agent::{TestAgent, config, memory, used},
+    devnode::{mknod, open_in},
+    ids::container_id,
+    require_root, scratch,
 };
-use util::{
-    Client, Driver, TestAgent, config, container_id, memory, mknod, open_in, rig::Rig, used,
+use gpuwarden_tests::{
+    fake_driver::{FakeConfig, FakeDriver, FakeInstance, ci_cap_minor, gi_cap_minor},
+    harness::{Client, Driver, rig::Rig},
 };
 
 const MIB: u64 = 1 << 20;

@@ -11,8 +11,6 @@
     reason = "a test's helpers unwrap: a failure there is the test failing"
 )]
 
-mod util;
-
 use std::{
     os::unix::process::ExitStatusExt as _,
     process::{Child, Command, Stdio},
@@ -21,13 +19,15 @@ use std::{
 
 use gpuwarden_controller::{scheduler::SchedulerConfig, slots::ResourceSlot, store::StoreSpec};
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_controller::TestController;
-use gpuwarden_test_support::{Etcd, TestCgroup, require_root, scratch, wait::PATIENCE};
-use util::{
-    cluster::assert_not_overcommitted,
-    container_id,
-    rig::{self, Rig},
+use gpuwarden_test_support::{
+    Etcd, TestCgroup, agent,
+    cluster::{self, assert_not_overcommitted},
+    controller::TestController,
+    ids::container_id,
+    require_root, scratch,
+    wait::{PATIENCE, wait_for},
 };
+use gpuwarden_tests::harness::rig::{self, Rig};
 
 /// Between SIGTERM and the kill.
 const GRACE: Duration = Duration::from_secs(3);
@@ -73,7 +73,7 @@ fn start() -> Rig {
 /// borrows. Preempted workloads get [`GRACE`].
 fn config() -> SchedulerConfig {
     SchedulerConfig {
-        quotas: util::cluster::one_team("lab", "2"),
+        quotas: cluster::one_team("lab", "2"),
         preemption_grace_ms: u32::try_from(GRACE.as_millis()).unwrap(),
         ..SchedulerConfig::default()
     }
@@ -137,9 +137,9 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
     let b1 = create(&rig, "burst", "1", Some(&polite));
     let b2 = create(&rig, "burst", "1", Some(&stubborn));
     for id in [&b1, &b2] {
-        util::wait_binding(rig.agent(), id, "bound");
+        agent::wait_binding(rig.agent(), id, "bound");
     }
-    util::wait_for("the borrowers to run", || {
+    wait_for("the borrowers to run", || {
         list(&rig)
             .iter()
             .all(|s| s.state == pb::SessionState::Running as i32)
@@ -148,7 +148,7 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
     // `lab` asks for the whole node, within its guarantee.
     let asked = Instant::now();
     let a1 = create(&rig, "lab", "2", None);
-    util::wait_for("the lender to run", || {
+    wait_for("the lender to run", || {
         let sessions = list(&rig);
         assert_not_overcommitted(&sessions);
         sessions
@@ -206,7 +206,7 @@ fn preemption_under_way(rig: &Rig, seed: &str) -> (Workload, TestCgroup, String,
     let cg = container_cgroup(seed);
     let workload = Workload::start(&cg, "");
     let borrower = create(rig, "burst", "2", Some(&cg));
-    util::wait_binding(rig.agent(), &borrower, "bound");
+    agent::wait_binding(rig.agent(), &borrower, "bound");
     rig.wait_for("the borrower to run", |r| {
         r.get(&borrower).state == pb::SessionState::Running as i32
     });

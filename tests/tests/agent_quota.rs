@@ -8,8 +8,6 @@
     reason = "a test's helpers unwrap: a failure there is the test failing"
 )]
 
-mod util;
-
 use std::{
     os::unix::process::ExitStatusExt as _,
     path::{Path, PathBuf},
@@ -22,10 +20,14 @@ use gpuwarden_agent_api::{
     snapshot::{Container, Snapshot},
 };
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_support::{TestCgroup, require_root, scratch};
-use util::{
-    Client, TestAgent, container_id, memory, mknod, mknod_in, open_in, pin_dir, rig::Rig, used,
+use gpuwarden_test_support::{
+    TestCgroup,
+    agent::{self, TestAgent, memory, pin_dir, used},
+    devnode::{mknod, mknod_in, open_in},
+    ids::container_id,
+    require_root, scratch,
 };
+use gpuwarden_tests::harness::{self, Client, rig::Rig};
 
 const MIB: u64 = 1 << 20;
 
@@ -412,7 +414,7 @@ fn enforcement_outlives_a_killed_agent() {
     assert_eq!(memory(c, "nvidia0"), 2 * MIB);
     assert_eq!(actions(c), 1);
     // Counted while the agent was down: a's client, device, 12m, 8m; b's client, device, 2m.
-    assert_eq!(util::ioctls(c, "nvidiactl", "rm_alloc"), 7);
+    assert_eq!(agent::ioctls(c, "nvidiactl", "rm_alloc"), 7);
     // The kill happened while no agent ran; its event waited in the pinned ring buffer, and it
     // names the client that was killed, not client b.
     assert!(
@@ -781,7 +783,7 @@ fn a_late_agent_still_enforces_the_memory_limit() {
     drop(rig.agent.take());
     let mut a = Client::spawn(&rig.driver.dir, Some(&cg));
     let (h, dev) = gpu0(&mut a);
-    let cfg = util::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
+    let cfg = harness::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
     rig.agent = Some(TestAgent::start_with(cfg));
     rig.wait_binding(&session.id, "bound");
 

@@ -11,8 +11,6 @@
     reason = "a test's helpers unwrap: a failure there is the test failing"
 )]
 
-mod util;
-
 use std::{os::unix::process::ExitStatusExt as _, time::Duration};
 
 use gpuwarden_agent::{
@@ -22,10 +20,12 @@ use gpuwarden_agent::{
 use gpuwarden_agent_api::{Request, client};
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_support::{TestCgroup, require_root};
-use util::{
-    Driver, container_id,
-    rig::Rig,
+use gpuwarden_test_support::{
+    TestCgroup, agent, cluster, devnode, ids::container_id, require_root, wait::wait_for,
+};
+use gpuwarden_tests::harness::{
+    self, Driver,
+    rig::{self, Rig},
     suspend::{CudaProcess, FakeLibcuda},
 };
 
@@ -193,7 +193,7 @@ fn wait_event(rig: &Rig, session: &str, action: &str) -> String {
 fn charged(rig: &Rig, cg: &TestCgroup) -> u64 {
     rig.agent()
         .container(&cg.path)
-        .map_or(0, |c| util::used(&c))
+        .map_or(0, |c| agent::used(&c))
 }
 
 fn frozen(cg: &TestCgroup) -> bool {
@@ -217,7 +217,7 @@ fn a_suspended_workload_releases_its_gpu_memory_and_gets_it_back() {
     let gpu_at = usize::try_from(gpu).unwrap();
     let mut p = CudaProcess::spawn(&rig.driver.dir, &libcuda, gpu, &["64m", "30m"], Some(&cg));
     assert_eq!(rig.driver.fake.ledger()[gpu_at], 94 * MIB);
-    util::wait_for("the quota to count the workload", || {
+    wait_for("the quota to count the workload", || {
         charged(&rig, &cg) == 94 * MIB
     });
 
@@ -230,7 +230,7 @@ fn a_suspended_workload_releases_its_gpu_memory_and_gets_it_back() {
     let why = wait_event(&rig, &session, "suspended");
     assert!(why.contains("1 processes checkpointed"), "{why}");
     assert_eq!(rig.driver.fake.ledger(), vec![0, 0]);
-    util::wait_for("the quota to count nothing", || charged(&rig, &cg) == 0);
+    wait_for("the quota to count nothing", || charged(&rig, &cg) == 0);
     assert!(p.alive() && frozen(&cg));
     assert_eq!(
         std::fs::metadata(libcuda.image(p.pid)).unwrap().len(),
@@ -254,7 +254,7 @@ fn a_suspended_workload_releases_its_gpu_memory_and_gets_it_back() {
     let why = wait_event(&rig, &session, "resumed");
     assert!(why.contains("1 processes restored"), "{why}");
     assert_eq!(rig.driver.fake.ledger()[gpu_at], 94 * MIB);
-    util::wait_for("the quota to count the workload again", || {
+    wait_for("the quota to count the workload again", || {
         charged(&rig, &cg) == 94 * MIB
     });
     assert!(!frozen(&cg));
@@ -281,7 +281,7 @@ fn a_refused_suspension_falls_back_to_the_kill_path() {
     let (session, gpu) = bound_session(&rig, &cg);
     let mut p = CudaProcess::spawn(&rig.driver.dir, &libcuda, gpu, &["16m"], Some(&cg));
     libcuda.refuse(p.pid);
-    util::wait_for("the quota to count the workload", || {
+    wait_for("the quota to count the workload", || {
         charged(&rig, &cg) == 16 * MIB
     });
 
@@ -320,7 +320,7 @@ fn a_suspension_the_host_cannot_hold_falls_back_to_the_kill_path() {
     let cg = docker("suspend-no-room");
     let (session, gpu) = bound_session(&rig, &cg);
     let mut p = CudaProcess::spawn(&rig.driver.dir, &libcuda, gpu, &["16m"], Some(&cg));
-    util::wait_for("the quota to count the workload", || {
+    wait_for("the quota to count the workload", || {
         charged(&rig, &cg) == 16 * MIB
     });
 
@@ -352,7 +352,7 @@ fn a_suspension_the_host_cannot_hold_falls_back_to_the_kill_path() {
 /// Team quotas: `lab` is guaranteed both GPUs; `burst` has no queue and only borrows.
 fn reclaim_config() -> SchedulerConfig {
     SchedulerConfig {
-        quotas: util::cluster::one_team("lab", "2"),
+        quotas: cluster::one_team("lab", "2"),
         preemption_grace_ms: 3_000,
         ..SchedulerConfig::default()
     }
@@ -424,7 +424,7 @@ fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
         state_of(r, &borrower) == pb::SessionState::Running as i32
     });
     let mut p = CudaProcess::spawn(&rig.driver.dir, &libcuda, 0, &["64m"], Some(&cg));
-    util::wait_for("the quota to count the workload", || {
+    wait_for("the quota to count the workload", || {
         charged(&rig, &cg) == 64 * MIB
     });
 
@@ -438,7 +438,7 @@ fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
                 .into_inner()
                 .sessions
         });
-        util::cluster::assert_not_overcommitted(&sessions);
+        cluster::assert_not_overcommitted(&sessions);
         state_of(r, &lender) == pb::SessionState::Running as i32
     });
     let b = rig.get(&borrower);
@@ -449,7 +449,7 @@ fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
         b.reason
     );
     assert_eq!(rig.driver.fake.ledger(), vec![0, 0]);
-    util::wait_for("the quota to count nothing", || charged(&rig, &cg) == 0);
+    wait_for("the quota to count nothing", || charged(&rig, &cg) == 0);
     assert!(p.alive() && frozen(&cg));
     // The agent said how much went to the host: the 64 MiB its quota counted, which the
     // controller books as the node's host memory while the borrower is suspended.
@@ -460,9 +460,9 @@ fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
     // keeps it (a release would kill it).
     let (addr, dir) = (rig.ctl.addr, rig.state[0].path().to_owned());
     rig.ctl.crash();
-    rig.ctl = gpuwarden_test_controller::TestController::builder(&dir)
+    rig.ctl = gpuwarden_test_support::controller::TestController::builder(&dir)
         .config(reclaim_config())
-        .timing(util::rig::timing())
+        .timing(rig::timing())
         .addr(addr)
         .start();
     rig.wait_for("the node to register again", |r| {
@@ -494,7 +494,7 @@ fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
     wait_event(&rig, &borrower, "resumed");
     assert_eq!(state_of(&rig, &borrower), pb::SessionState::Running as i32);
     assert_eq!(rig.driver.fake.ledger(), vec![64 * MIB, 0]);
-    util::wait_for("the quota to count the workload again", || {
+    wait_for("the quota to count the workload again", || {
         charged(&rig, &cg) == 64 * MIB
     });
     assert!(!frozen(&cg));
@@ -544,10 +544,10 @@ fn a_suspension_survives_an_agent_restart() {
     assert_eq!(rig.driver.fake.ledger(), vec![0, 0]);
 
     rig.agent.take().unwrap().stop().unwrap();
-    let mut cfg = util::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
+    let mut cfg = harness::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
     cfg.binding_timeout = Duration::from_mins(1);
     cfg.suspend = Some(suspend);
-    rig.agent = Some(util::TestAgent::start_with(cfg));
+    rig.agent = Some(agent::TestAgent::start_with(cfg));
     rig.wait_binding(&borrower, "bound");
     assert!(p.alive());
     assert_eq!(rig.driver.fake.ledger(), vec![0, 0], "still on the host");
@@ -561,7 +561,7 @@ fn a_suspension_survives_an_agent_restart() {
     let why = wait_event(&rig, &borrower, "resumed");
     assert!(why.contains("1 processes restored"), "{why}");
     assert_eq!(rig.driver.fake.ledger(), vec![0, 32 * MIB]);
-    util::wait_for("the quota to count the workload again", || {
+    wait_for("the quota to count the workload again", || {
         charged(&rig, &cg) == 32 * MIB
     });
     assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
@@ -631,11 +631,11 @@ fn suspended_beside_a_busy_home(
     });
     assert_eq!(rig.get(&x).devices[0].index, other);
     let p = CudaProcess::spawn(&rig.driver.dir, libcuda, home, &["64m"], Some(cg));
-    util::wait_for("the quota to count the workload", || {
+    wait_for("the quota to count the workload", || {
         charged_on(rig, cg, home) == 64 * MIB
     });
     // The device rules before: its GPU opens, the other does not.
-    let open = |gpu: u32| util::open_in(cg, &nodes.join(format!("nvidia{gpu}")));
+    let open = |gpu: u32| devnode::open_in(cg, &nodes.join(format!("nvidia{gpu}")));
     assert_eq!(open(home), libc::ENXIO);
     assert_eq!(open(other), libc::EPERM);
 
@@ -663,7 +663,7 @@ fn terminate(rig: &Rig, id: &str) {
 fn gpu_nodes() -> tempfile::TempDir {
     let dir = gpuwarden_test_support::scratch("nodes");
     for minor in 0..2 {
-        util::mknod(&dir.path().join(format!("nvidia{minor}")), 195, minor);
+        devnode::mknod(&dir.path().join(format!("nvidia{minor}")), 195, minor);
     }
     dir
 }
@@ -704,7 +704,7 @@ fn a_suspended_session_resumes_on_another_gpu_of_the_same_model() {
     expected[usize::try_from(other).unwrap()] = 64 * MIB;
     assert_eq!(rig.driver.fake.ledger(), expected);
     // The agent's: charged on the new GPU.
-    util::wait_for("the quota to count the workload on the new GPU", || {
+    wait_for("the quota to count the workload on the new GPU", || {
         charged_on(&rig, &cg, other) == 64 * MIB
     });
     assert_eq!(charged_on(&rig, &cg, home), 0);
@@ -712,9 +712,9 @@ fn a_suspended_session_resumes_on_another_gpu_of_the_same_model() {
     // Running again. In 1 of 5 runs the cgroup was still (or again) frozen right here and
     // thawed a moment later; which step freezes it after the resume's thaw is not known yet
     // (the moved quota reaching the throttle is the suspect). A freeze that stays fails here.
-    util::wait_for("the workload to run again", || !frozen(&cg));
+    wait_for("the workload to run again", || !frozen(&cg));
     // The device rules moved with it.
-    let open = |gpu: u32| util::open_in(&cg, &nodes.path().join(format!("nvidia{gpu}")));
+    let open = |gpu: u32| devnode::open_in(&cg, &nodes.path().join(format!("nvidia{gpu}")));
     assert_eq!(open(other), libc::ENXIO);
     assert_eq!(open(home), libc::EPERM);
     assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
@@ -731,12 +731,12 @@ fn a_suspended_session_resumes_on_another_gpu_of_the_same_model() {
     // The agent restarts (its kernel state pinned, as a restart of the daemon leaves it): from
     // its store it binds the session's quota on the new GPU again.
     rig.agent.take().unwrap().stop_keeping_pins().unwrap();
-    let mut cfg = util::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
+    let mut cfg = harness::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
     std::fs::write(cfg.mock_devices.as_ref().unwrap(), uuid_mock()).unwrap();
     cfg.binding_timeout = Duration::from_mins(1);
-    rig.agent = Some(util::TestAgent::start_with(cfg));
+    rig.agent = Some(agent::TestAgent::start_with(cfg));
     rig.wait_binding(&borrower, "bound");
-    util::wait_for("the restarted agent to count it on the new GPU", || {
+    wait_for("the restarted agent to count it on the new GPU", || {
         charged_on(&rig, &cg, other) == 64 * MIB
     });
     assert_eq!(open(other), libc::ENXIO);
@@ -763,7 +763,7 @@ fn an_agent_restart_in_the_middle_of_a_move_leaves_the_session_where_it_was() {
     let pause = libcuda.dir.path().join("pause-version");
     std::fs::write(&pause, "").unwrap();
     terminate(&rig, &x);
-    util::wait_for("the move's version check to be under way", || {
+    wait_for("the move's version check to be under way", || {
         libcuda.dir.path().join("version-paused").exists()
     });
     let b = rig.get(&borrower);
@@ -802,12 +802,12 @@ fn an_agent_restart_in_the_middle_of_a_move_leaves_the_session_where_it_was() {
     let mut expected = vec![0; 2];
     expected[usize::try_from(home).unwrap()] = 64 * MIB;
     assert_eq!(rig.driver.fake.ledger(), expected);
-    util::wait_for("the quota to count the workload at home", || {
+    wait_for("the quota to count the workload at home", || {
         charged_on(&rig, &cg, home) == 64 * MIB
     });
     assert_eq!(charged_on(&rig, &cg, other), 0);
     assert_eq!(rig.get(&borrower).devices[0].index, home);
-    let open = |gpu: u32| util::open_in(&cg, &nodes.path().join(format!("nvidia{gpu}")));
+    let open = |gpu: u32| devnode::open_in(&cg, &nodes.path().join(format!("nvidia{gpu}")));
     assert_eq!(open(home), libc::ENXIO);
     assert_eq!(open(other), libc::EPERM);
     assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
@@ -816,7 +816,7 @@ fn an_agent_restart_in_the_middle_of_a_move_leaves_the_session_where_it_was() {
 /// Starts the agent again on `rig`'s state (its kernel state pinned by the one stopped), the
 /// stand-in libcuda as its checkpoint helper's driver.
 fn restart_agent(rig: &mut Rig, libcuda: &FakeLibcuda) {
-    let mut cfg = util::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
+    let mut cfg = harness::mock_gpu_config(&rig.driver, rig.ctl.url(), rig.state[1].path());
     std::fs::write(cfg.mock_devices.as_ref().unwrap(), uuid_mock()).unwrap();
     cfg.binding_timeout = Duration::from_mins(1);
     cfg.suspend = Some(SuspendConfig {
@@ -824,7 +824,7 @@ fn restart_agent(rig: &mut Rig, libcuda: &FakeLibcuda) {
         step_timeout: STEP,
         host_reserve: SuspendConfig::DEFAULT_HOST_RESERVE,
     });
-    rig.agent = Some(util::TestAgent::start_with(cfg));
+    rig.agent = Some(agent::TestAgent::start_with(cfg));
 }
 
 /// Issue 38: the agent stops later in a move, after the restore onto the other GPU ran and
@@ -847,7 +847,7 @@ fn an_agent_restart_after_the_restore_completes_the_move() {
     let pause = libcuda.dir.path().join("pause-unlock");
     std::fs::write(&pause, "").unwrap();
     terminate(&rig, &x);
-    util::wait_for("the move's unlock to be under way", || {
+    wait_for("the move's unlock to be under way", || {
         libcuda.dir.path().join("unlock-paused").exists()
     });
     let mut expected = vec![0; 2];
@@ -875,12 +875,12 @@ fn an_agent_restart_after_the_restore_completes_the_move() {
         "the move was not refused"
     );
     assert_eq!(rig.driver.fake.ledger(), expected);
-    util::wait_for("the quota to count the workload on the new GPU", || {
+    wait_for("the quota to count the workload on the new GPU", || {
         charged_on(&rig, &cg, other) == 64 * MIB
     });
     assert_eq!(charged_on(&rig, &cg, home), 0);
-    util::wait_for("the workload to run again", || !frozen(&cg));
-    let open = |gpu: u32| util::open_in(&cg, &nodes.path().join(format!("nvidia{gpu}")));
+    wait_for("the workload to run again", || !frozen(&cg));
+    let open = |gpu: u32| devnode::open_in(&cg, &nodes.path().join(format!("nvidia{gpu}")));
     assert_eq!(open(other), libc::ENXIO);
     assert_eq!(open(home), libc::EPERM);
     assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
@@ -906,16 +906,16 @@ fn a_controller_restart_in_the_middle_of_a_move_keeps_its_booking() {
     let pause = libcuda.dir.path().join("pause-version");
     std::fs::write(&pause, "").unwrap();
     terminate(&rig, &x);
-    util::wait_for("the move's version check to be under way", || {
+    wait_for("the move's version check to be under way", || {
         libcuda.dir.path().join("version-paused").exists()
     });
     assert_eq!(rig.get(&borrower).devices[0].index, other);
 
     let (addr, dir) = (rig.ctl.addr, rig.state[0].path().to_owned());
     rig.ctl.crash();
-    rig.ctl = gpuwarden_test_controller::TestController::builder(&dir)
+    rig.ctl = gpuwarden_test_support::controller::TestController::builder(&dir)
         .config(reclaim_config())
-        .timing(util::rig::timing())
+        .timing(rig::timing())
         .addr(addr)
         .start();
     let b = rig.get(&borrower);
@@ -935,10 +935,10 @@ fn a_controller_restart_in_the_middle_of_a_move_keeps_its_booking() {
     let mut expected = vec![0; 2];
     expected[usize::try_from(other).unwrap()] = 64 * MIB;
     assert_eq!(rig.driver.fake.ledger(), expected);
-    util::wait_for("the quota to count the workload on the new GPU", || {
+    wait_for("the quota to count the workload on the new GPU", || {
         charged_on(&rig, &cg, other) == 64 * MIB
     });
-    util::wait_for("the workload to run again", || !frozen(&cg));
+    wait_for("the workload to run again", || !frozen(&cg));
     assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
 }
 
@@ -980,12 +980,12 @@ fn an_older_driver_keeps_a_suspended_session_for_the_gpu_it_left() {
     let mut expected = vec![0; 2];
     expected[usize::try_from(home).unwrap()] = 64 * MIB;
     assert_eq!(rig.driver.fake.ledger(), expected);
-    util::wait_for("the quota to count the workload at home", || {
+    wait_for("the quota to count the workload at home", || {
         charged_on(&rig, &cg, home) == 64 * MIB
     });
     assert_eq!(rig.get(&borrower).devices[0].index, home);
     assert_eq!(
-        util::open_in(&cg, &nodes.path().join(format!("nvidia{home}"))),
+        devnode::open_in(&cg, &nodes.path().join(format!("nvidia{home}"))),
         libc::ENXIO
     );
     assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");

@@ -2,10 +2,13 @@
 //! driver, inside cgroups named like containers, and the snapshot shows exact per-container
 //! counts and bytes.
 
-mod util;
-
-use gpuwarden_test_support::{TestCgroup, require_root};
-use util::{Client, Driver, TestAgent, container_id, ioctls, memory, pod_uid};
+use gpuwarden_test_support::{
+    TestCgroup,
+    agent::{self, TestAgent, ioctls, memory},
+    ids::{container_id, pod_uid},
+    require_root,
+};
+use gpuwarden_tests::harness::{Client, Driver};
 
 const MIB: u64 = 1 << 20;
 
@@ -244,7 +247,7 @@ fn dup_threads_and_fork_are_attributed() {
 fn second_agent_refuses_to_start() {
     require_root();
     let first = TestAgent::start(&["/nonexistent/nvidia*".to_owned()]);
-    let config = util::config(&["/nonexistent/nvidia*".to_owned()], &first.state_dir);
+    let config = agent::config(&["/nonexistent/nvidia*".to_owned()], &first.state_dir);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

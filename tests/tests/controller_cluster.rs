@@ -1,18 +1,17 @@
 //! The controller and real agent links over loopback gRPC, with mock GPUs: scheduling, merged
 //! slot types, refusals, limits, restarts and node loss.
 
-mod util;
-
 use std::{sync::atomic::Ordering, time::Duration};
 
 use tokio_stream::StreamExt as _;
 
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, SessionState};
-use gpuwarden_test_controller::{TestController, fast_timing};
-use gpuwarden_test_support::scratch;
-use util::cluster::{
-    TestBackend, TestNode, alloc_map, create, eventually, state_of, wait_nodes, wait_state,
+use gpuwarden_test_support::{
+    cluster::{TestBackend, TestNode, alloc_map, create, state_of, wait_nodes, wait_state},
+    controller::{TestController, fast_timing},
+    scratch,
+    wait::eventually,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,20 +11,21 @@
     reason = "a test's helpers unwrap: a failure there is the test failing"
 )]
 
-mod util;
-
 use std::{collections::BTreeSet, time::Duration};
 
 use gpuwarden_controller::{scheduler::SchedulerConfig, slots::ResourceSlot};
 use gpuwarden_proto::v1::{
     self as pb, SessionState, scheduler_service_client::SchedulerServiceClient,
 };
-use gpuwarden_test_controller::{TestController, fast_timing};
-use gpuwarden_test_support::scratch;
-use tonic::transport::Channel;
-use util::cluster::{
-    TestBackend, TestNode, assert_not_overcommitted, eventually, state_of, wait_nodes, wait_state,
+use gpuwarden_test_support::{
+    cluster::{
+        self, TestBackend, TestNode, assert_not_overcommitted, state_of, wait_nodes, wait_state,
+    },
+    controller::{TestController, fast_timing},
+    scratch,
+    wait::eventually,
 };
+use tonic::transport::Channel;
 
 type Client = SchedulerServiceClient<Channel>;
 
@@ -47,7 +48,7 @@ async fn single(c: &mut Client, owner: &str, shares: &str) -> String {
 async fn with_quotas(tag: &str) -> (tempfile::TempDir, TestController, TestNode, Client) {
     let state = scratch(tag);
     let config = SchedulerConfig {
-        quotas: util::cluster::one_team("lab", "2"),
+        quotas: cluster::one_team("lab", "2"),
         ..SchedulerConfig::default()
     };
     let ctl = TestController::builder(state.path())

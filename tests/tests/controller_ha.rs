@@ -2,18 +2,16 @@
 //! the leader from a standby, keeps what it holds while no leader exists, and finds the new
 //! leader by itself after the old one is killed, which then runs what is asked.
 
-mod util;
-
 use std::time::{Duration, Instant};
 
 use gpuwarden_controller::store::StoreSpec;
 use gpuwarden_proto::v1::{self as pb, SessionState};
-use gpuwarden_test_controller::{TestController, fast_timing};
 use gpuwarden_test_support::{
     Etcd,
-    wait::{self, PATIENCE},
+    cluster::{TestBackend, TestNode, alloc_map, create, wait_nodes, wait_state},
+    controller::{TestController, fast_timing},
+    wait::{self, PATIENCE, eventually},
 };
-use util::cluster::{TestBackend, TestNode, alloc_map, create, eventually, wait_nodes, wait_state};
 
 const TTL: Duration = Duration::from_secs(2);
 

@@ -2,8 +2,6 @@
 //! exports `gpuwarden.controller.insecure` = 1 over OTLP (and 0 before it does). Its own test
 //! binary, since the flag is process-wide.
 
-mod util;
-
 use std::time::Duration;
 
 use gpuwarden_controller::{
@@ -12,9 +10,11 @@ use gpuwarden_controller::{
     scheduler::SchedulerConfig,
     server,
 };
-use gpuwarden_test_support::scratch;
-use util::otlp::{TestReceiver, points};
-use util::wait_for;
+use gpuwarden_test_support::{
+    otlp::{TestReceiver, points},
+    scratch,
+    wait::wait_for,
+};
 
 #[test]
 fn insecure_serving_is_exported_as_a_metric() {

@@ -9,8 +9,6 @@
     reason = "a test's helpers unwrap: a failure there is the test failing"
 )]
 
-mod util;
-
 use std::{path::Path, sync::Arc, time::Duration};
 
 use gpuwarden_agent::{
@@ -19,9 +17,12 @@ use gpuwarden_agent::{
 };
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, SessionState};
-use gpuwarden_test_controller::{TestController, fast_timing};
-use gpuwarden_test_support::scratch;
-use util::cluster::{create, eventually, no_holdings, wait_nodes, wait_state};
+use gpuwarden_test_support::{
+    cluster::{create, no_holdings, wait_nodes, wait_state},
+    controller::{TestController, fast_timing},
+    scratch,
+    wait::eventually,
+};
 
 /// GPU-0 whole; GPU-1, an H200 in MIG mode with the operator's `3g.71gb` at slices 4-7, given
 /// to gpuwarden; GPU-2, an H200 in MIG mode with no instance, not given.

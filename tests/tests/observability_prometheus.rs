@@ -20,8 +20,6 @@
     reason = "a test's helpers unwrap: a failure there is the test failing"
 )]
 
-mod util;
-
 use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
@@ -31,10 +29,14 @@ use std::{
 };
 
 use gpuwarden_runtime::otlp::Exporters;
-use gpuwarden_test_controller::{TestController, fast_timing};
-use gpuwarden_test_support::{require_root, scratch, wait::until as wait_for};
+use gpuwarden_test_support::{
+    agent::TestAgent,
+    controller::{TestController, fast_timing},
+    require_root, scratch,
+    wait::until as wait_for,
+};
+use gpuwarden_tests::harness::{self, Driver};
 use serde_json::Value;
-use util::{Driver, TestAgent};
 
 const MIB: u64 = 1 << 20;
 
@@ -282,7 +284,7 @@ fn prometheus_scrapes_both_binaries_and_the_dashboard_and_alerts_work_on_their_s
         .start();
     let agent_dir = scratch("agent");
     let agent_metrics = free_port();
-    let mut cfg = util::mock_gpu_config(&driver, ctl.url(), agent_dir.path());
+    let mut cfg = harness::mock_gpu_config(&driver, ctl.url(), agent_dir.path());
     let mock_file = cfg.mock_devices.clone().unwrap();
     cfg.usage_report_interval = Some(Duration::from_millis(200));
     cfg.prometheus_listen = Some(agent_metrics);

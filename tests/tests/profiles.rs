@@ -13,17 +13,19 @@
     reason = "a test's helpers unwrap: a failure there is the test failing"
 )]
 
-mod util;
-
 use std::{
     process::{Command, Output},
     time::{Duration, Instant},
 };
 
-use gpuwarden_test_controller::{TestController, fast_timing};
-use gpuwarden_test_support::{require_root, scratch, wait::until as wait_for};
+use gpuwarden_test_support::{
+    agent::TestAgent,
+    controller::{TestController, fast_timing},
+    require_root, scratch,
+    wait::until as wait_for,
+};
+use gpuwarden_tests::harness::{self, Driver};
 use tempfile::TempDir;
-use util::{Driver, TestAgent};
 
 /// The agent's usage report interval here (5 s by default).
 const REPORT_INTERVAL: Duration = Duration::from_millis(200);
@@ -66,7 +68,7 @@ impl Rig {
             .timing(fast_timing(Duration::from_secs(5)))
             .start();
         let agent_dir = scratch("agent");
-        let mut cfg = util::mock_gpu_config(&driver, ctl.url(), agent_dir.path());
+        let mut cfg = harness::mock_gpu_config(&driver, ctl.url(), agent_dir.path());
         cfg.usage_report_interval = Some(REPORT_INTERVAL);
         let agent = TestAgent::start_with(cfg);
         let rig = Self {

@@ -21,8 +21,6 @@
     reason = "a test's helpers unwrap: a failure there is the test failing"
 )]
 
-mod util;
-
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -31,10 +29,15 @@ use std::{
 
 use gpuwarden_agent_api::snapshot::{Container, Snapshot};
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_support::{require_root, scratch};
+use gpuwarden_test_support::{
+    agent,
+    devnode::mknod,
+    ids::{container_id, pod_uid},
+    require_root, scratch,
+};
+use gpuwarden_tests::harness::{Client, rig::Rig};
 use serde_json::{Value, json};
 use tempfile::TempDir;
-use util::{Client, container_id, mknod, pod_uid, rig::Rig};
 
 const MIB: u64 = 1 << 20;
 
@@ -163,7 +166,7 @@ fn scenario(engine: &Engine, (runtime, pod): (&str, &str), cgroup_path: impl Fn(
     assert_eq!(c.pids, vec![host_pid]);
     assert_eq!(c.session_id.as_deref(), Some(session.id.as_str()));
     assert_eq!(
-        util::memory(&c, &format!("nvidia{mine}")),
+        agent::memory(&c, &format!("nvidia{mine}")),
         12 * MIB,
         "{c:?}"
     );

@@ -3,8 +3,6 @@
 //! and is refused another owner's; an admin's ends any; no token is `Unauthenticated` (exit 1);
 //! an unreadable token file is bad input (exit 2).
 
-mod common;
-
 use std::{path::Path, process::Command, sync::Arc};
 
 use gpuwarden_controller::{
@@ -19,7 +17,7 @@ use gpuwarden_proto::v1 as pb;
 /// A controller taking the tokens of `token_file`, with one node holding two GPUs; returns the
 /// runtime (dropping it stops both) and the URL.
 fn start(scratch: &Path, token_file: &Path) -> (tokio::runtime::Runtime, String) {
-    let (rt, url) = common::start_controller_with(
+    let (rt, url) = gpuwarden_test_support::controller::start_controller_with(
         scratch,
         Security {
             // Plain-text agents beside tokens only because the test says --insecure.

@@ -15,9 +15,10 @@ use std::{
 
 use gpuwarden_controller::store::StoreSpec;
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_controller::TestController;
 use gpuwarden_test_support::{
-    Etcd, node,
+    Etcd,
+    controller::TestController,
+    node,
     wait::{self, PATIENCE},
 };
 use tonic::{

@@ -3,11 +3,9 @@
 //! many of its gang exist, until the last one is created; then all run, and `session show` and
 //! `session ls` name the gang. Malformed gang flags are refused.
 
-mod common;
-
-use common::{gpuwarden, json};
-
 use std::time::Duration;
+
+use gpuwarden_test_support::cli::{gpuwarden, json};
 
 const NODE: &str = "node-gang";
 
@@ -47,9 +45,10 @@ fn state(url: &str, id: &str) -> serde_json::Value {
 #[test]
 fn members_wait_for_their_gang_then_run_together_and_show_it() {
     let scratch = gpuwarden_test_support::scratch("gang");
-    let (rt, url, controller) = common::start_controller_held(scratch.path());
+    let (rt, url, controller) =
+        gpuwarden_test_support::controller::start_controller_held(scratch.path());
     rt.spawn(fake_agent(url.clone()));
-    common::wait_for_node(&url, NODE);
+    gpuwarden_test_support::cli::wait_for_node(&url, NODE);
 
     // Flags that don't make a gang: a usage error, or the controller's refusal naming the field.
     let (code, _, err) = gpuwarden(
@@ -81,7 +80,7 @@ fn members_wait_for_their_gang_then_run_together_and_show_it() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    common::wait_passes(&controller, 3);
+    gpuwarden_test_support::controller::wait_passes(&controller, 3);
     let shown = state(&url, &first);
     assert_eq!(shown["state"], "pending", "{shown}");
     assert_eq!(shown["reason"], "gang pair 1/2 members", "{shown}");

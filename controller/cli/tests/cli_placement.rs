@@ -3,13 +3,10 @@
 //! utilization for each session). A finished session teaches its class; interference-aware
 //! placement then keeps two busy sessions apart and explains why.
 
-mod common;
-
-use common::{gpuwarden, json};
-
 use std::time::Duration;
 
 use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_support::cli::{gpuwarden, json};
 use tokio_stream::StreamExt;
 
 const NODE: &str = "node-placement";
@@ -77,9 +74,9 @@ fn create_running(url: &str, extra: &[&str]) -> serde_json::Value {
 #[test]
 fn a_learned_busy_class_is_kept_apart_and_the_choice_explained() {
     let scratch = gpuwarden_test_support::scratch("placement");
-    let (rt, url) = common::start_controller(scratch.path());
+    let (rt, url) = gpuwarden_test_support::controller::start_controller(scratch.path());
     rt.spawn(fake_agent(url.clone()));
-    common::wait_for_node(&url, NODE);
+    gpuwarden_test_support::cli::wait_for_node(&url, NODE);
 
     // Nothing learned yet: asking for a class names it.
     let (code, _, err) = gpuwarden(&url, &["profile", "show", "busy"]);

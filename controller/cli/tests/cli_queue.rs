@@ -3,8 +3,6 @@
 //! as set (4.5 shares, 200g); what a queue holds and borrows follows its sessions; bad input
 //! exits 2 before connecting, a queue the controller refuses exits 1 with the reason.
 
-mod common;
-
 use std::{path::Path, process::Command, sync::Arc, time::Duration};
 
 use gpuwarden_controller::{
@@ -53,7 +51,7 @@ fn an_admin_sets_queues_and_everyone_sees_them_exactly() {
         let token = tokens::add(&token_file, owner, role).expect("token added");
         std::fs::write(file, format!("{token}\n")).expect("written");
     }
-    let (rt, url) = common::start_controller_with(
+    let (rt, url) = gpuwarden_test_support::controller::start_controller_with(
         dir,
         Security {
             // Plain-text agents beside tokens only because the test says --insecure.

@@ -5,8 +5,6 @@
 //! The end-to-end test needs root and a cgroup v2 mount: it is `#[ignore = "needs root"]`
 //! (`cargo xtask test` runs it) and fails without them, saying so.
 
-mod common;
-
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader},
@@ -27,6 +25,7 @@ use gpuwarden_controller::{
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_support::{
     TestCgroup,
+    cli::{fake_agent_socket, wait_for_node},
     wait::{self, PATIENCE},
 };
 use tokio_stream::StreamExt;
@@ -191,16 +190,16 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
     let scratch = gpuwarden_test_support::scratch("run");
     let scratch = scratch.path();
     let socket = scratch.join("agent.sock");
-    common::fake_agent_socket(&socket, NODE, cgroup.dir.clone());
+    fake_agent_socket(&socket, NODE, cgroup.dir.clone());
 
-    let (rt, url) = common::start_controller(scratch);
+    let (rt, url) = gpuwarden_test_support::controller::start_controller(scratch);
     let seen = Arc::new(Mutex::new(Vec::new()));
     rt.spawn(fake_agent(
         url.clone(),
         Arc::clone(&seen),
         cgroup.dir.clone(),
     ));
-    common::wait_for_node(&url, NODE);
+    wait_for_node(&url, NODE);
 
     let socket_arg = socket.to_string_lossy().into_owned();
     let out = gpuwarden(
@@ -353,7 +352,7 @@ fn a_preempted_run_says_so_and_exits_75() {
     let scratch = gpuwarden_test_support::scratch("preempt");
     let scratch = scratch.path();
     let socket = scratch.join("agent.sock");
-    common::fake_agent_socket(&socket, NODE, cgroup.dir.clone());
+    fake_agent_socket(&socket, NODE, cgroup.dir.clone());
     let lab = QueueQuota {
         guaranteed: ResourceSlot::parse_any(&["cuda.shares=1"]).expect("a slot"),
         limit: None,
@@ -366,14 +365,17 @@ fn a_preempted_run_says_so_and_exits_75() {
         preemption_grace_ms: 5_000,
         ..SchedulerConfig::default()
     };
-    let (rt, url) =
-        common::start_controller_scheduling(scratch, server::Transport::PlainText.into(), config);
+    let (rt, url) = gpuwarden_test_support::controller::start_controller_scheduling(
+        scratch,
+        server::Transport::PlainText.into(),
+        config,
+    );
     rt.spawn(fake_agent(
         url.clone(),
         Arc::new(Mutex::new(Vec::new())),
         cgroup.dir.clone(),
     ));
-    common::wait_for_node(&url, NODE);
+    wait_for_node(&url, NODE);
 
     let socket_arg = socket.to_string_lossy().into_owned();
     let borrower = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
@@ -430,18 +432,19 @@ fn a_preempted_run_says_so_and_exits_75() {
 fn a_full_node() -> (tokio::runtime::Runtime, String, impl Sized, String) {
     let scratch = gpuwarden_test_support::scratch("full");
     let socket = scratch.path().join("agent.sock");
-    common::fake_agent_socket(&socket, NODE, scratch.path().to_owned());
-    let (rt, url) = common::start_controller(scratch.path());
+    fake_agent_socket(&socket, NODE, scratch.path().to_owned());
+    let (rt, url) = gpuwarden_test_support::controller::start_controller(scratch.path());
     rt.spawn(fake_agent(
         url.clone(),
         Arc::new(Mutex::new(Vec::new())),
         scratch.path().to_owned(),
     ));
-    common::wait_for_node(&url, NODE);
-    let holder = common::json(&url, &["session", "create", "-r", "cuda.shares=1"]);
+    wait_for_node(&url, NODE);
+    let holder =
+        gpuwarden_test_support::cli::json(&url, &["session", "create", "-r", "cuda.shares=1"]);
     let holder = holder["id"].as_str().expect("an id").to_owned();
     wait::until("the first session to run", PATIENCE, || {
-        common::json(&url, &["session", "show", &holder])["state"] == "running"
+        gpuwarden_test_support::cli::json(&url, &["session", "show", &holder])["state"] == "running"
     });
     let socket = socket.to_string_lossy().into_owned();
     (rt, url, scratch, socket)
@@ -479,7 +482,7 @@ fn spawn_watched(
 
 /// The sessions of the controller at `url` in `state`.
 fn sessions_in(url: &str, state: &str) -> Vec<serde_json::Value> {
-    let all = common::json(url, &["session", "ls"]);
+    let all = gpuwarden_test_support::cli::json(url, &["session", "ls"]);
     all.as_array()
         .expect("a list")
         .iter()
@@ -547,7 +550,7 @@ fn a_waiting_run_says_why_and_its_timeout_ends_the_session() {
         "the timeout names the reason: {rest:?}"
     );
     assert_eq!(
-        common::json(&url, &["session", "show", &id])["state"],
+        gpuwarden_test_support::cli::json(&url, &["session", "show", &id])["state"],
         "terminated"
     );
     rt.shutdown_background();
@@ -578,7 +581,7 @@ fn ctrl_c_while_run_waits_ends_its_session() {
     let out = child.wait_with_output().expect("waited");
     assert_eq!(out.status.code(), Some(128 + 2));
     assert_eq!(
-        common::json(&url, &["session", "show", &id])["state"],
+        gpuwarden_test_support::cli::json(&url, &["session", "show", &id])["state"],
         "terminated"
     );
     rt.shutdown_background();
@@ -608,7 +611,7 @@ fn create_wait_says_why_and_times_out_leaving_the_session() {
     assert_eq!(out.status.code(), Some(124), "{rest:?}");
     assert!(rest.last().is_some_and(|l| l.contains(&reason)), "{rest:?}");
     assert_eq!(
-        common::json(&url, &["session", "show", &id])["state"],
+        gpuwarden_test_support::cli::json(&url, &["session", "show", &id])["state"],
         "pending"
     );
     rt.shutdown_background();
@@ -636,7 +639,7 @@ fn ctrl_c_stops_create_wait_and_leaves_the_session() {
         "{rest:?}"
     );
     assert_eq!(
-        common::json(&url, &["session", "show", &id])["state"],
+        gpuwarden_test_support::cli::json(&url, &["session", "show", &id])["state"],
         "pending"
     );
     rt.shutdown_background();
@@ -679,7 +682,7 @@ fn on_a_terminal_the_wait_is_one_status_line() {
 fn run_with_an_agent_but_no_controller_exits_1_naming_the_controller() {
     let scratch = gpuwarden_test_support::scratch("noctl");
     let socket = scratch.path().join("agent.sock");
-    common::fake_agent_socket(&socket, NODE, scratch.path().to_owned());
+    fake_agent_socket(&socket, NODE, scratch.path().to_owned());
     let out = gpuwarden(
         "http://127.0.0.1:9",
         &[

@@ -5,8 +5,6 @@
 //! shows the mean of the newest reports and the last one: the figures reported, in text and
 //! in `--json`. A `share_deviation` event the agent sends is among the session's events.
 
-mod common;
-
 use std::{process::Command, sync::mpsc};
 
 use gpuwarden_proto::v1 as pb;
@@ -86,7 +84,7 @@ fn close(actual: &serde_json::Value, expected: f64) -> bool {
 #[test]
 fn session_show_gives_the_entitled_share_and_the_achieved_one_its_agent_reported() {
     let scratch = gpuwarden_test_support::scratch("cli-share");
-    let (rt, url) = common::start_controller(scratch.path());
+    let (rt, url) = gpuwarden_test_support::controller::start_controller(scratch.path());
     let (allocated_tx, allocated) = mpsc::channel();
     let stream = rt.block_on(agent(url.clone(), allocated_tx));
 

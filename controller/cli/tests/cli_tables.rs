@@ -2,9 +2,7 @@
 //! gRPC, a fake agent with two GPUs under a long host name that acks every allocation, and
 //! `session ls` / `node ls` read as a user reads them.
 
-mod common;
-
-use common::{gpuwarden, json};
+use gpuwarden_test_support::cli::{gpuwarden, json};
 
 /// Longer than the columns the tables used to cut node names to (14 and 16).
 const NODE: &str = "gpu-worker-eu-west-17";
@@ -36,9 +34,9 @@ fn table(url: &str, args: &[&str]) -> Vec<Vec<String>> {
 #[test]
 fn session_and_node_tables_give_whole_ids_the_next_command_takes() {
     let scratch = gpuwarden_test_support::scratch("tables");
-    let (rt, url) = common::start_controller(scratch.path());
+    let (rt, url) = gpuwarden_test_support::controller::start_controller(scratch.path());
     rt.spawn(fake_agent(url.clone()));
-    common::wait_for_node(&url, NODE);
+    gpuwarden_test_support::cli::wait_for_node(&url, NODE);
     let create = |extra: &[&str]| {
         let mut args = vec!["session", "create", "-r", "cuda.shares=0.5"];
         args.extend_from_slice(extra);

@@ -3,8 +3,6 @@
 //! works, the CA alone is refused as unauthenticated, without the CA the command exits 2 saying
 //! what is missing, and a controller certificate from another CA is refused.
 
-mod common;
-
 use std::{path::Path, process::Command, sync::Arc};
 
 use gpuwarden_controller::{
@@ -24,7 +22,10 @@ fn start_tls_controller(scratch: &Path) -> (tokio::runtime::Runtime, String) {
     mint::mint_clients_into(&certs, &[("ops".to_owned(), ClientRole::Admin)], 1)
         .expect("minted the admin");
     let tls = ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("TLS files load");
-    common::start_controller_with(scratch, Transport::Tls(Arc::new(tls)).into())
+    gpuwarden_test_support::controller::start_controller_with(
+        scratch,
+        Transport::Tls(Arc::new(tls)).into(),
+    )
 }
 
 fn gpuwarden(url: &str, args: &[&str], env: &[(&str, &Path)]) -> (i32, String, String) {

@@ -13,8 +13,6 @@
 //! root test (`#[ignore = "needs root"]`, run by `cargo xtask test`), where `sudo` is the
 //! command itself. The other test runs the tour up to its first `sudo` step.
 
-mod common;
-
 use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
@@ -244,10 +242,10 @@ fn run_tour(steps: &[Step], cgroup: PathBuf) {
     let scratch = gpuwarden_test_support::scratch("tour");
     let node = hostname();
     let socket = scratch.path().join("agent.sock");
-    common::fake_agent_socket(&socket, &node, cgroup);
-    let (rt, url) = common::start_controller(scratch.path());
+    gpuwarden_test_support::cli::fake_agent_socket(&socket, &node, cgroup);
+    let (rt, url) = gpuwarden_test_support::controller::start_controller(scratch.path());
     rt.spawn(mock_agent(url.clone(), node.clone()));
-    common::wait_for_node(&url, &node);
+    gpuwarden_test_support::cli::wait_for_node(&url, &node);
     let dir = scratch.path().join("newcomer");
     std::fs::create_dir_all(&dir).expect("makes the newcomer's directory");
     type_in(steps, &dir, &url, &socket);

@@ -19,7 +19,7 @@ use std::{
 };
 
 use gpuwarden_controller::{
-    api::{Controller, Timing},
+    api::{Hub, Timing},
     limits::{Bounds, Limits},
     scheduler::{Scheduler, SchedulerConfig},
     server,
@@ -213,7 +213,7 @@ async fn run(store: Store, label: &'static str, grouped: bool, size: Size) -> Ro
         pass_interval: Duration::from_millis(20),
         ..Timing::default()
     };
-    let controller = Controller::new(
+    let controller = Hub::new(
         Scheduler::new(SchedulerConfig::default()),
         store.clone(),
         timing,

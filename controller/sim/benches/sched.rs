@@ -15,7 +15,7 @@ use std::{
 
 use gpuwarden_controller::{
     allocator::DeviceSpec,
-    api::{Controller, Timing},
+    api::{Hub, Timing},
     limits::{Bounds, Limits},
     node::NodeReport,
     placement::Placement,
@@ -254,7 +254,7 @@ async fn heartbeats(agents: usize, seconds: u64) -> (f64, u64) {
         heartbeat_timeout: Duration::from_mins(10),
         ..Timing::default()
     };
-    let controller = Controller::new(Scheduler::new(SchedulerConfig::default()), store, timing);
+    let controller = Hub::new(Scheduler::new(SchedulerConfig::default()), store, timing);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

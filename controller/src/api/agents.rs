@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::convert;
 use crate::{
     auth::identity::Peer,
-    controller::{Controller, Pending, store_status},
+    hub::{Hub, Pending, store_status},
     limits::{Bounds, Bucket, LimitError, Refusal},
     store::StoreError,
 };
@@ -23,7 +23,7 @@ use crate::{
 #[derive(Clone)]
 pub struct AgentApi {
     /// The controller core.
-    pub controller: Arc<Controller>,
+    pub controller: Arc<Hub>,
     /// The bounds agents are held to.
     pub bounds: Arc<Bounds>,
 }
@@ -222,7 +222,7 @@ fn settle_later(unsettled: &mut Option<Settling>, pending: Pending) {
 /// Applies one message of `node`'s stream to the scheduler, queueing what it changed; what it
 /// drops is counted in `bounds`.
 fn change(
-    controller: &Arc<Controller>,
+    controller: &Arc<Hub>,
     bounds: &Bounds,
     node: &str,
     message: Option<Msg>,

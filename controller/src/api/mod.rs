@@ -1,4 +1,4 @@
-//! The gRPC API: the services over the [`Controller`] core ([`crate::controller`]).
+//! The gRPC API: the services over the controller's [`Hub`] ([`crate::hub`]).
 //!
 //! The services are thin: [`SchedulerApi`] for clients (sessions, nodes, team queues), [`AgentApi`] for agents. Watchers read
 //! the [`SessionLog`], where every change to a session is numbered by a revision; a standby's
@@ -15,5 +15,5 @@ pub use agents::AgentApi;
 pub use role::{LEADER_METADATA, StandbyGate};
 pub use sessions::SchedulerApi;
 
-// The core moved to `crate::controller`; these paths stay for callers that name them here.
-pub use crate::controller::{Controller, Pending, Role, SessionLog, Timing, store_status, watch};
+// The hub moved to `crate::hub`; these paths stay for callers that name them here.
+pub use crate::hub::{Hub, Pending, Role, SessionLog, Timing, store_status, watch};

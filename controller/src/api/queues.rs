@@ -10,7 +10,7 @@ use tonic::{Code, Request, Response, Status};
 use super::{SchedulerApi, convert};
 use crate::{
     auth::clients::Caller,
-    controller::store_status,
+    hub::store_status,
     limits::LimitError,
     scheduler::{QueueError, QueueSpec, QueueView, quotas::QueueQuota},
     slots::ResourceSlot,

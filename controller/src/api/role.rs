@@ -11,7 +11,7 @@ use tonic::{Status, body::Body};
 pub use gpuwarden_proto::follow::LEADER_METADATA;
 
 // The role itself is the core's; named here too, where it was defined before.
-pub use crate::controller::Role;
+pub use crate::hub::Role;
 use crate::screen::{Screen, Screened};
 
 /// The gRPC path prefix of gpuwarden's own services (health and reflection are not gated).

@@ -14,8 +14,8 @@ use tonic::{Code, Request, Response, Status};
 use super::{convert, pages::Pager, queues};
 use crate::{
     auth::clients::{Caller, ClientAuth},
-    controller::{
-        Controller, store_status,
+    hub::{
+        Hub, store_status,
         watch::{self, Start, StateFilter, WatchError},
     },
     limits::Bounds,
@@ -28,7 +28,7 @@ use crate::{
 #[derive(Clone)]
 pub struct SchedulerApi {
     /// The controller core.
-    pub controller: Arc<Controller>,
+    pub controller: Arc<Hub>,
     /// How callers authenticate and what they may do.
     pub clients: Arc<ClientAuth>,
     /// The bounds callers are held to.

@@ -58,7 +58,7 @@ use super::{
 };
 use crate::{
     auth::{followed::Stamp, tls::TlsSetupError},
-    controller::Controller,
+    hub::Hub,
     limits::{self, Refusal},
 };
 
@@ -82,7 +82,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// What the handlers use: the controller's view of the cluster and the API server.
 pub struct Hooks {
     /// The controller (nodes, sessions, profiles).
-    pub controller: Arc<Controller>,
+    pub controller: Arc<Hub>,
     /// Where claim templates are made.
     pub templates: Arc<dyn ClaimTemplates>,
     /// The server's bounds: connections and bodies refused at a cap are counted there.

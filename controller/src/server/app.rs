@@ -14,7 +14,7 @@ use gpuwarden_runtime::{
 use tokio::net::TcpListener;
 
 use crate::{
-    controller::{Controller, Timing},
+    hub::{Hub, Timing},
     limits::Bounds,
     metrics::FollowedFiles,
     scheduler::{Scheduler, SchedulerConfig},
@@ -38,7 +38,7 @@ pub async fn open(
     spec: &StoreSpec,
     config: SchedulerConfig,
     timing: Timing,
-) -> Result<Arc<Controller>, ServeError> {
+) -> Result<Arc<Hub>, ServeError> {
     let store = Store::open(spec).await?;
     let snapshot = store.load().await?;
     tracing::info!(
@@ -48,7 +48,7 @@ pub async fn open(
         "state restored from {spec}"
     );
     let scheduler = Scheduler::restore(config, snapshot);
-    Ok(Controller::new(scheduler, store, timing))
+    Ok(Hub::new(scheduler, store, timing))
 }
 
 /// The store of a state directory: sled in its `store/` folder ([`StoreSpec::sled_in`]).
@@ -97,7 +97,7 @@ pub async fn run_until(
 /// etcd, a standby ready to campaign); nothing runs until [`App::spawn`].
 #[must_use = "an app does nothing until spawned"]
 pub struct App {
-    controller: Arc<Controller>,
+    controller: Arc<Hub>,
     election: Option<Election>,
     listener: TcpListener,
     addr: SocketAddr,
@@ -178,7 +178,7 @@ impl App {
 
     /// The controller it serves.
     #[must_use]
-    pub fn controller(&self) -> &Arc<Controller> {
+    pub fn controller(&self) -> &Arc<Hub> {
         &self.controller
     }
 

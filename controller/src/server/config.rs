@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::{
     auth::{grants::GrantFile, tokens::TokenFile},
-    controller::Timing,
+    hub::Timing,
     limits::Limits,
     scheduler::SchedulerConfig,
     store::StoreSpec,

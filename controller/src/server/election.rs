@@ -6,7 +6,7 @@
 use std::{sync::Arc, time::Duration};
 
 use crate::{
-    controller::{Controller, Role, Timing},
+    hub::{Hub, Role, Timing},
     scheduler::{Scheduler, SchedulerConfig},
     store::{EtcdKv, Kv, Replica, Snapshot, Store, StoreSpec},
 };
@@ -41,7 +41,7 @@ pub async fn open_standby(
     timing: Timing,
     advertise: String,
     ttl: Duration,
-) -> Result<(Arc<Controller>, Election), ServeError> {
+) -> Result<(Arc<Hub>, Election), ServeError> {
     let store = Store::open(spec).await?;
     let Kv::Etcd(kv) = store.kv() else {
         return Err(ServeError::NotEtcd {
@@ -54,7 +54,7 @@ pub async fn open_standby(
         ttl,
     };
     tracing::info!(store = %spec, ttl = ?ttl, "standby: campaigning for leadership");
-    let controller = Controller::with_role(Scheduler::new(config), store, timing, Role::standby());
+    let controller = Hub::with_role(Scheduler::new(config), store, timing, Role::standby());
     Ok((controller, election))
 }
 
@@ -62,7 +62,7 @@ pub async fn open_standby(
 /// and campaigns again, for as long as the server runs. While campaigning it learns where the
 /// leader is, for the standby's answers.
 pub(super) async fn hold_elections(
-    controller: Arc<Controller>,
+    controller: Arc<Hub>,
     election: Election,
     health: tonic_health::server::HealthReporter,
 ) {

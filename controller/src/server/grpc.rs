@@ -25,7 +25,7 @@ use crate::{
         grants::{self, GrantFile, Grants},
         tls::ConnectionCaps,
     },
-    controller::Controller,
+    hub::Hub,
     limits::{Bounds, Limits},
     session::Session,
 };
@@ -41,7 +41,7 @@ use super::{
 /// token file, holds clients to the default [`Limits`], and leads at once (no election).
 #[must_use = "a server does nothing until it serves"]
 pub struct GrpcServer {
-    controller: Arc<Controller>,
+    controller: Arc<Hub>,
     listener: tokio::net::TcpListener,
     security: Security,
     bounds: Option<Arc<Bounds>>,
@@ -51,7 +51,7 @@ pub struct GrpcServer {
 impl GrpcServer {
     /// Serves `controller` on `listener` (bound already: tests and benchmarks bind port 0, the
     /// app binds before it opens the store).
-    pub fn new(controller: Arc<Controller>, listener: tokio::net::TcpListener) -> Self {
+    pub fn new(controller: Arc<Hub>, listener: tokio::net::TcpListener) -> Self {
         Self {
             controller,
             listener,
@@ -195,7 +195,7 @@ const GRANT_CHECK: Duration = Duration::from_secs(1);
 /// restarted after a grant was withdrawn) and whenever a new version is in force: a session its
 /// owner's grants no longer allow fails, saying why, and is released on its node (issue 33: a
 /// removed grant left the sessions made under it bound, even after a restart).
-async fn watch_grants(controller: Arc<Controller>, grants: Arc<GrantFile>) {
+async fn watch_grants(controller: Arc<Hub>, grants: Arc<GrantFile>) {
     let mut checked: Option<Arc<Grants>> = None;
     let mut tick = tokio::time::interval(GRANT_CHECK);
     loop {
@@ -277,7 +277,7 @@ const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
 
 /// The services: scheduler and agents behind the standby gate, health and reflection.
 fn router(
-    controller: &Arc<Controller>,
+    controller: &Arc<Hub>,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 
 use crate::{
     auth::tls::TlsSetupError,
-    controller::Controller,
+    hub::Hub,
     kubernetes::{
         admission::Marker,
         apiserver::{ApiError, ApiServer, BoxFuture, ClaimTemplates, Ensured},
@@ -164,7 +164,7 @@ impl KubeListeners {
     /// `bounds`; each task joins `tasks`, for the app to stop and join.
     pub(super) fn spawn(
         self,
-        controller: &Arc<Controller>,
+        controller: &Arc<Hub>,
         bounds: &Arc<Bounds>,
         stop: &Stop,
         tasks: &mut Tasks<ServeError>,

@@ -1,4 +1,5 @@
-//! Fixtures shared by every gpuwarden test crate, one per concept.
+//! The test helpers of gpuwarden, a module per concern: fixtures every test crate shares, and
+//! behind features the harnesses that start a daemon.
 //!
 //! # The root policy
 //!
@@ -30,15 +31,60 @@
 //!
 //! [`node`]: the `NodeInfo` a fake agent registers, and its registration and stream.
 //! [`spinner`]: CPU-spinning processes in a cgroup, for the compute throttle's tests and bench.
+//!
+//! # Stand-ins and names
+//!
+//! [`kubelet`]: a fake kubelet serving a pod list, and the kubepods cgroups it names.
+//! [`devnode`]: GPU device nodes with no driver, opened or made from inside a cgroup.
+//! [`ids`]: container ids and pod UIDs unique to a run.
+//!
+//! # Binaries
+//!
+//! [`bin`] finds a binary of the package under test, for helpers here that run one
+//! (`CARGO_BIN_EXE_<name>` is set only while compiling that package's tests); [`cli`] runs the
+//! `gpuwarden` CLI as its end-to-end tests do.
+//!
+//! # Harnesses behind features
+//!
+//! The fixtures above link no gpuwarden product crate, so the agent's and the controller's own
+//! unit tests use them without compiling the other daemon. What starts a daemon links it, and
+//! sits behind a feature named after what it starts, which a test crate turns on in its
+//! `[dev-dependencies]`:
+//!
+//! - `controller`: module `controller`, a controller in the test's process or as its binary;
+//! - `agent`: module `agent`, the agent in the test's process, and reading its snapshot;
+//! - both: module `cluster`, agent links with mock GPUs registered with a controller;
+//! - `otlp`: module `otlp`, an OTLP/gRPC metrics receiver (links the OpenTelemetry protos).
+//!
+//! What wraps `gpuwarden-tests`' own peers (its fake driver, its `gpu-client` and `cuda-process`
+//! binaries) is in that crate's `harness` module, not here: its `spinner` binary links this
+//! crate, so this crate can't link it back.
+//!
+//! The controller's own integration tests may turn `controller` on: Cargo lets a package's
+//! dev-dependency depend on that package, and its integration tests link the same
+//! `gpuwarden-controller` this crate does. Its unit tests (`controller/src`) must not use those
+//! modules: they are a second build of the crate, whose types differ from the ones here.
 #![deny(missing_docs)]
 
+#[cfg(feature = "agent")]
+pub mod agent;
 mod cgroup;
+pub mod cli;
+#[cfg(all(feature = "agent", feature = "controller"))]
+pub mod cluster;
+#[cfg(feature = "controller")]
+pub mod controller;
+pub mod devnode;
 mod etcd;
+pub mod ids;
+pub mod kubelet;
 pub mod node;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 pub mod spinner;
 pub mod wait;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use cgroup::TestCgroup;
 pub use etcd::{Etcd, EtcdTls};
@@ -88,6 +134,28 @@ pub fn scratch(tag: &str) -> tempfile::TempDir {
         .unwrap_or_else(|e| panic!("cannot make a scratch directory under /tmp: {e}"))
 }
 
+/// The binary `name` of the package whose test or bench runs: Cargo builds a package's binaries
+/// before its integration tests and benches, into the directory above theirs (`deps/`).
+///
+/// # Panics
+/// There is no such binary there (the caller is not an integration test or bench of the
+/// package that has it).
+#[must_use]
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("no path to this test: {e}"));
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or_else(|| panic!("{} is not in a target directory", exe.display()));
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "no binary {} (only a package's own tests and benches have its binaries built)",
+        path.display()
+    );
+    path
+}
+
 /// The first line of `binary --help`, which should say what the binary is, and the whole text.
 ///
 /// # Panics
@@ -120,5 +188,28 @@ mod tests {
         std::fs::write(path.join("file"), b"x").expect("writable");
         drop(dir);
         assert!(!path.exists(), "{} was left behind", path.display());
+    }
+
+    #[test]
+    fn bin_looks_beside_the_tests_own_directory() {
+        // This crate has no binaries, so the lookup fails; its message names where it looked,
+        // which must be the directory above the test's own `deps/`. (The CLI's and the
+        // controller's tests find their binaries through it.)
+        let exe = std::env::current_exe().expect("this test's path");
+        let deps = exe.parent().expect("deps/");
+        assert_eq!(deps.file_name().and_then(|n| n.to_str()), Some("deps"));
+        let result = std::panic::catch_unwind(|| bin("no-such-binary"));
+        let message = *result
+            .expect_err("there is no such binary")
+            .downcast::<String>()
+            .expect("a formatted message");
+        let expected = deps
+            .parent()
+            .expect("the profile directory")
+            .join("no-such-binary");
+        assert!(
+            message.contains(&expected.display().to_string()),
+            "{message}"
+        );
     }
 }

@@ -56,6 +56,26 @@ where
     started.elapsed()
 }
 
+/// [`until`] with [`PATIENCE`]: waits until `check` holds, or fails naming `what`.
+///
+/// # Panics
+/// `check` still fails after [`PATIENCE`].
+pub fn wait_for(what: &str, check: impl FnMut() -> bool) {
+    until(what, PATIENCE, check);
+}
+
+/// [`until_async`] with [`PATIENCE`]: waits until `check` holds, or fails naming `what`.
+///
+/// # Panics
+/// `check` still fails after [`PATIENCE`].
+pub async fn eventually<F, Fut>(what: &str, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    until_async(what, PATIENCE, check).await;
+}
+
 /// Checks that `check` holds at every poll for `over` (a state that must last, such as a cgroup
 /// staying thawed); how many times it was checked.
 ///

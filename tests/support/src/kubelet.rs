@@ -1,5 +1,10 @@
 //! A fake kubelet on loopback: answers every request with the current pod list (`GET /pods`),
 //! recording each request's head; and the pod lists and kubepods cgroups tests give it.
+#![expect(
+    clippy::unwrap_used,
+    clippy::missing_panics_doc,
+    reason = "test helpers: a failed set-up step should fail the test where it happened"
+)]
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -10,7 +15,7 @@ use std::{
     },
 };
 
-use gpuwarden_test_support::TestCgroup;
+use crate::TestCgroup;
 
 /// A fake kubelet: answers every request with the current pod list, recording each request's
 /// head. Stopped when dropped.
@@ -23,6 +28,8 @@ pub struct FakeKubelet {
 }
 
 impl FakeKubelet {
+    /// Serves `body` on a loopback port.
+    #[must_use]
     pub fn start(body: String) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
@@ -58,6 +65,8 @@ impl FakeKubelet {
         }
     }
 
+    /// The URL of its pod list.
+    #[must_use]
     pub fn url(&self) -> String {
         format!("http://{}/pods", self.addr)
     }
@@ -67,6 +76,8 @@ impl FakeKubelet {
         *self.body.lock().unwrap() = body;
     }
 
+    /// The head of each request it got, in order.
+    #[must_use]
     pub fn requests(&self) -> Vec<String> {
         self.requests.lock().unwrap().clone()
     }
@@ -97,6 +108,9 @@ fn read_head(stream: &TcpStream) -> String {
     head
 }
 
+/// A pod list of a `kube-system` pod and the pod `namespace/name` with UID `uid`, as the kubelet
+/// serves it.
+#[must_use]
 pub fn pod_list(uid: &str, name: &str, namespace: &str) -> String {
     format!(
         r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{}},"items":[
@@ -107,6 +121,7 @@ pub fn pod_list(uid: &str, name: &str, namespace: &str) -> String {
 }
 
 /// A container cgroup of a pod, in the systemd driver's kubepods layout (containerd).
+#[must_use]
 pub fn pod_cgroup(uid: &str, id: &str) -> TestCgroup {
     TestCgroup::create(&format!(
         "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope",

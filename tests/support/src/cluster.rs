@@ -1,5 +1,10 @@
-//! A controller ([`TestController`], from `gpuwarden-test-controller`) and agents (the real
-//! agent link with mock devices) on loopback gRPC.
+//! Agents as the controller sees them (the real agent link with mock devices, [`TestNode`]) on
+//! loopback gRPC, and reading and changing the cluster through the controller's client.
+#![expect(
+    clippy::unwrap_used,
+    clippy::missing_panics_doc,
+    reason = "test helpers: a failed set-up step should fail the test where it happened"
+)]
 
 use std::sync::{
     Arc,
@@ -16,14 +21,21 @@ use gpuwarden_agent::{
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
 use tonic::transport::Channel;
 
+use crate::wait::eventually;
+
 /// Mock GPUs, optionally with an extra slot type that can vanish (a device plugin going away).
 pub struct TestBackend {
+    /// The GPUs it reports.
     pub devices: Vec<GpuDevice>,
+    /// An extra slot type and its capacity, if any.
     pub extra: Option<(&'static str, &'static str)>,
+    /// Set: the extra slot type is gone from what it reports.
     pub extra_gone: AtomicBool,
 }
 
 impl TestBackend {
+    /// `n` mock 16 GiB GPUs, `GPU-test-0`…, and no extra slot type.
+    #[must_use]
     pub fn gpus(n: u32) -> Self {
         Self {
             devices: (0..n)
@@ -77,13 +89,17 @@ impl GpuBackend for TestBackend {
 
 /// The real agent link running against a controller.
 pub struct TestNode {
+    /// What the node holds for its sessions.
     pub holdings: SharedHoldings,
+    /// Its GPUs.
     pub backend: Arc<TestBackend>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl TestNode {
+    /// Starts the link of node `node` with `backend`'s GPUs to the controller at `controller`,
+    /// on the calling runtime.
     pub fn start(controller: &str, node: &str, backend: TestBackend) -> Self {
         Self::start_with(
             controller,
@@ -93,6 +109,7 @@ impl TestNode {
         )
     }
 
+    /// [`Self::start`] with `holdings` (what a node that went silent held) and a shared backend.
     pub fn start_with(
         controller: &str,
         node: &str,
@@ -137,19 +154,11 @@ impl TestNode {
         (Arc::clone(&self.holdings), Arc::clone(&self.backend))
     }
 
+    /// The sessions the node holds.
+    #[must_use]
     pub fn held(&self) -> Vec<String> {
         gpuwarden_agent::control::holdings::lock(&self.holdings).sessions()
     }
-}
-
-/// Waits until `check` holds, polling, or fails naming `what` ([`gpuwarden_test_support::wait`]).
-pub async fn eventually<F, Fut>(what: &str, check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    gpuwarden_test_support::wait::until_async(what, gpuwarden_test_support::wait::PATIENCE, check)
-        .await;
 }
 
 /// Waits until the controller lists `n` nodes.
@@ -179,6 +188,9 @@ pub async fn wait_state(
 }
 
 /// Creates a session from `name=value` tokens.
+///
+/// # Errors
+/// The status the controller refused it with.
 pub async fn create(
     client: &mut SchedulerServiceClient<Channel>,
     owner: &str,
@@ -225,12 +237,14 @@ pub async fn alloc_map(client: &mut SchedulerServiceClient<Channel>, node: &str)
 }
 
 /// Holdings of nobody (for a fresh link).
+#[must_use]
 pub fn no_holdings() -> SharedHoldings {
     Arc::new(std::sync::Mutex::new(Holdings::default()))
 }
 
 /// Team quotas with one queue, `queue`, guaranteed `shares` GPUs' worth of `cuda.shares`: its
 /// owner asks within its guarantee; any other owner has no queue, so it only borrows.
+#[must_use]
 pub fn one_team(queue: &str, shares: &str) -> gpuwarden_controller::scheduler::quotas::QuotaConfig {
     use gpuwarden_controller::{scheduler::quotas::QueueQuota, slots::ResourceSlot};
     gpuwarden_controller::scheduler::quotas::QuotaConfig {
@@ -248,6 +262,10 @@ pub fn one_team(queue: &str, shares: &str) -> gpuwarden_controller::scheduler::q
 
 /// The shares the sessions that hold resources hold in all; panics where one device (a node's
 /// GPU) holds more than a whole GPU's.
+#[expect(
+    clippy::must_use_candidate,
+    reason = "a test may call it for its assertion alone"
+)]
 pub fn assert_not_overcommitted(
     sessions: &[gpuwarden_proto::v1::Session],
 ) -> gpuwarden_controller::slots::ResourceSlot {

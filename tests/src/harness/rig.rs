@@ -9,22 +9,30 @@ use gpuwarden_agent::config::AgentConfig;
 use gpuwarden_agent_api::snapshot::{Container, Snapshot};
 use gpuwarden_controller::scheduler::SchedulerConfig;
 use gpuwarden_proto::v1::{self as pb, scheduler_service_client::SchedulerServiceClient};
-use gpuwarden_test_controller::{TestController, fast_timing};
-use gpuwarden_test_support::{TestCgroup, scratch};
+use gpuwarden_test_support::controller::{TestController, fast_timing};
+use gpuwarden_test_support::{
+    TestCgroup,
+    agent::{TestAgent, wait_binding},
+    scratch,
+    wait::wait_for,
+};
 use tempfile::TempDir;
 use tonic::transport::Channel;
 
-use super::{Driver, TestAgent};
+use super::{Driver, mock_gpu_config};
 
 /// A controller, the fake driver, and an agent registered with the controller.
 pub struct Rig {
+    /// The fake driver.
     pub driver: Driver,
     /// The agent; a test that stops it (to restart it, or to run one of its own) takes it.
     /// Dropped before the controller, so the agent stops first.
     pub agent: Option<TestAgent>,
+    /// The controller.
     pub ctl: TestController,
     /// The mock GPU list the agent was given.
     pub mock: PathBuf,
+    /// A runtime for the test's client calls.
     pub rt: tokio::runtime::Runtime,
     /// The controller's and the agent's state, removed after both stopped.
     pub state: [TempDir; 2],
@@ -122,7 +130,7 @@ impl Rig {
         binding_timeout: Duration,
         agent: impl FnOnce(&mut AgentConfig),
     ) -> Self {
-        let mut cfg = super::mock_gpu_config(&driver, urls.to_owned(), state[1].path());
+        let mut cfg = mock_gpu_config(&driver, urls.to_owned(), state[1].path());
         let mock = cfg.mock_devices.clone().unwrap();
         if let Some(text) = mock_text {
             std::fs::write(&mock, text).unwrap();
@@ -210,12 +218,12 @@ impl Rig {
 
     /// Waits until the snapshot shows `session` in binding `state`; that snapshot.
     pub fn wait_binding(&self, session: &str, state: &str) -> Snapshot {
-        super::wait_binding(self.agent(), session, state)
+        wait_binding(self.agent(), session, state)
     }
 
-    /// Waits until `check` holds of the rig ([`super::wait_for`]).
+    /// Waits until `check` holds of the rig ([`wait_for`]).
     pub fn wait_for(&self, what: &str, mut check: impl FnMut(&Self) -> bool) {
-        super::wait_for(what, || check(self));
+        wait_for(what, || check(self));
     }
 
     /// The snapshot's entry of the container `cg`.

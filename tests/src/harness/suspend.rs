@@ -14,6 +14,7 @@ use tempfile::TempDir;
 /// The stand-in driver library, built with gcc into a scratch directory, which is also where
 /// the fake CUDA processes it acts on keep their sockets and host images.
 pub struct FakeLibcuda {
+    /// The scratch directory holding the library, sockets and images.
     pub dir: TempDir,
 }
 
@@ -40,7 +41,7 @@ impl FakeLibcuda {
     /// The agent's helper (its own binary, built in this crate) loading this library.
     pub fn helper(&self) -> Helper {
         Helper {
-            program: PathBuf::from(env!("CARGO_BIN_EXE_agent-under-test")),
+            program: gpuwarden_test_support::bin("agent-under-test"),
             library: Some(self.library()),
         }
     }
@@ -58,6 +59,7 @@ impl FakeLibcuda {
 
 /// A fake CUDA process holding video memory through the fake driver; killed when dropped.
 pub struct CudaProcess {
+    /// Its pid.
     pub pid: u32,
     /// The checksum of its "device" data when it started.
     pub checksum: String,
@@ -76,7 +78,7 @@ impl CudaProcess {
         allocs: &[&str],
         cgroup: Option<&TestCgroup>,
     ) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cuda-process"));
+        let mut cmd = Command::new(gpuwarden_test_support::bin("cuda-process"));
         cmd.arg("--dir")
             .arg(dev)
             .arg("--ckpt-dir")

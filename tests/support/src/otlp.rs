@@ -1,5 +1,10 @@
 //! An OTLP/gRPC metrics receiver built on the official opentelemetry-proto definitions, and
 //! helpers to read what it received.
+#![expect(
+    clippy::unwrap_used,
+    clippy::missing_panics_doc,
+    reason = "test helpers: a failed set-up step should fail the test where it happened"
+)]
 
 use std::{
     net::SocketAddr,
@@ -33,6 +38,7 @@ impl MetricsService for Receiver {
 
 /// An OTLP/gRPC metrics receiver on loopback, on its own runtime; stopped when dropped.
 pub struct TestReceiver {
+    /// Where it listens.
     pub addr: SocketAddr,
     received: Received,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -40,6 +46,8 @@ pub struct TestReceiver {
 }
 
 impl TestReceiver {
+    /// Starts it on `addr` (`127.0.0.1:0` for any free port).
+    #[must_use]
     pub fn start(addr: &str) -> Self {
         let received = Received::default();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
@@ -75,6 +83,7 @@ impl TestReceiver {
     }
 
     /// The latest export's metric `name`, if any export had it.
+    #[must_use]
     pub fn latest(&self, name: &str) -> Option<Metric> {
         let received = self.received.lock().unwrap();
         received.iter().rev().find_map(|r| {
@@ -88,6 +97,7 @@ impl TestReceiver {
     }
 
     /// Resource attributes of the latest export.
+    #[must_use]
     pub fn resource(&self) -> Vec<(String, String)> {
         let received = self.received.lock().unwrap();
         received
@@ -103,6 +113,8 @@ impl TestReceiver {
             .unwrap_or_default()
     }
 
+    /// How many export requests it got.
+    #[must_use]
     pub fn count(&self) -> usize {
         self.received.lock().unwrap().len()
     }
@@ -119,6 +131,8 @@ impl Drop for TestReceiver {
     }
 }
 
+/// An attribute value as text (empty when absent).
+#[must_use]
 pub fn text(value: Option<&AnyValue>) -> String {
     match value.and_then(|v| v.value.as_ref()) {
         Some(any_value::Value::StringValue(s)) => s.clone(),
@@ -129,6 +143,7 @@ pub fn text(value: Option<&AnyValue>) -> String {
 }
 
 /// The data points of a gauge or sum: (attributes, value as f64).
+#[must_use]
 pub fn points(metric: &Metric) -> Vec<(Vec<(String, String)>, f64)> {
     let points = match &metric.data {
         Some(Data::Gauge(g)) => &g.data_points,
@@ -153,6 +168,8 @@ pub fn points(metric: &Metric) -> Vec<(Vec<(String, String)>, f64)> {
         .collect()
 }
 
+/// Whether `attrs` holds `key` = `value`.
+#[must_use]
 pub fn has(attrs: &[(String, String)], key: &str, value: &str) -> bool {
     attrs.iter().any(|(k, v)| k == key && v == value)
 }

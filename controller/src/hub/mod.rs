@@ -1,7 +1,8 @@
-//! The controller core that both gRPC services, the election and the Kubernetes side share.
+//! The hub of the controller: what both gRPC services, the election and the Kubernetes side
+//! share and go through.
 //!
-//! [`Controller`] owns the [`Scheduler`] and the [`Store`]; every change goes through
-//! [`Controller::apply`], which persists what changed and tells watchers before answering.
+//! [`Hub`] owns the [`Scheduler`] and the [`Store`]; every change goes through
+//! [`Hub::apply`], which persists what changed and tells watchers before answering.
 //! Watchers read the [`SessionLog`] ([`watch`]), where every change to a session is numbered by a
 //! revision.
 //! Its [`Role`] says whether it leads (schedules, talks to agents) or stands by.
@@ -57,8 +58,9 @@ impl Default for Timing {
 /// Where a node's messages go while its stream is open.
 pub(crate) type AgentTx = mpsc::Sender<Result<pb::ControllerMessage, Status>>;
 
-/// The controller's state and the work both services share.
-pub struct Controller {
+/// The controller's hub: its state and the work both services share (the scheduler and the
+/// store under one [`Hub::apply`], the session log watchers read, the agents' streams).
+pub struct Hub {
     scheduler: Mutex<Scheduler>,
     /// Swapped for a fenced one each time this controller takes office.
     store: Mutex<Store>,
@@ -118,7 +120,7 @@ impl PassTimes {
     }
 }
 
-/// A change queued for commit by [`Controller::change`].
+/// A change queued for commit by [`Hub::change`].
 #[must_use = "a change is durable only once `durable` returns"]
 pub struct Pending {
     deposed: Arc<Notify>,
@@ -144,7 +146,7 @@ impl Pending {
     }
 
     /// Waits until the change is durable (and announced to watchers). A commit that finds this
-    /// controller deposed tells [`Controller::deposed`].
+    /// controller deposed tells [`Hub::deposed`].
     ///
     /// # Errors
     /// The commit failed; the change stays in memory and its writes go with the next commit.
@@ -157,7 +159,7 @@ impl Pending {
     }
 }
 
-impl Controller {
+impl Hub {
     /// A controller over `scheduler` (fresh or restored) persisting to `store`, leading from the
     /// start (one store, no election).
     #[must_use]
@@ -219,7 +221,7 @@ impl Controller {
     }
 
     /// Runs `f` on the scheduler and queues what it changed for the next commit, without
-    /// waiting: the first half of [`Controller::apply`]. Watchers hear of the change, and the
+    /// waiting: the first half of [`Hub::apply`]. Watchers hear of the change, and the
     /// caller may act on it, only once [`Pending::durable`] returns. Callers that answer nobody
     /// (an agent's acknowledgements) keep reading while earlier changes commit.
     ///

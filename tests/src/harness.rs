@@ -1,0 +1,213 @@
+//! The harness the end-to-end tests run on, over this crate's peers: the fake driver mounted in
+//! a scratch directory ([`Driver`]), `gpu-client` processes driven line by line ([`Client`]),
+//! the rig of a controller and an agent on the driver ([`rig`]), and the suspend tests' stand-in
+//! `libcuda.so.1` and fake CUDA processes ([`suspend`]).
+//!
+//! The fixtures every test crate shares, and the agent and controller harnesses these build on,
+//! are in `gpuwarden-test-support`; these stay here because they run this crate's binaries and
+//! wrap its fake driver, which that crate can't link (this crate's `spinner` binary links it).
+#![expect(
+    clippy::unwrap_used,
+    clippy::missing_panics_doc,
+    reason = "test helpers: a failed set-up step should fail the test where it happened"
+)]
+#![expect(
+    clippy::must_use_candidate,
+    reason = "a test may ignore what a step answers (a reply, an exit status)"
+)]
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use gpuwarden_agent::config::AgentConfig;
+use gpuwarden_test_support::{TWO_MOCK_GPUS, TestCgroup, agent::config, scratch};
+use tempfile::TempDir;
+
+use crate::fake_driver::{FakeConfig, FakeDriver};
+
+/// The rig of a controller and an agent on the fake driver.
+pub mod rig;
+/// The suspend tests' stand-in `libcuda.so.1` and fake CUDA processes.
+pub mod suspend;
+
+/// The fake driver mounted in a scratch directory, removed after the driver unmounts.
+pub struct Driver {
+    /// The driver.
+    pub fake: FakeDriver,
+    /// The mount point, `dev` in the scratch directory.
+    pub dir: PathBuf,
+    /// Dropped after `fake` (fields drop in order).
+    scratch: TempDir,
+}
+
+impl Driver {
+    /// Mounts the driver with its defaults (two 16 GiB GPUs) in a scratch directory tagged `tag`.
+    pub fn mount(tag: &str) -> Self {
+        Self::mount_with(tag, &FakeConfig::default())
+    }
+
+    /// [`Self::mount`] with `config` (MIG instances, other GPU sizes).
+    pub fn mount_with(tag: &str, config: &FakeConfig) -> Self {
+        let scratch = scratch(tag);
+        let dir = scratch.path().join("dev");
+        let fake = FakeDriver::mount(&dir, config).unwrap();
+        Self { fake, dir, scratch }
+    }
+
+    /// The scratch directory the mount point is in (for files beside it).
+    pub fn scratch(&self) -> &Path {
+        self.scratch.path()
+    }
+
+    /// The glob the agent watches for this driver.
+    pub fn glob(&self) -> String {
+        format!("{}/nvidia*", self.dir.display())
+    }
+}
+
+/// An agent config for `driver`'s device nodes as [`TWO_MOCK_GPUS`] (written beside the
+/// driver's mount), registering with the controller at `controller`, with its state in
+/// `state_dir`.
+pub fn mock_gpu_config(driver: &Driver, controller: String, state_dir: &Path) -> AgentConfig {
+    let mock = driver.scratch.path().join("mock.toml");
+    std::fs::write(&mock, TWO_MOCK_GPUS).unwrap();
+    let mut cfg = config(&[driver.glob()], state_dir);
+    cfg.controller = Some(controller);
+    cfg.mock_devices = Some(mock);
+    cfg
+}
+
+/// A `gpu-client` process, optionally inside a cgroup, driven line by line.
+pub struct Client {
+    /// Its pid, as it sees itself.
+    pub pid: u32,
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Client {
+    /// Starts one on the driver at `dev`, inside `cgroup` if given.
+    pub fn spawn(dev: &Path, cgroup: Option<&TestCgroup>) -> Self {
+        Self::spawn_in(dev, cgroup, None)
+    }
+
+    /// [`spawn`](Self::spawn) with `cwd` as the working directory (so `dev` may be relative).
+    pub fn spawn_in(dev: &Path, cgroup: Option<&TestCgroup>, cwd: Option<&Path>) -> Self {
+        let mut cmd = Command::new(gpuwarden_test_support::bin("gpu-client"));
+        cmd.arg("--dir").arg(dev);
+        if let Some(cwd) = cwd {
+            cmd.current_dir(cwd);
+        }
+        if let Some(cg) = cgroup {
+            gpuwarden_runtime::cgroup::spawn_inside(&mut cmd, &cg.dir).unwrap();
+        }
+        Self::start(cmd)
+    }
+
+    /// Runs `cmd`, which starts a `gpu-client` with its stdin and stdout passed through (a
+    /// container runtime in the foreground, say), and waits for the client's `ready` line.
+    /// `pid` is the pid the client sees itself as (1 as a container's init).
+    pub fn start(mut cmd: Command) -> Self {
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let pid = line
+            .trim()
+            .strip_prefix("ready pid=")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("gpu-client did not start: {line:?}"));
+        Self {
+            pid,
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Sends one command and returns its reply.
+    pub fn send(&mut self, command: &str) -> String {
+        writeln!(self.stdin, "{command}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
+
+    /// Sends a command that must succeed; returns the reply.
+    pub fn ok(&mut self, command: &str) -> String {
+        let reply = self.send(command);
+        assert!(reply.contains("ok"), "{command:?} answered {reply:?}");
+        reply
+    }
+
+    /// A value from the reply of a command that must succeed.
+    pub fn value(&mut self, command: &str, key: &str) -> u64 {
+        let reply = self.ok(command);
+        crate::gpu_client::reply_value(&reply, key)
+            .unwrap_or_else(|| panic!("{command:?} answered {reply:?}, no {key}"))
+    }
+
+    /// Waits for the process to end (e.g. killed by enforcement) and returns how it ended.
+    pub fn wait(mut self) -> std::process::ExitStatus {
+        self.child.wait().unwrap()
+    }
+
+    /// [`Self::wait`], failing the test if the process has not ended within `limit`.
+    pub fn wait_within(mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pid {} still runs after {limit:?}",
+                self.child.id()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The process's state letter from `/proc/<pid>/stat` (`T` when stopped).
+    pub fn state(&self) -> char {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
+        stat.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .unwrap_or('?')
+    }
+
+    /// Sends a command without waiting for the reply (the process may be stopped or killed).
+    pub fn send_only(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Reads the next reply line.
+    pub fn reply(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
+
+    /// Ends the process without freeing anything and waits for it.
+    pub fn exit(mut self) {
+        let _ = writeln!(self.stdin, "exit");
+        let _ = self.stdin.flush();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
