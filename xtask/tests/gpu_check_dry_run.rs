@@ -16,8 +16,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// The rows a run plans: 6 setup, 9 memory, 4 limit, 1 hooks, 3 cost, 12 suspend, 16 throttle.
-const PLANNED: usize = 51;
+/// The setup section's rows (run before every section).
+const SETUP: usize = 7;
+/// The suspend section's rows.
+const SUSPEND: usize = 12;
+/// The rows a run plans: setup, 9 memory, 4 limit, 1 hooks, 3 cost, suspend, 16 throttle.
+const PLANNED: usize = SETUP + 9 + 4 + 1 + 3 + SUSPEND + 16;
 /// The suspend section's row for another process taking the freed memory meanwhile.
 const OTHER: &str = "suspend: another process allocates meanwhile";
 /// The suspend section's rows for a restore with the GPU paired to itself.
@@ -267,7 +271,11 @@ fn a_refused_suspension_fails_its_rows_with_the_drivers_code() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "failed checks: {stderr}");
     let rows = table(&out);
-    assert_eq!(rows.len(), 6 + 12, "setup and suspend only: {rows:#?}");
+    assert_eq!(
+        rows.len(),
+        SETUP + SUSPEND,
+        "setup and suspend only: {rows:#?}"
+    );
     assert_eq!(
         row(
             &rows,
@@ -321,7 +329,11 @@ fn a_driver_refusing_the_gpu_pair_fails_its_row_saying_so() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "failed checks: {stderr}");
     let rows = table(&out);
-    assert_eq!(rows.len(), 6 + 12, "setup and suspend only: {rows:#?}");
+    assert_eq!(
+        rows.len(),
+        SETUP + SUSPEND,
+        "setup and suspend only: {rows:#?}"
+    );
     for check in [
         "suspend: agent suspended the session",
         "resume: data intact",

@@ -26,7 +26,7 @@ pub struct SuspendConfig {
     pub helper: Helper,
     /// The limit on each driver call (lock, checkpoint, restore, unlock of one process).
     pub step_timeout: Duration,
-    /// Host memory a suspension leaves available ([`host_room`]): where the GPU memory to
+    /// Host memory a suspension leaves available: where the GPU memory to
     /// copy out would take the node's `MemAvailable` below it, the workload is killed instead.
     pub host_reserve: u64,
 }

@@ -46,6 +46,7 @@
 //!     memory_bytes: 16 << 30,
 //!     sm_count: 132,
 //!     numa_node: 0,
+//!     parent_uuid: String::new(),
 //! };
 //! let mut node = NodeAllocator::new(vec![gpu(0), gpu(1)], AllocatorConfig::default());
 //! node.allocate("s1", &GpuRequest::shares("0.2".parse()?), Strategy::Binpack)?;
