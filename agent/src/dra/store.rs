@@ -51,12 +51,39 @@ pub struct Prepared {
     pub devices: Vec<PlannedDevice>,
     /// The CDI device ids returned.
     pub cdi_device_ids: Vec<String>,
+    /// The MIG instances made for the claim's partition devices (docs/mig.md, "Partitions
+    /// prepared"), destroyed when it is unprepared; records from before partitions: none.
+    #[serde(default)]
+    pub made: Vec<MadeInstance>,
 }
 
-/// Prepared claims by UID, in memory and (when given a tree) on disk.
+/// A MIG instance made at prepare for a partition device of a claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MadeInstance {
+    /// The partition device it was made for (`gpu-1-2g-35gb-at-0`).
+    pub device: String,
+    /// The parent GPU's UUID.
+    pub gpu: String,
+    /// The GPU instance profile (`2g.35gb`).
+    pub profile: String,
+    /// The first memory slice of its placement.
+    pub start: u32,
+    /// The instance's UUID.
+    pub uuid: String,
+    /// The instance's device index when made.
+    pub index: u32,
+}
+
+/// The key prefix of an instance whose claim is unprepared but which is not destroyed yet
+/// (a process still on its GPU); claim UIDs are UUIDs, so no claim's key starts with it.
+const DOOMED: &str = "destroy/";
+
+/// Prepared claims by UID, and the instances of unprepared claims still to destroy, in memory
+/// and (when given a tree) on disk.
 #[derive(Debug, Default)]
 pub struct ClaimStore {
     claims: BTreeMap<String, Prepared>,
+    doomed: BTreeMap<String, MadeInstance>,
     tree: Option<sled::Tree>,
 }
 
@@ -67,19 +94,29 @@ impl ClaimStore {
     /// A record is corrupt or unreadable.
     pub fn load(tree: Option<sled::Tree>) -> Result<Self, StoreError> {
         let mut claims = BTreeMap::new();
+        let mut doomed = BTreeMap::new();
         if let Some(tree) = &tree {
             for item in tree {
                 let (k, v) = item?;
                 let uid = String::from_utf8_lossy(&k).into_owned();
-                let record: Prepared =
-                    serde_json::from_slice(&v).map_err(|source| StoreError::Corrupt {
-                        uid: uid.clone(),
-                        source,
-                    })?;
-                claims.insert(uid, record);
+                let corrupt = |source| StoreError::Corrupt {
+                    uid: uid.clone(),
+                    source,
+                };
+                if let Some(instance) = uid.strip_prefix(DOOMED) {
+                    let made: MadeInstance = serde_json::from_slice(&v).map_err(corrupt)?;
+                    doomed.insert(instance.to_owned(), made);
+                } else {
+                    let record: Prepared = serde_json::from_slice(&v).map_err(corrupt)?;
+                    claims.insert(uid, record);
+                }
             }
         }
-        Ok(Self { claims, tree })
+        Ok(Self {
+            claims,
+            doomed,
+            tree,
+        })
     }
 
     /// The claim prepared under `uid`.
@@ -107,6 +144,42 @@ impl ClaimStore {
             tree.flush()?;
         }
         self.claims.insert(record.uid.clone(), record);
+        Ok(())
+    }
+
+    /// The instances of unprepared claims still to destroy.
+    pub fn doomed(&self) -> impl Iterator<Item = &MadeInstance> {
+        self.doomed.values()
+    }
+
+    /// Keeps `made` to destroy later, durably before returning.
+    ///
+    /// # Errors
+    /// The write failed; nothing is kept then.
+    pub fn doom(&mut self, made: MadeInstance) -> Result<(), StoreError> {
+        let key = format!("{DOOMED}{}", made.uuid);
+        if let Some(tree) = &self.tree {
+            let bytes = serde_json::to_vec(&made).map_err(|source| StoreError::Corrupt {
+                uid: key.clone(),
+                source,
+            })?;
+            tree.insert(key.as_bytes(), bytes)?;
+            tree.flush()?;
+        }
+        self.doomed.insert(made.uuid.clone(), made);
+        Ok(())
+    }
+
+    /// Forgets the instance `uuid` to destroy (destroyed, or gone).
+    ///
+    /// # Errors
+    /// The write failed.
+    pub fn spare(&mut self, uuid: &str) -> Result<(), StoreError> {
+        if let Some(tree) = &self.tree {
+            tree.remove(format!("{DOOMED}{uuid}").as_bytes())?;
+            tree.flush()?;
+        }
+        self.doomed.remove(uuid);
         Ok(())
     }
 
