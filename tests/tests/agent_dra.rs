@@ -1055,6 +1055,7 @@ fn the_partition_pool_is_written_whole_and_backs_out_without_the_gate() {
 /// placement back).
 #[test]
 #[ignore = "needs root"]
+#[expect(clippy::too_many_lines, reason = "one scenario, step by step")]
 fn the_agent_publishes_partitions_of_the_reconfigurable_gpu_only() {
     require_root();
     let rt = tokio::runtime::Builder::new_multi_thread()
