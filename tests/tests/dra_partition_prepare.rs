@@ -38,6 +38,7 @@ use gpuwarden_agent::{
         self, DraConfig,
         config::{ApiServerConfig, GpuSelection},
     },
+    enforcement::QuotaCommand,
 };
 use gpuwarden_test_support::scratch;
 use serde_json::{Value, json};
@@ -173,6 +174,8 @@ fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
 struct Running {
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
+    /// What the plugin hands enforcement.
+    quotas: tokio::sync::mpsc::UnboundedReceiver<QuotaCommand>,
 }
 
 impl Running {
@@ -182,7 +185,7 @@ impl Running {
         backend: &Arc<MockBackend>,
         tree: sled::Tree,
     ) -> Self {
-        let (quotas, _) = tokio::sync::mpsc::unbounded_channel();
+        let (to_enforcement, quotas) = tokio::sync::mpsc::unbounded_channel();
         let backend: Arc<dyn GpuBackend> = Arc::clone(backend) as Arc<dyn GpuBackend>;
         let plugin = {
             let _guard = rt.enter();
@@ -191,7 +194,7 @@ impl Running {
                 NODE.to_owned(),
                 backend,
                 Some(tree),
-                quotas,
+                to_enforcement,
                 &["GPU-1".to_owned()],
             )
             .unwrap()
@@ -200,7 +203,7 @@ impl Running {
         let task = rt.spawn(plugin.run(Duration::from_millis(100), async {
             let _ = stopped.await;
         }));
-        Self { stop, task }
+        Self { stop, task, quotas }
     }
 
     fn stop(self, rt: &tokio::runtime::Runtime) {
@@ -243,7 +246,7 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
         },
     };
     let endpoint: PathBuf = config.plugin_socket();
-    let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+    let mut running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
     let operators = layout(&backend);
     let devices_before = backend.devices();
 
@@ -336,6 +339,25 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
     }
     assert!(nodes.contains(&instance.device_node.as_str()), "{nodes:?}");
 
+    // Enforcement gets one quota: the instance whole (all its shares, all its memory, its
+    // capability minors), bound to the reserving pod.
+    let QuotaCommand::Apply(quota) = running.quotas.try_recv().unwrap() else {
+        panic!("not a quota")
+    };
+    assert!(
+        running.quotas.try_recv().is_err(),
+        "one quota, not one per prepare"
+    );
+    assert_eq!(quota.session_id, format!("k8s-{A}"));
+    assert_eq!(quota.target.to_string(), format!("pod {POD}"));
+    assert_eq!(quota.devices.len(), 1);
+    let q = &quota.devices[0];
+    assert_eq!(
+        (q.index, q.shares_ppm, q.memory_bytes),
+        (instance.index, 1_000_000, instance.memory_bytes)
+    );
+    assert!(q.mig.is_some(), "{q:?}");
+
     // Republished: no device left that overlaps the instance, its slices' counters at 0.
     let (generation, now, counter_sets) = republished(&api, first_generation);
     assert!(!now.is_empty());
@@ -370,6 +392,10 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
     // Unprepared: destroyed, the pool back to what it offered at first.
     let done = rt.block_on(unprepare_v1(&endpoint, &[("ml", A, "mig-a")]));
     assert_eq!(done.claims[A].error, "");
+    assert!(matches!(
+        running.quotas.try_recv().unwrap(),
+        QuotaCommand::Release(s) if s == format!("k8s-{A}")
+    ));
     assert_eq!(layout(&backend), operators);
     assert_eq!(backend.devices(), devices_before);
     republished(&api, generation);
