@@ -453,23 +453,45 @@ impl Driver {
         Ok(())
     }
 
-    /// Destroys each of `made`; one the driver won't destroy yet (a process on its GPU) is
-    /// kept in the store and tried again at each tick ([`Driver::destroy_doomed`]).
+    /// Destroys each of `made`, each kept in the store as to destroy first, so that neither the
+    /// driver's refusal (a process still on its GPU) nor an agent stopped meanwhile leaves one
+    /// behind: what is left is tried again at each tick ([`Driver::destroy_doomed`]).
     fn destroy_or_doom(&self, made: &[MadeInstance]) {
         for m in made {
-            match self.destroy(m) {
-                Ok(()) => {}
-                Err(e @ (MigChangeError::Busy { .. } | MigChangeError::Refused { .. })) => {
-                    tracing::warn!(instance = %m.uuid, device = %m.device, "{DRIVER_NAME}: MIG instance not destroyed yet, tried again later: {e}");
-                    if let Err(e) = self.store().doom(m.clone()) {
-                        tracing::error!(instance = %m.uuid, "{DRIVER_NAME}: MIG instance left (not kept to destroy later): {e}");
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(instance = %m.uuid, device = %m.device, "{DRIVER_NAME}: MIG instance not destroyed: {e}");
-                }
+            if let Err(e) = self.store().doom(m) {
+                tracing::error!(instance = %m.uuid, "{DRIVER_NAME}: MIG instance to destroy kept in memory only: {e}");
             }
         }
+        let mut changed = false;
+        for m in made {
+            changed |= self.settle(m, true);
+        }
+        if changed {
+            self.layout_did_change();
+        }
+    }
+
+    /// Tries to destroy the instance `m` kept as to destroy; forgets it once destroyed (or
+    /// gone, or not the agent's to destroy any more). Whether it was destroyed now. `say`:
+    /// warn when the driver refuses (once, not at every tick).
+    fn settle(&self, m: &MadeInstance, say: bool) -> bool {
+        let destroyed = match self.destroy(m) {
+            Ok(()) => true,
+            Err(e @ (MigChangeError::Busy { .. } | MigChangeError::Refused { .. })) => {
+                if say {
+                    tracing::warn!(instance = %m.uuid, device = %m.device, "{DRIVER_NAME}: MIG instance not destroyed yet, tried again later: {e}");
+                }
+                return false;
+            }
+            Err(e) => {
+                tracing::error!(instance = %m.uuid, device = %m.device, "{DRIVER_NAME}: MIG instance not destroyed, given up: {e}");
+                false
+            }
+        };
+        if let Err(e) = self.store().spare(&m.uuid) {
+            tracing::warn!(instance = %m.uuid, "{DRIVER_NAME}: forgetting a destroyed instance: {e}");
+        }
+        destroyed
     }
 
     /// Tries again to destroy the instances of unprepared claims the driver refused before;
@@ -477,21 +499,8 @@ impl Driver {
     pub fn destroy_doomed(&self) -> bool {
         let doomed: Vec<MadeInstance> = self.store().doomed().cloned().collect();
         let mut changed = false;
-        for m in doomed {
-            let forget = match self.destroy(&m) {
-                Ok(()) => {
-                    changed = true;
-                    true
-                }
-                Err(MigChangeError::Busy { .. } | MigChangeError::Refused { .. }) => false,
-                Err(e) => {
-                    tracing::error!(instance = %m.uuid, "{DRIVER_NAME}: MIG instance not destroyed, given up: {e}");
-                    true
-                }
-            };
-            if forget && let Err(e) = self.store().spare(&m.uuid) {
-                tracing::warn!(instance = %m.uuid, "{DRIVER_NAME}: forgetting a destroyed instance: {e}");
-            }
+        for m in &doomed {
+            changed |= self.settle(m, false);
         }
         if changed {
             self.layout_did_change();
@@ -517,6 +526,18 @@ impl Driver {
         claim.check()?;
         cdi::remove(&self.config.cdi_dir, &claim.uid)
             .map_err(|e| format!("removing the CDI spec: {e}"))?;
+        // Its instances kept as to destroy before the claim is forgotten: an agent stopped in
+        // between still destroys them.
+        let made = self
+            .store()
+            .get(&claim.uid)
+            .map(|r| r.made.clone())
+            .unwrap_or_default();
+        for m in &made {
+            self.store()
+                .doom(m)
+                .map_err(|e| format!("keeping the claim's MIG instance to destroy: {e}"))?;
+        }
         let removed = self
             .store()
             .remove(&claim.uid)
@@ -525,8 +546,11 @@ impl Driver {
             let session = claim::session_id(&record.uid);
             let _ = self.quotas.send(QuotaCommand::Release(session.clone()));
             self.observed.end(&session);
-            if !record.made.is_empty() {
-                self.destroy_or_doom(&record.made);
+            let mut changed = false;
+            for m in &record.made {
+                changed |= self.settle(m, true);
+            }
+            if changed {
                 self.layout_did_change();
             }
             tracing::info!(

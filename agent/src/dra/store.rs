@@ -155,18 +155,18 @@ impl ClaimStore {
     /// Keeps `made` to destroy later, durably before returning.
     ///
     /// # Errors
-    /// The write failed; nothing is kept then.
-    pub fn doom(&mut self, made: MadeInstance) -> Result<(), StoreError> {
+    /// The write failed; it is kept in memory all the same (destroyed while the agent runs).
+    pub fn doom(&mut self, made: &MadeInstance) -> Result<(), StoreError> {
         let key = format!("{DOOMED}{}", made.uuid);
+        self.doomed.insert(made.uuid.clone(), made.clone());
         if let Some(tree) = &self.tree {
-            let bytes = serde_json::to_vec(&made).map_err(|source| StoreError::Corrupt {
+            let bytes = serde_json::to_vec(made).map_err(|source| StoreError::Corrupt {
                 uid: key.clone(),
                 source,
             })?;
             tree.insert(key.as_bytes(), bytes)?;
             tree.flush()?;
         }
-        self.doomed.insert(made.uuid.clone(), made);
         Ok(())
     }
 
@@ -193,5 +193,52 @@ impl ClaimStore {
             tree.flush()?;
         }
         Ok(self.claims.remove(uid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn made(uuid: &str) -> MadeInstance {
+        MadeInstance {
+            device: "gpu-1-2g-35gb-at-0".into(),
+            gpu: "GPU-1".into(),
+            profile: "2g.35gb".into(),
+            start: 0,
+            uuid: uuid.into(),
+            index: 4,
+        }
+    }
+
+    #[test]
+    fn made_instances_and_those_to_destroy_outlive_a_restart() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = || Some(db.open_tree(TREE).unwrap());
+        let uid = "0a000000-0000-4000-8000-00000000000a";
+        // A record written before partitions: no `made`, read as none.
+        let old = serde_json::json!({
+            "namespace": "ml", "name": "old", "uid": uid, "pod_uid": "p", "pod_name": "train-0",
+            "quota": null, "devices": [], "cdi_device_ids": [],
+        });
+        db.open_tree(TREE)
+            .unwrap()
+            .insert(uid, serde_json::to_vec(&old).unwrap())
+            .unwrap();
+        let mut store = ClaimStore::load(tree()).unwrap();
+        let mut record = store.get(uid).unwrap().clone();
+        assert!(record.made.is_empty());
+
+        record.made = vec![made("MIG-a")];
+        store.put(record.clone()).unwrap();
+        store.doom(&made("MIG-b")).unwrap();
+        let again = ClaimStore::load(tree()).unwrap();
+        assert_eq!(again.get(uid), Some(&record));
+        assert_eq!(again.doomed().collect::<Vec<_>>(), [&made("MIG-b")]);
+        // A key to destroy is not a claim.
+        assert_eq!(again.all().count(), 1);
+
+        store.spare("MIG-b").unwrap();
+        assert_eq!(ClaimStore::load(tree()).unwrap().doomed().count(), 0);
     }
 }
