@@ -58,6 +58,25 @@ const D: &str = "0d000000-0000-4000-8000-00000000000d";
 /// A claim allocated `device` of the partition pool, as the API server returns it: no
 /// `shareID` (a partition is not shared) and no consumed capacity.
 fn partition_claim(name: &str, uid: &str, device: &str) -> Value {
+    partition_claim_of(name, uid, &[device])
+}
+
+/// A claim allocated each of `devices` of the partition pool, one request each.
+fn partition_claim_of(name: &str, uid: &str, devices: &[&str]) -> Value {
+    let requests: Vec<Value> = (0..devices.len())
+        .map(|i| {
+            json!({"name": format!("mig{i}"), "exactly": {
+                "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
+            }})
+        })
+        .collect();
+    let results: Vec<Value> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, device)| {
+            json!({"request": format!("mig{i}"), "driver": DRIVER, "pool": POOL, "device": device})
+        })
+        .collect();
     json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -65,13 +84,9 @@ fn partition_claim(name: &str, uid: &str, device: &str) -> Value {
             "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
             "creationTimestamp": "2026-01-01T00:00:00Z",
         },
-        "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
-            "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
-        }}]}},
+        "spec": {"devices": {"requests": requests}},
         "status": {
-            "allocation": {"devices": {"results": [{
-                "request": "mig", "driver": DRIVER, "pool": POOL, "device": device,
-            }]}},
+            "allocation": {"devices": {"results": results}},
             "reservedFor": [{"resource": "pods", "name": "train-0", "uid": POD}],
         },
     })
@@ -378,8 +393,21 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
     assert_eq!(again.claims[A], answer.claims[A]);
     assert_eq!(backend.devices().len(), devices_before.len() + 1);
 
-    // A stale allocation of an overlapping placement: the fake driver refuses; nothing made.
-    api.put_claim(partition_claim("mig-b", B, &overlapping.name));
+    // A stale allocation of a free placement and an overlapping one: the fake driver refuses
+    // the second; the first, made, is destroyed again: nothing is left made.
+    let mut beside = Allocator::new(&gathered, &[&chosen.name], true);
+    let free = devices
+        .iter()
+        .find(|d| {
+            d.value["attributes"]["migProfile"]["string"] == "1g.18gb" && beside.allocate(&d.name)
+        })
+        .unwrap();
+    assert!(!overlaps(&placement(&free.value), &at));
+    api.put_claim(partition_claim_of(
+        "mig-b",
+        B,
+        &[&free.name, &overlapping.name],
+    ));
     let refused = rt.block_on(prepare_v1(&endpoint, &[("ml", B, "mig-b")]));
     let err = &refused.claims[B].error;
     assert!(
