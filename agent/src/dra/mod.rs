@@ -11,7 +11,7 @@
 //!
 //! - `config`: the `[dra]` section;
 //! - `server`: the registration and `DRAPlugin` v1/v1beta1 gRPC services on Unix sockets;
-//! - `plugin`: prepare and unprepare;
+//! - `plugin`: prepare and unprepare (a partition device: its MIG instance made, then destroyed);
 //! - `claim`: a ResourceClaim read, and the quota it asks for;
 //! - `slice`: the node's ResourceSlice, kept in step with its GPUs;
 //! - `partition`: the partition pool of the GPUs whose MIG layout may change (counter sets and
