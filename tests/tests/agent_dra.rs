@@ -13,6 +13,9 @@
     reason = "a test's helpers unwrap: a failure there is the test failing"
 )]
 
+#[path = "k8s_capacity_counters/counters.rs"]
+#[expect(dead_code, reason = "the oracle's rollback is not used here")]
+mod counters;
 #[path = "agent_dra/fake_api.rs"]
 mod fake_api;
 #[path = "agent_dra/fake_kubelet.rs"]
@@ -1050,9 +1053,12 @@ fn the_partition_pool_is_written_whole_and_backs_out_without_the_gate() {
 /// The agent itself, on mock GPUs (`deploy/mock-devices-mig-on-demand.toml`: GPU-1 an H200 with
 /// the operator's `3g.71gb` at slices 4-7 and listed in `mig_reconfigurable`, GPU-2 an empty
 /// H200 not listed): its plugin publishes the partition pool of GPU-1 alone, the held slices
-/// left out, beside the node's slice.
+/// left out, beside the node's slice; a claim allocated a partition there is prepared (the
+/// pool republished without the placements its instance overlaps) and unprepared (every
+/// placement back).
 #[test]
 #[ignore = "needs root"]
+#[expect(clippy::too_many_lines, reason = "one scenario, step by step")]
 fn the_agent_publishes_partitions_of_the_reconfigurable_gpu_only() {
     require_root();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -1124,5 +1130,82 @@ fn the_agent_publishes_partitions_of_the_reconfigurable_gpu_only() {
         let size = d["attributes"]["memorySlices"]["int"].as_u64().unwrap();
         assert!(start + size <= 4, "{d:#}");
     }
+
+    // A claim allocated a partition, picked by the scheduler's arithmetic on what was
+    // published: prepared by the agent, the pool republished without the placements its
+    // instance overlaps; unprepared, every placement offered again.
+    let first: std::collections::BTreeSet<String> = devices
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_owned())
+        .collect();
+    let gathered = counters::gather(&stored, true);
+    let counters::Pool::Ready {
+        devices: offered, ..
+    } = &gathered
+    else {
+        panic!("pool not ready: {gathered:?}")
+    };
+    let mut scheduler = counters::Allocator::new(&gathered, &[], true);
+    let chosen = offered
+        .iter()
+        .find(|d| {
+            d.value["attributes"]["migProfile"]["string"] == "2g.35gb"
+                && scheduler.allocate(&d.name)
+        })
+        .unwrap();
+    let start = chosen.value["attributes"]["memorySliceStart"]["int"]
+        .as_u64()
+        .unwrap();
+    let uid = "0a000000-0000-4000-8000-00000000000a";
+    let mut mig = claim(
+        "mig",
+        uid,
+        &format!("{NODE}/mig"),
+        &chosen.name,
+        "6b1e3f0c-2d4a-4c5b-9e8f-0a1b2c3d4e5f",
+        "kill",
+    );
+    let result = &mut mig["status"]["allocation"]["devices"]["results"][0];
+    result.as_object_mut().unwrap().remove("consumedCapacity");
+    result.as_object_mut().unwrap().remove("shareID");
+    api.put_claim(mig);
+    let answer = rt.block_on(prepare_v1(&dirs.endpoint(), &[("ml", uid, "mig")]));
+    assert_eq!(answer.claims[uid].error, "");
+    assert_eq!(answer.claims[uid].devices[0].device_name, chosen.name);
+    let overlapping = |d: &Value| {
+        let s = d["attributes"]["memorySliceStart"]["int"].as_u64().unwrap();
+        let n = d["attributes"]["memorySlices"]["int"].as_u64().unwrap();
+        s < start + 2 && start < s + n
+    };
+    wait_for("the pool without the instance's placements", || {
+        let s = partition_slices(&api);
+        let counters = s
+            .iter()
+            .filter_map(|s| s["spec"]["sharedCounters"].as_array())
+            .flatten()
+            .next()
+            .map(|set| set["counters"].clone());
+        let devices: Vec<&Value> = s
+            .iter()
+            .filter_map(|s| s["spec"]["devices"].as_array())
+            .flatten()
+            .collect();
+        !devices.is_empty()
+            && !devices.iter().any(|d| overlapping(d))
+            && counters.is_some_and(|c| {
+                (start..start + 2).all(|i| c[format!("memory-slice-{i}")]["value"] == "0")
+            })
+    });
+    let done = rt.block_on(unprepare_v1(&dirs.endpoint(), &[("ml", uid, "mig")]));
+    assert_eq!(done.claims[uid].error, "");
+    wait_for("every placement offered again", || {
+        let names: std::collections::BTreeSet<String> = partition_slices(&api)
+            .iter()
+            .filter_map(|s| s["spec"]["devices"].as_array())
+            .flatten()
+            .map(|d| d["name"].as_str().unwrap().to_owned())
+            .collect();
+        names == first
+    });
     agent.stop().unwrap();
 }

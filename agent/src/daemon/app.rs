@@ -124,7 +124,7 @@ impl App {
                 Ok::<_, RunError>(dra::Plugin::open(
                     dra_config,
                     config.node_name.clone(),
-                    backend.as_ref(),
+                    Arc::clone(&backend),
                     tree,
                     quotas.0.clone(),
                     &config.mig_reconfigurable,
@@ -256,11 +256,11 @@ impl App {
                 events: upward_rx,
                 observed: dra.as_ref().map(|p| Arc::clone(&p.observed)),
                 pods,
-                devices_changed,
+                devices_changed: devices_changed.clone(),
             },
         );
         if let Some(plugin) = dra {
-            spawn_dra(&mut tasks, plugin, config.rescan_interval);
+            spawn_dra(&mut tasks, plugin, config.rescan_interval, devices_changed);
         }
         spawn_socket(&mut tasks, socket, sources, &config);
         Running { tasks, lock }
@@ -302,7 +302,7 @@ impl Running {
 }
 
 /// Starts the task that writes the device list to the programs' MIG instance table again
-/// whenever the link made or destroyed an instance (through telemetry, which owns the sensor);
+/// whenever the link (or the DRA plugin, for a claim's partition) made or destroyed an instance (through telemetry, which owns the sensor);
 /// returns where the link tells it, and the names the event log reads, as they now stand.
 fn spawn_device_list(
     tasks: &mut Tasks<RunError>,
@@ -340,7 +340,14 @@ fn spawn_metrics(
 
 /// Serves the kubelet and keeps the `ResourceSlice` published until told to stop; the plugin
 /// removes its sockets as it stops, so the kubelet unregisters it.
-fn spawn_dra(tasks: &mut Tasks<RunError>, plugin: dra::Plugin, every: Duration) {
+fn spawn_dra(
+    tasks: &mut Tasks<RunError>,
+    plugin: dra::Plugin,
+    every: Duration,
+    devices_changed: mpsc::UnboundedSender<()>,
+) {
+    // Instances made for claims' partitions change the device list too.
+    plugin.driver.on_devices_changed(devices_changed);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(plugin.run(every, async {
         let _ = stopped.await;

@@ -202,13 +202,13 @@ pub enum ClaimError {
         /// This node's pool.
         pool: String,
     },
-    /// A MIG partition device (the node's partition pool): instances are not made at
-    /// prepare yet (docs/mig.md, "Not built yet").
+    /// A MIG partition device asked for with administrative access: a partition is an
+    /// instance made for the claim, which administrative access (to existing devices) is not.
     #[error(
-        "device {0} is a MIG partition: the agent does not make instances for claims yet; ask \
-         for an existing instance or GPU instead"
+        "device {0} is a MIG partition: administrative access is to existing devices, not to \
+         an instance made for the claim"
     )]
-    Partition(String),
+    PartitionAdminAccess(String),
     /// A device name this node doesn't have.
     #[error("device {0}: this node has no such GPU")]
     NoSuchDevice(String),
@@ -293,6 +293,10 @@ pub struct Plan {
     pub allocate: pb::Allocate,
     /// The devices, for the kubelet's answer.
     pub devices: Vec<PlannedDevice>,
+    /// The devices of the node's partition pool (`<node>/mig`): each a MIG instance to make
+    /// at prepare, held whole by the claim; not in `allocate` (their indexes are known once
+    /// made).
+    pub partitions: Vec<PlannedDevice>,
 }
 
 impl Plan {
@@ -339,20 +343,13 @@ pub fn plan(
     let Some(devices) = status.allocation.and_then(|a| a.devices) else {
         return Err(ClaimError::NotAllocated(id));
     };
-    // A partition of this node would be left out below and the claim prepared without it.
-    if let Some(r) = devices
-        .results
-        .iter()
-        .find(|r| r.driver == DRIVER_NAME && r.pool == super::partition::pool_name(pool))
-    {
-        return Err(ClaimError::Partition(r.device.clone()));
-    }
+    let partitions = partition_results(&devices.results, pool)?;
     let ours: Vec<&DeviceResult> = devices
         .results
         .iter()
         .filter(|r| r.driver == DRIVER_NAME && r.pool == pool)
         .collect();
-    if ours.is_empty() {
+    if ours.is_empty() && partitions.is_empty() {
         return Err(ClaimError::NotThisNode {
             claim: id,
             pool: pool.to_owned(),
@@ -379,7 +376,7 @@ pub fn plan(
     // Administrative access ignores the device's ordinary claims and their limits (the
     // `adminAccess` field's API doc): the pod gets the device nodes and no quota.
     let admin = ours.iter().filter(|r| r.admin_access == Some(true)).count();
-    if admin > 0 && admin < ours.len() {
+    if admin > 0 && (admin < ours.len() || !partitions.is_empty()) {
         return Err(ClaimError::MixedAdminAccess(id));
     }
     for r in &ours {
@@ -398,13 +395,12 @@ pub fn plan(
             entry.0 += shares;
             entry.1 += memory;
         }
-        planned.push(PlannedDevice {
-            request: r.request.clone(),
-            pool: r.pool.clone(),
-            device: r.device.clone(),
-            share_id: r.share_id.clone(),
-        });
+        planned.push(planned_device(r));
     }
+    for r in &partitions {
+        policy = configured(&configs, r, policy)?;
+    }
+    let partitions = partitions.iter().map(|r| planned_device(r)).collect();
     let allocate = pb::Allocate {
         session_id: session_id(uid),
         slots: None,
@@ -430,7 +426,35 @@ pub fn plan(
         pod_name: pod.name.clone(),
         allocate,
         devices: planned,
+        partitions,
     })
+}
+
+/// The results of `results` in the partition pool of this node (pool `pool`); refused when
+/// one asks for administrative access.
+fn partition_results<'a>(
+    results: &'a [DeviceResult],
+    pool: &str,
+) -> Result<Vec<&'a DeviceResult>, ClaimError> {
+    let partition_pool = super::partition::pool_name(pool);
+    let partitions: Vec<&DeviceResult> = results
+        .iter()
+        .filter(|r| r.driver == DRIVER_NAME && r.pool == partition_pool)
+        .collect();
+    if let Some(r) = partitions.iter().find(|r| r.admin_access == Some(true)) {
+        return Err(ClaimError::PartitionAdminAccess(r.device.clone()));
+    }
+    Ok(partitions)
+}
+
+/// A result as the kubelet is answered.
+fn planned_device(r: &DeviceResult) -> PlannedDevice {
+    PlannedDevice {
+        request: r.request.clone(),
+        pool: r.pool.clone(),
+        device: r.device.clone(),
+        share_id: r.share_id.clone(),
+    }
 }
 
 /// The one pod of `reserved_for` the claim `id` is reserved for.

@@ -181,10 +181,17 @@ impl DraConfig {
         }))
     }
 
-    /// Whether `gpu` is offered to Kubernetes (otherwise it is the controller's).
+    /// Whether `gpu` is offered to Kubernetes (otherwise it is the controller's). A MIG
+    /// instance is, by its own index or UUID or by its parent GPU's: an instance made later
+    /// (for a claim's partition) gets an index and UUID no list could name beforehand, and
+    /// must not become the controller's.
     #[must_use]
     pub fn offers(&self, gpu: &GpuDevice) -> bool {
         self.offers_gpu(&gpu.uuid, gpu.index)
+            || gpu
+                .mig
+                .as_ref()
+                .is_some_and(|m| self.offers_gpu(&m.parent_uuid, m.parent_index))
     }
 
     /// Whether the GPU `uuid` at `index` is offered to Kubernetes (a GPU in MIG mode, which is
@@ -291,6 +298,22 @@ mod tests {
         };
         assert!(c.offers(&gpu(1, "gpu-B")));
         assert!(!c.offers(&gpu(0, "GPU-a")));
+        // An instance of an offered GPU is offered, whatever its own index and UUID.
+        let instance = |parent: &str| GpuDevice {
+            mig: Some(crate::devices::mig::MigInstance {
+                parent_index: 1,
+                parent_uuid: parent.into(),
+                gpu_instance: 1,
+                compute_instance: 0,
+                profile: "1g.18gb".into(),
+                gi_cap_minor: None,
+                ci_cap_minor: None,
+            }),
+            is_mig: true,
+            ..gpu(7, "MIG-new")
+        };
+        assert!(c.offers(&instance("GPU-b")));
+        assert!(!c.offers(&instance("GPU-a")));
         assert_eq!(c.policy.memory, MemoryPolicy::Stop);
         for bad in ["gpus = \"some\"", "memory_policy = \"freeze\""] {
             let text = format!("[dra]\nenabled = true\napi_server = \"http://x\"\n{bad}");

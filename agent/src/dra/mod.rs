@@ -11,7 +11,7 @@
 //!
 //! - `config`: the `[dra]` section;
 //! - `server`: the registration and `DRAPlugin` v1/v1beta1 gRPC services on Unix sockets;
-//! - `plugin`: prepare and unprepare;
+//! - `plugin`: prepare and unprepare (a partition device: its MIG instance made, then destroyed);
 //! - `claim`: a ResourceClaim read, and the quota it asks for;
 //! - `slice`: the node's ResourceSlice, kept in step with its GPUs;
 //! - `partition`: the partition pool of the GPUs whose MIG layout may change (counter sets and
@@ -88,7 +88,6 @@ pub struct Plugin {
     config: DraConfig,
     node: String,
     offered: Vec<GpuDevice>,
-    partitioned: Vec<(partition::PartitionedGpu, String)>,
     driver_version: Option<String>,
     listener: tokio::net::UnixListener,
     registration_listener: tokio::net::UnixListener,
@@ -99,14 +98,15 @@ pub struct Plugin {
 impl Plugin {
     /// Sets the plugin up: the API client, the claims kept in `tree`, the two sockets bound;
     /// the GPUs of `reconfigurable` (UUIDs, the agent's `mig_reconfigurable`) that are offered
-    /// to Kubernetes and whose layout the backend reads are published as partitions too.
+    /// to Kubernetes and whose layout the backend reads are published as partitions too, and
+    /// a claim allocated one has its MIG instance made at prepare.
     ///
     /// # Errors
     /// See [`DraError`].
     pub fn open(
         config: DraConfig,
         node: String,
-        backend: &dyn GpuBackend,
+        backend: Arc<dyn GpuBackend>,
         tree: Option<sled::Tree>,
         quotas: mpsc::UnboundedSender<QuotaCommand>,
         reconfigurable: &[String],
@@ -114,30 +114,28 @@ impl Plugin {
         let api = apiserver::ApiServer::new(&config.api)?;
         let store = store::ClaimStore::load(tree)?;
         let held = store.all().filter_map(|p| p.quota.clone()).collect();
+        // An instance made for a claim's partition is that claim's whole: not offered to
+        // others as a shared device of the node's pool.
+        let made: Vec<String> = store
+            .all()
+            .flat_map(|p| &p.made)
+            .chain(store.doomed())
+            .map(|m| m.uuid.clone())
+            .collect();
         let offered: Vec<GpuDevice> = backend
             .devices()
             .iter()
-            .filter(|g| config.offers(g))
+            .filter(|g| config.offers(g) && !made.contains(&g.uuid))
             .cloned()
             .collect();
-        let partitioned = backend
+        let partitioned: Vec<String> = backend
             .mig_layouts()
             .into_iter()
             .filter(|(uuid, index, _)| {
                 reconfigurable.iter().any(|r| r.eq_ignore_ascii_case(uuid))
                     && config.offers_gpu(uuid, *index)
             })
-            .map(|(uuid, index, layout)| {
-                let model = layout.model.name.to_owned();
-                (
-                    partition::PartitionedGpu {
-                        uuid,
-                        index,
-                        layout,
-                    },
-                    model,
-                )
-            })
+            .map(|(uuid, ..)| uuid)
             .collect();
         let bind = |path: std::path::PathBuf| {
             server::bind(&path).map_err(|source| DraError::Socket { path, source })
@@ -146,6 +144,7 @@ impl Plugin {
         let listener = bind(config.plugin_socket())?;
         let registration_listener = bind(config.registration_socket())?;
         let observed = Arc::new(Observed::new(offered.iter().map(device_to_pb).collect()));
+        let driver_version = backend.driver_version();
         let driver = plugin::Driver::new(
             config.clone(),
             node.clone(),
@@ -155,6 +154,8 @@ impl Plugin {
             store,
             quotas,
             Arc::clone(&observed),
+            backend,
+            partitioned,
         );
         Ok(Self {
             driver,
@@ -163,8 +164,7 @@ impl Plugin {
             config,
             node,
             offered,
-            partitioned,
-            driver_version: backend.driver_version(),
+            driver_version,
             listener,
             registration_listener,
             registration: server::RegistrationSeen::default(),
@@ -187,7 +187,7 @@ impl Plugin {
             self.config.clone(),
             self.node.clone(),
             self.offered.clone(),
-            self.partitioned.clone(),
+            Arc::clone(&self.driver),
             self.driver_version.clone(),
             every,
             Arc::clone(&self.registration),
@@ -247,7 +247,9 @@ async fn watch_slice(
     }
 }
 
-/// Keeps the node's ResourceSlice published: checked at every tick, at once when the kubelet
+/// Keeps the node's ResourceSlice and partition pool published: checked at every tick, at once
+/// when a claim's MIG instance was made or destroyed (the partition pool follows the layout;
+/// instances left to destroy are tried again at each tick), when the kubelet
 /// (re)registers the plugin or the slice changes (a watch), and made again when it is gone (the kubelet deletes its
 /// node's slices when it starts, and a driver's ~30 s after the driver's plugin connection
 /// dropped), replaced when it differs, owned by the Node once the Node could be read. Says loudly
@@ -257,7 +259,7 @@ async fn publish_slices(
     config: DraConfig,
     node: String,
     offered: Vec<GpuDevice>,
-    partitioned: Vec<(partition::PartitionedGpu, String)>,
+    driver: Arc<plugin::Driver>,
     driver_version: Option<String>,
     every: Duration,
     registration: server::RegistrationSeen,
@@ -276,7 +278,7 @@ async fn publish_slices(
     let mut gate_off = false;
     // Set once the API server is seen dropping taints: unusable GPUs are left out instead.
     let mut drop_unhealthy = false;
-    let mut partitions = Partitions::new(&node, &partitioned);
+    let mut partitions = Partitions::new(&node, &driver.partitioned());
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (watch_events, mut slice_events) = mpsc::channel(16);
@@ -292,7 +294,12 @@ async fn publish_slices(
                 tracing::debug!(event = %event["type"], "{DRIVER_NAME}: the slice changed; checking it");
             }
             () = &mut watcher => {}
+            () = driver.layout_changed() => {
+                tracing::debug!("{DRIVER_NAME}: a MIG layout changed; publishing the partition pool");
+            }
         }
+        driver.destroy_doomed();
+        partitions.wanted = partition::slices(&node, &driver.partitioned());
         if owner.is_none() {
             match slice::node_owner(&api, &node).await {
                 Ok(o) => owner = Some(o),

@@ -2,7 +2,10 @@
 //! whichever API version the kubelet speaks.
 
 use gpuwarden_runtime::sync::Lock as _;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, Mutex, MutexGuard},
+};
 
 use gpuwarden_types::{
     dns::{is_dns_label, is_dns_subdomain},
@@ -14,12 +17,17 @@ use super::{
     DRIVER_NAME, DraConfig,
     apiserver::{self, ApiServer},
     cdi,
-    claim::{self, ResourceClaim},
-    store::{ClaimStore, Prepared},
+    claim::{self, PlannedDevice, ResourceClaim},
+    partition,
+    store::{ClaimStore, MadeInstance, Prepared},
 };
 use crate::{
     control::Observed,
-    devices::GpuDevice,
+    devices::{
+        GpuBackend, GpuDevice,
+        ondemand::{MigChangeError, Reconfigurer},
+        placement::GiProfile,
+    },
     enforcement::{QuotaCommand, quota::QuotaSpec},
 };
 
@@ -76,12 +84,25 @@ pub struct Driver {
     store: Mutex<ClaimStore>,
     quotas: mpsc::UnboundedSender<QuotaCommand>,
     observed: Arc<Observed>,
+    /// The node's GPUs as they are now (MIG instances made and destroyed).
+    backend: Arc<dyn GpuBackend>,
+    /// Makes and destroys the instances of partition devices, on the GPUs published as
+    /// partitions only (reconfigurable and offered to Kubernetes).
+    reconfigurer: Reconfigurer,
+    /// One claim's instances made (or its record found) at a time: a prepare the kubelet
+    /// retries while the first still runs makes nothing twice.
+    making: tokio::sync::Mutex<()>,
+    /// Woken when a MIG layout changed: the partition pool is published again.
+    layout_changed: tokio::sync::Notify,
+    /// Told when an instance was made or destroyed: the programs' instance table follows.
+    devices_changed: Mutex<Option<mpsc::UnboundedSender<()>>>,
 }
 
 impl Driver {
     /// A driver for `node`, offering `offered` of the node's GPUs `all`, passing quotas to
     /// enforcement on `quotas` and the claims it holds to the controller link through
-    /// `observed` (those in `store` at once).
+    /// `observed` (those in `store` at once); the MIG instances of partition devices are made
+    /// through `backend` on the GPUs `partitioned` (UUIDs, as the backend spells them).
     #[must_use]
     #[expect(clippy::too_many_arguments, reason = "One of each part it is wired to")]
     pub fn new(
@@ -93,6 +114,8 @@ impl Driver {
         store: ClaimStore,
         quotas: mpsc::UnboundedSender<QuotaCommand>,
         observed: Arc<Observed>,
+        backend: Arc<dyn GpuBackend>,
+        partitioned: Vec<String>,
     ) -> Arc<Self> {
         for record in store.all() {
             observed.hold(observed_session(record, &offered));
@@ -106,7 +129,44 @@ impl Driver {
             store: Mutex::new(store),
             quotas,
             observed,
+            backend,
+            reconfigurer: Reconfigurer::new(partitioned),
+            making: tokio::sync::Mutex::new(()),
+            layout_changed: tokio::sync::Notify::new(),
+            devices_changed: Mutex::new(None),
         })
+    }
+
+    /// Where to say that an instance was made or destroyed (the daemon's device-list task).
+    pub fn on_devices_changed(&self, tx: mpsc::UnboundedSender<()>) {
+        *self.devices_changed.locked() = Some(tx);
+    }
+
+    /// Completes when a MIG layout of a partitioned GPU changed since the last call (an
+    /// instance made or destroyed for a claim).
+    pub async fn layout_changed(&self) {
+        self.layout_changed.notified().await;
+    }
+
+    /// The GPUs published as partitions, with their layouts now.
+    #[must_use]
+    pub fn partitioned(&self) -> Vec<(partition::PartitionedGpu, String)> {
+        self.backend
+            .mig_layouts()
+            .into_iter()
+            .filter(|(uuid, ..)| self.reconfigurer.allows(uuid))
+            .map(|(uuid, index, layout)| {
+                let model = layout.model.name.to_owned();
+                (
+                    partition::PartitionedGpu {
+                        uuid,
+                        index,
+                        layout,
+                    },
+                    model,
+                )
+            })
+            .collect()
     }
 
     fn store(&self) -> MutexGuard<'_, ClaimStore> {
@@ -170,37 +230,38 @@ impl Driver {
                  whole GPU until it is on there, in kube-apiserver and in the kubelet"
             );
         }
-        // Administrative access: the device nodes and no quota (an empty one would bind the
-        // pod to no GPU at all).
-        let quota = if plan.allocate.devices.is_empty() {
-            None
-        } else {
-            QuotaSpec::from_allocate(&plan.allocate, &self.offered)
-                .map_err(|e| format!("ResourceClaim {}/{}: {e}", claim.namespace, claim.name))?
-        };
         let class = self
             .pod_class(&claim.namespace, &plan.pod_name, &plan.pod_uid)
             .await;
-        let record = Prepared {
-            namespace: claim.namespace.clone(),
-            name: claim.name.clone(),
-            uid: claim.uid.clone(),
-            pod_uid: plan.pod_uid,
-            pod_name: plan.pod_name,
-            class,
-            quota,
-            devices: plan.devices,
-            cdi_device_ids: vec![cdi::device_id(&claim.uid)],
-        };
-        self.write_cdi(&record)?;
-        // Enforced only once it is on disk, so a restarted agent holds what the kubelet was told.
-        self.store()
-            .put(record.clone())
-            .map_err(|e| format!("keeping the claim: {e}"))?;
+        // One claim at a time from here: a prepare retried meanwhile finds the record.
+        let _making = self.making.lock().await;
+        let known = self.store().get(&claim.uid).cloned();
+        if let Some(record) = known {
+            self.write_cdi(&record)?;
+            return Ok(record);
+        }
+        let made = self.make_partitions(&plan.partitions)?;
+        let kept = self.keep(claim, plan, class, &made);
+        if !made.is_empty() {
+            if kept.is_err() {
+                // Nothing half made: the instances go with the failed prepare.
+                let made: Vec<MadeInstance> = made.into_iter().map(|(m, _)| m).collect();
+                self.destroy_or_doom(&made);
+            }
+            self.layout_did_change();
+        }
+        let record = kept?;
         if let Some(spec) = &record.quota {
             let _ = self.quotas.send(QuotaCommand::Apply(spec.clone()));
         }
         self.observed.hold(observed_session(&record, &self.offered));
+        if !record.made.is_empty() {
+            tracing::info!(
+                claim = %format!("{}/{}", record.namespace, record.name),
+                instances = %record.made.iter().map(|m| format!("{}={}", m.device, m.uuid)).collect::<Vec<_>>().join(","),
+                "{DRIVER_NAME}: MIG instances made for the claim's partitions"
+            );
+        }
         tracing::info!(
             claim = %format!("{}/{}", record.namespace, record.name),
             uid = %record.uid,
@@ -211,8 +272,253 @@ impl Driver {
         Ok(record)
     }
 
-    /// Unprepares `claim`: lifts its quota, removes its CDI spec and its record. An unknown claim
-    /// is already unprepared.
+    /// The quota of `plan` with the instances `made` for its partitions, each held whole; its
+    /// CDI spec written and its record kept (on disk before it is enforced, so a restarted
+    /// agent holds what the kubelet was told).
+    fn keep(
+        &self,
+        claim: &ClaimRef,
+        mut plan: claim::Plan,
+        class: String,
+        made: &[(MadeInstance, GpuDevice)],
+    ) -> Result<Prepared, String> {
+        plan.allocate
+            .devices
+            .extend(made.iter().map(|(_, d)| gpuwarden_proto::v1::DeviceShare {
+                uuid: d.uuid.clone(),
+                index: d.index,
+                shares: "1".to_owned(),
+                memory_bytes: d.memory_bytes,
+                exclusive: false,
+            }));
+        let gpus: Vec<GpuDevice> = self
+            .offered
+            .iter()
+            .chain(made.iter().map(|(_, d)| d))
+            .cloned()
+            .collect();
+        // Administrative access: the device nodes and no quota (an empty one would bind the
+        // pod to no GPU at all).
+        let quota = if plan.allocate.devices.is_empty() {
+            None
+        } else {
+            QuotaSpec::from_allocate(&plan.allocate, &gpus)
+                .map_err(|e| format!("ResourceClaim {}/{}: {e}", claim.namespace, claim.name))?
+        };
+        let mut devices = plan.devices;
+        devices.extend(plan.partitions);
+        let record = Prepared {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            uid: claim.uid.clone(),
+            pod_uid: plan.pod_uid,
+            pod_name: plan.pod_name,
+            class,
+            quota,
+            devices,
+            cdi_device_ids: vec![cdi::device_id(&claim.uid)],
+            made: made.iter().map(|(m, _)| m.clone()).collect(),
+        };
+        self.write_cdi(&record)?;
+        if let Err(e) = self.store().put(record.clone()) {
+            let _ = cdi::remove(&self.config.cdi_dir, &claim.uid);
+            return Err(format!("keeping the claim: {e}"));
+        }
+        Ok(record)
+    }
+
+    /// The GPU, profile and start of the partition device `device`, on a GPU published as
+    /// partitions.
+    fn find_partition(&self, device: &str) -> Option<(String, &'static GiProfile, u32)> {
+        self.backend
+            .mig_layouts()
+            .into_iter()
+            .filter(|(uuid, ..)| self.reconfigurer.allows(uuid))
+            .find_map(|(uuid, index, layout)| {
+                layout.model.profiles.iter().find_map(|p| {
+                    p.placements()
+                        .find(|&at| partition::device_name(index, p, at) == device)
+                        .map(|at| (uuid.clone(), p, at.start))
+                })
+            })
+    }
+
+    /// Makes the MIG instance of each partition device of a claim, through the same checks as
+    /// the controller's instances (the GPU listed in `mig_reconfigurable`, no process on it,
+    /// the driver's word on the placement). All or nothing: on a refusal those made already
+    /// are destroyed, and the reason is the kubelet's answer.
+    fn make_partitions(
+        &self,
+        planned: &[PlannedDevice],
+    ) -> Result<Vec<(MadeInstance, GpuDevice)>, String> {
+        let mut made: Vec<(MadeInstance, GpuDevice)> = Vec::new();
+        for p in planned {
+            let one = self
+                .find_partition(&p.device)
+                .ok_or_else(|| {
+                    format!(
+                        "device {}: this node has no such MIG partition (a GPU in MIG mode, \
+                         listed in mig_reconfigurable and offered to Kubernetes)",
+                        p.device
+                    )
+                })
+                .and_then(|(gpu, profile, start)| {
+                    // The agent traces no process here itself: the driver's count is the check.
+                    self.reconfigurer
+                        .create(
+                            self.backend.as_ref(),
+                            &BTreeSet::new(),
+                            &gpu,
+                            profile.name,
+                            start,
+                        )
+                        .map(|device| {
+                            let m = MadeInstance {
+                                device: p.device.clone(),
+                                gpu,
+                                profile: profile.name.to_owned(),
+                                start,
+                                uuid: device.uuid.clone(),
+                                index: device.index,
+                            };
+                            (m, device)
+                        })
+                        .map_err(|e| {
+                            format!("device {}: the MIG instance was not made: {e}", p.device)
+                        })
+                });
+            match one {
+                Ok(m) => made.push(m),
+                Err(e) => {
+                    if !made.is_empty() {
+                        let undo: Vec<MadeInstance> = made.into_iter().map(|(m, _)| m).collect();
+                        self.destroy_or_doom(&undo);
+                        self.layout_did_change();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(made)
+    }
+
+    /// Destroys the instance `made` (one gone already counts as destroyed).
+    fn destroy(&self, made: &MadeInstance) -> Result<(), MigChangeError> {
+        let devices = self.backend.devices();
+        if !devices.iter().any(|d| d.uuid == made.uuid) {
+            return Ok(());
+        }
+        if self.reconfigurer.made(&made.uuid) {
+            return self
+                .reconfigurer
+                .release(self.backend.as_ref(), &BTreeSet::new(), &made.uuid)
+                .map(|_| ());
+        }
+        // Made by an earlier run of the agent (the claim store says so), which the
+        // reconfigurer of this run does not know: the same checks, here.
+        if !self.reconfigurer.allows(&made.gpu) {
+            return Err(MigChangeError::NotAllowed {
+                gpu: made.gpu.clone(),
+            });
+        }
+        let parent = self
+            .backend
+            .mig_layouts()
+            .into_iter()
+            .find(|(uuid, ..)| *uuid == made.gpu)
+            .map(|(_, index, _)| index);
+        let busy: BTreeSet<u32> = self
+            .backend
+            .process_memory()
+            .iter()
+            .map(|p| p.index)
+            .collect();
+        let on_gpu = parent
+            .into_iter()
+            .chain(
+                devices
+                    .iter()
+                    .filter(|d| d.mig.as_ref().is_some_and(|m| m.parent_uuid == made.gpu))
+                    .map(|d| d.index),
+            )
+            .find(|i| busy.contains(i));
+        if let Some(index) = on_gpu {
+            return Err(MigChangeError::Busy {
+                gpu: made.gpu.clone(),
+                index,
+            });
+        }
+        self.backend.destroy_instance(&made.uuid)?;
+        tracing::info!(gpu = %made.gpu, instance = %made.uuid, "MIG instance destroyed");
+        Ok(())
+    }
+
+    /// Destroys each of `made`, each kept in the store as to destroy first, so that neither the
+    /// driver's refusal (a process still on its GPU) nor an agent stopped meanwhile leaves one
+    /// behind: what is left is tried again at each tick ([`Driver::destroy_doomed`]).
+    fn destroy_or_doom(&self, made: &[MadeInstance]) {
+        for m in made {
+            if let Err(e) = self.store().doom(m) {
+                tracing::error!(instance = %m.uuid, "{DRIVER_NAME}: MIG instance to destroy kept in memory only: {e}");
+            }
+        }
+        let mut changed = false;
+        for m in made {
+            changed |= self.settle(m, true);
+        }
+        if changed {
+            self.layout_did_change();
+        }
+    }
+
+    /// Tries to destroy the instance `m` kept as to destroy; forgets it once destroyed (or
+    /// gone, or not the agent's to destroy any more). Whether it was destroyed now. `say`:
+    /// warn when the driver refuses (once, not at every tick).
+    fn settle(&self, m: &MadeInstance, say: bool) -> bool {
+        let destroyed = match self.destroy(m) {
+            Ok(()) => true,
+            Err(e @ (MigChangeError::Busy { .. } | MigChangeError::Refused { .. })) => {
+                if say {
+                    tracing::warn!(instance = %m.uuid, device = %m.device, "{DRIVER_NAME}: MIG instance not destroyed yet, tried again later: {e}");
+                }
+                return false;
+            }
+            Err(e) => {
+                tracing::error!(instance = %m.uuid, device = %m.device, "{DRIVER_NAME}: MIG instance not destroyed, given up: {e}");
+                false
+            }
+        };
+        if let Err(e) = self.store().spare(&m.uuid) {
+            tracing::warn!(instance = %m.uuid, "{DRIVER_NAME}: forgetting a destroyed instance: {e}");
+        }
+        destroyed
+    }
+
+    /// Tries again to destroy the instances of unprepared claims the driver refused before;
+    /// whether any was destroyed (the layout changed).
+    pub fn destroy_doomed(&self) -> bool {
+        let doomed: Vec<MadeInstance> = self.store().doomed().cloned().collect();
+        let mut changed = false;
+        for m in &doomed {
+            changed |= self.settle(m, false);
+        }
+        if changed {
+            self.layout_did_change();
+        }
+        changed
+    }
+
+    /// Says a layout changed: to the partition publisher and the device-list task.
+    fn layout_did_change(&self) {
+        self.layout_changed.notify_one();
+        if let Some(tx) = self.devices_changed.locked().as_ref() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Unprepares `claim`: lifts its quota, removes its CDI spec and its record, and destroys
+    /// the MIG instances made for it (later, when a process still holds its GPU). An unknown
+    /// claim is already unprepared.
     ///
     /// # Errors
     /// The per-claim error text for the kubelet.
@@ -220,6 +526,18 @@ impl Driver {
         claim.check()?;
         cdi::remove(&self.config.cdi_dir, &claim.uid)
             .map_err(|e| format!("removing the CDI spec: {e}"))?;
+        // Its instances kept as to destroy before the claim is forgotten: an agent stopped in
+        // between still destroys them.
+        let made = self
+            .store()
+            .get(&claim.uid)
+            .map(|r| r.made.clone())
+            .unwrap_or_default();
+        for m in &made {
+            self.store()
+                .doom(m)
+                .map_err(|e| format!("keeping the claim's MIG instance to destroy: {e}"))?;
+        }
         let removed = self
             .store()
             .remove(&claim.uid)
@@ -228,6 +546,13 @@ impl Driver {
             let session = claim::session_id(&record.uid);
             let _ = self.quotas.send(QuotaCommand::Release(session.clone()));
             self.observed.end(&session);
+            let mut changed = false;
+            for m in &record.made {
+                changed |= self.settle(m, true);
+            }
+            if changed {
+                self.layout_did_change();
+            }
             tracing::info!(
                 claim = %format!("{}/{}", record.namespace, record.name),
                 uid = %record.uid,
@@ -275,6 +600,13 @@ impl Driver {
             .as_ref()
             .map(|q| q.devices.iter().map(|d| d.index).collect())
             .unwrap_or_default();
+        // The instances made for its partitions, by UUID (as the backend numbers them now).
+        let made: Vec<GpuDevice> = self
+            .backend
+            .devices()
+            .into_iter()
+            .filter(|g| record.made.iter().any(|m| m.uuid == g.uuid))
+            .collect();
         let gpus: Vec<&GpuDevice> = self
             .offered
             .iter()
@@ -285,6 +617,7 @@ impl Driver {
                         .iter()
                         .any(|d| d.device == super::device_name(g))
             })
+            .chain(&made)
             .collect();
         cdi::write(
             &self.config.cdi_dir,
@@ -316,6 +649,13 @@ pub fn observed_session(
                             .iter()
                             .find(|g| g.index == d.index)
                             .map(|g| g.uuid.clone())
+                            .or_else(|| {
+                                record
+                                    .made
+                                    .iter()
+                                    .find(|m| m.index == d.index)
+                                    .map(|m| m.uuid.clone())
+                            })
                             .unwrap_or_default(),
                         index: d.index,
                         shares: claim::decimal(u64::from(d.shares_ppm)),

@@ -51,12 +51,39 @@ pub struct Prepared {
     pub devices: Vec<PlannedDevice>,
     /// The CDI device ids returned.
     pub cdi_device_ids: Vec<String>,
+    /// The MIG instances made for the claim's partition devices (docs/mig.md, "Partitions
+    /// prepared"), destroyed when it is unprepared; records from before partitions: none.
+    #[serde(default)]
+    pub made: Vec<MadeInstance>,
 }
 
-/// Prepared claims by UID, in memory and (when given a tree) on disk.
+/// A MIG instance made at prepare for a partition device of a claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MadeInstance {
+    /// The partition device it was made for (`gpu-1-2g-35gb-at-0`).
+    pub device: String,
+    /// The parent GPU's UUID.
+    pub gpu: String,
+    /// The GPU instance profile (`2g.35gb`).
+    pub profile: String,
+    /// The first memory slice of its placement.
+    pub start: u32,
+    /// The instance's UUID.
+    pub uuid: String,
+    /// The instance's device index when made.
+    pub index: u32,
+}
+
+/// The key prefix of an instance whose claim is unprepared but which is not destroyed yet
+/// (a process still on its GPU); claim UIDs are UUIDs, so no claim's key starts with it.
+const DOOMED: &str = "destroy/";
+
+/// Prepared claims by UID, and the instances of unprepared claims still to destroy, in memory
+/// and (when given a tree) on disk.
 #[derive(Debug, Default)]
 pub struct ClaimStore {
     claims: BTreeMap<String, Prepared>,
+    doomed: BTreeMap<String, MadeInstance>,
     tree: Option<sled::Tree>,
 }
 
@@ -67,19 +94,29 @@ impl ClaimStore {
     /// A record is corrupt or unreadable.
     pub fn load(tree: Option<sled::Tree>) -> Result<Self, StoreError> {
         let mut claims = BTreeMap::new();
+        let mut doomed = BTreeMap::new();
         if let Some(tree) = &tree {
             for item in tree {
                 let (k, v) = item?;
                 let uid = String::from_utf8_lossy(&k).into_owned();
-                let record: Prepared =
-                    serde_json::from_slice(&v).map_err(|source| StoreError::Corrupt {
-                        uid: uid.clone(),
-                        source,
-                    })?;
-                claims.insert(uid, record);
+                let corrupt = |source| StoreError::Corrupt {
+                    uid: uid.clone(),
+                    source,
+                };
+                if let Some(instance) = uid.strip_prefix(DOOMED) {
+                    let made: MadeInstance = serde_json::from_slice(&v).map_err(corrupt)?;
+                    doomed.insert(instance.to_owned(), made);
+                } else {
+                    let record: Prepared = serde_json::from_slice(&v).map_err(corrupt)?;
+                    claims.insert(uid, record);
+                }
             }
         }
-        Ok(Self { claims, tree })
+        Ok(Self {
+            claims,
+            doomed,
+            tree,
+        })
     }
 
     /// The claim prepared under `uid`.
@@ -110,6 +147,42 @@ impl ClaimStore {
         Ok(())
     }
 
+    /// The instances of unprepared claims still to destroy.
+    pub fn doomed(&self) -> impl Iterator<Item = &MadeInstance> {
+        self.doomed.values()
+    }
+
+    /// Keeps `made` to destroy later, durably before returning.
+    ///
+    /// # Errors
+    /// The write failed; it is kept in memory all the same (destroyed while the agent runs).
+    pub fn doom(&mut self, made: &MadeInstance) -> Result<(), StoreError> {
+        let key = format!("{DOOMED}{}", made.uuid);
+        self.doomed.insert(made.uuid.clone(), made.clone());
+        if let Some(tree) = &self.tree {
+            let bytes = serde_json::to_vec(made).map_err(|source| StoreError::Corrupt {
+                uid: key.clone(),
+                source,
+            })?;
+            tree.insert(key.as_bytes(), bytes)?;
+            tree.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Forgets the instance `uuid` to destroy (destroyed, or gone).
+    ///
+    /// # Errors
+    /// The write failed.
+    pub fn spare(&mut self, uuid: &str) -> Result<(), StoreError> {
+        if let Some(tree) = &self.tree {
+            tree.remove(format!("{DOOMED}{uuid}").as_bytes())?;
+            tree.flush()?;
+        }
+        self.doomed.remove(uuid);
+        Ok(())
+    }
+
     /// Forgets `uid`; returns what was kept.
     ///
     /// # Errors
@@ -120,5 +193,52 @@ impl ClaimStore {
             tree.flush()?;
         }
         Ok(self.claims.remove(uid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn made(uuid: &str) -> MadeInstance {
+        MadeInstance {
+            device: "gpu-1-2g-35gb-at-0".into(),
+            gpu: "GPU-1".into(),
+            profile: "2g.35gb".into(),
+            start: 0,
+            uuid: uuid.into(),
+            index: 4,
+        }
+    }
+
+    #[test]
+    fn made_instances_and_those_to_destroy_outlive_a_restart() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = || Some(db.open_tree(TREE).unwrap());
+        let uid = "0a000000-0000-4000-8000-00000000000a";
+        // A record written before partitions: no `made`, read as none.
+        let old = serde_json::json!({
+            "namespace": "ml", "name": "old", "uid": uid, "pod_uid": "p", "pod_name": "train-0",
+            "quota": null, "devices": [], "cdi_device_ids": [],
+        });
+        db.open_tree(TREE)
+            .unwrap()
+            .insert(uid, serde_json::to_vec(&old).unwrap())
+            .unwrap();
+        let mut store = ClaimStore::load(tree()).unwrap();
+        let mut record = store.get(uid).unwrap().clone();
+        assert!(record.made.is_empty());
+
+        record.made = vec![made("MIG-a")];
+        store.put(record.clone()).unwrap();
+        store.doom(&made("MIG-b")).unwrap();
+        let again = ClaimStore::load(tree()).unwrap();
+        assert_eq!(again.get(uid), Some(&record));
+        assert_eq!(again.doomed().collect::<Vec<_>>(), [&made("MIG-b")]);
+        // A key to destroy is not a claim.
+        assert_eq!(again.all().count(), 1);
+
+        store.spare("MIG-b").unwrap();
+        assert_eq!(ClaimStore::load(tree()).unwrap().doomed().count(), 0);
     }
 }

@@ -175,12 +175,6 @@ fn claims_this_node_cannot_serve_are_refused_with_the_reason() {
             "in pool n",
         ),
         (
-            claim("n/mig", "gpu-0-3g-71gb-at-4", half.clone(), none.clone()),
-            UID,
-            "n",
-            "gpu-0-3g-71gb-at-4 is a MIG partition",
-        ),
-        (
             claim("n", "gpu-7", half.clone(), none.clone()),
             UID,
             "n",
@@ -378,4 +372,59 @@ fn a_result_without_share_id_is_a_gpu_held_whole() {
         .share_id = None;
     let p = plan(&whole, UID, "n", &all, &all, QuotaPolicy::default()).unwrap();
     assert!(p.held_whole());
+}
+
+#[test]
+fn a_partition_device_is_planned_apart_from_the_nodes_devices() {
+    // A device of the node's partition pool (`<node>/mig`) is an instance to make: it is not
+    // looked up among the node's GPUs nor put in the quota (its index is known once made).
+    let all = gpus();
+    let none = serde_json::json!([]);
+    let c = claim(
+        "n/mig",
+        "gpu-1-3g-71gb-at-4",
+        serde_json::json!({}),
+        none.clone(),
+    );
+    let p = plan(&c, UID, "n", &all, &all, QuotaPolicy::default()).unwrap();
+    assert!(p.devices.is_empty() && p.allocate.devices.is_empty());
+    assert_eq!(
+        p.partitions,
+        [PlannedDevice {
+            request: "gpu".into(),
+            pool: "n/mig".into(),
+            device: "gpu-1-3g-71gb-at-4".into(),
+            share_id: Some("4a1b2c3d-0000-4000-8000-000000000001".into()),
+        }]
+    );
+    assert_eq!(p.pod_uid, POD);
+    // Another node's partition pool is not this node's.
+    let other = claim("m/mig", "gpu-1-3g-71gb-at-4", serde_json::json!({}), none);
+    let err = plan(&other, UID, "n", &all, &all, QuotaPolicy::default()).unwrap_err();
+    assert!(matches!(err, ClaimError::NotThisNode { .. }), "{err}");
+    // Administrative access to a partition: refused, naming it.
+    let mut admin = claim_json_admin();
+    admin["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = true.into();
+    let admin: ResourceClaim = serde_json::from_value(admin).unwrap();
+    let err = plan(&admin, UID, "n", &all, &all, QuotaPolicy::default()).unwrap_err();
+    assert_eq!(
+        err,
+        ClaimError::PartitionAdminAccess("gpu-1-3g-71gb-at-4".into())
+    );
+}
+
+/// A partition claim as JSON, to edit.
+fn claim_json_admin() -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "half", "namespace": "ml", "uid": UID},
+        "status": {
+            "allocation": {"devices": {
+                "results": [{"request": "gpu", "driver": DRIVER_NAME, "pool": "n/mig",
+                             "device": "gpu-1-3g-71gb-at-4"}],
+            }},
+            "reservedFor": [{"resource": "pods", "name": "train-0", "uid": POD}],
+        },
+    })
 }

@@ -1,0 +1,502 @@
+//! A claim allocated a MIG partition (the node's `<node>/mig` pool, docs/mig.md "Partitions
+//! prepared"): the DRA plugin, in process on mock GPUs whose fake MIG layer refuses what
+//! NVIDIA's placement rules refuse, behind the fake kubelet (its Unix socket) and the fake API
+//! server. The device is picked from the pool the plugin published by kube-scheduler's counter
+//! arithmetic (the transcription in `k8s_capacity_counters/counters.rs`), not by the plugin's
+//! own code; what was made is read from the mock's layout and device list.
+
+// Test helpers fail loudly on anything unexpected.
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
+
+#[path = "k8s_capacity_counters/counters.rs"]
+#[expect(dead_code, reason = "the oracle's rollback is not used here")]
+mod counters;
+#[path = "agent_dra/fake_api.rs"]
+#[expect(dead_code, reason = "shared with agent_dra.rs; only part is used here")]
+mod fake_api;
+#[path = "agent_dra/fake_kubelet.rs"]
+#[expect(dead_code, reason = "shared with agent_dra.rs; only part is used here")]
+mod fake_kubelet;
+
+use std::{
+    collections::BTreeSet,
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use counters::{Allocator, Pool, gather};
+use fake_api::FakeApi;
+use fake_kubelet::{prepare_v1, unprepare_v1};
+use gpuwarden_agent::{
+    devices::{GpuBackend, GpuDevice, mock::MockBackend},
+    dra::{
+        self, DraConfig,
+        config::{ApiServerConfig, GpuSelection},
+    },
+    enforcement::QuotaCommand,
+};
+use gpuwarden_test_support::scratch;
+use serde_json::{Value, json};
+
+const DRIVER: &str = "gpu.gpuwarden.io";
+const NODE: &str = "test-node";
+const POOL: &str = "test-node/mig";
+const POD: &str = "6b1e3f0c-2d4a-4c5b-9e8f-0a1b2c3d4e5f";
+const NODE_UID: &str = "5e0f2a7c-9b1d-4e3f-8a6b-7c8d9e0f1a2b";
+
+/// Claim UIDs.
+const A: &str = "0a000000-0000-4000-8000-00000000000a";
+const B: &str = "0b000000-0000-4000-8000-00000000000b";
+const C: &str = "0c000000-0000-4000-8000-00000000000c";
+const D: &str = "0d000000-0000-4000-8000-00000000000d";
+
+/// A claim allocated `device` of the partition pool, as the API server returns it: no
+/// `shareID` (a partition is not shared) and no consumed capacity.
+fn partition_claim(name: &str, uid: &str, device: &str) -> Value {
+    partition_claim_of(name, uid, &[device])
+}
+
+/// A claim allocated each of `devices` of the partition pool, one request each.
+fn partition_claim_of(name: &str, uid: &str, devices: &[&str]) -> Value {
+    let requests: Vec<Value> = (0..devices.len())
+        .map(|i| {
+            json!({"name": format!("mig{i}"), "exactly": {
+                "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
+            }})
+        })
+        .collect();
+    let results: Vec<Value> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, device)| {
+            json!({"request": format!("mig{i}"), "driver": DRIVER, "pool": POOL, "device": device})
+        })
+        .collect();
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"devices": {"requests": requests}},
+        "status": {
+            "allocation": {"devices": {"results": results}},
+            "reservedFor": [{"resource": "pods", "name": "train-0", "uid": POD}],
+        },
+    })
+}
+
+/// The on-demand mock layout (GPU-1 an H200 with the operator's `3g.71gb` at slices 4-7, GPU-2
+/// an empty H200), with the capability minors the driver would list for GPU-1's instances.
+fn mock_backend(dir: &Path) -> Arc<MockBackend> {
+    let mut minors = String::new();
+    for gi in 0..15 {
+        writeln!(minors, "gpu1/gi{gi}/access {}", 100 + gi * 10).unwrap();
+        for ci in 0..8 {
+            writeln!(minors, "gpu1/gi{gi}/ci{ci}/access {}", 101 + gi * 10 + ci).unwrap();
+        }
+    }
+    std::fs::write(dir.join("mig-minors"), minors).unwrap();
+    let text = format!(
+        "mig_minors = \"mig-minors\"\n{}",
+        include_str!("../../deploy/mock-devices-mig-on-demand.toml")
+    );
+    let path = dir.join("mock.toml");
+    Arc::new(MockBackend::from_toml(&text, &path).unwrap())
+}
+
+/// GPU-1's instances as the mock's MIG layer holds them: (profile, start, size).
+fn layout(backend: &MockBackend) -> BTreeSet<(String, u32, u32)> {
+    backend
+        .mig_layouts()
+        .into_iter()
+        .find(|(uuid, ..)| uuid == "GPU-1")
+        .map(|(_, _, l)| {
+            l.instances
+                .iter()
+                .map(|(p, at)| (p.name.to_owned(), at.start, at.size))
+                .collect()
+        })
+        .unwrap()
+}
+
+/// The partition pool's slices on the fake API server, and its generation.
+fn pool(api: &FakeApi) -> (Vec<Value>, i64) {
+    let slices: Vec<Value> = api
+        .slices()
+        .into_values()
+        .filter(|s| s["spec"]["pool"]["name"] == POOL)
+        .collect();
+    let generation = slices
+        .iter()
+        .filter_map(|s| s["spec"]["pool"]["generation"].as_i64())
+        .max()
+        .unwrap_or(0);
+    (slices, generation)
+}
+
+/// A partition device's GPU UUID, first memory slice and slice count, from its attributes.
+fn placement(device: &Value) -> (String, u64, u64) {
+    let a = &device["attributes"];
+    (
+        a["parentUUID"]["string"].as_str().unwrap().to_owned(),
+        a["memorySliceStart"]["int"].as_u64().unwrap(),
+        a["memorySlices"]["int"].as_u64().unwrap(),
+    )
+}
+
+fn overlaps(a: &(String, u64, u64), b: &(String, u64, u64)) -> bool {
+    a.0 == b.0 && a.1 < b.1 + b.2 && b.1 < a.1 + a.2
+}
+
+/// The pool once written whole at a generation after `after` (slices are written one by one):
+/// its generation, devices and counter sets.
+fn republished(api: &FakeApi, after: i64) -> (i64, Vec<counters::Device>, counters::CounterSets) {
+    let mut out = None;
+    wait_until("the pool republished", || {
+        let (slices, generation) = pool(api);
+        if generation <= after {
+            return false;
+        }
+        if let Pool::Ready {
+            devices,
+            counter_sets,
+        } = gather(&slices, true)
+        {
+            out = Some((generation, devices, counter_sets));
+            return true;
+        }
+        false
+    });
+    out.unwrap()
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The plugin running on `rt`, and what stops it.
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+    /// What the plugin hands enforcement.
+    quotas: tokio::sync::mpsc::UnboundedReceiver<QuotaCommand>,
+}
+
+impl Running {
+    fn start(
+        rt: &tokio::runtime::Runtime,
+        config: &DraConfig,
+        backend: &Arc<MockBackend>,
+        tree: sled::Tree,
+    ) -> Self {
+        let (to_enforcement, quotas) = tokio::sync::mpsc::unbounded_channel();
+        let backend: Arc<dyn GpuBackend> = Arc::clone(backend) as Arc<dyn GpuBackend>;
+        let plugin = {
+            let _guard = rt.enter();
+            dra::Plugin::open(
+                config.clone(),
+                NODE.to_owned(),
+                backend,
+                Some(tree),
+                to_enforcement,
+                &["GPU-1".to_owned()],
+            )
+            .unwrap()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = rt.spawn(plugin.run(Duration::from_millis(100), async {
+            let _ = stopped.await;
+        }));
+        Self { stop, task, quotas }
+    }
+
+    fn stop(self, rt: &tokio::runtime::Runtime) {
+        let _ = self.stop.send(());
+        rt.block_on(self.task).unwrap();
+    }
+}
+
+/// Prepare and unprepare of claims allocated partitions: the instance made at the device's
+/// placement, named in the CDI spec, the pool republished without the placements it overlaps;
+/// a retried prepare makes nothing twice; a placement the fake driver refuses makes nothing and
+/// says why; unprepare destroys the instance (later, when a process still holds it); across a
+/// restart of the plugin the claim store still knows which instance a claim made.
+#[test]
+#[expect(clippy::too_many_lines, reason = "one scenario, step by step")]
+fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let api = FakeApi::start(&rt);
+    api.put_node(NODE, NODE_UID);
+    let root = scratch("dra-partition-prepare");
+    let backend = mock_backend(root.path());
+    let db = sled::Config::new()
+        .path(root.path().join("store"))
+        .open()
+        .unwrap();
+    let config = DraConfig {
+        gpus: GpuSelection::Keyword("all".into()),
+        plugins_registry_dir: root.path().join("plugins_registry"),
+        plugins_dir: root.path().join("plugins"),
+        cdi_dir: root.path().join("cdi"),
+        policy: gpuwarden_agent::enforcement::quota::QuotaPolicy::default(),
+        api: ApiServerConfig {
+            url: api.url(),
+            token_file: None,
+            ca_file: None,
+        },
+    };
+    let endpoint: PathBuf = config.plugin_socket();
+    let mut running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+    let operators = layout(&backend);
+    let devices_before = backend.devices();
+
+    // The pool as published; the scheduler's arithmetic picks a 2g on GPU-1.
+    wait_until("the partition pool", || pool(&api).0.len() >= 2);
+    let (slices, first_generation) = pool(&api);
+    let gathered = gather(&slices, true);
+    let Pool::Ready { devices, .. } = &gathered else {
+        panic!("pool not ready: {gathered:?}")
+    };
+    let mut scheduler = Allocator::new(&gathered, &[], true);
+    let chosen = devices
+        .iter()
+        .find(|d| {
+            d.value["attributes"]["migProfile"]["string"] == "2g.35gb"
+                && scheduler.allocate(&d.name)
+        })
+        .unwrap()
+        .clone();
+    let at = placement(&chosen.value);
+    // One the scheduler would not allocate beside it (it overlaps), for a stale allocation.
+    let mut after = Allocator::new(&gathered, &[&chosen.name], true);
+    let overlapping = devices
+        .iter()
+        .find(|d| d.name != chosen.name && overlaps(&placement(&d.value), &at))
+        .unwrap()
+        .clone();
+    assert!(!after.allocate(&overlapping.name));
+
+    // Prepared (asked twice at once, as a kubelet retrying might): one instance, at that
+    // placement.
+    api.put_claim(partition_claim("mig-a", A, &chosen.name));
+    let asked: Vec<_> = (0..8)
+        .map(|_| {
+            let endpoint = endpoint.clone();
+            rt.spawn(async move { prepare_v1(&endpoint, &[("ml", A, "mig-a")]).await })
+        })
+        .collect();
+    let answers: Vec<_> = asked.into_iter().map(|a| rt.block_on(a).unwrap()).collect();
+    let answer = answers[0].clone();
+    for other in &answers {
+        assert_eq!(other.claims[A], answer.claims[A]);
+    }
+    let ok = &answer.claims[A];
+    assert_eq!(ok.error, "");
+    assert_eq!(ok.devices.len(), 1);
+    assert_eq!(
+        (
+            ok.devices[0].pool_name.as_str(),
+            ok.devices[0].device_name.as_str()
+        ),
+        (POOL, chosen.name.as_str())
+    );
+    let mut want = operators.clone();
+    want.insert(("2g.35gb".to_owned(), u32::try_from(at.1).unwrap(), 2));
+    assert_eq!(layout(&backend), want);
+    let made: Vec<GpuDevice> = backend
+        .devices()
+        .into_iter()
+        .filter(|d| !devices_before.contains(d))
+        .collect();
+    assert_eq!(made.len(), 1, "{made:#?}");
+    let instance = &made[0];
+    let mig = instance.mig.clone().unwrap();
+    assert_eq!(
+        (mig.parent_uuid.as_str(), mig.profile.as_str()),
+        ("GPU-1", "2g.35gb")
+    );
+
+    // The CDI spec names its parent's node and its capability nodes (from the minors file).
+    let spec: Value = serde_json::from_slice(
+        &std::fs::read(config.cdi_dir.join(format!("{DRIVER}-{A}.json"))).unwrap(),
+    )
+    .unwrap();
+    let nodes: Vec<&str> = spec["devices"][0]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["hostPath"].as_str().or(n["path"].as_str()).unwrap())
+        .collect();
+    let gi = mig.gpu_instance;
+    for cap in [
+        format!("/dev/nvidia-caps/nvidia-cap{}", 100 + gi * 10),
+        format!(
+            "/dev/nvidia-caps/nvidia-cap{}",
+            101 + gi * 10 + mig.compute_instance
+        ),
+    ] {
+        assert!(nodes.contains(&cap.as_str()), "{cap} not in {nodes:?}");
+    }
+    assert!(nodes.contains(&instance.device_node.as_str()), "{nodes:?}");
+
+    // Enforcement gets one quota: the instance whole (all its shares, all its memory, its
+    // capability minors), bound to the reserving pod.
+    let QuotaCommand::Apply(quota) = running.quotas.try_recv().unwrap() else {
+        panic!("not a quota")
+    };
+    assert!(
+        running.quotas.try_recv().is_err(),
+        "one quota, not one per prepare"
+    );
+    assert_eq!(quota.session_id, format!("k8s-{A}"));
+    assert_eq!(quota.target.to_string(), format!("pod {POD}"));
+    assert_eq!(quota.devices.len(), 1);
+    let q = &quota.devices[0];
+    assert_eq!(
+        (q.index, q.shares_ppm, q.memory_bytes),
+        (instance.index, 1_000_000, instance.memory_bytes)
+    );
+    assert!(q.mig.is_some(), "{q:?}");
+
+    // Republished: no device left that overlaps the instance, its slices' counters at 0.
+    let (generation, now, counter_sets) = republished(&api, first_generation);
+    assert!(!now.is_empty());
+    for d in &now {
+        assert!(
+            !overlaps(&placement(&d.value), &at),
+            "{} still offered",
+            d.name
+        );
+    }
+    let set = &counter_sets["gpu-1"];
+    for s in at.1..at.1 + at.2 {
+        assert_eq!(set[&format!("memory-slice-{s}")], 0, "slice {s}");
+    }
+
+    // Retried (the kubelet does): the same answer, nothing made twice.
+    let again = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    assert_eq!(again.claims[A], answer.claims[A]);
+    assert_eq!(backend.devices().len(), devices_before.len() + 1);
+
+    // A stale allocation of a free placement and an overlapping one: the fake driver refuses
+    // the second; the first, made, is destroyed again: nothing is left made.
+    let mut beside = Allocator::new(&gathered, &[&chosen.name], true);
+    let free = devices
+        .iter()
+        .find(|d| {
+            d.value["attributes"]["migProfile"]["string"] == "1g.18gb" && beside.allocate(&d.name)
+        })
+        .unwrap();
+    assert!(!overlaps(&placement(&free.value), &at));
+    api.put_claim(partition_claim_of(
+        "mig-b",
+        B,
+        &[&free.name, &overlapping.name],
+    ));
+    let refused = rt.block_on(prepare_v1(&endpoint, &[("ml", B, "mig-b")]));
+    let err = &refused.claims[B].error;
+    assert!(
+        err.contains(&overlapping.name) && err.contains("refused"),
+        "{err}"
+    );
+    assert_eq!(layout(&backend), want);
+    assert!(!config.cdi_dir.join(format!("{DRIVER}-{B}.json")).exists());
+
+    // Unprepared: destroyed, the pool back to what it offered at first.
+    let done = rt.block_on(unprepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    assert_eq!(done.claims[A].error, "");
+    assert!(matches!(
+        running.quotas.try_recv().unwrap(),
+        QuotaCommand::Release(s) if s == format!("k8s-{A}")
+    ));
+    assert_eq!(layout(&backend), operators);
+    assert_eq!(backend.devices(), devices_before);
+    republished(&api, generation);
+    let names = |slices: &[Value]| -> BTreeSet<String> {
+        slices
+            .iter()
+            .filter_map(|s| s["spec"]["devices"].as_array())
+            .flatten()
+            .map(|d| d["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let first_names: BTreeSet<String> = devices.iter().map(|d| d.name.clone()).collect();
+    wait_until("every placement offered again", || {
+        names(&pool(&api).0) == first_names
+    });
+
+    // A process on the instance at unprepare: the driver refuses; destroyed once it is gone.
+    api.put_claim(partition_claim("mig-c", C, &chosen.name));
+    let c = rt.block_on(prepare_v1(&endpoint, &[("ml", C, "mig-c")]));
+    assert_eq!(c.claims[C].error, "");
+    let held = backend
+        .devices()
+        .into_iter()
+        .find(|d| !devices_before.contains(d))
+        .unwrap();
+    backend.set_instance_processes(&held.uuid, 1).unwrap();
+    let done = rt.block_on(unprepare_v1(&endpoint, &[("ml", C, "mig-c")]));
+    assert_eq!(
+        done.claims[C].error, "",
+        "unprepare succeeds; the destroy waits"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        backend.devices().contains(&held),
+        "destroyed under a process"
+    );
+    backend.set_instance_processes(&held.uuid, 0).unwrap();
+    wait_until("the instance destroyed once idle", || {
+        backend.devices() == devices_before
+    });
+
+    // Across a restart: the store says which instance the claim made; unprepare destroys it.
+    api.put_claim(partition_claim("mig-d", D, &chosen.name));
+    let d = rt.block_on(prepare_v1(&endpoint, &[("ml", D, "mig-d")]));
+    assert_eq!(d.claims[D].error, "");
+    running.stop(&rt);
+    let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+    wait_until("the plugin socket", || endpoint.exists());
+    let again = rt.block_on(prepare_v1(&endpoint, &[("ml", D, "mig-d")]));
+    assert_eq!(
+        again.claims[D], d.claims[D],
+        "the same answer after the restart"
+    );
+    assert_eq!(backend.devices().len(), devices_before.len() + 1);
+    // The instance is the claim's whole: not offered in the node's pool as a shared device.
+    let made_d = backend
+        .devices()
+        .into_iter()
+        .find(|g| !devices_before.contains(g))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let node_slice = &api.slices()[&format!("{NODE}-{DRIVER}")];
+    let uuids: Vec<&str> = node_slice["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["attributes"]["uuid"]["string"].as_str())
+        .collect();
+    assert!(uuids.contains(&"MIG-ops"), "{uuids:?}");
+    assert!(!uuids.contains(&made_d.uuid.as_str()), "{uuids:?}");
+    let done = rt.block_on(unprepare_v1(&endpoint, &[("ml", D, "mig-d")]));
+    assert_eq!(done.claims[D].error, "");
+    assert_eq!(backend.devices(), devices_before);
+    assert_eq!(layout(&backend), operators);
+    running.stop(&rt);
+}
