@@ -743,74 +743,123 @@ fn a_suspended_session_resumes_on_another_gpu_of_the_same_model() {
     assert_eq!(open(home), libc::EPERM);
 }
 
+/// A borrower suspended beside a busy home ([`suspended_beside_a_busy_home`]) whose move to the
+/// other GPU is under way, the stand-in driver holding it in one call (`pause`) until the test
+/// lets it go. Fields in drop order: the workload before the rig, the rig before the driver.
+struct PausedMove {
+    p: CudaProcess,
+    /// Removed to let the held call go on.
+    pause: std::path::PathBuf,
+    borrower: String,
+    lender: String,
+    home: u32,
+    other: u32,
+    nodes: tempfile::TempDir,
+    cg: TestCgroup,
+    rig: Rig,
+    libcuda: FakeLibcuda,
+}
+
+/// Starts the move of [`PausedMove`] (the lab's first session ends, freeing the other GPU) and
+/// returns once the stand-in holds its `call` (`version`: before anything moved; `unlock`:
+/// after the restore onto the other GPU).
+fn a_move_paused_at(tag: &str, call: &str) -> PausedMove {
+    let libcuda = FakeLibcuda::build();
+    let rig = move_rig(tag, &libcuda);
+    let cg = docker(tag);
+    let nodes = gpu_nodes();
+    let (borrower, x, lender, home, other, p) =
+        suspended_beside_a_busy_home(&rig, &libcuda, &cg, nodes.path());
+    let pause = libcuda.dir.path().join(format!("pause-{call}"));
+    std::fs::write(&pause, "").unwrap();
+    terminate(&rig, &x);
+    let paused = libcuda.dir.path().join(format!("{call}-paused"));
+    wait_for(&format!("the move's {call} call to be under way"), || {
+        paused.exists()
+    });
+    PausedMove {
+        p,
+        pause,
+        borrower,
+        lender,
+        home,
+        other,
+        nodes,
+        cg,
+        rig,
+        libcuda,
+    }
+}
+
+/// The workload of `m` runs on GPU `on` and nowhere else, by every account: the driver's ledger,
+/// the agent's count, its cgroup thawed, the device rules, and its data unchanged.
+fn assert_runs_on(m: &mut PausedMove, on: u32, off: u32) {
+    let mut expected = vec![0; 2];
+    expected[usize::try_from(on).unwrap()] = 64 * MIB;
+    assert_eq!(m.rig.driver.fake.ledger(), expected);
+    wait_for("the quota to count the workload where it runs", || {
+        charged_on(&m.rig, &m.cg, on) == 64 * MIB
+    });
+    assert_eq!(charged_on(&m.rig, &m.cg, off), 0);
+    wait_for("the workload to run again", || !frozen(&m.cg));
+    let open = |gpu: u32| devnode::open_in(&m.cg, &m.nodes.path().join(format!("nvidia{gpu}")));
+    assert_eq!(open(on), libc::ENXIO);
+    assert_eq!(open(off), libc::EPERM);
+    assert_eq!(
+        m.p.checksum_now(),
+        m.p.checksum,
+        "its data came back unchanged"
+    );
+}
+
 /// Issue 38: the agent stops in the middle of a move to the other GPU (the stand-in driver
 /// holds the move's version check until the agent is gone), after the controller booked that
-/// GPU. The next run of the agent holds the GPU the session left (its store) and says so:
-/// `resume_refused`; the controller frees the other GPU and suspends the session again, its
-/// bytes still on the host. When the lender ends, it resumes on the GPU it left, its data
-/// unchanged: the two sides agree again.
+/// GPU. The next run of the agent holds the GPU the session left (its store), asks the driver,
+/// finds every process still checkpointed and says so: `resume_refused`; the controller frees
+/// the other GPU and suspends the session again, its bytes still on the host. When the lender
+/// ends, it resumes on the GPU it left, its data unchanged: the two sides agree again.
 #[test]
 #[ignore = "needs root"]
 fn an_agent_restart_in_the_middle_of_a_move_leaves_the_session_where_it_was() {
     require_root();
-    let libcuda = FakeLibcuda::build();
-    let mut rig = move_rig("suspend-cut-move", &libcuda);
-    let cg = docker("suspend-cut-move");
-    let nodes = gpu_nodes();
-    let (borrower, x, lender, home, other, mut p) =
-        suspended_beside_a_busy_home(&rig, &libcuda, &cg, nodes.path());
-
-    let pause = libcuda.dir.path().join("pause-version");
-    std::fs::write(&pause, "").unwrap();
-    terminate(&rig, &x);
-    wait_for("the move's version check to be under way", || {
-        libcuda.dir.path().join("version-paused").exists()
-    });
-    let b = rig.get(&borrower);
+    let mut m = a_move_paused_at("suspend-cut-move", "version");
+    let (home, other) = (m.home, m.other);
+    let b = m.rig.get(&m.borrower);
     assert_eq!(b.state, pb::SessionState::Running as i32);
     assert_eq!(
         b.devices[0].index, other,
         "the controller booked the other GPU"
     );
 
-    rig.agent.take().unwrap().stop_keeping_pins().unwrap();
-    std::fs::remove_file(&pause).unwrap();
-    restart_agent(&mut rig, &libcuda);
+    m.rig.agent.take().unwrap().stop_keeping_pins().unwrap();
+    std::fs::remove_file(&m.pause).unwrap();
+    restart_agent(&mut m.rig, &m.libcuda);
 
-    let why = wait_event(&rig, &borrower, "resume_refused");
+    let why = wait_event(&m.rig, &m.borrower, "resume_refused");
     assert!(why.contains("restarted during the move"), "{why}");
     assert!(
         why.contains(&format!("not resumed on GPUs {other}"))
             && why.contains(&format!("holding GPUs {home}")),
         "{why}"
     );
-    rig.wait_for("the borrower to be suspended again", |r| {
-        state_of(r, &borrower) == pb::SessionState::Suspended as i32
+    m.rig.wait_for("the borrower to be suspended again", |r| {
+        state_of(r, &m.borrower) == pb::SessionState::Suspended as i32
     });
-    assert_eq!(rig.driver.fake.ledger(), vec![0, 0], "still on the host");
-    assert!(p.alive());
+    assert_eq!(m.rig.driver.fake.ledger(), vec![0, 0], "still on the host");
+    assert!(m.p.alive());
     assert!(
-        !rig.get(&borrower)
+        !m.rig
+            .get(&m.borrower)
             .events
             .iter()
             .any(|e| e.action == "resuming"),
         "nothing was restored"
     );
 
-    terminate(&rig, &lender);
-    wait_event(&rig, &borrower, "resumed");
-    let mut expected = vec![0; 2];
-    expected[usize::try_from(home).unwrap()] = 64 * MIB;
-    assert_eq!(rig.driver.fake.ledger(), expected);
-    wait_for("the quota to count the workload at home", || {
-        charged_on(&rig, &cg, home) == 64 * MIB
-    });
-    assert_eq!(charged_on(&rig, &cg, other), 0);
-    assert_eq!(rig.get(&borrower).devices[0].index, home);
-    let open = |gpu: u32| devnode::open_in(&cg, &nodes.path().join(format!("nvidia{gpu}")));
-    assert_eq!(open(home), libc::ENXIO);
-    assert_eq!(open(other), libc::EPERM);
-    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+    terminate(&m.rig, &m.lender);
+    wait_event(&m.rig, &m.borrower, "resumed");
+    assert_eq!(m.rig.get(&m.borrower).devices[0].index, home);
+    assert_runs_on(&mut m, home, other);
 }
 
 /// Starts the agent again on `rig`'s state (its kernel state pinned by the one stopped), the
@@ -837,54 +886,34 @@ fn restart_agent(rig: &mut Rig, libcuda: &FakeLibcuda) {
 #[ignore = "needs root"]
 fn an_agent_restart_after_the_restore_completes_the_move() {
     require_root();
-    let libcuda = FakeLibcuda::build();
-    let mut rig = move_rig("suspend-late-cut", &libcuda);
-    let cg = docker("suspend-late-cut");
-    let nodes = gpu_nodes();
-    let (borrower, x, lender, home, other, mut p) =
-        suspended_beside_a_busy_home(&rig, &libcuda, &cg, nodes.path());
-
-    let pause = libcuda.dir.path().join("pause-unlock");
-    std::fs::write(&pause, "").unwrap();
-    terminate(&rig, &x);
-    wait_for("the move's unlock to be under way", || {
-        libcuda.dir.path().join("unlock-paused").exists()
-    });
+    let mut m = a_move_paused_at("suspend-late-cut", "unlock");
+    let (home, other) = (m.home, m.other);
     let mut expected = vec![0; 2];
     expected[usize::try_from(other).unwrap()] = 64 * MIB;
     assert_eq!(
-        rig.driver.fake.ledger(),
+        m.rig.driver.fake.ledger(),
         expected,
         "restored on the new GPU"
     );
 
-    rig.agent.take().unwrap().stop_keeping_pins().unwrap();
-    std::fs::remove_file(&pause).unwrap();
-    restart_agent(&mut rig, &libcuda);
+    m.rig.agent.take().unwrap().stop_keeping_pins().unwrap();
+    std::fs::remove_file(&m.pause).unwrap();
+    restart_agent(&mut m.rig, &m.libcuda);
 
-    let why = wait_event(&rig, &borrower, "resumed");
+    let why = wait_event(&m.rig, &m.borrower, "resumed");
     assert!(
         why.contains("cut short by an agent restart, completed"),
         "{why}"
     );
-    let b = rig.get(&borrower);
+    let b = m.rig.get(&m.borrower);
     assert_eq!(b.state, pb::SessionState::Running as i32);
     assert_eq!(b.devices[0].index, other);
     assert!(
         !b.events.iter().any(|e| e.action == "resume_refused"),
         "the move was not refused"
     );
-    assert_eq!(rig.driver.fake.ledger(), expected);
-    wait_for("the quota to count the workload on the new GPU", || {
-        charged_on(&rig, &cg, other) == 64 * MIB
-    });
-    assert_eq!(charged_on(&rig, &cg, home), 0);
-    wait_for("the workload to run again", || !frozen(&cg));
-    let open = |gpu: u32| devnode::open_in(&cg, &nodes.path().join(format!("nvidia{gpu}")));
-    assert_eq!(open(other), libc::ENXIO);
-    assert_eq!(open(home), libc::EPERM);
-    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
-    assert_eq!(rig.get(&lender).devices[0].index, home);
+    assert_eq!(m.rig.get(&m.lender).devices[0].index, home);
+    assert_runs_on(&mut m, other, home);
 }
 
 /// Issue 38: the controller restarts in the middle of a move (the stand-in holds the move's
@@ -896,50 +925,32 @@ fn an_agent_restart_after_the_restore_completes_the_move() {
 #[ignore = "needs root"]
 fn a_controller_restart_in_the_middle_of_a_move_keeps_its_booking() {
     require_root();
-    let libcuda = FakeLibcuda::build();
-    let mut rig = move_rig("suspend-ctl-cut", &libcuda);
-    let cg = docker("suspend-ctl-cut");
-    let nodes = gpu_nodes();
-    let (borrower, x, lender, home, other, mut p) =
-        suspended_beside_a_busy_home(&rig, &libcuda, &cg, nodes.path());
+    let mut m = a_move_paused_at("suspend-ctl-cut", "version");
+    let (home, other) = (m.home, m.other);
+    assert_eq!(m.rig.get(&m.borrower).devices[0].index, other);
 
-    let pause = libcuda.dir.path().join("pause-version");
-    std::fs::write(&pause, "").unwrap();
-    terminate(&rig, &x);
-    wait_for("the move's version check to be under way", || {
-        libcuda.dir.path().join("version-paused").exists()
-    });
-    assert_eq!(rig.get(&borrower).devices[0].index, other);
-
-    let (addr, dir) = (rig.ctl.addr, rig.state[0].path().to_owned());
-    rig.ctl.crash();
-    rig.ctl = gpuwarden_test_support::controller::TestController::builder(&dir)
+    let (addr, dir) = (m.rig.ctl.addr, m.rig.state[0].path().to_owned());
+    m.rig.ctl.crash();
+    m.rig.ctl = gpuwarden_test_support::controller::TestController::builder(&dir)
         .config(reclaim_config())
         .timing(rig::timing())
         .addr(addr)
         .start();
-    let b = rig.get(&borrower);
+    let b = m.rig.get(&m.borrower);
     assert_eq!(
         (b.state, b.devices[0].index),
         (pb::SessionState::Running as i32, other),
         "the booking read back from the store"
     );
-    std::fs::remove_file(&pause).unwrap();
+    std::fs::remove_file(&m.pause).unwrap();
 
-    let why = wait_event(&rig, &borrower, "resumed");
+    let why = wait_event(&m.rig, &m.borrower, "resumed");
     assert!(why.contains("1 processes restored"), "{why}");
-    let b = rig.get(&borrower);
+    let b = m.rig.get(&m.borrower);
     assert_eq!(b.state, pb::SessionState::Running as i32);
     assert_eq!(b.devices[0].index, other);
-    assert_eq!(rig.get(&lender).devices[0].index, home);
-    let mut expected = vec![0; 2];
-    expected[usize::try_from(other).unwrap()] = 64 * MIB;
-    assert_eq!(rig.driver.fake.ledger(), expected);
-    wait_for("the quota to count the workload on the new GPU", || {
-        charged_on(&rig, &cg, other) == 64 * MIB
-    });
-    wait_for("the workload to run again", || !frozen(&cg));
-    assert_eq!(p.checksum_now(), p.checksum, "its data came back unchanged");
+    assert_eq!(m.rig.get(&m.lender).devices[0].index, home);
+    assert_runs_on(&mut m, other, home);
 }
 
 /// The same with a driver older than CUDA 13.0 (the stand-in reports 12.8): its restore takes
