@@ -191,13 +191,8 @@ fn slice_writes(api: &FakeApi) -> Vec<Value> {
 )]
 fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     require_root();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let api = FakeApi::start(&rt);
-    api.put_node(NODE, NODE_UID);
+    let rt = fake_api::runtime();
+    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
     let schema = Schema::load();
     let root = scratch("dra");
     let dev = root.path().join("dev");
@@ -586,13 +581,8 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
 #[ignore = "needs root"]
 fn a_deleted_slice_is_back_through_the_watch_before_the_tick() {
     require_root();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let api = FakeApi::start(&rt);
-    api.put_node(NODE, NODE_UID);
+    let rt = fake_api::runtime();
+    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
     let root = scratch("dra-watch");
     let dev = root.path().join("dev");
     std::fs::create_dir_all(&dev).unwrap();
@@ -715,11 +705,7 @@ fn client_on_gpu0(driver: &Driver, cg: &TestCgroup) -> (Client, u64, u64) {
 )]
 fn a_prepared_claim_is_enforced_on_the_pod_across_an_agent_kill() {
     require_root();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = fake_api::runtime();
     let api = FakeApi::start(&rt);
     let driver = Driver::mount("dra-e2e");
     let root = scratch("dra-e2e");
@@ -908,11 +894,7 @@ fn the_partition_pool_is_written_whole_and_backs_out_without_the_gate() {
             partition::{self, Outcome, PartitionedGpu, Unsupported},
         },
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = fake_api::runtime();
     let api = FakeApi::start(&rt);
     let client = ApiServer::new(&ApiServerConfig {
         url: api.url(),
@@ -1061,13 +1043,8 @@ fn the_partition_pool_is_written_whole_and_backs_out_without_the_gate() {
 #[expect(clippy::too_many_lines, reason = "one scenario, step by step")]
 fn the_agent_publishes_partitions_of_the_reconfigurable_gpu_only() {
     require_root();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let api = FakeApi::start(&rt);
-    api.put_node(NODE, NODE_UID);
+    let rt = fake_api::runtime();
+    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
     let root = scratch("dra-partitions");
     let dev = root.path().join("dev");
     std::fs::create_dir_all(&dev).unwrap();

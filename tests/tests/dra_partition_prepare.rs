@@ -235,13 +235,8 @@ impl Running {
 #[test]
 #[expect(clippy::too_many_lines, reason = "one scenario, step by step")]
 fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let api = FakeApi::start(&rt);
-    api.put_node(NODE, NODE_UID);
+    let rt = fake_api::runtime();
+    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
     let root = scratch("dra-partition-prepare");
     let backend = mock_backend(root.path());
     let db = sled::Config::new()

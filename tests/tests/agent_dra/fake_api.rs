@@ -106,6 +106,14 @@ fn as_stored(mut slice: Value, gate_off: bool, taints_off: bool, partitions_off:
 
 impl FakeApi {
     /// Serves on a free loopback port of `rt`.
+    /// [`Self::start`] on `rt`, with the node `name` (`uid`) already there, as the kubelet
+    /// registers it before any driver runs.
+    pub fn with_node(rt: &tokio::runtime::Runtime, name: &str, uid: &str) -> Self {
+        let api = Self::start(rt);
+        api.put_node(name, uid);
+        api
+    }
+
     pub fn start(rt: &tokio::runtime::Runtime) -> Self {
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -401,4 +409,14 @@ fn version(s: &State, method: &str, path: &str) -> Response<Full<Bytes>> {
     } else {
         status(404, "NotFound", "not served by the fake")
     }
+}
+
+/// A runtime for the fake API server and the agent's clients in a test: two workers, as the
+/// agent's own.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
