@@ -438,6 +438,7 @@ pub fn event_from_pb(e: &pb::EnforcementEvent) -> EnforcementEvent {
         used_bytes: e.used_bytes,
         limit_bytes: e.limit_bytes,
         at_ms: e.at_ms,
+        move_interrupted: e.move_interrupted,
     }
 }
 
@@ -458,6 +459,7 @@ pub fn event_to_pb(session_id: &str, e: &EnforcementEvent) -> pb::EnforcementEve
         at_ms: e.at_ms,
         device_index: e.device,
         action_kind: action_to_pb(&e.action).into(),
+        move_interrupted: e.move_interrupted,
     }
 }
 

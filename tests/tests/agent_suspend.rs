@@ -815,12 +815,13 @@ fn assert_runs_on(m: &mut PausedMove, on: u32, off: u32) {
 /// Issue 38: the agent stops in the middle of a move to the other GPU (the stand-in driver
 /// holds the move's version check until the agent is gone), after the controller booked that
 /// GPU. The next run of the agent holds the GPU the session left (its store), asks the driver,
-/// finds every process still checkpointed and says so: `resume_refused`; the controller frees
-/// the other GPU and suspends the session again, its bytes still on the host. When the lender
-/// ends, it resumes on the GPU it left, its data unchanged: the two sides agree again.
+/// finds every process still checkpointed and says so: `resume_refused`, marked as a move cut
+/// short; the controller frees the other GPU, suspends the session again and, its driver not
+/// being the reason, moves it again: this time the move runs, and the session runs on the other
+/// GPU with its data unchanged, while the lender keeps the GPU it took.
 #[test]
 #[ignore = "needs root"]
-fn an_agent_restart_in_the_middle_of_a_move_leaves_the_session_where_it_was() {
+fn an_agent_restart_in_the_middle_of_a_move_refuses_it_and_the_move_runs_again() {
     require_root();
     let mut m = a_move_paused_at("suspend-cut-move", "version");
     let (home, other) = (m.home, m.other);
@@ -842,24 +843,30 @@ fn an_agent_restart_in_the_middle_of_a_move_leaves_the_session_where_it_was() {
             && why.contains(&format!("holding GPUs {home}")),
         "{why}"
     );
-    m.rig.wait_for("the borrower to be suspended again", |r| {
-        state_of(r, &m.borrower) == pb::SessionState::Suspended as i32
-    });
-    assert_eq!(m.rig.driver.fake.ledger(), vec![0, 0], "still on the host");
-    assert!(m.p.alive());
-    assert!(
-        !m.rig
-            .get(&m.borrower)
-            .events
-            .iter()
-            .any(|e| e.action == "resuming"),
-        "nothing was restored"
-    );
+    let refused = m
+        .rig
+        .get(&m.borrower)
+        .events
+        .into_iter()
+        .find(|e| e.action == "resume_refused")
+        .unwrap();
+    assert!(refused.move_interrupted, "{refused:?}");
 
-    terminate(&m.rig, &m.lender);
-    wait_event(&m.rig, &m.borrower, "resumed");
-    assert_eq!(m.rig.get(&m.borrower).devices[0].index, home);
-    assert_runs_on(&mut m, home, other);
+    let why = wait_event(&m.rig, &m.borrower, "resumed");
+    assert!(why.contains("1 processes restored"), "{why}");
+    let b = m.rig.get(&m.borrower);
+    assert_eq!(
+        (b.state, b.devices[0].index),
+        (pb::SessionState::Running as i32, other)
+    );
+    let actions: Vec<&str> = b.events.iter().map(|e| e.action.as_str()).collect();
+    let refused_at = actions.iter().position(|a| *a == "resume_refused").unwrap();
+    assert!(
+        actions[refused_at..].contains(&"resuming"),
+        "restored after the refusal, not before: {actions:?}"
+    );
+    assert_eq!(m.rig.get(&m.lender).devices[0].index, home);
+    assert_runs_on(&mut m, other, home);
 }
 
 /// Starts the agent again on `rig`'s state (its kernel state pinned by the one stopped), the

@@ -428,6 +428,8 @@ impl Record {
             used_bytes: self.used_bytes,
             limit_bytes: self.limit_bytes,
             at_ms: self.at_ms,
+            // Told by the controller link, which knows which moves it took up after a restart.
+            move_interrupted: false,
         }
     }
 }

@@ -52,6 +52,8 @@ pub struct Holdings {
     moves: BTreeMap<String, pb::Allocate>,
     /// Moves a previous run of the agent began and never settled: found on disk at open.
     interrupted: BTreeMap<String, pb::Allocate>,
+    /// Those of them this run took up ([`Self::take_up_move`]), until they settle.
+    taken_up: std::collections::BTreeSet<String>,
     tree: Option<sled::Tree>,
     moves_tree: Option<sled::Tree>,
     db: Option<sled::Db>,
@@ -72,6 +74,7 @@ impl Holdings {
         Ok(Self {
             sessions: load(&tree)?,
             moves: BTreeMap::new(),
+            taken_up: std::collections::BTreeSet::new(),
             interrupted: load(&moves_tree)?,
             tree: Some(tree),
             moves_tree: Some(moves_tree),
@@ -161,7 +164,14 @@ impl Holdings {
     pub fn take_up_move(&mut self, session: &str) {
         if let Some(allocate) = self.interrupted.remove(session) {
             self.moves.insert(session.to_owned(), allocate);
+            self.taken_up.insert(session.to_owned());
         }
+    }
+
+    /// Whether the move of `session` is one an earlier run began and this run took up.
+    #[must_use]
+    pub fn took_up(&self, session: &str) -> bool {
+        self.taken_up.contains(session)
     }
 
     /// Forgets the move of `session` on disk (and an interrupted one in memory).
@@ -170,6 +180,7 @@ impl Holdings {
     /// The write failed.
     pub fn forget_move(&mut self, session: &str) -> Result<(), HoldingsError> {
         self.interrupted.remove(session);
+        self.taken_up.remove(session);
         if let Some(tree) = &self.moves_tree
             && tree.remove(session.as_bytes())?.is_some()
         {

@@ -271,8 +271,8 @@ async fn connect_once(
         };
         tokio::select! {
             upward = upward => match upward {
-                Upward::Event(event) => {
-                    settle_holdings(holdings, reconfigurer, &event);
+                Upward::Event(mut event) => {
+                    settle_holdings(holdings, reconfigurer, &mut event);
                     send(&tx, pb::agent_message::Msg::Event(event)).await?;
                 }
                 Upward::Usage(usage) => {
@@ -351,13 +351,17 @@ fn send_sample(
 }
 
 /// What an enforcement event going up changes in what the node holds: a move onto other GPUs
-/// settles with its outcome (issue 38); a preempted session's hold goes, so the node's next
-/// registration no longer lists it.
+/// settles with its outcome (issue 38; a refusal of one this run took up after a restart says
+/// the move was cut short, so the controller may move the session again); a preempted
+/// session's hold goes, so the node's next registration no longer lists it.
 fn settle_holdings(
     holdings: &SharedHoldings,
     reconfigurer: &crate::devices::ondemand::Reconfigurer,
-    event: &pb::EnforcementEvent,
+    event: &mut pb::EnforcementEvent,
 ) {
+    if event.action == "resume_refused" && lock(holdings).took_up(&event.session_id) {
+        event.move_interrupted = true;
+    }
     let session = &event.session_id;
     if matches!(
         event.action.as_str(),

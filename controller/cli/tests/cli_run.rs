@@ -149,6 +149,7 @@ fn over_its_limit(session_id: String) -> pb::agent_message::Msg {
         at_ms: 1_700_000_000_000,
         device_index: Some(0),
         action_kind: pb::EnforcementAction::Report.into(),
+        move_interrupted: false,
     })
 }
 

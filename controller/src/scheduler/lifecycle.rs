@@ -692,7 +692,11 @@ impl Scheduler {
         if s.node.as_deref() != Some(node) {
             return false;
         }
-        let (action, used_bytes) = (event.action.clone(), event.used_bytes);
+        let (action, used_bytes, interrupted) = (
+            event.action.clone(),
+            event.used_bytes,
+            event.move_interrupted,
+        );
         let terminating = s.state == SessionState::Terminating;
         s.record_event(event);
         self.changes.sessions.insert(session.to_owned());
@@ -721,7 +725,7 @@ impl Scheduler {
             }
             Action::Suspended => self.suspended(node, session, used_bytes),
             Action::Resumed => self.resumed(node, session),
-            Action::ResumeRefused => self.resume_refused(node, session),
+            Action::ResumeRefused => self.resume_refused(node, session, interrupted),
             _ => {}
         }
         true

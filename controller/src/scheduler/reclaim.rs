@@ -590,10 +590,11 @@ impl Scheduler {
         self.changes.sessions.insert(session.to_owned());
     }
 
-    /// The agent on `node` refused to resume `session` on the other GPUs it was booked on (its
-    /// driver cannot restore onto other GPUs): nothing moved there, so it is suspended again
-    /// at home, its GPUs freed, and from now on waits for the GPUs it left.
-    pub(super) fn resume_refused(&mut self, node: &str, session: &str) {
+    /// The agent on `node` refused to resume `session` on the other GPUs it was booked on:
+    /// nothing moved there, so it is suspended again at home, its GPUs freed. Where its driver
+    /// cannot restore onto other GPUs, it waits for the GPUs it left from now on; where a
+    /// restart of the agent cut the move short (`interrupted`), it may be moved again.
+    pub(super) fn resume_refused(&mut self, node: &str, session: &str, interrupted: bool) {
         let Some(s) = self.sessions.get_mut(session) else {
             return;
         };
@@ -601,11 +602,15 @@ impl Scheduler {
             return;
         }
         let Some(home) = s.home.as_mut() else { return };
-        home.home_only = true;
+        home.home_only |= !interrupted;
         let home = home.clone();
+        let why = if interrupted {
+            "its move to other GPUs was cut short by an agent restart"
+        } else {
+            "its node cannot restore it onto other GPUs"
+        };
         let reason = format!(
-            "suspended; its node cannot restore it onto other GPUs: waits to resume on {node}, \
-             GPUs {}",
+            "suspended; {why}: waits to resume on {node}, GPUs {}",
             indexes(&home.allocation)
         );
         set_state(s, SessionState::Suspended, &reason);

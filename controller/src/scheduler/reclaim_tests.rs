@@ -489,6 +489,44 @@ fn a_gpu_of_another_model_does_not_take_a_suspended_session() {
     );
 }
 
+/// A move cut short by a restart of its agent (`move_interrupted`, nothing moved): suspended
+/// again and the other GPU freed, as for a refusal, but it is not held to the GPU it left: the
+/// next pass moves it to the other GPU again.
+#[test]
+fn a_move_cut_short_by_an_agent_restart_may_be_tried_again() {
+    let mut s = suspending_cluster_of(["Mock H100", "Mock H100"]);
+    let (home, other) = suspended_with_its_home_busy(&mut s);
+    assert!(matches!(
+        s.pass().as_slice(),
+        [Command::Resume { onto: Some(_), .. }]
+    ));
+    let cut = EnforcementEvent {
+        action: Action::ResumeRefused,
+        move_interrupted: true,
+        ..EnforcementEvent::default()
+    };
+    assert!(s.record_event("n1", "b2", cut));
+    let b2 = &s.sessions()["b2"];
+    assert_eq!(b2.state, SessionState::Suspended);
+    assert!(!b2.home.as_ref().unwrap().home_only);
+    assert!(
+        b2.reason.contains("cut short by an agent restart"),
+        "{}",
+        b2.reason
+    );
+    let commands = s.pass();
+    let [
+        Command::Resume {
+            onto: Some(onto), ..
+        },
+    ] = commands.as_slice()
+    else {
+        panic!("moved again: {commands:?}");
+    };
+    assert_eq!(onto.parts[0].index, other);
+    assert_ne!(onto.parts[0].index, home);
+}
+
 /// Its agent refuses the move (a driver whose restore takes no GPU pairs): it is suspended
 /// again, the other GPU freed, and it waits for the GPU it left, resuming there.
 #[test]

@@ -240,6 +240,9 @@ pub struct EnforcementEvent {
     pub limit_bytes: u64,
     /// When, ms since the epoch (as the agent saw it).
     pub at_ms: i64,
+    /// For [`Action::ResumeRefused`]: a move onto other GPUs cut short by an agent restart
+    /// before anything moved, rather than refused by the driver (issue 38).
+    pub move_interrupted: bool,
 }
 
 #[cfg(test)]

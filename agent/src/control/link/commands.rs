@@ -227,6 +227,7 @@ pub(super) fn interrupted_moves(
                      suspended, holding GPUs {held}",
                     gpus(&to)
                 ),
+                move_interrupted: true,
                 ..pb::EnforcementEvent::default()
             };
             (to, refusal)
