@@ -25,6 +25,7 @@ mod pass;
 mod queue;
 pub mod quotas;
 mod reclaim;
+mod reports;
 mod requests;
 mod retention;
 mod team_queues;
