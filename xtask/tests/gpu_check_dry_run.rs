@@ -94,6 +94,32 @@ fn leftovers(marker: &str) -> Vec<String> {
     }
 }
 
+/// No process of the run is left (the processes are looked for once, for up to 20 s).
+fn assert_nothing_left(marker: &str) {
+    let left = leftovers(marker);
+    assert!(left.is_empty(), "left running: {left:?}");
+}
+
+/// The setup and suspend sections run with the stand-ins' `faults`: the run fails, every row
+/// of those two sections is printed, and none of the others; its rows and its marker.
+fn suspend_section_failing(
+    name: &str,
+    faults: &str,
+) -> (Vec<(String, String, String, String)>, String) {
+    let results = tempfile::tempdir().expect("a scratch directory");
+    let marker = marker(name);
+    let out = dry_run(&marker, results.path(), faults, &["--sections", "suspend"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "failed checks: {stderr}");
+    let rows = table(&out);
+    assert_eq!(
+        rows.len(),
+        SETUP + SUSPEND,
+        "setup and suspend only: {rows:#?}"
+    );
+    (rows, marker)
+}
+
 fn marker(name: &str) -> String {
     format!("{name}-{}", std::process::id())
 }
@@ -203,11 +229,7 @@ fn a_hang_and_an_early_exit_each_cost_their_rows_only_and_nothing_is_left_runnin
     );
     assert!(folder.join("controller.log").is_file());
     assert!(folder.join("memory-steps.log").is_file());
-    assert!(
-        leftovers(&marker).is_empty(),
-        "left running: {:?}",
-        leftovers(&marker)
-    );
+    assert_nothing_left(&marker);
 }
 
 #[test]
@@ -247,11 +269,7 @@ fn without_faults_every_row_is_made_and_passes() {
         "{paired:?}"
     );
     assert!(paired.1.contains("--gpu-pair"), "{paired:?}");
-    assert!(
-        leftovers(&marker).is_empty(),
-        "left running: {:?}",
-        leftovers(&marker)
-    );
+    assert_nothing_left(&marker);
 }
 
 /// The driver refuses the checkpoint: the agent ends the workload the kill way, its events leave
@@ -260,22 +278,7 @@ fn without_faults_every_row_is_made_and_passes() {
 #[test]
 #[ignore = "needs root (the late workload's cgroup)"]
 fn a_refused_suspension_fails_its_rows_with_the_drivers_code() {
-    let results = tempfile::tempdir().unwrap();
-    let marker = marker("refused");
-    let out = dry_run(
-        &marker,
-        results.path(),
-        "refuse:suspend",
-        &["--sections", "suspend"],
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "failed checks: {stderr}");
-    let rows = table(&out);
-    assert_eq!(
-        rows.len(),
-        SETUP + SUSPEND,
-        "setup and suspend only: {rows:#?}"
-    );
+    let (rows, marker) = suspend_section_failing("refused", "refuse:suspend");
     assert_eq!(
         row(
             &rows,
@@ -304,11 +307,7 @@ fn a_refused_suspension_fails_its_rows_with_the_drivers_code() {
             "{r:?}"
         );
     }
-    assert!(
-        leftovers(&marker).is_empty(),
-        "left running: {:?}",
-        leftovers(&marker)
-    );
+    assert_nothing_left(&marker);
 }
 
 /// The driver refuses the restore with the GPU paired to itself: that row fails with the
@@ -318,22 +317,7 @@ fn a_refused_suspension_fails_its_rows_with_the_drivers_code() {
 #[test]
 #[ignore = "needs root (the late workload's cgroup)"]
 fn a_driver_refusing_the_gpu_pair_fails_its_row_saying_so() {
-    let results = tempfile::tempdir().unwrap();
-    let marker = marker("pairs");
-    let out = dry_run(
-        &marker,
-        results.path(),
-        "refuse:pairs",
-        &["--sections", "suspend"],
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "failed checks: {stderr}");
-    let rows = table(&out);
-    assert_eq!(
-        rows.len(),
-        SETUP + SUSPEND,
-        "setup and suspend only: {rows:#?}"
-    );
+    let (rows, marker) = suspend_section_failing("pairs", "refuse:pairs");
     for check in [
         "suspend: agent suspended the session",
         "resume: data intact",
@@ -363,11 +347,7 @@ fn a_driver_refusing_the_gpu_pair_fails_its_row_saying_so() {
         assert_eq!(r.2, "FAIL", "{r:?}");
         assert!(r.3.contains("not restored with the GPU pair"), "{r:?}");
     }
-    assert!(
-        leftovers(&marker).is_empty(),
-        "left running: {:?}",
-        leftovers(&marker)
-    );
+    assert_nothing_left(&marker);
 }
 
 #[test]
@@ -391,11 +371,7 @@ fn the_whole_run_deadline_prints_every_row_and_kills_every_child() {
         unreached.3.contains("whole run's deadline of 8 s"),
         "{unreached:?}"
     );
-    assert!(
-        leftovers(&marker).is_empty(),
-        "left running: {:?}",
-        leftovers(&marker)
-    );
+    assert_nothing_left(&marker);
 }
 
 /// Where `cargo test` put the workspace's binaries (this test runs from `target/debug/deps`).
@@ -472,11 +448,7 @@ fn the_real_agent_on_the_fake_driver_passes_the_memory_limit_and_cost_rows() {
         assert_eq!(row(&rows, check).2, "pass", "{check}: {rows:#?}\n{stderr}");
     }
     assert!(rows.iter().all(|r| r.0 != "throttle"), "not picked");
-    assert!(
-        leftovers(&marker).is_empty(),
-        "left running: {:?}",
-        leftovers(&marker)
-    );
+    assert_nothing_left(&marker);
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
     assert!(
         !mounts.contains("gpu-check"),
