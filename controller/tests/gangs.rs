@@ -114,19 +114,7 @@ async fn gang_fails_and_the_accepting_node_lets_go(url: &str, other: Answer) -> 
         .await
         .expect("connects");
     let mut client = SchedulerServiceClient::new(channel);
-    gpuwarden_test_support::wait::until_async(
-        "both nodes to register",
-        gpuwarden_test_support::wait::PATIENCE,
-        || {
-            let mut c = client.clone();
-            async move {
-                c.list_nodes(pb::ListNodesRequest::default())
-                    .await
-                    .is_ok_and(|r| r.into_inner().nodes.len() == 2)
-            }
-        },
-    )
-    .await;
+    gpuwarden_test_support::node::wait_nodes(&client, 2).await;
 
     let mut ids = Vec::new();
     for _ in 0..2 {

@@ -114,7 +114,7 @@ async fn with_agent(
         confirm_rx,
     ));
     let c = client(url).await;
-    until_node(&c).await;
+    gpuwarden_test_support::node::wait_nodes(&c, 1).await;
     (c, FakeAgent { releases, confirm })
 }
 
@@ -193,23 +193,6 @@ async fn booked(client: &mut SchedulerServiceClient<Channel>) -> Vec<String> {
         .into_iter()
         .flat_map(|n| n.devices.into_iter().flat_map(|d| d.sessions))
         .collect()
-}
-
-/// Waits until the controller lists one node.
-async fn until_node(client: &SchedulerServiceClient<Channel>) {
-    gpuwarden_test_support::wait::until_async(
-        "the node to register",
-        gpuwarden_test_support::wait::PATIENCE,
-        || {
-            let mut c = client.clone();
-            async move {
-                c.list_nodes(pb::ListNodesRequest::default())
-                    .await
-                    .is_ok_and(|r| r.into_inner().nodes.len() == 1)
-            }
-        },
-    )
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,6 +23,8 @@ use tonic::transport::Channel;
 
 use crate::wait::eventually;
 
+pub use crate::node::wait_nodes;
+
 /// Mock GPUs, optionally with an extra slot type that can vanish (a device plugin going away).
 pub struct TestBackend {
     /// The GPUs it reports.
@@ -159,19 +161,6 @@ impl TestNode {
     pub fn held(&self) -> Vec<String> {
         gpuwarden_agent::control::holdings::lock(&self.holdings).sessions()
     }
-}
-
-/// Waits until the controller lists `n` nodes.
-pub async fn wait_nodes(client: &SchedulerServiceClient<Channel>, n: usize) {
-    eventually(&format!("{n} nodes to register"), || {
-        let mut c = client.clone();
-        async move {
-            c.list_nodes(pb::ListNodesRequest::default())
-                .await
-                .is_ok_and(|r| r.into_inner().nodes.len() == n)
-        }
-    })
-    .await;
 }
 
 /// Waits until session `id` is in `state`.

@@ -1,7 +1,11 @@
 //! A node as the controller's tests present it: the `NodeInfo` an agent registers, and a fake
 //! agent's registration and stream.
 
-use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
+use gpuwarden_proto::v1::{
+    self as pb, agent_service_client::AgentServiceClient,
+    scheduler_service_client::SchedulerServiceClient,
+};
+use tonic::transport::Channel;
 
 /// A node named `id` (its host name too) with nothing else: no slots, no devices.
 #[must_use]
@@ -192,4 +196,17 @@ async fn agent_client(url: &str) -> AgentServiceClient<tonic::transport::Channel
         .await
         .expect("connects");
     AgentServiceClient::new(channel)
+}
+
+/// Waits until the controller lists `n` nodes.
+pub async fn wait_nodes(client: &SchedulerServiceClient<Channel>, n: usize) {
+    crate::wait::eventually(&format!("{n} nodes to register"), || {
+        let mut c = client.clone();
+        async move {
+            c.list_nodes(pb::ListNodesRequest::default())
+                .await
+                .is_ok_and(|r| r.into_inner().nodes.len() == n)
+        }
+    })
+    .await;
 }
