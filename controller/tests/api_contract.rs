@@ -1099,35 +1099,12 @@ async fn get_session_shows_the_stored_state_not_a_change_whose_commit_failed() {
 /// [`MIN_SAMPLES`]: gpuwarden_controller::profile::MIN_SAMPLES
 async fn learn(controller: &gpuwarden_controller::api::Hub, class: &str) {
     use gpuwarden_controller::{
-        allocator::DeviceSpec,
         node::NodeReport,
         profile::{MIN_SAMPLES, UsageSample},
         scheduler::NewSession,
-        slots::{ResourceSlot, SlotKind, SlotName},
+        slots::ResourceSlot,
     };
-    let node = NodeReport {
-        node_id: "n1".into(),
-        hostname: "n1".into(),
-        slot_types: vec![(
-            SlotName::new("cuda.shares").expect("a slot name"),
-            SlotKind::Count,
-        )],
-        capacity: ResourceSlot::new(),
-        devices: vec![DeviceSpec {
-            uuid: "GPU-0".into(),
-            index: 0,
-            memory_bytes: 16 << 30,
-            sm_count: 132,
-            numa_node: 0,
-            parent_uuid: String::new(),
-        }],
-        device_models: vec![],
-        hooks: vec![],
-        agent_version: "test".into(),
-        kubernetes_devices: vec![],
-        kubernetes_device_models: vec![],
-        mig_layouts: vec![],
-    };
+    let node = NodeReport::with_gpus("n1", 1, 16 << 30, 1);
     let id = format!("run-{class}");
     let learned = controller
         .apply(|s| {

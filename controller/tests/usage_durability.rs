@@ -3,40 +3,18 @@
 //! still counts the reports from before the restart. Run on sled and on a real etcd.
 
 use gpuwarden_controller::{
-    allocator::DeviceSpec,
     api::Timing,
     node::NodeReport,
     profile::UsageSample,
     scheduler::{NewSession, SchedulerConfig},
     server,
-    slots::{ResourceSlot, SlotKind, SlotName},
+    slots::ResourceSlot,
     store::StoreSpec,
 };
 
+/// One node with one 16 GiB GPU, as simulations register it.
 fn node() -> NodeReport {
-    NodeReport {
-        node_id: "n1".into(),
-        hostname: "n1".into(),
-        slot_types: vec![(
-            SlotName::new("cuda.shares").expect("a slot name"),
-            SlotKind::Count,
-        )],
-        capacity: ResourceSlot::new(),
-        devices: vec![DeviceSpec {
-            uuid: "GPU-0".into(),
-            index: 0,
-            memory_bytes: 16 << 30,
-            sm_count: 132,
-            numa_node: 0,
-            parent_uuid: String::new(),
-        }],
-        device_models: vec![],
-        hooks: vec![],
-        agent_version: "test".into(),
-        kubernetes_devices: vec![],
-        kubernetes_device_models: vec![],
-        mig_layouts: vec![],
-    }
+    NodeReport::with_gpus("n1", 1, 16 << 30, 1)
 }
 
 fn sample(utilization: f64) -> UsageSample {
