@@ -513,6 +513,14 @@ async fn nodes_claiming_absurd_hardware_or_unknown_enums_are_refused() {
         Code::InvalidArgument,
         &["slot_types: 1000 entries", "limits.max_slot_types_per_node"],
     );
+    // A MIG instance naming a megabyte as its GPU (issue 37's parent_uuid).
+    let mut parent = node("node-big");
+    parent.devices[0].parent_uuid = "p".repeat(1 << 20);
+    refused(
+        agent.register(parent).await,
+        Code::InvalidArgument,
+        &["devices[0].parent_uuid: 1048576 bytes", "limits.max_id_len"],
+    );
     let mut id = node("node-big");
     id.node_id = "n".repeat(1 << 20);
     refused(

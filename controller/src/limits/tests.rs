@@ -200,6 +200,26 @@ fn a_gang_is_bounded_by_the_sessions_an_owner_may_have() {
 }
 
 #[test]
+fn a_registrations_mig_instance_names_its_gpu_within_the_id_bound() {
+    let limits = Limits::default();
+    let node = |parent: String| pb::NodeInfo {
+        node_id: "n1".into(),
+        devices: vec![pb::Device {
+            uuid: "MIG-1".into(),
+            is_mig: true,
+            parent_uuid: parent,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    assert_eq!(limits.node(&node("GPU-1".into())), Ok(()));
+    let e = limits
+        .node(&node("G".repeat(limits.max_id_len + 1)))
+        .expect_err("refused");
+    assert!(e.to_string().starts_with("devices[0].parent_uuid"), "{e}");
+}
+
+#[test]
 fn a_registrations_mig_layouts_are_bounded() {
     let limits = Limits::default();
     let layout = |profiles: usize, free: usize| pb::MigLayout {

@@ -254,6 +254,7 @@ impl Limits {
         self.id(&format!("{field}.uuid"), &d.uuid)?;
         self.name(&format!("{field}.model"), &d.model)?;
         self.text(&format!("{field}.device_node"), &d.device_node)?;
+        self.id(&format!("{field}.parent_uuid"), &d.parent_uuid)?;
         if d.memory_bytes > self.max_device_memory_bytes {
             return Err(LimitError::TooLarge {
                 field: format!("{field}.memory_bytes"),
