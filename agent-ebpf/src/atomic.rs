@@ -5,6 +5,7 @@
 ///
 /// # Safety
 /// `p` must point to a live, 8-byte aligned map value.
+#[cfg(target_arch = "bpf")]
 #[inline(always)]
 pub unsafe fn atomic_add(p: *mut u64, value: u64) {
     // `core::sync::atomic` offers no read-modify-write on this target; the BPF instruction is
@@ -24,6 +25,7 @@ pub unsafe fn atomic_add(p: *mut u64, value: u64) {
 ///
 /// # Safety
 /// `p` must point to a live, 4-byte aligned map value.
+#[cfg(target_arch = "bpf")]
 #[inline(always)]
 pub unsafe fn atomic_add32(p: *mut u32, value: u32) {
     // SAFETY: guaranteed by the caller.
@@ -35,4 +37,29 @@ pub unsafe fn atomic_add32(p: *mut u32, value: u32) {
             options(nostack),
         );
     }
+}
+
+/// The host's [`atomic_add`], so that clippy can check this crate on the host target (the BPF
+/// target's `core` has no clippy here); the programs are never built for the host otherwise.
+///
+/// # Safety
+/// As on BPF.
+#[cfg(not(target_arch = "bpf"))]
+#[inline(always)]
+pub unsafe fn atomic_add(p: *mut u64, value: u64) {
+    // SAFETY: guaranteed by the caller (live and 8-byte aligned).
+    unsafe { core::sync::atomic::AtomicU64::from_ptr(p) }
+        .fetch_add(value, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// The host's [`atomic_add32`], for clippy as [`atomic_add`].
+///
+/// # Safety
+/// As on BPF.
+#[cfg(not(target_arch = "bpf"))]
+#[inline(always)]
+pub unsafe fn atomic_add32(p: *mut u32, value: u32) {
+    // SAFETY: guaranteed by the caller (live and 4-byte aligned).
+    unsafe { core::sync::atomic::AtomicU32::from_ptr(p) }
+        .fetch_add(value, core::sync::atomic::Ordering::Relaxed);
 }

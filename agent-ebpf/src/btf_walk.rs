@@ -14,6 +14,7 @@
 //! constants. Used only where the agent found the cast's kfunc and type (`slot_type != 0`).
 
 use aya_ebpf::helpers::generated::bpf_get_current_task_btf;
+#[cfg(target_arch = "bpf")]
 use gpuwarden_agent_common::config::kfunc;
 
 use crate::conf;
@@ -35,6 +36,7 @@ unsafe fn field<T>(base: u64, offset: u32) -> T {
 ///
 /// The call is a raw instruction with a placeholder function id the agent replaces before
 /// loading ([`kfunc`]); `btf_id` must be a constant the verifier knows (a load-time setting).
+#[cfg(target_arch = "bpf")]
 #[inline(always)]
 fn rdonly_cast(addr: u64, btf_id: u32) -> u64 {
     let cast: u64;
@@ -54,6 +56,14 @@ fn rdonly_cast(addr: u64, btf_id: u32) -> u64 {
         );
     }
     cast
+}
+
+/// The host's [`rdonly_cast`], so that clippy can check this crate on the host target: the kfunc
+/// returns the address it was given, typed for the verifier, and the host has no verifier.
+#[cfg(not(target_arch = "bpf"))]
+#[inline(always)]
+fn rdonly_cast(addr: u64, _btf_id: u32) -> u64 {
+    addr
 }
 
 /// The `struct file` behind the current task's `fd`: `current->files->fdt->fd[fd]`.

@@ -28,7 +28,7 @@ use crate::{
 #[inline(always)]
 fn released(cgroup: u64, which: usize) -> u64 {
     // SAFETY: the value is copied out at once.
-    unsafe { CGROUP_TABLES_RELEASED.get(&cgroup) }
+    unsafe { CGROUP_TABLES_RELEASED.get(cgroup) }
         .and_then(|r: &TableReleased| r.released.get(which).copied())
         .unwrap_or(0)
 }
@@ -48,20 +48,23 @@ unsafe fn held(entry: *const TableUse, cgroup: u64, which: usize) -> u64 {
 /// cgroup is at its budget. A cgroup the budget table has no room for is let through: the
 /// tables it would guard are bounded by the budgets of the cgroups it holds.
 #[inline(always)]
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "`which` is below the table count, a handful"
+)]
 pub fn take(cgroup: u64, which: usize) -> bool {
     // Callers pass a `table` constant; the check lets the verifier see every index in bounds.
     if which >= table::COUNT {
         return true;
     }
     let budget = u64::from(config().budgets[which]);
-    let entry = match CGROUP_TABLES.get_ptr_mut(&cgroup) {
-        Some(p) => p,
-        None => {
-            let _ = CGROUP_TABLES.insert(&cgroup, &TableUse::default(), 1);
-            match CGROUP_TABLES.get_ptr_mut(&cgroup) {
-                Some(p) => p,
-                None => return true,
-            }
+    let entry = if let Some(p) = CGROUP_TABLES.get_ptr_mut(cgroup) {
+        p
+    } else {
+        let _ = CGROUP_TABLES.insert(cgroup, TableUse::default(), 1);
+        match CGROUP_TABLES.get_ptr_mut(cgroup) {
+            Some(p) => p,
+            None => return true,
         }
     };
     // SAFETY: a live map value; the index is in bounds.
@@ -93,7 +96,7 @@ pub fn give(cgroup: u64, which: usize) {
     if which >= table::COUNT {
         return;
     }
-    if let Some(entry) = CGROUP_TABLES.get_ptr_mut(&cgroup) {
+    if let Some(entry) = CGROUP_TABLES.get_ptr_mut(cgroup) {
         // SAFETY: a live map value; the index is in bounds. An entry the programs never
         // counted (seeded by the agent from /proc) may take it to zero: never wrap.
         unsafe {
@@ -111,7 +114,7 @@ pub fn give(cgroup: u64, which: usize) {
 #[inline(always)]
 pub fn exhausted(cgroup: u64) -> bool {
     let budgets = config().budgets;
-    CGROUP_TABLES.get_ptr(&cgroup).is_some_and(|entry| {
+    CGROUP_TABLES.get_ptr(cgroup).is_some_and(|entry| {
         // SAFETY: a live map value.
         unsafe {
             held(entry, cgroup, table::PROCS) >= u64::from(budgets[table::PROCS])
@@ -126,7 +129,7 @@ pub fn exhausted(cgroup: u64) -> bool {
 #[inline(always)]
 pub fn fds_exhausted(cgroup: u64) -> bool {
     let budget = u64::from(config().budgets[table::FDS]);
-    CGROUP_TABLES.get_ptr(&cgroup).is_some_and(|entry| {
+    CGROUP_TABLES.get_ptr(cgroup).is_some_and(|entry| {
         // SAFETY: a live map value.
         unsafe { held(entry, cgroup, table::FDS) >= budget }
     })

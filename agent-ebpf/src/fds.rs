@@ -8,6 +8,11 @@
 //! number. Each entry holds a reference on its open file: the last one gone releases the clients
 //! made through that file, unless the kernel's own count of the file says someone the table
 //! doesn't follow holds it too (`memory::note_holders`, `memory::file_unref`).
+#![expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "the kernel hands 32-bit values (fds, ioctl commands, pids, loop indices) in 64-bit registers and fields; these casts take the low half as the kernel does, where a checked conversion would add branches for the verifier to walk"
+)]
 
 use aya_ebpf::{
     helpers::{
@@ -89,9 +94,9 @@ fn open_enter(_ctx: &TracePointContext, filename: u64) {
         return;
     }
     // SAFETY: the value is copied out at once.
-    if let Some(node) = unsafe { GPU_PATHS.get(&key) } {
+    if let Some(node) = unsafe { GPU_PATHS.get(key) } {
         let (_, pid_tgid) = current();
-        let _ = PENDING_OPEN.insert(&pid_tgid, node, 0);
+        let _ = PENDING_OPEN.insert(pid_tgid, node, 0);
     }
 }
 
@@ -113,10 +118,10 @@ fn open_exit(ctx: &TracePointContext) {
         return;
     }
     // SAFETY: the value is copied out at once.
-    let pending = unsafe { PENDING_OPEN.get(&pid_tgid) }.copied();
+    let pending = unsafe { PENDING_OPEN.get(pid_tgid) }.copied();
     match pending {
         Some(node) => {
-            let _ = PENDING_OPEN.remove(&pid_tgid);
+            let _ = PENDING_OPEN.remove(pid_tgid);
             if fd >= 0 {
                 track(ctx, tgid, fd as u32, FdInfo { node, file: 0 }, true);
             }
@@ -182,14 +187,14 @@ pub fn gpu_file(fd: u32) -> Option<(u64, GpuNode)> {
 }
 
 /// An ioctl on `fd`, a GPU file: makes sure the fd is in the table under that file, so an fd the
-/// open hooks never saw (io_uring, `SCM_RIGHTS`, `pidfd_getfd`, `open`/`creat`, inherited from
+/// open hooks never saw (`io_uring`, `SCM_RIGHTS`, `pidfd_getfd`, `open`/`creat`, inherited from
 /// a process the agent didn't know) is followed from now on — its process registered, its file
 /// referenced for the release at its last close, its fork children given a copy.
 #[inline(always)]
 pub fn learn(ctx: &TracePointContext, tgid: u32, fd: u32, node: GpuNode, file: u64) {
     let key = FdKey { tgid, fd };
     // SAFETY: the value is copied out at once.
-    if let Some(info) = unsafe { GPU_FDS.get(&key) }
+    if let Some(info) = unsafe { GPU_FDS.get(key) }
         && info.file == file
     {
         return;
@@ -237,7 +242,7 @@ pub fn node_of_file(file: u64) -> Option<GpuNode> {
         return None;
     };
     // SAFETY: the value is copied out at once.
-    unsafe { GPU_FILES.get(&key) }.copied()
+    unsafe { GPU_FILES.get(key) }.copied()
 }
 
 #[tracepoint]
@@ -246,7 +251,7 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
     let fd = arg(&ctx, 0) as u32;
     // Every close on the node comes here: one look-up tells the GPU fds.
     // SAFETY: the value is copied out at once.
-    let Some(info) = (unsafe { GPU_FDS.get(&FdKey { tgid, fd }) }).copied() else {
+    let Some(info) = (unsafe { GPU_FDS.get(FdKey { tgid, fd }) }).copied() else {
         return 0;
     };
     // Before the close, while the fd still holds its file: whether anyone else does.
@@ -259,7 +264,7 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 pub fn note_holders(tgid: u32, fd: u32) {
     // SAFETY: the value is copied out at once.
-    if let Some(info) = unsafe { GPU_FDS.get(&FdKey { tgid, fd }) }.copied() {
+    if let Some(info) = unsafe { GPU_FDS.get(FdKey { tgid, fd }) }.copied() {
         memory::note_holders(info.file);
     }
 }
@@ -323,8 +328,8 @@ fn dup_enter(oldfd: u64) {
         fd: oldfd as u32,
     };
     // SAFETY: the value is copied out at once.
-    let info = unsafe { GPU_FDS.get(&key) }.copied().unwrap_or(NOT_GPU);
-    let _ = PENDING_DUP.insert(&pid_tgid, &info, 0);
+    let info = unsafe { GPU_FDS.get(key) }.copied().unwrap_or(NOT_GPU);
+    let _ = PENDING_DUP.insert(pid_tgid, info, 0);
 }
 
 #[inline(always)]
@@ -332,10 +337,10 @@ fn dup_exit(ctx: &TracePointContext) {
     let (tgid, pid_tgid) = current();
     // SAFETY: the value is copied out at once. Only dups recorded at entry are handled, so
     // `fcntl(F_GETFL)` and friends never touch the table.
-    let Some(info) = (unsafe { PENDING_DUP.get(&pid_tgid) }).copied() else {
+    let Some(info) = (unsafe { PENDING_DUP.get(pid_tgid) }).copied() else {
         return;
     };
-    let _ = PENDING_DUP.remove(&pid_tgid);
+    let _ = PENDING_DUP.remove(pid_tgid);
     let fd = ret(ctx);
     if fd < 0 {
         return;
@@ -362,11 +367,11 @@ pub fn forget(tgid: u32, fd: u32) {
 pub fn forget_in(tgid: u32, fd: u32, cgroup: u64, closed: bool) {
     let key = FdKey { tgid, fd };
     // SAFETY: the value is copied out at once.
-    let Some(info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
+    let Some(info) = (unsafe { GPU_FDS.get(key) }).copied() else {
         return;
     };
-    let _ = GPU_FDS.remove(&key);
-    let proc = PROCS.get_ptr_mut(&tgid);
+    let _ = GPU_FDS.remove(key);
+    let proc = PROCS.get_ptr_mut(tgid);
     let cgroup = if cgroup != 0 {
         cgroup
     } else {
@@ -409,7 +414,7 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo, log: boo
         memory::file_untracked(info.file);
         return;
     }
-    if GPU_FDS.insert(&FdKey { tgid, fd }, &info, 0).is_err() {
+    if GPU_FDS.insert(FdKey { tgid, fd }, info, 0).is_err() {
         budget::give(cgroup, table::FDS);
         memory::file_untracked(info.file);
         count(stat::FD_TABLE_FULL);
@@ -432,7 +437,7 @@ pub fn track(ctx: &TracePointContext, tgid: u32, fd: u32, info: FdInfo, log: boo
 #[inline(always)]
 fn register(tgid: u32, fd: u32, node: GpuNode) -> Option<u64> {
     let gpu_bit = gpu_node_bit(node);
-    if let Some(proc) = PROCS.get_ptr_mut(&tgid) {
+    if let Some(proc) = PROCS.get_ptr_mut(tgid) {
         // SAFETY: a live map value; a racing thread at worst writes the same bound (or loses a
         // bit another thread set at the same moment, which only leaves a GPU unresolved).
         unsafe {
@@ -462,7 +467,7 @@ fn register(tgid: u32, fd: u32, node: GpuNode) -> Option<u64> {
         outlived: 0,
         _pad: 0,
     };
-    match PROCS.insert(&tgid, &info, BPF_NOEXIST) {
+    match PROCS.insert(tgid, info, BPF_NOEXIST) {
         Ok(()) => {}
         // Another thread of the process registered it first.
         Err(EEXIST) => {

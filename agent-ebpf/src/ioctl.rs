@@ -7,6 +7,10 @@
 //! ([`crate::btf_walk`]), and one array read at exit. The decoding itself is
 //! [`gpuwarden_agent_common::decode`], shared with user space, where it is fuzzed on byte
 //! buffers; here it reads user memory through [`User`].
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "the kernel hands 32-bit values (fds, ioctl commands, pids, loop indices) in 64-bit registers and fields; these casts take the low half as the kernel does, where a checked conversion would add branches for the verifier to walk"
+)]
 
 use aya_ebpf::{
     helpers::{bpf_get_current_cgroup_id, bpf_probe_read_user},
@@ -56,7 +60,7 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
             let (tgid, pid_tgid) = current();
             let key = FdKey { tgid, fd };
             // SAFETY: the value is copied out at once.
-            let Some(mut info) = (unsafe { GPU_FDS.get(&key) }).copied() else {
+            let Some(mut info) = (unsafe { GPU_FDS.get(key) }).copied() else {
                 return 0;
             };
             if info.file == 0
@@ -64,7 +68,7 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
             {
                 // An fd seeded from /proc: its file is learned on its first ioctl, once.
                 info.file = file;
-                if GPU_FDS.insert(&key, &info, 0).is_ok() {
+                if GPU_FDS.insert(key, info, 0).is_ok() {
                     memory::file_ref(file);
                 }
             }
@@ -98,11 +102,11 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
             };
             quota::check_alloc(&ctx, tgid, cgroup, what, u64::from(cmd), arg(&ctx, 2));
         }
-        if PENDING_IOCTL.insert(&pid_tgid, &call, 0).is_ok() {
-            if let Some(n) = IOCTLS_IN_FLIGHT.get_ptr_mut(0) {
-                // SAFETY: a live array slot; atomics keep CPUs from losing updates.
-                unsafe { atomic::atomic_add(n, 1) };
-            }
+        if PENDING_IOCTL.insert(pid_tgid, call, 0).is_ok()
+            && let Some(n) = IOCTLS_IN_FLIGHT.get_ptr_mut(0)
+        {
+            // SAFETY: a live array slot; atomics keep CPUs from losing updates.
+            unsafe { atomic::atomic_add(n, 1) };
         }
     }
     0
@@ -117,10 +121,10 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> u32 {
     }
     let (tgid, pid_tgid) = current();
     // SAFETY: the value is copied out at once.
-    let Some(call) = (unsafe { PENDING_IOCTL.get(&pid_tgid) }).copied() else {
+    let Some(call) = (unsafe { PENDING_IOCTL.get(pid_tgid) }).copied() else {
         return 0;
     };
-    let _ = PENDING_IOCTL.remove(&pid_tgid);
+    let _ = PENDING_IOCTL.remove(pid_tgid);
     if let Some(n) = IOCTLS_IN_FLIGHT.get_ptr_mut(0) {
         // SAFETY: as above.
         unsafe { atomic::atomic_add(n, u64::MAX) };
@@ -199,7 +203,7 @@ fn created(ctx: &TracePointContext, tgid: u32, call: &Call, handle: u32) {
             };
             // SAFETY: the value is copied out at once.
             let device_handle =
-                unsafe { OBJECT_DEVICES.get(&parent) }.map_or(call.parent, |o| o.device);
+                unsafe { OBJECT_DEVICES.get(parent) }.map_or(call.parent, |o| o.device);
             let what = memory::Charge {
                 device,
                 bytes,
@@ -223,7 +227,7 @@ fn vidmem_device(tgid: u32, cgroup: u64, call: &Call, learn: bool) -> u32 {
         handle: call.parent,
     };
     // SAFETY: the value is copied out at once.
-    let device_handle = unsafe { OBJECT_DEVICES.get(&parent) }.map_or(call.parent, |o| o.device);
+    let device_handle = unsafe { OBJECT_DEVICES.get(parent) }.map_or(call.parent, |o| o.device);
     mig::device_of(call.client, device_handle, gpu)
 }
 
@@ -237,11 +241,11 @@ fn resolve_device(tgid: u32, cgroup: u64, call: &Call, learn: bool) -> u32 {
     if device != DEVICE_UNKNOWN {
         return device;
     }
-    let nodes = PROCS.get_ptr(&tgid).map_or(0, |p| {
+    let nodes = PROCS.get_ptr(tgid).map_or(0, |p| {
         // SAFETY: a live map value.
         unsafe { (*p).gpu_nodes }
     });
-    let found = if nodes != 0 && nodes & (nodes - 1) == 0 {
+    let found = if nodes != 0 && nodes.is_power_of_two() {
         Some(nodes.trailing_zeros())
     } else {
         quota::single_device(cgroup)
@@ -273,7 +277,7 @@ fn remember_object(tgid: u32, key: &HandleKey, gpu: u32, device: u32) {
         }
         return;
     }
-    let cgroup = PROCS.get_ptr(&tgid).map_or_else(
+    let cgroup = PROCS.get_ptr(tgid).map_or_else(
         // SAFETY: a plain helper call.
         || unsafe { bpf_get_current_cgroup_id() },
         // SAFETY: a live map value; its cgroup never changes after insert.
@@ -287,7 +291,7 @@ fn remember_object(tgid: u32, key: &HandleKey, gpu: u32, device: u32) {
         device,
         cgroup,
     };
-    if OBJECT_DEVICES.insert(key, &info, 0).is_err() {
+    if OBJECT_DEVICES.insert(key, info, 0).is_err() {
         budget::give(cgroup, table::OBJECTS);
         count(stat::HANDLE_TABLE_FULL);
     }
@@ -301,7 +305,7 @@ fn object_device(client: u32, object: u32) -> u32 {
         handle: object,
     };
     // SAFETY: the value is copied out at once.
-    unsafe { OBJECT_DEVICES.get(&key) }.map_or(DEVICE_UNKNOWN, |o| o.gpu)
+    unsafe { OBJECT_DEVICES.get(key) }.map_or(DEVICE_UNKNOWN, |o| o.gpu)
 }
 
 /// Adds one to the per-CPU counter of (cgroup, device, family, cmd).
@@ -314,11 +318,11 @@ fn count_ioctl(cgroup: u64, device: u32, family: u32, cmd: u32) {
         cmd,
         _pad: 0,
     };
-    match IOCTL_COUNTS.get_ptr_mut(&key) {
+    match IOCTL_COUNTS.get_ptr_mut(key) {
         // SAFETY: a per-CPU value, written only from this CPU with preemption off.
         Some(n) => unsafe { *n += 1 },
         None => {
-            let _ = IOCTL_COUNTS.insert(&key, &1, 0);
+            let _ = IOCTL_COUNTS.insert(key, 1, 0);
         }
     }
 }

@@ -20,7 +20,17 @@
 #![no_std]
 #![no_main]
 // Inline assembly on the BPF target (atomic add) is still unstable.
-#![feature(asm_experimental_arch)]
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
+// Clippy checks this crate on the host target (`cargo xtask lint-ebpf`: the BPF target's `core`
+// has no clippy here), where `atomic` and `btf_walk` have host twins of their assembly.
+#![expect(
+    clippy::inline_always,
+    reason = "each program reaches the verifier as one function: its helpers are inlined, never called"
+)]
+#![expect(
+    clippy::needless_pass_by_value,
+    reason = "aya's program macros hand each program its context by value"
+)]
 
 mod atomic;
 mod btf_walk;
@@ -76,6 +86,10 @@ const SYSCALL_RET: usize = 16;
 /// A direct load from the record: the verifier allows it inside the tracepoint's record, and it
 /// saves the `bpf_probe_read_kernel` call `read_at` makes on the hottest path.
 #[inline(always)]
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "the record is 8-byte aligned and so is each argument's offset"
+)]
 fn arg(ctx: &TracePointContext, n: usize) -> u64 {
     // SAFETY: the offset lies inside every sys_enter record (6 arguments).
     unsafe {
@@ -89,6 +103,10 @@ fn arg(ctx: &TracePointContext, n: usize) -> u64 {
 
 /// Reads the return value of a `sys_exit_*` tracepoint.
 #[inline(always)]
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "the record is 8-byte aligned and so is the return value's offset"
+)]
 fn ret(ctx: &TracePointContext) -> i64 {
     // SAFETY: every sys_exit record has `ret` at this offset.
     unsafe {

@@ -75,15 +75,15 @@ pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 
 #[map(name = "EVENTS")]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
-/// A GPU path matched at `openat` entry, by pid_tgid, until the syscall returns the fd.
+/// A GPU path matched at `openat` entry, by `pid_tgid`, until the syscall returns the fd.
 #[map(name = "PENDING_OPEN")]
 pub static PENDING_OPEN: HashMap<u64, GpuNode> = HashMap::with_max_entries(8_192, 0);
 
-/// The source of a `dup*`/`fcntl(F_DUPFD*)` in flight, by pid_tgid.
+/// The source of a `dup*`/`fcntl(F_DUPFD*)` in flight, by `pid_tgid`.
 #[map(name = "PENDING_DUP")]
 pub static PENDING_DUP: HashMap<u64, FdInfo> = HashMap::with_max_entries(8_192, 0);
 
-/// A decoded ioctl in flight, by pid_tgid, until its exit reads the driver's answer.
+/// A decoded ioctl in flight, by `pid_tgid`, until its exit reads the driver's answer.
 #[map(name = "PENDING_IOCTL")]
 pub static PENDING_IOCTL: HashMap<u64, gpuwarden_agent_common::decode::Call> =
     HashMap::with_max_entries(8_192, 0);
@@ -93,7 +93,7 @@ pub static PENDING_IOCTL: HashMap<u64, gpuwarden_agent_common::decode::Call> =
 #[map(name = "IOCTLS_IN_FLIGHT")]
 pub static IOCTLS_IN_FLIGHT: Array<u64> = Array::with_max_entries(1, 0);
 
-/// The length of an `mmap` of the UVM node in flight, by pid_tgid.
+/// The length of an `mmap` of the UVM node in flight, by `pid_tgid`.
 #[map(name = "PENDING_MMAP")]
 pub static PENDING_MMAP: HashMap<u64, u64> = HashMap::with_max_entries(8_192, 0);
 
@@ -106,7 +106,7 @@ pub static MMAPS_IN_FLIGHT: Array<u64> = Array::with_max_entries(1, 0);
 pub static UVM_MAPPINGS: HashMap<MappingKey, Mapping> =
     HashMap::with_max_entries(table::CAPACITY[table::MAPPINGS], NO_PREALLOC);
 
-/// Clone flags of a GPU process's `clone*` in flight, by pid_tgid.
+/// Clone flags of a GPU process's `clone*` in flight, by `pid_tgid`.
 #[map(name = "PENDING_CLONE")]
 pub static PENDING_CLONE: HashMap<u64, u64> = HashMap::with_max_entries(8_192, 0);
 
@@ -118,7 +118,7 @@ pub static CGROUP_QUOTA: HashMap<u64, u64> = HashMap::with_max_entries(16_384, N
 #[map(name = "QUOTAS")]
 pub static QUOTAS: HashMap<u64, Quota> = HashMap::with_max_entries(MAX_QUOTAS, NO_PREALLOC);
 
-/// ioctls the LSM program is to refuse, by pid_tgid.
+/// ioctls the LSM program is to refuse, by `pid_tgid`.
 #[map(name = "DENY")]
 pub static DENY: HashMap<u64, Deny> = HashMap::with_max_entries(8_192, 0);
 

@@ -45,16 +45,16 @@ pub fn add_cgroup(cgroup: u64, device: u32, kind: u32, delta: u64) {
         device,
         kind,
     };
-    if let Some(p) = CGROUP_MEMORY.get_ptr_mut(&key) {
+    if let Some(p) = CGROUP_MEMORY.get_ptr_mut(key) {
         // SAFETY: a live map value.
         unsafe { atomic_add(p, delta) };
         return;
     }
     // First bytes for this cgroup and GPU; a racing CPU may have inserted meanwhile.
-    if CGROUP_MEMORY.insert(&key, &0, 1).is_err() && CGROUP_MEMORY.get_ptr_mut(&key).is_none() {
+    if CGROUP_MEMORY.insert(key, 0, 1).is_err() && CGROUP_MEMORY.get_ptr_mut(key).is_none() {
         return;
     }
-    if let Some(p) = CGROUP_MEMORY.get_ptr_mut(&key) {
+    if let Some(p) = CGROUP_MEMORY.get_ptr_mut(key) {
         // SAFETY: a live map value.
         unsafe { atomic_add(p, delta) };
     }
@@ -63,7 +63,7 @@ pub fn add_cgroup(cgroup: u64, device: u32, kind: u32, delta: u64) {
 /// Registers a new client created by `tgid` through open file `file` (0: unknown).
 #[inline(always)]
 pub fn new_client(tgid: u32, client: u32, file: u64) {
-    let Some(proc) = PROCS.get_ptr(&tgid) else {
+    let Some(proc) = PROCS.get_ptr(tgid) else {
         return;
     };
     // The value is built in per-CPU scratch: the stack can't hold it beside the ioctl's state.
@@ -83,7 +83,7 @@ pub fn new_client(tgid: u32, client: u32, file: u64) {
         if !budget::take((*info).cgroup, table::CLIENTS) {
             return;
         }
-        if CLIENTS.insert(&client, &*info, 0).is_err() {
+        if CLIENTS.insert(client, *info, 0).is_err() {
             budget::give((*info).cgroup, table::CLIENTS);
             count(stat::HANDLE_TABLE_FULL);
             return;
@@ -92,7 +92,7 @@ pub fn new_client(tgid: u32, client: u32, file: u64) {
     if file == 0 {
         return;
     }
-    if let Some(refs) = FILES.get_ptr_mut(&file) {
+    if let Some(refs) = FILES.get_ptr_mut(file) {
         // SAFETY: a live map value; the index is checked.
         unsafe {
             let n = (*refs).count as usize;
@@ -107,7 +107,7 @@ pub fn new_client(tgid: u32, client: u32, file: u64) {
 /// One more tracked fd refers to open file `file`.
 #[inline(always)]
 pub fn file_ref(file: u64) {
-    if let Some(refs) = FILES.get_ptr_mut(&file) {
+    if let Some(refs) = FILES.get_ptr_mut(file) {
         // SAFETY: a live map value.
         unsafe { (*refs).refs += 1 };
         return;
@@ -116,7 +116,7 @@ pub fn file_ref(file: u64) {
         refs: 1,
         ..FileRefs::default()
     };
-    let _ = FILES.insert(&file, &first, 0);
+    let _ = FILES.insert(file, first, 0);
 }
 
 /// An fd of open file `file` was refused an entry in the fd table: from now on the last tracked
@@ -128,7 +128,7 @@ pub fn file_untracked(file: u64) {
     if file == 0 {
         return;
     }
-    if let Some(refs) = FILES.get_ptr_mut(&file) {
+    if let Some(refs) = FILES.get_ptr_mut(file) {
         // SAFETY: a live map value.
         unsafe { (*refs).untracked = 1 };
     }
@@ -156,7 +156,7 @@ pub fn note_holders(file: u64) {
     if file == 0 {
         return;
     }
-    let Some(refs) = FILES.get_ptr_mut(&file) else {
+    let Some(refs) = FILES.get_ptr_mut(file) else {
         return;
     };
     let Some(kernel) = kernel_refs(file) else {
@@ -173,7 +173,7 @@ pub fn note_holders(file: u64) {
 /// Returns whether the file's entry lives on (its clients with it).
 #[inline(always)]
 pub fn file_unref(tgid: u32, file: u64, closed: bool) -> bool {
-    let Some(refs) = FILES.get_ptr_mut(&file) else {
+    let Some(refs) = FILES.get_ptr_mut(file) else {
         return false;
     };
     // SAFETY: a live map value.
@@ -206,20 +206,19 @@ pub fn file_unref(tgid: u32, file: u64, closed: bool) -> bool {
             return true;
         }
         Some(true) => {
-            let _ = FILES.remove(&file);
+            let _ = FILES.remove(file);
             return false;
         }
-        Some(false) => {}
         // Without the kernel's count: an fd the table refused may still hold the file, and the
         // driver frees its clients only at the file's last close: keep them counted (their
         // process's end releases them).
         None if untracked != 0 => {
-            let _ = FILES.remove(&file);
+            let _ = FILES.remove(file);
             return false;
         }
-        None => {}
+        Some(false) | None => {}
     }
-    let _ = FILES.remove(&file);
+    let _ = FILES.remove(file);
     close_file(tgid, file, count, clients);
     false
 }
@@ -227,6 +226,10 @@ pub fn file_unref(tgid: u32, file: u64, closed: bool) -> bool {
 /// Open file `file` (its entry gone) closed, as `tgid` saw it (0: the sweep): releases the first
 /// `count` of `clients`, which the driver freed with it.
 #[inline(always)]
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "`FILE_CLIENTS` is a small constant"
+)]
 fn close_file(tgid: u32, file: u64, count: u32, clients: [u32; FILE_CLIENTS]) {
     let mut closing = Closing {
         tgid,
@@ -276,7 +279,7 @@ extern "C" fn close_if_released(
     if refs.refs != 0 || refs.held == 0 || kernel_refs(file) != Some(0) {
         return 0;
     }
-    if FILES.remove(&file).is_ok() {
+    if FILES.remove(file).is_ok() {
         close_file(0, file, refs.count, refs.clients);
     }
     0
@@ -291,8 +294,12 @@ struct Closing {
     clients: [u32; FILE_CLIENTS],
 }
 
-/// bpf_loop body: frees client `index` of a closed file.
+/// `bpf_loop` body: frees client `index` of a closed file.
 #[inline(never)]
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "`bpf_loop` counts below `FILE_CLIENTS`, and the mask bounds it for the verifier"
+)]
 extern "C" fn free_file_client(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes back the context `file_unref` gave it.
     let closing = unsafe { &*ctx.cast::<Closing>() };
@@ -301,7 +308,7 @@ extern "C" fn free_file_client(index: u64, ctx: *mut c_void) -> i64 {
     }
     let client = closing.clients[index as usize & (FILE_CLIENTS - 1)];
     // A handle the driver has since reused for another file's client is not this one.
-    let made_here = CLIENTS.get_ptr(&client).is_some_and(|c| {
+    let made_here = CLIENTS.get_ptr(client).is_some_and(|c| {
         // SAFETY: a live map value.
         unsafe { (*c).file == closing.file }
     });
@@ -353,16 +360,16 @@ pub fn charge(tgid: u32, client: u32, handle: u32, what: Charge) {
     } else {
         DEVICE_UNKNOWN
     };
-    let Some(proc) = PROCS.get_ptr_mut(&tgid) else {
+    let Some(proc) = PROCS.get_ptr_mut(tgid) else {
         return;
     };
     // SAFETY: a live map value; generation and cgroup never change after insert.
     let (proc_generation, cgroup) = unsafe { ((*proc).generation, (*proc).cgroup) };
     // A client created before the agent started is registered on its first allocation.
-    if CLIENTS.get_ptr(&client).is_none() {
+    if CLIENTS.get_ptr(client).is_none() {
         new_client(tgid, client, 0);
     }
-    let Some(client_info) = CLIENTS.get_ptr_mut(&client) else {
+    let Some(client_info) = CLIENTS.get_ptr_mut(client) else {
         return;
     };
     // SAFETY: a live map value.
@@ -385,7 +392,7 @@ pub fn charge(tgid: u32, client: u32, handle: u32, what: Charge) {
         return;
     }
     if ALLOCATIONS
-        .insert(&HandleKey { client, handle }, &allocation, 0)
+        .insert(HandleKey { client, handle }, allocation, 0)
         .is_err()
     {
         budget::give(cgroup, table::ALLOCATIONS);
@@ -403,7 +410,7 @@ pub fn charge(tgid: u32, client: u32, handle: u32, what: Charge) {
             memory,
             device,
             bytes,
-        )
+        );
     };
     add_cgroup(cgroup, device, memory, bytes);
     if bytes >= config().alloc_event_min_bytes {
@@ -463,9 +470,9 @@ pub fn free(tgid: u32, client: u32, object: u32) {
         handle: object,
     };
     // SAFETY: the value is copied out at once.
-    if let Some(info) = unsafe { OBJECT_DEVICES.get(&key) }.copied() {
+    if let Some(info) = unsafe { OBJECT_DEVICES.get(key) }.copied() {
         // A device or subdevice goes with everything under it.
-        if OBJECT_DEVICES.remove(&key).is_ok() {
+        if OBJECT_DEVICES.remove(key).is_ok() {
             budget::give(info.cgroup, table::OBJECTS);
         }
         let mut under = Under { client, object };
@@ -541,7 +548,7 @@ extern "C" fn forget_if_under(
     let (key, value, under) = unsafe { (*key, &*value, &*ctx.cast::<Under>()) };
     if key.client == under.client && value.device == under.object {
         let cgroup = value.cgroup;
-        if OBJECT_DEVICES.remove(&key).is_ok() {
+        if OBJECT_DEVICES.remove(key).is_ok() {
             budget::give(cgroup, table::OBJECTS);
         }
     }
@@ -554,13 +561,13 @@ fn free_allocation(tgid: u32, key: HandleKey) {
     let client = key.client;
     let object = key.handle;
     // SAFETY: the value is copied out at once.
-    let Some(allocation) = (unsafe { ALLOCATIONS.get(&key) }).copied() else {
+    let Some(allocation) = (unsafe { ALLOCATIONS.get(key) }).copied() else {
         return;
     };
-    if ALLOCATIONS.remove(&key).is_ok() {
+    if ALLOCATIONS.remove(key).is_ok() {
         budget::give(allocation.cgroup, table::ALLOCATIONS);
     }
-    let Some(client_info) = CLIENTS.get_ptr_mut(&client) else {
+    let Some(client_info) = CLIENTS.get_ptr_mut(client) else {
         return;
     };
     if allocation.tgid == 0 {
@@ -577,7 +584,7 @@ fn free_allocation(tgid: u32, key: HandleKey) {
         uncharge(&allocation, tgid, client, object);
         return;
     }
-    let Some(proc) = PROCS.get_ptr_mut(&allocation.tgid) else {
+    let Some(proc) = PROCS.get_ptr_mut(allocation.tgid) else {
         return;
     };
     // SAFETY: live map values.
@@ -652,7 +659,7 @@ extern "C" fn free_orphan_of(
     {
         return 0;
     }
-    if ALLOCATIONS.remove(&key).is_ok() {
+    if ALLOCATIONS.remove(key).is_ok() {
         budget::give(value.cgroup, table::ALLOCATIONS);
         uncharge(&value, 0, key.client, key.handle);
     }
@@ -664,7 +671,7 @@ extern "C" fn free_orphan_of(
 /// Releases everything a client held.
 #[inline(always)]
 fn free_client(tgid: u32, client: u32) {
-    let (Some(held), Some(scratch)) = (CLIENTS.get_ptr(&client), SCRATCH_CLIENT.get_ptr_mut(0))
+    let (Some(held), Some(scratch)) = (CLIENTS.get_ptr(client), SCRATCH_CLIENT.get_ptr_mut(0))
     else {
         return;
     };
@@ -674,7 +681,7 @@ fn free_client(tgid: u32, client: u32) {
         *scratch = *held;
         &*scratch
     };
-    if CLIENTS.remove(&client).is_ok() {
+    if CLIENTS.remove(client).is_ok() {
         budget::give(info.cgroup, table::CLIENTS);
     }
     if info.orphans != 0 {
@@ -686,7 +693,7 @@ fn free_client(tgid: u32, client: u32) {
         };
         for_each_allocation(free_orphan_of, &mut orphans);
     }
-    let Some(proc) = PROCS.get_ptr_mut(&info.tgid) else {
+    let Some(proc) = PROCS.get_ptr_mut(info.tgid) else {
         return;
     };
     // SAFETY: a live map value.
@@ -745,7 +752,7 @@ struct Ending {
 #[inline(always)]
 pub fn orphan_held(tgid: u32) {
     // SAFETY: the value is copied out at once.
-    let Some(info) = (unsafe { PROCS.get(&tgid) }).copied() else {
+    let Some(info) = (unsafe { PROCS.get(tgid) }).copied() else {
         return;
     };
     if info.outlived == 0 || (info.sysmem == 0 && info.vidmem.iter().all(|b| *b == 0)) {
@@ -781,11 +788,15 @@ extern "C" fn orphan_if_held(
 
 /// Makes allocation `key` of process `tgid` an orphan if its client's file lives on.
 #[inline(always)]
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "the index is below `FILE_CLIENTS`, a small constant"
+)]
 fn orphan(tgid: u32, key: HandleKey) {
     let (Some(client_info), Some(allocation), Some(proc)) = (
-        CLIENTS.get_ptr_mut(&key.client),
-        ALLOCATIONS.get_ptr_mut(&key),
-        PROCS.get_ptr_mut(&tgid),
+        CLIENTS.get_ptr_mut(key.client),
+        ALLOCATIONS.get_ptr_mut(key),
+        PROCS.get_ptr_mut(tgid),
     ) else {
         return;
     };
@@ -803,7 +814,7 @@ fn orphan(tgid: u32, key: HandleKey) {
         return;
     }
     // SAFETY: a live map value, read at once.
-    let Some(refs) = (unsafe { FILES.get(&file) }) else {
+    let Some(refs) = (unsafe { FILES.get(file) }) else {
         return;
     };
     // The file's close releases only the clients it lists.
@@ -838,8 +849,8 @@ fn orphan(tgid: u32, key: HandleKey) {
 #[inline(always)]
 pub fn release_process(tgid: u32, event: u32) -> Option<ProcInfo> {
     // SAFETY: the value is copied out at once.
-    let info = (unsafe { PROCS.get(&tgid) }).copied()?;
-    if PROCS.remove(&tgid).is_ok() {
+    let info = (unsafe { PROCS.get(tgid) }).copied()?;
+    if PROCS.remove(tgid).is_ok() {
         budget::give(info.cgroup, table::PROCS);
     }
     let mut total = 0u64;

@@ -47,7 +47,7 @@ pub fn cap_allowed(quota: u64, minor: u32) -> bool {
         _pad: 0,
     };
     // SAFETY: only whether an entry exists is read.
-    unsafe { CAP_ACCESS.get(&key) }.is_some()
+    unsafe { CAP_ACCESS.get(key) }.is_some()
 }
 
 /// `client` subscribed, through its subdevice `subdevice`, to GPU instance `gpu_instance`:
@@ -57,7 +57,7 @@ pub fn cap_allowed(quota: u64, minor: u32) -> bool {
 pub fn subscribed(client: u32, subdevice: u32, gpu_instance: u32) {
     // SAFETY: the value is copied out at once.
     let Some(object) = (unsafe {
-        OBJECT_DEVICES.get(&HandleKey {
+        OBJECT_DEVICES.get(HandleKey {
             client,
             handle: subdevice,
         })
@@ -70,7 +70,7 @@ pub fn subscribed(client: u32, subdevice: u32, gpu_instance: u32) {
         gpu_instance,
     };
     // SAFETY: as above.
-    let Some(&instance) = (unsafe { MIG_INSTANCES.get(&key) }) else {
+    let Some(&instance) = (unsafe { MIG_INSTANCES.get(key) }) else {
         return;
     };
     let partition = Partition {
@@ -78,16 +78,20 @@ pub fn subscribed(client: u32, subdevice: u32, gpu_instance: u32) {
         device_handle: object.device,
         client_generation: generation(client),
     };
-    let _ = CLIENT_PARTITIONS.insert(&client, &partition, 0);
+    let _ = CLIENT_PARTITIONS.insert(client, partition, 0);
 }
 
 /// The device video memory of `client` under device object `device_handle` on GPU `gpu` is
 /// counted as: its GPU instance's index when the client subscribed to one through that device,
 /// else `gpu`.
 #[inline(always)]
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "`MAX_GPUS` is a small constant"
+)]
 pub fn device_of(client: u32, device_handle: u32, gpu: u32) -> u32 {
     // SAFETY: the value is copied out at once.
-    match unsafe { CLIENT_PARTITIONS.get(&client) } {
+    match unsafe { CLIENT_PARTITIONS.get(client) } {
         Some(p)
             if p.device_handle == device_handle
                 && p.client_generation == generation(client)
@@ -104,13 +108,13 @@ pub fn device_of(client: u32, device_handle: u32, gpu: u32) -> u32 {
 /// `client` was freed: its subscription goes with it.
 #[inline(always)]
 pub fn forget(client: u32) {
-    let _ = CLIENT_PARTITIONS.remove(&client);
+    let _ = CLIENT_PARTITIONS.remove(client);
 }
 
 /// The tracked client's generation, 0 when it is not tracked.
 #[inline(always)]
 fn generation(client: u32) -> u64 {
-    CLIENTS.get_ptr(&client).map_or(0, |c| {
+    CLIENTS.get_ptr(client).map_or(0, |c| {
         // SAFETY: a live map value.
         unsafe { (*c).generation }
     })

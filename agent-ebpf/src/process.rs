@@ -5,6 +5,10 @@
 //! `sched_process_fork` can't tell a new process from a new thread, so the clone flags are
 //! recorded at `clone`/`clone3` entry (only for processes that hold GPU fds). The tracepoint runs
 //! in the parent before the child is first scheduled, so the child never runs with an empty table.
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "the kernel hands 32-bit values (fds, ioctl commands, pids, loop indices) in 64-bit registers and fields; these casts take the low half as the kernel does, where a checked conversion would add branches for the verifier to walk"
+)]
 
 use core::ffi::c_void;
 
@@ -45,7 +49,7 @@ struct FdCopy {
     cgroup: u64,
 }
 
-/// bpf_loop body: copies fd `index` of the parent into the child's table.
+/// `bpf_loop` body: copies fd `index` of the parent into the child's table.
 #[inline(never)]
 extern "C" fn copy_fd(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes back the context `sched_process_fork` gave it.
@@ -53,7 +57,7 @@ extern "C" fn copy_fd(index: u64, ctx: *mut c_void) -> i64 {
     let fd = index as u32;
     // SAFETY: the value is copied out at once.
     if let Some(info) = unsafe {
-        GPU_FDS.get(&FdKey {
+        GPU_FDS.get(FdKey {
             tgid: copy.parent,
             fd,
         })
@@ -69,7 +73,7 @@ extern "C" fn copy_fd(index: u64, ctx: *mut c_void) -> i64 {
             memory::file_untracked(info.file);
             return 0;
         }
-        if GPU_FDS.insert(&child, &info, 0).is_err() {
+        if GPU_FDS.insert(child, info, 0).is_err() {
             budget::give(copy.cgroup, table::FDS);
             memory::file_untracked(info.file);
             count(stat::FD_TABLE_FULL);
@@ -80,7 +84,7 @@ extern "C" fn copy_fd(index: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
-/// bpf_loop body: notes who else holds the file of fd `first + index` of the process, before
+/// `bpf_loop` body: notes who else holds the file of fd `first + index` of the process, before
 /// any of the fds goes (a process may hold several fds of one file).
 #[inline(never)]
 extern "C" fn note_fd_holders(index: u64, ctx: *mut c_void) -> i64 {
@@ -90,7 +94,7 @@ extern "C" fn note_fd_holders(index: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
-/// bpf_loop body: removes fd `first + index` of the process (it exited, or closed a range),
+/// `bpf_loop` body: removes fd `first + index` of the process (it exited, or closed a range),
 /// after [`note_fd_holders`] went over the range.
 #[inline(never)]
 extern "C" fn forget_fd(index: u64, ctx: *mut c_void) -> i64 {
@@ -126,7 +130,7 @@ fn forget_range(range: &mut FdRange, count: u32) {
     }
 }
 
-/// bpf_loop body: after an exec, removes fd `index` if the kernel closed it (close-on-exec).
+/// `bpf_loop` body: after an exec, removes fd `index` if the kernel closed it (close-on-exec).
 #[inline(never)]
 extern "C" fn forget_if_closed(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes back the context `sched_process_exec` gave it.
@@ -134,7 +138,7 @@ extern "C" fn forget_if_closed(index: u64, ctx: *mut c_void) -> i64 {
     let fd = index as u32;
     // SAFETY: the value is copied out at once.
     let Some(info) = (unsafe {
-        GPU_FDS.get(&FdKey {
+        GPU_FDS.get(FdKey {
             tgid: range.tgid,
             fd,
         })
@@ -144,7 +148,7 @@ extern "C" fn forget_if_closed(index: u64, ctx: *mut c_void) -> i64 {
     };
     if info.file == 0 || fds::file_of_fd(fd) != Some(info.file) {
         fds::forget_in(range.tgid, fd, range.cgroup, true);
-    } else if let Some(p) = PROCS.get_ptr_mut(&range.tgid) {
+    } else if let Some(p) = PROCS.get_ptr_mut(range.tgid) {
         // The fd survived exec, and with it its file and the clients made through it.
         // SAFETY: a live map value.
         unsafe { (*p).outlived = 1 };
@@ -195,8 +199,8 @@ pub fn sys_enter_vfork(_ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn note_clone(flags: u64) {
     let (tgid, pid_tgid) = current();
-    if PROCS.get_ptr(&tgid).is_some() {
-        let _ = PENDING_CLONE.insert(&pid_tgid, &flags, 0);
+    if PROCS.get_ptr(tgid).is_some() {
+        let _ = PENDING_CLONE.insert(pid_tgid, flags, 0);
     }
 }
 
@@ -204,10 +208,10 @@ fn note_clone(flags: u64) {
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     let (parent, pid_tgid) = current();
     // SAFETY: the value is copied out at once.
-    let Some(flags) = (unsafe { PENDING_CLONE.get(&pid_tgid) }).copied() else {
+    let Some(flags) = (unsafe { PENDING_CLONE.get(pid_tgid) }).copied() else {
         return 0;
     };
-    let _ = PENDING_CLONE.remove(&pid_tgid);
+    let _ = PENDING_CLONE.remove(pid_tgid);
     if flags & CLONE_THREAD != 0 {
         return 0;
     }
@@ -217,7 +221,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         return 0;
     };
     // SAFETY: the value is copied out at once.
-    let Some(parent_info) = (unsafe { PROCS.get(&parent) }).copied() else {
+    let Some(parent_info) = (unsafe { PROCS.get(parent) }).copied() else {
         return 0;
     };
     // SAFETY: a plain helper call; the child starts in its parent's cgroup.
@@ -238,7 +242,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         outlived: 0,
         _pad: 0,
     };
-    if PROCS.insert(&child, &info, 0).is_err() {
+    if PROCS.insert(child, info, 0).is_err() {
         budget::give(cgroup, table::PROCS);
         count(stat::PROC_TABLE_FULL);
         return 0;
@@ -283,7 +287,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         return 0;
     }
     // SAFETY: the value is copied out at once.
-    let Some((cgroup, max_fd)) = (unsafe { PROCS.get(&tgid) }).map(|p| (p.cgroup, p.max_fd)) else {
+    let Some((cgroup, max_fd)) = (unsafe { PROCS.get(tgid) }).map(|p| (p.cgroup, p.max_fd)) else {
         return 0;
     };
     // The process still holds its fds here (they close after the tracepoint): the files that
@@ -309,7 +313,7 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     // offsets are unknown). The process's allocations on clients of files that live on stay
     // charged to its cgroup; the rest of what it held goes.
     // SAFETY: the value is copied out at once.
-    let Some((cgroup, max_fd)) = (unsafe { PROCS.get(&tgid) }).map(|p| (p.cgroup, p.max_fd)) else {
+    let Some((cgroup, max_fd)) = (unsafe { PROCS.get(tgid) }).map(|p| (p.cgroup, p.max_fd)) else {
         return 0;
     };
     if config().files.valid != 0 {
@@ -343,7 +347,7 @@ pub fn sys_enter_close_range(ctx: TracePointContext) -> u32 {
         return 0;
     }
     // SAFETY: the value is copied out at once.
-    let Some(max_fd) = (unsafe { PROCS.get(&tgid) }).map(|p| p.max_fd) else {
+    let Some(max_fd) = (unsafe { PROCS.get(tgid) }).map(|p| p.max_fd) else {
         return 0;
     };
     let first = arg(&ctx, 0) as u32;

@@ -37,18 +37,22 @@ const ENOMEM: i32 = 12;
 #[inline(always)]
 fn slot_of(cgroup: u64) -> Option<u64> {
     // SAFETY: the value is copied out at once.
-    unsafe { CGROUP_QUOTA.get(&cgroup) }.copied()
+    unsafe { CGROUP_QUOTA.get(cgroup) }.copied()
 }
 
 /// The one GPU the quota `cgroup` is bound to covers (the only one it may open, or the only one
 /// with a limit): where its allocations must be when nothing else tells.
 #[inline(always)]
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "`MAX_GPUS` and the indexes below it are small"
+)]
 pub fn single_device(cgroup: u64) -> Option<u32> {
     let slot = slot_of(cgroup)?;
-    let quota = QUOTAS.get_ptr(&slot)?;
+    let quota = QUOTAS.get_ptr(slot)?;
     // SAFETY: a live map value.
     let (flags, devices) = unsafe { ((*quota).flags, (*quota).devices) };
-    if flags & quota_flags::DEVICES != 0 && devices != 0 && devices & (devices - 1) == 0 {
+    if flags & quota_flags::DEVICES != 0 && devices != 0 && devices.is_power_of_two() {
         let index = devices.trailing_zeros();
         return (index < MAX_GPUS as u32).then_some(index);
     }
@@ -71,7 +75,7 @@ pub fn account(cgroup: u64, device: u32, delta: u64) {
     let Some(slot) = slot_of(cgroup) else {
         return;
     };
-    let Some(quota) = QUOTAS.get_ptr_mut(&slot) else {
+    let Some(quota) = QUOTAS.get_ptr_mut(slot) else {
         return;
     };
     let index = memory_slot(device);
@@ -104,7 +108,7 @@ pub fn check_alloc(
     let Some(slot) = slot_of(cgroup) else {
         return;
     };
-    let Some(quota) = QUOTAS.get_ptr_mut(&slot) else {
+    let Some(quota) = QUOTAS.get_ptr_mut(slot) else {
         return;
     };
     let Some((device, requested)) = what() else {
@@ -144,7 +148,7 @@ pub fn check_alloc(
     }
     let mode = SETTINGS.get(0).copied().unwrap_or(enforce_mode::SIGNAL);
     let taken = if mode == enforce_mode::LSM_DENY {
-        let _ = DENY.insert(&bpf_get_current_pid_tgid(), &Deny { cmd, arg }, 0);
+        let _ = DENY.insert(bpf_get_current_pid_tgid(), Deny { cmd, arg }, 0);
         action::DENY
     } else {
         match policy {
@@ -219,7 +223,7 @@ pub fn gpu_devices(ctx: DeviceContext) -> i32 {
     let slot = slot_of(cgroup);
     let at_budget = budget::fds_exhausted(cgroup);
     if let Some(slot) = slot
-        && let Some(quota) = QUOTAS.get_ptr_mut(&slot)
+        && let Some(quota) = QUOTAS.get_ptr_mut(slot)
     {
         // SAFETY: a live map value.
         let (flags, devices) = unsafe { ((*quota).flags, (*quota).devices) };
@@ -264,7 +268,7 @@ pub fn gpu_file_ioctl(ctx: LsmContext) -> i32 {
     }
     let pid_tgid = bpf_get_current_pid_tgid();
     // SAFETY: the value is copied out at once.
-    let Some(deny) = (unsafe { DENY.get(&pid_tgid) }).copied() else {
+    let Some(deny) = (unsafe { DENY.get(pid_tgid) }).copied() else {
         return 0;
     };
     let cmd: u64 = ctx.arg(1);
@@ -272,7 +276,7 @@ pub fn gpu_file_ioctl(ctx: LsmContext) -> i32 {
     if deny.cmd != cmd & 0xffff_ffff || deny.arg != arg {
         return 0;
     }
-    let _ = DENY.remove(&pid_tgid);
+    let _ = DENY.remove(pid_tgid);
     -ENOMEM
 }
 
@@ -281,6 +285,10 @@ pub fn gpu_file_ioctl(ctx: LsmContext) -> i32 {
 /// register it then indexes with, which the verifier can't follow (a GPU resolved through a MIG
 /// subscription reaches here by such a path).
 #[inline(always)]
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "a `u32` fits the BPF target's 64-bit `usize`"
+)]
 fn gpu_index(device: u32) -> usize {
     const _: () = assert!(MAX_GPUS == 16, "the mask below is MAX_GPUS - 1");
     let mut index = u64::from(device);

@@ -6,6 +6,12 @@
 //! ioctl carries its size. The length mapped is what the process may place on a GPU, not what
 //! is resident there (pages migrate on touch), so the figure is a bound, reported apart from
 //! video memory (docs/accounting.md).
+#![expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    reason = "the kernel hands 32-bit values (fds, ioctl commands, pids, loop indices) in 64-bit registers and fields; these casts take the low half as the kernel does, where a checked conversion would add branches for the verifier to walk"
+)]
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use gpuwarden_agent_common::maps::{
@@ -32,7 +38,7 @@ pub fn sys_enter_mmap(ctx: TracePointContext) -> u32 {
     let (tgid, pid_tgid) = current();
     // SAFETY: the value is copied out at once.
     let Some(info) = (unsafe {
-        GPU_FDS.get(&FdKey {
+        GPU_FDS.get(FdKey {
             tgid,
             fd: fd as u32,
         })
@@ -43,7 +49,7 @@ pub fn sys_enter_mmap(ctx: TracePointContext) -> u32 {
     if info.node.kind != node_kind::UVM || info.node.device != DEVICE_UVM {
         return 0;
     }
-    if PENDING_MMAP.insert(&pid_tgid, &arg(&ctx, 1), 0).is_ok()
+    if PENDING_MMAP.insert(pid_tgid, arg(&ctx, 1), 0).is_ok()
         && let Some(n) = MMAPS_IN_FLIGHT.get_ptr_mut(0)
     {
         // SAFETY: a live array slot.
@@ -60,10 +66,10 @@ pub fn sys_exit_mmap(ctx: TracePointContext) -> u32 {
     }
     let (tgid, pid_tgid) = current();
     // SAFETY: the value is copied out at once.
-    let Some(bytes) = (unsafe { PENDING_MMAP.get(&pid_tgid) }).copied() else {
+    let Some(bytes) = (unsafe { PENDING_MMAP.get(pid_tgid) }).copied() else {
         return 0;
     };
-    let _ = PENDING_MMAP.remove(&pid_tgid);
+    let _ = PENDING_MMAP.remove(pid_tgid);
     if let Some(n) = MMAPS_IN_FLIGHT.get_ptr_mut(0) {
         // SAFETY: a live array slot.
         unsafe { atomic_add(n, u64::MAX) };
@@ -73,7 +79,7 @@ pub fn sys_exit_mmap(ctx: TracePointContext) -> u32 {
     if (-4095..0).contains(&addr) {
         return 0;
     }
-    let Some(proc) = PROCS.get_ptr_mut(&tgid) else {
+    let Some(proc) = PROCS.get_ptr_mut(tgid) else {
         return 0;
     };
     // SAFETY: a live map value; generation and cgroup never change after insert.
@@ -93,7 +99,7 @@ pub fn sys_exit_mmap(ctx: TracePointContext) -> u32 {
     // A mapping refused an entry (its cgroup at its budget of mappings, or the table full) is
     // still charged: its bytes then stay counted until its process ends, when the process's
     // managed total is released whole. Counting too long is safe; not counting is not.
-    if budget::take(cgroup, table::MAPPINGS) && UVM_MAPPINGS.insert(&key, &mapping, 0).is_err() {
+    if budget::take(cgroup, table::MAPPINGS) && UVM_MAPPINGS.insert(key, mapping, 0).is_err() {
         budget::give(cgroup, table::MAPPINGS);
         count(stat::HANDLE_TABLE_FULL);
     }
@@ -119,13 +125,13 @@ fn unmap(tgid: u32, addr: u64) {
         addr,
     };
     // SAFETY: the value is copied out at once.
-    let Some(mapping) = (unsafe { UVM_MAPPINGS.get(&key) }).copied() else {
+    let Some(mapping) = (unsafe { UVM_MAPPINGS.get(key) }).copied() else {
         return;
     };
-    if UVM_MAPPINGS.remove(&key).is_ok() {
+    if UVM_MAPPINGS.remove(key).is_ok() {
         budget::give(mapping.cgroup, table::MAPPINGS);
     }
-    let Some(proc) = PROCS.get_ptr_mut(&tgid) else {
+    let Some(proc) = PROCS.get_ptr_mut(tgid) else {
         return;
     };
     // SAFETY: a live map value.

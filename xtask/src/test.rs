@@ -28,6 +28,7 @@ pub fn run() -> anyhow::Result<()> {
         "-D",
         "warnings",
     ]))?;
+    lint_kernel_crate()?;
     // The API's protos: lint, and nothing that breaks `main`'s v1.
     crate::buf::check()?;
     status(
@@ -38,4 +39,28 @@ pub fn run() -> anyhow::Result<()> {
     // skipped; CI runs them all (see the root policy in `gpuwarden-test-support`).
     status(cargo().args(["test", "--no-fail-fast", "--", "--include-ignored"]))?;
     Ok(())
+}
+
+/// Clippy on the kernel-side crate. Its BPF target's `core` comes prebuilt with Debian's rustc,
+/// which has no clippy, so it is checked for the host (the crate's two assembly helpers have host
+/// twins); `panic=abort` because a `no_std` crate cannot unwind.
+fn lint_kernel_crate() -> anyhow::Result<()> {
+    let host = host_triple()?;
+    status(
+        cargo()
+            .args(["clippy", "-p", "gpuwarden-agent-ebpf", "--target", &host])
+            .args(["--", "-D", "warnings"])
+            .env("RUSTFLAGS", "-C panic=abort"),
+    )
+}
+
+/// The host's target triple, as the toolchain's `rustc -vV` names it.
+fn host_triple() -> anyhow::Result<String> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = Command::new(&rustc).arg("-vV").output()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow::anyhow!("`{} -vV` names no host", rustc.to_string_lossy()))
 }
