@@ -1,19 +1,12 @@
 //! The `gpuwarden` binary's exit codes and messages: bad input is 2 and names the bad part; an
 //! unreachable or refusing controller is 1 with the reason.
 
-use std::process::Command;
+use gpuwarden_test_support::cli;
 
 fn gpuwarden(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
-        .args(args)
-        // A port nothing listens on.
-        .env("GPUWARDEN_CONTROLLER", "http://127.0.0.1:9")
-        .output()
-        .expect("gpuwarden runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    // A port nothing listens on.
+    let (code, _, err) = cli::gpuwarden("http://127.0.0.1:9", args);
+    (code, err)
 }
 
 #[test]

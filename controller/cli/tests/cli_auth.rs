@@ -3,7 +3,7 @@
 //! and is refused another owner's; an admin's ends any; no token is `Unauthenticated` (exit 1);
 //! an unreadable token file is bad input (exit 2).
 
-use std::{path::Path, process::Command, sync::Arc};
+use std::{path::Path, sync::Arc};
 
 use gpuwarden_controller::{
     auth::{
@@ -13,6 +13,7 @@ use gpuwarden_controller::{
     server::{Security, Transport},
 };
 use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_support::cli;
 
 /// A controller taking the tokens of `token_file`, with one node holding two GPUs; returns the
 /// runtime (dropping it stops both) and the URL.
@@ -56,20 +57,8 @@ fn start(scratch: &Path, token_file: &Path) -> (tokio::runtime::Runtime, String)
 }
 
 fn gpuwarden(url: &str, args: &[&str], token_env: Option<&Path>) -> (i32, String, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gpuwarden"));
-    command
-        .args(args)
-        .env("GPUWARDEN_CONTROLLER", url)
-        .env_remove("GPUWARDEN_TOKEN_FILE");
-    if let Some(file) = token_env {
-        command.env("GPUWARDEN_TOKEN_FILE", file);
-    }
-    let out = command.output().expect("gpuwarden runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let env = token_env.map(|file| ("GPUWARDEN_TOKEN_FILE", file));
+    cli::gpuwarden_with(url, args, env.as_slice())
 }
 
 fn json(url: &str, args: &[&str], token_env: Option<&Path>) -> serde_json::Value {

@@ -16,7 +16,7 @@ use std::{
 use gpuwarden_controller::store::StoreSpec;
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_support::{
-    Etcd,
+    Etcd, cli,
     controller::TestController,
     node,
     wait::{self, PATIENCE},
@@ -105,17 +105,10 @@ fn the_cli_asks_the_leader_whichever_controller_it_is_given() {
 }
 
 fn gpuwarden(controllers: &str, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
-        .args(["--controller", controllers])
-        .args(args)
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let (code, out, err) =
+        cli::gpuwarden_with("", &[&["--controller", controllers], args].concat(), &[]);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    out
 }
 
 /// Registers a node with 1,000 CPUs on the controller at `url`.

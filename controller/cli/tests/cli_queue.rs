@@ -3,7 +3,7 @@
 //! as set (4.5 shares, 200g); what a queue holds and borrows follows its sessions; bad input
 //! exits 2 before connecting, a queue the controller refuses exits 1 with the reason.
 
-use std::{path::Path, process::Command, sync::Arc, time::Duration};
+use std::{path::Path, sync::Arc, time::Duration};
 
 use gpuwarden_controller::{
     auth::{
@@ -12,19 +12,10 @@ use gpuwarden_controller::{
     },
     server::{Security, Transport},
 };
+use gpuwarden_test_support::cli;
 
 fn gpuwarden(url: &str, token: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
-        .args(args)
-        .env("GPUWARDEN_CONTROLLER", url)
-        .env("GPUWARDEN_TOKEN_FILE", token)
-        .output()
-        .expect("gpuwarden runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    cli::gpuwarden_with(url, args, &[("GPUWARDEN_TOKEN_FILE", token)])
 }
 
 fn ok(url: &str, token: &Path, args: &[&str]) -> String {

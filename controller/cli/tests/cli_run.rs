@@ -25,7 +25,7 @@ use gpuwarden_controller::{
 use gpuwarden_proto::v1 as pb;
 use gpuwarden_test_support::{
     TestCgroup,
-    cli::{fake_agent_socket, wait_for_node},
+    cli::{self, fake_agent_socket, wait_for_node},
     wait::{self, PATIENCE},
 };
 use tokio_stream::StreamExt;
@@ -172,9 +172,8 @@ async fn terminate_all(cgroup: &Path) {
 }
 
 fn gpuwarden(url: &str, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+    cli::command(url, &[])
         .args(args)
-        .env("GPUWARDEN_CONTROLLER", url)
         .output()
         .expect("gpuwarden runs")
 }

@@ -5,9 +5,10 @@
 //! shows the mean of the newest reports and the last one: the figures reported, in text and
 //! in `--json`. A `share_deviation` event the agent sends is among the session's events.
 
-use std::{process::Command, sync::mpsc};
+use std::sync::mpsc;
 
 use gpuwarden_proto::v1 as pb;
+use gpuwarden_test_support::cli;
 
 const NODE: &str = "node-share";
 /// Reports the controller's mean covers (`profile::RECENT`).
@@ -34,24 +35,6 @@ async fn agent(
     tx
 }
 
-fn gpuwarden(url: &str, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
-        .args(args)
-        .env("GPUWARDEN_CONTROLLER", url)
-        .output()
-        .expect("gpuwarden runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{args:?}: {stderr}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn json(url: &str, args: &[&str]) -> serde_json::Value {
-    let mut all = vec!["--json"];
-    all.extend_from_slice(args);
-    let out = gpuwarden(url, &all);
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
-}
-
 /// `session show id --json` once `done` holds for it.
 fn show_when(
     url: &str,
@@ -61,7 +44,7 @@ fn show_when(
 ) -> serde_json::Value {
     let mut shown = serde_json::Value::Null;
     gpuwarden_test_support::wait::until(what, gpuwarden_test_support::wait::PATIENCE, || {
-        shown = json(url, &["session", "show", id]);
+        shown = cli::json(url, &["session", "show", id]);
         done(&shown)
     });
     shown
@@ -88,7 +71,7 @@ fn session_show_gives_the_entitled_share_and_the_achieved_one_its_agent_reported
     let (allocated_tx, allocated) = mpsc::channel();
     let stream = rt.block_on(agent(url.clone(), allocated_tx));
 
-    let created = json(
+    let created = cli::json(
         &url,
         &[
             "session",
@@ -112,7 +95,7 @@ fn session_show_gives_the_entitled_share_and_the_achieved_one_its_agent_reported
     assert_eq!(share["entitled_memory_bytes"], 1_u64 << 30, "{share}");
     assert_eq!(share["samples"], 0, "{share}");
     assert!(share["achieved"].is_null(), "{share}");
-    let text = gpuwarden(&url, &["session", "show", &id]);
+    let text = cli::ok(&url, &["session", "show", &id]);
     assert!(
         text.contains("entitled:  compute 0.500 of each GPU, memory 1073741824 bytes"),
         "{text}"
@@ -148,7 +131,7 @@ fn session_show_gives_the_entitled_share_and_the_achieved_one_its_agent_reported
     assert_eq!(achieved["peak_memory_bytes"], peak, "{achieved}");
     assert!(close(&shown["share"]["entitled_compute"], 0.5), "{shown}");
 
-    let text = gpuwarden(&url, &["session", "show", &id]);
+    let text = cli::ok(&url, &["session", "show", &id]);
     let expected = format!(
         "achieved:  compute {mean:.3} mean of the last {WINDOW} reports, {last:.3} at the last; \
          memory {last_memory} bytes at the last (peak {peak}); {} reports in all",
@@ -179,7 +162,7 @@ fn session_show_gives_the_entitled_share_and_the_achieved_one_its_agent_reported
         .and_then(|e| e.iter().find(|e| e["action"] == "share_deviation"))
         .expect("the event");
     assert_eq!(event["reason"], reason.as_str(), "{event}");
-    let text = gpuwarden(&url, &["session", "show", &id]);
+    let text = cli::ok(&url, &["session", "show", &id]);
     assert!(
         text.contains("share_deviation") && text.contains(&reason),
         "{text}"

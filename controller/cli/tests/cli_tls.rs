@@ -3,7 +3,7 @@
 //! works, the CA alone is refused as unauthenticated, without the CA the command exits 2 saying
 //! what is missing, and a controller certificate from another CA is refused.
 
-use std::{path::Path, process::Command, sync::Arc};
+use std::{path::Path, sync::Arc};
 
 use gpuwarden_controller::{
     auth::{
@@ -13,6 +13,7 @@ use gpuwarden_controller::{
     },
     server::Transport,
 };
+use gpuwarden_test_support::cli;
 
 /// A TLS controller with certificates minted into `scratch/certs`; returns the runtime
 /// (dropping it stops the controller) and the `https://` URL.
@@ -29,23 +30,7 @@ fn start_tls_controller(scratch: &Path) -> (tokio::runtime::Runtime, String) {
 }
 
 fn gpuwarden(url: &str, args: &[&str], env: &[(&str, &Path)]) -> (i32, String, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gpuwarden"));
-    command
-        .args(args)
-        .env("GPUWARDEN_CONTROLLER", url)
-        .env_remove("GPUWARDEN_CA")
-        .env_remove("GPUWARDEN_CERT")
-        .env_remove("GPUWARDEN_KEY")
-        .env_remove("GPUWARDEN_TOKEN_FILE");
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    let out = command.output().expect("gpuwarden runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    cli::gpuwarden_with(url, args, env)
 }
 
 #[test]

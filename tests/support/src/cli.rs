@@ -14,9 +14,26 @@ use std::{
 /// Runs the `gpuwarden` CLI against the controller at `url`: its exit code, stdout and stderr.
 #[must_use]
 pub fn gpuwarden(url: &str, args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(crate::bin("gpuwarden"))
+    gpuwarden_with(url, args, &[])
+}
+
+/// The `gpuwarden` CLI's settings a test names itself (credentials, the controller); none of
+/// the test process's own is passed on.
+const SETTINGS: [&str; 5] = [
+    "GPUWARDEN_CONTROLLER",
+    "GPUWARDEN_TOKEN_FILE",
+    "GPUWARDEN_CA",
+    "GPUWARDEN_CERT",
+    "GPUWARDEN_KEY",
+];
+
+/// [`gpuwarden`] with the settings `env` names (a token file, a CA, a client certificate) and no
+/// other `GPUWARDEN_*` setting than `url`; an empty `url` leaves the controller to `args`
+/// (`--controller`).
+#[must_use]
+pub fn gpuwarden_with(url: &str, args: &[&str], env: &[(&str, &Path)]) -> (i32, String, String) {
+    let out = command(url, env)
         .args(args)
-        .env("GPUWARDEN_CONTROLLER", url)
         .output()
         .expect("gpuwarden runs");
     (
@@ -24,6 +41,31 @@ pub fn gpuwarden(url: &str, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// The `gpuwarden` CLI as [`gpuwarden_with`] runs it, arguments still to add: for a test that
+/// reads its output as bytes or gives it a stdin.
+#[must_use]
+pub fn command(url: &str, env: &[(&str, &Path)]) -> std::process::Command {
+    let mut command = std::process::Command::new(crate::bin("gpuwarden"));
+    for name in SETTINGS {
+        command.env_remove(name);
+    }
+    if !url.is_empty() {
+        command.env("GPUWARDEN_CONTROLLER", url);
+    }
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command
+}
+
+/// [`gpuwarden`], which must succeed: what it printed.
+#[must_use]
+pub fn ok(url: &str, args: &[&str]) -> String {
+    let (code, out, err) = gpuwarden(url, args);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    out
 }
 
 /// [`gpuwarden`] with `--json`, which must succeed: the document it printed.
