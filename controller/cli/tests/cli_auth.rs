@@ -13,20 +13,23 @@ use gpuwarden_controller::{
     server::{Security, Transport},
 };
 use gpuwarden_proto::v1 as pb;
-use gpuwarden_test_support::cli;
+use gpuwarden_test_support::{
+    cli,
+    controller::{self, TestController},
+};
 
-/// A controller taking the tokens of `token_file`, with one node holding two GPUs; returns the
-/// runtime (dropping it stops both) and the URL.
-fn start(scratch: &Path, token_file: &Path) -> (tokio::runtime::Runtime, String) {
-    let (rt, url) = gpuwarden_test_support::controller::start_controller_with(
-        scratch,
-        Security {
+/// A controller taking the tokens of `token_file`, with one node holding two GPUs; returns it,
+/// the runtime that holds the node's stream (dropped first, it stops the node) and the URL.
+fn start(scratch: &Path, token_file: &Path) -> (TestController, tokio::runtime::Runtime, String) {
+    let ctl = TestController::builder(&scratch.join("controller"))
+        .security(Security {
             // Plain-text agents beside tokens only because the test says --insecure.
             transport: Transport::Insecure,
             tokens: Some(Arc::new(TokenFile::load(token_file).expect("tokens load"))),
             grants: Arc::default(),
-        },
-    );
+        })
+        .start();
+    let (rt, url) = (controller::runtime(), ctl.url());
     let (tx, inbound) = rt.block_on(gpuwarden_test_support::node::connect(
         &url,
         pb::NodeInfo {
@@ -53,7 +56,7 @@ fn start(scratch: &Path, token_file: &Path) -> (tokio::runtime::Runtime, String)
         let mut inbound = inbound;
         while let Some(Ok(_)) = tokio_stream::StreamExt::next(&mut inbound).await {}
     });
-    (rt, url)
+    (ctl, rt, url)
 }
 
 fn gpuwarden(url: &str, args: &[&str], token_env: Option<&Path>) -> (i32, String, String) {
@@ -86,7 +89,7 @@ fn a_token_file_makes_the_cli_act_as_its_owner() {
         let token = tokens::add(&token_file, owner, role).expect("token added");
         std::fs::write(file, format!("{token}\n")).expect("written");
     }
-    let (_rt, url) = start(dir, &token_file);
+    let (_ctl, _rt, url) = start(dir, &token_file);
     let alice_flag = alice.to_string_lossy().into_owned();
 
     let hers = json(

@@ -45,8 +45,11 @@ fn state(url: &str, id: &str) -> serde_json::Value {
 #[test]
 fn members_wait_for_their_gang_then_run_together_and_show_it() {
     let scratch = gpuwarden_test_support::scratch("gang");
-    let (rt, url, controller) =
-        gpuwarden_test_support::controller::start_controller_held(scratch.path());
+    let ctl = gpuwarden_test_support::controller::TestController::builder(
+        &scratch.path().join("controller"),
+    )
+    .start();
+    let (rt, url) = (gpuwarden_test_support::controller::runtime(), ctl.url());
     rt.spawn(fake_agent(url.clone()));
     gpuwarden_test_support::cli::wait_for_node(&url, NODE);
 
@@ -80,7 +83,7 @@ fn members_wait_for_their_gang_then_run_together_and_show_it() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    gpuwarden_test_support::controller::wait_passes(&controller, 3);
+    rt.block_on(ctl.passes(3));
     let shown = state(&url, &first);
     assert_eq!(shown["state"], "pending", "{shown}");
     assert_eq!(shown["reason"], "gang pair 1/2 members", "{shown}");

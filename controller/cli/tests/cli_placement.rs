@@ -74,7 +74,11 @@ fn create_running(url: &str, extra: &[&str]) -> serde_json::Value {
 #[test]
 fn a_learned_busy_class_is_kept_apart_and_the_choice_explained() {
     let scratch = gpuwarden_test_support::scratch("placement");
-    let (rt, url) = gpuwarden_test_support::controller::start_controller(scratch.path());
+    let ctl = gpuwarden_test_support::controller::TestController::builder(
+        &scratch.path().join("controller"),
+    )
+    .start();
+    let (rt, url) = (gpuwarden_test_support::controller::runtime(), ctl.url());
     rt.spawn(fake_agent(url.clone()));
     gpuwarden_test_support::cli::wait_for_node(&url, NODE);
 

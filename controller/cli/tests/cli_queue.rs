@@ -42,15 +42,15 @@ fn an_admin_sets_queues_and_everyone_sees_them_exactly() {
         let token = tokens::add(&token_file, owner, role).expect("token added");
         std::fs::write(file, format!("{token}\n")).expect("written");
     }
-    let (rt, url) = gpuwarden_test_support::controller::start_controller_with(
-        dir,
-        Security {
+    let ctl = gpuwarden_test_support::controller::TestController::builder(&dir.join("controller"))
+        .security(Security {
             // Plain-text agents beside tokens only because the test says --insecure.
             transport: Transport::Insecure,
             tokens: Some(Arc::new(TokenFile::load(&token_file).expect("tokens load"))),
             grants: Arc::default(),
-        },
-    );
+        })
+        .start();
+    let (rt, url) = (gpuwarden_test_support::controller::runtime(), ctl.url());
     rt.block_on(gpuwarden_test_support::node::register(
         &url,
         gpuwarden_test_support::node::with_two_gpus("n1"),

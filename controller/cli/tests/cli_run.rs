@@ -19,7 +19,6 @@ use gpuwarden_controller::{
         SchedulerConfig,
         quotas::{QueueQuota, QuotaConfig},
     },
-    server,
     slots::ResourceSlot,
 };
 use gpuwarden_proto::v1 as pb;
@@ -192,7 +191,10 @@ fn run_puts_the_command_in_the_session_cgroup_and_ends_the_session() {
     let socket = scratch.join("agent.sock");
     fake_agent_socket(&socket, NODE, cgroup.dir.clone());
 
-    let (rt, url) = gpuwarden_test_support::controller::start_controller(scratch);
+    let ctl =
+        gpuwarden_test_support::controller::TestController::builder(&scratch.join("controller"))
+            .start();
+    let (rt, url) = (gpuwarden_test_support::controller::runtime(), ctl.url());
     let seen = Arc::new(Mutex::new(Vec::new()));
     rt.spawn(fake_agent(
         url.clone(),
@@ -365,11 +367,11 @@ fn a_preempted_run_says_so_and_exits_75() {
         preemption_grace_ms: 5_000,
         ..SchedulerConfig::default()
     };
-    let (rt, url) = gpuwarden_test_support::controller::start_controller_scheduling(
-        scratch,
-        server::Transport::PlainText.into(),
-        config,
-    );
+    let ctl =
+        gpuwarden_test_support::controller::TestController::builder(&scratch.join("controller"))
+            .config(config)
+            .start();
+    let (rt, url) = (gpuwarden_test_support::controller::runtime(), ctl.url());
     rt.spawn(fake_agent(
         url.clone(),
         Arc::new(Mutex::new(Vec::new())),
@@ -428,12 +430,17 @@ fn a_preempted_run_says_so_and_exits_75() {
 }
 
 /// A controller whose one GPU a running session holds whole, its fake agent, and a fake agent
-/// socket: a `run` or `session create` asking for any share of a GPU waits there for good.
+/// socket: a `run` or `session create` asking for any share of a GPU waits there for good. The
+/// third item holds the controller and its scratch directory.
 fn a_full_node() -> (tokio::runtime::Runtime, String, impl Sized, String) {
     let scratch = gpuwarden_test_support::scratch("full");
     let socket = scratch.path().join("agent.sock");
     fake_agent_socket(&socket, NODE, scratch.path().to_owned());
-    let (rt, url) = gpuwarden_test_support::controller::start_controller(scratch.path());
+    let ctl = gpuwarden_test_support::controller::TestController::builder(
+        &scratch.path().join("controller"),
+    )
+    .start();
+    let (rt, url) = (gpuwarden_test_support::controller::runtime(), ctl.url());
     rt.spawn(fake_agent(
         url.clone(),
         Arc::new(Mutex::new(Vec::new())),
@@ -447,7 +454,7 @@ fn a_full_node() -> (tokio::runtime::Runtime, String, impl Sized, String) {
         gpuwarden_test_support::cli::json(&url, &["session", "show", &holder])["state"] == "running"
     });
     let socket = socket.to_string_lossy().into_owned();
-    (rt, url, scratch, socket)
+    (rt, url, (ctl, scratch), socket)
 }
 
 /// `gpuwarden` with `args`, its stderr read line by line as it comes (each line with the time
@@ -459,9 +466,8 @@ fn spawn_watched(
     std::process::Child,
     std::sync::mpsc::Receiver<(Duration, String)>,
 ) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwarden"))
+    let mut child = cli::command(url, &[])
         .args(args)
-        .env("GPUWARDEN_CONTROLLER", url)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

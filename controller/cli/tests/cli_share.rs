@@ -67,7 +67,11 @@ fn close(actual: &serde_json::Value, expected: f64) -> bool {
 #[test]
 fn session_show_gives_the_entitled_share_and_the_achieved_one_its_agent_reported() {
     let scratch = gpuwarden_test_support::scratch("cli-share");
-    let (rt, url) = gpuwarden_test_support::controller::start_controller(scratch.path());
+    let ctl = gpuwarden_test_support::controller::TestController::builder(
+        &scratch.path().join("controller"),
+    )
+    .start();
+    let (rt, url) = (gpuwarden_test_support::controller::runtime(), ctl.url());
     let (allocated_tx, allocated) = mpsc::channel();
     let stream = rt.block_on(agent(url.clone(), allocated_tx));
 

@@ -34,7 +34,11 @@ fn table(url: &str, args: &[&str]) -> Vec<Vec<String>> {
 #[test]
 fn session_and_node_tables_give_whole_ids_the_next_command_takes() {
     let scratch = gpuwarden_test_support::scratch("tables");
-    let (rt, url) = gpuwarden_test_support::controller::start_controller(scratch.path());
+    let ctl = gpuwarden_test_support::controller::TestController::builder(
+        &scratch.path().join("controller"),
+    )
+    .start();
+    let (rt, url) = (gpuwarden_test_support::controller::runtime(), ctl.url());
     rt.spawn(fake_agent(url.clone()));
     gpuwarden_test_support::cli::wait_for_node(&url, NODE);
     let create = |extra: &[&str]| {

@@ -13,20 +13,20 @@ use gpuwarden_controller::{
     },
     server::Transport,
 };
-use gpuwarden_test_support::cli;
+use gpuwarden_test_support::{cli, controller::TestController};
 
-/// A TLS controller with certificates minted into `scratch/certs`; returns the runtime
-/// (dropping it stops the controller) and the `https://` URL.
-fn start_tls_controller(scratch: &Path) -> (tokio::runtime::Runtime, String) {
+/// A TLS controller with certificates minted into `scratch/certs`, and its `https://` URL.
+fn start_tls_controller(scratch: &Path) -> (TestController, String) {
     let certs = scratch.join("certs");
     mint::mint_into(&certs, &["node-1".to_owned()], &["127.0.0.1".to_owned()], 1).expect("minted");
     mint::mint_clients_into(&certs, &[("ops".to_owned(), ClientRole::Admin)], 1)
         .expect("minted the admin");
     let tls = ReloadingConfig::load(ServerTlsFiles::minted(&certs)).expect("TLS files load");
-    gpuwarden_test_support::controller::start_controller_with(
-        scratch,
-        Transport::Tls(Arc::new(tls)).into(),
-    )
+    let ctl = TestController::builder(&scratch.join("controller"))
+        .security(Transport::Tls(Arc::new(tls)))
+        .start();
+    let url = ctl.url();
+    (ctl, url)
 }
 
 fn gpuwarden(url: &str, args: &[&str], env: &[(&str, &Path)]) -> (i32, String, String) {
@@ -36,7 +36,7 @@ fn gpuwarden(url: &str, args: &[&str], env: &[(&str, &Path)]) -> (i32, String, S
 #[test]
 fn https_with_the_ca_works_and_without_it_exits_2() {
     let scratch = gpuwarden_test_support::scratch("cli-tls");
-    let (_rt, url) = start_tls_controller(scratch.path());
+    let (_ctl, url) = start_tls_controller(scratch.path());
     let ca = scratch.path().join("certs").join(mint::CA_CERT);
 
     let certs = scratch.path().join("certs");
@@ -99,7 +99,7 @@ fn https_with_the_ca_works_and_without_it_exits_2() {
 #[test]
 fn a_controller_signed_by_another_ca_is_refused() {
     let scratch = gpuwarden_test_support::scratch("cli-tls-rogue");
-    let (_rt, url) = start_tls_controller(scratch.path());
+    let (_ctl, url) = start_tls_controller(scratch.path());
     let other = scratch.path().join("other");
     mint::mint_into(&other, &[], &[], 1).expect("another CA");
     let (code, _, err) = gpuwarden(

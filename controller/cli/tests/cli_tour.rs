@@ -243,7 +243,11 @@ fn run_tour(steps: &[Step], cgroup: PathBuf) {
     let node = hostname();
     let socket = scratch.path().join("agent.sock");
     gpuwarden_test_support::cli::fake_agent_socket(&socket, &node, cgroup);
-    let (rt, url) = gpuwarden_test_support::controller::start_controller(scratch.path());
+    let ctl = gpuwarden_test_support::controller::TestController::builder(
+        &scratch.path().join("controller"),
+    )
+    .start();
+    let (rt, url) = (gpuwarden_test_support::controller::runtime(), ctl.url());
     rt.spawn(mock_agent(url.clone(), node.clone()));
     gpuwarden_test_support::cli::wait_for_node(&url, &node);
     let dir = scratch.path().join("newcomer");

@@ -2,11 +2,10 @@
 //!
 //! - [`TestController`]: in the test's process, on a runtime of its own, started through the
 //!   controller's own lifecycle by one builder ([`TestControllerBuilder`]): on sled in a state
-//!   directory, or campaigning on an etcd store, served in plain text on a loopback port.
-//!   Stopped gracefully when dropped, or killed ([`TestController::kill`]): its runtime dropped
+//!   directory, or campaigning on an etcd store, served on a loopback port (TLS where its
+//!   security says so); [`runtime`] gives the test one of its own beside it. Stopped gracefully when dropped, or killed ([`TestController::kill`]): its runtime dropped
 //!   with every task mid-flight, as abrupt as a crash (an elected one's lease then lapses).
-//! - [`serve_in_process`] and [`start_controller`]: its gRPC server alone on a runtime the test
-//!   holds (the test's own, or one returned to it, on which it also runs its fake agents).
+//! - [`serve_in_process`]: its gRPC server alone, on the test's own runtime.
 //! - [`ControllerProcess`]: the `gpuwarden-controller` binary in a process of its own, killed
 //!   (SIGKILL) when dropped.
 #![expect(
@@ -55,8 +54,10 @@ const GRACE: Duration = Duration::from_millis(100);
 
 /// A controller on its own runtime: dropping that runtime is as abrupt as killing the process.
 pub struct TestController {
-    /// Where it serves plain text (a loopback port).
+    /// Where it serves (a loopback port), plain text unless its security says TLS.
     pub addr: SocketAddr,
+    /// `https` where it serves TLS, else `http`.
+    scheme: &'static str,
     /// Its state directory (empty for one on etcd).
     pub state_dir: PathBuf,
     /// Its bounds, which count what it refuses (the metrics it exports read them).
@@ -143,7 +144,12 @@ impl TestControllerBuilder {
         if let Some(ttl) = self.lease_ttl {
             config.lease_ttl = ttl;
         }
-        TestController::on_own_runtime(self.state_dir, config)
+        let scheme = if matches!(config.security.transport, server::Transport::Tls(_)) {
+            "https"
+        } else {
+            "http"
+        };
+        TestController::on_own_runtime(self.state_dir, config, scheme)
     }
 }
 
@@ -176,7 +182,7 @@ impl TestController {
     /// Builds and spawns the controller `config` describes on a runtime of its own in a thread
     /// of its own. Stopping gracefully shuts it down (for at most [`GRACE`]); killing drops the
     /// runtime with every task mid-flight.
-    fn on_own_runtime(state_dir: PathBuf, config: server::RunConfig) -> Self {
+    fn on_own_runtime(state_dir: PathBuf, config: server::RunConfig, scheme: &'static str) -> Self {
         let (started_tx, started_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = std::sync::mpsc::channel::<bool>();
         let thread = std::thread::spawn(move || {
@@ -212,6 +218,7 @@ impl TestController {
         let (addr, bounds, controller) = started_rx.recv().unwrap();
         Self {
             addr,
+            scheme,
             state_dir,
             bounds,
             controller,
@@ -254,7 +261,7 @@ impl TestController {
     /// Its URL.
     #[must_use]
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// A scheduler client connected to it.
@@ -304,44 +311,29 @@ impl Drop for TestController {
 
 /// A controller in this process with its sled store in `dir`, served over `security` and held
 /// to `bounds` (which count what it refuses) on a loopback port, until the test's runtime ends;
-/// its address.
+/// its address. The gRPC server without the daemon's lifecycle: for tests of what the server
+/// alone refuses.
 pub async fn serve_in_process(
     dir: &Path,
     security: impl Into<Security> + Send + 'static,
     bounds: Arc<Bounds>,
 ) -> SocketAddr {
-    serve(
-        dir,
-        security.into(),
+    let controller = server::open(
+        &server::sled_in(dir),
         SchedulerConfig::default(),
-        Some(bounds),
+        Timing::default(),
     )
     .await
-    .0
-}
-
-/// Opens a controller on sled in `dir` and serves it over `security` on a loopback port, on the
-/// calling runtime: its address, and the controller, held weakly (the runtime owns it).
-async fn serve(
-    dir: &Path,
-    security: Security,
-    config: SchedulerConfig,
-    bounds: Option<Arc<Bounds>>,
-) -> (SocketAddr, Weak<Hub>) {
-    let controller = server::open(&server::sled_in(dir), config, Timing::default())
-        .await
-        .expect("opens");
+    .expect("opens");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("binds");
     let addr = listener.local_addr().expect("bound");
-    let held = Arc::downgrade(&controller);
-    let mut grpc = server::GrpcServer::new(controller, listener).security(security);
-    if let Some(bounds) = bounds {
-        grpc = grpc.bounds(bounds);
-    }
+    let grpc = server::GrpcServer::new(controller, listener)
+        .security(security.into())
+        .bounds(bounds);
     tokio::spawn(grpc.serve(std::future::pending::<()>()));
-    (addr, held)
+    addr
 }
 
 /// A running `gpuwarden-controller run --store STORE`.
@@ -500,58 +492,15 @@ pub fn request(name: &str) -> pb::CreateSessionRequest {
     }
 }
 
-/// Starts a controller with its store under `scratch` on a runtime of its own; returns the
-/// runtime (dropping it stops the controller) and the controller's URL.
+/// A runtime for a test's own tasks beside a [`TestController`] (fake agents, clients, its
+/// `block_on`s); dropped before the controller, it stops them first.
 #[must_use]
-pub fn start_controller(scratch: &Path) -> (tokio::runtime::Runtime, String) {
-    start_controller_with(scratch, server::Transport::PlainText.into())
-}
-
-/// [`start_controller`] with `security`: TLS (the URL is then `https://`), client
-/// authentication (a token file), or both.
-#[must_use]
-pub fn start_controller_with(
-    scratch: &Path,
-    security: server::Security,
-) -> (tokio::runtime::Runtime, String) {
-    start_controller_scheduling(scratch, security, SchedulerConfig::default())
-}
-
-/// [`start_controller_with`], scheduling with `config` (team quotas, a preemption grace).
-#[must_use]
-pub fn start_controller_scheduling(
-    scratch: &Path,
-    security: server::Security,
-    config: SchedulerConfig,
-) -> (tokio::runtime::Runtime, String) {
-    let (rt, url, _) = start(scratch, security, config);
-    (rt, url)
-}
-
-/// [`start_controller`], with the controller itself, held weakly (the runtime owns it), for
-/// [`wait_passes`].
-#[must_use]
-pub fn start_controller_held(scratch: &Path) -> (tokio::runtime::Runtime, String, Weak<Hub>) {
-    start(
-        scratch,
-        server::Transport::PlainText.into(),
-        SchedulerConfig::default(),
-    )
-}
-
-/// Waits until `controller` has run `n` more scheduling passes that had a session to try (every
-/// pass tries each pending session): a state that lasts over them lasted over passes, not over
-/// a guessed time.
-///
-/// # Panics
-/// The controller stopped, or did not run `n` passes within [`PATIENCE`](crate::wait::PATIENCE).
-pub fn wait_passes(controller: &Weak<Hub>, n: u64) {
-    let target = passes_run(controller) + n;
-    crate::wait::until(
-        &format!("{n} scheduling passes"),
-        crate::wait::PATIENCE,
-        || passes_run(controller) >= target,
-    );
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 /// How many scheduling passes that had a session to try `controller` has run.
@@ -561,25 +510,4 @@ fn passes_run(controller: &Weak<Hub>) -> u64 {
         .expect("a running controller")
         .pass_times()
         .0
-}
-
-/// Starts a controller on a runtime it returns, which the test also spawns its own tasks on
-/// (fake agents); dropping the runtime stops it.
-fn start(
-    scratch: &Path,
-    security: Security,
-    config: SchedulerConfig,
-) -> (tokio::runtime::Runtime, String, Weak<Hub>) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let scheme = if matches!(security.transport, server::Transport::Tls(_)) {
-        "https"
-    } else {
-        "http"
-    };
-    let (addr, held) = rt.block_on(serve(&scratch.join("controller"), security, config, None));
-    (rt, format!("{scheme}://{addr}"), held)
 }
