@@ -17,9 +17,8 @@
 )]
 
 use std::{
-    io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
-    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -27,7 +26,10 @@ use gpuwarden_agent::config::AgentConfig;
 use gpuwarden_test_support::{TWO_MOCK_GPUS, TestCgroup, agent::config, scratch};
 use tempfile::TempDir;
 
-use crate::fake_driver::{FakeConfig, FakeDriver};
+use crate::{
+    fake_driver::{FakeConfig, FakeDriver},
+    gpu_client::{ScriptError, ScriptedClient},
+};
 
 /// The rig of a controller and an agent on the fake driver.
 pub mod rig;
@@ -81,13 +83,21 @@ pub fn mock_gpu_config(driver: &Driver, controller: String, state_dir: &Path) ->
     cfg
 }
 
-/// A `gpu-client` process, optionally inside a cgroup, driven line by line.
+/// A `gpu-client` process, optionally inside a cgroup, driven line by line: a
+/// [`ScriptedClient`] whose every failure fails the test, waiting up to [`REPLY_PATIENCE`] for a
+/// reply (a command may wait out a frozen cgroup). Killed when dropped.
 pub struct Client {
     /// Its pid, as it sees itself.
     pub pid: u32,
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    inner: ScriptedClient,
+}
+
+/// How long a [`Client`] waits for each reply before the test fails.
+pub const REPLY_PATIENCE: Duration = Duration::from_mins(2);
+
+/// What a [`Client`] step answered, or the test fails saying why.
+fn must<T>(result: Result<T, ScriptError>) -> T {
+    result.unwrap_or_else(|e| panic!("gpu-client: {e}"))
 }
 
 impl Client {
@@ -112,65 +122,46 @@ impl Client {
     /// Runs `cmd`, which starts a `gpu-client` with its stdin and stdout passed through (a
     /// container runtime in the foreground, say), and waits for the client's `ready` line.
     /// `pid` is the pid the client sees itself as (1 as a container's init).
-    pub fn start(mut cmd: Command) -> Self {
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        let pid = line
-            .trim()
-            .strip_prefix("ready pid=")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("gpu-client did not start: {line:?}"));
+    pub fn start(cmd: Command) -> Self {
+        let mut inner = must(ScriptedClient::start(cmd));
+        inner.set_timeout(REPLY_PATIENCE);
         Self {
-            pid,
-            child,
-            stdin,
-            stdout,
+            pid: inner.pid(),
+            inner,
         }
     }
 
     /// Sends one command and returns its reply.
     pub fn send(&mut self, command: &str) -> String {
-        writeln!(self.stdin, "{command}").unwrap();
-        self.stdin.flush().unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        line.trim().to_owned()
+        must(self.inner.send(command)).trim().to_owned()
     }
 
     /// Sends a command that must succeed; returns the reply.
     pub fn ok(&mut self, command: &str) -> String {
-        let reply = self.send(command);
-        assert!(reply.contains("ok"), "{command:?} answered {reply:?}");
-        reply
+        must(self.inner.ok(command)).trim().to_owned()
     }
 
     /// A value from the reply of a command that must succeed.
     pub fn value(&mut self, command: &str, key: &str) -> u64 {
-        let reply = self.ok(command);
-        crate::gpu_client::reply_value(&reply, key)
-            .unwrap_or_else(|| panic!("{command:?} answered {reply:?}, no {key}"))
+        must(self.inner.value(command, key))
     }
 
     /// Waits for the process to end (e.g. killed by enforcement) and returns how it ended.
-    pub fn wait(mut self) -> std::process::ExitStatus {
-        self.child.wait().unwrap()
+    pub fn wait(self) -> std::process::ExitStatus {
+        must(self.inner.wait())
     }
 
     /// [`Self::wait`], failing the test if the process has not ended within `limit`.
     pub fn wait_within(mut self, limit: Duration) -> std::process::ExitStatus {
         let deadline = Instant::now() + limit;
         loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Some(status) = must(self.inner.try_wait()) {
                 return status;
             }
             assert!(
                 Instant::now() < deadline,
                 "pid {} still runs after {limit:?}",
-                self.child.id()
+                self.pid
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -186,28 +177,16 @@ impl Client {
 
     /// Sends a command without waiting for the reply (the process may be stopped or killed).
     pub fn send_only(&mut self, command: &str) {
-        writeln!(self.stdin, "{command}").unwrap();
-        self.stdin.flush().unwrap();
+        must(self.inner.send_only(command));
     }
 
     /// Reads the next reply line.
     pub fn reply(&mut self) -> String {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        line.trim().to_owned()
+        must(self.inner.reply()).trim().to_owned()
     }
 
     /// Ends the process without freeing anything and waits for it.
-    pub fn exit(mut self) {
-        let _ = writeln!(self.stdin, "exit");
-        let _ = self.stdin.flush();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    pub fn exit(self) {
+        must(self.inner.exit());
     }
 }

@@ -122,13 +122,7 @@ impl ScriptedClient {
         cgroup: Option<&Path>,
     ) -> Result<Self, ScriptError> {
         let mut cmd = Command::new(bin);
-        cmd.arg("--dir")
-            .arg(dir)
-            .arg("--gpu")
-            .arg(gpu.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        cmd.arg("--dir").arg(dir).arg("--gpu").arg(gpu.to_string());
         if let Some(cgroup) = cgroup {
             gpuwarden_runtime::cgroup::spawn_inside(&mut cmd, cgroup).map_err(|_| {
                 ScriptError::CgroupPath {
@@ -136,8 +130,29 @@ impl ScriptedClient {
                 }
             })?;
         }
+        let client = Self::start(cmd)?;
+        // Started directly, it sees itself as the pid it has.
+        if client.pid == client.child.id() {
+            Ok(client)
+        } else {
+            Err(ScriptError::NotReady {
+                line: format!("ready pid={}", client.pid),
+            })
+        }
+    }
+
+    /// Runs `cmd`, which starts a `gpu-client` with its stdin and stdout passed through (the
+    /// client itself, or a container runtime in the foreground), and waits for its `ready`
+    /// line; [`Self::pid`] is then the pid the client sees itself as (1 as a container's init).
+    ///
+    /// # Errors
+    /// It didn't start or didn't get ready.
+    pub fn start(mut cmd: Command) -> Result<Self, ScriptError> {
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         let mut child = cmd.spawn().map_err(|source| ScriptError::Spawn {
-            bin: bin.to_owned(),
+            bin: PathBuf::from(cmd.get_program()),
             source,
         })?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
@@ -157,7 +172,7 @@ impl ScriptedClient {
             }
         });
         let mut client = Self {
-            pid: child.id(),
+            pid: 0,
             child,
             stdin,
             replies,
@@ -165,12 +180,15 @@ impl ScriptedClient {
         };
         let ready = client.receive("(start)")?;
         match ready.strip_prefix("ready pid=").map(str::parse::<u32>) {
-            Some(Ok(pid)) if pid == client.pid => Ok(client),
+            Some(Ok(pid)) => {
+                client.pid = pid;
+                Ok(client)
+            }
             _ => Err(ScriptError::NotReady { line: ready }),
         }
     }
 
-    /// The process id.
+    /// The process id, as the process sees itself.
     #[must_use]
     pub fn pid(&self) -> u32 {
         self.pid
@@ -186,12 +204,7 @@ impl ScriptedClient {
     /// # Errors
     /// The process is gone or didn't answer in time.
     pub fn send(&mut self, command: &str) -> Result<String, ScriptError> {
-        writeln!(self.stdin, "{command}")
-            .and_then(|()| self.stdin.flush())
-            .map_err(|source| ScriptError::Send {
-                command: command.to_owned(),
-                source,
-            })?;
+        self.send_only(command)?;
         self.receive(command)
     }
 
@@ -224,6 +237,48 @@ impl ScriptedClient {
             reply,
             key: key.to_owned(),
         })
+    }
+
+    /// Sends a command without waiting for its reply (the process may be stopped or killed);
+    /// [`Self::reply`] reads it.
+    ///
+    /// # Errors
+    /// The process is gone.
+    pub fn send_only(&mut self, command: &str) -> Result<(), ScriptError> {
+        writeln!(self.stdin, "{command}")
+            .and_then(|()| self.stdin.flush())
+            .map_err(|source| ScriptError::Send {
+                command: command.to_owned(),
+                source,
+            })
+    }
+
+    /// The next reply line.
+    ///
+    /// # Errors
+    /// The process is gone or didn't answer in time.
+    pub fn reply(&mut self) -> Result<String, ScriptError> {
+        self.receive("(a command sent before)")
+    }
+
+    /// How the process ended, if it has.
+    ///
+    /// # Errors
+    /// Asking failed.
+    pub fn try_wait(&mut self) -> Result<Option<ExitStatus>, ScriptError> {
+        self.child
+            .try_wait()
+            .map_err(|source| ScriptError::Wait { source })
+    }
+
+    /// Waits for the process to end (killed by enforcement, say).
+    ///
+    /// # Errors
+    /// Waiting failed.
+    pub fn wait(mut self) -> Result<ExitStatus, ScriptError> {
+        self.child
+            .wait()
+            .map_err(|source| ScriptError::Wait { source })
     }
 
     /// Sends `exit` (the process ends without freeing anything) and waits for it.
