@@ -32,8 +32,7 @@ pub use self::{
     spec::{DEFAULT_ETCD_PREFIX, StoreSpec},
 };
 use crate::{
-    node::Node, profile::Profile, scheduler::quotas::QuotaConfig, session::Session,
-    slots::SlotTypeRegistry,
+    node::Node, profile::Profile, quota::QuotaConfig, session::Session, slots::SlotTypeRegistry,
 };
 
 /// The on-disk format this build reads and writes.
