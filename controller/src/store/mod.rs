@@ -24,9 +24,9 @@ use std::sync::Arc;
 use serde::{Serialize, de::DeserializeOwned};
 
 pub use self::{
-    etcd::EtcdKv,
+    etcd::{EtcdKv, Fence},
     group::AfterCommit,
-    leadership::{Fence, Office},
+    leadership::Office,
     replica::Replica,
     sled::SledKv,
     spec::{DEFAULT_ETCD_PREFIX, StoreSpec},
