@@ -40,6 +40,7 @@ pub mod allocator;
 pub mod api;
 pub mod auth;
 pub mod colocation;
+pub mod convert;
 pub mod explanation;
 pub mod hub;
 pub mod kubernetes;

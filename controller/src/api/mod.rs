@@ -5,7 +5,6 @@
 //! calls are turned away by the [`StandbyGate`].
 
 mod agents;
-pub mod convert;
 mod pages;
 mod queues;
 pub mod role;
@@ -15,5 +14,9 @@ pub use agents::AgentApi;
 pub use role::{LEADER_METADATA, StandbyGate};
 pub use sessions::SchedulerApi;
 
-// The hub moved to `crate::hub`; these paths stay for callers that name them here.
-pub use crate::hub::{Hub, Pending, Role, SessionLog, Timing, store_status, watch};
+// The hub moved to `crate::hub`, and the conversions below it to `crate::convert` (the hub
+// announces sessions as messages); these paths stay for callers that name them here.
+pub use crate::{
+    convert,
+    hub::{Hub, Pending, Role, SessionLog, Timing, store_status, watch},
+};

@@ -11,7 +11,8 @@ use gpuwarden_proto::v1::{self as pb, scheduler_service_server::SchedulerService
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Code, Request, Response, Status};
 
-use super::{convert, pages::Pager, queues};
+use super::{pages::Pager, queues};
+use crate::convert;
 use crate::{
     auth::clients::{Caller, ClientAuth},
     hub::{
