@@ -8,11 +8,12 @@ mod agents;
 mod pages;
 mod queues;
 pub mod role;
+mod scheduler_api;
 mod sessions;
 
 pub use agents::AgentApi;
 pub use role::{LEADER_METADATA, StandbyGate};
-pub use sessions::SchedulerApi;
+pub use scheduler_api::SchedulerApi;
 
 // The hub moved to `crate::hub`, and the conversions below it to `crate::convert` (the hub
 // announces sessions as messages); these paths stay for callers that name them here.
