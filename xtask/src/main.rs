@@ -64,6 +64,9 @@ enum Job {
         /// Also list each child module that uses its parent's own items.
         #[arg(long)]
         up: bool,
+        /// Measure another checkout of the repository (to compare with an older commit).
+        #[arg(long, value_name = "DIR")]
+        root: Option<PathBuf>,
     },
     /// Run a benchmark and print its table.
     Bench {
@@ -84,7 +87,7 @@ fn main() -> ExitCode {
         Job::Bench { which } => bench::run(&which),
         Job::Sim { args } => sim::run(&args),
         Job::GpuCheck(args) => gpu_check::run(&args),
-        Job::Modgraph { up } => modgraph::run(up),
+        Job::Modgraph { up, root } => modgraph::run(up, root.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -44,13 +44,19 @@ const ALLOW: &str = "xtask/modgraph.allow";
 
 /// Reads every library and binary of the workspace, prints each circle (and with `up` each
 /// up-arrow) with the lines that make it, and fails on a circle the allow-list does not name.
-pub fn run(up: bool) -> anyhow::Result<()> {
-    let root = workspace();
-    let allow_text = std::fs::read_to_string(root.join(ALLOW))
-        .with_context(|| format!("cannot read {ALLOW}"))?;
+///
+/// `root`: another checkout to measure (an older commit, to compare); its allow-list counts
+/// when it has one. Default: this workspace.
+pub fn run(up: bool, root: Option<&Path>) -> anyhow::Result<()> {
+    let root = root.map_or_else(workspace, Path::to_owned);
+    let allow_text = match std::fs::read_to_string(root.join(ALLOW)) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && root != workspace() => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {ALLOW}")),
+    };
     let allow = Allow::parse(&allow_text)?;
     let mut findings = Vec::new();
-    for (name, src) in targets()? {
+    for (name, src) in targets(&root)? {
         let krate = scan::read_crate(&src, &mut |p| std::fs::read_to_string(p))
             .with_context(|| format!("reading {name}"))?;
         findings.extend(check(&name, &krate, &root));
@@ -201,9 +207,10 @@ impl Allow {
     }
 }
 
-/// The workspace's libraries and binaries: `(name, root file)`.
-fn targets() -> anyhow::Result<Vec<(String, PathBuf)>> {
+/// The libraries and binaries of the workspace at `root`: `(name, root file)`.
+fn targets(root: &Path) -> anyhow::Result<Vec<(String, PathBuf)>> {
     let out = cargo()
+        .current_dir(root)
         .args(["metadata", "--no-deps", "--format-version=1", "--offline"])
         .output()
         .context("cannot run cargo metadata")?;

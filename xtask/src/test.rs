@@ -30,7 +30,7 @@ pub fn run() -> anyhow::Result<()> {
         "warnings",
     ]))?;
     // No import circle between a crate's modules beyond those xtask/modgraph.allow names.
-    crate::modgraph::run(false)?;
+    crate::modgraph::run(false, None)?;
     // The API's protos: lint, and nothing that breaks `main`'s v1.
     crate::buf::check()?;
     status(
