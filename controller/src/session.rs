@@ -10,11 +10,10 @@ pub use gpuwarden_types::{
     target::{Target, TargetError, TargetScope},
 };
 
+use gpuwarden_types::placement::Placement;
+
 use crate::{
-    allocator::Allocation,
-    placement::{Explanation, Placement},
-    profile::UsageSeries,
-    slots::ResourceSlot,
+    allocator::Allocation, explanation::Explanation, profile::UsageSeries, slots::ResourceSlot,
 };
 
 /// A session.

@@ -1,7 +1,7 @@
 //! Between the wire's messages and the shared domain types of `gpuwarden-types`, written once
 //! for the agent, the controller and the CLI. A new policy or state is one edit there and one
 //! here. (Conversions of the controller's own records — sessions, nodes, allocations,
-//! explanations, profiles — stay in the controller, `api::convert`.)
+//! explanations, profiles — stay in the controller, `gpuwarden_controller::convert`.)
 
 use gpuwarden_types::{
     event::{Action, EnforcementEvent},

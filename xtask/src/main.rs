@@ -4,6 +4,7 @@ mod bench;
 mod buf;
 mod build_ebpf;
 mod gpu_check;
+mod modgraph;
 mod run;
 mod setup;
 mod sim;
@@ -57,6 +58,16 @@ enum Job {
     /// limit, the compute-share throttle, the agent's cost and the driver hooks, in one table.
     /// Refuses without a GPU.
     GpuCheck(gpu_check::Args),
+    /// Find import circles between each crate's modules (see `xtask/src/modgraph.rs`); fails on
+    /// one `xtask/modgraph.allow` does not list.
+    Modgraph {
+        /// Also list each child module that uses its parent's own items.
+        #[arg(long)]
+        up: bool,
+        /// Measure another checkout of the repository (to compare with an older commit).
+        #[arg(long, value_name = "DIR")]
+        root: Option<PathBuf>,
+    },
     /// Run a benchmark and print its table.
     Bench {
         /// Which benchmark.
@@ -76,6 +87,7 @@ fn main() -> ExitCode {
         Job::Bench { which } => bench::run(&which),
         Job::Sim { args } => sim::run(&args),
         Job::GpuCheck(args) => gpu_check::run(&args),
+        Job::Modgraph { up, root } => modgraph::run(up, root.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
-//! `cargo xtask test`: what CI runs. Setup, formatting, lints (Rust, and `buf` on the protos),
-//! the Kubernetes manifests (validated offline against the OpenAPI schemas), then every test.
+//! `cargo xtask test`: what CI runs. Setup, formatting, lints (Rust, the module graph, and `buf`
+//! on the protos), the Kubernetes manifests (validated offline against the OpenAPI schemas), then
+//! every test.
 
 use std::process::Command;
 
@@ -29,6 +30,8 @@ pub fn run() -> anyhow::Result<()> {
         "warnings",
     ]))?;
     lint_kernel_crate()?;
+    // No import circle between a crate's modules beyond those xtask/modgraph.allow names.
+    crate::modgraph::run(false, None)?;
     // The API's protos: lint, and nothing that breaks `main`'s v1.
     crate::buf::check()?;
     status(

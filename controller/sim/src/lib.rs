@@ -34,6 +34,7 @@ pub mod cluster;
 pub mod report;
 pub mod rng;
 pub mod run;
+pub mod sharing;
 pub mod teams;
 pub mod trace;
 

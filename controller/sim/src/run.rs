@@ -47,7 +47,7 @@ pub enum SimError {
     )]
     SharingStuck {
         /// How the cluster was shared.
-        sharing: crate::teams::Sharing,
+        sharing: crate::sharing::Sharing,
         /// Virtual time.
         at_secs: f64,
         /// Jobs not finished.

@@ -29,7 +29,8 @@ use gpuwarden_controller::{
 
 use super::{SimConfig, SimError, rng::Rng, trace::Job};
 
-pub use replay::{RESUME_SECS, SUSPEND_SECS, Sharing, SharingRun, replay};
+pub use crate::sharing::Sharing;
+pub use replay::{RESUME_SECS, SUSPEND_SECS, SharingRun, replay};
 pub use report::TeamReport;
 
 /// When a team submits.

@@ -332,4 +332,24 @@ impl NodeAllocator {
         parts.sort_by_key(|p| p.index);
         Allocation { parts }
     }
+
+    /// Every single device a request for shares could go to, as allocations (empty when it
+    /// needs whole devices, several devices, or nothing): the options a scorer weighs.
+    #[must_use]
+    pub fn single_device_plans(&self, request: &GpuRequest) -> Vec<Allocation> {
+        let quantum = self.config.effective_quantum();
+        if request.devices > 0
+            || request.shares.is_zero()
+            || request.shares > self.free.largest
+            || request.shares < quantum
+            || !request.shares.is_multiple_of(quantum)
+        {
+            return Vec::new();
+        }
+        self.order
+            .iter()
+            .filter(|d| d.shares >= request.shares && d.memory >= request.memory_bytes)
+            .map(|d| self.materialize(Choice::One(d.pos), request))
+            .collect()
+    }
 }

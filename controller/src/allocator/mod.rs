@@ -63,6 +63,7 @@
 //! devices; and the node's state ([`NodeAllocator`], [`AllocError`] when a request doesn't fit).
 
 mod choose;
+mod error;
 pub mod mig;
 mod request;
 mod split;
@@ -70,9 +71,10 @@ mod state;
 
 use serde::{Deserialize, Serialize};
 
+pub use error::AllocError;
 pub use request::{GpuRequest, GpuRequestError};
 pub use split::{share_capacity, split};
-pub use state::{AllocError, DeviceAlloc, DeviceState, FreeSummary, NodeAllocator};
+pub use state::{DeviceAlloc, DeviceState, FreeSummary, NodeAllocator};
 
 use crate::slots::{SCALE, SlotValue};
 

@@ -9,93 +9,10 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Allocation, AllocatorConfig, DeviceSpec, GpuRequest, GpuRequestError, Strategy, choose::Choice,
+    AllocError, Allocation, AllocatorConfig, DeviceSpec, GpuRequest, Strategy,
     split::share_capacity,
 };
 use crate::slots::{ResourceSlot, SCALE, SlotValue, names};
-
-/// Why a request can't be placed on a node: it is malformed, or it doesn't fit there now.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AllocError {
-    /// The request itself is malformed.
-    #[error(transparent)]
-    Request(#[from] GpuRequestError),
-    /// The request, or each of its parts over the devices it needs, is below one quantum.
-    #[error(
-        "cuda.shares={requested} rounds to zero on each of {devices} device(s) in quanta of {quantum}"
-    )]
-    PartRoundsToZero {
-        /// Asked.
-        requested: SlotValue,
-        /// Devices it would take.
-        devices: usize,
-        /// The quantum.
-        quantum: SlotValue,
-    },
-    /// Fewer idle devices than whole devices asked.
-    #[error("cuda.device={requested}: {idle} of the node's {devices} devices are idle")]
-    NotEnoughIdleDevices {
-        /// Devices asked.
-        requested: u32,
-        /// Idle devices.
-        idle: usize,
-        /// All devices.
-        devices: usize,
-    },
-    /// Fewer idle instances of a MIG profile than asked.
-    #[error("{profile}={requested}: {idle} of the node's instances of that profile are idle")]
-    NotEnoughInstances {
-        /// The profile slot.
-        profile: String,
-        /// Instances asked.
-        requested: u32,
-        /// Idle instances of it.
-        idle: usize,
-    },
-    /// Whole devices are idle, but their memory is less than asked.
-    #[error(
-        "cuda.mem={memory_bytes} exceeds the {available} bytes of {devices} idle whole device(s)"
-    )]
-    WholeDevicesLackMemory {
-        /// Memory asked.
-        memory_bytes: u64,
-        /// Devices asked.
-        devices: u32,
-        /// Their memory.
-        available: u64,
-    },
-    /// No device has the memory free.
-    #[error("cuda.mem={memory_bytes} fits on no device (the most free on one is {largest_free})")]
-    NoDeviceWithMemory {
-        /// Memory asked.
-        memory_bytes: u64,
-        /// The most free memory on one shareable device.
-        largest_free: u64,
-    },
-    /// Not enough free shares (or memory beside them) on any set of devices.
-    #[error(
-        "cuda.shares={shares} with cuda.mem={memory_bytes} fits on no set of the node's {devices} \
-         devices ({free} shares free, at most {largest} on one)"
-    )]
-    NoRoom {
-        /// Shares asked.
-        shares: SlotValue,
-        /// Memory asked.
-        memory_bytes: u64,
-        /// Free shares on the node.
-        free: SlotValue,
-        /// Free shares on the emptiest device.
-        largest: SlotValue,
-        /// Devices on the node.
-        devices: usize,
-    },
-    /// The session already holds an allocation here.
-    #[error("session {session:?} already holds an allocation on this node")]
-    AlreadyAllocated {
-        /// The session.
-        session: String,
-    },
-}
 
 /// A device's state in the allocator: one entry of the `gpu_alloc_map`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -510,26 +427,6 @@ impl NodeAllocator {
     pub fn plan(&self, request: &GpuRequest, strategy: Strategy) -> Result<Allocation, AllocError> {
         let choice = self.choose(request, strategy)?;
         Ok(self.materialize(choice, request))
-    }
-
-    /// Every single device a request for shares could go to, as allocations (empty when it
-    /// needs whole devices, several devices, or nothing): the options a scorer weighs.
-    #[must_use]
-    pub fn single_device_plans(&self, request: &GpuRequest) -> Vec<Allocation> {
-        let quantum = self.config.effective_quantum();
-        if request.devices > 0
-            || request.shares.is_zero()
-            || request.shares > self.free.largest
-            || request.shares < quantum
-            || !request.shares.is_multiple_of(quantum)
-        {
-            return Vec::new();
-        }
-        self.order
-            .iter()
-            .filter(|d| d.shares >= request.shares && d.memory >= request.memory_bytes)
-            .map(|d| self.materialize(Choice::One(d.pos), request))
-            .collect()
     }
 
     /// Reserves a planned allocation ([`Self::plan`], [`Self::single_device_plans`]) for

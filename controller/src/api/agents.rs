@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::convert;
+use crate::convert;
 use crate::{
     auth::identity::Peer,
     hub::{Hub, Pending, store_status},

@@ -5,15 +5,19 @@
 //! calls are turned away by the [`StandbyGate`].
 
 mod agents;
-pub mod convert;
 mod pages;
 mod queues;
 pub mod role;
+mod scheduler_api;
 mod sessions;
 
 pub use agents::AgentApi;
 pub use role::{LEADER_METADATA, StandbyGate};
-pub use sessions::SchedulerApi;
+pub use scheduler_api::SchedulerApi;
 
-// The hub moved to `crate::hub`; these paths stay for callers that name them here.
-pub use crate::hub::{Hub, Pending, Role, SessionLog, Timing, store_status, watch};
+// The hub moved to `crate::hub`, and the conversions below it to `crate::convert` (the hub
+// announces sessions as messages); these paths stay for callers that name them here.
+pub use crate::{
+    convert,
+    hub::{Hub, Pending, Role, SessionLog, Timing, store_status, watch},
+};

@@ -7,7 +7,8 @@
 use gpuwarden_proto::{details::Details, v1 as pb};
 use tonic::{Code, Request, Response, Status};
 
-use super::{SchedulerApi, convert};
+use super::SchedulerApi;
+use crate::convert;
 use crate::{
     auth::clients::Caller,
     hub::store_status,

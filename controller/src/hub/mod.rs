@@ -28,7 +28,7 @@ pub use role::Role;
 pub use watch::SessionLog;
 
 use crate::{
-    api::convert,
+    convert,
     scheduler::{Command, Scheduler},
     session::now_ms,
     store::{AfterCommit, Snapshot, Store, StoreError, Submitted, Write},

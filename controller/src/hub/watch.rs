@@ -27,7 +27,7 @@ use prost::Message as _;
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
-use crate::{api::convert, session::Session, store::RevisionMark};
+use crate::{convert, session::Session, store::RevisionMark};
 
 /// Sessions sent to a watcher per look at the log (the lock is not held while sending).
 const BATCH: usize = 256;

@@ -711,7 +711,7 @@ fn a_victim_terminated_mid_preemption_ends_terminated_when_its_workload_is_gone(
 /// its workload is gone it ends `PREEMPTED` with neither.
 #[test]
 fn a_victim_runs_with_a_preempting_condition_until_its_workload_is_gone() {
-    use crate::api::convert::session_to_pb;
+    use crate::convert::session_to_pb;
     use gpuwarden_proto::v1 as pb;
     let condition = |s: &Scheduler, id: &str, kind: &str| {
         session_to_pb(&s.sessions()[id])

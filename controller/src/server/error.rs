@@ -5,10 +5,9 @@ use std::{io, net::SocketAddr, path::PathBuf};
 
 use crate::{
     auth::{grants::GrantFileError, tls::TlsSetupError, tokens::TokenError},
+    kubernetes::apiserver::ApiError,
     store::StoreError,
 };
-
-use super::kube::KubeSetupError;
 
 /// Errors that stop the controller.
 #[derive(Debug, thiserror::Error)]
@@ -97,4 +96,18 @@ pub enum ServeError {
     /// The Prometheus endpoint would serve beyond loopback without `--prometheus-insecure`.
     #[error(transparent)]
     PrometheusExposed(#[from] gpuwarden_runtime::prometheus::ExposedError),
+}
+
+/// Why the webhook or the extender can't be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeSetupError {
+    /// The webhook's port is given without its certificate.
+    #[error("--webhook-listen needs --webhook-cert and --webhook-key")]
+    MissingCert,
+    /// The webhook's certificate can't be used.
+    #[error("the webhook's certificate: {0}")]
+    Cert(#[source] TlsSetupError),
+    /// The API server the webhook makes claim templates through can't be used.
+    #[error(transparent)]
+    ApiServer(ApiError),
 }

@@ -9,7 +9,6 @@ use gpuwarden_runtime::lifecycle::{Stop, Tasks};
 use tokio::net::TcpListener;
 
 use crate::{
-    auth::tls::TlsSetupError,
     hub::Hub,
     kubernetes::{
         admission::Marker,
@@ -20,21 +19,7 @@ use crate::{
     limits::Bounds,
 };
 
-use super::ServeError;
-
-/// Why the webhook or the extender can't be set up.
-#[derive(Debug, thiserror::Error)]
-pub enum KubeSetupError {
-    /// The webhook's port is given without its certificate.
-    #[error("--webhook-listen needs --webhook-cert and --webhook-key")]
-    MissingCert,
-    /// The webhook's certificate can't be used.
-    #[error("the webhook's certificate: {0}")]
-    Cert(#[source] TlsSetupError),
-    /// The API server the webhook makes claim templates through can't be used.
-    #[error(transparent)]
-    ApiServer(ApiError),
-}
+use super::{KubeSetupError, ServeError};
 
 /// The Kubernetes side: the admission webhook and the scheduler extender (both off unless a
 /// listen address is given).

@@ -31,12 +31,12 @@ use clap::Parser;
 pub use app::{App, Running, open, run_until, sled_in};
 pub use config::{FileConfig, RunConfig};
 pub use election::{ELECTION, Election, open_standby};
-pub use error::ServeError;
+pub use error::{KubeSetupError, ServeError};
 pub use grpc::{
     GrpcServer, MAX_ANONYMOUS_CONNECTIONS, MAX_CONNECTIONS, MAX_HANDSHAKES,
     MAX_STREAMS_PER_CONNECTION,
 };
-pub use kube::{KubeArgs, KubeSetupError};
+pub use kube::KubeArgs;
 pub use security::{Security, Transport};
 
 use commands::{Cli, Command};

@@ -9,7 +9,7 @@ use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, T
 
 use gpuwarden_runtime::tls::ClientTls;
 
-use super::{StoreError, Write, leadership::Fence};
+use super::{StoreError, Write};
 
 /// Operations per transaction: etcd's default `--max-txn-ops`.
 const MAX_TXN_OPS: usize = 128;
@@ -17,6 +17,23 @@ const MAX_TXN_OPS: usize = 128;
 const MAX_TXN_BYTES: usize = 1 << 20;
 /// Keys per page when reading a range.
 const PAGE: i64 = 256;
+
+/// What a leader's commits are guarded on: its election key and the revision that created it
+/// ([`super::leadership`] makes it; a commit here checks it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The election key (under the election's name).
+    pub key: Vec<u8>,
+    /// Its create revision: the fencing token.
+    pub revision: i64,
+}
+
+impl Fence {
+    /// The comparison a fenced transaction is guarded on.
+    pub(super) fn compare(&self) -> Compare {
+        Compare::create_revision(self.key.clone(), CompareOp::Equal, self.revision)
+    }
+}
 
 /// An etcd cluster.
 #[derive(Clone)]

@@ -11,25 +11,12 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, LeaderKey, ResignOptions};
+use etcd_client::{Client, LeaderKey, ResignOptions};
 
-use super::{EtcdKv, StoreError};
-
-/// What a leader's commits are guarded on: its election key and the revision that created it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fence {
-    /// The election key (under the election's name).
-    pub key: Vec<u8>,
-    /// Its create revision: the fencing token.
-    pub revision: i64,
-}
-
-impl Fence {
-    /// The comparison a fenced transaction is guarded on.
-    pub(super) fn compare(&self) -> Compare {
-        Compare::create_revision(self.key.clone(), CompareOp::Equal, self.revision)
-    }
-}
+use super::{
+    StoreError,
+    etcd::{EtcdKv, Fence},
+};
 
 /// This candidate's term as leader. Dropping it stops renewing the lease: the office lapses
 /// within the TTL (resign to hand over at once).

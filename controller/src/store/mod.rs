@@ -24,16 +24,15 @@ use std::sync::Arc;
 use serde::{Serialize, de::DeserializeOwned};
 
 pub use self::{
-    etcd::EtcdKv,
+    etcd::{EtcdKv, Fence},
     group::AfterCommit,
-    leadership::{Fence, Office},
+    leadership::Office,
     replica::Replica,
     sled::SledKv,
     spec::{DEFAULT_ETCD_PREFIX, StoreSpec},
 };
 use crate::{
-    node::Node, profile::Profile, scheduler::quotas::QuotaConfig, session::Session,
-    slots::SlotTypeRegistry,
+    node::Node, profile::Profile, quota::QuotaConfig, session::Session, slots::SlotTypeRegistry,
 };
 
 /// The on-disk format this build reads and writes.

@@ -33,28 +33,8 @@ use gpuwarden_controller::{
 };
 
 use super::TeamTrace;
+use crate::sharing::Sharing;
 use crate::{SimConfig, SimError, trace::Job};
-
-/// How the cluster is shared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Sharing {
-    /// Today's scheduler: no queues, FIFO over everyone.
-    NoQueues,
-    /// The trace's team queues, with reclaim by preemption.
-    QueuesWithReclaim,
-    /// The same queues, reclaim suspending the victims instead of killing them (issue 38).
-    QueuesWithSuspend,
-}
-
-impl Sharing {
-    /// All three, in the order the table shows them.
-    pub const ALL: [Self; 3] = [
-        Self::NoQueues,
-        Self::QueuesWithReclaim,
-        Self::QueuesWithSuspend,
-    ];
-}
 
 /// Seconds from a suspension's decision to the workload's stop: its GPU memory copied to the
 /// host. An assumption, not a measurement: a user report of ~15 s per GPU to checkpoint an
@@ -64,16 +44,6 @@ pub const SUSPEND_SECS: f64 = 15.0;
 /// Seconds a resumed workload spends copying its memory back before it runs again (the same
 /// assumption).
 pub const RESUME_SECS: f64 = 15.0;
-
-impl std::fmt::Display for Sharing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::NoQueues => "no queues",
-            Self::QueuesWithReclaim => "queues + reclaim",
-            Self::QueuesWithSuspend => "queues + suspend",
-        })
-    }
-}
 
 /// One run of a job: from its placement to its end.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -11,10 +11,8 @@ use serde::Serialize;
 
 use gpuwarden_controller::slots::names;
 
-use super::{
-    TeamTrace,
-    replay::{Sharing, SharingRun},
-};
+use super::{TeamTrace, replay::SharingRun};
+use crate::sharing::Sharing;
 
 /// One team under one way of sharing.
 #[derive(Debug, Clone, PartialEq, Serialize)]

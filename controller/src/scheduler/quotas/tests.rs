@@ -1,6 +1,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::slots::SlotName;
 
 fn slots(text: &str) -> ResourceSlot {
     let tokens: Vec<&str> = text.split(',').filter(|t| !t.is_empty()).collect();

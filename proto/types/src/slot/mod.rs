@@ -30,6 +30,7 @@
 //! ```
 
 mod bytes;
+mod format;
 mod kind;
 mod limit;
 mod name;
@@ -39,10 +40,11 @@ mod resource;
 mod value;
 
 pub use bytes::{BytesError, parse_bytes};
+pub use format::{default_kind, format_bytes, format_value};
 pub use kind::SlotKind;
 pub use limit::{Limit, SlotLimits};
 pub use name::{InvalidSlotName, SlotName};
-pub use parse::{BadValue, ParseError, default_kind, format_bytes, format_value, parse_value};
+pub use parse::{BadValue, ParseError, parse_value};
 pub use registry::{RegistryError, SlotTypeRegistry};
 pub use resource::{ArithmeticError, ResourceSlot};
 pub use value::{SCALE, SCALE_DIGITS, SlotValue, ValueError};

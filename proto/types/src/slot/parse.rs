@@ -1,11 +1,11 @@
-//! Parsing what users type (`cpu=1`, `mem=2g`, `mem=1.5Gi`, `mem=2 KiB`, `cuda.shares=0.2`) and
-//! printing it back in a form that parses to the same value.
+//! Parsing what users type (`cpu=1`, `mem=2g`, `mem=1.5Gi`, `mem=2 KiB`, `cuda.shares=0.2`);
+//! printing it back is `format`'s.
 
 use std::collections::BTreeMap;
 
 use super::{
-    BytesError, InvalidSlotName, ResourceSlot, SCALE, SlotKind, SlotName, SlotTypeRegistry,
-    SlotValue, ValueError, names, parse_bytes,
+    BytesError, InvalidSlotName, ResourceSlot, SlotKind, SlotName, SlotTypeRegistry, SlotValue,
+    ValueError, format::default_kind, names, parse_bytes,
 };
 
 /// A request that doesn't parse; the message names the bad token.
@@ -112,16 +112,6 @@ impl From<ValueError> for BadValue {
     }
 }
 
-/// The kind of a well-known slot (`mem` and `cuda.mem` are bytes); every other name is a count
-/// unless a [`SlotTypeRegistry`] says otherwise.
-#[must_use]
-pub fn default_kind(name: &str) -> SlotKind {
-    match name {
-        names::MEM | names::CUDA_MEM => SlotKind::Bytes,
-        _ => SlotKind::Count,
-    }
-}
-
 /// Parses a value of `kind` for slot `slot`.
 ///
 /// Counts are plain decimals (`1`, `0.25`); bytes are sizes as Backend.AI takes them, with an
@@ -152,49 +142,6 @@ pub fn parse_value(slot: &str, value: &str, kind: SlotKind) -> Result<SlotValue,
         return Err(err(BadValue::FractionalDevices));
     }
     Ok(v)
-}
-
-/// Bytes in their shortest exact spelling, ties to the larger unit: `2g`, `1.5g`, `4k`, but
-/// `4097` and `1152` (not `1.125k`). Parses back to the same value as bytes. A fractional value
-/// (which never parses as bytes) prints as a plain decimal.
-#[must_use]
-pub fn format_bytes(value: SlotValue) -> String {
-    if !value.is_integer() {
-        return value.to_string();
-    }
-    let bytes = value.trunc();
-    let mut best = bytes.to_string();
-    for (suffix, shift) in [
-        ("k", 10),
-        ("m", 20),
-        ("g", 30),
-        ("t", 40),
-        ("p", 50),
-        ("e", 60),
-    ] {
-        let unit = 1u128 << shift;
-        // bytes ≤ u128::MAX / SCALE, so × SCALE can't overflow.
-        let micros = bytes * SCALE;
-        if bytes < unit || !micros.is_multiple_of(unit) {
-            continue;
-        }
-        let spelled = format!("{}{suffix}", SlotValue::from_micros(micros / unit));
-        if spelled.len() <= best.len() {
-            best = spelled;
-        }
-    }
-    best
-}
-
-/// `value` as [`ResourceSlot`]'s `Display` prints it for `slot`: well-known byte slots with
-/// [`format_bytes`], the rest as plain decimals.
-#[must_use]
-pub fn format_value(slot: &str, value: SlotValue) -> String {
-    if default_kind(slot) == SlotKind::Bytes {
-        format_bytes(value)
-    } else {
-        value.to_string()
-    }
 }
 
 impl ResourceSlot {

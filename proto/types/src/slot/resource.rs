@@ -9,7 +9,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::{SlotName, SlotValue, parse::format_value};
+use super::{SlotName, SlotValue, format::format_value};
 
 /// Slot values by name; a name that is absent is zero.
 ///

@@ -1,7 +1,8 @@
 //! Between the API's messages and the controller's own records (sessions, nodes, allocations,
 //! explanations, profiles, observed sessions). The shared domain types convert in
 //! `gpuwarden_proto::convert`; this module re-exports those it uses and wraps their errors in
-//! `InvalidArgument`.
+//! `InvalidArgument`. Below both the API's services and the hub, which announces sessions to
+//! watchers as messages.
 
 pub use gpuwarden_proto::convert::{
     event_from_pb, event_to_pb, kind_from_pb, kind_to_pb, node_state_to_pb, placement_from_pb,

@@ -1,7 +1,7 @@
 //! The wire conversions: fixed cases, and arbitrary messages (what a hostile client or agent can
 //! send) pushed through the bounds, the conversion and the scheduler, which must refuse or
 //! accept them without panicking, and keep what they accept exactly.
-//! `PROPTEST_CASES=100000 cargo test -p gpuwarden-controller api::convert` searches longer.
+//! `PROPTEST_CASES=100000 cargo test -p gpuwarden-controller convert::` searches longer.
 
 use proptest::prelude::*;
 
