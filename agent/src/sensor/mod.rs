@@ -10,7 +10,8 @@
 //! - `maps`: the maps behind a narrow trait (aya here, in memory in tests);
 //! - `counters`: the maps' counters, named; `upkeep`: seeding and tidying the maps;
 //! - `events`: the ring buffer of events; `device_program`: device access per cgroup;
-//! - `load`: attaching the programs and taking the maps out of the loaded object;
+//! - `load`: the steps of [`Sensor::load`] (the load-time config, the object loaded with its
+//!   maps pinned, attaching the programs, taking the maps out of the loaded object);
 //!   `driver_hooks`: trying the driver hooks for `probe-hooks`.
 
 pub mod btf;
