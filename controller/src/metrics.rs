@@ -334,25 +334,22 @@ pub fn start(
     Ok(Some(pipeline))
 }
 
-/// Builds every instrument but the pipeline's own on `registry`.
-#[expect(
-    clippy::too_many_lines,
-    reason = "one instrument after another, a few lines each"
-)]
+/// Builds every instrument but the pipeline's own on `registry`: the controller's office, its
+/// scheduling, the capacity it places on, and what it refused.
 fn register(
     registry: &mut Registry<'_>,
     controller: &Arc<Hub>,
     bounds: &Arc<Bounds>,
     files: &FollowedFiles,
 ) {
-    controller.set_decision_histogram(
-        registry
-            .f64_histogram(&instruments::SCHEDULER_DECISION_DURATION)
-            .with_boundaries(vec![
-                1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1,
-            ])
-            .build(),
-    );
+    office(registry, controller, bounds);
+    scheduling(registry, controller);
+    capacity(registry, controller);
+    refusals(registry, bounds, files);
+}
+
+/// Whether this controller leads, how often it took office, and whether it serves insecure.
+fn office(registry: &mut Registry<'_>, controller: &Arc<Hub>, bounds: &Arc<Bounds>) {
     let role = controller.role().clone();
     registry
         .u64_gauge(&instruments::CONTROLLER_LEADER)
@@ -368,6 +365,19 @@ fn register(
         .u64_counter(&instruments::CONTROLLER_TERMS)
         .with_callback(move |o| o.observe(role.terms(), &[]))
         .build();
+}
+
+/// The queue, the decisions, the sessions by state, how long they took to start, and the compute
+/// each was entitled to against what it got.
+fn scheduling(registry: &mut Registry<'_>, controller: &Arc<Hub>) {
+    controller.set_decision_histogram(
+        registry
+            .f64_histogram(&instruments::SCHEDULER_DECISION_DURATION)
+            .with_boundaries(vec![
+                1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1,
+            ])
+            .build(),
+    );
     let c = Arc::clone(controller);
     registry
         .u64_gauge(&instruments::SCHEDULER_QUEUE_LENGTH)
@@ -430,6 +440,10 @@ fn register(
             })
             .build();
     }
+}
+
+/// The nodes by state, the slots' capacity and allocation, and the shares left fragmented.
+fn capacity(registry: &mut Registry<'_>, controller: &Arc<Hub>) {
     let c = Arc::clone(controller);
     registry
         .u64_gauge(&instruments::NODES)
@@ -473,6 +487,11 @@ fn register(
         .f64_gauge(&instruments::GPU_SHARES_FRAGMENTED)
         .with_callback(move |o| o.observe(c.read(fragmented_shares), &[]))
         .build();
+}
+
+/// What was refused, by reason: callers for their identity, requests for a bound, and the
+/// unusable versions of the files the server follows.
+fn refusals(registry: &mut Registry<'_>, bounds: &Arc<Bounds>, files: &FollowedFiles) {
     registry
         .u64_counter(&instruments::AUTH_DENIED)
         .with_callback({

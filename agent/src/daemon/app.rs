@@ -195,18 +195,19 @@ impl App {
             .kubelet
             .clone()
             .map_or_else(PodNames::disabled, PodNames::spawn);
-        let (enforcer, enforcer_task) = start::enforcement(
-            &mut sensor,
-            pods.clone(),
-            &attributor,
-            &holdings,
-            dra.as_ref().map(|p| p.held.clone()).unwrap_or_default(),
-            controller_backend.as_ref(),
-            upward_tx,
-            &config,
+        let (enforcer, enforcer_task) = start::Enforcement {
+            sensor: &mut sensor,
+            pods: pods.clone(),
+            attributor: &attributor,
+            holdings: &holdings,
+            dra_held: dra.as_ref().map(|p| p.held.clone()).unwrap_or_default(),
+            backend: controller_backend.as_ref(),
+            upward: upward_tx,
+            config: &config,
             throttle,
-            quota_rx,
-        );
+            quotas: quota_rx,
+        }
+        .spawn();
         tasks.abort("enforcement", enforcer_task);
         // Shared from here on: the link holds and lets go, the socket reads whose `run` each is.
         let holdings = Arc::new(std::sync::Mutex::new(holdings));

@@ -52,48 +52,97 @@ pub(super) fn log_sensor(sensor: &mut Sensor, config: &AgentConfig) {
     }
 }
 
-/// The enforcer, with the quotas the store holds applied again and what an earlier agent left
-/// for sessions no longer held swept away, running as a task.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "The wiring of one stage: each input is a different part"
-)]
-pub(super) fn enforcement(
-    sensor: &mut Sensor,
-    pods: PodNames,
-    attributor: &Attributor,
-    holdings: &Holdings,
-    dra_held: Vec<QuotaSpec>,
-    backend: &dyn GpuBackend,
-    upward: mpsc::Sender<pb::EnforcementEvent>,
-    config: &AgentConfig,
-    throttle: ThrottleHandle,
-    quotas: mpsc::UnboundedReceiver<QuotaCommand>,
-) -> (EnforcerHandle, tokio::task::JoinHandle<()>) {
+/// The enforcement stage's inputs, as the daemon's spawn holds them: [`Enforcement::spawn`]
+/// starts the enforcer on them.
+pub(super) struct Enforcement<'a> {
+    /// The sensor, whose quota maps and device-access program enforcement takes.
+    pub(super) sensor: &'a mut Sensor,
+    /// The pod names confinement rules check pod targets against.
+    pub(super) pods: PodNames,
+    /// The cgroup root and its reader.
+    pub(super) attributor: &'a Attributor,
+    /// The allocations the store holds from before a restart.
+    pub(super) holdings: &'a Holdings,
+    /// The quotas the DRA plugin holds from before a restart.
+    pub(super) dra_held: Vec<QuotaSpec>,
+    /// The GPUs the held allocations are read against.
+    pub(super) backend: &'a dyn GpuBackend,
+    /// Where enforcement events go up to the controller.
+    pub(super) upward: mpsc::Sender<pb::EnforcementEvent>,
+    /// The agent's configuration.
+    pub(super) config: &'a AgentConfig,
+    /// The compute-share throttle.
+    pub(super) throttle: ThrottleHandle,
+    /// The quota commands the enforcer acts on.
+    pub(super) quotas: mpsc::UnboundedReceiver<QuotaCommand>,
+}
+
+impl Enforcement<'_> {
+    /// The enforcer, with the quotas the store holds applied again and what an earlier agent
+    /// left for sessions no longer held swept away, running as a task.
+    pub(super) fn spawn(self) -> (EnforcerHandle, tokio::task::JoinHandle<()>) {
+        let root = self.attributor.root();
+        let mut enforcer = Enforcer::new(
+            kernel(self.sensor, root),
+            CgroupTree::host(root.to_owned()),
+            self.upward,
+            self.config.binding_timeout,
+            Some(self.throttle),
+        )
+        .with_rules(Rules::new(own_cgroup(), Box::new(self.pods)))
+        .with_suspend(self.config.suspend.clone());
+        let held = held_quotas(self.holdings, self.dra_held, self.backend);
+        let held_count = held.len();
+        let thawed = throttle::thaw_marked(root, &self.config.instance());
+        if thawed > 0 {
+            tracing::warn!(
+                thawed,
+                "thawed cgroups a stopped agent's throttle left frozen"
+            );
+        }
+        enforcer.thaw_targets(&held);
+        for spec in held {
+            enforcer.apply(spec);
+        }
+        enforcer.sweep_stale();
+        let sessions = self.holdings.sessions().len();
+        if sessions > 0 || held_count > sessions {
+            tracing::info!(
+                sessions = held_count,
+                "holding allocations from before the restart"
+            );
+        }
+        task::spawn(enforcer, self.quotas, self.sensor.memory_tier().0)
+    }
+}
+
+/// The kernel side enforcement acts through: the sensor's quota maps and device program, the
+/// process signals, and the driver's own limits where the dmem controller offers them.
+fn kernel(sensor: &mut Sensor, root: &std::path::Path) -> Kernel {
     let Some((maps, devices)) = sensor.take_enforcement() else {
         unreachable!("the sensor's enforcement maps are taken once, here");
     };
-    let driver_limits = crate::enforcement::dmem::DmemTree::open(attributor.root())
+    let driver_limits = crate::enforcement::dmem::DmemTree::open(root)
         .map(|tree| Box::new(tree) as Box<dyn crate::enforcement::kernel::DriverLimits>);
     tracing::info!(
         available = driver_limits.is_some(),
         "memory tier driver_dmem (the driver's own limit through the dmem cgroup controller)"
     );
-    let kernel = Kernel {
+    Kernel {
         maps,
         devices: Box::new(devices),
         signals: Box::new(ProcessSignals),
         driver_limits,
-    };
-    let mut enforcer = Enforcer::new(
-        kernel,
-        CgroupTree::host(attributor.root().to_owned()),
-        upward,
-        config.binding_timeout,
-        Some(throttle),
-    )
-    .with_rules(Rules::new(own_cgroup(), Box::new(pods)))
-    .with_suspend(config.suspend.clone());
+    }
+}
+
+/// The quotas held from before a restart: the DRA plugin's, then those of the allocations the
+/// store holds that still fit the GPUs `backend` lists.
+fn held_quotas(
+    holdings: &Holdings,
+    dra_held: Vec<QuotaSpec>,
+    backend: &dyn GpuBackend,
+) -> Vec<QuotaSpec> {
     let mut held = dra_held;
     for session in holdings.sessions() {
         let Some(allocate) = holdings.get(&session) else {
@@ -105,26 +154,7 @@ pub(super) fn enforcement(
             Err(e) => tracing::warn!(session, "held quota no longer enforceable: {e}"),
         }
     }
-    let held_count = held.len();
-    let thawed = crate::enforcement::throttle::thaw_marked(attributor.root(), &config.instance());
-    if thawed > 0 {
-        tracing::warn!(
-            thawed,
-            "thawed cgroups a stopped agent's throttle left frozen"
-        );
-    }
-    enforcer.thaw_targets(&held);
-    for spec in held {
-        enforcer.apply(spec);
-    }
-    enforcer.sweep_stale();
-    if !holdings.sessions().is_empty() || held_count > holdings.sessions().len() {
-        tracing::info!(
-            sessions = held_count,
-            "holding allocations from before the restart"
-        );
-    }
-    task::spawn(enforcer, quotas, sensor.memory_tier().0)
+    held
 }
 
 /// The metrics pipeline (OTLP and/or the Prometheus endpoint), reading the snapshots published in `published`; `None` when off.

@@ -271,15 +271,7 @@ impl Enforcer {
             "released: no quota of it was held here"
         };
         self.release(session);
-        self.record(
-            session,
-            "released",
-            why.to_owned(),
-            String::new(),
-            0,
-            None,
-            (0, 0, 0),
-        );
+        self.record(Happened::to(session, "released").because(why));
     }
 
     /// Stops enforcing the session's quota.
@@ -409,7 +401,7 @@ impl Enforcer {
                             }
                             let reason =
                                 format!("not bound within {} s: {why}", self.timeout.as_secs());
-                            self.record(session, "expired", reason, path, 0, None, (0, 0, 0));
+                            self.record(Happened::to(session, "expired").at(path).because(reason));
                         }
                         Verdict::Wait(why) => tracing::debug!(session, "binding waits: {why}"),
                         Verdict::Refuse(refusal) => {
@@ -424,7 +416,7 @@ impl Enforcer {
                             } else {
                                 tracing::warn!(session, "{reason}");
                             }
-                            self.record(session, "refused", reason, path, 0, None, (0, 0, 0));
+                            self.record(Happened::to(session, "refused").at(path).because(reason));
                         }
                     }
                 }
@@ -437,15 +429,7 @@ impl Enforcer {
                     if let Some(b) = self.bindings.get_mut(session) {
                         b.state = BindState::Expired;
                     }
-                    self.record(
-                        session,
-                        "expired",
-                        reason,
-                        String::new(),
-                        0,
-                        None,
-                        (0, 0, 0),
-                    );
+                    self.record(Happened::to(session, "expired").because(reason));
                 }
                 Ok(None) => {}
                 Err(e) => tracing::warn!(session, "binding: {e}"),
@@ -519,7 +503,7 @@ impl Enforcer {
             let reason = "the stopped workload's cgroup is held frozen until it is resumed \
                           through the agent"
                 .to_owned();
-            self.record(session, "hold", reason, rel, 0, None, (0, 0, 0));
+            self.record(Happened::to(session, "hold").at(rel).because(reason));
         }
     }
 
@@ -592,7 +576,7 @@ impl Enforcer {
             b.driver_limited = driver_limited;
         }
         self.map_members(session, &members);
-        self.record(session, "bound", reason, rel, 0, None, (0, 0, 0));
+        self.record(Happened::to(session, "bound").at(rel).because(reason));
     }
 
     /// Maps cgroups new below a bound one (a new container in a pod).
@@ -665,7 +649,7 @@ impl Enforcer {
         b.stopped.clear();
         // Removing it from the throttle thawed it.
         b.held = false;
-        self.record(session, "unbound", why.to_owned(), rel, 0, None, (0, 0, 0));
+        self.record(Happened::to(session, "unbound").at(rel).because(why));
     }
 }
 
@@ -727,7 +711,10 @@ mod preemption;
 #[cfg(test)]
 use self::events::{EVENT_BURST, HISTORY, missed_by_decoder};
 pub(crate) use self::{control::ControlError, preemption::CheckpointJob};
-use self::{events::EventLimiter, preemption::Preemption};
+use self::{
+    events::{EventLimiter, Happened},
+    preemption::Preemption,
+};
 
 #[cfg(test)]
 mod tests;

@@ -1,16 +1,135 @@
-//! Loading the programs: attaching the tracepoint tier, the device, sweep and LSM programs,
-//! the load-time settings and file offsets, and taking the maps out of the loaded object.
+//! Loading the programs: the load-time configuration, the object loaded with its maps pinned,
+//! attaching the tracepoint tier, the device, sweep and LSM programs, the load-time settings and
+//! file offsets, and taking the maps out of the loaded object. [`super::Sensor::load`] runs
+//! these steps in order.
 
 use super::{
-    Array, BTF_PATH, Btf, CgroupDevice, Config, DEVICE_PROGRAM, Ebpf, FdLink, FileOffsets, HashMap,
-    Hook, LSM_PROGRAM, Lsm, Map, MapData, MapError, MemoryTier, Named, OBJECT, PATH_PROGRAMS, Path,
-    Pins, ProgramError, ProgramFd, RawTracePoint, SWEEP_PROGRAM, SensorError, TRACEPOINTS,
-    TracePoint, btf, btf_walk, enforce_mode, ioctl_match, maps, pins, setting,
+    Array, BTF_PATH, Btf, CONFIG_SYMBOL, CgroupDevice, Config, DEVICE_PROGRAM, Ebpf, EbpfLoader,
+    FdLink, FileOffsets, HashMap, Hook, LSM_PROGRAM, Lsm, MAPS, Map, MapData, MapError, MemoryTier,
+    Named, OBJECT, PATH_PROGRAMS, Path, Pins, ProgramError, ProgramFd, QuotaMaps, RawTracePoint,
+    SWEEP_PROGRAM, SensorError, TRACEPOINTS, TelemetryMaps, TracePoint, btf, btf_walk,
+    choose_memory_tier, enforce_mode, ioctl_match, maps, pins, setting, tracefs,
 };
+
+/// The object to load, patched for this kernel, and the load-time [`Config`] its programs read:
+/// the event threshold, how an fd's file is found, and the tracepoints' offsets.
+pub(super) fn configure(alloc_event_min_bytes: u64, tracefs: &Path) -> (Vec<u8>, Config) {
+    let (ioctl_match, typed) = ioctl_match_from_env();
+    let (files, rdonly_cast) = file_offsets(typed);
+    let object = btf_walk::patch(OBJECT, rdonly_cast).0;
+    let config = Config {
+        alloc_event_min_bytes,
+        files,
+        ioctl_match,
+        ..tracefs::config_offsets(tracefs)
+    };
+    (object, config)
+}
+
+/// Loads `object` with `config`, its maps pinned under `pins` (adopting those an earlier agent
+/// pinned there).
+pub(super) fn load_object(
+    object: &[u8],
+    config: &Config,
+    pins: Option<&Pins>,
+) -> Result<Ebpf, SensorError> {
+    let mut loader = EbpfLoader::new();
+    loader.override_global(CONFIG_SYMBOL, config, true);
+    let map_paths: Vec<(&str, std::path::PathBuf)> = pins
+        .iter()
+        .flat_map(|p| MAPS.iter().map(move |name| (*name, p.map(name))))
+        .collect();
+    for (name, path) in &map_paths {
+        loader.map_pin_path(name, path.as_path());
+    }
+    loader
+        .load(object)
+        .map_err(|e| SensorError::Load(Box::new(e)))
+}
+
+/// What [`attach`] attached or loaded.
+pub(super) struct Attached {
+    /// The programs attached, and where.
+    pub(super) hooks: Vec<Hook>,
+    /// The device-access program, loaded to be attached per bound cgroup (`None`: refused).
+    pub(super) device_program: Option<ProgramFd>,
+    /// How over-limit allocations are acted on, and why.
+    pub(super) memory_tier: (MemoryTier, String),
+    /// The sweep of kept files is loaded.
+    pub(super) sweep: bool,
+}
+
+/// Attaches the tracepoint tier, loads the device-access program, attaches the LSM program
+/// where the kernel allows (choosing the memory tier by it), and loads the sweep.
+pub(super) fn attach(
+    ebpf: &mut Ebpf,
+    tracefs: &Path,
+    pins: Option<&Pins>,
+    by_file: bool,
+) -> Result<Attached, SensorError> {
+    let mut hooks = attach_tracepoints(ebpf, tracefs, pins, by_file)?;
+    let device_program = load_device_program(ebpf);
+    if device_program.is_some() {
+        hooks.push(Hook {
+            program: DEVICE_PROGRAM.to_owned(),
+            kind: "cgroup_device".to_owned(),
+            target: "each cgroup with a quota".to_owned(),
+        });
+    }
+    let memory_tier = choose_memory_tier(attach_lsm(ebpf, pins));
+    let sweep = load_sweep(ebpf);
+    if memory_tier.0 == MemoryTier::LsmDeny {
+        hooks.push(Hook {
+            program: LSM_PROGRAM.to_owned(),
+            kind: "lsm".to_owned(),
+            target: "file_ioctl".to_owned(),
+        });
+    }
+    Ok(Attached {
+        hooks,
+        device_program,
+        memory_tier,
+        sweep,
+    })
+}
+
+/// Takes the maps the programs count in out of the object: those telemetry reads and tidies,
+/// and the quota maps enforcement writes. Both hold a handle on the per-cgroup memory counters.
+pub(super) fn take_counting_maps(
+    ebpf: &mut Ebpf,
+) -> Result<(TelemetryMaps, QuotaMaps), SensorError> {
+    let cgroup_memory = take_map(ebpf, "CGROUP_MEMORY")?;
+    let enforcement_memory = second_handle(&cgroup_memory, "CGROUP_MEMORY")?;
+    let maps = TelemetryMaps {
+        gpu_paths: named(ebpf, "GPU_PATHS")?,
+        gpu_files: named(ebpf, "GPU_FILES")?,
+        gpu_fds: named(ebpf, "GPU_FDS")?,
+        files: named(ebpf, "FILES")?,
+        mappings: named(ebpf, "UVM_MAPPINGS")?,
+        procs: named(ebpf, "PROCS")?,
+        clients: named(ebpf, "CLIENTS")?,
+        allocations: named(ebpf, "ALLOCATIONS")?,
+        object_devices: named(ebpf, "OBJECT_DEVICES")?,
+        cgroup_memory: convert::<HashMap<MapData, _, u64>>(cgroup_memory, "CGROUP_MEMORY")?,
+        ioctl_counts: convert::<aya::maps::PerCpuHashMap<MapData, _, u64>>(
+            take_map(ebpf, "IOCTL_COUNTS")?,
+            "IOCTL_COUNTS",
+        )?,
+        stats: convert::<aya::maps::PerCpuArray<MapData, u64>>(take_map(ebpf, "STATS")?, "STATS")?,
+        cgroup_tables: named(ebpf, "CGROUP_TABLES")?,
+        cgroup_tables_released: named(ebpf, "CGROUP_TABLES_RELEASED")?,
+    };
+    let quota_maps = QuotaMaps {
+        quotas: named(ebpf, "QUOTAS")?,
+        cgroup_quota: named(ebpf, "CGROUP_QUOTA")?,
+        cgroup_memory: convert::<HashMap<MapData, _, u64>>(enforcement_memory, "CGROUP_MEMORY")?,
+    };
+    Ok((maps, quota_maps))
+}
 
 /// Attaches every program of the tracepoint tier (pinning their links where the agent pins, and
 /// adopting those an earlier agent pinned).
-pub(super) fn attach_tracepoints(
+fn attach_tracepoints(
     ebpf: &mut Ebpf,
     tracefs: &Path,
     pins: Option<&Pins>,
@@ -98,7 +217,7 @@ pub(super) fn settings(
 /// The kernel offsets that find an fd's file, or none (matching by path) where the kernel's BTF
 /// lacks them; with `typed`, and where this kernel verifies it, the typed walk too, and the
 /// `bpf_rdonly_cast` kfunc's id for [`btf_walk::patch`].
-pub(super) fn file_offsets(typed: bool) -> (FileOffsets, Option<u32>) {
+fn file_offsets(typed: bool) -> (FileOffsets, Option<u32>) {
     let btf = match btf::Btf::from_path(Path::new(BTF_PATH)) {
         Ok(btf) => btf,
         Err(e) => {
@@ -154,14 +273,14 @@ const IOCTL_MATCH_ENV: &str = "GPUWARDEN_BENCH_IOCTL_MATCH";
 /// How `ioctl` enter tells a GPU fd, and whether the walk to the fd's file may be typed: by its
 /// file, typed (a build without the `bench` feature has no other way).
 #[cfg(not(feature = "bench"))]
-pub(super) fn ioctl_match_from_env() -> (u32, bool) {
+fn ioctl_match_from_env() -> (u32, bool) {
     (ioctl_match::FILE, true)
 }
 
 /// How `ioctl` enter tells a GPU fd, and whether the walk to the fd's file may be typed: by its
 /// file, typed, unless [`IOCTL_MATCH_ENV`] asks for a baseline.
 #[cfg(feature = "bench")]
-pub(super) fn ioctl_match_from_env() -> (u32, bool) {
+fn ioctl_match_from_env() -> (u32, bool) {
     match std::env::var(IOCTL_MATCH_ENV).as_deref() {
         Ok("fd-table") => {
             tracing::warn!(
@@ -191,7 +310,7 @@ pub(super) fn object_id(config: &Config) -> String {
 }
 
 /// Loads the device-access program; `None` (logged) where the kernel refuses it.
-pub(super) fn load_device_program(ebpf: &mut Ebpf) -> Option<ProgramFd> {
+fn load_device_program(ebpf: &mut Ebpf) -> Option<ProgramFd> {
     let loaded = (|| -> Result<ProgramFd, String> {
         let program: &mut CgroupDevice = ebpf
             .program_mut(DEVICE_PROGRAM)
@@ -216,7 +335,7 @@ pub(super) fn load_device_program(ebpf: &mut Ebpf) -> Option<ProgramFd> {
 /// Loads the sweep (run, never attached); `false` (logged) where the kernel refuses it: files
 /// kept for a holder the programs don't follow then stay counted until a tracked fd of theirs
 /// closes.
-pub(super) fn load_sweep(ebpf: &mut Ebpf) -> bool {
+fn load_sweep(ebpf: &mut Ebpf) -> bool {
     let loaded = ebpf
         .program_mut(SWEEP_PROGRAM)
         .ok_or(ProgramError::NotLoaded)
@@ -235,7 +354,7 @@ pub(super) fn load_sweep(ebpf: &mut Ebpf) -> bool {
 }
 
 /// Loads and attaches the LSM program, pinning its link; the error says why it can't.
-pub(super) fn attach_lsm(ebpf: &mut Ebpf, pins: Option<&Pins>) -> Result<(), String> {
+fn attach_lsm(ebpf: &mut Ebpf, pins: Option<&Pins>) -> Result<(), String> {
     let pin = pins.map(|p| p.link(LSM_PROGRAM));
     if pin.as_deref().is_some_and(pins::is_pinned) {
         return Ok(());
@@ -279,7 +398,7 @@ where
     T::try_from(take_map(ebpf, name)?).map_err(|source| SensorError::Map { name, source })
 }
 
-pub(super) fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, SensorError> {
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, SensorError> {
     ebpf.take_map(name).ok_or(SensorError::MissingMap { name })
 }
 
@@ -309,7 +428,7 @@ where
 }
 
 /// A second handle on `map` (its own fd on the same kernel map).
-pub(super) fn second_handle(map: &Map, name: &'static str) -> Result<Map, SensorError> {
+fn second_handle(map: &Map, name: &'static str) -> Result<Map, SensorError> {
     use std::os::fd::AsFd as _;
     let (Map::HashMap(data) | Map::LruHashMap(data)) = map else {
         return Err(SensorError::MissingMap { name });

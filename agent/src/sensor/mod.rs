@@ -10,7 +10,8 @@
 //! - `maps`: the maps behind a narrow trait (aya here, in memory in tests);
 //! - `counters`: the maps' counters, named; `upkeep`: seeding and tidying the maps;
 //! - `events`: the ring buffer of events; `device_program`: device access per cgroup;
-//! - `load`: attaching the programs and taking the maps out of the loaded object;
+//! - `load`: the steps of [`Sensor::load`] (the load-time config, the object loaded with its
+//!   maps pinned, attaching the programs, taking the maps out of the loaded object);
 //!   `driver_hooks`: trying the driver hooks for `probe-hooks`.
 
 pub mod btf;
@@ -32,9 +33,8 @@ pub(crate) mod upkeep;
 
 pub use self::driver_hooks::try_driver_hooks;
 use self::load::{
-    attach_lsm, attach_tracepoints, convert, error_chain, file_offsets, ioctl_match_from_env,
-    load_device_program, load_sweep, named, object_id, raise_memlock_limit, second_handle,
-    settings, take, take_map,
+    Attached, attach, configure, error_chain, load_object, object_id, raise_memlock_limit,
+    settings, take, take_counting_maps,
 };
 
 use std::path::Path;
@@ -304,23 +304,11 @@ impl Sensor {
     ///
     /// # Errors
     /// Any step that fails, naming the program or map.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the load's steps one after another, each a call already"
-    )]
     pub fn load(alloc_event_min_bytes: u64, pin_dir: Option<&Path>) -> Result<Self, SensorError> {
         raise_memlock_limit();
         let tracefs = tracefs::ensure_mounted()?;
         let probe = probe::probe(Path::new("/sys"));
-        let (ioctl_match, typed) = ioctl_match_from_env();
-        let (files, rdonly_cast) = file_offsets(typed);
-        let object = btf_walk::patch(OBJECT, rdonly_cast).0;
-        let config = Config {
-            alloc_event_min_bytes,
-            files,
-            ioctl_match,
-            ..tracefs::config_offsets(&tracefs)
-        };
+        let (object, config) = configure(alloc_event_min_bytes, &tracefs);
         let (pins, adopted) = match pin_dir {
             Some(dir) => {
                 let (pins, adopted) = Pins::open(dir, &object_id(&config))?;
@@ -328,73 +316,15 @@ impl Sensor {
             }
             None => (None, false),
         };
-        let mut loader = EbpfLoader::new();
-        loader.override_global(CONFIG_SYMBOL, &config, true);
-        let map_paths: Vec<(&str, std::path::PathBuf)> = pins
-            .iter()
-            .flat_map(|p| MAPS.iter().map(move |name| (*name, p.map(name))))
-            .collect();
-        for (name, path) in &map_paths {
-            loader.map_pin_path(name, path.as_path());
-        }
-        let mut ebpf = loader
-            .load(&object)
-            .map_err(|e| SensorError::Load(Box::new(e)))?;
-        let mut hooks = attach_tracepoints(&mut ebpf, &tracefs, pins.as_ref(), files.valid != 0)?;
-        let device_program = load_device_program(&mut ebpf);
-        if device_program.is_some() {
-            hooks.push(Hook {
-                program: DEVICE_PROGRAM.to_owned(),
-                kind: "cgroup_device".to_owned(),
-                target: "each cgroup with a quota".to_owned(),
-            });
-        }
-        let memory_tier = choose_memory_tier(attach_lsm(&mut ebpf, pins.as_ref()));
-        let sweep = load_sweep(&mut ebpf);
-        if memory_tier.0 == MemoryTier::LsmDeny {
-            hooks.push(Hook {
-                program: LSM_PROGRAM.to_owned(),
-                kind: "lsm".to_owned(),
-                target: "file_ioctl".to_owned(),
-            });
-        }
-        // Telemetry and enforcement each hold a handle on the per-cgroup memory counters.
-        let cgroup_memory = ebpf
-            .take_map("CGROUP_MEMORY")
-            .ok_or(SensorError::MissingMap {
-                name: "CGROUP_MEMORY",
-            })?;
-        let enforcement_memory = second_handle(&cgroup_memory, "CGROUP_MEMORY")?;
-        let maps = TelemetryMaps {
-            gpu_paths: named(&mut ebpf, "GPU_PATHS")?,
-            gpu_files: named(&mut ebpf, "GPU_FILES")?,
-            gpu_fds: named(&mut ebpf, "GPU_FDS")?,
-            files: named(&mut ebpf, "FILES")?,
-            mappings: named(&mut ebpf, "UVM_MAPPINGS")?,
-            procs: named(&mut ebpf, "PROCS")?,
-            clients: named(&mut ebpf, "CLIENTS")?,
-            allocations: named(&mut ebpf, "ALLOCATIONS")?,
-            object_devices: named(&mut ebpf, "OBJECT_DEVICES")?,
-            cgroup_memory: convert::<HashMap<MapData, _, u64>>(cgroup_memory, "CGROUP_MEMORY")?,
-            ioctl_counts: convert::<aya::maps::PerCpuHashMap<MapData, _, u64>>(
-                take_map(&mut ebpf, "IOCTL_COUNTS")?,
-                "IOCTL_COUNTS",
-            )?,
-            stats: convert::<aya::maps::PerCpuArray<MapData, u64>>(
-                take_map(&mut ebpf, "STATS")?,
-                "STATS",
-            )?,
-            cgroup_tables: named(&mut ebpf, "CGROUP_TABLES")?,
-            cgroup_tables_released: named(&mut ebpf, "CGROUP_TABLES_RELEASED")?,
-        };
-        let quota_maps = QuotaMaps {
-            quotas: named(&mut ebpf, "QUOTAS")?,
-            cgroup_quota: named(&mut ebpf, "CGROUP_QUOTA")?,
-            cgroup_memory: convert::<HashMap<MapData, _, u64>>(
-                enforcement_memory,
-                "CGROUP_MEMORY",
-            )?,
-        };
+        let mut ebpf = load_object(&object, &config, pins.as_ref())?;
+        let by_file = config.files.valid != 0;
+        let Attached {
+            hooks,
+            device_program,
+            memory_tier,
+            sweep,
+        } = attach(&mut ebpf, &tracefs, pins.as_ref(), by_file)?;
+        let (maps, quota_maps) = take_counting_maps(&mut ebpf)?;
         let settings = settings(&mut ebpf, memory_tier.0)?;
         let cap_access = Some(take(&mut ebpf, "CAP_ACCESS")?);
         let gpu_majors: Array<MapData, u64> = take(&mut ebpf, "GPU_MAJORS")?;
@@ -413,7 +343,7 @@ impl Sensor {
             adopted,
             settings,
             gpu_majors,
-            by_file: files.valid != 0,
+            by_file,
             sweep,
             names: gpu_nodes::DeviceNames::default(),
         })

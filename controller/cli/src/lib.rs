@@ -14,10 +14,12 @@
 //! [`main`] is the whole binary, so test binaries can wrap the same CLI.
 
 pub mod follow;
+mod inventory;
 pub mod json;
 pub mod queue;
 pub mod render;
 pub mod run;
+mod session;
 pub mod waiting;
 pub mod wire;
 
@@ -35,7 +37,6 @@ use tonic::{
     transport::{Channel, Endpoint},
 };
 
-use gpuwarden_proto::convert;
 use gpuwarden_types::{
     placement::Placement,
     policy::{ComputePolicy, MemoryPolicy, QuotaPolicy},
@@ -239,52 +240,7 @@ impl TargetArgs {
 enum SessionCommand {
     /// Ask for resources, e.g. `-r cpu=1 -r mem=2g -r cuda.shares=0.2`; prints the session's
     /// id.
-    Create {
-        /// A resource, name=value (repeat).
-        #[arg(short = 'r', long = "resource", required = true)]
-        resources: Vec<String>,
-        /// Owner (user or project); default: the caller (the token's or certificate's owner;
-        /// `default` on a controller without authentication). Only an admin names another.
-        #[arg(long, default_value = "")]
-        owner: String,
-        /// Name.
-        #[arg(long, default_value = "")]
-        name: String,
-        /// Priority (higher first).
-        #[arg(long, default_value_t = 0)]
-        priority: i32,
-        /// Pin to a node.
-        #[arg(long)]
-        node: Option<String>,
-        #[command(flatten)]
-        target: TargetArgs,
-        #[command(flatten)]
-        policy: PolicyArgs,
-        /// Workload class its usage profile is learned under (default: its name).
-        #[arg(long, default_value = "")]
-        class: String,
-        /// Placement mode: binpack, spread or interference-aware (default: the controller's).
-        #[arg(long, value_name = "MODE")]
-        placement: Option<Placement>,
-        /// Never preempted; admitted only within its queue's guarantee (docs/quotas.md).
-        #[arg(long)]
-        no_preempt: bool,
-        /// How it yields when preempted: `kill`, or `suspend` (its GPU memory to its node's
-        /// host memory, resumed there when room returns; docs/suspend.md). Default: its
-        /// queue's mode, else kill.
-        #[arg(long, value_name = "MODE", value_parser = ["kill", "suspend"])]
-        preemption: Option<String>,
-        #[command(flatten)]
-        gang: GangArgs,
-        /// Wait until the session runs, saying on stderr what it waits for (the controller's
-        /// reason, again whenever it changes); then print it. Ctrl-C or `--timeout` stop the
-        /// wait and leave the session as it is (end it with `session rm`).
-        #[arg(long)]
-        wait: bool,
-        /// With --wait: seconds to wait; after, exit 124 naming the last reason.
-        #[arg(long, default_value_t = 120, value_name = "SECS", requires = "wait")]
-        timeout: u64,
-    },
+    Create(CreateArgs),
     /// List sessions.
     Ls {
         /// Only this owner's.
@@ -307,6 +263,55 @@ enum SessionCommand {
     /// Print session changes as they happen (following the leader, and resuming where it
     /// stopped when the controller restarts).
     Watch,
+}
+
+/// The flags of `session create`.
+#[derive(clap::Args)]
+struct CreateArgs {
+    /// A resource, name=value (repeat).
+    #[arg(short = 'r', long = "resource", required = true)]
+    resources: Vec<String>,
+    /// Owner (user or project); default: the caller (the token's or certificate's owner;
+    /// `default` on a controller without authentication). Only an admin names another.
+    #[arg(long, default_value = "")]
+    owner: String,
+    /// Name.
+    #[arg(long, default_value = "")]
+    name: String,
+    /// Priority (higher first).
+    #[arg(long, default_value_t = 0)]
+    priority: i32,
+    /// Pin to a node.
+    #[arg(long)]
+    node: Option<String>,
+    #[command(flatten)]
+    target: TargetArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
+    /// Workload class its usage profile is learned under (default: its name).
+    #[arg(long, default_value = "")]
+    class: String,
+    /// Placement mode: binpack, spread or interference-aware (default: the controller's).
+    #[arg(long, value_name = "MODE")]
+    placement: Option<Placement>,
+    /// Never preempted; admitted only within its queue's guarantee (docs/quotas.md).
+    #[arg(long)]
+    no_preempt: bool,
+    /// How it yields when preempted: `kill`, or `suspend` (its GPU memory to its node's
+    /// host memory, resumed there when room returns; docs/suspend.md). Default: its
+    /// queue's mode, else kill.
+    #[arg(long, value_name = "MODE", value_parser = ["kill", "suspend"])]
+    preemption: Option<String>,
+    #[command(flatten)]
+    gang: GangArgs,
+    /// Wait until the session runs, saying on stderr what it waits for (the controller's
+    /// reason, again whenever it changes); then print it. Ctrl-C or `--timeout` stop the
+    /// wait and leave the session as it is (end it with `session rm`).
+    #[arg(long)]
+    wait: bool,
+    /// With --wait: seconds to wait; after, exit 124 naming the last reason.
+    #[arg(long, default_value_t = 120, value_name = "SECS", requires = "wait")]
+    timeout: u64,
 }
 
 #[derive(Subcommand)]
@@ -538,7 +543,6 @@ fn print_json<T: serde::Serialize>(value: &T) {
 ///
 /// # Errors
 /// See [`CliError`].
-#[expect(clippy::too_many_lines, reason = "one match arm per subcommand")]
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let command = match cli.command {
         Command::Run(args) => {
@@ -548,17 +552,16 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     };
     // Parse before connecting, so bad input is exit 2 even with no controller.
     let requested = match &command {
-        Command::Session(SessionCommand::Create {
-            resources,
-            node,
-            target,
-            ..
-        }) => {
-            target
+        Command::Session(SessionCommand::Create(create)) => {
+            create
+                .target
                 .target()
-                .validate(node.as_deref())
+                .validate(create.node.as_deref())
                 .map_err(|e| CliError::Input(e.to_string()))?;
-            Some(ResourceSlot::parse_any(resources).map_err(|e| CliError::Input(e.to_string()))?)
+            Some(
+                ResourceSlot::parse_any(&create.resources)
+                    .map_err(|e| CliError::Input(e.to_string()))?,
+            )
         }
         _ => None,
     };
@@ -568,204 +571,12 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     };
     let mut client = connect(&cli.controller).await?;
     match command {
-        Command::Session(SessionCommand::Create {
-            owner,
-            name,
-            priority,
-            node,
-            target,
-            policy,
-            class,
-            placement,
-            no_preempt,
-            preemption,
-            gang,
-            wait,
-            timeout,
-            ..
-        }) => {
-            let mut s = client
-                .create_session(pb::CreateSessionRequest {
-                    requested: Some(convert::slots_to_pb(&requested.unwrap_or_default())),
-                    owner,
-                    name,
-                    priority,
-                    node_id: node.unwrap_or_default(),
-                    target: convert::target_to_pb(&target.target()),
-                    policy: Some(convert::policy_to_pb(policy.policy())),
-                    class,
-                    placement: convert::placement_to_pb(placement),
-                    unconfined_target: target.unconfined,
-                    no_preempt,
-                    preemption: preemption.unwrap_or_default(),
-                    gang: gang.to_pb(),
-                    // `session create` runs nothing here: no local user to name.
-                    run_caller: None,
-                    // One try, never retried: nothing to recognise a retry by.
-                    request_id: String::new(),
-                    // The string above says it, for controllers from before the enum.
-                    placement_mode: 0,
-                })
-                .await?
-                .into_inner();
-            if wait {
-                let id = s.id.clone();
-                let waited = waiting::wait_running(
-                    &cli.controller,
-                    &mut client,
-                    &id,
-                    std::time::Duration::from_secs(timeout),
-                    waiting::Style::detect(cli.json),
-                );
-                // Ctrl-C stops the wait, not the session: say where it was left (once the wait,
-                // and the status line it draws, is gone).
-                let waited = tokio::select! {
-                    s = waited => Some(s),
-                    _ = tokio::signal::ctrl_c() => None,
-                };
-                let Some(waited) = waited else {
-                    eprintln!(
-                        "gpuwarden: stopped waiting; session {id} stays queued \
-                         (end it with `gpuwarden session rm {id}`)"
-                    );
-                    return Ok(ExitCode::from(130));
-                };
-                s = waited?;
-            }
-            if cli.json {
-                print_json(&json::Session::from(&s));
-            } else {
-                println!("{}", s.id);
-            }
+        Command::Session(command) => {
+            return session::run(&cli.controller, client, command, requested, cli.json).await;
         }
-        Command::Session(SessionCommand::Ls { owner }) => {
-            let (sessions, _) = follow::list_all(&mut client, &owner.unwrap_or_default()).await?;
-            if cli.json {
-                print_json(&sessions.iter().map(json::Session::from).collect::<Vec<_>>());
-            } else {
-                print!("{}", render::sessions(&sessions));
-            }
-        }
-        Command::Session(SessionCommand::Show { id, explain }) => {
-            let s = client
-                .get_session(pb::GetSessionRequest { id })
-                .await?
-                .into_inner();
-            if cli.json {
-                // The JSON document always carries the explanation.
-                print_json(&json::Session::from(&s));
-            } else if explain {
-                print!("{}{}", render::session(&s), render::explanation(&s));
-            } else {
-                print!("{}", render::session(&s));
-            }
-        }
-        Command::Session(SessionCommand::Rm { id }) => {
-            let s = client
-                .terminate_session(pb::TerminateSessionRequest { id })
-                .await?
-                .into_inner();
-            if cli.json {
-                print_json(&json::Session::from(&s));
-            } else {
-                println!("{} {}", s.id, wire::state(s.state));
-            }
-        }
-        Command::Session(SessionCommand::Watch) => {
-            // From the revision the sessions are at now, across restarts and leader changes.
-            let revision = follow::revision_now(&mut client).await?;
-            let mut follower = follow::Follower::new(&cli.controller, client, revision);
-            loop {
-                let s = follower.next().await?;
-                if cli.json {
-                    match serde_json::to_string(&json::Session::from(&s)) {
-                        Ok(line) => println!("{line}"),
-                        Err(e) => eprintln!("gpuwarden: {e}"),
-                    }
-                } else {
-                    println!(
-                        "{} {} {} {}",
-                        s.id,
-                        wire::state(s.state),
-                        s.node_id,
-                        s.reason
-                    );
-                }
-            }
-        }
-        Command::Node(NodeCommand::Ls) => {
-            let nodes = client
-                .list_nodes(pb::ListNodesRequest::default())
-                .await?
-                .into_inner()
-                .nodes;
-            if cli.json {
-                print_json(&nodes.iter().map(json::Node::from).collect::<Vec<_>>());
-            } else {
-                print!("{}", render::nodes(&nodes));
-            }
-        }
-        Command::Node(NodeCommand::Show { node }) => {
-            let n = client
-                .get_node(pb::GetNodeRequest {
-                    node_id: node.clone(),
-                })
-                .await?
-                .into_inner();
-            let map = client
-                .get_allocation_map(pb::GetAllocationMapRequest {
-                    node_id: node,
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            let devices = map
-                .nodes
-                .into_iter()
-                .next()
-                .map(|m| m.devices)
-                .unwrap_or_default();
-            if cli.json {
-                print_json(&json::NodeDetail::new(&n, &devices));
-            } else {
-                print!("{}", render::node(&n, &devices));
-            }
-        }
-        Command::Slot(SlotCommand::Ls) => {
-            let types = client
-                .list_slot_types(pb::ListSlotTypesRequest {})
-                .await?
-                .into_inner()
-                .slot_types;
-            if cli.json {
-                print_json(&types.iter().map(json::SlotType::from).collect::<Vec<_>>());
-            } else {
-                print!("{}", render::slot_types(&types));
-            }
-        }
-        Command::Profile(ProfileCommand::Ls) => {
-            let profiles = client
-                .list_profiles(pb::ListProfilesRequest::default())
-                .await?
-                .into_inner()
-                .profiles;
-            if cli.json {
-                print_json(&profiles.iter().map(json::Profile::from).collect::<Vec<_>>());
-            } else {
-                print!("{}", render::profiles(&profiles));
-            }
-        }
-        Command::Profile(ProfileCommand::Show { class }) => {
-            let p = client
-                .get_profile(pb::GetProfileRequest { class })
-                .await?
-                .into_inner();
-            if cli.json {
-                print_json(&json::Profile::from(&p));
-            } else {
-                print!("{}", render::profile(&p));
-            }
-        }
+        Command::Node(command) => inventory::node(&mut client, command, cli.json).await?,
+        Command::Slot(command) => inventory::slot(&mut client, command, cli.json).await?,
+        Command::Profile(command) => inventory::profile(&mut client, command, cli.json).await?,
         Command::Queue(command) => queue::run(&mut client, command, queue, cli.json).await?,
         // Handled above, before connecting.
         Command::Run(_) => {}

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::{BindState, Enforcer};
+use super::{BindState, Enforcer, events::Happened};
 use crate::enforcement::{kernel::Pinned, quota::Target};
 
 /// Errors of the local controls.
@@ -72,7 +72,7 @@ impl Enforcer {
         } else {
             ("kill", "killed (SIGKILL) by request")
         };
-        self.record(&session, name, what.to_owned(), rel, pid, None, (0, 0, 0));
+        self.record(Happened::to(&session, name).at(rel).by(pid).because(what));
         Ok(session)
     }
 

@@ -65,6 +65,81 @@ impl EventLimiter {
     }
 }
 
+/// What happened to a session, as [`Enforcer::record`] takes it: an action (`bound`, `deny`,
+/// `resumed`...), why, and where as far as it is known: the session's cgroup, the process that
+/// caused it, the GPU and the bytes at stake. Built as `Happened::to(session,
+/// action).at(cgroup).because(reason)`, with the process, GPU and bytes added where an
+/// allocation or an open caused it.
+#[derive(Debug, Default)]
+pub(super) struct Happened {
+    session: String,
+    action: String,
+    reason: String,
+    /// The session's cgroup, relative to the cgroup root (empty: none bound).
+    cgroup_path: String,
+    /// The process that caused it (0: none in particular).
+    pid: u32,
+    /// The GPU it happened on.
+    device: Option<u32>,
+    bytes: Bytes,
+}
+
+/// The bytes an allocation put at stake (0 where it is no allocation).
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Bytes {
+    /// Asked for.
+    pub(super) requested: u64,
+    /// Held before it (or, once suspended, moved to host memory).
+    pub(super) used: u64,
+    /// The limit ([`NO_LIMIT`]: none, reported as 0).
+    pub(super) limit: u64,
+}
+
+impl Happened {
+    /// `action`, done to or seen of `session`.
+    pub(super) fn to(session: &str, action: &str) -> Self {
+        Self {
+            session: session.to_owned(),
+            action: action.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    /// At the session's cgroup, `cgroup_path` (relative to the cgroup root).
+    pub(super) fn at(self, cgroup_path: String) -> Self {
+        Self {
+            cgroup_path,
+            ..self
+        }
+    }
+
+    /// Caused by process `pid`.
+    pub(super) fn by(self, pid: u32) -> Self {
+        Self { pid, ..self }
+    }
+
+    /// On GPU `device`.
+    pub(super) fn on_gpu(self, device: u32) -> Self {
+        Self {
+            device: Some(device),
+            ..self
+        }
+    }
+
+    /// With `bytes` at stake.
+    pub(super) fn bytes(self, bytes: Bytes) -> Self {
+        Self { bytes, ..self }
+    }
+
+    /// Because of `reason`, the text the session's owner reads.
+    pub(super) fn because(self, reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            ..self
+        }
+    }
+}
+
 /// The event sent up to the controller for `record`.
 pub(super) fn record_to_pb(record: &Record) -> pb::EnforcementEvent {
     gpuwarden_proto::convert::event_to_pb(&record.session_id, &record.event())
@@ -105,13 +180,16 @@ impl Enforcer {
                     tier.as_str()
                 );
                 self.record(
-                    &session,
-                    name,
-                    reason,
-                    rel,
-                    e.tgid,
-                    Some(e.device),
-                    (e.bytes, e.used, e.limit),
+                    Happened::to(&session, name)
+                        .at(rel)
+                        .by(e.tgid)
+                        .on_gpu(e.device)
+                        .bytes(Bytes {
+                            requested: e.bytes,
+                            used: e.used,
+                            limit: e.limit,
+                        })
+                        .because(reason),
                 );
             }
             kind::DEVICE_DENIED => {
@@ -127,13 +205,11 @@ impl Enforcer {
                     )
                 };
                 self.record(
-                    &session,
-                    "device_denied",
-                    reason,
-                    rel,
-                    e.tgid,
-                    Some(e.device),
-                    (0, 0, 0),
+                    Happened::to(&session, "device_denied")
+                        .at(rel)
+                        .by(e.tgid)
+                        .on_gpu(e.device)
+                        .because(reason),
                 );
             }
             _ => {}
@@ -163,13 +239,9 @@ impl Enforcer {
         }
         let action = gpuwarden_types::event::Action::ShareDeviation;
         self.record(
-            session,
-            action.as_str(),
-            reason,
-            cgroup_path,
-            0,
-            None,
-            (0, 0, 0),
+            Happened::to(session, action.as_str())
+                .at(cgroup_path)
+                .because(reason),
         );
     }
 
@@ -254,33 +326,35 @@ impl Enforcer {
                 "NVML counts {nvml_used} bytes for the workload on GPU {index}, over its limit of {limit}, which the ioctl decoder did not see: {name} (NVML cross-check)"
             );
             self.record(
-                &session.clone(),
-                name,
-                reason,
-                rel,
-                pid,
-                Some(*index),
-                (0, nvml_used, limit),
+                Happened::to(session, name)
+                    .at(rel)
+                    .by(pid)
+                    .on_gpu(*index)
+                    .bytes(Bytes {
+                        used: nvml_used,
+                        limit,
+                        ..Bytes::default()
+                    })
+                    .because(reason),
             );
         }
         self.cross_checked = over;
     }
 
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "each input is a different part it is wired to"
-    )]
-    pub(super) fn record(
-        &mut self,
-        session: &str,
-        action: &str,
-        reason: String,
-        cgroup_path: String,
-        pid: u32,
-        device: Option<u32>,
-        (requested_bytes, used_bytes, limit_bytes): (u64, u64, u64),
-    ) {
-        let mut reason = reason;
+    /// Records what happened: rate-limited per session where its workload caused it, logged,
+    /// sent up to the controller and kept in the history.
+    pub(super) fn record(&mut self, happened: Happened) {
+        let Happened {
+            session,
+            action,
+            mut reason,
+            cgroup_path,
+            pid,
+            device,
+            bytes,
+        } = happened;
+        let session = session.as_str();
+        let action = action.as_str();
         if WORKLOAD_ACTIONS.contains(&action) {
             match self.limiter.admit(session, Instant::now()) {
                 None => return,
@@ -301,12 +375,12 @@ impl Enforcer {
             cgroup_path,
             pid,
             device,
-            requested_bytes,
-            used_bytes,
-            limit_bytes: if limit_bytes == NO_LIMIT {
+            requested_bytes: bytes.requested,
+            used_bytes: bytes.used,
+            limit_bytes: if bytes.limit == NO_LIMIT {
                 0
             } else {
-                limit_bytes
+                bytes.limit
             },
             at_ms: gpuwarden_types::now_ms(),
         };

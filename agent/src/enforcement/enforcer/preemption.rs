@@ -6,7 +6,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::Enforcer;
+use super::{
+    Enforcer,
+    events::{Bytes, Happened},
+};
 use crate::{
     checkpoint::{CheckpointError, GpuPair, helper::Helper},
     enforcement::suspend::{self, Move, Refusal, Suspended, Suspension},
@@ -93,7 +96,7 @@ impl Enforcer {
             "preempted ({reason}): SIGTERM to {signalled} processes; killed in {} ms",
             grace.as_millis()
         );
-        self.record(session, "preempt", why, rel, 0, None, (0, 0, 0));
+        self.record(Happened::to(session, "preempt").at(rel).because(why));
         self.preempting.insert(session.to_owned(), preemption);
     }
 
@@ -140,7 +143,7 @@ impl Enforcer {
             gpu.len(),
             pids.len()
         );
-        self.record(session, "suspend", why, rel, 0, None, (0, 0, 0));
+        self.record(Happened::to(session, "suspend").at(rel).because(why));
         self.suspensions.insert(
             session.to_owned(),
             Suspension {
@@ -186,14 +189,26 @@ impl Enforcer {
                 let held = s.held;
                 self.hold_frozen(session, true);
                 // `used_bytes`: the GPU memory now in host memory (the controller books it).
-                self.record(session, "suspended", why, rel, 0, None, (0, held, 0));
+                self.record(
+                    Happened::to(session, "suspended")
+                        .at(rel)
+                        .bytes(Bytes {
+                            used: held,
+                            ..Bytes::default()
+                        })
+                        .because(why),
+                );
             }
             Err(refusal) => {
                 let Some(s) = self.suspensions.remove(session) else {
                     return;
                 };
                 let why = format!("not suspended ({refusal}): preempted the kill way instead");
-                self.record(session, "suspend_refused", why, rel, 0, None, (0, 0, 0));
+                self.record(
+                    Happened::to(session, "suspend_refused")
+                        .at(rel)
+                        .because(why),
+                );
                 self.preempt(
                     session,
                     s.grace,
@@ -269,7 +284,7 @@ impl Enforcer {
         };
         let rel = self.tree.relative(&job.dir);
         self.hold_frozen(session, false);
-        self.record(session, "resuming", why, rel, 0, None, (0, 0, 0));
+        self.record(Happened::to(session, "resuming").at(rel).because(why));
         Some(job)
     }
 
@@ -322,7 +337,7 @@ impl Enforcer {
                     "not resumed on GPUs {} ({e}); still suspended where it was",
                     new.join(",")
                 );
-                self.record(session, "resume_refused", why, rel, 0, None, (0, 0, 0));
+                self.record(Happened::to(session, "resume_refused").at(rel).because(why));
                 None
             }
         }
@@ -355,15 +370,7 @@ impl Enforcer {
             .bound_dir(session)
             .map(|d| self.tree.relative(&d))
             .unwrap_or_default();
-        self.record(
-            session,
-            "resume_refused",
-            why.to_owned(),
-            rel,
-            0,
-            None,
-            (0, 0, 0),
-        );
+        self.record(Happened::to(session, "resume_refused").at(rel).because(why));
     }
 
     /// The driver's account of a move taken up ([`Self::begin_take_up`]). Where the earlier
@@ -392,19 +399,15 @@ impl Enforcer {
             }
             Ok(false) => {
                 self.record(
-                    session,
-                    "resume_refused",
-                    refusal.to_owned(),
-                    rel,
-                    0,
-                    None,
-                    (0, 0, 0),
+                    Happened::to(session, "resume_refused")
+                        .at(rel)
+                        .because(refusal),
                 );
                 None
             }
             Err(e) => {
                 let why = format!("{refusal} (the driver's state of its processes: {e})");
-                self.record(session, "resume_refused", why, rel, 0, None, (0, 0, 0));
+                self.record(Happened::to(session, "resume_refused").at(rel).because(why));
                 None
             }
         }
@@ -427,18 +430,14 @@ impl Enforcer {
                     s.pids.len(),
                     took.as_millis()
                 );
-                self.record(session, "resumed", why, rel, 0, None, (0, 0, 0));
+                self.record(Happened::to(session, "resumed").at(rel).because(why));
             }
             Err(refusal) => {
                 let why = format!("not resumed ({refusal}): its GPU state is lost");
                 self.record(
-                    session,
-                    "resume_failed",
-                    why.clone(),
-                    rel,
-                    0,
-                    None,
-                    (0, 0, 0),
+                    Happened::to(session, "resume_failed")
+                        .at(rel)
+                        .because(why.clone()),
                 );
                 self.preempt(session, Duration::ZERO, &why);
             }
@@ -516,6 +515,6 @@ impl Enforcer {
                 preemption.reason
             )
         };
-        self.record(session, "preempted", why, rel, 0, None, (0, 0, 0));
+        self.record(Happened::to(session, "preempted").at(rel).because(why));
     }
 }
