@@ -113,19 +113,19 @@ impl Plugin {
     ) -> Result<Self, DraError> {
         let api = apiserver::ApiServer::new(&config.api)?;
         let store = store::ClaimStore::load(tree)?;
-        let held = store.all().filter_map(|p| p.quota.clone()).collect();
         // An instance made for a claim's partition is that claim's whole: not offered to
         // others as a shared device of the node's pool.
-        let made: Vec<String> = store
+        let made: Vec<&store::MadeInstance> = store
             .all()
             .flat_map(|p| &p.made)
             .chain(store.doomed())
-            .map(|m| m.uuid.clone())
             .collect();
         let offered: Vec<GpuDevice> = backend
             .devices()
             .iter()
-            .filter(|g| config.offers(g) && !made.contains(&g.uuid))
+            .filter(|g| {
+                config.offers(g) && !made.iter().any(|m| m.is_among(std::slice::from_ref(g)))
+            })
             .cloned()
             .collect();
         let partitioned: Vec<String> = backend
@@ -157,6 +157,8 @@ impl Plugin {
             backend,
             partitioned,
         );
+        // Read after the driver made again the instances a reboot took.
+        let held = driver.held_quotas();
         Ok(Self {
             driver,
             held,

@@ -28,7 +28,10 @@ use crate::{
         ondemand::{MigChangeError, Reconfigurer},
         placement::GiProfile,
     },
-    enforcement::{QuotaCommand, quota::QuotaSpec},
+    enforcement::{
+        QuotaCommand,
+        quota::{MigAccess, QuotaSpec},
+    },
 };
 
 /// A claim as the kubelet names it.
@@ -117,10 +120,7 @@ impl Driver {
         backend: Arc<dyn GpuBackend>,
         partitioned: Vec<String>,
     ) -> Arc<Self> {
-        for record in store.all() {
-            observed.hold(observed_session(record, &offered));
-        }
-        Arc::new(Self {
+        let this = Self {
             config,
             node,
             offered,
@@ -134,11 +134,161 @@ impl Driver {
             making: tokio::sync::Mutex::new(()),
             layout_changed: tokio::sync::Notify::new(),
             devices_changed: Mutex::new(None),
-        })
+        };
+        this.remake_gone_at_start();
+        for record in this.store().all() {
+            this.observed.hold(observed_session(record, &this.offered));
+        }
+        Arc::new(this)
+    }
+
+    /// The quotas of the claims prepared before this run, to enforce again: those of claims
+    /// whose MIG instances are there (made again where a reboot took them) only. A quota
+    /// naming an instance that is gone and could not be made again names a device index that
+    /// may be another device's now: it waits for the kubelet's next prepare.
+    #[must_use]
+    pub fn held_quotas(&self) -> Vec<QuotaSpec> {
+        let devices = self.backend.devices();
+        self.store()
+            .all()
+            .filter(|r| r.made.iter().all(|m| m.is_among(&devices)))
+            .filter_map(|r| r.quota.clone())
+            .collect()
+    }
+
+    /// Makes again, at start, the instances of prepared claims that are gone (a node rebooted:
+    /// the driver keeps no MIG instance across a reboot); one that can't be made is logged,
+    /// and the kubelet's next prepare tries again and answers why.
+    fn remake_gone_at_start(&self) {
+        let records: Vec<Prepared> = self.store().all().cloned().collect();
+        for record in records {
+            if let Err(e) = self.remake_gone(&record) {
+                tracing::error!(
+                    claim = %format!("{}/{}", record.namespace, record.name),
+                    "{DRIVER_NAME}: {e}; its quota is not enforced until it is"
+                );
+            }
+        }
+    }
+
+    /// Makes again the instances of `record` the backend no longer lists, each at its
+    /// profile and start through the same checks as at prepare, and keeps the record with
+    /// their UUIDs and device indexes now, its quota naming the new indexes and capability
+    /// nodes. `None` when none was gone; all or nothing, as at prepare.
+    ///
+    /// # Errors
+    /// The per-claim error text for the kubelet: an instance refused, or the record not kept
+    /// (the instances made again are destroyed then).
+    fn remake_gone(&self, record: &Prepared) -> Result<Option<Prepared>, String> {
+        let devices = self.backend.devices();
+        let gone: Vec<&MadeInstance> = record
+            .made
+            .iter()
+            .filter(|m| !m.is_among(&devices))
+            .collect();
+        if gone.is_empty() {
+            return Ok(None);
+        }
+        let mut remade: Vec<(MadeInstance, GpuDevice)> = Vec::new();
+        for m in gone {
+            let made = self.reconfigurer.create(
+                self.backend.as_ref(),
+                &BTreeSet::new(),
+                &m.gpu,
+                &m.profile,
+                m.start,
+            );
+            match made {
+                Ok(device) => remade.push((m.clone(), device)),
+                Err(e) => {
+                    self.undo_remade(&remade);
+                    return Err(format!(
+                        "device {}: its MIG instance {} is gone and was not made again: {e}",
+                        m.device, m.uuid
+                    ));
+                }
+            }
+        }
+        let mut fresh = record.clone();
+        for (old, device) in &remade {
+            if let Some(quota) = fresh.quota.as_mut() {
+                // The part held the old instance: the same shares and memory on the new one.
+                if let Some(part) = quota
+                    .devices
+                    .iter_mut()
+                    .find(|d| d.index == old.index && d.mig.is_some())
+                {
+                    part.index = device.index;
+                    part.mig = device.mig.as_ref().map(|mig| MigAccess {
+                        node_minor: mig.parent_index,
+                        cap_minors: [mig.gi_cap_minor, mig.ci_cap_minor]
+                            .into_iter()
+                            .flatten()
+                            .collect(),
+                    });
+                }
+            }
+            if let Some(m) = fresh.made.iter_mut().find(|m| m.uuid == old.uuid) {
+                m.uuid.clone_from(&device.uuid);
+                m.index = device.index;
+            }
+        }
+        if let Some(quota) = fresh.quota.as_mut() {
+            quota.devices.sort_by_key(|d| d.index);
+        }
+        if let Err(e) = self.store().put(fresh.clone()) {
+            self.undo_remade(&remade);
+            return Err(format!("keeping the claim's MIG instances made again: {e}"));
+        }
+        self.layout_did_change();
+        tracing::info!(
+            claim = %format!("{}/{}", fresh.namespace, fresh.name),
+            instances = %remade.iter().map(|(m, d)| format!("{}={}", m.device, d.uuid)).collect::<Vec<_>>().join(","),
+            "{DRIVER_NAME}: MIG instances gone since prepare made again"
+        );
+        Ok(Some(fresh))
+    }
+
+    /// Destroys the instances `remade` for a record that was not kept.
+    fn undo_remade(&self, remade: &[(MadeInstance, GpuDevice)]) {
+        if remade.is_empty() {
+            return;
+        }
+        let undo: Vec<MadeInstance> = remade
+            .iter()
+            .map(|(m, d)| MadeInstance {
+                uuid: d.uuid.clone(),
+                index: d.index,
+                ..m.clone()
+            })
+            .collect();
+        self.destroy_or_doom(&undo);
+        self.layout_did_change();
+    }
+
+    /// The answer to a prepare of a claim prepared before: its record, its instances made
+    /// again where they are gone (its quota then enforced anew), its CDI spec written again.
+    /// The caller holds `making`: one claim's instances (and CDI spec) at a time.
+    fn answer_known(&self, record: Prepared) -> Result<Prepared, String> {
+        let record = match self.remake_gone(&record)? {
+            Some(fresh) => {
+                if let Some(spec) = &fresh.quota {
+                    let _ = self.quotas.send(QuotaCommand::Apply(spec.clone()));
+                }
+                self.observed.hold(observed_session(&fresh, &self.offered));
+                fresh
+            }
+            None => record,
+        };
+        // The spec may have been removed by hand or lost with a tmpfs: write it again.
+        self.write_cdi(&record)?;
+        Ok(record)
     }
 
     /// Where to say that an instance was made or destroyed (the daemon's device-list task).
     pub fn on_devices_changed(&self, tx: mpsc::UnboundedSender<()>) {
+        // Instances made again at start (after a reboot) came before anyone listened.
+        let _ = tx.send(());
         *self.devices_changed.locked() = Some(tx);
     }
 
@@ -181,11 +331,13 @@ impl Driver {
     /// The per-claim error text for the kubelet.
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Prepared, String> {
         claim.check()?;
-        let known = self.store().get(&claim.uid).cloned();
-        if let Some(record) = known {
-            // The spec may have been removed by hand or lost with a tmpfs: write it again.
-            self.write_cdi(&record)?;
-            return Ok(record);
+        let known = self.store().get(&claim.uid).is_some();
+        if known {
+            let _making = self.making.lock().await;
+            let record = self.store().get(&claim.uid).cloned();
+            if let Some(record) = record {
+                return self.answer_known(record);
+            }
         }
         let path = format!(
             "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/{}",
@@ -237,8 +389,7 @@ impl Driver {
         let _making = self.making.lock().await;
         let known = self.store().get(&claim.uid).cloned();
         if let Some(record) = known {
-            self.write_cdi(&record)?;
-            return Ok(record);
+            return self.answer_known(record);
         }
         let made = self.make_partitions(&plan.partitions)?;
         let kept = self.keep(claim, plan, class, &made);
