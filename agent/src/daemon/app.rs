@@ -407,6 +407,7 @@ fn spawn_link(tasks: &mut Tasks<RunError>, config: &AgentConfig, w: LinkWiring) 
         mig_reconfigurable: config.mig_reconfigurable.clone(),
     };
     let (usage_tx, usage_rx) = mpsc::channel(USAGE_BUFFER);
+    let processes: Arc<dyn crate::control::link::ProcessView> = Arc::new(w.telemetry.clone());
     if let Some((interval, reporter)) = w.usage_reports {
         let report = tasks::report_usage(
             w.telemetry,
@@ -430,6 +431,7 @@ fn spawn_link(tasks: &mut Tasks<RunError>, config: &AgentConfig, w: LinkWiring) 
             observed: w.observed,
             pods: Box::new(w.pods),
             devices_changed: w.devices_changed,
+            processes: Some(processes),
         }),
         std::future::pending(),
     );
