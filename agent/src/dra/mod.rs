@@ -146,16 +146,20 @@ impl Plugin {
         let observed = Arc::new(Observed::new(offered.iter().map(device_to_pb).collect()));
         let driver_version = backend.driver_version();
         let driver = plugin::Driver::new(
-            config.clone(),
-            node.clone(),
-            offered.clone(),
-            backend.devices(),
-            api,
-            store,
-            quotas,
-            Arc::clone(&observed),
-            backend,
-            partitioned,
+            plugin::DriverParts {
+                config: config.clone(),
+                node: node.clone(),
+                api,
+                store,
+                quotas,
+                observed: Arc::clone(&observed),
+            },
+            plugin::DriverGpus {
+                offered: offered.clone(),
+                all: backend.devices(),
+                backend,
+                partitioned,
+            },
         );
         // Read after the driver made again the instances a reboot took.
         let held = driver.held_quotas();

@@ -77,6 +77,35 @@ fn cut(s: &str) -> String {
     s.chars().take(80).collect()
 }
 
+/// What a [`Driver`] is wired to besides the GPUs.
+pub struct DriverParts {
+    /// The `[dra]` settings.
+    pub config: DraConfig,
+    /// The node's name.
+    pub node: String,
+    /// The API server.
+    pub api: ApiServer,
+    /// The prepared claims.
+    pub store: ClaimStore,
+    /// Quotas to enforcement.
+    pub quotas: mpsc::UnboundedSender<QuotaCommand>,
+    /// The claims held, for the controller link.
+    pub observed: Arc<Observed>,
+}
+
+/// The node's GPUs as a [`Driver`] sees them.
+pub struct DriverGpus {
+    /// Those offered to Kubernetes.
+    pub offered: Vec<GpuDevice>,
+    /// All of them.
+    pub all: Vec<GpuDevice>,
+    /// The backend, for the GPUs as they are now (MIG instances made and destroyed).
+    pub backend: Arc<dyn GpuBackend>,
+    /// The GPUs published as partitions (UUIDs, as the backend spells them), whose MIG
+    /// instances are made for claims.
+    pub partitioned: Vec<String>,
+}
+
 /// The DRA driver of this node.
 pub struct Driver {
     config: DraConfig,
@@ -102,24 +131,25 @@ pub struct Driver {
 }
 
 impl Driver {
-    /// A driver for `node`, offering `offered` of the node's GPUs `all`, passing quotas to
-    /// enforcement on `quotas` and the claims it holds to the controller link through
-    /// `observed` (those in `store` at once); the MIG instances of partition devices are made
-    /// through `backend` on the GPUs `partitioned` (UUIDs, as the backend spells them).
+    /// A driver wired to `parts`, on the node's GPUs `gpus`; the claims in the store are
+    /// reported held through `parts.observed` at once (their instances made again where a
+    /// reboot took them).
     #[must_use]
-    #[expect(clippy::too_many_arguments, reason = "One of each part it is wired to")]
-    pub fn new(
-        config: DraConfig,
-        node: String,
-        offered: Vec<GpuDevice>,
-        all: Vec<GpuDevice>,
-        api: ApiServer,
-        store: ClaimStore,
-        quotas: mpsc::UnboundedSender<QuotaCommand>,
-        observed: Arc<Observed>,
-        backend: Arc<dyn GpuBackend>,
-        partitioned: Vec<String>,
-    ) -> Arc<Self> {
+    pub fn new(parts: DriverParts, gpus: DriverGpus) -> Arc<Self> {
+        let DriverParts {
+            config,
+            node,
+            api,
+            store,
+            quotas,
+            observed,
+        } = parts;
+        let DriverGpus {
+            offered,
+            all,
+            backend,
+            partitioned,
+        } = gpus;
         let this = Self {
             config,
             node,
