@@ -193,6 +193,8 @@ struct Running {
     quotas: tokio::sync::mpsc::UnboundedReceiver<QuotaCommand>,
     /// The quotas of claims prepared before, as the daemon enforces them at start.
     held: Vec<QuotaSpec>,
+    /// The claims the controller link would report.
+    observed: Arc<gpuwarden_agent::control::Observed>,
 }
 
 impl Running {
@@ -217,6 +219,7 @@ impl Running {
             .unwrap()
         };
         let held = plugin.held.clone();
+        let observed = Arc::clone(&plugin.observed);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = rt.spawn(plugin.run(Duration::from_millis(100), async {
             let _ = stopped.await;
@@ -226,6 +229,7 @@ impl Running {
             task,
             quotas,
             held,
+            observed,
         }
     }
 
@@ -549,6 +553,17 @@ fn cdi_nodes(config: &DraConfig, uid: &str) -> Vec<String> {
         .collect()
 }
 
+/// The devices (UUID, index) the controller link would report claim `uid`'s session holding;
+/// `None` when it reports no such session.
+fn reported(running: &Running, uid: &str) -> Option<Vec<(String, u32)>> {
+    running
+        .observed
+        .registration()
+        .into_iter()
+        .find(|o| o.session_id == format!("k8s-{uid}"))
+        .map(|o| o.devices.into_iter().map(|d| (d.uuid, d.index)).collect())
+}
+
 /// The one 2g.35gb instance of GPU-1 in `backend`'s device list.
 fn the_2g(backend: &MockBackend) -> GpuDevice {
     let found: Vec<GpuDevice> = backend
@@ -663,6 +678,11 @@ fn a_claims_instance_gone_after_a_reboot_is_made_again() {
     assert_eq!(access.node_minor, again.mig.as_ref().unwrap().parent_index);
     assert_eq!(access.cap_minors, cap_minors(&again));
     assert_ne!(access.cap_minors, cap_minors(&operators_1g));
+    // The controller hears of the new instance, not the old UUID or index.
+    assert_eq!(
+        reported(&running, A),
+        Some(vec![(again.uuid.clone(), again.index)])
+    );
 
     // The kubelet prepares again: the same answer, nothing made twice, the CDI spec naming
     // the new instance's capability nodes and not the operator's 1g's.
@@ -708,6 +728,7 @@ fn a_claims_instance_gone_after_a_reboot_is_made_again() {
         "{:?}",
         running.held
     );
+    assert_eq!(reported(&running, A), None, "a claim holding nothing");
     let refused = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "mig-a")]));
     let err = &refused.claims[A].error;
     assert!(
@@ -734,6 +755,10 @@ fn a_claims_instance_gone_after_a_reboot_is_made_again() {
     assert_eq!(
         quota.devices[0].mig.as_ref().unwrap().cap_minors,
         cap_minors(&remade)
+    );
+    assert_eq!(
+        reported(&running, A),
+        Some(vec![(remade.uuid.clone(), remade.index)])
     );
 
     // Unprepared: the instance made again is destroyed.

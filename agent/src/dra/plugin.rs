@@ -166,8 +166,13 @@ impl Driver {
             devices_changed: Mutex::new(None),
         };
         this.remake_gone_at_start();
+        // A claim whose instance is gone holds nothing: the controller hears of it once a
+        // prepare has made the instance again.
+        let devices = this.backend.devices();
         for record in this.store().all() {
-            this.observed.hold(observed_session(record, &this.offered));
+            if record.made.iter().all(|m| m.is_among(&devices)) {
+                this.observed.hold(observed_session(record, &this.offered));
+            }
         }
         Arc::new(this)
     }
@@ -792,7 +797,9 @@ impl Driver {
             .offered
             .iter()
             .filter(|g| {
-                indexes.contains(&g.index)
+                // An index of the claim's own instances is theirs, whatever was offered there
+                // at start (an instance gone since may have left it to one made for the claim).
+                (indexes.contains(&g.index) && !record.made.iter().any(|m| m.index == g.index))
                     || record
                         .devices
                         .iter()
@@ -826,16 +833,18 @@ pub fn observed_session(
                 q.devices
                     .iter()
                     .map(|d| pb::DeviceShare {
-                        uuid: offered
+                        // The claim's own instances first: an offered device listed at start
+                        // may be gone since and its index given to one made for the claim.
+                        uuid: record
+                            .made
                             .iter()
-                            .find(|g| g.index == d.index)
-                            .map(|g| g.uuid.clone())
+                            .find(|m| m.index == d.index)
+                            .map(|m| m.uuid.clone())
                             .or_else(|| {
-                                record
-                                    .made
+                                offered
                                     .iter()
-                                    .find(|m| m.index == d.index)
-                                    .map(|m| m.uuid.clone())
+                                    .find(|g| g.index == d.index)
+                                    .map(|g| g.uuid.clone())
                             })
                             .unwrap_or_default(),
                         index: d.index,
