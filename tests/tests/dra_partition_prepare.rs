@@ -33,6 +33,7 @@ use counters::{Allocator, Pool, gather};
 use fake_api::FakeApi;
 use fake_kubelet::{prepare_v1, unprepare_v1};
 use gpuwarden_agent::{
+    control::link::ProcessView,
     devices::{GpuBackend, GpuDevice, mock::MockBackend},
     dra::{
         self, DraConfig,
@@ -195,6 +196,8 @@ struct Running {
     held: Vec<QuotaSpec>,
     /// The claims the controller link would report.
     observed: Arc<gpuwarden_agent::control::Observed>,
+    /// The driver.
+    driver: Arc<dra::plugin::Driver>,
 }
 
 impl Running {
@@ -220,6 +223,7 @@ impl Running {
         };
         let held = plugin.held.clone();
         let observed = Arc::clone(&plugin.observed);
+        let driver = Arc::clone(&plugin.driver);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = rt.spawn(plugin.run(Duration::from_millis(100), async {
             let _ = stopped.await;
@@ -230,6 +234,7 @@ impl Running {
             quotas,
             held,
             observed,
+            driver,
         }
     }
 
@@ -765,5 +770,111 @@ fn a_claims_instance_gone_after_a_reboot_is_made_again() {
     let done = rt.block_on(unprepare_v1(&endpoint, &[("ml", A, "mig-a")]));
     assert_eq!(done.claims[A].error, "");
     assert_eq!(layout(&taken), operators);
+    running.stop(&rt);
+}
+
+/// The agent's view of its processes as a test sets it.
+struct Seen(std::sync::Mutex<Option<BTreeSet<u32>>>);
+
+impl Seen {
+    fn set(&self, busy: Option<&[u32]>) {
+        *self.0.lock().unwrap() = busy.map(|b| b.iter().copied().collect());
+    }
+}
+
+impl ProcessView for Seen {
+    fn busy(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<BTreeSet<u32>>> + Send + '_>>
+    {
+        let now = self.0.lock().unwrap().clone();
+        Box::pin(async move { now })
+    }
+}
+
+/// The plugin asks the agent's own view of its processes before it makes or destroys a
+/// partition's instance, the mock's driver counting no process: a process the view sees on the
+/// GPU refuses the prepare, a view that can't be read too, and memory it sees on the instance
+/// holds its destruction after unprepare until it is gone. Judged by the mock's layout.
+#[test]
+fn the_agents_own_view_of_its_processes_holds_partition_changes() {
+    let rt = fake_api::runtime();
+    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
+    let root = scratch("dra-partition-view");
+    let backend = mock_backend(root.path());
+    let db = sled::Config::new()
+        .path(root.path().join("store"))
+        .open()
+        .unwrap();
+    let config = dra_config(root.path(), &api);
+    let endpoint: PathBuf = config.plugin_socket();
+    let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+    let view = Arc::new(Seen(std::sync::Mutex::new(None)));
+    running
+        .driver
+        .on_processes(Arc::clone(&view) as Arc<dyn ProcessView>);
+    let operators = layout(&backend);
+    let ops = backend
+        .devices()
+        .into_iter()
+        .find(|d| d.uuid == "MIG-ops")
+        .unwrap();
+    assert!(backend.busy_devices().is_empty(), "the driver counts none");
+
+    wait_until("the partition pool", || pool(&api).0.len() >= 2);
+    let gathered = gather(&pool(&api).0, true);
+    let Pool::Ready { devices, .. } = &gathered else {
+        panic!("pool not ready: {gathered:?}")
+    };
+    let mut scheduler = Allocator::new(&gathered, &[], true);
+    let chosen = devices
+        .iter()
+        .find(|d| {
+            d.value["attributes"]["migProfile"]["string"] == "2g.35gb"
+                && scheduler.allocate(&d.name)
+        })
+        .unwrap()
+        .clone();
+    api.put_claim(partition_claim("mig-a", A, &chosen.name));
+
+    // A process on the operator's instance as the agent sees it: GPU-1 is busy.
+    view.set(Some(&[ops.index]));
+    let busy = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    let err = &busy.claims[A].error;
+    assert!(err.contains("has a process"), "{err}");
+    assert_eq!(layout(&backend), operators);
+    // The view can't be read: nothing made either.
+    view.set(None);
+    let blind = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    assert!(
+        blind.claims[A].error.contains("can't be read"),
+        "{:?}",
+        blind.claims[A]
+    );
+    assert_eq!(layout(&backend), operators);
+
+    // Nothing seen: made.
+    view.set(Some(&[]));
+    let ok = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    assert_eq!(ok.claims[A].error, "");
+    let made = the_2g(&backend);
+
+    // Memory on it as the agent sees it at unprepare: kept through several ticks.
+    view.set(Some(&[made.index]));
+    let done = rt.block_on(unprepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    assert_eq!(
+        done.claims[A].error, "",
+        "unprepare succeeds; the destroy waits"
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(
+        backend.devices().contains(&made),
+        "destroyed under the agent's process"
+    );
+    view.set(Some(&[]));
+    wait_until("the instance destroyed once the view is clear", || {
+        layout(&backend) == operators
+    });
+    assert!(!backend.devices().contains(&made));
     running.stop(&rt);
 }

@@ -248,7 +248,7 @@ impl App {
                 hooks,
                 holdings,
                 backend: controller_backend,
-                telemetry,
+                telemetry: telemetry.clone(),
                 enforcer,
                 usage_reports,
                 usage_counters,
@@ -260,7 +260,7 @@ impl App {
             },
         );
         if let Some(plugin) = dra {
-            spawn_dra(&mut tasks, plugin, config.rescan_interval, devices_changed);
+            spawn_dra(&mut tasks, plugin, &config, devices_changed, telemetry);
         }
         spawn_socket(&mut tasks, socket, sources, &config);
         Running { tasks, lock }
@@ -343,11 +343,15 @@ fn spawn_metrics(
 fn spawn_dra(
     tasks: &mut Tasks<RunError>,
     plugin: dra::Plugin,
-    every: Duration,
+    config: &AgentConfig,
     devices_changed: mpsc::UnboundedSender<()>,
+    telemetry: TelemetryHandle,
 ) {
+    let every = config.rescan_interval;
     // Instances made for claims' partitions change the device list too.
     plugin.driver.on_devices_changed(devices_changed);
+    // Its MIG changes ask the agent's view of its processes beside the driver's count.
+    plugin.driver.on_processes(Arc::new(telemetry));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(plugin.run(every, async {
         let _ = stopped.await;

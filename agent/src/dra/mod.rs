@@ -304,7 +304,7 @@ async fn publish_slices(
                 tracing::debug!("{DRIVER_NAME}: a MIG layout changed; publishing the partition pool");
             }
         }
-        driver.destroy_doomed();
+        driver.destroy_doomed().await;
         partitions.wanted = partition::slices(&node, &driver.partitioned());
         if owner.is_none() {
             match slice::node_owner(&api, &node).await {

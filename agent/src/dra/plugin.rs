@@ -22,7 +22,7 @@ use super::{
     store::{ClaimStore, MadeInstance, Prepared},
 };
 use crate::{
-    control::Observed,
+    control::{Observed, link::ProcessView},
     devices::{
         GpuBackend, GpuDevice,
         ondemand::{MigChangeError, Reconfigurer},
@@ -106,6 +106,11 @@ pub struct DriverGpus {
     pub partitioned: Vec<String>,
 }
 
+/// The answer to a prepare that would change a MIG layout while the agent's view of its
+/// processes can't be read.
+const NO_VIEW: &str =
+    "the agent's view of its GPU processes can't be read; no MIG instance is made";
+
 /// The DRA driver of this node.
 pub struct Driver {
     config: DraConfig,
@@ -128,6 +133,9 @@ pub struct Driver {
     layout_changed: tokio::sync::Notify,
     /// Told when an instance was made or destroyed: the programs' instance table follows.
     devices_changed: Mutex<Option<mpsc::UnboundedSender<()>>>,
+    /// The agent's own view of its GPU processes, asked with the driver's count before a
+    /// layout change (none: the driver's count alone).
+    processes: Mutex<Option<Arc<dyn ProcessView>>>,
 }
 
 impl Driver {
@@ -164,6 +172,7 @@ impl Driver {
             making: tokio::sync::Mutex::new(()),
             layout_changed: tokio::sync::Notify::new(),
             devices_changed: Mutex::new(None),
+            processes: Mutex::new(None),
         };
         this.remake_gone_at_start();
         // A claim whose instance is gone holds nothing: the controller hears of it once a
@@ -197,7 +206,8 @@ impl Driver {
     fn remake_gone_at_start(&self) {
         let records: Vec<Prepared> = self.store().all().cloned().collect();
         for record in records {
-            if let Err(e) = self.remake_gone(&record) {
+            // No view of the processes yet (telemetry starts later): the driver's count.
+            if let Err(e) = self.remake_gone(&record, &BTreeSet::new()) {
                 tracing::error!(
                     claim = %format!("{}/{}", record.namespace, record.name),
                     "{DRIVER_NAME}: {e}; its quota is not enforced until it is"
@@ -214,7 +224,11 @@ impl Driver {
     /// # Errors
     /// The per-claim error text for the kubelet: an instance refused, or the record not kept
     /// (the instances made again are destroyed then).
-    fn remake_gone(&self, record: &Prepared) -> Result<Option<Prepared>, String> {
+    fn remake_gone(
+        &self,
+        record: &Prepared,
+        seen: &BTreeSet<u32>,
+    ) -> Result<Option<Prepared>, String> {
         let devices = self.backend.devices();
         let gone: Vec<&MadeInstance> = record
             .made
@@ -226,17 +240,13 @@ impl Driver {
         }
         let mut remade: Vec<(MadeInstance, GpuDevice)> = Vec::new();
         for m in gone {
-            let made = self.reconfigurer.create(
-                self.backend.as_ref(),
-                &BTreeSet::new(),
-                &m.gpu,
-                &m.profile,
-                m.start,
-            );
+            let made =
+                self.reconfigurer
+                    .create(self.backend.as_ref(), seen, &m.gpu, &m.profile, m.start);
             match made {
                 Ok(device) => remade.push((m.clone(), device)),
                 Err(e) => {
-                    self.undo_remade(&remade);
+                    self.undo_remade(&remade, seen);
                     return Err(format!(
                         "device {}: its MIG instance {} is gone and was not made again: {e}",
                         m.device, m.uuid
@@ -272,7 +282,7 @@ impl Driver {
             quota.devices.sort_by_key(|d| d.index);
         }
         if let Err(e) = self.store().put(fresh.clone()) {
-            self.undo_remade(&remade);
+            self.undo_remade(&remade, seen);
             return Err(format!("keeping the claim's MIG instances made again: {e}"));
         }
         self.layout_did_change();
@@ -285,7 +295,7 @@ impl Driver {
     }
 
     /// Destroys the instances `remade` for a record that was not kept.
-    fn undo_remade(&self, remade: &[(MadeInstance, GpuDevice)]) {
+    fn undo_remade(&self, remade: &[(MadeInstance, GpuDevice)], seen: &BTreeSet<u32>) {
         if remade.is_empty() {
             return;
         }
@@ -297,15 +307,21 @@ impl Driver {
                 ..m.clone()
             })
             .collect();
-        self.destroy_or_doom(&undo);
+        self.destroy_or_doom(&undo, seen);
         self.layout_did_change();
     }
 
     /// The answer to a prepare of a claim prepared before: its record, its instances made
     /// again where they are gone (its quota then enforced anew), its CDI spec written again.
     /// The caller holds `making`: one claim's instances (and CDI spec) at a time.
-    fn answer_known(&self, record: Prepared) -> Result<Prepared, String> {
-        let record = match self.remake_gone(&record)? {
+    async fn answer_known(&self, record: Prepared) -> Result<Prepared, String> {
+        let devices = self.backend.devices();
+        let seen = if record.made.iter().all(|m| m.is_among(&devices)) {
+            BTreeSet::new()
+        } else {
+            self.seen().await.ok_or(NO_VIEW)?
+        };
+        let record = match self.remake_gone(&record, &seen)? {
             Some(fresh) => {
                 if let Some(spec) = &fresh.quota {
                     let _ = self.quotas.send(QuotaCommand::Apply(spec.clone()));
@@ -318,6 +334,22 @@ impl Driver {
         // The spec may have been removed by hand or lost with a tmpfs: write it again.
         self.write_cdi(&record)?;
         Ok(record)
+    }
+
+    /// The agent's own view of its GPU processes (the telemetry task), asked before an
+    /// instance is made or destroyed beside the driver's count.
+    pub fn on_processes(&self, view: Arc<dyn ProcessView>) {
+        *self.processes.locked() = Some(view);
+    }
+
+    /// The devices a process is on as the agent sees it; `None` when its view can't be read
+    /// (then nothing is changed).
+    async fn seen(&self) -> Option<BTreeSet<u32>> {
+        let view = self.processes.locked().clone();
+        match view {
+            Some(v) => v.busy().await,
+            None => Some(BTreeSet::new()),
+        }
     }
 
     /// Where to say that an instance was made or destroyed (the daemon's device-list task).
@@ -371,7 +403,7 @@ impl Driver {
             let _making = self.making.lock().await;
             let record = self.store().get(&claim.uid).cloned();
             if let Some(record) = record {
-                return self.answer_known(record);
+                return self.answer_known(record).await;
             }
         }
         let path = format!(
@@ -424,15 +456,20 @@ impl Driver {
         let _making = self.making.lock().await;
         let known = self.store().get(&claim.uid).cloned();
         if let Some(record) = known {
-            return self.answer_known(record);
+            return self.answer_known(record).await;
         }
-        let made = self.make_partitions(&plan.partitions)?;
+        let seen = if plan.partitions.is_empty() {
+            BTreeSet::new()
+        } else {
+            self.seen().await.ok_or(NO_VIEW)?
+        };
+        let made = self.make_partitions(&plan.partitions, &seen)?;
         let kept = self.keep(claim, plan, class, &made);
         if !made.is_empty() {
             if kept.is_err() {
                 // Nothing half made: the instances go with the failed prepare.
                 let made: Vec<MadeInstance> = made.into_iter().map(|(m, _)| m).collect();
-                self.destroy_or_doom(&made);
+                self.destroy_or_doom(&made, &seen);
             }
             self.layout_did_change();
         }
@@ -536,6 +573,7 @@ impl Driver {
     fn make_partitions(
         &self,
         planned: &[PlannedDevice],
+        seen: &BTreeSet<u32>,
     ) -> Result<Vec<(MadeInstance, GpuDevice)>, String> {
         let mut made: Vec<(MadeInstance, GpuDevice)> = Vec::new();
         for p in planned {
@@ -549,15 +587,9 @@ impl Driver {
                     )
                 })
                 .and_then(|(gpu, profile, start)| {
-                    // The agent traces no process here itself: the driver's count is the check.
+                    // The agent's view of its processes and the driver's count.
                     self.reconfigurer
-                        .create(
-                            self.backend.as_ref(),
-                            &BTreeSet::new(),
-                            &gpu,
-                            profile.name,
-                            start,
-                        )
+                        .create(self.backend.as_ref(), seen, &gpu, profile.name, start)
                         .map(|device| {
                             let m = MadeInstance {
                                 device: p.device.clone(),
@@ -578,7 +610,7 @@ impl Driver {
                 Err(e) => {
                     if !made.is_empty() {
                         let undo: Vec<MadeInstance> = made.into_iter().map(|(m, _)| m).collect();
-                        self.destroy_or_doom(&undo);
+                        self.destroy_or_doom(&undo, seen);
                         self.layout_did_change();
                     }
                     return Err(e);
@@ -588,8 +620,9 @@ impl Driver {
         Ok(made)
     }
 
-    /// Destroys the instance `made` (one gone already counts as destroyed).
-    fn destroy(&self, made: &MadeInstance) -> Result<(), MigChangeError> {
+    /// Destroys the instance `made` (one gone already counts as destroyed), unless a process
+    /// is on its GPU as the driver counts it or the agent sees it (`seen`).
+    fn destroy(&self, made: &MadeInstance, seen: &BTreeSet<u32>) -> Result<(), MigChangeError> {
         let devices = self.backend.devices();
         if !devices.iter().any(|d| d.uuid == made.uuid) {
             return Ok(());
@@ -597,7 +630,7 @@ impl Driver {
         if self.reconfigurer.made(&made.uuid) {
             return self
                 .reconfigurer
-                .release(self.backend.as_ref(), &BTreeSet::new(), &made.uuid)
+                .release(self.backend.as_ref(), seen, &made.uuid)
                 .map(|_| ());
         }
         // Made by an earlier run of the agent (the claim store says so), which the
@@ -618,6 +651,7 @@ impl Driver {
             .process_memory()
             .iter()
             .map(|p| p.index)
+            .chain(seen.iter().copied())
             .collect();
         let on_gpu = parent
             .into_iter()
@@ -642,7 +676,7 @@ impl Driver {
     /// Destroys each of `made`, each kept in the store as to destroy first, so that neither the
     /// driver's refusal (a process still on its GPU) nor an agent stopped meanwhile leaves one
     /// behind: what is left is tried again at each tick ([`Driver::destroy_doomed`]).
-    fn destroy_or_doom(&self, made: &[MadeInstance]) {
+    fn destroy_or_doom(&self, made: &[MadeInstance], seen: &BTreeSet<u32>) {
         for m in made {
             if let Err(e) = self.store().doom(m) {
                 tracing::error!(instance = %m.uuid, "{DRIVER_NAME}: MIG instance to destroy kept in memory only: {e}");
@@ -650,7 +684,7 @@ impl Driver {
         }
         let mut changed = false;
         for m in made {
-            changed |= self.settle(m, true);
+            changed |= self.settle(m, true, seen);
         }
         if changed {
             self.layout_did_change();
@@ -660,8 +694,8 @@ impl Driver {
     /// Tries to destroy the instance `m` kept as to destroy; forgets it once destroyed (or
     /// gone, or not the agent's to destroy any more). Whether it was destroyed now. `say`:
     /// warn when the driver refuses (once, not at every tick).
-    fn settle(&self, m: &MadeInstance, say: bool) -> bool {
-        let destroyed = match self.destroy(m) {
+    fn settle(&self, m: &MadeInstance, say: bool, seen: &BTreeSet<u32>) -> bool {
+        let destroyed = match self.destroy(m, seen) {
             Ok(()) => true,
             Err(e @ (MigChangeError::Busy { .. } | MigChangeError::Refused { .. })) => {
                 if say {
@@ -681,12 +715,19 @@ impl Driver {
     }
 
     /// Tries again to destroy the instances of unprepared claims the driver refused before;
-    /// whether any was destroyed (the layout changed).
-    pub fn destroy_doomed(&self) -> bool {
+    /// whether any was destroyed (the layout changed). Nothing is tried while the agent's
+    /// view of its processes can't be read.
+    pub async fn destroy_doomed(&self) -> bool {
         let doomed: Vec<MadeInstance> = self.store().doomed().cloned().collect();
+        if doomed.is_empty() {
+            return false;
+        }
+        let Some(seen) = self.seen().await else {
+            return false;
+        };
         let mut changed = false;
         for m in &doomed {
-            changed |= self.settle(m, false);
+            changed |= self.settle(m, false, &seen);
         }
         if changed {
             self.layout_did_change();
@@ -708,7 +749,7 @@ impl Driver {
     ///
     /// # Errors
     /// The per-claim error text for the kubelet.
-    pub fn unprepare(&self, claim: &ClaimRef) -> Result<(), String> {
+    pub async fn unprepare(&self, claim: &ClaimRef) -> Result<(), String> {
         claim.check()?;
         cdi::remove(&self.config.cdi_dir, &claim.uid)
             .map_err(|e| format!("removing the CDI spec: {e}"))?;
@@ -732,9 +773,17 @@ impl Driver {
             let session = claim::session_id(&record.uid);
             let _ = self.quotas.send(QuotaCommand::Release(session.clone()));
             self.observed.end(&session);
+            // The view unreadable: left to destroy at a later tick.
+            let seen = if record.made.is_empty() {
+                None
+            } else {
+                self.seen().await
+            };
             let mut changed = false;
-            for m in &record.made {
-                changed |= self.settle(m, true);
+            if let Some(seen) = &seen {
+                for m in &record.made {
+                    changed |= self.settle(m, true, seen);
+                }
             }
             if changed {
                 self.layout_did_change();
