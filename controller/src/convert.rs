@@ -127,29 +127,12 @@ pub fn report_from_pb(info: &pb::NodeInfo) -> Result<NodeReport, Status> {
             .iter()
             .map(|d| (d.model.clone(), d.is_mig))
             .collect(),
-        mig_layouts: info.mig_layouts.iter().map(mig_layout_from_pb).collect(),
-    })
-}
-
-/// A reconfigurable GPU's layout as its agent reported it (issue 37 §3).
-fn mig_layout_from_pb(l: &pb::MigLayout) -> crate::allocator::mig::MigGpuLayout {
-    use crate::allocator::mig::{MigGpuLayout, MigProfilePlacements};
-    MigGpuLayout {
-        gpu_uuid: l.gpu_uuid.clone(),
-        gpu_index: l.gpu_index,
-        slices: l.slices,
-        occupied: l.occupied.iter().map(|p| (p.start, p.size)).collect(),
-        profiles: l
-            .profiles
+        mig_layouts: info
+            .mig_layouts
             .iter()
-            .map(|p| MigProfilePlacements {
-                profile: p.profile.clone(),
-                size: p.size,
-                starts: p.starts.clone(),
-                free: p.free.clone(),
-            })
+            .map(gpuwarden_proto::convert::mig_layout_from_pb)
             .collect(),
-    }
+    })
 }
 
 fn device_from_pb(d: &pb::Device) -> DeviceSpec {
@@ -256,30 +239,10 @@ pub fn report_to_pb(report: &NodeReport) -> pb::NodeInfo {
             &report.kubernetes_device_models,
         ),
         observed_sessions: vec![],
-        mig_layouts: report.mig_layouts.iter().map(mig_layout_to_pb).collect(),
-    }
-}
-
-/// A reconfigurable GPU's layout, as the node listing shows it (issue 37 §3).
-fn mig_layout_to_pb(l: &crate::allocator::mig::MigGpuLayout) -> pb::MigLayout {
-    pb::MigLayout {
-        gpu_uuid: l.gpu_uuid.clone(),
-        gpu_index: l.gpu_index,
-        slices: l.slices,
-        occupied: l
-            .occupied
+        mig_layouts: report
+            .mig_layouts
             .iter()
-            .map(|&(start, size)| pb::MigPlacement { start, size })
-            .collect(),
-        profiles: l
-            .profiles
-            .iter()
-            .map(|p| pb::MigProfilePlacements {
-                profile: p.profile.clone(),
-                size: p.size,
-                starts: p.starts.clone(),
-                free: p.free.clone(),
-            })
+            .map(gpuwarden_proto::convert::mig_layout_to_pb)
             .collect(),
     }
 }

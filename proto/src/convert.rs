@@ -5,6 +5,7 @@
 
 use gpuwarden_types::{
     event::{Action, EnforcementEvent},
+    mig::{MigGpuLayout, MigProfilePlacements},
     placement::{Placement, UnknownPlacement},
     policy::{ComputePolicy, MemoryPolicy, PolicyError, QuotaPolicy},
     slot::{InvalidSlotName, ResourceSlot, SlotKind, SlotName, SlotValue, ValueError},
@@ -463,9 +464,84 @@ pub fn event_to_pb(session_id: &str, e: &EnforcementEvent) -> pb::EnforcementEve
     }
 }
 
+/// A reconfigurable GPU's MIG layout to its message (the agent's registration, the node
+/// listing).
+#[must_use]
+pub fn mig_layout_to_pb(l: &MigGpuLayout) -> pb::MigLayout {
+    pb::MigLayout {
+        gpu_uuid: l.gpu_uuid.clone(),
+        gpu_index: l.gpu_index,
+        slices: l.slices,
+        occupied: l
+            .occupied
+            .iter()
+            .map(|&(start, size)| pb::MigPlacement { start, size })
+            .collect(),
+        profiles: l
+            .profiles
+            .iter()
+            .map(|p| pb::MigProfilePlacements {
+                profile: p.profile.clone(),
+                size: p.size,
+                starts: p.starts.clone(),
+                free: p.free.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// A reconfigurable GPU's MIG layout from its message (the controller reads a registration;
+/// the bounds are checked before, `limits`).
+#[must_use]
+pub fn mig_layout_from_pb(l: &pb::MigLayout) -> MigGpuLayout {
+    MigGpuLayout {
+        gpu_uuid: l.gpu_uuid.clone(),
+        gpu_index: l.gpu_index,
+        slices: l.slices,
+        occupied: l.occupied.iter().map(|p| (p.start, p.size)).collect(),
+        profiles: l
+            .profiles
+            .iter()
+            .map(|p| MigProfilePlacements {
+                profile: p.profile.clone(),
+                size: p.size,
+                starts: p.starts.clone(),
+                free: p.free.clone(),
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mig_layout_goes_through_the_wire_unchanged() {
+        let layout = MigGpuLayout {
+            gpu_uuid: "GPU-1".into(),
+            gpu_index: 3,
+            slices: 8,
+            occupied: vec![(4, 4), (0, 2)],
+            profiles: vec![MigProfilePlacements {
+                profile: "1g.18gb".into(),
+                size: 1,
+                starts: (0..7).collect(),
+                free: vec![2, 3],
+            }],
+        };
+        let wire = mig_layout_to_pb(&layout);
+        // Field by field on the wire, as the proto names them.
+        assert_eq!(
+            wire.occupied
+                .iter()
+                .map(|p| (p.start, p.size))
+                .collect::<Vec<_>>(),
+            [(4, 4), (0, 2)]
+        );
+        assert_eq!(wire.profiles[0].free, [2, 3]);
+        assert_eq!(mig_layout_from_pb(&wire), layout);
+    }
 
     #[test]
     fn scopes_round_trip_and_an_absent_one_is_an_admins() {

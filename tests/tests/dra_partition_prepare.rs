@@ -33,12 +33,13 @@ use counters::{Allocator, Pool, gather};
 use fake_api::FakeApi;
 use fake_kubelet::{prepare_v1, unprepare_v1};
 use gpuwarden_agent::{
+    control::link::ProcessView,
     devices::{GpuBackend, GpuDevice, mock::MockBackend},
     dra::{
         self, DraConfig,
         config::{ApiServerConfig, GpuSelection},
     },
-    enforcement::QuotaCommand,
+    enforcement::{QuotaCommand, quota::QuotaSpec},
 };
 use gpuwarden_test_support::scratch;
 use serde_json::{Value, json};
@@ -191,6 +192,12 @@ struct Running {
     task: tokio::task::JoinHandle<()>,
     /// What the plugin hands enforcement.
     quotas: tokio::sync::mpsc::UnboundedReceiver<QuotaCommand>,
+    /// The quotas of claims prepared before, as the daemon enforces them at start.
+    held: Vec<QuotaSpec>,
+    /// The claims the controller link would report.
+    observed: Arc<gpuwarden_agent::control::Observed>,
+    /// The driver.
+    driver: Arc<dra::plugin::Driver>,
 }
 
 impl Running {
@@ -214,11 +221,21 @@ impl Running {
             )
             .unwrap()
         };
+        let held = plugin.held.clone();
+        let observed = Arc::clone(&plugin.observed);
+        let driver = Arc::clone(&plugin.driver);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = rt.spawn(plugin.run(Duration::from_millis(100), async {
             let _ = stopped.await;
         }));
-        Self { stop, task, quotas }
+        Self {
+            stop,
+            task,
+            quotas,
+            held,
+            observed,
+            driver,
+        }
     }
 
     fn stop(self, rt: &tokio::runtime::Runtime) {
@@ -493,5 +510,371 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
     assert_eq!(done.claims[D].error, "");
     assert_eq!(backend.devices(), devices_before);
     assert_eq!(layout(&backend), operators);
+    running.stop(&rt);
+}
+
+/// The DRA settings of a plugin under `root`, talking to `api`.
+fn dra_config(root: &Path, api: &FakeApi) -> DraConfig {
+    DraConfig {
+        gpus: GpuSelection::Keyword("all".into()),
+        plugins_registry_dir: root.join("plugins_registry"),
+        plugins_dir: root.join("plugins"),
+        cdi_dir: root.join("cdi"),
+        policy: gpuwarden_agent::enforcement::quota::QuotaPolicy::default(),
+        api: ApiServerConfig {
+            url: api.url(),
+            token_file: None,
+            ca_file: None,
+        },
+    }
+}
+
+/// The capability minors the test's `mig-minors` file lists for an instance of GPU-1.
+fn cap_minors(device: &GpuDevice) -> Vec<u32> {
+    let mig = device.mig.as_ref().unwrap();
+    vec![
+        100 + mig.gpu_instance * 10,
+        101 + mig.gpu_instance * 10 + mig.compute_instance,
+    ]
+}
+
+/// The device node paths a claim's CDI spec gives its containers.
+fn cdi_nodes(config: &DraConfig, uid: &str) -> Vec<String> {
+    let spec: Value = serde_json::from_slice(
+        &std::fs::read(config.cdi_dir.join(format!("{DRIVER}-{uid}.json"))).unwrap(),
+    )
+    .unwrap();
+    spec["devices"][0]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            n["hostPath"]
+                .as_str()
+                .or(n["path"].as_str())
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// The devices (UUID, index) the controller link would report claim `uid`'s session holding;
+/// `None` when it reports no such session.
+fn reported(running: &Running, uid: &str) -> Option<Vec<(String, u32)>> {
+    running
+        .observed
+        .registration()
+        .into_iter()
+        .find(|o| o.session_id == format!("k8s-{uid}"))
+        .map(|o| o.devices.into_iter().map(|d| (d.uuid, d.index)).collect())
+}
+
+/// The one 2g.35gb instance of GPU-1 in `backend`'s device list.
+fn the_2g(backend: &MockBackend) -> GpuDevice {
+    let found: Vec<GpuDevice> = backend
+        .devices()
+        .into_iter()
+        .filter(|d| {
+            d.mig
+                .as_ref()
+                .is_some_and(|m| m.parent_uuid == "GPU-1" && m.profile == "2g.35gb")
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "{found:#?}");
+    found[0].clone()
+}
+
+/// A node rebooted (a fresh mock backend from the same file: the driver keeps no MIG instance
+/// across a reboot) under a claim prepared on a partition: the agent makes the instance again
+/// at the claim's placement, and the quota it enforces names the new instance's index and
+/// capability nodes, not the index from before, which another instance has taken. When the
+/// placement is taken at start, nothing is enforced for the claim and the kubelet's prepare
+/// answers why, then makes it once the placement is free. Judged by the mock's own layout and
+/// device list and the minors file, not by the plugin's record.
+#[test]
+#[expect(clippy::too_many_lines, reason = "one scenario, step by step")]
+fn a_claims_instance_gone_after_a_reboot_is_made_again() {
+    let rt = fake_api::runtime();
+    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
+    let root = scratch("dra-partition-reboot");
+    let backend = mock_backend(root.path());
+    let db = sled::Config::new()
+        .path(root.path().join("store"))
+        .open()
+        .unwrap();
+    let config = dra_config(root.path(), &api);
+    let endpoint: PathBuf = config.plugin_socket();
+    let mut running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+    let operators = layout(&backend);
+
+    // A 2g the scheduler's arithmetic picks from the published pool, prepared.
+    wait_until("the partition pool", || pool(&api).0.len() >= 2);
+    let gathered = gather(&pool(&api).0, true);
+    let Pool::Ready { devices, .. } = &gathered else {
+        panic!("pool not ready: {gathered:?}")
+    };
+    let mut scheduler = Allocator::new(&gathered, &[], true);
+    let chosen = devices
+        .iter()
+        .find(|d| {
+            d.value["attributes"]["migProfile"]["string"] == "2g.35gb"
+                && scheduler.allocate(&d.name)
+        })
+        .unwrap()
+        .clone();
+    let at = placement(&chosen.value);
+    let start = u32::try_from(at.1).unwrap();
+    api.put_claim(partition_claim("mig-a", A, &chosen.name));
+    let first = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    assert_eq!(first.claims[A].error, "");
+    let before = the_2g(&backend);
+    let QuotaCommand::Apply(quota) = running.quotas.try_recv().unwrap() else {
+        panic!("not a quota")
+    };
+    assert_eq!(quota.devices[0].index, before.index);
+    running.stop(&rt);
+
+    // Rebooted: no instance but the operator's, who makes a 1g beside the claim's placement
+    // before the agent starts. It takes the index (and GPU instance) the claim's instance had.
+    let rebooted = mock_backend(root.path());
+    assert_eq!(layout(&rebooted), operators);
+    assert!(!rebooted.devices().iter().any(|d| d.uuid == before.uuid));
+    let beside = (0..8)
+        .find(|s| {
+            !(start..start + 2).contains(s)
+                && rebooted.create_instance("GPU-1", "1g.18gb", *s).is_ok()
+        })
+        .unwrap();
+    let operators_1g = rebooted
+        .devices()
+        .into_iter()
+        .find(|d| {
+            d.mig
+                .as_ref()
+                .is_some_and(|m| m.profile == "1g.18gb" && m.parent_uuid == "GPU-1")
+        })
+        .unwrap();
+    assert_eq!(
+        operators_1g.index, before.index,
+        "the old index is another instance's now"
+    );
+    let mut running = Running::start(&rt, &config, &rebooted, db.open_tree("claims").unwrap());
+
+    // Made again at the claim's placement; the quota enforced at start names it.
+    let mut want = operators.clone();
+    want.insert(("1g.18gb".to_owned(), beside, 1));
+    want.insert(("2g.35gb".to_owned(), start, 2));
+    assert_eq!(layout(&rebooted), want);
+    let again = the_2g(&rebooted);
+    assert_ne!(again.uuid, before.uuid);
+    let held: Vec<&QuotaSpec> = running
+        .held
+        .iter()
+        .filter(|q| q.session_id == format!("k8s-{A}"))
+        .collect();
+    assert_eq!(held.len(), 1, "{:?}", running.held);
+    assert_eq!(held[0].devices.len(), 1);
+    let part = &held[0].devices[0];
+    assert_eq!(
+        (part.index, part.shares_ppm, part.memory_bytes),
+        (again.index, 1_000_000, again.memory_bytes)
+    );
+    let access = part.mig.as_ref().unwrap();
+    assert_eq!(access.node_minor, again.mig.as_ref().unwrap().parent_index);
+    assert_eq!(access.cap_minors, cap_minors(&again));
+    assert_ne!(access.cap_minors, cap_minors(&operators_1g));
+    // The controller hears of the new instance, not the old UUID or index.
+    assert_eq!(
+        reported(&running, A),
+        Some(vec![(again.uuid.clone(), again.index)])
+    );
+
+    // The kubelet prepares again: the same answer, nothing made twice, the CDI spec naming
+    // the new instance's capability nodes and not the operator's 1g's.
+    let count = rebooted.devices().len();
+    let answer = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    assert_eq!(answer.claims[A], first.claims[A]);
+    assert_eq!(rebooted.devices().len(), count);
+    let nodes = cdi_nodes(&config, A);
+    for minor in cap_minors(&again) {
+        assert!(
+            nodes.contains(&format!("/dev/nvidia-caps/nvidia-cap{minor}")),
+            "{nodes:?}"
+        );
+    }
+    for minor in cap_minors(&operators_1g) {
+        assert!(
+            !nodes.contains(&format!("/dev/nvidia-caps/nvidia-cap{minor}")),
+            "{nodes:?}"
+        );
+    }
+    assert!(running.quotas.try_recv().is_err(), "nothing to change");
+    running.stop(&rt);
+
+    // Rebooted again, the operator's 1g now at the claim's placement: nothing enforced for
+    // the claim at start, its prepare answered with the driver's refusal.
+    let taken = mock_backend(root.path());
+    taken.create_instance("GPU-1", "1g.18gb", start).unwrap();
+    let squatter = taken
+        .devices()
+        .into_iter()
+        .find(|d| {
+            d.mig
+                .as_ref()
+                .is_some_and(|m| m.profile == "1g.18gb" && m.parent_uuid == "GPU-1")
+        })
+        .unwrap();
+    let mut running = Running::start(&rt, &config, &taken, db.open_tree("claims").unwrap());
+    assert!(
+        !running
+            .held
+            .iter()
+            .any(|q| q.session_id == format!("k8s-{A}")),
+        "{:?}",
+        running.held
+    );
+    assert_eq!(reported(&running, A), None, "a claim holding nothing");
+    let refused = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    let err = &refused.claims[A].error;
+    assert!(
+        err.contains(&chosen.name) && err.contains("refused"),
+        "{err}"
+    );
+
+    // The operator takes its 1g away: the next prepare makes the instance and enforces it.
+    taken.destroy_instance(&squatter.uuid).unwrap();
+    let answer = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    assert_eq!(answer.claims[A], first.claims[A]);
+    let mut want = operators.clone();
+    want.insert(("2g.35gb".to_owned(), start, 2));
+    assert_eq!(layout(&taken), want);
+    let remade = the_2g(&taken);
+    let QuotaCommand::Apply(quota) = running.quotas.try_recv().unwrap() else {
+        panic!("not a quota")
+    };
+    assert_eq!(quota.session_id, format!("k8s-{A}"));
+    assert_eq!(
+        quota.devices.iter().map(|d| d.index).collect::<Vec<_>>(),
+        [remade.index]
+    );
+    assert_eq!(
+        quota.devices[0].mig.as_ref().unwrap().cap_minors,
+        cap_minors(&remade)
+    );
+    assert_eq!(
+        reported(&running, A),
+        Some(vec![(remade.uuid.clone(), remade.index)])
+    );
+
+    // Unprepared: the instance made again is destroyed.
+    let done = rt.block_on(unprepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    assert_eq!(done.claims[A].error, "");
+    assert_eq!(layout(&taken), operators);
+    running.stop(&rt);
+}
+
+/// The agent's view of its processes as a test sets it.
+struct Seen(std::sync::Mutex<Option<BTreeSet<u32>>>);
+
+impl Seen {
+    fn set(&self, busy: Option<&[u32]>) {
+        *self.0.lock().unwrap() = busy.map(|b| b.iter().copied().collect());
+    }
+}
+
+impl ProcessView for Seen {
+    fn busy(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<BTreeSet<u32>>> + Send + '_>>
+    {
+        let now = self.0.lock().unwrap().clone();
+        Box::pin(async move { now })
+    }
+}
+
+/// The plugin asks the agent's own view of its processes before it makes or destroys a
+/// partition's instance, the mock's driver counting no process: a process the view sees on the
+/// GPU refuses the prepare, a view that can't be read too, and memory it sees on the instance
+/// holds its destruction after unprepare until it is gone. Judged by the mock's layout.
+#[test]
+fn the_agents_own_view_of_its_processes_holds_partition_changes() {
+    let rt = fake_api::runtime();
+    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
+    let root = scratch("dra-partition-view");
+    let backend = mock_backend(root.path());
+    let db = sled::Config::new()
+        .path(root.path().join("store"))
+        .open()
+        .unwrap();
+    let config = dra_config(root.path(), &api);
+    let endpoint: PathBuf = config.plugin_socket();
+    let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+    let view = Arc::new(Seen(std::sync::Mutex::new(None)));
+    running
+        .driver
+        .on_processes(Arc::clone(&view) as Arc<dyn ProcessView>);
+    let operators = layout(&backend);
+    let ops = backend
+        .devices()
+        .into_iter()
+        .find(|d| d.uuid == "MIG-ops")
+        .unwrap();
+    assert!(backend.busy_devices().is_empty(), "the driver counts none");
+
+    wait_until("the partition pool", || pool(&api).0.len() >= 2);
+    let gathered = gather(&pool(&api).0, true);
+    let Pool::Ready { devices, .. } = &gathered else {
+        panic!("pool not ready: {gathered:?}")
+    };
+    let mut scheduler = Allocator::new(&gathered, &[], true);
+    let chosen = devices
+        .iter()
+        .find(|d| {
+            d.value["attributes"]["migProfile"]["string"] == "2g.35gb"
+                && scheduler.allocate(&d.name)
+        })
+        .unwrap()
+        .clone();
+    api.put_claim(partition_claim("mig-a", A, &chosen.name));
+
+    // A process on the operator's instance as the agent sees it: GPU-1 is busy.
+    view.set(Some(&[ops.index]));
+    let busy = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    let err = &busy.claims[A].error;
+    assert!(err.contains("has a process"), "{err}");
+    assert_eq!(layout(&backend), operators);
+    // The view can't be read: nothing made either.
+    view.set(None);
+    let blind = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    assert!(
+        blind.claims[A].error.contains("can't be read"),
+        "{:?}",
+        blind.claims[A]
+    );
+    assert_eq!(layout(&backend), operators);
+
+    // Nothing seen: made.
+    view.set(Some(&[]));
+    let ok = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    assert_eq!(ok.claims[A].error, "");
+    let made = the_2g(&backend);
+
+    // Memory on it as the agent sees it at unprepare: kept through several ticks.
+    view.set(Some(&[made.index]));
+    let done = rt.block_on(unprepare_v1(&endpoint, &[("ml", A, "mig-a")]));
+    assert_eq!(
+        done.claims[A].error, "",
+        "unprepare succeeds; the destroy waits"
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(
+        backend.devices().contains(&made),
+        "destroyed under the agent's process"
+    );
+    view.set(Some(&[]));
+    wait_until("the instance destroyed once the view is clear", || {
+        layout(&backend) == operators
+    });
+    assert!(!backend.devices().contains(&made));
     running.stop(&rt);
 }

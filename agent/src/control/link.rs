@@ -35,6 +35,7 @@ use commands::{answer, release_held, take_up_interrupted};
 
 pub use allocation::check_allocation;
 pub use endpoint::{LinkError, check_controllers, check_url, endpoint};
+pub use mig::ProcessView;
 pub use registration::{device_to_pb, node_info};
 
 /// The channels between the link and the rest of the agent.
@@ -57,6 +58,9 @@ pub struct LinkChannels {
     /// instance table writes the device list again (the message carries nothing: the receiver
     /// reads the list from its backend, which sees every GPU, not only the link's).
     pub devices_changed: mpsc::UnboundedSender<()>,
+    /// The agent's own view of its GPU processes, asked before a MIG instance is made or
+    /// destroyed (the driver's count is asked too); `None`: the driver's alone.
+    pub processes: Option<Arc<dyn ProcessView>>,
 }
 
 /// What goes up the stream besides heartbeats and answers.
@@ -289,7 +293,8 @@ async fn connect_once(
                 tx.send(heartbeat(seq)).await.map_err(|_| LinkError::Closed)?;
                 seq += 1;
                 // Instances made here and let go, one busy at the last try included.
-                if mig::destroy_idle(reconfigurer, backend, holdings) {
+                let view = channels.as_deref().and_then(|c| c.processes.as_deref());
+                if mig::destroy_idle(reconfigurer, backend, holdings, view).await {
                     return Ok(Ended::LayoutChanged);
                 }
             }
@@ -297,7 +302,8 @@ async fn connect_once(
                 let Some(message) = message else { return Ok(Ended::Closed) };
                 let message = message.map_err(LinkError::Stream)?;
                 if let Some(Msg::MakeMigInstance(order)) = &message.msg {
-                    let Some(nack) = mig::make(reconfigurer, backend, order) else {
+                    let view = channels.as_deref().and_then(|c| c.processes.as_deref());
+                    let Some(nack) = mig::make(reconfigurer, backend, view, order).await else {
                         return Ok(Ended::LayoutChanged);
                     };
                     send(&tx, nack).await?;
@@ -311,7 +317,8 @@ async fn connect_once(
                 if let Some(msg) = reply {
                     send(&tx, msg).await?;
                 }
-                if released && mig::destroy_idle(reconfigurer, backend, holdings) {
+                let view = channels.as_deref().and_then(|c| c.processes.as_deref());
+                if released && mig::destroy_idle(reconfigurer, backend, holdings, view).await {
                     return Ok(Ended::LayoutChanged);
                 }
             }

@@ -249,7 +249,7 @@ impl App {
                 hooks,
                 holdings,
                 backend: controller_backend,
-                telemetry,
+                telemetry: telemetry.clone(),
                 enforcer,
                 usage_reports,
                 usage_counters,
@@ -261,7 +261,7 @@ impl App {
             },
         );
         if let Some(plugin) = dra {
-            spawn_dra(&mut tasks, plugin, config.rescan_interval, devices_changed);
+            spawn_dra(&mut tasks, plugin, &config, devices_changed, telemetry);
         }
         spawn_socket(&mut tasks, socket, sources, &config);
         Running { tasks, lock }
@@ -344,11 +344,15 @@ fn spawn_metrics(
 fn spawn_dra(
     tasks: &mut Tasks<RunError>,
     plugin: dra::Plugin,
-    every: Duration,
+    config: &AgentConfig,
     devices_changed: mpsc::UnboundedSender<()>,
+    telemetry: TelemetryHandle,
 ) {
+    let every = config.rescan_interval;
     // Instances made for claims' partitions change the device list too.
     plugin.driver.on_devices_changed(devices_changed);
+    // Its MIG changes ask the agent's view of its processes beside the driver's count.
+    plugin.driver.on_processes(Arc::new(telemetry));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(plugin.run(every, async {
         let _ = stopped.await;
@@ -408,6 +412,7 @@ fn spawn_link(tasks: &mut Tasks<RunError>, config: &AgentConfig, w: LinkWiring) 
         mig_reconfigurable: config.mig_reconfigurable.clone(),
     };
     let (usage_tx, usage_rx) = mpsc::channel(USAGE_BUFFER);
+    let processes: Arc<dyn crate::control::link::ProcessView> = Arc::new(w.telemetry.clone());
     if let Some((interval, reporter)) = w.usage_reports {
         let report = tasks::report_usage(
             w.telemetry,
@@ -431,6 +436,7 @@ fn spawn_link(tasks: &mut Tasks<RunError>, config: &AgentConfig, w: LinkWiring) 
             observed: w.observed,
             pods: Box::new(w.pods),
             devices_changed: w.devices_changed,
+            processes: Some(processes),
         }),
         std::future::pending(),
     );

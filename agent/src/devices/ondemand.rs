@@ -19,66 +19,41 @@ use std::{
 };
 
 use gpuwarden_runtime::sync::Lock as _;
+use gpuwarden_types::mig::{MigGpuLayout, MigProfilePlacements};
 use serde::{Deserialize, Serialize};
 
-use super::{
-    GpuBackend, GpuDevice,
-    placement::{Layout, Placement},
-};
+use super::{GpuBackend, GpuDevice, placement::Layout};
 
-/// What a reconfigurable GPU's layout allows now, as reported to the controller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LayoutReport {
-    /// The GPU's UUID.
-    pub gpu_uuid: String,
-    /// Its index on the node.
-    pub gpu_index: u32,
-    /// Its memory slices.
-    pub slices: u32,
-    /// The placements taken by instances.
-    pub occupied: Vec<Placement>,
-    /// Each profile of the model, largest first.
-    pub profiles: Vec<ProfileReport>,
-}
-
-/// One profile on a reconfigurable GPU.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProfileReport {
-    /// The profile (`1g.18gb`).
-    pub profile: String,
-    /// Memory slices it takes.
-    pub size: u32,
-    /// Every start the hardware allows it.
-    pub starts: Vec<u32>,
-    /// The starts free now (no overlap, under its instance count).
-    pub free: Vec<u32>,
-}
-
-impl LayoutReport {
-    /// The report of `layout` on GPU `gpu_uuid` (index `gpu_index`).
-    #[must_use]
-    pub fn of(gpu_uuid: &str, gpu_index: u32, layout: &Layout) -> Self {
-        Self {
-            gpu_uuid: gpu_uuid.to_owned(),
-            gpu_index,
-            slices: super::placement::MEMORY_SLICES,
-            occupied: layout.instances.iter().map(|(_, p)| *p).collect(),
-            profiles: layout
-                .model
-                .profiles
-                .iter()
-                .map(|p| ProfileReport {
-                    profile: p.name.to_owned(),
-                    size: p.size,
-                    starts: p.starts.to_vec(),
-                    free: layout
-                        .free_placements(p)
-                        .into_iter()
-                        .map(|pl| pl.start)
-                        .collect(),
-                })
-                .collect(),
-        }
+/// What the reconfigurable GPU `gpu_uuid` (index `gpu_index`) with `layout` allows now, as
+/// reported to the controller: the placements its instances hold, and for each profile of the
+/// model the starts the hardware allows and those free now (no overlap, under its instance
+/// count).
+#[must_use]
+pub fn layout_report(gpu_uuid: &str, gpu_index: u32, layout: &Layout) -> MigGpuLayout {
+    MigGpuLayout {
+        gpu_uuid: gpu_uuid.to_owned(),
+        gpu_index,
+        slices: super::placement::MEMORY_SLICES,
+        occupied: layout
+            .instances
+            .iter()
+            .map(|(_, p)| (p.start, p.size))
+            .collect(),
+        profiles: layout
+            .model
+            .profiles
+            .iter()
+            .map(|p| MigProfilePlacements {
+                profile: p.name.to_owned(),
+                size: p.size,
+                starts: p.starts.to_vec(),
+                free: layout
+                    .free_placements(p)
+                    .into_iter()
+                    .map(|pl| pl.start)
+                    .collect(),
+            })
+            .collect(),
     }
 }
 
@@ -288,12 +263,12 @@ impl Reconfigurer {
 
     /// The layouts of the allowed GPUs the backend can change, by GPU index.
     #[must_use]
-    pub fn layouts(&self, backend: &dyn GpuBackend) -> Vec<LayoutReport> {
-        let mut out: Vec<LayoutReport> = backend
+    pub fn layouts(&self, backend: &dyn GpuBackend) -> Vec<MigGpuLayout> {
+        let mut out: Vec<MigGpuLayout> = backend
             .mig_layouts()
             .into_iter()
             .filter(|(uuid, _, _)| self.allows(uuid))
-            .map(|(uuid, index, layout)| LayoutReport::of(&uuid, index, &layout))
+            .map(|(uuid, index, layout)| layout_report(&uuid, index, &layout))
             .collect();
         out.sort_by_key(|r| r.gpu_index);
         out
@@ -466,7 +441,7 @@ mod tests {
     /// GPU-2, an H200 in MIG mode with no instance.
     const FILE: &str = include_str!("../../../deploy/mock-devices-mig-on-demand.toml");
 
-    fn free(reports: &[LayoutReport], gpu: &str, profile: &str) -> Vec<u32> {
+    fn free(reports: &[MigGpuLayout], gpu: &str, profile: &str) -> Vec<u32> {
         reports
             .iter()
             .find(|r| r.gpu_uuid == gpu)

@@ -113,19 +113,19 @@ impl Plugin {
     ) -> Result<Self, DraError> {
         let api = apiserver::ApiServer::new(&config.api)?;
         let store = store::ClaimStore::load(tree)?;
-        let held = store.all().filter_map(|p| p.quota.clone()).collect();
         // An instance made for a claim's partition is that claim's whole: not offered to
         // others as a shared device of the node's pool.
-        let made: Vec<String> = store
+        let made: Vec<&store::MadeInstance> = store
             .all()
             .flat_map(|p| &p.made)
             .chain(store.doomed())
-            .map(|m| m.uuid.clone())
             .collect();
         let offered: Vec<GpuDevice> = backend
             .devices()
             .iter()
-            .filter(|g| config.offers(g) && !made.contains(&g.uuid))
+            .filter(|g| {
+                config.offers(g) && !made.iter().any(|m| m.is_among(std::slice::from_ref(g)))
+            })
             .cloned()
             .collect();
         let partitioned: Vec<String> = backend
@@ -146,17 +146,23 @@ impl Plugin {
         let observed = Arc::new(Observed::new(offered.iter().map(device_to_pb).collect()));
         let driver_version = backend.driver_version();
         let driver = plugin::Driver::new(
-            config.clone(),
-            node.clone(),
-            offered.clone(),
-            backend.devices(),
-            api,
-            store,
-            quotas,
-            Arc::clone(&observed),
-            backend,
-            partitioned,
+            plugin::DriverParts {
+                config: config.clone(),
+                node: node.clone(),
+                api,
+                store,
+                quotas,
+                observed: Arc::clone(&observed),
+            },
+            plugin::DriverGpus {
+                offered: offered.clone(),
+                all: backend.devices(),
+                backend,
+                partitioned,
+            },
         );
+        // Read after the driver made again the instances a reboot took.
+        let held = driver.held_quotas();
         Ok(Self {
             driver,
             held,
@@ -298,7 +304,7 @@ async fn publish_slices(
                 tracing::debug!("{DRIVER_NAME}: a MIG layout changed; publishing the partition pool");
             }
         }
-        driver.destroy_doomed();
+        driver.destroy_doomed().await;
         partitions.wanted = partition::slices(&node, &driver.partitioned());
         if owner.is_none() {
             match slice::node_owner(&api, &node).await {

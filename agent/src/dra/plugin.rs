@@ -22,13 +22,16 @@ use super::{
     store::{ClaimStore, MadeInstance, Prepared},
 };
 use crate::{
-    control::Observed,
+    control::{Observed, link::ProcessView},
     devices::{
         GpuBackend, GpuDevice,
         ondemand::{MigChangeError, Reconfigurer},
         placement::GiProfile,
     },
-    enforcement::{QuotaCommand, quota::QuotaSpec},
+    enforcement::{
+        QuotaCommand,
+        quota::{MigAccess, QuotaSpec},
+    },
 };
 
 /// A claim as the kubelet names it.
@@ -74,6 +77,40 @@ fn cut(s: &str) -> String {
     s.chars().take(80).collect()
 }
 
+/// What a [`Driver`] is wired to besides the GPUs.
+pub struct DriverParts {
+    /// The `[dra]` settings.
+    pub config: DraConfig,
+    /// The node's name.
+    pub node: String,
+    /// The API server.
+    pub api: ApiServer,
+    /// The prepared claims.
+    pub store: ClaimStore,
+    /// Quotas to enforcement.
+    pub quotas: mpsc::UnboundedSender<QuotaCommand>,
+    /// The claims held, for the controller link.
+    pub observed: Arc<Observed>,
+}
+
+/// The node's GPUs as a [`Driver`] sees them.
+pub struct DriverGpus {
+    /// Those offered to Kubernetes.
+    pub offered: Vec<GpuDevice>,
+    /// All of them.
+    pub all: Vec<GpuDevice>,
+    /// The backend, for the GPUs as they are now (MIG instances made and destroyed).
+    pub backend: Arc<dyn GpuBackend>,
+    /// The GPUs published as partitions (UUIDs, as the backend spells them), whose MIG
+    /// instances are made for claims.
+    pub partitioned: Vec<String>,
+}
+
+/// The answer to a prepare that would change a MIG layout while the agent's view of its
+/// processes can't be read.
+const NO_VIEW: &str =
+    "the agent's view of its GPU processes can't be read; no MIG instance is made";
+
 /// The DRA driver of this node.
 pub struct Driver {
     config: DraConfig,
@@ -96,31 +133,32 @@ pub struct Driver {
     layout_changed: tokio::sync::Notify,
     /// Told when an instance was made or destroyed: the programs' instance table follows.
     devices_changed: Mutex<Option<mpsc::UnboundedSender<()>>>,
+    /// The agent's own view of its GPU processes, asked with the driver's count before a
+    /// layout change (none: the driver's count alone).
+    processes: Mutex<Option<Arc<dyn ProcessView>>>,
 }
 
 impl Driver {
-    /// A driver for `node`, offering `offered` of the node's GPUs `all`, passing quotas to
-    /// enforcement on `quotas` and the claims it holds to the controller link through
-    /// `observed` (those in `store` at once); the MIG instances of partition devices are made
-    /// through `backend` on the GPUs `partitioned` (UUIDs, as the backend spells them).
+    /// A driver wired to `parts`, on the node's GPUs `gpus`; the claims in the store are
+    /// reported held through `parts.observed` at once (their instances made again where a
+    /// reboot took them).
     #[must_use]
-    #[expect(clippy::too_many_arguments, reason = "One of each part it is wired to")]
-    pub fn new(
-        config: DraConfig,
-        node: String,
-        offered: Vec<GpuDevice>,
-        all: Vec<GpuDevice>,
-        api: ApiServer,
-        store: ClaimStore,
-        quotas: mpsc::UnboundedSender<QuotaCommand>,
-        observed: Arc<Observed>,
-        backend: Arc<dyn GpuBackend>,
-        partitioned: Vec<String>,
-    ) -> Arc<Self> {
-        for record in store.all() {
-            observed.hold(observed_session(record, &offered));
-        }
-        Arc::new(Self {
+    pub fn new(parts: DriverParts, gpus: DriverGpus) -> Arc<Self> {
+        let DriverParts {
+            config,
+            node,
+            api,
+            store,
+            quotas,
+            observed,
+        } = parts;
+        let DriverGpus {
+            offered,
+            all,
+            backend,
+            partitioned,
+        } = gpus;
+        let this = Self {
             config,
             node,
             offered,
@@ -134,11 +172,190 @@ impl Driver {
             making: tokio::sync::Mutex::new(()),
             layout_changed: tokio::sync::Notify::new(),
             devices_changed: Mutex::new(None),
-        })
+            processes: Mutex::new(None),
+        };
+        this.remake_gone_at_start();
+        // A claim whose instance is gone holds nothing: the controller hears of it once a
+        // prepare has made the instance again.
+        let devices = this.backend.devices();
+        for record in this.store().all() {
+            if record.made.iter().all(|m| m.is_among(&devices)) {
+                this.observed.hold(observed_session(record, &this.offered));
+            }
+        }
+        Arc::new(this)
+    }
+
+    /// The quotas of the claims prepared before this run, to enforce again: those of claims
+    /// whose MIG instances are there (made again where a reboot took them) only. A quota
+    /// naming an instance that is gone and could not be made again names a device index that
+    /// may be another device's now: it waits for the kubelet's next prepare.
+    #[must_use]
+    pub fn held_quotas(&self) -> Vec<QuotaSpec> {
+        let devices = self.backend.devices();
+        self.store()
+            .all()
+            .filter(|r| r.made.iter().all(|m| m.is_among(&devices)))
+            .filter_map(|r| r.quota.clone())
+            .collect()
+    }
+
+    /// Makes again, at start, the instances of prepared claims that are gone (a node rebooted:
+    /// the driver keeps no MIG instance across a reboot); one that can't be made is logged,
+    /// and the kubelet's next prepare tries again and answers why.
+    fn remake_gone_at_start(&self) {
+        let records: Vec<Prepared> = self.store().all().cloned().collect();
+        for record in records {
+            // No view of the processes yet (telemetry starts later): the driver's count.
+            if let Err(e) = self.remake_gone(&record, &BTreeSet::new()) {
+                tracing::error!(
+                    claim = %format!("{}/{}", record.namespace, record.name),
+                    "{DRIVER_NAME}: {e}; its quota is not enforced until it is"
+                );
+            }
+        }
+    }
+
+    /// Makes again the instances of `record` the backend no longer lists, each at its
+    /// profile and start through the same checks as at prepare, and keeps the record with
+    /// their UUIDs and device indexes now, its quota naming the new indexes and capability
+    /// nodes. `None` when none was gone; all or nothing, as at prepare.
+    ///
+    /// # Errors
+    /// The per-claim error text for the kubelet: an instance refused, or the record not kept
+    /// (the instances made again are destroyed then).
+    fn remake_gone(
+        &self,
+        record: &Prepared,
+        seen: &BTreeSet<u32>,
+    ) -> Result<Option<Prepared>, String> {
+        let devices = self.backend.devices();
+        let gone: Vec<&MadeInstance> = record
+            .made
+            .iter()
+            .filter(|m| !m.is_among(&devices))
+            .collect();
+        if gone.is_empty() {
+            return Ok(None);
+        }
+        let mut remade: Vec<(MadeInstance, GpuDevice)> = Vec::new();
+        for m in gone {
+            let made =
+                self.reconfigurer
+                    .create(self.backend.as_ref(), seen, &m.gpu, &m.profile, m.start);
+            match made {
+                Ok(device) => remade.push((m.clone(), device)),
+                Err(e) => {
+                    self.undo_remade(&remade, seen);
+                    return Err(format!(
+                        "device {}: its MIG instance {} is gone and was not made again: {e}",
+                        m.device, m.uuid
+                    ));
+                }
+            }
+        }
+        let mut fresh = record.clone();
+        for (old, device) in &remade {
+            if let Some(quota) = fresh.quota.as_mut() {
+                // The part held the old instance: the same shares and memory on the new one.
+                if let Some(part) = quota
+                    .devices
+                    .iter_mut()
+                    .find(|d| d.index == old.index && d.mig.is_some())
+                {
+                    part.index = device.index;
+                    part.mig = device.mig.as_ref().map(|mig| MigAccess {
+                        node_minor: mig.parent_index,
+                        cap_minors: [mig.gi_cap_minor, mig.ci_cap_minor]
+                            .into_iter()
+                            .flatten()
+                            .collect(),
+                    });
+                }
+            }
+            if let Some(m) = fresh.made.iter_mut().find(|m| m.uuid == old.uuid) {
+                m.uuid.clone_from(&device.uuid);
+                m.index = device.index;
+            }
+        }
+        if let Some(quota) = fresh.quota.as_mut() {
+            quota.devices.sort_by_key(|d| d.index);
+        }
+        if let Err(e) = self.store().put(fresh.clone()) {
+            self.undo_remade(&remade, seen);
+            return Err(format!("keeping the claim's MIG instances made again: {e}"));
+        }
+        self.layout_did_change();
+        tracing::info!(
+            claim = %format!("{}/{}", fresh.namespace, fresh.name),
+            instances = %remade.iter().map(|(m, d)| format!("{}={}", m.device, d.uuid)).collect::<Vec<_>>().join(","),
+            "{DRIVER_NAME}: MIG instances gone since prepare made again"
+        );
+        Ok(Some(fresh))
+    }
+
+    /// Destroys the instances `remade` for a record that was not kept.
+    fn undo_remade(&self, remade: &[(MadeInstance, GpuDevice)], seen: &BTreeSet<u32>) {
+        if remade.is_empty() {
+            return;
+        }
+        let undo: Vec<MadeInstance> = remade
+            .iter()
+            .map(|(m, d)| MadeInstance {
+                uuid: d.uuid.clone(),
+                index: d.index,
+                ..m.clone()
+            })
+            .collect();
+        self.destroy_or_doom(&undo, seen);
+        self.layout_did_change();
+    }
+
+    /// The answer to a prepare of a claim prepared before: its record, its instances made
+    /// again where they are gone (its quota then enforced anew), its CDI spec written again.
+    /// The caller holds `making`: one claim's instances (and CDI spec) at a time.
+    async fn answer_known(&self, record: Prepared) -> Result<Prepared, String> {
+        let devices = self.backend.devices();
+        let seen = if record.made.iter().all(|m| m.is_among(&devices)) {
+            BTreeSet::new()
+        } else {
+            self.seen().await.ok_or(NO_VIEW)?
+        };
+        let record = match self.remake_gone(&record, &seen)? {
+            Some(fresh) => {
+                if let Some(spec) = &fresh.quota {
+                    let _ = self.quotas.send(QuotaCommand::Apply(spec.clone()));
+                }
+                self.observed.hold(observed_session(&fresh, &self.offered));
+                fresh
+            }
+            None => record,
+        };
+        // The spec may have been removed by hand or lost with a tmpfs: write it again.
+        self.write_cdi(&record)?;
+        Ok(record)
+    }
+
+    /// The agent's own view of its GPU processes (the telemetry task), asked before an
+    /// instance is made or destroyed beside the driver's count.
+    pub fn on_processes(&self, view: Arc<dyn ProcessView>) {
+        *self.processes.locked() = Some(view);
+    }
+
+    /// The devices a process is on as the agent sees it; `None` when its view can't be read
+    /// (then nothing is changed).
+    async fn seen(&self) -> Option<BTreeSet<u32>> {
+        let view = self.processes.locked().clone();
+        match view {
+            Some(v) => v.busy().await,
+            None => Some(BTreeSet::new()),
+        }
     }
 
     /// Where to say that an instance was made or destroyed (the daemon's device-list task).
     pub fn on_devices_changed(&self, tx: mpsc::UnboundedSender<()>) {
+        // Instances made again at start (after a reboot) came before anyone listened.
+        let _ = tx.send(());
         *self.devices_changed.locked() = Some(tx);
     }
 
@@ -181,11 +398,13 @@ impl Driver {
     /// The per-claim error text for the kubelet.
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Prepared, String> {
         claim.check()?;
-        let known = self.store().get(&claim.uid).cloned();
-        if let Some(record) = known {
-            // The spec may have been removed by hand or lost with a tmpfs: write it again.
-            self.write_cdi(&record)?;
-            return Ok(record);
+        let known = self.store().get(&claim.uid).is_some();
+        if known {
+            let _making = self.making.lock().await;
+            let record = self.store().get(&claim.uid).cloned();
+            if let Some(record) = record {
+                return self.answer_known(record).await;
+            }
         }
         let path = format!(
             "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/{}",
@@ -237,16 +456,20 @@ impl Driver {
         let _making = self.making.lock().await;
         let known = self.store().get(&claim.uid).cloned();
         if let Some(record) = known {
-            self.write_cdi(&record)?;
-            return Ok(record);
+            return self.answer_known(record).await;
         }
-        let made = self.make_partitions(&plan.partitions)?;
+        let seen = if plan.partitions.is_empty() {
+            BTreeSet::new()
+        } else {
+            self.seen().await.ok_or(NO_VIEW)?
+        };
+        let made = self.make_partitions(&plan.partitions, &seen)?;
         let kept = self.keep(claim, plan, class, &made);
         if !made.is_empty() {
             if kept.is_err() {
                 // Nothing half made: the instances go with the failed prepare.
                 let made: Vec<MadeInstance> = made.into_iter().map(|(m, _)| m).collect();
-                self.destroy_or_doom(&made);
+                self.destroy_or_doom(&made, &seen);
             }
             self.layout_did_change();
         }
@@ -350,6 +573,7 @@ impl Driver {
     fn make_partitions(
         &self,
         planned: &[PlannedDevice],
+        seen: &BTreeSet<u32>,
     ) -> Result<Vec<(MadeInstance, GpuDevice)>, String> {
         let mut made: Vec<(MadeInstance, GpuDevice)> = Vec::new();
         for p in planned {
@@ -363,15 +587,9 @@ impl Driver {
                     )
                 })
                 .and_then(|(gpu, profile, start)| {
-                    // The agent traces no process here itself: the driver's count is the check.
+                    // The agent's view of its processes and the driver's count.
                     self.reconfigurer
-                        .create(
-                            self.backend.as_ref(),
-                            &BTreeSet::new(),
-                            &gpu,
-                            profile.name,
-                            start,
-                        )
+                        .create(self.backend.as_ref(), seen, &gpu, profile.name, start)
                         .map(|device| {
                             let m = MadeInstance {
                                 device: p.device.clone(),
@@ -392,7 +610,7 @@ impl Driver {
                 Err(e) => {
                     if !made.is_empty() {
                         let undo: Vec<MadeInstance> = made.into_iter().map(|(m, _)| m).collect();
-                        self.destroy_or_doom(&undo);
+                        self.destroy_or_doom(&undo, seen);
                         self.layout_did_change();
                     }
                     return Err(e);
@@ -402,8 +620,9 @@ impl Driver {
         Ok(made)
     }
 
-    /// Destroys the instance `made` (one gone already counts as destroyed).
-    fn destroy(&self, made: &MadeInstance) -> Result<(), MigChangeError> {
+    /// Destroys the instance `made` (one gone already counts as destroyed), unless a process
+    /// is on its GPU as the driver counts it or the agent sees it (`seen`).
+    fn destroy(&self, made: &MadeInstance, seen: &BTreeSet<u32>) -> Result<(), MigChangeError> {
         let devices = self.backend.devices();
         if !devices.iter().any(|d| d.uuid == made.uuid) {
             return Ok(());
@@ -411,7 +630,7 @@ impl Driver {
         if self.reconfigurer.made(&made.uuid) {
             return self
                 .reconfigurer
-                .release(self.backend.as_ref(), &BTreeSet::new(), &made.uuid)
+                .release(self.backend.as_ref(), seen, &made.uuid)
                 .map(|_| ());
         }
         // Made by an earlier run of the agent (the claim store says so), which the
@@ -432,6 +651,7 @@ impl Driver {
             .process_memory()
             .iter()
             .map(|p| p.index)
+            .chain(seen.iter().copied())
             .collect();
         let on_gpu = parent
             .into_iter()
@@ -456,7 +676,7 @@ impl Driver {
     /// Destroys each of `made`, each kept in the store as to destroy first, so that neither the
     /// driver's refusal (a process still on its GPU) nor an agent stopped meanwhile leaves one
     /// behind: what is left is tried again at each tick ([`Driver::destroy_doomed`]).
-    fn destroy_or_doom(&self, made: &[MadeInstance]) {
+    fn destroy_or_doom(&self, made: &[MadeInstance], seen: &BTreeSet<u32>) {
         for m in made {
             if let Err(e) = self.store().doom(m) {
                 tracing::error!(instance = %m.uuid, "{DRIVER_NAME}: MIG instance to destroy kept in memory only: {e}");
@@ -464,7 +684,7 @@ impl Driver {
         }
         let mut changed = false;
         for m in made {
-            changed |= self.settle(m, true);
+            changed |= self.settle(m, true, seen);
         }
         if changed {
             self.layout_did_change();
@@ -474,8 +694,8 @@ impl Driver {
     /// Tries to destroy the instance `m` kept as to destroy; forgets it once destroyed (or
     /// gone, or not the agent's to destroy any more). Whether it was destroyed now. `say`:
     /// warn when the driver refuses (once, not at every tick).
-    fn settle(&self, m: &MadeInstance, say: bool) -> bool {
-        let destroyed = match self.destroy(m) {
+    fn settle(&self, m: &MadeInstance, say: bool, seen: &BTreeSet<u32>) -> bool {
+        let destroyed = match self.destroy(m, seen) {
             Ok(()) => true,
             Err(e @ (MigChangeError::Busy { .. } | MigChangeError::Refused { .. })) => {
                 if say {
@@ -495,12 +715,19 @@ impl Driver {
     }
 
     /// Tries again to destroy the instances of unprepared claims the driver refused before;
-    /// whether any was destroyed (the layout changed).
-    pub fn destroy_doomed(&self) -> bool {
+    /// whether any was destroyed (the layout changed). Nothing is tried while the agent's
+    /// view of its processes can't be read.
+    pub async fn destroy_doomed(&self) -> bool {
         let doomed: Vec<MadeInstance> = self.store().doomed().cloned().collect();
+        if doomed.is_empty() {
+            return false;
+        }
+        let Some(seen) = self.seen().await else {
+            return false;
+        };
         let mut changed = false;
         for m in &doomed {
-            changed |= self.settle(m, false);
+            changed |= self.settle(m, false, &seen);
         }
         if changed {
             self.layout_did_change();
@@ -522,7 +749,7 @@ impl Driver {
     ///
     /// # Errors
     /// The per-claim error text for the kubelet.
-    pub fn unprepare(&self, claim: &ClaimRef) -> Result<(), String> {
+    pub async fn unprepare(&self, claim: &ClaimRef) -> Result<(), String> {
         claim.check()?;
         cdi::remove(&self.config.cdi_dir, &claim.uid)
             .map_err(|e| format!("removing the CDI spec: {e}"))?;
@@ -546,9 +773,17 @@ impl Driver {
             let session = claim::session_id(&record.uid);
             let _ = self.quotas.send(QuotaCommand::Release(session.clone()));
             self.observed.end(&session);
+            // The view unreadable: left to destroy at a later tick.
+            let seen = if record.made.is_empty() {
+                None
+            } else {
+                self.seen().await
+            };
             let mut changed = false;
-            for m in &record.made {
-                changed |= self.settle(m, true);
+            if let Some(seen) = &seen {
+                for m in &record.made {
+                    changed |= self.settle(m, true, seen);
+                }
             }
             if changed {
                 self.layout_did_change();
@@ -611,7 +846,9 @@ impl Driver {
             .offered
             .iter()
             .filter(|g| {
-                indexes.contains(&g.index)
+                // An index of the claim's own instances is theirs, whatever was offered there
+                // at start (an instance gone since may have left it to one made for the claim).
+                (indexes.contains(&g.index) && !record.made.iter().any(|m| m.index == g.index))
                     || record
                         .devices
                         .iter()
@@ -645,16 +882,18 @@ pub fn observed_session(
                 q.devices
                     .iter()
                     .map(|d| pb::DeviceShare {
-                        uuid: offered
+                        // The claim's own instances first: an offered device listed at start
+                        // may be gone since and its index given to one made for the claim.
+                        uuid: record
+                            .made
                             .iter()
-                            .find(|g| g.index == d.index)
-                            .map(|g| g.uuid.clone())
+                            .find(|m| m.index == d.index)
+                            .map(|m| m.uuid.clone())
                             .or_else(|| {
-                                record
-                                    .made
+                                offered
                                     .iter()
-                                    .find(|m| m.index == d.index)
-                                    .map(|m| m.uuid.clone())
+                                    .find(|g| g.index == d.index)
+                                    .map(|g| g.uuid.clone())
                             })
                             .unwrap_or_default(),
                         index: d.index,

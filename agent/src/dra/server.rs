@@ -108,14 +108,13 @@ async fn prepare_all(
     answers
 }
 
-fn unprepare_all(driver: &Driver, claims: Vec<ClaimRef>) -> Vec<(String, String)> {
-    claims
-        .into_iter()
-        .map(|claim| {
-            let error = driver.unprepare(&claim).err().unwrap_or_default();
-            (claim.uid, error)
-        })
-        .collect()
+async fn unprepare_all(driver: &Driver, claims: Vec<ClaimRef>) -> Vec<(String, String)> {
+    let mut answers = Vec::with_capacity(claims.len());
+    for claim in claims {
+        let error = driver.unprepare(&claim).await.err().unwrap_or_default();
+        answers.push((claim.uid, error));
+    }
+    answers
 }
 
 /// Implements `DRAPlugin` of version `$v` on [`Plugin`]: the versions differ only in their
@@ -173,6 +172,7 @@ macro_rules! dra_plugin {
                 });
                 Ok(Response::new($v::NodeUnprepareResourcesResponse {
                     claims: unprepare_all(&self.0, claims.collect())
+                        .await
                         .into_iter()
                         .map(|(uid, error)| (uid, $v::NodeUnprepareResourceResponse { error }))
                         .collect(),

@@ -74,6 +74,20 @@ pub struct MadeInstance {
     pub index: u32,
 }
 
+impl MadeInstance {
+    /// Whether the instance is among `devices`: its UUID, on its GPU, of its profile (after a
+    /// reboot the driver may give a new instance the UUID an old one had).
+    #[must_use]
+    pub fn is_among(&self, devices: &[crate::devices::GpuDevice]) -> bool {
+        devices.iter().any(|d| {
+            d.uuid == self.uuid
+                && d.mig
+                    .as_ref()
+                    .is_some_and(|m| m.parent_uuid == self.gpu && m.profile == self.profile)
+        })
+    }
+}
+
 /// The key prefix of an instance whose claim is unprepared but which is not destroyed yet
 /// (a process still on its GPU); claim UIDs are UUIDs, so no claim's key starts with it.
 const DOOMED: &str = "destroy/";

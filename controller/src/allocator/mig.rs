@@ -21,33 +21,8 @@
 
 use std::cmp::Reverse;
 
-/// One reconfigurable GPU as its agent reported it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct MigGpuLayout {
-    /// The GPU's UUID.
-    pub gpu_uuid: String,
-    /// Its index on the node.
-    pub gpu_index: u32,
-    /// Its memory slices.
-    pub slices: u32,
-    /// The placements its instances hold: `(start, size)`.
-    pub occupied: Vec<(u32, u32)>,
-    /// Each profile it can make.
-    pub profiles: Vec<MigProfilePlacements>,
-}
-
-/// Where one profile may go on one GPU.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct MigProfilePlacements {
-    /// The profile (`1g.18gb`).
-    pub profile: String,
-    /// Memory slices it takes.
-    pub size: u32,
-    /// Every start the hardware allows it.
-    pub starts: Vec<u32>,
-    /// The starts free now, as the agent checked them (overlap and instance counts).
-    pub free: Vec<u32>,
-}
+use gpuwarden_types::mig::slice_mask;
+pub use gpuwarden_types::mig::{MigGpuLayout, MigProfilePlacements};
 
 /// A placement chosen for a new instance.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -64,43 +39,20 @@ pub struct MigPlacement {
     pub size: u32,
 }
 
-impl MigGpuLayout {
-    /// The occupied slices as a bit mask.
-    #[must_use]
-    pub fn occupied_mask(&self) -> u64 {
-        self.occupied
-            .iter()
-            .fold(0, |m, &(start, size)| m | slice_mask(start, size))
-    }
-
-    /// Free slices.
-    #[must_use]
-    pub fn free_slices(&self) -> u32 {
-        let all = slice_mask(0, self.slices);
-        (all & !self.occupied_mask()).count_ones()
-    }
-
-    /// How many instances of `p` could be made side by side with `occupied` held.
-    fn side_by_side(p: &MigProfilePlacements, occupied: u64) -> u32 {
-        let mut taken = occupied;
-        let mut count = 0;
-        let mut starts = p.starts.clone();
-        starts.sort_unstable();
-        for s in starts {
-            let m = slice_mask(s, p.size);
-            if m != 0 && taken & m == 0 {
-                taken |= m;
-                count += 1;
-            }
+/// How many instances of `p` could be made side by side with `occupied` held.
+fn side_by_side(p: &MigProfilePlacements, occupied: u64) -> u32 {
+    let mut taken = occupied;
+    let mut count = 0;
+    let mut starts = p.starts.clone();
+    starts.sort_unstable();
+    for s in starts {
+        let m = slice_mask(s, p.size);
+        if m != 0 && taken & m == 0 {
+            taken |= m;
+            count += 1;
         }
-        count
     }
-}
-
-/// The slices `[start, start + size)` as a bit mask (empty past 64 slices).
-fn slice_mask(start: u32, size: u32) -> u64 {
-    let ones = 1u64.checked_shl(size).map_or(u64::MAX, |b| b - 1);
-    ones.checked_shl(start).unwrap_or(0)
+    count
 }
 
 /// The profiles of the node's layouts, by name, largest first (the order the rule reads them).
@@ -129,7 +81,7 @@ fn capacity(layouts: &[MigGpuLayout], order: &[(String, u32)], on: usize, extra:
                     l.profiles
                         .iter()
                         .find(|p| p.profile == *name)
-                        .map_or(0, |p| MigGpuLayout::side_by_side(p, held))
+                        .map_or(0, |p| side_by_side(p, held))
                 })
                 .sum()
         })

@@ -6,7 +6,9 @@
 //! the node's reconfigurable GPUs ([`choose_placement`]), books its slices for the session, and
 //! orders the node's agent to make the instance ([`Command::MakeMigInstance`]). The session
 //! keeps waiting. The agent registers again once the instance is made, its report listing it;
-//! the booking goes and the next pass places the session on the instance like on any other.
+//! the booking goes and the next pass places the session on the instance like on any other,
+//! trying it before every other session until it is placed (the instance is its own: another
+//! session of the profile would otherwise take it first and have it made again).
 //! An agent that refuses (an `AllocationNack` with reason [`REFUSED`]) frees the booking, and
 //! that node is not asked again for that session; its reason says why.
 //!
@@ -38,11 +40,15 @@ pub struct MigBooking {
     pub placement: MigPlacement,
 }
 
-/// The bookings, and the nodes that refused.
+/// The bookings, the instances made and not yet taken, and the nodes that refused.
 #[derive(Debug, Clone, Default)]
 pub(super) struct MigDemand {
     /// By session.
     booked: BTreeMap<String, MigBooking>,
+    /// Bookings whose instance its node reports made, by session: the session is tried before
+    /// the others in each pass until it is placed, so no other session of its profile takes
+    /// the instance first.
+    made: BTreeMap<String, MigBooking>,
     /// Nodes that refused to make an instance for a session, by session, with what they said.
     refused: BTreeMap<String, BTreeMap<String, String>>,
 }
@@ -202,6 +208,7 @@ impl Scheduler {
         };
         let layouts = n.report.mig_layouts.clone();
         let mut again = Vec::new();
+        let made_for = &mut self.mig.made;
         self.mig.booked.retain(|session, b| {
             if b.node != node {
                 return true;
@@ -220,9 +227,32 @@ impl Scheduler {
                     start: p.start,
                 });
             }
+            if made {
+                made_for.insert(session.clone(), b.clone());
+            }
             !made && listed
         });
         again
+    }
+
+    /// `order` with the sessions whose instance was made for them first (in `order`'s order
+    /// among themselves): each is tried before a session that could take its instance.
+    pub(super) fn mig_made_first(&mut self, order: Vec<String>) -> Vec<String> {
+        self.mig_prune();
+        let nodes = &self.nodes;
+        self.mig.made.retain(|_, b| {
+            nodes
+                .get(&b.node)
+                .is_some_and(|n| n.state == NodeState::Ready)
+        });
+        if self.mig.made.is_empty() {
+            return order;
+        }
+        let (mut first, rest): (Vec<String>, Vec<String>) = order
+            .into_iter()
+            .partition(|id| self.mig.made.contains_key(id));
+        first.extend(rest);
+        first
     }
 
     /// Node `node` refused to make the instance for `session` (`reason` [`REFUSED`]): the
@@ -262,6 +292,7 @@ impl Scheduler {
                 .is_some_and(|s| s.state == SessionState::Pending)
         };
         self.mig.booked.retain(|id, _| waiting(id));
+        self.mig.made.retain(|id, _| waiting(id));
         self.mig.refused.retain(|id, _| waiting(id));
     }
 

@@ -30,7 +30,9 @@ impl Scheduler {
         } else {
             std::collections::BTreeMap::new()
         };
+        // A session whose MIG instance was just made for it goes first: it is its own.
         let order = self.queue_order(&held);
+        let order = self.mig_made_first(order);
         let mut reclaimable = None;
         let mut commands = Vec::new();
         let mut tried = super::gang::Tried::new();

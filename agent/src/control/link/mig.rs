@@ -3,15 +3,57 @@
 //! session holds them. Either change is reported by registering again, the registration
 //! listing the node's devices and layouts as they are now.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::{collections::BTreeSet, future::Future, pin::Pin, time::Duration};
 
 use gpuwarden_proto::v1 as pb;
 
 use super::super::holdings::{SharedHoldings, lock};
-use crate::devices::{
-    GpuBackend,
-    ondemand::{self, Reconfigurer},
+use crate::{
+    devices::{
+        GpuBackend,
+        ondemand::{self, Reconfigurer},
+    },
+    export::TelemetryHandle,
+    sensor::Counters,
 };
+
+/// The agent's own view of the GPU processes it traced (the telemetry task's counters), asked
+/// before a MIG layout change beside the driver's count: NVML's per-instance process list is
+/// not to be relied on alone (docs/mig.md, "Instances made on demand").
+pub trait ProcessView: Send + Sync {
+    /// The device indexes (GPUs and MIG instances) the agent sees a process or GPU memory on
+    /// now; `None` when it can't tell (the telemetry task gone): then nothing is changed.
+    fn busy(&self) -> Pin<Box<dyn Future<Output = Option<BTreeSet<u32>>> + Send + '_>>;
+}
+
+impl ProcessView for TelemetryHandle {
+    fn busy(&self) -> Pin<Box<dyn Future<Output = Option<BTreeSet<u32>>> + Send + '_>> {
+        Box::pin(async move { self.counters().await.ok().map(|c| busy_in(&c)) })
+    }
+}
+
+/// The device indexes `counters` attribute GPU memory to, or a process to: a cgroup with a
+/// process holding GPU files that has used the device.
+pub(crate) fn busy_in(counters: &Counters) -> BTreeSet<u32> {
+    counters
+        .cgroups
+        .values()
+        .flat_map(|c| {
+            c.devices
+                .iter()
+                .filter(|(_, (_, bytes))| *bytes > 0 || !c.pids.is_empty())
+                .map(|(index, _)| *index)
+        })
+        .collect()
+}
+
+/// What `view` sees busy; with no view (a link without the daemon's telemetry), nothing.
+async fn seen_busy(view: Option<&dyn ProcessView>) -> Option<BTreeSet<u32>> {
+    match view {
+        Some(v) => v.busy().await,
+        None => Some(BTreeSet::new()),
+    }
+}
 
 /// The link's [`Reconfigurer`] for the GPUs `allowed`: the instances made here kept in the
 /// agent's store beside the holdings, those a previous run made taken back. A store that can't
@@ -59,15 +101,20 @@ pub(super) const UNCLAIMED_GRACE: Duration = Duration::from_mins(2);
 pub(super) const REFUSED: &str = "MigInstanceRefused";
 
 /// Makes the instance `order` asks for; `None` when made, else the nack to send (a GPU not
-/// listed, a process on it, the driver's refusal).
-pub(super) fn make(
+/// listed, a process on it as the agent's `view` or the driver sees it, the driver's refusal).
+pub(super) async fn make(
     reconfigurer: &Reconfigurer,
     backend: &dyn GpuBackend,
+    view: Option<&dyn ProcessView>,
     order: &pb::MakeMigInstance,
 ) -> Option<pb::agent_message::Msg> {
-    // The link sees no processes itself: the backend's count (the driver's) is the check.
-    let seen = BTreeSet::new();
-    match reconfigurer.create(backend, &seen, &order.gpu_uuid, &order.profile, order.start) {
+    let made = match seen_busy(view).await {
+        Some(seen) => reconfigurer
+            .create(backend, &seen, &order.gpu_uuid, &order.profile, order.start)
+            .map_err(|e| e.to_string()),
+        None => Err("the agent's view of its GPU processes can't be read".to_owned()),
+    };
+    match made {
         Ok(device) => {
             tracing::info!(session = %order.session_id, instance = %device.uuid, index = device.index, "MIG instance made; registering again");
             None
@@ -77,23 +124,35 @@ pub(super) fn make(
             Some(pb::agent_message::Msg::Nack(pb::AllocationNack {
                 session_id: order.session_id.clone(),
                 reason: REFUSED.to_owned(),
-                message: e.to_string(),
+                message: e,
             }))
         }
     }
 }
 
 /// Destroys the instances made here that no held session names any more (retried at each
-/// heartbeat while one is busy); whether any was destroyed.
-pub(super) fn destroy_idle(
+/// heartbeat while one is busy, as the agent's `view` or the driver sees it); whether any was
+/// destroyed.
+pub(super) async fn destroy_idle(
     reconfigurer: &Reconfigurer,
     backend: &dyn GpuBackend,
     holdings: &SharedHoldings,
+    view: Option<&dyn ProcessView>,
 ) -> bool {
     let held = held_devices(holdings);
+    let due = reconfigurer.idle(&held, UNCLAIMED_GRACE);
+    if due.is_empty() {
+        return false;
+    }
+    let Some(seen) = seen_busy(view).await else {
+        tracing::warn!(
+            "MIG instances not destroyed yet: the agent's view of its GPU processes can't be read"
+        );
+        return false;
+    };
     let mut changed = false;
-    for uuid in reconfigurer.idle(&held, UNCLAIMED_GRACE) {
-        match reconfigurer.release(backend, &BTreeSet::new(), &uuid) {
+    for uuid in due {
+        match reconfigurer.release(backend, &seen, &uuid) {
             Ok(destroyed) => changed |= destroyed,
             Err(e) => {
                 tracing::warn!(instance = %uuid, "MIG instance not destroyed yet, tried again later: {e}");
@@ -118,3 +177,6 @@ fn held_devices(holdings: &SharedHoldings) -> BTreeSet<String> {
         .flat_map(|a| a.devices.iter().map(|d| d.uuid.clone()))
         .collect()
 }
+
+#[cfg(test)]
+mod tests;

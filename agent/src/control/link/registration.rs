@@ -86,34 +86,7 @@ pub fn node_info(
             .map(|o| o.kubernetes_devices().to_vec())
             .unwrap_or_default(),
         observed_sessions: observed.map(Observed::registration).unwrap_or_default(),
-        mig_layouts: mig_layouts.iter().map(layout_to_pb).collect(),
-    }
-}
-
-/// A reconfigurable GPU's layout as the registration reports it.
-fn layout_to_pb(l: &crate::devices::ondemand::LayoutReport) -> pb::MigLayout {
-    pb::MigLayout {
-        gpu_uuid: l.gpu_uuid.clone(),
-        gpu_index: l.gpu_index,
-        slices: l.slices,
-        occupied: l
-            .occupied
-            .iter()
-            .map(|p| pb::MigPlacement {
-                start: p.start,
-                size: p.size,
-            })
-            .collect(),
-        profiles: l
-            .profiles
-            .iter()
-            .map(|p| pb::MigProfilePlacements {
-                profile: p.profile.clone(),
-                size: p.size,
-                starts: p.starts.clone(),
-                free: p.free.clone(),
-            })
-            .collect(),
+        mig_layouts: mig_layouts.iter().map(convert::mig_layout_to_pb).collect(),
     }
 }
 

@@ -273,3 +273,59 @@ fn an_order_to_a_node_that_went_away_is_given_to_another() {
     assert_eq!(asked, [("n2".to_owned(), "a".to_owned())]);
     assert_eq!(s.mig_bookings()["a"].node, "n2");
 }
+
+/// The device indexes session `id` is bound to.
+fn bound_to(s: &Scheduler, id: &str) -> Vec<u32> {
+    s.sessions()[id]
+        .allocation
+        .parts
+        .iter()
+        .map(|p| p.index)
+        .collect()
+}
+
+#[test]
+fn an_instance_made_for_a_session_is_not_taken_by_another_of_its_profile() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report(&[]), &[]).unwrap();
+    create(&mut s, "a", &["cuda.mig.2g.20gb=1"]);
+    let for_a = passes(&mut s, 1);
+    assert_eq!(for_a.len(), 1, "{for_a:?}");
+    // b asks for the same profile later, ahead of a in the queue (a higher priority).
+    s.create(NewSession {
+        id: "b".into(),
+        owner: "b".into(),
+        requested: ResourceSlot::parse_any(&["cuda.mig.2g.20gb=1"]).unwrap(),
+        priority: 10,
+        ..NewSession::default()
+    })
+    .unwrap();
+    let for_b = passes(&mut s, 1);
+    assert_eq!(
+        for_b.iter().map(|m| m.0.as_str()).collect::<Vec<_>>(),
+        ["b"]
+    );
+    let (a_start, b_start) = (for_a[0].3, for_b[0].3);
+
+    // a's instance is made first (device 2, at the start ordered for a); b's is not yet.
+    s.register(report(&[(2, "2g.20gb", a_start, 2)]), &[])
+        .unwrap();
+    s.pass();
+    assert_eq!(s.sessions()["a"].state, SessionState::Scheduled);
+    assert_eq!(
+        bound_to(&s, "a"),
+        [2],
+        "a is bound to the instance made for it"
+    );
+    assert_eq!(s.sessions()["b"].state, SessionState::Pending);
+    assert!(s.mig_bookings().contains_key("b"));
+
+    // b's instance comes (device 3): b is bound to it.
+    s.register(
+        report(&[(2, "2g.20gb", a_start, 2), (3, "2g.20gb", b_start, 2)]),
+        &[],
+    )
+    .unwrap();
+    s.pass();
+    assert_eq!(bound_to(&s, "b"), [3]);
+}
