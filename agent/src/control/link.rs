@@ -36,6 +36,7 @@ use commands::{answer, release_held, take_up_interrupted};
 pub use allocation::check_allocation;
 pub use endpoint::{LinkError, check_controllers, check_url, endpoint};
 pub use mig::ProcessView;
+pub(crate) use mig::busy_in;
 pub use registration::{device_to_pb, node_info};
 
 /// The channels between the link and the rest of the agent.

@@ -374,6 +374,22 @@ impl TelemetryHandle {
     }
 }
 
+/// The link's and the DRA plugin's view of the traced processes, asked before a MIG change.
+impl crate::control::link::ProcessView for TelemetryHandle {
+    fn busy(
+        &self,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Option<std::collections::BTreeSet<u32>>> + Send + '_>,
+    > {
+        Box::pin(async move {
+            self.counters()
+                .await
+                .ok()
+                .map(|c| crate::control::link::busy_in(&c))
+        })
+    }
+}
+
 /// Runs `telemetry` as a task until [`TelemetryHandle::stop`] or every handle is gone.
 pub(crate) fn spawn(telemetry: Telemetry) -> (TelemetryHandle, tokio::task::JoinHandle<()>) {
     spawn_state(telemetry)

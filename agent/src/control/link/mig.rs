@@ -13,7 +13,6 @@ use crate::{
         GpuBackend,
         ondemand::{self, Reconfigurer},
     },
-    export::TelemetryHandle,
     sensor::Counters,
 };
 
@@ -26,14 +25,9 @@ pub trait ProcessView: Send + Sync {
     fn busy(&self) -> Pin<Box<dyn Future<Output = Option<BTreeSet<u32>>> + Send + '_>>;
 }
 
-impl ProcessView for TelemetryHandle {
-    fn busy(&self) -> Pin<Box<dyn Future<Output = Option<BTreeSet<u32>>> + Send + '_>> {
-        Box::pin(async move { self.counters().await.ok().map(|c| busy_in(&c)) })
-    }
-}
-
 /// The device indexes `counters` attribute GPU memory to, or a process to: a cgroup with a
-/// process holding GPU files that has used the device.
+/// process holding GPU files that has used the device. (The telemetry task's handle answers
+/// [`ProcessView`] with it, in `export`: the link does not reach up to the task.)
 pub(crate) fn busy_in(counters: &Counters) -> BTreeSet<u32> {
     counters
         .cgroups
