@@ -186,6 +186,62 @@ fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// What each test here starts from: the fake API server with this node, mock GPUs (the
+/// operator's instances made), the claim store's database and the plugin's configuration, in a
+/// scratch directory tagged `tag`.
+struct Scene {
+    rt: tokio::runtime::Runtime,
+    api: FakeApi,
+    root: tempfile::TempDir,
+    backend: Arc<MockBackend>,
+    db: sled::Db,
+    config: DraConfig,
+    endpoint: PathBuf,
+}
+
+impl Scene {
+    fn new(tag: &str) -> Self {
+        let rt = fake_api::runtime();
+        let api = FakeApi::with_node(&rt, NODE, NODE_UID);
+        let root = scratch(tag);
+        let backend = mock_backend(root.path());
+        let db = sled::Config::new()
+            .path(root.path().join("store"))
+            .open()
+            .unwrap();
+        let config = dra_config(root.path(), &api);
+        let endpoint = config.plugin_socket();
+        Self {
+            rt,
+            api,
+            root,
+            backend,
+            db,
+            config,
+            endpoint,
+        }
+    }
+}
+
+/// A `2g.35gb` partition that kube-scheduler's arithmetic (transcribed) allocates from the pool
+/// the plugin published.
+fn scheduler_picks_a_2g(api: &FakeApi) -> counters::Device {
+    wait_until("the partition pool", || pool(api).0.len() >= 2);
+    let gathered = gather(&pool(api).0, true);
+    let Pool::Ready { devices, .. } = &gathered else {
+        panic!("pool not ready: {gathered:?}")
+    };
+    let mut scheduler = Allocator::new(&gathered, &[], true);
+    devices
+        .iter()
+        .find(|d| {
+            d.value["attributes"]["migProfile"]["string"] == "2g.35gb"
+                && scheduler.allocate(&d.name)
+        })
+        .unwrap()
+        .clone()
+}
+
 /// The plugin running on `rt`, and what stops it.
 struct Running {
     stop: tokio::sync::oneshot::Sender<()>,
@@ -252,27 +308,15 @@ impl Running {
 #[test]
 #[expect(clippy::too_many_lines, reason = "one scenario, step by step")]
 fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
-    let rt = fake_api::runtime();
-    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
-    let root = scratch("dra-partition-prepare");
-    let backend = mock_backend(root.path());
-    let db = sled::Config::new()
-        .path(root.path().join("store"))
-        .open()
-        .unwrap();
-    let config = DraConfig {
-        gpus: GpuSelection::Keyword("all".into()),
-        plugins_registry_dir: root.path().join("plugins_registry"),
-        plugins_dir: root.path().join("plugins"),
-        cdi_dir: root.path().join("cdi"),
-        policy: gpuwarden_agent::enforcement::quota::QuotaPolicy::default(),
-        api: ApiServerConfig {
-            url: api.url(),
-            token_file: None,
-            ca_file: None,
-        },
-    };
-    let endpoint: PathBuf = config.plugin_socket();
+    let Scene {
+        rt,
+        api,
+        root: _root,
+        backend,
+        db,
+        config,
+        endpoint,
+    } = Scene::new("dra-partition-prepare");
     let mut running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
     let operators = layout(&backend);
     let devices_before = backend.devices();
@@ -594,34 +638,20 @@ fn the_2g(backend: &MockBackend) -> GpuDevice {
 #[test]
 #[expect(clippy::too_many_lines, reason = "one scenario, step by step")]
 fn a_claims_instance_gone_after_a_reboot_is_made_again() {
-    let rt = fake_api::runtime();
-    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
-    let root = scratch("dra-partition-reboot");
-    let backend = mock_backend(root.path());
-    let db = sled::Config::new()
-        .path(root.path().join("store"))
-        .open()
-        .unwrap();
-    let config = dra_config(root.path(), &api);
-    let endpoint: PathBuf = config.plugin_socket();
+    let Scene {
+        rt,
+        api,
+        root,
+        backend,
+        db,
+        config,
+        endpoint,
+    } = Scene::new("dra-partition-reboot");
     let mut running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
     let operators = layout(&backend);
 
     // A 2g the scheduler's arithmetic picks from the published pool, prepared.
-    wait_until("the partition pool", || pool(&api).0.len() >= 2);
-    let gathered = gather(&pool(&api).0, true);
-    let Pool::Ready { devices, .. } = &gathered else {
-        panic!("pool not ready: {gathered:?}")
-    };
-    let mut scheduler = Allocator::new(&gathered, &[], true);
-    let chosen = devices
-        .iter()
-        .find(|d| {
-            d.value["attributes"]["migProfile"]["string"] == "2g.35gb"
-                && scheduler.allocate(&d.name)
-        })
-        .unwrap()
-        .clone();
+    let chosen = scheduler_picks_a_2g(&api);
     let at = placement(&chosen.value);
     let start = u32::try_from(at.1).unwrap();
     api.put_claim(partition_claim("mig-a", A, &chosen.name));
@@ -798,16 +828,15 @@ impl ProcessView for Seen {
 /// holds its destruction after unprepare until it is gone. Judged by the mock's layout.
 #[test]
 fn the_agents_own_view_of_its_processes_holds_partition_changes() {
-    let rt = fake_api::runtime();
-    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
-    let root = scratch("dra-partition-view");
-    let backend = mock_backend(root.path());
-    let db = sled::Config::new()
-        .path(root.path().join("store"))
-        .open()
-        .unwrap();
-    let config = dra_config(root.path(), &api);
-    let endpoint: PathBuf = config.plugin_socket();
+    let Scene {
+        rt,
+        api,
+        root: _root,
+        backend,
+        db,
+        config,
+        endpoint,
+    } = Scene::new("dra-partition-view");
     let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
     let view = Arc::new(Seen(std::sync::Mutex::new(None)));
     running
@@ -821,20 +850,7 @@ fn the_agents_own_view_of_its_processes_holds_partition_changes() {
         .unwrap();
     assert!(backend.busy_devices().is_empty(), "the driver counts none");
 
-    wait_until("the partition pool", || pool(&api).0.len() >= 2);
-    let gathered = gather(&pool(&api).0, true);
-    let Pool::Ready { devices, .. } = &gathered else {
-        panic!("pool not ready: {gathered:?}")
-    };
-    let mut scheduler = Allocator::new(&gathered, &[], true);
-    let chosen = devices
-        .iter()
-        .find(|d| {
-            d.value["attributes"]["migProfile"]["string"] == "2g.35gb"
-                && scheduler.allocate(&d.name)
-        })
-        .unwrap()
-        .clone();
+    let chosen = scheduler_picks_a_2g(&api);
     api.put_claim(partition_claim("mig-a", A, &chosen.name));
 
     // A process on the operator's instance as the agent sees it: GPU-1 is busy.
