@@ -39,6 +39,29 @@ pub struct TestAgent {
     scratch: Option<TempDir>,
 }
 
+/// Waits until no one holds the agent lock in `state_dir` (up to [`PATIENCE`](crate::wait::PATIENCE)),
+/// so an agent started again in this process finds it free. The agent that held it let go when
+/// it stopped, but tests share one process: a child another test forked holds a copy of every
+/// fd this process had, the lock's among them, until it execs (on a loaded machine, a while;
+/// one that joins a frozen cgroup before its `exec`, as long as the cgroup stays frozen). Seen
+/// once in a full run: `agent_suspend`'s restart found the lock held by its own pid.
+fn wait_lock_free(state_dir: &Path) {
+    use std::os::fd::AsRawFd as _;
+    let Ok(file) = std::fs::File::open(state_dir.join("agent.lock")) else {
+        return; // never started here
+    };
+    wait_for("the last agent's lock to be let go of everywhere", || {
+        // SAFETY: plain syscalls on an fd this function owns.
+        unsafe {
+            if libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 {
+                return false;
+            }
+            libc::flock(file.as_raw_fd(), libc::LOCK_UN);
+        }
+        true
+    });
+}
+
 impl TestAgent {
     /// Starts an agent watching `globs`, with its state in a scratch directory of its own, and
     /// waits until it answers.
@@ -52,6 +75,7 @@ impl TestAgent {
 
     /// Starts an agent with `config`; its state directory is the caller's.
     pub fn start_with(config: AgentConfig) -> Self {
+        wait_lock_free(&config.state_dir);
         let state_dir = config.state_dir.clone();
         let socket = config.socket.clone();
         let pin_dir = config.bpf_pin_dir.clone().unwrap();
