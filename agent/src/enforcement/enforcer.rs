@@ -134,6 +134,8 @@ pub(crate) struct Enforcer {
     suspend: Option<SuspendConfig>,
     /// Sessions suspended, or being suspended or resumed ([`Self::begin_suspend`]).
     suspensions: BTreeMap<String, Suspension>,
+    /// Where the host's available memory is read before a suspension (`/proc/meminfo`).
+    meminfo: std::path::PathBuf,
 }
 
 impl Enforcer {
@@ -161,7 +163,16 @@ impl Enforcer {
             preempting: BTreeMap::new(),
             suspend: None,
             suspensions: BTreeMap::new(),
+            meminfo: "/proc/meminfo".into(),
         }
+    }
+
+    /// The same, reading the host's available memory from `path` (a test's own meminfo).
+    #[cfg(test)]
+    #[must_use]
+    pub(crate) fn with_meminfo(mut self, path: std::path::PathBuf) -> Self {
+        self.meminfo = path;
+        self
     }
 
     /// The same, suspending workloads through `config` where a preemption asks for it.

@@ -37,24 +37,39 @@ impl SuspendConfig {
 }
 
 /// Whether the host has room for `footprint` bytes of GPU memory copied out, leaving `reserve`
-/// of `MemAvailable` (read from `meminfo`, the text of `/proc/meminfo`). Unknown where
-/// `meminfo` does not tell (then the suspension goes ahead, as before the check).
+/// of `MemAvailable` (read from `meminfo`, the text of `/proc/meminfo`) once the `in_flight`
+/// bytes of suspensions still copying out (which `MemAvailable` does not count yet) are there
+/// too. Unknown where `meminfo` does not tell (then the suspension goes ahead, as before the
+/// check).
 ///
 /// # Errors
-/// Why not, naming the three numbers.
-pub(crate) fn host_room(meminfo: &str, footprint: u64, reserve: u64) -> Result<(), String> {
+/// Why not, naming the numbers.
+pub(crate) fn host_room(
+    meminfo: &str,
+    footprint: u64,
+    in_flight: u64,
+    reserve: u64,
+) -> Result<(), String> {
     let Some(available) = meminfo.lines().find_map(|l| {
         let kib = l.strip_prefix("MemAvailable:")?.trim().strip_suffix("kB")?;
         kib.trim().parse::<u64>().ok()?.checked_mul(1024)
     }) else {
         return Ok(());
     };
-    if footprint.saturating_add(reserve) <= available {
+    if footprint.saturating_add(in_flight).saturating_add(reserve) <= available {
         return Ok(());
     }
+    let others = if in_flight == 0 {
+        String::new()
+    } else {
+        format!(
+            " after the {} MiB of suspensions under way",
+            in_flight.div_ceil(1 << 20)
+        )
+    };
     Err(format!(
-        "the host has {} MiB available; its {} MiB of GPU memory would leave less than the \
-         {} MiB reserve",
+        "the host has {} MiB available; its {} MiB of GPU memory{others} would leave less than \
+         the {} MiB reserve",
         available >> 20,
         footprint.div_ceil(1 << 20),
         reserve >> 20
@@ -437,8 +452,8 @@ mod tests {
         let meminfo = "MemTotal:       24000000 kB\nMemFree:         1000000 kB\n\
                        MemAvailable:    2097152 kB\nBuffers:           1 kB\n";
         // 2 GiB available: 1 GiB out with a 1 GiB reserve fits exactly, a byte more does not.
-        assert_eq!(host_room(meminfo, 1024 * MIB, 1024 * MIB), Ok(()));
-        let why = host_room(meminfo, 1024 * MIB + 1, 1024 * MIB).unwrap_err();
+        assert_eq!(host_room(meminfo, 1024 * MIB, 0, 1024 * MIB), Ok(()));
+        let why = host_room(meminfo, 1024 * MIB + 1, 0, 1024 * MIB).unwrap_err();
         assert!(
             why.contains("2048 MiB available")
                 && why.contains("1025 MiB of GPU memory")
@@ -446,11 +461,16 @@ mod tests {
             "{why}"
         );
         // The footprint counts: with none, the same reserve fits.
-        assert_eq!(host_room(meminfo, 0, 2048 * MIB), Ok(()));
+        assert_eq!(host_room(meminfo, 0, 0, 2048 * MIB), Ok(()));
         // No MemAvailable (a kernel before 3.14): not known, not refused.
-        assert_eq!(host_room("MemTotal: 1 kB\n", u64::MAX, u64::MAX), Ok(()));
+        assert_eq!(host_room("MemTotal: 1 kB\n", u64::MAX, 0, u64::MAX), Ok(()));
         // Sums that would overflow are refused, not wrapped.
-        assert!(host_room(meminfo, u64::MAX, 1).is_err());
+        assert!(host_room(meminfo, u64::MAX, 0, 1).is_err());
+        // Suspensions still copying out count as taken: 512 MiB out with 512 MiB under way
+        // fits the 1 GiB above the reserve exactly, a byte more under way does not.
+        assert_eq!(host_room(meminfo, 512 * MIB, 512 * MIB, 1024 * MIB), Ok(()));
+        let why = host_room(meminfo, 512 * MIB, 512 * MIB + 1, 1024 * MIB).unwrap_err();
+        assert!(why.contains("under way"), "{why}");
     }
 
     #[tokio::test]

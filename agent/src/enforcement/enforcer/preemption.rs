@@ -131,8 +131,15 @@ impl Enforcer {
             .and_then(|b| b.key)
             .and_then(|k| self.kernel.maps.quotas.get(&k))
             .map_or(0, |q| q.used.iter().sum::<u64>());
-        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        if let Err(why) = suspend::host_room(&meminfo, held, config.host_reserve) {
+        // Suspensions still copying out: `MemAvailable` does not count their bytes yet.
+        let in_flight = self
+            .suspensions
+            .values()
+            .filter(|s| !s.done)
+            .map(|s| s.held)
+            .sum::<u64>();
+        let meminfo = std::fs::read_to_string(&self.meminfo).unwrap_or_default();
+        if let Err(why) = suspend::host_room(&meminfo, held, in_flight, config.host_reserve) {
             self.preempt(session, grace, &format!("{reason}; not suspended: {why}"));
             return None;
         }

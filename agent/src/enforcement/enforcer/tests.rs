@@ -894,3 +894,66 @@ fn a_move_to_another_gpu_waits_for_the_driver_then_moves_the_quota() {
     r.enforcer.end_resume("s", Ok(Duration::from_millis(3)));
     assert_eq!(r.actions(), ["resumed"]);
 }
+
+#[test]
+fn suspensions_under_way_count_against_the_host_memory_check() {
+    let mut r = suspendable_rig();
+    let other = r.fake.cgroups.mkdir("/cg/other");
+    r.fake
+        .cgroups
+        .procs
+        .lock()
+        .unwrap()
+        .insert("/cg/other".into(), vec![43]);
+    // Each holds 1 GiB of GPU memory: what a suspension copies to host memory. "s" is bound
+    // already (its quota's count set); "u" counts what its cgroup held when it binds.
+    let job = r.fake.cgroups.id_of("/cg/job").unwrap();
+    r.fake.quotas.0.lock().unwrap().get_mut(&job).unwrap().used[0] = GIB;
+    r.fake.cgroup_memory.0.lock().unwrap().insert(
+        CgroupDeviceKey {
+            cgroup: other,
+            device: 0,
+            kind: 0,
+        },
+        GIB,
+    );
+    let scratch = tempfile::tempdir().unwrap();
+    let meminfo = scratch.path().join("meminfo");
+    // 2.5 GiB available, 1 GiB of it reserved: room for one suspension's bytes, not two.
+    std::fs::write(
+        &meminfo,
+        format!("MemAvailable: {} kB\n", 5 * GIB / 2 / 1024),
+    )
+    .unwrap();
+    let mut config = r.enforcer.suspend.clone().unwrap();
+    config.host_reserve = GIB;
+    r.enforcer = std::mem::replace(
+        &mut r.enforcer,
+        Enforcer::new(
+            r.fake.kernel(),
+            CgroupTree::new(ROOT.into(), Box::new(r.fake.cgroups.clone())),
+            mpsc::channel(1).0,
+            Duration::from_mins(1),
+            None,
+        ),
+    )
+    .with_suspend(Some(config))
+    .with_meminfo(meminfo);
+    r.enforcer.apply(spec("u", "/other", MemoryPolicy::Kill));
+    assert_eq!(r.actions(), ["bound"]);
+
+    let first = r
+        .enforcer
+        .begin_suspend("s", Duration::from_secs(30), "for t");
+    assert!(first.is_some(), "{:?}", r.actions());
+    assert_eq!(r.actions(), ["suspend"]);
+    // While the first copies out, a second would take the host below its reserve.
+    assert!(
+        r.enforcer
+            .begin_suspend("u", Duration::from_secs(30), "for t")
+            .is_none()
+    );
+    let events = r.upward.try_recv().unwrap();
+    assert_eq!(events.action, "preempt");
+    assert!(events.reason.contains("under way"), "{}", events.reason);
+}
