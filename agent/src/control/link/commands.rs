@@ -91,6 +91,39 @@ pub(super) fn resume_command(
     holdings: &SharedHoldings,
     r: pb::Resume,
 ) -> Result<QuotaCommand, String> {
+    let session = r.session_id.clone();
+    match plan_resume(backend, holdings, r)? {
+        Planned::InPlace(session) => Ok(QuotaCommand::Resume(session)),
+        Planned::Onto { moving, moved } => {
+            // Written down before anything moves, so that a restart in its middle is known.
+            if let Err(e) = lock(holdings).propose_move(*moved) {
+                let why = format!("the move could not be recorded: {e}");
+                tracing::warn!(%session, "resumption onto other GPUs refused: {why}");
+                return Err(why);
+            }
+            Ok(QuotaCommand::ResumeOnto { session, moving })
+        }
+    }
+}
+
+/// What a `Resume` comes to, before anything is written: a resumption in place, or a move onto
+/// the GPUs it names with the allocation the session will hold there.
+enum Planned {
+    /// On the GPUs it holds.
+    InPlace(String),
+    /// Onto others.
+    Onto {
+        moving: Move,
+        moved: Box<pb::Allocate>,
+    },
+}
+
+/// [`resume_command`]'s checks and plan, recording nothing.
+fn plan_resume(
+    backend: &dyn GpuBackend,
+    holdings: &SharedHoldings,
+    r: pb::Resume,
+) -> Result<Planned, String> {
     let held = lock(holdings).get(&r.session_id).cloned();
     let same = |held: &pb::Allocate| {
         held.devices
@@ -100,7 +133,7 @@ pub(super) fn resume_command(
     };
     let held = match held {
         Some(held) if !r.devices.is_empty() && !same(&held) => held,
-        _ => return Ok(QuotaCommand::Resume(r.session_id)),
+        _ => return Ok(Planned::InPlace(r.session_id)),
     };
     let refuse = |why: String| {
         tracing::warn!(session = %r.session_id, "resumption onto other GPUs refused: {why}");
@@ -144,12 +177,9 @@ pub(super) fn resume_command(
         Ok(None) => return refuse("nothing enforced for it".to_owned()),
         Err(e) => return refuse(e.to_string()),
     };
-    if let Err(e) = lock(holdings).propose_move(moved) {
-        return refuse(format!("the move could not be recorded: {e}"));
-    }
-    Ok(QuotaCommand::ResumeOnto {
-        session: r.session_id,
+    Ok(Planned::Onto {
         moving: Move { spec, pairs },
+        moved: Box::new(moved),
     })
 }
 
@@ -174,11 +204,10 @@ pub(super) async fn take_up_interrupted(
                 session_id: session.clone(),
                 devices: to.devices,
             };
-            if let Ok(QuotaCommand::ResumeOnto { session, moving }) =
-                resume_command(backend, holdings, resume)
-            {
+            // Its move record is there already (that is how it was found).
+            if let Ok(Planned::Onto { moving, .. }) = plan_resume(backend, holdings, resume) {
                 let command = QuotaCommand::TakeUpMove {
-                    session,
+                    session: session.clone(),
                     moving,
                     refusal: refusal.reason.clone(),
                 };
