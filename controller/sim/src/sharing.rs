@@ -13,14 +13,18 @@ pub enum Sharing {
     QueuesWithReclaim,
     /// The same queues, reclaim suspending the victims instead of killing them (issue 38).
     QueuesWithSuspend,
+    /// The same, where the driver refuses to checkpoint one job in four
+    /// ([`crate::teams::checkpoint_refused`]) and those are killed as under reclaim.
+    QueuesWithSuspendRefusing,
 }
 
 impl Sharing {
-    /// All three, in the order the table shows them.
-    pub const ALL: [Self; 3] = [
+    /// All four, in the order the table shows them.
+    pub const ALL: [Self; 4] = [
         Self::NoQueues,
         Self::QueuesWithReclaim,
         Self::QueuesWithSuspend,
+        Self::QueuesWithSuspendRefusing,
     ];
 }
 
@@ -30,6 +34,7 @@ impl std::fmt::Display for Sharing {
             Self::NoQueues => "no queues",
             Self::QueuesWithReclaim => "queues + reclaim",
             Self::QueuesWithSuspend => "queues + suspend",
+            Self::QueuesWithSuspendRefusing => "queues + suspend, 1 in 4 refused",
         })
     }
 }

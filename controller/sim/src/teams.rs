@@ -30,7 +30,9 @@ use gpuwarden_controller::{
 use super::{SimConfig, SimError, rng::Rng, trace::Job};
 
 pub use crate::sharing::Sharing;
-pub use replay::{RESUME_SECS, SUSPEND_SECS, SharingRun, replay};
+pub use replay::{
+    RESUME_SECS, SUSPEND_SECS, SharingRun, checkpoint_refused, replay, replay_refusing,
+};
 pub use report::TeamReport;
 
 /// When a team submits.

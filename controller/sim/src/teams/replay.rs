@@ -15,8 +15,10 @@
 //! scheduler keeps the session with its home, as the controller does, and its own `Resume`
 //! decides when and where it comes back: on its node, on the GPUs it left or others of the same
 //! model. The resumed session runs only the work left, plus [`RESUME_SECS`] to copy the memory
-//! back. The GPU-time lost is those two copies. What this leaves out: the suspended workload's
-//! host memory beyond the scheduler's booking, and the driver refusing a checkpoint.
+//! back. The GPU-time lost is those two copies. Under [`Sharing::QueuesWithSuspendRefusing`] the
+//! driver refuses the jobs [`checkpoint_refused`] picks, and the agent falls back to the kill
+//! path as it does (its grace period, then a `preempted` report; the job starts over). What this
+//! leaves out: the suspended workload's host memory beyond the scheduler's booking.
 //!
 //! Each tick: runs that end by now end (finished: terminated; preempted: reported, and the job
 //! requeued), jobs that have arrived are created, a pass runs. Nothing reads the wall clock.
@@ -140,22 +142,54 @@ pub(super) fn gpus_of(job: &Job) -> f64 {
     })
 }
 
+/// Whether the driver refuses to checkpoint the job at `index` of a trace, under
+/// [`Sharing::QueuesWithSuspendRefusing`]: one job in four, spread over the trace by a fixed
+/// hash of its index (the same jobs in every run). NVIDIA documents what it refuses (UVM or
+/// managed memory, IPC handles, multi-process contexts); how many jobs of a real cluster hold
+/// such is not known, so the row shows what a quarter of them would cost.
+#[must_use]
+pub fn checkpoint_refused(index: usize) -> bool {
+    // The top two bits of a Fibonacci hash: 0 for one index in four.
+    (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 62 == 0
+}
+
 /// Replays `trace` on `config.cluster` (its tick; binpack placement) under `sharing`.
 ///
 /// # Errors
 /// A simulated node is refused, or jobs are left unfinished far past the last arrival.
-#[expect(clippy::too_many_lines, reason = "the replay loop reads as one piece")]
 pub fn replay(
     trace: &TeamTrace,
     sharing: Sharing,
     config: &SimConfig,
 ) -> Result<SharingRun, SimError> {
+    replay_refusing(trace, sharing, config, &checkpoint_refused)
+}
+
+/// [`replay`], with `refused` picking (by index in the trace) the jobs the driver refuses to
+/// checkpoint under [`Sharing::QueuesWithSuspendRefusing`].
+///
+/// # Errors
+/// As [`replay`].
+#[expect(clippy::too_many_lines, reason = "the replay loop reads as one piece")]
+pub fn replay_refusing(
+    trace: &TeamTrace,
+    sharing: Sharing,
+    config: &SimConfig,
+    refused: &dyn Fn(usize) -> bool,
+) -> Result<SharingRun, SimError> {
     let jobs = &trace.jobs;
     let quotas = match sharing {
         Sharing::NoQueues => QuotaConfig::default(),
-        Sharing::QueuesWithReclaim | Sharing::QueuesWithSuspend => trace.quotas.clone(),
+        Sharing::QueuesWithReclaim
+        | Sharing::QueuesWithSuspend
+        | Sharing::QueuesWithSuspendRefusing => trace.quotas.clone(),
     };
-    let suspends = sharing == Sharing::QueuesWithSuspend;
+    let suspends = matches!(
+        sharing,
+        Sharing::QueuesWithSuspend | Sharing::QueuesWithSuspendRefusing
+    );
+    let checkpoint_refuses =
+        |index: usize| sharing == Sharing::QueuesWithSuspendRefusing && refused(index);
     // Work each job has left to run (a suspended job keeps what it did).
     let mut work_left: Vec<f64> = jobs.iter().map(|j| j.work).collect();
     let mut sched = Scheduler::new(SchedulerConfig {
@@ -351,7 +385,9 @@ pub fn replay(
                     session, grace_ms, ..
                 } => {
                     if let Some(l) = live.get_mut(&session) {
-                        if suspends {
+                        // A refused checkpoint goes the kill way: the grace period, then
+                        // `preempted`, as the agent falls back.
+                        if suspends && !checkpoint_refuses(l.index) {
                             l.stop.get_or_insert(t + SUSPEND_SECS);
                             l.suspended_at.get_or_insert(t);
                         } else {

@@ -239,7 +239,7 @@ impl TeamReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{} jobs of {} teams, {} nodes × {} GPUs, trace seed {}, binpack; preempted runs stop after a {} s grace period and run again from the start (queues + suspend: they stop {} s after the decision, keep their work, and resume with {} s more to run)",
+            "{} jobs of {} teams, {} nodes × {} GPUs, trace seed {}, binpack; preempted runs stop after a {} s grace period and run again from the start (queues + suspend: they stop {} s after the decision, keep their work, and resume with {} s more to run; 1 in 4 refused: the driver refuses those jobs' checkpoints, a fixed quarter of the trace, and they go the kill way)",
             self.jobs,
             self.teams.len() / Sharing::ALL.len().max(1),
             self.cluster.0,

@@ -352,3 +352,60 @@ fn a_suspended_job_resumes_on_the_node_it_left() {
     // It waited for a1 to end on its node; b1 freed a GPU on the other at t = 2,000.
     assert!(runs[1].start >= 600.0 + 20_000.0, "{runs:?}");
 }
+
+/// The same trace with the driver refusing b8's checkpoint: b8 goes the kill way (its grace
+/// period, then it starts over, all of its run lost as under reclaim), b7 is suspended as
+/// before. Judged against the kill and suspend replays of the same trace.
+#[test]
+fn a_refused_checkpoint_is_a_kill_and_the_others_still_suspend() {
+    let trace = borrower_holds_the_cluster();
+    let config = config(1);
+    let kill = replay(&trace, Sharing::QueuesWithReclaim, &config).unwrap();
+    let suspend = replay(&trace, Sharing::QueuesWithSuspend, &config).unwrap();
+    let b8_index = index(&trace, "b8");
+    let refusing = replay_refusing(&trace, Sharing::QueuesWithSuspendRefusing, &config, &|i| {
+        i == b8_index
+    })
+    .unwrap();
+    assert_eq!(refusing.preemptions, 2);
+    let b8 = &refusing.outcomes[b8_index];
+    assert_eq!(
+        b8.runs[0], kill.outcomes[b8_index].runs[0],
+        "b8's first run ends as under reclaim"
+    );
+    // b7, suspended (when depends on b8's grace period), loses only the two copies.
+    let b7 = &refusing.outcomes[index(&trace, "b7")];
+    assert!(b7.runs[0].preempted, "{b7:?}");
+    assert!(
+        (b7.runs[0].lost_secs - (SUSPEND_SECS + RESUME_SECS)).abs() < 1e-9,
+        "{b7:?}"
+    );
+    let lost = kill.outcomes[b8_index].runs[0].lost_secs + SUSPEND_SECS + RESUME_SECS;
+    assert!(
+        (refusing.lost_gpu_seconds - lost).abs() < 1e-9,
+        "{refusing:?}"
+    );
+    // Refusing nobody is the suspend replay; refusing everybody, the kill replay's losses.
+    let none = replay_refusing(&trace, Sharing::QueuesWithSuspendRefusing, &config, &|_| {
+        false
+    });
+    assert!((none.unwrap().lost_gpu_seconds - suspend.lost_gpu_seconds).abs() < 1e-9);
+    let all = replay_refusing(&trace, Sharing::QueuesWithSuspendRefusing, &config, &|_| {
+        true
+    });
+    assert!((all.unwrap().lost_gpu_seconds - kill.lost_gpu_seconds).abs() < 1e-9);
+}
+
+/// The refused jobs are a quarter of a trace, give or take, spread over it (each tenth of the
+/// trace has its share).
+#[test]
+fn a_quarter_of_the_jobs_are_refused_a_checkpoint() {
+    let refused = (0..10_000).filter(|&i| checkpoint_refused(i)).count();
+    assert!((2_300..2_700).contains(&refused), "{refused}");
+    for tenth in 0..10 {
+        let n = (tenth * 1_000..(tenth + 1) * 1_000)
+            .filter(|&i| checkpoint_refused(i))
+            .count();
+        assert!((150..350).contains(&n), "tenth {tenth}: {n}");
+    }
+}
