@@ -22,7 +22,10 @@ use super::{
     store::{ClaimStore, MadeInstance, Prepared},
 };
 use crate::{
-    control::{Observed, link::ProcessView},
+    control::{
+        Observed,
+        link::{ProcessView, device_to_pb},
+    },
     devices::{
         GpuBackend, GpuDevice,
         ondemand::{MigChangeError, Reconfigurer},
@@ -95,10 +98,6 @@ pub struct DriverParts {
 
 /// The node's GPUs as a [`Driver`] sees them.
 pub struct DriverGpus {
-    /// Those offered to Kubernetes.
-    pub offered: Vec<GpuDevice>,
-    /// All of them.
-    pub all: Vec<GpuDevice>,
     /// The backend, for the GPUs as they are now (MIG instances made and destroyed).
     pub backend: Arc<dyn GpuBackend>,
     /// The GPUs published as partitions (UUIDs, as the backend spells them), whose MIG
@@ -115,8 +114,8 @@ const NO_VIEW: &str =
 pub struct Driver {
     config: DraConfig,
     node: String,
-    offered: Vec<GpuDevice>,
-    all: Vec<GpuDevice>,
+    /// The devices offered to Kubernetes as last read ([`Driver::offered_now`]).
+    offered: Mutex<Vec<GpuDevice>>,
     api: ApiServer,
     store: Mutex<ClaimStore>,
     quotas: mpsc::UnboundedSender<QuotaCommand>,
@@ -153,16 +152,13 @@ impl Driver {
             observed,
         } = parts;
         let DriverGpus {
-            offered,
-            all,
             backend,
             partitioned,
         } = gpus;
         let this = Self {
             config,
             node,
-            offered,
-            all,
+            offered: Mutex::new(Vec::new()),
             api,
             store: Mutex::new(store),
             quotas,
@@ -175,15 +171,63 @@ impl Driver {
             processes: Mutex::new(None),
         };
         this.remake_gone_at_start();
+        // Read after the instances a reboot took are made again: those are their claims'.
+        let offered = this.offered_now();
         // A claim whose instance is gone holds nothing: the controller hears of it once a
         // prepare has made the instance again.
         let devices = this.backend.devices();
         for record in this.store().all() {
             if record.made.iter().all(|m| m.is_among(&devices)) {
-                this.observed.hold(observed_session(record, &this.offered));
+                this.observed.hold(observed_session(record, &offered));
             }
         }
         Arc::new(this)
+    }
+
+    /// The devices offered to Kubernetes as the backend lists them now: those `[dra] gpus`
+    /// selects, less the MIG instances made for claims' partitions (each is its claim's whole,
+    /// not a shared device of the node's pool). The operator may make or destroy an instance
+    /// while the agent runs: a change is kept for the next prepare and told to the controller
+    /// link (its next registration); the publisher republishes the slice from it.
+    pub fn offered_now(&self) -> Vec<GpuDevice> {
+        let devices = self.backend.devices();
+        let offered: Vec<GpuDevice> = {
+            let store = self.store();
+            let made: Vec<&MadeInstance> = store
+                .all()
+                .flat_map(|p| &p.made)
+                .chain(store.doomed())
+                .collect();
+            devices
+                .into_iter()
+                .filter(|g| {
+                    self.config.offers(g)
+                        // Made here and not kept in the store yet (a prepare under way).
+                        && !self.reconfigurer.made(&g.uuid)
+                        && !made.iter().any(|m| m.is_among(std::slice::from_ref(g)))
+                })
+                .collect()
+        };
+        let mut last = self.offered.locked();
+        if *last != offered {
+            let names = |gpus: &[GpuDevice]| -> Vec<String> {
+                gpus.iter()
+                    .map(|g| format!("{}={}", super::device_name(g), g.uuid))
+                    .collect()
+            };
+            let (was, now) = (names(&last), names(&offered));
+            if was != now && !was.is_empty() {
+                tracing::info!(
+                    was = %was.join(","),
+                    now = %now.join(","),
+                    "{DRIVER_NAME}: the devices offered to Kubernetes changed"
+                );
+            }
+            self.observed
+                .set_kubernetes_devices(offered.iter().map(device_to_pb).collect());
+            last.clone_from(&offered);
+        }
+        offered
     }
 
     /// The quotas of the claims prepared before this run, to enforce again: those of claims
@@ -326,7 +370,8 @@ impl Driver {
                 if let Some(spec) = &fresh.quota {
                     let _ = self.quotas.send(QuotaCommand::Apply(spec.clone()));
                 }
-                self.observed.hold(observed_session(&fresh, &self.offered));
+                self.observed
+                    .hold(observed_session(&fresh, &self.offered_now()));
                 fresh
             }
             None => record,
@@ -432,12 +477,15 @@ impl Driver {
                 claim.namespace, claim.name
             )
         })?;
+        // As they are now: a device the operator's MIG change took since it was published is
+        // refused by name, not prepared on a device that is gone.
+        let offered = self.offered_now();
         let plan = claim::plan(
             &object,
             &claim.uid,
             &self.node,
-            &self.offered,
-            &self.all,
+            &offered,
+            &self.backend.devices(),
             self.config.policy,
         )
         .map_err(|e| e.to_string())?;
@@ -464,7 +512,7 @@ impl Driver {
             self.seen().await.ok_or(NO_VIEW)?
         };
         let made = self.make_partitions(&plan.partitions, &seen)?;
-        let kept = self.keep(claim, plan, class, &made);
+        let kept = self.keep(claim, plan, class, &made, &offered);
         if !made.is_empty() {
             if kept.is_err() {
                 // Nothing half made: the instances go with the failed prepare.
@@ -477,7 +525,7 @@ impl Driver {
         if let Some(spec) = &record.quota {
             let _ = self.quotas.send(QuotaCommand::Apply(spec.clone()));
         }
-        self.observed.hold(observed_session(&record, &self.offered));
+        self.observed.hold(observed_session(&record, &offered));
         if !record.made.is_empty() {
             tracing::info!(
                 claim = %format!("{}/{}", record.namespace, record.name),
@@ -504,6 +552,7 @@ impl Driver {
         mut plan: claim::Plan,
         class: String,
         made: &[(MadeInstance, GpuDevice)],
+        offered: &[GpuDevice],
     ) -> Result<Prepared, String> {
         plan.allocate
             .devices
@@ -514,8 +563,7 @@ impl Driver {
                 memory_bytes: d.memory_bytes,
                 exclusive: false,
             }));
-        let gpus: Vec<GpuDevice> = self
-            .offered
+        let gpus: Vec<GpuDevice> = offered
             .iter()
             .chain(made.iter().map(|(_, d)| d))
             .cloned()
@@ -842,8 +890,8 @@ impl Driver {
             .into_iter()
             .filter(|g| record.made.iter().any(|m| m.uuid == g.uuid))
             .collect();
-        let gpus: Vec<&GpuDevice> = self
-            .offered
+        let offered = self.offered_now();
+        let gpus: Vec<&GpuDevice> = offered
             .iter()
             .filter(|g| {
                 // An index of the claim's own instances is theirs, whatever was offered there
