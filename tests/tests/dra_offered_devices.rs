@@ -120,9 +120,17 @@ fn mock_backend(dir: &Path) -> Arc<MockBackend> {
     Arc::new(MockBackend::from_toml(&text, &path).unwrap())
 }
 
-/// The node's ResourceSlice as the fake API server holds it: (device name, UUID) of each
-/// device, the pool's generation and the object's resourceVersion.
-fn node_slice(api: &FakeApi) -> Option<(Vec<(String, String)>, i64, String)> {
+/// The node's ResourceSlice as the fake API server holds it.
+struct NodeSlice {
+    /// (device name, UUID) of each device.
+    devices: Vec<(String, String)>,
+    /// The pool's generation.
+    generation: i64,
+    /// The object's resourceVersion.
+    version: String,
+}
+
+fn node_slice(api: &FakeApi) -> Option<NodeSlice> {
     let slice = api
         .slices()
         .into_values()
@@ -141,14 +149,24 @@ fn node_slice(api: &FakeApi) -> Option<(Vec<(String, String)>, i64, String)> {
             )
         })
         .collect();
-    Some((
+    Some(NodeSlice {
         devices,
-        slice["spec"]["pool"]["generation"].as_i64().unwrap(),
-        slice["metadata"]["resourceVersion"]
+        generation: slice["spec"]["pool"]["generation"].as_i64().unwrap(),
+        version: slice["metadata"]["resourceVersion"]
             .as_str()
             .unwrap_or_default()
             .to_owned(),
-    ))
+    })
+}
+
+/// Nothing republished: the same devices, generation and object version as `first`.
+fn same_as(now: &NodeSlice, first: &NodeSlice) {
+    assert_eq!(now.devices, first.devices);
+    assert_eq!(
+        now.generation, first.generation,
+        "the pool's generation moved"
+    );
+    assert_eq!(now.version, first.version, "the slice was written again");
 }
 
 fn uuids(devices: &[(String, String)]) -> Vec<&str> {
@@ -231,8 +249,8 @@ impl Running {
         let mut u: Vec<String> = self
             .observed
             .kubernetes_devices()
-            .into_iter()
-            .map(|d| d.uuid)
+            .iter()
+            .map(|d| d.uuid.clone())
             .collect();
         u.sort();
         u
@@ -273,9 +291,13 @@ fn the_offered_devices_follow_the_operators_mig_changes() {
     let ops = ops[0].clone();
     let listed: Vec<String> = backend.devices().into_iter().map(|d| d.uuid).collect();
     wait_until("the node's slice", || {
-        node_slice(&api).is_some_and(|(d, ..)| d.len() == listed.len())
+        node_slice(&api).is_some_and(|s| s.devices.len() == listed.len())
     });
-    let (devices, first_generation, _) = node_slice(&api).unwrap();
+    let NodeSlice {
+        devices,
+        generation: first_generation,
+        ..
+    } = node_slice(&api).unwrap();
     let mut published: Vec<&str> = uuids(&devices);
     published.sort_unstable();
     let mut want: Vec<&str> = listed.iter().map(String::as_str).collect();
@@ -292,9 +314,13 @@ fn the_offered_devices_follow_the_operators_mig_changes() {
     backend.destroy_instance(&ops.uuid).unwrap();
     assert!(instances_of(&backend, "GPU-1").is_empty());
     wait_until("the destroyed instance leaving the slice", || {
-        node_slice(&api).is_some_and(|(d, ..)| !uuids(&d).contains(&ops.uuid.as_str()))
+        node_slice(&api).is_some_and(|s| !uuids(&s.devices).contains(&ops.uuid.as_str()))
     });
-    let (devices, second_generation, _) = node_slice(&api).unwrap();
+    let NodeSlice {
+        devices,
+        generation: second_generation,
+        ..
+    } = node_slice(&api).unwrap();
     assert!(second_generation > first_generation);
     let mut published: Vec<String> = devices.iter().map(|(_, u)| u.clone()).collect();
     published.sort();
@@ -320,9 +346,13 @@ fn the_offered_devices_follow_the_operators_mig_changes() {
     // The operator makes a 1g on GPU-2 (not gpuwarden's to reconfigure): published.
     let new = backend.create_instance("GPU-2", "1g.18gb", 0).unwrap();
     wait_until("the new instance in the slice", || {
-        node_slice(&api).is_some_and(|(d, ..)| uuids(&d).contains(&new.uuid.as_str()))
+        node_slice(&api).is_some_and(|s| uuids(&s.devices).contains(&new.uuid.as_str()))
     });
-    let (devices, third_generation, _) = node_slice(&api).unwrap();
+    let NodeSlice {
+        devices,
+        generation: third_generation,
+        ..
+    } = node_slice(&api).unwrap();
     assert!(third_generation > second_generation);
     let new_name = devices
         .iter()
@@ -375,12 +405,12 @@ fn nothing_is_republished_while_the_devices_stay() {
     let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
     let listed = backend.devices().len();
     wait_until("the node's slice", || {
-        node_slice(&api).is_some_and(|(d, ..)| d.len() == listed)
+        node_slice(&api).is_some_and(|s| s.devices.len() == listed)
     });
     let first = node_slice(&api).unwrap();
     // Ten ticks and more.
     std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(node_slice(&api).unwrap(), first);
+    same_as(&node_slice(&api).unwrap(), &first);
 
     // A claim allocated a 1g partition on GPU-1: its instance is made, and stays out of the
     // node's shared pool.
@@ -399,8 +429,8 @@ fn nothing_is_republished_while_the_devices_stay() {
     let after = instances_of(&backend, "GPU-1");
     assert_eq!(after.len(), before.len() + 1, "{after:#?}");
     std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(node_slice(&api).unwrap(), first);
-    let mut want: Vec<String> = first.0.iter().map(|(_, u)| u.clone()).collect();
+    same_as(&node_slice(&api).unwrap(), &first);
+    let mut want: Vec<String> = first.devices.iter().map(|(_, u)| u.clone()).collect();
     want.sort();
     assert_eq!(running.registered(), want);
     running.stop(&rt);
