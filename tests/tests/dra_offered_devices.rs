@@ -335,7 +335,10 @@ fn the_offered_devices_follow_the_operators_mig_changes() {
     api.put_claim(shared_claim("stale", A, &ops_name));
     let answer = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "stale")]));
     let error = &answer.claims[A].error;
-    assert!(error.contains(&ops_name), "{error:?}");
+    assert!(
+        error.contains(&ops_name) && error.contains(&ops.uuid) && error.contains("gone"),
+        "{error:?}"
+    );
     assert!(answer.claims[A].devices.is_empty());
     assert!(
         !config.cdi_dir.join(format!("{DRIVER}-{A}.json")).exists(),

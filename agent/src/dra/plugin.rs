@@ -3,7 +3,7 @@
 
 use gpuwarden_runtime::sync::Lock as _;
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     sync::{Arc, Mutex, MutexGuard},
 };
 
@@ -116,6 +116,9 @@ pub struct Driver {
     node: String,
     /// The devices offered to Kubernetes as last read ([`Driver::offered_now`]).
     offered: Mutex<Vec<GpuDevice>>,
+    /// The devices that left the offered set while the agent ran, by name (their UUID then):
+    /// a claim allocated one before is told it is gone. One per device name at most.
+    gone: Mutex<BTreeMap<String, String>>,
     api: ApiServer,
     store: Mutex<ClaimStore>,
     quotas: mpsc::UnboundedSender<QuotaCommand>,
@@ -159,6 +162,7 @@ impl Driver {
             config,
             node,
             offered: Mutex::new(Vec::new()),
+            gone: Mutex::new(BTreeMap::new()),
             api,
             store: Mutex::new(store),
             quotas,
@@ -225,6 +229,16 @@ impl Driver {
             }
             self.observed
                 .set_kubernetes_devices(offered.iter().map(device_to_pb).collect());
+            let mut gone = self.gone.locked();
+            for g in last.iter() {
+                if !offered.iter().any(|o| o.uuid == g.uuid) {
+                    gone.insert(super::device_name(g), g.uuid.clone());
+                }
+            }
+            for g in &offered {
+                gone.remove(&super::device_name(g));
+            }
+            drop(gone);
             last.clone_from(&offered);
         }
         offered
@@ -477,18 +491,7 @@ impl Driver {
                 claim.namespace, claim.name
             )
         })?;
-        // As they are now: a device the operator's MIG change took since it was published is
-        // refused by name, not prepared on a device that is gone.
-        let offered = self.offered_now();
-        let plan = claim::plan(
-            &object,
-            &claim.uid,
-            &self.node,
-            &offered,
-            &self.backend.devices(),
-            self.config.policy,
-        )
-        .map_err(|e| e.to_string())?;
+        let (offered, plan) = self.plan(&object, claim)?;
         if plan.held_whole() {
             tracing::error!(
                 claim = %format!("{}/{}", claim.namespace, claim.name),
@@ -541,6 +544,36 @@ impl Driver {
             "{DRIVER_NAME}: claim prepared"
         );
         Ok(record)
+    }
+
+    /// The claim's plan on the devices offered now (returned with it): a device the
+    /// operator's MIG change took since it was published is refused by name (and the UUID it
+    /// had), not prepared on a device that is gone.
+    fn plan(
+        &self,
+        object: &ResourceClaim,
+        claim: &ClaimRef,
+    ) -> Result<(Vec<GpuDevice>, claim::Plan), String> {
+        let offered = self.offered_now();
+        let plan = claim::plan(
+            object,
+            &claim.uid,
+            &self.node,
+            &offered,
+            &self.backend.devices(),
+            self.config.policy,
+        )
+        .map_err(|e| match &e {
+            claim::ClaimError::NoSuchDevice(device) => match self.gone.locked().get(device) {
+                Some(uuid) => format!(
+                    "device {device}: gone from this node since it was published ({uuid} is \
+                     no longer listed: its MIG instance destroyed?)"
+                ),
+                None => e.to_string(),
+            },
+            _ => e.to_string(),
+        })?;
+        Ok((offered, plan))
     }
 
     /// The quota of `plan` with the instances `made` for its partitions, each held whole; its
