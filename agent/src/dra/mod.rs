@@ -234,7 +234,8 @@ async fn watch_slice(
     }
 }
 
-/// Keeps the node's ResourceSlice and partition pool published: checked at every tick, at once
+/// Keeps the node's ResourceSlice and partition pool published, the devices offered read from
+/// the backend each time (the operator's MIG changes followed): checked at every tick, at once
 /// when a claim's MIG instance was made or destroyed (the partition pool follows the layout;
 /// instances left to destroy are tried again at each tick), when the kubelet
 /// (re)registers the plugin or the slice changes (a watch), and made again when it is gone (the kubelet deletes its
