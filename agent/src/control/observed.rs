@@ -19,7 +19,8 @@ use tokio::sync::Notify;
 /// The GPUs offered to Kubernetes and the claims held on them.
 #[derive(Debug, Default)]
 pub struct Observed {
-    gpus: Vec<pb::Device>,
+    /// As the DRA plugin last read them (MIG instances come and go while the agent runs).
+    gpus: Mutex<Vec<pb::Device>>,
     inner: Mutex<Inner>,
     changed: Notify,
 }
@@ -36,7 +37,7 @@ impl Observed {
     #[must_use]
     pub fn new(gpus: Vec<pb::Device>) -> Self {
         Self {
-            gpus,
+            gpus: Mutex::new(gpus),
             ..Self::default()
         }
     }
@@ -45,10 +46,16 @@ impl Observed {
         self.inner.locked()
     }
 
-    /// The GPUs offered to Kubernetes, for the registration.
+    /// The GPUs offered to Kubernetes now, for the registration.
     #[must_use]
-    pub fn kubernetes_devices(&self) -> &[pb::Device] {
-        &self.gpus
+    pub fn kubernetes_devices(&self) -> Vec<pb::Device> {
+        self.gpus.locked().clone()
+    }
+
+    /// The GPUs offered to Kubernetes are `gpus` from now on (a MIG instance made or destroyed
+    /// by the operator); the next registration carries them.
+    pub fn set_kubernetes_devices(&self, gpus: Vec<pb::Device>) {
+        *self.gpus.locked() = gpus;
     }
 
     /// The node holds `session` (a claim prepared, or prepared before a restart).

@@ -40,7 +40,7 @@ use tokio::sync::mpsc;
 pub use config::{DraConfig, DraFileConfig};
 
 use crate::{
-    control::{Observed, link::device_to_pb},
+    control::Observed,
     devices::{GpuBackend, GpuDevice},
     enforcement::{QuotaCommand, quota::QuotaSpec},
 };
@@ -87,7 +87,6 @@ pub struct Plugin {
     pub observed: Arc<Observed>,
     config: DraConfig,
     node: String,
-    offered: Vec<GpuDevice>,
     driver_version: Option<String>,
     listener: tokio::net::UnixListener,
     registration_listener: tokio::net::UnixListener,
@@ -113,21 +112,6 @@ impl Plugin {
     ) -> Result<Self, DraError> {
         let api = apiserver::ApiServer::new(&config.api)?;
         let store = store::ClaimStore::load(tree)?;
-        // An instance made for a claim's partition is that claim's whole: not offered to
-        // others as a shared device of the node's pool.
-        let made: Vec<&store::MadeInstance> = store
-            .all()
-            .flat_map(|p| &p.made)
-            .chain(store.doomed())
-            .collect();
-        let offered: Vec<GpuDevice> = backend
-            .devices()
-            .iter()
-            .filter(|g| {
-                config.offers(g) && !made.iter().any(|m| m.is_among(std::slice::from_ref(g)))
-            })
-            .cloned()
-            .collect();
         let partitioned: Vec<String> = backend
             .mig_layouts()
             .into_iter()
@@ -143,7 +127,8 @@ impl Plugin {
         // The plugin socket first: the kubelet dials it as soon as it sees the registration.
         let listener = bind(config.plugin_socket())?;
         let registration_listener = bind(config.registration_socket())?;
-        let observed = Arc::new(Observed::new(offered.iter().map(device_to_pb).collect()));
+        // Filled by the driver once it has read the devices offered.
+        let observed = Arc::new(Observed::new(Vec::new()));
         let driver_version = backend.driver_version();
         let driver = plugin::Driver::new(
             plugin::DriverParts {
@@ -155,8 +140,6 @@ impl Plugin {
                 observed: Arc::clone(&observed),
             },
             plugin::DriverGpus {
-                offered: offered.clone(),
-                all: backend.devices(),
                 backend,
                 partitioned,
             },
@@ -169,7 +152,6 @@ impl Plugin {
             observed,
             config,
             node,
-            offered,
             driver_version,
             listener,
             registration_listener,
@@ -184,7 +166,7 @@ impl Plugin {
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) {
         tracing::info!(
-            offered = %self.offered.iter().map(device_name).collect::<Vec<_>>().join(","),
+            offered = %self.driver.offered_now().iter().map(device_name).collect::<Vec<_>>().join(","),
             registration = %self.config.registration_socket().display(),
             endpoint = %self.config.plugin_socket().display(),
             "{DRIVER_NAME}: DRA plugin ready"
@@ -192,7 +174,6 @@ impl Plugin {
         let publisher = publish_slices(
             self.config.clone(),
             self.node.clone(),
-            self.offered.clone(),
             Arc::clone(&self.driver),
             self.driver_version.clone(),
             every,
@@ -253,7 +234,8 @@ async fn watch_slice(
     }
 }
 
-/// Keeps the node's ResourceSlice and partition pool published: checked at every tick, at once
+/// Keeps the node's ResourceSlice and partition pool published, the devices offered read from
+/// the backend each time (the operator's MIG changes followed): checked at every tick, at once
 /// when a claim's MIG instance was made or destroyed (the partition pool follows the layout;
 /// instances left to destroy are tried again at each tick), when the kubelet
 /// (re)registers the plugin or the slice changes (a watch), and made again when it is gone (the kubelet deletes its
@@ -264,7 +246,6 @@ async fn watch_slice(
 async fn publish_slices(
     config: DraConfig,
     node: String,
-    offered: Vec<GpuDevice>,
     driver: Arc<plugin::Driver>,
     driver_version: Option<String>,
     every: Duration,
@@ -320,6 +301,9 @@ async fn publish_slices(
                 Err(_) => {}
             }
         }
+        // Read again each time: the operator may have made or destroyed a MIG instance on an
+        // offered GPU. The slice is replaced (its generation one up) only when it differs.
+        let offered = driver.offered_now();
         let devices = slice::devices(&offered, driver_version.as_deref(), drop_unhealthy);
         match slice::publish(&api, &node, &devices, owner.as_ref(), generation).await {
             Ok(done) => {

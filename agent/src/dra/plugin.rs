@@ -3,7 +3,7 @@
 
 use gpuwarden_runtime::sync::Lock as _;
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     sync::{Arc, Mutex, MutexGuard},
 };
 
@@ -22,7 +22,10 @@ use super::{
     store::{ClaimStore, MadeInstance, Prepared},
 };
 use crate::{
-    control::{Observed, link::ProcessView},
+    control::{
+        Observed,
+        link::{ProcessView, device_to_pb},
+    },
     devices::{
         GpuBackend, GpuDevice,
         ondemand::{MigChangeError, Reconfigurer},
@@ -95,10 +98,6 @@ pub struct DriverParts {
 
 /// The node's GPUs as a [`Driver`] sees them.
 pub struct DriverGpus {
-    /// Those offered to Kubernetes.
-    pub offered: Vec<GpuDevice>,
-    /// All of them.
-    pub all: Vec<GpuDevice>,
     /// The backend, for the GPUs as they are now (MIG instances made and destroyed).
     pub backend: Arc<dyn GpuBackend>,
     /// The GPUs published as partitions (UUIDs, as the backend spells them), whose MIG
@@ -115,8 +114,11 @@ const NO_VIEW: &str =
 pub struct Driver {
     config: DraConfig,
     node: String,
-    offered: Vec<GpuDevice>,
-    all: Vec<GpuDevice>,
+    /// The devices offered to Kubernetes as last read ([`Driver::offered_now`]).
+    offered: Mutex<Vec<GpuDevice>>,
+    /// The devices that left the offered set while the agent ran, by name (their UUID then):
+    /// a claim allocated one before is told it is gone. One per device name at most.
+    gone: Mutex<BTreeMap<String, String>>,
     api: ApiServer,
     store: Mutex<ClaimStore>,
     quotas: mpsc::UnboundedSender<QuotaCommand>,
@@ -153,16 +155,14 @@ impl Driver {
             observed,
         } = parts;
         let DriverGpus {
-            offered,
-            all,
             backend,
             partitioned,
         } = gpus;
         let this = Self {
             config,
             node,
-            offered,
-            all,
+            offered: Mutex::new(Vec::new()),
+            gone: Mutex::new(BTreeMap::new()),
             api,
             store: Mutex::new(store),
             quotas,
@@ -175,15 +175,73 @@ impl Driver {
             processes: Mutex::new(None),
         };
         this.remake_gone_at_start();
+        // Read after the instances a reboot took are made again: those are their claims'.
+        let offered = this.offered_now();
         // A claim whose instance is gone holds nothing: the controller hears of it once a
         // prepare has made the instance again.
         let devices = this.backend.devices();
         for record in this.store().all() {
             if record.made.iter().all(|m| m.is_among(&devices)) {
-                this.observed.hold(observed_session(record, &this.offered));
+                this.observed.hold(observed_session(record, &offered));
             }
         }
         Arc::new(this)
+    }
+
+    /// The devices offered to Kubernetes as the backend lists them now: those `[dra] gpus`
+    /// selects, less the MIG instances made for claims' partitions (each is its claim's whole,
+    /// not a shared device of the node's pool). The operator may make or destroy an instance
+    /// while the agent runs: a change is kept for the next prepare and told to the controller
+    /// link (its next registration); the publisher republishes the slice from it.
+    pub fn offered_now(&self) -> Vec<GpuDevice> {
+        let devices = self.backend.devices();
+        let offered: Vec<GpuDevice> = {
+            let store = self.store();
+            let made: Vec<&MadeInstance> = store
+                .all()
+                .flat_map(|p| &p.made)
+                .chain(store.doomed())
+                .collect();
+            devices
+                .into_iter()
+                .filter(|g| {
+                    self.config.offers(g)
+                        // Made here and not kept in the store yet (a prepare under way).
+                        && !self.reconfigurer.made(&g.uuid)
+                        && !made.iter().any(|m| m.is_among(std::slice::from_ref(g)))
+                })
+                .collect()
+        };
+        let mut last = self.offered.locked();
+        if *last != offered {
+            let names = |gpus: &[GpuDevice]| -> Vec<String> {
+                gpus.iter()
+                    .map(|g| format!("{}={}", super::device_name(g), g.uuid))
+                    .collect()
+            };
+            let (was, now) = (names(&last), names(&offered));
+            if was != now && !was.is_empty() {
+                tracing::info!(
+                    was = %was.join(","),
+                    now = %now.join(","),
+                    "{DRIVER_NAME}: the devices offered to Kubernetes changed"
+                );
+            }
+            self.observed
+                .set_kubernetes_devices(offered.iter().map(device_to_pb).collect());
+            let mut gone = self.gone.locked();
+            for g in last.iter() {
+                if !offered.iter().any(|o| o.uuid == g.uuid) {
+                    gone.insert(super::device_name(g), g.uuid.clone());
+                }
+            }
+            for g in &offered {
+                gone.remove(&super::device_name(g));
+            }
+            drop(gone);
+            last.clone_from(&offered);
+        }
+        offered
     }
 
     /// The quotas of the claims prepared before this run, to enforce again: those of claims
@@ -326,7 +384,8 @@ impl Driver {
                 if let Some(spec) = &fresh.quota {
                     let _ = self.quotas.send(QuotaCommand::Apply(spec.clone()));
                 }
-                self.observed.hold(observed_session(&fresh, &self.offered));
+                self.observed
+                    .hold(observed_session(&fresh, &self.offered_now()));
                 fresh
             }
             None => record,
@@ -432,15 +491,7 @@ impl Driver {
                 claim.namespace, claim.name
             )
         })?;
-        let plan = claim::plan(
-            &object,
-            &claim.uid,
-            &self.node,
-            &self.offered,
-            &self.all,
-            self.config.policy,
-        )
-        .map_err(|e| e.to_string())?;
+        let (offered, plan) = self.plan(&object, claim)?;
         if plan.held_whole() {
             tracing::error!(
                 claim = %format!("{}/{}", claim.namespace, claim.name),
@@ -464,7 +515,7 @@ impl Driver {
             self.seen().await.ok_or(NO_VIEW)?
         };
         let made = self.make_partitions(&plan.partitions, &seen)?;
-        let kept = self.keep(claim, plan, class, &made);
+        let kept = self.keep(claim, plan, class, &made, &offered);
         if !made.is_empty() {
             if kept.is_err() {
                 // Nothing half made: the instances go with the failed prepare.
@@ -477,7 +528,7 @@ impl Driver {
         if let Some(spec) = &record.quota {
             let _ = self.quotas.send(QuotaCommand::Apply(spec.clone()));
         }
-        self.observed.hold(observed_session(&record, &self.offered));
+        self.observed.hold(observed_session(&record, &offered));
         if !record.made.is_empty() {
             tracing::info!(
                 claim = %format!("{}/{}", record.namespace, record.name),
@@ -495,6 +546,36 @@ impl Driver {
         Ok(record)
     }
 
+    /// The claim's plan on the devices offered now (returned with it): a device the
+    /// operator's MIG change took since it was published is refused by name (and the UUID it
+    /// had), not prepared on a device that is gone.
+    fn plan(
+        &self,
+        object: &ResourceClaim,
+        claim: &ClaimRef,
+    ) -> Result<(Vec<GpuDevice>, claim::Plan), String> {
+        let offered = self.offered_now();
+        let plan = claim::plan(
+            object,
+            &claim.uid,
+            &self.node,
+            &offered,
+            &self.backend.devices(),
+            self.config.policy,
+        )
+        .map_err(|e| match &e {
+            claim::ClaimError::NoSuchDevice(device) => match self.gone.locked().get(device) {
+                Some(uuid) => format!(
+                    "device {device}: gone from this node since it was published ({uuid} is \
+                     no longer listed: its MIG instance destroyed?)"
+                ),
+                None => e.to_string(),
+            },
+            _ => e.to_string(),
+        })?;
+        Ok((offered, plan))
+    }
+
     /// The quota of `plan` with the instances `made` for its partitions, each held whole; its
     /// CDI spec written and its record kept (on disk before it is enforced, so a restarted
     /// agent holds what the kubelet was told).
@@ -504,6 +585,7 @@ impl Driver {
         mut plan: claim::Plan,
         class: String,
         made: &[(MadeInstance, GpuDevice)],
+        offered: &[GpuDevice],
     ) -> Result<Prepared, String> {
         plan.allocate
             .devices
@@ -514,8 +596,7 @@ impl Driver {
                 memory_bytes: d.memory_bytes,
                 exclusive: false,
             }));
-        let gpus: Vec<GpuDevice> = self
-            .offered
+        let gpus: Vec<GpuDevice> = offered
             .iter()
             .chain(made.iter().map(|(_, d)| d))
             .cloned()
@@ -842,8 +923,8 @@ impl Driver {
             .into_iter()
             .filter(|g| record.made.iter().any(|m| m.uuid == g.uuid))
             .collect();
-        let gpus: Vec<&GpuDevice> = self
-            .offered
+        let offered = self.offered_now();
+        let gpus: Vec<&GpuDevice> = offered
             .iter()
             .filter(|g| {
                 // An index of the claim's own instances is theirs, whatever was offered there

@@ -83,7 +83,7 @@ pub fn node_info(
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         running_sessions: running,
         kubernetes_devices: observed
-            .map(|o| o.kubernetes_devices().to_vec())
+            .map(Observed::kubernetes_devices)
             .unwrap_or_default(),
         observed_sessions: observed.map(Observed::registration).unwrap_or_default(),
         mig_layouts: mig_layouts.iter().map(convert::mig_layout_to_pb).collect(),

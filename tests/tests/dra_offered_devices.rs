@@ -1,0 +1,441 @@
+//! The devices the DRA plugin offers follow the node's MIG instances while it runs (docs/mig.md,
+//! "Which GPUs"): the operator destroys an instance on an offered GPU, or makes one, through the
+//! mock's fake MIG layer while the plugin runs; the node's ResourceSlice as the fake API server
+//! holds it loses or gains that device, the kubelet's prepare of a claim naming a device that is
+//! gone is refused by name, and one on the new instance is prepared on it. Nothing is
+//! republished while nothing changes. Judged by the mock's device list and the API server's
+//! objects, not by the plugin's own view.
+
+// Test helpers fail loudly on anything unexpected.
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test's helpers unwrap: a failure there is the test failing"
+)]
+
+#[path = "agent_dra/fake_api.rs"]
+#[expect(dead_code, reason = "shared with agent_dra.rs; only part is used here")]
+mod fake_api;
+#[path = "agent_dra/fake_kubelet.rs"]
+#[expect(dead_code, reason = "shared with agent_dra.rs; only part is used here")]
+mod fake_kubelet;
+
+use std::{
+    fmt::Write as _,
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use fake_api::FakeApi;
+use fake_kubelet::prepare_v1;
+use gpuwarden_agent::{
+    control::Observed,
+    devices::{GpuBackend, GpuDevice, mock::MockBackend},
+    dra::{
+        self, DraConfig,
+        config::{ApiServerConfig, GpuSelection},
+    },
+    enforcement::QuotaCommand,
+};
+use gpuwarden_test_support::scratch;
+use serde_json::{Value, json};
+
+const DRIVER: &str = "gpu.gpuwarden.io";
+const NODE: &str = "test-node";
+const POD: &str = "6b1e3f0c-2d4a-4c5b-9e8f-0a1b2c3d4e5f";
+const NODE_UID: &str = "5e0f2a7c-9b1d-4e3f-8a6b-7c8d9e0f1a2b";
+
+/// Claim UIDs.
+const A: &str = "0a000000-0000-4000-8000-0000000000a1";
+const B: &str = "0b000000-0000-4000-8000-0000000000b1";
+const C: &str = "0c000000-0000-4000-8000-0000000000c1";
+
+/// A claim allocated a share of `device` of the node's pool, as the API server returns it once
+/// kube-scheduler allocated it and the pod reserved it.
+fn shared_claim(name: &str, uid: &str, device: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
+            "capacity": {"requests": {"milli": "500", "memory": "256Mi"}},
+        }}]}},
+        "status": {
+            "allocation": {"devices": {"results": [{
+                "request": "gpu", "driver": DRIVER, "pool": NODE, "device": device,
+                "consumedCapacity": {"milli": "500", "memory": "256Mi"},
+                "shareID": "9d0c6f1e-3b7a-4f2e-8c5d-1a2b3c4d5e6f",
+            }]}},
+            "reservedFor": [{"resource": "pods", "name": "train-0", "uid": POD}],
+        },
+    })
+}
+
+/// A claim allocated the partition device `device` of the node's partition pool.
+fn partition_claim(name: &str, uid: &str, device: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"devices": {"requests": [{"name": "mig0", "exactly": {
+            "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
+        }}]}},
+        "status": {
+            "allocation": {"devices": {"results": [{
+                "request": "mig0", "driver": DRIVER, "pool": format!("{NODE}/mig"),
+                "device": device,
+            }]}},
+            "reservedFor": [{"resource": "pods", "name": "train-0", "uid": POD}],
+        },
+    })
+}
+
+/// The on-demand mock layout (GPU-0 whole; GPU-1 an H200 with the operator's `3g.71gb`
+/// `MIG-ops`; GPU-2 an H200 in MIG mode with no instance), capability minors listed for the
+/// instances of GPU-1 and GPU-2.
+fn mock_backend(dir: &Path) -> Arc<MockBackend> {
+    let mut minors = String::new();
+    for gpu in 1..=2 {
+        for gi in 0..15 {
+            let base = 100 * gpu + gi * 10;
+            writeln!(minors, "gpu{gpu}/gi{gi}/access {base}").unwrap();
+            for ci in 0..8 {
+                writeln!(minors, "gpu{gpu}/gi{gi}/ci{ci}/access {}", base + 1 + ci).unwrap();
+            }
+        }
+    }
+    std::fs::write(dir.join("mig-minors"), minors).unwrap();
+    let text = format!(
+        "mig_minors = \"mig-minors\"\n{}",
+        include_str!("../../deploy/mock-devices-mig-on-demand.toml")
+    );
+    let path = dir.join("mock.toml");
+    Arc::new(MockBackend::from_toml(&text, &path).unwrap())
+}
+
+/// The node's ResourceSlice as the fake API server holds it.
+struct NodeSlice {
+    /// (device name, UUID) of each device.
+    devices: Vec<(String, String)>,
+    /// The pool's generation.
+    generation: i64,
+    /// The object's resourceVersion.
+    version: String,
+}
+
+fn node_slice(api: &FakeApi) -> Option<NodeSlice> {
+    let slice = api
+        .slices()
+        .into_values()
+        .find(|s| s["spec"]["pool"]["name"] == NODE)?;
+    let devices = slice["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["name"].as_str().unwrap().to_owned(),
+                d["attributes"]["uuid"]["string"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    Some(NodeSlice {
+        devices,
+        generation: slice["spec"]["pool"]["generation"].as_i64().unwrap(),
+        version: slice["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    })
+}
+
+/// Nothing republished: the same devices, generation and object version as `first`.
+fn same_as(now: &NodeSlice, first: &NodeSlice) {
+    assert_eq!(now.devices, first.devices);
+    assert_eq!(
+        now.generation, first.generation,
+        "the pool's generation moved"
+    );
+    assert_eq!(now.version, first.version, "the slice was written again");
+}
+
+fn uuids(devices: &[(String, String)]) -> Vec<&str> {
+    devices.iter().map(|(_, u)| u.as_str()).collect()
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The DRA settings of a plugin under `root`, talking to `api`, offering every GPU.
+fn dra_config(root: &Path, api: &FakeApi) -> DraConfig {
+    DraConfig {
+        gpus: GpuSelection::Keyword("all".into()),
+        plugins_registry_dir: root.join("plugins_registry"),
+        plugins_dir: root.join("plugins"),
+        cdi_dir: root.join("cdi"),
+        policy: gpuwarden_agent::enforcement::quota::QuotaPolicy::default(),
+        api: ApiServerConfig {
+            url: api.url(),
+            token_file: None,
+            ca_file: None,
+        },
+    }
+}
+
+/// The plugin running on `rt` (GPU-1 reconfigurable), and what stops it.
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+    quotas: tokio::sync::mpsc::UnboundedReceiver<QuotaCommand>,
+    observed: Arc<Observed>,
+}
+
+impl Running {
+    fn start(
+        rt: &tokio::runtime::Runtime,
+        config: &DraConfig,
+        backend: &Arc<MockBackend>,
+        tree: sled::Tree,
+    ) -> Self {
+        let (to_enforcement, quotas) = tokio::sync::mpsc::unbounded_channel();
+        let backend: Arc<dyn GpuBackend> = Arc::clone(backend) as Arc<dyn GpuBackend>;
+        let plugin = {
+            let _guard = rt.enter();
+            dra::Plugin::open(
+                config.clone(),
+                NODE.to_owned(),
+                backend,
+                Some(tree),
+                to_enforcement,
+                &["GPU-1".to_owned()],
+            )
+            .unwrap()
+        };
+        let observed = Arc::clone(&plugin.observed);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = rt.spawn(plugin.run(Duration::from_millis(100), async {
+            let _ = stopped.await;
+        }));
+        Self {
+            stop,
+            task,
+            quotas,
+            observed,
+        }
+    }
+
+    fn stop(self, rt: &tokio::runtime::Runtime) {
+        let _ = self.stop.send(());
+        rt.block_on(self.task).unwrap();
+    }
+
+    /// The UUIDs the controller link's next registration names as offered to Kubernetes.
+    fn registered(&self) -> Vec<String> {
+        let mut u: Vec<String> = self
+            .observed
+            .kubernetes_devices()
+            .iter()
+            .map(|d| d.uuid.clone())
+            .collect();
+        u.sort();
+        u
+    }
+}
+
+/// The MIG instances of `gpu` in `backend`'s device list.
+fn instances_of(backend: &MockBackend, gpu: &str) -> Vec<GpuDevice> {
+    backend
+        .devices()
+        .into_iter()
+        .filter(|d| d.mig.as_ref().is_some_and(|m| m.parent_uuid == gpu))
+        .collect()
+}
+
+/// The operator destroys its `3g.71gb` on GPU-1 and makes a `1g.18gb` on GPU-2 while the plugin
+/// runs: the published slice drops the one and gains the other (its generation up each time),
+/// the controller link's registration follows, a stale claim on the destroyed device is refused
+/// naming it, and a claim on the new instance is prepared on that instance.
+#[test]
+#[expect(clippy::too_many_lines, reason = "one scenario, step by step")]
+fn the_offered_devices_follow_the_operators_mig_changes() {
+    let rt = fake_api::runtime();
+    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
+    let root = scratch("dra-offered-devices");
+    let backend = mock_backend(root.path());
+    let db = sled::Config::new()
+        .path(root.path().join("store"))
+        .open()
+        .unwrap();
+    let config = dra_config(root.path(), &api);
+    let endpoint = config.plugin_socket();
+    let mut running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+
+    // What the mock lists first: GPU-0 and the operator's instance on GPU-1, all published.
+    let ops = instances_of(&backend, "GPU-1");
+    assert_eq!(ops.len(), 1, "{ops:#?}");
+    let ops = ops[0].clone();
+    let listed: Vec<String> = backend.devices().into_iter().map(|d| d.uuid).collect();
+    wait_until("the node's slice", || {
+        node_slice(&api).is_some_and(|s| s.devices.len() == listed.len())
+    });
+    let NodeSlice {
+        devices,
+        generation: first_generation,
+        ..
+    } = node_slice(&api).unwrap();
+    let mut published: Vec<&str> = uuids(&devices);
+    published.sort_unstable();
+    let mut want: Vec<&str> = listed.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(published, want);
+    assert_eq!(running.registered(), want);
+    let ops_name = devices
+        .iter()
+        .find(|(_, u)| *u == ops.uuid)
+        .map(|(n, _)| n.clone())
+        .unwrap();
+
+    // The operator destroys it: gone from the slice, the generation up.
+    backend.destroy_instance(&ops.uuid).unwrap();
+    assert!(instances_of(&backend, "GPU-1").is_empty());
+    wait_until("the destroyed instance leaving the slice", || {
+        node_slice(&api).is_some_and(|s| !uuids(&s.devices).contains(&ops.uuid.as_str()))
+    });
+    let NodeSlice {
+        devices,
+        generation: second_generation,
+        ..
+    } = node_slice(&api).unwrap();
+    assert!(second_generation > first_generation);
+    let mut published: Vec<String> = devices.iter().map(|(_, u)| u.clone()).collect();
+    published.sort();
+    let mut want: Vec<String> = backend.devices().into_iter().map(|d| d.uuid).collect();
+    want.sort();
+    assert_eq!(published, want);
+    wait_until("the registration without it", || {
+        running.registered() == want
+    });
+
+    // A claim kube-scheduler allocated on it before it went: refused, naming the device.
+    api.put_claim(shared_claim("stale", A, &ops_name));
+    let answer = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "stale")]));
+    let error = &answer.claims[A].error;
+    assert!(
+        error.contains(&ops_name) && error.contains(&ops.uuid) && error.contains("gone"),
+        "{error:?}"
+    );
+    assert!(answer.claims[A].devices.is_empty());
+    assert!(
+        !config.cdi_dir.join(format!("{DRIVER}-{A}.json")).exists(),
+        "no CDI spec for a refused claim"
+    );
+    assert!(running.quotas.try_recv().is_err(), "nothing enforced");
+
+    // The operator makes a 1g on GPU-2 (not gpuwarden's to reconfigure): published.
+    let new = backend.create_instance("GPU-2", "1g.18gb", 0).unwrap();
+    wait_until("the new instance in the slice", || {
+        node_slice(&api).is_some_and(|s| uuids(&s.devices).contains(&new.uuid.as_str()))
+    });
+    let NodeSlice {
+        devices,
+        generation: third_generation,
+        ..
+    } = node_slice(&api).unwrap();
+    assert!(third_generation > second_generation);
+    let new_name = devices
+        .iter()
+        .find(|(_, u)| *u == new.uuid)
+        .map(|(n, _)| n.clone())
+        .unwrap();
+    wait_until("the registration with it", || {
+        running.registered().contains(&new.uuid)
+    });
+
+    // A claim on it is prepared on that instance: its quota names the instance's index and
+    // capability minors.
+    api.put_claim(shared_claim("fresh", B, &new_name));
+    let answer = rt.block_on(prepare_v1(&endpoint, &[("ml", B, "fresh")]));
+    assert_eq!(answer.claims[B].error, "");
+    assert_eq!(answer.claims[B].devices[0].device_name, new_name);
+    let QuotaCommand::Apply(quota) = running.quotas.try_recv().unwrap() else {
+        panic!("not a quota")
+    };
+    assert_eq!(quota.devices.len(), 1);
+    assert_eq!(quota.devices[0].index, new.index);
+    let mig = new.mig.clone().unwrap();
+    let cap_minors: Vec<u32> = quota.devices[0].mig.clone().unwrap().cap_minors;
+    assert_eq!(
+        cap_minors,
+        vec![
+            200 + mig.gpu_instance * 10,
+            201 + mig.gpu_instance * 10 + mig.compute_instance
+        ]
+    );
+    running.stop(&rt);
+    drop(db);
+}
+
+/// While nothing changes the slice is written once: its generation and resourceVersion stay
+/// over many ticks; an instance made for a claim's partition is that claim's and does not
+/// enter the shared pool (nothing republished for it either).
+#[test]
+fn nothing_is_republished_while_the_devices_stay() {
+    let rt = fake_api::runtime();
+    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
+    let root = scratch("dra-offered-steady");
+    let backend = mock_backend(root.path());
+    let db = sled::Config::new()
+        .path(root.path().join("store"))
+        .open()
+        .unwrap();
+    let config = dra_config(root.path(), &api);
+    let endpoint = config.plugin_socket();
+    let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+    let listed = backend.devices().len();
+    wait_until("the node's slice", || {
+        node_slice(&api).is_some_and(|s| s.devices.len() == listed)
+    });
+    let first = node_slice(&api).unwrap();
+    // Ten ticks and more.
+    std::thread::sleep(Duration::from_millis(1500));
+    same_as(&node_slice(&api).unwrap(), &first);
+
+    // A claim allocated a 1g partition on GPU-1: its instance is made, and stays out of the
+    // node's shared pool.
+    let partition = api
+        .slices()
+        .into_values()
+        .filter(|s| s["spec"]["pool"]["name"] == format!("{NODE}/mig"))
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .find(|d| d["attributes"]["migProfile"]["string"] == "1g.18gb")
+        .map(|d| d["name"].as_str().unwrap().to_owned())
+        .unwrap();
+    let before = instances_of(&backend, "GPU-1");
+    api.put_claim(partition_claim("part", C, &partition));
+    let answer = rt.block_on(prepare_v1(&endpoint, &[("ml", C, "part")]));
+    assert_eq!(answer.claims[C].error, "");
+    let after = instances_of(&backend, "GPU-1");
+    assert_eq!(after.len(), before.len() + 1, "{after:#?}");
+    std::thread::sleep(Duration::from_millis(1500));
+    same_as(&node_slice(&api).unwrap(), &first);
+    let mut want: Vec<String> = first.devices.iter().map(|(_, u)| u.clone()).collect();
+    want.sort();
+    assert_eq!(running.registered(), want);
+    running.stop(&rt);
+    drop(db);
+}
