@@ -18,32 +18,26 @@ mod fake_api;
 #[path = "agent_dra/fake_kubelet.rs"]
 #[expect(dead_code, reason = "shared with agent_dra.rs; only part is used here")]
 mod fake_kubelet;
+#[path = "dra_plugin/harness.rs"]
+#[expect(
+    dead_code,
+    reason = "shared with dra_partition_prepare.rs; only part is used here"
+)]
+mod harness;
 
-use std::{
-    fmt::Write as _,
-    path::Path,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::time::Duration;
 
 use fake_api::FakeApi;
 use fake_kubelet::prepare_v1;
 use gpuwarden_agent::{
-    control::Observed,
     devices::{GpuBackend, GpuDevice, mock::MockBackend},
-    dra::{
-        self, DraConfig,
-        config::{ApiServerConfig, GpuSelection},
-    },
     enforcement::QuotaCommand,
 };
 use gpuwarden_test_support::scratch;
+use harness::{
+    DRIVER, NODE, NODE_UID, POD, Running, dra_config, mock_backend, partition_claim, wait_until,
+};
 use serde_json::{Value, json};
-
-const DRIVER: &str = "gpu.gpuwarden.io";
-const NODE: &str = "test-node";
-const POD: &str = "6b1e3f0c-2d4a-4c5b-9e8f-0a1b2c3d4e5f";
-const NODE_UID: &str = "5e0f2a7c-9b1d-4e3f-8a6b-7c8d9e0f1a2b";
 
 /// Claim UIDs.
 const A: &str = "0a000000-0000-4000-8000-0000000000a1";
@@ -73,51 +67,6 @@ fn shared_claim(name: &str, uid: &str, device: &str) -> Value {
             "reservedFor": [{"resource": "pods", "name": "train-0", "uid": POD}],
         },
     })
-}
-
-/// A claim allocated the partition device `device` of the node's partition pool.
-fn partition_claim(name: &str, uid: &str, device: &str) -> Value {
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {
-            "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-        },
-        "spec": {"devices": {"requests": [{"name": "mig0", "exactly": {
-            "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
-        }}]}},
-        "status": {
-            "allocation": {"devices": {"results": [{
-                "request": "mig0", "driver": DRIVER, "pool": format!("{NODE}/mig"),
-                "device": device,
-            }]}},
-            "reservedFor": [{"resource": "pods", "name": "train-0", "uid": POD}],
-        },
-    })
-}
-
-/// The on-demand mock layout (GPU-0 whole; GPU-1 an H200 with the operator's `3g.71gb`
-/// `MIG-ops`; GPU-2 an H200 in MIG mode with no instance), capability minors listed for the
-/// instances of GPU-1 and GPU-2.
-fn mock_backend(dir: &Path) -> Arc<MockBackend> {
-    let mut minors = String::new();
-    for gpu in 1..=2 {
-        for gi in 0..15 {
-            let base = 100 * gpu + gi * 10;
-            writeln!(minors, "gpu{gpu}/gi{gi}/access {base}").unwrap();
-            for ci in 0..8 {
-                writeln!(minors, "gpu{gpu}/gi{gi}/ci{ci}/access {}", base + 1 + ci).unwrap();
-            }
-        }
-    }
-    std::fs::write(dir.join("mig-minors"), minors).unwrap();
-    let text = format!(
-        "mig_minors = \"mig-minors\"\n{}",
-        include_str!("../../deploy/mock-devices-mig-on-demand.toml")
-    );
-    let path = dir.join("mock.toml");
-    Arc::new(MockBackend::from_toml(&text, &path).unwrap())
 }
 
 /// The node's ResourceSlice as the fake API server holds it.
@@ -171,90 +120,6 @@ fn same_as(now: &NodeSlice, first: &NodeSlice) {
 
 fn uuids(devices: &[(String, String)]) -> Vec<&str> {
     devices.iter().map(|(_, u)| u.as_str()).collect()
-}
-
-fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The DRA settings of a plugin under `root`, talking to `api`, offering every GPU.
-fn dra_config(root: &Path, api: &FakeApi) -> DraConfig {
-    DraConfig {
-        gpus: GpuSelection::Keyword("all".into()),
-        plugins_registry_dir: root.join("plugins_registry"),
-        plugins_dir: root.join("plugins"),
-        cdi_dir: root.join("cdi"),
-        policy: gpuwarden_agent::enforcement::quota::QuotaPolicy::default(),
-        api: ApiServerConfig {
-            url: api.url(),
-            token_file: None,
-            ca_file: None,
-        },
-    }
-}
-
-/// The plugin running on `rt` (GPU-1 reconfigurable), and what stops it.
-struct Running {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
-    quotas: tokio::sync::mpsc::UnboundedReceiver<QuotaCommand>,
-    observed: Arc<Observed>,
-}
-
-impl Running {
-    fn start(
-        rt: &tokio::runtime::Runtime,
-        config: &DraConfig,
-        backend: &Arc<MockBackend>,
-        tree: sled::Tree,
-    ) -> Self {
-        let (to_enforcement, quotas) = tokio::sync::mpsc::unbounded_channel();
-        let backend: Arc<dyn GpuBackend> = Arc::clone(backend) as Arc<dyn GpuBackend>;
-        let plugin = {
-            let _guard = rt.enter();
-            dra::Plugin::open(
-                config.clone(),
-                NODE.to_owned(),
-                backend,
-                Some(tree),
-                to_enforcement,
-                &["GPU-1".to_owned()],
-            )
-            .unwrap()
-        };
-        let observed = Arc::clone(&plugin.observed);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = rt.spawn(plugin.run(Duration::from_millis(100), async {
-            let _ = stopped.await;
-        }));
-        Self {
-            stop,
-            task,
-            quotas,
-            observed,
-        }
-    }
-
-    fn stop(self, rt: &tokio::runtime::Runtime) {
-        let _ = self.stop.send(());
-        rt.block_on(self.task).unwrap();
-    }
-
-    /// The UUIDs the controller link's next registration names as offered to Kubernetes.
-    fn registered(&self) -> Vec<String> {
-        let mut u: Vec<String> = self
-            .observed
-            .kubernetes_devices()
-            .iter()
-            .map(|d| d.uuid.clone())
-            .collect();
-        u.sort();
-        u
-    }
 }
 
 /// The MIG instances of `gpu` in `backend`'s device list.

@@ -20,14 +20,14 @@ mod fake_api;
 #[path = "agent_dra/fake_kubelet.rs"]
 #[expect(dead_code, reason = "shared with agent_dra.rs; only part is used here")]
 mod fake_kubelet;
+#[path = "dra_plugin/harness.rs"]
+#[expect(
+    dead_code,
+    reason = "shared with dra_offered_devices.rs; only part is used here"
+)]
+mod harness;
 
-use std::{
-    collections::BTreeSet,
-    fmt::Write as _,
-    path::{Path, PathBuf},
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeSet, path::PathBuf, sync::Arc, time::Duration};
 
 use counters::{Allocator, Pool, gather};
 use fake_api::FakeApi;
@@ -35,82 +35,21 @@ use fake_kubelet::{prepare_v1, unprepare_v1};
 use gpuwarden_agent::{
     control::link::ProcessView,
     devices::{GpuBackend, GpuDevice, mock::MockBackend},
-    dra::{
-        self, DraConfig,
-        config::{ApiServerConfig, GpuSelection},
-    },
+    dra::DraConfig,
     enforcement::{QuotaCommand, quota::QuotaSpec},
 };
 use gpuwarden_test_support::scratch;
-use serde_json::{Value, json};
-
-const DRIVER: &str = "gpu.gpuwarden.io";
-const NODE: &str = "test-node";
-const POOL: &str = "test-node/mig";
-const POD: &str = "6b1e3f0c-2d4a-4c5b-9e8f-0a1b2c3d4e5f";
-const NODE_UID: &str = "5e0f2a7c-9b1d-4e3f-8a6b-7c8d9e0f1a2b";
+use harness::{
+    DRIVER, NODE, NODE_UID, POD, POOL, Running, dra_config, mock_backend, partition_claim,
+    partition_claim_of, wait_until,
+};
+use serde_json::Value;
 
 /// Claim UIDs.
 const A: &str = "0a000000-0000-4000-8000-00000000000a";
 const B: &str = "0b000000-0000-4000-8000-00000000000b";
 const C: &str = "0c000000-0000-4000-8000-00000000000c";
 const D: &str = "0d000000-0000-4000-8000-00000000000d";
-
-/// A claim allocated `device` of the partition pool, as the API server returns it: no
-/// `shareID` (a partition is not shared) and no consumed capacity.
-fn partition_claim(name: &str, uid: &str, device: &str) -> Value {
-    partition_claim_of(name, uid, &[device])
-}
-
-/// A claim allocated each of `devices` of the partition pool, one request each.
-fn partition_claim_of(name: &str, uid: &str, devices: &[&str]) -> Value {
-    let requests: Vec<Value> = (0..devices.len())
-        .map(|i| {
-            json!({"name": format!("mig{i}"), "exactly": {
-                "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
-            }})
-        })
-        .collect();
-    let results: Vec<Value> = devices
-        .iter()
-        .enumerate()
-        .map(|(i, device)| {
-            json!({"request": format!("mig{i}"), "driver": DRIVER, "pool": POOL, "device": device})
-        })
-        .collect();
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {
-            "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-        },
-        "spec": {"devices": {"requests": requests}},
-        "status": {
-            "allocation": {"devices": {"results": results}},
-            "reservedFor": [{"resource": "pods", "name": "train-0", "uid": POD}],
-        },
-    })
-}
-
-/// The on-demand mock layout (GPU-1 an H200 with the operator's `3g.71gb` at slices 4-7, GPU-2
-/// an empty H200), with the capability minors the driver would list for GPU-1's instances.
-fn mock_backend(dir: &Path) -> Arc<MockBackend> {
-    let mut minors = String::new();
-    for gi in 0..15 {
-        writeln!(minors, "gpu1/gi{gi}/access {}", 100 + gi * 10).unwrap();
-        for ci in 0..8 {
-            writeln!(minors, "gpu1/gi{gi}/ci{ci}/access {}", 101 + gi * 10 + ci).unwrap();
-        }
-    }
-    std::fs::write(dir.join("mig-minors"), minors).unwrap();
-    let text = format!(
-        "mig_minors = \"mig-minors\"\n{}",
-        include_str!("../../deploy/mock-devices-mig-on-demand.toml")
-    );
-    let path = dir.join("mock.toml");
-    Arc::new(MockBackend::from_toml(&text, &path).unwrap())
-}
 
 /// GPU-1's instances as the mock's MIG layer holds them: (profile, start, size).
 fn layout(backend: &MockBackend) -> BTreeSet<(String, u32, u32)> {
@@ -178,14 +117,6 @@ fn republished(api: &FakeApi, after: i64) -> (i64, Vec<counters::Device>, counte
     out.unwrap()
 }
 
-fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// What each test here starts from: the fake API server with this node, mock GPUs (the
 /// operator's instances made), the claim store's database and the plugin's configuration, in a
 /// scratch directory tagged `tag`.
@@ -240,64 +171,6 @@ fn scheduler_picks_a_2g(api: &FakeApi) -> counters::Device {
         })
         .unwrap()
         .clone()
-}
-
-/// The plugin running on `rt`, and what stops it.
-struct Running {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
-    /// What the plugin hands enforcement.
-    quotas: tokio::sync::mpsc::UnboundedReceiver<QuotaCommand>,
-    /// The quotas of claims prepared before, as the daemon enforces them at start.
-    held: Vec<QuotaSpec>,
-    /// The claims the controller link would report.
-    observed: Arc<gpuwarden_agent::control::Observed>,
-    /// The driver.
-    driver: Arc<dra::plugin::Driver>,
-}
-
-impl Running {
-    fn start(
-        rt: &tokio::runtime::Runtime,
-        config: &DraConfig,
-        backend: &Arc<MockBackend>,
-        tree: sled::Tree,
-    ) -> Self {
-        let (to_enforcement, quotas) = tokio::sync::mpsc::unbounded_channel();
-        let backend: Arc<dyn GpuBackend> = Arc::clone(backend) as Arc<dyn GpuBackend>;
-        let plugin = {
-            let _guard = rt.enter();
-            dra::Plugin::open(
-                config.clone(),
-                NODE.to_owned(),
-                backend,
-                Some(tree),
-                to_enforcement,
-                &["GPU-1".to_owned()],
-            )
-            .unwrap()
-        };
-        let held = plugin.held.clone();
-        let observed = Arc::clone(&plugin.observed);
-        let driver = Arc::clone(&plugin.driver);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = rt.spawn(plugin.run(Duration::from_millis(100), async {
-            let _ = stopped.await;
-        }));
-        Self {
-            stop,
-            task,
-            quotas,
-            held,
-            observed,
-            driver,
-        }
-    }
-
-    fn stop(self, rt: &tokio::runtime::Runtime) {
-        let _ = self.stop.send(());
-        rt.block_on(self.task).unwrap();
-    }
 }
 
 /// Prepare and unprepare of claims allocated partitions: the instance made at the device's
@@ -555,22 +428,6 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
     assert_eq!(backend.devices(), devices_before);
     assert_eq!(layout(&backend), operators);
     running.stop(&rt);
-}
-
-/// The DRA settings of a plugin under `root`, talking to `api`.
-fn dra_config(root: &Path, api: &FakeApi) -> DraConfig {
-    DraConfig {
-        gpus: GpuSelection::Keyword("all".into()),
-        plugins_registry_dir: root.join("plugins_registry"),
-        plugins_dir: root.join("plugins"),
-        cdi_dir: root.join("cdi"),
-        policy: gpuwarden_agent::enforcement::quota::QuotaPolicy::default(),
-        api: ApiServerConfig {
-            url: api.url(),
-            token_file: None,
-            ca_file: None,
-        },
-    }
 }
 
 /// The capability minors the test's `mig-minors` file lists for an instance of GPU-1.

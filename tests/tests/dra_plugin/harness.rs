@@ -1,0 +1,185 @@
+//! The DRA plugin in process, as the DRA tests run it: on the on-demand mock GPUs (GPU-1 an
+//! H200 with the operator's `3g.71gb`, GPU-2 an H200 in MIG mode with no instance), behind the
+//! fake API server and kubelet of `agent_dra/`. Included by `#[path]` in each test file that
+//! needs it, beside `fake_api` and `fake_kubelet`.
+
+use std::{
+    fmt::Write as _,
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use gpuwarden_agent::{
+    control::Observed,
+    devices::{GpuBackend, mock::MockBackend},
+    dra::{
+        self, DraConfig,
+        config::{ApiServerConfig, GpuSelection},
+    },
+    enforcement::{QuotaCommand, quota::QuotaSpec},
+};
+use serde_json::{Value, json};
+
+use super::fake_api::FakeApi;
+
+pub const DRIVER: &str = "gpu.gpuwarden.io";
+pub const NODE: &str = "test-node";
+/// The node's partition pool.
+pub const POOL: &str = "test-node/mig";
+pub const POD: &str = "6b1e3f0c-2d4a-4c5b-9e8f-0a1b2c3d4e5f";
+pub const NODE_UID: &str = "5e0f2a7c-9b1d-4e3f-8a6b-7c8d9e0f1a2b";
+
+/// A claim allocated `device` of the partition pool, as the API server returns it: no
+/// `shareID` (a partition is not shared) and no consumed capacity.
+pub fn partition_claim(name: &str, uid: &str, device: &str) -> Value {
+    partition_claim_of(name, uid, &[device])
+}
+
+/// A claim allocated each of `devices` of the partition pool, one request each.
+pub fn partition_claim_of(name: &str, uid: &str, devices: &[&str]) -> Value {
+    let requests: Vec<Value> = (0..devices.len())
+        .map(|i| {
+            json!({"name": format!("mig{i}"), "exactly": {
+                "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
+            }})
+        })
+        .collect();
+    let results: Vec<Value> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, device)| {
+            json!({"request": format!("mig{i}"), "driver": DRIVER, "pool": POOL, "device": device})
+        })
+        .collect();
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"devices": {"requests": requests}},
+        "status": {
+            "allocation": {"devices": {"results": results}},
+            "reservedFor": [{"resource": "pods", "name": "train-0", "uid": POD}],
+        },
+    })
+}
+
+/// The on-demand mock layout (GPU-0 whole; GPU-1 an H200 with the operator's `3g.71gb`
+/// `MIG-ops`; GPU-2 an H200 in MIG mode with no instance), capability minors listed for the
+/// instances of GPU-1 and GPU-2.
+pub fn mock_backend(dir: &Path) -> Arc<MockBackend> {
+    let mut minors = String::new();
+    for gpu in 1..=2 {
+        for gi in 0..15 {
+            let base = 100 * gpu + gi * 10;
+            writeln!(minors, "gpu{gpu}/gi{gi}/access {base}").unwrap();
+            for ci in 0..8 {
+                writeln!(minors, "gpu{gpu}/gi{gi}/ci{ci}/access {}", base + 1 + ci).unwrap();
+            }
+        }
+    }
+    std::fs::write(dir.join("mig-minors"), minors).unwrap();
+    let text = format!(
+        "mig_minors = \"mig-minors\"\n{}",
+        include_str!("../../../deploy/mock-devices-mig-on-demand.toml")
+    );
+    let path = dir.join("mock.toml");
+    Arc::new(MockBackend::from_toml(&text, &path).unwrap())
+}
+
+pub fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The DRA settings of a plugin under `root`, talking to `api`.
+pub fn dra_config(root: &Path, api: &FakeApi) -> DraConfig {
+    DraConfig {
+        gpus: GpuSelection::Keyword("all".into()),
+        plugins_registry_dir: root.join("plugins_registry"),
+        plugins_dir: root.join("plugins"),
+        cdi_dir: root.join("cdi"),
+        policy: gpuwarden_agent::enforcement::quota::QuotaPolicy::default(),
+        api: ApiServerConfig {
+            url: api.url(),
+            token_file: None,
+            ca_file: None,
+        },
+    }
+}
+
+/// The plugin running on `rt`, and what stops it.
+pub struct Running {
+    pub stop: tokio::sync::oneshot::Sender<()>,
+    pub task: tokio::task::JoinHandle<()>,
+    /// What the plugin hands enforcement.
+    pub quotas: tokio::sync::mpsc::UnboundedReceiver<QuotaCommand>,
+    /// The quotas of claims prepared before, as the daemon enforces them at start.
+    pub held: Vec<QuotaSpec>,
+    /// The claims the controller link would report.
+    pub observed: Arc<Observed>,
+    /// The driver.
+    pub driver: Arc<dra::plugin::Driver>,
+}
+
+impl Running {
+    pub fn start(
+        rt: &tokio::runtime::Runtime,
+        config: &DraConfig,
+        backend: &Arc<MockBackend>,
+        tree: sled::Tree,
+    ) -> Self {
+        let (to_enforcement, quotas) = tokio::sync::mpsc::unbounded_channel();
+        let backend: Arc<dyn GpuBackend> = Arc::clone(backend) as Arc<dyn GpuBackend>;
+        let plugin = {
+            let _guard = rt.enter();
+            dra::Plugin::open(
+                config.clone(),
+                NODE.to_owned(),
+                backend,
+                Some(tree),
+                to_enforcement,
+                &["GPU-1".to_owned()],
+            )
+            .unwrap()
+        };
+        let held = plugin.held.clone();
+        let observed = Arc::clone(&plugin.observed);
+        let driver = Arc::clone(&plugin.driver);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = rt.spawn(plugin.run(Duration::from_millis(100), async {
+            let _ = stopped.await;
+        }));
+        Self {
+            stop,
+            task,
+            quotas,
+            held,
+            observed,
+            driver,
+        }
+    }
+
+    pub fn stop(self, rt: &tokio::runtime::Runtime) {
+        let _ = self.stop.send(());
+        rt.block_on(self.task).unwrap();
+    }
+
+    /// The UUIDs the controller link's next registration names as offered to Kubernetes.
+    pub fn registered(&self) -> Vec<String> {
+        let mut u: Vec<String> = self
+            .observed
+            .kubernetes_devices()
+            .iter()
+            .map(|d| d.uuid.clone())
+            .collect();
+        u.sort();
+        u
+    }
+}
