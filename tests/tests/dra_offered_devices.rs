@@ -33,10 +33,7 @@ use gpuwarden_agent::{
     devices::{GpuBackend, GpuDevice, mock::MockBackend},
     enforcement::QuotaCommand,
 };
-use gpuwarden_test_support::scratch;
-use harness::{
-    DRIVER, NODE, NODE_UID, POD, Running, dra_config, mock_backend, partition_claim, wait_until,
-};
+use harness::{DRIVER, NODE, POD, Running, Scene, partition_claim, wait_until};
 use serde_json::{Value, json};
 
 /// Claim UIDs.
@@ -138,16 +135,15 @@ fn instances_of(backend: &MockBackend, gpu: &str) -> Vec<GpuDevice> {
 #[test]
 #[expect(clippy::too_many_lines, reason = "one scenario, step by step")]
 fn the_offered_devices_follow_the_operators_mig_changes() {
-    let rt = fake_api::runtime();
-    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
-    let root = scratch("dra-offered-devices");
-    let backend = mock_backend(root.path());
-    let db = sled::Config::new()
-        .path(root.path().join("store"))
-        .open()
-        .unwrap();
-    let config = dra_config(root.path(), &api);
-    let endpoint = config.plugin_socket();
+    let Scene {
+        rt,
+        api,
+        root: _root,
+        backend,
+        db,
+        config,
+        endpoint,
+    } = Scene::new("dra-offered-devices");
     let mut running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
 
     // What the mock lists first: GPU-0 and the operator's instance on GPU-1, all published.
@@ -260,16 +256,15 @@ fn the_offered_devices_follow_the_operators_mig_changes() {
 /// enter the shared pool (nothing republished for it either).
 #[test]
 fn nothing_is_republished_while_the_devices_stay() {
-    let rt = fake_api::runtime();
-    let api = FakeApi::with_node(&rt, NODE, NODE_UID);
-    let root = scratch("dra-offered-steady");
-    let backend = mock_backend(root.path());
-    let db = sled::Config::new()
-        .path(root.path().join("store"))
-        .open()
-        .unwrap();
-    let config = dra_config(root.path(), &api);
-    let endpoint = config.plugin_socket();
+    let Scene {
+        rt,
+        api,
+        root: _root,
+        backend,
+        db,
+        config,
+        endpoint,
+    } = Scene::new("dra-offered-steady");
     let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
     let listed = backend.devices().len();
     wait_until("the node's slice", || {

@@ -27,7 +27,7 @@ mod fake_kubelet;
 )]
 mod harness;
 
-use std::{collections::BTreeSet, path::PathBuf, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use counters::{Allocator, Pool, gather};
 use fake_api::FakeApi;
@@ -38,10 +38,9 @@ use gpuwarden_agent::{
     dra::DraConfig,
     enforcement::{QuotaCommand, quota::QuotaSpec},
 };
-use gpuwarden_test_support::scratch;
 use harness::{
-    DRIVER, NODE, NODE_UID, POD, POOL, Running, dra_config, mock_backend, partition_claim,
-    partition_claim_of, wait_until,
+    DRIVER, NODE, POD, POOL, Running, Scene, mock_backend, partition_claim, partition_claim_of,
+    wait_until,
 };
 use serde_json::Value;
 
@@ -115,43 +114,6 @@ fn republished(api: &FakeApi, after: i64) -> (i64, Vec<counters::Device>, counte
         false
     });
     out.unwrap()
-}
-
-/// What each test here starts from: the fake API server with this node, mock GPUs (the
-/// operator's instances made), the claim store's database and the plugin's configuration, in a
-/// scratch directory tagged `tag`.
-struct Scene {
-    rt: tokio::runtime::Runtime,
-    api: FakeApi,
-    root: tempfile::TempDir,
-    backend: Arc<MockBackend>,
-    db: sled::Db,
-    config: DraConfig,
-    endpoint: PathBuf,
-}
-
-impl Scene {
-    fn new(tag: &str) -> Self {
-        let rt = fake_api::runtime();
-        let api = FakeApi::with_node(&rt, NODE, NODE_UID);
-        let root = scratch(tag);
-        let backend = mock_backend(root.path());
-        let db = sled::Config::new()
-            .path(root.path().join("store"))
-            .open()
-            .unwrap();
-        let config = dra_config(root.path(), &api);
-        let endpoint = config.plugin_socket();
-        Self {
-            rt,
-            api,
-            root,
-            backend,
-            db,
-            config,
-            endpoint,
-        }
-    }
 }
 
 /// A `2g.35gb` partition that kube-scheduler's arithmetic (transcribed) allocates from the pool

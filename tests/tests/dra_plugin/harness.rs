@@ -21,6 +21,8 @@ use gpuwarden_agent::{
 };
 use serde_json::{Value, json};
 
+use gpuwarden_test_support::scratch;
+
 use super::fake_api::FakeApi;
 
 pub const DRIVER: &str = "gpu.gpuwarden.io";
@@ -181,5 +183,42 @@ impl Running {
             .collect();
         u.sort();
         u
+    }
+}
+
+/// What each DRA plugin test starts from: the fake API server with this node, mock GPUs (the
+/// operator's instances made), the claim store's database and the plugin's configuration, in a
+/// scratch directory tagged `tag`.
+pub struct Scene {
+    pub rt: tokio::runtime::Runtime,
+    pub api: FakeApi,
+    pub root: tempfile::TempDir,
+    pub backend: Arc<MockBackend>,
+    pub db: sled::Db,
+    pub config: DraConfig,
+    pub endpoint: std::path::PathBuf,
+}
+
+impl Scene {
+    pub fn new(tag: &str) -> Self {
+        let rt = super::fake_api::runtime();
+        let api = FakeApi::with_node(&rt, NODE, NODE_UID);
+        let root = scratch(tag);
+        let backend = mock_backend(root.path());
+        let db = sled::Config::new()
+            .path(root.path().join("store"))
+            .open()
+            .unwrap();
+        let config = dra_config(root.path(), &api);
+        let endpoint = config.plugin_socket();
+        Self {
+            rt,
+            api,
+            root,
+            backend,
+            db,
+            config,
+            endpoint,
+        }
     }
 }
