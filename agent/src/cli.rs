@@ -99,7 +99,8 @@ enum Command {
     MigTable,
     /// One CUDA checkpoint call on a process (the helper the agent runs to suspend a workload;
     /// it loads libcuda, which the agent itself never does). Prints one JSON line; exits 0 when
-    /// the call succeeded, 3 when the driver refused it, 1 when it could not be made.
+    /// the call succeeded, 3 when the driver refused it, 1 when it could not be made, 4 when
+    /// its agent (`--parent`) ended first.
     Checkpoint {
         /// The target process.
         #[arg(long)]
@@ -117,6 +118,10 @@ enum Command {
         /// (the driver's `CUcheckpointGpuPair`, CUDA 13.0 and later).
         #[arg(long = "gpu-pair")]
         gpu_pairs: Vec<checkpoint::GpuPair>,
+        /// The agent that started this helper (its pid, which must be this process's parent):
+        /// the helper ends (exit 4) when it does, even in the middle of the call.
+        #[arg(long)]
+        parent: Option<u32>,
     },
     /// Print one snapshot of GPU use per container.
     Snapshot {
@@ -152,8 +157,16 @@ pub fn main() -> ExitCode {
         timeout_ms,
         library,
         gpu_pairs,
+        parent,
     } = &cli.command
     {
+        if let Some(parent) = parent
+            && let Err(e) = checkpoint::parent::end_with(*parent)
+        {
+            // Its agent is gone (or never was its parent): nothing is done in its name.
+            eprintln!("gpuwarden-agent checkpoint: not watching the agent {parent}: {e}");
+            return ExitCode::from(checkpoint::parent::ORPHANED);
+        }
         return checkpoint_helper(&library.clone(), *pid, *action, *timeout_ms, gpu_pairs);
     }
     let runtime = match tokio::runtime::Runtime::new() {

@@ -127,6 +127,72 @@ fn a_refusal_comes_back_typed_with_the_driver_code() {
     assert!(matches!(err, CheckpointError::Helper { .. }), "{err}");
 }
 
+/// Set in the stand-in agent process of [`a_helper_ends_with_the_agent_that_started_it`]: the
+/// stand-in libcuda's directory.
+const STAND_IN_AGENT: &str = "GPUWARDEN_TEST_STAND_IN_AGENT";
+
+/// Issue 38: an agent killed with `SIGKILL` (no orderly stop, so no `kill_on_drop`) in the
+/// middle of a helper's call takes the helper with it, rather than leave it to unlock a process
+/// behind the next run's back. The agent here is this test binary run again as a child, calling
+/// the checkpoint helper as the agent does; the stand-in libcuda holds the helper's unlock. Once
+/// the child is killed, the helper must be gone while its call is still held.
+#[test]
+fn a_helper_ends_with_the_agent_that_started_it() {
+    if let Some(dir) = std::env::var_os(STAND_IN_AGENT) {
+        let helper = gpuwarden_agent::checkpoint::helper::Helper {
+            program: gpuwarden_test_support::bin("agent-under-test"),
+            library: Some(std::path::PathBuf::from(dir).join("libcuda.so.1")),
+        };
+        // Held by the stand-in until this process is killed.
+        let _ = rt().block_on(helper.act(1, Action::Unlock, Duration::from_mins(5)));
+        return;
+    }
+    let libcuda = FakeLibcuda::build();
+    let pause = libcuda.dir.path().join("pause-unlock");
+    std::fs::write(&pause, "").unwrap();
+    let mut agent = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_helper_ends_with_the_agent_that_started_it",
+            "--test-threads=1",
+        ])
+        .env(STAND_IN_AGENT, libcuda.dir.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let paused = libcuda.dir.path().join("unlock-paused");
+    wait_for("the helper's unlock to be held", || paused.exists());
+    let helper = children_of(agent.id());
+    assert_eq!(helper.len(), 1, "one helper: {helper:?}");
+    let helper = helper[0];
+
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    wait_for("the helper to end with its agent", || !running(helper));
+    assert!(pause.exists(), "it ended while its call was still held");
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| stat_field(*child, 1).is_some_and(|ppid| ppid == pid.to_string()))
+        .collect()
+}
+
+/// Whether process `pid` runs (a zombie no longer does).
+fn running(pid: u32) -> bool {
+    stat_field(pid, 0).is_some_and(|state| state != "Z")
+}
+
+/// Field `n` after the command in `/proc/<pid>/stat` (0: state, 1: parent).
+fn stat_field(pid: u32, n: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(n).map(str::to_owned)
+}
+
 /// A rig whose agent suspends through `libcuda`.
 fn suspend_rig(tag: &str, libcuda: &FakeLibcuda) -> Rig {
     suspend_rig_leaving(tag, libcuda, SuspendConfig::DEFAULT_HOST_RESERVE)

@@ -63,19 +63,22 @@ impl Helper {
         }
     }
 
-    async fn run(
+    /// The helper's command line for `action` on `pid`. It names the agent as the helper's
+    /// parent, so a helper whose agent is killed outright ends too ([`super::parent`]).
+    fn command(
         &self,
         pid: u32,
         action: Action,
         timeout: Duration,
         pairs: &[GpuPair],
-    ) -> Result<(Option<ProcessState>, Option<i32>), CheckpointError> {
+    ) -> tokio::process::Command {
         let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
         let mut command = tokio::process::Command::new(&self.program);
         command
             .args(["checkpoint", "--pid", &pid.to_string(), "--action"])
             .arg(action.word())
             .args(["--timeout-ms", &timeout_ms.to_string()])
+            .args(["--parent", &std::process::id().to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -86,6 +89,17 @@ impl Helper {
         for pair in pairs {
             command.arg("--gpu-pair").arg(pair.word());
         }
+        command
+    }
+
+    async fn run(
+        &self,
+        pid: u32,
+        action: Action,
+        timeout: Duration,
+        pairs: &[GpuPair],
+    ) -> Result<(Option<ProcessState>, Option<i32>), CheckpointError> {
+        let mut command = self.command(pid, action, timeout, pairs);
         let helper_error = |reason: String| CheckpointError::Helper {
             program: self.program.display().to_string(),
             reason,
@@ -125,5 +139,28 @@ impl Helper {
             }),
             Answer::Error { reason } => Err(helper_error(reason)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The helper is told whose death ends it: the agent's own pid (`parent::end_with` checks
+    /// it is the helper's parent).
+    #[test]
+    fn the_helper_is_told_the_agent_is_its_parent() {
+        let helper = Helper {
+            program: PathBuf::from("gpuwarden-agent"),
+            library: None,
+        };
+        let command = helper.command(7, Action::Unlock, Duration::from_secs(1), &[]);
+        let args: Vec<String> = command
+            .as_std()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let at = args.iter().position(|a| a == "--parent").expect("--parent");
+        assert_eq!(args[at + 1], std::process::id().to_string());
     }
 }

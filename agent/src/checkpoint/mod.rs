@@ -10,6 +10,7 @@
 
 pub mod driver;
 pub mod helper;
+pub mod parent;
 
 use serde::{Deserialize, Serialize};
 
