@@ -513,9 +513,8 @@ mig_enabled = true
                     .is_some_and(|i| i.devices.iter().all(|d| d.uuid != uuid))
         })
     });
-    // The table is written by the agent's own task right after the destruction, before it
-    // registers again; a moment's margin for that task to run.
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    // The link registers again only once the agent's task has written the table without it
+    // (`devices::changes`): no margin needed here.
     // The driver still takes the subscription (the fake does not forget instances): the
     // agent's table no longer names that GPU instance, so its memory is the parent's.
     let cg2 = docker("migmade2");

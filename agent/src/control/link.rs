@@ -4,6 +4,7 @@
 //! The agent accepts an allocation naming slots it doesn't have only when their values are zero;
 //! otherwise it answers `UnsupportedResource` (docs/architecture.md, "Slot types are merged").
 
+use crate::devices::changes::DeviceChanges;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,9 +57,9 @@ pub struct LinkChannels {
     /// when its allocation arrives ([`confinement::authorize_at_arrival`]).
     pub pods: Box<dyn confinement::PodNamespaces + Sync>,
     /// Told each time the link made or destroyed a MIG instance, so whoever owns the programs'
-    /// instance table writes the device list again (the message carries nothing: the receiver
-    /// reads the list from its backend, which sees every GPU, not only the link's).
-    pub devices_changed: mpsc::UnboundedSender<()>,
+    /// instance table writes the device list again; the link registers again only once it is
+    /// written.
+    pub devices_changed: DeviceChanges,
     /// The agent's own view of its GPU processes, asked before a MIG instance is made or
     /// destroyed (the driver's count is asked too); `None`: the driver's alone.
     pub processes: Option<Arc<dyn ProcessView>>,
@@ -141,9 +142,10 @@ pub async fn run(
                 match result {
                     Ok(Ended::LayoutChanged) => {
                         tracing::info!(controller = %url, "MIG layout changed; registering again");
+                        // The controller may place a workload on a new instance as soon as it
+                        // sees it: the programs must count that instance first.
                         if let Some(c) = &channels {
-                            // Nobody listening (the agent stopping) is no error.
-                            let _ = c.devices_changed.send(());
+                            c.devices_changed.written().await;
                         }
                         backoff.reset();
                     }

@@ -3,6 +3,7 @@
 //! starts — the app is spawned into [`Running`] tasks, and shutting down stops and joins them in
 //! reverse start order.
 
+use crate::devices::changes::{self, DeviceChanges};
 use std::{future::Future, sync::Arc, time::Duration};
 
 use gpuwarden_proto::v1 as pb;
@@ -310,11 +311,8 @@ fn spawn_device_list(
     telemetry: TelemetryHandle,
     backend: Arc<dyn GpuBackend>,
     names: DeviceNames,
-) -> (
-    mpsc::UnboundedSender<()>,
-    tokio::sync::watch::Receiver<DeviceNames>,
-) {
-    let (devices_changed, changes) = mpsc::unbounded_channel();
+) -> (DeviceChanges, tokio::sync::watch::Receiver<DeviceNames>) {
+    let (devices_changed, changes) = changes::channel();
     let (names_tx, names_rx) = tokio::sync::watch::channel(names);
     let follow = tasks::follow_devices(changes, telemetry, backend, names_tx);
     tasks.abort("device list", tokio::spawn(follow));
@@ -345,7 +343,7 @@ fn spawn_dra(
     tasks: &mut Tasks<RunError>,
     plugin: dra::Plugin,
     config: &AgentConfig,
-    devices_changed: mpsc::UnboundedSender<()>,
+    devices_changed: DeviceChanges,
     telemetry: TelemetryHandle,
 ) {
     let every = config.rescan_interval;
@@ -394,7 +392,7 @@ struct LinkWiring {
     events: mpsc::Receiver<pb::EnforcementEvent>,
     observed: Option<Arc<Observed>>,
     pods: PodNames,
-    devices_changed: mpsc::UnboundedSender<()>,
+    devices_changed: DeviceChanges,
 }
 
 /// Starts the usage reports and the controller link, where a controller is configured.

@@ -1,5 +1,6 @@
 //! The agent's long-running tasks: event dispatch, map upkeep and usage reports.
 
+use crate::devices::changes::{self, DeviceChangesRx};
 use gpuwarden_runtime::sync::Lock as _;
 use std::{sync::Arc, time::Duration};
 
@@ -52,13 +53,12 @@ pub(super) async fn dispatch_events(
 /// and passes on the names the instances are reported under. Changes told while one is being
 /// written are written once.
 pub(super) async fn follow_devices(
-    mut changes: tokio::sync::mpsc::UnboundedReceiver<()>,
+    mut changes: DeviceChangesRx,
     telemetry: TelemetryHandle,
     backend: Arc<dyn GpuBackend>,
     names: tokio::sync::watch::Sender<DeviceNames>,
 ) {
-    while changes.recv().await.is_some() {
-        while changes.try_recv().is_ok() {}
+    while let Some(waiting) = changes.next().await {
         let Ok(now) = telemetry
             .set_devices(backend.devices(), backend.caps_major())
             .await
@@ -66,6 +66,7 @@ pub(super) async fn follow_devices(
             return;
         };
         names.send_replace(now);
+        changes::done(waiting);
     }
 }
 

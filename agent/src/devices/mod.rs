@@ -5,6 +5,7 @@
 //! the agent offers them to the controller at registration and accepts allocations only of
 //! slots it knows.
 
+pub mod changes;
 pub mod health;
 pub mod mig;
 pub mod mock;

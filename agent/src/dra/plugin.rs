@@ -1,6 +1,7 @@
 //! The driver's work: `NodePrepareResources` and `NodeUnprepareResources` for one claim each,
 //! whichever API version the kubelet speaks.
 
+use crate::devices::changes::DeviceChanges;
 use gpuwarden_runtime::sync::Lock as _;
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -134,7 +135,7 @@ pub struct Driver {
     /// Woken when a MIG layout changed: the partition pool is published again.
     layout_changed: tokio::sync::Notify,
     /// Told when an instance was made or destroyed: the programs' instance table follows.
-    devices_changed: Mutex<Option<mpsc::UnboundedSender<()>>>,
+    devices_changed: Mutex<Option<DeviceChanges>>,
     /// The agent's own view of its GPU processes, asked with the driver's count before a
     /// layout change (none: the driver's count alone).
     processes: Mutex<Option<Arc<dyn ProcessView>>>,
@@ -412,9 +413,9 @@ impl Driver {
     }
 
     /// Where to say that an instance was made or destroyed (the daemon's device-list task).
-    pub fn on_devices_changed(&self, tx: mpsc::UnboundedSender<()>) {
+    pub fn on_devices_changed(&self, tx: DeviceChanges) {
         // Instances made again at start (after a reboot) came before anyone listened.
-        let _ = tx.send(());
+        tx.notify();
         *self.devices_changed.locked() = Some(tx);
     }
 
@@ -820,7 +821,7 @@ impl Driver {
     fn layout_did_change(&self) {
         self.layout_changed.notify_one();
         if let Some(tx) = self.devices_changed.locked().as_ref() {
-            let _ = tx.send(());
+            tx.notify();
         }
     }
 
