@@ -583,11 +583,27 @@ fn memory_on_a_file_sent_away_is_released_when_its_untracked_holder_closes_it() 
     handoff.send(&mut sender);
     sender.exit();
     let fd = handoff.receive(&mut receiver);
-    // Several sweeps pass while the receiver holds the file.
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(charged(&rig, &cg), (4 * MIB, 4 * MIB));
+    wait_for_a_sweep(&rig, "evorphan3-control");
+    assert_eq!(
+        charged(&rig, &cg),
+        (4 * MIB, 4 * MIB),
+        "a sweep passed while the receiver holds the file"
+    );
     receiver.ok(&format!("close {fd}"));
     wait_uncharged(&rig, &cg, "the sweep to release the closed file's 4 MiB");
+    receiver.exit();
+}
+
+/// Returns once the agent's sweep has run since the call: a file sent away from a second
+/// container and closed by its receiver without an ioctl is released only by a sweep.
+fn wait_for_a_sweep(rig: &Rig, seed: &str) {
+    let cg = rig.limited(seed);
+    let (mut sender, mut receiver, handoff) = handoff(rig, &cg, seed);
+    handoff.send(&mut sender);
+    sender.exit();
+    let fd = handoff.receive(&mut receiver);
+    receiver.ok(&format!("close {fd}"));
+    wait_uncharged(rig, &cg, "a sweep to release the control file's 4 MiB");
     receiver.exit();
 }
 
