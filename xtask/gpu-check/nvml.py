@@ -114,7 +114,9 @@ def with_ctypes():
 
 
 def mig(pynvml, h, text):
-    """The GPU's MIG mode and instances, read only (nothing here changes them)."""
+    """The GPU's MIG mode and instances, read only (nothing here changes them). For each
+    instance: its memory as NVML counts it on the MIG handle, and which of the calls the agent
+    reads a GPU through answer on that handle ("ok", or the error NVML gave)."""
     try:
         current, pending = pynvml.nvmlDeviceGetMigMode(h)
     except Exception:  # no MIG on this GPU or driver
@@ -130,8 +132,46 @@ def mig(pynvml, h, text):
                 m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
             except Exception:  # an empty slot
                 continue
-            instances.append(f"{text(pynvml.nvmlDeviceGetName(m))} {text(pynvml.nvmlDeviceGetUUID(m))}")
+            instances.append(mig_instance(pynvml, m, text))
     return {"current": current, "pending": pending, "instances": instances}
+
+
+def mig_instance(pynvml, m, text):
+    """One MIG device handle: name, UUID, memory, and each signal's answer."""
+    def answer(f, *a):
+        try:
+            f(m, *a)
+            return "ok"
+        except Exception as e:  # NVMLError_NotSupported and friends
+            return type(e).__name__ + (f": {e}" if str(e) else "")
+
+    def maybe(f):
+        try:
+            return f()
+        except Exception:
+            return None
+
+    mem = maybe(lambda: pynvml.nvmlDeviceGetMemoryInfo(m))
+    signals = {
+        # The agent's NVML cross-check of per-instance memory.
+        "memory_info": answer(pynvml.nvmlDeviceGetMemoryInfo),
+        # Its per-process memory (and its check before a layout change).
+        "running_processes": answer(pynvml.nvmlDeviceGetComputeRunningProcesses),
+        # Its utilization figure and the compute-share throttle's samples (nvml.h: not on MIG).
+        "utilization_rates": answer(pynvml.nvmlDeviceGetUtilizationRates),
+        "samples": answer(pynvml.nvmlDeviceGetSamples, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0),
+        "process_utilization": answer(pynvml.nvmlDeviceGetProcessUtilization, 0),
+    }
+    gpm = getattr(pynvml, "nvmlGpmQueryDeviceSupport", None)
+    if gpm is not None:
+        signals["gpm_support"] = answer(gpm)
+    return {
+        "name": text(maybe(lambda: pynvml.nvmlDeviceGetName(m))),
+        "uuid": text(maybe(lambda: pynvml.nvmlDeviceGetUUID(m))),
+        "memory_total": mem.total if mem else None,
+        "memory_used": mem.used if mem else None,
+        "signals": signals,
+    }
 
 
 def main():

@@ -17,7 +17,7 @@ use std::{
 };
 
 /// The setup section's rows (run before every section).
-const SETUP: usize = 7;
+const SETUP: usize = 8;
 /// The suspend section's rows.
 const SUSPEND: usize = 12;
 /// The rows a run plans: setup, 9 memory, 4 limit, 1 hooks, 3 cost, suspend, 16 throttle.

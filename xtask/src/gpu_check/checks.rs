@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::{
     MIB, Record, Row, SHARES, Verdict, container_bytes, hook_rows, kib_diff, memory_row,
     process_state, procs, report_events,
-    rig::{Polled, Rig},
+    rig::{NvmlGpu, Polled, Rig},
     runner::Section,
     share_row, share_verdict,
 };
@@ -71,6 +71,7 @@ pub fn plan() -> Vec<(String, Vec<String>)> {
                 "hook tier and memory tier",
                 "driver memory tier (dmem) available",
                 "MIG mode (read only)",
+                MIG_INSTANCES,
                 MIG_PLACEMENTS,
             ]),
         ),
@@ -307,6 +308,7 @@ pub fn setup(rig: &Rig, s: &Section) {
         .note(note),
     );
     mig_row(rig, s);
+    mig_instances_row(rig, s);
     mig_placements_row(rig, s);
 }
 
@@ -414,8 +416,101 @@ fn mig_row(rig: &Rig, s: &Section) {
             "read only: never changed here",
             Verdict::Info,
         )
-        .note(g.mig_instances.join("; ")))
+        .note(
+            g.mig_instances
+                .iter()
+                .map(|i| {
+                    format!(
+                        "{} {}",
+                        i.name.as_deref().unwrap_or("?"),
+                        i.uuid.as_deref().unwrap_or("?")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        ))
     });
+}
+
+/// The row of each MIG instance's memory as NVML counts it and the agent's signals on it.
+pub const MIG_INSTANCES: &str = "MIG instances: NVML memory and the agent's signals (read only)";
+
+/// Each MIG instance's memory on its MIG handle and which of the calls the agent reads a GPU
+/// through answer there (issue 37): read only.
+fn mig_instances_row(rig: &Rig, s: &Section) {
+    sub(s, MIG_INSTANCES, || {
+        let nvml = rig.nvml()?;
+        let g = nvml.gpus.first().context("NVML lists no GPU")?;
+        let (said, verdict, note) = mig_instances_verdict(g);
+        Ok(row(
+            s,
+            MIG_INSTANCES,
+            said,
+            "NVML on each MIG device handle",
+            verdict,
+        )
+        .note(note))
+    });
+}
+
+/// The verdict on `g`'s instances: each must give its memory on its own handle (the agent's
+/// NVML cross-check of an instance reads it), FAIL where one does not; the other signals are
+/// listed, not judged (nvml.h says utilization and samples are not given on MIG handles).
+/// With MIG off there is nothing to read: info.
+#[must_use]
+pub fn mig_instances_verdict(g: &NvmlGpu) -> (String, Verdict, String) {
+    if g.mig_mode.is_none_or(|(current, _)| current == 0) {
+        return (
+            "no instances (MIG disabled)".to_owned(),
+            Verdict::Info,
+            String::new(),
+        );
+    }
+    if g.mig_instances.is_empty() {
+        return (
+            "MIG enabled, no instance made".to_owned(),
+            Verdict::Info,
+            String::new(),
+        );
+    }
+    let mib = |b: Option<u64>| b.map_or_else(|| "?".to_owned(), |b| (b >> 20).to_string());
+    let mut unread = Vec::new();
+    let mut notes = Vec::new();
+    for i in &g.mig_instances {
+        let name = i.name.as_deref().or(i.uuid.as_deref()).unwrap_or("?");
+        if i.signals.get("memory_info").map(String::as_str) != Some("ok") {
+            unread.push(name.to_owned());
+        }
+        let (ok, refused): (Vec<_>, Vec<_>) = i.signals.iter().partition(|(_, a)| *a == "ok");
+        notes.push(format!(
+            "{name}: {} of {} MiB used; answers: {}; refuses: {}",
+            mib(i.memory_used),
+            mib(i.memory_total),
+            ok.iter()
+                .map(|(k, _)| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            refused
+                .iter()
+                .map(|(k, a)| format!("{k} ({a})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let n = g.mig_instances.len();
+    if unread.is_empty() {
+        (
+            format!("{n} instances, each gives its memory"),
+            Verdict::Pass,
+            notes.join("; "),
+        )
+    } else {
+        (
+            format!("memory not given on {}", unread.join(", ")),
+            Verdict::Fail,
+            notes.join("; "),
+        )
+    }
 }
 
 fn verdict(ok: bool) -> Verdict {

@@ -177,8 +177,44 @@ pub struct NvmlGpu {
     pub processes: BTreeMap<u32, Option<u64>>,
     /// MIG mode (current, pending: 1 enabled, 0 disabled); `None` where NVML has no MIG.
     pub mig_mode: Option<(u64, u64)>,
-    /// The MIG instances (their names and UUIDs), read only.
-    pub mig_instances: Vec<String>,
+    /// The MIG instances, read only.
+    pub mig_instances: Vec<MigInstance>,
+}
+
+/// One MIG instance as `nvml.py` read it on its MIG device handle.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigInstance {
+    /// NVML's name (`NVIDIA H200 MIG 1g.18gb`).
+    pub name: Option<String>,
+    /// `MIG-…`.
+    pub uuid: Option<String>,
+    /// The instance's memory and what of it is used, bytes (`nvmlDeviceGetMemoryInfo` on the
+    /// MIG handle).
+    pub memory_total: Option<u64>,
+    /// As above.
+    pub memory_used: Option<u64>,
+    /// Each call the agent reads a GPU through, asked on the MIG handle: `ok`, or NVML's error.
+    pub signals: BTreeMap<String, String>,
+}
+
+impl MigInstance {
+    fn parse(v: &Value) -> Self {
+        let text = |key: &str| v[key].as_str().map(str::to_owned);
+        Self {
+            name: text("name"),
+            uuid: text("uuid"),
+            memory_total: v["memory_total"].as_u64(),
+            memory_used: v["memory_used"].as_u64(),
+            signals: v["signals"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, a)| Some((k.clone(), a.as_str()?.to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
 }
 
 /// NVML's document (`nvml.py`).
@@ -224,11 +260,7 @@ impl Nvml {
                     .zip(g["mig"]["pending"].as_u64()),
                 mig_instances: g["mig"]["instances"]
                     .as_array()
-                    .map(|v| {
-                        v.iter()
-                            .filter_map(|i| i.as_str().map(str::to_owned))
-                            .collect()
-                    })
+                    .map(|v| v.iter().map(MigInstance::parse).collect())
                     .unwrap_or_default(),
             })
             .collect();

@@ -553,3 +553,102 @@ fn the_mig_placements_row_skips_without_nvml_only_in_a_dry_run() {
         Verdict::Info
     );
 }
+
+/// `nvml.py` on a GPU in MIG mode, through a stand-in `pynvml`: each instance's memory is read
+/// on its own MIG handle, each signal the agent uses is asked there and its answer kept (NVML's
+/// error by name), an empty slot is skipped; the row fails on an instance that gives no memory
+/// (the agent's cross-check reads it), passes when each does, and says nothing more with MIG off.
+#[test]
+fn the_mig_instances_row_reads_each_instance_on_its_own_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("pynvml.py"),
+        r#"
+from types import SimpleNamespace as S
+class NVMLError_NotSupported(Exception): pass
+NVML_CLOCK_SM = 1
+NVML_GPU_UTILIZATION_SAMPLES = 1
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlSystemGetDriverVersion(): return b"580.159"
+def nvmlDeviceGetCount(): return 1
+def nvmlDeviceGetHandleByIndex(i): return "gpu"
+def nvmlDeviceGetName(h): return {"gpu": "NVIDIA H200", "m0": "NVIDIA H200 MIG 1g.18gb", "m2": "NVIDIA H200 MIG 3g.71gb"}[h]
+def nvmlDeviceGetUUID(h): return {"gpu": "GPU-1", "m0": "MIG-a", "m2": "MIG-b"}[h]
+def nvmlDeviceGetMemoryInfo(h):
+    if h == "m2": raise NVMLError_NotSupported("Not Supported")
+    return S(total={"gpu": 150 << 30, "m0": 16 << 30}[h], used={"gpu": 1 << 30, "m0": 3 << 20}[h], free=0)
+def nvmlDeviceGetComputeRunningProcesses(h): return []
+def nvmlDeviceGetClockInfo(h, c): return 1980
+def nvmlDeviceGetPowerUsage(h): return 100000
+def nvmlDeviceGetUtilizationRates(h):
+    if h != "gpu": raise NVMLError_NotSupported("Not Supported")
+    return S(gpu=0, memory=0)
+def nvmlDeviceGetSamples(h, kind, since):
+    if h != "gpu": raise NVMLError_NotSupported("Not Supported")
+    return (0, [])
+def nvmlDeviceGetProcessUtilization(h, since):
+    if h != "gpu": raise NVMLError_NotSupported("Not Supported")
+    return []
+def nvmlDeviceGetMigMode(h): return (1, 1)
+def nvmlDeviceGetMaxMigDeviceCount(h): return 3
+def nvmlDeviceGetMigDeviceHandleByIndex(h, i):
+    if i == 1: raise RuntimeError("empty slot")
+    return f"m{i}"
+"#,
+    )
+    .unwrap();
+    let out = Command::new("python3")
+        .arg(scripts().join("nvml.py"))
+        .env("PYTHONPATH", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n = rig::Nvml::parse(&out.stdout).unwrap();
+    let g = &n.gpus[0];
+    assert_eq!(g.mig_mode, Some((1, 1)));
+    let uuids: Vec<_> = g.mig_instances.iter().map(|i| i.uuid.as_deref()).collect();
+    assert_eq!(
+        uuids,
+        [Some("MIG-a"), Some("MIG-b")],
+        "the empty slot skipped"
+    );
+    let first = &g.mig_instances[0];
+    assert_eq!(
+        (first.memory_total, first.memory_used),
+        (Some(16 << 30), Some(3 << 20)),
+        "the instance's own memory, not its GPU's"
+    );
+    assert_eq!(first.signals["memory_info"], "ok");
+    assert_eq!(first.signals["running_processes"], "ok");
+    assert_eq!(
+        first.signals["utilization_rates"],
+        "NVMLError_NotSupported: Not Supported"
+    );
+    assert!(first.signals["samples"].starts_with("NVMLError_NotSupported"));
+
+    let (said, verdict, note) = checks::mig_instances_verdict(g);
+    assert_eq!(verdict, Verdict::Fail, "{said}");
+    assert!(said.contains("NVIDIA H200 MIG 3g.71gb"), "{said}");
+    assert!(
+        note.contains("NVIDIA H200 MIG 1g.18gb: 3 of 16384 MiB used"),
+        "{note}"
+    );
+    assert!(
+        note.contains("utilization_rates (NVMLError_NotSupported"),
+        "{note}"
+    );
+
+    let mut readable = g.clone();
+    readable.mig_instances[1]
+        .signals
+        .insert("memory_info".to_owned(), "ok".to_owned());
+    let (said, verdict, _) = checks::mig_instances_verdict(&readable);
+    assert_eq!(verdict, Verdict::Pass, "{said}");
+    readable.mig_mode = Some((0, 0));
+    assert_eq!(checks::mig_instances_verdict(&readable).1, Verdict::Info);
+}
