@@ -146,9 +146,10 @@ impl Client {
         must(self.inner.value(command, key))
     }
 
-    /// Waits for the process to end (e.g. killed by enforcement) and returns how it ended.
+    /// Waits for the process to end (e.g. killed by enforcement) and returns how it ended;
+    /// fails the test after 2 minutes rather than hang CI (a kill that never came).
     pub fn wait(self) -> std::process::ExitStatus {
-        must(self.inner.wait())
+        self.wait_within(Duration::from_mins(2))
     }
 
     /// [`Self::wait`], failing the test if the process has not ended within `limit`.

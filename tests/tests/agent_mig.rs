@@ -527,3 +527,150 @@ mig_enabled = true
     assert_eq!(memory(&c, &name), 0, "{c:?}");
     b.exit();
 }
+
+/// An instance made on the controller's order is isolated and limited like one the operator
+/// made: the session's quota opens that instance's capability nodes (the minors the agent read
+/// from `mig-minors` once the instance existed) and its parent's node, not another instance's
+/// (`EPERM`); its memory limit is acted on within the instance (the driver's own ledger of that
+/// GPU instance says what fitted).
+#[test]
+#[ignore = "needs root"]
+#[expect(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
+fn a_quota_on_a_made_instance_opens_only_its_capability_nodes_and_limits_its_memory() {
+    require_root();
+    let _one = one_at_a_time();
+    let major = free_major();
+    let possible: Vec<FakeInstance> = (1..=7)
+        .map(|gpu_instance| FakeInstance {
+            gpu: 0,
+            gpu_instance,
+            compute_instances: vec![0],
+            // Room in the driver past the instance's limit, which the agent acts on first.
+            memory: 32 * GIB,
+        })
+        .collect();
+    let driver = Driver::mount_with(
+        "migmadeq",
+        &FakeConfig {
+            gpu_memory: vec![160 * GIB],
+            mig: possible.clone(),
+        },
+    );
+    let minors = driver.scratch().join("mig-minors");
+    std::fs::write(&minors, driver.fake.mig_minors()).unwrap();
+    let mock = format!(
+        r#"
+mig_minors = "{}"
+mig_caps_major = {major}
+
+[[devices]]
+uuid = "GPU-parent"
+model_name = "Fake H200"
+memory_size = "1G"
+mig_enabled = true
+"#,
+        minors.display()
+    );
+    let rig = Rig::start_on_with(driver, &mock, |cfg| {
+        cfg.mig_reconfigurable = vec!["GPU-parent".into()];
+    });
+    // Every instance the driver could hold, as character devices and as files to hold open.
+    let nodes = scratch("migmadeq-nodes");
+    let files = scratch("migmadeq-caps");
+    for i in &possible {
+        for minor in [gi_cap_minor(i), ci_cap_minor(i, 0)] {
+            mknod(
+                &nodes.path().join(format!("nvidia-cap{minor}")),
+                major,
+                minor,
+            );
+        }
+        let name = format!("nvidia-cap{}", gi_cap_minor(i));
+        std::fs::write(files.path().join(name), "").unwrap();
+    }
+    for (name, minor) in [("nvidia0", 0), ("nvidiactl", 255)] {
+        mknod(&nodes.path().join(name), 195, minor);
+    }
+
+    let cg = docker("migmadeq");
+    let session = rig.session(
+        &["cuda.mig.1g.18gb=1"],
+        pb::target::Kind::CgroupPath(cg.path.clone()),
+        "kill",
+    );
+    rig.wait_binding(&session.id, "bound");
+    let (index, uuid) = (session.devices[0].index, session.devices[0].uuid.clone());
+    let gi = made_gpu_instance(&uuid);
+    let mine = possible.iter().find(|i| i.gpu_instance == gi).unwrap();
+    let other = possible.iter().find(|i| i.gpu_instance != gi).unwrap();
+
+    let open = |name: String| open_in(&cg, &nodes.path().join(name));
+    for minor in [gi_cap_minor(mine), ci_cap_minor(mine, 0)] {
+        assert_eq!(
+            open(format!("nvidia-cap{minor}")),
+            libc::ENXIO,
+            "its own capability node {minor} (GPU instance {gi})"
+        );
+    }
+    for minor in [gi_cap_minor(other), ci_cap_minor(other, 0)] {
+        assert_eq!(
+            open(format!("nvidia-cap{minor}")),
+            libc::EPERM,
+            "another instance's capability node {minor}"
+        );
+    }
+    assert_eq!(open("nvidia0".into()), libc::ENXIO);
+    assert_eq!(open("nvidiactl".into()), libc::ENXIO);
+
+    // The limit is the whole instance's memory (a profile is held whole), as the node declared
+    // the made device: up to 8 MiB short of it fits, 16 MiB more is killed.
+    let name = format!("nvidia0/gi{gi}");
+    let limit = made_device_memory(&rig, &uuid);
+    let quota = rig
+        .agent()
+        .snapshot()
+        .bindings
+        .into_iter()
+        .find(|b| b.session_id == session.id)
+        .unwrap()
+        .quota;
+    assert_eq!(quota.devices.len(), 1, "{quota:?}");
+    assert_eq!(quota.devices[0].memory_bytes, limit, "{quota:?}");
+    let mut a = Client::spawn(&rig.driver.dir, Some(&cg));
+    let (h, dev) = on_instance(&mut a, files.path(), mine);
+    let fits = limit - 8 * MIB;
+    a.ok(&format!("alloc {h:#x} {dev:#x} {fits}"));
+    // Judged by the driver's own ledger of that GPU instance (it charges whole pages).
+    let charged = rig.driver.fake.instance_ledger()[&(0, gi)];
+    assert!((fits..fits + 2 * MIB).contains(&charged), "{charged}");
+    assert_eq!(memory(&rig.entry(&cg), &name), charged);
+    a.send_only(&format!("alloc {h:#x} {dev:#x} 16m"));
+    let status = a.wait();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    rig.wait_for("the kill to be recorded on the made instance", |r| {
+        r.agent().container(&cg.path).is_some_and(|c| {
+            c.events
+                .iter()
+                .any(|e| e.action == "kill" && e.device == Some(index))
+        })
+    });
+}
+
+/// The memory of device `uuid` as its node declared it to the controller.
+fn made_device_memory(rig: &Rig, uuid: &str) -> u64 {
+    rig.rt.block_on(async {
+        let mut c = rig.client().await;
+        let nodes = c
+            .list_nodes(pb::ListNodesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .nodes;
+        nodes
+            .iter()
+            .flat_map(|n| n.info.iter().flat_map(|i| &i.devices))
+            .find(|d| d.uuid == uuid)
+            .unwrap_or_else(|| panic!("no device {uuid} declared"))
+            .memory_bytes
+    })
+}

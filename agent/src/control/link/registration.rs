@@ -64,13 +64,25 @@ pub fn node_info(
     let mig_layouts =
         crate::devices::ondemand::Reconfigurer::new(config.mig_reconfigurable.iter().cloned())
             .layouts(backend);
-    for p in mig_layouts.iter().flat_map(|l| &l.profiles) {
-        let name = crate::devices::mig::slot_name(&p.profile);
+    let mut declare = |name: String, kind: pb::SlotKind| {
         if !slot_types.iter().any(|t| t.name == name) {
             slot_types.push(pb::SlotType {
                 name,
-                kind: pb::SlotKind::Count.into(),
+                kind: kind.into(),
             });
+        }
+    };
+    for p in mig_layouts.iter().flat_map(|l| &l.profiles) {
+        declare(
+            crate::devices::mig::slot_name(&p.profile),
+            pb::SlotKind::Count,
+        );
+    }
+    // A node whose GPUs are all cut on demand may have no device yet; a request for an
+    // instance with a memory limit in it (`cuda.mem`) still names the GPU slots.
+    if !mig_layouts.is_empty() {
+        for &(name, kind) in gpuwarden_types::slot::names::GPU_SLOTS.iter() {
+            declare(name.to_owned(), convert::kind_to_pb(kind));
         }
     }
     pb::NodeInfo {

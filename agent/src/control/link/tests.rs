@@ -433,6 +433,30 @@ fn only_the_listed_gpus_report_their_mig_layout() {
     assert!(
         !info
             .capacity
+            .as_ref()
+            .unwrap()
+            .values
+            .contains_key("cuda.mig.1g.18gb")
+    );
+
+    // A GPU in MIG mode with no instance yet, the node's only one: the node offers no device,
+    // yet a request for an instance with a memory limit names the GPU slots.
+    let empty = crate::devices::mock::MockBackend::from_toml(
+        "[[devices]]\nuuid = \"GPU-0\"\nmodel_name = \"Mock H200\"\nmemory_size = \"141G\"\n\
+         mig_enabled = true\n",
+        std::path::Path::new("m.toml"),
+    )
+    .unwrap();
+    config.mig_reconfigurable = vec!["GPU-0".into()];
+    let info = node_info(&config, &empty, vec![], None);
+    assert!(info.devices.is_empty());
+    let types: Vec<&str> = info.slot_types.iter().map(|t| t.name.as_str()).collect();
+    for name in ["cuda.device", "cuda.shares", "cuda.mem", "cuda.mig.1g.18gb"] {
+        assert!(types.contains(&name), "{name} in {types:?}");
+    }
+    assert!(
+        !info
+            .capacity
             .unwrap()
             .values
             .contains_key("cuda.mig.1g.18gb")
