@@ -81,7 +81,7 @@ pub fn node_info(
     // A node whose GPUs are all cut on demand may have no device yet; a request for an
     // instance with a memory limit in it (`cuda.mem`) still names the GPU slots.
     if !mig_layouts.is_empty() {
-        for &(name, kind) in gpuwarden_types::slot::names::GPU_SLOTS.iter() {
+        for &(name, kind) in &gpuwarden_types::slot::names::GPU_SLOTS {
             declare(name.to_owned(), convert::kind_to_pb(kind));
         }
     }
