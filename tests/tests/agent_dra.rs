@@ -914,8 +914,10 @@ fn the_partition_pool_is_written_whole_and_backs_out_without_the_gate() {
         assert_eq!(s["spec"]["nodeName"], NODE);
         devices += s["spec"]["devices"].as_array().map_or(0, Vec::len);
     }
-    // Counted from the placement table: every start of every profile, on each GPU.
-    let per_gpu: usize = H200_141GB.profiles.iter().map(|p| p.starts.len()).sum();
+    // Every start of every profile on each GPU, as NVIDIA's MIG user guide lists the H200's
+    // placements (not the agent's table): 1g.18gb and 1g.18gb+me at 0-6, 1g.35gb at 0, 2, 4,
+    // 6, 2g.35gb at 0, 2, 4, 3g.71gb at 0, 4, 4g.71gb and 7g.141gb at 0.
+    let per_gpu = 7 + 7 + 4 + 3 + 2 + 1 + 1;
     assert_eq!(devices, 3 * per_gpu);
     // The node's own pool is not touched.
     assert!(api.slices().keys().all(|k| k.contains("-mig-")));

@@ -183,8 +183,8 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
         .clone();
     assert!(!after.allocate(&overlapping.name));
 
-    // Prepared (asked twice at once, as a kubelet retrying might): one instance, at that
-    // placement.
+    // Prepared (asked eight times at once, as a kubelet retrying might): one instance, at
+    // that placement.
     api.put_claim(partition_claim("mig-a", A, &chosen.name));
     let asked: Vec<_> = (0..8)
         .map(|_| {
