@@ -16,6 +16,12 @@
 #[path = "k8s_capacity_counters/counters.rs"]
 #[expect(dead_code, reason = "the oracle's rollback is not used here")]
 mod counters;
+#[path = "dra_plugin/harness.rs"]
+#[expect(
+    dead_code,
+    reason = "shared with the dra_* files; only the claims, names and ticks are used here"
+)]
+mod dra;
 #[path = "agent_dra/fake_api.rs"]
 mod fake_api;
 #[path = "agent_dra/fake_kubelet.rs"]
@@ -31,6 +37,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use dra::{DRIVER, NODE, NODE_UID, POOL, partition_claim, shared_claim, wait_ticks};
 use fake_api::FakeApi;
 use fake_kubelet::{
     discover, notify, prepare_v1, prepare_v1beta1, unprepare_v1, unprepare_v1beta1,
@@ -54,54 +61,7 @@ use gpuwarden_tests::harness::{Client, Driver};
 use schema::Schema;
 use serde_json::{Value, json};
 
-const DRIVER: &str = "gpu.gpuwarden.io";
-const NODE: &str = "test-node";
 const MIB: u64 = 1 << 20;
-const NODE_UID: &str = "5e0f2a7c-9b1d-4e3f-8a6b-7c8d9e0f1a2b";
-
-/// A ResourceClaim as `GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`
-/// returns it once kube-scheduler allocated it (consumable capacity: `consumedCapacity`,
-/// `shareID`) and the pod reserved it.
-fn claim(name: &str, uid: &str, pool: &str, device: &str, pod: &str, memory_policy: &str) -> Value {
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {
-            "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-        },
-        "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
-                "capacity": {"requests": {"milli": "500", "memory": "256Mi"}},
-            }}],
-            "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
-                "apiVersion": "gpu.gpuwarden.io/v1alpha1", "kind": "GpuConfig",
-                "memoryPolicy": memory_policy,
-            }}}],
-        }},
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [{
-                        "request": "gpu", "driver": DRIVER, "pool": pool, "device": device,
-                        // As the oracle of tests/k8s_capacity.rs charges it on the slice.
-                        "consumedCapacity": {"milli": "500", "memory": "256Mi"},
-                        "shareID": "9d0c6f1e-3b7a-4f2e-8c5d-1a2b3c4d5e6f",
-                    }],
-                    "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {
-                        "driver": DRIVER, "parameters": {
-                            "apiVersion": "gpu.gpuwarden.io/v1alpha1", "kind": "GpuConfig",
-                            "memoryPolicy": memory_policy,
-                        }}}],
-                },
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [pool]}]}]},
-            },
-            "reservedFor": [{"resource": "pods", "name": "train-0", "uid": pod}],
-        },
-    })
-}
 
 /// The pod `train-0` as `GET /api/v1/namespaces/ml/pods/train-0` returns it: a replica of
 /// Deployment `train` (its `ReplicaSet` `train-7d9f8c6b5` with the matching `pod-template-hash`).
@@ -301,8 +261,8 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     assert_eq!(slice_writes(&api).len(), writes + 1);
     assert_eq!(again["spec"]["devices"], slice["spec"]["devices"]);
     assert_eq!(again["spec"]["pool"]["generation"], 2, "a generation up");
-    // Left alone, it is checked at each tick and not written again.
-    std::thread::sleep(Duration::from_millis(600));
+    // Left alone, it is checked at each tick (read) and not written again.
+    wait_ticks(&api, 3);
     assert_eq!(slice_writes(&api).len(), writes + 1);
 
     // An API server with DRAConsumableCapacity off keeps the slice without
@@ -319,7 +279,7 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
             .get("allowMultipleAllocations")
             .is_none()
     );
-    std::thread::sleep(Duration::from_millis(600));
+    wait_ticks(&api, 3);
     assert_eq!(
         slice_writes(&api).len(),
         writes + 2,
@@ -344,7 +304,7 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     );
     let claim_errors = schema.check(
         "io.k8s.api.resource.v1.ResourceClaim",
-        &claim("c", "u", NODE, "gpu-0", "p", "kill"),
+        &shared_claim("c", "u", NODE, "gpu-0", "p", "kill"),
     );
     assert!(
         claim_errors.is_empty(),
@@ -359,11 +319,13 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
     let kept = ("ml", "44444444-4444-4444-8444-444444444444", "kept");
     let other = ("ml", "55555555-5555-4555-8555-555555555555", "other");
     let beta = ("ml", "66666666-6666-4666-8666-666666666666", "beta");
-    api.put_claim(claim(half.2, half.1, NODE, "gpu-0", &pod, "kill"));
-    api.put_claim(claim(far.2, far.1, NODE, "gpu-7", &pod, "kill"));
-    api.put_claim(claim(kept.2, kept.1, NODE, "gpu-2", &pod, "kill"));
-    api.put_claim(claim(other.2, other.1, "node-b", "gpu-0", &pod, "kill"));
-    api.put_claim(claim(beta.2, beta.1, NODE, "gpu-1", &pod, "stop"));
+    api.put_claim(shared_claim(half.2, half.1, NODE, "gpu-0", &pod, "kill"));
+    api.put_claim(shared_claim(far.2, far.1, NODE, "gpu-7", &pod, "kill"));
+    api.put_claim(shared_claim(kept.2, kept.1, NODE, "gpu-2", &pod, "kill"));
+    api.put_claim(shared_claim(
+        other.2, other.1, "node-b", "gpu-0", &pod, "kill",
+    ));
+    api.put_claim(shared_claim(beta.2, beta.1, NODE, "gpu-1", &pod, "stop"));
     api.put_pod(self::pod(&pod));
     let pod_errors = schema.check(
         "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
@@ -555,7 +517,7 @@ fn the_kubelet_registers_the_plugin_and_prepares_claims() {
         s["spec"]["devices"][1]["taints"][0]["timeAdded"] = json!("2026-01-01T00:00:00Z");
     });
     let writes = slice_writes(&api).len();
-    std::thread::sleep(Duration::from_millis(600));
+    wait_ticks(&api, 3);
     assert_eq!(slice_writes(&api).len(), writes);
     // An API server without DRADeviceTaints drops taints, which would show gpu-1 healthy: the
     // agent leaves it out instead.
@@ -760,7 +722,9 @@ api_token_file = "{token}"
         container_id("dra-e2e")
     ));
     let claim_id = ("ml", "77777777-7777-4777-8777-777777777777", "half");
-    api.put_claim(claim(claim_id.2, claim_id.1, NODE, "gpu-0", &pod, "kill"));
+    api.put_claim(shared_claim(
+        claim_id.2, claim_id.1, NODE, "gpu-0", &pod, "kill",
+    ));
     let nodes = scratch("dra-nodes");
     for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
         mknod(&nodes.path().join(name), 195, minor);
@@ -875,7 +839,7 @@ fn a_mig_instance_device_passes_the_api_schema() {
 fn partition_slices(api: &FakeApi) -> Vec<Value> {
     api.slices()
         .into_values()
-        .filter(|s| s["spec"]["pool"]["name"] == format!("{NODE}/mig"))
+        .filter(|s| s["spec"]["pool"]["name"] == POOL)
         .collect()
 }
 
@@ -945,13 +909,15 @@ fn the_partition_pool_is_written_whole_and_backs_out_without_the_gate() {
         assert!(errors.is_empty(), "{errors:#?}");
         assert_eq!(
             s["spec"]["pool"],
-            json!({"name": format!("{NODE}/mig"), "generation": 1, "resourceSliceCount": stored.len()})
+            json!({"name": POOL, "generation": 1, "resourceSliceCount": stored.len()})
         );
         assert_eq!(s["spec"]["nodeName"], NODE);
         devices += s["spec"]["devices"].as_array().map_or(0, Vec::len);
     }
-    // Counted from the placement table: every start of every profile, on each GPU.
-    let per_gpu: usize = H200_141GB.profiles.iter().map(|p| p.starts.len()).sum();
+    // Every start of every profile on each GPU, as NVIDIA's MIG user guide lists the H200's
+    // placements (not the agent's table): 1g.18gb and 1g.18gb+me at 0-6, 1g.35gb at 0, 2, 4,
+    // 6, 2g.35gb at 0, 2, 4, 3g.71gb at 0, 4, 4g.71gb and 7g.141gb at 0.
+    let per_gpu = 7 + 7 + 4 + 3 + 2 + 1 + 1;
     assert_eq!(devices, 3 * per_gpu);
     // The node's own pool is not touched.
     assert!(api.slices().keys().all(|k| k.contains("-mig-")));
@@ -1134,18 +1100,7 @@ fn the_agent_publishes_partitions_of_the_reconfigurable_gpu_only() {
         .as_u64()
         .unwrap();
     let uid = "0a000000-0000-4000-8000-00000000000a";
-    let mut mig = claim(
-        "mig",
-        uid,
-        &format!("{NODE}/mig"),
-        &chosen.name,
-        "6b1e3f0c-2d4a-4c5b-9e8f-0a1b2c3d4e5f",
-        "kill",
-    );
-    let result = &mut mig["status"]["allocation"]["devices"]["results"][0];
-    result.as_object_mut().unwrap().remove("consumedCapacity");
-    result.as_object_mut().unwrap().remove("shareID");
-    api.put_claim(mig);
+    api.put_claim(partition_claim("mig", uid, &chosen.name));
     let answer = rt.block_on(prepare_v1(&dirs.endpoint(), &[("ml", uid, "mig")]));
     assert_eq!(answer.claims[uid].error, "");
     assert_eq!(answer.claims[uid].devices[0].device_name, chosen.name);

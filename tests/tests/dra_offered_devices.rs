@@ -25,46 +25,19 @@ mod fake_kubelet;
 )]
 mod harness;
 
-use std::time::Duration;
-
 use fake_api::FakeApi;
 use fake_kubelet::prepare_v1;
 use gpuwarden_agent::{
     devices::{GpuBackend, GpuDevice, mock::MockBackend},
     enforcement::QuotaCommand,
 };
-use harness::{DRIVER, NODE, POD, Running, Scene, partition_claim, wait_until};
-use serde_json::{Value, json};
+use gpuwarden_test_support::wait::wait_for;
+use harness::{DRIVER, NODE, POD, Running, Scene, partition_claim, shared_claim, wait_ticks};
 
 /// Claim UIDs.
 const A: &str = "0a000000-0000-4000-8000-0000000000a1";
 const B: &str = "0b000000-0000-4000-8000-0000000000b1";
 const C: &str = "0c000000-0000-4000-8000-0000000000c1";
-
-/// A claim allocated a share of `device` of the node's pool, as the API server returns it once
-/// kube-scheduler allocated it and the pod reserved it.
-fn shared_claim(name: &str, uid: &str, device: &str) -> Value {
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {
-            "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-        },
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
-            "capacity": {"requests": {"milli": "500", "memory": "256Mi"}},
-        }}]}},
-        "status": {
-            "allocation": {"devices": {"results": [{
-                "request": "gpu", "driver": DRIVER, "pool": NODE, "device": device,
-                "consumedCapacity": {"milli": "500", "memory": "256Mi"},
-                "shareID": "9d0c6f1e-3b7a-4f2e-8c5d-1a2b3c4d5e6f",
-            }]}},
-            "reservedFor": [{"resource": "pods", "name": "train-0", "uid": POD}],
-        },
-    })
-}
 
 /// The node's ResourceSlice as the fake API server holds it.
 struct NodeSlice {
@@ -151,7 +124,7 @@ fn the_offered_devices_follow_the_operators_mig_changes() {
     assert_eq!(ops.len(), 1, "{ops:#?}");
     let ops = ops[0].clone();
     let listed: Vec<String> = backend.devices().into_iter().map(|d| d.uuid).collect();
-    wait_until("the node's slice", || {
+    wait_for("the node's slice", || {
         node_slice(&api).is_some_and(|s| s.devices.len() == listed.len())
     });
     let NodeSlice {
@@ -174,7 +147,7 @@ fn the_offered_devices_follow_the_operators_mig_changes() {
     // The operator destroys it: gone from the slice, the generation up.
     backend.destroy_instance(&ops.uuid).unwrap();
     assert!(instances_of(&backend, "GPU-1").is_empty());
-    wait_until("the destroyed instance leaving the slice", || {
+    wait_for("the destroyed instance leaving the slice", || {
         node_slice(&api).is_some_and(|s| !uuids(&s.devices).contains(&ops.uuid.as_str()))
     });
     let NodeSlice {
@@ -188,12 +161,12 @@ fn the_offered_devices_follow_the_operators_mig_changes() {
     let mut want: Vec<String> = backend.devices().into_iter().map(|d| d.uuid).collect();
     want.sort();
     assert_eq!(published, want);
-    wait_until("the registration without it", || {
+    wait_for("the registration without it", || {
         running.registered() == want
     });
 
     // A claim kube-scheduler allocated on it before it went: refused, naming the device.
-    api.put_claim(shared_claim("stale", A, &ops_name));
+    api.put_claim(shared_claim("stale", A, NODE, &ops_name, POD, "kill"));
     let answer = rt.block_on(prepare_v1(&endpoint, &[("ml", A, "stale")]));
     let error = &answer.claims[A].error;
     assert!(
@@ -209,7 +182,7 @@ fn the_offered_devices_follow_the_operators_mig_changes() {
 
     // The operator makes a 1g on GPU-2 (not gpuwarden's to reconfigure): published.
     let new = backend.create_instance("GPU-2", "1g.18gb", 0).unwrap();
-    wait_until("the new instance in the slice", || {
+    wait_for("the new instance in the slice", || {
         node_slice(&api).is_some_and(|s| uuids(&s.devices).contains(&new.uuid.as_str()))
     });
     let NodeSlice {
@@ -223,13 +196,13 @@ fn the_offered_devices_follow_the_operators_mig_changes() {
         .find(|(_, u)| *u == new.uuid)
         .map(|(n, _)| n.clone())
         .unwrap();
-    wait_until("the registration with it", || {
+    wait_for("the registration with it", || {
         running.registered().contains(&new.uuid)
     });
 
     // A claim on it is prepared on that instance: its quota names the instance's index and
     // capability minors.
-    api.put_claim(shared_claim("fresh", B, &new_name));
+    api.put_claim(shared_claim("fresh", B, NODE, &new_name, POD, "kill"));
     let answer = rt.block_on(prepare_v1(&endpoint, &[("ml", B, "fresh")]));
     assert_eq!(answer.claims[B].error, "");
     assert_eq!(answer.claims[B].devices[0].device_name, new_name);
@@ -267,12 +240,12 @@ fn nothing_is_republished_while_the_devices_stay() {
     } = Scene::new("dra-offered-steady");
     let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
     let listed = backend.devices().len();
-    wait_until("the node's slice", || {
+    wait_for("the node's slice", || {
         node_slice(&api).is_some_and(|s| s.devices.len() == listed)
     });
     let first = node_slice(&api).unwrap();
-    // Ten ticks and more.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Ten ticks, each reading the slice.
+    wait_ticks(&api, 10);
     same_as(&node_slice(&api).unwrap(), &first);
 
     // A claim allocated a 1g partition on GPU-1: its instance is made, and stays out of the
@@ -291,7 +264,8 @@ fn nothing_is_republished_while_the_devices_stay() {
     assert_eq!(answer.claims[C].error, "");
     let after = instances_of(&backend, "GPU-1");
     assert_eq!(after.len(), before.len() + 1, "{after:#?}");
-    std::thread::sleep(Duration::from_millis(1500));
+    // The instance made is in the device list each of these ticks reads.
+    wait_ticks(&api, 3);
     same_as(&node_slice(&api).unwrap(), &first);
     let mut want: Vec<String> = first.devices.iter().map(|(_, u)| u.clone()).collect();
     want.sort();

@@ -27,7 +27,7 @@ mod fake_kubelet;
 )]
 mod harness;
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, sync::Arc};
 
 use counters::{Allocator, Pool, gather};
 use fake_api::FakeApi;
@@ -38,9 +38,10 @@ use gpuwarden_agent::{
     dra::DraConfig,
     enforcement::{QuotaCommand, quota::QuotaSpec},
 };
+use gpuwarden_test_support::wait::wait_for;
 use harness::{
-    DRIVER, NODE, POD, POOL, Running, Scene, mock_backend, partition_claim, partition_claim_of,
-    wait_until,
+    DRIVER, POD, POOL, Running, Scene, mock_backend, node_slice_name, partition_claim,
+    partition_claim_of, wait_ticks,
 };
 use serde_json::Value;
 
@@ -98,7 +99,7 @@ fn overlaps(a: &(String, u64, u64), b: &(String, u64, u64)) -> bool {
 /// its generation, devices and counter sets.
 fn republished(api: &FakeApi, after: i64) -> (i64, Vec<counters::Device>, counters::CounterSets) {
     let mut out = None;
-    wait_until("the pool republished", || {
+    wait_for("the pool republished", || {
         let (slices, generation) = pool(api);
         if generation <= after {
             return false;
@@ -119,7 +120,7 @@ fn republished(api: &FakeApi, after: i64) -> (i64, Vec<counters::Device>, counte
 /// A `2g.35gb` partition that kube-scheduler's arithmetic (transcribed) allocates from the pool
 /// the plugin published.
 fn scheduler_picks_a_2g(api: &FakeApi) -> counters::Device {
-    wait_until("the partition pool", || pool(api).0.len() >= 2);
+    wait_for("the partition pool", || pool(api).0.len() >= 2);
     let gathered = gather(&pool(api).0, true);
     let Pool::Ready { devices, .. } = &gathered else {
         panic!("pool not ready: {gathered:?}")
@@ -157,7 +158,7 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
     let devices_before = backend.devices();
 
     // The pool as published; the scheduler's arithmetic picks a 2g on GPU-1.
-    wait_until("the partition pool", || pool(&api).0.len() >= 2);
+    wait_for("the partition pool", || pool(&api).0.len() >= 2);
     let (slices, first_generation) = pool(&api);
     let gathered = gather(&slices, true);
     let Pool::Ready { devices, .. } = &gathered else {
@@ -182,8 +183,8 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
         .clone();
     assert!(!after.allocate(&overlapping.name));
 
-    // Prepared (asked twice at once, as a kubelet retrying might): one instance, at that
-    // placement.
+    // Prepared (asked eight times at once, as a kubelet retrying might): one instance, at
+    // that placement.
     api.put_claim(partition_claim("mig-a", A, &chosen.name));
     let asked: Vec<_> = (0..8)
         .map(|_| {
@@ -327,7 +328,7 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
             .collect()
     };
     let first_names: BTreeSet<String> = devices.iter().map(|d| d.name.clone()).collect();
-    wait_until("every placement offered again", || {
+    wait_for("every placement offered again", || {
         names(&pool(&api).0) == first_names
     });
 
@@ -346,13 +347,14 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
         done.claims[C].error, "",
         "unprepare succeeds; the destroy waits"
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // Kept through ticks that each tried again to destroy it.
+    wait_ticks(&api, 3);
     assert!(
         backend.devices().contains(&held),
         "destroyed under a process"
     );
     backend.set_instance_processes(&held.uuid, 0).unwrap();
-    wait_until("the instance destroyed once idle", || {
+    wait_for("the instance destroyed once idle", || {
         backend.devices() == devices_before
     });
 
@@ -362,7 +364,7 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
     assert_eq!(d.claims[D].error, "");
     running.stop(&rt);
     let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
-    wait_until("the plugin socket", || endpoint.exists());
+    wait_for("the plugin socket", || endpoint.exists());
     let again = rt.block_on(prepare_v1(&endpoint, &[("ml", D, "mig-d")]));
     assert_eq!(
         again.claims[D], d.claims[D],
@@ -375,8 +377,9 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
         .into_iter()
         .find(|g| !devices_before.contains(g))
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let node_slice = &api.slices()[&format!("{NODE}-{DRIVER}")];
+    // Ticks of the restarted plugin, each publishing the devices it reads then.
+    wait_ticks(&api, 2);
+    let node_slice = &api.slices()[&node_slice_name()];
     let uuids: Vec<&str> = node_slice["spec"]["devices"]
         .as_array()
         .unwrap()
@@ -622,12 +625,20 @@ fn a_claims_instance_gone_after_a_reboot_is_made_again() {
     running.stop(&rt);
 }
 
-/// The agent's view of its processes as a test sets it.
-struct Seen(std::sync::Mutex<Option<BTreeSet<u32>>>);
+/// The agent's view of its processes as a test sets it, counting how often the plugin asked.
+#[derive(Default)]
+struct Seen {
+    busy: std::sync::Mutex<Option<BTreeSet<u32>>>,
+    asked: std::sync::atomic::AtomicUsize,
+}
 
 impl Seen {
     fn set(&self, busy: Option<&[u32]>) {
-        *self.0.lock().unwrap() = busy.map(|b| b.iter().copied().collect());
+        *self.busy.lock().unwrap() = busy.map(|b| b.iter().copied().collect());
+    }
+
+    fn asked(&self) -> usize {
+        self.asked.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -636,7 +647,8 @@ impl ProcessView for Seen {
         &self,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<BTreeSet<u32>>> + Send + '_>>
     {
-        let now = self.0.lock().unwrap().clone();
+        self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let now = self.busy.lock().unwrap().clone();
         Box::pin(async move { now })
     }
 }
@@ -657,7 +669,7 @@ fn the_agents_own_view_of_its_processes_holds_partition_changes() {
         endpoint,
     } = Scene::new("dra-partition-view");
     let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
-    let view = Arc::new(Seen(std::sync::Mutex::new(None)));
+    let view = Arc::new(Seen::default());
     running
         .driver
         .on_processes(Arc::clone(&view) as Arc<dyn ProcessView>);
@@ -701,13 +713,20 @@ fn the_agents_own_view_of_its_processes_holds_partition_changes() {
         done.claims[A].error, "",
         "unprepare succeeds; the destroy waits"
     );
-    std::thread::sleep(Duration::from_millis(400));
+    // Kept through ticks that each asked the view again before trying to destroy it.
+    let asked = view.asked();
+    wait_ticks(&api, 3);
     assert!(
         backend.devices().contains(&made),
         "destroyed under the agent's process"
     );
+    assert!(
+        view.asked() >= asked + 3,
+        "the view asked {} times over three ticks",
+        view.asked() - asked
+    );
     view.set(Some(&[]));
-    wait_until("the instance destroyed once the view is clear", || {
+    wait_for("the instance destroyed once the view is clear", || {
         layout(&backend) == operators
     });
     assert!(!backend.devices().contains(&made));

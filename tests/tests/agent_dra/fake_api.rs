@@ -230,6 +230,19 @@ impl FakeApi {
     pub fn slices(&self) -> BTreeMap<String, Value> {
         self.state.lock().unwrap().slices.clone()
     }
+
+    /// How many times the ResourceSlice `name` was read (`GET …/resourceslices/<name>`; a
+    /// watch is not counted), counted without copying what was seen.
+    pub fn slice_reads(&self, name: &str) -> usize {
+        let path = format!("{SLICES}/{name}");
+        self.state
+            .lock()
+            .unwrap()
+            .seen
+            .iter()
+            .filter(|s| s.method == "GET" && s.path == path)
+            .count()
+    }
 }
 
 impl State {

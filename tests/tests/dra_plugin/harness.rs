@@ -1,14 +1,10 @@
 //! The DRA plugin in process, as the DRA tests run it: on the on-demand mock GPUs (GPU-1 an
 //! H200 with the operator's `3g.71gb`, GPU-2 an H200 in MIG mode with no instance), behind the
-//! fake API server and kubelet of `agent_dra/`. Included by `#[path]` in each test file that
-//! needs it, beside `fake_api` and `fake_kubelet`.
+//! fake API server and kubelet of `agent_dra/`; the claims that API server serves; and the
+//! plugin's ticks as that server counts them. Included by `#[path]` in each DRA test file,
+//! beside `fake_api` and `fake_kubelet`.
 
-use std::{
-    fmt::Write as _,
-    path::Path,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{fmt::Write as _, path::Path, sync::Arc, time::Duration};
 
 use gpuwarden_agent::{
     control::Observed,
@@ -21,7 +17,7 @@ use gpuwarden_agent::{
 };
 use serde_json::{Value, json};
 
-use gpuwarden_test_support::scratch;
+use gpuwarden_test_support::{scratch, wait::wait_for};
 
 use super::fake_api::FakeApi;
 
@@ -31,6 +27,58 @@ pub const NODE: &str = "test-node";
 pub const POOL: &str = "test-node/mig";
 pub const POD: &str = "6b1e3f0c-2d4a-4c5b-9e8f-0a1b2c3d4e5f";
 pub const NODE_UID: &str = "5e0f2a7c-9b1d-4e3f-8a6b-7c8d9e0f1a2b";
+
+/// A ResourceClaim as `GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`
+/// returns it once kube-scheduler allocated it (consumable capacity: `consumedCapacity`,
+/// `shareID`) and the pod `pod` reserved it, its `GpuConfig` asking `memory_policy`. A claim
+/// allocated a partition is [`partition_claim`].
+pub fn shared_claim(
+    name: &str,
+    uid: &str,
+    pool: &str,
+    device: &str,
+    pod: &str,
+    memory_policy: &str,
+) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
+                "capacity": {"requests": {"milli": "500", "memory": "256Mi"}},
+            }}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "gpu.gpuwarden.io/v1alpha1", "kind": "GpuConfig",
+                "memoryPolicy": memory_policy,
+            }}}],
+        }},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{
+                        "request": "gpu", "driver": DRIVER, "pool": pool, "device": device,
+                        // As the oracle of tests/k8s_capacity.rs charges it on the slice.
+                        "consumedCapacity": {"milli": "500", "memory": "256Mi"},
+                        "shareID": "9d0c6f1e-3b7a-4f2e-8c5d-1a2b3c4d5e6f",
+                    }],
+                    "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {
+                        "driver": DRIVER, "parameters": {
+                            "apiVersion": "gpu.gpuwarden.io/v1alpha1", "kind": "GpuConfig",
+                            "memoryPolicy": memory_policy,
+                        }}}],
+                },
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [pool]}]}]},
+            },
+            "reservedFor": [{"resource": "pods", "name": "train-0", "uid": pod}],
+        },
+    })
+}
 
 /// A claim allocated `device` of the partition pool, as the API server returns it: no
 /// `shareID` (a partition is not shared) and no consumed capacity.
@@ -92,12 +140,26 @@ pub fn mock_backend(dir: &Path) -> Arc<MockBackend> {
     Arc::new(MockBackend::from_toml(&text, &path).unwrap())
 }
 
-pub fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// The node's slice, as the plugin names it.
+pub fn node_slice_name() -> String {
+    format!("{NODE}-{DRIVER}")
+}
+
+/// Waits until the plugin has run `n` whole ticks of its publisher from now, as the fake API
+/// server counts them: each tick first tries again to destroy the instances left to destroy
+/// (`Driver::destroy_doomed`), then reads the node's slice (`GET`, `slice::publish`), then
+/// writes it when it differs and publishes the partition pool. A tick under way now may have
+/// begun before the call, so `n + 1` reads from now span `n` whole ticks begun after it: what
+/// a check made then sees is what those ticks did, not a tick that has not come yet.
+///
+/// # Panics
+/// The plugin does not tick `n` times within [`PATIENCE`](gpuwarden_test_support::wait::PATIENCE).
+pub fn wait_ticks(api: &FakeApi, n: usize) {
+    let name = node_slice_name();
+    let from = api.slice_reads(&name);
+    wait_for(&format!("{n} ticks of the plugin"), || {
+        api.slice_reads(&name) > from + n
+    });
 }
 
 /// The DRA settings of a plugin under `root`, talking to `api`.
