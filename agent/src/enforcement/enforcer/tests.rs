@@ -833,6 +833,55 @@ fn a_quota_on_a_mig_instance_opens_its_parent_and_its_capability_nodes_only() {
     assert!(r.fake.devices.caps.lock().unwrap().is_empty());
 }
 
+#[test]
+fn the_nvml_cross_check_acts_on_an_instance_quota_by_the_instances_count() {
+    let mut r = rig(Duration::from_mins(1));
+    let job = r.fake.cgroups.mkdir("/cg/job");
+    r.fake.cgroups.put(4242, "/job");
+    let mut quota = spec("s-1", "/job", MemoryPolicy::Kill);
+    // Instance index 3 of GPU 1, 1 GiB.
+    quota.devices = vec![DeviceQuota {
+        index: 3,
+        shares_ppm: 1_000_000,
+        memory_bytes: GIB,
+        mig: Some(crate::enforcement::quota::MigAccess {
+            node_minor: 1,
+            cap_minors: vec![84, 85],
+        }),
+    }];
+    r.enforcer.apply(quota);
+    r.actions();
+    let on = |index| {
+        [ProcessMemory {
+            index,
+            pid: 4242,
+            bytes: 2 * GIB,
+        }]
+    };
+    // The kernel side counted half a GiB on the instance.
+    let mut kernel = r.fake.quotas.at(&job).unwrap();
+    kernel.used[3] = GIB / 2;
+    r.fake.quotas.0.lock().unwrap().insert(job, kernel);
+    // NVML's 2 GiB counted on the parent GPU is not the instance's: no quota there.
+    r.enforcer.cross_check(&on(1));
+    assert!(r.fake.signals.sent.lock().unwrap().is_empty());
+    assert!(r.actions().is_empty());
+    // Counted on the instance: over its limit, which the decoder did not see: killed.
+    r.enforcer.cross_check(&on(3));
+    assert_eq!(
+        *r.fake.signals.sent.lock().unwrap(),
+        [(4242, libc::SIGKILL)]
+    );
+    assert_eq!(r.actions(), ["kill"]);
+    // Once the kernel side's count of the instance is over too, the check leaves it to the
+    // tracepoint.
+    r.enforcer.cross_check(&on(1));
+    kernel.used[3] = 3 * GIB;
+    r.fake.quotas.0.lock().unwrap().insert(job, kernel);
+    r.enforcer.cross_check(&on(3));
+    assert_eq!(r.fake.signals.sent.lock().unwrap().len(), 1);
+}
+
 /// Issue 38: a suspended session asked to resume on another GPU. Nothing moves until the
 /// driver's version is known: an older driver leaves the quota on the GPU it left
 /// (`resume_refused`), still suspended; a driver with GPU pairs gets the quota moved to the new
