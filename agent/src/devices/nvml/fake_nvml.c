@@ -71,7 +71,8 @@ static int HAS_WHOLE;
 /* Processes: on GPU instance `gi` of the GPU in MIG mode, or (gi 0) on the whole GPU. */
 struct proc { int used; unsigned pid, gi; unsigned long long bytes; };
 static struct proc PROCS[16];
-/* 1: MIG device handles refuse process lists (NOT_SUPPORTED); 2: every handle does. */
+/* 1: MIG device handles refuse process lists (NOT_SUPPORTED); 2: every handle does; 3: the
+ * GPU in MIG mode does (as to an unprivileged caller, nvml.h), its MIG devices answer. */
 static int REFUSE_LISTS;
 #define NO_VALUE 0xFFFFFFFFu /* NVML_VALUE_NOT_AVAILABLE as a GPU/compute instance id */
 static char CIS[8]; /* compute instance handles: &CIS[slot]; MIG device handles: &MIGS[slot] */
@@ -218,7 +219,8 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *count,
     int s = slot_of(h, MIGS);
     unsigned n = 0;
     if (h != &GPU && h != &WHOLE && (s < 0 || !GIS[s].used || !GIS[s].ci)) return INVALID_ARGUMENT;
-    if (REFUSE_LISTS == 2 || (REFUSE_LISTS == 1 && s >= 0)) return NOT_SUPPORTED;
+    if (REFUSE_LISTS == 2 || (REFUSE_LISTS == 1 && s >= 0) || (REFUSE_LISTS == 3 && h == &GPU))
+        return NOT_SUPPORTED;
     for (int pass = 0; pass < 2; pass++) {
         n = 0;
         for (int i = 0; i < 16; i++) {

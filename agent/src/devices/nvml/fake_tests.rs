@@ -5,6 +5,8 @@
 
 use std::{collections::BTreeSet, path::Path, process::Command};
 
+const MIB: u64 = 1 << 20;
+
 use super::NvmlBackend;
 use crate::devices::{
     GpuBackend,
@@ -223,7 +225,6 @@ fn processes_and_memory_are_counted_on_the_instance_the_driver_names() {
     let big = b.create_instance("GPU-fake-0", "3g.40gb", 4).unwrap();
     let small = b.create_instance("GPU-fake-0", "1g.10gb", 0).unwrap();
     let gi = |d: &crate::devices::GpuDevice| d.mig.as_ref().unwrap().gpu_instance;
-    const MIB: u64 = 1 << 20;
     // SAFETY: plain C functions.
     unsafe {
         assert_eq!(process(100, gi(&big), 3000 * MIB), 0);
@@ -243,7 +244,9 @@ fn processes_and_memory_are_counted_on_the_instance_the_driver_names() {
             .map(|p| (p.index, p.pid, p.bytes))
             .collect()
     };
-    // From each MIG device's own list.
+    // From each MIG device's own list (the GPU's own list refused).
+    // SAFETY: a plain C function.
+    unsafe { refuse_lists(3) };
     assert_eq!(counted(&b), expected);
     assert_eq!(
         b.busy_devices(),
