@@ -806,12 +806,8 @@ fn a_session_released_while_suspended_is_killed() {
     assert_eq!(r.state("s"), None);
 }
 
-#[test]
-fn a_quota_on_a_mig_instance_opens_its_parent_and_its_capability_nodes_only() {
-    let mut r = rig(Duration::from_mins(1));
-    let job = r.fake.cgroups.mkdir("/cg/job");
-    let mut quota = spec("s-1", "/job", MemoryPolicy::Kill);
-    // Instance index 3 of GPU 1, with capability nodes 84 and 85.
+/// `quota` on MIG instance index 3 of GPU 1 alone (1 GiB), with capability nodes 84 and 85.
+fn on_instance(mut quota: QuotaSpec) -> QuotaSpec {
     quota.devices = vec![DeviceQuota {
         index: 3,
         shares_ppm: 1_000_000,
@@ -821,6 +817,14 @@ fn a_quota_on_a_mig_instance_opens_its_parent_and_its_capability_nodes_only() {
             cap_minors: vec![84, 85],
         }),
     }];
+    quota
+}
+
+#[test]
+fn a_quota_on_a_mig_instance_opens_its_parent_and_its_capability_nodes_only() {
+    let mut r = rig(Duration::from_mins(1));
+    let job = r.fake.cgroups.mkdir("/cg/job");
+    let quota = on_instance(spec("s-1", "/job", MemoryPolicy::Kill));
     r.enforcer.apply(quota);
     let kernel = r.fake.quotas.at(&job).unwrap();
     assert_eq!(kernel.devices, 1 << 1, "the parent's node, not nvidia3");
@@ -838,17 +842,7 @@ fn the_nvml_cross_check_acts_on_an_instance_quota_by_the_instances_count() {
     let mut r = rig(Duration::from_mins(1));
     let job = r.fake.cgroups.mkdir("/cg/job");
     r.fake.cgroups.put(4242, "/job");
-    let mut quota = spec("s-1", "/job", MemoryPolicy::Kill);
-    // Instance index 3 of GPU 1, 1 GiB.
-    quota.devices = vec![DeviceQuota {
-        index: 3,
-        shares_ppm: 1_000_000,
-        memory_bytes: GIB,
-        mig: Some(crate::enforcement::quota::MigAccess {
-            node_minor: 1,
-            cap_minors: vec![84, 85],
-        }),
-    }];
+    let quota = on_instance(spec("s-1", "/job", MemoryPolicy::Kill));
     r.enforcer.apply(quota);
     r.actions();
     let on = |index| {
