@@ -120,6 +120,23 @@ fn processes_on(d: &nvml_wrapper::Device<'_>) -> Result<Vec<ProcessInfo>, NvmlEr
     Ok(all)
 }
 
+/// The MIG devices of the GPU in MIG mode `handle` now, each with its GPU instance id.
+fn mig_devices<'n>(
+    nvml: &'n Nvml,
+    handle: &nvml_wrapper::Device<'n>,
+) -> Result<Vec<(u32, nvml_wrapper::Device<'n>)>, NvmlError> {
+    let mut out = Vec::new();
+    for slot in 0..handle.mig_device_count()? {
+        let d = match handle.mig_device_by_index(slot) {
+            Ok(d) => d,
+            Err(NvmlError::NotFound) => continue,
+            Err(e) => return Err(e),
+        };
+        out.push((instance_id(nvml, &d, InstanceLevel::Gpu)?, d));
+    }
+    Ok(out)
+}
+
 /// The processes on the GPU in MIG mode `parent` (handle `handle`), each on the device index
 /// of its instance among `devices`: from each MIG device's own process list where the driver
 /// answers for every one, else from the GPU's list by the GPU instance id each process names
@@ -133,13 +150,7 @@ fn mig_processes(
 ) -> Result<Vec<(u32, ProcessInfo)>, NvmlError> {
     let per_instance = || -> Result<Vec<(u32, ProcessInfo)>, NvmlError> {
         let mut out = Vec::new();
-        for slot in 0..handle.mig_device_count()? {
-            let d = match handle.mig_device_by_index(slot) {
-                Ok(d) => d,
-                Err(NvmlError::NotFound) => continue,
-                Err(e) => return Err(e),
-            };
-            let gi = instance_id(nvml, &d, InstanceLevel::Gpu)?;
+        for (gi, d) in mig_devices(nvml, handle)? {
             let index = layout::busy_index(devices, parent, Some(gi));
             out.extend(processes_on(&d)?.into_iter().map(|p| (index, p)));
         }
@@ -159,7 +170,8 @@ fn mig_processes(
 
 /// The memory each MIG device of the GPU in MIG mode `parent` (handle `handle`) has in use, by
 /// its device index among `devices` (a GPU instance with several compute instances once, at
-/// its first one's index); a MIG device not among them, or not read, is left out.
+/// its first one's index); a MIG device not among them, or whose memory is not read, is left
+/// out.
 fn mig_memory(
     nvml: &Nvml,
     handle: &nvml_wrapper::Device<'_>,
@@ -167,14 +179,12 @@ fn mig_memory(
     devices: &[GpuDevice],
 ) -> std::collections::BTreeMap<u32, DriverMemory> {
     let mut out = std::collections::BTreeMap::new();
-    for slot in 0..handle.mig_device_count().unwrap_or(0) {
-        let Ok(d) = handle.mig_device_by_index(slot) else {
-            continue;
-        };
-        let Some(index) = instance_id(nvml, &d, InstanceLevel::Gpu)
-            .ok()
-            .and_then(|gi| layout::instance_index(devices, parent, gi))
-        else {
+    let found = mig_devices(nvml, handle).unwrap_or_else(|e| {
+        tracing::debug!(gpu = %parent.uuid, "MIG devices not listed ({e}): no memory read");
+        Vec::new()
+    });
+    for (gi, d) in found {
+        let Some(index) = layout::instance_index(devices, parent, gi) else {
             continue;
         };
         if let Ok(m) = d.memory_info() {
