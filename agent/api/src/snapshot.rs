@@ -61,8 +61,8 @@ pub struct Accuracy {
     pub note: String,
 }
 
-/// One GPU's utilization.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One GPU's (or MIG instance's) utilization, health and memory.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GpuView {
     /// `nvidiaN`.
     pub device: String,
@@ -75,6 +75,19 @@ pub struct GpuView {
     /// Its health, where the backend reads it (NVML; mock devices from their file).
     #[serde(default)]
     pub health: Option<GpuHealthView>,
+    /// Video memory on it as the kernel side counts it: what the containers hold there, summed
+    /// (a MIG instance: what is charged to the instance).
+    #[serde(default)]
+    pub memory_bytes: u64,
+    /// Memory in use on it as the driver counts it (NVML's `used`; a MIG instance: that
+    /// instance's), which includes what the agent does not see: processes from before it
+    /// started, memory the driver allocates for a context, an allocation the decoder misses.
+    /// `null` where the backend can't tell (mock devices).
+    #[serde(default)]
+    pub driver_memory_bytes: Option<u64>,
+    /// Of that, what NVML says the driver or firmware reserves; `null` where not read.
+    #[serde(default)]
+    pub driver_reserved_bytes: Option<u64>,
 }
 
 impl Eq for GpuView {}

@@ -66,6 +66,18 @@ pub struct ProcessMemory {
     pub bytes: u64,
 }
 
+/// A device's memory as its driver counts it (NVML's `nvmlMemory_v2_t`; on a MIG instance,
+/// that instance's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DriverMemory {
+    /// Allocated memory, bytes: every process's, including those the agent does not see, and
+    /// the driver's own.
+    pub used: u64,
+    /// Memory reserved for the driver or firmware, bytes (part of `used` by NVML's R525 notes;
+    /// later references do not say).
+    pub reserved: u64,
+}
+
 pub use gpuwarden_types::slot::SlotKind;
 
 /// A source of GPUs.
@@ -74,10 +86,18 @@ pub trait GpuBackend: Send + Sync {
     fn name(&self) -> &'static str;
     /// The devices.
     fn devices(&self) -> Vec<GpuDevice>;
-    /// GPU memory each process holds, as the driver's management library counts it (NVML);
+    /// GPU memory each process holds, as the driver's management library counts it (NVML), on
+    /// the device index the driver counts it on (a process on a MIG instance on the instance's);
     /// empty where the backend can't tell (mock devices).
     fn process_memory(&self) -> Vec<ProcessMemory> {
         Vec::new()
+    }
+
+    /// Each device's memory as the driver counts it, by index (a whole GPU's, a MIG instance's);
+    /// empty where the backend can't tell (mock devices). Beside the kernel side's count it shows
+    /// what the agent does not see.
+    fn driver_memory(&self) -> std::collections::BTreeMap<u32, DriverMemory> {
+        std::collections::BTreeMap::new()
     }
 
     /// The device indexes the driver counts a process on: a GPU, a MIG instance, or a GPU in

@@ -30,12 +30,13 @@ use nvml_wrapper::{
     enum_wrappers::device::{EccCounter, MemoryError},
     enums::{device::UsedGpuMemory, event::XidError},
     error::NvmlError,
+    struct_wrappers::device::ProcessInfo,
 };
 
 use self::layout::{DriverProfile, MigReadError};
 use super::samples::SampleDriver;
 use super::{
-    GpuBackend, GpuDevice, ProcessMemory,
+    DriverMemory, GpuBackend, GpuDevice, ProcessMemory,
     health::{self, GpuHealth, HealthState, Xid},
     mig,
     ondemand::MigChangeError,
@@ -104,6 +105,113 @@ fn instance_id(
     };
     nvml_wrapper::error::nvml_try(status)?;
     Ok(id)
+}
+
+/// Compute and graphics processes on a device handle (a whole GPU, a GPU in MIG mode, a MIG
+/// device). A graphics list the device does not support is empty: MIG supports no graphics
+/// APIs (NVIDIA's MIG user guide), and a MIG device handle may refuse the question.
+fn processes_on(d: &nvml_wrapper::Device<'_>) -> Result<Vec<ProcessInfo>, NvmlError> {
+    let mut all = d.running_compute_processes()?;
+    match d.running_graphics_processes() {
+        Ok(graphics) => all.extend(graphics),
+        Err(NvmlError::NotSupported) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(all)
+}
+
+/// The MIG devices of the GPU in MIG mode `handle` now, each with its GPU instance id.
+fn mig_devices<'n>(
+    nvml: &'n Nvml,
+    handle: &nvml_wrapper::Device<'n>,
+) -> Result<Vec<(u32, nvml_wrapper::Device<'n>)>, NvmlError> {
+    let mut out = Vec::new();
+    for slot in 0..handle.mig_device_count()? {
+        let d = match handle.mig_device_by_index(slot) {
+            Ok(d) => d,
+            Err(NvmlError::NotFound) => continue,
+            Err(e) => return Err(e),
+        };
+        out.push((instance_id(nvml, &d, InstanceLevel::Gpu)?, d));
+    }
+    Ok(out)
+}
+
+/// The processes on the GPU in MIG mode `parent` (handle `handle`), each on the device index
+/// of its instance among `devices`: from each MIG device's own process list where the driver
+/// answers for every one, else from the GPU's list by the GPU instance id each process names
+/// (nvml.h: in MIG mode the GPU's handle answers for all instances only to a privileged
+/// caller; a MIG device's handle answers for its instance).
+fn mig_processes(
+    nvml: &Nvml,
+    handle: &nvml_wrapper::Device<'_>,
+    parent: &GpuDevice,
+    devices: &[GpuDevice],
+) -> Result<Vec<(u32, ProcessInfo)>, NvmlError> {
+    let per_instance = || -> Result<Vec<(u32, ProcessInfo)>, NvmlError> {
+        let mut out = Vec::new();
+        for (gi, d) in mig_devices(nvml, handle)? {
+            let index = layout::busy_index(devices, parent, Some(gi));
+            out.extend(processes_on(&d)?.into_iter().map(|p| (index, p)));
+        }
+        Ok(out)
+    };
+    match per_instance() {
+        Ok(out) => Ok(out),
+        Err(e) => {
+            tracing::debug!(gpu = %parent.uuid, "processes not listed per MIG device ({e}): the GPU's list is read");
+            Ok(processes_on(handle)?
+                .into_iter()
+                .map(|p| (layout::busy_index(devices, parent, p.gpu_instance_id), p))
+                .collect())
+        }
+    }
+}
+
+/// The memory each MIG device of the GPU in MIG mode `parent` (handle `handle`) has in use, by
+/// its device index among `devices` (a GPU instance with several compute instances once, at
+/// its first one's index); a MIG device not among them, or whose memory is not read, is left
+/// out.
+fn mig_memory(
+    nvml: &Nvml,
+    handle: &nvml_wrapper::Device<'_>,
+    parent: &GpuDevice,
+    devices: &[GpuDevice],
+) -> std::collections::BTreeMap<u32, DriverMemory> {
+    let mut out = std::collections::BTreeMap::new();
+    let found = mig_devices(nvml, handle).unwrap_or_else(|e| {
+        tracing::debug!(gpu = %parent.uuid, "MIG devices not listed ({e}): no memory read");
+        Vec::new()
+    });
+    for (gi, d) in found {
+        let Some(index) = layout::instance_index(devices, parent, gi) else {
+            continue;
+        };
+        if let Ok(m) = d.memory_info() {
+            out.entry(index).or_insert(DriverMemory {
+                used: m.used,
+                reserved: m.reserved,
+            });
+        }
+    }
+    out
+}
+
+/// The processes the driver lists, each on the device index it counts it on.
+#[derive(Debug, Default)]
+struct Listing {
+    /// (device index, process).
+    processes: Vec<(u32, ProcessInfo)>,
+    /// The GPUs (their index) whose processes could not be listed, and why.
+    unlisted: Vec<(u32, NvmlError)>,
+}
+
+/// A GPU in MIG mode: offered as its instances.
+struct MigParent {
+    /// The GPU as it would be offered whole.
+    parent: GpuDevice,
+    /// NVML's index of it.
+    nvml_index: u32,
 }
 
 /// A GPU in MIG mode whose driver's profile table agrees with its model's placement rules:
@@ -243,6 +351,8 @@ pub struct NvmlBackend {
     devices: Mutex<Vec<GpuDevice>>,
     /// The GPUs in MIG mode whose layout may be read and changed.
     mig_gpus: Vec<MigGpu>,
+    /// Every GPU in MIG mode, changeable or not.
+    mig_parents: Vec<MigParent>,
     /// The first device index instances take (past every GPU's minor).
     first_instance: u32,
     /// NVML's index of each GPU, by the GPU's minor number (our index).
@@ -309,6 +419,7 @@ impl NvmlBackend {
         let mut instances = Vec::new();
         let mut nvml_index = HashMap::new();
         let mut mig_gpus = Vec::new();
+        let mut mig_parents = Vec::new();
         for (i, device, mig_mode) in physical {
             if !mig_mode {
                 nvml_index.insert(device.index, i);
@@ -327,11 +438,16 @@ impl NvmlBackend {
                     "MIG layout not changeable by gpuwarden: {e}"
                 ),
             }
+            mig_parents.push(MigParent {
+                parent: device,
+                nvml_index: i,
+            });
         }
         devices.extend(instances);
         let backend = Self {
             devices: Mutex::new(devices),
             mig_gpus,
+            mig_parents,
             first_instance,
             nvml_index,
             nvml: Arc::new(nvml),
@@ -442,6 +558,35 @@ impl NvmlBackend {
             })
     }
 
+    /// The processes on every GPU, each on the device index the driver counts it on: a whole
+    /// GPU's own, an instance's for a process on a GPU in MIG mode (one path for the
+    /// cross-check's memory and the layout change's idleness).
+    fn listing(&self) -> Listing {
+        let mut out = Listing::default();
+        for (&index, &nvml_index) in &self.nvml_index {
+            match self
+                .nvml
+                .device_by_index(nvml_index)
+                .and_then(|d| processes_on(&d))
+            {
+                Ok(found) => out.processes.extend(found.into_iter().map(|p| (index, p))),
+                Err(e) => out.unlisted.push((index, e)),
+            }
+        }
+        let devices = self.devices();
+        for m in &self.mig_parents {
+            let listed = self
+                .nvml
+                .device_by_index(m.nvml_index)
+                .and_then(|handle| mig_processes(&self.nvml, &handle, &m.parent, &devices));
+            match listed {
+                Ok(found) => out.processes.extend(found),
+                Err(e) => out.unlisted.push((m.parent.index, e)),
+            }
+        }
+        out
+    }
+
     /// The GPU instances on `g` now, of every profile its driver lists.
     fn read_layout(&self, g: &MigGpu) -> Result<Layout, MigReadError> {
         let device = self.nvml.device_by_index(g.nvml_index)?;
@@ -464,29 +609,16 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn busy_devices(&self) -> std::collections::BTreeSet<u32> {
+        let listing = self.listing();
         let mut out: std::collections::BTreeSet<u32> =
-            self.process_memory().iter().map(|p| p.index).collect();
-        // `process_memory` asks whole GPUs only; a GPU in MIG mode lists the processes of all
-        // its instances, each with its GPU instance id (as root).
-        let devices = self.devices();
-        for g in &self.mig_gpus {
-            let listed = self.nvml.device_by_index(g.nvml_index).and_then(|d| {
-                let mut all = d.running_compute_processes()?;
-                all.extend(d.running_graphics_processes()?);
-                Ok(all)
-            });
-            match listed {
-                Ok(processes) => out.extend(
-                    processes
-                        .iter()
-                        .map(|p| layout::busy_index(&devices, &g.parent, p.gpu_instance_id)),
-                ),
-                Err(e) => {
-                    // Not knowing is not idle: the GPU's layout is left as it is.
-                    tracing::warn!(gpu = %g.parent.uuid, "processes on the GPU not listed ({e}): taken as busy");
-                    out.insert(g.parent.index);
-                }
-            }
+            listing.processes.iter().map(|(index, _)| *index).collect();
+        for (index, e) in listing.unlisted {
+            // Not knowing is not idle: a GPU in MIG mode keeps its layout.
+            tracing::warn!(
+                gpu = index,
+                "processes on the GPU not listed ({e}): taken as busy"
+            );
+            out.insert(index);
         }
         out
     }
@@ -631,21 +763,42 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn process_memory(&self) -> Vec<ProcessMemory> {
-        let mut out = Vec::new();
+        // A GPU whose processes can't be listed this time is left out of the cross-check.
+        self.listing()
+            .processes
+            .into_iter()
+            .filter_map(|(index, p)| match p.used_gpu_memory {
+                UsedGpuMemory::Used(bytes) => Some(ProcessMemory {
+                    index,
+                    pid: p.pid,
+                    bytes,
+                }),
+                UsedGpuMemory::Unavailable => None,
+            })
+            .collect()
+    }
+
+    fn driver_memory(&self) -> std::collections::BTreeMap<u32, DriverMemory> {
+        let mut out = std::collections::BTreeMap::new();
         for (&index, &nvml_index) in &self.nvml_index {
-            let Ok(device) = self.nvml.device_by_index(nvml_index) else {
-                continue;
-            };
-            let compute = device.running_compute_processes().unwrap_or_default();
-            let graphics = device.running_graphics_processes().unwrap_or_default();
-            for p in compute.into_iter().chain(graphics) {
-                if let UsedGpuMemory::Used(bytes) = p.used_gpu_memory {
-                    out.push(ProcessMemory {
-                        index,
-                        pid: p.pid,
-                        bytes,
-                    });
-                }
+            if let Ok(m) = self
+                .nvml
+                .device_by_index(nvml_index)
+                .and_then(|d| d.memory_info())
+            {
+                out.insert(
+                    index,
+                    DriverMemory {
+                        used: m.used,
+                        reserved: m.reserved,
+                    },
+                );
+            }
+        }
+        let devices = self.devices();
+        for m in &self.mig_parents {
+            if let Ok(handle) = self.nvml.device_by_index(m.nvml_index) {
+                out.extend(mig_memory(&self.nvml, &handle, &m.parent, &devices));
             }
         }
         out

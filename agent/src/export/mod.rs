@@ -63,6 +63,7 @@ impl Sources {
             .unwrap_or_default();
         snapshot.gpus = gpus;
         snapshot::add_health(&mut snapshot, &self.backend.health(), &names);
+        snapshot::add_memory(&mut snapshot, &self.backend.driver_memory(), &names);
         (
             snapshot.stats.usage_reports,
             snapshot.stats.usage_reports_dropped,

@@ -11,7 +11,7 @@ use gpuwarden_agent_common::maps::{MAX_GPUS, stat, table};
 
 use crate::{
     attribution::{Attributor, Workload, kubelet::PodNames},
-    devices::health::GpuHealth,
+    devices::{DriverMemory, health::GpuHealth},
     enforcement::{BindingReport, Standing, quota::PPM},
     sensor::{CgroupCounters, Counters, Sensor, gpu_nodes::DeviceNames},
 };
@@ -177,7 +177,7 @@ pub(crate) fn gpu_utilization(
                     device: names.name(index),
                     utilization: measured.get(&index).copied(),
                     source: "nvml".to_owned(),
-                    health: None,
+                    ..GpuView::default()
                 }
             } else {
                 let busy: f64 = standing
@@ -196,11 +196,37 @@ pub(crate) fn gpu_utilization(
                     device: names.name(index),
                     utilization: Some(busy.clamp(0.0, 1.0)),
                     source: "throttle_stand_in".to_owned(),
-                    health: None,
+                    ..GpuView::default()
                 }
             }
         })
         .collect()
+}
+
+/// Fills each GPU's memory: the kernel side's count (the containers' bytes on it, summed) and,
+/// where the backend reads it, the driver's (`driver`, by index), the GPUs found by the names
+/// `names` gives them.
+pub(crate) fn add_memory(
+    snapshot: &mut Snapshot,
+    driver: &BTreeMap<u32, DriverMemory>,
+    names: &DeviceNames,
+) {
+    for g in &mut snapshot.gpus {
+        g.memory_bytes = snapshot
+            .containers
+            .iter()
+            .flat_map(|c| &c.devices)
+            .filter(|d| d.device == g.device)
+            .map(|d| d.memory_bytes)
+            .sum();
+    }
+    for (&index, m) in driver {
+        let device = names.name(index);
+        if let Some(g) = snapshot.gpus.iter_mut().find(|g| g.device == device) {
+            g.driver_memory_bytes = Some(m.used);
+            g.driver_reserved_bytes = Some(m.reserved);
+        }
+    }
 }
 
 /// Fills each GPU's health, and counts each attributed XID error on the container whose cgroup

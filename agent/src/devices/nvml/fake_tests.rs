@@ -3,7 +3,9 @@
 //! this shows is the FFI (struct layouts and versions, the two-call placement list, handles,
 //! the order of calls, the codes named); the placement table is the stand-in's, not a driver's.
 
-use std::{path::Path, process::Command};
+use std::{collections::BTreeSet, path::Path, process::Command};
+
+const MIB: u64 = 1 << 20;
 
 use super::NvmlBackend;
 use crate::devices::{
@@ -11,6 +13,41 @@ use crate::devices::{
     ondemand::MigChangeError,
     placement::{H100_80GB, Placement},
 };
+
+/// The sizes and offsets of nvml.h's structs the stand-in writes, as nvml-wrapper-sys
+/// transcribes the header: the stand-in fails to compile where its own layout differs.
+fn layouts() -> Vec<String> {
+    use nvml_wrapper_sys::bindings as b;
+    [
+        (
+            "GI_PROFILE_V2_SIZE",
+            size_of::<b::nvmlGpuInstanceProfileInfo_v2_t>(),
+        ),
+        ("GI_INFO_SIZE", size_of::<b::nvmlGpuInstanceInfo_t>()),
+        (
+            "GI_INFO_PLACEMENT",
+            std::mem::offset_of!(b::nvmlGpuInstanceInfo_t, placement),
+        ),
+        (
+            "CI_PROFILE_SIZE",
+            size_of::<b::nvmlComputeInstanceProfileInfo_t>(),
+        ),
+        ("MEMORY_V2_SIZE", size_of::<b::nvmlMemory_v2_t>()),
+        (
+            "MEMORY_V2_USED",
+            std::mem::offset_of!(b::nvmlMemory_v2_t, used),
+        ),
+        ("ATTRIBUTES_SIZE", size_of::<b::nvmlDeviceAttributes_t>()),
+        ("PROCESS_INFO_SIZE", size_of::<b::nvmlProcessInfo_t>()),
+        (
+            "PROCESS_INFO_GI",
+            std::mem::offset_of!(b::nvmlProcessInfo_t, gpuInstanceId),
+        ),
+    ]
+    .into_iter()
+    .map(|(name, n)| format!("-DNVML_{name}={n}"))
+    .collect()
+}
 
 /// Compiles the stand-in into `dir`; its path.
 fn build_fake(dir: &Path) -> std::path::PathBuf {
@@ -20,6 +57,7 @@ fn build_fake(dir: &Path) -> std::path::PathBuf {
     let out = Command::new("cc")
         .args(["-shared", "-fPIC", "-o"])
         .arg(&lib)
+        .args(layouts())
         .arg(&src)
         .output()
         .expect("a C compiler (cc) builds the stand-in libnvidia-ml");
@@ -40,11 +78,14 @@ fn instances_are_made_read_back_and_destroyed_through_the_nvml_calls() {
     // loaded, so dlopen hands back the same copy and its state.
     let hooks = unsafe { libloading::Library::new(&lib) }.unwrap();
     // SAFETY: the hooks' C signatures, as declared in fake_nvml.c.
-    let set_busy = unsafe {
+    let process = unsafe {
         hooks
-            .get::<unsafe extern "C" fn(u32, i32) -> i32>(b"fake_nvml_set_busy\0")
+            .get::<unsafe extern "C" fn(u32, u32, u64) -> i32>(b"fake_nvml_process\0")
             .unwrap()
     };
+    // SAFETY: as above.
+    let refuse_lists =
+        unsafe { hooks.get::<unsafe extern "C" fn(i32)>(b"fake_nvml_refuse_lists\0") }.unwrap();
     // SAFETY: as above.
     let gpu_instances =
         unsafe { hooks.get::<unsafe extern "C" fn() -> i32>(b"fake_nvml_gpu_instances\0") }
@@ -116,9 +157,11 @@ fn instances_are_made_read_back_and_destroyed_through_the_nvml_calls() {
     assert_ne!(second.mig.as_ref().unwrap().gpu_instance, m.gpu_instance);
     assert_eq!(b.mig_layouts()[0].2.occupied(), 0b1111_0001);
 
-    // A process in the 3g: the driver refuses (IN_USE on the compute instance), it stays.
+    // A process in the 3g: the driver counts it on the 3g's device, and refuses (IN_USE on the
+    // compute instance) to destroy it, it stays.
     // SAFETY: a plain C function.
-    assert_eq!(unsafe { set_busy(m.gpu_instance, 1) }, 0);
+    assert_eq!(unsafe { process(4242, m.gpu_instance, 1 << 20) }, 0);
+    assert_eq!(b.busy_devices(), BTreeSet::from([made.index]));
     let err = b.destroy_instance(&made.uuid).unwrap_err();
     let MigChangeError::Refused { reason, .. } = &err else {
         panic!("{err:?}");
@@ -130,7 +173,14 @@ fn instances_are_made_read_back_and_destroyed_through_the_nvml_calls() {
     assert!(b.devices().contains(&made));
     assert_eq!(there(), 2);
     // SAFETY: as above.
-    assert_eq!(unsafe { set_busy(m.gpu_instance, 0) }, 0);
+    assert_eq!(unsafe { process(4242, m.gpu_instance, 0) }, 0);
+    assert!(b.busy_devices().is_empty());
+    // Processes that can't be listed: the GPU is taken as busy, no layout change goes ahead.
+    // SAFETY: plain C functions.
+    unsafe { refuse_lists(2) };
+    assert_eq!(b.busy_devices(), BTreeSet::from([0]));
+    // SAFETY: as above.
+    unsafe { refuse_lists(0) };
     // Gone: compute instance, then GPU instance; its slices free again.
     b.destroy_instance(&made.uuid).unwrap();
     assert_eq!(b.devices(), std::slice::from_ref(&second));
@@ -142,9 +192,88 @@ fn instances_are_made_read_back_and_destroyed_through_the_nvml_calls() {
         b.destroy_instance(&second.uuid),
         Err(MigChangeError::NoInstance { .. })
     ));
-    // The stand-in lists no processes (it lacks the call): a GPU whose processes can't be
-    // listed is taken as busy, so no layout change would go ahead.
-    assert!(b.busy_devices().contains(&0));
+    assert!(b.busy_devices().is_empty());
+}
+
+#[test]
+fn processes_and_memory_are_counted_on_the_instance_the_driver_names() {
+    let scratch = gpuwarden_test_support::scratch("fake-nvml-processes");
+    let lib = build_fake(scratch.path());
+    // SAFETY: as in the test above; loaded first so that the second GPU is there when NVML
+    // (the same copy) lists its GPUs.
+    let hooks = unsafe { libloading::Library::new(&lib) }.unwrap();
+    // SAFETY: the hooks' C signatures, as declared in fake_nvml.c.
+    let (whole_gpu, process, refuse_lists) = unsafe {
+        (
+            hooks
+                .get::<unsafe extern "C" fn(i32)>(b"fake_nvml_whole_gpu\0")
+                .unwrap(),
+            hooks
+                .get::<unsafe extern "C" fn(u32, u32, u64) -> i32>(b"fake_nvml_process\0")
+                .unwrap(),
+            hooks
+                .get::<unsafe extern "C" fn(i32)>(b"fake_nvml_refuse_lists\0")
+                .unwrap(),
+        )
+    };
+    // SAFETY: plain C functions without preconditions.
+    unsafe { whole_gpu(1) };
+    let b = NvmlBackend::probe_library(Some(lib.as_os_str())).unwrap();
+    // GPU 1 is offered whole; GPU 0, in MIG mode, as the two instances made on it.
+    let whole = b.devices()[0].clone();
+    assert_eq!((whole.uuid.as_str(), whole.index), ("GPU-fake-1", 1));
+    let big = b.create_instance("GPU-fake-0", "3g.40gb", 4).unwrap();
+    let small = b.create_instance("GPU-fake-0", "1g.10gb", 0).unwrap();
+    let gi = |d: &crate::devices::GpuDevice| d.mig.as_ref().unwrap().gpu_instance;
+    // SAFETY: plain C functions.
+    unsafe {
+        assert_eq!(process(100, gi(&big), 3000 * MIB), 0);
+        assert_eq!(process(101, gi(&big), 200 * MIB), 0);
+        assert_eq!(process(102, gi(&small), 700 * MIB), 0);
+        assert_eq!(process(103, 0, 2000 * MIB), 0);
+    }
+    let expected = BTreeSet::from([
+        (big.index, 100, 3000 * MIB),
+        (big.index, 101, 200 * MIB),
+        (small.index, 102, 700 * MIB),
+        (whole.index, 103, 2000 * MIB),
+    ]);
+    let counted = |b: &NvmlBackend| -> BTreeSet<(u32, u32, u64)> {
+        b.process_memory()
+            .iter()
+            .map(|p| (p.index, p.pid, p.bytes))
+            .collect()
+    };
+    // From each MIG device's own list (the GPU's own list refused).
+    // SAFETY: a plain C function.
+    unsafe { refuse_lists(3) };
+    assert_eq!(counted(&b), expected);
+    assert_eq!(
+        b.busy_devices(),
+        BTreeSet::from([whole.index, big.index, small.index])
+    );
+    // The driver's count of each device's memory: each instance its processes' (the stand-in
+    // counts nothing else there), the whole GPU its process and the 512 MiB it reserves.
+    let memory = b.driver_memory();
+    let used = |index| memory.get(&index).map(|m| (m.used, m.reserved));
+    assert_eq!(used(big.index), Some((3200 * MIB, 0)));
+    assert_eq!(used(small.index), Some((700 * MIB, 0)));
+    assert_eq!(used(whole.index), Some((2512 * MIB, 512 * MIB)));
+    assert_eq!(
+        memory.len(),
+        3,
+        "the GPU in MIG mode is no device: {memory:?}"
+    );
+
+    // MIG devices that don't list their processes: the GPU's list, by GPU instance id.
+    // SAFETY: a plain C function.
+    unsafe { refuse_lists(1) };
+    assert_eq!(counted(&b), expected);
+    // Nothing lists them: nothing counted, every GPU taken as busy.
+    // SAFETY: as above.
+    unsafe { refuse_lists(2) };
+    assert!(counted(&b).is_empty());
+    assert_eq!(b.busy_devices(), BTreeSet::from([0, whole.index]));
 }
 
 #[test]

@@ -350,6 +350,24 @@ pub fn driver_profile<'a>(
     driver.iter().find(|d| d.info.id == profile.id)
 }
 
+/// The device index of GPU instance `gpu_instance` of GPU `parent` among `devices` (its first
+/// compute instance's), if one of them is it.
+#[must_use]
+pub fn instance_index(
+    devices: &[crate::devices::GpuDevice],
+    parent: &crate::devices::GpuDevice,
+    gpu_instance: u32,
+) -> Option<u32> {
+    devices
+        .iter()
+        .find(|d| {
+            d.mig
+                .as_ref()
+                .is_some_and(|m| m.parent_uuid == parent.uuid && m.gpu_instance == gpu_instance)
+        })
+        .map(|d| d.index)
+}
+
 /// The device index a process on GPU `parent` in MIG mode is counted on: the instance of GPU
 /// instance `gpu_instance` among `devices`, or the parent's own index where the driver names no
 /// instance or none of `devices` is it.
@@ -360,14 +378,8 @@ pub fn busy_index(
     gpu_instance: Option<u32>,
 ) -> u32 {
     gpu_instance
-        .and_then(|gi| {
-            devices.iter().find(|d| {
-                d.mig
-                    .as_ref()
-                    .is_some_and(|m| m.parent_uuid == parent.uuid && m.gpu_instance == gi)
-            })
-        })
-        .map_or(parent.index, |d| d.index)
+        .and_then(|gi| instance_index(devices, parent, gi))
+        .unwrap_or(parent.index)
 }
 
 #[cfg(test)]

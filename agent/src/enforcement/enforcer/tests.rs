@@ -806,12 +806,8 @@ fn a_session_released_while_suspended_is_killed() {
     assert_eq!(r.state("s"), None);
 }
 
-#[test]
-fn a_quota_on_a_mig_instance_opens_its_parent_and_its_capability_nodes_only() {
-    let mut r = rig(Duration::from_mins(1));
-    let job = r.fake.cgroups.mkdir("/cg/job");
-    let mut quota = spec("s-1", "/job", MemoryPolicy::Kill);
-    // Instance index 3 of GPU 1, with capability nodes 84 and 85.
+/// `quota` on MIG instance index 3 of GPU 1 alone (1 GiB), with capability nodes 84 and 85.
+fn on_instance(mut quota: QuotaSpec) -> QuotaSpec {
     quota.devices = vec![DeviceQuota {
         index: 3,
         shares_ppm: 1_000_000,
@@ -821,6 +817,14 @@ fn a_quota_on_a_mig_instance_opens_its_parent_and_its_capability_nodes_only() {
             cap_minors: vec![84, 85],
         }),
     }];
+    quota
+}
+
+#[test]
+fn a_quota_on_a_mig_instance_opens_its_parent_and_its_capability_nodes_only() {
+    let mut r = rig(Duration::from_mins(1));
+    let job = r.fake.cgroups.mkdir("/cg/job");
+    let quota = on_instance(spec("s-1", "/job", MemoryPolicy::Kill));
     r.enforcer.apply(quota);
     let kernel = r.fake.quotas.at(&job).unwrap();
     assert_eq!(kernel.devices, 1 << 1, "the parent's node, not nvidia3");
@@ -831,6 +835,45 @@ fn a_quota_on_a_mig_instance_opens_its_parent_and_its_capability_nodes_only() {
     );
     r.enforcer.release("s-1");
     assert!(r.fake.devices.caps.lock().unwrap().is_empty());
+}
+
+#[test]
+fn the_nvml_cross_check_acts_on_an_instance_quota_by_the_instances_count() {
+    let mut r = rig(Duration::from_mins(1));
+    let job = r.fake.cgroups.mkdir("/cg/job");
+    r.fake.cgroups.put(4242, "/job");
+    let quota = on_instance(spec("s-1", "/job", MemoryPolicy::Kill));
+    r.enforcer.apply(quota);
+    r.actions();
+    let on = |index| {
+        [ProcessMemory {
+            index,
+            pid: 4242,
+            bytes: 2 * GIB,
+        }]
+    };
+    // The kernel side counted half a GiB on the instance.
+    let mut kernel = r.fake.quotas.at(&job).unwrap();
+    kernel.used[3] = GIB / 2;
+    r.fake.quotas.0.lock().unwrap().insert(job, kernel);
+    // NVML's 2 GiB counted on the parent GPU is not the instance's: no quota there.
+    r.enforcer.cross_check(&on(1));
+    assert!(r.fake.signals.sent.lock().unwrap().is_empty());
+    assert!(r.actions().is_empty());
+    // Counted on the instance: over its limit, which the decoder did not see: killed.
+    r.enforcer.cross_check(&on(3));
+    assert_eq!(
+        *r.fake.signals.sent.lock().unwrap(),
+        [(4242, libc::SIGKILL)]
+    );
+    assert_eq!(r.actions(), ["kill"]);
+    // Once the kernel side's count of the instance is over too, the check leaves it to the
+    // tracepoint.
+    r.enforcer.cross_check(&on(1));
+    kernel.used[3] = 3 * GIB;
+    r.fake.quotas.0.lock().unwrap().insert(job, kernel);
+    r.enforcer.cross_check(&on(3));
+    assert_eq!(r.fake.signals.sent.lock().unwrap().len(), 1);
 }
 
 /// Issue 38: a suspended session asked to resume on another GPU. Nothing moves until the

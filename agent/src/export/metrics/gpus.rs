@@ -24,6 +24,7 @@ pub(super) fn register(registry: &mut Registry<'_>, gpus: &Arc<Vec<Gpu>>, publis
     memory_limit(registry, gpus);
     memory_usage(registry, gpus, published);
     utilization(registry, gpus, published);
+    driver_memory(registry, gpus, published);
     for (instrument, pick) in HEALTH_GAUGES {
         registry
             .f64_gauge(instrument)
@@ -85,6 +86,43 @@ fn memory_usage(registry: &mut Registry<'_>, gpus: &Arc<Vec<Gpu>>, published: &P
                     .map(|d| d.memory_bytes)
                     .sum();
                 o.observe(used, &gpu.attributes);
+            }
+        }))
+        .build();
+}
+
+/// `gpuwarden.gpu.memory.driver_usage` and `gpuwarden.gpu.memory.unseen`: the driver's count
+/// of each GPU's memory and how far the kernel side's is from it, where the driver's is read.
+fn driver_memory(registry: &mut Registry<'_>, gpus: &Arc<Vec<Gpu>>, published: &Published) {
+    let both = |s: &Snapshot, gpu: &Gpu| {
+        let name = gpu.name();
+        let g = s.gpus.iter().find(|g| g.device == name)?;
+        Some((g.driver_memory_bytes?, g.memory_bytes))
+    };
+    let each = Arc::clone(gpus);
+    registry
+        .u64_gauge(&instruments::GPU_MEMORY_DRIVER_USAGE)
+        .with_callback(on_snapshot(published, move |s, o| {
+            for gpu in each.iter() {
+                if let Some((driver, _)) = both(s, gpu) {
+                    o.observe(driver, &gpu.attributes);
+                }
+            }
+        }))
+        .build();
+    let each = Arc::clone(gpus);
+    registry
+        .f64_gauge(&instruments::GPU_MEMORY_UNSEEN)
+        .with_callback(on_snapshot(published, move |s, o| {
+            for gpu in each.iter() {
+                if let Some((driver, kernel)) = both(s, gpu) {
+                    #[expect(
+                        clippy::cast_precision_loss,
+                        reason = "bytes of one GPU: exact below 2^53"
+                    )]
+                    let unseen = driver as f64 - kernel as f64;
+                    o.observe(unseen, &gpu.attributes);
+                }
             }
         }))
         .build();

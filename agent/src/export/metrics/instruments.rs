@@ -68,6 +68,22 @@ pub const HW_GPU_UTILIZATION: Instrument = Instrument {
     meaning: "fraction of the time each GPU was busy: NVML's GPU utilization (`nvml`); with mock devices the throttle's stand-in (`throttle_stand_in`: measured running fraction of the cgroups with a compute share of the GPU, summed, at most 1; CPU time, not a GPU figure)",
 };
 
+/// `gpuwarden.gpu.memory.driver_usage`.
+pub const GPU_MEMORY_DRIVER_USAGE: Instrument = Instrument {
+    name: "gpuwarden.gpu.memory.driver_usage",
+    unit: "By",
+    attributes: "GPU attributes",
+    meaning: "memory in use on each GPU or MIG instance as its driver counts it (NVML's `used`; on an instance, that instance's), with what the agent does not see: processes from before it started, memory the driver allocates for contexts and reserves, an allocation the ioctl decoder misses; absent where the backend can't read it (mock devices)",
+};
+
+/// `gpuwarden.gpu.memory.unseen`.
+pub const GPU_MEMORY_UNSEEN: Instrument = Instrument {
+    name: "gpuwarden.gpu.memory.unseen",
+    unit: "By",
+    attributes: "GPU attributes",
+    meaning: "`gpuwarden.gpu.memory.driver_usage` minus `hw.gpu.memory.usage` on each GPU or MIG instance: memory the driver counts that the kernel side did not (negative: the agent counts memory the driver no longer does); a figure, not judged: NVIDIA documents no bound on the driver's own share",
+};
+
 /// `gpuwarden.container.gpu.memory.usage`.
 pub const CONTAINER_GPU_MEMORY_USAGE: Instrument = Instrument {
     name: "gpuwarden.container.gpu.memory.usage",
@@ -262,6 +278,8 @@ pub const ALL: &[Instrument] = &[
     HW_POWER,
     HW_ENERGY,
     HW_GPU_UTILIZATION,
+    GPU_MEMORY_DRIVER_USAGE,
+    GPU_MEMORY_UNSEEN,
     CONTAINER_GPU_MEMORY_USAGE,
     CONTAINER_GPU_MEMORY_LIMIT,
     CONTAINER_COMPUTE_SHARE,

@@ -305,3 +305,56 @@ fn the_figures_no_end_to_end_test_reads_come_from_the_snapshot() {
     near(point(&all, "gpuwarden.agent.hook.tier", &tiers), 1.0);
     assert!(all["gpuwarden.agent.kubelet.requests"].is_empty());
 }
+
+#[test]
+fn the_drivers_memory_count_and_what_the_kernel_side_did_not_see_are_per_gpu() {
+    let whole = GpuDevice {
+        uuid: "GPU-0".into(),
+        model: "M".into(),
+        memory_bytes: 1,
+        numa_node: 0,
+        sm_count: 0,
+        is_mig: false,
+        index: 0,
+        device_node: "/dev/nvidia0".into(),
+        mig: None,
+    };
+    // Instances 5 and 6 of GPU 1 (`nvidia1/gi9`, `nvidia1/gi10`).
+    let gpus = vec![
+        Gpu::new(whole, None),
+        Gpu::new(crate::devices::mig::test_instance(5, 9, 0, "1g.18gb"), None),
+        Gpu::new(
+            crate::devices::mig::test_instance(6, 10, 0, "1g.18gb"),
+            None,
+        ),
+    ];
+    let snapshot: Snapshot = serde_json::from_value(serde_json::json!({
+        "node": "n", "tier": null, "hooks": [], "probes": [], "containers": [],
+        "stats": {
+            "ringbuf_drops": 0, "fd_table_full": 0, "handle_table_full": 0,
+            "proc_table_full": 0, "decode_errors": 0, "gpu_ioctls": 0, "events_received": 0,
+            "tracked_fds": 0, "tracked_processes": 0, "tracked_allocations": 0
+        },
+        "gpus": [
+            {"device": "nvidia0", "utilization": null, "source": "nvml",
+             "memory_bytes": 1000, "driver_memory_bytes": 1600, "driver_reserved_bytes": 500},
+            {"device": "nvidia1/gi9", "utilization": null, "source": "nvml",
+             "memory_bytes": 900, "driver_memory_bytes": 700},
+            {"device": "nvidia1/gi10", "utilization": null, "source": "nvml",
+             "memory_bytes": 300}
+        ]
+    }))
+    .unwrap();
+    let all = observed(gpus, snapshot);
+    let driver = "gpuwarden.gpu.memory.driver_usage";
+    let unseen = "gpuwarden.gpu.memory.unseen";
+    near(point(&all, driver, &[("hw.id", "GPU-0")]), 1600.0);
+    near(point(&all, unseen, &[("hw.id", "GPU-0")]), 600.0);
+    // The instance, with its attributes: the agent counts more than the driver does.
+    let instance = [("hw.id", "MIG-5"), ("hw.parent", "GPU-p")];
+    near(point(&all, driver, &instance), 700.0);
+    near(point(&all, unseen, &instance), -200.0);
+    // Not read by the driver: no series.
+    assert_eq!(all[driver].len(), 2, "{:?}", all[driver]);
+    assert_eq!(all[unseen].len(), 2, "{:?}", all[unseen]);
+}

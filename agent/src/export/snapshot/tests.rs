@@ -225,3 +225,54 @@ fn a_mig_instance_is_reported_under_the_name_it_is_given() {
     assert_eq!(c.devices[0].device, "nvidia1/gi9");
     assert_eq!(c.quota.unwrap().devices[0].device, "nvidia1/gi9");
 }
+
+#[test]
+fn each_gpu_carries_the_kernel_sides_memory_and_the_drivers_beside_it() {
+    // GPU 0 whole; instance 5 (GPU 1's GPU instance 9); instance 6 (GI 10), which the driver
+    // does not answer for.
+    let names = DeviceNames::new(&[instance(5, 9), instance(6, 10)]);
+    let mut snapshot = Snapshot {
+        gpus: gpu_utilization(&[0, 5, 6], &names, None, &Standing::default()),
+        ..Snapshot::default()
+    };
+    let held = |id, on: &[(u32, u64)]| {
+        let totals = CgroupCounters {
+            devices: on
+                .iter()
+                .map(|&(index, bytes)| (index, (BTreeMap::new(), bytes)))
+                .collect(),
+            ..CgroupCounters::default()
+        };
+        container(id, None, totals, &names)
+    };
+    // Two containers on the instance, one of them on GPU 0 as well.
+    snapshot.containers = vec![held(1, &[(5, 3 * GIB), (0, GIB)]), held(2, &[(5, GIB)])];
+    let driver = BTreeMap::from([
+        (
+            0,
+            DriverMemory {
+                used: 2 * GIB,
+                reserved: GIB / 2,
+            },
+        ),
+        (
+            5,
+            DriverMemory {
+                used: 5 * GIB,
+                reserved: 0,
+            },
+        ),
+    ]);
+    add_memory(&mut snapshot, &driver, &names);
+    let by_name = |name: &str| {
+        let g = snapshot.gpus.iter().find(|g| g.device == name).unwrap();
+        (
+            g.memory_bytes,
+            g.driver_memory_bytes,
+            g.driver_reserved_bytes,
+        )
+    };
+    assert_eq!(by_name("nvidia0"), (GIB, Some(2 * GIB), Some(GIB / 2)));
+    assert_eq!(by_name("nvidia1/gi9"), (4 * GIB, Some(5 * GIB), Some(0)));
+    assert_eq!(by_name("nvidia1/gi10"), (0, None, None));
+}
