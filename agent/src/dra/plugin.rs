@@ -728,11 +728,12 @@ impl Driver {
             .into_iter()
             .find(|(uuid, ..)| *uuid == made.gpu)
             .map(|(_, index, _)| index);
+        // The driver's count as every MIG change reads it (a GPU whose processes can't be
+        // listed is busy), and the agent's own.
         let busy: BTreeSet<u32> = self
             .backend
-            .process_memory()
-            .iter()
-            .map(|p| p.index)
+            .busy_devices()
+            .into_iter()
             .chain(seen.iter().copied())
             .collect();
         let on_gpu = parent
