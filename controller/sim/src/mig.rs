@@ -251,6 +251,9 @@ pub enum MakeError {
         /// The start of the instance in the way.
         other: u32,
     },
+    /// Ordered again for the same session in one round, after the instance was made.
+    #[error("ordered again after it was made")]
+    Again,
 }
 
 /// A simulated node with its GPUs in MIG mode, and its agent's state.

@@ -27,7 +27,7 @@ use gpuwarden_controller::{
 use super::{
     SimConfig,
     cluster::{Demand, contend},
-    mig::{self, MigNode},
+    mig::{self, MakeError, MigNode},
     rng::Rng,
     trace::Job,
 };
@@ -131,6 +131,25 @@ pub struct Step<'a> {
     pub sched: &'a Scheduler,
     /// The MIG nodes' agents, by node id.
     pub mig: &'a BTreeMap<String, MigNode>,
+    /// The jobs the simulated agents hold.
+    live: &'a BTreeMap<String, Live>,
+}
+
+impl Step<'_> {
+    /// What the simulated agents hold: each running job's session, node and device indexes.
+    #[must_use]
+    pub fn held(&self) -> Vec<(&str, &str, Vec<u32>)> {
+        self.live
+            .iter()
+            .map(|(id, job)| {
+                (
+                    id.as_str(),
+                    job.node.as_str(),
+                    job.devices.iter().map(|&(d, _)| d).collect(),
+                )
+            })
+            .collect()
+    }
 }
 
 /// A job's demand on one device in one tick: `(job id, demand, memory intensity)`.
@@ -301,6 +320,7 @@ pub fn run_observed(
             t,
             sched: &sched,
             mig: &agents,
+            live: &live,
         });
         // Each job's demand this tick, gathered per device.
         let mut devices: BTreeMap<(&str, u32), Vec<Tenant<'_>>> = BTreeMap::new();
@@ -385,6 +405,7 @@ pub fn run_observed(
             t,
             sched: &sched,
             mig: &agents,
+            live: &live,
         });
         if next == jobs.len() && live.is_empty() && waiting == 0 {
             break;
@@ -427,6 +448,10 @@ fn make_ordered(
     m: &mut MigRun,
     t: f64,
 ) -> Result<(), SimError> {
+    // A session ordered again in one round: the registration after its making did not show
+    // the instance where the controller asked for it. Refused rather than made again, so a
+    // wrong layout can't loop here.
+    let mut ordered = BTreeSet::new();
     while let Some(order) = orders.pop_front() {
         let Command::MakeMigInstance {
             node,
@@ -442,7 +467,12 @@ fn make_ordered(
         let Some(agent) = agents.get_mut(&node) else {
             continue;
         };
-        match agent.make(&gpu_uuid, &profile, start, t) {
+        let made = if ordered.insert(session.clone()) {
+            agent.make(&gpu_uuid, &profile, start, t)
+        } else {
+            Err(MakeError::Again)
+        };
+        match made {
             Ok(_) => {
                 m.made += 1;
                 let (running, _) = held_on(live, &node);
