@@ -256,13 +256,17 @@ pub enum MakeError {
     Again,
 }
 
-/// A simulated node with its GPUs in MIG mode, and its agent's state.
+/// A simulated node with GPUs in MIG mode (and perhaps whole ones), and its agent's state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MigNode {
     /// Node id.
     pub id: String,
-    /// Its GPUs.
+    /// Its whole GPUs (not in MIG mode): indexes `0..whole`, before those in MIG mode.
+    pub whole: u32,
+    /// Its GPUs in MIG mode.
     pub gpus: Vec<MigGpu>,
+    /// NUMA nodes' size, in GPUs.
+    gpus_per_numa: u32,
     /// The next instance's device index (indexes are not reused within a run).
     next_index: u32,
     /// Instances made and destroyed so far.
@@ -276,23 +280,37 @@ impl MigNode {
     /// and empty.
     #[must_use]
     pub fn new(id: &str, gpus: u32, gpus_per_numa: u32) -> Self {
+        Self::build(id, 0, gpus / 2, gpus - gpus / 2, gpus_per_numa)
+    }
+
+    /// Node `id` with `whole` H200s offered whole, then `reconfigurable` in MIG mode with no
+    /// instance at start (the bench's fleet for instances made on demand).
+    #[must_use]
+    pub fn mixed(id: &str, whole: u32, reconfigurable: u32, gpus_per_numa: u32) -> Self {
+        Self::build(id, whole, 0, reconfigurable, gpus_per_numa)
+    }
+
+    fn build(id: &str, whole: u32, balanced: u32, reconfigurable: u32, gpus_per_numa: u32) -> Self {
+        let gpus = whole + balanced + reconfigurable;
+        let per_numa = gpus_per_numa.max(1);
         let mut node = Self {
             id: id.to_owned(),
+            whole,
             gpus: Vec::new(),
+            gpus_per_numa: per_numa,
             next_index: gpus,
             made: 0,
             destroyed: 0,
         };
-        let balanced = gpus / 2;
-        for g in 0..gpus {
+        for g in whole..gpus {
             let mut gpu = MigGpu {
                 uuid: format!("{id}-GPU-{g}"),
                 index: g,
-                numa_node: i32::try_from(g / gpus_per_numa.max(1)).unwrap_or(0),
-                reconfigurable: g >= balanced,
+                numa_node: i32::try_from(g / per_numa).unwrap_or(0),
+                reconfigurable: g >= whole + balanced,
                 instances: Vec::new(),
             };
-            if g < balanced {
+            if !gpu.reconfigurable {
                 for (name, start) in BALANCED {
                     let Some(p) = profile(name) else { continue };
                     let index = node.next_index;
@@ -335,9 +353,9 @@ impl MigNode {
     pub fn report(&self) -> NodeReport {
         let mut node = NodeReport {
             agent_version: "sim".into(),
-            devices: Vec::new(),
-            ..NodeReport::with_gpus(&self.id, 0, 0, 1)
+            ..NodeReport::with_gpus(&self.id, self.whole, 141 << 30, self.gpus_per_numa)
         };
+        node.device_models = vec![(MODEL.to_owned(), false); node.devices.len()];
         let mut count = [0u64; PROFILES.len()];
         for (gpu, i) in self.instances() {
             node.devices.push(DeviceSpec {
