@@ -178,6 +178,30 @@ struct Row {
     p99: Duration,
 }
 
+/// Baseline: sessions/s to walk the pending sessions in queue order without deciding.
+fn walk_only(s: &Scheduler) -> f64 {
+    let started = Instant::now();
+    let mut touched = 0usize;
+    let mut order: Vec<_> = s.sessions().values().collect();
+    order.sort_by_key(|x| (std::cmp::Reverse(x.priority), x.seq));
+    for x in order {
+        touched += usize::from(!x.requested.is_zero());
+    }
+    touched as f64 / started.elapsed().as_secs_f64().max(1e-9)
+}
+
+/// The median and 99th percentile of `latencies` (sorted here).
+fn percentiles(latencies: &mut [Duration]) -> (Duration, Duration) {
+    latencies.sort();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a percentile's rank: non-negative and below the length"
+    )]
+    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
+    (pct(0.5), pct(0.99))
+}
+
 fn decisions(nodes: usize, mode: Placement, quotas: Option<QuotaConfig>, mig: bool) -> Row {
     let label = if quotas.is_some() {
         format!("{mode} + quotas ({QUEUES} queues)")
@@ -213,15 +237,7 @@ fn decisions(nodes: usize, mode: Placement, quotas: Option<QuotaConfig>, mig: bo
         })
         .expect("valid request");
     }
-    // Baseline: walk the pending sessions in queue order without deciding.
-    let started = Instant::now();
-    let mut touched = 0usize;
-    let mut order: Vec<_> = s.sessions().values().collect();
-    order.sort_by_key(|x| (std::cmp::Reverse(x.priority), x.seq));
-    for x in order {
-        touched += usize::from(!x.requested.is_zero());
-    }
-    let baseline = started.elapsed();
+    let baseline_per_second = walk_only(&s);
 
     let mut latencies = Vec::with_capacity(SESSIONS);
     let mut placed = 0;
@@ -231,22 +247,16 @@ fn decisions(nodes: usize, mode: Placement, quotas: Option<QuotaConfig>, mig: bo
         placed += usize::from(ok);
     });
     let total = started.elapsed();
-    latencies.sort();
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "a percentile's rank: non-negative and below the length"
-    )]
-    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
+    let (p50, p99) = percentiles(&mut latencies);
     Row {
         label,
         nodes,
         decisions: latencies.len(),
         placed,
         per_second: latencies.len() as f64 / total.as_secs_f64(),
-        baseline_per_second: touched as f64 / baseline.as_secs_f64().max(1e-9),
-        p50: pct(0.5),
-        p99: pct(0.99),
+        baseline_per_second,
+        p50,
+        p99,
     }
 }
 
@@ -289,14 +299,7 @@ fn on_demand(nodes: usize) -> (Row, Vec<String>, u64) {
         })
         .expect("valid request");
     }
-    let started = Instant::now();
-    let mut touched = 0usize;
-    let mut order: Vec<_> = s.sessions().values().collect();
-    order.sort_by_key(|x| (std::cmp::Reverse(x.priority), x.seq));
-    for x in order {
-        touched += usize::from(!x.requested.is_zero());
-    }
-    let baseline = started.elapsed();
+    let baseline_per_second = walk_only(&s);
 
     let mut latencies = Vec::with_capacity(2 * SESSIONS);
     let mut placed = 0;
@@ -362,22 +365,16 @@ fn on_demand(nodes: usize) -> (Row, Vec<String>, u64) {
             took.as_secs_f64() * 1e3
         ));
     }
-    latencies.sort();
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "a percentile's rank: non-negative and below the length"
-    )]
-    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
+    let (p50, p99) = percentiles(&mut latencies);
     let row = Row {
         label: format!("{}, instances made on demand", Placement::Binpack),
         nodes,
         decisions: latencies.len(),
         placed,
         per_second: latencies.len() as f64 / timed.as_secs_f64(),
-        baseline_per_second: touched as f64 / baseline.as_secs_f64().max(1e-9),
-        p50: pct(0.5),
-        p99: pct(0.99),
+        baseline_per_second,
+        p50,
+        p99,
     };
     (row, phases, made)
 }

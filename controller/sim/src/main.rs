@@ -123,34 +123,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         gpus_per_node: cli.gpus_per_node,
     };
     anyhow::ensure!(cluster.gpus() > 0, "the cluster needs at least one GPU");
-    let gen_config = GenConfig {
-        jobs: cli.generate.unwrap_or(cli.jobs),
-        gpus: cluster.gpus(),
-        load: cli.load,
-        fractional_training: cli.fractional_training,
-        mig: cli
-            .mig_jobs
-            .unwrap_or(if cli.mig > 0 { DEFAULT_MIG_JOBS } else { 0.0 }),
-        ..GenConfig::default()
-    };
-    anyhow::ensure!(
-        (0.0..=1.0).contains(&gen_config.mig),
-        "--mig-jobs must be in 0..=1"
-    );
-    anyhow::ensure!(
-        cli.mig <= cli.nodes,
-        "--mig {} is more than the {} nodes",
-        cli.mig,
-        cli.nodes
-    );
-    anyhow::ensure!(
-        cli.load.is_finite() && cli.load > 0.0,
-        "--load must be a number > 0"
-    );
-    anyhow::ensure!(
-        (0.0..=1.0).contains(&cli.fractional_training),
-        "--fractional-training must be in 0..=1"
-    );
+    let gen_config = gen_config(cli, cluster)?;
     if cli.generate.is_some() {
         print!(
             "{}",
@@ -230,6 +203,39 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         print!("{}", report.table());
     }
     Ok(())
+}
+
+/// The generator's settings the flags ask for, checked.
+fn gen_config(cli: &Cli, cluster: ClusterShape) -> anyhow::Result<GenConfig> {
+    let gen_config = GenConfig {
+        jobs: cli.generate.unwrap_or(cli.jobs),
+        gpus: cluster.gpus(),
+        load: cli.load,
+        fractional_training: cli.fractional_training,
+        mig: cli
+            .mig_jobs
+            .unwrap_or(if cli.mig > 0 { DEFAULT_MIG_JOBS } else { 0.0 }),
+        ..GenConfig::default()
+    };
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&gen_config.mig),
+        "--mig-jobs must be in 0..=1"
+    );
+    anyhow::ensure!(
+        cli.mig <= cli.nodes,
+        "--mig {} is more than the {} nodes",
+        cli.mig,
+        cli.nodes
+    );
+    anyhow::ensure!(
+        cli.load.is_finite() && cli.load > 0.0,
+        "--load must be a number > 0"
+    );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&cli.fractional_training),
+        "--fractional-training must be in 0..=1"
+    );
+    Ok(gen_config)
 }
 
 /// The `interference-aware` scoring the flags ask for.
