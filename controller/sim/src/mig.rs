@@ -489,3 +489,6 @@ pub fn asks_profile(requested: &ResourceSlot) -> bool {
         .iter()
         .any(|(name, _)| name.as_str().starts_with(names::CUDA_MIG_PREFIX))
 }
+
+#[cfg(test)]
+mod tests;
