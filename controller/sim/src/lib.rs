@@ -9,6 +9,8 @@
 //!   what the simulated agents report;
 //! - [`report`]: completion times, queueing, utilization, fragmentation and SLO misses per
 //!   mode, as a table of ratios against `binpack` or as JSON;
+//! - [`mig`]: nodes with their GPUs in MIG mode, the simulator playing their agents (instances
+//!   made on the controller's order, destroyed once empty; `cargo xtask sim --mig N`);
 //! - [`teams`]: teams sharing a cluster — a trace of teams with guarantees and bursts, replayed
 //!   without queues and with team queues and reclaim (`cargo xtask sim --teams`).
 //!
@@ -31,6 +33,7 @@
 //! [`Scheduler`]: gpuwarden_controller::scheduler::Scheduler
 
 pub mod cluster;
+pub mod mig;
 pub mod report;
 pub mod rng;
 pub mod run;
@@ -50,6 +53,10 @@ use cluster::ClusterShape;
 pub struct SimConfig {
     /// The simulated cluster.
     pub cluster: ClusterShape,
+    /// The last this many of its nodes have their GPUs in MIG mode ([`mig::MigNode`]: half
+    /// in NVIDIA's "balanced" layout, half reconfigurable with no instance at start). The team
+    /// replay ([`teams`]) has none.
+    pub mig_nodes: u32,
     /// Virtual seconds per tick.
     pub tick_secs: f64,
     /// Ticks between the simulated agents' usage reports.
@@ -70,6 +77,7 @@ impl Default for SimConfig {
                 nodes: 8,
                 gpus_per_node: 8,
             },
+            mig_nodes: 0,
             tick_secs: 10.0,
             report_every: 1,
             warmup: 0.1,
@@ -98,6 +106,7 @@ pub fn evaluate(jobs: &[trace::Job], config: &SimConfig, seed: u64) -> Result<Re
         jobs: jobs.len(),
         warmup_jobs: run::warmup_count(jobs.len(), config.warmup),
         cluster: (config.cluster.nodes, config.cluster.gpus_per_node),
+        mig_nodes: config.mig_nodes.min(config.cluster.nodes),
         slo_factor: config.slo_factor,
         seed,
         modes,

@@ -8,6 +8,7 @@
 //! gpuwarden-sim --generate 2000 --seed 1 > trace.jsonl # write a trace
 //! gpuwarden-sim --sweep-fractional-training 0.15,0.5,0.8,1.0  # one line per generated trace
 //! gpuwarden-sim --teams --seed 1                       # teams sharing the cluster, with and without queues
+//! gpuwarden-sim --mig 2 --seed 1                        # 2 of the 8 nodes in MIG mode, 30% MIG requests
 //! ```
 
 use std::{fs::File, io::BufReader, path::PathBuf, process::ExitCode};
@@ -61,6 +62,21 @@ struct Cli {
     /// Hours of arrivals of the --teams trace.
     #[arg(long, default_value_t = TeamGenConfig::default().hours, requires = "teams")]
     hours: f64,
+    /// The last NODES nodes have H200s in MIG mode: half their GPUs in NVIDIA's "balanced"
+    /// layout (2 × 1g.18gb, 2g.35gb, 3g.71gb), half handed to gpuwarden with no instance, made
+    /// on demand by the simulated agents and destroyed once empty. A generated trace then has
+    /// --mig-jobs of its jobs ask for one instance.
+    #[arg(
+        long,
+        value_name = "NODES",
+        default_value_t = 0,
+        conflicts_with = "teams"
+    )]
+    mig: u32,
+    /// Fraction of a generated trace's jobs that ask for one MIG instance (`cuda.mig.1g.18gb=1`,
+    /// 2g.35gb, 3g.71gb); default 0.3 with --mig, else 0.
+    #[arg(long, value_name = "F")]
+    mig_jobs: Option<f64>,
     /// Simulated nodes.
     #[arg(long, default_value_t = 8)]
     nodes: u32,
@@ -87,6 +103,10 @@ struct Cli {
     packing_cap: Option<f64>,
 }
 
+/// Fraction of a generated trace's jobs asking for a MIG instance when --mig is given without
+/// --mig-jobs (the share of MIG requests in `cargo xtask bench sched`'s MIG row).
+const DEFAULT_MIG_JOBS: f64 = 0.3;
+
 fn main() -> ExitCode {
     match run(&Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -103,21 +123,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         gpus_per_node: cli.gpus_per_node,
     };
     anyhow::ensure!(cluster.gpus() > 0, "the cluster needs at least one GPU");
-    let gen_config = GenConfig {
-        jobs: cli.generate.unwrap_or(cli.jobs),
-        gpus: cluster.gpus(),
-        load: cli.load,
-        fractional_training: cli.fractional_training,
-        ..GenConfig::default()
-    };
-    anyhow::ensure!(
-        cli.load.is_finite() && cli.load > 0.0,
-        "--load must be a number > 0"
-    );
-    anyhow::ensure!(
-        (0.0..=1.0).contains(&cli.fractional_training),
-        "--fractional-training must be in 0..=1"
-    );
+    let gen_config = gen_config(cli, cluster)?;
     if cli.generate.is_some() {
         print!(
             "{}",
@@ -134,6 +140,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
     let scoring = scoring(cli)?;
     let config = SimConfig {
         cluster,
+        mig_nodes: cli.mig,
         warmup: cli.warmup,
         scoring,
         ..SimConfig::default()
@@ -196,6 +203,39 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         print!("{}", report.table());
     }
     Ok(())
+}
+
+/// The generator's settings the flags ask for, checked.
+fn gen_config(cli: &Cli, cluster: ClusterShape) -> anyhow::Result<GenConfig> {
+    let gen_config = GenConfig {
+        jobs: cli.generate.unwrap_or(cli.jobs),
+        gpus: cluster.gpus(),
+        load: cli.load,
+        fractional_training: cli.fractional_training,
+        mig: cli
+            .mig_jobs
+            .unwrap_or(if cli.mig > 0 { DEFAULT_MIG_JOBS } else { 0.0 }),
+        ..GenConfig::default()
+    };
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&gen_config.mig),
+        "--mig-jobs must be in 0..=1"
+    );
+    anyhow::ensure!(
+        cli.mig <= cli.nodes,
+        "--mig {} is more than the {} nodes",
+        cli.mig,
+        cli.nodes
+    );
+    anyhow::ensure!(
+        cli.load.is_finite() && cli.load > 0.0,
+        "--load must be a number > 0"
+    );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&cli.fractional_training),
+        "--fractional-training must be in 0..=1"
+    );
+    Ok(gen_config)
 }
 
 /// The `interference-aware` scoring the flags ask for.

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use gpuwarden_controller::placement::Placement;
 
-use super::run::{ModeRun, warmup_count};
+use super::run::{MigRun, ModeRun, warmup_count};
 
 /// The figures of one mode.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -48,6 +48,45 @@ pub struct ModeReport {
     pub learned_classes: usize,
     /// Virtual seconds until the last job finished.
     pub makespan: f64,
+    /// The MIG nodes' figures (absent without MIG nodes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigReport>,
+}
+
+/// What happened on the MIG nodes in one mode (all of the trace, warm-up included).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MigReport {
+    /// Jobs asking for a MIG profile (`cuda.mig.<profile>=1`) that became sessions.
+    pub profile_requests: usize,
+    /// Of those, placed.
+    pub placed: usize,
+    /// Their mean wait (placement − arrival), s.
+    pub mean_wait: f64,
+    /// Instances the controller ordered made (`MakeMigInstance`).
+    pub orders: u64,
+    /// Orders the simulated agent refused (a placement the hardware would refuse).
+    pub refused: u64,
+    /// Instances made on demand.
+    pub made: u64,
+    /// Instances destroyed once empty.
+    pub destroyed: u64,
+    /// Most instances made and not yet destroyed at once.
+    pub peak_made: u64,
+}
+
+impl From<&MigRun> for MigReport {
+    fn from(m: &MigRun) -> Self {
+        Self {
+            profile_requests: m.requests,
+            placed: m.placed,
+            mean_wait: m.wait_sum / m.placed.max(1) as f64,
+            orders: m.orders,
+            refused: m.refused,
+            made: m.made,
+            destroyed: m.destroyed,
+            peak_made: m.peak_made,
+        }
+    }
 }
 
 /// All modes over one trace.
@@ -59,6 +98,9 @@ pub struct Report {
     pub warmup_jobs: usize,
     /// Nodes × GPUs per node.
     pub cluster: (u32, u32),
+    /// Of the nodes, those with their GPUs in MIG mode (left out of the JSON when none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub mig_nodes: u32,
     /// A job misses its SLO when its completion time exceeds this × its work.
     pub slo_factor: f64,
     /// Seed of the simulated demand.
@@ -106,8 +148,17 @@ impl ModeReport {
                 .count(),
             learned_classes: run.learned_classes,
             makespan: run.makespan,
+            mig: run.mig.as_ref().map(MigReport::from),
         }
     }
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The `p` quantile of sorted values (nearest rank).
@@ -153,8 +204,18 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{} jobs ({} warm-up excluded), {} nodes × {} GPUs, demand seed {}, SLO: JCT > {}× work",
-            self.jobs, self.warmup_jobs, self.cluster.0, self.cluster.1, self.seed, self.slo_factor
+            "{} jobs ({} warm-up excluded), {} nodes × {} GPUs{}, demand seed {}, SLO: JCT > {}× work",
+            self.jobs,
+            self.warmup_jobs,
+            self.cluster.0,
+            self.cluster.1,
+            if self.mig_nodes > 0 {
+                format!(" ({} in MIG mode)", self.mig_nodes)
+            } else {
+                String::new()
+            },
+            self.seed,
+            self.slo_factor
         );
         let _ = writeln!(out);
         let _ = writeln!(
@@ -183,6 +244,31 @@ impl Report {
                 m.slo_misses,
                 100.0 * m.slo_misses as f64 / m.completed.max(1) as f64,
             );
+        }
+        if self.modes.iter().any(|m| m.mig.is_some()) {
+            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "| MIG ({} nodes) | profile requests | placed | mean wait (s) | instances ordered | refused | made | destroyed | most made at once |",
+                self.mig_nodes
+            );
+            let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+            for m in &self.modes {
+                let Some(g) = &m.mig else { continue };
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
+                    m.mode,
+                    g.profile_requests,
+                    g.placed,
+                    g.mean_wait,
+                    g.orders,
+                    g.refused,
+                    g.made,
+                    g.destroyed,
+                    g.peak_made,
+                );
+            }
         }
         if let Some(base) = self.baseline() {
             let _ = writeln!(out);

@@ -171,3 +171,44 @@ fn demand_follows_its_class() {
     }
     assert_eq!(Behaviour::of("no-such-family"), cluster::DEFAULT_BEHAVIOUR);
 }
+
+#[test]
+fn a_trace_with_mig_requests_asks_for_one_instance_of_the_balanced_profiles() {
+    let jobs = trace::generate(
+        &GenConfig {
+            mig: 0.3,
+            ..GenConfig::default()
+        },
+        1,
+    );
+    let mig: Vec<&trace::Job> = jobs
+        .iter()
+        .filter(|j| j.slots.iter().any(|s| s.starts_with("cuda.mig.")))
+        .collect();
+    let share = mig.len() as f64 / jobs.len() as f64;
+    assert!((0.26..0.34).contains(&share), "{share}");
+    for j in &mig {
+        assert_eq!(j.slots.len(), 1, "{j:?}");
+        assert!(
+            [
+                "cuda.mig.1g.18gb=1",
+                "cuda.mig.2g.35gb=1",
+                "cuda.mig.3g.71gb=1"
+            ]
+            .contains(&j.slots[0].as_str()),
+            "{j:?}"
+        );
+        assert!(j.requested().is_ok(), "{j:?}");
+    }
+    let small = mig
+        .iter()
+        .filter(|j| j.slots[0].contains("1g.18gb"))
+        .count();
+    assert!(
+        small * 3 > mig.len() && small * 3 < mig.len() * 2,
+        "{small} of {}",
+        mig.len()
+    );
+    // Without MIG requests nothing more is drawn: the trace is the bundled one's generator's.
+    assert_ne!(jobs, trace::generate(&GenConfig::default(), 1));
+}

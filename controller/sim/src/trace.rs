@@ -196,6 +196,9 @@ pub struct GenConfig {
     /// Fraction of the fractional requests that are training jobs (busy, memory-bound); the
     /// rest are inference, notebooks and evaluation.
     pub fractional_training: f64,
+    /// Fraction of the jobs that ask for one MIG instance ([`MIG_PROFILES`]); 0 draws nothing
+    /// more from the seed, so a trace without them is the one generated before MIG.
+    pub mig: f64,
 }
 
 impl Default for GenConfig {
@@ -209,8 +212,25 @@ impl Default for GenConfig {
             work_sigma: 1.2,
             work_range: (60.0, 86_400.0),
             fractional_training: 0.15,
+            mig: 0.0,
         }
     }
+}
+
+/// The MIG requests of a generated trace, `(profile, compute slices of 7, weight)`: the
+/// profiles of an H200's "balanced" layout, the smallest most asked for (assumed, see
+/// `docs/simulation.md`).
+pub const MIG_PROFILES: [(&str, u32, f64); 3] = [
+    ("1g.18gb", 1, 0.5),
+    ("2g.35gb", 2, 0.25),
+    ("3g.71gb", 3, 0.25),
+];
+
+/// A job's work alone, s: log-normal, clamped, whole seconds.
+fn draw_work(config: &GenConfig, rng: &mut Rng) -> f64 {
+    (config.median_work * (config.work_sigma * rng.normal()).exp())
+        .clamp(config.work_range.0, config.work_range.1)
+        .round()
 }
 
 /// Generates a trace: request kinds and sizes in the published proportions, a workload class
@@ -226,7 +246,22 @@ pub fn generate(config: &GenConfig, seed: u64) -> Vec<Job> {
     // Draw everything but the arrival first: the arrival rate depends on the mean GPU-seconds.
     let mut drafts = Vec::with_capacity(config.jobs);
     let mut gpu_seconds = 0.0;
+    let mig_weights: Vec<f64> = MIG_PROFILES.iter().map(|(_, _, w)| *w).collect();
     for _ in 0..config.jobs {
+        // Drawn only when asked for: without MIG requests the stream is the one it was.
+        if config.mig > 0.0 && rng.unit() < config.mig {
+            let (profile, compute, _) = MIG_PROFILES[rng.weighted(&mig_weights)];
+            let family = FAMILIES[rng.weighted(&MIX_FRACTIONAL)].0;
+            let variant = rng.next_u64() % u64::from(config.variants.max(1));
+            let work = draw_work(config, &mut rng);
+            gpu_seconds += f64::from(compute) / 7.0 * work;
+            drafts.push((
+                format!("cuda.mig.{profile}=1"),
+                format!("{family}-{variant}"),
+                work,
+            ));
+            continue;
+        }
         let roll = rng.unit();
         let (slot, gpus, mix) = if roll < multi_total {
             let weights: Vec<f64> = MULTI_GPU.iter().map(|(_, p)| *p).collect();
@@ -249,9 +284,7 @@ pub fn generate(config: &GenConfig, seed: u64) -> Vec<Job> {
         };
         let family = FAMILIES[rng.weighted(mix)].0;
         let variant = rng.next_u64() % u64::from(config.variants.max(1));
-        let work = (config.median_work * (config.work_sigma * rng.normal()).exp())
-            .clamp(config.work_range.0, config.work_range.1)
-            .round();
+        let work = draw_work(config, &mut rng);
         gpu_seconds += gpus * work;
         drafts.push((slot, format!("{family}-{variant}"), work));
     }
