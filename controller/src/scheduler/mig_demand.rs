@@ -17,6 +17,8 @@
 
 use std::collections::BTreeMap;
 
+use gpuwarden_types::mig::slice_mask;
+
 use super::{Command, Scheduler};
 use crate::{
     allocator::{
@@ -44,7 +46,7 @@ pub struct MigBooking {
 #[derive(Debug, Clone, Default)]
 pub(super) struct MigDemand {
     /// By session.
-    booked: BTreeMap<String, MigBooking>,
+    booked: Bookings,
     /// Bookings whose instance its node reports made, by session: the session is tried before
     /// the others in each pass until it is placed, so no other session of its profile takes
     /// the instance first.
@@ -79,12 +81,112 @@ fn less_booked<'a>(
     out
 }
 
+/// The bookings by session, and by node: each node's placements and the memory slices they hold
+/// on each GPU. The scheduler walks every node for each session that orders an instance; the
+/// index spares it gathering each node's bookings from all of them again at each node.
+#[derive(Debug, Clone, Default)]
+struct Bookings {
+    by_session: BTreeMap<String, MigBooking>,
+    by_node: BTreeMap<String, NodeBookings>,
+}
+
+/// One node's bookings.
+#[derive(Debug, Clone, Default)]
+struct NodeBookings {
+    placements: Vec<MigPlacement>,
+    /// The memory slices held, by GPU UUID.
+    slices: BTreeMap<String, u64>,
+}
+
+impl NodeBookings {
+    /// Whether a GPU of `layouts` has a start of `profile` free that no booking overlaps.
+    fn room_in(&self, layouts: &[MigGpuLayout], profile: &str) -> bool {
+        layouts.iter().any(|l| {
+            let held = self.slices.get(&l.gpu_uuid).copied().unwrap_or(0);
+            l.profiles
+                .iter()
+                .filter(|p| p.profile == profile)
+                .any(|p| p.free.iter().any(|&s| held & slice_mask(s, p.size) == 0))
+        })
+    }
+
+    fn add(&mut self, p: &MigPlacement) {
+        *self.slices.entry(p.gpu_uuid.clone()).or_default() |= slice_mask(p.start, p.size);
+        self.placements.push(p.clone());
+    }
+}
+
+impl Bookings {
+    fn get(&self, session: &str) -> Option<&MigBooking> {
+        self.by_session.get(session)
+    }
+
+    fn on(&self, node: &str) -> Option<&NodeBookings> {
+        self.by_node.get(node)
+    }
+
+    fn insert(&mut self, session: String, b: MigBooking) {
+        if let Some(old) = self.by_session.insert(session, b.clone()) {
+            // Not how the scheduler books (one booking a session), but kept true.
+            self.unindex(&old);
+        }
+        self.by_node
+            .entry(b.node.clone())
+            .or_default()
+            .add(&b.placement);
+    }
+
+    fn remove(&mut self, session: &str) -> Option<MigBooking> {
+        let b = self.by_session.remove(session)?;
+        self.unindex(&b);
+        Some(b)
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&String, &MigBooking) -> bool) {
+        let mut gone = Vec::new();
+        self.by_session.retain(|id, b| {
+            let kept = keep(id, b);
+            if !kept {
+                gone.push(b.clone());
+            }
+            kept
+        });
+        for b in &gone {
+            self.unindex(b);
+        }
+    }
+
+    /// Takes `b` out of its node's entry (its GPU's slices from the node's other bookings).
+    fn unindex(&mut self, b: &MigBooking) {
+        let Some(on) = self.by_node.get_mut(&b.node) else {
+            return;
+        };
+        if let Some(i) = on.placements.iter().position(|p| *p == b.placement) {
+            on.placements.swap_remove(i);
+        }
+        let gpu = &b.placement.gpu_uuid;
+        let held = on
+            .placements
+            .iter()
+            .filter(|p| p.gpu_uuid == *gpu)
+            .fold(0, |m, p| m | slice_mask(p.start, p.size));
+        if held == 0 {
+            on.slices.remove(gpu);
+        } else {
+            on.slices.insert(gpu.clone(), held);
+        }
+        if on.placements.is_empty() {
+            self.by_node.remove(&b.node);
+        }
+    }
+}
+
 /// The profile (`1g.18gb`) of layout profile names whose slot is `slot` (`cuda.mig.1g.18gb`).
 fn profile_of_slot(layouts: &[MigGpuLayout], slot: &str) -> Option<String> {
     layouts
         .iter()
         .flat_map(|l| &l.profiles)
-        .find(|p| names::mig_slot(&p.profile) == slot)
+        .find(|p| names::is_mig_slot(slot, &p.profile))
         .map(|p| p.profile.clone())
 }
 
@@ -116,7 +218,8 @@ impl Scheduler {
         if gpu.devices != 1 {
             return None;
         }
-        self.mig_prune();
+        // Bookings of sessions no longer waiting were dropped at the pass's start
+        // (`mig_made_first`); one placed since keeps its slices until the next pass.
         // A node that went away with the order: asked elsewhere (or again once it is back).
         let gone = |node: &str| {
             self.nodes
@@ -143,6 +246,7 @@ impl Scheduler {
         }
         let non_gpu = Node::non_gpu(&session.requested);
         let refused = self.mig.refused.get(id);
+        let nothing = NodeBookings::default();
         let mut chosen = None;
         for (nid, n) in &self.nodes {
             if n.state != NodeState::Ready
@@ -156,14 +260,13 @@ impl Scheduler {
             let Some(profile) = profile_of_slot(&n.report.mig_layouts, &slot) else {
                 continue;
             };
-            let layouts = less_booked(
-                &n.report.mig_layouts,
-                self.mig
-                    .booked
-                    .values()
-                    .filter(|b| b.node == *nid)
-                    .map(|b| &b.placement),
-            );
+            let booked = self.mig.booked.on(nid).unwrap_or(&nothing);
+            // A node with no start of the profile left free is passed over before its layouts
+            // are copied: in a busy pass most nodes are.
+            if !booked.room_in(&n.report.mig_layouts, &profile) {
+                continue;
+            }
+            let layouts = less_booked(&n.report.mig_layouts, booked.placements.iter());
             if let Some(placement) = choose_placement(&layouts, &profile) {
                 chosen = Some((nid.clone(), placement));
                 break;
@@ -299,7 +402,7 @@ impl Scheduler {
     /// The instances asked for and not yet reported made, by session.
     #[must_use]
     pub fn mig_bookings(&self) -> BTreeMap<String, MigBooking> {
-        self.mig.booked.clone()
+        self.mig.booked.by_session.clone()
     }
 }
 

@@ -329,3 +329,67 @@ fn an_instance_made_for_a_session_is_not_taken_by_another_of_its_profile() {
     s.pass();
     assert_eq!(bound_to(&s, "b"), [3]);
 }
+
+/// The bookings' index by node stays what a rebuild from the bookings by session gives, through
+/// a long run of bookings made, taken back and pruned (on three nodes of two GPUs each).
+#[test]
+fn the_bookings_by_node_follow_every_change() {
+    let mut b = Bookings::default();
+    let mut seed = 7_u64;
+    let mut next = |n: u64| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        (seed >> 33) % n
+    };
+    for step in 0..2_000 {
+        let session = format!("s{}", next(40));
+        match next(10) {
+            0..=5 => {
+                let (node, gpu, start) = (next(3), next(2), next(7));
+                b.insert(
+                    session,
+                    MigBooking {
+                        node: format!("n{node}"),
+                        placement: MigPlacement {
+                            gpu_uuid: format!("GPU-{node}-{gpu}"),
+                            gpu_index: u32::try_from(gpu).unwrap(),
+                            profile: "1g.10gb".into(),
+                            start: u32::try_from(start).unwrap(),
+                            size: 1 + u32::from(start % 2 == 0),
+                        },
+                    },
+                );
+            }
+            6..=8 => {
+                b.remove(&session);
+            }
+            _ => {
+                let cut = next(40);
+                b.retain(|id, _| id[1..].parse::<u64>().unwrap() % 7 != cut % 7);
+            }
+        }
+        // The index, against one rebuilt from the bookings by session alone.
+        let mut want: BTreeMap<String, (Vec<MigPlacement>, BTreeMap<String, u64>)> =
+            BTreeMap::new();
+        for bk in b.by_session.values() {
+            let (placements, slices) = want.entry(bk.node.clone()).or_default();
+            placements.push(bk.placement.clone());
+            *slices.entry(bk.placement.gpu_uuid.clone()).or_default() |=
+                1_u64.checked_shl(bk.placement.size).map_or(u64::MAX, |v| v - 1)
+                    << bk.placement.start;
+        }
+        let got: BTreeMap<String, (Vec<MigPlacement>, BTreeMap<String, u64>)> = b
+            .by_node
+            .iter()
+            .map(|(node, on)| (node.clone(), (on.placements.clone(), on.slices.clone())))
+            .collect();
+        let sorted = |m: BTreeMap<String, (Vec<MigPlacement>, BTreeMap<String, u64>)>| {
+            m.into_iter()
+                .map(|(k, (mut p, s))| {
+                    p.sort_by_key(|p| (p.gpu_uuid.clone(), p.start, p.size));
+                    (k, (p, s))
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sorted(got), sorted(want), "after step {step}");
+    }
+}

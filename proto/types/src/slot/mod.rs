@@ -83,6 +83,19 @@ pub mod names {
         format!("{CUDA_MIG_PREFIX}{}", profile.replace('+', "_"))
     }
 
+    /// Whether `slot` is [`mig_slot`]`(profile)`, without building the name (the scheduler
+    /// asks it of every profile of every node it walks).
+    #[must_use]
+    pub fn is_mig_slot(slot: &str, profile: &str) -> bool {
+        slot.strip_prefix(CUDA_MIG_PREFIX).is_some_and(|rest| {
+            rest.len() == profile.len()
+                && rest
+                    .bytes()
+                    .zip(profile.bytes())
+                    .all(|(r, p)| r == if p == b'+' { b'_' } else { p })
+        })
+    }
+
     /// The slot types every node with NVIDIA GPUs declares, with their kinds.
     pub const GPU_SLOTS: [(&str, super::SlotKind); 3] = [
         (CUDA_DEVICE, super::SlotKind::Count),

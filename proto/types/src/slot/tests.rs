@@ -444,3 +444,14 @@ fn gpu_slots_share_the_prefix() {
         assert!(name.starts_with(names::CUDA_PREFIX), "{name}");
     }
 }
+
+#[test]
+fn a_mig_slot_is_recognised_without_building_its_name() {
+    for profile in ["1g.18gb", "1g.10gb+me", "7g.141gb"] {
+        let slot = names::mig_slot(profile);
+        assert!(names::is_mig_slot(&slot, profile), "{slot} {profile}");
+    }
+    assert!(!names::is_mig_slot("cuda.mig.1g.18gb", "1g.18g"));
+    assert!(!names::is_mig_slot("cuda.mig.1g.10gb+me", "1g.10gb+me"));
+    assert!(!names::is_mig_slot("cuda.shares", "shares"));
+}
