@@ -283,23 +283,7 @@ memory_size = "512M"
         rows,
         [("MIG-nine", "GPU-parent"), ("MIG-ten", "GPU-parent")]
     );
-    // The capability nodes as character devices, and as files a client can hold open.
-    let nodes = scratch("mig-nodes");
-    let files = scratch("mig-caps");
-    for i in &mig {
-        for minor in [gi_cap_minor(i), ci_cap_minor(i, 0)] {
-            mknod(
-                &nodes.path().join(format!("nvidia-cap{minor}")),
-                major,
-                minor,
-            );
-        }
-        let name = format!("nvidia-cap{}", gi_cap_minor(i));
-        std::fs::write(files.path().join(name), "").unwrap();
-    }
-    for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
-        mknod(&nodes.path().join(name), 195, minor);
-    }
+    let (nodes, files) = capability_nodes("migq", major, &mig, &[("nvidia0", 0), ("nvidia1", 1)]);
 
     let cg = docker("migq");
     let session = rig.session(
@@ -315,27 +299,9 @@ memory_size = "512M"
         2 => (&mig[1], &mig[0]),
         i => panic!("the session is on device {i}, no instance"),
     };
-    let open = |name: String| open_in(&cg, &nodes.path().join(name));
-    assert_eq!(
-        open(format!("nvidia-cap{}", gi_cap_minor(mine))),
-        libc::ENXIO
-    );
-    assert_eq!(
-        open(format!("nvidia-cap{}", ci_cap_minor(mine, 0))),
-        libc::ENXIO
-    );
-    assert_eq!(
-        open(format!("nvidia-cap{}", gi_cap_minor(other))),
-        libc::EPERM
-    );
-    assert_eq!(
-        open(format!("nvidia-cap{}", ci_cap_minor(other, 0))),
-        libc::EPERM
-    );
     // The parent's node opens (its minor, not the instance's index), the other GPU node not.
-    assert_eq!(open("nvidia0".into()), libc::ENXIO);
-    assert_eq!(open("nvidiactl".into()), libc::ENXIO);
-    assert_eq!(open("nvidia1".into()), libc::EPERM);
+    opens_only(&cg, nodes.path(), mine, other);
+    assert_eq!(open_in(&cg, &nodes.path().join("nvidia1")), libc::EPERM);
     // Outside the bound cgroup nothing changes.
     let outside = std::fs::File::open(
         nodes
@@ -355,16 +321,7 @@ memory_size = "512M"
         rig.driver.fake.instance_ledger()[&(0, mine.gpu_instance)],
         12 * MIB
     );
-    a.send_only(&format!("alloc {h:#x} {dev:#x} 8m"));
-    let status = a.wait();
-    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
-    rig.wait_for("the kill to be recorded", |r| {
-        r.agent().container(&cg.path).is_some_and(|c| {
-            c.events
-                .iter()
-                .any(|e| e.action == "kill" && e.device == Some(index))
-        })
-    });
+    killed_on(&rig, &cg, a, &format!("alloc {h:#x} {dev:#x} 8m"), index);
 
     // A request for the other instance's profile is placed on that instance, and bound.
     let (other_slot, other_index) = if other.gpu_instance == 9 {
@@ -535,7 +492,6 @@ mig_enabled = true
 /// GPU instance says what fitted).
 #[test]
 #[ignore = "needs root"]
-#[expect(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
 fn a_quota_on_a_made_instance_opens_only_its_capability_nodes_and_limits_its_memory() {
     require_root();
     let _one = one_at_a_time();
@@ -574,23 +530,8 @@ mig_enabled = true
     let rig = Rig::start_on_with(driver, &mock, |cfg| {
         cfg.mig_reconfigurable = vec!["GPU-parent".into()];
     });
-    // Every instance the driver could hold, as character devices and as files to hold open.
-    let nodes = scratch("migmadeq-nodes");
-    let files = scratch("migmadeq-caps");
-    for i in &possible {
-        for minor in [gi_cap_minor(i), ci_cap_minor(i, 0)] {
-            mknod(
-                &nodes.path().join(format!("nvidia-cap{minor}")),
-                major,
-                minor,
-            );
-        }
-        let name = format!("nvidia-cap{}", gi_cap_minor(i));
-        std::fs::write(files.path().join(name), "").unwrap();
-    }
-    for (name, minor) in [("nvidia0", 0), ("nvidiactl", 255)] {
-        mknod(&nodes.path().join(name), 195, minor);
-    }
+    // Every instance the driver could hold.
+    let (nodes, files) = capability_nodes("migmadeq", major, &possible, &[("nvidia0", 0)]);
 
     let cg = docker("migmadeq");
     let session = rig.session(
@@ -604,23 +545,7 @@ mig_enabled = true
     let mine = possible.iter().find(|i| i.gpu_instance == gi).unwrap();
     let other = possible.iter().find(|i| i.gpu_instance != gi).unwrap();
 
-    let open = |name: String| open_in(&cg, &nodes.path().join(name));
-    for minor in [gi_cap_minor(mine), ci_cap_minor(mine, 0)] {
-        assert_eq!(
-            open(format!("nvidia-cap{minor}")),
-            libc::ENXIO,
-            "its own capability node {minor} (GPU instance {gi})"
-        );
-    }
-    for minor in [gi_cap_minor(other), ci_cap_minor(other, 0)] {
-        assert_eq!(
-            open(format!("nvidia-cap{minor}")),
-            libc::EPERM,
-            "another instance's capability node {minor}"
-        );
-    }
-    assert_eq!(open("nvidia0".into()), libc::ENXIO);
-    assert_eq!(open("nvidiactl".into()), libc::ENXIO);
+    opens_only(&cg, nodes.path(), mine, other);
 
     // The limit is the whole instance's memory (a profile is held whole), as the node declared
     // the made device: up to 8 MiB short of it fits, 16 MiB more is killed.
@@ -644,10 +569,62 @@ mig_enabled = true
     let charged = rig.driver.fake.instance_ledger()[&(0, gi)];
     assert!((fits..fits + 2 * MIB).contains(&charged), "{charged}");
     assert_eq!(memory(&rig.entry(&cg), &name), charged);
-    a.send_only(&format!("alloc {h:#x} {dev:#x} 16m"));
+    killed_on(&rig, &cg, a, &format!("alloc {h:#x} {dev:#x} 16m"), index);
+}
+
+/// The capability nodes of `instances` (their GPU and compute instances') as character devices
+/// of `major`, with `gpus` and `nvidiactl` as NVIDIA's nodes, in one scratch directory; and the
+/// GPU instances' nodes as plain files a client can hold open, in another.
+fn capability_nodes(
+    tag: &str,
+    major: u32,
+    instances: &[FakeInstance],
+    gpus: &[(&str, u32)],
+) -> (tempfile::TempDir, tempfile::TempDir) {
+    let nodes = scratch(&format!("{tag}-nodes"));
+    let files = scratch(&format!("{tag}-caps"));
+    for i in instances {
+        for minor in [gi_cap_minor(i), ci_cap_minor(i, 0)] {
+            mknod(
+                &nodes.path().join(format!("nvidia-cap{minor}")),
+                major,
+                minor,
+            );
+        }
+        let name = format!("nvidia-cap{}", gi_cap_minor(i));
+        std::fs::write(files.path().join(name), "").unwrap();
+    }
+    for &(name, minor) in gpus.iter().chain(&[("nvidiactl", 255)]) {
+        mknod(&nodes.path().join(name), 195, minor);
+    }
+    (nodes, files)
+}
+
+/// In `cg`, `mine`'s two capability nodes under `nodes` open (`ENXIO`: no driver behind the
+/// major), `other`'s are refused (`EPERM`), and so do its parent GPU 0's node and `nvidiactl`.
+fn opens_only(cg: &TestCgroup, nodes: &Path, mine: &FakeInstance, other: &FakeInstance) {
+    let open = |name: String| open_in(cg, &nodes.join(name));
+    for (instance, want) in [(mine, libc::ENXIO), (other, libc::EPERM)] {
+        for minor in [gi_cap_minor(instance), ci_cap_minor(instance, 0)] {
+            assert_eq!(
+                open(format!("nvidia-cap{minor}")),
+                want,
+                "capability node {minor} of GPU instance {}",
+                instance.gpu_instance
+            );
+        }
+    }
+    assert_eq!(open("nvidia0".into()), libc::ENXIO);
+    assert_eq!(open("nvidiactl".into()), libc::ENXIO);
+}
+
+/// `command` (an allocation past the quota) gets client `a` in `cg` killed, and the agent
+/// records the kill on device `index`.
+fn killed_on(rig: &Rig, cg: &TestCgroup, mut a: Client, command: &str, index: u32) {
+    a.send_only(command);
     let status = a.wait();
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
-    rig.wait_for("the kill to be recorded on the made instance", |r| {
+    rig.wait_for("the kill to be recorded", |r| {
         r.agent().container(&cg.path).is_some_and(|c| {
             c.events
                 .iter()

@@ -482,6 +482,34 @@ async fn heartbeats(agents: usize, seconds: u64) -> (f64, u64) {
     (ingested as f64 / (elapsed.as_secs_f64() + 0.5), ingested)
 }
 
+/// Prints `r`'s row: against its `floor`, and against binpack's rate in this run (`base`) where
+/// the row is read as a ratio to it (≥ 0.5×).
+fn print_row(r: &Row, floor: f64, base: Option<f64>) {
+    let mut verdict = if r.per_second >= floor {
+        format!("≥ {floor:.0}/s within")
+    } else {
+        format!("≥ {floor:.0}/s BELOW")
+    };
+    if let Some(base) = base {
+        let ratio = r.per_second / base;
+        verdict = format!(
+            "{verdict}; {ratio:.2}× binpack's {base:.0}/s in this run (≥ 0.50×: {})",
+            if ratio >= 0.5 { "within" } else { "BELOW" }
+        );
+    }
+    println!(
+        "| {} | {} × {GPUS} | {} | {} | {:.0} | {:.0} | {:.1} µs | {:.1} µs | {verdict} |",
+        r.label,
+        r.nodes,
+        r.decisions,
+        r.placed,
+        r.per_second,
+        r.baseline_per_second,
+        r.p50.as_secs_f64() * 1e6,
+        r.p99.as_secs_f64() * 1e6,
+    );
+}
+
 fn main() {
     println!(
         "\ncargo xtask bench sched — {SESSIONS} pending mixed sessions (60% fractional, 25% whole-device, 15% multi-device), one pass"
@@ -509,57 +537,13 @@ fn main() {
         }
         let governed = quotas.is_some() || mig;
         let r = decisions(nodes, mode, quotas, mig);
-        let mut verdict = if r.per_second >= floor {
-            format!("≥ {floor:.0}/s within")
-        } else {
-            format!("≥ {floor:.0}/s BELOW")
-        };
-        if governed && let Some(base) = binpack {
-            let ratio = r.per_second / base;
-            verdict = format!(
-                "{verdict}; {ratio:.2}× binpack's {base:.0}/s in this run (≥ 0.50×: {})",
-                if ratio >= 0.5 { "within" } else { "BELOW" }
-            );
-        } else if mode == Placement::Binpack && nodes == 1_000 {
+        print_row(&r, floor, binpack.filter(|_| governed));
+        if !governed && mode == Placement::Binpack && nodes == 1_000 {
             binpack = Some(r.per_second);
         }
-        println!(
-            "| {} | {} × {GPUS} | {} | {} | {:.0} | {:.0} | {:.1} µs | {:.1} µs | {verdict} |",
-            r.label,
-            r.nodes,
-            r.decisions,
-            r.placed,
-            r.per_second,
-            r.baseline_per_second,
-            r.p50.as_secs_f64() * 1e6,
-            r.p99.as_secs_f64() * 1e6,
-        );
     }
     let (r, phases, made) = on_demand(1_000);
-    let floor = 5_000.0;
-    let mut verdict = if r.per_second >= floor {
-        format!("≥ {floor:.0}/s within")
-    } else {
-        format!("≥ {floor:.0}/s BELOW")
-    };
-    if let Some(base) = binpack {
-        let ratio = r.per_second / base;
-        verdict = format!(
-            "{verdict}; {ratio:.2}× binpack's {base:.0}/s in this run (≥ 0.50×: {})",
-            if ratio >= 0.5 { "within" } else { "BELOW" }
-        );
-    }
-    println!(
-        "| {} | {} × {GPUS} | {} | {} | {:.0} | {:.0} | {:.1} µs | {:.1} µs | {verdict} |",
-        r.label,
-        r.nodes,
-        r.decisions,
-        r.placed,
-        r.per_second,
-        r.baseline_per_second,
-        r.p50.as_secs_f64() * 1e6,
-        r.p99.as_secs_f64() * 1e6,
-    );
+    print_row(&r, 5_000.0, binpack);
     println!(
         "\ninstances made on demand: {made} made; decisions/s counts every pass's decisions over the passes' and the registrations' time: {}",
         phases.join("; ")

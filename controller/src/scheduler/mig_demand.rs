@@ -126,14 +126,14 @@ impl Bookings {
     }
 
     fn insert(&mut self, session: String, b: MigBooking) {
-        if let Some(old) = self.by_session.insert(session, b.clone()) {
-            // Not how the scheduler books (one booking a session), but kept true.
-            self.unindex(&old);
-        }
         self.by_node
             .entry(b.node.clone())
             .or_default()
             .add(&b.placement);
+        if let Some(old) = self.by_session.insert(session, b) {
+            // Not how the scheduler books (one booking a session), but kept true.
+            self.unindex(&old);
+        }
     }
 
     fn remove(&mut self, session: &str) -> Option<MigBooking> {

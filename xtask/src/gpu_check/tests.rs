@@ -393,17 +393,7 @@ def nvmlDeviceGetComputeRunningProcesses(h):
 "#,
     )
     .unwrap();
-    let out = Command::new("python3")
-        .arg(scripts().join("nvml.py"))
-        .env("PYTHONPATH", dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let n = rig::Nvml::parse(&out.stdout).unwrap();
+    let n = nvml_py_with(dir.path());
     assert_eq!(n.driver.as_deref(), Some("580.159"));
     assert_eq!(n.gpus[0].total, Some(85_520_809_984));
     assert_eq!(n.process_bytes(7).unwrap(), 1_052_672);
@@ -598,17 +588,7 @@ def nvmlDeviceGetMigDeviceHandleByIndex(h, i):
 "#,
     )
     .unwrap();
-    let out = Command::new("python3")
-        .arg(scripts().join("nvml.py"))
-        .env("PYTHONPATH", dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let n = rig::Nvml::parse(&out.stdout).unwrap();
+    let n = nvml_py_with(dir.path());
     let g = &n.gpus[0];
     assert_eq!(g.mig_mode, Some((1, 1)));
     let uuids: Vec<_> = g.mig_instances.iter().map(|i| i.uuid.as_deref()).collect();
@@ -651,4 +631,19 @@ def nvmlDeviceGetMigDeviceHandleByIndex(h, i):
     assert_eq!(verdict, Verdict::Pass, "{said}");
     readable.mig_mode = Some((0, 0));
     assert_eq!(checks::mig_instances_verdict(&readable).1, Verdict::Info);
+}
+
+/// `nvml.py`'s document with the stand-in `pynvml` module in `dir`.
+fn nvml_py_with(dir: &Path) -> rig::Nvml {
+    let out = Command::new("python3")
+        .arg(scripts().join("nvml.py"))
+        .env("PYTHONPATH", dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rig::Nvml::parse(&out.stdout).unwrap()
 }

@@ -373,9 +373,10 @@ fn the_bookings_by_node_follow_every_change() {
         for bk in b.by_session.values() {
             let (placements, slices) = want.entry(bk.node.clone()).or_default();
             placements.push(bk.placement.clone());
-            *slices.entry(bk.placement.gpu_uuid.clone()).or_default() |=
-                1_u64.checked_shl(bk.placement.size).map_or(u64::MAX, |v| v - 1)
-                    << bk.placement.start;
+            *slices.entry(bk.placement.gpu_uuid.clone()).or_default() |= 1_u64
+                .checked_shl(bk.placement.size)
+                .map_or(u64::MAX, |v| v - 1)
+                << bk.placement.start;
         }
         let got: BTreeMap<String, (Vec<MigPlacement>, BTreeMap<String, u64>)> = b
             .by_node
