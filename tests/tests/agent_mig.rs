@@ -9,7 +9,10 @@
     reason = "a test's helpers unwrap: a failure there is the test failing"
 )]
 
-use std::{collections::BTreeMap, path::Path};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use std::os::unix::process::ExitStatusExt as _;
 
@@ -218,15 +221,7 @@ fn a_quota_on_an_instance_opens_only_its_capability_nodes_and_limits_its_memory(
         .into_iter()
         .map(|i| FakeInstance { gpu: 0, ..i })
         .collect();
-    let driver = Driver::mount_with(
-        "migq",
-        &FakeConfig {
-            gpu_memory: vec![GIB],
-            mig: mig.clone(),
-        },
-    );
-    let minors = driver.scratch().join("mig-minors");
-    std::fs::write(&minors, driver.fake.mig_minors()).unwrap();
+    let (driver, minors) = mig_driver("migq", vec![GIB], mig.clone());
     let mock = format!(
         r#"
 mig_minors = "{}"
@@ -357,7 +352,6 @@ fn made_gpu_instance(uuid: &str) -> u32 {
 /// charged to that GPU instance counts as the parent's again.
 #[test]
 #[ignore = "needs root"]
-#[expect(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
 fn memory_on_an_instance_made_on_order_is_counted_as_the_instance() {
     require_root();
     let _one = one_at_a_time();
@@ -372,15 +366,7 @@ fn memory_on_an_instance_made_on_order_is_counted_as_the_instance() {
             memory: 64 * MIB,
         })
         .collect();
-    let driver = Driver::mount_with(
-        "migmade",
-        &FakeConfig {
-            gpu_memory: vec![GIB],
-            mig: possible.clone(),
-        },
-    );
-    let minors = driver.scratch().join("mig-minors");
-    std::fs::write(&minors, driver.fake.mig_minors()).unwrap();
+    let (driver, minors) = mig_driver("migmade", vec![GIB], possible.clone());
     let mock = format!(
         r#"
 mig_minors = "{}"
@@ -505,15 +491,7 @@ fn a_quota_on_a_made_instance_opens_only_its_capability_nodes_and_limits_its_mem
             memory: 32 * GIB,
         })
         .collect();
-    let driver = Driver::mount_with(
-        "migmadeq",
-        &FakeConfig {
-            gpu_memory: vec![160 * GIB],
-            mig: possible.clone(),
-        },
-    );
-    let minors = driver.scratch().join("mig-minors");
-    std::fs::write(&minors, driver.fake.mig_minors()).unwrap();
+    let (driver, minors) = mig_driver("migmadeq", vec![160 * GIB], possible.clone());
     let mock = format!(
         r#"
 mig_minors = "{}"
@@ -650,4 +628,13 @@ fn made_device_memory(rig: &Rig, uuid: &str) -> u64 {
             .unwrap_or_else(|| panic!("no device {uuid} declared"))
             .memory_bytes
     })
+}
+
+/// The fake driver mounted with GPUs of `gpu_memory` and the MIG instances `mig`, and its
+/// `mig-minors` file written where the agent's device list can name it.
+fn mig_driver(tag: &str, gpu_memory: Vec<u64>, mig: Vec<FakeInstance>) -> (Driver, PathBuf) {
+    let driver = Driver::mount_with(tag, &FakeConfig { gpu_memory, mig });
+    let minors = driver.scratch().join("mig-minors");
+    std::fs::write(&minors, driver.fake.mig_minors()).unwrap();
+    (driver, minors)
 }
