@@ -305,16 +305,24 @@ impl Scheduler {
     /// placed on it as on any instance); those of sessions no longer waiting go; the others on
     /// it are asked again (the order may have been lost with the stream).
     pub(super) fn mig_registered(&mut self, node: &str) -> Vec<Command> {
-        self.mig_prune();
         let Some(n) = self.nodes.get(node) else {
             return Vec::new();
         };
         let layouts = n.report.mig_layouts.clone();
         let mut again = Vec::new();
         let made_for = &mut self.mig.made;
+        let sessions = &self.sessions;
+        // Only this node's bookings are looked at, the others at the next pass's start
+        // (`mig_made_first` prunes): a registration costs the node's bookings, not every one.
         self.mig.booked.retain(|session, b| {
             if b.node != node {
                 return true;
+            }
+            if sessions
+                .get(session)
+                .is_none_or(|s| s.state != SessionState::Pending)
+            {
+                return false;
             }
             let p = &b.placement;
             let made = layouts

@@ -271,18 +271,23 @@ impl Scheduler {
             } else {
                 Strategy::Binpack
             };
-            // Binpack: the fullest node that fits (ascending free); spread: the emptiest.
+            // Binpack: the fullest node that fits (ascending free); spread: the emptiest. A
+            // request with GPUs finds every node plain, so one walk is all (a second would only
+            // repeat a failed one).
             let best = if strategy == Strategy::Binpack {
-                range
-                    .clone()
-                    .find(|id| plain(id) && fits(id))
-                    .or_else(|| range.clone().find(|id| fits(id)))
+                let first = range.clone().find(|id| plain(id) && fits(id));
+                if wants_gpu {
+                    first
+                } else {
+                    first.or_else(|| range.clone().find(|id| fits(id)))
+                }
             } else {
-                range
-                    .clone()
-                    .rev()
-                    .find(|id| plain(id) && fits(id))
-                    .or_else(|| range.clone().rev().find(|id| fits(id)))
+                let first = range.clone().rev().find(|id| plain(id) && fits(id));
+                if wants_gpu {
+                    first
+                } else {
+                    first.or_else(|| range.clone().rev().find(|id| fits(id)))
+                }
             }
             .cloned()
             .ok_or_else(|| format!("no node fits {}", session.requested))?;
