@@ -358,30 +358,9 @@ fn memory_on_an_instance_made_on_order_is_counted_as_the_instance() {
     // The driver lists GPU instances 1-7 of GPU 0 (as the real one lists every instance a GPU
     // could hold); the agent is told of none: GPU 0 is in MIG mode with no instance, and given
     // to gpuwarden to cut.
-    let possible: Vec<FakeInstance> = (1..=7)
-        .map(|gpu_instance| FakeInstance {
-            gpu: 0,
-            gpu_instance,
-            compute_instances: vec![0],
-            memory: 64 * MIB,
-        })
-        .collect();
+    let possible = possible_instances(64 * MIB);
     let (driver, minors) = mig_driver("migmade", vec![GIB], possible.clone());
-    let mock = format!(
-        r#"
-mig_minors = "{}"
-
-[[devices]]
-uuid = "GPU-parent"
-model_name = "Fake H200"
-memory_size = "1G"
-mig_enabled = true
-"#,
-        minors.display()
-    );
-    let rig = Rig::start_on_with(driver, &mock, |cfg| {
-        cfg.mig_reconfigurable = vec!["GPU-parent".into()];
-    });
+    let rig = on_a_gpu_to_cut(driver, &minors, None);
 
     // No instance exists: one is made for the session, which is bound to it.
     let cg = docker("migmade");
@@ -482,32 +461,10 @@ fn a_quota_on_a_made_instance_opens_only_its_capability_nodes_and_limits_its_mem
     require_root();
     let _one = one_at_a_time();
     let major = free_major();
-    let possible: Vec<FakeInstance> = (1..=7)
-        .map(|gpu_instance| FakeInstance {
-            gpu: 0,
-            gpu_instance,
-            compute_instances: vec![0],
-            // Room in the driver past the instance's limit, which the agent acts on first.
-            memory: 32 * GIB,
-        })
-        .collect();
+    // Room in the driver past the instance's limit, which the agent acts on first.
+    let possible = possible_instances(32 * GIB);
     let (driver, minors) = mig_driver("migmadeq", vec![160 * GIB], possible.clone());
-    let mock = format!(
-        r#"
-mig_minors = "{}"
-mig_caps_major = {major}
-
-[[devices]]
-uuid = "GPU-parent"
-model_name = "Fake H200"
-memory_size = "1G"
-mig_enabled = true
-"#,
-        minors.display()
-    );
-    let rig = Rig::start_on_with(driver, &mock, |cfg| {
-        cfg.mig_reconfigurable = vec!["GPU-parent".into()];
-    });
+    let rig = on_a_gpu_to_cut(driver, &minors, Some(major));
     // Every instance the driver could hold.
     let (nodes, files) = capability_nodes("migmadeq", major, &possible, &[("nvidia0", 0)]);
 
@@ -637,4 +594,39 @@ fn mig_driver(tag: &str, gpu_memory: Vec<u64>, mig: Vec<FakeInstance>) -> (Drive
     let minors = driver.scratch().join("mig-minors");
     std::fs::write(&minors, driver.fake.mig_minors()).unwrap();
     (driver, minors)
+}
+
+/// GPU instances 1-7 of GPU 0, each of `memory`: every instance the driver lists as one a GPU
+/// could hold, as the real one does.
+fn possible_instances(memory: u64) -> Vec<FakeInstance> {
+    (1..=7)
+        .map(|gpu_instance| FakeInstance {
+            gpu: 0,
+            gpu_instance,
+            compute_instances: vec![0],
+            memory,
+        })
+        .collect()
+}
+
+/// A rig whose agent sees GPU 0 (`GPU-parent`) in MIG mode with no instance, given to
+/// gpuwarden to cut; the capability nodes' major, where given.
+fn on_a_gpu_to_cut(driver: Driver, minors: &Path, caps_major: Option<u32>) -> Rig {
+    let major = caps_major.map_or_else(String::new, |m| format!("mig_caps_major = {m}"));
+    let mock = format!(
+        r#"
+mig_minors = "{}"
+{major}
+
+[[devices]]
+uuid = "GPU-parent"
+model_name = "Fake H200"
+memory_size = "1G"
+mig_enabled = true
+"#,
+        minors.display()
+    );
+    Rig::start_on_with(driver, &mock, |cfg| {
+        cfg.mig_reconfigurable = vec!["GPU-parent".into()];
+    })
 }
