@@ -420,20 +420,12 @@ fn memory_on_an_instance_made_on_order_is_counted_as_the_instance() {
             .unwrap();
     });
     rig.wait_for("the made instance to be destroyed", |r| {
-        r.rt.block_on(async {
-            let mut c = r.client().await;
-            let nodes = c
-                .list_nodes(pb::ListNodesRequest::default())
-                .await
-                .unwrap()
-                .into_inner()
-                .nodes;
-            nodes.len() == 1
-                && nodes[0]
-                    .info
-                    .as_ref()
-                    .is_some_and(|i| i.devices.iter().all(|d| d.uuid != uuid))
-        })
+        let nodes = r.nodes();
+        nodes.len() == 1
+            && nodes[0]
+                .info
+                .as_ref()
+                .is_some_and(|i| i.devices.iter().all(|d| d.uuid != uuid))
     });
     // The link registers again only once the agent's task has written the table without it
     // (`devices::changes`): no margin needed here.
@@ -570,21 +562,12 @@ fn killed_on(rig: &Rig, cg: &TestCgroup, mut a: Client, command: &str, index: u3
 
 /// The memory of device `uuid` as its node declared it to the controller.
 fn made_device_memory(rig: &Rig, uuid: &str) -> u64 {
-    rig.rt.block_on(async {
-        let mut c = rig.client().await;
-        let nodes = c
-            .list_nodes(pb::ListNodesRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .nodes;
-        nodes
-            .iter()
-            .flat_map(|n| n.info.iter().flat_map(|i| &i.devices))
-            .find(|d| d.uuid == uuid)
-            .unwrap_or_else(|| panic!("no device {uuid} declared"))
-            .memory_bytes
-    })
+    rig.nodes()
+        .iter()
+        .flat_map(|n| n.info.iter().flat_map(|i| &i.devices))
+        .find(|d| d.uuid == uuid)
+        .unwrap_or_else(|| panic!("no device {uuid} declared"))
+        .memory_bytes
 }
 
 /// The fake driver mounted with GPUs of `gpu_memory` and the MIG instances `mig`, and its

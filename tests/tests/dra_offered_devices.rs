@@ -117,7 +117,7 @@ fn the_offered_devices_follow_the_operators_mig_changes() {
         config,
         endpoint,
     } = Scene::new("dra-offered-devices");
-    let mut running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+    let mut running = Running::start(&rt, &config, &backend, &db);
 
     // What the mock lists first: GPU-0 and the operator's instance on GPU-1, all published.
     let ops = instances_of(&backend, "GPU-1");
@@ -238,7 +238,7 @@ fn nothing_is_republished_while_the_devices_stay() {
         config,
         endpoint,
     } = Scene::new("dra-offered-steady");
-    let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+    let running = Running::start(&rt, &config, &backend, &db);
     let listed = backend.devices().len();
     wait_for("the node's slice", || {
         node_slice(&api).is_some_and(|s| s.devices.len() == listed)

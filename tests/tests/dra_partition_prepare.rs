@@ -153,7 +153,7 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
         config,
         endpoint,
     } = Scene::new("dra-partition-prepare");
-    let mut running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+    let mut running = Running::start(&rt, &config, &backend, &db);
     let operators = layout(&backend);
     let devices_before = backend.devices();
 
@@ -363,7 +363,7 @@ fn a_claim_allocated_a_partition_gets_its_instance_made_and_destroyed() {
     let d = rt.block_on(prepare_v1(&endpoint, &[("ml", D, "mig-d")]));
     assert_eq!(d.claims[D].error, "");
     running.stop(&rt);
-    let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+    let running = Running::start(&rt, &config, &backend, &db);
     wait_for("the plugin socket", || endpoint.exists());
     let again = rt.block_on(prepare_v1(&endpoint, &[("ml", D, "mig-d")]));
     assert_eq!(
@@ -469,7 +469,7 @@ fn a_claims_instance_gone_after_a_reboot_is_made_again() {
         config,
         endpoint,
     } = Scene::new("dra-partition-reboot");
-    let mut running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+    let mut running = Running::start(&rt, &config, &backend, &db);
     let operators = layout(&backend);
 
     // A 2g the scheduler's arithmetic picks from the published pool, prepared.
@@ -510,7 +510,7 @@ fn a_claims_instance_gone_after_a_reboot_is_made_again() {
         operators_1g.index, before.index,
         "the old index is another instance's now"
     );
-    let mut running = Running::start(&rt, &config, &rebooted, db.open_tree("claims").unwrap());
+    let mut running = Running::start(&rt, &config, &rebooted, &db);
 
     // Made again at the claim's placement; the quota enforced at start names it.
     let mut want = operators.clone();
@@ -576,7 +576,7 @@ fn a_claims_instance_gone_after_a_reboot_is_made_again() {
                 .is_some_and(|m| m.profile == "1g.18gb" && m.parent_uuid == "GPU-1")
         })
         .unwrap();
-    let mut running = Running::start(&rt, &config, &taken, db.open_tree("claims").unwrap());
+    let mut running = Running::start(&rt, &config, &taken, &db);
     assert!(
         !running
             .held
@@ -668,7 +668,7 @@ fn the_agents_own_view_of_its_processes_holds_partition_changes() {
         config,
         endpoint,
     } = Scene::new("dra-partition-view");
-    let running = Running::start(&rt, &config, &backend, db.open_tree("claims").unwrap());
+    let running = Running::start(&rt, &config, &backend, &db);
     let view = Arc::new(Seen::default());
     running
         .driver

@@ -207,6 +207,18 @@ impl Rig {
         })
     }
 
+    /// The nodes as the controller lists them now.
+    pub fn nodes(&self) -> Vec<pb::Node> {
+        self.rt.block_on(async {
+            let mut c = self.client().await;
+            c.list_nodes(pb::ListNodesRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .nodes
+        })
+    }
+
     /// Waits until `session` failed with a reason that holds `words`.
     pub fn wait_failed(&self, session: &str, words: &str) -> pb::Session {
         self.wait_for(&format!("{session} to fail with {words:?}"), |r| {

@@ -193,12 +193,15 @@ pub struct Running {
 }
 
 impl Running {
+    /// The plugin on `backend`, its claims in `db`'s `claims` tree (the same across restarts),
+    /// publishing every 100 ms.
     pub fn start(
         rt: &tokio::runtime::Runtime,
         config: &DraConfig,
         backend: &Arc<MockBackend>,
-        tree: sled::Tree,
+        db: &sled::Db,
     ) -> Self {
+        let tree = db.open_tree("claims").unwrap();
         let (to_enforcement, quotas) = tokio::sync::mpsc::unbounded_channel();
         let backend: Arc<dyn GpuBackend> = Arc::clone(backend) as Arc<dyn GpuBackend>;
         let plugin = {
