@@ -27,7 +27,7 @@ use gpuwarden_controller::{
         mig::{MigGpuLayout, MigProfilePlacements},
     },
     node::NodeReport,
-    slots::{ResourceSlot, SlotKind, SlotName, SlotValue, names},
+    slots::{SlotKind, SlotName, SlotValue, names},
 };
 
 /// The model of the simulated GPUs in MIG mode (as NVML names it; an instance is
@@ -480,14 +480,6 @@ impl MigNode {
         self.instance(index)
             .map(|i| f64::from(i.profile.compute) / f64::from(COMPUTE_SLICES))
     }
-}
-
-/// The running sessions' request kinds: whether `requested` asks for a MIG profile.
-#[must_use]
-pub fn asks_profile(requested: &ResourceSlot) -> bool {
-    requested
-        .iter()
-        .any(|(name, _)| name.as_str().starts_with(names::CUDA_MIG_PREFIX))
 }
 
 #[cfg(test)]

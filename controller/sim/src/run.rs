@@ -27,7 +27,7 @@ use gpuwarden_controller::{
 use super::{
     SimConfig,
     cluster::{Demand, contend},
-    mig::{self, MakeError, MigNode},
+    mig::{MakeError, MigNode},
     rng::Rng,
     trace::Job,
 };
@@ -256,7 +256,7 @@ pub fn run_observed(
                     continue;
                 }
             };
-            let profile = mig::asks_profile(&requested);
+            let profile = job.asks_mig();
             match sched.create(NewSession {
                 id: job.id.clone(),
                 owner: "sim".into(),
@@ -295,7 +295,7 @@ pub fn run_observed(
             waiting = waiting.saturating_sub(1);
             starts[index] = t;
             if let Some(m) = mig_run.as_mut()
-                && jobs[index].slots.iter().any(|s| s.starts_with("cuda.mig."))
+                && jobs[index].asks_mig()
             {
                 m.placed += 1;
                 m.wait_sum += t - jobs[index].arrival;

@@ -181,10 +181,7 @@ fn a_trace_with_mig_requests_asks_for_one_instance_of_the_balanced_profiles() {
         },
         1,
     );
-    let mig: Vec<&trace::Job> = jobs
-        .iter()
-        .filter(|j| j.slots.iter().any(|s| s.starts_with("cuda.mig.")))
-        .collect();
+    let mig: Vec<&trace::Job> = jobs.iter().filter(|j| j.asks_mig()).collect();
     let share = mig.len() as f64 / jobs.len() as f64;
     assert!((0.26..0.34).contains(&share), "{share}");
     for j in &mig {

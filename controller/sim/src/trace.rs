@@ -17,7 +17,7 @@ use std::{collections::BTreeSet, fmt::Write as _, io::BufRead};
 
 use serde::{Deserialize, Serialize};
 
-use gpuwarden_controller::slots::{ParseError, ResourceSlot};
+use gpuwarden_controller::slots::{ParseError, ResourceSlot, names};
 
 use super::{cluster::FAMILIES, rng::Rng};
 
@@ -48,6 +48,14 @@ impl Job {
     /// A token is malformed.
     pub fn requested(&self) -> Result<ResourceSlot, ParseError> {
         ResourceSlot::parse_any(&self.slots)
+    }
+
+    /// Whether it asks for a MIG profile (a `cuda.mig.…` slot).
+    #[must_use]
+    pub fn asks_mig(&self) -> bool {
+        self.slots
+            .iter()
+            .any(|s| s.starts_with(names::CUDA_MIG_PREFIX))
     }
 }
 
