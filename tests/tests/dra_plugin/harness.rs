@@ -43,10 +43,7 @@ pub fn shared_claim(
     json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {
-            "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-        },
+        "metadata": claim_metadata(name, uid),
         "spec": {"devices": {
             "requests": [{"name": "gpu", "exactly": {
                 "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
@@ -80,6 +77,15 @@ pub fn shared_claim(
     })
 }
 
+/// A claim's `metadata` as the API server returns it: namespace `ml`, a resource version and a
+/// creation time.
+fn claim_metadata(name: &str, uid: &str) -> Value {
+    json!({
+        "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
+        "creationTimestamp": "2026-01-01T00:00:00Z",
+    })
+}
+
 /// A claim allocated `device` of the partition pool, as the API server returns it: no
 /// `shareID` (a partition is not shared) and no consumed capacity.
 pub fn partition_claim(name: &str, uid: &str, device: &str) -> Value {
@@ -105,10 +111,7 @@ pub fn partition_claim_of(name: &str, uid: &str, devices: &[&str]) -> Value {
     json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {
-            "name": name, "namespace": "ml", "uid": uid, "resourceVersion": "4242",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-        },
+        "metadata": claim_metadata(name, uid),
         "spec": {"devices": {"requests": requests}},
         "status": {
             "allocation": {"devices": {"results": results}},
