@@ -15,17 +15,18 @@ use gpuwarden_runtime::sync::Lock as _;
 use std::{
     fs,
     os::unix::fs::MetadataExt,
-    path::Path,
+    path::{Path, PathBuf},
     sync::{
         Mutex,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
+use gpuwarden_agent::devices::samples::{DeviceSample, DriverError, ProcessSample, SampleDriver};
 use gpuwarden_agent::enforcement::throttle::{
     self, ComputePolicy, CpuTimeSignal, CpuTimeUsage, Member, Signal, ThrottleConfig,
-    ThrottleHandle,
+    ThrottleHandle, device::SampledDevice,
 };
 use gpuwarden_test_support::{
     require_root,
@@ -230,6 +231,81 @@ fn two_members_split_one_gpu_by_share() {
     shutdown(throttle);
     assert_near("0.3 of two", throttled[0], unthrottled[0], 0.3, TOLERANCE);
     assert_near("0.7 of two", throttled[1], unthrottled[1], 0.7, TOLERANCE);
+    small.wait_frozen(false, Duration::ZERO, "after shutdown");
+    large.wait_frozen(false, Duration::ZERO, "after shutdown");
+}
+
+/// NVML on a MIG instance as nvml.h documents it: device and process utilization samples are
+/// "not supported on MIG-enabled GPUs".
+struct InstanceWithoutSamples;
+
+impl SampleDriver for InstanceWithoutSamples {
+    fn device_samples(&mut self, _: u32, _: u64) -> Result<Vec<DeviceSample>, DriverError> {
+        Err(DriverError::NotSupported)
+    }
+    fn process_samples(&mut self, _: u32, _: u64) -> Result<Vec<ProcessSample>, DriverError> {
+        Err(DriverError::NotSupported)
+    }
+    fn now(&self) -> (Instant, u64) {
+        (Instant::now(), 0)
+    }
+    fn cgroup_of(&self, _: u32) -> Option<PathBuf> {
+        None
+    }
+    fn cgroup_exists(&self, dir: &Path) -> bool {
+        dir.is_dir()
+    }
+}
+
+/// On a GPU that keeps no utilization samples (a MIG instance), the slot throttle holds two
+/// spinners at 0.3 and 0.7 by time alone. The signal there says only whether a cgroup ran at all
+/// (its `cpu.stat`); the judge is how much each spinner's own threads ran (`/proc`).
+#[test]
+#[ignore = "needs root"]
+fn on_a_gpu_without_samples_two_members_are_held_to_their_shares_by_time() {
+    // An instance's index: past every whole GPU's.
+    const INSTANCE: u32 = 8;
+    require_root();
+    let _serial = SERIAL.locked();
+    let mut small = SpinCgroup::create("instance-small");
+    let mut large = SpinCgroup::create("instance-large");
+    let (a, b) = (small.spin(), large.spin());
+    let spinners = [&small.spinners[a], &large.spinners[b]];
+    let unthrottled = rates(&spinners, Duration::from_secs(2));
+
+    let signal = Signal::Device(Box::new(SampledDevice::new(InstanceWithoutSamples)));
+    let throttle = throttle::spawn(ThrottleConfig::default(), signal, "gpuwarden-test")
+        .expect("throttle loop");
+    throttle
+        .set(INSTANCE, small.key, small.member(0.3, ComputePolicy::Hard))
+        .unwrap();
+    throttle
+        .set(INSTANCE, large.key, large.member(0.7, ComputePolicy::Hard))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let throttled = rates(&spinners, Duration::from_secs(10));
+    let signals = throttle.signals();
+    shutdown(throttle);
+    assert_near(
+        "0.3 of an instance",
+        throttled[0],
+        unthrottled[0],
+        0.3,
+        TOLERANCE,
+    );
+    assert_near(
+        "0.7 of an instance",
+        throttled[1],
+        unthrottled[1],
+        0.7,
+        TOLERANCE,
+    );
+    assert!(
+        signals
+            .iter()
+            .any(|(gpu, h)| *gpu == INSTANCE && h.time_only),
+        "the instance's signal is reported time only: {signals:?}"
+    );
     small.wait_frozen(false, Duration::ZERO, "after shutdown");
     large.wait_frozen(false, Duration::ZERO, "after shutdown");
 }

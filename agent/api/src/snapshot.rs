@@ -212,6 +212,10 @@ pub struct SignalView {
     /// The mean read of the signal, µs.
     #[serde(default)]
     pub read_mean_us: u64,
+    /// The GPU keeps no utilization samples (a MIG instance): shares on it are held by time
+    /// alone, and the figures above stay empty.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub time_only: bool,
 }
 
 /// GPU activity of one cgroup (a container, a pod, a systemd unit or the host).

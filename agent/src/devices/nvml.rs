@@ -871,6 +871,7 @@ impl GpuBackend for NvmlBackend {
         Some(Box::new(NvmlSamples::new(
             Arc::clone(&self.nvml),
             self.nvml_index.clone(),
+            (!self.mig_parents.is_empty()).then_some(self.first_instance),
             cgroup_root.to_owned(),
         )))
     }

@@ -104,6 +104,7 @@ pub(crate) fn build(
                 unattributed_ms: u64::try_from(h.unattributed.as_millis()).unwrap_or(u64::MAX),
                 read_max_us: micros(h.read_max),
                 read_mean_us: micros(h.read_mean),
+                time_only: h.time_only,
             })
             .collect(),
     }

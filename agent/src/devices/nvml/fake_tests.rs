@@ -296,3 +296,43 @@ fn mig_table_reads_the_drivers_profiles_and_finds_them_as_the_rules() {
     );
     assert!(t.disagreements.is_empty(), "{:?}", t.disagreements);
 }
+
+#[test]
+fn an_instance_keeps_no_utilization_samples_so_its_shares_are_held_by_time() {
+    use crate::{devices::samples::DriverError, enforcement::throttle::device_signal_for};
+    let scratch = gpuwarden_test_support::scratch("fake-nvml-samples");
+    let lib = build_fake(scratch.path());
+    let b = NvmlBackend::probe_library(Some(lib.as_os_str())).unwrap();
+    let made = b.create_instance("GPU-fake-0", "3g.40gb", 4).unwrap();
+    let cgroups = scratch.path().join("cgroups");
+    let job = cgroups.join("job");
+    std::fs::create_dir_all(&job).unwrap();
+    std::fs::write(job.join("cpu.stat"), "usage_usec 1000\n").unwrap();
+
+    let mut driver = b.sample_driver(&cgroups).unwrap();
+    assert!(matches!(
+        driver.device_samples(made.index, 0),
+        Err(DriverError::NotSupported)
+    ));
+    assert!(matches!(
+        driver.process_samples(made.index, 0),
+        Err(DriverError::NotSupported)
+    ));
+    // The parent, not offered in MIG mode, is no GPU the throttle reads: an error of its own.
+    assert!(matches!(
+        driver.device_samples(0, 0),
+        Err(DriverError::Other(_))
+    ));
+
+    let mut signal = device_signal_for(&b, &cgroups);
+    let first = signal.read(made.index, &[job.as_path()]).unwrap();
+    std::fs::write(job.join("cpu.stat"), "usage_usec 10001000\n").unwrap();
+    let second = signal.read(made.index, &[job.as_path()]).unwrap();
+    assert!(first.time_only && second.time_only);
+    assert_eq!(
+        second.active,
+        vec![true],
+        "activity from the cgroup's CPU time"
+    );
+    assert!(second.intervals.is_empty());
+}

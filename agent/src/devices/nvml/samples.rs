@@ -20,6 +20,8 @@ use crate::devices::samples::{DeviceSample, DriverError, ProcessSample, SampleDr
 pub struct NvmlSamples {
     nvml: Arc<Nvml>,
     nvml_index: HashMap<u32, u32>,
+    /// Where a GPU is in MIG mode, the first index its instances take.
+    first_instance: Option<u32>,
     cgroup_root: PathBuf,
     /// The clock of the device samples' timestamps, once one was seen.
     device_clock: Option<SampleClock>,
@@ -29,15 +31,18 @@ pub struct NvmlSamples {
 
 impl NvmlSamples {
     /// The samples of the GPUs NVML lists at `nvml_index` (NVML's index by our GPU index), each
-    /// process placed in its cgroup under `cgroup_root`.
+    /// process placed in its cgroup under `cgroup_root`. Indices from `first_instance` on are
+    /// MIG instances, where there are any.
     pub(super) fn new(
         nvml: Arc<Nvml>,
         nvml_index: HashMap<u32, u32>,
+        first_instance: Option<u32>,
         cgroup_root: PathBuf,
     ) -> Self {
         Self {
             nvml,
             nvml_index,
+            first_instance,
             cgroup_root,
             device_clock: None,
             process_clock: None,
@@ -45,10 +50,16 @@ impl NvmlSamples {
     }
 
     fn device(&self, gpu: u32) -> Result<nvml_wrapper::Device<'_>, DriverError> {
-        let index = self
-            .nvml_index
-            .get(&gpu)
-            .ok_or_else(|| DriverError::Other(format!("no GPU {gpu}")))?;
+        let Some(index) = self.nvml_index.get(&gpu) else {
+            // An index past the GPUs is a MIG instance: NVML's device and process utilization
+            // samples are not supported on MIG-enabled GPUs (nvml.h, `nvmlDeviceGetSamples`,
+            // `nvmlDeviceGetProcessUtilization`).
+            return Err(if self.first_instance.is_some_and(|first| gpu >= first) {
+                DriverError::NotSupported
+            } else {
+                DriverError::Other(format!("no GPU {gpu}"))
+            });
+        };
         self.nvml.device_by_index(*index).map_err(driver_error)
     }
 }

@@ -25,6 +25,10 @@
 //!   empty ledger.
 //! - **Several GPUs.** One slot clock for the node: a cgroup bound on several GPUs holds slots on
 //!   all of them at once, or none.
+//! - **A GPU that measures nothing** ([`DeviceReading::time_only`]: a MIG instance, where NVML
+//!   keeps no utilization samples) is held by time alone: its slots are charged as held whatever
+//!   [`Charge`] says, and a holder turns idle when its own CPU time showed no activity in its
+//!   slot (a process feeding a GPU runs on a CPU too), not by the GPU's busy time.
 //!
 //! Pure like `control.rs`: time is passed in, the signal and the freezer come through
 //! [`SlotKernel`], so tests drive it on a model GPU in simulated time.
@@ -183,6 +187,8 @@ struct Window {
     /// What was charged when it started.
     estimate: Duration,
     measured: Duration,
+    /// The holder showed activity while it held the slot (read on a time-only GPU).
+    seen_active: bool,
 }
 
 /// One GPU: its members' ledgers and the slots not yet settled.
@@ -194,6 +200,10 @@ struct Gpu {
     covered: Option<Instant>,
     /// Busy time in no one's slot (before the first slot, in idle slots, past a slot's settling).
     unattributed: Duration,
+    /// The signal measures no busy time here: shares are held by time alone.
+    time_only: bool,
+    /// When the signal was last read.
+    last_read: Option<Instant>,
 }
 
 impl Gpu {
@@ -246,6 +256,17 @@ impl Gpu {
         self.covered = Some(self.covered.map_or(end, |c| c.max(end)));
     }
 
+    /// Marks the slots `key` held within `(since, now]` as used: on a time-only GPU, its
+    /// processes showed activity there.
+    fn saw_active(&mut self, key: u64, since: Option<Instant>, now: Instant) {
+        for w in &mut self.windows {
+            let overlaps = w.start <= now && w.end.is_none_or(|e| since.is_none_or(|s| e > s));
+            if w.holder == Some(key) && overlaps {
+                w.seen_active = true;
+            }
+        }
+    }
+
     /// The least virtual time among its active cgroups (0 with none).
     fn least_pass(&self) -> f64 {
         self.accounts
@@ -271,7 +292,8 @@ impl Gpu {
             let Some(account) = w.holder.and_then(|h| self.accounts.get_mut(&h)) else {
                 continue;
             };
-            if w.charged && charge == Charge::Busy {
+            // A time-only GPU measured nothing to settle: its slots stay charged as held.
+            if w.charged && charge == Charge::Busy && !self.time_only {
                 let back = i64::try_from(w.estimate.as_nanos()).unwrap_or(i64::MAX)
                     - i64::try_from(w.measured.as_nanos()).unwrap_or(i64::MAX);
                 account.balance = account.balance.saturating_add(back);
@@ -279,7 +301,12 @@ impl Gpu {
                 account.clamp(slot);
             }
             let length = end.saturating_duration_since(w.start);
-            if w.measured.as_secs_f64() < IDLE_FRACTION * length.as_secs_f64() {
+            let idle = if self.time_only {
+                !w.seen_active
+            } else {
+                w.measured.as_secs_f64() < IDLE_FRACTION * length.as_secs_f64()
+            };
+            if idle {
                 account.active = false;
                 account.balance = account.balance.min(0);
             }
@@ -474,6 +501,18 @@ impl Scheduler {
             for interval in &reading.intervals {
                 state.attribute(interval.start, interval.end, interval.busy);
             }
+            state.time_only = reading.time_only;
+            if reading.time_only {
+                let since = state.last_read;
+                for (key, active) in keys.iter().zip(&reading.active) {
+                    if *active {
+                        state.saw_active(*key, since, now);
+                    }
+                }
+                // The cgroups' CPU time is read up to now: the slots before are settled.
+                state.covered = Some(now);
+            }
+            state.last_read = Some(now);
             let floor = state.least_pass();
             for (key, active) in keys.iter().zip(&reading.active) {
                 if let Some(account) = state.accounts.get_mut(key)
@@ -641,6 +680,7 @@ impl Scheduler {
                 charged,
                 estimate: if charged { slot } else { Duration::ZERO },
                 measured: Duration::ZERO,
+                seen_active: false,
             });
         }
         self.holders = next.values().map(|(k, _)| *k).collect();

@@ -69,6 +69,10 @@ pub struct DeviceReading {
     pub next_close: Option<Instant>,
     /// The signal's usual span (the driver's sample period), once known.
     pub period: Option<Duration>,
+    /// The GPU keeps no utilization samples of any kind (a MIG instance under NVML): `intervals`
+    /// is empty and `active` comes from the cgroups' own CPU time. The slot throttle then holds
+    /// shares by time alone (see `slots.rs`).
+    pub time_only: bool,
 }
 
 /// How a GPU's signal has behaved: what the loop sees, exported for operators.
@@ -91,6 +95,9 @@ pub struct SignalHealth {
     pub read_max: Duration,
     /// The mean read of the signal (filled in by the throttle).
     pub read_mean: Duration,
+    /// The GPU keeps no utilization samples (a MIG instance under NVML): shares on it are held
+    /// by time alone, and no busy time is measured.
+    pub time_only: bool,
 }
 
 /// The GPU's own busy time, whoever ran: the signal of the exclusive-slot throttle, which knows

@@ -19,6 +19,9 @@ struct Fake {
     cgroups: BTreeMap<PathBuf, FakeCgroup>,
     last: Option<Instant>,
     pending: Duration,
+    /// The signal measures no busy time, only which cgroups ran (a MIG instance's, whose
+    /// activity is read from the cgroups' CPU time: a frozen one shows none).
+    time_only: bool,
 }
 
 #[derive(Default)]
@@ -78,7 +81,10 @@ impl SlotKernel for Fake {
                 .collect(),
             ..DeviceReading::default()
         };
-        if let Some(last) = self.last {
+        reading.time_only = self.time_only;
+        if let Some(last) = self.last
+            && !self.time_only
+        {
             reading.intervals.push(BusyInterval {
                 start: last,
                 end: now,
@@ -282,4 +288,73 @@ fn a_held_cgroup_stays_frozen_whatever_its_slots() {
             assert!(fake.cgroups[Path::new("/a")].frozen, "demand {demand}");
         }
     }
+}
+
+/// Runs two cgroups that always want the GPU at shares `a` and `b` on a GPU whose signal
+/// measures nothing; fails if both are ever thawed at once; returns each one's fraction of the
+/// model GPU's work over 20 s.
+fn time_only_pair(charge: Charge, a: f64, b: f64) -> (f64, f64) {
+    let mut s = Scheduler::new(SlotConfig { charge, ..config() });
+    let mut fake = Fake {
+        time_only: true,
+        ..Fake::default()
+    };
+    fake.add("/a", 1.0);
+    fake.add("/b", 1.0);
+    s.set(0, 1, &member("/a", a, ComputePolicy::Hard));
+    s.set(0, 2, &member("/b", b, ComputePolicy::Hard));
+    run(&mut s, &mut fake, Duration::from_secs(2));
+    for _ in 0..5000 {
+        run(&mut s, &mut fake, TICK);
+        let together = fake.cgroups.values().all(|c| !c.frozen);
+        assert!(!together, "{charge:?} {a} + {b}: both thawed at once");
+    }
+    let got = run(&mut s, &mut fake, Duration::from_secs(20));
+    (got[Path::new("/a")], got[Path::new("/b")])
+}
+
+#[test]
+fn a_gpu_that_measures_nothing_holds_shares_by_time() {
+    // Busy charging has nothing to settle against there: slots stay charged as held.
+    for charge in [Charge::Held, Charge::Busy] {
+        for (a, b) in [(0.1, 0.9), (0.3, 0.7), (0.5, 0.5), (0.2, 0.3)] {
+            let (got_a, got_b) = time_only_pair(charge, a, b);
+            let slack = if a + b > 0.99 { 0.02 } else { 0.01 };
+            for (share, got) in [(a, got_a), (b, got_b)] {
+                assert!(
+                    got <= share + 0.01 && got >= share - slack,
+                    "{charge:?} {a} + {b}: {share} got {got}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn on_a_gpu_that_measures_nothing_an_idle_cgroup_is_left_thawed_until_it_runs() {
+    let mut s = Scheduler::new(config());
+    let mut fake = Fake {
+        time_only: true,
+        ..Fake::default()
+    };
+    fake.add("/a", 1.0);
+    fake.add("/b", 0.0);
+    s.set(0, 1, &member("/a", 0.3, ComputePolicy::WorkConserving));
+    s.set(0, 2, &member("/b", 0.7, ComputePolicy::Hard));
+    run(&mut s, &mut fake, Duration::from_secs(2));
+    let got = run(&mut s, &mut fake, Duration::from_secs(10));
+    assert!(got[Path::new("/a")] > 0.97, "{got:?}");
+    assert!(!fake.cgroups[Path::new("/b")].frozen, "{got:?}");
+    // /b starts: its activity brings it back, and /a returns to its share.
+    fake.cgroups.get_mut(Path::new("/b")).unwrap().demand = 1.0;
+    run(&mut s, &mut fake, Duration::from_secs(2));
+    let got = run(&mut s, &mut fake, Duration::from_secs(20));
+    assert!((got[Path::new("/b")] - 0.7).abs() < 0.02, "{got:?}");
+    assert!((got[Path::new("/a")] - 0.3).abs() < 0.02, "{got:?}");
+    // /a stops: it turns idle and is left thawed, /b keeps to its share under `hard`.
+    fake.cgroups.get_mut(Path::new("/a")).unwrap().demand = 0.0;
+    run(&mut s, &mut fake, Duration::from_secs(2));
+    let got = run(&mut s, &mut fake, Duration::from_secs(20));
+    assert!((got[Path::new("/b")] - 0.7).abs() < 0.02, "{got:?}");
+    assert!(!fake.cgroups[Path::new("/a")].frozen, "{got:?}");
 }

@@ -7,6 +7,10 @@
 //! timestamps (the CPU's real-time µs, see `devices/nvml.rs`) become `Instant`s through the
 //! driver's `now()`, which gives both clocks at once. The driver's sample phase is reported as
 //! [`DeviceReading::next_close`], so that slot boundaries can be put where the samples fall.
+//!
+//! A GPU that keeps neither kind of sample (a MIG instance: NVML gives no utilization samples on
+//! MIG handles) is read [`DeviceReading::time_only`]: no busy time, and each cgroup's activity
+//! from its own CPU time, as with mock devices.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -15,7 +19,7 @@ use std::{
     time::Duration,
 };
 
-use super::{BusyInterval, DeviceReading, DeviceSignal, SignalHealth, sampled};
+use super::{BusyInterval, CpuTimeSignal, DeviceReading, DeviceSignal, SignalHealth, sampled};
 use crate::devices::samples::{DriverError, SampleDriver};
 
 /// Gaps between device samples remembered to estimate the sample period and its jitter.
@@ -28,6 +32,8 @@ const MAX_SPAN_US: u64 = 1_000_000;
 pub struct SampledDevice<D> {
     driver: D,
     gpus: HashMap<u32, GpuState>,
+    /// Whether the cgroups on a GPU without samples are active.
+    cpu: CpuTimeSignal,
 }
 
 #[derive(Debug, Default)]
@@ -40,6 +46,8 @@ struct GpuState {
     health: SignalHealth,
     /// The GPU keeps no device samples: they are made from its process samples.
     no_device_samples: bool,
+    /// The GPU keeps no process samples either: it is read time only.
+    no_process_samples: bool,
     /// An error other than "no new samples" was logged (once is enough).
     warned: bool,
 }
@@ -109,6 +117,7 @@ impl<D: SampleDriver> SampledDevice<D> {
         Self {
             driver,
             gpus: HashMap::new(),
+            cpu: CpuTimeSignal::default(),
         }
     }
 }
@@ -143,13 +152,35 @@ impl<D: SampleDriver> DeviceSignal for SampledDevice<D> {
                 }
             }
         };
-        let processes = match self.driver.process_samples(gpu, state.last_process_us) {
-            Ok(samples) => samples,
-            Err(e) => {
-                state.warn_once(gpu, "process utilization samples", &e);
-                Vec::new()
+        let processes = if state.no_process_samples {
+            Vec::new()
+        } else {
+            match self.driver.process_samples(gpu, state.last_process_us) {
+                Ok(samples) => samples,
+                Err(DriverError::NotSupported) => {
+                    state.no_process_samples = true;
+                    Vec::new()
+                }
+                Err(e) => {
+                    state.warn_once(gpu, "process utilization samples", &e);
+                    Vec::new()
+                }
             }
         };
+        if state.no_device_samples && state.no_process_samples {
+            if !state.health.time_only {
+                state.health.time_only = true;
+                tracing::info!(
+                    gpu,
+                    "compute-share signal: the GPU keeps no utilization samples (a MIG \
+                     instance); shares on it are held by time alone"
+                );
+            }
+            let cpu = self.cpu.read(gpu, cgroups)?;
+            reading.active = cpu.active;
+            reading.time_only = true;
+            return Ok(reading);
+        }
         for p in processes.iter().filter(|p| p.sm_util_percent > 0) {
             state.last_process_us = state.last_process_us.max(p.timestamp_us);
             let Some(dir) = self.driver.cgroup_of(p.pid) else {

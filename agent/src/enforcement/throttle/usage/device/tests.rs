@@ -14,10 +14,15 @@ struct Script {
     now_us: u64,
     device: Vec<DeviceSample>,
     process: Vec<ProcessSample>,
+    /// Keeps no samples of either kind, as NVML on a MIG instance.
+    refuses: bool,
 }
 
 impl SampleDriver for Script {
     fn device_samples(&mut self, _: u32, last: u64) -> Result<Vec<DeviceSample>, DriverError> {
+        if self.refuses {
+            return Err(DriverError::NotSupported);
+        }
         Ok(self
             .device
             .iter()
@@ -26,6 +31,9 @@ impl SampleDriver for Script {
             .collect())
     }
     fn process_samples(&mut self, _: u32, last: u64) -> Result<Vec<ProcessSample>, DriverError> {
+        if self.refuses {
+            return Err(DriverError::NotSupported);
+        }
         Ok(self
             .process
             .iter()
@@ -65,6 +73,7 @@ fn device_samples_close_spans_of_busy_time_and_give_the_phase() {
             timestamp_us: T0 + 900_000,
             sm_util_percent: 40,
         }],
+        refuses: false,
     };
     driver.device.push(sample(4 * 166, 100)); // a duplicate: late
     let base = driver.base;
@@ -105,6 +114,7 @@ fn a_gap_of_lost_samples_covers_one_period_at_most() {
         now_us: T0 + 2_000_000,
         device,
         process: Vec::new(),
+        refuses: false,
     });
     let reading = signal.read(0, &[]).unwrap();
     let last = reading.intervals.last().unwrap();
@@ -113,4 +123,34 @@ fn a_gap_of_lost_samples_covers_one_period_at_most() {
         Duration::from_millis(200)
     );
     assert_eq!(signal.health(0).unwrap().gaps, 1);
+}
+
+#[test]
+fn a_gpu_without_samples_is_read_time_only_with_activity_from_cpu_time() {
+    let root = std::env::temp_dir().join(format!("gpuwarden-time-only-{}", std::process::id()));
+    let (busy, idle) = (root.join("busy"), root.join("idle"));
+    for dir in [&busy, &idle] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("cpu.stat"), "usage_usec 1000\n").unwrap();
+    }
+    let mut signal = SampledDevice::new(Script {
+        base: Instant::now(),
+        now_us: T0,
+        device: Vec::new(),
+        process: Vec::new(),
+        refuses: true,
+    });
+    let dirs = [busy.as_path(), idle.as_path()];
+    let first = signal.read(9, &dirs).unwrap();
+    assert!(first.time_only);
+    assert_eq!(first.active, vec![false, false], "no span yet");
+    // Ten seconds of CPU time: more than 1 % of any span this test can take.
+    std::fs::write(busy.join("cpu.stat"), "usage_usec 10001000\n").unwrap();
+    let second = signal.read(9, &dirs).unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+    assert!(second.time_only);
+    assert_eq!(second.active, vec![true, false]);
+    assert!(second.intervals.is_empty(), "{second:?}");
+    assert_eq!(second.next_close, None);
+    assert!(signal.health(9).is_some_and(|h| h.time_only));
 }
