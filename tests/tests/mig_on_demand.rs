@@ -210,3 +210,62 @@ async fn a_profile_request_makes_an_instance_binds_to_it_and_terminate_destroys_
     let _ = stop.send(());
     let _ = task.await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_for_two_instances_has_both_made_and_binds_to_both() {
+    let state = scratch("mig-ondemand-two");
+    let ctl = TestController::builder(state.path())
+        .config(SchedulerConfig::default())
+        .timing(fast_timing(Duration::from_secs(3)))
+        .start();
+    let backend = Arc::new(MockBackend::from_toml(DEVICES, Path::new("mock.toml")).unwrap());
+    let before: Vec<String> = backend.devices().iter().map(|d| d.uuid.clone()).collect();
+    let (stop, task) = start_agent(&ctl.url(), Arc::clone(&backend));
+    let mut c = ctl.client().await;
+    wait_nodes(&c, 1).await;
+
+    // No 1g.18gb exists: two are made on GPU-1 (the agent registers after each) and the
+    // session is bound to both.
+    let s = create(&mut c, "u", &["cuda.mig.1g.18gb=2"]).await.unwrap();
+    wait_state(&c, &s.id, SessionState::Running).await;
+    let placed = session(&mut c, &s.id).await;
+    let uuids: Vec<String> = placed.devices.iter().map(|d| d.uuid.clone()).collect();
+    assert_eq!(uuids.len(), 2, "{placed:?}");
+    assert!(uuids.iter().all(|u| !before.contains(u)), "{uuids:?}");
+    // The mock's own account: two 1g.18gb instances of GPU-1, at two starts in slices 0-3.
+    for uuid in &uuids {
+        let d = backend
+            .devices()
+            .into_iter()
+            .find(|d| d.uuid == *uuid)
+            .expect("the session's device is on the node");
+        let mig = d.mig.unwrap();
+        assert_eq!(
+            (mig.parent_uuid.as_str(), mig.profile.as_str()),
+            ("GPU-1", "1g.18gb")
+        );
+    }
+    let gpu1 = layout(&backend, "GPU-1");
+    let ones: Vec<u32> = gpu1
+        .iter()
+        .filter(|i| i.0 == "1g.18gb")
+        .map(|i| i.1)
+        .collect();
+    assert_eq!(ones.len(), 2, "{gpu1:?}");
+    assert!(
+        ones.iter().all(|s| *s < 4) && ones[0] != ones[1],
+        "{gpu1:?}"
+    );
+
+    // Ended: both are destroyed, the operator's 3g stays.
+    c.terminate_session(pb::TerminateSessionRequest { id: s.id.clone() })
+        .await
+        .unwrap();
+    eventually("both made instances to be destroyed", || {
+        let b = Arc::clone(&backend);
+        async move { layout(&b, "GPU-1") == [("3g.71gb".to_owned(), 4, 4)] }
+    })
+    .await;
+    let _ = stop.send(());
+    let _ = task.await;
+}

@@ -448,8 +448,8 @@ fn make_ordered(
     m: &mut MigRun,
     t: f64,
 ) -> Result<(), SimError> {
-    // A session ordered again in one round: the registration after its making did not show
-    // the instance where the controller asked for it. Refused rather than made again, so a
+    // An instance ordered again in one round: the registration after its making did not show
+    // it where the controller asked for it. Refused rather than made again, so a
     // wrong layout can't loop here.
     let mut ordered = BTreeSet::new();
     while let Some(order) = orders.pop_front() {
@@ -467,7 +467,7 @@ fn make_ordered(
         let Some(agent) = agents.get_mut(&node) else {
             continue;
         };
-        let made = if ordered.insert(session.clone()) {
+        let made = if ordered.insert((session.clone(), gpu_uuid.clone(), start)) {
             agent.make(&gpu_uuid, &profile, start, t)
         } else {
             Err(MakeError::Again)

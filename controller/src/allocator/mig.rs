@@ -55,6 +55,16 @@ fn side_by_side(p: &MigProfilePlacements, occupied: u64) -> u32 {
     count
 }
 
+/// The most instances of `profile` a GPU of `layout` holds side by side, from empty.
+#[must_use]
+pub fn most_instances(layout: &MigGpuLayout, profile: &str) -> u32 {
+    layout
+        .profiles
+        .iter()
+        .find(|p| p.profile == profile)
+        .map_or(0, |p| side_by_side(p, 0))
+}
+
 /// The profiles of the node's layouts, by name, largest first (the order the rule reads them).
 fn profile_order(layouts: &[MigGpuLayout]) -> Vec<(String, u32)> {
     let mut names: Vec<(String, u32)> = Vec::new();

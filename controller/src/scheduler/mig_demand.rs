@@ -1,14 +1,16 @@
 //! MIG instances made on demand (issue 37 §3, docs/mig.md "Instances made on demand"): a
-//! session asking for a MIG profile that no idle instance satisfies has one made for it on a
-//! GPU its node's operator made reconfigurable.
+//! session asking for a MIG profile that no idle instances satisfy has them made for it on
+//! GPUs its node's operator made reconfigurable.
 //!
-//! The pass finds no room for the session; the controller then chooses a placement on one of
-//! the node's reconfigurable GPUs ([`choose_placement`]), books its slices for the session, and
-//! orders the node's agent to make the instance ([`Command::MakeMigInstance`]). The session
-//! keeps waiting. The agent registers again once the instance is made, its report listing it;
-//! the booking goes and the next pass places the session on the instance like on any other,
-//! trying it before every other session until it is placed (the instance is its own: another
-//! session of the profile would otherwise take it first and have it made again).
+//! The pass finds no room for the session; the controller then chooses, on one node, a
+//! placement for each instance the session lacks there (what it asks less the node's idle
+//! instances of the profile) on the node's reconfigurable GPUs ([`choose_placement`], one after
+//! another), books their slices for the session, and orders the node's agent to make each
+//! ([`Command::MakeMigInstance`]). The session keeps waiting. The agent registers again after
+//! each instance it makes, its report listing it; once every one is listed the booking goes
+//! and the next pass places the session on the instances like on any others, trying it before
+//! every other session until it is placed (the instances are its own: another session of the
+//! profile would otherwise take them first and have them made again).
 //! An agent that refuses (an `AllocationNack` with reason [`REFUSED`]) frees the booking, and
 //! that node is not asked again for that session; its reason says why.
 //!
@@ -23,7 +25,7 @@ use super::{Command, Scheduler};
 use crate::{
     allocator::{
         GpuRequest,
-        mig::{MigGpuLayout, MigPlacement, choose_placement},
+        mig::{MigGpuLayout, MigPlacement, choose_placement, most_instances},
     },
     node::{Node, NodeState},
     session::SessionState,
@@ -33,13 +35,56 @@ use crate::{
 /// The reason an agent's `AllocationNack` gives when it refuses to make an instance.
 pub const REFUSED: &str = "MigInstanceRefused";
 
-/// An instance asked of a node for a waiting session.
+/// The instances asked of a node for a waiting session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigBooking {
     /// The node asked.
     pub node: String,
-    /// Where the instance goes.
-    pub placement: MigPlacement,
+    /// Where each instance goes (one or more, on one node).
+    pub placements: Vec<MigPlacement>,
+}
+
+impl MigBooking {
+    /// The placements, for a reason: `a 2g.20gb instance on GPU 1 (memory slices 0-1)`, or
+    /// `2 1g.10gb instances on GPU 1 (memory slices 0-0, 1-1)`.
+    fn describe(&self) -> String {
+        let Some(first) = self.placements.first() else {
+            return "no instance".to_owned();
+        };
+        let mut gpus: Vec<u32> = self.placements.iter().map(|p| p.gpu_index).collect();
+        gpus.dedup();
+        let gpus = gpus
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let slices = self
+            .placements
+            .iter()
+            .map(|p| format!("{}-{}", p.start, p.start + p.size - 1))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let what = match self.placements.len() {
+            1 => format!("a {} instance", first.profile),
+            n => format!("{n} {} instances", first.profile),
+        };
+        let on = if gpus.contains(',') { "GPUs" } else { "GPU" };
+        format!("{what} on {on} {gpus} (memory slices {slices})")
+    }
+
+    /// The orders that make its instances (`session`'s).
+    fn orders(&self, session: &str) -> impl Iterator<Item = Command> + '_ {
+        let session = session.to_owned();
+        self.placements
+            .iter()
+            .map(move |p| Command::MakeMigInstance {
+                node: self.node.clone(),
+                session: session.clone(),
+                gpu_uuid: p.gpu_uuid.clone(),
+                profile: p.profile.clone(),
+                start: p.start,
+            })
+    }
 }
 
 /// The bookings, the instances made and not yet taken, and the nodes that refused.
@@ -126,10 +171,10 @@ impl Bookings {
     }
 
     fn insert(&mut self, session: String, b: MigBooking) {
-        self.by_node
-            .entry(b.node.clone())
-            .or_default()
-            .add(&b.placement);
+        let on = self.by_node.entry(b.node.clone()).or_default();
+        for p in &b.placements {
+            on.add(p);
+        }
         if let Some(old) = self.by_session.insert(session, b) {
             // Not how the scheduler books (one booking a session), but kept true.
             self.unindex(&old);
@@ -156,24 +201,27 @@ impl Bookings {
         }
     }
 
-    /// Takes `b` out of its node's entry (its GPU's slices from the node's other bookings).
+    /// Takes `b` out of its node's entry (its GPUs' slices from the node's other bookings).
     fn unindex(&mut self, b: &MigBooking) {
         let Some(on) = self.by_node.get_mut(&b.node) else {
             return;
         };
-        if let Some(i) = on.placements.iter().position(|p| *p == b.placement) {
-            on.placements.swap_remove(i);
+        for placement in &b.placements {
+            if let Some(i) = on.placements.iter().position(|p| p == placement) {
+                on.placements.swap_remove(i);
+            }
         }
-        let gpu = &b.placement.gpu_uuid;
-        let held = on
-            .placements
-            .iter()
-            .filter(|p| p.gpu_uuid == *gpu)
-            .fold(0, |m, p| m | slice_mask(p.start, p.size));
-        if held == 0 {
-            on.slices.remove(gpu);
-        } else {
-            on.slices.insert(gpu.clone(), held);
+        for gpu in b.placements.iter().map(|p| &p.gpu_uuid) {
+            let held = on
+                .placements
+                .iter()
+                .filter(|p| p.gpu_uuid == *gpu)
+                .fold(0, |m, p| m | slice_mask(p.start, p.size));
+            if held == 0 {
+                on.slices.remove(gpu);
+            } else {
+                on.slices.insert(gpu.clone(), held);
+            }
         }
         if on.placements.is_empty() {
             self.by_node.remove(&b.node);
@@ -190,9 +238,19 @@ fn profile_of_slot(layouts: &[MigGpuLayout], slot: &str) -> Option<String> {
         .map(|p| p.profile.clone())
 }
 
-/// Whether `node` could make an instance for `requested` (a single instance of one profile
-/// its reconfigurable GPUs can hold, with the rest of the request within its capacity):
-/// such a request is not too large for the cluster even with no instance of it yet.
+/// The node's idle instances of profile slot `slot` (`cuda.mig.1g.18gb`).
+fn idle_instances(node: &Node, slot: &str) -> usize {
+    node.allocator
+        .devices()
+        .iter()
+        .filter(|d| d.is_idle() && d.profile.as_deref() == Some(slot))
+        .count()
+}
+
+/// Whether `node` could hold `requested` once instances are made (instances of one profile,
+/// no more than its other GPUs' instances of it and its reconfigurable GPUs emptied could hold,
+/// with the rest of the request within its capacity): such a request is not too large for the
+/// cluster even with no instance of it yet.
 #[must_use]
 pub fn could_make(node: &Node, requested: &ResourceSlot) -> bool {
     let Ok(gpu) = GpuRequest::from_slots(requested) else {
@@ -201,23 +259,34 @@ pub fn could_make(node: &Node, requested: &ResourceSlot) -> bool {
     let Some(slot) = gpu.profile.as_deref() else {
         return false;
     };
-    gpu.devices == 1
-        && profile_of_slot(&node.report.mig_layouts, slot).is_some()
+    let layouts = &node.report.mig_layouts;
+    let Some(profile) = profile_of_slot(layouts, slot) else {
+        return false;
+    };
+    let elsewhere = node
+        .allocator
+        .devices()
+        .iter()
+        .filter(|d| {
+            d.profile.as_deref() == Some(slot)
+                && !layouts.iter().any(|l| l.gpu_uuid == d.spec.parent_uuid)
+        })
+        .count();
+    let made: u32 = layouts.iter().map(|l| most_instances(l, &profile)).sum();
+    u64::try_from(elsewhere).unwrap_or(u64::MAX) + u64::from(made) >= u64::from(gpu.devices)
         && Node::non_gpu(requested).fits_in(&node.report.capacity)
 }
 
 impl Scheduler {
-    /// For pending session `id`, which found no room: when it asks for one instance of a MIG
-    /// profile, the order to make one on a reconfigurable GPU (with its reason to wait), or,
-    /// when one is already asked for it, only the reason. `None`: not such a request, or no
-    /// node can make one.
-    pub(super) fn mig_on_demand(&mut self, id: &str) -> Option<(Option<Command>, String)> {
+    /// For pending session `id`, which found no room: when it asks for instances of a MIG
+    /// profile, the orders to make those it lacks on one node's reconfigurable GPUs (with its
+    /// reason to wait), or, when they are already asked for it, only the reason. `None`: not
+    /// such a request, or no node can make them.
+    pub(super) fn mig_on_demand(&mut self, id: &str) -> Option<(Vec<Command>, String)> {
         let session = self.sessions.get(id)?;
         let gpu = GpuRequest::from_slots(&session.requested).ok()?;
         let slot = gpu.profile.clone()?;
-        if gpu.devices != 1 {
-            return None;
-        }
+        let wanted = usize::try_from(gpu.devices).ok()?;
         // Bookings of sessions no longer waiting were dropped at the pass's start
         // (`mig_made_first`); one placed since keeps its slices until the next pass.
         // A node that went away with the order: asked elsewhere (or again once it is back).
@@ -231,17 +300,9 @@ impl Scheduler {
         }
         let session = self.sessions.get(id)?;
         if let Some(b) = self.mig.booked.get(id) {
-            let p = &b.placement;
             return Some((
-                None,
-                format!(
-                    "waiting for node {} to make a {} instance on GPU {} (memory slices {}-{})",
-                    b.node,
-                    p.profile,
-                    p.gpu_index,
-                    p.start,
-                    p.start + p.size - 1
-                ),
+                Vec::new(),
+                format!("waiting for node {} to make {}", b.node, b.describe()),
             ));
         }
         let non_gpu = Node::non_gpu(&session.requested);
@@ -266,39 +327,46 @@ impl Scheduler {
             if !booked.room_in(&n.report.mig_layouts, &profile) {
                 continue;
             }
-            let layouts = less_booked(&n.report.mig_layouts, booked.placements.iter());
-            if let Some(placement) = choose_placement(&layouts, &profile) {
-                chosen = Some((nid.clone(), placement));
+            // The node's idle instances count; the rest are made, one placement after another.
+            // A node with enough idle ones failed for another reason: making more won't help.
+            let lacking = wanted.saturating_sub(idle_instances(n, &slot));
+            if lacking == 0 {
+                continue;
+            }
+            let mut layouts = less_booked(&n.report.mig_layouts, booked.placements.iter());
+            let mut placements = Vec::with_capacity(lacking);
+            while placements.len() < lacking {
+                let Some(placement) = choose_placement(&layouts, &profile) else {
+                    break;
+                };
+                layouts = less_booked(&layouts, std::iter::once(&placement));
+                placements.push(placement);
+            }
+            if placements.len() == lacking {
+                chosen = Some(MigBooking {
+                    node: nid.clone(),
+                    placements,
+                });
                 break;
             }
         }
-        let Some((node, placement)) = chosen else {
+        let Some(booking) = chosen else {
             // Still waiting: the refusal stays its reason until something else can be done.
             let (node, said) = refused?.iter().next_back()?;
             return Some((
-                None,
+                Vec::new(),
                 format!("node {node} refused to make a MIG instance for it: {said}"),
             ));
         };
         let reason = format!(
-            "node {node} is making a {} instance for it on GPU {} (memory slices {}-{})",
-            placement.profile,
-            placement.gpu_index,
-            placement.start,
-            placement.start + placement.size - 1
+            "node {} is making {} for it",
+            booking.node,
+            booking.describe()
         );
-        let command = Command::MakeMigInstance {
-            node: node.clone(),
-            session: id.to_owned(),
-            gpu_uuid: placement.gpu_uuid.clone(),
-            profile: placement.profile.clone(),
-            start: placement.start,
-        };
-        tracing::info!(session = id, %node, gpu = %placement.gpu_uuid, profile = %placement.profile, start = placement.start, "asking for a MIG instance");
-        self.mig
-            .booked
-            .insert(id.to_owned(), MigBooking { node, placement });
-        Some((Some(command), reason))
+        let orders: Vec<Command> = booking.orders(id).collect();
+        tracing::info!(session = id, node = %booking.node, "asking for {}", booking.describe());
+        self.mig.booked.insert(id.to_owned(), booking);
+        Some((orders, reason))
     }
 
     /// Node `node` registered: bookings whose instance its report now holds go (the session is
@@ -324,24 +392,27 @@ impl Scheduler {
             {
                 return false;
             }
-            let p = &b.placement;
-            let made = layouts
+            let made = |p: &MigPlacement| {
+                layouts
+                    .iter()
+                    .any(|l| l.gpu_uuid == p.gpu_uuid && l.occupied.contains(&(p.start, p.size)))
+            };
+            let listed = b
+                .placements
                 .iter()
-                .any(|l| l.gpu_uuid == p.gpu_uuid && l.occupied.contains(&(p.start, p.size)));
-            let listed = layouts.iter().any(|l| l.gpu_uuid == p.gpu_uuid);
-            if !made && listed {
-                again.push(Command::MakeMigInstance {
-                    node: node.to_owned(),
-                    session: session.clone(),
-                    gpu_uuid: p.gpu_uuid.clone(),
-                    profile: p.profile.clone(),
-                    start: p.start,
-                });
-            }
-            if made {
+                .all(|p| layouts.iter().any(|l| l.gpu_uuid == p.gpu_uuid));
+            let all_made = b.placements.iter().all(made);
+            if all_made {
                 made_for.insert(session.clone(), b.clone());
+            } else if listed {
+                again.extend(
+                    b.orders(session)
+                        .zip(&b.placements)
+                        .filter(|(_, p)| !made(p))
+                        .map(|(order, _)| order),
+                );
             }
-            !made && listed
+            !all_made && listed
         });
         again
     }

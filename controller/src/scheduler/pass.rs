@@ -77,8 +77,8 @@ impl Scheduler {
                         Verdict::NoRoom(why) => {
                             // A MIG profile may have an instance made for it (issue 37 §3)
                             // before anything is reclaimed for it.
-                            if let Some((command, reason)) = self.mig_on_demand(&id) {
-                                commands.extend(command);
+                            if let Some((orders, reason)) = self.mig_on_demand(&id) {
+                                commands.extend(orders);
                                 (false, reason, WaitKind::Capacity)
                             } else {
                                 // Reclaim by preemption only where quotas are configured: without

@@ -94,14 +94,26 @@ pub(super) const UNCLAIMED_GRACE: Duration = Duration::from_mins(2);
 /// `scheduler::mig_demand::REFUSED`).
 pub(super) const REFUSED: &str = "MigInstanceRefused";
 
-/// Makes the instance `order` asks for; `None` when made, else the nack to send (a GPU not
-/// listed, a process on it as the agent's `view` or the driver sees it, the driver's refusal).
+/// Makes the instance `order` asks for; `None` when made (or there already: an order sent
+/// again answers as the first did), else the nack to send (a GPU not listed, a process on it as
+/// the agent's `view` or the driver sees it, the driver's refusal).
 pub(super) async fn make(
     reconfigurer: &Reconfigurer,
     backend: &dyn GpuBackend,
     view: Option<&dyn ProcessView>,
     order: &pb::MakeMigInstance,
 ) -> Option<pb::agent_message::Msg> {
+    let there = backend.mig_layouts().iter().any(|(gpu, _, layout)| {
+        *gpu == order.gpu_uuid
+            && layout
+                .instances
+                .iter()
+                .any(|(p, at)| p.name == order.profile && at.start == order.start)
+    });
+    if there {
+        tracing::info!(session = %order.session_id, gpu = %order.gpu_uuid, profile = %order.profile, start = order.start, "MIG instance asked for is there already; registering again");
+        return None;
+    }
     let made = match seen_busy(view).await {
         Some(seen) => reconfigurer
             .create(backend, &seen, &order.gpu_uuid, &order.profile, order.start)

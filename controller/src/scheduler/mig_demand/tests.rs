@@ -2,7 +2,7 @@ use super::*;
 use crate::{
     allocator::{DeviceSpec, mig::MigProfilePlacements},
     node::NodeReport,
-    scheduler::{NewSession, SchedulerConfig},
+    scheduler::{NewSession, RequestError, SchedulerConfig},
     slots::{SlotKind, SlotName},
 };
 
@@ -64,7 +64,7 @@ fn report_on(id: &str, instances: &[(u32, &str, u32, u32)]) -> NodeReport {
             memory_bytes: 10 << 30,
             sm_count: 16,
             numa_node: 0,
-            parent_uuid: String::new(),
+            parent_uuid: "GPU-R".into(),
         });
         node.device_models
             .push((format!("NVIDIA H100 MIG {profile}"), true));
@@ -172,6 +172,61 @@ fn a_profile_with_no_idle_instance_has_one_made_then_is_placed_on_it() {
             .collect::<Vec<_>>(),
         vec![2]
     );
+}
+
+#[test]
+fn several_instances_are_made_for_what_the_idle_ones_lack_then_the_session_takes_them_all() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    // One idle 1g.10gb at slice 6 already.
+    let idle = (2, "1g.10gb", 6, 1);
+    s.register(report(&[idle]), &[]).unwrap();
+    create(&mut s, "a", &["cuda.mig.1g.10gb=3"]);
+    let ordered = passes(&mut s, 3);
+    assert_eq!(ordered.len(), 2, "three asked, one idle: {ordered:?}");
+    let starts: Vec<u32> = ordered.iter().map(|o| o.3).collect();
+    assert!(
+        starts[0] != starts[1] && !starts.contains(&6),
+        "{ordered:?}"
+    );
+    for o in &ordered {
+        assert_eq!(
+            (o.0.as_str(), o.1.as_str(), o.2.as_str()),
+            ("a", "GPU-R", "1g.10gb")
+        );
+    }
+    let reason = &s.sessions()["a"].reason;
+    assert!(reason.contains("2 1g.10gb instances"), "{reason}");
+
+    // One made: the session still waits, and only the other is asked again.
+    let one = (3, "1g.10gb", starts[0], 1);
+    let again = makes(&s.register(report(&[idle, one]), &[]).unwrap());
+    assert_eq!(again, vec![ordered[1].clone()]);
+    s.pass();
+    assert_eq!(s.sessions()["a"].state, SessionState::Pending);
+
+    // Both made: the booking goes and the session takes the three.
+    let two = (4, "1g.10gb", starts[1], 1);
+    assert!(makes(&s.register(report(&[idle, one, two]), &[]).unwrap()).is_empty());
+    assert!(!s.mig_bookings().contains_key("a"));
+    s.pass();
+    assert_eq!(s.sessions()["a"].state, SessionState::Scheduled);
+    assert_eq!(bound_to(&s, "a"), [2, 3, 4]);
+}
+
+#[test]
+fn a_request_for_more_instances_than_the_node_could_ever_hold_is_too_large() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    // An H100 holds seven 1g.10gb side by side; the one made already is among them.
+    s.register(report(&[(2, "1g.10gb", 6, 1)]), &[]).unwrap();
+    let ask = |n: u32| NewSession {
+        id: format!("s{n}"),
+        owner: "o".into(),
+        requested: ResourceSlot::parse_any(&[&format!("cuda.mig.1g.10gb={n}")]).unwrap(),
+        ..NewSession::default()
+    };
+    assert!(s.create(ask(7)).is_ok());
+    let err = s.create(ask(8)).unwrap_err();
+    assert!(matches!(err, RequestError::Oversized { .. }), "{err}");
 }
 
 #[test]
@@ -344,18 +399,25 @@ fn the_bookings_by_node_follow_every_change() {
         let session = format!("s{}", next(40));
         match next(10) {
             0..=5 => {
-                let (node, gpu, start) = (next(3), next(2), next(7));
-                b.insert(
-                    session,
-                    MigBooking {
-                        node: format!("n{node}"),
-                        placement: MigPlacement {
+                // One to three instances on one node.
+                let node = next(3);
+                let placements = (0..=next(3))
+                    .map(|_| {
+                        let (gpu, start) = (next(2), next(7));
+                        MigPlacement {
                             gpu_uuid: format!("GPU-{node}-{gpu}"),
                             gpu_index: u32::try_from(gpu).unwrap(),
                             profile: "1g.10gb".into(),
                             start: u32::try_from(start).unwrap(),
                             size: 1 + u32::from(start % 2 == 0),
-                        },
+                        }
+                    })
+                    .collect();
+                b.insert(
+                    session,
+                    MigBooking {
+                        node: format!("n{node}"),
+                        placements,
                     },
                 );
             }
@@ -372,11 +434,11 @@ fn the_bookings_by_node_follow_every_change() {
             BTreeMap::new();
         for bk in b.by_session.values() {
             let (placements, slices) = want.entry(bk.node.clone()).or_default();
-            placements.push(bk.placement.clone());
-            *slices.entry(bk.placement.gpu_uuid.clone()).or_default() |= 1_u64
-                .checked_shl(bk.placement.size)
-                .map_or(u64::MAX, |v| v - 1)
-                << bk.placement.start;
+            for p in &bk.placements {
+                placements.push(p.clone());
+                *slices.entry(p.gpu_uuid.clone()).or_default() |=
+                    1_u64.checked_shl(p.size).map_or(u64::MAX, |v| v - 1) << p.start;
+            }
         }
         let got: BTreeMap<String, (Vec<MigPlacement>, BTreeMap<String, u64>)> = b
             .by_node

@@ -121,6 +121,11 @@ async fn an_instance_is_not_made_on_a_gpu_the_agent_sees_a_process_on() {
     want.push(("1g.18gb".to_owned(), 0));
     want.sort();
     assert_eq!(layout(&b), want);
+    // The same order again (sent again after a registration): answered as made, nothing more
+    // made, even with a process on the GPU now.
+    view.set(Some(&[operators.index]));
+    assert!(make(&r, &b, Some(&view), &order).await.is_none());
+    assert_eq!(layout(&b), want);
 }
 
 #[test]
