@@ -10,6 +10,9 @@ use crate::{
     slots::ResourceSlot,
 };
 
+/// No node: the candidates of a profile no node has an idle instance of.
+static NO_NODES: std::collections::BTreeSet<(u128, String)> = std::collections::BTreeSet::new();
+
 impl Scheduler {
     /// One scheduling pass: places as many pending sessions as fit. Returns the commands.
     pub fn pass(&mut self) -> Vec<Command> {
@@ -246,10 +249,12 @@ impl Scheduler {
         // Keep GPU nodes for GPU work: a request without GPUs tries nodes without them first.
         let plain =
             |nid: &String| wants_gpu || self.nodes.get(nid).is_some_and(|n| !n.has_accelerators());
-        let range = self
-            .by_free
-            .range((lower, String::new())..)
-            .map(|(_, id)| id);
+        // A MIG profile is held only by nodes with an idle instance of it.
+        let candidates = match gpu.profile.as_deref() {
+            Some(slot) => self.with_idle.get(slot).unwrap_or(&NO_NODES),
+            None => &self.by_free,
+        };
+        let range = candidates.range((lower, String::new())..).map(|(_, id)| id);
         let (node_id, planned, explanation) = if mode == Placement::InterferenceAware && wants_gpu {
             let cache = std::mem::take(&mut self.excess);
             let scorer = self.scorer(&session.class, cache);

@@ -1,3 +1,5 @@
+use std::collections::BTreeSet;
+
 use super::*;
 use crate::{
     allocator::{DeviceSpec, mig::MigProfilePlacements},
@@ -454,5 +456,70 @@ fn the_bookings_by_node_follow_every_change() {
                 .collect::<Vec<_>>()
         };
         assert_eq!(sorted(got), sorted(want), "after step {step}");
+    }
+}
+
+/// The index of nodes by idle instance of each profile, which profile requests search, stays
+/// what a rebuild from the nodes' allocators gives, through sessions placed and ended, nodes
+/// registering again with instances made, and passes (on three nodes).
+#[test]
+fn the_nodes_by_idle_profile_follow_every_change() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    let layouts = |i: u64| -> Vec<(u32, &'static str, u32, u32)> {
+        match i % 3 {
+            0 => vec![(2, "1g.10gb", 0, 1), (3, "1g.10gb", 1, 1)],
+            1 => vec![(2, "2g.20gb", 0, 2), (3, "1g.10gb", 2, 1)],
+            _ => vec![],
+        }
+    };
+    for n in 0..3 {
+        s.register(report_on(&format!("n{n}"), &layouts(n)), &[])
+            .unwrap();
+    }
+    let mut seed = 11_u64;
+    let mut next = |n: u64| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        (seed >> 33) % n
+    };
+    let mut created = 0;
+    for step in 0..400 {
+        match next(6) {
+            0 | 1 => {
+                let profile = ["1g.10gb", "2g.20gb"][usize::try_from(next(2)).unwrap()];
+                created += 1;
+                create(
+                    &mut s,
+                    &format!("s{created}"),
+                    &[&format!("cuda.mig.{profile}=1")],
+                );
+            }
+            2 => {
+                let id = format!("s{}", 1 + next(created.max(1)));
+                if next(2) == 0 {
+                    s.terminate(&id);
+                } else {
+                    s.terminate_released(&id);
+                }
+            }
+            3 => {
+                let n = next(3);
+                let _ = s.register(report_on(&format!("n{n}"), &layouts(n + next(3))), &[]);
+            }
+            _ => {
+                s.pass();
+            }
+        }
+        let mut want: BTreeMap<String, BTreeSet<(u128, String)>> = BTreeMap::new();
+        for (id, n) in &s.nodes {
+            let key = n.allocator.free().total.micros();
+            for d in n.allocator.devices().iter().filter(|d| d.is_idle()) {
+                if let Some(slot) = &d.profile {
+                    want.entry(slot.clone())
+                        .or_default()
+                        .insert((key, id.clone()));
+                }
+            }
+        }
+        assert_eq!(s.with_idle, want, "after step {step}");
     }
 }
