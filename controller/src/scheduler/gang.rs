@@ -8,7 +8,9 @@
 //! is undone before anyone else is tried. No partial gang ever holds a device, and a gang that
 //! does not fit counts as one failed session for the head-of-line rule (`skip_after`). Where
 //! queues are configured, a gang short of room reclaims as one session asking for the sum of its
-//! members, and a running gang is one candidate for others' reclaim (`reclaim.rs`).
+//! members, and a running gang is one candidate for others' reclaim (`reclaim.rs`). Before that,
+//! a gang whose members ask for MIG profiles has the instances they lack made for all of them,
+//! or for none (`mig_demand.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -204,10 +206,16 @@ impl Scheduler {
                 } else {
                     WaitKind::QueueLimit
                 };
-                // As for a single session: reclaim only where quotas are configured, and only
-                // for room (not past a limit).
+                // As for a single session: MIG instances its members lack are made before
+                // anything is reclaimed; reclaim only where quotas are configured, and only for
+                // room (not past a limit).
                 let queue = self.queue_key(governed, owner);
-                if governed
+                if wait.no_room
+                    && let Some((orders, reason)) = self.mig_gang_on_demand(&members)
+                {
+                    commands.extend(orders);
+                    why = reason;
+                } else if governed
                     && wait.no_room
                     && let Some(reclaim) =
                         self.reclaim_gang(&members, queue.as_deref(), held, known)

@@ -283,13 +283,114 @@ impl Scheduler {
     /// reason to wait), or, when they are already asked for it, only the reason. `None`: not
     /// such a request, or no node can make them.
     pub(super) fn mig_on_demand(&mut self, id: &str) -> Option<(Vec<Command>, String)> {
+        let (slot, wanted) = self.asked_instances(id)?;
+        self.drop_booking_on_gone_node(id);
+        if let Some(b) = self.mig.booked.get(id) {
+            return Some((
+                Vec::new(),
+                format!("waiting for node {} to make {}", b.node, b.describe()),
+            ));
+        }
+        let Some(booking) = self.find_booking(id, &slot, wanted, true) else {
+            // Still waiting: the refusal stays its reason until something else can be done.
+            let (node, said) = self.mig.refused.get(id)?.iter().next_back()?;
+            return Some((
+                Vec::new(),
+                format!("node {node} refused to make a MIG instance for it: {said}"),
+            ));
+        };
+        let reason = format!(
+            "node {} is making {} for it",
+            booking.node,
+            booking.describe()
+        );
+        let orders = self.book(id, booking);
+        Some((orders, reason))
+    }
+
+    /// For a gang whose members found no room together: the orders that make the instances of
+    /// every member asking for a MIG profile that has none booked or made, all or none (a gang
+    /// that can't have all made keeps waiting with nothing asked), with the gang's reason to
+    /// wait. `None`: no member waits for an instance (none asks for a profile, or all of theirs
+    /// are made), or no node can make what one lacks.
+    ///
+    /// Unlike a single session's, a member's booking does not count the node's idle instances
+    /// of its profile: the gang's other members may be counting the same ones. What is made
+    /// beyond need is destroyed by its agent once no one takes it.
+    pub(super) fn mig_gang_on_demand(
+        &mut self,
+        members: &[String],
+    ) -> Option<(Vec<Command>, String)> {
+        let asking: Vec<(String, String, usize)> = members
+            .iter()
+            .filter_map(|id| {
+                let (slot, wanted) = self.asked_instances(id)?;
+                Some((id.clone(), slot, wanted))
+            })
+            .collect();
+        if asking.is_empty() {
+            return None;
+        }
+        let mut orders = Vec::new();
+        let mut booked_now: Vec<String> = Vec::new();
+        for (id, slot, wanted) in &asking {
+            self.drop_booking_on_gone_node(id);
+            // Booked, or made and waiting for the others: nothing more to ask for it.
+            if self.mig.booked.get(id).is_some() || self.made_still_there(id) {
+                continue;
+            }
+            let Some(booking) = self.find_booking(id, slot, *wanted, false) else {
+                for id in &booked_now {
+                    self.mig.booked.remove(id);
+                }
+                return None;
+            };
+            orders.extend(self.book(id, booking));
+            booked_now.push(id.clone());
+        }
+        let waiting = asking
+            .iter()
+            .filter(|(id, ..)| self.mig.booked.get(id).is_some())
+            .count();
+        // Every member's instances made: what the gang lacks is something else (reclaim's).
+        (waiting > 0).then(|| {
+            (
+                orders,
+                format!("MIG instances being made for {waiting} of its members"),
+            )
+        })
+    }
+
+    /// Whether the instances made for session `id` are still on its node (an agent destroys one
+    /// no session took within its grace).
+    fn made_still_there(&self, id: &str) -> bool {
+        let Some(b) = self.mig.made.get(id) else {
+            return false;
+        };
+        let Some(n) = self.nodes.get(&b.node) else {
+            return false;
+        };
+        b.placements.iter().all(|p| {
+            n.report
+                .mig_layouts
+                .iter()
+                .any(|l| l.gpu_uuid == p.gpu_uuid && l.occupied.contains(&(p.start, p.size)))
+        })
+    }
+
+    /// The profile slot and number of instances session `id` asks for, if it asks for a MIG
+    /// profile.
+    fn asked_instances(&self, id: &str) -> Option<(String, usize)> {
         let session = self.sessions.get(id)?;
         let gpu = GpuRequest::from_slots(&session.requested).ok()?;
-        let slot = gpu.profile.clone()?;
-        let wanted = usize::try_from(gpu.devices).ok()?;
-        // Bookings of sessions no longer waiting were dropped at the pass's start
-        // (`mig_made_first`); one placed since keeps its slices until the next pass.
-        // A node that went away with the order: asked elsewhere (or again once it is back).
+        let slot = gpu.profile?;
+        Some((slot, usize::try_from(gpu.devices).ok()?))
+    }
+
+    /// Drops `id`'s booking if its node went away with the order: asked elsewhere (or again
+    /// once it is back). Bookings of sessions no longer waiting were dropped at the pass's start
+    /// (`mig_made_first`); one placed since keeps its slices until the next pass.
+    fn drop_booking_on_gone_node(&mut self, id: &str) {
         let gone = |node: &str| {
             self.nodes
                 .get(node)
@@ -298,17 +399,31 @@ impl Scheduler {
         if self.mig.booked.get(id).is_some_and(|b| gone(&b.node)) {
             self.mig.booked.remove(id);
         }
+    }
+
+    /// Books `booking` for session `id`; the orders that make its instances.
+    fn book(&mut self, id: &str, booking: MigBooking) -> Vec<Command> {
+        let orders: Vec<Command> = booking.orders(id).collect();
+        tracing::info!(session = id, node = %booking.node, "asking for {}", booking.describe());
+        self.mig.booked.insert(id.to_owned(), booking);
+        orders
+    }
+
+    /// The first ready node session `id` may go to (its pin, its non-GPU slots, no refusal for
+    /// it) where `wanted` instances of profile slot `slot` can be had, and the placements of
+    /// those to make there: what the node's idle ones lack where `count_idle`, else all of
+    /// them; each placement chosen with the ones before it and every other booking held.
+    fn find_booking(
+        &self,
+        id: &str,
+        slot: &str,
+        wanted: usize,
+        count_idle: bool,
+    ) -> Option<MigBooking> {
         let session = self.sessions.get(id)?;
-        if let Some(b) = self.mig.booked.get(id) {
-            return Some((
-                Vec::new(),
-                format!("waiting for node {} to make {}", b.node, b.describe()),
-            ));
-        }
         let non_gpu = Node::non_gpu(&session.requested);
         let refused = self.mig.refused.get(id);
         let nothing = NodeBookings::default();
-        let mut chosen = None;
         for (nid, n) in &self.nodes {
             if n.state != NodeState::Ready
                 || n.report.mig_layouts.is_empty()
@@ -318,7 +433,7 @@ impl Scheduler {
             {
                 continue;
             }
-            let Some(profile) = profile_of_slot(&n.report.mig_layouts, &slot) else {
+            let Some(profile) = profile_of_slot(&n.report.mig_layouts, slot) else {
                 continue;
             };
             let booked = self.mig.booked.on(nid).unwrap_or(&nothing);
@@ -327,9 +442,13 @@ impl Scheduler {
             if !booked.room_in(&n.report.mig_layouts, &profile) {
                 continue;
             }
-            // The node's idle instances count; the rest are made, one placement after another.
             // A node with enough idle ones failed for another reason: making more won't help.
-            let lacking = wanted.saturating_sub(idle_instances(n, &slot));
+            let idle = if count_idle {
+                idle_instances(n, slot)
+            } else {
+                0
+            };
+            let lacking = wanted.saturating_sub(idle);
             if lacking == 0 {
                 continue;
             }
@@ -343,30 +462,13 @@ impl Scheduler {
                 placements.push(placement);
             }
             if placements.len() == lacking {
-                chosen = Some(MigBooking {
+                return Some(MigBooking {
                     node: nid.clone(),
                     placements,
                 });
-                break;
             }
         }
-        let Some(booking) = chosen else {
-            // Still waiting: the refusal stays its reason until something else can be done.
-            let (node, said) = refused?.iter().next_back()?;
-            return Some((
-                Vec::new(),
-                format!("node {node} refused to make a MIG instance for it: {said}"),
-            ));
-        };
-        let reason = format!(
-            "node {} is making {} for it",
-            booking.node,
-            booking.describe()
-        );
-        let orders: Vec<Command> = booking.orders(id).collect();
-        tracing::info!(session = id, node = %booking.node, "asking for {}", booking.describe());
-        self.mig.booked.insert(id.to_owned(), booking);
-        Some((orders, reason))
+        None
     }
 
     /// Node `node` registered: bookings whose instance its report now holds go (the session is

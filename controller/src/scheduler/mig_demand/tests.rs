@@ -523,3 +523,84 @@ fn the_nodes_by_idle_profile_follow_every_change() {
         assert_eq!(s.with_idle, want, "after step {step}");
     }
 }
+
+fn create_member(s: &mut Scheduler, id: &str, gang: &str, size: u32, tokens: &[&str]) {
+    s.create(NewSession {
+        id: id.into(),
+        owner: "team".into(),
+        requested: ResourceSlot::parse_any(tokens).unwrap(),
+        gang: Some(crate::session::Gang {
+            name: gang.into(),
+            size,
+        }),
+        ..NewSession::default()
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_gang_has_its_members_instances_made_then_is_placed_whole() {
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report(&[]), &[]).unwrap();
+    create_member(&mut s, "m1", "g", 2, &["cuda.mig.2g.20gb=1"]);
+    create_member(&mut s, "m2", "g", 2, &["cuda.mig.2g.20gb=1"]);
+    let ordered = passes(&mut s, 3);
+    assert_eq!(ordered.len(), 2, "one each, asked once: {ordered:?}");
+    let sessions: BTreeSet<&str> = ordered.iter().map(|o| o.0.as_str()).collect();
+    assert_eq!(sessions, BTreeSet::from(["m1", "m2"]));
+    assert!(
+        !overlaps((ordered[0].3, 2), (ordered[1].3, 2)),
+        "{ordered:?}"
+    );
+    for id in ["m1", "m2"] {
+        assert_eq!(s.sessions()[id].state, SessionState::Pending);
+        let reason = &s.sessions()[id].reason;
+        assert!(
+            reason.contains("MIG instances being made for 2 of its members"),
+            "{reason}"
+        );
+    }
+    // One made: the gang still waits whole, and nothing more is asked for the member whose
+    // instance is there.
+    let first = (2, "2g.20gb", ordered[0].3, 2);
+    s.register(report(&[first]), &[]).unwrap();
+    assert_eq!(passes(&mut s, 3), []);
+    assert!(
+        ["m1", "m2"]
+            .iter()
+            .all(|id| s.sessions()[*id].state == SessionState::Pending)
+    );
+    // Both made: both placed, each on an instance of its own.
+    let second = (3, "2g.20gb", ordered[1].3, 2);
+    s.register(report(&[first, second]), &[]).unwrap();
+    s.pass();
+    let mut devices: Vec<u32> = ["m1", "m2"]
+        .iter()
+        .flat_map(|id| {
+            assert_eq!(s.sessions()[*id].state, SessionState::Scheduled);
+            bound_to(&s, id)
+        })
+        .collect();
+    devices.sort_unstable();
+    assert_eq!(devices, [2, 3]);
+}
+
+#[test]
+fn a_gang_whose_instances_cannot_all_be_made_has_none_asked() {
+    // An H100 holds two 3g.40gb (at slices 0 and 4): a gang of three asks nothing.
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report(&[]), &[]).unwrap();
+    for m in ["m1", "m2", "m3"] {
+        create_member(&mut s, m, "g", 3, &["cuda.mig.3g.40gb=1"]);
+    }
+    assert!(passes(&mut s, 3).is_empty());
+    assert!(s.mig_bookings().is_empty());
+    // One member fewer fits: two are asked.
+    let mut s = Scheduler::new(SchedulerConfig::default());
+    s.register(report(&[]), &[]).unwrap();
+    for m in ["m1", "m2"] {
+        create_member(&mut s, m, "g", 2, &["cuda.mig.3g.40gb=1"]);
+    }
+    let starts: BTreeSet<u32> = passes(&mut s, 3).iter().map(|o| o.3).collect();
+    assert_eq!(starts, BTreeSet::from([0, 4]));
+}
