@@ -25,7 +25,7 @@ use gpuwarden_test_support::{
     agent::{self, TestAgent, memory, pin_dir, used},
     devnode::{mknod, mknod_in, open_in},
     ids::container_id,
-    require_root, scratch,
+    require_root, scratch, wait,
 };
 use gpuwarden_tests::harness::{self, Client, rig::Rig};
 
@@ -592,8 +592,11 @@ fn a_tenant_frozen_by_a_killed_agent_is_thawed_by_the_next_one_without_its_store
         killed_frozen,
         "never killed the agent while the tenant was frozen"
     );
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(frozen(), "nothing but an agent thaws it");
+    wait::holds(
+        "the tenant left frozen with no agent (nothing but an agent thaws it)",
+        Duration::from_millis(300),
+        frozen,
+    );
     std::fs::remove_dir_all(own.state().join("store")).unwrap();
     let _agent = own.spawn_agent();
     rig.wait_for("the tenant to be thawed", |_| !frozen());

@@ -7,7 +7,7 @@
 
 use std::{path::Path, time::Duration};
 
-use gpuwarden_test_support::{TestCgroup, require_root, scratch};
+use gpuwarden_test_support::{TestCgroup, require_root, scratch, wait};
 use gpuwarden_tests::abi::nvidia::{esc, ioctl_cmd, status, uvm};
 use gpuwarden_tests::{
     abi::uvm_params,
@@ -194,8 +194,11 @@ fn a_forked_child_allocates_through_the_inherited_fd_and_exit_releases() {
     // The child exits: the parent still holds the fd, so nothing is released.
     assert_eq!(c.ok("child exit").unwrap(), "ok status=0");
     assert_eq!(c.send("child pid").unwrap(), "err no child");
-    std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(m.driver.ledger(), vec![10 * MIB, 0]);
+    wait::holds(
+        "the parent's 10 MiB kept",
+        Duration::from_millis(100),
+        || m.driver.ledger() == [10 * MIB, 0],
+    );
 
     // A thread allocates through the same fd.
     c.ok(&format!("thread alloc {client} {dev} 2m")).unwrap();
@@ -221,8 +224,9 @@ fn the_last_close_of_a_duplicated_fd_releases() {
     // Closing one of the two fds keeps the open file, and its client: RM calls go on through
     // the other. The last close releases everything.
     c.ok("close ctl").unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(m.driver.ledger(), vec![0, 6 * MIB]);
+    wait::holds("the 6 MiB kept", Duration::from_millis(100), || {
+        m.driver.ledger() == [0, 6 * MIB]
+    });
     c.ok(&format!("alloc {client} {dev} 2m")).unwrap();
     assert_eq!(m.driver.ledger(), vec![0, 8 * MIB]);
     c.ok("close ctl").unwrap();
