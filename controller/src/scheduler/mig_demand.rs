@@ -51,8 +51,9 @@ impl MigBooking {
         let Some(first) = self.placements.first() else {
             return "no instance".to_owned();
         };
-        let mut gpus: Vec<u32> = self.placements.iter().map(|p| p.gpu_index).collect();
-        gpus.dedup();
+        let gpus: std::collections::BTreeSet<u32> =
+            self.placements.iter().map(|p| p.gpu_index).collect();
+        let on = if gpus.len() > 1 { "GPUs" } else { "GPU" };
         let gpus = gpus
             .iter()
             .map(u32::to_string)
@@ -68,7 +69,6 @@ impl MigBooking {
             1 => format!("a {} instance", first.profile),
             n => format!("{n} {} instances", first.profile),
         };
-        let on = if gpus.contains(',') { "GPUs" } else { "GPU" };
         format!("{what} on {on} {gpus} (memory slices {slices})")
     }
 

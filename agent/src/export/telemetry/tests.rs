@@ -79,15 +79,30 @@ fn rig() -> Rig {
 async fn a_request_waits_for_one_chunk_of_exec_work_not_for_the_storm() {
     let r = rig();
     r.handle.events(20, (1..=20).collect()).await.unwrap();
-    // The first chunk has started once a request can't go first: ask while it is held.
-    let asked = tokio::spawn({
+    // Ask while the first chunk is held: the request is queued at the future's first poll (the
+    // channel is unbounded), before any of the chunk's execs may end. A spawned task might
+    // not have run before the chunk ended, and the next chunk would then wait for leaves this
+    // test sends only once it is answered.
+    let mut asked = Box::pin({
         let handle = r.handle.clone();
         async move { handle.counters().await }
     });
+    let mut answered = None;
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(answer) = std::future::Future::poll(asked.as_mut(), cx) {
+            answered = Some(answer);
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
     for _ in 0..EXEC_CHUNK {
         r.leave.send(()).unwrap();
     }
-    asked.await.unwrap().unwrap();
+    match answered {
+        Some(answer) => answer,
+        None => asked.await,
+    }
+    .unwrap();
     let log = r.log.lock().unwrap().clone();
     let before = log.iter().take_while(|d| **d != Did::Served).count();
     assert!(
