@@ -231,6 +231,14 @@ impl MigNode {
         Self::build(id, whole, 0, reconfigurable, gpus_per_numa)
     }
 
+    /// Node `id` with `whole` H200s offered whole, then `balanced` in MIG mode cut by their
+    /// operator in the [`BALANCED`] layout, none reconfigurable (the bench's fleet for static
+    /// MIG).
+    #[must_use]
+    pub fn cut(id: &str, whole: u32, balanced: u32, gpus_per_numa: u32) -> Self {
+        Self::build(id, whole, balanced, 0, gpus_per_numa)
+    }
+
     fn build(id: &str, whole: u32, balanced: u32, reconfigurable: u32, gpus_per_numa: u32) -> Self {
         let gpus = whole + balanced + reconfigurable;
         let per_numa = gpus_per_numa.max(1);
