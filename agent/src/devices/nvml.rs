@@ -208,22 +208,27 @@ struct Listing {
 
 /// A GPU in MIG mode: offered as its instances.
 struct MigParent {
-    /// The GPU as it would be offered whole.
-    parent: GpuDevice,
-    /// NVML's index of it.
-    nvml_index: u32,
-}
-
-/// A GPU in MIG mode whose driver's profile table agrees with its model's placement rules:
-/// one whose layout the backend reports and may change.
-struct MigGpu {
     /// The GPU as it would be offered whole (its instances' parent).
     parent: GpuDevice,
     /// NVML's index of it.
     nvml_index: u32,
+    /// Where its driver's profile table agrees with its model's placement rules, those rules:
+    /// its layout is then one the backend reports and may change. `None`: read only.
+    rules: Option<MigRules>,
+}
+
+/// The placement rules of a GPU in MIG mode whose layout the backend may change.
+struct MigRules {
     model: &'static GpuModel,
     /// Every profile the driver lists (the model's and any others).
     profiles: Vec<DriverProfile>,
+}
+
+impl MigParent {
+    /// The GPU with its rules, where its layout may be changed.
+    fn changeable(&self) -> Option<(&Self, &MigRules)> {
+        self.rules.as_ref().map(|r| (self, r))
+    }
 }
 
 /// The profiles the driver lists for `device`, with their possible placements.
@@ -242,9 +247,9 @@ fn driver_table(
     Ok(out)
 }
 
-/// The GPU `parent` (NVML index `nvml_index`, named `name`) as a [`MigGpu`], or why its layout
-/// is not gpuwarden's to read and change.
-fn mig_gpu(nvml: &Nvml, parent: &GpuDevice, nvml_index: u32) -> Result<MigGpu, MigReadError> {
+/// The placement rules of the GPU `parent` (NVML index `nvml_index`), or why its layout is not
+/// gpuwarden's to read and change.
+fn mig_rules(nvml: &Nvml, parent: &GpuDevice, nvml_index: u32) -> Result<MigRules, MigReadError> {
     let model = placement::model_of(&parent.model).ok_or_else(|| MigReadError::UnknownModel {
         model: parent.model.clone(),
     })?;
@@ -254,12 +259,7 @@ fn mig_gpu(nvml: &Nvml, parent: &GpuDevice, nvml_index: u32) -> Result<MigGpu, M
     if !disagreements.is_empty() {
         return Err(MigReadError::Disagree(disagreements));
     }
-    Ok(MigGpu {
-        parent: parent.clone(),
-        nvml_index,
-        model,
-        profiles,
-    })
+    Ok(MigRules { model, profiles })
 }
 
 /// One GPU's MIG profile table as the driver lists it, against gpuwarden's placement rules for
@@ -349,9 +349,7 @@ pub struct NvmlBackend {
     /// The devices offered: whole GPUs and MIG instances (made instances join, destroyed
     /// ones leave).
     devices: Mutex<Vec<GpuDevice>>,
-    /// The GPUs in MIG mode whose layout may be read and changed.
-    mig_gpus: Vec<MigGpu>,
-    /// Every GPU in MIG mode, changeable or not.
+    /// Every GPU in MIG mode, with the rules of those whose layout may be read and changed.
     mig_parents: Vec<MigParent>,
     /// The first device index instances take (past every GPU's minor).
     first_instance: u32,
@@ -418,7 +416,6 @@ impl NvmlBackend {
         let mut devices = Vec::new();
         let mut instances = Vec::new();
         let mut nvml_index = HashMap::new();
-        let mut mig_gpus = Vec::new();
         let mut mig_parents = Vec::new();
         for (i, device, mig_mode) in physical {
             if !mig_mode {
@@ -431,22 +428,23 @@ impl NvmlBackend {
                 instances.push(mig::instance_device(&device, found, next, &minors));
                 next = next.saturating_add(1);
             }
-            match mig_gpu(&nvml, &device, i) {
-                Ok(g) => mig_gpus.push(g),
-                Err(e) => tracing::info!(
-                    gpu = %device.uuid,
-                    "MIG layout not changeable by gpuwarden: {e}"
-                ),
-            }
+            let rules = mig_rules(&nvml, &device, i)
+                .inspect_err(|e| {
+                    tracing::info!(
+                        gpu = %device.uuid,
+                        "MIG layout not changeable by gpuwarden: {e}"
+                    );
+                })
+                .ok();
             mig_parents.push(MigParent {
                 parent: device,
                 nvml_index: i,
+                rules,
             });
         }
         devices.extend(instances);
         let backend = Self {
             devices: Mutex::new(devices),
-            mig_gpus,
             mig_parents,
             first_instance,
             nvml_index,
@@ -539,17 +537,18 @@ impl NvmlBackend {
 }
 
 impl NvmlBackend {
-    /// The GPU `uuid` among those whose layout may be changed.
-    fn mig_gpu(&self, uuid: &str) -> Result<&MigGpu, MigChangeError> {
-        self.mig_gpus
+    /// The GPU `uuid` among those whose layout may be changed, with its rules.
+    fn mig_gpu(&self, uuid: &str) -> Result<(&MigParent, &MigRules), MigChangeError> {
+        self.mig_parents
             .iter()
-            .find(|g| g.parent.uuid == uuid)
+            .filter_map(MigParent::changeable)
+            .find(|(g, _)| g.parent.uuid == uuid)
             .ok_or_else(|| MigChangeError::UnknownGpu {
                 gpu: uuid.to_owned(),
             })
     }
 
-    fn parent_handle(&self, g: &MigGpu) -> Result<nvml_wrapper::Device<'_>, MigChangeError> {
+    fn parent_handle(&self, g: &MigParent) -> Result<nvml_wrapper::Device<'_>, MigChangeError> {
         self.nvml
             .device_by_index(g.nvml_index)
             .map_err(|e| MigChangeError::Refused {
@@ -587,15 +586,15 @@ impl NvmlBackend {
         out
     }
 
-    /// The GPU instances on `g` now, of every profile its driver lists.
-    fn read_layout(&self, g: &MigGpu) -> Result<Layout, MigReadError> {
+    /// The GPU instances on `g` now, of every profile its driver lists (`rules`).
+    fn read_layout(&self, g: &MigParent, rules: &MigRules) -> Result<Layout, MigReadError> {
         let device = self.nvml.device_by_index(g.nvml_index)?;
         let mut there = Vec::new();
-        for p in &g.profiles {
+        for p in &rules.profiles {
             let found = sys::gpu_instances(&self.nvml, &device, p.info.id, p.info.instance_count)?;
             there.extend(found.into_iter().map(|(_, gi)| gi));
         }
-        Ok(layout::layout_of(g.model, &there)?)
+        Ok(layout::layout_of(rules.model, &there)?)
     }
 }
 
@@ -624,9 +623,10 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn mig_layouts(&self) -> Vec<(String, u32, Layout)> {
-        self.mig_gpus
+        self.mig_parents
             .iter()
-            .filter_map(|g| match self.read_layout(g) {
+            .filter_map(MigParent::changeable)
+            .filter_map(|(g, rules)| match self.read_layout(g, rules) {
                 Ok(layout) => Some((g.parent.uuid.clone(), g.parent.index, layout)),
                 Err(e) => {
                     tracing::warn!(gpu = %g.parent.uuid, "MIG layout not read: {e}");
@@ -642,16 +642,16 @@ impl GpuBackend for NvmlBackend {
         profile: &str,
         start: u32,
     ) -> Result<GpuDevice, MigChangeError> {
-        let g = self.mig_gpu(gpu)?;
+        let (g, rules) = self.mig_gpu(gpu)?;
         let unknown = || MigChangeError::UnknownProfile {
             gpu: gpu.to_owned(),
             profile: profile.to_owned(),
         };
-        let p = g.model.profile(profile).ok_or_else(unknown)?;
-        let driver = layout::driver_profile(&g.profiles, p).ok_or_else(unknown)?;
+        let p = rules.model.profile(profile).ok_or_else(unknown)?;
+        let driver = layout::driver_profile(&rules.profiles, p).ok_or_else(unknown)?;
         // A start the profile may not take is refused here, as the driver would
         // (`INVALID_ARGUMENT`), naming the starts it may.
-        let at = placement::Layout::empty(g.model);
+        let at = placement::Layout::empty(rules.model);
         let placement = placement::Placement {
             start,
             size: p.size,
@@ -740,7 +740,7 @@ impl GpuBackend for NvmlBackend {
                 uuid: uuid.to_owned(),
             })?;
         let gpu = m.parent_uuid.as_str();
-        let g = self.mig_gpu(gpu)?;
+        let (g, _) = self.mig_gpu(gpu)?;
         let device = self.parent_handle(g)?;
         let nvml = &*self.nvml;
         let refused = |e: layout::CallError| e.refusal(gpu);

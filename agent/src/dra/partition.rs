@@ -66,12 +66,6 @@ pub fn counter_set_name(index: u32) -> String {
     format!("gpu-{index}")
 }
 
-/// The compute slices of a profile: the `g` of its name (`3g.71gb` → 3).
-#[must_use]
-pub fn compute_slices(profile: &GiProfile) -> Option<u32> {
-    profile.name.split_once('g')?.0.parse().ok()
-}
-
 /// The device of `profile` at `placement` on GPU `index` (a DNS label: `gpu-0-1g-18gb-me-at-3`).
 #[must_use]
 pub fn device_name(index: u32, profile: &GiProfile, placement: Placement) -> String {
@@ -110,19 +104,12 @@ impl PartitionedGpu {
             let free = u32::from(held & (1 << i) == 0);
             counters.insert(memory_slice(i), json!({ "value": free.to_string() }));
         }
-        let whole = self
-            .layout
-            .model
-            .profiles
-            .iter()
-            .filter_map(compute_slices)
-            .max()
-            .unwrap_or(0);
+        let whole = self.layout.model.compute_slices();
         let used: u32 = self
             .layout
             .instances
             .iter()
-            .filter_map(|(p, _)| compute_slices(p))
+            .filter_map(|(p, _)| p.compute_slices())
             .sum();
         counters.insert(
             COMPUTE_SLICES.to_owned(),
@@ -151,7 +138,7 @@ impl PartitionedGpu {
     pub fn devices(&self, model_name: &str) -> Vec<Value> {
         let mut out = Vec::new();
         for profile in self.layout.model.profiles {
-            let Some(g) = compute_slices(profile) else {
+            let Some(g) = profile.compute_slices() else {
                 continue;
             };
             for placement in self.layout.free_placements(profile) {

@@ -195,7 +195,11 @@ impl Driver {
     /// while the agent runs: a change is kept for the next prepare and told to the controller
     /// link (its next registration); the publisher republishes the slice from it.
     pub fn offered_now(&self) -> Vec<GpuDevice> {
-        let devices = self.backend.devices();
+        self.offered_among(self.backend.devices())
+    }
+
+    /// As [`Self::offered_now`], of `devices`: the backend's list, read by the caller.
+    fn offered_among(&self, devices: Vec<GpuDevice>) -> Vec<GpuDevice> {
         let offered: Vec<GpuDevice> = {
             let store = self.store();
             let made: Vec<&MadeInstance> = store
@@ -555,13 +559,15 @@ impl Driver {
         object: &ResourceClaim,
         claim: &ClaimRef,
     ) -> Result<(Vec<GpuDevice>, claim::Plan), String> {
-        let offered = self.offered_now();
+        // One reading of the backend's list for both: what is offered is among what is there.
+        let devices = self.backend.devices();
+        let offered = self.offered_among(devices.clone());
         let plan = claim::plan(
             object,
             &claim.uid,
             &self.node,
             &offered,
-            &self.backend.devices(),
+            &devices,
             self.config.policy,
         )
         .map_err(|e| match &e {
@@ -918,14 +924,15 @@ impl Driver {
             .as_ref()
             .map(|q| q.devices.iter().map(|d| d.index).collect())
             .unwrap_or_default();
-        // The instances made for its partitions, by UUID (as the backend numbers them now).
-        let made: Vec<GpuDevice> = self
-            .backend
-            .devices()
-            .into_iter()
+        // The instances made for its partitions, by UUID (as the backend numbers them now), and
+        // the devices offered, from one reading of the backend's list.
+        let devices = self.backend.devices();
+        let made: Vec<GpuDevice> = devices
+            .iter()
             .filter(|g| record.made.iter().any(|m| m.uuid == g.uuid))
+            .cloned()
             .collect();
-        let offered = self.offered_now();
+        let offered = self.offered_among(devices);
         let gpus: Vec<&GpuDevice> = offered
             .iter()
             .filter(|g| {

@@ -1,8 +1,15 @@
 //! The controller's share of the node's GPUs when some are offered to Kubernetes.
 
-use std::sync::Arc;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    sync::Arc,
+};
 
-use crate::devices::{GpuBackend, GpuDevice, ondemand::MigChangeError, placement::Layout};
+use crate::devices::{
+    DriverMemory, GpuBackend, GpuDevice, health::GpuHealth, ondemand::MigChangeError,
+    placement::Layout, samples::SampleDriver,
+};
 
 /// A backend that shows only some of another's GPUs: the controller sees the GPUs not offered
 /// to Kubernetes, so no GPU is offered to both. Its devices are the inner backend's as they are
@@ -45,7 +52,16 @@ impl Subset {
             keep_gpu: Box::new(keep_gpu),
         }
     }
+
+    /// The indexes of the devices kept now.
+    fn kept(&self) -> BTreeSet<u32> {
+        self.devices().iter().map(|g| g.index).collect()
+    }
 }
+
+// Every method of `GpuBackend` the inner backend answers is forwarded, narrowed to the devices
+// kept where its answer is by device; `slot_types` keeps its default, which follows from the
+// devices kept (the inner backend's would name MIG profiles of GPUs not kept).
 
 impl GpuBackend for Subset {
     fn name(&self) -> &'static str {
@@ -61,12 +77,43 @@ impl GpuBackend for Subset {
     }
 
     fn process_memory(&self) -> Vec<crate::devices::ProcessMemory> {
-        let devices = self.devices();
+        let kept = self.kept();
         self.inner
             .process_memory()
             .into_iter()
-            .filter(|p| devices.iter().any(|g| g.index == p.index))
+            .filter(|p| kept.contains(&p.index))
             .collect()
+    }
+
+    fn driver_memory(&self) -> BTreeMap<u32, DriverMemory> {
+        let kept = self.kept();
+        let mut all = self.inner.driver_memory();
+        all.retain(|index, _| kept.contains(index));
+        all
+    }
+
+    fn utilization(&self) -> Option<BTreeMap<u32, f64>> {
+        let kept = self.kept();
+        let mut all = self.inner.utilization()?;
+        all.retain(|index, _| kept.contains(index));
+        Some(all)
+    }
+
+    fn sample_driver(&self, cgroup_root: &Path) -> Option<Box<dyn SampleDriver>> {
+        // Asked GPU by GPU: the caller asks only of the GPUs it was given.
+        self.inner.sample_driver(cgroup_root)
+    }
+
+    fn health(&self) -> Vec<GpuHealth> {
+        let kept = self.kept();
+        let mut all = self.inner.health();
+        all.retain(|h| kept.contains(&h.index));
+        all
+    }
+
+    fn caps_major(&self) -> Option<u32> {
+        // The node's, whichever GPUs are kept.
+        self.inner.caps_major()
     }
 
     fn extra_capacity(&self) -> Vec<(String, String)> {
@@ -120,7 +167,110 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::devices::mock::MockBackend;
+    use crate::devices::{
+        health::HealthState,
+        mock::MockBackend,
+        samples::{DeviceSample, DriverError, ProcessSample},
+    };
+
+    /// The two whole mock GPUs of `deploy/mock-devices.toml` (0 and 1), whose backend answers
+    /// every question the trait has a default for, each answer naming the GPU it is about.
+    struct Answering(MockBackend);
+
+    impl Answering {
+        fn new() -> Self {
+            let file = include_str!("../../../deploy/mock-devices.toml");
+            Self(MockBackend::from_toml(file, Path::new("m.toml")).unwrap())
+        }
+    }
+
+    /// Samples of no GPU: only whether one is handed over is looked at.
+    struct NoSamples;
+
+    impl SampleDriver for NoSamples {
+        fn device_samples(&mut self, _: u32, _: u64) -> Result<Vec<DeviceSample>, DriverError> {
+            Ok(Vec::new())
+        }
+
+        fn process_samples(&mut self, _: u32, _: u64) -> Result<Vec<ProcessSample>, DriverError> {
+            Ok(Vec::new())
+        }
+
+        fn now(&self) -> (std::time::Instant, u64) {
+            (std::time::Instant::now(), 0)
+        }
+
+        fn cgroup_of(&self, _: u32) -> Option<std::path::PathBuf> {
+            None
+        }
+
+        fn cgroup_exists(&self, _: &Path) -> bool {
+            false
+        }
+    }
+
+    impl GpuBackend for Answering {
+        fn name(&self) -> &'static str {
+            "answering"
+        }
+
+        fn devices(&self) -> Vec<GpuDevice> {
+            self.0.devices()
+        }
+
+        fn driver_memory(&self) -> BTreeMap<u32, DriverMemory> {
+            (0..2)
+                .map(|i| {
+                    let m = DriverMemory {
+                        used: (u64::from(i) + 1) << 30,
+                        reserved: 1 << 20,
+                    };
+                    (i, m)
+                })
+                .collect()
+        }
+
+        fn utilization(&self) -> Option<BTreeMap<u32, f64>> {
+            Some(BTreeMap::from([(0, 0.25), (1, 0.75)]))
+        }
+
+        fn sample_driver(&self, _: &Path) -> Option<Box<dyn SampleDriver>> {
+            Some(Box::new(NoSamples))
+        }
+
+        fn health(&self) -> Vec<GpuHealth> {
+            (0..2)
+                .map(|index| GpuHealth {
+                    index,
+                    state: HealthState::Degraded,
+                    ..GpuHealth::default()
+                })
+                .collect()
+        }
+
+        fn caps_major(&self) -> Option<u32> {
+            Some(237)
+        }
+    }
+
+    #[test]
+    fn what_the_inner_backend_answers_is_answered_for_the_gpus_kept() {
+        let inner: Arc<dyn GpuBackend> = Arc::new(Answering::new());
+        let indexes: Vec<u32> = inner.devices().iter().map(|g| g.index).collect();
+        assert_eq!(indexes, [0, 1]);
+        let subset = Subset::new(Arc::clone(&inner), |g| g.index == 1, |_, index| index == 1);
+        assert_eq!(
+            subset.driver_memory(),
+            BTreeMap::from([(1, inner.driver_memory()[&1])])
+        );
+        assert_eq!(subset.utilization(), Some(BTreeMap::from([(1, 0.75)])));
+        let health: Vec<u32> = subset.health().iter().map(|h| h.index).collect();
+        assert_eq!(health, [1]);
+        assert_eq!(subset.caps_major(), inner.caps_major());
+        assert!(subset.sample_driver(Path::new("/sys/fs/cgroup")).is_some());
+        // The slot types follow from the devices kept.
+        assert_eq!(subset.slot_types(), inner.slot_types());
+    }
 
     /// GPU-0 whole, GPU-1 and GPU-2 in MIG mode (GPU-1 with the operator's 3g.71gb).
     const FILE: &str = include_str!("../../../deploy/mock-devices-mig-on-demand.toml");

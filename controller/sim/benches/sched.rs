@@ -19,7 +19,6 @@ use std::{
 };
 
 use gpuwarden_controller::{
-    allocator::DeviceSpec,
     api::{Hub, Timing},
     limits::{Bounds, Limits},
     node::NodeReport,
@@ -29,7 +28,7 @@ use gpuwarden_controller::{
         quotas::{QueueQuota, QuotaConfig},
     },
     server,
-    slots::{ResourceSlot, SlotKind, SlotName, SlotValue},
+    slots::ResourceSlot,
     store::{Store, StoreSpec},
 };
 use gpuwarden_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
@@ -79,46 +78,17 @@ fn request(rng: &mut Rng) -> ResourceSlot {
     ResourceSlot::parse_any(&["cpu=1", "mem=4g", gpu.as_str()]).expect("valid")
 }
 
-/// MIG profiles of the mixed fleet's instances: (slot, memory, count per MIG GPU), an H200's
-/// "balanced" layout (2 × 1g.18gb, 2g.35gb, 3g.71gb).
-const MIG_LAYOUT: [(&str, u64, u32); 3] = [
-    ("1g.18gb", 18 << 30, 2),
-    ("2g.35gb", 35 << 30, 1),
-    ("3g.71gb", 71 << 30, 1),
-];
-
-/// A node of the mixed fleet: GPUs 0–3 whole, GPUs 4–7 in MIG mode, offered as their instances
-/// (the parent of instances is not offered whole), each profile a slot type with its count.
+/// A node of the mixed fleet: GPUs 0–3 whole, GPUs 4–7 in MIG mode cut by their operator in
+/// an H200's "balanced" layout (2 × 1g.18gb, 2g.35gb, 3g.71gb), offered as their instances (the
+/// parent of instances is not offered whole), each profile a slot type with its count: the
+/// report of the simulator's agent for such a node.
 fn mig_report(id: usize) -> NodeReport {
-    let mut node = NodeReport::with_gpus(&format!("node-{id:05}"), GPUS / 2, 141 << 30, 4);
-    node.capacity = ResourceSlot::parse_any(&["cpu=64", "mem=512g"]).expect("valid");
-    node.agent_version = "bench".into();
-    node.device_models = vec![("NVIDIA H200".to_owned(), false); node.devices.len()];
-    let mut index = GPUS / 2;
-    for _gpu in GPUS / 2..GPUS {
-        for (profile, memory_bytes, count) in MIG_LAYOUT {
-            for _ in 0..count {
-                node.devices.push(DeviceSpec {
-                    uuid: format!("{}-MIG-{index}", node.node_id),
-                    index,
-                    memory_bytes,
-                    sm_count: 16,
-                    numa_node: 0,
-                    parent_uuid: String::new(),
-                });
-                node.device_models
-                    .push((format!("NVIDIA H200 MIG {profile}"), true));
-                index += 1;
-            }
-        }
-    }
-    for (profile, _, count) in MIG_LAYOUT {
-        let slot = SlotName::new(&format!("cuda.mig.{profile}")).expect("a slot name");
-        node.slot_types.push((slot.clone(), SlotKind::Count));
-        node.capacity
-            .set(slot, SlotValue::from_int(u64::from(count * GPUS / 2)));
-    }
-    node
+    agent_report(&MigNode::cut(
+        &format!("node-{id:05}"),
+        GPUS / 2,
+        GPUS / 2,
+        4,
+    ))
 }
 
 /// The mixed fleet's mix: 30% one MIG instance (half 1g, a quarter each 2g and 3g), the rest as
@@ -260,8 +230,8 @@ fn decisions(nodes: usize, mode: Placement, quotas: Option<QuotaConfig>, mig: bo
     }
 }
 
-/// The report of an on-demand node: its agent's, with the cpu and mem the requests ask for.
-fn on_demand_report(node: &MigNode) -> NodeReport {
+/// The report of a node in MIG mode: its agent's, with the cpu and mem the requests ask for.
+fn agent_report(node: &MigNode) -> NodeReport {
     let mut report = node.report();
     let base = ResourceSlot::parse_any(&["cpu=64", "mem=512g"]).expect("valid");
     for (name, value) in base.iter() {
@@ -287,7 +257,7 @@ fn on_demand(nodes: usize) -> (Row, Vec<String>, u64) {
         .map(|i| MigNode::mixed(&format!("node-{i:05}"), GPUS / 2, GPUS / 2, 4))
         .collect();
     for a in &agents {
-        s.register(on_demand_report(a), &[]).expect("registers");
+        s.register(agent_report(a), &[]).expect("registers");
     }
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for i in 0..SESSIONS {
@@ -349,10 +319,7 @@ fn on_demand(nodes: usize) -> (Row, Vec<String>, u64) {
         if changed.is_empty() || passes >= 10 {
             break;
         }
-        let reports: Vec<NodeReport> = changed
-            .iter()
-            .map(|&i| on_demand_report(&agents[i]))
-            .collect();
+        let reports: Vec<NodeReport> = changed.iter().map(|&i| agent_report(&agents[i])).collect();
         let started = Instant::now();
         let count = reports.len();
         for r in reports {

@@ -19,7 +19,7 @@
 //! The simulator's nodes hold no process of their own, so the agent's refusal of a GPU with a
 //! process on it never comes up here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gpuwarden_controller::{
     allocator::{
@@ -29,82 +29,26 @@ use gpuwarden_controller::{
     node::NodeReport,
     slots::{SlotKind, SlotName, SlotValue, names},
 };
+use gpuwarden_types::mig::{GiProfile, H200_141GB, MEMORY_SLICES, Placement};
 
 /// The model of the simulated GPUs in MIG mode (as NVML names it; an instance is
 /// `NVIDIA H200 MIG <profile>`).
 pub const MODEL: &str = "NVIDIA H200";
 
-/// Memory slices of an H200.
-pub const SLICES: u32 = 8;
-
-/// Compute slices of the whole GPU (the `7g` profile's `g`).
-pub const COMPUTE_SLICES: u32 = 7;
-
 /// Seconds a made instance waits for a session before it is destroyed untaken (the agent's
 /// grace, `agent/src/control/link/mig.rs`: two minutes).
 pub const GRACE_SECS: f64 = 120.0;
 
-/// One MIG profile of the H200: where it may go (docs/mig.md, "The placement rules and where
-/// they come from"; the `+me` profile is left out: the simulator never asks for it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Profile {
-    /// Its name (`1g.18gb`).
-    pub name: &'static str,
-    /// Memory slices it takes.
-    pub size: u32,
-    /// Compute slices (its `g`).
-    pub compute: u32,
-    /// The starts the hardware allows.
-    pub starts: &'static [u32],
-    /// Its memory, GiB.
-    pub memory_gib: u64,
+/// The H200's profiles the simulated agent offers, largest first (as the agent lists them):
+/// the table the agent reads ([`H200_141GB`], docs/mig.md "The placement rules and where they
+/// come from"), less a profile allowed fewer instances than it has starts (`+me`): the
+/// simulated agent checks overlap only, and the simulator never asks for it.
+pub fn profiles() -> impl Iterator<Item = &'static GiProfile> {
+    H200_141GB
+        .profiles
+        .iter()
+        .filter(|p| usize::try_from(p.max_instances).is_ok_and(|m| m >= p.starts.len()))
 }
-
-/// The H200's profiles, largest first (as the agent lists them).
-pub const PROFILES: [Profile; 6] = [
-    Profile {
-        name: "7g.141gb",
-        size: 8,
-        compute: 7,
-        starts: &[0],
-        memory_gib: 141,
-    },
-    Profile {
-        name: "4g.71gb",
-        size: 4,
-        compute: 4,
-        starts: &[0],
-        memory_gib: 71,
-    },
-    Profile {
-        name: "3g.71gb",
-        size: 4,
-        compute: 3,
-        starts: &[0, 4],
-        memory_gib: 71,
-    },
-    Profile {
-        name: "2g.35gb",
-        size: 2,
-        compute: 2,
-        starts: &[0, 2, 4],
-        memory_gib: 35,
-    },
-    Profile {
-        name: "1g.35gb",
-        size: 2,
-        compute: 1,
-        starts: &[0, 2, 4, 6],
-        memory_gib: 35,
-    },
-    Profile {
-        name: "1g.18gb",
-        size: 1,
-        compute: 1,
-        starts: &[0, 1, 2, 3, 4, 5, 6],
-        memory_gib: 18,
-    },
-];
 
 /// NVIDIA's "balanced" layout of an H200 (mig-parted's `all-balanced`): two `1g.18gb`, a
 /// `2g.35gb` and a `3g.71gb`, as `(profile, start)`.
@@ -115,15 +59,10 @@ pub const BALANCED: [(&str, u32); 4] = [
     ("3g.71gb", 4),
 ];
 
-/// The profile named `name`.
+/// The profile named `name`, among those the simulated agent offers.
 #[must_use]
-pub fn profile(name: &str) -> Option<&'static Profile> {
-    PROFILES.iter().find(|p| p.name == name)
-}
-
-/// Whether `[a, a + a_size)` and `[b, b + b_size)` share a slice.
-fn overlaps(a: u32, a_size: u32, b: u32, b_size: u32) -> bool {
-    a < b + b_size && b < a + a_size
+pub fn profile(name: &str) -> Option<&'static GiProfile> {
+    profiles().find(|p| p.name == name)
 }
 
 /// An instance on a simulated GPU.
@@ -134,7 +73,7 @@ pub struct Instance {
     /// Its UUID.
     pub uuid: String,
     /// Its profile.
-    pub profile: &'static Profile,
+    pub profile: &'static GiProfile,
     /// Its first memory slice.
     pub start: u32,
     /// Made by the agent (`Some`), or the operator's.
@@ -151,6 +90,15 @@ struct Made {
 }
 
 impl Instance {
+    /// The memory slices it holds.
+    #[must_use]
+    pub fn placement(&self) -> Placement {
+        Placement {
+            start: self.start,
+            size: self.profile.size,
+        }
+    }
+
     /// Whether the agent made it (the operator's are never destroyed).
     #[must_use]
     pub fn made_here(&self) -> bool {
@@ -175,16 +123,10 @@ pub struct MigGpu {
 
 impl MigGpu {
     /// Starts of `p` free now: no overlap with an instance.
-    fn free_starts(&self, p: &Profile) -> Vec<u32> {
-        p.starts
-            .iter()
-            .copied()
-            .filter(|&s| {
-                !self
-                    .instances
-                    .iter()
-                    .any(|i| overlaps(s, p.size, i.start, i.profile.size))
-            })
+    fn free_starts(&self, p: &GiProfile) -> Vec<u32> {
+        p.placements()
+            .filter(|&at| !self.instances.iter().any(|i| i.placement().overlaps(at)))
+            .map(|at| at.start)
             .collect()
     }
 
@@ -193,14 +135,13 @@ impl MigGpu {
         MigGpuLayout {
             gpu_uuid: self.uuid.clone(),
             gpu_index: self.index,
-            slices: SLICES,
+            slices: MEMORY_SLICES,
             occupied: self
                 .instances
                 .iter()
                 .map(|i| (i.start, i.profile.size))
                 .collect(),
-            profiles: PROFILES
-                .iter()
+            profiles: profiles()
                 .map(|p| MigProfilePlacements {
                     profile: p.name.to_owned(),
                     size: p.size,
@@ -290,6 +231,14 @@ impl MigNode {
         Self::build(id, whole, 0, reconfigurable, gpus_per_numa)
     }
 
+    /// Node `id` with `whole` H200s offered whole, then `balanced` in MIG mode cut by their
+    /// operator in the [`BALANCED`] layout, none reconfigurable (the bench's fleet for static
+    /// MIG).
+    #[must_use]
+    pub fn cut(id: &str, whole: u32, balanced: u32, gpus_per_numa: u32) -> Self {
+        Self::build(id, whole, balanced, 0, gpus_per_numa)
+    }
+
     fn build(id: &str, whole: u32, balanced: u32, reconfigurable: u32, gpus_per_numa: u32) -> Self {
         let gpus = whole + balanced + reconfigurable;
         let per_numa = gpus_per_numa.max(1);
@@ -356,25 +305,25 @@ impl MigNode {
             ..NodeReport::with_gpus(&self.id, self.whole, 141 << 30, self.gpus_per_numa)
         };
         node.device_models = vec![(MODEL.to_owned(), false); node.devices.len()];
-        let mut count = [0u64; PROFILES.len()];
+        let mut count: BTreeMap<&str, u64> = BTreeMap::new();
         for (gpu, i) in self.instances() {
             node.devices.push(DeviceSpec {
                 uuid: i.uuid.clone(),
                 index: i.index,
-                memory_bytes: i.profile.memory_gib << 30,
-                sm_count: 16 * i.profile.compute,
+                memory_bytes: i.profile.memory_bytes(),
+                // 16 SMs a compute slice: the simulator's own round figure.
+                sm_count: 16 * i.profile.compute_slices().unwrap_or(0),
                 numa_node: gpu.numa_node,
                 parent_uuid: gpu.uuid.clone(),
             });
             node.device_models
                 .push((format!("{MODEL} MIG {}", i.profile.name), true));
-            if let Some(k) = PROFILES.iter().position(|p| p.name == i.profile.name) {
-                count[k] += 1;
-            }
+            *count.entry(i.profile.name).or_default() += 1;
         }
         // Each profile a slot type, with its number of instances (none yet on a node whose
         // reconfigurable GPUs could hold one: the controller knows it can be made).
-        for (p, n) in PROFILES.iter().zip(count) {
+        for p in profiles() {
+            let n = count.get(p.name).copied().unwrap_or(0);
             let Ok(slot) = SlotName::new(&names::mig_slot(p.name)) else {
                 continue;
             };
@@ -417,17 +366,13 @@ impl MigNode {
                 profile: profile_name.to_owned(),
             });
         };
-        if !p.starts.contains(&start) {
+        let Some(at) = p.placement_at(start) else {
             return Err(MakeError::Start {
                 profile: p.name.to_owned(),
                 start,
             });
-        }
-        if let Some(other) = g
-            .instances
-            .iter()
-            .find(|i| overlaps(start, p.size, i.start, i.profile.size))
-        {
+        };
+        if let Some(other) = g.instances.iter().find(|i| i.placement().overlaps(at)) {
             return Err(MakeError::Overlap {
                 profile: p.name.to_owned(),
                 start,
@@ -477,8 +422,10 @@ impl MigNode {
     /// the utilization averaged over the cluster's GPUs.
     #[must_use]
     pub fn weight(&self, index: u32) -> Option<f64> {
-        self.instance(index)
-            .map(|i| f64::from(i.profile.compute) / f64::from(COMPUTE_SLICES))
+        self.instance(index).map(|i| {
+            f64::from(i.profile.compute_slices().unwrap_or(0))
+                / f64::from(H200_141GB.compute_slices())
+        })
     }
 }
 

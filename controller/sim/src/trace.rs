@@ -18,6 +18,7 @@ use std::{collections::BTreeSet, fmt::Write as _, io::BufRead};
 use serde::{Deserialize, Serialize};
 
 use gpuwarden_controller::slots::{ParseError, ResourceSlot, names};
+use gpuwarden_types::mig::{GiProfile, H200_141GB};
 
 use super::{cluster::FAMILIES, rng::Rng};
 
@@ -225,14 +226,15 @@ impl Default for GenConfig {
     }
 }
 
-/// The MIG requests of a generated trace, `(profile, compute slices of 7, weight)`: the
-/// profiles of an H200's "balanced" layout, the smallest most asked for (assumed, see
-/// `docs/simulation.md`).
-pub const MIG_PROFILES: [(&str, u32, f64); 3] = [
-    ("1g.18gb", 1, 0.5),
-    ("2g.35gb", 2, 0.25),
-    ("3g.71gb", 3, 0.25),
-];
+/// The MIG requests of a generated trace, `(profile, weight)`: the profiles of an H200's
+/// "balanced" layout, the smallest most asked for (assumed, see `docs/simulation.md`).
+pub const MIG_PROFILES: [(&str, f64); 3] = [("1g.18gb", 0.5), ("2g.35gb", 0.25), ("3g.71gb", 0.25)];
+
+/// The share of a whole H200 an instance of `profile` is: its compute slices over the GPU's.
+fn mig_share(profile: &str) -> f64 {
+    let g = crate::mig::profile(profile).and_then(GiProfile::compute_slices);
+    f64::from(g.unwrap_or(0)) / f64::from(H200_141GB.compute_slices())
+}
 
 /// A job's work alone, s: log-normal, clamped, whole seconds.
 fn draw_work(config: &GenConfig, rng: &mut Rng) -> f64 {
@@ -254,15 +256,15 @@ pub fn generate(config: &GenConfig, seed: u64) -> Vec<Job> {
     // Draw everything but the arrival first: the arrival rate depends on the mean GPU-seconds.
     let mut drafts = Vec::with_capacity(config.jobs);
     let mut gpu_seconds = 0.0;
-    let mig_weights: Vec<f64> = MIG_PROFILES.iter().map(|(_, _, w)| *w).collect();
+    let mig_weights: Vec<f64> = MIG_PROFILES.iter().map(|(_, w)| *w).collect();
     for _ in 0..config.jobs {
         // Drawn only when asked for: without MIG requests the stream is the one it was.
         if config.mig > 0.0 && rng.unit() < config.mig {
-            let (profile, compute, _) = MIG_PROFILES[rng.weighted(&mig_weights)];
+            let (profile, _) = MIG_PROFILES[rng.weighted(&mig_weights)];
             let family = FAMILIES[rng.weighted(&MIX_FRACTIONAL)].0;
             let variant = rng.next_u64() % u64::from(config.variants.max(1));
             let work = draw_work(config, &mut rng);
-            gpu_seconds += f64::from(compute) / 7.0 * work;
+            gpu_seconds += mig_share(profile) * work;
             drafts.push((
                 format!("cuda.mig.{profile}=1"),
                 format!("{family}-{variant}"),

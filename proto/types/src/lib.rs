@@ -8,7 +8,8 @@
 //! - [`target`]: the workload a quota binds to (container, pod, cgroup, a managed cgroup);
 //! - [`policy`]: what happens over a GPU-memory limit, and how a compute share is held;
 //! - [`slot`]: resource slots — names, kinds, exact values, their parser and arithmetic, limits;
-//! - [`mig`]: the MIG layout of a GPU whose instances gpuwarden may make;
+//! - [`mig`]: the MIG layout of a GPU whose instances gpuwarden may make, and the H100's and
+//!   H200's MIG profiles and where each may be placed;
 //! - [`placement`]: how a session's node and devices are chosen;
 //! - [`event`]: what an agent did to enforce a quota;
 //! - [`state`]: where a session and a node are in their lives;

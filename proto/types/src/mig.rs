@@ -3,6 +3,13 @@
 //! memory slices, the placements its instances hold, and for each profile the starts the
 //! hardware allows and those free now. One type for both sides; the wire form is
 //! `gpuwarden_proto::v1::MigLayout` (`gpuwarden_proto::convert::mig_layout_to_pb` and back).
+//!
+//! Beside it, the one table of the H100's and H200's MIG profiles (sizes, allowed starts,
+//! memory: [`H100_80GB`], [`H200_141GB`]) that the agent and the simulator's agents both read.
+
+mod table;
+
+pub use table::{GiProfile, GpuModel, H100_80GB, H200_141GB, MEMORY_SLICES, Placement, model_of};
 
 use serde::{Deserialize, Serialize};
 

@@ -142,3 +142,35 @@ fn a_made_instance_goes_once_let_go_or_untaken_past_its_grace() {
     // Indexes are not reused.
     assert!(node.make("n-GPU-1", "1g.18gb", 6, 0.0).unwrap() > untaken);
 }
+
+#[test]
+fn a_cut_node_offers_its_whole_gpus_and_the_operators_instances_only() {
+    let node = MigNode::cut("n", 2, 2, 2);
+    // GPUs 0 and 1 whole; 2 and 3 in the balanced layout, neither handed over.
+    assert!(on(&node, "n-GPU-0").is_empty() && on(&node, "n-GPU-1").is_empty());
+    for gpu in ["n-GPU-2", "n-GPU-3"] {
+        let layout: Vec<(String, u32)> = BALANCED
+            .iter()
+            .map(|&(p, start)| (p.to_owned(), start))
+            .collect();
+        assert_eq!(on(&node, gpu), layout);
+    }
+    let report = node.report();
+    let whole: Vec<u32> = report
+        .devices
+        .iter()
+        .filter(|d| d.parent_uuid.is_empty())
+        .map(|d| d.index)
+        .collect();
+    assert_eq!(whole, [0, 1]);
+    assert_eq!(report.devices.len(), 2 + 2 * BALANCED.len());
+    assert!(report.mig_layouts.is_empty(), "nothing to make on");
+    assert_eq!(
+        report.capacity.get("cuda.mig.1g.18gb"),
+        SlotValue::from_int(4)
+    );
+    assert_eq!(
+        report.capacity.get("cuda.mig.3g.71gb"),
+        SlotValue::from_int(2)
+    );
+}
