@@ -413,7 +413,35 @@ impl Submitted {
     }
 }
 
+/// How long [`Store::close`] waits for a commit under way to let the backend go.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Store {
+    /// Lets the backend go once no commit holds it any more (the committer ends after it has
+    /// answered the last change, a moment later): sled's file lock goes with the last handle,
+    /// so a store opened on the same place afterwards, in this process, finds it free at once
+    /// rather than waiting for a task that may not have been scheduled yet. Gives up waiting
+    /// (and drops its own handle) after [`CLOSE_WAIT`].
+    pub async fn close(self) {
+        let Self { mut kv, group } = self;
+        drop(group);
+        let started = std::time::Instant::now();
+        loop {
+            match Arc::try_unwrap(kv) {
+                // sled joins its flusher thread on the last drop: off the async workers.
+                Ok(last) => {
+                    let _ = tokio::task::spawn_blocking(move || drop(last)).await;
+                    return;
+                }
+                Err(shared) if started.elapsed() < CLOSE_WAIT => {
+                    kv = shared;
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
     /// Opens the store `spec` names, checking (or, when new, writing) its format version.
     ///
     /// # Errors

@@ -136,7 +136,7 @@ async fn another_format_version_is_refused() {
             }])
             .await
             .unwrap();
-        drop(store);
+        store.close().await;
         let err = Store::open(&spec).await.unwrap_err();
         assert!(
             err.to_string().contains("format version 99"),
@@ -235,7 +235,7 @@ async fn concurrent_changes_share_commits_and_each_is_answered_when_durable() {
             "{spec}: {commits} commits for 200 changes: nothing grouped"
         );
         // Every acknowledged change is there for a fresh reader.
-        drop(store);
+        store.close().await;
         let back = Store::open(&spec).await.unwrap().load().await.unwrap();
         let mut stored: Vec<String> = back.sessions.into_iter().map(|s| s.id).collect();
         stored.sort();
