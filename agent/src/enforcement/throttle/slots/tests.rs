@@ -149,59 +149,104 @@ fn one_busy_cgroup_gets_its_share_alone() {
     }
 }
 
+/// Runs two cgroups that always want the GPU at shares `a` and `b`, charged by `charge`, on a
+/// GPU whose signal measures busy time or (`time_only`) only which cgroups ran; fails if both
+/// are ever thawed at once; returns each one's fraction of the model GPU's work over 20 s.
+fn busy_pair(time_only: bool, charge: Charge, a: f64, b: f64) -> (f64, f64) {
+    let mut s = Scheduler::new(SlotConfig { charge, ..config() });
+    let mut fake = Fake {
+        time_only,
+        ..Fake::default()
+    };
+    fake.add("/a", 1.0);
+    fake.add("/b", 1.0);
+    s.set(0, 1, &member("/a", a, ComputePolicy::Hard));
+    s.set(0, 2, &member("/b", b, ComputePolicy::Hard));
+    run(&mut s, &mut fake, Duration::from_secs(2));
+    for _ in 0..5000 {
+        run(&mut s, &mut fake, TICK);
+        let together = fake.cgroups.values().all(|c| !c.frozen);
+        assert!(!together, "{charge:?} {a} + {b}: both thawed at once");
+    }
+    let got = run(&mut s, &mut fake, Duration::from_secs(20));
+    (got[Path::new("/a")], got[Path::new("/b")])
+}
+
+/// The pairs [`busy_pair`] is run with, and the check of what each got: within a point above
+/// its share, and below by a point, or two where the shares fill the GPU (the switches' guards,
+/// 2 ms of 100, are lost).
+const PAIRS: [(f64, f64); 4] = [(0.1, 0.9), (0.3, 0.7), (0.5, 0.5), (0.2, 0.3)];
+
+fn assert_pair(what: &str, (a, b): (f64, f64), (got_a, got_b): (f64, f64)) {
+    let slack = if a + b > 0.99 { 0.02 } else { 0.01 };
+    for (share, got) in [(a, got_a), (b, got_b)] {
+        assert!(
+            got <= share + 0.01 && got >= share - slack,
+            "{what} {a} + {b}: {share} got {got}"
+        );
+    }
+}
+
 #[test]
 fn two_busy_cgroups_split_by_their_shares_and_never_run_together() {
-    for (a, b) in [(0.1, 0.9), (0.3, 0.7), (0.5, 0.5), (0.2, 0.3)] {
-        let mut s = Scheduler::new(config());
-        let mut fake = Fake::default();
-        fake.add("/a", 1.0);
-        fake.add("/b", 1.0);
-        s.set(0, 1, &member("/a", a, ComputePolicy::Hard));
-        s.set(0, 2, &member("/b", b, ComputePolicy::Hard));
-        run(&mut s, &mut fake, Duration::from_secs(2));
-        let mut together = 0;
-        for _ in 0..5000 {
-            run(&mut s, &mut fake, TICK);
-            if fake.cgroups.values().all(|c| !c.frozen) {
-                together += 1;
-            }
-        }
-        assert_eq!(together, 0, "{a} + {b}: both thawed at once");
-        let got = run(&mut s, &mut fake, Duration::from_secs(20));
-        // Shares that fill the GPU lose the guards of the switches (2 ms of 100).
-        let slack = if a + b > 0.99 { 0.02 } else { 0.01 };
-        for (dir, share) in [("/a", a), ("/b", b)] {
-            let g = got[Path::new(dir)];
-            assert!(
-                g <= share + 0.01 && g >= share - slack,
-                "{a} + {b}: {dir} got {g}"
-            );
-        }
+    for pair in PAIRS {
+        assert_pair(
+            "measured",
+            pair,
+            busy_pair(false, Charge::Held, pair.0, pair.1),
+        );
     }
 }
 
 #[test]
 fn work_conserving_takes_the_slots_nobody_is_owed_and_returns_them() {
-    let mut s = Scheduler::new(config());
-    let mut fake = Fake::default();
-    fake.add("/a", 1.0);
-    fake.add("/b", 0.0);
-    s.set(0, 1, &member("/a", 0.3, ComputePolicy::WorkConserving));
-    s.set(0, 2, &member("/b", 0.7, ComputePolicy::Hard));
-    run(&mut s, &mut fake, Duration::from_secs(2));
-    // /b never touches the GPU: after its first slot it is idle and costs /a nothing.
-    let got = run(&mut s, &mut fake, Duration::from_secs(10));
-    assert!(got[Path::new("/a")] > 0.97, "{got:?}");
-    assert!(
-        !fake.cgroups[Path::new("/b")].frozen,
-        "an idle cgroup is left thawed"
-    );
-    // /b starts work: it rejoins and /a falls back to its share.
-    fake.cgroups.get_mut(Path::new("/b")).unwrap().demand = 1.0;
-    run(&mut s, &mut fake, Duration::from_secs(2));
-    let got = run(&mut s, &mut fake, Duration::from_secs(20));
-    assert!((got[Path::new("/b")] - 0.7).abs() < 0.02, "{got:?}");
-    assert!((got[Path::new("/a")] - 0.3).abs() < 0.02, "{got:?}");
+    // Whether the signal measures busy time or (time only) only which cgroups ran.
+    for time_only in [false, true] {
+        let mut s = Scheduler::new(config());
+        let mut fake = Fake {
+            time_only,
+            ..Fake::default()
+        };
+        fake.add("/a", 1.0);
+        fake.add("/b", 0.0);
+        s.set(0, 1, &member("/a", 0.3, ComputePolicy::WorkConserving));
+        s.set(0, 2, &member("/b", 0.7, ComputePolicy::Hard));
+        run(&mut s, &mut fake, Duration::from_secs(2));
+        // /b never touches the GPU: after its first slot it is idle and costs /a nothing.
+        let got = run(&mut s, &mut fake, Duration::from_secs(10));
+        assert!(
+            got[Path::new("/a")] > 0.97,
+            "time only {time_only}: {got:?}"
+        );
+        assert!(
+            !fake.cgroups[Path::new("/b")].frozen,
+            "time only {time_only}: an idle cgroup is left thawed"
+        );
+        // /b starts work: it rejoins and /a falls back to its share.
+        fake.cgroups.get_mut(Path::new("/b")).unwrap().demand = 1.0;
+        run(&mut s, &mut fake, Duration::from_secs(2));
+        let got = run(&mut s, &mut fake, Duration::from_secs(20));
+        assert!(
+            (got[Path::new("/b")] - 0.7).abs() < 0.02,
+            "time only {time_only}: {got:?}"
+        );
+        assert!(
+            (got[Path::new("/a")] - 0.3).abs() < 0.02,
+            "time only {time_only}: {got:?}"
+        );
+        // /a stops: it turns idle and is left thawed, /b keeps to its share under `hard`.
+        fake.cgroups.get_mut(Path::new("/a")).unwrap().demand = 0.0;
+        run(&mut s, &mut fake, Duration::from_secs(2));
+        let got = run(&mut s, &mut fake, Duration::from_secs(20));
+        assert!(
+            (got[Path::new("/b")] - 0.7).abs() < 0.02,
+            "time only {time_only}: {got:?}"
+        );
+        assert!(
+            !fake.cgroups[Path::new("/a")].frozen,
+            "time only {time_only}: {got:?}"
+        );
+    }
 }
 
 #[test]
@@ -290,71 +335,16 @@ fn a_held_cgroup_stays_frozen_whatever_its_slots() {
     }
 }
 
-/// Runs two cgroups that always want the GPU at shares `a` and `b` on a GPU whose signal
-/// measures nothing; fails if both are ever thawed at once; returns each one's fraction of the
-/// model GPU's work over 20 s.
-fn time_only_pair(charge: Charge, a: f64, b: f64) -> (f64, f64) {
-    let mut s = Scheduler::new(SlotConfig { charge, ..config() });
-    let mut fake = Fake {
-        time_only: true,
-        ..Fake::default()
-    };
-    fake.add("/a", 1.0);
-    fake.add("/b", 1.0);
-    s.set(0, 1, &member("/a", a, ComputePolicy::Hard));
-    s.set(0, 2, &member("/b", b, ComputePolicy::Hard));
-    run(&mut s, &mut fake, Duration::from_secs(2));
-    for _ in 0..5000 {
-        run(&mut s, &mut fake, TICK);
-        let together = fake.cgroups.values().all(|c| !c.frozen);
-        assert!(!together, "{charge:?} {a} + {b}: both thawed at once");
-    }
-    let got = run(&mut s, &mut fake, Duration::from_secs(20));
-    (got[Path::new("/a")], got[Path::new("/b")])
-}
-
 #[test]
 fn a_gpu_that_measures_nothing_holds_shares_by_time() {
     // Busy charging has nothing to settle against there: slots stay charged as held.
     for charge in [Charge::Held, Charge::Busy] {
-        for (a, b) in [(0.1, 0.9), (0.3, 0.7), (0.5, 0.5), (0.2, 0.3)] {
-            let (got_a, got_b) = time_only_pair(charge, a, b);
-            let slack = if a + b > 0.99 { 0.02 } else { 0.01 };
-            for (share, got) in [(a, got_a), (b, got_b)] {
-                assert!(
-                    got <= share + 0.01 && got >= share - slack,
-                    "{charge:?} {a} + {b}: {share} got {got}"
-                );
-            }
+        for pair in PAIRS {
+            assert_pair(
+                &format!("time only, {charge:?}"),
+                pair,
+                busy_pair(true, charge, pair.0, pair.1),
+            );
         }
     }
-}
-
-#[test]
-fn on_a_gpu_that_measures_nothing_an_idle_cgroup_is_left_thawed_until_it_runs() {
-    let mut s = Scheduler::new(config());
-    let mut fake = Fake {
-        time_only: true,
-        ..Fake::default()
-    };
-    fake.add("/a", 1.0);
-    fake.add("/b", 0.0);
-    s.set(0, 1, &member("/a", 0.3, ComputePolicy::WorkConserving));
-    s.set(0, 2, &member("/b", 0.7, ComputePolicy::Hard));
-    run(&mut s, &mut fake, Duration::from_secs(2));
-    let got = run(&mut s, &mut fake, Duration::from_secs(10));
-    assert!(got[Path::new("/a")] > 0.97, "{got:?}");
-    assert!(!fake.cgroups[Path::new("/b")].frozen, "{got:?}");
-    // /b starts: its activity brings it back, and /a returns to its share.
-    fake.cgroups.get_mut(Path::new("/b")).unwrap().demand = 1.0;
-    run(&mut s, &mut fake, Duration::from_secs(2));
-    let got = run(&mut s, &mut fake, Duration::from_secs(20));
-    assert!((got[Path::new("/b")] - 0.7).abs() < 0.02, "{got:?}");
-    assert!((got[Path::new("/a")] - 0.3).abs() < 0.02, "{got:?}");
-    // /a stops: it turns idle and is left thawed, /b keeps to its share under `hard`.
-    fake.cgroups.get_mut(Path::new("/a")).unwrap().demand = 0.0;
-    run(&mut s, &mut fake, Duration::from_secs(2));
-    let got = run(&mut s, &mut fake, Duration::from_secs(20));
-    assert!((got[Path::new("/b")] - 0.7).abs() < 0.02, "{got:?}");
-    assert!(!fake.cgroups[Path::new("/a")].frozen, "{got:?}");
 }

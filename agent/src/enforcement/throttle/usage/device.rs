@@ -62,6 +62,24 @@ impl GpuState {
         Some(gaps[gaps.len() / 2])
     }
 
+    /// The samples `read` brought (`what`, for the log), `None` where the GPU keeps no such
+    /// samples; any other failure is logged once and reads as none.
+    fn samples<T>(
+        &mut self,
+        gpu: u32,
+        what: &str,
+        read: Result<Vec<T>, DriverError>,
+    ) -> Option<Vec<T>> {
+        match read {
+            Ok(samples) => Some(samples),
+            Err(DriverError::NotSupported) => None,
+            Err(e) => {
+                self.warn_once(gpu, what, &e);
+                Some(Vec::new())
+            }
+        }
+    }
+
     fn warn_once(&mut self, gpu: u32, what: &str, err: &DriverError) {
         if !self.warned {
             self.warned = true;
@@ -137,35 +155,20 @@ impl<D: SampleDriver> DeviceSignal for SampledDevice<D> {
         let device = if state.no_device_samples {
             Vec::new()
         } else {
-            match self
+            let read = self
                 .driver
-                .device_samples(gpu, state.last_device_us.unwrap_or(0))
-            {
-                Ok(samples) => samples,
-                Err(DriverError::NotSupported) => {
-                    state.no_device_samples = true;
-                    Vec::new()
-                }
-                Err(e) => {
-                    state.warn_once(gpu, "device utilization samples", &e);
-                    Vec::new()
-                }
-            }
+                .device_samples(gpu, state.last_device_us.unwrap_or(0));
+            let samples = state.samples(gpu, "device utilization samples", read);
+            state.no_device_samples = samples.is_none();
+            samples.unwrap_or_default()
         };
         let processes = if state.no_process_samples {
             Vec::new()
         } else {
-            match self.driver.process_samples(gpu, state.last_process_us) {
-                Ok(samples) => samples,
-                Err(DriverError::NotSupported) => {
-                    state.no_process_samples = true;
-                    Vec::new()
-                }
-                Err(e) => {
-                    state.warn_once(gpu, "process utilization samples", &e);
-                    Vec::new()
-                }
-            }
+            let read = self.driver.process_samples(gpu, state.last_process_us);
+            let samples = state.samples(gpu, "process utilization samples", read);
+            state.no_process_samples = samples.is_none();
+            samples.unwrap_or_default()
         };
         if state.no_device_samples && state.no_process_samples {
             if !state.health.time_only {
