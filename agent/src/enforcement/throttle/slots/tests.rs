@@ -222,26 +222,24 @@ fn work_conserving_takes_the_slots_nobody_is_owed_and_returns_them() {
             !fake.cgroups[Path::new("/b")].frozen,
             "time only {time_only}: an idle cgroup is left thawed"
         );
+        let near = |got: &BTreeMap<PathBuf, f64>, dir: &str, share: f64| {
+            let g = got[Path::new(dir)];
+            assert!(
+                (g - share).abs() < 0.02,
+                "time only {time_only}: {dir} got {g}"
+            );
+        };
         // /b starts work: it rejoins and /a falls back to its share.
         fake.cgroups.get_mut(Path::new("/b")).unwrap().demand = 1.0;
         run(&mut s, &mut fake, Duration::from_secs(2));
         let got = run(&mut s, &mut fake, Duration::from_secs(20));
-        assert!(
-            (got[Path::new("/b")] - 0.7).abs() < 0.02,
-            "time only {time_only}: {got:?}"
-        );
-        assert!(
-            (got[Path::new("/a")] - 0.3).abs() < 0.02,
-            "time only {time_only}: {got:?}"
-        );
+        near(&got, "/b", 0.7);
+        near(&got, "/a", 0.3);
         // /a stops: it turns idle and is left thawed, /b keeps to its share under `hard`.
         fake.cgroups.get_mut(Path::new("/a")).unwrap().demand = 0.0;
         run(&mut s, &mut fake, Duration::from_secs(2));
         let got = run(&mut s, &mut fake, Duration::from_secs(20));
-        assert!(
-            (got[Path::new("/b")] - 0.7).abs() < 0.02,
-            "time only {time_only}: {got:?}"
-        );
+        near(&got, "/b", 0.7);
         assert!(
             !fake.cgroups[Path::new("/a")].frozen,
             "time only {time_only}: {got:?}"
