@@ -177,10 +177,10 @@ impl Driver {
         };
         this.remake_gone_at_start();
         // Read after the instances a reboot took are made again: those are their claims'.
-        let offered = this.offered_now();
+        let devices = this.backend.devices();
+        let offered = this.offered_among(devices.clone());
         // A claim whose instance is gone holds nothing: the controller hears of it once a
         // prepare has made the instance again.
-        let devices = this.backend.devices();
         for record in this.store().all() {
             if record.made.iter().all(|m| m.is_among(&devices)) {
                 this.observed.hold(observed_session(record, &offered));

@@ -10,7 +10,8 @@
 //!
 //! A GPU that keeps neither kind of sample (a MIG instance: NVML gives no utilization samples on
 //! MIG handles) is read [`DeviceReading::time_only`]: no busy time, and each cgroup's activity
-//! from its own CPU time, as with mock devices.
+//! from its own CPU time, as with mock devices. One with device samples and no process samples
+//! has its busy time from the former and its cgroups' activity from their CPU time.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -183,6 +184,11 @@ impl<D: SampleDriver> DeviceSignal for SampledDevice<D> {
             reading.active = cpu.active;
             reading.time_only = true;
             return Ok(reading);
+        }
+        if state.no_process_samples {
+            // Busy time from the device samples, but no process to tell who was active: the
+            // cgroups' own CPU time tells, as on a GPU that keeps no samples at all.
+            reading.active = self.cpu.read(gpu, cgroups)?.active;
         }
         for p in processes.iter().filter(|p| p.sm_util_percent > 0) {
             state.last_process_us = state.last_process_us.max(p.timestamp_us);

@@ -14,13 +14,15 @@ struct Script {
     now_us: u64,
     device: Vec<DeviceSample>,
     process: Vec<ProcessSample>,
-    /// Keeps no samples of either kind, as NVML on a MIG instance.
-    refuses: bool,
+    /// Keeps no device samples (NVML's `NotSupported`).
+    no_device: bool,
+    /// Keeps no process samples.
+    no_process: bool,
 }
 
 impl SampleDriver for Script {
     fn device_samples(&mut self, _: u32, last: u64) -> Result<Vec<DeviceSample>, DriverError> {
-        if self.refuses {
+        if self.no_device {
             return Err(DriverError::NotSupported);
         }
         Ok(self
@@ -31,7 +33,7 @@ impl SampleDriver for Script {
             .collect())
     }
     fn process_samples(&mut self, _: u32, last: u64) -> Result<Vec<ProcessSample>, DriverError> {
-        if self.refuses {
+        if self.no_process {
             return Err(DriverError::NotSupported);
         }
         Ok(self
@@ -73,7 +75,8 @@ fn device_samples_close_spans_of_busy_time_and_give_the_phase() {
             timestamp_us: T0 + 900_000,
             sm_util_percent: 40,
         }],
-        refuses: false,
+        no_device: false,
+        no_process: false,
     };
     driver.device.push(sample(4 * 166, 100)); // a duplicate: late
     let base = driver.base;
@@ -114,7 +117,8 @@ fn a_gap_of_lost_samples_covers_one_period_at_most() {
         now_us: T0 + 2_000_000,
         device,
         process: Vec::new(),
-        refuses: false,
+        no_device: false,
+        no_process: false,
     });
     let reading = signal.read(0, &[]).unwrap();
     let last = reading.intervals.last().unwrap();
@@ -138,7 +142,8 @@ fn a_gpu_without_samples_is_read_time_only_with_activity_from_cpu_time() {
         now_us: T0,
         device: Vec::new(),
         process: Vec::new(),
-        refuses: true,
+        no_device: true,
+        no_process: true,
     });
     let dirs = [busy.as_path(), idle.as_path()];
     let first = signal.read(9, &dirs).unwrap();
@@ -153,4 +158,30 @@ fn a_gpu_without_samples_is_read_time_only_with_activity_from_cpu_time() {
     assert!(second.intervals.is_empty(), "{second:?}");
     assert_eq!(second.next_close, None);
     assert!(signal.health(9).is_some_and(|h| h.time_only));
+}
+
+#[test]
+fn a_gpu_without_process_samples_tells_activity_by_cpu_time_and_busy_by_its_samples() {
+    let root = std::env::temp_dir().join(format!("gpuwarden-no-process-{}", std::process::id()));
+    let (busy, idle) = (root.join("busy"), root.join("idle"));
+    for dir in [&busy, &idle] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("cpu.stat"), "usage_usec 1000\n").unwrap();
+    }
+    let mut signal = SampledDevice::new(Script {
+        base: Instant::now(),
+        now_us: T0 + 1_000_000,
+        device: (0..4).map(|i| sample(i * 200, 50)).collect(),
+        process: Vec::new(),
+        no_device: false,
+        no_process: true,
+    });
+    let dirs = [busy.as_path(), idle.as_path()];
+    let first = signal.read(0, &dirs).unwrap();
+    std::fs::write(busy.join("cpu.stat"), "usage_usec 10001000\n").unwrap();
+    let second = signal.read(0, &dirs).unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+    assert!(!first.time_only && !second.time_only);
+    assert_eq!(first.intervals.len(), 3, "spans from the device samples");
+    assert_eq!(second.active, vec![true, false]);
 }
