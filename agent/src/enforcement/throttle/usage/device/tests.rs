@@ -129,14 +129,37 @@ fn a_gap_of_lost_samples_covers_one_period_at_most() {
     assert_eq!(signal.health(0).unwrap().gaps, 1);
 }
 
+/// Two cgroup directories, `busy` and `idle`, each with a `cpu.stat` at 1 ms of CPU time.
+struct TwoCgroups {
+    dir: tempfile::TempDir,
+}
+
+impl TwoCgroups {
+    fn new(tag: &str) -> Self {
+        let dir = gpuwarden_test_support::scratch(tag);
+        for name in ["busy", "idle"] {
+            let cgroup = dir.path().join(name);
+            std::fs::create_dir_all(&cgroup).unwrap();
+            std::fs::write(cgroup.join("cpu.stat"), "usage_usec 1000\n").unwrap();
+        }
+        Self { dir }
+    }
+
+    /// `busy` and `idle`, in that order.
+    fn dirs(&self) -> [PathBuf; 2] {
+        ["busy", "idle"].map(|name| self.dir.path().join(name))
+    }
+
+    /// `busy` runs ten seconds of CPU time: more than 1 % of any span a test can take.
+    fn busy_runs(&self) {
+        let stat = self.dir.path().join("busy/cpu.stat");
+        std::fs::write(stat, "usage_usec 10001000\n").unwrap();
+    }
+}
+
 #[test]
 fn a_gpu_without_samples_is_read_time_only_with_activity_from_cpu_time() {
-    let root = std::env::temp_dir().join(format!("gpuwarden-time-only-{}", std::process::id()));
-    let (busy, idle) = (root.join("busy"), root.join("idle"));
-    for dir in [&busy, &idle] {
-        std::fs::create_dir_all(dir).unwrap();
-        std::fs::write(dir.join("cpu.stat"), "usage_usec 1000\n").unwrap();
-    }
+    let cgroups = TwoCgroups::new("time-only");
     let mut signal = SampledDevice::new(Script {
         base: Instant::now(),
         now_us: T0,
@@ -145,14 +168,13 @@ fn a_gpu_without_samples_is_read_time_only_with_activity_from_cpu_time() {
         no_device: true,
         no_process: true,
     });
-    let dirs = [busy.as_path(), idle.as_path()];
+    let owned = cgroups.dirs();
+    let dirs = owned.each_ref().map(PathBuf::as_path);
     let first = signal.read(9, &dirs).unwrap();
     assert!(first.time_only);
     assert_eq!(first.active, vec![false, false], "no span yet");
-    // Ten seconds of CPU time: more than 1 % of any span this test can take.
-    std::fs::write(busy.join("cpu.stat"), "usage_usec 10001000\n").unwrap();
+    cgroups.busy_runs();
     let second = signal.read(9, &dirs).unwrap();
-    std::fs::remove_dir_all(&root).unwrap();
     assert!(second.time_only);
     assert_eq!(second.active, vec![true, false]);
     assert!(second.intervals.is_empty(), "{second:?}");
@@ -162,12 +184,7 @@ fn a_gpu_without_samples_is_read_time_only_with_activity_from_cpu_time() {
 
 #[test]
 fn a_gpu_without_process_samples_tells_activity_by_cpu_time_and_busy_by_its_samples() {
-    let root = std::env::temp_dir().join(format!("gpuwarden-no-process-{}", std::process::id()));
-    let (busy, idle) = (root.join("busy"), root.join("idle"));
-    for dir in [&busy, &idle] {
-        std::fs::create_dir_all(dir).unwrap();
-        std::fs::write(dir.join("cpu.stat"), "usage_usec 1000\n").unwrap();
-    }
+    let cgroups = TwoCgroups::new("no-process");
     let mut signal = SampledDevice::new(Script {
         base: Instant::now(),
         now_us: T0 + 1_000_000,
@@ -176,11 +193,11 @@ fn a_gpu_without_process_samples_tells_activity_by_cpu_time_and_busy_by_its_samp
         no_device: false,
         no_process: true,
     });
-    let dirs = [busy.as_path(), idle.as_path()];
+    let owned = cgroups.dirs();
+    let dirs = owned.each_ref().map(PathBuf::as_path);
     let first = signal.read(0, &dirs).unwrap();
-    std::fs::write(busy.join("cpu.stat"), "usage_usec 10001000\n").unwrap();
+    cgroups.busy_runs();
     let second = signal.read(0, &dirs).unwrap();
-    std::fs::remove_dir_all(&root).unwrap();
     assert!(!first.time_only && !second.time_only);
     assert_eq!(first.intervals.len(), 3, "spans from the device samples");
     assert_eq!(second.active, vec![true, false]);
