@@ -47,7 +47,8 @@ struct GpuState {
     health: SignalHealth,
     /// The GPU keeps no device samples: they are made from its process samples.
     no_device_samples: bool,
-    /// The GPU keeps no process samples either: it is read time only.
+    /// The GPU keeps no process samples: its cgroups' activity comes from their CPU time (and
+    /// with no device samples either, it is read time only).
     no_process_samples: bool,
     /// An error other than "no new samples" was logged (once is enough).
     warned: bool,
@@ -171,24 +172,21 @@ impl<D: SampleDriver> DeviceSignal for SampledDevice<D> {
             state.no_process_samples = samples.is_none();
             samples.unwrap_or_default()
         };
-        if state.no_device_samples && state.no_process_samples {
-            if !state.health.time_only {
-                state.health.time_only = true;
-                tracing::info!(
-                    gpu,
-                    "compute-share signal: the GPU keeps no utilization samples (a MIG \
-                     instance); shares on it are held by time alone"
-                );
-            }
-            let cpu = self.cpu.read(gpu, cgroups)?;
-            reading.active = cpu.active;
-            reading.time_only = true;
-            return Ok(reading);
-        }
         if state.no_process_samples {
-            // Busy time from the device samples, but no process to tell who was active: the
-            // cgroups' own CPU time tells, as on a GPU that keeps no samples at all.
+            // No process to tell who was active: the cgroups' own CPU time tells.
             reading.active = self.cpu.read(gpu, cgroups)?.active;
+            if state.no_device_samples {
+                if !state.health.time_only {
+                    state.health.time_only = true;
+                    tracing::info!(
+                        gpu,
+                        "compute-share signal: the GPU keeps no utilization samples (a MIG \
+                         instance); shares on it are held by time alone"
+                    );
+                }
+                reading.time_only = true;
+                return Ok(reading);
+            }
         }
         for p in processes.iter().filter(|p| p.sm_util_percent > 0) {
             state.last_process_us = state.last_process_us.max(p.timestamp_us);
