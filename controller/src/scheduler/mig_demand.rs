@@ -238,6 +238,13 @@ fn profile_of_slot(layouts: &[MigGpuLayout], slot: &str) -> Option<String> {
         .map(|p| p.profile.clone())
 }
 
+/// Whether `layouts` (a node's report) hold an instance at placement `p`.
+fn is_made(layouts: &[MigGpuLayout], p: &MigPlacement) -> bool {
+    layouts
+        .iter()
+        .any(|l| l.gpu_uuid == p.gpu_uuid && l.occupied.contains(&(p.start, p.size)))
+}
+
 /// The node's idle instances of profile slot `slot` (`cuda.mig.1g.18gb`).
 fn idle_instances(node: &Node, slot: &str) -> usize {
     node.allocator
@@ -370,12 +377,9 @@ impl Scheduler {
         let Some(n) = self.nodes.get(&b.node) else {
             return false;
         };
-        b.placements.iter().all(|p| {
-            n.report
-                .mig_layouts
-                .iter()
-                .any(|l| l.gpu_uuid == p.gpu_uuid && l.occupied.contains(&(p.start, p.size)))
-        })
+        b.placements
+            .iter()
+            .all(|p| is_made(&n.report.mig_layouts, p))
     }
 
     /// The profile slot and number of instances session `id` asks for, if it asks for a MIG
@@ -494,11 +498,7 @@ impl Scheduler {
             {
                 return false;
             }
-            let made = |p: &MigPlacement| {
-                layouts
-                    .iter()
-                    .any(|l| l.gpu_uuid == p.gpu_uuid && l.occupied.contains(&(p.start, p.size)))
-            };
+            let made = |p: &MigPlacement| is_made(&layouts, p);
             let listed = b
                 .placements
                 .iter()
