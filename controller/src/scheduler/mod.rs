@@ -346,8 +346,6 @@ pub struct Scheduler {
     /// a profile request visits only those (a pass where instances are made on demand fails
     /// many such requests, and each would otherwise walk every node).
     with_idle: BTreeMap<String, BTreeSet<(u128, String)>>,
-    /// Each node's profile slots in `with_idle`.
-    idle_slots: BTreeMap<String, Vec<String>>,
     /// Sessions that were pending, in FIFO order (higher priority, then arrival), so that a pass
     /// visits the queue rather than every session. Entries that left Pending are dropped when
     /// a pass next looks; only creation (and a restore) makes a session Pending.
@@ -475,37 +473,29 @@ impl Scheduler {
     /// Re-files `node` in the free-capacity index after its allocations changed.
     fn reindex(&mut self, node: &str) {
         if let Some(old) = self.free_key.remove(node) {
-            self.by_free.remove(&(old, node.to_owned()));
-            for slot in self.idle_slots.remove(node).unwrap_or_default() {
-                if let Some(nodes) = self.with_idle.get_mut(&slot) {
-                    nodes.remove(&(old, node.to_owned()));
-                    if nodes.is_empty() {
-                        self.with_idle.remove(&slot);
-                    }
-                }
-            }
+            let entry = (old, node.to_owned());
+            self.by_free.remove(&entry);
+            // A handful of profiles at most: each is looked in rather than kept per node.
+            self.with_idle.retain(|_, nodes| {
+                nodes.remove(&entry);
+                !nodes.is_empty()
+            });
         }
         if let Some(n) = self.nodes.get(node) {
             let key = n.allocator.free().total.micros();
             self.by_free.insert((key, node.to_owned()));
             self.free_key.insert(node.to_owned(), key);
-            let mut slots: Vec<String> = n
+            for slot in n
                 .allocator
                 .devices()
                 .iter()
                 .filter(|d| d.is_idle())
-                .filter_map(|d| d.profile.clone())
-                .collect();
-            slots.sort_unstable();
-            slots.dedup();
-            for slot in &slots {
+                .filter_map(|d| d.profile.as_ref())
+            {
                 self.with_idle
                     .entry(slot.clone())
                     .or_default()
                     .insert((key, node.to_owned()));
-            }
-            if !slots.is_empty() {
-                self.idle_slots.insert(node.to_owned(), slots);
             }
         }
     }
