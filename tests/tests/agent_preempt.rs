@@ -79,18 +79,6 @@ fn config() -> SchedulerConfig {
     }
 }
 
-/// Every session the controller has.
-fn list(rig: &Rig) -> Vec<pb::Session> {
-    rig.rt.block_on(async {
-        let mut c = rig.client().await;
-        c.list_sessions(pb::ListSessionsRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .sessions
-    })
-}
-
 /// Creates a session of `owner` for `shares` on the node, bound to `target`; its id. (The rig's
 /// own `create` makes every session `t`'s: here the owner decides the queue.)
 fn create(rig: &Rig, owner: &str, shares: &str, target: Option<&TestCgroup>) -> String {
@@ -140,7 +128,7 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
         agent::wait_binding(rig.agent(), id, "bound");
     }
     wait_for("the borrowers to run", || {
-        list(&rig)
+        rig.sessions()
             .iter()
             .all(|s| s.state == pb::SessionState::Running as i32)
     });
@@ -149,7 +137,7 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
     let asked = Instant::now();
     let a1 = create(&rig, "lab", "2", None);
     wait_for("the lender to run", || {
-        let sessions = list(&rig);
+        let sessions = rig.sessions();
         assert_not_overcommitted(&sessions);
         sessions
             .iter()
@@ -196,7 +184,7 @@ fn a_borrowing_team_is_preempted_and_the_lender_runs_on_its_gpus() {
             "{yielded:?}"
         );
     }
-    assert_not_overcommitted(&list(&rig));
+    assert_not_overcommitted(&rig.sessions());
 }
 
 /// `burst` borrows the whole node with one session whose workload ignores SIGTERM, and `lab`
@@ -224,7 +212,7 @@ fn preemption_under_way(rig: &Rig, seed: &str) -> (Workload, TestCgroup, String,
 /// which runs on both GPUs, and no device is over-committed on the way.
 fn assert_the_preemption_completes(rig: &Rig, borrower: &str, lender: &str) {
     rig.wait_for("the lender to run", |r| {
-        let sessions = list(r);
+        let sessions = r.sessions();
         assert_not_overcommitted(&sessions);
         sessions
             .iter()
@@ -235,7 +223,7 @@ fn assert_the_preemption_completes(rig: &Rig, borrower: &str, lender: &str) {
     assert!(s.reason.contains(lender), "{}", s.reason);
     assert!(s.reason.contains("reclaims its guarantee"), "{}", s.reason);
     assert_eq!(rig.get(lender).devices.len(), 2);
-    assert_not_overcommitted(&list(rig));
+    assert_not_overcommitted(&rig.sessions());
 }
 
 /// The controller (on sled) is killed once the agent has signalled a preempted workload, and

@@ -496,14 +496,7 @@ fn a_reclaimed_borrower_is_suspended_and_resumed_when_the_lender_ends() {
 
     let lender = create(&rig, "lab", "2", None, "");
     rig.wait_for("the lender to run", |r| {
-        let sessions = r.rt.block_on(async {
-            let mut c = r.client().await;
-            c.list_sessions(pb::ListSessionsRequest::default())
-                .await
-                .unwrap()
-                .into_inner()
-                .sessions
-        });
+        let sessions = r.sessions();
         cluster::assert_not_overcommitted(&sessions);
         state_of(r, &lender) == pb::SessionState::Running as i32
     });

@@ -207,6 +207,18 @@ impl Rig {
         })
     }
 
+    /// Every session as the controller lists it now.
+    pub fn sessions(&self) -> Vec<pb::Session> {
+        self.rt.block_on(async {
+            let mut c = self.client().await;
+            c.list_sessions(pb::ListSessionsRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .sessions
+        })
+    }
+
     /// The nodes as the controller lists them now.
     pub fn nodes(&self) -> Vec<pb::Node> {
         self.rt.block_on(async {
